@@ -1,0 +1,82 @@
+"""The public Python API under the CLI: each function returns the dict its command prints with --json."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .data import TokenData, load_tokens, tokenizer_vocab_size
+from .flops import describe, flops_ratio
+from .model import ModelConfig, param_count
+from .schedule import resolve_schedule
+from .space import SpaceConfig, load_space
+from .train import OnStep, TrainResult, train_proxy
+
+Overrides = Mapping[str, Mapping[str, Any]]
+
+
+def model_config(space: SpaceConfig, vocab_size: int) -> ModelConfig:
+    return dataclasses.replace(space.model, vocab_size=vocab_size)
+
+
+def finite_or_none(x: float) -> float | None:
+    return x if isinstance(x, (int, float)) and math.isfinite(x) else None
+
+
+def flops_report(space: str | Path | None = None, overrides: Overrides | None = None,
+                 reuse_map: str | Sequence[int] | None = None, block: int | None = None) -> dict[str, Any]:
+    """`ilr-search flops`: FLOPs per token of a reuse map (or block recurrence) and its ratio to the all-ones map."""
+    cfg_space = load_space(space, overrides)
+    counts, schedule, block = resolve_schedule(cfg_space.model.n_layers, reuse_map, block)
+    cfg = model_config(cfg_space, tokenizer_vocab_size(cfg_space.data.tokenizer))
+    return describe(cfg, counts, schedule, cfg_space.train.tokens(cfg.seq_len), param_count(cfg), block)
+
+
+def train_result_dict(cfg: ModelConfig, counts: Sequence[int], result: TrainResult,
+                      block: int | None = None) -> dict[str, Any]:
+    report = {
+        "reuse_map": list(counts),
+        "params": result.params,
+        "flops_ratio": flops_ratio(cfg, result.schedule),
+        "steps": result.steps,
+        "tokens": result.tokens,
+        "val_loss": finite_or_none(result.val_loss),
+        "val_ppl": finite_or_none(result.val_ppl),
+        "val_bpb": finite_or_none(result.val_bpb),
+        "train_seconds": result.train_seconds,
+        "tokens_per_second": result.tokens_per_second,
+        "status": result.status,
+        "curve": result.curve_dicts(),
+        "schedule": result.schedule,
+        "reason": result.reason,
+        "data_seconds": result.data_seconds,
+        "eval_seconds": result.eval_seconds,
+        "device": result.device,
+        "dtype": result.dtype,
+    }
+    if block is not None:
+        report["block"] = block
+    return report
+
+
+def load_space_data(space: str | Path | None, overrides: Overrides | None) -> tuple[SpaceConfig, TokenData, ModelConfig]:
+    cfg_space = load_space(space, overrides)
+    data = load_tokens(cfg_space.data)
+    cfg = model_config(cfg_space, data.vocab_size)
+    data.check_window(cfg.seq_len)
+    return cfg_space, data, cfg
+
+
+def train_report(space: str | Path | None = None, overrides: Overrides | None = None,
+                 reuse_map: str | Sequence[int] | None = None, block: int | None = None,
+                 on_step: OnStep | None = None) -> dict[str, Any]:
+    """`ilr-search train`: train one proxy for a reuse map (or block recurrence) on the configured data."""
+    cfg_space = load_space(space, overrides)
+    resolve_schedule(cfg_space.model.n_layers, reuse_map, block)  # bad maps fail before any data work
+    cfg_space, data, cfg = load_space_data(space, overrides)
+    counts, schedule, block = resolve_schedule(cfg.n_layers, reuse_map, block)
+    result = train_proxy(cfg, schedule, data, cfg_space.train, on_step=on_step)
+    return train_result_dict(cfg, counts, result, block)

@@ -1,0 +1,38 @@
+"""Trial checkpoints: the proxy's state (model, optimizer, step, curve, RNG), saved atomically, tensors only."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from .train import EvalPoint
+
+
+def save_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int,
+                    curve: list[EvalPoint]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "step": step,
+        "curve": [[p.step, p.tokens, p.val_loss, p.val_ppl, p.val_bpb] for p in curve],
+        "rng": torch.get_rng_state(),
+    }
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    torch.save(state, tmp)
+    os.replace(tmp, path)  # a reader sees the old checkpoint or the new one, never half of one
+
+
+def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[int, list[EvalPoint]]:
+    from .train import EvalPoint
+
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["rng"])
+    curve = [EvalPoint(int(s), int(t), float(l), float(p), float(b)) for s, t, l, p, b in state["curve"]]
+    return int(state["step"]), curve

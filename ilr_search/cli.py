@@ -1,0 +1,163 @@
+"""The `ilr-search` command line: thin commands over the library (see ../shared/cli-contract.md)."""
+
+import functools
+import inspect
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Callable, Optional
+
+import typer
+
+from . import ui
+from .errors import UserInputError
+
+try:  # typer >= 0.2x vendors click (Python >= 3.11); older typer uses click itself
+    from typer._click import exceptions as click_exceptions
+except ImportError:  # pragma: no cover
+    from click import exceptions as click_exceptions
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Search per-layer recurrence (reuse maps) of transformer LMs under a FLOP budget.")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Options shared by flops, train and run: declared once, added to each command's signature.
+
+@dataclass
+class SpaceOptions:
+    space: Optional[Path]
+    layers: Optional[int]
+    d_model: Optional[int]
+    heads: Optional[int]
+    seq_len: Optional[int]
+    mlp_ratio: Optional[float]
+    pe: Optional[str]
+    data: Optional[str]
+    tokenizer: Optional[str]
+    text_column: Optional[str]
+    steps: Optional[int]
+    batch_size: Optional[int]
+    lr: Optional[float]
+    seed: Optional[int]
+    device: Optional[str]
+    dtype: Optional[str]
+    compile: Optional[bool]
+
+    def overrides(self) -> dict[str, dict[str, Any]]:
+        return {
+            "model": {"layers": self.layers, "d_model": self.d_model, "heads": self.heads, "seq_len": self.seq_len,
+                      "mlp_ratio": self.mlp_ratio, "pe": self.pe},
+            "data": {"corpus": self.data, "tokenizer": self.tokenizer, "text_column": self.text_column},
+            "train": {"steps": self.steps, "batch_size": self.batch_size, "lr": self.lr, "seed": self.seed,
+                      "device": self.device, "dtype": self.dtype, "compile": self.compile},
+        }
+
+
+def _space_option_signature(
+    space: Annotated[Optional[Path], typer.Option(help="Search-space TOML (search_spaces/). [default: search_spaces/default.toml]")] = None,
+    layers: Annotated[Optional[int], typer.Option(help="Number of distinct layers L. [default: from the space]")] = None,
+    d_model: Annotated[Optional[int], typer.Option(help="Model width.")] = None,
+    heads: Annotated[Optional[int], typer.Option(help="Attention heads.")] = None,
+    seq_len: Annotated[Optional[int], typer.Option(help="Context length of the proxy.")] = None,
+    mlp_ratio: Annotated[Optional[float], typer.Option(help="SwiGLU width as a multiple of d_model.")] = None,
+    pe: Annotated[Optional[str], typer.Option(help="Positional encoding: nope|rope|learned|alibi.")] = None,
+    data: Annotated[Optional[str], typer.Option(help="stdlib (embedded), a local file/folder, or hf:NAME[:CONFIG].")] = None,
+    tokenizer: Annotated[Optional[str], typer.Option(help="byte, bpe:N or hf:NAME.")] = None,
+    text_column: Annotated[Optional[str], typer.Option(help="Text column of .jsonl/.parquet/.csv data.")] = None,
+    steps: Annotated[Optional[int], typer.Option(help="Proxy training steps.")] = None,
+    batch_size: Annotated[Optional[int], typer.Option(help="Sequences per step.")] = None,
+    lr: Annotated[Optional[float], typer.Option(help="Peak learning rate.")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Seed of data order and initialisation.")] = None,
+    device: Annotated[Optional[str], typer.Option(help="auto|cpu|cuda|mps.")] = None,
+    dtype: Annotated[Optional[str], typer.Option(help="auto|fp32|bf16 (bf16 = autocast).")] = None,
+    compile: Annotated[Optional[bool], typer.Option("--compile/--no-compile", help="Compile each decoder layer. [default: auto]")] = None,
+) -> None: ...
+
+
+_SHARED = inspect.signature(_space_option_signature).parameters
+
+
+def with_space_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Give `command` the shared options; it receives them together as `opts: SpaceOptions`."""
+    own = [p for name, p in inspect.signature(command).parameters.items() if name != "opts"]
+
+    @functools.wraps(command)
+    def wrapper(**kwargs: Any) -> Any:
+        shared = {name: kwargs.pop(name) for name in _SHARED}
+        return command(opts=SpaceOptions(**shared), **kwargs)
+
+    wrapper.__signature__ = inspect.Signature(own + list(_SHARED.values()))  # type: ignore[attr-defined]
+    return wrapper
+
+
+def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Bad input: one `error:` line on stderr and exit code 2."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except UserInputError as e:
+            fail(str(e))
+
+    return wrapper
+
+
+def fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    raise typer.Exit(2)
+
+
+def emit(obj: dict[str, Any], as_json: bool, render: Callable[[dict[str, Any]], None]) -> None:
+    if as_json:
+        print(json.dumps(obj, default=float))
+    else:
+        render(obj)
+
+
+ReuseMap = Annotated[Optional[str], typer.Option(help="One positive count per layer, e.g. 4,2,1,1.")]
+Block = Annotated[Optional[int], typer.Option(help="Block recurrence: the whole stack run K times.")]
+Json = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
+
+
+# ----------------------------------------------------------------------------------------------------
+
+@app.command()
+@user_errors
+@with_space_options
+def flops(opts: SpaceOptions, reuse_map: ReuseMap = None, block: Block = None, json_out: Json = False) -> None:
+    """Analytic forward FLOPs per token of a reuse map, and its ratio to the all-ones map."""
+    from .api import flops_report
+
+    emit(flops_report(opts.space, opts.overrides(), reuse_map, block), json_out, ui.print_flops)
+
+
+@app.command()
+@user_errors
+@with_space_options
+def train(opts: SpaceOptions, reuse_map: ReuseMap = None, block: Block = None, json_out: Json = False) -> None:
+    """Train one proxy model for a reuse map (or --block K) and report its validation perplexity."""
+    from .api import train_report
+
+    with ui.step_progress(enabled=True) as on_step:
+        report = train_report(opts.space, opts.overrides(), reuse_map, block, on_step=on_step)
+    emit(report, json_out, ui.print_train)
+
+
+def main() -> None:
+    """Entry point: click's usage errors become one `error:` line with exit code 2 too."""
+    command = typer.main.get_command(app)
+    try:
+        code = command.main(standalone_mode=False)
+    except click_exceptions.NoArgsIsHelpError as e:  # `ilr-search` alone prints the help
+        print(e.ctx.get_help() if e.ctx else str(e))
+        code = 0
+    except click_exceptions.UsageError as e:
+        print(f"error: {' '.join(e.format_message().split())}", file=sys.stderr)
+        code = 2
+    except typer.Abort:
+        print("interrupted", file=sys.stderr)
+        code = 130
+    sys.exit(code if isinstance(code, int) else 0)

@@ -1,0 +1,5 @@
+"""The one error type the CLI turns into `error: ...` and exit code 2: bad input, with how to fix it."""
+
+
+class UserInputError(ValueError):
+    """Input that cannot be used (a malformed value, a missing file, an unknown study...)."""

@@ -1,0 +1,128 @@
+"""Analytic FLOP accounting and compute budgets.
+
+Every matmul (m x k) @ (k x n) costs 2*m*n*k. Attention scores and values are counted as dense T x T
+products, as torch's FlopCounterMode counts them; norms, activations and softmax are not counted.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .errors import UserInputError
+from .model import ModelConfig
+
+
+class BudgetError(UserInputError):
+    """A budget that cannot be parsed or cannot be met."""
+
+
+def layer_flops_per_token(cfg: ModelConfig) -> float:
+    d, f, T = cfg.d_model, cfg.mlp_hidden, cfg.seq_len
+    projections = 2 * d * 3 * d + 2 * d * d  # qkv and output projection
+    attention = 2 * 2 * T * d  # q k^T and (scores) v, per token, all heads together
+    mlp = 2 * d * 2 * f + 2 * f * d  # SwiGLU: gate and up, then down
+    return float(projections + attention + mlp)
+
+
+def head_flops_per_token(cfg: ModelConfig) -> float:
+    return float(2 * cfg.d_model * cfg.vocab_size)
+
+
+def forward_flops_per_token(cfg: ModelConfig, schedule: Sequence[int]) -> float:
+    """Forward FLOPs per token of a sequence of cfg.seq_len tokens, LM head included."""
+    return len(schedule) * layer_flops_per_token(cfg) + head_flops_per_token(cfg)
+
+
+def baseline_flops_per_token(cfg: ModelConfig) -> float:
+    return forward_flops_per_token(cfg, range(cfg.n_layers))
+
+
+def flops_ratio(cfg: ModelConfig, schedule: Sequence[int]) -> float:
+    """Forward compute of a schedule relative to the all-ones map."""
+    return forward_flops_per_token(cfg, schedule) / baseline_flops_per_token(cfg)
+
+
+def train_flops(cfg: ModelConfig, schedule: Sequence[int], tokens: int) -> float:
+    """Training FLOPs: forward plus backward (twice the forward) over `tokens` tokens."""
+    return 3.0 * forward_flops_per_token(cfg, schedule) * tokens
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A forward-compute budget, as a ratio to the all-ones map and as FLOPs per token."""
+
+    text: str
+    ratio: float
+    flops_per_token: float
+
+    def allows(self, ratio: float) -> bool:
+        return ratio <= self.ratio * (1 + 1e-9)
+
+    def max_layer_runs(self, cfg: ModelConfig) -> int:
+        """The largest schedule length (total layer runs) the budget pays for."""
+        spare = self.flops_per_token - head_flops_per_token(cfg)
+        return int(math.floor(spare / layer_flops_per_token(cfg) * (1 + 1e-9)))
+
+
+_RATIO = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([xX%])\s*$")
+_ABSOLUTE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*$")
+
+
+def parse_budget(text: str, cfg: ModelConfig) -> Budget:
+    """`1.5x`, `150%` (of the all-ones map) or an absolute forward FLOP count per token like `4.2e6`."""
+    base = baseline_flops_per_token(cfg)
+    raw = "" if text is None else str(text)
+    if m := _RATIO.match(raw):
+        ratio = float(m.group(1)) / (100.0 if m.group(2) == "%" else 1.0)
+        absolute = ratio * base
+    elif m := _ABSOLUTE.match(raw):
+        absolute = float(m.group(1))
+        ratio = absolute / base
+    else:
+        raise BudgetError(f"budget {raw!r} is not understood; write a ratio like 1.5x or 150%, "
+                          "or forward FLOPs per token like 4.2e6")
+    if not math.isfinite(ratio) or ratio <= 0:
+        raise BudgetError(f"budget {raw!r} must be a positive, finite amount of compute")
+    if ratio < 1 - 1e-9:
+        raise BudgetError(f"budget {raw!r} ({absolute:.4g} FLOPs/token, {ratio:.3f}x) is below the all-ones map's "
+                          f"cost ({base:.4g} FLOPs/token, 1x); give at least 1x")
+    return Budget(text=raw.strip(), ratio=ratio, flops_per_token=absolute)
+
+
+def count_flops(model: torch.nn.Module, *args: Any) -> int:
+    """FLOPs torch's FlopCounterMode counts for one call of `model`, with CPU flash attention counted
+    like the CUDA kernels are (dense T x T), which torch's registry leaves out."""
+    from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+
+    def cpu_flash_flop(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, **kwargs: Any) -> int:
+        return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+    aten = torch.ops.aten
+    mapping = {aten._scaled_dot_product_flash_attention_for_cpu: cpu_flash_flop} if hasattr(
+        aten, "_scaled_dot_product_flash_attention_for_cpu") else {}
+    with FlopCounterMode(display=False, custom_mapping=mapping) as counter:
+        model(*args)
+    return counter.get_total_flops()
+
+
+def describe(cfg: ModelConfig, reuse_map: Sequence[int], schedule: Sequence[int], tokens: int,
+             params: int, block: int | None = None) -> dict[str, Any]:
+    """The `ilr-search flops` report for one schedule."""
+    report: dict[str, Any] = {
+        "reuse_map": list(reuse_map),
+        "schedule": list(schedule),
+        "params": params,
+        "flops_per_token": forward_flops_per_token(cfg, schedule),
+        "baseline_flops_per_token": baseline_flops_per_token(cfg),
+        "flops_ratio": flops_ratio(cfg, schedule),
+        "train_flops": train_flops(cfg, schedule, tokens),
+    }
+    if block is not None:
+        report["block"] = block
+    return report

@@ -1,0 +1,176 @@
+"""A LLaMA-style decoder whose forward pass follows an execution schedule.
+
+The schedule is a list of layer indices. The plain model runs [0, 1, ..., L-1]; intra-layer recurrence
+with reuse map [2, 1, 1, 1] runs [0, 0, 1, 2, 3]; block recurrence K=2 runs [0, 1, 2, 3, 0, 1, 2, 3].
+The parameters depend only on the architecture, never on the schedule.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+POSITIONAL_ENCODINGS = ("nope", "rope", "learned", "alibi")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int = 256
+    n_layers: int = 4
+    d_model: int = 128
+    n_heads: int = 4
+    seq_len: int = 256
+    mlp_ratio: float = 4.0
+    pe: str = "rope"
+    norm_eps: float = 1e-5
+    rope_base: float = 10000.0
+
+    def __post_init__(self) -> None:
+        if self.pe not in POSITIONAL_ENCODINGS:
+            raise ValueError(f"unknown positional encoding {self.pe!r}; use one of {', '.join(POSITIONAL_ENCODINGS)}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model {self.d_model} is not divisible by heads {self.n_heads}")
+        if self.pe == "rope" and self.head_dim % 2:
+            raise ValueError(f"rope needs an even head size, got {self.head_dim}")
+        for name in ("vocab_size", "n_layers", "d_model", "n_heads", "seq_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.mlp_ratio <= 0:
+            raise ValueError(f"mlp_ratio must be positive, got {self.mlp_ratio}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def mlp_hidden(self) -> int:
+        return int(round(self.mlp_ratio * self.d_model))
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads = cfg.n_heads
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
+                alibi: torch.Tensor | None) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, C // self.n_heads).permute(2, 0, 3, 1, 4)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if alibi is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # the ALiBi bias already holds the causal mask (-inf above the diagonal)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=alibi.to(q.dtype))
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate_up = nn.Linear(cfg.d_model, 2 * cfg.mlp_hidden, bias=False)
+        self.down = nn.Linear(cfg.mlp_hidden, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.attn_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.mlp = SwiGLU(cfg)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+                alibi: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), rope, alibi)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+def rope_tables(T: int, head_dim: int, base: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(T, device=device, dtype=torch.float32), inv_freq)  # (T, head_dim/2)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # Rotate each (even, odd) pair of the head dimension by a position-dependent angle.
+    x1, x2 = x.float()[..., 0::2], x.float()[..., 1::2]
+    rotated = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+    return rotated.to(x.dtype)
+
+
+def alibi_slopes(n_heads: int) -> torch.Tensor:
+    # Geometric slopes 2^(-8/n), 2^(-16/n), ... (Press et al., 2022), for any number of heads.
+    closest = 2 ** math.floor(math.log2(n_heads))
+    slopes = [2 ** (-8 * (i + 1) / closest) for i in range(closest)]
+    if closest < n_heads:
+        extra = [2 ** (-4 * (2 * i + 1) / closest) for i in range(n_heads - closest)]
+        slopes += extra
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+def alibi_bias(n_heads: int, T: int, device: torch.device) -> torch.Tensor:
+    pos = torch.arange(T, device=device)
+    distance = (pos[None, :] - pos[:, None]).float()  # j - i, <= 0 on and below the diagonal
+    bias = alibi_slopes(n_heads).to(device)[:, None, None] * distance
+    return bias.masked_fill(distance > 0, float("-inf"))  # (heads, T, T)
+
+
+class ILRTransformer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_embed = nn.Embedding(cfg.seq_len, cfg.d_model) if cfg.pe == "learned" else None
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_layers))
+        self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        residual_std = 0.02 / math.sqrt(2 * self.cfg.n_layers)
+        for name, p in self.named_parameters():
+            if p.dim() == 1:
+                nn.init.ones_(p)
+            elif name.endswith(("proj.weight", "down.weight")):
+                nn.init.normal_(p, std=residual_std)
+            else:
+                nn.init.normal_(p, std=0.02)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def compile_layers(self, **kwargs) -> None:
+        """Compile each decoder layer, not the whole model: any schedule then reuses the compiled layers."""
+        for layer in self.layers:
+            layer.compile(**kwargs)
+
+    def forward(self, idx: torch.Tensor, schedule: Sequence[int] | None = None) -> torch.Tensor:
+        """Logits (B, T, vocab) for token ids (B, T), running the layers in `schedule` order."""
+        B, T = idx.shape
+        if T > self.cfg.seq_len:
+            raise ValueError(f"sequence of {T} tokens is longer than seq_len {self.cfg.seq_len}")
+        x = self.embed(idx)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed(torch.arange(T, device=idx.device))
+        rope = rope_tables(T, self.cfg.head_dim, self.cfg.rope_base, idx.device) if self.cfg.pe == "rope" else None
+        alibi = alibi_bias(self.cfg.n_heads, T, idx.device) if self.cfg.pe == "alibi" else None
+        for layer_index in range(self.cfg.n_layers) if schedule is None else schedule:
+            x = self.layers[layer_index](x, rope, alibi)
+        return F.linear(self.norm(x), self.embed.weight)  # tied input/output embedding
+
+
+def param_count(cfg: ModelConfig) -> int:
+    """Parameters of the architecture, counted without allocating them (the schedule never changes it)."""
+    with torch.device("meta"):
+        return ILRTransformer(cfg).num_params()

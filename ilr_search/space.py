@@ -1,0 +1,174 @@
+"""Search spaces: TOML presets (search_spaces/*.toml) that fix the architecture, data, proxy training and
+search settings; command-line flags override any of them."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from .errors import UserInputError
+from .model import ModelConfig
+from .schedule import baseline_map
+
+SAMPLERS = ("auto", "tpe", "nsga2", "gp", "random", "grid")
+PRUNERS = ("pareto", "median", "none")
+OBJECTIVES = ("pareto", "ppl")
+FAMILIES = ("ilr", "block")
+DEVICES = ("auto", "cpu", "cuda", "mps")
+DTYPES = ("auto", "fp32", "bf16")
+
+DEFAULT_SPACE = Path(__file__).resolve().parent.parent / "search_spaces" / "default.toml"
+
+
+class SpaceError(UserInputError):
+    """A search-space file or override that cannot be used."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    corpus: str = "stdlib"
+    tokenizer: str = "byte"
+    text_column: str = "text"
+    val_fraction: float = 0.05
+    max_train_tokens: int = 0  # 0: the whole training split; else a cap (e.g. for epochs over a fixed sample)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 200
+    batch_size: int = 16
+    grad_accum: int = 1
+    lr: float = 3e-3
+    warmup_frac: float = 0.1
+    min_lr_frac: float = 0.1
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    eval_fractions: tuple[float, ...] = (0.125, 0.25, 0.5, 1.0)
+    eval_windows: int = 32
+    seed: int = 0
+    device: str = "auto"
+    dtype: str = "auto"
+    compile: bool | None = None  # None: auto (compile on CUDA only)
+    checkpoint_every: int = 0
+
+    @property
+    def eval_steps(self) -> list[int]:
+        """Steps at which the proxy is evaluated; the last step always is."""
+        steps = {max(1, min(self.steps, round(f * self.steps))) for f in self.eval_fractions}
+        return sorted(steps | {self.steps})
+
+    def tokens(self, seq_len: int) -> int:
+        return self.steps * self.batch_size * self.grad_accum * seq_len
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    max_reuse: int = 4
+    families: tuple[str, ...] = ("ilr", "block")
+    n_trials: int = 20
+    sampler: str = "auto"
+    pruner: str = "pareto"
+    objective: str = "pareto"
+    prune_eta: float = 3.0
+    prune_epsilon: float = 0.01
+    prune_warmup: int = 4
+    noise_seeds: int = 2
+    enqueue_paper_maps: bool = True
+
+
+@dataclass(frozen=True)
+class SpaceConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
+    source: str = ""
+
+    def baseline(self) -> list[int]:
+        return baseline_map(self.model.n_layers)
+
+
+# TOML section -> (dataclass attribute, {toml key: dataclass field})
+_MODEL_KEYS = {"layers": "n_layers", "d_model": "d_model", "heads": "n_heads", "seq_len": "seq_len",
+               "mlp_ratio": "mlp_ratio", "pe": "pe", "norm_eps": "norm_eps", "rope_base": "rope_base"}
+_SECTIONS = {
+    "model": ("model", _MODEL_KEYS),
+    "data": ("data", {f.name: f.name for f in dataclasses.fields(DataConfig)}),
+    "train": ("train", {f.name: f.name for f in dataclasses.fields(TrainConfig)}),
+    "search": ("search", {f.name: f.name for f in dataclasses.fields(SearchConfig)}),
+}
+
+
+def load_space(path: str | Path | None = None, overrides: Mapping[str, Mapping[str, Any]] | None = None) -> SpaceConfig:
+    """Read a TOML preset and apply overrides given as {section: {key: value}} (None values are ignored)."""
+    path = Path(path) if path is not None else DEFAULT_SPACE
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SpaceError(f"search space file {str(path)!r} does not exist; see search_spaces/ for presets") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpaceError(f"cannot read search space {str(path)!r}: {e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise SpaceError(f"search space {str(path)!r} is not valid TOML: {e}") from None
+    for section, values in (overrides or {}).items():
+        raw.setdefault(section, {}).update({k: v for k, v in values.items() if v is not None})
+    return build_space(raw, source=str(path))
+
+
+def build_space(raw: Mapping[str, Any], source: str = "") -> SpaceConfig:
+    unknown = set(raw) - set(_SECTIONS)
+    if unknown:
+        raise SpaceError(f"unknown section(s) {sorted(unknown)} in {source or 'space'}; use {sorted(_SECTIONS)}")
+    parts: dict[str, Any] = {}
+    defaults = SpaceConfig()
+    for section, (attr, keys) in _SECTIONS.items():
+        values = dict(raw.get(section, {}))
+        bad = set(values) - set(keys)
+        if bad:
+            raise SpaceError(f"unknown key(s) {sorted(bad)} in [{section}] of {source or 'space'}; known: {sorted(keys)}")
+        kwargs = {keys[k]: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+        try:
+            parts[attr] = dataclasses.replace(getattr(defaults, attr), **kwargs)
+        except (TypeError, ValueError) as e:
+            raise SpaceError(f"[{section}] of {source or 'space'}: {e}") from None
+    space = SpaceConfig(source=source, **parts)
+    validate_space(space)
+    return space
+
+
+def validate_space(space: SpaceConfig) -> None:
+    t, s = space.train, space.search
+    checks = [
+        (t.steps >= 1, f"steps must be at least 1, got {t.steps}"),
+        (t.batch_size >= 1, f"batch size must be at least 1, got {t.batch_size}"),
+        (t.grad_accum >= 1, f"grad_accum must be at least 1, got {t.grad_accum}"),
+        (t.lr > 0, f"learning rate must be positive, got {t.lr}"),
+        (0 <= t.warmup_frac < 1, f"warmup_frac must be in [0, 1), got {t.warmup_frac}"),
+        (all(0 < f <= 1 for f in t.eval_fractions), f"eval_fractions must lie in (0, 1], got {list(t.eval_fractions)}"),
+        (t.eval_windows >= 1, f"eval_windows must be at least 1, got {t.eval_windows}"),
+        (t.device in DEVICES, f"unknown device {t.device!r}; use one of {', '.join(DEVICES)}"),
+        (t.dtype in DTYPES, f"unknown dtype {t.dtype!r}; use one of {', '.join(DTYPES)}"),
+        (s.max_reuse >= 1, f"max_reuse must be at least 1, got {s.max_reuse}"),
+        (set(s.families) <= set(FAMILIES) and "ilr" in s.families,
+         f"families must include 'ilr' and may add 'block', got {list(s.families)}"),
+        (s.n_trials >= 1, f"n-trials must be at least 1, got {s.n_trials}"),
+        (s.sampler in SAMPLERS, f"unknown sampler {s.sampler!r}; use one of {', '.join(SAMPLERS)}"),
+        (s.pruner in PRUNERS, f"unknown pruner {s.pruner!r}; use one of {', '.join(PRUNERS)}"),
+        (s.objective in OBJECTIVES, f"unknown objective {s.objective!r}; use one of {', '.join(OBJECTIVES)}"),
+        (not (s.pruner == "median" and s.objective != "ppl"),
+         "--pruner median needs the single-objective study: add --objective ppl (or use --pruner pareto)"),
+        (s.prune_eta > 1, f"prune_eta must be above 1, got {s.prune_eta}"),
+        (0 < space.data.val_fraction < 1, f"val_fraction must be in (0, 1), got {space.data.val_fraction}"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise SpaceError(message)

@@ -1,0 +1,236 @@
+"""The proxy trainer: trains one schedule for a few hundred steps and reports validation loss,
+perplexity and bits per byte at the evaluation steps."""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .data import TokenData
+from .model import ILRTransformer, ModelConfig
+from .space import TrainConfig
+
+
+@dataclass(frozen=True)
+class EvalPoint:
+    step: int
+    tokens: int
+    val_loss: float
+    val_ppl: float
+    val_bpb: float
+
+
+@dataclass
+class TrainResult:
+    schedule: list[int]
+    params: int
+    steps: int  # steps actually run
+    tokens: int
+    val_loss: float
+    val_ppl: float
+    val_bpb: float
+    train_seconds: float
+    tokens_per_second: float
+    status: str  # ok | diverged | stopped (by the on_eval callback, e.g. pruning)
+    curve: list[EvalPoint] = field(default_factory=list)
+    reason: str = ""
+    data_seconds: float = 0.0
+    eval_seconds: float = 0.0
+    device: str = "cpu"
+    dtype: str = "fp32"
+    resumed_from_step: int = 0
+
+    def curve_dicts(self) -> list[dict[str, Any]]:
+        return [{"step": p.step, "tokens": p.tokens, "val_loss": p.val_loss} for p in self.curve]
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        from .errors import UserInputError
+        raise UserInputError("--device cuda was asked for but no CUDA device is visible; use --device auto or cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device, model_cfg: ModelConfig | None = None, batch_size: int = 8) -> str:
+    """`auto`: bf16 on CUDA with bf16 support; on a CPU, whichever of fp32 and bf16 autocast runs a training
+    step of this model faster (CPUs with AVX512-BF16/AMX win at larger widths, lose at small ones)."""
+    if dtype != "auto":
+        return dtype
+    if device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    if device.type != "cpu" or model_cfg is None or not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return "fp32"
+    return _fastest_cpu_dtype(model_cfg, batch_size)
+
+
+@functools.lru_cache(maxsize=16)
+def _fastest_cpu_dtype(model_cfg: ModelConfig, batch_size: int) -> str:
+    timings = {}
+    for dtype in ("fp32", "bf16"):
+        torch.manual_seed(0)
+        model = ILRTransformer(model_cfg)
+        x = torch.randint(0, model_cfg.vocab_size, (batch_size, model_cfg.seq_len))
+        autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16")
+        samples = []
+        for _ in range(4):
+            t = time.perf_counter()
+            with autocast:
+                loss = F.cross_entropy(model(x).float().flatten(0, 1), x.flatten())
+            loss.backward()
+            samples.append(time.perf_counter() - t)
+        timings[dtype] = sorted(samples[1:])[1]  # median of three, after one warm-up step
+    return min(timings, key=timings.get)
+
+
+def resolve_compile(compile_layers: bool | None, device: torch.device) -> bool:
+    """None (auto): compile on CUDA, where it pays back within a proxy run; not on CPU, where it does not."""
+    return device.type == "cuda" if compile_layers is None else compile_layers
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warmup to cfg.lr, then cosine decay to cfg.min_lr_frac * cfg.lr at the last step."""
+    warmup = max(1, round(cfg.warmup_frac * cfg.steps))
+    if step <= warmup:
+        return cfg.lr * step / warmup
+    progress = (step - warmup) / max(1, cfg.steps - warmup)
+    floor = cfg.min_lr_frac * cfg.lr
+    return floor + 0.5 * (cfg.lr - floor) * (1 + math.cos(math.pi * progress))
+
+
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]  # norm gains (the model has no biases)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    try:
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=device.type in ("cuda", "cpu"))
+    except (RuntimeError, TypeError):  # fused AdamW is not available for this device
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95))
+
+
+def build_model(model_cfg: ModelConfig, seed: int) -> ILRTransformer:
+    """The same seed gives the same initial weights, whatever schedule is trained later."""
+    torch.manual_seed(seed)
+    return ILRTransformer(model_cfg)
+
+
+@torch.no_grad()
+def evaluate(model: ILRTransformer, schedule: Sequence[int], data: TokenData, cfg: TrainConfig,
+             device: torch.device, autocast: Any) -> tuple[float, float, float]:
+    """(val_loss, val_ppl, val_bpb) over the fixed validation windows."""
+    model.eval()
+    seq_len = model.cfg.seq_len
+    total_nats, total_tokens = 0.0, 0
+    for x, y in data.val_batches(cfg.eval_windows, seq_len, cfg.batch_size):
+        x, y = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
+        with autocast():
+            logits = model(x, schedule)
+        total_nats += F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum").item()
+        total_tokens += y.numel()
+    model.train()
+    val_loss = total_nats / total_tokens
+    val_bpb = total_nats / math.log(2) / data.val_bytes(cfg.eval_windows, seq_len)
+    return val_loss, math.exp(min(val_loss, 700.0)), val_bpb
+
+
+OnEval = Callable[[EvalPoint], bool]  # return True to stop the run (pruning)
+OnStep = Callable[[int, int, float], None]  # (step, total steps, training loss)
+
+
+def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData, cfg: TrainConfig,
+                on_eval: OnEval | None = None, on_step: OnStep | None = None,
+                checkpoint_path: Path | None = None) -> TrainResult:
+    """Train `schedule` for cfg.steps steps; never raises for a diverging run (status `diverged`)."""
+    from .checkpoint import load_checkpoint, save_checkpoint
+
+    data.check_window(model_cfg.seq_len)
+    device = resolve_device(cfg.device)
+    dtype = resolve_dtype(cfg.dtype, device, model_cfg, cfg.batch_size)
+    schedule = list(schedule)
+    model = build_model(model_cfg, cfg.seed).to(device)
+    params = model.num_params()
+    if resolve_compile(cfg.compile, device):
+        model.compile_layers()
+    optimizer = build_optimizer(model, cfg, device)
+    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if dtype == "bf16" else nullcontext
+    tokens_per_step = cfg.batch_size * cfg.grad_accum * model_cfg.seq_len
+    eval_steps = set(cfg.eval_steps)
+
+    start_step, curve = 0, []
+    if checkpoint_path is not None and checkpoint_path.exists():
+        start_step, curve = load_checkpoint(checkpoint_path, model, optimizer)
+
+    status, reason = "ok", ""
+    data_seconds = eval_seconds = 0.0
+    step = start_step
+    t0 = time.perf_counter()
+    model.train()
+    for step in range(start_step + 1, cfg.steps + 1):
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        step_loss = 0.0
+        for micro in range(cfg.grad_accum):
+            td = time.perf_counter()
+            x, y = data.train_batch((step - 1) * cfg.grad_accum + micro, cfg.batch_size, model_cfg.seq_len, cfg.seed)
+            x, y = torch.from_numpy(x).to(device, non_blocking=True), torch.from_numpy(y).to(device, non_blocking=True)
+            data_seconds += time.perf_counter() - td
+            with autocast():
+                logits = model(x, schedule)
+            loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+            (loss / cfg.grad_accum).backward()
+            step_loss += loss.item() / cfg.grad_accum
+        if not math.isfinite(step_loss):
+            status, reason = "diverged", f"training loss became {step_loss} at step {step}"
+            break
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if on_step is not None:
+            on_step(step, cfg.steps, step_loss)
+        if step in eval_steps:
+            te = time.perf_counter()
+            val_loss, val_ppl, val_bpb = evaluate(model, schedule, data, cfg, device, autocast)
+            eval_seconds += time.perf_counter() - te
+            if not math.isfinite(val_loss):
+                status, reason = "diverged", f"validation loss became {val_loss} at step {step}"
+                break
+            point = EvalPoint(step, step * tokens_per_step, val_loss, val_ppl, val_bpb)
+            curve.append(point)
+            if on_eval is not None and on_eval(point):
+                status, reason = "stopped", f"stopped at step {step} by the evaluation callback"
+                break
+        if checkpoint_path is not None and cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps:
+            save_checkpoint(checkpoint_path, model, optimizer, step, curve)
+    seconds = time.perf_counter() - t0
+    steps_run = step if status != "diverged" else step - 1
+    last = curve[-1] if curve else EvalPoint(0, 0, math.nan, math.nan, math.nan)
+    trained_tokens = (steps_run - start_step) * tokens_per_step
+    return TrainResult(
+        schedule=schedule, params=params, steps=steps_run, tokens=steps_run * tokens_per_step,
+        val_loss=last.val_loss if status != "diverged" else math.nan,
+        val_ppl=last.val_ppl if status != "diverged" else math.nan,
+        val_bpb=last.val_bpb if status != "diverged" else math.nan,
+        train_seconds=seconds, tokens_per_second=trained_tokens / seconds if seconds > 0 else 0.0,
+        status=status, curve=curve, reason=reason, data_seconds=data_seconds, eval_seconds=eval_seconds,
+        device=str(device), dtype=dtype, resumed_from_step=start_step,
+    )
+
+
+def result_dict(result: TrainResult) -> dict[str, Any]:
+    d = asdict(result)
+    d["curve"] = result.curve_dicts()
+    return d

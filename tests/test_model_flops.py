@@ -1,0 +1,154 @@
+import pytest
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from conftest import assert_one_line_error
+from ilr_search.flops import BudgetError, count_flops, flops_ratio, forward_flops_per_token, parse_budget
+from ilr_search.model import ILRTransformer, ModelConfig, param_count
+from ilr_search.schedule import ScheduleError, block_schedule, parse_reuse_map, reuse_map_schedule
+
+ENCODINGS = ["nope", "rope", "learned", "alibi"]
+SCHEDULES = {
+    "1,1,1,1": reuse_map_schedule([1, 1, 1, 1]),
+    "2,1,1,1": reuse_map_schedule([2, 1, 1, 1]),
+    "4,2,1,1": reuse_map_schedule([4, 2, 1, 1]),
+    "block2": block_schedule(4, 2),
+}
+
+
+def tiny(pe: str, **kw) -> ModelConfig:
+    return ModelConfig(vocab_size=256, n_layers=4, d_model=32, n_heads=4, seq_len=16, pe=pe, **kw)
+
+
+@pytest.mark.parametrize("pe", ENCODINGS)
+def test_analytic_flops_match_flop_counter(pe):
+    cfg = tiny(pe)
+    torch.manual_seed(0)
+    model = ILRTransformer(cfg)
+    x = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len))
+    params = set()
+    for name, schedule in SCHEDULES.items():
+        counted = count_flops(model, x, schedule) / x.numel()
+        analytic = forward_flops_per_token(cfg, schedule)
+        assert abs(counted - analytic) / analytic < 0.01, (pe, name, counted, analytic)
+        # the math backend decomposes attention into matmuls: the count is the same
+        with sdpa_kernel(SDPBackend.MATH):
+            assert abs(count_flops(model, x, schedule) / x.numel() - analytic) / analytic < 0.01
+        params.add(model.num_params())
+    assert params == {param_count(cfg)}
+
+
+def test_parameter_count_independent_of_schedule_and_only_learned_adds_params():
+    counts = {pe: param_count(tiny(pe)) for pe in ENCODINGS}
+    assert counts["nope"] == counts["rope"] == counts["alibi"]
+    assert counts["learned"] == counts["nope"] + 16 * 32
+
+
+@pytest.mark.parametrize("pe", ENCODINGS)
+def test_reuse_map_equals_running_the_layer_by_hand(pe):
+    cfg = tiny(pe)
+    torch.manual_seed(1)
+    model = ILRTransformer(cfg).eval()
+    x = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len))
+    with torch.no_grad():
+        h = model.embed(x)
+        if model.pos_embed is not None:
+            h = h + model.pos_embed(torch.arange(cfg.seq_len))
+        from ilr_search.model import alibi_bias, rope_tables
+        rope = rope_tables(cfg.seq_len, cfg.head_dim, cfg.rope_base, x.device) if pe == "rope" else None
+        alibi = alibi_bias(cfg.n_heads, cfg.seq_len, x.device) if pe == "alibi" else None
+        plain = h
+        for layer in model.layers:
+            plain = layer(plain, rope, alibi)
+        twice = model.layers[0](model.layers[0](h, rope, alibi), rope, alibi)
+        for layer in model.layers[1:]:
+            twice = layer(twice, rope, alibi)
+        head = lambda z: torch.nn.functional.linear(model.norm(z), model.embed.weight)
+        torch.testing.assert_close(model(x, [0, 0, 1, 2, 3]), head(twice))
+        torch.testing.assert_close(model(x, reuse_map_schedule([1, 1, 1, 1])), head(plain))
+        torch.testing.assert_close(model(x), head(plain))
+        assert not torch.allclose(model(x, [0, 0, 1, 2, 3]), model(x))
+
+
+@pytest.mark.parametrize("pe", ENCODINGS)
+def test_gradients_reach_every_parameter(pe):
+    cfg = tiny(pe)
+    model = ILRTransformer(cfg)
+    x = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len))
+    loss = torch.nn.functional.cross_entropy(model(x, reuse_map_schedule([2, 1, 1, 3])).flatten(0, 1), x.flatten())
+    loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def test_alibi_bias_is_causal():
+    from ilr_search.model import alibi_bias
+    bias = alibi_bias(4, 5, torch.device("cpu"))
+    assert torch.isinf(bias[:, 0, 1:]).all() and torch.isfinite(bias[:, 4]).all()
+    assert (bias[:, 3, 3] == 0).all() and (bias[:, 3, 0] < bias[:, 3, 2]).all()
+
+
+def test_flops_ratio_grows_with_recurrence():
+    cfg = tiny("rope")
+    assert flops_ratio(cfg, reuse_map_schedule([1, 1, 1, 1])) == 1.0
+    r2 = flops_ratio(cfg, reuse_map_schedule([2, 1, 1, 1]))
+    assert 1.2 < r2 < 1.25  # one extra layer of four, diluted by the LM head
+    assert flops_ratio(cfg, block_schedule(4, 2)) == flops_ratio(cfg, reuse_map_schedule([2, 2, 2, 2]))
+
+
+GOOD_BUDGETS = [("1.5x", 1.5), ("150%", 1.5), ("1x", 1.0), ("2.0X", 2.0), (" 1.25x ", 1.25)]
+BAD_BUDGETS = ["abc", "0x", "-1x", "", "nanx", "inf", "0.5x", "50%", "1e3", "x", "1.5xx", "1,5x"]
+
+
+@pytest.mark.parametrize("text,ratio", GOOD_BUDGETS)
+def test_good_budgets(text, ratio):
+    assert parse_budget(text, tiny("rope")).ratio == pytest.approx(ratio)
+
+
+def test_absolute_budget():
+    cfg = tiny("rope")
+    base = forward_flops_per_token(cfg, range(4))
+    budget = parse_budget(f"{1.5 * base:.6e}", cfg)
+    assert budget.ratio == pytest.approx(1.5, rel=1e-6)
+
+
+@pytest.mark.parametrize("text", BAD_BUDGETS)
+def test_bad_budgets(text):
+    with pytest.raises(BudgetError):
+        parse_budget(text, tiny("rope"))
+
+
+@pytest.mark.parametrize("text,layers", [("0,1,1,1", 4), ("1,1", 4), ("1.5,1,1,1", 4), ("a,b", 2), ("", 1), ("-1,2", 2)])
+def test_bad_maps(text, layers):
+    with pytest.raises(ScheduleError):
+        parse_reuse_map(text, layers)
+
+
+def test_good_map():
+    assert parse_reuse_map(" 4, 2,1,1", 4) == [4, 2, 1, 1]
+
+
+def test_flops_cli_contract(cli):
+    import json
+    proc = cli("flops", "--layers", "4", "--reuse-map", "2,1,1,1", "--json", check=True)
+    report = json.loads(proc.stdout)
+    assert set(report) >= {"reuse_map", "schedule", "params", "flops_per_token", "baseline_flops_per_token",
+                           "flops_ratio", "train_flops"}
+    assert report["schedule"] == [0, 0, 1, 2, 3] and report["flops_ratio"] > 1
+    block = json.loads(cli("flops", "--layers", "4", "--block", "2", "--json", check=True).stdout)
+    assert block["schedule"] == [0, 1, 2, 3, 0, 1, 2, 3] and block["params"] == report["params"]
+
+
+@pytest.mark.parametrize("args", [
+    ["--reuse-map", "0,1,1,1", "--layers", "4"],
+    ["--reuse-map", "1,1", "--layers", "4"],
+    ["--reuse-map", "1.5,1,1,1", "--layers", "4"],
+    ["--layers", "abc"],
+    ["--block", "0"],
+    ["--reuse-map", "1,1,1,1", "--block", "2", "--layers", "4"],
+    ["--pe", "sinusoid"],
+    ["--space", "nowhere.toml"],
+    ["--tokenizer", "wordpiece"],
+])
+def test_flops_cli_bad_input(cli, args):
+    assert_one_line_error(cli("flops", *args))
