@@ -64,9 +64,8 @@ def train_result_dict(cfg: ModelConfig, counts: Sequence[int], result: TrainResu
 
 def load_space_data(space: str | Path | None, overrides: Overrides | None) -> tuple[SpaceConfig, TokenData, ModelConfig]:
     cfg_space = load_space(space, overrides)
-    data = load_tokens(cfg_space.data)
+    data = load_tokens(cfg_space.data, seq_len=cfg_space.model.seq_len)
     cfg = model_config(cfg_space, data.vocab_size)
-    data.check_window(cfg.seq_len)
     return cfg_space, data, cfg
 
 

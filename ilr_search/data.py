@@ -83,6 +83,9 @@ def local_documents(path: Path, text_column: str) -> Iterator[tuple[str, str]]:
     import datasets
 
     files = _local_files(path)
+    if all(f.stat().st_size == 0 for f in files):
+        raise DataError(f"{str(path)!r} holds no text (empty file); give a non-empty file or folder")
+    _quiet_datasets()
     for builder in sorted({LOCAL_BUILDERS[f.suffix] for f in files}):
         group = [str(f) for f in files if LOCAL_BUILDERS[f.suffix] == builder]
         kwargs: dict[str, Any] = {"keep_linebreaks": True} if builder == "text" else {}
@@ -105,9 +108,19 @@ def local_documents(path: Path, text_column: str) -> Iterator[tuple[str, str]]:
             yield f"{builder}:end", "".join(buffer)
 
 
+def _quiet_datasets() -> None:
+    """Progress bars and logs of `datasets` would break the one-line error and --json contracts."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    datasets.utils.logging.set_verbosity_error()
+
+
 def hub_documents(spec: str, text_column: str) -> Iterator[tuple[str, str]]:
     """Stream documents of hf:NAME[:CONFIG] from the hub; only as many are read as the caller consumes."""
     import datasets
+
+    _quiet_datasets()
 
     name, _, config = spec[3:].partition(":")
     try:
@@ -266,10 +279,7 @@ class TokenData:
     built: bool  # True when this call tokenized the corpus; False when it was read from the cache
 
     def check_window(self, seq_len: int) -> None:
-        for name, split in (("training", self.train), ("validation", self.val)):
-            if len(split) < seq_len + 1:
-                raise DataError(f"the {name} split of {self.meta['corpus']['corpus']} has {len(split)} tokens, fewer than "
-                                f"one window of {seq_len + 1}; use more text or a shorter --seq-len")
+        check_window(self.meta, seq_len)
 
     def train_batch(self, step: int, batch_size: int, seq_len: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
         """Windows for one step: a function of (seed, step) only, so every map sees the same batches."""
@@ -297,27 +307,38 @@ class TokenData:
         return block[:, :-1], block[:, 1:]
 
 
+def check_window(meta: dict[str, Any], seq_len: int) -> None:
+    for name, split in (("training", "train"), ("validation", "val")):
+        if meta["tokens"][split] < seq_len + 1:
+            raise DataError(f"the {name} split of {meta['corpus']['corpus']} has {meta['tokens'][split]} tokens, fewer "
+                            f"than one window of {seq_len + 1}; use more text or a shorter --seq-len")
+
+
 def cache_key(cfg: DataConfig, max_tokens: int) -> str:
     identity = {"format": CACHE_FORMAT, "corpus": corpus_identity(cfg), "tokenizer": cfg.tokenizer,
                 "val_fraction": cfg.val_fraction, "max_train_tokens": max_tokens}
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
 
 
-def load_tokens(cfg: DataConfig, max_train_tokens: int | None = None, root: Path | None = None) -> TokenData:
+def load_tokens(cfg: DataConfig, max_train_tokens: int | None = None, root: Path | None = None,
+                seq_len: int | None = None) -> TokenData:
     """Token arrays for a corpus and tokenizer: read from the cache, or tokenized once and cached atomically.
 
     `max_train_tokens` (0 or None: all) bounds how much of a streamed corpus is read; it is part of the key.
+    With `seq_len`, a corpus too small for one window of each split is refused before anything is cached.
     """
     _check_tokenizer_spec(cfg.tokenizer)
     max_tokens = int(max_train_tokens or cfg.max_train_tokens or 0)
     root = Path(root) if root is not None else cache_root()
     final = root / f"tokens-{cache_key(cfg, max_tokens)}"
     if not (final / "meta.json").exists():
-        _build_cache(cfg, max_tokens, root, final)
+        _build_cache(cfg, max_tokens, root, final, seq_len)
         built = True
     else:
         built = False
     meta = json.loads((final / "meta.json").read_text())
+    if seq_len is not None:
+        check_window(meta, seq_len)
 
     def split(name: str) -> TokenSplit:
         tb = final / f"{name}_bytes.npy"
@@ -361,7 +382,7 @@ def _split_documents(cfg: DataConfig, max_tokens: int) -> tuple[list[str], list[
     return train, val
 
 
-def _build_cache(cfg: DataConfig, max_tokens: int, root: Path, final: Path) -> None:
+def _build_cache(cfg: DataConfig, max_tokens: int, root: Path, final: Path, seq_len: int | None) -> None:
     train_texts, val_texts = _split_documents(cfg, max_tokens)
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
@@ -383,6 +404,8 @@ def _build_cache(cfg: DataConfig, max_tokens: int, root: Path, final: Path) -> N
         meta = {"format": CACHE_FORMAT, "corpus": corpus_identity(cfg), "tokenizer": cfg.tokenizer,
                 "vocab_size": tok.vocab_size, "tokens": counts,
                 "documents": {"train": len(train_texts), "val": len(val_texts)}}
+        if seq_len is not None:
+            check_window(meta, seq_len)
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
         try:
             os.rename(tmp, final)  # atomic: a reader sees the whole cache entry or none of it

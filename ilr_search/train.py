@@ -6,12 +6,14 @@ from __future__ import annotations
 import functools
 import math
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -48,6 +50,7 @@ class TrainResult:
     device: str = "cpu"
     dtype: str = "fp32"
     resumed_from_step: int = 0
+    batch_digest: int = 0  # CRC32 over every training batch seen: equal digests, equal data (common random numbers)
 
     def curve_dicts(self) -> list[dict[str, Any]]:
         return [{"step": p.step, "tokens": p.tokens, "val_loss": p.val_loss} for p in self.curve]
@@ -175,6 +178,7 @@ def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData
         start_step, curve = load_checkpoint(checkpoint_path, model, optimizer)
 
     status, reason = "ok", ""
+    digest = 0
     data_seconds = eval_seconds = 0.0
     step = start_step
     t0 = time.perf_counter()
@@ -186,6 +190,7 @@ def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData
         for micro in range(cfg.grad_accum):
             td = time.perf_counter()
             x, y = data.train_batch((step - 1) * cfg.grad_accum + micro, cfg.batch_size, model_cfg.seq_len, cfg.seed)
+            digest = zlib.crc32(np.ascontiguousarray(x), digest)
             x, y = torch.from_numpy(x).to(device, non_blocking=True), torch.from_numpy(y).to(device, non_blocking=True)
             data_seconds += time.perf_counter() - td
             with autocast():
@@ -226,7 +231,7 @@ def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData
         val_bpb=last.val_bpb if status != "diverged" else math.nan,
         train_seconds=seconds, tokens_per_second=trained_tokens / seconds if seconds > 0 else 0.0,
         status=status, curve=curve, reason=reason, data_seconds=data_seconds, eval_seconds=eval_seconds,
-        device=str(device), dtype=dtype, resumed_from_step=start_step,
+        device=str(device), dtype=dtype, resumed_from_step=start_step, batch_digest=digest,
     )
 
 
