@@ -161,3 +161,54 @@ def main() -> None:
         print("interrupted", file=sys.stderr)
         code = 130
     sys.exit(code if isinstance(code, int) else 0)
+
+
+Storage = Annotated[Optional[str], typer.Option(help="Optuna storage URL (sqlite, postgresql, mysql) or journal:PATH. [default: sqlite:///studies/ilr-search.db]")]
+StudyName = Annotated[Optional[str], typer.Option("--study", help="Study name; the same name resumes. [default: derived from the configuration]")]
+
+
+@app.command()
+@user_errors
+@with_space_options
+def run(
+    opts: SpaceOptions,
+    budget: Annotated[str, typer.Option(help="Forward compute per token: 1.5x or 150% of the all-ones map, or FLOPs like 4.2e6.")],
+    study: StudyName = None,
+    storage: Storage = None,
+    n_trials: Annotated[Optional[int], typer.Option(help="Finished trials the study should reach in total. [default: from the space]")] = None,
+    timeout: Annotated[Optional[float], typer.Option(help="Stop starting new trials after this many seconds.")] = None,
+    sampler: Annotated[Optional[str], typer.Option(help="auto|tpe|nsga2|gp|random|grid. [default: auto]")] = None,
+    pruner: Annotated[Optional[str], typer.Option(help="pareto|median|none. [default: pareto]")] = None,
+    objective: Annotated[Optional[str], typer.Option(help="pareto (perplexity and FLOPs) or ppl (budget as a constraint only).")] = None,
+    json_out: Json = False,
+) -> None:
+    """Search reuse maps under a FLOP budget; running it again resumes the study."""
+    from .space import load_space
+    from .study import run_study
+
+    overrides = opts.overrides() | {"search": {"objective": objective}}
+    space = load_space(opts.space, overrides)
+    with ui.RichReporter(enabled=True) as reporter:
+        summary = run_study(space, budget, study, storage, n_trials, timeout, sampler, pruner, reporter)
+    emit(summary, json_out, ui.print_run)
+    if summary.get("interrupted"):
+        raise typer.Exit(130)
+
+
+@app.command()
+@user_errors
+def studies(storage: Storage = None, json_out: Json = False) -> None:
+    """List the studies in a storage."""
+    from .study import list_studies
+
+    emit({"studies": list_studies(storage)}, json_out, ui.print_studies)
+
+
+@app.command()
+@user_errors
+def trials(study: Annotated[str, typer.Option("--study", help="Study name.")], storage: Storage = None,
+           json_out: Json = False) -> None:
+    """List the trials of a study."""
+    from .study import list_trials
+
+    emit({"study": study, "trials": list_trials(study, storage)}, json_out, ui.print_trials)

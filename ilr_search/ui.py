@@ -73,3 +73,77 @@ def step_progress(enabled: bool = True, total: int | None = None, description: s
 
     with progress:
         yield on_step
+
+
+FRONT_COLUMNS = ["trial", "reuse_map", "flops_ratio", "val_ppl", "val_bpb"]
+TRIAL_COLUMNS = ["trial", "state", "reuse_map", "flops_ratio", "val_ppl", "val_bpb", "steps", "pruned_at_step"]
+
+
+class RichReporter:
+    """Study progress (trials, ETA) and trial progress (steps, loss) on stderr; the front after each trial."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("eta"),
+                                 TimeRemainingColumn(), console=err, disable=not enabled)
+        self.study_task = None
+        self.trial_task = None
+
+    def __enter__(self) -> "RichReporter":
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.progress.__exit__(*exc)
+
+    def study_started(self, study: str, target: int, finished: int) -> None:
+        self.study_task = self.progress.add_task(f"study {study}", total=target, completed=finished, info="trials")
+
+    def trial_started(self, number: int, reuse_map: list[int], steps: int) -> None:
+        if self.trial_task is not None:
+            self.progress.remove_task(self.trial_task)
+        self.trial_task = self.progress.add_task(f"trial {number} [{_fmt(reuse_map)}]", total=steps, info="loss -")
+
+    def step(self, step: int, steps: int, loss: float) -> None:
+        if self.trial_task is not None:
+            self.progress.update(self.trial_task, completed=step, total=steps, info=f"loss {loss:.3f}")
+
+    def trial_finished(self, row: dict[str, Any], front: list[dict[str, Any]], finished: int) -> None:
+        if self.study_task is not None:
+            self.progress.update(self.study_task, completed=finished)
+        if not self.enabled:
+            return
+        self.progress.console.print(
+            f"trial {row['trial']} {row['state'].lower()}: map {_fmt(row['reuse_map'])}, {_fmt(row['flops_ratio'])}x, "
+            f"ppl {_fmt(row['val_ppl'])}" + (f" (reused trial {row['reused_from']})" if row.get("reused_from") is not None else "")
+            + (f" ({row['reason']})" if row["state"] != "COMPLETE" and row.get("reason") else ""))
+        table = Table(title="current front", title_justify="left")
+        for col in FRONT_COLUMNS:
+            table.add_column(col)
+        for p in front:
+            table.add_row(*(_fmt(p.get(c)) for c in FRONT_COLUMNS))
+        self.progress.console.print(table)
+
+    def message(self, text: str) -> None:
+        if self.enabled:
+            self.progress.console.print(text)
+
+
+def print_run(summary: dict[str, Any]) -> None:
+    rows_table(f"Pareto front of {summary['study']}", summary["pareto"], FRONT_COLUMNS)
+    for name, ref in summary.get("references", {}).items():
+        out.print(f"reference {name}: {_fmt(ref['flops_ratio'])}x, ppl {_fmt(ref['val_ppl'])}")
+    out.print(f"{summary['n_complete']} complete, {summary['n_pruned']} pruned, {summary['n_failed']} failed; "
+              f"{summary['steps_trained']} steps trained, {summary['steps_saved_by_pruning']} saved by pruning; "
+              f"storage {summary['storage']}")
+    if summary.get("interrupted"):
+        out.print("interrupted: finished trials are saved; run the same command again to resume")
+
+
+def print_studies(report: dict[str, Any]) -> None:
+    rows_table("studies", report["studies"], ["study", "n_trials", "n_complete", "budget", "layers", "best_val_ppl"])
+
+
+def print_trials(report: dict[str, Any]) -> None:
+    rows_table(f"trials of {report['study']}", report["trials"], TRIAL_COLUMNS)

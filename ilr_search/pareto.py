@@ -1,0 +1,43 @@
+"""Pareto fronts of (perplexity, FLOP ratio), both minimised."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+def dominates(a: Sequence[float], b: Sequence[float]) -> bool:
+    """a is no worse than b in every objective and better in at least one (minimisation)."""
+    return all(x <= y for x, y in zip(a, b)) and any(x < y for x, y in zip(a, b))
+
+
+def non_dominated(points: Sequence[Sequence[float]]) -> list[int]:
+    """Indices of the points no other point dominates; of identical points only the first is kept."""
+    front = []
+    for i, p in enumerate(points):
+        if any(dominates(q, p) for q in points):
+            continue
+        if any(tuple(points[j]) == tuple(p) for j in front):
+            continue
+        front.append(i)
+    return front
+
+
+def pareto_front(rows: Sequence[dict[str, Any]], x: str = "flops_ratio", y: str = "val_ppl") -> list[dict[str, Any]]:
+    """The non-dominated rows in (y, x), sorted by x (compute) ascending."""
+    points = [(r[y], r[x]) for r in rows]
+    return sorted((rows[i] for i in non_dominated(points)), key=lambda r: (r[x], r[y]))
+
+
+def non_dominated_ranks(points: Sequence[Sequence[float]]) -> list[int]:
+    """Rank of each point by non-dominated sorting: 0 for the front, 1 for the front without it, ..."""
+    ranks = [-1] * len(points)
+    remaining = set(range(len(points)))
+    rank = 0
+    while remaining:
+        layer = {i for i in remaining if not any(dominates(points[j], points[i]) for j in remaining)}
+        for i in layer:
+            ranks[i] = rank
+        remaining -= layer
+        rank += 1
+    return ranks

@@ -1,0 +1,319 @@
+"""The project's own tables, in the study's database beside Optuna's (which are never altered).
+
+- ilr_schema: the schema version;
+- ilr_map_claims: which trial trains which reuse map, so that concurrent workers never train one map twice;
+- ilr_curves: every evaluation of every trial (the learning curves the pruner compares);
+- ilr_pruning: why each pruned trial was pruned;
+- ilr_fronts: the Pareto front after each completed trial (its history).
+
+Created on first use; every write is one short transaction, safe with several writers.
+On journal storage (no SQL database) the same interfaces are served from a lock file and the trials.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError, OperationalError
+
+SCHEMA_VERSION = 1
+
+metadata = sa.MetaData()
+
+schema_table = sa.Table(
+    "ilr_schema", metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("version", sa.Integer, nullable=False),
+)
+
+claims_table = sa.Table(
+    "ilr_map_claims", metadata,
+    sa.Column("study", sa.String(512), primary_key=True),
+    sa.Column("map_key", sa.String(256), primary_key=True),
+    sa.Column("trial_number", sa.Integer, nullable=False),
+)
+
+curves_table = sa.Table(
+    "ilr_curves", metadata,
+    sa.Column("study", sa.String(512), primary_key=True),
+    sa.Column("trial_number", sa.Integer, primary_key=True),
+    sa.Column("step", sa.Integer, primary_key=True),
+    sa.Column("map_key", sa.String(256), nullable=False),
+    sa.Column("flops_ratio", sa.Float, nullable=False),
+    sa.Column("val_loss", sa.Float, nullable=False),
+    sa.Column("tokens", sa.BigInteger, nullable=False),
+)
+
+pruning_table = sa.Table(
+    "ilr_pruning", metadata,
+    sa.Column("study", sa.String(512), primary_key=True),
+    sa.Column("trial_number", sa.Integer, primary_key=True),
+    sa.Column("step", sa.Integer, nullable=False),
+    sa.Column("val_loss", sa.Float, nullable=False),
+    sa.Column("flops_ratio", sa.Float, nullable=False),
+    sa.Column("dominated_by", sa.Text, nullable=False),  # JSON list of trial numbers
+    sa.Column("reason", sa.Text, nullable=False),
+)
+
+fronts_table = sa.Table(
+    "ilr_fronts", metadata,
+    sa.Column("study", sa.String(512), primary_key=True),
+    sa.Column("after_trial", sa.Integer, primary_key=True),
+    sa.Column("position", sa.Integer, primary_key=True),
+    sa.Column("trial_number", sa.Integer, nullable=False),
+    sa.Column("reuse_map", sa.String(256), nullable=False),
+    sa.Column("flops_ratio", sa.Float, nullable=False),
+    sa.Column("val_ppl", sa.Float, nullable=False),
+    sa.Column("val_bpb", sa.Float, nullable=True),
+    sa.Column("params", sa.BigInteger, nullable=True),
+)
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    trial_number: int
+    step: int
+    val_loss: float
+    flops_ratio: float
+    map_key: str
+
+
+class Store:
+    """Claims, curves, pruning records and fronts of one study."""
+
+    def claim(self, map_key: str, trial_number: int) -> int:
+        """Claim `map_key` for `trial_number`; returns the trial that holds the claim (maybe another)."""
+        raise NotImplementedError
+
+    def take_over(self, map_key: str, old_holder: int, trial_number: int) -> bool:
+        """Move a claim from a trial that died to `trial_number`; True if this call moved it."""
+        raise NotImplementedError
+
+    def add_curve_point(self, point: CurvePoint, tokens: int) -> None:
+        raise NotImplementedError
+
+    def curve_points(self, step: int | None = None) -> list[CurvePoint]:
+        raise NotImplementedError
+
+    def record_pruning(self, trial_number: int, step: int, val_loss: float, flops_ratio: float,
+                       dominated_by: list[int], reason: str) -> None:
+        raise NotImplementedError
+
+    def pruning_records(self) -> dict[int, dict[str, Any]]:
+        raise NotImplementedError
+
+    def save_front(self, after_trial: int, front: list[dict[str, Any]]) -> None:
+        raise NotImplementedError
+
+    def front_history(self) -> dict[int, list[dict[str, Any]]]:
+        raise NotImplementedError
+
+
+def _retry_locked(fn):
+    """SQLite answers `database is locked` when another process holds the write lock: wait and retry."""
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        delay = 0.05
+        for attempt in range(60):
+            try:
+                return fn(*args, **kwargs)
+            except OperationalError as e:
+                if "locked" not in str(e) or attempt == 59:
+                    raise
+                time.sleep(delay)
+                delay = min(1.0, delay * 2)
+
+    return wrapper
+
+
+class SQLStore(Store):
+    def __init__(self, engine: sa.Engine, study: str) -> None:
+        self.engine, self.study = engine, study
+        ensure_schema(engine)
+
+    @_retry_locked
+    def claim(self, map_key: str, trial_number: int) -> int:
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(claims_table.insert().values(study=self.study, map_key=map_key, trial_number=trial_number))
+            return trial_number
+        except IntegrityError:
+            with self.engine.connect() as conn:
+                return conn.execute(sa.select(claims_table.c.trial_number).where(
+                    claims_table.c.study == self.study, claims_table.c.map_key == map_key)).scalar_one()
+
+    @_retry_locked
+    def take_over(self, map_key: str, old_holder: int, trial_number: int) -> bool:
+        with self.engine.begin() as conn:
+            moved = conn.execute(claims_table.update().where(
+                claims_table.c.study == self.study, claims_table.c.map_key == map_key,
+                claims_table.c.trial_number == old_holder).values(trial_number=trial_number))
+            return moved.rowcount == 1
+
+    @_retry_locked
+    def add_curve_point(self, point: CurvePoint, tokens: int) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(curves_table.delete().where(
+                curves_table.c.study == self.study, curves_table.c.trial_number == point.trial_number,
+                curves_table.c.step == point.step))
+            conn.execute(curves_table.insert().values(
+                study=self.study, trial_number=point.trial_number, step=point.step, map_key=point.map_key,
+                flops_ratio=point.flops_ratio, val_loss=point.val_loss, tokens=tokens))
+
+    @_retry_locked
+    def curve_points(self, step: int | None = None) -> list[CurvePoint]:
+        query = sa.select(curves_table).where(curves_table.c.study == self.study)
+        if step is not None:
+            query = query.where(curves_table.c.step == step)
+        with self.engine.connect() as conn:
+            rows = conn.execute(query.order_by(curves_table.c.trial_number, curves_table.c.step)).all()
+        return [CurvePoint(r.trial_number, r.step, r.val_loss, r.flops_ratio, r.map_key) for r in rows]
+
+    @_retry_locked
+    def record_pruning(self, trial_number: int, step: int, val_loss: float, flops_ratio: float,
+                       dominated_by: list[int], reason: str) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(pruning_table.delete().where(pruning_table.c.study == self.study,
+                                                      pruning_table.c.trial_number == trial_number))
+            conn.execute(pruning_table.insert().values(
+                study=self.study, trial_number=trial_number, step=step, val_loss=val_loss, flops_ratio=flops_ratio,
+                dominated_by=json.dumps(dominated_by), reason=reason))
+
+    @_retry_locked
+    def pruning_records(self) -> dict[int, dict[str, Any]]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(pruning_table).where(pruning_table.c.study == self.study)).all()
+        return {r.trial_number: {"step": r.step, "val_loss": r.val_loss, "flops_ratio": r.flops_ratio,
+                                 "dominated_by": json.loads(r.dominated_by), "reason": r.reason} for r in rows}
+
+    @_retry_locked
+    def save_front(self, after_trial: int, front: list[dict[str, Any]]) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(fronts_table.delete().where(fronts_table.c.study == self.study,
+                                                     fronts_table.c.after_trial == after_trial))
+            if front:
+                conn.execute(fronts_table.insert(), [
+                    {"study": self.study, "after_trial": after_trial, "position": i, "trial_number": p["trial"],
+                     "reuse_map": ",".join(map(str, p["reuse_map"])), "flops_ratio": p["flops_ratio"],
+                     "val_ppl": p["val_ppl"], "val_bpb": p.get("val_bpb"), "params": p.get("params")}
+                    for i, p in enumerate(front)])
+
+    @_retry_locked
+    def front_history(self) -> dict[int, list[dict[str, Any]]]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(fronts_table).where(fronts_table.c.study == self.study).order_by(
+                fronts_table.c.after_trial, fronts_table.c.position)).all()
+        history: dict[int, list[dict[str, Any]]] = {}
+        for r in rows:
+            history.setdefault(r.after_trial, []).append({
+                "trial": r.trial_number, "reuse_map": [int(x) for x in r.reuse_map.split(",")],
+                "flops_ratio": r.flops_ratio, "val_ppl": r.val_ppl, "val_bpb": r.val_bpb, "params": r.params})
+        return history
+
+
+def ensure_schema(engine: sa.Engine) -> None:
+    """Create the project's tables if missing and check their version; Optuna's tables are not touched."""
+    metadata.create_all(engine, checkfirst=True)
+    with engine.begin() as conn:
+        version = conn.execute(sa.select(schema_table.c.version).where(schema_table.c.id == 1)).scalar()
+        if version is None:
+            try:
+                conn.execute(schema_table.insert().values(id=1, version=SCHEMA_VERSION))
+            except IntegrityError:  # another process created it first
+                pass
+        elif version > SCHEMA_VERSION:
+            from .errors import UserInputError
+            raise UserInputError(f"the database's ilr-search schema is version {version}, newer than this "
+                                 f"ilr-search ({SCHEMA_VERSION}); upgrade ilr-search")
+
+
+class JournalStore(Store):
+    """For journal storage: a JSON-lines side file next to the journal, serialised by an flock."""
+
+    def __init__(self, journal_path: str, study: str) -> None:
+        self.path = Path(journal_path + ".ilr")
+        self.study = study
+
+    @contextmanager
+    def _locked(self) -> Iterator[list[dict[str, Any]]]:
+        with open(str(self.path) + ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                records = []
+                if self.path.exists():
+                    with open(self.path, encoding="utf-8") as f:
+                        records = [json.loads(line) for line in f if line.strip()]
+                yield records
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _append(self, record: dict[str, Any]) -> None:
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"study": self.study, **record}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _mine(self, records: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+        return [r for r in records if r["study"] == self.study and r["kind"] == kind]
+
+    def _holder(self, records: list[dict[str, Any]], map_key: str) -> int | None:
+        holder = None
+        for r in self._mine(records, "claim"):
+            if r["map_key"] == map_key:
+                holder = r["trial_number"]
+        return holder
+
+    def claim(self, map_key: str, trial_number: int) -> int:
+        with self._locked() as records:
+            holder = self._holder(records, map_key)
+            if holder is None:
+                self._append({"kind": "claim", "map_key": map_key, "trial_number": trial_number})
+                return trial_number
+            return holder
+
+    def take_over(self, map_key: str, old_holder: int, trial_number: int) -> bool:
+        with self._locked() as records:
+            if self._holder(records, map_key) != old_holder:
+                return False
+            self._append({"kind": "claim", "map_key": map_key, "trial_number": trial_number})
+            return True
+
+    def add_curve_point(self, point: CurvePoint, tokens: int) -> None:
+        with self._locked():
+            self._append({"kind": "curve", "trial_number": point.trial_number, "step": point.step,
+                          "val_loss": point.val_loss, "flops_ratio": point.flops_ratio, "map_key": point.map_key,
+                          "tokens": tokens})
+
+    def curve_points(self, step: int | None = None) -> list[CurvePoint]:
+        with self._locked() as records:
+            latest = {(r["trial_number"], r["step"]): r for r in self._mine(records, "curve")}
+        return [CurvePoint(r["trial_number"], r["step"], r["val_loss"], r["flops_ratio"], r["map_key"])
+                for key, r in sorted(latest.items()) if step is None or r["step"] == step]
+
+    def record_pruning(self, trial_number: int, step: int, val_loss: float, flops_ratio: float,
+                       dominated_by: list[int], reason: str) -> None:
+        with self._locked():
+            self._append({"kind": "pruning", "trial_number": trial_number, "step": step, "val_loss": val_loss,
+                          "flops_ratio": flops_ratio, "dominated_by": dominated_by, "reason": reason})
+
+    def pruning_records(self) -> dict[int, dict[str, Any]]:
+        with self._locked() as records:
+            return {r["trial_number"]: {k: r[k] for k in ("step", "val_loss", "flops_ratio", "dominated_by", "reason")}
+                    for r in self._mine(records, "pruning")}
+
+    def save_front(self, after_trial: int, front: list[dict[str, Any]]) -> None:
+        with self._locked():
+            self._append({"kind": "front", "after_trial": after_trial, "front": front})
+
+    def front_history(self) -> dict[int, list[dict[str, Any]]]:
+        with self._locked() as records:
+            return {r["after_trial"]: r["front"] for r in self._mine(records, "front")}

@@ -1,0 +1,627 @@
+"""The Optuna driver: proposes reuse maps under a FLOP budget, trains each as a proxy, and keeps the study
+(configuration, trials, curves, fronts) in a storage it can resume from."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from .api import model_config
+from .data import TokenData, load_tokens, tokenizer_vocab_size
+from .errors import UserInputError
+from .flops import Budget, flops_ratio, parse_budget
+from .model import ModelConfig, param_count
+from .pareto import pareto_front
+from .pruning import build_pruner
+from .schedule import block_schedule, format_reuse_map, reuse_map_schedule
+from .space import SpaceConfig
+from .storage import StorageSpec, grace_period, heartbeat_interval, open_storage, open_store, parse_storage
+from .store import CurvePoint, Store
+from .train import EvalPoint, TrainResult, resolve_device, resolve_dtype, train_proxy
+
+CONFIG_ATTR = "ilr:config"
+SAMPLER_ATTR = "ilr:sampler"
+REFERENCE_PREFIX = "ilr:reference:"
+HEARTBEAT_ATTR = "ilr:heartbeat"
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+class TrialDiverged(Exception):
+    """The proxy's loss became non-finite: the trial ends FAIL with its reason, the study goes on."""
+
+
+# ----------------------------------------------------------------------------------------------------
+# Reuse maps under a budget
+
+def repair_to_budget(reuse_map: list[int], max_layer_runs: int) -> list[int]:
+    """The map scaled into the budget, keeping its shape: the extra iterations (r - 1) are scaled down in
+    proportion and the iterations left over go to the largest remainders (ties: the larger request, then the
+    earlier layer). Every layer keeps at least one run; a map within budget is returned unchanged."""
+    extras = [r - 1 for r in reuse_map]
+    allowed = max(0, max_layer_runs - len(reuse_map))
+    total = sum(extras)
+    if total <= allowed:
+        return list(reuse_map)
+    scaled = [e * allowed / total for e in extras]
+    kept = [math.floor(x) for x in scaled]
+    leftover = allowed - sum(kept)
+    order = sorted(range(len(extras)), key=lambda i: (-(scaled[i] - kept[i]), -extras[i], i))
+    for i in order[:leftover]:
+        kept[i] += 1
+    return [1 + e for e in kept]
+
+
+def seed_maps(n_layers: int, max_reuse: int, max_layer_runs: int) -> list[list[int]]:
+    """The all-ones baseline and front-loaded maps in the spirit of the paper's findings ([4,2,1,1], [3,2,2,1]
+    and [2,1,1,1] were its best small-model maps), repaired to the budget, without duplicates."""
+    ones = [1] * n_layers
+    shapes = [[2], [4, 2], [3, 2, 2], [2, 2]]
+    maps, seen = [ones], {tuple(ones)}
+    for head in shapes:
+        m = [min(max_reuse, r) for r in head[:n_layers]] + [1] * max(0, n_layers - len(head))
+        m = repair_to_budget(m, max_layer_runs)
+        if tuple(m) not in seen:
+            seen.add(tuple(m))
+            maps.append(m)
+    return maps
+
+
+# ----------------------------------------------------------------------------------------------------
+# The study's configuration: what it is, stored in the study, checked on resume
+
+@dataclass(frozen=True)
+class StudyPlan:
+    space: SpaceConfig
+    model: ModelConfig  # with the tokenizer's vocabulary
+    budget: Budget
+    dtype: str
+    config: dict[str, Any]  # what the study stores and a resume must match
+    name: str
+
+
+RESULT_TRAIN_FIELDS = ("steps", "batch_size", "grad_accum", "lr", "warmup_frac", "min_lr_frac", "weight_decay",
+                       "grad_clip", "eval_fractions", "eval_windows", "seed")
+
+
+def study_config(space: SpaceConfig, model: ModelConfig, budget: Budget, dtype: str) -> dict[str, Any]:
+    return {
+        "model": dataclasses.asdict(model),
+        "data": dataclasses.asdict(space.data),
+        "train": {k: getattr(space.train, k) for k in RESULT_TRAIN_FIELDS} | {"dtype": dtype},
+        "budget": {"text": budget.text, "ratio": round(budget.ratio, 9)},
+        "search": {"max_reuse": space.search.max_reuse, "families": list(space.search.families),
+                   "objective": space.search.objective},
+    }
+
+
+def _canonical(config: dict[str, Any]) -> dict[str, Any]:
+    return json.loads(json.dumps(config, sort_keys=True))
+
+
+def derive_study_name(config: dict[str, Any]) -> str:
+    m, d = config["model"], config["data"]
+    digest = hashlib.sha256(json.dumps(_canonical(config), sort_keys=True).encode()).hexdigest()[:8]
+    corpus = "stdlib" if d["corpus"] == "stdlib" else Path(d["corpus"].replace(":", "-")).name[:24]
+    return (f"ilr-L{m['n_layers']}-d{m['d_model']}-{m['pe']}-{corpus}-{d['tokenizer'].replace(':', '')}"
+            f"-{config['budget']['ratio']:g}x-{digest}")
+
+
+def config_differences(stored: dict[str, Any], wanted: dict[str, Any], prefix: str = "") -> list[str]:
+    diffs = []
+    for key in sorted(set(stored) | set(wanted)):
+        a, b = stored.get(key), wanted.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            diffs += config_differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            diffs.append(f"{prefix}{key}: study has {a!r}, this run asks for {b!r}")
+    return diffs
+
+
+def plan_study(space: SpaceConfig, budget_text: str, study_name: str | None) -> StudyPlan:
+    """Everything about the study that can be checked without touching storage or data."""
+    model = model_config(space, tokenizer_vocab_size(space.data.tokenizer))
+    budget = parse_budget(budget_text, model)
+    device = resolve_device(space.train.device)
+    dtype = resolve_dtype(space.train.dtype, device, model, space.train.batch_size)
+    config = study_config(space, model, budget, dtype)
+    return StudyPlan(space, model, budget, dtype, config, study_name or derive_study_name(config))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Samplers: every default set explicitly and stored with the study
+
+def sampler_settings(name: str, seed: int, n_layers: int, max_reuse: int) -> dict[str, Any]:
+    resolved = "tpe" if name == "auto" else name
+    settings: dict[str, Any] = {"name": resolved, "requested": name, "seed": seed}
+    if resolved == "tpe":
+        settings |= {"n_startup_trials": 8, "n_ei_candidates": 24, "multivariate": True, "group": False,
+                     "constant_liar": True}
+    elif resolved == "nsga2":
+        settings |= {"population_size": 8, "crossover_prob": 0.9, "swapping_prob": 0.5, "mutation_prob": None}
+    elif resolved == "gp":
+        settings |= {"n_startup_trials": 8, "deterministic_objective": False}
+    elif resolved == "grid":
+        settings |= {"values": list(range(1, max_reuse + 1))}
+    return settings
+
+
+def build_sampler(settings: dict[str, Any], n_layers: int, worker_offset: int = 0) -> optuna.samplers.BaseSampler:
+    s = {k: v for k, v in settings.items() if k not in ("name", "requested")}
+    # Each worker (and each resume) draws from its own stream; the first worker of a study is reproducible.
+    seed = None if s.get("seed") is None else s.pop("seed") * 1_000_003 + worker_offset
+    name = settings["name"]
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, **s)
+    if name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed, **s)
+    if name == "gp":
+        return optuna.samplers.GPSampler(seed=seed, **s)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "grid":
+        return optuna.samplers.GridSampler({f"r{i}": s["values"] for i in range(n_layers)}, seed=seed)
+    raise UserInputError(f"unknown sampler {name!r}")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Progress: what the run tells its caller (the CLI draws bars and tables from it)
+
+class RunReporter:
+    def study_started(self, study: str, target: int, finished: int) -> None: ...
+    def trial_started(self, number: int, reuse_map: list[int], steps: int) -> None: ...
+    def step(self, step: int, steps: int, loss: float) -> None: ...
+    def trial_finished(self, row: dict[str, Any], front: list[dict[str, Any]], finished: int) -> None: ...
+    def message(self, text: str) -> None: ...
+
+
+# ----------------------------------------------------------------------------------------------------
+# Reading trials back
+
+def trial_row(t: FrozenTrial) -> dict[str, Any]:
+    """One trial as the `trials` command shows it."""
+    a = t.user_attrs
+    return {
+        "trial": t.number,
+        "state": t.state.name,
+        "reuse_map": a.get("reuse_map"),
+        "flops_ratio": a.get("flops_ratio"),
+        "val_ppl": a.get("val_ppl"),
+        "val_bpb": a.get("val_bpb"),
+        "steps": a.get("steps", 0),
+        "pruned_at_step": a.get("pruned_at_step"),
+        "reused_from": a.get("reused_from"),
+        "proposed_map": a.get("proposed_map"),
+        "reason": a.get("reason"),
+        "seconds": (t.datetime_complete - t.datetime_start).total_seconds()
+        if t.datetime_complete and t.datetime_start else None,
+    }
+
+
+def has_result(t: FrozenTrial) -> bool:
+    """A trial whose map was evaluated to the end, pruned, or diverged: its result stands for its map."""
+    return t.state in FINISHED or (t.state == TrialState.FAIL and t.user_attrs.get("status") == "diverged")
+
+
+def study_front(trials: list[FrozenTrial]) -> list[dict[str, Any]]:
+    rows = [{"trial": t.number, "reuse_map": t.user_attrs["reuse_map"], "flops_ratio": t.user_attrs["flops_ratio"],
+             "val_ppl": t.user_attrs["val_ppl"], "val_bpb": t.user_attrs.get("val_bpb"),
+             "params": t.user_attrs.get("params")}
+            for t in trials if t.state == TrialState.COMPLETE and "reused_from" not in t.user_attrs
+            and t.user_attrs.get("val_ppl") is not None]
+    return pareto_front(rows)
+
+
+def summarize(study: optuna.Study, spec: StorageSpec) -> dict[str, Any]:
+    trials = study.get_trials(deepcopy=False)
+    states = [t.state for t in trials]
+    return {
+        "study": study.study_name,
+        "storage": spec.masked,
+        "n_trials": sum(s in FINISHED or s == TrialState.FAIL for s in states),
+        "n_complete": states.count(TrialState.COMPLETE),
+        "n_pruned": states.count(TrialState.PRUNED),
+        "n_failed": states.count(TrialState.FAIL),
+        "steps_trained": sum(int(t.user_attrs.get("steps", 0)) for t in trials),
+        "steps_saved_by_pruning": sum(int(t.user_attrs.get("steps_saved", 0)) for t in trials),
+        "pareto": [{k: p[k] for k in ("trial", "reuse_map", "flops_ratio", "val_ppl", "val_bpb")}
+                   for p in study_front(trials)],
+        "references": references(study),
+    }
+
+
+def references(study: optuna.Study) -> dict[str, Any]:
+    return {k[len(REFERENCE_PREFIX):]: v for k, v in study.user_attrs.items() if k.startswith(REFERENCE_PREFIX)}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Stale trials on journal storage (RDB storages have Optuna's heartbeat for this)
+
+class JournalHeartbeat:
+    """Writes a timestamp to the running trial every heartbeat interval, from a daemon thread."""
+
+    def __init__(self, study: optuna.Study, trial_id: int) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, args=(study._storage, trial_id), daemon=True)
+
+    def _beat(self, storage: optuna.storages.BaseStorage, trial_id: int) -> None:
+        while True:
+            try:
+                storage.set_trial_system_attr(trial_id, HEARTBEAT_ATTR, time.time())
+            except Exception:  # the trial finished meanwhile
+                return
+            if self._stop.wait(heartbeat_interval()):
+                return
+
+    def __enter__(self) -> JournalHeartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+
+
+def sweep_stale_journal_trials(study: optuna.Study) -> list[int]:
+    """Fail RUNNING trials whose heartbeat is older than the grace period and enqueue their retry."""
+    failed = []
+    now = time.time()
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        beat = t.system_attrs.get(HEARTBEAT_ATTR) or (t.datetime_start.timestamp() if t.datetime_start else now)
+        if now - beat <= grace_period():
+            continue
+        try:
+            if study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
+                failed.append(t.number)
+                optuna.storages.RetryHeartbeatStaleTrialCallback()(study, study._storage.get_trial(t._trial_id))
+        except optuna.exceptions.UpdateFinishedTrialError:
+            pass  # another worker failed it first
+    return failed
+
+
+# ----------------------------------------------------------------------------------------------------
+# The objective
+
+@dataclass
+class SearchRun:
+    plan: StudyPlan
+    spec: StorageSpec
+    study: optuna.Study
+    store: Store
+    data: TokenData
+    reporter: RunReporter
+    target: int
+    checkpoint_root: Path
+    pruner: Any = None
+    trained_here: list[int] = field(default_factory=list)
+
+    @property
+    def n_layers(self) -> int:
+        return self.plan.model.n_layers
+
+    def objective(self, trial: optuna.Trial) -> float | tuple[float, float]:
+        if self.spec.kind == "journal":
+            sweep_stale_journal_trials(self.study)
+        max_reuse = self.plan.space.search.max_reuse
+        proposed = [trial.suggest_int(f"r{i}", 1, max_reuse) for i in range(self.n_layers)]
+        max_runs = self.plan.budget.max_layer_runs(self.plan.model)
+        reuse_map = repair_to_budget(proposed, max_runs)
+        # Tell the sampler how far over budget its proposal was (<= 0: feasible); the repaired map is trained.
+        trial.set_constraint("budget", float(sum(proposed) - max_runs))
+        key = format_reuse_map(reuse_map)
+        ratio = flops_ratio(self.plan.model, reuse_map_schedule(reuse_map))
+        assert self.plan.budget.allows(ratio), (reuse_map, ratio)
+        trial.set_user_attr("reuse_map", reuse_map)
+        trial.set_user_attr("map_key", key)
+        trial.set_user_attr("flops_ratio", ratio)
+        trial.set_user_attr("params", param_count(self.plan.model))
+        if reuse_map != proposed:
+            trial.set_user_attr("proposed_map", proposed)
+
+        earlier = self._result_for(key, trial.number)
+        if earlier is None:
+            earlier = self._claim_or_wait(key, trial.number)
+        if earlier is not None:
+            return self._reuse(trial, earlier)
+        return self._train(trial, reuse_map, key, ratio)
+
+    def _result_for(self, key: str, exclude: int) -> FrozenTrial | None:
+        for t in self.study.get_trials(deepcopy=False):
+            if t.number != exclude and t.user_attrs.get("map_key") == key and has_result(t) \
+                    and "reused_from" not in t.user_attrs:
+                return t
+        return None
+
+    def _claim_or_wait(self, key: str, number: int) -> FrozenTrial | None:
+        """Claim the map for this trial; if another live trial trains it, wait for its result instead."""
+        waited = False
+        while True:
+            holder = self.store.claim(key, number)
+            if holder == number:
+                return None
+            held = self._trial_by_number(holder)
+            if held is None or has_result(held):
+                result = self._result_for(key, number)
+                if result is not None:
+                    return result
+            if held is None or (held.state.is_finished() and not has_result(held)):
+                if self.store.take_over(key, holder, number):  # the holder died or was interrupted
+                    return None
+                continue
+            if not waited:
+                self.reporter.message(f"map {key} is being trained by trial {holder}; waiting for its result")
+                waited = True
+            time.sleep(min(2.0, heartbeat_interval()))
+            if self.spec.kind == "journal":
+                sweep_stale_journal_trials(self.study)
+            else:
+                optuna.storages.fail_stale_trials(self.study)
+
+    def _trial_by_number(self, number: int) -> FrozenTrial | None:
+        trials = self.study.get_trials(deepcopy=False)
+        return trials[number] if 0 <= number < len(trials) and trials[number].number == number else next(
+            (t for t in trials if t.number == number), None)
+
+    def _reuse(self, trial: optuna.Trial, earlier: FrozenTrial) -> float | tuple[float, float]:
+        for k in ("val_loss", "val_ppl", "val_bpb", "status", "reason", "pruned_at_step", "curve"):
+            if k in earlier.user_attrs:
+                trial.set_user_attr(k, earlier.user_attrs[k])
+        trial.set_user_attr("reused_from", earlier.number)
+        trial.set_user_attr("steps", 0)
+        if earlier.state == TrialState.PRUNED:
+            raise optuna.TrialPruned(f"map already pruned in trial {earlier.number}")
+        if earlier.state == TrialState.FAIL:
+            raise TrialDiverged(f"map already diverged in trial {earlier.number}")
+        return self._values(earlier.user_attrs["val_ppl"], earlier.user_attrs["flops_ratio"])
+
+    def _values(self, val_ppl: float, ratio: float) -> float | tuple[float, float]:
+        return val_ppl if self.plan.space.search.objective == "ppl" else (val_ppl, ratio)
+
+    def _train(self, trial: optuna.Trial, reuse_map: list[int], key: str, ratio: float) -> float | tuple[float, float]:
+        steps = self.plan.space.train.steps
+        self.reporter.trial_started(trial.number, reuse_map, steps)
+        decision: dict[str, Any] = {}
+
+        def on_eval(point: EvalPoint) -> bool:
+            self.store.add_curve_point(CurvePoint(trial.number, point.step, point.val_loss, ratio, key), point.tokens)
+            if self.pruner is None:
+                return False
+            verdict = self.pruner.decide(trial, point, ratio, key)
+            if verdict is not None:
+                decision.update(verdict)
+                return True
+            return False
+
+        checkpoint = self.checkpoint_root / f"{key.replace(',', '-')}.pt" if self.plan.space.train.checkpoint_every else None
+        train_cfg = dataclasses.replace(self.plan.space.train, dtype=self.plan.dtype)
+        try:
+            heartbeat = JournalHeartbeat(self.study, trial._trial_id) if self.spec.kind == "journal" else None
+            if heartbeat:
+                heartbeat.__enter__()
+            try:
+                result = train_proxy(self.plan.model, reuse_map_schedule(reuse_map), self.data, train_cfg,
+                                     on_eval=on_eval, on_step=self.reporter.step, checkpoint_path=checkpoint)
+            finally:
+                if heartbeat:
+                    heartbeat.__exit__()
+        except KeyboardInterrupt:
+            # Retry this map on resume (Optuna marks the trial FAIL); then stop the study.
+            trial.set_user_attr("reason", "interrupted (Ctrl-C)")
+            self.study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
+            raise
+        self.trained_here.append(trial.number)
+        self._record(trial, result, decision)
+        if checkpoint is not None and result.status != "stopped" or checkpoint is not None and decision:
+            checkpoint.unlink(missing_ok=True)
+        if result.status == "diverged":
+            raise TrialDiverged(result.reason)
+        if decision:
+            raise optuna.TrialPruned(decision["reason"])
+        return self._values(result.val_ppl, ratio)
+
+    def _record(self, trial: optuna.Trial, result: TrainResult, decision: dict[str, Any]) -> None:
+        attrs = {
+            "status": "pruned" if decision else result.status,
+            "reason": decision.get("reason", result.reason),
+            "steps": result.steps - result.resumed_from_step,
+            "val_loss": _finite(result.val_loss), "val_ppl": _finite(result.val_ppl), "val_bpb": _finite(result.val_bpb),
+            "train_seconds": result.train_seconds, "tokens_per_second": result.tokens_per_second,
+            "curve": [[p.step, p.val_loss] for p in result.curve],
+        }
+        if decision:
+            attrs["pruned_at_step"] = decision["step"]
+            attrs["steps_saved"] = self.plan.space.train.steps - decision["step"]
+        for k, v in attrs.items():
+            trial.set_user_attr(k, v)
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+# ----------------------------------------------------------------------------------------------------
+# Running a study
+
+def open_study(spec: StorageSpec, name: str) -> optuna.Study:
+    """An existing study, read-only use; a one-line error if it is not there (nothing is created)."""
+    if not spec.exists():
+        raise UserInputError(f"no study {name!r}: storage {spec.masked} does not exist yet")
+    storage = open_storage(spec, heartbeat=False)
+    try:
+        return optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        names = [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)]
+        hint = f"; studies there: {', '.join(names[:10])}" if names else "; the storage holds no study"
+        raise UserInputError(f"no study {name!r} in {spec.masked}{hint}") from None
+
+
+def _check_resume(spec: StorageSpec, plan: StudyPlan, sampler: str | None, pruner: str | None) -> dict[str, Any] | None:
+    """The stored settings of an existing study of that name (None if new); refuses incompatible resumes."""
+    if not spec.exists():
+        return None
+    storage = open_storage(spec, heartbeat=False)
+    try:
+        study = optuna.load_study(study_name=plan.name, storage=storage)
+    except KeyError:
+        return None
+    stored = study.user_attrs.get(CONFIG_ATTR)
+    for _ in range(50):  # another worker may have just created the study and not yet stored its configuration
+        if stored is not None or study.trials:
+            break
+        time.sleep(0.2)
+        stored = study.user_attrs.get(CONFIG_ATTR)
+    if stored is None:
+        raise UserInputError(f"study {plan.name!r} in {spec.masked} was not made by ilr-search; choose another --study")
+    diffs = config_differences(stored, _canonical(plan.config))
+    settings = study.user_attrs.get(SAMPLER_ATTR, {})
+    if sampler is not None and sampler != settings.get("sampler", {}).get("requested"):
+        diffs.append(f"sampler: study has {settings.get('sampler', {}).get('requested')!r}, this run asks for {sampler!r}")
+    if pruner is not None and pruner != settings.get("pruner", {}).get("name"):
+        diffs.append(f"pruner: study has {settings.get('pruner', {}).get('name')!r}, this run asks for {pruner!r}")
+    if diffs:
+        raise UserInputError(f"cannot resume study {plan.name!r} with another configuration ({'; '.join(diffs)}); "
+                             "rerun with the study's settings or choose a new --study")
+    return settings
+
+
+def run_study(space: SpaceConfig, budget: str, study_name: str | None = None, storage: str | None = None,
+              n_trials: int | None = None, timeout: float | None = None, sampler: str | None = None,
+              pruner: str | None = None, reporter: RunReporter | None = None,
+              checkpoint_dir: str | Path | None = None) -> dict[str, Any]:
+    """Run (or resume) a study until it has `n_trials` finished trials; returns the `run --json` summary.
+
+    `sampler`/`pruner` given here override the space's and must match a resumed study's.
+    """
+    reporter = reporter or RunReporter()
+    spec = parse_storage(storage)
+    if n_trials is not None and n_trials <= 0:
+        raise UserInputError(f"--n-trials must be a positive number of trials, got {n_trials}")
+    if timeout is not None and timeout <= 0:
+        raise UserInputError(f"--timeout must be a positive number of seconds, got {timeout}")
+    search = dataclasses.replace(space.search, **{k: v for k, v in (("sampler", sampler), ("pruner", pruner)) if v})
+    space = dataclasses.replace(space, search=search)
+    from .space import validate_space
+    validate_space(space)
+    plan = plan_study(space, budget, study_name)
+    stored_settings = _check_resume(spec, plan, sampler, pruner)
+
+    data = load_tokens(space.data, seq_len=plan.model.seq_len)
+    storage_obj = open_storage(spec)
+    existing = stored_settings is not None
+    directions = ["minimize"] if space.search.objective == "ppl" else ["minimize", "minimize"]
+    settings = stored_settings or {
+        "sampler": sampler_settings(space.search.sampler, space.train.seed, plan.model.n_layers, space.search.max_reuse),
+        "pruner": {"name": space.search.pruner, "eta": space.search.prune_eta, "epsilon": space.search.prune_epsilon,
+                   "warmup": space.search.prune_warmup, "rungs": space.train.eval_steps[:-1]},
+    }
+    n_before = 0
+    if existing:
+        n_before = len(optuna.load_study(study_name=plan.name, storage=storage_obj).trials)
+    optuna_pruner = optuna.pruners.MedianPruner(n_startup_trials=settings["pruner"]["warmup"], n_warmup_steps=0) \
+        if settings["pruner"]["name"] == "median" else optuna.pruners.NopPruner()
+    study = optuna.create_study(study_name=plan.name, storage=storage_obj, directions=directions,
+                                sampler=build_sampler(settings["sampler"], plan.model.n_layers, n_before),
+                                pruner=optuna_pruner, load_if_exists=True)
+    if CONFIG_ATTR not in study.user_attrs:
+        study.set_user_attr(CONFIG_ATTR, _canonical(plan.config))
+        study.set_user_attr(SAMPLER_ATTR, settings)
+        study.set_metric_names(["val_ppl"] if len(directions) == 1 else ["val_ppl", "flops_ratio"])
+    settings = study.user_attrs[SAMPLER_ATTR]
+
+    max_runs = plan.budget.max_layer_runs(plan.model)
+    if space.search.enqueue_paper_maps:
+        for m in seed_maps(plan.model.n_layers, space.search.max_reuse, max_runs):
+            study.enqueue_trial({f"r{i}": r for i, r in enumerate(m)}, skip_if_exists=True)
+
+    store = open_store(spec, plan.name)
+    target = n_trials or space.search.n_trials
+    run = SearchRun(plan, spec, study, store, data, reporter, target,
+                    Path(checkpoint_dir or "studies/checkpoints") / _safe_name(plan.name),
+                    pruner=build_pruner(settings["pruner"], study, store, space.search.objective))
+    finished = _n_finished(study)
+    reporter.study_started(plan.name, target, finished)
+    interrupted = False
+    if finished < target:
+        def after_trial(st: optuna.Study, ft: FrozenTrial) -> None:
+            front = study_front(st.get_trials(deepcopy=False))
+            if ft.state == TrialState.COMPLETE:
+                store.save_front(ft.number, front)
+            reporter.trial_finished(trial_row(ft), front, _n_finished(st))
+
+        try:
+            study.optimize(run.objective, n_trials=target - finished, timeout=timeout, catch=(TrialDiverged,),
+                           callbacks=[optuna.study.MaxTrialsCallback(target, states=FINISHED), after_trial],
+                           gc_after_trial=False, show_progress_bar=False)
+        except KeyboardInterrupt:
+            interrupted = True
+    if not interrupted and _n_finished(study) >= target:
+        train_references(run)
+    summary = summarize(study, spec)
+    summary["interrupted"] = interrupted
+    summary["sampler"] = settings["sampler"]
+    summary["pruner"] = settings["pruner"]["name"]
+    return summary
+
+
+def _safe_name(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def _n_finished(study: optuna.Study) -> int:
+    return len(study.get_trials(deepcopy=False, states=FINISHED))
+
+
+def train_references(run: SearchRun) -> None:
+    """Reference points outside the sampler's view: block recurrence K within budget, stored in the study."""
+    plan, study = run.plan, run.study
+    if "block" not in plan.space.search.families:
+        return
+    train_cfg = dataclasses.replace(plan.space.train, dtype=plan.dtype)
+    for k in range(2, plan.space.search.max_reuse + 1):
+        schedule = block_schedule(plan.model.n_layers, k)
+        ratio = flops_ratio(plan.model, schedule)
+        if not plan.budget.allows(ratio) or f"{REFERENCE_PREFIX}block{k}" in study.user_attrs:
+            continue
+        run.reporter.message(f"training the block-recurrence reference K={k}")
+        result = train_proxy(plan.model, schedule, run.data, train_cfg, on_step=run.reporter.step)
+        study.set_user_attr(f"{REFERENCE_PREFIX}block{k}", {
+            "schedule": schedule, "flops_ratio": ratio, "val_ppl": _finite(result.val_ppl),
+            "val_bpb": _finite(result.val_bpb), "status": result.status, "steps": result.steps})
+
+
+def list_studies(storage: str | None = None) -> list[dict[str, Any]]:
+    spec = parse_storage(storage)
+    if not spec.exists():
+        return []
+    st = open_storage(spec, heartbeat=False)
+    rows = []
+    for summary in optuna.get_all_study_summaries(st, include_best_trial=False):
+        study = optuna.load_study(study_name=summary.study_name, storage=st)
+        config = study.user_attrs.get(CONFIG_ATTR, {})
+        trials = study.get_trials(deepcopy=False)
+        ppls = [t.user_attrs["val_ppl"] for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("val_ppl")]
+        rows.append({"study": summary.study_name, "n_trials": len(trials),
+                     "n_complete": sum(t.state == TrialState.COMPLETE for t in trials),
+                     "budget": config.get("budget", {}).get("text"), "layers": config.get("model", {}).get("n_layers"),
+                     "best_val_ppl": min(ppls) if ppls else None})
+    return rows
+
+
+def list_trials(study_name: str, storage: str | None = None) -> list[dict[str, Any]]:
+    spec = parse_storage(storage)
+    study = open_study(spec, study_name)
+    return [trial_row(t) for t in study.get_trials(deepcopy=False)]
+
+
+ReporterFactory = Callable[[], RunReporter]

@@ -1,0 +1,231 @@
+import hashlib
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import optuna
+import pytest
+
+from conftest import assert_one_line_error
+from ilr_search.flops import parse_budget
+from ilr_search.model import ModelConfig
+from ilr_search.study import repair_to_budget, seed_maps
+
+TINY = ["--layers", "4", "--d-model", "32", "--heads", "2", "--seq-len", "64", "--batch-size", "8", "--dtype", "fp32",
+        "--budget", "1.5x"]
+
+
+def run_args(name, db, steps=20, n_trials=6, *extra):
+    return ["run", *TINY, "--steps", str(steps), "--n-trials", str(n_trials), "--study", name,
+            "--storage", f"sqlite:///{db}", "--json", *extra]
+
+
+def load(db, name):
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{db}")
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else "absent"
+
+
+@pytest.fixture(scope="module")
+def tiny_study(tmp_path_factory, token_cache):
+    """One real 6-trial study shared by the read-only tests below."""
+    root = tmp_path_factory.mktemp("study")
+    db = root / "s.db"
+    env = {**os.environ, "ILR_SEARCH_CACHE": str(token_cache)}
+    proc = subprocess.run([sys.executable, "-m", "ilr_search", *run_args("tiny", db)], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return root, db, json.loads(proc.stdout)
+
+
+def test_run_end_to_end_and_resume_to_more_trials(tiny_study, cli):
+    root, db, summary = tiny_study
+    assert summary["n_complete"] + summary["n_pruned"] == 6 and summary["n_failed"] == 0
+    assert set(summary) >= {"study", "storage", "n_trials", "n_complete", "n_pruned", "n_failed", "steps_trained",
+                            "steps_saved_by_pruning", "pareto"}
+    assert summary["pareto"] and all(set(p) == {"trial", "reuse_map", "flops_ratio", "val_ppl", "val_bpb"}
+                                     for p in summary["pareto"])
+    listed = json.loads(cli("trials", "--study", "tiny", "--storage", f"sqlite:///{db}", "--json", check=True).stdout)
+    assert len(listed["trials"]) == 6
+    assert set(listed["trials"][0]) >= {"trial", "state", "reuse_map", "flops_ratio", "val_ppl", "val_bpb", "steps",
+                                        "pruned_at_step"}
+    # the all-ones baseline and front-loaded maps come first
+    assert listed["trials"][0]["reuse_map"] == [1, 1, 1, 1] and listed["trials"][1]["reuse_map"] == [2, 1, 1, 1]
+    studies = json.loads(cli("studies", "--storage", f"sqlite:///{db}", "--json", check=True).stdout)["studies"]
+    assert studies[0]["study"] == "tiny" and studies[0]["layers"] == 4 and studies[0]["budget"] == "1.5x"
+
+    # resuming to 9 adds exactly three finished trials to a copy of the study
+    copy = root / "copy.db"
+    copy.write_bytes(db.read_bytes())
+    more = json.loads(cli(*run_args("tiny", copy, n_trials=9), check=True).stdout)
+    finished = [t for t in load(copy, "tiny").trials if t.state.is_finished()]
+    assert len(finished) == 9 and more["n_complete"] + more["n_pruned"] == 9
+    # rerunning at the target trains nothing more
+    again = json.loads(cli(*run_args("tiny", copy, n_trials=9), check=True).stdout)
+    assert again["steps_trained"] == more["steps_trained"]
+
+
+def test_no_completed_trial_is_over_budget(tiny_study):
+    _, db, _ = tiny_study
+    cfg = ModelConfig(n_layers=4, d_model=32, n_heads=2, seq_len=64)
+    budget = parse_budget("1.5x", cfg)
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute(
+            "SELECT t.number, a.value_json FROM trials t JOIN trial_user_attributes a ON a.trial_id = t.trial_id "
+            "WHERE a.key = 'reuse_map' AND t.state = 'COMPLETE'").fetchall()
+    assert len(rows) >= 6
+    from ilr_search.flops import flops_ratio
+    from ilr_search.schedule import reuse_map_schedule
+    for number, value in rows:
+        assert budget.allows(flops_ratio(cfg, reuse_map_schedule(json.loads(value)))), (number, value)
+
+
+def test_repair_keeps_maps_within_budget_and_their_shape():
+    assert repair_to_budget([1, 1, 1, 1], 6) == [1, 1, 1, 1]
+    assert repair_to_budget([2, 1, 2, 1], 6) == [2, 1, 2, 1]
+    assert repair_to_budget([4, 1, 3, 2], 6) == [2, 1, 2, 1]
+    for m in ([4, 4, 4, 4], [1, 4, 1, 4], [3, 3, 1, 1]):
+        repaired = repair_to_budget(m, 6)
+        assert sum(repaired) == 6 and all(1 <= r <= x for r, x in zip(repaired, m))
+    assert seed_maps(4, 4, 6)[0] == [1, 1, 1, 1] and all(sum(m) <= 6 for m in seed_maps(4, 4, 6))
+
+
+def test_kill_9_loses_no_trial_and_the_killed_one_is_retried(tmp_path, token_cache):
+    db = tmp_path / "k.db"
+    env = {**os.environ, "ILR_SEARCH_CACHE": str(token_cache), "ILR_SEARCH_HEARTBEAT_SECONDS": "1"}
+    cmd = [sys.executable, "-m", "ilr_search", *run_args("killed", db, 300, 4, "--pruner", "none")]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    try:
+        while time.time() < deadline:
+            time.sleep(0.5)
+            if not db.exists():
+                continue
+            try:
+                trials = load(db, "killed").trials
+            except Exception:
+                continue
+            complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+            running = [t for t in trials if t.state == optuna.trial.TrialState.RUNNING and "reuse_map" in t.user_attrs]
+            if len(complete) >= 2 and running:
+                time.sleep(1.0)  # well inside the trial
+                break
+        else:
+            pytest.fail("the run never reached its third trial")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    before = {t.number: (t.state, t.values) for t in load(db, "killed").trials}
+    killed = [n for n, (s, _) in before.items() if s == optuna.trial.TrialState.RUNNING]
+    assert len(killed) == 1
+    time.sleep(3.5)  # past the heartbeat grace period (2 x 1 s + 1 s)
+    resumed = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    after = {t.number: t for t in load(db, "killed").trials}
+    for n, (state, values) in before.items():  # every finished trial is kept as it was
+        if state == optuna.trial.TrialState.COMPLETE:
+            assert after[n].state == state and after[n].values == values
+    assert after[killed[0]].state == optuna.trial.TrialState.FAIL
+    retries = [t for t in after.values() if t.system_attrs.get("failed_trial") == killed[0]]
+    assert retries and retries[0].state == optuna.trial.TrialState.COMPLETE
+    assert retries[0].user_attrs["reuse_map"] == after[killed[0]].user_attrs["reuse_map"]
+    assert not [t for t in after.values() if t.state == optuna.trial.TrialState.RUNNING]
+
+
+@pytest.mark.parametrize("storage_kind", ["sqlite", "journal"])
+def test_two_processes_share_a_study_without_training_a_map_twice(tmp_path, token_cache, storage_kind):
+    storage = f"sqlite:///{tmp_path / 'w.db'}" if storage_kind == "sqlite" else f"journal:{tmp_path / 'w.log'}"
+    env = {**os.environ, "ILR_SEARCH_CACHE": str(token_cache)}
+    args = ["run", *TINY, "--steps", "30", "--n-trials", "10", "--study", "pair", "--storage", storage, "--json",
+            "--sampler", "random"]
+    procs = [subprocess.Popen([sys.executable, "-m", "ilr_search", *args], cwd=tmp_path, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=400) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    from ilr_search.storage import open_storage, parse_storage
+    study = optuna.load_study(study_name="pair", storage=open_storage(parse_storage(storage), heartbeat=False))
+    trials = study.trials
+    finished = [t for t in trials if t.state.is_finished()]
+    assert 10 <= len([t for t in finished if t.state != optuna.trial.TrialState.FAIL]) <= 11
+    assert not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+    trained = Counter(t.user_attrs["map_key"] for t in finished if t.user_attrs.get("steps", 0) > 0)
+    assert trained and max(trained.values()) == 1, trained
+    # both workers did work
+    summaries = [json.loads(o[0]) for o in outs]
+    assert all(s["study"] == "pair" for s in summaries)
+
+
+BAD_RUNS = {
+    "unknown sampler": ["--sampler", "cmaes"],
+    "bad budget": ["--budget", "abc"],
+    "budget below baseline": ["--budget", "0.5x"],
+    "zero trials": ["--n-trials", "0"],
+    "negative trials": ["--n-trials", "-3"],
+    "unsupported driver": ["--storage", "mongodb://localhost/x"],
+    "unknown pruner": ["--pruner", "hyperband"],
+    "incompatible resume": ["--d-model", "64"],
+    "incompatible steps": ["--steps", "21"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_RUNS))
+def test_bad_run_input_changes_nothing(tiny_study, cli, case):
+    root, db, _ = tiny_study
+    before = digest(db)
+    args = run_args("tiny", db)
+    extra = BAD_RUNS[case]
+    for i, a in enumerate(extra[::2]):  # replace an option already present, or add it
+        if a in args:
+            args[args.index(a) + 1] = extra[2 * i + 1]
+        else:
+            args += [a, extra[2 * i + 1]]
+    proc = cli(*args)
+    assert_one_line_error(proc)
+    if case.startswith("incompatible"):
+        assert "cannot resume" in proc.stderr and ("d_model" in proc.stderr or "steps" in proc.stderr)
+    assert digest(db) == before
+
+
+def test_unwritable_and_corrupted_storage(tmp_path, cli):
+    # sysfs refuses new files even to root; a missing folder is not created
+    assert_one_line_error(cli(*run_args("x", Path("/sys/ilr-search-test.db"))))
+    assert not Path("/sys/ilr-search-test.db").exists()
+    assert_one_line_error(cli(*run_args("x", tmp_path / "no-such-folder" / "s.db")))
+    assert not (tmp_path / "no-such-folder").exists()
+    corrupted = tmp_path / "bad.db"
+    corrupted.write_bytes(b"this is not a database" * 100)
+    before = digest(corrupted)
+    assert_one_line_error(cli(*run_args("x", corrupted)))
+    assert_one_line_error(cli("trials", "--study", "x", "--storage", f"sqlite:///{corrupted}"))
+    assert_one_line_error(cli("studies", "--storage", f"sqlite:///{corrupted}"))
+    assert digest(corrupted) == before
+
+
+def test_trials_for_unknown_study(tiny_study, cli, tmp_path):
+    _, db, _ = tiny_study
+    before = digest(db)
+    proc = cli("trials", "--study", "nope", "--storage", f"sqlite:///{db}")
+    assert_one_line_error(proc)
+    assert "tiny" in proc.stderr  # says which studies exist
+    assert digest(db) == before
+    missing = tmp_path / "never.db"
+    assert_one_line_error(cli("trials", "--study", "nope", "--storage", f"sqlite:///{missing}"))
+    assert not missing.exists()
+
+
+def test_storage_password_is_never_printed(cli):
+    for url in ("postgresql://user:hunter2@127.0.0.1:9/db", "mysql://user:hunter2@127.0.0.1:9/db"):
+        for args in (["studies", "--storage", url], ["trials", "--study", "x", "--storage", url],
+                     ["run", *TINY, "--steps", "2", "--storage", url]):
+            proc = cli(*args)
+            assert proc.returncode == 2
+            assert "hunter2" not in proc.stdout + proc.stderr
+            assert "***" in proc.stderr or "not installed" in proc.stderr
