@@ -3,6 +3,7 @@
 import functools
 import inspect
 import json
+import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,6 +149,7 @@ def train(opts: SpaceOptions, reuse_map: ReuseMap = None, block: Block = None, j
 
 def main() -> None:
     """Entry point: click's usage errors become one `error:` line with exit code 2 too."""
+    logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
     command = typer.main.get_command(app)
     try:
         code = command.main(standalone_mode=False)
@@ -212,3 +214,34 @@ def trials(study: Annotated[str, typer.Option("--study", help="Study name.")], s
     from .study import list_trials
 
     emit({"study": study, "trials": list_trials(study, storage)}, json_out, ui.print_trials)
+
+
+@app.command()
+@user_errors
+def pareto(
+    study: Annotated[str, typer.Option("--study", help="Study name.")],
+    storage: Storage = None,
+    out: Annotated[Optional[Path], typer.Option(help="Write .html (interactive, offline), .png/.svg (kaleido), .csv or .json.")] = None,
+    view: Annotated[str, typer.Option(help="front, or layers: which layers the front's maps recur and their importance.")] = "front",
+    json_out: Json = False,
+) -> None:
+    """The Pareto front of perplexity vs compute: a table, and a figure or table file with --out."""
+    from .report import pareto_report
+
+    if view not in ("front", "layers"):
+        fail(f"unknown --view {view!r}; use front or layers")
+    emit(pareto_report(study, storage, out, view), json_out, ui.print_pareto)
+
+
+@app.command()
+@user_errors
+def export(
+    study: Annotated[str, typer.Option("--study", help="Study name.")],
+    out: Annotated[Path, typer.Option(help="trials.csv or trials.parquet")],
+    storage: Storage = None,
+    json_out: Json = False,
+) -> None:
+    """Write one row per trial (map, state, objectives, parameters, steps, pruning, durations)."""
+    from .report import export_trials
+
+    emit(export_trials(study, storage, out), json_out, lambda r: ui.out.print(f"wrote {r['rows']} trials to {r['out']}"))

@@ -3,3 +3,7 @@
 
 class UserInputError(ValueError):
     """Input that cannot be used (a malformed value, a missing file, an unknown study...)."""
+
+
+class StorageFullError(UserInputError):
+    """The disk holding the storage (or a checkpoint) is full; finished trials are kept."""

@@ -4,6 +4,7 @@ and opened as Optuna storages (RDB with heartbeats, or a journal file) with the 
 from __future__ import annotations
 
 import fcntl
+import logging
 import hashlib
 import os
 import tempfile
@@ -20,6 +21,8 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from .errors import UserInputError
 from .store import JournalStore, SQLStore, Store
+
+log = logging.getLogger("ilr_search")
 
 DEFAULT_STORAGE = "sqlite:///studies/ilr-search.db"
 SQLITE_TIMEOUT_S = 60
@@ -68,6 +71,7 @@ def parse_storage(url: str | None) -> StorageSpec:
             raise UserInputError("journal storage needs a file: --storage journal:PATH")
         _check_writable_file(path, url)
         return StorageSpec(url, "journal", path)
+    url = _prefer_installed_postgres_driver(url)
     try:
         parsed = make_url(url)
     except ArgumentError:
@@ -95,6 +99,17 @@ def parse_storage(url: str | None) -> StorageSpec:
         raise UserInputError(f"storage driver {parsed.drivername!r} needs a module that is not installed ({e.name}); "
                              "for PostgreSQL: pip install 'ilr-search[postgres]'") from None
     return StorageSpec(url, "rdb")
+
+
+def _prefer_installed_postgres_driver(url: str) -> str:
+    """`postgresql://` means psycopg2 to SQLAlchemy; use psycopg (3) instead when only that is installed."""
+    if not url.startswith(("postgresql://", "postgres://")):
+        return url
+    import importlib.util
+
+    if importlib.util.find_spec("psycopg2") is None and importlib.util.find_spec("psycopg") is not None:
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
 
 
 def _check_writable_file(path: Path, url: str) -> None:
@@ -141,6 +156,38 @@ def _check_sqlite_file(path: Path) -> None:
                                  "another --storage")
 
 
+def wait_while_locked(spec: StorageSpec, max_wait_s: float = 600.0) -> None:
+    """If another process holds an SQLite storage's write lock, say so once and wait for it (SQLite's own
+    busy timeout would wait silently, then fail)."""
+    if spec.kind != "sqlite" or spec.path is None or not spec.path.exists():
+        return
+    import sqlite3
+
+    start, told = time.monotonic(), False
+    while True:
+        try:
+            conn = sqlite3.connect(spec.path, timeout=0.5)
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                conn.rollback()
+            finally:
+                conn.close()
+            if told:
+                log.warning("storage %s is free again; going on", spec.masked)
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) and "busy" not in str(e):
+                return  # not a lock: opening the storage reports it
+        if not told:
+            log.warning("storage %s is locked by another process; waiting for it and retrying (Ctrl-C to stop)",
+                        spec.masked)
+            told = True
+        if time.monotonic() - start > max_wait_s:
+            raise UserInputError(f"storage {spec.masked} stayed locked by another process for {max_wait_s:.0f} s; "
+                                 "stop that process or retry later")
+        time.sleep(1.0)
+
+
 def _engine_kwargs(spec: StorageSpec) -> dict:
     if spec.kind == "sqlite":
         return {"connect_args": {"timeout": SQLITE_TIMEOUT_S}}
@@ -158,6 +205,7 @@ def open_storage(spec: StorageSpec, heartbeat: bool = True) -> optuna.storages.B
     if heartbeat:
         kwargs = {"heartbeat_interval": heartbeat_interval(), "grace_period": grace_period(),
                   "heartbeat_stale_trial_callback": optuna.storages.RetryHeartbeatStaleTrialCallback()}
+    wait_while_locked(spec)
     for attempt in range(5):
         try:
             with _creation_lock(spec):

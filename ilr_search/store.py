@@ -4,7 +4,8 @@
 - ilr_map_claims: which trial trains which reuse map, so that concurrent workers never train one map twice;
 - ilr_curves: every evaluation of every trial (the learning curves the pruner compares);
 - ilr_pruning: why each pruned trial was pruned;
-- ilr_fronts: the Pareto front after each completed trial (its history).
+- ilr_fronts: the Pareto front each time a trial completes, keyed by how many completed trials it is
+  computed from (its history; the largest key is the current front).
 
 Created on first use; every write is one short transaction, safe with several writers.
 On journal storage (no SQL database) the same interfaces are served from a lock file and the trials.
@@ -67,7 +68,7 @@ pruning_table = sa.Table(
 fronts_table = sa.Table(
     "ilr_fronts", metadata,
     sa.Column("study", sa.String(512), primary_key=True),
-    sa.Column("after_trial", sa.Integer, primary_key=True),
+    sa.Column("n_complete", sa.Integer, primary_key=True),
     sa.Column("position", sa.Integer, primary_key=True),
     sa.Column("trial_number", sa.Integer, nullable=False),
     sa.Column("reuse_map", sa.String(256), nullable=False),
@@ -111,7 +112,9 @@ class Store:
     def pruning_records(self) -> dict[int, dict[str, Any]]:
         raise NotImplementedError
 
-    def save_front(self, after_trial: int, front: list[dict[str, Any]]) -> None:
+    def save_front(self, n_complete: int, front: list[dict[str, Any]]) -> None:
+        """Store the front computed from `n_complete` completed trials (the set only grows, so one count is
+        one set: concurrent workers that save the same count save the same front)."""
         raise NotImplementedError
 
     def front_history(self) -> dict[int, list[dict[str, Any]]]:
@@ -196,13 +199,13 @@ class SQLStore(Store):
                                  "dominated_by": json.loads(r.dominated_by), "reason": r.reason} for r in rows}
 
     @_retry_locked
-    def save_front(self, after_trial: int, front: list[dict[str, Any]]) -> None:
+    def save_front(self, n_complete: int, front: list[dict[str, Any]]) -> None:
         with self.engine.begin() as conn:
             conn.execute(fronts_table.delete().where(fronts_table.c.study == self.study,
-                                                     fronts_table.c.after_trial == after_trial))
+                                                     fronts_table.c.n_complete == n_complete))
             if front:
                 conn.execute(fronts_table.insert(), [
-                    {"study": self.study, "after_trial": after_trial, "position": i, "trial_number": p["trial"],
+                    {"study": self.study, "n_complete": n_complete, "position": i, "trial_number": p["trial"],
                      "reuse_map": ",".join(map(str, p["reuse_map"])), "flops_ratio": p["flops_ratio"],
                      "val_ppl": p["val_ppl"], "val_bpb": p.get("val_bpb"), "params": p.get("params")}
                     for i, p in enumerate(front)])
@@ -211,10 +214,10 @@ class SQLStore(Store):
     def front_history(self) -> dict[int, list[dict[str, Any]]]:
         with self.engine.connect() as conn:
             rows = conn.execute(sa.select(fronts_table).where(fronts_table.c.study == self.study).order_by(
-                fronts_table.c.after_trial, fronts_table.c.position)).all()
+                fronts_table.c.n_complete, fronts_table.c.position)).all()
         history: dict[int, list[dict[str, Any]]] = {}
         for r in rows:
-            history.setdefault(r.after_trial, []).append({
+            history.setdefault(r.n_complete, []).append({
                 "trial": r.trial_number, "reuse_map": [int(x) for x in r.reuse_map.split(",")],
                 "flops_ratio": r.flops_ratio, "val_ppl": r.val_ppl, "val_bpb": r.val_bpb, "params": r.params})
         return history
@@ -310,10 +313,10 @@ class JournalStore(Store):
             return {r["trial_number"]: {k: r[k] for k in ("step", "val_loss", "flops_ratio", "dominated_by", "reason")}
                     for r in self._mine(records, "pruning")}
 
-    def save_front(self, after_trial: int, front: list[dict[str, Any]]) -> None:
+    def save_front(self, n_complete: int, front: list[dict[str, Any]]) -> None:
         with self._locked():
-            self._append({"kind": "front", "after_trial": after_trial, "front": front})
+            self._append({"kind": "front", "n_complete": n_complete, "front": front})
 
     def front_history(self) -> dict[int, list[dict[str, Any]]]:
         with self._locked() as records:
-            return {r["after_trial"]: r["front"] for r in self._mine(records, "front")}
+            return {r["n_complete"]: r["front"] for r in self._mine(records, "front")}

@@ -4,28 +4,30 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import math
 import threading
 import time
-from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import optuna
+import sqlalchemy as sa
 from optuna.trial import FrozenTrial, TrialState
 
 from .api import model_config
 from .data import TokenData, load_tokens, tokenizer_vocab_size
-from .errors import UserInputError
+from .errors import StorageFullError, UserInputError
 from .flops import Budget, flops_ratio, parse_budget
 from .model import ModelConfig, param_count
 from .pareto import pareto_front
 from .pruning import build_pruner
 from .schedule import block_schedule, format_reuse_map, reuse_map_schedule
-from .space import SpaceConfig
+from .space import SpaceConfig, validate_space
 from .storage import StorageSpec, grace_period, heartbeat_interval, open_storage, open_store, parse_storage
 from .store import CurvePoint, Store
 from .train import EvalPoint, TrainResult, resolve_device, resolve_dtype, train_proxy
@@ -369,9 +371,7 @@ class SearchRun:
                 optuna.storages.fail_stale_trials(self.study)
 
     def _trial_by_number(self, number: int) -> FrozenTrial | None:
-        trials = self.study.get_trials(deepcopy=False)
-        return trials[number] if 0 <= number < len(trials) and trials[number].number == number else next(
-            (t for t in trials if t.number == number), None)
+        return next((t for t in self.study.get_trials(deepcopy=False) if t.number == number), None)
 
     def _reuse(self, trial: optuna.Trial, earlier: FrozenTrial) -> float | tuple[float, float]:
         for k in ("val_loss", "val_ppl", "val_bpb", "status", "reason", "pruned_at_step", "curve"):
@@ -405,16 +405,11 @@ class SearchRun:
 
         checkpoint = self.checkpoint_root / f"{key.replace(',', '-')}.pt" if self.plan.space.train.checkpoint_every else None
         train_cfg = dataclasses.replace(self.plan.space.train, dtype=self.plan.dtype)
+        heartbeat = JournalHeartbeat(self.study, trial._trial_id) if self.spec.kind == "journal" else nullcontext()
         try:
-            heartbeat = JournalHeartbeat(self.study, trial._trial_id) if self.spec.kind == "journal" else None
-            if heartbeat:
-                heartbeat.__enter__()
-            try:
+            with heartbeat:
                 result = train_proxy(self.plan.model, reuse_map_schedule(reuse_map), self.data, train_cfg,
                                      on_eval=on_eval, on_step=self.reporter.step, checkpoint_path=checkpoint)
-            finally:
-                if heartbeat:
-                    heartbeat.__exit__()
         except KeyboardInterrupt:
             # Retry this map on resume (Optuna marks the trial FAIL); then stop the study.
             trial.set_user_attr("reason", "interrupted (Ctrl-C)")
@@ -422,7 +417,7 @@ class SearchRun:
             raise
         self.trained_here.append(trial.number)
         self._record(trial, result, decision)
-        if checkpoint is not None and result.status != "stopped" or checkpoint is not None and decision:
+        if checkpoint is not None:  # the trial is over, whatever its outcome
             checkpoint.unlink(missing_ok=True)
         if result.status == "diverged":
             raise TrialDiverged(result.reason)
@@ -435,6 +430,7 @@ class SearchRun:
             "status": "pruned" if decision else result.status,
             "reason": decision.get("reason", result.reason),
             "steps": result.steps - result.resumed_from_step,
+            "resumed_from_step": result.resumed_from_step,
             "val_loss": _finite(result.val_loss), "val_ppl": _finite(result.val_ppl), "val_bpb": _finite(result.val_bpb),
             "train_seconds": result.train_seconds, "tokens_per_second": result.tokens_per_second,
             "curve": [[p.step, p.val_loss] for p in result.curve],
@@ -498,10 +494,11 @@ def _check_resume(spec: StorageSpec, plan: StudyPlan, sampler: str | None, prune
 def run_study(space: SpaceConfig, budget: str, study_name: str | None = None, storage: str | None = None,
               n_trials: int | None = None, timeout: float | None = None, sampler: str | None = None,
               pruner: str | None = None, reporter: RunReporter | None = None,
-              checkpoint_dir: str | Path | None = None) -> dict[str, Any]:
+              checkpoint_dir: str | Path | None = None, enqueue_maps: list[list[int]] | None = None) -> dict[str, Any]:
     """Run (or resume) a study until it has `n_trials` finished trials; returns the `run --json` summary.
 
-    `sampler`/`pruner` given here override the space's and must match a resumed study's.
+    `sampler`/`pruner` given here override the space's and must match a resumed study's. `enqueue_maps` are
+    tried first, after the baseline and the paper-inspired maps (over-budget maps are repaired).
     """
     reporter = reporter or RunReporter()
     spec = parse_storage(storage)
@@ -511,7 +508,6 @@ def run_study(space: SpaceConfig, budget: str, study_name: str | None = None, st
         raise UserInputError(f"--timeout must be a positive number of seconds, got {timeout}")
     search = dataclasses.replace(space.search, **{k: v for k, v in (("sampler", sampler), ("pruner", pruner)) if v})
     space = dataclasses.replace(space, search=search)
-    from .space import validate_space
     validate_space(space)
     plan = plan_study(space, budget, study_name)
     stored_settings = _check_resume(spec, plan, sampler, pruner)
@@ -533,6 +529,10 @@ def run_study(space: SpaceConfig, budget: str, study_name: str | None = None, st
     study = optuna.create_study(study_name=plan.name, storage=storage_obj, directions=directions,
                                 sampler=build_sampler(settings["sampler"], plan.model.n_layers, n_before),
                                 pruner=optuna_pruner, load_if_exists=True)
+    if spec.kind == "journal":  # trials of killed workers: failed and queued again (RDB: Optuna's heartbeat)
+        sweep_stale_journal_trials(study)
+    else:
+        optuna.storages.fail_stale_trials(study)
     if CONFIG_ATTR not in study.user_attrs:
         study.set_user_attr(CONFIG_ATTR, _canonical(plan.config))
         study.set_user_attr(SAMPLER_ATTR, settings)
@@ -540,9 +540,9 @@ def run_study(space: SpaceConfig, budget: str, study_name: str | None = None, st
     settings = study.user_attrs[SAMPLER_ATTR]
 
     max_runs = plan.budget.max_layer_runs(plan.model)
-    if space.search.enqueue_paper_maps:
-        for m in seed_maps(plan.model.n_layers, space.search.max_reuse, max_runs):
-            study.enqueue_trial({f"r{i}": r for i, r in enumerate(m)}, skip_if_exists=True)
+    first = seed_maps(plan.model.n_layers, space.search.max_reuse, max_runs) if space.search.enqueue_paper_maps else []
+    for m in first + [list(m) for m in enqueue_maps or []]:
+        study.enqueue_trial({f"r{i}": r for i, r in enumerate(m)}, skip_if_exists=True)
 
     store = open_store(spec, plan.name)
     target = n_trials or space.search.n_trials
@@ -554,19 +554,26 @@ def run_study(space: SpaceConfig, budget: str, study_name: str | None = None, st
     interrupted = False
     if finished < target:
         def after_trial(st: optuna.Study, ft: FrozenTrial) -> None:
-            front = study_front(st.get_trials(deepcopy=False))
-            if ft.state == TrialState.COMPLETE:
-                store.save_front(ft.number, front)
-            reporter.trial_finished(trial_row(ft), front, _n_finished(st))
+            trials = st.get_trials(deepcopy=False)
+            front = save_current_front(store, trials)
+            n_done = sum(has_result(t) for t in trials)
+            reporter.trial_finished(trial_row(ft), front, n_done)
+            if n_done >= target:  # other workers count too
+                st.stop()
 
         try:
             study.optimize(run.objective, n_trials=target - finished, timeout=timeout, catch=(TrialDiverged,),
-                           callbacks=[optuna.study.MaxTrialsCallback(target, states=FINISHED), after_trial],
-                           gc_after_trial=False, show_progress_bar=False)
+                           callbacks=[after_trial], gc_after_trial=False, show_progress_bar=False)
         except KeyboardInterrupt:
             interrupted = True
+        except (sa.exc.OperationalError, OSError) as e:
+            if not _is_disk_full(e):
+                raise
+            raise StorageFullError(f"the disk holding the storage or checkpoints is full ({_first_line(e)}); free "
+                                   "space, then rerun the same command to resume: finished trials are kept") from None
     if not interrupted and _n_finished(study) >= target:
         train_references(run)
+    save_current_front(store, study.get_trials(deepcopy=False))
     summary = summarize(study, spec)
     summary["interrupted"] = interrupted
     summary["sampler"] = settings["sampler"]
@@ -574,30 +581,55 @@ def run_study(space: SpaceConfig, budget: str, study_name: str | None = None, st
     return summary
 
 
+def _is_disk_full(e: BaseException) -> bool:
+    return getattr(e, "errno", None) == errno.ENOSPC or "disk is full" in str(e) or "No space left" in str(e)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(getattr(e, "orig", None) or e)
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 def _safe_name(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
 
 def _n_finished(study: optuna.Study) -> int:
-    return len(study.get_trials(deepcopy=False, states=FINISHED))
+    """Trials that produced a result for their map: complete, pruned, or diverged (a study of diverging
+    proxies still ends)."""
+    return sum(has_result(t) for t in study.get_trials(deepcopy=False))
+
+
+def save_current_front(store: Store, trials: list[FrozenTrial]) -> list[dict[str, Any]]:
+    front = study_front(trials)
+    store.save_front(sum(t.state == TrialState.COMPLETE for t in trials), front)
+    return front
+
+
+def reference_runs(plan: StudyPlan) -> list[tuple[str, list[int], int]]:
+    """(name, schedule, seed) of the study's reference runs, trained outside the sampler's view: the baseline at
+    extra seeds (its seed-to-seed noise band) and block recurrence K where the budget allows it."""
+    n, seed = plan.model.n_layers, plan.space.train.seed
+    runs = [(f"baseline_seed{seed + i}", list(range(n)), seed + i) for i in range(1, plan.space.search.noise_seeds + 1)]
+    if "block" in plan.space.search.families:
+        runs += [(f"block{k}", block_schedule(n, k), seed) for k in range(2, plan.space.search.max_reuse + 1)
+                 if plan.budget.allows(flops_ratio(plan.model, block_schedule(n, k)))]
+    return runs
 
 
 def train_references(run: SearchRun) -> None:
-    """Reference points outside the sampler's view: block recurrence K within budget, stored in the study."""
+    """Train the missing reference runs once per study and store them in the study's attributes."""
     plan, study = run.plan, run.study
-    if "block" not in plan.space.search.families:
-        return
-    train_cfg = dataclasses.replace(plan.space.train, dtype=plan.dtype)
-    for k in range(2, plan.space.search.max_reuse + 1):
-        schedule = block_schedule(plan.model.n_layers, k)
-        ratio = flops_ratio(plan.model, schedule)
-        if not plan.budget.allows(ratio) or f"{REFERENCE_PREFIX}block{k}" in study.user_attrs:
+    for name, schedule, seed in reference_runs(plan):
+        if f"{REFERENCE_PREFIX}{name}" in study.user_attrs:
             continue
-        run.reporter.message(f"training the block-recurrence reference K={k}")
+        run.reporter.message(f"training reference {name}")
+        train_cfg = dataclasses.replace(plan.space.train, dtype=plan.dtype, seed=seed)
         result = train_proxy(plan.model, schedule, run.data, train_cfg, on_step=run.reporter.step)
-        study.set_user_attr(f"{REFERENCE_PREFIX}block{k}", {
-            "schedule": schedule, "flops_ratio": ratio, "val_ppl": _finite(result.val_ppl),
-            "val_bpb": _finite(result.val_bpb), "status": result.status, "steps": result.steps})
+        study.set_user_attr(f"{REFERENCE_PREFIX}{name}", {
+            "schedule": schedule, "seed": seed, "flops_ratio": flops_ratio(plan.model, schedule),
+            "val_ppl": _finite(result.val_ppl), "val_bpb": _finite(result.val_bpb), "status": result.status,
+            "steps": result.steps})
 
 
 def list_studies(storage: str | None = None) -> list[dict[str, Any]]:
@@ -623,5 +655,3 @@ def list_trials(study_name: str, storage: str | None = None) -> list[dict[str, A
     study = open_study(spec, study_name)
     return [trial_row(t) for t in study.get_trials(deepcopy=False)]
 
-
-ReporterFactory = Callable[[], RunReporter]

@@ -147,3 +147,19 @@ def print_studies(report: dict[str, Any]) -> None:
 
 def print_trials(report: dict[str, Any]) -> None:
     rows_table(f"trials of {report['study']}", report["trials"], TRIAL_COLUMNS)
+
+
+def print_pareto(report: dict[str, Any]) -> None:
+    noise = report.get("noise")
+    rows = [dict(p, ties=("≈ " + ",".join(map(str, p["within_noise_of"]))) if p.get("within_noise_of") else "")
+            for p in report["pareto"]]
+    rows_table(f"Pareto front of {report['study']}", rows, FRONT_COLUMNS + ["params", "ties"])
+    if noise:
+        out.print(f"baseline seed-to-seed spread: {noise['spread']:.4g} ppl over {noise['n_seeds']} seeds; "
+                  "points marked ≈ are within it of each other (a tie, not a win)")
+    layers = report.get("layers")
+    if layers and layers.get("importance"):
+        rows_table("layer importance for perplexity (Optuna PED-ANOVA)",
+                   [{"layer": k, "importance": v} for k, v in layers["importance"].items()], ["layer", "importance"])
+    if report.get("out"):
+        out.print(f"wrote {report['out']}")

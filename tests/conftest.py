@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["pg"]
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # Tests never reach a hub: the embedded corpus and byte/BPE tokenizers serve them.

@@ -115,8 +115,8 @@ def test_kill_9_loses_no_trial_and_the_killed_one_is_retried(tmp_path, token_cac
                 continue
             complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
             running = [t for t in trials if t.state == optuna.trial.TrialState.RUNNING and "reuse_map" in t.user_attrs]
-            if len(complete) >= 2 and running:
-                time.sleep(1.0)  # well inside the trial
+            checkpoints = list((tmp_path / "studies" / "checkpoints" / "killed").glob("*.pt"))
+            if len(complete) >= 2 and running and checkpoints:  # inside the trial, past its first checkpoint
                 break
         else:
             pytest.fail("the run never reached its third trial")
@@ -137,6 +137,8 @@ def test_kill_9_loses_no_trial_and_the_killed_one_is_retried(tmp_path, token_cac
     retries = [t for t in after.values() if t.system_attrs.get("failed_trial") == killed[0]]
     assert retries and retries[0].state == optuna.trial.TrialState.COMPLETE
     assert retries[0].user_attrs["reuse_map"] == after[killed[0]].user_attrs["reuse_map"]
+    assert retries[0].user_attrs["resumed_from_step"] >= 50  # the retry resumed from the killed trial's checkpoint
+    assert not list((tmp_path / "studies" / "checkpoints" / "killed").glob("*.pt"))  # deleted when trials end
     assert not [t for t in after.values() if t.state == optuna.trial.TrialState.RUNNING]
 
 

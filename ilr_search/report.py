@@ -1,0 +1,217 @@
+"""Reading a finished (or running) study: its front, figures and exports. Behind `pareto` and `export`."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from .errors import UserInputError
+from .plots import pareto_figure, plot_ppl
+from .storage import open_store, parse_storage
+from .study import REFERENCE_PREFIX, open_study, study_front, trial_row
+
+FRONT_FORMATS = (".html", ".png", ".svg", ".csv", ".json")
+EXPORT_FORMATS = (".csv", ".parquet")
+
+
+def check_out_path(out: str | Path, formats: tuple[str, ...]) -> Path:
+    """Refuse an unknown extension or an unwritable place before any work is done."""
+    path = Path(out)
+    if path.suffix.lower() not in formats:
+        raise UserInputError(f"cannot write {str(path)!r}: unknown extension {path.suffix or '(none)'!r}; "
+                             f"use one of {', '.join(formats)}")
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise UserInputError(f"--out {str(path)!r} is a folder; give a file name")
+    try:
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as e:
+        raise UserInputError(f"cannot write {str(path)!r}: {e.strerror or e} in {str(parent)!r}") from None
+    if path.exists() and not os.access(path, os.W_OK):
+        raise UserInputError(f"cannot write {str(path)!r}: the file is read-only")
+    return path
+
+
+def _atomic_write(path: Path, write: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}{path.suffix}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def noise_band(study: optuna.Study) -> dict[str, Any] | None:
+    """Seed-to-seed spread of the baseline's perplexity: trial of the all-ones map (the study's seed) and the
+    baseline references trained at extra seeds."""
+    ppls = [t.user_attrs["val_ppl"] for t in study.get_trials(deepcopy=False)
+            if t.state == TrialState.COMPLETE and "reused_from" not in t.user_attrs and t.user_attrs.get("val_ppl")
+            and all(r == 1 for r in t.user_attrs.get("reuse_map", [0]))][:1]
+    ppls += [v["val_ppl"] for k, v in sorted(study.user_attrs.items())
+             if k.startswith(f"{REFERENCE_PREFIX}baseline_seed") and v.get("val_ppl") is not None]
+    if len(ppls) < 2:
+        return None
+    return {"n_seeds": len(ppls), "val_ppls": ppls, "min_ppl": min(ppls), "max_ppl": max(ppls),
+            "spread": max(ppls) - min(ppls)}
+
+
+def mark_ties(front: list[dict[str, Any]], noise: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Each front point gets `within_noise_of`: the other front points whose perplexity is within the noise."""
+    spread = noise["spread"] if noise else 0.0
+    for p in front:
+        p["within_noise_of"] = [q["trial"] for q in front if q is not p and abs(q["val_ppl"] - p["val_ppl"]) <= spread]
+    return front
+
+
+def layer_view(trials: list[optuna.trial.FrozenTrial], front: list[dict[str, Any]]) -> dict[str, Any]:
+    """Reuse counts of the front's maps, and per-layer importance for perplexity from Optuna's evaluator,
+    computed on the maps that were trained (not the sampler's proposals, which the budget may have repaired)."""
+    evaluated = [t for t in trials if t.state == TrialState.COMPLETE and "reused_from" not in t.user_attrs
+                 and t.user_attrs.get("val_ppl") is not None]
+    importance: dict[str, float] = {}
+    if len(evaluated) >= 3 and front:
+        n_layers = len(front[0]["reuse_map"])
+        top = max(max(t.user_attrs["reuse_map"]) for t in evaluated)
+        shadow = optuna.create_study()
+        dist = optuna.distributions.IntDistribution(1, max(2, top))
+        for t in evaluated:
+            shadow.add_trial(optuna.trial.create_trial(
+                params={f"layer {i}": r for i, r in enumerate(t.user_attrs["reuse_map"])},
+                distributions={f"layer {i}": dist for i in range(n_layers)}, value=t.user_attrs["val_ppl"]))
+        try:
+            raw = optuna.importance.get_param_importances(shadow)
+            importance = {f"layer {i}": raw.get(f"layer {i}", 0.0) for i in range(n_layers)}
+        except (ValueError, RuntimeError):  # e.g. every trial has the same map: nothing to attribute
+            importance = {}
+    return {"front_maps": front, "importance": importance}
+
+
+def _trial_rows(study: optuna.Study) -> list[dict[str, Any]]:
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        row = trial_row(t)
+        row["plot_ppl"] = plot_ppl(row, t.user_attrs.get("curve"))
+        rows.append(row)
+    return rows
+
+
+def pareto_report(study_name: str, storage: str | None = None, out: str | Path | None = None,
+                  view: str = "front") -> dict[str, Any]:
+    """The stored front of a study (recomputed from the trials where no front is stored), optionally written
+    as .html (interactive, offline), .png/.svg (kaleido), .csv or .json."""
+    path = check_out_path(out, FRONT_FORMATS) if out is not None else None
+    if path is not None and path.suffix.lower() in (".png", ".svg"):
+        check_image_export()
+    spec = parse_storage(storage)
+    study = open_study(spec, study_name)
+    trials = study.get_trials(deepcopy=False)
+    front = study_front(trials)
+    history = open_store(spec, study_name).front_history()
+    noise = noise_band(study)
+    mark_ties(front, noise)
+    report: dict[str, Any] = {
+        "study": study_name,
+        "pareto": [{k: p[k] for k in ("trial", "reuse_map", "flops_ratio", "val_ppl", "val_bpb", "params",
+                                      "within_noise_of")} for p in front],
+        "noise": noise,
+        "front_history": {str(k): [p["trial"] for p in v] for k, v in sorted(history.items())},
+        "references": {k[len(REFERENCE_PREFIX):]: v for k, v in study.user_attrs.items() if k.startswith(REFERENCE_PREFIX)},
+    }
+    if view == "layers" or (path is not None and path.suffix.lower() in (".html", ".png", ".svg")):
+        report["layers"] = layer_view(trials, front)
+    if path is not None:
+        _write_front(path, study_name, _trial_rows(study), front, noise, report)
+        report["out"] = str(path)
+    return report
+
+
+def check_image_export() -> None:
+    try:
+        import kaleido  # noqa: F401
+    except ImportError:
+        raise UserInputError("static images need kaleido and a Chrome/Chromium browser: pip install "
+                             "'ilr-search[images]' and install chromium; or write .html instead") from None
+    if not _find_browser():
+        raise UserInputError("static images need a Chrome/Chromium browser for kaleido: install chromium "
+                             "(e.g. apt-get install chromium) or write .html instead")
+
+
+def _find_browser() -> str | None:
+    import shutil
+
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return os.environ.get("BROWSER_PATH")
+
+
+def _write_front(path: Path, study: str, rows: list[dict[str, Any]], front: list[dict[str, Any]],
+                 noise: dict[str, Any] | None, report: dict[str, Any]) -> None:
+    import pandas as pd
+
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        frame = pd.DataFrame(report["pareto"])
+        frame["reuse_map"] = frame["reuse_map"].map(lambda m: ",".join(map(str, m))) if len(frame) else []
+        _atomic_write(path, lambda p: frame.to_csv(p, index=False))
+        return
+    if suffix == ".json":
+        _atomic_write(path, lambda p: p.write_text(json.dumps({"study": study, "pareto": report["pareto"],
+                                                                "noise": noise}, indent=1)))
+        return
+    fig = pareto_figure(study, rows, front, noise, report.get("layers"))
+    if suffix == ".html":
+        _atomic_write(path, lambda p: fig.write_html(p, include_plotlyjs=True, full_html=True, include_mathjax=False))
+        return
+    browser = _find_browser()
+    if browser and "BROWSER_PATH" not in os.environ:
+        os.environ["BROWSER_PATH"] = browser  # where kaleido (choreographer) looks for Chrome
+    try:
+        _atomic_write(path, lambda p: fig.write_image(p, format=suffix[1:], scale=2))
+    except Exception as e:  # kaleido reports a missing or broken browser in several ways
+        raise UserInputError(f"kaleido could not render {suffix} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                             "install chromium or write .html instead") from None
+
+
+def export_trials(study_name: str, storage: str | None, out: str | Path) -> dict[str, Any]:
+    """One row per trial (map, state, objectives, parameters, steps, pruning rung, durations) as CSV or parquet."""
+    import pandas as pd
+
+    path = check_out_path(out, EXPORT_FORMATS)
+    spec = parse_storage(storage)
+    study = open_study(spec, study_name)
+    pruning = open_store(spec, study_name).pruning_records()
+    records = []
+    for t in study.get_trials(deepcopy=False):
+        a = t.user_attrs
+        record = {
+            "trial": t.number, "state": t.state.name,
+            "reuse_map": ",".join(map(str, a["reuse_map"])) if a.get("reuse_map") else None,
+            "flops_ratio": a.get("flops_ratio"), "val_ppl": a.get("val_ppl"), "val_bpb": a.get("val_bpb"),
+            "val_loss": a.get("val_loss"), "objective_values": json.dumps(t.values) if t.values else None,
+            "steps": a.get("steps", 0), "pruned_at_step": a.get("pruned_at_step"),
+            "pruning_reason": pruning.get(t.number, {}).get("reason"),
+            "reused_from": a.get("reused_from"), "status": a.get("status"), "reason": a.get("reason"),
+            "params": a.get("params"),
+            "proposed_map": ",".join(map(str, a["proposed_map"])) if a.get("proposed_map") else None,
+            "train_seconds": a.get("train_seconds"),
+            "duration_seconds": (t.datetime_complete - t.datetime_start).total_seconds()
+            if t.datetime_complete and t.datetime_start else None,
+            "datetime_start": t.datetime_start.isoformat() if t.datetime_start else None,
+        }
+        record |= {f"param_{k}": v for k, v in sorted(t.params.items())}
+        records.append(record)
+    frame = pd.DataFrame.from_records(records)
+    if path.suffix.lower() == ".csv":
+        _atomic_write(path, lambda p: frame.to_csv(p, index=False))
+    else:
+        _atomic_write(path, lambda p: frame.to_parquet(p, index=False))
+    return {"study": study_name, "out": str(path), "rows": len(frame)}

@@ -1,0 +1,214 @@
+"""Faults a long search meets: killed workers, locks, read-only and full disks, divergence, Ctrl-C.
+Every test runs the real `ilr-search run` in subprocesses against real storages."""
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from conftest import ROOT, assert_one_line_error
+from ilr_search.storage import open_storage, open_store, parse_storage
+from ilr_search.study import has_result, study_front
+
+SPACE = str(ROOT / "tests" / "spaces" / "tiny.toml")
+
+
+def run_cmd(storage, study, n_trials, *extra, steps=24):
+    return [sys.executable, "-m", "ilr_search", "run", "--space", SPACE, "--budget", "1.5x", "--study", study,
+            "--storage", storage, "--n-trials", str(n_trials), "--steps", str(steps), "--json", *extra]
+
+
+def env_for(token_cache, **extra):
+    return {**os.environ, "ILR_SEARCH_CACHE": str(token_cache), "ILR_SEARCH_HEARTBEAT_SECONDS": "1", **extra}
+
+
+def load(storage, study):
+    return optuna.load_study(study_name=study, storage=open_storage(parse_storage(storage), heartbeat=False))
+
+
+def wait_for(predicate, timeout, what):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            if predicate():
+                return
+        except Exception:
+            pass
+        time.sleep(0.3)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def check_accounted(storage, study_name):
+    """No trial left RUNNING, every killed trial failed and retried, no map trained twice to the end, and the
+    stored front equals the front recomputed from the trials."""
+    study = load(storage, study_name)
+    trials = study.trials
+    assert not [t.number for t in trials if t.state == TrialState.RUNNING]
+    failed = [t for t in trials if t.state == TrialState.FAIL and not has_result(t)]
+    for f in failed:
+        retries = [t for t in trials if t.system_attrs.get("failed_trial") == f.number
+                   or t.user_attrs.get("retry_of") == f.number]
+        assert retries, f"failed trial {f.number} was not retried"
+    trained = Counter(t.user_attrs["map_key"] for t in trials if has_result(t) and t.user_attrs.get("steps", 0) > 0)
+    assert trained and max(trained.values()) == 1, trained
+    history = open_store(parse_storage(storage), study_name).front_history()
+    stored = history[max(history)]
+    assert [p["trial"] for p in stored] == [p["trial"] for p in study_front(trials)]
+    return study
+
+
+@pytest.mark.parametrize("backend", ["postgres", "journal"])
+def test_three_workers_one_killed(backend, request, tmp_path, token_cache):
+    storage = request.getfixturevalue("postgres_url") if backend == "postgres" else f"journal:{tmp_path / 'j.log'}"
+    env = env_for(token_cache)
+    cmd = run_cmd(storage, "crowd", 10, "--sampler", "random", "--pruner", "none", steps=120)
+    workers = [subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for _ in range(3)]
+    victim = workers[0]
+    try:
+        def training_started():
+            running = [t for t in load(storage, "crowd").trials if t.state == TrialState.RUNNING]
+            return len(running) >= 3 and all("reuse_map" in t.user_attrs for t in running)
+        wait_for(training_started, 180, "three trials to be training")
+        time.sleep(0.5)
+        victim.send_signal(signal.SIGKILL)
+        outs = [w.communicate(timeout=400) for w in workers[1:]]
+        assert all(w.returncode == 0 for w in workers[1:]), [o[1][-1500:] for o in outs]
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.kill()
+    time.sleep(3.5)  # past the heartbeat grace period; the next run fails and retries the victim's trial
+    final = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
+    assert final.returncode == 0, final.stderr[-2000:]
+    study = check_accounted(storage, "crowd")
+    assert sum(has_result(t) for t in study.trials) >= 10
+
+
+def test_locked_sqlite_waits_with_a_message_then_proceeds(tmp_path, token_cache):
+    db = tmp_path / "locked.db"
+    storage = f"sqlite:///{db}"
+    env = env_for(token_cache)
+    first = subprocess.run(run_cmd(storage, "lock", 2), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sqlite3, sys, time\n"
+        f"c = sqlite3.connect({str(db)!r}, isolation_level=None)\n"
+        "c.execute('BEGIN EXCLUSIVE'); print('locked', flush=True); time.sleep(6); c.execute('ROLLBACK')")],
+        stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    started = time.time()
+    proc = subprocess.run(run_cmd(storage, "lock", 3), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    holder.wait()
+    assert proc.returncode == 0, proc.stderr
+    assert "locked by another process" in proc.stderr
+    assert time.time() - started >= 4
+    assert json.loads(proc.stdout)["n_complete"] + json.loads(proc.stdout)["n_pruned"] == 3
+
+
+@pytest.fixture
+def small_mount(tmp_path):
+    """A 1 MiB tmpfs (a disk that fills), mounted for the test; skips where mounting is not permitted."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI runs as root and must be able to mount a tmpfs: {proc.stderr.strip()}")
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {proc.stderr.strip()}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def integrity(db: Path) -> str:
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        return conn.execute("PRAGMA integrity_check").fetchone()[0]
+
+
+def test_read_only_storage_is_refused_and_untouched(small_mount, tmp_path, token_cache):
+    db = small_mount / "ro.db"
+    storage = f"sqlite:///{db}"
+    env = env_for(token_cache)
+    assert subprocess.run(run_cmd(storage, "ro", 2), cwd=tmp_path, env=env, capture_output=True, timeout=300).returncode == 0
+    before = db.read_bytes()
+    subprocess.run(["mount", "-o", "remount,ro", str(small_mount)], check=True)
+    proc = subprocess.run(run_cmd(storage, "ro", 4), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert_one_line_error(proc)
+    assert db.read_bytes() == before and integrity(db) == "ok"
+    assert len([t for t in load(storage, "ro").trials if t.state.is_finished()]) == 2
+
+
+def test_full_disk_gives_a_clear_error_and_keeps_finished_trials(small_mount, tmp_path, token_cache):
+    db = small_mount / "full.db"
+    storage = f"sqlite:///{db}"
+    env = env_for(token_cache)
+    assert subprocess.run(run_cmd(storage, "full", 2), cwd=tmp_path, env=env, capture_output=True, timeout=300).returncode == 0
+    finished = {t.number: t.values for t in load(storage, "full").trials if t.state.is_finished()}
+    filler = small_mount / "filler"
+    with open(filler, "wb") as f:  # fill the disk to the last byte
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+                f.flush()
+        except OSError:
+            pass
+    proc = subprocess.run(run_cmd(storage, "full", 6), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert_one_line_error(proc)
+    assert "full" in proc.stderr
+    filler.unlink()
+    assert integrity(db) == "ok"
+    kept = {t.number: t.values for t in load(storage, "full").trials if t.state.is_finished() and t.number in finished}
+    assert kept == finished
+    # with space again, the same command resumes
+    again = subprocess.run(run_cmd(storage, "full", 4), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+
+
+def test_diverging_proxy_fails_with_its_reason_and_the_study_goes_on(tmp_path, token_cache):
+    storage = f"sqlite:///{tmp_path / 'div.db'}"
+    proc = subprocess.run(run_cmd(storage, "div", 3, "--lr", "10"), cwd=tmp_path, env=env_for(token_cache),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    trials = load(storage, "div").trials
+    failed = [t for t in trials if t.state == TrialState.FAIL]
+    assert summary["n_failed"] == len(failed) >= 3
+    assert all(t.user_attrs["status"] == "diverged" and "loss" in t.user_attrs["reason"] for t in failed)
+
+
+def test_ctrl_c_stops_within_seconds_with_trials_recorded(tmp_path, token_cache):
+    storage = f"sqlite:///{tmp_path / 'int.db'}"
+    env = env_for(token_cache)
+    cmd = run_cmd(storage, "int", 6, "--pruner", "none", steps=400)
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: sum(t.state == TrialState.COMPLETE for t in load(storage, "int").trials) >= 1
+                 and any(t.state == TrialState.RUNNING and "reuse_map" in t.user_attrs for t in load(storage, "int").trials),
+                 240, "a finished trial and a running one")
+        time.sleep(0.5)
+        sent = time.time()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+        elapsed = time.time() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert elapsed < 5, elapsed
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err
+    trials = load(storage, "int").trials
+    assert not [t for t in trials if t.state == TrialState.RUNNING]
+    interrupted = [t for t in trials if t.state == TrialState.FAIL]
+    assert len(interrupted) == 1 and "interrupted" in interrupted[0].user_attrs.get("reason", "")
+    resumed = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    check_accounted(storage, "int")

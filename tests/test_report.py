@@ -1,0 +1,125 @@
+import json
+import re
+import sqlite3
+import subprocess
+import sys
+
+import optuna
+import pandas as pd
+import pytest
+
+from conftest import ROOT, assert_one_line_error
+from ilr_search.pareto import non_dominated
+from ilr_search.study import study_front
+
+SPACE = str(ROOT / "tests" / "spaces" / "tiny.toml")
+
+
+@pytest.fixture(scope="module")
+def pruned_study(tmp_path_factory, token_cache):
+    """A real study with complete and pruned trials, plus one failed (diverged) trial."""
+    root = tmp_path_factory.mktemp("report")
+    db = root / "r.db"
+    proc = subprocess.run([sys.executable, "-m", "ilr_search", "run", "--space", SPACE, "--budget", "2x", "--study",
+                           "rep", "--storage", f"sqlite:///{db}", "--n-trials", "10", "--sampler", "random", "--json"],
+                          cwd=root, capture_output=True, text=True, timeout=600,
+                          env={**__import__("os").environ, "ILR_SEARCH_CACHE": str(token_cache)})
+    assert proc.returncode == 0, proc.stderr
+    study = optuna.load_study(study_name="rep", storage=f"sqlite:///{db}")
+    dist = optuna.distributions.IntDistribution(1, 3)
+    study.add_trial(optuna.trial.create_trial(
+        state=optuna.trial.TrialState.FAIL, params={f"r{i}": 3 for i in range(4)},
+        distributions={f"r{i}": dist for i in range(4)},
+        user_attrs={"reuse_map": [3, 3, 1, 1], "map_key": "3,3,1,1", "flops_ratio": 1.9, "status": "diverged",
+                    "reason": "training loss became nan at step 3", "steps": 3}))
+    return root, db, json.loads(proc.stdout)
+
+
+def test_study_has_pruned_trials_with_reasons(pruned_study, cli):
+    root, db, summary = pruned_study
+    assert summary["n_pruned"] >= 1 and summary["steps_saved_by_pruning"] > 0
+    trials = json.loads(cli("trials", "--study", "rep", "--storage", f"sqlite:///{db}", "--json", check=True).stdout)
+    pruned = [t for t in trials["trials"] if t["state"] == "PRUNED" and t["steps"] > 0]
+    assert pruned and all(t["pruned_at_step"] in (6, 12) for t in pruned)
+    with sqlite3.connect(db) as conn:
+        reasons = conn.execute("SELECT trial_number, dominated_by, reason FROM ilr_pruning").fetchall()
+    assert {r[0] for r in reasons} >= {t["trial"] for t in pruned}
+    assert all(json.loads(r[1]) and "dominated" in r[2] for r in reasons)
+
+
+def test_stored_front_equals_brute_force_on_the_real_study(pruned_study, cli):
+    _, db, _ = pruned_study
+    study = optuna.load_study(study_name="rep", storage=f"sqlite:///{db}")
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE and "reused_from" not in t.user_attrs]
+    points = [(t.user_attrs["val_ppl"], t.user_attrs["flops_ratio"]) for t in complete]
+    brute = {complete[i].number for i, p in enumerate(points)
+             if not any(q[0] <= p[0] and q[1] <= p[1] and q != p for q in points)}
+    assert {p["trial"] for p in study_front(study.trials)} == brute
+    with sqlite3.connect(db) as conn:
+        last = conn.execute("SELECT MAX(n_complete) FROM ilr_fronts").fetchone()[0]
+        stored = {r[0] for r in conn.execute("SELECT trial_number FROM ilr_fronts WHERE n_complete = ?", (last,))}
+        n_history = conn.execute("SELECT COUNT(DISTINCT n_complete) FROM ilr_fronts").fetchone()[0]
+    assert stored == brute and n_history >= 3
+    report = json.loads(cli("pareto", "--study", "rep", "--storage", f"sqlite:///{db}", "--json", check=True).stdout)
+    assert {p["trial"] for p in report["pareto"]} == brute
+    assert report["noise"]["n_seeds"] == 3 and report["noise"]["spread"] >= 0
+
+
+def test_html_is_self_contained_with_every_point(pruned_study, cli, tmp_path):
+    _, db, _ = pruned_study
+    out = tmp_path / "front.html"
+    cli("pareto", "--study", "rep", "--storage", f"sqlite:///{db}", "--out", str(out), check=True)
+    html = out.read_text()
+    assert not re.search(r"<script[^>]+src=[\"']https?://", html)
+    assert "plotly" in html.lower() and len(html) > 1_000_000  # the library itself is embedded
+    study = optuna.load_study(study_name="rep", storage=f"sqlite:///{db}")
+    for t in study.trials:
+        if t.user_attrs.get("reuse_map"):
+            assert f"trial {t.number} (" in html  # every trial, complete, pruned or failed, is in the hover text
+    assert "Pareto front" in html and "baseline" in html and "layer importance" in html
+
+
+@pytest.mark.parametrize("suffix", ["csv", "parquet"])
+def test_export_round_trips_through_pandas(pruned_study, cli, tmp_path, suffix):
+    _, db, _ = pruned_study
+    out = tmp_path / f"trials.{suffix}"
+    cli("export", "--study", "rep", "--storage", f"sqlite:///{db}", "--out", str(out), check=True)
+    frame = pd.read_csv(out) if suffix == "csv" else pd.read_parquet(out)
+    study = optuna.load_study(study_name="rep", storage=f"sqlite:///{db}")
+    assert len(frame) == len(study.trials)
+    assert set(frame["state"]) >= {"COMPLETE", "PRUNED", "FAIL"}
+    assert {"reuse_map", "flops_ratio", "val_ppl", "steps", "pruned_at_step", "duration_seconds", "param_r0"} <= set(frame.columns)
+    first = frame.iloc[0]
+    assert first["reuse_map"] == "1,1,1,1" and first["val_ppl"] == pytest.approx(study.trials[0].user_attrs["val_ppl"])
+
+
+@pytest.mark.parametrize("suffix", ["csv", "json"])
+def test_front_as_a_table(pruned_study, cli, tmp_path, suffix):
+    _, db, _ = pruned_study
+    out = tmp_path / f"front.{suffix}"
+    cli("pareto", "--study", "rep", "--storage", f"sqlite:///{db}", "--out", str(out), check=True)
+    rows = pd.read_csv(out).to_dict("records") if suffix == "csv" else json.loads(out.read_text())["pareto"]
+    assert rows and all(r["val_ppl"] > 1 for r in rows)
+
+
+def test_optuna_still_opens_the_database(pruned_study):
+    root, db, _ = pruned_study
+    study = optuna.load_study(study_name="rep", storage=f"sqlite:///{db}")
+    assert len(study.trials) >= 11
+    proc = subprocess.run([sys.executable, "-c", "import sys; from optuna.cli import main; sys.exit(main())",
+                           "studies", "--storage", f"sqlite:///{db}"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "rep" in proc.stdout, proc.stderr
+
+
+@pytest.mark.parametrize("case", ["unknown study", "unwritable out", "unknown extension", "export extension"])
+def test_report_errors(pruned_study, cli, case):
+    _, db, _ = pruned_study
+    storage = ["--storage", f"sqlite:///{db}"]
+    args = {
+        "unknown study": ["pareto", "--study", "nope", *storage],
+        "unwritable out": ["pareto", "--study", "rep", *storage, "--out", "/sys/front.html"],
+        "unknown extension": ["pareto", "--study", "rep", *storage, "--out", "front.docx"],
+        "export extension": ["export", "--study", "rep", *storage, "--out", "trials.xlsx"],
+    }[case]
+    assert_one_line_error(cli(*args))
