@@ -245,3 +245,25 @@ def export(
     from .report import export_trials
 
     emit(export_trials(study, storage, out), json_out, lambda r: ui.out.print(f"wrote {r['rows']} trials to {r['out']}"))
+
+
+bench_app = typer.Typer(no_args_is_help=True, help="The tabular benchmark: every feasible map of a small space.")
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command("build")
+@user_errors
+def bench_build(
+    space: Annotated[Path, typer.Option(help="A small search space, e.g. search_spaces/bench-small.toml.")],
+    out: Annotated[Path, typer.Option(help="The table: bench.parquet (or .csv).")],
+    budget: Annotated[str, typer.Option(help="FLOP budget the maps must fit.")] = "2x",
+    storage: Storage = None,
+    study: StudyName = None,
+    json_out: Json = False,
+) -> None:
+    """Train every feasible map of a small space and write the table (resumable: it is a study)."""
+    from .bench import build_table
+
+    with ui.RichReporter(enabled=True) as reporter:
+        report = build_table(space, out, budget, storage, study, reporter)
+    emit(report, json_out, lambda r: ui.out.print(f"wrote {r['maps']} maps to {r['out']} (study {r['study']})"))

@@ -16,6 +16,9 @@ STATE_STYLE = {
 }
 
 
+LEGEND = {"COMPLETE": "complete", "PRUNED": "pruned (ppl where pruned)", "FAIL": "failed (drawn on top)"}
+
+
 def _hover(rows: list[dict[str, Any]]) -> list[str]:
     text = []
     for r in rows:
@@ -49,7 +52,7 @@ def pareto_figure(study: str, trials: list[dict[str, Any]], front: list[dict[str
                  for t in trials if t["state"] == state and t.get("flops_ratio") is not None]
         if group:
             fig.add_trace(go.Scatter(x=[t["flops_ratio"] for t in group], y=[t["plot_ppl"] for t in group],
-                                     mode="markers", name=state.lower(), marker=dict(size=9, **style),
+                                     mode="markers", name=LEGEND[state], marker=dict(size=9, **style),
                                      hovertext=_hover(group), hoverinfo="text"), row=1, col=1)
     if front:
         fig.add_trace(go.Scatter(x=[p["flops_ratio"] for p in front], y=[p["val_ppl"] for p in front],
@@ -68,7 +71,7 @@ def pareto_figure(study: str, trials: list[dict[str, Any]], front: list[dict[str
         lo, hi = noise["min_ppl"], noise["max_ppl"]
         fig.add_hrect(y0=lo, y1=hi, fillcolor="gray", opacity=0.15, line_width=0, row=1, col=1,
                       annotation_text=f"baseline seed-to-seed spread ({noise['n_seeds']} seeds)",
-                      annotation_position="top left")
+                      annotation_position="bottom right")
     fig.update_xaxes(title_text="FLOP ratio (forward compute / all-ones map)", row=1, col=1)
     fig.update_yaxes(title_text="validation perplexity", row=1, col=1)
     if layer_view:
@@ -76,7 +79,8 @@ def pareto_figure(study: str, trials: list[dict[str, Any]], front: list[dict[str
         fig.add_trace(go.Heatmap(z=[m["reuse_map"] for m in maps],
                                  x=[f"layer {i}" for i in range(len(maps[0]["reuse_map"]))] if maps else [],
                                  y=[f"trial {m['trial']} ({m['flops_ratio']:.2f}x)" for m in maps],
-                                 colorscale="Blues", zmin=1, showscale=False, texttemplate="%{z}",
+                                 colorscale="Blues", zmin=1, zmax=max([2] + [max(m["reuse_map"]) for m in maps]),
+                                 showscale=False, texttemplate="%{z}",
                                  hovertemplate="%{y}<br>%{x}: %{z} runs<extra></extra>"), row=2, col=1)
         importance = layer_view["importance"]
         if importance:

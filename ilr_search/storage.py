@@ -52,6 +52,7 @@ class StorageSpec:
     url: str
     kind: str  # "sqlite", "rdb" (postgresql, mysql, ...) or "journal"
     path: Path | None = None  # the file, for sqlite and journal
+    create_folder: bool = False  # the default storage's studies/ folder is made when first written
 
     @property
     def masked(self) -> str:
@@ -64,7 +65,11 @@ class StorageSpec:
 
 def parse_storage(url: str | None) -> StorageSpec:
     """Check a storage URL without creating or changing anything."""
-    url = url or DEFAULT_STORAGE
+    if not url:
+        path = Path(DEFAULT_STORAGE[len("sqlite:///"):])
+        if not path.parent.exists():  # studies/ is made on first use (after every check has passed)
+            return StorageSpec(DEFAULT_STORAGE, "sqlite", path, create_folder=True)
+        url = DEFAULT_STORAGE
     if url.startswith("journal:"):
         path = Path(url[len("journal:"):]).expanduser()
         if not str(path) or str(path) == ".":
@@ -140,7 +145,7 @@ def _check_sqlite_file(path: Path) -> None:
         import sqlite3
 
         try:
-            with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
+            with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=0.2) as conn:
                 conn.execute("PRAGMA schema_version").fetchone()
                 ok = conn.execute("PRAGMA quick_check").fetchone()
         except sqlite3.OperationalError as e:
@@ -196,6 +201,8 @@ def _engine_kwargs(spec: StorageSpec) -> dict:
 
 def open_storage(spec: StorageSpec, heartbeat: bool = True) -> optuna.storages.BaseStorage:
     """The Optuna storage; RDB storages get heartbeats that fail and retry a killed worker's trial."""
+    if spec.create_folder and spec.path is not None:
+        spec.path.parent.mkdir(parents=True, exist_ok=True)
     if spec.kind == "journal":
         from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
 

@@ -10,7 +10,9 @@ import json
 import math
 import threading
 import time
-from contextlib import nullcontext
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +40,10 @@ REFERENCE_PREFIX = "ilr:reference:"
 HEARTBEAT_ATTR = "ilr:heartbeat"
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 
-optuna.logging.set_verbosity(optuna.logging.WARNING)
+# Failed trials (a divergence, Ctrl-C) are reported by the run itself; Optuna's warnings would add tracebacks.
+optuna.logging.set_verbosity(optuna.logging.ERROR)
+# Heartbeats, stale-trial sweeps and metric names are marked experimental; the run uses them on purpose.
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 
 class TrialDiverged(Exception):
@@ -64,6 +69,14 @@ def repair_to_budget(reuse_map: list[int], max_layer_runs: int) -> list[int]:
     for i in order[:leftover]:
         kept[i] += 1
     return [1 + e for e in kept]
+
+
+def propose_map(trial: optuna.Trial, n_layers: int, max_reuse: int, max_layer_runs: int) -> tuple[list[int], list[int]]:
+    """(proposed, trained) maps of a trial: the sampler's per-layer counts, and the same repaired to the budget.
+    The sampler is told how far over budget its proposal was (<= 0: feasible) through a constraint."""
+    proposed = [trial.suggest_int(f"r{i}", 1, max_reuse) for i in range(n_layers)]
+    trial.set_constraint("budget", float(sum(proposed) - max_layer_runs))
+    return proposed, repair_to_budget(proposed, max_layer_runs)
 
 
 def seed_maps(n_layers: int, max_reuse: int, max_layer_runs: int) -> list[list[int]]:
@@ -315,12 +328,8 @@ class SearchRun:
     def objective(self, trial: optuna.Trial) -> float | tuple[float, float]:
         if self.spec.kind == "journal":
             sweep_stale_journal_trials(self.study)
-        max_reuse = self.plan.space.search.max_reuse
-        proposed = [trial.suggest_int(f"r{i}", 1, max_reuse) for i in range(self.n_layers)]
-        max_runs = self.plan.budget.max_layer_runs(self.plan.model)
-        reuse_map = repair_to_budget(proposed, max_runs)
-        # Tell the sampler how far over budget its proposal was (<= 0: feasible); the repaired map is trained.
-        trial.set_constraint("budget", float(sum(proposed) - max_runs))
+        proposed, reuse_map = propose_map(trial, self.n_layers, self.plan.space.search.max_reuse,
+                                          self.plan.budget.max_layer_runs(self.plan.model))
         key = format_reuse_map(reuse_map)
         ratio = flops_ratio(self.plan.model, reuse_map_schedule(reuse_map))
         assert self.plan.budget.allows(ratio), (reuse_map, ratio)
@@ -498,8 +507,18 @@ def run_study(space: SpaceConfig, budget: str, study_name: str | None = None, st
     """Run (or resume) a study until it has `n_trials` finished trials; returns the `run --json` summary.
 
     `sampler`/`pruner` given here override the space's and must match a resumed study's. `enqueue_maps` are
-    tried first, after the baseline and the paper-inspired maps (over-budget maps are repaired).
+    tried first, after the baseline and the paper-inspired maps (over-budget maps are repaired). A full disk
+    ends the run with a StorageFullError; finished trials stay in the storage.
     """
+    with disk_full_is_reported():
+        return _run_study(space, budget, study_name, storage, n_trials, timeout, sampler, pruner, reporter,
+                          checkpoint_dir, enqueue_maps)
+
+
+def _run_study(space: SpaceConfig, budget: str, study_name: str | None = None, storage: str | None = None,
+              n_trials: int | None = None, timeout: float | None = None, sampler: str | None = None,
+              pruner: str | None = None, reporter: RunReporter | None = None,
+              checkpoint_dir: str | Path | None = None, enqueue_maps: list[list[int]] | None = None) -> dict[str, Any]:
     reporter = reporter or RunReporter()
     spec = parse_storage(storage)
     if n_trials is not None and n_trials <= 0:
@@ -566,11 +585,6 @@ def run_study(space: SpaceConfig, budget: str, study_name: str | None = None, st
                            callbacks=[after_trial], gc_after_trial=False, show_progress_bar=False)
         except KeyboardInterrupt:
             interrupted = True
-        except (sa.exc.OperationalError, OSError) as e:
-            if not _is_disk_full(e):
-                raise
-            raise StorageFullError(f"the disk holding the storage or checkpoints is full ({_first_line(e)}); free "
-                                   "space, then rerun the same command to resume: finished trials are kept") from None
     if not interrupted and _n_finished(study) >= target:
         train_references(run)
     save_current_front(store, study.get_trials(deepcopy=False))
@@ -581,13 +595,26 @@ def run_study(space: SpaceConfig, budget: str, study_name: str | None = None, st
     return summary
 
 
-def _is_disk_full(e: BaseException) -> bool:
-    return getattr(e, "errno", None) == errno.ENOSPC or "disk is full" in str(e) or "No space left" in str(e)
+def _disk_full_cause(e: BaseException | None) -> BaseException | None:
+    """The ENOSPC / `database or disk is full` error behind `e`, following the chain Optuna and SQLAlchemy wrap."""
+    while e is not None:
+        if getattr(e, "errno", None) == errno.ENOSPC or "disk is full" in str(e) or "No space left" in str(e):
+            return e
+        e = e.__cause__ or e.__context__
+    return None
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(getattr(e, "orig", None) or e)
-    return text.splitlines()[0] if text else type(e).__name__
+@contextmanager
+def disk_full_is_reported() -> Iterator[None]:
+    try:
+        yield
+    except (optuna.exceptions.StorageInternalError, sa.exc.SQLAlchemyError, OSError) as e:
+        cause = _disk_full_cause(e)
+        if cause is None:
+            raise
+        text = str(getattr(cause, "orig", None) or cause).splitlines()
+        raise StorageFullError(f"the disk holding the storage or checkpoints is full ({text[0] if text else 'ENOSPC'}); "
+                               "free space, then rerun the same command to resume: finished trials are kept") from None
 
 
 def _safe_name(name: str) -> str:

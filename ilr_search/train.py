@@ -172,6 +172,8 @@ def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if dtype == "bf16" else nullcontext
     tokens_per_step = cfg.batch_size * cfg.grad_accum * model_cfg.seq_len
     eval_steps = set(cfg.eval_steps)
+    # Diverged: a non-finite loss, or one more than twice a uniform guess's (ln V): training cannot recover.
+    diverged_above = 2 * math.log(model_cfg.vocab_size) + 1
 
     start_step, curve = 0, []
     if checkpoint_path is not None and checkpoint_path.exists():
@@ -198,8 +200,9 @@ def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData
             loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
             (loss / cfg.grad_accum).backward()
             step_loss += loss.item() / cfg.grad_accum
-        if not math.isfinite(step_loss):
-            status, reason = "diverged", f"training loss became {step_loss} at step {step}"
+        if not math.isfinite(step_loss) or step_loss > diverged_above:
+            status, reason = "diverged", (f"training loss became {step_loss:.4g} at step {step} (a uniform guess "
+                                          f"scores {math.log(model_cfg.vocab_size):.3g})")
             break
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
@@ -210,8 +213,8 @@ def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData
             te = time.perf_counter()
             val_loss, val_ppl, val_bpb = evaluate(model, schedule, data, cfg, device, autocast)
             eval_seconds += time.perf_counter() - te
-            if not math.isfinite(val_loss):
-                status, reason = "diverged", f"validation loss became {val_loss} at step {step}"
+            if not math.isfinite(val_loss) or val_loss > diverged_above:
+                status, reason = "diverged", f"validation loss became {val_loss:.4g} at step {step}"
                 break
             point = EvalPoint(step, step * tokens_per_step, val_loss, val_ppl, val_bpb)
             curve.append(point)

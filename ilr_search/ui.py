@@ -98,12 +98,14 @@ class RichReporter:
         self.progress.__exit__(*exc)
 
     def study_started(self, study: str, target: int, finished: int) -> None:
-        self.study_task = self.progress.add_task(f"study {study}", total=target, completed=finished, info="trials")
+        self.progress.console.print(f"study {study}: {finished} of {target} trials finished")
+        self.study_task = self.progress.add_task("study", total=target, completed=finished, info="trials")
 
     def trial_started(self, number: int, reuse_map: list[int], steps: int) -> None:
         if self.trial_task is not None:
             self.progress.remove_task(self.trial_task)
-        self.trial_task = self.progress.add_task(f"trial {number} [{_fmt(reuse_map)}]", total=steps, info="loss -")
+        self.progress.console.print(f"trial {number}: training map {_fmt(reuse_map)}")
+        self.trial_task = self.progress.add_task(f"trial {number}", total=steps, info="loss -")
 
     def step(self, step: int, steps: int, loss: float) -> None:
         if self.trial_task is not None:
