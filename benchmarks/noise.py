@@ -16,7 +16,7 @@ import statistics
 import time
 
 from ilr_search.api import model_config
-from ilr_search.data import load_tokens
+from ilr_search.data import load_space_tokens
 from ilr_search.flops import flops_ratio, parse_budget
 from ilr_search.schedule import reuse_map_schedule
 from ilr_search.space import load_space
@@ -38,7 +38,7 @@ def main() -> None:
     space = load_space(args.space, {"train": {"steps": args.steps, "batch_size": args.batch_size, "lr": args.lr,
                                               "eval_windows": args.eval_windows},
                                     "model": {"seq_len": args.seq_len}})
-    data = load_tokens(space.data, seq_len=space.model.seq_len)
+    data = load_space_tokens(space)
     cfg = model_config(space, data.vocab_size)
     budget = parse_budget(args.budget, cfg)
     dtype = resolve_dtype(space.train.dtype, resolve_device(space.train.device), cfg, space.train.batch_size)

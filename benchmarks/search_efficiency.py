@@ -29,17 +29,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--table", default="benchmarks/out/bench-small.parquet")
     ap.add_argument("--seeds", type=int, default=5)
-    ap.add_argument("--trials", type=int, default=30)
+    ap.add_argument("--trials", type=int, default=60)
     ap.add_argument("--samplers", default=",".join(SAMPLERS))
-    ap.add_argument("--out", default="benchmarks/out/search_efficiency")
+    ap.add_argument("--out", default="docs/search-efficiency")
     args = ap.parse_args()
     table = Table.read(args.table)
+    auto = sampler_settings("auto", 0, table.n_layers, table.max_reuse)["name"]
+    samplers = args.samplers.split(",")
+    if "auto" in samplers and auto in samplers:  # auto is one of the others: replay it once
+        samplers.remove("auto")
     started = time.perf_counter()
     results = [replay(table, sampler, seed, args.trials, pruning)
-               for sampler in args.samplers.split(",") for pruning in (False, True) for seed in range(args.seeds)]
+               for sampler in samplers for pruning in (False, True) for seed in range(args.seeds)]
     seconds = time.perf_counter() - started
     rows = summarize_replays(table, results)
-    auto = sampler_settings("auto", 0, table.n_layers, table.max_reuse)["name"]
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -50,7 +53,7 @@ def main() -> None:
         median = [sorted(r.hv_at(s) for r in group)[len(group) // 2] for s in grid]
         fig.add_trace(go.Scatter(x=[s / table.exhaustive_steps for s in grid], y=median, mode="lines",
                                  line_shape="hv", line_dash="dot" if not pruning else "solid",
-                                 name=f"{sampler}{' (=' + auto + ')' if sampler == 'auto' else ''}"
+                                 name=f"{sampler}{' (auto)' if sampler == auto else ''}"
                                       f"{' + pruning' if pruning else ''}"))
     fig.add_hline(y=0.95, line_dash="dash", line_color="gray", annotation_text="95%")
     fig.add_vline(x=0.25, line_dash="dash", line_color="gray", annotation_text="25% of exhaustive compute")
@@ -72,7 +75,7 @@ def main() -> None:
              "", "| sampler | pruning | compute to 90% HV | compute to 95% HV | HV at 25% compute | final HV | steps saved | front maps pruned |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
-        lines.append(f"| {r['sampler']} | {'on' if r['pruning'] else 'off'} | {pct(r['compute_to_90pct'])} | "
+        lines.append(f"| {r['sampler']}{' (auto)' if r['sampler'] == auto else ''} | {'on' if r['pruning'] else 'off'} | {pct(r['compute_to_90pct'])} | "
                      f"{pct(r['compute_to_95pct'])} | {r['hv_at_25pct_compute']:.1%} | {r['final_hv']:.1%} | "
                      f"{r['steps_saved_share']:.0%} | {r['front_maps_pruned']} |")
     text = "\n".join(lines)

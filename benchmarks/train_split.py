@@ -12,7 +12,7 @@ import argparse
 import time
 
 from ilr_search.api import model_config
-from ilr_search.data import load_tokens
+from ilr_search.data import load_space_tokens
 from ilr_search.schedule import resolve_schedule
 from ilr_search.space import load_space
 from ilr_search.train import train_proxy
@@ -24,10 +24,10 @@ def main() -> None:
     ap.add_argument("--reuse-map", default=None)
     args = ap.parse_args()
     space = load_space(args.space)
-    load_tokens(space.data, seq_len=space.model.seq_len)  # warm the cache, as the first trial of a study does
+    load_space_tokens(space)  # warm the cache, as the first trial of a study does
     wall = time.perf_counter()
     t = time.perf_counter()
-    data = load_tokens(space.data, seq_len=space.model.seq_len)
+    data = load_space_tokens(space)
     open_seconds = time.perf_counter() - t
     cfg = model_config(space, data.vocab_size)
     _, schedule, _ = resolve_schedule(cfg.n_layers, args.reuse_map)

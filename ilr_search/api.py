@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .data import TokenData, load_tokens, tokenizer_vocab_size
+from .data import TokenData, load_space_tokens, tokenizer_vocab_size
 from .flops import describe, flops_ratio
 from .model import ModelConfig, param_count
 from .schedule import resolve_schedule
@@ -64,7 +64,7 @@ def train_result_dict(cfg: ModelConfig, counts: Sequence[int], result: TrainResu
 
 def load_space_data(space: str | Path | None, overrides: Overrides | None) -> tuple[SpaceConfig, TokenData, ModelConfig]:
     cfg_space = load_space(space, overrides)
-    data = load_tokens(cfg_space.data, seq_len=cfg_space.model.seq_len)
+    data = load_space_tokens(cfg_space)
     cfg = model_config(cfg_space, data.vocab_size)
     return cfg_space, data, cfg
 

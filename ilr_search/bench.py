@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -134,9 +135,11 @@ class ReplayResult:
 
 
 def replay(table: Table, sampler: str, seed: int, n_trials: int, pruning: bool, eta: float = 3.0,
-           epsilon: float = 0.01, warmup: int = 4) -> ReplayResult:
+           epsilon: float = 0.01, warmup: int = 4, rung_fractions: Sequence[float] = (0.125, 0.25, 0.5)) -> ReplayResult:
     """Run the search's proposal logic (seed maps, sampler, budget repair, reuse of evaluated maps, Pareto
-    pruning at the table's rungs) with results looked up in the table instead of trained."""
+    pruning at the rungs, by default at 1/8, 1/4 and 1/2 of the steps like the default space) with results
+    looked up in the table instead of trained."""
+    rungs = [r for r in table.rungs if any(abs(r - f * table.steps) < 0.5 + 1e-9 for f in rung_fractions)]
     settings = sampler_settings(sampler, seed, table.n_layers, table.max_reuse)
     study = optuna.create_study(directions=["minimize", "minimize"],
                                 sampler=build_sampler(settings, table.n_layers))
@@ -158,7 +161,7 @@ def replay(table: Table, sampler: str, seed: int, n_trials: int, pruning: bool, 
             entry = table.entries[key]
             state, values = "complete", (entry["val_ppl"], entry["flops_ratio"])
             run = table.steps
-            for rung in (table.rungs if pruning else ()):
+            for rung in (rungs if pruning else ()):
                 me = CurvePoint(number, rung, entry["curve"][rung], entry["flops_ratio"], ",".join(map(str, key)))
                 rung_points.setdefault(rung, []).append(me)
                 if not pareto_verdict(me, rung_points[rung], eta, epsilon, warmup).keep:
@@ -193,9 +196,10 @@ def summarize_replays(table: Table, results: list[ReplayResult]) -> list[dict[st
         exhaustive = table.exhaustive_steps
 
         def median_steps(fraction: float) -> float | None:
-            values = [r.steps_to(fraction) for r in group]
-            reached = [v for v in values if v is not None]
-            return statistics.median(reached) / exhaustive if len(reached) == len(values) else None
+            """Median over seeds of the compute to reach `fraction`; a seed that never does counts as infinite."""
+            values = sorted(math.inf if v is None else v for v in (r.steps_to(fraction) for r in group))
+            median = statistics.median(values)
+            return None if math.isinf(median) else median / exhaustive
 
         rows.append({
             "sampler": sampler, "pruning": pruning, "seeds": len(group),

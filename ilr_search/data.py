@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from .errors import UserInputError
-from .space import DataConfig
+from .space import DataConfig, SpaceConfig
 
 CACHE_FORMAT = 1
 LOCAL_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -433,3 +433,12 @@ def _encode_all(tok: Tokenizer, texts: list[str], max_tokens: int) -> tuple[np.n
         all_ids = all_ids[:max_tokens]
         all_bytes = None if all_bytes is None else all_bytes[:max_tokens]
     return all_ids, all_bytes
+
+
+def load_space_tokens(space: SpaceConfig) -> TokenData:
+    """The tokens a space's runs read. A streamed hub corpus is read only as far as the runs need: as many
+    training tokens as one proxy trains on (its cap, if the space sets one, wins); local corpora are read whole."""
+    needed = space.data.max_train_tokens
+    if not needed and space.data.corpus.startswith("hf:"):
+        needed = space.train.tokens(space.model.seq_len)
+    return load_tokens(space.data, max_train_tokens=needed, seq_len=space.model.seq_len)

@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from optuna.trial import FrozenTrial, TrialState
 
 from .api import model_config
-from .data import TokenData, load_tokens, tokenizer_vocab_size
+from .data import TokenData, load_space_tokens, tokenizer_vocab_size
 from .errors import StorageFullError, UserInputError
 from .flops import Budget, flops_ratio, parse_budget
 from .model import ModelConfig, param_count
@@ -531,7 +531,7 @@ def _run_study(space: SpaceConfig, budget: str, study_name: str | None = None, s
     plan = plan_study(space, budget, study_name)
     stored_settings = _check_resume(spec, plan, sampler, pruner)
 
-    data = load_tokens(space.data, seq_len=plan.model.seq_len)
+    data = load_space_tokens(space)
     storage_obj = open_storage(spec)
     existing = stored_settings is not None
     directions = ["minimize"] if space.search.objective == "ppl" else ["minimize", "minimize"]

@@ -1,13 +1,12 @@
 import json
 import math
-import os
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from conftest import assert_one_line_error
-from ilr_search.data import DataError, load_tokens
+from ilr_search.data import load_tokens
 from ilr_search.model import ModelConfig
 from ilr_search.schedule import reuse_map_schedule
 from ilr_search.space import DataConfig, TrainConfig

@@ -1,5 +1,3 @@
-import itertools
-import json
 import random
 
 import pytest

@@ -9,7 +9,6 @@ import pandas as pd
 import pytest
 
 from conftest import ROOT, assert_one_line_error
-from ilr_search.pareto import non_dominated
 from ilr_search.study import study_front
 
 SPACE = str(ROOT / "tests" / "spaces" / "tiny.toml")
@@ -45,6 +44,15 @@ def test_study_has_pruned_trials_with_reasons(pruned_study, cli):
         reasons = conn.execute("SELECT trial_number, dominated_by, reason FROM ilr_pruning").fetchall()
     assert {r[0] for r in reasons} >= {t["trial"] for t in pruned}
     assert all(json.loads(r[1]) and "dominated" in r[2] for r in reasons)
+
+
+def test_pruning_trains_fewer_steps_than_the_same_study_without(pruned_study, cli, tmp_path):
+    _, _, pruned = pruned_study
+    plain = json.loads(cli("run", "--space", SPACE, "--budget", "2x", "--study", "rep", "--storage",
+                           f"sqlite:///{tmp_path / 'plain.db'}", "--n-trials", "10", "--sampler", "random",
+                           "--pruner", "none", "--json", check=True).stdout)
+    assert plain["n_pruned"] == 0 and plain["steps_saved_by_pruning"] == 0
+    assert pruned["steps_trained"] < plain["steps_trained"]
 
 
 def test_stored_front_equals_brute_force_on_the_real_study(pruned_study, cli):
