@@ -16,6 +16,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import random
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -98,6 +99,14 @@ class Store:
     def take_over(self, map_key: str, old_holder: int, trial_number: int) -> bool:
         """Move a claim from a trial that died to `trial_number`; True if this call moved it."""
         raise NotImplementedError
+
+    def register_worker(self) -> int:
+        """A number no other worker of this study was given: the lowest unclaimed `worker:k` key."""
+        token = random.SystemRandom().getrandbits(30) + 1
+        k = 0
+        while self.claim(f"worker:{k}", -token) != -token:
+            k += 1
+        return k
 
     def add_curve_point(self, point: CurvePoint, tokens: int) -> None:
         raise NotImplementedError

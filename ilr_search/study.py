@@ -533,21 +533,16 @@ def _run_study(space: SpaceConfig, budget: str, study_name: str | None = None, s
 
     data = load_space_tokens(space)
     storage_obj = open_storage(spec)
-    existing = stored_settings is not None
     directions = ["minimize"] if space.search.objective == "ppl" else ["minimize", "minimize"]
     settings = stored_settings or {
         "sampler": sampler_settings(space.search.sampler, space.train.seed, plan.model.n_layers, space.search.max_reuse),
         "pruner": {"name": space.search.pruner, "eta": space.search.prune_eta, "epsilon": space.search.prune_epsilon,
                    "warmup": space.search.prune_warmup, "rungs": space.train.eval_steps[:-1]},
     }
-    n_before = 0
-    if existing:
-        n_before = len(optuna.load_study(study_name=plan.name, storage=storage_obj).trials)
     optuna_pruner = optuna.pruners.MedianPruner(n_startup_trials=settings["pruner"]["warmup"], n_warmup_steps=0) \
         if settings["pruner"]["name"] == "median" else optuna.pruners.NopPruner()
     study = optuna.create_study(study_name=plan.name, storage=storage_obj, directions=directions,
-                                sampler=build_sampler(settings["sampler"], plan.model.n_layers, n_before),
-                                pruner=optuna_pruner, load_if_exists=True)
+                                sampler=optuna.samplers.RandomSampler(), pruner=optuna_pruner, load_if_exists=True)
     if spec.kind == "journal":  # trials of killed workers: failed and queued again (RDB: Optuna's heartbeat)
         sweep_stale_journal_trials(study)
     else:
@@ -564,6 +559,9 @@ def _run_study(space: SpaceConfig, budget: str, study_name: str | None = None, s
         study.enqueue_trial({f"r{i}": r for i, r in enumerate(m)}, skip_if_exists=True)
 
     store = open_store(spec, plan.name)
+    # Worker k of the study (k = 0 for the first run, 1 for a resume or a second process...) samples from
+    # stream k of the study's seed: reproducible, and concurrent workers do not propose the same maps.
+    study.sampler = build_sampler(settings["sampler"], plan.model.n_layers, store.register_worker())
     target = n_trials or space.search.n_trials
     run = SearchRun(plan, spec, study, store, data, reporter, target,
                     Path(checkpoint_dir or "studies/checkpoints") / _safe_name(plan.name),

@@ -78,7 +78,13 @@ def test_three_workers_one_killed(backend, request, tmp_path, token_cache):
         def training_started():
             running = [t for t in load(storage, "crowd").trials if t.state == TrialState.RUNNING]
             return len(running) >= 3 and all("reuse_map" in t.user_attrs for t in running)
-        wait_for(training_started, 180, "three trials to be training")
+        try:
+            wait_for(training_started, 180, "three trials to be training")
+        except BaseException:
+            for w in workers:
+                w.kill()
+            print("\n".join(w.communicate()[1][-3000:] for w in workers))
+            raise
         time.sleep(0.5)
         victim.send_signal(signal.SIGKILL)
         outs = [w.communicate(timeout=400) for w in workers[1:]]
