@@ -217,7 +217,7 @@ def open_storage(spec: StorageSpec, heartbeat: bool = True) -> optuna.storages.B
         try:
             with _creation_lock(spec):
                 return optuna.storages.RDBStorage(spec.url, engine_kwargs=_engine_kwargs(spec), **kwargs)
-        except sa.exc.IntegrityError:
+        except (sa.exc.IntegrityError, sa.exc.ProgrammingError):
             # two workers created Optuna's tables at once (another machine, on a server): the tables exist now
             time.sleep(0.2 * (attempt + 1))
         except (sa.exc.OperationalError, sa.exc.DatabaseError) as e:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
 SCHEMA_VERSION = 1
 
@@ -234,7 +234,16 @@ class SQLStore(Store):
 
 def ensure_schema(engine: sa.Engine) -> None:
     """Create the project's tables if missing and check their version; Optuna's tables are not touched."""
-    metadata.create_all(engine, checkfirst=True)
+    for attempt in range(10):
+        try:
+            metadata.create_all(engine, checkfirst=True)
+            break
+        except (IntegrityError, ProgrammingError, OperationalError) as e:
+            # Workers starting together race to create the tables (PostgreSQL: duplicate type/table): the
+            # other one won; look again. A lock held by another SQLite writer: wait and look again.
+            if attempt == 9 or not isinstance(e, (IntegrityError, ProgrammingError)) and "locked" not in str(e):
+                raise
+            time.sleep(0.1 * (attempt + 1))
     with engine.begin() as conn:
         version = conn.execute(sa.select(schema_table.c.version).where(schema_table.c.id == 1)).scalar()
         if version is None:
