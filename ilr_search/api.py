@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .data import TokenData, load_space_tokens, tokenizer_vocab_size
+from .data import load_space_tokens, tokenizer_vocab_size
 from .flops import describe, flops_ratio
 from .model import ModelConfig, param_count
 from .schedule import resolve_schedule
@@ -62,20 +62,13 @@ def train_result_dict(cfg: ModelConfig, counts: Sequence[int], result: TrainResu
     return report
 
 
-def load_space_data(space: str | Path | None, overrides: Overrides | None) -> tuple[SpaceConfig, TokenData, ModelConfig]:
-    cfg_space = load_space(space, overrides)
-    data = load_space_tokens(cfg_space)
-    cfg = model_config(cfg_space, data.vocab_size)
-    return cfg_space, data, cfg
-
-
 def train_report(space: str | Path | None = None, overrides: Overrides | None = None,
                  reuse_map: str | Sequence[int] | None = None, block: int | None = None,
                  on_step: OnStep | None = None) -> dict[str, Any]:
     """`ilr-search train`: train one proxy for a reuse map (or block recurrence) on the configured data."""
     cfg_space = load_space(space, overrides)
-    resolve_schedule(cfg_space.model.n_layers, reuse_map, block)  # bad maps fail before any data work
-    cfg_space, data, cfg = load_space_data(space, overrides)
-    counts, schedule, block = resolve_schedule(cfg.n_layers, reuse_map, block)
+    counts, schedule, block = resolve_schedule(cfg_space.model.n_layers, reuse_map, block)  # before any data work
+    data = load_space_tokens(cfg_space)
+    cfg = model_config(cfg_space, data.vocab_size)
     result = train_proxy(cfg, schedule, data, cfg_space.train, on_step=on_step)
     return train_result_dict(cfg, counts, result, block)

@@ -133,11 +133,11 @@ def pareto_report(study_name: str, storage: str | None = None, out: str | Path |
 
 
 def check_image_export() -> None:
-    try:
-        import kaleido  # noqa: F401
-    except ImportError:
+    import importlib.util
+
+    if importlib.util.find_spec("kaleido") is None:
         raise UserInputError("static images need kaleido and a Chrome/Chromium browser: pip install "
-                             "'ilr-search[images]' and install chromium; or write .html instead") from None
+                             "'ilr-search[images]' and install chromium; or write .html instead")
     if not _find_browser():
         raise UserInputError("static images need a Chrome/Chromium browser for kaleido: install chromium "
                              "(e.g. apt-get install chromium) or write .html instead")

@@ -21,7 +21,7 @@ import optuna
 import sqlalchemy as sa
 from optuna.trial import FrozenTrial, TrialState
 
-from .api import model_config
+from .api import finite_or_none, model_config
 from .data import TokenData, load_space_tokens, tokenizer_vocab_size
 from .errors import StorageFullError, UserInputError
 from .flops import Budget, flops_ratio, parse_budget
@@ -440,7 +440,8 @@ class SearchRun:
             "reason": decision.get("reason", result.reason),
             "steps": result.steps - result.resumed_from_step,
             "resumed_from_step": result.resumed_from_step,
-            "val_loss": _finite(result.val_loss), "val_ppl": _finite(result.val_ppl), "val_bpb": _finite(result.val_bpb),
+            "val_loss": finite_or_none(result.val_loss), "val_ppl": finite_or_none(result.val_ppl),
+            "val_bpb": finite_or_none(result.val_bpb),
             "train_seconds": result.train_seconds, "tokens_per_second": result.tokens_per_second,
             "curve": [[p.step, p.val_loss] for p in result.curve],
         }
@@ -449,10 +450,6 @@ class SearchRun:
             attrs["steps_saved"] = self.plan.space.train.steps - decision["step"]
         for k, v in attrs.items():
             trial.set_user_attr(k, v)
-
-
-def _finite(x: float) -> float | None:
-    return x if math.isfinite(x) else None
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -653,7 +650,7 @@ def train_references(run: SearchRun) -> None:
         result = train_proxy(plan.model, schedule, run.data, train_cfg, on_step=run.reporter.step)
         study.set_user_attr(f"{REFERENCE_PREFIX}{name}", {
             "schedule": schedule, "seed": seed, "flops_ratio": flops_ratio(plan.model, schedule),
-            "val_ppl": _finite(result.val_ppl), "val_bpb": _finite(result.val_bpb), "status": result.status,
+            "val_ppl": finite_or_none(result.val_ppl), "val_bpb": finite_or_none(result.val_bpb), "status": result.status,
             "steps": result.steps})
 
 
