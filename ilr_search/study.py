@@ -583,6 +583,11 @@ def _run_study(space: SpaceConfig, budget: str, study_name: str | None = None, s
     if not interrupted and _n_finished(study) >= target:
         train_references(run)
     save_current_front(store, study.get_trials(deepcopy=False))
+    for folder in (run.checkpoint_root, *run.checkpoint_root.parents[:2]):  # checkpoints go when their trials end
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (a trial of another worker), or not there
+            break
     summary = summarize(study, spec)
     summary["interrupted"] = interrupted
     summary["sampler"] = settings["sampler"]
