@@ -100,7 +100,7 @@ class MedianPruning:
         return {"step": point.step, "reason": reason, "dominated_by": []}
 
 
-def build_pruner(settings: dict[str, Any], study: optuna.Study, store: Store, objective: str) -> Any:
+def build_pruner(settings: dict[str, Any], store: Store) -> Any:
     name = settings["name"]
     if name == "none":
         return None

@@ -13,7 +13,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -319,7 +319,6 @@ class SearchRun:
     target: int
     checkpoint_root: Path
     pruner: Any = None
-    trained_here: list[int] = field(default_factory=list)
 
     @property
     def n_layers(self) -> int:
@@ -424,7 +423,6 @@ class SearchRun:
             trial.set_user_attr("reason", "interrupted (Ctrl-C)")
             self.study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
             raise
-        self.trained_here.append(trial.number)
         self._record(trial, result, decision)
         if checkpoint is not None:  # the trial is over, whatever its outcome
             checkpoint.unlink(missing_ok=True)
@@ -562,7 +560,7 @@ def _run_study(space: SpaceConfig, budget: str, study_name: str | None = None, s
     target = n_trials or space.search.n_trials
     run = SearchRun(plan, spec, study, store, data, reporter, target,
                     Path(checkpoint_dir or "studies/checkpoints") / _safe_name(plan.name),
-                    pruner=build_pruner(settings["pruner"], study, store, space.search.objective))
+                    pruner=build_pruner(settings["pruner"], store))
     finished = _n_finished(study)
     reporter.study_started(plan.name, target, finished)
     interrupted = False

@@ -9,7 +9,7 @@ import time
 import zlib
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -237,8 +237,3 @@ def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData
         device=str(device), dtype=dtype, resumed_from_step=start_step, batch_digest=digest,
     )
 
-
-def result_dict(result: TrainResult) -> dict[str, Any]:
-    d = asdict(result)
-    d["curve"] = result.curve_dicts()
-    return d
