@@ -4,9 +4,11 @@ known exhaustive Pareto front (the way NAS-Bench-style tabular benchmarks work).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
+import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,7 +18,8 @@ from typing import Any
 import optuna
 
 from .pareto import non_dominated
-from .pruning import pareto_verdict
+from .errors import UserInputError
+from .pruning import PrunerSettings, verdict_at_rung
 from .report import _atomic_write, check_out_path
 from .space import load_space
 from .store import CurvePoint
@@ -69,28 +72,62 @@ def build_table(space_path: str | Path, out: str | Path, budget: str = "2x", sto
 # Replay
 
 @dataclass(frozen=True)
+class TableRow:
+    map_key: str  # "2,1,1,1", or "blockK" for block recurrence
+    reuse_map: tuple[int, ...] | None  # None for a block-recurrence row
+    flops_ratio: float
+    val_ppl: float
+    curve: dict[int, float]  # step -> validation loss
+
+
+@dataclass(frozen=True)
 class Table:
+    """A table in the bench format: one row per trained map (reuse_map, flops_ratio, val_ppl, curve as JSON
+    [[step, loss], ...], steps), optionally with a `meta` column (written by `bench build`). It may hold only
+    some maps of a space, and block-recurrence rows (`block2`)."""
+
     n_layers: int
     max_reuse: int
     max_layer_runs: int
     steps: int
     rungs: tuple[int, ...]
-    entries: dict[tuple[int, ...], dict[str, Any]]  # map -> {"flops_ratio", "val_ppl", "curve": {step: loss}}
+    rows: tuple[TableRow, ...]  # in table order
+
+    @property
+    def entries(self) -> dict[tuple[int, ...], dict[str, Any]]:
+        """Reuse-map rows by map: {"flops_ratio", "val_ppl", "curve"}."""
+        return {r.reuse_map: {"flops_ratio": r.flops_ratio, "val_ppl": r.val_ppl, "curve": r.curve}
+                for r in self.rows if r.reuse_map is not None}
 
     @classmethod
     def read(cls, path: str | Path) -> Table:
         import pandas as pd
 
-        frame = pd.read_parquet(path) if str(path).endswith(".parquet") else pd.read_csv(path)
-        meta = json.loads(frame["meta"].iloc[0])
-        entries = {tuple(int(x) for x in str(r["reuse_map"]).split(",")): {
-            "flops_ratio": float(r["flops_ratio"]), "val_ppl": float(r["val_ppl"]),
-            "curve": {int(s): float(v) for s, v in json.loads(r["curve"])}} for r in frame.to_dict("records")}
-        return cls(meta["n_layers"], meta["max_reuse"], meta["max_layer_runs"], meta["steps"], tuple(meta["rungs"]),
-                   entries)
+        try:
+            frame = pd.read_parquet(path) if str(path).endswith(".parquet") else pd.read_csv(path)
+        except (OSError, ValueError) as e:
+            raise UserInputError(f"cannot read bench table {str(path)!r}: {e}") from None
+        missing = {"reuse_map", "flops_ratio", "val_ppl", "curve"} - set(frame.columns)
+        if missing or frame.empty:
+            raise UserInputError(f"{str(path)!r} is not a bench table: "
+                                 + (f"columns {sorted(missing)} missing" if missing else "no rows"))
+        rows = []
+        for r in frame.to_dict("records"):
+            key = str(r["reuse_map"]).strip()
+            reuse = None if key.startswith("block") else tuple(int(x) for x in key.split(","))
+            rows.append(TableRow(key, reuse, float(r["flops_ratio"]), float(r["val_ppl"]),
+                                 {int(s): float(v) for s, v in json.loads(r["curve"])}))
+        meta = json.loads(frame["meta"].iloc[0]) if "meta" in frame.columns else {}
+        maps = [r.reuse_map for r in rows if r.reuse_map is not None]
+        steps = int(meta.get("steps") or (frame["steps"].max() if "steps" in frame.columns
+                                          else max(max(r.curve) for r in rows)))
+        n_layers = int(meta.get("n_layers") or len(maps[0]))
+        return cls(n_layers, int(meta.get("max_reuse") or max(max(m) for m in maps)),
+                   int(meta.get("max_layer_runs") or max(sum(m) for m in maps)), steps,
+                   tuple(meta.get("rungs") or sorted({s for r in rows for s in r.curve if s < steps})), tuple(rows))
 
     def points(self) -> list[tuple[float, float]]:
-        return [(e["val_ppl"], e["flops_ratio"]) for e in self.entries.values()]
+        return [(r.val_ppl, r.flops_ratio) for r in self.rows]
 
     def reference_point(self) -> tuple[float, float]:
         ppl = [p for p, _ in self.points()]
@@ -98,8 +135,14 @@ class Table:
         return max(ppl) * 1.01, max(ratio) * 1.01
 
     def front(self) -> list[tuple[int, ...]]:
-        keys = list(self.entries)
-        return [keys[i] for i in non_dominated(self.points())]
+        """The reuse maps on the table's final front (a block row on it is left out)."""
+        return [self.rows[i].reuse_map for i in non_dominated(self.points()) if self.rows[i].reuse_map is not None]
+
+    def front_keys(self) -> list[str]:
+        return [self.rows[i].map_key for i in non_dominated(self.points())]
+
+    def rungs_at(self, fractions: Sequence[float]) -> tuple[int, ...]:
+        return tuple(r for r in self.rungs if any(abs(r - f * self.steps) < 0.5 + 1e-9 for f in fractions))
 
     @property
     def exhaustive_steps(self) -> int:
@@ -134,22 +177,24 @@ class ReplayResult:
         return max([h for s, h in zip(self.steps, self.hv_fraction) if s <= steps], default=0.0)
 
 
-def replay(table: Table, sampler: str, seed: int, n_trials: int, pruning: bool, eta: float = 3.0,
-           epsilon: float = 0.01, warmup: int = 4, rung_fractions: Sequence[float] = (0.125, 0.25, 0.5)) -> ReplayResult:
-    """Run the search's proposal logic (seed maps, sampler, budget repair, reuse of evaluated maps, Pareto
-    pruning at the rungs, by default at 1/8, 1/4 and 1/2 of the steps like the default space) with results
-    looked up in the table instead of trained."""
-    rungs = [r for r in table.rungs if any(abs(r - f * table.steps) < 0.5 + 1e-9 for f in rung_fractions)]
-    settings = sampler_settings(sampler, seed, table.n_layers, table.max_reuse)
+def replay(table: Table, sampler: str, seed: int, n_trials: int, pruning: bool,
+           settings: PrunerSettings | None = None, rung_fractions: Sequence[float] = (0.125, 0.25, 0.5)) -> ReplayResult:
+    """Run the search's proposal logic (seed maps, sampler, budget repair, reuse of evaluated maps, pruning at
+    the rungs, by default at 1/8, 1/4 and 1/2 of the steps like the default space, with the default rule)
+    with results looked up in the table instead of trained. A map the table lacks (it diverged, or the table
+    is partial) ends FAIL at no cost."""
+    settings = dataclasses.replace(settings or PrunerSettings(), rungs=table.rungs_at(rung_fractions))
+    sampler_cfg = sampler_settings(sampler, seed, table.n_layers, table.max_reuse)
     study = optuna.create_study(directions=["minimize", "minimize"],
-                                sampler=build_sampler(settings, table.n_layers))
+                                sampler=build_sampler(sampler_cfg, table.n_layers))
     for m in seed_maps(table.n_layers, table.max_reuse, table.max_layer_runs):
         study.enqueue_trial({f"r{i}": r for i, r in enumerate(m)}, skip_if_exists=True)
     reference = table.reference_point()
-    exhaustive = hypervolume_2d(table.points(), reference)
+    entries = table.entries
+    exhaustive = hypervolume_2d([(e["val_ppl"], e["flops_ratio"]) for e in entries.values()], reference)
     true_front = set(table.front())
     results: dict[tuple[int, ...], tuple[str, tuple[float, float] | None]] = {}
-    rung_points: dict[int, list[CurvePoint]] = {}
+    points: list[CurvePoint] = []
     steps_total = steps_saved = 0
     found: list[tuple[float, float]] = []
     out = ReplayResult(sampler, seed, pruning, [], [], 0, [])
@@ -158,31 +203,105 @@ def replay(table: Table, sampler: str, seed: int, n_trials: int, pruning: bool, 
         _, reuse_map = propose_map(trial, table.n_layers, table.max_reuse, table.max_layer_runs)
         key = tuple(reuse_map)
         if key not in results:
-            entry = table.entries[key]
-            state, values = "complete", (entry["val_ppl"], entry["flops_ratio"])
-            run = table.steps
-            for rung in (rungs if pruning else ()):
-                me = CurvePoint(number, rung, entry["curve"][rung], entry["flops_ratio"], ",".join(map(str, key)))
-                rung_points.setdefault(rung, []).append(me)
-                if not pareto_verdict(me, rung_points[rung], eta, epsilon, warmup).keep:
-                    state, values, run = "pruned", None, rung
-                    steps_saved += table.steps - rung
+            entry = entries.get(key)
+            if entry is None:
+                results[key] = ("fail", None)
+            else:
+                pruned_at = _feed_curve(number, ",".join(map(str, key)), entry["flops_ratio"], entry["curve"],
+                                        table.steps, points, settings if pruning else None)
+                if pruned_at is None:
+                    results[key] = ("complete", (entry["val_ppl"], entry["flops_ratio"]))
+                    steps_total += table.steps
+                    found.append(results[key][1])
+                else:
+                    results[key] = ("pruned", None)
+                    steps_total += pruned_at
+                    steps_saved += table.steps - pruned_at
                     if key in true_front:
                         out.front_maps_pruned.append(key)
-                    break
-            steps_total += run
-            results[key] = (state, values)
-            if values is not None:
-                found.append(values)
         state, values = results[key]
-        if state == "pruned":
-            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-        else:
+        if state == "complete":
             study.tell(trial, values)
+        else:
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED if state == "pruned" else optuna.trial.TrialState.FAIL)
         out.steps.append(steps_total)
         out.hv_fraction.append(hypervolume_2d(found, reference) / exhaustive if exhaustive > 0 else 1.0)
     out.steps_saved = steps_saved
     return out
+
+
+def _feed_curve(number: int, map_key: str, ratio: float, curve: dict[int, float], final_step: int,
+                points: list[CurvePoint], settings: PrunerSettings | None) -> int | None:
+    """Feed a map's curve point by point, as a live trial records it, into `points`; the step where the rule
+    prunes it, or None if it runs to the end (or there is no rule)."""
+    for step in sorted(s for s in curve if s <= final_step):
+        me = CurvePoint(number, step, curve[step], ratio, map_key)
+        points.append(me)
+        if settings is not None and step in settings.rungs and not verdict_at_rung(me, points, final_step, settings).keep:
+            return step
+    return None
+
+
+@dataclass
+class PruningReplay:
+    """A pruning rule replayed over a table's rows, in table order or shuffled."""
+
+    rule: str
+    order_seed: int | None
+    rungs: tuple[int, ...]
+    n_rows: int
+    pruned: list[dict[str, Any]]  # {"map", "step", "flops_ratio"}
+    steps_trained: int
+    steps_saved: int
+    front: list[str]  # the table's own final front
+    front_maps_lost: list[str]
+
+    @property
+    def steps_saved_share(self) -> float:
+        total = self.steps_trained + self.steps_saved
+        return self.steps_saved / total if total else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self) | {"steps_saved_share": self.steps_saved_share}
+
+
+def replay_pruning(table: Table, settings: PrunerSettings, order_seed: int | None = None,
+                   rung_fractions: Sequence[float] = (0.125, 0.25, 0.5)) -> PruningReplay:
+    """Feed every row of the table through the pruning rule, one map after another (table order, or shuffled
+    by `order_seed`), and count the steps it saves and the table's front maps it loses."""
+    settings = dataclasses.replace(settings, rungs=table.rungs_at(rung_fractions))
+    rows = list(table.rows)
+    if order_seed is not None:
+        random.Random(order_seed).shuffle(rows)
+    points: list[CurvePoint] = []
+    pruned, trained, saved = [], 0, 0
+    for number, row in enumerate(rows):
+        step = _feed_curve(number, row.map_key, row.flops_ratio, row.curve, table.steps, points,
+                           None if settings.name == "none" else settings)
+        if step is None:
+            trained += table.steps
+        else:
+            pruned.append({"map": row.map_key, "step": step, "flops_ratio": row.flops_ratio})
+            trained += step
+            saved += table.steps - step
+    front = table.front_keys()
+    lost = [p["map"] for p in pruned if p["map"] in front]
+    return PruningReplay(settings.name, order_seed, settings.rungs, len(rows), pruned, trained, saved, front, lost)
+
+
+def replay_table(path: str | Path, pruner: str = "pareto", order_seed: int | None = None) -> dict[str, Any]:
+    """`ilr-search bench replay`: one pruning rule (with the default space's settings) over a table's rows."""
+    if pruner not in ("pareto", "pareto-eager", "none"):
+        raise UserInputError(f"unknown --pruner {pruner!r} for a replay; use pareto, pareto-eager or none")
+    if not Path(path).is_file():
+        raise UserInputError(f"bench table {str(path)!r} does not exist")
+    table = Table.read(path)
+    search = load_space().search
+    settings = PrunerSettings(name=pruner, eta=search.prune_eta, epsilon=search.prune_epsilon,
+                              warmup=search.prune_warmup, calibration_maps=search.prune_calibration_maps,
+                              min_spearman=search.prune_min_spearman)
+    result = replay_pruning(table, settings, order_seed)
+    return {"table": str(path), "steps": table.steps, **result.to_dict()}
 
 
 def summarize_replays(table: Table, results: list[ReplayResult]) -> list[dict[str, Any]]:

@@ -180,7 +180,7 @@ def run(
     n_trials: Annotated[Optional[int], typer.Option(help="Finished trials the study should reach in total. [default: from the space]")] = None,
     timeout: Annotated[Optional[float], typer.Option(help="Stop starting new trials after this many seconds.")] = None,
     sampler: Annotated[Optional[str], typer.Option(help="auto|tpe|nsga2|gp|random|grid. [default: auto]")] = None,
-    pruner: Annotated[Optional[str], typer.Option(help="pareto|median|none. [default: pareto]")] = None,
+    pruner: Annotated[Optional[str], typer.Option(help="pareto (calibrated: prunes only at rungs that predict the final ranking) | pareto-eager (the uncalibrated rule) | median | none. [default: pareto]")] = None,
     objective: Annotated[Optional[str], typer.Option(help="pareto (perplexity and FLOPs) or ppl (budget as a constraint only).")] = None,
     json_out: Json = False,
 ) -> None:
@@ -211,9 +211,9 @@ def studies(storage: Storage = None, json_out: Json = False) -> None:
 def trials(study: Annotated[str, typer.Option("--study", help="Study name.")], storage: Storage = None,
            json_out: Json = False) -> None:
     """List the trials of a study."""
-    from .study import list_trials
+    from .study import trials_report
 
-    emit({"study": study, "trials": list_trials(study, storage)}, json_out, ui.print_trials)
+    emit(trials_report(study, storage), json_out, ui.print_trials)
 
 
 @app.command()
@@ -247,6 +247,24 @@ def export(
     emit(export_trials(study, storage, out), json_out, lambda r: ui.out.print(f"wrote {r['rows']} trials to {r['out']}"))
 
 
+@app.command()
+@user_errors
+def audit(
+    study: Annotated[str, typer.Option("--study", help="Study name.")],
+    storage: Storage = None,
+    factor: Annotated[float, typer.Option(help="Retrain at this many times the proxy's steps (at least 1).")] = 4.0,
+    maps: Annotated[str, typer.Option(help="auto (front, baseline, best pruned near the front, random trained maps), front, top:K or all.")] = "auto",
+    seeds: Annotated[int, typer.Option(help="Seeds per map (the study's seed first).")] = 1,
+    json_out: Json = False,
+) -> None:
+    """Retrain chosen maps of a study FACTOR times longer and say how far the proxy's ranking holds (resumable)."""
+    from .audit import AuditSettings, run_audit
+
+    with ui.RichReporter(enabled=True) as reporter:
+        report = run_audit(study, storage, AuditSettings(factor, maps, seeds), reporter)
+    emit(report, json_out, ui.print_audit)
+
+
 bench_app = typer.Typer(no_args_is_help=True, help="The tabular benchmark: every feasible map of a small space.")
 app.add_typer(bench_app, name="bench")
 
@@ -267,3 +285,17 @@ def bench_build(
     with ui.RichReporter(enabled=True) as reporter:
         report = build_table(space, out, budget, storage, study, reporter)
     emit(report, json_out, lambda r: ui.out.print(f"wrote {r['maps']} maps to {r['out']} (study {r['study']})"))
+
+
+@bench_app.command("replay")
+@user_errors
+def bench_replay(
+    table: Annotated[Path, typer.Option(help="A table in the bench format (bench build writes one; partial tables and blockK rows are fine).")],
+    pruner: Annotated[str, typer.Option(help="pareto (calibrated, the default) or pareto-eager (the uncalibrated rule), or none.")] = "pareto",
+    seed: Annotated[Optional[int], typer.Option(help="Shuffle the row order with this seed. [default: table order]")] = None,
+    json_out: Json = False,
+) -> None:
+    """Replay a pruning rule over a table's rows: the maps it prunes, the steps it saves, the front maps it loses."""
+    from .bench import replay_table
+
+    emit(replay_table(table, pruner, seed), json_out, ui.print_pruning_replay)

@@ -4,6 +4,7 @@ front's maps recur, and how much each layer's reuse count matters for perplexity
 from __future__ import annotations
 
 import math
+import textwrap
 from typing import Any
 
 import plotly.graph_objects as go
@@ -35,16 +36,24 @@ def _num(x: Any) -> str:
 
 
 def pareto_figure(study: str, trials: list[dict[str, Any]], front: list[dict[str, Any]], noise: dict[str, Any] | None,
-                  layer_view: dict[str, Any] | None = None) -> go.Figure:
+                  layer_view: dict[str, Any] | None = None, fidelity: dict[str, Any] | None = None) -> go.Figure:
     """Every trial (complete, pruned at its pruning rung, failed on top), the front as a step line, the
-    all-ones baseline marked and its seed-to-seed noise band shaded; the layer view below when given."""
-    rows = 2 if layer_view else 1
-    fig = make_subplots(rows=rows, cols=2 if layer_view else 1,
-                        specs=[[{"colspan": 2}, None], [{}, {}]] if layer_view else [[{}]],
-                        row_heights=[0.62, 0.38] if layer_view else None, vertical_spacing=0.14,
-                        subplot_titles=(f"{study}: perplexity vs compute",
-                                        *(("reuse count per layer on the front", "layer importance for perplexity")
-                                          if layer_view else ())))
+    all-ones baseline marked and its seed-to-seed noise band shaded, audited maps at their longer-training
+    perplexity; the layer view, and a fidelity panel (rung agreement, proxy vs audit, the verdict) below."""
+    audit = (fidelity or {}).get("audits", [None])[-1] if (fidelity or {}).get("audits") else None
+    rows = 1 + bool(layer_view) + bool(fidelity)
+    specs: list[list[Any]] = [[{"colspan": 2}, None]]
+    titles = [f"{study}: perplexity vs compute"]
+    if layer_view:
+        specs.append([{}, {}])
+        titles += ["reuse count per layer on the front", "layer importance for perplexity"]
+    if fidelity:
+        specs.append([{}, {}])
+        titles += ["rung-to-final rank agreement (Spearman)",
+                   f"proxy vs {audit['factor']}x training" if audit else "not audited (ilr-search audit)"]
+    heights = {1: None, 2: [0.62, 0.38], 3: [0.5, 0.25, 0.25]}[rows]
+    fig = make_subplots(rows=rows, cols=2, specs=specs, row_heights=heights, vertical_spacing=0.1,
+                        subplot_titles=titles)
     finite = [t["plot_ppl"] for t in trials if t.get("plot_ppl") is not None]
     top = max(finite) * 1.05 if finite else 1.0
     for state, style in STATE_STYLE.items():
@@ -86,9 +95,42 @@ def pareto_figure(study: str, trials: list[dict[str, Any]], front: list[dict[str
         if importance:
             fig.add_trace(go.Bar(x=list(importance), y=list(importance.values()), name="importance",
                                  marker_color="#2ca02c", showlegend=False), row=2, col=2)
-    fig.update_layout(template="plotly_white", height=900 if layer_view else 560, width=1000,
-                      legend=dict(orientation="h", y=-0.08 if layer_view else -0.15))
+    if audit:
+        maps = audit["maps"]
+        fig.add_trace(go.Scatter(x=[m["flops_ratio"] for m in maps], y=[m["audit_ppl"] for m in maps], mode="markers",
+                                 name=f"audited at {audit['factor']}x steps",
+                                 marker=dict(symbol="diamond", size=11, color="#9467bd", line=dict(width=1, color="black")),
+                                 hovertext=[f"map {m['map_key']}<br>{audit['factor']}x ppl {m['audit_ppl']:.4g}<br>proxy "
+                                            f"{m['proxy_state'].lower()} ppl {_num(m['proxy_ppl'])}" for m in maps],
+                                 hoverinfo="text"), row=1, col=1)
+    if fidelity:
+        _fidelity_panel(fig, fidelity, audit, row=rows)
+    fig.update_layout(template="plotly_white", height={1: 560, 2: 900, 3: 1150}[rows], width=1000,
+                      legend=dict(orientation="h", y=-0.06 if rows > 1 else -0.15))
     return fig
+
+
+def _fidelity_panel(fig: go.Figure, fidelity: dict[str, Any], audit: dict[str, Any] | None, row: int) -> None:
+    """Spearman of each rung with the final ranking; the audit's proxy vs longer-training perplexity; the verdict."""
+    rungs = [r for r in fidelity.get("rungs", []) if r.get("spearman") is not None]
+    if rungs:
+        fig.add_trace(go.Bar(x=[f"step {r['step']} ({r['fraction']:.3g})" for r in rungs],
+                             y=[r["spearman"] for r in rungs], showlegend=False,
+                             marker_color=["#2ca02c" if r["spearman"] >= 0.6 else "#d62728" for r in rungs],
+                             hovertext=[f"{r['n_maps']} complete maps; Kendall {_num(r['kendall'])}" for r in rungs],
+                             hoverinfo="text+y"), row=row, col=1)
+        fig.update_yaxes(range=[-1, 1], row=row, col=1)
+    if audit:
+        ranked = [m for m in audit["maps"] if m["proxy_ppl"] is not None]
+        fig.add_trace(go.Scatter(x=[m["proxy_ppl"] for m in ranked], y=[m["audit_ppl"] for m in ranked],
+                                 mode="markers+text", text=[m["map_key"] for m in ranked], textposition="top center",
+                                 showlegend=False, marker=dict(symbol="diamond", size=9, color="#9467bd")),
+                      row=row, col=2)
+        fig.update_xaxes(title_text="proxy ppl", row=row, col=2)
+        fig.update_yaxes(title_text=f"{audit['factor']}x ppl", row=row, col=2)
+    fig.add_annotation(text="<b>fidelity</b>: " + "<br>".join(textwrap.wrap(fidelity["verdict"], 150)),
+                       xref="paper", yref="paper", x=0, y=-0.02, showarrow=False, align="left",
+                       xanchor="left", yanchor="top", font=dict(size=11))
 
 
 def plot_ppl(row: dict[str, Any], curve: list[list[float]] | None) -> float | None:

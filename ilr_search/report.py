@@ -14,7 +14,9 @@ from optuna.trial import TrialState
 from .errors import UserInputError
 from .plots import pareto_figure, plot_ppl
 from .storage import open_store, parse_storage
-from .study import REFERENCE_PREFIX, open_study, study_front, trial_row
+from .fidelity import mark_ties, noise_band
+from .results import REFERENCE_PREFIX, study_front, trial_row
+from .study import fidelity_of, open_study
 
 FRONT_FORMATS = (".html", ".png", ".svg", ".csv", ".json")
 EXPORT_FORMATS = (".csv", ".parquet")
@@ -46,28 +48,6 @@ def _atomic_write(path: Path, write: Any) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-
-
-def noise_band(study: optuna.Study) -> dict[str, Any] | None:
-    """Seed-to-seed spread of the baseline's perplexity: trial of the all-ones map (the study's seed) and the
-    baseline references trained at extra seeds."""
-    ppls = [t.user_attrs["val_ppl"] for t in study.get_trials(deepcopy=False)
-            if t.state == TrialState.COMPLETE and "reused_from" not in t.user_attrs and t.user_attrs.get("val_ppl")
-            and all(r == 1 for r in t.user_attrs.get("reuse_map", [0]))][:1]
-    ppls += [v["val_ppl"] for k, v in sorted(study.user_attrs.items())
-             if k.startswith(f"{REFERENCE_PREFIX}baseline_seed") and v.get("val_ppl") is not None]
-    if len(ppls) < 2:
-        return None
-    return {"n_seeds": len(ppls), "val_ppls": ppls, "min_ppl": min(ppls), "max_ppl": max(ppls),
-            "spread": max(ppls) - min(ppls)}
-
-
-def mark_ties(front: list[dict[str, Any]], noise: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """Each front point gets `within_noise_of`: the other front points whose perplexity is within the noise."""
-    spread = noise["spread"] if noise else 0.0
-    for p in front:
-        p["within_noise_of"] = [q["trial"] for q in front if q is not p and abs(q["val_ppl"] - p["val_ppl"]) <= spread]
-    return front
 
 
 def layer_view(trials: list[optuna.trial.FrozenTrial], front: list[dict[str, Any]]) -> dict[str, Any]:
@@ -113,9 +93,11 @@ def pareto_report(study_name: str, storage: str | None = None, out: str | Path |
     study = open_study(spec, study_name)
     trials = study.get_trials(deepcopy=False)
     front = study_front(trials)
-    history = open_store(spec, study_name).front_history()
-    noise = noise_band(study)
+    store = open_store(spec, study_name, read_only=True)
+    history = store.front_history()
+    noise = noise_band(trials, study.user_attrs)
     mark_ties(front, noise)
+    fidelity = fidelity_of(study, store, trials)
     report: dict[str, Any] = {
         "study": study_name,
         "pareto": [{k: p[k] for k in ("trial", "reuse_map", "flops_ratio", "val_ppl", "val_bpb", "params",
@@ -123,6 +105,7 @@ def pareto_report(study_name: str, storage: str | None = None, out: str | Path |
         "noise": noise,
         "front_history": {str(k): [p["trial"] for p in v] for k, v in sorted(history.items())},
         "references": {k[len(REFERENCE_PREFIX):]: v for k, v in study.user_attrs.items() if k.startswith(REFERENCE_PREFIX)},
+        "fidelity": fidelity,
     }
     if view == "layers" or (path is not None and path.suffix.lower() in (".html", ".png", ".svg")):
         report["layers"] = layer_view(trials, front)
@@ -167,7 +150,7 @@ def _write_front(path: Path, study: str, rows: list[dict[str, Any]], front: list
         _atomic_write(path, lambda p: p.write_text(json.dumps({"study": study, "pareto": report["pareto"],
                                                                 "noise": noise}, indent=1)))
         return
-    fig = pareto_figure(study, rows, front, noise, report.get("layers"))
+    fig = pareto_figure(study, rows, front, noise, report.get("layers"), report.get("fidelity"))
     if suffix == ".html":
         _atomic_write(path, lambda p: fig.write_html(p, include_plotlyjs=True, full_html=True, include_mathjax=False))
         return
@@ -188,7 +171,7 @@ def export_trials(study_name: str, storage: str | None, out: str | Path) -> dict
     path = check_out_path(out, EXPORT_FORMATS)
     spec = parse_storage(storage)
     study = open_study(spec, study_name)
-    pruning = open_store(spec, study_name).pruning_records()
+    pruning = open_store(spec, study_name, read_only=True).pruning_records()
     records = []
     for t in study.get_trials(deepcopy=False):
         a = t.user_attrs

@@ -20,7 +20,7 @@ from .model import ModelConfig
 from .schedule import baseline_map
 
 SAMPLERS = ("auto", "tpe", "nsga2", "gp", "random", "grid")
-PRUNERS = ("pareto", "median", "none")
+PRUNERS = ("pareto", "pareto-eager", "median", "none")
 OBJECTIVES = ("pareto", "ppl")
 FAMILIES = ("ilr", "block")
 DEVICES = ("auto", "cpu", "cuda", "mps")
@@ -81,6 +81,8 @@ class SearchConfig:
     prune_eta: float = 3.0
     prune_epsilon: float = 0.01
     prune_warmup: int = 4
+    prune_calibration_maps: int = 6
+    prune_min_spearman: float = 0.6
     noise_seeds: int = 2
     enqueue_paper_maps: bool = True
 
@@ -167,6 +169,8 @@ def validate_space(space: SpaceConfig) -> None:
         (not (s.pruner == "median" and s.objective != "ppl"),
          "--pruner median needs the single-objective study: add --objective ppl (or use --pruner pareto)"),
         (s.prune_eta > 1, f"prune_eta must be above 1, got {s.prune_eta}"),
+        (s.prune_calibration_maps >= 3, f"prune_calibration_maps must be at least 3, got {s.prune_calibration_maps}"),
+        (-1 <= s.prune_min_spearman <= 1, f"prune_min_spearman must be in [-1, 1], got {s.prune_min_spearman}"),
         (0 < space.data.val_fraction < 1, f"val_fraction must be in (0, 1), got {space.data.val_fraction}"),
     ]
     for ok, message in checks:

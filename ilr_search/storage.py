@@ -242,8 +242,8 @@ def _creation_lock(spec: StorageSpec) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def open_store(spec: StorageSpec, study: str) -> Store:
+def open_store(spec: StorageSpec, study: str, read_only: bool = False) -> Store:
     if spec.kind == "journal":
         return JournalStore(str(spec.path), study)
     engine = sa.create_engine(spec.url, **_engine_kwargs(spec))
-    return SQLStore(engine, study)
+    return SQLStore(engine, study, read_only=read_only)

@@ -5,7 +5,9 @@
 - ilr_curves: every evaluation of every trial (the learning curves the pruner compares);
 - ilr_pruning: why each pruned trial was pruned;
 - ilr_fronts: the Pareto front each time a trial completes, keyed by how many completed trials it is
-  computed from (its history; the largest key is the current front).
+  computed from (its history; the largest key is the current front);
+- ilr_audit: the audit's longer retrainings of chosen maps (`ilr-search audit`): one row per (factor, seed,
+  map), claimed by the worker that trains it, with its heartbeat, result and learning curve.
 
 Created on first use; every write is one short transaction, safe with several writers.
 On journal storage (no SQL database) the same interfaces are served from a lock file and the trials.
@@ -80,6 +82,51 @@ fronts_table = sa.Table(
 )
 
 
+audit_table = sa.Table(
+    "ilr_audit", metadata,
+    sa.Column("study", sa.String(512), primary_key=True),
+    sa.Column("factor", sa.String(32), primary_key=True),
+    sa.Column("seed", sa.Integer, primary_key=True),
+    sa.Column("map_key", sa.String(256), primary_key=True),
+    sa.Column("worker", sa.String(64), nullable=False),
+    sa.Column("heartbeat", sa.Float, nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),  # running | complete | failed (diverged) | interrupted
+    sa.Column("flops_ratio", sa.Float, nullable=False),
+    sa.Column("steps", sa.Integer, nullable=False),
+    sa.Column("val_loss", sa.Float, nullable=True),
+    sa.Column("val_ppl", sa.Float, nullable=True),
+    sa.Column("val_bpb", sa.Float, nullable=True),
+    sa.Column("curve", sa.Text, nullable=True),  # JSON [[step, val_loss], ...]
+    sa.Column("seconds", sa.Float, nullable=True),
+    sa.Column("reason", sa.Text, nullable=True),
+)
+
+
+@dataclass(frozen=True)
+class AuditJob:
+    """One longer retraining of the audit: a map at `factor` x the proxy's steps and one seed."""
+
+    factor: str  # as text, e.g. "4"
+    seed: int
+    map_key: str
+
+
+@dataclass(frozen=True)
+class AuditRow:
+    job: AuditJob
+    worker: str
+    heartbeat: float
+    state: str  # running | complete | failed
+    flops_ratio: float
+    steps: int
+    val_loss: float | None = None
+    val_ppl: float | None = None
+    val_bpb: float | None = None
+    curve: tuple[tuple[int, float], ...] = ()
+    seconds: float | None = None
+    reason: str | None = None
+
+
 @dataclass(frozen=True)
 class CurvePoint:
     trial_number: int
@@ -129,6 +176,30 @@ class Store:
     def front_history(self) -> dict[int, list[dict[str, Any]]]:
         raise NotImplementedError
 
+    def audit_claim(self, job: AuditJob, worker: str, flops_ratio: float, steps: int, stale_after: float) -> bool:
+        """Claim `job` for `worker`: True if it was free, interrupted, or held by a worker whose heartbeat is
+        older than `stale_after` seconds (a dead worker); False if finished (complete, or failed: diverged) or
+        held by a live worker."""
+        raise NotImplementedError
+
+    def audit_beat(self, job: AuditJob, worker: str) -> None:
+        raise NotImplementedError
+
+    def audit_finish(self, job: AuditJob, worker: str, state: str, val_loss: float | None, val_ppl: float | None,
+                     val_bpb: float | None, curve: list[tuple[int, float]], seconds: float, reason: str) -> bool:
+        """Store the result if `worker` still holds the job; False if another worker took it over."""
+        raise NotImplementedError
+
+    def audit_rows(self) -> list[AuditRow]:
+        raise NotImplementedError
+
+
+def _audit_row(r: Any) -> AuditRow:
+    return AuditRow(AuditJob(r["factor"], int(r["seed"]), r["map_key"]), r["worker"], float(r["heartbeat"]), r["state"],
+                    float(r["flops_ratio"]), int(r["steps"]), r.get("val_loss"), r.get("val_ppl"), r.get("val_bpb"),
+                    tuple((int(s), float(v)) for s, v in json.loads(r.get("curve") or "[]")), r.get("seconds"),
+                    r.get("reason"))
+
 
 def _retry_locked(fn):
     """SQLite answers `database is locked` when another process holds the write lock: wait and retry."""
@@ -148,9 +219,14 @@ def _retry_locked(fn):
 
 
 class SQLStore(Store):
-    def __init__(self, engine: sa.Engine, study: str) -> None:
+    def __init__(self, engine: sa.Engine, study: str, read_only: bool = False) -> None:
+        """`read_only`: create nothing (`pareto`, `export`, `trials` only read); a table not there reads empty."""
         self.engine, self.study = engine, study
-        ensure_schema(engine)
+        if read_only:
+            self.tables = set(sa.inspect(engine).get_table_names())
+        else:
+            ensure_schema(engine)
+            self.tables = set(metadata.tables)
 
     @_retry_locked
     def claim(self, map_key: str, trial_number: int) -> int:
@@ -183,6 +259,8 @@ class SQLStore(Store):
 
     @_retry_locked
     def curve_points(self, step: int | None = None) -> list[CurvePoint]:
+        if curves_table.name not in self.tables:
+            return []
         query = sa.select(curves_table).where(curves_table.c.study == self.study)
         if step is not None:
             query = query.where(curves_table.c.step == step)
@@ -202,6 +280,8 @@ class SQLStore(Store):
 
     @_retry_locked
     def pruning_records(self) -> dict[int, dict[str, Any]]:
+        if pruning_table.name not in self.tables:
+            return {}
         with self.engine.connect() as conn:
             rows = conn.execute(sa.select(pruning_table).where(pruning_table.c.study == self.study)).all()
         return {r.trial_number: {"step": r.step, "val_loss": r.val_loss, "flops_ratio": r.flops_ratio,
@@ -221,6 +301,8 @@ class SQLStore(Store):
 
     @_retry_locked
     def front_history(self) -> dict[int, list[dict[str, Any]]]:
+        if fronts_table.name not in self.tables:
+            return {}
         with self.engine.connect() as conn:
             rows = conn.execute(sa.select(fronts_table).where(fronts_table.c.study == self.study).order_by(
                 fronts_table.c.n_complete, fronts_table.c.position)).all()
@@ -230,6 +312,57 @@ class SQLStore(Store):
                 "trial": r.trial_number, "reuse_map": [int(x) for x in r.reuse_map.split(",")],
                 "flops_ratio": r.flops_ratio, "val_ppl": r.val_ppl, "val_bpb": r.val_bpb, "params": r.params})
         return history
+
+
+    def _audit_where(self, job: AuditJob) -> Any:
+        t = audit_table.c
+        return sa.and_(t.study == self.study, t.factor == job.factor, t.seed == job.seed, t.map_key == job.map_key)
+
+    @_retry_locked
+    def audit_claim(self, job: AuditJob, worker: str, flops_ratio: float, steps: int, stale_after: float) -> bool:
+        now = time.time()
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(audit_table.insert().values(
+                    study=self.study, factor=job.factor, seed=job.seed, map_key=job.map_key, worker=worker,
+                    heartbeat=now, state="running", flops_ratio=flops_ratio, steps=steps))
+            return True
+        except IntegrityError:
+            pass
+        with self.engine.begin() as conn:
+            row = conn.execute(sa.select(audit_table).where(self._audit_where(job))).mappings().one()
+            if row["state"] in ("complete", "failed") or (row["state"] == "running" and row["worker"] != worker
+                                                          and now - row["heartbeat"] <= stale_after):
+                return False
+            moved = conn.execute(audit_table.update().where(
+                self._audit_where(job), audit_table.c.worker == row["worker"],
+                audit_table.c.heartbeat == row["heartbeat"]).values(worker=worker, heartbeat=now, state="running",
+                                                                    steps=steps, flops_ratio=flops_ratio))
+            return moved.rowcount == 1
+
+    @_retry_locked
+    def audit_beat(self, job: AuditJob, worker: str) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(audit_table.update().where(self._audit_where(job), audit_table.c.worker == worker,
+                                                    audit_table.c.state == "running").values(heartbeat=time.time()))
+
+    @_retry_locked
+    def audit_finish(self, job: AuditJob, worker: str, state: str, val_loss: float | None, val_ppl: float | None,
+                     val_bpb: float | None, curve: list[tuple[int, float]], seconds: float, reason: str) -> bool:
+        with self.engine.begin() as conn:
+            done = conn.execute(audit_table.update().where(self._audit_where(job), audit_table.c.worker == worker).values(
+                state=state, heartbeat=time.time(), val_loss=val_loss, val_ppl=val_ppl, val_bpb=val_bpb,
+                curve=json.dumps([list(p) for p in curve]), seconds=seconds, reason=reason))
+            return done.rowcount == 1
+
+    @_retry_locked
+    def audit_rows(self) -> list[AuditRow]:
+        if audit_table.name not in self.tables:
+            return []
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(audit_table).where(audit_table.c.study == self.study).order_by(
+                audit_table.c.factor, audit_table.c.seed, audit_table.c.map_key)).mappings().all()
+        return [_audit_row(dict(r)) for r in rows]
 
 
 def ensure_schema(engine: sa.Engine) -> None:
@@ -338,3 +471,43 @@ class JournalStore(Store):
     def front_history(self) -> dict[int, list[dict[str, Any]]]:
         with self._locked() as records:
             return {r["n_complete"]: r["front"] for r in self._mine(records, "front")}
+
+    def _audit_latest(self, records: list[dict[str, Any]]) -> dict[tuple[str, int, str], dict[str, Any]]:
+        latest: dict[tuple[str, int, str], dict[str, Any]] = {}
+        for r in self._mine(records, "audit"):
+            latest[(r["factor"], r["seed"], r["map_key"])] = r
+        return latest
+
+    def audit_claim(self, job: AuditJob, worker: str, flops_ratio: float, steps: int, stale_after: float) -> bool:
+        now = time.time()
+        with self._locked() as records:
+            row = self._audit_latest(records).get((job.factor, job.seed, job.map_key))
+            if row is not None and (row["state"] in ("complete", "failed") or (
+                    row["state"] == "running" and row["worker"] != worker and now - row["heartbeat"] <= stale_after)):
+                return False
+            self._append({"kind": "audit", "factor": job.factor, "seed": job.seed, "map_key": job.map_key,
+                          "worker": worker, "heartbeat": now, "state": "running", "flops_ratio": flops_ratio,
+                          "steps": steps})
+            return True
+
+    def _audit_update(self, job: AuditJob, worker: str, **values: Any) -> bool:
+        with self._locked() as records:
+            row = self._audit_latest(records).get((job.factor, job.seed, job.map_key))
+            if row is None or row["worker"] != worker:
+                return False
+            self._append(row | values)
+            return True
+
+    def audit_beat(self, job: AuditJob, worker: str) -> None:
+        self._audit_update(job, worker, heartbeat=time.time())
+
+    def audit_finish(self, job: AuditJob, worker: str, state: str, val_loss: float | None, val_ppl: float | None,
+                     val_bpb: float | None, curve: list[tuple[int, float]], seconds: float, reason: str) -> bool:
+        return self._audit_update(job, worker, state=state, heartbeat=time.time(), val_loss=val_loss,
+                                  val_ppl=val_ppl, val_bpb=val_bpb, curve=json.dumps([list(p) for p in curve]),
+                                  seconds=seconds, reason=reason)
+
+    def audit_rows(self) -> list[AuditRow]:
+        with self._locked() as records:
+            latest = self._audit_latest(records)
+        return [_audit_row(r) for _, r in sorted(latest.items())]

@@ -26,8 +26,9 @@ from .data import TokenData, load_space_tokens, tokenizer_vocab_size
 from .errors import StorageFullError, UserInputError
 from .flops import Budget, flops_ratio, parse_budget
 from .model import ModelConfig, param_count
-from .pareto import pareto_front
-from .pruning import build_pruner
+from .fidelity import audit_reports, best_recurrent, study_fidelity
+from .results import FINISHED, REFERENCE_PREFIX, has_result, references, study_front, trial_row
+from .pruning import Pruner, PrunerSettings, build_pruner
 from .schedule import block_schedule, format_reuse_map, reuse_map_schedule
 from .space import SpaceConfig, validate_space
 from .storage import StorageSpec, grace_period, heartbeat_interval, open_storage, open_store, parse_storage
@@ -36,9 +37,8 @@ from .train import EvalPoint, TrainResult, resolve_device, resolve_dtype, train_
 
 CONFIG_ATTR = "ilr:config"
 SAMPLER_ATTR = "ilr:sampler"
-REFERENCE_PREFIX = "ilr:reference:"
+FIDELITY_ATTR = "ilr:fidelity"
 HEARTBEAT_ATTR = "ilr:heartbeat"
-FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 
 # Failed trials (a divergence, Ctrl-C) are reported by the run itself; Optuna's warnings would add tracebacks.
 optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -191,6 +191,13 @@ def build_sampler(settings: dict[str, Any], n_layers: int, worker_offset: int = 
     raise UserInputError(f"unknown sampler {name!r}")
 
 
+def pruner_settings(space: SpaceConfig) -> PrunerSettings:
+    s = space.search
+    return PrunerSettings(name=s.pruner, rungs=tuple(space.train.eval_steps[:-1]), eta=s.prune_eta,
+                          epsilon=s.prune_epsilon, warmup=s.prune_warmup, calibration_maps=s.prune_calibration_maps,
+                          min_spearman=s.prune_min_spearman)
+
+
 # ----------------------------------------------------------------------------------------------------
 # Progress: what the run tells its caller (the CLI draws bars and tables from it)
 
@@ -202,44 +209,7 @@ class RunReporter:
     def message(self, text: str) -> None: ...
 
 
-# ----------------------------------------------------------------------------------------------------
-# Reading trials back
-
-def trial_row(t: FrozenTrial) -> dict[str, Any]:
-    """One trial as the `trials` command shows it."""
-    a = t.user_attrs
-    return {
-        "trial": t.number,
-        "state": t.state.name,
-        "reuse_map": a.get("reuse_map"),
-        "flops_ratio": a.get("flops_ratio"),
-        "val_ppl": a.get("val_ppl"),
-        "val_bpb": a.get("val_bpb"),
-        "steps": a.get("steps", 0),
-        "pruned_at_step": a.get("pruned_at_step"),
-        "reused_from": a.get("reused_from"),
-        "proposed_map": a.get("proposed_map"),
-        "reason": a.get("reason"),
-        "seconds": (t.datetime_complete - t.datetime_start).total_seconds()
-        if t.datetime_complete and t.datetime_start else None,
-    }
-
-
-def has_result(t: FrozenTrial) -> bool:
-    """A trial whose map was evaluated to the end, pruned, or diverged: its result stands for its map."""
-    return t.state in FINISHED or (t.state == TrialState.FAIL and t.user_attrs.get("status") == "diverged")
-
-
-def study_front(trials: list[FrozenTrial]) -> list[dict[str, Any]]:
-    rows = [{"trial": t.number, "reuse_map": t.user_attrs["reuse_map"], "flops_ratio": t.user_attrs["flops_ratio"],
-             "val_ppl": t.user_attrs["val_ppl"], "val_bpb": t.user_attrs.get("val_bpb"),
-             "params": t.user_attrs.get("params")}
-            for t in trials if t.state == TrialState.COMPLETE and "reused_from" not in t.user_attrs
-            and t.user_attrs.get("val_ppl") is not None]
-    return pareto_front(rows)
-
-
-def summarize(study: optuna.Study, spec: StorageSpec) -> dict[str, Any]:
+def summarize(study: optuna.Study, spec: StorageSpec, store: Store) -> dict[str, Any]:
     trials = study.get_trials(deepcopy=False)
     states = [t.state for t in trials]
     return {
@@ -254,11 +224,16 @@ def summarize(study: optuna.Study, spec: StorageSpec) -> dict[str, Any]:
         "pareto": [{k: p[k] for k in ("trial", "reuse_map", "flops_ratio", "val_ppl", "val_bpb")}
                    for p in study_front(trials)],
         "references": references(study),
+        "fidelity": fidelity_of(study, store, trials),
     }
 
 
-def references(study: optuna.Study) -> dict[str, Any]:
-    return {k[len(REFERENCE_PREFIX):]: v for k, v in study.user_attrs.items() if k.startswith(REFERENCE_PREFIX)}
+def fidelity_of(study: optuna.Study, store: Store, trials: list[FrozenTrial] | None = None) -> dict[str, Any]:
+    """The study's fidelity (rung agreement, noise, second seed, audits, verdict) from its trials and rows."""
+    trials = study.get_trials(deepcopy=False) if trials is None else trials
+    final_step = int(study.user_attrs.get(CONFIG_ATTR, {}).get("train", {}).get("steps", 0))
+    return study_fidelity(study.study_name, trials, study.user_attrs, final_step,
+                          audit_reports(trials, store.audit_rows()))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -318,7 +293,7 @@ class SearchRun:
     reporter: RunReporter
     target: int
     checkpoint_root: Path
-    pruner: Any = None
+    pruner: Pruner | None = None
 
     @property
     def n_layers(self) -> int:
@@ -405,9 +380,9 @@ class SearchRun:
             self.store.add_curve_point(CurvePoint(trial.number, point.step, point.val_loss, ratio, key), point.tokens)
             if self.pruner is None:
                 return False
-            verdict = self.pruner.decide(trial, point, ratio, key)
+            verdict = self.pruner.decide(trial, point.step, point.val_loss, ratio, key)
             if verdict is not None:
-                decision.update(verdict)
+                decision.update(step=verdict.step, reason=verdict.reason, dominated_by=list(verdict.dominated_by))
                 return True
             return False
 
@@ -487,8 +462,9 @@ def _check_resume(spec: StorageSpec, plan: StudyPlan, sampler: str | None, prune
     settings = study.user_attrs.get(SAMPLER_ATTR, {})
     if sampler is not None and sampler != settings.get("sampler", {}).get("requested"):
         diffs.append(f"sampler: study has {settings.get('sampler', {}).get('requested')!r}, this run asks for {sampler!r}")
-    if pruner is not None and pruner != settings.get("pruner", {}).get("name"):
-        diffs.append(f"pruner: study has {settings.get('pruner', {}).get('name')!r}, this run asks for {pruner!r}")
+    stored_pruner = PrunerSettings.from_dict(settings["pruner"]).name if "pruner" in settings else None
+    if pruner is not None and pruner != stored_pruner:
+        diffs.append(f"pruner: study has {stored_pruner!r}, this run asks for {pruner!r}")
     if diffs:
         raise UserInputError(f"cannot resume study {plan.name!r} with another configuration ({'; '.join(diffs)}); "
                              "rerun with the study's settings or choose a new --study")
@@ -531,11 +507,11 @@ def _run_study(space: SpaceConfig, budget: str, study_name: str | None = None, s
     directions = ["minimize"] if space.search.objective == "ppl" else ["minimize", "minimize"]
     settings = stored_settings or {
         "sampler": sampler_settings(space.search.sampler, space.train.seed, plan.model.n_layers, space.search.max_reuse),
-        "pruner": {"name": space.search.pruner, "eta": space.search.prune_eta, "epsilon": space.search.prune_epsilon,
-                   "warmup": space.search.prune_warmup, "rungs": space.train.eval_steps[:-1]},
+        "pruner": pruner_settings(space).to_dict(),
     }
-    optuna_pruner = optuna.pruners.MedianPruner(n_startup_trials=settings["pruner"]["warmup"], n_warmup_steps=0) \
-        if settings["pruner"]["name"] == "median" else optuna.pruners.NopPruner()
+    pruning = PrunerSettings.from_dict(settings["pruner"])
+    optuna_pruner = optuna.pruners.MedianPruner(n_startup_trials=pruning.warmup, n_warmup_steps=0) \
+        if pruning.name == "median" else optuna.pruners.NopPruner()
     study = optuna.create_study(study_name=plan.name, storage=storage_obj, directions=directions,
                                 sampler=optuna.samplers.RandomSampler(), pruner=optuna_pruner, load_if_exists=True)
     if spec.kind == "journal":  # trials of killed workers: failed and queued again (RDB: Optuna's heartbeat)
@@ -560,7 +536,7 @@ def _run_study(space: SpaceConfig, budget: str, study_name: str | None = None, s
     target = n_trials or space.search.n_trials
     run = SearchRun(plan, spec, study, store, data, reporter, target,
                     Path(checkpoint_dir or "studies/checkpoints") / _safe_name(plan.name),
-                    pruner=build_pruner(settings["pruner"], store))
+                    pruner=build_pruner(PrunerSettings.from_dict(settings["pruner"]), store, space.train.steps))
     finished = _n_finished(study)
     reporter.study_started(plan.name, target, finished)
     interrupted = False
@@ -586,10 +562,11 @@ def _run_study(space: SpaceConfig, budget: str, study_name: str | None = None, s
             folder.rmdir()
         except OSError:  # not empty (a trial of another worker), or not there
             break
-    summary = summarize(study, spec)
+    summary = summarize(study, spec, store)
+    study.set_user_attr(FIDELITY_ATTR, summary["fidelity"])
     summary["interrupted"] = interrupted
     summary["sampler"] = settings["sampler"]
-    summary["pruner"] = settings["pruner"]["name"]
+    summary["pruner"] = PrunerSettings.from_dict(settings["pruner"]).name
     return summary
 
 
@@ -631,30 +608,40 @@ def save_current_front(store: Store, trials: list[FrozenTrial]) -> list[dict[str
     return front
 
 
-def reference_runs(plan: StudyPlan) -> list[tuple[str, list[int], int]]:
-    """(name, schedule, seed) of the study's reference runs, trained outside the sampler's view: the baseline at
-    extra seeds (its seed-to-seed noise band) and block recurrence K where the budget allows it."""
+def reference_runs(plan: StudyPlan, trials: list[FrozenTrial]) -> list[tuple[str, list[int], int, list[int] | None]]:
+    """(name, schedule, seed, reuse map) of the study's reference runs, trained outside the sampler's view: the
+    baseline at extra seeds (its seed-to-seed noise band), the best recurrent map at a second seed (is its
+    place real?), and block recurrence K where the budget allows it."""
     n, seed = plan.model.n_layers, plan.space.train.seed
-    runs = [(f"baseline_seed{seed + i}", list(range(n)), seed + i) for i in range(1, plan.space.search.noise_seeds + 1)]
+    runs: list[tuple[str, list[int], int, list[int] | None]] = [
+        (f"baseline_seed{seed + i}", list(range(n)), seed + i, [1] * n)
+        for i in range(1, plan.space.search.noise_seeds + 1)]
+    best = best_recurrent(trials) if plan.space.search.noise_seeds else None
+    if best is not None:
+        runs.append(("second_seed", reuse_map_schedule(best["reuse_map"]), seed + 1, best["reuse_map"]))
     if "block" in plan.space.search.families:
-        runs += [(f"block{k}", block_schedule(n, k), seed) for k in range(2, plan.space.search.max_reuse + 1)
+        runs += [(f"block{k}", block_schedule(n, k), seed, None) for k in range(2, plan.space.search.max_reuse + 1)
                  if plan.budget.allows(flops_ratio(plan.model, block_schedule(n, k)))]
     return runs
 
 
 def train_references(run: SearchRun) -> None:
-    """Train the missing reference runs once per study and store them in the study's attributes."""
+    """Train the missing reference runs once per study and store them in the study's attributes (the second
+    seed is trained again when the best recurrent map changed)."""
     plan, study = run.plan, run.study
-    for name, schedule, seed in reference_runs(plan):
-        if f"{REFERENCE_PREFIX}{name}" in study.user_attrs:
+    for name, schedule, seed, reuse_map in reference_runs(plan, study.get_trials(deepcopy=False)):
+        stored = study.user_attrs.get(f"{REFERENCE_PREFIX}{name}")
+        if stored is not None and stored.get("schedule") == schedule:
             continue
-        run.reporter.message(f"training reference {name}")
+        run.reporter.message(f"training reference {name}" + (f" (map {format_reuse_map(reuse_map)}, seed {seed})"
+                                                              if name == "second_seed" else ""))
         train_cfg = dataclasses.replace(plan.space.train, dtype=plan.dtype, seed=seed)
         result = train_proxy(plan.model, schedule, run.data, train_cfg, on_step=run.reporter.step)
         study.set_user_attr(f"{REFERENCE_PREFIX}{name}", {
             "schedule": schedule, "seed": seed, "flops_ratio": flops_ratio(plan.model, schedule),
-            "val_ppl": finite_or_none(result.val_ppl), "val_bpb": finite_or_none(result.val_bpb), "status": result.status,
-            "steps": result.steps})
+            "reuse_map": reuse_map, "val_ppl": finite_or_none(result.val_ppl),
+            "val_bpb": finite_or_none(result.val_bpb), "status": result.status, "steps": result.steps,
+            "curve": [[p.step, p.val_loss] for p in result.curve]})
 
 
 def list_studies(storage: str | None = None) -> list[dict[str, Any]]:
@@ -676,7 +663,14 @@ def list_studies(storage: str | None = None) -> list[dict[str, Any]]:
 
 
 def list_trials(study_name: str, storage: str | None = None) -> list[dict[str, Any]]:
+    return trials_report(study_name, storage)["trials"]
+
+
+def trials_report(study_name: str, storage: str | None = None) -> dict[str, Any]:
+    """`ilr-search trials`: every trial, and the study's fidelity (how far its proxy can be trusted)."""
     spec = parse_storage(storage)
     study = open_study(spec, study_name)
-    return [trial_row(t) for t in study.get_trials(deepcopy=False)]
+    trials = study.get_trials(deepcopy=False)
+    return {"study": study_name, "trials": [trial_row(t) for t in trials],
+            "fidelity": fidelity_of(study, open_store(spec, study_name, read_only=True), trials)}
 

@@ -120,6 +120,8 @@ class RichReporter:
             f"trial {row['trial']} {row['state'].lower()}: map {_fmt(row['reuse_map'])}, {_fmt(row['flops_ratio'])}x, "
             f"ppl {_fmt(row['val_ppl'])}" + (f" (reused trial {row['reused_from']})" if row.get("reused_from") is not None else "")
             + (f" ({row['reason']})" if row["state"] != "COMPLETE" and row.get("reason") else ""))
+        if not front:
+            return
         table = Table(title="current front", title_justify="left")
         for col in FRONT_COLUMNS:
             table.add_column(col)
@@ -139,6 +141,7 @@ def print_run(summary: dict[str, Any]) -> None:
     out.print(f"{summary['n_complete']} complete, {summary['n_pruned']} pruned, {summary['n_failed']} failed; "
               f"{summary['steps_trained']} steps trained, {summary['steps_saved_by_pruning']} saved by pruning; "
               f"storage {summary['storage']}")
+    _fidelity_lines(summary.get("fidelity"))
     if summary.get("interrupted"):
         out.print("interrupted: finished trials are saved; run the same command again to resume")
 
@@ -149,6 +152,7 @@ def print_studies(report: dict[str, Any]) -> None:
 
 def print_trials(report: dict[str, Any]) -> None:
     rows_table(f"trials of {report['study']}", report["trials"], TRIAL_COLUMNS)
+    _fidelity_lines(report.get("fidelity"))
 
 
 def print_pareto(report: dict[str, Any]) -> None:
@@ -163,5 +167,41 @@ def print_pareto(report: dict[str, Any]) -> None:
     if layers and layers.get("importance"):
         rows_table("layer importance for perplexity (Optuna PED-ANOVA)",
                    [{"layer": k, "importance": v} for k, v in layers["importance"].items()], ["layer", "importance"])
+    _fidelity_lines(report.get("fidelity"))
     if report.get("out"):
         out.print(f"wrote {report['out']}")
+
+
+def _fidelity_lines(fidelity: dict[str, Any] | None) -> None:
+    if not fidelity:
+        return
+    rungs = fidelity.get("rungs") or []
+    if rungs:
+        rows_table("rung agreement with the final ranking (complete maps)",
+                   [{"step": r["step"], "fraction": r["fraction"], "maps": r["n_maps"], "spearman": r["spearman"],
+                     "kendall": r["kendall"]} for r in rungs], ["step", "fraction", "maps", "spearman", "kendall"])
+    out.print(f"fidelity: {fidelity['verdict']}")
+
+
+def print_audit(report: dict[str, Any]) -> None:
+    rows = [{"reuse_map": m["map_key"], "flops_ratio": m["flops_ratio"], "proxy": m["proxy_state"].lower(),
+             "proxy_ppl": m["proxy_ppl"], f"{report['factor']:g}x_ppl": m["audit_ppl"],
+             "front": ("proxy " if m["on_proxy_front"] else "") + (f"{report['factor']:g}x" if m["on_audit_front"] else "")}
+            for m in sorted(report["maps"], key=lambda m: m["audit_ppl"])]
+    rows_table(f"audit of {report['study']}: {report['proxy_steps']} -> {report['steps']} steps",
+               rows, ["reuse_map", "flops_ratio", "proxy", "proxy_ppl", f"{report['factor']:g}x_ppl", "front"])
+    out.print(f"Spearman {_fmt(report['spearman'])}, Kendall {_fmt(report['kendall'])} over {report['n_ranked']} maps; "
+              f"front precision {_fmt(report['precision'])}, recall {_fmt(report['recall'])}; pruned maps on the "
+              f"{report['factor']:g}x front: {', '.join(report['pruned_on_audit_front']) or 'none'}")
+    out.print(f"verdict: {report['verdict']}")
+
+
+def print_pruning_replay(report: dict[str, Any]) -> None:
+    rows_table(f"{report['rule']} over {report['table']} ({report['n_rows']} rows, "
+               f"{'table order' if report['order_seed'] is None else 'order seed ' + str(report['order_seed'])})",
+               [{"reuse_map": p["map"], "step": p["step"], "flops_ratio": p["flops_ratio"],
+                 "front": "LOST" if p["map"] in report["front_maps_lost"] else ""} for p in report["pruned"]],
+               ["reuse_map", "step", "flops_ratio", "front"])
+    out.print(f"pruned {len(report['pruned'])} of {report['n_rows']} maps at rungs {list(report['rungs'])}; "
+              f"steps saved {report['steps_saved']} ({report['steps_saved_share']:.1%}); table front "
+              f"{', '.join(report['front'])}; front maps lost: {', '.join(report['front_maps_lost']) or 'none'}")

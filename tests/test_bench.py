@@ -1,6 +1,7 @@
 import pytest
 
 from ilr_search.bench import Table, build_table, feasible_maps, hypervolume_2d, replay
+from ilr_search.pruning import PrunerSettings
 
 
 def test_hypervolume_hand_computed():
@@ -54,8 +55,10 @@ def test_table_holds_every_map_with_its_curve(tiny_table):
 
 @pytest.mark.parametrize("sampler", ["random", "tpe", "nsga2"])
 def test_replay_is_deterministic_for_a_seed(tiny_table, sampler):
-    a = replay(tiny_table, sampler, seed=3, n_trials=8, pruning=True, warmup=2, rung_fractions=(0.25, 0.5))
-    b = replay(tiny_table, sampler, seed=3, n_trials=8, pruning=True, warmup=2, rung_fractions=(0.25, 0.5))
+    a = replay(tiny_table, sampler, seed=3, n_trials=8, pruning=True,
+               settings=PrunerSettings(warmup=2, calibration_maps=3), rung_fractions=(0.25, 0.5))
+    b = replay(tiny_table, sampler, seed=3, n_trials=8, pruning=True,
+               settings=PrunerSettings(warmup=2, calibration_maps=3), rung_fractions=(0.25, 0.5))
     assert a.steps == b.steps and a.hv_fraction == b.hv_fraction
     assert 0 < a.hv_fraction[-1] <= 1.0 + 1e-12
     assert all(x <= y for x, y in zip(a.steps, a.steps[1:]))

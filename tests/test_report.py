@@ -16,11 +16,13 @@ SPACE = str(ROOT / "tests" / "spaces" / "tiny.toml")
 
 @pytest.fixture(scope="module")
 def pruned_study(tmp_path_factory, token_cache):
-    """A real study with complete and pruned trials, plus one failed (diverged) trial."""
+    """A real study with complete and pruned trials (the eager rule prunes tiny proxies early; the calibrated
+    default is tested in test_fidelity.py), plus one failed (diverged) trial."""
     root = tmp_path_factory.mktemp("report")
     db = root / "r.db"
     proc = subprocess.run([sys.executable, "-m", "ilr_search", "run", "--space", SPACE, "--budget", "2x", "--study",
-                           "rep", "--storage", f"sqlite:///{db}", "--n-trials", "10", "--sampler", "random", "--json"],
+                           "rep", "--storage", f"sqlite:///{db}", "--n-trials", "10", "--sampler", "random",
+                           "--pruner", "pareto-eager", "--json"],
                           cwd=root, capture_output=True, text=True, timeout=600,
                           env={**__import__("os").environ, "ILR_SEARCH_CACHE": str(token_cache)})
     assert proc.returncode == 0, proc.stderr

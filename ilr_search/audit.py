@@ -1,0 +1,260 @@
+"""`ilr-search audit`: retrain chosen maps of a study `factor` times longer, everything else equal, and say how
+far the study's proxy ranking holds.
+
+The runs are stored in the study's own database (table ilr_audit, curves included), so the audit resumes:
+the same command skips what is done and takes over what a dead worker left. Each (factor, seed, map) is
+claimed before it is trained, as trials claim maps, so concurrent audit workers never train one twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import random
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from .api import finite_or_none
+from .data import load_space_tokens
+from .errors import UserInputError
+from .fidelity import audit_report
+from .model import ModelConfig
+from .results import is_baseline, study_front, trained_trials
+from .schedule import reuse_map_schedule
+from .space import DataConfig, SpaceConfig, TrainConfig
+from .storage import grace_period, heartbeat_interval, open_store, parse_storage
+from .store import AuditJob, Store
+from .study import CONFIG_ATTR, RESULT_TRAIN_FIELDS, RunReporter, disk_full_is_reported, open_study, _safe_name
+from .train import train_proxy
+
+AUTO_MAPS = 8  # the default selection aims at this many maps with a complete proxy result
+NEAR_FRONT_PRUNED = 2
+
+
+@dataclass(frozen=True)
+class AuditSettings:
+    factor: float = 4.0
+    maps: str = "auto"  # auto | front | top:K | all
+    seeds: int = 1
+
+    @property
+    def factor_key(self) -> str:
+        return f"{self.factor:g}"
+
+
+def check_settings(settings: AuditSettings) -> tuple[str, int]:
+    """(kind, K) of the map selection; bad values raise before anything is opened."""
+    if not (isinstance(settings.factor, (int, float)) and math.isfinite(settings.factor)) or settings.factor < 1:
+        raise UserInputError(f"--factor must be at least 1 (the audit retrains maps factor x longer), got {settings.factor}")
+    if settings.seeds < 1:
+        raise UserInputError(f"--seeds must be at least 1, got {settings.seeds}")
+    text = settings.maps.strip()
+    if text in ("auto", "front", "all"):
+        return text, 0
+    if text.startswith("top:"):
+        try:
+            k = int(text[4:])
+        except ValueError:
+            k = 0
+        if k >= 1:
+            return "top", k
+    raise UserInputError(f"unknown --maps {settings.maps!r}; use auto, front, top:K (e.g. top:5) or all")
+
+
+def select_maps(trials: list[FrozenTrial], kind: str, k: int, seed: int) -> list[FrozenTrial]:
+    """The trials whose maps the audit retrains, in a fixed order (the same study gives the same choice).
+
+    - auto: the proxy front, the baseline, the best pruned maps near the front (smallest lead of a no-dearer
+      map at their pruning rung), and random complete maps until AUTO_MAPS maps have a complete proxy result;
+    - front: the proxy front; top:K: the K best complete maps by proxy perplexity; all: every trained map.
+    """
+    trained = trained_trials(trials)
+    complete = sorted((t for t in trained if t.state == TrialState.COMPLETE and t.user_attrs.get("val_ppl")),
+                      key=lambda t: (t.user_attrs["val_ppl"], t.number))
+    front_numbers = [p["trial"] for p in study_front(trials)]
+    by_number = {t.number: t for t in trained}
+    if kind == "all":
+        return sorted(trained, key=lambda t: t.number)
+    if kind == "top":
+        return complete[:k]
+    chosen = [by_number[n] for n in front_numbers]
+    if kind == "front":
+        return chosen
+    baseline = next((t for t in complete if is_baseline(t.user_attrs["reuse_map"])), None)
+    if baseline is not None and baseline not in chosen:
+        chosen.append(baseline)
+    chosen += _pruned_near_front(trained)[:NEAR_FRONT_PRUNED]
+    rest = [t for t in complete if t not in chosen]
+    random.Random(seed).shuffle(rest)
+    while rest and sum(t.state == TrialState.COMPLETE for t in chosen) < AUTO_MAPS:
+        chosen.append(rest.pop())
+    return chosen
+
+
+def _pruned_near_front(trained: list[FrozenTrial]) -> list[FrozenTrial]:
+    """Pruned trials ordered by how close they were, at their pruning rung, to the best loss of a no-dearer map."""
+    curves = {t.number: {int(s): v for s, v in t.user_attrs.get("curve", [])} for t in trained}
+    scored = []
+    for t in trained:
+        step = t.user_attrs.get("pruned_at_step")
+        if t.state != TrialState.PRUNED or step not in curves[t.number]:
+            continue
+        mine = curves[t.number][step]
+        rivals = [curves[o.number][step] for o in trained if o is not t and step in curves[o.number]
+                  and o.user_attrs["flops_ratio"] <= t.user_attrs["flops_ratio"]]
+        gap = mine - min(rivals) if rivals else 0.0
+        scored.append((gap, t.number, t))
+    return [t for _, _, t in sorted(scored, key=lambda x: x[:2])]
+
+
+def stored_space(study: optuna.Study, steps: int) -> SpaceConfig:
+    """The study's own configuration (as stored at creation), with `steps` training steps."""
+    config = study.user_attrs[CONFIG_ATTR]
+    train = {k: v for k, v in config["train"].items() if k in RESULT_TRAIN_FIELDS}
+    train |= {"eval_fractions": tuple(train["eval_fractions"]), "steps": steps,
+              "dtype": config["train"].get("dtype", "fp32"), "checkpoint_every": max(1, steps // 8)}
+    return SpaceConfig(model=ModelConfig(**config["model"]), data=DataConfig(**config["data"]),
+                       train=TrainConfig(**train))
+
+
+class _Heartbeat:
+    """Refreshes the audit row's heartbeat from a daemon thread while a run trains; survives transient errors."""
+
+    def __init__(self, store: Store, job: AuditJob, worker: str) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, args=(store, job, worker), daemon=True)
+
+    def _beat(self, store: Store, job: AuditJob, worker: str) -> None:
+        while not self._stop.wait(heartbeat_interval()):
+            try:
+                store.audit_beat(job, worker)
+            except Exception:  # a transient storage error: beat again next interval
+                continue
+
+    def __enter__(self) -> _Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def run_audit(study_name: str, storage: str | None = None, settings: AuditSettings = AuditSettings(),
+              reporter: RunReporter | None = None, checkpoint_dir: str | Path | None = None) -> dict[str, Any]:
+    """Retrain the chosen maps at settings.factor x the proxy's steps (settings.seeds seeds each, the study's
+    seed first), store every run, and return the audit report (`audit --json`)."""
+    with disk_full_is_reported():
+        return _run_audit(study_name, storage, settings, reporter or RunReporter(), checkpoint_dir)
+
+
+def _run_audit(study_name: str, storage: str | None, settings: AuditSettings, reporter: RunReporter,
+               checkpoint_dir: str | Path | None) -> dict[str, Any]:
+    kind, k = check_settings(settings)
+    spec = parse_storage(storage)
+    study = open_study(spec, study_name)
+    if CONFIG_ATTR not in study.user_attrs:
+        raise UserInputError(f"study {study_name!r} was not made by ilr-search; nothing to audit")
+    trials = study.get_trials(deepcopy=False)
+    if not any(t.state == TrialState.COMPLETE for t in trials):
+        raise UserInputError(f"study {study_name!r} has no complete trial yet; run it first "
+                             f"(ilr-search run ... --study {study_name})")
+    proxy_steps = int(study.user_attrs[CONFIG_ATTR]["train"]["steps"])
+    steps = max(1, round(settings.factor * proxy_steps))
+    space = stored_space(study, steps)
+    base_seed = space.train.seed
+    chosen = select_maps(trials, kind, k, base_seed)
+    if not chosen:
+        raise UserInputError(f"--maps {settings.maps} selects no map of study {study_name!r}")
+    jobs = [(AuditJob(settings.factor_key, base_seed + s, t.user_attrs["map_key"]), t) for t in chosen
+            for s in range(settings.seeds)]
+
+    store = open_store(spec, study_name)
+    worker = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    checkpoints = Path(checkpoint_dir or "studies/checkpoints") / _safe_name(study_name) / "audit"
+    reporter.study_started(f"{study_name} audit at {settings.factor_key}x ({steps} steps)", len(jobs),
+                           _n_done(store, jobs))
+    data = None
+    trained_here = 0
+    waiting_said = False
+    while True:
+        pending = [(job, t) for job, t in jobs if not _is_done(store, job)]
+        if not pending:
+            break
+        progressed = False
+        for job, t in pending:
+            ratio = float(t.user_attrs["flops_ratio"])
+            if not store.audit_claim(job, worker, ratio, steps, stale_after=grace_period()):
+                continue
+            if data is None:
+                data = load_space_tokens(space)
+            _train_job(store, job, worker, t, space, data, reporter, checkpoints)
+            trained_here += 1
+            progressed = True
+            reporter.trial_finished(_row(store, job, t), [], _n_done(store, jobs))
+        if not progressed:  # the rest is held by live workers: wait for them (or for them to go stale)
+            if not waiting_said:
+                reporter.message("the remaining audit runs are being trained by other workers; waiting")
+                waiting_said = True
+            time.sleep(min(2.0, heartbeat_interval()))
+    for folder in (checkpoints, checkpoints.parent):
+        try:
+            folder.rmdir()
+        except OSError:
+            break
+    report = audit_report(trials, store.audit_rows(), settings.factor_key)
+    if report is None:
+        raise UserInputError(f"no audited map of study {study_name!r} finished: every run diverged at "
+                             f"{settings.factor_key}x (see the study's audit rows)")
+    return {"study": study_name, "factor": settings.factor, "steps": steps, "proxy_steps": proxy_steps,
+            "maps_spec": settings.maps, "seeds": settings.seeds, "runs": len(jobs), "trained_by_this_worker": trained_here,
+            **{k: v for k, v in report.to_dict().items() if k not in ("factor", "steps")}}
+
+
+FINAL_STATES = ("complete", "failed")  # failed: the run diverged; it is not trained again
+
+
+def _is_done(store: Store, job: AuditJob) -> bool:
+    return any(r.job == job and r.state in FINAL_STATES for r in store.audit_rows())
+
+
+def _n_done(store: Store, jobs: list[tuple[AuditJob, FrozenTrial]]) -> int:
+    done = {r.job for r in store.audit_rows() if r.state in FINAL_STATES}
+    return sum(job in done for job, _ in jobs)
+
+
+def _row(store: Store, job: AuditJob, t: FrozenTrial) -> dict[str, Any]:
+    row = next(r for r in store.audit_rows() if r.job == job)
+    return {"trial": t.number, "state": "COMPLETE" if row.state == "complete" else "FAIL",
+            "reuse_map": t.user_attrs["reuse_map"], "flops_ratio": row.flops_ratio, "val_ppl": row.val_ppl,
+            "reason": row.reason or f"seed {job.seed}, proxy ppl {t.user_attrs.get('val_ppl')}"}
+
+
+def _train_job(store: Store, job: AuditJob, worker: str, trial: FrozenTrial, space: SpaceConfig, data: Any,
+               reporter: RunReporter, checkpoints: Path) -> None:
+    reuse_map = list(trial.user_attrs["reuse_map"])
+    model = dataclasses.replace(space.model, vocab_size=data.vocab_size)
+    train_cfg = dataclasses.replace(space.train, seed=job.seed)
+    checkpoint = checkpoints / f"{job.factor}x-seed{job.seed}-{job.map_key.replace(',', '-')}.pt"
+    reporter.trial_started(trial.number, reuse_map, train_cfg.steps)
+    try:
+        with _Heartbeat(store, job, worker):
+            result = train_proxy(model, reuse_map_schedule(reuse_map), data, train_cfg, on_step=reporter.step,
+                                 checkpoint_path=checkpoint)
+    except KeyboardInterrupt:  # free the run at once for the next attempt; its checkpoint stays
+        store.audit_finish(job, worker, "interrupted", None, None, None, [], 0.0, "interrupted (Ctrl-C)")
+        raise
+    state = "complete" if result.status == "ok" else "failed"
+    store.audit_finish(job, worker, state, finite_or_none(result.val_loss), finite_or_none(result.val_ppl),
+                       finite_or_none(result.val_bpb), [(p.step, p.val_loss) for p in result.curve],
+                       result.train_seconds, result.reason)
+    checkpoint.unlink(missing_ok=True)

@@ -1,0 +1,264 @@
+"""How far a study's proxy can be trusted, measured from the study itself.
+
+- Rung agreement: for each early evaluation step (rung), the rank agreement between the loss there and the
+  final loss of the study's complete, unpruned maps. In this domain it can be negative: recurrent maps start
+  slower and overtake later.
+- Noise: the all-ones baseline at extra seeds, and a second seed of the best recurrent map.
+- The audit (`ilr-search audit`): chosen maps retrained `factor` times longer; the agreement between proxy and
+  audit perplexity, the audited front against the proxy front, and any pruned map that reaches it.
+Everything here is computed from trials and stored rows; nothing trains.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from optuna.trial import FrozenTrial, TrialState
+
+from .pareto import non_dominated
+from .results import REFERENCE_PREFIX, is_baseline, study_front, trained_trials
+from .stats import rank_agreement
+from .store import AuditRow
+
+AGREE_SPEARMAN = 0.8  # "the proxy ranks as longer training does"
+PARTLY_SPEARMAN = 0.5
+
+
+@dataclass(frozen=True)
+class RungAgreement:
+    step: int
+    fraction: float  # of the proxy's steps
+    n_maps: int
+    spearman: float | None
+    kendall: float | None
+
+
+def rung_agreements(curves: Mapping[str, Mapping[int, float]], final_step: int) -> list[RungAgreement]:
+    """Per rung, Spearman and Kendall between the loss there and the final loss, over the maps whose curve
+    reached `final_step` (`curves`: map -> {step: val_loss})."""
+    complete = {k: c for k, c in curves.items() if final_step in c}
+    rungs = sorted({s for c in complete.values() for s in c if s < final_step})
+    out = []
+    for step in rungs:
+        keys = [k for k, c in complete.items() if step in c]
+        rho, tau = rank_agreement([complete[k][step] for k in keys], [complete[k][final_step] for k in keys])
+        out.append(RungAgreement(step, step / final_step, len(keys), rho, tau))
+    return out
+
+
+def trial_curves(trials: Sequence[FrozenTrial]) -> dict[str, dict[int, float]]:
+    """map -> {step: val_loss} of the complete trials that trained their map."""
+    return {t.user_attrs["map_key"]: {int(s): float(v) for s, v in t.user_attrs.get("curve", [])}
+            for t in trained_trials(list(trials)) if t.state == TrialState.COMPLETE}
+
+
+def noise_band(trials: Sequence[FrozenTrial], study_attrs: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Seed-to-seed spread of the baseline's perplexity: the trial of the all-ones map (the study's seed) and the
+    baseline references trained at extra seeds."""
+    ppls = [t.user_attrs["val_ppl"] for t in trials
+            if t.state == TrialState.COMPLETE and "reused_from" not in t.user_attrs and t.user_attrs.get("val_ppl")
+            and is_baseline(t.user_attrs.get("reuse_map"))][:1]
+    ppls += [v["val_ppl"] for k, v in sorted(study_attrs.items())
+             if k.startswith(f"{REFERENCE_PREFIX}baseline_seed") and v.get("val_ppl") is not None]
+    if len(ppls) < 2:
+        return None
+    return {"n_seeds": len(ppls), "val_ppls": ppls, "min_ppl": min(ppls), "max_ppl": max(ppls),
+            "spread": max(ppls) - min(ppls)}
+
+
+def mark_ties(front: list[dict[str, Any]], noise: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Each front point gets `within_noise_of`: the other front points whose perplexity is within the noise."""
+    spread = noise["spread"] if noise else 0.0
+    for p in front:
+        p["within_noise_of"] = [q["trial"] for q in front if q is not p and abs(q["val_ppl"] - p["val_ppl"]) <= spread]
+    return front
+
+
+def best_recurrent(trials: Sequence[FrozenTrial]) -> dict[str, Any] | None:
+    """The best non-baseline map: on the front if the front has one, else the best complete one."""
+    rows = [{"trial": t.number, "reuse_map": t.user_attrs["reuse_map"], "val_ppl": t.user_attrs["val_ppl"],
+             "flops_ratio": t.user_attrs["flops_ratio"]}
+            for t in trained_trials(list(trials)) if t.state == TrialState.COMPLETE and t.user_attrs.get("val_ppl")
+            and not is_baseline(t.user_attrs.get("reuse_map"))]
+    if not rows:
+        return None
+    front = {p["trial"] for p in study_front(list(trials))}
+    on_front = [r for r in rows if r["trial"] in front]
+    return min(on_front or rows, key=lambda r: r["val_ppl"]) | {"on_front": bool(on_front)}
+
+
+# ----------------------------------------------------------------------------------------------------
+# The audit
+
+@dataclass(frozen=True)
+class AuditedMap:
+    map_key: str
+    flops_ratio: float
+    proxy_state: str  # COMPLETE | PRUNED | FAIL
+    proxy_ppl: float | None  # final proxy perplexity (None when pruned or failed)
+    pruned_at_step: int | None
+    audit_ppl: float  # mean over the audit's seeds
+    audit_ppls: tuple[float, ...]
+    on_proxy_front: bool
+    on_audit_front: bool
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    factor: str
+    steps: int
+    maps: tuple[AuditedMap, ...]
+    n_ranked: int  # maps with both a proxy and an audit perplexity
+    spearman: float | None
+    kendall: float | None
+    precision: float | None  # of the proxy front's audited maps, the share on the audited front
+    recall: float | None  # of the audited front, the share the proxy front holds
+    pruned_on_audit_front: tuple[str, ...]
+    baseline_ppl: float | None
+    best_recurrent: tuple[str, float] | None  # (map, audit ppl)
+    verdict: str
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["maps"] = [asdict(m) for m in self.maps]
+        return d
+
+
+def audit_report(trials: Sequence[FrozenTrial], rows: Sequence[AuditRow], factor: str) -> AuditReport | None:
+    """The audit at `factor` from its stored rows (complete ones) and the study's trials; None before any
+    audited map is complete."""
+    done: dict[str, list[AuditRow]] = {}
+    for r in rows:
+        if r.job.factor == factor and r.state == "complete" and r.val_ppl is not None:
+            done.setdefault(r.job.map_key, []).append(r)
+    if not done:
+        return None
+    by_map = {t.user_attrs["map_key"]: t for t in sorted(trained_trials(list(trials)), key=lambda t: -t.number)}
+    proxy_front = {",".join(map(str, p["reuse_map"])) for p in study_front(list(trials))}
+    keys = sorted(done)
+    audit_ppl = {k: statistics.fmean(r.val_ppl for r in done[k]) for k in keys}
+    ratio = {k: done[k][0].flops_ratio for k in keys}
+    audit_front = {keys[i] for i in non_dominated([(audit_ppl[k], ratio[k]) for k in keys])}
+    maps = []
+    for k in keys:
+        t = by_map.get(k)
+        state = t.state.name if t is not None else "REFERENCE"
+        proxy_ppl = t.user_attrs.get("val_ppl") if t is not None and t.state == TrialState.COMPLETE else None
+        maps.append(AuditedMap(k, ratio[k], state, proxy_ppl, t.user_attrs.get("pruned_at_step") if t else None,
+                               audit_ppl[k], tuple(r.val_ppl for r in done[k]), k in proxy_front, k in audit_front))
+    ranked = [m for m in maps if m.proxy_ppl is not None]
+    rho, tau = rank_agreement([m.proxy_ppl for m in ranked], [m.audit_ppl for m in ranked])
+    proxy_front_audited = {m.map_key for m in maps if m.on_proxy_front}
+    hits = len(proxy_front_audited & audit_front)
+    precision = hits / len(proxy_front_audited) if proxy_front_audited else None
+    recall = hits / len(audit_front) if audit_front else None
+    pruned_front = tuple(m.map_key for m in maps if m.on_audit_front and m.proxy_state == "PRUNED")
+    baseline = next((m.audit_ppl for m in maps if is_baseline([int(x) for x in m.map_key.split(",")])), None)
+    recurrent = [m for m in maps if not is_baseline([int(x) for x in m.map_key.split(",")])]
+    best = min(recurrent, key=lambda m: m.audit_ppl) if recurrent else None
+    steps = max(r.steps for rs in done.values() for r in rs)
+    report = AuditReport(factor, steps, tuple(maps), len(ranked), rho, tau, precision, recall, pruned_front, baseline,
+                         (best.map_key, best.audit_ppl) if best else None, "")
+    return AuditReport(**{**asdict(report), "maps": report.maps, "verdict": audit_verdict(report)})
+
+
+def audit_reports(trials: Sequence[FrozenTrial], rows: Sequence[AuditRow]) -> list[AuditReport]:
+    """One report per audited factor, in increasing factor."""
+    factors = sorted({r.job.factor for r in rows}, key=float)
+    return [a for a in (audit_report(trials, rows, f) for f in factors) if a is not None]
+
+
+def audit_verdict(r: AuditReport) -> str:
+    """One line: does the proxy rank maps as `factor`x training does, and what the audit says of recurrence."""
+    n = f"over {r.n_ranked} maps"
+    if r.spearman is None:
+        head = f"too few ranked maps to judge the proxy ({r.n_ranked} with both a proxy and a {r.factor}x result)"
+    elif r.spearman >= AGREE_SPEARMAN:
+        head = f"proxy ranks agree with {r.factor}x training (Spearman {r.spearman:.2f} {n})"
+    elif r.spearman >= PARTLY_SPEARMAN:
+        head = f"proxy ranks only partly agree with {r.factor}x training (Spearman {r.spearman:.2f} {n}): close maps may swap"
+    else:
+        head = (f"proxy too short: its ranking disagrees with {r.factor}x training (Spearman {r.spearman:.2f} {n}); "
+                "lengthen the proxy (--steps) before trusting the front")
+    parts = [head]
+    if r.pruned_on_audit_front:
+        parts.append(f"pruning discarded {', '.join(r.pruned_on_audit_front)}, on the {r.factor}x front")
+    if r.baseline_ppl is not None and r.best_recurrent is not None:
+        key, ppl = r.best_recurrent
+        if ppl < r.baseline_ppl:
+            parts.append(f"at {r.factor}x, recurrent map {key} beats the baseline (ppl {ppl:.3f} vs {r.baseline_ppl:.3f})")
+        else:
+            parts.append(f"at {r.factor}x, no audited recurrent map beats the baseline (best {key}: ppl {ppl:.3f} vs "
+                         f"{r.baseline_ppl:.3f})")
+    return "; ".join(parts)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The study's fidelity, as `run`, `trials` and `pareto` show it
+
+def study_fidelity(study_name: str, trials: Sequence[FrozenTrial], study_attrs: Mapping[str, Any], final_step: int,
+                   audits: Sequence[AuditReport] = ()) -> dict[str, Any]:
+    """Rung agreement, noise, the second seed of the best recurrent map, the audits, and a one-line verdict."""
+    trials = list(trials)
+    rungs = rung_agreements(trial_curves(trials), final_step)
+    noise = noise_band(trials, study_attrs)
+    best = best_recurrent(trials)
+    second = None
+    if best is not None:
+        ref = study_attrs.get(f"{REFERENCE_PREFIX}second_seed")
+        if ref and ref.get("reuse_map") == best["reuse_map"]:
+            second = {"reuse_map": best["reuse_map"], "seed_ppls": [best["val_ppl"], ref.get("val_ppl")],
+                      "seed": ref.get("seed")}
+    front = study_front(trials)
+    baseline_only = bool(front) and all(is_baseline(p["reuse_map"]) for p in front)
+    latest = audits[-1] if audits else None
+    return {
+        "rungs": [asdict(r) for r in rungs],
+        "noise": noise,
+        "best_recurrent": best,
+        "second_seed": second,
+        "audits": [a.to_dict() for a in audits],
+        "verdict": fidelity_verdict(study_name, rungs, noise, best, second, baseline_only, latest),
+    }
+
+
+def fidelity_verdict(study_name: str, rungs: Sequence[RungAgreement], noise: dict[str, Any] | None,
+                     best: dict[str, Any] | None, second: dict[str, Any] | None, baseline_only: bool,
+                     audit: AuditReport | None) -> str:
+    if audit is not None:
+        return f"audit: {audit.verdict}"
+    parts = []
+    shown = [f"{_fraction(r.fraction)} {_signed(r.spearman)}" for r in rungs if r.n_maps >= 3]
+    if shown:
+        parts.append(f"rung-to-final Spearman over {max(r.n_maps for r in rungs)} complete maps: {', '.join(shown)}")
+    if any(r.spearman is not None and r.spearman < 0 for r in rungs):
+        parts.append("early ranks run backwards (curves cross)")
+    if baseline_only and best is not None:
+        parts.append(f"no recurrent map beat the baseline at this proxy length (best {_map(best['reuse_map'])}: "
+                     f"ppl {best['val_ppl']:.3f}); recurrent maps often overtake later")
+    if second is not None and None not in second["seed_ppls"]:
+        a, b = second["seed_ppls"]
+        parts.append(f"{_map(second['reuse_map'])} at two seeds: ppl {a:.3f} and {b:.3f}")
+    if noise:
+        parts.append(f"baseline seed spread {noise['spread']:.3f} ppl")
+    parts.append(f"not audited: `ilr-search audit --study {study_name}` checks the ranking at 4x training")
+    return "; ".join(parts)
+
+
+def _fraction(f: float) -> str:
+    for d in (2, 4, 8, 16, 32):
+        if abs(f * d - round(f * d)) < 1e-6 and round(f * d) == 1:
+            return f"1/{d}"
+    return f"{f:.2f}"
+
+
+def _signed(x: float | None) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:+.2f}"
+
+
+def _map(m: Sequence[int]) -> str:
+    return ",".join(map(str, m))

@@ -1,0 +1,60 @@
+"""Reading a study's trials back: rows, which trials stand for their map, the front, reference runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from .pareto import pareto_front
+
+REFERENCE_PREFIX = "ilr:reference:"
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
+
+
+def trial_row(t: FrozenTrial) -> dict[str, Any]:
+    """One trial as the `trials` command shows it."""
+    a = t.user_attrs
+    return {
+        "trial": t.number,
+        "state": t.state.name,
+        "reuse_map": a.get("reuse_map"),
+        "flops_ratio": a.get("flops_ratio"),
+        "val_ppl": a.get("val_ppl"),
+        "val_bpb": a.get("val_bpb"),
+        "steps": a.get("steps", 0),
+        "pruned_at_step": a.get("pruned_at_step"),
+        "reused_from": a.get("reused_from"),
+        "proposed_map": a.get("proposed_map"),
+        "reason": a.get("reason"),
+        "seconds": (t.datetime_complete - t.datetime_start).total_seconds()
+        if t.datetime_complete and t.datetime_start else None,
+    }
+
+
+def has_result(t: FrozenTrial) -> bool:
+    """A trial whose map was evaluated to the end, pruned, or diverged: its result stands for its map."""
+    return t.state in FINISHED or (t.state == TrialState.FAIL and t.user_attrs.get("status") == "diverged")
+
+
+def study_front(trials: list[FrozenTrial]) -> list[dict[str, Any]]:
+    rows = [{"trial": t.number, "reuse_map": t.user_attrs["reuse_map"], "flops_ratio": t.user_attrs["flops_ratio"],
+             "val_ppl": t.user_attrs["val_ppl"], "val_bpb": t.user_attrs.get("val_bpb"),
+             "params": t.user_attrs.get("params")}
+            for t in trials if t.state == TrialState.COMPLETE and "reused_from" not in t.user_attrs
+            and t.user_attrs.get("val_ppl") is not None]
+    return pareto_front(rows)
+
+
+def references(study: optuna.Study) -> dict[str, Any]:
+    return {k[len(REFERENCE_PREFIX):]: v for k, v in study.user_attrs.items() if k.startswith(REFERENCE_PREFIX)}
+
+
+def trained_trials(trials: list[FrozenTrial]) -> list[FrozenTrial]:
+    """The trials that trained their map (complete, pruned or diverged), not those that reused a result."""
+    return [t for t in trials if has_result(t) and "reused_from" not in t.user_attrs and t.user_attrs.get("map_key")]
+
+
+def is_baseline(reuse_map: list[int] | None) -> bool:
+    return bool(reuse_map) and all(r == 1 for r in reuse_map)
