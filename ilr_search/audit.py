@@ -13,7 +13,6 @@ import math
 import os
 import random
 import socket
-import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from .model import ModelConfig
 from .results import is_baseline, study_front, trained_trials
 from .schedule import reuse_map_schedule
 from .space import DataConfig, SpaceConfig, TrainConfig
-from .storage import grace_period, heartbeat_interval, open_store, parse_storage
+from .storage import Heartbeat, grace_period, heartbeat_interval, open_store, parse_storage
 from .store import AuditJob, Store
 from .study import CONFIG_ATTR, RESULT_TRAIN_FIELDS, RunReporter, disk_full_is_reported, open_study, _safe_name
 from .train import train_proxy
@@ -124,29 +123,6 @@ def stored_space(study: optuna.Study, steps: int) -> SpaceConfig:
               "dtype": config["train"].get("dtype", "fp32"), "checkpoint_every": max(1, steps // 8)}
     return SpaceConfig(model=ModelConfig(**config["model"]), data=DataConfig(**config["data"]),
                        train=TrainConfig(**train))
-
-
-class _Heartbeat:
-    """Refreshes the audit row's heartbeat from a daemon thread while a run trains; survives transient errors."""
-
-    def __init__(self, store: Store, job: AuditJob, worker: str) -> None:
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, args=(store, job, worker), daemon=True)
-
-    def _beat(self, store: Store, job: AuditJob, worker: str) -> None:
-        while not self._stop.wait(heartbeat_interval()):
-            try:
-                store.audit_beat(job, worker)
-            except Exception:  # a transient storage error: beat again next interval
-                continue
-
-    def __enter__(self) -> _Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
 
 
 def run_audit(study_name: str, storage: str | None = None, settings: AuditSettings = AuditSettings(),
@@ -247,7 +223,7 @@ def _train_job(store: Store, job: AuditJob, worker: str, trial: FrozenTrial, spa
     checkpoint = checkpoints / f"{job.factor}x-seed{job.seed}-{job.map_key.replace(',', '-')}.pt"
     reporter.trial_started(trial.number, reuse_map, train_cfg.steps)
     try:
-        with _Heartbeat(store, job, worker):
+        with Heartbeat(lambda: store.audit_beat(job, worker)):
             result = train_proxy(model, reuse_map_schedule(reuse_map), data, train_cfg, on_step=reporter.step,
                                  checkpoint_path=checkpoint)
     except KeyboardInterrupt:  # free the run at once for the next attempt; its checkpoint stays

@@ -57,8 +57,8 @@ class SpaceOptions:
 
 
 def _space_option_signature(
-    space: Annotated[Optional[Path], typer.Option(help="Search-space TOML (search_spaces/). [default: search_spaces/default.toml]")] = None,
-    layers: Annotated[Optional[int], typer.Option(help="Number of distinct layers L. [default: from the space]")] = None,
+    space: Annotated[Optional[Path], typer.Option(help="Search-space TOML, or a preset by name (default, paper-small, paper-large, bench-small, bench-crossing). \\[default: default]")] = None,
+    layers: Annotated[Optional[int], typer.Option(help="Number of distinct layers L. \\[default: from the space]")] = None,
     d_model: Annotated[Optional[int], typer.Option(help="Model width.")] = None,
     heads: Annotated[Optional[int], typer.Option(help="Attention heads.")] = None,
     seq_len: Annotated[Optional[int], typer.Option(help="Context length of the proxy.")] = None,
@@ -73,7 +73,7 @@ def _space_option_signature(
     seed: Annotated[Optional[int], typer.Option(help="Seed of data order and initialisation.")] = None,
     device: Annotated[Optional[str], typer.Option(help="auto|cpu|cuda|mps.")] = None,
     dtype: Annotated[Optional[str], typer.Option(help="auto|fp32|bf16 (bf16 = autocast).")] = None,
-    compile: Annotated[Optional[bool], typer.Option("--compile/--no-compile", help="Compile each decoder layer. [default: auto]")] = None,
+    compile: Annotated[Optional[bool], typer.Option("--compile/--no-compile", help="Compile each decoder layer. \\[default: auto]")] = None,
 ) -> None: ...
 
 
@@ -165,8 +165,8 @@ def main() -> None:
     sys.exit(code if isinstance(code, int) else 0)
 
 
-Storage = Annotated[Optional[str], typer.Option(help="Optuna storage URL (sqlite, postgresql, mysql) or journal:PATH. [default: sqlite:///studies/ilr-search.db]")]
-StudyName = Annotated[Optional[str], typer.Option("--study", help="Study name; the same name resumes. [default: derived from the configuration]")]
+Storage = Annotated[Optional[str], typer.Option(help="Optuna storage URL (sqlite, postgresql, mysql) or journal:PATH. \\[default: sqlite:///studies/ilr-search.db]")]
+StudyName = Annotated[Optional[str], typer.Option("--study", help="Study name; the same name resumes. \\[default: derived from the configuration]")]
 
 
 @app.command()
@@ -177,10 +177,10 @@ def run(
     budget: Annotated[str, typer.Option(help="Forward compute per token: 1.5x or 150% of the all-ones map, or FLOPs like 4.2e6.")],
     study: StudyName = None,
     storage: Storage = None,
-    n_trials: Annotated[Optional[int], typer.Option(help="Finished trials the study should reach in total. [default: from the space]")] = None,
+    n_trials: Annotated[Optional[int], typer.Option(help="Finished trials the study should reach in total. \\[default: from the space]")] = None,
     timeout: Annotated[Optional[float], typer.Option(help="Stop starting new trials after this many seconds.")] = None,
-    sampler: Annotated[Optional[str], typer.Option(help="auto|tpe|nsga2|gp|random|grid. [default: auto]")] = None,
-    pruner: Annotated[Optional[str], typer.Option(help="pareto (calibrated: prunes only at rungs that predict the final ranking) | pareto-eager (the uncalibrated rule) | median | none. [default: pareto]")] = None,
+    sampler: Annotated[Optional[str], typer.Option(help="auto|tpe|nsga2|gp|random|grid. \\[default: auto]")] = None,
+    pruner: Annotated[Optional[str], typer.Option(help="pareto (calibrated: prunes only at rungs that predict the final ranking) | pareto-eager (the uncalibrated rule) | median | none. \\[default: pareto]")] = None,
     objective: Annotated[Optional[str], typer.Option(help="pareto (perplexity and FLOPs) or ppl (budget as a constraint only).")] = None,
     json_out: Json = False,
 ) -> None:
@@ -197,6 +197,19 @@ def run(
         raise typer.Exit(130)
 
 
+ReadStudy = Annotated[Optional[str], typer.Option("--study", help="Study name. \\[default: the storage's only study, else its most recently active]")]
+
+
+def study_or_default(study: str | None, storage: str | None) -> str:
+    if study:
+        return study
+    from .study import default_study
+
+    name, why = default_study(storage)
+    ui.err.print(f"study {name} ({why})")
+    return name
+
+
 @app.command()
 @user_errors
 def studies(storage: Storage = None, json_out: Json = False) -> None:
@@ -208,18 +221,17 @@ def studies(storage: Storage = None, json_out: Json = False) -> None:
 
 @app.command()
 @user_errors
-def trials(study: Annotated[str, typer.Option("--study", help="Study name.")], storage: Storage = None,
-           json_out: Json = False) -> None:
-    """List the trials of a study."""
+def trials(study: ReadStudy = None, storage: Storage = None, json_out: Json = False) -> None:
+    """List the trials of a study, and how far its proxy can be trusted."""
     from .study import trials_report
 
-    emit(trials_report(study, storage), json_out, ui.print_trials)
+    emit(trials_report(study_or_default(study, storage), storage), json_out, ui.print_trials)
 
 
 @app.command()
 @user_errors
 def pareto(
-    study: Annotated[str, typer.Option("--study", help="Study name.")],
+    study: ReadStudy = None,
     storage: Storage = None,
     out: Annotated[Optional[Path], typer.Option(help="Write .html (interactive, offline), .png/.svg (kaleido), .csv or .json.")] = None,
     view: Annotated[str, typer.Option(help="front, or layers: which layers the front's maps recur and their importance.")] = "front",
@@ -230,27 +242,27 @@ def pareto(
 
     if view not in ("front", "layers"):
         fail(f"unknown --view {view!r}; use front or layers")
-    emit(pareto_report(study, storage, out, view), json_out, ui.print_pareto)
+    emit(pareto_report(study_or_default(study, storage), storage, out, view), json_out, ui.print_pareto)
 
 
 @app.command()
 @user_errors
 def export(
-    study: Annotated[str, typer.Option("--study", help="Study name.")],
     out: Annotated[Path, typer.Option(help="trials.csv or trials.parquet")],
+    study: ReadStudy = None,
     storage: Storage = None,
     json_out: Json = False,
 ) -> None:
     """Write one row per trial (map, state, objectives, parameters, steps, pruning, durations)."""
     from .report import export_trials
 
-    emit(export_trials(study, storage, out), json_out, lambda r: ui.out.print(f"wrote {r['rows']} trials to {r['out']}"))
+    emit(export_trials(study_or_default(study, storage), storage, out), json_out, lambda r: ui.out.print(f"wrote {r['rows']} trials to {r['out']}"))
 
 
 @app.command()
 @user_errors
 def audit(
-    study: Annotated[str, typer.Option("--study", help="Study name.")],
+    study: ReadStudy = None,
     storage: Storage = None,
     factor: Annotated[float, typer.Option(help="Retrain at this many times the proxy's steps (at least 1).")] = 4.0,
     maps: Annotated[str, typer.Option(help="auto (front, baseline, best pruned near the front, random trained maps), front, top:K or all.")] = "auto",
@@ -261,7 +273,7 @@ def audit(
     from .audit import AuditSettings, run_audit
 
     with ui.RichReporter(enabled=True) as reporter:
-        report = run_audit(study, storage, AuditSettings(factor, maps, seeds), reporter)
+        report = run_audit(study_or_default(study, storage), storage, AuditSettings(factor, maps, seeds), reporter)
     emit(report, json_out, ui.print_audit)
 
 
@@ -277,13 +289,16 @@ def bench_build(
     budget: Annotated[str, typer.Option(help="FLOP budget the maps must fit.")] = "2x",
     storage: Storage = None,
     study: StudyName = None,
+    steps: Annotated[Optional[int], typer.Option(help="Proxy steps (a longer table of the same space). \\[default: the space's]")] = None,
+    sample: Annotated[Optional[int], typer.Option(help="Train only this many maps (a seeded sample; the baseline always). \\[default: every feasible map]")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the sample.")] = 0,
     json_out: Json = False,
 ) -> None:
     """Train every feasible map of a small space and write the table (resumable: it is a study)."""
     from .bench import build_table
 
     with ui.RichReporter(enabled=True) as reporter:
-        report = build_table(space, out, budget, storage, study, reporter)
+        report = build_table(space, out, budget, storage, study, reporter, steps, sample, seed)
     emit(report, json_out, lambda r: ui.out.print(f"wrote {r['maps']} maps to {r['out']} (study {r['study']})"))
 
 
@@ -292,7 +307,7 @@ def bench_build(
 def bench_replay(
     table: Annotated[Path, typer.Option(help="A table in the bench format (bench build writes one; partial tables and blockK rows are fine).")],
     pruner: Annotated[str, typer.Option(help="pareto (calibrated, the default) or pareto-eager (the uncalibrated rule), or none.")] = "pareto",
-    seed: Annotated[Optional[int], typer.Option(help="Shuffle the row order with this seed. [default: table order]")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Shuffle the row order with this seed. \\[default: table order]")] = None,
     json_out: Json = False,
 ) -> None:
     """Replay a pruning rule over a table's rows: the maps it prunes, the steps it saves, the front maps it loses."""

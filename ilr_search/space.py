@@ -26,7 +26,8 @@ FAMILIES = ("ilr", "block")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "fp32", "bf16")
 
-DEFAULT_SPACE = Path(__file__).resolve().parent.parent / "search_spaces" / "default.toml"
+PRESETS = Path(__file__).resolve().parent / "search_spaces"  # shipped in the package (search_spaces/ links here)
+DEFAULT_SPACE = PRESETS / "default.toml"
 
 
 class SpaceError(UserInputError):
@@ -113,10 +114,13 @@ _SECTIONS = {
 def load_space(path: str | Path | None = None, overrides: Mapping[str, Mapping[str, Any]] | None = None) -> SpaceConfig:
     """Read a TOML preset and apply overrides given as {section: {key: value}} (None values are ignored)."""
     path = Path(path) if path is not None else DEFAULT_SPACE
+    if not path.exists() and path.parent == Path(".") and (PRESETS / f"{path.stem}.toml").exists():
+        path = PRESETS / f"{path.stem}.toml"  # a preset by name: --space paper-small
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise SpaceError(f"search space file {str(path)!r} does not exist; see search_spaces/ for presets") from None
+        presets = ", ".join(sorted(p.stem for p in PRESETS.glob("*.toml")))
+        raise SpaceError(f"search space file {str(path)!r} does not exist; give a TOML file or a preset ({presets})") from None
     except (OSError, UnicodeDecodeError) as e:
         raise SpaceError(f"cannot read search space {str(path)!r}: {e}") from None
     except tomllib.TOMLDecodeError as e:

@@ -8,11 +8,13 @@ import logging
 import hashlib
 import os
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import optuna
 import sqlalchemy as sa
@@ -29,12 +31,13 @@ SQLITE_TIMEOUT_S = 60
 
 
 def heartbeat_interval() -> int:
-    """Seconds between a running trial's heartbeats; a trial silent for 2x + 1 that long is stale."""
+    """Seconds between a running trial's heartbeats; a trial silent for the grace period is stale."""
     return max(1, int(os.environ.get("ILR_SEARCH_HEARTBEAT_SECONDS", "10")))
 
 
 def grace_period() -> int:
-    return 2 * heartbeat_interval() + 1
+    """Several intervals, so that a loaded machine that delays a beat or two does not fail a live trial."""
+    return 4 * heartbeat_interval() + 1
 
 
 def mask_url(url: str) -> str:
@@ -247,3 +250,30 @@ def open_store(spec: StorageSpec, study: str, read_only: bool = False) -> Store:
         return JournalStore(str(spec.path), study)
     engine = sa.create_engine(spec.url, **_engine_kwargs(spec))
     return SQLStore(engine, study, read_only=read_only)
+
+
+class Heartbeat:
+    """Calls `beat()` at once and then every heartbeat interval from a daemon thread, until the context exits
+    or `beat` returns False (what it beats for is over). A transient error skips one beat, never ends them."""
+
+    def __init__(self, beat: Callable[[], bool]) -> None:
+        self._beat_once = beat
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while True:
+            try:
+                if self._beat_once() is False:
+                    return
+            except Exception:  # a lock, a full disk for a moment: beat again next interval
+                pass
+            if self._stop.wait(heartbeat_interval()):
+                return
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()

@@ -8,11 +8,10 @@ import errno
 import hashlib
 import json
 import math
-import threading
 import time
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ from .results import FINISHED, REFERENCE_PREFIX, has_result, references, study_f
 from .pruning import Pruner, PrunerSettings, build_pruner
 from .schedule import block_schedule, format_reuse_map, reuse_map_schedule
 from .space import SpaceConfig, validate_space
-from .storage import StorageSpec, grace_period, heartbeat_interval, open_storage, open_store, parse_storage
+from .storage import Heartbeat, StorageSpec, grace_period, heartbeat_interval, open_storage, open_store, parse_storage
 from .store import CurvePoint, Store
 from .train import EvalPoint, TrainResult, resolve_device, resolve_dtype, train_proxy
 
@@ -239,37 +238,33 @@ def fidelity_of(study: optuna.Study, store: Store, trials: list[FrozenTrial] | N
 # ----------------------------------------------------------------------------------------------------
 # Stale trials on journal storage (RDB storages have Optuna's heartbeat for this)
 
-class JournalHeartbeat:
-    """Writes a timestamp to the running trial every heartbeat interval, from a daemon thread."""
+def journal_heartbeat(study: optuna.Study, trial_id: int) -> Heartbeat:
+    """Beats for a running trial on journal storage (RDB storages have Optuna's heartbeat thread) for the
+    trial's whole RUNNING life, claim waits included; ends once the trial is finished."""
+    def beat() -> bool:
+        try:
+            study._storage.set_trial_system_attr(trial_id, HEARTBEAT_ATTR, time.time())
+            return True
+        except optuna.exceptions.UpdateFinishedTrialError:
+            return False
 
-    def __init__(self, study: optuna.Study, trial_id: int) -> None:
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, args=(study._storage, trial_id), daemon=True)
-
-    def _beat(self, storage: optuna.storages.BaseStorage, trial_id: int) -> None:
-        while True:
-            try:
-                storage.set_trial_system_attr(trial_id, HEARTBEAT_ATTR, time.time())
-            except Exception:  # the trial finished meanwhile
-                return
-            if self._stop.wait(heartbeat_interval()):
-                return
-
-    def __enter__(self) -> JournalHeartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
+    return Heartbeat(beat)
 
 
-def sweep_stale_journal_trials(study: optuna.Study) -> list[int]:
-    """Fail RUNNING trials whose heartbeat is older than the grace period and enqueue their retry."""
+def last_beat(t: FrozenTrial) -> float:
+    """When a running trial last showed life: its own heartbeat or its start, whichever is later (a retry
+    inherits its dead predecessor's system attributes, heartbeat included, which must not count against it)."""
+    start = t.datetime_start.timestamp() if t.datetime_start else time.time()
+    return max(float(t.system_attrs.get(HEARTBEAT_ATTR) or 0.0), start)
+
+
+def sweep_stale_journal_trials(study: optuna.Study, spare: int | None = None) -> list[int]:
+    """Fail RUNNING trials whose last beat is older than the grace period and enqueue their retry; `spare` is
+    the calling worker's own trial, which it never fails."""
     failed = []
     now = time.time()
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        beat = t.system_attrs.get(HEARTBEAT_ATTR) or (t.datetime_start.timestamp() if t.datetime_start else now)
-        if now - beat <= grace_period():
+        if t._trial_id == spare or now - last_beat(t) <= grace_period():
             continue
         try:
             if study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
@@ -278,6 +273,10 @@ def sweep_stale_journal_trials(study: optuna.Study) -> list[int]:
         except optuna.exceptions.UpdateFinishedTrialError:
             pass  # another worker failed it first
     return failed
+
+
+class TrialTakenOver(Exception):
+    """This worker's trial was failed under it (its heartbeat was judged stale) and retried elsewhere."""
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -294,14 +293,20 @@ class SearchRun:
     target: int
     checkpoint_root: Path
     pruner: Pruner | None = None
+    taken_over: int = 0  # trials failed under this worker by another's sweep
 
     @property
     def n_layers(self) -> int:
         return self.plan.model.n_layers
 
     def objective(self, trial: optuna.Trial) -> float | tuple[float, float]:
-        if self.spec.kind == "journal":
-            sweep_stale_journal_trials(self.study)
+        if self.spec.kind != "journal":  # RDB: Optuna's own heartbeat thread covers the trial
+            return self._objective(trial)
+        with journal_heartbeat(self.study, trial._trial_id):
+            sweep_stale_journal_trials(self.study, spare=trial._trial_id)
+            return self._objective(trial)
+
+    def _objective(self, trial: optuna.Trial) -> float | tuple[float, float]:
         proposed, reuse_map = propose_map(trial, self.n_layers, self.plan.space.search.max_reuse,
                                           self.plan.budget.max_layer_runs(self.plan.model))
         key = format_reuse_map(reuse_map)
@@ -349,14 +354,46 @@ class SearchRun:
                 waited = True
             time.sleep(min(2.0, heartbeat_interval()))
             if self.spec.kind == "journal":
-                sweep_stale_journal_trials(self.study)
+                sweep_stale_journal_trials(self.study, spare=self._trial_by_number(number)._trial_id)
             else:
                 optuna.storages.fail_stale_trials(self.study)
 
     def _trial_by_number(self, number: int) -> FrozenTrial | None:
         return next((t for t in self.study.get_trials(deepcopy=False) if t.number == number), None)
 
+    def _failed_under_me(self, trial: optuna.Trial) -> bool:
+        """Another worker's sweep judged this trial stale and failed it (its retry is queued)."""
+        return self.study._storage.get_trial(trial._trial_id).state.is_finished()
+
+    def _taken_over(self, trial: optuna.Trial) -> TrialTakenOver:
+        self.taken_over += 1
+        return TrialTakenOver(f"trial {trial.number} was failed by another worker's stale-trial sweep")
+
+    def _recover(self, trial: optuna.Trial, result: TrainResult, decision: dict[str, Any], key: str,
+                 ratio: float) -> None:
+        """Keep the result of a trial failed under this worker: a new finished trial with the same map, marked
+        `recovered_from`, which takes the map's claim so that the queued retry reuses it instead of training."""
+        attrs = dict(self.study._storage.get_trial(trial._trial_id).user_attrs)
+        attrs |= self._result_attrs(result, decision) | {"recovered_from": trial.number}
+        if result.status == "diverged":
+            state, values = TrialState.FAIL, None
+        elif decision:
+            state, values = TrialState.PRUNED, None
+        else:
+            state = TrialState.COMPLETE
+            values = self._values(result.val_ppl, ratio)
+            values = [values] if isinstance(values, float) else list(values)
+        self.study.add_trial(optuna.trial.create_trial(state=state, values=values, params=trial.params,
+                                                       distributions=trial.distributions, user_attrs=attrs))
+        recovered = max(t.number for t in self.study.get_trials(deepcopy=False)
+                        if t.user_attrs.get("recovered_from") == trial.number)
+        self.store.take_over(key, trial.number, recovered)
+        self.reporter.message(f"trial {trial.number} was failed under this worker; its result is kept as trial "
+                              f"{recovered}")
+
     def _reuse(self, trial: optuna.Trial, earlier: FrozenTrial) -> float | tuple[float, float]:
+        if self._failed_under_me(trial):
+            raise self._taken_over(trial)
         for k in ("val_loss", "val_ppl", "val_bpb", "status", "reason", "pruned_at_step", "curve"):
             if k in earlier.user_attrs:
                 trial.set_user_attr(k, earlier.user_attrs[k])
@@ -388,16 +425,19 @@ class SearchRun:
 
         checkpoint = self.checkpoint_root / f"{key.replace(',', '-')}.pt" if self.plan.space.train.checkpoint_every else None
         train_cfg = dataclasses.replace(self.plan.space.train, dtype=self.plan.dtype)
-        heartbeat = JournalHeartbeat(self.study, trial._trial_id) if self.spec.kind == "journal" else nullcontext()
         try:
-            with heartbeat:
-                result = train_proxy(self.plan.model, reuse_map_schedule(reuse_map), self.data, train_cfg,
-                                     on_eval=on_eval, on_step=self.reporter.step, checkpoint_path=checkpoint)
+            result = train_proxy(self.plan.model, reuse_map_schedule(reuse_map), self.data, train_cfg,
+                                 on_eval=on_eval, on_step=self.reporter.step, checkpoint_path=checkpoint)
         except KeyboardInterrupt:
             # Retry this map on resume (Optuna marks the trial FAIL); then stop the study.
             trial.set_user_attr("reason", "interrupted (Ctrl-C)")
             self.study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
             raise
+        if self._failed_under_me(trial):
+            self._recover(trial, result, decision, key, ratio)
+            if checkpoint is not None:
+                checkpoint.unlink(missing_ok=True)
+            raise self._taken_over(trial)
         self._record(trial, result, decision)
         if checkpoint is not None:  # the trial is over, whatever its outcome
             checkpoint.unlink(missing_ok=True)
@@ -407,7 +447,7 @@ class SearchRun:
             raise optuna.TrialPruned(decision["reason"])
         return self._values(result.val_ppl, ratio)
 
-    def _record(self, trial: optuna.Trial, result: TrainResult, decision: dict[str, Any]) -> None:
+    def _result_attrs(self, result: TrainResult, decision: dict[str, Any]) -> dict[str, Any]:
         attrs = {
             "status": "pruned" if decision else result.status,
             "reason": decision.get("reason", result.reason),
@@ -421,7 +461,10 @@ class SearchRun:
         if decision:
             attrs["pruned_at_step"] = decision["step"]
             attrs["steps_saved"] = self.plan.space.train.steps - decision["step"]
-        for k, v in attrs.items():
+        return attrs
+
+    def _record(self, trial: optuna.Trial, result: TrainResult, decision: dict[str, Any]) -> None:
+        for k, v in self._result_attrs(result, decision).items():
             trial.set_user_attr(k, v)
 
 
@@ -439,6 +482,43 @@ def open_study(spec: StorageSpec, name: str) -> optuna.Study:
         names = [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)]
         hint = f"; studies there: {', '.join(names[:10])}" if names else "; the storage holds no study"
         raise UserInputError(f"no study {name!r} in {spec.masked}{hint}") from None
+
+
+def default_study(storage: str | None = None) -> tuple[str, str]:
+    """(name, why) of the study a command without --study reads: the storage's only study, or else its most
+    recently active one."""
+    spec = parse_storage(storage)
+    if not spec.exists():
+        raise UserInputError(f"storage {spec.masked} does not exist yet; run a study first (ilr-search run --budget 1.5x)")
+    st = open_storage(spec, heartbeat=False)
+    summaries = optuna.get_all_study_summaries(st, include_best_trial=False)
+    if not summaries:
+        raise UserInputError(f"storage {spec.masked} holds no study; run one first (ilr-search run --budget 1.5x)")
+    if len(summaries) == 1:
+        return summaries[0].study_name, f"the only study in {spec.masked}"
+
+    def last_active(summary: optuna.study.StudySummary) -> float:
+        trials = st.get_all_trials(summary._study_id, deepcopy=False)
+        times = [t.datetime_complete or t.datetime_start for t in trials if t.datetime_complete or t.datetime_start]
+        return max(times).timestamp() if times else 0.0
+
+    name = max(summaries, key=last_active).study_name
+    return name, f"the most recently active of {len(summaries)} studies in {spec.masked}; --study chooses another"
+
+
+def _adopt_stored_dtype(spec: StorageSpec, plan: StudyPlan) -> StudyPlan:
+    """`--dtype auto` resumes a study in the dtype it was made with (made on a GPU in bf16, resumed on a CPU)."""
+    if not spec.exists():
+        return plan
+    try:
+        study = optuna.load_study(study_name=plan.name, storage=open_storage(spec, heartbeat=False))
+    except KeyError:
+        return plan
+    stored = study.user_attrs.get(CONFIG_ATTR, {}).get("train", {}).get("dtype")
+    if stored is None or stored == plan.dtype:
+        return plan
+    config = plan.config | {"train": plan.config["train"] | {"dtype": stored}}
+    return dataclasses.replace(plan, dtype=stored, config=config)
 
 
 def _check_resume(spec: StorageSpec, plan: StudyPlan, sampler: str | None, pruner: str | None) -> dict[str, Any] | None:
@@ -500,6 +580,8 @@ def _run_study(space: SpaceConfig, budget: str, study_name: str | None = None, s
     space = dataclasses.replace(space, search=search)
     validate_space(space)
     plan = plan_study(space, budget, study_name)
+    if space.train.dtype == "auto":
+        plan = _adopt_stored_dtype(spec, plan)
     stored_settings = _check_resume(spec, plan, sampler, pruner)
 
     data = load_space_tokens(space)
@@ -549,11 +631,24 @@ def _run_study(space: SpaceConfig, budget: str, study_name: str | None = None, s
             if n_done >= target:  # other workers count too
                 st.stop()
 
-        try:
-            study.optimize(run.objective, n_trials=target - finished, timeout=timeout, catch=(TrialDiverged,),
-                           callbacks=[after_trial], gc_after_trial=False, show_progress_bar=False)
-        except KeyboardInterrupt:
-            interrupted = True
+        started = time.monotonic()
+        while not interrupted:
+            seen = run.taken_over
+            left = None if timeout is None else timeout - (time.monotonic() - started)
+            if (left is not None and left <= 0) or _n_finished(study) >= target:
+                break
+            try:
+                study.optimize(run.objective, n_trials=target - _n_finished(study), timeout=left,
+                               catch=(TrialDiverged,), callbacks=[after_trial], gc_after_trial=False,
+                               show_progress_bar=False)
+                break
+            except KeyboardInterrupt:
+                interrupted = True
+            except (TrialTakenOver, ValueError):
+                # A trial failed under this worker (Optuna refuses to tell it): its result, if any, was kept
+                # as a recovered trial; this worker goes on with the study.
+                if run.taken_over == seen:
+                    raise
     if not interrupted and _n_finished(study) >= target:
         train_references(run)
     save_current_front(store, study.get_trials(deepcopy=False))

@@ -3,7 +3,6 @@ perplexity and bits per byte at the evaluation steps."""
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 import zlib
@@ -70,34 +69,14 @@ def resolve_device(device: str) -> torch.device:
 
 
 def resolve_dtype(dtype: str, device: torch.device, model_cfg: ModelConfig | None = None, batch_size: int = 8) -> str:
-    """`auto`: bf16 on CUDA with bf16 support; on a CPU, whichever of fp32 and bf16 autocast runs a training
-    step of this model faster (CPUs with AVX512-BF16/AMX win at larger widths, lose at small ones)."""
+    """`auto` by a rule, never by a timing (the same command must give the same study and the same result):
+    bf16 autocast on CUDA with bf16 support, fp32 everywhere else. On a CPU with AVX512-BF16/AMX, bf16 can be
+    faster at widths of 128 and more (benchmarks/throughput.py); ask for it with --dtype bf16."""
     if dtype != "auto":
         return dtype
     if device.type == "cuda":
         return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
-    if device.type != "cpu" or model_cfg is None or not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        return "fp32"
-    return _fastest_cpu_dtype(model_cfg, batch_size)
-
-
-@functools.lru_cache(maxsize=16)
-def _fastest_cpu_dtype(model_cfg: ModelConfig, batch_size: int) -> str:
-    timings = {}
-    for dtype in ("fp32", "bf16"):
-        torch.manual_seed(0)
-        model = ILRTransformer(model_cfg)
-        x = torch.randint(0, model_cfg.vocab_size, (batch_size, model_cfg.seq_len))
-        autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16")
-        samples = []
-        for _ in range(4):
-            t = time.perf_counter()
-            with autocast:
-                loss = F.cross_entropy(model(x).float().flatten(0, 1), x.flatten())
-            loss.backward()
-            samples.append(time.perf_counter() - t)
-        timings[dtype] = sorted(samples[1:])[1]  # median of three, after one warm-up step
-    return min(timings, key=timings.get)
+    return "fp32"
 
 
 def resolve_compile(compile_layers: bool | None, device: torch.device) -> bool:

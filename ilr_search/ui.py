@@ -51,7 +51,8 @@ def print_train(report: dict[str, Any]) -> None:
 def rows_table(title: str, rows: list[dict[str, Any]], columns: list[str]) -> None:
     table = Table(title=title)
     for col in columns:
-        table.add_column(col, justify="right" if col not in ("reuse_map", "state", "study") else "left")
+        table.add_column(col, justify="right" if col not in ("reuse_map", "state", "study") else "left",
+                         overflow="fold")  # names are never cut: they are what you copy
     for row in rows:
         table.add_row(*(_fmt(row.get(c)) for c in columns))
     out.print(table)

@@ -250,3 +250,49 @@ def test_audit_report_precision_recall_and_pruned_maps(small_study):
     assert report.n_ranked == len(keys) and report.spearman == pytest.approx(-1.0)
     assert report.verdict.startswith("proxy too short")
     assert 0 <= report.recall <= 1 and report.pruned_on_audit_front == ()
+
+
+def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    """The real console entry point, in-process."""
+    from ilr_search.cli import main
+
+    monkeypatch.setattr("sys.argv", ["ilr-search", *args])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    captured = capsys.readouterr()
+    return exit_info.value.code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("args", [
+    ["--study", "aud", "--factor", "0.5"],
+    ["--study", "nope"],
+    ["--study", "aud", "--maps", "top:x"],
+    ["--study", "aud", "--seeds", "0"],
+])
+def test_audit_cli_bad_input_is_one_error_line(small_study, monkeypatch, capsys, args):
+    root, db, _ = small_study
+    before = digest(db)
+    code, out, err = run_cli(monkeypatch, capsys, "audit", "--storage", f"sqlite:///{db}", *args)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), err
+    assert digest(db) == before
+
+
+def test_reading_commands_without_study_use_the_only_one(small_study, monkeypatch, capsys):
+    root, db, _ = small_study
+    before = digest(db)
+    code, out, err = run_cli(monkeypatch, capsys, "trials", "--storage", f"sqlite:///{db}", "--json")
+    assert code == 0 and json.loads(out)["study"] == "aud" and "the only study" in err
+    code, out, err = run_cli(monkeypatch, capsys, "pareto", "--storage", f"sqlite:///{db}", "--json")
+    assert code == 0 and "fidelity" in json.loads(out)
+    assert digest(db) == before  # reading commands write nothing
+
+
+def test_bench_replay_cli(monkeypatch, capsys, tmp_path):
+    code, out, err = run_cli(monkeypatch, capsys, "bench", "replay", "--table",
+                             str(ROOT / "benchmarks" / "data" / "bench-small.parquet"), "--seed", "1", "--json")
+    report = json.loads(out)
+    assert code == 0 and report["n_rows"] == 50 and report["rule"] == "pareto" and report["front_maps_lost"] == []
+    assert report["steps_trained"] + report["steps_saved"] == 50 * 240
+    code, out, err = run_cli(monkeypatch, capsys, "bench", "replay", "--table", str(tmp_path / "none.parquet"))
+    assert code == 2 and err.startswith("error: ")

@@ -94,3 +94,13 @@ def test_front_equals_brute_force_on_random_points():
         assert {points[i] for i in non_dominated(points)} == expected
         rows = [{"val_ppl": y, "flops_ratio": x} for y, x in points]
         assert {(r["val_ppl"], r["flops_ratio"]) for r in pareto_front(rows)} == expected
+
+
+def test_a_retried_map_with_another_loss_at_the_rung_is_judged_on_its_own_loss():
+    # the dead predecessor reached the rung with another loss (nondeterministic GPU runs, another machine)
+    from ilr_search.pruning import PrunerSettings, verdict_at_rung
+    peers = [pt(i, 2.0 + 0.01 * i, 1.0) for i in range(5)] + [CurvePoint(7, 10, 2.5, 1.5, "retried")]
+    me = CurvePoint(8, 10, 2.6, 1.5, "retried")
+    assert not pareto_verdict(me, peers + [me], ETA, EPS, WARMUP).keep  # no StopIteration
+    settings = PrunerSettings(name="pareto", rungs=(10,), calibration_maps=3)
+    assert verdict_at_rung(me, peers + [me], 20, settings).keep  # no complete map yet: calibrating

@@ -1,0 +1,72 @@
+"""Deterministic tests of the heartbeat and take-over rules: a worker never fails its own trial, a retry does
+not inherit a stale heartbeat, and a worker whose trial is failed under it keeps its result and goes on."""
+
+import time
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from conftest import ROOT
+from ilr_search.space import load_space
+from ilr_search.storage import grace_period, heartbeat_interval, open_storage, parse_storage
+from ilr_search.study import HEARTBEAT_ATTR, RunReporter, run_study, sweep_stale_journal_trials
+
+SPACE = ROOT / "tests" / "spaces" / "tiny.toml"
+
+
+def test_grace_period_is_several_intervals():
+    assert grace_period() >= 3 * heartbeat_interval()
+
+
+def test_sweep_spares_fresh_retries_and_the_callers_own_trial(tmp_path):
+    spec = parse_storage(f"journal:{tmp_path / 'j.log'}")
+    study = optuna.create_study(study_name="s", storage=open_storage(spec), directions=["minimize"])
+    retry = study.ask()
+    # a retry inherits its dead predecessor's system attributes, an old heartbeat included
+    study._storage.set_trial_system_attr(retry._trial_id, HEARTBEAT_ATTR, time.time() - 10 * grace_period())
+    assert sweep_stale_journal_trials(study) == []  # it started just now: not stale
+    assert study._storage.get_trial(retry._trial_id).state == TrialState.RUNNING
+    mine = study.ask()
+    study._storage.set_trial_system_attr(mine._trial_id, HEARTBEAT_ATTR, 0.0)
+    assert sweep_stale_journal_trials(study, spare=mine._trial_id) == []
+
+
+class FailMyTrialAt(RunReporter):
+    """Plays another worker's sweep: at a given step of the first trained map, fails this worker's running
+    trial and queues its retry, as a sweep that judged it stale would."""
+
+    def __init__(self, study_name: str, storage: str, at_step: int) -> None:
+        self.study_name, self.storage, self.at_step = study_name, storage, at_step
+        self.done = False
+
+    def step(self, step: int, steps: int, loss: float) -> None:
+        if self.done or step != self.at_step:
+            return
+        st = open_storage(parse_storage(self.storage), heartbeat=False)
+        study = optuna.load_study(study_name=self.study_name, storage=st)
+        (running,) = study.get_trials(states=(TrialState.RUNNING,))
+        st.set_trial_state_values(running._trial_id, state=TrialState.FAIL)
+        optuna.storages.RetryHeartbeatStaleTrialCallback()(study, st.get_trial(running._trial_id))
+        self.done = True
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "journal"])
+def test_a_worker_whose_trial_is_failed_under_it_keeps_the_result_and_goes_on(kind, tmp_path, token_cache):
+    storage = f"sqlite:///{tmp_path / 's.db'}" if kind == "sqlite" else f"journal:{tmp_path / 's.log'}"
+    space = load_space(SPACE, {"search": {"noise_seeds": 0, "families": ["ilr"]}, "train": {"steps": 12}})
+    reporter = FailMyTrialAt("t", storage, at_step=6)
+    summary = run_study(space, "2x", "t", storage, n_trials=3, sampler="random", pruner="none",
+                        reporter=reporter, checkpoint_dir=tmp_path / "ck")
+    assert reporter.done and not summary["interrupted"]
+    study = optuna.load_study(study_name="t", storage=open_storage(parse_storage(storage), heartbeat=False))
+    trials = study.get_trials()
+    (failed,) = [t for t in trials if t.state == TrialState.FAIL]
+    (recovered,) = [t for t in trials if t.user_attrs.get("recovered_from") == failed.number]
+    assert recovered.state == TrialState.COMPLETE and recovered.user_attrs["steps"] == 12
+    retry = [t for t in trials if t.system_attrs.get("failed_trial") == failed.number]
+    assert retry and retry[0].state == TrialState.COMPLETE and retry[0].user_attrs["reused_from"] == recovered.number
+    trained = [t.user_attrs["map_key"] for t in trials if t.user_attrs.get("steps", 0) > 0 and t.state.is_finished()
+               and t.state != TrialState.FAIL]
+    assert len(trained) == len(set(trained))  # the map was not trained again
+    assert not [t for t in trials if t.state == TrialState.RUNNING]
