@@ -4,7 +4,7 @@
     python benchmarks/search_efficiency.py --table benchmarks/out/bench-small.parquet [--seeds 5] [--trials 30]
 
 For each sampler (random, tpe, nsga2, gp, and what `auto` is now), with pruning on and off, over several
-seeds: the hypervolume of the found front as a fraction of the exhaustive front's, against training steps
+seeds: (pruning = the default calibrated rule, or --rule pareto-eager) the hypervolume of the found front as a fraction of the exhaustive front's, against training steps
 spent (a fraction of the exhaustive compute: every feasible map trained fully); the compute needed to reach
 90% and 95%; the share of steps pruning saved and the exhaustive front's maps it pruned. Writes a plotly
 figure (HTML, and PNG where kaleido finds a browser) and a markdown table.
@@ -20,6 +20,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 
 from ilr_search.bench import Table, replay, summarize_replays
+from ilr_search.pruning import PrunerSettings
 from ilr_search.study import sampler_settings
 
 SAMPLERS = ["random", "tpe", "nsga2", "gp", "auto"]
@@ -32,6 +33,7 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=60)
     ap.add_argument("--samplers", default=",".join(SAMPLERS))
     ap.add_argument("--out", default="docs/search-efficiency")
+    ap.add_argument("--rule", default="pareto", choices=["pareto", "pareto-eager"])
     args = ap.parse_args()
     table = Table.read(args.table)
     auto = sampler_settings("auto", 0, table.n_layers, table.max_reuse)["name"]
@@ -39,7 +41,8 @@ def main() -> None:
     if "auto" in samplers and auto in samplers:  # auto is one of the others: replay it once
         samplers.remove("auto")
     started = time.perf_counter()
-    results = [replay(table, sampler, seed, args.trials, pruning)
+    settings = PrunerSettings(name=args.rule)
+    results = [replay(table, sampler, seed, args.trials, pruning, settings)
                for sampler in samplers for pruning in (False, True) for seed in range(args.seeds)]
     seconds = time.perf_counter() - started
     rows = summarize_replays(table, results)
@@ -58,7 +61,8 @@ def main() -> None:
     fig.add_hline(y=0.95, line_dash="dash", line_color="gray", annotation_text="95%")
     fig.add_vline(x=0.25, line_dash="dash", line_color="gray", annotation_text="25% of exhaustive compute")
     fig.update_layout(template="plotly_white", width=900, height=520,
-                      title=f"Hypervolume vs compute: {len(table.entries)} maps, median of {args.seeds} seeds",
+                      title=f"Hypervolume vs compute: {len(table.entries)} maps, median of {args.seeds} seeds, "
+                            f"pruning rule {args.rule}",
                       xaxis_title="training steps / exhaustive steps", yaxis_title="hypervolume / exhaustive",
                       yaxis_range=[0, 1.02], xaxis_range=[0, 1.0])
     fig.write_html(out.with_suffix(".html"), include_plotlyjs=True)
@@ -71,7 +75,8 @@ def main() -> None:
         return "not reached" if x is None else f"{x:.0%}"
 
     lines = [f"{len(table.entries)} maps in the table, exhaustive front of {len(table.front())} maps, "
-             f"{args.trials} trials per replay, {args.seeds} seeds, replayed in {seconds:.1f} s; auto = {auto}",
+             f"{args.trials} trials per replay, {args.seeds} seeds, pruning rule {args.rule}, replayed in {seconds:.1f} s; "
+             f"auto = {auto}",
              "", "| sampler | pruning | compute to 90% HV | compute to 95% HV | HV at 25% compute | final HV | steps saved | front maps pruned |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:

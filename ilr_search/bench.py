@@ -23,6 +23,7 @@ from .pruning import PrunerSettings, verdict_at_rung
 from .report import _atomic_write, check_out_path
 from .space import load_space
 from .store import CurvePoint
+from .results import references
 from .storage import parse_storage
 from .study import (RunReporter, build_sampler, open_study, plan_study, propose_map, run_study, sampler_settings,
                     seed_maps)
@@ -34,38 +35,57 @@ def feasible_maps(n_layers: int, max_reuse: int, max_layer_runs: int) -> list[li
 
 
 def build_table(space_path: str | Path, out: str | Path, budget: str = "2x", storage: str | None = None,
-                study_name: str | None = None, reporter: RunReporter | None = None) -> dict[str, Any]:
-    """Train every feasible map of the space (a brute-force study, so the build resumes) and write the table."""
+                study_name: str | None = None, reporter: RunReporter | None = None, steps: int | None = None,
+                sample: int | None = None, seed: int = 0) -> dict[str, Any]:
+    """Train every feasible map of the space (or a seeded sample of `sample` maps, the baseline always among
+    them) as a brute-force study, so the build resumes, and write the table. Block recurrence K is added as
+    a `blockK` row where the space's families include it and the budget allows it."""
     path = check_out_path(out, (".parquet", ".csv"))
-    space = load_space(space_path, {"search": {"enqueue_paper_maps": False, "noise_seeds": 0, "families": ["ilr"]}})
+    if sample is not None and sample < 1:
+        raise UserInputError(f"--sample must be at least 1 map, got {sample}")
+    space = load_space(space_path, {"search": {"enqueue_paper_maps": False, "noise_seeds": 0},
+                                    "train": {"steps": steps}})
     plan = plan_study(space, budget, None)
     maps = feasible_maps(plan.model.n_layers, space.search.max_reuse, plan.budget.max_layer_runs(plan.model))
-    name = study_name or f"bench-{Path(space_path).stem}-{plan.budget.text}"
+    if sample is not None and sample < len(maps):
+        baseline = [1] * plan.model.n_layers
+        others = [m for m in maps if m != baseline]
+        maps = [baseline] + sorted(random.Random(seed).sample(others, sample - 1))
+    name = study_name or (f"bench-{Path(space_path).stem}-{plan.budget.text}" + (f"-{steps}steps" if steps else "")
+                          + (f"-sample{sample}-seed{seed}" if sample else ""))
     started = time.perf_counter()
     run_study(space, budget, name, storage, n_trials=len(maps), sampler="random", pruner="none",
               reporter=reporter, enqueue_maps=maps)
     seconds = time.perf_counter() - started
     rows = []
-    for t in open_study(parse_storage(storage), name).get_trials(deepcopy=False):
+    study = open_study(parse_storage(storage), name)
+    for t in study.get_trials(deepcopy=False):
         a = t.user_attrs
         if t.state != optuna.trial.TrialState.COMPLETE or "reused_from" in a:
             continue
         rows.append({"reuse_map": ",".join(map(str, a["reuse_map"])), "flops_ratio": a["flops_ratio"],
                      "val_ppl": a["val_ppl"], "val_bpb": a["val_bpb"], "curve": json.dumps(a["curve"]),
                      "steps": space.train.steps, "trial": t.number, "train_seconds": a.get("train_seconds")})
+    for key, ref in sorted(references(study).items()):
+        if key.startswith("block") and ref.get("val_ppl") is not None and ref.get("curve"):
+            rows.append({"reuse_map": key, "flops_ratio": ref["flops_ratio"], "val_ppl": ref["val_ppl"],
+                         "val_bpb": ref["val_bpb"], "curve": json.dumps(ref["curve"]), "steps": space.train.steps,
+                         "trial": -1, "train_seconds": None})
     import pandas as pd
 
     frame = pd.DataFrame(rows).sort_values("reuse_map").reset_index(drop=True)
     meta = {"space": str(space_path), "budget": budget, "n_layers": plan.model.n_layers,
             "max_reuse": space.search.max_reuse, "max_layer_runs": plan.budget.max_layer_runs(plan.model),
-            "steps": space.train.steps, "rungs": space.train.eval_steps[:-1], "study": name}
+            "steps": space.train.steps, "rungs": space.train.eval_steps[:-1], "study": name,
+            "sample": sample, "sample_seed": seed if sample else None}
     frame["meta"] = json.dumps(meta)
     if path.suffix == ".parquet":
         _atomic_write(path, lambda p: frame.to_parquet(p, index=False))
     else:
         _atomic_write(path, lambda p: frame.to_csv(p, index=False))
-    return {"out": str(path), "maps": len(frame), "feasible_maps": len(maps), "build_seconds_this_run": seconds,
-            "study": name}
+    return {"out": str(path), "maps": len(frame), "feasible_maps": len(feasible_maps(
+        plan.model.n_layers, space.search.max_reuse, plan.budget.max_layer_runs(plan.model))),
+            "build_seconds_this_run": seconds, "study": name}
 
 
 # ----------------------------------------------------------------------------------------------------
