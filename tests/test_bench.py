@@ -42,7 +42,8 @@ max_reuse = 3
 """)
     out = root / "tiny.parquet"
     report = build_table(space, out, "2x", storage=f"sqlite:///{root / 'b.db'}")
-    assert report["maps"] == report["feasible_maps"] == len(feasible_maps(2, 3, 4))
+    assert report["feasible_maps"] == len(feasible_maps(2, 3, 4))
+    assert report["maps"] == report["feasible_maps"] + 1  # every feasible map, and block recurrence K=2
     again = build_table(space, root / "again.parquet", "2x", storage=f"sqlite:///{root / 'b.db'}")
     assert again["maps"] == report["maps"]  # resumed: nothing new was trained
     return Table.read(out)
@@ -50,6 +51,7 @@ max_reuse = 3
 
 def test_table_holds_every_map_with_its_curve(tiny_table):
     assert len(tiny_table.entries) == 6 and tiny_table.rungs == (4, 8)
+    assert [r.map_key for r in tiny_table.rows if r.reuse_map is None] == ["block2"]
     assert all(set(e["curve"]) == {4, 8, 16} for e in tiny_table.entries.values())
 
 

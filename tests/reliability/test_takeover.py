@@ -54,7 +54,8 @@ class FailMyTrialAt(RunReporter):
 @pytest.mark.parametrize("kind", ["sqlite", "journal"])
 def test_a_worker_whose_trial_is_failed_under_it_keeps_the_result_and_goes_on(kind, tmp_path, token_cache):
     storage = f"sqlite:///{tmp_path / 's.db'}" if kind == "sqlite" else f"journal:{tmp_path / 's.log'}"
-    space = load_space(SPACE, {"search": {"noise_seeds": 0, "families": ["ilr"]}, "train": {"steps": 12}})
+    space = load_space(SPACE, {"search": {"noise_seeds": 0, "families": ["ilr"], "enqueue_paper_maps": False},
+                               "train": {"steps": 12}})
     reporter = FailMyTrialAt("t", storage, at_step=6)
     summary = run_study(space, "2x", "t", storage, n_trials=3, sampler="random", pruner="none",
                         reporter=reporter, checkpoint_dir=tmp_path / "ck")
@@ -64,6 +65,9 @@ def test_a_worker_whose_trial_is_failed_under_it_keeps_the_result_and_goes_on(ki
     (failed,) = [t for t in trials if t.state == TrialState.FAIL]
     (recovered,) = [t for t in trials if t.user_attrs.get("recovered_from") == failed.number]
     assert recovered.state == TrialState.COMPLETE and recovered.user_attrs["steps"] == 12
+    # the recovered trial counts towards the target, so its retry may still wait: one more trial runs it
+    run_study(space, "2x", "t", storage, n_trials=4, sampler="random", pruner="none", checkpoint_dir=tmp_path / "ck")
+    trials = study.get_trials()
     retry = [t for t in trials if t.system_attrs.get("failed_trial") == failed.number]
     assert retry and retry[0].state == TrialState.COMPLETE and retry[0].user_attrs["reused_from"] == recovered.number
     trained = [t.user_attrs["map_key"] for t in trials if t.user_attrs.get("steps", 0) > 0 and t.state.is_finished()
