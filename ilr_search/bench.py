@@ -270,7 +270,7 @@ class PruningReplay:
     order_seed: int | None
     rungs: tuple[int, ...]
     n_rows: int
-    pruned: list[dict[str, Any]]  # {"map", "step", "flops_ratio"}
+    pruned: list[dict[str, Any]]  # {"reuse_map", "step", "flops_ratio"}
     steps_trained: int
     steps_saved: int
     front: list[str]  # the table's own final front
@@ -301,11 +301,11 @@ def replay_pruning(table: Table, settings: PrunerSettings, order_seed: int | Non
         if step is None:
             trained += table.steps
         else:
-            pruned.append({"map": row.map_key, "step": step, "flops_ratio": row.flops_ratio})
+            pruned.append({"reuse_map": row.map_key, "step": step, "flops_ratio": row.flops_ratio})
             trained += step
             saved += table.steps - step
     front = table.front_keys()
-    lost = [p["map"] for p in pruned if p["map"] in front]
+    lost = [p["reuse_map"] for p in pruned if p["reuse_map"] in front]
     return PruningReplay(settings.name, order_seed, settings.rungs, len(rows), pruned, trained, saved, front, lost)
 
 

@@ -96,7 +96,7 @@ def best_recurrent(trials: Sequence[FrozenTrial]) -> dict[str, Any] | None:
 
 @dataclass(frozen=True)
 class AuditedMap:
-    map_key: str
+    reuse_map: str  # e.g. "2,1,1,1"
     flops_ratio: float
     proxy_state: str  # COMPLETE | PRUNED | FAIL
     proxy_ppl: float | None  # final proxy perplexity (None when pruned or failed)
@@ -112,12 +112,12 @@ class AuditReport:
     factor: str
     steps: int
     maps: tuple[AuditedMap, ...]
-    n_ranked: int  # maps with both a proxy and an audit perplexity
+    n_maps: int  # maps with both a proxy and an audit perplexity (what Spearman and Kendall are over)
     spearman: float | None
     kendall: float | None
-    precision: float | None  # of the proxy front's audited maps, the share on the audited front
-    recall: float | None  # of the audited front, the share the proxy front holds
-    pruned_on_audit_front: tuple[str, ...]
+    front_precision: float | None  # of the proxy front's audited maps, the share on the audited front
+    front_recall: float | None  # of the audited front, the share the proxy front holds
+    pruned_on_audited_front: tuple[str, ...]
     baseline_ppl: float | None
     best_recurrent: tuple[str, float] | None  # (map, audit ppl)
     verdict: str
@@ -152,17 +152,17 @@ def audit_report(trials: Sequence[FrozenTrial], rows: Sequence[AuditRow], factor
                                audit_ppl[k], tuple(r.val_ppl for r in done[k]), k in proxy_front, k in audit_front))
     ranked = [m for m in maps if m.proxy_ppl is not None]
     rho, tau = rank_agreement([m.proxy_ppl for m in ranked], [m.audit_ppl for m in ranked])
-    proxy_front_audited = {m.map_key for m in maps if m.on_proxy_front}
+    proxy_front_audited = {m.reuse_map for m in maps if m.on_proxy_front}
     hits = len(proxy_front_audited & audit_front)
     precision = hits / len(proxy_front_audited) if proxy_front_audited else None
     recall = hits / len(audit_front) if audit_front else None
-    pruned_front = tuple(m.map_key for m in maps if m.on_audit_front and m.proxy_state == "PRUNED")
-    baseline = next((m.audit_ppl for m in maps if is_baseline([int(x) for x in m.map_key.split(",")])), None)
-    recurrent = [m for m in maps if not is_baseline([int(x) for x in m.map_key.split(",")])]
+    pruned_front = tuple(m.reuse_map for m in maps if m.on_audit_front and m.proxy_state == "PRUNED")
+    baseline = next((m.audit_ppl for m in maps if is_baseline([int(x) for x in m.reuse_map.split(",")])), None)
+    recurrent = [m for m in maps if not is_baseline([int(x) for x in m.reuse_map.split(",")])]
     best = min(recurrent, key=lambda m: m.audit_ppl) if recurrent else None
     steps = max(r.steps for rs in done.values() for r in rs)
     report = AuditReport(factor, steps, tuple(maps), len(ranked), rho, tau, precision, recall, pruned_front, baseline,
-                         (best.map_key, best.audit_ppl) if best else None, "")
+                         (best.reuse_map, best.audit_ppl) if best else None, "")
     return AuditReport(**{**asdict(report), "maps": report.maps, "verdict": audit_verdict(report)})
 
 
@@ -174,9 +174,9 @@ def audit_reports(trials: Sequence[FrozenTrial], rows: Sequence[AuditRow]) -> li
 
 def audit_verdict(r: AuditReport) -> str:
     """One line: does the proxy rank maps as `factor`x training does, and what the audit says of recurrence."""
-    n = f"over {r.n_ranked} maps"
+    n = f"over {r.n_maps} maps"
     if r.spearman is None:
-        head = f"too few ranked maps to judge the proxy ({r.n_ranked} with both a proxy and a {r.factor}x result)"
+        head = f"too few ranked maps to judge the proxy ({r.n_maps} with both a proxy and a {r.factor}x result)"
     elif r.spearman >= AGREE_SPEARMAN:
         head = f"proxy ranks agree with {r.factor}x training (Spearman {r.spearman:.2f} {n})"
     elif r.spearman >= PARTLY_SPEARMAN:
@@ -185,8 +185,8 @@ def audit_verdict(r: AuditReport) -> str:
         head = (f"proxy too short: its ranking disagrees with {r.factor}x training (Spearman {r.spearman:.2f} {n}); "
                 "lengthen the proxy (--steps) before trusting the front")
     parts = [head]
-    if r.pruned_on_audit_front:
-        parts.append(f"pruning discarded {', '.join(r.pruned_on_audit_front)}, on the {r.factor}x front")
+    if r.pruned_on_audited_front:
+        parts.append(f"pruning discarded {', '.join(r.pruned_on_audited_front)}, on the {r.factor}x front")
     if r.baseline_ppl is not None and r.best_recurrent is not None:
         key, ppl = r.best_recurrent
         if ppl < r.baseline_ppl:

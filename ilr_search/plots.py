@@ -100,7 +100,7 @@ def pareto_figure(study: str, trials: list[dict[str, Any]], front: list[dict[str
         fig.add_trace(go.Scatter(x=[m["flops_ratio"] for m in maps], y=[m["audit_ppl"] for m in maps], mode="markers",
                                  name=f"audited at {audit['factor']}x steps",
                                  marker=dict(symbol="diamond", size=11, color="#9467bd", line=dict(width=1, color="black")),
-                                 hovertext=[f"map {m['map_key']}<br>{audit['factor']}x ppl {m['audit_ppl']:.4g}<br>proxy "
+                                 hovertext=[f"map {m['reuse_map']}<br>{audit['factor']}x ppl {m['audit_ppl']:.4g}<br>proxy "
                                             f"{m['proxy_state'].lower()} ppl {_num(m['proxy_ppl'])}" for m in maps],
                                  hoverinfo="text"), row=1, col=1)
     if fidelity:
@@ -123,7 +123,7 @@ def _fidelity_panel(fig: go.Figure, fidelity: dict[str, Any], audit: dict[str, A
     if audit:
         ranked = [m for m in audit["maps"] if m["proxy_ppl"] is not None]
         fig.add_trace(go.Scatter(x=[m["proxy_ppl"] for m in ranked], y=[m["audit_ppl"] for m in ranked],
-                                 mode="markers+text", text=[m["map_key"] for m in ranked], textposition="top center",
+                                 mode="markers+text", text=[m["reuse_map"] for m in ranked], textposition="top center",
                                  showlegend=False, marker=dict(symbol="diamond", size=9, color="#9467bd")),
                       row=row, col=2)
         fig.update_xaxes(title_text="proxy ppl", row=row, col=2)

@@ -185,23 +185,23 @@ def _fidelity_lines(fidelity: dict[str, Any] | None) -> None:
 
 
 def print_audit(report: dict[str, Any]) -> None:
-    rows = [{"reuse_map": m["map_key"], "flops_ratio": m["flops_ratio"], "proxy": m["proxy_state"].lower(),
+    rows = [{"reuse_map": m["reuse_map"], "flops_ratio": m["flops_ratio"], "proxy": m["proxy_state"].lower(),
              "proxy_ppl": m["proxy_ppl"], f"{report['factor']:g}x_ppl": m["audit_ppl"],
              "front": ("proxy " if m["on_proxy_front"] else "") + (f"{report['factor']:g}x" if m["on_audit_front"] else "")}
             for m in sorted(report["maps"], key=lambda m: m["audit_ppl"])]
     rows_table(f"audit of {report['study']}: {report['proxy_steps']} -> {report['steps']} steps",
                rows, ["reuse_map", "flops_ratio", "proxy", "proxy_ppl", f"{report['factor']:g}x_ppl", "front"])
-    out.print(f"Spearman {_fmt(report['spearman'])}, Kendall {_fmt(report['kendall'])} over {report['n_ranked']} maps; "
-              f"front precision {_fmt(report['precision'])}, recall {_fmt(report['recall'])}; pruned maps on the "
-              f"{report['factor']:g}x front: {', '.join(report['pruned_on_audit_front']) or 'none'}")
+    out.print(f"Spearman {_fmt(report['spearman'])}, Kendall {_fmt(report['kendall'])} over {report['n_maps']} maps; "
+              f"front precision {_fmt(report['front_precision'])}, recall {_fmt(report['front_recall'])}; pruned maps on the "
+              f"{report['factor']:g}x front: {', '.join(report['pruned_on_audited_front']) or 'none'}")
     out.print(f"verdict: {report['verdict']}")
 
 
 def print_pruning_replay(report: dict[str, Any]) -> None:
     rows_table(f"{report['rule']} over {report['table']} ({report['n_rows']} rows, "
                f"{'table order' if report['order_seed'] is None else 'order seed ' + str(report['order_seed'])})",
-               [{"reuse_map": p["map"], "step": p["step"], "flops_ratio": p["flops_ratio"],
-                 "front": "LOST" if p["map"] in report["front_maps_lost"] else ""} for p in report["pruned"]],
+               [{"reuse_map": p["reuse_map"], "step": p["step"], "flops_ratio": p["flops_ratio"],
+                 "front": "LOST" if p["reuse_map"] in report["front_maps_lost"] else ""} for p in report["pruned"]],
                ["reuse_map", "step", "flops_ratio", "front"])
     out.print(f"pruned {len(report['pruned'])} of {report['n_rows']} maps at rungs {list(report['rungs'])}; "
               f"steps saved {report['steps_saved']} ({report['steps_saved_share']:.1%}); table front "

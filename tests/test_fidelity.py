@@ -90,7 +90,7 @@ def test_the_calibrated_rule_keeps_a_late_crossing_map_the_eager_rule_prunes():
     safe = replay_pruning(table, PrunerSettings(name="pareto", eta=3, epsilon=0.0, calibration_maps=3,
                                                 min_spearman=0.6), rung_fractions=(0.125, 0.25, 0.5))
     assert safe.front_maps_lost == []
-    assert "3,3,1,1" not in [p["map"] for p in safe.pruned]
+    assert "3,3,1,1" not in [p["reuse_map"] for p in safe.pruned]
 
 
 def test_the_calibrated_rule_prunes_where_the_rung_predicts_the_end():
@@ -126,7 +126,7 @@ def test_replay_reads_a_partial_table_with_a_block_row(tmp_path):
     b = replay_pruning(table, PrunerSettings(name="pareto-eager", warmup=3), order_seed=1)
     assert a.to_dict() == b.to_dict() and a.n_rows == 9
     assert a.steps_trained + a.steps_saved == 9 * 160
-    assert [r.map_key for r in table.rows] != [p["map"] for p in a.pruned] or a.pruned == []
+    assert [r.map_key for r in table.rows] != [p["reuse_map"] for p in a.pruned] or a.pruned == []
 
 
 def test_eager_rule_is_unchanged():
@@ -200,7 +200,7 @@ def test_audit_stores_runs_resumes_and_reports(small_study, tmp_path):
     settings = AuditSettings(factor=1.5, maps="top:3", seeds=1)
     first = run_audit("aud", storage, settings, checkpoint_dir=tmp_path / "ck")
     assert first["steps"] == 24 and first["runs"] == 3 and first["trained_by_this_worker"] == 3
-    assert first["n_ranked"] == 3 and first["spearman"] is not None and first["verdict"]
+    assert first["n_maps"] == 3 and first["spearman"] is not None and first["verdict"]
     rows = open_store(parse_storage(storage), "aud").audit_rows()
     assert len(rows) == 3 and all(r.state == "complete" and r.curve[-1][0] == 24 for r in rows)
     again = run_audit("aud", storage, settings, checkpoint_dir=tmp_path / "ck")
@@ -247,9 +247,9 @@ def test_audit_report_precision_recall_and_pruned_maps(small_study):
     rows = [AuditRow(AuditJob("4", 0, k), "w", 0.0, "complete", ratio[k], 64, 1.0, 10.0 + i, 1.0)
             for i, k in enumerate(reversed(ordered))]
     report = audit_report(trials, rows, "4")
-    assert report.n_ranked == len(keys) and report.spearman == pytest.approx(-1.0)
+    assert report.n_maps == len(keys) and report.spearman == pytest.approx(-1.0)
     assert report.verdict.startswith("proxy too short")
-    assert 0 <= report.recall <= 1 and report.pruned_on_audit_front == ()
+    assert 0 <= report.front_recall <= 1 and report.pruned_on_audited_front == ()
 
 
 def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
