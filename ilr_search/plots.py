@@ -60,9 +60,14 @@ def pareto_figure(study: str, trials: list[dict[str, Any]], front: list[dict[str
         group = [dict(t, plot_ppl=t.get("plot_ppl") if t.get("plot_ppl") is not None else top)
                  for t in trials if t["state"] == state and t.get("flops_ratio") is not None]
         if group:
+            pruned = state == "PRUNED"  # drawn hollow and labelled with their rung: not a final perplexity
             fig.add_trace(go.Scatter(x=[t["flops_ratio"] for t in group], y=[t["plot_ppl"] for t in group],
-                                     mode="markers", name=LEGEND[state], marker=dict(size=9, **style),
-                                     hovertext=_hover(group), hoverinfo="text"), row=1, col=1)
+                                     mode="markers+text" if pruned else "markers", name=LEGEND[state],
+                                     text=[f"step {t['pruned_at_step']}" if t.get("pruned_at_step") else ""
+                                           for t in group] if pruned else None,
+                                     textposition="middle right", textfont=dict(size=10, color=style["color"]),
+                                     marker=dict(size=9, **style), hovertext=_hover(group), hoverinfo="text"),
+                          row=1, col=1)
     if front:
         fig.add_trace(go.Scatter(x=[p["flops_ratio"] for p in front], y=[p["val_ppl"] for p in front],
                                  mode="lines+markers", line_shape="hv", name="Pareto front",
