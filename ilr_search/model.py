@@ -15,6 +15,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .loss import linear_cross_entropy
+
 POSITIONAL_ENCODINGS = ("nope", "rope", "learned", "alibi")
 
 
@@ -155,8 +157,8 @@ class ILRTransformer(nn.Module):
         for layer in self.layers:
             layer.compile(**kwargs)
 
-    def forward(self, idx: torch.Tensor, schedule: Sequence[int] | None = None) -> torch.Tensor:
-        """Logits (B, T, vocab) for token ids (B, T), running the layers in `schedule` order."""
+    def hidden(self, idx: torch.Tensor, schedule: Sequence[int] | None = None) -> torch.Tensor:
+        """Final normalised hidden states (B, T, d_model) for token ids (B, T), running the layers in `schedule` order."""
         B, T = idx.shape
         if T > self.cfg.seq_len:
             raise ValueError(f"sequence of {T} tokens is longer than seq_len {self.cfg.seq_len}")
@@ -167,7 +169,17 @@ class ILRTransformer(nn.Module):
         alibi = alibi_bias(self.cfg.n_heads, T, idx.device) if self.cfg.pe == "alibi" else None
         for layer_index in range(self.cfg.n_layers) if schedule is None else schedule:
             x = self.layers[layer_index](x, rope, alibi)
-        return F.linear(self.norm(x), self.embed.weight)  # tied input/output embedding
+        return self.norm(x)
+
+    def forward(self, idx: torch.Tensor, schedule: Sequence[int] | None = None) -> torch.Tensor:
+        """Logits (B, T, vocab); training uses `loss`, which never materialises them."""
+        return F.linear(self.hidden(idx, schedule), self.embed.weight)  # tied input/output embedding
+
+    def loss(self, idx: torch.Tensor, targets: torch.Tensor, schedule: Sequence[int] | None = None,
+             compute_dtype: torch.dtype | None = None, reduction: str = "mean", compiled: bool = False) -> torch.Tensor:
+        """Cross-entropy of next-token `targets` (B, T), through the fused, chunked head (see loss.py)."""
+        return linear_cross_entropy(self.hidden(idx, schedule), self.embed.weight, targets, compute_dtype,
+                                    reduction, compiled)
 
 
 def param_count(cfg: ModelConfig) -> int:

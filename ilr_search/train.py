@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from .data import TokenData
 from .model import ILRTransformer, ModelConfig
@@ -112,25 +111,43 @@ def build_model(model_cfg: ModelConfig, seed: int) -> ILRTransformer:
 
 @torch.no_grad()
 def evaluate(model: ILRTransformer, schedule: Sequence[int], data: TokenData, cfg: TrainConfig,
-             device: torch.device, autocast: Any) -> tuple[float, float, float]:
-    """(val_loss, val_ppl, val_bpb) over the fixed validation windows."""
+             device: torch.device, compute_dtype: torch.dtype, compiled: bool = False) -> tuple[float, float, float]:
+    """(val_loss, val_ppl, val_bpb) over the fixed validation windows; one host sync at the end."""
     model.eval()
     seq_len = model.cfg.seq_len
-    total_nats, total_tokens = 0.0, 0
+    total_nats, total_tokens = torch.zeros((), dtype=torch.float64, device=device), 0
     for x, y in data.val_batches(cfg.eval_windows, seq_len, cfg.batch_size):
         x, y = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
-        with autocast():
-            logits = model(x, schedule)
-        total_nats += F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum").item()
+        with autocast_for(device, compute_dtype):
+            total_nats += model.loss(x, y, schedule, compute_dtype, reduction="sum", compiled=compiled)
         total_tokens += y.numel()
     model.train()
-    val_loss = total_nats / total_tokens
-    val_bpb = total_nats / math.log(2) / data.val_bytes(cfg.eval_windows, seq_len)
+    nats = total_nats.item()
+    val_loss = nats / total_tokens
+    val_bpb = nats / math.log(2) / data.val_bytes(cfg.eval_windows, seq_len)
     return val_loss, math.exp(min(val_loss, 700.0)), val_bpb
+
+
+def autocast_for(device: torch.device, compute_dtype: torch.dtype) -> Any:
+    """bf16 autocast for the layers when training in bf16 (weights and optimizer stay fp32)."""
+    if compute_dtype == torch.bfloat16:
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return nullcontext()
 
 
 OnEval = Callable[[EvalPoint], bool]  # return True to stop the run (pruning)
 OnStep = Callable[[int, int, float], None]  # (step, total steps, training loss)
+
+# Training losses stay on the device and are read every SYNC_EVERY steps, at evaluations and at checkpoints:
+# one host sync per window instead of one per step. A diverged run is caught at the next read, and it ends
+# there, its divergence step exact; the few optimizer steps taken after it are discarded with the run.
+SYNC_EVERY = 16
+
+
+def host_values(t: torch.Tensor) -> list[float]:
+    """A device tensor's values in Python: one copy to the host (a sync on CUDA), visible to dispatch on any
+    device (the sync-counting test sees it on CPU too)."""
+    return t.to("cpu", copy=True).tolist()
 
 
 def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData, cfg: TrainConfig,
@@ -148,7 +165,8 @@ def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData
     if resolve_compile(cfg.compile, device):
         model.compile_layers()
     optimizer = build_optimizer(model, cfg, device)
-    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if dtype == "bf16" else nullcontext
+    compute_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
+    compiled_loss = resolve_compile(cfg.compile, device)
     tokens_per_step = cfg.batch_size * cfg.grad_accum * model_cfg.seq_len
     eval_steps = set(cfg.eval_steps)
     # Diverged: a non-finite loss, or one more than twice a uniform guess's (ln V): training cannot recover.
@@ -162,35 +180,45 @@ def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData
     digest = 0
     data_seconds = eval_seconds = 0.0
     step = start_step
+    unread: list[torch.Tensor] = []  # training losses of the steps since the last host read
     t0 = time.perf_counter()
     model.train()
     for step in range(start_step + 1, cfg.steps + 1):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg)
-        step_loss = 0.0
+        step_loss = torch.zeros((), dtype=torch.float32, device=device)
         for micro in range(cfg.grad_accum):
             td = time.perf_counter()
             x, y = data.train_batch((step - 1) * cfg.grad_accum + micro, cfg.batch_size, model_cfg.seq_len, cfg.seed)
             digest = zlib.crc32(np.ascontiguousarray(x), digest)
             x, y = torch.from_numpy(x).to(device, non_blocking=True), torch.from_numpy(y).to(device, non_blocking=True)
             data_seconds += time.perf_counter() - td
-            with autocast():
-                logits = model(x, schedule)
-            loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+            with autocast_for(device, compute_dtype):
+                loss = model.loss(x, y, schedule, compute_dtype, compiled=compiled_loss)
             (loss / cfg.grad_accum).backward()
-            step_loss += loss.item() / cfg.grad_accum
-        if not math.isfinite(step_loss) or step_loss > diverged_above:
-            status, reason = "diverged", (f"training loss became {step_loss:.4g} at step {step} (a uniform guess "
-                                          f"scores {math.log(model_cfg.vocab_size):.3g})")
-            break
+            step_loss += loss.detach() / cfg.grad_accum
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        if on_step is not None:
-            on_step(step, cfg.steps, step_loss)
+        unread.append(step_loss)
+        checkpoint_due = (checkpoint_path is not None and cfg.checkpoint_every and step % cfg.checkpoint_every == 0
+                          and step < cfg.steps)
+        if step % SYNC_EVERY == 0 or step in eval_steps or checkpoint_due or step == cfg.steps:
+            first = step - len(unread) + 1
+            for s, value in enumerate(host_values(torch.stack(unread)), start=first):  # the window's one host sync
+                if not math.isfinite(value) or value > diverged_above:
+                    status, reason = "diverged", (f"training loss became {value:.4g} at step {s} (a uniform guess "
+                                                  f"scores {math.log(model_cfg.vocab_size):.3g})")
+                    step = s
+                    break
+                if on_step is not None:
+                    on_step(s, cfg.steps, value)
+            unread.clear()
+            if status == "diverged":
+                break
         if step in eval_steps:
             te = time.perf_counter()
-            val_loss, val_ppl, val_bpb = evaluate(model, schedule, data, cfg, device, autocast)
+            val_loss, val_ppl, val_bpb = evaluate(model, schedule, data, cfg, device, compute_dtype, compiled_loss)
             eval_seconds += time.perf_counter() - te
             if not math.isfinite(val_loss) or val_loss > diverged_above:
                 status, reason = "diverged", f"validation loss became {val_loss:.4g} at step {step}"
@@ -200,7 +228,7 @@ def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData
             if on_eval is not None and on_eval(point):
                 status, reason = "stopped", f"stopped at step {step} by the evaluation callback"
                 break
-        if checkpoint_path is not None and cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps:
+        if checkpoint_due:
             save_checkpoint(checkpoint_path, model, optimizer, step, curve)
     seconds = time.perf_counter() - t0
     steps_run = step if status != "diverged" else step - 1

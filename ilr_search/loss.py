@@ -1,0 +1,89 @@
+"""The LM head and its cross-entropy, fused and chunked: the full (tokens x vocab) logits never exist.
+
+`F.cross_entropy(F.linear(h, W).float(), y)` materialises the logits, an fp32 copy of them, their log-softmax
+and its gradient: at vocab 32000 and 8k tokens, four 1 GB tensors per step. Here the tokens are taken a chunk
+at a time; for each chunk the logits are made in the compute dtype, the loss is read from their fp32
+log-softmax, and, when a gradient is needed, d loss / d logits = (softmax - onehot) / N is formed at once and
+multiplied into the gradients of the hidden states and of W. Backward then only scales the stored gradients.
+The FLOPs are those of the plain head (one forward matmul, two backward ones); memory is one chunk of logits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+Tensor = torch.Tensor
+ChunkFn = Callable[[Tensor, Tensor, Tensor, bool], tuple[Tensor, Tensor | None, Tensor | None]]
+
+LOGITS_PER_CHUNK = 1 << 25  # elements of one chunk's fp32 logits (128 MiB): chunk tokens = this // vocab
+
+
+def _chunk_loss(h: Tensor, w: Tensor, y: Tensor, need_grad: bool) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """Summed loss of one chunk, and (if asked) the gradients of that sum w.r.t. h and w, in h's dtype."""
+    log_probs = torch.log_softmax((h @ w.t()).float(), dim=-1)  # one pass on CPU, where logsumexp takes five
+    loss = -log_probs.gather(1, y[:, None]).sum()
+    if not need_grad:
+        return loss, None, None
+    d_logits = log_probs.exp_()  # softmax, in place
+    d_logits.scatter_add_(1, y[:, None], torch.full((y.shape[0], 1), -1.0, dtype=d_logits.dtype, device=y.device))
+    d_logits = d_logits.to(h.dtype)
+    return loss, d_logits @ w, d_logits.t() @ h
+
+
+_compiled_chunk_loss: ChunkFn | None = None
+
+
+def compiled_chunk_loss() -> ChunkFn:
+    """`_chunk_loss` compiled once per process: on CUDA the softmax, its fp32 upcast and the one-hot
+    subtraction fuse into the kernels around the two matmuls."""
+    global _compiled_chunk_loss
+    if _compiled_chunk_loss is None:
+        _compiled_chunk_loss = torch.compile(_chunk_loss, dynamic=False)
+    return _compiled_chunk_loss
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h: Tensor, w: Tensor, y: Tensor, compute_dtype: torch.dtype, reduction: str,
+                chunk_fn: ChunkFn) -> Tensor:  # type: ignore[override]
+        need_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        n, vocab = h.shape[0], w.shape[0]
+        hc, wc = h.to(compute_dtype), w.to(compute_dtype)
+        chunk = max(1, LOGITS_PER_CHUNK // vocab)
+        total = torch.zeros((), dtype=torch.float32, device=h.device)
+        grad_h = torch.empty_like(hc) if need_grad else None
+        grad_w = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if need_grad else None
+        with torch.autocast(h.device.type, enabled=False):
+            for start in range(0, n, chunk):
+                part = slice(start, min(n, start + chunk))
+                loss, g_h, g_w = chunk_fn(hc[part], wc, y[part], need_grad)
+                total += loss
+                if need_grad:
+                    grad_h[part] = g_h
+                    grad_w += g_w
+        scale = 1.0 / n if reduction == "mean" else 1.0
+        if need_grad:
+            ctx.save_for_backward(grad_h, grad_w)
+            ctx.scale, ctx.dtypes = scale, (h.dtype, w.dtype)
+        return total * scale
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):  # type: ignore[override]
+        grad_h, grad_w = ctx.saved_tensors
+        g = grad_out * ctx.scale
+        h_dtype, w_dtype = ctx.dtypes
+        return (grad_h * g.to(grad_h.dtype)).to(h_dtype), (grad_w * g).to(w_dtype), None, None, None, None
+
+
+def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, compute_dtype: torch.dtype | None = None,
+                         reduction: str = "mean", compiled: bool = False) -> Tensor:
+    """cross_entropy(hidden @ weight.T, targets) for hidden (..., d), weight (vocab, d), targets (...): the
+    logits are made in `compute_dtype` (default: hidden's dtype), the loss is accumulated in fp32."""
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"reduction must be mean or sum, got {reduction!r}")
+    h = hidden.reshape(-1, hidden.shape[-1])
+    y = targets.reshape(-1)
+    chunk_fn = compiled_chunk_loss() if compiled else _chunk_loss
+    return _LinearCrossEntropy.apply(h, weight, y, compute_dtype or hidden.dtype, reduction, chunk_fn)

@@ -1,0 +1,90 @@
+"""The fused, chunked head + cross-entropy against F.cross_entropy, and the trainer's host syncs."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ilr_search import loss as loss_module
+from ilr_search.data import load_tokens
+from ilr_search.loss import linear_cross_entropy
+from ilr_search.model import ILRTransformer, ModelConfig
+from ilr_search.schedule import reuse_map_schedule
+from ilr_search.space import DataConfig, TrainConfig
+from ilr_search.train import SYNC_EVERY, train_proxy
+
+
+def _reference(h, w, y, dtype, reduction):
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16)
+    with autocast:
+        return F.cross_entropy(F.linear(h, w).float(), y, reduction=reduction)
+
+
+@pytest.mark.parametrize("dtype,rtol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_fused_loss_and_gradients_equal_cross_entropy(monkeypatch, dtype, rtol, reduction):
+    monkeypatch.setattr(loss_module, "LOGITS_PER_CHUNK", 97 * 64)  # several chunks, the last one short
+    torch.manual_seed(0)
+    vocab, n, d = 97, 300, 24
+    h0, w0 = torch.randn(n, d), torch.randn(vocab, d) * 0.2
+    y = torch.randint(0, vocab, (n,))
+    results = []
+    for fn in (lambda h, w: _reference(h, w, y, dtype, reduction),
+               lambda h, w: linear_cross_entropy(h, w, y, dtype, reduction)):
+        h, w = h0.clone().requires_grad_(), w0.clone().requires_grad_()
+        out = fn(h, w)
+        (out * 1.7).backward()  # an upstream gradient other than 1 must be carried through
+        results.append((out.detach(), h.grad, w.grad))
+    (ref, ref_gh, ref_gw), (got, gh, gw) = results
+    assert got.dtype == torch.float32 and gh.dtype == h0.dtype and gw.dtype == w0.dtype
+    torch.testing.assert_close(got, ref, rtol=rtol, atol=1e-6)
+    scale = 1.0 if dtype == torch.float32 else ref_gh.abs().max().item()
+    torch.testing.assert_close(gh, ref_gh, rtol=rtol, atol=rtol * scale)
+    torch.testing.assert_close(gw, ref_gw, rtol=rtol, atol=rtol * ref_gw.abs().max().item())
+
+
+def test_model_loss_equals_logits_cross_entropy_and_keeps_no_gradient_without_grad():
+    cfg = ModelConfig(vocab_size=50, n_layers=2, d_model=16, n_heads=2, seq_len=12)
+    torch.manual_seed(1)
+    model = ILRTransformer(cfg)
+    x, y = torch.randint(0, 50, (3, 12)), torch.randint(0, 50, (3, 12))
+    schedule = reuse_map_schedule([2, 1])
+    ref = F.cross_entropy(model(x, schedule).flatten(0, 1), y.flatten())
+    torch.testing.assert_close(model.loss(x, y, schedule), ref)
+    with torch.no_grad():
+        assert not model.loss(x, y, schedule).requires_grad
+
+
+class CountScalarReads(TorchDispatchMode):
+    """Counts reads of tensor values into the host: `.item()` and `float(t)` (aten._local_scalar_dense) and
+    copies to the CPU (aten._to_copy with device cpu, what `.cpu()` runs on CUDA). On CUDA each one waits for
+    the device (a host sync)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.ops.aten._local_scalar_dense.default or (
+                func is torch.ops.aten._to_copy.default and kwargs.get("device") == torch.device("cpu")):
+            self.reads += 1
+        return func(*args, **kwargs)
+
+
+def _reads(tokens, steps: int) -> int:
+    model = ModelConfig(vocab_size=256, n_layers=2, d_model=16, n_heads=2, seq_len=32)
+    cfg = TrainConfig(steps=steps, batch_size=2, eval_windows=2, dtype="fp32", device="cpu", eval_fractions=(1.0,))
+    with CountScalarReads() as counter:
+        result = train_proxy(model, reuse_map_schedule([1, 1]), tokens, cfg)
+    assert result.status == "ok" and len(result.curve) == 1
+    return counter.reads
+
+
+def test_training_reads_the_loss_once_per_window_not_once_per_step(token_cache):
+    """No host sync per step: 3 x SYNC_EVERY more steps between evaluations add at most 3 reads (one per
+    step would add 48)."""
+    tokens = load_tokens(DataConfig(), root=token_cache)
+    short, long = SYNC_EVERY, 4 * SYNC_EVERY
+    extra = _reads(tokens, long) - _reads(tokens, short)
+    assert 0 < extra <= (long - short) // SYNC_EVERY, f"{extra} value reads for {long - short} more steps"
