@@ -1,6 +1,8 @@
+import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,31 @@ ROOT = Path(__file__).resolve().parent.parent
 # Tests never reach a hub: the embedded corpus and byte/BPE tokenizers serve them.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# One intra-op thread per process, set before torch is imported here or in any subprocess: the proxies are tiny,
+# and several workers each spinning two OpenMP threads on a loaded 2-core machine run several times slower.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+TINY_SPACE = ROOT / "tests" / "spaces" / "tiny.toml"
+
+
+def write_space(path: Path, base: Path = TINY_SPACE, **sections: dict) -> Path:
+    """A copy of a test space with keys replaced, e.g. write_space(p, search={"noise_seeds": 0}); returns path."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+
+    raw = tomllib.loads(base.read_text(encoding="utf-8"))
+    for section, values in sections.items():
+        raw.setdefault(section, {}).update(values)
+    path.write_text("".join(f"[{section}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items()) + "\n"
+                            for section, values in raw.items()), encoding="utf-8")
+    return path
+
+
+# The tiny space without reference runs (extra baseline seeds, second seed, block K): for tests that never
+# read them, so that each run that reaches its target does not train three more proxies.
+NO_REFERENCES = {"noise_seeds": 0, "families": ["ilr"]}
 
 
 @pytest.fixture(scope="session")
@@ -22,8 +49,48 @@ def token_cache(tmp_path_factory) -> Path:
     return path
 
 
+@dataclass
+class Finished:
+    """What a command left: its arguments, exit code and captured output (as subprocess.CompletedProcess has)."""
+    args: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
 @pytest.fixture
-def cli(token_cache, tmp_path):
+def cli(token_cache, tmp_path, monkeypatch, capsys):
+    """Run the `ilr-search` entry point (ilr_search.cli:main, what the console script calls) in this process,
+    as the console would: its argv, working folder and environment set, stdout and stderr captured, the exit
+    code taken from its SystemExit. An exception that escapes main() (a traceback in a console) fails the test.
+    Tests that need a separate process (signals, kills, concurrency, the console script itself) use `console`."""
+
+    def run(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float | None = None,
+            check: bool = False) -> Finished:
+        from ilr_search.cli import main
+
+        with monkeypatch.context() as m:
+            m.setattr(sys, "argv", ["ilr-search", *args])
+            m.chdir(cwd or tmp_path)
+            for key, value in {"ILR_SEARCH_CACHE": str(token_cache), **(env or {})}.items():
+                m.setenv(key, value)
+            capsys.readouterr()  # only this command's output
+            try:
+                main()
+                code = 0
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            out, err = capsys.readouterr()
+        proc = Finished(list(args), code, out, err)
+        if check and code != 0:
+            raise AssertionError(f"ilr-search {' '.join(args)} exited {code}:\n{err}")
+        return proc
+
+    return run
+
+
+@pytest.fixture
+def console(token_cache, tmp_path):
     """Run the real `ilr-search` console entry point in a subprocess; returns CompletedProcess."""
 
     def run(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 300, check: bool = False):

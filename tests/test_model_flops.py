@@ -128,9 +128,9 @@ def test_good_map():
     assert parse_reuse_map(" 4, 2,1,1", 4) == [4, 2, 1, 1]
 
 
-def test_flops_cli_contract(cli):
+def test_flops_cli_contract(console, cli):
     import json
-    proc = cli("flops", "--layers", "4", "--reuse-map", "2,1,1,1", "--json", check=True)
+    proc = console("flops", "--layers", "4", "--reuse-map", "2,1,1,1", "--json", check=True)
     report = json.loads(proc.stdout)
     assert set(report) >= {"reuse_map", "schedule", "params", "flops_per_token", "baseline_flops_per_token",
                            "flops_ratio", "train_flops"}
@@ -152,3 +152,10 @@ def test_flops_cli_contract(cli):
 ])
 def test_flops_cli_bad_input(cli, args):
     assert_one_line_error(cli("flops", *args))
+
+
+def test_console_script_bad_input_is_one_error_line(console):
+    """The in-process cases above, through the real console entry point: a usage error click reports, and an
+    input error ilr-search reports."""
+    assert_one_line_error(console("flops", "--layers", "abc"))
+    assert_one_line_error(console("flops", "--reuse-map", "0,1,1,1", "--layers", "4"))
