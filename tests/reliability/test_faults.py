@@ -15,20 +15,43 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from conftest import ROOT, assert_one_line_error
+from conftest import NO_REFERENCES, assert_one_line_error, write_space
+from ilr_search.space import load_space
 from ilr_search.storage import open_storage, open_store, parse_storage
-from ilr_search.study import has_result, study_front
+from ilr_search.study import has_result, run_study, study_front
 
-SPACE = str(ROOT / "tests" / "spaces" / "tiny.toml")
+HEARTBEAT_SECONDS = 1
+GRACE_SECONDS = 4 * HEARTBEAT_SECONDS + 1  # storage.grace_period() under ILR_SEARCH_HEARTBEAT_SECONDS=1
 
 
-def run_cmd(storage, study, n_trials, *extra, steps=24):
-    return [sys.executable, "-m", "ilr_search", "run", "--space", SPACE, "--budget", "1.5x", "--study", study,
+@pytest.fixture(scope="module")
+def space(tmp_path_factory):
+    """The tiny space without reference runs: none of these faults concerns them, and every run that reaches
+    its target would train three more proxies (per worker, for the concurrent ones)."""
+    return str(write_space(tmp_path_factory.mktemp("space") / "faults.toml", search=NO_REFERENCES))
+
+
+def run_cmd(space, storage, study, n_trials, *extra, steps=24):
+    return [sys.executable, "-m", "ilr_search", "run", "--space", space, "--budget", "1.5x", "--study", study,
             "--storage", storage, "--n-trials", str(n_trials), "--steps", str(steps), "--json", *extra]
 
 
 def env_for(token_cache, **extra):
-    return {**os.environ, "ILR_SEARCH_CACHE": str(token_cache), "ILR_SEARCH_HEARTBEAT_SECONDS": "1", **extra}
+    return {**os.environ, "ILR_SEARCH_CACHE": str(token_cache),
+            "ILR_SEARCH_HEARTBEAT_SECONDS": str(HEARTBEAT_SECONDS), **extra}
+
+
+def setup_run(space, storage, study, n_trials, tmp_path, token_cache):
+    """The run that makes the study a fault then meets, in this process (the faulty run is a real subprocess)."""
+    summary = run_study(load_space(space), "1.5x", study, storage, n_trials=n_trials,
+                        checkpoint_dir=tmp_path / "studies" / "checkpoints")
+    assert summary["n_complete"] + summary["n_pruned"] == n_trials
+
+
+def wait_until_stale(killed_at: float) -> None:
+    """A killed worker's last heartbeat is at most `killed_at`: once the grace period has passed since then, the
+    next run finds its trial stale (a fixed shorter sleep raced the next run's start-up)."""
+    time.sleep(max(0.0, killed_at + GRACE_SECONDS + 0.2 - time.time()))
 
 
 def load(storage, study):
@@ -67,10 +90,10 @@ def check_accounted(storage, study_name):
 
 
 @pytest.mark.parametrize("backend", ["postgres", "journal"])
-def test_three_workers_one_killed(backend, request, tmp_path, token_cache):
+def test_three_workers_one_killed(backend, request, tmp_path, token_cache, space):
     storage = request.getfixturevalue("postgres_url") if backend == "postgres" else f"journal:{tmp_path / 'j.log'}"
     env = env_for(token_cache)
-    cmd = run_cmd(storage, "crowd", 10, "--sampler", "random", "--pruner", "none", steps=120)
+    cmd = run_cmd(space, storage, "crowd", 8, "--sampler", "random", "--pruner", "none", steps=120)
     workers = [subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                for _ in range(3)]
     victim = workers[0]
@@ -87,25 +110,26 @@ def test_three_workers_one_killed(backend, request, tmp_path, token_cache):
             raise
         time.sleep(0.5)
         victim.send_signal(signal.SIGKILL)
+        killed_at = time.time()
         outs = [w.communicate(timeout=400) for w in workers[1:]]
         assert all(w.returncode == 0 for w in workers[1:]), [o[1][-1500:] for o in outs]
     finally:
         for w in workers:
             if w.poll() is None:
                 w.kill()
-    time.sleep(3.5)  # past the heartbeat grace period; the next run fails and retries the victim's trial
+    wait_until_stale(killed_at)  # the next run fails and retries the victim's trial
     final = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
     assert final.returncode == 0, final.stderr[-2000:]
     study = check_accounted(storage, "crowd")
-    assert sum(has_result(t) for t in study.trials) >= 10
+    assert sum(has_result(t) for t in study.trials) >= 8
+    assert any(t.state == TrialState.FAIL for t in study.trials)  # the victim's trial was failed (and retried)
 
 
-def test_locked_sqlite_waits_with_a_message_then_proceeds(tmp_path, token_cache):
+def test_locked_sqlite_waits_with_a_message_then_proceeds(tmp_path, token_cache, space):
     db = tmp_path / "locked.db"
     storage = f"sqlite:///{db}"
     env = env_for(token_cache)
-    first = subprocess.run(run_cmd(storage, "lock", 2), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert first.returncode == 0, first.stderr
+    setup_run(space, storage, "lock", 2, tmp_path, token_cache)
     holder = subprocess.Popen([sys.executable, "-c", (
         "import sqlite3, sys, time\n"
         f"c = sqlite3.connect({str(db)!r}, isolation_level=None)\n"
@@ -113,7 +137,7 @@ def test_locked_sqlite_waits_with_a_message_then_proceeds(tmp_path, token_cache)
         stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "locked"
     started = time.time()
-    proc = subprocess.run(run_cmd(storage, "lock", 3), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(run_cmd(space, storage, "lock", 3), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     holder.wait()
     assert proc.returncode == 0, proc.stderr
     assert "locked by another process" in proc.stderr
@@ -140,25 +164,26 @@ def integrity(db: Path) -> str:
         return conn.execute("PRAGMA integrity_check").fetchone()[0]
 
 
-def test_read_only_storage_is_refused_and_untouched(small_mount, tmp_path, token_cache):
+def test_read_only_storage_is_refused_and_untouched(small_mount, tmp_path, token_cache, space):
     db = small_mount / "ro.db"
     storage = f"sqlite:///{db}"
     env = env_for(token_cache)
-    assert subprocess.run(run_cmd(storage, "ro", 2), cwd=tmp_path, env=env, capture_output=True, timeout=300).returncode == 0
+    # a subprocess: this process must not hold the database open for writing, or the remount is refused (busy)
+    assert subprocess.run(run_cmd(space, storage, "ro", 2), cwd=tmp_path, env=env, capture_output=True, timeout=300).returncode == 0
     before = db.read_bytes()
     subprocess.run(["mount", "-o", "remount,ro", str(small_mount)], check=True)
-    proc = subprocess.run(run_cmd(storage, "ro", 4), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(run_cmd(space, storage, "ro", 4), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert_one_line_error(proc)
     assert db.read_bytes() == before and integrity(db) == "ok"
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
         assert conn.execute("SELECT COUNT(*) FROM trials WHERE state IN ('COMPLETE', 'PRUNED')").fetchone()[0] == 2
 
 
-def test_full_disk_gives_a_clear_error_and_keeps_finished_trials(small_mount, tmp_path, token_cache):
+def test_full_disk_gives_a_clear_error_and_keeps_finished_trials(small_mount, tmp_path, token_cache, space):
     db = small_mount / "full.db"
     storage = f"sqlite:///{db}"
     env = env_for(token_cache)
-    assert subprocess.run(run_cmd(storage, "full", 2), cwd=tmp_path, env=env, capture_output=True, timeout=300).returncode == 0
+    setup_run(space, storage, "full", 2, tmp_path, token_cache)
     finished = {t.number: t.values for t in load(storage, "full").trials if t.state.is_finished()}
     filler = small_mount / "filler"
     fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
@@ -169,7 +194,7 @@ def test_full_disk_gives_a_clear_error_and_keeps_finished_trials(small_mount, tm
         pass
     finally:
         os.close(fd)
-    proc = subprocess.run(run_cmd(storage, "full", 6), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(run_cmd(space, storage, "full", 6), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     # the run had started (its progress is on stderr): it ends with one error line, exit 2, no traceback
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
@@ -179,13 +204,13 @@ def test_full_disk_gives_a_clear_error_and_keeps_finished_trials(small_mount, tm
     kept = {t.number: t.values for t in load(storage, "full").trials if t.state.is_finished() and t.number in finished}
     assert kept == finished
     # with space again, the same command resumes
-    again = subprocess.run(run_cmd(storage, "full", 4), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    again = subprocess.run(run_cmd(space, storage, "full", 4), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-2000:]
 
 
-def test_diverging_proxy_fails_with_its_reason_and_the_study_goes_on(tmp_path, token_cache):
+def test_diverging_proxy_fails_with_its_reason_and_the_study_goes_on(tmp_path, token_cache, space):
     storage = f"sqlite:///{tmp_path / 'div.db'}"
-    proc = subprocess.run(run_cmd(storage, "div", 3, "--lr", "10"), cwd=tmp_path, env=env_for(token_cache),
+    proc = subprocess.run(run_cmd(space, storage, "div", 3, "--lr", "10"), cwd=tmp_path, env=env_for(token_cache),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
@@ -195,10 +220,10 @@ def test_diverging_proxy_fails_with_its_reason_and_the_study_goes_on(tmp_path, t
     assert all(t.user_attrs["status"] == "diverged" and "loss" in t.user_attrs["reason"] for t in failed)
 
 
-def test_ctrl_c_stops_within_seconds_with_trials_recorded(tmp_path, token_cache):
+def test_ctrl_c_stops_within_seconds_with_trials_recorded(tmp_path, token_cache, space):
     storage = f"sqlite:///{tmp_path / 'int.db'}"
     env = env_for(token_cache)
-    cmd = run_cmd(storage, "int", 6, "--pruner", "none", steps=400)
+    cmd = run_cmd(space, storage, "int", 3, "--pruner", "none", steps=200)
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: sum(t.state == TrialState.COMPLETE for t in load(storage, "int").trials) >= 1
