@@ -12,13 +12,14 @@ from pathlib import Path
 import optuna
 import pytest
 
-from conftest import assert_one_line_error
+from conftest import ROOT, assert_one_line_error
 from ilr_search.flops import parse_budget
 from ilr_search.model import ModelConfig
 from ilr_search.study import repair_to_budget, seed_maps
 
-TINY = ["--layers", "4", "--d-model", "32", "--heads", "2", "--seq-len", "64", "--batch-size", "8", "--dtype", "fp32",
-        "--budget", "1.5x"]
+# tests/spaces/cli.toml: the default space's settings at test size, without reference runs
+TINY = ["--space", str(ROOT / "tests" / "spaces" / "cli.toml"), "--layers", "4", "--d-model", "32", "--heads", "2",
+        "--seq-len", "64", "--batch-size", "8", "--dtype", "fp32", "--budget", "1.5x"]
 
 
 def run_args(name, db, steps=20, n_trials=6, *extra):
@@ -101,7 +102,9 @@ def test_repair_keeps_maps_within_budget_and_their_shape():
 def test_kill_9_loses_no_trial_and_the_killed_one_is_retried(tmp_path, token_cache):
     db = tmp_path / "k.db"
     env = {**os.environ, "ILR_SEARCH_CACHE": str(token_cache), "ILR_SEARCH_HEARTBEAT_SECONDS": "1"}
-    cmd = [sys.executable, "-m", "ilr_search", *run_args("killed", db, 300, 4, "--pruner", "none")]
+    # 200 steps with a checkpoint every 50 (cli.toml): the kill lands inside the third trial, past a checkpoint;
+    # the resume trains the fourth (a queued seed map) and then the killed trial's retry
+    cmd = [sys.executable, "-m", "ilr_search", *run_args("killed", db, 200, 4, "--pruner", "none")]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 240
     try:
@@ -122,11 +125,12 @@ def test_kill_9_loses_no_trial_and_the_killed_one_is_retried(tmp_path, token_cac
             pytest.fail("the run never reached its third trial")
     finally:
         proc.send_signal(signal.SIGKILL)
+        killed_at = time.time()
         proc.wait()
     before = {t.number: (t.state, t.values) for t in load(db, "killed").trials}
     killed = [n for n, (s, _) in before.items() if s == optuna.trial.TrialState.RUNNING]
     assert len(killed) == 1
-    time.sleep(3.5)  # past the heartbeat grace period (2 x 1 s + 1 s)
+    time.sleep(max(0.0, killed_at + 4 * 1 + 1 + 0.2 - time.time()))  # past the heartbeat grace period (4 x 1 s + 1 s)
     resumed = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     after = {t.number: t for t in load(db, "killed").trials}
