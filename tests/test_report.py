@@ -8,7 +8,7 @@ import optuna
 import pandas as pd
 import pytest
 
-from conftest import ROOT, assert_one_line_error
+from conftest import NO_REFERENCES, ROOT, assert_one_line_error, write_space
 from ilr_search.study import study_front
 
 SPACE = str(ROOT / "tests" / "spaces" / "tiny.toml")
@@ -50,7 +50,9 @@ def test_study_has_pruned_trials_with_reasons(pruned_study, cli):
 
 def test_pruning_trains_fewer_steps_than_the_same_study_without(pruned_study, cli, tmp_path):
     _, _, pruned = pruned_study
-    plain = json.loads(cli("run", "--space", SPACE, "--budget", "2x", "--study", "rep", "--storage",
+    # the same study without pruning; its reference runs (not counted in steps_trained) are left out
+    space = str(write_space(tmp_path / "plain.toml", search=NO_REFERENCES))
+    plain = json.loads(cli("run", "--space", space, "--budget", "2x", "--study", "rep", "--storage",
                            f"sqlite:///{tmp_path / 'plain.db'}", "--n-trials", "10", "--sampler", "random",
                            "--pruner", "none", "--json", check=True).stdout)
     assert plain["n_pruned"] == 0 and plain["steps_saved_by_pruning"] == 0
