@@ -182,16 +182,25 @@ def run(
     sampler: Annotated[Optional[str], typer.Option(help="auto|tpe|nsga2|gp|random|grid. \\[default: auto]")] = None,
     pruner: Annotated[Optional[str], typer.Option(help="pareto (calibrated: prunes only at rungs that predict the final ranking) | pareto-eager (the uncalibrated rule) | median | none. \\[default: pareto]")] = None,
     objective: Annotated[Optional[str], typer.Option(help="pareto (perplexity and FLOPs) or ppl (budget as a constraint only).")] = None,
+    workers: Annotated[int, typer.Option(help="Worker processes on this machine, sharing the study and the device.")] = 1,
     json_out: Json = False,
 ) -> None:
     """Search reuse maps under a FLOP budget; running it again resumes the study."""
     from .space import load_space
-    from .study import run_study
 
     overrides = opts.overrides() | {"search": {"objective": objective}}
     space = load_space(opts.space, overrides)
-    with ui.RichReporter(enabled=True) as reporter:
-        summary = run_study(space, budget, study, storage, n_trials, timeout, sampler, pruner, reporter)
+    if workers != 1:
+        from .workers import RunArgs, run_workers
+
+        with ui.WorkersReporter(enabled=True) as reporter:
+            summary = run_workers(RunArgs(space, budget, study, storage, n_trials, timeout, sampler, pruner),
+                                  workers, reporter)
+    else:
+        from .study import run_study
+
+        with ui.RichReporter(enabled=True) as reporter:
+            summary = run_study(space, budget, study, storage, n_trials, timeout, sampler, pruner, reporter)
     emit(summary, json_out, ui.print_run)
     if summary.get("interrupted"):
         raise typer.Exit(130)

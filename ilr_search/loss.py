@@ -51,7 +51,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
         need_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
         n, vocab = h.shape[0], w.shape[0]
         hc, wc = h.to(compute_dtype), w.to(compute_dtype)
-        chunk = max(1, LOGITS_PER_CHUNK // vocab)
+        n_chunks = -(-n // max(1, LOGITS_PER_CHUNK // vocab))
+        chunk = -(-n // n_chunks)  # equal chunks: one compiled shape (plus at most one shorter last chunk)
         total = torch.zeros((), dtype=torch.float32, device=h.device)
         grad_h = torch.empty_like(hc) if need_grad else None
         grad_w = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if need_grad else None

@@ -374,7 +374,9 @@ def ensure_schema(engine: sa.Engine) -> None:
         except (IntegrityError, ProgrammingError, OperationalError) as e:
             # Workers starting together race to create the tables (PostgreSQL: duplicate type/table): the
             # other one won; look again. A lock held by another SQLite writer: wait and look again.
-            if attempt == 9 or not isinstance(e, (IntegrityError, ProgrammingError)) and "locked" not in str(e):
+            # SQLite says "table ... already exists" when another process created it between check and create.
+            raced = isinstance(e, (IntegrityError, ProgrammingError)) or "already exists" in str(e)
+            if attempt == 9 or not raced and "locked" not in str(e):
                 raise
             time.sleep(0.1 * (attempt + 1))
     with engine.begin() as conn:

@@ -227,6 +227,17 @@ def summarize(study: optuna.Study, spec: StorageSpec, store: Store) -> dict[str,
     }
 
 
+def summarize_stored(storage: str | None, study_name: str) -> dict[str, Any]:
+    """The `run` summary of a stored study, trained nothing (an interrupted multi-worker run)."""
+    spec = parse_storage(storage)
+    study = open_study(spec, study_name)
+    summary = summarize(study, spec, open_store(spec, study_name))
+    settings = study.user_attrs.get(SAMPLER_ATTR, {})
+    summary["sampler"] = settings.get("sampler")
+    summary["pruner"] = PrunerSettings.from_dict(settings["pruner"]).name if "pruner" in settings else None
+    return summary
+
+
 def fidelity_of(study: optuna.Study, store: Store, trials: list[FrozenTrial] | None = None) -> dict[str, Any]:
     """The study's fidelity (rung agreement, noise, second seed, audits, verdict) from its trials and rows."""
     trials = study.get_trials(deepcopy=False) if trials is None else trials
@@ -353,10 +364,14 @@ class SearchRun:
                 self.reporter.message(f"map {key} is being trained by trial {holder}; waiting for its result")
                 waited = True
             time.sleep(min(2.0, heartbeat_interval()))
-            if self.spec.kind == "journal":
-                sweep_stale_journal_trials(self.study, spare=self._trial_by_number(number)._trial_id)
-            else:
-                optuna.storages.fail_stale_trials(self.study)
+            self.sweep_stale(spare=self._trial_by_number(number)._trial_id)
+
+    def sweep_stale(self, spare: int | None = None) -> None:
+        """Fail (and queue again) the trials of dead workers; never the trial `spare` of this worker."""
+        if self.spec.kind == "journal":
+            sweep_stale_journal_trials(self.study, spare=spare)
+        else:
+            optuna.storages.fail_stale_trials(self.study)
 
     def _trial_by_number(self, number: int) -> FrozenTrial | None:
         return next((t for t in self.study.get_trials(deepcopy=False) if t.number == number), None)
@@ -554,7 +569,8 @@ def _check_resume(spec: StorageSpec, plan: StudyPlan, sampler: str | None, prune
 def run_study(space: SpaceConfig, budget: str, study_name: str | None = None, storage: str | None = None,
               n_trials: int | None = None, timeout: float | None = None, sampler: str | None = None,
               pruner: str | None = None, reporter: RunReporter | None = None,
-              checkpoint_dir: str | Path | None = None, enqueue_maps: list[list[int]] | None = None) -> dict[str, Any]:
+              checkpoint_dir: str | Path | None = None, enqueue_maps: list[list[int]] | None = None,
+              reference_share: tuple[int, int] = (0, 1)) -> dict[str, Any]:
     """Run (or resume) a study until it has `n_trials` finished trials; returns the `run --json` summary.
 
     `sampler`/`pruner` given here override the space's and must match a resumed study's. `enqueue_maps` are
@@ -563,14 +579,26 @@ def run_study(space: SpaceConfig, budget: str, study_name: str | None = None, st
     """
     with disk_full_is_reported():
         return _run_study(space, budget, study_name, storage, n_trials, timeout, sampler, pruner, reporter,
-                          checkpoint_dir, enqueue_maps)
+                          checkpoint_dir, enqueue_maps, reference_share)
 
 
-def _run_study(space: SpaceConfig, budget: str, study_name: str | None = None, storage: str | None = None,
-              n_trials: int | None = None, timeout: float | None = None, sampler: str | None = None,
-              pruner: str | None = None, reporter: RunReporter | None = None,
-              checkpoint_dir: str | Path | None = None, enqueue_maps: list[list[int]] | None = None) -> dict[str, Any]:
-    reporter = reporter or RunReporter()
+@dataclass
+class PreparedStudy:
+    """A study checked, created (or loaded) with its settings and first maps, and its tokens at hand."""
+    space: SpaceConfig
+    spec: StorageSpec
+    plan: StudyPlan
+    study: optuna.Study
+    settings: dict[str, Any]
+    data: TokenData
+
+
+def prepare_study(space: SpaceConfig, budget: str, study_name: str | None = None, storage: str | None = None,
+                  n_trials: int | None = None, timeout: float | None = None, sampler: str | None = None,
+                  pruner: str | None = None, enqueue_maps: list[list[int]] | None = None) -> PreparedStudy:
+    """Everything `run` does before its first trial: check the input (nothing on disk changes when it is bad),
+    tokenize (cached), create or load the study, store its settings and enqueue the first maps. Workers
+    started after it find all of this in place."""
     spec = parse_storage(storage)
     if n_trials is not None and n_trials <= 0:
         raise UserInputError(f"--n-trials must be a positive number of trials, got {n_trials}")
@@ -610,7 +638,19 @@ def _run_study(space: SpaceConfig, budget: str, study_name: str | None = None, s
     first = seed_maps(plan.model.n_layers, space.search.max_reuse, max_runs) if space.search.enqueue_paper_maps else []
     for m in first + [list(m) for m in enqueue_maps or []]:
         study.enqueue_trial({f"r{i}": r for i, r in enumerate(m)}, skip_if_exists=True)
+    open_store(spec, plan.name)  # the project's tables too, before any worker races to create them
+    return PreparedStudy(space, spec, plan, study, settings, data)
 
+
+def _run_study(space: SpaceConfig, budget: str, study_name: str | None = None, storage: str | None = None,
+               n_trials: int | None = None, timeout: float | None = None, sampler: str | None = None,
+               pruner: str | None = None, reporter: RunReporter | None = None,
+               checkpoint_dir: str | Path | None = None, enqueue_maps: list[list[int]] | None = None,
+               reference_share: tuple[int, int] = (0, 1)) -> dict[str, Any]:
+    reporter = reporter or RunReporter()
+    prepared = prepare_study(space, budget, study_name, storage, n_trials, timeout, sampler, pruner, enqueue_maps)
+    space, spec, plan, study, settings, data = (prepared.space, prepared.spec, prepared.plan, prepared.study,
+                                                prepared.settings, prepared.data)
     store = open_store(spec, plan.name)
     # Worker k of the study (k = 0 for the first run, 1 for a resume or a second process...) samples from
     # stream k of the study's seed: reproducible, and concurrent workers do not propose the same maps.
@@ -631,17 +671,27 @@ def _run_study(space: SpaceConfig, budget: str, study_name: str | None = None, s
             if n_done >= target:  # other workers count too
                 st.stop()
 
-        started = time.monotonic()
+        started, told = time.monotonic(), False
         while not interrupted:
             seen = run.taken_over
             left = None if timeout is None else timeout - (time.monotonic() - started)
-            if (left is not None and left <= 0) or _n_finished(study) >= target:
+            trials = study.get_trials(deepcopy=False)
+            finished = sum(has_result(t) for t in trials)
+            running = sum(t.state == TrialState.RUNNING for t in trials)
+            if (left is not None and left <= 0) or finished >= target:
                 break
+            if finished + running >= target:
+                # Trials in flight (other workers', or a killed worker's until its heartbeat goes stale)
+                # would reach the target: wait for them rather than overshoot it; a failed one is retried.
+                if not told:
+                    reporter.message(f"waiting for {running} running trial(s) to reach {target}")
+                    told = True
+                time.sleep(min(2.0, heartbeat_interval()))
+                run.sweep_stale()
+                continue
             try:
-                study.optimize(run.objective, n_trials=target - _n_finished(study), timeout=left,
-                               catch=(TrialDiverged,), callbacks=[after_trial], gc_after_trial=False,
-                               show_progress_bar=False)
-                break
+                study.optimize(run.objective, n_trials=1, timeout=left, catch=(TrialDiverged,),
+                               callbacks=[after_trial], gc_after_trial=False, show_progress_bar=False)
             except KeyboardInterrupt:
                 interrupted = True
             except (TrialTakenOver, ValueError):
@@ -650,7 +700,7 @@ def _run_study(space: SpaceConfig, budget: str, study_name: str | None = None, s
                 if run.taken_over == seen:
                     raise
     if not interrupted and _n_finished(study) >= target:
-        train_references(run)
+        train_references(run, reference_share)
     save_current_front(store, study.get_trials(deepcopy=False))
     for folder in (run.checkpoint_root, *run.checkpoint_root.parents[:2]):  # checkpoints go when their trials end
         try:
@@ -720,11 +770,15 @@ def reference_runs(plan: StudyPlan, trials: list[FrozenTrial]) -> list[tuple[str
     return runs
 
 
-def train_references(run: SearchRun) -> None:
+def train_references(run: SearchRun, share: tuple[int, int] = (0, 1)) -> None:
     """Train the missing reference runs once per study and store them in the study's attributes (the second
-    seed is trained again when the best recurrent map changed)."""
+    seed is trained again when the best recurrent map changed). With `share` (k, n), worker k of n trains
+    the k-th, (k+n)-th, ... of them; whoever runs `run` last trains what is still missing."""
     plan, study = run.plan, run.study
-    for name, schedule, seed, reuse_map in reference_runs(plan, study.get_trials(deepcopy=False)):
+    k, n = share
+    for index, (name, schedule, seed, reuse_map) in enumerate(reference_runs(plan, study.get_trials(deepcopy=False))):
+        if index % n != k:
+            continue
         stored = study.user_attrs.get(f"{REFERENCE_PREFIX}{name}")
         if stored is not None and stored.get("schedule") == schedule:
             continue

@@ -112,13 +112,13 @@ class RichReporter:
         if self.trial_task is not None:
             self.progress.update(self.trial_task, completed=step, total=steps, info=f"loss {loss:.3f}")
 
-    def trial_finished(self, row: dict[str, Any], front: list[dict[str, Any]], finished: int) -> None:
+    def trial_finished(self, row: dict[str, Any], front: list[dict[str, Any]], finished: int, who: str = "") -> None:
         if self.study_task is not None:
             self.progress.update(self.study_task, completed=finished)
         if not self.enabled:
             return
         self.progress.console.print(
-            f"trial {row['trial']} {row['state'].lower()}: map {_fmt(row['reuse_map'])}, {_fmt(row['flops_ratio'])}x, "
+            f"{who}trial {row['trial']} {row['state'].lower()}: map {_fmt(row['reuse_map'])}, {_fmt(row['flops_ratio'])}x, "
             f"ppl {_fmt(row['val_ppl'])}" + (f" (reused trial {row['reused_from']})" if row.get("reused_from") is not None else "")
             + (f" ({row['reason']})" if row["state"] != "COMPLETE" and row.get("reason") else ""))
         if not front:
@@ -133,6 +133,41 @@ class RichReporter:
     def message(self, text: str) -> None:
         if self.enabled:
             self.progress.console.print(text)
+
+
+class WorkersReporter(RichReporter):
+    """`run --workers N`: one progress row per worker (its trial, map, steps and loss) under the study's row;
+    finished trials and messages are printed with the worker's number."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        super().__init__(enabled)
+        self.worker_tasks: dict[int, Any] = {}
+
+    def worker_study_started(self, worker: int, study: str, target: int, finished: int) -> None:
+        if self.study_task is None:
+            self.study_started(study, target, finished)
+        self.worker_tasks[worker] = self.progress.add_task(f"worker {worker}", total=1, info="starting")
+
+    def worker_trial_started(self, worker: int, number: int, reuse_map: list[int], steps: int) -> None:
+        task = self.worker_tasks.get(worker)
+        if task is not None:
+            self.progress.update(task, completed=0, total=steps, info=f"trial {number} map {_fmt(reuse_map)}")
+
+    def worker_step(self, worker: int, step: int, steps: int, loss: float) -> None:
+        task = self.worker_tasks.get(worker)
+        if task is not None:
+            info = self.progress.tasks[task].fields["info"].split(" loss ")[0]
+            self.progress.update(task, completed=step, total=steps, info=f"{info} loss {loss:.3f}")
+
+    def worker_trial_finished(self, worker: int, row: dict[str, Any], front: list[dict[str, Any]], finished: int) -> None:
+        self.trial_finished(row, front, finished, who=f"worker {worker}: ")
+
+    def worker_message(self, worker: int, text: str) -> None:
+        self.message(f"worker {worker}: {text}")
+
+    def study_started(self, study: str, target: int, finished: int) -> None:
+        if self.study_task is None:
+            super().study_started(study, target, finished)
 
 
 def print_run(summary: dict[str, Any]) -> None:

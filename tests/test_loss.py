@@ -15,28 +15,33 @@ from ilr_search.train import SYNC_EVERY, train_proxy
 
 
 def _reference(h, w, y, dtype, reduction):
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16)
+    autocast = torch.autocast(h.device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16)
     with autocast:
         return F.cross_entropy(F.linear(h, w).float(), y, reduction=reduction)
 
 
+# On a CUDA machine (benchmarks/gpu_check.sh) the compiled head is checked too.
+DEVICES = [("cpu", False)] + ([("cuda", False), ("cuda", True)] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device,compiled", DEVICES)
 @pytest.mark.parametrize("dtype,rtol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
-def test_fused_loss_and_gradients_equal_cross_entropy(monkeypatch, dtype, rtol, reduction):
+def test_fused_loss_and_gradients_equal_cross_entropy(monkeypatch, dtype, rtol, reduction, device, compiled):
     monkeypatch.setattr(loss_module, "LOGITS_PER_CHUNK", 97 * 64)  # several chunks, the last one short
     torch.manual_seed(0)
     vocab, n, d = 97, 300, 24
-    h0, w0 = torch.randn(n, d), torch.randn(vocab, d) * 0.2
-    y = torch.randint(0, vocab, (n,))
+    h0, w0 = torch.randn(n, d, device=device), torch.randn(vocab, d, device=device) * 0.2
+    y = torch.randint(0, vocab, (n,), device=device)
     results = []
     for fn in (lambda h, w: _reference(h, w, y, dtype, reduction),
-               lambda h, w: linear_cross_entropy(h, w, y, dtype, reduction)):
+               lambda h, w: linear_cross_entropy(h, w, y, dtype, reduction, compiled=compiled)):
         h, w = h0.clone().requires_grad_(), w0.clone().requires_grad_()
         out = fn(h, w)
         (out * 1.7).backward()  # an upstream gradient other than 1 must be carried through
         results.append((out.detach(), h.grad, w.grad))
     (ref, ref_gh, ref_gw), (got, gh, gw) = results
-    assert got.dtype == torch.float32 and gh.dtype == h0.dtype and gw.dtype == w0.dtype
+    assert got.dtype == torch.float32 and got.device.type == device and gh.dtype == h0.dtype and gw.dtype == w0.dtype
     torch.testing.assert_close(got, ref, rtol=rtol, atol=1e-6)
     scale = 1.0 if dtype == torch.float32 else ref_gh.abs().max().item()
     torch.testing.assert_close(gh, ref_gh, rtol=rtol, atol=rtol * scale)
@@ -88,3 +93,29 @@ def test_training_reads_the_loss_once_per_window_not_once_per_step(token_cache):
     short, long = SYNC_EVERY, 4 * SYNC_EVERY
     extra = _reads(tokens, long) - _reads(tokens, short)
     assert 0 < extra <= (long - short) // SYNC_EVERY, f"{extra} value reads for {long - short} more steps"
+
+
+def _cuda_syncs(tokens, steps: int) -> int:
+    import warnings
+
+    model = ModelConfig(vocab_size=256, n_layers=2, d_model=64, n_heads=2, seq_len=64)
+    cfg = TrainConfig(steps=steps, batch_size=8, eval_windows=8, dtype="bf16", device="cuda", eval_fractions=(1.0,))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            result = train_proxy(model, reuse_map_schedule([2, 1]), tokens, cfg)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert result.status == "ok"
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (benchmarks/gpu_check.sh runs it)")
+def test_cuda_training_syncs_once_per_window_bf16_compiled(token_cache):
+    """On CUDA, bf16 and compiled layers: CUDA's own sync detector counts the synchronising calls."""
+    tokens = load_tokens(DataConfig(), root=token_cache)
+    _cuda_syncs(tokens, SYNC_EVERY)  # compiles once
+    short, long = SYNC_EVERY, 4 * SYNC_EVERY
+    extra = _cuda_syncs(tokens, long) - _cuda_syncs(tokens, short)
+    assert extra <= (long - short) // SYNC_EVERY, f"{extra} synchronising calls for {long - short} more steps"

@@ -1,0 +1,173 @@
+"""`run --workers N`: N worker processes on one study and one device, with per-worker progress.
+
+The parent prepares the study (checks, tokens, settings, first maps) so that workers only load it, checks
+that N proxies fit in the device's memory, starts the workers (spawned: CUDA cannot be forked), shows
+their progress, and once they end resumes the study itself: whatever a dead worker left undone and the
+reference runs still missing are done there, and the summary is made from the storage. Workers share the
+study's storage (SQLite included: short transactions, a 60 s busy timeout); claims keep any two of them from
+training one map, and each worker samples from its own stream.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing as mp
+import os
+import queue
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import UserInputError
+from .model import ModelConfig
+from .space import SpaceConfig
+from .study import RunReporter, disk_full_is_reported, prepare_study, run_study
+from .train import resolve_device
+
+GIB = 1 << 30
+CUDA_CONTEXT_BYTES = GIB  # per process: the CUDA context, cuBLAS/cuDNN workspaces, compiled kernels
+
+
+@dataclass(frozen=True)
+class RunArgs:
+    """What every worker passes to `run_study`: the same study, the same settings."""
+    space: SpaceConfig
+    budget: str
+    study_name: str | None
+    storage: str | None
+    n_trials: int | None
+    timeout: float | None
+    sampler: str | None
+    pruner: str | None
+    enqueue_maps: tuple[tuple[int, ...], ...] = ()  # tried first (the parent enqueues them)
+
+
+def proxy_memory_bytes(model: ModelConfig, layer_runs: int, batch_size: int, bf16: bool) -> int:
+    """An upper estimate of one proxy's device memory: fp32 weights, gradients and AdamW moments (16 bytes a
+    parameter), activations kept for backward (about 24 values per token and width per layer run in the
+    compute dtype, SwiGLU's 4x hidden included; flash attention keeps no T x T matrix), and one chunk of
+    fp32 logits with its gradient (loss.py)."""
+    from .loss import LOGITS_PER_CHUNK
+    from .model import param_count
+
+    value_bytes = 2 if bf16 else 4
+    tokens = batch_size * model.seq_len
+    activations = layer_runs * tokens * model.d_model * (24 + 3 * model.mlp_ratio) * value_bytes
+    logits = 3 * min(LOGITS_PER_CHUNK, tokens * model.vocab_size) * 4
+    return int(16 * param_count(model) + activations + logits + tokens * model.d_model * 8)
+
+
+def check_device_memory(model: ModelConfig, layer_runs: int, batch_size: int, device: str, dtype: str,
+                        workers: int) -> None:
+    """On CUDA: N proxies of the largest map the budget allows must fit in the free memory, or one clear error."""
+    dev = resolve_device(device)
+    if dev.type != "cuda":
+        return
+    import torch
+
+    free, total = torch.cuda.mem_get_info(dev)
+    bf16 = dtype != "fp32"
+    need_one = proxy_memory_bytes(model, layer_runs, batch_size, bf16) + CUDA_CONTEXT_BYTES
+    if workers * need_one > free:
+        fit = max(0, free // need_one)
+        raise UserInputError(
+            f"--workers {workers} needs about {workers * need_one / GIB:.1f} GiB of GPU memory ({need_one / GIB:.1f} "
+            f"GiB per proxy of {layer_runs} layer runs at batch {batch_size}), but {free / GIB:.1f} of "
+            f"{total / GIB:.1f} GiB are free; use --workers {fit} or less" + (", or a smaller --batch-size" if fit == 0 else ""))
+
+
+class QueueReporter(RunReporter):
+    """A worker's events, sent to the parent's display."""
+
+    def __init__(self, events: Any, worker: int) -> None:
+        self.events, self.worker = events, worker
+
+    def study_started(self, study: str, target: int, finished: int) -> None:
+        self.events.put(("study_started", self.worker, study, target, finished))
+
+    def trial_started(self, number: int, reuse_map: list[int], steps: int) -> None:
+        self.events.put(("trial_started", self.worker, number, reuse_map, steps))
+
+    def step(self, step: int, steps: int, loss: float) -> None:
+        self.events.put(("step", self.worker, step, steps, loss))
+
+    def trial_finished(self, row: dict[str, Any], front: list[dict[str, Any]], finished: int) -> None:
+        self.events.put(("trial_finished", self.worker, row, front, finished))
+
+    def message(self, text: str) -> None:
+        self.events.put(("message", self.worker, text))
+
+
+def _worker_main(args: RunArgs, worker: int, workers: int, events: Any) -> None:
+    """One worker process: the study's trials until it has n_trials, then its share of the reference runs."""
+    import torch
+
+    if resolve_device(args.space.train.device).type == "cpu":  # the cores are shared out, not oversubscribed
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+    reporter = QueueReporter(events, worker)
+    try:
+        summary = run_study(args.space, args.budget, args.study_name, args.storage, args.n_trials, args.timeout,
+                            args.sampler, args.pruner, reporter, reference_share=(worker, workers))
+    except KeyboardInterrupt:
+        raise SystemExit(130)
+    except UserInputError as e:
+        reporter.message(f"error: {e}")
+        raise SystemExit(2)
+    raise SystemExit(130 if summary.get("interrupted") else 0)
+
+
+def run_workers(args: RunArgs, workers: int, reporter: Any) -> dict[str, Any]:
+    """Run the study with `workers` processes; returns the `run --json` summary (with per-worker exit codes)."""
+    if workers < 1:
+        raise UserInputError(f"--workers must be at least 1, got {workers}")
+    with disk_full_is_reported():
+        prepared = prepare_study(args.space, args.budget, args.study_name, args.storage, args.n_trials,
+                                 args.timeout, args.sampler, args.pruner, [list(m) for m in args.enqueue_maps])
+    plan = prepared.plan
+    check_device_memory(plan.model, plan.budget.max_layer_runs(plan.model), plan.space.train.batch_size,
+                        plan.space.train.device, plan.dtype, workers)
+    # Workers resume the study by name: a derived name is fixed here, so that none derives another.
+    args = dataclasses.replace(args, study_name=plan.name)
+    ctx = mp.get_context("spawn")
+    events = ctx.Queue()
+    procs = [ctx.Process(target=_worker_main, args=(args, k, workers, events), name=f"ilr-search worker {k}")
+             for k in range(workers)]
+    for p in procs:
+        p.start()
+    interrupted = False
+    try:
+        _relay(events, procs, reporter)
+    except KeyboardInterrupt:  # workers in the same terminal got the SIGINT too; tell the others
+        interrupted = True
+        for p in procs:
+            if p.is_alive() and p.pid is not None:
+                os.kill(p.pid, signal.SIGINT)
+        for p in procs:
+            p.join()
+    codes = [p.exitcode for p in procs]
+    interrupted = interrupted or any(c == 130 for c in codes)
+    for k, code in enumerate(codes):
+        if code not in (0, 130):
+            reporter.message(f"worker {k} ended with exit code {code}; its unfinished trial is retried")
+    if interrupted:
+        from .study import summarize_stored
+
+        summary = summarize_stored(args.storage, plan.name)
+        summary["interrupted"] = True
+    else:  # what a dead worker left undone, and the references still missing (the best map may have changed)
+        summary = run_study(args.space, args.budget, plan.name, args.storage, args.n_trials, args.timeout,
+                            args.sampler, args.pruner, reporter)
+    summary["workers"] = [{"worker": k, "exit_code": code} for k, code in enumerate(codes)]
+    return summary
+
+
+def _relay(events: Any, procs: list[Any], reporter: Any) -> None:
+    """Forward worker events to the reporter until every worker has ended and its events are shown."""
+    while True:
+        try:
+            kind, worker, *rest = events.get(timeout=0.2)
+        except queue.Empty:
+            if not any(p.is_alive() for p in procs):
+                return
+            continue
+        getattr(reporter, f"worker_{kind}")(worker, *rest)
