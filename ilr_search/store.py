@@ -26,8 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import logging
+
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+
+log = logging.getLogger("ilr_search")
 
 SCHEMA_VERSION = 1
 
@@ -201,17 +205,24 @@ def _audit_row(r: Any) -> AuditRow:
                     r.get("reason"))
 
 
+LOCK_WAIT_S = 120.0  # total wait for another SQLite writer, the busy timeout of each attempt included
+
+
 def _retry_locked(fn):
-    """SQLite answers `database is locked` when another process holds the write lock: wait and retry."""
+    """SQLite answers `database is locked` when another process held the write lock past the busy timeout:
+    say so once on stderr and try again, for LOCK_WAIT_S in all (not 60 silent busy timeouts in a row)."""
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        delay = 0.05
-        for attempt in range(60):
+        start, delay, told = time.monotonic(), 0.05, False
+        while True:
             try:
                 return fn(*args, **kwargs)
             except OperationalError as e:
-                if "locked" not in str(e) or attempt == 59:
+                if "locked" not in str(e) or time.monotonic() - start > LOCK_WAIT_S:
                     raise
+                if not told:
+                    log.warning("storage is locked by another process; waiting up to %.0f s in all", LOCK_WAIT_S)
+                    told = True
                 time.sleep(delay)
                 delay = min(1.0, delay * 2)
 
@@ -289,15 +300,20 @@ class SQLStore(Store):
 
     @_retry_locked
     def save_front(self, n_complete: int, front: list[dict[str, Any]]) -> None:
-        with self.engine.begin() as conn:
-            conn.execute(fronts_table.delete().where(fronts_table.c.study == self.study,
-                                                     fronts_table.c.n_complete == n_complete))
-            if front:
-                conn.execute(fronts_table.insert(), [
-                    {"study": self.study, "n_complete": n_complete, "position": i, "trial_number": p["trial"],
-                     "reuse_map": ",".join(map(str, p["reuse_map"])), "flops_ratio": p["flops_ratio"],
-                     "val_ppl": p["val_ppl"], "val_bpb": p.get("val_bpb"), "params": p.get("params")}
-                    for i, p in enumerate(front)])
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(fronts_table.delete().where(fronts_table.c.study == self.study,
+                                                         fronts_table.c.n_complete == n_complete))
+                if front:
+                    conn.execute(fronts_table.insert(), [
+                        {"study": self.study, "n_complete": n_complete, "position": i, "trial_number": p["trial"],
+                         "reuse_map": ",".join(map(str, p["reuse_map"])), "flops_ratio": p["flops_ratio"],
+                         "val_ppl": p["val_ppl"], "val_bpb": p.get("val_bpb"), "params": p.get("params")}
+                        for i, p in enumerate(front)])
+        except IntegrityError:
+            # Another worker saved this count's front between our delete and insert (PostgreSQL, read
+            # committed). The same count is the same set of complete trials, so its front is ours: done.
+            pass
 
     @_retry_locked
     def front_history(self) -> dict[int, list[dict[str, Any]]]:
