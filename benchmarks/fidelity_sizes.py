@@ -15,7 +15,7 @@ import time
 
 from scipy.stats import kendalltau, spearmanr
 
-from ilr_search.api import model_config
+from ilr_search.data import model_config
 from ilr_search.data import load_space_tokens
 from ilr_search.flops import flops_ratio
 from ilr_search.schedule import reuse_map_schedule

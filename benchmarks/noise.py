@@ -15,7 +15,7 @@ import itertools
 import statistics
 import time
 
-from ilr_search.api import model_config
+from ilr_search.data import model_config
 from ilr_search.data import load_space_tokens
 from ilr_search.flops import flops_ratio, parse_budget
 from ilr_search.schedule import reuse_map_schedule

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from ilr_search.api import model_config
+from ilr_search.data import model_config
 from ilr_search.data import load_space_tokens
 from ilr_search.schedule import resolve_schedule
 from ilr_search.space import load_space

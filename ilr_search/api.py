@@ -2,28 +2,21 @@
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .data import load_space_tokens, tokenizer_vocab_size
+from .data import check_vocab, load_space_tokens, model_config
 from .flops import describe, flops_ratio
 from .model import ModelConfig, param_count
 from .schedule import resolve_schedule
-from .space import SpaceConfig, load_space
+from .space import load_space
+from .results import finite_or_none
 from .train import OnStep, TrainResult, train_proxy
 
 Overrides = Mapping[str, Mapping[str, Any]]
 
 
-def model_config(space: SpaceConfig, vocab_size: int) -> ModelConfig:
-    return dataclasses.replace(space.model, vocab_size=vocab_size)
-
-
-def finite_or_none(x: float) -> float | None:
-    return x if isinstance(x, (int, float)) and math.isfinite(x) else None
 
 
 def flops_report(space: str | Path | None = None, overrides: Overrides | None = None,
@@ -31,7 +24,7 @@ def flops_report(space: str | Path | None = None, overrides: Overrides | None = 
     """`ilr-search flops`: FLOPs per token of a reuse map (or block recurrence) and its ratio to the all-ones map."""
     cfg_space = load_space(space, overrides)
     counts, schedule, block = resolve_schedule(cfg_space.model.n_layers, reuse_map, block)
-    cfg = model_config(cfg_space, tokenizer_vocab_size(cfg_space.data.tokenizer))
+    cfg = model_config(cfg_space)
     return describe(cfg, counts, schedule, cfg_space.train.tokens(cfg.seq_len), param_count(cfg), block)
 
 
@@ -69,6 +62,7 @@ def train_report(space: str | Path | None = None, overrides: Overrides | None = 
     cfg_space = load_space(space, overrides)
     counts, schedule, block = resolve_schedule(cfg_space.model.n_layers, reuse_map, block)  # before any data work
     data = load_space_tokens(cfg_space)
-    cfg = model_config(cfg_space, data.vocab_size)
+    cfg = model_config(cfg_space)
+    check_vocab(cfg, data.vocab_size)
     result = train_proxy(cfg, schedule, data, cfg_space.train, on_step=on_step)
     return train_result_dict(cfg, counts, result, block)

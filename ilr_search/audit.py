@@ -22,12 +22,11 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from .api import finite_or_none
-from .data import load_space_tokens
+from .data import check_vocab, load_space_tokens, model_config
 from .errors import UserInputError
 from .fidelity import audit_report
 from .model import ModelConfig
-from .results import is_baseline, study_front, trained_trials
+from .results import finite_or_none, is_baseline, study_front, trained_trials
 from .schedule import reuse_map_schedule
 from .space import DataConfig, SpaceConfig, TrainConfig
 from .storage import Heartbeat, grace_period, heartbeat_interval, open_store, parse_storage
@@ -218,7 +217,8 @@ def _row(store: Store, job: AuditJob, t: FrozenTrial) -> dict[str, Any]:
 def _train_job(store: Store, job: AuditJob, worker: str, trial: FrozenTrial, space: SpaceConfig, data: Any,
                reporter: RunReporter, checkpoints: Path) -> None:
     reuse_map = list(trial.user_attrs["reuse_map"])
-    model = dataclasses.replace(space.model, vocab_size=data.vocab_size)
+    model = model_config(space)
+    check_vocab(model, data.vocab_size)
     train_cfg = dataclasses.replace(space.train, seed=job.seed)
     checkpoint = checkpoints / f"{job.factor}x-seed{job.seed}-{job.map_key.replace(',', '-')}.pt"
     reporter.trial_started(trial.number, reuse_map, train_cfg.steps)

@@ -7,6 +7,7 @@ common random numbers: the windows depend on (seed, step) only, never on the mod
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -23,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from .errors import UserInputError
+from .model import ModelConfig
 from .space import DataConfig, SpaceConfig
 
 CACHE_FORMAT = 1
@@ -198,6 +200,17 @@ def _bytes_per_token(text: str, offsets: list[tuple[int, int]]) -> np.ndarray:
     ends = np.maximum.accumulate(np.asarray([e for _, e in offsets], dtype=np.int64)) if offsets else np.zeros(0, np.int64)
     covered = cumulative[ends]
     return np.diff(covered, prepend=0).astype(np.uint16)
+
+
+def model_config(space: SpaceConfig, vocab_size: int | None = None) -> ModelConfig:
+    """The space's model with its vocabulary: the tokenizer spec's size (bpe:N gives N even where the corpus
+    ran out of merges first), so that `flops`, `train`, `run` and `audit` build the same model."""
+    return dataclasses.replace(space.model, vocab_size=vocab_size or tokenizer_vocab_size(space.data.tokenizer))
+
+
+def check_vocab(cfg: ModelConfig, data_vocab: int) -> None:
+    if data_vocab > cfg.vocab_size:
+        raise DataError(f"the tokenizer has {data_vocab} ids, more than the model's vocabulary {cfg.vocab_size}")
 
 
 def tokenizer_vocab_size(spec: str) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from typing import Any
 
 import optuna
@@ -58,3 +60,7 @@ def trained_trials(trials: list[FrozenTrial]) -> list[FrozenTrial]:
 
 def is_baseline(reuse_map: list[int] | None) -> bool:
     return bool(reuse_map) and all(r == 1 for r in reuse_map)
+
+
+def finite_or_none(x: float) -> float | None:
+    return x if isinstance(x, (int, float)) and math.isfinite(x) else None

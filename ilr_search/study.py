@@ -20,13 +20,12 @@ import optuna
 import sqlalchemy as sa
 from optuna.trial import FrozenTrial, TrialState
 
-from .api import finite_or_none, model_config
-from .data import TokenData, load_space_tokens, tokenizer_vocab_size
+from .data import TokenData, load_space_tokens, model_config
 from .errors import StorageFullError, UserInputError
 from .flops import Budget, flops_ratio, parse_budget
 from .model import ModelConfig, param_count
 from .fidelity import audit_reports, best_recurrent, study_fidelity
-from .results import FINISHED, REFERENCE_PREFIX, has_result, references, study_front, trial_row
+from .results import FINISHED, REFERENCE_PREFIX, finite_or_none, has_result, references, study_front, trial_row
 from .pruning import Pruner, PrunerSettings, build_pruner
 from .schedule import block_schedule, format_reuse_map, reuse_map_schedule
 from .space import SpaceConfig, validate_space
@@ -146,7 +145,7 @@ def config_differences(stored: dict[str, Any], wanted: dict[str, Any], prefix: s
 
 def plan_study(space: SpaceConfig, budget_text: str, study_name: str | None) -> StudyPlan:
     """Everything about the study that can be checked without touching storage or data."""
-    model = model_config(space, tokenizer_vocab_size(space.data.tokenizer))
+    model = model_config(space)
     budget = parse_budget(budget_text, model)
     device = resolve_device(space.train.device)
     dtype = resolve_dtype(space.train.dtype, device, model, space.train.batch_size)
