@@ -535,6 +535,30 @@ def _adopt_stored_dtype(spec: StorageSpec, plan: StudyPlan) -> StudyPlan:
     return dataclasses.replace(plan, dtype=stored, config=config)
 
 
+def search_differences(settings: dict[str, Any], space: SpaceConfig, sampler_flag: str | None,
+                       pruner_flag: str | None) -> list[str]:
+    """How this run's sampler and pruner settings, from flags or the space's TOML alike, differ from a stored
+    study's. A study stored before calibrated pruning existed keeps its rule unless a flag asks for another."""
+    diffs = []
+    stored_sampler = settings.get("sampler", {}).get("requested")
+    if stored_sampler is not None and space.search.sampler != stored_sampler:
+        diffs.append(f"sampler: study has {stored_sampler!r}, this run asks for {space.search.sampler!r}")
+    if "pruner" not in settings:
+        return diffs
+    stored = PrunerSettings.from_dict(settings["pruner"])
+    wanted = pruner_settings(space)
+    if "min_spearman" not in settings["pruner"]:  # a study from before calibration: only a flag is checked
+        if pruner_flag is not None and pruner_flag != stored.name:
+            diffs.append(f"pruner: study has {stored.name!r}, this run asks for {pruner_flag!r}")
+        return diffs
+    for field in ("name", "eta", "epsilon", "warmup", "calibration_maps", "min_spearman"):
+        a, b = getattr(stored, field), getattr(wanted, field)
+        if a != b:
+            key = "pruner" if field == "name" else f"prune_{field}"
+            diffs.append(f"{key}: study has {a!r}, this run asks for {b!r}")
+    return diffs
+
+
 def _check_resume(spec: StorageSpec, plan: StudyPlan, sampler: str | None, pruner: str | None) -> dict[str, Any] | None:
     """The stored settings of an existing study of that name (None if new); refuses incompatible resumes."""
     if not spec.exists():
@@ -554,11 +578,7 @@ def _check_resume(spec: StorageSpec, plan: StudyPlan, sampler: str | None, prune
         raise UserInputError(f"study {plan.name!r} in {spec.masked} was not made by ilr-search; choose another --study")
     diffs = config_differences(stored, _canonical(plan.config))
     settings = study.user_attrs.get(SAMPLER_ATTR, {})
-    if sampler is not None and sampler != settings.get("sampler", {}).get("requested"):
-        diffs.append(f"sampler: study has {settings.get('sampler', {}).get('requested')!r}, this run asks for {sampler!r}")
-    stored_pruner = PrunerSettings.from_dict(settings["pruner"]).name if "pruner" in settings else None
-    if pruner is not None and pruner != stored_pruner:
-        diffs.append(f"pruner: study has {stored_pruner!r}, this run asks for {pruner!r}")
+    diffs += search_differences(settings, plan.space, sampler, pruner)
     if diffs:
         raise UserInputError(f"cannot resume study {plan.name!r} with another configuration ({'; '.join(diffs)}); "
                              "rerun with the study's settings or choose a new --study")
