@@ -146,16 +146,27 @@ def pareto_verdict(me: CurvePoint, peers: Sequence[CurvePoint], eta: float, epsi
     dominators = tuple(p.trial_number for p in points if dominates((p.val_loss, p.flops_ratio), mine))
     if not dominators:
         return Verdict(True, "on the rung's front")
+    kept = _within_best(me, points, eta, dominators)
+    if kept is not None:
+        return kept
     position, ranks = _rank_position(me, points)
     keep_n = max(1, math.ceil(len(points) / eta))
-    if position < keep_n:
-        return Verdict(True, f"rank {position + 1} of {len(points)}, within the best {keep_n}", dominators)
     front_loss = min(p.val_loss for i, p in enumerate(points) if ranks[i] == 0 and p.flops_ratio <= me.flops_ratio)
     if me.val_loss <= front_loss * (1 + epsilon):
         return Verdict(True, f"loss {me.val_loss:.4f} within {epsilon:.1%} of the front's {front_loss:.4f}", dominators)
     return Verdict(False, f"pruned at step {me.step}: loss {me.val_loss:.4f} at {me.flops_ratio:.3f}x is dominated by "
                           f"trial(s) {', '.join(map(str, dominators))} and ranks {position + 1} of {len(points)} "
                           f"(best {keep_n} continue)", dominators)
+
+
+def _within_best(me: CurvePoint, points: Sequence[CurvePoint], eta: float,
+                 dominators: tuple[int, ...]) -> Verdict | None:
+    """Keep `me` if it ranks within the best ceil(n / eta) of the rung's maps (rank by loss); else None."""
+    position, _ = _rank_position(me, points)
+    keep_n = max(1, math.ceil(len(points) / eta))
+    if position < keep_n:
+        return Verdict(True, f"rank {position + 1} of {len(points)}, within the best {keep_n}", dominators)
+    return None
 
 
 def calibrated_verdict(me: CurvePoint, peers: Sequence[CurvePoint], calibration: RungCalibration,
@@ -177,10 +188,9 @@ def calibrated_verdict(me: CurvePoint, peers: Sequence[CurvePoint], calibration:
     if not dominators:
         return Verdict(True, f"no map at {me.flops_ratio:.3f}x or less leads by more than the margin "
                              f"{margin:.4f} (the largest lead the end overturned)")
-    position, _ = _rank_position(me, points)
-    keep_n = max(1, math.ceil(len(points) / settings.eta))
-    if position < keep_n:
-        return Verdict(True, f"rank {position + 1} of {len(points)}, within the best {keep_n}", dominators)
+    kept = _within_best(me, points, settings.eta, dominators)
+    if kept is not None:
+        return kept
     return Verdict(False, f"pruned at step {me.step}: loss {me.val_loss:.4f} at {me.flops_ratio:.3f}x trails "
                           f"trial(s) {', '.join(map(str, dominators))} by more than the margin {margin:.4f}; "
                           f"Spearman {rho:+.2f} over {calibration.n_maps} complete maps at this rung", dominators)
