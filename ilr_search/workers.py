@@ -126,6 +126,9 @@ def run_workers(args: RunArgs, workers: int, reporter: Any) -> dict[str, Any]:
     plan = prepared.plan
     check_device_memory(plan.model, plan.budget.max_layer_runs(plan.model), plan.space.train.batch_size,
                         plan.space.train.device, plan.dtype, workers)
+    if workers > 1 and resolve_device(plan.space.train.device).type == "cuda":
+        reporter.message(f"{workers} worker processes share one GPU by time-slicing; on an H200 at the paper-small "
+                         "proxy they gave no more trials per hour than one (README, 'On a GPU')")
     # Workers resume the study by name: a derived name is fixed here, so that none derives another.
     args = dataclasses.replace(args, study_name=plan.name)
     ctx = mp.get_context("spawn")
