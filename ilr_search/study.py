@@ -648,8 +648,8 @@ def prepare_study(space: SpaceConfig, budget: str, study_name: str | None = None
     else:
         optuna.storages.fail_stale_trials(study)
     if CONFIG_ATTR not in study.user_attrs:
+        study.set_user_attr(SAMPLER_ATTR, settings)  # first: a worker that sees the configuration sees these too
         study.set_user_attr(CONFIG_ATTR, _canonical(plan.config))
-        study.set_user_attr(SAMPLER_ATTR, settings)
         study.set_metric_names(["val_ppl"] if len(directions) == 1 else ["val_ppl", "flops_ratio"])
     settings = study.user_attrs[SAMPLER_ATTR]
 

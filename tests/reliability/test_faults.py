@@ -89,42 +89,6 @@ def check_accounted(storage, study_name):
     return study
 
 
-@pytest.mark.parametrize("backend", ["postgres", "journal"])
-def test_three_workers_one_killed(backend, request, tmp_path, token_cache, space):
-    storage = request.getfixturevalue("postgres_url") if backend == "postgres" else f"journal:{tmp_path / 'j.log'}"
-    env = env_for(token_cache)
-    cmd = run_cmd(space, storage, "crowd", 8, "--sampler", "random", "--pruner", "none", steps=120)
-    workers = [subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-               for _ in range(3)]
-    victim = workers[0]
-    try:
-        def training_started():
-            running = [t for t in load(storage, "crowd").trials if t.state == TrialState.RUNNING]
-            return len(running) >= 3 and all("reuse_map" in t.user_attrs for t in running)
-        try:
-            wait_for(training_started, 180, "three trials to be training")
-        except BaseException:
-            for w in workers:
-                w.kill()
-            print("\n".join(w.communicate()[1][-3000:] for w in workers))
-            raise
-        time.sleep(0.5)
-        victim.send_signal(signal.SIGKILL)
-        killed_at = time.time()
-        outs = [w.communicate(timeout=400) for w in workers[1:]]
-        assert all(w.returncode == 0 for w in workers[1:]), [o[1][-1500:] for o in outs]
-    finally:
-        for w in workers:
-            if w.poll() is None:
-                w.kill()
-    wait_until_stale(killed_at)  # the next run fails and retries the victim's trial
-    final = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
-    assert final.returncode == 0, final.stderr[-2000:]
-    study = check_accounted(storage, "crowd")
-    assert sum(has_result(t) for t in study.trials) >= 8
-    assert any(t.state == TrialState.FAIL for t in study.trials)  # the victim's trial was failed (and retried)
-
-
 def test_locked_sqlite_waits_with_a_message_then_proceeds(tmp_path, token_cache, space):
     db = tmp_path / "locked.db"
     storage = f"sqlite:///{db}"
