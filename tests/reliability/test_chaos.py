@@ -7,12 +7,7 @@ from chaos import Chaos, CpuHog
 from conftest import NO_REFERENCES, write_space
 
 
-SQLITE_RACE = pytest.mark.xfail(strict=False, reason=(
-    "open defect: on SQLite two workers were seen running the same enqueued trial (both printed 'trial 0: "
-    "training map 2,2'), so both held its map claim; found by this test in a clean-clone CI, 2026-11-30"))
-
-
-@pytest.mark.parametrize("backend", ["journal", pytest.param("sqlite", marks=SQLITE_RACE), "postgres"])
+@pytest.mark.parametrize("backend", ["journal", "sqlite", "postgres"])
 def test_chaos_three_workers_under_load_three_kills(backend, request, tmp_path, token_cache):
     storage = {"journal": f"journal:{tmp_path / 'chaos.log'}", "sqlite": f"sqlite:///{tmp_path / 'chaos.db'}"}.get(backend) \
         or request.getfixturevalue("postgres_url")

@@ -1,10 +1,16 @@
 """Races between workers on the project's own tables, made to happen deterministically."""
 
+import json
+import subprocess
+import sys
 import threading
+import time
 
+import optuna
 import sqlalchemy as sa
+from optuna.trial import TrialState
 
-from ilr_search.storage import open_store, parse_storage
+from ilr_search.storage import open_storage, open_store, parse_storage
 from ilr_search.store import fronts_table
 
 FRONT = [{"trial": 0, "reuse_map": [1, 1], "flops_ratio": 1.0, "val_ppl": 20.0, "val_bpb": 4.0, "params": 10},
@@ -42,3 +48,37 @@ def test_two_workers_saving_the_same_front_at_once_on_postgres(postgres_url):
     history = store_b.front_history()
     assert [p["trial"] for p in history[5]] == [0, 3]
     engine_a.dispose()
+
+
+POP_ALL = """
+import json, sys
+import optuna
+from ilr_search.storage import open_storage, parse_storage
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+study = optuna.load_study(study_name="s", storage=open_storage(parse_storage(sys.argv[1]), heartbeat=False))
+sys.stdin.readline()  # start together
+popped = []
+while (trial_id := study._pop_waiting_trial_id()) is not None:
+    popped.append(trial_id)
+print(json.dumps(popped))
+"""
+
+
+def test_processes_popping_queued_trials_from_sqlite_never_share_one(tmp_path):
+    """Optuna guards the pop of an enqueued trial with SELECT ... FOR UPDATE, which SQLite ignores: before the
+    fix, 4 processes popping 60 queued trials popped 6-14 of them twice (3 runs of 3), and two workers trained
+    one trial at once under one claim."""
+    url = f"sqlite:///{tmp_path / 'q.db'}"
+    study = optuna.create_study(study_name="s", storage=open_storage(parse_storage(url), heartbeat=False))
+    for x in range(60):
+        study.enqueue_trial({"x": x})
+    workers = [subprocess.Popen([sys.executable, "-c", POP_ALL, url], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    time.sleep(0.5)  # let them import; a late starter only narrows the race
+    for w in workers:
+        w.stdin.write("go\n")
+        w.stdin.flush()
+    outputs = [w.communicate(timeout=120)[0] for w in workers]
+    popped = [trial_id for out in outputs for trial_id in json.loads(out)]
+    assert sorted(popped) == sorted(t._trial_id for t in study.get_trials())
+    assert all(t.state == TrialState.RUNNING for t in study.get_trials())
