@@ -3,6 +3,15 @@
 The schedule is a list of layer indices. The plain model runs [0, 1, ..., L-1]; intra-layer recurrence
 with reuse map [2, 1, 1, 1] runs [0, 0, 1, 2, 3]; block recurrence K=2 runs [0, 1, 2, 3, 0, 1, 2, 3].
 The parameters depend only on the architecture, never on the schedule.
+
+Recurrence knobs (all off by default) make a repeated layer behave differently at each pass. A layer's k-th
+run in the schedule (k = 0, 1, ...; in [0, 0, 1] layer 0 runs with k = 0, then k = 1) gets, before it runs:
+- injection "add": x += e at every k >= 1, where e is the embedding output (token, plus learned positions);
+  "gated": x += g_l * e, with a learned scalar g_l per layer, starting at 0 (the plain model);
+- iteration_encoding: x += E[k], a learned (max_reuse, d_model) table shared by the layers, starting at 0;
+- iteration_norms: the layer's two RMSNorms use gains of their own for each k (k = 0 uses the layer's norms);
+- init_depth D > 0: residual projections start with std 0.02 / sqrt(2 D) instead of 0.02 / sqrt(2 n_layers).
+Additions and gains are elementwise: the knobs add no matmul FLOPs.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ import torch.nn.functional as F
 from .loss import linear_cross_entropy
 
 POSITIONAL_ENCODINGS = ("nope", "rope", "learned", "alibi")
+INJECTIONS = ("none", "add", "gated")
 
 
 @dataclass(frozen=True)
@@ -31,15 +41,24 @@ class ModelConfig:
     pe: str = "rope"
     norm_eps: float = 1e-5
     rope_base: float = 10000.0
+    injection: str = "none"  # re-add the embedding output at each repeat after the first: none, add, gated
+    iteration_encoding: bool = False  # add a learned embedding of the repeat index
+    iteration_norms: bool = False  # RMSNorm gains of their own for each repeat
+    init_depth: int = 0  # residual-projection init for this many layer runs; 0: n_layers
+    max_reuse: int = 1  # repeats of one layer that the knobs' tables cover
 
     def __post_init__(self) -> None:
+        if self.injection not in INJECTIONS:
+            raise ValueError(f"unknown injection {self.injection!r}; use one of {', '.join(INJECTIONS)}")
+        if self.init_depth < 0:
+            raise ValueError(f"init_depth must be 0 (n_layers) or positive, got {self.init_depth}")
         if self.pe not in POSITIONAL_ENCODINGS:
             raise ValueError(f"unknown positional encoding {self.pe!r}; use one of {', '.join(POSITIONAL_ENCODINGS)}")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model {self.d_model} is not divisible by heads {self.n_heads}")
         if self.pe == "rope" and self.head_dim % 2:
             raise ValueError(f"rope needs an even head size, got {self.head_dim}")
-        for name in ("vocab_size", "n_layers", "d_model", "n_heads", "seq_len"):
+        for name in ("vocab_size", "n_layers", "d_model", "n_heads", "seq_len", "max_reuse"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.mlp_ratio <= 0:
@@ -94,9 +113,16 @@ class DecoderLayer(nn.Module):
         self.mlp = SwiGLU(cfg)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-                alibi: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), rope, alibi)
-        return x + self.mlp(self.mlp_norm(x))
+                alibi: torch.Tensor | None = None, norm_gains: tuple[torch.Tensor, torch.Tensor] | None = None,
+                ) -> torch.Tensor:
+        # norm_gains: this repeat's (attention, MLP) RMSNorm gains, passed in as tensors so that a compiled
+        # layer serves every repeat without recompiling.
+        if norm_gains is None:
+            x = x + self.attn(self.attn_norm(x), rope, alibi)
+            return x + self.mlp(self.mlp_norm(x))
+        eps = self.attn_norm.eps
+        x = x + self.attn(F.rms_norm(x, x.shape[-1:], norm_gains[0], eps), rope, alibi)
+        return x + self.mlp(F.rms_norm(x, x.shape[-1:], norm_gains[1], eps))
 
 
 def rope_tables(T: int, head_dim: int, base: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,12 +163,20 @@ class ILRTransformer(nn.Module):
         self.pos_embed = nn.Embedding(cfg.seq_len, cfg.d_model) if cfg.pe == "learned" else None
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_layers))
         self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        # Knob parameters (see the module docstring); none exist when the knobs are off.
+        self.injection_gates = nn.Parameter(torch.zeros(cfg.n_layers)) if cfg.injection == "gated" else None
+        self.iteration_embed = nn.Parameter(torch.zeros(cfg.max_reuse, cfg.d_model)) if cfg.iteration_encoding else None
+        # (layer, repeat - 1, attention/MLP, d_model): repeat 0 uses the layer's own norms
+        self.iteration_norm_gains = nn.Parameter(torch.ones(cfg.n_layers, cfg.max_reuse - 1, 2, cfg.d_model)) \
+            if cfg.iteration_norms and cfg.max_reuse > 1 else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        residual_std = 0.02 / math.sqrt(2 * self.cfg.n_layers)
+        residual_std = 0.02 / math.sqrt(2 * (self.cfg.init_depth or self.cfg.n_layers))
         for name, p in self.named_parameters():
-            if p.dim() == 1:
+            if name == "injection_gates" or name == "iteration_embed":
+                nn.init.zeros_(p)
+            elif name == "iteration_norm_gains" or p.dim() == 1:
                 nn.init.ones_(p)
             elif name.endswith(("proj.weight", "down.weight")):
                 nn.init.normal_(p, std=residual_std)
@@ -165,11 +199,36 @@ class ILRTransformer(nn.Module):
         x = self.embed(idx)
         if self.pos_embed is not None:
             x = x + self.pos_embed(torch.arange(T, device=idx.device))
+        embedded = x
         rope = rope_tables(T, self.cfg.head_dim, self.cfg.rope_base, idx.device) if self.cfg.pe == "rope" else None
         alibi = alibi_bias(self.cfg.n_heads, T, idx.device) if self.cfg.pe == "alibi" else None
-        for layer_index in range(self.cfg.n_layers) if schedule is None else schedule:
-            x = self.layers[layer_index](x, rope, alibi)
+        schedule = range(self.cfg.n_layers) if schedule is None else schedule
+        for layer_index, repeat in zip(schedule, repeat_indices(schedule)):
+            x = self._before_run(x, embedded, layer_index, repeat)
+            x = self.layers[layer_index](x, rope, alibi, self._norm_gains(layer_index, repeat))
         return self.norm(x)
+
+    def _before_run(self, x: torch.Tensor, embedded: torch.Tensor, layer_index: int, repeat: int) -> torch.Tensor:
+        cfg = self.cfg
+        if repeat >= cfg.max_reuse and (cfg.iteration_encoding or cfg.iteration_norms):
+            raise ValueError(f"layer {layer_index} runs {repeat + 1} times, more than max_reuse {cfg.max_reuse} "
+                             "that the iteration knobs cover")
+        if repeat >= 1 and cfg.injection == "add":
+            x = x + embedded
+        elif repeat >= 1 and cfg.injection == "gated":
+            x = x + self.injection_gates[layer_index] * embedded
+        if self.iteration_embed is not None:
+            x = x + self.iteration_embed[repeat]
+        return x
+
+    def _norm_gains(self, layer_index: int, repeat: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if not self.cfg.iteration_norms:
+            return None
+        if repeat == 0:
+            layer = self.layers[layer_index]
+            return layer.attn_norm.weight, layer.mlp_norm.weight
+        gains = self.iteration_norm_gains[layer_index, repeat - 1]
+        return gains[0], gains[1]
 
     def forward(self, idx: torch.Tensor, schedule: Sequence[int] | None = None) -> torch.Tensor:
         """Logits (B, T, vocab); training uses `loss`, which never materialises them."""
@@ -180,6 +239,16 @@ class ILRTransformer(nn.Module):
         """Cross-entropy of next-token `targets` (B, T), through the fused, chunked head (see loss.py)."""
         return linear_cross_entropy(self.hidden(idx, schedule), self.embed.weight, targets, compute_dtype,
                                     reduction, compiled)
+
+
+def repeat_indices(schedule: Sequence[int]) -> list[int]:
+    """For each entry of a schedule, how many times its layer ran before: [0, 0, 1] -> [0, 1, 0]."""
+    seen: dict[int, int] = {}
+    indices = []
+    for layer_index in schedule:
+        indices.append(seen.get(layer_index, 0))
+        seen[layer_index] = indices[-1] + 1
+    return indices
 
 
 def param_count(cfg: ModelConfig) -> int:

@@ -94,8 +94,9 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]  # norm gains (the model has no biases)
+    # Matrices decay; norm gains (also the per-repeat ones) and knob gates do not (the model has no biases).
+    decay = [p for name, p in model.named_parameters() if p.dim() >= 2 and "norm" not in name]
+    no_decay = [p for name, p in model.named_parameters() if p.dim() < 2 or "norm" in name]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     try:
         return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=device.type in ("cuda", "cpu"))

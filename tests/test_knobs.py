@@ -1,0 +1,178 @@
+"""Recurrence knobs: each equals a hand-written forward pass, trains, and adds no FLOPs and few parameters."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ilr_search.flops import count_flops, forward_flops_per_token
+from ilr_search.knobs import format_knobs, knobs_of, with_knobs
+from ilr_search.model import ILRTransformer, ModelConfig, param_count, repeat_indices
+from ilr_search.schedule import block_schedule, reuse_map_schedule
+
+ENCODINGS = ["nope", "rope", "learned", "alibi"]
+KNOB_CONFIGS = {
+    "injection=add": {"injection": "add"},
+    "injection=gated": {"injection": "gated"},
+    "iteration_encoding": {"iteration_encoding": True},
+    "iteration_norms": {"iteration_norms": True},
+    "init_depth": {"init_depth": 12},
+    "all": {"injection": "gated", "iteration_encoding": True, "iteration_norms": True, "init_depth": 12},
+}
+SCHEDULE = reuse_map_schedule([3, 1, 2])  # [0, 0, 0, 1, 2, 2]
+
+
+def tiny(pe: str = "rope", **kw) -> ModelConfig:
+    return ModelConfig(vocab_size=64, n_layers=3, d_model=16, n_heads=2, seq_len=8, pe=pe, max_reuse=3, **kw)
+
+
+def randomize_knobs(model: ILRTransformer) -> None:
+    """Knob parameters start as a no-op (gates 0, encodings 0, gains 1); move them so the test sees them act."""
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name in ("injection_gates", "iteration_embed", "iteration_norm_gains"):
+            p = getattr(model, name)
+            if p is not None:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5 + (1.0 if name == "iteration_norm_gains" else 0.0))
+
+
+def reference_logits(model: ILRTransformer, idx: torch.Tensor, schedule: list[int]) -> torch.Tensor:
+    """The knobs written out by hand from their description, with the layers' parts called one by one."""
+    cfg = model.cfg
+    T = idx.shape[1]
+    e = model.embed.weight[idx]
+    if cfg.pe == "learned":
+        e = e + model.pos_embed.weight[:T]
+    rope, alibi = None, None
+    if cfg.pe == "rope":
+        from ilr_search.model import rope_tables
+        rope = rope_tables(T, cfg.head_dim, cfg.rope_base, idx.device)
+    if cfg.pe == "alibi":
+        from ilr_search.model import alibi_bias
+        alibi = alibi_bias(cfg.n_heads, T, idx.device)
+    x = e
+    runs: dict[int, int] = {}
+    for layer_index in schedule:
+        k = runs.get(layer_index, 0)
+        runs[layer_index] = k + 1
+        layer = model.layers[layer_index]
+        if k >= 1 and cfg.injection == "add":
+            x = x + e
+        if k >= 1 and cfg.injection == "gated":
+            x = x + model.injection_gates[layer_index] * e
+        if cfg.iteration_encoding:
+            x = x + model.iteration_embed[k]
+        g_attn, g_mlp = layer.attn_norm.weight, layer.mlp_norm.weight
+        if cfg.iteration_norms and k >= 1:
+            g_attn, g_mlp = model.iteration_norm_gains[layer_index, k - 1]
+
+        def rms(v: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+            return v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + cfg.norm_eps) * g
+
+        x = x + layer.attn(rms(x, g_attn), rope, alibi)
+        x = x + layer.mlp(rms(x, g_mlp))
+    return F.linear(model.norm(x), model.embed.weight)
+
+
+def test_repeat_indices_count_earlier_runs_of_the_same_layer():
+    assert repeat_indices([0, 0, 0, 1, 2, 2]) == [0, 1, 2, 0, 0, 1]
+    assert repeat_indices(block_schedule(3, 2)) == [0, 0, 0, 1, 1, 1]
+
+
+@pytest.mark.parametrize("pe", ENCODINGS)
+@pytest.mark.parametrize("knob", list(KNOB_CONFIGS))
+def test_each_knob_equals_the_hand_written_forward_pass(knob, pe):
+    cfg = tiny(pe, **KNOB_CONFIGS[knob])
+    torch.manual_seed(0)
+    model = ILRTransformer(cfg).eval()
+    randomize_knobs(model)
+    idx = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len))
+    for schedule in (SCHEDULE, block_schedule(3, 2), [0, 1, 2]):
+        torch.testing.assert_close(model(idx, schedule), reference_logits(model, idx, schedule), rtol=1e-4, atol=1e-5)
+
+
+def test_knobs_at_their_initial_values_are_the_plain_model():
+    """Gates start at 0, encodings at 0, per-repeat gains at 1: with the same weights, gated injection,
+    iteration encoding and iteration norms begin as the model the paper ran."""
+    torch.manual_seed(0)
+    plain = ILRTransformer(tiny()).eval()
+    knobbed = ILRTransformer(tiny(injection="gated", iteration_encoding=True, iteration_norms=True)).eval()
+    missing, unexpected = knobbed.load_state_dict(plain.state_dict(), strict=False)
+    assert sorted(missing) == ["injection_gates", "iteration_embed", "iteration_norm_gains"] and not unexpected
+    idx = torch.randint(0, 64, (2, 8))
+    torch.testing.assert_close(knobbed(idx, SCHEDULE), plain(idx, SCHEDULE))
+    # and injection "add" is not: it changes the function from the first step
+    added = ILRTransformer(tiny(injection="add")).eval()
+    added.load_state_dict(plain.state_dict())
+    assert not torch.allclose(added(idx, SCHEDULE), plain(idx, SCHEDULE))
+
+
+@pytest.mark.parametrize("knob", ["injection=gated", "iteration_encoding", "iteration_norms"])
+def test_gradients_reach_the_knob_parameters(knob):
+    torch.manual_seed(0)
+    model = ILRTransformer(tiny(**KNOB_CONFIGS[knob]))
+    idx = torch.randint(0, 64, (2, 8))
+    model.loss(idx, idx.roll(-1, 1), SCHEDULE).backward()
+    grads = {name: p.grad for name, p in model.named_parameters()
+             if name in ("injection_gates", "iteration_embed", "iteration_norm_gains")}
+    assert len(grads) == 1
+    (name, grad), = grads.items()
+    assert grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0, name
+    if name == "injection_gates":  # layer 1 runs once in [3, 1, 2]: its gate is never used
+        assert grad[0] != 0 and grad[1] == 0 and grad[2] != 0
+    if name == "iteration_embed":  # repeats 0, 1, 2 all occur in the schedule
+        assert (grad.abs().sum(-1) > 0).all()
+
+
+@pytest.mark.parametrize("pe", ENCODINGS)
+@pytest.mark.parametrize("knob", list(KNOB_CONFIGS))
+def test_knobs_add_no_flops_the_counter_sees(knob, pe):
+    cfg = tiny(pe, **KNOB_CONFIGS[knob])
+    torch.manual_seed(0)
+    model = ILRTransformer(cfg)
+    randomize_knobs(model)
+    idx = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len))
+    for schedule in (SCHEDULE, block_schedule(3, 3)):
+        counted = count_flops(model, idx, schedule) / idx.numel()
+        analytic = forward_flops_per_token(cfg, schedule)
+        assert abs(counted - analytic) / analytic < 0.01, (knob, pe, counted, analytic)
+
+
+def test_parameters_grow_only_by_each_knobs_own():
+    base = param_count(tiny())
+    L, d, R = 3, 16, 3
+    assert param_count(tiny(injection="add")) == base
+    assert param_count(tiny(injection="gated")) == base + L
+    assert param_count(tiny(iteration_encoding=True)) == base + R * d
+    assert param_count(tiny(iteration_norms=True)) == base + L * (R - 1) * 2 * d
+    assert param_count(tiny(init_depth=12)) == base
+
+
+def test_depth_aware_init_scales_the_residual_projections():
+    def proj_std(init_depth: int) -> float:
+        torch.manual_seed(0)
+        m = ILRTransformer(ModelConfig(vocab_size=64, n_layers=2, d_model=128, n_heads=2, seq_len=8,
+                                       init_depth=init_depth))
+        return torch.cat([m.layers[i].attn.proj.weight.flatten() for i in range(2)]
+                         + [m.layers[i].mlp.down.weight.flatten() for i in range(2)]).std().item()
+
+    assert proj_std(0) == pytest.approx(0.02 / math.sqrt(2 * 2), rel=0.03)
+    assert proj_std(8) == pytest.approx(0.02 / math.sqrt(2 * 8), rel=0.03)
+
+
+def test_a_schedule_deeper_than_the_tables_is_refused():
+    model = ILRTransformer(tiny(iteration_encoding=True))
+    with pytest.raises(ValueError, match="max_reuse 3"):
+        model(torch.zeros(1, 8, dtype=torch.long), [0, 0, 0, 0, 1, 2])
+
+
+def test_knob_settings_round_trip_through_the_config():
+    cfg = with_knobs(tiny(), {"injection": "add", "depth_init": True, "iteration_norms": False}, init_depth=9)
+    assert (cfg.injection, cfg.init_depth, cfg.iteration_norms) == ("add", 9, False)
+    assert knobs_of(cfg) == {"injection": "add", "iteration_encoding": False, "iteration_norms": False,
+                             "depth_init": True}
+    assert format_knobs(knobs_of(cfg)) == "injection=add,depth_init"
+    assert format_knobs(knobs_of(tiny())) == ""
+    with pytest.raises(ValueError, match="unknown knob"):
+        with_knobs(tiny(), {"loras": True}, init_depth=9)
