@@ -6,26 +6,43 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import dataclasses
+
 from .data import check_vocab, load_space_tokens, model_config
+from .errors import UserInputError
 from .flops import describe, flops_ratio
-from .model import ModelConfig, param_count
+from .knobs import format_knobs, knob_params, knobs_of, parse_knob_settings, with_knobs
+from .model import ModelConfig, param_count, repeat_indices
 from .schedule import resolve_schedule
-from .space import load_space
+from .space import SpaceConfig, load_space
 from .results import finite_or_none
 from .train import OnStep, TrainResult, train_proxy
 
 Overrides = Mapping[str, Mapping[str, Any]]
 
 
+def schedule_model(space: SpaceConfig, schedule: Sequence[int], knobs: str | None) -> ModelConfig:
+    """The space's model for one schedule, with `--knobs` settings on (depth_init: the schedule's own depth)
+    and the knobs' tables covering the schedule's repeats."""
+    try:
+        settings = parse_knob_settings(knobs or "")
+    except ValueError as e:
+        raise UserInputError(f"--knobs: {e}") from None
+    cfg = model_config(space)
+    cfg = dataclasses.replace(cfg, max_reuse=max([cfg.max_reuse] + [k + 1 for k in repeat_indices(schedule)]))
+    return with_knobs(cfg, settings, init_depth=len(schedule))
 
 
 def flops_report(space: str | Path | None = None, overrides: Overrides | None = None,
-                 reuse_map: str | Sequence[int] | None = None, block: int | None = None) -> dict[str, Any]:
-    """`ilr-search flops`: FLOPs per token of a reuse map (or block recurrence) and its ratio to the all-ones map."""
+                 reuse_map: str | Sequence[int] | None = None, block: int | None = None,
+                 knobs: str | None = None) -> dict[str, Any]:
+    """`ilr-search flops`: FLOPs per token of a reuse map (or block recurrence) and its ratio to the all-ones map;
+    `params` counts the knobs' own parameters too (`knob_params` says how many each adds)."""
     cfg_space = load_space(space, overrides)
     counts, schedule, block = resolve_schedule(cfg_space.model.n_layers, reuse_map, block)
-    cfg = model_config(cfg_space)
-    return describe(cfg, counts, schedule, cfg_space.train.tokens(cfg.seq_len), param_count(cfg), block)
+    cfg = schedule_model(cfg_space, schedule, knobs)
+    report = describe(cfg, counts, schedule, cfg_space.train.tokens(cfg.seq_len), param_count(cfg), block)
+    return report | {"knobs": format_knobs(knobs_of(cfg)), "knob_params": knob_params(cfg)}
 
 
 def train_result_dict(cfg: ModelConfig, counts: Sequence[int], result: TrainResult,
@@ -57,12 +74,12 @@ def train_result_dict(cfg: ModelConfig, counts: Sequence[int], result: TrainResu
 
 def train_report(space: str | Path | None = None, overrides: Overrides | None = None,
                  reuse_map: str | Sequence[int] | None = None, block: int | None = None,
-                 on_step: OnStep | None = None) -> dict[str, Any]:
+                 on_step: OnStep | None = None, knobs: str | None = None) -> dict[str, Any]:
     """`ilr-search train`: train one proxy for a reuse map (or block recurrence) on the configured data."""
     cfg_space = load_space(space, overrides)
     counts, schedule, block = resolve_schedule(cfg_space.model.n_layers, reuse_map, block)  # before any data work
+    cfg = schedule_model(cfg_space, schedule, knobs)
     data = load_space_tokens(cfg_space)
-    cfg = model_config(cfg_space)
     check_vocab(cfg, data.vocab_size)
     result = train_proxy(cfg, schedule, data, cfg_space.train, on_step=on_step)
-    return train_result_dict(cfg, counts, result, block)
+    return train_result_dict(cfg, counts, result, block) | {"knobs": format_knobs(knobs_of(cfg))}

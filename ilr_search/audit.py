@@ -25,10 +25,11 @@ from optuna.trial import FrozenTrial, TrialState
 from .data import check_vocab, load_space_tokens, model_config
 from .errors import UserInputError
 from .fidelity import audit_report
+from .knobs import with_knobs
 from .model import ModelConfig
-from .results import finite_or_none, is_baseline, study_front, trained_trials
+from .results import finite_or_none, is_baseline_key, study_front, trained_trials
 from .schedule import reuse_map_schedule
-from .space import DataConfig, SpaceConfig, TrainConfig
+from .space import DataConfig, SearchConfig, SpaceConfig, TrainConfig
 from .storage import Heartbeat, grace_period, heartbeat_interval, open_store, parse_storage
 from .store import AuditJob, Store
 from .study import CONFIG_ATTR, RESULT_TRAIN_FIELDS, RunReporter, disk_full_is_reported, open_study, _safe_name
@@ -87,7 +88,7 @@ def select_maps(trials: list[FrozenTrial], kind: str, k: int, seed: int) -> list
     chosen = [by_number[n] for n in front_numbers]
     if kind == "front":
         return chosen
-    baseline = next((t for t in complete if is_baseline(t.user_attrs["reuse_map"])), None)
+    baseline = next((t for t in complete if is_baseline_key(t.user_attrs["map_key"])), None)
     if baseline is not None and baseline not in chosen:
         chosen.append(baseline)
     chosen += _pruned_near_front(trained)[:NEAR_FRONT_PRUNED]
@@ -120,8 +121,10 @@ def stored_space(study: optuna.Study, steps: int) -> SpaceConfig:
     train = {k: v for k, v in config["train"].items() if k in RESULT_TRAIN_FIELDS}
     train |= {"eval_fractions": tuple(train["eval_fractions"]), "steps": steps,
               "dtype": config["train"].get("dtype", "fp32"), "checkpoint_every": max(1, steps // 8)}
+    search = config.get("search", {})
     return SpaceConfig(model=ModelConfig(**config["model"]), data=DataConfig(**config["data"]),
-                       train=TrainConfig(**train))
+                       train=TrainConfig(**train),
+                       search=SearchConfig(max_reuse=search.get("max_reuse", 4), knobs=tuple(search.get("knobs", ()))))
 
 
 def run_audit(study_name: str, storage: str | None = None, settings: AuditSettings = AuditSettings(),
@@ -146,6 +149,7 @@ def _run_audit(study_name: str, storage: str | None, settings: AuditSettings, re
     proxy_steps = int(study.user_attrs[CONFIG_ATTR]["train"]["steps"])
     steps = max(1, round(settings.factor * proxy_steps))
     space = stored_space(study, steps)
+    init_depth = int(study.user_attrs[CONFIG_ATTR]["search"].get("init_depth", 0))  # for the depth_init knob
     base_seed = space.train.seed
     chosen = select_maps(trials, kind, k, base_seed)
     if not chosen:
@@ -172,7 +176,7 @@ def _run_audit(study_name: str, storage: str | None, settings: AuditSettings, re
                 continue
             if data is None:
                 data = load_space_tokens(space)
-            _train_job(store, job, worker, t, space, data, reporter, checkpoints)
+            _train_job(store, job, worker, t, space, data, reporter, checkpoints, init_depth)
             trained_here += 1
             progressed = True
             reporter.trial_finished(_row(store, job, t), [], _n_done(store, jobs))
@@ -215,12 +219,12 @@ def _row(store: Store, job: AuditJob, t: FrozenTrial) -> dict[str, Any]:
 
 
 def _train_job(store: Store, job: AuditJob, worker: str, trial: FrozenTrial, space: SpaceConfig, data: Any,
-               reporter: RunReporter, checkpoints: Path) -> None:
+               reporter: RunReporter, checkpoints: Path, init_depth: int) -> None:
     reuse_map = list(trial.user_attrs["reuse_map"])
-    model = model_config(space)
+    model = with_knobs(model_config(space), trial.user_attrs.get("knobs", {}), init_depth)
     check_vocab(model, data.vocab_size)
     train_cfg = dataclasses.replace(space.train, seed=job.seed)
-    checkpoint = checkpoints / f"{job.factor}x-seed{job.seed}-{job.map_key.replace(',', '-')}.pt"
+    checkpoint = checkpoints / f"{job.factor}x-seed{job.seed}-{_safe_name(job.map_key.replace(',', '-'))}.pt"
     reporter.trial_started(trial.number, reuse_map, train_cfg.steps)
     try:
         with Heartbeat(lambda: store.audit_beat(job, worker)):

@@ -121,6 +121,7 @@ def emit(obj: dict[str, Any], as_json: bool, render: Callable[[dict[str, Any]], 
 ReuseMap = Annotated[Optional[str], typer.Option(help="One positive count per layer, e.g. 4,2,1,1.")]
 Block = Annotated[Optional[int], typer.Option(help="Block recurrence: the whole stack run K times.")]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
+KnobSettings = Annotated[Optional[str], typer.Option(help="Recurrence knobs on: injection[=add|gated], iteration_encoding, iteration_norms, depth_init (init for the schedule's depth); comma-separated.")]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -128,22 +129,24 @@ Json = Annotated[bool, typer.Option("--json", help="Print one JSON object on std
 @app.command()
 @user_errors
 @with_space_options
-def flops(opts: SpaceOptions, reuse_map: ReuseMap = None, block: Block = None, json_out: Json = False) -> None:
+def flops(opts: SpaceOptions, reuse_map: ReuseMap = None, block: Block = None, knobs: KnobSettings = None,
+          json_out: Json = False) -> None:
     """Analytic forward FLOPs per token of a reuse map, and its ratio to the all-ones map."""
     from .api import flops_report
 
-    emit(flops_report(opts.space, opts.overrides(), reuse_map, block), json_out, ui.print_flops)
+    emit(flops_report(opts.space, opts.overrides(), reuse_map, block, knobs), json_out, ui.print_flops)
 
 
 @app.command()
 @user_errors
 @with_space_options
-def train(opts: SpaceOptions, reuse_map: ReuseMap = None, block: Block = None, json_out: Json = False) -> None:
+def train(opts: SpaceOptions, reuse_map: ReuseMap = None, block: Block = None, knobs: KnobSettings = None,
+          json_out: Json = False) -> None:
     """Train one proxy model for a reuse map (or --block K) and report its validation perplexity."""
     from .api import train_report
 
     with ui.step_progress(enabled=True) as on_step:
-        report = train_report(opts.space, opts.overrides(), reuse_map, block, on_step=on_step)
+        report = train_report(opts.space, opts.overrides(), reuse_map, block, on_step=on_step, knobs=knobs)
     emit(report, json_out, ui.print_train)
 
 
@@ -183,12 +186,14 @@ def run(
     pruner: Annotated[Optional[str], typer.Option(help="pareto (calibrated: prunes only at rungs that predict the final ranking) | pareto-eager (the uncalibrated rule) | median | none. \\[default: pareto]")] = None,
     objective: Annotated[Optional[str], typer.Option(help="pareto (perplexity and FLOPs) or ppl (budget as a constraint only).")] = None,
     workers: Annotated[int, typer.Option(help="Worker processes on this machine, sharing the study and the device.")] = 1,
+    knobs: Annotated[Optional[str], typer.Option(help="Recurrence knobs searched with the map, comma-separated: injection, iteration_encoding, iteration_norms, depth_init. \\[default: from the space, none in the presets]")] = None,
     json_out: Json = False,
 ) -> None:
     """Search reuse maps under a FLOP budget; running it again resumes the study."""
     from .space import load_space
 
-    overrides = opts.overrides() | {"search": {"objective": objective}}
+    searched = None if knobs is None else [k.strip() for k in knobs.split(",") if k.strip()]
+    overrides = opts.overrides() | {"search": {"objective": objective, "knobs": searched}}
     space = load_space(opts.space, overrides)
     if workers != 1:
         from .workers import RunArgs, run_workers

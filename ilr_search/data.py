@@ -205,7 +205,8 @@ def _bytes_per_token(text: str, offsets: list[tuple[int, int]]) -> np.ndarray:
 def model_config(space: SpaceConfig, vocab_size: int | None = None) -> ModelConfig:
     """The space's model with its vocabulary: the tokenizer spec's size (bpe:N gives N even where the corpus
     ran out of merges first), so that `flops`, `train`, `run` and `audit` build the same model."""
-    return dataclasses.replace(space.model, vocab_size=vocab_size or tokenizer_vocab_size(space.data.tokenizer))
+    return dataclasses.replace(space.model, vocab_size=vocab_size or tokenizer_vocab_size(space.data.tokenizer),
+                               max_reuse=space.search.max_reuse)
 
 
 def check_vocab(cfg: ModelConfig, data_vocab: int) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 from optuna.trial import FrozenTrial, TrialState
 
 from .pareto import non_dominated
-from .results import REFERENCE_PREFIX, is_baseline, study_front, trained_trials
+from .results import REFERENCE_PREFIX, is_baseline, is_baseline_key, key_reuse_map, study_front, trained_trials
 from .stats import rank_agreement
 from .store import AuditRow
 
@@ -61,7 +61,7 @@ def noise_band(trials: Sequence[FrozenTrial], study_attrs: Mapping[str, Any]) ->
     baseline references trained at extra seeds."""
     ppls = [t.user_attrs["val_ppl"] for t in trials
             if t.state == TrialState.COMPLETE and "reused_from" not in t.user_attrs and t.user_attrs.get("val_ppl")
-            and is_baseline(t.user_attrs.get("reuse_map"))][:1]
+            and is_baseline_key(t.user_attrs.get("map_key") or "0")][:1]
     ppls += [v["val_ppl"] for k, v in sorted(study_attrs.items())
              if k.startswith(f"{REFERENCE_PREFIX}baseline_seed") and v.get("val_ppl") is not None]
     if len(ppls) < 2:
@@ -81,7 +81,7 @@ def mark_ties(front: list[dict[str, Any]], noise: dict[str, Any] | None) -> list
 def best_recurrent(trials: Sequence[FrozenTrial]) -> dict[str, Any] | None:
     """The best non-baseline map: on the front if the front has one, else the best complete one."""
     rows = [{"trial": t.number, "reuse_map": t.user_attrs["reuse_map"], "val_ppl": t.user_attrs["val_ppl"],
-             "flops_ratio": t.user_attrs["flops_ratio"]}
+             "flops_ratio": t.user_attrs["flops_ratio"], "knobs": t.user_attrs.get("knobs", {})}
             for t in trained_trials(list(trials)) if t.state == TrialState.COMPLETE and t.user_attrs.get("val_ppl")
             and not is_baseline(t.user_attrs.get("reuse_map"))]
     if not rows:
@@ -96,7 +96,7 @@ def best_recurrent(trials: Sequence[FrozenTrial]) -> dict[str, Any] | None:
 
 @dataclass(frozen=True)
 class AuditedMap:
-    reuse_map: str  # e.g. "2,1,1,1"
+    reuse_map: str  # the map's key, e.g. "2,1,1,1", or "2,1,1,1|injection=add" with knobs on
     flops_ratio: float
     proxy_state: str  # COMPLETE | PRUNED | FAIL
     proxy_ppl: float | None  # final proxy perplexity (None when pruned or failed)
@@ -138,7 +138,8 @@ def audit_report(trials: Sequence[FrozenTrial], rows: Sequence[AuditRow], factor
     if not done:
         return None
     by_map = {t.user_attrs["map_key"]: t for t in sorted(trained_trials(list(trials)), key=lambda t: -t.number)}
-    proxy_front = {",".join(map(str, p["reuse_map"])) for p in study_front(list(trials))}
+    numbers = {t.number: t for t in trials}
+    proxy_front = {numbers[p["trial"]].user_attrs["map_key"] for p in study_front(list(trials))}
     keys = sorted(done)
     audit_ppl = {k: statistics.fmean(r.val_ppl for r in done[k]) for k in keys}
     ratio = {k: done[k][0].flops_ratio for k in keys}
@@ -157,8 +158,8 @@ def audit_report(trials: Sequence[FrozenTrial], rows: Sequence[AuditRow], factor
     precision = hits / len(proxy_front_audited) if proxy_front_audited else None
     recall = hits / len(audit_front) if audit_front else None
     pruned_front = tuple(m.reuse_map for m in maps if m.on_audit_front and m.proxy_state == "PRUNED")
-    baseline = next((m.audit_ppl for m in maps if is_baseline([int(x) for x in m.reuse_map.split(",")])), None)
-    recurrent = [m for m in maps if not is_baseline([int(x) for x in m.reuse_map.split(",")])]
+    baseline = next((m.audit_ppl for m in maps if is_baseline_key(m.reuse_map)), None)
+    recurrent = [m for m in maps if not is_baseline(key_reuse_map(m.reuse_map))]
     best = min(recurrent, key=lambda m: m.audit_ppl) if recurrent else None
     steps = max(r.steps for rs in done.values() for r in rs)
     report = AuditReport(factor, steps, tuple(maps), len(ranked), rho, tau, precision, recall, pruned_front, baseline,

@@ -41,10 +41,56 @@ def with_knobs(cfg: ModelConfig, knobs: Mapping[str, KnobValue], init_depth: int
     """`cfg` with the given knobs set; depth_init initialises the residual projections for `init_depth` layer
     runs (a study passes the deepest schedule its budget pays for, the same for every map)."""
     check_knobs(list(knobs))
+    for name, value in knobs.items():
+        if value not in KNOB_CHOICES[name]:
+            raise ValueError(f"knob {name} has no setting {value!r}; use one of {list(KNOB_CHOICES[name])}")
     fields: dict[str, object] = {k: v for k, v in knobs.items() if k != "depth_init"}
     if "depth_init" in knobs:
         fields["init_depth"] = init_depth if knobs["depth_init"] else 0
     return dataclasses.replace(cfg, **fields)
+
+
+def parse_knob_settings(text: str) -> dict[str, KnobValue]:
+    """`injection=gated,iteration_norms` -> {"injection": "gated", "iteration_norms": True}: a bare name turns a
+    knob on (injection: "add"); `name=off` turns it off."""
+    settings: dict[str, KnobValue] = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        name, _, value = part.partition("=")
+        check_knobs([name])
+        choices = KNOB_CHOICES[name]
+        if not value:
+            settings[name] = choices[1]
+        elif value in ("off", "none", "false"):
+            settings[name] = choices[0]
+        elif value in ("on", "true") and choices[1] is True:
+            settings[name] = True
+        elif value in choices:
+            settings[name] = value
+        else:
+            raise ValueError(f"knob {name} has no setting {value!r}; use one of "
+                             f"{', '.join('on' if c is True else 'off' if c is False else str(c) for c in choices)}")
+    return settings
+
+
+def parse_knob_names(text: str) -> tuple[str, ...]:
+    """`injection,iteration_norms` -> the knobs a study searches."""
+    names = tuple(p.strip() for p in text.split(",") if p.strip())
+    check_knobs(names)
+    return names
+
+
+def config_key(map_key: str, knobs: Mapping[str, KnobValue]) -> str:
+    """What a study dedupes, claims and compares on: the map, plus the knobs that are not off."""
+    described = format_knobs(knobs)
+    return f"{map_key}|{described}" if described else map_key
+
+
+def knob_params(cfg: ModelConfig) -> dict[str, int]:
+    """Parameters each knob of `cfg` adds (the `flops --json` key `knob_params`)."""
+    return {"injection": cfg.n_layers if cfg.injection == "gated" else 0,
+            "iteration_encoding": cfg.max_reuse * cfg.d_model if cfg.iteration_encoding else 0,
+            "iteration_norms": cfg.n_layers * (cfg.max_reuse - 1) * 2 * cfg.d_model if cfg.iteration_norms else 0,
+            "depth_init": 0}
 
 
 def format_knobs(knobs: Mapping[str, KnobValue]) -> str:

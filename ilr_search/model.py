@@ -73,6 +73,11 @@ class ModelConfig:
         return int(round(self.mlp_ratio * self.d_model))
 
 
+# The knob fields at their "off" values (today's model); max_reuse only sizes the knobs' tables.
+KNOB_FIELD_DEFAULTS = {"injection": "none", "iteration_encoding": False, "iteration_norms": False, "init_depth": 0,
+                       "max_reuse": 1}
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()

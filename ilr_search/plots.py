@@ -25,7 +25,8 @@ def _hover(rows: list[dict[str, Any]]) -> list[str]:
     for r in rows:
         extra = f"<br>pruned at step {r['pruned_at_step']} (ppl there)" if r.get("pruned_at_step") else ""
         extra += f"<br>{r['reason']}" if r["state"] == "FAIL" and r.get("reason") else ""
-        text.append(f"trial {r['trial']} ({r['state'].lower()})<br>map {','.join(map(str, r['reuse_map'] or []))}"
+        knobs = f"<br>knobs {r['knobs']}" if r.get("knobs") else ""
+        text.append(f"trial {r['trial']} ({r['state'].lower()})<br>map {','.join(map(str, r['reuse_map'] or []))}{knobs}"
                     f"<br>FLOP ratio {r['flops_ratio']:.3f}<br>ppl {_num(r.get('plot_ppl'))}<br>bpb {_num(r.get('val_bpb'))}"
                     + extra)
     return text
@@ -92,7 +93,8 @@ def pareto_figure(study: str, trials: list[dict[str, Any]], front: list[dict[str
         maps = layer_view["front_maps"]
         fig.add_trace(go.Heatmap(z=[m["reuse_map"] for m in maps],
                                  x=[f"layer {i}" for i in range(len(maps[0]["reuse_map"]))] if maps else [],
-                                 y=[f"trial {m['trial']} ({m['flops_ratio']:.2f}x)" for m in maps],
+                                 y=[f"trial {m['trial']} ({m['flops_ratio']:.2f}x)" + (f" {m['knobs']}" if m.get("knobs") else "")
+                                    for m in maps],
                                  colorscale="Blues", zmin=1, zmax=max([2] + [max(m["reuse_map"]) for m in maps]),
                                  showscale=False, texttemplate="%{z}",
                                  hovertemplate="%{y}<br>%{x}: %{z} runs<extra></extra>"), row=2, col=1)

@@ -12,6 +12,7 @@ import optuna
 from optuna.trial import TrialState
 
 from .errors import UserInputError
+from .knobs import KNOB_CHOICES, format_knobs
 from .plots import pareto_figure, plot_ppl
 from .storage import open_store, parse_storage
 from .fidelity import mark_ties, noise_band
@@ -51,23 +52,29 @@ def _atomic_write(path: Path, write: Any) -> None:
 
 
 def layer_view(trials: list[optuna.trial.FrozenTrial], front: list[dict[str, Any]]) -> dict[str, Any]:
-    """Reuse counts of the front's maps, and per-layer importance for perplexity from Optuna's evaluator,
-    computed on the maps that were trained (not the sampler's proposals, which the budget may have repaired)."""
+    """Reuse counts of the front's maps, and the importance for perplexity of each layer's count and of each
+    searched knob, from Optuna's evaluator, computed on the maps that were trained (not the sampler's
+    proposals, which the budget may have repaired)."""
     evaluated = [t for t in trials if t.state == TrialState.COMPLETE and "reused_from" not in t.user_attrs
                  and t.user_attrs.get("val_ppl") is not None]
     importance: dict[str, float] = {}
     if len(evaluated) >= 3 and front:
         n_layers = len(front[0]["reuse_map"])
         top = max(max(t.user_attrs["reuse_map"]) for t in evaluated)
+        knobs = sorted({k for t in evaluated for k in t.user_attrs.get("knobs", {})})
         shadow = optuna.create_study()
         dist = optuna.distributions.IntDistribution(1, max(2, top))
+        knob_dists = {k: optuna.distributions.CategoricalDistribution(KNOB_CHOICES[k]) for k in knobs}
         for t in evaluated:
             shadow.add_trial(optuna.trial.create_trial(
-                params={f"layer {i}": r for i, r in enumerate(t.user_attrs["reuse_map"])},
-                distributions={f"layer {i}": dist for i in range(n_layers)}, value=t.user_attrs["val_ppl"]))
+                params={f"layer {i}": r for i, r in enumerate(t.user_attrs["reuse_map"])}
+                | {f"knob {k}": t.user_attrs["knobs"][k] for k in knobs},
+                distributions={f"layer {i}": dist for i in range(n_layers)}
+                | {f"knob {k}": d for k, d in knob_dists.items()}, value=t.user_attrs["val_ppl"]))
         try:
             raw = optuna.importance.get_param_importances(shadow)
-            importance = {f"layer {i}": raw.get(f"layer {i}", 0.0) for i in range(n_layers)}
+            names = [f"layer {i}" for i in range(n_layers)] + [f"knob {k}" for k in knobs]
+            importance = {name: raw.get(name, 0.0) for name in names}
         except (ValueError, RuntimeError):  # e.g. every trial has the same map: nothing to attribute
             importance = {}
     return {"front_maps": front, "importance": importance}
@@ -100,7 +107,7 @@ def pareto_report(study_name: str, storage: str | None = None, out: str | Path |
     fidelity = fidelity_of(study, store, trials)
     report: dict[str, Any] = {
         "study": study_name,
-        "pareto": [{k: p[k] for k in ("trial", "reuse_map", "flops_ratio", "val_ppl", "val_bpb", "params",
+        "pareto": [{k: p[k] for k in ("trial", "reuse_map", "knobs", "flops_ratio", "val_ppl", "val_bpb", "params",
                                       "within_noise_of")} for p in front],
         "noise": noise,
         "front_history": {str(k): [p["trial"] for p in v] for k, v in sorted(history.items())},
@@ -178,6 +185,7 @@ def export_trials(study_name: str, storage: str | None, out: str | Path) -> dict
         record = {
             "trial": t.number, "state": t.state.name,
             "reuse_map": ",".join(map(str, a["reuse_map"])) if a.get("reuse_map") else None,
+            "knobs": format_knobs(a["knobs"]) if a.get("knobs") else None,
             "flops_ratio": a.get("flops_ratio"), "val_ppl": a.get("val_ppl"), "val_bpb": a.get("val_bpb"),
             "val_loss": a.get("val_loss"), "objective_values": json.dumps(t.values) if t.values else None,
             "steps": a.get("steps", 0), "pruned_at_step": a.get("pruned_at_step"),

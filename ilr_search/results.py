@@ -9,6 +9,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from .knobs import format_knobs
 from .pareto import pareto_front
 
 REFERENCE_PREFIX = "ilr:reference:"
@@ -22,6 +23,7 @@ def trial_row(t: FrozenTrial) -> dict[str, Any]:
         "trial": t.number,
         "state": t.state.name,
         "reuse_map": a.get("reuse_map"),
+        "knobs": format_knobs(a["knobs"]) if a.get("knobs") else None,
         "flops_ratio": a.get("flops_ratio"),
         "val_ppl": a.get("val_ppl"),
         "val_bpb": a.get("val_bpb"),
@@ -41,7 +43,9 @@ def has_result(t: FrozenTrial) -> bool:
 
 
 def study_front(trials: list[FrozenTrial]) -> list[dict[str, Any]]:
-    rows = [{"trial": t.number, "reuse_map": t.user_attrs["reuse_map"], "flops_ratio": t.user_attrs["flops_ratio"],
+    rows = [{"trial": t.number, "reuse_map": t.user_attrs["reuse_map"],
+             "knobs": format_knobs(t.user_attrs["knobs"]) if t.user_attrs.get("knobs") else None,
+             "flops_ratio": t.user_attrs["flops_ratio"],
              "val_ppl": t.user_attrs["val_ppl"], "val_bpb": t.user_attrs.get("val_bpb"),
              "params": t.user_attrs.get("params")}
             for t in trials if t.state == TrialState.COMPLETE and "reused_from" not in t.user_attrs
@@ -60,6 +64,16 @@ def trained_trials(trials: list[FrozenTrial]) -> list[FrozenTrial]:
 
 def is_baseline(reuse_map: list[int] | None) -> bool:
     return bool(reuse_map) and all(r == 1 for r in reuse_map)
+
+
+def key_reuse_map(map_key: str) -> list[int]:
+    """The reuse map of a trial's map key ("2,1,1,1", or "2,1,1,1|injection=add" with knobs on)."""
+    return [int(x) for x in map_key.split("|")[0].split(",")]
+
+
+def is_baseline_key(map_key: str) -> bool:
+    """The paper's baseline: the all-ones map with every knob off."""
+    return "|" not in map_key and is_baseline(key_reuse_map(map_key))
 
 
 def finite_or_none(x: float) -> float | None:

@@ -16,6 +16,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from .errors import UserInputError
+from .knobs import check_knobs
 from .model import ModelConfig
 from .schedule import baseline_map
 
@@ -86,6 +87,7 @@ class SearchConfig:
     prune_min_spearman: float = 0.6
     noise_seeds: int = 2
     enqueue_paper_maps: bool = True
+    knobs: tuple[str, ...] = ()  # recurrence knobs searched with the map (knobs.py), each a categorical dimension
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,10 @@ class SpaceConfig:
 
 # TOML section -> (dataclass attribute, {toml key: dataclass field})
 _MODEL_KEYS = {"layers": "n_layers", "d_model": "d_model", "heads": "n_heads", "seq_len": "seq_len",
-               "mlp_ratio": "mlp_ratio", "pe": "pe", "norm_eps": "norm_eps", "rope_base": "rope_base"}
+               "mlp_ratio": "mlp_ratio", "pe": "pe", "norm_eps": "norm_eps", "rope_base": "rope_base",
+               # recurrence knobs fixed for the whole space (model.py); [search] knobs searches them instead
+               "injection": "injection", "iteration_encoding": "iteration_encoding",
+               "iteration_norms": "iteration_norms", "init_depth": "init_depth"}
 _SECTIONS = {
     "model": ("model", _MODEL_KEYS),
     "data": ("data", {f.name: f.name for f in dataclasses.fields(DataConfig)}),
@@ -180,3 +185,7 @@ def validate_space(space: SpaceConfig) -> None:
     for ok, message in checks:
         if not ok:
             raise SpaceError(message)
+    try:
+        check_knobs(s.knobs)
+    except ValueError as e:
+        raise SpaceError(f"[search] knobs: {e}") from None

@@ -23,7 +23,8 @@ from optuna.trial import FrozenTrial, TrialState
 from .data import TokenData, load_space_tokens, model_config
 from .errors import StorageFullError, UserInputError
 from .flops import Budget, flops_ratio, parse_budget
-from .model import ModelConfig, param_count
+from .knobs import KNOB_CHOICES, KnobValue, config_key, format_knobs, with_knobs
+from .model import KNOB_FIELD_DEFAULTS, ModelConfig, param_count
 from .fidelity import audit_reports, best_recurrent, study_fidelity
 from .results import FINISHED, REFERENCE_PREFIX, finite_or_none, has_result, references, study_front, trial_row
 from .pruning import Pruner, PrunerSettings, build_pruner
@@ -69,6 +70,15 @@ def repair_to_budget(reuse_map: list[int], max_layer_runs: int) -> list[int]:
     return [1 + e for e in kept]
 
 
+def propose_knobs(trial: optuna.Trial, names: tuple[str, ...]) -> dict[str, KnobValue]:
+    """The trial's setting of each searched knob: a categorical dimension named after the knob."""
+    return {name: trial.suggest_categorical(name, KNOB_CHOICES[name]) for name in names}
+
+
+def knobs_off(names: tuple[str, ...]) -> dict[str, KnobValue]:
+    return {name: KNOB_CHOICES[name][0] for name in names}
+
+
 def propose_map(trial: optuna.Trial, n_layers: int, max_reuse: int, max_layer_runs: int) -> tuple[list[int], list[int]]:
     """(proposed, trained) maps of a trial: the sampler's per-layer counts, and the same repaired to the budget.
     The sampler is told how far over budget its proposal was (<= 0: feasible) through a constraint."""
@@ -104,19 +114,34 @@ class StudyPlan:
     config: dict[str, Any]  # what the study stores and a resume must match
     name: str
 
+    @property
+    def init_depth(self) -> int:
+        """The depth knob's init depth: the deepest schedule the budget pays for, the same for every map."""
+        return self.budget.max_layer_runs(self.model)
+
+    def trial_model(self, knobs: dict[str, KnobValue]) -> ModelConfig:
+        return with_knobs(self.model, knobs, self.init_depth)
+
 
 RESULT_TRAIN_FIELDS = ("steps", "batch_size", "grad_accum", "lr", "warmup_frac", "min_lr_frac", "weight_decay",
                        "grad_clip", "eval_fractions", "eval_windows", "seed")
 
 
 def study_config(space: SpaceConfig, model: ModelConfig, budget: Budget, dtype: str) -> dict[str, Any]:
+    # Knob fields are stored only where they are not off, and the searched knobs only where there are some:
+    # a study made before the knobs existed keeps its configuration (and its derived name).
+    stored_model = {k: v for k, v in dataclasses.asdict(model).items()
+                    if k not in KNOB_FIELD_DEFAULTS or v != KNOB_FIELD_DEFAULTS[k]}
+    search: dict[str, Any] = {"max_reuse": space.search.max_reuse, "families": list(space.search.families),
+                              "objective": space.search.objective}
+    if space.search.knobs:
+        search |= {"knobs": list(space.search.knobs), "init_depth": budget.max_layer_runs(model)}
     return {
-        "model": dataclasses.asdict(model),
+        "model": stored_model,
         "data": dataclasses.asdict(space.data),
         "train": {k: getattr(space.train, k) for k in RESULT_TRAIN_FIELDS} | {"dtype": dtype},
         "budget": {"text": budget.text, "ratio": round(budget.ratio, 9)},
-        "search": {"max_reuse": space.search.max_reuse, "families": list(space.search.families),
-                   "objective": space.search.objective},
+        "search": search,
     }
 
 
@@ -157,6 +182,7 @@ def plan_study(space: SpaceConfig, budget_text: str, study_name: str | None) -> 
 # Samplers: every default set explicitly and stored with the study
 
 def sampler_settings(name: str, seed: int, n_layers: int, max_reuse: int) -> dict[str, Any]:
+    # the grid's knob dimensions come from the study's configuration (build_sampler's `knobs`)
     resolved = "tpe" if name == "auto" else name
     settings: dict[str, Any] = {"name": resolved, "requested": name, "seed": seed}
     if resolved == "tpe":
@@ -171,7 +197,8 @@ def sampler_settings(name: str, seed: int, n_layers: int, max_reuse: int) -> dic
     return settings
 
 
-def build_sampler(settings: dict[str, Any], n_layers: int, worker_offset: int = 0) -> optuna.samplers.BaseSampler:
+def build_sampler(settings: dict[str, Any], n_layers: int, worker_offset: int = 0,
+                  knobs: tuple[str, ...] = ()) -> optuna.samplers.BaseSampler:
     s = {k: v for k, v in settings.items() if k not in ("name", "requested")}
     # Each worker (and each resume) draws from its own stream; the first worker of a study is reproducible.
     seed = None if s.get("seed") is None else s.pop("seed") * 1_000_003 + worker_offset
@@ -185,7 +212,8 @@ def build_sampler(settings: dict[str, Any], n_layers: int, worker_offset: int = 
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "grid":
-        return optuna.samplers.GridSampler({f"r{i}": s["values"] for i in range(n_layers)}, seed=seed)
+        grid = {f"r{i}": s["values"] for i in range(n_layers)} | {k: list(KNOB_CHOICES[k]) for k in knobs}
+        return optuna.samplers.GridSampler(grid, seed=seed)
     raise UserInputError(f"unknown sampler {name!r}")
 
 
@@ -201,7 +229,7 @@ def pruner_settings(space: SpaceConfig) -> PrunerSettings:
 
 class RunReporter:
     def study_started(self, study: str, target: int, finished: int) -> None: ...
-    def trial_started(self, number: int, reuse_map: list[int], steps: int) -> None: ...
+    def trial_started(self, number: int, reuse_map: list[int], steps: int, knobs: str = "") -> None: ...
     def step(self, step: int, steps: int, loss: float) -> None: ...
     def trial_finished(self, row: dict[str, Any], front: list[dict[str, Any]], finished: int) -> None: ...
     def message(self, text: str) -> None: ...
@@ -319,13 +347,17 @@ class SearchRun:
     def _objective(self, trial: optuna.Trial) -> float | tuple[float, float]:
         proposed, reuse_map = propose_map(trial, self.n_layers, self.plan.space.search.max_reuse,
                                           self.plan.budget.max_layer_runs(self.plan.model))
-        key = format_reuse_map(reuse_map)
-        ratio = flops_ratio(self.plan.model, reuse_map_schedule(reuse_map))
+        knobs = propose_knobs(trial, self.plan.space.search.knobs)
+        key = config_key(format_reuse_map(reuse_map), knobs)  # the knobs add no FLOPs: repair keys on the map
+        model = self.plan.trial_model(knobs)
+        ratio = flops_ratio(model, reuse_map_schedule(reuse_map))
         assert self.plan.budget.allows(ratio), (reuse_map, ratio)
         trial.set_user_attr("reuse_map", reuse_map)
         trial.set_user_attr("map_key", key)
         trial.set_user_attr("flops_ratio", ratio)
-        trial.set_user_attr("params", param_count(self.plan.model))
+        trial.set_user_attr("params", param_count(model))
+        if knobs:
+            trial.set_user_attr("knobs", knobs)
         if reuse_map != proposed:
             trial.set_user_attr("proposed_map", proposed)
 
@@ -334,7 +366,7 @@ class SearchRun:
             earlier = self._claim_or_wait(key, trial.number)
         if earlier is not None:
             return self._reuse(trial, earlier)
-        return self._train(trial, reuse_map, key, ratio)
+        return self._train(trial, reuse_map, knobs, key, ratio)
 
     def _result_for(self, key: str, exclude: int) -> FrozenTrial | None:
         for t in self.study.get_trials(deepcopy=False):
@@ -422,9 +454,10 @@ class SearchRun:
     def _values(self, val_ppl: float, ratio: float) -> float | tuple[float, float]:
         return val_ppl if self.plan.space.search.objective == "ppl" else (val_ppl, ratio)
 
-    def _train(self, trial: optuna.Trial, reuse_map: list[int], key: str, ratio: float) -> float | tuple[float, float]:
+    def _train(self, trial: optuna.Trial, reuse_map: list[int], knobs: dict[str, KnobValue], key: str,
+               ratio: float) -> float | tuple[float, float]:
         steps = self.plan.space.train.steps
-        self.reporter.trial_started(trial.number, reuse_map, steps)
+        self.reporter.trial_started(trial.number, reuse_map, steps, format_knobs(knobs))
         decision: dict[str, Any] = {}
 
         def on_eval(point: EvalPoint) -> bool:
@@ -437,10 +470,10 @@ class SearchRun:
                 return True
             return False
 
-        checkpoint = self.checkpoint_root / f"{key.replace(',', '-')}.pt" if self.plan.space.train.checkpoint_every else None
+        checkpoint = self.checkpoint_root / f"{_safe_name(key.replace(',', '-'))}.pt" if self.plan.space.train.checkpoint_every else None
         train_cfg = dataclasses.replace(self.plan.space.train, dtype=self.plan.dtype)
         try:
-            result = train_proxy(self.plan.model, reuse_map_schedule(reuse_map), self.data, train_cfg,
+            result = train_proxy(self.plan.trial_model(knobs), reuse_map_schedule(reuse_map), self.data, train_cfg,
                                  on_eval=on_eval, on_step=self.reporter.step, checkpoint_path=checkpoint)
         except KeyboardInterrupt:
             # Retry this map on resume (Optuna marks the trial FAIL); then stop the study.
@@ -655,8 +688,8 @@ def prepare_study(space: SpaceConfig, budget: str, study_name: str | None = None
 
     max_runs = plan.budget.max_layer_runs(plan.model)
     first = seed_maps(plan.model.n_layers, space.search.max_reuse, max_runs) if space.search.enqueue_paper_maps else []
-    for m in first + [list(m) for m in enqueue_maps or []]:
-        study.enqueue_trial({f"r{i}": r for i, r in enumerate(m)}, skip_if_exists=True)
+    for m in first + [list(m) for m in enqueue_maps or []]:  # with every searched knob off: the paper's model
+        study.enqueue_trial({f"r{i}": r for i, r in enumerate(m)} | knobs_off(space.search.knobs), skip_if_exists=True)
     open_store(spec, plan.name)  # the project's tables too, before any worker races to create them
     return PreparedStudy(space, spec, plan, study, settings, data)
 
@@ -673,7 +706,7 @@ def _run_study(space: SpaceConfig, budget: str, study_name: str | None = None, s
     store = open_store(spec, plan.name)
     # Worker k of the study (k = 0 for the first run, 1 for a resume or a second process...) samples from
     # stream k of the study's seed: reproducible, and concurrent workers do not propose the same maps.
-    study.sampler = build_sampler(settings["sampler"], plan.model.n_layers, store.register_worker())
+    study.sampler = build_sampler(settings["sampler"], plan.model.n_layers, store.register_worker(), space.search.knobs)
     target = n_trials or space.search.n_trials
     run = SearchRun(plan, spec, study, store, data, reporter, target,
                     Path(checkpoint_dir or "studies/checkpoints") / _safe_name(plan.name),
@@ -772,19 +805,28 @@ def save_current_front(store: Store, trials: list[FrozenTrial]) -> list[dict[str
     return front
 
 
-def reference_runs(plan: StudyPlan, trials: list[FrozenTrial]) -> list[tuple[str, list[int], int, list[int] | None]]:
-    """(name, schedule, seed, reuse map) of the study's reference runs, trained outside the sampler's view: the
-    baseline at extra seeds (its seed-to-seed noise band), the best recurrent map at a second seed (is its
-    place real?), and block recurrence K where the budget allows it."""
+@dataclass(frozen=True)
+class ReferenceRun:
+    name: str
+    schedule: list[int]
+    seed: int
+    reuse_map: list[int] | None  # None: block recurrence
+    knobs: dict[str, KnobValue] = dataclasses.field(default_factory=dict)  # the searched knobs' settings
+
+
+def reference_runs(plan: StudyPlan, trials: list[FrozenTrial]) -> list[ReferenceRun]:
+    """The study's reference runs, trained outside the sampler's view: the baseline at extra seeds (its
+    seed-to-seed noise band), the best recurrent map (with its knobs) at a second seed (is its place real?),
+    and block recurrence K where the budget allows it. The baseline and blocks run with the knobs off."""
     n, seed = plan.model.n_layers, plan.space.train.seed
-    runs: list[tuple[str, list[int], int, list[int] | None]] = [
-        (f"baseline_seed{seed + i}", list(range(n)), seed + i, [1] * n)
-        for i in range(1, plan.space.search.noise_seeds + 1)]
+    runs = [ReferenceRun(f"baseline_seed{seed + i}", list(range(n)), seed + i, [1] * n)
+            for i in range(1, plan.space.search.noise_seeds + 1)]
     best = best_recurrent(trials) if plan.space.search.noise_seeds else None
     if best is not None:
-        runs.append(("second_seed", reuse_map_schedule(best["reuse_map"]), seed + 1, best["reuse_map"]))
+        runs.append(ReferenceRun("second_seed", reuse_map_schedule(best["reuse_map"]), seed + 1, best["reuse_map"],
+                                 best["knobs"]))
     if "block" in plan.space.search.families:
-        runs += [(f"block{k}", block_schedule(n, k), seed, None) for k in range(2, plan.space.search.max_reuse + 1)
+        runs += [ReferenceRun(f"block{k}", block_schedule(n, k), seed, None) for k in range(2, plan.space.search.max_reuse + 1)
                  if plan.budget.allows(flops_ratio(plan.model, block_schedule(n, k)))]
     return runs
 
@@ -795,21 +837,23 @@ def train_references(run: SearchRun, share: tuple[int, int] = (0, 1)) -> None:
     the k-th, (k+n)-th, ... of them; whoever runs `run` last trains what is still missing."""
     plan, study = run.plan, run.study
     k, n = share
-    for index, (name, schedule, seed, reuse_map) in enumerate(reference_runs(plan, study.get_trials(deepcopy=False))):
+    for index, ref in enumerate(reference_runs(plan, study.get_trials(deepcopy=False))):
         if index % n != k:
             continue
-        stored = study.user_attrs.get(f"{REFERENCE_PREFIX}{name}")
-        if stored is not None and stored.get("schedule") == schedule:
+        stored = study.user_attrs.get(f"{REFERENCE_PREFIX}{ref.name}")
+        if stored is not None and stored.get("schedule") == ref.schedule and stored.get("knobs", {}) == ref.knobs:
             continue
-        run.reporter.message(f"training reference {name}" + (f" (map {format_reuse_map(reuse_map)}, seed {seed})"
-                                                              if name == "second_seed" else ""))
-        train_cfg = dataclasses.replace(plan.space.train, dtype=plan.dtype, seed=seed)
-        result = train_proxy(plan.model, schedule, run.data, train_cfg, on_step=run.reporter.step)
-        study.set_user_attr(f"{REFERENCE_PREFIX}{name}", {
-            "schedule": schedule, "seed": seed, "flops_ratio": flops_ratio(plan.model, schedule),
-            "reuse_map": reuse_map, "val_ppl": finite_or_none(result.val_ppl),
+        key = config_key(format_reuse_map(ref.reuse_map or []), ref.knobs)
+        run.reporter.message(f"training reference {ref.name}" + (f" (map {key}, seed {ref.seed})"
+                                                                  if ref.name == "second_seed" else ""))
+        train_cfg = dataclasses.replace(plan.space.train, dtype=plan.dtype, seed=ref.seed)
+        model = plan.trial_model(ref.knobs)
+        result = train_proxy(model, ref.schedule, run.data, train_cfg, on_step=run.reporter.step)
+        study.set_user_attr(f"{REFERENCE_PREFIX}{ref.name}", {
+            "schedule": ref.schedule, "seed": ref.seed, "flops_ratio": flops_ratio(model, ref.schedule),
+            "reuse_map": ref.reuse_map, "val_ppl": finite_or_none(result.val_ppl),
             "val_bpb": finite_or_none(result.val_bpb), "status": result.status, "steps": result.steps,
-            "curve": [[p.step, p.val_loss] for p in result.curve]})
+            "curve": [[p.step, p.val_loss] for p in result.curve]} | ({"knobs": ref.knobs} if ref.knobs else {}))
 
 
 def list_studies(storage: str | None = None) -> list[dict[str, Any]]:

@@ -48,10 +48,19 @@ def print_train(report: dict[str, Any]) -> None:
     out.print(curve)
 
 
+def with_knobs_column(columns: list[str], rows: list[dict[str, Any]]) -> list[str]:
+    """The columns, with `knobs` after `reuse_map` when some row has knobs on (a study that searches them)."""
+    if not any(r.get("knobs") for r in rows) or "reuse_map" not in columns:
+        return columns
+    at = columns.index("reuse_map") + 1
+    return columns[:at] + ["knobs"] + columns[at:]
+
+
 def rows_table(title: str, rows: list[dict[str, Any]], columns: list[str]) -> None:
+    columns = with_knobs_column(columns, rows)
     table = Table(title=title)
     for col in columns:
-        table.add_column(col, justify="right" if col not in ("reuse_map", "state", "study") else "left",
+        table.add_column(col, justify="right" if col not in ("reuse_map", "knobs", "state", "study") else "left",
                          overflow="fold")  # names are never cut: they are what you copy
     for row in rows:
         table.add_row(*(_fmt(row.get(c)) for c in columns))
@@ -102,10 +111,10 @@ class RichReporter:
         self.progress.console.print(f"study {study}: {finished} of {target} trials finished")
         self.study_task = self.progress.add_task("study", total=target, completed=finished, info="trials")
 
-    def trial_started(self, number: int, reuse_map: list[int], steps: int) -> None:
+    def trial_started(self, number: int, reuse_map: list[int], steps: int, knobs: str = "") -> None:
         if self.trial_task is not None:
             self.progress.remove_task(self.trial_task)
-        self.progress.console.print(f"trial {number}: training map {_fmt(reuse_map)}")
+        self.progress.console.print(f"trial {number}: training map {_fmt(reuse_map)}" + (f" with {knobs}" if knobs else ""))
         self.trial_task = self.progress.add_task(f"trial {number}", total=steps, info="loss -")
 
     def step(self, step: int, steps: int, loss: float) -> None:
@@ -118,16 +127,18 @@ class RichReporter:
         if not self.enabled:
             return
         self.progress.console.print(
-            f"{who}trial {row['trial']} {row['state'].lower()}: map {_fmt(row['reuse_map'])}, {_fmt(row['flops_ratio'])}x, "
+            f"{who}trial {row['trial']} {row['state'].lower()}: map {_fmt(row['reuse_map'])}"
+            + (f" with {row['knobs']}" if row.get("knobs") else "") + f", {_fmt(row['flops_ratio'])}x, "
             f"ppl {_fmt(row['val_ppl'])}" + (f" (reused trial {row['reused_from']})" if row.get("reused_from") is not None else "")
             + (f" ({row['reason']})" if row["state"] != "COMPLETE" and row.get("reason") else ""))
         if not front:
             return
         table = Table(title="current front", title_justify="left")
-        for col in FRONT_COLUMNS:
+        columns = with_knobs_column(FRONT_COLUMNS, front)
+        for col in columns:
             table.add_column(col)
         for p in front:
-            table.add_row(*(_fmt(p.get(c)) for c in FRONT_COLUMNS))
+            table.add_row(*(_fmt(p.get(c)) for c in columns))
         self.progress.console.print(table)
 
     def message(self, text: str) -> None:
@@ -148,10 +159,11 @@ class WorkersReporter(RichReporter):
             self.study_started(study, target, finished)
         self.worker_tasks[worker] = self.progress.add_task(f"worker {worker}", total=1, info="starting")
 
-    def worker_trial_started(self, worker: int, number: int, reuse_map: list[int], steps: int) -> None:
+    def worker_trial_started(self, worker: int, number: int, reuse_map: list[int], steps: int, knobs: str = "") -> None:
         task = self.worker_tasks.get(worker)
         if task is not None:
-            self.progress.update(task, completed=0, total=steps, info=f"trial {number} map {_fmt(reuse_map)}")
+            label = f"trial {number} map {_fmt(reuse_map)}" + (f" with {knobs}" if knobs else "")
+            self.progress.update(task, completed=0, total=steps, info=label)
 
     def worker_step(self, worker: int, step: int, steps: int, loss: float) -> None:
         task = self.worker_tasks.get(worker)

@@ -85,8 +85,8 @@ class QueueReporter(RunReporter):
     def study_started(self, study: str, target: int, finished: int) -> None:
         self.events.put(("study_started", self.worker, study, target, finished))
 
-    def trial_started(self, number: int, reuse_map: list[int], steps: int) -> None:
-        self.events.put(("trial_started", self.worker, number, reuse_map, steps))
+    def trial_started(self, number: int, reuse_map: list[int], steps: int, knobs: str = "") -> None:
+        self.events.put(("trial_started", self.worker, number, reuse_map, steps, knobs))
 
     def step(self, step: int, steps: int, loss: float) -> None:
         self.events.put(("step", self.worker, step, steps, loss))
