@@ -12,9 +12,11 @@ from .data import check_vocab, load_space_tokens, model_config
 from .errors import UserInputError
 from .flops import describe, flops_ratio
 from .knobs import format_knobs, knob_params, knobs_of, parse_knob_settings, with_knobs
-from .model import ModelConfig, param_count, repeat_indices
+from .model import param_count, repeat_indices
+from .config import ModelConfig
 from .schedule import resolve_schedule
-from .space import SpaceConfig, load_space
+from .space import load_space
+from .config import SpaceConfig
 from .results import finite_or_none
 from .train import OnStep, TrainResult, train_proxy
 

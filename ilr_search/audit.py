@@ -15,7 +15,6 @@ import random
 import socket
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +25,9 @@ from .data import check_vocab, load_space_tokens, model_config
 from .errors import UserInputError
 from .fidelity import audit_report
 from .knobs import with_knobs
-from .model import ModelConfig
 from .results import finite_or_none, is_baseline_key, study_front, trained_trials
 from .schedule import reuse_map_schedule
-from .space import DataConfig, SearchConfig, SpaceConfig, TrainConfig
+from .config import AuditSettings, DataConfig, ModelConfig, SearchConfig, SpaceConfig, TrainConfig
 from .storage import Heartbeat, grace_period, heartbeat_interval, open_store, parse_storage
 from .store import AuditJob, Store
 from .study import CONFIG_ATTR, RESULT_TRAIN_FIELDS, RunReporter, disk_full_is_reported, open_study, _safe_name
@@ -37,17 +35,6 @@ from .train import train_proxy
 
 AUTO_MAPS = 8  # the default selection aims at this many maps with a complete proxy result
 NEAR_FRONT_PRUNED = 2
-
-
-@dataclass(frozen=True)
-class AuditSettings:
-    factor: float = 4.0
-    maps: str = "auto"  # auto | front | top:K | all
-    seeds: int = 1
-
-    @property
-    def factor_key(self) -> str:
-        return f"{self.factor:g}"
 
 
 def check_settings(settings: AuditSettings) -> tuple[str, int]:

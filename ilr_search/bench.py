@@ -19,7 +19,8 @@ import optuna
 
 from .pareto import non_dominated
 from .errors import UserInputError
-from .pruning import PrunerSettings, verdict_at_rung
+from .pruning import verdict_at_rung
+from .config import PrunerSettings
 from .report import _atomic_write, check_out_path
 from .space import load_space
 from .store import CurvePoint

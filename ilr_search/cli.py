@@ -284,7 +284,8 @@ def audit(
     json_out: Json = False,
 ) -> None:
     """Retrain chosen maps of a study FACTOR times longer and say how far the proxy's ranking holds (resumable)."""
-    from .audit import AuditSettings, run_audit
+    from .audit import run_audit
+    from .config import AuditSettings
 
     with ui.RichReporter(enabled=True) as reporter:
         report = run_audit(study_or_default(study, storage), storage, AuditSettings(factor, maps, seeds), reporter)

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from .errors import UserInputError
-from .model import ModelConfig
-from .space import DataConfig, SpaceConfig
+from .config import ModelConfig
+from .config import DataConfig, SpaceConfig
 
 CACHE_FORMAT = 1
 LOCAL_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from .errors import UserInputError
-from .model import ModelConfig
+from .config import ModelConfig
 
 
 class BudgetError(UserInputError):

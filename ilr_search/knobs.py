@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from .model import INJECTIONS, ModelConfig
+from .config import INJECTIONS, ModelConfig
 
 KnobValue = str | bool
 

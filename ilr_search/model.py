@@ -18,65 +18,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .config import ModelConfig
 from .loss import linear_cross_entropy
-
-POSITIONAL_ENCODINGS = ("nope", "rope", "learned", "alibi")
-INJECTIONS = ("none", "add", "gated")
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    vocab_size: int = 256
-    n_layers: int = 4
-    d_model: int = 128
-    n_heads: int = 4
-    seq_len: int = 256
-    mlp_ratio: float = 4.0
-    pe: str = "rope"
-    norm_eps: float = 1e-5
-    rope_base: float = 10000.0
-    injection: str = "none"  # re-add the embedding output at each repeat after the first: none, add, gated
-    iteration_encoding: bool = False  # add a learned embedding of the repeat index
-    iteration_norms: bool = False  # RMSNorm gains of their own for each repeat
-    init_depth: int = 0  # residual-projection init for this many layer runs; 0: n_layers
-    max_reuse: int = 1  # repeats of one layer that the knobs' tables cover
-
-    def __post_init__(self) -> None:
-        if self.injection not in INJECTIONS:
-            raise ValueError(f"unknown injection {self.injection!r}; use one of {', '.join(INJECTIONS)}")
-        if self.init_depth < 0:
-            raise ValueError(f"init_depth must be 0 (n_layers) or positive, got {self.init_depth}")
-        if self.pe not in POSITIONAL_ENCODINGS:
-            raise ValueError(f"unknown positional encoding {self.pe!r}; use one of {', '.join(POSITIONAL_ENCODINGS)}")
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model {self.d_model} is not divisible by heads {self.n_heads}")
-        if self.pe == "rope" and self.head_dim % 2:
-            raise ValueError(f"rope needs an even head size, got {self.head_dim}")
-        for name in ("vocab_size", "n_layers", "d_model", "n_heads", "seq_len", "max_reuse"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.mlp_ratio <= 0:
-            raise ValueError(f"mlp_ratio must be positive, got {self.mlp_ratio}")
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
-
-    @property
-    def mlp_hidden(self) -> int:
-        return int(round(self.mlp_ratio * self.d_model))
-
-
-# The knob fields at their "off" values (today's model); max_reuse only sizes the knobs' tables.
-KNOB_FIELD_DEFAULTS = {"injection": "none", "iteration_encoding": False, "iteration_norms": False, "init_depth": 0,
-                       "max_reuse": 1}
-
 
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:

@@ -26,42 +26,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import optuna
 
+from .config import PrunerSettings
 from .pareto import dominates, non_dominated_ranks
 from .stats import rank_agreement
 from .store import CurvePoint, Store
-
-@dataclass(frozen=True)
-class PrunerSettings:
-    """How a study prunes; stored with the study so that a resumed study prunes the same way."""
-
-    name: str = "pareto"
-    rungs: tuple[int, ...] = ()
-    eta: float = 3.0  # the best ceil(n / eta) maps at a rung always continue
-    epsilon: float = 0.01  # relative slack on the rung's losses
-    warmup: int = 4  # pareto-eager: maps at a rung before it prunes; median: Optuna's n_startup_trials
-    calibration_maps: int = 6  # pareto: complete maps a rung needs before it may prune
-    min_spearman: float = 0.6  # pareto: rung-to-final rank agreement a rung needs before it may prune
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self) | {"rungs": list(self.rungs)}
-
-    @classmethod
-    def from_dict(cls, stored: Mapping[str, Any]) -> PrunerSettings:
-        """Settings stored by a study; a `pareto` study stored before calibration existed prunes as it did."""
-        values = dict(stored)
-        if values.get("name") == "pareto" and "min_spearman" not in values:
-            values["name"] = "pareto-eager"
-        known = {f.name for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in values.items() if k in known}
-        values["rungs"] = tuple(values.get("rungs", ()))
-        return cls(**values)
-
 
 @dataclass(frozen=True)
 class Verdict:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,17 +14,10 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from .config import DEVICES, DTYPES, FAMILIES, OBJECTIVES, PRUNERS, SAMPLERS, DataConfig, SearchConfig, SpaceConfig, \
+    TrainConfig
 from .errors import UserInputError
 from .knobs import check_knobs
-from .model import ModelConfig
-from .schedule import baseline_map
-
-SAMPLERS = ("auto", "tpe", "nsga2", "gp", "random", "grid")
-PRUNERS = ("pareto", "pareto-eager", "median", "none")
-OBJECTIVES = ("pareto", "ppl")
-FAMILIES = ("ilr", "block")
-DEVICES = ("auto", "cpu", "cuda", "mps")
-DTYPES = ("auto", "fp32", "bf16")
 
 PRESETS = Path(__file__).resolve().parent / "search_spaces"  # shipped in the package (search_spaces/ links here)
 DEFAULT_SPACE = PRESETS / "default.toml"
@@ -33,73 +25,6 @@ DEFAULT_SPACE = PRESETS / "default.toml"
 
 class SpaceError(UserInputError):
     """A search-space file or override that cannot be used."""
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    corpus: str = "stdlib"
-    tokenizer: str = "byte"
-    text_column: str = "text"
-    val_fraction: float = 0.05
-    max_train_tokens: int = 0  # 0: the whole training split; else a cap (e.g. for epochs over a fixed sample)
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    steps: int = 200
-    batch_size: int = 16
-    grad_accum: int = 1
-    lr: float = 3e-3
-    warmup_frac: float = 0.1
-    min_lr_frac: float = 0.1
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    eval_fractions: tuple[float, ...] = (0.125, 0.25, 0.5, 1.0)
-    eval_windows: int = 32
-    seed: int = 0
-    device: str = "auto"
-    dtype: str = "auto"
-    compile: bool | None = None  # None: auto (compile on CUDA only)
-    checkpoint_every: int = 0
-
-    @property
-    def eval_steps(self) -> list[int]:
-        """Steps at which the proxy is evaluated; the last step always is."""
-        steps = {max(1, min(self.steps, round(f * self.steps))) for f in self.eval_fractions}
-        return sorted(steps | {self.steps})
-
-    def tokens(self, seq_len: int) -> int:
-        return self.steps * self.batch_size * self.grad_accum * seq_len
-
-
-@dataclass(frozen=True)
-class SearchConfig:
-    max_reuse: int = 4
-    families: tuple[str, ...] = ("ilr", "block")
-    n_trials: int = 20
-    sampler: str = "auto"
-    pruner: str = "pareto"
-    objective: str = "pareto"
-    prune_eta: float = 3.0
-    prune_epsilon: float = 0.01
-    prune_warmup: int = 4
-    prune_calibration_maps: int = 6
-    prune_min_spearman: float = 0.6
-    noise_seeds: int = 2
-    enqueue_paper_maps: bool = True
-    knobs: tuple[str, ...] = ()  # recurrence knobs searched with the map (knobs.py), each a categorical dimension
-
-
-@dataclass(frozen=True)
-class SpaceConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    search: SearchConfig = field(default_factory=SearchConfig)
-    source: str = ""
-
-    def baseline(self) -> list[int]:
-        return baseline_map(self.model.n_layers)
 
 
 # TOML section -> (dataclass attribute, {toml key: dataclass field})

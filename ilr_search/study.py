@@ -24,12 +24,15 @@ from .data import TokenData, load_space_tokens, model_config
 from .errors import StorageFullError, UserInputError
 from .flops import Budget, flops_ratio, parse_budget
 from .knobs import KNOB_CHOICES, KnobValue, config_key, format_knobs, with_knobs
-from .model import KNOB_FIELD_DEFAULTS, ModelConfig, param_count
+from .model import param_count
+from .config import KNOB_FIELD_DEFAULTS, ModelConfig
 from .fidelity import audit_reports, best_recurrent, study_fidelity
 from .results import FINISHED, REFERENCE_PREFIX, finite_or_none, has_result, references, study_front, trial_row
-from .pruning import Pruner, PrunerSettings, build_pruner
+from .pruning import Pruner, build_pruner
+from .config import PrunerSettings
 from .schedule import block_schedule, format_reuse_map, reuse_map_schedule
-from .space import SpaceConfig, validate_space
+from .space import validate_space
+from .config import SpaceConfig
 from .storage import Heartbeat, StorageSpec, grace_period, heartbeat_interval, open_storage, open_store, parse_storage
 from .store import CurvePoint, Store
 from .train import EvalPoint, TrainResult, resolve_device, resolve_dtype, train_proxy

@@ -16,8 +16,9 @@ import numpy as np
 import torch
 
 from .data import TokenData
-from .model import ILRTransformer, ModelConfig
-from .space import TrainConfig
+from .model import ILRTransformer
+from .config import ModelConfig
+from .config import TrainConfig
 
 
 @dataclass(frozen=True)

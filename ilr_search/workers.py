@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import UserInputError
-from .model import ModelConfig
-from .space import SpaceConfig
+from .config import ModelConfig
+from .config import SpaceConfig
 from .study import RunReporter, disk_full_is_reported, prepare_study, run_study
 from .train import resolve_device
 

@@ -1,7 +1,7 @@
 import pytest
 
 from ilr_search.bench import Table, build_table, feasible_maps, hypervolume_2d, replay
-from ilr_search.pruning import PrunerSettings
+from ilr_search.config import PrunerSettings
 
 
 def test_hypervolume_hand_computed():

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from ilr_search.data import load_tokens
-from ilr_search.model import ModelConfig
+from ilr_search.config import ModelConfig
 from ilr_search.schedule import reuse_map_schedule
-from ilr_search.space import DataConfig, TrainConfig
+from ilr_search.config import DataConfig, TrainConfig
 from ilr_search.train import train_proxy
 
 

@@ -7,9 +7,9 @@ import pytest
 
 from conftest import assert_one_line_error
 from ilr_search.data import load_tokens
-from ilr_search.model import ModelConfig
+from ilr_search.config import ModelConfig
 from ilr_search.schedule import reuse_map_schedule
-from ilr_search.space import DataConfig, TrainConfig
+from ilr_search.config import DataConfig, TrainConfig
 from ilr_search.train import train_proxy
 
 TINY = ["--layers", "2", "--d-model", "32", "--heads", "2", "--seq-len", "64", "--batch-size", "8", "--dtype", "fp32"]

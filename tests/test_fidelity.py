@@ -11,11 +11,13 @@ import pandas as pd
 import pytest
 
 from conftest import ROOT
-from ilr_search.audit import AuditSettings, check_settings, run_audit
+from ilr_search.audit import check_settings, run_audit
+from ilr_search.config import AuditSettings
 from ilr_search.bench import Table, TableRow, replay_pruning
 from ilr_search.errors import UserInputError
 from ilr_search.fidelity import audit_report, rung_agreements
-from ilr_search.pruning import PrunerSettings, calibrate_rung, pareto_verdict, verdict_at_rung
+from ilr_search.pruning import calibrate_rung, pareto_verdict, verdict_at_rung
+from ilr_search.config import PrunerSettings
 from ilr_search.space import load_space
 from ilr_search.storage import open_store, parse_storage
 from ilr_search.store import AuditJob, CurvePoint, JournalStore, SQLStore

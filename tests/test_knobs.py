@@ -8,7 +8,8 @@ import torch.nn.functional as F
 
 from ilr_search.flops import count_flops, forward_flops_per_token
 from ilr_search.knobs import format_knobs, knobs_of, with_knobs
-from ilr_search.model import ILRTransformer, ModelConfig, param_count, repeat_indices
+from ilr_search.model import ILRTransformer, param_count, repeat_indices
+from ilr_search.config import ModelConfig
 from ilr_search.schedule import block_schedule, reuse_map_schedule
 
 ENCODINGS = ["nope", "rope", "learned", "alibi"]

@@ -8,9 +8,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ilr_search import loss as loss_module
 from ilr_search.data import load_tokens
 from ilr_search.loss import linear_cross_entropy
-from ilr_search.model import ILRTransformer, ModelConfig
+from ilr_search.model import ILRTransformer
+from ilr_search.config import ModelConfig
 from ilr_search.schedule import reuse_map_schedule
-from ilr_search.space import DataConfig, TrainConfig
+from ilr_search.config import DataConfig, TrainConfig
 from ilr_search.train import SYNC_EVERY, train_proxy
 
 

@@ -4,7 +4,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from conftest import assert_one_line_error
 from ilr_search.flops import BudgetError, count_flops, flops_ratio, forward_flops_per_token, parse_budget
-from ilr_search.model import ILRTransformer, ModelConfig, param_count
+from ilr_search.model import ILRTransformer, param_count
+from ilr_search.config import ModelConfig
 from ilr_search.schedule import ScheduleError, block_schedule, parse_reuse_map, reuse_map_schedule
 
 ENCODINGS = ["nope", "rope", "learned", "alibi"]

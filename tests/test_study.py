@@ -14,7 +14,7 @@ import pytest
 
 from conftest import ROOT, assert_one_line_error
 from ilr_search.flops import parse_budget
-from ilr_search.model import ModelConfig
+from ilr_search.config import ModelConfig
 from ilr_search.study import repair_to_budget, seed_maps
 
 # tests/spaces/cli.toml: the default space's settings at test size, without reference runs

@@ -7,7 +7,7 @@ from collections import Counter
 import optuna
 
 from conftest import ROOT, assert_one_line_error
-from ilr_search.model import ModelConfig
+from ilr_search.config import ModelConfig
 from ilr_search.workers import proxy_memory_bytes
 
 TINY = ["--space", str(ROOT / "tests" / "spaces" / "tiny.toml"), "--layers", "3", "--d-model", "16",

@@ -1,0 +1,179 @@
+"""Every configuration of the project, in one place, with one set of defaults: those of the default search
+(search_spaces/default.toml, a laptop CPU; tests/test_config.py checks that the two agree).
+
+- ModelConfig: the decoder and its recurrence knobs (model.py says what each knob does);
+- DataConfig, TrainConfig, SearchConfig, and SpaceConfig holding the four: a search space (space.py reads
+  them from TOML presets and flags);
+- PrunerSettings: how a study prunes, stored with it; AuditSettings: what `ilr-search audit` retrains.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+POSITIONAL_ENCODINGS = ("nope", "rope", "learned", "alibi")
+INJECTIONS = ("none", "add", "gated")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int = 256
+    n_layers: int = 8
+    d_model: int = 32
+    n_heads: int = 4
+    seq_len: int = 64
+    mlp_ratio: float = 4.0
+    pe: str = "rope"
+    norm_eps: float = 1e-5
+    rope_base: float = 10000.0
+    injection: str = "none"  # re-add the embedding output at each repeat after the first: none, add, gated
+    iteration_encoding: bool = False  # add a learned embedding of the repeat index
+    iteration_norms: bool = False  # RMSNorm gains of their own for each repeat
+    init_depth: int = 0  # residual-projection init for this many layer runs; 0: n_layers
+    max_reuse: int = 1  # repeats of one layer that the knobs' tables cover
+
+    def __post_init__(self) -> None:
+        if self.injection not in INJECTIONS:
+            raise ValueError(f"unknown injection {self.injection!r}; use one of {', '.join(INJECTIONS)}")
+        if self.init_depth < 0:
+            raise ValueError(f"init_depth must be 0 (n_layers) or positive, got {self.init_depth}")
+        if self.pe not in POSITIONAL_ENCODINGS:
+            raise ValueError(f"unknown positional encoding {self.pe!r}; use one of {', '.join(POSITIONAL_ENCODINGS)}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model {self.d_model} is not divisible by heads {self.n_heads}")
+        if self.pe == "rope" and self.head_dim % 2:
+            raise ValueError(f"rope needs an even head size, got {self.head_dim}")
+        for name in ("vocab_size", "n_layers", "d_model", "n_heads", "seq_len", "max_reuse"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.mlp_ratio <= 0:
+            raise ValueError(f"mlp_ratio must be positive, got {self.mlp_ratio}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def mlp_hidden(self) -> int:
+        return int(round(self.mlp_ratio * self.d_model))
+
+
+# The knob fields at their "off" values (today's model); max_reuse only sizes the knobs' tables.
+KNOB_FIELD_DEFAULTS = {"injection": "none", "iteration_encoding": False, "iteration_norms": False, "init_depth": 0,
+                       "max_reuse": 1}
+
+
+SAMPLERS = ("auto", "tpe", "nsga2", "gp", "random", "grid")
+PRUNERS = ("pareto", "pareto-eager", "median", "none")
+OBJECTIVES = ("pareto", "ppl")
+FAMILIES = ("ilr", "block")
+DEVICES = ("auto", "cpu", "cuda", "mps")
+DTYPES = ("auto", "fp32", "bf16")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    corpus: str = "stdlib"
+    tokenizer: str = "byte"
+    text_column: str = "text"
+    val_fraction: float = 0.05
+    max_train_tokens: int = 0  # 0: the whole training split; else a cap (e.g. for epochs over a fixed sample)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 1000
+    batch_size: int = 8
+    grad_accum: int = 1
+    lr: float = 1e-2
+    warmup_frac: float = 0.1
+    min_lr_frac: float = 0.1
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    eval_fractions: tuple[float, ...] = (0.125, 0.25, 0.5, 1.0)
+    eval_windows: int = 128
+    seed: int = 0
+    device: str = "auto"
+    dtype: str = "auto"
+    compile: bool | None = None  # None: auto (compile on CUDA only)
+    checkpoint_every: int = 100  # steps between trial checkpoints; 0: none
+
+    @property
+    def eval_steps(self) -> list[int]:
+        """Steps at which the proxy is evaluated; the last step always is."""
+        steps = {max(1, min(self.steps, round(f * self.steps))) for f in self.eval_fractions}
+        return sorted(steps | {self.steps})
+
+    def tokens(self, seq_len: int) -> int:
+        return self.steps * self.batch_size * self.grad_accum * seq_len
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    max_reuse: int = 4
+    families: tuple[str, ...] = ("ilr", "block")
+    n_trials: int = 16
+    sampler: str = "auto"
+    pruner: str = "pareto"
+    objective: str = "pareto"
+    prune_eta: float = 3.0
+    prune_epsilon: float = 0.01
+    prune_warmup: int = 4
+    prune_calibration_maps: int = 6
+    prune_min_spearman: float = 0.6
+    noise_seeds: int = 2
+    enqueue_paper_maps: bool = True
+    knobs: tuple[str, ...] = ()  # recurrence knobs searched with the map (knobs.py), each a categorical dimension
+
+
+@dataclass(frozen=True)
+class SpaceConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
+    source: str = ""
+
+    def baseline(self) -> list[int]:
+        return [1] * self.model.n_layers
+
+
+@dataclass(frozen=True)
+class PrunerSettings:
+    """How a study prunes; stored with the study so that a resumed study prunes the same way."""
+
+    name: str = "pareto"
+    rungs: tuple[int, ...] = ()
+    eta: float = 3.0  # the best ceil(n / eta) maps at a rung always continue
+    epsilon: float = 0.01  # relative slack on the rung's losses
+    warmup: int = 4  # pareto-eager: maps at a rung before it prunes; median: Optuna's n_startup_trials
+    calibration_maps: int = 6  # pareto: complete maps a rung needs before it may prune
+    min_spearman: float = 0.6  # pareto: rung-to-final rank agreement a rung needs before it may prune
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self) | {"rungs": list(self.rungs)}
+
+    @classmethod
+    def from_dict(cls, stored: Mapping[str, Any]) -> PrunerSettings:
+        """Settings stored by a study; a `pareto` study stored before calibration existed prunes as it did."""
+        values = dict(stored)
+        if values.get("name") == "pareto" and "min_spearman" not in values:
+            values["name"] = "pareto-eager"
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in values.items() if k in known}
+        values["rungs"] = tuple(values.get("rungs", ()))
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class AuditSettings:
+    factor: float = 4.0
+    maps: str = "auto"  # auto | front | top:K | all
+    seeds: int = 1
+
+    @property
+    def factor_key(self) -> str:
+        return f"{self.factor:g}"
