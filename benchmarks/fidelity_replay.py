@@ -16,7 +16,7 @@ from platform import node
 
 from ilr_search.bench import Table, replay_pruning
 from ilr_search.fidelity import rung_agreements
-from ilr_search.pruning import PrunerSettings
+from ilr_search.config import PrunerSettings
 from ilr_search.space import load_space
 
 DEFAULT_TABLES = "benchmarks/data/bench-small.parquet,benchmarks/data/bench-crossing.parquet"

@@ -27,7 +27,8 @@ import torch
 import torch.nn.functional as F
 
 from ilr_search.flops import forward_flops_per_token
-from ilr_search.model import ILRTransformer, ModelConfig
+from ilr_search.model import ILRTransformer
+from ilr_search.config import ModelConfig
 from ilr_search.schedule import reuse_map_schedule
 
 
