@@ -20,7 +20,7 @@ from ilr_search.data import load_space_tokens
 from ilr_search.flops import flops_ratio, parse_budget
 from ilr_search.schedule import reuse_map_schedule
 from ilr_search.space import load_space
-from ilr_search.study import repair_to_budget
+from ilr_search.search.maps import repair_to_budget
 from ilr_search.train import resolve_device, resolve_dtype, train_proxy
 
 

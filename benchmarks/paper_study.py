@@ -15,7 +15,7 @@ import argparse
 import json
 
 from ilr_search.space import load_space
-from ilr_search.study import list_trials
+from ilr_search.search.studies import list_trials
 from ilr_search.ui import RichReporter, WorkersReporter
 from ilr_search.workers import RunArgs, run_workers
 

@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 from ilr_search.space import load_space
-from ilr_search.study import list_trials, run_study
+from ilr_search.search.studies import list_trials
+from ilr_search.search.run import run_study
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ import plotly.graph_objects as go
 
 from ilr_search.bench import Table, replay, summarize_replays
 from ilr_search.config import PrunerSettings
-from ilr_search.study import sampler_settings
+from ilr_search.search.samplers import sampler_settings
 
 SAMPLERS = ["random", "tpe", "nsga2", "gp", "auto"]
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import optuna
 
 from ilr_search.space import load_space
-from ilr_search.study import RunReporter
+from ilr_search.search.progress import RunReporter
 from ilr_search.workers import RunArgs, run_workers
 
 

@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import dataclasses
-
+from .config import ModelConfig, SpaceConfig
 from .data import check_vocab, load_space_tokens, model_config
 from .errors import UserInputError
 from .flops import describe, flops_ratio
 from .knobs import format_knobs, knob_params, knobs_of, parse_knob_settings, with_knobs
 from .model import param_count, repeat_indices
-from .config import ModelConfig
+from .results import finite_or_none
 from .schedule import resolve_schedule
 from .space import load_space
-from .config import SpaceConfig
-from .results import finite_or_none
 from .train import OnStep, TrainResult, train_proxy
+
 
 Overrides = Mapping[str, Mapping[str, Any]]
 

@@ -21,17 +21,21 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from .config import AuditSettings, DataConfig, ModelConfig, SearchConfig, SpaceConfig, TrainConfig
 from .data import check_vocab, load_space_tokens, model_config
 from .errors import UserInputError
 from .fidelity import audit_report
 from .knobs import with_knobs
 from .results import finite_or_none, is_baseline_key, study_front, trained_trials
 from .schedule import reuse_map_schedule
-from .config import AuditSettings, DataConfig, ModelConfig, SearchConfig, SpaceConfig, TrainConfig
+from .search.plan import CONFIG_ATTR, RESULT_TRAIN_FIELDS, safe_name
+from .search.progress import RunReporter
+from .search.run import disk_full_is_reported
+from .search.studies import open_study
 from .storage import Heartbeat, grace_period, heartbeat_interval, open_store, parse_storage
 from .store import AuditJob, Store
-from .study import CONFIG_ATTR, RESULT_TRAIN_FIELDS, RunReporter, disk_full_is_reported, open_study, _safe_name
 from .train import train_proxy
+
 
 AUTO_MAPS = 8  # the default selection aims at this many maps with a complete proxy result
 NEAR_FRONT_PRUNED = 2
@@ -146,7 +150,7 @@ def _run_audit(study_name: str, storage: str | None, settings: AuditSettings, re
 
     store = open_store(spec, study_name)
     worker = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-    checkpoints = Path(checkpoint_dir or "studies/checkpoints") / _safe_name(study_name) / "audit"
+    checkpoints = Path(checkpoint_dir or "studies/checkpoints") / safe_name(study_name) / "audit"
     reporter.study_started(f"{study_name} audit at {settings.factor_key}x ({steps} steps)", len(jobs),
                            _n_done(store, jobs))
     data = None
@@ -211,7 +215,7 @@ def _train_job(store: Store, job: AuditJob, worker: str, trial: FrozenTrial, spa
     model = with_knobs(model_config(space), trial.user_attrs.get("knobs", {}), init_depth)
     check_vocab(model, data.vocab_size)
     train_cfg = dataclasses.replace(space.train, seed=job.seed)
-    checkpoint = checkpoints / f"{job.factor}x-seed{job.seed}-{_safe_name(job.map_key.replace(',', '-'))}.pt"
+    checkpoint = checkpoints / f"{job.factor}x-seed{job.seed}-{safe_name(job.map_key.replace(',', '-'))}.pt"
     reporter.trial_started(trial.number, reuse_map, train_cfg.steps)
     try:
         with Heartbeat(lambda: store.audit_beat(job, worker)):

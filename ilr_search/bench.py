@@ -17,17 +17,21 @@ from typing import Any
 
 import optuna
 
-from .pareto import non_dominated
-from .errors import UserInputError
-from .pruning import verdict_at_rung
 from .config import PrunerSettings
+from .errors import UserInputError
+from .pareto import non_dominated
 from .report import _atomic_write, check_out_path
-from .space import load_space
-from .store import CurvePoint
 from .results import references
+from .search.maps import propose_map, seed_maps
+from .search.plan import plan_study
+from .search.progress import RunReporter
+from .search.pruners import verdict_at_rung
+from .search.run import run_study
+from .search.samplers import build_sampler, sampler_settings
+from .search.studies import open_study
+from .space import load_space
 from .storage import parse_storage
-from .study import (RunReporter, build_sampler, open_study, plan_study, propose_map, run_study, sampler_settings,
-                    seed_maps)
+from .store import CurvePoint
 
 
 def feasible_maps(n_layers: int, max_reuse: int, max_layer_runs: int) -> list[list[int]]:

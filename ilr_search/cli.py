@@ -202,7 +202,7 @@ def run(
             summary = run_workers(RunArgs(space, budget, study, storage, n_trials, timeout, sampler, pruner),
                                   workers, reporter)
     else:
-        from .study import run_study
+        from .search.run import run_study
 
         with ui.RichReporter(enabled=True) as reporter:
             summary = run_study(space, budget, study, storage, n_trials, timeout, sampler, pruner, reporter)
@@ -217,7 +217,7 @@ ReadStudy = Annotated[Optional[str], typer.Option("--study", help="Study name. \
 def study_or_default(study: str | None, storage: str | None) -> str:
     if study:
         return study
-    from .study import default_study
+    from .search.studies import default_study
 
     name, why = default_study(storage)
     ui.err.print(f"study {name} ({why})")
@@ -228,7 +228,7 @@ def study_or_default(study: str | None, storage: str | None) -> str:
 @user_errors
 def studies(storage: Storage = None, json_out: Json = False) -> None:
     """List the studies in a storage."""
-    from .study import list_studies
+    from .search.studies import list_studies
 
     emit({"studies": list_studies(storage)}, json_out, ui.print_studies)
 
@@ -237,7 +237,7 @@ def studies(storage: Storage = None, json_out: Json = False) -> None:
 @user_errors
 def trials(study: ReadStudy = None, storage: Storage = None, json_out: Json = False) -> None:
     """List the trials of a study, and how far its proxy can be trusted."""
-    from .study import trials_report
+    from .search.studies import trials_report
 
     emit(trials_report(study_or_default(study, storage), storage), json_out, ui.print_trials)
 

@@ -11,21 +11,21 @@ import dataclasses
 import hashlib
 import json
 import os
-import shutil
 import sys
-import sysconfig
 import tempfile
-import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import shutil
+import sysconfig
+import zlib
 
+from .config import DataConfig, ModelConfig, SpaceConfig
 from .errors import UserInputError
-from .config import ModelConfig
-from .config import DataConfig, SpaceConfig
+
 
 CACHE_FORMAT = 1
 LOCAL_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}

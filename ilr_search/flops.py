@@ -7,15 +7,15 @@ products, as torch's FlopCounterMode counts them; norms, activations and softmax
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import re
 import torch
 
-from .errors import UserInputError
 from .config import ModelConfig
+from .errors import UserInputError
 
 
 class BudgetError(UserInputError):

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 
 from .config import INJECTIONS, ModelConfig
 
+
 KnobValue = str | bool
 
 # name -> choices; the first choice is "off", the model as the paper ran it

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from .config import ModelConfig
 from .loss import linear_cross_entropy
 
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()

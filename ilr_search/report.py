@@ -12,12 +12,13 @@ import optuna
 from optuna.trial import TrialState
 
 from .errors import UserInputError
+from .fidelity import mark_ties, noise_band
 from .knobs import KNOB_CHOICES, format_knobs
 from .plots import pareto_figure, plot_ppl
-from .storage import open_store, parse_storage
-from .fidelity import mark_ties, noise_band
 from .results import REFERENCE_PREFIX, study_front, trial_row
-from .study import fidelity_of, open_study
+from .search.studies import fidelity_of, open_study
+from .storage import open_store, parse_storage
+
 
 FRONT_FORMATS = (".html", ".png", ".svg", ".csv", ".json")
 EXPORT_FORMATS = (".csv", ".parquet")

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover

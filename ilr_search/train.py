@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import time
-import zlib
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -14,11 +13,11 @@ from typing import Any
 
 import numpy as np
 import torch
+import zlib
 
+from .config import ModelConfig, TrainConfig
 from .data import TokenData
 from .model import ILRTransformer
-from .config import ModelConfig
-from .config import TrainConfig
 
 
 @dataclass(frozen=True)

@@ -11,18 +11,20 @@ training one map, and each worker samples from its own stream.
 from __future__ import annotations
 
 import dataclasses
-import multiprocessing as mp
 import os
-import queue
 import signal
 from dataclasses import dataclass
 from typing import Any
 
+import multiprocessing as mp
+import queue
+
+from .config import ModelConfig, SpaceConfig
 from .errors import UserInputError
-from .config import ModelConfig
-from .config import SpaceConfig
-from .study import RunReporter, disk_full_is_reported, prepare_study, run_study
+from .search.progress import RunReporter
+from .search.run import disk_full_is_reported, prepare_study, run_study
 from .train import resolve_device
+
 
 GIB = 1 << 30
 CUDA_CONTEXT_BYTES = GIB  # per process: the CUDA context, cuBLAS/cuDNN workspaces, compiled kernels
@@ -153,7 +155,7 @@ def run_workers(args: RunArgs, workers: int, reporter: Any) -> dict[str, Any]:
         if code not in (0, 130):
             reporter.message(f"worker {k} ended with exit code {code}; its unfinished trial is retried")
     if interrupted:
-        from .study import summarize_stored
+        from .search.studies import summarize_stored
 
         summary = summarize_stored(args.storage, plan.name)
         summary["interrupted"] = True

@@ -16,12 +16,13 @@ from ilr_search.config import AuditSettings
 from ilr_search.bench import Table, TableRow, replay_pruning
 from ilr_search.errors import UserInputError
 from ilr_search.fidelity import audit_report, rung_agreements
-from ilr_search.pruning import calibrate_rung, pareto_verdict, verdict_at_rung
+from ilr_search.search.pruners import calibrate_rung, pareto_verdict, verdict_at_rung
 from ilr_search.config import PrunerSettings
 from ilr_search.space import load_space
 from ilr_search.storage import open_store, parse_storage
 from ilr_search.store import AuditJob, CurvePoint, JournalStore, SQLStore
-from ilr_search.study import run_study, trials_report
+from ilr_search.search.run import run_study
+from ilr_search.search.studies import trials_report
 
 SPACE = ROOT / "tests" / "spaces" / "tiny.toml"
 

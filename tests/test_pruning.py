@@ -3,7 +3,7 @@ import random
 import pytest
 
 from ilr_search.pareto import non_dominated, pareto_front
-from ilr_search.pruning import pareto_verdict
+from ilr_search.search.pruners import pareto_verdict
 from ilr_search.store import CurvePoint, JournalStore, SQLStore
 
 ETA, EPS, WARMUP = 3.0, 0.0, 3
@@ -98,7 +98,7 @@ def test_front_equals_brute_force_on_random_points():
 
 def test_a_retried_map_with_another_loss_at_the_rung_is_judged_on_its_own_loss():
     # the dead predecessor reached the rung with another loss (nondeterministic GPU runs, another machine)
-    from ilr_search.pruning import verdict_at_rung
+    from ilr_search.search.pruners import verdict_at_rung
     from ilr_search.config import PrunerSettings
     peers = [pt(i, 2.0 + 0.01 * i, 1.0) for i in range(5)] + [CurvePoint(7, 10, 2.5, 1.5, "retried")]
     me = CurvePoint(8, 10, 2.6, 1.5, "retried")

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from conftest import NO_REFERENCES, ROOT, assert_one_line_error, write_space
-from ilr_search.study import study_front
+from ilr_search.results import study_front
 
 SPACE = str(ROOT / "tests" / "spaces" / "tiny.toml")
 

@@ -15,7 +15,7 @@ import pytest
 from conftest import ROOT, assert_one_line_error
 from ilr_search.flops import parse_budget
 from ilr_search.config import ModelConfig
-from ilr_search.study import repair_to_budget, seed_maps
+from ilr_search.search.maps import repair_to_budget, seed_maps
 
 # tests/spaces/cli.toml: the default space's settings at test size, without reference runs
 TINY = ["--space", str(ROOT / "tests" / "spaces" / "cli.toml"), "--layers", "4", "--d-model", "32", "--heads", "2",

@@ -34,7 +34,7 @@ from optuna.trial import TrialState
 from ilr_search.results import has_result, study_front
 from ilr_search.space import load_space
 from ilr_search.storage import open_storage, open_store, parse_storage
-from ilr_search.study import prepare_study
+from ilr_search.search.run import prepare_study
 
 HEARTBEAT_SECONDS = 1
 BUDGET = "2x"
@@ -45,7 +45,7 @@ MAP_B = {"r0": 3, "r1": 1}
 GATED_WORKER = """
 import os, sys, time
 from pathlib import Path
-import ilr_search.study as study
+import ilr_search.search.objective as study
 gate = Path(os.environ["ILR_CHAOS_GATE"])
 train = study.train_proxy
 def gated(*args, **kwargs):

@@ -18,7 +18,8 @@ from optuna.trial import TrialState
 from conftest import NO_REFERENCES, assert_one_line_error, write_space
 from ilr_search.space import load_space
 from ilr_search.storage import open_storage, open_store, parse_storage
-from ilr_search.study import has_result, run_study, study_front
+from ilr_search.results import has_result, study_front
+from ilr_search.search.run import run_study
 
 HEARTBEAT_SECONDS = 1
 GRACE_SECONDS = 4 * HEARTBEAT_SECONDS + 1  # storage.grace_period() under ILR_SEARCH_HEARTBEAT_SECONDS=1

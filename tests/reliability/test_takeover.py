@@ -10,7 +10,9 @@ from optuna.trial import TrialState
 from conftest import ROOT
 from ilr_search.space import load_space
 from ilr_search.storage import grace_period, heartbeat_interval, open_storage, parse_storage
-from ilr_search.study import HEARTBEAT_ATTR, RunReporter, run_study, sweep_stale_journal_trials
+from ilr_search.search.objective import HEARTBEAT_ATTR, sweep_stale_journal_trials
+from ilr_search.search.progress import RunReporter
+from ilr_search.search.run import run_study
 
 SPACE = ROOT / "tests" / "spaces" / "tiny.toml"
 

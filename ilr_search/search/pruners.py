@@ -32,10 +32,11 @@ from typing import Any, Protocol
 
 import optuna
 
-from .config import PrunerSettings
-from .pareto import dominates, non_dominated_ranks
-from .stats import rank_agreement
-from .store import CurvePoint, Store
+from ..config import PrunerSettings, SpaceConfig
+from ..pareto import dominates, non_dominated_ranks
+from ..stats import rank_agreement
+from ..store import CurvePoint, Store
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -235,3 +236,10 @@ def build_pruner(settings: PrunerSettings, store: Store, final_step: int) -> Pru
     if settings.name == "median":
         return MedianPruning(store, settings)
     return ParetoPruner(store, settings, final_step)
+
+
+def pruner_settings(space: SpaceConfig) -> PrunerSettings:
+    s = space.search
+    return PrunerSettings(name=s.pruner, rungs=tuple(space.train.eval_steps[:-1]), eta=s.prune_eta,
+                          epsilon=s.prune_epsilon, warmup=s.prune_warmup, calibration_maps=s.prune_calibration_maps,
+                          min_spearman=s.prune_min_spearman)

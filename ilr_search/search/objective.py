@@ -1,0 +1,273 @@
+"""The objective: one trial proposes a map, claims it (or reuses or waits for its result), trains it as a proxy
+under the pruner, and records the result; journal heartbeats and stale-trial sweeps keep workers honest."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from ..data import TokenData
+from ..flops import flops_ratio
+from ..knobs import KnobValue, config_key, format_knobs
+from ..model import param_count
+from ..results import finite_or_none, has_result
+from ..schedule import format_reuse_map, reuse_map_schedule
+from ..storage import Heartbeat, StorageSpec, grace_period, heartbeat_interval
+from ..store import CurvePoint, Store
+from ..train import EvalPoint, TrainResult, train_proxy
+
+from .maps import propose_knobs, propose_map
+from .plan import StudyPlan, safe_name
+from .progress import RunReporter
+from .pruners import Pruner
+
+
+HEARTBEAT_ATTR = "ilr:heartbeat"
+
+
+class TrialDiverged(Exception):
+    """The proxy's loss became non-finite: the trial ends FAIL with its reason, the study goes on."""
+
+
+def journal_heartbeat(study: optuna.Study, trial_id: int) -> Heartbeat:
+    """Beats for a running trial on journal storage (RDB storages have Optuna's heartbeat thread) for the
+    trial's whole RUNNING life, claim waits included; ends once the trial is finished."""
+    def beat() -> bool:
+        try:
+            study._storage.set_trial_system_attr(trial_id, HEARTBEAT_ATTR, time.time())
+            return True
+        except optuna.exceptions.UpdateFinishedTrialError:
+            return False
+
+    return Heartbeat(beat)
+
+
+def last_beat(t: FrozenTrial) -> float:
+    """When a running trial last showed life: its own heartbeat or its start, whichever is later (a retry
+    inherits its dead predecessor's system attributes, heartbeat included, which must not count against it)."""
+    start = t.datetime_start.timestamp() if t.datetime_start else time.time()
+    return max(float(t.system_attrs.get(HEARTBEAT_ATTR) or 0.0), start)
+
+
+def sweep_stale_journal_trials(study: optuna.Study, spare: int | None = None) -> list[int]:
+    """Fail RUNNING trials whose last beat is older than the grace period and enqueue their retry; `spare` is
+    the calling worker's own trial, which it never fails."""
+    failed = []
+    now = time.time()
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if t._trial_id == spare or now - last_beat(t) <= grace_period():
+            continue
+        try:
+            if study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
+                failed.append(t.number)
+                optuna.storages.RetryHeartbeatStaleTrialCallback()(study, study._storage.get_trial(t._trial_id))
+        except optuna.exceptions.UpdateFinishedTrialError:
+            pass  # another worker failed it first
+    return failed
+
+
+class TrialTakenOver(Exception):
+    """This worker's trial was failed under it (its heartbeat was judged stale) and retried elsewhere."""
+
+
+@dataclass
+
+
+class SearchRun:
+    plan: StudyPlan
+    spec: StorageSpec
+    study: optuna.Study
+    store: Store
+    data: TokenData
+    reporter: RunReporter
+    target: int
+    checkpoint_root: Path
+    pruner: Pruner | None = None
+    taken_over: int = 0  # trials failed under this worker by another's sweep
+
+    @property
+    def n_layers(self) -> int:
+        return self.plan.model.n_layers
+
+    def objective(self, trial: optuna.Trial) -> float | tuple[float, float]:
+        if self.spec.kind != "journal":  # RDB: Optuna's own heartbeat thread covers the trial
+            return self._objective(trial)
+        with journal_heartbeat(self.study, trial._trial_id):
+            sweep_stale_journal_trials(self.study, spare=trial._trial_id)
+            return self._objective(trial)
+
+    def _objective(self, trial: optuna.Trial) -> float | tuple[float, float]:
+        proposed, reuse_map = propose_map(trial, self.n_layers, self.plan.space.search.max_reuse,
+                                          self.plan.budget.max_layer_runs(self.plan.model))
+        knobs = propose_knobs(trial, self.plan.space.search.knobs)
+        key = config_key(format_reuse_map(reuse_map), knobs)  # the knobs add no FLOPs: repair keys on the map
+        model = self.plan.trial_model(knobs)
+        ratio = flops_ratio(model, reuse_map_schedule(reuse_map))
+        assert self.plan.budget.allows(ratio), (reuse_map, ratio)
+        trial.set_user_attr("reuse_map", reuse_map)
+        trial.set_user_attr("map_key", key)
+        trial.set_user_attr("flops_ratio", ratio)
+        trial.set_user_attr("params", param_count(model))
+        if knobs:
+            trial.set_user_attr("knobs", knobs)
+        if reuse_map != proposed:
+            trial.set_user_attr("proposed_map", proposed)
+
+        earlier = self._result_for(key, trial.number)
+        if earlier is None:
+            earlier = self._claim_or_wait(key, trial.number)
+        if earlier is not None:
+            return self._reuse(trial, earlier)
+        return self._train(trial, reuse_map, knobs, key, ratio)
+
+    def _result_for(self, key: str, exclude: int) -> FrozenTrial | None:
+        for t in self.study.get_trials(deepcopy=False):
+            if t.number != exclude and t.user_attrs.get("map_key") == key and has_result(t) \
+                    and "reused_from" not in t.user_attrs:
+                return t
+        return None
+
+    def _claim_or_wait(self, key: str, number: int) -> FrozenTrial | None:
+        """Claim the map for this trial; if another live trial trains it, wait for its result instead."""
+        waited = False
+        while True:
+            holder = self.store.claim(key, number)
+            if holder == number:
+                return None
+            held = self._trial_by_number(holder)
+            if held is None or has_result(held):
+                result = self._result_for(key, number)
+                if result is not None:
+                    return result
+            if held is None or (held.state.is_finished() and not has_result(held)):
+                if self.store.take_over(key, holder, number):  # the holder died or was interrupted
+                    return None
+                continue
+            if not waited:
+                self.reporter.message(f"map {key} is being trained by trial {holder}; waiting for its result")
+                waited = True
+            time.sleep(min(2.0, heartbeat_interval()))
+            self.sweep_stale(spare=self._trial_by_number(number)._trial_id)
+
+    def sweep_stale(self, spare: int | None = None) -> None:
+        """Fail (and queue again) the trials of dead workers; never the trial `spare` of this worker."""
+        if self.spec.kind == "journal":
+            sweep_stale_journal_trials(self.study, spare=spare)
+        else:
+            optuna.storages.fail_stale_trials(self.study)
+
+    def _trial_by_number(self, number: int) -> FrozenTrial | None:
+        return next((t for t in self.study.get_trials(deepcopy=False) if t.number == number), None)
+
+    def _failed_under_me(self, trial: optuna.Trial) -> bool:
+        """Another worker's sweep judged this trial stale and failed it (its retry is queued)."""
+        return self.study._storage.get_trial(trial._trial_id).state.is_finished()
+
+    def _taken_over(self, trial: optuna.Trial) -> TrialTakenOver:
+        self.taken_over += 1
+        return TrialTakenOver(f"trial {trial.number} was failed by another worker's stale-trial sweep")
+
+    def _recover(self, trial: optuna.Trial, result: TrainResult, decision: dict[str, Any], key: str,
+                 ratio: float) -> None:
+        """Keep the result of a trial failed under this worker: a new finished trial with the same map, marked
+        `recovered_from`, which takes the map's claim so that the queued retry reuses it instead of training."""
+        attrs = dict(self.study._storage.get_trial(trial._trial_id).user_attrs)
+        attrs |= self._result_attrs(result, decision) | {"recovered_from": trial.number}
+        if result.status == "diverged":
+            state, values = TrialState.FAIL, None
+        elif decision:
+            state, values = TrialState.PRUNED, None
+        else:
+            state = TrialState.COMPLETE
+            values = self._values(result.val_ppl, ratio)
+            values = [values] if isinstance(values, float) else list(values)
+        self.study.add_trial(optuna.trial.create_trial(state=state, values=values, params=trial.params,
+                                                       distributions=trial.distributions, user_attrs=attrs))
+        recovered = max(t.number for t in self.study.get_trials(deepcopy=False)
+                        if t.user_attrs.get("recovered_from") == trial.number)
+        self.store.take_over(key, trial.number, recovered)
+        self.reporter.message(f"trial {trial.number} was failed under this worker; its result is kept as trial "
+                              f"{recovered}")
+
+    def _reuse(self, trial: optuna.Trial, earlier: FrozenTrial) -> float | tuple[float, float]:
+        if self._failed_under_me(trial):
+            raise self._taken_over(trial)
+        for k in ("val_loss", "val_ppl", "val_bpb", "status", "reason", "pruned_at_step", "curve"):
+            if k in earlier.user_attrs:
+                trial.set_user_attr(k, earlier.user_attrs[k])
+        trial.set_user_attr("reused_from", earlier.number)
+        trial.set_user_attr("steps", 0)
+        if earlier.state == TrialState.PRUNED:
+            raise optuna.TrialPruned(f"map already pruned in trial {earlier.number}")
+        if earlier.state == TrialState.FAIL:
+            raise TrialDiverged(f"map already diverged in trial {earlier.number}")
+        return self._values(earlier.user_attrs["val_ppl"], earlier.user_attrs["flops_ratio"])
+
+    def _values(self, val_ppl: float, ratio: float) -> float | tuple[float, float]:
+        return val_ppl if self.plan.space.search.objective == "ppl" else (val_ppl, ratio)
+
+    def _train(self, trial: optuna.Trial, reuse_map: list[int], knobs: dict[str, KnobValue], key: str,
+               ratio: float) -> float | tuple[float, float]:
+        steps = self.plan.space.train.steps
+        self.reporter.trial_started(trial.number, reuse_map, steps, format_knobs(knobs))
+        decision: dict[str, Any] = {}
+
+        def on_eval(point: EvalPoint) -> bool:
+            self.store.add_curve_point(CurvePoint(trial.number, point.step, point.val_loss, ratio, key), point.tokens)
+            if self.pruner is None:
+                return False
+            verdict = self.pruner.decide(trial, point.step, point.val_loss, ratio, key)
+            if verdict is not None:
+                decision.update(step=verdict.step, reason=verdict.reason, dominated_by=list(verdict.dominated_by))
+                return True
+            return False
+
+        checkpoint = self.checkpoint_root / f"{safe_name(key.replace(',', '-'))}.pt" if self.plan.space.train.checkpoint_every else None
+        train_cfg = dataclasses.replace(self.plan.space.train, dtype=self.plan.dtype)
+        try:
+            result = train_proxy(self.plan.trial_model(knobs), reuse_map_schedule(reuse_map), self.data, train_cfg,
+                                 on_eval=on_eval, on_step=self.reporter.step, checkpoint_path=checkpoint)
+        except KeyboardInterrupt:
+            # Retry this map on resume (Optuna marks the trial FAIL); then stop the study.
+            trial.set_user_attr("reason", "interrupted (Ctrl-C)")
+            self.study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
+            raise
+        if self._failed_under_me(trial):
+            self._recover(trial, result, decision, key, ratio)
+            if checkpoint is not None:
+                checkpoint.unlink(missing_ok=True)
+            raise self._taken_over(trial)
+        self._record(trial, result, decision)
+        if checkpoint is not None:  # the trial is over, whatever its outcome
+            checkpoint.unlink(missing_ok=True)
+        if result.status == "diverged":
+            raise TrialDiverged(result.reason)
+        if decision:
+            raise optuna.TrialPruned(decision["reason"])
+        return self._values(result.val_ppl, ratio)
+
+    def _result_attrs(self, result: TrainResult, decision: dict[str, Any]) -> dict[str, Any]:
+        attrs = {
+            "status": "pruned" if decision else result.status,
+            "reason": decision.get("reason", result.reason),
+            "steps": result.steps - result.resumed_from_step,
+            "resumed_from_step": result.resumed_from_step,
+            "val_loss": finite_or_none(result.val_loss), "val_ppl": finite_or_none(result.val_ppl),
+            "val_bpb": finite_or_none(result.val_bpb),
+            "train_seconds": result.train_seconds, "tokens_per_second": result.tokens_per_second,
+            "curve": [[p.step, p.val_loss] for p in result.curve],
+        }
+        if decision:
+            attrs["pruned_at_step"] = decision["step"]
+            attrs["steps_saved"] = self.plan.space.train.steps - decision["step"]
+        return attrs
+
+    def _record(self, trial: optuna.Trial, result: TrainResult, decision: dict[str, Any]) -> None:
+        for k, v in self._result_attrs(result, decision).items():
+            trial.set_user_attr(k, v)

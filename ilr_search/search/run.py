@@ -1,0 +1,279 @@
+"""Running a study: prepare it (check input, tokenize, create or load, enqueue), run workers' trials to the target,
+train the reference runs, and report; a full disk ends the run with one error line."""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+import sqlalchemy as sa
+from optuna.trial import FrozenTrial, TrialState
+
+from ..config import PrunerSettings, SpaceConfig
+from ..data import TokenData, load_space_tokens
+from ..errors import StorageFullError, UserInputError
+from ..fidelity import best_recurrent
+from ..flops import flops_ratio
+from ..knobs import KnobValue, config_key
+from ..results import REFERENCE_PREFIX, finite_or_none, has_result, study_front, trial_row
+from ..schedule import block_schedule, format_reuse_map, reuse_map_schedule
+from ..space import validate_space
+from ..storage import StorageSpec, heartbeat_interval, open_storage, open_store, parse_storage
+from ..store import Store
+from ..train import train_proxy
+
+from .maps import knobs_off, seed_maps
+from .objective import SearchRun, TrialDiverged, TrialTakenOver, sweep_stale_journal_trials
+from .plan import (CONFIG_ATTR, FIDELITY_ATTR, SAMPLER_ATTR, StudyPlan, adopt_stored_dtype, canonical_config,
+    check_resume, plan_study, safe_name)
+from .progress import RunReporter
+from .pruners import build_pruner, pruner_settings
+from .samplers import build_sampler, sampler_settings
+from .studies import summarize
+
+
+def run_study(space: SpaceConfig, budget: str, study_name: str | None = None, storage: str | None = None,
+              n_trials: int | None = None, timeout: float | None = None, sampler: str | None = None,
+              pruner: str | None = None, reporter: RunReporter | None = None,
+              checkpoint_dir: str | Path | None = None, enqueue_maps: list[list[int]] | None = None,
+              reference_share: tuple[int, int] = (0, 1)) -> dict[str, Any]:
+    """Run (or resume) a study until it has `n_trials` finished trials; returns the `run --json` summary.
+
+    `sampler`/`pruner` given here override the space's and must match a resumed study's. `enqueue_maps` are
+    tried first, after the baseline and the paper-inspired maps (over-budget maps are repaired). A full disk
+    ends the run with a StorageFullError; finished trials stay in the storage.
+    """
+    with disk_full_is_reported():
+        return _run_study(space, budget, study_name, storage, n_trials, timeout, sampler, pruner, reporter,
+                          checkpoint_dir, enqueue_maps, reference_share)
+
+
+@dataclass
+
+
+class PreparedStudy:
+    """A study checked, created (or loaded) with its settings and first maps, and its tokens at hand."""
+    space: SpaceConfig
+    spec: StorageSpec
+    plan: StudyPlan
+    study: optuna.Study
+    settings: dict[str, Any]
+    data: TokenData
+
+
+def prepare_study(space: SpaceConfig, budget: str, study_name: str | None = None, storage: str | None = None,
+                  n_trials: int | None = None, timeout: float | None = None, sampler: str | None = None,
+                  pruner: str | None = None, enqueue_maps: list[list[int]] | None = None) -> PreparedStudy:
+    """Everything `run` does before its first trial: check the input (nothing on disk changes when it is bad),
+    tokenize (cached), create or load the study, store its settings and enqueue the first maps. Workers
+    started after it find all of this in place."""
+    spec = parse_storage(storage)
+    if n_trials is not None and n_trials <= 0:
+        raise UserInputError(f"--n-trials must be a positive number of trials, got {n_trials}")
+    if timeout is not None and timeout <= 0:
+        raise UserInputError(f"--timeout must be a positive number of seconds, got {timeout}")
+    search = dataclasses.replace(space.search, **{k: v for k, v in (("sampler", sampler), ("pruner", pruner)) if v})
+    space = dataclasses.replace(space, search=search)
+    validate_space(space)
+    plan = plan_study(space, budget, study_name)
+    if space.train.dtype == "auto":
+        plan = adopt_stored_dtype(spec, plan)
+    stored_settings = check_resume(spec, plan, sampler, pruner)
+
+    data = load_space_tokens(space)
+    storage_obj = open_storage(spec)
+    directions = ["minimize"] if space.search.objective == "ppl" else ["minimize", "minimize"]
+    settings = stored_settings or {
+        "sampler": sampler_settings(space.search.sampler, space.train.seed, plan.model.n_layers, space.search.max_reuse),
+        "pruner": pruner_settings(space).to_dict(),
+    }
+    pruning = PrunerSettings.from_dict(settings["pruner"])
+    optuna_pruner = optuna.pruners.MedianPruner(n_startup_trials=pruning.warmup, n_warmup_steps=0) \
+        if pruning.name == "median" else optuna.pruners.NopPruner()
+    study = optuna.create_study(study_name=plan.name, storage=storage_obj, directions=directions,
+                                sampler=optuna.samplers.RandomSampler(), pruner=optuna_pruner, load_if_exists=True)
+    if spec.kind == "journal":  # trials of killed workers: failed and queued again (RDB: Optuna's heartbeat)
+        sweep_stale_journal_trials(study)
+    else:
+        optuna.storages.fail_stale_trials(study)
+    if CONFIG_ATTR not in study.user_attrs:
+        study.set_user_attr(SAMPLER_ATTR, settings)  # first: a worker that sees the configuration sees these too
+        study.set_user_attr(CONFIG_ATTR, canonical_config(plan.config))
+        study.set_metric_names(["val_ppl"] if len(directions) == 1 else ["val_ppl", "flops_ratio"])
+    settings = study.user_attrs[SAMPLER_ATTR]
+
+    max_runs = plan.budget.max_layer_runs(plan.model)
+    first = seed_maps(plan.model.n_layers, space.search.max_reuse, max_runs) if space.search.enqueue_paper_maps else []
+    for m in first + [list(m) for m in enqueue_maps or []]:  # with every searched knob off: the paper's model
+        study.enqueue_trial({f"r{i}": r for i, r in enumerate(m)} | knobs_off(space.search.knobs), skip_if_exists=True)
+    open_store(spec, plan.name)  # the project's tables too, before any worker races to create them
+    return PreparedStudy(space, spec, plan, study, settings, data)
+
+
+def _run_study(space: SpaceConfig, budget: str, study_name: str | None = None, storage: str | None = None,
+               n_trials: int | None = None, timeout: float | None = None, sampler: str | None = None,
+               pruner: str | None = None, reporter: RunReporter | None = None,
+               checkpoint_dir: str | Path | None = None, enqueue_maps: list[list[int]] | None = None,
+               reference_share: tuple[int, int] = (0, 1)) -> dict[str, Any]:
+    reporter = reporter or RunReporter()
+    prepared = prepare_study(space, budget, study_name, storage, n_trials, timeout, sampler, pruner, enqueue_maps)
+    space, spec, plan, study, settings, data = (prepared.space, prepared.spec, prepared.plan, prepared.study,
+                                                prepared.settings, prepared.data)
+    store = open_store(spec, plan.name)
+    # Worker k of the study (k = 0 for the first run, 1 for a resume or a second process...) samples from
+    # stream k of the study's seed: reproducible, and concurrent workers do not propose the same maps.
+    study.sampler = build_sampler(settings["sampler"], plan.model.n_layers, store.register_worker(), space.search.knobs)
+    target = n_trials or space.search.n_trials
+    run = SearchRun(plan, spec, study, store, data, reporter, target,
+                    Path(checkpoint_dir or "studies/checkpoints") / safe_name(plan.name),
+                    pruner=build_pruner(PrunerSettings.from_dict(settings["pruner"]), store, space.train.steps))
+    finished = _n_finished(study)
+    reporter.study_started(plan.name, target, finished)
+    interrupted = False
+    if finished < target:
+        def after_trial(st: optuna.Study, ft: FrozenTrial) -> None:
+            trials = st.get_trials(deepcopy=False)
+            front = save_current_front(store, trials)
+            n_done = sum(has_result(t) for t in trials)
+            reporter.trial_finished(trial_row(ft), front, n_done)
+            if n_done >= target:  # other workers count too
+                st.stop()
+
+        started, told = time.monotonic(), False
+        while not interrupted:
+            seen = run.taken_over
+            left = None if timeout is None else timeout - (time.monotonic() - started)
+            trials = study.get_trials(deepcopy=False)
+            finished = sum(has_result(t) for t in trials)
+            running = sum(t.state == TrialState.RUNNING for t in trials)
+            if (left is not None and left <= 0) or finished >= target:
+                break
+            if finished + running >= target:
+                # Trials in flight (other workers', or a killed worker's until its heartbeat goes stale)
+                # would reach the target: wait for them rather than overshoot it; a failed one is retried.
+                if not told:
+                    reporter.message(f"waiting for {running} running trial(s) to reach {target}")
+                    told = True
+                time.sleep(min(2.0, heartbeat_interval()))
+                run.sweep_stale()
+                continue
+            try:
+                study.optimize(run.objective, n_trials=1, timeout=left, catch=(TrialDiverged,),
+                               callbacks=[after_trial], gc_after_trial=False, show_progress_bar=False)
+            except KeyboardInterrupt:
+                interrupted = True
+            except (TrialTakenOver, ValueError):
+                # A trial failed under this worker (Optuna refuses to tell it): its result, if any, was kept
+                # as a recovered trial; this worker goes on with the study.
+                if run.taken_over == seen:
+                    raise
+    if not interrupted and _n_finished(study) >= target:
+        train_references(run, reference_share)
+    save_current_front(store, study.get_trials(deepcopy=False))
+    for folder in (run.checkpoint_root, *run.checkpoint_root.parents[:2]):  # checkpoints go when their trials end
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (a trial of another worker), or not there
+            break
+    summary = summarize(study, spec, store)
+    study.set_user_attr(FIDELITY_ATTR, summary["fidelity"])
+    summary["interrupted"] = interrupted
+    summary["sampler"] = settings["sampler"]
+    summary["pruner"] = PrunerSettings.from_dict(settings["pruner"]).name
+    return summary
+
+
+def _disk_full_cause(e: BaseException | None) -> BaseException | None:
+    """The ENOSPC / `database or disk is full` error behind `e`, following the chain Optuna and SQLAlchemy wrap."""
+    while e is not None:
+        if getattr(e, "errno", None) == errno.ENOSPC or "disk is full" in str(e) or "No space left" in str(e):
+            return e
+        e = e.__cause__ or e.__context__
+    return None
+
+
+@contextmanager
+
+
+def disk_full_is_reported() -> Iterator[None]:
+    try:
+        yield
+    except (optuna.exceptions.StorageInternalError, sa.exc.SQLAlchemyError, OSError) as e:
+        cause = _disk_full_cause(e)
+        if cause is None:
+            raise
+        text = str(getattr(cause, "orig", None) or cause).splitlines()
+        raise StorageFullError(f"the disk holding the storage or checkpoints is full ({text[0] if text else 'ENOSPC'}); "
+                               "free space, then rerun the same command to resume: finished trials are kept") from None
+
+
+def _n_finished(study: optuna.Study) -> int:
+    """Trials that produced a result for their map: complete, pruned, or diverged (a study of diverging
+    proxies still ends)."""
+    return sum(has_result(t) for t in study.get_trials(deepcopy=False))
+
+
+def save_current_front(store: Store, trials: list[FrozenTrial]) -> list[dict[str, Any]]:
+    front = study_front(trials)
+    store.save_front(sum(t.state == TrialState.COMPLETE for t in trials), front)
+    return front
+
+
+@dataclass(frozen=True)
+
+
+class ReferenceRun:
+    name: str
+    schedule: list[int]
+    seed: int
+    reuse_map: list[int] | None  # None: block recurrence
+    knobs: dict[str, KnobValue] = dataclasses.field(default_factory=dict)  # the searched knobs' settings
+
+
+def reference_runs(plan: StudyPlan, trials: list[FrozenTrial]) -> list[ReferenceRun]:
+    """The study's reference runs, trained outside the sampler's view: the baseline at extra seeds (its
+    seed-to-seed noise band), the best recurrent map (with its knobs) at a second seed (is its place real?),
+    and block recurrence K where the budget allows it. The baseline and blocks run with the knobs off."""
+    n, seed = plan.model.n_layers, plan.space.train.seed
+    runs = [ReferenceRun(f"baseline_seed{seed + i}", list(range(n)), seed + i, [1] * n)
+            for i in range(1, plan.space.search.noise_seeds + 1)]
+    best = best_recurrent(trials) if plan.space.search.noise_seeds else None
+    if best is not None:
+        runs.append(ReferenceRun("second_seed", reuse_map_schedule(best["reuse_map"]), seed + 1, best["reuse_map"],
+                                 best["knobs"]))
+    if "block" in plan.space.search.families:
+        runs += [ReferenceRun(f"block{k}", block_schedule(n, k), seed, None) for k in range(2, plan.space.search.max_reuse + 1)
+                 if plan.budget.allows(flops_ratio(plan.model, block_schedule(n, k)))]
+    return runs
+
+
+def train_references(run: SearchRun, share: tuple[int, int] = (0, 1)) -> None:
+    """Train the missing reference runs once per study and store them in the study's attributes (the second
+    seed is trained again when the best recurrent map changed). With `share` (k, n), worker k of n trains
+    the k-th, (k+n)-th, ... of them; whoever runs `run` last trains what is still missing."""
+    plan, study = run.plan, run.study
+    k, n = share
+    for index, ref in enumerate(reference_runs(plan, study.get_trials(deepcopy=False))):
+        if index % n != k:
+            continue
+        stored = study.user_attrs.get(f"{REFERENCE_PREFIX}{ref.name}")
+        if stored is not None and stored.get("schedule") == ref.schedule and stored.get("knobs", {}) == ref.knobs:
+            continue
+        key = config_key(format_reuse_map(ref.reuse_map or []), ref.knobs)
+        run.reporter.message(f"training reference {ref.name}" + (f" (map {key}, seed {ref.seed})"
+                                                                  if ref.name == "second_seed" else ""))
+        train_cfg = dataclasses.replace(plan.space.train, dtype=plan.dtype, seed=ref.seed)
+        model = plan.trial_model(ref.knobs)
+        result = train_proxy(model, ref.schedule, run.data, train_cfg, on_step=run.reporter.step)
+        study.set_user_attr(f"{REFERENCE_PREFIX}{ref.name}", {
+            "schedule": ref.schedule, "seed": ref.seed, "flops_ratio": flops_ratio(model, ref.schedule),
+            "reuse_map": ref.reuse_map, "val_ppl": finite_or_none(result.val_ppl),
+            "val_bpb": finite_or_none(result.val_bpb), "status": result.status, "steps": result.steps,
+            "curve": [[p.step, p.val_loss] for p in result.curve]} | ({"knobs": ref.knobs} if ref.knobs else {}))

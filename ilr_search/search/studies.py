@@ -1,0 +1,121 @@
+"""Reading stored studies back: summaries, fidelity, the default study of a storage, listings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from ..config import PrunerSettings
+from ..errors import UserInputError
+from ..fidelity import audit_reports, study_fidelity
+from ..results import FINISHED, references, study_front, trial_row
+from ..storage import StorageSpec, open_storage, open_store, parse_storage
+from ..store import Store
+
+from .plan import CONFIG_ATTR, SAMPLER_ATTR
+
+
+def summarize(study: optuna.Study, spec: StorageSpec, store: Store) -> dict[str, Any]:
+    trials = study.get_trials(deepcopy=False)
+    states = [t.state for t in trials]
+    return {
+        "study": study.study_name,
+        "storage": spec.masked,
+        "n_trials": sum(s in FINISHED or s == TrialState.FAIL for s in states),
+        "n_complete": states.count(TrialState.COMPLETE),
+        "n_pruned": states.count(TrialState.PRUNED),
+        "n_failed": states.count(TrialState.FAIL),
+        "steps_trained": sum(int(t.user_attrs.get("steps", 0)) for t in trials),
+        "steps_saved_by_pruning": sum(int(t.user_attrs.get("steps_saved", 0)) for t in trials),
+        "pareto": [{k: p[k] for k in ("trial", "reuse_map", "flops_ratio", "val_ppl", "val_bpb")}
+                   for p in study_front(trials)],
+        "references": references(study),
+        "fidelity": fidelity_of(study, store, trials),
+    }
+
+
+def summarize_stored(storage: str | None, study_name: str) -> dict[str, Any]:
+    """The `run` summary of a stored study, trained nothing (an interrupted multi-worker run)."""
+    spec = parse_storage(storage)
+    study = open_study(spec, study_name)
+    summary = summarize(study, spec, open_store(spec, study_name))
+    settings = study.user_attrs.get(SAMPLER_ATTR, {})
+    summary["sampler"] = settings.get("sampler")
+    summary["pruner"] = PrunerSettings.from_dict(settings["pruner"]).name if "pruner" in settings else None
+    return summary
+
+
+def fidelity_of(study: optuna.Study, store: Store, trials: list[FrozenTrial] | None = None) -> dict[str, Any]:
+    """The study's fidelity (rung agreement, noise, second seed, audits, verdict) from its trials and rows."""
+    trials = study.get_trials(deepcopy=False) if trials is None else trials
+    final_step = int(study.user_attrs.get(CONFIG_ATTR, {}).get("train", {}).get("steps", 0))
+    return study_fidelity(study.study_name, trials, study.user_attrs, final_step,
+                          audit_reports(trials, store.audit_rows()))
+
+
+def open_study(spec: StorageSpec, name: str) -> optuna.Study:
+    """An existing study, read-only use; a one-line error if it is not there (nothing is created)."""
+    if not spec.exists():
+        raise UserInputError(f"no study {name!r}: storage {spec.masked} does not exist yet")
+    storage = open_storage(spec, heartbeat=False)
+    try:
+        return optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        names = [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)]
+        hint = f"; studies there: {', '.join(names[:10])}" if names else "; the storage holds no study"
+        raise UserInputError(f"no study {name!r} in {spec.masked}{hint}") from None
+
+
+def default_study(storage: str | None = None) -> tuple[str, str]:
+    """(name, why) of the study a command without --study reads: the storage's only study, or else its most
+    recently active one."""
+    spec = parse_storage(storage)
+    if not spec.exists():
+        raise UserInputError(f"storage {spec.masked} does not exist yet; run a study first (ilr-search run --budget 1.5x)")
+    st = open_storage(spec, heartbeat=False)
+    summaries = optuna.get_all_study_summaries(st, include_best_trial=False)
+    if not summaries:
+        raise UserInputError(f"storage {spec.masked} holds no study; run one first (ilr-search run --budget 1.5x)")
+    if len(summaries) == 1:
+        return summaries[0].study_name, f"the only study in {spec.masked}"
+
+    def last_active(summary: optuna.study.StudySummary) -> float:
+        trials = st.get_all_trials(summary._study_id, deepcopy=False)
+        times = [t.datetime_complete or t.datetime_start for t in trials if t.datetime_complete or t.datetime_start]
+        return max(times).timestamp() if times else 0.0
+
+    name = max(summaries, key=last_active).study_name
+    return name, f"the most recently active of {len(summaries)} studies in {spec.masked}; --study chooses another"
+
+
+def list_studies(storage: str | None = None) -> list[dict[str, Any]]:
+    spec = parse_storage(storage)
+    if not spec.exists():
+        return []
+    st = open_storage(spec, heartbeat=False)
+    rows = []
+    for summary in optuna.get_all_study_summaries(st, include_best_trial=False):
+        study = optuna.load_study(study_name=summary.study_name, storage=st)
+        config = study.user_attrs.get(CONFIG_ATTR, {})
+        trials = study.get_trials(deepcopy=False)
+        ppls = [t.user_attrs["val_ppl"] for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("val_ppl")]
+        rows.append({"study": summary.study_name, "n_trials": len(trials),
+                     "n_complete": sum(t.state == TrialState.COMPLETE for t in trials),
+                     "budget": config.get("budget", {}).get("text"), "layers": config.get("model", {}).get("n_layers"),
+                     "best_val_ppl": min(ppls) if ppls else None})
+    return rows
+
+
+def list_trials(study_name: str, storage: str | None = None) -> list[dict[str, Any]]:
+    return trials_report(study_name, storage)["trials"]
+
+
+def trials_report(study_name: str, storage: str | None = None) -> dict[str, Any]:
+    """`ilr-search trials`: every trial, and the study's fidelity (how far its proxy can be trusted)."""
+    spec = parse_storage(storage)
+    study = open_study(spec, study_name)
+    trials = study.get_trials(deepcopy=False)
+    return {"study": study_name, "trials": [trial_row(t) for t in trials],
+            "fidelity": fidelity_of(study, open_store(spec, study_name, read_only=True), trials)}
