@@ -177,3 +177,44 @@ class AuditSettings:
     @property
     def factor_key(self) -> str:
         return f"{self.factor:g}"
+
+
+SamplerOption = int | float | bool | None | tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class SamplerSettings:
+    """How a study samples, every default explicit; stored with the study so that a resume samples the same way."""
+
+    name: str  # the sampler built: tpe, nsga2, gp, random or grid
+    requested: str  # what the space or flag asked for (auto resolves to a name)
+    seed: int | None
+    options: tuple[tuple[str, SamplerOption], ...] = ()  # the sampler's keyword arguments
+
+    def to_dict(self) -> dict[str, Any]:
+        options = {k: list(v) if isinstance(v, tuple) else v for k, v in self.options}
+        return {"name": self.name, "requested": self.requested, "seed": self.seed} | options
+
+    @classmethod
+    def from_dict(cls, stored: Mapping[str, Any]) -> SamplerSettings:
+        options = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in stored.items()
+                        if k not in ("name", "requested", "seed"))
+        return cls(stored["name"], stored.get("requested", stored["name"]), stored.get("seed"), options)
+
+
+@dataclass(frozen=True)
+class StudySettings:
+    """The sampler and pruner settings a study stores beside its configuration."""
+
+    sampler: SamplerSettings
+    pruner: PrunerSettings
+    pruner_before_calibration: bool = False  # stored before calibrated pruning: a resume checks only --pruner
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sampler": self.sampler.to_dict(), "pruner": self.pruner.to_dict()}
+
+    @classmethod
+    def from_dict(cls, stored: Mapping[str, Any]) -> StudySettings:
+        pruner = stored.get("pruner", {})
+        return cls(SamplerSettings.from_dict(stored["sampler"]), PrunerSettings.from_dict(pruner),
+                   pruner_before_calibration="min_spearman" not in pruner)

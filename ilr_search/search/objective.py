@@ -25,7 +25,7 @@ from ..train import EvalPoint, TrainResult, train_proxy
 from .maps import propose_knobs, propose_map
 from .plan import StudyPlan, safe_name
 from .progress import RunReporter
-from .pruners import Pruner
+from .pruners import Pruner, PruningDecision
 
 
 HEARTBEAT_ATTR = "ilr:heartbeat"
@@ -173,7 +173,7 @@ class SearchRun:
         self.taken_over += 1
         return TrialTakenOver(f"trial {trial.number} was failed by another worker's stale-trial sweep")
 
-    def _recover(self, trial: optuna.Trial, result: TrainResult, decision: dict[str, Any], key: str,
+    def _recover(self, trial: optuna.Trial, result: TrainResult, decision: PruningDecision | None, key: str,
                  ratio: float) -> None:
         """Keep the result of a trial failed under this worker: a new finished trial with the same map, marked
         `recovered_from`, which takes the map's claim so that the queued retry reuses it instead of training."""
@@ -181,7 +181,7 @@ class SearchRun:
         attrs |= self._result_attrs(result, decision) | {"recovered_from": trial.number}
         if result.status == "diverged":
             state, values = TrialState.FAIL, None
-        elif decision:
+        elif decision is not None:
             state, values = TrialState.PRUNED, None
         else:
             state = TrialState.COMPLETE
@@ -216,7 +216,7 @@ class SearchRun:
                ratio: float) -> float | tuple[float, float]:
         steps = self.plan.space.train.steps
         self.reporter.trial_started(trial.number, reuse_map, steps, format_knobs(knobs))
-        decision: dict[str, Any] = {}
+        verdicts: list[PruningDecision] = []  # the pruner's verdict, once it prunes
 
         def on_eval(point: EvalPoint) -> bool:
             self.store.add_curve_point(CurvePoint(trial.number, point.step, point.val_loss, ratio, key), point.tokens)
@@ -224,7 +224,7 @@ class SearchRun:
                 return False
             verdict = self.pruner.decide(trial, point.step, point.val_loss, ratio, key)
             if verdict is not None:
-                decision.update(step=verdict.step, reason=verdict.reason, dominated_by=list(verdict.dominated_by))
+                verdicts.append(verdict)
                 return True
             return False
 
@@ -238,6 +238,7 @@ class SearchRun:
             trial.set_user_attr("reason", "interrupted (Ctrl-C)")
             self.study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
             raise
+        decision = verdicts[0] if verdicts else None
         if self._failed_under_me(trial):
             self._recover(trial, result, decision, key, ratio)
             if checkpoint is not None:
@@ -248,14 +249,14 @@ class SearchRun:
             checkpoint.unlink(missing_ok=True)
         if result.status == "diverged":
             raise TrialDiverged(result.reason)
-        if decision:
-            raise optuna.TrialPruned(decision["reason"])
+        if decision is not None:
+            raise optuna.TrialPruned(decision.reason)
         return self._values(result.val_ppl, ratio)
 
-    def _result_attrs(self, result: TrainResult, decision: dict[str, Any]) -> dict[str, Any]:
+    def _result_attrs(self, result: TrainResult, decision: PruningDecision | None) -> dict[str, Any]:
         attrs = {
-            "status": "pruned" if decision else result.status,
-            "reason": decision.get("reason", result.reason),
+            "status": "pruned" if decision is not None else result.status,
+            "reason": decision.reason if decision is not None else result.reason,
             "steps": result.steps - result.resumed_from_step,
             "resumed_from_step": result.resumed_from_step,
             "val_loss": finite_or_none(result.val_loss), "val_ppl": finite_or_none(result.val_ppl),
@@ -263,11 +264,11 @@ class SearchRun:
             "train_seconds": result.train_seconds, "tokens_per_second": result.tokens_per_second,
             "curve": [[p.step, p.val_loss] for p in result.curve],
         }
-        if decision:
-            attrs["pruned_at_step"] = decision["step"]
-            attrs["steps_saved"] = self.plan.space.train.steps - decision["step"]
+        if decision is not None:
+            attrs["pruned_at_step"] = decision.step
+            attrs["steps_saved"] = self.plan.space.train.steps - decision.step
         return attrs
 
-    def _record(self, trial: optuna.Trial, result: TrainResult, decision: dict[str, Any]) -> None:
+    def _record(self, trial: optuna.Trial, result: TrainResult, decision: PruningDecision | None) -> None:
         for k, v in self._result_attrs(result, decision).items():
             trial.set_user_attr(k, v)

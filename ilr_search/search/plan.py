@@ -13,7 +13,7 @@ from typing import Any
 
 import optuna
 
-from ..config import KNOB_FIELD_DEFAULTS, ModelConfig, PrunerSettings, SpaceConfig
+from ..config import KNOB_FIELD_DEFAULTS, ModelConfig, SpaceConfig, StudySettings
 from ..data import model_config
 from ..errors import UserInputError
 from ..flops import Budget, parse_budget
@@ -123,22 +123,19 @@ def adopt_stored_dtype(spec: StorageSpec, plan: StudyPlan) -> StudyPlan:
     return dataclasses.replace(plan, dtype=stored, config=config)
 
 
-def search_differences(settings: dict[str, Any], space: SpaceConfig, sampler_flag: str | None,
+def search_differences(settings: StudySettings, space: SpaceConfig, sampler_flag: str | None,
                        pruner_flag: str | None) -> list[str]:
     """How this run's sampler and pruner settings, from flags or the space's TOML alike, differ from a stored
     study's. A study stored before calibrated pruning existed keeps its rule unless a flag asks for another."""
     diffs = []
-    stored_sampler = settings.get("sampler", {}).get("requested")
-    if stored_sampler is not None and space.search.sampler != stored_sampler:
-        diffs.append(f"sampler: study has {stored_sampler!r}, this run asks for {space.search.sampler!r}")
-    if "pruner" not in settings:
-        return diffs
-    stored = PrunerSettings.from_dict(settings["pruner"])
-    wanted = pruner_settings(space)
-    if "min_spearman" not in settings["pruner"]:  # a study from before calibration: only a flag is checked
+    if space.search.sampler != settings.sampler.requested:
+        diffs.append(f"sampler: study has {settings.sampler.requested!r}, this run asks for {space.search.sampler!r}")
+    stored = settings.pruner
+    if settings.pruner_before_calibration:  # only a flag is checked
         if pruner_flag is not None and pruner_flag != stored.name:
             diffs.append(f"pruner: study has {stored.name!r}, this run asks for {pruner_flag!r}")
         return diffs
+    wanted = pruner_settings(space)
     for field in ("name", "eta", "epsilon", "warmup", "calibration_maps", "min_spearman"):
         a, b = getattr(stored, field), getattr(wanted, field)
         if a != b:
@@ -147,8 +144,9 @@ def search_differences(settings: dict[str, Any], space: SpaceConfig, sampler_fla
     return diffs
 
 
-def check_resume(spec: StorageSpec, plan: StudyPlan, sampler: str | None, pruner: str | None) -> dict[str, Any] | None:
-    """The stored settings of an existing study of that name (None if new); refuses incompatible resumes."""
+def check_resume(spec: StorageSpec, plan: StudyPlan, sampler: str | None, pruner: str | None) -> StudySettings | None:
+    """The stored settings of an existing study of that name (None if new, or stored without them); refuses
+    incompatible resumes."""
     if not spec.exists():
         return None
     storage = open_storage(spec, heartbeat=False)
@@ -165,8 +163,9 @@ def check_resume(spec: StorageSpec, plan: StudyPlan, sampler: str | None, pruner
     if stored is None:
         raise UserInputError(f"study {plan.name!r} in {spec.masked} was not made by ilr-search; choose another --study")
     diffs = config_differences(stored, canonical_config(plan.config))
-    settings = study.user_attrs.get(SAMPLER_ATTR, {})
-    diffs += search_differences(settings, plan.space, sampler, pruner)
+    settings = StudySettings.from_dict(study.user_attrs[SAMPLER_ATTR]) if SAMPLER_ATTR in study.user_attrs else None
+    if settings is not None:
+        diffs += search_differences(settings, plan.space, sampler, pruner)
     if diffs:
         raise UserInputError(f"cannot resume study {plan.name!r} with another configuration ({'; '.join(diffs)}); "
                              "rerun with the study's settings or choose a new --study")

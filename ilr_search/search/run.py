@@ -16,7 +16,7 @@ import optuna
 import sqlalchemy as sa
 from optuna.trial import FrozenTrial, TrialState
 
-from ..config import PrunerSettings, SpaceConfig
+from ..config import SpaceConfig, StudySettings
 from ..data import TokenData, load_space_tokens
 from ..errors import StorageFullError, UserInputError
 from ..fidelity import best_recurrent
@@ -64,7 +64,7 @@ class PreparedStudy:
     spec: StorageSpec
     plan: StudyPlan
     study: optuna.Study
-    settings: dict[str, Any]
+    settings: StudySettings
     data: TokenData
 
 
@@ -90,11 +90,10 @@ def prepare_study(space: SpaceConfig, budget: str, study_name: str | None = None
     data = load_space_tokens(space)
     storage_obj = open_storage(spec)
     directions = ["minimize"] if space.search.objective == "ppl" else ["minimize", "minimize"]
-    settings = stored_settings or {
-        "sampler": sampler_settings(space.search.sampler, space.train.seed, plan.model.n_layers, space.search.max_reuse),
-        "pruner": pruner_settings(space).to_dict(),
-    }
-    pruning = PrunerSettings.from_dict(settings["pruner"])
+    settings = stored_settings or StudySettings(
+        sampler_settings(space.search.sampler, space.train.seed, plan.model.n_layers, space.search.max_reuse),
+        pruner_settings(space))
+    pruning = settings.pruner
     optuna_pruner = optuna.pruners.MedianPruner(n_startup_trials=pruning.warmup, n_warmup_steps=0) \
         if pruning.name == "median" else optuna.pruners.NopPruner()
     study = optuna.create_study(study_name=plan.name, storage=storage_obj, directions=directions,
@@ -103,11 +102,12 @@ def prepare_study(space: SpaceConfig, budget: str, study_name: str | None = None
         sweep_stale_journal_trials(study)
     else:
         optuna.storages.fail_stale_trials(study)
+    if SAMPLER_ATTR not in study.user_attrs:  # first: a worker that sees the configuration sees these too
+        study.set_user_attr(SAMPLER_ATTR, settings.to_dict())
     if CONFIG_ATTR not in study.user_attrs:
-        study.set_user_attr(SAMPLER_ATTR, settings)  # first: a worker that sees the configuration sees these too
         study.set_user_attr(CONFIG_ATTR, canonical_config(plan.config))
         study.set_metric_names(["val_ppl"] if len(directions) == 1 else ["val_ppl", "flops_ratio"])
-    settings = study.user_attrs[SAMPLER_ATTR]
+    settings = StudySettings.from_dict(study.user_attrs[SAMPLER_ATTR])
 
     max_runs = plan.budget.max_layer_runs(plan.model)
     first = seed_maps(plan.model.n_layers, space.search.max_reuse, max_runs) if space.search.enqueue_paper_maps else []
@@ -129,11 +129,11 @@ def _run_study(space: SpaceConfig, budget: str, study_name: str | None = None, s
     store = open_store(spec, plan.name)
     # Worker k of the study (k = 0 for the first run, 1 for a resume or a second process...) samples from
     # stream k of the study's seed: reproducible, and concurrent workers do not propose the same maps.
-    study.sampler = build_sampler(settings["sampler"], plan.model.n_layers, store.register_worker(), space.search.knobs)
+    study.sampler = build_sampler(settings.sampler, plan.model.n_layers, store.register_worker(), space.search.knobs)
     target = n_trials or space.search.n_trials
     run = SearchRun(plan, spec, study, store, data, reporter, target,
                     Path(checkpoint_dir or "studies/checkpoints") / safe_name(plan.name),
-                    pruner=build_pruner(PrunerSettings.from_dict(settings["pruner"]), store, space.train.steps))
+                    pruner=build_pruner(settings.pruner, store, space.train.steps))
     finished = _n_finished(study)
     reporter.study_started(plan.name, target, finished)
     interrupted = False
@@ -185,8 +185,8 @@ def _run_study(space: SpaceConfig, budget: str, study_name: str | None = None, s
     summary = summarize(study, spec, store)
     study.set_user_attr(FIDELITY_ATTR, summary["fidelity"])
     summary["interrupted"] = interrupted
-    summary["sampler"] = settings["sampler"]
-    summary["pruner"] = PrunerSettings.from_dict(settings["pruner"]).name
+    summary["sampler"] = settings.sampler.to_dict()
+    summary["pruner"] = settings.pruner.name
     return summary
 
 

@@ -7,7 +7,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from ..config import PrunerSettings
+from ..config import StudySettings
 from ..errors import UserInputError
 from ..fidelity import audit_reports, study_fidelity
 from ..results import FINISHED, references, study_front, trial_row
@@ -30,7 +30,7 @@ def summarize(study: optuna.Study, spec: StorageSpec, store: Store) -> dict[str,
         "steps_trained": sum(int(t.user_attrs.get("steps", 0)) for t in trials),
         "steps_saved_by_pruning": sum(int(t.user_attrs.get("steps_saved", 0)) for t in trials),
         "pareto": [{k: p[k] for k in ("trial", "reuse_map", "flops_ratio", "val_ppl", "val_bpb")}
-                   for p in study_front(trials)],
+                   | ({"knobs": p["knobs"]} if p.get("knobs") else {}) for p in study_front(trials)],
         "references": references(study),
         "fidelity": fidelity_of(study, store, trials),
     }
@@ -41,9 +41,10 @@ def summarize_stored(storage: str | None, study_name: str) -> dict[str, Any]:
     spec = parse_storage(storage)
     study = open_study(spec, study_name)
     summary = summarize(study, spec, open_store(spec, study_name))
-    settings = study.user_attrs.get(SAMPLER_ATTR, {})
-    summary["sampler"] = settings.get("sampler")
-    summary["pruner"] = PrunerSettings.from_dict(settings["pruner"]).name if "pruner" in settings else None
+    stored = study.user_attrs.get(SAMPLER_ATTR)
+    settings = StudySettings.from_dict(stored) if stored else None
+    summary["sampler"] = settings.sampler.to_dict() if settings else None
+    summary["pruner"] = settings.pruner.name if settings else None
     return summary
 
 
