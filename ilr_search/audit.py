@@ -30,7 +30,7 @@ from .results import finite_or_none, is_baseline, study_front, trained_trials
 from .schedule import reuse_map_schedule
 from .space import DataConfig, SpaceConfig, TrainConfig
 from .storage import Heartbeat, grace_period, heartbeat_interval, open_store, parse_storage
-from .store import AuditJob, Store
+from .storage import AuditJob, Store
 from .study import CONFIG_ATTR, RESULT_TRAIN_FIELDS, RunReporter, disk_full_is_reported, open_study, _safe_name
 from .train import train_proxy
 

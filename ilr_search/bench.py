@@ -22,9 +22,8 @@ from .errors import UserInputError
 from .pruning import PrunerSettings, verdict_at_rung
 from .report import _atomic_write, check_out_path
 from .space import load_space
-from .store import CurvePoint
 from .results import references
-from .storage import parse_storage
+from .storage import CurvePoint, parse_storage
 from .study import (RunReporter, build_sampler, open_study, plan_study, propose_map, run_study, sampler_settings,
                     seed_maps)
 

@@ -30,7 +30,7 @@ from .pruning import Pruner, PrunerSettings, build_pruner
 from .schedule import block_schedule, format_reuse_map, reuse_map_schedule
 from .space import SpaceConfig, validate_space
 from .storage import Heartbeat, StorageSpec, grace_period, heartbeat_interval, open_storage, open_store, parse_storage
-from .store import CurvePoint, Store
+from .storage import CurvePoint, Store
 from .train import EvalPoint, TrainResult, resolve_device, resolve_dtype, train_proxy
 
 CONFIG_ATTR = "ilr:config"

@@ -17,8 +17,7 @@ from ilr_search.errors import UserInputError
 from ilr_search.fidelity import audit_report, rung_agreements
 from ilr_search.pruning import PrunerSettings, calibrate_rung, pareto_verdict, verdict_at_rung
 from ilr_search.space import load_space
-from ilr_search.storage import open_store, parse_storage
-from ilr_search.store import AuditJob, CurvePoint, JournalStore, SQLStore
+from ilr_search.storage import AuditJob, CurvePoint, JournalStore, SQLStore, open_store, parse_storage
 from ilr_search.study import run_study, trials_report
 
 SPACE = ROOT / "tests" / "spaces" / "tiny.toml"
@@ -237,7 +236,7 @@ def test_audit_report_precision_recall_and_pruned_maps(small_study):
     root, db, _ = small_study
     study = optuna.load_study(study_name="aud", storage=f"sqlite:///{db}")
     trials = study.get_trials()
-    from ilr_search.store import AuditRow
+    from ilr_search.storage import AuditRow
     keys = [t.user_attrs["map_key"] for t in trials if t.state == optuna.trial.TrialState.COMPLETE
             and "reused_from" not in t.user_attrs]
     ratio = {t.user_attrs["map_key"]: t.user_attrs["flops_ratio"] for t in trials}
