@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,8 @@ class AuditJob:
 
 @dataclass(frozen=True)
 class AuditRow:
+    """The stored state of one audit job: who trains it, its heartbeat and, once finished, its result."""
+
     job: AuditJob
     worker: str
     heartbeat: float
@@ -50,6 +53,8 @@ class AuditRow:
 
 @dataclass(frozen=True)
 class CurvePoint:
+    """One evaluation of a trial: its validation loss at `step`, with its map and FLOPs ratio."""
+
     trial_number: int
     step: int
     val_loss: float
@@ -57,16 +62,17 @@ class CurvePoint:
     map_key: str
 
 
-class Store:
-    """Claims, curves, pruning records and fronts of one study."""
+class Store(ABC):
+    """Claims, curves, pruning records, fronts and audit rows of one study; every method is safe with
+    several workers writing at once."""
 
+    @abstractmethod
     def claim(self, map_key: str, trial_number: int) -> int:
         """Claim `map_key` for `trial_number`; returns the trial that holds the claim (maybe another)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def take_over(self, map_key: str, old_holder: int, trial_number: int) -> bool:
         """Move a claim from a trial that died to `trial_number`; True if this call moved it."""
-        raise NotImplementedError
 
     def register_worker(self) -> int:
         """A number no other worker of this study was given: the lowest unclaimed `worker:k` key."""
@@ -76,40 +82,47 @@ class Store:
             k += 1
         return k
 
+    @abstractmethod
     def add_curve_point(self, point: CurvePoint, tokens: int) -> None:
-        raise NotImplementedError
+        """Record one evaluation of a trial (replacing an earlier record of the same trial and step)."""
 
+    @abstractmethod
     def curve_points(self, step: int | None = None) -> list[CurvePoint]:
-        raise NotImplementedError
+        """Every recorded evaluation of the study (only those at `step` if given), by trial then step."""
 
+    @abstractmethod
     def record_pruning(self, trial_number: int, step: int, val_loss: float, flops_ratio: float,
                        dominated_by: list[int], reason: str) -> None:
-        raise NotImplementedError
+        """Record why `trial_number` was pruned (replacing an earlier record of that trial)."""
 
+    @abstractmethod
     def pruning_records(self) -> dict[int, dict[str, Any]]:
-        raise NotImplementedError
+        """Trial number -> its pruning record (step, val_loss, flops_ratio, dominated_by, reason)."""
 
+    @abstractmethod
     def save_front(self, n_complete: int, front: list[dict[str, Any]]) -> None:
         """Store the front computed from `n_complete` completed trials (the set only grows, so one count is
         one set: concurrent workers that save the same count save the same front)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def front_history(self) -> dict[int, list[dict[str, Any]]]:
-        raise NotImplementedError
+        """Number of completed trials -> the front computed from them."""
 
+    @abstractmethod
     def audit_claim(self, job: AuditJob, worker: str, flops_ratio: float, steps: int, stale_after: float) -> bool:
         """Claim `job` for `worker`: True if it was free, interrupted, or held by a worker whose heartbeat is
         older than `stale_after` seconds (a dead worker); False if finished (complete, or failed: diverged) or
         held by a live worker."""
-        raise NotImplementedError
 
+    @abstractmethod
     def audit_beat(self, job: AuditJob, worker: str) -> None:
-        raise NotImplementedError
+        """Renew the heartbeat of `job` if `worker` holds it."""
 
+    @abstractmethod
     def audit_finish(self, job: AuditJob, worker: str, state: str, val_loss: float | None, val_ppl: float | None,
                      val_bpb: float | None, curve: list[tuple[int, float]], seconds: float, reason: str) -> bool:
         """Store the result if `worker` still holds the job; False if another worker took it over."""
-        raise NotImplementedError
 
+    @abstractmethod
     def audit_rows(self) -> list[AuditRow]:
-        raise NotImplementedError
+        """The latest row of every audit job of the study, by factor, seed and map."""
