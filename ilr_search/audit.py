@@ -153,7 +153,7 @@ def _run_audit(study_name: str, storage: str | None, settings: AuditSettings, re
     jobs = [(AuditJob(settings.factor_key, base_seed + s, t.user_attrs["map_key"]), t) for t in chosen
             for s in range(settings.seeds)]
 
-    store = open_store(spec, study_name)
+    store = open_store(spec, study_name, storage=study._storage)
     worker = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     checkpoints = Path(checkpoint_dir or "studies/checkpoints") / _safe_name(study_name) / "audit"
     reporter.study_started(f"{study_name} audit at {settings.factor_key}x ({steps} steps)", len(jobs),

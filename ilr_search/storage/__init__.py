@@ -5,7 +5,7 @@
 - heartbeat: how often running work beats and when silence means it died: Heartbeat;
 - store: the project's own records beside Optuna's trials (claims, curves, pruning, fronts, audit): Store;
 - sql_store, journal_store: the Store in the study's SQL database, or in a file beside a journal;
-- opening: the Store of a spec: open_store.
+- opening: the Store of a spec, on the engine of the Optuna storage open there: open_store.
 """
 
 from .heartbeat import Heartbeat, grace_period, heartbeat_interval

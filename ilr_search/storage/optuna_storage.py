@@ -16,6 +16,7 @@ from typing import Any
 
 import optuna
 import sqlalchemy as sa
+from optuna.storages._cached_storage import _CachedStorage
 from optuna.storages._rdb import models as rdb_models
 from optuna.trial import TrialState
 
@@ -94,6 +95,15 @@ def open_storage(spec: StorageSpec, heartbeat: bool = True) -> optuna.storages.B
             raise UserInputError(f"cannot open storage {spec.masked}: "
                                  f"{str(e.orig if hasattr(e, 'orig') else e).splitlines()[0]}") from None
     raise UserInputError(f"cannot initialise storage {spec.masked}: other workers keep creating it; retry")
+
+
+def rdb_engine(storage: optuna.storages.BaseStorage) -> sa.Engine:
+    """The database engine of an open Optuna RDB storage, also as a Study holds it (in Optuna's cache)."""
+    if isinstance(storage, _CachedStorage):
+        storage = storage._backend
+    if not isinstance(storage, optuna.storages.RDBStorage):
+        raise TypeError(f"{type(storage).__name__} has no database engine")
+    return storage.engine
 
 
 class SQLiteStorage(optuna.storages.RDBStorage):
