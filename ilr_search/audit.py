@@ -32,8 +32,7 @@ from .search.plan import CONFIG_ATTR, RESULT_TRAIN_FIELDS, safe_name
 from .search.progress import RunReporter
 from .search.run import disk_full_is_reported
 from .search.studies import open_study
-from .storage import Heartbeat, grace_period, heartbeat_interval, open_store, parse_storage
-from .store import AuditJob, Store
+from .storage import AuditJob, Heartbeat, Store, grace_period, heartbeat_interval, open_store, parse_storage
 from .train import train_proxy
 
 
@@ -148,7 +147,7 @@ def _run_audit(study_name: str, storage: str | None, settings: AuditSettings, re
     jobs = [(AuditJob(settings.factor_key, base_seed + s, t.user_attrs["map_key"]), t) for t in chosen
             for s in range(settings.seeds)]
 
-    store = open_store(spec, study_name)
+    store = open_store(spec, study_name, storage=study._storage)
     worker = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     checkpoints = Path(checkpoint_dir or "studies/checkpoints") / safe_name(study_name) / "audit"
     reporter.study_started(f"{study_name} audit at {settings.factor_key}x ({steps} steps)", len(jobs),

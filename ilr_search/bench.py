@@ -30,8 +30,7 @@ from .search.run import run_study
 from .search.samplers import build_sampler, sampler_settings
 from .search.studies import open_study
 from .space import load_space
-from .storage import parse_storage
-from .store import CurvePoint
+from .storage import CurvePoint, parse_storage
 
 
 def feasible_maps(n_layers: int, max_reuse: int, max_layer_runs: int) -> list[list[int]]:

@@ -22,7 +22,7 @@ from optuna.trial import FrozenTrial, TrialState
 from .pareto import non_dominated
 from .results import REFERENCE_PREFIX, is_baseline, is_baseline_key, key_reuse_map, study_front, trained_trials
 from .stats import rank_agreement
-from .store import AuditRow
+from .storage import AuditRow
 
 AGREE_SPEARMAN = 0.8  # "the proxy ranks as longer training does"
 PARTLY_SPEARMAN = 0.5

@@ -101,7 +101,7 @@ def pareto_report(study_name: str, storage: str | None = None, out: str | Path |
     study = open_study(spec, study_name)
     trials = study.get_trials(deepcopy=False)
     front = study_front(trials)
-    store = open_store(spec, study_name, read_only=True)
+    store = open_store(spec, study_name, read_only=True, storage=study._storage)
     history = store.front_history()
     noise = noise_band(trials, study.user_attrs)
     mark_ties(front, noise)
@@ -179,7 +179,7 @@ def export_trials(study_name: str, storage: str | None, out: str | Path) -> dict
     path = check_out_path(out, EXPORT_FORMATS)
     spec = parse_storage(storage)
     study = open_study(spec, study_name)
-    pruning = open_store(spec, study_name, read_only=True).pruning_records()
+    pruning = open_store(spec, study_name, read_only=True, storage=study._storage).pruning_records()
     records = []
     for t in study.get_trials(deepcopy=False):
         a = t.user_attrs

@@ -20,7 +20,7 @@ from ilr_search.search.pruners import calibrate_rung, pareto_verdict, verdict_at
 from ilr_search.config import PrunerSettings
 from ilr_search.space import load_space
 from ilr_search.storage import open_store, parse_storage
-from ilr_search.store import AuditJob, CurvePoint, JournalStore, SQLStore
+from ilr_search.storage import AuditJob, CurvePoint, JournalStore, SQLStore
 from ilr_search.search.run import run_study
 from ilr_search.search.studies import trials_report
 
@@ -240,7 +240,7 @@ def test_audit_report_precision_recall_and_pruned_maps(small_study):
     root, db, _ = small_study
     study = optuna.load_study(study_name="aud", storage=f"sqlite:///{db}")
     trials = study.get_trials()
-    from ilr_search.store import AuditRow
+    from ilr_search.storage import AuditRow
     keys = [t.user_attrs["map_key"] for t in trials if t.state == optuna.trial.TrialState.COMPLETE
             and "reused_from" not in t.user_attrs]
     ratio = {t.user_attrs["map_key"]: t.user_attrs["flops_ratio"] for t in trials}

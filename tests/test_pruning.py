@@ -4,7 +4,7 @@ import pytest
 
 from ilr_search.pareto import non_dominated, pareto_front
 from ilr_search.search.pruners import pareto_verdict
-from ilr_search.store import CurvePoint, JournalStore, SQLStore
+from ilr_search.storage import CurvePoint, JournalStore, SQLStore
 
 ETA, EPS, WARMUP = 3.0, 0.0, 3
 

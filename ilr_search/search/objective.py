@@ -18,8 +18,7 @@ from ..knobs import KnobValue, config_key, format_knobs
 from ..model import param_count
 from ..results import finite_or_none, has_result
 from ..schedule import format_reuse_map, reuse_map_schedule
-from ..storage import Heartbeat, StorageSpec, grace_period, heartbeat_interval
-from ..store import CurvePoint, Store
+from ..storage import CurvePoint, Heartbeat, StorageSpec, Store, grace_period, heartbeat_interval
 from ..train import EvalPoint, TrainResult, train_proxy
 
 from .maps import propose_knobs, propose_map

@@ -35,7 +35,7 @@ import optuna
 from ..config import PrunerSettings, SpaceConfig
 from ..pareto import dominates, non_dominated_ranks
 from ..stats import rank_agreement
-from ..store import CurvePoint, Store
+from ..storage import CurvePoint, Store
 
 
 @dataclass(frozen=True)

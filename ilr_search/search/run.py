@@ -25,8 +25,7 @@ from ..knobs import KnobValue, config_key
 from ..results import REFERENCE_PREFIX, finite_or_none, has_result, study_front, trial_row
 from ..schedule import block_schedule, format_reuse_map, reuse_map_schedule
 from ..space import validate_space
-from ..storage import StorageSpec, heartbeat_interval, open_storage, open_store, parse_storage
-from ..store import Store
+from ..storage import StorageSpec, Store, heartbeat_interval, open_storage, open_store, parse_storage
 from ..train import train_proxy
 
 from .maps import knobs_off, seed_maps
@@ -113,7 +112,7 @@ def prepare_study(space: SpaceConfig, budget: str, study_name: str | None = None
     first = seed_maps(plan.model.n_layers, space.search.max_reuse, max_runs) if space.search.enqueue_paper_maps else []
     for m in first + [list(m) for m in enqueue_maps or []]:  # with every searched knob off: the paper's model
         study.enqueue_trial({f"r{i}": r for i, r in enumerate(m)} | knobs_off(space.search.knobs), skip_if_exists=True)
-    open_store(spec, plan.name)  # the project's tables too, before any worker races to create them
+    open_store(spec, plan.name, storage=storage_obj)  # the project's tables too, before any worker races to create them
     return PreparedStudy(space, spec, plan, study, settings, data)
 
 
@@ -126,7 +125,7 @@ def _run_study(space: SpaceConfig, budget: str, study_name: str | None = None, s
     prepared = prepare_study(space, budget, study_name, storage, n_trials, timeout, sampler, pruner, enqueue_maps)
     space, spec, plan, study, settings, data = (prepared.space, prepared.spec, prepared.plan, prepared.study,
                                                 prepared.settings, prepared.data)
-    store = open_store(spec, plan.name)
+    store = open_store(spec, plan.name, storage=study._storage)
     # Worker k of the study (k = 0 for the first run, 1 for a resume or a second process...) samples from
     # stream k of the study's seed: reproducible, and concurrent workers do not propose the same maps.
     study.sampler = build_sampler(settings.sampler, plan.model.n_layers, store.register_worker(), space.search.knobs)

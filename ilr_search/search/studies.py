@@ -11,8 +11,7 @@ from ..config import StudySettings
 from ..errors import UserInputError
 from ..fidelity import audit_reports, study_fidelity
 from ..results import FINISHED, references, study_front, trial_row
-from ..storage import StorageSpec, open_storage, open_store, parse_storage
-from ..store import Store
+from ..storage import StorageSpec, Store, open_storage, open_store, parse_storage
 
 from .plan import CONFIG_ATTR, SAMPLER_ATTR
 
@@ -40,7 +39,7 @@ def summarize_stored(storage: str | None, study_name: str) -> dict[str, Any]:
     """The `run` summary of a stored study, trained nothing (an interrupted multi-worker run)."""
     spec = parse_storage(storage)
     study = open_study(spec, study_name)
-    summary = summarize(study, spec, open_store(spec, study_name))
+    summary = summarize(study, spec, open_store(spec, study_name, storage=study._storage))
     stored = study.user_attrs.get(SAMPLER_ATTR)
     settings = StudySettings.from_dict(stored) if stored else None
     summary["sampler"] = settings.sampler.to_dict() if settings else None
@@ -119,4 +118,4 @@ def trials_report(study_name: str, storage: str | None = None) -> dict[str, Any]
     study = open_study(spec, study_name)
     trials = study.get_trials(deepcopy=False)
     return {"study": study_name, "trials": [trial_row(t) for t in trials],
-            "fidelity": fidelity_of(study, open_store(spec, study_name, read_only=True), trials)}
+            "fidelity": fidelity_of(study, open_store(spec, study_name, read_only=True, storage=study._storage), trials)}

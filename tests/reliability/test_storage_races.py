@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from optuna.trial import TrialState
 
 from ilr_search.storage import open_storage, open_store, parse_storage
-from ilr_search.store import fronts_table
+from ilr_search.storage.sql_store import fronts_table
 
 FRONT = [{"trial": 0, "reuse_map": [1, 1], "flops_ratio": 1.0, "val_ppl": 20.0, "val_bpb": 4.0, "params": 10},
          {"trial": 3, "reuse_map": [2, 1], "flops_ratio": 1.4, "val_ppl": 19.0, "val_bpb": 3.9, "params": 10}]

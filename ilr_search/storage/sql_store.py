@@ -1,8 +1,9 @@
-"""The project's own tables, in the study's database beside Optuna's (which are never altered).
+"""The project's tables in the study's SQL database, beside Optuna's (which are never altered), and `SQLStore`
+on them.
 
 - ilr_schema: the schema version;
-- ilr_map_claims: which trial trains which reuse map, so that concurrent workers never train one map twice;
-- ilr_curves: every evaluation of every trial (the learning curves the pruner compares);
+- ilr_map_claims: which trial trains which reuse map;
+- ilr_curves: every evaluation of every trial;
 - ilr_pruning: why each pruned trial was pruned;
 - ilr_fronts: the Pareto front each time a trial completes, keyed by how many completed trials it is
   computed from (its history; the largest key is the current front);
@@ -10,26 +11,20 @@
   map), claimed by the worker that trains it, with its heartbeat, result and learning curve.
 
 Created on first use; every write is one short transaction, safe with several writers.
-On journal storage (no SQL database) the same interfaces are served from a lock file and the trials.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
-import random
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
-
 import logging
+import time
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+
+from ..errors import UserInputError
+from .store import AuditJob, AuditRow, CurvePoint, Store
 
 log = logging.getLogger("ilr_search")
 
@@ -104,105 +99,6 @@ audit_table = sa.Table(
     sa.Column("seconds", sa.Float, nullable=True),
     sa.Column("reason", sa.Text, nullable=True),
 )
-
-
-@dataclass(frozen=True)
-class AuditJob:
-    """One longer retraining of the audit: a map at `factor` x the proxy's steps and one seed."""
-
-    factor: str  # as text, e.g. "4"
-    seed: int
-    map_key: str
-
-
-@dataclass(frozen=True)
-class AuditRow:
-    job: AuditJob
-    worker: str
-    heartbeat: float
-    state: str  # running | complete | failed
-    flops_ratio: float
-    steps: int
-    val_loss: float | None = None
-    val_ppl: float | None = None
-    val_bpb: float | None = None
-    curve: tuple[tuple[int, float], ...] = ()
-    seconds: float | None = None
-    reason: str | None = None
-
-
-@dataclass(frozen=True)
-class CurvePoint:
-    trial_number: int
-    step: int
-    val_loss: float
-    flops_ratio: float
-    map_key: str
-
-
-class Store:
-    """Claims, curves, pruning records and fronts of one study."""
-
-    def claim(self, map_key: str, trial_number: int) -> int:
-        """Claim `map_key` for `trial_number`; returns the trial that holds the claim (maybe another)."""
-        raise NotImplementedError
-
-    def take_over(self, map_key: str, old_holder: int, trial_number: int) -> bool:
-        """Move a claim from a trial that died to `trial_number`; True if this call moved it."""
-        raise NotImplementedError
-
-    def register_worker(self) -> int:
-        """A number no other worker of this study was given: the lowest unclaimed `worker:k` key."""
-        token = random.SystemRandom().getrandbits(30) + 1
-        k = 0
-        while self.claim(f"worker:{k}", -token) != -token:
-            k += 1
-        return k
-
-    def add_curve_point(self, point: CurvePoint, tokens: int) -> None:
-        raise NotImplementedError
-
-    def curve_points(self, step: int | None = None) -> list[CurvePoint]:
-        raise NotImplementedError
-
-    def record_pruning(self, trial_number: int, step: int, val_loss: float, flops_ratio: float,
-                       dominated_by: list[int], reason: str) -> None:
-        raise NotImplementedError
-
-    def pruning_records(self) -> dict[int, dict[str, Any]]:
-        raise NotImplementedError
-
-    def save_front(self, n_complete: int, front: list[dict[str, Any]]) -> None:
-        """Store the front computed from `n_complete` completed trials (the set only grows, so one count is
-        one set: concurrent workers that save the same count save the same front)."""
-        raise NotImplementedError
-
-    def front_history(self) -> dict[int, list[dict[str, Any]]]:
-        raise NotImplementedError
-
-    def audit_claim(self, job: AuditJob, worker: str, flops_ratio: float, steps: int, stale_after: float) -> bool:
-        """Claim `job` for `worker`: True if it was free, interrupted, or held by a worker whose heartbeat is
-        older than `stale_after` seconds (a dead worker); False if finished (complete, or failed: diverged) or
-        held by a live worker."""
-        raise NotImplementedError
-
-    def audit_beat(self, job: AuditJob, worker: str) -> None:
-        raise NotImplementedError
-
-    def audit_finish(self, job: AuditJob, worker: str, state: str, val_loss: float | None, val_ppl: float | None,
-                     val_bpb: float | None, curve: list[tuple[int, float]], seconds: float, reason: str) -> bool:
-        """Store the result if `worker` still holds the job; False if another worker took it over."""
-        raise NotImplementedError
-
-    def audit_rows(self) -> list[AuditRow]:
-        raise NotImplementedError
-
-
-def _audit_row(r: Any) -> AuditRow:
-    return AuditRow(AuditJob(r["factor"], int(r["seed"]), r["map_key"]), r["worker"], float(r["heartbeat"]), r["state"],
-                    float(r["flops_ratio"]), int(r["steps"]), r.get("val_loss"), r.get("val_ppl"), r.get("val_bpb"),
-                    tuple((int(s), float(v)) for s, v in json.loads(r.get("curve") or "[]")), r.get("seconds"),
-                    r.get("reason"))
 
 
 LOCK_WAIT_S = 120.0  # total wait for another SQLite writer, the busy timeout of each attempt included
@@ -378,7 +274,7 @@ class SQLStore(Store):
         with self.engine.connect() as conn:
             rows = conn.execute(sa.select(audit_table).where(audit_table.c.study == self.study).order_by(
                 audit_table.c.factor, audit_table.c.seed, audit_table.c.map_key)).mappings().all()
-        return [_audit_row(dict(r)) for r in rows]
+        return [AuditRow.from_record(dict(r)) for r in rows]
 
 
 def ensure_schema(engine: sa.Engine) -> None:
@@ -403,129 +299,5 @@ def ensure_schema(engine: sa.Engine) -> None:
             except IntegrityError:  # another process created it first
                 pass
         elif version > SCHEMA_VERSION:
-            from .errors import UserInputError
             raise UserInputError(f"the database's ilr-search schema is version {version}, newer than this "
                                  f"ilr-search ({SCHEMA_VERSION}); upgrade ilr-search")
-
-
-class JournalStore(Store):
-    """For journal storage: a JSON-lines side file next to the journal, serialised by an flock."""
-
-    def __init__(self, journal_path: str, study: str) -> None:
-        self.path = Path(journal_path + ".ilr")
-        self.study = study
-
-    @contextmanager
-    def _locked(self) -> Iterator[list[dict[str, Any]]]:
-        with open(str(self.path) + ".lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                records = []
-                if self.path.exists():
-                    with open(self.path, encoding="utf-8") as f:
-                        records = [json.loads(line) for line in f if line.strip()]
-                yield records
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
-
-    def _append(self, record: dict[str, Any]) -> None:
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps({"study": self.study, **record}) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-
-    def _mine(self, records: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-        return [r for r in records if r["study"] == self.study and r["kind"] == kind]
-
-    def _holder(self, records: list[dict[str, Any]], map_key: str) -> int | None:
-        holder = None
-        for r in self._mine(records, "claim"):
-            if r["map_key"] == map_key:
-                holder = r["trial_number"]
-        return holder
-
-    def claim(self, map_key: str, trial_number: int) -> int:
-        with self._locked() as records:
-            holder = self._holder(records, map_key)
-            if holder is None:
-                self._append({"kind": "claim", "map_key": map_key, "trial_number": trial_number})
-                return trial_number
-            return holder
-
-    def take_over(self, map_key: str, old_holder: int, trial_number: int) -> bool:
-        with self._locked() as records:
-            if self._holder(records, map_key) != old_holder:
-                return False
-            self._append({"kind": "claim", "map_key": map_key, "trial_number": trial_number})
-            return True
-
-    def add_curve_point(self, point: CurvePoint, tokens: int) -> None:
-        with self._locked():
-            self._append({"kind": "curve", "trial_number": point.trial_number, "step": point.step,
-                          "val_loss": point.val_loss, "flops_ratio": point.flops_ratio, "map_key": point.map_key,
-                          "tokens": tokens})
-
-    def curve_points(self, step: int | None = None) -> list[CurvePoint]:
-        with self._locked() as records:
-            latest = {(r["trial_number"], r["step"]): r for r in self._mine(records, "curve")}
-        return [CurvePoint(r["trial_number"], r["step"], r["val_loss"], r["flops_ratio"], r["map_key"])
-                for key, r in sorted(latest.items()) if step is None or r["step"] == step]
-
-    def record_pruning(self, trial_number: int, step: int, val_loss: float, flops_ratio: float,
-                       dominated_by: list[int], reason: str) -> None:
-        with self._locked():
-            self._append({"kind": "pruning", "trial_number": trial_number, "step": step, "val_loss": val_loss,
-                          "flops_ratio": flops_ratio, "dominated_by": dominated_by, "reason": reason})
-
-    def pruning_records(self) -> dict[int, dict[str, Any]]:
-        with self._locked() as records:
-            return {r["trial_number"]: {k: r[k] for k in ("step", "val_loss", "flops_ratio", "dominated_by", "reason")}
-                    for r in self._mine(records, "pruning")}
-
-    def save_front(self, n_complete: int, front: list[dict[str, Any]]) -> None:
-        with self._locked():
-            self._append({"kind": "front", "n_complete": n_complete, "front": front})
-
-    def front_history(self) -> dict[int, list[dict[str, Any]]]:
-        with self._locked() as records:
-            return {r["n_complete"]: r["front"] for r in self._mine(records, "front")}
-
-    def _audit_latest(self, records: list[dict[str, Any]]) -> dict[tuple[str, int, str], dict[str, Any]]:
-        latest: dict[tuple[str, int, str], dict[str, Any]] = {}
-        for r in self._mine(records, "audit"):
-            latest[(r["factor"], r["seed"], r["map_key"])] = r
-        return latest
-
-    def audit_claim(self, job: AuditJob, worker: str, flops_ratio: float, steps: int, stale_after: float) -> bool:
-        now = time.time()
-        with self._locked() as records:
-            row = self._audit_latest(records).get((job.factor, job.seed, job.map_key))
-            if row is not None and (row["state"] in ("complete", "failed") or (
-                    row["state"] == "running" and row["worker"] != worker and now - row["heartbeat"] <= stale_after)):
-                return False
-            self._append({"kind": "audit", "factor": job.factor, "seed": job.seed, "map_key": job.map_key,
-                          "worker": worker, "heartbeat": now, "state": "running", "flops_ratio": flops_ratio,
-                          "steps": steps})
-            return True
-
-    def _audit_update(self, job: AuditJob, worker: str, **values: Any) -> bool:
-        with self._locked() as records:
-            row = self._audit_latest(records).get((job.factor, job.seed, job.map_key))
-            if row is None or row["worker"] != worker:
-                return False
-            self._append(row | values)
-            return True
-
-    def audit_beat(self, job: AuditJob, worker: str) -> None:
-        self._audit_update(job, worker, heartbeat=time.time())
-
-    def audit_finish(self, job: AuditJob, worker: str, state: str, val_loss: float | None, val_ppl: float | None,
-                     val_bpb: float | None, curve: list[tuple[int, float]], seconds: float, reason: str) -> bool:
-        return self._audit_update(job, worker, state=state, heartbeat=time.time(), val_loss=val_loss,
-                                  val_ppl=val_ppl, val_bpb=val_bpb, curve=json.dumps([list(p) for p in curve]),
-                                  seconds=seconds, reason=reason)
-
-    def audit_rows(self) -> list[AuditRow]:
-        with self._locked() as records:
-            latest = self._audit_latest(records)
-        return [_audit_row(r) for _, r in sorted(latest.items())]

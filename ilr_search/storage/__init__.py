@@ -1,0 +1,20 @@
+"""The storage layer: where a study lives and how it is opened.
+
+- urls: storage URLs checked (nothing opened) and masked: StorageSpec, parse_storage;
+- optuna_storage: Optuna's storage for a spec (journal, SQLite with an atomic pop, or a server): open_storage;
+- heartbeat: how often running work beats and when silence means it died: Heartbeat;
+- store: the project's own records beside Optuna's trials (claims, curves, pruning, fronts, audit): Store;
+- sql_store, journal_store: the Store in the study's SQL database, or in a file beside a journal;
+- opening: the Store of a spec, on the engine of the Optuna storage open there: open_store.
+"""
+
+from .heartbeat import Heartbeat, grace_period, heartbeat_interval
+from .journal_store import JournalStore
+from .opening import open_store
+from .optuna_storage import open_storage
+from .sql_store import SQLStore
+from .store import AuditJob, AuditRow, CurvePoint, Store
+from .urls import StorageSpec, parse_storage
+
+__all__ = ["AuditJob", "AuditRow", "CurvePoint", "Heartbeat", "JournalStore", "SQLStore", "StorageSpec", "Store",
+           "grace_period", "heartbeat_interval", "open_storage", "open_store", "parse_storage"]

@@ -1,0 +1,138 @@
+"""`JournalStore`: the project's records of a study on journal storage (no SQL database), as JSON lines in a
+file beside the journal, serialised by an flock."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from .store import AuditJob, AuditRow, CurvePoint, Store
+
+
+class JournalStore(Store):
+    """For journal storage: a JSON-lines side file next to the journal, serialised by an flock."""
+
+    def __init__(self, journal_path: str, study: str) -> None:
+        self.path = Path(journal_path + ".ilr")
+        self.study = study
+
+    @contextmanager
+    def _locked(self) -> Iterator[list[dict[str, Any]]]:
+        with open(str(self.path) + ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                records = []
+                if self.path.exists():
+                    with open(self.path, encoding="utf-8") as f:
+                        records = [json.loads(line) for line in f if line.strip()]
+                yield records
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _append(self, record: dict[str, Any]) -> None:
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"study": self.study, **record}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _mine(self, records: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+        return [r for r in records if r["study"] == self.study and r["kind"] == kind]
+
+    def _holder(self, records: list[dict[str, Any]], map_key: str) -> int | None:
+        holder = None
+        for r in self._mine(records, "claim"):
+            if r["map_key"] == map_key:
+                holder = r["trial_number"]
+        return holder
+
+    def claim(self, map_key: str, trial_number: int) -> int:
+        with self._locked() as records:
+            holder = self._holder(records, map_key)
+            if holder is None:
+                self._append({"kind": "claim", "map_key": map_key, "trial_number": trial_number})
+                return trial_number
+            return holder
+
+    def take_over(self, map_key: str, old_holder: int, trial_number: int) -> bool:
+        with self._locked() as records:
+            if self._holder(records, map_key) != old_holder:
+                return False
+            self._append({"kind": "claim", "map_key": map_key, "trial_number": trial_number})
+            return True
+
+    def add_curve_point(self, point: CurvePoint, tokens: int) -> None:
+        with self._locked():
+            self._append({"kind": "curve", "trial_number": point.trial_number, "step": point.step,
+                          "val_loss": point.val_loss, "flops_ratio": point.flops_ratio, "map_key": point.map_key,
+                          "tokens": tokens})
+
+    def curve_points(self, step: int | None = None) -> list[CurvePoint]:
+        with self._locked() as records:
+            latest = {(r["trial_number"], r["step"]): r for r in self._mine(records, "curve")}
+        return [CurvePoint(r["trial_number"], r["step"], r["val_loss"], r["flops_ratio"], r["map_key"])
+                for key, r in sorted(latest.items()) if step is None or r["step"] == step]
+
+    def record_pruning(self, trial_number: int, step: int, val_loss: float, flops_ratio: float,
+                       dominated_by: list[int], reason: str) -> None:
+        with self._locked():
+            self._append({"kind": "pruning", "trial_number": trial_number, "step": step, "val_loss": val_loss,
+                          "flops_ratio": flops_ratio, "dominated_by": dominated_by, "reason": reason})
+
+    def pruning_records(self) -> dict[int, dict[str, Any]]:
+        with self._locked() as records:
+            return {r["trial_number"]: {k: r[k] for k in ("step", "val_loss", "flops_ratio", "dominated_by", "reason")}
+                    for r in self._mine(records, "pruning")}
+
+    def save_front(self, n_complete: int, front: list[dict[str, Any]]) -> None:
+        with self._locked():
+            self._append({"kind": "front", "n_complete": n_complete, "front": front})
+
+    def front_history(self) -> dict[int, list[dict[str, Any]]]:
+        with self._locked() as records:
+            return {r["n_complete"]: r["front"] for r in self._mine(records, "front")}
+
+    def _audit_latest(self, records: list[dict[str, Any]]) -> dict[tuple[str, int, str], dict[str, Any]]:
+        latest: dict[tuple[str, int, str], dict[str, Any]] = {}
+        for r in self._mine(records, "audit"):
+            latest[(r["factor"], r["seed"], r["map_key"])] = r
+        return latest
+
+    def audit_claim(self, job: AuditJob, worker: str, flops_ratio: float, steps: int, stale_after: float) -> bool:
+        now = time.time()
+        with self._locked() as records:
+            row = self._audit_latest(records).get((job.factor, job.seed, job.map_key))
+            if row is not None and (row["state"] in ("complete", "failed") or (
+                    row["state"] == "running" and row["worker"] != worker and now - row["heartbeat"] <= stale_after)):
+                return False
+            self._append({"kind": "audit", "factor": job.factor, "seed": job.seed, "map_key": job.map_key,
+                          "worker": worker, "heartbeat": now, "state": "running", "flops_ratio": flops_ratio,
+                          "steps": steps})
+            return True
+
+    def _audit_update(self, job: AuditJob, worker: str, **values: Any) -> bool:
+        with self._locked() as records:
+            row = self._audit_latest(records).get((job.factor, job.seed, job.map_key))
+            if row is None or row["worker"] != worker:
+                return False
+            self._append(row | values)
+            return True
+
+    def audit_beat(self, job: AuditJob, worker: str) -> None:
+        self._audit_update(job, worker, heartbeat=time.time())
+
+    def audit_finish(self, job: AuditJob, worker: str, state: str, val_loss: float | None, val_ppl: float | None,
+                     val_bpb: float | None, curve: list[tuple[int, float]], seconds: float, reason: str) -> bool:
+        return self._audit_update(job, worker, state=state, heartbeat=time.time(), val_loss=val_loss,
+                                  val_ppl=val_ppl, val_bpb=val_bpb, curve=json.dumps([list(p) for p in curve]),
+                                  seconds=seconds, reason=reason)
+
+    def audit_rows(self) -> list[AuditRow]:
+        with self._locked() as records:
+            latest = self._audit_latest(records)
+        return [AuditRow.from_record(r) for _, r in sorted(latest.items())]

@@ -1,0 +1,24 @@
+"""Opening the project's store for a StorageSpec: a journal's side file, or the tables of its SQL database on
+the engine of the Optuna storage the process already has open there (one database handle per worker)."""
+
+from __future__ import annotations
+
+import optuna
+import sqlalchemy as sa
+
+from .journal_store import JournalStore
+from .optuna_storage import engine_kwargs, rdb_engine
+from .sql_store import SQLStore
+from .store import Store
+from .urls import StorageSpec
+
+
+def open_store(spec: StorageSpec, study: str, read_only: bool = False,
+               storage: optuna.storages.BaseStorage | None = None) -> Store:
+    """The store of `study`; `read_only` creates nothing (a table not there reads empty). `storage`: the Optuna
+    storage already open on `spec` (as open_storage returned it, or a Study's), whose engine the store shares;
+    without it an SQL store makes its own engine, with the same settings."""
+    if spec.kind == "journal":
+        return JournalStore(str(spec.path), study)
+    engine = rdb_engine(storage) if storage is not None else sa.create_engine(spec.url, **engine_kwargs(spec))
+    return SQLStore(engine, study, read_only=read_only)

@@ -1,0 +1,128 @@
+"""The project's own records of a study, beside Optuna's trials: the `Store` interface and its record types.
+
+A store keeps, per study: map claims (which trial trains which reuse map, so that concurrent workers never train
+one map twice), learning curves (every evaluation of every trial, which the pruner compares), why each pruned
+trial was pruned, the Pareto front each time a trial completes, and the audit's longer retrainings of chosen maps.
+`SQLStore` keeps them in tables of the study's SQL database, `JournalStore` in a file beside a journal.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class AuditJob:
+    """One longer retraining of the audit: a map at `factor` x the proxy's steps and one seed."""
+
+    factor: str  # as text, e.g. "4"
+    seed: int
+    map_key: str
+
+
+@dataclass(frozen=True)
+class AuditRow:
+    """The stored state of one audit job: who trains it, its heartbeat and, once finished, its result."""
+
+    job: AuditJob
+    worker: str
+    heartbeat: float
+    state: str  # running | complete | failed
+    flops_ratio: float
+    steps: int
+    val_loss: float | None = None
+    val_ppl: float | None = None
+    val_bpb: float | None = None
+    curve: tuple[tuple[int, float], ...] = ()
+    seconds: float | None = None
+    reason: str | None = None
+
+    @classmethod
+    def from_record(cls, r: Mapping[str, Any]) -> AuditRow:
+        """The row from a stored record (a table row's mapping or a journal line): curve as JSON text."""
+        return cls(AuditJob(r["factor"], int(r["seed"]), r["map_key"]), r["worker"], float(r["heartbeat"]), r["state"],
+                   float(r["flops_ratio"]), int(r["steps"]), r.get("val_loss"), r.get("val_ppl"), r.get("val_bpb"),
+                   tuple((int(s), float(v)) for s, v in json.loads(r.get("curve") or "[]")), r.get("seconds"),
+                   r.get("reason"))
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    """One evaluation of a trial: its validation loss at `step`, with its map and FLOPs ratio."""
+
+    trial_number: int
+    step: int
+    val_loss: float
+    flops_ratio: float
+    map_key: str
+
+
+class Store(ABC):
+    """Claims, curves, pruning records, fronts and audit rows of one study; every method is safe with
+    several workers writing at once."""
+
+    @abstractmethod
+    def claim(self, map_key: str, trial_number: int) -> int:
+        """Claim `map_key` for `trial_number`; returns the trial that holds the claim (maybe another)."""
+
+    @abstractmethod
+    def take_over(self, map_key: str, old_holder: int, trial_number: int) -> bool:
+        """Move a claim from a trial that died to `trial_number`; True if this call moved it."""
+
+    def register_worker(self) -> int:
+        """A number no other worker of this study was given: the lowest unclaimed `worker:k` key."""
+        token = random.SystemRandom().getrandbits(30) + 1
+        k = 0
+        while self.claim(f"worker:{k}", -token) != -token:
+            k += 1
+        return k
+
+    @abstractmethod
+    def add_curve_point(self, point: CurvePoint, tokens: int) -> None:
+        """Record one evaluation of a trial (replacing an earlier record of the same trial and step)."""
+
+    @abstractmethod
+    def curve_points(self, step: int | None = None) -> list[CurvePoint]:
+        """Every recorded evaluation of the study (only those at `step` if given), by trial then step."""
+
+    @abstractmethod
+    def record_pruning(self, trial_number: int, step: int, val_loss: float, flops_ratio: float,
+                       dominated_by: list[int], reason: str) -> None:
+        """Record why `trial_number` was pruned (replacing an earlier record of that trial)."""
+
+    @abstractmethod
+    def pruning_records(self) -> dict[int, dict[str, Any]]:
+        """Trial number -> its pruning record (step, val_loss, flops_ratio, dominated_by, reason)."""
+
+    @abstractmethod
+    def save_front(self, n_complete: int, front: list[dict[str, Any]]) -> None:
+        """Store the front computed from `n_complete` completed trials (the set only grows, so one count is
+        one set: concurrent workers that save the same count save the same front)."""
+
+    @abstractmethod
+    def front_history(self) -> dict[int, list[dict[str, Any]]]:
+        """Number of completed trials -> the front computed from them."""
+
+    @abstractmethod
+    def audit_claim(self, job: AuditJob, worker: str, flops_ratio: float, steps: int, stale_after: float) -> bool:
+        """Claim `job` for `worker`: True if it was free, interrupted, or held by a worker whose heartbeat is
+        older than `stale_after` seconds (a dead worker); False if finished (complete, or failed: diverged) or
+        held by a live worker."""
+
+    @abstractmethod
+    def audit_beat(self, job: AuditJob, worker: str) -> None:
+        """Renew the heartbeat of `job` if `worker` holds it."""
+
+    @abstractmethod
+    def audit_finish(self, job: AuditJob, worker: str, state: str, val_loss: float | None, val_ppl: float | None,
+                     val_bpb: float | None, curve: list[tuple[int, float]], seconds: float, reason: str) -> bool:
+        """Store the result if `worker` still holds the job; False if another worker took it over."""
+
+    @abstractmethod
+    def audit_rows(self) -> list[AuditRow]:
+        """The latest row of every audit job of the study, by factor, seed and map."""

@@ -1,0 +1,69 @@
+"""One database handle per process: the project's store shares the engine of the Optuna storage opened there."""
+
+import optuna
+import pytest
+import sqlalchemy as sa
+
+from conftest import NO_REFERENCES, TINY_SPACE
+from ilr_search.audit import AuditSettings, run_audit
+from ilr_search.report import export_trials, pareto_report
+from ilr_search.space import load_space
+from ilr_search.storage import JournalStore, SQLStore, open_storage, open_store, parse_storage
+from ilr_search.storage.optuna_storage import rdb_engine
+from ilr_search.search import run_study
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def sql_url(request, tmp_path):
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 's.db'}"
+    return request.getfixturevalue("postgres_url")
+
+
+def test_the_store_shares_the_engine_of_the_optuna_storage(sql_url):
+    spec = parse_storage(sql_url)
+    storage = open_storage(spec, heartbeat=False)
+    study = optuna.create_study(study_name="s", storage=storage)
+    for given in (storage, study._storage):  # as opened, and as a Study holds it (in Optuna's cache)
+        store = open_store(spec, "s", storage=given)
+        assert isinstance(store, SQLStore) and store.engine is storage.engine
+    assert store.claim("1,2", 0) == 0 and store.claim("1,2", 1) == 0  # the tables are made on the shared engine
+    study.enqueue_trial({"x": 1.0})
+    assert study.ask().number == 0  # and Optuna goes on using it
+    assert open_store(spec, "s", read_only=True, storage=storage).engine is storage.engine
+    own = open_store(spec, "s")  # a store opened alone makes its own engine
+    assert own.engine is not storage.engine and own.claim("1,2", 2) == 0
+
+
+def test_a_journal_store_needs_no_engine(tmp_path):
+    spec = parse_storage(f"journal:{tmp_path / 'j.log'}")
+    storage = open_storage(spec)
+    assert isinstance(open_store(spec, "s", storage=storage), JournalStore)
+    with pytest.raises(TypeError, match="no database engine"):
+        rdb_engine(storage)
+
+
+def test_run_audit_and_reports_open_no_engine_beside_optunas(tmp_path, token_cache, monkeypatch):
+    """Every engine a store uses in run, audit, pareto and export is one an Optuna storage made."""
+    optuna_engines, store_engines = [], []
+    rdb_init, store_init = optuna.storages.RDBStorage.__init__, SQLStore.__init__
+
+    def recording_rdb_init(self, *args, **kwargs):
+        rdb_init(self, *args, **kwargs)
+        optuna_engines.append(self.engine)
+
+    def recording_store_init(self, engine, *args, **kwargs):
+        store_init(self, engine, *args, **kwargs)
+        store_engines.append(engine)
+
+    monkeypatch.setattr(optuna.storages.RDBStorage, "__init__", recording_rdb_init)
+    monkeypatch.setattr(SQLStore, "__init__", recording_store_init)
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    space = load_space(TINY_SPACE, {"search": NO_REFERENCES, "train": {"steps": 8}})
+    run_study(space, "2x", "w", url, n_trials=2, sampler="random", pruner="none", checkpoint_dir=tmp_path / "ck")
+    run_audit("w", url, AuditSettings(factor=1.0, maps="top:1"), checkpoint_dir=tmp_path / "ck")
+    pareto_report("w", url)
+    export_trials("w", url, tmp_path / "t.csv")
+    assert len(store_engines) >= 5  # prepare + run, audit, pareto, export
+    assert all(any(e is o for o in optuna_engines) for e in store_engines)
+    assert sa.inspect(store_engines[0]).has_table("ilr_map_claims")
