@@ -26,7 +26,7 @@ from .data import check_vocab, load_space_tokens, model_config
 from .errors import UserInputError
 from .fidelity import audit_report
 from .knobs import with_knobs
-from .results import finite_or_none, is_baseline_key, study_front, trained_trials
+from .results import Curves, curves_by_trial, finite_or_none, is_baseline_key, study_front, trained_trials
 from .schedule import reuse_map_schedule
 from .search.plan import CONFIG_ATTR, RESULT_TRAIN_FIELDS, safe_name
 from .search.progress import RunReporter
@@ -59,7 +59,7 @@ def check_settings(settings: AuditSettings) -> tuple[str, int]:
     raise UserInputError(f"unknown --maps {settings.maps!r}; use auto, front, top:K (e.g. top:5) or all")
 
 
-def select_maps(trials: list[FrozenTrial], kind: str, k: int, seed: int) -> list[FrozenTrial]:
+def select_maps(trials: list[FrozenTrial], curves: Curves, kind: str, k: int, seed: int) -> list[FrozenTrial]:
     """The trials whose maps the audit retrains, in a fixed order (the same study gives the same choice).
 
     - auto: the proxy front, the baseline, the best pruned maps near the front (smallest lead of a no-dearer
@@ -81,7 +81,7 @@ def select_maps(trials: list[FrozenTrial], kind: str, k: int, seed: int) -> list
     baseline = next((t for t in complete if is_baseline_key(t.user_attrs["map_key"])), None)
     if baseline is not None and baseline not in chosen:
         chosen.append(baseline)
-    chosen += _pruned_near_front(trained)[:NEAR_FRONT_PRUNED]
+    chosen += _pruned_near_front(trained, curves)[:NEAR_FRONT_PRUNED]
     rest = [t for t in complete if t not in chosen]
     random.Random(seed).shuffle(rest)
     while rest and sum(t.state == TrialState.COMPLETE for t in chosen) < AUTO_MAPS:
@@ -89,9 +89,9 @@ def select_maps(trials: list[FrozenTrial], kind: str, k: int, seed: int) -> list
     return chosen
 
 
-def _pruned_near_front(trained: list[FrozenTrial]) -> list[FrozenTrial]:
+def _pruned_near_front(trained: list[FrozenTrial], curves: Curves) -> list[FrozenTrial]:
     """Pruned trials ordered by how close they were, at their pruning rung, to the best loss of a no-dearer map."""
-    curves = {t.number: {int(s): v for s, v in t.user_attrs.get("curve", [])} for t in trained}
+    curves = {t.number: curves.get(t.number, {}) for t in trained}
     scored = []
     for t in trained:
         step = t.user_attrs.get("pruned_at_step")
@@ -141,7 +141,8 @@ def _run_audit(study_name: str, storage: str | None, settings: AuditSettings, re
     space = stored_space(study, steps)
     init_depth = int(study.user_attrs[CONFIG_ATTR]["search"].get("init_depth", 0))  # for the depth_init knob
     base_seed = space.train.seed
-    chosen = select_maps(trials, kind, k, base_seed)
+    curves = curves_by_trial(open_store(spec, study_name, read_only=True, storage=study._storage).curve_points())
+    chosen = select_maps(trials, curves, kind, k, base_seed)
     if not chosen:
         raise UserInputError(f"--maps {settings.maps} selects no map of study {study_name!r}")
     jobs = [(AuditJob(settings.factor_key, base_seed + s, t.user_attrs["map_key"]), t) for t in chosen

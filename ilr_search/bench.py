@@ -21,7 +21,7 @@ from .config import PrunerSettings
 from .errors import UserInputError
 from .pareto import non_dominated
 from .report import _atomic_write, check_out_path
-from .results import references
+from .results import curves_by_trial, references
 from .search.maps import propose_map, seed_maps
 from .search.plan import plan_study
 from .search.progress import RunReporter
@@ -30,7 +30,7 @@ from .search.run import run_study
 from .search.samplers import build_sampler, sampler_settings
 from .search.studies import open_study
 from .space import load_space
-from .storage import CurvePoint, parse_storage
+from .storage import CurvePoint, open_store, parse_storage
 
 
 def feasible_maps(n_layers: int, max_reuse: int, max_layer_runs: int) -> list[list[int]]:
@@ -63,12 +63,14 @@ def build_table(space_path: str | Path, out: str | Path, budget: str = "2x", sto
     seconds = time.perf_counter() - started
     rows = []
     study = open_study(parse_storage(storage), name)
+    store = open_store(parse_storage(storage), name, read_only=True, storage=study._storage)
+    curves = curves_by_trial(store.curve_points())
     for t in study.get_trials(deepcopy=False):
         a = t.user_attrs
         if t.state != optuna.trial.TrialState.COMPLETE or "reused_from" in a:
             continue
         rows.append({"reuse_map": ",".join(map(str, a["reuse_map"])), "flops_ratio": a["flops_ratio"],
-                     "val_ppl": a["val_ppl"], "val_bpb": a["val_bpb"], "curve": json.dumps(a["curve"]),
+                     "val_ppl": a["val_ppl"], "val_bpb": a["val_bpb"], "curve": json.dumps(sorted(curves[t.number].items())),
                      "steps": space.train.steps, "trial": t.number, "train_seconds": a.get("train_seconds")})
     for key, ref in sorted(references(study).items()):
         if key.startswith("block") and ref.get("val_ppl") is not None and ref.get("curve"):

@@ -20,7 +20,7 @@ from typing import Any
 from optuna.trial import FrozenTrial, TrialState
 
 from .pareto import non_dominated
-from .results import REFERENCE_PREFIX, is_baseline, is_baseline_key, key_reuse_map, study_front, trained_trials
+from .results import REFERENCE_PREFIX, Curves, is_baseline, is_baseline_key, key_reuse_map, study_front, trained_trials
 from .stats import rank_agreement
 from .storage import AuditRow
 
@@ -50,9 +50,9 @@ def rung_agreements(curves: Mapping[str, Mapping[int, float]], final_step: int) 
     return out
 
 
-def trial_curves(trials: Sequence[FrozenTrial]) -> dict[str, dict[int, float]]:
+def map_curves(trials: Sequence[FrozenTrial], curves: Curves) -> dict[str, dict[int, float]]:
     """map -> {step: val_loss} of the complete trials that trained their map."""
-    return {t.user_attrs["map_key"]: {int(s): float(v) for s, v in t.user_attrs.get("curve", [])}
+    return {t.user_attrs["map_key"]: dict(curves.get(t.number, {}))
             for t in trained_trials(list(trials)) if t.state == TrialState.COMPLETE}
 
 
@@ -201,11 +201,11 @@ def audit_verdict(r: AuditReport) -> str:
 # ----------------------------------------------------------------------------------------------------
 # The study's fidelity, as `run`, `trials` and `pareto` show it
 
-def study_fidelity(study_name: str, trials: Sequence[FrozenTrial], study_attrs: Mapping[str, Any], final_step: int,
-                   audits: Sequence[AuditReport] = ()) -> dict[str, Any]:
+def study_fidelity(study_name: str, trials: Sequence[FrozenTrial], curves: Curves, study_attrs: Mapping[str, Any],
+                   final_step: int, audits: Sequence[AuditReport] = ()) -> dict[str, Any]:
     """Rung agreement, noise, the second seed of the best recurrent map, the audits, and a one-line verdict."""
     trials = list(trials)
-    rungs = rung_agreements(trial_curves(trials), final_step)
+    rungs = rung_agreements(map_curves(trials, curves), final_step)
     noise = noise_band(trials, study_attrs)
     best = best_recurrent(trials)
     second = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import textwrap
+from collections.abc import Mapping
 from typing import Any
 
 import plotly.graph_objects as go
@@ -140,11 +141,11 @@ def _fidelity_panel(fig: go.Figure, fidelity: dict[str, Any], audit: dict[str, A
                        xanchor="left", yanchor="top", font=dict(size=11))
 
 
-def plot_ppl(row: dict[str, Any], curve: list[list[float]] | None) -> float | None:
+def plot_ppl(row: dict[str, Any], curve: Mapping[int, float] | None) -> float | None:
     """The perplexity a trial is drawn at: its final one, or for a pruned trial the one where it was pruned."""
     if row.get("val_ppl") is not None:
         return row["val_ppl"]
     if curve:
-        loss = curve[-1][1]
+        loss = curve[max(curve)]
         return math.exp(loss) if loss is not None and math.isfinite(loss) else None
     return None

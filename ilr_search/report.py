@@ -15,7 +15,7 @@ from .errors import UserInputError
 from .fidelity import mark_ties, noise_band
 from .knobs import KNOB_CHOICES, format_knobs
 from .plots import pareto_figure, plot_ppl
-from .results import REFERENCE_PREFIX, study_front, trial_row
+from .results import REFERENCE_PREFIX, Curves, curve_of, curves_by_trial, study_front, trial_row
 from .search.studies import fidelity_of, open_study
 from .storage import open_store, parse_storage
 
@@ -81,11 +81,11 @@ def layer_view(trials: list[optuna.trial.FrozenTrial], front: list[dict[str, Any
     return {"front_maps": front, "importance": importance}
 
 
-def _trial_rows(study: optuna.Study) -> list[dict[str, Any]]:
+def _trial_rows(study: optuna.Study, curves: Curves) -> list[dict[str, Any]]:
     rows = []
     for t in study.get_trials(deepcopy=False):
         row = trial_row(t)
-        row["plot_ppl"] = plot_ppl(row, t.user_attrs.get("curve"))
+        row["plot_ppl"] = plot_ppl(row, curve_of(t, curves))
         rows.append(row)
     return rows
 
@@ -118,7 +118,7 @@ def pareto_report(study_name: str, storage: str | None = None, out: str | Path |
     if view == "layers" or (path is not None and path.suffix.lower() in (".html", ".png", ".svg")):
         report["layers"] = layer_view(trials, front)
     if path is not None:
-        _write_front(path, study_name, _trial_rows(study), front, noise, report)
+        _write_front(path, study_name, _trial_rows(study, curves_by_trial(store.curve_points())), front, noise, report)
         report["out"] = str(path)
     return report
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 from typing import Any
 
@@ -11,6 +12,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from .knobs import format_knobs
 from .pareto import pareto_front
+from .storage import CurvePoint
 
 REFERENCE_PREFIX = "ilr:reference:"
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
@@ -35,6 +37,21 @@ def trial_row(t: FrozenTrial) -> dict[str, Any]:
         "seconds": (t.datetime_complete - t.datetime_start).total_seconds()
         if t.datetime_complete and t.datetime_start else None,
     }
+
+
+Curves = dict[int, dict[int, float]]  # trial number -> {step: val_loss}, from the store (the one place curves live)
+
+
+def curves_by_trial(points: Iterable[CurvePoint]) -> Curves:
+    curves: Curves = {}
+    for p in points:
+        curves.setdefault(p.trial_number, {})[p.step] = p.val_loss
+    return curves
+
+
+def curve_of(t: FrozenTrial, curves: Curves) -> dict[int, float]:
+    """A trial's learning curve; a trial that reused another's result has that trial's curve."""
+    return curves.get(t.number) or curves.get(t.user_attrs.get("reused_from", -1), {})
 
 
 def has_result(t: FrozenTrial) -> bool:

@@ -74,6 +74,56 @@ def test_run_end_to_end_and_resume_to_more_trials(tiny_study, cli):
     assert again["steps_trained"] == more["steps_trained"]
 
 
+def test_each_fact_is_stored_once_and_a_trial_commits_in_few_transactions(tiny_study):
+    """Curves live in the store only (not in the trials' attributes), every trained trial has its whole curve
+    there, and a trial's result attributes are one transaction, not one per attribute."""
+    _, db, _ = tiny_study
+    from ilr_search.results import curves_by_trial
+    from ilr_search.storage import open_store, parse_storage
+    trials = load(db, "tiny").trials
+    curves = curves_by_trial(open_store(parse_storage(f"sqlite:///{db}"), "tiny", read_only=True).curve_points())
+    assert not any("curve" in t.user_attrs for t in trials)
+    for t in trials:
+        if t.state == optuna.trial.TrialState.COMPLETE and "reused_from" not in t.user_attrs:
+            assert sorted(curves[t.number]) == [2, 5, 10, 20], (t.number, curves.get(t.number))
+
+
+def test_a_trial_writes_its_attributes_in_two_transactions(tmp_path, token_cache):
+    """The proposal's attributes and the result's are one transaction each (an fsync each on SQLite), not one
+    per attribute (14 per trial before)."""
+    import sqlalchemy as sa
+    from ilr_search.search import run_study
+    from ilr_search.space import load_space
+
+    per_transaction: list[int] = []  # user-attribute writes of each committed transaction
+    pending: dict[int, int] = {}
+
+    def on_execute(conn, cursor, statement, *args):
+        if statement.lstrip().startswith("INSERT INTO trial_user_attributes"):
+            key = id(conn.connection.dbapi_connection)
+            pending[key] = pending.get(key, 0) + 1
+
+    def on_commit(conn):
+        count = pending.pop(id(conn.connection.dbapi_connection), 0)
+        if count:
+            per_transaction.append(count)
+
+    space = load_space(ROOT / "tests" / "spaces" / "tiny.toml", {"search": {"noise_seeds": 0, "families": ["ilr"],
+                                                                            "enqueue_paper_maps": False},
+                                                                 "train": {"steps": 8}})
+    sa.event.listen(sa.engine.Engine, "before_cursor_execute", on_execute)
+    sa.event.listen(sa.engine.Engine, "commit", on_commit)
+    try:
+        run_study(space, "2x", "tx", f"sqlite:///{tmp_path / 'tx.db'}", n_trials=3, pruner="none")
+    finally:
+        sa.event.remove(sa.engine.Engine, "before_cursor_execute", on_execute)
+        sa.event.remove(sa.engine.Engine, "commit", on_commit)
+    trials = load(tmp_path / "tx.db", "tx").trials
+    assert len(trials) == 3 and all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
+    assert len(per_transaction) == 2 * 3, per_transaction  # proposal + result, per trial
+    assert sum(per_transaction) == sum(len(t.user_attrs) for t in trials)
+
+
 def test_no_completed_trial_is_over_budget(tiny_study):
     _, db, _ = tiny_study
     cfg = ModelConfig(n_layers=4, d_model=32, n_heads=2, seq_len=64)

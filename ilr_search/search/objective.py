@@ -18,7 +18,8 @@ from ..knobs import KnobValue, config_key, format_knobs
 from ..model import param_count
 from ..results import finite_or_none, has_result
 from ..schedule import format_reuse_map, reuse_map_schedule
-from ..storage import CurvePoint, Heartbeat, StorageSpec, Store, grace_period, heartbeat_interval
+from ..storage import (CurvePoint, Heartbeat, StorageSpec, Store, grace_period, heartbeat_interval,
+                       set_trial_user_attrs)
 from ..train import EvalPoint, TrainResult, train_proxy
 
 from .maps import propose_knobs, propose_map
@@ -109,14 +110,13 @@ class SearchRun:
         model = self.plan.trial_model(knobs)
         ratio = flops_ratio(model, reuse_map_schedule(reuse_map))
         assert self.plan.budget.allows(ratio), (reuse_map, ratio)
-        trial.set_user_attr("reuse_map", reuse_map)
-        trial.set_user_attr("map_key", key)
-        trial.set_user_attr("flops_ratio", ratio)
-        trial.set_user_attr("params", param_count(model))
+        attrs: dict[str, Any] = {"reuse_map": reuse_map, "map_key": key, "flops_ratio": ratio,
+                                 "params": param_count(model)}
         if knobs:
-            trial.set_user_attr("knobs", knobs)
+            attrs["knobs"] = knobs
         if reuse_map != proposed:
-            trial.set_user_attr("proposed_map", proposed)
+            attrs["proposed_map"] = proposed
+        set_trial_user_attrs(trial, attrs)
 
         earlier = self._result_for(key, trial.number)
         if earlier is None:
@@ -190,18 +190,25 @@ class SearchRun:
                                                        distributions=trial.distributions, user_attrs=attrs))
         recovered = max(t.number for t in self.study.get_trials(deepcopy=False)
                         if t.user_attrs.get("recovered_from") == trial.number)
+        self._store_curve(recovered, result, key, ratio)
         self.store.take_over(key, trial.number, recovered)
         self.reporter.message(f"trial {trial.number} was failed under this worker; its result is kept as trial "
                               f"{recovered}")
 
+    def _store_curve(self, number: int, result: TrainResult, key: str, ratio: float) -> None:
+        """The points of `result`'s curve that the store does not hold for trial `number` (the curve lives there
+        only, not in the trial's attributes)."""
+        stored = {p.step for p in self.store.curve_points() if p.trial_number == number}
+        for point in result.curve:
+            if point.step not in stored:
+                self.store.add_curve_point(CurvePoint(number, point.step, point.val_loss, ratio, key), point.tokens)
+
     def _reuse(self, trial: optuna.Trial, earlier: FrozenTrial) -> float | tuple[float, float]:
         if self._failed_under_me(trial):
             raise self._taken_over(trial)
-        for k in ("val_loss", "val_ppl", "val_bpb", "status", "reason", "pruned_at_step", "curve"):
-            if k in earlier.user_attrs:
-                trial.set_user_attr(k, earlier.user_attrs[k])
-        trial.set_user_attr("reused_from", earlier.number)
-        trial.set_user_attr("steps", 0)
+        kept = ("val_loss", "val_ppl", "val_bpb", "status", "reason", "pruned_at_step")
+        set_trial_user_attrs(trial, {k: earlier.user_attrs[k] for k in kept if k in earlier.user_attrs}
+                             | {"reused_from": earlier.number, "steps": 0})
         if earlier.state == TrialState.PRUNED:
             raise optuna.TrialPruned(f"map already pruned in trial {earlier.number}")
         if earlier.state == TrialState.FAIL:
@@ -238,6 +245,8 @@ class SearchRun:
             self.study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
             raise
         decision = verdicts[0] if verdicts else None
+        if result.resumed_from_step:  # resumed from a dead predecessor's checkpoint: its early points go under this trial
+            self._store_curve(trial.number, result, key, ratio)
         if self._failed_under_me(trial):
             self._recover(trial, result, decision, key, ratio)
             if checkpoint is not None:
@@ -261,7 +270,6 @@ class SearchRun:
             "val_loss": finite_or_none(result.val_loss), "val_ppl": finite_or_none(result.val_ppl),
             "val_bpb": finite_or_none(result.val_bpb),
             "train_seconds": result.train_seconds, "tokens_per_second": result.tokens_per_second,
-            "curve": [[p.step, p.val_loss] for p in result.curve],
         }
         if decision is not None:
             attrs["pruned_at_step"] = decision.step
@@ -269,5 +277,4 @@ class SearchRun:
         return attrs
 
     def _record(self, trial: optuna.Trial, result: TrainResult, decision: PruningDecision | None) -> None:
-        for k, v in self._result_attrs(result, decision).items():
-            trial.set_user_attr(k, v)
+        set_trial_user_attrs(trial, self._result_attrs(result, decision))

@@ -10,7 +10,7 @@ from optuna.trial import FrozenTrial, TrialState
 from ..config import StudySettings
 from ..errors import UserInputError
 from ..fidelity import audit_reports, study_fidelity
-from ..results import FINISHED, references, study_front, trial_row
+from ..results import FINISHED, curves_by_trial, references, study_front, trial_row
 from ..storage import StorageSpec, Store, open_storage, open_store, parse_storage
 
 from .plan import CONFIG_ATTR, SAMPLER_ATTR
@@ -51,8 +51,8 @@ def fidelity_of(study: optuna.Study, store: Store, trials: list[FrozenTrial] | N
     """The study's fidelity (rung agreement, noise, second seed, audits, verdict) from its trials and rows."""
     trials = study.get_trials(deepcopy=False) if trials is None else trials
     final_step = int(study.user_attrs.get(CONFIG_ATTR, {}).get("train", {}).get("steps", 0))
-    return study_fidelity(study.study_name, trials, study.user_attrs, final_step,
-                          audit_reports(trials, store.audit_rows()))
+    return study_fidelity(study.study_name, trials, curves_by_trial(store.curve_points()), study.user_attrs,
+                          final_step, audit_reports(trials, store.audit_rows()))
 
 
 def open_study(spec: StorageSpec, name: str) -> optuna.Study:

@@ -2,6 +2,7 @@
 
 - urls: storage URLs checked (nothing opened) and masked: StorageSpec, parse_storage;
 - optuna_storage: Optuna's storage for a spec (journal, SQLite with an atomic pop, or a server): open_storage;
+  a trial's attributes written in one transaction: set_trial_user_attrs;
 - heartbeat: how often running work beats and when silence means it died: Heartbeat;
 - store: the project's own records beside Optuna's trials (claims, curves, pruning, fronts, audit): Store;
 - sql_store, journal_store: the Store in the study's SQL database, or in a file beside a journal;
@@ -11,10 +12,11 @@
 from .heartbeat import Heartbeat, grace_period, heartbeat_interval
 from .journal_store import JournalStore
 from .opening import open_store
-from .optuna_storage import open_storage
+from .optuna_storage import open_storage, set_trial_user_attrs
 from .sql_store import SQLStore
 from .store import AuditJob, AuditRow, CurvePoint, Store
 from .urls import StorageSpec, parse_storage
 
 __all__ = ["AuditJob", "AuditRow", "CurvePoint", "Heartbeat", "JournalStore", "SQLStore", "StorageSpec", "Store",
-           "grace_period", "heartbeat_interval", "open_storage", "open_store", "parse_storage"]
+           "grace_period", "heartbeat_interval", "open_storage", "open_store", "parse_storage",
+           "set_trial_user_attrs"]

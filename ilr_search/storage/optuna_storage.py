@@ -8,7 +8,7 @@ import hashlib
 import logging
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -18,6 +18,7 @@ import optuna
 import sqlalchemy as sa
 from optuna.storages._cached_storage import _CachedStorage
 from optuna.storages._rdb import models as rdb_models
+from optuna.storages._rdb.storage import _create_scoped_session
 from optuna.trial import TrialState
 
 from ..errors import UserInputError
@@ -143,3 +144,18 @@ def _creation_lock(spec: StorageSpec) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def set_trial_user_attrs(trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
+    """Several user attributes of a running trial at once: one transaction (one fsync on SQLite) on an SQL
+    storage instead of one per attribute; one write each on a journal."""
+    storage = trial.storage._backend if isinstance(trial.storage, _CachedStorage) else trial.storage
+    if isinstance(storage, optuna.storages.RDBStorage):
+        with _create_scoped_session(storage.scoped_session, True) as session:
+            for key, value in attrs.items():
+                storage._set_trial_attr_without_commit(session, rdb_models.TrialUserAttributeModel, trial._trial_id,
+                                                       key, value)
+    else:
+        for key, value in attrs.items():
+            storage.set_trial_user_attr(trial._trial_id, key, value)
+    trial._cached_frozen_trial.user_attrs.update(attrs)  # what trial.user_attrs reads, as set_user_attr keeps it

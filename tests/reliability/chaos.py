@@ -219,8 +219,12 @@ class CpuHog:
         self.n = processes or os.cpu_count() or 2
         self.procs: list[subprocess.Popen] = []
 
+    # Each hog spins until its parent is gone: a test process killed mid-scenario (a timeout, Ctrl-C twice)
+    # leaves no busy orphans behind to slow down whatever runs next.
+    SPIN = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    pass\n"
+
     def __enter__(self) -> CpuHog:
-        self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(self.n)]
+        self.procs = [subprocess.Popen([sys.executable, "-c", self.SPIN]) for _ in range(self.n)]
         return self
 
     def __exit__(self, *exc: object) -> None:
