@@ -18,7 +18,7 @@ from ..data import model_config
 from ..errors import UserInputError
 from ..flops import Budget, parse_budget
 from ..knobs import KnobValue, with_knobs
-from ..storage import StorageSpec, open_storage
+from ..storage import StorageSpec
 from ..train import resolve_device, resolve_dtype
 
 from .pruners import pruner_settings
@@ -108,12 +108,13 @@ def plan_study(space: SpaceConfig, budget_text: str, study_name: str | None) -> 
     return StudyPlan(space, model, budget, dtype, config, study_name or derive_study_name(config))
 
 
-def adopt_stored_dtype(spec: StorageSpec, plan: StudyPlan) -> StudyPlan:
-    """`--dtype auto` resumes a study in the dtype it was made with (made on a GPU in bf16, resumed on a CPU)."""
-    if not spec.exists():
+def adopt_stored_dtype(storage: optuna.storages.BaseStorage | None, plan: StudyPlan) -> StudyPlan:
+    """`--dtype auto` resumes a study in the dtype it was made with (made on a GPU in bf16, resumed on a CPU).
+    `storage`: the storage already open, None where there is none yet."""
+    if storage is None:
         return plan
     try:
-        study = optuna.load_study(study_name=plan.name, storage=open_storage(spec, heartbeat=False))
+        study = optuna.load_study(study_name=plan.name, storage=storage)
     except KeyError:
         return plan
     stored = study.user_attrs.get(CONFIG_ATTR, {}).get("train", {}).get("dtype")
@@ -144,12 +145,12 @@ def search_differences(settings: StudySettings, space: SpaceConfig, sampler_flag
     return diffs
 
 
-def check_resume(spec: StorageSpec, plan: StudyPlan, sampler: str | None, pruner: str | None) -> StudySettings | None:
+def check_resume(storage: optuna.storages.BaseStorage | None, spec: StorageSpec, plan: StudyPlan,
+                 sampler: str | None, pruner: str | None) -> StudySettings | None:
     """The stored settings of an existing study of that name (None if new, or stored without them); refuses
-    incompatible resumes."""
-    if not spec.exists():
+    incompatible resumes. `storage`: the storage already open on `spec`, None where there is none yet."""
+    if storage is None:
         return None
-    storage = open_storage(spec, heartbeat=False)
     try:
         study = optuna.load_study(study_name=plan.name, storage=storage)
     except KeyError:

@@ -82,12 +82,13 @@ def prepare_study(space: SpaceConfig, budget: str, study_name: str | None = None
     space = dataclasses.replace(space, search=search)
     validate_space(space)
     plan = plan_study(space, budget, study_name)
+    existing = open_storage(spec) if spec.exists() else None  # the one storage handle of this worker
     if space.train.dtype == "auto":
-        plan = adopt_stored_dtype(spec, plan)
-    stored_settings = check_resume(spec, plan, sampler, pruner)
+        plan = adopt_stored_dtype(existing, plan)
+    stored_settings = check_resume(existing, spec, plan, sampler, pruner)
 
     data = load_space_tokens(space)
-    storage_obj = open_storage(spec)
+    storage_obj = existing or open_storage(spec)
     directions = ["minimize"] if space.search.objective == "ppl" else ["minimize", "minimize"]
     settings = stored_settings or StudySettings(
         sampler_settings(space.search.sampler, space.train.seed, plan.model.n_layers, space.search.max_reuse),
