@@ -108,14 +108,21 @@ def plan_study(space: SpaceConfig, budget_text: str, study_name: str | None) -> 
     return StudyPlan(space, model, budget, dtype, config, study_name or derive_study_name(config))
 
 
+def stored_study(storage: optuna.storages.BaseStorage | None, name: str) -> optuna.Study | None:
+    """The study `name` in a storage already open (None where there is no storage yet, or no such study)."""
+    if storage is None:
+        return None
+    try:
+        return optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        return None
+
+
 def adopt_stored_dtype(storage: optuna.storages.BaseStorage | None, plan: StudyPlan) -> StudyPlan:
     """`--dtype auto` resumes a study in the dtype it was made with (made on a GPU in bf16, resumed on a CPU).
     `storage`: the storage already open, None where there is none yet."""
-    if storage is None:
-        return plan
-    try:
-        study = optuna.load_study(study_name=plan.name, storage=storage)
-    except KeyError:
+    study = stored_study(storage, plan.name)
+    if study is None:
         return plan
     stored = study.user_attrs.get(CONFIG_ATTR, {}).get("train", {}).get("dtype")
     if stored is None or stored == plan.dtype:
@@ -149,11 +156,8 @@ def check_resume(storage: optuna.storages.BaseStorage | None, spec: StorageSpec,
                  sampler: str | None, pruner: str | None) -> StudySettings | None:
     """The stored settings of an existing study of that name (None if new, or stored without them); refuses
     incompatible resumes. `storage`: the storage already open on `spec`, None where there is none yet."""
-    if storage is None:
-        return None
-    try:
-        study = optuna.load_study(study_name=plan.name, storage=storage)
-    except KeyError:
+    study = stored_study(storage, plan.name)
+    if study is None:
         return None
     stored = study.user_attrs.get(CONFIG_ATTR)
     for _ in range(50):  # another worker may have just created the study and not yet stored its configuration
