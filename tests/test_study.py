@@ -175,12 +175,12 @@ def test_kill_9_loses_no_trial_and_the_killed_one_is_retried(tmp_path, token_cac
             pytest.fail("the run never reached its third trial")
     finally:
         proc.send_signal(signal.SIGKILL)
-        killed_at = time.time()
         proc.wait()
     before = {t.number: (t.state, t.values) for t in load(db, "killed").trials}
     killed = [n for n, (s, _) in before.items() if s == optuna.trial.TrialState.RUNNING]
     assert len(killed) == 1
-    time.sleep(max(0.0, killed_at + 4 * 1 + 1 + 0.2 - time.time()))  # past the heartbeat grace period (4 x 1 s + 1 s)
+    # The same command resumes at once: the killed trial still looks alive until its heartbeat goes stale, and the
+    # run waits for it, sweeps it as stale and retries it, rather than needing the caller to wait.
     resumed = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     after = {t.number: t for t in load(db, "killed").trials}
