@@ -16,13 +16,11 @@ from typing import Any
 
 import optuna
 import sqlalchemy as sa
-from optuna.storages._cached_storage import _CachedStorage
-from optuna.storages._rdb import models as rdb_models
-from optuna.storages._rdb.storage import _create_scoped_session
 from optuna.trial import TrialState
 
 from ..errors import UserInputError
 from .heartbeat import grace_period, heartbeat_interval
+from .optuna_compat import backend, remember_user_attrs, set_user_attrs_at_once, trial_id, trials_table
 from .urls import StorageSpec
 
 log = logging.getLogger("ilr_search")
@@ -100,8 +98,7 @@ def open_storage(spec: StorageSpec, heartbeat: bool = True) -> optuna.storages.B
 
 def rdb_engine(storage: optuna.storages.BaseStorage) -> sa.Engine:
     """The database engine of an open Optuna RDB storage, also as a Study holds it (in Optuna's cache)."""
-    if isinstance(storage, _CachedStorage):
-        storage = storage._backend
+    storage = backend(storage)
     if not isinstance(storage, optuna.storages.RDBStorage):
         raise TypeError(f"{type(storage).__name__} has no database engine")
     return storage.engine
@@ -119,7 +116,7 @@ class SQLiteStorage(optuna.storages.RDBStorage):
                                values: Sequence[float] | None = None) -> bool:
         if state != TrialState.RUNNING or values is not None:
             return super().set_trial_state_values(trial_id, state, values)
-        trials = rdb_models.TrialModel.__table__
+        trials = trials_table()
         with self.engine.begin() as conn:
             popped = conn.execute(trials.update().where(
                 trials.c.trial_id == trial_id, trials.c.state == TrialState.WAITING,
@@ -149,13 +146,5 @@ def _creation_lock(spec: StorageSpec) -> Iterator[None]:
 def set_trial_user_attrs(trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
     """Several user attributes of a running trial at once: one transaction (one fsync on SQLite) on an SQL
     storage instead of one per attribute; one write each on a journal."""
-    storage = trial.storage._backend if isinstance(trial.storage, _CachedStorage) else trial.storage
-    if isinstance(storage, optuna.storages.RDBStorage):
-        with _create_scoped_session(storage.scoped_session, True) as session:
-            for key, value in attrs.items():
-                storage._set_trial_attr_without_commit(session, rdb_models.TrialUserAttributeModel, trial._trial_id,
-                                                       key, value)
-    else:
-        for key, value in attrs.items():
-            storage.set_trial_user_attr(trial._trial_id, key, value)
-    trial._cached_frozen_trial.user_attrs.update(attrs)  # what trial.user_attrs reads, as set_user_attr keeps it
+    set_user_attrs_at_once(trial.storage, trial_id(trial), attrs)
+    remember_user_attrs(trial, attrs)
