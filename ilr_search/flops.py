@@ -12,10 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import re
-import torch
+from typing import TYPE_CHECKING
 
 from .config import ModelConfig
 from .errors import UserInputError
+
+if TYPE_CHECKING:
+    import torch
 
 
 class BudgetError(UserInputError):
@@ -98,6 +101,7 @@ def parse_budget(text: str, cfg: ModelConfig) -> Budget:
 def count_flops(model: torch.nn.Module, *args: Any) -> int:
     """FLOPs torch's FlopCounterMode counts for one call of `model`, with CPU flash attention counted
     like the CUDA kernels are (dense T x T), which torch's registry leaves out."""
+    import torch
     from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
     def cpu_flash_flop(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, **kwargs: Any) -> int:

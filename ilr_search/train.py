@@ -17,6 +17,7 @@ import zlib
 
 from .config import ModelConfig, TrainConfig
 from .data import TokenData
+from .device import resolve_compile, resolve_device, resolve_dtype
 from .model import ILRTransformer
 
 
@@ -52,35 +53,6 @@ class TrainResult:
 
     def curve_dicts(self) -> list[dict[str, Any]]:
         return [{"step": p.step, "tokens": p.tokens, "val_loss": p.val_loss} for p in self.curve]
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        from .errors import UserInputError
-        raise UserInputError("--device cuda was asked for but no CUDA device is visible; use --device auto or cpu")
-    return torch.device(device)
-
-
-def resolve_dtype(dtype: str, device: torch.device, model_cfg: ModelConfig | None = None, batch_size: int = 8) -> str:
-    """`auto` by a rule, never by a timing (the same command must give the same study and the same result):
-    bf16 autocast on CUDA with bf16 support, fp32 everywhere else. On a CPU with AVX512-BF16/AMX, bf16 can be
-    faster at widths of 128 and more (benchmarks/throughput.py); ask for it with --dtype bf16."""
-    if dtype != "auto":
-        return dtype
-    if device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
-    return "fp32"
-
-
-def resolve_compile(compile_layers: bool | None, device: torch.device) -> bool:
-    """None (auto): compile on CUDA, where it pays back within a proxy run; not on CPU, where it does not."""
-    return device.type == "cuda" if compile_layers is None else compile_layers
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:

@@ -23,7 +23,7 @@ from .config import ModelConfig, SpaceConfig
 from .errors import UserInputError
 from .search.progress import RunReporter
 from .search.run import disk_full_is_reported, prepare_study, run_study
-from .train import resolve_device
+from .device import resolve_device
 
 
 GIB = 1 << 30

@@ -136,3 +136,24 @@ def test_report_errors(pruned_study, cli, case):
         "export extension": ["export", "--study", "rep", *storage, "--out", "trials.xlsx"],
     }[case]
     assert_one_line_error(cli(*args))
+
+
+READS_WITHOUT_TORCH = """
+import sys
+from ilr_search.cli import main
+sys.argv = ["ilr-search", *sys.argv[1:]]
+try:
+    main()
+except SystemExit as e:
+    assert e.code in (0, None), e.code
+print("torch imported" if "torch" in sys.modules else "torch not imported", file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("command", [["trials"], ["studies"], ["trials", "--json"]])
+def test_reading_a_stored_study_does_not_import_torch(pruned_study, command):
+    root, db, _ = pruned_study
+    proc = subprocess.run([sys.executable, "-c", READS_WITHOUT_TORCH, *command, "--storage", f"sqlite:///{db}"],
+                          cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == "torch not imported", proc.stderr[-2000:]

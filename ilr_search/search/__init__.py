@@ -9,20 +9,31 @@ study (configuration, trials, curves, fronts) lives in a storage it resumes from
 - studies.py: stored studies read back.
 """
 
+import importlib
 import warnings
+from typing import Any
 
 import optuna
-
-from .plan import CONFIG_ATTR, FIDELITY_ATTR, SAMPLER_ATTR, StudyPlan, plan_study
-from .progress import RunReporter
-from .run import PreparedStudy, prepare_study, run_study
-from .studies import default_study, list_studies, list_trials, open_study, summarize_stored, trials_report
 
 # Failed trials (a divergence, Ctrl-C) are reported by the run itself; Optuna's warnings would add tracebacks.
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 # Heartbeats, stale-trial sweeps and metric names are marked experimental; the run uses them on purpose.
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
-__all__ = ["CONFIG_ATTR", "FIDELITY_ATTR", "SAMPLER_ATTR", "PreparedStudy", "RunReporter", "StudyPlan", "default_study",
-           "list_studies", "list_trials", "open_study", "plan_study", "prepare_study", "run_study", "summarize_stored",
-           "trials_report"]
+# The package's names, each loaded from its module on first use: reading a stored study (studies.py) does not
+# import the trainer, and so not torch.
+_EXPORTS = {
+    "CONFIG_ATTR": "plan", "FIDELITY_ATTR": "plan", "SAMPLER_ATTR": "plan", "StudyPlan": "plan", "plan_study": "plan",
+    "RunReporter": "progress",
+    "PreparedStudy": "run", "prepare_study": "run", "run_study": "run",
+    "default_study": "studies", "list_studies": "studies", "list_trials": "studies", "open_study": "studies",
+    "summarize_stored": "studies", "trials_report": "studies",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)

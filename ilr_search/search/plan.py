@@ -19,7 +19,7 @@ from ..errors import UserInputError
 from ..flops import Budget, parse_budget
 from ..knobs import KnobValue, with_knobs
 from ..storage import StorageSpec
-from ..train import resolve_device, resolve_dtype
+from ..device import resolve_device, resolve_dtype
 
 from .pruners import pruner_settings
 
