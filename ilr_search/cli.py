@@ -141,13 +141,47 @@ def flops(opts: SpaceOptions, reuse_map: ReuseMap = None, block: Block = None, k
 @user_errors
 @with_space_options
 def train(opts: SpaceOptions, reuse_map: ReuseMap = None, block: Block = None, knobs: KnobSettings = None,
+          from_study: Annotated[Optional[str], typer.Option("--from-study", help="Train with this study's stored model, data and training settings (--steps, --seed, --device, --dtype and --compile may change them).")] = None,
+          storage: Annotated[Optional[str], typer.Option(help="Storage of --from-study. \\[default: sqlite:///studies/ilr-search.db]")] = None,
+          map_: Annotated[Optional[str], typer.Option("--map", help="With --from-study: the map, as the study names it (2,1,1,1, 2,1,1,1|injection=add or block2). \\[default: the front's map of lowest perplexity]")] = None,
+          save: Annotated[Optional[Path], typer.Option(help="Write the trained model to this folder: model.safetensors and config.json (ilr_search.api.load_trained reads them).")] = None,
           json_out: Json = False) -> None:
     """Train one proxy model for a reuse map (or --block K) and report its validation perplexity."""
+    if from_study is not None:
+        train_study_map(opts, reuse_map, block, knobs, from_study, storage, map_, save, json_out)
+        return
+    if map_ is not None or storage is not None:
+        fail("--map and --storage go with --from-study; without it give --reuse-map (and --knobs)")
     from .api import train_report
 
     with ui.step_progress(enabled=True) as on_step:
-        report = train_report(opts.space, opts.overrides(), reuse_map, block, on_step=on_step, knobs=knobs)
+        report = train_report(opts.space, opts.overrides(), reuse_map, block, on_step=on_step, knobs=knobs, save=save)
     emit(report, json_out, ui.print_train)
+    if save is not None and not json_out:
+        ui.out.print(f"saved the model to {save}")
+
+
+FROM_STUDY_FLAGS = ("steps", "seed", "device", "dtype", "compile")  # what --from-study lets a flag change
+
+
+def train_study_map(opts: SpaceOptions, reuse_map: str | None, block: int | None, knobs: str | None, study: str,
+                    storage: str | None, map_text: str | None, save: Path | None, json_out: bool) -> None:
+    """`train --from-study`: the study's settings, with only FROM_STUDY_FLAGS changeable."""
+    from .recipe import train_from_study
+
+    given = [name for name in _SHARED if getattr(opts, name) is not None and name not in FROM_STUDY_FLAGS]
+    if reuse_map is not None or block is not None or knobs is not None:
+        given.insert(0, "reuse_map/block/knobs (use --map)")
+    if given:
+        fail(f"--from-study takes the study's settings; drop --{given[0].replace('_', '-')} "
+             f"(only --map, {', '.join('--' + f for f in FROM_STUDY_FLAGS)} and --save may be given with it)")
+    overrides = {"seed": opts.seed, "device": opts.device, "dtype": opts.dtype, "compile": opts.compile}
+    with ui.step_progress(enabled=True) as on_step:
+        report = train_from_study(study, storage, map_text, opts.steps, overrides, on_step, save,
+                                  on_choice=lambda why: ui.err.print(f"study {study}: {why}"))
+    emit(report, json_out, ui.print_train)
+    if save is not None and not json_out:
+        ui.out.print(f"saved the model to {save}")
 
 
 def main() -> None:
@@ -329,3 +363,29 @@ def bench_replay(
     from .bench import replay_table
 
     emit(replay_table(table, pruner, seed), json_out, ui.print_pruning_replay)
+
+
+@app.command()
+@user_errors
+def recipe(
+    study: ReadStudy = None,
+    storage: Storage = None,
+    map_: Annotated[Optional[str], typer.Option("--map", help="A map the study trained (2,1,1,1, 2,1,1,1|injection=add or block2). \\[default: the front's map of lowest perplexity]")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Write the recipe to FILE.toml or FILE.json. \\[default: TOML on stdout]")] = None,
+    json_out: Json = False,
+) -> None:
+    """Everything needed to train one map of a study elsewhere: model config, map, schedule, knobs, training and data settings, measured perplexities."""
+    from .recipe import RECIPE_FORMATS, recipe_text, study_recipe, write_recipe
+    from .report import check_out_path
+
+    path = check_out_path(out, RECIPE_FORMATS) if out is not None else None
+    name = study_or_default(study, storage)
+    report = study_recipe(name, storage, map_, on_choice=lambda why: ui.err.print(f"study {name}: {why}"))
+    if path is not None:
+        write_recipe(report, path)
+    if json_out:
+        print(json.dumps(report | ({"out": str(path)} if path else {}), default=float))
+    elif path is not None:
+        ui.out.print(f"wrote the recipe of map {report['map']} of study {name} to {path}")
+    else:
+        sys.stdout.write(recipe_text(report, ".toml"))
