@@ -221,6 +221,7 @@ def run(
     objective: Annotated[Optional[str], typer.Option(help="pareto (perplexity and FLOPs) or ppl (budget as a constraint only).")] = None,
     workers: Annotated[int, typer.Option(help="Worker processes on this machine, sharing the study and the device.")] = 1,
     knobs: Annotated[Optional[str], typer.Option(help="Recurrence knobs searched with the map, comma-separated: injection, iteration_encoding, iteration_norms, depth_init. \\[default: from the space, none in the presets]")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan (study, trials, references, pruning rungs, storage, space) and a time estimate from a short timed probe; write nothing.")] = False,
     json_out: Json = False,
 ) -> None:
     """Search reuse maps under a FLOP budget; running it again resumes the study."""
@@ -229,6 +230,11 @@ def run(
     searched = None if knobs is None else [k.strip() for k in knobs.split(",") if k.strip()]
     overrides = opts.overrides() | {"search": {"objective": objective, "knobs": searched}}
     space = load_space(opts.space, overrides)
+    if dry_run:
+        from .dryrun import dry_run_report, print_plan
+
+        emit(dry_run_report(space, budget, study, storage, n_trials, sampler, pruner, workers), json_out, print_plan)
+        return
     if workers != 1:
         from .workers import RunArgs, run_workers
 
