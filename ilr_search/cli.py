@@ -221,6 +221,7 @@ def run(
     objective: Annotated[Optional[str], typer.Option(help="pareto (perplexity and FLOPs) or ppl (budget as a constraint only).")] = None,
     workers: Annotated[int, typer.Option(help="Worker processes on this machine, sharing the study and the device.")] = 1,
     knobs: Annotated[Optional[str], typer.Option(help="Recurrence knobs searched with the map, comma-separated: injection, iteration_encoding, iteration_norms, depth_init. \\[default: from the space, none in the presets]")] = None,
+    track: Annotated[Optional[str], typer.Option(help="Log each trial (validation curve, map, knobs, final values) and the reference runs: tensorboard:DIR or mlflow:URI (needs mlflow).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan (study, trials, references, pruning rungs, storage, space) and a time estimate from a short timed probe; write nothing.")] = False,
     json_out: Json = False,
 ) -> None:
@@ -235,20 +236,31 @@ def run(
 
         emit(dry_run_report(space, budget, study, storage, n_trials, sampler, pruner, workers), json_out, print_plan)
         return
+    tracked = tracked_reporter(track, storage)
     if workers != 1:
         from .workers import RunArgs, run_workers
 
-        with ui.WorkersReporter(enabled=True) as reporter:
+        with tracked(ui.WorkersReporter(enabled=True)) as reporter:
             summary = run_workers(RunArgs(space, budget, study, storage, n_trials, timeout, sampler, pruner),
                                   workers, reporter)
     else:
         from .search.run import run_study
 
-        with ui.RichReporter(enabled=True) as reporter:
+        with tracked(ui.RichReporter(enabled=True)) as reporter:
             summary = run_study(space, budget, study, storage, n_trials, timeout, sampler, pruner, reporter)
     emit(summary, json_out, ui.print_run)
     if summary.get("interrupted"):
         raise typer.Exit(130)
+
+
+def tracked_reporter(track: str | None, storage: str | None) -> Callable[[Any], Any]:
+    """`run --track`: the reporter wrapped so that finished trials also go to the tracker (checked first)."""
+    if track is None:
+        return lambda reporter: reporter
+    from .tracking import TrackingReporter, parse_track
+
+    spec = parse_track(track)
+    return lambda reporter: TrackingReporter(reporter, spec, storage)
 
 
 ReadStudy = Annotated[Optional[str], typer.Option("--study", help="Study name. \\[default: the storage's only study, else its most recently active]")]
