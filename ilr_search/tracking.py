@@ -41,10 +41,15 @@ def parse_track(text: str) -> TrackSpec:
             raise UserInputError(f"--track tensorboard:{target}: {target!r} is a file; give a folder")
     else:
         try:
-            import mlflow  # noqa: F401
+            from mlflow.exceptions import MlflowException
+            from mlflow.tracking import MlflowClient
         except ImportError:
             raise UserInputError("--track mlflow needs the mlflow package: pip install mlflow-skinny "
                                  "(or use --track tensorboard:DIR)") from None
+        try:  # the tracking URI is opened now, so that a bad one is refused before the run starts
+            MlflowClient(tracking_uri=target).search_experiments(max_results=1)
+        except MlflowException as e:
+            raise UserInputError(f"--track mlflow:{target}: {' '.join(str(e.message).split())}") from None
     return TrackSpec(kind, target)
 
 

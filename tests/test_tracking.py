@@ -51,3 +51,20 @@ def test_mlflow_without_the_package_says_so(cli, tmp_path):
                f"sqlite:///{tmp_path / 'r.db'}", "--track", f"mlflow:file:{tmp_path / 'mlruns'}")
     assert_one_line_error(proc)
     assert "mlflow" in proc.stderr and not (tmp_path / "r.db").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mlflow") is None, reason="mlflow is not installed")
+def test_mlflow_runs_hold_each_trials_curve(cli, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    space = write_space(tmp_path / "space.toml", search={"noise_seeds": 0, "families": ["ilr"]})
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cli("run", "--space", str(space), "--budget", "2x", "--n-trials", "2", "--study", "ml", "--storage",
+        f"sqlite:///{tmp_path / 'r.db'}", "--pruner", "none", "--track", f"mlflow:{uri}", check=True)
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([client.get_experiment_by_name("ml").experiment_id])
+    assert sorted(r.info.run_name for r in runs) == ["trial-0000", "trial-0001"]
+    for r in runs:
+        history = client.get_metric_history(r.info.run_id, "val_loss")
+        assert [m.step for m in sorted(history, key=lambda m: m.step)] == [6, 12, 24]
+        assert r.data.params["map"].count(",") == 3 and "val_ppl" in r.data.metrics
