@@ -184,10 +184,21 @@ def train_study_map(opts: SpaceOptions, reuse_map: str | None, block: int | None
         ui.out.print(f"saved the model to {save}")
 
 
+def hide_flag_metavars(command: Any) -> None:
+    """Flags take no value: typer's help would show them a `<bool>` type (even --help); show none."""
+    help_option = command.get_help_option(typer.Context(command))
+    for param in [*command.params, *([help_option] if help_option is not None else [])]:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    for sub in getattr(command, "commands", {}).values():
+        hide_flag_metavars(sub)
+
+
 def main() -> None:
     """Entry point: click's usage errors become one `error:` line with exit code 2 too."""
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
     command = typer.main.get_command(app)
+    hide_flag_metavars(command)
     try:
         code = command.main(standalone_mode=False)
     except click_exceptions.NoArgsIsHelpError as e:  # `ilr-search` alone prints the help
