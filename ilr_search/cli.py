@@ -242,12 +242,12 @@ def run(
     searched = None if knobs is None else [k.strip() for k in knobs.split(",") if k.strip()]
     overrides = opts.overrides() | {"search": {"objective": objective, "knobs": searched}}
     space = load_space(opts.space, overrides)
+    tracked = tracked_reporter(track, storage)
     if dry_run:
         from .dryrun import dry_run_report, print_plan
 
         emit(dry_run_report(space, budget, study, storage, n_trials, sampler, pruner, workers), json_out, print_plan)
         return
-    tracked = tracked_reporter(track, storage)
     if workers != 1:
         from .workers import RunArgs, run_workers
 
