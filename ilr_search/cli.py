@@ -242,7 +242,7 @@ def run(
     searched = None if knobs is None else [k.strip() for k in knobs.split(",") if k.strip()]
     overrides = opts.overrides() | {"search": {"objective": objective, "knobs": searched}}
     space = load_space(opts.space, overrides)
-    tracked = tracked_reporter(track, storage)
+    tracked = tracked_reporter(track, storage, open_uri=not dry_run)
     if dry_run:
         from .dryrun import dry_run_report, print_plan
 
@@ -264,13 +264,13 @@ def run(
         raise typer.Exit(130)
 
 
-def tracked_reporter(track: str | None, storage: str | None) -> Callable[[Any], Any]:
+def tracked_reporter(track: str | None, storage: str | None, open_uri: bool = True) -> Callable[[Any], Any]:
     """`run --track`: the reporter wrapped so that finished trials also go to the tracker (checked first)."""
     if track is None:
         return lambda reporter: reporter
     from .tracking import TrackingReporter, parse_track
 
-    spec = parse_track(track)
+    spec = parse_track(track, open_uri)
     return lambda reporter: TrackingReporter(reporter, spec, storage)
 
 

@@ -26,8 +26,9 @@ class TrackSpec:
     target: str  # a folder (tensorboard) or a tracking URI (mlflow)
 
 
-def parse_track(text: str) -> TrackSpec:
-    """`tensorboard:DIR` or `mlflow:URI`; the tracker's package must be importable (checked before any work)."""
+def parse_track(text: str, open_uri: bool = True) -> TrackSpec:
+    """`tensorboard:DIR` or `mlflow:URI`; the tracker's package must be importable and, with `open_uri`, an
+    MLflow tracking URI must open (checked before any work; a dry run opens nothing)."""
     kind, sep, target = text.partition(":")
     if kind not in TRACKERS or not sep or not target:
         raise UserInputError(f"--track {text!r}: use tensorboard:DIR or mlflow:URI (e.g. mlflow:file:./mlruns)")
@@ -46,10 +47,11 @@ def parse_track(text: str) -> TrackSpec:
         except ImportError:
             raise UserInputError("--track mlflow needs the mlflow package: pip install mlflow-skinny "
                                  "(or use --track tensorboard:DIR)") from None
-        try:  # the tracking URI is opened now, so that a bad one is refused before the run starts
-            MlflowClient(tracking_uri=target).search_experiments(max_results=1)
-        except MlflowException as e:
-            raise UserInputError(f"--track mlflow:{target}: {' '.join(str(e.message).split())}") from None
+        if open_uri:  # the tracking URI is opened now, so that a bad one is refused before the run starts
+            try:
+                MlflowClient(tracking_uri=target).search_experiments(max_results=1)
+            except MlflowException as e:
+                raise UserInputError(f"--track mlflow:{target}: {' '.join(str(e.message).split())}") from None
     return TrackSpec(kind, target)
 
 
