@@ -71,8 +71,8 @@ def costliest_map(n_layers: int, max_reuse: int, max_layer_runs: int) -> list[in
 def dry_run_report(space: SpaceConfig, budget: str, study_name: str | None = None, storage: str | None = None,
                    n_trials: int | None = None, sampler: str | None = None, pruner: str | None = None,
                    workers: int = 1, probe: bool = True) -> dict[str, Any]:
-    """The `run --dry-run` report: what the run would do, and how long it would take at most (no pruning, no
-    map trained twice: an upper estimate). Bad input raises as `run` would; nothing is written."""
+    """The `run --dry-run` report: what the run would do, and how long its training would take without pruning
+    or a map trained twice. Bad input raises as `run` would; nothing is written."""
     spec = parse_storage(storage)
     if n_trials is not None and n_trials <= 0:
         raise UserInputError(f"--n-trials must be a positive number of trials, got {n_trials}")
@@ -156,9 +156,10 @@ def estimate(space: SpaceConfig, plan: StudyPlan, costly: list[int], refs: list[
             "probe_flops_ratios": [flops_ratio(plan.model, reuse_map_schedule(p.reuse_map)) for p in (baseline, costliest)],
             "estimated_trial_seconds": trial_seconds, "estimated_reference_seconds": ref_seconds,
             "estimated_seconds": total,
-            "estimate_note": "at most: no pruning and no repeated map assumed; an average trial is taken half-way "
-                             "between the baseline and the costliest map; tokenizing an uncached corpus and "
-                             "layer compilation are not counted"
+            "estimate_note": "no pruning and no repeated map assumed (both shorten a run); an average trial is "
+                             "taken half-way between the baseline and the costliest map; start-up, storage writes, "
+                             "tokenizing an uncached corpus, layer compilation and a changing machine load are not "
+                             "counted"
                              + (f"; {workers} workers are assumed to share the device without slowing each other"
                                 if workers > 1 else "")}
 
