@@ -31,6 +31,13 @@ from .train import OnStep, TrainResult, train_proxy
 
 RECIPE_FORMATS = (".toml", ".json")
 SAVED_FORMAT = "ilr-search trained model, version 1"
+# What `model` means, for another codebase (model.py is the reference; its docstring details the knobs).
+ARCHITECTURE = ("LLaMA-style pre-norm decoder without biases: token embedding (plus learned positions if pe = "
+                "learned), per layer x += attn(RMSNorm(x)) with causal multi-head attention and the pe (rope, alibi "
+                "or none), then x += SwiGLU(RMSNorm(x)) with hidden size round(mlp_ratio * d_model); a final RMSNorm "
+                "and an output head tied to the token embedding. Layers run in `schedule` order (layer i runs "
+                "reuse_map[i] times in a row; blockK runs the stack K times). Init: normal(0.02), residual "
+                "projections (attn proj, MLP down) normal(0.02 / sqrt(2 * (init_depth or n_layers))), norm gains 1.")
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 
@@ -196,6 +203,7 @@ def study_recipe(study_name: str, storage: str | None = None, map_text: str | No
         "flops_ratio": flops_ratio(model, choice.schedule),
         "params": param_count(model),
         "budget": view.budget,
+        "architecture": ARCHITECTURE,
         "model": _plain(dataclasses.asdict(model)),
         "data": _plain(dataclasses.asdict(view.space.data)),
         "train": {"steps": train.steps, "batch_size": train.batch_size, "grad_accum": train.grad_accum,

@@ -101,3 +101,15 @@ def test_train_from_study_refuses_other_settings_before_training(small_study, cl
     assert "--layers" in proc.stderr and not (tmp_path / "m").exists()
     assert_one_line_error(cli("train", "--from-study", "nope", "--storage", url))
     assert_one_line_error(cli("train", "--map", "2,1,1,1"))
+
+
+def test_a_map_with_knobs_trains_saves_and_loads_with_its_knob_parameters(small_study, cli, tmp_path):
+    from ilr_search.api import load_trained
+
+    _, url, _ = small_study
+    report = json.loads(cli("train", "--from-study", "rec", "--storage", url, "--map", "2,1,1,1|injection=gated",
+                            "--steps", "4", "--save", str(tmp_path / "m"), "--json", check=True).stdout)
+    assert report["knobs"] == "injection=gated" and report["map"] == "2,1,1,1|injection=gated"
+    model, schedule = load_trained(tmp_path / "m")
+    assert model.cfg.injection == "gated" and model.injection_gates is not None and schedule == [0, 0, 1, 2, 3]
+    assert report["params"] == model.num_params()
