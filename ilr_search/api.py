@@ -12,11 +12,11 @@ from .data import check_vocab, load_space_tokens, model_config
 from .errors import UserInputError
 from .flops import describe, flops_ratio
 from .knobs import format_knobs, knob_params, knobs_of, parse_knob_settings, with_knobs
-from .model import param_count, repeat_indices
+from .model import ILRTransformer, param_count, repeat_indices
 from .results import finite_or_none
 from .schedule import resolve_schedule
 from .space import load_space
-from .train import OnStep, TrainResult, train_proxy
+from .train import OnStep, TrainResult
 
 
 Overrides = Mapping[str, Mapping[str, Any]]
@@ -75,12 +75,27 @@ def train_result_dict(cfg: ModelConfig, counts: Sequence[int], result: TrainResu
 
 def train_report(space: str | Path | None = None, overrides: Overrides | None = None,
                  reuse_map: str | Sequence[int] | None = None, block: int | None = None,
-                 on_step: OnStep | None = None, knobs: str | None = None) -> dict[str, Any]:
-    """`ilr-search train`: train one proxy for a reuse map (or block recurrence) on the configured data."""
+                 on_step: OnStep | None = None, knobs: str | None = None,
+                 save: str | Path | None = None) -> dict[str, Any]:
+    """`ilr-search train`: train one proxy for a reuse map (or block recurrence) on the configured data; with
+    `save`, write the trained model there (`model.safetensors`, `config.json`; `load_trained` reads them)."""
+    from .recipe import MapChoice, check_save_dir, train_and_save
+
     cfg_space = load_space(space, overrides)
     counts, schedule, block = resolve_schedule(cfg_space.model.n_layers, reuse_map, block)  # before any data work
     cfg = schedule_model(cfg_space, schedule, knobs)
+    save_dir = check_save_dir(Path(save)) if save is not None else None
     data = load_space_tokens(cfg_space)
     check_vocab(cfg, data.vocab_size)
-    result = train_proxy(cfg, schedule, data, cfg_space.train, on_step=on_step)
-    return train_result_dict(cfg, counts, result, block) | {"knobs": format_knobs(knobs_of(cfg))}
+    settings = parse_knob_settings(knobs or "")
+    result = train_and_save(cfg, MapChoice(counts, schedule, settings, block), data, cfg_space, on_step, save_dir)
+    return train_result_dict(cfg, counts, result, block) | {"knobs": format_knobs(knobs_of(cfg)),
+                                                           "saved": str(save_dir) if save_dir else None}
+
+
+def load_trained(folder: str | Path, device: str = "cpu") -> tuple[ILRTransformer, list[int]]:
+    """A model saved by `ilr-search train --save DIR`: the ILRTransformer with its trained weights (eval mode)
+    and the schedule it was trained with."""
+    from .recipe import load_trained as load
+
+    return load(folder, device)

@@ -143,19 +143,64 @@ def flops(opts: SpaceOptions, reuse_map: ReuseMap = None, block: Block = None, k
 @user_errors
 @with_space_options
 def train(opts: SpaceOptions, reuse_map: ReuseMap = None, block: Block = None, knobs: KnobSettings = None,
+          from_study: Annotated[Optional[str], typer.Option("--from-study", help="Train with this study's stored model, data and training settings (--steps, --seed, --device, --dtype and --compile may change them).")] = None,
+          storage: Annotated[Optional[str], typer.Option(help="Storage of --from-study. \\[default: sqlite:///studies/ilr-search.db]")] = None,
+          map_: Annotated[Optional[str], typer.Option("--map", help="With --from-study: the map, as the study names it (2,1,1,1, 2,1,1,1|injection=add or block2). \\[default: the front's map of lowest perplexity]")] = None,
+          save: Annotated[Optional[Path], typer.Option(help="Write the trained model to this folder: model.safetensors and config.json (ilr_search.api.load_trained reads them).")] = None,
           json_out: Json = False) -> None:
     """Train one proxy model for a reuse map (or --block K) and report its validation perplexity."""
+    if from_study is not None:
+        train_study_map(opts, reuse_map, block, knobs, from_study, storage, map_, save, json_out)
+        return
+    if map_ is not None or storage is not None:
+        fail("--map and --storage go with --from-study; without it give --reuse-map (and --knobs)")
     from .api import train_report
 
     with ui.step_progress(enabled=True) as on_step:
-        report = train_report(opts.space, opts.overrides(), reuse_map, block, on_step=on_step, knobs=knobs)
+        report = train_report(opts.space, opts.overrides(), reuse_map, block, on_step=on_step, knobs=knobs, save=save)
     emit(report, json_out, ui.print_train)
+    if save is not None and not json_out:
+        ui.out.print(f"saved the model to {save}")
+
+
+FROM_STUDY_FLAGS = ("steps", "seed", "device", "dtype", "compile")  # what --from-study lets a flag change
+
+
+def train_study_map(opts: SpaceOptions, reuse_map: str | None, block: int | None, knobs: str | None, study: str,
+                    storage: str | None, map_text: str | None, save: Path | None, json_out: bool) -> None:
+    """`train --from-study`: the study's settings, with only FROM_STUDY_FLAGS changeable."""
+    from .recipe import train_from_study
+
+    given = [name for name in _SHARED if getattr(opts, name) is not None and name not in FROM_STUDY_FLAGS]
+    if reuse_map is not None or block is not None or knobs is not None:
+        given.insert(0, "reuse_map/block/knobs (use --map)")
+    if given:
+        fail(f"--from-study takes the study's settings; drop --{given[0].replace('_', '-')} "
+             f"(only --map, {', '.join('--' + f for f in FROM_STUDY_FLAGS)} and --save may be given with it)")
+    overrides = {"seed": opts.seed, "device": opts.device, "dtype": opts.dtype, "compile": opts.compile}
+    with ui.step_progress(enabled=True) as on_step:
+        report = train_from_study(study, storage, map_text, opts.steps, overrides, on_step, save,
+                                  on_choice=lambda why: ui.err.print(f"study {study}: {why}"))
+    emit(report, json_out, ui.print_train)
+    if save is not None and not json_out:
+        ui.out.print(f"saved the model to {save}")
+
+
+def hide_flag_metavars(command: Any) -> None:
+    """Flags take no value: typer's help would show them a `<bool>` type (even --help); show none."""
+    help_option = command.get_help_option(typer.Context(command))
+    for param in [*command.params, *([help_option] if help_option is not None else [])]:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    for sub in getattr(command, "commands", {}).values():
+        hide_flag_metavars(sub)
 
 
 def main() -> None:
     """Entry point: click's usage errors become one `error:` line with exit code 2 too."""
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
     command = typer.main.get_command(app)
+    hide_flag_metavars(command)
     try:
         code = command.main(standalone_mode=False)
     except click_exceptions.NoArgsIsHelpError as e:  # `ilr-search` alone prints the help
@@ -212,6 +257,8 @@ def run(
     objective: Annotated[Optional[str], typer.Option(help="pareto (perplexity and FLOPs) or ppl (budget as a constraint only).")] = None,
     workers: Annotated[int, typer.Option(help="Worker processes on this machine, sharing the study and the device.")] = 1,
     knobs: Annotated[Optional[str], typer.Option(help="Recurrence knobs searched with the map, comma-separated: injection, iteration_encoding, iteration_norms, depth_init. \\[default: from the space, none in the presets]")] = None,
+    track: Annotated[Optional[str], typer.Option(help="Log each trial (validation curve, map, knobs, final values) and the reference runs: tensorboard:DIR or mlflow:URI (needs mlflow).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan (study, trials, references, pruning rungs, storage, space) and a time estimate from a short timed probe; write nothing.")] = False,
     json_out: Json = False,
 ) -> None:
     """Search reuse maps under a FLOP budget; running it again resumes the study."""
@@ -220,20 +267,36 @@ def run(
     searched = None if knobs is None else [k.strip() for k in knobs.split(",") if k.strip()]
     overrides = opts.overrides() | {"search": {"objective": objective, "knobs": searched}}
     space = load_space(opts.space, overrides)
+    tracked = tracked_reporter(track, storage, open_uri=not dry_run)
+    if dry_run:
+        from .dryrun import dry_run_report, print_plan
+
+        emit(dry_run_report(space, budget, study, storage, n_trials, sampler, pruner, workers), json_out, print_plan)
+        return
     if workers != 1:
         from .workers import RunArgs, run_workers
 
-        with ui.WorkersReporter(enabled=True) as reporter:
+        with tracked(ui.WorkersReporter(enabled=True)) as reporter:
             summary = run_workers(RunArgs(space, budget, study, storage, n_trials, timeout, sampler, pruner),
                                   workers, reporter)
     else:
         from .search.run import run_study
 
-        with ui.RichReporter(enabled=True) as reporter:
+        with tracked(ui.RichReporter(enabled=True)) as reporter:
             summary = run_study(space, budget, study, storage, n_trials, timeout, sampler, pruner, reporter)
     emit(summary, json_out, ui.print_run)
     if summary.get("interrupted"):
         raise typer.Exit(130)
+
+
+def tracked_reporter(track: str | None, storage: str | None, open_uri: bool = True) -> Callable[[Any], Any]:
+    """`run --track`: the reporter wrapped so that finished trials also go to the tracker (checked first)."""
+    if track is None:
+        return lambda reporter: reporter
+    from .tracking import TrackingReporter, parse_track
+
+    spec = parse_track(track, open_uri)
+    return lambda reporter: TrackingReporter(reporter, spec, storage)
 
 
 ReadStudy = Annotated[Optional[str], typer.Option("--study", help="Study name. \\[default: the storage's only study, else its most recently active]")]
@@ -354,3 +417,29 @@ def bench_replay(
     from .bench import replay_table
 
     emit(replay_table(table, pruner, seed), json_out, ui.print_pruning_replay)
+
+
+@app.command()
+@user_errors
+def recipe(
+    study: ReadStudy = None,
+    storage: Storage = None,
+    map_: Annotated[Optional[str], typer.Option("--map", help="A map the study trained (2,1,1,1, 2,1,1,1|injection=add or block2). \\[default: the front's map of lowest perplexity]")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Write the recipe to FILE.toml or FILE.json. \\[default: TOML on stdout]")] = None,
+    json_out: Json = False,
+) -> None:
+    """Everything needed to train one map of a study elsewhere: model config, map, schedule, knobs, training and data settings, measured perplexities."""
+    from .recipe import RECIPE_FORMATS, recipe_text, study_recipe, write_recipe
+    from .report import check_out_path
+
+    path = check_out_path(out, RECIPE_FORMATS) if out is not None else None
+    name = study_or_default(study, storage)
+    report = study_recipe(name, storage, map_, on_choice=lambda why: ui.err.print(f"study {name}: {why}"))
+    if path is not None:
+        write_recipe(report, path)
+    if json_out:
+        print(json.dumps(report | ({"out": str(path)} if path else {}), default=float))
+    elif path is not None:
+        ui.out.print(f"wrote the recipe of map {report['map']} of study {name} to {path}")
+    else:
+        sys.stdout.write(recipe_text(report, ".toml"))

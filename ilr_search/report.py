@@ -22,6 +22,7 @@ from .storage import open_store, parse_storage
 
 FRONT_FORMATS = (".html", ".png", ".svg", ".csv", ".json")
 EXPORT_FORMATS = (".csv", ".parquet")
+IMAGE_WIDTH = 1100  # pixels of a .png/.svg figure (the .html one takes its page's width)
 
 
 def check_out_path(out: str | Path, formats: tuple[str, ...]) -> Path:
@@ -160,13 +161,14 @@ def _write_front(path: Path, study: str, rows: list[dict[str, Any]], front: list
         return
     fig = pareto_figure(study, rows, front, noise, report.get("layers"), report.get("fidelity"))
     if suffix == ".html":
-        _atomic_write(path, lambda p: fig.write_html(p, include_plotlyjs=True, full_html=True, include_mathjax=False))
+        _atomic_write(path, lambda p: fig.write_html(p, include_plotlyjs=True, full_html=True, include_mathjax=False,
+                                                     default_width="100%", config={"responsive": True}))
         return
     browser = _find_browser()
     if browser and "BROWSER_PATH" not in os.environ:
         os.environ["BROWSER_PATH"] = browser  # where kaleido (choreographer) looks for Chrome
     try:
-        _atomic_write(path, lambda p: fig.write_image(p, format=suffix[1:], scale=2))
+        _atomic_write(path, lambda p: fig.write_image(p, format=suffix[1:], width=IMAGE_WIDTH, scale=2))
     except Exception as e:  # kaleido reports a missing or broken browser in several ways
         raise UserInputError(f"kaleido could not render {suffix} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
                              "install chromium or write .html instead") from None

@@ -25,7 +25,20 @@ DEFAULT_SPACE = PRESETS / "default.toml"
 
 
 class SpaceError(UserInputError):
-    """A search-space file or override that cannot be used."""
+    """A search-space file or override that cannot be used; `section` is the TOML section whose values were
+    refused (None for checks across sections), `detail` the reason without the file's name."""
+
+    def __init__(self, message: str, section: str | None = None, detail: str | None = None) -> None:
+        super().__init__(message)
+        self.section, self.detail = section, detail
+
+
+# The command-line flag of an override key where it is not `--` + the key with dashes (data corpus: --data).
+_FLAGS = {("data", "corpus"): "--data"}
+
+
+def _flags(section: str, values: Mapping[str, Any]) -> str:
+    return " ".join(f"{_FLAGS.get((section, k), '--' + k.replace('_', '-'))} {v}" for k, v in values.items())
 
 
 # TOML section -> (dataclass attribute, {toml key: dataclass field})
@@ -56,9 +69,20 @@ def load_space(path: str | Path | None = None, overrides: Mapping[str, Mapping[s
         raise SpaceError(f"cannot read search space {str(path)!r}: {e}") from None
     except tomllib.TOMLDecodeError as e:
         raise SpaceError(f"search space {str(path)!r} is not valid TOML: {e}") from None
-    for section, values in (overrides or {}).items():
-        raw.setdefault(section, {}).update({k: v for k, v in values.items() if v is not None})
-    return build_space(raw, source=str(path))
+    given = {section: {k: v for k, v in values.items() if v is not None} for section, values in (overrides or {}).items()}
+    merged = {section: dict(values) for section, values in raw.items()}
+    for section, values in given.items():
+        merged.setdefault(section, {}).update(values)
+    try:
+        return build_space(merged, source=str(path))
+    except SpaceError as e:
+        if e.section is None or not given.get(e.section):
+            raise
+        try:  # the file alone is fine: the section's flags are to blame, not the file
+            build_space(raw, source=str(path))
+        except SpaceError:
+            raise e from None
+        raise SpaceError(f"{_flags(e.section, given[e.section])}: {e.detail}", e.section, e.detail) from None
 
 
 def build_space(raw: Mapping[str, Any], source: str = "") -> SpaceConfig:
@@ -76,7 +100,7 @@ def build_space(raw: Mapping[str, Any], source: str = "") -> SpaceConfig:
         try:
             parts[attr] = dataclasses.replace(getattr(defaults, attr), **kwargs)
         except (TypeError, ValueError) as e:
-            raise SpaceError(f"[{section}] of {source or 'space'}: {e}") from None
+            raise SpaceError(f"[{section}] of {source or 'space'}: {e}", section, str(e)) from None
     space = SpaceConfig(source=source, **parts)
     validate_space(space)
     return space

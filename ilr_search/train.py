@@ -125,8 +125,10 @@ def host_values(t: torch.Tensor) -> list[float]:
 
 def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData, cfg: TrainConfig,
                 on_eval: OnEval | None = None, on_step: OnStep | None = None,
-                checkpoint_path: Path | None = None) -> TrainResult:
-    """Train `schedule` for cfg.steps steps; never raises for a diverging run (status `diverged`)."""
+                checkpoint_path: Path | None = None,
+                on_trained: Callable[[ILRTransformer], None] | None = None) -> TrainResult:
+    """Train `schedule` for cfg.steps steps; never raises for a diverging run (status `diverged`).
+    `on_trained` receives the trained model at the end (`train --save` keeps it)."""
     from .checkpoint import load_checkpoint, save_checkpoint
 
     data.check_window(model_cfg.seq_len)
@@ -204,6 +206,8 @@ def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData
         if checkpoint_due:
             save_checkpoint(checkpoint_path, model, optimizer, step, curve)
     seconds = time.perf_counter() - t0
+    if on_trained is not None:
+        on_trained(model)
     steps_run = step if status != "diverged" else step - 1
     last = curve[-1] if curve else EvalPoint(0, 0, math.nan, math.nan, math.nan)
     trained_tokens = (steps_run - start_step) * tokens_per_step

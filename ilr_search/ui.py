@@ -14,6 +14,33 @@ out = Console()
 err = Console(stderr=True)
 
 
+class LazyProgress(Progress):
+    """Progress bars that start drawing at their first task added or updated: a command that fails before any
+    work prints its `error:` line with no blank line before it (a started Progress leaves one on stop)."""
+
+    _wanted = False
+
+    def start(self) -> None:
+        self._wanted = True
+
+    def _draw(self) -> None:
+        if self._wanted and not self.live.is_started:
+            super().start()
+
+    def add_task(self, *args: Any, **kwargs: Any) -> Any:
+        self._draw()
+        return super().add_task(*args, **kwargs)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        self._draw()
+        super().update(*args, **kwargs)
+
+    def stop(self) -> None:
+        self._wanted = False
+        if self.live.is_started:
+            super().stop()
+
+
 def _fmt(x: Any, digits: int = 4) -> str:
     if x is None:
         return "-"
@@ -56,14 +83,40 @@ def with_knobs_column(columns: list[str], rows: list[dict[str, Any]]) -> list[st
     return columns[:at] + ["knobs"] + columns[at:]
 
 
+KEPT_WHOLE = ("reuse_map", "study")  # never wrapped, header included: they are what you copy
+
+
+def fitted_widths(columns: list[str], cells: list[list[str]], width: int) -> list[int | None]:
+    """Column widths that fit the table in `width` by folding headers before values: columns give up room, the
+    most generous first, down to their widest value with at least 4 characters of header per line (knob
+    settings: to 12), then, if that is not enough, to their widest value (knob settings: to 4). Maps and
+    study names never give any; None everywhere when the table fits as it is."""
+    values = [max([1] + [len(row[i]) for row in cells]) for i in range(len(columns))]
+    natural = [max(len(c), v) for c, v in zip(columns, values)]
+    excess = sum(natural) + 3 * len(columns) + 1 - width  # a border and a space either side of each column
+    if excess <= 0:
+        return [None] * len(columns)
+    widths = list(natural)
+    knob_floors = {"knobs": (12, 4)}
+    for level in (0, 1):
+        floors = [natural[i] if c in KEPT_WHOLE else min(natural[i], knob_floors[c][level]) if c in knob_floors
+                  else max(values[i], min(len(c), 4)) if level == 0 else values[i] for i, c in enumerate(columns)]
+        for i in sorted(range(len(columns)), key=lambda i: floors[i] - widths[i]):
+            give = max(0, min(excess, widths[i] - floors[i]))
+            widths[i] -= give
+            excess -= give
+    return list(widths)
+
+
 def rows_table(title: str, rows: list[dict[str, Any]], columns: list[str]) -> None:
     columns = with_knobs_column(columns, rows)
+    cells = [[_fmt(row.get(c)) for c in columns] for row in rows]
     table = Table(title=title)
-    for col in columns:
+    for col, width in zip(columns, fitted_widths(columns, cells, out.width)):
         table.add_column(col, justify="right" if col not in ("reuse_map", "knobs", "state", "study") else "left",
-                         overflow="fold")  # names are never cut: they are what you copy
-    for row in rows:
-        table.add_row(*(_fmt(row.get(c)) for c in columns))
+                         overflow="fold", no_wrap=col in KEPT_WHOLE, width=width)
+    for row in cells:
+        table.add_row(*row)
     out.print(table)
 
 
@@ -73,7 +126,7 @@ def step_progress(enabled: bool = True, total: int | None = None, description: s
     if not enabled:
         yield None
         return
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+    progress = LazyProgress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), TextColumn("eta"),
                         TimeRemainingColumn(), console=err, transient=True)
     task = progress.add_task(description, total=total, loss="-")
@@ -94,7 +147,7 @@ class RichReporter:
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        self.progress = LazyProgress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("eta"),
                                  TimeRemainingColumn(), console=err, disable=not enabled)
         self.study_task = None

@@ -90,6 +90,7 @@ def test_html_is_self_contained_with_every_point(pruned_study, cli, tmp_path):
         if t.user_attrs.get("reuse_map"):
             assert f"trial {t.number} (" in html  # every trial, complete, pruned or failed, is in the hover text
     assert "Pareto front" in html and "baseline" in html and "layer importance" in html
+    assert '"responsive": true' in html  # the figure takes the page's width
 
 
 @pytest.mark.parametrize("suffix", ["csv", "parquet"])

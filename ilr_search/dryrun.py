@@ -1,0 +1,203 @@
+"""`run --dry-run`: the plan of a study (name, trials, references, pruning rungs, storage, space) and an estimate of
+its time from a short timed probe of the cheapest and the costliest schedule. It writes nothing: no storage,
+no study, no token cache (the probe trains on random tokens: a step's time does not depend on their values),
+no checkpoint."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .config import ModelConfig, SpaceConfig
+from .data import TokenData, TokenSplit, cache_key, cache_root
+from .errors import UserInputError
+from .flops import flops_ratio
+from .results import has_result
+from .schedule import format_reuse_map, reuse_map_schedule
+from .search.maps import repair_to_budget
+from .search.plan import StudyPlan, adopt_stored_dtype, check_resume, plan_study, stored_study
+from .search.pruners import pruner_settings
+from .search.run import ReferenceRun, reference_runs
+from .search.samplers import sampler_settings
+from .space import validate_space
+from .storage import open_storage, parse_storage
+from .train import resolve_compile, resolve_device, train_proxy
+
+PROBE_STEPS = 8  # timed steps per probed schedule, after one untimed first step
+PROBE_TOKENS = 1 << 16  # random tokens per split of the probe's data
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One probed schedule: seconds per training step and per evaluation, measured on this machine."""
+
+    label: str
+    reuse_map: list[int]
+    layer_runs: int
+    seconds_per_step: float
+    seconds_per_eval: float
+
+
+def random_tokens(vocab_size: int, seq_len: int, seed: int = 0) -> TokenData:
+    """In-memory random token ids (nothing is read or cached): for timing only."""
+    rng = np.random.default_rng(seed)
+    n = max(PROBE_TOKENS, 4 * (seq_len + 1))
+    splits = [TokenSplit(rng.integers(0, vocab_size, size=n, dtype=np.int64), None) for _ in range(2)]
+    meta = {"tokens": {"train": n, "val": n}, "corpus": {"corpus": "random tokens (probe)"}, "vocab_size": vocab_size}
+    return TokenData(splits[0], splits[1], vocab_size, meta, Path("."), built=False)
+
+
+def probe_schedule(space: SpaceConfig, model: ModelConfig, reuse_map: list[int], label: str, dtype: str,
+                   data: TokenData) -> Probe:
+    """Seconds per step (the difference of a 1-step and a (1 + PROBE_STEPS)-step run, so the first step's setup
+    is not counted) and per evaluation, uncompiled."""
+    schedule = reuse_map_schedule(reuse_map)
+    base = dataclasses.replace(space.train, dtype=dtype, compile=False, eval_fractions=(1.0,), checkpoint_every=0)
+    short = train_proxy(model, schedule, data, dataclasses.replace(base, steps=1))
+    long = train_proxy(model, schedule, data, dataclasses.replace(base, steps=1 + PROBE_STEPS))
+    step_seconds = ((long.train_seconds - long.eval_seconds) - (short.train_seconds - short.eval_seconds)) / PROBE_STEPS
+    return Probe(label, reuse_map, len(schedule), max(step_seconds, 0.0), (short.eval_seconds + long.eval_seconds) / 2)
+
+
+def costliest_map(n_layers: int, max_reuse: int, max_layer_runs: int) -> list[int]:
+    """The deepest map the budget pays for (every layer at max_reuse, repaired to the budget)."""
+    return repair_to_budget([max_reuse] * n_layers, max_layer_runs)
+
+
+def dry_run_report(space: SpaceConfig, budget: str, study_name: str | None = None, storage: str | None = None,
+                   n_trials: int | None = None, sampler: str | None = None, pruner: str | None = None,
+                   workers: int = 1, probe: bool = True) -> dict[str, Any]:
+    """The `run --dry-run` report: what the run would do, and how long its training would take without pruning
+    or a map trained twice. Bad input raises as `run` would; nothing is written."""
+    spec = parse_storage(storage)
+    if n_trials is not None and n_trials <= 0:
+        raise UserInputError(f"--n-trials must be a positive number of trials, got {n_trials}")
+    search = dataclasses.replace(space.search, **{k: v for k, v in (("sampler", sampler), ("pruner", pruner)) if v})
+    space = dataclasses.replace(space, search=search)
+    validate_space(space)
+    plan = plan_study(space, budget, study_name)
+    existing = open_storage(spec, heartbeat=False) if spec.exists() else None
+    if existing is not None and space.train.dtype == "auto":
+        plan = adopt_stored_dtype(existing, plan)
+    check_resume(existing, spec, plan, sampler, pruner)
+    study = stored_study(existing, plan.name)
+    trials = study.get_trials(deepcopy=False) if study is not None else []
+    finished = sum(has_result(t) for t in trials)
+    target = n_trials or space.search.n_trials
+    refs = reference_runs(plan, trials)
+    names = [r.name for r in refs] + (["second_seed"] if space.search.noise_seeds and not any(
+        r.name == "second_seed" for r in refs) else [])  # the best recurrent map at a second seed, once known
+    done_refs = [n for n in names if study is not None and f"ilr:reference:{n}" in study.user_attrs]
+    max_runs = plan.budget.max_layer_runs(plan.model)
+    n_layers = plan.model.n_layers
+    costly = costliest_map(n_layers, space.search.max_reuse, max_runs)
+    device = resolve_device(space.train.device)
+    cache = cache_root() / f"tokens-{cache_key(space.data, space.data.max_train_tokens)}"
+    report: dict[str, Any] = {
+        "dry_run": True,
+        "study": plan.name,
+        "resume": study is not None,
+        "n_trials": target,
+        "finished_trials": finished,
+        "trials_to_train": max(0, target - finished),
+        "references": names,
+        "references_to_train": [n for n in names if n not in done_refs],
+        "sampler": sampler_settings(space.search.sampler, space.train.seed, n_layers, space.search.max_reuse).name,
+        "pruner": space.search.pruner,
+        "pruning_rungs": list(pruner_settings(space).rungs) if space.search.pruner != "none" else [],
+        "objective": space.search.objective,
+        "budget": {"text": plan.budget.text, "ratio": plan.budget.ratio, "max_layer_runs": max_runs},
+        "storage": spec.masked,
+        "storage_exists": spec.exists(),
+        "space": space.source,
+        "model": {"layers": n_layers, "d_model": plan.model.d_model, "heads": plan.model.n_heads,
+                  "seq_len": plan.model.seq_len, "pe": plan.model.pe, "vocab_size": plan.model.vocab_size},
+        "data": {"corpus": space.data.corpus, "tokenizer": space.data.tokenizer,
+                 "tokens_cached": (cache / "meta.json").exists() if not space.data.corpus.startswith("hf:") else None},
+        "train": {"steps": space.train.steps, "batch_size": space.train.batch_size, "lr": space.train.lr,
+                  "eval_steps": space.train.eval_steps, "device": str(device), "dtype": plan.dtype,
+                  "compile": resolve_compile(space.train.compile, device)},
+        "knobs": list(space.search.knobs),
+        "workers": workers,
+    }
+    if probe:
+        report |= estimate(space, plan, costly, refs, report["trials_to_train"], done_refs, workers)
+    return report
+
+
+def estimate(space: SpaceConfig, plan: StudyPlan, costly: list[int], refs: list[ReferenceRun], trials_to_train: int,
+             done_refs: list[str], workers: int) -> dict[str, Any]:
+    """Time per schedule as a line through the probed cheapest and costliest schedules (per layer run), applied
+    to an average sampled map (half-way), each reference and each evaluation."""
+    n_layers = plan.model.n_layers
+    data = random_tokens(plan.model.vocab_size, plan.model.seq_len)
+    baseline = probe_schedule(space, plan.model, [1] * n_layers, "baseline", plan.dtype, data)
+    costliest = probe_schedule(space, plan.model, costly, "costliest", plan.dtype, data)
+    span = max(1, costliest.layer_runs - baseline.layer_runs)
+
+    def proxy_seconds(layer_runs: float) -> float:
+        at = (layer_runs - baseline.layer_runs) / span
+        step = baseline.seconds_per_step + at * (costliest.seconds_per_step - baseline.seconds_per_step)
+        evaluation = baseline.seconds_per_eval + at * (costliest.seconds_per_eval - baseline.seconds_per_eval)
+        return space.train.steps * step + len(space.train.eval_steps) * evaluation
+
+    mid_runs = (baseline.layer_runs + costliest.layer_runs) / 2
+    trial_seconds = proxy_seconds(mid_runs)
+    ref_seconds = sum(proxy_seconds(mid_runs if r.name == "second_seed" else len(r.schedule))
+                      for r in refs if r.name not in done_refs)
+    if space.search.noise_seeds and "second_seed" not in done_refs and not any(r.name == "second_seed" for r in refs):
+        ref_seconds += proxy_seconds(mid_runs)
+    total = trials_to_train * trial_seconds / max(1, workers) + ref_seconds
+    return {"probe": [dataclasses.asdict(baseline), dataclasses.asdict(costliest)],
+            "probe_flops_ratios": [flops_ratio(plan.model, reuse_map_schedule(p.reuse_map)) for p in (baseline, costliest)],
+            "estimated_trial_seconds": trial_seconds, "estimated_reference_seconds": ref_seconds,
+            "estimated_seconds": total,
+            "estimate_note": "no pruning and no repeated map assumed (both shorten a run); an average trial is "
+                             "taken half-way between the baseline and the costliest map; start-up, storage writes, "
+                             "tokenizing an uncached corpus, layer compilation and a changing machine load are not "
+                             "counted"
+                             + (f"; {workers} workers are assumed to share the device without slowing each other"
+                                if workers > 1 else "")}
+
+
+def print_plan(report: dict[str, Any]) -> None:
+    from . import ui
+
+    rows = {
+        "study": report["study"] + (f" (resume: {report['finished_trials']} of {report['n_trials']} trials finished)"
+                                    if report["resume"] else " (new)"),
+        "trials to train": f"{report['trials_to_train']} (target {report['n_trials']})",
+        "references": ", ".join(report["references_to_train"]) or "none",
+        "sampler": report["sampler"],
+        "pruner": report["pruner"] + (f" at steps {', '.join(map(str, report['pruning_rungs']))}"
+                                      if report["pruning_rungs"] else ""),
+        "objective": report["objective"],
+        "budget": f"{report['budget']['text']} (at most {report['budget']['max_layer_runs']} layer runs)",
+        "storage": report["storage"] + ("" if report["storage_exists"] else " (would be created)"),
+        "space": report["space"],
+        "model": ", ".join(f"{k} {v}" for k, v in report["model"].items()),
+        "data": f"{report['data']['corpus']}, {report['data']['tokenizer']}"
+                + {True: " (tokens cached)", False: " (would be tokenized first)", None: ""}[report["data"]["tokens_cached"]],
+        "train": f"{report['train']['steps']} steps, batch {report['train']['batch_size']}, lr {report['train']['lr']:g}, "
+                 f"{report['train']['device']} {report['train']['dtype']}, evaluations at {report['train']['eval_steps']}",
+    }
+    if report.get("knobs"):
+        rows["knobs"] = ", ".join(report["knobs"])
+    if "estimated_seconds" in report:
+        for p in report["probe"]:
+            rows[f"probe {p['label']}"] = (f"map {format_reuse_map(p['reuse_map'])}: {p['seconds_per_step'] * 1000:.1f} ms/step, "
+                                           f"{p['seconds_per_eval'] * 1000:.0f} ms/evaluation")
+        rows["per trial"] = _duration(report["estimated_trial_seconds"])
+        rows["estimated time"] = f"{_duration(report['estimated_seconds'])} ({report['estimate_note']})"
+    ui.key_value_table("dry run: nothing was written", rows)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h {m:02d}m {s:02d}s" if h else f"{m}m {s:02d}s"

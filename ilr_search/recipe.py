@@ -1,0 +1,343 @@
+"""The winner, to full scale: one map of a study with everything needed to train it elsewhere (`recipe`), the
+same map trained again with the study's stored settings (`train --from-study`), and a trained model saved as
+safetensors with a config JSON (`train --save`) and loaded back (`load_trained`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+import torch
+from optuna.trial import FrozenTrial
+
+from .config import DataConfig, ModelConfig, SpaceConfig, TrainConfig
+from .data import check_vocab, load_space_tokens, model_config
+from .errors import UserInputError
+from .flops import flops_ratio
+from .knobs import KnobValue, config_key, format_knobs, parse_knob_settings, with_knobs
+from .model import ILRTransformer, param_count
+from .results import finite_or_none, references, study_front, trained_trials
+from .schedule import block_schedule, format_reuse_map, parse_reuse_map, reuse_map_schedule
+from .search.plan import CONFIG_ATTR
+from .search.studies import open_study
+from .storage import open_store, parse_storage
+from .train import OnStep, TrainResult, train_proxy
+
+RECIPE_FORMATS = (".toml", ".json")
+SAVED_FORMAT = "ilr-search trained model, version 1"
+# What `model` means, for another codebase (model.py is the reference; its docstring details the knobs).
+ARCHITECTURE = ("LLaMA-style pre-norm decoder without biases: token embedding (plus learned positions if pe = "
+                "learned), per layer x += attn(RMSNorm(x)) with causal multi-head attention and the pe (rope, alibi "
+                "or none), then x += SwiGLU(RMSNorm(x)) with hidden size round(mlp_ratio * d_model); a final RMSNorm "
+                "and an output head tied to the token embedding. Layers run in `schedule` order (layer i runs "
+                "reuse_map[i] times in a row; blockK runs the stack K times). Init: normal(0.02), residual "
+                "projections (attn proj, MLP down) normal(0.02 / sqrt(2 * (init_depth or n_layers))), norm gains 1.")
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+
+
+@dataclass(frozen=True)
+class MapChoice:
+    """A map as `--map` names it: a reuse map with its knob settings, or block recurrence K (`blockK`)."""
+
+    reuse_map: list[int]
+    schedule: list[int]
+    knobs: dict[str, KnobValue] = field(default_factory=dict)
+    block: int | None = None
+
+    @property
+    def key(self) -> str:
+        """The study's key of the map (`2,1,1,1`, `2,1,1,1|injection=add`), or `blockK`."""
+        return f"block{self.block}" if self.block else config_key(format_reuse_map(self.reuse_map), self.knobs)
+
+
+def parse_map(text: str, n_layers: int) -> MapChoice:
+    """`2,1,1,1`, `2,1,1,1|injection=add` (knobs as `train --knobs` takes them) or `block2`."""
+    text = text.strip()
+    if text.startswith("block"):
+        try:
+            k = int(text[len("block"):])
+        except ValueError:
+            raise UserInputError(f"--map {text!r}: block recurrence is blockK with K a whole number, e.g. block2") from None
+        return MapChoice([k] * n_layers, block_schedule(n_layers, k), {}, k)
+    counts, _, knob_text = text.partition("|")
+    reuse_map = parse_reuse_map(counts, n_layers)
+    try:
+        knobs = parse_knob_settings(knob_text)
+    except ValueError as e:
+        raise UserInputError(f"--map {text!r}: {e}") from None
+    return MapChoice(reuse_map, reuse_map_schedule(reuse_map), knobs)
+
+
+@dataclass(frozen=True)
+class StudySettingsView:
+    """A stored study's configuration as the trainer takes it."""
+
+    study: optuna.Study
+    space: SpaceConfig  # model, data and train settings as stored (steps: the proxy's)
+    init_depth: int  # the depth_init knob's depth (the deepest schedule the study's budget pays for)
+    budget: dict[str, Any]
+
+    def model(self, knobs: dict[str, KnobValue]) -> ModelConfig:
+        """The study's model with these knob settings (as its trials and audit build it)."""
+        return with_knobs(model_config(self.space), knobs, self.init_depth)
+
+
+def load_study_settings(study_name: str, storage: str | None) -> StudySettingsView:
+    """The stored settings of an ilr-search study; one-line errors for a missing or foreign study."""
+    from .audit import stored_space
+
+    study = open_study(parse_storage(storage), study_name)
+    config = study.user_attrs.get(CONFIG_ATTR)
+    if config is None:
+        raise UserInputError(f"study {study_name!r} was not made by ilr-search; it has no stored settings")
+    space = stored_space(study, int(config["train"]["steps"]))
+    return StudySettingsView(study, space, int(config.get("search", {}).get("init_depth", 0)), dict(config["budget"]))
+
+
+def _trained_by_key(trials: list[FrozenTrial]) -> dict[str, FrozenTrial]:
+    return {t.user_attrs["map_key"]: t for t in sorted(trained_trials(trials), key=lambda t: -t.number)}
+
+
+def choose_map(view: StudySettingsView, map_text: str | None, trained_only: bool) -> tuple[MapChoice, str]:
+    """The map `--map` names (default: the front's complete map of lowest perplexity) and a line saying which.
+    `trained_only`: the map must have a result in the study (a trial, or a block reference)."""
+    trials = view.study.get_trials(deepcopy=False)
+    n_layers = view.space.model.n_layers
+    if map_text is None:
+        front = study_front(trials)
+        if not front:
+            raise UserInputError(f"study {view.study.study_name!r} has no complete trial yet; give --map or run it first")
+        best = min(front, key=lambda p: (p["val_ppl"], p["flops_ratio"]))
+        by_number = {t.number: t for t in trials}
+        choice = MapChoice(list(best["reuse_map"]), reuse_map_schedule(best["reuse_map"]),
+                           dict(by_number[best["trial"]].user_attrs.get("knobs", {})))
+        return choice, (f"map {choice.key} (trial {best['trial']}): the front's complete map of lowest perplexity "
+                        f"({best['val_ppl']:.4g}); --map chooses another")
+    choice = parse_map(map_text, n_layers)
+    if not trained_only:
+        return choice, f"map {choice.key}"
+    if choice.block:
+        if f"block{choice.block}" not in references(view.study):
+            raise UserInputError(f"--map {map_text!r}: study {view.study.study_name!r} has no block{choice.block} "
+                                 "reference run; give a map it trained (ilr-search trials lists them)")
+        return choice, f"map {choice.key} (reference run)"
+    trained = _trained_by_key(trials)
+    if choice.key in trained:
+        return choice, f"map {choice.key} (trial {trained[choice.key].number})"
+    if "|" not in map_text:  # a plain map names the one trained knob setting of that map
+        same = [k for k in trained if k.split("|")[0] == choice.key]
+        if len(same) == 1:
+            t = trained[same[0]]
+            choice = dataclasses.replace(choice, knobs=dict(t.user_attrs.get("knobs", {})))
+            return choice, f"map {choice.key} (trial {t.number})"
+        if len(same) > 1:
+            raise UserInputError(f"--map {map_text!r}: study {view.study.study_name!r} trained it with several knob "
+                                 f"settings ({', '.join(same)}); give one of them")
+    raise UserInputError(f"--map {map_text!r}: study {view.study.study_name!r} did not train that map; "
+                         "give one it trained (ilr-search trials lists them)")
+
+
+def measured_results(view: StudySettingsView, storage: str | None, choice: MapChoice) -> dict[str, Any]:
+    """What the study measured for the map: its proxy result, its audit rows (longer retrainings), the
+    second-seed reference where it is that map, and a prediction (none: ilr-search makes no extrapolation yet)."""
+    study = view.study
+    refs = references(study)
+    proxy: dict[str, Any] | None = None
+    if choice.block:
+        ref = refs.get(f"block{choice.block}", {})
+        proxy = {"kind": "reference", "steps": ref.get("steps"), "val_ppl": ref.get("val_ppl"),
+                 "val_bpb": ref.get("val_bpb"), "status": ref.get("status")}
+    else:
+        t = _trained_by_key(study.get_trials(deepcopy=False)).get(choice.key)
+        if t is not None:
+            a = t.user_attrs
+            proxy = {"kind": "trial", "trial": t.number, "state": t.state.name, "steps": a.get("steps"),
+                     "val_ppl": a.get("val_ppl"), "val_bpb": a.get("val_bpb"), "pruned_at_step": a.get("pruned_at_step")}
+    audits = []
+    store = open_store(parse_storage(storage), study.study_name, read_only=True, storage=study._storage)
+    for row in store.audit_rows():
+        if row.job.map_key == choice.key and row.state in ("complete", "failed"):
+            audits.append({"factor": float(row.job.factor), "seed": row.job.seed, "steps": row.steps,
+                           "state": row.state, "val_ppl": row.val_ppl, "val_bpb": row.val_bpb})
+    second = refs.get("second_seed")
+    second_seed = None
+    if second and second.get("reuse_map") == choice.reuse_map and second.get("knobs", {}) == choice.knobs and not choice.block:
+        second_seed = {"seed": second.get("seed"), "steps": second.get("steps"), "val_ppl": second.get("val_ppl"),
+                       "val_bpb": second.get("val_bpb")}
+    return {"proxy": proxy, "audits": audits, "second_seed": second_seed, "prediction": None}
+
+
+def _plain(obj: Any) -> Any:
+    """Tuples as lists, for JSON and TOML."""
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    return obj
+
+
+def study_recipe(study_name: str, storage: str | None = None, map_text: str | None = None,
+                 on_choice: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """`ilr-search recipe`: the model config, map, schedule, knobs, training and data settings, and measured
+    perplexities of one trained map of a study (default: the front's map of lowest perplexity)."""
+    view = load_study_settings(study_name, storage)
+    choice, why = choose_map(view, map_text, trained_only=True)
+    if on_choice is not None:
+        on_choice(why)
+    model = view.model(choice.knobs)
+    train = view.space.train
+    return {
+        "study": study_name,
+        "map": choice.key,
+        "reuse_map": choice.reuse_map,
+        "block": choice.block,
+        "schedule": choice.schedule,
+        "knobs": format_knobs(choice.knobs),
+        "flops_ratio": flops_ratio(model, choice.schedule),
+        "params": param_count(model),
+        "budget": view.budget,
+        "architecture": ARCHITECTURE,
+        "model": _plain(dataclasses.asdict(model)),
+        "data": _plain(dataclasses.asdict(view.space.data)),
+        "train": {"steps": train.steps, "batch_size": train.batch_size, "grad_accum": train.grad_accum,
+                  "lr": train.lr, "warmup_frac": train.warmup_frac, "min_lr_frac": train.min_lr_frac,
+                  "weight_decay": train.weight_decay, "grad_clip": train.grad_clip,
+                  "eval_fractions": list(train.eval_fractions), "eval_windows": train.eval_windows,
+                  "seed": train.seed, "dtype": train.dtype, "tokens_per_step": train.tokens(model.seq_len) // train.steps,
+                  "optimizer": "AdamW(betas=(0.9, 0.95)); weight decay on matrices only",
+                  "lr_schedule": "linear warmup over warmup_frac of the steps, then cosine to min_lr_frac * lr"},
+        "measured": measured_results(view, storage, choice),
+        "train_command": f"ilr-search train --from-study {study_name} --map '{choice.key}' --steps N --save DIR",
+    }
+
+
+def without_none(obj: Any) -> Any:
+    """TOML has no null: keys whose value is None are left out."""
+    if isinstance(obj, dict):
+        return {k: without_none(v) for k, v in obj.items() if v is not None}
+    if isinstance(obj, list):
+        return [without_none(v) for v in obj]
+    return obj
+
+
+def recipe_text(recipe: dict[str, Any], suffix: str) -> str:
+    if suffix == ".json":
+        return json.dumps(recipe, indent=2) + "\n"
+    import tomli_w
+
+    text = tomli_w.dumps(without_none(recipe))
+    return text if text.endswith("\n") else text + "\n"
+
+
+def write_recipe(recipe: dict[str, Any], out: Path) -> None:
+    from .report import _atomic_write
+
+    text = recipe_text(recipe, out.suffix.lower())
+    _atomic_write(out, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Training a study's map again, and saving / loading a trained model.
+
+def check_save_dir(save: Path) -> Path:
+    """A folder `train --save` can write (created only after training); refused before any work otherwise."""
+    if save.exists() and not save.is_dir():
+        raise UserInputError(f"--save {str(save)!r} is a file; give a folder")
+    parent = save if save.exists() else next((p for p in save.parents if p.exists()), Path("."))
+    if not os.access(parent, os.W_OK):
+        raise UserInputError(f"--save {str(save)!r}: cannot write in {str(parent)!r}")
+    return save
+
+
+def save_trained(folder: Path, model: ILRTransformer, schedule: list[int], description: dict[str, Any]) -> None:
+    """`model.safetensors` (the weights) and `config.json` (model config, schedule and what `description` adds:
+    map, knobs, training settings, result) in `folder`."""
+    from safetensors.torch import save_model
+
+    folder.mkdir(parents=True, exist_ok=True)
+    save_model(model, str(folder / WEIGHTS_FILE))
+    config = {"format": SAVED_FORMAT, "model": _plain(dataclasses.asdict(model.cfg)), "schedule": list(schedule)}
+    (folder / CONFIG_FILE).write_text(json.dumps(config | description, indent=2) + "\n", encoding="utf-8")
+
+
+@dataclass(frozen=True)
+class TrainedModelFiles:
+    """What `load_trained` reads: the model config, schedule and train settings of a saved model."""
+
+    model: ModelConfig
+    schedule: list[int]
+    train: TrainConfig | None
+    data: DataConfig | None
+
+
+def read_trained_config(folder: str | Path) -> TrainedModelFiles:
+    path = Path(folder) / CONFIG_FILE
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserInputError(f"{str(folder)!r} holds no {CONFIG_FILE}; save a model with ilr-search train --save") from None
+    train = config.get("train")
+    train_cfg = TrainConfig(**(train | {"eval_fractions": tuple(train["eval_fractions"])})) if train else None
+    data = DataConfig(**config["data"]) if config.get("data") else None
+    return TrainedModelFiles(ModelConfig(**config["model"]), list(config["schedule"]), train_cfg, data)
+
+
+def load_trained(folder: str | Path, device: str | torch.device = "cpu") -> tuple[ILRTransformer, list[int]]:
+    """The model `train --save DIR` saved, with its weights, in eval mode, and the schedule it was trained with."""
+    from safetensors.torch import load_model
+
+    files = read_trained_config(folder)
+    model = ILRTransformer(files.model)
+    load_model(model, str(Path(folder) / WEIGHTS_FILE), device=str(device))
+    return model.to(device).eval(), files.schedule
+
+
+def train_from_study(study_name: str, storage: str | None, map_text: str | None, steps: int | None,
+                     train_overrides: dict[str, Any], on_step: OnStep | None = None,
+                     save: Path | None = None, on_choice: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """`train --from-study`: train a map (default: the study's best front map) with the study's stored model,
+    data and training settings, at `steps` steps (default: the proxy's), optionally saving the model."""
+    from .api import train_result_dict
+
+    view = load_study_settings(study_name, storage)
+    choice, why = choose_map(view, map_text, trained_only=False)
+    if steps is not None and steps < 1:
+        raise UserInputError(f"--steps must be at least 1, got {steps}")
+    if save is not None:
+        check_save_dir(save)
+    if on_choice is not None:
+        on_choice(why)
+    train_cfg = dataclasses.replace(view.space.train, steps=steps or view.space.train.steps,
+                                    **{k: v for k, v in train_overrides.items() if v is not None})
+    space = dataclasses.replace(view.space, train=train_cfg)
+    model_cfg = view.model(choice.knobs)
+    data = load_space_tokens(space)
+    check_vocab(model_cfg, data.vocab_size)
+    result = train_and_save(model_cfg, choice, data, space, on_step, save, {"study": study_name})
+    return train_result_dict(model_cfg, choice.reuse_map, result, choice.block) | {
+        "knobs": format_knobs(choice.knobs), "study": study_name, "map": choice.key,
+        "saved": str(save) if save is not None else None}
+
+
+def train_and_save(model_cfg: ModelConfig, choice: MapChoice, data: Any, space: SpaceConfig, on_step: OnStep | None,
+                   save: Path | None, extra: dict[str, Any] | None = None) -> TrainResult:
+    """Train the map; with `save`, write the trained model and its config there."""
+    kept: list[ILRTransformer] = []
+    result = train_proxy(model_cfg, choice.schedule, data, space.train, on_step=on_step,
+                         on_trained=kept.append if save is not None else None)
+    if save is not None:
+        save_trained(save, kept[0].to("cpu"), choice.schedule, (extra or {}) | {
+            "map": choice.key, "reuse_map": choice.reuse_map, "block": choice.block,
+            "knobs": format_knobs(choice.knobs), "train": _plain(dataclasses.asdict(space.train)),
+            "data": _plain(dataclasses.asdict(space.data)),
+            "result": {"status": result.status, "steps": result.steps, "tokens": result.tokens,
+                       "val_loss": finite_or_none(result.val_loss), "val_ppl": finite_or_none(result.val_ppl),
+                       "val_bpb": finite_or_none(result.val_bpb)}})
+    return result

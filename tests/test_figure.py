@@ -1,0 +1,64 @@
+"""The Pareto figure, readable: pruned trials off the perplexity axis (in a strip at their step), the axis fitted
+to the complete trials, points at one FLOP ratio spread with hover for the map, labels that do not overlap, and
+a width that follows the page."""
+
+from ilr_search.plots import label_positions, pareto_figure
+
+
+def _row(trial, state, reuse_map, ratio, ppl, pruned_at=None):
+    return {"trial": trial, "state": state, "reuse_map": reuse_map, "knobs": None, "flops_ratio": ratio,
+            "val_ppl": ppl if state == "COMPLETE" else None, "val_bpb": None, "plot_ppl": ppl,
+            "pruned_at_step": pruned_at, "reason": None}
+
+
+def _rows():
+    same_ratio = [[2, 1, 1, 1, 2, 1, 1, 1], [1, 2, 1, 1, 1, 2, 1, 1], [1, 1, 2, 2, 1, 1, 1, 1], [3, 1, 1, 1, 1, 1, 1, 1],
+                  [1, 3, 1, 1, 1, 1, 1, 1], [1, 1, 3, 1, 1, 1, 1, 1], [1, 1, 1, 3, 1, 1, 1, 1], [1, 1, 1, 1, 3, 1, 1, 1]]
+    rows = [_row(0, "COMPLETE", [1] * 8, 1.0, 6.1)]
+    rows += [_row(1 + i, "COMPLETE", m, 1.476, 5.8 + 0.05 * i) for i, m in enumerate(same_ratio)]
+    rows += [_row(9, "PRUNED", [4, 1, 1, 1, 1, 1, 1, 1], 1.476, 14.9, 125),
+             _row(10, "PRUNED", [1, 4, 1, 1, 1, 1, 1, 1], 1.476, 15.1, 125),
+             _row(11, "FAIL", [1, 1, 4, 1, 1, 1, 1, 1], 1.3, None)]
+    return rows
+
+
+def _trace(fig, name):
+    return next(t for t in fig.data if t.name and t.name.startswith(name))
+
+
+def test_pruned_trials_are_apart_and_the_axis_fits_the_complete_ones():
+    rows = _rows()
+    fig = pareto_figure("s", rows, [], {"spread": 0.1, "min_ppl": 6.05, "max_ppl": 6.15, "n_seeds": 3})
+    low, high = fig.layout.yaxis.range
+    complete = [r["plot_ppl"] for r in rows if r["state"] == "COMPLETE"]
+    assert low <= min(complete) and max(complete) <= high < 14.9
+    pruned = _trace(fig, "pruned")
+    assert pruned.yaxis != "y" and set(pruned.y) == {"pruned at step 125"}
+    assert _trace(fig, "failed").y == ("failed",)
+    assert all("pruned at step 125" in h for h in pruned.hovertext)
+    assert not any(a.text and "spread" in a.text for a in fig.layout.annotations)  # the band is in the legend
+
+
+def test_points_at_one_flop_ratio_are_spread_with_the_map_in_the_hover():
+    fig = pareto_figure("s", _rows(), [], None)
+    complete = _trace(fig, "complete")
+    at_ratio = [x for x, h in zip(complete.x, complete.hovertext) if "FLOP ratio 1.476" in h]
+    assert len(at_ratio) == 8 == len(set(at_ratio))
+    assert all(abs(x - 1.476) < 0.05 for x in at_ratio)
+    assert any("map 3,1,1,1,1,1,1,1" in h for h in complete.hovertext)
+    pruned = _trace(fig, "pruned")
+    assert len(set(pruned.x)) == 2  # the two pruned at the same ratio and step
+
+
+def test_the_figure_takes_its_page_width():
+    fig = pareto_figure("s", _rows(), [], None)
+    assert fig.layout.width is None and fig.layout.autosize
+
+
+def test_labels_of_close_points_take_places_that_do_not_overlap():
+    points = [(55.8, 17.29), (55.9, 17.32), (56.5, 17.30), (56.7, 17.32), (56.5, 17.22)]
+    labels = ["2,1,1,1", "2,2,1,1", "3,2,1,1", "2,2,2,2", "2,3,1,1"]
+    places = label_positions(points, labels, [55.0, 58.0], [17.1, 17.7])
+    assert len(set(places[:2])) == 2 and len(set(places[2:4])) == 2  # close neighbours are labelled apart
+    assert all(p in ("top center", "bottom center", "middle right", "middle left", "top right", "bottom left",
+                     "top left", "bottom right") for p in places)
