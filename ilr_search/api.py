@@ -10,13 +10,12 @@ from typing import Any
 from .config import ModelConfig, SpaceConfig
 from .data import check_vocab, load_space_tokens, model_config
 from .errors import UserInputError
-from .flops import describe, flops_ratio
+from .flops import describe
 from .knobs import format_knobs, knob_params, knobs_of, parse_knob_settings, with_knobs
 from .model import ILRTransformer, param_count, repeat_indices
-from .results import finite_or_none
 from .schedule import resolve_schedule
 from .space import load_space
-from .train import OnStep, TrainResult
+from .train import OnStep
 
 
 Overrides = Mapping[str, Mapping[str, Any]]
@@ -46,40 +45,13 @@ def flops_report(space: str | Path | None = None, overrides: Overrides | None = 
     return report | {"knobs": format_knobs(knobs_of(cfg)), "knob_params": knob_params(cfg)}
 
 
-def train_result_dict(cfg: ModelConfig, counts: Sequence[int], result: TrainResult,
-                      block: int | None = None) -> dict[str, Any]:
-    report = {
-        "reuse_map": list(counts),
-        "params": result.params,
-        "flops_ratio": flops_ratio(cfg, result.schedule),
-        "steps": result.steps,
-        "tokens": result.tokens,
-        "val_loss": finite_or_none(result.val_loss),
-        "val_ppl": finite_or_none(result.val_ppl),
-        "val_bpb": finite_or_none(result.val_bpb),
-        "train_seconds": result.train_seconds,
-        "tokens_per_second": result.tokens_per_second,
-        "status": result.status,
-        "curve": result.curve_dicts(),
-        "schedule": result.schedule,
-        "reason": result.reason,
-        "data_seconds": result.data_seconds,
-        "eval_seconds": result.eval_seconds,
-        "device": result.device,
-        "dtype": result.dtype,
-    }
-    if block is not None:
-        report["block"] = block
-    return report
-
-
 def train_report(space: str | Path | None = None, overrides: Overrides | None = None,
                  reuse_map: str | Sequence[int] | None = None, block: int | None = None,
                  on_step: OnStep | None = None, knobs: str | None = None,
                  save: str | Path | None = None) -> dict[str, Any]:
     """`ilr-search train`: train one proxy for a reuse map (or block recurrence) on the configured data; with
     `save`, write the trained model there (`model.safetensors`, `config.json`; `load_trained` reads them)."""
-    from .recipe import MapChoice, check_save_dir, train_and_save
+    from .recipe import MapChoice, check_save_dir, train_and_save, train_result_dict
 
     cfg_space = load_space(space, overrides)
     counts, schedule, block = resolve_schedule(cfg_space.model.n_layers, reuse_map, block)  # before any data work

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
-
 import torch
 
-if TYPE_CHECKING:
-    from .train import EvalPoint
+from .records import EvalPoint
 
 
 def save_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int,
@@ -28,8 +25,6 @@ def save_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
 
 
 def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[int, list[EvalPoint]]:
-    from .train import EvalPoint
-
     state = torch.load(path, map_location="cpu", weights_only=True)
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])

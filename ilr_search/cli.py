@@ -269,9 +269,9 @@ def run(
     space = load_space(opts.space, overrides)
     tracked = tracked_reporter(track, storage, open_uri=not dry_run)
     if dry_run:
-        from .dryrun import dry_run_report, print_plan
+        from .dryrun import dry_run_report
 
-        emit(dry_run_report(space, budget, study, storage, n_trials, sampler, pruner, workers), json_out, print_plan)
+        emit(dry_run_report(space, budget, study, storage, n_trials, sampler, pruner, workers), json_out, ui.print_plan)
         return
     if workers != 1:
         from .workers import RunArgs, run_workers

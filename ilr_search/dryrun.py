@@ -17,7 +17,7 @@ from .data import TokenData, TokenSplit, cache_key, cache_root
 from .errors import UserInputError
 from .flops import flops_ratio
 from .results import has_result
-from .schedule import format_reuse_map, reuse_map_schedule
+from .schedule import reuse_map_schedule
 from .search.maps import repair_to_budget
 from .search.plan import StudyPlan, adopt_stored_dtype, check_resume, plan_study, stored_study
 from .search.pruners import pruner_settings
@@ -162,42 +162,3 @@ def estimate(space: SpaceConfig, plan: StudyPlan, costly: list[int], refs: list[
                              "counted"
                              + (f"; {workers} workers are assumed to share the device without slowing each other"
                                 if workers > 1 else "")}
-
-
-def print_plan(report: dict[str, Any]) -> None:
-    from . import ui
-
-    rows = {
-        "study": report["study"] + (f" (resume: {report['finished_trials']} of {report['n_trials']} trials finished)"
-                                    if report["resume"] else " (new)"),
-        "trials to train": f"{report['trials_to_train']} (target {report['n_trials']})",
-        "references": ", ".join(report["references_to_train"]) or "none",
-        "sampler": report["sampler"],
-        "pruner": report["pruner"] + (f" at steps {', '.join(map(str, report['pruning_rungs']))}"
-                                      if report["pruning_rungs"] else ""),
-        "objective": report["objective"],
-        "budget": f"{report['budget']['text']} (at most {report['budget']['max_layer_runs']} layer runs)",
-        "storage": report["storage"] + ("" if report["storage_exists"] else " (would be created)"),
-        "space": report["space"],
-        "model": ", ".join(f"{k} {v}" for k, v in report["model"].items()),
-        "data": f"{report['data']['corpus']}, {report['data']['tokenizer']}"
-                + {True: " (tokens cached)", False: " (would be tokenized first)", None: ""}[report["data"]["tokens_cached"]],
-        "train": f"{report['train']['steps']} steps, batch {report['train']['batch_size']}, lr {report['train']['lr']:g}, "
-                 f"{report['train']['device']} {report['train']['dtype']}, evaluations at {report['train']['eval_steps']}",
-    }
-    if report.get("knobs"):
-        rows["knobs"] = ", ".join(report["knobs"])
-    if "estimated_seconds" in report:
-        for p in report["probe"]:
-            rows[f"probe {p['label']}"] = (f"map {format_reuse_map(p['reuse_map'])}: {p['seconds_per_step'] * 1000:.1f} ms/step, "
-                                           f"{p['seconds_per_eval'] * 1000:.0f} ms/evaluation")
-        rows["per trial"] = _duration(report["estimated_trial_seconds"])
-        rows["estimated time"] = f"{_duration(report['estimated_seconds'])} ({report['estimate_note']})"
-    ui.key_value_table("dry run: nothing was written", rows)
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    h, rest = divmod(seconds, 3600)
-    m, s = divmod(rest, 60)
-    return f"{h}h {m:02d}m {s:02d}s" if h else f"{m}m {s:02d}s"

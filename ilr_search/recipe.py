@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -304,7 +304,6 @@ def train_from_study(study_name: str, storage: str | None, map_text: str | None,
                      save: Path | None = None, on_choice: Callable[[str], None] | None = None) -> dict[str, Any]:
     """`train --from-study`: train a map (default: the study's best front map) with the study's stored model,
     data and training settings, at `steps` steps (default: the proxy's), optionally saving the model."""
-    from .api import train_result_dict
 
     view = load_study_settings(study_name, storage)
     choice, why = choose_map(view, map_text, trained_only=False)
@@ -341,3 +340,30 @@ def train_and_save(model_cfg: ModelConfig, choice: MapChoice, data: Any, space: 
                        "val_loss": finite_or_none(result.val_loss), "val_ppl": finite_or_none(result.val_ppl),
                        "val_bpb": finite_or_none(result.val_bpb)}})
     return result
+
+
+def train_result_dict(cfg: ModelConfig, counts: Sequence[int], result: TrainResult,
+                      block: int | None = None) -> dict[str, Any]:
+    report = {
+        "reuse_map": list(counts),
+        "params": result.params,
+        "flops_ratio": flops_ratio(cfg, result.schedule),
+        "steps": result.steps,
+        "tokens": result.tokens,
+        "val_loss": finite_or_none(result.val_loss),
+        "val_ppl": finite_or_none(result.val_ppl),
+        "val_bpb": finite_or_none(result.val_bpb),
+        "train_seconds": result.train_seconds,
+        "tokens_per_second": result.tokens_per_second,
+        "status": result.status,
+        "curve": result.curve_dicts(),
+        "schedule": result.schedule,
+        "reason": result.reason,
+        "data_seconds": result.data_seconds,
+        "eval_seconds": result.eval_seconds,
+        "device": result.device,
+        "dtype": result.dtype,
+    }
+    if block is not None:
+        report["block"] = block
+    return report

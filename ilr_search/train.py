@@ -18,16 +18,8 @@ import zlib
 from .config import ModelConfig, TrainConfig
 from .data import TokenData
 from .device import resolve_compile, resolve_device, resolve_dtype
+from .records import EvalPoint
 from .model import ILRTransformer
-
-
-@dataclass(frozen=True)
-class EvalPoint:
-    step: int
-    tokens: int
-    val_loss: float
-    val_ppl: float
-    val_bpb: float
 
 
 @dataclass

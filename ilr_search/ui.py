@@ -10,6 +10,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from .schedule import format_reuse_map
+
 out = Console()
 err = Console(stderr=True)
 
@@ -306,3 +308,40 @@ def print_pruning_replay(report: dict[str, Any]) -> None:
     out.print(f"pruned {len(report['pruned'])} of {report['n_rows']} maps at rungs {list(report['rungs'])}; "
               f"steps saved {report['steps_saved']} ({report['steps_saved_share']:.1%}); table front "
               f"{', '.join(report['front'])}; front maps lost: {', '.join(report['front_maps_lost']) or 'none'}")
+
+
+def print_plan(report: dict[str, Any]) -> None:
+    rows = {
+        "study": report["study"] + (f" (resume: {report['finished_trials']} of {report['n_trials']} trials finished)"
+                                    if report["resume"] else " (new)"),
+        "trials to train": f"{report['trials_to_train']} (target {report['n_trials']})",
+        "references": ", ".join(report["references_to_train"]) or "none",
+        "sampler": report["sampler"],
+        "pruner": report["pruner"] + (f" at steps {', '.join(map(str, report['pruning_rungs']))}"
+                                      if report["pruning_rungs"] else ""),
+        "objective": report["objective"],
+        "budget": f"{report['budget']['text']} (at most {report['budget']['max_layer_runs']} layer runs)",
+        "storage": report["storage"] + ("" if report["storage_exists"] else " (would be created)"),
+        "space": report["space"],
+        "model": ", ".join(f"{k} {v}" for k, v in report["model"].items()),
+        "data": f"{report['data']['corpus']}, {report['data']['tokenizer']}"
+                + {True: " (tokens cached)", False: " (would be tokenized first)", None: ""}[report["data"]["tokens_cached"]],
+        "train": f"{report['train']['steps']} steps, batch {report['train']['batch_size']}, lr {report['train']['lr']:g}, "
+                 f"{report['train']['device']} {report['train']['dtype']}, evaluations at {report['train']['eval_steps']}",
+    }
+    if report.get("knobs"):
+        rows["knobs"] = ", ".join(report["knobs"])
+    if "estimated_seconds" in report:
+        for p in report["probe"]:
+            rows[f"probe {p['label']}"] = (f"map {format_reuse_map(p['reuse_map'])}: {p['seconds_per_step'] * 1000:.1f} ms/step, "
+                                           f"{p['seconds_per_eval'] * 1000:.0f} ms/evaluation")
+        rows["per trial"] = _duration(report["estimated_trial_seconds"])
+        rows["estimated time"] = f"{_duration(report['estimated_seconds'])} ({report['estimate_note']})"
+    key_value_table("dry run: nothing was written", rows)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h {m:02d}m {s:02d}s" if h else f"{m}m {s:02d}s"

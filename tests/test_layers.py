@@ -1,0 +1,109 @@
+"""The package's import graph, read statically from the source (imports inside functions count too): no circles,
+and arrows only downward through the layers cli -> commands -> search -> {training, data, storage, analysis}
+-> config. A new module must be given its layer here."""
+
+import ast
+from pathlib import Path
+
+from conftest import ROOT
+
+PACKAGE = ROOT / "ilr_search"
+
+LAYERS = {  # higher imports lower (or its own layer), never higher
+    "config": 0, "errors": 0,
+    # training, data, storage and analysis
+    "schedule": 1, "knobs": 1, "flops": 1, "device": 1, "model": 1, "loss": 1, "checkpoint": 1, "train": 1, "records": 1,
+    "fused": 1, "data": 1, "space": 1, "storage": 1,
+    "pareto": 1, "stats": 1, "results": 1, "fidelity": 1, "racing": 1, "plots": 1,
+    "search": 2,
+    # commands: the use cases under the CLI
+    "api": 3, "audit": 3, "report": 3, "bench": 3, "recipe": 3, "dryrun": 3, "tracking": 3, "workers": 3,
+    "ui": 4, "cli": 4, "__main__": 4,
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                for alias in node.names:
+                    candidate = f"{target}.{alias.name}"
+                    deps.add(candidate if candidate in modules else target)
+            elif isinstance(node, ast.Import):
+                deps.update(alias.name for alias in node.names)
+        graph[name] = {d for d in deps if d in modules and d != name}
+    return graph
+
+
+def layer_of(module: str) -> int:
+    top = module.split(".")[1] if "." in module else "__init__"
+    if top == "__init__":
+        return 0
+    assert top in LAYERS, f"{module} has no layer: add it to tests/test_layers.py LAYERS"
+    return LAYERS[top]
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_graph_is_read_from_the_source():
+    graph = import_graph()
+    assert "ilr_search.search.run" in graph["ilr_search.cli"] or "ilr_search.search" in graph["ilr_search.cli"]
+    assert "ilr_search.model" in graph["ilr_search.train"]
+
+
+def test_no_import_circles():
+    assert circles(import_graph()) == []
+
+
+def test_imports_point_down_the_layers_only():
+    upward = [(m, d) for m, deps in import_graph().items() for d in deps
+              if not m.endswith("__init__") and layer_of(d) > layer_of(m)]
+    assert upward == []
+
+
+def test_circle_finder_finds_a_circle():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
