@@ -47,7 +47,7 @@ def build_table(space_path: str | Path, out: str | Path, budget: str = "2x", sto
     path = check_out_path(out, (".parquet", ".csv"))
     if sample is not None and sample < 1:
         raise UserInputError(f"--sample must be at least 1 map, got {sample}")
-    space = load_space(space_path, {"search": {"enqueue_paper_maps": False, "noise_seeds": 0},
+    space = load_space(space_path, {"search": {"enqueue_paper_maps": False, "noise_seeds": 0, "target": 1.0, "race_seeds": 1},
                                     "train": {"steps": steps}})
     plan = plan_study(space, budget, None)
     maps = feasible_maps(plan.model.n_layers, space.search.max_reuse, plan.budget.max_layer_runs(plan.model))

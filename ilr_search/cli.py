@@ -187,13 +187,15 @@ def run(
     objective: Annotated[Optional[str], typer.Option(help="pareto (perplexity and FLOPs) or ppl (budget as a constraint only).")] = None,
     workers: Annotated[int, typer.Option(help="Worker processes on this machine, sharing the study and the device.")] = 1,
     knobs: Annotated[Optional[str], typer.Option(help="Recurrence knobs searched with the map, comma-separated: injection, iteration_encoding, iteration_norms, depth_init. \\[default: from the space, none in the presets]")] = None,
+    target: Annotated[Optional[str], typer.Option(help="The length the verdict is about, a multiple of the proxy's steps: contenders are raced at more seeds and up to this length (1x: seeds only). \\[default: from the space, 4x]")] = None,
     json_out: Json = False,
 ) -> None:
     """Search reuse maps under a FLOP budget; running it again resumes the study."""
-    from .space import load_space
+    from .space import load_space, parse_target
 
     searched = None if knobs is None else [k.strip() for k in knobs.split(",") if k.strip()]
-    overrides = opts.overrides() | {"search": {"objective": objective, "knobs": searched}}
+    factor = None if target is None else parse_target(target)
+    overrides = opts.overrides() | {"search": {"objective": objective, "knobs": searched, "target": factor}}
     space = load_space(opts.space, overrides)
     if workers != 1:
         from .workers import RunArgs, run_workers

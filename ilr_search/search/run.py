@@ -33,6 +33,7 @@ from .objective import SearchRun, TrialDiverged, TrialTakenOver, sweep_stale_jou
 from .plan import (CONFIG_ATTR, FIDELITY_ATTR, SAMPLER_ATTR, StudyPlan, adopt_stored_dtype, canonical_config,
     check_resume, plan_study, safe_name)
 from .progress import RunReporter
+from .race import run_race
 from .pruners import build_pruner, pruner_settings
 from .samplers import build_sampler, sampler_settings
 from .studies import summarize
@@ -176,6 +177,10 @@ def _run_study(space: SpaceConfig, budget: str, study_name: str | None = None, s
                     raise
     if not interrupted and _n_finished(study) >= target:
         train_references(run, reference_share)
+        try:  # contenders at more seeds and longer, until the racing policy has decided (race.py)
+            run_race(plan, study, store, data, reporter, run.checkpoint_root / "audit")
+        except KeyboardInterrupt:  # the run in training was freed for the next attempt; finished ones are kept
+            interrupted = True
     save_current_front(store, study.get_trials(deepcopy=False))
     for folder in (run.checkpoint_root, *run.checkpoint_root.parents[:2]):  # checkpoints go when their trials end
         try:
