@@ -30,7 +30,8 @@ from ..config import ModelConfig, SearchConfig, TrainConfig
 from ..data import TokenData
 from ..flops import flops_ratio
 from ..knobs import KnobValue, config_key, format_knobs
-from ..racing import Evaluation, RaceJob, RaceSettings, RaceState, race_state
+from .. import racing
+from ..racing import Evaluation, RaceJob, RaceSettings, RaceState
 from ..results import REFERENCE_PREFIX, finite_or_none, is_baseline_key, key_reuse_map, trained_trials
 from ..schedule import format_reuse_map, reuse_map_schedule
 from ..storage import AuditJob, AuditRow, Heartbeat, Store, grace_period, heartbeat_interval
@@ -131,7 +132,7 @@ def study_race(trials: Sequence[FrozenTrial], study_attrs: Mapping[str, Any], ro
     settings = race_settings(config)
     results = stored_results(trials, study_attrs, rows)
     baseline = format_reuse_map([1] * int(config["model"]["n_layers"]))
-    return settings, results, race_state([r.evaluation() for r in results], settings, baseline)
+    return settings, results, racing.race_state([r.evaluation() for r in results], settings, baseline)
 
 
 RACE_POINT_FIELDS = ("steps", "seeds", "interval", "confirmed")  # what a race front point adds to a proxy one
