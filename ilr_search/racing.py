@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .pareto import non_dominated, non_dominated_ranks
-from .stats import PairedComparison, paired_comparison, seed_interval
+from .stats import PairedComparison, decision_level, paired_comparison, seed_interval
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,7 @@ def _describe(c: PairedComparison, winner: str, loser: str, steps: int) -> str:
     assert c.interval is not None
     return (f"{winner} better than {loser} at {steps} steps: loss difference {c.mean_diff:+.4f} "
             f"(interval {c.interval[0]:+.4f} to {c.interval[1]:+.4f}) over seeds "
-            f"{','.join(map(str, c.seeds))}, one-sided paired t p={c.p_value:.3g}")
+            f"{','.join(map(str, c.seeds))}, one-sided paired t p={c.p_value:.3g} < {c.alpha:.3g}")
 
 
 def _eliminations(entering: Sequence[str], results: _Results, steps: int, settings: RaceSettings,
@@ -164,7 +164,7 @@ def _rank(keys: Sequence[str], results: _Results, lengths: Sequence[int]) -> lis
 
 def _adjusted(p_values: Sequence[float]) -> list[float]:
     """Benjamini-Hochberg adjusted p-values (scipy.stats.false_discovery_control): a family of claims made at
-    once ("these maps beat the baseline") keeps its expected share of false ones below 1 - confidence."""
+    once ("these maps beat the baseline") keeps its expected share of false ones below the decision level."""
     if not p_values:
         return []
     from scipy.stats import false_discovery_control
@@ -253,7 +253,7 @@ def _front(alive: Sequence[str], results: _Results, steps: int, confidence: floa
     points = []
     for i, k in enumerate(on_front):
         iv = intervals[k]
-        confirmed = iv.n >= 2 and all(enough[(k, c)] and adjusted[(k, c)] < 1 - confidence for c in on_front[:i])
+        confirmed = iv.n >= 2 and all(enough[(k, c)] and adjusted[(k, c)] < decision_level(confidence) for c in on_front[:i])
         points.append(FrontPoint(map_key=k, flops_ratio=results.flops[k], steps=steps,
                                  seeds=tuple(sorted(results.at(k, steps))), val_ppl=iv.val_ppl,
                                  interval=iv.interval_ppl or (0.0, math.inf), confirmed=confirmed))
@@ -277,7 +277,7 @@ def _report(alive: Sequence[str], results: _Results, settings: RaceSettings, bas
                    for k in alive if k != baseline_key}
     keys = sorted(comparisons)
     adjusted = dict(zip(keys, _adjusted([comparisons[k].p_value for k in keys])))
-    better = tuple(sorted((k for k in keys if comparisons[k].n >= 2 and adjusted[k] < 1 - settings.confidence),
+    better = tuple(sorted((k for k in keys if comparisons[k].n >= 2 and adjusted[k] < decision_level(settings.confidence)),
                           key=lambda k: (comparisons[k].mean_diff, k)))
     base_ppl = math.exp(math.fsum(base.values()) / len(base)) if base else math.nan
     if better:
@@ -287,8 +287,8 @@ def _report(alive: Sequence[str], results: _Results, settings: RaceSettings, bas
             c = comparisons[k]
             parts.append(f"{k} {ppl:.4f} ppl vs {base_ppl:.4f} ({ppl - base_ppl:+.4f} ppl, "
                          f"{100 * (ppl / base_ppl - 1):+.2f}%, adjusted p={adjusted[k]:.3g} over {c.n} seeds)")
-        return front, better, (f"{prefix}recurrence beats the baseline at {steps} steps ({pct}% confidence, one-sided "
-                               f"paired t, Benjamini-Hochberg over {len(keys)} maps): " + "; ".join(parts))
+        return front, better, (f"{prefix}recurrence beats the baseline at {steps} steps ({pct}% paired t intervals, "
+                               f"Benjamini-Hochberg over {len(keys)} maps): " + "; ".join(parts))
     n_seeds = len(base)
     text = (f"{prefix}nothing here is distinguishable from the baseline at {steps} steps with {n_seeds} seed"
             f"{'s' if n_seeds != 1 else ''} ({pct}% confidence)")

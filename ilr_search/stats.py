@@ -8,7 +8,11 @@ differences d_s = loss_a(s) - loss_b(s): their spread is each map's own spread (
 larger than the baseline's) minus what the shared seed explains, and no equal-variance assumption is made (a
 pooled two-sample t test would assume one). With the 2-4 seeds a race can afford, rank tests cannot decide:
 the one-sided Wilcoxon signed-rank test's smallest p-value at 3 seeds is 1/8, so at 90% confidence it could
-never reject. The t test assumes roughly normal differences; it is what scipy.stats.ttest_rel computes."""
+never reject. The t test assumes roughly normal differences; it is what scipy.stats.ttest_rel computes.
+
+"a is better than b at confidence c" means the two-sided t interval of the mean difference at c lies wholly
+below zero: the interval shown with a decision never straddles zero. That is the one-sided test at level
+(1 - c) / 2 (5% at c = 0.9); the one-sided p-value is reported."""
 
 from __future__ import annotations
 
@@ -53,6 +57,11 @@ class SeedInterval:
         return math.exp(self.interval_loss[0]), math.exp(self.interval_loss[1])
 
 
+def decision_level(confidence: float) -> float:
+    """The one-sided level of "better at `confidence`": the two-sided interval at `confidence` excludes zero."""
+    return (1 - confidence) / 2
+
+
 def t_critical(confidence: float, dof: int, two_sided: bool = True) -> float:
     """Student t quantile: the half-width multiplier of a two-sided (or the bound of a one-sided) interval."""
     from scipy.stats import t
@@ -95,20 +104,25 @@ class PairedComparison:
         return len(self.seeds)
 
     @property
+    def alpha(self) -> float:
+        return decision_level(self.confidence)
+
+    @property
     def a_better(self) -> bool:
-        """a beats b at `confidence`: at least 2 common seeds and the one-sided p-value below 1 - confidence."""
-        return self.n >= 2 and self.p_value < 1 - self.confidence
+        """a beats b at `confidence`: at least 2 common seeds and the interval wholly below zero (the one-sided
+        p-value below (1 - confidence) / 2)."""
+        return self.n >= 2 and self.p_value < self.alpha
 
     def seeds_needed(self, max_seeds: int = 1000) -> int | None:
-        """Seeds at which the observed mean difference, with the observed sd, would clear the one-sided bound
-        (t_{confidence, n-1} * sd / sqrt(n) < |mean_diff|); None when the sd is unknown or the gap is zero or
-        more than max_seeds would be needed."""
+        """Seeds at which the observed mean difference, with the observed sd, would clear its interval
+        (t_{(1 + confidence) / 2, n-1} * sd / sqrt(n) < |mean_diff|); None when the sd is unknown or the gap is
+        zero or more than max_seeds would be needed."""
         if self.sd_diff is None or self.mean_diff == 0:
             return None
         if self.sd_diff == 0:
             return 2
         for n in range(2, max_seeds + 1):
-            if t_critical(self.confidence, n - 1, two_sided=False) * self.sd_diff / math.sqrt(n) < abs(self.mean_diff):
+            if t_critical(self.confidence, n - 1) * self.sd_diff / math.sqrt(n) < abs(self.mean_diff):
                 return n
         return None
 
