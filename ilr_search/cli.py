@@ -322,12 +322,23 @@ def bench_build(
 @bench_app.command("replay")
 @user_errors
 def bench_replay(
-    table: Annotated[Path, typer.Option(help="A table in the bench format (bench build writes one; partial tables and blockK rows are fine).")],
+    table: Annotated[Path, typer.Option(help="A table in the bench format (bench build writes one; partial tables and blockK rows are fine), or with --policy a truth table (benchmarks/truth.py).")],
     pruner: Annotated[str, typer.Option(help="pareto (calibrated, the default) or pareto-eager (the uncalibrated rule), or none.")] = "pareto",
-    seed: Annotated[Optional[int], typer.Option(help="Shuffle the row order with this seed. \\[default: table order]")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Shuffle the row order with this seed (with --policy: the first order). \\[default: table order]")] = None,
+    policy: Annotated[Optional[str], typer.Option(help="Replay a whole policy over a truth table instead: race (seeds and lengths, paired tests), today (one seed at the base length, pruned) or none (one seed, no pruning).")] = None,
+    orders: Annotated[int, typer.Option(help="With --policy: replays, each in its own order (seed order for race, row order and seed for today/none).")] = 10,
+    race_seeds: Annotated[Optional[int], typer.Option(help="With --policy race: seeds the race uses, drawn from the table's. \\[default: all the table's]")] = None,
+    confidence: Annotated[float, typer.Option(help="With --policy race: confidence of the paired tests and intervals.")] = 0.9,
     json_out: Json = False,
 ) -> None:
-    """Replay a pruning rule over a table's rows: the maps it prunes, the steps it saves, the front maps it loses."""
+    """Replay a pruning rule over a table's rows: the maps it prunes, the steps it saves, the front maps it loses
+    (with --policy: a policy over a truth table: compute, claims against the table's seed means, regret, coverage)."""
+    if policy is not None:
+        from .bench import replay_policy
+
+        report = replay_policy(table, policy, orders, seed or 0, race_seeds, confidence)
+        emit(report, json_out, ui.print_policy_replay)
+        return
     from .bench import replay_table
 
     emit(replay_table(table, pruner, seed), json_out, ui.print_pruning_replay)

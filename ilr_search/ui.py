@@ -271,6 +271,22 @@ def print_audit(report: dict[str, Any]) -> None:
     out.print(f"verdict: {report['verdict']}")
 
 
+def print_policy_replay(report: dict[str, Any]) -> None:
+    rows_table(f"policy {report['policy']} over {report['table']} ({report['maps']} maps, {report['base_steps']} to "
+               f"{report['target_steps']} steps, {report['orders']} orders)",
+               [{"order": r["order_seed"], "seeds": ",".join(map(str, r["seeds"])), "compute": r["compute_steps"],
+                 "claimed": ", ".join(r["claimed"]) or "-", "false": ", ".join(r["false_claims"]) or "-",
+                 "best": r["best"], "regret_sd": r["regret_sd"]} for r in report["replays"]],
+               ["order", "seeds", "compute", "claimed", "false", "best", "regret_sd"])
+    coverage = report["interval_coverage"]
+    out.print(f"mean compute {report['mean_compute_steps']:.0f} steps (every table result: {report['exhaustive_steps']}); "
+              f"claims {report['maps_claimed']}, false {report['false_claims']} ({report['false_claim_share']:.0%}); "
+              f"regret within 1 seed sd in {_fmt(report['regret_within_1sd_share'])} of orders (mean "
+              f"{_fmt(report['mean_regret_sd'])} sd); intervals holding the table mean: "
+              + ("n/a" if coverage is None else f"{coverage:.0%} of {report['intervals']}"))
+    out.print(f"first order's verdict: {report['replays'][0]['verdict']}")
+
+
 def print_pruning_replay(report: dict[str, Any]) -> None:
     rows_table(f"{report['rule']} over {report['table']} ({report['n_rows']} rows, "
                f"{'table order' if report['order_seed'] is None else 'order seed ' + str(report['order_seed'])})",
