@@ -187,7 +187,8 @@ RACE_COLUMNS = ["steps", "seeds", "interval", "confirmed"]
 
 def race_front_rows(front: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Front points for a table: the interval as low-high, confirmed as yes/no."""
-    return [dict(p, interval=f"{_fmt(p['interval'][0])}-{_fmt(p['interval'][1])}" if p.get("interval") else "-",
+    return [dict(p, interval=f"{_fmt(p['interval'][0])}-{_fmt(p['interval'][1])}"
+                 if p.get("interval") and p["interval"][0] is not None else "-",
                  confirmed="yes" if p.get("confirmed") else "no") for p in front]
 
 

@@ -30,8 +30,7 @@ from ..config import ModelConfig, SearchConfig, TrainConfig
 from ..data import TokenData
 from ..flops import flops_ratio
 from ..knobs import KnobValue, config_key, format_knobs
-from .. import racing
-from ..racing import Evaluation, RaceJob, RaceSettings, RaceState
+from ..racing import Evaluation, RaceJob, RaceSettings, RaceState, race_state
 from ..results import REFERENCE_PREFIX, finite_or_none, is_baseline_key, key_reuse_map, trained_trials
 from ..schedule import format_reuse_map, reuse_map_schedule
 from ..storage import AuditJob, AuditRow, Heartbeat, Store, grace_period, heartbeat_interval
@@ -93,18 +92,20 @@ def audit_job(job: RaceJob, base_steps: int) -> AuditJob:
 
 def stored_results(trials: Sequence[FrozenTrial], study_attrs: Mapping[str, Any], rows: Sequence[AuditRow]
                    ) -> list[StoredResult]:
-    """Every finished result of the study, one per (map, steps, seed): the trials' (complete at the proxy's
-    length, pruned at their pruning step, diverged), the reference runs of reuse maps, and the finished audit
-    and race rows; the first source of a (map, steps, seed) wins, in that order."""
+    """Every finished result of the study, one per (map, steps, seed): the trials' at the proxy's length
+    (complete or diverged; a pruned trial has no result at a length the race knows), the reference runs of
+    reuse maps, and the finished audit and race rows; the first source of a (map, steps, seed) wins, in that
+    order."""
     config = study_attrs[CONFIG_ATTR]
     base_steps, base_seed = int(config["train"]["steps"]), int(config["train"]["seed"])
     schedule = lr_schedule(config)
     found: list[StoredResult] = []
     for t in sorted(trained_trials(list(trials)), key=lambda t: t.number):
+        if t.state == TrialState.PRUNED:
+            continue
         a = t.user_attrs
-        steps = int(a["pruned_at_step"]) if t.state == TrialState.PRUNED and a.get("pruned_at_step") else base_steps
-        loss = a.get("val_loss") if t.state != TrialState.FAIL else None
-        found.append(StoredResult(a["map_key"], float(a["flops_ratio"]), steps, base_seed, schedule, loss,
+        loss = a.get("val_loss") if t.state == TrialState.COMPLETE else None
+        found.append(StoredResult(a["map_key"], float(a["flops_ratio"]), base_steps, base_seed, schedule, loss,
                                   a.get("val_ppl") if loss is not None else None, a.get("val_bpb"), f"trial {t.number}"))
     for name, ref in sorted(study_attrs.items()):
         if not name.startswith(REFERENCE_PREFIX) or not ref.get("reuse_map"):  # block recurrence is no reuse map
@@ -127,12 +128,22 @@ def stored_results(trials: Sequence[FrozenTrial], study_attrs: Mapping[str, Any]
 
 def study_race(trials: Sequence[FrozenTrial], study_attrs: Mapping[str, Any], rows: Sequence[AuditRow]
                ) -> tuple[RaceSettings, list[StoredResult], RaceState]:
-    """The race's settings, the study's results, and the policy's decision on them."""
+    """The race's settings, the study's results, and the policy's decision on them. The policy sees the maps
+    a trial trained to the proxy's length (and the baseline): a pruned map that the audit retrained is no
+    contender, and the race does not train it to the proxy's length to make it one."""
     config = study_attrs[CONFIG_ATTR]
     settings = race_settings(config)
     results = stored_results(trials, study_attrs, rows)
     baseline = format_reuse_map([1] * int(config["model"]["n_layers"]))
-    return settings, results, racing.race_state([r.evaluation() for r in results], settings, baseline)
+    raced = {r.map_key for r in results if r.source.startswith("trial ")} | {baseline}
+    evaluations = [r.evaluation() for r in results if r.map_key in raced]
+    return settings, results, race_state(evaluations, settings, baseline)
+
+
+def json_interval(interval: tuple[float, float]) -> list[float | None]:
+    """[low, high] ppl; [None, None] where the policy has none (one seed: it says (0, inf))."""
+    low, high = interval
+    return [low, high] if math.isfinite(low) and math.isfinite(high) and low > 0 else [None, None]
 
 
 RACE_POINT_FIELDS = ("steps", "seeds", "interval", "confirmed")  # what a race front point adds to a proxy one
@@ -155,7 +166,8 @@ def front_rows(state: RaceState, trials: Sequence[FrozenTrial], results: Sequenc
                      "val_ppl": p.val_ppl,
                      "val_bpb": sum(bpbs) / len(bpbs) if bpbs and None not in bpbs else None,
                      "params": t.user_attrs.get("params") if t is not None else None,
-                     "steps": p.steps, "seeds": list(p.seeds), "interval": list(p.interval), "confirmed": p.confirmed})
+                     "steps": p.steps, "seeds": list(p.seeds), "interval": json_interval(p.interval),
+                     "confirmed": p.confirmed})
     return rows
 
 
