@@ -41,6 +41,7 @@ from .progress import RunReporter
 
 
 FINAL_STATES = ("complete", "failed")  # of an audit row; failed: the run diverged, it is not trained again
+RUN_SOURCE = "run "  # a stored result's source when it is a race or audit run: "run 2x"
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,11 @@ class StoredResult:
     val_ppl: float | None
     val_bpb: float | None
     source: str
+
+    @property
+    def is_run(self) -> bool:
+        """A run of the race or the audit (a row of ilr_audit), not a trial or a reference run."""
+        return self.source.startswith(RUN_SOURCE)
 
     def evaluation(self) -> Evaluation:
         return Evaluation(self.map_key, self.flops_ratio, self.steps, self.seed, self.val_loss)
@@ -119,7 +125,7 @@ def stored_results(trials: Sequence[FrozenTrial], study_attrs: Mapping[str, Any]
         if r.state in FINAL_STATES:
             loss = r.val_loss if r.state == "complete" else None
             found.append(StoredResult(r.job.map_key, r.flops_ratio, r.steps, r.job.seed, schedule, loss,
-                                      r.val_ppl if loss is not None else None, r.val_bpb, f"run {r.job.factor}x"))
+                                      r.val_ppl if loss is not None else None, r.val_bpb, f"{RUN_SOURCE}{r.job.factor}x"))
     unique: dict[tuple[str, int, int], StoredResult] = {}
     for result in found:
         unique.setdefault((result.map_key, result.steps, result.seed), result)
@@ -182,6 +188,7 @@ def race_summary(trials: Sequence[FrozenTrial], study_attrs: Mapping[str, Any], 
     return {"pareto": front_rows(state, trials, results), "verdict": state.verdict,
             "target_steps": settings.target_steps,
             "race": {"base_steps": settings.base_steps, "target_steps": settings.target_steps,
+                     "steps_trained": sum(r.steps for r in results if r.is_run),
                      "seeds": list(settings.seeds), "confidence": settings.confidence, "done": state.done,
                      "alive": list(state.alive), "eliminated": dict(state.eliminated),
                      "results": [r.to_dict() for r in sorted(results, key=lambda r: (r.map_key, r.steps, r.seed))]}}
