@@ -188,6 +188,7 @@ def run(
     workers: Annotated[int, typer.Option(help="Worker processes on this machine, sharing the study and the device.")] = 1,
     knobs: Annotated[Optional[str], typer.Option(help="Recurrence knobs searched with the map, comma-separated: injection, iteration_encoding, iteration_norms, depth_init. \\[default: from the space, none in the presets]")] = None,
     target: Annotated[Optional[str], typer.Option(help="The length the verdict is about, a multiple of the proxy's steps: contenders are raced at more seeds and up to this length (1x: seeds only). \\[default: from the space, 4x]")] = None,
+    race_seeds: Annotated[Optional[int], typer.Option(help="Seeds each contender is raced on, the space's seed first (--target 1x --race-seeds 1: no race). \\[default: from the space, 3]")] = None,
     json_out: Json = False,
 ) -> None:
     """Search reuse maps under a FLOP budget; running it again resumes the study."""
@@ -195,7 +196,8 @@ def run(
 
     searched = None if knobs is None else [k.strip() for k in knobs.split(",") if k.strip()]
     factor = None if target is None else parse_target(target)
-    overrides = opts.overrides() | {"search": {"objective": objective, "knobs": searched, "target": factor}}
+    overrides = opts.overrides() | {"search": {"objective": objective, "knobs": searched, "target": factor,
+                                                "race_seeds": race_seeds}}
     space = load_space(opts.space, overrides)
     if workers != 1:
         from .workers import RunArgs, run_workers

@@ -139,14 +139,23 @@ def test_kill_9_during_the_race_then_the_same_command_resumes_training_nothing_t
     assert not list((tmp_path / "studies" / "checkpoints").rglob("*.pt"))
 
 
-@pytest.mark.parametrize("target", ["0.5x", "abc", "0", "-2x", "nanx"])
-def test_bad_target_exits_2_with_one_line_and_changes_nothing(raced, cli, tmp_path, target):
+BAD_RACES = {"below 1x": ["--target", "0.5x"], "not a multiple": ["--target", "abc"], "zero": ["--target", "0"],
+             "negative": ["--target", "-2x"], "nan": ["--target", "nanx"], "no seed": ["--race-seeds", "0"],
+             "another target on resume": ["--target", "3x"]}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_RACES))
+def test_bad_race_input_exits_2_with_one_line_and_changes_nothing(raced, cli, tmp_path, case):
     root, space, db, _ = raced
     before = digest(db)
-    assert_one_line_error(cli(*run_args(space, db, "raced", "--target", target), cwd=root))
+    proc = cli(*run_args(space, db, "raced", *BAD_RACES[case]), cwd=root)
+    assert_one_line_error(proc)
     assert digest(db) == before
+    if case == "another target on resume":
+        assert "cannot resume" in proc.stderr and "target" in proc.stderr
+        return
     fresh = tmp_path / "fresh.db"
-    assert_one_line_error(cli(*run_args(space, fresh, "new", "--target", target)))
+    assert_one_line_error(cli(*run_args(space, fresh, "new", *BAD_RACES[case])))
     assert not fresh.exists() and not (tmp_path / "studies").exists()
 
 
@@ -158,3 +167,19 @@ def test_target_is_stored_only_when_not_the_default(tmp_path):
     assert "race_seeds" not in plan_study(default, "1.5x", None).config["search"]
     assert plan_study(longer, "1.5x", None).config["search"]["target"] == 2.0
     assert plan_study(default, "1.5x", None).name != plan_study(longer, "1.5x", None).name
+
+
+def test_two_workers_race_one_study_without_training_a_run_twice(tmp_path, token_cache):
+    space = write_space(tmp_path / "race.toml", search=RACE)
+    db = tmp_path / "w.db"
+    proc = subprocess.run([sys.executable, "-m", "ilr_search", *run_args(space, db, "two", "--target", "2x",
+                                                                       "--workers", "2")],
+                          cwd=tmp_path, env=env_for(token_cache), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    # every worker says which run it trains: each (map, steps, seed) is said once, by one worker
+    said = [line.split("race: map ", 1)[1].strip() for line in proc.stderr.splitlines() if "race: map " in line]
+    stored = race_rows(db)
+    assert said and len(said) == len(set(said)) == len(stored)
+    assert {f"{r['map_key']} at {r['steps']} steps, seed {r['seed']}" for r in stored} == set(said)
+    assert summary["race"]["done"] and all(r["state"] == "complete" for r in stored)

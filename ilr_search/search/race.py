@@ -112,7 +112,8 @@ def stored_results(trials: Sequence[FrozenTrial], study_attrs: Mapping[str, Any]
         a = t.user_attrs
         loss = a.get("val_loss") if t.state == TrialState.COMPLETE else None
         found.append(StoredResult(a["map_key"], float(a["flops_ratio"]), base_steps, base_seed, schedule, loss,
-                                  a.get("val_ppl") if loss is not None else None, a.get("val_bpb"), f"trial {t.number}"))
+                                  a.get("val_ppl") if loss is not None else None,
+                                  a.get("val_bpb") if loss is not None else None, f"trial {t.number}"))
     for name, ref in sorted(study_attrs.items()):
         if not name.startswith(REFERENCE_PREFIX) or not ref.get("reuse_map"):  # block recurrence is no reuse map
             continue
