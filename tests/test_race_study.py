@@ -107,8 +107,8 @@ def test_rerunning_a_finished_race_trains_nothing(raced, cli):
 def test_kill_9_during_the_race_then_the_same_command_resumes_training_nothing_twice(tmp_path, token_cache):
     space = write_space(tmp_path / "race.toml", search=RACE)
     db = tmp_path / "k.db"
-    # 60-step proxies, 120-step runs at 2x: long enough that the kill lands inside a race run
-    cmd = [sys.executable, "-m", "ilr_search", *run_args(space, db, "killed", "--target", "2x", "--steps", "60")]
+    # 40-step proxies, 80-step runs at 2x: long enough that the kill lands inside a race run
+    cmd = [sys.executable, "-m", "ilr_search", *run_args(space, db, "killed", "--target", "2x", "--steps", "40")]
     env = env_for(token_cache, ILR_SEARCH_HEARTBEAT_SECONDS="1")
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -173,7 +173,7 @@ def test_two_workers_race_one_study_without_training_a_run_twice(tmp_path, token
     space = write_space(tmp_path / "race.toml", search=RACE)
     db = tmp_path / "w.db"
     proc = subprocess.run([sys.executable, "-m", "ilr_search", *run_args(space, db, "two", "--target", "2x",
-                                                                       "--workers", "2")],
+                                                                       "--workers", "2", "--steps", "16")],
                           cwd=tmp_path, env=env_for(token_cache), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
