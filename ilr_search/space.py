@@ -122,7 +122,7 @@ def validate_space(space: SpaceConfig) -> None:
         (-1 <= s.prune_min_spearman <= 1, f"prune_min_spearman must be in [-1, 1], got {s.prune_min_spearman}"),
         (isinstance(s.target, (int, float)) and math.isfinite(s.target) and s.target >= 1,
          f"target must be at least 1x the proxy's steps (the race trains contenders longer, never shorter), got {s.target}"),
-        (s.race_seeds >= 1, f"race_seeds must be at least 1, got {s.race_seeds}"),
+        (s.race_seeds >= 1, f"race-seeds (the seeds each contender is raced on) must be at least 1, got {s.race_seeds}"),
         (0 < space.data.val_fraction < 1, f"val_fraction must be in (0, 1), got {space.data.val_fraction}"),
     ]
     for ok, message in checks:
