@@ -162,7 +162,7 @@ def _rank(keys: Sequence[str], results: _Results, lengths: Sequence[int]) -> lis
     return sorted(keys, key=lambda k: (means(k), k))
 
 
-def _adjusted(p_values: Sequence[float]) -> list[float]:
+def benjamini_hochberg(p_values: Sequence[float]) -> list[float]:
     """Benjamini-Hochberg adjusted p-values (scipy.stats.false_discovery_control): a family of claims made at
     once ("these maps beat the baseline") keeps its expected share of false ones below the decision level."""
     if not p_values:
@@ -248,7 +248,7 @@ def _front(alive: Sequence[str], results: _Results, steps: int, confidence: floa
     on_front = sorted((keys[i] for i in idx), key=lambda k: (results.flops[k], intervals[k].mean_loss, k))
     pairs = [(k, c) for i, k in enumerate(on_front) for c in on_front[:i]]
     tests = [paired_comparison(results.at(k, steps), results.at(c, steps), confidence) for k, c in pairs]
-    adjusted = dict(zip(pairs, _adjusted([t.p_value for t in tests])))
+    adjusted = dict(zip(pairs, benjamini_hochberg([t.p_value for t in tests])))
     enough = {pair: t.n >= 2 for pair, t in zip(pairs, tests)}
     points = []
     for i, k in enumerate(on_front):
@@ -276,7 +276,7 @@ def _report(alive: Sequence[str], results: _Results, settings: RaceSettings, bas
     comparisons = {k: paired_comparison(results.at(k, steps), base, settings.confidence)
                    for k in alive if k != baseline_key}
     keys = sorted(comparisons)
-    adjusted = dict(zip(keys, _adjusted([comparisons[k].p_value for k in keys])))
+    adjusted = dict(zip(keys, benjamini_hochberg([comparisons[k].p_value for k in keys])))
     better = tuple(sorted((k for k in keys if comparisons[k].n >= 2 and adjusted[k] < decision_level(settings.confidence)),
                           key=lambda k: (comparisons[k].mean_diff, k)))
     base_ppl = math.exp(math.fsum(base.values()) / len(base)) if base else math.nan

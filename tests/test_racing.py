@@ -243,7 +243,8 @@ def test_race_replay_over_a_hand_made_truth_table(tmp_path):
     table = TruthTable.read(path)
     assert table.lengths == (100, 200, 400) and table.seeds_at(400) == (0, 1, 2, 3) and table.baseline == BASE
     report = replay_policy(path, "race", orders=4, n_seeds=3)
-    assert report["table_better_than_baseline"] == ["2,1,1,1"]
+    assert report["table_better_than_baseline"] == ["2,1,1,1"] and report["table_decided_better"] == ["2,1,1,1"]
+    assert report["decided_claimed_share"] == 1.0
     assert report["maps_claimed"] == 4 and report["false_claims"] == 0  # the one real win, in every order
     assert all(r["claimed"] == ["2,1,1,1"] and r["best"] == "2,1,1,1" and r["regret_sd"] == 0 for r in report["replays"])
     assert 0 < report["mean_compute_steps"] < report["exhaustive_steps"]
