@@ -473,8 +473,9 @@ def _claims_and_regret(table: TruthTable, claimed: Sequence[str], best: str | No
     false = [k for k in claimed if base is None or (table.seed_mean(k, target) or math.inf) >= base]
     means = [m for m in (table.seed_mean(k, target) for k in table.flops) if m is not None]
     regret = None
-    if best is not None and table.seed_mean(best, target) is not None and means:
-        regret = (table.seed_mean(best, target) - min(means)) / table.seed_sd(target)
+    sd = table.seed_sd(target)
+    if best is not None and table.seed_mean(best, target) is not None and means and math.isfinite(sd) and sd > 0:
+        regret = (table.seed_mean(best, target) - min(means)) / sd
     return false, regret
 
 

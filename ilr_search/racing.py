@@ -267,8 +267,8 @@ def _report(alive: Sequence[str], results: _Results, settings: RaceSettings, bas
     base = results.at(baseline_key, steps)
     prefix = "" if done else f"(race open at {steps} steps) "
     pct = round(settings.confidence * 100)
-    if alive == [baseline_key] and len(results.losses) == 1:
-        return front, (), f"{prefix}no recurrent map was raced: only the baseline {baseline_key} has results"
+    if alive == [baseline_key] and not eliminated:
+        return front, (), f"{prefix}no recurrent map was raced: the baseline {baseline_key} is the only contender"
     if alive == [baseline_key]:
         return front, (), (f"{prefix}no recurrent map beats the baseline {baseline_key}: every contender was "
                            f"eliminated by a paired test at {steps} steps or less ({pct}% confidence, "
