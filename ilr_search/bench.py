@@ -364,7 +364,6 @@ def summarize_replays(table: Table, results: list[ReplayResult]) -> list[dict[st
     return rows
 
 
-
 # ----------------------------------------------------------------------------------------------------
 # Truth tables: maps at several lengths and seeds (benchmarks/truth.py), and the policies replayed over them
 
