@@ -5,6 +5,12 @@ contenders are still open, which jobs to train next (more seeds, then longer tra
 eliminated (a paired test shows a map at no more FLOPs better at the current length), and what the front at
 the target length is, with intervals and whether each point is confirmed. It keeps no state of its own:
 the same evaluations give the same decision, so a resumed study, a second worker and `bench replay` agree.
+
+Decisions use the paired statistics of stats.py (seed s is the same init and batch order for every map, so maps
+are compared seed by seed): "a beats b" means the paired t interval of the loss difference at the race's
+confidence lies below zero, over at least 2 common seeds. Eliminations test each map against every map at no
+more FLOPs; the claims made together at the end (the maps that beat the baseline, the front's confirmations)
+are Benjamini-Hochberg adjusted, so that the share of false ones among them stays within the test's level.
 """
 
 from __future__ import annotations
