@@ -565,7 +565,12 @@ def replay_policy(path: str | Path, policy: str, orders: int = 10, first_order: 
         raise UserInputError(f"--orders must be at least 1, got {orders}")
     if not 0 < confidence < 1:
         raise UserInputError(f"--confidence must be between 0 and 1, got {confidence}")
+    if max_contenders < 1:
+        raise UserInputError(f"--max-contenders must be at least 1, got {max_contenders}")
     table = TruthTable.read(path)
+    if n_seeds is not None and not 1 <= n_seeds <= len(table.seeds_at(table.lengths[-1])):
+        raise UserInputError(f"--race-seeds must be between 1 and the table's {len(table.seeds_at(table.lengths[-1]))} "
+                             f"seeds at its longest length, got {n_seeds}")
     if len(table.lengths) < 2:
         raise UserInputError(f"truth table {str(path)!r} has one length ({table.lengths[0]} steps); a race needs two")
     runs = [replay_race(table, o, n_seeds, confidence, max_contenders) if policy == "race"

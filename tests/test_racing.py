@@ -265,7 +265,8 @@ def test_race_replay_stops_at_a_job_the_table_cannot_answer(tmp_path):
 
 
 @pytest.mark.parametrize("args", [["--policy", "fast"], ["--policy", "race", "--orders", "0"],
-                                  ["--policy", "race", "--confidence", "1.5"]])
+                                  ["--policy", "race", "--confidence", "1.5"], ["--policy", "race", "--race-seeds", "3"],
+                                  ["--policy", "race", "--max-contenders", "0"]])
 def test_replay_policy_bad_input_is_one_error_line(cli, tmp_path, args):
     path = tmp_path / "truth.parquet"
     write_truth(path, GAPS, seeds=2)
