@@ -20,7 +20,7 @@ import optuna
 from .config import PrunerSettings
 from .errors import UserInputError
 from .pareto import non_dominated
-from .racing import Evaluation, RaceSettings, race_state
+from .racing import Evaluation, RaceSettings, benjamini_hochberg, race_state
 from .report import _atomic_write, check_out_path
 from .results import curves_by_trial, references
 from .search.maps import propose_map, seed_maps
@@ -31,6 +31,7 @@ from .search.run import run_study
 from .search.samplers import build_sampler, sampler_settings
 from .search.studies import open_study
 from .space import load_space
+from .stats import decision_level, paired_comparison
 from .storage import CurvePoint, open_store, parse_storage
 
 
@@ -363,7 +364,6 @@ def summarize_replays(table: Table, results: list[ReplayResult]) -> list[dict[st
     return rows
 
 
-
 # ----------------------------------------------------------------------------------------------------
 # Truth tables: maps at several lengths and seeds (benchmarks/truth.py), and the policies replayed over them
 
@@ -472,8 +472,9 @@ def _claims_and_regret(table: TruthTable, claimed: Sequence[str], best: str | No
     false = [k for k in claimed if base is None or (table.seed_mean(k, target) or math.inf) >= base]
     means = [m for m in (table.seed_mean(k, target) for k in table.flops) if m is not None]
     regret = None
-    if best is not None and table.seed_mean(best, target) is not None and means:
-        regret = (table.seed_mean(best, target) - min(means)) / table.seed_sd(target)
+    sd = table.seed_sd(target)
+    if best is not None and table.seed_mean(best, target) is not None and means and math.isfinite(sd) and sd > 0:
+        regret = (table.seed_mean(best, target) - min(means)) / sd
     return false, regret
 
 
@@ -502,8 +503,7 @@ def replay_race(table: TruthTable, order_seed: int, n_seeds: int | None = None, 
     target = settings.target_steps
     claimed = list(state.confirmed_better)
     at_target = [p for p in state.front if p.steps == target]
-    best = state.alive[0] if state.alive and state.level_steps == target else (
-        min(at_target, key=lambda p: p.val_ppl).map_key if at_target else None)
+    best = state.alive[0] if state.alive else None  # the best survivor (the baseline when it alone survived)
     false, regret = _claims_and_regret(table, claimed, best, target)
     held = [p for p in at_target if len(p.seeds) >= 2
             and p.interval[0] <= math.exp(table.seed_mean(p.map_key, target) or math.nan) <= p.interval[1]]
@@ -542,6 +542,18 @@ def replay_single_seed(table: TruthTable, order_seed: int, pruner: str) -> Polic
 POLICIES = ("race", "today", "none")
 
 
+def table_decided_better(table: TruthTable, target: int, confidence: float) -> list[str]:
+    """The maps the whole table shows better than the baseline at the target: the race's own test (paired t
+    interval clear of zero, Benjamini-Hochberg over the maps) over every seed the table has."""
+    def by_seed(key: str) -> dict[int, float]:
+        return {s: v for (k, st, s), v in table.losses.items() if k == key and st == target and v is not None}
+
+    keys = sorted(k for k in table.flops if k != table.baseline)
+    tests = [paired_comparison(by_seed(k), by_seed(table.baseline), confidence) for k in keys]
+    adjusted = benjamini_hochberg([t.p_value for t in tests])
+    return [k for k, t, p in zip(keys, tests, adjusted) if t.n >= 2 and p < decision_level(confidence)]
+
+
 def replay_policy(path: str | Path, policy: str, orders: int = 10, first_order: int = 0, n_seeds: int | None = None,
                   confidence: float = 0.9, max_contenders: int = 6) -> dict[str, Any]:
     """`ilr-search bench replay --policy`: a policy replayed over a truth table in `orders` orders, with the
@@ -553,7 +565,12 @@ def replay_policy(path: str | Path, policy: str, orders: int = 10, first_order: 
         raise UserInputError(f"--orders must be at least 1, got {orders}")
     if not 0 < confidence < 1:
         raise UserInputError(f"--confidence must be between 0 and 1, got {confidence}")
+    if max_contenders < 1:
+        raise UserInputError(f"--max-contenders must be at least 1, got {max_contenders}")
     table = TruthTable.read(path)
+    if n_seeds is not None and not 1 <= n_seeds <= len(table.seeds_at(table.lengths[-1])):
+        raise UserInputError(f"--race-seeds must be between 1 and the table's {len(table.seeds_at(table.lengths[-1]))} "
+                             f"seeds at its longest length, got {n_seeds}")
     if len(table.lengths) < 2:
         raise UserInputError(f"truth table {str(path)!r} has one length ({table.lengths[0]} steps); a race needs two")
     runs = [replay_race(table, o, n_seeds, confidence, max_contenders) if policy == "race"
@@ -563,6 +580,7 @@ def replay_policy(path: str | Path, policy: str, orders: int = 10, first_order: 
     base_mean = table.seed_mean(table.baseline, target)
     truly_better = sorted(k for k in table.flops if k != table.baseline and base_mean is not None
                           and (table.seed_mean(k, target) or math.inf) < base_mean)
+    decided = table_decided_better(table, target, confidence)
     claimed = sum(len(r.claimed) for r in runs)
     false = sum(len(r.false_claims) for r in runs)
     regrets = [r.regret_sd for r in runs if r.regret_sd is not None]
@@ -573,7 +591,9 @@ def replay_policy(path: str | Path, policy: str, orders: int = 10, first_order: 
         "table": str(path), "policy": policy, "orders": orders, "base_steps": table.lengths[0], "target_steps": target,
         "table_seeds": list(table.seeds_at(target)), "maps": len(table.flops), "baseline": table.baseline,
         "confidence": confidence, "seed_sd_at_target": table.seed_sd(target),
-        "table_better_than_baseline": truly_better,
+        "table_better_than_baseline": truly_better, "table_decided_better": decided,
+        "decided_claimed_share": (sum(len(set(r.claimed) & set(decided)) for r in runs) / (len(decided) * orders)
+                                  if decided else None),
         "exhaustive_steps": sum(steps for (_, steps, _) in table.losses),
         "mean_compute_steps": statistics.fmean(r.compute_steps for r in runs),
         "maps_claimed": claimed, "false_claims": false, "false_claim_share": false / claimed if claimed else 0.0,

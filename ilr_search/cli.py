@@ -331,6 +331,7 @@ def bench_replay(
     orders: Annotated[int, typer.Option(help="With --policy: replays, each in its own order (seed order for race, row order and seed for today/none).")] = 10,
     race_seeds: Annotated[Optional[int], typer.Option(help="With --policy race: seeds the race uses, drawn from the table's. \\[default: all the table's]")] = None,
     confidence: Annotated[float, typer.Option(help="With --policy race: confidence of the paired tests and intervals.")] = 0.9,
+    max_contenders: Annotated[int, typer.Option(help="With --policy race: maps raced beyond their first result, the baseline among them.")] = 6,
     json_out: Json = False,
 ) -> None:
     """Replay a pruning rule over a table's rows: the maps it prunes, the steps it saves, the front maps it loses
@@ -338,7 +339,7 @@ def bench_replay(
     if policy is not None:
         from .bench import replay_policy
 
-        report = replay_policy(table, policy, orders, seed or 0, race_seeds, confidence)
+        report = replay_policy(table, policy, orders, seed or 0, race_seeds, confidence, max_contenders)
         emit(report, json_out, ui.print_policy_replay)
         return
     from .bench import replay_table

@@ -5,6 +5,12 @@ contenders are still open, which jobs to train next (more seeds, then longer tra
 eliminated (a paired test shows a map at no more FLOPs better at the current length), and what the front at
 the target length is, with intervals and whether each point is confirmed. It keeps no state of its own:
 the same evaluations give the same decision, so a resumed study, a second worker and `bench replay` agree.
+
+Decisions use the paired statistics of stats.py (seed s is the same init and batch order for every map, so maps
+are compared seed by seed): "a beats b" means the paired t interval of the loss difference at the race's
+confidence lies below zero, over at least 2 common seeds. Eliminations test each map against every map at no
+more FLOPs; the claims made together at the end (the maps that beat the baseline, the front's confirmations)
+are Benjamini-Hochberg adjusted, so that the share of false ones among them stays within the test's level.
 """
 
 from __future__ import annotations
@@ -162,7 +168,7 @@ def _rank(keys: Sequence[str], results: _Results, lengths: Sequence[int]) -> lis
     return sorted(keys, key=lambda k: (means(k), k))
 
 
-def _adjusted(p_values: Sequence[float]) -> list[float]:
+def benjamini_hochberg(p_values: Sequence[float]) -> list[float]:
     """Benjamini-Hochberg adjusted p-values (scipy.stats.false_discovery_control): a family of claims made at
     once ("these maps beat the baseline") keeps its expected share of false ones below the decision level."""
     if not p_values:
@@ -248,7 +254,7 @@ def _front(alive: Sequence[str], results: _Results, steps: int, confidence: floa
     on_front = sorted((keys[i] for i in idx), key=lambda k: (results.flops[k], intervals[k].mean_loss, k))
     pairs = [(k, c) for i, k in enumerate(on_front) for c in on_front[:i]]
     tests = [paired_comparison(results.at(k, steps), results.at(c, steps), confidence) for k, c in pairs]
-    adjusted = dict(zip(pairs, _adjusted([t.p_value for t in tests])))
+    adjusted = dict(zip(pairs, benjamini_hochberg([t.p_value for t in tests])))
     enough = {pair: t.n >= 2 for pair, t in zip(pairs, tests)}
     points = []
     for i, k in enumerate(on_front):
@@ -267,8 +273,8 @@ def _report(alive: Sequence[str], results: _Results, settings: RaceSettings, bas
     base = results.at(baseline_key, steps)
     prefix = "" if done else f"(race open at {steps} steps) "
     pct = round(settings.confidence * 100)
-    if alive == [baseline_key] and len(results.losses) == 1:
-        return front, (), f"{prefix}no recurrent map was raced: only the baseline {baseline_key} has results"
+    if alive == [baseline_key] and not eliminated:
+        return front, (), f"{prefix}no recurrent map was raced: the baseline {baseline_key} is the only contender"
     if alive == [baseline_key]:
         return front, (), (f"{prefix}no recurrent map beats the baseline {baseline_key}: every contender was "
                            f"eliminated by a paired test at {steps} steps or less ({pct}% confidence, "
@@ -276,7 +282,7 @@ def _report(alive: Sequence[str], results: _Results, settings: RaceSettings, bas
     comparisons = {k: paired_comparison(results.at(k, steps), base, settings.confidence)
                    for k in alive if k != baseline_key}
     keys = sorted(comparisons)
-    adjusted = dict(zip(keys, _adjusted([comparisons[k].p_value for k in keys])))
+    adjusted = dict(zip(keys, benjamini_hochberg([comparisons[k].p_value for k in keys])))
     better = tuple(sorted((k for k in keys if comparisons[k].n >= 2 and adjusted[k] < decision_level(settings.confidence)),
                           key=lambda k: (comparisons[k].mean_diff, k)))
     base_ppl = math.exp(math.fsum(base.values()) / len(base)) if base else math.nan
