@@ -38,10 +38,12 @@ def _num(x: Any) -> str:
 
 
 def pareto_figure(study: str, trials: list[dict[str, Any]], front: list[dict[str, Any]], noise: dict[str, Any] | None,
-                  layer_view: dict[str, Any] | None = None, fidelity: dict[str, Any] | None = None) -> go.Figure:
+                  layer_view: dict[str, Any] | None = None, fidelity: dict[str, Any] | None = None,
+                  race_front: list[dict[str, Any]] | None = None) -> go.Figure:
     """Every trial (complete, pruned at its pruning rung, failed on top), the front as a step line, the
     all-ones baseline marked and its seed-to-seed noise band shaded, audited maps at their longer-training
-    perplexity; the layer view, and a fidelity panel (rung agreement, proxy vs audit, the verdict) below."""
+    perplexity, the race's front (each point at its length: the mean over its seeds and its interval, filled
+    where confirmed); the layer view, and a fidelity panel (rung agreement, proxy vs audit, the verdict) below."""
     audit = (fidelity or {}).get("audits", [None])[-1] if (fidelity or {}).get("audits") else None
     rows = 1 + bool(layer_view) + bool(fidelity)
     specs: list[list[Any]] = [[{"colspan": 2}, None]]
@@ -111,6 +113,20 @@ def pareto_figure(study: str, trials: list[dict[str, Any]], front: list[dict[str
                                  hovertext=[f"map {m['reuse_map']}<br>{audit['factor']}x ppl {m['audit_ppl']:.4g}<br>proxy "
                                             f"{m['proxy_state'].lower()} ppl {_num(m['proxy_ppl'])}" for m in maps],
                                  hoverinfo="text"), row=1, col=1)
+    known = [p for p in race_front or [] if p["interval"][0] is not None]  # one seed: no interval
+    if known:  # a race was run (a study without one has its proxy front here, drawn above)
+        fig.add_trace(go.Scatter(
+            x=[p["flops_ratio"] for p in race_front], y=[p["val_ppl"] for p in race_front], mode="markers",
+            name="race front (mean over seeds, interval)",
+            error_y=dict(type="data", symmetric=False,
+                         array=[p["interval"][1] - p["val_ppl"] if p in known else 0 for p in race_front],
+                         arrayminus=[p["val_ppl"] - p["interval"][0] if p in known else 0 for p in race_front]),
+            marker=dict(symbol="square", size=11, line=dict(width=2, color="#d62728"),
+                        color=["#d62728" if p["confirmed"] else "rgba(0,0,0,0)" for p in race_front]),
+            hovertext=[f"map {','.join(map(str, p['reuse_map']))}<br>{p['steps']} steps, seeds "
+                       f"{','.join(map(str, p['seeds']))}<br>ppl {p['val_ppl']:.4g} [{_num(p['interval'][0])}, "
+                       f"{_num(p['interval'][1])}]<br>{'confirmed' if p['confirmed'] else 'not confirmed'}"
+                       for p in race_front], hoverinfo="text"), row=1, col=1)
     if fidelity:
         _fidelity_panel(fig, fidelity, audit, row=rows)
     fig.update_layout(template="plotly_white", height={1: 560, 2: 900, 3: 1150}[rows], width=1000,

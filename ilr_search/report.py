@@ -167,7 +167,7 @@ def _write_front(path: Path, study: str, rows: list[dict[str, Any]], front: list
                                                                 "target_steps": report["target_steps"],
                                                                 "noise": noise}, indent=1)))
         return
-    fig = pareto_figure(study, rows, front, noise, report.get("layers"), report.get("fidelity"))
+    fig = pareto_figure(study, rows, front, noise, report.get("layers"), report.get("fidelity"), report["pareto"])
     if suffix == ".html":
         _atomic_write(path, lambda p: fig.write_html(p, include_plotlyjs=True, full_html=True, include_mathjax=False))
         return

@@ -77,7 +77,7 @@ def test_target_2x_races_contenders_at_more_seeds_and_twice_the_steps(raced):
     assert len({(r["map_key"], r["steps"], r["seed"]) for r in rows}) == len(rows)
 
 
-def test_front_points_carry_length_seeds_interval_and_confirmation(raced, cli):
+def test_front_points_carry_length_seeds_interval_and_confirmation(raced, cli, tmp_path):
     _, _, db, summary = raced
     pareto = json.loads(cli("pareto", "--study", "raced", "--storage", f"sqlite:///{db}", "--json", check=True).stdout)
     for report in (summary, pareto):
@@ -94,6 +94,9 @@ def test_front_points_carry_length_seeds_interval_and_confirmation(raced, cli):
     assert trials["race"]["results"] == summary["race"]["results"]
     text = cli("pareto", "--study", "raced", "--storage", f"sqlite:///{db}", check=True).stdout
     assert "verdict at 48 steps" in text
+    figure = tmp_path / "front.html"
+    cli("pareto", "--study", "raced", "--storage", f"sqlite:///{db}", "--out", str(figure), check=True)
+    assert "race front (mean over seeds, interval)" in figure.read_text(encoding="utf-8")
 
 
 def test_rerunning_a_finished_race_trains_nothing(raced, cli):
