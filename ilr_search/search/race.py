@@ -81,6 +81,11 @@ def race_settings(config: Mapping[str, Any]) -> RaceSettings:
     return RaceSettings(base_steps, max(base_steps, round(factor * base_steps)), tuple(seed + i for i in range(n_seeds)))
 
 
+def races(settings: RaceSettings) -> bool:
+    """Whether the race trains anything: a target beyond the proxy's length, or more than one seed."""
+    return settings.target_steps > settings.base_steps or len(settings.seeds) > 1
+
+
 def lr_schedule(config: Mapping[str, Any]) -> str:
     """The learning-rate schedule every run of the study is trained with (train.lr_at), over its own length."""
     train = config["train"]
@@ -243,8 +248,8 @@ def run_race(plan: StudyPlan, study: optuna.Study, store: Store, data: TokenData
         settings, results, state = study_race(trials, study.user_attrs, store.audit_rows())
         have = {(r.map_key, r.steps, r.seed) for r in results}
         open_jobs = [j for j in state.next_jobs if (j.map_key, j.steps, j.seed) not in have]
-        if state.done or not open_jobs:
-            break
+        if state.done or not open_jobs or not races(settings):
+            break  # (a race that is off trains nothing, not even a baseline that no trial trained)
         by_key = {t.user_attrs["map_key"]: t for t in sorted(trained_trials(list(trials)), key=lambda t: -t.number)}
         trained = held = False
         for job in open_jobs:
