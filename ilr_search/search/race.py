@@ -30,8 +30,8 @@ from ..config import ModelConfig, SearchConfig, TrainConfig
 from ..data import TokenData
 from ..flops import flops_ratio
 from ..knobs import KnobValue, config_key, format_knobs
-from ..racing import Evaluation, RaceJob, RaceSettings, RaceState, race_state
-from ..results import REFERENCE_PREFIX, finite_or_none, is_baseline_key, key_reuse_map, trained_trials
+from ..racing import Evaluation, FrontPoint, RaceJob, RaceSettings, RaceState, race_state
+from ..results import REFERENCE_PREFIX, finite_or_none, is_baseline_key, key_reuse_map, study_front, trained_trials
 from ..schedule import format_reuse_map, reuse_map_schedule
 from ..storage import AuditJob, AuditRow, Heartbeat, Store, grace_period, heartbeat_interval
 from ..train import train_proxy
@@ -161,14 +161,23 @@ def json_interval(interval: tuple[float, float]) -> list[float | None]:
 RACE_POINT_FIELDS = ("steps", "seeds", "interval", "confirmed")  # what a race front point adds to a proxy one
 
 
-def front_rows(state: RaceState, trials: Sequence[FrozenTrial], results: Sequence[StoredResult]) -> list[dict[str, Any]]:
-    """The race's front as the `pareto` items of `run --json` and `pareto --json`: each point's trial, map,
-    knobs and FLOPs, its mean perplexity over its seeds at its length, the interval, and whether it is
-    confirmed (val_bpb: the mean over the same runs)."""
+def proxy_points(trials: Sequence[FrozenTrial], settings: RaceSettings) -> tuple[FrontPoint, ...]:
+    """The proxy's front (study_front) as front points: the proxy's length, the space's seed, no interval, not
+    confirmed."""
+    numbers = {t.number: t for t in trials}
+    return tuple(FrontPoint(numbers[p["trial"]].user_attrs["map_key"], p["flops_ratio"], settings.base_steps,
+                            settings.seeds[:1], p["val_ppl"], (0.0, math.inf), False) for p in study_front(list(trials)))
+
+
+def front_rows(points: Sequence[FrontPoint], trials: Sequence[FrozenTrial], results: Sequence[StoredResult]
+               ) -> list[dict[str, Any]]:
+    """Front points as the `pareto` items of `run --json` and `pareto --json`: each point's trial, map, knobs
+    and FLOPs, its mean perplexity over its seeds at its length, the interval, and whether it is confirmed
+    (val_bpb: the mean over the same runs)."""
     by_key = {t.user_attrs["map_key"]: t for t in sorted(trained_trials(list(trials)), key=lambda t: -t.number)}
     bpb = {(r.map_key, r.steps, r.seed): r.val_bpb for r in results}
     rows = []
-    for p in state.front:
+    for p in points:
         t = by_key.get(p.map_key)
         bpbs = [bpb.get((p.map_key, p.steps, s)) for s in p.seeds]
         knobs = t.user_attrs.get("knobs") if t is not None else None
@@ -191,7 +200,9 @@ def race_summary(trials: Sequence[FrozenTrial], study_attrs: Mapping[str, Any], 
     if CONFIG_ATTR not in study_attrs:
         return {"pareto": [], "verdict": "", "target_steps": None, "race": None}
     settings, results, state = study_race(trials, study_attrs, rows)
-    return {"pareto": front_rows(state, trials, results), "verdict": state.verdict,
+    # With the race off, or before it has its contenders (base results missing), the front is the proxy's.
+    points = state.front if races(settings) and state.front else proxy_points(trials, settings)
+    return {"pareto": front_rows(points, trials, results), "verdict": state.verdict,
             "target_steps": settings.target_steps,
             "race": {"base_steps": settings.base_steps, "target_steps": settings.target_steps,
                      "steps_trained": sum(r.steps for r in results if r.is_run),
