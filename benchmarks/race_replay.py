@@ -21,6 +21,7 @@ from pathlib import Path
 from ilr_search.bench import POLICIES, replay_policy
 
 SUMMARY_KEYS = ("mean_compute_steps", "exhaustive_steps", "maps_claimed", "false_claims", "false_claim_share",
+                "decided_claimed_share",
                 "mean_regret_sd", "max_regret_sd", "regret_within_1sd_share", "intervals", "interval_coverage")
 
 
@@ -43,6 +44,7 @@ def main() -> None:
                                "target_steps": first["target_steps"], "table_seeds": first["table_seeds"],
                                "seed_sd_at_target": first["seed_sd_at_target"],
                                "table_better_than_baseline": first["table_better_than_baseline"],
+                               "table_decided_better": first["table_decided_better"],
                                "summary": summary, "reports": reports}, indent=1, default=float) + "\n")
     for policy, row in summary.items():
         print(policy, json.dumps(row, default=float))
