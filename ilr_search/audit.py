@@ -8,7 +8,6 @@ claimed before it is trained, as trials claim maps, so concurrent audit workers 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import random
@@ -26,14 +25,13 @@ from .data import check_vocab, load_space_tokens, model_config
 from .errors import UserInputError
 from .fidelity import audit_report
 from .knobs import with_knobs
-from .results import Curves, curves_by_trial, finite_or_none, is_baseline_key, study_front, trained_trials
-from .schedule import reuse_map_schedule
+from .results import Curves, curves_by_trial, is_baseline_key, study_front, trained_trials
 from .search.plan import CONFIG_ATTR, RESULT_TRAIN_FIELDS, safe_name
 from .search.progress import RunReporter
+from .search.race import FINAL_STATES, is_finished, longer_train_config, run_checkpoint, train_run
 from .search.run import disk_full_is_reported
 from .search.studies import open_study
-from .storage import AuditJob, Heartbeat, Store, grace_period, heartbeat_interval, open_store, parse_storage
-from .train import train_proxy
+from .storage import AuditJob, Store, grace_period, heartbeat_interval, open_store, parse_storage
 
 
 AUTO_MAPS = 8  # the default selection aims at this many maps with a complete proxy result
@@ -157,7 +155,7 @@ def _run_audit(study_name: str, storage: str | None, settings: AuditSettings, re
     trained_here = 0
     waiting_said = False
     while True:
-        pending = [(job, t) for job, t in jobs if not _is_done(store, job)]
+        pending = [(job, t) for job, t in jobs if not is_finished(store, job)]
         if not pending:
             break
         progressed = False
@@ -190,13 +188,6 @@ def _run_audit(study_name: str, storage: str | None, settings: AuditSettings, re
             **{k: v for k, v in report.to_dict().items() if k not in ("factor", "steps")}}
 
 
-FINAL_STATES = ("complete", "failed")  # failed: the run diverged; it is not trained again
-
-
-def _is_done(store: Store, job: AuditJob) -> bool:
-    return any(r.job == job and r.state in FINAL_STATES for r in store.audit_rows())
-
-
 def _n_done(store: Store, jobs: list[tuple[AuditJob, FrozenTrial]]) -> int:
     done = {r.job for r in store.audit_rows() if r.state in FINAL_STATES}
     return sum(job in done for job, _ in jobs)
@@ -211,21 +202,8 @@ def _row(store: Store, job: AuditJob, t: FrozenTrial) -> dict[str, Any]:
 
 def _train_job(store: Store, job: AuditJob, worker: str, trial: FrozenTrial, space: SpaceConfig, data: Any,
                reporter: RunReporter, checkpoints: Path, init_depth: int) -> None:
-    reuse_map = list(trial.user_attrs["reuse_map"])
     model = with_knobs(model_config(space), trial.user_attrs.get("knobs", {}), init_depth)
     check_vocab(model, data.vocab_size)
-    train_cfg = dataclasses.replace(space.train, seed=job.seed)
-    checkpoint = checkpoints / f"{job.factor}x-seed{job.seed}-{safe_name(job.map_key.replace(',', '-'))}.pt"
-    reporter.trial_started(trial.number, reuse_map, train_cfg.steps)
-    try:
-        with Heartbeat(lambda: store.audit_beat(job, worker)):
-            result = train_proxy(model, reuse_map_schedule(reuse_map), data, train_cfg, on_step=reporter.step,
-                                 checkpoint_path=checkpoint)
-    except KeyboardInterrupt:  # free the run at once for the next attempt; its checkpoint stays
-        store.audit_finish(job, worker, "interrupted", None, None, None, [], 0.0, "interrupted (Ctrl-C)")
-        raise
-    state = "complete" if result.status == "ok" else "failed"
-    store.audit_finish(job, worker, state, finite_or_none(result.val_loss), finite_or_none(result.val_ppl),
-                       finite_or_none(result.val_bpb), [(p.step, p.val_loss) for p in result.curve],
-                       result.train_seconds, result.reason)
-    checkpoint.unlink(missing_ok=True)
+    train_run(store, job, worker, list(trial.user_attrs["reuse_map"]), model,
+              longer_train_config(space.train, space.train.steps, job.seed), data, reporter,
+              run_checkpoint(checkpoints, job), trial.number)

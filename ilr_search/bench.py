@@ -20,6 +20,7 @@ import optuna
 from .config import PrunerSettings
 from .errors import UserInputError
 from .pareto import non_dominated
+from .racing import Evaluation, RaceSettings, benjamini_hochberg, race_state
 from .report import _atomic_write, check_out_path
 from .results import curves_by_trial, references
 from .search.maps import propose_map, seed_maps
@@ -30,6 +31,7 @@ from .search.run import run_study
 from .search.samplers import build_sampler, sampler_settings
 from .search.studies import open_study
 from .space import load_space
+from .stats import decision_level, paired_comparison
 from .storage import CurvePoint, open_store, parse_storage
 
 
@@ -59,7 +61,7 @@ def build_table(space_path: str | Path, out: str | Path, budget: str = "2x", sto
                           + (f"-sample{sample}-seed{seed}" if sample else ""))
     started = time.perf_counter()
     run_study(space, budget, name, storage, n_trials=len(maps), sampler="random", pruner="none",
-              reporter=reporter, enqueue_maps=maps)
+              reporter=reporter, enqueue_maps=maps, race=False)  # the table: every map once, no race
     seconds = time.perf_counter() - started
     rows = []
     study = open_study(parse_storage(storage), name)
@@ -315,6 +317,14 @@ def replay_pruning(table: Table, settings: PrunerSettings, order_seed: int | Non
     return PruningReplay(settings.name, order_seed, settings.rungs, len(rows), pruned, trained, saved, front, lost)
 
 
+def default_pruner_settings(pruner: str) -> PrunerSettings:
+    """A pruning rule with the default space's settings (what a default study prunes with)."""
+    search = load_space().search
+    return PrunerSettings(name=pruner, eta=search.prune_eta, epsilon=search.prune_epsilon,
+                          warmup=search.prune_warmup, calibration_maps=search.prune_calibration_maps,
+                          min_spearman=search.prune_min_spearman)
+
+
 def replay_table(path: str | Path, pruner: str = "pareto", order_seed: int | None = None) -> dict[str, Any]:
     """`ilr-search bench replay`: one pruning rule (with the default space's settings) over a table's rows."""
     if pruner not in ("pareto", "pareto-eager", "none"):
@@ -322,11 +332,7 @@ def replay_table(path: str | Path, pruner: str = "pareto", order_seed: int | Non
     if not Path(path).is_file():
         raise UserInputError(f"bench table {str(path)!r} does not exist")
     table = Table.read(path)
-    search = load_space().search
-    settings = PrunerSettings(name=pruner, eta=search.prune_eta, epsilon=search.prune_epsilon,
-                              warmup=search.prune_warmup, calibration_maps=search.prune_calibration_maps,
-                              min_spearman=search.prune_min_spearman)
-    result = replay_pruning(table, settings, order_seed)
+    result = replay_pruning(table, default_pruner_settings(pruner), order_seed)
     return {"table": str(path), "steps": table.steps, **result.to_dict()}
 
 
@@ -357,3 +363,243 @@ def summarize_replays(table: Table, results: list[ReplayResult]) -> list[dict[st
         })
     return rows
 
+
+# ----------------------------------------------------------------------------------------------------
+# Truth tables: maps at several lengths and seeds (benchmarks/truth.py), and the policies replayed over them
+
+@dataclass(frozen=True)
+class TruthTable:
+    """One result per (map, steps, seed), as benchmarks/truth.py writes them (its docstring has the schema):
+    val_loss None where the run diverged; curves (step -> val_loss) by (map, steps, seed)."""
+    baseline: str
+    flops: dict[str, float]
+    losses: dict[tuple[str, int, int], float | None]
+    curves: dict[tuple[str, int, int], dict[int, float]]
+    n_layers: int
+    max_reuse: int
+
+    @classmethod
+    def read(cls, path: str | Path) -> TruthTable:
+        import pandas as pd
+
+        if not Path(path).is_file():
+            raise UserInputError(f"truth table {str(path)!r} does not exist")
+        try:
+            frame = pd.read_parquet(path) if str(path).endswith(".parquet") else pd.read_csv(path)
+        except (OSError, ValueError) as e:
+            raise UserInputError(f"cannot read truth table {str(path)!r}: {e}") from None
+        missing = {"map_key", "flops_ratio", "steps", "seed", "val_loss"} - set(frame.columns)
+        if missing or frame.empty:
+            raise UserInputError(f"{str(path)!r} is not a truth table (benchmarks/truth.py writes one): "
+                                 + (f"columns {sorted(missing)} missing" if missing else "no rows"))
+        flops, losses, curves = {}, {}, {}
+        for r in frame.to_dict("records"):
+            key = (str(r["map_key"]), int(r["steps"]), int(r["seed"]))
+            flops[key[0]] = float(r["flops_ratio"])
+            loss = float(r["val_loss"])
+            losses[key] = loss if math.isfinite(loss) else None
+            if "curve" in r and isinstance(r["curve"], str):
+                curves[key] = {int(st): float(v) for st, v in json.loads(r["curve"])}
+        meta = json.loads(frame["meta"].iloc[0]) if "meta" in frame.columns else {}
+        maps = [tuple(int(x) for x in k.split(",")) for k in flops]
+        baseline = str(meta.get("baseline") or min(flops, key=lambda k: (flops[k], k)))
+        return cls(baseline, flops, losses, curves, len(maps[0]), max(max(m) for m in maps))
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        return tuple(sorted({steps for _, steps, _ in self.losses}))
+
+    def seeds_at(self, steps: int) -> tuple[int, ...]:
+        """The seeds every map has at `steps` (the seeds a replayed race can be answered at)."""
+        per_map = [{s for (k, st, s) in self.losses if k == key and st == steps} for key in self.flops]
+        return tuple(sorted(set.intersection(*per_map))) if per_map else ()
+
+    def seed_mean(self, key: str, steps: int) -> float | None:
+        """The table's truth for a map: its mean loss over every seed the table has at `steps`."""
+        values = [v for (k, st, _), v in self.losses.items() if k == key and st == steps]
+        if not values or any(v is None for v in values):
+            return None
+        return math.fsum(values) / len(values)
+
+    def seed_sd(self, steps: int) -> float:
+        """The pooled seed standard deviation of the loss at `steps` (root mean of the maps' variances)."""
+        import statistics
+
+        variances = []
+        for key in self.flops:
+            values = [v for (k, st, _), v in self.losses.items() if k == key and st == steps and v is not None]
+            if len(values) >= 2:
+                variances.append(statistics.variance(values))
+        return math.sqrt(math.fsum(variances) / len(variances)) if variances else math.nan
+
+    def evaluation(self, key: str, steps: int, seed: int) -> Evaluation | None:
+        if (key, steps, seed) not in self.losses:
+            return None
+        return Evaluation(key, self.flops[key], steps, seed, self.losses[(key, steps, seed)])
+
+    def bench_table(self, steps: int, seed: int) -> Table:
+        """The maps at one length and seed as a bench table (for today's rule: one seed, pruned on its curve)."""
+        rows = tuple(TableRow(k, tuple(int(x) for x in k.split(",")), self.flops[k],
+                              math.exp(self.losses[(k, steps, seed)]), self.curves.get((k, steps, seed), {}))
+                     for k in sorted(self.flops) if self.losses.get((k, steps, seed)) is not None)
+        rungs = tuple(sorted({st for r in rows for st in r.curve if st < steps}))
+        return Table(self.n_layers, self.max_reuse, max(sum(r.reuse_map or ()) for r in rows), steps, rungs, rows)
+
+
+@dataclass
+class PolicyReplay:
+    """One replay of a policy over a truth table. claimed: the maps it reports as beating the baseline at the
+    target; false_claims: those whose table seed mean at the target is not below the baseline's; best: the map
+    it reports best, regret_sd: (its table mean loss at the target - the table's best) / the table's pooled
+    seed sd there; intervals_held / intervals: its front intervals (>= 2 seeds) that hold the table's mean."""
+    policy: str
+    order_seed: int
+    seeds: tuple[int, ...]
+    compute_steps: int
+    claimed: list[str]
+    false_claims: list[str]
+    best: str | None
+    regret_sd: float | None
+    intervals: int
+    intervals_held: int
+    verdict: str
+    unanswered: list[tuple[str, int, int]]  # jobs the table could not answer (the replay stopped there)
+
+
+def _claims_and_regret(table: TruthTable, claimed: Sequence[str], best: str | None,
+                       target: int) -> tuple[list[str], float | None]:
+    base = table.seed_mean(table.baseline, target)
+    false = [k for k in claimed if base is None or (table.seed_mean(k, target) or math.inf) >= base]
+    means = [m for m in (table.seed_mean(k, target) for k in table.flops) if m is not None]
+    regret = None
+    sd = table.seed_sd(target)
+    if best is not None and table.seed_mean(best, target) is not None and means and math.isfinite(sd) and sd > 0:
+        regret = (table.seed_mean(best, target) - min(means)) / sd
+    return false, regret
+
+
+def replay_race(table: TruthTable, order_seed: int, n_seeds: int | None = None, confidence: float = 0.9,
+                max_contenders: int = 6) -> PolicyReplay:
+    """Run the racing policy with every job answered from the table: base length the table's shortest, target
+    its longest, the race's seeds `n_seeds` of the table's target seeds in an order drawn from `order_seed`
+    (the order decides which seed every map starts at and which seeds the race stops at)."""
+    lengths = table.lengths
+    available = list(table.seeds_at(lengths[-1]))
+    random.Random(order_seed).shuffle(available)
+    seeds = tuple(available[:n_seeds] if n_seeds else available)
+    settings = RaceSettings(base_steps=lengths[0], target_steps=lengths[-1], seeds=seeds, confidence=confidence,
+                            max_contenders=max_contenders)
+    evaluations = [e for e in (table.evaluation(k, lengths[0], seeds[0]) for k in sorted(table.flops)) if e]
+    unanswered: list[tuple[str, int, int]] = []
+    while True:
+        state = race_state(evaluations, settings, table.baseline)
+        if state.done:
+            break
+        answers = [table.evaluation(j.map_key, j.steps, j.seed) for j in state.next_jobs]
+        unanswered = [(j.map_key, j.steps, j.seed) for j, a in zip(state.next_jobs, answers) if a is None]
+        if unanswered:
+            break
+        evaluations += [a for a in answers if a is not None]
+    target = settings.target_steps
+    claimed = list(state.confirmed_better)
+    at_target = [p for p in state.front if p.steps == target]
+    best = state.alive[0] if state.alive else None  # the best survivor (the baseline when it alone survived)
+    false, regret = _claims_and_regret(table, claimed, best, target)
+    held = [p for p in at_target if len(p.seeds) >= 2
+            and p.interval[0] <= math.exp(table.seed_mean(p.map_key, target) or math.nan) <= p.interval[1]]
+    return PolicyReplay("race", order_seed, seeds, sum(e.steps for e in evaluations), claimed, false, best, regret,
+                        sum(len(p.seeds) >= 2 for p in at_target), len(held), state.verdict, unanswered)
+
+
+def replay_single_seed(table: TruthTable, order_seed: int, pruner: str) -> PolicyReplay:
+    """Today's rule (pruner "pareto") or no pruning ("none"): every map once at the base length at one seed (drawn
+    from `order_seed`), in a shuffled order, pruned at the rungs; the baseline at the other base seeds gives the
+    noise band. It claims the recurrent maps on its front whose perplexity is below the baseline's by more than
+    the band (today's front marks the rest as ties), and reports its best-perplexity map as best."""
+    base = table.lengths[0]
+    seeds = list(table.seeds_at(base))
+    random.Random(order_seed).shuffle(seeds)
+    bench = table.bench_table(base, seeds[0])
+    result = replay_pruning(bench, default_pruner_settings(pruner), order_seed)
+    pruned = {p["reuse_map"] for p in result.pruned}
+    complete = [r for r in bench.rows if r.map_key not in pruned]
+    band_ppls = [math.exp(v) for s in seeds for v in [table.losses.get((table.baseline, base, s))] if v is not None]
+    spread = max(band_ppls) - min(band_ppls) if len(band_ppls) >= 2 else 0.0
+    base_row = next((r for r in complete if r.map_key == table.baseline), None)
+    front = [complete[i] for i in non_dominated([(r.val_ppl, r.flops_ratio) for r in complete])]
+    claimed = sorted(r.map_key for r in front if base_row is not None and r.map_key != table.baseline
+                     and r.val_ppl < base_row.val_ppl - spread)
+    best = min(complete, key=lambda r: r.val_ppl).map_key if complete else None
+    target = table.lengths[-1]
+    false, regret = _claims_and_regret(table, claimed, best, target)
+    compute = result.steps_trained + base * (len(band_ppls) - 1)
+    verdict = (f"{len(claimed)} recurrent map(s) beat the baseline by more than its seed spread {spread:.3f} ppl at "
+               f"{base} steps, one seed" if claimed else f"no recurrent map beat the baseline at {base} steps")
+    return PolicyReplay("today" if pruner == "pareto" else "none", order_seed, (seeds[0],), compute, claimed, false,
+                        best, regret, 0, 0, verdict, [])
+
+
+POLICIES = ("race", "today", "none")
+
+
+def table_decided_better(table: TruthTable, target: int, confidence: float) -> list[str]:
+    """The maps the whole table shows better than the baseline at the target: the race's own test (paired t
+    interval clear of zero, Benjamini-Hochberg over the maps) over every seed the table has."""
+    def by_seed(key: str) -> dict[int, float]:
+        return {s: v for (k, st, s), v in table.losses.items() if k == key and st == target and v is not None}
+
+    keys = sorted(k for k in table.flops if k != table.baseline)
+    tests = [paired_comparison(by_seed(k), by_seed(table.baseline), confidence) for k in keys]
+    adjusted = benjamini_hochberg([t.p_value for t in tests])
+    return [k for k, t, p in zip(keys, tests, adjusted) if t.n >= 2 and p < decision_level(confidence)]
+
+
+def replay_policy(path: str | Path, policy: str, orders: int = 10, first_order: int = 0, n_seeds: int | None = None,
+                  confidence: float = 0.9, max_contenders: int = 6) -> dict[str, Any]:
+    """`ilr-search bench replay --policy`: a policy replayed over a truth table in `orders` orders, with the
+    goals' figures: false confirmations (share of claimed maps that do not beat the baseline in the table's
+    seed mean at the target), regret of the reported best in seed sd, and the coverage of the front's intervals."""
+    if policy not in POLICIES:
+        raise UserInputError(f"unknown --policy {policy!r}; use {', '.join(POLICIES)}")
+    if orders < 1:
+        raise UserInputError(f"--orders must be at least 1, got {orders}")
+    if not 0 < confidence < 1:
+        raise UserInputError(f"--confidence must be between 0 and 1, got {confidence}")
+    if max_contenders < 1:
+        raise UserInputError(f"--max-contenders must be at least 1, got {max_contenders}")
+    table = TruthTable.read(path)
+    if n_seeds is not None and not 1 <= n_seeds <= len(table.seeds_at(table.lengths[-1])):
+        raise UserInputError(f"--race-seeds must be between 1 and the table's {len(table.seeds_at(table.lengths[-1]))} "
+                             f"seeds at its longest length, got {n_seeds}")
+    if len(table.lengths) < 2:
+        raise UserInputError(f"truth table {str(path)!r} has one length ({table.lengths[0]} steps); a race needs two")
+    runs = [replay_race(table, o, n_seeds, confidence, max_contenders) if policy == "race"
+            else replay_single_seed(table, o, "pareto" if policy == "today" else "none")
+            for o in range(first_order, first_order + orders)]
+    target = table.lengths[-1]
+    base_mean = table.seed_mean(table.baseline, target)
+    truly_better = sorted(k for k in table.flops if k != table.baseline and base_mean is not None
+                          and (table.seed_mean(k, target) or math.inf) < base_mean)
+    decided = table_decided_better(table, target, confidence)
+    claimed = sum(len(r.claimed) for r in runs)
+    false = sum(len(r.false_claims) for r in runs)
+    regrets = [r.regret_sd for r in runs if r.regret_sd is not None]
+    intervals = sum(r.intervals for r in runs)
+    import statistics
+
+    return {
+        "table": str(path), "policy": policy, "orders": orders, "base_steps": table.lengths[0], "target_steps": target,
+        "table_seeds": list(table.seeds_at(target)), "maps": len(table.flops), "baseline": table.baseline,
+        "confidence": confidence, "seed_sd_at_target": table.seed_sd(target),
+        "table_better_than_baseline": truly_better, "table_decided_better": decided,
+        "decided_claimed_share": (sum(len(set(r.claimed) & set(decided)) for r in runs) / (len(decided) * orders)
+                                  if decided else None),
+        "exhaustive_steps": sum(steps for (_, steps, _) in table.losses),
+        "mean_compute_steps": statistics.fmean(r.compute_steps for r in runs),
+        "maps_claimed": claimed, "false_claims": false, "false_claim_share": false / claimed if claimed else 0.0,
+        "mean_regret_sd": statistics.fmean(regrets) if regrets else None,
+        "max_regret_sd": max(regrets) if regrets else None,
+        "regret_within_1sd_share": sum(r <= 1 for r in regrets) / len(regrets) if regrets else None,
+        "intervals": intervals, "interval_coverage": sum(r.intervals_held for r in runs) / intervals if intervals else None,
+        "replays": [dataclasses.asdict(r) for r in runs],
+    }

@@ -259,13 +259,17 @@ def run(
     knobs: Annotated[Optional[str], typer.Option(help="Recurrence knobs searched with the map, comma-separated: injection, iteration_encoding, iteration_norms, depth_init. \\[default: from the space, none in the presets]")] = None,
     track: Annotated[Optional[str], typer.Option(help="Log each trial (validation curve, map, knobs, final values) and the reference runs: tensorboard:DIR or mlflow:URI (needs mlflow).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan (study, trials, references, pruning rungs, storage, space) and a time estimate from a short timed probe; write nothing.")] = False,
+    target: Annotated[Optional[str], typer.Option(help="The length the verdict is about, a multiple of the proxy's steps: contenders are raced at more seeds and up to this length (1x: seeds only). \\[default: from the space, 4x]")] = None,
+    race_seeds: Annotated[Optional[int], typer.Option(help="Seeds each contender is raced on, the space's seed first (--target 1x --race-seeds 1: no race). \\[default: from the space, 3]")] = None,
     json_out: Json = False,
 ) -> None:
     """Search reuse maps under a FLOP budget; running it again resumes the study."""
-    from .space import load_space
+    from .space import load_space, parse_target
 
     searched = None if knobs is None else [k.strip() for k in knobs.split(",") if k.strip()]
-    overrides = opts.overrides() | {"search": {"objective": objective, "knobs": searched}}
+    factor = None if target is None else parse_target(target)
+    overrides = opts.overrides() | {"search": {"objective": objective, "knobs": searched, "target": factor,
+                                                "race_seeds": race_seeds}}
     space = load_space(opts.space, overrides)
     tracked = tracked_reporter(track, storage, open_uri=not dry_run)
     if dry_run:
@@ -408,12 +412,24 @@ def bench_build(
 @bench_app.command("replay")
 @user_errors
 def bench_replay(
-    table: Annotated[Path, typer.Option(help="A table in the bench format (bench build writes one; partial tables and blockK rows are fine).")],
+    table: Annotated[Path, typer.Option(help="A table in the bench format (bench build writes one; partial tables and blockK rows are fine), or with --policy a truth table (benchmarks/truth.py).")],
     pruner: Annotated[str, typer.Option(help="pareto (calibrated, the default) or pareto-eager (the uncalibrated rule), or none.")] = "pareto",
-    seed: Annotated[Optional[int], typer.Option(help="Shuffle the row order with this seed. \\[default: table order]")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Shuffle the row order with this seed (with --policy: the first order). \\[default: table order]")] = None,
+    policy: Annotated[Optional[str], typer.Option(help="Replay a whole policy over a truth table instead: race (seeds and lengths, paired tests), today (one seed at the base length, pruned) or none (one seed, no pruning).")] = None,
+    orders: Annotated[int, typer.Option(help="With --policy: replays, each in its own order (seed order for race, row order and seed for today/none).")] = 10,
+    race_seeds: Annotated[Optional[int], typer.Option(help="With --policy race: seeds the race uses, drawn from the table's. \\[default: all the table's]")] = None,
+    confidence: Annotated[float, typer.Option(help="With --policy race: confidence of the paired tests and intervals.")] = 0.9,
+    max_contenders: Annotated[int, typer.Option(help="With --policy race: maps raced beyond their first result, the baseline among them.")] = 6,
     json_out: Json = False,
 ) -> None:
-    """Replay a pruning rule over a table's rows: the maps it prunes, the steps it saves, the front maps it loses."""
+    """Replay a pruning rule over a table's rows: the maps it prunes, the steps it saves, the front maps it loses
+    (with --policy: a policy over a truth table: compute, claims against the table's seed means, regret, coverage)."""
+    if policy is not None:
+        from .bench import replay_policy
+
+        report = replay_policy(table, policy, orders, seed or 0, race_seeds, confidence, max_contenders)
+        emit(report, json_out, ui.print_policy_replay)
+        return
     from .bench import replay_table
 
     emit(replay_table(table, pruner, seed), json_out, ui.print_pruning_replay)

@@ -127,6 +127,8 @@ class SearchConfig:
     noise_seeds: int = 2
     enqueue_paper_maps: bool = True
     knobs: tuple[str, ...] = ()  # recurrence knobs searched with the map (knobs.py), each a categorical dimension
+    target: float = 4.0  # the race's training length, a multiple of the proxy's steps (1: no longer training)
+    race_seeds: int = 3  # seeds a contender is raced on, the space's seed first (1 with target 1: no race)
 
 
 @dataclass(frozen=True)

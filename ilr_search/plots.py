@@ -63,17 +63,21 @@ def fitted_range(values: list[float], pad: float = 0.08) -> list[float] | None:
 
 
 def pareto_figure(study: str, trials: list[dict[str, Any]], front: list[dict[str, Any]], noise: dict[str, Any] | None,
-                  layer_view: dict[str, Any] | None = None, fidelity: dict[str, Any] | None = None) -> go.Figure:
+                  layer_view: dict[str, Any] | None = None, fidelity: dict[str, Any] | None = None,
+                  race_front: list[dict[str, Any]] | None = None) -> go.Figure:
     """Complete trials by final perplexity against FLOP ratio (points at one ratio spread side by side, hover
     for the map), the front as a step line, the all-ones baseline and its seed-to-seed noise band, audited
-    maps at their longer-training perplexity; pruned and failed trials apart, in a strip below at their
+    maps at their longer-training perplexity, the race's front (each point at its length: the mean over its
+    seeds and its interval, filled where confirmed); pruned and failed trials apart, in a strip below at their
     pruning step (their perplexity there is no final one: it stays off the perplexity axis, which fits the
     complete trials); the layer view, and a fidelity panel (rung agreement, proxy vs audit, the verdict)."""
     audit = (fidelity or {}).get("audits", [None])[-1] if (fidelity or {}).get("audits") else None
     plotted = [t for t in trials if t.get("flops_ratio") is not None]
     complete = [t for t in plotted if t["state"] == "COMPLETE" and t.get("plot_ppl") is not None]
     apart = [t for t in plotted if t not in complete]  # pruned, failed (diverged), or with no perplexity
-    specs: list[list[Any]] = [[{"colspan": 2, "secondary_y": bool(audit)}, None]]
+    known = [p for p in race_front or [] if p["interval"][0] is not None]  # one seed: no interval, no race run
+    longer = bool(audit) or bool(known)  # perplexities after longer training: a right axis of their own
+    specs: list[list[Any]] = [[{"colspan": 2, "secondary_y": longer}, None]]
     titles = [f"{study}: perplexity vs compute"]
     heights = [0.62]
     if apart:
@@ -129,12 +133,28 @@ def pareto_figure(study: str, trials: list[dict[str, Any]], front: list[dict[str
                                  hovertext=[f"map {m['reuse_map']}<br>{audit['factor']}x ppl {m['audit_ppl']:.4g}<br>proxy "
                                             f"{m['proxy_state'].lower()} ppl {_num(m['proxy_ppl'])}" for m in maps],
                                  hoverinfo="text"), row=1, col=1, secondary_y=True)
-        fig.update_yaxes(title_text=f"{audit['factor']}x-training perplexity", showgrid=False, color="#9467bd",
-                         tickformat=".4g",
-                         range=fitted_range([m["audit_ppl"] for m in maps]), row=1, col=1, secondary_y=True)
+    if known:  # a race was run (a study without one has its proxy front here, drawn above)
+        fig.add_trace(go.Scatter(
+            x=[p["flops_ratio"] for p in race_front], y=[p["val_ppl"] for p in race_front], mode="markers",
+            name="race front at its length (mean over seeds, interval; right axis)",
+            error_y=dict(type="data", symmetric=False,
+                         array=[p["interval"][1] - p["val_ppl"] if p in known else 0 for p in race_front],
+                         arrayminus=[p["val_ppl"] - p["interval"][0] if p in known else 0 for p in race_front]),
+            marker=dict(symbol="square", size=11, line=dict(width=2, color="#d62728"),
+                        color=["#d62728" if p["confirmed"] else "rgba(0,0,0,0)" for p in race_front]),
+            hovertext=[f"map {','.join(map(str, p['reuse_map']))}<br>{p['steps']} steps, seeds "
+                       f"{','.join(map(str, p['seeds']))}<br>ppl {p['val_ppl']:.4g} [{_num(p['interval'][0])}, "
+                       f"{_num(p['interval'][1])}]<br>{'confirmed' if p['confirmed'] else 'not confirmed'}"
+                       for p in race_front], hoverinfo="text"), row=1, col=1, secondary_y=True)
+    if longer:
+        right = [m["audit_ppl"] for m in audit["maps"]] if audit else []
+        right += [v for p in known for v in (p["interval"][0], p["interval"][1], p["val_ppl"])]
+        fig.update_yaxes(title_text="perplexity after longer training" if known else f"{audit['factor']}x-training perplexity",
+                         showgrid=False, color="#9467bd", tickformat=".4g", range=fitted_range(right), row=1, col=1,
+                         secondary_y=True)
     fig.update_xaxes(title_text="FLOP ratio (forward compute / all-ones map)", range=x_range, row=1, col=1)
     fig.update_yaxes(title_text="validation perplexity", range=fitted_range(y_values), row=1, col=1,
-                     **({"secondary_y": False} if audit else {}))
+                     **({"secondary_y": False} if longer else {}))
     if apart:
         _apart_strip(fig, apart, span, x_range)
     row = 2 + bool(apart)

@@ -16,10 +16,12 @@ from .fidelity import mark_ties, noise_band
 from .knobs import KNOB_CHOICES, format_knobs
 from .plots import pareto_figure, plot_ppl
 from .results import REFERENCE_PREFIX, Curves, curve_of, curves_by_trial, study_front, trial_row
+from .search.race import RACE_POINT_FIELDS, race_summary
 from .search.studies import fidelity_of, open_study
 from .storage import open_store, parse_storage
 
 
+PARETO_FIELDS = ("trial", "reuse_map", "knobs", "flops_ratio", "val_ppl", "val_bpb", "params", "within_noise_of")
 FRONT_FORMATS = (".html", ".png", ".svg", ".csv", ".json")
 EXPORT_FORMATS = (".csv", ".parquet")
 IMAGE_WIDTH = 1100  # pixels of a .png/.svg figure (the .html one takes its page's width)
@@ -106,11 +108,16 @@ def pareto_report(study_name: str, storage: str | None = None, out: str | Path |
     history = store.front_history()
     noise = noise_band(trials, study.user_attrs)
     mark_ties(front, noise)
+    race = race_summary(trials, study.user_attrs, store.audit_rows())
+    race_front = mark_ties(race["pareto"], noise)  # the race's front: each point at its longest raced length
     fidelity = fidelity_of(study, store, trials)
     report: dict[str, Any] = {
         "study": study_name,
-        "pareto": [{k: p[k] for k in ("trial", "reuse_map", "knobs", "flops_ratio", "val_ppl", "val_bpb", "params",
-                                      "within_noise_of")} for p in front],
+        "pareto": [{k: p[k] for k in (*PARETO_FIELDS, *RACE_POINT_FIELDS)} for p in race_front],
+        "proxy_pareto": [{k: p[k] for k in PARETO_FIELDS} for p in front],
+        "verdict": race["verdict"],
+        "target_steps": race["target_steps"],
+        "race": race["race"],
         "noise": noise,
         "front_history": {str(k): [p["trial"] for p in v] for k, v in sorted(history.items())},
         "references": {k[len(REFERENCE_PREFIX):]: v for k, v in study.user_attrs.items() if k.startswith(REFERENCE_PREFIX)},
@@ -157,9 +164,11 @@ def _write_front(path: Path, study: str, rows: list[dict[str, Any]], front: list
         return
     if suffix == ".json":
         _atomic_write(path, lambda p: p.write_text(json.dumps({"study": study, "pareto": report["pareto"],
+                                                                "verdict": report["verdict"],
+                                                                "target_steps": report["target_steps"],
                                                                 "noise": noise}, indent=1)))
         return
-    fig = pareto_figure(study, rows, front, noise, report.get("layers"), report.get("fidelity"))
+    fig = pareto_figure(study, rows, front, noise, report.get("layers"), report.get("fidelity"), report["pareto"])
     if suffix == ".html":
         _atomic_write(path, lambda p: fig.write_html(p, include_plotlyjs=True, full_html=True, include_mathjax=False,
                                                      default_width="100%", config={"responsive": True}))

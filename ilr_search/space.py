@@ -4,6 +4,7 @@ search settings; command-line flags override any of them."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -106,6 +107,19 @@ def build_space(raw: Mapping[str, Any], source: str = "") -> SpaceConfig:
     return space
 
 
+def parse_target(text: str) -> float:
+    """`--target 4x` (or 4): the race's training length as a multiple of the proxy's steps, at least 1."""
+    raw = text.strip().lower()
+    try:
+        factor = float(raw[:-1] if raw.endswith("x") else raw)
+    except ValueError:
+        raise SpaceError(f"--target {text!r} is not a multiple of the proxy's steps; give e.g. 4x (1x: no longer training)") from None
+    if not math.isfinite(factor) or factor < 1:
+        raise SpaceError(f"--target {text!r} is below 1x: the race trains contenders at the proxy's steps or longer; "
+                         "give e.g. 4x (1x: no longer training)")
+    return factor
+
+
 def validate_space(space: SpaceConfig) -> None:
     t, s = space.train, space.search
     checks = [
@@ -130,6 +144,9 @@ def validate_space(space: SpaceConfig) -> None:
         (s.prune_eta > 1, f"prune_eta must be above 1, got {s.prune_eta}"),
         (s.prune_calibration_maps >= 3, f"prune_calibration_maps must be at least 3, got {s.prune_calibration_maps}"),
         (-1 <= s.prune_min_spearman <= 1, f"prune_min_spearman must be in [-1, 1], got {s.prune_min_spearman}"),
+        (isinstance(s.target, (int, float)) and math.isfinite(s.target) and s.target >= 1,
+         f"target must be at least 1x the proxy's steps (the race trains contenders longer, never shorter), got {s.target}"),
+        (s.race_seeds >= 1, f"race-seeds (the seeds each contender is raced on) must be at least 1, got {s.race_seeds}"),
         (0 < space.data.val_fraction < 1, f"val_fraction must be in (0, 1), got {space.data.val_fraction}"),
     ]
     for ok, message in checks:

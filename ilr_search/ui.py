@@ -237,14 +237,40 @@ class WorkersReporter(RichReporter):
             super().study_started(study, target, finished)
 
 
+RACE_COLUMNS = ["steps", "seeds", "interval", "confirmed"]
+
+
+def race_front_rows(front: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Front points for a table: the interval as low-high, confirmed as yes/no."""
+    return [dict(p, interval=f"{_fmt(p['interval'][0])}-{_fmt(p['interval'][1])}"
+                 if p.get("interval") and p["interval"][0] is not None else "-",
+                 confirmed="yes" if p.get("confirmed") else "no") for p in front]
+
+
+def print_race(report: dict[str, Any]) -> None:
+    """The race's verdict, and its runs beyond the proxy (map, steps, seed, schedule, result)."""
+    race = report.get("race")
+    if not race:
+        return
+    runs = [r for r in race["results"] if r["source"].startswith("run ")]
+    if runs:
+        rows_table(f"race runs (proxy {race['base_steps']} steps, target {race['target_steps']}, seeds "
+                   f"{_fmt(race['seeds'])})", runs, ["map_key", "steps", "seed", "val_ppl", "schedule", "source"])
+    if race.get("eliminated"):
+        for key, why in race["eliminated"].items():
+            out.print(f"eliminated {key}: {why}")
+    out.print(f"verdict at {report['target_steps']} steps: {report['verdict'] or '-'}")
+
+
 def print_run(summary: dict[str, Any]) -> None:
-    rows_table(f"Pareto front of {summary['study']}", summary["pareto"], FRONT_COLUMNS)
+    rows_table(f"Pareto front of {summary['study']}", race_front_rows(summary["pareto"]), FRONT_COLUMNS + RACE_COLUMNS)
     for name, ref in summary.get("references", {}).items():
         out.print(f"reference {name}: {_fmt(ref['flops_ratio'])}x, ppl {_fmt(ref['val_ppl'])}")
     out.print(f"{summary['n_complete']} complete, {summary['n_pruned']} pruned, {summary['n_failed']} failed; "
               f"{summary['steps_trained']} steps trained, {summary['steps_saved_by_pruning']} saved by pruning; "
               f"storage {summary['storage']}")
     _fidelity_lines(summary.get("fidelity"))
+    print_race(summary)
     if summary.get("interrupted"):
         out.print("interrupted: finished trials are saved; run the same command again to resume")
 
@@ -256,13 +282,14 @@ def print_studies(report: dict[str, Any]) -> None:
 def print_trials(report: dict[str, Any]) -> None:
     rows_table(f"trials of {report['study']}", report["trials"], TRIAL_COLUMNS)
     _fidelity_lines(report.get("fidelity"))
+    print_race(report)
 
 
 def print_pareto(report: dict[str, Any]) -> None:
     noise = report.get("noise")
     rows = [dict(p, ties=("≈ " + ",".join(map(str, p["within_noise_of"]))) if p.get("within_noise_of") else "")
-            for p in report["pareto"]]
-    rows_table(f"Pareto front of {report['study']}", rows, FRONT_COLUMNS + ["params", "ties"])
+            for p in race_front_rows(report["pareto"])]
+    rows_table(f"Pareto front of {report['study']}", rows, FRONT_COLUMNS + RACE_COLUMNS + ["params", "ties"])
     if noise:
         out.print(f"baseline seed-to-seed spread: {noise['spread']:.4g} ppl over {noise['n_seeds']} seeds; "
                   "points marked ≈ are within it of each other (a tie, not a win)")
@@ -271,6 +298,7 @@ def print_pareto(report: dict[str, Any]) -> None:
         rows_table("layer importance for perplexity (Optuna PED-ANOVA)",
                    [{"layer": k, "importance": v} for k, v in layers["importance"].items()], ["layer", "importance"])
     _fidelity_lines(report.get("fidelity"))
+    print_race(report)
     if report.get("out"):
         out.print(f"wrote {report['out']}")
 
@@ -297,6 +325,22 @@ def print_audit(report: dict[str, Any]) -> None:
               f"front precision {_fmt(report['front_precision'])}, recall {_fmt(report['front_recall'])}; pruned maps on the "
               f"{report['factor']:g}x front: {', '.join(report['pruned_on_audited_front']) or 'none'}")
     out.print(f"verdict: {report['verdict']}")
+
+
+def print_policy_replay(report: dict[str, Any]) -> None:
+    rows_table(f"policy {report['policy']} over {report['table']} ({report['maps']} maps, {report['base_steps']} to "
+               f"{report['target_steps']} steps, {report['orders']} orders)",
+               [{"order": r["order_seed"], "seeds": ",".join(map(str, r["seeds"])), "compute": r["compute_steps"],
+                 "claimed": ", ".join(r["claimed"]) or "-", "false": ", ".join(r["false_claims"]) or "-",
+                 "best": r["best"], "regret_sd": r["regret_sd"]} for r in report["replays"]],
+               ["order", "seeds", "compute", "claimed", "false", "best", "regret_sd"])
+    coverage = report["interval_coverage"]
+    out.print(f"mean compute {report['mean_compute_steps']:.0f} steps (every table result: {report['exhaustive_steps']}); "
+              f"claims {report['maps_claimed']}, false {report['false_claims']} ({report['false_claim_share']:.0%}); "
+              f"regret within 1 seed sd in {_fmt(report['regret_within_1sd_share'])} of orders (mean "
+              f"{_fmt(report['mean_regret_sd'])} sd); intervals holding the table mean: "
+              + ("n/a" if coverage is None else f"{coverage:.0%} of {report['intervals']}"))
+    out.print(f"first order's verdict: {report['replays'][0]['verdict']}")
 
 
 def print_pruning_replay(report: dict[str, Any]) -> None:

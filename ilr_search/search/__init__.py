@@ -6,6 +6,7 @@ study (configuration, trials, curves, fronts) lives in a storage it resumes from
 - plan.py: what a study is (configuration, name) and the checks on resume;
 - objective.py: one trial (claim, reuse or wait, train, record), heartbeats and stale-trial sweeps;
 - run.py: a study run to its target, with its reference runs; progress.py: what it reports;
+- race.py: then its contenders at more seeds and longer, as the racing policy (racing.py) decides;
 - studies.py: stored studies read back.
 """
 

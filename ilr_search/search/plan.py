@@ -13,7 +13,7 @@ from typing import Any
 
 import optuna
 
-from ..config import KNOB_FIELD_DEFAULTS, ModelConfig, SpaceConfig, StudySettings
+from ..config import KNOB_FIELD_DEFAULTS, ModelConfig, SearchConfig, SpaceConfig, StudySettings
 from ..data import model_config
 from ..errors import UserInputError
 from ..flops import Budget, parse_budget
@@ -57,6 +57,9 @@ RESULT_TRAIN_FIELDS = ("steps", "batch_size", "grad_accum", "lr", "warmup_frac",
                        "grad_clip", "eval_fractions", "eval_windows", "seed")
 
 
+RACE_FIELDS = ("target", "race_seeds")
+
+
 def study_config(space: SpaceConfig, model: ModelConfig, budget: Budget, dtype: str) -> dict[str, Any]:
     # Knob fields are stored only where they are not off, and the searched knobs only where there are some:
     # a study made before the knobs existed keeps its configuration (and its derived name).
@@ -66,6 +69,8 @@ def study_config(space: SpaceConfig, model: ModelConfig, budget: Budget, dtype: 
                               "objective": space.search.objective}
     if space.search.knobs:
         search |= {"knobs": list(space.search.knobs), "init_depth": budget.max_layer_runs(model)}
+    # The race's length and seeds likewise, only where they are not the defaults.
+    search |= {k: getattr(space.search, k) for k in RACE_FIELDS if getattr(space.search, k) != getattr(SearchConfig(), k)}
     return {
         "model": stored_model,
         "data": dataclasses.asdict(space.data),

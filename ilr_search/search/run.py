@@ -33,6 +33,7 @@ from .objective import SearchRun, TrialDiverged, TrialTakenOver, sweep_stale_jou
 from .plan import (CONFIG_ATTR, FIDELITY_ATTR, SAMPLER_ATTR, StudyPlan, adopt_stored_dtype, canonical_config,
     check_resume, plan_study, safe_name)
 from .progress import RunReporter
+from .race import run_race
 from .pruners import build_pruner, pruner_settings
 from .samplers import build_sampler, sampler_settings
 from .studies import summarize
@@ -42,8 +43,10 @@ def run_study(space: SpaceConfig, budget: str, study_name: str | None = None, st
               n_trials: int | None = None, timeout: float | None = None, sampler: str | None = None,
               pruner: str | None = None, reporter: RunReporter | None = None,
               checkpoint_dir: str | Path | None = None, enqueue_maps: list[list[int]] | None = None,
-              reference_share: tuple[int, int] = (0, 1)) -> dict[str, Any]:
-    """Run (or resume) a study until it has `n_trials` finished trials; returns the `run --json` summary.
+              reference_share: tuple[int, int] = (0, 1), race: bool = True) -> dict[str, Any]:
+    """Run (or resume) a study until it has `n_trials` finished trials, then race its contenders at more seeds
+    and up to the target length (race.py; `race` False: not, e.g. a benchmark table); returns the `run --json`
+    summary.
 
     `sampler`/`pruner` given here override the space's and must match a resumed study's. `enqueue_maps` are
     tried first, after the baseline and the paper-inspired maps (over-budget maps are repaired). A full disk
@@ -51,7 +54,7 @@ def run_study(space: SpaceConfig, budget: str, study_name: str | None = None, st
     """
     with disk_full_is_reported():
         return _run_study(space, budget, study_name, storage, n_trials, timeout, sampler, pruner, reporter,
-                          checkpoint_dir, enqueue_maps, reference_share)
+                          checkpoint_dir, enqueue_maps, reference_share, race)
 
 
 @dataclass
@@ -121,7 +124,7 @@ def _run_study(space: SpaceConfig, budget: str, study_name: str | None = None, s
                n_trials: int | None = None, timeout: float | None = None, sampler: str | None = None,
                pruner: str | None = None, reporter: RunReporter | None = None,
                checkpoint_dir: str | Path | None = None, enqueue_maps: list[list[int]] | None = None,
-               reference_share: tuple[int, int] = (0, 1)) -> dict[str, Any]:
+               reference_share: tuple[int, int] = (0, 1), race: bool = True) -> dict[str, Any]:
     reporter = reporter or RunReporter()
     prepared = prepare_study(space, budget, study_name, storage, n_trials, timeout, sampler, pruner, enqueue_maps)
     space, spec, plan, study, settings, data = (prepared.space, prepared.spec, prepared.plan, prepared.study,
@@ -176,6 +179,11 @@ def _run_study(space: SpaceConfig, budget: str, study_name: str | None = None, s
                     raise
     if not interrupted and _n_finished(study) >= target:
         train_references(run, reference_share)
+        if race:  # contenders at more seeds and longer, until the racing policy has decided (race.py)
+            try:
+                run_race(plan, study, store, data, reporter, run.checkpoint_root / "audit")
+            except KeyboardInterrupt:  # the run in training was freed for the next attempt; finished ones stay
+                interrupted = True
     save_current_front(store, study.get_trials(deepcopy=False))
     for folder in (run.checkpoint_root, *run.checkpoint_root.parents[:2]):  # checkpoints go when their trials end
         try:

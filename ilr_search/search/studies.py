@@ -14,11 +14,18 @@ from ..results import FINISHED, curves_by_trial, references, study_front, trial_
 from ..storage import StorageSpec, Store, open_storage, open_store, parse_storage
 
 from .plan import CONFIG_ATTR, SAMPLER_ATTR
+from .race import RACE_POINT_FIELDS, race_summary
+
+FRONT_FIELDS = ("trial", "reuse_map", "flops_ratio", "val_ppl", "val_bpb")  # of a front point in `run --json`
 
 
 def summarize(study: optuna.Study, spec: StorageSpec, store: Store) -> dict[str, Any]:
+    """The `run --json` summary. `pareto` is the race's front (race.py): each point at its longest raced
+    length, with its seeds, interval and whether it is confirmed; `proxy_pareto` the front of the proxy
+    results alone (the study's seed, the proxy's length)."""
     trials = study.get_trials(deepcopy=False)
     states = [t.state for t in trials]
+    race = race_summary(trials, study.user_attrs, store.audit_rows())
     return {
         "study": study.study_name,
         "storage": spec.masked,
@@ -28,8 +35,13 @@ def summarize(study: optuna.Study, spec: StorageSpec, store: Store) -> dict[str,
         "n_failed": states.count(TrialState.FAIL),
         "steps_trained": sum(int(t.user_attrs.get("steps", 0)) for t in trials),
         "steps_saved_by_pruning": sum(int(t.user_attrs.get("steps_saved", 0)) for t in trials),
-        "pareto": [{k: p[k] for k in ("trial", "reuse_map", "flops_ratio", "val_ppl", "val_bpb")}
-                   | ({"knobs": p["knobs"]} if p.get("knobs") else {}) for p in study_front(trials)],
+        "pareto": [{k: p[k] for k in (*FRONT_FIELDS, *RACE_POINT_FIELDS)} | ({"knobs": p["knobs"]} if p.get("knobs") else {})
+                   for p in race["pareto"]],
+        "proxy_pareto": [{k: p[k] for k in FRONT_FIELDS} | ({"knobs": p["knobs"]} if p.get("knobs") else {})
+                         for p in study_front(trials)],
+        "verdict": race["verdict"],
+        "target_steps": race["target_steps"],
+        "race": race["race"],
         "references": references(study),
         "fidelity": fidelity_of(study, store, trials),
     }
@@ -117,5 +129,8 @@ def trials_report(study_name: str, storage: str | None = None) -> dict[str, Any]
     spec = parse_storage(storage)
     study = open_study(spec, study_name)
     trials = study.get_trials(deepcopy=False)
+    store = open_store(spec, study_name, read_only=True, storage=study._storage)
+    race = race_summary(trials, study.user_attrs, store.audit_rows())
     return {"study": study_name, "trials": [trial_row(t) for t in trials],
-            "fidelity": fidelity_of(study, open_store(spec, study_name, read_only=True, storage=study._storage), trials)}
+            "fidelity": fidelity_of(study, store, trials),
+            "race": race["race"], "verdict": race["verdict"], "target_steps": race["target_steps"]}

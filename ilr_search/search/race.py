@@ -1,0 +1,296 @@
+"""The race phase of a study (issue 19): once the study's trials reach their count, contenders are trained at
+more seeds and longer (up to the target length) until the racing policy (racing.py) has decided.
+
+Every result of the study is read as one (map, steps, seed) evaluation: the trials' results at the proxy's
+length and the space's seed, the reference runs (the baseline and the best map at extra seeds), and the
+longer or extra-seed runs. Those runs are the audit's rows (table ilr_audit, a run at steps = f x the
+proxy's steps being an audit run of factor f): the race and `ilr-search audit` train, claim and read the same
+rows, so neither trains what the other has. Each run is claimed per (map, steps, seed) with a heartbeat
+before it is trained and its result stored when it ends, so kill -9 loses no finished result, the same
+command resumes, and concurrent workers never train one run twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import socket
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from ..config import ModelConfig, SearchConfig, TrainConfig
+from ..data import TokenData
+from ..flops import flops_ratio
+from ..knobs import KnobValue, config_key, format_knobs
+from ..racing import Evaluation, FrontPoint, RaceJob, RaceSettings, RaceState, race_state
+from ..results import REFERENCE_PREFIX, finite_or_none, is_baseline_key, key_reuse_map, study_front, trained_trials
+from ..schedule import format_reuse_map, reuse_map_schedule
+from ..storage import AuditJob, AuditRow, Heartbeat, Store, grace_period, heartbeat_interval
+from ..train import train_proxy
+
+from .plan import CONFIG_ATTR, StudyPlan, safe_name
+from .progress import RunReporter
+
+
+FINAL_STATES = ("complete", "failed")  # of an audit row; failed: the run diverged, it is not trained again
+RUN_SOURCE = "run "  # a stored result's source when it is a race or audit run: "run 2x"
+
+
+@dataclass(frozen=True)
+class StoredResult:
+    """One stored result of a study with its fidelity: `map_key` trained for `steps` steps at `seed` under the
+    learning-rate `schedule`. val_loss None: it diverged. source: the trial, reference or run it comes from."""
+    map_key: str
+    flops_ratio: float
+    steps: int
+    seed: int
+    schedule: str
+    val_loss: float | None
+    val_ppl: float | None
+    val_bpb: float | None
+    source: str
+
+    @property
+    def is_run(self) -> bool:
+        """A run of the race or the audit (a row of ilr_audit), not a trial or a reference run."""
+        return self.source.startswith(RUN_SOURCE)
+
+    def evaluation(self) -> Evaluation:
+        return Evaluation(self.map_key, self.flops_ratio, self.steps, self.seed, self.val_loss)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def race_settings(config: Mapping[str, Any]) -> RaceSettings:
+    """The race of a study from its stored configuration (target and race_seeds stored only where they are not
+    the defaults): the proxy's length, the target length, and the seeds from the space's seed up."""
+    defaults = SearchConfig()
+    search, train = config.get("search", {}), config["train"]
+    base_steps, seed = int(train["steps"]), int(train["seed"])
+    factor = float(search.get("target", defaults.target))
+    n_seeds = int(search.get("race_seeds", defaults.race_seeds))
+    return RaceSettings(base_steps, max(base_steps, round(factor * base_steps)), tuple(seed + i for i in range(n_seeds)))
+
+
+def races(settings: RaceSettings) -> bool:
+    """Whether the race trains anything: a target beyond the proxy's length, or more than one seed."""
+    return settings.target_steps > settings.base_steps or len(settings.seeds) > 1
+
+
+def lr_schedule(config: Mapping[str, Any]) -> str:
+    """The learning-rate schedule every run of the study is trained with (train.lr_at), over its own length."""
+    train = config["train"]
+    return f"cosine(warmup {train['warmup_frac']:g}, floor {train['min_lr_frac']:g})"
+
+
+def factor_key(steps: int, base_steps: int) -> str:
+    """The audit factor of a run of `steps` steps, as the audit writes it (`--factor 4` -> "4")."""
+    return f"{steps / base_steps:g}"
+
+
+def audit_job(job: RaceJob, base_steps: int) -> AuditJob:
+    return AuditJob(factor_key(job.steps, base_steps), job.seed, job.map_key)
+
+
+def stored_results(trials: Sequence[FrozenTrial], study_attrs: Mapping[str, Any], rows: Sequence[AuditRow]
+                   ) -> list[StoredResult]:
+    """Every finished result of the study, one per (map, steps, seed): the trials' at the proxy's length
+    (complete or diverged; a pruned trial has no result at a length the race knows), the reference runs of
+    reuse maps, and the finished audit and race rows; the first source of a (map, steps, seed) wins, in that
+    order."""
+    config = study_attrs[CONFIG_ATTR]
+    base_steps, base_seed = int(config["train"]["steps"]), int(config["train"]["seed"])
+    schedule = lr_schedule(config)
+    found: list[StoredResult] = []
+    for t in sorted(trained_trials(list(trials)), key=lambda t: t.number):
+        if t.state == TrialState.PRUNED:
+            continue
+        a = t.user_attrs
+        loss = a.get("val_loss") if t.state == TrialState.COMPLETE else None
+        found.append(StoredResult(a["map_key"], float(a["flops_ratio"]), base_steps, base_seed, schedule, loss,
+                                  a.get("val_ppl") if loss is not None else None,
+                                  a.get("val_bpb") if loss is not None else None, f"trial {t.number}"))
+    for name, ref in sorted(study_attrs.items()):
+        if not name.startswith(REFERENCE_PREFIX) or not ref.get("reuse_map"):  # block recurrence is no reuse map
+            continue
+        ppl = ref.get("val_ppl")
+        key = config_key(format_reuse_map(ref["reuse_map"]), ref.get("knobs", {}))
+        found.append(StoredResult(key, float(ref["flops_ratio"]), base_steps, int(ref["seed"]), schedule,
+                                  math.log(ppl) if ppl else None, ppl, ref.get("val_bpb"),
+                                  f"reference {name[len(REFERENCE_PREFIX):]}"))
+    for r in rows:
+        if r.state in FINAL_STATES:
+            loss = r.val_loss if r.state == "complete" else None
+            found.append(StoredResult(r.job.map_key, r.flops_ratio, r.steps, r.job.seed, schedule, loss,
+                                      r.val_ppl if loss is not None else None, r.val_bpb, f"{RUN_SOURCE}{r.job.factor}x"))
+    unique: dict[tuple[str, int, int], StoredResult] = {}
+    for result in found:
+        unique.setdefault((result.map_key, result.steps, result.seed), result)
+    return list(unique.values())
+
+
+def study_race(trials: Sequence[FrozenTrial], study_attrs: Mapping[str, Any], rows: Sequence[AuditRow]
+               ) -> tuple[RaceSettings, list[StoredResult], RaceState]:
+    """The race's settings, the study's results, and the policy's decision on them. The policy sees the maps
+    a trial trained to the proxy's length (and the baseline): a pruned map that the audit retrained is no
+    contender, and the race does not train it to the proxy's length to make it one."""
+    config = study_attrs[CONFIG_ATTR]
+    settings = race_settings(config)
+    results = stored_results(trials, study_attrs, rows)
+    baseline = format_reuse_map([1] * int(config["model"]["n_layers"]))
+    raced = {r.map_key for r in results if r.source.startswith("trial ")} | {baseline}
+    evaluations = [r.evaluation() for r in results if r.map_key in raced]
+    return settings, results, race_state(evaluations, settings, baseline)
+
+
+def json_interval(interval: tuple[float, float]) -> list[float | None]:
+    """[low, high] ppl; [None, None] where the policy has none (one seed: it says (0, inf))."""
+    low, high = interval
+    return [low, high] if math.isfinite(low) and math.isfinite(high) and low > 0 else [None, None]
+
+
+RACE_POINT_FIELDS = ("steps", "seeds", "interval", "confirmed")  # what a race front point adds to a proxy one
+
+
+def proxy_points(trials: Sequence[FrozenTrial], settings: RaceSettings) -> tuple[FrontPoint, ...]:
+    """The proxy's front (study_front) as front points: the proxy's length, the space's seed, no interval, not
+    confirmed."""
+    numbers = {t.number: t for t in trials}
+    return tuple(FrontPoint(numbers[p["trial"]].user_attrs["map_key"], p["flops_ratio"], settings.base_steps,
+                            settings.seeds[:1], p["val_ppl"], (0.0, math.inf), False) for p in study_front(list(trials)))
+
+
+def front_rows(points: Sequence[FrontPoint], trials: Sequence[FrozenTrial], results: Sequence[StoredResult]
+               ) -> list[dict[str, Any]]:
+    """Front points as the `pareto` items of `run --json` and `pareto --json`: each point's trial, map, knobs
+    and FLOPs, its mean perplexity over its seeds at its length, the interval, and whether it is confirmed
+    (val_bpb: the mean over the same runs)."""
+    by_key = {t.user_attrs["map_key"]: t for t in sorted(trained_trials(list(trials)), key=lambda t: -t.number)}
+    bpb = {(r.map_key, r.steps, r.seed): r.val_bpb for r in results}
+    rows = []
+    for p in points:
+        t = by_key.get(p.map_key)
+        bpbs = [bpb.get((p.map_key, p.steps, s)) for s in p.seeds]
+        knobs = t.user_attrs.get("knobs") if t is not None else None
+        rows.append({"trial": t.number if t is not None else None,
+                     "reuse_map": list(t.user_attrs["reuse_map"]) if t is not None else key_reuse_map(p.map_key),
+                     "knobs": format_knobs(knobs) if knobs else None, "flops_ratio": p.flops_ratio,
+                     "val_ppl": p.val_ppl,
+                     "val_bpb": sum(bpbs) / len(bpbs) if bpbs and None not in bpbs else None,
+                     "params": t.user_attrs.get("params") if t is not None else None,
+                     "steps": p.steps, "seeds": list(p.seeds), "interval": json_interval(p.interval),
+                     "confirmed": p.confirmed})
+    return rows
+
+
+def race_summary(trials: Sequence[FrozenTrial], study_attrs: Mapping[str, Any], rows: Sequence[AuditRow]
+                 ) -> dict[str, Any]:
+    """What `run`, `pareto` and `trials` report of the race: the front (pareto items), the verdict, the
+    target length, the open and eliminated maps, and every stored result with its fidelity (nothing for a
+    study not made by ilr-search)."""
+    if CONFIG_ATTR not in study_attrs:
+        return {"pareto": [], "verdict": "", "target_steps": None, "race": None}
+    settings, results, state = study_race(trials, study_attrs, rows)
+    # With the race off, or before it has its contenders (base results missing), the front is the proxy's.
+    points = state.front if races(settings) and state.front else proxy_points(trials, settings)
+    return {"pareto": front_rows(points, trials, results), "verdict": state.verdict,
+            "target_steps": settings.target_steps,
+            "race": {"base_steps": settings.base_steps, "target_steps": settings.target_steps,
+                     "steps_trained": sum(r.steps for r in results if r.is_run),
+                     "seeds": list(settings.seeds), "confidence": settings.confidence, "done": state.done,
+                     "alive": list(state.alive), "eliminated": dict(state.eliminated),
+                     "results": [r.to_dict() for r in sorted(results, key=lambda r: (r.map_key, r.steps, r.seed))]}}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Training the runs (the race's and the audit's)
+
+def is_finished(store: Store, job: AuditJob) -> bool:
+    return any(r.job == job and r.state in FINAL_STATES for r in store.audit_rows())
+
+
+def longer_train_config(train: TrainConfig, steps: int, seed: int) -> TrainConfig:
+    """The proxy's training settings at another length and seed, with a checkpoint every eighth of the run."""
+    return dataclasses.replace(train, steps=steps, seed=seed, checkpoint_every=max(1, steps // 8))
+
+
+def run_checkpoint(folder: Path, job: AuditJob) -> Path:
+    """Where a run keeps its checkpoint: the same file for the race and the audit, so either resumes the other's."""
+    return folder / f"{job.factor}x-seed{job.seed}-{safe_name(job.map_key.replace(',', '-'))}.pt"
+
+
+def train_run(store: Store, job: AuditJob, worker: str, reuse_map: list[int], model: ModelConfig,
+              train_cfg: TrainConfig, data: TokenData, reporter: RunReporter, checkpoint: Path, number: int) -> None:
+    """Train one claimed run under its heartbeat and store its result (complete, or failed where it diverged);
+    Ctrl-C frees the run at once for the next attempt (its checkpoint stays). `number`: the map's trial."""
+    reporter.trial_started(number, reuse_map, train_cfg.steps)
+    try:
+        with Heartbeat(lambda: store.audit_beat(job, worker)):
+            result = train_proxy(model, reuse_map_schedule(reuse_map), data, train_cfg, on_step=reporter.step,
+                                 checkpoint_path=checkpoint)
+    except KeyboardInterrupt:
+        store.audit_finish(job, worker, "interrupted", None, None, None, [], 0.0, "interrupted (Ctrl-C)")
+        raise
+    state = "complete" if result.status == "ok" else "failed"
+    store.audit_finish(job, worker, state, finite_or_none(result.val_loss), finite_or_none(result.val_ppl),
+                       finite_or_none(result.val_bpb), [(p.step, p.val_loss) for p in result.curve],
+                       result.train_seconds, result.reason)
+    checkpoint.unlink(missing_ok=True)
+
+
+def run_race(plan: StudyPlan, study: optuna.Study, store: Store, data: TokenData, reporter: RunReporter,
+             checkpoint_folder: Path) -> RaceState:
+    """Train what the racing policy asks for, one run at a time, reading every result again after each, until
+    it is done (or asks only for runs that exist); runs held by live workers are waited for."""
+    worker = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    train = dataclasses.replace(plan.space.train, dtype=plan.dtype)
+    waiting_said = False
+    while True:
+        trials = study.get_trials(deepcopy=False)
+        settings, results, state = study_race(trials, study.user_attrs, store.audit_rows())
+        have = {(r.map_key, r.steps, r.seed) for r in results}
+        open_jobs = [j for j in state.next_jobs if (j.map_key, j.steps, j.seed) not in have]
+        if state.done or not open_jobs or not races(settings):
+            break  # (a race that is off trains nothing, not even a baseline that no trial trained)
+        by_key = {t.user_attrs["map_key"]: t for t in sorted(trained_trials(list(trials)), key=lambda t: -t.number)}
+        trained = held = False
+        for job in open_jobs:
+            trial = by_key.get(job.map_key)
+            if trial is None and not is_baseline_key(job.map_key):
+                continue  # no trial of this study trained the map: nothing says how to build it
+            reuse_map = list(trial.user_attrs["reuse_map"]) if trial is not None else key_reuse_map(job.map_key)
+            knobs: dict[str, KnobValue] = dict(trial.user_attrs.get("knobs", {})) if trial is not None else {}
+            model = plan.trial_model(knobs)
+            ratio = flops_ratio(model, reuse_map_schedule(reuse_map))
+            stored = audit_job(job, settings.base_steps)
+            if not store.audit_claim(stored, worker, ratio, job.steps, stale_after=grace_period()):
+                held = True
+                continue
+            reporter.message(f"race: map {job.map_key} at {job.steps} steps, seed {job.seed}")
+            train_run(store, stored, worker, reuse_map, model, longer_train_config(train, job.steps, job.seed), data,
+                      reporter, run_checkpoint(checkpoint_folder, stored), trial.number if trial is not None else 0)
+            trained, waiting_said = True, False
+            break  # the decision may change with this result: read everything again
+        if trained:
+            continue
+        if not held:  # only runs of maps no trial trained: this worker cannot train them
+            reporter.message(f"race: cannot train {', '.join(j.map_key for j in open_jobs)} (no trial of the study trained it)")
+            break
+        if not waiting_said:  # what is left is held by live workers: wait for them (or for them to go stale)
+            reporter.message("the race's remaining runs are being trained by other workers; waiting")
+            waiting_said = True
+        time.sleep(min(2.0, heartbeat_interval()))
+    try:
+        checkpoint_folder.rmdir()
+    except OSError:  # not empty (another worker's run), or not there
+        pass
+    return state

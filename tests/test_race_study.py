@@ -1,0 +1,188 @@
+"""The race phase of a study (issue 19): contenders trained at more seeds and longer, stored as the audit's rows
+with their fidelity, resumed after kill -9 with no (map, steps, seed) trained twice; the race front and
+verdict in `run`, `pareto` and `trials`; bad --target values refused with nothing changed on disk."""
+
+import hashlib
+import json
+import math
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import NO_REFERENCES, assert_one_line_error, write_space
+from ilr_search.config import SearchConfig
+from ilr_search.search.plan import plan_study
+from ilr_search.space import load_space
+
+STEPS = 24  # the tiny space's proxy length
+RACE = {**NO_REFERENCES, "race_seeds": 2, "n_trials": 3}  # 3 maps, each contender raced at seeds 0 and 1
+
+
+def run_args(space, db, study, *extra):
+    return ["run", "--space", str(space), "--budget", "1.5x", "--study", study, "--storage", f"sqlite:///{db}",
+            "--json", *extra]
+
+
+def env_for(token_cache, **extra):
+    return {**os.environ, "ILR_SEARCH_CACHE": str(token_cache), **extra}
+
+
+def race_rows(db: Path) -> list[dict]:
+    """The study's stored runs beyond the trials (table ilr_audit), read with plain sqlite3."""
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30) as conn:
+        conn.row_factory = sqlite3.Row
+        try:
+            return [dict(r) for r in conn.execute("SELECT * FROM ilr_audit")]
+        except sqlite3.OperationalError:  # not created yet
+            return []
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else "absent"
+
+
+@pytest.fixture(scope="module")
+def raced(tmp_path_factory, token_cache):
+    """One real study of 3 trials raced at --target 2x over 2 seeds, shared by the read-only tests below."""
+    root = tmp_path_factory.mktemp("race")
+    space = write_space(root / "race.toml", search=RACE)
+    db = root / "r.db"
+    proc = subprocess.run([sys.executable, "-m", "ilr_search", *run_args(space, db, "raced", "--target", "2x")],
+                          cwd=root, env=env_for(token_cache), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    return root, space, db, json.loads(proc.stdout)
+
+
+def test_target_2x_races_contenders_at_more_seeds_and_twice_the_steps(raced):
+    _, _, db, summary = raced
+    assert summary["target_steps"] == 2 * STEPS
+    results = summary["race"]["results"]
+    runs = [r for r in results if r["source"].startswith("run ")]
+    assert runs, "the race trained nothing"
+    assert {r["steps"] for r in runs} <= {STEPS, 2 * STEPS} and any(r["steps"] == 2 * STEPS for r in runs)
+    seeds_by_map: dict[str, set[int]] = {}
+    for r in results:
+        seeds_by_map.setdefault(r["map_key"], set()).add(r["seed"])
+        assert r["schedule"].startswith("cosine") and r["steps"] >= 1 and r["seed"] in (0, 1)
+    assert any(seeds == {0, 1} for seeds in seeds_by_map.values())  # a contender at a second seed
+    rows = race_rows(db)  # stored as the audit's rows: factor = steps / proxy steps, one row per (factor, seed, map)
+    assert len(rows) == len(runs) and all(r["state"] == "complete" for r in rows)
+    assert all(r["steps"] == round(float(r["factor"]) * STEPS) for r in rows)
+    assert len({(r["map_key"], r["steps"], r["seed"]) for r in rows}) == len(rows)
+
+
+def test_front_points_carry_length_seeds_interval_and_confirmation(raced, cli, tmp_path):
+    _, _, db, summary = raced
+    pareto = json.loads(cli("pareto", "--study", "raced", "--storage", f"sqlite:///{db}", "--json", check=True).stdout)
+    for report in (summary, pareto):
+        assert report["pareto"] and isinstance(report["verdict"], str) and report["verdict"]
+        assert report["target_steps"] == 2 * STEPS
+        for p in report["pareto"]:
+            assert {"trial", "reuse_map", "flops_ratio", "val_ppl", "val_bpb"} <= set(p)
+            assert p["steps"] in (STEPS, 2 * STEPS) and p["seeds"] and all(isinstance(s, int) for s in p["seeds"])
+            low, high = p["interval"]
+            assert math.isfinite(p["val_ppl"]) and low <= p["val_ppl"] <= high
+            assert isinstance(p["confirmed"], bool)
+    assert [p["reuse_map"] for p in pareto["pareto"]] == [p["reuse_map"] for p in summary["pareto"]]
+    trials = json.loads(cli("trials", "--study", "raced", "--storage", f"sqlite:///{db}", "--json", check=True).stdout)
+    assert trials["race"]["results"] == summary["race"]["results"]
+    text = cli("pareto", "--study", "raced", "--storage", f"sqlite:///{db}", check=True).stdout
+    assert "verdict at 48 steps" in text
+    figure = tmp_path / "front.html"
+    cli("pareto", "--study", "raced", "--storage", f"sqlite:///{db}", "--out", str(figure), check=True)
+    assert "race front (mean over seeds, interval)" in figure.read_text(encoding="utf-8")
+
+
+def test_rerunning_a_finished_race_trains_nothing(raced, cli):
+    root, space, db, summary = raced
+    before = race_rows(db)
+    again = json.loads(cli(*run_args(space, db, "raced", "--target", "2x"), cwd=root, check=True).stdout)
+    assert race_rows(db) == before
+    assert again["race"]["results"] == summary["race"]["results"]
+
+
+def test_kill_9_during_the_race_then_the_same_command_resumes_training_nothing_twice(tmp_path, token_cache):
+    space = write_space(tmp_path / "race.toml", search=RACE)
+    db = tmp_path / "k.db"
+    # 40-step proxies, 80-step runs at 2x: long enough that the kill lands inside a race run
+    cmd = [sys.executable, "-m", "ilr_search", *run_args(space, db, "killed", "--target", "2x", "--steps", "40")]
+    env = env_for(token_cache, ILR_SEARCH_HEARTBEAT_SECONDS="1")
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while proc.poll() is None:  # the event: a race run in training after at least one has finished
+            rows = race_rows(db) if db.exists() else []
+            if any(r["state"] == "running" for r in rows) and any(r["state"] == "complete" for r in rows):
+                break
+            time.sleep(0.05)  # polling interval only; the kill waits on the stored state above
+        else:
+            pytest.fail("the run ended before its race had a finished and a running run")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    before = {(r["map_key"], r["steps"], r["seed"]): r for r in race_rows(db)}
+    killed = [k for k, r in before.items() if r["state"] == "running"]
+    assert len(killed) == 1
+    resumed = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    after = {(r["map_key"], r["steps"], r["seed"]): r for r in race_rows(db)}
+    for key, row in before.items():  # every finished run kept as it was: not trained again
+        if row["state"] == "complete":
+            assert after[key] == row
+    assert after[killed[0]]["state"] == "complete" and after[killed[0]]["worker"] != before[killed[0]]["worker"]
+    assert all(r["state"] == "complete" for r in after.values())
+    summary = json.loads(resumed.stdout)
+    assert {(r["map_key"], r["steps"], r["seed"]) for r in summary["race"]["results"]
+            if r["source"].startswith("run ")} == set(after)
+    assert not list((tmp_path / "studies" / "checkpoints").rglob("*.pt"))
+
+
+BAD_RACES = {"below 1x": ["--target", "0.5x"], "not a multiple": ["--target", "abc"], "zero": ["--target", "0"],
+             "negative": ["--target", "-2x"], "nan": ["--target", "nanx"], "no seed": ["--race-seeds", "0"],
+             "another target on resume": ["--target", "3x"]}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_RACES))
+def test_bad_race_input_exits_2_with_one_line_and_changes_nothing(raced, cli, tmp_path, case):
+    root, space, db, _ = raced
+    before = digest(db)
+    proc = cli(*run_args(space, db, "raced", *BAD_RACES[case]), cwd=root)
+    assert_one_line_error(proc)
+    assert digest(db) == before
+    if case == "another target on resume":
+        assert "cannot resume" in proc.stderr and "target" in proc.stderr
+        return
+    fresh = tmp_path / "fresh.db"
+    assert_one_line_error(cli(*run_args(space, fresh, "new", *BAD_RACES[case])))
+    assert not fresh.exists() and not (tmp_path / "studies").exists()
+
+
+def test_target_is_stored_only_when_not_the_default(tmp_path):
+    default = load_space(write_space(tmp_path / "d.toml", search={"target": SearchConfig().target,
+                                                                   "race_seeds": SearchConfig().race_seeds}))
+    longer = load_space(write_space(tmp_path / "l.toml", search={"target": 2.0}))
+    assert "target" not in plan_study(default, "1.5x", None).config["search"]
+    assert "race_seeds" not in plan_study(default, "1.5x", None).config["search"]
+    assert plan_study(longer, "1.5x", None).config["search"]["target"] == 2.0
+    assert plan_study(default, "1.5x", None).name != plan_study(longer, "1.5x", None).name
+
+
+def test_two_workers_race_one_study_without_training_a_run_twice(tmp_path, token_cache):
+    space = write_space(tmp_path / "race.toml", search=RACE)
+    db = tmp_path / "w.db"
+    proc = subprocess.run([sys.executable, "-m", "ilr_search", *run_args(space, db, "two", "--target", "2x",
+                                                                       "--workers", "2", "--steps", "16")],
+                          cwd=tmp_path, env=env_for(token_cache), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    # every worker says which run it trains: each (map, steps, seed) is said once, by one worker
+    said = [line.split("race: map ", 1)[1].strip() for line in proc.stderr.splitlines() if "race: map " in line]
+    stored = race_rows(db)
+    assert said and len(said) == len(set(said)) == len(stored)
+    assert {f"{r['map_key']} at {r['steps']} steps, seed {r['seed']}" for r in stored} == set(said)
+    assert summary["race"]["done"] and all(r["state"] == "complete" for r in stored)
