@@ -34,7 +34,6 @@ from ..racing import Evaluation, FrontPoint, RaceJob, RaceSettings, RaceState, r
 from ..results import REFERENCE_PREFIX, finite_or_none, is_baseline_key, key_reuse_map, study_front, trained_trials
 from ..schedule import format_reuse_map, reuse_map_schedule
 from ..storage import AuditJob, AuditRow, Heartbeat, Store, grace_period, heartbeat_interval
-from ..train import train_proxy
 
 from .plan import CONFIG_ATTR, StudyPlan, safe_name
 from .progress import RunReporter
@@ -232,6 +231,8 @@ def train_run(store: Store, job: AuditJob, worker: str, reuse_map: list[int], mo
               train_cfg: TrainConfig, data: TokenData, reporter: RunReporter, checkpoint: Path, number: int) -> None:
     """Train one claimed run under its heartbeat and store its result (complete, or failed where it diverged);
     Ctrl-C frees the run at once for the next attempt (its checkpoint stays). `number`: the map's trial."""
+    from ..train import train_proxy  # here, not at the top: reading a race's results loads no torch
+
     reporter.trial_started(number, reuse_map, train_cfg.steps)
     try:
         with Heartbeat(lambda: store.audit_beat(job, worker)):
