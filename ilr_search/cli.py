@@ -187,13 +187,16 @@ def run(
     objective: Annotated[Optional[str], typer.Option(help="pareto (perplexity and FLOPs) or ppl (budget as a constraint only).")] = None,
     workers: Annotated[int, typer.Option(help="Worker processes on this machine, sharing the study and the device.")] = 1,
     knobs: Annotated[Optional[str], typer.Option(help="Recurrence knobs searched with the map, comma-separated: injection, iteration_encoding, iteration_norms, depth_init. \\[default: from the space, none in the presets]")] = None,
+    enqueue: Annotated[Optional[str], typer.Option(help="Your maps, trained first after the baseline, in order, space-separated: \"3,2,2,1 4,2,1,1\", with knobs as --knobs of train takes them (2,1,1,1|injection=add), or blockK (trained as a reference run). Over-budget maps are repaired to the budget. \\[default: the space's [search] enqueue]")] = None,
     json_out: Json = False,
 ) -> None:
     """Search reuse maps under a FLOP budget; running it again resumes the study."""
+    from .search.maps import split_enqueue_text
     from .space import load_space
 
     searched = None if knobs is None else [k.strip() for k in knobs.split(",") if k.strip()]
-    overrides = opts.overrides() | {"search": {"objective": objective, "knobs": searched}}
+    asked = None if enqueue is None else split_enqueue_text(enqueue)
+    overrides = opts.overrides() | {"search": {"objective": objective, "knobs": searched, "enqueue": asked}}
     space = load_space(opts.space, overrides)
     if workers != 1:
         from .workers import RunArgs, run_workers
@@ -265,12 +268,13 @@ def export(
     out: Annotated[Path, typer.Option(help="trials.csv or trials.parquet")],
     study: ReadStudy = None,
     storage: Storage = None,
+    curves: Annotated[Optional[Path], typer.Option(help="Also write the learning curves as a long table (trial, reference, map, kind val|train, step, tokens, loss): curves.csv or curves.parquet.")] = None,
     json_out: Json = False,
 ) -> None:
-    """Write one row per trial (map, state, objectives, parameters, steps, pruning, durations)."""
+    """Write one row per trial (map, state, objectives, parameters, steps, pruning, durations) and per reference run."""
     from .report import export_trials
 
-    emit(export_trials(study_or_default(study, storage), storage, out), json_out, lambda r: ui.out.print(f"wrote {r['rows']} trials to {r['out']}"))
+    emit(export_trials(study_or_default(study, storage), storage, out, curves), json_out, ui.print_export)
 
 
 @app.command()

@@ -127,6 +127,8 @@ class SearchConfig:
     noise_seeds: int = 2
     enqueue_paper_maps: bool = True
     knobs: tuple[str, ...] = ()  # recurrence knobs searched with the map (knobs.py), each a categorical dimension
+    # maps trained first, after the baseline, in this order: "3,2,2,1", "2,1,1,1|injection=add" or "block2"
+    enqueue: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -106,6 +106,7 @@ def validate_space(space: SpaceConfig) -> None:
         (s.prune_eta > 1, f"prune_eta must be above 1, got {s.prune_eta}"),
         (s.prune_calibration_maps >= 3, f"prune_calibration_maps must be at least 3, got {s.prune_calibration_maps}"),
         (-1 <= s.prune_min_spearman <= 1, f"prune_min_spearman must be in [-1, 1], got {s.prune_min_spearman}"),
+        (isinstance(s.enqueue, tuple) and all(isinstance(e, str) for e in s.enqueue), f"[search] enqueue must be a list of strings like \"3,2,2,1\", got {list(s.enqueue)}"),
         (0 < space.data.val_fraction < 1, f"val_fraction must be in (0, 1), got {space.data.val_fraction}"),
     ]
     for ok, message in checks:

@@ -96,6 +96,12 @@ class QueueReporter(RunReporter):
     def trial_finished(self, row: dict[str, Any], front: list[dict[str, Any]], finished: int) -> None:
         self.events.put(("trial_finished", self.worker, row, front, finished))
 
+    def reference_started(self, name: str, index: int, count: int, steps: int) -> None:
+        self.events.put(("reference_started", self.worker, name, index, count, steps))
+
+    def reference_finished(self, name: str) -> None:
+        self.events.put(("reference_finished", self.worker, name))
+
     def message(self, text: str) -> None:
         self.events.put(("message", self.worker, text))
 
