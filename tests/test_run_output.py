@@ -14,7 +14,9 @@ def test_the_front_is_printed_only_when_it_changed_and_references_have_their_own
     db = tmp_path / "out.db"
     proc = cli("run", "--space", str(space), "--budget", "2x", "--steps", "8", "--n-trials", "6", "--study", "o",
                "--storage", f"sqlite:///{db}", "--sampler", "random", check=True)
-    trials = optuna.load_study(study_name="o", storage=f"sqlite:///{db}").trials
+    study = optuna.load_study(study_name="o", storage=f"sqlite:///{db}")
+    trials = study.trials
+    n_references = sum(k.startswith("ilr:reference:") for k in study.user_attrs)
     fronts, changes = [], 0
     for n in range(1, len(trials) + 1):  # the front after each finished trial, as the run saw it
         if not has_result(trials[n - 1]):
@@ -26,8 +28,11 @@ def test_the_front_is_printed_only_when_it_changed_and_references_have_their_own
     assert 1 <= changes < len(fronts), "the study's front changed after every trial: the test shows nothing"
     assert proc.stderr.count("current front") == changes
     # the last progress rows: the study counting its reference runs, and the reference's own row
-    assert "reference baseline_seed1" in proc.stderr
-    assert "7/7" in proc.stderr and "references" in proc.stderr
+    assert n_references == 2
+    progress_rows = [line for line in proc.stderr.splitlines() if "━" in line]
+    assert progress_rows[-1].startswith("reference second_seed ")  # its own label, not the last trial's
+    last_study_row = [line for line in proc.stderr.splitlines() if line.startswith("study ")][-1]
+    assert f"{6 + n_references}/{6 + n_references} references" in last_study_row
 
 
 def test_the_study_eta_comes_from_measured_trial_times_from_the_first_trial_on():
