@@ -172,3 +172,15 @@ def test_the_budget_sampler_proposes_only_maps_within_budget(sampler):
     study.optimize(objective, n_trials=20)
     assert len(study.trials) == 20 and all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
     assert max(sum(t.params.values()) for t in study.trials) == 7
+
+
+def test_a_proposal_of_a_tried_map_is_drawn_again():
+    """Repair maps many proposals onto the budget's edge; a proposal equal to a tried map is redrawn, so a
+    short study does not spend its trials on reuses (15 maps fit 6 layer runs of 4 layers)."""
+    from ilr_search.search.samplers import build_sampler, sampler_settings
+
+    study = optuna.create_study(sampler=build_sampler(sampler_settings("random", 0, 4, 4), 4, max_reuse=4,
+                                                      max_layer_runs=6))
+    study.optimize(lambda trial: float(sum(trial.suggest_int(k, 1, 4) for k in MAP_PARAMS)), n_trials=6)
+    maps = [tuple(t.params[k] for k in MAP_PARAMS) for t in study.trials]
+    assert len(set(maps)) == 6 and all(sum(m) <= 6 for m in maps)

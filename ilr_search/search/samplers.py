@@ -40,7 +40,7 @@ class BudgetRepairSampler(optuna.samplers.BaseSampler):
     (maps.repair_to_budget), and the repaired counts are what the trial gets. The wrapped sampler then learns
     from maps that were trained, and the dashboard's plots describe them."""
 
-    proposals_per_trial = 8  # proposals drawn before a map already tried is accepted (it reuses the result)
+    redraws = 8  # independent redraws of a proposal that lands on a tried map, before it is kept (and reused)
 
     def __init__(self, base: optuna.samplers.BaseSampler, n_layers: int, max_reuse: int, max_layer_runs: int,
                  knobs: tuple[str, ...] = ()) -> None:
@@ -63,18 +63,23 @@ class BudgetRepairSampler(optuna.samplers.BaseSampler):
     def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
                         search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
         own = self._base_space.pop(trial._trial_id, {})
+        params = self._repaired(study, trial, dict(self.base.sample_relative(study, trial, own)) if own else {})
+        if set(self.knobs) - set(params):  # knobs sampled later: whether the proposal was tried is not known yet
+            return params
         tried = [t.params for t in study.get_trials(deepcopy=False)
                  if t.number != trial.number and t.state != TrialState.WAITING]
-        for _ in range(self.proposals_per_trial):
-            params = self._proposal(study, trial, own)
-            # A proposal complete without knobs sampled later, and equal to a trial's, would only reuse its
-            # result: propose again (the repair maps many proposals onto one map at the budget's edge).
-            if set(self.knobs) - set(params) or not any(p == params for p in tried):
+        for _ in range(self.redraws):
+            if params not in tried:
                 break
+            # The proposal would only reuse a tried map's result (the repair maps many proposals onto one map
+            # at the budget's edge; GP ignores pruned trials and proposes them again): the counts are drawn
+            # again by the sampler's independent sampling (cheap, no model refit), the rest kept.
+            params = self._repaired(study, trial, {k: v for k, v in params.items() if k not in self.map_space})
         return params
 
-    def _proposal(self, study: optuna.Study, trial: FrozenTrial, own: dict[str, BaseDistribution]) -> dict[str, Any]:
-        params = dict(self.base.sample_relative(study, trial, own)) if own else {}
+    def _repaired(self, study: optuna.Study, trial: FrozenTrial, params: dict[str, Any]) -> dict[str, Any]:
+        """`params` with every per-layer count the base sampler did not give drawn independently, and the map
+        repaired to the budget."""
         for name, distribution in self.map_space.items():
             if name not in params:
                 params[name] = self.base.sample_independent(study, trial, name, distribution)
