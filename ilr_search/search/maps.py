@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 import optuna
 
 from ..errors import UserInputError
-from ..knobs import KNOB_CHOICES, KnobValue, format_knobs, parse_knob_settings
-from ..schedule import format_reuse_map, parse_reuse_map
+from ..knobs import KNOB_CHOICES, KnobValue, parse_knob_settings
+from ..schedule import parse_reuse_map
 
 
 def repair_to_budget(reuse_map: list[int], max_layer_runs: int) -> list[int]:
@@ -124,9 +124,3 @@ def split_enqueue_text(text: str) -> list[str]:
     """`--enqueue "3,2,2,1 4,2,1,1|injection=add block2"`: entries separated by spaces (or semicolons)."""
     return [part for part in re.split(r"[\s;]+", text) if part]
 
-
-def describe_enqueued(entry: EnqueuedMap) -> str:
-    if entry.block is not None:
-        return f"block{entry.block}"
-    described = format_knobs(entry.knobs)
-    return format_reuse_map(entry.reuse_map) + (f"|{described}" if described else "")
