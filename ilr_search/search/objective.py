@@ -187,7 +187,8 @@ class SearchRun:
             values = self._values(result.val_ppl, ratio)
             values = [values] if isinstance(values, float) else list(values)
         self.study.add_trial(optuna.trial.create_trial(state=state, values=values, params=trial.params,
-                                                       distributions=trial.distributions, user_attrs=attrs))
+                                                       distributions=trial.distributions, user_attrs=attrs,
+                                                       intermediate_values={p.step: p.val_loss for p in result.curve}))
         recovered = max(t.number for t in self.study.get_trials(deepcopy=False)
                         if t.user_attrs.get("recovered_from") == trial.number)
         self._store_curve(recovered, result, key, ratio)
@@ -233,7 +234,10 @@ class SearchRun:
             self.store.add_curve_point(CurvePoint(trial.number, point.step, point.val_loss, ratio, key), point.tokens)
             # Optuna's intermediate values too (what optuna-dashboard plots): through the storage, since a
             # multi-objective trial may not call Trial.report.
-            self.study._storage.set_trial_intermediate_value(trial._trial_id, point.step, point.val_loss)
+            try:
+                self.study._storage.set_trial_intermediate_value(trial._trial_id, point.step, point.val_loss)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                pass  # failed under this worker by a stale-trial sweep: the recovered trial gets the curve
             if self.pruner is None:
                 return False
             verdict = self.pruner.decide(trial, point.step, point.val_loss, ratio, key)
