@@ -65,6 +65,8 @@ class PreparedStudy:
     study: optuna.Study
     settings: StudySettings
     data: TokenData
+    target: int = 0  # finished trials to reach: --n-trials, or more where the enqueued maps need them
+    target_raised_from: int | None = None  # --n-trials, where the enqueued maps raised it
 
 
 def prepare_study(space: SpaceConfig, budget: str, study_name: str | None = None, storage: str | None = None,
@@ -117,22 +119,25 @@ def prepare_study(space: SpaceConfig, budget: str, study_name: str | None = None
     for params in first.params:
         study.enqueue_trial(params, skip_if_exists=True)
     open_store(spec, plan.name, storage=storage_obj)  # the project's tables too, before any worker races to create them
-    return PreparedStudy(space, spec, plan, study, settings, data)
+    asked_target = n_trials or space.search.n_trials
+    return PreparedStudy(space, spec, plan, study, settings, data, first.target,
+                         asked_target if first.target > asked_target else None)
 
 
 @dataclass(frozen=True)
 class FirstTrials:
-    """What a run enqueues before the sampler's first proposal: trial parameters in order, and block K
-    references asked for."""
+    """What a run enqueues before the sampler's first proposal: trial parameters in order, block K
+    references asked for, and the finished trials the run goes to (raised where the maps asked for need it)."""
     params: list[dict[str, Any]]
     blocks: list[int]
+    target: int
 
 
 def first_trials(plan: StudyPlan, study: optuna.Study | None, target: int, enqueue: list[str]) -> FirstTrials:
     """The first trials of a run: the baseline, then the maps asked for (`enqueue`, in their order, repaired to
     the budget), then the paper-inspired maps, each only where the study has no trial of it yet, and no more
     than the trials still missing to `target` (so no trial is left WAITING after the run). Maps asked for that
-    do not fit in the target are refused, before anything on disk changes."""
+    do not fit in the target raise it: a resume with other maps trains them, however many trials it had."""
     search, n = plan.space.search, plan.model.n_layers
     max_runs = plan.budget.max_layer_runs(plan.model)
     asked = [parse_enqueued(text, n, search.max_reuse, max_runs, search.knobs) for text in enqueue]
@@ -145,14 +150,11 @@ def first_trials(plan: StudyPlan, study: optuna.Study | None, target: int, enque
     for params in seeds[:1] + [a.params(search.knobs) for a in asked if a.block is None]:
         if params not in known and params not in required:
             required.append(params)
-    slots = max(0, target - sum(has_result(t) or t.state in (TrialState.WAITING, TrialState.RUNNING) for t in trials))
-    if len(required) > slots:
-        labels = [config_key(format_reuse_map([p[f"r{i}"] for i in range(n)]), {k: p[k] for k in search.knobs})
-                  for p in required]
-        raise UserInputError(f"{len(required)} first map(s) to train ({' '.join(labels)}) do not fit in the {slots} "
-                             f"trial(s) left to reach --n-trials {target}; raise --n-trials")
+    counted = sum(has_result(t) or t.state in (TrialState.WAITING, TrialState.RUNNING) for t in trials)
+    target = max(target, counted + len(required))
     fill = [p for p in seeds[1:] if p not in known and p not in required]
-    return FirstTrials(required + fill[:slots - len(required)], sorted({a.block for a in asked if a.block}))
+    return FirstTrials(required + fill[:target - counted - len(required)], sorted({a.block for a in asked if a.block}),
+                       target)
 
 
 def _run_study(space: SpaceConfig, budget: str, study_name: str | None = None, storage: str | None = None,
@@ -169,7 +171,10 @@ def _run_study(space: SpaceConfig, budget: str, study_name: str | None = None, s
     # stream k of the study's seed: reproducible, and concurrent workers do not propose the same maps.
     study.sampler = build_sampler(settings.sampler, plan.model.n_layers, store.register_worker(), space.search.knobs,
                                   space.search.max_reuse, plan.budget.max_layer_runs(plan.model))
-    target = n_trials or space.search.n_trials
+    target = prepared.target
+    if prepared.target_raised_from is not None:
+        reporter.message(f"--n-trials {prepared.target_raised_from} raised to {target}: the enqueued maps need "
+                         "trials of their own")
     run = SearchRun(plan, spec, study, store, data, reporter, target,
                     Path(checkpoint_dir or "studies/checkpoints") / safe_name(plan.name),
                     pruner=build_pruner(settings.pruner, store, space.train.steps))
