@@ -1,8 +1,9 @@
 """The project's own records of a study, beside Optuna's trials: the `Store` interface and its record types.
 
 A store keeps, per study: map claims (which trial trains which reuse map, so that concurrent workers never train
-one map twice), learning curves (every evaluation of every trial, which the pruner compares), why each pruned
-trial was pruned, training-loss curves, the Pareto front each time a trial completes, and the audit's longer retrainings of chosen maps.
+one map twice), learning curves (every evaluation of every trial, which the pruner compares, and the training
+loss as window means), why each pruned trial was pruned, the Pareto front each time a trial completes, and the
+audit's longer retrainings of chosen maps.
 `SQLStore` keeps them in tables of the study's SQL database, `JournalStore` in a file beside a journal.
 """
 
