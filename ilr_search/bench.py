@@ -214,7 +214,8 @@ def replay(table: Table, sampler: str, seed: int, n_trials: int, pruning: bool,
     settings = dataclasses.replace(settings or PrunerSettings(), rungs=table.rungs_at(rung_fractions))
     sampler_cfg = sampler_settings(sampler, seed, table.n_layers, table.max_reuse)
     study = optuna.create_study(directions=["minimize", "minimize"],
-                                sampler=build_sampler(sampler_cfg, table.n_layers))
+                                sampler=build_sampler(sampler_cfg, table.n_layers, max_reuse=table.max_reuse,
+                                                      max_layer_runs=table.max_layer_runs))
     for m in seed_maps(table.n_layers, table.max_reuse, table.max_layer_runs):
         study.enqueue_trial({f"r{i}": r for i, r in enumerate(m)}, skip_if_exists=True)
     reference = table.reference_point()

@@ -261,15 +261,18 @@ def run(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan (study, trials, references, pruning rungs, storage, space) and a time estimate from a short timed probe; write nothing.")] = False,
     target: Annotated[Optional[str], typer.Option(help="The length the verdict is about, a multiple of the proxy's steps: contenders are raced at more seeds and up to this length (1x: seeds only). \\[default: from the space, 4x]")] = None,
     race_seeds: Annotated[Optional[int], typer.Option(help="Seeds each contender is raced on, the space's seed first (--target 1x --race-seeds 1: no race). \\[default: from the space, 3]")] = None,
+    enqueue: Annotated[Optional[str], typer.Option(help="Your maps, trained first after the baseline, in order, space-separated: \"3,2,2,1 4,2,1,1\", with knobs as --knobs of train takes them (2,1,1,1|injection=add), or blockK (trained as a reference run). Over-budget maps are repaired to the budget. \\[default: the space's enqueue list]")] = None,
     json_out: Json = False,
 ) -> None:
     """Search reuse maps under a FLOP budget; running it again resumes the study."""
+    from .search.maps import split_enqueue_text
     from .space import load_space, parse_target
 
     searched = None if knobs is None else [k.strip() for k in knobs.split(",") if k.strip()]
     factor = None if target is None else parse_target(target)
+    asked = None if enqueue is None else split_enqueue_text(enqueue)
     overrides = opts.overrides() | {"search": {"objective": objective, "knobs": searched, "target": factor,
-                                                "race_seeds": race_seeds}}
+                                                "race_seeds": race_seeds, "enqueue": asked}}
     space = load_space(opts.space, overrides)
     tracked = tracked_reporter(track, storage, open_uri=not dry_run)
     if dry_run:
@@ -357,12 +360,13 @@ def export(
     out: Annotated[Path, typer.Option(help="trials.csv or trials.parquet")],
     study: ReadStudy = None,
     storage: Storage = None,
+    curves: Annotated[Optional[Path], typer.Option(help="Also write the learning curves as a long table (trial, reference, map, kind val|train, step, tokens, loss): curves.csv or curves.parquet.")] = None,
     json_out: Json = False,
 ) -> None:
-    """Write one row per trial (map, state, objectives, parameters, steps, pruning, durations)."""
+    """Write one row per trial (map, state, objectives, parameters, steps, pruning, durations) and per reference run."""
     from .report import export_trials
 
-    emit(export_trials(study_or_default(study, storage), storage, out), json_out, lambda r: ui.out.print(f"wrote {r['rows']} trials to {r['out']}"))
+    emit(export_trials(study_or_default(study, storage), storage, out, curves), json_out, ui.print_export)
 
 
 @app.command()

@@ -129,6 +129,8 @@ class SearchConfig:
     knobs: tuple[str, ...] = ()  # recurrence knobs searched with the map (knobs.py), each a categorical dimension
     target: float = 4.0  # the race's training length, a multiple of the proxy's steps (1: no longer training)
     race_seeds: int = 3  # seeds a contender is raced on, the space's seed first (1 with target 1: no race)
+    # maps trained first, after the baseline, in this order: "3,2,2,1", "2,1,1,1|injection=add" or "block2"
+    enqueue: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
@@ -15,7 +16,7 @@ from .errors import UserInputError
 from .fidelity import mark_ties, noise_band
 from .knobs import KNOB_CHOICES, format_knobs
 from .plots import pareto_figure, plot_ppl
-from .results import REFERENCE_PREFIX, Curves, curve_of, curves_by_trial, study_front, trial_row
+from .results import REFERENCE_PREFIX, CurveRow, Curves, curve_of, curve_rows, curves_by_trial, listed_trials, reference_rows, study_front, trial_row
 from .search.race import RACE_POINT_FIELDS, race_summary
 from .search.studies import fidelity_of, open_study
 from .storage import open_store, parse_storage
@@ -183,19 +184,23 @@ def _write_front(path: Path, study: str, rows: list[dict[str, Any]], front: list
                              "install chromium or write .html instead") from None
 
 
-def export_trials(study_name: str, storage: str | None, out: str | Path) -> dict[str, Any]:
-    """One row per trial (map, state, objectives, parameters, steps, pruning rung, durations) as CSV or parquet."""
+def export_trials(study_name: str, storage: str | None, out: str | Path,
+                  curves_out: str | Path | None = None) -> dict[str, Any]:
+    """One row per trial (map, state, objectives, parameters, steps, pruning rung, durations) and per reference
+    run as CSV or parquet; with `curves_out`, the learning curves too, as a long table (curve_rows)."""
     import pandas as pd
 
     path = check_out_path(out, EXPORT_FORMATS)
+    curves_path = check_out_path(curves_out, EXPORT_FORMATS) if curves_out is not None else None
     spec = parse_storage(storage)
     study = open_study(spec, study_name)
-    pruning = open_store(spec, study_name, read_only=True, storage=study._storage).pruning_records()
+    store = open_store(spec, study_name, read_only=True, storage=study._storage)
+    pruning = store.pruning_records()
     records = []
-    for t in study.get_trials(deepcopy=False):
+    for t in listed_trials(study.get_trials(deepcopy=False)):
         a = t.user_attrs
         record = {
-            "trial": t.number, "state": t.state.name,
+            "trial": t.number, "reference": None, "state": t.state.name,
             "reuse_map": ",".join(map(str, a["reuse_map"])) if a.get("reuse_map") else None,
             "knobs": format_knobs(a["knobs"]) if a.get("knobs") else None,
             "flops_ratio": a.get("flops_ratio"), "val_ppl": a.get("val_ppl"), "val_bpb": a.get("val_bpb"),
@@ -212,9 +217,26 @@ def export_trials(study_name: str, storage: str | None, out: str | Path) -> dict
         }
         record |= {f"param_{k}": v for k, v in sorted(t.params.items())}
         records.append(record)
+    for ref in reference_rows(study):  # marked by their name in `reference`, state REFERENCE, no trial number
+        records.append({k: ref[k] for k in ("trial", "reference", "state", "knobs", "flops_ratio", "val_ppl", "val_bpb",
+                                            "steps", "status")}
+                       | {"reuse_map": ",".join(map(str, ref["reuse_map"])) if ref["reuse_map"] else None,
+                          "schedule": ",".join(map(str, ref["schedule"])) if ref["schedule"] else None,
+                          "seed": ref["seed"]})
     frame = pd.DataFrame.from_records(records)
     if path.suffix.lower() == ".csv":
         _atomic_write(path, lambda p: frame.to_csv(p, index=False))
     else:
         _atomic_write(path, lambda p: frame.to_parquet(p, index=False))
-    return {"study": study_name, "out": str(path), "rows": len(frame)}
+    n_references = int((frame["state"] == "REFERENCE").sum()) if len(frame) else 0
+    report = {"study": study_name, "out": str(path), "rows": len(frame), "references": n_references}
+    if curves_path is not None:
+        columns = [f.name for f in dataclasses.fields(CurveRow)]
+        curves = pd.DataFrame.from_records([dataclasses.astuple(r) for r in curve_rows(study, store)], columns=columns)
+        curves = curves.astype({"trial": "Int64"})
+        if curves_path.suffix.lower() == ".csv":
+            _atomic_write(curves_path, lambda p: curves.to_csv(p, index=False))
+        else:
+            _atomic_write(curves_path, lambda p: curves.to_parquet(p, index=False))
+        report |= {"curves_out": str(curves_path), "curve_points": len(curves)}
+    return report

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from typing import Any
 
@@ -12,7 +13,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from .knobs import format_knobs
 from .pareto import pareto_front
-from .storage import CurvePoint
+from .storage import CurvePoint, Store, TrainCurvePoint
 
 REFERENCE_PREFIX = "ilr:reference:"
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
@@ -54,6 +55,60 @@ def curve_of(t: FrozenTrial, curves: Curves) -> dict[int, float]:
     return curves.get(t.number) or curves.get(t.user_attrs.get("reused_from", -1), {})
 
 
+@dataclass(frozen=True)
+class CurveRow:
+    """One point of a learning curve in the long table of `export --curves`: a trial's (or a reference run's)
+    validation loss (kind "val") or training-loss window mean (kind "train") at `step`."""
+    trial: int | None  # None: a reference run
+    reference: str | None
+    map: str
+    kind: str  # val | train
+    step: int
+    tokens: int
+    loss: float
+
+
+def curve_rows(study: optuna.Study, store: Store) -> list[CurveRow]:
+    """Every stored curve point of the study's trials (those that trained: a trial that reused a result has
+    none of its own), validation then training points of each trial, then the reference runs' validation
+    curves (their tokens from the study's batch shape)."""
+    rows: list[CurveRow] = []
+    val = sorted(store.curve_points(), key=lambda p: (p.trial_number, p.step))
+    train = store.train_curve_points()
+    by_trial: dict[int, list[CurveRow]] = {}
+    for p in val:
+        by_trial.setdefault(p.trial_number, []).append(CurveRow(p.trial_number, None, p.map_key, "val", p.step,
+                                                                p.tokens, p.val_loss))
+    for q in train:
+        by_trial.setdefault(q.trial_number, []).append(CurveRow(q.trial_number, None, q.map_key, "train", q.step,
+                                                                q.tokens, q.loss))
+    for number in sorted(by_trial):
+        rows += by_trial[number]
+    config = study.user_attrs.get("ilr:config", {})
+    train_cfg, model = config.get("train", {}), config.get("model", {})
+    tokens_per_step = int(train_cfg.get("batch_size", 0)) * int(train_cfg.get("grad_accum", 1)) * int(model.get("seq_len", 0))
+    for name, ref in sorted(references(study).items()):
+        label = ",".join(map(str, ref["reuse_map"])) if ref.get("reuse_map") else name
+        rows += [CurveRow(None, name, label, "val", int(step), int(step) * tokens_per_step, float(loss))
+                 for step, loss in ref.get("curve", [])]
+    return rows
+
+
+def curves_of_trials(trials: list[FrozenTrial], val: list[CurvePoint],
+                     train: list[TrainCurvePoint]) -> dict[int, dict[str, list[dict[str, float]]]]:
+    """Trial number -> {"val": [{step, tokens, loss}...], "train": [...]} (`trials --json`); a trial that reused
+    another's result has that trial's curves."""
+    own: dict[int, dict[str, list[dict[str, float]]]] = {}
+    for p in val:
+        own.setdefault(p.trial_number, {"val": [], "train": []})["val"].append(
+            {"step": p.step, "tokens": p.tokens, "loss": p.val_loss})
+    for q in train:
+        own.setdefault(q.trial_number, {"val": [], "train": []})["train"].append(
+            {"step": q.step, "tokens": q.tokens, "loss": q.loss})
+    empty: dict[str, list[dict[str, float]]] = {"val": [], "train": []}
+    return {t.number: own.get(t.number) or own.get(t.user_attrs.get("reused_from", -1), empty) for t in trials}
+
+
 def has_result(t: FrozenTrial) -> bool:
     """A trial whose map was evaluated to the end, pruned, or diverged: its result stands for its map."""
     return t.state in FINISHED or (t.state == TrialState.FAIL and t.user_attrs.get("status") == "diverged")
@@ -72,6 +127,25 @@ def study_front(trials: list[FrozenTrial]) -> list[dict[str, Any]]:
 
 def references(study: optuna.Study) -> dict[str, Any]:
     return {k[len(REFERENCE_PREFIX):]: v for k, v in study.user_attrs.items() if k.startswith(REFERENCE_PREFIX)}
+
+
+def listed_trials(trials: list[FrozenTrial]) -> list[FrozenTrial]:
+    """The trials a listing shows and counts: not the WAITING ones (a queued retry is not yet a trial)."""
+    return [t for t in trials if t.state != TrialState.WAITING]
+
+
+def reference_rows(study: optuna.Study) -> list[dict[str, Any]]:
+    """The study's reference runs as rows of a listing, marked `reference` (the run's name) with the state
+    REFERENCE: trained outside the sampler's view, so they have no trial number."""
+    rows = []
+    for name, ref in sorted(references(study).items()):
+        knobs = ref.get("knobs")
+        rows.append({"trial": None, "reference": name, "state": "REFERENCE",
+                     "reuse_map": ref.get("reuse_map"), "knobs": format_knobs(knobs) if knobs else None,
+                     "flops_ratio": ref.get("flops_ratio"), "val_ppl": ref.get("val_ppl"), "val_bpb": ref.get("val_bpb"),
+                     "steps": ref.get("steps", 0), "seed": ref.get("seed"), "status": ref.get("status"),
+                     "schedule": ref.get("schedule")})
+    return rows
 
 
 def trained_trials(trials: list[FrozenTrial]) -> list[FrozenTrial]:

@@ -18,7 +18,7 @@ import zlib
 from .config import ModelConfig, TrainConfig
 from .data import TokenData
 from .device import resolve_compile, resolve_device, resolve_dtype
-from .records import EvalPoint
+from .records import EvalPoint, TrainLossPoint
 from .model import ILRTransformer
 
 
@@ -35,6 +35,7 @@ class TrainResult:
     tokens_per_second: float
     status: str  # ok | diverged | stopped (by the on_eval callback, e.g. pruning)
     curve: list[EvalPoint] = field(default_factory=list)
+    train_curve: list[TrainLossPoint] = field(default_factory=list)  # from the resumed step on, where resumed
     reason: str = ""
     data_seconds: float = 0.0
     eval_seconds: float = 0.0
@@ -148,6 +149,7 @@ def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData
     data_seconds = eval_seconds = 0.0
     step = start_step
     unread: list[torch.Tensor] = []  # training losses of the steps since the last host read
+    train_curve: list[TrainLossPoint] = []
     t0 = time.perf_counter()
     model.train()
     for step in range(start_step + 1, cfg.steps + 1):
@@ -172,7 +174,8 @@ def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData
                           and step < cfg.steps)
         if step % SYNC_EVERY == 0 or step in eval_steps or checkpoint_due or step == cfg.steps:
             first = step - len(unread) + 1
-            for s, value in enumerate(host_values(torch.stack(unread)), start=first):  # the window's one host sync
+            window = host_values(torch.stack(unread))  # the window's one host sync
+            for s, value in enumerate(window, start=first):
                 if not math.isfinite(value) or value > diverged_above:
                     status, reason = "diverged", (f"training loss became {value:.4g} at step {s} (a uniform guess "
                                                   f"scores {math.log(model_cfg.vocab_size):.3g})")
@@ -180,6 +183,8 @@ def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData
                     break
                 if on_step is not None:
                     on_step(s, cfg.steps, value)
+            else:
+                train_curve.append(TrainLossPoint(step, step * tokens_per_step, sum(window) / len(window)))
             unread.clear()
             if status == "diverged":
                 break
@@ -209,7 +214,7 @@ def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData
         val_ppl=last.val_ppl if status != "diverged" else math.nan,
         val_bpb=last.val_bpb if status != "diverged" else math.nan,
         train_seconds=seconds, tokens_per_second=trained_tokens / seconds if seconds > 0 else 0.0,
-        status=status, curve=curve, reason=reason, data_seconds=data_seconds, eval_seconds=eval_seconds,
+        status=status, curve=curve, train_curve=train_curve, reason=reason, data_seconds=data_seconds, eval_seconds=eval_seconds,
         device=str(device), dtype=dtype, resumed_from_step=start_step, batch_digest=digest,
     )
 

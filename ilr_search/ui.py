@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
 from .schedule import format_reuse_map
 
@@ -144,16 +147,52 @@ FRONT_COLUMNS = ["trial", "reuse_map", "flops_ratio", "val_ppl", "val_bpb"]
 TRIAL_COLUMNS = ["trial", "state", "reuse_map", "flops_ratio", "val_ppl", "val_bpb", "steps", "pruned_at_step"]
 
 
+@dataclass
+class StudyEta:
+    """The time a run has left, from what it measured: from the first trial on (its progress counts before it
+    ends), each trial or reference run left costs the mean time of those this run did so far."""
+    started: float  # when the run began (a monotonic clock)
+
+    def seconds_left(self, now: float, runs_done: int, current_fraction: float, runs_left: int) -> float | None:
+        """Seconds left at `now`: `runs_done` trials (and reference runs) finished in this run, the one training
+        `current_fraction` through, `runs_left` still to finish (the one training included). None until some
+        work is measured."""
+        done = runs_done + current_fraction
+        if done <= 0:
+            return None
+        return max(0.0, (runs_left - current_fraction) * (now - self.started) / done)
+
+
+class EtaColumn(TimeRemainingColumn):
+    """Rich's remaining time, or the task's own estimate where it has one (the study row: from measured trial
+    times, which rich's 30-second speed window cannot give when a trial takes longer)."""
+
+    def render(self, task: Any) -> Text:
+        if "eta" not in task.fields:
+            return super().render(task)
+        seconds = task.fields["eta"]
+        if seconds is None:
+            return Text("-:--:--", style="progress.remaining")
+        minutes, secs = divmod(int(round(seconds)), 60)
+        hours, minutes = divmod(minutes, 60)
+        return Text(f"{hours}:{minutes:02d}:{secs:02d}", style="progress.remaining")
+
+
 class RichReporter:
-    """Study progress (trials, ETA) and trial progress (steps, loss) on stderr; the front after each trial."""
+    """Study progress (trials, then reference runs; its ETA from measured trial times) and the progress of the
+    trial or reference run training (steps, loss) on stderr; the front after a trial that changed it."""
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
         self.progress = LazyProgress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("eta"),
-                                 TimeRemainingColumn(), console=err, disable=not enabled)
+                                 EtaColumn(), console=err, disable=not enabled)
         self.study_task = None
         self.trial_task = None
+        self.eta: StudyEta | None = None
+        self.target = self.finished_at_start = self.finished = 0
+        self.references: tuple[int, int] | None = None  # (index, count) of the reference run training
+        self.printed_front: list[Any] | None = None  # the trials of the front last printed
 
     def __enter__(self) -> "RichReporter":
         self.progress.__enter__()
@@ -164,19 +203,48 @@ class RichReporter:
 
     def study_started(self, study: str, target: int, finished: int) -> None:
         self.progress.console.print(f"study {study}: {finished} of {target} trials finished")
-        self.study_task = self.progress.add_task("study", total=target, completed=finished, info="trials")
+        self.study_task = self.progress.add_task("study", total=target, completed=finished, info="trials", eta=None)
+        self.eta = StudyEta(time.monotonic())
+        self.target, self.finished_at_start, self.finished = target, finished, finished
 
-    def trial_started(self, number: int, reuse_map: list[int], steps: int, knobs: str = "") -> None:
+    def _new_task(self, label: str, steps: int) -> None:
         if self.trial_task is not None:
             self.progress.remove_task(self.trial_task)
+        self.trial_task = self.progress.add_task(label, total=steps, info="loss -")
+
+    def trial_started(self, number: int, reuse_map: list[int], steps: int, knobs: str = "") -> None:
         self.progress.console.print(f"trial {number}: training map {_fmt(reuse_map)}" + (f" with {knobs}" if knobs else ""))
-        self.trial_task = self.progress.add_task(f"trial {number}", total=steps, info="loss -")
+        self._new_task(f"trial {number}", steps)
+
+    def reference_started(self, name: str, index: int, count: int, steps: int) -> None:
+        """The study row counts the reference runs after the trials (its timer runs on); the training row is
+        the reference's own."""
+        if self.study_task is not None:
+            self.progress.update(self.study_task, total=self.target + count, completed=self.target + index,
+                                 info="references")
+        self.references = (index, count)
+        self._new_task(f"reference {name}", steps)
+
+    def reference_finished(self, name: str) -> None:
+        if self.study_task is not None and self.references is not None:
+            last = self.references[0] + 1 == self.references[1]
+            self.progress.update(self.study_task, completed=self.target + self.references[0] + 1,
+                                 **({"eta": 0.0} if last else {}))
 
     def step(self, step: int, steps: int, loss: float) -> None:
         if self.trial_task is not None:
             self.progress.update(self.trial_task, completed=step, total=steps, info=f"loss {loss:.3f}")
+        if self.study_task is not None and self.eta is not None:
+            trials_done = max(0, min(self.finished, self.target) - self.finished_at_start)
+            if self.references is None:
+                done, left = trials_done, max(1, self.target - self.finished)
+            else:
+                done, left = trials_done + self.references[0], self.references[1] - self.references[0]
+            eta = self.eta.seconds_left(time.monotonic(), done, step / steps if steps else 0.0, left)
+            self.progress.update(self.study_task, eta=eta)
 
     def trial_finished(self, row: dict[str, Any], front: list[dict[str, Any]], finished: int, who: str = "") -> None:
+        self.finished = finished
         if self.study_task is not None:
             self.progress.update(self.study_task, completed=finished)
         if not self.enabled:
@@ -186,8 +254,10 @@ class RichReporter:
             + (f" with {row['knobs']}" if row.get("knobs") else "") + f", {_fmt(row['flops_ratio'])}x, "
             f"ppl {_fmt(row['val_ppl'])}" + (f" (reused trial {row['reused_from']})" if row.get("reused_from") is not None else "")
             + (f" ({row['reason']})" if row["state"] != "COMPLETE" and row.get("reason") else ""))
-        if not front:
+        front_trials = [p["trial"] for p in front]
+        if not front or front_trials == self.printed_front:  # printed only when it changed
             return
+        self.printed_front = front_trials
         table = Table(title="current front", title_justify="left")
         columns = with_knobs_column(FRONT_COLUMNS, front)
         for col in columns:
@@ -219,6 +289,16 @@ class WorkersReporter(RichReporter):
         if task is not None:
             label = f"trial {number} map {_fmt(reuse_map)}" + (f" with {knobs}" if knobs else "")
             self.progress.update(task, completed=0, total=steps, info=label)
+
+    def worker_reference_started(self, worker: int, name: str, index: int, count: int, steps: int) -> None:
+        task = self.worker_tasks.get(worker)
+        if task is not None:
+            self.progress.update(task, completed=0, total=steps, info=f"reference {name}")
+
+    def worker_reference_finished(self, worker: int, name: str) -> None:
+        task = self.worker_tasks.get(worker)
+        if task is not None:
+            self.progress.update(task, info=f"reference {name} done")
 
     def worker_step(self, worker: int, step: int, steps: int, loss: float) -> None:
         task = self.worker_tasks.get(worker)
@@ -279,8 +359,18 @@ def print_studies(report: dict[str, Any]) -> None:
     rows_table("studies", report["studies"], ["study", "n_trials", "n_complete", "budget", "layers", "best_val_ppl"])
 
 
+def print_export(report: dict[str, Any]) -> None:
+    trials = report["rows"] - report.get("references", 0)
+    out.print(f"wrote {trials} trials and {report.get('references', 0)} reference runs to {report['out']}")
+    if report.get("curves_out"):
+        out.print(f"wrote {report['curve_points']} curve points to {report['curves_out']}")
+
+
 def print_trials(report: dict[str, Any]) -> None:
     rows_table(f"trials of {report['study']}", report["trials"], TRIAL_COLUMNS)
+    if report.get("references"):
+        rows_table("reference runs (trained outside the sampler's view)", report["references"],
+                   ["reference", "reuse_map", "knobs", "flops_ratio", "val_ppl", "val_bpb", "seed", "status"])
     _fidelity_lines(report.get("fidelity"))
     print_race(report)
 

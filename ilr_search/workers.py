@@ -96,6 +96,12 @@ class QueueReporter(RunReporter):
     def trial_finished(self, row: dict[str, Any], front: list[dict[str, Any]], finished: int) -> None:
         self.events.put(("trial_finished", self.worker, row, front, finished))
 
+    def reference_started(self, name: str, index: int, count: int, steps: int) -> None:
+        self.events.put(("reference_started", self.worker, name, index, count, steps))
+
+    def reference_finished(self, name: str) -> None:
+        self.events.put(("reference_finished", self.worker, name))
+
     def message(self, text: str) -> None:
         self.events.put(("message", self.worker, text))
 
@@ -132,7 +138,7 @@ def run_workers(args: RunArgs, workers: int, reporter: Any) -> dict[str, Any]:
         reporter.message(f"{workers} worker processes share one GPU by time-slicing; on an H200 at the paper-small "
                          "proxy they gave no more trials per hour than one (README, 'On a GPU')")
     # Workers resume the study by name: a derived name is fixed here, so that none derives another.
-    args = dataclasses.replace(args, study_name=plan.name)
+    args = dataclasses.replace(args, study_name=plan.name, n_trials=prepared.target)  # the enqueued maps' too
     ctx = mp.get_context("spawn")
     events = ctx.Queue()
     procs = [ctx.Process(target=_worker_main, args=(args, k, workers, events), name=f"ilr-search worker {k}")

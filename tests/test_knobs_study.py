@@ -45,9 +45,16 @@ def test_a_study_searches_stores_and_resumes_knobs(cli, tmp_path):
             source = study.trials[t.user_attrs["reused_from"]]
             assert source.user_attrs["map_key"] == t.user_attrs["map_key"]
     # params count the knobs' own parameters: gains of 3 layers x (max_reuse 4 - 1) repeats x 2 norms x 16
-    plain = {t.user_attrs["params"] for t in trials if not t.user_attrs["knobs"]["iteration_norms"]}
-    normed = {t.user_attrs["params"] for t in trials if t.user_attrs["knobs"]["iteration_norms"]}
-    assert len(plain) <= 2 and len(normed) <= 2 and max(normed) - max(plain) == 3 * 3 * 2 * 16
+    # (compared at one injection setting: gated injection adds one gate per layer)
+    counts: dict[tuple[str, bool], set[int]] = {}
+    for t in trials:
+        counts.setdefault((t.user_attrs["knobs"]["injection"], t.user_attrs["knobs"]["iteration_norms"]),
+                          set()).add(t.user_attrs["params"])
+    assert all(len(c) == 1 for c in counts.values()), counts
+    params = {k: c.pop() for k, c in counts.items()}
+    pairs = [(params[(i, False)], params[(i, True)]) for i in ("none", "add", "gated")
+             if (i, False) in params and (i, True) in params]
+    assert pairs and all(normed - plain == 3 * 3 * 2 * 16 for plain, normed in pairs), params
 
     # another knob list is another study: refused, nothing changes
     before = db.read_bytes()

@@ -100,11 +100,54 @@ def test_export_round_trips_through_pandas(pruned_study, cli, tmp_path, suffix):
     cli("export", "--study", "rep", "--storage", f"sqlite:///{db}", "--out", str(out), check=True)
     frame = pd.read_csv(out) if suffix == "csv" else pd.read_parquet(out)
     study = optuna.load_study(study_name="rep", storage=f"sqlite:///{db}")
+    references = frame[frame["state"] == "REFERENCE"]
+    assert sorted(references["reference"]) == sorted(k.removeprefix("ilr:reference:") for k in study.user_attrs
+                                                      if k.startswith("ilr:reference:")) != []
+    frame = frame[frame["state"] != "REFERENCE"]
     assert len(frame) == len(study.trials)
     assert set(frame["state"]) >= {"COMPLETE", "PRUNED", "FAIL"}
     assert {"reuse_map", "flops_ratio", "val_ppl", "steps", "pruned_at_step", "duration_seconds", "param_r0"} <= set(frame.columns)
     first = frame.iloc[0]
     assert first["reuse_map"] == "1,1,1,1" and first["val_ppl"] == pytest.approx(study.trials[0].user_attrs["val_ppl"])
+
+
+@pytest.mark.parametrize("suffix", ["csv", "parquet"])
+def test_export_curves_is_a_long_table_of_validation_and_training_loss(pruned_study, cli, tmp_path, suffix):
+    _, db, _ = pruned_study
+    out = tmp_path / f"curves.{suffix}"
+    cli("export", "--study", "rep", "--storage", f"sqlite:///{db}", "--out", str(tmp_path / "t.csv"),
+        "--curves", str(out), check=True)
+    curves = pd.read_csv(out) if suffix == "csv" else pd.read_parquet(out)
+    assert list(curves.columns) == ["trial", "reference", "map", "kind", "step", "tokens", "loss"]
+    study = optuna.load_study(study_name="rep", storage=f"sqlite:///{db}")
+    trained = [t for t in study.trials if t.user_attrs.get("steps") and "reused_from" not in t.user_attrs
+               and t.state != optuna.trial.TrialState.FAIL]  # (the fixture's added FAIL trial has no curve)
+    assert trained
+    for t in trained:
+        mine = curves[curves["trial"] == t.number]
+        val, train = mine[mine["kind"] == "val"], mine[mine["kind"] == "train"]
+        assert set(mine["map"]) == {t.user_attrs["map_key"]}
+        assert len(val) >= 1 and len(train) >= 1, t.number
+        assert train["step"].max() == t.user_attrs["steps"]  # the last window ends where training stopped
+        assert (train["tokens"] == train["step"] * 8 * 64).all() and (val["tokens"] == val["step"] * 8 * 64).all()
+        # the validation points are Optuna's intermediate values too (optuna-dashboard plots them)
+        assert dict(zip(val["step"], val["loss"])) == pytest.approx(t.intermediate_values)
+    refs = curves[curves["trial"].isna()]
+    assert set(refs["kind"]) == {"val"} and set(refs["reference"]) >= {"baseline_seed1"}
+
+
+def test_trials_json_carries_each_trials_curves(pruned_study, cli):
+    _, db, _ = pruned_study
+    listed = json.loads(cli("trials", "--study", "rep", "--storage", f"sqlite:///{db}", "--json", check=True).stdout)
+    by_number = {t["trial"]: t for t in listed["trials"]}
+    trained = [t for t in listed["trials"] if t["steps"] and t["reused_from"] is None and t["state"] != "FAIL"]
+    assert trained
+    for t in trained:
+        assert t["curves"]["val"] and t["curves"]["train"], t["trial"]
+        assert t["curves"]["val"][-1]["step"] == t["pruned_at_step"] or t["curves"]["val"][-1]["step"] == 24
+    for t in listed["trials"]:
+        if t["reused_from"] is not None:  # a reused result comes with its curves
+            assert t["curves"] == by_number[t["reused_from"]]["curves"]
 
 
 @pytest.mark.parametrize("suffix", ["csv", "json"])

@@ -18,7 +18,7 @@ from ..knobs import KnobValue, config_key, format_knobs
 from ..model import param_count
 from ..results import finite_or_none, has_result
 from ..schedule import format_reuse_map, reuse_map_schedule
-from ..storage import (CurvePoint, Heartbeat, StorageSpec, Store, grace_period, heartbeat_interval,
+from ..storage import (CurvePoint, Heartbeat, StorageSpec, Store, TrainCurvePoint, grace_period, heartbeat_interval,
                        set_trial_user_attrs)
 from ..train import EvalPoint, TrainResult, train_proxy
 
@@ -187,10 +187,12 @@ class SearchRun:
             values = self._values(result.val_ppl, ratio)
             values = [values] if isinstance(values, float) else list(values)
         self.study.add_trial(optuna.trial.create_trial(state=state, values=values, params=trial.params,
-                                                       distributions=trial.distributions, user_attrs=attrs))
+                                                       distributions=trial.distributions, user_attrs=attrs,
+                                                       intermediate_values={p.step: p.val_loss for p in result.curve}))
         recovered = max(t.number for t in self.study.get_trials(deepcopy=False)
                         if t.user_attrs.get("recovered_from") == trial.number)
         self._store_curve(recovered, result, key, ratio)
+        self._store_train_curve(recovered, result, key)
         self.store.take_over(key, trial.number, recovered)
         self.reporter.message(f"trial {trial.number} was failed under this worker; its result is kept as trial "
                               f"{recovered}")
@@ -202,6 +204,10 @@ class SearchRun:
         for point in result.curve:
             if point.step not in stored:
                 self.store.add_curve_point(CurvePoint(number, point.step, point.val_loss, ratio, key), point.tokens)
+
+    def _store_train_curve(self, number: int, result: TrainResult, key: str) -> None:
+        """The training loss of `result` as trial `number`'s curve of kind "train", in one write."""
+        self.store.add_train_curve([TrainCurvePoint(number, p.step, p.tokens, p.loss, key) for p in result.train_curve])
 
     def _reuse(self, trial: optuna.Trial, earlier: FrozenTrial) -> float | tuple[float, float]:
         if self._failed_under_me(trial):
@@ -226,6 +232,12 @@ class SearchRun:
 
         def on_eval(point: EvalPoint) -> bool:
             self.store.add_curve_point(CurvePoint(trial.number, point.step, point.val_loss, ratio, key), point.tokens)
+            # Optuna's intermediate values too (what optuna-dashboard plots): through the storage, since a
+            # multi-objective trial may not call Trial.report.
+            try:
+                self.study._storage.set_trial_intermediate_value(trial._trial_id, point.step, point.val_loss)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                pass  # failed under this worker by a stale-trial sweep: the recovered trial gets the curve
             if self.pruner is None:
                 return False
             verdict = self.pruner.decide(trial, point.step, point.val_loss, ratio, key)
@@ -252,6 +264,7 @@ class SearchRun:
             if checkpoint is not None:
                 checkpoint.unlink(missing_ok=True)
             raise self._taken_over(trial)
+        self._store_train_curve(trial.number, result, key)
         self._record(trial, result, decision)
         if checkpoint is not None:  # the trial is over, whatever its outcome
             checkpoint.unlink(missing_ok=True)

@@ -33,6 +33,9 @@ SAMPLER_ATTR = "ilr:sampler"
 FIDELITY_ATTR = "ilr:fidelity"
 
 
+ENQUEUED_BLOCKS_ATTR = "ilr:enqueued_blocks"  # block K asked for with --enqueue blockK: trained as reference runs
+
+
 @dataclass(frozen=True)
 
 

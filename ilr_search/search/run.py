@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,10 +28,10 @@ from ..space import validate_space
 from ..storage import StorageSpec, Store, heartbeat_interval, open_storage, open_store, parse_storage
 from ..train import train_proxy
 
-from .maps import knobs_off, seed_maps
+from .maps import knobs_off, map_params, parse_enqueued, seed_maps
 from .objective import SearchRun, TrialDiverged, TrialTakenOver, sweep_stale_journal_trials
-from .plan import (CONFIG_ATTR, FIDELITY_ATTR, SAMPLER_ATTR, StudyPlan, adopt_stored_dtype, canonical_config,
-    check_resume, plan_study, safe_name)
+from .plan import (CONFIG_ATTR, ENQUEUED_BLOCKS_ATTR, FIDELITY_ATTR, SAMPLER_ATTR, StudyPlan, adopt_stored_dtype, canonical_config,
+    check_resume, plan_study, safe_name, stored_study)
 from .progress import RunReporter
 from .race import run_race
 from .pruners import build_pruner, pruner_settings
@@ -68,6 +68,8 @@ class PreparedStudy:
     study: optuna.Study
     settings: StudySettings
     data: TokenData
+    target: int = 0  # finished trials to reach: --n-trials, or more where the enqueued maps need them
+    target_raised_from: int | None = None  # --n-trials, where the enqueued maps raised it
 
 
 def prepare_study(space: SpaceConfig, budget: str, study_name: str | None = None, storage: str | None = None,
@@ -89,6 +91,8 @@ def prepare_study(space: SpaceConfig, budget: str, study_name: str | None = None
     if space.train.dtype == "auto":
         plan = adopt_stored_dtype(existing, plan)
     stored_settings = check_resume(existing, spec, plan, sampler, pruner)
+    first = first_trials(plan, stored_study(existing, plan.name), n_trials or space.search.n_trials,
+                         list(space.search.enqueue) + [format_reuse_map(m) for m in enqueue_maps or []])
 
     data = load_space_tokens(space)
     storage_obj = existing or open_storage(spec)
@@ -112,12 +116,48 @@ def prepare_study(space: SpaceConfig, budget: str, study_name: str | None = None
         study.set_metric_names(["val_ppl"] if len(directions) == 1 else ["val_ppl", "flops_ratio"])
     settings = StudySettings.from_dict(study.user_attrs[SAMPLER_ATTR])
 
-    max_runs = plan.budget.max_layer_runs(plan.model)
-    first = seed_maps(plan.model.n_layers, space.search.max_reuse, max_runs) if space.search.enqueue_paper_maps else []
-    for m in first + [list(m) for m in enqueue_maps or []]:  # with every searched knob off: the paper's model
-        study.enqueue_trial({f"r{i}": r for i, r in enumerate(m)} | knobs_off(space.search.knobs), skip_if_exists=True)
+    if first.blocks:  # block K asked for: trained with the reference runs (one list, however many resumes)
+        blocks = sorted(set(study.user_attrs.get(ENQUEUED_BLOCKS_ATTR, [])) | set(first.blocks))
+        study.set_user_attr(ENQUEUED_BLOCKS_ATTR, blocks)
+    for params in first.params:
+        study.enqueue_trial(params, skip_if_exists=True)
     open_store(spec, plan.name, storage=storage_obj)  # the project's tables too, before any worker races to create them
-    return PreparedStudy(space, spec, plan, study, settings, data)
+    asked_target = n_trials or space.search.n_trials
+    return PreparedStudy(space, spec, plan, study, settings, data, first.target,
+                         asked_target if first.target > asked_target else None)
+
+
+@dataclass(frozen=True)
+class FirstTrials:
+    """What a run enqueues before the sampler's first proposal: trial parameters in order, block K
+    references asked for, and the finished trials the run goes to (raised where the maps asked for need it)."""
+    params: list[dict[str, Any]]
+    blocks: list[int]
+    target: int
+
+
+def first_trials(plan: StudyPlan, study: optuna.Study | None, target: int, enqueue: list[str]) -> FirstTrials:
+    """The first trials of a run: the baseline, then the maps asked for (`enqueue`, in their order, repaired to
+    the budget), then the paper-inspired maps, each only where the study has no trial of it yet, and no more
+    than the trials still missing to `target` (so no trial is left WAITING after the run). Maps asked for that
+    do not fit in the target raise it: a resume with other maps trains them, however many trials it had."""
+    search, n = plan.space.search, plan.model.n_layers
+    max_runs = plan.budget.max_layer_runs(plan.model)
+    asked = [parse_enqueued(text, n, search.max_reuse, max_runs, search.knobs) for text in enqueue]
+    seeds = [map_params(m) | knobs_off(search.knobs) for m in seed_maps(n, search.max_reuse, max_runs)] \
+        if search.enqueue_paper_maps else []  # with every searched knob off: the paper's model
+    trials = study.get_trials(deepcopy=False) if study is not None else []
+    known = [t.params for t in trials if t.state != TrialState.FAIL or has_result(t)] + \
+        [t.system_attrs.get("fixed_params", {}) for t in trials if t.state == TrialState.WAITING]
+    required: list[dict[str, Any]] = []
+    for params in seeds[:1] + [a.params(search.knobs) for a in asked if a.block is None]:
+        if params not in known and params not in required:
+            required.append(params)
+    counted = sum(has_result(t) or t.state in (TrialState.WAITING, TrialState.RUNNING) for t in trials)
+    target = max(target, counted + len(required))
+    fill = [p for p in seeds[1:] if p not in known and p not in required]
+    return FirstTrials(required + fill[:target - counted - len(required)], sorted({a.block for a in asked if a.block}),
+                       target)
 
 
 def _run_study(space: SpaceConfig, budget: str, study_name: str | None = None, storage: str | None = None,
@@ -132,8 +172,12 @@ def _run_study(space: SpaceConfig, budget: str, study_name: str | None = None, s
     store = open_store(spec, plan.name, storage=study._storage)
     # Worker k of the study (k = 0 for the first run, 1 for a resume or a second process...) samples from
     # stream k of the study's seed: reproducible, and concurrent workers do not propose the same maps.
-    study.sampler = build_sampler(settings.sampler, plan.model.n_layers, store.register_worker(), space.search.knobs)
-    target = n_trials or space.search.n_trials
+    study.sampler = build_sampler(settings.sampler, plan.model.n_layers, store.register_worker(), space.search.knobs,
+                                  space.search.max_reuse, plan.budget.max_layer_runs(plan.model))
+    target = prepared.target
+    if prepared.target_raised_from is not None:
+        reporter.message(f"--n-trials {prepared.target_raised_from} raised to {target}: the enqueued maps need "
+                         "trials of their own")
     run = SearchRun(plan, spec, study, store, data, reporter, target,
                     Path(checkpoint_dir or "studies/checkpoints") / safe_name(plan.name),
                     pruner=build_pruner(settings.pruner, store, space.train.steps))
@@ -245,10 +289,11 @@ class ReferenceRun:
     knobs: dict[str, KnobValue] = dataclasses.field(default_factory=dict)  # the searched knobs' settings
 
 
-def reference_runs(plan: StudyPlan, trials: list[FrozenTrial]) -> list[ReferenceRun]:
+def reference_runs(plan: StudyPlan, trials: list[FrozenTrial], enqueued_blocks: Sequence[int] = ()) -> list[ReferenceRun]:
     """The study's reference runs, trained outside the sampler's view: the baseline at extra seeds (its
     seed-to-seed noise band), the best recurrent map (with its knobs) at a second seed (is its place real?),
-    and block recurrence K where the budget allows it. The baseline and blocks run with the knobs off."""
+    block recurrence K where the budget allows it, and the block K asked for with `--enqueue blockK`. The
+    baseline and blocks run with the knobs off."""
     n, seed = plan.model.n_layers, plan.space.train.seed
     runs = [ReferenceRun(f"baseline_seed{seed + i}", list(range(n)), seed + i, [1] * n)
             for i in range(1, plan.space.search.noise_seeds + 1)]
@@ -256,9 +301,11 @@ def reference_runs(plan: StudyPlan, trials: list[FrozenTrial]) -> list[Reference
     if best is not None:
         runs.append(ReferenceRun("second_seed", reuse_map_schedule(best["reuse_map"]), seed + 1, best["reuse_map"],
                                  best["knobs"]))
+    blocks = set(enqueued_blocks)
     if "block" in plan.space.search.families:
-        runs += [ReferenceRun(f"block{k}", block_schedule(n, k), seed, None) for k in range(2, plan.space.search.max_reuse + 1)
-                 if plan.budget.allows(flops_ratio(plan.model, block_schedule(n, k)))]
+        blocks |= {k for k in range(2, plan.space.search.max_reuse + 1)
+                   if plan.budget.allows(flops_ratio(plan.model, block_schedule(n, k)))}
+    runs += [ReferenceRun(f"block{k}", block_schedule(n, k), seed, None) for k in sorted(blocks)]
     return runs
 
 
@@ -268,12 +315,15 @@ def train_references(run: SearchRun, share: tuple[int, int] = (0, 1)) -> None:
     the k-th, (k+n)-th, ... of them; whoever runs `run` last trains what is still missing."""
     plan, study = run.plan, run.study
     k, n = share
-    for index, ref in enumerate(reference_runs(plan, study.get_trials(deepcopy=False))):
-        if index % n != k:
-            continue
+    refs = reference_runs(plan, study.get_trials(deepcopy=False), study.user_attrs.get(ENQUEUED_BLOCKS_ATTR, ()))
+    missing = []
+    for index, ref in enumerate(refs):
         stored = study.user_attrs.get(f"{REFERENCE_PREFIX}{ref.name}")
-        if stored is not None and stored.get("schedule") == ref.schedule and stored.get("knobs", {}) == ref.knobs:
-            continue
+        if index % n == k and not (stored is not None and stored.get("schedule") == ref.schedule
+                                   and stored.get("knobs", {}) == ref.knobs):
+            missing.append(ref)
+    for done, ref in enumerate(missing):
+        run.reporter.reference_started(ref.name, done, len(missing), plan.space.train.steps)
         key = config_key(format_reuse_map(ref.reuse_map or []), ref.knobs)
         run.reporter.message(f"training reference {ref.name}" + (f" (map {key}, seed {ref.seed})"
                                                                   if ref.name == "second_seed" else ""))
@@ -285,3 +335,4 @@ def train_references(run: SearchRun, share: tuple[int, int] = (0, 1)) -> None:
             "reuse_map": ref.reuse_map, "val_ppl": finite_or_none(result.val_ppl),
             "val_bpb": finite_or_none(result.val_bpb), "status": result.status, "steps": result.steps,
             "curve": [[p.step, p.val_loss] for p in result.curve]} | ({"knobs": ref.knobs} if ref.knobs else {}))
+        run.reporter.reference_finished(ref.name)

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import optuna
+from optuna.distributions import BaseDistribution, IntDistribution
+from optuna.trial import FrozenTrial, TrialState
 
 from ..config import SamplerOption, SamplerSettings
 from ..errors import UserInputError
 from ..knobs import KNOB_CHOICES
+
+from .maps import map_params, repair_to_budget
 
 
 def sampler_settings(name: str, seed: int, n_layers: int, max_reuse: int) -> SamplerSettings:
@@ -26,8 +33,80 @@ def sampler_settings(name: str, seed: int, n_layers: int, max_reuse: int) -> Sam
     return SamplerSettings(resolved, name, seed, tuple(options.items()))
 
 
-def build_sampler(settings: SamplerSettings, n_layers: int, worker_offset: int = 0,
-                  knobs: tuple[str, ...] = ()) -> optuna.samplers.BaseSampler:
+class BudgetRepairSampler(optuna.samplers.BaseSampler):
+    """A sampler whose proposals are maps the budget pays for, so that what Optuna stores for a trial (r0..rN)
+    is the map it trains: the wrapped sampler proposes every per-layer count at once (jointly where it models
+    them jointly, independently where it does not yet), the proposal is repaired to the budget
+    (maps.repair_to_budget), and the repaired counts are what the trial gets. The wrapped sampler then learns
+    from maps that were trained, and the dashboard's plots describe them."""
+
+    redraws = 8  # independent redraws of a proposal that lands on a tried map, before it is kept (and reused)
+
+    def __init__(self, base: optuna.samplers.BaseSampler, n_layers: int, max_reuse: int, max_layer_runs: int,
+                 knobs: tuple[str, ...] = ()) -> None:
+        self.base, self.knobs = base, knobs
+        self.n_layers, self.max_layer_runs = n_layers, max_layer_runs
+        self.map_space = {f"r{i}": IntDistribution(1, max_reuse) for i in range(n_layers)}
+        self._base_space: dict[int, dict[str, BaseDistribution]] = {}  # trial id -> the wrapped sampler's own space
+
+    def reseed_rng(self) -> None:
+        self.base.reseed_rng()
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        self.base.before_trial(study, trial)
+
+    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        own = self.base.infer_relative_search_space(study, trial)
+        self._base_space[trial._trial_id] = own
+        return own | self.map_space
+
+    def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
+                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        own = self._base_space.pop(trial._trial_id, {})
+        params = self._repaired(study, trial, dict(self.base.sample_relative(study, trial, own)) if own else {})
+        if set(self.knobs) - set(params):  # knobs sampled later: whether the proposal was tried is not known yet
+            return params
+        tried = [t.params for t in study.get_trials(deepcopy=False)
+                 if t.number != trial.number and t.state != TrialState.WAITING]
+        for _ in range(self.redraws):
+            if params not in tried:
+                break
+            # The proposal would only reuse a tried map's result (the repair maps many proposals onto one map
+            # at the budget's edge; GP ignores pruned trials and proposes them again): the counts are drawn
+            # again by the sampler's independent sampling (cheap, no model refit), the rest kept.
+            params = self._repaired(study, trial, {k: v for k, v in params.items() if k not in self.map_space})
+        return params
+
+    def _repaired(self, study: optuna.Study, trial: FrozenTrial, params: dict[str, Any]) -> dict[str, Any]:
+        """`params` with every per-layer count the base sampler did not give drawn independently, and the map
+        repaired to the budget."""
+        for name, distribution in self.map_space.items():
+            if name not in params:
+                params[name] = self.base.sample_independent(study, trial, name, distribution)
+        proposed = [int(params[f"r{i}"]) for i in range(self.n_layers)]
+        return params | map_params(repair_to_budget(proposed, self.max_layer_runs))
+
+    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
+                           param_distribution: BaseDistribution) -> Any:
+        return self.base.sample_independent(study, trial, param_name, param_distribution)
+
+    def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState,
+                    values: Sequence[float] | None) -> None:
+        self.base.after_trial(study, trial, state, values)
+
+
+def build_sampler(settings: SamplerSettings, n_layers: int, worker_offset: int = 0, knobs: tuple[str, ...] = (),
+                  max_reuse: int | None = None, max_layer_runs: int | None = None) -> optuna.samplers.BaseSampler:
+    """The study's sampler; given the space's max_reuse and the budget's max_layer_runs, wrapped so that it
+    proposes maps within the budget only (BudgetRepairSampler)."""
+    base = _base_sampler(settings, n_layers, worker_offset, knobs)
+    if max_reuse is None or max_layer_runs is None:
+        return base
+    return BudgetRepairSampler(base, n_layers, max_reuse, max_layer_runs, knobs)
+
+
+def _base_sampler(settings: SamplerSettings, n_layers: int, worker_offset: int,
+                  knobs: tuple[str, ...]) -> optuna.samplers.BaseSampler:
     s = dict(settings.options)
     # Each worker (and each resume) draws from its own stream; the first worker of a study is reproducible.
     seed = None if settings.seed is None else settings.seed * 1_000_003 + worker_offset

@@ -10,7 +10,7 @@ from optuna.trial import FrozenTrial, TrialState
 from ..config import StudySettings
 from ..errors import UserInputError
 from ..fidelity import audit_reports, study_fidelity
-from ..results import FINISHED, curves_by_trial, references, study_front, trial_row
+from ..results import FINISHED, curves_by_trial, curves_of_trials, listed_trials, reference_rows, references, study_front, trial_row
 from ..storage import StorageSpec, Store, open_storage, open_store, parse_storage
 
 from .plan import CONFIG_ATTR, SAMPLER_ATTR
@@ -111,7 +111,7 @@ def list_studies(storage: str | None = None) -> list[dict[str, Any]]:
     for summary in optuna.get_all_study_summaries(st, include_best_trial=False):
         study = optuna.load_study(study_name=summary.study_name, storage=st)
         config = study.user_attrs.get(CONFIG_ATTR, {})
-        trials = study.get_trials(deepcopy=False)
+        trials = listed_trials(study.get_trials(deepcopy=False))
         ppls = [t.user_attrs["val_ppl"] for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("val_ppl")]
         rows.append({"study": summary.study_name, "n_trials": len(trials),
                      "n_complete": sum(t.state == TrialState.COMPLETE for t in trials),
@@ -130,7 +130,10 @@ def trials_report(study_name: str, storage: str | None = None) -> dict[str, Any]
     study = open_study(spec, study_name)
     trials = study.get_trials(deepcopy=False)
     store = open_store(spec, study_name, read_only=True, storage=study._storage)
+    listed = listed_trials(trials)
+    curves = curves_of_trials(listed, store.curve_points(), store.train_curve_points())
     race = race_summary(trials, study.user_attrs, store.audit_rows())
-    return {"study": study_name, "trials": [trial_row(t) for t in trials],
+    return {"study": study_name, "trials": [trial_row(t) | {"curves": curves[t.number]} for t in listed],
+            "references": reference_rows(study),
             "fidelity": fidelity_of(study, store, trials),
             "race": race["race"], "verdict": race["verdict"], "target_steps": race["target_steps"]}

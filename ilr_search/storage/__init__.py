@@ -14,9 +14,9 @@ from .journal_store import JournalStore
 from .opening import open_store
 from .optuna_storage import open_storage, set_trial_user_attrs
 from .sql_store import SQLStore
-from .store import AuditJob, AuditRow, CurvePoint, Store
+from .store import AuditJob, AuditRow, CurvePoint, Store, TrainCurvePoint
 from .urls import StorageSpec, parse_storage
 
 __all__ = ["AuditJob", "AuditRow", "CurvePoint", "Heartbeat", "JournalStore", "SQLStore", "StorageSpec", "Store",
            "grace_period", "heartbeat_interval", "open_storage", "open_store", "parse_storage",
-           "set_trial_user_attrs"]
+           "set_trial_user_attrs", "TrainCurvePoint"]

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .store import AuditJob, AuditRow, CurvePoint, Store
+from .store import AuditJob, AuditRow, CurvePoint, Store, TrainCurvePoint
 
 
 class JournalStore(Store):
@@ -75,8 +75,20 @@ class JournalStore(Store):
     def curve_points(self, step: int | None = None) -> list[CurvePoint]:
         with self._locked() as records:
             latest = {(r["trial_number"], r["step"]): r for r in self._mine(records, "curve")}
-        return [CurvePoint(r["trial_number"], r["step"], r["val_loss"], r["flops_ratio"], r["map_key"])
+        return [CurvePoint(r["trial_number"], r["step"], r["val_loss"], r["flops_ratio"], r["map_key"], r.get("tokens", 0))
                 for key, r in sorted(latest.items()) if step is None or r["step"] == step]
+
+    def add_train_curve(self, points: list[TrainCurvePoint]) -> None:
+        if not points:
+            return
+        with self._locked():
+            self._append({"kind": "train_curve", "points": [[p.trial_number, p.step, p.tokens, p.loss, p.map_key]
+                                                            for p in points]})
+
+    def train_curve_points(self) -> list[TrainCurvePoint]:
+        with self._locked() as records:
+            latest = {(p[0], p[1]): TrainCurvePoint(*p) for r in self._mine(records, "train_curve") for p in r["points"]}
+        return [latest[k] for k in sorted(latest)]
 
     def record_pruning(self, trial_number: int, step: int, val_loss: float, flops_ratio: float,
                        dominated_by: list[int], reason: str) -> None:

@@ -4,6 +4,8 @@ on them.
 - ilr_schema: the schema version;
 - ilr_map_claims: which trial trains which reuse map;
 - ilr_curves: every evaluation of every trial;
+- ilr_train_curves: every trial's training loss, as window means (added later: an older database gains it
+  when it is next opened for writing, and reads without it as no training curves);
 - ilr_pruning: why each pruned trial was pruned;
 - ilr_fronts: the Pareto front each time a trial completes, keyed by how many completed trials it is
   computed from (its history; the largest key is the current front);
@@ -24,7 +26,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
 from ..errors import UserInputError
-from .store import AuditJob, AuditRow, CurvePoint, Store
+from .store import AuditJob, AuditRow, CurvePoint, Store, TrainCurvePoint
 
 log = logging.getLogger("ilr_search")
 
@@ -53,6 +55,16 @@ curves_table = sa.Table(
     sa.Column("map_key", sa.String(256), nullable=False),
     sa.Column("flops_ratio", sa.Float, nullable=False),
     sa.Column("val_loss", sa.Float, nullable=False),
+    sa.Column("tokens", sa.BigInteger, nullable=False),
+)
+
+train_curves_table = sa.Table(
+    "ilr_train_curves", metadata,
+    sa.Column("study", sa.String(512), primary_key=True),
+    sa.Column("trial_number", sa.Integer, primary_key=True),
+    sa.Column("step", sa.Integer, primary_key=True),
+    sa.Column("map_key", sa.String(256), nullable=False),
+    sa.Column("loss", sa.Float, nullable=False),
     sa.Column("tokens", sa.BigInteger, nullable=False),
 )
 
@@ -173,7 +185,29 @@ class SQLStore(Store):
             query = query.where(curves_table.c.step == step)
         with self.engine.connect() as conn:
             rows = conn.execute(query.order_by(curves_table.c.trial_number, curves_table.c.step)).all()
-        return [CurvePoint(r.trial_number, r.step, r.val_loss, r.flops_ratio, r.map_key) for r in rows]
+        return [CurvePoint(r.trial_number, r.step, r.val_loss, r.flops_ratio, r.map_key, r.tokens) for r in rows]
+
+    @_retry_locked
+    def add_train_curve(self, points: list[TrainCurvePoint]) -> None:
+        if not points:
+            return
+        with self.engine.begin() as conn:
+            for trial_number in {p.trial_number for p in points}:
+                conn.execute(train_curves_table.delete().where(
+                    train_curves_table.c.study == self.study, train_curves_table.c.trial_number == trial_number,
+                    train_curves_table.c.step.in_([p.step for p in points if p.trial_number == trial_number])))
+            conn.execute(train_curves_table.insert(), [
+                {"study": self.study, "trial_number": p.trial_number, "step": p.step, "map_key": p.map_key,
+                 "loss": p.loss, "tokens": p.tokens} for p in points])
+
+    @_retry_locked
+    def train_curve_points(self) -> list[TrainCurvePoint]:
+        if train_curves_table.name not in self.tables:
+            return []
+        query = sa.select(train_curves_table).where(train_curves_table.c.study == self.study)
+        with self.engine.connect() as conn:
+            rows = conn.execute(query.order_by(train_curves_table.c.trial_number, train_curves_table.c.step)).all()
+        return [TrainCurvePoint(r.trial_number, r.step, r.tokens, r.loss, r.map_key) for r in rows]
 
     @_retry_locked
     def record_pruning(self, trial_number: int, step: int, val_loss: float, flops_ratio: float,

@@ -1,8 +1,9 @@
 """The project's own records of a study, beside Optuna's trials: the `Store` interface and its record types.
 
 A store keeps, per study: map claims (which trial trains which reuse map, so that concurrent workers never train
-one map twice), learning curves (every evaluation of every trial, which the pruner compares), why each pruned
-trial was pruned, the Pareto front each time a trial completes, and the audit's longer retrainings of chosen maps.
+one map twice), learning curves (every evaluation of every trial, which the pruner compares, and the training
+loss as window means), why each pruned trial was pruned, the Pareto front each time a trial completes, and the
+audit's longer retrainings of chosen maps.
 `SQLStore` keeps them in tables of the study's SQL database, `JournalStore` in a file beside a journal.
 """
 
@@ -60,6 +61,19 @@ class CurvePoint:
     val_loss: float
     flops_ratio: float
     map_key: str
+    tokens: int = 0  # training tokens seen at `step` (as stored; 0 where a caller builds a point without them)
+
+
+@dataclass(frozen=True)
+class TrainCurvePoint:
+    """The training loss of a trial at `step`: the mean over the steps since the trainer's previous read of
+    it (every 16 steps, train.py SYNC_EVERY), stored as the curve of kind "train" beside the validation one."""
+
+    trial_number: int
+    step: int
+    tokens: int
+    loss: float
+    map_key: str
 
 
 class Store(ABC):
@@ -89,6 +103,15 @@ class Store(ABC):
     @abstractmethod
     def curve_points(self, step: int | None = None) -> list[CurvePoint]:
         """Every recorded evaluation of the study (only those at `step` if given), by trial then step."""
+
+    @abstractmethod
+    def add_train_curve(self, points: list[TrainCurvePoint]) -> None:
+        """Record training-loss points, in one write (replacing earlier records of the same trial and step)."""
+
+    @abstractmethod
+    def train_curve_points(self) -> list[TrainCurvePoint]:
+        """Every recorded training-loss point of the study, by trial then step (none in a study stored before
+        they were kept)."""
 
     @abstractmethod
     def record_pruning(self, trial_number: int, step: int, val_loss: float, flops_ratio: float,

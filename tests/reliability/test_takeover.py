@@ -67,6 +67,7 @@ def test_a_worker_whose_trial_is_failed_under_it_keeps_the_result_and_goes_on(ki
     (failed,) = [t for t in trials if t.state == TrialState.FAIL]
     (recovered,) = [t for t in trials if t.user_attrs.get("recovered_from") == failed.number]
     assert recovered.state == TrialState.COMPLETE and recovered.user_attrs["steps"] == 12
+    assert sorted(recovered.intermediate_values) == [3, 6, 12]  # its validation curve, for optuna-dashboard too
     # the recovered trial counts towards the target, so its retry may still wait: one more trial runs it
     run_study(space, "2x", "t", storage, n_trials=4, sampler="random", pruner="none", checkpoint_dir=tmp_path / "ck")
     trials = study.get_trials()

@@ -1,0 +1,45 @@
+"""What a run prints: the front only when it changed, reference runs under their own label, and a study ETA
+from measured trial times."""
+
+import optuna
+import pytest
+
+from conftest import write_space
+from ilr_search.results import has_result, study_front
+from ilr_search.ui import StudyEta
+
+
+def test_the_front_is_printed_only_when_it_changed_and_references_have_their_own_label(tmp_path, cli):
+    space = write_space(tmp_path / "space.toml", search={"noise_seeds": 1, "families": ["ilr"]})
+    db = tmp_path / "out.db"
+    proc = cli("run", "--space", str(space), "--budget", "2x", "--steps", "8", "--n-trials", "6", "--study", "o",
+               "--storage", f"sqlite:///{db}", "--sampler", "random", check=True)
+    study = optuna.load_study(study_name="o", storage=f"sqlite:///{db}")
+    trials = study.trials
+    n_references = sum(k.startswith("ilr:reference:") for k in study.user_attrs)
+    fronts, changes = [], 0
+    for n in range(1, len(trials) + 1):  # the front after each finished trial, as the run saw it
+        if not has_result(trials[n - 1]):
+            continue
+        front = [p["trial"] for p in study_front(trials[:n])]
+        if front and front != (fronts[-1] if fronts else None):
+            changes += 1
+        fronts.append(front)
+    assert 1 <= changes < len(fronts), "the study's front changed after every trial: the test shows nothing"
+    assert proc.stderr.count("current front") == changes
+    # the last progress rows: the study counting its reference runs, and the reference's own row
+    assert n_references == 2
+    progress_rows = [line for line in proc.stderr.splitlines() if "━" in line]
+    assert progress_rows[-1].startswith("reference second_seed ")  # its own label, not the last trial's
+    last_study_row = [line for line in proc.stderr.splitlines() if line.startswith("study ")][-1]
+    assert f"{6 + n_references}/{6 + n_references} references" in last_study_row
+
+
+def test_the_study_eta_comes_from_measured_trial_times_from_the_first_trial_on():
+    eta = StudyEta(started=100.0)
+    assert eta.seconds_left(100.0, 0, 0.0, 16) is None  # nothing measured yet
+    # half of the first trial in 30 s: 15.5 trials left at 60 s each
+    assert eta.seconds_left(130.0, 0, 0.5, 16) == pytest.approx(15.5 * 60)
+    # 4 trials and a quarter of the fifth in 170 s: 40 s each, 11.75 left
+    assert eta.seconds_left(270.0, 4, 0.25, 12) == pytest.approx(11.75 * 40)
+    assert eta.seconds_left(500.0, 16, 1.0, 1) == 0.0
