@@ -76,7 +76,7 @@ def write_table(rows: list[dict[str, Any]], meta: dict[str, Any], out: Path) -> 
     import pandas as pd
 
     frame = pd.DataFrame(rows).sort_values(["map_key", "steps", "seed"]).reset_index(drop=True)
-    frame["meta"] = json.dumps(meta)
+    frame["meta"] = json.dumps(meta | {"seeds": sorted({int(s) for s in frame["seed"]})})  # the seeds it holds
     tmp = out.with_suffix(".tmp.parquet")
     frame.to_parquet(tmp, index=False)
     os.replace(tmp, out)
