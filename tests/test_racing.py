@@ -185,7 +185,7 @@ def test_front_confirmed_and_verdict_when_a_map_beats_the_baseline():
     point = front["2,2,1,1"]
     losses = [e.val_loss for e in evaluations if e.map_key == "2,2,1,1" and e.steps == 400]
     iv = seed_interval(losses, 0.9)
-    assert point.steps == 400 and point.seeds == (0, 1, 2) and point.confirmed
+    assert point.steps == 400 and point.seeds == (0, 1, 2) and point.confirmed and state.best == "2,2,1,1"
     assert point.val_ppl == pytest.approx(math.exp(sum(losses) / 3))
     assert point.interval == pytest.approx(iv.interval_ppl)
     base_ppl = front[BASE].val_ppl
@@ -202,6 +202,7 @@ def test_nothing_distinguishable_gives_the_seeds_that_would_decide():
     need = paired_comparison(target["2,2,1,1"], target[BASE], 0.9).seeds_needed()
     assert need is not None and f"{need} seeds at 400 steps" in state.verdict
     assert not any(p.confirmed for p in state.front if p.map_key != BASE)
+    assert state.alive[0] == "2,2,1,1" and state.best == BASE  # a lead within the noise is not reported as best
 
 
 def test_one_seed_claims_nothing():
