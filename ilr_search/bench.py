@@ -504,7 +504,7 @@ def replay_race(table: TruthTable, order_seed: int, n_seeds: int | None = None, 
     target = settings.target_steps
     claimed = list(state.confirmed_better)
     at_target = [p for p in state.front if p.steps == target]
-    best = state.alive[0] if state.alive else None  # the best survivor (the baseline when it alone survived)
+    best = state.best
     false, regret = _claims_and_regret(table, claimed, best, target)
     held = [p for p in at_target if len(p.seeds) >= 2
             and p.interval[0] <= math.exp(table.seed_mean(p.map_key, target) or math.nan) <= p.interval[1]]

@@ -81,6 +81,7 @@ class RaceState:
     not_raced: tuple[str, ...] = ()
     level_steps: int = 0
     confirmed_better: tuple[str, ...] = ()  # maps that beat the baseline at the target by a paired test
+    best: str | None = None  # the map the race reports: see reported_best
 
 
 def race_lengths(settings: RaceSettings) -> tuple[int, ...]:
@@ -241,7 +242,18 @@ def race_state(evaluations: Sequence[Evaluation], settings: RaceSettings, baseli
     done = not jobs
     front, confirmed_better, verdict = _report(alive, results, settings, baseline_key, level, done, eliminated)
     return RaceState(alive=tuple(alive), eliminated=eliminated, next_jobs=tuple(jobs), front=front, verdict=verdict,
-                     done=done, not_raced=not_raced, level_steps=level, confirmed_better=confirmed_better)
+                     done=done, not_raced=not_raced, level_steps=level, confirmed_better=confirmed_better,
+                     best=reported_best(front, alive))
+
+
+def reported_best(front: Sequence[FrontPoint], alive: Sequence[str]) -> str | None:
+    """The best map the evidence supports: the lowest-perplexity confirmed front point (better than every cheaper
+    point by the paired tests), so that a map whose lead is within the noise is not reported over a cheaper one
+    it has not beaten; with no confirmed point, the best mean among the survivors."""
+    confirmed = [p for p in front if p.confirmed]
+    if confirmed:
+        return min(confirmed, key=lambda p: (p.val_ppl, p.map_key)).map_key
+    return alive[0] if alive else None
 
 
 def _front(alive: Sequence[str], results: _Results, steps: int, confidence: float) -> tuple[FrontPoint, ...]:

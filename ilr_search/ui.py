@@ -427,8 +427,9 @@ def print_policy_replay(report: dict[str, Any]) -> None:
     coverage = report["interval_coverage"]
     out.print(f"mean compute {report['mean_compute_steps']:.0f} steps (every table result: {report['exhaustive_steps']}); "
               f"claims {report['maps_claimed']}, false {report['false_claims']} ({report['false_claim_share']:.0%}); "
-              f"regret within 1 seed sd in {_fmt(report['regret_within_1sd_share'])} of orders (mean "
-              f"{_fmt(report['mean_regret_sd'])} sd); intervals holding the table mean: "
+              f"regret within 1 seed sd in "
+              f"{'-' if report['regret_within_1sd_share'] is None else format(report['regret_within_1sd_share'], '.0%')}"
+              f" of orders (mean {_fmt(report['mean_regret_sd'])} sd); intervals holding the table mean: "
               + ("n/a" if coverage is None else f"{coverage:.0%} of {report['intervals']}"))
     out.print(f"first order's verdict: {report['replays'][0]['verdict']}")
 
