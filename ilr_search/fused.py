@@ -235,6 +235,7 @@ class FusedGroup:
             self.rows.append(torch.tensor(rows, dtype=torch.long, device=self.device))
             self.active_masks.append(torch.tensor([len(m.schedule) > s for m in self.members],
                                                   device=self.device).view(-1, 1, 1, 1))
+        self.all_rows = torch.cat(self.rows)
 
     def keep(self, kept: list[Member]) -> None:
         """Drop the members not in `kept` (diverged or stopped): their rows leave every stacked tensor and AdamW."""
@@ -281,9 +282,13 @@ class FusedGroup:
         x = F.embedding(tokens + offsets, embed.reshape(K * V, D))
         if "pos_embed.weight" in self.params:
             x = x + self.params["pos_embed.weight"][:, None, :T]
-        flat = {key: self.params[key].view(K * self.model_cfg.n_layers, -1) for key in self.layout.layer_keys}
-        for running, rows, active in zip(self.running, self.rows, self.active_masks):
-            gathered = {key: t.index_select(0, rows) for key, t in flat.items()}
+        # Every position's layer rows in one index_select per flat tensor, then split by position: backward is one
+        # cat and one index_add into the parameter's gradient (a gather per position would zero-fill a
+        # parameter-sized gradient at each position).
+        per_position = {key: self.params[key].view(K * self.model_cfg.n_layers, -1).index_select(0, self.all_rows)
+                        .split(self.running) for key in self.layout.layer_keys}
+        for s, (running, active) in enumerate(zip(self.running, self.active_masks)):
+            gathered = {key: rows[s] for key, rows in per_position.items()}
             if self.length_masking == "where":
                 x = torch.where(active, self._layer(x, gathered), x)
             elif running == K:
