@@ -186,6 +186,7 @@ def run(
     pruner: Annotated[Optional[str], typer.Option(help="pareto (calibrated: prunes only at rungs that predict the final ranking) | pareto-eager (the uncalibrated rule) | median | none. \\[default: pareto]")] = None,
     objective: Annotated[Optional[str], typer.Option(help="pareto (perplexity and FLOPs) or ppl (budget as a constraint only).")] = None,
     workers: Annotated[int, typer.Option(help="Worker processes on this machine, sharing the study and the device.")] = 1,
+    fuse: Annotated[int, typer.Option(help="Maps trained at once in one fused group (K proxies in lockstep in one process); 1: one at a time.")] = 1,
     knobs: Annotated[Optional[str], typer.Option(help="Recurrence knobs searched with the map, comma-separated: injection, iteration_encoding, iteration_norms, depth_init. \\[default: from the space, none in the presets]")] = None,
     json_out: Json = False,
 ) -> None:
@@ -194,6 +195,11 @@ def run(
 
     searched = None if knobs is None else [k.strip() for k in knobs.split(",") if k.strip()]
     overrides = opts.overrides() | {"search": {"objective": objective, "knobs": searched}}
+    from .search.run import check_fuse
+
+    check_fuse(fuse)
+    if fuse != 1 and workers != 1:
+        raise UserInputError("--fuse with --workers is not supported yet; use one of them")
     space = load_space(opts.space, overrides)
     if workers != 1:
         from .workers import RunArgs, run_workers
@@ -205,7 +211,8 @@ def run(
         from .search.run import run_study
 
         with ui.RichReporter(enabled=True) as reporter:
-            summary = run_study(space, budget, study, storage, n_trials, timeout, sampler, pruner, reporter)
+            summary = run_study(space, budget, study, storage, n_trials, timeout, sampler, pruner, reporter,
+                                fuse=fuse)
     emit(summary, json_out, ui.print_run)
     if summary.get("interrupted"):
         raise typer.Exit(130)
