@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ilr_search.config import DataConfig, TrainConfig  # noqa: E402
+from ilr_search.config import DataConfig  # noqa: E402
 from ilr_search.data import load_tokens, model_config  # noqa: E402
 from ilr_search.fused import train_fused  # noqa: E402
 from ilr_search.schedule import reuse_map_schedule  # noqa: E402
@@ -77,7 +77,19 @@ def main() -> None:
     base_model = model_config(space, data.vocab_size)
     cfg = replace(space.train, steps=args.steps, eval_fractions=(1.0,), eval_windows=args.eval_windows,
                   device="cpu", dtype="fp32", checkpoint_every=0, compile=False)
-    rows, masking = [], []
+    rows: list[dict] = []
+    masking: list[dict] = []
+    now = datetime.now(timezone.utc)
+    out = Path(args.out or f"benchmarks/data/fused-cpu-{now.date().isoformat()}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:  # after every row: a run cut short keeps what it measured
+        result = {"date": now.isoformat(timespec="seconds"), "machine": machine(), "torch": torch.__version__,
+                  "steps": args.steps, "batch_size": cfg.batch_size, "seq_len": base_model.seq_len,
+                  "n_layers": base_model.n_layers, "command": " ".join(sys.argv), "rows": rows,
+                  "length_masking": masking}
+        out.write_text(json.dumps(result, indent=1), encoding="utf-8")
+
     for threads in [int(t) for t in args.threads.split(",")]:
         torch.set_num_threads(threads)
         for width in [int(w) for w in args.widths.split(",")]:
@@ -96,6 +108,7 @@ def main() -> None:
                        "fused_tokens_per_s": tokens / fused_s, "single_tokens_per_s": tokens / single_s,
                        "speedup": single_s / fused_s, "load_before": load_before, "load_after": os.getloadavg()[0]}
                 rows.append(row)
+                save()
                 print(f"threads {threads}  d_model {width:4d}  K {k:2d}  fused {row['fused_tokens_per_s']:8.0f} tok/s  "
                       f"one after another {row['single_tokens_per_s']:8.0f} tok/s  x{row['speedup']:.2f}  "
                       f"(load {load_before:.1f})", flush=True)
@@ -112,15 +125,9 @@ def main() -> None:
                     masking.append({"threads": threads, "k": k, "groups_by_length": len(by_length),
                                     "tokens_per_s": {mode: tokens / s for mode, s in seconds.items()},
                                     "load": os.getloadavg()[0]})
+                    save()
                     print("  schedules of different lengths: " + ", ".join(f"{mode} {tokens / s:.0f} tok/s"
                                                                           for mode, s in seconds.items()), flush=True)
-    now = datetime.now(timezone.utc)
-    result = {"date": now.isoformat(timespec="seconds"), "machine": machine(), "torch": torch.__version__,
-              "steps": args.steps, "batch_size": cfg.batch_size, "seq_len": base_model.seq_len,
-              "n_layers": base_model.n_layers, "rows": rows, "length_masking": masking}
-    out = Path(args.out or f"benchmarks/data/fused-cpu-{now.date().isoformat()}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1), encoding="utf-8")
     print(f"wrote {out}")
 
 
