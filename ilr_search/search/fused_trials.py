@@ -65,14 +65,15 @@ class FusedSearchRun(SearchRun):
                         member.training = self.start_training(trial, member.proposal)
                 training = [g for g in group if g.training is not None]
                 results = self._train_group([g.training for g in training])
+                for member, result in zip(training, results):
+                    self._tell(member, lambda m=member, r=result: self.finish_training(m.trial, m.training, r),
+                               report)
+                for member in group:  # proposed a map the group trained: its result now exists
+                    if not member.told:
+                        self._tell(member, lambda m=member: self._reuse_own(m), report)
             except BaseException as e:
                 self._abandon(group, interrupted=isinstance(e, KeyboardInterrupt))
                 raise
-            for member, result in zip(training, results):
-                self._tell(member, lambda m=member, r=result: self.finish_training(m.trial, m.training, r), report)
-            for member in group:  # proposed a map the group trained: its result now exists
-                if not member.told:
-                    self._tell(member, lambda m=member: self._reuse_own(m), report)
 
     def _reuse_own(self, member: GroupTrial) -> float | tuple[float, float]:
         earlier = self._result_for(member.proposal.key, member.trial.number)
@@ -112,14 +113,16 @@ class FusedSearchRun(SearchRun):
         try:
             values = outcome()
         except optuna.TrialPruned:
-            frozen = self.study.tell(member.trial, state=TrialState.PRUNED)
+            state, values = TrialState.PRUNED, None
         except TrialDiverged:
-            frozen = self.study.tell(member.trial, state=TrialState.FAIL)
+            state, values = TrialState.FAIL, None
         except TrialTakenOver:
             return  # failed under this worker by another's sweep: its result was kept as a recovered trial
         else:
-            frozen = self.study.tell(member.trial, values)
-        report(self.study, frozen)
+            state = None
+        # skip_if_finished: a trial failed under this worker after its outcome was read is left as it is (the
+        # one-trial path sees Optuna refuse such a tell), and the rest of the group is still told
+        report(self.study, self.study.tell(member.trial, values, state=state, skip_if_finished=True))
 
     def _abandon(self, group: list[GroupTrial], interrupted: bool) -> None:
         """Fail the group's untold trials (as Optuna fails a trial whose objective raised); on Ctrl-C the maps
