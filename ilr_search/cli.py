@@ -256,6 +256,7 @@ def run(
     pruner: Annotated[Optional[str], typer.Option(help="pareto (calibrated: prunes only at rungs that predict the final ranking) | pareto-eager (the uncalibrated rule) | median | none. \\[default: pareto]")] = None,
     objective: Annotated[Optional[str], typer.Option(help="pareto (perplexity and FLOPs) or ppl (budget as a constraint only).")] = None,
     workers: Annotated[int, typer.Option(help="Worker processes on this machine, sharing the study and the device.")] = 1,
+    fuse: Annotated[int, typer.Option(help="Maps trained at once in one fused group (K proxies in lockstep in one process); 1: one at a time.")] = 1,
     knobs: Annotated[Optional[str], typer.Option(help="Recurrence knobs searched with the map, comma-separated: injection, iteration_encoding, iteration_norms, depth_init. \\[default: from the space, none in the presets]")] = None,
     track: Annotated[Optional[str], typer.Option(help="Log each trial (validation curve, map, knobs, final values) and the reference runs: tensorboard:DIR or mlflow:URI (needs mlflow).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan (study, trials, references, pruning rungs, storage, space) and a time estimate from a short timed probe; write nothing.")] = False,
@@ -266,6 +267,7 @@ def run(
 ) -> None:
     """Search reuse maps under a FLOP budget; running it again resumes the study."""
     from .search.maps import split_enqueue_text
+    from .search.run import check_fuse
     from .space import load_space, parse_target
 
     searched = None if knobs is None else [k.strip() for k in knobs.split(",") if k.strip()]
@@ -273,6 +275,9 @@ def run(
     asked = None if enqueue is None else split_enqueue_text(enqueue)
     overrides = opts.overrides() | {"search": {"objective": objective, "knobs": searched, "target": factor,
                                                 "race_seeds": race_seeds, "enqueue": asked}}
+    check_fuse(fuse)
+    if fuse != 1 and workers != 1:
+        raise UserInputError("--fuse with --workers is not supported yet; use one of them")
     space = load_space(opts.space, overrides)
     tracked = tracked_reporter(track, storage, open_uri=not dry_run)
     if dry_run:
@@ -290,7 +295,8 @@ def run(
         from .search.run import run_study
 
         with tracked(ui.RichReporter(enabled=True)) as reporter:
-            summary = run_study(space, budget, study, storage, n_trials, timeout, sampler, pruner, reporter)
+            summary = run_study(space, budget, study, storage, n_trials, timeout, sampler, pruner, reporter,
+                                fuse=fuse)
     emit(summary, json_out, ui.print_run)
     if summary.get("interrupted"):
         raise typer.Exit(130)

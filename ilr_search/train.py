@@ -58,10 +58,20 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return floor + 0.5 * (cfg.lr - floor) * (1 + math.cos(math.pi * progress))
 
 
+def weight_decays(name: str, p: torch.Tensor) -> bool:
+    """Matrices decay; norm gains (also the per-repeat ones) and knob gates do not (the model has no biases)."""
+    return p.dim() >= 2 and "norm" not in name
+
+
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
-    # Matrices decay; norm gains (also the per-repeat ones) and knob gates do not (the model has no biases).
-    decay = [p for name, p in model.named_parameters() if p.dim() >= 2 and "norm" not in name]
-    no_decay = [p for name, p in model.named_parameters() if p.dim() < 2 or "norm" in name]
+    decay = [p for name, p in model.named_parameters() if weight_decays(name, p)]
+    no_decay = [p for name, p in model.named_parameters() if not weight_decays(name, p)]
+    return adamw(decay, no_decay, cfg, device)
+
+
+def adamw(decay: list[torch.Tensor], no_decay: list[torch.Tensor], cfg: TrainConfig,
+          device: torch.device) -> torch.optim.AdamW:
+    """The proxies' AdamW: `decay` with cfg.weight_decay, `no_decay` without; fused where the device has it."""
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     try:
         return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=device.type in ("cuda", "cpu"))
@@ -88,7 +98,12 @@ def evaluate(model: ILRTransformer, schedule: Sequence[int], data: TokenData, cf
             total_nats += model.loss(x, y, schedule, compute_dtype, reduction="sum", compiled=compiled)
         total_tokens += y.numel()
     model.train()
-    nats = total_nats.item()
+    return validation_metrics(total_nats.item(), total_tokens, data, cfg, seq_len)
+
+
+def validation_metrics(nats: float, total_tokens: int, data: TokenData, cfg: TrainConfig,
+                       seq_len: int) -> tuple[float, float, float]:
+    """(val_loss, val_ppl, val_bpb) from the nats summed over the validation windows' `total_tokens` targets."""
     val_loss = nats / total_tokens
     val_bpb = nats / math.log(2) / data.val_bytes(cfg.eval_windows, seq_len)
     return val_loss, math.exp(min(val_loss, 700.0)), val_bpb
@@ -137,8 +152,7 @@ def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData
     compiled_loss = resolve_compile(cfg.compile, device)
     tokens_per_step = cfg.batch_size * cfg.grad_accum * model_cfg.seq_len
     eval_steps = set(cfg.eval_steps)
-    # Diverged: a non-finite loss, or one more than twice a uniform guess's (ln V): training cannot recover.
-    diverged_above = 2 * math.log(model_cfg.vocab_size) + 1
+    diverged_above = divergence_threshold(model_cfg.vocab_size)
 
     start_step, curve = 0, []
     if checkpoint_path is not None and checkpoint_path.exists():
@@ -177,8 +191,7 @@ def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData
             window = host_values(torch.stack(unread))  # the window's one host sync
             for s, value in enumerate(window, start=first):
                 if not math.isfinite(value) or value > diverged_above:
-                    status, reason = "diverged", (f"training loss became {value:.4g} at step {s} (a uniform guess "
-                                                  f"scores {math.log(model_cfg.vocab_size):.3g})")
+                    status, reason = "diverged", training_divergence(value, s, model_cfg.vocab_size)
                     step = s
                     break
                 if on_step is not None:
@@ -193,7 +206,7 @@ def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData
             val_loss, val_ppl, val_bpb = evaluate(model, schedule, data, cfg, device, compute_dtype, compiled_loss)
             eval_seconds += time.perf_counter() - te
             if not math.isfinite(val_loss) or val_loss > diverged_above:
-                status, reason = "diverged", f"validation loss became {val_loss:.4g} at step {step}"
+                status, reason = "diverged", validation_divergence(val_loss, step)
                 break
             point = EvalPoint(step, step * tokens_per_step, val_loss, val_ppl, val_bpb)
             curve.append(point)
@@ -205,6 +218,29 @@ def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData
     seconds = time.perf_counter() - t0
     if on_trained is not None:
         on_trained(model)
+    return proxy_result(schedule, params, status, reason, step, start_step, curve, tokens_per_step,
+                        seconds, data_seconds, eval_seconds, str(device), dtype, digest, train_curve)
+
+
+def divergence_threshold(vocab_size: int) -> float:
+    """Diverged: a non-finite loss, or one more than twice a uniform guess's (ln V): training cannot recover."""
+    return 2 * math.log(vocab_size) + 1
+
+
+def training_divergence(value: float, step: int, vocab_size: int) -> str:
+    return f"training loss became {value:.4g} at step {step} (a uniform guess scores {math.log(vocab_size):.3g})"
+
+
+def validation_divergence(val_loss: float, step: int) -> str:
+    return f"validation loss became {val_loss:.4g} at step {step}"
+
+
+def proxy_result(schedule: list[int], params: int, status: str, reason: str, step: int, start_step: int,
+                 curve: list[EvalPoint], tokens_per_step: int, seconds: float, data_seconds: float,
+                 eval_seconds: float, device: str, dtype: str, digest: int,
+                 train_curve: list[TrainLossPoint] | None = None) -> TrainResult:
+    """A proxy's result from where its run ended: `step` is the last step run, or the step at which it diverged
+    (whose optimizer step does not count)."""
     steps_run = step if status != "diverged" else step - 1
     last = curve[-1] if curve else EvalPoint(0, 0, math.nan, math.nan, math.nan)
     trained_tokens = (steps_run - start_step) * tokens_per_step
@@ -214,7 +250,6 @@ def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData
         val_ppl=last.val_ppl if status != "diverged" else math.nan,
         val_bpb=last.val_bpb if status != "diverged" else math.nan,
         train_seconds=seconds, tokens_per_second=trained_tokens / seconds if seconds > 0 else 0.0,
-        status=status, curve=curve, train_curve=train_curve, reason=reason, data_seconds=data_seconds, eval_seconds=eval_seconds,
-        device=str(device), dtype=dtype, resumed_from_step=start_step, batch_digest=digest,
+        status=status, curve=curve, train_curve=list(train_curve or []), reason=reason, data_seconds=data_seconds,
+        eval_seconds=eval_seconds, device=device, dtype=dtype, resumed_from_step=start_step, batch_digest=digest,
     )
-

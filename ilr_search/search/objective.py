@@ -7,11 +7,13 @@ import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable, Collection
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from ..config import ModelConfig, TrainConfig
 from ..data import TokenData
 from ..flops import flops_ratio
 from ..knobs import KnobValue, config_key, format_knobs
@@ -77,8 +79,29 @@ class TrialTakenOver(Exception):
 
 
 @dataclass
+class Proposal:
+    """A trial's map, knobs, map key and FLOPs ratio; `earlier`: the finished trial whose result it reuses."""
+    reuse_map: list[int]
+    knobs: dict[str, KnobValue]
+    key: str
+    ratio: float
+    earlier: FrozenTrial | None
+    behind_own: bool = False  # the map is one this worker is about to train: reuse its result afterwards
 
 
+@dataclass
+class Training:
+    """A claimed proposal ready to train, and the pruner's verdict once on_eval receives one."""
+    proposal: Proposal
+    model: ModelConfig
+    schedule: list[int]
+    train_cfg: TrainConfig
+    checkpoint: Path | None
+    on_eval: Callable[[EvalPoint], bool]
+    verdicts: list[PruningDecision]
+
+
+@dataclass
 class SearchRun:
     plan: StudyPlan
     spec: StorageSpec
@@ -103,6 +126,16 @@ class SearchRun:
             return self._objective(trial)
 
     def _objective(self, trial: optuna.Trial) -> float | tuple[float, float]:
+        proposal = self.propose(trial)
+        if proposal.earlier is not None:
+            return self._reuse(trial, proposal.earlier)
+        return self._train(trial, proposal)
+
+    def propose(self, trial: optuna.Trial, in_hand: Collection[str] = ()) -> Proposal:
+        """The trial's map and knobs, recorded on it; deduplicated against finished trials and claimed (or the
+        finished trial whose result it reuses, after waiting for a live trial that trains the same map).
+        `in_hand`: map keys this worker has claimed and is about to train; a trial proposing one of them is
+        neither claimed nor waited for (it would wait on this worker), but returned `behind_own`."""
         proposed, reuse_map = propose_map(trial, self.n_layers, self.plan.space.search.max_reuse,
                                           self.plan.budget.max_layer_runs(self.plan.model))
         knobs = propose_knobs(trial, self.plan.space.search.knobs)
@@ -119,11 +152,11 @@ class SearchRun:
         set_trial_user_attrs(trial, attrs)
 
         earlier = self._result_for(key, trial.number)
+        if earlier is None and key in in_hand:
+            return Proposal(reuse_map, knobs, key, ratio, None, behind_own=True)
         if earlier is None:
             earlier = self._claim_or_wait(key, trial.number)
-        if earlier is not None:
-            return self._reuse(trial, earlier)
-        return self._train(trial, reuse_map, knobs, key, ratio)
+        return Proposal(reuse_map, knobs, key, ratio, earlier)
 
     def _result_for(self, key: str, exclude: int) -> FrozenTrial | None:
         for t in self.study.get_trials(deepcopy=False):
@@ -224,10 +257,23 @@ class SearchRun:
     def _values(self, val_ppl: float, ratio: float) -> float | tuple[float, float]:
         return val_ppl if self.plan.space.search.objective == "ppl" else (val_ppl, ratio)
 
-    def _train(self, trial: optuna.Trial, reuse_map: list[int], knobs: dict[str, KnobValue], key: str,
-               ratio: float) -> float | tuple[float, float]:
+    def _train(self, trial: optuna.Trial, proposal: Proposal) -> float | tuple[float, float]:
+        training = self.start_training(trial, proposal)
+        try:
+            result = train_proxy(training.model, training.schedule, self.data, training.train_cfg,
+                                 on_eval=training.on_eval, on_step=self.reporter.step,
+                                 checkpoint_path=training.checkpoint)
+        except KeyboardInterrupt:
+            self.interrupted(trial)
+            raise
+        return self.finish_training(trial, training, result)
+
+    def start_training(self, trial: optuna.Trial, proposal: Proposal) -> Training:
+        """What training a claimed proposal needs: its model, schedule, config, checkpoint and on_eval (which
+        stores the curve and asks the pruner)."""
         steps = self.plan.space.train.steps
-        self.reporter.trial_started(trial.number, reuse_map, steps, format_knobs(knobs))
+        key, ratio = proposal.key, proposal.ratio
+        self.reporter.trial_started(trial.number, proposal.reuse_map, steps, format_knobs(proposal.knobs))
         verdicts: list[PruningDecision] = []  # the pruner's verdict, once it prunes
 
         def on_eval(point: EvalPoint) -> bool:
@@ -248,15 +294,19 @@ class SearchRun:
 
         checkpoint = self.checkpoint_root / f"{safe_name(key.replace(',', '-'))}.pt" if self.plan.space.train.checkpoint_every else None
         train_cfg = dataclasses.replace(self.plan.space.train, dtype=self.plan.dtype)
-        try:
-            result = train_proxy(self.plan.trial_model(knobs), reuse_map_schedule(reuse_map), self.data, train_cfg,
-                                 on_eval=on_eval, on_step=self.reporter.step, checkpoint_path=checkpoint)
-        except KeyboardInterrupt:
-            # Retry this map on resume (Optuna marks the trial FAIL); then stop the study.
-            trial.set_user_attr("reason", "interrupted (Ctrl-C)")
-            self.study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
-            raise
-        decision = verdicts[0] if verdicts else None
+        return Training(proposal, self.plan.trial_model(proposal.knobs), reuse_map_schedule(proposal.reuse_map),
+                        train_cfg, checkpoint, on_eval, verdicts)
+
+    def interrupted(self, trial: optuna.Trial) -> None:
+        """Ctrl-C during training: retry this map on resume (Optuna marks the trial FAIL); the study then stops."""
+        trial.set_user_attr("reason", "interrupted (Ctrl-C)")
+        self.study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
+
+    def finish_training(self, trial: optuna.Trial, training: Training,
+                        result: TrainResult) -> float | tuple[float, float]:
+        """Record a trained proposal's result; its values, or TrialDiverged / TrialPruned / TrialTakenOver."""
+        key, ratio, checkpoint = training.proposal.key, training.proposal.ratio, training.checkpoint
+        decision = training.verdicts[0] if training.verdicts else None
         if result.resumed_from_step:  # resumed from a dead predecessor's checkpoint: its early points go under this trial
             self._store_curve(trial.number, result, key, ratio)
         if self._failed_under_me(trial):

@@ -29,6 +29,7 @@ from ..storage import StorageSpec, Store, heartbeat_interval, open_storage, open
 from ..train import train_proxy
 
 from .maps import knobs_off, map_params, parse_enqueued, seed_maps
+from .fused_trials import FusedSearchRun
 from .objective import SearchRun, TrialDiverged, TrialTakenOver, sweep_stale_journal_trials
 from .plan import (CONFIG_ATTR, ENQUEUED_BLOCKS_ATTR, FIDELITY_ATTR, SAMPLER_ATTR, StudyPlan, adopt_stored_dtype, canonical_config,
     check_resume, plan_study, safe_name, stored_study)
@@ -43,10 +44,12 @@ def run_study(space: SpaceConfig, budget: str, study_name: str | None = None, st
               n_trials: int | None = None, timeout: float | None = None, sampler: str | None = None,
               pruner: str | None = None, reporter: RunReporter | None = None,
               checkpoint_dir: str | Path | None = None, enqueue_maps: list[list[int]] | None = None,
-              reference_share: tuple[int, int] = (0, 1), race: bool = True) -> dict[str, Any]:
+              reference_share: tuple[int, int] = (0, 1), race: bool = True, fuse: int = 1) -> dict[str, Any]:
     """Run (or resume) a study until it has `n_trials` finished trials, then race its contenders at more seeds
     and up to the target length (race.py; `race` False: not, e.g. a benchmark table); returns the `run --json`
     summary.
+
+    `fuse` K > 1: ask for up to K trials at a time and train their maps fused (search/fused_trials.py).
 
     `sampler`/`pruner` given here override the space's and must match a resumed study's. `enqueue_maps` are
     tried first, after the baseline and the paper-inspired maps (over-budget maps are repaired). A full disk
@@ -54,7 +57,7 @@ def run_study(space: SpaceConfig, budget: str, study_name: str | None = None, st
     """
     with disk_full_is_reported():
         return _run_study(space, budget, study_name, storage, n_trials, timeout, sampler, pruner, reporter,
-                          checkpoint_dir, enqueue_maps, reference_share, race)
+                          checkpoint_dir, enqueue_maps, reference_share, race, fuse)
 
 
 @dataclass
@@ -164,7 +167,8 @@ def _run_study(space: SpaceConfig, budget: str, study_name: str | None = None, s
                n_trials: int | None = None, timeout: float | None = None, sampler: str | None = None,
                pruner: str | None = None, reporter: RunReporter | None = None,
                checkpoint_dir: str | Path | None = None, enqueue_maps: list[list[int]] | None = None,
-               reference_share: tuple[int, int] = (0, 1), race: bool = True) -> dict[str, Any]:
+               reference_share: tuple[int, int] = (0, 1), race: bool = True, fuse: int = 1) -> dict[str, Any]:
+    check_fuse(fuse)
     reporter = reporter or RunReporter()
     prepared = prepare_study(space, budget, study_name, storage, n_trials, timeout, sampler, pruner, enqueue_maps)
     space, spec, plan, study, settings, data = (prepared.space, prepared.spec, prepared.plan, prepared.study,
@@ -178,19 +182,22 @@ def _run_study(space: SpaceConfig, budget: str, study_name: str | None = None, s
     if prepared.target_raised_from is not None:
         reporter.message(f"--n-trials {prepared.target_raised_from} raised to {target}: the enqueued maps need "
                          "trials of their own")
-    run = SearchRun(plan, spec, study, store, data, reporter, target,
+    run = FusedSearchRun(plan, spec, study, store, data, reporter, target,
                     Path(checkpoint_dir or "studies/checkpoints") / safe_name(plan.name),
                     pruner=build_pruner(settings.pruner, store, space.train.steps))
     finished = _n_finished(study)
     reporter.study_started(plan.name, target, finished)
     interrupted = False
     if finished < target:
-        def after_trial(st: optuna.Study, ft: FrozenTrial) -> None:
+        def report_trial(st: optuna.Study, ft: FrozenTrial) -> int:
             trials = st.get_trials(deepcopy=False)
             front = save_current_front(store, trials)
             n_done = sum(has_result(t) for t in trials)
             reporter.trial_finished(trial_row(ft), front, n_done)
-            if n_done >= target:  # other workers count too
+            return n_done
+
+        def after_trial(st: optuna.Study, ft: FrozenTrial) -> None:
+            if report_trial(st, ft) >= target:  # other workers count too
                 st.stop()
 
         started, told = time.monotonic(), False
@@ -212,8 +219,11 @@ def _run_study(space: SpaceConfig, budget: str, study_name: str | None = None, s
                 run.sweep_stale()
                 continue
             try:
-                study.optimize(run.objective, n_trials=1, timeout=left, catch=(TrialDiverged,),
-                               callbacks=[after_trial], gc_after_trial=False, show_progress_bar=False)
+                if fuse > 1:
+                    run.run_group(min(fuse, target - finished - running), report_trial)
+                else:
+                    study.optimize(run.objective, n_trials=1, timeout=left, catch=(TrialDiverged,),
+                                   callbacks=[after_trial], gc_after_trial=False, show_progress_bar=False)
             except KeyboardInterrupt:
                 interrupted = True
             except (TrialTakenOver, ValueError):
@@ -240,6 +250,11 @@ def _run_study(space: SpaceConfig, budget: str, study_name: str | None = None, s
     summary["sampler"] = settings.sampler.to_dict()
     summary["pruner"] = settings.pruner.name
     return summary
+
+
+def check_fuse(fuse: int) -> None:
+    if isinstance(fuse, bool) or not isinstance(fuse, int) or fuse < 1:
+        raise UserInputError(f"--fuse must be a positive number of maps trained at once (1: one at a time), got {fuse!r}")
 
 
 def _disk_full_cause(e: BaseException | None) -> BaseException | None:

@@ -1,0 +1,478 @@
+"""The fused trainer: K proxies of one architecture, each with its own schedule, trained in lockstep in one process.
+
+All reuse maps (and block recurrence) of a search share their parameter shapes; only the order in which the
+layers run differs. So the K members' parameters are stacked along a leading member axis, and one training step
+runs all of them at once (HFTA, Wang et al., MLSys 2021):
+
+- each layer's parameters are held flat, as two [K, n_layers, P] tensors (the matrices, which decay, and the
+  norm gains, which do not); at each schedule position one `index_select` picks every member's layer;
+- the linear layers are batched matmuls over the member axis, and one scaled_dot_product_attention call covers
+  all K * batch sequences;
+- members are kept sorted by schedule length, longest first, so the members still running at a schedule
+  position are a prefix of the member axis: a shorter schedule passes its activations through unchanged at the
+  extra positions and costs nothing there (prefix masking: benchmarks/fused.py measures it against masking
+  with `torch.where`, which computes every member at every position);
+- each member's loss goes through the fused, chunked LM head of loss.py, with its own tied embedding;
+- gradients are clipped per member, and one AdamW steps the stacked tensors: AdamW is elementwise, so this is
+  K AdamWs, one per member.
+
+Each member keeps the semantics of `train_proxy`: the initial weights of `build_model(model_cfg, seed)`, the
+batches of `data.train_batch` with its seed, its own evaluations, divergence (it leaves the group, the others
+go on), stop (its on_eval callback), checkpoint (checkpoint.py's format, one file per member: a member can
+resume alone with `train_proxy`), and a TrainResult of the same meaning. The recurrence knobs that add
+parameters or ops (injection, iteration_encoding, iteration_norms) are refused; init_depth only changes the
+initial weights, which come from build_model, and is supported.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .checkpoint import load_checkpoint, save_checkpoint
+from .config import ModelConfig, TrainConfig
+from .data import TokenData
+from .errors import UserInputError
+from .loss import linear_cross_entropy
+from .model import ILRTransformer, alibi_bias, apply_rope, rope_tables
+from .train import (EvalPoint, OnEval, OnStep, SYNC_EVERY, TrainResult, adamw, autocast_for, build_model,
+                    build_optimizer, divergence_threshold, host_values, lr_at, proxy_result, resolve_compile,
+                    resolve_device, resolve_dtype, training_divergence, validation_divergence,
+                    validation_metrics, weight_decays)
+
+Tensor = torch.Tensor
+
+LAYER_PARAM = re.compile(r"^layers\.(\d+)\.(.+)$")
+LAYER_DECAY, LAYER_NO_DECAY = "layers.decay", "layers.no_decay"  # keys of the two flat per-layer tensors
+
+
+class FusionUnsupported(UserInputError):
+    """A model setting the fused trainer does not implement."""
+
+
+def check_fusable(model_cfg: ModelConfig) -> None:
+    """Refuse the knobs that add parameters or ops to the forward pass (init_depth only sets initial weights)."""
+    unsupported = [name for name, on in (("injection", model_cfg.injection != "none"),
+                                         ("iteration_encoding", model_cfg.iteration_encoding),
+                                         ("iteration_norms", model_cfg.iteration_norms)) if on]
+    if unsupported:
+        raise FusionUnsupported(f"the fused trainer does not support the recurrence knob(s) {', '.join(unsupported)}; "
+                                "train these maps one at a time (--fuse 1)")
+
+
+@dataclass(frozen=True)
+class LayerSlot:
+    """Where one per-layer parameter lives in its flat [K, n_layers, P] tensor."""
+    key: str  # LAYER_DECAY or LAYER_NO_DECAY
+    offset: int
+    shape: torch.Size
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+class StackedLayout:
+    """How a member's parameters (named as in ILRTransformer) map onto the stacked tensors, and back.
+
+    Per-layer parameters `layers.{l}.{rest}` go, flattened, into LAYER_DECAY or LAYER_NO_DECAY at [k, l, slot];
+    every other parameter `name` becomes a [K, *shape] tensor under its own name. The same maps serve any
+    tensor shaped like the parameters (AdamW's moments)."""
+
+    def __init__(self, template: ILRTransformer) -> None:
+        self.n_layers = template.cfg.n_layers
+        self.layer_slots: dict[str, LayerSlot] = {}
+        self.top_names: list[str] = []
+        self.decays: dict[str, bool] = {}  # stacked key -> whether AdamW decays it
+        sizes = {LAYER_DECAY: 0, LAYER_NO_DECAY: 0}
+        for name, p in template.named_parameters():
+            match = LAYER_PARAM.match(name)
+            if match is None:
+                self.top_names.append(name)
+                self.decays[name] = weight_decays(name, p)
+            elif match.group(1) == "0":
+                key = LAYER_DECAY if weight_decays(name, p) else LAYER_NO_DECAY
+                self.layer_slots[match.group(2)] = LayerSlot(key, sizes[key], p.shape)
+                sizes[key] += p.numel()
+        self.layer_keys = [key for key in (LAYER_DECAY, LAYER_NO_DECAY) if sizes[key]]
+        self.decays |= {LAYER_DECAY: True, LAYER_NO_DECAY: False}
+
+    @property
+    def keys(self) -> list[str]:
+        return self.layer_keys + self.top_names
+
+    def stack(self, members: Sequence[dict[str, Tensor]]) -> dict[str, Tensor]:
+        """Member tensors by parameter name -> stacked tensors by key."""
+        stacked = {name: torch.stack([m[name] for m in members]) for name in self.top_names}
+        for key in self.layer_keys:
+            rests = [rest for rest, slot in self.layer_slots.items() if slot.key == key]
+            stacked[key] = torch.stack([torch.stack([torch.cat([m[f"layers.{layer}.{rest}"].reshape(-1) for rest in rests])
+                                                     for layer in range(self.n_layers)]) for m in members])
+        return stacked
+
+    def unstack(self, stacked: dict[str, Tensor], k: int) -> dict[str, Tensor]:
+        """Stacked tensors by key -> member k's tensors by parameter name (views)."""
+        member = {name: stacked[name][k] for name in self.top_names}
+        for rest, slot in self.layer_slots.items():
+            for layer in range(self.n_layers):
+                member[f"layers.{layer}.{rest}"] = \
+                    stacked[slot.key][k, layer, slot.offset:slot.offset + slot.numel].view(slot.shape)
+        return member
+
+    def layer_view(self, gathered: dict[str, Tensor], rest: str) -> Tensor:
+        """One per-layer parameter, [m, *shape], out of gathered flat rows {key: [m, P]}."""
+        slot = self.layer_slots[rest]
+        rows = gathered[slot.key]
+        return rows[:, slot.offset:slot.offset + slot.numel].view(rows.shape[0], *slot.shape)
+
+
+@dataclass
+class MemberState:
+    """A member's weights and AdamW state by parameter name, and where its run starts."""
+    weights: dict[str, Tensor]
+    moments: dict[str, dict[str, Tensor]]  # AdamW state name (exp_avg, exp_avg_sq) -> by parameter name
+    optimizer_step: Tensor | None  # AdamW's step count (None before the first step)
+    start_step: int
+    curve: list[EvalPoint]
+
+
+def load_member(model_cfg: ModelConfig, cfg: TrainConfig, seed: int, path: Path | None,
+                device: torch.device) -> MemberState:
+    """build_model's initial weights for `seed`, or the member's checkpoint where one exists."""
+    model = build_model(model_cfg, seed).to(device)
+    if path is None or not path.exists():
+        return MemberState({n: p.detach() for n, p in model.named_parameters()}, {}, None, 0, [])
+    optimizer = build_optimizer(model, cfg, device)
+    start_step, curve = load_checkpoint(path, model, optimizer)
+    moments: dict[str, dict[str, Tensor]] = {}
+    optimizer_step = None
+    for name, p in model.named_parameters():
+        for key, value in optimizer.state[p].items():
+            if key == "step":
+                optimizer_step = value
+            else:
+                moments.setdefault(key, {})[name] = value
+    return MemberState({n: p.detach() for n, p in model.named_parameters()}, moments, optimizer_step,
+                       start_step, curve)
+
+
+@dataclass
+class Member:
+    """One proxy of the group: its schedule, data seed, callbacks, checkpoint, and what its run has done so far."""
+    position: int  # in the caller's lists
+    schedule: list[int]
+    seed: int
+    on_eval: OnEval | None
+    on_step: OnStep | None
+    checkpoint_path: Path | None
+    state: MemberState
+    curve: list[EvalPoint] = field(default_factory=list)
+    digest: int = 0
+    data_seconds: float = 0.0
+    eval_seconds: float = 0.0
+    status: str = "ok"
+    reason: str = ""
+    end_step: int = 0
+    seconds: float = 0.0
+
+
+class FusedGroup:
+    """The stacked parameters of the members still training, their AdamW, and the fused forward pass."""
+
+    def __init__(self, model_cfg: ModelConfig, cfg: TrainConfig, members: list[Member], device: torch.device,
+                 compute_dtype: torch.dtype, compiled_loss: bool, length_masking: str = "prefix") -> None:
+        self.model_cfg, self.cfg, self.device = model_cfg, cfg, device
+        self.compute_dtype, self.compiled_loss = compute_dtype, compiled_loss
+        self.length_masking = length_masking  # prefix (members sorted by length) or where (all at every position)
+        self.template = ILRTransformer(model_cfg).to(device)  # shapes and names, and the checkpoint writer
+        self.template_optimizer = build_optimizer(self.template, cfg, device)
+        self.layout = StackedLayout(self.template)
+        self.members = sorted(members, key=lambda m: -len(m.schedule))
+        stacked = self.layout.stack([m.state.weights for m in self.members])
+        self.params = {key: torch.nn.Parameter(t.detach().clone()) for key, t in stacked.items()}
+        self.optimizer = self._adamw()
+        if self.members[0].state.optimizer_step is not None:  # resumed: the members' AdamW states, stacked
+            for moment in self.members[0].state.moments:
+                moments = self.layout.stack([m.state.moments[moment] for m in self.members])
+                for key, p in self.params.items():
+                    self.optimizer.state[p][moment] = moments[key].clone()
+            for p in self.params.values():
+                self.optimizer.state[p]["step"] = self.members[0].state.optimizer_step.clone()
+        for m in self.members:
+            m.state = replace(m.state, weights={}, moments={})  # the stacked copies are the live ones
+        T = model_cfg.seq_len
+        self.rope = rope_tables(T, model_cfg.head_dim, model_cfg.rope_base, device) if model_cfg.pe == "rope" else None
+        # cos + i sin of each position's angles, shaped to broadcast over (sequences, T, q/k, heads, pairs)
+        self.rope_rotation = torch.complex(*self.rope).view(T, 1, 1, -1) if self.rope is not None else None
+        self.alibi = alibi_bias(model_cfg.n_heads, T, device) if model_cfg.pe == "alibi" else None
+        self._index_schedules()
+
+    def _adamw(self) -> torch.optim.AdamW:
+        decay = [p for key, p in self.params.items() if self.layout.decays[key]]
+        no_decay = [p for key, p in self.params.items() if not self.layout.decays[key]]
+        return adamw(decay, no_decay, self.cfg, self.device)
+
+    def _index_schedules(self) -> None:
+        """Per schedule position: how many members run it (a prefix) and their rows in the flat [K * L, P] view."""
+        L = self.model_cfg.n_layers
+        longest = len(self.members[0].schedule)
+        self.running: list[int] = []
+        self.rows: list[Tensor] = []
+        self.active_masks: list[Tensor] = []
+        for s in range(longest):
+            running = sum(1 for m in self.members if len(m.schedule) > s)
+            if self.length_masking == "where":
+                running = len(self.members)  # every member computes; the mask keeps the short ones' activations
+            rows = [k * L + (m.schedule[s] if len(m.schedule) > s else 0) for k, m in enumerate(self.members[:running])]
+            self.running.append(running)
+            self.rows.append(torch.tensor(rows, dtype=torch.long, device=self.device))
+            self.active_masks.append(torch.tensor([len(m.schedule) > s for m in self.members],
+                                                  device=self.device).view(-1, 1, 1, 1))
+        self.all_rows = torch.cat(self.rows)
+
+    def keep(self, kept: list[Member]) -> None:
+        """Drop the members not in `kept` (diverged or stopped): their rows leave every stacked tensor and AdamW."""
+        rows = torch.tensor([self.members.index(m) for m in kept], dtype=torch.long, device=self.device)
+        old_params, old_optimizer = self.params, self.optimizer
+        self.params = {key: torch.nn.Parameter(p.detach()[rows].clone()) for key, p in old_params.items()}
+        self.optimizer = self._adamw()
+        for key, p in self.params.items():
+            for name, value in old_optimizer.state[old_params[key]].items():
+                self.optimizer.state[p][name] = value[rows].clone() if value.dim() else value.clone()
+        self.members = kept
+        self._index_schedules()
+
+    # --- the forward pass ---
+
+    def _layer(self, x: Tensor, gathered: dict[str, Tensor]) -> Tensor:
+        """DecoderLayer.forward for m members at once: x (m, B, T, D), gathered flat layer rows {key: (m, P)}."""
+        m, B, T, D = x.shape
+        H = self.model_cfg.n_heads
+        eps = self.model_cfg.norm_eps
+        view = self.layout.layer_view
+        h = F.rms_norm(x, (D,), eps=eps) * view(gathered, "attn_norm.weight")[:, None, None, :]
+        qkv = torch.bmm(h.reshape(m, B * T, D), view(gathered, "attn.qkv.weight").transpose(1, 2))
+        qkv = qkv.view(m * B, T, 3, H, D // H)
+        if self.rope is not None and qkv.dtype == torch.float32:
+            # apply_rope's rotation of each (even, odd) pair as one complex product, q and k together: one
+            # kernel forward and one backward instead of seven each for q and for k.
+            pairs = torch.view_as_complex(qkv[:, :, :2].unflatten(-1, (-1, 2)))
+            qk = torch.view_as_real(pairs * self.rope_rotation).flatten(-2)
+            q, k, v = qk[:, :, 0].transpose(1, 2), qk[:, :, 1].transpose(1, 2), qkv[:, :, 2].transpose(1, 2)
+        else:
+            q, k, v = qkv.permute(2, 0, 3, 1, 4)
+            if self.rope is not None:
+                q, k = apply_rope(q, *self.rope), apply_rope(k, *self.rope)
+        if self.alibi is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # the ALiBi bias already holds the causal mask
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=self.alibi.to(q.dtype))
+        y = y.transpose(1, 2).reshape(m, B * T, D)
+        x = x + torch.bmm(y, view(gathered, "attn.proj.weight").transpose(1, 2)).view(m, B, T, D)
+        h = F.rms_norm(x, (D,), eps=eps) * view(gathered, "mlp_norm.weight")[:, None, None, :]
+        gate, up = torch.bmm(h.reshape(m, B * T, D), view(gathered, "mlp.gate_up.weight").transpose(1, 2)).chunk(2, -1)
+        down = view(gathered, "mlp.down.weight").transpose(1, 2)
+        return x + torch.bmm(F.silu(gate) * up, down).view(m, B, T, D)
+
+    def hidden(self, tokens: Tensor) -> Tensor:
+        """Final normalised hidden states (K, B, T, D) of every member for token ids (K, B, T)."""
+        K, B, T = tokens.shape
+        V, D = self.model_cfg.vocab_size, self.model_cfg.d_model
+        embed = self.params["embed.weight"]
+        offsets = torch.arange(K, device=tokens.device).view(K, 1, 1) * V
+        x = F.embedding(tokens + offsets, embed.reshape(K * V, D))
+        if "pos_embed.weight" in self.params:
+            x = x + self.params["pos_embed.weight"][:, None, :T]
+        # Every position's layer rows in one index_select per flat tensor, then split by position: backward is one
+        # cat and one index_add into the parameter's gradient (a gather per position would zero-fill a
+        # parameter-sized gradient at each position).
+        per_position = {key: self.params[key].view(K * self.model_cfg.n_layers, -1).index_select(0, self.all_rows)
+                        .split(self.running) for key in self.layout.layer_keys}
+        for s, (running, active) in enumerate(zip(self.running, self.active_masks)):
+            gathered = {key: rows[s] for key, rows in per_position.items()}
+            if self.length_masking == "where":
+                x = torch.where(active, self._layer(x, gathered), x)
+            elif running == K:
+                x = self._layer(x, gathered)
+            else:
+                x = torch.cat((self._layer(x[:running], gathered), x[running:]))
+        return F.rms_norm(x, (D,), eps=self.model_cfg.norm_eps) * self.params["norm.weight"][:, None, None, :]
+
+    def losses(self, tokens: Tensor, targets: Tensor, reduction: str) -> Tensor:
+        """Each member's cross-entropy (K,), through the fused, chunked head with its own tied embedding."""
+        h = self.hidden(tokens)
+        embed = self.params["embed.weight"]
+        return torch.stack([linear_cross_entropy(h[k], embed[k], targets[k], self.compute_dtype, reduction,
+                                                 self.compiled_loss) for k in range(len(self.members))])
+
+    # --- training ---
+
+    def clip_gradients(self) -> None:
+        """clip_grad_norm_ per member: each member's gradient norm over all its parameters, scaled to cfg.grad_clip."""
+        K = len(self.members)
+        grads = [p.grad for p in self.params.values() if p.grad is not None]
+        norms = torch.stack([g.reshape(K, -1).norm(dim=1) for g in grads]).norm(dim=0)  # (K,)
+        coef = (self.cfg.grad_clip / (norms + 1e-6)).clamp(max=1.0)
+        for g in grads:
+            g.mul_(coef.view(K, *[1] * (g.dim() - 1)))
+
+    @torch.no_grad()
+    def evaluate(self, data: TokenData) -> list[tuple[float, float, float]]:
+        """(val_loss, val_ppl, val_bpb) per member over the fixed validation windows; one host sync."""
+        K, seq_len = len(self.members), self.model_cfg.seq_len
+        total_nats = torch.zeros(K, dtype=torch.float64, device=self.device)
+        total_tokens = 0
+        for x, y in data.val_batches(self.cfg.eval_windows, seq_len, self.cfg.batch_size):
+            x, y = torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)
+            with autocast_for(self.device, self.compute_dtype):
+                total_nats += self.losses(x.expand(K, *x.shape), y.expand(K, *y.shape), "sum")
+            total_tokens += y.numel()
+        return [validation_metrics(nats, total_tokens, data, self.cfg, seq_len) for nats in host_values(total_nats)]
+
+    def save(self, member: Member, step: int) -> None:
+        """Member's checkpoint in checkpoint.py's format, as train_proxy writes it (its model and AdamW alone)."""
+        k = self.members.index(member)
+        weights = self.layout.unstack({key: p.detach() for key, p in self.params.items()}, k)
+        stacked_state = {key: self.optimizer.state[p] for key, p in self.params.items()}
+        moments = {name: self.layout.unstack({key: s[name] for key, s in stacked_state.items()}, k)
+                   for name in next(iter(stacked_state.values())) if name != "step"}
+        optimizer_step = next(iter(stacked_state.values()))["step"]
+        with torch.no_grad():
+            for name, p in self.template.named_parameters():
+                p.copy_(weights[name])
+                self.template_optimizer.state[p] = {"step": optimizer_step.clone()} | \
+                    {moment: values[name].clone() for moment, values in moments.items()}
+        for group in self.template_optimizer.param_groups:
+            group["lr"] = lr_at(step, self.cfg)
+        save_checkpoint(member.checkpoint_path, self.template, self.template_optimizer, step, member.curve)
+
+
+def train_fused(model_cfg: ModelConfig, schedules: Sequence[Sequence[int]], data: TokenData, cfg: TrainConfig,
+                on_eval: Sequence[OnEval | None] | None = None, on_step: Sequence[OnStep | None] | None = None,
+                checkpoint_paths: Sequence[Path | None] | None = None, seeds: Sequence[int] | None = None,
+                length_masking: str = "prefix") -> list[TrainResult]:
+    """Train each schedule as `train_proxy(model_cfg, schedule, data, replace(cfg, seed=seed), on_eval, on_step,
+    checkpoint_path)` would, all in lockstep; one TrainResult per schedule, in order. Never raises for a
+    diverging member. Members resuming from checkpoints of different steps train as separate fused groups."""
+    K = len(schedules)
+    if K == 0:
+        return []
+    check_fusable(model_cfg)
+    if length_masking not in ("prefix", "where"):
+        raise ValueError(f"length_masking must be prefix or where, got {length_masking!r}")
+    on_eval = list(on_eval) if on_eval is not None else [None] * K
+    on_step = list(on_step) if on_step is not None else [None] * K
+    checkpoint_paths = list(checkpoint_paths) if checkpoint_paths is not None else [None] * K
+    seeds = list(seeds) if seeds is not None else [cfg.seed] * K
+    for name, values in (("on_eval", on_eval), ("on_step", on_step), ("checkpoint_paths", checkpoint_paths),
+                         ("seeds", seeds)):
+        if len(values) != K:
+            raise ValueError(f"{name} has {len(values)} entries for {K} schedules")
+    data.check_window(model_cfg.seq_len)
+    device = resolve_device(cfg.device)
+    members = [Member(k, list(schedules[k]), seeds[k], on_eval[k], on_step[k], checkpoint_paths[k],
+                      load_member(model_cfg, replace(cfg, seed=seeds[k]), seeds[k], checkpoint_paths[k], device))
+               for k in range(K)]
+    results: list[TrainResult | None] = [None] * K
+    for start_step in sorted({m.state.start_step for m in members}):
+        group = [m for m in members if m.state.start_step == start_step]
+        for m, result in zip(group, _train_group(model_cfg, group, data, cfg, device, length_masking)):
+            results[m.position] = result
+    return results  # type: ignore[return-value]
+
+
+def _train_group(model_cfg: ModelConfig, members: list[Member], data: TokenData, cfg: TrainConfig,
+                 device: torch.device, length_masking: str) -> list[TrainResult]:
+    """train_proxy's loop for members that all start at the same step; results in `members` order."""
+    dtype = resolve_dtype(cfg.dtype, device, model_cfg, cfg.batch_size)
+    compute_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
+    group = FusedGroup(model_cfg, cfg, members, device, compute_dtype, resolve_compile(cfg.compile, device),
+                       length_masking)
+    params = group.template.num_params()
+    tokens_per_step = cfg.batch_size * cfg.grad_accum * model_cfg.seq_len
+    eval_steps = set(cfg.eval_steps)
+    diverged_above = divergence_threshold(model_cfg.vocab_size)
+    start_step = members[0].state.start_step
+    for m in members:
+        m.curve = list(m.state.curve)
+    unread: list[Tensor] = []  # (members,) training losses of the steps since the last host read
+    t0 = time.perf_counter()
+
+    def leave(m: Member, status: str, reason: str, step: int) -> None:
+        m.status, m.reason, m.end_step, m.seconds = status, reason, step, time.perf_counter() - t0
+
+    step = start_step
+    for step in range(start_step + 1, cfg.steps + 1):
+        active = group.members
+        for opt_group in group.optimizer.param_groups:
+            opt_group["lr"] = lr_at(step, cfg)
+        step_loss = torch.zeros(len(active), dtype=torch.float32, device=device)
+        for micro in range(cfg.grad_accum):
+            xs, ys = [], []
+            for m in active:
+                td = time.perf_counter()
+                x, y = data.train_batch((step - 1) * cfg.grad_accum + micro, cfg.batch_size, model_cfg.seq_len, m.seed)
+                m.digest = zlib.crc32(np.ascontiguousarray(x), m.digest)
+                xs.append(x)
+                ys.append(y)
+                m.data_seconds += time.perf_counter() - td
+            x = torch.from_numpy(np.stack(xs)).to(device, non_blocking=True)
+            y = torch.from_numpy(np.stack(ys)).to(device, non_blocking=True)
+            with autocast_for(device, compute_dtype):
+                losses = group.losses(x, y, "mean")
+            (losses.sum() / cfg.grad_accum).backward()  # each member's loss reaches only its own rows
+            step_loss += losses.detach() / cfg.grad_accum
+        group.clip_gradients()
+        group.optimizer.step()
+        group.optimizer.zero_grad(set_to_none=True)
+        unread.append(step_loss)
+        checkpointing = cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps
+        if step % SYNC_EVERY == 0 or step in eval_steps or checkpointing or step == cfg.steps:
+            first = step - len(unread) + 1
+            window = host_values(torch.stack(unread))  # the window's one host sync: (steps, members)
+            unread.clear()
+            for k, m in enumerate(active):
+                for s, row in enumerate(window, start=first):
+                    value = row[k]
+                    if not math.isfinite(value) or value > diverged_above:
+                        leave(m, "diverged", training_divergence(value, s, model_cfg.vocab_size), s)
+                        break
+                    if m.on_step is not None:
+                        m.on_step(s, cfg.steps, value)
+            if any(m.status != "ok" for m in active):
+                group.keep([m for m in active if m.status == "ok"])
+        if step in eval_steps and group.members:
+            te = time.perf_counter()
+            metrics = group.evaluate(data)
+            eval_time = time.perf_counter() - te
+            for m, (val_loss, val_ppl, val_bpb) in zip(group.members, metrics):
+                m.eval_seconds += eval_time
+                if not math.isfinite(val_loss) or val_loss > diverged_above:
+                    leave(m, "diverged", validation_divergence(val_loss, step), step)
+                    continue
+                point = EvalPoint(step, step * tokens_per_step, val_loss, val_ppl, val_bpb)
+                m.curve.append(point)
+                if m.on_eval is not None and m.on_eval(point):
+                    leave(m, "stopped", f"stopped at step {step} by the evaluation callback", step)
+            if any(m.status != "ok" for m in group.members):
+                group.keep([m for m in group.members if m.status == "ok"])
+        if checkpointing:
+            for m in group.members:
+                if m.checkpoint_path is not None:
+                    group.save(m, step)
+        if not group.members:
+            break
+    for m in group.members:  # ran to the end
+        leave(m, "ok", "", step)
+    return [proxy_result(m.schedule, params, m.status, m.reason, m.end_step, start_step, m.curve, tokens_per_step,
+                         m.seconds, m.data_seconds, m.eval_seconds, str(device), dtype, m.digest) for m in members]
+

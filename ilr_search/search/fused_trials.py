@@ -1,0 +1,136 @@
+"""Fused trials (`run --fuse K`, issue 20): a worker asks Optuna for up to K trials at once, proposes and claims
+each map as the objective does, trains the claimed maps in one fused group (fused.py), and tells each result.
+
+The guarantees of one trial at a time hold per trial: a map already finished is reused, one claimed by another
+live worker is waited for, and one proposed twice within the group is trained once (the second trial reuses
+the first's result); each trial beats while it runs (journal heartbeats, or Optuna's RDB heartbeat thread),
+is pruned by its own evaluations, checkpoints on its own, and on Ctrl-C is failed and queued again. The
+sampler sees the group's trials as running (the constant liar of the samplers that use it).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
+
+import optuna
+from optuna.storages._heartbeat import get_heartbeat_thread
+from optuna.trial import FrozenTrial, TrialState
+
+from ..config import ModelConfig
+from ..fused import FusionUnsupported, check_fusable, train_fused
+from ..train import TrainResult, train_proxy
+
+from .objective import (Proposal, SearchRun, Training, TrialDiverged, TrialTakenOver, journal_heartbeat,
+                        sweep_stale_journal_trials)
+
+TrialReport = Callable[[optuna.Study, FrozenTrial], object]  # called with each trial once it is told
+
+
+@dataclass
+class GroupTrial:
+    trial: optuna.Trial
+    proposal: Proposal
+    training: Training | None = None  # None: the trial reuses a result (a finished trial's, or the group's)
+    told: bool = False
+
+
+class FusedSearchRun(SearchRun):
+    """A SearchRun that can also run a group of trials fused (`run_group`); `objective` stays the one-trial path."""
+
+    def run_group(self, n: int, report: TrialReport) -> None:
+        """Ask for `n` trials, train the claimed maps fused, tell every trial; re-raises Ctrl-C after failing the
+        group's unfinished trials and queuing their maps again."""
+        group: list[GroupTrial] = []
+        with ExitStack() as beats:
+            try:
+                for _ in range(n):
+                    with warnings.catch_warnings():  # Optuna warns that its heartbeat expects optimize(): it runs here
+                        warnings.filterwarnings("ignore", message="Heartbeat of storage")
+                        trial = self.study.ask()
+                    if self.spec.kind == "journal":
+                        beats.enter_context(journal_heartbeat(self.study, trial._trial_id))
+                        sweep_stale_journal_trials(self.study, spare=trial._trial_id)
+                    else:
+                        beats.enter_context(get_heartbeat_thread(trial._trial_id, self.study._storage))
+                    member = GroupTrial(trial, Proposal([], {}, "", 0.0, None))
+                    group.append(member)
+                    in_hand = {g.proposal.key for g in group if g.training is not None}
+                    member.proposal = self.propose(trial, in_hand)
+                    if member.proposal.earlier is not None:
+                        self._tell(member, lambda m=member: self._reuse(m.trial, m.proposal.earlier), report)
+                    elif not member.proposal.behind_own:
+                        member.training = self.start_training(trial, member.proposal)
+                training = [g for g in group if g.training is not None]
+                results = self._train_group([g.training for g in training])
+                for member, result in zip(training, results):
+                    self._tell(member, lambda m=member, r=result: self.finish_training(m.trial, m.training, r),
+                               report)
+                for member in group:  # proposed a map the group trained: its result now exists
+                    if not member.told:
+                        self._tell(member, lambda m=member: self._reuse_own(m), report)
+            except BaseException as e:
+                self._abandon(group, interrupted=isinstance(e, KeyboardInterrupt))
+                raise
+
+    def _reuse_own(self, member: GroupTrial) -> float | tuple[float, float]:
+        earlier = self._result_for(member.proposal.key, member.trial.number)
+        if earlier is None:  # the group's trial of this map left no result (taken over without one): train it
+            earlier = self._claim_or_wait(member.proposal.key, member.trial.number)
+            if earlier is None:
+                return self._train(member.trial, member.proposal)
+        return self._reuse(member.trial, earlier)
+
+    def _train_group(self, trainings: list[Training]) -> list[TrainResult]:
+        """Train the trainings fused, one group per model (searched knobs change it); a model the fused trainer
+        does not support trains its maps one at a time, as the objective does."""
+        results: dict[int, TrainResult] = {}
+        by_model: dict[ModelConfig, list[int]] = {}
+        for i, t in enumerate(trainings):
+            by_model.setdefault(t.model, []).append(i)
+        for model, indices in by_model.items():
+            members = [trainings[i] for i in indices]
+            try:
+                check_fusable(model)
+            except FusionUnsupported:
+                for i, t in zip(indices, members):
+                    results[i] = train_proxy(t.model, t.schedule, self.data, t.train_cfg, on_eval=t.on_eval,
+                                             on_step=self.reporter.step, checkpoint_path=t.checkpoint)
+                continue
+            on_step = [self.reporter.step] + [None] * (len(members) - 1)  # progress: the group's first map
+            fused = train_fused(model, [t.schedule for t in members], self.data, members[0].train_cfg,
+                                on_eval=[t.on_eval for t in members], on_step=on_step,
+                                checkpoint_paths=[t.checkpoint for t in members])
+            results.update(zip(indices, fused))
+        return [results[i] for i in range(len(trainings))]
+
+    def _tell(self, member: GroupTrial, outcome: Callable[[], float | tuple[float, float]],
+              report: TrialReport) -> None:
+        """Tell Optuna how a trial ended, as study.optimize would for the objective's value or exception."""
+        member.told = True
+        try:
+            values = outcome()
+        except optuna.TrialPruned:
+            state, values = TrialState.PRUNED, None
+        except TrialDiverged:
+            state, values = TrialState.FAIL, None
+        except TrialTakenOver:
+            return  # failed under this worker by another's sweep: its result was kept as a recovered trial
+        else:
+            state = None
+        # skip_if_finished: a trial failed under this worker after its outcome was read is left as it is (the
+        # one-trial path sees Optuna refuse such a tell), and the rest of the group is still told
+        report(self.study, self.study.tell(member.trial, values, state=state, skip_if_finished=True))
+
+    def _abandon(self, group: list[GroupTrial], interrupted: bool) -> None:
+        """Fail the group's untold trials (as Optuna fails a trial whose objective raised); on Ctrl-C the maps
+        being trained are queued again, as the objective queues its one."""
+        for member in group:
+            if member.told:
+                continue
+            member.told = True
+            if interrupted and member.training is not None:
+                self.interrupted(member.trial)
+            self.study.tell(member.trial, state=TrialState.FAIL, skip_if_finished=True)

@@ -1,0 +1,213 @@
+"""The fused trainer (issue 20): K members trained in lockstep equal K separate train_proxy runs.
+
+Real tiny models in fp32 on CPU. Tolerance: 1e-4 absolute on every validation loss (batched matmuls sum in
+another order than the single model's, so losses agree to ~1e-6, not bit for bit)."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from ilr_search.config import DataConfig, ModelConfig, TrainConfig
+from ilr_search.data import load_tokens
+from ilr_search.fused import FusedGroup, FusionUnsupported, Member, load_member, train_fused
+from ilr_search.schedule import block_schedule, reuse_map_schedule
+from ilr_search.train import TrainResult, build_model, build_optimizer, train_proxy
+
+TOLERANCE = 1e-4
+
+
+@pytest.fixture(scope="module")
+def data(token_cache):
+    return load_tokens(DataConfig(), root=token_cache)
+
+
+def tiny_model(pe: str = "rope", n_layers: int = 3) -> ModelConfig:
+    return ModelConfig(vocab_size=256, n_layers=n_layers, d_model=16, n_heads=2, seq_len=32, pe=pe)
+
+
+def tiny_train(**kw) -> TrainConfig:
+    base = TrainConfig(steps=30, batch_size=4, lr=3e-3, eval_fractions=(0.25, 0.5, 1.0), eval_windows=8,
+                       dtype="fp32", device="cpu", checkpoint_every=0)
+    return replace(base, **kw)
+
+
+def assert_same_run(fused: TrainResult, single: TrainResult, resumed_from: int = 0) -> None:
+    """The same run; `resumed_from`: `fused` resumed at that step (its batch digest covers only the steps after)."""
+    assert (fused.status, fused.steps, fused.tokens, fused.params, fused.resumed_from_step) == \
+        (single.status, single.steps, single.tokens, single.params, resumed_from)
+    if not resumed_from:
+        assert fused.batch_digest == single.batch_digest != 0
+    assert fused.reason.split(" became ")[0] == single.reason.split(" became ")[0]
+    assert [p.step for p in fused.curve] == [p.step for p in single.curve]
+    for a, b in zip(fused.curve, single.curve):
+        assert a.val_loss == pytest.approx(b.val_loss, abs=TOLERANCE)
+        assert a.val_bpb == pytest.approx(b.val_bpb, abs=2 * TOLERANCE)  # bits: nats / ln 2
+    if single.status == "diverged":
+        assert fused.val_loss != fused.val_loss  # nan, as train_proxy reports
+    else:
+        assert fused.val_loss == pytest.approx(single.val_loss, abs=TOLERANCE)
+
+
+class Killed(KeyboardInterrupt):
+    """Ctrl-C in the middle of a group (a real KeyboardInterrupt, raised from a callback)."""
+
+
+# Three members: the plain stack, a reuse map, and block recurrence (schedules of 3, 6 and 6 runs), two seeds.
+SCHEDULES = [reuse_map_schedule([1, 1, 1]), reuse_map_schedule([3, 1, 2]), block_schedule(3, 2)]
+SEEDS = [0, 1, 0]
+
+
+@pytest.mark.parametrize("pe", ["nope", "rope", "learned", "alibi"])
+def test_fused_members_equal_their_single_runs(data, pe):
+    model_cfg, cfg = tiny_model(pe), tiny_train()
+    fused = train_fused(model_cfg, SCHEDULES, data, cfg, seeds=SEEDS)
+    assert len(fused) == len(SCHEDULES)
+    for schedule, seed, result in zip(SCHEDULES, SEEDS, fused):
+        assert result.schedule == schedule
+        assert_same_run(result, train_proxy(model_cfg, schedule, data, replace(cfg, seed=seed)))
+    assert fused[0].curve[-1].val_loss != fused[1].curve[-1].val_loss  # the members really differ
+
+
+def test_where_masking_equals_prefix_masking(data):
+    model_cfg, cfg = tiny_model(), tiny_train(steps=12)
+    prefix = train_fused(model_cfg, SCHEDULES, data, cfg, seeds=SEEDS, length_masking="prefix")
+    where = train_fused(model_cfg, SCHEDULES, data, cfg, seeds=SEEDS, length_masking="where")
+    for a, b in zip(prefix, where):
+        assert_same_run(a, b)
+
+
+def test_a_diverged_and_a_pruned_member_leave_and_the_others_go_on_as_alone(data, tmp_path):
+    # Four members train 10 steps and checkpoint; member 0's checkpoint then gets its embedding scaled by 1e3
+    # (a model whose logits are far too large: its training loss passes twice a uniform guess's at once). All
+    # four resume from their checkpoints, fused and alone: member 0 diverges at its first step and leaves;
+    # member 2 is pruned at the second evaluation by its callback; members 1 and 3 run to the end.
+    model_cfg, cfg = tiny_model(n_layers=2), tiny_train(steps=48, checkpoint_every=10)
+    schedules = [[0, 1], [0, 1], block_schedule(2, 3), reuse_map_schedule([3, 1])]
+    seeds = [1, 0, 0, 1]
+    paths = [tmp_path / f"member{k}.pt" for k in range(len(schedules))]
+    first_eval, second_eval = cfg.eval_steps[:2]
+    assert first_eval > 10
+
+    def stop_at_11(s, n, loss):
+        if s == 11:
+            raise Killed
+
+    with pytest.raises(Killed):
+        train_fused(model_cfg, schedules, data, cfg, on_step=[stop_at_11] * 4, checkpoint_paths=paths, seeds=seeds)
+    state = torch.load(paths[0], weights_only=True)
+    state["model"]["embed.weight"] *= 1e3
+    torch.save(state, paths[0])
+    for k, path in enumerate(paths):  # the same starting points for the single runs
+        path.with_suffix(".single").write_bytes(path.read_bytes())
+
+    def callbacks(record: list):
+        on_eval = [None, None, lambda point: point.step >= second_eval, None]
+        on_step = [lambda s, n, loss, k=k: record.append((k, s, round(loss, 4))) for k in range(len(schedules))]
+        return on_eval, on_step
+
+    fused_steps: list = []
+    on_eval, on_step = callbacks(fused_steps)
+    fused = train_fused(model_cfg, schedules, data, cfg, on_eval=on_eval, on_step=on_step, checkpoint_paths=paths,
+                        seeds=seeds)
+    single_steps: list = []
+    on_eval, on_step = callbacks(single_steps)
+    singles = [train_proxy(model_cfg, s, data, replace(cfg, seed=seed), on_eval=e, on_step=o,
+                           checkpoint_path=path.with_suffix(".single"))
+               for s, seed, e, o, path in zip(schedules, seeds, on_eval, on_step, paths)]
+    assert [r.status for r in singles] == ["diverged", "ok", "stopped", "ok"]  # the scenario holds
+    for a, b in zip(fused, singles):
+        assert_same_run(a, b, resumed_from=10)
+    assert sorted(fused_steps) == sorted(single_steps)  # each member's on_step saw its own steps and losses
+    assert fused[0].steps == 10 and fused[2].steps == second_eval and fused[1].steps == fused[3].steps == cfg.steps
+
+
+def test_one_fused_adamw_equals_one_adamw_per_member(data):
+    """AdamW over the stacked tensors, with per-member clipping, equals each member's own AdamW after
+    clip_grad_norm_: the same gradients in, the same weights out, step after step."""
+    model_cfg, cfg = tiny_model(), tiny_train(grad_clip=0.05, weight_decay=0.1, lr=1e-2)
+    device = torch.device("cpu")
+    seeds = [0, 1, 2]
+    members = [Member(k, s, seed, None, None, None, load_member(model_cfg, cfg, seed, None, device))
+               for k, (s, seed) in enumerate(zip(SCHEDULES, seeds))]
+    group = FusedGroup(model_cfg, cfg, members, device, torch.float32, False)
+    models = [build_model(model_cfg, seed) for seed in seeds]
+    optimizers = [build_optimizer(m, cfg, device) for m in models]
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        for p in group.params.values():
+            p.grad = torch.randn(p.shape, generator=generator)  # big enough that clipping acts
+        for k, model in enumerate(models):
+            member_grads = group.layout.unstack({key: p.grad.clone() for key, p in group.params.items()},
+                                                group.members.index(members[k]))
+            for name, p in model.named_parameters():
+                p.grad = member_grads[name].clone()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            optimizers[k].step()
+        group.clip_gradients()
+        group.optimizer.step()
+    for k, model in enumerate(models):
+        fused_weights = group.layout.unstack({key: p.detach() for key, p in group.params.items()},
+                                             group.members.index(members[k]))
+        assert set(fused_weights) == {name for name, _ in model.named_parameters()}
+        for name, p in model.named_parameters():
+            torch.testing.assert_close(fused_weights[name], p.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_killed_group_resumes_from_its_checkpoints_with_the_same_results(data, tmp_path):
+    model_cfg = tiny_model()
+    cfg = tiny_train(checkpoint_every=10)  # evaluations at 8, 15, 30; checkpoints at 10 and 20
+    paths = [tmp_path / f"member{k}.pt" for k in range(len(SCHEDULES))]
+    uninterrupted = train_fused(model_cfg, SCHEDULES, data, replace(cfg, checkpoint_every=0), seeds=SEEDS)
+
+    def kill_at_15(point):
+        if point.step == 15:
+            raise Killed
+        return False
+
+    with pytest.raises(Killed):
+        train_fused(model_cfg, SCHEDULES, data, cfg, on_eval=[kill_at_15, None, None], checkpoint_paths=paths,
+                    seeds=SEEDS)
+    assert all(torch.load(p, weights_only=True)["step"] == 10 for p in paths)
+    resumed = train_fused(model_cfg, SCHEDULES, data, cfg, checkpoint_paths=paths, seeds=SEEDS)
+    for a, b in zip(resumed, uninterrupted):
+        assert_same_run(a, b, resumed_from=10)
+    # A member resumes alone, with train_proxy, from its own checkpoint (the files were rewritten at step 20).
+    alone = train_proxy(model_cfg, SCHEDULES[1], data, replace(cfg, seed=SEEDS[1]), checkpoint_path=paths[1])
+    assert_same_run(alone, uninterrupted[1], resumed_from=20)
+    assert not list(tmp_path.glob(".*tmp*"))
+
+
+def test_members_resuming_from_different_steps_train_apart_and_match(data, tmp_path):
+    model_cfg = tiny_model()
+    cfg = tiny_train(checkpoint_every=10)
+    paths = [tmp_path / "a.pt", tmp_path / "b.pt"]
+    schedules, seeds = SCHEDULES[:2], SEEDS[:2]
+
+    def kill_at_15(point):
+        if point.step == 15:
+            raise Killed
+        return False
+
+    with pytest.raises(Killed):  # member 0 alone, killed after its checkpoint at step 10
+        train_fused(model_cfg, schedules[:1], data, cfg, on_eval=[kill_at_15], checkpoint_paths=paths[:1],
+                    seeds=seeds[:1])
+    results = train_fused(model_cfg, schedules, data, cfg, checkpoint_paths=paths, seeds=seeds)
+    assert [r.resumed_from_step for r in results] == [10, 0]
+    for schedule, seed, result in zip(schedules, seeds, results):
+        single = train_proxy(model_cfg, schedule, data, replace(cfg, seed=seed, checkpoint_every=0))
+        assert_same_run(result, single, resumed_from=result.resumed_from_step)
+
+
+@pytest.mark.parametrize("knob", [{"injection": "add"}, {"iteration_encoding": True, "max_reuse": 3},
+                                  {"iteration_norms": True, "max_reuse": 3}])
+def test_knobs_that_change_the_forward_pass_are_refused(data, knob):
+    with pytest.raises(FusionUnsupported, match="does not support"):
+        train_fused(replace(tiny_model(), **knob), SCHEDULES, data, tiny_train(steps=2))
+
+
+def test_init_depth_is_supported_through_build_model(data):
+    model_cfg, cfg = replace(tiny_model(), init_depth=6), tiny_train(steps=8, eval_fractions=(1.0,))
+    fused = train_fused(model_cfg, SCHEDULES[1:], data, cfg, seeds=SEEDS[1:])
+    for schedule, seed, result in zip(SCHEDULES[1:], SEEDS[1:], fused):
+        assert_same_run(result, train_proxy(model_cfg, schedule, data, replace(cfg, seed=seed)))

@@ -1,0 +1,105 @@
+"""`run --fuse K` (issue 20): a study trains its maps in fused groups with the guarantees of one at a time."""
+
+import hashlib
+import json
+from collections import Counter
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from conftest import NO_REFERENCES, assert_one_line_error, write_space
+from ilr_search.search.progress import RunReporter
+
+
+def run_args(space: Path, db: Path, n_trials: int, *extra: str) -> list[str]:
+    return ["run", "--space", str(space), "--budget", "1.5x", "--n-trials", str(n_trials), "--study", "fused",
+            "--storage", f"sqlite:///{db}", "--json", *extra]
+
+
+def trials_of(db: Path) -> list[optuna.trial.FrozenTrial]:
+    return optuna.load_study(study_name="fused", storage=f"sqlite:///{db}").trials
+
+
+def trained_maps(trials) -> Counter:
+    return Counter(t.user_attrs["map_key"] for t in trials
+                   if t.state.is_finished() and t.user_attrs.get("steps", 0) > 0)
+
+
+def with_result(trials) -> list:
+    return [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+
+
+@pytest.fixture
+def space(tmp_path) -> Path:
+    return write_space(tmp_path / "tiny.toml", search=NO_REFERENCES)
+
+
+def test_run_fuse_4_finishes_with_the_right_count_no_map_twice_and_resumes(cli, tmp_path, space):
+    db = tmp_path / "fused.db"
+    summary = json.loads(cli(*run_args(space, db, 8, "--fuse", "4"), check=True).stdout)
+    trials = trials_of(db)
+    assert summary["n_complete"] + summary["n_pruned"] == len(with_result(trials)) == 8
+    assert not [t for t in trials if t.state == TrialState.RUNNING]
+    trained = trained_maps(trials)
+    assert trained and max(trained.values()) == 1, trained
+    assert all(t.user_attrs.get("steps") == 24 for t in with_result(trials) if "reused_from" not in t.user_attrs
+               and t.state == TrialState.COMPLETE)  # fused members trained to the end
+    # resuming to 11 (not a multiple of 4) adds exactly three trials, still no map trained twice
+    more = json.loads(cli(*run_args(space, db, 11, "--fuse", "4"), check=True).stdout)
+    trials = trials_of(db)
+    assert more["n_complete"] + more["n_pruned"] == len(with_result(trials)) == 11
+    trained = trained_maps(trials)
+    assert max(trained.values()) == 1, trained
+    assert not list((tmp_path / "studies" / "checkpoints").glob("**/*.pt"))  # deleted when their trials end
+
+
+class CtrlCAtStep(RunReporter):
+    """Ctrl-C from the console: a KeyboardInterrupt raised where the group's progress is shown."""
+
+    def __init__(self, step: int) -> None:
+        self.at = step
+
+    def step(self, step: int, steps: int, loss: float) -> None:
+        if step == self.at:
+            raise KeyboardInterrupt
+
+
+def test_ctrl_c_in_a_fused_group_fails_its_trials_queues_them_again_and_a_resume_finishes(
+        token_cache, tmp_path, space, monkeypatch):
+    from ilr_search.search.run import run_study
+    from ilr_search.space import load_space
+
+    monkeypatch.chdir(tmp_path)
+    storage = f"sqlite:///{tmp_path / 'fused.db'}"
+    summary = run_study(load_space(space), "1.5x", "fused", storage, n_trials=6, reporter=CtrlCAtStep(15), fuse=4)
+    assert summary["interrupted"]
+    trials = trials_of(tmp_path / "fused.db")
+    interrupted = [t for t in trials if t.user_attrs.get("reason") == "interrupted (Ctrl-C)"]
+    assert interrupted and all(t.state == TrialState.FAIL for t in interrupted)
+    retries = {t.user_attrs.get("retry_of") for t in trials if t.state == TrialState.WAITING}
+    assert retries == {t.number for t in interrupted}  # each interrupted map is queued again
+    assert not [t for t in trials if t.state == TrialState.RUNNING]
+    # checkpoints at step 10 survive the interruption; the resume trains the queued maps from them
+    assert len(list((tmp_path / "studies" / "checkpoints").glob("**/*.pt"))) == len(interrupted)
+
+    resumed = run_study(load_space(space), "1.5x", "fused", storage, n_trials=6, fuse=4)
+    assert not resumed["interrupted"]
+    trials = trials_of(tmp_path / "fused.db")
+    assert len(with_result(trials)) == 6
+    assert max(trained_maps(trials).values()) == 1
+    assert {t.user_attrs.get("resumed_from_step") for t in with_result(trials)
+            if t.user_attrs.get("retry_of") in retries} == {10}
+
+
+@pytest.mark.parametrize("value", ["0", "abc", "-2"])
+def test_bad_fuse_exits_2_with_one_error_line_and_changes_nothing(cli, tmp_path, space, value):
+    db = tmp_path / "fused.db"
+    cli(*run_args(space, db, 2), check=True)
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    assert_one_line_error(cli(*run_args(space, db, 3, "--fuse", value)))
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before
+    fresh = tmp_path / "fresh.db"
+    assert_one_line_error(cli(*run_args(space, fresh, 3, "--fuse", value)))
+    assert not fresh.exists()
