@@ -186,3 +186,32 @@ def test_two_workers_race_one_study_without_training_a_run_twice(tmp_path, token
     assert said and len(said) == len(set(said)) == len(stored)
     assert {f"{r['map_key']} at {r['steps']} steps, seed {r['seed']}" for r in stored} == set(said)
     assert summary["race"]["done"] and all(r["state"] == "complete" for r in stored)
+
+
+def test_fused_study_and_race_give_the_results_of_one_run_at_a_time(tmp_path, token_cache):
+    """Fusion changes no result: the same maps (enqueued, so the sampler does not choose them), trained one at a
+    time and then with --fuse 4, give the same trial and race losses (fp32 on CPU, common random numbers)."""
+    space = write_space(tmp_path / "f.toml", search={**RACE, "n_trials": 4})
+    losses = []
+    for fuse in ("1", "4"):
+        db = tmp_path / f"fuse{fuse}.db"
+        proc = subprocess.run([sys.executable, "-m", "ilr_search",
+                               *run_args(space, db, "fused", "--target", "2x", "--pruner", "none",
+                                         "--enqueue", "2,1,1,1 1,2,1,1 2,1,2,1", "--fuse", fuse)],
+                              cwd=tmp_path, env=env_for(token_cache), capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert ("(fused)" in proc.stderr) == (fuse == "4")  # the race trained groups fused, or one at a time
+        summary = json.loads(proc.stdout)
+        rows = {(r["map_key"], r["factor"], r["seed"]): r["val_loss"] for r in race_rows(db)}
+        assert rows and all(v is not None for v in rows.values())
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+            trials = dict(conn.execute("SELECT a.value_json, b.value_json FROM trial_user_attributes a JOIN "
+                                       "trial_user_attributes b ON a.trial_id = b.trial_id WHERE a.key = 'map_key' "
+                                       "AND b.key = 'val_loss'").fetchall())
+        losses.append((trials, rows, summary["verdict"]))
+    (trials1, rows1, verdict1), (trials4, rows4, verdict4) = losses
+    assert set(trials1) == set(trials4) and len(trials1) == 4
+    assert all(abs(float(trials1[k]) - float(trials4[k])) < 1e-4 for k in trials1)
+    assert set(rows1) == set(rows4) and any(factor != "1" for _, factor, _ in rows1)
+    assert all(abs(rows1[k] - rows4[k]) < 1e-4 for k in rows1), (rows1, rows4)
+    assert verdict1 == verdict4

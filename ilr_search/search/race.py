@@ -248,10 +248,57 @@ def train_run(store: Store, job: AuditJob, worker: str, reuse_map: list[int], mo
     checkpoint.unlink(missing_ok=True)
 
 
+@dataclass(frozen=True)
+class ClaimedRun:
+    """A race run this worker holds: what to train and where its result goes."""
+    job: AuditJob
+    reuse_map: list[int]
+    model: ModelConfig
+    train_cfg: TrainConfig
+    checkpoint: Path
+    number: int  # the map's trial
+
+
+def train_runs_fused(store: Store, runs: Sequence[ClaimedRun], worker: str, data: TokenData,
+                     reporter: RunReporter) -> None:
+    """Train claimed runs of one model and one length in lockstep (fused.py), each at its own seed, under one
+    heartbeat for all of them, and store each result as train_run does."""
+    from ..fused import train_fused
+
+    first = runs[0]
+    reporter.trial_started(first.number, first.reuse_map, first.train_cfg.steps)
+    try:
+        with Heartbeat(lambda: [store.audit_beat(r.job, worker) for r in runs] and True):
+            results = train_fused(first.model, [reuse_map_schedule(r.reuse_map) for r in runs], data, first.train_cfg,
+                                  on_step=[reporter.step] + [None] * (len(runs) - 1),
+                                  checkpoint_paths=[r.checkpoint for r in runs], seeds=[r.job.seed for r in runs])
+    except KeyboardInterrupt:
+        for r in runs:
+            store.audit_finish(r.job, worker, "interrupted", None, None, None, [], 0.0, "interrupted (Ctrl-C)")
+        raise
+    for r, result in zip(runs, results):
+        state = "complete" if result.status == "ok" else "failed"
+        store.audit_finish(r.job, worker, state, finite_or_none(result.val_loss), finite_or_none(result.val_ppl),
+                           finite_or_none(result.val_bpb), [(p.step, p.val_loss) for p in result.curve],
+                           result.train_seconds, result.reason)
+        r.checkpoint.unlink(missing_ok=True)
+
+
+def fusable(model: ModelConfig) -> bool:
+    from ..fused import FusionUnsupported, check_fusable
+
+    try:
+        check_fusable(model)
+        return True
+    except FusionUnsupported:
+        return False
+
+
 def run_race(plan: StudyPlan, study: optuna.Study, store: Store, data: TokenData, reporter: RunReporter,
-             checkpoint_folder: Path) -> RaceState:
-    """Train what the racing policy asks for, one run at a time, reading every result again after each, until
-    it is done (or asks only for runs that exist); runs held by live workers are waited for."""
+             checkpoint_folder: Path, fuse: int = 1) -> RaceState:
+    """Train what the racing policy asks for, reading every result again after each run (or each fused group
+    of up to `fuse` runs of one length and model), until it is done (or asks only for runs that exist); runs
+    held by live workers are waited for."""
     worker = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     train = dataclasses.replace(plan.space.train, dtype=plan.dtype)
     waiting_said = False
@@ -263,26 +310,40 @@ def run_race(plan: StudyPlan, study: optuna.Study, store: Store, data: TokenData
         if state.done or not open_jobs or not races(settings):
             break  # (a race that is off trains nothing, not even a baseline that no trial trained)
         by_key = {t.user_attrs["map_key"]: t for t in sorted(trained_trials(list(trials)), key=lambda t: -t.number)}
-        trained = held = False
+        claimed: list[ClaimedRun] = []
+        held = False
         for job in open_jobs:
+            if claimed and (len(claimed) >= fuse or job.steps != claimed[0].train_cfg.steps):
+                break
             trial = by_key.get(job.map_key)
             if trial is None and not is_baseline_key(job.map_key):
                 continue  # no trial of this study trained the map: nothing says how to build it
             reuse_map = list(trial.user_attrs["reuse_map"]) if trial is not None else key_reuse_map(job.map_key)
             knobs: dict[str, KnobValue] = dict(trial.user_attrs.get("knobs", {})) if trial is not None else {}
             model = plan.trial_model(knobs)
+            if claimed and (model != claimed[0].model or not fusable(model)):
+                continue  # another model: a later group trains it
             ratio = flops_ratio(model, reuse_map_schedule(reuse_map))
             stored = audit_job(job, settings.base_steps)
             if not store.audit_claim(stored, worker, ratio, job.steps, stale_after=grace_period()):
                 held = True
                 continue
-            reporter.message(f"race: map {job.map_key} at {job.steps} steps, seed {job.seed}")
-            train_run(store, stored, worker, reuse_map, model, longer_train_config(train, job.steps, job.seed), data,
-                      reporter, run_checkpoint(checkpoint_folder, stored), trial.number if trial is not None else 0)
-            trained, waiting_said = True, False
-            break  # the decision may change with this result: read everything again
-        if trained:
-            continue
+            claimed.append(ClaimedRun(stored, reuse_map, model, longer_train_config(train, job.steps, job.seed),
+                                      run_checkpoint(checkpoint_folder, stored),
+                                      trial.number if trial is not None else 0))
+            if not fusable(model):
+                break
+        if claimed:
+            reporter.message("race: " + "; ".join(f"map {r.job.map_key} at {r.train_cfg.steps} steps, seed {r.job.seed}"
+                                                  for r in claimed) + (" (fused)" if len(claimed) > 1 else ""))
+            if len(claimed) == 1:
+                r = claimed[0]
+                train_run(store, r.job, worker, r.reuse_map, r.model, r.train_cfg, data, reporter, r.checkpoint,
+                          r.number)
+            else:
+                train_runs_fused(store, claimed, worker, data, reporter)
+            waiting_said = False
+            continue  # the decision may change with these results: read everything again
         if not held:  # only runs of maps no trial trained: this worker cannot train them
             reporter.message(f"race: cannot train {', '.join(j.map_key for j in open_jobs)} (no trial of the study trained it)")
             break

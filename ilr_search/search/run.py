@@ -235,7 +235,7 @@ def _run_study(space: SpaceConfig, budget: str, study_name: str | None = None, s
         train_references(run, reference_share)
         if race:  # contenders at more seeds and longer, until the racing policy has decided (race.py)
             try:
-                run_race(plan, study, store, data, reporter, run.checkpoint_root / "audit")
+                run_race(plan, study, store, data, reporter, run.checkpoint_root / "audit", fuse)
             except KeyboardInterrupt:  # the run in training was freed for the next attempt; finished ones stay
                 interrupted = True
     save_current_front(store, study.get_trials(deepcopy=False))
