@@ -31,7 +31,7 @@ from .search.progress import RunReporter
 from .search.race import FINAL_STATES, is_finished, longer_train_config, run_checkpoint, train_run
 from .search.run import disk_full_is_reported
 from .search.studies import open_study
-from .storage import AuditJob, Store, grace_period, heartbeat_interval, open_store, parse_storage
+from .storage import study_storage, AuditJob, Store, grace_period, heartbeat_interval, open_store, parse_storage
 
 
 AUTO_MAPS = 8  # the default selection aims at this many maps with a complete proxy result
@@ -139,14 +139,14 @@ def _run_audit(study_name: str, storage: str | None, settings: AuditSettings, re
     space = stored_space(study, steps)
     init_depth = int(study.user_attrs[CONFIG_ATTR]["search"].get("init_depth", 0))  # for the depth_init knob
     base_seed = space.train.seed
-    curves = curves_by_trial(open_store(spec, study_name, read_only=True, storage=study._storage).curve_points())
+    curves = curves_by_trial(open_store(spec, study_name, read_only=True, storage=study_storage(study)).curve_points())
     chosen = select_maps(trials, curves, kind, k, base_seed)
     if not chosen:
         raise UserInputError(f"--maps {settings.maps} selects no map of study {study_name!r}")
     jobs = [(AuditJob(settings.factor_key, base_seed + s, t.user_attrs["map_key"]), t) for t in chosen
             for s in range(settings.seeds)]
 
-    store = open_store(spec, study_name, storage=study._storage)
+    store = open_store(spec, study_name, storage=study_storage(study))
     worker = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     checkpoints = Path(checkpoint_dir or "studies/checkpoints") / safe_name(study_name) / "audit"
     reporter.study_started(f"{study_name} audit at {settings.factor_key}x ({steps} steps)", len(jobs),

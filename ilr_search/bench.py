@@ -32,7 +32,7 @@ from .search.samplers import build_sampler, sampler_settings
 from .search.studies import open_study
 from .space import load_space
 from .stats import decision_level, paired_comparison
-from .storage import CurvePoint, open_store, parse_storage
+from .storage import study_storage, CurvePoint, open_store, parse_storage
 
 
 def feasible_maps(n_layers: int, max_reuse: int, max_layer_runs: int) -> list[list[int]]:
@@ -65,7 +65,7 @@ def build_table(space_path: str | Path, out: str | Path, budget: str = "2x", sto
     seconds = time.perf_counter() - started
     rows = []
     study = open_study(parse_storage(storage), name)
-    store = open_store(parse_storage(storage), name, read_only=True, storage=study._storage)
+    store = open_store(parse_storage(storage), name, read_only=True, storage=study_storage(study))
     curves = curves_by_trial(store.curve_points())
     for t in study.get_trials(deepcopy=False):
         a = t.user_attrs

@@ -26,7 +26,7 @@ from .results import finite_or_none, references, study_front, trained_trials
 from .schedule import block_schedule, format_reuse_map, parse_reuse_map, reuse_map_schedule
 from .search.plan import CONFIG_ATTR
 from .search.studies import open_study
-from .storage import open_store, parse_storage
+from .storage import study_storage, open_store, parse_storage
 from .train import OnStep, TrainResult, train_proxy
 
 RECIPE_FORMATS = (".toml", ".json")
@@ -161,7 +161,7 @@ def measured_results(view: StudySettingsView, storage: str | None, choice: MapCh
             proxy = {"kind": "trial", "trial": t.number, "state": t.state.name, "steps": a.get("steps"),
                      "val_ppl": a.get("val_ppl"), "val_bpb": a.get("val_bpb"), "pruned_at_step": a.get("pruned_at_step")}
     audits = []
-    store = open_store(parse_storage(storage), study.study_name, read_only=True, storage=study._storage)
+    store = open_store(parse_storage(storage), study.study_name, read_only=True, storage=study_storage(study))
     for row in store.audit_rows():
         if row.job.map_key == choice.key and row.state in ("complete", "failed"):
             audits.append({"factor": float(row.job.factor), "seed": row.job.seed, "steps": row.steps,

@@ -19,7 +19,7 @@ from .plots import pareto_figure, plot_ppl
 from .results import REFERENCE_PREFIX, CurveRow, Curves, curve_of, curve_rows, curves_by_trial, listed_trials, reference_rows, study_front, trial_row
 from .search.race import RACE_POINT_FIELDS, race_summary
 from .search.studies import fidelity_of, open_study
-from .storage import open_store, parse_storage
+from .storage import study_storage, open_store, parse_storage
 
 
 PARETO_FIELDS = ("trial", "reuse_map", "knobs", "flops_ratio", "val_ppl", "val_bpb", "params", "within_noise_of")
@@ -105,7 +105,7 @@ def pareto_report(study_name: str, storage: str | None = None, out: str | Path |
     study = open_study(spec, study_name)
     trials = study.get_trials(deepcopy=False)
     front = study_front(trials)
-    store = open_store(spec, study_name, read_only=True, storage=study._storage)
+    store = open_store(spec, study_name, read_only=True, storage=study_storage(study))
     history = store.front_history()
     noise = noise_band(trials, study.user_attrs)
     mark_ties(front, noise)
@@ -194,7 +194,7 @@ def export_trials(study_name: str, storage: str | None, out: str | Path,
     curves_path = check_out_path(curves_out, EXPORT_FORMATS) if curves_out is not None else None
     spec = parse_storage(storage)
     study = open_study(spec, study_name)
-    store = open_store(spec, study_name, read_only=True, storage=study._storage)
+    store = open_store(spec, study_name, read_only=True, storage=study_storage(study))
     pruning = store.pruning_records()
     records = []
     for t in listed_trials(study.get_trials(deepcopy=False)):

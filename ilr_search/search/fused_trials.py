@@ -16,11 +16,11 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 
 import optuna
-from optuna.storages._heartbeat import get_heartbeat_thread
 from optuna.trial import FrozenTrial, TrialState
 
 from ..config import ModelConfig
 from ..fused import FusionUnsupported, check_fusable, train_fused
+from ..storage import heartbeat_thread, study_storage, trial_id
 from ..train import TrainResult, train_proxy
 
 from .objective import (Proposal, SearchRun, Training, TrialDiverged, TrialTakenOver, journal_heartbeat,
@@ -51,10 +51,10 @@ class FusedSearchRun(SearchRun):
                         warnings.filterwarnings("ignore", message="Heartbeat of storage")
                         trial = self.study.ask()
                     if self.spec.kind == "journal":
-                        beats.enter_context(journal_heartbeat(self.study, trial._trial_id))
-                        sweep_stale_journal_trials(self.study, spare=trial._trial_id)
+                        beats.enter_context(journal_heartbeat(self.study, trial_id(trial)))
+                        sweep_stale_journal_trials(self.study, spare=trial_id(trial))
                     else:
-                        beats.enter_context(get_heartbeat_thread(trial._trial_id, self.study._storage))
+                        beats.enter_context(heartbeat_thread(trial_id(trial), study_storage(self.study)))
                     member = GroupTrial(trial, Proposal([], {}, "", 0.0, None))
                     group.append(member)
                     in_hand = {g.proposal.key for g in group if g.training is not None}

@@ -20,6 +20,7 @@ from ..knobs import KnobValue, config_key, format_knobs
 from ..model import param_count
 from ..results import finite_or_none, has_result
 from ..schedule import format_reuse_map, reuse_map_schedule
+from ..storage import study_storage, trial_id
 from ..storage import (CurvePoint, Heartbeat, StorageSpec, Store, TrainCurvePoint, grace_period, heartbeat_interval,
                        set_trial_user_attrs)
 from ..train import EvalPoint, TrainResult, train_proxy
@@ -42,7 +43,7 @@ def journal_heartbeat(study: optuna.Study, trial_id: int) -> Heartbeat:
     trial's whole RUNNING life, claim waits included; ends once the trial is finished."""
     def beat() -> bool:
         try:
-            study._storage.set_trial_system_attr(trial_id, HEARTBEAT_ATTR, time.time())
+            study_storage(study).set_trial_system_attr(trial_id, HEARTBEAT_ATTR, time.time())
             return True
         except optuna.exceptions.UpdateFinishedTrialError:
             return False
@@ -63,12 +64,12 @@ def sweep_stale_journal_trials(study: optuna.Study, spare: int | None = None) ->
     failed = []
     now = time.time()
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if t._trial_id == spare or now - last_beat(t) <= grace_period():
+        if trial_id(t) == spare or now - last_beat(t) <= grace_period():
             continue
         try:
-            if study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
+            if study_storage(study).set_trial_state_values(trial_id(t), state=TrialState.FAIL):
                 failed.append(t.number)
-                optuna.storages.RetryHeartbeatStaleTrialCallback()(study, study._storage.get_trial(t._trial_id))
+                optuna.storages.RetryHeartbeatStaleTrialCallback()(study, study_storage(study).get_trial(trial_id(t)))
         except optuna.exceptions.UpdateFinishedTrialError:
             pass  # another worker failed it first
     return failed
@@ -121,8 +122,8 @@ class SearchRun:
     def objective(self, trial: optuna.Trial) -> float | tuple[float, float]:
         if self.spec.kind != "journal":  # RDB: Optuna's own heartbeat thread covers the trial
             return self._objective(trial)
-        with journal_heartbeat(self.study, trial._trial_id):
-            sweep_stale_journal_trials(self.study, spare=trial._trial_id)
+        with journal_heartbeat(self.study, trial_id(trial)):
+            sweep_stale_journal_trials(self.study, spare=trial_id(trial))
             return self._objective(trial)
 
     def _objective(self, trial: optuna.Trial) -> float | tuple[float, float]:
@@ -185,7 +186,7 @@ class SearchRun:
                 self.reporter.message(f"map {key} is being trained by trial {holder}; waiting for its result")
                 waited = True
             time.sleep(min(2.0, heartbeat_interval()))
-            self.sweep_stale(spare=self._trial_by_number(number)._trial_id)
+            self.sweep_stale(spare=trial_id(self._trial_by_number(number)))
 
     def sweep_stale(self, spare: int | None = None) -> None:
         """Fail (and queue again) the trials of dead workers; never the trial `spare` of this worker."""
@@ -199,7 +200,7 @@ class SearchRun:
 
     def _failed_under_me(self, trial: optuna.Trial) -> bool:
         """Another worker's sweep judged this trial stale and failed it (its retry is queued)."""
-        return self.study._storage.get_trial(trial._trial_id).state.is_finished()
+        return study_storage(self.study).get_trial(trial_id(trial)).state.is_finished()
 
     def _taken_over(self, trial: optuna.Trial) -> TrialTakenOver:
         self.taken_over += 1
@@ -209,7 +210,7 @@ class SearchRun:
                  ratio: float) -> None:
         """Keep the result of a trial failed under this worker: a new finished trial with the same map, marked
         `recovered_from`, which takes the map's claim so that the queued retry reuses it instead of training."""
-        attrs = dict(self.study._storage.get_trial(trial._trial_id).user_attrs)
+        attrs = dict(study_storage(self.study).get_trial(trial_id(trial)).user_attrs)
         attrs |= self._result_attrs(result, decision) | {"recovered_from": trial.number}
         if result.status == "diverged":
             state, values = TrialState.FAIL, None
@@ -281,7 +282,7 @@ class SearchRun:
             # Optuna's intermediate values too (what optuna-dashboard plots): through the storage, since a
             # multi-objective trial may not call Trial.report.
             try:
-                self.study._storage.set_trial_intermediate_value(trial._trial_id, point.step, point.val_loss)
+                study_storage(self.study).set_trial_intermediate_value(trial_id(trial), point.step, point.val_loss)
             except optuna.exceptions.UpdateFinishedTrialError:
                 pass  # failed under this worker by a stale-trial sweep: the recovered trial gets the curve
             if self.pruner is None:

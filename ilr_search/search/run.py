@@ -25,7 +25,7 @@ from ..knobs import KnobValue, config_key
 from ..results import REFERENCE_PREFIX, finite_or_none, has_result, study_front, trial_row
 from ..schedule import block_schedule, format_reuse_map, reuse_map_schedule
 from ..space import validate_space
-from ..storage import StorageSpec, Store, heartbeat_interval, open_storage, open_store, parse_storage
+from ..storage import study_storage, StorageSpec, Store, heartbeat_interval, open_storage, open_store, parse_storage
 from ..train import train_proxy
 
 from .maps import knobs_off, map_params, parse_enqueued, seed_maps
@@ -173,7 +173,7 @@ def _run_study(space: SpaceConfig, budget: str, study_name: str | None = None, s
     prepared = prepare_study(space, budget, study_name, storage, n_trials, timeout, sampler, pruner, enqueue_maps)
     space, spec, plan, study, settings, data = (prepared.space, prepared.spec, prepared.plan, prepared.study,
                                                 prepared.settings, prepared.data)
-    store = open_store(spec, plan.name, storage=study._storage)
+    store = open_store(spec, plan.name, storage=study_storage(study))
     # Worker k of the study (k = 0 for the first run, 1 for a resume or a second process...) samples from
     # stream k of the study's seed: reproducible, and concurrent workers do not propose the same maps.
     study.sampler = build_sampler(settings.sampler, plan.model.n_layers, store.register_worker(), space.search.knobs,

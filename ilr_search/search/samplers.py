@@ -14,6 +14,7 @@ from ..errors import UserInputError
 from ..knobs import KNOB_CHOICES
 
 from .maps import map_params, repair_to_budget
+from ..storage import trial_id
 
 
 def sampler_settings(name: str, seed: int, n_layers: int, max_reuse: int) -> SamplerSettings:
@@ -57,12 +58,12 @@ class BudgetRepairSampler(optuna.samplers.BaseSampler):
 
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
         own = self.base.infer_relative_search_space(study, trial)
-        self._base_space[trial._trial_id] = own
+        self._base_space[trial_id(trial)] = own
         return own | self.map_space
 
     def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
                         search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
-        own = self._base_space.pop(trial._trial_id, {})
+        own = self._base_space.pop(trial_id(trial), {})
         params = self._repaired(study, trial, dict(self.base.sample_relative(study, trial, own)) if own else {})
         if set(self.knobs) - set(params):  # knobs sampled later: whether the proposal was tried is not known yet
             return params

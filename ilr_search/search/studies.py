@@ -11,7 +11,7 @@ from ..config import StudySettings
 from ..errors import UserInputError
 from ..fidelity import audit_reports, study_fidelity
 from ..results import FINISHED, curves_by_trial, curves_of_trials, listed_trials, reference_rows, references, study_front, trial_row
-from ..storage import StorageSpec, Store, open_storage, open_store, parse_storage
+from ..storage import study_id, study_storage, StorageSpec, Store, open_storage, open_store, parse_storage
 
 from .plan import CONFIG_ATTR, SAMPLER_ATTR
 from .race import RACE_POINT_FIELDS, race_summary
@@ -51,7 +51,7 @@ def summarize_stored(storage: str | None, study_name: str) -> dict[str, Any]:
     """The `run` summary of a stored study, trained nothing (an interrupted multi-worker run)."""
     spec = parse_storage(storage)
     study = open_study(spec, study_name)
-    summary = summarize(study, spec, open_store(spec, study_name, storage=study._storage))
+    summary = summarize(study, spec, open_store(spec, study_name, storage=study_storage(study)))
     stored = study.user_attrs.get(SAMPLER_ATTR)
     settings = StudySettings.from_dict(stored) if stored else None
     summary["sampler"] = settings.sampler.to_dict() if settings else None
@@ -94,7 +94,7 @@ def default_study(storage: str | None = None) -> tuple[str, str]:
         return summaries[0].study_name, f"the only study in {spec.masked}"
 
     def last_active(summary: optuna.study.StudySummary) -> float:
-        trials = st.get_all_trials(summary._study_id, deepcopy=False)
+        trials = st.get_all_trials(study_id(summary), deepcopy=False)
         times = [t.datetime_complete or t.datetime_start for t in trials if t.datetime_complete or t.datetime_start]
         return max(times).timestamp() if times else 0.0
 
@@ -129,7 +129,7 @@ def trials_report(study_name: str, storage: str | None = None) -> dict[str, Any]
     spec = parse_storage(storage)
     study = open_study(spec, study_name)
     trials = study.get_trials(deepcopy=False)
-    store = open_store(spec, study_name, read_only=True, storage=study._storage)
+    store = open_store(spec, study_name, read_only=True, storage=study_storage(study))
     listed = listed_trials(trials)
     curves = curves_of_trials(listed, store.curve_points(), store.train_curve_points())
     race = race_summary(trials, study.user_attrs, store.audit_rows())

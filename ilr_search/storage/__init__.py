@@ -6,12 +6,14 @@
 - heartbeat: how often running work beats and when silence means it died: Heartbeat;
 - store: the project's own records beside Optuna's trials (claims, curves, pruning, fronts, audit): Store;
 - sql_store, journal_store: the Store in the study's SQL database, or in a file beside a journal;
+- optuna_compat: the one door to Optuna's private names (a study's storage, trial ids, heartbeats...);
 - opening: the Store of a spec, on the engine of the Optuna storage open there: open_store.
 """
 
 from .heartbeat import Heartbeat, grace_period, heartbeat_interval
 from .journal_store import JournalStore
 from .opening import open_store
+from .optuna_compat import heartbeat_thread, study_id, study_storage, trial_id
 from .optuna_storage import open_storage, set_trial_user_attrs
 from .sql_store import SQLStore
 from .store import AuditJob, AuditRow, CurvePoint, Store, TrainCurvePoint
@@ -19,4 +21,4 @@ from .urls import StorageSpec, parse_storage
 
 __all__ = ["AuditJob", "AuditRow", "CurvePoint", "Heartbeat", "JournalStore", "SQLStore", "StorageSpec", "Store",
            "grace_period", "heartbeat_interval", "open_storage", "open_store", "parse_storage",
-           "set_trial_user_attrs", "TrainCurvePoint"]
+           "set_trial_user_attrs", "TrainCurvePoint", "heartbeat_thread", "study_id", "study_storage", "trial_id"]

@@ -26,6 +26,7 @@ if int(optuna.__version__.split(".")[0]) != TESTED_MAJOR:
                       f"<{TESTED_MAJOR + 1}'")
 
 from optuna.storages._cached_storage import _CachedStorage  # noqa: E402
+from optuna.storages._heartbeat import get_heartbeat_thread  # noqa: E402
 from optuna.storages._rdb import models as _rdb_models  # noqa: E402
 from optuna.storages._rdb.storage import _create_scoped_session  # noqa: E402
 
@@ -72,3 +73,9 @@ def set_user_attrs_at_once(storage: BaseStorage, trial_id_: int, attrs: Mapping[
 def remember_user_attrs(trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
     """Make a running trial's `user_attrs` show attributes written around it (as Trial.set_user_attr does)."""
     trial._cached_frozen_trial.user_attrs.update(attrs)
+
+
+def heartbeat_thread(trial_id_: int, storage: BaseStorage) -> Any:
+    """Optuna's own heartbeat for a running trial on an RDB storage with heartbeats (what `optimize` runs for one
+    trial), as a context manager: for trials asked with `ask` and trained outside `optimize` (a fused group)."""
+    return get_heartbeat_thread(trial_id_, storage)
