@@ -256,7 +256,7 @@ def run(
     pruner: Annotated[Optional[str], typer.Option(help="pareto (calibrated: prunes only at rungs that predict the final ranking) | pareto-eager (the uncalibrated rule) | median | none. \\[default: pareto]")] = None,
     objective: Annotated[Optional[str], typer.Option(help="pareto (perplexity and FLOPs) or ppl (budget as a constraint only).")] = None,
     workers: Annotated[int, typer.Option(help="Worker processes on this machine, sharing the study and the device.")] = 1,
-    fuse: Annotated[int, typer.Option(help="Maps trained at once in one fused group (K proxies in lockstep in one process); 1: one at a time.")] = 1,
+    fuse: Annotated[Optional[int], typer.Option(help="Maps trained at once in one fused group (K proxies in lockstep in one process); 1: one at a time. \\[default: from the space, 4 in default.toml]")] = None,
     knobs: Annotated[Optional[str], typer.Option(help="Recurrence knobs searched with the map, comma-separated: injection, iteration_encoding, iteration_norms, depth_init. \\[default: from the space, none in the presets]")] = None,
     track: Annotated[Optional[str], typer.Option(help="Log each trial (validation curve, map, knobs, final values) and the reference runs: tensorboard:DIR or mlflow:URI (needs mlflow).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan (study, trials, references, pruning rungs, storage, space) and a time estimate from a short timed probe; write nothing.")] = False,
@@ -275,10 +275,12 @@ def run(
     asked = None if enqueue is None else split_enqueue_text(enqueue)
     overrides = opts.overrides() | {"search": {"objective": objective, "knobs": searched, "target": factor,
                                                 "race_seeds": race_seeds, "enqueue": asked}}
-    check_fuse(fuse)
-    if fuse != 1 and workers != 1:
+    if fuse is not None:
+        check_fuse(fuse)
+    if fuse not in (None, 1) and workers != 1:
         raise UserInputError("--fuse with --workers is not supported yet; use one of them")
     space = load_space(opts.space, overrides)
+    fuse = fuse if fuse is not None else (space.search.fuse if workers == 1 else 1)
     tracked = tracked_reporter(track, storage, open_uri=not dry_run)
     if dry_run:
         from .dryrun import dry_run_report

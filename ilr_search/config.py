@@ -85,7 +85,7 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    steps: int = 1000
+    steps: int = 500
     batch_size: int = 8
     grad_accum: int = 1
     lr: float = 1e-2
@@ -99,7 +99,7 @@ class TrainConfig:
     device: str = "auto"
     dtype: str = "auto"
     compile: bool | None = None  # None: auto (compile on CUDA only)
-    checkpoint_every: int = 100  # steps between trial checkpoints; 0: none
+    checkpoint_every: int = 50  # steps between trial checkpoints; 0: none
 
     @property
     def eval_steps(self) -> list[int]:
@@ -115,7 +115,7 @@ class TrainConfig:
 class SearchConfig:
     max_reuse: int = 4
     families: tuple[str, ...] = ("ilr", "block")
-    n_trials: int = 16
+    n_trials: int = 12
     sampler: str = "auto"
     pruner: str = "pareto"
     objective: str = "pareto"
@@ -129,6 +129,8 @@ class SearchConfig:
     knobs: tuple[str, ...] = ()  # recurrence knobs searched with the map (knobs.py), each a categorical dimension
     target: float = 4.0  # the race's training length, a multiple of the proxy's steps (1: no longer training)
     race_seeds: int = 3  # seeds a contender is raced on, the space's seed first (1 with target 1: no race)
+    race_contenders: int = 3  # maps raced beyond their first result (the nearest the proxy front), the baseline among them
+    fuse: int = 4  # maps trained at once in one fused group (fused.py); how a study runs, not what it is: never stored
     # maps trained first, after the baseline, in this order: "3,2,2,1", "2,1,1,1|injection=add" or "block2"
     enqueue: tuple[str, ...] = ()
 

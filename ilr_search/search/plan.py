@@ -60,7 +60,7 @@ RESULT_TRAIN_FIELDS = ("steps", "batch_size", "grad_accum", "lr", "warmup_frac",
                        "grad_clip", "eval_fractions", "eval_windows", "seed")
 
 
-RACE_FIELDS = ("target", "race_seeds")
+RACE_FIELDS = ("target", "race_seeds", "race_contenders")
 
 
 def study_config(space: SpaceConfig, model: ModelConfig, budget: Budget, dtype: str) -> dict[str, Any]:

@@ -70,14 +70,16 @@ class StoredResult:
 
 
 def race_settings(config: Mapping[str, Any]) -> RaceSettings:
-    """The race of a study from its stored configuration (target and race_seeds stored only where they are not
+    """The race of a study from its stored configuration (target, race_seeds, race_contenders stored only where not
     the defaults): the proxy's length, the target length, and the seeds from the space's seed up."""
     defaults = SearchConfig()
     search, train = config.get("search", {}), config["train"]
     base_steps, seed = int(train["steps"]), int(train["seed"])
     factor = float(search.get("target", defaults.target))
     n_seeds = int(search.get("race_seeds", defaults.race_seeds))
-    return RaceSettings(base_steps, max(base_steps, round(factor * base_steps)), tuple(seed + i for i in range(n_seeds)))
+    contenders = int(search.get("race_contenders", defaults.race_contenders))
+    return RaceSettings(base_steps, max(base_steps, round(factor * base_steps)), tuple(seed + i for i in range(n_seeds)),
+                        max_contenders=contenders)
 
 
 def races(settings: RaceSettings) -> bool:
