@@ -240,7 +240,11 @@ class FusedGroup:
         self.all_rows = torch.cat(self.rows)
 
     def keep(self, kept: list[Member]) -> None:
-        """Drop the members not in `kept` (diverged or stopped): their rows leave every stacked tensor and AdamW."""
+        """Drop the members not in `kept` (diverged or stopped): their rows leave every stacked tensor and AdamW.
+        With none kept the group is over: it holds no members (and trains no further)."""
+        if not kept:
+            self.members = []
+            return
         rows = torch.tensor([self.members.index(m) for m in kept], dtype=torch.long, device=self.device)
         old_params, old_optimizer = self.params, self.optimizer
         self.params = {key: torch.nn.Parameter(p.detach()[rows].clone()) for key, p in old_params.items()}

@@ -16,6 +16,7 @@ from ilr_search.config import AuditSettings
 from ilr_search.bench import Table, TableRow, replay_pruning
 from ilr_search.errors import UserInputError
 from ilr_search.fidelity import audit_report, rung_agreements
+from ilr_search.results import study_front
 from ilr_search.search.pruners import calibrate_rung, pareto_verdict, verdict_at_rung
 from ilr_search.config import PrunerSettings
 from ilr_search.space import load_space
@@ -252,7 +253,17 @@ def test_audit_report_precision_recall_and_pruned_maps(small_study):
     report = audit_report(trials, rows, "4")
     assert report.n_maps == len(keys) and report.spearman == pytest.approx(-1.0)
     assert report.verdict.startswith("proxy too short")
-    assert 0 <= report.front_recall <= 1 and report.pruned_on_audited_front == ()
+    # the fronts by hand: a map is on the audit's front when no map at no more FLOPs has a lower 4x perplexity
+    audit_ppl = {k: 10.0 + i for i, k in enumerate(reversed(ordered))}
+    audit_front = {k for k in keys if not any(audit_ppl[j] <= audit_ppl[k] and ratio[j] <= ratio[k]
+                                              and (audit_ppl[j], ratio[j]) != (audit_ppl[k], ratio[k]) for j in keys)}
+    numbers = {t.number: t.user_attrs["map_key"] for t in trials}
+    proxy_front = {numbers[p["trial"]] for p in study_front(trials)}
+    hits = len(proxy_front & audit_front)
+    assert audit_front and proxy_front
+    assert report.front_recall == pytest.approx(hits / len(audit_front))
+    assert report.front_precision == pytest.approx(hits / len(proxy_front))
+    assert report.pruned_on_audited_front == ()
 
 
 def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:

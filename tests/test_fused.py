@@ -211,3 +211,16 @@ def test_init_depth_is_supported_through_build_model(data):
     fused = train_fused(model_cfg, SCHEDULES[1:], data, cfg, seeds=SEEDS[1:])
     for schedule, seed, result in zip(SCHEDULES[1:], SEEDS[1:], fused):
         assert_same_run(result, train_proxy(model_cfg, schedule, data, replace(cfg, seed=seed)))
+
+
+def test_a_group_whose_members_all_stop_at_one_evaluation_ends_there(data):
+    """Every member pruned at the same evaluation (a whole group behind the front): the group ends at that step
+    with each member stopped there, as each would alone (the default run met this)."""
+    model_cfg, cfg = tiny_model(), tiny_train()
+    stop_at = cfg.eval_steps[0]
+    fused = train_fused(model_cfg, SCHEDULES, data, cfg, seeds=SEEDS,
+                        on_eval=[lambda p: p.step >= stop_at] * len(SCHEDULES))
+    for schedule, seed, result in zip(SCHEDULES, SEEDS, fused):
+        single = train_proxy(model_cfg, schedule, data, replace(cfg, seed=seed), on_eval=lambda p: p.step >= stop_at)
+        assert result.status == single.status == "stopped" and result.steps == stop_at
+        assert_same_run(result, single)

@@ -4,7 +4,6 @@ import json
 import subprocess
 import sys
 import threading
-import time
 
 import optuna
 import sqlalchemy as sa
@@ -56,6 +55,7 @@ import optuna
 from ilr_search.storage import open_storage, parse_storage
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 study = optuna.load_study(study_name="s", storage=open_storage(parse_storage(sys.argv[1]), heartbeat=False))
+print("ready", flush=True)
 sys.stdin.readline()  # start together
 popped = []
 while (trial_id := study._pop_waiting_trial_id()) is not None:
@@ -74,11 +74,13 @@ def test_processes_popping_queued_trials_from_sqlite_never_share_one(tmp_path):
         study.enqueue_trial({"x": x})
     workers = [subprocess.Popen([sys.executable, "-c", POP_ALL, url], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, text=True) for _ in range(4)]
-    time.sleep(0.5)  # let them import; a late starter only narrows the race
+    for w in workers:  # every worker has imported and opened the study before any starts popping
+        assert w.stdout.readline().strip() == "ready"
     for w in workers:
         w.stdin.write("go\n")
         w.stdin.flush()
     outputs = [w.communicate(timeout=120)[0] for w in workers]
     popped = [trial_id for out in outputs for trial_id in json.loads(out)]
+    assert sum(bool(json.loads(out)) for out in outputs) >= 2  # the pops raced: more than one worker got trials
     assert sorted(popped) == sorted(t._trial_id for t in study.get_trials())
     assert all(t.state == TrialState.RUNNING for t in study.get_trials())
