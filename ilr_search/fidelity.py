@@ -21,7 +21,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from .pareto import non_dominated
 from .results import REFERENCE_PREFIX, Curves, is_baseline, is_baseline_key, key_reuse_map, study_front, trained_trials
-from .stats import rank_agreement
+from .stats import paired_comparison, rank_agreement
 from .storage import AuditRow
 
 AGREE_SPEARMAN = 0.8  # "the proxy ranks as longer training does"
@@ -121,11 +121,18 @@ class AuditReport:
     baseline_ppl: float | None
     best_recurrent: tuple[str, float] | None  # (map, audit ppl)
     verdict: str
+    # the best recurrent map against the baseline, paired by seed (stats.paired_comparison at 90%): the seeds
+    # they share, and whether the recurrent map is better beyond the noise
+    best_vs_baseline_seeds: int = 0
+    best_beats_baseline: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["maps"] = [asdict(m) for m in self.maps]
         return d
+
+
+VERDICT_CONFIDENCE = 0.9  # of the paired test behind "beats the baseline" (the race's default too)
 
 
 def audit_report(trials: Sequence[FrozenTrial], rows: Sequence[AuditRow], factor: str) -> AuditReport | None:
@@ -162,8 +169,14 @@ def audit_report(trials: Sequence[FrozenTrial], rows: Sequence[AuditRow], factor
     recurrent = [m for m in maps if not is_baseline(key_reuse_map(m.reuse_map))]
     best = min(recurrent, key=lambda m: m.audit_ppl) if recurrent else None
     steps = max(r.steps for rs in done.values() for r in rs)
+    baseline_key = next((m.reuse_map for m in maps if is_baseline_key(m.reuse_map)), None)
+    paired = None
+    if best is not None and baseline_key is not None:
+        by_seed = {k: {r.job.seed: r.val_loss for r in done[k] if r.val_loss is not None} for k in (best.reuse_map, baseline_key)}
+        paired = paired_comparison(by_seed[best.reuse_map], by_seed[baseline_key], VERDICT_CONFIDENCE)
     report = AuditReport(factor, steps, tuple(maps), len(ranked), rho, tau, precision, recall, pruned_front, baseline,
-                         (best.reuse_map, best.audit_ppl) if best else None, "")
+                         (best.reuse_map, best.audit_ppl) if best else None, "",
+                         paired.n if paired else 0, bool(paired and paired.a_better))
     return AuditReport(**{**asdict(report), "maps": report.maps, "verdict": audit_verdict(report)})
 
 
@@ -190,8 +203,14 @@ def audit_verdict(r: AuditReport) -> str:
         parts.append(f"pruning discarded {', '.join(r.pruned_on_audited_front)}, on the {r.factor}x front")
     if r.baseline_ppl is not None and r.best_recurrent is not None:
         key, ppl = r.best_recurrent
-        if ppl < r.baseline_ppl:
-            parts.append(f"at {r.factor}x, recurrent map {key} beats the baseline (ppl {ppl:.3f} vs {r.baseline_ppl:.3f})")
+        if ppl < r.baseline_ppl and r.best_beats_baseline:
+            parts.append(f"at {r.factor}x, recurrent map {key} beats the baseline (ppl {ppl:.3f} vs {r.baseline_ppl:.3f}; "
+                         f"paired over {r.best_vs_baseline_seeds} seeds, {VERDICT_CONFIDENCE:.0%} confidence)")
+        elif ppl < r.baseline_ppl:
+            parts.append(f"at {r.factor}x, recurrent map {key} has a lower mean perplexity than the baseline (ppl {ppl:.3f} "
+                         f"vs {r.baseline_ppl:.3f}), not beyond the seed noise "
+                         + (f"({r.best_vs_baseline_seeds} common seeds)" if r.best_vs_baseline_seeds >= 2
+                            else "(one seed: untested; audit --seeds 3 tests it)"))
         else:
             parts.append(f"at {r.factor}x, no audited recurrent map beats the baseline (best {key}: ppl {ppl:.3f} vs "
                          f"{r.baseline_ppl:.3f})")

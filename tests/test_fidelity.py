@@ -21,7 +21,7 @@ from ilr_search.search.pruners import calibrate_rung, pareto_verdict, verdict_at
 from ilr_search.config import PrunerSettings
 from ilr_search.space import load_space
 from ilr_search.storage import open_store, parse_storage
-from ilr_search.storage import AuditJob, CurvePoint, JournalStore, SQLStore
+from ilr_search.storage import AuditJob, AuditRow, CurvePoint, JournalStore, SQLStore
 from ilr_search.search.run import run_study
 from ilr_search.search.studies import trials_report
 
@@ -310,3 +310,23 @@ def test_bench_replay_cli(monkeypatch, capsys, tmp_path):
     assert report["steps_trained"] + report["steps_saved"] == 50 * 240
     code, out, err = run_cli(monkeypatch, capsys, "bench", "replay", "--table", str(tmp_path / "none.parquet"))
     assert code == 2 and err.startswith("error: ")
+
+
+@pytest.mark.parametrize("recurrent_losses, beats", [((1.00, 1.01, 0.99), True), ((0.90, 1.20, 0.95), False)])
+def test_audit_says_a_map_beats_the_baseline_only_beyond_the_seed_noise(small_study, recurrent_losses, beats):
+    """The audit's verdict on recurrence rests on a paired test over seeds, not on the means alone: a map whose
+    mean is lower but whose seeds scatter across the baseline's is reported as within the noise."""
+    root, db, _ = small_study
+    trials = optuna.load_study(study_name="aud", storage=f"sqlite:///{db}").get_trials()
+    complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE and "reused_from" not in t.user_attrs]
+    baseline = next(t for t in complete if set(t.user_attrs["reuse_map"]) == {1})
+    recurrent = next(t for t in complete if set(t.user_attrs["reuse_map"]) != {1})
+    rows = []
+    for seed, (b, r) in enumerate(zip((1.10, 1.11, 1.09), recurrent_losses)):
+        for t, loss in ((baseline, b), (recurrent, r)):
+            rows.append(AuditRow(AuditJob("4", seed, t.user_attrs["map_key"]), "w", 0.0, "complete",
+                                 t.user_attrs["flops_ratio"], 64, loss, math.exp(loss), 1.0))
+    report = audit_report(trials, rows, "4")
+    assert report.best_vs_baseline_seeds == 3 and report.best_beats_baseline is beats
+    assert ("beats the baseline" in report.verdict) is beats
+    assert ("not beyond the seed noise" in report.verdict) is not beats
