@@ -136,7 +136,7 @@ def pareto_figure(study: str, trials: list[dict[str, Any]], front: list[dict[str
     if known:  # a race was run (a study without one has its proxy front here, drawn above)
         fig.add_trace(go.Scatter(
             x=[p["flops_ratio"] for p in race_front], y=[p["val_ppl"] for p in race_front], mode="markers",
-            name="race front at its length (mean over seeds, interval; right axis)",
+            name="race front, mean and interval (right axis)",
             error_y=dict(type="data", symmetric=False,
                          array=[p["interval"][1] - p["val_ppl"] if p in known else 0 for p in race_front],
                          arrayminus=[p["val_ppl"] - p["interval"][0] if p in known else 0 for p in race_front]),

@@ -96,7 +96,7 @@ def test_front_points_carry_length_seeds_interval_and_confirmation(raced, cli, t
     assert "verdict at 48 steps" in text
     figure = tmp_path / "front.html"
     cli("pareto", "--study", "raced", "--storage", f"sqlite:///{db}", "--out", str(figure), check=True)
-    assert "race front at its length (mean over seeds, interval" in figure.read_text(encoding="utf-8")
+    assert "race front, mean and interval (right axis)" in figure.read_text(encoding="utf-8")
 
 
 def test_rerunning_a_finished_race_trains_nothing(raced, cli):

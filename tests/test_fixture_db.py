@@ -1,0 +1,46 @@
+"""A study stored by an earlier version still opens, lists and resumes.
+
+tests/fixtures/study-eeb668a.db was made by commit eeb668a (main before the race, fusion, curves and the Optuna
+shim): `python -m ilr_search run --space tests/fixtures/space-eeb668a.toml --budget 1.5x --study
+before-typed-records --storage sqlite:///study-eeb668a.db --n-trials 3` (the tiny test space of that commit)."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+FIXTURES = ROOT / "tests" / "fixtures"
+STUDY = "before-typed-records"
+
+
+@pytest.fixture
+def old_study(tmp_path):
+    shutil.copy(FIXTURES / "study-eeb668a.db", tmp_path / "old.db")
+    shutil.copy(FIXTURES / "space-eeb668a.toml", tmp_path / "space.toml")
+    return tmp_path, f"sqlite:///{tmp_path / 'old.db'}"
+
+
+def test_an_old_study_lists_and_reports(old_study, console):
+    folder, storage = old_study
+    trials = json.loads(console("trials", "--storage", storage, "--json", cwd=folder, check=True).stdout)
+    assert trials["study"] == STUDY and len(trials["trials"]) == 3
+    assert all(t["state"] == "COMPLETE" and t["val_ppl"] > 1 for t in trials["trials"])
+    assert all(t["curves"]["val"] and t["curves"]["train"] == [] for t in trials["trials"])  # no training curves then
+    pareto = json.loads(console("pareto", "--storage", storage, "--json", cwd=folder, check=True).stdout)
+    assert pareto["pareto"] and all(p["steps"] == 24 for p in pareto["pareto"])
+    studies = json.loads(console("studies", "--storage", storage, "--json", cwd=folder, check=True).stdout)
+    assert [s["study"] for s in studies["studies"]] == [STUDY]
+
+
+def test_an_old_study_resumes_with_the_same_command(old_study, console):
+    folder, storage = old_study
+    proc = console("run", "--space", str(folder / "space.toml"), "--budget", "1.5x", "--study", STUDY, "--storage",
+                   storage, "--n-trials", "4", "--json", cwd=folder)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads(proc.stdout)
+    assert summary["study"] == STUDY and summary["n_complete"] + summary["n_pruned"] == 4
+    assert summary["target_steps"] == 4 * 24 and summary["verdict"]  # a study made before the race is raced on resume
