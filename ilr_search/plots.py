@@ -88,6 +88,11 @@ def pareto_figure(study: str, trials: list[dict[str, Any]], front: list[dict[str
         specs.append([{}, {}])
         titles += ["reuse count per layer on the front", "layer importance for perplexity"]
         heights.append(0.34)
+    curved = [t for t in plotted if t.get("curve")]
+    if curved:
+        specs.append([{"colspan": 2}, None])
+        titles.append("validation loss against step (front maps in colour; curves that cross change the ranking)")
+        heights.append(0.34)
     if fidelity:
         specs.append([{}, {}])
         titles += ["rung-to-final rank agreement (Spearman)",
@@ -172,6 +177,9 @@ def pareto_figure(study: str, trials: list[dict[str, Any]], front: list[dict[str
             fig.add_trace(go.Bar(x=list(importance), y=list(importance.values()), name="importance",
                                  marker_color="#2ca02c", showlegend=False), row=row, col=2)
         row += 1
+    if curved:
+        _curves_panel(fig, curved, {p["trial"] for p in front} | {p["trial"] for p in race_front or []}, row=row)
+        row += 1
     if fidelity:
         _fidelity_panel(fig, fidelity, audit, row=row)
     fig.update_layout(template="plotly_white", autosize=True, height=int(900 * sum(heights)) + 160,
@@ -247,6 +255,28 @@ def _apart_strip(fig: go.Figure, apart: list[dict[str, Any]], span: float, x_ran
                                  hovertext=_hover(others), hoverinfo="text"), row=2, col=1)
     fig.update_yaxes(categoryorder="array", categoryarray=labels[::-1], row=2, col=1)
     fig.update_xaxes(range=x_range, matches="x", showticklabels=True, row=2, col=1)
+
+
+FRONT_COLOURS = ("#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
+
+
+def _curves_panel(fig: go.Figure, trials: list[dict[str, Any]], front_trials: set[int], row: int) -> None:
+    """Each trained trial's validation curve (loss against step): the front's maps in colour, the others grey,
+    pruned ones ending at their pruning step; hover names the map."""
+    on_front = sorted((t for t in trials if t["trial"] in front_trials), key=lambda t: t["trial"])
+    others = [t for t in trials if t["trial"] not in front_trials]
+    for t in others + on_front:
+        steps, losses = zip(*t["curve"])
+        colour = FRONT_COLOURS[on_front.index(t) % len(FRONT_COLOURS)] if t in on_front else "rgba(128,128,128,0.45)"
+        label = ",".join(map(str, t["reuse_map"]))
+        fig.add_trace(go.Scatter(x=list(steps), y=list(losses), mode="lines+markers", showlegend=False,
+                                 line=dict(color=colour, width=3 if t in on_front else 1), marker=dict(size=4),
+                                 hovertext=[f"trial {t['trial']}: map {label}<br>step {s}: loss {l:.4g}"
+                                            for s, l in zip(steps, losses)], hoverinfo="text"), row=row, col=1)
+    last = [l for t in trials for _, l in t["curve"][-1:]]
+    fig.update_xaxes(title_text="step", row=row, col=1)
+    fig.update_yaxes(title_text="validation loss", row=row, col=1,
+                     range=fitted_range(last + [l for t in on_front for _, l in t["curve"]], pad=0.1))
 
 
 def _fidelity_panel(fig: go.Figure, fidelity: dict[str, Any], audit: dict[str, Any] | None, row: int) -> None:

@@ -89,7 +89,9 @@ def _trial_rows(study: optuna.Study, curves: Curves) -> list[dict[str, Any]]:
     rows = []
     for t in study.get_trials(deepcopy=False):
         row = trial_row(t)
-        row["plot_ppl"] = plot_ppl(row, curve_of(t, curves))
+        curve = curve_of(t, curves)
+        row["plot_ppl"] = plot_ppl(row, curve)
+        row["curve"] = sorted(curve.items()) if "reused_from" not in t.user_attrs else []  # a reuse draws no second line
         rows.append(row)
     return rows
 

@@ -62,3 +62,21 @@ def test_labels_of_close_points_take_places_that_do_not_overlap():
     assert len(set(places[:2])) == 2 and len(set(places[2:4])) == 2  # close neighbours are labelled apart
     assert all(p in ("top center", "bottom center", "middle right", "middle left", "top right", "bottom left",
                      "top left", "bottom right") for p in places)
+
+
+def test_a_curves_panel_draws_each_trained_trials_curve_with_the_front_in_colour():
+    rows = _rows()
+    for r in rows:  # curves that cross: the first trial starts ahead and ends behind
+        r["curve"] = [(10, 3.0 + 0.01 * r["trial"]), (20, 2.5 - 0.01 * r["trial"])] if r["state"] != "FAIL" else []
+    front = [{"trial": 0, "reuse_map": [1] * 8, "flops_ratio": 1.0, "val_ppl": 6.1, "knobs": None}]
+    fig = pareto_figure("s", rows, front, None)
+    def curve_lines(figure):
+        return [t for t in figure.data if t.hovertext and ": loss " in str(t.hovertext[0])]
+
+    lines = curve_lines(fig)
+    assert len(lines) == sum(1 for r in rows if r["curve"])
+    coloured = [t for t in lines if t.line.width == 3]
+    assert len(coloured) == 1 and "map 1,1,1,1,1,1,1,1" in coloured[0].hovertext[0]
+    assert any("validation loss against step" in (a.text or "") for a in fig.layout.annotations)
+    without = pareto_figure("s", _rows(), front, None)  # no curves stored: no panel
+    assert curve_lines(without) == []
