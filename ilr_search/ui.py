@@ -113,12 +113,14 @@ def fitted_widths(columns: list[str], cells: list[list[str]], width: int) -> lis
     return list(widths)
 
 
-def rows_table(title: str, rows: list[dict[str, Any]], columns: list[str]) -> None:
+def rows_table(title: str, rows: list[dict[str, Any]], columns: list[str], headers: dict[str, str] | None = None) -> None:
+    """A table of `rows` by `columns` (their keys), each headed by its key or by `headers[key]`."""
     columns = with_knobs_column(columns, rows)
     cells = [[_fmt(row.get(c)) for c in columns] for row in rows]
+    shown = [(headers or {}).get(c, c) for c in columns]
     table = Table(title=title)
-    for col, width in zip(columns, fitted_widths(columns, cells, out.width)):
-        table.add_column(col, justify="right" if col not in ("reuse_map", "knobs", "state", "study") else "left",
+    for col, head, width in zip(columns, shown, fitted_widths(shown, cells, out.width)):
+        table.add_column(head, justify="right" if col not in ("reuse_map", "knobs", "state", "study") else "left",
                          overflow="fold", no_wrap=col in KEPT_WHOLE, width=width)
     for row in cells:
         table.add_row(*row)
@@ -318,6 +320,10 @@ class WorkersReporter(RichReporter):
 
 
 RACE_COLUMNS = ["steps", "seeds", "interval", "confirmed"]
+# The front as run and pareto print it: each point at its length, with its seeds and interval (trial numbers,
+# bpb and parameters are in --json); seven columns fit 80 characters.
+RACE_FRONT_COLUMNS = ["reuse_map", "flops_ratio", "steps", "seeds", "val_ppl", "interval", "confirmed"]
+RACE_FRONT_HEADERS = {"flops_ratio": "FLOPs", "val_ppl": "ppl", "interval": "90% interval"}
 
 
 def race_front_rows(front: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -343,7 +349,8 @@ def print_race(report: dict[str, Any]) -> None:
 
 
 def print_run(summary: dict[str, Any]) -> None:
-    rows_table(f"Pareto front of {summary['study']}", race_front_rows(summary["pareto"]), FRONT_COLUMNS + RACE_COLUMNS)
+    rows_table(f"Pareto front of {summary['study']}", race_front_rows(summary["pareto"]), RACE_FRONT_COLUMNS,
+               RACE_FRONT_HEADERS)
     for name, ref in summary.get("references", {}).items():
         out.print(f"reference {name}: {_fmt(ref['flops_ratio'])}x, ppl {_fmt(ref['val_ppl'])}")
     out.print(f"{summary['n_complete']} complete, {summary['n_pruned']} pruned, {summary['n_failed']} failed; "
@@ -377,12 +384,11 @@ def print_trials(report: dict[str, Any]) -> None:
 
 def print_pareto(report: dict[str, Any]) -> None:
     noise = report.get("noise")
-    rows = [dict(p, ties=("≈ " + ",".join(map(str, p["within_noise_of"]))) if p.get("within_noise_of") else "")
-            for p in race_front_rows(report["pareto"])]
-    rows_table(f"Pareto front of {report['study']}", rows, FRONT_COLUMNS + RACE_COLUMNS + ["params", "ties"])
+    rows_table(f"Pareto front of {report['study']}", race_front_rows(report["pareto"]), RACE_FRONT_COLUMNS,
+               RACE_FRONT_HEADERS)
     if noise:
-        out.print(f"baseline seed-to-seed spread: {noise['spread']:.4g} ppl over {noise['n_seeds']} seeds; "
-                  "points marked ≈ are within it of each other (a tie, not a win)")
+        out.print(f"baseline seed-to-seed spread at the proxy's length: {noise['spread']:.4g} ppl over "
+                  f"{noise['n_seeds']} seeds")
     layers = report.get("layers")
     if layers and layers.get("importance"):
         rows_table("layer importance for perplexity (Optuna PED-ANOVA)",
