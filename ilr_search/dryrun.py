@@ -19,13 +19,13 @@ from .flops import flops_ratio
 from .results import has_result
 from .schedule import reuse_map_schedule
 from .search.maps import repair_to_budget
-from .search.plan import StudyPlan, adopt_stored_dtype, check_resume, plan_study, stored_study
+from .search.plan import StudyPlan, adopt_stored_dtype, check_resume, stored_study
 from .search.pruners import pruner_settings
-from .search.run import ReferenceRun, reference_runs
+from .search.run import ReferenceRun, planned_space, reference_runs
 from .search.samplers import sampler_settings
-from .space import validate_space
 from .storage import open_storage, parse_storage
-from .train import resolve_compile, resolve_device, train_proxy
+from .device import resolve_compile, resolve_device
+from .train import train_proxy
 
 PROBE_STEPS = 8  # timed steps per probed schedule, after one untimed first step
 PROBE_TOKENS = 1 << 16  # random tokens per split of the probe's data
@@ -76,10 +76,7 @@ def dry_run_report(space: SpaceConfig, budget: str, study_name: str | None = Non
     spec = parse_storage(storage)
     if n_trials is not None and n_trials <= 0:
         raise UserInputError(f"--n-trials must be a positive number of trials, got {n_trials}")
-    search = dataclasses.replace(space.search, **{k: v for k, v in (("sampler", sampler), ("pruner", pruner)) if v})
-    space = dataclasses.replace(space, search=search)
-    validate_space(space)
-    plan = plan_study(space, budget, study_name)
+    space, plan = planned_space(space, budget, study_name, sampler, pruner)
     existing = open_storage(spec, heartbeat=False) if spec.exists() else None
     if existing is not None and space.train.dtype == "auto":
         plan = adopt_stored_dtype(existing, plan)

@@ -75,6 +75,15 @@ class PreparedStudy:
     target_raised_from: int | None = None  # --n-trials, where the enqueued maps raised it
 
 
+def planned_space(space: SpaceConfig, budget: str, study_name: str | None, sampler: str | None,
+                  pruner: str | None) -> tuple[SpaceConfig, StudyPlan]:
+    """The space with this run's sampler and pruner, checked, and the study it makes (nothing is opened)."""
+    search = dataclasses.replace(space.search, **{k: v for k, v in (("sampler", sampler), ("pruner", pruner)) if v})
+    space = dataclasses.replace(space, search=search)
+    validate_space(space)
+    return space, plan_study(space, budget, study_name)
+
+
 def prepare_study(space: SpaceConfig, budget: str, study_name: str | None = None, storage: str | None = None,
                   n_trials: int | None = None, timeout: float | None = None, sampler: str | None = None,
                   pruner: str | None = None, enqueue_maps: list[list[int]] | None = None) -> PreparedStudy:
@@ -86,10 +95,7 @@ def prepare_study(space: SpaceConfig, budget: str, study_name: str | None = None
         raise UserInputError(f"--n-trials must be a positive number of trials, got {n_trials}")
     if timeout is not None and timeout <= 0:
         raise UserInputError(f"--timeout must be a positive number of seconds, got {timeout}")
-    search = dataclasses.replace(space.search, **{k: v for k, v in (("sampler", sampler), ("pruner", pruner)) if v})
-    space = dataclasses.replace(space, search=search)
-    validate_space(space)
-    plan = plan_study(space, budget, study_name)
+    space, plan = planned_space(space, budget, study_name, sampler, pruner)
     existing = open_storage(spec) if spec.exists() else None  # the one storage handle of this worker
     if space.train.dtype == "auto":
         plan = adopt_stored_dtype(existing, plan)
