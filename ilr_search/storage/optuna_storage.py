@@ -90,10 +90,17 @@ def open_storage(spec: StorageSpec, heartbeat: bool = True) -> optuna.storages.B
         except (sa.exc.IntegrityError, sa.exc.ProgrammingError):
             # two workers created Optuna's tables at once (another machine, on a server): the tables exist now
             time.sleep(0.2 * (attempt + 1))
-        except (sa.exc.OperationalError, sa.exc.DatabaseError) as e:
-            raise UserInputError(f"cannot open storage {spec.masked}: "
-                                 f"{str(e.orig if hasattr(e, 'orig') else e).splitlines()[0]}") from None
+        except sa.exc.OperationalError as e:
+            if "already exists" not in str(e):  # (SQLite reports a table created by another process so)
+                raise cannot_open(spec, e) from None
+            time.sleep(0.2 * (attempt + 1))
+        except sa.exc.DatabaseError as e:
+            raise cannot_open(spec, e) from None
     raise UserInputError(f"cannot initialise storage {spec.masked}: other workers keep creating it; retry")
+
+
+def cannot_open(spec: StorageSpec, e: Exception) -> UserInputError:
+    return UserInputError(f"cannot open storage {spec.masked}: {str(getattr(e, 'orig', e)).splitlines()[0]}")
 
 
 def rdb_engine(storage: optuna.storages.BaseStorage) -> sa.Engine:
@@ -129,9 +136,11 @@ class SQLiteStorage(optuna.storages.RDBStorage):
 
 @contextmanager
 def _creation_lock(spec: StorageSpec) -> Iterator[None]:
-    """Processes on one machine that create the same new SQLite file take turns (Optuna's table creation
-    is not safe to race). The lock file lives in the temp folder, not beside the database."""
-    if spec.kind != "sqlite" or (spec.path is not None and spec.path.exists() and spec.path.stat().st_size > 0):
+    """Processes on one machine that open the same SQLite file take turns while Optuna checks or creates its
+    tables (which is not safe to race: a second process could see the file half made, with some tables and not
+    others, and fail with "table ... already exists"). The lock file lives in the temp folder, not beside the
+    database."""
+    if spec.kind != "sqlite" or spec.path is None:
         yield
         return
     key = hashlib.sha256(str(spec.path.resolve()).encode()).hexdigest()[:16]
