@@ -44,6 +44,7 @@ from .data import TokenData
 from .errors import UserInputError
 from .loss import linear_cross_entropy
 from .model import ILRTransformer, alibi_bias, apply_rope, rope_tables
+from .records import TrainLossPoint
 from .train import (EvalPoint, OnEval, OnStep, SYNC_EVERY, TrainResult, adamw, autocast_for, build_model,
                     build_optimizer, divergence_threshold, host_values, lr_at, proxy_result, resolve_compile,
                     resolve_device, resolve_dtype, training_divergence, validation_divergence,
@@ -176,6 +177,7 @@ class Member:
     checkpoint_path: Path | None
     state: MemberState
     curve: list[EvalPoint] = field(default_factory=list)
+    train_curve: list[TrainLossPoint] = field(default_factory=list)  # window means, as train_proxy keeps them
     digest: int = 0
     data_seconds: float = 0.0
     eval_seconds: float = 0.0
@@ -452,6 +454,9 @@ def _train_group(model_cfg: ModelConfig, members: list[Member], data: TokenData,
                         break
                     if m.on_step is not None:
                         m.on_step(s, cfg.steps, value)
+                else:
+                    m.train_curve.append(TrainLossPoint(step, step * tokens_per_step,
+                                                        sum(row[k] for row in window) / len(window)))
             if any(m.status != "ok" for m in active):
                 group.keep([m for m in active if m.status == "ok"])
         if step in eval_steps and group.members:
@@ -478,5 +483,6 @@ def _train_group(model_cfg: ModelConfig, members: list[Member], data: TokenData,
     for m in group.members:  # ran to the end
         leave(m, "ok", "", step)
     return [proxy_result(m.schedule, params, m.status, m.reason, m.end_step, start_step, m.curve, tokens_per_step,
-                         m.seconds, m.data_seconds, m.eval_seconds, str(device), dtype, m.digest) for m in members]
+                         m.seconds, m.data_seconds, m.eval_seconds, str(device), dtype, m.digest, m.train_curve)
+            for m in members]
 

@@ -40,6 +40,10 @@ def assert_same_run(fused: TrainResult, single: TrainResult, resumed_from: int =
         assert fused.batch_digest == single.batch_digest != 0
     assert fused.reason.split(" became ")[0] == single.reason.split(" became ")[0]
     assert [p.step for p in fused.curve] == [p.step for p in single.curve]
+    if not resumed_from:  # the training loss's window means (a resumed run's start later, at other reads)
+        assert [p.step for p in fused.train_curve] == [p.step for p in single.train_curve]
+        for a, b in zip(fused.train_curve, single.train_curve):
+            assert a.loss == pytest.approx(b.loss, abs=TOLERANCE)
     for a, b in zip(fused.curve, single.curve):
         assert a.val_loss == pytest.approx(b.val_loss, abs=TOLERANCE)
         assert a.val_bpb == pytest.approx(b.val_bpb, abs=2 * TOLERANCE)  # bits: nats / ln 2
@@ -67,6 +71,7 @@ def test_fused_members_equal_their_single_runs(data, pe):
         assert result.schedule == schedule
         assert_same_run(result, train_proxy(model_cfg, schedule, data, replace(cfg, seed=seed)))
     assert fused[0].curve[-1].val_loss != fused[1].curve[-1].val_loss  # the members really differ
+    assert all(r.train_curve for r in fused)  # every member keeps its training-loss curve
 
 
 def test_where_masking_equals_prefix_masking(data):
@@ -194,8 +199,9 @@ def test_members_resuming_from_different_steps_train_apart_and_match(data, tmp_p
                     seeds=seeds[:1])
     results = train_fused(model_cfg, schedules, data, cfg, checkpoint_paths=paths, seeds=seeds)
     assert [r.resumed_from_step for r in results] == [10, 0]
-    for schedule, seed, result in zip(schedules, seeds, results):
-        single = train_proxy(model_cfg, schedule, data, replace(cfg, seed=seed, checkpoint_every=0))
+    for i, (schedule, seed, result) in enumerate(zip(schedules, seeds, results)):
+        # checkpointed like the member (a checkpoint is also a read of the training loss), from scratch
+        single = train_proxy(model_cfg, schedule, data, replace(cfg, seed=seed), checkpoint_path=tmp_path / f"s{i}.pt")
         assert_same_run(result, single, resumed_from=result.resumed_from_step)
 
 

@@ -208,8 +208,11 @@ def test_fused_study_and_race_give_the_results_of_one_run_at_a_time(tmp_path, to
             trials = dict(conn.execute("SELECT a.value_json, b.value_json FROM trial_user_attributes a JOIN "
                                        "trial_user_attributes b ON a.trial_id = b.trial_id WHERE a.key = 'map_key' "
                                        "AND b.key = 'val_loss'").fetchall())
-        losses.append((trials, rows, summary["verdict"]))
-    (trials1, rows1, verdict1), (trials4, rows4, verdict4) = losses
+            train_points = conn.execute("SELECT count(*) FROM ilr_train_curves").fetchone()[0]
+        assert train_points > 0  # fused trials keep their training-loss curves too
+        losses.append((trials, rows, summary["verdict"], train_points))
+    (trials1, rows1, verdict1, points1), (trials4, rows4, verdict4, points4) = losses
+    assert points1 == points4
     assert set(trials1) == set(trials4) and len(trials1) == 4
     assert all(abs(float(trials1[k]) - float(trials4[k])) < 1e-4 for k in trials1)
     assert set(rows1) == set(rows4) and any(factor != "1" for _, factor, _ in rows1)
