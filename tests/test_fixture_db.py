@@ -1,13 +1,14 @@
 """A study stored by an earlier version still opens, lists and resumes.
 
-tests/fixtures/study-eeb668a.db was made by commit eeb668a (main before the race, fusion, curves and the Optuna
-shim): `python -m ilr_search run --space tests/fixtures/space-eeb668a.toml --budget 1.5x --study
-before-typed-records --storage sqlite:///study-eeb668a.db --n-trials 3` (the tiny test space of that commit)."""
+The study was made by commit eeb668a (main before the race, fusion, curves and the Optuna shim):
+`python -m ilr_search run --space tests/fixtures/space-eeb668a.toml --budget 1.5x --study before-typed-records
+--storage sqlite:///study-eeb668a.db --n-trials 3` (the tiny test space of that commit). It is kept as the
+database's SQL text (tests/fixtures/study-eeb668a.sql, Python's sqlite3 iterdump): each test
+rebuilds the database file from it, so no binary file is committed."""
 
 import json
 import shutil
-import subprocess
-import sys
+import sqlite3
 
 import pytest
 
@@ -19,7 +20,9 @@ STUDY = "before-typed-records"
 
 @pytest.fixture
 def old_study(tmp_path):
-    shutil.copy(FIXTURES / "study-eeb668a.db", tmp_path / "old.db")
+    with sqlite3.connect(tmp_path / "old.db") as conn:
+        conn.executescript((FIXTURES / "study-eeb668a.sql").read_text(encoding="utf-8"))
+    conn.close()
     shutil.copy(FIXTURES / "space-eeb668a.toml", tmp_path / "space.toml")
     return tmp_path, f"sqlite:///{tmp_path / 'old.db'}"
 
