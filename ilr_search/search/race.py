@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -37,6 +37,9 @@ from ..storage import AuditJob, AuditRow, Heartbeat, Store, grace_period, heartb
 
 from .plan import CONFIG_ATTR, StudyPlan, safe_name
 from .progress import RunReporter
+
+if TYPE_CHECKING:  # the trainer is loaded only to train: reading a race loads no torch
+    from ..train import TrainResult
 
 
 FINAL_STATES = ("complete", "failed")  # of an audit row; failed: the run diverged, it is not trained again
@@ -243,6 +246,11 @@ def train_run(store: Store, job: AuditJob, worker: str, reuse_map: list[int], mo
     except KeyboardInterrupt:
         store.audit_finish(job, worker, "interrupted", None, None, None, [], 0.0, "interrupted (Ctrl-C)")
         raise
+    finish_run(store, job, worker, result, checkpoint)
+
+
+def finish_run(store: Store, job: AuditJob, worker: str, result: TrainResult, checkpoint: Path) -> None:
+    """Store a trained run's result (complete, or failed where it diverged) and drop its checkpoint."""
     state = "complete" if result.status == "ok" else "failed"
     store.audit_finish(job, worker, state, finite_or_none(result.val_loss), finite_or_none(result.val_ppl),
                        finite_or_none(result.val_bpb), [(p.step, p.val_loss) for p in result.curve],
@@ -279,11 +287,7 @@ def train_runs_fused(store: Store, runs: Sequence[ClaimedRun], worker: str, data
             store.audit_finish(r.job, worker, "interrupted", None, None, None, [], 0.0, "interrupted (Ctrl-C)")
         raise
     for r, result in zip(runs, results):
-        state = "complete" if result.status == "ok" else "failed"
-        store.audit_finish(r.job, worker, state, finite_or_none(result.val_loss), finite_or_none(result.val_ppl),
-                           finite_or_none(result.val_bpb), [(p.step, p.val_loss) for p in result.curve],
-                           result.train_seconds, result.reason)
-        r.checkpoint.unlink(missing_ok=True)
+        finish_run(store, r.job, worker, result, r.checkpoint)
 
 
 def fusable(model: ModelConfig) -> bool:
