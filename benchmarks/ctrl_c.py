@@ -32,7 +32,7 @@ from ilr_search.storage import open_storage, open_store, parse_storage  # noqa: 
 
 ENTRY_POINTS = {
     "console_main (python -m ilr_search)": ["-m", "ilr_search"],
-    "main, then the interpreter's teardown": ["-c", "import sys; from ilr_search.cli import main; "
+    "main, then the interpreter's teardown": ["-c", "import sys; from ilr_search.cli.main import main; "
                                                     "sys.argv[0] = 'ilr-search'; main()"],
 }
 

@@ -14,8 +14,8 @@ import statistics
 from datetime import date
 from platform import node
 
-from ilr_search.bench import Table, replay_pruning
-from ilr_search.fidelity import rung_agreements
+from ilr_search.commands.bench import Table, replay_pruning
+from ilr_search.analysis.fidelity import rung_agreements
 from ilr_search.config import PrunerSettings
 from ilr_search.space import load_space
 

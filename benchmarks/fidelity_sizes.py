@@ -15,12 +15,12 @@ import time
 
 from scipy.stats import kendalltau, spearmanr
 
-from ilr_search.data import model_config
-from ilr_search.data import load_space_tokens
-from ilr_search.flops import flops_ratio
-from ilr_search.schedule import reuse_map_schedule
+from ilr_search.data.tokenizers import model_config
+from ilr_search.data.tokens import load_space_tokens
+from ilr_search.training.flops import flops_ratio
+from ilr_search.training.schedule import reuse_map_schedule
 from ilr_search.space import load_space
-from ilr_search.train import train_proxy
+from ilr_search.training.train import train_proxy
 
 MAPS_8 = ["1,1,1,1,1,1,1,1", "2,1,1,1,1,1,1,1", "4,2,1,1,1,1,1,1", "3,2,2,1,1,1,1,1", "2,2,2,2,1,1,1,1",
           "1,1,1,1,1,1,1,4", "1,1,1,1,1,1,2,2", "1,1,2,2,2,2,1,1"]

@@ -1,4 +1,4 @@
-"""Tokens/s of K proxies trained fused (ilr_search/fused.py) against the same K trained one after another with
+"""Tokens/s of K proxies trained fused (ilr_search/training/fused.py) against the same K trained one after another with
 train_proxy, in one run (issue 20).
 
     python benchmarks/fused.py                                   # default size and d_model 128, threads 1 and 2
@@ -31,11 +31,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ilr_search.config import DataConfig  # noqa: E402
-from ilr_search.data import load_tokens, model_config  # noqa: E402
-from ilr_search.fused import train_fused  # noqa: E402
-from ilr_search.schedule import reuse_map_schedule  # noqa: E402
+from ilr_search.data.tokens import load_tokens
+from ilr_search.data.tokenizers import model_config  # noqa: E402
+from ilr_search.training.fused import train_fused  # noqa: E402
+from ilr_search.training.schedule import reuse_map_schedule  # noqa: E402
 from ilr_search.space import load_space  # noqa: E402
-from ilr_search.train import train_proxy  # noqa: E402
+from ilr_search.training.train import train_proxy  # noqa: E402
 
 
 def random_maps(n: int, n_layers: int, max_reuse: int, seed: int) -> list[list[int]]:

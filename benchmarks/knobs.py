@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from ilr_search.knobs import KNOB_CHOICES, KNOBS, config_key  # noqa: E402
-from ilr_search.schedule import format_reuse_map, parse_reuse_map  # noqa: E402
+from ilr_search.training.schedule import format_reuse_map, parse_reuse_map  # noqa: E402
 from ilr_search.space import load_space  # noqa: E402
 
 OFF = {name: KNOB_CHOICES[name][0] for name in KNOBS}

@@ -15,13 +15,13 @@ import itertools
 import statistics
 import time
 
-from ilr_search.data import model_config
-from ilr_search.data import load_space_tokens
-from ilr_search.flops import flops_ratio, parse_budget
-from ilr_search.schedule import reuse_map_schedule
+from ilr_search.data.tokenizers import model_config
+from ilr_search.data.tokens import load_space_tokens
+from ilr_search.training.flops import flops_ratio, parse_budget
+from ilr_search.training.schedule import reuse_map_schedule
 from ilr_search.space import load_space
 from ilr_search.search.maps import repair_to_budget
-from ilr_search.train import resolve_device, resolve_dtype, train_proxy
+from ilr_search.training.train import resolve_device, resolve_dtype, train_proxy
 
 
 def main() -> None:

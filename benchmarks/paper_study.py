@@ -16,8 +16,8 @@ import json
 
 from ilr_search.space import load_space
 from ilr_search.search.studies import list_trials
-from ilr_search.ui import RichReporter, WorkersReporter
-from ilr_search.workers import RunArgs, run_workers
+from ilr_search.cli.ui import RichReporter, WorkersReporter
+from ilr_search.commands.workers import RunArgs, run_workers
 
 PAPER_MAPS = ((1, 1, 1, 1), (2, 1, 1, 1), (1, 2, 1, 1), (1, 1, 2, 1), (1, 1, 1, 2), (1, 1, 2, 4), (1, 2, 2, 3),
               (2, 2, 2, 2), (3, 2, 2, 1), (4, 2, 1, 1))

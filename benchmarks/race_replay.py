@@ -4,7 +4,7 @@ replayed in 10 orders, and write the figures as JSON.
     python benchmarks/race_replay.py [--table benchmarks/data/truth-truth-small.parquet] [--orders 10]
         [--race-seeds N] [--confidence 0.9] [--out benchmarks/data/race-replay-truth-small.json]
 
-Per policy (ilr_search.bench.replay_policy): mean compute in training steps, maps claimed to beat the baseline at
+Per policy (ilr_search.commands.bench.replay_policy): mean compute in training steps, maps claimed to beat the baseline at
 the target and how many of them do not in the table's seed mean (the goal: at most 10%), the regret of the
 reported best in the table's pooled seed sd at the target (the goal: within one sd), and for the race the share
 of its front intervals (nominal `confidence`) that hold the table's seed mean (the goal: at least 80%). With
@@ -18,7 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ilr_search.bench import POLICIES, replay_policy
+from ilr_search.commands.bench import POLICIES, replay_policy
 
 SUMMARY_KEYS = ("mean_compute_steps", "exhaustive_steps", "maps_claimed", "false_claims", "false_claim_share",
                 "decided_claimed_share",

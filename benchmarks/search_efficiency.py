@@ -19,7 +19,7 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
-from ilr_search.bench import Table, replay, summarize_replays
+from ilr_search.commands.bench import Table, replay, summarize_replays
 from ilr_search.config import PrunerSettings
 from ilr_search.search.samplers import sampler_settings
 

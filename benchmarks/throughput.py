@@ -9,7 +9,7 @@ another schedule should compile nothing new: its first-step overhead is printed.
 
 Two training steps are compared in one run (--heads-impl):
   plain  the trainer before issue 12: logits materialised, F.cross_entropy on an fp32 copy, loss.item() per step;
-  fused  the trainer now: the chunked, fused head and loss of ilr_search/loss.py (compiled with the layers),
+  fused  the trainer now: the chunked, fused head and loss of ilr_search/training/loss.py (compiled with the layers),
          the loss kept on the device (one host read per timing window here, every 16 steps in the trainer).
 Tokens/s is the median over --repeats windows of --steps steps, each window timed with one sync at its end.
 """
@@ -26,10 +26,10 @@ import time
 import torch
 import torch.nn.functional as F
 
-from ilr_search.flops import forward_flops_per_token
-from ilr_search.model import ILRTransformer
+from ilr_search.training.flops import forward_flops_per_token
+from ilr_search.training.model import ILRTransformer
 from ilr_search.config import ModelConfig
-from ilr_search.schedule import reuse_map_schedule
+from ilr_search.training.schedule import reuse_map_schedule
 
 
 def sync(device: torch.device) -> None:

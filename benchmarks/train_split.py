@@ -11,11 +11,11 @@ from __future__ import annotations
 import argparse
 import time
 
-from ilr_search.data import model_config
-from ilr_search.data import load_space_tokens
-from ilr_search.schedule import resolve_schedule
+from ilr_search.data.tokenizers import model_config
+from ilr_search.data.tokens import load_space_tokens
+from ilr_search.training.schedule import resolve_schedule
 from ilr_search.space import load_space
-from ilr_search.train import train_proxy
+from ilr_search.training.train import train_proxy
 
 
 def main() -> None:

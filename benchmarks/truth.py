@@ -44,10 +44,10 @@ from typing import Any
 
 import torch
 
-from ilr_search.api import train_report
-from ilr_search.bench import feasible_maps
-from ilr_search.data import model_config
-from ilr_search.flops import parse_budget
+from ilr_search.commands.api import train_report
+from ilr_search.commands.bench import feasible_maps
+from ilr_search.data.tokenizers import model_config
+from ilr_search.training.flops import parse_budget
 from ilr_search.space import load_space
 
 

@@ -26,13 +26,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ilr_search.audit import stored_space  # noqa: E402
-from ilr_search.data import load_space_tokens, model_config  # noqa: E402
-from ilr_search.fused import train_fused  # noqa: E402
-from ilr_search.report import pareto_report  # noqa: E402
-from ilr_search.schedule import reuse_map_schedule  # noqa: E402
+from ilr_search.commands.audit import stored_space  # noqa: E402
+from ilr_search.data.tokens import load_space_tokens
+from ilr_search.data.tokenizers import model_config  # noqa: E402
+from ilr_search.training.fused import train_fused  # noqa: E402
+from ilr_search.commands.report import pareto_report  # noqa: E402
+from ilr_search.training.schedule import reuse_map_schedule  # noqa: E402
 from ilr_search.search.studies import default_study, open_study  # noqa: E402
-from ilr_search.stats import paired_comparison  # noqa: E402
+from ilr_search.analysis.stats import paired_comparison  # noqa: E402
 from ilr_search.storage import parse_storage  # noqa: E402
 
 

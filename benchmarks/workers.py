@@ -24,7 +24,7 @@ import optuna
 
 from ilr_search.space import load_space
 from ilr_search.search.progress import RunReporter
-from ilr_search.workers import RunArgs, run_workers
+from ilr_search.commands.workers import RunArgs, run_workers
 
 
 class Silent(RunReporter):

@@ -1,3 +1,3 @@
-from .cli import console_main
+from ilr_search.cli.main import console_main
 
 console_main()

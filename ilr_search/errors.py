@@ -7,3 +7,7 @@ class UserInputError(ValueError):
 
 class StorageFullError(UserInputError):
     """The disk holding the storage (or a checkpoint) is full; finished trials are kept."""
+
+
+class DataError(UserInputError):
+    """A corpus or tokenizer that cannot be used."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from .config import INJECTIONS, ModelConfig
+from ilr_search.config import INJECTIONS, ModelConfig
 
 
 KnobValue = str | bool

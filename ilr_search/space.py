@@ -16,10 +16,10 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from .config import DEVICES, DTYPES, FAMILIES, OBJECTIVES, PRUNERS, SAMPLERS, DataConfig, SearchConfig, SpaceConfig, \
+from ilr_search.config import DEVICES, DTYPES, FAMILIES, OBJECTIVES, PRUNERS, SAMPLERS, DataConfig, SearchConfig, SpaceConfig, \
     TrainConfig
-from .errors import UserInputError
-from .knobs import check_knobs
+from ilr_search.errors import UserInputError
+from ilr_search.knobs import check_knobs
 
 PRESETS = Path(__file__).resolve().parent / "search_spaces"  # shipped in the package (search_spaces/ links here)
 DEFAULT_SPACE = PRESETS / "default.toml"

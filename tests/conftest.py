@@ -60,14 +60,14 @@ class Finished:
 
 @pytest.fixture
 def cli(token_cache, tmp_path, monkeypatch, capsys):
-    """Run the `ilr-search` entry point (ilr_search.cli:main, what the console script calls) in this process,
+    """Run the `ilr-search` entry point (ilr_search.cli.main:main, what the console script calls) in this process,
     as the console would: its argv, working folder and environment set, stdout and stderr captured, the exit
     code taken from its SystemExit. An exception that escapes main() (a traceback in a console) fails the test.
     Tests that need a separate process (signals, kills, concurrency, the console script itself) use `console`."""
 
     def run(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float | None = None,
             check: bool = False) -> Finished:
-        from ilr_search.cli import main
+        from ilr_search.cli.main import main
 
         with monkeypatch.context() as m:
             m.setattr(sys, "argv", ["ilr-search", *args])

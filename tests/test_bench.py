@@ -1,6 +1,6 @@
 import pytest
 
-from ilr_search.bench import Table, build_table, feasible_maps, hypervolume_2d, replay
+from ilr_search.commands.bench import Table, build_table, feasible_maps, hypervolume_2d, replay
 from ilr_search.config import PrunerSettings
 
 

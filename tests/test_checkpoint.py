@@ -3,11 +3,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from ilr_search.data import load_tokens
+from ilr_search.data.tokens import load_tokens
 from ilr_search.config import ModelConfig
-from ilr_search.schedule import reuse_map_schedule
+from ilr_search.training.schedule import reuse_map_schedule
 from ilr_search.config import DataConfig, TrainConfig
-from ilr_search.train import train_proxy
+from ilr_search.training.train import train_proxy
 
 
 class Crash(Exception):

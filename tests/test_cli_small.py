@@ -16,7 +16,7 @@ def test_flags_show_no_bool_metavar(cli, command):
 
 
 def test_tables_at_80_columns_keep_maps_and_study_names_whole(monkeypatch):
-    from ilr_search import ui
+    from ilr_search.cli import ui
 
     console = Console(width=80, file=io.StringIO(), record=True)
     monkeypatch.setattr(ui, "out", console)

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from conftest import assert_one_line_error
-from ilr_search.data import load_tokens
+from ilr_search.data.tokens import load_tokens
 from ilr_search.config import ModelConfig
-from ilr_search.schedule import reuse_map_schedule
+from ilr_search.training.schedule import reuse_map_schedule
 from ilr_search.config import DataConfig, TrainConfig
-from ilr_search.train import train_proxy
+from ilr_search.training.train import train_proxy
 
 TINY = ["--layers", "2", "--d-model", "32", "--heads", "2", "--seq-len", "64", "--batch-size", "8", "--dtype", "fp32"]
 TRAIN_KEYS = {"reuse_map", "params", "flops_ratio", "steps", "tokens", "val_loss", "val_ppl", "val_bpb",

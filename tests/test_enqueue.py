@@ -8,7 +8,7 @@ import optuna
 import pandas as pd
 import pytest
 
-from conftest import NO_REFERENCES, TINY_SPACE, assert_one_line_error, write_space
+from conftest import NO_REFERENCES, assert_one_line_error, write_space
 from ilr_search.search.maps import parse_enqueued, repair_to_budget
 from ilr_search.search.samplers import BudgetRepairSampler
 

@@ -11,12 +11,12 @@ import pandas as pd
 import pytest
 
 from conftest import ROOT
-from ilr_search.audit import check_settings, run_audit
+from ilr_search.commands.audit import check_settings, run_audit
 from ilr_search.config import AuditSettings
-from ilr_search.bench import Table, TableRow, replay_pruning
+from ilr_search.commands.bench import Table, TableRow, replay_pruning
 from ilr_search.errors import UserInputError
-from ilr_search.fidelity import audit_report, rung_agreements
-from ilr_search.results import study_front
+from ilr_search.analysis.fidelity import audit_report, rung_agreements
+from ilr_search.analysis.results import study_front
 from ilr_search.search.pruners import calibrate_rung, pareto_verdict, verdict_at_rung
 from ilr_search.config import PrunerSettings
 from ilr_search.space import load_space
@@ -268,7 +268,7 @@ def test_audit_report_precision_recall_and_pruned_maps(small_study):
 
 def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
     """The real console entry point, in-process."""
-    from ilr_search.cli import main
+    from ilr_search.cli.main import main
 
     monkeypatch.setattr("sys.argv", ["ilr-search", *args])
     with pytest.raises(SystemExit) as exit_info:

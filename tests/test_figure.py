@@ -2,7 +2,7 @@
 to the complete trials, points at one FLOP ratio spread with hover for the map, labels that do not overlap, and
 a width that follows the page."""
 
-from ilr_search.plots import label_positions, pareto_figure
+from ilr_search.analysis.plots import label_positions, pareto_figure
 
 
 def _row(trial, state, reuse_map, ratio, ppl, pruned_at=None):

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from ilr_search.config import DataConfig, ModelConfig, TrainConfig
-from ilr_search.data import load_tokens
-from ilr_search.fused import FusedGroup, FusionUnsupported, Member, load_member, train_fused
-from ilr_search.schedule import block_schedule, reuse_map_schedule
-from ilr_search.train import TrainResult, build_model, build_optimizer, train_proxy
+from ilr_search.data.tokens import load_tokens
+from ilr_search.training.fused import FusedGroup, FusionUnsupported, Member, load_member, train_fused
+from ilr_search.training.schedule import block_schedule, reuse_map_schedule
+from ilr_search.training.train import TrainResult, build_model, build_optimizer, train_proxy
 
 TOLERANCE = 1e-4
 

@@ -6,11 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ilr_search.flops import count_flops, forward_flops_per_token
+from ilr_search.training.flops import count_flops, forward_flops_per_token
 from ilr_search.knobs import format_knobs, knobs_of, with_knobs
-from ilr_search.model import ILRTransformer, param_count, repeat_indices
+from ilr_search.training.model import ILRTransformer, param_count, repeat_indices
 from ilr_search.config import ModelConfig
-from ilr_search.schedule import block_schedule, reuse_map_schedule
+from ilr_search.training.schedule import block_schedule, reuse_map_schedule
 
 ENCODINGS = ["nope", "rope", "learned", "alibi"]
 KNOB_CONFIGS = {
@@ -47,10 +47,10 @@ def reference_logits(model: ILRTransformer, idx: torch.Tensor, schedule: list[in
         e = e + model.pos_embed.weight[:T]
     rope, alibi = None, None
     if cfg.pe == "rope":
-        from ilr_search.model import rope_tables
+        from ilr_search.training.model import rope_tables
         rope = rope_tables(T, cfg.head_dim, cfg.rope_base, idx.device)
     if cfg.pe == "alibi":
-        from ilr_search.model import alibi_bias
+        from ilr_search.training.model import alibi_bias
         alibi = alibi_bias(cfg.n_heads, T, idx.device)
     x = e
     runs: dict[int, int] = {}

@@ -7,7 +7,7 @@ from collections import Counter
 import optuna
 
 from conftest import ROOT, assert_one_line_error
-from ilr_search.audit import run_audit
+from ilr_search.commands.audit import run_audit
 from ilr_search.config import AuditSettings
 
 SPACE = ["--space", str(ROOT / "tests" / "spaces" / "cli.toml"), "--layers", "3", "--d-model", "16", "--heads", "2",

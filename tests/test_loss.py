@@ -5,14 +5,14 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ilr_search import loss as loss_module
-from ilr_search.data import load_tokens
-from ilr_search.loss import linear_cross_entropy
-from ilr_search.model import ILRTransformer
+from ilr_search.training import loss as loss_module
+from ilr_search.data.tokens import load_tokens
+from ilr_search.training.loss import linear_cross_entropy
+from ilr_search.training.model import ILRTransformer
 from ilr_search.config import ModelConfig
-from ilr_search.schedule import reuse_map_schedule
+from ilr_search.training.schedule import reuse_map_schedule
 from ilr_search.config import DataConfig, TrainConfig
-from ilr_search.train import SYNC_EVERY, train_proxy
+from ilr_search.training.train import SYNC_EVERY, train_proxy
 
 
 def _reference(h, w, y, dtype, reduction):

@@ -3,10 +3,10 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from conftest import assert_one_line_error
-from ilr_search.flops import BudgetError, count_flops, flops_ratio, forward_flops_per_token, parse_budget
-from ilr_search.model import ILRTransformer, param_count
+from ilr_search.training.flops import BudgetError, count_flops, flops_ratio, forward_flops_per_token, parse_budget
+from ilr_search.training.model import ILRTransformer, param_count
 from ilr_search.config import ModelConfig
-from ilr_search.schedule import ScheduleError, block_schedule, parse_reuse_map, reuse_map_schedule
+from ilr_search.training.schedule import ScheduleError, block_schedule, parse_reuse_map, reuse_map_schedule
 
 ENCODINGS = ["nope", "rope", "learned", "alibi"]
 SCHEDULES = {
@@ -55,7 +55,7 @@ def test_reuse_map_equals_running_the_layer_by_hand(pe):
         h = model.embed(x)
         if model.pos_embed is not None:
             h = h + model.pos_embed(torch.arange(cfg.seq_len))
-        from ilr_search.model import alibi_bias, rope_tables
+        from ilr_search.training.model import alibi_bias, rope_tables
         rope = rope_tables(cfg.seq_len, cfg.head_dim, cfg.rope_base, x.device) if pe == "rope" else None
         alibi = alibi_bias(cfg.n_heads, cfg.seq_len, x.device) if pe == "alibi" else None
         plain = h
@@ -83,7 +83,7 @@ def test_gradients_reach_every_parameter(pe):
 
 
 def test_alibi_bias_is_causal():
-    from ilr_search.model import alibi_bias
+    from ilr_search.training.model import alibi_bias
     bias = alibi_bias(4, 5, torch.device("cpu"))
     assert torch.isinf(bias[:, 0, 1:]).all() and torch.isfinite(bias[:, 4]).all()
     assert (bias[:, 3, 3] == 0).all() and (bias[:, 3, 0] < bias[:, 3, 2]).all()

@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from ilr_search.pareto import non_dominated, pareto_front
+from ilr_search.analysis.pareto import non_dominated, pareto_front
 from ilr_search.search.pruners import pareto_verdict
 from ilr_search.storage import CurvePoint, JournalStore, SQLStore
 

@@ -11,9 +11,9 @@ import pytest
 from conftest import ROOT, assert_one_line_error
 from scipy import stats as sps
 
-from ilr_search.bench import TruthTable, replay_policy, replay_race
-from ilr_search.racing import Evaluation, RaceJob, RaceSettings, race_lengths, race_state
-from ilr_search.stats import paired_comparison, seed_interval
+from ilr_search.commands.bench import TruthTable, replay_policy, replay_race
+from ilr_search.analysis.racing import Evaluation, RaceJob, RaceSettings, race_lengths, race_state
+from ilr_search.analysis.stats import paired_comparison, seed_interval
 
 BASE = "1,1,1,1"
 

@@ -71,11 +71,11 @@ def test_a_map_the_study_did_not_train_has_no_recipe(small_study, cli):
 
 
 def test_train_from_study_saves_a_model_that_loads_back_to_the_same_loss(small_study, cli, tmp_path):
-    from ilr_search.api import load_trained
-    from ilr_search.data import load_space_tokens
-    from ilr_search.recipe import read_trained_config
+    from ilr_search.commands.api import load_trained
+    from ilr_search.data.tokens import load_space_tokens
+    from ilr_search.commands.recipe import read_trained_config
     from ilr_search.config import SpaceConfig
-    from ilr_search.train import evaluate
+    from ilr_search.training.train import evaluate
 
     _, url, _ = small_study
     recipe = json.loads(cli("recipe", "--study", "rec", "--storage", url, "--json", check=True).stdout)
@@ -104,7 +104,7 @@ def test_train_from_study_refuses_other_settings_before_training(small_study, cl
 
 
 def test_a_map_with_knobs_trains_saves_and_loads_with_its_knob_parameters(small_study, cli, tmp_path):
-    from ilr_search.api import load_trained
+    from ilr_search.commands.api import load_trained
 
     _, url, _ = small_study
     report = json.loads(cli("train", "--from-study", "rec", "--storage", url, "--map", "2,1,1,1|injection=gated",

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from conftest import NO_REFERENCES, ROOT, assert_one_line_error, write_space
-from ilr_search.results import study_front
+from ilr_search.analysis.results import study_front
 
 SPACE = str(ROOT / "tests" / "spaces" / "tiny.toml")
 
@@ -184,7 +184,7 @@ def test_report_errors(pruned_study, cli, case):
 
 READS_WITHOUT_TORCH = """
 import sys
-from ilr_search.cli import main
+from ilr_search.cli.main import main
 sys.argv = ["ilr-search", *sys.argv[1:]]
 try:
     main()

@@ -5,8 +5,8 @@ import optuna
 import pytest
 
 from conftest import write_space
-from ilr_search.results import has_result, study_front
-from ilr_search.ui import StudyEta
+from ilr_search.analysis.results import has_result, study_front
+from ilr_search.cli.ui import StudyEta
 
 
 def test_the_front_is_printed_only_when_it_changed_and_references_have_their_own_label(tmp_path, cli):

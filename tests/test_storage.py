@@ -5,8 +5,8 @@ import pytest
 import sqlalchemy as sa
 
 from conftest import NO_REFERENCES, TINY_SPACE
-from ilr_search.audit import AuditSettings, run_audit
-from ilr_search.report import export_trials, pareto_report
+from ilr_search.commands.audit import AuditSettings, run_audit
+from ilr_search.commands.report import export_trials, pareto_report
 from ilr_search.space import load_space
 from ilr_search.storage import JournalStore, SQLStore, open_storage, open_store, parse_storage
 from ilr_search.storage.optuna_storage import rdb_engine

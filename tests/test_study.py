@@ -13,7 +13,7 @@ import optuna
 import pytest
 
 from conftest import ROOT, assert_one_line_error
-from ilr_search.flops import parse_budget
+from ilr_search.training.flops import parse_budget
 from ilr_search.config import ModelConfig
 from ilr_search.search.maps import repair_to_budget, seed_maps
 
@@ -78,7 +78,7 @@ def test_each_fact_is_stored_once_and_a_trial_commits_in_few_transactions(tiny_s
     """Curves live in the store only (not in the trials' attributes), every trained trial has its whole curve
     there, and a trial's result attributes are one transaction, not one per attribute."""
     _, db, _ = tiny_study
-    from ilr_search.results import curves_by_trial
+    from ilr_search.analysis.results import curves_by_trial
     from ilr_search.storage import open_store, parse_storage
     trials = load(db, "tiny").trials
     curves = curves_by_trial(open_store(parse_storage(f"sqlite:///{db}"), "tiny", read_only=True).curve_points())
@@ -133,8 +133,8 @@ def test_no_completed_trial_is_over_budget(tiny_study):
             "SELECT t.number, a.value_json FROM trials t JOIN trial_user_attributes a ON a.trial_id = t.trial_id "
             "WHERE a.key = 'reuse_map' AND t.state = 'COMPLETE'").fetchall()
     assert len(rows) >= 6
-    from ilr_search.flops import flops_ratio
-    from ilr_search.schedule import reuse_map_schedule
+    from ilr_search.training.flops import flops_ratio
+    from ilr_search.training.schedule import reuse_map_schedule
     for number, value in rows:
         assert budget.allows(flops_ratio(cfg, reuse_map_schedule(json.loads(value)))), (number, value)
 

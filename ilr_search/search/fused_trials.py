@@ -18,12 +18,12 @@ from dataclasses import dataclass
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from ..config import ModelConfig
-from ..fused import FusionUnsupported, check_fusable, train_fused
-from ..storage import heartbeat_thread, study_storage, trial_id
-from ..train import TrainResult, train_proxy
+from ilr_search.config import ModelConfig
+from ilr_search.training.fused import FusionUnsupported, check_fusable, train_fused
+from ilr_search.storage import heartbeat_thread, study_storage, trial_id
+from ilr_search.training.train import TrainResult, train_proxy
 
-from .objective import (Proposal, SearchRun, Training, TrialDiverged, TrialTakenOver, journal_heartbeat,
+from ilr_search.search.objective import (Proposal, SearchRun, Training, TrialDiverged, TrialTakenOver, journal_heartbeat,
                         sweep_stale_journal_trials)
 
 TrialReport = Callable[[optuna.Study, FrozenTrial], object]  # called with each trial once it is told

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 
 import optuna
 
-from ..errors import UserInputError
-from ..knobs import KNOB_CHOICES, KnobValue, parse_knob_settings
-from ..schedule import parse_reuse_map
+from ilr_search.errors import UserInputError
+from ilr_search.knobs import KNOB_CHOICES, KnobValue, parse_knob_settings
+from ilr_search.training.schedule import parse_reuse_map
 
 
 def repair_to_budget(reuse_map: list[int], max_layer_runs: int) -> list[int]:

@@ -13,22 +13,22 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from ..config import ModelConfig, TrainConfig
-from ..data import TokenData
-from ..flops import flops_ratio
-from ..knobs import KnobValue, config_key, format_knobs
-from ..model import param_count
-from ..results import finite_or_none, has_result
-from ..schedule import format_reuse_map, reuse_map_schedule
-from ..storage import study_storage, trial_id
-from ..storage import (CurvePoint, Heartbeat, StorageSpec, Store, TrainCurvePoint, grace_period, heartbeat_interval,
+from ilr_search.config import ModelConfig, TrainConfig
+from ilr_search.data.tokens import TokenData
+from ilr_search.training.flops import flops_ratio
+from ilr_search.knobs import KnobValue, config_key, format_knobs
+from ilr_search.training.model import param_count
+from ilr_search.analysis.results import finite_or_none, has_result
+from ilr_search.training.schedule import format_reuse_map, reuse_map_schedule
+from ilr_search.storage import study_storage, trial_id
+from ilr_search.storage import (CurvePoint, Heartbeat, StorageSpec, Store, TrainCurvePoint, grace_period, heartbeat_interval,
                        set_trial_user_attrs)
-from ..train import EvalPoint, TrainResult, train_proxy
+from ilr_search.training.train import EvalPoint, TrainResult, train_proxy
 
-from .maps import propose_knobs, propose_map
-from .plan import StudyPlan, safe_name
-from .progress import RunReporter
-from .pruners import Pruner, PruningDecision
+from ilr_search.search.maps import propose_knobs, propose_map
+from ilr_search.search.plan import StudyPlan, safe_name
+from ilr_search.search.progress import RunReporter
+from ilr_search.search.pruners import Pruner, PruningDecision
 
 
 HEARTBEAT_ATTR = "ilr:heartbeat"

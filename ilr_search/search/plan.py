@@ -13,15 +13,15 @@ from typing import Any
 
 import optuna
 
-from ..config import KNOB_FIELD_DEFAULTS, ModelConfig, SearchConfig, SpaceConfig, StudySettings
-from ..data import model_config
-from ..errors import UserInputError
-from ..flops import Budget, parse_budget
-from ..knobs import KnobValue, with_knobs
-from ..storage import StorageSpec
-from ..device import resolve_device, resolve_dtype
+from ilr_search.config import KNOB_FIELD_DEFAULTS, ModelConfig, SearchConfig, SpaceConfig, StudySettings
+from ilr_search.data.tokenizers import model_config
+from ilr_search.errors import UserInputError
+from ilr_search.training.flops import Budget, parse_budget
+from ilr_search.knobs import KnobValue, with_knobs
+from ilr_search.storage import StorageSpec
+from ilr_search.training.device import resolve_device, resolve_dtype
 
-from .pruners import pruner_settings
+from ilr_search.search.pruners import pruner_settings
 
 
 CONFIG_ATTR = "ilr:config"

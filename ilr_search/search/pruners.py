@@ -32,10 +32,10 @@ from typing import Any, Protocol
 
 import optuna
 
-from ..config import PrunerSettings, SpaceConfig
-from ..pareto import dominates, non_dominated_ranks
-from ..stats import rank_agreement
-from ..storage import CurvePoint, Store
+from ilr_search.config import PrunerSettings, SpaceConfig
+from ilr_search.analysis.pareto import dominates, non_dominated_ranks
+from ilr_search.analysis.stats import rank_agreement
+from ilr_search.storage import CurvePoint, Store
 
 
 @dataclass(frozen=True)

@@ -26,20 +26,20 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from ..config import ModelConfig, SearchConfig, TrainConfig
-from ..data import TokenData
-from ..flops import flops_ratio
-from ..knobs import KnobValue, config_key, format_knobs
-from ..racing import Evaluation, FrontPoint, RaceJob, RaceSettings, RaceState, race_state
-from ..results import REFERENCE_PREFIX, finite_or_none, is_baseline_key, key_reuse_map, study_front, trained_trials
-from ..schedule import format_reuse_map, reuse_map_schedule
-from ..storage import AuditJob, AuditRow, Heartbeat, Store, grace_period, heartbeat_interval
+from ilr_search.config import ModelConfig, SearchConfig, TrainConfig
+from ilr_search.data.tokens import TokenData
+from ilr_search.training.flops import flops_ratio
+from ilr_search.knobs import KnobValue, config_key, format_knobs
+from ilr_search.analysis.racing import Evaluation, FrontPoint, RaceJob, RaceSettings, RaceState, race_state
+from ilr_search.analysis.results import REFERENCE_PREFIX, finite_or_none, is_baseline_key, key_reuse_map, study_front, trained_trials
+from ilr_search.training.schedule import format_reuse_map, reuse_map_schedule
+from ilr_search.storage import AuditJob, AuditRow, Heartbeat, Store, grace_period, heartbeat_interval
 
-from .plan import CONFIG_ATTR, StudyPlan, safe_name
-from .progress import RunReporter
+from ilr_search.search.plan import CONFIG_ATTR, StudyPlan, safe_name
+from ilr_search.search.progress import RunReporter
 
 if TYPE_CHECKING:  # the trainer is loaded only to train: reading a race loads no torch
-    from ..train import TrainResult
+    from ilr_search.training.train import TrainResult
 
 
 FINAL_STATES = ("complete", "failed")  # of an audit row; failed: the run diverged, it is not trained again
@@ -236,7 +236,7 @@ def train_run(store: Store, job: AuditJob, worker: str, reuse_map: list[int], mo
               train_cfg: TrainConfig, data: TokenData, reporter: RunReporter, checkpoint: Path, number: int) -> None:
     """Train one claimed run under its heartbeat and store its result (complete, or failed where it diverged);
     Ctrl-C frees the run at once for the next attempt (its checkpoint stays). `number`: the map's trial."""
-    from ..train import train_proxy  # here, not at the top: reading a race's results loads no torch
+    from ilr_search.training.train import train_proxy  # here, not at the top: reading a race's results loads no torch
 
     reporter.trial_started(number, reuse_map, train_cfg.steps)
     try:
@@ -273,7 +273,7 @@ def train_runs_fused(store: Store, runs: Sequence[ClaimedRun], worker: str, data
                      reporter: RunReporter) -> None:
     """Train claimed runs of one model and one length in lockstep (fused.py), each at its own seed, under one
     heartbeat for all of them, and store each result as train_run does."""
-    from ..fused import train_fused
+    from ilr_search.training.fused import train_fused
 
     first = runs[0]
     reporter.trial_started(first.number, first.reuse_map, first.train_cfg.steps)
@@ -291,7 +291,7 @@ def train_runs_fused(store: Store, runs: Sequence[ClaimedRun], worker: str, data
 
 
 def fusable(model: ModelConfig) -> bool:
-    from ..fused import FusionUnsupported, check_fusable
+    from ilr_search.training.fused import FusionUnsupported, check_fusable
 
     try:
         check_fusable(model)

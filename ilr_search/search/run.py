@@ -16,28 +16,28 @@ import optuna
 import sqlalchemy as sa
 from optuna.trial import FrozenTrial, TrialState
 
-from ..config import SpaceConfig, StudySettings
-from ..data import TokenData, load_space_tokens
-from ..errors import StorageFullError, UserInputError
-from ..fidelity import best_recurrent
-from ..flops import flops_ratio
-from ..knobs import KnobValue, config_key
-from ..results import REFERENCE_PREFIX, finite_or_none, has_result, study_front, trial_row
-from ..schedule import block_schedule, format_reuse_map, reuse_map_schedule
-from ..space import validate_space
-from ..storage import study_storage, StorageSpec, Store, heartbeat_interval, open_storage, open_store, parse_storage
-from ..train import train_proxy
+from ilr_search.config import SpaceConfig, StudySettings
+from ilr_search.data.tokens import TokenData, load_space_tokens
+from ilr_search.errors import StorageFullError, UserInputError
+from ilr_search.analysis.fidelity import best_recurrent
+from ilr_search.training.flops import flops_ratio
+from ilr_search.knobs import KnobValue, config_key
+from ilr_search.analysis.results import REFERENCE_PREFIX, finite_or_none, has_result, study_front, trial_row
+from ilr_search.training.schedule import block_schedule, format_reuse_map, reuse_map_schedule
+from ilr_search.space import validate_space
+from ilr_search.storage import study_storage, StorageSpec, Store, heartbeat_interval, open_storage, open_store, parse_storage
+from ilr_search.training.train import train_proxy
 
-from .maps import knobs_off, map_params, parse_enqueued, seed_maps
-from .fused_trials import FusedSearchRun
-from .objective import SearchRun, TrialDiverged, TrialTakenOver, sweep_stale_journal_trials
-from .plan import (CONFIG_ATTR, ENQUEUED_BLOCKS_ATTR, FIDELITY_ATTR, SAMPLER_ATTR, StudyPlan, adopt_stored_dtype, canonical_config,
+from ilr_search.search.maps import knobs_off, map_params, parse_enqueued, seed_maps
+from ilr_search.search.fused_trials import FusedSearchRun
+from ilr_search.search.objective import SearchRun, TrialDiverged, TrialTakenOver, sweep_stale_journal_trials
+from ilr_search.search.plan import (CONFIG_ATTR, ENQUEUED_BLOCKS_ATTR, FIDELITY_ATTR, SAMPLER_ATTR, StudyPlan, adopt_stored_dtype, canonical_config,
     check_resume, plan_study, safe_name, stored_study)
-from .progress import RunReporter
-from .race import run_race
-from .pruners import build_pruner, pruner_settings
-from .samplers import build_sampler, sampler_settings
-from .studies import summarize
+from ilr_search.search.progress import RunReporter
+from ilr_search.search.race import run_race
+from ilr_search.search.pruners import build_pruner, pruner_settings
+from ilr_search.search.samplers import build_sampler, sampler_settings
+from ilr_search.search.studies import summarize
 
 
 def run_study(space: SpaceConfig, budget: str, study_name: str | None = None, storage: str | None = None,

@@ -9,12 +9,12 @@ import optuna
 from optuna.distributions import BaseDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from ..config import SamplerOption, SamplerSettings
-from ..errors import UserInputError
-from ..knobs import KNOB_CHOICES
+from ilr_search.config import SamplerOption, SamplerSettings
+from ilr_search.errors import UserInputError
+from ilr_search.knobs import KNOB_CHOICES
 
-from .maps import map_params, repair_to_budget
-from ..storage import trial_id
+from ilr_search.search.maps import map_params, repair_to_budget
+from ilr_search.storage import trial_id
 
 
 def sampler_settings(name: str, seed: int, n_layers: int, max_reuse: int) -> SamplerSettings:

@@ -7,14 +7,14 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from ..config import StudySettings
-from ..errors import UserInputError
-from ..fidelity import audit_reports, study_fidelity
-from ..results import FINISHED, curves_by_trial, curves_of_trials, listed_trials, reference_rows, references, study_front, trial_row
-from ..storage import study_id, study_storage, StorageSpec, Store, open_storage, open_store, parse_storage
+from ilr_search.config import StudySettings
+from ilr_search.errors import UserInputError
+from ilr_search.analysis.fidelity import audit_reports, study_fidelity
+from ilr_search.analysis.results import FINISHED, curves_by_trial, curves_of_trials, listed_trials, reference_rows, references, study_front, trial_row
+from ilr_search.storage import study_id, study_storage, StorageSpec, Store, open_storage, open_store, parse_storage
 
-from .plan import CONFIG_ATTR, SAMPLER_ATTR
-from .race import RACE_POINT_FIELDS, race_summary
+from ilr_search.search.plan import CONFIG_ATTR, SAMPLER_ATTR
+from ilr_search.search.race import RACE_POINT_FIELDS, race_summary
 
 FRONT_FIELDS = ("trial", "reuse_map", "flops_ratio", "val_ppl", "val_bpb")  # of a front point in `run --json`
 

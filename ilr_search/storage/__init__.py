@@ -10,14 +10,14 @@
 - opening: the Store of a spec, on the engine of the Optuna storage open there: open_store.
 """
 
-from .heartbeat import Heartbeat, grace_period, heartbeat_interval
-from .journal_store import JournalStore
-from .opening import open_store
-from .optuna_compat import heartbeat_thread, study_id, study_storage, trial_id
-from .optuna_storage import open_storage, set_trial_user_attrs
-from .sql_store import SQLStore
-from .store import AuditJob, AuditRow, CurvePoint, Store, TrainCurvePoint
-from .urls import StorageSpec, parse_storage
+from ilr_search.storage.heartbeat import Heartbeat, grace_period, heartbeat_interval
+from ilr_search.storage.journal_store import JournalStore
+from ilr_search.storage.opening import open_store
+from ilr_search.storage.optuna_compat import heartbeat_thread, study_id, study_storage, trial_id
+from ilr_search.storage.optuna_storage import open_storage, set_trial_user_attrs
+from ilr_search.storage.sql_store import SQLStore
+from ilr_search.storage.store import AuditJob, AuditRow, CurvePoint, Store, TrainCurvePoint
+from ilr_search.storage.urls import StorageSpec, parse_storage
 
 __all__ = ["AuditJob", "AuditRow", "CurvePoint", "Heartbeat", "JournalStore", "SQLStore", "StorageSpec", "Store",
            "grace_period", "heartbeat_interval", "open_storage", "open_store", "parse_storage",

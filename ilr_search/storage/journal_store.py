@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .store import AuditJob, AuditRow, CurvePoint, Store, TrainCurvePoint
+from ilr_search.storage.store import AuditJob, AuditRow, CurvePoint, Store, TrainCurvePoint
 
 
 class JournalStore(Store):

@@ -6,11 +6,11 @@ from __future__ import annotations
 import optuna
 import sqlalchemy as sa
 
-from .journal_store import JournalStore
-from .optuna_storage import engine_kwargs, rdb_engine
-from .sql_store import SQLStore
-from .store import Store
-from .urls import StorageSpec
+from ilr_search.storage.journal_store import JournalStore
+from ilr_search.storage.optuna_storage import engine_kwargs, rdb_engine
+from ilr_search.storage.sql_store import SQLStore
+from ilr_search.storage.store import Store
+from ilr_search.storage.urls import StorageSpec
 
 
 def open_store(spec: StorageSpec, study: str, read_only: bool = False,

@@ -18,10 +18,10 @@ import optuna
 import sqlalchemy as sa
 from optuna.trial import TrialState
 
-from ..errors import UserInputError
-from .heartbeat import grace_period, heartbeat_interval
-from .optuna_compat import backend, remember_user_attrs, set_user_attrs_at_once, trial_id, trials_table
-from .urls import StorageSpec
+from ilr_search.errors import UserInputError
+from ilr_search.storage.heartbeat import grace_period, heartbeat_interval
+from ilr_search.storage.optuna_compat import backend, remember_user_attrs, set_user_attrs_at_once, trial_id, trials_table
+from ilr_search.storage.urls import StorageSpec
 
 log = logging.getLogger("ilr_search")
 

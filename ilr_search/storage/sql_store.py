@@ -25,8 +25,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
-from ..errors import UserInputError
-from .store import AuditJob, AuditRow, CurvePoint, Store, TrainCurvePoint
+from ilr_search.errors import UserInputError
+from ilr_search.storage.store import AuditJob, AuditRow, CurvePoint, Store, TrainCurvePoint
 
 log = logging.getLogger("ilr_search")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
-from ..errors import UserInputError
+from ilr_search.errors import UserInputError
 
 DEFAULT_STORAGE = "sqlite:///studies/ilr-search.db"
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from ilr_search.results import has_result, study_front
+from ilr_search.analysis.results import has_result, study_front
 from ilr_search.space import load_space
 from ilr_search.storage import open_storage, open_store, parse_storage
 from ilr_search.search.run import prepare_study
@@ -55,7 +55,7 @@ def gated(*args, **kwargs):
     return train(*args, **kwargs)
 study.train_proxy = gated
 sys.argv = ["ilr-search", *sys.argv[1:]]
-from ilr_search.cli import main
+from ilr_search.cli.main import main
 main()
 """
 

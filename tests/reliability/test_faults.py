@@ -8,16 +8,15 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 import optuna
 import pytest
 from optuna.trial import TrialState
 
-from conftest import NO_REFERENCES, assert_one_line_error, write_space
+from conftest import NO_REFERENCES, write_space
 from ilr_search.space import load_space
 from ilr_search.storage import open_storage, open_store, parse_storage
-from ilr_search.results import has_result, study_front
+from ilr_search.analysis.results import has_result, study_front
 from ilr_search.search.run import run_study
 
 HEARTBEAT_SECONDS = 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .config import ModelConfig
+from ilr_search.config import ModelConfig
 
 if TYPE_CHECKING:
     import torch
@@ -21,7 +21,7 @@ def resolve_device(device: str) -> torch.device:
             return torch.device("mps")
         return torch.device("cpu")
     if device == "cuda" and not torch.cuda.is_available():
-        from .errors import UserInputError
+        from ilr_search.errors import UserInputError
         raise UserInputError("--device cuda was asked for but no CUDA device is visible; use --device auto or cpu")
     return torch.device(device)
 

@@ -19,11 +19,11 @@ from typing import Any
 import multiprocessing as mp
 import queue
 
-from .config import ModelConfig, SpaceConfig
-from .errors import UserInputError
-from .search.progress import RunReporter
-from .search.run import disk_full_is_reported, prepare_study, run_study
-from .device import resolve_device
+from ilr_search.config import ModelConfig, SpaceConfig
+from ilr_search.errors import UserInputError
+from ilr_search.search.progress import RunReporter
+from ilr_search.search.run import disk_full_is_reported, prepare_study, run_study
+from ilr_search.training.device import resolve_device
 
 
 GIB = 1 << 30
@@ -49,8 +49,8 @@ def proxy_memory_bytes(model: ModelConfig, layer_runs: int, batch_size: int, bf1
     parameter), activations kept for backward (about 24 values per token and width per layer run in the
     compute dtype, SwiGLU's 4x hidden included; flash attention keeps no T x T matrix), and one chunk of
     fp32 logits with its gradient (loss.py)."""
-    from .loss import LOGITS_PER_CHUNK
-    from .model import param_count
+    from ilr_search.training.loss import LOGITS_PER_CHUNK
+    from ilr_search.training.model import param_count
 
     value_bytes = 2 if bf16 else 4
     tokens = batch_size * model.seq_len
@@ -161,7 +161,7 @@ def run_workers(args: RunArgs, workers: int, reporter: Any) -> dict[str, Any]:
         if code not in (0, 130):
             reporter.message(f"worker {k} ended with exit code {code}; its unfinished trial is retried")
     if interrupted:
-        from .search.studies import summarize_stored
+        from ilr_search.search.studies import summarize_stored
 
         summary = summarize_stored(args.storage, plan.name)
         summary["interrupted"] = True

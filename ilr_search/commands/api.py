@@ -7,15 +7,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .config import ModelConfig, SpaceConfig
-from .data import check_vocab, load_space_tokens, model_config
-from .errors import UserInputError
-from .flops import describe
-from .knobs import format_knobs, knob_params, knobs_of, parse_knob_settings, with_knobs
-from .model import ILRTransformer, param_count, repeat_indices
-from .schedule import resolve_schedule
-from .space import load_space
-from .train import OnStep
+from ilr_search.config import ModelConfig, SpaceConfig
+from ilr_search.data.tokenizers import check_vocab, model_config
+from ilr_search.data.tokens import load_space_tokens
+from ilr_search.errors import UserInputError
+from ilr_search.training.flops import describe
+from ilr_search.knobs import format_knobs, knob_params, knobs_of, parse_knob_settings, with_knobs
+from ilr_search.training.model import ILRTransformer, param_count, repeat_indices
+from ilr_search.training.schedule import resolve_schedule
+from ilr_search.space import load_space
+from ilr_search.training.train import OnStep
 
 
 Overrides = Mapping[str, Mapping[str, Any]]
@@ -51,7 +52,7 @@ def train_report(space: str | Path | None = None, overrides: Overrides | None = 
                  save: str | Path | None = None) -> dict[str, Any]:
     """`ilr-search train`: train one proxy for a reuse map (or block recurrence) on the configured data; with
     `save`, write the trained model there (`model.safetensors`, `config.json`; `load_trained` reads them)."""
-    from .recipe import MapChoice, check_save_dir, train_and_save, train_result_dict
+    from ilr_search.commands.recipe import MapChoice, check_save_dir, train_and_save, train_result_dict
 
     cfg_space = load_space(space, overrides)
     counts, schedule, block = resolve_schedule(cfg_space.model.n_layers, reuse_map, block)  # before any data work
@@ -68,6 +69,6 @@ def train_report(space: str | Path | None = None, overrides: Overrides | None = 
 def load_trained(folder: str | Path, device: str = "cpu") -> tuple[ILRTransformer, list[int]]:
     """A model saved by `ilr-search train --save DIR`: the ILRTransformer with its trained weights (eval mode)
     and the schedule it was trained with."""
-    from .recipe import load_trained as load
+    from ilr_search.commands.recipe import load_trained as load
 
     return load(folder, device)

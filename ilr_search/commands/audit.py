@@ -20,18 +20,19 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from .config import AuditSettings, DataConfig, ModelConfig, SearchConfig, SpaceConfig, TrainConfig
-from .data import check_vocab, load_space_tokens, model_config
-from .errors import UserInputError
-from .fidelity import audit_report
-from .knobs import with_knobs
-from .results import Curves, curves_by_trial, is_baseline_key, study_front, trained_trials
-from .search.plan import CONFIG_ATTR, RESULT_TRAIN_FIELDS, safe_name
-from .search.progress import RunReporter
-from .search.race import FINAL_STATES, is_finished, longer_train_config, run_checkpoint, train_run
-from .search.run import disk_full_is_reported
-from .search.studies import open_study
-from .storage import study_storage, AuditJob, Store, grace_period, heartbeat_interval, open_store, parse_storage
+from ilr_search.config import AuditSettings, DataConfig, ModelConfig, SearchConfig, SpaceConfig, TrainConfig
+from ilr_search.data.tokenizers import check_vocab, model_config
+from ilr_search.data.tokens import load_space_tokens
+from ilr_search.errors import UserInputError
+from ilr_search.analysis.fidelity import audit_report
+from ilr_search.knobs import with_knobs
+from ilr_search.analysis.results import Curves, curves_by_trial, is_baseline_key, study_front, trained_trials
+from ilr_search.search.plan import CONFIG_ATTR, RESULT_TRAIN_FIELDS, safe_name
+from ilr_search.search.progress import RunReporter
+from ilr_search.search.race import FINAL_STATES, is_finished, longer_train_config, run_checkpoint, train_run
+from ilr_search.search.run import disk_full_is_reported
+from ilr_search.search.studies import open_study
+from ilr_search.storage import study_storage, AuditJob, Store, grace_period, heartbeat_interval, open_store, parse_storage
 
 
 AUTO_MAPS = 8  # the default selection aims at this many maps with a complete proxy result

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .errors import UserInputError
+from ilr_search.errors import UserInputError
 
 
 class ScheduleError(UserInputError):

@@ -38,14 +38,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .checkpoint import load_checkpoint, save_checkpoint
-from .config import ModelConfig, TrainConfig
-from .data import TokenData
-from .errors import UserInputError
-from .loss import linear_cross_entropy
-from .model import ILRTransformer, alibi_bias, apply_rope, rope_tables
-from .records import TrainLossPoint
-from .train import (EvalPoint, OnEval, OnStep, SYNC_EVERY, TrainResult, adamw, autocast_for, build_model,
+from ilr_search.training.checkpoint import load_checkpoint, save_checkpoint
+from ilr_search.config import ModelConfig, TrainConfig
+from ilr_search.data.tokens import TokenData
+from ilr_search.errors import UserInputError
+from ilr_search.training.loss import linear_cross_entropy
+from ilr_search.training.model import ILRTransformer, alibi_bias, apply_rope, rope_tables
+from ilr_search.records import TrainLossPoint
+from ilr_search.training.train import (EvalPoint, OnEval, OnStep, SYNC_EVERY, TrainResult, adamw, autocast_for, build_model,
                     build_optimizer, divergence_threshold, host_values, lr_at, proxy_result, resolve_compile,
                     resolve_device, resolve_dtype, training_divergence, validation_divergence,
                     validation_metrics, weight_decays)

@@ -14,8 +14,8 @@ from typing import Any
 import re
 from typing import TYPE_CHECKING
 
-from .config import ModelConfig
-from .errors import UserInputError
+from ilr_search.config import ModelConfig
+from ilr_search.errors import UserInputError
 
 if TYPE_CHECKING:
     import torch

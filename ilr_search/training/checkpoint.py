@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 import torch
 
-from .records import EvalPoint
+from ilr_search.records import EvalPoint
 
 
 def save_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int,

@@ -19,10 +19,10 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
-from .pareto import non_dominated
-from .results import REFERENCE_PREFIX, Curves, is_baseline, is_baseline_key, key_reuse_map, study_front, trained_trials
-from .stats import paired_comparison, rank_agreement
-from .storage import AuditRow
+from ilr_search.analysis.pareto import non_dominated
+from ilr_search.analysis.results import REFERENCE_PREFIX, Curves, is_baseline, is_baseline_key, key_reuse_map, study_front, trained_trials
+from ilr_search.analysis.stats import paired_comparison, rank_agreement
+from ilr_search.storage import AuditRow
 
 AGREE_SPEARMAN = 0.8  # "the proxy ranks as longer training does"
 PARTLY_SPEARMAN = 0.5

@@ -17,22 +17,22 @@ from typing import Any
 
 import optuna
 
-from .config import PrunerSettings
-from .errors import UserInputError
-from .pareto import non_dominated
-from .racing import Evaluation, RaceSettings, benjamini_hochberg, race_state
-from .report import _atomic_write, check_out_path
-from .results import curves_by_trial, references
-from .search.maps import propose_map, seed_maps
-from .search.plan import plan_study
-from .search.progress import RunReporter
-from .search.pruners import verdict_at_rung
-from .search.run import run_study
-from .search.samplers import build_sampler, sampler_settings
-from .search.studies import open_study
-from .space import load_space
-from .stats import decision_level, paired_comparison
-from .storage import study_storage, CurvePoint, open_store, parse_storage
+from ilr_search.config import PrunerSettings
+from ilr_search.errors import UserInputError
+from ilr_search.analysis.pareto import non_dominated
+from ilr_search.analysis.racing import Evaluation, RaceSettings, benjamini_hochberg, race_state
+from ilr_search.commands.report import _atomic_write, check_out_path
+from ilr_search.analysis.results import curves_by_trial, references
+from ilr_search.search.maps import propose_map, seed_maps
+from ilr_search.search.plan import plan_study
+from ilr_search.search.progress import RunReporter
+from ilr_search.search.pruners import verdict_at_rung
+from ilr_search.search.run import run_study
+from ilr_search.search.samplers import build_sampler, sampler_settings
+from ilr_search.search.studies import open_study
+from ilr_search.space import load_space
+from ilr_search.analysis.stats import decision_level, paired_comparison
+from ilr_search.storage import study_storage, CurvePoint, open_store, parse_storage
 
 
 def feasible_maps(n_layers: int, max_reuse: int, max_layer_runs: int) -> list[list[int]]:

@@ -23,8 +23,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .config import ModelConfig
-from .loss import linear_cross_entropy
+from ilr_search.config import ModelConfig
+from ilr_search.training.loss import linear_cross_entropy
 
 
 class Attention(nn.Module):

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from .errors import UserInputError
-from .knobs import format_knobs
-from .schedule import format_reuse_map
+from ilr_search.errors import UserInputError
+from ilr_search.knobs import format_knobs
+from ilr_search.training.schedule import format_reuse_map
 
 TRACKERS = ("tensorboard", "mlflow")
 
@@ -211,16 +211,16 @@ class TrackingReporter:
                                   row.get("pruned_at_step"), curve))
 
     def _store(self) -> Any:
-        from .storage import open_store, parse_storage
+        from ilr_search.storage import open_store, parse_storage
 
         if self.store is None:
             self.store = open_store(parse_storage(self.storage), self.study or "", read_only=True)
         return self.store
 
     def _references(self) -> dict[str, Any]:
-        from .results import references
-        from .search.studies import open_study
-        from .storage import parse_storage
+        from ilr_search.analysis.results import references
+        from ilr_search.search.studies import open_study
+        from ilr_search.storage import parse_storage
 
         spec = parse_storage(self.storage)
         if not spec.exists() or self.study is None:

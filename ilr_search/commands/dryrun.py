@@ -12,20 +12,20 @@ from typing import Any
 
 import numpy as np
 
-from .config import ModelConfig, SpaceConfig
-from .data import TokenData, TokenSplit, cache_key, cache_root
-from .errors import UserInputError
-from .flops import flops_ratio
-from .results import has_result
-from .schedule import reuse_map_schedule
-from .search.maps import repair_to_budget
-from .search.plan import StudyPlan, adopt_stored_dtype, check_resume, stored_study
-from .search.pruners import pruner_settings
-from .search.run import ReferenceRun, planned_space, reference_runs
-from .search.samplers import sampler_settings
-from .storage import open_storage, parse_storage
-from .device import resolve_compile, resolve_device
-from .train import train_proxy
+from ilr_search.config import ModelConfig, SpaceConfig
+from ilr_search.data.tokens import TokenData, TokenSplit, cache_key, cache_root
+from ilr_search.errors import UserInputError
+from ilr_search.training.flops import flops_ratio
+from ilr_search.analysis.results import has_result
+from ilr_search.training.schedule import reuse_map_schedule
+from ilr_search.search.maps import repair_to_budget
+from ilr_search.search.plan import StudyPlan, adopt_stored_dtype, check_resume, stored_study
+from ilr_search.search.pruners import pruner_settings
+from ilr_search.search.run import ReferenceRun, planned_space, reference_runs
+from ilr_search.search.samplers import sampler_settings
+from ilr_search.storage import open_storage, parse_storage
+from ilr_search.training.device import resolve_compile, resolve_device
+from ilr_search.training.train import train_proxy
 
 PROBE_STEPS = 8  # timed steps per probed schedule, after one untimed first step
 PROBE_TOKENS = 1 << 16  # random tokens per split of the probe's data

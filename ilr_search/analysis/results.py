@@ -11,9 +11,9 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from .knobs import format_knobs
-from .pareto import pareto_front
-from .storage import CurvePoint, Store, TrainCurvePoint
+from ilr_search.knobs import format_knobs
+from ilr_search.analysis.pareto import pareto_front
+from ilr_search.storage import CurvePoint, Store, TrainCurvePoint
 
 REFERENCE_PREFIX = "ilr:reference:"
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)

@@ -16,18 +16,19 @@ import optuna
 import torch
 from optuna.trial import FrozenTrial
 
-from .config import DataConfig, ModelConfig, SpaceConfig, TrainConfig
-from .data import check_vocab, load_space_tokens, model_config
-from .errors import UserInputError
-from .flops import flops_ratio
-from .knobs import KnobValue, config_key, format_knobs, parse_knob_settings, with_knobs
-from .model import ILRTransformer, param_count
-from .results import finite_or_none, references, study_front, trained_trials
-from .schedule import block_schedule, format_reuse_map, parse_reuse_map, reuse_map_schedule
-from .search.plan import CONFIG_ATTR
-from .search.studies import open_study
-from .storage import study_storage, open_store, parse_storage
-from .train import OnStep, TrainResult, train_proxy
+from ilr_search.config import DataConfig, ModelConfig, SpaceConfig, TrainConfig
+from ilr_search.data.tokenizers import check_vocab, model_config
+from ilr_search.data.tokens import load_space_tokens
+from ilr_search.errors import UserInputError
+from ilr_search.training.flops import flops_ratio
+from ilr_search.knobs import KnobValue, config_key, format_knobs, parse_knob_settings, with_knobs
+from ilr_search.training.model import ILRTransformer, param_count
+from ilr_search.analysis.results import finite_or_none, references, study_front, trained_trials
+from ilr_search.training.schedule import block_schedule, format_reuse_map, parse_reuse_map, reuse_map_schedule
+from ilr_search.search.plan import CONFIG_ATTR
+from ilr_search.search.studies import open_study
+from ilr_search.storage import study_storage, open_store, parse_storage
+from ilr_search.training.train import OnStep, TrainResult, train_proxy
 
 RECIPE_FORMATS = (".toml", ".json")
 SAVED_FORMAT = "ilr-search trained model, version 1"
@@ -91,7 +92,7 @@ class StudySettingsView:
 
 def load_study_settings(study_name: str, storage: str | None) -> StudySettingsView:
     """The stored settings of an ilr-search study; one-line errors for a missing or foreign study."""
-    from .audit import stored_space
+    from ilr_search.commands.audit import stored_space
 
     study = open_study(parse_storage(storage), study_name)
     config = study.user_attrs.get(CONFIG_ATTR)
@@ -237,7 +238,7 @@ def recipe_text(recipe: dict[str, Any], suffix: str) -> str:
 
 
 def write_recipe(recipe: dict[str, Any], out: Path) -> None:
-    from .report import _atomic_write
+    from ilr_search.commands.report import _atomic_write
 
     text = recipe_text(recipe, out.suffix.lower())
     _atomic_write(out, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))

@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from .schedule import format_reuse_map
+from ilr_search.training.schedule import format_reuse_map
 
 out = Console()
 err = Console(stderr=True)

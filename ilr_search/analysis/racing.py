@@ -19,8 +19,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .pareto import non_dominated, non_dominated_ranks
-from .stats import PairedComparison, decision_level, paired_comparison, seed_interval
+from ilr_search.analysis.pareto import non_dominated, non_dominated_ranks
+from ilr_search.analysis.stats import PairedComparison, decision_level, paired_comparison, seed_interval
 
 
 @dataclass(frozen=True)

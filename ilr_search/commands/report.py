@@ -12,14 +12,14 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from .errors import UserInputError
-from .fidelity import mark_ties, noise_band
-from .knobs import KNOB_CHOICES, format_knobs
-from .plots import pareto_figure, plot_ppl
-from .results import REFERENCE_PREFIX, CurveRow, Curves, curve_of, curve_rows, curves_by_trial, listed_trials, reference_rows, study_front, trial_row
-from .search.race import RACE_POINT_FIELDS, race_summary
-from .search.studies import fidelity_of, open_study
-from .storage import study_storage, open_store, parse_storage
+from ilr_search.errors import UserInputError
+from ilr_search.analysis.fidelity import mark_ties, noise_band
+from ilr_search.knobs import KNOB_CHOICES, format_knobs
+from ilr_search.analysis.plots import pareto_figure, plot_ppl
+from ilr_search.analysis.results import REFERENCE_PREFIX, CurveRow, Curves, curve_of, curve_rows, curves_by_trial, listed_trials, reference_rows, study_front, trial_row
+from ilr_search.search.race import RACE_POINT_FIELDS, race_summary
+from ilr_search.search.studies import fidelity_of, open_study
+from ilr_search.storage import study_storage, open_store, parse_storage
 
 
 PARETO_FIELDS = ("trial", "reuse_map", "knobs", "flops_ratio", "val_ppl", "val_bpb", "params", "within_noise_of")

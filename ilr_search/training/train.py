@@ -15,11 +15,11 @@ import numpy as np
 import torch
 import zlib
 
-from .config import ModelConfig, TrainConfig
-from .data import TokenData
-from .device import resolve_compile, resolve_device, resolve_dtype
-from .records import EvalPoint, TrainLossPoint
-from .model import ILRTransformer
+from ilr_search.config import ModelConfig, TrainConfig
+from ilr_search.data.tokens import TokenData
+from ilr_search.training.device import resolve_compile, resolve_device, resolve_dtype
+from ilr_search.records import EvalPoint, TrainLossPoint
+from ilr_search.training.model import ILRTransformer
 
 
 @dataclass
@@ -137,7 +137,7 @@ def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData
                 on_trained: Callable[[ILRTransformer], None] | None = None) -> TrainResult:
     """Train `schedule` for cfg.steps steps; never raises for a diverging run (status `diverged`).
     `on_trained` receives the trained model at the end (`train --save` keeps it)."""
-    from .checkpoint import load_checkpoint, save_checkpoint
+    from ilr_search.training.checkpoint import load_checkpoint, save_checkpoint
 
     data.check_window(model_cfg.seq_len)
     device = resolve_device(cfg.device)

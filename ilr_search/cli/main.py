@@ -13,8 +13,8 @@ from typing import Annotated, Any, Callable, Optional
 
 import typer
 
-from . import ui
-from .errors import UserInputError
+from ilr_search.cli import ui
+from ilr_search.errors import UserInputError
 
 try:  # typer >= 0.2x vendors click (Python >= 3.11); older typer uses click itself
     from typer._click import exceptions as click_exceptions
@@ -134,7 +134,7 @@ KnobSettings = Annotated[Optional[str], typer.Option(help="Recurrence knobs on: 
 def flops(opts: SpaceOptions, reuse_map: ReuseMap = None, block: Block = None, knobs: KnobSettings = None,
           json_out: Json = False) -> None:
     """Analytic forward FLOPs per token of a reuse map, and its ratio to the all-ones map."""
-    from .api import flops_report
+    from ilr_search.commands.api import flops_report
 
     emit(flops_report(opts.space, opts.overrides(), reuse_map, block, knobs), json_out, ui.print_flops)
 
@@ -146,7 +146,7 @@ def train(opts: SpaceOptions, reuse_map: ReuseMap = None, block: Block = None, k
           from_study: Annotated[Optional[str], typer.Option("--from-study", help="Train with this study's stored model, data and training settings (--steps, --seed, --device, --dtype and --compile may change them).")] = None,
           storage: Annotated[Optional[str], typer.Option(help="Storage of --from-study. \\[default: sqlite:///studies/ilr-search.db]")] = None,
           map_: Annotated[Optional[str], typer.Option("--map", help="With --from-study: the map, as the study names it (2,1,1,1, 2,1,1,1|injection=add or block2). \\[default: the front's map of lowest perplexity]")] = None,
-          save: Annotated[Optional[Path], typer.Option(help="Write the trained model to this folder: model.safetensors and config.json (ilr_search.api.load_trained reads them).")] = None,
+          save: Annotated[Optional[Path], typer.Option(help="Write the trained model to this folder: model.safetensors and config.json (ilr_search.commands.api.load_trained reads them).")] = None,
           json_out: Json = False) -> None:
     """Train one proxy model for a reuse map (or --block K) and report its validation perplexity."""
     if from_study is not None:
@@ -154,7 +154,7 @@ def train(opts: SpaceOptions, reuse_map: ReuseMap = None, block: Block = None, k
         return
     if map_ is not None or storage is not None:
         fail("--map and --storage go with --from-study; without it give --reuse-map (and --knobs)")
-    from .api import train_report
+    from ilr_search.commands.api import train_report
 
     with ui.step_progress(enabled=True) as on_step:
         report = train_report(opts.space, opts.overrides(), reuse_map, block, on_step=on_step, knobs=knobs, save=save)
@@ -169,7 +169,7 @@ FROM_STUDY_FLAGS = ("steps", "seed", "device", "dtype", "compile")  # what --fro
 def train_study_map(opts: SpaceOptions, reuse_map: str | None, block: int | None, knobs: str | None, study: str,
                     storage: str | None, map_text: str | None, save: Path | None, json_out: bool) -> None:
     """`train --from-study`: the study's settings, with only FROM_STUDY_FLAGS changeable."""
-    from .recipe import train_from_study
+    from ilr_search.commands.recipe import train_from_study
 
     given = [name for name in _SHARED if getattr(opts, name) is not None and name not in FROM_STUDY_FLAGS]
     if reuse_map is not None or block is not None or knobs is not None:
@@ -266,9 +266,9 @@ def run(
     json_out: Json = False,
 ) -> None:
     """Search reuse maps under a FLOP budget; running it again resumes the study."""
-    from .search.maps import split_enqueue_text
-    from .search.run import check_fuse
-    from .space import load_space, parse_target
+    from ilr_search.search.maps import split_enqueue_text
+    from ilr_search.search.run import check_fuse
+    from ilr_search.space import load_space, parse_target
 
     searched = None if knobs is None else [k.strip() for k in knobs.split(",") if k.strip()]
     factor = None if target is None else parse_target(target)
@@ -283,18 +283,18 @@ def run(
     fuse = fuse if fuse is not None else (space.search.fuse if workers == 1 else 1)
     tracked = tracked_reporter(track, storage, open_uri=not dry_run)
     if dry_run:
-        from .dryrun import dry_run_report
+        from ilr_search.commands.dryrun import dry_run_report
 
         emit(dry_run_report(space, budget, study, storage, n_trials, sampler, pruner, workers), json_out, ui.print_plan)
         return
     if workers != 1:
-        from .workers import RunArgs, run_workers
+        from ilr_search.commands.workers import RunArgs, run_workers
 
         with tracked(ui.WorkersReporter(enabled=True)) as reporter:
             summary = run_workers(RunArgs(space, budget, study, storage, n_trials, timeout, sampler, pruner),
                                   workers, reporter)
     else:
-        from .search.run import run_study
+        from ilr_search.search.run import run_study
 
         with tracked(ui.RichReporter(enabled=True)) as reporter:
             summary = run_study(space, budget, study, storage, n_trials, timeout, sampler, pruner, reporter,
@@ -308,7 +308,7 @@ def tracked_reporter(track: str | None, storage: str | None, open_uri: bool = Tr
     """`run --track`: the reporter wrapped so that finished trials also go to the tracker (checked first)."""
     if track is None:
         return lambda reporter: reporter
-    from .tracking import TrackingReporter, parse_track
+    from ilr_search.commands.tracking import TrackingReporter, parse_track
 
     spec = parse_track(track, open_uri)
     return lambda reporter: TrackingReporter(reporter, spec, storage)
@@ -320,7 +320,7 @@ ReadStudy = Annotated[Optional[str], typer.Option("--study", help="Study name. \
 def study_or_default(study: str | None, storage: str | None) -> str:
     if study:
         return study
-    from .search.studies import default_study
+    from ilr_search.search.studies import default_study
 
     name, why = default_study(storage)
     ui.err.print(f"study {name} ({why})")
@@ -331,7 +331,7 @@ def study_or_default(study: str | None, storage: str | None) -> str:
 @user_errors
 def studies(storage: Storage = None, json_out: Json = False) -> None:
     """List the studies in a storage."""
-    from .search.studies import list_studies
+    from ilr_search.search.studies import list_studies
 
     emit({"studies": list_studies(storage)}, json_out, ui.print_studies)
 
@@ -340,7 +340,7 @@ def studies(storage: Storage = None, json_out: Json = False) -> None:
 @user_errors
 def trials(study: ReadStudy = None, storage: Storage = None, json_out: Json = False) -> None:
     """List the trials of a study, and how far its proxy can be trusted."""
-    from .search.studies import trials_report
+    from ilr_search.search.studies import trials_report
 
     emit(trials_report(study_or_default(study, storage), storage), json_out, ui.print_trials)
 
@@ -355,7 +355,7 @@ def pareto(
     json_out: Json = False,
 ) -> None:
     """The Pareto front of perplexity vs compute: a table, and a figure or table file with --out."""
-    from .report import pareto_report
+    from ilr_search.commands.report import pareto_report
 
     if view not in ("front", "layers"):
         fail(f"unknown --view {view!r}; use front or layers")
@@ -372,7 +372,7 @@ def export(
     json_out: Json = False,
 ) -> None:
     """Write one row per trial (map, state, objectives, parameters, steps, pruning, durations) and per reference run."""
-    from .report import export_trials
+    from ilr_search.commands.report import export_trials
 
     emit(export_trials(study_or_default(study, storage), storage, out, curves), json_out, ui.print_export)
 
@@ -388,8 +388,8 @@ def audit(
     json_out: Json = False,
 ) -> None:
     """Retrain chosen maps of a study FACTOR times longer and say how far the proxy's ranking holds (resumable)."""
-    from .audit import run_audit
-    from .config import AuditSettings
+    from ilr_search.commands.audit import run_audit
+    from ilr_search.config import AuditSettings
 
     with ui.RichReporter(enabled=True) as reporter:
         report = run_audit(study_or_default(study, storage), storage, AuditSettings(factor, maps, seeds), reporter)
@@ -414,7 +414,7 @@ def bench_build(
     json_out: Json = False,
 ) -> None:
     """Train every feasible map of a small space and write the table (resumable: it is a study)."""
-    from .bench import build_table
+    from ilr_search.commands.bench import build_table
 
     with ui.RichReporter(enabled=True) as reporter:
         report = build_table(space, out, budget, storage, study, reporter, steps, sample, seed)
@@ -437,12 +437,12 @@ def bench_replay(
     """Replay a pruning rule over a table's rows: the maps it prunes, the steps it saves, the front maps it loses
     (with --policy: a policy over a truth table: compute, claims against the table's seed means, regret, coverage)."""
     if policy is not None:
-        from .bench import replay_policy
+        from ilr_search.commands.bench import replay_policy
 
         report = replay_policy(table, policy, orders, seed or 0, race_seeds, confidence, max_contenders)
         emit(report, json_out, ui.print_policy_replay)
         return
-    from .bench import replay_table
+    from ilr_search.commands.bench import replay_table
 
     emit(replay_table(table, pruner, seed), json_out, ui.print_pruning_replay)
 
@@ -457,8 +457,8 @@ def recipe(
     json_out: Json = False,
 ) -> None:
     """Everything needed to train one map of a study elsewhere: model config, map, schedule, knobs, training and data settings, measured perplexities."""
-    from .recipe import RECIPE_FORMATS, recipe_text, study_recipe, write_recipe
-    from .report import check_out_path
+    from ilr_search.commands.recipe import RECIPE_FORMATS, recipe_text, study_recipe, write_recipe
+    from ilr_search.commands.report import check_out_path
 
     path = check_out_path(out, RECIPE_FORMATS) if out is not None else None
     name = study_or_default(study, storage)

@@ -1,0 +1,159 @@
+"""Corpora: the stdlib's sources and docs, local files and folders, and hub datasets, each read as
+(document key, text) pairs; the key decides the train/validation split, deterministically."""
+
+from __future__ import annotations
+
+import sys
+import sysconfig
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ilr_search.config import DataConfig
+from ilr_search.errors import DataError
+
+
+LOCAL_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+_STDLIB_SKIP = {"site-packages", "test", "tests", "idle_test", "__pycache__"}
+
+
+def is_validation(key: str, val_fraction: float) -> bool:
+    return zlib.crc32(key.encode("utf-8")) % 10_000 < val_fraction * 10_000
+
+
+def stdlib_documents() -> list[tuple[str, str]]:
+    """The running interpreter's standard library sources (tests excluded) and its pydoc topic texts."""
+    root = Path(sysconfig.get_path("stdlib"))
+    docs = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if _STDLIB_SKIP.intersection(rel.parts):
+            continue
+        try:
+            docs.append((rel.as_posix(), path.read_text(encoding="utf-8")))
+        except (OSError, UnicodeDecodeError):
+            continue
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:  # pragma: no cover - some distributions strip pydoc_data
+        topics = {}
+    docs += [(f"pydoc:{name}", text) for name, text in sorted(topics.items())]
+    return docs
+
+
+def _local_files(path: Path) -> list[Path]:
+    if not path.exists():
+        raise DataError(f"data path {str(path)!r} does not exist; give a file or folder of .txt/.jsonl/.parquet/.csv, "
+                        "`stdlib`, or hf:NAME")
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in LOCAL_BUILDERS)
+    if not files:
+        raise DataError(f"no .txt/.jsonl/.json/.parquet/.csv files under {str(path)!r}")
+    unsupported = [f for f in files if f.suffix not in LOCAL_BUILDERS]
+    if unsupported:
+        raise DataError(f"{str(unsupported[0])!r} has an unsupported extension; use .txt, .jsonl, .json, .parquet or .csv")
+    return files
+
+
+def local_documents(path: Path, text_column: str) -> Iterator[tuple[str, str]]:
+    """Documents of a local file or folder, read through datasets' builders (text, json, parquet, csv)."""
+    import datasets
+
+    files = _local_files(path)
+    if all(f.stat().st_size == 0 for f in files):
+        raise DataError(f"{str(path)!r} holds no text (empty file); give a non-empty file or folder")
+    _quiet_datasets()
+    for builder in sorted({LOCAL_BUILDERS[f.suffix] for f in files}):
+        group = [str(f) for f in files if LOCAL_BUILDERS[f.suffix] == builder]
+        kwargs: dict[str, Any] = {"keep_linebreaks": True} if builder == "text" else {}
+        try:
+            ds = datasets.load_dataset(builder, data_files=group, split="train", **kwargs)
+        except Exception as e:  # datasets raises many types for unreadable files
+            raise DataError(f"cannot read {group[0]!r} with the {builder} builder: {str(e).splitlines()[0]}") from None
+        column = "text" if builder == "text" else text_column
+        if len(ds) and column not in ds.column_names:
+            raise DataError(f"{group[0]!r} has no column {column!r}; pick one of {ds.column_names} with --text-column")
+        # Text files are read line by line: group 64 lines into one document so the split keeps context.
+        lines_per_doc = 64 if builder == "text" else 1
+        buffer: list[str] = []
+        for i, row in enumerate(ds):
+            buffer.append(str(row[column] or ""))
+            if len(buffer) == lines_per_doc:
+                yield f"{builder}:{i // lines_per_doc}", "".join(buffer) if builder == "text" else buffer[0]
+                buffer = []
+        if buffer:
+            yield f"{builder}:end", "".join(buffer)
+
+
+def _quiet_datasets() -> None:
+    """Progress bars and logs of `datasets` would break the one-line error and --json contracts."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    datasets.utils.logging.set_verbosity_error()
+
+
+def hub_documents(spec: str, text_column: str) -> Iterator[tuple[str, str]]:
+    """Stream documents of hf:NAME[:CONFIG] from the hub; only as many are read as the caller consumes."""
+    import datasets
+
+    _quiet_datasets()
+
+    name, _, config = spec[3:].partition(":")
+    try:
+        ds = datasets.load_dataset(name, config or None, split="train", streaming=True)
+        for i, row in enumerate(ds):
+            if text_column not in row:
+                raise DataError(f"{spec} has no column {text_column!r}; pick one of {sorted(row)} with --text-column")
+            yield f"hf:{i}", str(row[text_column] or "")
+    except DataError:
+        raise
+    except Exception as e:
+        raise DataError(f"cannot load {spec} from the hub ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                        "it needs network access or a copy in the HF cache; use --data stdlib or a local path offline") from None
+
+
+def corpus_identity(cfg: DataConfig) -> dict[str, Any]:
+    """What the cache key depends on: the corpus itself, not just its name."""
+    if cfg.corpus == "stdlib":
+        return {"corpus": "stdlib", "python": sys.version.split()[0], "root": sysconfig.get_path("stdlib")}
+    if cfg.corpus.startswith("hf:"):
+        return {"corpus": cfg.corpus, "text_column": cfg.text_column}
+    files = _local_files(Path(cfg.corpus))
+    return {"corpus": str(Path(cfg.corpus).resolve()), "text_column": cfg.text_column,
+            "files": [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files]}
+
+
+def documents(cfg: DataConfig) -> Iterator[tuple[str, str]]:
+    if cfg.corpus == "stdlib":
+        return iter(stdlib_documents())
+    if cfg.corpus.startswith("hf:"):
+        return hub_documents(cfg.corpus, cfg.text_column)
+    return local_documents(Path(cfg.corpus), cfg.text_column)
+
+
+
+def split_documents(cfg: DataConfig, max_tokens: int) -> tuple[list[str], list[str]]:
+    train, val = [], []
+    approx_train_bytes = 0
+    for key, text in documents(cfg):
+        if not text:
+            continue
+        (val if is_validation(key, cfg.val_fraction) else train).append(text)
+        if not is_validation(key, cfg.val_fraction):
+            approx_train_bytes += len(text)
+        # Streamed corpora stop early: ~4 bytes a token is generous for BPE, exact for bytes is 1.
+        if max_tokens and approx_train_bytes >= 4 * max_tokens and val:
+            break
+    if not train and not val:
+        raise DataError(f"corpus {cfg.corpus!r} holds no text; give a non-empty file or folder")
+    if not val:  # small corpora: the split by key found nothing; hold out the last ~5% of documents
+        n_val = max(1, int(len(train) * cfg.val_fraction))
+        if len(train) <= n_val:
+            # one document: split its text instead, so there is still something to validate on
+            text = train.pop()
+            cut = int(len(text) * (1 - cfg.val_fraction))
+            train, val = [text[:cut]], [text[cut:]]
+        else:
+            train, val = train[:-n_val], train[-n_val:]
+    return train, val

@@ -1,0 +1,141 @@
+"""Tokenizers: bytes, byte-level BPE trained on the corpus (bpe:N) and pretrained ones (hf:NAME); each
+gives token ids and, per token, the UTF-8 bytes of text it covers (for bits per byte)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from ilr_search.config import ModelConfig, SpaceConfig
+from ilr_search.errors import DataError
+
+
+class Tokenizer:
+    """Turns text into token ids and, per token, the number of UTF-8 bytes of text it covers."""
+
+    spec: str
+    vocab_size: int
+
+    def encode_batch(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        raise NotImplementedError
+
+
+class ByteTokenizer(Tokenizer):
+    spec, vocab_size = "byte", 256
+
+    def encode_batch(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        return [(np.frombuffer(t.encode("utf-8"), dtype=np.uint8).astype(np.uint16), None) for t in texts]
+
+
+class HFTokenizer(Tokenizer):
+    """A `tokenizers` tokenizer: trained BPE (bpe:N) or a pretrained one (hf:NAME)."""
+
+    def __init__(self, spec: str, tokenizer: Any) -> None:
+        self.spec, self._tok = spec, tokenizer
+        self.vocab_size = tokenizer.get_vocab_size()
+
+    def encode_batch(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        out = []
+        for text, enc in zip(texts, self._tok.encode_batch(texts, add_special_tokens=False)):
+            ids = np.asarray(enc.ids, dtype=np.uint32)
+            out.append((ids, _bytes_per_token(text, enc.offsets)))
+        return out
+
+
+def _bytes_per_token(text: str, offsets: list[tuple[int, int]]) -> np.ndarray:
+    """UTF-8 bytes each token adds: the text up to its end offset, minus what earlier tokens covered."""
+    codepoints = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    char_bytes = 1 + (codepoints >= 0x80) + (codepoints >= 0x800) + (codepoints >= 0x10000)
+    cumulative = np.concatenate([[0], np.cumsum(char_bytes)])
+    ends = np.maximum.accumulate(np.asarray([e for _, e in offsets], dtype=np.int64)) if offsets else np.zeros(0, np.int64)
+    covered = cumulative[ends]
+    return np.diff(covered, prepend=0).astype(np.uint16)
+
+
+def model_config(space: SpaceConfig, vocab_size: int | None = None) -> ModelConfig:
+    """The space's model with its vocabulary: the tokenizer spec's size (bpe:N gives N even where the corpus
+    ran out of merges first), so that `flops`, `train`, `run` and `audit` build the same model."""
+    return dataclasses.replace(space.model, vocab_size=vocab_size or tokenizer_vocab_size(space.data.tokenizer),
+                               max_reuse=space.search.max_reuse)
+
+
+def check_vocab(cfg: ModelConfig, data_vocab: int) -> None:
+    if data_vocab > cfg.vocab_size:
+        raise DataError(f"the tokenizer has {data_vocab} ids, more than the model's vocabulary {cfg.vocab_size}")
+
+
+@dataclass(frozen=True)
+class TokenizerSpec:
+    """A parsed `--tokenizer`: byte, bpe:N (trained on the corpus) or hf:NAME (pretrained)."""
+
+    spec: str
+    kind: Literal["byte", "bpe", "hf"]
+    bpe_size: int = 0  # N of bpe:N
+
+
+def parse_tokenizer_spec(spec: str) -> TokenizerSpec:
+    if spec == "byte":
+        return TokenizerSpec(spec, "byte")
+    if spec.startswith("hf:"):
+        return TokenizerSpec(spec, "hf")
+    if spec.startswith("bpe:"):
+        try:
+            size = int(spec[4:])
+        except ValueError:
+            raise DataError(f"tokenizer {spec!r}: N in bpe:N must be an integer, e.g. bpe:1024") from None
+        if not 257 <= size <= 1_000_000:
+            raise DataError(f"tokenizer {spec!r}: N must be above 256 (the byte alphabet), e.g. bpe:1024")
+        return TokenizerSpec(spec, "bpe", size)
+    raise DataError(f"unknown tokenizer {spec!r}; use byte, bpe:N (e.g. bpe:1024) or hf:NAME")
+
+
+def tokenizer_vocab_size(spec: str) -> int:
+    """The vocabulary size a tokenizer spec gives, without training or loading data where possible."""
+    parsed = parse_tokenizer_spec(spec)
+    if parsed.kind == "byte":
+        return ByteTokenizer.vocab_size
+    if parsed.kind == "bpe":
+        return parsed.bpe_size
+    return load_pretrained_tokenizer(spec).vocab_size
+
+
+def build_tokenizer(spec: str, train_texts: list[str], path: Path) -> Tokenizer:
+    """The tokenizer a spec names; bpe:N is trained on `train_texts` and saved to `path`."""
+    parsed = parse_tokenizer_spec(spec)
+    if parsed.kind == "byte":
+        return ByteTokenizer()
+    if parsed.kind == "bpe":
+        return train_bpe(parsed, train_texts, path)
+    return load_pretrained_tokenizer(spec)
+
+
+def load_pretrained_tokenizer(spec: str) -> HFTokenizer:
+    from tokenizers import Tokenizer as RustTokenizer
+
+    try:
+        return HFTokenizer(spec, RustTokenizer.from_pretrained(spec[3:]))
+    except Exception as e:
+        raise DataError(f"cannot load tokenizer {spec} ({type(e).__name__}); it needs network access or a copy "
+                        "in the HF cache; use --tokenizer byte or bpe:N offline") from None
+
+
+def train_bpe(spec: TokenizerSpec, texts: Iterable[str], path: Path) -> HFTokenizer:
+    """Train a byte-level BPE tokenizer of vocabulary N on the training split; saved to `path`."""
+    from tokenizers import Tokenizer as RustTokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = RustTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=spec.bpe_size, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer=trainer)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tok.save(str(tmp))
+    os.replace(tmp, path)
+    return HFTokenizer(spec.spec, tok)
