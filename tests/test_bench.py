@@ -49,12 +49,14 @@ max_reuse = 3
     return Table.read(out)
 
 
+@pytest.mark.slow
 def test_table_holds_every_map_with_its_curve(tiny_table):
     assert len(tiny_table.entries) == 6 and tiny_table.rungs == (4, 8)
     assert [r.map_key for r in tiny_table.rows if r.reuse_map is None] == ["block2"]
     assert all(set(e["curve"]) == {4, 8, 16} for e in tiny_table.entries.values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sampler", ["random", "tpe", "nsga2"])
 def test_replay_is_deterministic_for_a_seed(tiny_table, sampler):
     a = replay(tiny_table, sampler, seed=3, n_trials=8, pruning=True,

@@ -14,6 +14,7 @@ class Crash(Exception):
     pass
 
 
+@pytest.mark.slow
 def test_a_retried_run_resumes_from_its_checkpoint_and_ends_the_same(token_cache, tmp_path):
     data = load_tokens(DataConfig(), root=token_cache)
     cfg = ModelConfig(vocab_size=256, n_layers=2, d_model=32, n_heads=2, seq_len=64)

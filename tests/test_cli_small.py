@@ -55,6 +55,7 @@ def test_a_bad_space_file_is_still_named(cli, tmp_path):
     assert "bad.toml" in proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [["train", "--steps", "0"], ["run", "--budget", "0.5x"],
                                   ["audit", "--factor", "0"], ["bench", "build", "--space", "bench-small", "--out", "x.txt"]])
 def test_no_blank_line_before_an_error(console, tmp_path, args):

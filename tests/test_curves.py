@@ -15,6 +15,7 @@ def run_args(space, storage, n_trials):
             "--study", "c", "--storage", storage, "--json"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["sqlite", "journal"])
 def test_every_trained_trial_has_a_training_loss_curve(tmp_path, cli, kind):
     space = write_space(tmp_path / "space.toml", search={**NO_REFERENCES, "enqueue_paper_maps": False},
@@ -30,6 +31,7 @@ def test_every_trained_trial_has_a_training_loss_curve(tmp_path, cli, kind):
         assert all(p["loss"] > 0 and p["tokens"] == p["step"] * 8 * 64 for p in t["curves"]["train"])
 
 
+@pytest.mark.slow
 def test_a_database_made_before_training_curves_still_reads_and_resumes(tmp_path, cli):
     space = write_space(tmp_path / "space.toml", search={**NO_REFERENCES, "enqueue_paper_maps": False})
     db = tmp_path / "old.db"

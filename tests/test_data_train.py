@@ -30,6 +30,7 @@ def tiny_train(**kw) -> TrainConfig:
     return replace(TrainConfig(steps=12, batch_size=4, eval_windows=4, dtype="fp32", device="cpu"), **kw)
 
 
+@pytest.mark.slow
 def test_tiny_train_learns_and_reports_every_key(cli):
     proc = cli("train", *TINY, "--steps", "80", "--reuse-map", "2,1", "--json", check=True)
     report = json.loads(proc.stdout)
@@ -60,6 +61,7 @@ def test_validation_windows_are_fixed(stdlib_tokens):
     assert stdlib_tokens.val_bytes(8, 64) == 8 * 64  # byte tokens cover one byte each
 
 
+@pytest.mark.slow
 def test_second_load_reads_the_cache_without_tokenizing(tmp_path):
     cfg = DataConfig(corpus=str(write_text(tmp_path / "a.txt", "hello world\n" * 500)))
     first = load_tokens(cfg, root=tmp_path / "cache")
@@ -78,6 +80,7 @@ def test_stdlib_cache_is_shared_by_runs(stdlib_tokens, token_cache):
     assert meta["documents"]["val"] > 0 and 0.02 < meta["tokens"]["val"] / sum(meta["tokens"].values()) < 0.12
 
 
+@pytest.mark.slow
 def test_bpe_trains_offline_on_the_embedded_corpus(token_cache):
     data = load_tokens(DataConfig(tokenizer="bpe:320"), root=token_cache)
     assert data.vocab_size == 320 and (data.path / "tokenizer.json").exists()
@@ -118,6 +121,7 @@ def test_diverging_run_reports_status_without_raising(stdlib_tokens):
     assert result.status == "diverged" and result.reason and result.val_ppl != result.val_ppl  # NaN
 
 
+@pytest.mark.slow
 def test_eval_callback_stops_the_run(stdlib_tokens):
     seen = []
     result = train_proxy(tiny_model(), reuse_map_schedule([1, 1]), stdlib_tokens, tiny_train(),
@@ -125,6 +129,7 @@ def test_eval_callback_stops_the_run(stdlib_tokens):
     assert result.status == "stopped" and result.steps == 3 and seen == [2, 3]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["missing", "empty", "too-small", "tokenizer", "zero", "length", "non-integer", "hf"])
 def test_train_bad_input(cli, tmp_path, case):
     args = {

@@ -3,6 +3,7 @@
 import json
 
 import optuna
+import pytest
 
 from conftest import NO_REFERENCES, assert_one_line_error, write_space
 
@@ -11,6 +12,7 @@ def _files(folder):
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
 
 
+@pytest.mark.slow
 def test_dry_run_plans_and_estimates_without_writing(cli, tmp_path, token_cache):
     space = write_space(tmp_path / "space.toml", train={"eval_fractions": [0.5, 1.0]})
     before_cache, before_here = _files(token_cache), _files(tmp_path)
@@ -27,6 +29,7 @@ def test_dry_run_plans_and_estimates_without_writing(cli, tmp_path, token_cache)
     assert _files(token_cache) == before_cache and _files(tmp_path) == before_here  # nothing written
 
 
+@pytest.mark.slow
 def test_dry_run_does_not_create_a_study_in_an_existing_storage(cli, tmp_path):
     url = f"sqlite:///{tmp_path / 'r.db'}"
     optuna.create_study(study_name="other", storage=url)

@@ -42,6 +42,7 @@ def enqueued_study(tmp_path_factory, token_cache):
     return root, space, db, json.loads(proc.stdout)
 
 
+@pytest.mark.slow
 def test_enqueued_maps_run_first_in_order_repaired_to_the_budget(enqueued_study):
     _, _, db, summary = enqueued_study
     maps = [t.user_attrs["reuse_map"] for t in trials_of(db)]
@@ -53,6 +54,7 @@ def test_enqueued_maps_run_first_in_order_repaired_to_the_budget(enqueued_study)
     assert summary["references"]["block2"]["schedule"] == [0, 1, 2, 3, 0, 1, 2, 3]
 
 
+@pytest.mark.slow
 def test_no_waiting_trial_is_left_and_listings_count_none(enqueued_study, cli):
     _, _, db, _ = enqueued_study
     trials = trials_of(db)
@@ -72,6 +74,7 @@ def test_no_waiting_trial_is_left_and_listings_count_none(enqueued_study, cli):
     assert frame["trial"].isna().sum() == 1  # a reference has no trial number
 
 
+@pytest.mark.slow
 def test_a_resume_with_other_enqueued_maps_adds_them(enqueued_study, cli):
     root, space, db, _ = enqueued_study
     copy = root / "resume.db"
@@ -83,6 +86,7 @@ def test_a_resume_with_other_enqueued_maps_adds_them(enqueued_study, cli):
     assert sum(t.user_attrs["reuse_map"] == repair_to_budget([3, 3, 3, 1], 8) for t in trials) == 1
 
 
+@pytest.mark.slow
 def test_enqueued_maps_beyond_the_target_raise_it(enqueued_study, cli):
     """A finished study resumed with a map of one's own trains it: the target grows by the trials it needs."""
     root, space, db, _ = enqueued_study
@@ -117,6 +121,7 @@ def test_bad_enqueued_maps_change_nothing(tmp_path, cli, case):
     assert not db.exists()
 
 
+@pytest.mark.slow
 def test_the_space_toml_enqueues_maps_and_knob_settings(tmp_path, cli):
     space = write_space(tmp_path / "space.toml", search={**NO_REFERENCES, "knobs": ["injection"],
                                                          "enqueue": ["1,1,2,2|injection=gated", "1,1,2,2"]})
@@ -138,6 +143,7 @@ def test_parse_enqueued_reads_maps_knobs_and_blocks():
     assert parse_enqueued("block2", 4, 4, 8, ()).block == 2
 
 
+@pytest.mark.slow
 def test_every_trained_trial_stores_the_map_it_trained(tmp_path, cli):
     """Sampled trials too (past the enqueued ones, over budget proposals included): r0..r3 are the trained map."""
     space = write_space(tmp_path / "space.toml", search={**NO_REFERENCES, "max_reuse": 3},

@@ -154,6 +154,7 @@ def small_study(tmp_path_factory, token_cache):
     return root, db, summary
 
 
+@pytest.mark.slow
 def test_run_summary_and_trials_carry_fidelity(small_study):
     root, db, summary = small_study
     fidelity = summary["fidelity"]
@@ -180,6 +181,7 @@ def test_bad_audit_settings_are_refused_before_anything_opens(settings, message)
         check_settings(settings)
 
 
+@pytest.mark.slow
 def test_bad_audit_input_leaves_the_database_byte_identical(small_study, tmp_path):
     root, db, _ = small_study
     before = digest(db)
@@ -198,6 +200,7 @@ def test_bad_audit_input_leaves_the_database_byte_identical(small_study, tmp_pat
     assert digest(empty_db) == before
 
 
+@pytest.mark.slow
 def test_audit_stores_runs_resumes_and_reports(small_study, tmp_path):
     root, db, _ = small_study
     storage = f"sqlite:///{db}"
@@ -237,6 +240,7 @@ def test_audit_claims_are_exclusive_and_dead_workers_are_taken_over(kind, tmp_pa
     assert store.audit_claim(other, "w2", 1.0, 100, stale_after=60)  # interrupted: free at once
 
 
+@pytest.mark.slow
 def test_audit_report_precision_recall_and_pruned_maps(small_study):
     root, db, _ = small_study
     study = optuna.load_study(study_name="aud", storage=f"sqlite:///{db}")
@@ -277,6 +281,7 @@ def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
     return exit_info.value.code, captured.out, captured.err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [
     ["--study", "aud", "--factor", "0.5"],
     ["--study", "nope"],
@@ -292,6 +297,7 @@ def test_audit_cli_bad_input_is_one_error_line(small_study, monkeypatch, capsys,
     assert digest(db) == before
 
 
+@pytest.mark.slow
 def test_reading_commands_without_study_use_the_only_one(small_study, monkeypatch, capsys):
     root, db, _ = small_study
     before = digest(db)
@@ -312,6 +318,7 @@ def test_bench_replay_cli(monkeypatch, capsys, tmp_path):
     assert code == 2 and err.startswith("error: ")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recurrent_losses, beats", [((1.00, 1.01, 0.99), True), ((0.90, 1.20, 0.95), False)])
 def test_audit_says_a_map_beats_the_baseline_only_beyond_the_seed_noise(small_study, recurrent_losses, beats):
     """The audit's verdict on recurrence rests on a paired test over seeds, not on the means alone: a map whose

@@ -27,6 +27,7 @@ def old_study(tmp_path):
     return tmp_path, f"sqlite:///{tmp_path / 'old.db'}"
 
 
+@pytest.mark.slow
 def test_an_old_study_lists_and_reports(old_study, console):
     folder, storage = old_study
     trials = json.loads(console("trials", "--storage", storage, "--json", cwd=folder, check=True).stdout)
@@ -39,6 +40,7 @@ def test_an_old_study_lists_and_reports(old_study, console):
     assert [s["study"] for s in studies["studies"]] == [STUDY]
 
 
+@pytest.mark.slow
 def test_an_old_study_resumes_with_the_same_command(old_study, console):
     folder, storage = old_study
     proc = console("run", "--space", str(folder / "space.toml"), "--budget", "1.5x", "--study", STUDY, "--storage",

@@ -62,6 +62,7 @@ SCHEDULES = [reuse_map_schedule([1, 1, 1]), reuse_map_schedule([3, 1, 2]), block
 SEEDS = [0, 1, 0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pe", ["nope", "rope", "learned", "alibi"])
 def test_fused_members_equal_their_single_runs(data, pe):
     model_cfg, cfg = tiny_model(pe), tiny_train()
@@ -82,6 +83,7 @@ def test_where_masking_equals_prefix_masking(data):
         assert_same_run(a, b)
 
 
+@pytest.mark.slow
 def test_a_diverged_and_a_pruned_member_leave_and_the_others_go_on_as_alone(data, tmp_path):
     # Four members train 10 steps and checkpoint; member 0's checkpoint then gets its embedding scaled by 1e3
     # (a model whose logits are far too large: its training loss passes twice a uniform guess's at once). All
@@ -159,6 +161,7 @@ def test_one_fused_adamw_equals_one_adamw_per_member(data):
             torch.testing.assert_close(fused_weights[name], p.detach(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_killed_group_resumes_from_its_checkpoints_with_the_same_results(data, tmp_path):
     model_cfg = tiny_model()
     cfg = tiny_train(checkpoint_every=10)  # evaluations at 8, 15, 30; checkpoints at 10 and 20
@@ -183,6 +186,7 @@ def test_a_killed_group_resumes_from_its_checkpoints_with_the_same_results(data,
     assert not list(tmp_path.glob(".*tmp*"))
 
 
+@pytest.mark.slow
 def test_members_resuming_from_different_steps_train_apart_and_match(data, tmp_path):
     model_cfg = tiny_model()
     cfg = tiny_train(checkpoint_every=10)

@@ -36,6 +36,7 @@ def space(tmp_path) -> Path:
     return write_space(tmp_path / "tiny.toml", search=NO_REFERENCES)
 
 
+@pytest.mark.slow
 def test_run_fuse_4_finishes_with_the_right_count_no_map_twice_and_resumes(cli, tmp_path, space):
     db = tmp_path / "fused.db"
     summary = json.loads(cli(*run_args(space, db, 8, "--fuse", "4"), check=True).stdout)
@@ -66,6 +67,7 @@ class CtrlCAtStep(RunReporter):
             raise KeyboardInterrupt
 
 
+@pytest.mark.slow
 def test_ctrl_c_in_a_fused_group_fails_its_trials_queues_them_again_and_a_resume_finishes(
         token_cache, tmp_path, space, monkeypatch):
     from ilr_search.search.run import run_study
@@ -93,6 +95,7 @@ def test_ctrl_c_in_a_fused_group_fails_its_trials_queues_them_again_and_a_resume
             if t.user_attrs.get("retry_of") in retries} == {10}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", ["0", "abc", "-2"])
 def test_bad_fuse_exits_2_with_one_error_line_and_changes_nothing(cli, tmp_path, space, value):
     db = tmp_path / "fused.db"

@@ -5,6 +5,7 @@ import json
 from collections import Counter
 
 import optuna
+import pytest
 
 from conftest import ROOT, assert_one_line_error
 from ilr_search.commands.audit import run_audit
@@ -19,6 +20,7 @@ def run_args(db, n_trials, knobs="injection,iteration_norms"):
             "--knobs", knobs]
 
 
+@pytest.mark.slow
 def test_a_study_searches_stores_and_resumes_knobs(cli, tmp_path):
     db = tmp_path / "k.db"
     first = json.loads(cli(*run_args(db, 6), check=True).stdout)

@@ -87,6 +87,7 @@ def _reads(tokens, steps: int) -> int:
     return counter.reads
 
 
+@pytest.mark.slow
 def test_training_reads_the_loss_once_per_window_not_once_per_step(token_cache):
     """No host sync per step: 3 x SYNC_EVERY more steps between evaluations add at most 3 reads (one per
     step would add 48)."""

@@ -129,6 +129,7 @@ def test_good_map():
     assert parse_reuse_map(" 4, 2,1,1", 4) == [4, 2, 1, 1]
 
 
+@pytest.mark.slow
 def test_flops_cli_contract(console, cli):
     import json
     proc = console("flops", "--layers", "4", "--reuse-map", "2,1,1,1", "--json", check=True)
@@ -155,6 +156,7 @@ def test_flops_cli_bad_input(cli, args):
     assert_one_line_error(cli("flops", *args))
 
 
+@pytest.mark.slow
 def test_console_script_bad_input_is_one_error_line(console):
     """The in-process cases above, through the real console entry point: a usage error click reports, and an
     input error ilr-search reports."""

@@ -59,6 +59,7 @@ def raced(tmp_path_factory, token_cache):
     return root, space, db, json.loads(proc.stdout)
 
 
+@pytest.mark.slow
 def test_target_2x_races_contenders_at_more_seeds_and_twice_the_steps(raced):
     _, _, db, summary = raced
     assert summary["target_steps"] == 2 * STEPS
@@ -77,6 +78,7 @@ def test_target_2x_races_contenders_at_more_seeds_and_twice_the_steps(raced):
     assert len({(r["map_key"], r["steps"], r["seed"]) for r in rows}) == len(rows)
 
 
+@pytest.mark.slow
 def test_front_points_carry_length_seeds_interval_and_confirmation(raced, cli, tmp_path):
     _, _, db, summary = raced
     pareto = json.loads(cli("pareto", "--study", "raced", "--storage", f"sqlite:///{db}", "--json", check=True).stdout)
@@ -99,6 +101,7 @@ def test_front_points_carry_length_seeds_interval_and_confirmation(raced, cli, t
     assert "race front, mean and interval (right axis)" in figure.read_text(encoding="utf-8")
 
 
+@pytest.mark.slow
 def test_rerunning_a_finished_race_trains_nothing(raced, cli):
     root, space, db, summary = raced
     before = race_rows(db)
@@ -107,6 +110,7 @@ def test_rerunning_a_finished_race_trains_nothing(raced, cli):
     assert again["race"]["results"] == summary["race"]["results"]
 
 
+@pytest.mark.slow
 def test_kill_9_during_the_race_then_the_same_command_resumes_training_nothing_twice(tmp_path, token_cache):
     space = write_space(tmp_path / "race.toml", search=RACE)
     db = tmp_path / "k.db"
@@ -147,6 +151,7 @@ BAD_RACES = {"below 1x": ["--target", "0.5x"], "not a multiple": ["--target", "a
              "another target on resume": ["--target", "3x"]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(BAD_RACES))
 def test_bad_race_input_exits_2_with_one_line_and_changes_nothing(raced, cli, tmp_path, case):
     root, space, db, _ = raced
@@ -172,6 +177,7 @@ def test_target_is_stored_only_when_not_the_default(tmp_path):
     assert plan_study(default, "1.5x", None).name != plan_study(longer, "1.5x", None).name
 
 
+@pytest.mark.slow
 def test_two_workers_race_one_study_without_training_a_run_twice(tmp_path, token_cache):
     space = write_space(tmp_path / "race.toml", search=RACE)
     db = tmp_path / "w.db"
@@ -188,6 +194,7 @@ def test_two_workers_race_one_study_without_training_a_run_twice(tmp_path, token
     assert summary["race"]["done"] and all(r["state"] == "complete" for r in stored)
 
 
+@pytest.mark.slow
 def test_fused_study_and_race_give_the_results_of_one_run_at_a_time(tmp_path, token_cache):
     """Fusion changes no result: the same maps (enqueued, so the sampler does not choose them), trained one at a
     time and then with --fuse 4, give the same trial and race losses (fp32 on CPU, common random numbers)."""

@@ -287,6 +287,7 @@ def test_replay_policy_cli_json(cli, tmp_path):
     assert report["false_claim_share"] == 0.0
 
 
+@pytest.mark.slow
 def test_the_committed_truth_table_meets_the_issue_goals(cli):
     """The race over benchmarks/data/truth-truth-small.parquet in 10 orders: at most 10% of its claims false in
     the table's seed mean, and the reported best within one seed sd of the table's best in every order."""

@@ -29,6 +29,7 @@ def small_study(tmp_path_factory, token_cache):
     return root, url, summary
 
 
+@pytest.mark.slow
 def test_recipe_names_the_best_front_map_and_the_study_settings(small_study, cli, tmp_path):
     root, url, summary = small_study
     best = min(summary["pareto"], key=lambda p: p["val_ppl"])
@@ -51,6 +52,7 @@ def test_recipe_names_the_best_front_map_and_the_study_settings(small_study, cli
     assert as_json["reuse_map"] == recipe["reuse_map"] and as_json["measured"]["prediction"] is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [["--study", "nope"], ["--map", "9,9"], ["--map", "x"], ["--map", "block7"],
                                   ["--out", "r.yaml"]])
 def test_recipe_bad_input_is_one_error_line(small_study, cli, tmp_path, args):
@@ -62,6 +64,7 @@ def test_recipe_bad_input_is_one_error_line(small_study, cli, tmp_path, args):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_map_the_study_did_not_train_has_no_recipe(small_study, cli):
     _, url, _ = small_study
     trained = {",".join(map(str, t.user_attrs["reuse_map"]))
@@ -70,6 +73,7 @@ def test_a_map_the_study_did_not_train_has_no_recipe(small_study, cli):
     assert_one_line_error(cli("recipe", "--study", "rec", "--storage", url, "--map", untrained))
 
 
+@pytest.mark.slow
 def test_train_from_study_saves_a_model_that_loads_back_to_the_same_loss(small_study, cli, tmp_path):
     from ilr_search.commands.api import load_trained
     from ilr_search.data.tokens import load_space_tokens
@@ -94,6 +98,7 @@ def test_train_from_study_saves_a_model_that_loads_back_to_the_same_loss(small_s
     assert val_loss == pytest.approx(report["val_loss"], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_train_from_study_refuses_other_settings_before_training(small_study, cli, tmp_path):
     _, url, _ = small_study
     proc = cli("train", "--from-study", "rec", "--storage", url, "--layers", "6", "--save", str(tmp_path / "m"))
@@ -103,6 +108,7 @@ def test_train_from_study_refuses_other_settings_before_training(small_study, cl
     assert_one_line_error(cli("train", "--map", "2,1,1,1"))
 
 
+@pytest.mark.slow
 def test_a_map_with_knobs_trains_saves_and_loads_with_its_knob_parameters(small_study, cli, tmp_path):
     from ilr_search.commands.api import load_trained
 

@@ -36,6 +36,7 @@ def pruned_study(tmp_path_factory, token_cache):
     return root, db, json.loads(proc.stdout)
 
 
+@pytest.mark.slow
 def test_study_has_pruned_trials_with_reasons(pruned_study, cli):
     root, db, summary = pruned_study
     assert summary["n_pruned"] >= 1 and summary["steps_saved_by_pruning"] > 0
@@ -48,6 +49,7 @@ def test_study_has_pruned_trials_with_reasons(pruned_study, cli):
     assert all(json.loads(r[1]) and "dominated" in r[2] for r in reasons)
 
 
+@pytest.mark.slow
 def test_pruning_trains_fewer_steps_than_the_same_study_without(pruned_study, cli, tmp_path):
     _, _, pruned = pruned_study
     # the same study without pruning; its reference runs (not counted in steps_trained) are left out
@@ -59,6 +61,7 @@ def test_pruning_trains_fewer_steps_than_the_same_study_without(pruned_study, cl
     assert pruned["steps_trained"] < plain["steps_trained"]
 
 
+@pytest.mark.slow
 def test_stored_front_equals_brute_force_on_the_real_study(pruned_study, cli):
     _, db, _ = pruned_study
     study = optuna.load_study(study_name="rep", storage=f"sqlite:///{db}")
@@ -78,6 +81,7 @@ def test_stored_front_equals_brute_force_on_the_real_study(pruned_study, cli):
     assert report["noise"]["n_seeds"] == 3 and report["noise"]["spread"] >= 0
 
 
+@pytest.mark.slow
 def test_html_is_self_contained_with_every_point(pruned_study, cli, tmp_path):
     _, db, _ = pruned_study
     out = tmp_path / "front.html"
@@ -93,6 +97,7 @@ def test_html_is_self_contained_with_every_point(pruned_study, cli, tmp_path):
     assert '"responsive": true' in html  # the figure takes the page's width
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("suffix", ["csv", "parquet"])
 def test_export_round_trips_through_pandas(pruned_study, cli, tmp_path, suffix):
     _, db, _ = pruned_study
@@ -111,6 +116,7 @@ def test_export_round_trips_through_pandas(pruned_study, cli, tmp_path, suffix):
     assert first["reuse_map"] == "1,1,1,1" and first["val_ppl"] == pytest.approx(study.trials[0].user_attrs["val_ppl"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("suffix", ["csv", "parquet"])
 def test_export_curves_is_a_long_table_of_validation_and_training_loss(pruned_study, cli, tmp_path, suffix):
     _, db, _ = pruned_study
@@ -136,6 +142,7 @@ def test_export_curves_is_a_long_table_of_validation_and_training_loss(pruned_st
     assert set(refs["kind"]) == {"val"} and set(refs["reference"]) >= {"baseline_seed1"}
 
 
+@pytest.mark.slow
 def test_trials_json_carries_each_trials_curves(pruned_study, cli):
     _, db, _ = pruned_study
     listed = json.loads(cli("trials", "--study", "rep", "--storage", f"sqlite:///{db}", "--json", check=True).stdout)
@@ -150,6 +157,7 @@ def test_trials_json_carries_each_trials_curves(pruned_study, cli):
             assert t["curves"] == by_number[t["reused_from"]]["curves"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("suffix", ["csv", "json"])
 def test_front_as_a_table(pruned_study, cli, tmp_path, suffix):
     _, db, _ = pruned_study
@@ -159,6 +167,7 @@ def test_front_as_a_table(pruned_study, cli, tmp_path, suffix):
     assert rows and all(r["val_ppl"] > 1 for r in rows)
 
 
+@pytest.mark.slow
 def test_optuna_still_opens_the_database(pruned_study):
     root, db, _ = pruned_study
     study = optuna.load_study(study_name="rep", storage=f"sqlite:///{db}")
@@ -169,6 +178,7 @@ def test_optuna_still_opens_the_database(pruned_study):
     assert proc.returncode == 0 and "rep" in proc.stdout, proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["unknown study", "unwritable out", "unknown extension", "export extension"])
 def test_report_errors(pruned_study, cli, case):
     _, db, _ = pruned_study
@@ -194,6 +204,7 @@ print("torch imported" if "torch" in sys.modules else "torch not imported", file
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [["trials"], ["studies"], ["trials", "--json"]])
 def test_reading_a_stored_study_does_not_import_torch(pruned_study, command):
     root, db, _ = pruned_study

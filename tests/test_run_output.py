@@ -9,6 +9,7 @@ from ilr_search.analysis.results import has_result, study_front
 from ilr_search.cli.ui import StudyEta
 
 
+@pytest.mark.slow
 def test_the_front_is_printed_only_when_it_changed_and_references_have_their_own_label(tmp_path, cli):
     space = write_space(tmp_path / "space.toml", search={"noise_seeds": 1, "families": ["ilr"]})
     db = tmp_path / "out.db"

@@ -43,6 +43,7 @@ def test_a_journal_store_needs_no_engine(tmp_path):
         rdb_engine(storage)
 
 
+@pytest.mark.slow
 def test_run_audit_and_reports_open_no_engine_beside_optunas(tmp_path, token_cache, monkeypatch):
     """Every engine a store uses in run, audit, pareto and export is one an Optuna storage made."""
     optuna_engines, store_engines = [], []

@@ -47,6 +47,7 @@ def tiny_study(tmp_path_factory, token_cache):
     return root, db, json.loads(proc.stdout)
 
 
+@pytest.mark.slow
 def test_run_end_to_end_and_resume_to_more_trials(tiny_study, cli):
     root, db, summary = tiny_study
     assert summary["n_complete"] + summary["n_pruned"] == 6 and summary["n_failed"] == 0
@@ -74,6 +75,7 @@ def test_run_end_to_end_and_resume_to_more_trials(tiny_study, cli):
     assert again["steps_trained"] == more["steps_trained"]
 
 
+@pytest.mark.slow
 def test_each_fact_is_stored_once_and_a_trial_commits_in_few_transactions(tiny_study):
     """Curves live in the store only (not in the trials' attributes), every trained trial has its whole curve
     there, and a trial's result attributes are one transaction, not one per attribute."""
@@ -88,6 +90,7 @@ def test_each_fact_is_stored_once_and_a_trial_commits_in_few_transactions(tiny_s
             assert sorted(curves[t.number]) == [2, 5, 10, 20], (t.number, curves.get(t.number))
 
 
+@pytest.mark.slow
 def test_a_trial_writes_its_attributes_in_two_transactions(tmp_path, token_cache):
     """The proposal's attributes and the result's are one transaction each (an fsync each on SQLite), not one
     per attribute (14 per trial before)."""
@@ -124,6 +127,7 @@ def test_a_trial_writes_its_attributes_in_two_transactions(tmp_path, token_cache
     assert sum(per_transaction) == sum(len(t.user_attrs) for t in trials)
 
 
+@pytest.mark.slow
 def test_no_completed_trial_is_over_budget(tiny_study):
     _, db, _ = tiny_study
     cfg = ModelConfig(n_layers=4, d_model=32, n_heads=2, seq_len=64)
@@ -149,6 +153,7 @@ def test_repair_keeps_maps_within_budget_and_their_shape():
     assert seed_maps(4, 4, 6)[0] == [1, 1, 1, 1] and all(sum(m) <= 6 for m in seed_maps(4, 4, 6))
 
 
+@pytest.mark.slow
 def test_kill_9_loses_no_trial_and_the_killed_one_is_retried(tmp_path, token_cache):
     db = tmp_path / "k.db"
     env = {**os.environ, "ILR_SEARCH_CACHE": str(token_cache), "ILR_SEARCH_HEARTBEAT_SECONDS": "1"}
@@ -196,6 +201,7 @@ def test_kill_9_loses_no_trial_and_the_killed_one_is_retried(tmp_path, token_cac
     assert not [t for t in after.values() if t.state == optuna.trial.TrialState.RUNNING]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("storage_kind", ["sqlite", "journal"])
 def test_two_processes_share_a_study_without_training_a_map_twice(tmp_path, token_cache, storage_kind):
     storage = f"sqlite:///{tmp_path / 'w.db'}" if storage_kind == "sqlite" else f"journal:{tmp_path / 'w.log'}"
@@ -233,6 +239,7 @@ BAD_RUNS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(BAD_RUNS))
 def test_bad_run_input_changes_nothing(tiny_study, cli, case):
     root, db, _ = tiny_study
@@ -266,6 +273,7 @@ def test_unwritable_and_corrupted_storage(tmp_path, cli):
     assert digest(corrupted) == before
 
 
+@pytest.mark.slow
 def test_trials_for_unknown_study(tiny_study, cli, tmp_path):
     _, db, _ = tiny_study
     before = digest(db)

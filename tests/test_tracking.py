@@ -9,6 +9,7 @@ import pytest
 from conftest import assert_one_line_error, write_space
 
 
+@pytest.mark.slow
 def test_tensorboard_event_files_hold_each_trials_curve(cli, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -5,6 +5,7 @@ import sqlite3
 from collections import Counter
 
 import optuna
+import pytest
 
 from conftest import ROOT, assert_one_line_error
 from ilr_search.config import ModelConfig
@@ -14,6 +15,7 @@ TINY = ["--space", str(ROOT / "tests" / "spaces" / "tiny.toml"), "--layers", "3"
         "--seq-len", "32", "--steps", "16"]
 
 
+@pytest.mark.slow
 def test_two_workers_finish_the_study_with_no_map_trained_twice(cli, tmp_path):
     proc = cli("run", *TINY, "--budget", "2x", "--n-trials", "7", "--workers", "2", "--pruner", "none",
                "--storage", "sqlite:///w.db", "--study", "w", "--json", check=True)

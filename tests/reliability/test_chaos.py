@@ -7,6 +7,7 @@ from chaos import Chaos, CpuHog
 from conftest import NO_REFERENCES, write_space
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["journal", "sqlite", "postgres"])
 def test_chaos_three_workers_under_load_three_kills(backend, request, tmp_path, token_cache):
     storage = {"journal": f"journal:{tmp_path / 'chaos.log'}", "sqlite": f"sqlite:///{tmp_path / 'chaos.db'}"}.get(backend) \

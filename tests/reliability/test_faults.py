@@ -81,6 +81,7 @@ def check_accounted(storage, study_name):
     return study
 
 
+@pytest.mark.slow
 def test_locked_sqlite_waits_with_a_message_then_proceeds(tmp_path, token_cache, space):
     """A run that meets a database locked by another process says so and waits; once the lock is released (here:
     as soon as the run has said it waits), it proceeds and finishes."""
@@ -113,6 +114,7 @@ def test_locked_sqlite_waits_with_a_message_then_proceeds(tmp_path, token_cache,
     assert json.loads(out)["n_complete"] + json.loads(out)["n_pruned"] == 3
 
 
+@pytest.mark.slow
 def test_diverging_proxy_fails_with_its_reason_and_the_study_goes_on(tmp_path, token_cache, space):
     storage = f"sqlite:///{tmp_path / 'div.db'}"
     proc = subprocess.run(run_cmd(space, storage, "div", 3, "--lr", "10"), cwd=tmp_path, env=env_for(token_cache),
@@ -125,6 +127,7 @@ def test_diverging_proxy_fails_with_its_reason_and_the_study_goes_on(tmp_path, t
     assert all(t.user_attrs["status"] == "diverged" and "loss" in t.user_attrs["reason"] for t in failed)
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_within_a_step_with_trials_recorded(tmp_path, token_cache, space):
     """Ctrl-C in the middle of a trial's training ends the run at once: it stops inside the step in flight, records
     the finished trials and the interrupted one, and exits. "At once" is judged against the same machine's speed

@@ -6,6 +6,7 @@ import sys
 import threading
 
 import optuna
+import pytest
 import sqlalchemy as sa
 from optuna.trial import TrialState
 
@@ -64,6 +65,7 @@ print(json.dumps(popped))
 """
 
 
+@pytest.mark.slow
 def test_processes_popping_queued_trials_from_sqlite_never_share_one(tmp_path):
     """Optuna guards the pop of an enqueued trial with SELECT ... FOR UPDATE, which SQLite ignores: before the
     fix, 4 processes popping 60 queued trials popped 6-14 of them twice (3 runs of 3), and two workers trained

@@ -53,6 +53,7 @@ class FailMyTrialAt(RunReporter):
         self.done = True
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["sqlite", "journal"])
 def test_a_worker_whose_trial_is_failed_under_it_keeps_the_result_and_goes_on(kind, tmp_path, token_cache):
     storage = f"sqlite:///{tmp_path / 's.db'}" if kind == "sqlite" else f"journal:{tmp_path / 's.log'}"
