@@ -146,11 +146,14 @@ SPACE_SCHEMA_VERSION = 1
 # existed keeps its configuration and its derived name: the study made by commit eeb668a
 # (tests/fixtures/study-eeb668a.sql) has no knob field, no searched knob and no race setting, and it ran with
 # the knobs off (today's model, so none of its trials has a knob) and is raced on resume at target 4, 3 seeds, 3
-# contenders (the race's first settings, commit 16303f0). Pinned here and not read from the dataclasses'
-# defaults: a later default must not change what an old study meant. Keys absent from this table that a
-# section lacks take the dataclass's default (a study stores what changes its results, not e.g. the device).
+# contenders (the race's first settings, commit 16303f0). Every study has stored its dtype (since the first
+# search, commit ef78507); a missing one reads as fp32, as the audit read it, never as "auto". Pinned here and
+# not read from the dataclasses' defaults: a later default must not change what an old study meant. Keys absent
+# from this table that a section lacks take the dataclass's default (a study stores what changes its results,
+# not e.g. the device).
 STORED_OMITTED_DEFAULTS: dict[str, dict[str, Any]] = {
     "model": dict(KNOB_FIELD_DEFAULTS),
+    "train": {"dtype": "fp32"},
     "search": {"knobs": (), "target": 4.0, "race_seeds": 3, "race_contenders": 3},
 }
 

@@ -57,6 +57,8 @@ def test_an_unversioned_stored_config_reads_as_version_0_with_the_settings_it_ra
     assert (space.search.target, space.search.race_seeds, space.search.race_contenders) == (4.0, 3, 3)
     for name in ("steps", "batch_size", "lr", "eval_fractions", "eval_windows", "seed", "dtype"):
         assert getattr(space.train, name) == getattr(made_from.train, name), name
+    without_dtype = stored | {"train": {k: v for k, v in stored["train"].items() if k != "dtype"}}
+    assert SpaceConfig.from_dict(without_dtype).train.dtype == "fp32"  # never "auto": a study ran in one dtype
 
 
 def test_a_newer_schema_version_is_refused():

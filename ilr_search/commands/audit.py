@@ -28,7 +28,7 @@ from ilr_search.errors import UserInputError
 from ilr_search.analysis.fidelity import audit_report
 from ilr_search.knobs import with_knobs
 from ilr_search.analysis.results import Curves, curves_by_trial, is_baseline_key, study_front, trained_trials
-from ilr_search.search.plan import safe_name, stored_config
+from ilr_search.search.plan import CONFIG_ATTR, StoredConfig, safe_name, stored_config
 from ilr_search.search.progress import RunReporter
 from ilr_search.search.race import FINAL_STATES, is_finished, longer_train_config, run_checkpoint, train_run
 from ilr_search.search.run import disk_full_is_reported
@@ -129,13 +129,13 @@ def _run_audit(study_name: str, storage: str | None, settings: AuditSettings, re
     kind, k = check_settings(settings)
     spec = parse_storage(storage)
     study = open_study(spec, study_name)
-    config = stored_config(study.user_attrs)
-    if config is None:
+    if CONFIG_ATTR not in study.user_attrs:
         raise UserInputError(f"study {study_name!r} was not made by ilr-search; nothing to audit")
     trials = study.get_trials(deepcopy=False)
     if not any(t.state == TrialState.COMPLETE for t in trials):
         raise UserInputError(f"study {study_name!r} has no complete trial yet; run it first "
                              f"(ilr-search run ... --study {study_name})")
+    config = StoredConfig.from_dict(study.user_attrs[CONFIG_ATTR])
     proxy_steps = config.space.train.steps
     steps = max(1, round(settings.factor * proxy_steps))
     space = stored_space(study, steps)
