@@ -14,7 +14,7 @@ import dataclasses
 import os
 import signal
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import multiprocessing as mp
 import queue
@@ -64,6 +64,18 @@ def check_device_memory(model: ModelConfig, layer_runs: int, batch_size: int, de
             f"{total / GIB:.1f} GiB are free; use --workers {fit} or less" + (", or a smaller --batch-size" if fit == 0 else ""))
 
 
+class WorkerEventReporter(Protocol):
+    """What the parent's reporter shows of its workers (cli/ui.py WorkersReporter, commands/tracking.py)."""
+
+    def worker_study_started(self, worker: int, study: str, target: int, finished: int) -> None: ...
+    def worker_trial_started(self, worker: int, number: int, reuse_map: list[int], steps: int, knobs: str = "") -> None: ...
+    def worker_step(self, worker: int, step: int, steps: int, loss: float) -> None: ...
+    def worker_trial_finished(self, worker: int, row: dict[str, Any], front: list[dict[str, Any]], finished: int) -> None: ...
+    def worker_reference_started(self, worker: int, name: str, index: int, count: int, steps: int) -> None: ...
+    def worker_reference_finished(self, worker: int, name: str) -> None: ...
+    def worker_message(self, worker: int, text: str) -> None: ...
+
+
 # A worker's events, one dataclass per kind, sent to the parent over a multiprocessing queue (pickled as they
 # are: the queue is their one serialisation) and handed to the parent's reporter by `deliver`, which calls the
 # reporter's worker_* method of that kind (cli/ui.py WorkersReporter, commands/tracking.py).
@@ -76,7 +88,7 @@ class StudyStarted:
     target: int
     finished: int
 
-    def deliver(self, reporter: Any) -> None:
+    def deliver(self, reporter: WorkerEventReporter) -> None:
         reporter.worker_study_started(self.worker, self.study, self.target, self.finished)
 
 
@@ -88,7 +100,7 @@ class TrialStarted:
     steps: int
     knobs: str = ""
 
-    def deliver(self, reporter: Any) -> None:
+    def deliver(self, reporter: WorkerEventReporter) -> None:
         reporter.worker_trial_started(self.worker, self.number, self.reuse_map, self.steps, self.knobs)
 
 
@@ -99,7 +111,7 @@ class Step:
     steps: int
     loss: float
 
-    def deliver(self, reporter: Any) -> None:
+    def deliver(self, reporter: WorkerEventReporter) -> None:
         reporter.worker_step(self.worker, self.step, self.steps, self.loss)
 
 
@@ -110,7 +122,7 @@ class TrialFinished:
     front: list[dict[str, Any]]
     finished: int
 
-    def deliver(self, reporter: Any) -> None:
+    def deliver(self, reporter: WorkerEventReporter) -> None:
         reporter.worker_trial_finished(self.worker, self.row, self.front, self.finished)
 
 
@@ -122,7 +134,7 @@ class ReferenceStarted:
     count: int
     steps: int
 
-    def deliver(self, reporter: Any) -> None:
+    def deliver(self, reporter: WorkerEventReporter) -> None:
         reporter.worker_reference_started(self.worker, self.name, self.index, self.count, self.steps)
 
 
@@ -131,7 +143,7 @@ class ReferenceFinished:
     worker: int
     name: str
 
-    def deliver(self, reporter: Any) -> None:
+    def deliver(self, reporter: WorkerEventReporter) -> None:
         reporter.worker_reference_finished(self.worker, self.name)
 
 
@@ -140,7 +152,7 @@ class Message:
     worker: int
     text: str
 
-    def deliver(self, reporter: Any) -> None:
+    def deliver(self, reporter: WorkerEventReporter) -> None:
         reporter.worker_message(self.worker, self.text)
 
 
