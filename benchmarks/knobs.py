@@ -55,17 +55,18 @@ def configurations(reuse_map: list[int]) -> list[tuple[str, list[int], dict]]:
 
 def run_proxy_study(args: argparse.Namespace, seed: int) -> None:
     """One seed's study: the configurations enqueued, then run to completion (resumes if it exists)."""
-    from ilr_search.search.run import prepare_study, run_study
+    from ilr_search.search.run import RunRequest, prepare_study, run_study
 
     space = load_space(args.space, overrides(seed))
     reuse_map = parse_reuse_map(args.map, space.model.n_layers)
     configs = configurations(reuse_map)
     name = f"{args.prefix}-seed{seed}"
-    prepared = prepare_study(space, args.budget, name, args.storage, n_trials=len(configs))
+    request = RunRequest(space, args.budget, name, args.storage, n_trials=len(configs), race=False)  # audited at 4x below
+    prepared = prepare_study(request)
     if not prepared.study.trials:
         for _, m, knobs in configs:
             prepared.study.enqueue_trial({f"r{i}": r for i, r in enumerate(m)} | knobs)
-    run_study(space, args.budget, name, args.storage, n_trials=len(configs), race=False)  # audited at 4x below
+    run_study(request)
 
 
 def main() -> None:

@@ -17,7 +17,8 @@ import json
 from ilr_search.space import load_space
 from ilr_search.search.studies import list_trials
 from ilr_search.cli.ui import RichReporter, WorkersReporter
-from ilr_search.commands.workers import RunArgs, run_workers
+from ilr_search.commands.workers import run_workers
+from ilr_search.search.run import RunRequest
 
 PAPER_MAPS = ((1, 1, 1, 1), (2, 1, 1, 1), (1, 2, 1, 1), (1, 1, 2, 1), (1, 1, 1, 2), (1, 1, 2, 4), (1, 2, 2, 3),
               (2, 2, 2, 2), (3, 2, 2, 1), (4, 2, 1, 1))
@@ -45,9 +46,9 @@ def main() -> None:
     args = ap.parse_args()
 
     space = load_space(args.space, {"train": {"steps": args.steps}})
-    run_args = RunArgs(space, args.budget, args.study, args.storage, args.n_trials, None, None, None, PAPER_MAPS)
+    request = RunRequest(space, args.budget, args.study, args.storage, args.n_trials, enqueue_maps=PAPER_MAPS)
     with (WorkersReporter() if args.workers > 1 else RichReporter()) as reporter:
-        summary = run_workers(run_args, args.workers, reporter)
+        summary = run_workers(request, args.workers, reporter)
     rows = [r for r in list_trials(args.study, args.storage)
             if r["state"] == "COMPLETE" and r.get("val_ppl") and r.get("reused_from") is None]
     paper = [r for r in rows if tuple(r["reuse_map"]) in PAPER_MAPS]

@@ -24,7 +24,8 @@ import optuna
 
 from ilr_search.space import load_space
 from ilr_search.search.progress import RunReporter
-from ilr_search.commands.workers import RunArgs, run_workers
+from ilr_search.commands.workers import run_workers
+from ilr_search.search.run import RunRequest
 
 
 class Silent(RunReporter):
@@ -35,7 +36,7 @@ class Silent(RunReporter):
 def measure(space, budget: str, workers: int, n_trials: int, folder: Path) -> dict:
     storage = f"sqlite:///{folder / f'workers{workers}.db'}"
     t0 = time.perf_counter()
-    summary = run_workers(RunArgs(space, budget, f"w{workers}", storage, n_trials, None, None, "none"), workers, Silent())
+    summary = run_workers(RunRequest(space, budget, f"w{workers}", storage, n_trials, pruner="none"), workers, Silent())
     wall = time.perf_counter() - t0
     trials = optuna.load_study(study_name=f"w{workers}", storage=storage).get_trials(deepcopy=False)
     trained = [t for t in trials if t.state.is_finished() and "reused_from" not in t.user_attrs
@@ -65,7 +66,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        run_workers(RunArgs(space, args.budget, "warmup", f"sqlite:///{folder / 'warmup.db'}", 1, None, None, "none"),
+        run_workers(RunRequest(space, args.budget, "warmup", f"sqlite:///{folder / 'warmup.db'}", 1, pruner="none"),
                     1, Silent())
         for workers, n in zip(counts, trials):
             rows.append(measure(space, args.budget, workers, n, folder))

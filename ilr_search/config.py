@@ -135,6 +135,39 @@ class SearchConfig:
     enqueue: tuple[str, ...] = ()
 
 
+# The version of the stored configuration's layout (SpaceConfig.to_dict, and the study configuration plan.py
+# stores). 0: no `schema_version` key, what every study stored before this field existed; 1: the same sections
+# and keys, with the version written. A later layout gets a new number and its own reading in from_dict.
+SPACE_SCHEMA_VERSION = 1
+
+
+# What a stored configuration that lacks a key ran with (versions 0 and 1 alike). A study leaves the knob
+# fields out while they are off and the race settings out at these values, so that a study made before they
+# existed keeps its configuration and its derived name: the study made by commit eeb668a
+# (tests/fixtures/study-eeb668a.sql) has no knob field, no searched knob and no race setting, and it ran with
+# the knobs off (today's model, so none of its trials has a knob) and is raced on resume at target 4, 3 seeds, 3
+# contenders (the race's first settings, commit 16303f0). Every study has stored its dtype (since the first
+# search, commit ef78507); a missing one reads as fp32, as the audit read it, never as "auto". Pinned here and
+# not read from the dataclasses' defaults: a later default must not change what an old study meant. Keys absent
+# from this table that a section lacks take the dataclass's default (a study stores what changes its results,
+# not e.g. the device).
+STORED_OMITTED_DEFAULTS: dict[str, dict[str, Any]] = {
+    "model": dict(KNOB_FIELD_DEFAULTS),
+    "train": {"dtype": "fp32"},
+    "search": {"knobs": (), "target": 4.0, "race_seeds": 3, "race_contenders": 3},
+}
+
+
+def _section(cls: type, stored: Mapping[str, Any], omitted: Mapping[str, Any]) -> Any:
+    """One dataclass from its stored section: the keys it knows (lists back to tuples), `omitted` for the
+    keys missing, the dataclass's defaults for the rest."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    values = {k: v for k, v in {**omitted, **stored}.items() if k in fields}
+    defaults = cls()
+    return cls(**{k: tuple(v) if isinstance(getattr(defaults, k), tuple) and isinstance(v, list) else v
+                  for k, v in values.items()})
+
+
 @dataclass(frozen=True)
 class SpaceConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -145,6 +178,25 @@ class SpaceConfig:
 
     def baseline(self) -> list[int]:
         return [1] * self.model.n_layers
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, JSON-ready (tuples as lists), with the layout's `schema_version`; from_dict reads it back."""
+        sections = {name: {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(getattr(self, name)).items()}
+                    for name in ("model", "data", "train", "search")}
+        return {"schema_version": SPACE_SCHEMA_VERSION, **sections, "source": self.source}
+
+    @classmethod
+    def from_dict(cls, stored: Mapping[str, Any]) -> SpaceConfig:
+        """The space of a stored dict: to_dict's, or a study's stored configuration of any version up to
+        SPACE_SCHEMA_VERSION (no `schema_version`: version 0), whose missing keys take STORED_OMITTED_DEFAULTS
+        and then the dataclasses' defaults. Keys of no field (a study's budget, init_depth) are left out."""
+        version = stored.get("schema_version", 0)
+        if not isinstance(version, int) or not 0 <= version <= SPACE_SCHEMA_VERSION:
+            raise ValueError(f"stored configuration of schema version {version!r}; this ilr-search reads versions "
+                             f"0 to {SPACE_SCHEMA_VERSION} (a newer ilr-search stored it)")
+        kinds = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "search": SearchConfig}
+        return cls(**{name: _section(kind, stored.get(name, {}), STORED_OMITTED_DEFAULTS.get(name, {}))
+                      for name, kind in kinds.items()}, source=str(stored.get("source", "")))
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from ilr_search.config import PrunerSettings
 from ilr_search.space import load_space
 from ilr_search.storage import open_store, parse_storage
 from ilr_search.storage import AuditJob, AuditRow, CurvePoint, JournalStore, SQLStore
-from ilr_search.search.run import run_study
+from ilr_search.search.run import RunRequest, run_study
 from ilr_search.search.studies import trials_report
 
 SPACE = ROOT / "tests" / "spaces" / "tiny.toml"
@@ -148,8 +148,8 @@ def small_study(tmp_path_factory, token_cache):
     db = root / "a.db"
     space = load_space(SPACE, {"search": {"noise_seeds": 0, "families": ["ilr"], "prune_calibration_maps": 3},
                                "train": {"steps": 16}})
-    summary = run_study(space, "2x", "aud", f"sqlite:///{db}", n_trials=6, sampler="random",
-                        checkpoint_dir=root / "ck")
+    summary = run_study(RunRequest(space, "2x", "aud", f"sqlite:///{db}", n_trials=6, sampler="random",
+                                   checkpoint_dir=root / "ck"))
     assert summary["pruner"] == "pareto"  # the calibrated default, live
     return root, db, summary
 

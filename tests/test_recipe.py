@@ -19,13 +19,13 @@ else:  # pragma: no cover
 @pytest.fixture(scope="module")
 def small_study(tmp_path_factory, token_cache):
     """A real 4-trial study of the tiny space (no references: the recipe reads only trials)."""
-    from ilr_search.search.run import run_study
+    from ilr_search.search.run import RunRequest, run_study
     from ilr_search.space import load_space
 
     root = tmp_path_factory.mktemp("recipe")
     space = load_space(write_space(root / "space.toml", search=NO_REFERENCES))
     url = f"sqlite:///{root / 'r.db'}"
-    summary = run_study(space, "2x", "rec", url, n_trials=4, pruner="none", checkpoint_dir=root / "ck")
+    summary = run_study(RunRequest(space, "2x", "rec", url, n_trials=4, pruner="none", checkpoint_dir=root / "ck"))
     return root, url, summary
 
 

@@ -10,7 +10,7 @@ from ilr_search.commands.report import export_trials, pareto_report
 from ilr_search.space import load_space
 from ilr_search.storage import JournalStore, SQLStore, open_storage, open_store, parse_storage
 from ilr_search.storage.optuna_storage import rdb_engine
-from ilr_search.search import run_study
+from ilr_search.search import RunRequest, run_study
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -61,7 +61,7 @@ def test_run_audit_and_reports_open_no_engine_beside_optunas(tmp_path, token_cac
     monkeypatch.setattr(SQLStore, "__init__", recording_store_init)
     url = f"sqlite:///{tmp_path / 'w.db'}"
     space = load_space(TINY_SPACE, {"search": NO_REFERENCES, "train": {"steps": 8}})
-    run_study(space, "2x", "w", url, n_trials=2, sampler="random", pruner="none", checkpoint_dir=tmp_path / "ck")
+    run_study(RunRequest(space, "2x", "w", url, n_trials=2, sampler="random", pruner="none", checkpoint_dir=tmp_path / "ck"))
     run_audit("w", url, AuditSettings(factor=1.0, maps="top:1"), checkpoint_dir=tmp_path / "ck")
     pareto_report("w", url)
     export_trials("w", url, tmp_path / "t.csv")

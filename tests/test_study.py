@@ -95,7 +95,7 @@ def test_a_trial_writes_its_attributes_in_two_transactions(tmp_path, token_cache
     """The proposal's attributes and the result's are one transaction each (an fsync each on SQLite), not one
     per attribute (14 per trial before)."""
     import sqlalchemy as sa
-    from ilr_search.search import run_study
+    from ilr_search.search import RunRequest, run_study
     from ilr_search.space import load_space
 
     per_transaction: list[int] = []  # user-attribute writes of each committed transaction
@@ -117,7 +117,7 @@ def test_a_trial_writes_its_attributes_in_two_transactions(tmp_path, token_cache
     sa.event.listen(sa.engine.Engine, "before_cursor_execute", on_execute)
     sa.event.listen(sa.engine.Engine, "commit", on_commit)
     try:
-        run_study(space, "2x", "tx", f"sqlite:///{tmp_path / 'tx.db'}", n_trials=3, pruner="none")
+        run_study(RunRequest(space, "2x", "tx", f"sqlite:///{tmp_path / 'tx.db'}", n_trials=3, pruner="none"))
     finally:
         sa.event.remove(sa.engine.Engine, "before_cursor_execute", on_execute)
         sa.event.remove(sa.engine.Engine, "commit", on_commit)

@@ -48,3 +48,38 @@ def test_proxy_memory_grows_with_layer_runs_batch_and_dtype():
     assert proxy_memory_bytes(cfg, 4, 128, bf16=True) > one
     assert proxy_memory_bytes(cfg, 4, 64, bf16=False) > one
     assert 0.5 * 2**30 < one < 8 * 2**30  # the paper-small proxy: a few GiB, not MiB or TiB
+
+
+class Recorder:
+    """A parent's reporter that writes down each worker_* call it gets."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        if not name.startswith("worker_"):
+            raise AttributeError(name)
+        return lambda *args: self.calls.append((name, args))
+
+
+def test_every_worker_event_crosses_a_process_queue_and_reaches_its_reporter_method():
+    import multiprocessing as mp
+    import typing
+
+    from ilr_search.commands.workers import QueueReporter, WorkerEvent
+
+    events = mp.get_context("spawn").Queue()
+    sent = QueueReporter(events, worker=3)
+    row, front = {"trial": 1, "reuse_map": [2, 1, 1], "val_ppl": 9.5}, [{"trial": 1, "flops_ratio": 1.3}]
+    calls = [("study_started", ("s", 7, 2)), ("trial_started", (4, [2, 1, 1], 16, "injection=add")),
+             ("step", (5, 16, 2.25)), ("trial_finished", (row, front, 3)), ("reference_started", ("block2", 0, 2, 16)),
+             ("reference_finished", ("block2",)), ("message", ("hello",))]
+    for method, args in calls:
+        getattr(sent, method)(*args)
+    recorder = Recorder()
+    received = [events.get(timeout=60) for _ in calls]
+    assert len({type(e) for e in received}) == len(calls)  # one event kind per reporter method
+    for event in received:
+        assert isinstance(event, typing.get_args(WorkerEvent)) and event.worker == 3
+        event.deliver(recorder)
+    assert recorder.calls == [(f"worker_{method}", (3, *args)) for method, args in calls]

@@ -11,6 +11,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from ilr_search.config import SpaceConfig
 from ilr_search.knobs import format_knobs
 from ilr_search.analysis.pareto import pareto_front
 from ilr_search.storage import CurvePoint, Store, TrainCurvePoint
@@ -84,9 +85,9 @@ def curve_rows(study: optuna.Study, store: Store) -> list[CurveRow]:
                                                                 q.tokens, q.loss))
     for number in sorted(by_trial):
         rows += by_trial[number]
-    config = study.user_attrs.get("ilr:config", {})
-    train_cfg, model = config.get("train", {}), config.get("model", {})
-    tokens_per_step = int(train_cfg.get("batch_size", 0)) * int(train_cfg.get("grad_accum", 1)) * int(model.get("seq_len", 0))
+    config = study.user_attrs.get("ilr:config")  # search/plan.py's CONFIG_ATTR (analysis sits below search)
+    space = SpaceConfig.from_dict(config) if config is not None else None
+    tokens_per_step = (space.train.batch_size * space.train.grad_accum * space.model.seq_len) if space is not None else 0
     for name, ref in sorted(references(study).items()):
         label = ",".join(map(str, ref["reuse_map"])) if ref.get("reuse_map") else name
         rows += [CurveRow(None, name, label, "val", int(step), int(step) * tokens_per_step, float(loss))

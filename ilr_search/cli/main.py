@@ -267,7 +267,7 @@ def run(
 ) -> None:
     """Search reuse maps under a FLOP budget; running it again resumes the study."""
     from ilr_search.search.maps import split_enqueue_text
-    from ilr_search.search.run import check_fuse
+    from ilr_search.search.run import RunRequest, check_fuse
     from ilr_search.space import load_space, parse_target
 
     searched = None if knobs is None else [k.strip() for k in knobs.split(",") if k.strip()]
@@ -281,24 +281,24 @@ def run(
         raise UserInputError("--fuse with --workers is not supported yet; use one of them")
     space = load_space(opts.space, overrides)
     fuse = fuse if fuse is not None else (space.search.fuse if workers == 1 else 1)
+    request = RunRequest(space, budget, study, storage, n_trials=n_trials, timeout=timeout, sampler=sampler,
+                         pruner=pruner, fuse=fuse)
     tracked = tracked_reporter(track, storage, open_uri=not dry_run)
     if dry_run:
         from ilr_search.commands.dryrun import dry_run_report
 
-        emit(dry_run_report(space, budget, study, storage, n_trials, sampler, pruner, workers), json_out, ui.print_plan)
+        emit(dry_run_report(request, workers), json_out, ui.print_plan)
         return
     if workers != 1:
-        from ilr_search.commands.workers import RunArgs, run_workers
+        from ilr_search.commands.workers import run_workers
 
         with tracked(ui.WorkersReporter(enabled=True)) as reporter:
-            summary = run_workers(RunArgs(space, budget, study, storage, n_trials, timeout, sampler, pruner),
-                                  workers, reporter)
+            summary = run_workers(request, workers, reporter)
     else:
         from ilr_search.search.run import run_study
 
         with tracked(ui.RichReporter(enabled=True)) as reporter:
-            summary = run_study(space, budget, study, storage, n_trials, timeout, sampler, pruner, reporter,
-                                fuse=fuse)
+            summary = run_study(request, reporter)
     emit(summary, json_out, ui.print_run)
     if summary.get("interrupted"):
         raise typer.Exit(130)

@@ -8,6 +8,7 @@ claimed before it is trained, as trials claim maps, so concurrent audit workers 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import random
@@ -20,14 +21,14 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from ilr_search.config import AuditSettings, DataConfig, ModelConfig, SearchConfig, SpaceConfig, TrainConfig
+from ilr_search.config import AuditSettings, SpaceConfig
 from ilr_search.data.tokenizers import check_vocab, model_config
 from ilr_search.data.tokens import load_space_tokens
 from ilr_search.errors import UserInputError
 from ilr_search.analysis.fidelity import audit_report
 from ilr_search.knobs import with_knobs
 from ilr_search.analysis.results import Curves, curves_by_trial, is_baseline_key, study_front, trained_trials
-from ilr_search.search.plan import CONFIG_ATTR, RESULT_TRAIN_FIELDS, safe_name
+from ilr_search.search.plan import CONFIG_ATTR, StoredConfig, safe_name, stored_config
 from ilr_search.search.progress import RunReporter
 from ilr_search.search.race import FINAL_STATES, is_finished, longer_train_config, run_checkpoint, train_run
 from ilr_search.search.run import disk_full_is_reported
@@ -105,15 +106,14 @@ def _pruned_near_front(trained: list[FrozenTrial], curves: Curves) -> list[Froze
 
 
 def stored_space(study: optuna.Study, steps: int) -> SpaceConfig:
-    """The study's own configuration (as stored at creation), with `steps` training steps."""
-    config = study.user_attrs[CONFIG_ATTR]
-    train = {k: v for k, v in config["train"].items() if k in RESULT_TRAIN_FIELDS}
-    train |= {"eval_fractions": tuple(train["eval_fractions"]), "steps": steps,
-              "dtype": config["train"].get("dtype", "fp32"), "checkpoint_every": max(1, steps // 8)}
-    search = config.get("search", {})
-    return SpaceConfig(model=ModelConfig(**config["model"]), data=DataConfig(**config["data"]),
-                       train=TrainConfig(**train),
-                       search=SearchConfig(max_reuse=search.get("max_reuse", 4), knobs=tuple(search.get("knobs", ()))))
+    """The study's own configuration (as stored at creation, read by SpaceConfig.from_dict whatever its schema
+    version), with `steps` training steps and a checkpoint every eighth of them."""
+    config = stored_config(study.user_attrs)
+    if config is None:
+        raise UserInputError(f"study {study.study_name!r} was not made by ilr-search; it has no stored settings")
+    space = config.space
+    return dataclasses.replace(space, train=dataclasses.replace(space.train, steps=steps,
+                                                                checkpoint_every=max(1, steps // 8)))
 
 
 def run_audit(study_name: str, storage: str | None = None, settings: AuditSettings = AuditSettings(),
@@ -135,10 +135,11 @@ def _run_audit(study_name: str, storage: str | None, settings: AuditSettings, re
     if not any(t.state == TrialState.COMPLETE for t in trials):
         raise UserInputError(f"study {study_name!r} has no complete trial yet; run it first "
                              f"(ilr-search run ... --study {study_name})")
-    proxy_steps = int(study.user_attrs[CONFIG_ATTR]["train"]["steps"])
+    config = StoredConfig.from_dict(study.user_attrs[CONFIG_ATTR])
+    proxy_steps = config.space.train.steps
     steps = max(1, round(settings.factor * proxy_steps))
     space = stored_space(study, steps)
-    init_depth = int(study.user_attrs[CONFIG_ATTR]["search"].get("init_depth", 0))  # for the depth_init knob
+    init_depth = config.init_depth  # for the depth_init knob
     base_seed = space.train.seed
     curves = curves_by_trial(open_store(spec, study_name, read_only=True, storage=study_storage(study)).curve_points())
     chosen = select_maps(trials, curves, kind, k, base_seed)

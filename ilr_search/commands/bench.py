@@ -27,7 +27,7 @@ from ilr_search.search.maps import propose_map, seed_maps
 from ilr_search.search.plan import plan_study
 from ilr_search.search.progress import RunReporter
 from ilr_search.search.pruners import verdict_at_rung
-from ilr_search.search.run import run_study
+from ilr_search.search.run import RunRequest, run_study
 from ilr_search.search.samplers import build_sampler, sampler_settings
 from ilr_search.search.studies import open_study
 from ilr_search.space import load_space
@@ -60,8 +60,8 @@ def build_table(space_path: str | Path, out: str | Path, budget: str = "2x", sto
     name = study_name or (f"bench-{Path(space_path).stem}-{plan.budget.text}" + (f"-{steps}steps" if steps else "")
                           + (f"-sample{sample}-seed{seed}" if sample else ""))
     started = time.perf_counter()
-    run_study(space, budget, name, storage, n_trials=len(maps), sampler="random", pruner="none",
-              reporter=reporter, enqueue_maps=maps, race=False)  # the table: every map once, no race
+    run_study(RunRequest(space, budget, name, storage, n_trials=len(maps), sampler="random", pruner="none",
+                         enqueue_maps=tuple(map(tuple, maps)), race=False), reporter)  # the table: every map once, no race
     seconds = time.perf_counter() - started
     rows = []
     study = open_study(parse_storage(storage), name)

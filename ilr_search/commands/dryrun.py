@@ -14,14 +14,13 @@ import numpy as np
 
 from ilr_search.config import ModelConfig, SpaceConfig
 from ilr_search.data.tokens import TokenData, TokenSplit, cache_key, cache_root
-from ilr_search.errors import UserInputError
 from ilr_search.training.flops import flops_ratio
 from ilr_search.analysis.results import has_result
 from ilr_search.training.schedule import reuse_map_schedule
 from ilr_search.search.maps import repair_to_budget
 from ilr_search.search.plan import StudyPlan, adopt_stored_dtype, check_resume, stored_study
 from ilr_search.search.pruners import pruner_settings
-from ilr_search.search.run import ReferenceRun, planned_space, reference_runs
+from ilr_search.search.run import ReferenceRun, RunRequest, planned_space, reference_runs
 from ilr_search.search.samplers import sampler_settings
 from ilr_search.storage import open_storage, parse_storage
 from ilr_search.training.device import resolve_compile, resolve_device
@@ -68,23 +67,20 @@ def costliest_map(n_layers: int, max_reuse: int, max_layer_runs: int) -> list[in
     return repair_to_budget([max_reuse] * n_layers, max_layer_runs)
 
 
-def dry_run_report(space: SpaceConfig, budget: str, study_name: str | None = None, storage: str | None = None,
-                   n_trials: int | None = None, sampler: str | None = None, pruner: str | None = None,
-                   workers: int = 1, probe: bool = True) -> dict[str, Any]:
-    """The `run --dry-run` report: what the run would do, and how long its training would take without pruning
+def dry_run_report(request: RunRequest, workers: int = 1, probe: bool = True) -> dict[str, Any]:
+    """The `run --dry-run` report: what `request` would do, and how long its training would take without pruning
     or a map trained twice. Bad input raises as `run` would; nothing is written."""
-    spec = parse_storage(storage)
-    if n_trials is not None and n_trials <= 0:
-        raise UserInputError(f"--n-trials must be a positive number of trials, got {n_trials}")
-    space, plan = planned_space(space, budget, study_name, sampler, pruner)
+    spec = parse_storage(request.storage)
+    request.check()
+    space, plan = planned_space(request)
     existing = open_storage(spec, heartbeat=False) if spec.exists() else None
     if existing is not None and space.train.dtype == "auto":
         plan = adopt_stored_dtype(existing, plan)
-    check_resume(existing, spec, plan, sampler, pruner)
+    check_resume(existing, spec, plan, request.sampler, request.pruner)
     study = stored_study(existing, plan.name)
     trials = study.get_trials(deepcopy=False) if study is not None else []
     finished = sum(has_result(t) for t in trials)
-    target = n_trials or space.search.n_trials
+    target = request.target_trials
     refs = reference_runs(plan, trials)
     names = [r.name for r in refs] + (["second_seed"] if space.search.noise_seeds and not any(
         r.name == "second_seed" for r in refs) else [])  # the best recurrent map at a second seed, once known

@@ -25,7 +25,7 @@ from ilr_search.knobs import KnobValue, config_key, format_knobs, parse_knob_set
 from ilr_search.training.model import ILRTransformer, param_count
 from ilr_search.analysis.results import finite_or_none, references, study_front, trained_trials
 from ilr_search.training.schedule import block_schedule, format_reuse_map, parse_reuse_map, reuse_map_schedule
-from ilr_search.search.plan import CONFIG_ATTR
+from ilr_search.search.plan import stored_config
 from ilr_search.search.studies import open_study
 from ilr_search.storage import study_storage, open_store, parse_storage
 from ilr_search.training.train import OnStep, TrainResult, train_proxy
@@ -95,11 +95,11 @@ def load_study_settings(study_name: str, storage: str | None) -> StudySettingsVi
     from ilr_search.commands.audit import stored_space
 
     study = open_study(parse_storage(storage), study_name)
-    config = study.user_attrs.get(CONFIG_ATTR)
+    config = stored_config(study.user_attrs)
     if config is None:
         raise UserInputError(f"study {study_name!r} was not made by ilr-search; it has no stored settings")
-    space = stored_space(study, int(config["train"]["steps"]))
-    return StudySettingsView(study, space, int(config.get("search", {}).get("init_depth", 0)), dict(config["budget"]))
+    space = stored_space(study, config.space.train.steps)
+    return StudySettingsView(study, space, config.init_depth, {"text": config.budget_text, "ratio": config.budget_ratio})
 
 
 def _trained_by_key(trials: list[FrozenTrial]) -> dict[str, FrozenTrial]:

@@ -14,34 +14,20 @@ import dataclasses
 import os
 import signal
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import multiprocessing as mp
 import queue
 
-from ilr_search.config import ModelConfig, SpaceConfig
+from ilr_search.config import ModelConfig
 from ilr_search.errors import UserInputError
 from ilr_search.search.progress import RunReporter
-from ilr_search.search.run import disk_full_is_reported, prepare_study, run_study
+from ilr_search.search.run import RunRequest, disk_full_is_reported, prepare_study, run_study
 from ilr_search.training.device import resolve_device
 
 
 GIB = 1 << 30
 CUDA_CONTEXT_BYTES = GIB  # per process: the CUDA context, cuBLAS/cuDNN workspaces, compiled kernels
-
-
-@dataclass(frozen=True)
-class RunArgs:
-    """What every worker passes to `run_study`: the same study, the same settings."""
-    space: SpaceConfig
-    budget: str
-    study_name: str | None
-    storage: str | None
-    n_trials: int | None
-    timeout: float | None
-    sampler: str | None
-    pruner: str | None
-    enqueue_maps: tuple[tuple[int, ...], ...] = ()  # tried first (the parent enqueues them)
 
 
 def proxy_memory_bytes(model: ModelConfig, layer_runs: int, batch_size: int, bf16: bool) -> int:
@@ -78,44 +64,141 @@ def check_device_memory(model: ModelConfig, layer_runs: int, batch_size: int, de
             f"{total / GIB:.1f} GiB are free; use --workers {fit} or less" + (", or a smaller --batch-size" if fit == 0 else ""))
 
 
+class WorkerEventReporter(Protocol):
+    """What the parent's reporter shows of its workers (cli/ui.py WorkersReporter, commands/tracking.py)."""
+
+    def worker_study_started(self, worker: int, study: str, target: int, finished: int) -> None: ...
+    def worker_trial_started(self, worker: int, number: int, reuse_map: list[int], steps: int, knobs: str = "") -> None: ...
+    def worker_step(self, worker: int, step: int, steps: int, loss: float) -> None: ...
+    def worker_trial_finished(self, worker: int, row: dict[str, Any], front: list[dict[str, Any]], finished: int) -> None: ...
+    def worker_reference_started(self, worker: int, name: str, index: int, count: int, steps: int) -> None: ...
+    def worker_reference_finished(self, worker: int, name: str) -> None: ...
+    def worker_message(self, worker: int, text: str) -> None: ...
+
+
+# A worker's events, one dataclass per kind, sent to the parent over a multiprocessing queue (pickled as they
+# are: the queue is their one serialisation) and handed to the parent's reporter by `deliver`, which calls the
+# reporter's worker_* method of that kind (cli/ui.py WorkersReporter, commands/tracking.py).
+
+
+@dataclass(frozen=True)
+class StudyStarted:
+    worker: int
+    study: str
+    target: int
+    finished: int
+
+    def deliver(self, reporter: WorkerEventReporter) -> None:
+        reporter.worker_study_started(self.worker, self.study, self.target, self.finished)
+
+
+@dataclass(frozen=True)
+class TrialStarted:
+    worker: int
+    number: int
+    reuse_map: list[int]
+    steps: int
+    knobs: str = ""
+
+    def deliver(self, reporter: WorkerEventReporter) -> None:
+        reporter.worker_trial_started(self.worker, self.number, self.reuse_map, self.steps, self.knobs)
+
+
+@dataclass(frozen=True)
+class Step:
+    worker: int
+    step: int
+    steps: int
+    loss: float
+
+    def deliver(self, reporter: WorkerEventReporter) -> None:
+        reporter.worker_step(self.worker, self.step, self.steps, self.loss)
+
+
+@dataclass(frozen=True)
+class TrialFinished:
+    worker: int
+    row: dict[str, Any]
+    front: list[dict[str, Any]]
+    finished: int
+
+    def deliver(self, reporter: WorkerEventReporter) -> None:
+        reporter.worker_trial_finished(self.worker, self.row, self.front, self.finished)
+
+
+@dataclass(frozen=True)
+class ReferenceStarted:
+    worker: int
+    name: str
+    index: int
+    count: int
+    steps: int
+
+    def deliver(self, reporter: WorkerEventReporter) -> None:
+        reporter.worker_reference_started(self.worker, self.name, self.index, self.count, self.steps)
+
+
+@dataclass(frozen=True)
+class ReferenceFinished:
+    worker: int
+    name: str
+
+    def deliver(self, reporter: WorkerEventReporter) -> None:
+        reporter.worker_reference_finished(self.worker, self.name)
+
+
+@dataclass(frozen=True)
+class Message:
+    worker: int
+    text: str
+
+    def deliver(self, reporter: WorkerEventReporter) -> None:
+        reporter.worker_message(self.worker, self.text)
+
+
+WorkerEvent = StudyStarted | TrialStarted | Step | TrialFinished | ReferenceStarted | ReferenceFinished | Message
+
+
 class QueueReporter(RunReporter):
-    """A worker's events, sent to the parent's display."""
+    """A worker's reporter: each call becomes its WorkerEvent on the parent's queue."""
 
     def __init__(self, events: Any, worker: int) -> None:
         self.events, self.worker = events, worker
 
+    def send(self, event: WorkerEvent) -> None:
+        self.events.put(event)
+
     def study_started(self, study: str, target: int, finished: int) -> None:
-        self.events.put(("study_started", self.worker, study, target, finished))
+        self.send(StudyStarted(self.worker, study, target, finished))
 
     def trial_started(self, number: int, reuse_map: list[int], steps: int, knobs: str = "") -> None:
-        self.events.put(("trial_started", self.worker, number, reuse_map, steps, knobs))
+        self.send(TrialStarted(self.worker, number, list(reuse_map), steps, knobs))
 
     def step(self, step: int, steps: int, loss: float) -> None:
-        self.events.put(("step", self.worker, step, steps, loss))
+        self.send(Step(self.worker, step, steps, loss))
 
     def trial_finished(self, row: dict[str, Any], front: list[dict[str, Any]], finished: int) -> None:
-        self.events.put(("trial_finished", self.worker, row, front, finished))
+        self.send(TrialFinished(self.worker, row, front, finished))
 
     def reference_started(self, name: str, index: int, count: int, steps: int) -> None:
-        self.events.put(("reference_started", self.worker, name, index, count, steps))
+        self.send(ReferenceStarted(self.worker, name, index, count, steps))
 
     def reference_finished(self, name: str) -> None:
-        self.events.put(("reference_finished", self.worker, name))
+        self.send(ReferenceFinished(self.worker, name))
 
     def message(self, text: str) -> None:
-        self.events.put(("message", self.worker, text))
+        self.send(Message(self.worker, text))
 
 
-def _worker_main(args: RunArgs, worker: int, workers: int, events: Any) -> None:
+def _worker_main(request: RunRequest, worker: int, workers: int, events: Any) -> None:
     """One worker process: the study's trials until it has n_trials, then its share of the reference runs."""
     import torch
 
-    if resolve_device(args.space.train.device).type == "cpu":  # the cores are shared out, not oversubscribed
+    if resolve_device(request.space.train.device).type == "cpu":  # the cores are shared out, not oversubscribed
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
     reporter = QueueReporter(events, worker)
     try:
-        summary = run_study(args.space, args.budget, args.study_name, args.storage, args.n_trials, args.timeout,
-                            args.sampler, args.pruner, reporter, reference_share=(worker, workers))
+        summary = run_study(request, reporter, reference_share=(worker, workers))
     except KeyboardInterrupt:
         raise SystemExit(130)
     except UserInputError as e:
@@ -124,24 +207,25 @@ def _worker_main(args: RunArgs, worker: int, workers: int, events: Any) -> None:
     raise SystemExit(130 if summary.get("interrupted") else 0)
 
 
-def run_workers(args: RunArgs, workers: int, reporter: Any) -> dict[str, Any]:
-    """Run the study with `workers` processes; returns the `run --json` summary (with per-worker exit codes)."""
+def run_workers(request: RunRequest, workers: int, reporter: Any) -> dict[str, Any]:
+    """Run the study `request` asks for with `workers` processes, one map at a time each (request.fuse is not
+    used); returns the `run --json` summary (with per-worker exit codes)."""
     if workers < 1:
         raise UserInputError(f"--workers must be at least 1, got {workers}")
     with disk_full_is_reported():
-        prepared = prepare_study(args.space, args.budget, args.study_name, args.storage, args.n_trials,
-                                 args.timeout, args.sampler, args.pruner, [list(m) for m in args.enqueue_maps])
+        prepared = prepare_study(request)
     plan = prepared.plan
     check_device_memory(plan.model, plan.budget.max_layer_runs(plan.model), plan.space.train.batch_size,
                         plan.space.train.device, plan.dtype, workers)
     if workers > 1 and resolve_device(plan.space.train.device).type == "cuda":
         reporter.message(f"{workers} worker processes share one GPU by time-slicing; on an H200 at the paper-small "
                          "proxy they gave no more trials per hour than one (README, 'On a GPU')")
-    # Workers resume the study by name: a derived name is fixed here, so that none derives another.
-    args = dataclasses.replace(args, study_name=plan.name, n_trials=prepared.target)  # the enqueued maps' too
+    # Workers resume the study by name: a derived name is fixed here, so that none derives another; the target
+    # includes the trials of the maps enqueued here, which the workers find in the study (not enqueued again).
+    request = dataclasses.replace(request, study_name=plan.name, n_trials=prepared.target, enqueue_maps=(), fuse=1)
     ctx = mp.get_context("spawn")
     events = ctx.Queue()
-    procs = [ctx.Process(target=_worker_main, args=(args, k, workers, events), name=f"ilr-search worker {k}")
+    procs = [ctx.Process(target=_worker_main, args=(request, k, workers, events), name=f"ilr-search worker {k}")
              for k in range(workers)]
     for p in procs:
         p.start()
@@ -163,11 +247,10 @@ def run_workers(args: RunArgs, workers: int, reporter: Any) -> dict[str, Any]:
     if interrupted:
         from ilr_search.search.studies import summarize_stored
 
-        summary = summarize_stored(args.storage, plan.name)
+        summary = summarize_stored(request.storage, plan.name)
         summary["interrupted"] = True
     else:  # what a dead worker left undone, and the references still missing (the best map may have changed)
-        summary = run_study(args.space, args.budget, plan.name, args.storage, args.n_trials, args.timeout,
-                            args.sampler, args.pruner, reporter)
+        summary = run_study(request, reporter)
     summary["workers"] = [{"worker": k, "exit_code": code} for k, code in enumerate(codes)]
     return summary
 
@@ -176,9 +259,9 @@ def _relay(events: Any, procs: list[Any], reporter: Any) -> None:
     """Forward worker events to the reporter until every worker has ended and its events are shown."""
     while True:
         try:
-            kind, worker, *rest = events.get(timeout=0.2)
+            event: WorkerEvent = events.get(timeout=0.2)
         except queue.Empty:
             if not any(p.is_alive() for p in procs):
                 return
             continue
-        getattr(reporter, f"worker_{kind}")(worker, *rest)
+        event.deliver(reporter)

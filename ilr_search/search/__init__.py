@@ -26,7 +26,7 @@ warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning
 _EXPORTS = {
     "CONFIG_ATTR": "plan", "FIDELITY_ATTR": "plan", "SAMPLER_ATTR": "plan", "StudyPlan": "plan", "plan_study": "plan",
     "RunReporter": "progress",
-    "PreparedStudy": "run", "prepare_study": "run", "run_study": "run",
+    "PreparedStudy": "run", "RunRequest": "run", "prepare_study": "run", "run_study": "run",
     "default_study": "studies", "list_studies": "studies", "list_trials": "studies", "open_study": "studies",
     "summarize_stored": "studies", "trials_report": "studies",
 }

@@ -8,12 +8,13 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import optuna
 
-from ilr_search.config import KNOB_FIELD_DEFAULTS, ModelConfig, SearchConfig, SpaceConfig, StudySettings
+from ilr_search.config import SPACE_SCHEMA_VERSION, STORED_OMITTED_DEFAULTS, ModelConfig, SpaceConfig, StudySettings
 from ilr_search.data.tokenizers import model_config
 from ilr_search.errors import UserInputError
 from ilr_search.training.flops import Budget, parse_budget
@@ -63,24 +64,58 @@ RESULT_TRAIN_FIELDS = ("steps", "batch_size", "grad_accum", "lr", "warmup_frac",
 RACE_FIELDS = ("target", "race_seeds", "race_contenders")
 
 
+SCHEMA_KEY = "schema_version"  # in the stored configuration, but not part of what the study is (its name, resumes)
+
+
 def study_config(space: SpaceConfig, model: ModelConfig, budget: Budget, dtype: str) -> dict[str, Any]:
-    # Knob fields are stored only where they are not off, and the searched knobs only where there are some:
-    # a study made before the knobs existed keeps its configuration (and its derived name).
-    stored_model = {k: v for k, v in dataclasses.asdict(model).items()
-                    if k not in KNOB_FIELD_DEFAULTS or v != KNOB_FIELD_DEFAULTS[k]}
-    search: dict[str, Any] = {"max_reuse": space.search.max_reuse, "families": list(space.search.families),
-                              "objective": space.search.objective}
+    """What a study stores as its configuration (CONFIG_ATTR): the parts of the space (SpaceConfig.to_dict) that
+    change its results, its budget, and the schema version; SpaceConfig.from_dict reads it back."""
+    full = dataclasses.replace(space, model=model, train=dataclasses.replace(space.train, dtype=dtype)).to_dict()
+    # Knob fields are stored only where they are not off, the searched knobs only where there are some, and the
+    # race's length and seeds only where they are not STORED_OMITTED_DEFAULTS': a study made before these existed
+    # keeps its configuration (and its derived name), and from_dict reads the omitted values back.
+    omitted_model, omitted_search = STORED_OMITTED_DEFAULTS["model"], STORED_OMITTED_DEFAULTS["search"]
+    stored_model = {k: v for k, v in full["model"].items() if k not in omitted_model or v != omitted_model[k]}
+    search: dict[str, Any] = {k: full["search"][k] for k in ("max_reuse", "families", "objective")}
     if space.search.knobs:
-        search |= {"knobs": list(space.search.knobs), "init_depth": budget.max_layer_runs(model)}
-    # The race's length and seeds likewise, only where they are not the defaults.
-    search |= {k: getattr(space.search, k) for k in RACE_FIELDS if getattr(space.search, k) != getattr(SearchConfig(), k)}
+        search |= {"knobs": full["search"]["knobs"], "init_depth": budget.max_layer_runs(model)}
+    search |= {k: full["search"][k] for k in RACE_FIELDS if full["search"][k] != omitted_search[k]}
     return {
+        SCHEMA_KEY: SPACE_SCHEMA_VERSION,
         "model": stored_model,
-        "data": dataclasses.asdict(space.data),
-        "train": {k: getattr(space.train, k) for k in RESULT_TRAIN_FIELDS} | {"dtype": dtype},
+        "data": full["data"],
+        "train": {k: full["train"][k] for k in (*RESULT_TRAIN_FIELDS, "dtype")},
         "budget": {"text": budget.text, "ratio": round(budget.ratio, 9)},
         "search": search,
     }
+
+
+@dataclass(frozen=True)
+class StoredConfig:
+    """A study's stored configuration (CONFIG_ATTR) read back, whatever its schema version."""
+
+    space: SpaceConfig  # the study's space: its model with the tokenizer's vocabulary, train.dtype the study's
+    budget_text: str
+    budget_ratio: float
+    init_depth: int  # the depth_init knob's depth (the deepest schedule the budget pays for); 0: no knob searched
+    schema_version: int
+
+    @classmethod
+    def from_dict(cls, stored: Mapping[str, Any]) -> StoredConfig:
+        return cls(SpaceConfig.from_dict(stored), str(stored["budget"]["text"]), float(stored["budget"]["ratio"]),
+                   int(stored.get("search", {}).get("init_depth", 0)), int(stored.get(SCHEMA_KEY, 0)))
+
+
+def stored_config(study_attrs: Mapping[str, Any]) -> StoredConfig | None:
+    """The stored configuration of a study from its user attributes; None for a study not made by ilr-search."""
+    stored = study_attrs.get(CONFIG_ATTR)
+    return None if stored is None else StoredConfig.from_dict(stored)
+
+
+def study_identity(config: Mapping[str, Any]) -> dict[str, Any]:
+    """What names a study and what a resume must match: its stored configuration without the schema version
+    (a study stored before the version existed resumes under the same name, with the same check)."""
+    return canonical_config({k: v for k, v in config.items() if k != SCHEMA_KEY})
 
 
 def canonical_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -89,7 +124,7 @@ def canonical_config(config: dict[str, Any]) -> dict[str, Any]:
 
 def derive_study_name(config: dict[str, Any]) -> str:
     m, d = config["model"], config["data"]
-    digest = hashlib.sha256(json.dumps(canonical_config(config), sort_keys=True).encode()).hexdigest()[:8]
+    digest = hashlib.sha256(json.dumps(study_identity(config), sort_keys=True).encode()).hexdigest()[:8]
     corpus = "stdlib" if d["corpus"] == "stdlib" else Path(d["corpus"].replace(":", "-")).name[:24]
     return (f"ilr-L{m['n_layers']}-d{m['d_model']}-{m['pe']}-{corpus}-{d['tokenizer'].replace(':', '')}"
             f"-{config['budget']['ratio']:g}x-{digest}")
@@ -132,9 +167,10 @@ def adopt_stored_dtype(storage: optuna.storages.BaseStorage | None, plan: StudyP
     study = stored_study(storage, plan.name)
     if study is None:
         return plan
-    stored = study.user_attrs.get(CONFIG_ATTR, {}).get("train", {}).get("dtype")
-    if stored is None or stored == plan.dtype:
+    config = stored_config(study.user_attrs)
+    if config is None or config.space.train.dtype == plan.dtype:
         return plan
+    stored = config.space.train.dtype
     config = plan.config | {"train": plan.config["train"] | {"dtype": stored}}
     return dataclasses.replace(plan, dtype=stored, config=config)
 
@@ -175,7 +211,7 @@ def check_resume(storage: optuna.storages.BaseStorage | None, spec: StorageSpec,
         stored = study.user_attrs.get(CONFIG_ATTR)
     if stored is None:
         raise UserInputError(f"study {plan.name!r} in {spec.masked} was not made by ilr-search; choose another --study")
-    diffs = config_differences(stored, canonical_config(plan.config))
+    diffs = config_differences(study_identity(stored), study_identity(plan.config))
     settings = StudySettings.from_dict(study.user_attrs[SAMPLER_ATTR]) if SAMPLER_ATTR in study.user_attrs else None
     if settings is not None:
         diffs += search_differences(settings, plan.space, sampler, pruner)

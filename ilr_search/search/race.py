@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from ilr_search.config import ModelConfig, SearchConfig, TrainConfig
+from ilr_search.config import ModelConfig, SpaceConfig, TrainConfig
 from ilr_search.data.tokens import TokenData
 from ilr_search.training.flops import flops_ratio
 from ilr_search.knobs import KnobValue, config_key, format_knobs
@@ -74,15 +74,12 @@ class StoredResult:
 
 def race_settings(config: Mapping[str, Any]) -> RaceSettings:
     """The race of a study from its stored configuration (target, race_seeds, race_contenders stored only where not
-    the defaults): the proxy's length, the target length, and the seeds from the space's seed up."""
-    defaults = SearchConfig()
-    search, train = config.get("search", {}), config["train"]
-    base_steps, seed = int(train["steps"]), int(train["seed"])
-    factor = float(search.get("target", defaults.target))
-    n_seeds = int(search.get("race_seeds", defaults.race_seeds))
-    contenders = int(search.get("race_contenders", defaults.race_contenders))
-    return RaceSettings(base_steps, max(base_steps, round(factor * base_steps)), tuple(seed + i for i in range(n_seeds)),
-                        max_contenders=contenders)
+    the defaults, which SpaceConfig.from_dict reads back): the proxy's length, the target length, and the seeds
+    from the space's seed up."""
+    space = SpaceConfig.from_dict(config)
+    base_steps, seed, search = space.train.steps, space.train.seed, space.search
+    return RaceSettings(base_steps, max(base_steps, round(search.target * base_steps)),
+                        tuple(seed + i for i in range(search.race_seeds)), max_contenders=search.race_contenders)
 
 
 def races(settings: RaceSettings) -> bool:

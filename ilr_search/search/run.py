@@ -40,24 +40,48 @@ from ilr_search.search.samplers import build_sampler, sampler_settings
 from ilr_search.search.studies import summarize
 
 
-def run_study(space: SpaceConfig, budget: str, study_name: str | None = None, storage: str | None = None,
-              n_trials: int | None = None, timeout: float | None = None, sampler: str | None = None,
-              pruner: str | None = None, reporter: RunReporter | None = None,
-              checkpoint_dir: str | Path | None = None, enqueue_maps: list[list[int]] | None = None,
-              reference_share: tuple[int, int] = (0, 1), race: bool = True, fuse: int = 1) -> dict[str, Any]:
-    """Run (or resume) a study until it has `n_trials` finished trials, then race its contenders at more seeds
-    and up to the target length (race.py; `race` False: not, e.g. a benchmark table); returns the `run --json`
-    summary.
+@dataclass(frozen=True)
+class RunRequest:
+    """The study a run asks for, and how to run it: what `run` (the CLI and the Python API), its worker
+    processes and `run --dry-run` share. Settings left None take the space's (and on resume the study's)."""
 
-    `fuse` K > 1: ask for up to K trials at a time and train their maps fused (search/fused_trials.py).
+    space: SpaceConfig
+    budget: str  # forward compute per token: "1.5x", "150%" of the all-ones map, or FLOPs like "4.2e6"
+    study_name: str | None = None  # None: derived from the configuration (plan.derive_study_name)
+    storage: str | None = None  # an Optuna storage URL or journal:PATH; None: sqlite:///studies/ilr-search.db
+    n_trials: int | None = None  # finished trials the study reaches in total; None: the space's n_trials
+    timeout: float | None = None  # seconds after which no new trial starts
+    sampler: str | None = None  # overrides the space's; must match a resumed study's
+    pruner: str | None = None  # likewise
+    enqueue_maps: tuple[tuple[int, ...], ...] = ()  # tried first after the baseline (over-budget maps repaired)
+    checkpoint_dir: str | Path | None = None  # trial checkpoints go under it; None: studies/checkpoints
+    race: bool = True  # race the contenders after the trials (False: not, e.g. a benchmark table)
+    fuse: int = 1  # K > 1: ask for up to K trials at a time and train their maps fused (search/fused_trials.py)
 
-    `sampler`/`pruner` given here override the space's and must match a resumed study's. `enqueue_maps` are
-    tried first, after the baseline and the paper-inspired maps (over-budget maps are repaired). A full disk
-    ends the run with a StorageFullError; finished trials stay in the storage.
+    def check(self) -> None:
+        """Bad numbers raise a UserInputError, before anything is opened."""
+        if self.n_trials is not None and self.n_trials <= 0:
+            raise UserInputError(f"--n-trials must be a positive number of trials, got {self.n_trials}")
+        if self.timeout is not None and self.timeout <= 0:
+            raise UserInputError(f"--timeout must be a positive number of seconds, got {self.timeout}")
+        check_fuse(self.fuse)
+
+    @property
+    def target_trials(self) -> int:
+        """The finished trials asked for: n_trials, or the space's."""
+        return self.n_trials or self.space.search.n_trials
+
+
+def run_study(request: RunRequest, reporter: RunReporter | None = None,
+              reference_share: tuple[int, int] = (0, 1)) -> dict[str, Any]:
+    """Run (or resume) the study `request` asks for until it has its finished trials, then race its contenders
+    at more seeds and up to the target length (race.py; unless request.race is False); returns the `run
+    --json` summary. With `reference_share` (k, n), worker k of n trains its share of the reference runs.
+
+    A full disk ends the run with a StorageFullError; finished trials stay in the storage.
     """
     with disk_full_is_reported():
-        return _run_study(space, budget, study_name, storage, n_trials, timeout, sampler, pruner, reporter,
-                          checkpoint_dir, enqueue_maps, reference_share, race, fuse)
+        return _run_study(request, reporter or RunReporter(), reference_share)
 
 
 @dataclass
@@ -75,33 +99,28 @@ class PreparedStudy:
     target_raised_from: int | None = None  # --n-trials, where the enqueued maps raised it
 
 
-def planned_space(space: SpaceConfig, budget: str, study_name: str | None, sampler: str | None,
-                  pruner: str | None) -> tuple[SpaceConfig, StudyPlan]:
-    """The space with this run's sampler and pruner, checked, and the study it makes (nothing is opened)."""
-    search = dataclasses.replace(space.search, **{k: v for k, v in (("sampler", sampler), ("pruner", pruner)) if v})
-    space = dataclasses.replace(space, search=search)
+def planned_space(request: RunRequest) -> tuple[SpaceConfig, StudyPlan]:
+    """The space with the request's sampler and pruner, checked, and the study it makes (nothing is opened)."""
+    search = dataclasses.replace(request.space.search, **{k: v for k, v in (("sampler", request.sampler),
+                                                                          ("pruner", request.pruner)) if v})
+    space = dataclasses.replace(request.space, search=search)
     validate_space(space)
-    return space, plan_study(space, budget, study_name)
+    return space, plan_study(space, request.budget, request.study_name)
 
 
-def prepare_study(space: SpaceConfig, budget: str, study_name: str | None = None, storage: str | None = None,
-                  n_trials: int | None = None, timeout: float | None = None, sampler: str | None = None,
-                  pruner: str | None = None, enqueue_maps: list[list[int]] | None = None) -> PreparedStudy:
+def prepare_study(request: RunRequest) -> PreparedStudy:
     """Everything `run` does before its first trial: check the input (nothing on disk changes when it is bad),
     tokenize (cached), create or load the study, store its settings and enqueue the first maps. Workers
     started after it find all of this in place."""
-    spec = parse_storage(storage)
-    if n_trials is not None and n_trials <= 0:
-        raise UserInputError(f"--n-trials must be a positive number of trials, got {n_trials}")
-    if timeout is not None and timeout <= 0:
-        raise UserInputError(f"--timeout must be a positive number of seconds, got {timeout}")
-    space, plan = planned_space(space, budget, study_name, sampler, pruner)
+    spec = parse_storage(request.storage)
+    request.check()
+    space, plan = planned_space(request)
     existing = open_storage(spec) if spec.exists() else None  # the one storage handle of this worker
     if space.train.dtype == "auto":
         plan = adopt_stored_dtype(existing, plan)
-    stored_settings = check_resume(existing, spec, plan, sampler, pruner)
-    first = first_trials(plan, stored_study(existing, plan.name), n_trials or space.search.n_trials,
-                         list(space.search.enqueue) + [format_reuse_map(m) for m in enqueue_maps or []])
+    stored_settings = check_resume(existing, spec, plan, request.sampler, request.pruner)
+    first = first_trials(plan, stored_study(existing, plan.name), request.target_trials,
+                         list(space.search.enqueue) + [format_reuse_map(list(m)) for m in request.enqueue_maps])
 
     data = load_space_tokens(space)
     storage_obj = existing or open_storage(spec)
@@ -131,7 +150,7 @@ def prepare_study(space: SpaceConfig, budget: str, study_name: str | None = None
     for params in first.params:
         study.enqueue_trial(params, skip_if_exists=True)
     open_store(spec, plan.name, storage=storage_obj)  # the project's tables too, before any worker races to create them
-    asked_target = n_trials or space.search.n_trials
+    asked_target = request.target_trials
     return PreparedStudy(space, spec, plan, study, settings, data, first.target,
                          asked_target if first.target > asked_target else None)
 
@@ -169,14 +188,9 @@ def first_trials(plan: StudyPlan, study: optuna.Study | None, target: int, enque
                        target)
 
 
-def _run_study(space: SpaceConfig, budget: str, study_name: str | None = None, storage: str | None = None,
-               n_trials: int | None = None, timeout: float | None = None, sampler: str | None = None,
-               pruner: str | None = None, reporter: RunReporter | None = None,
-               checkpoint_dir: str | Path | None = None, enqueue_maps: list[list[int]] | None = None,
-               reference_share: tuple[int, int] = (0, 1), race: bool = True, fuse: int = 1) -> dict[str, Any]:
-    check_fuse(fuse)
-    reporter = reporter or RunReporter()
-    prepared = prepare_study(space, budget, study_name, storage, n_trials, timeout, sampler, pruner, enqueue_maps)
+def _run_study(request: RunRequest, reporter: RunReporter, reference_share: tuple[int, int]) -> dict[str, Any]:
+    timeout, fuse = request.timeout, request.fuse
+    prepared = prepare_study(request)
     space, spec, plan, study, settings, data = (prepared.space, prepared.spec, prepared.plan, prepared.study,
                                                 prepared.settings, prepared.data)
     store = open_store(spec, plan.name, storage=study_storage(study))
@@ -189,7 +203,7 @@ def _run_study(space: SpaceConfig, budget: str, study_name: str | None = None, s
         reporter.message(f"--n-trials {prepared.target_raised_from} raised to {target}: the enqueued maps need "
                          "trials of their own")
     run = FusedSearchRun(plan, spec, study, store, data, reporter, target,
-                    Path(checkpoint_dir or "studies/checkpoints") / safe_name(plan.name),
+                    Path(request.checkpoint_dir or "studies/checkpoints") / safe_name(plan.name),
                     pruner=build_pruner(settings.pruner, store, space.train.steps))
     finished = _n_finished(study)
     reporter.study_started(plan.name, target, finished)
@@ -239,7 +253,7 @@ def _run_study(space: SpaceConfig, budget: str, study_name: str | None = None, s
                     raise
     if not interrupted and _n_finished(study) >= target:
         train_references(run, reference_share)
-        if race:  # contenders at more seeds and longer, until the racing policy has decided (race.py)
+        if request.race:  # contenders at more seeds and longer, until the racing policy has decided (race.py)
             try:
                 run_race(plan, study, store, data, reporter, run.checkpoint_root / "audit", fuse)
             except KeyboardInterrupt:  # the run in training was freed for the next attempt; finished ones stay

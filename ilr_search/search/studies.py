@@ -13,7 +13,7 @@ from ilr_search.analysis.fidelity import audit_reports, study_fidelity
 from ilr_search.analysis.results import FINISHED, curves_by_trial, curves_of_trials, listed_trials, reference_rows, references, study_front, trial_row
 from ilr_search.storage import study_id, study_storage, StorageSpec, Store, open_storage, open_store, parse_storage
 
-from ilr_search.search.plan import CONFIG_ATTR, SAMPLER_ATTR
+from ilr_search.search.plan import SAMPLER_ATTR, stored_config
 from ilr_search.search.race import RACE_POINT_FIELDS, race_summary
 
 FRONT_FIELDS = ("trial", "reuse_map", "flops_ratio", "val_ppl", "val_bpb")  # of a front point in `run --json`
@@ -62,7 +62,8 @@ def summarize_stored(storage: str | None, study_name: str) -> dict[str, Any]:
 def fidelity_of(study: optuna.Study, store: Store, trials: list[FrozenTrial] | None = None) -> dict[str, Any]:
     """The study's fidelity (rung agreement, noise, second seed, audits, verdict) from its trials and rows."""
     trials = study.get_trials(deepcopy=False) if trials is None else trials
-    final_step = int(study.user_attrs.get(CONFIG_ATTR, {}).get("train", {}).get("steps", 0))
+    config = stored_config(study.user_attrs)
+    final_step = config.space.train.steps if config is not None else 0
     return study_fidelity(study.study_name, trials, curves_by_trial(store.curve_points()), study.user_attrs,
                           final_step, audit_reports(trials, store.audit_rows()))
 
@@ -110,12 +111,13 @@ def list_studies(storage: str | None = None) -> list[dict[str, Any]]:
     rows = []
     for summary in optuna.get_all_study_summaries(st, include_best_trial=False):
         study = optuna.load_study(study_name=summary.study_name, storage=st)
-        config = study.user_attrs.get(CONFIG_ATTR, {})
+        config = stored_config(study.user_attrs)
         trials = listed_trials(study.get_trials(deepcopy=False))
         ppls = [t.user_attrs["val_ppl"] for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("val_ppl")]
         rows.append({"study": summary.study_name, "n_trials": len(trials),
                      "n_complete": sum(t.state == TrialState.COMPLETE for t in trials),
-                     "budget": config.get("budget", {}).get("text"), "layers": config.get("model", {}).get("n_layers"),
+                     "budget": config.budget_text if config else None,
+                     "layers": config.space.model.n_layers if config else None,
                      "best_val_ppl": min(ppls) if ppls else None})
     return rows
 

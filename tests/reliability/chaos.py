@@ -34,7 +34,7 @@ from optuna.trial import TrialState
 from ilr_search.analysis.results import has_result, study_front
 from ilr_search.space import load_space
 from ilr_search.storage import open_storage, open_store, parse_storage
-from ilr_search.search.run import prepare_study
+from ilr_search.search.run import RunRequest, prepare_study
 
 HEARTBEAT_SECONDS = 1
 BUDGET = "2x"
@@ -104,7 +104,8 @@ class Chaos:
     # --- the pieces
     def prepare(self) -> None:
         """The study, made here, with A three times then B twice at the head of its queue."""
-        prepared = prepare_study(self.space, BUDGET, "chaos", self.storage, self.n_trials, None, "random", "none")
+        prepared = prepare_study(RunRequest(self.space, BUDGET, "chaos", self.storage, self.n_trials, sampler="random",
+                                            pruner="none"))
         for params in (MAP_A, MAP_A, MAP_A, MAP_B, MAP_B):
             prepared.study.enqueue_trial(params, skip_if_exists=False)
 

@@ -17,7 +17,7 @@ from conftest import NO_REFERENCES, write_space
 from ilr_search.space import load_space
 from ilr_search.storage import open_storage, open_store, parse_storage
 from ilr_search.analysis.results import has_result, study_front
-from ilr_search.search.run import run_study
+from ilr_search.search.run import RunRequest, run_study
 
 HEARTBEAT_SECONDS = 1
 
@@ -41,8 +41,8 @@ def env_for(token_cache, **extra):
 
 def setup_run(space, storage, study, n_trials, tmp_path, token_cache):
     """The run that makes the study a fault then meets, in this process (the faulty run is a real subprocess)."""
-    summary = run_study(load_space(space), "1.5x", study, storage, n_trials=n_trials,
-                        checkpoint_dir=tmp_path / "studies" / "checkpoints")
+    summary = run_study(RunRequest(load_space(space), "1.5x", study, storage, n_trials=n_trials,
+                                   checkpoint_dir=tmp_path / "studies" / "checkpoints"))
     assert summary["n_complete"] + summary["n_pruned"] == n_trials
 
 
