@@ -83,3 +83,30 @@ def test_every_worker_event_crosses_a_process_queue_and_reaches_its_reporter_met
         assert isinstance(event, typing.get_args(WorkerEvent)) and event.worker == 3
         event.deliver(recorder)
     assert recorder.calls == [(f"worker_{method}", (3, *args)) for method, args in calls]
+
+
+def test_a_trial_asked_after_its_predecessors_reach_the_target_trains_nothing(tmp_path, monkeypatch, token_cache):
+    """Two workers can count the study below its target at the same moment and both ask for a trial: the later
+    of the two finds the trials before it already make the target, trains nothing, and is left out of the
+    count. Here the second ask is made by hand, once the study has reached its target."""
+    from ilr_search.analysis.results import SURPLUS_ATTR
+    from ilr_search.search import RunRequest, run_study
+    from ilr_search.search.objective import SearchRun, SurplusTrial
+    from ilr_search.search.progress import RunReporter
+    from ilr_search.search.run import prepare_study
+    from ilr_search.space import load_space
+    from ilr_search.storage import open_store
+
+    monkeypatch.chdir(tmp_path)
+    space = load_space(str(ROOT / "tests" / "spaces" / "tiny.toml"), {"search": {"noise_seeds": 0, "families": ["ilr"]}})
+    request = RunRequest(space, "2x", study_name="s", storage="sqlite:///s.db", n_trials=2, race=False)
+    assert run_study(request)["n_trials"] == 2
+    prepared = prepare_study(request)
+    run = SearchRun(prepared.plan, prepared.spec, prepared.study, open_store(prepared.spec, prepared.plan.name),
+                    prepared.data, RunReporter(), prepared.target, tmp_path / "checkpoints")
+    prepared.study.optimize(run.objective, n_trials=1, catch=(SurplusTrial,))
+    late = prepared.study.get_trials(deepcopy=False)[-1]
+    assert late.state == optuna.trial.TrialState.FAIL and late.user_attrs[SURPLUS_ATTR] is True
+    assert late.params == {} and "map_key" not in late.user_attrs  # no map was proposed, claimed or trained
+    again = run_study(request)
+    assert again["n_trials"] == 2 and again["n_failed"] == 0

@@ -130,9 +130,15 @@ def references(study: optuna.Study) -> dict[str, Any]:
     return {k[len(REFERENCE_PREFIX):]: v for k, v in study.user_attrs.items() if k.startswith(REFERENCE_PREFIX)}
 
 
+# A trial asked while the trials before it already made the study's target (two workers counted at the same
+# moment): it trains nothing and ends FAIL with this attribute (search/objective.py).
+SURPLUS_ATTR = "surplus"
+
+
 def listed_trials(trials: list[FrozenTrial]) -> list[FrozenTrial]:
-    """The trials a listing shows and counts: not the WAITING ones (a queued retry is not yet a trial)."""
-    return [t for t in trials if t.state != TrialState.WAITING]
+    """The trials a listing shows and counts: not the WAITING ones (a queued retry is not yet a trial), and not
+    the surplus ones (asked past the target, never trained)."""
+    return [t for t in trials if t.state != TrialState.WAITING and not t.user_attrs.get(SURPLUS_ATTR)]
 
 
 def reference_rows(study: optuna.Study) -> list[dict[str, Any]]:

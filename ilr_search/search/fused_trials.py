@@ -23,7 +23,7 @@ from ilr_search.training.fused import FusionUnsupported, check_fusable, train_fu
 from ilr_search.storage import heartbeat_thread, study_storage, trial_id
 from ilr_search.training.train import TrainResult, train_proxy
 
-from ilr_search.search.objective import (Proposal, SearchRun, Training, TrialDiverged, TrialTakenOver, journal_heartbeat,
+from ilr_search.search.objective import (Proposal, SearchRun, SurplusTrial, Training, TrialDiverged, TrialTakenOver, journal_heartbeat,
                         sweep_stale_journal_trials)
 
 TrialReport = Callable[[optuna.Study, FrozenTrial], object]  # called with each trial once it is told
@@ -50,6 +50,11 @@ class FusedSearchRun(SearchRun):
                     with warnings.catch_warnings():  # Optuna warns that its heartbeat expects optimize(): it runs here
                         warnings.filterwarnings("ignore", message="Heartbeat of storage")
                         trial = self.study.ask()
+                    try:
+                        self.refuse_surplus(trial)
+                    except SurplusTrial:
+                        self.study.tell(trial, state=TrialState.FAIL)
+                        break
                     if self.spec.kind == "journal":
                         beats.enter_context(journal_heartbeat(self.study, trial_id(trial)))
                         sweep_stale_journal_trials(self.study, spare=trial_id(trial))

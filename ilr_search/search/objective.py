@@ -18,7 +18,7 @@ from ilr_search.data.tokens import TokenData
 from ilr_search.training.flops import flops_ratio
 from ilr_search.knobs import KnobValue, config_key, format_knobs
 from ilr_search.training.model import param_count
-from ilr_search.analysis.results import finite_or_none, has_result
+from ilr_search.analysis.results import SURPLUS_ATTR, finite_or_none, has_result
 from ilr_search.training.schedule import format_reuse_map, reuse_map_schedule
 from ilr_search.storage import study_storage, trial_id
 from ilr_search.storage import (CurvePoint, Heartbeat, StorageSpec, Store, TrainCurvePoint, grace_period, heartbeat_interval,
@@ -75,6 +75,11 @@ def sweep_stale_journal_trials(study: optuna.Study, spare: int | None = None) ->
     return failed
 
 
+class SurplusTrial(Exception):
+    """The trials asked before this one (results, and trials in flight) already make the study's target: another
+    worker counted at the same moment. It trains nothing and ends FAIL, marked surplus (listings leave it out)."""
+
+
 class TrialTakenOver(Exception):
     """This worker's trial was failed under it (its heartbeat was judged stale) and retried elsewhere."""
 
@@ -127,10 +132,21 @@ class SearchRun:
             return self._objective(trial)
 
     def _objective(self, trial: optuna.Trial) -> float | tuple[float, float]:
+        self.refuse_surplus(trial)
         proposal = self.propose(trial)
         if proposal.earlier is not None:
             return self._reuse(trial, proposal.earlier)
         return self._train(trial, proposal)
+
+    def refuse_surplus(self, trial: optuna.Trial) -> None:
+        """Workers count the study's trials and then ask for one, two steps another worker can fall between: a
+        trial whose predecessors already reach the target raises SurplusTrial before it proposes a map. Trial
+        numbers are given in order by the storage, so of two trials asked at once exactly the later one stops."""
+        ahead = sum(t.number < trial.number and (has_result(t) or t.state == TrialState.RUNNING)
+                    for t in self.study.get_trials(deepcopy=False))
+        if ahead >= self.target:
+            set_trial_user_attrs(trial, {SURPLUS_ATTR: True})
+            raise SurplusTrial(f"trial {trial.number}: {ahead} trials before it reach the target of {self.target}")
 
     def propose(self, trial: optuna.Trial, in_hand: Collection[str] = ()) -> Proposal:
         """The trial's map and knobs, recorded on it; deduplicated against finished trials and claimed (or the

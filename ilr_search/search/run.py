@@ -30,7 +30,7 @@ from ilr_search.training.train import train_proxy
 
 from ilr_search.search.maps import knobs_off, map_params, parse_enqueued, seed_maps
 from ilr_search.search.fused_trials import FusedSearchRun
-from ilr_search.search.objective import SearchRun, TrialDiverged, TrialTakenOver, sweep_stale_journal_trials
+from ilr_search.search.objective import SearchRun, SurplusTrial, TrialDiverged, TrialTakenOver, sweep_stale_journal_trials
 from ilr_search.search.plan import (CONFIG_ATTR, ENQUEUED_BLOCKS_ATTR, FIDELITY_ATTR, SAMPLER_ATTR, StudyPlan, adopt_stored_dtype, canonical_config,
     check_resume, plan_study, safe_name, stored_study)
 from ilr_search.search.progress import RunReporter
@@ -242,7 +242,7 @@ def _run_study(request: RunRequest, reporter: RunReporter, reference_share: tupl
                 if fuse > 1:
                     run.run_group(min(fuse, target - finished - running), report_trial)
                 else:
-                    study.optimize(run.objective, n_trials=1, timeout=left, catch=(TrialDiverged,),
+                    study.optimize(run.objective, n_trials=1, timeout=left, catch=(TrialDiverged, SurplusTrial),
                                    callbacks=[after_trial], gc_after_trial=False, show_progress_bar=False)
             except KeyboardInterrupt:
                 interrupted = True

@@ -23,7 +23,7 @@ def summarize(study: optuna.Study, spec: StorageSpec, store: Store) -> dict[str,
     """The `run --json` summary. `pareto` is the race's front (race.py): each point at its longest raced
     length, with its seeds, interval and whether it is confirmed; `proxy_pareto` the front of the proxy
     results alone (the study's seed, the proxy's length)."""
-    trials = study.get_trials(deepcopy=False)
+    trials = listed_trials(study.get_trials(deepcopy=False))
     states = [t.state for t in trials]
     race = race_summary(trials, study.user_attrs, store.audit_rows())
     return {
