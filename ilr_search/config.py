@@ -143,9 +143,6 @@ class SpaceConfig:
     search: SearchConfig = field(default_factory=SearchConfig)
     source: str = ""
 
-    def baseline(self) -> list[int]:
-        return [1] * self.model.n_layers
-
 
 @dataclass(frozen=True)
 class PrunerSettings:

@@ -162,7 +162,7 @@ def trained_trials(trials: list[Trial]) -> list[TrialRecord]:
 
 
 def trained_by_map(trials: list[Trial]) -> dict[str, TrialRecord]:
-    """Map key -> the first trial that trained it (a recovered trial trains the map of the one it keeps)."""
+    """Map key -> the trial that trained it (the first one, where two did)."""
     by_map: dict[str, TrialRecord] = {}
     for r in sorted(trained_trials(trials), key=lambda r: r.number):
         assert r.map_key is not None  # trained_its_map

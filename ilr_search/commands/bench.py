@@ -210,7 +210,7 @@ def replay(table: Table, sampler: str, seed: int, n_trials: int, pruning: bool,
     with results looked up in the table instead of trained. A map the table lacks (it diverged, or the table
     is partial) ends FAIL at no cost."""
     settings = dataclasses.replace(settings or PrunerSettings(), rungs=table.rungs_at(rung_fractions))
-    sampler_cfg = sampler_settings(sampler, seed, table.n_layers, table.max_reuse)
+    sampler_cfg = sampler_settings(sampler, seed, table.max_reuse)
     study = optuna.create_study(directions=["minimize", "minimize"],
                                 sampler=build_sampler(sampler_cfg, table.n_layers, max_reuse=table.max_reuse,
                                                       max_layer_runs=table.max_layer_runs))
