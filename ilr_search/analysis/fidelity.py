@@ -55,14 +55,13 @@ def rung_agreements(curves: Mapping[str, Mapping[int, float]], final_step: int) 
 def map_curves(trials: Sequence[Trial], curves: Curves) -> dict[str, dict[int, float]]:
     """map -> {step: val_loss} of the complete trials that trained their map."""
     return {r.map_key: dict(curves.get(r.number, {}))
-            for r in trained_trials(list(trials)) if r.map_key is not None and r.state == TrialState.COMPLETE}
+            for r in trained_trials(list(trials)) if r.state == TrialState.COMPLETE}
 
 
 def noise_band(trials: Sequence[Trial], study_attrs: Mapping[str, Any]) -> dict[str, Any] | None:
     """Seed-to-seed spread of the baseline's perplexity: the trial of the all-ones map (the study's seed) and the
     baseline references trained at extra seeds."""
-    ppls: list[float] = [r.val_ppl for r in trained_results(trials)
-                         if r.val_ppl is not None and r.map_key is not None and is_baseline_key(r.map_key)][:1]
+    ppls = [r.val_ppl for r in trained_results(trials) if is_baseline_key(r.map_key)][:1]
     ppls += [v["val_ppl"] for k, v in sorted(study_attrs.items())
              if k.startswith(f"{REFERENCE_PREFIX}baseline_seed") and v.get("val_ppl") is not None]
     if len(ppls) < 2:

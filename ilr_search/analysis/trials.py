@@ -87,8 +87,10 @@ class TrialRecord:
 
     @property
     def trained_its_map(self) -> bool:
-        """It trained its map (complete, pruned or diverged), rather than reuse another trial's result."""
-        return self.has_result and not self.is_reuse and bool(self.map_key)
+        """It trained its map (complete, pruned or diverged), rather than reuse another trial's result. Such a
+        trial has its map, key and FLOPs ratio (the proposal's attributes are written at once)."""
+        return self.has_result and not self.is_reuse and bool(self.map_key) and self.reuse_map is not None \
+            and self.flops_ratio is not None
 
     @property
     def is_trained_result(self) -> bool:

@@ -78,7 +78,7 @@ def select_maps(trials: list[Trial], curves: Curves, kind: str, k: int, seed: in
     chosen = [by_number[n] for n in front_numbers]
     if kind == "front":
         return chosen
-    baseline = next((t for t in complete if t.map_key is not None and is_baseline_key(t.map_key)), None)
+    baseline = next((t for t in complete if is_baseline_key(t.map_key)), None)
     if baseline is not None and baseline not in chosen:
         chosen.append(baseline)
     chosen += _pruned_near_front(trained, curves)[:NEAR_FRONT_PRUNED]
@@ -99,7 +99,7 @@ def _pruned_near_front(trained: list[TrialRecord], curves: Curves) -> list[Trial
             continue
         mine = curves[t.number][step]
         rivals = [curves[o.number][step] for o in trained if o is not t and step in curves[o.number]
-                  and (o.flops_ratio or 0.0) <= (t.flops_ratio or 0.0)]
+                  and o.flops_ratio <= t.flops_ratio]
         gap = mine - min(rivals) if rivals else 0.0
         scored.append((gap, t.number, t))
     return [t for _, _, t in sorted(scored, key=lambda x: x[:2])]
@@ -145,7 +145,7 @@ def _run_audit(study_name: str, storage: str | None, settings: AuditSettings, re
     chosen = select_maps(trials, curves, kind, k, base_seed)
     if not chosen:
         raise UserInputError(f"--maps {settings.maps} selects no map of study {study_name!r}")
-    jobs = [(AuditJob(settings.factor_key, base_seed + s, t.map_key), t) for t in chosen if t.map_key is not None
+    jobs = [(AuditJob(settings.factor_key, base_seed + s, t.map_key), t) for t in chosen
             for s in range(settings.seeds)]
 
     store = open_store(spec, study_name, storage=study_storage(study))
@@ -162,7 +162,7 @@ def _run_audit(study_name: str, storage: str | None, settings: AuditSettings, re
             break
         progressed = False
         for job, t in pending:
-            ratio = float(t.flops_ratio or 0.0)
+            ratio = t.flops_ratio
             if not store.audit_claim(job, worker, ratio, steps, stale_after=grace_period()):
                 continue
             if data is None:
@@ -206,6 +206,6 @@ def _train_job(store: Store, job: AuditJob, worker: str, trial: TrialRecord, spa
                reporter: RunReporter, checkpoints: Path, init_depth: int) -> None:
     model = with_knobs(model_config(space), dict(trial.knobs), init_depth)
     check_vocab(model, data.vocab_size)
-    train_run(store, job, worker, list(trial.reuse_map or ()), model,
+    train_run(store, job, worker, list(trial.reuse_map), model,
               longer_train_config(space.train, space.train.steps, job.seed), data, reporter,
               run_checkpoint(checkpoints, job), trial.number)

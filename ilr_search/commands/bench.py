@@ -69,7 +69,7 @@ def build_table(space_path: str | Path, out: str | Path, budget: str = "2x", sto
     store = open_store(parse_storage(storage), name, read_only=True, storage=study_storage(study))
     curves = curves_by_trial(store.curve_points())
     for t in trained_results(study.get_trials(deepcopy=False)):
-        rows.append({"reuse_map": ",".join(map(str, t.reuse_map or ())), "flops_ratio": t.flops_ratio,
+        rows.append({"reuse_map": ",".join(map(str, t.reuse_map)), "flops_ratio": t.flops_ratio,
                      "val_ppl": t.val_ppl, "val_bpb": t.val_bpb, "curve": json.dumps(sorted(curves[t.number].items())),
                      "steps": space.train.steps, "trial": t.number, "train_seconds": t.train_seconds})
     for key, ref in sorted(references(study).items()):

@@ -60,18 +60,18 @@ def layer_view(trials: list[TrialRecord], front: list[dict[str, Any]]) -> dict[s
     """Reuse counts of the front's maps, and the importance for perplexity of each layer's count and of each
     searched knob, from Optuna's evaluator, computed on the maps that were trained (not the sampler's
     proposals, which the budget may have repaired)."""
-    evaluated = [t for t in trained_results(trials) if t.reuse_map is not None]
+    evaluated = trained_results(trials)
     importance: dict[str, float] = {}
     if len(evaluated) >= 3 and front:
         n_layers = len(front[0]["reuse_map"])
-        top = max(max(t.reuse_map) for t in evaluated if t.reuse_map is not None)
+        top = max(max(t.reuse_map) for t in evaluated)
         knobs = sorted({k for t in evaluated for k in t.knobs})
         shadow = optuna.create_study()
         dist = optuna.distributions.IntDistribution(1, max(2, top))
         knob_dists = {k: optuna.distributions.CategoricalDistribution(KNOB_CHOICES[k]) for k in knobs}
         for t in evaluated:
             shadow.add_trial(optuna.trial.create_trial(
-                params={f"layer {i}": r for i, r in enumerate(t.reuse_map or ())}
+                params={f"layer {i}": r for i, r in enumerate(t.reuse_map)}
                 | {f"knob {k}": t.knobs[k] for k in knobs},
                 distributions={f"layer {i}": dist for i in range(n_layers)}
                 | {f"knob {k}": d for k, d in knob_dists.items()}, value=t.val_ppl))

@@ -120,7 +120,6 @@ def stored_results(trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows
     for t in sorted(trained_trials(list(trials)), key=lambda t: t.number):
         if t.state == TrialState.PRUNED:
             continue
-        assert t.map_key is not None and t.flops_ratio is not None  # written with the proposal
         loss = t.val_loss if t.state == TrialState.COMPLETE else None
         found.append(StoredResult(t.map_key, t.flops_ratio, base_steps, base_seed, schedule, loss,
                                   t.val_ppl if loss is not None else None,
@@ -327,8 +326,7 @@ def run_race(plan: StudyPlan, study: optuna.Study, store: Store, data: TokenData
             trial = by_key.get(job.map_key)
             if trial is None and not is_baseline_key(job.map_key):
                 continue  # no trial of this study trained the map: nothing says how to build it
-            reuse_map = list(trial.reuse_map) if trial is not None and trial.reuse_map is not None \
-                else key_reuse_map(job.map_key)
+            reuse_map = list(trial.reuse_map) if trial is not None else key_reuse_map(job.map_key)
             knobs: dict[str, KnobValue] = dict(trial.knobs) if trial is not None else {}
             model = plan.trial_model(knobs)
             if claimed and (model != claimed[0].model or not fusable(model)):
