@@ -41,7 +41,7 @@ def main() -> None:
     data = load_space_tokens(space)
     cfg = model_config(space, data.vocab_size)
     budget = parse_budget(args.budget, cfg)
-    dtype = resolve_dtype(space.train.dtype, resolve_device(space.train.device), cfg, space.train.batch_size)
+    dtype = resolve_dtype(space.train.dtype, resolve_device(space.train.device))
     train = dataclasses.replace(space.train, dtype=dtype)
     L, runs = cfg.n_layers, budget.max_layer_runs(cfg)
     shapes = [[4, 2] + [1] * (L - 2), [2] + [1] * (L - 1), [1] * (L - 1) + [2], [1] * (L - 4) + [2, 2, 2, 2],

@@ -36,7 +36,7 @@ def main() -> None:
     ap.add_argument("--rule", default="pareto", choices=["pareto", "pareto-eager"])
     args = ap.parse_args()
     table = Table.read(args.table)
-    auto = sampler_settings("auto", 0, table.n_layers, table.max_reuse).name
+    auto = sampler_settings("auto", 0, table.max_reuse).name
     samplers = args.samplers.split(",")
     if "auto" in samplers and auto in samplers:  # auto is one of the others: replay it once
         samplers.remove("auto")

@@ -176,9 +176,6 @@ class SpaceConfig:
     search: SearchConfig = field(default_factory=SearchConfig)
     source: str = ""
 
-    def baseline(self) -> list[int]:
-        return [1] * self.model.n_layers
-
     def to_dict(self) -> dict[str, Any]:
         """Every field, JSON-ready (tuples as lists), with the layout's `schema_version`; from_dict reads it back."""
         sections = {name: {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(getattr(self, name)).items()}

@@ -73,13 +73,6 @@ def parse_knob_settings(text: str) -> dict[str, KnobValue]:
     return settings
 
 
-def parse_knob_names(text: str) -> tuple[str, ...]:
-    """`injection,iteration_norms` -> the knobs a study searches."""
-    names = tuple(p.strip() for p in text.split(",") if p.strip())
-    check_knobs(names)
-    return names
-
-
 def config_key(map_key: str, knobs: Mapping[str, KnobValue]) -> str:
     """What a study dedupes, claims and compares on: the map, plus the knobs that are not off."""
     described = format_knobs(knobs)

@@ -164,7 +164,7 @@ def test_the_budget_sampler_proposes_only_maps_within_budget(sampler):
     """Past TPE's startup trials too (its joint proposals), on a real study whose objective prefers deep maps."""
     from ilr_search.search.samplers import build_sampler, sampler_settings
 
-    settings = sampler_settings(sampler, 0, 4, 4)
+    settings = sampler_settings(sampler, 0, 4)
     built = build_sampler(settings, 4, max_reuse=4, max_layer_runs=7)
     assert isinstance(built, BudgetRepairSampler)
     study = optuna.create_study(sampler=built)
@@ -184,7 +184,7 @@ def test_a_proposal_of_a_tried_map_is_drawn_again():
     short study does not spend its trials on reuses (15 maps fit 6 layer runs of 4 layers)."""
     from ilr_search.search.samplers import build_sampler, sampler_settings
 
-    study = optuna.create_study(sampler=build_sampler(sampler_settings("random", 0, 4, 4), 4, max_reuse=4,
+    study = optuna.create_study(sampler=build_sampler(sampler_settings("random", 0, 4), 4, max_reuse=4,
                                                       max_layer_runs=6))
     study.optimize(lambda trial: float(sum(trial.suggest_int(k, 1, 4) for k in MAP_PARAMS)), n_trials=6)
     maps = [tuple(t.params[k] for k in MAP_PARAMS) for t in study.trials]

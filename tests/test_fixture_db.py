@@ -10,9 +10,11 @@ import json
 import shutil
 import sqlite3
 
+import optuna
 import pytest
 
 from conftest import ROOT
+from ilr_search.analysis.trials import TrialAttr, trained_results, trial_records
 
 FIXTURES = ROOT / "tests" / "fixtures"
 STUDY = "before-typed-records"
@@ -49,3 +51,21 @@ def test_an_old_study_resumes_with_the_same_command(old_study, console):
     summary = json.loads(proc.stdout)
     assert summary["study"] == STUDY and summary["n_complete"] + summary["n_pruned"] == 4
     assert summary["target_steps"] == 4 * 24 and summary["verdict"]  # a study made before the race is raced on resume
+
+
+def test_an_old_studys_trials_read_as_records(old_study):
+    """Every attribute the old study's trials carry is one the record reads; those written only by later
+    versions (or only for some trials) read as their defaults."""
+    _, storage = old_study
+    trials = optuna.load_study(study_name=STUDY, storage=storage).trials
+    names = {v for k, v in vars(TrialAttr).items() if k.isupper()}
+    assert all(set(t.user_attrs) <= names for t in trials)
+    records = trial_records(trials)
+    assert [r.number for r in trained_results(records)] == [t.number for t in trials] and len(records) == 3
+    for t, r in zip(trials, records):
+        a = t.user_attrs
+        assert (r.map_key, list(r.reuse_map), r.flops_ratio, r.param_count) == \
+            (a["map_key"], a["reuse_map"], a["flops_ratio"], a["params"])
+        assert (r.val_loss, r.val_ppl, r.val_bpb, r.steps, r.status) == \
+            (a["val_loss"], a["val_ppl"], a["val_bpb"], a["steps"], a["status"])
+        assert (dict(r.knobs), r.proposed_map, r.reused_from, r.pruned_at_step, r.steps_saved) == ({}, None, None, None, 0)

@@ -89,7 +89,7 @@ def test_a_trial_asked_after_its_predecessors_reach_the_target_trains_nothing(tm
     """Two workers can count the study below its target at the same moment and both ask for a trial: the later
     of the two finds the trials before it already make the target, trains nothing, and is left out of the
     count. Here the second ask is made by hand, once the study has reached its target."""
-    from ilr_search.analysis.results import SURPLUS_ATTR
+    from ilr_search.analysis.trials import TrialAttr
     from ilr_search.search import RunRequest, run_study
     from ilr_search.search.objective import SearchRun, SurplusTrial
     from ilr_search.search.progress import RunReporter
@@ -106,7 +106,7 @@ def test_a_trial_asked_after_its_predecessors_reach_the_target_trains_nothing(tm
                     prepared.data, RunReporter(), prepared.target, tmp_path / "checkpoints")
     prepared.study.optimize(run.objective, n_trials=1, catch=(SurplusTrial,))
     late = prepared.study.get_trials(deepcopy=False)[-1]
-    assert late.state == optuna.trial.TrialState.FAIL and late.user_attrs[SURPLUS_ATTR] is True
+    assert late.state == optuna.trial.TrialState.FAIL and late.user_attrs[TrialAttr.SURPLUS] is True
     assert late.params == {} and "map_key" not in late.user_attrs  # no map was proposed, claimed or trained
     again = run_study(request)
     assert again["n_trials"] == 2 and again["n_failed"] == 0

@@ -17,10 +17,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from ilr_search.analysis.pareto import non_dominated
-from ilr_search.analysis.results import REFERENCE_PREFIX, Curves, is_baseline, is_baseline_key, key_reuse_map, study_front, trained_trials
+from ilr_search.analysis.results import (REFERENCE_PREFIX, Curves, as_list, is_baseline, is_baseline_key, key_reuse_map,
+                                         study_front, trained_by_map, trained_trials)
+from ilr_search.analysis.trials import Trial, trained_results, trial_records
 from ilr_search.analysis.stats import paired_comparison, rank_agreement
 from ilr_search.storage import AuditRow
 
@@ -50,18 +52,16 @@ def rung_agreements(curves: Mapping[str, Mapping[int, float]], final_step: int) 
     return out
 
 
-def map_curves(trials: Sequence[FrozenTrial], curves: Curves) -> dict[str, dict[int, float]]:
+def map_curves(trials: Sequence[Trial], curves: Curves) -> dict[str, dict[int, float]]:
     """map -> {step: val_loss} of the complete trials that trained their map."""
-    return {t.user_attrs["map_key"]: dict(curves.get(t.number, {}))
-            for t in trained_trials(list(trials)) if t.state == TrialState.COMPLETE}
+    return {r.map_key: dict(curves.get(r.number, {}))
+            for r in trained_trials(list(trials)) if r.state == TrialState.COMPLETE}
 
 
-def noise_band(trials: Sequence[FrozenTrial], study_attrs: Mapping[str, Any]) -> dict[str, Any] | None:
+def noise_band(trials: Sequence[Trial], study_attrs: Mapping[str, Any]) -> dict[str, Any] | None:
     """Seed-to-seed spread of the baseline's perplexity: the trial of the all-ones map (the study's seed) and the
     baseline references trained at extra seeds."""
-    ppls = [t.user_attrs["val_ppl"] for t in trials
-            if t.state == TrialState.COMPLETE and "reused_from" not in t.user_attrs and t.user_attrs.get("val_ppl")
-            and is_baseline_key(t.user_attrs.get("map_key") or "0")][:1]
+    ppls = [r.val_ppl for r in trained_results(trials) if is_baseline_key(r.map_key)][:1]
     ppls += [v["val_ppl"] for k, v in sorted(study_attrs.items())
              if k.startswith(f"{REFERENCE_PREFIX}baseline_seed") and v.get("val_ppl") is not None]
     if len(ppls) < 2:
@@ -78,15 +78,15 @@ def mark_ties(front: list[dict[str, Any]], noise: dict[str, Any] | None) -> list
     return front
 
 
-def best_recurrent(trials: Sequence[FrozenTrial]) -> dict[str, Any] | None:
+def best_recurrent(trials: Sequence[Trial]) -> dict[str, Any] | None:
     """The best non-baseline map: on the front if the front has one, else the best complete one."""
-    rows = [{"trial": t.number, "reuse_map": t.user_attrs["reuse_map"], "val_ppl": t.user_attrs["val_ppl"],
-             "flops_ratio": t.user_attrs["flops_ratio"], "knobs": t.user_attrs.get("knobs", {})}
-            for t in trained_trials(list(trials)) if t.state == TrialState.COMPLETE and t.user_attrs.get("val_ppl")
-            and not is_baseline(t.user_attrs.get("reuse_map"))]
+    records = trial_records(trials)
+    rows = [{"trial": r.number, "reuse_map": as_list(r.reuse_map), "val_ppl": r.val_ppl, "flops_ratio": r.flops_ratio,
+             "knobs": dict(r.knobs)}
+            for r in trained_results(records) if not is_baseline(as_list(r.reuse_map))]
     if not rows:
         return None
-    front = {p["trial"] for p in study_front(list(trials))}
+    front = {p["trial"] for p in study_front(records)}
     on_front = [r for r in rows if r["trial"] in front]
     return min(on_front or rows, key=lambda r: r["val_ppl"]) | {"on_front": bool(on_front)}
 
@@ -135,7 +135,7 @@ class AuditReport:
 VERDICT_CONFIDENCE = 0.9  # of the paired test behind "beats the baseline" (the race's default too)
 
 
-def audit_report(trials: Sequence[FrozenTrial], rows: Sequence[AuditRow], factor: str) -> AuditReport | None:
+def audit_report(trials: Sequence[Trial], rows: Sequence[AuditRow], factor: str) -> AuditReport | None:
     """The audit at `factor` from its stored rows (complete ones) and the study's trials; None before any
     audited map is complete."""
     done: dict[str, list[AuditRow]] = {}
@@ -144,9 +144,10 @@ def audit_report(trials: Sequence[FrozenTrial], rows: Sequence[AuditRow], factor
             done.setdefault(r.job.map_key, []).append(r)
     if not done:
         return None
-    by_map = {t.user_attrs["map_key"]: t for t in sorted(trained_trials(list(trials)), key=lambda t: -t.number)}
-    numbers = {t.number: t for t in trials}
-    proxy_front = {numbers[p["trial"]].user_attrs["map_key"] for p in study_front(list(trials))}
+    records = trial_records(trials)
+    by_map = trained_by_map(records)
+    numbers = {r.number: r for r in records}
+    proxy_front = {numbers[p["trial"]].map_key for p in study_front(records)}
     keys = sorted(done)
     audit_ppl = {k: statistics.fmean(r.val_ppl for r in done[k]) for k in keys}
     ratio = {k: done[k][0].flops_ratio for k in keys}
@@ -155,8 +156,8 @@ def audit_report(trials: Sequence[FrozenTrial], rows: Sequence[AuditRow], factor
     for k in keys:
         t = by_map.get(k)
         state = t.state.name if t is not None else "REFERENCE"
-        proxy_ppl = t.user_attrs.get("val_ppl") if t is not None and t.state == TrialState.COMPLETE else None
-        maps.append(AuditedMap(k, ratio[k], state, proxy_ppl, t.user_attrs.get("pruned_at_step") if t else None,
+        proxy_ppl = t.val_ppl if t is not None and t.state == TrialState.COMPLETE else None
+        maps.append(AuditedMap(k, ratio[k], state, proxy_ppl, t.pruned_at_step if t is not None else None,
                                audit_ppl[k], tuple(r.val_ppl for r in done[k]), k in proxy_front, k in audit_front))
     ranked = [m for m in maps if m.proxy_ppl is not None]
     rho, tau = rank_agreement([m.proxy_ppl for m in ranked], [m.audit_ppl for m in ranked])
@@ -180,7 +181,7 @@ def audit_report(trials: Sequence[FrozenTrial], rows: Sequence[AuditRow], factor
     return AuditReport(**{**asdict(report), "maps": report.maps, "verdict": audit_verdict(report)})
 
 
-def audit_reports(trials: Sequence[FrozenTrial], rows: Sequence[AuditRow]) -> list[AuditReport]:
+def audit_reports(trials: Sequence[Trial], rows: Sequence[AuditRow]) -> list[AuditReport]:
     """One report per audited factor, in increasing factor."""
     factors = sorted({r.job.factor for r in rows}, key=float)
     return [a for a in (audit_report(trials, rows, f) for f in factors) if a is not None]
@@ -220,10 +221,10 @@ def audit_verdict(r: AuditReport) -> str:
 # ----------------------------------------------------------------------------------------------------
 # The study's fidelity, as `run`, `trials` and `pareto` show it
 
-def study_fidelity(study_name: str, trials: Sequence[FrozenTrial], curves: Curves, study_attrs: Mapping[str, Any],
+def study_fidelity(study_name: str, trials: Sequence[Trial], curves: Curves, study_attrs: Mapping[str, Any],
                    final_step: int, audits: Sequence[AuditReport] = ()) -> dict[str, Any]:
     """Rung agreement, noise, the second seed of the best recurrent map, the audits, and a one-line verdict."""
-    trials = list(trials)
+    trials = trial_records(trials)
     rungs = rung_agreements(map_curves(trials, curves), final_step)
     noise = noise_band(trials, study_attrs)
     best = best_recurrent(trials)

@@ -9,35 +9,44 @@ from dataclasses import dataclass
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from ilr_search.config import SpaceConfig
 from ilr_search.knobs import format_knobs
 from ilr_search.analysis.pareto import pareto_front
+from ilr_search.analysis.trials import Trial, TrialRecord, record_of, trained_results, trial_records
 from ilr_search.storage import CurvePoint, Store, TrainCurvePoint
 
 REFERENCE_PREFIX = "ilr:reference:"
-FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 
 
-def trial_row(t: FrozenTrial) -> dict[str, Any]:
+def as_list(ints: tuple[int, ...] | None) -> list[int] | None:
+    """A record's map as the lists rows and JSON show."""
+    return list(ints) if ints is not None else None
+
+
+def knobs_text(r: TrialRecord) -> str | None:
+    """A trial's knobs as rows show them (`injection=add`), None where none is set."""
+    return format_knobs(r.knobs) if r.knobs else None
+
+
+def trial_row(t: Trial) -> dict[str, Any]:
     """One trial as the `trials` command shows it."""
-    a = t.user_attrs
+    r = record_of(t)
     return {
-        "trial": t.number,
-        "state": t.state.name,
-        "reuse_map": a.get("reuse_map"),
-        "knobs": format_knobs(a["knobs"]) if a.get("knobs") else None,
-        "flops_ratio": a.get("flops_ratio"),
-        "val_ppl": a.get("val_ppl"),
-        "val_bpb": a.get("val_bpb"),
-        "steps": a.get("steps", 0),
-        "pruned_at_step": a.get("pruned_at_step"),
-        "reused_from": a.get("reused_from"),
-        "proposed_map": a.get("proposed_map"),
-        "reason": a.get("reason"),
-        "seconds": (t.datetime_complete - t.datetime_start).total_seconds()
-        if t.datetime_complete and t.datetime_start else None,
+        "trial": r.number,
+        "state": r.state.name,
+        "reuse_map": as_list(r.reuse_map),
+        "knobs": knobs_text(r),
+        "flops_ratio": r.flops_ratio,
+        "val_ppl": r.val_ppl,
+        "val_bpb": r.val_bpb,
+        "steps": r.steps,
+        "pruned_at_step": r.pruned_at_step,
+        "reused_from": r.reused_from,
+        "proposed_map": as_list(r.proposed_map),
+        "reason": r.reason,
+        "seconds": r.seconds,
     }
 
 
@@ -51,9 +60,10 @@ def curves_by_trial(points: Iterable[CurvePoint]) -> Curves:
     return curves
 
 
-def curve_of(t: FrozenTrial, curves: Curves) -> dict[int, float]:
+def curve_of(t: Trial, curves: Curves) -> dict[int, float]:
     """A trial's learning curve; a trial that reused another's result has that trial's curve."""
-    return curves.get(t.number) or curves.get(t.user_attrs.get("reused_from", -1), {})
+    r = record_of(t)
+    return curves.get(r.number) or (curves.get(r.reused_from, {}) if r.reused_from is not None else {})
 
 
 @dataclass(frozen=True)
@@ -95,7 +105,7 @@ def curve_rows(study: optuna.Study, store: Store) -> list[CurveRow]:
     return rows
 
 
-def curves_of_trials(trials: list[FrozenTrial], val: list[CurvePoint],
+def curves_of_trials(trials: list[Trial], val: list[CurvePoint],
                      train: list[TrainCurvePoint]) -> dict[int, dict[str, list[dict[str, float]]]]:
     """Trial number -> {"val": [{step, tokens, loss}...], "train": [...]} (`trials --json`); a trial that reused
     another's result has that trial's curves."""
@@ -107,22 +117,20 @@ def curves_of_trials(trials: list[FrozenTrial], val: list[CurvePoint],
         own.setdefault(q.trial_number, {"val": [], "train": []})["train"].append(
             {"step": q.step, "tokens": q.tokens, "loss": q.loss})
     empty: dict[str, list[dict[str, float]]] = {"val": [], "train": []}
-    return {t.number: own.get(t.number) or own.get(t.user_attrs.get("reused_from", -1), empty) for t in trials}
+    return {r.number: own.get(r.number) or (own.get(r.reused_from, empty) if r.reused_from is not None else empty)
+            for r in trial_records(trials)}
 
 
-def has_result(t: FrozenTrial) -> bool:
+def has_result(t: Trial) -> bool:
     """A trial whose map was evaluated to the end, pruned, or diverged: its result stands for its map."""
-    return t.state in FINISHED or (t.state == TrialState.FAIL and t.user_attrs.get("status") == "diverged")
+    return record_of(t).has_result
 
 
-def study_front(trials: list[FrozenTrial]) -> list[dict[str, Any]]:
-    rows = [{"trial": t.number, "reuse_map": t.user_attrs["reuse_map"],
-             "knobs": format_knobs(t.user_attrs["knobs"]) if t.user_attrs.get("knobs") else None,
-             "flops_ratio": t.user_attrs["flops_ratio"],
-             "val_ppl": t.user_attrs["val_ppl"], "val_bpb": t.user_attrs.get("val_bpb"),
-             "params": t.user_attrs.get("params")}
-            for t in trials if t.state == TrialState.COMPLETE and "reused_from" not in t.user_attrs
-            and t.user_attrs.get("val_ppl") is not None]
+def study_front(trials: list[Trial]) -> list[dict[str, Any]]:
+    """The Pareto front (perplexity, FLOPs) of the trials that trained their map to a result, as rows."""
+    rows = [{"trial": r.number, "reuse_map": as_list(r.reuse_map), "knobs": knobs_text(r), "flops_ratio": r.flops_ratio,
+             "val_ppl": r.val_ppl, "val_bpb": r.val_bpb, "params": r.param_count}
+            for r in trained_results(trials)]
     return pareto_front(rows)
 
 
@@ -130,15 +138,10 @@ def references(study: optuna.Study) -> dict[str, Any]:
     return {k[len(REFERENCE_PREFIX):]: v for k, v in study.user_attrs.items() if k.startswith(REFERENCE_PREFIX)}
 
 
-# A trial asked while the trials before it already made the study's target (two workers counted at the same
-# moment): it trains nothing and ends FAIL with this attribute (search/objective.py).
-SURPLUS_ATTR = "surplus"
-
-
-def listed_trials(trials: list[FrozenTrial]) -> list[FrozenTrial]:
+def listed_trials(trials: list[Trial]) -> list[TrialRecord]:
     """The trials a listing shows and counts: not the WAITING ones (a queued retry is not yet a trial), and not
     the surplus ones (asked past the target, never trained)."""
-    return [t for t in trials if t.state != TrialState.WAITING and not t.user_attrs.get(SURPLUS_ATTR)]
+    return [r for r in trial_records(trials) if r.state != TrialState.WAITING and not r.surplus]
 
 
 def reference_rows(study: optuna.Study) -> list[dict[str, Any]]:
@@ -155,9 +158,17 @@ def reference_rows(study: optuna.Study) -> list[dict[str, Any]]:
     return rows
 
 
-def trained_trials(trials: list[FrozenTrial]) -> list[FrozenTrial]:
+def trained_trials(trials: list[Trial]) -> list[TrialRecord]:
     """The trials that trained their map (complete, pruned or diverged), not those that reused a result."""
-    return [t for t in trials if has_result(t) and "reused_from" not in t.user_attrs and t.user_attrs.get("map_key")]
+    return [r for r in trial_records(trials) if r.trained_its_map]
+
+
+def trained_by_map(trials: list[Trial]) -> dict[str, TrialRecord]:
+    """Map key -> the trial that trained it (the first one, where two did)."""
+    by_map: dict[str, TrialRecord] = {}
+    for r in sorted(trained_trials(trials), key=lambda r: r.number):
+        by_map.setdefault(r.map_key, r)
+    return by_map
 
 
 def is_baseline(reuse_map: list[int] | None) -> bool:

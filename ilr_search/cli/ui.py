@@ -319,7 +319,6 @@ class WorkersReporter(RichReporter):
             super().study_started(study, target, finished)
 
 
-RACE_COLUMNS = ["steps", "seeds", "interval", "confirmed"]
 # The front as run and pareto print it: each point at its length, with its seeds and interval (trial numbers,
 # bpb and parameters are in --json); seven columns fit 80 characters.
 RACE_FRONT_COLUMNS = ["reuse_map", "flops_ratio", "steps", "seeds", "val_ppl", "interval", "confirmed"]

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from ilr_search.config import AuditSettings, SpaceConfig
 from ilr_search.data.tokenizers import check_vocab, model_config
@@ -27,7 +27,8 @@ from ilr_search.data.tokens import load_space_tokens
 from ilr_search.errors import UserInputError
 from ilr_search.analysis.fidelity import audit_report
 from ilr_search.knobs import with_knobs
-from ilr_search.analysis.results import Curves, curves_by_trial, is_baseline_key, study_front, trained_trials
+from ilr_search.analysis.results import Curves, as_list, curves_by_trial, is_baseline_key, study_front, trained_trials
+from ilr_search.analysis.trials import Trial, TrialRecord, trained_results, trial_records
 from ilr_search.search.plan import CONFIG_ATTR, StoredConfig, safe_name, stored_config
 from ilr_search.search.progress import RunReporter
 from ilr_search.search.race import FINAL_STATES, is_finished, longer_train_config, run_checkpoint, train_run
@@ -59,17 +60,17 @@ def check_settings(settings: AuditSettings) -> tuple[str, int]:
     raise UserInputError(f"unknown --maps {settings.maps!r}; use auto, front, top:K (e.g. top:5) or all")
 
 
-def select_maps(trials: list[FrozenTrial], curves: Curves, kind: str, k: int, seed: int) -> list[FrozenTrial]:
+def select_maps(trials: list[Trial], curves: Curves, kind: str, k: int, seed: int) -> list[TrialRecord]:
     """The trials whose maps the audit retrains, in a fixed order (the same study gives the same choice).
 
     - auto: the proxy front, the baseline, the best pruned maps near the front (smallest lead of a no-dearer
       map at their pruning rung), and random complete maps until AUTO_MAPS maps have a complete proxy result;
     - front: the proxy front; top:K: the K best complete maps by proxy perplexity; all: every trained map.
     """
-    trained = trained_trials(trials)
-    complete = sorted((t for t in trained if t.state == TrialState.COMPLETE and t.user_attrs.get("val_ppl")),
-                      key=lambda t: (t.user_attrs["val_ppl"], t.number))
-    front_numbers = [p["trial"] for p in study_front(trials)]
+    records = trial_records(trials)
+    trained = trained_trials(records)
+    complete = sorted(trained_results(records), key=lambda t: (t.val_ppl, t.number))
+    front_numbers = [p["trial"] for p in study_front(records)]
     by_number = {t.number: t for t in trained}
     if kind == "all":
         return sorted(trained, key=lambda t: t.number)
@@ -78,7 +79,7 @@ def select_maps(trials: list[FrozenTrial], curves: Curves, kind: str, k: int, se
     chosen = [by_number[n] for n in front_numbers]
     if kind == "front":
         return chosen
-    baseline = next((t for t in complete if is_baseline_key(t.user_attrs["map_key"])), None)
+    baseline = next((t for t in complete if is_baseline_key(t.map_key)), None)
     if baseline is not None and baseline not in chosen:
         chosen.append(baseline)
     chosen += _pruned_near_front(trained, curves)[:NEAR_FRONT_PRUNED]
@@ -89,17 +90,17 @@ def select_maps(trials: list[FrozenTrial], curves: Curves, kind: str, k: int, se
     return chosen
 
 
-def _pruned_near_front(trained: list[FrozenTrial], curves: Curves) -> list[FrozenTrial]:
+def _pruned_near_front(trained: list[TrialRecord], curves: Curves) -> list[TrialRecord]:
     """Pruned trials ordered by how close they were, at their pruning rung, to the best loss of a no-dearer map."""
     curves = {t.number: curves.get(t.number, {}) for t in trained}
     scored = []
     for t in trained:
-        step = t.user_attrs.get("pruned_at_step")
-        if t.state != TrialState.PRUNED or step not in curves[t.number]:
+        step = t.pruned_at_step
+        if t.state != TrialState.PRUNED or step is None or step not in curves[t.number]:
             continue
         mine = curves[t.number][step]
         rivals = [curves[o.number][step] for o in trained if o is not t and step in curves[o.number]
-                  and o.user_attrs["flops_ratio"] <= t.user_attrs["flops_ratio"]]
+                  and o.flops_ratio <= t.flops_ratio]
         gap = mine - min(rivals) if rivals else 0.0
         scored.append((gap, t.number, t))
     return [t for _, _, t in sorted(scored, key=lambda x: x[:2])]
@@ -131,7 +132,7 @@ def _run_audit(study_name: str, storage: str | None, settings: AuditSettings, re
     study = open_study(spec, study_name)
     if CONFIG_ATTR not in study.user_attrs:
         raise UserInputError(f"study {study_name!r} was not made by ilr-search; nothing to audit")
-    trials = study.get_trials(deepcopy=False)
+    trials = trial_records(study.get_trials(deepcopy=False))
     if not any(t.state == TrialState.COMPLETE for t in trials):
         raise UserInputError(f"study {study_name!r} has no complete trial yet; run it first "
                              f"(ilr-search run ... --study {study_name})")
@@ -145,7 +146,7 @@ def _run_audit(study_name: str, storage: str | None, settings: AuditSettings, re
     chosen = select_maps(trials, curves, kind, k, base_seed)
     if not chosen:
         raise UserInputError(f"--maps {settings.maps} selects no map of study {study_name!r}")
-    jobs = [(AuditJob(settings.factor_key, base_seed + s, t.user_attrs["map_key"]), t) for t in chosen
+    jobs = [(AuditJob(settings.factor_key, base_seed + s, t.map_key), t) for t in chosen
             for s in range(settings.seeds)]
 
     store = open_store(spec, study_name, storage=study_storage(study))
@@ -162,7 +163,7 @@ def _run_audit(study_name: str, storage: str | None, settings: AuditSettings, re
             break
         progressed = False
         for job, t in pending:
-            ratio = float(t.user_attrs["flops_ratio"])
+            ratio = t.flops_ratio
             if not store.audit_claim(job, worker, ratio, steps, stale_after=grace_period()):
                 continue
             if data is None:
@@ -190,22 +191,22 @@ def _run_audit(study_name: str, storage: str | None, settings: AuditSettings, re
             **{k: v for k, v in report.to_dict().items() if k not in ("factor", "steps")}}
 
 
-def _n_done(store: Store, jobs: list[tuple[AuditJob, FrozenTrial]]) -> int:
+def _n_done(store: Store, jobs: list[tuple[AuditJob, TrialRecord]]) -> int:
     done = {r.job for r in store.audit_rows() if r.state in FINAL_STATES}
     return sum(job in done for job, _ in jobs)
 
 
-def _row(store: Store, job: AuditJob, t: FrozenTrial) -> dict[str, Any]:
+def _row(store: Store, job: AuditJob, t: TrialRecord) -> dict[str, Any]:
     row = next(r for r in store.audit_rows() if r.job == job)
     return {"trial": t.number, "state": "COMPLETE" if row.state == "complete" else "FAIL",
-            "reuse_map": t.user_attrs["reuse_map"], "flops_ratio": row.flops_ratio, "val_ppl": row.val_ppl,
-            "reason": row.reason or f"seed {job.seed}, proxy ppl {t.user_attrs.get('val_ppl')}"}
+            "reuse_map": as_list(t.reuse_map), "flops_ratio": row.flops_ratio, "val_ppl": row.val_ppl,
+            "reason": row.reason or f"seed {job.seed}, proxy ppl {t.val_ppl}"}
 
 
-def _train_job(store: Store, job: AuditJob, worker: str, trial: FrozenTrial, space: SpaceConfig, data: Any,
+def _train_job(store: Store, job: AuditJob, worker: str, trial: TrialRecord, space: SpaceConfig, data: Any,
                reporter: RunReporter, checkpoints: Path, init_depth: int) -> None:
-    model = with_knobs(model_config(space), trial.user_attrs.get("knobs", {}), init_depth)
+    model = with_knobs(model_config(space), dict(trial.knobs), init_depth)
     check_vocab(model, data.vocab_size)
-    train_run(store, job, worker, list(trial.user_attrs["reuse_map"]), model,
+    train_run(store, job, worker, list(trial.reuse_map), model,
               longer_train_config(space.train, space.train.steps, job.seed), data, reporter,
               run_checkpoint(checkpoints, job), trial.number)

@@ -23,6 +23,7 @@ from ilr_search.analysis.pareto import non_dominated
 from ilr_search.analysis.racing import Evaluation, RaceSettings, benjamini_hochberg, race_state
 from ilr_search.commands.report import _atomic_write, check_out_path
 from ilr_search.analysis.results import curves_by_trial, references
+from ilr_search.analysis.trials import trained_results
 from ilr_search.search.maps import propose_map, seed_maps
 from ilr_search.search.plan import plan_study
 from ilr_search.search.progress import RunReporter
@@ -67,13 +68,10 @@ def build_table(space_path: str | Path, out: str | Path, budget: str = "2x", sto
     study = open_study(parse_storage(storage), name)
     store = open_store(parse_storage(storage), name, read_only=True, storage=study_storage(study))
     curves = curves_by_trial(store.curve_points())
-    for t in study.get_trials(deepcopy=False):
-        a = t.user_attrs
-        if t.state != optuna.trial.TrialState.COMPLETE or "reused_from" in a:
-            continue
-        rows.append({"reuse_map": ",".join(map(str, a["reuse_map"])), "flops_ratio": a["flops_ratio"],
-                     "val_ppl": a["val_ppl"], "val_bpb": a["val_bpb"], "curve": json.dumps(sorted(curves[t.number].items())),
-                     "steps": space.train.steps, "trial": t.number, "train_seconds": a.get("train_seconds")})
+    for t in trained_results(study.get_trials(deepcopy=False)):
+        rows.append({"reuse_map": ",".join(map(str, t.reuse_map)), "flops_ratio": t.flops_ratio,
+                     "val_ppl": t.val_ppl, "val_bpb": t.val_bpb, "curve": json.dumps(sorted(curves[t.number].items())),
+                     "steps": space.train.steps, "trial": t.number, "train_seconds": t.train_seconds})
     for key, ref in sorted(references(study).items()):
         if key.startswith("block") and ref.get("val_ppl") is not None and ref.get("curve"):
             rows.append({"reuse_map": key, "flops_ratio": ref["flops_ratio"], "val_ppl": ref["val_ppl"],
@@ -212,7 +210,7 @@ def replay(table: Table, sampler: str, seed: int, n_trials: int, pruning: bool,
     with results looked up in the table instead of trained. A map the table lacks (it diverged, or the table
     is partial) ends FAIL at no cost."""
     settings = dataclasses.replace(settings or PrunerSettings(), rungs=table.rungs_at(rung_fractions))
-    sampler_cfg = sampler_settings(sampler, seed, table.n_layers, table.max_reuse)
+    sampler_cfg = sampler_settings(sampler, seed, table.max_reuse)
     study = optuna.create_study(directions=["minimize", "minimize"],
                                 sampler=build_sampler(sampler_cfg, table.n_layers, max_reuse=table.max_reuse,
                                                       max_layer_runs=table.max_layer_runs))

@@ -15,7 +15,7 @@ import numpy as np
 from ilr_search.config import ModelConfig, SpaceConfig
 from ilr_search.data.tokens import TokenData, TokenSplit, cache_key, cache_root
 from ilr_search.training.flops import flops_ratio
-from ilr_search.analysis.results import has_result
+from ilr_search.analysis.results import REFERENCE_PREFIX, has_result
 from ilr_search.training.schedule import reuse_map_schedule
 from ilr_search.search.maps import repair_to_budget
 from ilr_search.search.plan import StudyPlan, adopt_stored_dtype, check_resume, stored_study
@@ -76,7 +76,7 @@ def dry_run_report(request: RunRequest, workers: int = 1, probe: bool = True) ->
     existing = open_storage(spec, heartbeat=False) if spec.exists() else None
     if existing is not None and space.train.dtype == "auto":
         plan = adopt_stored_dtype(existing, plan)
-    check_resume(existing, spec, plan, request.sampler, request.pruner)
+    check_resume(existing, spec, plan, request.pruner)
     study = stored_study(existing, plan.name)
     trials = study.get_trials(deepcopy=False) if study is not None else []
     finished = sum(has_result(t) for t in trials)
@@ -84,7 +84,7 @@ def dry_run_report(request: RunRequest, workers: int = 1, probe: bool = True) ->
     refs = reference_runs(plan, trials)
     names = [r.name for r in refs] + (["second_seed"] if space.search.noise_seeds and not any(
         r.name == "second_seed" for r in refs) else [])  # the best recurrent map at a second seed, once known
-    done_refs = [n for n in names if study is not None and f"ilr:reference:{n}" in study.user_attrs]
+    done_refs = [n for n in names if study is not None and f"{REFERENCE_PREFIX}{n}" in study.user_attrs]
     max_runs = plan.budget.max_layer_runs(plan.model)
     n_layers = plan.model.n_layers
     costly = costliest_map(n_layers, space.search.max_reuse, max_runs)
@@ -99,7 +99,7 @@ def dry_run_report(request: RunRequest, workers: int = 1, probe: bool = True) ->
         "trials_to_train": max(0, target - finished),
         "references": names,
         "references_to_train": [n for n in names if n not in done_refs],
-        "sampler": sampler_settings(space.search.sampler, space.train.seed, n_layers, space.search.max_reuse).name,
+        "sampler": sampler_settings(space.search.sampler, space.train.seed, space.search.max_reuse).name,
         "pruner": space.search.pruner,
         "pruning_rungs": list(pruner_settings(space).rungs) if space.search.pruner != "none" else [],
         "objective": space.search.objective,

@@ -14,7 +14,6 @@ from typing import Any
 
 import optuna
 import torch
-from optuna.trial import FrozenTrial
 
 from ilr_search.config import DataConfig, ModelConfig, SpaceConfig, TrainConfig
 from ilr_search.data.tokenizers import check_vocab, model_config
@@ -23,7 +22,8 @@ from ilr_search.errors import UserInputError
 from ilr_search.training.flops import flops_ratio
 from ilr_search.knobs import KnobValue, config_key, format_knobs, parse_knob_settings, with_knobs
 from ilr_search.training.model import ILRTransformer, param_count
-from ilr_search.analysis.results import finite_or_none, references, study_front, trained_trials
+from ilr_search.analysis.results import finite_or_none, references, study_front, trained_by_map
+from ilr_search.analysis.trials import trial_records
 from ilr_search.training.schedule import block_schedule, format_reuse_map, parse_reuse_map, reuse_map_schedule
 from ilr_search.search.plan import stored_config
 from ilr_search.search.studies import open_study
@@ -102,14 +102,10 @@ def load_study_settings(study_name: str, storage: str | None) -> StudySettingsVi
     return StudySettingsView(study, space, config.init_depth, {"text": config.budget_text, "ratio": config.budget_ratio})
 
 
-def _trained_by_key(trials: list[FrozenTrial]) -> dict[str, FrozenTrial]:
-    return {t.user_attrs["map_key"]: t for t in sorted(trained_trials(trials), key=lambda t: -t.number)}
-
-
 def choose_map(view: StudySettingsView, map_text: str | None, trained_only: bool) -> tuple[MapChoice, str]:
     """The map `--map` names (default: the front's complete map of lowest perplexity) and a line saying which.
     `trained_only`: the map must have a result in the study (a trial, or a block reference)."""
-    trials = view.study.get_trials(deepcopy=False)
+    trials = trial_records(view.study.get_trials(deepcopy=False))
     n_layers = view.space.model.n_layers
     if map_text is None:
         front = study_front(trials)
@@ -118,7 +114,7 @@ def choose_map(view: StudySettingsView, map_text: str | None, trained_only: bool
         best = min(front, key=lambda p: (p["val_ppl"], p["flops_ratio"]))
         by_number = {t.number: t for t in trials}
         choice = MapChoice(list(best["reuse_map"]), reuse_map_schedule(best["reuse_map"]),
-                           dict(by_number[best["trial"]].user_attrs.get("knobs", {})))
+                           dict(by_number[best["trial"]].knobs))
         return choice, (f"map {choice.key} (trial {best['trial']}): the front's complete map of lowest perplexity "
                         f"({best['val_ppl']:.4g}); --map chooses another")
     choice = parse_map(map_text, n_layers)
@@ -129,14 +125,14 @@ def choose_map(view: StudySettingsView, map_text: str | None, trained_only: bool
             raise UserInputError(f"--map {map_text!r}: study {view.study.study_name!r} has no block{choice.block} "
                                  "reference run; give a map it trained (ilr-search trials lists them)")
         return choice, f"map {choice.key} (reference run)"
-    trained = _trained_by_key(trials)
+    trained = trained_by_map(trials)
     if choice.key in trained:
         return choice, f"map {choice.key} (trial {trained[choice.key].number})"
     if "|" not in map_text:  # a plain map names the one trained knob setting of that map
         same = [k for k in trained if k.split("|")[0] == choice.key]
         if len(same) == 1:
             t = trained[same[0]]
-            choice = dataclasses.replace(choice, knobs=dict(t.user_attrs.get("knobs", {})))
+            choice = dataclasses.replace(choice, knobs=dict(t.knobs))
             return choice, f"map {choice.key} (trial {t.number})"
         if len(same) > 1:
             raise UserInputError(f"--map {map_text!r}: study {view.study.study_name!r} trained it with several knob "
@@ -156,11 +152,10 @@ def measured_results(view: StudySettingsView, storage: str | None, choice: MapCh
         proxy = {"kind": "reference", "steps": ref.get("steps"), "val_ppl": ref.get("val_ppl"),
                  "val_bpb": ref.get("val_bpb"), "status": ref.get("status")}
     else:
-        t = _trained_by_key(study.get_trials(deepcopy=False)).get(choice.key)
+        t = trained_by_map(study.get_trials(deepcopy=False)).get(choice.key)
         if t is not None:
-            a = t.user_attrs
-            proxy = {"kind": "trial", "trial": t.number, "state": t.state.name, "steps": a.get("steps"),
-                     "val_ppl": a.get("val_ppl"), "val_bpb": a.get("val_bpb"), "pruned_at_step": a.get("pruned_at_step")}
+            proxy = {"kind": "trial", "trial": t.number, "state": t.state.name, "steps": t.steps,
+                     "val_ppl": t.val_ppl, "val_bpb": t.val_bpb, "pruned_at_step": t.pruned_at_step}
     audits = []
     store = open_store(parse_storage(storage), study.study_name, read_only=True, storage=study_storage(study))
     for row in store.audit_rows():

@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.trial import TrialState
 
 from ilr_search.errors import UserInputError
 from ilr_search.analysis.fidelity import mark_ties, noise_band
-from ilr_search.knobs import KNOB_CHOICES, format_knobs
+from ilr_search.knobs import KNOB_CHOICES
 from ilr_search.analysis.plots import pareto_figure, plot_ppl
-from ilr_search.analysis.results import REFERENCE_PREFIX, CurveRow, Curves, curve_of, curve_rows, curves_by_trial, listed_trials, reference_rows, study_front, trial_row
+from ilr_search.analysis.results import REFERENCE_PREFIX, CurveRow, Curves, curve_of, curve_rows, curves_by_trial, knobs_text, listed_trials, reference_rows, study_front, trial_row
+from ilr_search.analysis.trials import TrialRecord, trained_results, trial_records
 from ilr_search.search.race import RACE_POINT_FIELDS, race_summary
 from ilr_search.search.studies import fidelity_of, open_study
 from ilr_search.storage import study_storage, open_store, parse_storage
@@ -56,26 +56,25 @@ def _atomic_write(path: Path, write: Any) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def layer_view(trials: list[optuna.trial.FrozenTrial], front: list[dict[str, Any]]) -> dict[str, Any]:
+def layer_view(trials: list[TrialRecord], front: list[dict[str, Any]]) -> dict[str, Any]:
     """Reuse counts of the front's maps, and the importance for perplexity of each layer's count and of each
     searched knob, from Optuna's evaluator, computed on the maps that were trained (not the sampler's
     proposals, which the budget may have repaired)."""
-    evaluated = [t for t in trials if t.state == TrialState.COMPLETE and "reused_from" not in t.user_attrs
-                 and t.user_attrs.get("val_ppl") is not None]
+    evaluated = trained_results(trials)
     importance: dict[str, float] = {}
     if len(evaluated) >= 3 and front:
         n_layers = len(front[0]["reuse_map"])
-        top = max(max(t.user_attrs["reuse_map"]) for t in evaluated)
-        knobs = sorted({k for t in evaluated for k in t.user_attrs.get("knobs", {})})
+        top = max(max(t.reuse_map) for t in evaluated)
+        knobs = sorted({k for t in evaluated for k in t.knobs})
         shadow = optuna.create_study()
         dist = optuna.distributions.IntDistribution(1, max(2, top))
         knob_dists = {k: optuna.distributions.CategoricalDistribution(KNOB_CHOICES[k]) for k in knobs}
         for t in evaluated:
             shadow.add_trial(optuna.trial.create_trial(
-                params={f"layer {i}": r for i, r in enumerate(t.user_attrs["reuse_map"])}
-                | {f"knob {k}": t.user_attrs["knobs"][k] for k in knobs},
+                params={f"layer {i}": r for i, r in enumerate(t.reuse_map)}
+                | {f"knob {k}": t.knobs[k] for k in knobs},
                 distributions={f"layer {i}": dist for i in range(n_layers)}
-                | {f"knob {k}": d for k, d in knob_dists.items()}, value=t.user_attrs["val_ppl"]))
+                | {f"knob {k}": d for k, d in knob_dists.items()}, value=t.val_ppl))
         try:
             raw = optuna.importance.get_param_importances(shadow)
             names = [f"layer {i}" for i in range(n_layers)] + [f"knob {k}" for k in knobs]
@@ -87,11 +86,11 @@ def layer_view(trials: list[optuna.trial.FrozenTrial], front: list[dict[str, Any
 
 def _trial_rows(study: optuna.Study, curves: Curves) -> list[dict[str, Any]]:
     rows = []
-    for t in study.get_trials(deepcopy=False):
+    for t in trial_records(study.get_trials(deepcopy=False)):
         row = trial_row(t)
         curve = curve_of(t, curves)
         row["plot_ppl"] = plot_ppl(row, curve)
-        row["curve"] = sorted(curve.items()) if "reused_from" not in t.user_attrs else []  # a reuse draws no second line
+        row["curve"] = sorted(curve.items()) if not t.is_reuse else []  # a reuse draws no second line
         rows.append(row)
     return rows
 
@@ -105,7 +104,7 @@ def pareto_report(study_name: str, storage: str | None = None, out: str | Path |
         check_image_export()
     spec = parse_storage(storage)
     study = open_study(spec, study_name)
-    trials = study.get_trials(deepcopy=False)
+    trials = trial_records(study.get_trials(deepcopy=False))
     front = study_front(trials)
     store = open_store(spec, study_name, read_only=True, storage=study_storage(study))
     history = store.front_history()
@@ -200,21 +199,19 @@ def export_trials(study_name: str, storage: str | None, out: str | Path,
     pruning = store.pruning_records()
     records = []
     for t in listed_trials(study.get_trials(deepcopy=False)):
-        a = t.user_attrs
         record = {
             "trial": t.number, "reference": None, "state": t.state.name,
-            "reuse_map": ",".join(map(str, a["reuse_map"])) if a.get("reuse_map") else None,
-            "knobs": format_knobs(a["knobs"]) if a.get("knobs") else None,
-            "flops_ratio": a.get("flops_ratio"), "val_ppl": a.get("val_ppl"), "val_bpb": a.get("val_bpb"),
-            "val_loss": a.get("val_loss"), "objective_values": json.dumps(t.values) if t.values else None,
-            "steps": a.get("steps", 0), "pruned_at_step": a.get("pruned_at_step"),
+            "reuse_map": ",".join(map(str, t.reuse_map)) if t.reuse_map else None,
+            "knobs": knobs_text(t),
+            "flops_ratio": t.flops_ratio, "val_ppl": t.val_ppl, "val_bpb": t.val_bpb,
+            "val_loss": t.val_loss, "objective_values": json.dumps(t.values) if t.values else None,
+            "steps": t.steps, "pruned_at_step": t.pruned_at_step,
             "pruning_reason": pruning.get(t.number, {}).get("reason"),
-            "reused_from": a.get("reused_from"), "status": a.get("status"), "reason": a.get("reason"),
-            "params": a.get("params"),
-            "proposed_map": ",".join(map(str, a["proposed_map"])) if a.get("proposed_map") else None,
-            "train_seconds": a.get("train_seconds"),
-            "duration_seconds": (t.datetime_complete - t.datetime_start).total_seconds()
-            if t.datetime_complete and t.datetime_start else None,
+            "reused_from": t.reused_from, "status": t.status, "reason": t.reason,
+            "params": t.param_count,
+            "proposed_map": ",".join(map(str, t.proposed_map)) if t.proposed_map else None,
+            "train_seconds": t.train_seconds,
+            "duration_seconds": t.seconds,
             "datetime_start": t.datetime_start.isoformat() if t.datetime_start else None,
         }
         record |= {f"param_{k}": v for k, v in sorted(t.params.items())}

@@ -18,7 +18,8 @@ from ilr_search.data.tokens import TokenData
 from ilr_search.training.flops import flops_ratio
 from ilr_search.knobs import KnobValue, config_key, format_knobs
 from ilr_search.training.model import param_count
-from ilr_search.analysis.results import SURPLUS_ATTR, finite_or_none, has_result
+from ilr_search.analysis.results import finite_or_none, has_result
+from ilr_search.analysis.trials import TrialAttr, TrialRecord, trial_records
 from ilr_search.training.schedule import format_reuse_map, reuse_map_schedule
 from ilr_search.storage import study_storage, trial_id
 from ilr_search.storage import (CurvePoint, Heartbeat, StorageSpec, Store, TrainCurvePoint, grace_period, heartbeat_interval,
@@ -91,7 +92,7 @@ class Proposal:
     knobs: dict[str, KnobValue]
     key: str
     ratio: float
-    earlier: FrozenTrial | None
+    earlier: TrialRecord | None
     behind_own: bool = False  # the map is one this worker is about to train: reuse its result afterwards
 
 
@@ -145,7 +146,7 @@ class SearchRun:
         ahead = sum(t.number < trial.number and (has_result(t) or t.state == TrialState.RUNNING)
                     for t in self.study.get_trials(deepcopy=False))
         if ahead >= self.target:
-            set_trial_user_attrs(trial, {SURPLUS_ATTR: True})
+            set_trial_user_attrs(trial, {TrialAttr.SURPLUS: True})
             raise SurplusTrial(f"trial {trial.number}: {ahead} trials before it reach the target of {self.target}")
 
     def propose(self, trial: optuna.Trial, in_hand: Collection[str] = ()) -> Proposal:
@@ -160,12 +161,12 @@ class SearchRun:
         model = self.plan.trial_model(knobs)
         ratio = flops_ratio(model, reuse_map_schedule(reuse_map))
         assert self.plan.budget.allows(ratio), (reuse_map, ratio)
-        attrs: dict[str, Any] = {"reuse_map": reuse_map, "map_key": key, "flops_ratio": ratio,
-                                 "params": param_count(model)}
+        attrs: dict[str, Any] = {TrialAttr.REUSE_MAP: reuse_map, TrialAttr.MAP_KEY: key, TrialAttr.FLOPS_RATIO: ratio,
+                                 TrialAttr.PARAMS: param_count(model)}
         if knobs:
-            attrs["knobs"] = knobs
+            attrs[TrialAttr.KNOBS] = knobs
         if reuse_map != proposed:
-            attrs["proposed_map"] = proposed
+            attrs[TrialAttr.PROPOSED_MAP] = proposed
         set_trial_user_attrs(trial, attrs)
 
         earlier = self._result_for(key, trial.number)
@@ -175,14 +176,12 @@ class SearchRun:
             earlier = self._claim_or_wait(key, trial.number)
         return Proposal(reuse_map, knobs, key, ratio, earlier)
 
-    def _result_for(self, key: str, exclude: int) -> FrozenTrial | None:
-        for t in self.study.get_trials(deepcopy=False):
-            if t.number != exclude and t.user_attrs.get("map_key") == key and has_result(t) \
-                    and "reused_from" not in t.user_attrs:
-                return t
-        return None
+    def _result_for(self, key: str, exclude: int) -> TrialRecord | None:
+        """The first trial other than `exclude` that trained map `key` to a result."""
+        return next((r for r in trial_records(self.study.get_trials(deepcopy=False))
+                     if r.number != exclude and r.map_key == key and r.trained_its_map), None)
 
-    def _claim_or_wait(self, key: str, number: int) -> FrozenTrial | None:
+    def _claim_or_wait(self, key: str, number: int) -> TrialRecord | None:
         """Claim the map for this trial; if another live trial trains it, wait for its result instead."""
         waited = False
         while True:
@@ -227,7 +226,7 @@ class SearchRun:
         """Keep the result of a trial failed under this worker: a new finished trial with the same map, marked
         `recovered_from`, which takes the map's claim so that the queued retry reuses it instead of training."""
         attrs = dict(study_storage(self.study).get_trial(trial_id(trial)).user_attrs)
-        attrs |= self._result_attrs(result, decision) | {"recovered_from": trial.number}
+        attrs |= self._result_attrs(result, decision) | {TrialAttr.RECOVERED_FROM: trial.number}
         if result.status == "diverged":
             state, values = TrialState.FAIL, None
         elif decision is not None:
@@ -239,8 +238,8 @@ class SearchRun:
         self.study.add_trial(optuna.trial.create_trial(state=state, values=values, params=trial.params,
                                                        distributions=trial.distributions, user_attrs=attrs,
                                                        intermediate_values={p.step: p.val_loss for p in result.curve}))
-        recovered = max(t.number for t in self.study.get_trials(deepcopy=False)
-                        if t.user_attrs.get("recovered_from") == trial.number)
+        recovered = max(r.number for r in trial_records(self.study.get_trials(deepcopy=False))
+                        if r.recovered_from == trial.number)
         self._store_curve(recovered, result, key, ratio)
         self._store_train_curve(recovered, result, key)
         self.store.take_over(key, trial.number, recovered)
@@ -259,17 +258,16 @@ class SearchRun:
         """The training loss of `result` as trial `number`'s curve of kind "train", in one write."""
         self.store.add_train_curve([TrainCurvePoint(number, p.step, p.tokens, p.loss, key) for p in result.train_curve])
 
-    def _reuse(self, trial: optuna.Trial, earlier: FrozenTrial) -> float | tuple[float, float]:
+    def _reuse(self, trial: optuna.Trial, earlier: TrialRecord) -> float | tuple[float, float]:
         if self._failed_under_me(trial):
             raise self._taken_over(trial)
-        kept = ("val_loss", "val_ppl", "val_bpb", "status", "reason", "pruned_at_step")
-        set_trial_user_attrs(trial, {k: earlier.user_attrs[k] for k in kept if k in earlier.user_attrs}
-                             | {"reused_from": earlier.number, "steps": 0})
+        set_trial_user_attrs(trial, earlier.reused_result() | {TrialAttr.REUSED_FROM: earlier.number, TrialAttr.STEPS: 0})
         if earlier.state == TrialState.PRUNED:
             raise optuna.TrialPruned(f"map already pruned in trial {earlier.number}")
         if earlier.state == TrialState.FAIL:
             raise TrialDiverged(f"map already diverged in trial {earlier.number}")
-        return self._values(earlier.user_attrs["val_ppl"], earlier.user_attrs["flops_ratio"])
+        assert earlier.val_ppl is not None and earlier.flops_ratio is not None  # complete: it has its result
+        return self._values(earlier.val_ppl, earlier.flops_ratio)
 
     def _values(self, val_ppl: float, ratio: float) -> float | tuple[float, float]:
         return val_ppl if self.plan.space.search.objective == "ppl" else (val_ppl, ratio)
@@ -316,8 +314,8 @@ class SearchRun:
 
     def interrupted(self, trial: optuna.Trial) -> None:
         """Ctrl-C during training: retry this map on resume (Optuna marks the trial FAIL); the study then stops."""
-        trial.set_user_attr("reason", "interrupted (Ctrl-C)")
-        self.study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
+        trial.set_user_attr(TrialAttr.REASON, "interrupted (Ctrl-C)")
+        self.study.enqueue_trial(trial.params, user_attrs={TrialAttr.RETRY_OF: trial.number})
 
     def finish_training(self, trial: optuna.Trial, training: Training,
                         result: TrainResult) -> float | tuple[float, float]:
@@ -343,17 +341,17 @@ class SearchRun:
 
     def _result_attrs(self, result: TrainResult, decision: PruningDecision | None) -> dict[str, Any]:
         attrs = {
-            "status": "pruned" if decision is not None else result.status,
-            "reason": decision.reason if decision is not None else result.reason,
-            "steps": result.steps - result.resumed_from_step,
-            "resumed_from_step": result.resumed_from_step,
-            "val_loss": finite_or_none(result.val_loss), "val_ppl": finite_or_none(result.val_ppl),
-            "val_bpb": finite_or_none(result.val_bpb),
-            "train_seconds": result.train_seconds, "tokens_per_second": result.tokens_per_second,
+            TrialAttr.STATUS: "pruned" if decision is not None else result.status,
+            TrialAttr.REASON: decision.reason if decision is not None else result.reason,
+            TrialAttr.STEPS: result.steps - result.resumed_from_step,
+            TrialAttr.RESUMED_FROM_STEP: result.resumed_from_step,
+            TrialAttr.VAL_LOSS: finite_or_none(result.val_loss), TrialAttr.VAL_PPL: finite_or_none(result.val_ppl),
+            TrialAttr.VAL_BPB: finite_or_none(result.val_bpb),
+            TrialAttr.TRAIN_SECONDS: result.train_seconds, TrialAttr.TOKENS_PER_SECOND: result.tokens_per_second,
         }
         if decision is not None:
-            attrs["pruned_at_step"] = decision.step
-            attrs["steps_saved"] = self.plan.space.train.steps - decision.step
+            attrs[TrialAttr.PRUNED_AT_STEP] = decision.step
+            attrs[TrialAttr.STEPS_SAVED] = self.plan.space.train.steps - decision.step
         return attrs
 
     def _record(self, trial: optuna.Trial, result: TrainResult, decision: PruningDecision | None) -> None:

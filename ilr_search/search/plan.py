@@ -146,7 +146,7 @@ def plan_study(space: SpaceConfig, budget_text: str, study_name: str | None) -> 
     model = model_config(space)
     budget = parse_budget(budget_text, model)
     device = resolve_device(space.train.device)
-    dtype = resolve_dtype(space.train.dtype, device, model, space.train.batch_size)
+    dtype = resolve_dtype(space.train.dtype, device)
     config = study_config(space, model, budget, dtype)
     return StudyPlan(space, model, budget, dtype, config, study_name or derive_study_name(config))
 
@@ -175,8 +175,7 @@ def adopt_stored_dtype(storage: optuna.storages.BaseStorage | None, plan: StudyP
     return dataclasses.replace(plan, dtype=stored, config=config)
 
 
-def search_differences(settings: StudySettings, space: SpaceConfig, sampler_flag: str | None,
-                       pruner_flag: str | None) -> list[str]:
+def search_differences(settings: StudySettings, space: SpaceConfig, pruner_flag: str | None) -> list[str]:
     """How this run's sampler and pruner settings, from flags or the space's TOML alike, differ from a stored
     study's. A study stored before calibrated pruning existed keeps its rule unless a flag asks for another."""
     diffs = []
@@ -197,7 +196,7 @@ def search_differences(settings: StudySettings, space: SpaceConfig, sampler_flag
 
 
 def check_resume(storage: optuna.storages.BaseStorage | None, spec: StorageSpec, plan: StudyPlan,
-                 sampler: str | None, pruner: str | None) -> StudySettings | None:
+                 pruner: str | None) -> StudySettings | None:
     """The stored settings of an existing study of that name (None if new, or stored without them); refuses
     incompatible resumes. `storage`: the storage already open on `spec`, None where there is none yet."""
     study = stored_study(storage, plan.name)
@@ -214,7 +213,7 @@ def check_resume(storage: optuna.storages.BaseStorage | None, spec: StorageSpec,
     diffs = config_differences(study_identity(stored), study_identity(plan.config))
     settings = StudySettings.from_dict(study.user_attrs[SAMPLER_ATTR]) if SAMPLER_ATTR in study.user_attrs else None
     if settings is not None:
-        diffs += search_differences(settings, plan.space, sampler, pruner)
+        diffs += search_differences(settings, plan.space, pruner)
     if diffs:
         raise UserInputError(f"cannot resume study {plan.name!r} with another configuration ({'; '.join(diffs)}); "
                              "rerun with the study's settings or choose a new --study")

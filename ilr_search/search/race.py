@@ -24,14 +24,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from ilr_search.config import ModelConfig, SpaceConfig, TrainConfig
 from ilr_search.data.tokens import TokenData
 from ilr_search.training.flops import flops_ratio
-from ilr_search.knobs import KnobValue, config_key, format_knobs
+from ilr_search.knobs import KnobValue, config_key
 from ilr_search.analysis.racing import Evaluation, FrontPoint, RaceJob, RaceSettings, RaceState, race_state
-from ilr_search.analysis.results import REFERENCE_PREFIX, finite_or_none, is_baseline_key, key_reuse_map, study_front, trained_trials
+from ilr_search.analysis.results import (REFERENCE_PREFIX, as_list, finite_or_none, is_baseline_key, key_reuse_map,
+                                         knobs_text, study_front, trained_by_map, trained_trials)
+from ilr_search.analysis.trials import Trial, trial_records
 from ilr_search.training.schedule import format_reuse_map, reuse_map_schedule
 from ilr_search.storage import AuditJob, AuditRow, Heartbeat, Store, grace_period, heartbeat_interval
 
@@ -102,7 +104,7 @@ def audit_job(job: RaceJob, base_steps: int) -> AuditJob:
     return AuditJob(factor_key(job.steps, base_steps), job.seed, job.map_key)
 
 
-def stored_results(trials: Sequence[FrozenTrial], study_attrs: Mapping[str, Any], rows: Sequence[AuditRow]
+def stored_results(trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows: Sequence[AuditRow]
                    ) -> list[StoredResult]:
     """Every finished result of the study, one per (map, steps, seed): the trials' at the proxy's length
     (complete or diverged; a pruned trial has no result at a length the race knows), the reference runs of
@@ -115,11 +117,10 @@ def stored_results(trials: Sequence[FrozenTrial], study_attrs: Mapping[str, Any]
     for t in sorted(trained_trials(list(trials)), key=lambda t: t.number):
         if t.state == TrialState.PRUNED:
             continue
-        a = t.user_attrs
-        loss = a.get("val_loss") if t.state == TrialState.COMPLETE else None
-        found.append(StoredResult(a["map_key"], float(a["flops_ratio"]), base_steps, base_seed, schedule, loss,
-                                  a.get("val_ppl") if loss is not None else None,
-                                  a.get("val_bpb") if loss is not None else None, f"trial {t.number}"))
+        loss = t.val_loss if t.state == TrialState.COMPLETE else None
+        found.append(StoredResult(t.map_key, t.flops_ratio, base_steps, base_seed, schedule, loss,
+                                  t.val_ppl if loss is not None else None,
+                                  t.val_bpb if loss is not None else None, f"trial {t.number}"))
     for name, ref in sorted(study_attrs.items()):
         if not name.startswith(REFERENCE_PREFIX) or not ref.get("reuse_map"):  # block recurrence is no reuse map
             continue
@@ -139,7 +140,7 @@ def stored_results(trials: Sequence[FrozenTrial], study_attrs: Mapping[str, Any]
     return list(unique.values())
 
 
-def study_race(trials: Sequence[FrozenTrial], study_attrs: Mapping[str, Any], rows: Sequence[AuditRow]
+def study_race(trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows: Sequence[AuditRow]
                ) -> tuple[RaceSettings, list[StoredResult], RaceState]:
     """The race's settings, the study's results, and the policy's decision on them. The policy sees the maps
     a trial trained to the proxy's length (and the baseline): a pruned map that the audit retrained is no
@@ -162,44 +163,45 @@ def json_interval(interval: tuple[float, float]) -> list[float | None]:
 RACE_POINT_FIELDS = ("steps", "seeds", "interval", "confirmed")  # what a race front point adds to a proxy one
 
 
-def proxy_points(trials: Sequence[FrozenTrial], settings: RaceSettings) -> tuple[FrontPoint, ...]:
+def proxy_points(trials: Sequence[Trial], settings: RaceSettings) -> tuple[FrontPoint, ...]:
     """The proxy's front (study_front) as front points: the proxy's length, the space's seed, no interval, not
     confirmed."""
-    numbers = {t.number: t for t in trials}
-    return tuple(FrontPoint(numbers[p["trial"]].user_attrs["map_key"], p["flops_ratio"], settings.base_steps,
-                            settings.seeds[:1], p["val_ppl"], (0.0, math.inf), False) for p in study_front(list(trials)))
+    records = trial_records(trials)
+    keys = {r.number: r.map_key for r in records}
+    return tuple(FrontPoint(keys[p["trial"]], p["flops_ratio"], settings.base_steps,
+                            settings.seeds[:1], p["val_ppl"], (0.0, math.inf), False) for p in study_front(records))
 
 
-def front_rows(points: Sequence[FrontPoint], trials: Sequence[FrozenTrial], results: Sequence[StoredResult]
+def front_rows(points: Sequence[FrontPoint], trials: Sequence[Trial], results: Sequence[StoredResult]
                ) -> list[dict[str, Any]]:
     """Front points as the `pareto` items of `run --json` and `pareto --json`: each point's trial, map, knobs
     and FLOPs, its mean perplexity over its seeds at its length, the interval, and whether it is confirmed
     (val_bpb: the mean over the same runs)."""
-    by_key = {t.user_attrs["map_key"]: t for t in sorted(trained_trials(list(trials)), key=lambda t: -t.number)}
+    by_key = trained_by_map(list(trials))
     bpb = {(r.map_key, r.steps, r.seed): r.val_bpb for r in results}
     rows = []
     for p in points:
         t = by_key.get(p.map_key)
         bpbs = [bpb.get((p.map_key, p.steps, s)) for s in p.seeds]
-        knobs = t.user_attrs.get("knobs") if t is not None else None
         rows.append({"trial": t.number if t is not None else None,
-                     "reuse_map": list(t.user_attrs["reuse_map"]) if t is not None else key_reuse_map(p.map_key),
-                     "knobs": format_knobs(knobs) if knobs else None, "flops_ratio": p.flops_ratio,
+                     "reuse_map": as_list(t.reuse_map) if t is not None else key_reuse_map(p.map_key),
+                     "knobs": knobs_text(t) if t is not None else None, "flops_ratio": p.flops_ratio,
                      "val_ppl": p.val_ppl,
                      "val_bpb": sum(bpbs) / len(bpbs) if bpbs and None not in bpbs else None,
-                     "params": t.user_attrs.get("params") if t is not None else None,
+                     "params": t.param_count if t is not None else None,
                      "steps": p.steps, "seeds": list(p.seeds), "interval": json_interval(p.interval),
                      "confirmed": p.confirmed})
     return rows
 
 
-def race_summary(trials: Sequence[FrozenTrial], study_attrs: Mapping[str, Any], rows: Sequence[AuditRow]
+def race_summary(trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows: Sequence[AuditRow]
                  ) -> dict[str, Any]:
     """What `run`, `pareto` and `trials` report of the race: the front (pareto items), the verdict, the
     target length, the open and eliminated maps, and every stored result with its fidelity (nothing for a
     study not made by ilr-search)."""
     if CONFIG_ATTR not in study_attrs:
         return {"pareto": [], "verdict": "", "target_steps": None, "race": None}
+    trials = trial_records(trials)
     settings, results, state = study_race(trials, study_attrs, rows)
     # With the race off, or before it has its contenders (base results missing), the front is the proxy's.
     points = state.front if races(settings) and state.front else proxy_points(trials, settings)
@@ -306,13 +308,13 @@ def run_race(plan: StudyPlan, study: optuna.Study, store: Store, data: TokenData
     train = dataclasses.replace(plan.space.train, dtype=plan.dtype)
     waiting_said = False
     while True:
-        trials = study.get_trials(deepcopy=False)
+        trials = trial_records(study.get_trials(deepcopy=False))
         settings, results, state = study_race(trials, study.user_attrs, store.audit_rows())
         have = {(r.map_key, r.steps, r.seed) for r in results}
         open_jobs = [j for j in state.next_jobs if (j.map_key, j.steps, j.seed) not in have]
         if state.done or not open_jobs or not races(settings):
             break  # (a race that is off trains nothing, not even a baseline that no trial trained)
-        by_key = {t.user_attrs["map_key"]: t for t in sorted(trained_trials(list(trials)), key=lambda t: -t.number)}
+        by_key = trained_by_map(trials)
         claimed: list[ClaimedRun] = []
         held = False
         for job in open_jobs:
@@ -321,8 +323,8 @@ def run_race(plan: StudyPlan, study: optuna.Study, store: Store, data: TokenData
             trial = by_key.get(job.map_key)
             if trial is None and not is_baseline_key(job.map_key):
                 continue  # no trial of this study trained the map: nothing says how to build it
-            reuse_map = list(trial.user_attrs["reuse_map"]) if trial is not None else key_reuse_map(job.map_key)
-            knobs: dict[str, KnobValue] = dict(trial.user_attrs.get("knobs", {})) if trial is not None else {}
+            reuse_map = list(trial.reuse_map) if trial is not None else key_reuse_map(job.map_key)
+            knobs: dict[str, KnobValue] = dict(trial.knobs) if trial is not None else {}
             model = plan.trial_model(knobs)
             if claimed and (model != claimed[0].model or not fusable(model)):
                 continue  # another model: a later group trains it

@@ -118,7 +118,7 @@ def prepare_study(request: RunRequest) -> PreparedStudy:
     existing = open_storage(spec) if spec.exists() else None  # the one storage handle of this worker
     if space.train.dtype == "auto":
         plan = adopt_stored_dtype(existing, plan)
-    stored_settings = check_resume(existing, spec, plan, request.sampler, request.pruner)
+    stored_settings = check_resume(existing, spec, plan, request.pruner)
     first = first_trials(plan, stored_study(existing, plan.name), request.target_trials,
                          list(space.search.enqueue) + [format_reuse_map(list(m)) for m in request.enqueue_maps])
 
@@ -126,7 +126,7 @@ def prepare_study(request: RunRequest) -> PreparedStudy:
     storage_obj = existing or open_storage(spec)
     directions = ["minimize"] if space.search.objective == "ppl" else ["minimize", "minimize"]
     settings = stored_settings or StudySettings(
-        sampler_settings(space.search.sampler, space.train.seed, plan.model.n_layers, space.search.max_reuse),
+        sampler_settings(space.search.sampler, space.train.seed, space.search.max_reuse),
         pruner_settings(space))
     pruning = settings.pruner
     optuna_pruner = optuna.pruners.MedianPruner(n_startup_trials=pruning.warmup, n_warmup_steps=0) \

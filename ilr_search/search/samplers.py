@@ -17,7 +17,7 @@ from ilr_search.search.maps import map_params, repair_to_budget
 from ilr_search.storage import trial_id
 
 
-def sampler_settings(name: str, seed: int, n_layers: int, max_reuse: int) -> SamplerSettings:
+def sampler_settings(name: str, seed: int, max_reuse: int) -> SamplerSettings:
     """The settings of sampler `name` (auto: TPE), every default explicit. The grid's knob dimensions come from
     the study's configuration (build_sampler's `knobs`)."""
     resolved = "tpe" if name == "auto" else name

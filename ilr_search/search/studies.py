@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from ilr_search.config import StudySettings
 from ilr_search.errors import UserInputError
 from ilr_search.analysis.fidelity import audit_reports, study_fidelity
-from ilr_search.analysis.results import FINISHED, curves_by_trial, curves_of_trials, listed_trials, reference_rows, references, study_front, trial_row
+from ilr_search.analysis.results import curves_by_trial, curves_of_trials, listed_trials, reference_rows, references, study_front, trial_row
+from ilr_search.analysis.trials import FINISHED, Trial, trained_results, trial_records
 from ilr_search.storage import study_id, study_storage, StorageSpec, Store, open_storage, open_store, parse_storage
 
 from ilr_search.search.plan import SAMPLER_ATTR, stored_config
@@ -33,8 +34,8 @@ def summarize(study: optuna.Study, spec: StorageSpec, store: Store) -> dict[str,
         "n_complete": states.count(TrialState.COMPLETE),
         "n_pruned": states.count(TrialState.PRUNED),
         "n_failed": states.count(TrialState.FAIL),
-        "steps_trained": sum(int(t.user_attrs.get("steps", 0)) for t in trials),
-        "steps_saved_by_pruning": sum(int(t.user_attrs.get("steps_saved", 0)) for t in trials),
+        "steps_trained": sum(t.steps for t in trials),
+        "steps_saved_by_pruning": sum(t.steps_saved for t in trials),
         "pareto": [{k: p[k] for k in (*FRONT_FIELDS, *RACE_POINT_FIELDS)} | ({"knobs": p["knobs"]} if p.get("knobs") else {})
                    for p in race["pareto"]],
         "proxy_pareto": [{k: p[k] for k in FRONT_FIELDS} | ({"knobs": p["knobs"]} if p.get("knobs") else {})
@@ -59,9 +60,9 @@ def summarize_stored(storage: str | None, study_name: str) -> dict[str, Any]:
     return summary
 
 
-def fidelity_of(study: optuna.Study, store: Store, trials: list[FrozenTrial] | None = None) -> dict[str, Any]:
+def fidelity_of(study: optuna.Study, store: Store, trials: list[Trial] | None = None) -> dict[str, Any]:
     """The study's fidelity (rung agreement, noise, second seed, audits, verdict) from its trials and rows."""
-    trials = study.get_trials(deepcopy=False) if trials is None else trials
+    trials = trial_records(study.get_trials(deepcopy=False) if trials is None else trials)
     config = stored_config(study.user_attrs)
     final_step = config.space.train.steps if config is not None else 0
     return study_fidelity(study.study_name, trials, curves_by_trial(store.curve_points()), study.user_attrs,
@@ -113,7 +114,7 @@ def list_studies(storage: str | None = None) -> list[dict[str, Any]]:
         study = optuna.load_study(study_name=summary.study_name, storage=st)
         config = stored_config(study.user_attrs)
         trials = listed_trials(study.get_trials(deepcopy=False))
-        ppls = [t.user_attrs["val_ppl"] for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("val_ppl")]
+        ppls = [t.val_ppl for t in trained_results(trials) if t.val_ppl is not None]
         rows.append({"study": summary.study_name, "n_trials": len(trials),
                      "n_complete": sum(t.state == TrialState.COMPLETE for t in trials),
                      "budget": config.budget_text if config else None,
@@ -130,7 +131,7 @@ def trials_report(study_name: str, storage: str | None = None) -> dict[str, Any]
     """`ilr-search trials`: every trial, and the study's fidelity (how far its proxy can be trusted)."""
     spec = parse_storage(storage)
     study = open_study(spec, study_name)
-    trials = study.get_trials(deepcopy=False)
+    trials = trial_records(study.get_trials(deepcopy=False))
     store = open_store(spec, study_name, read_only=True, storage=study_storage(study))
     listed = listed_trials(trials)
     curves = curves_of_trials(listed, store.curve_points(), store.train_curve_points())

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ilr_search.config import ModelConfig
-
 if TYPE_CHECKING:
     import torch
 
@@ -26,7 +24,7 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def resolve_dtype(dtype: str, device: torch.device, model_cfg: ModelConfig | None = None, batch_size: int = 8) -> str:
+def resolve_dtype(dtype: str, device: torch.device) -> str:
     """`auto` by a rule, never by a timing (the same command must give the same study and the same result):
     bf16 autocast on CUDA with bf16 support, fp32 everywhere else. On a CPU with AVX512-BF16/AMX, bf16 can be
     faster at widths of 128 and more (benchmarks/throughput.py); ask for it with --dtype bf16."""

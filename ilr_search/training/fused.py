@@ -399,7 +399,7 @@ def train_fused(model_cfg: ModelConfig, schedules: Sequence[Sequence[int]], data
 def _train_group(model_cfg: ModelConfig, members: list[Member], data: TokenData, cfg: TrainConfig,
                  device: torch.device, length_masking: str) -> list[TrainResult]:
     """train_proxy's loop for members that all start at the same step; results in `members` order."""
-    dtype = resolve_dtype(cfg.dtype, device, model_cfg, cfg.batch_size)
+    dtype = resolve_dtype(cfg.dtype, device)
     compute_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
     group = FusedGroup(model_cfg, cfg, members, device, compute_dtype, resolve_compile(cfg.compile, device),
                        length_masking)

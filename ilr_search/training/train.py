@@ -141,7 +141,7 @@ def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData
 
     data.check_window(model_cfg.seq_len)
     device = resolve_device(cfg.device)
-    dtype = resolve_dtype(cfg.dtype, device, model_cfg, cfg.batch_size)
+    dtype = resolve_dtype(cfg.dtype, device)
     schedule = list(schedule)
     model = build_model(model_cfg, cfg.seed).to(device)
     params = model.num_params()

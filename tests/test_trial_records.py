@@ -1,0 +1,110 @@
+"""TrialRecord: a trial's attributes read once, under the names the objective writes them with; the filters that
+choose the trials a front, a ranking or a table is made of."""
+
+import dataclasses
+
+import optuna
+import pytest
+from optuna.distributions import IntDistribution
+from optuna.trial import TrialState, create_trial
+
+from conftest import NO_REFERENCES, TINY_SPACE
+from ilr_search.analysis.results import has_result, study_front, trained_by_map, trained_trials
+from ilr_search.analysis.trials import TrialAttr, TrialRecord, trained_results, trial_record, trial_records
+
+# The record's field for each attribute the objective writes (the field is named as the attribute but for the
+# parameter count, since `params` is Optuna's own field).
+FIELD = {name: name for key, name in vars(TrialAttr).items() if key.isupper()} | {TrialAttr.PARAMS: "param_count"}
+SEQUENCES = (TrialAttr.REUSE_MAP, TrialAttr.PROPOSED_MAP)  # stored as lists, read as tuples
+
+
+def attribute_names() -> set[str]:
+    return set(FIELD)
+
+
+def test_every_attribute_has_its_field():
+    fields = {f.name for f in dataclasses.fields(TrialRecord)}
+    assert attribute_names() and {FIELD[a] for a in attribute_names()} <= fields
+
+
+@pytest.fixture(scope="module")
+def objective_trials(tmp_path_factory, token_cache):
+    """A real study of today's objective with a searched knob (3 trained trials), resumed with trial 0's
+    parameters queued again, so that its fourth trial reuses trial 0's result."""
+    from ilr_search.search import run_study
+    from ilr_search.space import load_space
+
+    folder = tmp_path_factory.mktemp("records")
+    storage = f"sqlite:///{folder / 'r.db'}"
+    space = load_space(TINY_SPACE, {"search": {**NO_REFERENCES, "enqueue_paper_maps": False, "knobs": ["injection"]},
+                                    "train": {"steps": 8}})
+    run = dict(pruner="none", race=False, checkpoint_dir=folder / "checkpoints")
+    run_study(space, "2x", "records", storage, n_trials=3, **run)
+    study = optuna.load_study(study_name="records", storage=storage)
+    study.enqueue_trial(study.trials[0].params)
+    run_study(space, "2x", "records", storage, n_trials=4, **run)
+    return optuna.load_study(study_name="records", storage=storage).trials
+
+
+def test_a_record_reads_every_attribute_the_objective_writes(objective_trials):
+    trials = objective_trials
+    assert len(trials) == 4 and all(t.state == TrialState.COMPLETE for t in trials)
+    for t in trials:
+        assert set(t.user_attrs) <= attribute_names(), set(t.user_attrs) - attribute_names()  # none goes unread
+        r = trial_record(t)
+        assert (r.number, r.state, r.params, r.values) == (t.number, t.state, t.params, t.values)
+        for name, value in t.user_attrs.items():
+            assert getattr(r, FIELD[name]) == (tuple(value) if name in SEQUENCES else value), name
+        assert r.seconds == (t.datetime_complete - t.datetime_start).total_seconds()
+    trained = [trial_record(t) for t in trials[:3]]
+    assert all(r.knobs and "injection" in r.knobs for r in trained)  # the searched knob is stored with each map
+    assert all(r.steps == 8 and r.status == "ok" and r.val_ppl > 1 and r.is_trained_result for r in trained)
+
+
+def test_a_reused_result_is_read_as_one_and_filtered_out(objective_trials):
+    records = trial_records(objective_trials)
+    first, reuse = records[0], records[3]
+    assert reuse.reused_from == first.number and reuse.is_reuse and reuse.steps == 0
+    assert (reuse.map_key, reuse.val_ppl, reuse.val_loss, reuse.status) == \
+        (first.map_key, first.val_ppl, first.val_loss, first.status)
+    assert reuse.has_result and not reuse.trained_its_map and not reuse.is_trained_result
+    assert [r.number for r in trained_results(records)] == [0, 1, 2]
+    assert trained_by_map(records)[first.map_key].number == first.number
+    assert sorted(p["trial"] for p in study_front(records)) == sorted(p["trial"] for p in study_front(objective_trials))
+
+
+def made(number: int, state: TrialState, **attrs) -> optuna.trial.FrozenTrial:
+    """A hand-made trial of map 2,1,1,1 (unless `attrs` says otherwise), numbered `number`."""
+    values = {"value": attrs.get("val_ppl") or 1.0} if state == TrialState.COMPLETE else {}
+    t = create_trial(state=state, params={"r0": 2}, distributions={"r0": IntDistribution(1, 3)},
+                     user_attrs={"map_key": "2,1,1,1", "reuse_map": [2, 1, 1, 1], "flops_ratio": 1.2} | attrs,
+                     **values)
+    t.number = number
+    return t
+
+
+def test_the_filters_on_hand_made_trials():
+    trials = [
+        made(0, TrialState.COMPLETE, val_ppl=50.0),  # trained, complete: the only trained result
+        made(1, TrialState.COMPLETE, val_ppl=50.0, reused_from=0),  # a reuse
+        made(2, TrialState.PRUNED, val_ppl=70.0, map_key="3,1,1,1", pruned_at_step=6),
+        made(3, TrialState.FAIL, status="diverged", map_key="3,3,1,1"),  # a result: the map diverges
+        made(4, TrialState.FAIL, map_key="1,2,1,1"),  # interrupted: no result
+        made(5, TrialState.COMPLETE, map_key="1,1,1,2", val_ppl=None),  # no perplexity
+        made(6, TrialState.COMPLETE, val_ppl=49.0),  # map 2,1,1,1 trained a second time (a recovered trial)
+        made(7, TrialState.RUNNING, map_key="1,1,2,1"),
+    ]
+    assert [t.number for t in trained_results(trials)] == [0, 6]
+    assert [t.number for t in trials if has_result(t)] == [0, 1, 2, 3, 5, 6]
+    assert [t.number for t in trained_trials(trials)] == [0, 2, 3, 5, 6]
+    assert {k: r.number for k, r in trained_by_map(trials).items()} == \
+        {"2,1,1,1": 0, "3,1,1,1": 2, "3,3,1,1": 3, "1,1,1,2": 5}
+    assert trained_results(trial_records(trials)) == trained_results(trials)  # records pass through
+
+
+def test_a_trial_without_attributes_reads_as_defaults():
+    bare = create_trial(state=TrialState.COMPLETE, value=1.0)
+    r = trial_record(bare)
+    assert (r.reuse_map, r.map_key, r.flops_ratio, r.val_ppl, r.reused_from, r.pruned_at_step) == (None,) * 6
+    assert (r.steps, r.steps_saved, dict(r.knobs)) == (0, 0, {})
+    assert not r.trained_its_map and not r.is_trained_result and study_front([bare]) == []
