@@ -26,7 +26,7 @@ from .errors import UserInputError
 from .fidelity import audit_report
 from .knobs import with_knobs
 from .results import Curves, curves_by_trial, is_baseline_key, study_front, trained_trials
-from .search.plan import CONFIG_ATTR, RESULT_TRAIN_FIELDS, safe_name
+from .search.plan import CONFIG_ATTR, LR_SCHEDULE_FIELDS, RESULT_TRAIN_FIELDS, safe_name
 from .search.progress import RunReporter
 from .search.race import FINAL_STATES, is_finished, longer_train_config, run_checkpoint, train_run
 from .search.run import disk_full_is_reported
@@ -106,7 +106,7 @@ def _pruned_near_front(trained: list[FrozenTrial], curves: Curves) -> list[Froze
 def stored_space(study: optuna.Study, steps: int) -> SpaceConfig:
     """The study's own configuration (as stored at creation), with `steps` training steps."""
     config = study.user_attrs[CONFIG_ATTR]
-    train = {k: v for k, v in config["train"].items() if k in RESULT_TRAIN_FIELDS}
+    train = {k: v for k, v in config["train"].items() if k in RESULT_TRAIN_FIELDS + LR_SCHEDULE_FIELDS}
     train |= {"eval_fractions": tuple(train["eval_fractions"]), "steps": steps,
               "dtype": config["train"].get("dtype", "fp32"), "checkpoint_every": max(1, steps // 8)}
     search = config.get("search", {})

@@ -13,7 +13,7 @@ from typing import Any
 
 import optuna
 
-from ..config import KNOB_FIELD_DEFAULTS, ModelConfig, SearchConfig, SpaceConfig, StudySettings
+from ..config import KNOB_FIELD_DEFAULTS, ModelConfig, SearchConfig, SpaceConfig, StudySettings, TrainConfig
 from ..data import model_config
 from ..errors import UserInputError
 from ..flops import Budget, parse_budget
@@ -60,6 +60,11 @@ RESULT_TRAIN_FIELDS = ("steps", "batch_size", "grad_accum", "lr", "warmup_frac",
                        "grad_clip", "eval_fractions", "eval_windows", "seed")
 
 
+# The schedule's fields beyond cosine's, stored only where they are not the defaults: a study made before wsd
+# existed keeps its configuration (and its derived name).
+LR_SCHEDULE_FIELDS = ("lr_schedule", "warmup_steps", "cooldown_frac")
+
+
 RACE_FIELDS = ("target", "race_seeds", "race_contenders")
 
 
@@ -77,7 +82,9 @@ def study_config(space: SpaceConfig, model: ModelConfig, budget: Budget, dtype: 
     return {
         "model": stored_model,
         "data": dataclasses.asdict(space.data),
-        "train": {k: getattr(space.train, k) for k in RESULT_TRAIN_FIELDS} | {"dtype": dtype},
+        "train": {k: getattr(space.train, k) for k in RESULT_TRAIN_FIELDS} | {"dtype": dtype}
+                 | {k: getattr(space.train, k) for k in LR_SCHEDULE_FIELDS
+                    if getattr(space.train, k) != getattr(TrainConfig(), k)},
         "budget": {"text": budget.text, "ratio": round(budget.ratio, 9)},
         "search": search,
     }

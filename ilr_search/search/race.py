@@ -35,7 +35,7 @@ from ..results import REFERENCE_PREFIX, finite_or_none, is_baseline_key, key_reu
 from ..schedule import format_reuse_map, reuse_map_schedule
 from ..storage import AuditJob, AuditRow, Heartbeat, Store, grace_period, heartbeat_interval
 
-from .plan import CONFIG_ATTR, StudyPlan, safe_name
+from .plan import CONFIG_ATTR, LR_SCHEDULE_FIELDS, StudyPlan, safe_name
 from .progress import RunReporter
 
 if TYPE_CHECKING:  # the trainer is loaded only to train: reading a race loads no torch
@@ -93,7 +93,8 @@ def races(settings: RaceSettings) -> bool:
 def lr_schedule(config: Mapping[str, Any]) -> str:
     """The learning-rate schedule every run of the study is trained with (train.lr_at), over its own length."""
     train = config["train"]
-    return f"cosine(warmup {train['warmup_frac']:g}, floor {train['min_lr_frac']:g})"
+    return TrainConfig(**{k: train[k] for k in (*LR_SCHEDULE_FIELDS, "warmup_frac", "min_lr_frac")
+                          if k in train}).lr_schedule_text()
 
 
 def factor_key(steps: int, base_steps: int) -> str:
