@@ -16,8 +16,9 @@ indexed by seed and step: common random numbers with the cosine runs of the same
 
 Agreement is measured against the truth table (benchmarks/truth.py; not rebuilt here), seed-matched. Cost in
 seconds: for the first --time-maps maps at seed 0 the cosine restarts are retrained here, right after the same
-map's WSD chain and with the same evaluation (the last step of each length only), so that the two timings share
-one process and one load.
+map's WSD chain and with the same evaluation (the last step of each length only); at a changing load those wall
+seconds hardly compare, so `--time-only` times the same pairs again, in alternating order and in CPU seconds too
+(benchmarks/data/wsd-timing-<date>.json).
 
 Finished chains are appended to `<out>.jsonl` (one row per length) and skipped on a rerun, so a killed run
 resumes; a chain cut short is retrained whole. Its trunk checkpoints live in `<out>.trunks/` while it runs.
@@ -32,6 +33,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -307,6 +309,7 @@ def main() -> None:
         timing_out = Path(args.out or f"benchmarks/data/wsd-timing-{datetime.date.today().isoformat()}.json")
         result = time_chains(space, maps[:args.time_maps], args.cooldown_frac, timing_out.with_suffix(".trunks"), data)
         timing_out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        shutil.rmtree(timing_out.with_suffix(".trunks"), ignore_errors=True)
         print(f"WSD/cosine seconds: wall {result['wsd_over_cosine_wall']:.3f}, cpu {result['wsd_over_cosine_cpu']:.3f}; "
               f"wrote {timing_out}")
         return
@@ -327,6 +330,7 @@ def main() -> None:
                 print(f"[{time.perf_counter() - started:7.1f}s] seed {seed} {method} {key}: "
                       + ", ".join(f"{r['steps']}: {r['val_loss']:.4f} ({r['train_seconds']:.1f}s)" for r in rows),
                       f"load {os.getloadavg()[0]:.1f}", flush=True)
+    shutil.rmtree(trunks, ignore_errors=True)  # empty: every chain finished deletes its trunks
     result = report(chains, truth, maps, baseline, seeds, args.cooldown_frac, space)
     out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     print_table(result)
