@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 POSITIONAL_ENCODINGS = ("nope", "rope", "learned", "alibi")
 INJECTIONS = ("none", "add", "gated")
@@ -72,6 +72,7 @@ OBJECTIVES = ("pareto", "ppl")
 FAMILIES = ("ilr", "block")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "fp32", "bf16")
+LR_SCHEDULES = ("cosine", "wsd")
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,10 @@ class TrainConfig:
     grad_accum: int = 1
     lr: float = 1e-2
     warmup_frac: float = 0.1
+    warmup_steps: int = 0  # 0: round(warmup_frac * steps); else this many steps whatever the run's length
     min_lr_frac: float = 0.1
+    lr_schedule: Literal["cosine", "wsd"] = "cosine"  # "cosine" decays over the whole run, "wsd" only at its end
+    cooldown_frac: float = 0.2  # wsd: the last cooldown_frac of the run decays (1-sqrt) to min_lr_frac * lr
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     eval_fractions: tuple[float, ...] = (0.125, 0.25, 0.5, 1.0)
@@ -106,6 +110,25 @@ class TrainConfig:
         """Steps at which the proxy is evaluated; the last step always is."""
         steps = {max(1, min(self.steps, round(f * self.steps))) for f in self.eval_fractions}
         return sorted(steps | {self.steps})
+
+    @property
+    def warmup_length(self) -> int:
+        """Steps of linear warmup: warmup_steps where set, else warmup_frac of the run (at least one)."""
+        return self.warmup_steps or max(1, round(self.warmup_frac * self.steps))
+
+    @property
+    def cooldown_start(self) -> int:
+        """The last step of a wsd run's constant phase; its cooldown runs over the steps after it. A wsd run of any
+        length with the same warmup passes through the same state at this step: its stable-phase checkpoint, from
+        which a longer run continues (train_proxy's `start_from`)."""
+        return self.steps - max(1, round(self.cooldown_frac * self.steps))
+
+    def lr_schedule_text(self) -> str:
+        """The learning-rate schedule in words, over the run's own length (train.lr_at computes it)."""
+        warmup = f"{self.warmup_steps} steps" if self.warmup_steps else f"{self.warmup_frac:g}"
+        if self.lr_schedule == "wsd":
+            return f"wsd(warmup {warmup}, 1-sqrt cooldown {self.cooldown_frac:g}, floor {self.min_lr_frac:g})"
+        return f"cosine(warmup {warmup}, floor {self.min_lr_frac:g})"
 
     def tokens(self, seq_len: int) -> int:
         return self.steps * self.batch_size * self.grad_accum * seq_len
@@ -153,7 +176,7 @@ SPACE_SCHEMA_VERSION = 1
 # not e.g. the device).
 STORED_OMITTED_DEFAULTS: dict[str, dict[str, Any]] = {
     "model": dict(KNOB_FIELD_DEFAULTS),
-    "train": {"dtype": "fp32"},
+    "train": {"dtype": "fp32", "lr_schedule": "cosine", "warmup_steps": 0, "cooldown_frac": 0.2},
     "search": {"knobs": (), "target": 4.0, "race_seeds": 3, "race_contenders": 3},
 }
 

@@ -16,7 +16,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from ilr_search.config import DEVICES, DTYPES, FAMILIES, OBJECTIVES, PRUNERS, SAMPLERS, DataConfig, SearchConfig, SpaceConfig, \
+from ilr_search.config import DEVICES, DTYPES, FAMILIES, LR_SCHEDULES, OBJECTIVES, PRUNERS, SAMPLERS, DataConfig, SearchConfig, SpaceConfig, \
     TrainConfig
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import check_knobs
@@ -128,6 +128,12 @@ def validate_space(space: SpaceConfig) -> None:
         (t.grad_accum >= 1, f"grad_accum must be at least 1, got {t.grad_accum}"),
         (t.lr > 0, f"learning rate must be positive, got {t.lr}"),
         (0 <= t.warmup_frac < 1, f"warmup_frac must be in [0, 1), got {t.warmup_frac}"),
+        (t.warmup_steps >= 0, f"warmup_steps must be 0 (warmup_frac) or positive, got {t.warmup_steps}"),
+        (t.lr_schedule in LR_SCHEDULES, f"unknown lr_schedule {t.lr_schedule!r}; use one of {', '.join(LR_SCHEDULES)}"),
+        (0 < t.cooldown_frac < 1, f"cooldown_frac must be in (0, 1), got {t.cooldown_frac}"),
+        (t.lr_schedule != "wsd" or t.warmup_length <= t.cooldown_start,
+         f"wsd: the warmup ({t.warmup_length} steps) runs into the cooldown, which starts after step "
+         f"{t.cooldown_start} of {t.steps}"),
         (all(0 < f <= 1 for f in t.eval_fractions), f"eval_fractions must lie in (0, 1], got {list(t.eval_fractions)}"),
         (t.eval_windows >= 1, f"eval_windows must be at least 1, got {t.eval_windows}"),
         (t.device in DEVICES, f"unknown device {t.device!r}; use one of {', '.join(DEVICES)}"),

@@ -11,7 +11,7 @@ import math
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -463,6 +463,7 @@ class PolicyReplay:
     intervals_held: int
     verdict: str
     unanswered: list[tuple[str, int, int]]  # jobs the table could not answer (the replay stopped there)
+    trained: list[tuple[str, int, int]] = field(default_factory=list)  # the race's results used, (map, steps, seed)
 
 
 def _claims_and_regret(table: TruthTable, claimed: Sequence[str], best: str | None,
@@ -507,7 +508,8 @@ def replay_race(table: TruthTable, order_seed: int, n_seeds: int | None = None, 
     held = [p for p in at_target if len(p.seeds) >= 2
             and p.interval[0] <= math.exp(table.seed_mean(p.map_key, target) or math.nan) <= p.interval[1]]
     return PolicyReplay("race", order_seed, seeds, sum(e.steps for e in evaluations), claimed, false, best, regret,
-                        sum(len(p.seeds) >= 2 for p in at_target), len(held), state.verdict, unanswered)
+                        sum(len(p.seeds) >= 2 for p in at_target), len(held), state.verdict, unanswered,
+                        [(e.map_key, e.steps, e.seed) for e in evaluations])
 
 
 def replay_single_seed(table: TruthTable, order_seed: int, pruner: str) -> PolicyReplay:

@@ -208,7 +208,7 @@ def study_recipe(study_name: str, storage: str | None = None, map_text: str | No
                   "eval_fractions": list(train.eval_fractions), "eval_windows": train.eval_windows,
                   "seed": train.seed, "dtype": train.dtype, "tokens_per_step": train.tokens(model.seq_len) // train.steps,
                   "optimizer": "AdamW(betas=(0.9, 0.95)); weight decay on matrices only",
-                  "lr_schedule": "linear warmup over warmup_frac of the steps, then cosine to min_lr_frac * lr"},
+                  "lr_schedule": train.lr_schedule_text()},
         "measured": measured_results(view, storage, choice),
         "train_command": f"ilr-search train --from-study {study_name} --map '{choice.key}' --steps N --save DIR",
     }

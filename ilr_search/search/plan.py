@@ -61,6 +61,11 @@ RESULT_TRAIN_FIELDS = ("steps", "batch_size", "grad_accum", "lr", "warmup_frac",
                        "grad_clip", "eval_fractions", "eval_windows", "seed")
 
 
+# The schedule's fields beyond cosine's, stored only where they are not the defaults: a study made before wsd
+# existed keeps its configuration (and its derived name).
+LR_SCHEDULE_FIELDS = ("lr_schedule", "warmup_steps", "cooldown_frac")
+
+
 RACE_FIELDS = ("target", "race_seeds", "race_contenders")
 
 
@@ -74,7 +79,7 @@ def study_config(space: SpaceConfig, model: ModelConfig, budget: Budget, dtype: 
     # Knob fields are stored only where they are not off, the searched knobs only where there are some, and the
     # race's length and seeds only where they are not STORED_OMITTED_DEFAULTS': a study made before these existed
     # keeps its configuration (and its derived name), and from_dict reads the omitted values back.
-    omitted_model, omitted_search = STORED_OMITTED_DEFAULTS["model"], STORED_OMITTED_DEFAULTS["search"]
+    omitted_model, omitted_train, omitted_search = (STORED_OMITTED_DEFAULTS[k] for k in ("model", "train", "search"))
     stored_model = {k: v for k, v in full["model"].items() if k not in omitted_model or v != omitted_model[k]}
     search: dict[str, Any] = {k: full["search"][k] for k in ("max_reuse", "families", "objective")}
     if space.search.knobs:
@@ -84,7 +89,8 @@ def study_config(space: SpaceConfig, model: ModelConfig, budget: Budget, dtype: 
         SCHEMA_KEY: SPACE_SCHEMA_VERSION,
         "model": stored_model,
         "data": full["data"],
-        "train": {k: full["train"][k] for k in (*RESULT_TRAIN_FIELDS, "dtype")},
+        "train": {k: full["train"][k] for k in (*RESULT_TRAIN_FIELDS, "dtype")}
+                 | {k: full["train"][k] for k in LR_SCHEDULE_FIELDS if full["train"][k] != omitted_train[k]},
         "budget": {"text": budget.text, "ratio": round(budget.ratio, 9)},
         "search": search,
     }

@@ -37,7 +37,7 @@ from ilr_search.analysis.trials import Trial, trial_records
 from ilr_search.training.schedule import format_reuse_map, reuse_map_schedule
 from ilr_search.storage import AuditJob, AuditRow, Heartbeat, Store, grace_period, heartbeat_interval
 
-from ilr_search.search.plan import CONFIG_ATTR, StudyPlan, safe_name
+from ilr_search.search.plan import CONFIG_ATTR, LR_SCHEDULE_FIELDS, StudyPlan, safe_name
 from ilr_search.search.progress import RunReporter
 
 if TYPE_CHECKING:  # the trainer is loaded only to train: reading a race loads no torch
@@ -92,7 +92,8 @@ def races(settings: RaceSettings) -> bool:
 def lr_schedule(config: Mapping[str, Any]) -> str:
     """The learning-rate schedule every run of the study is trained with (train.lr_at), over its own length."""
     train = config["train"]
-    return f"cosine(warmup {train['warmup_frac']:g}, floor {train['min_lr_frac']:g})"
+    return TrainConfig(**{k: train[k] for k in (*LR_SCHEDULE_FIELDS, "warmup_frac", "min_lr_frac")
+                          if k in train}).lr_schedule_text()
 
 
 def factor_key(steps: int, base_steps: int) -> str:

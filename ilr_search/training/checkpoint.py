@@ -31,3 +31,17 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     torch.set_rng_state(state["rng"])
     curve = [EvalPoint(int(s), int(t), float(l), float(p), float(b)) for s, t, l, p, b in state["curve"]]
     return int(state["step"]), curve
+
+
+def continue_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, lr: float,
+                        last_stable_step: int) -> tuple[int, list[EvalPoint]]:
+    """Load a wsd run's stable-phase checkpoint for a longer run to continue (train_proxy's `start_from`);
+    ValueError where it was not taken at the peak learning rate `lr` (in a warmup or a cooldown) or lies past
+    the continuing run's own constant phase, which ends at `last_stable_step`."""
+    step, curve = load_checkpoint(path, model, optimizer)
+    saved_lr = optimizer.param_groups[0]["lr"]
+    if saved_lr != lr:
+        raise ValueError(f"{path}: taken at learning rate {saved_lr:g}, not in the constant phase at {lr:g}")
+    if step > last_stable_step:
+        raise ValueError(f"{path}: taken at step {step}, after this run's cooldown starts (step {last_stable_step})")
+    return step, curve

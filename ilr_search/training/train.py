@@ -49,12 +49,19 @@ class TrainResult:
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Linear warmup to cfg.lr, then cosine decay to cfg.min_lr_frac * cfg.lr at the last step."""
-    warmup = max(1, round(cfg.warmup_frac * cfg.steps))
+    """Linear warmup to cfg.lr, then to cfg.min_lr_frac * cfg.lr at the last step: by a cosine over the rest of
+    the run ("cosine"), or held constant to cfg.cooldown_start and then decayed by 1 - sqrt ("wsd", warmup-stable-decay,
+    Hägele et al. 2024, who found the 1 - sqrt cooldown better than a linear one of the same length)."""
+    warmup = cfg.warmup_length
     if step <= warmup:
         return cfg.lr * step / warmup
-    progress = (step - warmup) / max(1, cfg.steps - warmup)
     floor = cfg.min_lr_frac * cfg.lr
+    if cfg.lr_schedule == "wsd":
+        start = cfg.cooldown_start
+        if step <= start:
+            return cfg.lr
+        return floor + (cfg.lr - floor) * (1 - math.sqrt((step - start) / (cfg.steps - start)))
+    progress = (step - warmup) / max(1, cfg.steps - warmup)
     return floor + 0.5 * (cfg.lr - floor) * (1 + math.cos(math.pi * progress))
 
 
@@ -134,10 +141,17 @@ def host_values(t: torch.Tensor) -> list[float]:
 def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData, cfg: TrainConfig,
                 on_eval: OnEval | None = None, on_step: OnStep | None = None,
                 checkpoint_path: Path | None = None,
-                on_trained: Callable[[ILRTransformer], None] | None = None) -> TrainResult:
+                on_trained: Callable[[ILRTransformer], None] | None = None,
+                start_from: Path | None = None, stable_checkpoint: Path | None = None) -> TrainResult:
     """Train `schedule` for cfg.steps steps; never raises for a diverging run (status `diverged`).
-    `on_trained` receives the trained model at the end (`train --save` keeps it)."""
-    from ilr_search.training.checkpoint import load_checkpoint, save_checkpoint
+    `on_trained` receives the trained model at the end (`train --save` keeps it).
+
+    WSD continuation (cfg.lr_schedule "wsd"): `stable_checkpoint` is where the run saves its state at
+    cooldown_start, before its cooldown; `start_from` is such a checkpoint of a shorter run of the same map, seed
+    and warmup, which this run continues instead of starting from scratch (read, never written; a trial
+    checkpoint at `checkpoint_path`, being later, is preferred). The steps up to the checkpoint saw the same
+    learning rates and batches as this run's own would have, so the result is the straight run's."""
+    from ilr_search.training.checkpoint import continue_checkpoint, load_checkpoint, save_checkpoint
 
     data.check_window(model_cfg.seq_len)
     device = resolve_device(cfg.device)
@@ -157,6 +171,9 @@ def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData
     start_step, curve = 0, []
     if checkpoint_path is not None and checkpoint_path.exists():
         start_step, curve = load_checkpoint(checkpoint_path, model, optimizer)
+    elif start_from is not None:
+        start_step, curve = continue_checkpoint(start_from, model, optimizer, cfg.lr, cfg.cooldown_start)
+    stable_step = cfg.cooldown_start if stable_checkpoint is not None and cfg.lr_schedule == "wsd" else None
 
     status, reason = "ok", ""
     digest = 0
@@ -186,7 +203,8 @@ def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData
         unread.append(step_loss)
         checkpoint_due = (checkpoint_path is not None and cfg.checkpoint_every and step % cfg.checkpoint_every == 0
                           and step < cfg.steps)
-        if step % SYNC_EVERY == 0 or step in eval_steps or checkpoint_due or step == cfg.steps:
+        stable_due = step == stable_step
+        if step % SYNC_EVERY == 0 or step in eval_steps or checkpoint_due or stable_due or step == cfg.steps:
             first = step - len(unread) + 1
             window = host_values(torch.stack(unread))  # the window's one host sync
             for s, value in enumerate(window, start=first):
@@ -215,6 +233,8 @@ def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData
                 break
         if checkpoint_due:
             save_checkpoint(checkpoint_path, model, optimizer, step, curve)
+        if stable_due:
+            save_checkpoint(stable_checkpoint, model, optimizer, step, curve)
     seconds = time.perf_counter() - t0
     if on_trained is not None:
         on_trained(model)
