@@ -171,7 +171,8 @@ SPACE_SCHEMA_VERSION = 1
 # the knobs off (today's model, so none of its trials has a knob) and is raced on resume at target 4, 3 seeds, 3
 # contenders (the race's first settings, commit 16303f0). Every study has stored its dtype (since the first
 # search, commit ef78507); a missing one reads as fp32, as the audit read it, never as "auto". A study made before
-# the WSD schedule existed ran cosine with its warmup a fraction of its steps. Pinned here and not read from the dataclasses' defaults: a later default must not change what an old study meant. Keys absent
+# the WSD schedule existed ran cosine with its warmup a fraction of its steps. Pinned here and not read from
+# the dataclasses' defaults: a later default must not change what an old study meant. Keys absent
 # from this table that a section lacks take the dataclass's default (a study stores what changes its results,
 # not e.g. the device).
 STORED_OMITTED_DEFAULTS: dict[str, dict[str, Any]] = {
