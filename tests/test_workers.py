@@ -46,3 +46,21 @@ def test_proxy_memory_grows_with_layer_runs_batch_and_dtype():
     assert proxy_memory_bytes(cfg, 4, 128, bf16=True) > one
     assert proxy_memory_bytes(cfg, 4, 64, bf16=False) > one
     assert 0.5 * 2**30 < one < 8 * 2**30  # the paper-small proxy: a few GiB, not MiB or TiB
+
+
+def test_two_workers_each_fusing_their_own_group_train_no_map_twice(cli, tmp_path):
+    proc = cli("run", *TINY, "--budget", "2x", "--n-trials", "9", "--workers", "2", "--fuse", "3", "--pruner", "none",
+               "--storage", "sqlite:///wf.db", "--study", "wf", "--json", check=True)
+    summary = json.loads(proc.stdout)
+    assert [w["exit_code"] for w in summary["workers"]] == [0, 0]
+    trials = optuna.load_study(study_name="wf", storage=f"sqlite:///{tmp_path / 'wf.db'}").get_trials(deepcopy=False)
+    finished = [t for t in trials if t.state.is_finished()]
+    assert len(finished) == 9 and summary["n_trials"] == 9, [t.state for t in trials]
+    assert not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+    trained = Counter(t.user_attrs["map_key"] for t in finished if "reused_from" not in t.user_attrs)
+    assert trained and max(trained.values()) == 1, trained
+    assert max(t.user_attrs.get("fused_group", 1) for t in finished) > 1  # the workers trained groups fused
+    with sqlite3.connect(tmp_path / "wf.db") as db:
+        workers = db.execute("select count(*) from ilr_map_claims where map_key like 'worker:%'").fetchone()[0]
+    assert workers >= 3  # two workers and the parent's final pass
+    assert {"baseline_seed1", "baseline_seed2", "second_seed"} <= set(summary["references"])

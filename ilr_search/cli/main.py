@@ -277,10 +277,8 @@ def run(
                                                 "race_seeds": race_seeds, "enqueue": asked}}
     if fuse is not None:
         check_fuse(fuse)
-    if fuse not in (None, 1) and workers != 1:
-        raise UserInputError("--fuse with --workers is not supported yet; use one of them")
     space = load_space(opts.space, overrides)
-    fuse = fuse if fuse is not None else (space.search.fuse if workers == 1 else 1)
+    fuse = fuse if fuse is not None else space.search.fuse
     tracked = tracked_reporter(track, storage, open_uri=not dry_run)
     if dry_run:
         from ilr_search.commands.dryrun import dry_run_report
@@ -291,8 +289,8 @@ def run(
         from ilr_search.commands.workers import RunArgs, run_workers
 
         with tracked(ui.WorkersReporter(enabled=True)) as reporter:
-            summary = run_workers(RunArgs(space, budget, study, storage, n_trials, timeout, sampler, pruner),
-                                  workers, reporter)
+            summary = run_workers(RunArgs(space, budget, study, storage, n_trials, timeout, sampler, pruner,
+                                          fuse=fuse), workers, reporter)
     else:
         from ilr_search.search.run import run_study
 

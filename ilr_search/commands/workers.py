@@ -42,6 +42,8 @@ class RunArgs:
     sampler: str | None
     pruner: str | None
     enqueue_maps: tuple[tuple[int, ...], ...] = ()  # tried first (the parent enqueues them)
+    fuse: int = 1  # maps each worker trains at once in its own fused group (search/fused_trials.py)
+    threads: int | None = None  # torch threads per worker on a CPU; None: the cores shared out evenly
 
 
 def proxy_memory_bytes(model: ModelConfig, layer_runs: int, batch_size: int, bf16: bool) -> int:
@@ -111,11 +113,11 @@ def _worker_main(args: RunArgs, worker: int, workers: int, events: Any) -> None:
     import torch
 
     if resolve_device(args.space.train.device).type == "cpu":  # the cores are shared out, not oversubscribed
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+        torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // workers))
     reporter = QueueReporter(events, worker)
     try:
         summary = run_study(args.space, args.budget, args.study_name, args.storage, args.n_trials, args.timeout,
-                            args.sampler, args.pruner, reporter, reference_share=(worker, workers))
+                            args.sampler, args.pruner, reporter, reference_share=(worker, workers), fuse=args.fuse)
     except KeyboardInterrupt:
         raise SystemExit(130)
     except UserInputError as e:
@@ -133,7 +135,7 @@ def run_workers(args: RunArgs, workers: int, reporter: Any) -> dict[str, Any]:
                                  args.timeout, args.sampler, args.pruner, [list(m) for m in args.enqueue_maps])
     plan = prepared.plan
     check_device_memory(plan.model, plan.budget.max_layer_runs(plan.model), plan.space.train.batch_size,
-                        plan.space.train.device, plan.dtype, workers)
+                        plan.space.train.device, plan.dtype, workers * args.fuse)
     if workers > 1 and resolve_device(plan.space.train.device).type == "cuda":
         reporter.message(f"{workers} worker processes share one GPU by time-slicing; on an H200 at the paper-small "
                          "proxy they gave no more trials per hour than one (README, 'On a GPU')")
@@ -167,7 +169,7 @@ def run_workers(args: RunArgs, workers: int, reporter: Any) -> dict[str, Any]:
         summary["interrupted"] = True
     else:  # what a dead worker left undone, and the references still missing (the best map may have changed)
         summary = run_study(args.space, args.budget, plan.name, args.storage, args.n_trials, args.timeout,
-                            args.sampler, args.pruner, reporter)
+                            args.sampler, args.pruner, reporter, fuse=args.fuse)
     summary["workers"] = [{"worker": k, "exit_code": code} for k, code in enumerate(codes)]
     return summary
 

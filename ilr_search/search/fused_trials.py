@@ -64,6 +64,8 @@ class FusedSearchRun(SearchRun):
                     elif not member.proposal.behind_own:
                         member.training = self.start_training(trial, member.proposal)
                 training = [g for g in group if g.training is not None]
+                for member in training:  # how the trial was trained: in a group of this many maps
+                    member.trial.set_user_attr("fused_group", len(training))
                 results = self._train_group([g.training for g in training])
                 for member, result in zip(training, results):
                     self._tell(member, lambda m=member, r=result: self.finish_training(m.trial, m.training, r),
