@@ -8,7 +8,7 @@ import optuna
 
 from conftest import ROOT, assert_one_line_error
 from ilr_search.config import ModelConfig
-from ilr_search.commands.workers import proxy_memory_bytes
+from ilr_search.commands.autofuse import proxy_memory_bytes
 
 TINY = ["--space", str(ROOT / "tests" / "spaces" / "tiny.toml"), "--layers", "3", "--d-model", "16",
         "--seq-len", "32", "--steps", "16"]

@@ -255,8 +255,8 @@ def run(
     sampler: Annotated[Optional[str], typer.Option(help="auto|tpe|nsga2|gp|random|grid. \\[default: auto]")] = None,
     pruner: Annotated[Optional[str], typer.Option(help="pareto (calibrated: prunes only at rungs that predict the final ranking) | pareto-eager (the uncalibrated rule) | median | none. \\[default: pareto]")] = None,
     objective: Annotated[Optional[str], typer.Option(help="pareto (perplexity and FLOPs) or ppl (budget as a constraint only).")] = None,
-    workers: Annotated[int, typer.Option(help="Worker processes on this machine, sharing the study and the device.")] = 1,
-    fuse: Annotated[Optional[int], typer.Option(help="Maps trained at once in one fused group (K proxies in lockstep in one process); 1: one at a time. \\[default: from the space, 4 in default.toml]")] = None,
+    workers: Annotated[Optional[int], typer.Option(help="Worker processes on this machine, sharing the study and the device. \\[default: 1, or as --fuse auto chooses]")] = None,
+    fuse: Annotated[Optional[str], typer.Option(help="Maps trained at once in one fused group (K proxies in lockstep in one process); 1: one at a time; auto: K (and on a CPU, workers against threads) from memory and a short probe. \\[default: from the space, auto in default.toml]")] = None,
     knobs: Annotated[Optional[str], typer.Option(help="Recurrence knobs searched with the map, comma-separated: injection, iteration_encoding, iteration_norms, depth_init. \\[default: from the space, none in the presets]")] = None,
     track: Annotated[Optional[str], typer.Option(help="Log each trial (validation curve, map, knobs, final values) and the reference runs: tensorboard:DIR or mlflow:URI (needs mlflow).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan (study, trials, references, pruning rungs, storage, space) and a time estimate from a short timed probe; write nothing.")] = False,
@@ -266,8 +266,8 @@ def run(
     json_out: Json = False,
 ) -> None:
     """Search reuse maps under a FLOP budget; running it again resumes the study."""
+    from ilr_search.commands.autofuse import parse_fuse, run_layout
     from ilr_search.search.maps import split_enqueue_text
-    from ilr_search.search.run import check_fuse
     from ilr_search.space import load_space, parse_target
 
     searched = None if knobs is None else [k.strip() for k in knobs.split(",") if k.strip()]
@@ -275,28 +275,40 @@ def run(
     asked = None if enqueue is None else split_enqueue_text(enqueue)
     overrides = opts.overrides() | {"search": {"objective": objective, "knobs": searched, "target": factor,
                                                 "race_seeds": race_seeds, "enqueue": asked}}
-    if fuse is not None:
-        check_fuse(fuse)
+    asked_fuse = None if fuse is None else parse_fuse(fuse)
+    if workers is not None and workers < 1:
+        raise UserInputError(f"--workers must be at least 1, got {workers}")
     space = load_space(opts.space, overrides)
-    fuse = fuse if fuse is not None else space.search.fuse
-    tracked = tracked_reporter(track, storage, open_uri=not dry_run)
+    tracked_reporter(track, storage, open_uri=False)  # a bad --track is refused before the probe
     if dry_run:
         from ilr_search.commands.dryrun import dry_run_report
 
-        emit(dry_run_report(space, budget, study, storage, n_trials, sampler, pruner, workers), json_out, ui.print_plan)
+        emit(dry_run_report(space, budget, study, storage, n_trials, sampler, pruner, workers or 1), json_out,
+             ui.print_plan)
         return
-    if workers != 1:
+    # K and the workers (a K asked for checked against memory; auto probed), before anything is opened
+    choice = run_layout(space, budget, study, sampler, pruner, n_trials,
+                        asked_fuse if asked_fuse is not None else space.search.fuse, workers)
+    if choice.reason:
+        ui.err.print(choice.reason)
+    layout = choice.layout
+    tracked = tracked_reporter(track, storage)
+    if layout.groups != 1:
         from ilr_search.commands.workers import RunArgs, run_workers
 
         with tracked(ui.WorkersReporter(enabled=True)) as reporter:
             summary = run_workers(RunArgs(space, budget, study, storage, n_trials, timeout, sampler, pruner,
-                                          fuse=fuse), workers, reporter)
+                                          fuse=layout.fuse, threads=layout.threads), layout.groups, reporter)
     else:
         from ilr_search.search.run import run_study
 
+        if layout.threads is not None:
+            import torch
+
+            torch.set_num_threads(layout.threads)
         with tracked(ui.RichReporter(enabled=True)) as reporter:
             summary = run_study(space, budget, study, storage, n_trials, timeout, sampler, pruner, reporter,
-                                fuse=fuse)
+                                fuse=layout.fuse)
     emit(summary, json_out, ui.print_run)
     if summary.get("interrupted"):
         raise typer.Exit(130)

@@ -19,15 +19,12 @@ from typing import Any
 import multiprocessing as mp
 import queue
 
-from ilr_search.config import ModelConfig, SpaceConfig
+from ilr_search.commands.autofuse import check_memory
+from ilr_search.config import SpaceConfig
 from ilr_search.errors import UserInputError
 from ilr_search.search.progress import RunReporter
 from ilr_search.search.run import disk_full_is_reported, prepare_study, run_study
 from ilr_search.training.device import resolve_device
-
-
-GIB = 1 << 30
-CUDA_CONTEXT_BYTES = GIB  # per process: the CUDA context, cuBLAS/cuDNN workspaces, compiled kernels
 
 
 @dataclass(frozen=True)
@@ -44,40 +41,6 @@ class RunArgs:
     enqueue_maps: tuple[tuple[int, ...], ...] = ()  # tried first (the parent enqueues them)
     fuse: int = 1  # maps each worker trains at once in its own fused group (search/fused_trials.py)
     threads: int | None = None  # torch threads per worker on a CPU; None: the cores shared out evenly
-
-
-def proxy_memory_bytes(model: ModelConfig, layer_runs: int, batch_size: int, bf16: bool) -> int:
-    """An upper estimate of one proxy's device memory: fp32 weights, gradients and AdamW moments (16 bytes a
-    parameter), activations kept for backward (about 24 values per token and width per layer run in the
-    compute dtype, SwiGLU's 4x hidden included; flash attention keeps no T x T matrix), and one chunk of
-    fp32 logits with its gradient (loss.py)."""
-    from ilr_search.training.loss import LOGITS_PER_CHUNK
-    from ilr_search.training.model import param_count
-
-    value_bytes = 2 if bf16 else 4
-    tokens = batch_size * model.seq_len
-    activations = layer_runs * tokens * model.d_model * (24 + 3 * model.mlp_ratio) * value_bytes
-    logits = 3 * min(LOGITS_PER_CHUNK, tokens * model.vocab_size) * 4
-    return int(16 * param_count(model) + activations + logits + tokens * model.d_model * 8)
-
-
-def check_device_memory(model: ModelConfig, layer_runs: int, batch_size: int, device: str, dtype: str,
-                        workers: int) -> None:
-    """On CUDA: N proxies of the largest map the budget allows must fit in the free memory, or one clear error."""
-    dev = resolve_device(device)
-    if dev.type != "cuda":
-        return
-    import torch
-
-    free, total = torch.cuda.mem_get_info(dev)
-    bf16 = dtype != "fp32"
-    need_one = proxy_memory_bytes(model, layer_runs, batch_size, bf16) + CUDA_CONTEXT_BYTES
-    if workers * need_one > free:
-        fit = max(0, free // need_one)
-        raise UserInputError(
-            f"--workers {workers} needs about {workers * need_one / GIB:.1f} GiB of GPU memory ({need_one / GIB:.1f} "
-            f"GiB per proxy of {layer_runs} layer runs at batch {batch_size}), but {free / GIB:.1f} of "
-            f"{total / GIB:.1f} GiB are free; use --workers {fit} or less" + (", or a smaller --batch-size" if fit == 0 else ""))
 
 
 class QueueReporter(RunReporter):
@@ -134,8 +97,7 @@ def run_workers(args: RunArgs, workers: int, reporter: Any) -> dict[str, Any]:
         prepared = prepare_study(args.space, args.budget, args.study_name, args.storage, args.n_trials,
                                  args.timeout, args.sampler, args.pruner, [list(m) for m in args.enqueue_maps])
     plan = prepared.plan
-    check_device_memory(plan.model, plan.budget.max_layer_runs(plan.model), plan.space.train.batch_size,
-                        plan.space.train.device, plan.dtype, workers * args.fuse)
+    check_memory(plan, workers, args.fuse)
     if workers > 1 and resolve_device(plan.space.train.device).type == "cuda":
         reporter.message(f"{workers} worker processes share one GPU by time-slicing; on an H200 at the paper-small "
                          "proxy they gave no more trials per hour than one (README, 'On a GPU')")
