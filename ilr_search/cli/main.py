@@ -395,14 +395,20 @@ def audit(
     factor: Annotated[float, typer.Option(help="Retrain at this many times the proxy's steps (at least 1).")] = 4.0,
     maps: Annotated[str, typer.Option(help="auto (front, baseline, best pruned near the front, random trained maps), front, top:K or all.")] = "auto",
     seeds: Annotated[int, typer.Option(help="Seeds per map (the study's seed first).")] = 1,
+    fuse: Annotated[str, typer.Option(help="Runs of one model trained at once in one fused group (the same results); 1: one at a time.")] = "1",
     json_out: Json = False,
 ) -> None:
     """Retrain chosen maps of a study FACTOR times longer and say how far the proxy's ranking holds (resumable)."""
     from ilr_search.commands.audit import run_audit
+    from ilr_search.commands.autofuse import parse_fuse
     from ilr_search.config import AuditSettings
 
+    k = parse_fuse(fuse)
+    if k == "auto":
+        raise UserInputError("audit --fuse takes a number of runs (auto is run's); e.g. --fuse 4")
     with ui.RichReporter(enabled=True) as reporter:
-        report = run_audit(study_or_default(study, storage), storage, AuditSettings(factor, maps, seeds), reporter)
+        report = run_audit(study_or_default(study, storage), storage, AuditSettings(factor, maps, seeds), reporter,
+                           fuse=int(k))
     emit(report, json_out, ui.print_audit)
 
 
