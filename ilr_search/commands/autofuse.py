@@ -104,16 +104,19 @@ def available_memory(device: str) -> tuple[int, int, str]:
 
 def memory_per_group_member(plan: StudyPlan) -> int:
     """Memory one map of a fused group needs at the costliest schedule the budget allows."""
-    bytes_one = proxy_memory_bytes(plan.model, plan.budget.max_layer_runs(plan.model), plan.space.train.batch_size,
-                                   plan.dtype != "fp32")
-    return bytes_one
+    return proxy_memory_bytes(plan.model, plan.budget.max_layer_runs(plan.model), plan.space.train.batch_size,
+                              plan.dtype != "fp32")
+
+
+def process_overhead_bytes(plan: StudyPlan) -> int:
+    """Memory each process needs beside its maps: the CUDA context on a GPU (nothing counted on a CPU)."""
+    return CUDA_CONTEXT_BYTES if resolve_device(plan.space.train.device).type == "cuda" else 0
 
 
 def max_fitting_fuse(plan: StudyPlan, groups: int) -> int:
     """The largest K such that `groups` fused groups of K maps fit in the available memory (0: not even one)."""
     free, _, _ = available_memory(plan.space.train.device)
-    context = CUDA_CONTEXT_BYTES if resolve_device(plan.space.train.device).type == "cuda" else 0
-    per_group = max(0, free // max(1, groups) - context)
+    per_group = max(0, free // max(1, groups) - process_overhead_bytes(plan))
     return int(per_group // memory_per_group_member(plan))
 
 
@@ -123,7 +126,7 @@ def check_memory(plan: StudyPlan, groups: int, fuse: int) -> None:
         return
     free, total, what = available_memory(plan.space.train.device)
     one = memory_per_group_member(plan)
-    context = CUDA_CONTEXT_BYTES if resolve_device(plan.space.train.device).type == "cuda" else 0
+    context = process_overhead_bytes(plan)
     need = groups * (fuse * one + context)
     fit = max_fitting_fuse(plan, groups)
     asked = (f"--workers {groups} " if groups > 1 else "") + f"--fuse {fuse}"
