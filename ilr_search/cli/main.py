@@ -290,7 +290,7 @@ def run(
     choice = run_layout(space, budget, study, sampler, pruner, n_trials,
                         asked_fuse if asked_fuse is not None else space.search.fuse, workers)
     if choice.reason:
-        ui.err.print(choice.reason)
+        ui.err.print(choice.reason, soft_wrap=True, markup=False, highlight=False)  # one line, however long
     layout = choice.layout
     tracked = tracked_reporter(track, storage)
     if layout.groups != 1:
