@@ -40,13 +40,17 @@ class GroupTrial:
 class FusedSearchRun(SearchRun):
     """A SearchRun that can also run a group of trials fused (`run_group`); `objective` stays the one-trial path."""
 
-    def run_group(self, n: int, report: TrialReport) -> None:
-        """Ask for `n` trials, train the claimed maps fused, tell every trial; re-raises Ctrl-C after failing the
-        group's unfinished trials and queuing their maps again."""
+    def run_group(self, n: int, report: TrialReport, room: Callable[[], int] | None = None) -> None:
+        """Ask for up to `n` trials, train the claimed maps fused, tell every trial; re-raises Ctrl-C after failing
+        the group's unfinished trials and queuing their maps again. `room`, read before each ask: the trials the
+        study still needs (its target less those finished and running, other workers' included), so that
+        workers asking at the same time do not overshoot the target."""
         group: list[GroupTrial] = []
         with ExitStack() as beats:
             try:
                 for _ in range(n):
+                    if room is not None and room() <= 0:
+                        break
                     with warnings.catch_warnings():  # Optuna warns that its heartbeat expects optimize(): it runs here
                         warnings.filterwarnings("ignore", message="Heartbeat of storage")
                         trial = self.study.ask()

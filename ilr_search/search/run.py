@@ -226,7 +226,11 @@ def _run_study(space: SpaceConfig, budget: str, study_name: str | None = None, s
                 continue
             try:
                 if fuse > 1:
-                    run.run_group(min(fuse, target - finished - running), report_trial)
+                    def room() -> int:
+                        now = study.get_trials(deepcopy=False)
+                        return target - sum(has_result(t) or t.state == TrialState.RUNNING for t in now)
+
+                    run.run_group(min(fuse, target - finished - running), report_trial, room)
                 else:
                     study.optimize(run.objective, n_trials=1, timeout=left, catch=(TrialDiverged,),
                                    callbacks=[after_trial], gc_after_trial=False, show_progress_bar=False)
