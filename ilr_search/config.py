@@ -153,7 +153,8 @@ class SearchConfig:
     target: float = 4.0  # the race's training length, a multiple of the proxy's steps (1: no longer training)
     race_seeds: int = 3  # seeds a contender is raced on, the space's seed first (1 with target 1: no race)
     race_contenders: int = 3  # maps raced beyond their first result (the nearest the proxy front), the baseline among them
-    fuse: int = 4  # maps trained at once in one fused group (fused.py); how a study runs, not what it is: never stored
+    fuse: int | str = 4  # maps trained at once in one fused group (fused.py), or "auto" (commands/autofuse.py);
+    # how a study runs, not what it is: never stored
     # maps trained first, after the baseline, in this order: "3,2,2,1", "2,1,1,1|injection=add" or "block2"
     enqueue: tuple[str, ...] = ()
 

@@ -154,7 +154,8 @@ def validate_space(space: SpaceConfig) -> None:
          f"target must be at least 1x the proxy's steps (the race trains contenders longer, never shorter), got {s.target}"),
         (s.race_seeds >= 1, f"race-seeds (the seeds each contender is raced on) must be at least 1, got {s.race_seeds}"),
         (s.race_contenders >= 1, f"race_contenders (maps raced beyond their first result) must be at least 1, got {s.race_contenders}"),
-        (isinstance(s.fuse, int) and s.fuse >= 1, f"fuse (maps trained at once in one fused group) must be at least 1, got {s.fuse}"),
+        (s.fuse == "auto" or (isinstance(s.fuse, int) and not isinstance(s.fuse, bool) and s.fuse >= 1),
+         f"fuse (maps trained at once in one fused group) must be at least 1 or \"auto\", got {s.fuse!r}"),
         (isinstance(s.enqueue, tuple) and all(isinstance(e, str) for e in s.enqueue), f"[search] enqueue must be a list of strings like \"3,2,2,1\", got {list(s.enqueue)}"),
         (0 < space.data.val_fraction < 1, f"val_fraction must be in (0, 1), got {space.data.val_fraction}"),
     ]

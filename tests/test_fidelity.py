@@ -337,3 +337,26 @@ def test_audit_says_a_map_beats_the_baseline_only_beyond_the_seed_noise(small_st
     assert report.best_vs_baseline_seeds == 3 and report.best_beats_baseline is beats
     assert ("beats the baseline" in report.verdict) is beats
     assert ("not beyond the seed noise" in report.verdict) is not beats
+
+
+def test_audit_fused_gives_the_runs_one_at_a_time_gives(small_study, tmp_path):
+    """audit --fuse 3 trains the chosen maps and seeds in fused groups: the same rows, the same curves within the
+    fused trainer's tolerance, as one run at a time on a copy of the same study."""
+    import shutil
+
+    root, db, _ = small_study
+    settings = AuditSettings(factor=1.25, maps="top:3", seeds=2)  # a factor no other test audits
+    rows = {}
+    for fuse in (1, 3):
+        copy = tmp_path / f"fuse{fuse}.db"
+        shutil.copy(db, copy)
+        report = run_audit("aud", f"sqlite:///{copy}", settings, checkpoint_dir=tmp_path / f"ck{fuse}", fuse=fuse)
+        assert report["trained_by_this_worker"] == 6
+        rows[fuse] = {r.job: r for r in open_store(parse_storage(f"sqlite:///{copy}"), "aud").audit_rows()
+                      if r.job.factor == settings.factor_key}
+    assert set(rows[1]) == set(rows[3]) and len(rows[1]) == 6
+    for job, single in rows[1].items():
+        fused = rows[3][job]
+        assert fused.state == single.state == "complete"
+        assert [s for s, _ in fused.curve] == [s for s, _ in single.curve]
+        assert all(abs(a - b) <= 1e-4 for (_, a), (_, b) in zip(fused.curve, single.curve)), job

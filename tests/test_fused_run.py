@@ -106,3 +106,24 @@ def test_bad_fuse_exits_2_with_one_error_line_and_changes_nothing(cli, tmp_path,
     fresh = tmp_path / "fresh.db"
     assert_one_line_error(cli(*run_args(space, fresh, 3, "--fuse", value)))
     assert not fresh.exists()
+
+
+def test_reference_runs_trained_fused_equal_those_trained_one_at_a_time(cli, tmp_path):
+    """The baseline's extra seeds and the second seed, trained as one fused group with --fuse 3, give the
+    single runs' validation curves (the fused trainer's tolerance); the trials are the same fixed maps."""
+    space = write_space(tmp_path / "refs.toml", search={"families": ["ilr"]})
+    references = {}
+    for fuse in ("1", "3"):
+        db = tmp_path / f"refs{fuse}.db"
+        proc = cli(*run_args(space, db, 3, "--fuse", fuse, "--pruner", "none", "--enqueue", "2,1,1,1 1,2,1,1"),
+                   check=True)
+        assert ("(fused, 3 at once)" in proc.stderr) == (fuse == "3"), proc.stderr
+        attrs = optuna.load_study(study_name="fused", storage=f"sqlite:///{db}").user_attrs
+        references[fuse] = {k: v for k, v in attrs.items() if k.startswith("ilr:reference:")}
+    assert set(references["1"]) == set(references["3"]) == {
+        f"ilr:reference:{name}" for name in ("baseline_seed1", "baseline_seed2", "second_seed")}
+    for name, single in references["1"].items():
+        fused = references["3"][name]
+        assert (fused["schedule"], fused["seed"], fused["steps"]) == (single["schedule"], single["seed"], single["steps"])
+        assert [s for s, _ in fused["curve"]] == [s for s, _ in single["curve"]]
+        assert all(abs(a - b) <= 1e-4 for (_, a), (_, b) in zip(fused["curve"], single["curve"])), (name, fused, single)

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import ROOT, assert_one_line_error
 from ilr_search.config import ModelConfig
-from ilr_search.commands.workers import proxy_memory_bytes
+from ilr_search.commands.autofuse import proxy_memory_bytes
 
 TINY = ["--space", str(ROOT / "tests" / "spaces" / "tiny.toml"), "--layers", "3", "--d-model", "16",
         "--seq-len", "32", "--steps", "16"]
@@ -110,3 +110,21 @@ def test_a_trial_asked_after_its_predecessors_reach_the_target_trains_nothing(tm
     assert late.params == {} and "map_key" not in late.user_attrs  # no map was proposed, claimed or trained
     again = run_study(request)
     assert again["n_trials"] == 2 and again["n_failed"] == 0
+
+
+def test_two_workers_each_fusing_their_own_group_train_no_map_twice(cli, tmp_path):
+    proc = cli("run", *TINY, "--budget", "2x", "--n-trials", "9", "--workers", "2", "--fuse", "3", "--pruner", "none",
+               "--storage", "sqlite:///wf.db", "--study", "wf", "--json", check=True)
+    summary = json.loads(proc.stdout)
+    assert [w["exit_code"] for w in summary["workers"]] == [0, 0]
+    trials = optuna.load_study(study_name="wf", storage=f"sqlite:///{tmp_path / 'wf.db'}").get_trials(deepcopy=False)
+    finished = [t for t in trials if t.state.is_finished()]
+    assert len(finished) == 9 and summary["n_trials"] == 9, [t.state for t in trials]
+    assert not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+    trained = Counter(t.user_attrs["map_key"] for t in finished if "reused_from" not in t.user_attrs)
+    assert trained and max(trained.values()) == 1, trained
+    assert max(t.user_attrs.get("fused_group", 1) for t in finished) > 1  # the workers trained groups fused
+    with sqlite3.connect(tmp_path / "wf.db") as db:
+        workers = db.execute("select count(*) from ilr_map_claims where map_key like 'worker:%'").fetchone()[0]
+    assert workers >= 3  # two workers and the parent's final pass
+    assert {"baseline_seed1", "baseline_seed2", "second_seed"} <= set(summary["references"])

@@ -36,6 +36,7 @@ class TrialAttr:
     TOKENS_PER_SECOND: Final = "tokens_per_second"
     PRUNED_AT_STEP: Final = "pruned_at_step"
     STEPS_SAVED: Final = "steps_saved"  # by pruning
+    FUSED_GROUP: Final = "fused_group"  # trained in lockstep with this many maps (search/fused_trials.py)
     # where a result came from
     REUSED_FROM: Final = "reused_from"  # the trial whose result this one reused (it trained nothing)
     RECOVERED_FROM: Final = "recovered_from"  # the trial failed under its worker whose result this one keeps
@@ -74,6 +75,7 @@ class TrialRecord:
     tokens_per_second: float | None = None
     pruned_at_step: int | None = None
     steps_saved: int = 0
+    fused_group: int | None = None
     reused_from: int | None = None
     recovered_from: int | None = None
     retry_of: int | None = None
@@ -141,6 +143,7 @@ def trial_record(t: FrozenTrial) -> TrialRecord:
         val_bpb=_number(a.get(TrialAttr.VAL_BPB), float), train_seconds=_number(a.get(TrialAttr.TRAIN_SECONDS), float),
         tokens_per_second=_number(a.get(TrialAttr.TOKENS_PER_SECOND), float),
         pruned_at_step=_number(a.get(TrialAttr.PRUNED_AT_STEP), int), steps_saved=int(a.get(TrialAttr.STEPS_SAVED) or 0),
+        fused_group=_number(a.get(TrialAttr.FUSED_GROUP), int),
         reused_from=_number(a.get(TrialAttr.REUSED_FROM), int),
         recovered_from=_number(a.get(TrialAttr.RECOVERED_FROM), int), retry_of=_number(a.get(TrialAttr.RETRY_OF), int),
         surplus=bool(a.get(TrialAttr.SURPLUS, False)))

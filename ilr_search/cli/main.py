@@ -1,6 +1,7 @@
 """The `ilr-search` command line: thin commands over the library (see ../shared/cli-contract.md)."""
 
 import atexit
+import dataclasses
 import functools
 import inspect
 import json
@@ -255,8 +256,8 @@ def run(
     sampler: Annotated[Optional[str], typer.Option(help="auto|tpe|nsga2|gp|random|grid. \\[default: auto]")] = None,
     pruner: Annotated[Optional[str], typer.Option(help="pareto (calibrated: prunes only at rungs that predict the final ranking) | pareto-eager (the uncalibrated rule) | median | none. \\[default: pareto]")] = None,
     objective: Annotated[Optional[str], typer.Option(help="pareto (perplexity and FLOPs) or ppl (budget as a constraint only).")] = None,
-    workers: Annotated[int, typer.Option(help="Worker processes on this machine, sharing the study and the device.")] = 1,
-    fuse: Annotated[Optional[int], typer.Option(help="Maps trained at once in one fused group (K proxies in lockstep in one process); 1: one at a time. \\[default: from the space, 4 in default.toml]")] = None,
+    workers: Annotated[Optional[int], typer.Option(help="Worker processes on this machine, sharing the study and the device. \\[default: 1, or as --fuse auto chooses]")] = None,
+    fuse: Annotated[Optional[str], typer.Option(help="Maps trained at once in one fused group (K proxies in lockstep in one process); 1: one at a time; auto: K (and on a CPU, workers against threads) from memory and a short probe. \\[default: from the space, auto in default.toml]")] = None,
     knobs: Annotated[Optional[str], typer.Option(help="Recurrence knobs searched with the map, comma-separated: injection, iteration_encoding, iteration_norms, depth_init. \\[default: from the space, none in the presets]")] = None,
     track: Annotated[Optional[str], typer.Option(help="Log each trial (validation curve, map, knobs, final values) and the reference runs: tensorboard:DIR or mlflow:URI (needs mlflow).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan (study, trials, references, pruning rungs, storage, space) and a time estimate from a short timed probe; write nothing.")] = False,
@@ -266,8 +267,9 @@ def run(
     json_out: Json = False,
 ) -> None:
     """Search reuse maps under a FLOP budget; running it again resumes the study."""
+    from ilr_search.commands.autofuse import parse_fuse, run_layout
     from ilr_search.search.maps import split_enqueue_text
-    from ilr_search.search.run import RunRequest, check_fuse
+    from ilr_search.search.run import RunRequest
     from ilr_search.space import load_space, parse_target
 
     searched = None if knobs is None else [k.strip() for k in knobs.split(",") if k.strip()]
@@ -275,28 +277,37 @@ def run(
     asked = None if enqueue is None else split_enqueue_text(enqueue)
     overrides = opts.overrides() | {"search": {"objective": objective, "knobs": searched, "target": factor,
                                                 "race_seeds": race_seeds, "enqueue": asked}}
-    if fuse is not None:
-        check_fuse(fuse)
-    if fuse not in (None, 1) and workers != 1:
-        raise UserInputError("--fuse with --workers is not supported yet; use one of them")
+    asked_fuse = None if fuse is None else parse_fuse(fuse)
+    if workers is not None and workers < 1:
+        raise UserInputError(f"--workers must be at least 1, got {workers}")
     space = load_space(opts.space, overrides)
-    fuse = fuse if fuse is not None else (space.search.fuse if workers == 1 else 1)
     request = RunRequest(space, budget, study, storage, n_trials=n_trials, timeout=timeout, sampler=sampler,
-                         pruner=pruner, fuse=fuse)
-    tracked = tracked_reporter(track, storage, open_uri=not dry_run)
+                         pruner=pruner)
+    tracked_reporter(track, storage, open_uri=False)  # a bad --track is refused before the probe
     if dry_run:
         from ilr_search.commands.dryrun import dry_run_report
 
-        emit(dry_run_report(request, workers), json_out, ui.print_plan)
+        emit(dry_run_report(request, workers or 1), json_out, ui.print_plan)
         return
-    if workers != 1:
+    # K and the workers (a K asked for checked against memory; auto probed), before anything is opened
+    choice = run_layout(request, asked_fuse if asked_fuse is not None else space.search.fuse, workers)
+    if choice.reason:
+        ui.err.print(choice.reason, soft_wrap=True, markup=False, highlight=False)  # one line, however long
+    layout = choice.layout
+    request = dataclasses.replace(request, fuse=layout.fuse)
+    tracked = tracked_reporter(track, storage)
+    if layout.groups != 1:
         from ilr_search.commands.workers import run_workers
 
         with tracked(ui.WorkersReporter(enabled=True)) as reporter:
-            summary = run_workers(request, workers, reporter)
+            summary = run_workers(request, layout.groups, reporter, threads=layout.threads)
     else:
         from ilr_search.search.run import run_study
 
+        if layout.threads is not None:
+            import torch
+
+            torch.set_num_threads(layout.threads)
         with tracked(ui.RichReporter(enabled=True)) as reporter:
             summary = run_study(request, reporter)
     emit(summary, json_out, ui.print_run)
@@ -385,14 +396,20 @@ def audit(
     factor: Annotated[float, typer.Option(help="Retrain at this many times the proxy's steps (at least 1).")] = 4.0,
     maps: Annotated[str, typer.Option(help="auto (front, baseline, best pruned near the front, random trained maps), front, top:K or all.")] = "auto",
     seeds: Annotated[int, typer.Option(help="Seeds per map (the study's seed first).")] = 1,
+    fuse: Annotated[str, typer.Option(help="Runs of one model trained at once in one fused group (the same results); 1: one at a time.")] = "1",
     json_out: Json = False,
 ) -> None:
     """Retrain chosen maps of a study FACTOR times longer and say how far the proxy's ranking holds (resumable)."""
     from ilr_search.commands.audit import run_audit
+    from ilr_search.commands.autofuse import parse_fuse
     from ilr_search.config import AuditSettings
 
+    k = parse_fuse(fuse)
+    if k == "auto":
+        raise UserInputError("audit --fuse takes a number of runs (auto is run's); e.g. --fuse 4")
     with ui.RichReporter(enabled=True) as reporter:
-        report = run_audit(study_or_default(study, storage), storage, AuditSettings(factor, maps, seeds), reporter)
+        report = run_audit(study_or_default(study, storage), storage, AuditSettings(factor, maps, seeds), reporter,
+                           fuse=int(k))
     emit(report, json_out, ui.print_audit)
 
 

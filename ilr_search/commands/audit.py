@@ -15,6 +15,7 @@ import random
 import socket
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +32,9 @@ from ilr_search.analysis.results import Curves, as_list, curves_by_trial, is_bas
 from ilr_search.analysis.trials import Trial, TrialRecord, trained_results, trial_records
 from ilr_search.search.plan import CONFIG_ATTR, StoredConfig, safe_name, stored_config
 from ilr_search.search.progress import RunReporter
-from ilr_search.search.race import FINAL_STATES, is_finished, longer_train_config, run_checkpoint, train_run
-from ilr_search.search.run import disk_full_is_reported
+from ilr_search.search.race import (FINAL_STATES, ClaimedRun, fusable, is_finished, longer_train_config, run_checkpoint,
+                                    train_run, train_runs_fused)
+from ilr_search.search.run import check_fuse, disk_full_is_reported
 from ilr_search.search.studies import open_study
 from ilr_search.storage import study_storage, AuditJob, Store, grace_period, heartbeat_interval, open_store, parse_storage
 
@@ -118,15 +120,18 @@ def stored_space(study: optuna.Study, steps: int) -> SpaceConfig:
 
 
 def run_audit(study_name: str, storage: str | None = None, settings: AuditSettings = AuditSettings(),
-              reporter: RunReporter | None = None, checkpoint_dir: str | Path | None = None) -> dict[str, Any]:
+              reporter: RunReporter | None = None, checkpoint_dir: str | Path | None = None,
+              fuse: int = 1) -> dict[str, Any]:
     """Retrain the chosen maps at settings.factor x the proxy's steps (settings.seeds seeds each, the study's
-    seed first), store every run, and return the audit report (`audit --json`)."""
+    seed first), store every run, and return the audit report (`audit --json`). `fuse` K > 1: up to K runs of
+    one model train at once, fused (how the audit runs, not what it is: its results are the same)."""
     with disk_full_is_reported():
-        return _run_audit(study_name, storage, settings, reporter or RunReporter(), checkpoint_dir)
+        return _run_audit(study_name, storage, settings, reporter or RunReporter(), checkpoint_dir, fuse)
 
 
 def _run_audit(study_name: str, storage: str | None, settings: AuditSettings, reporter: RunReporter,
-               checkpoint_dir: str | Path | None) -> dict[str, Any]:
+               checkpoint_dir: str | Path | None, fuse: int = 1) -> dict[str, Any]:
+    check_fuse(fuse)
     kind, k = check_settings(settings)
     spec = parse_storage(storage)
     study = open_study(spec, study_name)
@@ -162,16 +167,26 @@ def _run_audit(study_name: str, storage: str | None, settings: AuditSettings, re
         if not pending:
             break
         progressed = False
-        for job, t in pending:
-            ratio = t.flops_ratio
-            if not store.audit_claim(job, worker, ratio, steps, stale_after=grace_period()):
-                continue
+        while pending:
+            claimed, pending = _claim_group(store, pending, worker, space, steps, checkpoints, init_depth, fuse)
+            if not claimed:
+                break
             if data is None:
                 data = load_space_tokens(space)
-            _train_job(store, job, worker, t, space, data, reporter, checkpoints, init_depth)
-            trained_here += 1
+            for run in claimed:
+                check_vocab(run.model, data.vocab_size)
+            if len(claimed) == 1:
+                run = claimed[0]
+                train_run(store, run.job, worker, run.reuse_map, run.model, run.train_cfg, data, reporter,
+                          run.checkpoint, run.number)
+            else:
+                reporter.message("audit: " + "; ".join(f"map {r.job.map_key}, seed {r.job.seed}" for r in claimed)
+                                 + " (fused)")
+                train_runs_fused(store, claimed, worker, data, reporter)
+            trained_here += len(claimed)
             progressed = True
-            reporter.trial_finished(_row(store, job, t), [], _n_done(store, jobs))
+            for run in claimed:
+                reporter.trial_finished(_row(store, run.job, run.trial), [], _n_done(store, jobs))
         if not progressed:  # the rest is held by live workers: wait for them (or for them to go stale)
             if not waiting_said:
                 reporter.message("the remaining audit runs are being trained by other workers; waiting")
@@ -203,10 +218,25 @@ def _row(store: Store, job: AuditJob, t: TrialRecord) -> dict[str, Any]:
             "reason": row.reason or f"seed {job.seed}, proxy ppl {t.val_ppl}"}
 
 
-def _train_job(store: Store, job: AuditJob, worker: str, trial: TrialRecord, space: SpaceConfig, data: Any,
-               reporter: RunReporter, checkpoints: Path, init_depth: int) -> None:
-    model = with_knobs(model_config(space), dict(trial.knobs), init_depth)
-    check_vocab(model, data.vocab_size)
-    train_run(store, job, worker, list(trial.reuse_map), model,
-              longer_train_config(space.train, space.train.steps, job.seed), data, reporter,
-              run_checkpoint(checkpoints, job), trial.number)
+@dataclass(frozen=True)
+class AuditRun(ClaimedRun):
+    """A claimed audit run, with the trial whose map it retrains."""
+    trial: TrialRecord | None = None
+
+
+def _claim_group(store: Store, pending: list[tuple[AuditJob, TrialRecord]], worker: str, space: SpaceConfig,
+                 steps: int, checkpoints: Path, init_depth: int, fuse: int
+                 ) -> tuple[list[AuditRun], list[tuple[AuditJob, TrialRecord]]]:
+    """Claim up to `fuse` pending runs of one model (one, where the model cannot be fused); returns them and
+    the pending runs not yet looked at. Runs held by other workers are passed over."""
+    claimed: list[AuditRun] = []
+    for i, (job, t) in enumerate(pending):
+        model = with_knobs(model_config(space), dict(t.knobs), init_depth)
+        if claimed and (len(claimed) >= fuse or model != claimed[0].model or not fusable(model)):
+            return claimed, pending[i:]
+        if not store.audit_claim(job, worker, t.flops_ratio, steps, stale_after=grace_period()):
+            continue
+        claimed.append(AuditRun(job, list(t.reuse_map), model,
+                                longer_train_config(space.train, space.train.steps, job.seed),
+                                run_checkpoint(checkpoints, job), t.number, t))
+    return claimed, []

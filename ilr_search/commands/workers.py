@@ -19,49 +19,13 @@ from typing import Any, Protocol
 import multiprocessing as mp
 import queue
 
-from ilr_search.config import ModelConfig
+from ilr_search.commands.autofuse import check_memory
 from ilr_search.errors import UserInputError
 from ilr_search.search.progress import RunReporter
 from ilr_search.search.run import RunRequest, disk_full_is_reported, prepare_study, run_study
 from ilr_search.training.device import resolve_device
 
 
-GIB = 1 << 30
-CUDA_CONTEXT_BYTES = GIB  # per process: the CUDA context, cuBLAS/cuDNN workspaces, compiled kernels
-
-
-def proxy_memory_bytes(model: ModelConfig, layer_runs: int, batch_size: int, bf16: bool) -> int:
-    """An upper estimate of one proxy's device memory: fp32 weights, gradients and AdamW moments (16 bytes a
-    parameter), activations kept for backward (about 24 values per token and width per layer run in the
-    compute dtype, SwiGLU's 4x hidden included; flash attention keeps no T x T matrix), and one chunk of
-    fp32 logits with its gradient (loss.py)."""
-    from ilr_search.training.loss import LOGITS_PER_CHUNK
-    from ilr_search.training.model import param_count
-
-    value_bytes = 2 if bf16 else 4
-    tokens = batch_size * model.seq_len
-    activations = layer_runs * tokens * model.d_model * (24 + 3 * model.mlp_ratio) * value_bytes
-    logits = 3 * min(LOGITS_PER_CHUNK, tokens * model.vocab_size) * 4
-    return int(16 * param_count(model) + activations + logits + tokens * model.d_model * 8)
-
-
-def check_device_memory(model: ModelConfig, layer_runs: int, batch_size: int, device: str, dtype: str,
-                        workers: int) -> None:
-    """On CUDA: N proxies of the largest map the budget allows must fit in the free memory, or one clear error."""
-    dev = resolve_device(device)
-    if dev.type != "cuda":
-        return
-    import torch
-
-    free, total = torch.cuda.mem_get_info(dev)
-    bf16 = dtype != "fp32"
-    need_one = proxy_memory_bytes(model, layer_runs, batch_size, bf16) + CUDA_CONTEXT_BYTES
-    if workers * need_one > free:
-        fit = max(0, free // need_one)
-        raise UserInputError(
-            f"--workers {workers} needs about {workers * need_one / GIB:.1f} GiB of GPU memory ({need_one / GIB:.1f} "
-            f"GiB per proxy of {layer_runs} layer runs at batch {batch_size}), but {free / GIB:.1f} of "
-            f"{total / GIB:.1f} GiB are free; use --workers {fit} or less" + (", or a smaller --batch-size" if fit == 0 else ""))
 
 
 class WorkerEventReporter(Protocol):
@@ -190,12 +154,12 @@ class QueueReporter(RunReporter):
         self.send(Message(self.worker, text))
 
 
-def _worker_main(request: RunRequest, worker: int, workers: int, events: Any) -> None:
+def _worker_main(request: RunRequest, worker: int, workers: int, threads: int | None, events: Any) -> None:
     """One worker process: the study's trials until it has n_trials, then its share of the reference runs."""
     import torch
 
     if resolve_device(request.space.train.device).type == "cpu":  # the cores are shared out, not oversubscribed
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+        torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // workers))
     reporter = QueueReporter(events, worker)
     try:
         summary = run_study(request, reporter, reference_share=(worker, workers))
@@ -207,25 +171,25 @@ def _worker_main(request: RunRequest, worker: int, workers: int, events: Any) ->
     raise SystemExit(130 if summary.get("interrupted") else 0)
 
 
-def run_workers(request: RunRequest, workers: int, reporter: Any) -> dict[str, Any]:
-    """Run the study `request` asks for with `workers` processes, one map at a time each (request.fuse is not
-    used); returns the `run --json` summary (with per-worker exit codes)."""
+def run_workers(request: RunRequest, workers: int, reporter: Any, threads: int | None = None) -> dict[str, Any]:
+    """Run the study `request` asks for with `workers` processes, each training up to request.fuse maps at once
+    in its own fused groups, with `threads` torch threads on a CPU (None: the cores shared out evenly); returns
+    the `run --json` summary (with per-worker exit codes)."""
     if workers < 1:
         raise UserInputError(f"--workers must be at least 1, got {workers}")
     with disk_full_is_reported():
         prepared = prepare_study(request)
     plan = prepared.plan
-    check_device_memory(plan.model, plan.budget.max_layer_runs(plan.model), plan.space.train.batch_size,
-                        plan.space.train.device, plan.dtype, workers)
+    check_memory(plan, workers, request.fuse)
     if workers > 1 and resolve_device(plan.space.train.device).type == "cuda":
         reporter.message(f"{workers} worker processes share one GPU by time-slicing; on an H200 at the paper-small "
                          "proxy they gave no more trials per hour than one (README, 'On a GPU')")
     # Workers resume the study by name: a derived name is fixed here, so that none derives another; the target
     # includes the trials of the maps enqueued here, which the workers find in the study (not enqueued again).
-    request = dataclasses.replace(request, study_name=plan.name, n_trials=prepared.target, enqueue_maps=(), fuse=1)
+    request = dataclasses.replace(request, study_name=plan.name, n_trials=prepared.target, enqueue_maps=())
     ctx = mp.get_context("spawn")
     events = ctx.Queue()
-    procs = [ctx.Process(target=_worker_main, args=(request, k, workers, events), name=f"ilr-search worker {k}")
+    procs = [ctx.Process(target=_worker_main, args=(request, k, workers, threads, events), name=f"ilr-search worker {k}")
              for k in range(workers)]
     for p in procs:
         p.start()

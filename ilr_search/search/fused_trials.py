@@ -19,6 +19,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from ilr_search.config import ModelConfig
+from ilr_search.analysis.trials import TrialAttr
 from ilr_search.training.fused import FusionUnsupported, check_fusable, train_fused
 from ilr_search.storage import heartbeat_thread, study_storage, trial_id
 from ilr_search.training.train import TrainResult, train_proxy
@@ -41,8 +42,9 @@ class FusedSearchRun(SearchRun):
     """A SearchRun that can also run a group of trials fused (`run_group`); `objective` stays the one-trial path."""
 
     def run_group(self, n: int, report: TrialReport) -> None:
-        """Ask for `n` trials, train the claimed maps fused, tell every trial; re-raises Ctrl-C after failing the
-        group's unfinished trials and queuing their maps again."""
+        """Ask for up to `n` trials, train the claimed maps fused, tell every trial; re-raises Ctrl-C after failing
+        the group's unfinished trials and queuing their maps again. A trial asked once the trials before it
+        reach the target (other workers asked at the same time) ends the asking (refuse_surplus)."""
         group: list[GroupTrial] = []
         with ExitStack() as beats:
             try:
@@ -69,6 +71,8 @@ class FusedSearchRun(SearchRun):
                     elif not member.proposal.behind_own:
                         member.training = self.start_training(trial, member.proposal)
                 training = [g for g in group if g.training is not None]
+                for member in training:  # how the trial was trained: in a group of this many maps
+                    member.trial.set_user_attr(TrialAttr.FUSED_GROUP, len(training))
                 results = self._train_group([g.training for g in training])
                 for member, result in zip(training, results):
                     self._tell(member, lambda m=member, r=result: self.finish_training(m.trial, m.training, r),

@@ -34,7 +34,7 @@ from ilr_search.search.objective import SearchRun, SurplusTrial, TrialDiverged, 
 from ilr_search.search.plan import (CONFIG_ATTR, ENQUEUED_BLOCKS_ATTR, FIDELITY_ATTR, SAMPLER_ATTR, StudyPlan, adopt_stored_dtype, canonical_config,
     check_resume, plan_study, safe_name, stored_study)
 from ilr_search.search.progress import RunReporter
-from ilr_search.search.race import run_race
+from ilr_search.search.race import fusable, run_race
 from ilr_search.search.pruners import build_pruner, pruner_settings
 from ilr_search.search.samplers import build_sampler, sampler_settings
 from ilr_search.search.studies import summarize
@@ -252,7 +252,7 @@ def _run_study(request: RunRequest, reporter: RunReporter, reference_share: tupl
                 if run.taken_over == seen:
                     raise
     if not interrupted and _n_finished(study) >= target:
-        train_references(run, reference_share)
+        train_references(run, reference_share, fuse)
         if request.race:  # contenders at more seeds and longer, until the racing policy has decided (race.py)
             try:
                 run_race(plan, study, store, data, reporter, run.checkpoint_root / "audit", fuse)
@@ -344,10 +344,11 @@ def reference_runs(plan: StudyPlan, trials: list[FrozenTrial], enqueued_blocks: 
     return runs
 
 
-def train_references(run: SearchRun, share: tuple[int, int] = (0, 1)) -> None:
+def train_references(run: SearchRun, share: tuple[int, int] = (0, 1), fuse: int = 1) -> None:
     """Train the missing reference runs once per study and store them in the study's attributes (the second
     seed is trained again when the best recurrent map changed). With `share` (k, n), worker k of n trains
-    the k-th, (k+n)-th, ... of them; whoever runs `run` last trains what is still missing."""
+    the k-th, (k+n)-th, ... of them; whoever runs `run` last trains what is still missing. `fuse` K > 1: up
+    to K of them of one model train fused, each at its own seed (the same results as one at a time)."""
     plan, study = run.plan, run.study
     k, n = share
     refs = reference_runs(plan, study.get_trials(deepcopy=False), study.user_attrs.get(ENQUEUED_BLOCKS_ATTR, ()))
@@ -357,17 +358,36 @@ def train_references(run: SearchRun, share: tuple[int, int] = (0, 1)) -> None:
         if index % n == k and not (stored is not None and stored.get("schedule") == ref.schedule
                                    and stored.get("knobs", {}) == ref.knobs):
             missing.append(ref)
-    for done, ref in enumerate(missing):
-        run.reporter.reference_started(ref.name, done, len(missing), plan.space.train.steps)
-        key = config_key(format_reuse_map(ref.reuse_map or []), ref.knobs)
-        run.reporter.message(f"training reference {ref.name}" + (f" (map {key}, seed {ref.seed})"
-                                                                  if ref.name == "second_seed" else ""))
-        train_cfg = dataclasses.replace(plan.space.train, dtype=plan.dtype, seed=ref.seed)
-        model = plan.trial_model(ref.knobs)
-        result = train_proxy(model, ref.schedule, run.data, train_cfg, on_step=run.reporter.step)
-        study.set_user_attr(f"{REFERENCE_PREFIX}{ref.name}", {
-            "schedule": ref.schedule, "seed": ref.seed, "flops_ratio": flops_ratio(model, ref.schedule),
-            "reuse_map": ref.reuse_map, "val_ppl": finite_or_none(result.val_ppl),
-            "val_bpb": finite_or_none(result.val_bpb), "status": result.status, "steps": result.steps,
-            "curve": [[p.step, p.val_loss] for p in result.curve]} | ({"knobs": ref.knobs} if ref.knobs else {}))
-        run.reporter.reference_finished(ref.name)
+    groups: list[list[ReferenceRun]] = []  # in order; a group holds runs of one model, fused where it can be
+    for ref in missing:
+        last = groups[-1] if groups else None
+        if last and len(last) < fuse and last[0].knobs == ref.knobs and fusable(plan.trial_model(ref.knobs)):
+            last.append(ref)
+        else:
+            groups.append([ref])
+    done = 0
+    for group in groups:
+        for ref in group:
+            run.reporter.reference_started(ref.name, done, len(missing), plan.space.train.steps)
+            key = config_key(format_reuse_map(ref.reuse_map or []), ref.knobs)
+            run.reporter.message(f"training reference {ref.name}" + (f" (map {key}, seed {ref.seed})"
+                                                                      if ref.name == "second_seed" else "")
+                                 + (f" (fused, {len(group)} at once)" if len(group) > 1 else ""))
+            done += 1
+        train_cfg = dataclasses.replace(plan.space.train, dtype=plan.dtype, seed=group[0].seed)
+        model = plan.trial_model(group[0].knobs)
+        if len(group) > 1:
+            from ilr_search.training.fused import train_fused
+
+            results = train_fused(model, [ref.schedule for ref in group], run.data, train_cfg,
+                                  on_step=[run.reporter.step] + [None] * (len(group) - 1),
+                                  seeds=[ref.seed for ref in group])
+        else:
+            results = [train_proxy(model, group[0].schedule, run.data, train_cfg, on_step=run.reporter.step)]
+        for ref, result in zip(group, results):
+            study.set_user_attr(f"{REFERENCE_PREFIX}{ref.name}", {
+                "schedule": ref.schedule, "seed": ref.seed, "flops_ratio": flops_ratio(model, ref.schedule),
+                "reuse_map": ref.reuse_map, "val_ppl": finite_or_none(result.val_ppl),
+                "val_bpb": finite_or_none(result.val_bpb), "status": result.status, "steps": result.steps,
+                "curve": [[p.step, p.val_loss] for p in result.curve]} | ({"knobs": ref.knobs} if ref.knobs else {}))
+            run.reporter.reference_finished(ref.name)

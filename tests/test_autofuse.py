@@ -1,0 +1,64 @@
+"""`run --fuse auto` (issue 20): K, and on a CPU workers against threads, chosen by a measured probe and said in one
+line; a K that does not fit in memory refused before anything is written."""
+
+import hashlib
+import json
+import re
+from collections import Counter
+
+import optuna
+import pytest
+
+from conftest import NO_REFERENCES, assert_one_line_error, write_space
+from ilr_search.errors import UserInputError
+from ilr_search.space import SpaceError, load_space
+from ilr_search.commands.autofuse import parse_fuse
+
+
+def run_args(space, db, n_trials: int, *extra: str) -> list[str]:
+    return ["run", "--space", str(space), "--budget", "1.5x", "--n-trials", str(n_trials), "--study", "auto",
+            "--storage", f"sqlite:///{db}", "--pruner", "none", "--json", *extra]
+
+
+def test_fuse_auto_in_the_space_probes_says_what_it_chose_and_the_run_trains_that_way(cli, tmp_path):
+    space = write_space(tmp_path / "auto.toml", search=NO_REFERENCES | {"fuse": "auto"})
+    proc = cli(*run_args(space, tmp_path / "auto.db", 6), check=True)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("fuse auto:")]
+    assert len(lines) == 1, proc.stderr
+    chosen = re.match(r"fuse auto: (?:(\d+) workers|1 process)[^,]*, K = (\d+)", lines[0])
+    assert chosen, lines[0]
+    workers, k = int(chosen.group(1) or 1), int(chosen.group(2))
+    summary = json.loads(proc.stdout)
+    assert len(summary.get("workers", [None])) == workers
+    trials = optuna.load_study(study_name="auto", storage=f"sqlite:///{tmp_path / 'auto.db'}").get_trials()
+    finished = [t for t in trials if t.state.is_finished()]
+    assert len(finished) == summary["n_trials"] == 6
+    trained = Counter(t.user_attrs["map_key"] for t in finished if "reused_from" not in t.user_attrs)
+    assert max(trained.values()) == 1, trained
+    groups = {t.user_attrs.get("fused_group", 1) for t in finished}
+    assert max(groups) <= k and (k == 1) == (groups == {1}), (groups, k)
+
+
+def test_a_fuse_that_does_not_fit_in_memory_is_refused_with_one_line_and_nothing_on_disk(cli, tmp_path):
+    space = write_space(tmp_path / "big.toml", model={"d_model": 512, "heads": 8}, search=NO_REFERENCES)
+    fresh = tmp_path / "fresh.db"
+    proc = cli(*run_args(space, fresh, 2, "--fuse", "100000"))
+    assert_one_line_error(proc)
+    assert "--fuse 100000" in proc.stderr and "GiB" in proc.stderr
+    assert not fresh.exists()
+    db = tmp_path / "kept.db"
+    cli(*run_args(write_space(tmp_path / "small.toml", search=NO_REFERENCES), db, 1), check=True)
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    assert_one_line_error(cli(*run_args(space, db, 2, "--fuse", "100000", "--study", "other")))
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before
+
+
+def test_fuse_is_a_positive_number_or_auto_on_the_command_line_and_in_a_space(tmp_path):
+    assert parse_fuse("auto") == "auto" and parse_fuse("AUTO") == "auto" and parse_fuse("3") == 3
+    for bad in ("0", "-1", "1.5", "fast", ""):
+        with pytest.raises(UserInputError):
+            parse_fuse(bad)
+    assert load_space(write_space(tmp_path / "a.toml", search={"fuse": "auto"})).search.fuse == "auto"
+    for bad in ("fast", 0, True):
+        with pytest.raises(SpaceError):
+            load_space(write_space(tmp_path / "b.toml", search={"fuse": bad}))
