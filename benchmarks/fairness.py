@@ -123,29 +123,29 @@ def table(done: dict[tuple[str, str, int], dict[str, Any]], settings: list[str])
 
 
 def markdown(rows: list[MapRow], setting_rows: list[SettingRow], settings: list[str]) -> str:
-    """The README's tables: one line per map (every setting side by side), then one per setting."""
+    """The README's tables: one line per (map, setting); each map's verdicts side by side; one line per setting."""
+    lines = ["| map | setting | ppl (mean over seeds) | seed sd | spread (max - min) | loss - baseline's, mean "
+             "[90% CI] | verdict |", "|---|---|---:|---:|---:|---|---|"]
     by = {(r.map_key, r.setting): r for r in rows}
-    head = "| map | " + " | ".join(f"{s}: ppl (sd, spread) | {s}: d loss vs baseline [90% CI], verdict"
-                                     for s in settings) + " | verdict changes |"
-    lines = [head, "|" + "---|" * (2 * len(settings) + 2)]
     for key in MAPS:
-        cells, verdicts = [], []
-        for s in settings:
+        for s in (["off"] if key == BASELINE else settings):
             r = by.get((key, s))
             if r is None:
-                cells += ["", ""]
                 continue
             sd = f"{r.sd_ppl:.3f}" if r.sd_ppl is not None else "-"
-            cells.append(f"{r.mean_ppl:.3f} ({sd}, {r.spread_ppl:.3f})")
             if r.diff_loss is None:
-                cells.append("(reference)")
+                diff, verdict_text = "", "(the reference: every setting)"
             else:
                 ci = f" [{r.diff_interval[0]:+.3f}, {r.diff_interval[1]:+.3f}]" if r.diff_interval else ""
-                cells.append(f"{r.diff_loss:+.4f}{ci}, {r.verdict}")
-                verdicts.append(r.verdict)
-        changes = "yes" if len(set(verdicts)) > 1 else ("no" if verdicts else "")
-        lines.append(f"| {key} | " + " | ".join(cells) + f" | {changes} |")
-    lines += ["", "| setting | mean seed sd of ppl over the recurrent maps | relative to off |", "|---|---|---|"]
+                diff, verdict_text = f"{r.diff_loss:+.4f}{ci}", r.verdict
+            lines.append(f"| {key} | {s} | {r.mean_ppl:.3f} | {sd} | {r.spread_ppl:.3f} | {diff} | {verdict_text} |")
+    lines += ["", "| map | " + " | ".join(f"verdict, {s}" for s in settings) + " | changes |",
+              "|---|" + "---|" * (len(settings) + 1)]
+    for key in MAPS[1:]:
+        verdicts = [by[(key, s)].verdict if (key, s) in by else "" for s in settings]
+        present = [v for v in verdicts if v]
+        lines.append(f"| {key} | " + " | ".join(verdicts) + f" | {'yes' if len(set(present)) > 1 else 'no'} |")
+    lines += ["", "| setting | mean seed sd of ppl over the recurrent maps | relative to off |", "|---|---:|---:|"]
     for sr in setting_rows:
         rel = f"{sr.sd_relative_to_off:.2f}" if sr.sd_relative_to_off is not None else "-"
         lines.append(f"| {sr.setting} | {sr.mean_sd_ppl:.4f} | {rel} |")
