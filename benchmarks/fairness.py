@@ -14,7 +14,8 @@ the batch order, so a map and the baseline at the same seed are paired (stats.pa
 
 Every finished run is appended to `<out>.jsonl` (one JSON object a line) and skipped on a rerun, so a killed
 run resumes; the table is rewritten to `<out>` after each seed and printed at the end (`--table-only` prints it
-from the JSON lines without training).
+from the JSON lines without training; the table holds seeds 0..seeds-1, so `--table-only --seeds 3` gives the
+three-seed table of a file that holds five).
 
 Per map and setting: ppl at the mean validation loss over the seeds, the seed sd of the ppl, its spread (max -
 min), and the paired difference of validation loss to the baseline (mean, two-sided 90% t interval) with its
@@ -181,6 +182,7 @@ def main() -> None:
             "maps": list(MAPS), "baseline": BASELINE, "confidence": CONFIDENCE,
             "trainer": "ilr_search.api.train_report (single map), one thread"}
     done = read_done(jsonl)
+    tabled = {k: v for k, v in done.items() if k[2] < args.seeds}  # the table holds seeds 0..seeds-1 only
     started = time.perf_counter()
     for seed in ([] if args.table_only else range(args.seeds)):
         for setting in settings:
@@ -195,13 +197,13 @@ def main() -> None:
                        "knobs": report["knobs"]}
                 with jsonl.open("a", encoding="utf-8") as f:
                     f.write(json.dumps(row) + "\n")
-                done[(key, setting, seed)] = row
+                done[(key, setting, seed)] = tabled[(key, setting, seed)] = row
                 ppl = f"{row['val_ppl']:.4f}" if row["val_ppl"] is not None else "diverged"
                 print(f"[{time.perf_counter() - started:7.1f}s] seed {seed} {setting:8s} {key}: ppl {ppl} "
                       f"({row['train_seconds']:.1f}s)", flush=True)
-        write_table(done, settings, meta, out)
-    print(write_table(done, settings, meta, out))
-    print(f"wrote {out} ({len(done)} runs)")
+        write_table(tabled, settings, meta, out)
+    print(write_table(tabled, settings, meta, out))
+    print(f"wrote {out} ({len(tabled)} runs)")
 
 
 if __name__ == "__main__":
