@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 POSITIONAL_ENCODINGS = ("nope", "rope", "learned", "alibi")
 INJECTIONS = ("none", "add", "gated")
+RepeatScale = Literal["off", "residual", "lr"]
+REPEAT_SCALES: tuple[RepeatScale, ...] = ("off", "residual", "lr")
 
 
 @dataclass(frozen=True)
@@ -34,10 +36,14 @@ class ModelConfig:
     iteration_norms: bool = False  # RMSNorm gains of their own for each repeat
     init_depth: int = 0  # residual-projection init for this many layer runs; 0: n_layers
     max_reuse: int = 1  # repeats of one layer that the knobs' tables cover
+    # a layer that runs r times: off, each pass's residual branches scaled by 1/r, or its parameters' lr by 1/r
+    repeat_scale: RepeatScale = "off"
 
     def __post_init__(self) -> None:
         if self.injection not in INJECTIONS:
             raise ValueError(f"unknown injection {self.injection!r}; use one of {', '.join(INJECTIONS)}")
+        if self.repeat_scale not in REPEAT_SCALES:
+            raise ValueError(f"unknown repeat_scale {self.repeat_scale!r}; use one of {', '.join(REPEAT_SCALES)}")
         if self.init_depth < 0:
             raise ValueError(f"init_depth must be 0 (n_layers) or positive, got {self.init_depth}")
         if self.pe not in POSITIONAL_ENCODINGS:
@@ -63,7 +69,7 @@ class ModelConfig:
 
 # The knob fields at their "off" values (today's model); max_reuse only sizes the knobs' tables.
 KNOB_FIELD_DEFAULTS = {"injection": "none", "iteration_encoding": False, "iteration_norms": False, "init_depth": 0,
-                       "max_reuse": 1}
+                       "max_reuse": 1, "repeat_scale": "off"}
 
 
 SAMPLERS = ("auto", "tpe", "nsga2", "gp", "random", "grid")

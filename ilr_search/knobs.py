@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from ilr_search.config import INJECTIONS, ModelConfig
+from ilr_search.config import INJECTIONS, REPEAT_SCALES, ModelConfig
 
 
 KnobValue = str | bool
@@ -20,6 +20,7 @@ KNOB_CHOICES: dict[str, tuple[KnobValue, ...]] = {
     "iteration_encoding": (False, True),
     "iteration_norms": (False, True),
     "depth_init": (False, True),
+    "repeat_scale": REPEAT_SCALES,
 }
 KNOBS = tuple(KNOB_CHOICES)
 
@@ -35,7 +36,8 @@ def check_knobs(names: Sequence[str]) -> None:
 def knobs_of(cfg: ModelConfig) -> dict[str, KnobValue]:
     """The knob settings a model config has (depth_init: whether its init depth differs from n_layers)."""
     return {"injection": cfg.injection, "iteration_encoding": cfg.iteration_encoding,
-            "iteration_norms": cfg.iteration_norms, "depth_init": cfg.init_depth > 0}
+            "iteration_norms": cfg.iteration_norms, "depth_init": cfg.init_depth > 0,
+            "repeat_scale": cfg.repeat_scale}
 
 
 def with_knobs(cfg: ModelConfig, knobs: Mapping[str, KnobValue], init_depth: int) -> ModelConfig:
@@ -84,7 +86,7 @@ def knob_params(cfg: ModelConfig) -> dict[str, int]:
     return {"injection": cfg.n_layers if cfg.injection == "gated" else 0,
             "iteration_encoding": cfg.max_reuse * cfg.d_model if cfg.iteration_encoding else 0,
             "iteration_norms": cfg.n_layers * (cfg.max_reuse - 1) * 2 * cfg.d_model if cfg.iteration_norms else 0,
-            "depth_init": 0}
+            "depth_init": 0, "repeat_scale": 0}
 
 
 def format_knobs(knobs: Mapping[str, KnobValue]) -> str:

@@ -47,7 +47,7 @@ _MODEL_KEYS = {"layers": "n_layers", "d_model": "d_model", "heads": "n_heads", "
                "mlp_ratio": "mlp_ratio", "pe": "pe", "norm_eps": "norm_eps", "rope_base": "rope_base",
                # recurrence knobs fixed for the whole space (model.py); [search] knobs searches them instead
                "injection": "injection", "iteration_encoding": "iteration_encoding",
-               "iteration_norms": "iteration_norms", "init_depth": "init_depth"}
+               "iteration_norms": "iteration_norms", "init_depth": "init_depth", "repeat_scale": "repeat_scale"}
 _SECTIONS = {
     "model": ("model", _MODEL_KEYS),
     "data": ("data", {f.name: f.name for f in dataclasses.fields(DataConfig)}),

@@ -210,10 +210,22 @@ def test_members_resuming_from_different_steps_train_apart_and_match(data, tmp_p
 
 
 @pytest.mark.parametrize("knob", [{"injection": "add"}, {"iteration_encoding": True, "max_reuse": 3},
-                                  {"iteration_norms": True, "max_reuse": 3}])
+                                  {"iteration_norms": True, "max_reuse": 3}, {"repeat_scale": "lr"}])
 def test_knobs_that_change_the_forward_pass_are_refused(data, knob):
     with pytest.raises(FusionUnsupported, match="does not support"):
         train_fused(replace(tiny_model(), **knob), SCHEDULES, data, tiny_train(steps=2))
+
+
+@pytest.mark.parametrize("masking", ["prefix", "where"])
+def test_repeat_scale_residual_members_equal_their_single_runs(data, masking):
+    """Each member's branches at each position scaled by 1 / (its layer's run count), as the single model does;
+    the members' factors differ at one position (layer 0 runs once, three times, twice)."""
+    model_cfg, cfg = replace(tiny_model(), repeat_scale="residual"), tiny_train()
+    fused = train_fused(model_cfg, SCHEDULES, data, cfg, seeds=SEEDS, length_masking=masking)
+    off = train_fused(tiny_model(), SCHEDULES, data, cfg, seeds=SEEDS, length_masking=masking)
+    for schedule, seed, result, plain in zip(SCHEDULES, SEEDS, fused, off):
+        assert_same_run(result, train_proxy(model_cfg, schedule, data, replace(cfg, seed=seed)))
+        assert (result.val_loss == plain.val_loss) is (schedule == [0, 1, 2])  # only the repeats are scaled
 
 
 def test_init_depth_is_supported_through_build_model(data):

@@ -8,8 +8,9 @@ import torch.nn.functional as F
 
 from ilr_search.training.flops import count_flops, forward_flops_per_token
 from ilr_search.knobs import format_knobs, knobs_of, with_knobs
-from ilr_search.training.model import ILRTransformer, param_count, repeat_indices
-from ilr_search.config import ModelConfig
+from ilr_search.training.model import ILRTransformer, branch_scales, param_count, repeat_indices
+from ilr_search.config import ModelConfig, TrainConfig
+from ilr_search.training.train import build_optimizer, set_lr, weight_decays
 from ilr_search.training.schedule import block_schedule, reuse_map_schedule
 
 ENCODINGS = ["nope", "rope", "learned", "alibi"]
@@ -20,6 +21,10 @@ KNOB_CONFIGS = {
     "iteration_norms": {"iteration_norms": True},
     "init_depth": {"init_depth": 12},
     "all": {"injection": "gated", "iteration_encoding": True, "iteration_norms": True, "init_depth": 12},
+    "repeat_scale=residual": {"repeat_scale": "residual"},
+    "repeat_scale=lr": {"repeat_scale": "lr"},  # the forward pass is the plain one; the lr is tested below
+    "all+residual": {"injection": "gated", "iteration_encoding": True, "iteration_norms": True, "init_depth": 12,
+                     "repeat_scale": "residual"},
 }
 SCHEDULE = reuse_map_schedule([3, 1, 2])  # [0, 0, 0, 1, 2, 2]
 
@@ -55,6 +60,8 @@ def reference_logits(model: ILRTransformer, idx: torch.Tensor, schedule: list[in
     x = e
     runs: dict[int, int] = {}
     for layer_index in schedule:
+        # repeat_scale residual: a layer that runs r times in the schedule adds each pass's branches times 1 / r
+        branch = 1.0 / schedule.count(layer_index) if cfg.repeat_scale == "residual" else 1.0
         k = runs.get(layer_index, 0)
         runs[layer_index] = k + 1
         layer = model.layers[layer_index]
@@ -71,8 +78,8 @@ def reference_logits(model: ILRTransformer, idx: torch.Tensor, schedule: list[in
         def rms(v: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
             return v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + cfg.norm_eps) * g
 
-        x = x + layer.attn(rms(x, g_attn), rope, alibi)
-        x = x + layer.mlp(rms(x, g_mlp))
+        x = x + branch * layer.attn(rms(x, g_attn), rope, alibi)
+        x = x + branch * layer.mlp(rms(x, g_mlp))
     return F.linear(model.norm(x), model.embed.weight)
 
 
@@ -172,8 +179,74 @@ def test_knob_settings_round_trip_through_the_config():
     cfg = with_knobs(tiny(), {"injection": "add", "depth_init": True, "iteration_norms": False}, init_depth=9)
     assert (cfg.injection, cfg.init_depth, cfg.iteration_norms) == ("add", 9, False)
     assert knobs_of(cfg) == {"injection": "add", "iteration_encoding": False, "iteration_norms": False,
-                             "depth_init": True}
+                             "depth_init": True, "repeat_scale": "off"}
     assert format_knobs(knobs_of(cfg)) == "injection=add,depth_init"
     assert format_knobs(knobs_of(tiny())) == ""
     with pytest.raises(ValueError, match="unknown knob"):
         with_knobs(tiny(), {"loras": True}, init_depth=9)
+
+
+# --- repeat_scale: a layer that runs r times, scaled by 1 / r ---
+
+
+def test_repeat_scale_residual_scales_each_repeated_layers_branches_by_its_run_count():
+    assert branch_scales(tiny(repeat_scale="residual"), SCHEDULE) == {0: 1 / 3, 1: None, 2: 0.5}
+    assert branch_scales(tiny(repeat_scale="residual"), block_schedule(3, 2)) == {0: 0.5, 1: 0.5, 2: 0.5}
+    for setting in ("off", "lr"):
+        assert branch_scales(tiny(repeat_scale=setting), SCHEDULE) == {0: None, 1: None, 2: None}
+    # one layer by hand: x (a residual stream) plus half of each branch, against the layer's plain branches
+    torch.manual_seed(0)
+    layer = ILRTransformer(tiny()).layers[0]
+    x = torch.randn(2, 8, 16)
+    attn = layer.attn(layer.attn_norm(x), None, None)
+    half = x + 0.5 * attn
+    torch.testing.assert_close(layer(x, branch_scale=0.5), half + 0.5 * layer.mlp(layer.mlp_norm(half)))
+    assert torch.equal(layer(x), layer(x, branch_scale=None))
+
+
+@pytest.mark.parametrize("setting", ["residual", "lr"])
+def test_repeat_scale_leaves_the_baseline_bit_for_bit_and_changes_a_recurrent_map(token_cache, setting):
+    """Every layer of the all-ones map runs once (r = 1): no setting touches it. A map with repeats trains
+    otherwise."""
+    from ilr_search.config import DataConfig, TrainConfig
+    from ilr_search.data import load_tokens
+    from ilr_search.train import train_proxy
+
+    data = load_tokens(DataConfig(), root=token_cache)
+    cfg = TrainConfig(steps=12, batch_size=4, lr=3e-3, eval_fractions=(0.5, 1.0), eval_windows=4, dtype="fp32",
+                      device="cpu", checkpoint_every=0)
+    model_cfg = ModelConfig(vocab_size=256, n_layers=3, d_model=16, n_heads=2, seq_len=32)
+    for schedule, same in (([0, 1, 2], True), (SCHEDULE, False)):
+        off = train_proxy(model_cfg, schedule, data, cfg)
+        scaled = train_proxy(with_knobs(model_cfg, {"repeat_scale": setting}, init_depth=6), schedule, data, cfg)
+        assert ([p.val_loss for p in scaled.curve] == [p.val_loss for p in off.curve]) is same, (schedule, setting)
+
+
+def test_repeat_scale_lr_puts_each_repeated_layers_parameters_at_lr_over_r():
+    cfg = TrainConfig(lr=1e-2, steps=10, warmup_frac=0.1)
+    torch.manual_seed(0)
+    model = ILRTransformer(tiny(repeat_scale="lr"))
+    optimizer = build_optimizer(model, cfg, torch.device("cpu"), SCHEDULE)  # layer 0 runs 3 times, 2 twice
+    set_lr(optimizer, 1, cfg)
+    lr_of = {id(p): g["lr"] for g in optimizer.param_groups for p in g["params"]}
+    decay_of = {id(p): g["weight_decay"] for g in optimizer.param_groups for p in g["params"]}
+    expected = {0: cfg.lr / 3, 1: cfg.lr, 2: cfg.lr / 2}
+    for name, p in model.named_parameters():
+        layer = int(name.split(".")[1]) if name.startswith("layers.") else 1
+        assert lr_of[id(p)] == pytest.approx(expected[layer]), name
+        assert decay_of[id(p)] == (cfg.weight_decay if weight_decays(name, p) else 0.0), name
+    assert len(lr_of) == len(list(model.parameters()))
+    # off (or no schedule): the two groups the optimizer always had, at the schedule's lr
+    for plain in (build_optimizer(ILRTransformer(tiny()), cfg, torch.device("cpu"), SCHEDULE),
+                  build_optimizer(model, cfg, torch.device("cpu"))):
+        set_lr(plain, 1, cfg)
+        assert [g["weight_decay"] for g in plain.param_groups] == [cfg.weight_decay, 0.0]
+        assert all("lr_scale" not in g and g["lr"] == cfg.lr for g in plain.param_groups)
+    # AdamW's first step moves every element by about its lr (m / sqrt(v) = g / |g|): a third for layer 0
+    idx = torch.randint(0, 64, (2, 8))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    model.loss(idx, idx.roll(-1, 1), SCHEDULE).backward()
+    optimizer.step()
+    step = {n: (p.detach() - before[n]).abs().median().item() for n, p in model.named_parameters()}
+    for layer, r in ((0, 3), (1, 1), (2, 2)):
+        assert step[f"layers.{layer}.attn.qkv.weight"] == pytest.approx(cfg.lr / r, rel=0.05), layer

@@ -90,3 +90,31 @@ def test_a_study_searches_stores_and_resumes_knobs(cli, tmp_path):
     for t in knobbed:
         audited = by_key[t.user_attrs["map_key"]]
         assert abs(audited["audit_ppl"] - t.user_attrs["val_ppl"]) < 1e-6 * t.user_attrs["val_ppl"], (t.number, audited)
+
+
+def test_a_space_searches_repeat_scale_fused_where_it_can(cli, tmp_path):
+    """`[search] knobs = ["repeat_scale"]`: the three settings of one map are three trials; fused groups train
+    "off" and "residual" together and "lr" (which the fused trainer refuses) alone, and the audit, one map at a
+    time, reproduces each."""
+    from conftest import write_space
+
+    space = write_space(tmp_path / "rs.toml", ROOT / "tests" / "spaces" / "cli.toml", search={"knobs": ["repeat_scale"]})
+    db = tmp_path / "rs.db"
+    # after the baseline, a first group of 3: the baseline (knob off) alone, the two residual maps fused
+    enqueue = "2,1,1|repeat_scale=residual 1,2,1|repeat_scale=residual 2,1,1|repeat_scale=lr 2,1,1"
+    args = ["run", *SPACE, "--space", str(space), "--n-trials", "6", "--study", "rs", "--storage", f"sqlite:///{db}",
+            "--json", "--fuse", "3", "--pruner", "none", "--enqueue", enqueue]
+    cli(*args, check=True)
+    study = optuna.load_study(study_name="rs", storage=f"sqlite:///{db}")
+    assert study.user_attrs["ilr:config"]["search"]["knobs"] == ["repeat_scale"]
+    trials = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert all(set(t.params) == {"r0", "r1", "r2", "repeat_scale"} for t in trials)
+    by_setting = {t.user_attrs["knobs"]["repeat_scale"]: t for t in trials if t.user_attrs["reuse_map"] == [2, 1, 1]}
+    assert set(by_setting) == {"off", "residual", "lr"}
+    assert len({t.user_attrs["val_ppl"] for t in by_setting.values()}) == 3  # each setting trains otherwise
+    audit = run_audit("rs", f"sqlite:///{db}", AuditSettings(factor=1.0, maps="all", seeds=1),
+                      checkpoint_dir=tmp_path / "ck")
+    audited = {m["reuse_map"]: m["audit_ppl"] for m in audit["maps"]}
+    for t in by_setting.values():
+        # fused and single sum in another order: equal to ~1e-6 (tests/test_fused.py's tolerance)
+        assert abs(audited[t.user_attrs["map_key"]] - t.user_attrs["val_ppl"]) < 1e-4 * t.user_attrs["val_ppl"], t.number

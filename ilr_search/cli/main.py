@@ -124,7 +124,7 @@ def emit(obj: dict[str, Any], as_json: bool, render: Callable[[dict[str, Any]], 
 ReuseMap = Annotated[Optional[str], typer.Option(help="One positive count per layer, e.g. 4,2,1,1.")]
 Block = Annotated[Optional[int], typer.Option(help="Block recurrence: the whole stack run K times.")]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
-KnobSettings = Annotated[Optional[str], typer.Option(help="Recurrence knobs on: injection[=add|gated], iteration_encoding, iteration_norms, depth_init (init for the schedule's depth); comma-separated.")]
+KnobSettings = Annotated[Optional[str], typer.Option(help="Recurrence knobs on: injection[=add|gated], iteration_encoding, iteration_norms, depth_init (init for the schedule's depth), repeat_scale[=residual|lr]; comma-separated.")]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -257,8 +257,8 @@ def run(
     pruner: Annotated[Optional[str], typer.Option(help="pareto (calibrated: prunes only at rungs that predict the final ranking) | pareto-eager (the uncalibrated rule) | median | none. \\[default: pareto]")] = None,
     objective: Annotated[Optional[str], typer.Option(help="pareto (perplexity and FLOPs) or ppl (budget as a constraint only).")] = None,
     workers: Annotated[Optional[int], typer.Option(help="Worker processes on this machine, sharing the study and the device. \\[default: 1, or as --fuse auto chooses]")] = None,
-    fuse: Annotated[Optional[str], typer.Option(help="Maps trained at once in one fused group (K proxies in lockstep in one process); 1: one at a time; auto: K (and on a CPU, workers against threads) from memory and a short probe. \\[default: from the space, auto in default.toml]")] = None,
-    knobs: Annotated[Optional[str], typer.Option(help="Recurrence knobs searched with the map, comma-separated: injection, iteration_encoding, iteration_norms, depth_init. \\[default: from the space, none in the presets]")] = None,
+    fuse: Annotated[Optional[str], typer.Option(help="Maps trained at once in one fused group (K proxies in lockstep in one process); 1: one at a time; auto: K (and on a CPU, workers against threads) from memory and a short probe. \\[default: from the space, 4 in default.toml]")] = None,
+    knobs: Annotated[Optional[str], typer.Option(help="Recurrence knobs searched with the map, comma-separated: injection, iteration_encoding, iteration_norms, depth_init, repeat_scale. \\[default: from the space, none in the presets]")] = None,
     track: Annotated[Optional[str], typer.Option(help="Log each trial (validation curve, map, knobs, final values) and the reference runs: tensorboard:DIR or mlflow:URI (needs mlflow).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan (study, trials, references, pruning rungs, storage, space) and a time estimate from a short timed probe; write nothing.")] = False,
     target: Annotated[Optional[str], typer.Option(help="The length the verdict is about, a multiple of the proxy's steps: contenders are raced at more seeds and up to this length (1x: seeds only). \\[default: from the space, 4x]")] = None,

@@ -21,7 +21,9 @@ batches of `data.train_batch` with its seed, its own evaluations, divergence (it
 go on), stop (its on_eval callback), checkpoint (checkpoint.py's format, one file per member: a member can
 resume alone with `train_proxy`), and a TrainResult of the same meaning. The recurrence knobs that add
 parameters or ops (injection, iteration_encoding, iteration_norms) are refused; init_depth only changes the
-initial weights, which come from build_model, and is supported.
+initial weights, which come from build_model, and is supported. repeat_scale "residual" is supported (a
+[member] factor on the branches at each schedule position); "lr" is refused (its per-layer lrs would need per-row
+lrs in the stacked tensors' one AdamW).
 """
 
 from __future__ import annotations
@@ -43,11 +45,11 @@ from ilr_search.config import ModelConfig, TrainConfig
 from ilr_search.data.tokens import TokenData
 from ilr_search.errors import UserInputError
 from ilr_search.training.loss import linear_cross_entropy
-from ilr_search.training.model import ILRTransformer, alibi_bias, apply_rope, rope_tables
+from ilr_search.training.model import ILRTransformer, alibi_bias, apply_rope, branch_scales, rope_tables
 from ilr_search.records import TrainLossPoint
 from ilr_search.training.train import (EvalPoint, OnEval, OnStep, SYNC_EVERY, TrainResult, adamw, autocast_for, build_model,
-                    build_optimizer, divergence_threshold, host_values, lr_at, proxy_result, resolve_compile,
-                    resolve_device, resolve_dtype, training_divergence, validation_divergence,
+                    build_optimizer, divergence_threshold, host_values, proxy_result, resolve_compile,
+                    resolve_device, resolve_dtype, set_lr, training_divergence, validation_divergence,
                     validation_metrics, weight_decays)
 
 Tensor = torch.Tensor
@@ -61,10 +63,12 @@ class FusionUnsupported(UserInputError):
 
 
 def check_fusable(model_cfg: ModelConfig) -> None:
-    """Refuse the knobs that add parameters or ops to the forward pass (init_depth only sets initial weights)."""
+    """Refuse the knobs that add parameters or ops to the forward pass (init_depth only sets initial weights,
+    repeat_scale "residual" is a branch factor the group applies), and repeat_scale "lr"."""
     unsupported = [name for name, on in (("injection", model_cfg.injection != "none"),
                                          ("iteration_encoding", model_cfg.iteration_encoding),
-                                         ("iteration_norms", model_cfg.iteration_norms)) if on]
+                                         ("iteration_norms", model_cfg.iteration_norms),
+                                         ("repeat_scale=lr", model_cfg.repeat_scale == "lr")) if on]
     if unsupported:
         raise FusionUnsupported(f"the fused trainer does not support the recurrence knob(s) {', '.join(unsupported)}; "
                                 "train these maps one at a time (--fuse 1)")
@@ -230,12 +234,18 @@ class FusedGroup:
         self.running: list[int] = []
         self.rows: list[Tensor] = []
         self.active_masks: list[Tensor] = []
+        self.branch_scales: list[Tensor | None] = []  # repeat_scale "residual": (running, 1, 1, 1) factors
+        member_scales = [branch_scales(self.model_cfg, m.schedule) for m in self.members]
         for s in range(longest):
             running = sum(1 for m in self.members if len(m.schedule) > s)
             if self.length_masking == "where":
                 running = len(self.members)  # every member computes; the mask keeps the short ones' activations
             rows = [k * L + (m.schedule[s] if len(m.schedule) > s else 0) for k, m in enumerate(self.members[:running])]
             self.running.append(running)
+            scales = [member_scales[k][m.schedule[s]] if len(m.schedule) > s else None
+                      for k, m in enumerate(self.members[:running])]
+            self.branch_scales.append(None if all(f is None for f in scales) else torch.tensor(
+                [1.0 if f is None else f for f in scales], device=self.device).view(-1, 1, 1, 1))
             self.rows.append(torch.tensor(rows, dtype=torch.long, device=self.device))
             self.active_masks.append(torch.tensor([len(m.schedule) > s for m in self.members],
                                                   device=self.device).view(-1, 1, 1, 1))
@@ -259,8 +269,12 @@ class FusedGroup:
 
     # --- the forward pass ---
 
-    def _layer(self, x: Tensor, gathered: dict[str, Tensor]) -> Tensor:
-        """DecoderLayer.forward for m members at once: x (m, B, T, D), gathered flat layer rows {key: (m, P)}."""
+    def _layer(self, x: Tensor, gathered: dict[str, Tensor], branch_scale: Tensor | None) -> Tensor:
+        """DecoderLayer.forward for m members at once: x (m, B, T, D), gathered flat layer rows {key: (m, P)},
+        each member's factor on its residual branches (m, 1, 1, 1) or None (added as they are)."""
+        def branch(y: Tensor) -> Tensor:
+            return y if branch_scale is None else y * branch_scale
+
         m, B, T, D = x.shape
         H = self.model_cfg.n_heads
         eps = self.model_cfg.norm_eps
@@ -283,11 +297,11 @@ class FusedGroup:
         else:  # the ALiBi bias already holds the causal mask
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=self.alibi.to(q.dtype))
         y = y.transpose(1, 2).reshape(m, B * T, D)
-        x = x + torch.bmm(y, view(gathered, "attn.proj.weight").transpose(1, 2)).view(m, B, T, D)
+        x = x + branch(torch.bmm(y, view(gathered, "attn.proj.weight").transpose(1, 2)).view(m, B, T, D))
         h = F.rms_norm(x, (D,), eps=eps) * view(gathered, "mlp_norm.weight")[:, None, None, :]
         gate, up = torch.bmm(h.reshape(m, B * T, D), view(gathered, "mlp.gate_up.weight").transpose(1, 2)).chunk(2, -1)
         down = view(gathered, "mlp.down.weight").transpose(1, 2)
-        return x + torch.bmm(F.silu(gate) * up, down).view(m, B, T, D)
+        return x + branch(torch.bmm(F.silu(gate) * up, down).view(m, B, T, D))
 
     def hidden(self, tokens: Tensor) -> Tensor:
         """Final normalised hidden states (K, B, T, D) of every member for token ids (K, B, T)."""
@@ -303,14 +317,14 @@ class FusedGroup:
         # parameter-sized gradient at each position).
         per_position = {key: self.params[key].view(K * self.model_cfg.n_layers, -1).index_select(0, self.all_rows)
                         .split(self.running) for key in self.layout.layer_keys}
-        for s, (running, active) in enumerate(zip(self.running, self.active_masks)):
+        for s, (running, active, scale) in enumerate(zip(self.running, self.active_masks, self.branch_scales)):
             gathered = {key: rows[s] for key, rows in per_position.items()}
             if self.length_masking == "where":
-                x = torch.where(active, self._layer(x, gathered), x)
+                x = torch.where(active, self._layer(x, gathered, scale), x)
             elif running == K:
-                x = self._layer(x, gathered)
+                x = self._layer(x, gathered, scale)
             else:
-                x = torch.cat((self._layer(x[:running], gathered), x[running:]))
+                x = torch.cat((self._layer(x[:running], gathered, scale), x[running:]))
         return F.rms_norm(x, (D,), eps=self.model_cfg.norm_eps) * self.params["norm.weight"][:, None, None, :]
 
     def losses(self, tokens: Tensor, targets: Tensor, reduction: str) -> Tensor:
@@ -357,8 +371,7 @@ class FusedGroup:
                 p.copy_(weights[name])
                 self.template_optimizer.state[p] = {"step": optimizer_step.clone()} | \
                     {moment: values[name].clone() for moment, values in moments.items()}
-        for group in self.template_optimizer.param_groups:
-            group["lr"] = lr_at(step, self.cfg)
+        set_lr(self.template_optimizer, step, self.cfg)
         save_checkpoint(member.checkpoint_path, self.template, self.template_optimizer, step, member.curve)
 
 
@@ -419,8 +432,7 @@ def _train_group(model_cfg: ModelConfig, members: list[Member], data: TokenData,
     step = start_step
     for step in range(start_step + 1, cfg.steps + 1):
         active = group.members
-        for opt_group in group.optimizer.param_groups:
-            opt_group["lr"] = lr_at(step, cfg)
+        set_lr(group.optimizer, step, cfg)
         step_loss = torch.zeros(len(active), dtype=torch.float32, device=device)
         for micro in range(cfg.grad_accum):
             xs, ys = [], []

@@ -10,13 +10,29 @@ run in the schedule (k = 0, 1, ...; in [0, 0, 1] layer 0 runs with k = 0, then k
   "gated": x += g_l * e, with a learned scalar g_l per layer, starting at 0 (the plain model);
 - iteration_encoding: x += E[k], a learned (max_reuse, d_model) table shared by the layers, starting at 0;
 - iteration_norms: the layer's two RMSNorms use gains of their own for each k (k = 0 uses the layer's norms);
-- init_depth D > 0: residual projections start with std 0.02 / sqrt(2 D) instead of 0.02 / sqrt(2 n_layers).
+- init_depth D > 0: residual projections start with std 0.02 / sqrt(2 D) instead of 0.02 / sqrt(2 n_layers);
+- repeat_scale, for a layer that runs r > 1 times in the schedule (r = 1 layers, so the all-ones baseline, are
+  untouched by every setting):
+  "residual": each of its passes adds its attention and MLP branches scaled by 1/r;
+  "lr": its parameters (matrices and norm gains) train at lr / r (`parameter_lr_scales`; train.py's optimizer
+  puts them in param groups of their own; AdamW's decoupled weight decay, lr * wd, shrinks with them).
 Additions and gains are elementwise: the knobs add no matmul FLOPs.
+
+Why repeat_scale. A repeated layer's shared weights W get the sum of their gradients over the r passes, and a
+change of W moves the output through all r passes: with one learning rate for every map, a layer run r times
+moves the function about r times as fast as a layer run once. Scaling its gradient alone would change nothing
+(AdamW divides each gradient by its own running RMS, so it is invariant to a constant gradient scale), so the
+knob scales what the update does instead. "lr" cuts the step in W by r. "residual" scales each pass's branch by
+1/r (the depth-muP branch multiplier in the form that fits shared weights): the r passes together contribute on
+the scale of one pass, and a step in W moves the output by r * (1/r) of one pass's move. 1/r rather than depth-muP's
+1/sqrt(r): 1/sqrt(L) is derived for L independent branches, whose sum grows like sqrt(L); the r passes of one
+layer share their weights and their branches are correlated, so their sum and their update grow like r.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 
 import torch
@@ -68,15 +84,19 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
                 alibi: torch.Tensor | None = None, norm_gains: tuple[torch.Tensor, torch.Tensor] | None = None,
-                ) -> torch.Tensor:
+                branch_scale: float | None = None) -> torch.Tensor:
         # norm_gains: this repeat's (attention, MLP) RMSNorm gains, passed in as tensors so that a compiled
-        # layer serves every repeat without recompiling.
+        # layer serves every repeat without recompiling. branch_scale: both residual branches are multiplied by
+        # it (repeat_scale "residual"); None adds them as they are.
+        def branch(y: torch.Tensor) -> torch.Tensor:
+            return y if branch_scale is None else y * branch_scale
+
         if norm_gains is None:
-            x = x + self.attn(self.attn_norm(x), rope, alibi)
-            return x + self.mlp(self.mlp_norm(x))
+            x = x + branch(self.attn(self.attn_norm(x), rope, alibi))
+            return x + branch(self.mlp(self.mlp_norm(x)))
         eps = self.attn_norm.eps
-        x = x + self.attn(F.rms_norm(x, x.shape[-1:], norm_gains[0], eps), rope, alibi)
-        return x + self.mlp(F.rms_norm(x, x.shape[-1:], norm_gains[1], eps))
+        x = x + branch(self.attn(F.rms_norm(x, x.shape[-1:], norm_gains[0], eps), rope, alibi))
+        return x + branch(self.mlp(F.rms_norm(x, x.shape[-1:], norm_gains[1], eps)))
 
 
 def rope_tables(T: int, head_dim: int, base: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,10 +177,20 @@ class ILRTransformer(nn.Module):
         rope = rope_tables(T, self.cfg.head_dim, self.cfg.rope_base, idx.device) if self.cfg.pe == "rope" else None
         alibi = alibi_bias(self.cfg.n_heads, T, idx.device) if self.cfg.pe == "alibi" else None
         schedule = range(self.cfg.n_layers) if schedule is None else schedule
+        scales = branch_scales(self.cfg, schedule)
         for layer_index, repeat in zip(schedule, repeat_indices(schedule)):
             x = self._before_run(x, embedded, layer_index, repeat)
-            x = self.layers[layer_index](x, rope, alibi, self._norm_gains(layer_index, repeat))
+            x = self.layers[layer_index](x, rope, alibi, self._norm_gains(layer_index, repeat), scales[layer_index])
         return self.norm(x)
+
+    def parameter_lr_scales(self, schedule: Sequence[int]) -> dict[str, float]:
+        """repeat_scale "lr": {parameter name: 1 / r} for every parameter of a layer that runs r > 1 times in
+        `schedule`; empty for the other settings (every parameter trains at the schedule's lr)."""
+        if self.cfg.repeat_scale != "lr":
+            return {}
+        runs = Counter(schedule)
+        return {f"layers.{layer}.{name}": 1.0 / r for layer, r in sorted(runs.items()) if r > 1
+                for name, _ in self.layers[layer].named_parameters()}
 
     def _before_run(self, x: torch.Tensor, embedded: torch.Tensor, layer_index: int, repeat: int) -> torch.Tensor:
         cfg = self.cfg
@@ -203,6 +233,14 @@ def repeat_indices(schedule: Sequence[int]) -> list[int]:
         indices.append(seen.get(layer_index, 0))
         seen[layer_index] = indices[-1] + 1
     return indices
+
+
+def branch_scales(cfg: ModelConfig, schedule: Sequence[int]) -> dict[int, float | None]:
+    """Per layer index, the factor on its residual branches: 1 / r for a layer that runs r > 1 times under
+    repeat_scale "residual"; None (branches added as they are) otherwise."""
+    runs = Counter(schedule)
+    return {layer: 1.0 / runs[layer] if cfg.repeat_scale == "residual" and runs[layer] > 1 else None
+            for layer in range(cfg.n_layers)}
 
 
 def param_count(cfg: ModelConfig) -> int:

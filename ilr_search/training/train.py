@@ -65,21 +65,40 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return floor + 0.5 * (cfg.lr - floor) * (1 + math.cos(math.pi * progress))
 
 
+def set_lr(optimizer: torch.optim.Optimizer, step: int, cfg: TrainConfig) -> None:
+    """Every param group's lr for `step`: lr_at, times the group's lr_scale where it has one."""
+    lr = lr_at(step, cfg)
+    for group in optimizer.param_groups:
+        group["lr"] = lr * group["lr_scale"] if "lr_scale" in group else lr
+
+
 def weight_decays(name: str, p: torch.Tensor) -> bool:
     """Matrices decay; norm gains (also the per-repeat ones) and knob gates do not (the model has no biases)."""
     return p.dim() >= 2 and "norm" not in name
 
 
-def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
-    decay = [p for name, p in model.named_parameters() if weight_decays(name, p)]
-    no_decay = [p for name, p in model.named_parameters() if not weight_decays(name, p)]
-    return adamw(decay, no_decay, cfg, device)
+def build_optimizer(model: ILRTransformer, cfg: TrainConfig, device: torch.device,
+                    schedule: Sequence[int] | None = None) -> torch.optim.AdamW:
+    """The model's AdamW; with repeat_scale "lr" and a `schedule`, the parameters of its repeated layers go into
+    groups of their own at a fraction of the lr (ILRTransformer.parameter_lr_scales)."""
+    lr_scales = model.parameter_lr_scales(schedule) if schedule is not None else {}
+    named = list(model.named_parameters())
+    decay = [p for name, p in named if weight_decays(name, p) and name not in lr_scales]
+    no_decay = [p for name, p in named if not weight_decays(name, p) and name not in lr_scales]
+    scaled = [(scale, [p for name, p in named if lr_scales.get(name) == scale and weight_decays(name, p)],
+               [p for name, p in named if lr_scales.get(name) == scale and not weight_decays(name, p)])
+              for scale in sorted(set(lr_scales.values()), reverse=True)]
+    return adamw(decay, no_decay, cfg, device, scaled)
 
 
-def adamw(decay: list[torch.Tensor], no_decay: list[torch.Tensor], cfg: TrainConfig,
-          device: torch.device) -> torch.optim.AdamW:
-    """The proxies' AdamW: `decay` with cfg.weight_decay, `no_decay` without; fused where the device has it."""
+def adamw(decay: list[torch.Tensor], no_decay: list[torch.Tensor], cfg: TrainConfig, device: torch.device,
+          lr_scaled: Sequence[tuple[float, list[torch.Tensor], list[torch.Tensor]]] = ()) -> torch.optim.AdamW:
+    """The proxies' AdamW: `decay` with cfg.weight_decay, `no_decay` without; fused where the device has it.
+    `lr_scaled`: (lr_scale, decay, no_decay) for parameters that train at lr_scale times the lr (set_lr)."""
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    for lr_scale, scaled_decay, scaled_no_decay in lr_scaled:
+        groups += [{"params": params, "weight_decay": wd, "lr_scale": lr_scale}
+                   for params, wd in ((scaled_decay, cfg.weight_decay), (scaled_no_decay, 0.0)) if params]
     try:
         return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=device.type in ("cuda", "cpu"))
     except (RuntimeError, TypeError):  # fused AdamW is not available for this device
@@ -161,7 +180,7 @@ def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData
     params = model.num_params()
     if resolve_compile(cfg.compile, device):
         model.compile_layers()
-    optimizer = build_optimizer(model, cfg, device)
+    optimizer = build_optimizer(model, cfg, device, schedule)
     compute_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
     compiled_loss = resolve_compile(cfg.compile, device)
     tokens_per_step = cfg.batch_size * cfg.grad_accum * model_cfg.seq_len
@@ -184,8 +203,7 @@ def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData
     t0 = time.perf_counter()
     model.train()
     for step in range(start_step + 1, cfg.steps + 1):
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, cfg)
+        set_lr(optimizer, step, cfg)
         step_loss = torch.zeros((), dtype=torch.float32, device=device)
         for micro in range(cfg.grad_accum):
             td = time.perf_counter()
