@@ -209,8 +209,8 @@ def test_repeat_scale_leaves_the_baseline_bit_for_bit_and_changes_a_recurrent_ma
     """Every layer of the all-ones map runs once (r = 1): no setting touches it. A map with repeats trains
     otherwise."""
     from ilr_search.config import DataConfig, TrainConfig
-    from ilr_search.data import load_tokens
-    from ilr_search.train import train_proxy
+    from ilr_search.data.tokens import load_tokens
+    from ilr_search.training.train import train_proxy
 
     data = load_tokens(DataConfig(), root=token_cache)
     cfg = TrainConfig(steps=12, batch_size=4, lr=3e-3, eval_fractions=(0.5, 1.0), eval_windows=4, dtype="fp32",
