@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -47,7 +48,7 @@ def one_run(backend: str, server: str | None, token_cache: Path) -> dict:
                             train={"checkpoint_every": 10, "eval_windows": 4})
         chaos = Chaos(storage, folder, space, token_cache)
         try:
-            with CpuHog():
+            with CpuHog(os.cpu_count() or 2):
                 r = chaos.run(timeout=300)
         except Exception:  # a scenario that could not finish (a timeout) is a fault too
             return {"error": traceback.format_exc(limit=2) + chaos.tails()[-3000:], "seconds": None}

@@ -214,10 +214,12 @@ class Chaos:
 
 
 class CpuHog:
-    """Keeps every core busy while the scenario runs (a loaded machine delays heartbeats and start-ups)."""
+    """Keeps cores busy while the scenario runs (a loaded machine delays heartbeats and start-ups): by default
+    half of them, since the suite runs on every core (pytest -n auto) and its other tests load the rest;
+    benchmarks/soak.py asks for all of them."""
 
     def __init__(self, processes: int | None = None) -> None:
-        self.n = processes or os.cpu_count() or 2
+        self.n = processes or max(1, (os.cpu_count() or 2) // 2)
         self.procs: list[subprocess.Popen] = []
 
     # Each hog spins until its parent is gone: a test process killed mid-scenario (a timeout, Ctrl-C twice)
