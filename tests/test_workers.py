@@ -23,7 +23,9 @@ def test_two_workers_finish_the_study_with_no_map_trained_twice(cli, tmp_path):
     assert [w["exit_code"] for w in summary["workers"]] == [0, 0]
     study = optuna.load_study(study_name="w", storage=f"sqlite:///{tmp_path / 'w.db'}")
     trials = study.get_trials(deepcopy=False)
-    finished = [t for t in trials if t.state.is_finished()]
+    surplus = [t for t in trials if t.user_attrs.get("surplus")]  # asked past the target: they trained nothing
+    assert all(t.state == optuna.trial.TrialState.FAIL and "map_key" not in t.user_attrs for t in surplus)
+    finished = [t for t in trials if t.state.is_finished() and t not in surplus]
     assert len(finished) == 7 and summary["n_trials"] == 7, [t.state for t in trials]
     trained = Counter(t.user_attrs["map_key"] for t in finished if "reused_from" not in t.user_attrs)
     assert trained and max(trained.values()) == 1, trained
@@ -118,7 +120,9 @@ def test_two_workers_each_fusing_their_own_group_train_no_map_twice(cli, tmp_pat
     summary = json.loads(proc.stdout)
     assert [w["exit_code"] for w in summary["workers"]] == [0, 0]
     trials = optuna.load_study(study_name="wf", storage=f"sqlite:///{tmp_path / 'wf.db'}").get_trials(deepcopy=False)
-    finished = [t for t in trials if t.state.is_finished()]
+    surplus = [t for t in trials if t.user_attrs.get("surplus")]  # asked past the target: they trained nothing
+    assert all(t.state == optuna.trial.TrialState.FAIL and "map_key" not in t.user_attrs for t in surplus)
+    finished = [t for t in trials if t.state.is_finished() and t not in surplus]
     assert len(finished) == 9 and summary["n_trials"] == 9, [t.state for t in trials]
     assert not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
     trained = Counter(t.user_attrs["map_key"] for t in finished if "reused_from" not in t.user_attrs)
