@@ -40,6 +40,7 @@ import torch
 
 from ilr_search.commands.api import train_report
 from ilr_search.analysis.stats import paired_comparison
+from jsonl_rows import read_jsonl
 
 BASELINE = "1,1,1,1,1,1,1,1"
 MAPS = (BASELINE, "2,1,1,1,1,1,1,1", "2,2,1,1,1,1,1,1", "3,2,2,1,1,1,1,1", "1,1,2,3,1,1,2,1",
@@ -71,16 +72,8 @@ class SettingRow:
 
 
 def read_done(jsonl: Path) -> dict[tuple[str, str, int], dict[str, Any]]:
-    """Finished runs by (map, setting, seed); a torn last line is ignored."""
-    done: dict[tuple[str, str, int], dict[str, Any]] = {}
-    if jsonl.exists():
-        for line in jsonl.read_text(encoding="utf-8").splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            done[(row["map_key"], row["setting"], row["seed"])] = row
-    return done
+    """Finished runs by (map, setting, seed)."""
+    return {(row["map_key"], row["setting"], row["seed"]): row for row in read_jsonl(jsonl)}
 
 
 def losses_by_seed(done: dict[tuple[str, str, int], dict[str, Any]], map_key: str, setting: str) -> dict[int, float]:

@@ -48,6 +48,7 @@ from ilr_search.commands.api import train_report
 from ilr_search.commands.bench import feasible_maps
 from ilr_search.data.tokenizers import model_config
 from ilr_search.training.flops import parse_budget
+from jsonl_rows import read_jsonl
 from ilr_search.space import load_space
 
 
@@ -63,16 +64,8 @@ def truth_maps(space_name: str, n_maps: int, sample_seed: int, budget: str) -> l
 
 
 def read_done(jsonl: Path) -> dict[tuple[str, int, int], dict[str, Any]]:
-    """The finished jobs of an earlier (possibly killed) build; a torn last line is ignored."""
-    done: dict[tuple[str, int, int], dict[str, Any]] = {}
-    if jsonl.exists():
-        for line in jsonl.read_text(encoding="utf-8").splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            done[(row["map_key"], row["steps"], row["seed"])] = row
-    return done
+    """The finished jobs of an earlier (possibly killed) build, by (map, steps, seed)."""
+    return {(row["map_key"], row["steps"], row["seed"]): row for row in read_jsonl(jsonl)}
 
 
 def write_table(rows: list[dict[str, Any]], meta: dict[str, Any], out: Path) -> None:

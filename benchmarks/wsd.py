@@ -48,6 +48,7 @@ from ilr_search.training.schedule import reuse_map_schedule
 from ilr_search.space import load_space
 from ilr_search.analysis.stats import paired_comparison, rank_agreement, seed_interval
 from ilr_search.training.train import train_proxy
+from jsonl_rows import read_jsonl
 
 FACTORS = (1, 2, 4)
 CONFIDENCE = 0.9
@@ -154,18 +155,6 @@ def read_rows(jsonl: Path) -> dict[tuple[str, int, int], list[dict[str, Any]]]:
     for line_row in read_jsonl(jsonl):
         chains.setdefault((line_row["method"], line_row["map_key"], line_row["seed"]), []).append(line_row)
     return {k: sorted(v, key=lambda r: r["steps"]) for k, v in chains.items() if len({r["steps"] for r in v}) == len(FACTORS)}
-
-
-def read_jsonl(jsonl: Path) -> list[dict[str, Any]]:
-    """The rows of an earlier run; a torn last line is ignored."""
-    rows = []
-    if jsonl.exists():
-        for line in jsonl.read_text(encoding="utf-8").splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return rows
 
 
 def verdict(map_losses: dict[int, float], baseline_losses: dict[int, float]) -> str:
