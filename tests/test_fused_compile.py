@@ -115,3 +115,16 @@ def test_train_proxy_compiles_its_layers_once_for_every_map(data, fresh_compiles
     plain = train_proxy(model_cfg, SECOND_GROUP[0], data, replace(cfg, compile=False))
     assert second.val_loss == pytest.approx(plain.val_loss, abs=TOLERANCE)
     assert first.val_loss != second.val_loss
+
+
+def test_train_proxy_under_repeat_scale_residual_stops_compiling_after_two_repeat_counts(data, fresh_compiles):
+    """The single model's branch factor 1 / r is a Python float: dynamo first compiles it as a constant, and at
+    the second value of r recompiles it as a symbolic float (automatic dynamic); later maps compile nothing."""
+    graphs = fresh_compiles("cpu")
+    model_cfg, cfg = tiny_model("residual"), tiny_train("cpu", True)
+    train_proxy(model_cfg, reuse_map_schedule([2, 1, 1, 1]), data, cfg)
+    train_proxy(model_cfg, reuse_map_schedule([1, 3, 1, 1]), data, cfg)
+    after_two = graphs()
+    for reuse_map in ([1, 1, 4, 1], [1, 2, 1, 3]):
+        train_proxy(model_cfg, reuse_map_schedule(reuse_map), data, cfg)
+    assert graphs() == after_two
