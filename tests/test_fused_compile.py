@@ -94,15 +94,19 @@ def test_a_second_fused_group_of_other_maps_compiles_nothing_and_matches_uncompi
     assert first[0].val_loss != first[1].val_loss  # the maps really differ
 
 
-def test_fused_members_of_a_shorter_schedule_compile_one_shape_more_once(data, fresh_compiles):
-    """A group with schedules of 5 and 4 runs: at the last position one member runs, a shape of its own (with and
-    without gradients); a later group of other maps with the same lengths adds nothing."""
+def test_members_of_five_schedule_lengths_compile_each_running_count_once(data, fresh_compiles):
+    """Five members with schedules of 4 to 8 runs: 5, 4, 3, 2 and 1 of them run at the later positions, a shape
+    each, with and without gradients: 10 graphs of the layer (more than dynamo's default limit of 8 per
+    function, past which it would run the layer uncompiled) and 2 of the head. A later group of other maps with
+    the same lengths adds nothing."""
     graphs = fresh_compiles("cpu")
     model_cfg, cfg = tiny_model(), tiny_train("cpu", True)
-    train_fused(model_cfg, [reuse_map_schedule([2, 1, 1, 1]), reuse_map_schedule([1, 1, 1, 1])], data, cfg)
-    assert graphs() == 6
-    train_fused(model_cfg, [reuse_map_schedule([1, 1, 1, 2]), reuse_map_schedule([1, 1, 1, 1])], data, cfg)
-    assert graphs() == 6
+    first = [[1, 1, 1, 1], [2, 1, 1, 1], [1, 3, 1, 1], [2, 1, 2, 2], [1, 4, 1, 2]]
+    second = [[1, 1, 1, 1], [1, 1, 1, 2], [1, 1, 2, 2], [3, 1, 1, 2], [2, 2, 2, 2]]
+    train_fused(model_cfg, [reuse_map_schedule(m) for m in first], data, cfg)
+    assert graphs() == 2 * 5 + 2
+    train_fused(model_cfg, [reuse_map_schedule(m) for m in second], data, cfg)
+    assert graphs() == 2 * 5 + 2
 
 
 def test_train_proxy_compiles_its_layers_once_for_every_map(data, fresh_compiles):
