@@ -285,8 +285,11 @@ class FusedGroup:
             m.state = replace(m.state, weights={}, moments={})  # the stacked copies are the live ones
         T = model_cfg.seq_len
         self.rope = rope_tables(T, model_cfg.head_dim, model_cfg.rope_base, device) if model_cfg.pe == "rope" else None
-        # cos + i sin of each position's angles, shaped to broadcast over (sequences, T, q/k, heads, pairs)
-        self.rope_rotation = torch.complex(*self.rope).view(T, 1, 1, -1) if self.rope is not None else None
+        # cos + i sin of each position's angles, shaped to broadcast over (sequences, T, q/k, heads, pairs). None
+        # when compiled: apply_rope's real arithmetic, which the compiler fuses, and no complex dtype in the graph.
+        self.rope_rotation = torch.complex(*self.rope).view(T, 1, 1, -1) \
+            if self.rope is not None and not compiled else None
+        self.layer_fn = compiled_fused_layer() if compiled else fused_layer
         self.alibi = alibi_bias(model_cfg.n_heads, T, device) if model_cfg.pe == "alibi" else None
         self._index_schedules()
 
@@ -344,11 +347,8 @@ class FusedGroup:
         """DecoderLayer.forward for m members at once: x (m, B, T, D), gathered flat layer rows {key: (m, P)},
         each member's factor on its residual branches (m, 1, 1, 1) or None (added as they are)."""
         weights = tuple(self.layout.layer_view(gathered, rest) for rest in FUSED_LAYER_WEIGHTS)
-        if self.compiled:  # the real-arithmetic RoPE: the compiler fuses it, and it has no complex dtype
-            return compiled_fused_layer()(x, weights, self.rope, None, self.alibi, branch_scale,
-                                          self.model_cfg.n_heads, self.model_cfg.norm_eps)
-        return fused_layer(x, weights, self.rope, self.rope_rotation, self.alibi, branch_scale,
-                           self.model_cfg.n_heads, self.model_cfg.norm_eps)
+        return self.layer_fn(x, weights, self.rope, self.rope_rotation, self.alibi, branch_scale,
+                             self.model_cfg.n_heads, self.model_cfg.norm_eps)
 
     def hidden(self, tokens: Tensor) -> Tensor:
         """Final normalised hidden states (K, B, T, D) of every member for token ids (K, B, T)."""
