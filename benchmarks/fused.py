@@ -4,7 +4,7 @@ train_proxy, in one run (issue 20).
     python benchmarks/fused.py                                   # default size and d_model 128, threads 1 and 2
     python benchmarks/fused.py --steps 10 --ks 1,2,4,8 --widths 32 --threads 1
     python benchmarks/fused.py --space paper-small-offline --device cuda --dtype bf16 --compile --widths 128 \
-        --ks 1,2,4,8 --threads 1 --masking-k 0 --out fused_cuda.json    # benchmarks/gpu_check.sh
+        --ks 8,4,2,1 --threads 1 --masking-k 0 --out fused_cuda.json    # benchmarks/gpu_check.sh
 
 Each K trains K random reuse maps of the default space (search_spaces/default.toml: 8 layers, d_model 32,
 seq 64, batch 8, byte vocab; --widths sets d_model), end to end through the real trainers: --steps steps,
