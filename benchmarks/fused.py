@@ -99,7 +99,8 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
 
     def save() -> None:  # after every row: a run cut short keeps what it measured
-        result = {"date": now.isoformat(timespec="seconds"), "machine": machine(args.device), "torch": torch.__version__,
+        result = {"date": now.isoformat(timespec="seconds"), "machine": machine(args.device),
+                  "torch": torch.__version__,
                   "space": args.space, "device": args.device, "dtype": args.dtype, "compile": args.compile,
                   "steps": args.steps, "batch_size": cfg.batch_size, "seq_len": base_model.seq_len,
                   "n_layers": base_model.n_layers, "command": " ".join(sys.argv), "rows": rows,
