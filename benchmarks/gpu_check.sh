@@ -4,7 +4,11 @@
 # 1. the fused loss and the sync counts on CUDA (tests/test_loss.py: bf16, compiled head, sync detector);
 # 2. one paper-small proxy through `ilr-search train` (bf16 + layer compile, BPE 1024 on the embedded corpus);
 # 3. a tiny study through `ilr-search run --workers 2` on CUDA with pruning, then `pareto` and `trials`;
-# 4. throughput at the paper's two sizes, the old trainer step (plain) against the new one (fused).
+# 4. throughput at the paper's two sizes, the old trainer step (plain) against the new one (fused);
+# 5. the compiled fused trainer (issue 20): tests/test_fused_compile.py with inductor on CUDA (compile counts,
+#    compiled = uncompiled), then benchmarks/fused.py at paper-small, bf16 + compile, K = 1, 2, 4, 8 fused against
+#    one after another (expected about 2-4 min, mostly inductor compiling each members-running count once: not
+#    yet run on a GPU; the tests are cut at 150 s and the benchmark at 240 s, the rows measured by then kept).
 set -euo pipefail
 OUT=${OUT:-benchmarks/out/gpu}
 ROOT=$(pwd)
@@ -43,4 +47,14 @@ for size in ('small', 'large'):
     for r in json.load(open('$OUT/throughput_' + size + '.json'))['rows']:
         print(size, r['mode'], r['head'], f\"{r['tokens_per_second']:,.0f} tok/s\", f\"MFU {r['mfu']:.0%}\", f\"{r['max_memory_gib'] or 0:.1f} GiB\")"
 echo "throughput: $((SECONDS - t0)) s"
+
+t0=$SECONDS
+timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_fused_compile.py -k cuda 2>&1 | tail -3 \
+  | tee "$OUT/tests_fused_compile.txt" || echo "fused compile tests: failed (see $OUT/tests_fused_compile.txt)"
+# K = 8 first: it compiles most members-running counts (of 1..8), so the smaller Ks compile little more (their
+# untimed warm-ups take the rest), and a run cut short still has the K = 8 row.
+timeout 240 python3 benchmarks/fused.py --space paper-small-offline --device cuda --dtype bf16 --compile --widths 128 \
+  --ks 8,4,2,1 --threads 1 --steps 20 --masking-k 0 --out "$OUT/fused_paper_small.json" \
+  || echo "fused benchmark: exit $? (rows measured so far are in $OUT/fused_paper_small.json)"
+echo "fused: $((SECONDS - t0)) s"
 rm -rf "$work"

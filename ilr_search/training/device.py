@@ -3,6 +3,7 @@ resolved by a rule from the settings (torch is imported only when one is resolve
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -40,3 +41,13 @@ def resolve_dtype(dtype: str, device: torch.device) -> str:
 def resolve_compile(compile_layers: bool | None, device: torch.device) -> bool:
     """None (auto): compile on CUDA, where it pays back within a proxy run; not on CPU, where it does not."""
     return device.type == "cuda" if compile_layers is None else compile_layers
+
+
+COMPILE_BACKEND_ENV = "ILR_SEARCH_COMPILE_BACKEND"
+
+
+def compile_backend() -> str:
+    """The torch.compile backend of every compiled piece (decoder layers, loss head, fused layer): torch's
+    default "inductor" unless ILR_SEARCH_COMPILE_BACKEND names another (tests use "aot_eager", which traces
+    forward and backward through AOTAutograd without generating code)."""
+    return os.environ.get(COMPILE_BACKEND_ENV, "") or "inductor"

@@ -32,7 +32,7 @@ import math
 import re
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -44,6 +44,7 @@ from ilr_search.training.checkpoint import load_checkpoint, save_checkpoint
 from ilr_search.config import ModelConfig, TrainConfig
 from ilr_search.data.tokens import TokenData
 from ilr_search.errors import UserInputError
+from ilr_search.training.device import compile_backend
 from ilr_search.training.loss import linear_cross_entropy
 from ilr_search.training.model import ILRTransformer, alibi_bias, apply_rope, branch_scales, rope_tables
 from ilr_search.records import TrainLossPoint
@@ -72,6 +73,72 @@ def check_fusable(model_cfg: ModelConfig) -> None:
     if unsupported:
         raise FusionUnsupported(f"the fused trainer does not support the recurrence knob(s) {', '.join(unsupported)}; "
                                 "train these maps one at a time (--fuse 1)")
+
+
+# The per-layer parameters fused_layer takes, in its order (names as in DecoderLayer).
+FUSED_LAYER_WEIGHTS = ("attn_norm.weight", "attn.qkv.weight", "attn.proj.weight", "mlp_norm.weight",
+                       "mlp.gate_up.weight", "mlp.down.weight")
+
+
+def fused_layer(x: Tensor, weights: tuple[Tensor, ...], rope: tuple[Tensor, Tensor] | None,
+                rope_rotation: Tensor | None, alibi: Tensor | None, branch_scale: Tensor | None, n_heads: int,
+                eps: float) -> Tensor:
+    """DecoderLayer.forward for m members at once: x (m, B, T, D); `weights`, each member's layer parameters
+    (m, *shape) in FUSED_LAYER_WEIGHTS order; rope_tables' (cos, sin) or None; `rope_rotation`, the same angles
+    as cos + i sin (T, 1, 1, pairs), or None for apply_rope's real arithmetic; the ALiBi bias or None; each
+    member's factor on its residual branches (m, 1, 1, 1) or None (added as they are).
+
+    A pure function of tensors and two constants (n_heads, eps), so that compiled_fused_layer's one graph per
+    shape serves every map and every group of the process."""
+    def branch(y: Tensor) -> Tensor:
+        return y if branch_scale is None else y * branch_scale
+
+    attn_norm, qkv_weight, proj_weight, mlp_norm, gate_up_weight, down_weight = weights
+    m, B, T, D = x.shape
+    h = F.rms_norm(x, (D,), eps=eps) * attn_norm[:, None, None, :]
+    qkv = torch.bmm(h.reshape(m, B * T, D), qkv_weight.transpose(1, 2))
+    qkv = qkv.view(m * B, T, 3, n_heads, D // n_heads)
+    if rope_rotation is not None and qkv.dtype == torch.float32:
+        # apply_rope's rotation of each (even, odd) pair as one complex product, q and k together: one
+        # kernel forward and one backward instead of seven each for q and for k.
+        pairs = torch.view_as_complex(qkv[:, :, :2].unflatten(-1, (-1, 2)))
+        qk = torch.view_as_real(pairs * rope_rotation).flatten(-2)
+        q, k, v = qk[:, :, 0].transpose(1, 2), qk[:, :, 1].transpose(1, 2), qkv[:, :, 2].transpose(1, 2)
+    else:
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+    if alibi is None:
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    else:  # the ALiBi bias already holds the causal mask
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=alibi.to(q.dtype))
+    y = y.transpose(1, 2).reshape(m, B * T, D)
+    x = x + branch(torch.bmm(y, proj_weight.transpose(1, 2)).view(m, B, T, D))
+    h = F.rms_norm(x, (D,), eps=eps) * mlp_norm[:, None, None, :]
+    gate, up = torch.bmm(h.reshape(m, B * T, D), gate_up_weight.transpose(1, 2)).chunk(2, -1)
+    return x + branch(torch.bmm(F.silu(gate) * up, down_weight.transpose(1, 2)).view(m, B, T, D))
+
+
+# Dynamo's cache entries per code object before it gives up compiling and runs fused_layer eagerly: one entry
+# per shape (members running at a position, 1..K; a shorter last validation batch), grad mode and autocast
+# dtype, so K = 16 in training and evaluation alone needs 32 (torch's default limit is 8).
+FUSED_LAYER_RECOMPILE_LIMIT = 128
+
+_compiled_fused_layer: dict[str, Callable[..., Tensor]] = {}  # by compile backend
+
+
+def compiled_fused_layer() -> Callable[..., Tensor]:
+    """fused_layer compiled once per process (and backend, device.compile_backend), with static shapes: every
+    group, of any maps, reuses the graph of each shape it has seen (a schedule's layer indices and its members'
+    running counts stay on the Python side, outside the graph)."""
+    backend = compile_backend()
+    if backend not in _compiled_fused_layer:
+        import torch._dynamo
+
+        config = torch._dynamo.config
+        config.recompile_limit = max(config.recompile_limit, FUSED_LAYER_RECOMPILE_LIMIT)
+        _compiled_fused_layer[backend] = torch.compile(fused_layer, dynamic=False, backend=backend)
+    return _compiled_fused_layer[backend]
 
 
 @dataclass(frozen=True)
@@ -195,9 +262,10 @@ class FusedGroup:
     """The stacked parameters of the members still training, their AdamW, and the fused forward pass."""
 
     def __init__(self, model_cfg: ModelConfig, cfg: TrainConfig, members: list[Member], device: torch.device,
-                 compute_dtype: torch.dtype, compiled_loss: bool, length_masking: str = "prefix") -> None:
+                 compute_dtype: torch.dtype, compiled: bool, length_masking: str = "prefix") -> None:
         self.model_cfg, self.cfg, self.device = model_cfg, cfg, device
-        self.compute_dtype, self.compiled_loss = compute_dtype, compiled_loss
+        # compiled: the layers through compiled_fused_layer, the head through loss.compiled_chunk_loss
+        self.compute_dtype, self.compiled = compute_dtype, compiled
         self.length_masking = length_masking  # prefix (members sorted by length) or where (all at every position)
         self.template = ILRTransformer(model_cfg).to(device)  # shapes and names, and the checkpoint writer
         self.template_optimizer = build_optimizer(self.template, cfg, device)
@@ -217,8 +285,11 @@ class FusedGroup:
             m.state = replace(m.state, weights={}, moments={})  # the stacked copies are the live ones
         T = model_cfg.seq_len
         self.rope = rope_tables(T, model_cfg.head_dim, model_cfg.rope_base, device) if model_cfg.pe == "rope" else None
-        # cos + i sin of each position's angles, shaped to broadcast over (sequences, T, q/k, heads, pairs)
-        self.rope_rotation = torch.complex(*self.rope).view(T, 1, 1, -1) if self.rope is not None else None
+        # cos + i sin of each position's angles, shaped to broadcast over (sequences, T, q/k, heads, pairs). None
+        # when compiled: apply_rope's real arithmetic, which the compiler fuses, and no complex dtype in the graph.
+        self.rope_rotation = torch.complex(*self.rope).view(T, 1, 1, -1) \
+            if self.rope is not None and not compiled else None
+        self.layer_fn = compiled_fused_layer() if compiled else fused_layer
         self.alibi = alibi_bias(model_cfg.n_heads, T, device) if model_cfg.pe == "alibi" else None
         self._index_schedules()
 
@@ -234,8 +305,11 @@ class FusedGroup:
         self.running: list[int] = []
         self.rows: list[Tensor] = []
         self.active_masks: list[Tensor] = []
-        self.branch_scales: list[Tensor | None] = []  # repeat_scale "residual": (running, 1, 1, 1) factors
+        # repeat_scale "residual": (running, 1, 1, 1) factors, None where no member scales. Compiled, a position
+        # with no scale gets ones (y * 1.0 is y exactly), so that no map's schedule picks another graph.
+        self.branch_scales: list[Tensor | None] = []
         member_scales = [branch_scales(self.model_cfg, m.schedule) for m in self.members]
+        scaled = self.compiled and self.model_cfg.repeat_scale == "residual"
         for s in range(longest):
             running = sum(1 for m in self.members if len(m.schedule) > s)
             if self.length_masking == "where":
@@ -244,7 +318,7 @@ class FusedGroup:
             self.running.append(running)
             scales = [member_scales[k][m.schedule[s]] if len(m.schedule) > s else None
                       for k, m in enumerate(self.members[:running])]
-            self.branch_scales.append(None if all(f is None for f in scales) else torch.tensor(
+            self.branch_scales.append(None if all(f is None for f in scales) and not scaled else torch.tensor(
                 [1.0 if f is None else f for f in scales], device=self.device).view(-1, 1, 1, 1))
             self.rows.append(torch.tensor(rows, dtype=torch.long, device=self.device))
             self.active_masks.append(torch.tensor([len(m.schedule) > s for m in self.members],
@@ -272,36 +346,9 @@ class FusedGroup:
     def _layer(self, x: Tensor, gathered: dict[str, Tensor], branch_scale: Tensor | None) -> Tensor:
         """DecoderLayer.forward for m members at once: x (m, B, T, D), gathered flat layer rows {key: (m, P)},
         each member's factor on its residual branches (m, 1, 1, 1) or None (added as they are)."""
-        def branch(y: Tensor) -> Tensor:
-            return y if branch_scale is None else y * branch_scale
-
-        m, B, T, D = x.shape
-        H = self.model_cfg.n_heads
-        eps = self.model_cfg.norm_eps
-        view = self.layout.layer_view
-        h = F.rms_norm(x, (D,), eps=eps) * view(gathered, "attn_norm.weight")[:, None, None, :]
-        qkv = torch.bmm(h.reshape(m, B * T, D), view(gathered, "attn.qkv.weight").transpose(1, 2))
-        qkv = qkv.view(m * B, T, 3, H, D // H)
-        if self.rope is not None and qkv.dtype == torch.float32:
-            # apply_rope's rotation of each (even, odd) pair as one complex product, q and k together: one
-            # kernel forward and one backward instead of seven each for q and for k.
-            pairs = torch.view_as_complex(qkv[:, :, :2].unflatten(-1, (-1, 2)))
-            qk = torch.view_as_real(pairs * self.rope_rotation).flatten(-2)
-            q, k, v = qk[:, :, 0].transpose(1, 2), qk[:, :, 1].transpose(1, 2), qkv[:, :, 2].transpose(1, 2)
-        else:
-            q, k, v = qkv.permute(2, 0, 3, 1, 4)
-            if self.rope is not None:
-                q, k = apply_rope(q, *self.rope), apply_rope(k, *self.rope)
-        if self.alibi is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:  # the ALiBi bias already holds the causal mask
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=self.alibi.to(q.dtype))
-        y = y.transpose(1, 2).reshape(m, B * T, D)
-        x = x + branch(torch.bmm(y, view(gathered, "attn.proj.weight").transpose(1, 2)).view(m, B, T, D))
-        h = F.rms_norm(x, (D,), eps=eps) * view(gathered, "mlp_norm.weight")[:, None, None, :]
-        gate, up = torch.bmm(h.reshape(m, B * T, D), view(gathered, "mlp.gate_up.weight").transpose(1, 2)).chunk(2, -1)
-        down = view(gathered, "mlp.down.weight").transpose(1, 2)
-        return x + branch(torch.bmm(F.silu(gate) * up, down).view(m, B, T, D))
+        weights = tuple(self.layout.layer_view(gathered, rest) for rest in FUSED_LAYER_WEIGHTS)
+        return self.layer_fn(x, weights, self.rope, self.rope_rotation, self.alibi, branch_scale,
+                             self.model_cfg.n_heads, self.model_cfg.norm_eps)
 
     def hidden(self, tokens: Tensor) -> Tensor:
         """Final normalised hidden states (K, B, T, D) of every member for token ids (K, B, T)."""
@@ -332,7 +379,7 @@ class FusedGroup:
         h = self.hidden(tokens)
         embed = self.params["embed.weight"]
         return torch.stack([linear_cross_entropy(h[k], embed[k], targets[k], self.compute_dtype, reduction,
-                                                 self.compiled_loss) for k in range(len(self.members))])
+                                                 self.compiled) for k in range(len(self.members))])
 
     # --- training ---
 

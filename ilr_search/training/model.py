@@ -40,6 +40,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ilr_search.config import ModelConfig
+from ilr_search.training.device import compile_backend
 from ilr_search.training.loss import linear_cross_entropy
 
 
@@ -161,7 +162,9 @@ class ILRTransformer(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def compile_layers(self, **kwargs) -> None:
-        """Compile each decoder layer, not the whole model: any schedule then reuses the compiled layers."""
+        """Compile each decoder layer, not the whole model: any schedule then reuses the compiled layers. The
+        backend is device.compile_backend's unless `backend` is given."""
+        kwargs.setdefault("backend", compile_backend())
         for layer in self.layers:
             layer.compile(**kwargs)
 
