@@ -30,22 +30,22 @@ def old_study(tmp_path):
 
 
 @pytest.mark.slow
-def test_an_old_study_lists_and_reports(old_study, console):
+def test_an_old_study_lists_and_reports(old_study, cli):
     folder, storage = old_study
-    trials = json.loads(console("trials", "--storage", storage, "--json", cwd=folder, check=True).stdout)
+    trials = json.loads(cli("trials", "--storage", storage, "--json", cwd=folder, check=True).stdout)
     assert trials["study"] == STUDY and len(trials["trials"]) == 3
     assert all(t["state"] == "COMPLETE" and t["val_ppl"] > 1 for t in trials["trials"])
     assert all(t["curves"]["val"] and t["curves"]["train"] == [] for t in trials["trials"])  # no training curves then
-    pareto = json.loads(console("pareto", "--storage", storage, "--json", cwd=folder, check=True).stdout)
+    pareto = json.loads(cli("pareto", "--storage", storage, "--json", cwd=folder, check=True).stdout)
     assert pareto["pareto"] and all(p["steps"] == 24 for p in pareto["pareto"])
-    studies = json.loads(console("studies", "--storage", storage, "--json", cwd=folder, check=True).stdout)
+    studies = json.loads(cli("studies", "--storage", storage, "--json", cwd=folder, check=True).stdout)
     assert [s["study"] for s in studies["studies"]] == [STUDY]
 
 
 @pytest.mark.slow
-def test_an_old_study_resumes_with_the_same_command(old_study, console):
+def test_an_old_study_resumes_with_the_same_command(old_study, cli):
     folder, storage = old_study
-    proc = console("run", "--space", str(folder / "space.toml"), "--budget", "1.5x", "--study", STUDY, "--storage",
+    proc = cli("run", "--space", str(folder / "space.toml"), "--budget", "1.5x", "--study", STUDY, "--storage",
                    storage, "--n-trials", "4", "--json", cwd=folder)
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads(proc.stdout)

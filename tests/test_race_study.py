@@ -6,6 +6,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -21,6 +22,7 @@ from ilr_search.search.plan import plan_study
 from ilr_search.space import load_space
 
 STEPS = 24  # the tiny space's proxy length
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 RACE = {**NO_REFERENCES, "race_seeds": 2, "n_trials": 3}  # 3 maps, each contender raced at seeds 0 and 1
 
 
@@ -178,12 +180,10 @@ def test_target_is_stored_only_when_not_the_default(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_workers_race_one_study_without_training_a_run_twice(tmp_path, token_cache):
+def test_two_workers_race_one_study_without_training_a_run_twice(tmp_path, cli):
     space = write_space(tmp_path / "race.toml", search=RACE)
     db = tmp_path / "w.db"
-    proc = subprocess.run([sys.executable, "-m", "ilr_search", *run_args(space, db, "two", "--target", "2x",
-                                                                       "--workers", "2", "--steps", "16")],
-                          cwd=tmp_path, env=env_for(token_cache), capture_output=True, text=True, timeout=600)
+    proc = cli(*run_args(space, db, "two", "--target", "2x", "--workers", "2", "--steps", "16"))
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
     # every worker says which run it trains: each (map, steps, seed) is said once, by one worker
@@ -195,17 +195,15 @@ def test_two_workers_race_one_study_without_training_a_run_twice(tmp_path, token
 
 
 @pytest.mark.slow
-def test_fused_study_and_race_give_the_results_of_one_run_at_a_time(tmp_path, token_cache):
+def test_fused_study_and_race_give_the_results_of_one_run_at_a_time(tmp_path, cli):
     """Fusion changes no result: the same maps (enqueued, so the sampler does not choose them), trained one at a
     time and then with --fuse 4, give the same trial and race losses (fp32 on CPU, common random numbers)."""
     space = write_space(tmp_path / "f.toml", search={**RACE, "n_trials": 4})
     losses = []
     for fuse in ("1", "4"):
         db = tmp_path / f"fuse{fuse}.db"
-        proc = subprocess.run([sys.executable, "-m", "ilr_search",
-                               *run_args(space, db, "fused", "--target", "2x", "--pruner", "none",
-                                         "--enqueue", "2,1,1,1 1,2,1,1 2,1,2,1", "--fuse", fuse)],
-                              cwd=tmp_path, env=env_for(token_cache), capture_output=True, text=True, timeout=600)
+        proc = cli(*run_args(space, db, "fused", "--target", "2x", "--pruner", "none",
+                             "--enqueue", "2,1,1,1 1,2,1,1 2,1,2,1", "--fuse", fuse))
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert ("(fused)" in proc.stderr) == (fuse == "4")  # the race trained groups fused, or one at a time
         summary = json.loads(proc.stdout)
@@ -224,4 +222,7 @@ def test_fused_study_and_race_give_the_results_of_one_run_at_a_time(tmp_path, to
     assert all(abs(float(trials1[k]) - float(trials4[k])) < 1e-4 for k in trials1)
     assert set(rows1) == set(rows4) and any(factor != "1" for _, factor, _ in rows1)
     assert all(abs(rows1[k] - rows4[k]) < 1e-4 for k in rows1), (rows1, rows4)
-    assert verdict1 == verdict4
+    # the same verdict; its figures (printed to 4 decimals) from losses that agree within 1e-4 may differ in the last
+    assert NUMBER.sub("#", verdict1) == NUMBER.sub("#", verdict4), (verdict1, verdict4)
+    assert all(math.isclose(float(a), float(b), abs_tol=1e-3, rel_tol=1e-3)
+               for a, b in zip(NUMBER.findall(verdict1), NUMBER.findall(verdict4))), (verdict1, verdict4)

@@ -157,14 +157,14 @@ def test_repair_keeps_maps_within_budget_and_their_shape():
 def test_kill_9_loses_no_trial_and_the_killed_one_is_retried(tmp_path, token_cache):
     db = tmp_path / "k.db"
     env = {**os.environ, "ILR_SEARCH_CACHE": str(token_cache), "ILR_SEARCH_HEARTBEAT_SECONDS": "1"}
-    # 200 steps with a checkpoint every 50 (cli.toml): the kill lands inside the third trial, past a checkpoint;
-    # the resume trains the fourth (a queued seed map) and then the killed trial's retry
-    cmd = [sys.executable, "-m", "ilr_search", *run_args("killed", db, 200, 4, "--pruner", "none")]
+    # 200 steps with a checkpoint every 50 (cli.toml): the kill lands inside the third and last trial, past a
+    # checkpoint; the resume trains the killed trial's retry from that checkpoint
+    cmd = [sys.executable, "-m", "ilr_search", *run_args("killed", db, 200, 3, "--pruner", "none")]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 240
     try:
         while time.time() < deadline:
-            time.sleep(0.5)
+            time.sleep(0.2)  # polling interval only; the kill waits on the stored state below
             if not db.exists():
                 continue
             try:
@@ -178,6 +178,7 @@ def test_kill_9_loses_no_trial_and_the_killed_one_is_retried(tmp_path, token_cac
                 break
         else:
             pytest.fail("the run never reached its third trial")
+        assert proc.poll() is None, "the run ended before the kill"
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()

@@ -1,5 +1,10 @@
-"""Chaos: 3 workers on one study under a CPU hog, one SIGKILLed before, during and after a claim wait
-(tests/reliability/chaos.py), on the journal, SQLite and PostgreSQL. benchmarks/soak.py repeats it."""
+"""Chaos: 3 workers on one study, one SIGKILLed before, during and after a claim wait
+(tests/reliability/chaos.py), on the journal, SQLite and PostgreSQL. On SQLite (the default storage) a CPU hog
+keeps a core busy beside the suite's other tests; the journal and PostgreSQL scenarios share the cores with those
+tests alone, since a hog in each cost the suite a third of its CPU time. benchmarks/soak.py repeats all three
+under a hog on every core, many times."""
+
+import contextlib
 
 import pytest
 
@@ -9,14 +14,14 @@ from conftest import NO_REFERENCES, write_space
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["journal", "sqlite", "postgres"])
-def test_chaos_three_workers_under_load_three_kills(backend, request, tmp_path, token_cache):
+def test_chaos_three_workers_three_kills(backend, request, tmp_path, token_cache):
     storage = {"journal": f"journal:{tmp_path / 'chaos.log'}", "sqlite": f"sqlite:///{tmp_path / 'chaos.db'}"}.get(backend) \
         or request.getfixturevalue("postgres_url")
     space = write_space(tmp_path / "chaos.toml", model={"layers": 2, "d_model": 16, "seq_len": 32},
                         search={**NO_REFERENCES, "enqueue_paper_maps": False, "max_reuse": 3},
                         train={"checkpoint_every": 10, "eval_windows": 4})
     chaos = Chaos(storage, tmp_path, space, token_cache)
-    with CpuHog():
+    with CpuHog() if backend == "sqlite" else contextlib.nullcontext():
         result = chaos.run(timeout=240)
     print(backend, result.marks)
     assert sorted(k.split(":")[1] for k in result.kills) == ["after", "before", "during"]
