@@ -39,6 +39,15 @@ def test_analytic_flops_match_flop_counter(pe):
     assert params == {param_count(cfg)}
 
 
+@pytest.mark.parametrize("kw", [{}, {"mlp_ratio": 2.5}, {"injection": "gated", "max_reuse": 3},
+                                {"injection": "add"}, {"iteration_encoding": True, "max_reuse": 4},
+                                {"iteration_norms": True, "max_reuse": 3}, {"iteration_norms": True, "max_reuse": 1}])
+@pytest.mark.parametrize("pe", ENCODINGS)
+def test_parameter_count_equals_the_built_models(pe, kw):
+    cfg = tiny(pe, **kw)
+    assert param_count(cfg) == ILRTransformer(cfg).num_params()
+
+
 def test_parameter_count_independent_of_schedule_and_only_learned_adds_params():
     counts = {pe: param_count(tiny(pe)) for pe in ENCODINGS}
     assert counts["nope"] == counts["rope"] == counts["alibi"]
