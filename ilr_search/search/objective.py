@@ -189,12 +189,13 @@ class SearchRun:
             if holder == number:
                 return None
             held = self._trial_by_number(holder)
-            if held is None or has_result(held):
+            ended = held is None or held.state.is_finished()
+            if ended or has_result(held):
                 result = self._result_for(key, number)
                 if result is not None:
                     return result
-            if held is None or (held.state.is_finished() and not has_result(held)):
-                if self.store.take_over(key, holder, number):  # the holder died or was interrupted
+            if ended:  # the holder ended with no result for this map: it died or was interrupted
+                if self.store.take_over(key, holder, number):
                     return None
                 continue
             if not waited:

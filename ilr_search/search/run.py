@@ -25,7 +25,7 @@ from ilr_search.knobs import KnobValue, config_key
 from ilr_search.analysis.results import REFERENCE_PREFIX, finite_or_none, has_result, study_front, trial_row
 from ilr_search.training.schedule import block_schedule, format_reuse_map, reuse_map_schedule
 from ilr_search.space import validate_space
-from ilr_search.storage import study_storage, StorageSpec, Store, heartbeat_interval, open_storage, open_store, parse_storage
+from ilr_search.storage import JournalStore, study_storage, StorageSpec, Store, heartbeat_interval, open_storage, open_store, parse_storage
 from ilr_search.training.train import train_proxy
 
 from ilr_search.search.maps import knobs_off, map_params, parse_enqueued, seed_maps
@@ -119,6 +119,8 @@ def prepare_study(request: RunRequest) -> PreparedStudy:
     if space.train.dtype == "auto":
         plan = adopt_stored_dtype(existing, plan)
     stored_settings = check_resume(existing, spec, plan, request.pruner)
+    if stored_study(existing, plan.name) is None:
+        check_no_orphan_records(spec, plan.name, existing)
     first = first_trials(plan, stored_study(existing, plan.name), request.target_trials,
                          list(space.search.enqueue) + [format_reuse_map(list(m)) for m in request.enqueue_maps])
 
@@ -153,6 +155,23 @@ def prepare_study(request: RunRequest) -> PreparedStudy:
     asked_target = request.target_trials
     return PreparedStudy(space, spec, plan, study, settings, data, first.target,
                          asked_target if first.target > asked_target else None)
+
+
+def check_no_orphan_records(spec: StorageSpec, name: str, storage: optuna.storages.BaseStorage | None) -> None:
+    """A new study finds no ilr-search records under its name: claims, curves or race runs left by an earlier study
+    of that name whose Optuna side is gone (a deleted journal beside a kept side file, a deleted study) would be
+    taken for its own, and a stale claim would make it wait for a trial that never trains that map."""
+    if spec.kind != "journal" and storage is None:
+        return  # no database yet
+    store = open_store(spec, name, read_only=True, storage=storage)
+    if not store.holds_records():
+        return
+    if isinstance(store, JournalStore):
+        raise UserInputError(f"{store.path} holds records of an earlier study named {name!r}, but the journal "
+                             f"{spec.path} does not have that study (was it deleted?); delete {store.path} "
+                             f"to start afresh, or name another --study")
+    raise UserInputError(f"the database holds ilr-search records of a study named {name!r} that Optuna no longer "
+                         f"has (was it deleted?); name another --study")
 
 
 @dataclass(frozen=True)

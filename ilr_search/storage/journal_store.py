@@ -51,6 +51,12 @@ class JournalStore(Store):
                 holder = r["trial_number"]
         return holder
 
+    def holds_records(self) -> bool:
+        if not self.path.exists():
+            return False
+        with self._locked() as records:
+            return any(r["study"] == self.study for r in records)
+
     def claim(self, map_key: str, trial_number: int) -> int:
         with self._locked() as records:
             holder = self._holder(records, map_key)

@@ -177,6 +177,14 @@ class SQLStore(Store):
                 flops_ratio=point.flops_ratio, val_loss=point.val_loss, tokens=tokens))
 
     @_retry_locked
+    def holds_records(self) -> bool:
+        tables = [t for t in (claims_table, curves_table, train_curves_table, pruning_table, fronts_table, audit_table)
+                  if t.name in self.tables]
+        with self.engine.connect() as conn:
+            return any(conn.execute(sa.select(t.c.study).where(t.c.study == self.study).limit(1)).first() is not None
+                       for t in tables)
+
+    @_retry_locked
     def curve_points(self, step: int | None = None) -> list[CurvePoint]:
         if curves_table.name not in self.tables:
             return []

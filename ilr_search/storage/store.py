@@ -97,6 +97,10 @@ class Store(ABC):
         return k
 
     @abstractmethod
+    def holds_records(self) -> bool:
+        """Whether anything (a claim, a curve point, a front, a race or audit run) is stored under this study's name."""
+
+    @abstractmethod
     def add_curve_point(self, point: CurvePoint, tokens: int) -> None:
         """Record one evaluation of a trial (replacing an earlier record of the same trial and step)."""
 
