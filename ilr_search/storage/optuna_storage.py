@@ -6,7 +6,9 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import logging
+import os
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -68,15 +70,49 @@ def engine_kwargs(spec: StorageSpec) -> dict[str, Any]:
     return {"pool_pre_ping": True}
 
 
+class JournalFlock:
+    """The journal's write lock for Optuna's JournalFileBackend (its `lock_obj`): an flock on `<journal>.flock`.
+    The kernel releases an flock when its holder dies, kill -9 included. Optuna's own lock files outlive a killed
+    holder by their 30 s grace period, in which no worker can write (heartbeats included): the trials of live
+    workers then looked stale and were failed, and their maps trained twice."""
+
+    def __init__(self, journal_path: str) -> None:
+        self.path = journal_path + ".flock"
+        self._fd: int | None = None
+        self._threads = threading.Lock()  # the flock excludes processes; one holder thread at a time here
+
+    def acquire(self, blocking: bool = True) -> bool:
+        if not self._threads.acquire(blocking):
+            return False
+        fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if blocking else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BaseException:  # BlockingIOError (held elsewhere, not blocking), or Ctrl-C while waiting
+            os.close(fd)
+            self._threads.release()
+            if blocking:
+                raise
+            return False
+        self._fd = fd
+        return True
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+            self._threads.release()
+
+
 def open_storage(spec: StorageSpec, heartbeat: bool = True) -> optuna.storages.BaseStorage:
     """The Optuna storage; RDB storages get heartbeats that fail and retry a killed worker's trial."""
     if spec.create_folder and spec.path is not None:
         spec.path.parent.mkdir(parents=True, exist_ok=True)
     if spec.kind == "journal":
-        from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
+        from optuna.storages.journal import JournalFileBackend
 
         path = str(spec.path)
-        return optuna.storages.JournalStorage(JournalFileBackend(path, lock_obj=JournalFileOpenLock(path)))
+        return optuna.storages.JournalStorage(JournalFileBackend(path, lock_obj=JournalFlock(path)))
     kwargs = {}
     if heartbeat:
         kwargs = {"heartbeat_interval": heartbeat_interval(), "grace_period": grace_period(),

@@ -86,3 +86,31 @@ def test_processes_popping_queued_trials_from_sqlite_never_share_one(tmp_path):
     assert sum(bool(json.loads(out)) for out in outputs) >= 2  # the pops raced: more than one worker got trials
     assert sorted(popped) == sorted(t._trial_id for t in study.get_trials())
     assert all(t.state == TrialState.RUNNING for t in study.get_trials())
+
+
+def test_a_journal_writer_killed_holding_the_lock_leaves_it_free(tmp_path):
+    """kill -9 of a worker in the middle of a journal write frees the journal's lock at once. (Optuna's lock files
+    outlived their holder by a 30 s grace period, in which no worker could write a heartbeat, so live trials then
+    looked stale and were failed and trained again: the chaos scenario on the journal saw it.)"""
+    from ilr_search.storage.optuna_storage import JournalFlock
+
+    journal = str(tmp_path / "j.log")
+    optuna.create_study(study_name="s", storage=open_storage(parse_storage(f"journal:{journal}")))
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\n"
+        "from ilr_search.storage.optuna_storage import JournalFlock\n"
+        f"assert JournalFlock({journal!r}).acquire()\n"
+        "print('locked', flush=True)\n"
+        "sys.stdin.readline()\n")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        assert not JournalFlock(journal).acquire(blocking=False)  # held by the other process
+    finally:
+        holder.kill()
+        holder.wait()
+    lock = JournalFlock(journal)
+    assert lock.acquire(blocking=False)  # free the moment its holder died
+    lock.release()
+    study = optuna.load_study(study_name="s", storage=open_storage(parse_storage(f"journal:{journal}")))
+    study.enqueue_trial({"x": 1})  # and the journal takes writes
+    assert len(study.trials) == 1
