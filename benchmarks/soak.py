@@ -3,6 +3,11 @@ SIGKILLed before, during and after a claim wait, per repetition and storage.
 
     python benchmarks/soak.py --repeat 10                       # journal, sqlite, postgres
     python benchmarks/soak.py --repeat 3 --storages sqlite --postgres postgresql+psycopg://u@host/db
+    python benchmarks/soak.py --repeat 6 --storages journal --hog 0 --fresh-cache   # as one test run meets it
+
+--hog N: CPU-hog processes beside the workers (default: one per core; 0: none; a hog changes the timing, and
+the journal lock defect of 2026-12-01 showed only without one). --fresh-cache: a new token cache per run, as a
+pytest session has (the default shares one).
 
 PostgreSQL: --postgres URL of a server whose user may CREATE DATABASE (a fresh database per repetition),
 or else a throwaway local cluster is started as the tests do. Prints one row per storage: repetitions,
@@ -13,6 +18,7 @@ left RUNNING and stored fronts that differ from the recomputed front, with the m
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -38,7 +44,7 @@ def postgres_database(server: str) -> str:
     return server.rsplit("/", 1)[0] + f"/{name}"
 
 
-def one_run(backend: str, server: str | None, token_cache: Path) -> dict:
+def one_run(backend: str, server: str | None, token_cache: Path, hog: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         storage = {"journal": f"journal:{folder / 'chaos.log'}", "sqlite": f"sqlite:///{folder / 'chaos.db'}"}.get(
@@ -48,7 +54,7 @@ def one_run(backend: str, server: str | None, token_cache: Path) -> dict:
                             train={"checkpoint_every": 10, "eval_windows": 4})
         chaos = Chaos(storage, folder, space, token_cache)
         try:
-            with CpuHog(os.cpu_count() or 2):
+            with CpuHog(hog) if hog else contextlib.nullcontext():
                 r = chaos.run(timeout=300)
         except Exception:  # a scenario that could not finish (a timeout) is a fault too
             return {"error": traceback.format_exc(limit=2) + chaos.tails()[-3000:], "seconds": None}
@@ -62,9 +68,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--storages", default="journal,sqlite,postgres")
     ap.add_argument("--postgres", default=None, help="server URL (default: a throwaway local cluster)")
+    ap.add_argument("--hog", type=int, default=os.cpu_count() or 2, help="CPU-hog processes (0: none)")
+    ap.add_argument("--fresh-cache", action="store_true", help="a new token cache per run")
     args = ap.parse_args()
-
-    import os
 
     stop = None
     server = args.postgres
@@ -79,7 +85,8 @@ def main() -> None:
         for backend in args.storages.split(","):
             runs = []
             for i in range(args.repeat):
-                runs.append(one_run(backend, server, token_cache))
+                cache = Path(tempfile.mkdtemp(prefix="ilr-soak-cache-")) if args.fresh_cache else token_cache
+                runs.append(one_run(backend, server, cache, args.hog))
                 print(json.dumps({"storage": backend, "run": i, **runs[-1]}), file=sys.stderr, flush=True)
             ok = [r for r in runs if "error" not in r]
             rows.append({"storage": backend, "runs": len(runs), "errors": len(runs) - len(ok),

@@ -270,6 +270,31 @@ def test_audit_report_precision_recall_and_pruned_maps(small_study):
     assert report.pruned_on_audited_front == ()
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("separated", [True, False])
+def test_an_audit_whose_runs_do_not_separate_the_maps_does_not_judge_the_proxy(small_study, separated):
+    """Three seeds per map at 4x, in the proxy's reverse order: far apart (the proxy is judged too short), or each
+    map's seeds spread far wider than the gaps between maps (the 4x ranking is noise: the proxy is not judged)."""
+    root, db, _ = small_study
+    trials = optuna.load_study(study_name="aud", storage=f"sqlite:///{db}").get_trials()
+    from ilr_search.storage import AuditRow
+    proxy = {t.user_attrs["map_key"]: t.user_attrs["val_ppl"] for t in trials
+             if t.state == optuna.trial.TrialState.COMPLETE and "reused_from" not in t.user_attrs}
+    ratio = {t.user_attrs["map_key"]: t.user_attrs["flops_ratio"] for t in trials}
+    ordered = sorted(proxy, key=lambda k: proxy[k])
+    gap, spread = (1.0, 0.01) if separated else (0.01, 1.0)
+    rows = [AuditRow(AuditJob("4", seed, k), "w", 0.0, "complete", ratio[k], 64, 1.0,
+                     10.0 + gap * i + spread * (seed - 1), 1.0)
+            for i, k in enumerate(reversed(ordered)) for seed in range(3)]
+    report = audit_report(trials, rows, "4")
+    assert report.maps_with_seeds == len(proxy) >= 3 and report.spearman == pytest.approx(-1.0)
+    if separated:
+        assert report.maps_differ_p < 0.01 and report.verdict.startswith("proxy too short")
+    else:
+        assert report.maps_differ_p > 0.9 and report.verdict.startswith("the 4x runs do not tell")
+        assert "proxy too short" not in report.verdict
+
+
 def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
     """The real console entry point, in-process."""
     from ilr_search.cli.main import main

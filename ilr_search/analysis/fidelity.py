@@ -23,7 +23,7 @@ from ilr_search.analysis.pareto import non_dominated
 from ilr_search.analysis.results import (REFERENCE_PREFIX, Curves, as_list, is_baseline, is_baseline_key, key_reuse_map,
                                          study_front, trained_by_map, trained_trials)
 from ilr_search.analysis.trials import Trial, trained_results, trial_records
-from ilr_search.analysis.stats import paired_comparison, rank_agreement
+from ilr_search.analysis.stats import groups_differ, paired_comparison, rank_agreement
 from ilr_search.storage import AuditRow
 
 AGREE_SPEARMAN = 0.8  # "the proxy ranks as longer training does"
@@ -125,6 +125,11 @@ class AuditReport:
     # they share, and whether the recurrent map is better beyond the noise
     best_vs_baseline_seeds: int = 0
     best_beats_baseline: bool = False
+    # whether the factor-x runs tell the audited maps apart at all: a one-way ANOVA over the seeds of the maps
+    # audited at two or more (its p; None with fewer than 3 such maps). A ranking they do not separate is no
+    # yardstick for the proxy's.
+    maps_differ_p: float | None = None
+    maps_with_seeds: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -133,6 +138,9 @@ class AuditReport:
 
 
 VERDICT_CONFIDENCE = 0.9  # of the paired test behind "beats the baseline" (the race's default too)
+SEPARATE_P = 1 - VERDICT_CONFIDENCE  # the ANOVA's p below which the audited maps differ beyond their seed noise
+
+
 
 
 def audit_report(trials: Sequence[Trial], rows: Sequence[AuditRow], factor: str) -> AuditReport | None:
@@ -175,9 +183,10 @@ def audit_report(trials: Sequence[Trial], rows: Sequence[AuditRow], factor: str)
     if best is not None and baseline_key is not None:
         by_seed = {k: {r.job.seed: r.val_loss for r in done[k] if r.val_loss is not None} for k in (best.reuse_map, baseline_key)}
         paired = paired_comparison(by_seed[best.reuse_map], by_seed[baseline_key], VERDICT_CONFIDENCE)
+    differ_p, with_seeds = groups_differ([m.audit_ppls for m in maps])
     report = AuditReport(factor, steps, tuple(maps), len(ranked), rho, tau, precision, recall, pruned_front, baseline,
                          (best.reuse_map, best.audit_ppl) if best else None, "",
-                         paired.n if paired else 0, bool(paired and paired.a_better))
+                         paired.n if paired else 0, bool(paired and paired.a_better), differ_p, with_seeds)
     return AuditReport(**{**asdict(report), "maps": report.maps, "verdict": audit_verdict(report)})
 
 
@@ -192,6 +201,10 @@ def audit_verdict(r: AuditReport) -> str:
     n = f"over {r.n_maps} maps"
     if r.spearman is None:
         head = f"too few ranked maps to judge the proxy ({r.n_maps} with both a proxy and a {r.factor}x result)"
+    elif r.maps_differ_p is not None and r.maps_differ_p >= SEPARATE_P:
+        head = (f"the {r.factor}x runs do not tell the {r.maps_with_seeds} maps audited at several seeds apart "
+                f"(one-way ANOVA p = {r.maps_differ_p:.2f}), so the proxy's ranking (Spearman {r.spearman:.2f} {n}) "
+                f"cannot be judged against theirs; more seeds (--seeds) or a longer audit would")
     elif r.spearman >= AGREE_SPEARMAN:
         head = f"proxy ranks agree with {r.factor}x training (Spearman {r.spearman:.2f} {n})"
     elif r.spearman >= PARTLY_SPEARMAN:

@@ -21,6 +21,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 
+def groups_differ(groups: Sequence[Sequence[float]]) -> tuple[float | None, int]:
+    """One-way ANOVA p (scipy's f_oneway) that the groups' means differ, over the groups of two or more values
+    (their number too); None with fewer than 3 such groups. The audit's groups: each map's seeds."""
+    kept = [list(g) for g in groups if len(g) >= 2]
+    if len(kept) < 3:
+        return None, len(kept)
+    from scipy.stats import f_oneway
+
+    p = float(f_oneway(*kept).pvalue)
+    return (p if math.isfinite(p) else None), len(kept)
+
+
 def rank_agreement(a: Sequence[float], b: Sequence[float]) -> tuple[float | None, float | None]:
     """(Spearman rho, Kendall tau-b) of paired values; None where undefined (fewer than 3 pairs, or a
     constant side)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -410,12 +411,15 @@ def _fidelity_lines(fidelity: dict[str, Any] | None) -> None:
 
 
 def print_audit(report: dict[str, Any]) -> None:
+    factor = f"{report['factor']:g}x"
     rows = [{"reuse_map": m["reuse_map"], "flops_ratio": m["flops_ratio"], "proxy": m["proxy_state"].lower(),
-             "proxy_ppl": m["proxy_ppl"], f"{report['factor']:g}x_ppl": m["audit_ppl"],
-             "front": ("proxy " if m["on_proxy_front"] else "") + (f"{report['factor']:g}x" if m["on_audit_front"] else "")}
+             "proxy_ppl": m["proxy_ppl"], f"{factor}_ppl": m["audit_ppl"], "seeds": len(m["audit_ppls"]),
+             "seed_sd": statistics.stdev(m["audit_ppls"]) if len(m["audit_ppls"]) > 1 else None,
+             "front": ("proxy " if m["on_proxy_front"] else "") + (factor if m["on_audit_front"] else "")}
             for m in sorted(report["maps"], key=lambda m: m["audit_ppl"])]
     rows_table(f"audit of {report['study']}: {report['proxy_steps']} -> {report['steps']} steps",
-               rows, ["reuse_map", "flops_ratio", "proxy", "proxy_ppl", f"{report['factor']:g}x_ppl", "front"])
+               rows, ["reuse_map", "flops_ratio", "proxy", "proxy_ppl", f"{factor}_ppl", "seeds", "seed_sd", "front"],
+               {"flops_ratio": "FLOPs", "proxy_ppl": "proxy ppl", f"{factor}_ppl": f"{factor} ppl", "seeds": "n", "seed_sd": "sd"})
     out.print(f"Spearman {_fmt(report['spearman'])}, Kendall {_fmt(report['kendall'])} over {report['n_maps']} maps; "
               f"front precision {_fmt(report['front_precision'])}, recall {_fmt(report['front_recall'])}; pruned maps on the "
               f"{report['factor']:g}x front: {', '.join(report['pruned_on_audited_front']) or 'none'}")
