@@ -141,8 +141,6 @@ VERDICT_CONFIDENCE = 0.9  # of the paired test behind "beats the baseline" (the 
 SEPARATE_P = 1 - VERDICT_CONFIDENCE  # the ANOVA's p below which the audited maps differ beyond their seed noise
 
 
-
-
 def audit_report(trials: Sequence[Trial], rows: Sequence[AuditRow], factor: str) -> AuditReport | None:
     """The audit at `factor` from its stored rows (complete ones) and the study's trials; None before any
     audited map is complete."""

@@ -119,9 +119,10 @@ def prepare_study(request: RunRequest) -> PreparedStudy:
     if space.train.dtype == "auto":
         plan = adopt_stored_dtype(existing, plan)
     stored_settings = check_resume(existing, spec, plan, request.pruner)
-    if stored_study(existing, plan.name) is None:
+    stored = stored_study(existing, plan.name)
+    if stored is None:
         check_no_orphan_records(spec, plan.name, existing)
-    first = first_trials(plan, stored_study(existing, plan.name), request.target_trials,
+    first = first_trials(plan, stored, request.target_trials,
                          list(space.search.enqueue) + [format_reuse_map(list(m)) for m in request.enqueue_maps])
 
     data = load_space_tokens(space)

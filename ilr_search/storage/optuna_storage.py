@@ -84,13 +84,15 @@ class JournalFlock:
     def acquire(self, blocking: bool = True) -> bool:
         if not self._threads.acquire(blocking):
             return False
-        fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
+        fd = None
         try:
+            fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
             fcntl.flock(fd, fcntl.LOCK_EX if blocking else fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BaseException:  # BlockingIOError (held elsewhere, not blocking), or Ctrl-C while waiting
-            os.close(fd)
+        except BaseException as e:  # held elsewhere (not blocking), Ctrl-C while waiting, an unwritable folder
+            if fd is not None:
+                os.close(fd)
             self._threads.release()
-            if blocking:
+            if blocking or not isinstance(e, BlockingIOError):
                 raise
             return False
         self._fd = fd
