@@ -4,7 +4,8 @@ resolved by a rule from the settings (torch is imported only when one is resolve
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -51,3 +52,23 @@ def compile_backend() -> str:
     default "inductor" unless ILR_SEARCH_COMPILE_BACKEND names another (tests use "aot_eager", which traces
     forward and backward through AOTAutograd without generating code)."""
     return os.environ.get(COMPILE_BACKEND_ENV, "") or "inductor"
+
+
+_compiled: dict[tuple[Callable[..., Any], str], Callable[..., Any]] = {}
+
+
+def compiled_once(fn: Callable[..., Any], recompile_limit: int = 0) -> Callable[..., Any]:
+    """`fn` through torch.compile with static shapes and compile_backend(), once per process and backend: every
+    caller shares its graphs. `recompile_limit` raises dynamo's cache entries per code object to at least that
+    many (past the limit dynamo runs `fn` uncompiled, silently)."""
+    key = (fn, compile_backend())
+    if key not in _compiled:
+        import torch
+
+        if recompile_limit:
+            import torch._dynamo
+
+            config = torch._dynamo.config
+            config.recompile_limit = max(config.recompile_limit, recompile_limit)
+        _compiled[key] = torch.compile(fn, dynamic=False, backend=key[1])
+    return _compiled[key]

@@ -44,7 +44,7 @@ from ilr_search.training.checkpoint import load_checkpoint, save_checkpoint
 from ilr_search.config import ModelConfig, TrainConfig
 from ilr_search.data.tokens import TokenData
 from ilr_search.errors import UserInputError
-from ilr_search.training.device import compile_backend
+from ilr_search.training.device import compiled_once
 from ilr_search.training.loss import linear_cross_entropy
 from ilr_search.training.model import ILRTransformer, alibi_bias, apply_rope, branch_scales, rope_tables
 from ilr_search.records import TrainLossPoint
@@ -124,21 +124,11 @@ def fused_layer(x: Tensor, weights: tuple[Tensor, ...], rope: tuple[Tensor, Tens
 # dtype, so K = 16 in training and evaluation alone needs 32 (torch's default limit is 8).
 FUSED_LAYER_RECOMPILE_LIMIT = 128
 
-_compiled_fused_layer: dict[str, Callable[..., Tensor]] = {}  # by compile backend
-
-
 def compiled_fused_layer() -> Callable[..., Tensor]:
-    """fused_layer compiled once per process (and backend, device.compile_backend), with static shapes: every
-    group, of any maps, reuses the graph of each shape it has seen (a schedule's layer indices and its members'
-    running counts stay on the Python side, outside the graph)."""
-    backend = compile_backend()
-    if backend not in _compiled_fused_layer:
-        import torch._dynamo
-
-        config = torch._dynamo.config
-        config.recompile_limit = max(config.recompile_limit, FUSED_LAYER_RECOMPILE_LIMIT)
-        _compiled_fused_layer[backend] = torch.compile(fused_layer, dynamic=False, backend=backend)
-    return _compiled_fused_layer[backend]
+    """fused_layer compiled once per process (device.compiled_once), with static shapes: every group, of any
+    maps, reuses the graph of each shape it has seen (a schedule's layer indices and its members' running counts
+    stay on the Python side, outside the graph)."""
+    return compiled_once(fused_layer, FUSED_LAYER_RECOMPILE_LIMIT)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from ilr_search.training.device import compile_backend
+from ilr_search.training.device import compiled_once
 
 Tensor = torch.Tensor
 ChunkFn = Callable[[Tensor, Tensor, Tensor, bool], tuple[Tensor, Tensor | None, Tensor | None]]
@@ -34,16 +34,10 @@ def _chunk_loss(h: Tensor, w: Tensor, y: Tensor, need_grad: bool) -> tuple[Tenso
     return loss, d_logits @ w, d_logits.t() @ h
 
 
-_compiled_chunk_loss: dict[str, ChunkFn] = {}  # by compile backend
-
-
 def compiled_chunk_loss() -> ChunkFn:
-    """`_chunk_loss` compiled once per process (and backend, device.compile_backend): on CUDA the softmax, its
-    fp32 upcast and the one-hot subtraction fuse into the kernels around the two matmuls."""
-    backend = compile_backend()
-    if backend not in _compiled_chunk_loss:
-        _compiled_chunk_loss[backend] = torch.compile(_chunk_loss, dynamic=False, backend=backend)
-    return _compiled_chunk_loss[backend]
+    """`_chunk_loss` compiled once per process (device.compiled_once): on CUDA the softmax, its fp32 upcast and
+    the one-hot subtraction fuse into the kernels around the two matmuls."""
+    return compiled_once(_chunk_loss)
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
