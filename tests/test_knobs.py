@@ -8,7 +8,8 @@ import torch.nn.functional as F
 
 from ilr_search.training.flops import count_flops, forward_flops_per_token
 from ilr_search.knobs import format_knobs, knobs_of, with_knobs
-from ilr_search.training.model import ILRTransformer, branch_scales, param_count, repeat_indices
+from ilr_search.training.flops import param_count
+from ilr_search.training.model import ILRTransformer, branch_scales, repeat_indices
 from ilr_search.config import ModelConfig, TrainConfig
 from ilr_search.training.train import build_optimizer, set_lr, weight_decays
 from ilr_search.training.schedule import block_schedule, reuse_map_schedule

@@ -4,7 +4,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from conftest import assert_one_line_error
 from ilr_search.training.flops import BudgetError, count_flops, flops_ratio, forward_flops_per_token, parse_budget
-from ilr_search.training.model import ILRTransformer, param_count
+from ilr_search.training.flops import param_count
+from ilr_search.training.model import ILRTransformer
 from ilr_search.config import ModelConfig
 from ilr_search.training.schedule import ScheduleError, block_schedule, parse_reuse_map, reuse_map_schedule
 

@@ -13,7 +13,8 @@ from ilr_search.data.tokens import load_space_tokens
 from ilr_search.errors import UserInputError
 from ilr_search.training.flops import describe
 from ilr_search.knobs import format_knobs, knob_params, knobs_of, parse_knob_settings, with_knobs
-from ilr_search.training.model import ILRTransformer, param_count, repeat_indices
+from ilr_search.training.flops import param_count
+from ilr_search.training.model import ILRTransformer, repeat_indices
 from ilr_search.training.schedule import resolve_schedule
 from ilr_search.space import load_space
 from ilr_search.training.train import OnStep

@@ -21,7 +21,8 @@ from ilr_search.data.tokens import load_space_tokens
 from ilr_search.errors import UserInputError
 from ilr_search.training.flops import flops_ratio
 from ilr_search.knobs import KnobValue, config_key, format_knobs, parse_knob_settings, with_knobs
-from ilr_search.training.model import ILRTransformer, param_count
+from ilr_search.training.flops import param_count
+from ilr_search.training.model import ILRTransformer
 from ilr_search.analysis.results import finite_or_none, references, study_front, trained_by_map
 from ilr_search.analysis.trials import trial_records
 from ilr_search.training.schedule import block_schedule, format_reuse_map, parse_reuse_map, reuse_map_schedule

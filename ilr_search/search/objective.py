@@ -17,7 +17,7 @@ from ilr_search.config import ModelConfig, TrainConfig
 from ilr_search.data.tokens import TokenData
 from ilr_search.training.flops import flops_ratio
 from ilr_search.knobs import KnobValue, config_key, format_knobs
-from ilr_search.training.model import param_count
+from ilr_search.training.flops import param_count
 from ilr_search.analysis.results import finite_or_none, has_result
 from ilr_search.analysis.trials import TrialAttr, TrialRecord, trial_records
 from ilr_search.training.schedule import format_reuse_map, reuse_map_schedule

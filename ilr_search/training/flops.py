@@ -46,6 +46,20 @@ def baseline_flops_per_token(cfg: ModelConfig) -> float:
     return forward_flops_per_token(cfg, range(cfg.n_layers))
 
 
+def param_count(cfg: ModelConfig) -> int:
+    """ILRTransformer(cfg).num_params() (model.py), from its shapes without building the model or loading torch (the
+    schedule never changes it). Building it, even on the meta device, cost a process 1.1 s the first time
+    (tests/test_model_flops.py checks the two agree)."""
+    D, H = cfg.d_model, cfg.mlp_hidden
+    layer = 2 * D + 3 * D * D + D * D + 2 * D * H + H * D  # two RMSNorm gains, qkv, proj, gate_up, down
+    count = cfg.vocab_size * D + cfg.n_layers * layer + D  # tied embedding, the layers, the final norm
+    count += cfg.seq_len * D if cfg.pe == "learned" else 0
+    count += cfg.n_layers if cfg.injection == "gated" else 0
+    count += cfg.max_reuse * D if cfg.iteration_encoding else 0
+    count += cfg.n_layers * (cfg.max_reuse - 1) * 2 * D if cfg.iteration_norms and cfg.max_reuse > 1 else 0
+    return count
+
+
 def flops_ratio(cfg: ModelConfig, schedule: Sequence[int]) -> float:
     """Forward compute of a schedule relative to the all-ones map."""
     return forward_flops_per_token(cfg, schedule) / baseline_flops_per_token(cfg)

@@ -244,17 +244,3 @@ def branch_scales(cfg: ModelConfig, schedule: Sequence[int]) -> dict[int, float 
     runs = Counter(schedule)
     return {layer: 1.0 / runs[layer] if cfg.repeat_scale == "residual" and runs[layer] > 1 else None
             for layer in range(cfg.n_layers)}
-
-
-def param_count(cfg: ModelConfig) -> int:
-    """ILRTransformer(cfg).num_params(), from the shapes above without building the model (the schedule never
-    changes it). Building it, even on the meta device, cost a process 1.1 s the first time (tests/test_model_flops.py
-    checks the two agree)."""
-    D, H = cfg.d_model, cfg.mlp_hidden
-    layer = 2 * D + 3 * D * D + D * D + 2 * D * H + H * D  # two RMSNorm gains, qkv, proj, gate_up, down
-    count = cfg.vocab_size * D + cfg.n_layers * layer + D  # tied embedding, the layers, the final norm
-    count += cfg.seq_len * D if cfg.pe == "learned" else 0
-    count += cfg.n_layers if cfg.injection == "gated" else 0
-    count += cfg.max_reuse * D if cfg.iteration_encoding else 0
-    count += cfg.n_layers * (cfg.max_reuse - 1) * 2 * D if cfg.iteration_norms and cfg.max_reuse > 1 else 0
-    return count
