@@ -1,0 +1,146 @@
+"""Replaying the search over a bench table: the sampler's proposals, the budget repair, the reuse of evaluated maps
+and pruning at the rungs, with results looked up instead of trained, scored by the hypervolume of the front found
+against the table's exhaustive front (benchmarks/search_efficiency.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+
+from ilr_search.commands.bench.table import Table
+from ilr_search.config import PrunerSettings
+from ilr_search.search.maps import propose_map, seed_maps
+from ilr_search.search.pruners import verdict_at_rung
+from ilr_search.search.samplers import build_sampler, sampler_settings
+from ilr_search.storage import CurvePoint
+
+
+def hypervolume_2d(points: Sequence[Sequence[float]], reference: Sequence[float]) -> float:
+    """Area dominated by `points` (both objectives minimised) and bounded by `reference`."""
+    inside = sorted((a, b) for a, b in points if a < reference[0] and b < reference[1])
+    area, best_b = 0.0, reference[1]
+    for i, (a, b) in enumerate(inside):
+        best_b = min(best_b, b)
+        next_a = inside[i + 1][0] if i + 1 < len(inside) else reference[0]
+        area += (next_a - a) * (reference[1] - best_b)
+    return area
+
+
+@dataclass
+class ReplayResult:
+    sampler: str
+    seed: int
+    pruning: bool
+    steps: list[int]  # cumulative training steps after each trial
+    hv_fraction: list[float]  # found front's hypervolume / exhaustive hypervolume after each trial
+    steps_saved: int
+    front_maps_pruned: list[tuple[int, ...]]
+
+    def steps_to(self, fraction: float) -> int | None:
+        return next((s for s, h in zip(self.steps, self.hv_fraction) if h >= fraction - 1e-12), None)
+
+    def hv_at(self, steps: int) -> float:
+        return max([h for s, h in zip(self.steps, self.hv_fraction) if s <= steps], default=0.0)
+
+
+def replay(table: Table, sampler: str, seed: int, n_trials: int, pruning: bool,
+           settings: PrunerSettings | None = None, rung_fractions: Sequence[float] = (0.125, 0.25, 0.5)) -> ReplayResult:
+    """Run the search's proposal logic (seed maps, sampler, budget repair, reuse of evaluated maps, pruning at
+    the rungs, by default at 1/8, 1/4 and 1/2 of the steps like the default space, with the default rule)
+    with results looked up in the table instead of trained. A map the table lacks (it diverged, or the table
+    is partial) ends FAIL at no cost."""
+    settings = dataclasses.replace(settings or PrunerSettings(), rungs=table.rungs_at(rung_fractions))
+    sampler_cfg = sampler_settings(sampler, seed, table.max_reuse)
+    study = optuna.create_study(directions=["minimize", "minimize"],
+                                sampler=build_sampler(sampler_cfg, table.n_layers, max_reuse=table.max_reuse,
+                                                      max_layer_runs=table.max_layer_runs))
+    for m in seed_maps(table.n_layers, table.max_reuse, table.max_layer_runs):
+        study.enqueue_trial({f"r{i}": r for i, r in enumerate(m)}, skip_if_exists=True)
+    reference = table.reference_point()
+    entries = table.entries
+    exhaustive = hypervolume_2d([(e["val_ppl"], e["flops_ratio"]) for e in entries.values()], reference)
+    true_front = set(table.front())
+    results: dict[tuple[int, ...], tuple[str, tuple[float, float] | None]] = {}
+    points: list[CurvePoint] = []
+    steps_total = steps_saved = 0
+    found: list[tuple[float, float]] = []
+    out = ReplayResult(sampler, seed, pruning, [], [], 0, [])
+    for number in range(n_trials):
+        trial = study.ask()
+        _, reuse_map = propose_map(trial, table.n_layers, table.max_reuse, table.max_layer_runs)
+        key = tuple(reuse_map)
+        if key not in results:
+            entry = entries.get(key)
+            if entry is None:
+                results[key] = ("fail", None)
+            else:
+                pruned_at = _feed_curve(number, ",".join(map(str, key)), entry["flops_ratio"], entry["curve"],
+                                        table.steps, points, settings if pruning else None)
+                if pruned_at is None:
+                    results[key] = ("complete", (entry["val_ppl"], entry["flops_ratio"]))
+                    steps_total += table.steps
+                    found.append(results[key][1])
+                else:
+                    results[key] = ("pruned", None)
+                    steps_total += pruned_at
+                    steps_saved += table.steps - pruned_at
+                    if key in true_front:
+                        out.front_maps_pruned.append(key)
+        state, values = results[key]
+        if state == "complete":
+            study.tell(trial, values)
+        else:
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED if state == "pruned" else optuna.trial.TrialState.FAIL)
+        out.steps.append(steps_total)
+        out.hv_fraction.append(hypervolume_2d(found, reference) / exhaustive if exhaustive > 0 else 1.0)
+    out.steps_saved = steps_saved
+    return out
+
+
+def _feed_curve(number: int, map_key: str, ratio: float, curve: dict[int, float], final_step: int,
+                points: list[CurvePoint], settings: PrunerSettings | None) -> int | None:
+    """Feed a map's curve point by point, as a live trial records it, into `points`; the step where the rule
+    prunes it, or None if it runs to the end (or there is no rule)."""
+    for step in sorted(s for s in curve if s <= final_step):
+        me = CurvePoint(number, step, curve[step], ratio, map_key)
+        points.append(me)
+        if settings is not None and step in settings.rungs and not verdict_at_rung(me, points, final_step, settings).keep:
+            return step
+    return None
+
+
+
+def summarize_replays(table: Table, results: list[ReplayResult]) -> list[dict[str, Any]]:
+    """One row per (sampler, pruning): medians over seeds."""
+
+    rows = []
+    for (sampler, pruning), group in itertools.groupby(sorted(results, key=lambda r: (r.sampler, r.pruning)),
+                                                        key=lambda r: (r.sampler, r.pruning)):
+        group = list(group)
+        exhaustive = table.exhaustive_steps
+
+        def median_steps(fraction: float) -> float | None:
+            """Median over seeds of the compute to reach `fraction`; a seed that never does counts as infinite."""
+            values = sorted(math.inf if v is None else v for v in (r.steps_to(fraction) for r in group))
+            median = statistics.median(values)
+            return None if math.isinf(median) else median / exhaustive
+
+        rows.append({
+            "sampler": sampler, "pruning": pruning, "seeds": len(group),
+            "compute_to_90pct": median_steps(0.90), "compute_to_95pct": median_steps(0.95),
+            "hv_at_25pct_compute": statistics.median(r.hv_at(int(0.25 * exhaustive)) for r in group),
+            "final_hv": statistics.median(r.hv_fraction[-1] for r in group),
+            "steps_saved_share": statistics.median(
+                r.steps_saved / (r.steps[-1] + r.steps_saved) if r.steps[-1] + r.steps_saved else 0.0 for r in group),
+            "front_maps_pruned": sum(len(r.front_maps_pruned) for r in group),
+        })
+    return rows
+
+

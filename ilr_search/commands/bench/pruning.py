@@ -1,0 +1,86 @@
+"""Replaying a pruning rule over a bench table's rows: the maps it prunes, the steps it saves, the front maps it
+loses (`ilr-search bench replay`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ilr_search.commands.bench.hypervolume import _feed_curve
+from ilr_search.commands.bench.table import Table
+from ilr_search.config import PrunerSettings
+from ilr_search.errors import UserInputError
+from ilr_search.space import load_space
+from ilr_search.storage import CurvePoint
+
+
+@dataclass
+class PruningReplay:
+    """A pruning rule replayed over a table's rows, in table order or shuffled."""
+
+    rule: str
+    order_seed: int | None
+    rungs: tuple[int, ...]
+    n_rows: int
+    pruned: list[dict[str, Any]]  # {"reuse_map", "step", "flops_ratio"}
+    steps_trained: int
+    steps_saved: int
+    front: list[str]  # the table's own final front
+    front_maps_lost: list[str]
+
+    @property
+    def steps_saved_share(self) -> float:
+        total = self.steps_trained + self.steps_saved
+        return self.steps_saved / total if total else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self) | {"steps_saved_share": self.steps_saved_share}
+
+
+def replay_pruning(table: Table, settings: PrunerSettings, order_seed: int | None = None,
+                   rung_fractions: Sequence[float] = (0.125, 0.25, 0.5)) -> PruningReplay:
+    """Feed every row of the table through the pruning rule, one map after another (table order, or shuffled
+    by `order_seed`), and count the steps it saves and the table's front maps it loses."""
+    settings = dataclasses.replace(settings, rungs=table.rungs_at(rung_fractions))
+    rows = list(table.rows)
+    if order_seed is not None:
+        random.Random(order_seed).shuffle(rows)
+    points: list[CurvePoint] = []
+    pruned, trained, saved = [], 0, 0
+    for number, row in enumerate(rows):
+        step = _feed_curve(number, row.map_key, row.flops_ratio, row.curve, table.steps, points,
+                           None if settings.name == "none" else settings)
+        if step is None:
+            trained += table.steps
+        else:
+            pruned.append({"reuse_map": row.map_key, "step": step, "flops_ratio": row.flops_ratio})
+            trained += step
+            saved += table.steps - step
+    front = table.front_keys()
+    lost = [p["reuse_map"] for p in pruned if p["reuse_map"] in front]
+    return PruningReplay(settings.name, order_seed, settings.rungs, len(rows), pruned, trained, saved, front, lost)
+
+
+def default_pruner_settings(pruner: str) -> PrunerSettings:
+    """A pruning rule with the default space's settings (what a default study prunes with)."""
+    search = load_space().search
+    return PrunerSettings(name=pruner, eta=search.prune_eta, epsilon=search.prune_epsilon,
+                          warmup=search.prune_warmup, calibration_maps=search.prune_calibration_maps,
+                          min_spearman=search.prune_min_spearman)
+
+
+def replay_table(path: str | Path, pruner: str = "pareto", order_seed: int | None = None) -> dict[str, Any]:
+    """`ilr-search bench replay`: one pruning rule (with the default space's settings) over a table's rows."""
+    if pruner not in ("pareto", "pareto-eager", "none"):
+        raise UserInputError(f"unknown --pruner {pruner!r} for a replay; use pareto, pareto-eager or none")
+    if not Path(path).is_file():
+        raise UserInputError(f"bench table {str(path)!r} does not exist")
+    table = Table.read(path)
+    result = replay_pruning(table, default_pruner_settings(pruner), order_seed)
+    return {"table": str(path), "steps": table.steps, **result.to_dict()}
+
+
