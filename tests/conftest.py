@@ -109,3 +109,32 @@ def assert_one_line_error(proc) -> None:
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def write_truth(path, gaps: dict[str, tuple[float, float]], seeds: int = 4, drop: tuple = (),
+                lengths: tuple[int, ...] = (100, 200, 400), base_gaps: dict[str, float] | None = None) -> None:
+    """A truth table (benchmarks/truth.py's schema): map -> (gap to the baseline at the target, seed sd); the gap
+    grows in proportion to the steps (or is base_gaps[map] at the base length where given); `drop`: (map, steps,
+    seed) left out."""
+    import math
+    import random
+
+    import pandas as pd
+
+    rng = random.Random(0)
+    rows = []
+    for key, (gap, sd) in gaps.items():
+        for steps in lengths:
+            for seed in range(seeds):
+                if (key, steps, seed) in drop:
+                    continue
+                offset = base_gaps[key] if base_gaps and key in base_gaps and steps == lengths[0] else gap * steps / lengths[-1]
+                loss = 2.0 - 0.1 * math.log2(steps / lengths[0]) + offset + rng.gauss(0, sd)
+                rows.append({"map_key": key, "flops_ratio": 1.0 + (sum(map(int, key.split(","))) - 4) / 4,
+                             "steps": steps, "factor": steps // lengths[0], "seed": seed, "val_loss": loss,
+                             "val_ppl": math.exp(loss), "status": "ok",
+                             "curve": json.dumps([[steps // 8, loss + 0.6], [steps // 4, loss + 0.4],
+                                                  [steps // 2, loss + 0.2], [steps, loss]])})
+    frame = pd.DataFrame(rows)
+    frame["meta"] = json.dumps({"baseline": "1,1,1,1"})
+    frame.to_parquet(path, index=False)

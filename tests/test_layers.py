@@ -87,7 +87,7 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_graph_is_read_from_the_source():
     graph = import_graph()
-    assert "ilr_search.search.run" in graph["ilr_search.cli.main"]
+    assert "ilr_search.commands.run" in graph["ilr_search.cli.main"]
     assert "ilr_search.training.model" in graph["ilr_search.training.train"]
     assert "ilr_search.data.tokenizers" in graph["ilr_search.data.tokens"]
 

@@ -6,12 +6,12 @@ import math
 import random
 from collections.abc import Callable
 
-import pandas as pd
 import pytest
-from conftest import ROOT, assert_one_line_error
+from conftest import ROOT, assert_one_line_error, write_truth
 from scipy import stats as sps
 
 from ilr_search.commands.bench import TruthTable, replay_policy, replay_race
+from ilr_search.commands.bench.policy import race_template
 from ilr_search.analysis.racing import Evaluation, RaceJob, RaceSettings, race_lengths, race_state
 from ilr_search.analysis.stats import paired_comparison, seed_interval
 
@@ -112,7 +112,7 @@ def test_a_map_dominated_at_two_seeds_is_eliminated_and_a_tied_one_kept():
             return 2.0 + (0.05 if seed % 2 else -0.05)  # the baseline's mean, with a large alternating spread
         return 2.0 + noise[seed] * 0.1
 
-    settings = RaceSettings(100, 400, seeds=(0, 1, 2))
+    settings = RaceSettings(100, 400, policy="fixed", seeds=(0, 1, 2))
     waves, evaluations, state = run_race(loss, flops, settings)
     assert "3,1,1,1" in state.eliminated and state.eliminated["3,1,1,1"].startswith(f"{BASE} better than 3,1,1,1 at 100")
     assert "seeds 0,1" in state.eliminated["3,1,1,1"]  # decided at two seeds: its third seed was never trained
@@ -126,7 +126,7 @@ def test_promotion_in_order_seeds_before_length_and_lengths_in_order():
     flops = {BASE: 1.0, "2,1,1,1": 1.25, "1,2,1,1": 1.25, "1,1,2,1": 1.25}
     rng = random.Random(3)
     table = {(k, s, seed): 2.0 + rng.gauss(0, 0.05) for k in flops for s in (100, 200, 400) for seed in (0, 1, 2)}
-    waves, evaluations, state = run_race(lambda k, s, seed: table[(k, s, seed)], flops, RaceSettings(100, 400))
+    waves, evaluations, state = run_race(lambda k, s, seed: table[(k, s, seed)], flops, RaceSettings(100, 400, policy="fixed"))
     order = [(j.steps, j.seed) for wave in waves for j in wave]
     assert order == sorted(order)  # lengths in order, and within a length seeds in order
     for wave in waves:
@@ -147,17 +147,17 @@ def test_contenders_are_the_base_front_capped_with_the_baseline_always():
     flops = {BASE: 1.0, "2,1,1,1": 1.25, "1,2,1,1": 1.25, "2,2,1,1": 1.5, "3,1,1,1": 1.5, "3,3,1,1": 2.0}
     base = {BASE: 2.3, "2,1,1,1": 2.0, "1,2,1,1": 2.1, "2,2,1,1": 1.9, "3,1,1,1": 2.2, "3,3,1,1": 1.95}
     evaluations = [Evaluation(k, f, 100, 0, base[k]) for k, f in flops.items()]
-    state = race_state(evaluations, RaceSettings(100, 400, max_contenders=3), BASE)
+    state = race_state(evaluations, RaceSettings(100, 400, policy="fixed", max_contenders=3), BASE)
     # the front in (loss, flops) is 1,1,1,1 (cheapest), 2,1,1,1 and 2,2,1,1; the baseline takes one of the 3 places
     assert set(state.alive) == {BASE, "2,1,1,1", "2,2,1,1"}
     assert set(state.not_raced) == {"1,2,1,1", "3,1,1,1", "3,3,1,1"}
     assert {j.map_key for j in state.next_jobs} == set(state.alive) and {j.seed for j in state.next_jobs} == {1}
-    again = race_state(list(reversed(evaluations)), RaceSettings(100, 400, max_contenders=3), BASE)
+    again = race_state(list(reversed(evaluations)), RaceSettings(100, 400, policy="fixed", max_contenders=3), BASE)
     assert again == state  # the same evaluations in any order: the same decision
 
 
 def test_missing_base_results_come_first_and_a_diverged_map_is_eliminated():
-    settings = RaceSettings(100, 400)
+    settings = RaceSettings(100, 400, policy="fixed")
     state = race_state([Evaluation("2,1,1,1", 1.25, 200, 1, 2.0)], settings, BASE)
     assert set(state.next_jobs) == {RaceJob(BASE, 100, 0), RaceJob("2,1,1,1", 100, 0)} and not state.done
     state = race_state([Evaluation(BASE, 1.0, 100, 0, 2.0), Evaluation("2,1,1,1", 1.25, 100, 0, None)], settings, BASE)
@@ -174,7 +174,7 @@ def hand_race(gap: float, spread: float, n_seeds: int = 3) -> object:
         base = 2.0 - 0.1 * math.log2(steps / 100)
         return base + (gap + offsets[seed] if key != BASE else 0.001 * seed)
 
-    return run_race(loss, flops, RaceSettings(100, 400, seeds=tuple(range(n_seeds))))
+    return run_race(loss, flops, RaceSettings(100, 400, policy="fixed", seeds=tuple(range(n_seeds))))
 
 
 def test_front_confirmed_and_verdict_when_a_map_beats_the_baseline():
@@ -215,26 +215,6 @@ def test_one_seed_claims_nothing():
 # ----------------------------------------------------------------------------------------------------
 # The replay over a truth table
 
-def write_truth(path, gaps: dict[str, tuple[float, float]], seeds: int = 4, drop: tuple = ()) -> None:
-    """A truth table (benchmarks/truth.py's schema): map -> (gap to the baseline at the target, seed sd)."""
-    rng = random.Random(0)
-    rows = []
-    for key, (gap, sd) in gaps.items():
-        for steps in (100, 200, 400):
-            for seed in range(seeds):
-                if (key, steps, seed) in drop:
-                    continue
-                loss = 2.0 - 0.1 * math.log2(steps / 100) + gap * steps / 400 + rng.gauss(0, sd)
-                rows.append({"map_key": key, "flops_ratio": 1.0 + (sum(map(int, key.split(","))) - 4) / 4,
-                             "steps": steps, "factor": steps // 100, "seed": seed, "val_loss": loss,
-                             "val_ppl": math.exp(loss), "status": "ok",
-                             "curve": json.dumps([[steps // 8, loss + 0.6], [steps // 4, loss + 0.4],
-                                                  [steps // 2, loss + 0.2], [steps, loss]])})
-    frame = pd.DataFrame(rows)
-    frame["meta"] = json.dumps({"baseline": BASE})
-    frame.to_parquet(path, index=False)
-
-
 GAPS = {BASE: (0.0, 0.002), "2,1,1,1": (-0.3, 0.01), "1,2,1,1": (0.2, 0.01), "1,1,2,1": (0.25, 0.02),
         "2,2,1,1": (0.3, 0.01), "1,1,1,2": (0.02, 0.05)}
 
@@ -244,7 +224,7 @@ def test_race_replay_over_a_hand_made_truth_table(tmp_path):
     write_truth(path, GAPS)
     table = TruthTable.read(path)
     assert table.lengths == (100, 200, 400) and table.seeds_at(400) == (0, 1, 2, 3) and table.baseline == BASE
-    report = replay_policy(path, "race", orders=4, n_seeds=3)
+    report = replay_policy(path, "race-fixed", orders=4, n_seeds=3)
     assert report["table_better_than_baseline"] == ["2,1,1,1"] and report["table_decided_better"] == ["2,1,1,1"]
     assert report["decided_claimed_share"] == 1.0
     assert report["maps_claimed"] == 4 and report["false_claims"] == 0  # the one real win, in every order
@@ -260,7 +240,7 @@ def test_race_replay_stops_at_a_job_the_table_cannot_answer(tmp_path):
     path = tmp_path / "partial.parquet"
     write_truth(path, GAPS, seeds=3, drop=(("2,1,1,1", 200, 1),))
     table = TruthTable.read(path)
-    replay = replay_race(table, order_seed=0)
+    replay = replay_race(table, order_seed=0, race=race_template("race-fixed"))
     assert ("2,1,1,1", 200, 1) in replay.unanswered
     assert replay.verdict.startswith("(race open at 200 steps)")  # it stopped there, undecided
     assert 0 < replay.compute_steps < sum(steps for (_, steps, _) in table.losses)

@@ -20,7 +20,7 @@ from typing import Any
 from optuna.trial import TrialState
 
 from ilr_search.analysis.pareto import non_dominated
-from ilr_search.analysis.results import (REFERENCE_PREFIX, Curves, as_list, is_baseline, is_baseline_key, key_reuse_map,
+from ilr_search.analysis.results import (REFERENCE_PREFIX, Curves, as_list, is_baseline, is_baseline_key, is_deep_key, key_reuse_map,
                                          study_front, trained_by_map, trained_trials)
 from ilr_search.analysis.trials import Trial, trained_results, trial_records
 from ilr_search.analysis.stats import groups_differ, paired_comparison, rank_agreement
@@ -142,11 +142,11 @@ SEPARATE_P = 1 - VERDICT_CONFIDENCE  # the ANOVA's p below which the audited map
 
 
 def audit_report(trials: Sequence[Trial], rows: Sequence[AuditRow], factor: str) -> AuditReport | None:
-    """The audit at `factor` from its stored rows (complete ones) and the study's trials; None before any
-    audited map is complete."""
+    """The audit at `factor` from its stored rows (complete ones; the race's equal-compute references are no maps of
+    the study, and are left out) and the study's trials; None before any audited map is complete."""
     done: dict[str, list[AuditRow]] = {}
     for r in rows:
-        if r.job.factor == factor and r.state == "complete" and r.val_ppl is not None:
+        if r.job.factor == factor and r.state == "complete" and r.val_ppl is not None and not is_deep_key(r.job.map_key):
             done.setdefault(r.job.map_key, []).append(r)
     if not done:
         return None
@@ -190,6 +190,7 @@ def audit_report(trials: Sequence[Trial], rows: Sequence[AuditRow], factor: str)
 
 def audit_reports(trials: Sequence[Trial], rows: Sequence[AuditRow]) -> list[AuditReport]:
     """One report per audited factor, in increasing factor."""
+    rows = [r for r in rows if not is_deep_key(r.job.map_key)]
     factors = sorted({r.job.factor for r in rows}, key=float)
     return [a for a in (audit_report(trials, rows, f) for f in factors) if a is not None]
 

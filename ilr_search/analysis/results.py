@@ -180,6 +180,18 @@ def key_reuse_map(map_key: str) -> list[int]:
     return [int(x) for x in map_key.split("|")[0].split(",")]
 
 
+DEEP_PREFIX = "deep"  # the race's equal-compute reference: deepR, the study's model with R layers, each run once
+
+
+def deep_key(layer_runs: int) -> str:
+    return f"{DEEP_PREFIX}{layer_runs}"
+
+
+def is_deep_key(key: str) -> bool:
+    """An equal-compute reference's key (deepR), not a reuse map of the study's model."""
+    return key.startswith(DEEP_PREFIX) and key[len(DEEP_PREFIX):].isdigit()
+
+
 def is_baseline_key(map_key: str) -> bool:
     """The paper's baseline: the all-ones map with every knob off."""
     return "|" not in map_key and is_baseline(key_reuse_map(map_key))

@@ -1,0 +1,490 @@
+"""The adaptive race: judged at the target length, with seeds bought until each comparison is decided.
+
+A pure policy over the study's evaluations (race_core.py has the types; racing.race_state picks it for the
+"adaptive" policy). Its stages:
+
+1. Base results. Every known map's result at the base length and seeds[0] (the trials').
+2. The screen at the target. The `screen` maps nearest the base front (the baseline first) are trained at the
+   target at seeds[0], best base result first, in waves of `calibration` maps. Base results only order this
+   promotion: learning curves of reuse maps cross (fast starters finish slow), so a base result eliminates a map
+   before the target only where the screen itself shows that the two lengths rank alike. Once `calibration`
+   maps are screened and the Spearman between their base and target results is at least `min_agreement`, a
+   waiting map is eliminated when a screened map of no more FLOPs leads it at the base length by more than the
+   largest base lead that the target overturned among the screened maps (the margin of the calibrated pruner,
+   pruners.py, applied to lengths).
+3. Contenders. The `max_contenders` screened maps nearest the target's front (the baseline among them).
+4. Seeds at the target. Seed seeds[0] chose the contenders, so their comparisons with the baseline are tested on
+   seeds[1:] only: the choice cannot bias the test. Each contender gets min_seeds - 1 of them, then one more a
+   wave while its comparison is open. After every wave each comparison is tested by a sequential paired t test
+   (sequential.py) that keeps its level however often it looks, with the family's level split over the
+   contenders by a weighted Holm step-down (valid for group-sequential tests too: Maurer and Bretz 2013): the
+   screen's best gets the share `lead_share`, the rest split what is left, and a claim passes its share on. The
+   weights come from seeds[0], which the tests never see. A
+   comparison is decided when the test claims the contender better, or when its paired t test says it is worse
+   than the baseline at the one-sided level `futility` (stopping without a claim only makes the test more
+   conservative), or when a contender of no more FLOPs beats it by a paired test; it stays open until the pool's
+   seeds are spent or the compute cap `max_steps` is reached.
+5. The equal-compute reference (equal_compute). A plain model with as many layers as the best recurrent
+   contender runs (deepR: R layers, all run once) is trained at the target at that contender's seeds, once the
+   contenders are decided: is recurrence better than a deeper model of the same compute? Its cost is kept
+   within the cap from the start.
+
+The verdict says what the race found at the target, with the smallest gap it would have found at 80% power from
+its own seeds and paired sd (sequential.detectable_gap), and the compute it spent.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ilr_search.analysis.pareto import non_dominated
+from ilr_search.analysis.results import DEEP_PREFIX, deep_key, is_deep_key
+from ilr_search.analysis.race_core import (Evaluation, FrontPoint, RaceJob, RaceSettings, RaceState, Results, base_results,
+                                        choose_contenders, collect, race_compute)
+from ilr_search.analysis.sequential import SequentialTest, detectable_gap, t_statistic
+from ilr_search.analysis.stats import decision_level, paired_comparison, rank_agreement, seed_interval
+
+DETECTION_POWER = 0.8
+
+
+def layer_runs(map_key: str) -> int:
+    """The layers a reuse map's schedule runs (its counts' sum); a key's knob part (after '|') is ignored."""
+    return sum(int(x) for x in map_key.split("|")[0].split(","))
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A contender against the baseline at the target, over their common test seeds (seeds[1:], in pool order).
+    mean_diff: mean of loss_map - loss_baseline (negative: the map is better); interval: its two-sided t interval
+    at the race's confidence; p_value: the one-sided paired t test's, nominal (as if the seeds had been fixed);
+    level: the one-sided level the sequential test holds it to (its share of the family's, Holm); boundary: the t
+    the test needs at its last look; status: better | worse | dominated | diverged | open | undecided (the pool's
+    seeds spent) | capped (the compute cap stopped it)."""
+    map_key: str
+    flops_ratio: float
+    seeds: tuple[int, ...]
+    mean_diff: float | None
+    sd_diff: float | None
+    interval: tuple[float, float] | None
+    p_value: float
+    t: float | None
+    level: float
+    boundary: float | None
+    status: str
+    decided_at: int | None = None  # test seeds at the claim
+    why: str = ""
+
+    @property
+    def n(self) -> int:
+        return len(self.seeds)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"map": self.map_key, "flops_ratio": self.flops_ratio, "seeds": list(self.seeds),
+                "mean_diff": self.mean_diff, "sd_diff": self.sd_diff,
+                "interval": list(self.interval) if self.interval else None, "p_value": self.p_value, "t": self.t,
+                "level": self.level, "boundary": self.boundary if self.boundary is None or math.isfinite(self.boundary)
+                else None, "status": self.status, "decided_at": self.decided_at, "why": self.why}
+
+
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+def _diffs(results: Results, key: str, baseline_key: str, steps: int, pool: Sequence[int]) -> tuple[list[int], list[float]]:
+    mine, base = results.at(key, steps), results.at(baseline_key, steps)
+    seeds = [s for s in pool if s in mine and s in base]
+    return seeds, [mine[s] - base[s] for s in seeds]
+
+
+def holm_claims(paths: Mapping[str, Sequence[float]], weights: Mapping[str, float], alpha: float, first_look: int,
+                max_n: int, kind: str) -> tuple[dict[str, tuple[float, int]], dict[str, float]]:
+    """The weighted Holm step-down over sequential tests: each comparison not yet claimed is tested at its share of
+    the family level, alpha * weight / (the weights still unclaimed); a claim passes its share on to the rest.
+    Returns the claims {key: (level, look at the claim)} and the levels the rest are held to."""
+    remaining = sorted(paths)
+    claimed: dict[str, tuple[float, int]] = {}
+    levels: dict[str, float] = {}
+    while remaining:
+        total = math.fsum(weights[k] for k in remaining)
+        levels = {k: alpha * weights[k] / total for k in remaining}
+        new = {k: SequentialTest(levels[k], first_look, max_n, kind).crossed_at(list(paths[k]))  # type: ignore[arg-type]
+               for k in remaining}
+        new = {k: n for k, n in new.items() if n is not None}
+        if not new:
+            return claimed, levels
+        claimed |= {k: (levels[k], n) for k, n in new.items()}
+        remaining = [k for k in remaining if k not in new]
+    return claimed, {}
+
+
+def holm_weights(ranked: Sequence[str], lead: float) -> dict[str, float]:
+    """The first of `ranked` (the screen's best) gets the share `lead` of the family's level, the rest split the
+    remainder equally (lead 1: a fixed sequence, the rest tested only once the first is claimed)."""
+    if len(ranked) <= 1:
+        return {k: 1.0 for k in ranked}
+    rest = (1 - lead) / (len(ranked) - 1)
+    return {k: (lead if i == 0 else max(rest, 1e-12)) for i, k in enumerate(ranked)}
+
+
+def screen_agreement(screened: Sequence[str], base_losses: Mapping[str, float], target_losses: Mapping[str, float]
+                     ) -> dict[str, Any]:
+    """How the base length ranks the screened maps against the target: Spearman over them, and the margin, the
+    largest base lead the target overturned (b led a at the base, a finished ahead at the target)."""
+    keys = [k for k in screened if k in base_losses and k in target_losses]
+    rho, _ = rank_agreement([base_losses[k] for k in keys], [target_losses[k] for k in keys])
+    margin = 0.0
+    for a in keys:
+        for b in keys:
+            if base_losses[b] < base_losses[a] and target_losses[a] < target_losses[b]:
+                margin = max(margin, base_losses[a] - base_losses[b])
+    return {"maps": len(keys), "spearman": rho, "margin": margin}
+
+
+def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSettings, baseline_key: str) -> RaceState:
+    """The adaptive race's decision from every evaluation (see the module docstring)."""
+    maps = [e for e in evaluations if not is_deep_key(e.map_key)]  # the equal-compute references are no contenders
+    _, early, base_losses, eliminated = base_results(maps, settings, baseline_key)
+    if early is not None:
+        return early
+    results = collect(evaluations)
+    target, first = settings.target_steps, settings.seeds[0]
+    compute = race_compute(evaluations, settings)
+    cap = settings.max_steps
+
+    def fits(jobs: Sequence[RaceJob], reserve: int = 0) -> bool:
+        return cap is None or compute + sum(j.steps for j in jobs) + reserve <= cap
+
+    # 2. the screen at the target, at seeds[0]
+    candidates = choose_contenders(base_losses, results.flops, baseline_key, settings.screen)
+    not_raced = tuple(k for k in sorted(base_losses) if k not in candidates)
+    screened = [k for k in candidates if first in results.losses.get(k, {}).get(target, {})]
+    screen_losses: dict[str, float] = {}
+    for k in screened:
+        loss = results.losses[k][target][first]
+        if _finite(loss):
+            screen_losses[k] = float(loss)  # type: ignore[arg-type]
+        else:
+            eliminated[k] = f"diverged at {target} steps, seed {first}"
+    if baseline_key in screened and baseline_key not in screen_losses:
+        return _ended(f"the baseline {baseline_key} diverged at {target} steps: nothing to race against",
+                      eliminated, not_raced, compute, target)
+    agreement = screen_agreement(list(screen_losses), base_losses, screen_losses)
+    agree = (agreement["maps"] >= settings.calibration and agreement["spearman"] is not None
+             and agreement["spearman"] >= settings.min_agreement)
+    waiting = []
+    for k in candidates:
+        if k in screened:
+            continue
+        lead = [o for o in screen_losses if results.flops[o] <= results.flops[k]
+                and base_losses[k] - base_losses[o] > agreement["margin"]]
+        if agree and lead and k != baseline_key:
+            o = min(lead, key=lambda x: (base_losses[x], x))
+            eliminated[k] = (f"eliminated at {settings.base_steps} steps: the screen's lengths rank alike (Spearman "
+                             f"{agreement['spearman']:.2f} over {agreement['maps']} maps) and {o} leads it by "
+                             f"{base_losses[k] - base_losses[o]:.4f}, more than the largest lead the target "
+                             f"overturned ({agreement['margin']:.4f})")
+        else:
+            waiting.append(k)
+    screen = {"maps": list(candidates), "screened": sorted(screen_losses), "agreement": agreement,
+              "base_losses": {k: base_losses[k] for k in candidates}, "target_losses": dict(screen_losses)}
+    if waiting:
+        wave = [RaceJob(k, target, first) for k in waiting[:max(1, settings.calibration)]]
+        if fits(wave):
+            return RaceState(alive=tuple(waiting), eliminated=eliminated, next_jobs=tuple(wave), not_raced=not_raced,
+                             level_steps=target, compute_steps=compute, screen=screen,
+                             verdict=f"(race open at {target} steps) screening {len(waiting)} map(s) at seed {first}")
+        screen["capped"] = [k for k in waiting]
+        for k in waiting:
+            eliminated[k] = f"not screened: the compute cap ({cap} steps) was reached"
+
+    # 3. contenders, from the screen
+    contenders = choose_contenders(screen_losses, results.flops, baseline_key, settings.max_contenders)
+    for k in screen_losses:
+        if k not in contenders:
+            eliminated[k] = (f"screened at {target} steps (seed {first}, loss {screen_losses[k]:.4f}): not among the "
+                             f"{settings.max_contenders} maps nearest the target's front")
+    # 4. seeds at the target, tested on seeds[1:]
+    pool = settings.seeds[1:]
+    first_look = max(2, settings.min_seeds - 1)
+    family = [k for k in contenders if k != baseline_key]
+    alpha = decision_level(settings.confidence)
+    testable = len(pool) >= first_look
+    paths = {k: _diffs(results, k, baseline_key, target, pool) for k in family}
+    ranked = sorted(family, key=lambda k: (screen_losses[k], k))
+    weights = holm_weights(ranked, settings.lead_share)
+    claims, open_levels = (holm_claims({k: d for k, (_, d) in paths.items()}, weights, alpha, first_look, len(pool),
+                                       settings.test) if testable and family else ({}, {}))
+    comparisons: dict[str, Comparison] = {}
+    for k in family:
+        seeds, diffs = paths[k]
+        comparisons[k] = _compare(k, results, baseline_key, target, seeds, diffs, settings, claims,
+                                  open_levels.get(k, alpha * weights[k]), first_look, len(pool))
+    _stop_dominated(comparisons, results, target, settings, first_look)
+    for k, c in comparisons.items():
+        diverged = [s for s in results.diverged_at(k, target) if s in pool]
+        if diverged:
+            comparisons[k] = _with(c, "diverged", f"diverged at {target} steps, seed {diverged[0]}")
+        if comparisons[k].status in ("worse", "dominated", "diverged"):
+            eliminated[k] = comparisons[k].why
+    best = _best_recurrent(comparisons, results, target)
+    deep = deep_key(layer_runs(best)) if settings.equal_compute and best is not None else None
+    jobs = _seed_wave(comparisons, results, baseline_key, target, pool, first_look) if testable else []
+    stopped = ""
+    reserve = _deep_jobs(deep, best, results, target, jobs)
+    if jobs and not fits(jobs, sum(j.steps for j in reserve)):
+        stopped = f"the compute cap ({cap} steps) was reached"
+        for k, c in comparisons.items():
+            if c.status == "open":
+                comparisons[k] = _with(c, "capped", stopped)
+        jobs = []
+    if not jobs:
+        deep_jobs = _deep_jobs(deep, best, results, target, [])
+        if deep_jobs and fits(deep_jobs):
+            jobs = deep_jobs
+        elif deep_jobs:
+            stopped = stopped or f"the compute cap ({cap} steps) was reached"
+    done = not jobs
+    if done and not stopped:
+        stopped = _why_done(list(comparisons.values()), testable, first_look, len(pool))
+    alive = sorted((k for k in contenders if k not in eliminated), key=lambda k: (_mean(results, k, target), k))
+    front = _front(alive, results, target, settings.confidence, tuple(claims))
+    better = tuple(sorted(claims, key=lambda k: (comparisons[k].mean_diff or 0.0, k)))
+    gap = _detectable(list(comparisons.values()), results, baseline_key, target, settings)
+    equal = _equal_compute(deep, best, results, target, settings, baseline_key)
+    verdict = _verdict(comparisons, better, results, baseline_key, target, settings, done, gap, equal, compute,
+                       stopped, contenders)
+    return RaceState(alive=tuple(alive), eliminated=eliminated, next_jobs=tuple(jobs), front=front, verdict=verdict,
+                     done=done, not_raced=not_raced, level_steps=target, confirmed_better=better,
+                     best=min(better, key=lambda k: (_mean(results, k, target), k)) if better else baseline_key,
+                     compute_steps=compute, comparisons=tuple(c.to_dict() for c in comparisons.values()),
+                     screen=screen, equal_compute=equal, detectable_gap=gap, stopped=stopped)
+
+
+def _ended(verdict: str, eliminated: dict[str, str], not_raced: tuple[str, ...], compute: int, target: int) -> RaceState:
+    return RaceState(alive=(), eliminated=eliminated, not_raced=not_raced, level_steps=target, done=True,
+                     verdict=verdict, compute_steps=compute, stopped=verdict)
+
+
+def _mean(results: Results, key: str, steps: int) -> float:
+    losses = results.at(key, steps)
+    return math.fsum(losses.values()) / len(losses) if losses else math.inf
+
+
+def _by_seed(losses: Mapping[int, float]) -> list[float]:
+    """A map's losses in seed order (sums in a fixed order: the same decision whatever order results came in)."""
+    return [losses[s] for s in sorted(losses)]
+
+
+def _compare(key: str, results: Results, baseline_key: str, target: int, seeds: list[int], diffs: list[float],
+             settings: RaceSettings, claims: Mapping[str, tuple[float, int]], open_level: float, first_look: int,
+             max_n: int) -> Comparison:
+    mine, base = results.at(key, target), results.at(baseline_key, target)
+    c = paired_comparison({s: mine[s] for s in seeds}, {s: base[s] for s in seeds}, settings.confidence)
+    t = t_statistic(diffs)
+    level, decided_at = claims.get(key, (open_level, None))
+    test = SequentialTest(level, first_look, max_n, settings.test)
+    boundary = test.boundary(len(seeds)) if settings.test == "spending" and len(seeds) >= first_look else None
+    flops = results.flops[key]
+    common = dict(map_key=key, flops_ratio=flops, seeds=tuple(seeds), mean_diff=c.mean_diff if seeds else None,
+                  sd_diff=c.sd_diff, interval=c.interval, p_value=c.p_value, t=t, level=level, boundary=boundary)
+    if decided_at is not None:
+        return Comparison(**common, status="better", decided_at=decided_at,
+                          why=f"better than the baseline at {target} steps: a sequential paired t test at level "
+                              f"{level:.3g} claimed it after {decided_at} seeds")
+    if t is not None and len(seeds) >= first_look:
+        from scipy.stats import t as student
+
+        if t < -float(student.ppf(1 - settings.futility, len(seeds) - 1)):
+            return Comparison(**common, status="worse",
+                              why=f"worse than the baseline at {target} steps: paired loss difference "
+                                  f"{c.mean_diff:+.4f} over {len(seeds)} seeds, t={t:.2f} below the futility "
+                                  f"bound {-float(student.ppf(1 - settings.futility, len(seeds) - 1)):.2f}")
+    if len(seeds) >= max_n:
+        return Comparison(**common, status="undecided", why=f"undecided after the pool's {max_n} test seeds")
+    return Comparison(**common, status="open")
+
+
+def _with(c: Comparison, status: str, why: str) -> Comparison:
+    return Comparison(c.map_key, c.flops_ratio, c.seeds, c.mean_diff, c.sd_diff, c.interval, c.p_value, c.t, c.level,
+                      c.boundary, status, c.decided_at, why)
+
+
+def _stop_dominated(comparisons: dict[str, Comparison], results: Results, target: int, settings: RaceSettings,
+                    first_look: int) -> None:
+    """An open contender that a contender of no more FLOPs beats by a paired test over their common test seeds
+    gets no more seeds (it cannot be on the front)."""
+    for k, c in list(comparisons.items()):
+        if c.status != "open":
+            continue
+        mine = {s: v for s, v in results.at(k, target).items() if s in settings.seeds[1:]}
+        for o in sorted(comparisons, key=lambda x: (results.flops[x], x)):
+            if o == k or results.flops[o] > results.flops[k] or comparisons[o].status in ("diverged",):
+                continue
+            theirs = {s: v for s, v in results.at(o, target).items() if s in settings.seeds[1:]}
+            test = paired_comparison(theirs, mine, settings.confidence)
+            if test.n >= first_look and test.a_better:
+                comparisons[k] = _with(c, "dominated", f"{o} better than {k} at {target} steps: loss difference "
+                                                       f"{test.mean_diff:+.4f} over {test.n} seeds, one-sided paired "
+                                                       f"t p={test.p_value:.3g} < {test.alpha:.3g}")
+                break
+
+
+def _seed_wave(comparisons: Mapping[str, Comparison], results: Results, baseline_key: str, target: int,
+               pool: Sequence[int], first_look: int) -> list[RaceJob]:
+    """The next wave: every open contender's first first_look test seeds at once, then one more seed each;
+    the baseline gets every seed of the wave it lacks. Jobs best mean first, the baseline first of all."""
+    open_keys = sorted((k for k, c in comparisons.items() if c.status == "open"),
+                       key=lambda k: (_mean(results, k, target), k))
+    wanted: dict[str, list[int]] = {}
+    for k in open_keys:
+        have = results.losses.get(k, {}).get(target, {})
+        missing = [s for s in pool if s not in have]
+        trained = len(pool) - len(missing)
+        wanted[k] = [s for s in missing if pool.index(s) < first_look] if trained < first_look else missing[:1]
+    seeds = sorted({s for v in wanted.values() for s in v}, key=pool.index)
+    have_base = results.losses.get(baseline_key, {}).get(target, {})
+    jobs = [RaceJob(baseline_key, target, s) for s in seeds if s not in have_base]
+    return jobs + [RaceJob(k, target, s) for k in open_keys for s in wanted[k]]
+
+
+def _best_recurrent(comparisons: Mapping[str, Comparison], results: Results, target: int) -> str | None:
+    """The recurrent contender with the lowest mean loss at the target (claims first)."""
+    keys = [k for k, c in comparisons.items() if c.status not in ("diverged",)]
+    if not keys:
+        return None
+    return min(keys, key=lambda k: (comparisons[k].status != "better", _mean(results, k, target), k))
+
+
+def _deep_jobs(deep: str | None, best: str | None, results: Results, target: int, wave: Sequence[RaceJob]) -> list[RaceJob]:
+    """The equal-compute reference's jobs: the best contender's target seeds (after `wave`) it lacks."""
+    if deep is None or best is None:
+        return []
+    seeds = set(results.losses.get(best, {}).get(target, {})) | {j.seed for j in wave if j.map_key == best}
+    have = results.losses.get(deep, {}).get(target, {})
+    return [RaceJob(deep, target, s) for s in sorted(seeds) if s not in have]
+
+
+def _front(alive: Sequence[str], results: Results, steps: int, confidence: float, claimed: Sequence[str]
+           ) -> tuple[FrontPoint, ...]:
+    """The non-dominated contenders at the target by (mean loss, FLOPs), cheapest first; confirmed: claimed better
+    than the baseline by the sequential test (the baseline is the reference, never confirmed)."""
+    keys = [k for k in alive if results.at(k, steps)]
+    intervals = {k: seed_interval(_by_seed(results.at(k, steps)), confidence) for k in keys}
+    idx = non_dominated([(intervals[k].mean_loss, results.flops[k]) for k in keys])
+    on_front = sorted((keys[i] for i in idx), key=lambda k: (results.flops[k], intervals[k].mean_loss, k))
+    return tuple(FrontPoint(map_key=k, flops_ratio=results.flops[k], steps=steps,
+                            seeds=tuple(sorted(results.at(k, steps))), val_ppl=intervals[k].val_ppl,
+                            interval=intervals[k].interval_ppl or (0.0, math.inf), confirmed=k in claimed)
+                 for k in on_front)
+
+
+def _detectable(comparisons: Sequence[Comparison], results: Results, baseline_key: str, target: int,
+                settings: RaceSettings) -> dict[str, Any] | None:
+    """The smallest gap the race would have found with 80% power: from the comparison with the most test seeds
+    (the closest first among equals), its paired sd and its sequential boundary at that many seeds."""
+    usable = [c for c in comparisons if c.n >= 2 and c.sd_diff is not None and c.sd_diff > 0]
+    if not usable:
+        return None
+    c = min(usable, key=lambda c: (-c.n, c.mean_diff if c.mean_diff is not None else math.inf, c.map_key))
+    nats = detectable_gap(c.sd_diff, c.n, c.level, DETECTION_POWER,  # type: ignore[arg-type]
+                          boundary=c.boundary if settings.test == "spending" else None)
+    if nats is None:
+        return None
+    base = _mean(results, baseline_key, target)
+    return {"nats": nats, "ppl": math.exp(base) - math.exp(base - nats), "power": DETECTION_POWER, "map": c.map_key,
+            "seeds": c.n, "sd_diff": c.sd_diff, "level": c.level}
+
+
+def _equal_compute(deep: str | None, best: str | None, results: Results, target: int, settings: RaceSettings,
+                   baseline_key: str) -> dict[str, Any] | None:
+    """The best contender against the plain model of its compute, over their common target seeds."""
+    if deep is None or best is None:
+        return None
+    mine, theirs = results.at(best, target), results.at(deep, target)
+    layers = int(deep[len(DEEP_PREFIX):])
+    share = settings.layer_param_share
+    out: dict[str, Any] = {"reference": deep, "layers": layers, "map": best, "flops_ratio": results.flops.get(deep),
+                           "params_ratio": 1 + (layers - len(baseline_key.split(","))) * share if share > 0 else None,
+                           "steps": target, "seeds": sorted(theirs)}
+    if theirs:
+        iv = seed_interval(_by_seed(theirs), settings.confidence)
+        out |= {"val_ppl": iv.val_ppl, "interval": list(iv.interval_ppl) if iv.interval_ppl else None}
+    c = paired_comparison(mine, theirs, settings.confidence)
+    if c.n:
+        out["map_minus_reference"] = {"seeds": list(c.seeds), "mean_diff": c.mean_diff, "sd_diff": c.sd_diff,
+                                      "interval": list(c.interval) if c.interval else None, "p_value": c.p_value,
+                                      "ppl_diff": math.exp(_mean(results, best, target)) - math.exp(
+                                          math.fsum(theirs[s] for s in c.seeds) / c.n)}
+    return out
+
+
+def _why_done(comparisons: Sequence[Comparison], testable: bool, first_look: int, max_n: int) -> str:
+    if not comparisons:
+        return "no recurrent contender"
+    if not testable:
+        return f"the pool has {max_n} test seed(s); a sequential test needs {first_look}"
+    if all(c.status in ("better", "worse", "dominated", "diverged") for c in comparisons):
+        return "every comparison decided"
+    return f"the pool's {max_n} test seeds spent"
+
+
+def _verdict(comparisons: Mapping[str, Comparison], better: Sequence[str], results: Results, baseline_key: str,
+             target: int, settings: RaceSettings, done: bool, gap: dict[str, Any] | None,
+             equal: dict[str, Any] | None, compute: int, stopped: str, contenders: Sequence[str]) -> str:
+    prefix = "" if done else f"(race open at {target} steps) "
+    pct = round(settings.confidence * 100)
+    base_ppl = math.exp(_mean(results, baseline_key, target))
+    parts = []
+    if not comparisons:
+        text = (f"{prefix}no recurrent map was raced: the baseline {baseline_key} is the only contender"
+                if contenders == [baseline_key] else f"{prefix}no recurrent map reached the seeds at {target} steps")
+    elif better:
+        claims = []
+        for k in better:
+            c = comparisons[k]
+            ppl = math.exp(_mean(results, k, target))
+            low, high = (c.interval or (math.nan, math.nan))
+            claims.append(f"{k} {ppl:.4f} ppl vs {base_ppl:.4f} ({ppl - base_ppl:+.4f} ppl, "
+                          f"{100 * (ppl / base_ppl - 1):+.2f}%; loss difference {c.mean_diff:+.4f}, {pct}% interval "
+                          f"{low:+.4f} to {high:+.4f}, p={c.p_value:.3g} over {c.n} seeds)")
+        text = (f"{prefix}recurrence beats the baseline at {target} steps ({pct}% confidence: sequential paired t "
+                f"tests on seeds after the screen's, Holm over {len(comparisons)} map(s)): " + "; ".join(claims))
+    else:
+        counts = sorted({c.n for c in comparisons.values()})
+        seeds = f"{counts[0]} seed{'s' if counts[0] != 1 else ''}" if len(counts) == 1 else f"{counts[0]} to {counts[-1]} seeds"
+        text = (f"{prefix}nothing here is distinguishable from the baseline at {target} steps with {seeds} "
+                f"after the screen ({pct}% confidence)")
+    if gap is not None:
+        parts.append(f"gaps of {gap['ppl']:.4f} ppl ({gap['nats']:.4f} nats) or more would have been seen with "
+                     f"{round(100 * gap['power'])}% power")
+    ranked = [c for c in comparisons.values() if c.map_key not in better and c.mean_diff is not None]
+    if comparisons and not better and ranked:
+        c = min(ranked, key=lambda c: (c.mean_diff, c.map_key))
+        gap_ppl = math.exp(_mean(results, c.map_key, target)) - base_ppl
+        need = paired_comparison(*_pair(results, c, baseline_key, target), settings.confidence).seeds_needed()
+        if c.sd_diff is None:
+            parts.append(f"closest {c.map_key} ({gap_ppl:+.4f} ppl at one seed)")
+        elif need is None:
+            parts.append(f"closest {c.map_key} ({gap_ppl:+.4f} ppl, sd of the paired loss difference "
+                         f"{c.sd_diff:.4f}): more than 1000 seeds would be needed to tell them apart")
+        else:
+            who = f"{c.map_key} beats the baseline" if c.mean_diff < 0 else f"the baseline beats {c.map_key}"
+            parts.append(f"closest {c.map_key} ({gap_ppl:+.4f} ppl, sd of the paired loss difference {c.sd_diff:.4f}): "
+                         f"if the gap holds, about {need} seeds at {target} steps would show {who}")
+    if equal is not None and equal.get("map_minus_reference"):
+        d = equal["map_minus_reference"]
+        low, high = d["interval"] or (math.nan, math.nan)
+        share = (f", {equal['params_ratio']:.2f}x the parameters" if equal.get("params_ratio") else "")
+        parts.append(f"{equal['map']} against a plain {equal['layers']}-layer model of the same compute "
+                     f"({equal['reference']}{share}): {d['ppl_diff']:+.4f} ppl (loss difference {d['mean_diff']:+.4f}, "
+                     f"{pct}% interval {low:+.4f} to {high:+.4f}, over {len(d['seeds'])} seeds)")
+    parts.append(f"the race trained {compute} steps" + (f"; it stopped because {stopped}" if stopped and done else ""))
+    return text + "; " + "; ".join(parts)
+
+
+def _pair(results: Results, c: Comparison, baseline_key: str, target: int) -> tuple[dict[int, float], dict[int, float]]:
+    mine, base = results.at(c.map_key, target), results.at(baseline_key, target)
+    return {s: mine[s] for s in c.seeds}, {s: base[s] for s in c.seeds}

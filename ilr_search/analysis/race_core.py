@@ -1,0 +1,216 @@
+"""The race's shared parts: what a policy reads (evaluations), asks for (jobs), is set by (RaceSettings) and says
+(RaceState, its front points), and the steps every policy starts from (the base results, the contenders nearest
+a front). The policies: fixed_race.py and adaptive_race.py; racing.py picks one."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ilr_search.analysis.pareto import non_dominated_ranks
+from ilr_search.analysis.sequential import TestKind
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One trained result: map `map_key` trained for `steps` steps at `seed`; val_loss None when it diverged."""
+    map_key: str
+    flops_ratio: float
+    steps: int
+    seed: int
+    val_loss: float | None
+
+
+@dataclass(frozen=True)
+class RaceJob:
+    """A result the race still needs: train `map_key` for `steps` steps at `seed`."""
+    map_key: str
+    steps: int
+    seed: int
+
+
+RacePolicy = Literal["adaptive", "fixed"]
+RACE_POLICIES: tuple[RacePolicy, ...] = ("adaptive", "fixed")
+
+
+@dataclass(frozen=True)
+class RaceSettings:
+    """base_steps: the proxy's length (every map's first result); target_steps: the length the verdict is about.
+    confidence: of the paired tests and the intervals (two-sided; a claim is the one-sided test at (1 - c) / 2).
+
+    fixed: seeds are the seeds every contender is raced on, at each length doubled from base_steps up to the
+    target; max_contenders: the maps raced beyond their base result.
+
+    adaptive: seeds is the pool, in order (its length: the most seeds a comparison gets at the target); seeds[0]
+    screens up to `screen` maps at the target, and max_contenders of them (the baseline among them) are then
+    raced on seeds[1:], starting with min_seeds - 1 of them, one more a wave while a comparison is open.
+    max_steps caps the steps the race trains (None: no cap); futility: a contender stops once its paired t
+    test says it is worse than the baseline at this one-sided level; calibration: screened maps before the base
+    length may eliminate (and the screen's waves); min_agreement: the Spearman between base and target results
+    of the screened maps that lets it; test: the sequential test (sequential.py); equal_compute: also train a
+    deeper plain model of the best contender's compute at its seeds (the job's map key: deepR, R layers)."""
+    base_steps: int
+    target_steps: int
+    seeds: tuple[int, ...] = (0, 1, 2)
+    confidence: float = 0.9
+    max_contenders: int = 6
+    policy: RacePolicy = "adaptive"
+    min_seeds: int = 3
+    screen: int = 8
+    max_steps: int | None = None
+    futility: float = 0.2
+    calibration: int = 4
+    min_agreement: float = 0.6
+    test: TestKind = "spending"
+    lead_share: float = 0.5  # of the family's level, for the screen's best contender (adaptive_race.holm_weights)
+    equal_compute: bool = False
+    layer_param_share: float = 0.0  # one layer's parameters over the plain model's (a deeper model's size); 0: unknown
+
+
+@dataclass(frozen=True)
+class FrontPoint:
+    """A front point at its longest raced length: the mean over its seeds, with an interval (low, high ppl)."""
+    map_key: str
+    flops_ratio: float
+    steps: int
+    seeds: tuple[int, ...]
+    val_ppl: float
+    interval: tuple[float, float]
+    confirmed: bool
+
+
+@dataclass(frozen=True)
+class RaceState:
+    """alive: the contenders still raced, best first; eliminated: map_key -> why (the test that eliminated it,
+    or the base result that a map never started the race with: a diverged run); not_raced: the maps with a base
+    result that were not chosen as contenders; next_jobs: what to train now (every job of the open wave; after
+    they are trained, ask again); level_steps: the length being raced now (the target once done); front, verdict,
+    done: see race_state."""
+    alive: tuple[str, ...]
+    eliminated: dict[str, str] = field(default_factory=dict)  # map_key -> why (the test that eliminated it)
+    next_jobs: tuple[RaceJob, ...] = ()
+    front: tuple[FrontPoint, ...] = ()
+    verdict: str = ""
+    done: bool = False
+    not_raced: tuple[str, ...] = ()
+    level_steps: int = 0
+    confirmed_better: tuple[str, ...] = ()  # maps that beat the baseline at the target by a paired test
+    best: str | None = None  # the map the race reports: see reported_best
+    compute_steps: int = 0  # steps of the results the race trained beyond the base results (every length > base)
+    # adaptive only: each raced comparison with the baseline at the target (adaptive_race.Comparison.to_dict),
+    # the screen (maps, their base and target results, the lengths' agreement), the deeper plain model of the same
+    # compute, the smallest gap the race would find at 80% power, and why it stopped
+    comparisons: tuple[dict[str, Any], ...] = ()
+    screen: dict[str, Any] = field(default_factory=dict)
+    equal_compute: dict[str, Any] | None = None
+    detectable_gap: dict[str, Any] | None = None
+    stopped: str = ""
+
+
+def race_lengths(settings: RaceSettings) -> tuple[int, ...]:
+    """base, 2 base, 4 base, ... below the target, then the target itself."""
+    if settings.base_steps < 1 or settings.target_steps < settings.base_steps:
+        raise ValueError(f"the target ({settings.target_steps} steps) must be at least the base length "
+                         f"({settings.base_steps} steps)")
+    lengths = []
+    steps = settings.base_steps
+    while steps < settings.target_steps:
+        lengths.append(steps)
+        steps *= 2
+    return tuple(lengths) + (settings.target_steps,)
+
+
+@dataclass(frozen=True)
+class Results:
+    """The evaluations by map: flops, and {steps: {seed: val_loss}} (None where the run diverged)."""
+    flops: dict[str, float]
+    losses: dict[str, dict[int, dict[int, float | None]]]
+
+    def at(self, key: str, steps: int) -> dict[int, float]:
+        """A map's finite losses at one length, by seed."""
+        return {s: v for s, v in self.losses.get(key, {}).get(steps, {}).items() if v is not None and math.isfinite(v)}
+
+    def diverged_at(self, key: str, steps: int) -> list[int]:
+        return sorted(s for s, v in self.losses.get(key, {}).get(steps, {}).items() if v is None or not math.isfinite(v))
+
+
+def collect(evaluations: Sequence[Evaluation]) -> Results:
+    flops: dict[str, float] = {}
+    losses: dict[str, dict[int, dict[int, float | None]]] = {}
+    for e in evaluations:
+        flops[e.map_key] = e.flops_ratio
+        losses.setdefault(e.map_key, {}).setdefault(e.steps, {})[e.seed] = e.val_loss
+    return Results(flops, losses)
+
+
+def choose_contenders(base_losses: Mapping[str, float], flops: Mapping[str, float], baseline_key: str,
+                      max_contenders: int) -> list[str]:
+    """The maps nearest the base front: by non-dominated rank in (loss, flops) at the base length and first
+    seed, then by loss, then by key (reproducible); at most max_contenders, the baseline always among them."""
+    keys = sorted(base_losses)
+    ranks = non_dominated_ranks([(base_losses[k], flops[k]) for k in keys])
+    order = sorted(range(len(keys)), key=lambda i: (ranks[i], base_losses[keys[i]], keys[i]))
+    chosen = [keys[i] for i in order if keys[i] != baseline_key][:max(0, max_contenders - 1)]
+    return [baseline_key] + chosen if baseline_key in base_losses else chosen
+
+
+def benjamini_hochberg(p_values: Sequence[float]) -> list[float]:
+    """Benjamini-Hochberg adjusted p-values (scipy.stats.false_discovery_control): a family of claims made at
+    once ("these maps beat the baseline") keeps its expected share of false ones below the decision level."""
+    if not p_values:
+        return []
+    from scipy.stats import false_discovery_control
+
+    return [float(p) for p in false_discovery_control(list(p_values))]
+
+
+def base_results(evaluations: Sequence[Evaluation], settings: RaceSettings, baseline_key: str
+                 ) -> tuple[Results, RaceState | None, dict[str, float], dict[str, str]]:
+    """Every evaluation by map, and the base results every policy starts from: each known map (and the baseline)
+    at the base length and seeds[0]. Returns (results, a state to return now or None, the finite base losses,
+    the maps eliminated for a diverged base result): the state asks for missing base results first, or ends the
+    race when the baseline diverged."""
+    if not settings.seeds:
+        raise ValueError("the race needs at least one seed")
+    results = collect(evaluations)
+    base, first_seed = settings.base_steps, settings.seeds[0]
+    known = sorted(set(results.losses) | {baseline_key})
+    missing_base = [k for k in known if first_seed not in results.losses.get(k, {}).get(base, {})]
+    if missing_base:
+        return results, RaceState(alive=(), next_jobs=tuple(RaceJob(k, base, first_seed) for k in missing_base),
+                                  level_steps=base, verdict=f"waiting for the base results ({base} steps, seed "
+                                                            f"{first_seed}) of {len(missing_base)} map(s)"), {}, {}
+    eliminated: dict[str, str] = {}
+    base_losses: dict[str, float] = {}
+    for k in known:
+        loss = results.losses[k][base][first_seed]
+        if loss is None or not math.isfinite(loss):
+            eliminated[k] = f"diverged at {base} steps, seed {first_seed}"
+        else:
+            base_losses[k] = loss
+    if baseline_key not in base_losses:
+        return results, RaceState(alive=(), eliminated=eliminated, level_steps=base, done=True,
+                                  verdict=f"the baseline {baseline_key} diverged at {base} steps: nothing to race "
+                                          f"against"), base_losses, eliminated
+    return results, None, base_losses, eliminated
+
+
+def race_compute(evaluations: Sequence[Evaluation], settings: RaceSettings) -> int:
+    """The steps the race trains: every result longer than the base length, and for the fixed policy the base
+    length's other seeds too (the base results at seeds[0] are the trials')."""
+    return sum(e.steps for e in evaluations if e.steps > settings.base_steps
+               or (settings.policy == "fixed" and e.seed != settings.seeds[0]))
+
+
+def reported_best(front: Sequence[FrontPoint], alive: Sequence[str]) -> str | None:
+    """The best map the evidence supports: the lowest-perplexity confirmed front point (better than every cheaper
+    point by the paired tests), so that a map whose lead is within the noise is not reported over a cheaper one
+    it has not beaten; with no confirmed point, the best mean among the survivors."""
+    confirmed = [p for p in front if p.confirmed]
+    if confirmed:
+        return min(confirmed, key=lambda p: (p.val_ppl, p.map_key)).map_key
+    return alive[0] if alive else None
+
+

@@ -1,0 +1,159 @@
+"""The adaptive race (analysis/adaptive_race.py) on hand-made results whose answers are known: judged at the
+target, seeds bought only while a comparison is open, the screen's seed kept out of the tests, a crossing map
+taken to the target, the base length eliminating only where the screen shows the lengths rank alike, the compute
+cap, the equal-compute reference, and whole verdict sentences."""
+
+import math
+import random
+from collections.abc import Callable
+
+import pytest
+
+from ilr_search.analysis.racing import Evaluation, RaceSettings, RaceState, race_state
+
+BASE = "1,1,1,1"
+SETTINGS = RaceSettings(100, 400, seeds=tuple(range(8)), max_contenders=3, screen=8)
+Loss = Callable[[str, int, int], float | None]
+
+
+def flops_of(key: str) -> float:
+    return 1.0 + (sum(int(x) for x in key.split(",")) - 4) / 4 if not key.startswith("deep") else int(key[4:]) / 4
+
+
+def run(loss: Loss, maps: list[str], settings: RaceSettings = SETTINGS, max_rounds: int = 100
+        ) -> tuple[list[list[tuple[str, int, int]]], list[Evaluation], RaceState]:
+    """Every map's base result at seeds[0], then the policy's waves answered by `loss` until it is done."""
+    evaluations = [Evaluation(k, flops_of(k), settings.base_steps, settings.seeds[0],
+                              loss(k, settings.base_steps, settings.seeds[0])) for k in maps]
+    waves = []
+    for _ in range(max_rounds):
+        state = race_state(evaluations, settings, BASE)
+        if state.done:
+            return waves, evaluations, state
+        waves.append([(j.map_key, j.steps, j.seed) for j in state.next_jobs])
+        evaluations += [Evaluation(j.map_key, flops_of(j.map_key), j.steps, j.seed, loss(j.map_key, j.steps, j.seed))
+                        for j in state.next_jobs]
+    raise AssertionError("the race did not finish")
+
+
+def noisy(gaps: dict[str, float], sd: float = 0.02, base_gaps: dict[str, float] | None = None, seed: int = 0) -> Loss:
+    """Losses: the baseline's curve, each map `gaps[map]` nats off it at the target (`base_gaps` at the base
+    length, the same gap where not given), and per (map, steps, seed) noise of sd `sd`."""
+    rng = random.Random(seed)
+    noise: dict[tuple[str, int, int], float] = {}
+
+    def loss(key: str, steps: int, s: int) -> float:
+        gap = gaps.get(key, 0.0) if steps > 100 or base_gaps is None else base_gaps.get(key, gaps.get(key, 0.0))
+        if (key, steps, s) not in noise:
+            noise[(key, steps, s)] = rng.gauss(0, sd)
+        return 2.5 - 0.2 * math.log2(steps / 100) + gap + noise[(key, steps, s)]
+
+    return loss
+
+
+def seeds_of(evaluations: list[Evaluation], key: str, steps: int = 400) -> set[int]:
+    return {e.seed for e in evaluations if e.map_key == key and e.steps == steps}
+
+
+def test_a_large_gap_is_claimed_early_and_a_worse_map_stops_early():
+    waves, evaluations, state = run(noisy({"2,1,1,1": -0.3, "1,2,1,1": 0.3}, sd=0.01), [BASE, "2,1,1,1", "1,2,1,1"])
+    assert state.done and state.confirmed_better == ("2,1,1,1",) and state.best == "2,1,1,1"
+    comparisons = {c["map"]: c for c in state.comparisons}
+    assert comparisons["2,1,1,1"]["status"] == "better" and comparisons["1,2,1,1"]["status"] == "worse"
+    assert len(seeds_of(evaluations, "2,1,1,1")) < len(SETTINGS.seeds)  # decided before the pool was spent
+    assert len(seeds_of(evaluations, "1,2,1,1")) < len(SETTINGS.seeds)
+    assert "1,2,1,1" in state.eliminated and "worse than the baseline" in state.eliminated["1,2,1,1"]
+    assert not any(steps not in (100, 400) for wave in waves for _, steps, _ in wave)  # judged at the target only
+    front = {p.map_key: p for p in state.front}
+    assert front["2,1,1,1"].confirmed and not front[BASE].confirmed  # the baseline is the reference
+    c = comparisons["2,1,1,1"]
+    ppl, base_ppl = front["2,1,1,1"].val_ppl, front[BASE].val_ppl
+    assert state.verdict == (
+        f"recurrence beats the baseline at 400 steps (90% confidence: sequential paired t tests on seeds after the "
+        f"screen's, Holm over 2 map(s)): 2,1,1,1 {ppl:.4f} ppl vs {base_ppl:.4f} ({ppl - base_ppl:+.4f} ppl, "
+        f"{100 * (ppl / base_ppl - 1):+.2f}%; loss difference {c['mean_diff']:+.4f}, 90% interval "
+        f"{c['interval'][0]:+.4f} to {c['interval'][1]:+.4f}, p={c['p_value']:.3g} over {len(c['seeds'])} seeds); "
+        f"gaps of {state.detectable_gap['ppl']:.4f} ppl ({state.detectable_gap['nats']:.4f} nats) or more would have "
+        f"been seen with 80% power; the race trained {state.compute_steps} steps; it stopped because every "
+        f"comparison decided")
+
+
+def test_nothing_distinguishable_says_the_gap_it_would_have_seen():
+    waves, evaluations, state = run(noisy({"2,1,1,1": 0.0, "1,2,1,1": 0.0}, sd=0.02, seed=3),
+                                    [BASE, "2,1,1,1", "1,2,1,1"])
+    assert state.done and state.confirmed_better == () and state.best == BASE
+    gap = state.detectable_gap
+    assert gap is not None and gap["nats"] > 0 and gap["ppl"] > 0 and gap["power"] == 0.8
+    assert state.verdict.startswith("nothing here is distinguishable from the baseline at 400 steps with ")
+    assert "seeds after the screen (90% confidence); gaps of " in state.verdict
+    assert f"gaps of {gap['ppl']:.4f} ppl ({gap['nats']:.4f} nats) or more would have been seen with 80% power" in state.verdict
+    assert "closest " in state.verdict and "would show" in state.verdict and "beats" in state.verdict
+    assert state.verdict.endswith(f"the race trained {state.compute_steps} steps; it stopped because {state.stopped}")
+
+
+def test_the_screen_seed_chooses_the_contenders_and_the_tests_never_see_it():
+    waves, evaluations, state = run(noisy({"2,1,1,1": -0.3}, sd=0.01), [BASE, "2,1,1,1"])
+    for c in state.comparisons:
+        assert SETTINGS.seeds[0] not in c["seeds"]
+    assert waves[0] == [(BASE, 400, 0), ("2,1,1,1", 400, 0)]  # the screen: every map at the target at seed 0
+
+
+def test_a_crossing_map_is_taken_to_the_target_and_claimed():
+    """2,2,1,1 is the worst map at the base length and the best at the target (the other maps cross too, so the
+    screen does not show the lengths ranking alike): it is screened, raced and claimed, never eliminated before."""
+    maps = [BASE, "2,1,1,1", "1,2,1,1", "1,1,2,1", "2,2,1,1"]
+    loss = noisy({"2,1,1,1": 0.1, "1,2,1,1": 0.05, "1,1,2,1": 0.08, "2,2,1,1": -0.3}, sd=0.01,
+                 base_gaps={"2,1,1,1": -0.05, "1,2,1,1": -0.03, "1,1,2,1": 0.02, "2,2,1,1": 0.2})
+    waves, evaluations, state = run(loss, maps)
+    assert "2,2,1,1" not in state.eliminated and "2,2,1,1" in state.confirmed_better
+    assert len(seeds_of(evaluations, "2,2,1,1")) >= SETTINGS.min_seeds
+    assert state.screen["agreement"]["spearman"] < SETTINGS.min_agreement
+
+
+def test_the_base_length_eliminates_only_where_the_screen_shows_the_lengths_rank_alike():
+    maps = [BASE] + [f"{a},{b},1,1" for a in (1, 2, 3) for b in (1, 2, 3) if (a, b) != (1, 1)][:7]
+    alike = {k: 0.05 * i for i, k in enumerate(maps)}  # the same order, the same gaps, at both lengths
+    waves, evaluations, state = run(noisy(alike, sd=0.001), maps)
+    skipped = [k for k in maps if not seeds_of(evaluations, k)]
+    assert skipped and all("rank alike" in state.eliminated[k] for k in skipped)
+    assert len(waves[0]) == SETTINGS.calibration  # the first screen wave measured the agreement
+    crossing = {k: (0.05 * i if i % 2 else -0.05 * i) for i, k in enumerate(maps)}
+    flipped = {k: -v for k, v in crossing.items()}
+    waves, evaluations, state = run(noisy(crossing, sd=0.001, base_gaps=flipped), maps)
+    assert all(seeds_of(evaluations, k) for k in maps)  # the lengths disagree: every map goes to the target
+
+
+def test_the_compute_cap_stops_the_race_and_the_verdict_says_so():
+    settings = RaceSettings(100, 400, seeds=tuple(range(8)), max_contenders=3, screen=8, max_steps=3000)
+
+    def undecided(key: str, steps: int, seed: int) -> float:  # a small lead, far inside its seeds' spread
+        return 2.0 + (0.0 if key == BASE else -0.005 + 0.05 * (-1) ** seed)
+
+    waves, evaluations, state = run(undecided, [BASE, "2,1,1,1"], settings)
+    assert state.done and state.compute_steps <= 3000 and "compute cap (3000 steps)" in state.stopped
+    assert "it stopped because the compute cap (3000 steps) was reached" in state.verdict
+    assert any(c["status"] == "capped" for c in state.comparisons)
+
+
+def test_the_equal_compute_reference_trains_at_the_best_contenders_seeds():
+    settings = RaceSettings(100, 400, seeds=tuple(range(6)), max_contenders=3, screen=8, equal_compute=True,
+                            layer_param_share=0.2)
+    waves, evaluations, state = run(noisy({"2,1,1,1": -0.3, "2,2,1,1": 0.2, "deep5": -0.1}, sd=0.01),
+                                    [BASE, "2,1,1,1", "2,2,1,1"], settings)
+    deep = [w for w in waves if any(k == "deep5" for k, _, _ in w)]
+    assert len(deep) == 1 and all(k == "deep5" for k, _, _ in deep[0])  # one wave, after the contenders decided
+    assert seeds_of(evaluations, "deep5") == seeds_of(evaluations, "2,1,1,1")
+    equal = state.equal_compute
+    assert equal["reference"] == "deep5" and equal["layers"] == 5 and equal["map"] == "2,1,1,1"
+    assert equal["params_ratio"] == pytest.approx(1.2)
+    assert equal["map_minus_reference"]["mean_diff"] == pytest.approx(-0.2, abs=0.03)
+    assert "2,1,1,1 against a plain 5-layer model of the same compute (deep5, 1.20x the parameters): " in state.verdict
+    assert "deep5" not in {c["map"] for c in state.comparisons}  # a reference, not a contender
+
+
+def test_the_same_evaluations_in_any_order_give_the_same_decision():
+    waves, evaluations, state = run(noisy({"2,1,1,1": -0.02, "1,2,1,1": 0.01}, sd=0.02, seed=9),
+                                    [BASE, "2,1,1,1", "1,2,1,1"])
+    shuffled = list(evaluations)
+    random.Random(1).shuffle(shuffled)
+    assert race_state(shuffled, SETTINGS, BASE) == state
