@@ -79,6 +79,8 @@ FAMILIES = ("ilr", "block")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "fp32", "bf16")
 LR_SCHEDULES = ("cosine", "wsd")
+RACE_POLICIES = ("adaptive", "fixed")
+EQUAL_COMPUTE = ("depth", "off")
 
 
 @dataclass(frozen=True)
@@ -157,8 +159,13 @@ class SearchConfig:
     enqueue_paper_maps: bool = True
     knobs: tuple[str, ...] = ()  # recurrence knobs searched with the map (knobs.py), each a categorical dimension
     target: float = 4.0  # the race's training length, a multiple of the proxy's steps (1: no longer training)
-    race_seeds: int = 3  # seeds a contender is raced on, the space's seed first (1 with target 1: no race)
-    race_contenders: int = 3  # maps raced beyond their first result (the nearest the proxy front), the baseline among them
+    race_seeds: int = 3  # adaptive: seeds each contender has at the target at its first test; fixed: at every length
+    race_contenders: int = 3  # maps raced on more seeds (adaptive: of the screen's, at the target), the baseline among them
+    race_policy: str = "adaptive"  # "adaptive" (adaptive_race.py) or "fixed" (racing.py: race_seeds at doubled lengths)
+    max_seeds: int = 8  # adaptive: the most seeds a contender gets at the target (its first screens, the rest test)
+    race_screen: int = 12  # adaptive: the most maps screened at the target at the first seed
+    equal_compute: str = "depth"  # "depth": race a plain model as deep as the best contender runs; "off"
+    max_race_steps: int = 0  # a cap on the steps the race trains (0: none); how a run goes, not what the study is
     fuse: int | str = 4  # maps trained at once in one fused group (fused.py), or "auto" (commands/autofuse.py);
     # how a study runs, not what it is: never stored
     # maps trained first, after the baseline, in this order: "3,2,2,1", "2,1,1,1|injection=add" or "block2"
@@ -176,7 +183,8 @@ SPACE_SCHEMA_VERSION = 1
 # existed keeps its configuration and its derived name: the study made by commit eeb668a
 # (tests/fixtures/study-eeb668a.sql) has no knob field, no searched knob and no race setting, and it ran with
 # the knobs off (today's model, so none of its trials has a knob) and is raced on resume at target 4, 3 seeds, 3
-# contenders (the race's first settings, commit 16303f0). Every study has stored its dtype (since the first
+# contenders (the race's first settings, commit 16303f0), by the fixed race with no equal-compute reference (a study
+# made before the adaptive race existed keeps the race it was made with). Every study has stored its dtype (since the first
 # search, commit ef78507); a missing one reads as fp32, as the audit read it, never as "auto". A study made before
 # the WSD schedule existed ran cosine with its warmup a fraction of its steps. Pinned here and not read from
 # the dataclasses' defaults: a later default must not change what an old study meant. Keys absent
@@ -185,7 +193,8 @@ SPACE_SCHEMA_VERSION = 1
 STORED_OMITTED_DEFAULTS: dict[str, dict[str, Any]] = {
     "model": dict(KNOB_FIELD_DEFAULTS),
     "train": {"dtype": "fp32", "lr_schedule": "cosine", "warmup_steps": 0, "cooldown_frac": 0.2},
-    "search": {"knobs": (), "target": 4.0, "race_seeds": 3, "race_contenders": 3},
+    "search": {"knobs": (), "target": 4.0, "race_seeds": 3, "race_contenders": 3, "race_policy": "fixed",
+               "max_seeds": 3, "race_screen": 3, "equal_compute": "off"},
 }
 
 

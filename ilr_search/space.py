@@ -16,8 +16,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from ilr_search.config import DEVICES, DTYPES, FAMILIES, LR_SCHEDULES, OBJECTIVES, PRUNERS, SAMPLERS, DataConfig, SearchConfig, SpaceConfig, \
-    TrainConfig
+from ilr_search.config import DEVICES, DTYPES, EQUAL_COMPUTE, FAMILIES, LR_SCHEDULES, OBJECTIVES, PRUNERS, RACE_POLICIES, \
+    SAMPLERS, DataConfig, SearchConfig, SpaceConfig, TrainConfig
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import check_knobs
 
@@ -120,6 +120,11 @@ def parse_target(text: str) -> float:
     return factor
 
 
+def races_at_all(search: SearchConfig) -> bool:
+    """Whether a study of these settings races (a target beyond the proxy's length, or more than one seed)."""
+    return search.target > 1 or search.race_seeds > 1
+
+
 def validate_space(space: SpaceConfig) -> None:
     t, s = space.train, space.search
     checks = [
@@ -154,6 +159,14 @@ def validate_space(space: SpaceConfig) -> None:
          f"target must be at least 1x the proxy's steps (the race trains contenders longer, never shorter), got {s.target}"),
         (s.race_seeds >= 1, f"race-seeds (the seeds each contender is raced on) must be at least 1, got {s.race_seeds}"),
         (s.race_contenders >= 1, f"race_contenders (maps raced beyond their first result) must be at least 1, got {s.race_contenders}"),
+        (s.race_policy in RACE_POLICIES, f"unknown race_policy {s.race_policy!r}; use one of {', '.join(RACE_POLICIES)}"),
+        (s.equal_compute in EQUAL_COMPUTE, f"unknown equal_compute {s.equal_compute!r}; use one of {', '.join(EQUAL_COMPUTE)}"),
+        (s.race_screen >= s.race_contenders, f"race_screen (maps screened at the target) must be at least race_contenders "
+                                             f"({s.race_contenders}), got {s.race_screen}"),
+        (s.race_policy != "adaptive" or not races_at_all(s) or s.max_seeds >= max(3, s.race_seeds),
+         f"--max-seeds must be at least 3 and at least --race-seeds ({s.race_seeds}) for the adaptive race (one seed "
+         f"screens, the rest test), got {s.max_seeds}"),
+        (s.max_race_steps >= 0, f"--max-race-steps must be 0 (no cap) or a positive number of steps, got {s.max_race_steps}"),
         (s.fuse == "auto" or (isinstance(s.fuse, int) and not isinstance(s.fuse, bool) and s.fuse >= 1),
          f"fuse (maps trained at once in one fused group) must be at least 1 or \"auto\", got {s.fuse!r}"),
         (isinstance(s.enqueue, tuple) and all(isinstance(e, str) for e in s.enqueue), f"[search] enqueue must be a list of strings like \"3,2,2,1\", got {list(s.enqueue)}"),

@@ -1,7 +1,6 @@
 """The `ilr-search` command line: thin commands over the library (see ../shared/cli-contract.md)."""
 
 import atexit
-import dataclasses
 import functools
 import inspect
 import json
@@ -261,55 +260,31 @@ def run(
     knobs: Annotated[Optional[str], typer.Option(help="Recurrence knobs searched with the map, comma-separated: injection, iteration_encoding, iteration_norms, depth_init, repeat_scale. \\[default: from the space, none in the presets]")] = None,
     track: Annotated[Optional[str], typer.Option(help="Log each trial (validation curve, map, knobs, final values) and the reference runs: tensorboard:DIR or mlflow:URI (needs mlflow).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan (study, trials, references, pruning rungs, storage, space) and a time estimate from a short timed probe; write nothing.")] = False,
-    target: Annotated[Optional[str], typer.Option(help="The length the verdict is about, a multiple of the proxy's steps: contenders are raced at more seeds and up to this length (1x: seeds only). \\[default: from the space, 4x]")] = None,
-    race_seeds: Annotated[Optional[int], typer.Option(help="Seeds each contender is raced on, the space's seed first (--target 1x --race-seeds 1: no race). \\[default: from the space, 3]")] = None,
+    target: Annotated[Optional[str], typer.Option(help="The length the verdict is about, a multiple of the proxy's steps: contenders are screened and raced there (1x: seeds only). \\[default: from the space, 4x]")] = None,
+    race_seeds: Annotated[Optional[int], typer.Option(help="Seeds each contender has at the target at its first test (adaptive race: the first screens, the rest test; fixed race: seeds at every length). --target 1x --race-seeds 1: no race. \\[default: from the space, 3]")] = None,
+    max_seeds: Annotated[Optional[int], typer.Option(help="Adaptive race: the most seeds a contender gets at the target; seeds are added while its comparison with the baseline is open. \\[default: from the space, 8]")] = None,
+    max_race_steps: Annotated[Optional[int], typer.Option(help="A cap on the steps the race trains (0: none); a resume with a larger cap goes on. \\[default: from the space, 0]")] = None,
+    race_policy: Annotated[Optional[str], typer.Option(help="adaptive (judged at the target, seeds until decided) or fixed (race-seeds at doubled lengths, as studies made before it). \\[default: from the space, adaptive]")] = None,
+    equal_compute: Annotated[Optional[str], typer.Option(help="depth: also race a plain model as deep as the best contender runs (the same compute, more parameters); off. \\[default: from the space, depth]")] = None,
     enqueue: Annotated[Optional[str], typer.Option(help="Your maps, trained first after the baseline, in order, space-separated: \"3,2,2,1 4,2,1,1\", with knobs as --knobs of train takes them (2,1,1,1|injection=add), or blockK (trained as a reference run). Over-budget maps are repaired to the budget. \\[default: the space's enqueue list]")] = None,
     json_out: Json = False,
 ) -> None:
     """Search reuse maps under a FLOP budget; running it again resumes the study."""
-    from ilr_search.commands.autofuse import parse_fuse, run_layout
-    from ilr_search.search.maps import split_enqueue_text
-    from ilr_search.search.run import RunRequest
-    from ilr_search.space import load_space, parse_target
+    from ilr_search.commands.run import RunOptions, run_request, run_search
 
-    searched = None if knobs is None else [k.strip() for k in knobs.split(",") if k.strip()]
-    factor = None if target is None else parse_target(target)
-    asked = None if enqueue is None else split_enqueue_text(enqueue)
-    overrides = opts.overrides() | {"search": {"objective": objective, "knobs": searched, "target": factor,
-                                                "race_seeds": race_seeds, "enqueue": asked}}
-    asked_fuse = None if fuse is None else parse_fuse(fuse)
-    if workers is not None and workers < 1:
-        raise UserInputError(f"--workers must be at least 1, got {workers}")
-    space = load_space(opts.space, overrides)
-    request = RunRequest(space, budget, study, storage, n_trials=n_trials, timeout=timeout, sampler=sampler,
-                         pruner=pruner)
+    request, fuse_asked = run_request(RunOptions(
+        opts.space, opts.overrides(), budget, study, storage, n_trials, timeout, sampler, pruner, objective, workers,
+        fuse, knobs, target, race_seeds, max_seeds, max_race_steps, race_policy, equal_compute, enqueue))
     tracked_reporter(track, storage, open_uri=False)  # a bad --track is refused before the probe
     if dry_run:
         from ilr_search.commands.dryrun import dry_run_report
 
         emit(dry_run_report(request, workers or 1), json_out, ui.print_plan)
         return
-    # K and the workers (a K asked for checked against memory; auto probed), before anything is opened
-    choice = run_layout(request, asked_fuse if asked_fuse is not None else space.search.fuse, workers)
-    if choice.reason:
-        ui.err.print(choice.reason, soft_wrap=True, markup=False, highlight=False)  # one line, however long
-    layout = choice.layout
-    request = dataclasses.replace(request, fuse=layout.fuse)
     tracked = tracked_reporter(track, storage)
-    if layout.groups != 1:
-        from ilr_search.commands.workers import run_workers
-
-        with tracked(ui.WorkersReporter(enabled=True)) as reporter:
-            summary = run_workers(request, layout.groups, reporter, threads=layout.threads)
-    else:
-        from ilr_search.search.run import run_study
-
-        if layout.threads is not None:
-            import torch
-
-            torch.set_num_threads(layout.threads)
-        with tracked(ui.RichReporter(enabled=True)) as reporter:
-            summary = run_study(request, reporter)
+    summary = run_search(request, fuse_asked, workers, lambda: tracked(ui.RichReporter(enabled=True)),
+                         lambda: tracked(ui.WorkersReporter(enabled=True)),
+                         note=lambda text: ui.err.print(text, soft_wrap=True, markup=False, highlight=False))
     emit(summary, json_out, ui.print_run)
     if summary.get("interrupted"):
         raise typer.Exit(130)
@@ -462,6 +437,25 @@ def bench_replay(
     from ilr_search.commands.bench import replay_table
 
     emit(replay_table(table, pruner, seed), json_out, ui.print_pruning_replay)
+
+
+@bench_app.command("power")
+@user_errors
+def bench_power(
+    table: Annotated[Path, typer.Option(help="A truth table (benchmarks/truth.py builds them): maps at several lengths and seeds.")],
+    deltas: Annotated[str, typer.Option(help="Planted gaps in the table's seed sd at the target, comma-separated (0: the A/A table, every map at the baseline's mean).")] = "0,0.5,1,2,3,4",
+    crossing: Annotated[str, typer.Option(help="Crossing gaps in seed sd (worse by the gap at the base length, better at the target), comma-separated; empty: none.")] = "2",
+    orders: Annotated[int, typer.Option(help="Seed orders replayed per planted map.")] = 10,
+    maps: Annotated[Optional[str], typer.Option(help="The maps planted, space-separated. \\[default: every recurrent map of the table]")] = None,
+    policy: Annotated[str, typer.Option(help="race (the adaptive race of a default study), race-fixed (the fixed race at --fixed-seeds), or both.")] = "both",
+    fixed_seeds: Annotated[int, typer.Option(help="Seeds of the fixed race, drawn from the table's.")] = 3,
+    json_out: Json = False,
+) -> None:
+    """The race's power, measured on itself: plant a gap in one map of a truth table, replay the race over many
+    orders, count how often it claims that map (and any other), at every gap."""
+    from ilr_search.commands.bench.power import power_command
+
+    emit(power_command(table, deltas, crossing, orders, maps, policy, fixed_seeds), json_out, ui.print_power)
 
 
 @app.command()

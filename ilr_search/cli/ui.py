@@ -443,6 +443,24 @@ def print_policy_replay(report: dict[str, Any]) -> None:
     out.print(f"first order's verdict: {report['replays'][0]['verdict']}")
 
 
+def print_power(report: dict[str, Any]) -> None:
+    """`bench power`: per race setting and planted gap, the power, the replays claiming a map not truly better,
+    the A/A rate (any claim at a gap of 0) and the mean compute."""
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{100 * x:.0f}%"
+
+    rows = [{"setting": r["setting"], "gap_sd": f"{r['delta_sd']:g}", "gap_nats": f"{r['delta_nats']:.4f}",
+             "curve": "crossing" if r["crossing"] else "constant", "replays": str(r["replays"]),
+             "power": pct(r["power"]), "false_claims": pct(r["false_claims"]), "any_claim": pct(r["any_claim"]),
+             "compute": f"{r['mean_compute_steps']:.0f}"} for r in report["rows"]]
+    rows_table(f"power over {report['table']} ({report['maps']} maps, seeds {_fmt(report['table_seeds'])}, "
+               f"{report['base_steps']} to {report['target_steps']} steps, seed sd {report['seed_sd_at_target']:.4f} "
+               f"nats at the target, {report['orders']} orders a planted map)",
+               rows, ["setting", "gap_sd", "gap_nats", "curve", "replays", "power", "false_claims", "any_claim", "compute"])
+    out.print("power: share of replays claiming the planted map; false_claims: share claiming a map not truly better; "
+              "at gap 0 every map has the baseline's mean (A/A) and any_claim is the false-claim rate")
+
+
 def print_pruning_replay(report: dict[str, Any]) -> None:
     rows_table(f"{report['rule']} over {report['table']} ({report['n_rows']} rows, "
                f"{'table order' if report['order_seed'] is None else 'order seed ' + str(report['order_seed'])})",

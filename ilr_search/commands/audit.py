@@ -238,5 +238,5 @@ def _claim_group(store: Store, pending: list[tuple[AuditJob, TrialRecord]], work
             continue
         claimed.append(AuditRun(job, list(t.reuse_map), model,
                                 longer_train_config(space.train, space.train.steps, job.seed),
-                                run_checkpoint(checkpoints, job), t.number, t))
+                                run_checkpoint(checkpoints, job), t.number, t.flops_ratio, trial=t))
     return claimed, []

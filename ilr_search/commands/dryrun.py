@@ -18,7 +18,7 @@ from ilr_search.training.flops import flops_ratio
 from ilr_search.analysis.results import REFERENCE_PREFIX, has_result
 from ilr_search.training.schedule import reuse_map_schedule
 from ilr_search.search.maps import repair_to_budget
-from ilr_search.search.plan import StudyPlan, adopt_stored_dtype, check_resume, stored_study
+from ilr_search.search.plan import StudyPlan, adopt_stored_dtype, adopt_stored_race, check_resume, stored_study
 from ilr_search.search.pruners import pruner_settings
 from ilr_search.search.run import ReferenceRun, RunRequest, planned_space, reference_runs
 from ilr_search.search.samplers import sampler_settings
@@ -76,6 +76,7 @@ def dry_run_report(request: RunRequest, workers: int = 1, probe: bool = True) ->
     existing = open_storage(spec, heartbeat=False) if spec.exists() else None
     if existing is not None and space.train.dtype == "auto":
         plan = adopt_stored_dtype(existing, plan)
+    plan = adopt_stored_race(existing, plan, dict(request.asked_race))
     check_resume(existing, spec, plan, request.pruner)
     study = stored_study(existing, plan.name)
     trials = study.get_trials(deepcopy=False) if study is not None else []

@@ -66,7 +66,14 @@ RESULT_TRAIN_FIELDS = ("steps", "batch_size", "grad_accum", "lr", "warmup_frac",
 LR_SCHEDULE_FIELDS = ("lr_schedule", "warmup_steps", "cooldown_frac")
 
 
-RACE_FIELDS = ("target", "race_seeds", "race_contenders")
+RACE_FIELDS = ("target", "race_seeds", "race_contenders", "race_policy", "max_seeds", "race_screen", "equal_compute")
+
+
+# The race's policy and the adaptive race's own settings: stored with a study, but not part of what names it or of
+# what a resume must match. A study made before they existed resumes under its old name with the race it was made
+# with (the fixed race: STORED_OMITTED_DEFAULTS), while a new study of the same space is made with today's; a
+# flag that asks a stored study for another of these is refused (adopt_stored_race).
+ADOPTED_RACE_FIELDS = ("race_policy", "max_seeds", "race_screen", "equal_compute")
 
 
 SCHEMA_KEY = "schema_version"  # in the stored configuration, but not part of what the study is (its name, resumes)
@@ -120,8 +127,12 @@ def stored_config(study_attrs: Mapping[str, Any]) -> StoredConfig | None:
 
 def study_identity(config: Mapping[str, Any]) -> dict[str, Any]:
     """What names a study and what a resume must match: its stored configuration without the schema version
-    (a study stored before the version existed resumes under the same name, with the same check)."""
-    return canonical_config({k: v for k, v in config.items() if k != SCHEMA_KEY})
+    (a study stored before the version existed resumes under the same name, with the same check) and without the
+    race settings a resume adopts (ADOPTED_RACE_FIELDS)."""
+    identity = {k: v for k, v in config.items() if k != SCHEMA_KEY}
+    if isinstance(identity.get("search"), Mapping):
+        identity["search"] = {k: v for k, v in identity["search"].items() if k not in ADOPTED_RACE_FIELDS}
+    return canonical_config(identity)
 
 
 def canonical_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -179,6 +190,24 @@ def adopt_stored_dtype(storage: optuna.storages.BaseStorage | None, plan: StudyP
     stored = config.space.train.dtype
     config = plan.config | {"train": plan.config["train"] | {"dtype": stored}}
     return dataclasses.replace(plan, dtype=stored, config=config)
+
+
+def adopt_stored_race(storage: optuna.storages.BaseStorage | None, plan: StudyPlan,
+                      asked: Mapping[str, Any] | None = None) -> StudyPlan:
+    """A stored study's race settings (ADOPTED_RACE_FIELDS) for this run: a study made with the fixed race is
+    resumed with it. `asked`: the settings this run's flags ask for; one that differs from the study's is refused."""
+    study = stored_study(storage, plan.name)
+    config = stored_config(study.user_attrs) if study is not None else None
+    if config is None:
+        return plan
+    stored = {k: getattr(config.space.search, k) for k in ADOPTED_RACE_FIELDS}
+    conflicts = [f"{k}: study has {stored[k]!r}, this run asks for {v!r}" for k, v in (asked or {}).items()
+                 if k in stored and v is not None and v != stored[k]]
+    if conflicts:
+        raise UserInputError(f"cannot resume study {plan.name!r} with another race ({'; '.join(conflicts)}); drop "
+                             "these flags to resume it as it was made, or choose a new --study")
+    space = dataclasses.replace(plan.space, search=dataclasses.replace(plan.space.search, **stored))
+    return dataclasses.replace(plan, space=space, config=study_config(space, plan.model, plan.budget, plan.dtype))
 
 
 def search_differences(settings: StudySettings, space: SpaceConfig, pruner_flag: str | None) -> list[str]:

@@ -18,7 +18,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,10 +28,11 @@ from optuna.trial import TrialState
 
 from ilr_search.config import ModelConfig, SpaceConfig, TrainConfig
 from ilr_search.data.tokens import TokenData
-from ilr_search.training.flops import flops_ratio
-from ilr_search.knobs import KnobValue, config_key
+from ilr_search.training.flops import baseline_flops_per_token, flops_ratio, forward_flops_per_token
+from ilr_search.training.flops import param_count
+from ilr_search.knobs import config_key
 from ilr_search.analysis.racing import Evaluation, FrontPoint, RaceJob, RaceSettings, RaceState, race_state
-from ilr_search.analysis.results import (REFERENCE_PREFIX, as_list, finite_or_none, is_baseline_key, key_reuse_map,
+from ilr_search.analysis.results import (DEEP_PREFIX, REFERENCE_PREFIX, is_deep_key, as_list, finite_or_none, is_baseline_key, key_reuse_map,
                                          knobs_text, study_front, trained_by_map, trained_trials)
 from ilr_search.analysis.trials import Trial, trial_records
 from ilr_search.training.schedule import format_reuse_map, reuse_map_schedule
@@ -74,19 +75,33 @@ class StoredResult:
         return dataclasses.asdict(self)
 
 
-def race_settings(config: Mapping[str, Any]) -> RaceSettings:
-    """The race of a study from its stored configuration (target, race_seeds, race_contenders stored only where not
-    the defaults, which SpaceConfig.from_dict reads back): the proxy's length, the target length, and the seeds
-    from the space's seed up."""
+RACE_CAP_ATTR = "ilr:max_race_steps"  # the compute cap the study's last run raced under (0: none)
+
+
+def race_settings(config: Mapping[str, Any], max_steps: int | None = None) -> RaceSettings:
+    """The race of a study from its stored configuration (its race settings stored only where not the defaults of
+    STORED_OMITTED_DEFAULTS, which SpaceConfig.from_dict reads back): the proxy's length, the target length, the
+    seeds from the space's seed up (the fixed race's race_seeds, the adaptive race's pool of max_seeds), and the
+    compute cap `max_steps` (None or 0: none)."""
     space = SpaceConfig.from_dict(config)
     base_steps, seed, search = space.train.steps, space.train.seed, space.search
-    return RaceSettings(base_steps, max(base_steps, round(search.target * base_steps)),
-                        tuple(seed + i for i in range(search.race_seeds)), max_contenders=search.race_contenders)
+    target = max(base_steps, round(search.target * base_steps))
+    if search.race_policy == "fixed":
+        return RaceSettings(base_steps, target, tuple(seed + i for i in range(search.race_seeds)),
+                            max_contenders=search.race_contenders, policy="fixed", max_steps=max_steps or None)
+    model = space.model
+    share = (param_count(dataclasses.replace(model, n_layers=model.n_layers + 1)) - param_count(model)) / param_count(model)
+    return RaceSettings(base_steps, target, tuple(seed + i for i in range(search.max_seeds)),
+                        max_contenders=search.race_contenders, policy="adaptive", min_seeds=search.race_seeds,
+                        screen=search.race_screen, max_steps=max_steps or None,
+                        equal_compute=search.equal_compute == "depth", layer_param_share=share)
 
 
 def races(settings: RaceSettings) -> bool:
-    """Whether the race trains anything: a target beyond the proxy's length, or more than one seed."""
-    return settings.target_steps > settings.base_steps or len(settings.seeds) > 1
+    """Whether the race trains anything: a target beyond the proxy's length, or more than one seed (the adaptive
+    race's first test needs race_seeds > 1)."""
+    seeds = settings.min_seeds if settings.policy == "adaptive" else len(settings.seeds)
+    return settings.target_steps > settings.base_steps or seeds > 1
 
 
 def lr_schedule(config: Mapping[str, Any]) -> str:
@@ -141,18 +156,28 @@ def stored_results(trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows
     return list(unique.values())
 
 
-def study_race(trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows: Sequence[AuditRow]
-               ) -> tuple[RaceSettings, list[StoredResult], RaceState]:
+def study_race(trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows: Sequence[AuditRow],
+               max_steps: int | None = None) -> tuple[RaceSettings, list[StoredResult], RaceState]:
     """The race's settings, the study's results, and the policy's decision on them. The policy sees the maps
-    a trial trained to the proxy's length (and the baseline): a pruned map that the audit retrained is no
-    contender, and the race does not train it to the proxy's length to make it one."""
+    a trial trained to the proxy's length (and the baseline), and the equal-compute references (deepR): a pruned
+    map that the audit retrained is no contender, and the race does not train it to the proxy's length to make it
+    one. The compute cap: `max_steps`, or the one the study's last run raced under."""
     config = study_attrs[CONFIG_ATTR]
-    settings = race_settings(config)
+    settings = race_settings(config, max_steps if max_steps is not None else study_attrs.get(RACE_CAP_ATTR))
     results = stored_results(trials, study_attrs, rows)
     baseline = format_reuse_map([1] * int(config["model"]["n_layers"]))
     raced = {r.map_key for r in results if r.source.startswith("trial ")} | {baseline}
-    evaluations = [r.evaluation() for r in results if r.map_key in raced]
+    evaluations = [r.evaluation() for r in results if r.map_key in raced or is_deep_key(r.map_key)]
     return settings, results, race_state(evaluations, settings, baseline)
+
+
+def deep_model(model: ModelConfig, key: str) -> ModelConfig:
+    """The equal-compute reference deepR: the study's model (its knobs off) with R layers, each run once."""
+    return dataclasses.replace(model, n_layers=layer_runs_of_deep(key))
+
+
+def layer_runs_of_deep(key: str) -> int:
+    return int(key[len(DEEP_PREFIX):])
 
 
 def json_interval(interval: tuple[float, float]) -> list[float | None]:
@@ -198,21 +223,35 @@ def front_rows(points: Sequence[FrontPoint], trials: Sequence[Trial], results: S
 def race_summary(trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows: Sequence[AuditRow]
                  ) -> dict[str, Any]:
     """What `run`, `pareto` and `trials` report of the race: the front (pareto items), the verdict, the
-    target length, the open and eliminated maps, and every stored result with its fidelity (nothing for a
-    study not made by ilr-search)."""
+    target length, the open and eliminated maps, every stored result with its fidelity, and for the adaptive race
+    its comparisons, screen, detectable gap and equal-compute reference (nothing for a study not made by
+    ilr-search)."""
     if CONFIG_ATTR not in study_attrs:
-        return {"pareto": [], "verdict": "", "target_steps": None, "race": None}
+        return {"pareto": [], "verdict": "", "target_steps": None, "race": None, "detectable_gap": None,
+                "equal_compute": None}
     trials = trial_records(trials)
     settings, results, state = study_race(trials, study_attrs, rows)
     # With the race off, or before it has its contenders (base results missing), the front is the proxy's.
     points = state.front if races(settings) and state.front else proxy_points(trials, settings)
+    equal = equal_compute_report(state.equal_compute, SpaceConfig.from_dict(study_attrs[CONFIG_ATTR]).model)
     return {"pareto": front_rows(points, trials, results), "verdict": state.verdict,
-            "target_steps": settings.target_steps,
-            "race": {"base_steps": settings.base_steps, "target_steps": settings.target_steps,
-                     "steps_trained": sum(r.steps for r in results if r.is_run),
-                     "seeds": list(settings.seeds), "confidence": settings.confidence, "done": state.done,
-                     "alive": list(state.alive), "eliminated": dict(state.eliminated),
+            "target_steps": settings.target_steps, "detectable_gap": state.detectable_gap, "equal_compute": equal,
+            "race": {"policy": settings.policy, "base_steps": settings.base_steps, "target_steps": settings.target_steps,
+                     "steps_trained": sum(r.steps for r in results if r.is_run), "compute_steps": state.compute_steps,
+                     "max_steps": settings.max_steps, "seeds": list(settings.seeds), "confidence": settings.confidence,
+                     "done": state.done, "stopped": state.stopped, "alive": list(state.alive),
+                     "eliminated": dict(state.eliminated), "comparisons": list(state.comparisons),
+                     "screen": state.screen, "detectable_gap": state.detectable_gap, "equal_compute": equal,
                      "results": [r.to_dict() for r in sorted(results, key=lambda r: (r.map_key, r.steps, r.seed))]}}
+
+
+def equal_compute_report(equal: Mapping[str, Any] | None, model: ModelConfig) -> dict[str, Any] | None:
+    """The race's equal-compute reference with its parameter count beside the study's model's."""
+    if equal is None:
+        return None
+    deep = deep_model(model, equal["reference"])
+    return dict(equal) | {"params": param_count(deep), "baseline_params": param_count(model),
+                          "params_ratio": param_count(deep) / param_count(model)}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -260,13 +299,37 @@ def finish_run(store: Store, job: AuditJob, worker: str, result: TrainResult, ch
 
 @dataclass(frozen=True)
 class ClaimedRun:
-    """A race run this worker holds: what to train and where its result goes."""
+    """A race run: what to train and where its result goes."""
     job: AuditJob
     reuse_map: list[int]
     model: ModelConfig
     train_cfg: TrainConfig
     checkpoint: Path
     number: int  # the map's trial
+    flops_ratio: float = 0.0  # forward FLOPs per token over the study's all-ones map's
+
+
+def planned_run(plan: StudyPlan, job: RaceJob, by_key: Mapping[str, Trial], train: TrainConfig, base_steps: int,
+                checkpoint_folder: Path) -> ClaimedRun | None:
+    """How to train a race job: a trial's map with its knobs, the baseline, or an equal-compute reference deepR
+    (the study's model with R layers, every FLOP ratio against the study's own all-ones map); None for a map no
+    trial of the study trained."""
+    stored = audit_job(job, base_steps)
+    if is_deep_key(job.map_key):
+        model = deep_model(plan.model, job.map_key)
+        schedule = list(range(model.n_layers))
+        ratio = forward_flops_per_token(model, schedule) / baseline_flops_per_token(plan.model)
+        reuse_map, number = [1] * model.n_layers, 0
+    else:
+        trial = by_key.get(job.map_key)
+        if trial is None and not is_baseline_key(job.map_key):
+            return None
+        reuse_map = list(trial.reuse_map) if trial is not None else key_reuse_map(job.map_key)
+        model = plan.trial_model(dict(trial.knobs) if trial is not None else {})
+        ratio = flops_ratio(model, reuse_map_schedule(reuse_map))
+        number = trial.number if trial is not None else 0
+    return ClaimedRun(stored, reuse_map, model, longer_train_config(train, job.steps, job.seed),
+                      run_checkpoint(checkpoint_folder, stored), number, ratio)
 
 
 def train_runs_fused(store: Store, runs: Sequence[ClaimedRun], worker: str, data: TokenData,
@@ -300,44 +363,47 @@ def fusable(model: ModelConfig) -> bool:
         return False
 
 
+RaceRunner = Callable[[StudyPlan, optuna.Study, Store, TokenData, RunReporter, Path, int, int], object]
+"""What trains a study's race: run_race's first eight arguments (plan, study, store, data, reporter, checkpoint
+folder, fuse, max_steps)."""
+
+
 def run_race(plan: StudyPlan, study: optuna.Study, store: Store, data: TokenData, reporter: RunReporter,
-             checkpoint_folder: Path, fuse: int = 1) -> RaceState:
+             checkpoint_folder: Path, fuse: int = 1, max_steps: int | None = None, workers: int = 1) -> RaceState:
     """Train what the racing policy asks for, reading every result again after each run (or each fused group
     of up to `fuse` runs of one length and model), until it is done (or asks only for runs that exist); runs
-    held by live workers are waited for."""
+    held by live workers are waited for. `max_steps`: the compute cap this run races under (stored with the study,
+    so that reports read the race as this run left it; None: the study's last). `workers`: race workers sharing
+    the runs, each taking at most its share of a wave."""
     worker = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     train = dataclasses.replace(plan.space.train, dtype=plan.dtype)
+    if max_steps is not None and study.user_attrs.get(RACE_CAP_ATTR) != max_steps:
+        study.set_user_attr(RACE_CAP_ATTR, max_steps)
     waiting_said = False
     while True:
         trials = trial_records(study.get_trials(deepcopy=False))
-        settings, results, state = study_race(trials, study.user_attrs, store.audit_rows())
+        settings, results, state = study_race(trials, study.user_attrs, store.audit_rows(), max_steps)
         have = {(r.map_key, r.steps, r.seed) for r in results}
         open_jobs = [j for j in state.next_jobs if (j.map_key, j.steps, j.seed) not in have]
         if state.done or not open_jobs or not races(settings):
             break  # (a race that is off trains nothing, not even a baseline that no trial trained)
         by_key = trained_by_map(trials)
+        limit = max(1, min(fuse, -(-len(open_jobs) // max(1, workers))))
         claimed: list[ClaimedRun] = []
         held = False
         for job in open_jobs:
-            if claimed and (len(claimed) >= fuse or job.steps != claimed[0].train_cfg.steps):
+            if claimed and (len(claimed) >= limit or job.steps != claimed[0].train_cfg.steps):
                 break
-            trial = by_key.get(job.map_key)
-            if trial is None and not is_baseline_key(job.map_key):
+            run = planned_run(plan, job, by_key, train, settings.base_steps, checkpoint_folder)
+            if run is None:
                 continue  # no trial of this study trained the map: nothing says how to build it
-            reuse_map = list(trial.reuse_map) if trial is not None else key_reuse_map(job.map_key)
-            knobs: dict[str, KnobValue] = dict(trial.knobs) if trial is not None else {}
-            model = plan.trial_model(knobs)
-            if claimed and (model != claimed[0].model or not fusable(model)):
+            if claimed and (run.model != claimed[0].model or not fusable(run.model)):
                 continue  # another model: a later group trains it
-            ratio = flops_ratio(model, reuse_map_schedule(reuse_map))
-            stored = audit_job(job, settings.base_steps)
-            if not store.audit_claim(stored, worker, ratio, job.steps, stale_after=grace_period()):
+            if not store.audit_claim(run.job, worker, run.flops_ratio, job.steps, stale_after=grace_period()):
                 held = True
                 continue
-            claimed.append(ClaimedRun(stored, reuse_map, model, longer_train_config(train, job.steps, job.seed),
-                                      run_checkpoint(checkpoint_folder, stored),
-                                      trial.number if trial is not None else 0))
-            if not fusable(model):
+            claimed.append(run)
+            if not fusable(run.model):
                 break
         if claimed:
             reporter.message("race: " + "; ".join(f"map {r.job.map_key} at {r.train_cfg.steps} steps, seed {r.job.seed}"

@@ -31,10 +31,10 @@ from ilr_search.training.train import train_proxy
 from ilr_search.search.maps import knobs_off, map_params, parse_enqueued, seed_maps
 from ilr_search.search.fused_trials import FusedSearchRun
 from ilr_search.search.objective import SearchRun, SurplusTrial, TrialDiverged, TrialTakenOver, sweep_stale_journal_trials
-from ilr_search.search.plan import (CONFIG_ATTR, ENQUEUED_BLOCKS_ATTR, FIDELITY_ATTR, SAMPLER_ATTR, StudyPlan, adopt_stored_dtype, canonical_config,
+from ilr_search.search.plan import (CONFIG_ATTR, ENQUEUED_BLOCKS_ATTR, FIDELITY_ATTR, SAMPLER_ATTR, StudyPlan, adopt_stored_dtype, adopt_stored_race, canonical_config,
     check_resume, plan_study, safe_name, stored_study)
 from ilr_search.search.progress import RunReporter
-from ilr_search.search.race import fusable, run_race
+from ilr_search.search.race import RaceRunner, fusable, run_race
 from ilr_search.search.pruners import build_pruner, pruner_settings
 from ilr_search.search.samplers import build_sampler, sampler_settings
 from ilr_search.search.studies import summarize
@@ -57,6 +57,9 @@ class RunRequest:
     checkpoint_dir: str | Path | None = None  # trial checkpoints go under it; None: studies/checkpoints
     race: bool = True  # race the contenders after the trials (False: not, e.g. a benchmark table)
     fuse: int = 1  # K > 1: ask for up to K trials at a time and train their maps fused (search/fused_trials.py)
+    # the race settings this run's flags ask for ({field: value}, plan.ADOPTED_RACE_FIELDS): a resumed study keeps its
+    # own, and refuses a flag that asks for another
+    asked_race: tuple[tuple[str, Any], ...] = ()
 
     def check(self) -> None:
         """Bad numbers raise a UserInputError, before anything is opened."""
@@ -73,15 +76,17 @@ class RunRequest:
 
 
 def run_study(request: RunRequest, reporter: RunReporter | None = None,
-              reference_share: tuple[int, int] = (0, 1)) -> dict[str, Any]:
+              reference_share: tuple[int, int] = (0, 1), race_runner: RaceRunner | None = None) -> dict[str, Any]:
     """Run (or resume) the study `request` asks for until it has its finished trials, then race its contenders
     at more seeds and up to the target length (race.py; unless request.race is False); returns the `run
     --json` summary. With `reference_share` (k, n), worker k of n trains its share of the reference runs.
+    `race_runner`: what trains the race, run_race's signature (run_race in this process where None; the
+    commands layer spreads it over worker processes).
 
     A full disk ends the run with a StorageFullError; finished trials stay in the storage.
     """
     with disk_full_is_reported():
-        return _run_study(request, reporter or RunReporter(), reference_share)
+        return _run_study(request, reporter or RunReporter(), reference_share, race_runner)
 
 
 @dataclass
@@ -118,6 +123,7 @@ def prepare_study(request: RunRequest) -> PreparedStudy:
     existing = open_storage(spec) if spec.exists() else None  # the one storage handle of this worker
     if space.train.dtype == "auto":
         plan = adopt_stored_dtype(existing, plan)
+    plan = adopt_stored_race(existing, plan, dict(request.asked_race))
     stored_settings = check_resume(existing, spec, plan, request.pruner)
     stored = stored_study(existing, plan.name)
     if stored is None:
@@ -208,7 +214,8 @@ def first_trials(plan: StudyPlan, study: optuna.Study | None, target: int, enque
                        target)
 
 
-def _run_study(request: RunRequest, reporter: RunReporter, reference_share: tuple[int, int]) -> dict[str, Any]:
+def _run_study(request: RunRequest, reporter: RunReporter, reference_share: tuple[int, int],
+               race_runner: RaceRunner | None) -> dict[str, Any]:
     timeout, fuse = request.timeout, request.fuse
     prepared = prepare_study(request)
     space, spec, plan, study, settings, data = (prepared.space, prepared.spec, prepared.plan, prepared.study,
@@ -275,7 +282,8 @@ def _run_study(request: RunRequest, reporter: RunReporter, reference_share: tupl
         train_references(run, reference_share, fuse)
         if request.race:  # contenders at more seeds and longer, until the racing policy has decided (race.py)
             try:
-                run_race(plan, study, store, data, reporter, run.checkpoint_root / "audit", fuse)
+                (race_runner or run_race)(plan, study, store, data, reporter, run.checkpoint_root / "audit", fuse,
+                                          plan.space.search.max_race_steps)
             except KeyboardInterrupt:  # the run in training was freed for the next attempt; finished ones stay
                 interrupted = True
     save_current_front(store, study.get_trials(deepcopy=False))
