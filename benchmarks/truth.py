@@ -3,10 +3,19 @@ several seeds, so that `ilr-search bench replay --policy race` can answer any (m
 for and score its verdicts against the table's seed means.
 
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/truth.py [--space truth-small] [--maps 12] [--seeds 3]
-        [--factors 1,2,4] [--sample-seed 0] [--out benchmarks/data/truth-truth-small.parquet]
+        [--factors 1,2,4] [--sample-seed 0] [--map-list "1,1,1,1 2,1,1,1 ..."] [--shard K/N]
+        [--out benchmarks/data/truth-truth-small.parquet]
 
-The committed benchmarks/data/truth-truth-small.parquet was built with the defaults, then resumed with
-`--seeds 5` (seeds 3 and 4 added): 180 rows, 43 + 18 minutes on one thread of this 2-core machine at load 4-11.
+The committed tables:
+- benchmarks/data/truth-truth-small.parquet: the defaults, resumed with `--seeds 5` (seeds 3 and 4: 180 rows,
+  43 + 18 minutes on one thread of this 2-core machine at load 4-11), then with `--seeds 12 --shard 0/1`
+  (seeds 5-11; 432 rows);
+- benchmarks/data/truth-truth-nope.parquet: `--space truth-nope --seeds 12 --map-list "1,1,1,1 2,1,1,1
+  1,2,1,1 1,1,2,1 1,1,1,2 2,2,1,1 3,2,2,1 2,2,2,2 1,2,2,3 1,3,2,2"` (360 rows), a space where recurrence wins.
+
+`--shard K/N` trains only the seeds s with s % N == K and appends to its own `<out>.shardK.jsonl`, so that N
+one-thread processes build one table together (two on this 2-core machine); every process reads every shard's
+rows, and the parquet is rewritten from all of them.
 
 Seed s changes both the initial weights and the order of training batches (common random numbers: two maps at
 the same seed share both). Each length is its own run with its own warmup and cosine decay (no continuation).
@@ -63,9 +72,23 @@ def truth_maps(space_name: str, n_maps: int, sample_seed: int, budget: str) -> l
     return [",".join(map(str, m)) for m in chosen]
 
 
-def read_done(jsonl: Path) -> dict[tuple[str, int, int], dict[str, Any]]:
-    """The finished jobs of an earlier (possibly killed) build, by (map, steps, seed)."""
-    return {(row["map_key"], row["steps"], row["seed"]): row for row in read_jsonl(jsonl)}
+def row_files(out: Path) -> list[Path]:
+    """The JSON-lines files of a table's build: `<out>.jsonl` and every shard's `<out>.shardK.jsonl`."""
+    return [out.with_suffix(".jsonl"), *sorted(out.parent.glob(f"{out.stem}.shard*.jsonl"))]
+
+
+def read_done(out: Path) -> dict[tuple[str, int, int], dict[str, Any]]:
+    """The finished jobs of every earlier (possibly killed) build of the table, by (map, steps, seed)."""
+    return {(row["map_key"], row["steps"], row["seed"]): row for path in row_files(out) for row in read_jsonl(path)}
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """`K/N`: shard K of N (0 <= K < N)."""
+    k, _, n = text.partition("/")
+    shard = (int(k), int(n))
+    if not 0 <= shard[0] < shard[1]:
+        raise SystemExit(f"--shard {text!r}: give K/N with 0 <= K < N")
+    return shard
 
 
 def write_table(rows: list[dict[str, Any]], meta: dict[str, Any], out: Path) -> None:
@@ -73,7 +96,7 @@ def write_table(rows: list[dict[str, Any]], meta: dict[str, Any], out: Path) -> 
 
     frame = pd.DataFrame(rows).sort_values(["map_key", "steps", "seed"]).reset_index(drop=True)
     frame["meta"] = json.dumps(meta | {"seeds": sorted({int(s) for s in frame["seed"]})})  # the seeds it holds
-    tmp = out.with_suffix(".tmp.parquet")
+    tmp = out.with_suffix(f".tmp{os.getpid()}.parquet")
     frame.to_parquet(tmp, index=False)
     os.replace(tmp, out)
 
@@ -86,23 +109,26 @@ def main() -> None:
     ap.add_argument("--factors", default="1,2,4")
     ap.add_argument("--budget", default="2x")
     ap.add_argument("--sample-seed", type=int, default=0)
+    ap.add_argument("--map-list", default=None, help="the maps, space-separated, the baseline first (instead of a sample)")
+    ap.add_argument("--shard", default="0/1", help="K/N: train the seeds s with s %% N == K")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    shard, shards = parse_shard(args.shard)
     torch.set_num_threads(1)
     space = load_space(args.space)
     out = Path(args.out or f"benchmarks/data/truth-{Path(args.space).stem}.parquet")
     out.parent.mkdir(parents=True, exist_ok=True)
-    jsonl = out.with_suffix(".jsonl")
-    maps = truth_maps(args.space, args.maps, args.sample_seed, args.budget)
+    jsonl = out.with_suffix(".jsonl") if shards == 1 else out.with_suffix(f".shard{shard}.jsonl")
+    maps = args.map_list.split() if args.map_list else truth_maps(args.space, args.maps, args.sample_seed, args.budget)
     factors = [int(f) for f in args.factors.split(",")]
     base = space.train.steps
     meta = {"space": args.space, "base_steps": base, "factors": factors, "seeds": list(range(args.seeds)),
             "maps": maps, "baseline": maps[0], "lr": space.train.lr, "batch_size": space.train.batch_size,
             "seq_len": space.model.seq_len, "eval_windows": space.train.eval_windows,
-            "sample_seed": args.sample_seed, "budget": args.budget}
-    done = read_done(jsonl)
+            "sample_seed": None if args.map_list else args.sample_seed, "budget": args.budget}
+    done = read_done(out)
     started = time.perf_counter()
-    for seed in range(args.seeds):
+    for seed in (s for s in range(args.seeds) if s % shards == shard):
         for factor in factors:
             for key in maps:
                 if (key, base * factor, seed) in done:
@@ -119,9 +145,10 @@ def main() -> None:
                 done[(key, base * factor, seed)] = row
                 print(f"[{time.perf_counter() - started:7.1f}s] seed {seed} {base * factor:5d} steps {key}: "
                       f"ppl {row['val_ppl']:.4f} ({row['train_seconds']:.1f}s)", flush=True)
-        write_table(list(done.values()), meta, out)
-    write_table(list(done.values()), meta, out)
-    print(f"wrote {out} ({len(done)} rows)")
+        write_table(list(read_done(out).values()), meta, out)
+    rows = read_done(out)
+    write_table(list(rows.values()), meta, out)
+    print(f"wrote {out} ({len(rows)} rows)")
 
 
 if __name__ == "__main__":

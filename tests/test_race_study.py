@@ -159,7 +159,12 @@ def test_kill_9_during_the_race_then_the_same_command_resumes_training_nothing_t
 
 BAD_RACES = {"below 1x": ["--target", "0.5x"], "not a multiple": ["--target", "abc"], "zero": ["--target", "0"],
              "negative": ["--target", "-2x"], "nan": ["--target", "nanx"], "no seed": ["--race-seeds", "0"],
-             "another target on resume": ["--target", "3x"]}
+             "another target on resume": ["--target", "3x"],
+             "max seeds below 3": ["--max-seeds", "2"], "max seeds below race seeds": ["--max-seeds", "4", "--race-seeds", "5"],
+             "max seeds not a number": ["--max-seeds", "many"], "negative cap": ["--max-race-steps", "-1"],
+             "unknown policy": ["--race-policy", "best"], "unknown equal compute": ["--equal-compute", "width"],
+             "another race on resume": ["--race-policy", "fixed"], "other max seeds on resume": ["--max-seeds", "6"]}
+ON_RESUME = ("another target on resume", "another race on resume", "other max seeds on resume")
 
 
 @pytest.mark.slow
@@ -170,11 +175,16 @@ def test_bad_race_input_exits_2_with_one_line_and_changes_nothing(raced, cli, tm
     proc = cli(*run_args(space, db, "raced", *BAD_RACES[case]), cwd=root)
     assert_one_line_error(proc)
     assert digest(db) == before
-    if case == "another target on resume":
-        assert "cannot resume" in proc.stderr and "target" in proc.stderr
+    if case in ON_RESUME:
+        assert "cannot resume" in proc.stderr and BAD_RACES[case][0].strip("-").split("-")[-1] in proc.stderr
+        dry = cli(*run_args(space, db, "raced", *BAD_RACES[case], "--dry-run"), cwd=root)
+        assert_one_line_error(dry)  # the plan refuses what the run refuses
+        assert dry.stderr == proc.stderr and digest(db) == before
         return
     fresh = tmp_path / "fresh.db"
     assert_one_line_error(cli(*run_args(space, fresh, "new", *BAD_RACES[case])))
+    dry = cli(*run_args(space, fresh, "new", *BAD_RACES[case], "--dry-run"))
+    assert_one_line_error(dry)
     assert not fresh.exists() and not (tmp_path / "studies").exists()
 
 

@@ -58,13 +58,13 @@ class RaceSettings:
     max_contenders: int = 6
     policy: RacePolicy = "adaptive"
     min_seeds: int = 3
-    screen: int = 8
+    screen: int = 12
     max_steps: int | None = None
-    futility: float = 0.2
-    calibration: int = 4
-    min_agreement: float = 0.6
+    futility: float = 0.3
+    calibration: int = 5
+    min_agreement: float = 0.8
     test: TestKind = "spending"
-    lead_share: float = 0.5  # of the family's level, for the screen's best contender (adaptive_race.holm_weights)
+    lead_share: float = 0.8  # of the family's level, for the screen's best contender (adaptive_race.holm_weights)
     equal_compute: bool = False
     layer_param_share: float = 0.0  # one layer's parameters over the plain model's (a deeper model's size); 0: unknown
 

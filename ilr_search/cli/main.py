@@ -423,7 +423,7 @@ def bench_replay(
     orders: Annotated[int, typer.Option(help="With --policy: replays, each in its own order (seed order for race, row order and seed for today/none).")] = 10,
     race_seeds: Annotated[Optional[int], typer.Option(help="With --policy race: seeds the race uses, drawn from the table's. \\[default: all the table's]")] = None,
     confidence: Annotated[float, typer.Option(help="With --policy race: confidence of the paired tests and intervals.")] = 0.9,
-    max_contenders: Annotated[int, typer.Option(help="With --policy race: maps raced beyond their first result, the baseline among them.")] = 6,
+    max_contenders: Annotated[Optional[int], typer.Option(help="With --policy race or race-fixed: maps raced beyond their first result, the baseline among them. \\[default: 3 for race (a default study), 6 for race-fixed]")] = None,
     json_out: Json = False,
 ) -> None:
     """Replay a pruning rule over a table's rows: the maps it prunes, the steps it saves, the front maps it loses
@@ -449,13 +449,14 @@ def bench_power(
     maps: Annotated[Optional[str], typer.Option(help="The maps planted, space-separated. \\[default: every recurrent map of the table]")] = None,
     policy: Annotated[str, typer.Option(help="race (the adaptive race of a default study), race-fixed (the fixed race at --fixed-seeds), or both.")] = "both",
     fixed_seeds: Annotated[int, typer.Option(help="Seeds of the fixed race, drawn from the table's.")] = 3,
+    against: Annotated[str, typer.Option(help="baseline: the planted map beats the baseline by the gap; best: it beats the table's best map at the target by the gap (for tables where recurrence already wins).")] = "baseline",
     json_out: Json = False,
 ) -> None:
     """The race's power, measured on itself: plant a gap in one map of a truth table, replay the race over many
     orders, count how often it claims that map (and any other), at every gap."""
     from ilr_search.commands.bench.power import power_command
 
-    emit(power_command(table, deltas, crossing, orders, maps, policy, fixed_seeds), json_out, ui.print_power)
+    emit(power_command(table, deltas, crossing, orders, maps, policy, fixed_seeds, against), json_out, ui.print_power)
 
 
 @app.command()

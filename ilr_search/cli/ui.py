@@ -334,18 +334,39 @@ def race_front_rows(front: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def print_race(report: dict[str, Any]) -> None:
-    """The race's verdict, and its runs beyond the proxy (map, steps, seed, schedule, result)."""
+    """The race's verdict, and what it rests on: its runs beyond the proxy (the fixed race: each run; the adaptive
+    race: each map's seeds at the target), the comparisons with the baseline, the equal-compute reference."""
     race = report.get("race")
     if not race:
         return
     runs = [r for r in race["results"] if r["source"].startswith("run ")]
-    if runs:
+    if runs and race.get("policy") == "adaptive":
+        by_map: dict[str, list[dict[str, Any]]] = {}
+        for r in runs:
+            by_map.setdefault(r["map_key"], []).append(r)
+        rows_table(f"race runs at {race['target_steps']} steps (proxy {race['base_steps']}; seed {race['seeds'][0]} "
+                   f"screens, the rest test)",
+                   [{"reuse_map": k, "seeds": ",".join(str(r["seed"]) for r in sorted(v, key=lambda r: r["seed"])),
+                     "ppl": " ".join(_fmt(r["val_ppl"]) for r in sorted(v, key=lambda r: r["seed"]))}
+                    for k, v in sorted(by_map.items())], ["reuse_map", "seeds", "ppl"])
+    elif runs:
         rows_table(f"race runs (proxy {race['base_steps']} steps, target {race['target_steps']}, seeds "
                    f"{_fmt(race['seeds'])})", runs, ["map_key", "steps", "seed", "val_ppl", "schedule", "source"])
+    if race.get("comparisons"):
+        rows_table("against the baseline at the target (test seeds)",
+                   [{"reuse_map": c["map"], "seeds": len(c["seeds"]), "loss_diff": c["mean_diff"],
+                     "interval": "-" if not c["interval"] else f"{c['interval'][0]:+.4f} to {c['interval'][1]:+.4f}",
+                     "p": c["p_value"], "level": c["level"], "status": c["status"]} for c in race["comparisons"]],
+                   ["reuse_map", "seeds", "loss_diff", "interval", "p", "level", "status"])
     if race.get("eliminated"):
         for key, why in race["eliminated"].items():
-            out.print(f"eliminated {key}: {why}")
-    out.print(f"verdict at {report['target_steps']} steps: {report['verdict'] or '-'}")
+            out.print(f"eliminated {key}: {why}", soft_wrap=True)
+    equal = report.get("equal_compute")
+    if equal and equal.get("val_ppl") is not None:
+        out.print(f"equal compute: {equal['reference']} (a plain {equal['layers']}-layer model, "
+                  f"{_fmt(equal['flops_ratio'])}x FLOPs, {equal['params']} parameters, {equal['params_ratio']:.2f}x "
+                  f"the baseline's) ppl {_fmt(equal['val_ppl'])} over seeds {_fmt(equal['seeds'])}", soft_wrap=True)
+    out.print(f"verdict at {report['target_steps']} steps: {report['verdict'] or '-'}", soft_wrap=True)
 
 
 def print_run(summary: dict[str, Any]) -> None:
@@ -493,12 +514,27 @@ def print_plan(report: dict[str, Any]) -> None:
     }
     if report.get("knobs"):
         rows["knobs"] = ", ".join(report["knobs"])
+    race = report.get("race") or {}
+    if race.get("policy") == "adaptive":
+        rows["race"] = (f"adaptive at {race['target_steps']} steps: {race['screen']} maps screened at seed 0, "
+                        f"{race['contenders']} contenders (the baseline among them) on {race['first_test_seeds']} to "
+                        f"{race['max_seeds'] - 1} test seeds, equal compute {race['equal_compute']}: "
+                        f"{race['runs_min']} to {race['runs_max']} runs ({race['steps_min']} to {race['steps_max']} steps"
+                        + (f", capped at {race['cap']}" if race.get("cap") else "") + ")")
+    elif race.get("policy") == "fixed":
+        rows["race"] = (f"fixed: {race['contenders']} contenders at {race['seeds']} seeds at {race['lengths']} steps: "
+                        f"at most {race['steps_max']} steps")
+    else:
+        rows["race"] = "off"
     if "estimated_seconds" in report:
         for p in report["probe"]:
             rows[f"probe {p['label']}"] = (f"map {format_reuse_map(p['reuse_map'])}: {p['seconds_per_step'] * 1000:.1f} ms/step, "
                                            f"{p['seconds_per_eval'] * 1000:.0f} ms/evaluation")
         rows["per trial"] = _duration(report["estimated_trial_seconds"])
-        rows["estimated time"] = f"{_duration(report['estimated_seconds'])} ({report['estimate_note']})"
+        low, high = report["estimated_race_seconds"]
+        rows["race time"] = f"{_duration(low)} to {_duration(high)}"
+        rows["estimated time"] = (f"{_duration(report['estimated_seconds'])} to {_duration(report['estimated_seconds_max'])} "
+                                  f"({report['estimate_note']})")
     key_value_table("dry run: nothing was written", rows)
 
 

@@ -20,6 +20,7 @@ from ilr_search.training.schedule import reuse_map_schedule
 from ilr_search.search.maps import repair_to_budget
 from ilr_search.search.plan import StudyPlan, adopt_stored_dtype, adopt_stored_race, check_resume, stored_study
 from ilr_search.search.pruners import pruner_settings
+from ilr_search.commands.run import race_processes
 from ilr_search.search.run import ReferenceRun, RunRequest, planned_space, reference_runs
 from ilr_search.search.samplers import sampler_settings
 from ilr_search.storage import open_storage, parse_storage
@@ -117,16 +118,50 @@ def dry_run_report(request: RunRequest, workers: int = 1, probe: bool = True) ->
                   "compile": resolve_compile(space.train.compile, device)},
         "knobs": list(space.search.knobs),
         "workers": workers,
+        "race": race_plan(plan, target),
     }
     if probe:
-        report |= estimate(space, plan, costly, refs, report["trials_to_train"], done_refs, workers)
+        report |= estimate(space, plan, costly, refs, report["trials_to_train"], done_refs, workers, report["race"])
     return report
 
 
+def race_plan(plan: StudyPlan, n_trials: int) -> dict[str, Any]:
+    """What the race would train, in runs at the target length: at least (every run a decided race needs: the
+    screen, the contenders' first test seeds, the equal-compute reference at those seeds) and at most (every
+    contender to the pool's last seed), both within the compute cap; the fixed race trains its contenders at every
+    length and seed, fewer where it eliminates."""
+    search, base = plan.space.search, plan.space.train.steps
+    target = max(base, round(search.target * base))
+    if search.target <= 1 and search.race_seeds <= 1:
+        return {"policy": "off", "target_steps": target, "runs_min": 0, "runs_max": 0, "steps_min": 0, "steps_max": 0}
+    if search.race_policy == "fixed":
+        lengths = [base * 2 ** i for i in range(64) if base * 2 ** i < target] + [target]
+        per_map = sum(lengths) * search.race_seeds - base
+        most = search.race_contenders * per_map
+        return {"policy": "fixed", "target_steps": target, "seeds": search.race_seeds, "lengths": lengths,
+                "contenders": search.race_contenders, "runs_min": 0,
+                "runs_max": search.race_contenders * (len(lengths) * search.race_seeds - 1), "steps_min": 0,
+                "steps_max": most, "cap": search.max_race_steps or None}
+    screened = min(search.race_screen, n_trials)
+    contenders = min(search.race_contenders, screened)
+    deep = 1 if search.equal_compute == "depth" else 0
+    first = screened + contenders * (search.race_seeds - 1) + deep * search.race_seeds
+    most = screened + contenders * (search.max_seeds - 1) + deep * search.max_seeds
+    cap = search.max_race_steps or None
+    steps_min, steps_max = first * target, most * target
+    if cap is not None:
+        steps_min, steps_max = min(steps_min, cap), min(steps_max, cap)
+    return {"policy": "adaptive", "target_steps": target, "screen": screened, "contenders": contenders,
+            "first_test_seeds": search.race_seeds - 1, "max_seeds": search.max_seeds, "equal_compute": search.equal_compute,
+            "runs_min": steps_min // target, "runs_max": steps_max // target, "steps_min": steps_min,
+            "steps_max": steps_max, "cap": cap}
+
+
 def estimate(space: SpaceConfig, plan: StudyPlan, costly: list[int], refs: list[ReferenceRun], trials_to_train: int,
-             done_refs: list[str], workers: int) -> dict[str, Any]:
+             done_refs: list[str], workers: int, race: dict[str, Any]) -> dict[str, Any]:
     """Time per schedule as a line through the probed cheapest and costliest schedules (per layer run), applied
-    to an average sampled map (half-way), each reference and each evaluation."""
+    to an average sampled map (half-way), each reference, each evaluation and each race run (its least and most;
+    on a CPU of several cores the race's runs share them, one process a core)."""
     n_layers = plan.model.n_layers
     data = random_tokens(plan.model.vocab_size, plan.model.seq_len)
     baseline = probe_schedule(space, plan.model, [1] * n_layers, "baseline", plan.dtype, data)
@@ -145,11 +180,16 @@ def estimate(space: SpaceConfig, plan: StudyPlan, costly: list[int], refs: list[
                       for r in refs if r.name not in done_refs)
     if space.search.noise_seeds and "second_seed" not in done_refs and not any(r.name == "second_seed" for r in refs):
         ref_seconds += proxy_seconds(mid_runs)
+    run_seconds = proxy_seconds(mid_runs) * race["target_steps"] / space.train.steps if race["runs_max"] else 0.0
+    racers = max(workers, race_processes(RunRequest(space, plan.budget.text), 1))
+    race_min = race["steps_min"] / race["target_steps"] * run_seconds / racers if race["runs_max"] else 0.0
+    race_max = race["steps_max"] / race["target_steps"] * run_seconds / racers if race["runs_max"] else 0.0
     total = trials_to_train * trial_seconds / max(1, workers) + ref_seconds
     return {"probe": [dataclasses.asdict(baseline), dataclasses.asdict(costliest)],
             "probe_flops_ratios": [flops_ratio(plan.model, reuse_map_schedule(p.reuse_map)) for p in (baseline, costliest)],
             "estimated_trial_seconds": trial_seconds, "estimated_reference_seconds": ref_seconds,
-            "estimated_seconds": total,
+            "estimated_race_seconds": [race_min, race_max],
+            "estimated_seconds": total + race_min, "estimated_seconds_max": total + race_max,
             "estimate_note": "no pruning and no repeated map assumed (both shorten a run); an average trial is "
                              "taken half-way between the baseline and the costliest map; start-up, storage writes, "
                              "tokenizing an uncached corpus, layer compilation and a changing machine load are not "

@@ -119,6 +119,8 @@ def pareto_report(study_name: str, storage: str | None = None, out: str | Path |
         "proxy_pareto": [{k: p[k] for k in PARETO_FIELDS} for p in front],
         "verdict": race["verdict"],
         "target_steps": race["target_steps"],
+        "detectable_gap": race["detectable_gap"],
+        "equal_compute": race["equal_compute"],
         "race": race["race"],
         "noise": noise,
         "front_history": {str(k): [p["trial"] for p in v] for k, v in sorted(history.items())},

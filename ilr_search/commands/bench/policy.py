@@ -18,6 +18,7 @@ from ilr_search.analysis.racing import RaceSettings, benjamini_hochberg, race_st
 from ilr_search.analysis.stats import decision_level, paired_comparison
 from ilr_search.commands.bench.pruning import default_pruner_settings, replay_pruning
 from ilr_search.commands.bench.truth import TruthTable
+from ilr_search.config import SearchConfig
 from ilr_search.errors import UserInputError
 
 
@@ -57,7 +58,9 @@ def _claims_and_regret(table: TruthTable, claimed: Sequence[str], best: str | No
 RACE_POLICIES = {"race": "adaptive", "race-fixed": "fixed"}  # --policy name -> RaceSettings.policy
 POLICIES = (*RACE_POLICIES, "today", "none")
 FIXED_REPLAY = RaceSettings(0, 0, policy="fixed", max_contenders=6)  # the fixed race as replays measured it
-ADAPTIVE_REPLAY = RaceSettings(0, 0, policy="adaptive", max_contenders=3)  # the adaptive race as a default study
+# the adaptive race as a default study races it
+ADAPTIVE_REPLAY = RaceSettings(0, 0, policy="adaptive", max_contenders=SearchConfig().race_contenders,
+                               min_seeds=SearchConfig().race_seeds, screen=SearchConfig().race_screen)
 
 
 def race_template(policy: str = "race", **changes: Any) -> RaceSettings:

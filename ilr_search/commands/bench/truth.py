@@ -54,6 +54,12 @@ class TruthTable:
         baseline = str(meta.get("baseline") or min(flops, key=lambda k: (flops[k], k)))
         return cls(baseline, flops, losses, curves, len(maps[0]), max(max(m) for m in maps))
 
+    def first_seeds(self, n: int) -> TruthTable:
+        """The table with only its first n seeds (a smaller table of the same maps: the noise of fewer seeds)."""
+        keep = set(sorted({s for (_, _, s) in self.losses})[:n])
+        return dataclasses.replace(self, losses={k: v for k, v in self.losses.items() if k[2] in keep},
+                                   curves={k: v for k, v in self.curves.items() if k[2] in keep})
+
     @property
     def lengths(self) -> tuple[int, ...]:
         return tuple(sorted({steps for _, steps, _ in self.losses}))
@@ -97,19 +103,27 @@ class TruthTable:
 
 
 
-def planted(table: TruthTable, map_key: str, delta: float, crossing: bool = False) -> TruthTable:
+def planted(table: TruthTable, map_key: str, delta: float, crossing: bool = False, against: str = "baseline"
+            ) -> TruthTable:
     """The table with `map_key` made truly better than the baseline by `delta` nats: at each length its mean over
     the table's seeds becomes the baseline's mean there minus the gap, and each seed keeps its own deviation from
     the map's mean (its own noise). The gap is `delta` at every length, or with `crossing` -delta at the base
     length (worse than the baseline), +delta at the target and in between linear in log-steps. Its curves move
-    with its final results."""
+    with its final results. against="best": the gap is to the table's best mean at the target instead (where
+    recurrent maps already beat the baseline, the planted map becomes the best by `delta` there)."""
     if map_key not in table.flops or map_key == table.baseline:
         raise UserInputError(f"cannot plant a gap in {map_key!r}: it is the baseline or not in the table")
     lengths = table.lengths
     span = math.log(lengths[-1] / lengths[0]) if len(lengths) > 1 else 1.0
 
+    lead = 0.0
+    if against == "best":
+        means = [m for k in table.flops if (m := table.seed_mean(k, lengths[-1])) is not None]
+        lead = table.seed_mean(table.baseline, lengths[-1]) - min(means)  # type: ignore[operator]
+
     def gap(steps: int) -> float:
-        return delta * (2 * math.log(steps / lengths[0]) / span - 1) if crossing else delta
+        return (delta * (2 * math.log(steps / lengths[0]) / span - 1) if crossing else delta) + \
+            (lead if steps == lengths[-1] or not crossing else lead * math.log(steps / lengths[0]) / span)
 
     return _moved(table, {map_key: gap})
 
