@@ -3,7 +3,8 @@ crossing planted gaps, the A/A rate, compute; JSON per table and one figure.
 
     python benchmarks/power.py [--tables benchmarks/data/truth-truth-small.parquet,benchmarks/data/truth-truth-nope.parquet]
         [--orders 10] [--deltas 0,0.5,1,1.5,2,3,4] [--crossing 1,2] [--date 2026-12-01]
-        [--settings adaptive,fixed-3-seeds] [--name-suffix ""] [--figure docs/power.png]
+        [--settings adaptive,fixed-3-seeds] [--name-suffix ""] [--table-seeds N] [--figure docs/power.png]
+    python benchmarks/power.py --markdown benchmarks/data/power-*.json   # the reports' tables
 
 Each table is replayed by ilr_search.commands.bench.power.power_report (what `ilr-search bench power` runs) over
 every recurrent map planted in turn and --orders seed orders each; the figure plots power against the planted gap
@@ -64,6 +65,30 @@ def figure(reports: dict[str, dict], out: Path) -> None:
     screenshot(html, out, width, 560)
 
 
+def markdown(report: dict) -> str:
+    """The report's rows as a markdown table: one row a gap, a column pair (power, compute) a setting; the A/A row
+    gives the share of replays claiming anything."""
+    settings = list(dict.fromkeys(r["setting"] for r in report["rows"]))
+    keys = sorted({(r["crossing"], r["delta_sd"]) for r in report["rows"]})
+    by = {(r["setting"], r["crossing"], r["delta_sd"]): r for r in report["rows"]}
+    head = "| planted gap | nats | " + " | ".join(f"{s}: power | {s}: false | {s}: compute" for s in settings) + " |"
+    lines = [head, "| --- | ---: | " + " | ".join("---: | ---: | ---:" for _ in settings) + " |"]
+    for crossing, delta in keys:
+        label = "A/A (0)" if delta == 0 else f"{delta:g} sd" + (", crossing" if crossing else "")
+        cells = []
+        for s in settings:
+            r = by.get((s, crossing, delta))
+            if r is None:
+                cells.append("- | - | -")
+                continue
+            power = r["any_claim"] if delta == 0 else r["power"]
+            cells.append(f"{'**' if delta == 0 else ''}{100 * power:.0f}%{'**' if delta == 0 else ''} | "
+                         f"{100 * r['false_claims']:.0f}% | {r['mean_compute_steps']:,.0f}")
+        nats = next(r["delta_nats"] for r in report["rows"] if r["crossing"] == crossing and r["delta_sd"] == delta)
+        lines.append(f"| {label} | {nats:.4f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tables", default="benchmarks/data/truth-truth-small.parquet,benchmarks/data/truth-truth-nope.parquet")
@@ -75,7 +100,15 @@ def main() -> None:
     ap.add_argument("--settings", default="adaptive,fixed-3-seeds", help=f"of {', '.join(SETTINGS)}")
     ap.add_argument("--name-suffix", default="", help="added to the JSON files' names (e.g. -evalue)")
     ap.add_argument("--table-seeds", type=int, default=None, help="use only each table's first N seeds (e.g. 5)")
+    ap.add_argument("--markdown", nargs="*", default=None, help="print the markdown tables of these JSON files and stop")
     args = ap.parse_args()
+    if args.markdown is not None:
+        for path in args.markdown:
+            report = json.loads(Path(path).read_text())
+            print(f"{path} ({len(report['table_seeds'])} seeds, seed sd {report['seed_sd_at_target']:.4f} nats at "
+                  f"{report['target_steps']} steps, gap to the {report['against']}, {report['orders']} orders a map)\n")
+            print(markdown(report) + "\n")
+        return
     chosen = {name: SETTINGS[name] for name in args.settings.split(",")}
     reports = {}
     for table in args.tables.split(","):

@@ -74,8 +74,9 @@ def test_a_large_gap_is_claimed_early_and_a_worse_map_stops_early():
         f"{100 * (ppl / base_ppl - 1):+.2f}%; loss difference {c['mean_diff']:+.4f}, 90% interval "
         f"{c['interval'][0]:+.4f} to {c['interval'][1]:+.4f}, p={c['p_value']:.3g} over {len(c['seeds'])} seeds); "
         f"gaps of {state.detectable_gap['ppl']:.4f} ppl ({state.detectable_gap['nats']:.4f} nats) or more would have "
-        f"been seen with 80% power; the race trained {state.compute_steps} steps; it stopped because every "
-        f"comparison decided")
+        f"been seen with 80% power ({state.detectable_gap['seeds']} test seeds, paired sd "
+        f"{state.detectable_gap['sd_diff']:.4f}); the race trained {state.compute_steps} steps; it stopped because "
+        f"every comparison decided")
 
 
 def test_nothing_distinguishable_says_the_gap_it_would_have_seen():
@@ -86,7 +87,8 @@ def test_nothing_distinguishable_says_the_gap_it_would_have_seen():
     assert gap is not None and gap["nats"] > 0 and gap["ppl"] > 0 and gap["power"] == 0.8
     assert state.verdict.startswith("nothing here is distinguishable from the baseline at 400 steps with ")
     assert "seeds after the screen (90% confidence); gaps of " in state.verdict
-    assert f"gaps of {gap['ppl']:.4f} ppl ({gap['nats']:.4f} nats) or more would have been seen with 80% power" in state.verdict
+    assert (f"gaps of {gap['ppl']:.4f} ppl ({gap['nats']:.4f} nats) or more would have been seen with 80% power "
+            f"({gap['seeds']} test seeds, paired sd {gap['sd_diff']:.4f})") in state.verdict
     assert "closest " in state.verdict and "would show" in state.verdict and "beats" in state.verdict
     assert state.verdict.endswith(f"the race trained {state.compute_steps} steps; it stopped because {state.stopped}")
 

@@ -252,7 +252,7 @@ def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSetting
     alive = sorted((k for k in contenders if k not in eliminated), key=lambda k: (_mean(results, k, target), k))
     front = _front(alive, results, target, settings.confidence, tuple(claims))
     better = tuple(sorted(claims, key=lambda k: (comparisons[k].mean_diff or 0.0, k)))
-    gap = _detectable(list(comparisons.values()), results, baseline_key, target, settings)
+    gap = _detectable(list(comparisons.values()), results, baseline_key, target, settings, first_look, len(pool))
     equal = _equal_compute(deep, best, results, target, settings, baseline_key)
     verdict = _verdict(comparisons, better, results, baseline_key, target, settings, done, gap, equal, compute,
                        stopped, contenders)
@@ -382,20 +382,24 @@ def _front(alive: Sequence[str], results: Results, steps: int, confidence: float
 
 
 def _detectable(comparisons: Sequence[Comparison], results: Results, baseline_key: str, target: int,
-                settings: RaceSettings) -> dict[str, Any] | None:
-    """The smallest gap the race would have found with 80% power: from the comparison with the most test seeds
-    (the closest first among equals), its paired sd and its sequential boundary at that many seeds."""
+                settings: RaceSettings, first_look: int, max_n: int) -> dict[str, Any] | None:
+    """The smallest gap the race would have found with 80% power: a contender held to the screen's best's level
+    (the largest share of the family's), at the most test seeds any comparison reached, with the race's paired sd
+    (pooled over its comparisons), against the sequential boundary there."""
     usable = [c for c in comparisons if c.n >= 2 and c.sd_diff is not None and c.sd_diff > 0]
     if not usable:
         return None
-    c = min(usable, key=lambda c: (-c.n, c.mean_diff if c.mean_diff is not None else math.inf, c.map_key))
-    nats = detectable_gap(c.sd_diff, c.n, c.level, DETECTION_POWER,  # type: ignore[arg-type]
-                          boundary=c.boundary if settings.test == "spending" else None)
+    dof = sum(c.n - 1 for c in usable)
+    sd = math.sqrt(math.fsum((c.n - 1) * c.sd_diff ** 2 for c in usable) / dof)  # type: ignore[operator]
+    n = max(c.n for c in usable)
+    level = max(c.level for c in comparisons)
+    boundary = SequentialTest(level, first_look, max_n, settings.test).boundary(n) if settings.test == "spending" else None
+    nats = detectable_gap(sd, n, level, DETECTION_POWER, boundary=boundary)
     if nats is None:
         return None
     base = _mean(results, baseline_key, target)
-    return {"nats": nats, "ppl": math.exp(base) - math.exp(base - nats), "power": DETECTION_POWER, "map": c.map_key,
-            "seeds": c.n, "sd_diff": c.sd_diff, "level": c.level}
+    return {"nats": nats, "ppl": math.exp(base) - math.exp(base - nats), "power": DETECTION_POWER, "seeds": n,
+            "sd_diff": sd, "level": level}
 
 
 def _equal_compute(deep: str | None, best: str | None, results: Results, target: int, settings: RaceSettings,
@@ -459,7 +463,7 @@ def _verdict(comparisons: Mapping[str, Comparison], better: Sequence[str], resul
                 f"after the screen ({pct}% confidence)")
     if gap is not None:
         parts.append(f"gaps of {gap['ppl']:.4f} ppl ({gap['nats']:.4f} nats) or more would have been seen with "
-                     f"{round(100 * gap['power'])}% power")
+                     f"{round(100 * gap['power'])}% power ({gap['seeds']} test seeds, paired sd {gap['sd_diff']:.4f})")
     ranked = [c for c in comparisons.values() if c.map_key not in better and c.mean_diff is not None]
     if comparisons and not better and ranked:
         c = min(ranked, key=lambda c: (c.mean_diff, c.map_key))
