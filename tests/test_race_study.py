@@ -135,14 +135,9 @@ def test_kill_9_during_the_race_then_the_same_command_resumes_training_nothing_t
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    # the race's worker processes see their parent gone and free their runs as Ctrl-C would: wait for that event
-    deadline = time.monotonic() + 300  # a safety net for a hung worker, not a bound on how fast they stop
-    while any(r["state"] == "running" for r in race_rows(db)):
-        assert time.monotonic() < deadline, "a race worker kept training after its parent was killed"
-        time.sleep(0.05)
     before = {(r["map_key"], r["steps"], r["seed"]): r for r in race_rows(db)}
     killed = [k for k, r in before.items() if r["state"] != "complete"]
-    assert 1 <= len(killed) <= 2 and all(before[k]["state"] == "interrupted" for k in killed)
+    assert len(killed) == 1 and before[killed[0]]["state"] == "running"  # held by the dead process
     resumed = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr
     after = {(r["map_key"], r["steps"], r["seed"]): r for r in race_rows(db)}

@@ -146,7 +146,7 @@ def check_memory(plan: StudyPlan, groups: int, fuse: int) -> None:
 def probe_fused(space: SpaceConfig, model: ModelConfig, dtype: str, k: int, steps: int = PROBE_STEPS) -> float:
     """Seconds of `steps` fused steps of K copies of the all-ones map (after one untimed step), on random tokens,
     in this process with its present torch threads."""
-    from ilr_search.commands.dryrun import random_tokens
+    from ilr_search.data.tokens import random_tokens
     from ilr_search.training.fused import train_fused
 
     data = random_tokens(model.vocab_size, model.seq_len)
@@ -269,16 +269,28 @@ def describe(layout: Layout) -> str:
     return f"{where}{threads}, K = {layout.fuse}"
 
 
+def space_workers(plan: StudyPlan) -> int | None:
+    """The space's worker processes: its `workers`, "cores" being one a CPU core (one on a GPU); None for 1, which
+    `--fuse auto` may change."""
+    workers = plan.space.search.workers
+    if workers == "cores":
+        return (os.cpu_count() or 1) if resolve_device(plan.space.train.device).type == "cpu" else 1
+    return None if workers == 1 else int(workers)
+
+
 def resolve_layout(plan: StudyPlan, fuse: int | str, workers: int | None, target: int) -> FuseChoice:
-    """The run's layout from `--fuse` (a number or auto) and `--workers` (None: not given): a K asked for is
-    checked against memory; auto is chosen by choose_fuse."""
+    """The run's layout from `--fuse` (a number or auto) and `--workers` (None: not given, the space's): a K asked
+    for is checked against memory; auto is chosen by choose_fuse. On a CPU several workers get a thread each."""
+    workers = workers or space_workers(plan)
     if fuse == "auto":
         choice = choose_fuse(plan, workers, target)
         check_memory(plan, choice.layout.groups, choice.layout.fuse)
         return choice
     groups = workers or 1
     check_memory(plan, groups, int(fuse))
-    return FuseChoice(Layout(groups, int(fuse)), "")
+    cpu = resolve_device(plan.space.train.device).type == "cpu"
+    threads = max(1, (os.cpu_count() or 1) // groups) if groups > 1 and cpu else None
+    return FuseChoice(Layout(groups, int(fuse), threads), "")
 
 
 def run_layout(request: RunRequest, fuse: int | str, workers: int | None) -> FuseChoice:

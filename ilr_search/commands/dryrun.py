@@ -7,20 +7,18 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 from ilr_search.config import ModelConfig, SpaceConfig
-from ilr_search.data.tokens import TokenData, TokenSplit, cache_key, cache_root
+from ilr_search.data.tokens import TokenData, cache_key, cache_root, random_tokens
 from ilr_search.training.flops import flops_ratio
 from ilr_search.analysis.results import REFERENCE_PREFIX, has_result
 from ilr_search.training.schedule import reuse_map_schedule
 from ilr_search.search.maps import repair_to_budget
 from ilr_search.search.plan import StudyPlan, adopt_stored_dtype, adopt_stored_race, check_resume, stored_study
 from ilr_search.search.pruners import pruner_settings
-from ilr_search.commands.run import race_processes
+from ilr_search.commands.autofuse import space_workers
 from ilr_search.search.run import ReferenceRun, RunRequest, planned_space, reference_runs
 from ilr_search.search.samplers import sampler_settings
 from ilr_search.storage import open_storage, parse_storage
@@ -28,7 +26,6 @@ from ilr_search.training.device import resolve_compile, resolve_device
 from ilr_search.training.train import train_proxy
 
 PROBE_STEPS = 8  # timed steps per probed schedule, after one untimed first step
-PROBE_TOKENS = 1 << 16  # random tokens per split of the probe's data
 
 
 @dataclass(frozen=True)
@@ -40,15 +37,6 @@ class Probe:
     layer_runs: int
     seconds_per_step: float
     seconds_per_eval: float
-
-
-def random_tokens(vocab_size: int, seq_len: int, seed: int = 0) -> TokenData:
-    """In-memory random token ids (nothing is read or cached): for timing only."""
-    rng = np.random.default_rng(seed)
-    n = max(PROBE_TOKENS, 4 * (seq_len + 1))
-    splits = [TokenSplit(rng.integers(0, vocab_size, size=n, dtype=np.int64), None) for _ in range(2)]
-    meta = {"tokens": {"train": n, "val": n}, "corpus": {"corpus": "random tokens (probe)"}, "vocab_size": vocab_size}
-    return TokenData(splits[0], splits[1], vocab_size, meta, Path("."), built=False)
 
 
 def probe_schedule(space: SpaceConfig, model: ModelConfig, reuse_map: list[int], label: str, dtype: str,
@@ -68,12 +56,14 @@ def costliest_map(n_layers: int, max_reuse: int, max_layer_runs: int) -> list[in
     return repair_to_budget([max_reuse] * n_layers, max_layer_runs)
 
 
-def dry_run_report(request: RunRequest, workers: int = 1, probe: bool = True) -> dict[str, Any]:
+def dry_run_report(request: RunRequest, workers: int | None = None, probe: bool = True) -> dict[str, Any]:
     """The `run --dry-run` report: what `request` would do, and how long its training would take without pruning
-    or a map trained twice. Bad input raises as `run` would; nothing is written."""
+    or a map trained twice (`workers`: --workers, None: the space's). Bad input raises as `run` would; nothing is
+    written."""
     spec = parse_storage(request.storage)
     request.check()
     space, plan = planned_space(request)
+    workers = workers or space_workers(plan) or 1
     existing = open_storage(spec, heartbeat=False) if spec.exists() else None
     if existing is not None and space.train.dtype == "auto":
         plan = adopt_stored_dtype(existing, plan)
@@ -181,7 +171,7 @@ def estimate(space: SpaceConfig, plan: StudyPlan, costly: list[int], refs: list[
     if space.search.noise_seeds and "second_seed" not in done_refs and not any(r.name == "second_seed" for r in refs):
         ref_seconds += proxy_seconds(mid_runs)
     run_seconds = proxy_seconds(mid_runs) * race["target_steps"] / space.train.steps if race["runs_max"] else 0.0
-    racers = max(workers, race_processes(RunRequest(space, plan.budget.text), 1))
+    racers = workers
     race_min = race["steps_min"] / race["target_steps"] * run_seconds / racers if race["runs_max"] else 0.0
     race_max = race["steps_max"] / race["target_steps"] * run_seconds / racers if race["runs_max"] else 0.0
     total = trials_to_train * trial_seconds / max(1, workers) + ref_seconds

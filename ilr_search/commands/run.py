@@ -2,15 +2,15 @@
 anything is opened (the same check `--dry-run` makes), chooses how the run uses the machine (fused groups, worker
 processes, threads), and runs the study: its trials, reference runs and race.
 
-On a CPU with several cores a one-process run trains its race in one one-thread worker process per core
-(commands/workers.race_in_workers): at the default size two one-thread proxies at once train about twice as fast
-as one two-thread proxy, and a two-thread process on a busy machine can collapse many times over.
+The default space runs one worker process a CPU core, one thread each (`workers = "cores"`): at the default size
+two one-thread proxies at once train about twice as fast as one two-thread proxy, and a two-thread process on a
+busy machine can collapse many times over. The workers share the trials, the reference runs and every wave of the
+race (commands/workers.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -23,7 +23,6 @@ from ilr_search.search.maps import split_enqueue_text
 from ilr_search.search.plan import ADOPTED_RACE_FIELDS
 from ilr_search.search.run import RunRequest
 from ilr_search.space import load_space, parse_target
-from ilr_search.training.device import resolve_device
 
 Reporter = Any  # a RunReporter (one process) or a worker-event reporter (worker processes)
 
@@ -73,16 +72,6 @@ def run_request(options: RunOptions) -> tuple[RunRequest, int | str]:
     return request, asked_fuse if asked_fuse is not None else space.search.fuse
 
 
-def race_processes(request: RunRequest, groups: int) -> int:
-    """Race worker processes for a run of `groups` worker processes: one a core on a CPU with several cores when
-    the run is one process (a multi-process run races in its workers already); 1 (in the run's own process)
-    otherwise."""
-    cores = os.cpu_count() or 1
-    if groups != 1 or cores < 2 or resolve_device(request.space.train.device).type != "cpu":
-        return 1
-    return cores
-
-
 def run_search(request: RunRequest, fuse: int | str, workers: int | None,
                one_process: Callable[[], AbstractContextManager[Reporter]],
                worker_processes: Callable[[], AbstractContextManager[Reporter]],
@@ -106,11 +95,5 @@ def run_search(request: RunRequest, fuse: int | str, workers: int | None,
         import torch
 
         torch.set_num_threads(layout.threads)
-    racers = race_processes(request, layout.groups)
-    runner = None
-    if racers > 1:
-        from ilr_search.commands.workers import race_in_workers
-
-        runner = race_in_workers(request, racers, threads=1)
     with one_process() as reporter:
-        return run_study(request, reporter, race_runner=runner)
+        return run_study(request, reporter)

@@ -1,4 +1,5 @@
-"""`run --workers N`: N worker processes on one study and one device, with per-worker progress.
+"""`run --workers N`: N worker processes on one study and one device, with per-worker progress. Each trains its
+share of the trials, the reference runs and each wave of the race.
 
 The parent prepares the study (checks, tokens, settings, first maps) so that workers only load it, checks
 that N proxies fit in the device's memory, starts the workers (spawned: CUDA cannot be forked), shows
@@ -15,7 +16,6 @@ import os
 import signal
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 import multiprocessing as mp
@@ -24,7 +24,7 @@ import queue
 from ilr_search.commands.autofuse import check_memory
 from ilr_search.errors import UserInputError
 from ilr_search.search.progress import RunReporter
-from ilr_search.search.race import RaceRunner
+from ilr_search.search.race import run_race
 from ilr_search.search.run import RunRequest, disk_full_is_reported, prepare_study, run_study
 from ilr_search.training.device import resolve_device
 
@@ -182,8 +182,12 @@ def _worker_main(request: RunRequest, worker: int, workers: int, threads: int | 
     if resolve_device(request.space.train.device).type == "cpu":  # the cores are shared out, not oversubscribed
         torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // workers))
     reporter = QueueReporter(events, worker)
+
+    def race(*args: Any) -> object:  # each wave of the race shared out among the workers
+        return run_race(*args, workers=workers)
+
     try:
-        summary = run_study(request, reporter, reference_share=(worker, workers))
+        summary = run_study(request, reporter, reference_share=(worker, workers), race_runner=race)
     except KeyboardInterrupt:
         raise SystemExit(130)
     except UserInputError as e:
@@ -238,98 +242,6 @@ def run_workers(request: RunRequest, workers: int, reporter: Any, threads: int |
         summary = run_study(request, reporter)
     summary["workers"] = [{"worker": k, "exit_code": code} for k, code in enumerate(codes)]
     return summary
-
-
-def _race_worker_main(request: RunRequest, worker: int, workers: int, threads: int, events: Any) -> None:
-    """One race worker process: the study as the parent left it (trials and references done), and its share of
-    each wave of the race, on `threads` torch threads."""
-    import torch
-
-    from ilr_search.search.race import run_race
-    from ilr_search.search.run import safe_name
-    from ilr_search.storage import open_store, study_storage
-
-    stop_with_parent()
-    torch.set_num_threads(threads)
-    reporter = QueueReporter(events, worker)
-    try:
-        with disk_full_is_reported():
-            prepared = prepare_study(request)
-            plan, study = prepared.plan, prepared.study
-            store = open_store(prepared.spec, plan.name, storage=study_storage(study))
-            folder = Path(request.checkpoint_dir or "studies/checkpoints") / safe_name(plan.name) / "audit"
-            run_race(plan, study, store, prepared.data, reporter, folder, request.fuse,
-                     plan.space.search.max_race_steps, workers=workers)
-    except KeyboardInterrupt:
-        raise SystemExit(130)
-    except UserInputError as e:
-        reporter.message(f"error: {e}")
-        raise SystemExit(2)
-    raise SystemExit(0)
-
-
-class WorkerEventsToRunReporter:
-    """Race workers' events shown by a one-process reporter (its own methods, the worker left out)."""
-
-    def __init__(self, reporter: RunReporter) -> None:
-        self.reporter = reporter
-
-    def worker_study_started(self, worker: int, study: str, target: int, finished: int) -> None:
-        pass  # the study was announced when it started
-
-    def worker_trial_started(self, worker: int, number: int, reuse_map: list[int], steps: int, knobs: str = "") -> None:
-        self.reporter.trial_started(number, reuse_map, steps, knobs)
-
-    def worker_step(self, worker: int, step: int, steps: int, loss: float) -> None:
-        self.reporter.step(step, steps, loss)
-
-    def worker_trial_finished(self, worker: int, row: dict[str, Any], front: list[dict[str, Any]], finished: int) -> None:
-        self.reporter.trial_finished(row, front, finished)
-
-    def worker_reference_started(self, worker: int, name: str, index: int, count: int, steps: int) -> None:
-        self.reporter.reference_started(name, index, count, steps)
-
-    def worker_reference_finished(self, worker: int, name: str) -> None:
-        self.reporter.reference_finished(name)
-
-    def worker_message(self, worker: int, text: str) -> None:
-        self.reporter.message(f"race worker {worker}: {text}")
-
-
-def race_in_workers(request: RunRequest, workers: int, threads: int = 1) -> RaceRunner:
-    """A race runner that trains the race in `workers` processes of `threads` torch threads each (on a CPU, one
-    process a core trains faster than one process on every core), sharing each wave through the race's claims;
-    whatever they leave (a killed worker's run) is trained by the calling process afterwards."""
-
-    def runner(plan: Any, study: Any, store: Any, data: Any, reporter: RunReporter, folder: Path, fuse: int,
-               max_steps: int) -> None:
-        from ilr_search.search.race import run_race
-
-        ctx = mp.get_context("spawn")
-        events = ctx.Queue()
-        asked = dataclasses.replace(request, study_name=plan.name, enqueue_maps=())
-        procs = [ctx.Process(target=_race_worker_main, args=(asked, k, workers, threads, events),
-                             name=f"ilr-search race worker {k}") for k in range(workers)]
-        for proc in procs:
-            proc.start()
-        try:
-            _relay(events, procs, WorkerEventsToRunReporter(reporter))
-        except KeyboardInterrupt:
-            for proc in procs:
-                if proc.is_alive() and proc.pid is not None:
-                    os.kill(proc.pid, signal.SIGINT)
-            for proc in procs:
-                proc.join()
-            raise
-        codes = [proc.exitcode for proc in procs]
-        if any(code == 130 for code in codes):
-            raise KeyboardInterrupt
-        for k, code in enumerate(codes):
-            if code != 0:
-                reporter.message(f"race worker {k} ended with exit code {code}; its unfinished run is retried")
-        run_race(plan, study, store, data, reporter, folder, fuse, max_steps)  # what a dead worker left
-
-    return runner
 
 
 def _relay(events: Any, procs: list[Any], reporter: Any) -> None:

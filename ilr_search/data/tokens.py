@@ -177,3 +177,15 @@ def load_space_tokens(space: SpaceConfig) -> TokenData:
     if not needed and space.data.corpus.startswith("hf:"):
         needed = space.train.tokens(space.model.seq_len)
     return load_tokens(space.data, max_train_tokens=needed, seq_len=space.model.seq_len)
+
+
+PROBE_TOKENS = 1 << 16  # random tokens per split of a timing probe's data
+
+
+def random_tokens(vocab_size: int, seq_len: int, seed: int = 0) -> TokenData:
+    """In-memory random token ids (nothing is read or cached): for timing only."""
+    rng = np.random.default_rng(seed)
+    n = max(PROBE_TOKENS, 4 * (seq_len + 1))
+    splits = [TokenSplit(rng.integers(0, vocab_size, size=n, dtype=np.int64), None) for _ in range(2)]
+    meta = {"tokens": {"train": n, "val": n}, "corpus": {"corpus": "random tokens (probe)"}, "vocab_size": vocab_size}
+    return TokenData(splits[0], splits[1], vocab_size, meta, Path("."), built=False)
