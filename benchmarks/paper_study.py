@@ -16,7 +16,7 @@ import json
 
 from ilr_search.space import load_space
 from ilr_search.search.studies import list_trials
-from ilr_search.cli.ui import RichReporter, WorkersReporter
+from ilr_search.cli.ui import ConsoleReporter
 from ilr_search.commands.workers import run_workers
 from ilr_search.search.run import RunRequest
 
@@ -47,7 +47,7 @@ def main() -> None:
 
     space = load_space(args.space, {"train": {"steps": args.steps}})
     request = RunRequest(space, args.budget, args.study, args.storage, args.n_trials, enqueue_maps=PAPER_MAPS)
-    with (WorkersReporter() if args.workers > 1 else RichReporter()) as reporter:
+    with ConsoleReporter() as reporter:
         summary = run_workers(request, args.workers, reporter)
     rows = [r for r in list_trials(args.study, args.storage)
             if r["state"] == "COMPLETE" and r.get("val_ppl") and r.get("reused_from") is None]

@@ -28,15 +28,10 @@ from ilr_search.commands.workers import run_workers
 from ilr_search.search.run import RunRequest
 
 
-class Silent(RunReporter):
-    def __getattr__(self, name: str):  # worker_* events of run_workers
-        return lambda *args, **kwargs: None
-
-
 def measure(space, budget: str, workers: int, n_trials: int, folder: Path) -> dict:
     storage = f"sqlite:///{folder / f'workers{workers}.db'}"
     t0 = time.perf_counter()
-    summary = run_workers(RunRequest(space, budget, f"w{workers}", storage, n_trials, pruner="none"), workers, Silent())
+    summary = run_workers(RunRequest(space, budget, f"w{workers}", storage, n_trials, pruner="none"), workers, RunReporter())
     wall = time.perf_counter() - t0
     trials = optuna.load_study(study_name=f"w{workers}", storage=storage).get_trials(deepcopy=False)
     trained = [t for t in trials if t.state.is_finished() and "reused_from" not in t.user_attrs
@@ -67,7 +62,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         run_workers(RunRequest(space, args.budget, "warmup", f"sqlite:///{folder / 'warmup.db'}", 1, pruner="none"),
-                    1, Silent())
+                    1, RunReporter())
         for workers, n in zip(counts, trials):
             rows.append(measure(space, args.budget, workers, n, folder))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)

@@ -168,8 +168,6 @@ class SearchConfig:
     max_race_steps: int = 0  # a cap on the steps the race trains (0: none); how a run goes, not what the study is
     fuse: int | str = 4  # maps trained at once in one fused group (fused.py), or "auto" (commands/autofuse.py);
     # how a study runs, not what it is: never stored
-    workers: int | str = "cores"  # worker processes (run --workers), or "cores": one a core, one thread each, on a CPU;
-    # how a study runs, never stored
     # maps trained first, after the baseline, in this order: "3,2,2,1", "2,1,1,1|injection=add" or "block2"
     enqueue: tuple[str, ...] = ()
 

@@ -167,8 +167,6 @@ def validate_space(space: SpaceConfig) -> None:
          f"--max-seeds must be at least 3 and at least --race-seeds ({s.race_seeds}) for the adaptive race (one seed "
          f"screens, the rest test), got {s.max_seeds}"),
         (s.max_race_steps >= 0, f"--max-race-steps must be 0 (no cap) or a positive number of steps, got {s.max_race_steps}"),
-        (s.workers == "cores" or (isinstance(s.workers, int) and not isinstance(s.workers, bool) and s.workers >= 1),
-         f"workers (worker processes) must be at least 1 or \"cores\" (one a CPU core), got {s.workers!r}"),
         (s.fuse == "auto" or (isinstance(s.fuse, int) and not isinstance(s.fuse, bool) and s.fuse >= 1),
          f"fuse (maps trained at once in one fused group) must be at least 1 or \"auto\", got {s.fuse!r}"),
         (isinstance(s.enqueue, tuple) and all(isinstance(e, str) for e in s.enqueue), f"[search] enqueue must be a list of strings like \"3,2,2,1\", got {list(s.enqueue)}"),

@@ -164,8 +164,8 @@ def test_run_summary_and_trials_carry_fidelity(small_study):
         reasons = [r[0] for r in conn.execute("SELECT reason FROM ilr_pruning")]
     assert all("margin" in r and "Spearman" in r for r in reasons)  # pruned only at a calibrated rung
     assert "not audited" in fidelity["verdict"]
-    stored = optuna.load_study(study_name="aud", storage=f"sqlite:///{db}").user_attrs["ilr:fidelity"]
-    assert stored["rungs"] == fidelity["rungs"]
+    # read from the stored curves every time: nothing large is kept in Optuna's study attributes
+    assert "ilr:fidelity" not in optuna.load_study(study_name="aud", storage=f"sqlite:///{db}").user_attrs
     assert trials_report("aud", f"sqlite:///{db}")["fidelity"]["rungs"] == fidelity["rungs"]
 
 

@@ -10,7 +10,7 @@ import pytest
 from optuna.trial import TrialState
 
 from conftest import NO_REFERENCES, assert_one_line_error, write_space
-from ilr_search.search.progress import RunReporter
+from ilr_search.search.progress import Event, RunReporter, Step
 
 
 def run_args(space: Path, db: Path, n_trials: int, *extra: str) -> list[str]:
@@ -62,8 +62,8 @@ class CtrlCAtStep(RunReporter):
     def __init__(self, step: int) -> None:
         self.at = step
 
-    def step(self, step: int, steps: int, loss: float) -> None:
-        if step == self.at:
+    def on(self, event: Event) -> None:
+        if isinstance(event, Step) and event.step == self.at:
             raise KeyboardInterrupt
 
 

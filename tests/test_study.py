@@ -54,7 +54,7 @@ def test_run_end_to_end_and_resume_to_more_trials(tiny_study, cli):
     assert set(summary) >= {"study", "storage", "n_trials", "n_complete", "n_pruned", "n_failed", "steps_trained",
                             "steps_saved_by_pruning", "pareto"}
     assert summary["pareto"] and all(set(p) == {"trial", "reuse_map", "flops_ratio", "val_ppl", "val_bpb", "steps",
-                                                "seeds", "interval", "confirmed"} for p in summary["pareto"])
+                                                "seeds", "interval", "confirmed", "reference"} for p in summary["pareto"])
     listed = json.loads(cli("trials", "--study", "tiny", "--storage", f"sqlite:///{db}", "--json", check=True).stdout)
     assert len(listed["trials"]) == 6
     assert set(listed["trials"][0]) >= {"trial", "state", "reuse_map", "flops_ratio", "val_ppl", "val_bpb", "steps",

@@ -52,39 +52,37 @@ def test_proxy_memory_grows_with_layer_runs_batch_and_dtype():
     assert 0.5 * 2**30 < one < 8 * 2**30  # the paper-small proxy: a few GiB, not MiB or TiB
 
 
-class Recorder:
-    """A parent's reporter that writes down each worker_* call it gets."""
-
-    def __init__(self):
-        self.calls = []
-
-    def __getattr__(self, name):
-        if not name.startswith("worker_"):
-            raise AttributeError(name)
-        return lambda *args: self.calls.append((name, args))
-
-
-def test_every_worker_event_crosses_a_process_queue_and_reaches_its_reporter_method():
+def test_every_event_crosses_a_process_queue_with_its_worker_and_reaches_the_parents_renderer(capsys):
+    """Each kind of event a worker reports is put on the parent's queue as it is, with the worker's number, and
+    the one console renderer draws it (lines from a worker say which)."""
     import multiprocessing as mp
     import typing
 
-    from ilr_search.commands.workers import QueueReporter, WorkerEvent
+    from ilr_search.cli.ui import ConsoleReporter
+    from ilr_search.commands.workers import QueueReporter
+    from ilr_search.search import progress
 
     events = mp.get_context("spawn").Queue()
     sent = QueueReporter(events, worker=3)
-    row, front = {"trial": 1, "reuse_map": [2, 1, 1], "val_ppl": 9.5}, [{"trial": 1, "flops_ratio": 1.3}]
-    calls = [("study_started", ("s", 7, 2)), ("trial_started", (4, [2, 1, 1], 16, "injection=add")),
-             ("step", (5, 16, 2.25)), ("trial_finished", (row, front, 3)), ("reference_started", ("block2", 0, 2, 16)),
-             ("reference_finished", ("block2",)), ("message", ("hello",))]
-    for method, args in calls:
-        getattr(sent, method)(*args)
-    recorder = Recorder()
-    received = [events.get(timeout=60) for _ in calls]
-    assert len({type(e) for e in received}) == len(calls)  # one event kind per reporter method
-    for event in received:
-        assert isinstance(event, typing.get_args(WorkerEvent)) and event.worker == 3
-        event.deliver(recorder)
-    assert recorder.calls == [(f"worker_{method}", (3, *args)) for method, args in calls]
+    row, front = {"trial": 1, "reuse_map": [2, 1, 1], "flops_ratio": 1.3, "val_ppl": 9.5, "state": "COMPLETE"}, \
+        [{"trial": 1, "reuse_map": [2, 1, 1], "flops_ratio": 1.3, "val_ppl": 9.5}]
+    kinds = [progress.StudyStarted("s", 7, 2), progress.TrialStarted(4, [2, 1, 1], 16, "injection=add"),
+             progress.Step(5, 16, 2.25), progress.TrialFinished(row, front, 3), progress.ReferenceStarted("block2", 0, 2, 16),
+             progress.ReferenceFinished("block2"), progress.RunsStarted((("2,1,1", 32, 1), ("1,1,1", 32, 1))),
+             progress.RunFinished("2,1,1", 32, 1, 9.1), progress.Message("hello")]
+    assert {type(e) for e in kinds} == set(typing.get_args(progress.Event))  # every kind of event
+    for event in kinds:
+        sent.on(event)
+    received = [events.get(timeout=60) for _ in kinds]
+    assert received == [type(e)(**{**e.__dict__, "worker": 3}) for e in kinds]
+    with ConsoleReporter() as reporter:
+        for event in received:
+            reporter.on(event)
+    printed = capsys.readouterr().err
+    assert "worker 3: trial 1 complete: map 2,1,1" in printed and "worker 3: hello" in printed
+    assert "worker 3: race runs: map 2,1,1 at 32 steps, seed 1; map 1,1,1 at 32 steps, seed 1 (fused, 2 at once)" in printed
+    assert "worker 3: race run done: map 2,1,1 at 32 steps, seed 1: ppl 9.1" in printed
+    assert "trial 4" not in printed.split("race runs")[1]  # a race run is never labelled as a trial
 
 
 def test_a_trial_asked_after_its_predecessors_reach_the_target_trains_nothing(tmp_path, monkeypatch, token_cache):

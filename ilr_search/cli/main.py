@@ -282,8 +282,7 @@ def run(
         emit(dry_run_report(request, workers), json_out, ui.print_plan)
         return
     tracked = tracked_reporter(track, storage)
-    summary = run_search(request, fuse_asked, workers, lambda: tracked(ui.RichReporter(enabled=True)),
-                         lambda: tracked(ui.WorkersReporter(enabled=True)),
+    summary = run_search(request, fuse_asked, workers, lambda: tracked(ui.ConsoleReporter(enabled=True)),
                          note=lambda text: ui.err.print(text, soft_wrap=True, markup=False, highlight=False))
     emit(summary, json_out, ui.print_run)
     if summary.get("interrupted"):
@@ -382,7 +381,7 @@ def audit(
     k = parse_fuse(fuse)
     if k == "auto":
         raise UserInputError("audit --fuse takes a number of runs (auto is run's); e.g. --fuse 4")
-    with ui.RichReporter(enabled=True) as reporter:
+    with ui.ConsoleReporter(enabled=True) as reporter:
         report = run_audit(study_or_default(study, storage), storage, AuditSettings(factor, maps, seeds), reporter,
                            fuse=int(k))
     emit(report, json_out, ui.print_audit)
@@ -408,7 +407,7 @@ def bench_build(
     """Train every feasible map of a small space and write the table (resumable: it is a study)."""
     from ilr_search.commands.bench import build_table
 
-    with ui.RichReporter(enabled=True) as reporter:
+    with ui.ConsoleReporter(enabled=True) as reporter:
         report = build_table(space, out, budget, storage, study, reporter, steps, sample, seed)
     emit(report, json_out, lambda r: ui.out.print(f"wrote {r['maps']} maps to {r['out']} (study {r['study']})"))
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,10 +16,21 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from ilr_search.search.progress import (Event, Message, ReferenceFinished, ReferenceStarted, RunFinished, RunReporter,
+                                        RunsStarted, Step, StudyStarted, TrialFinished, TrialStarted)
 from ilr_search.training.schedule import format_reuse_map
 
-out = Console()
-err = Console(stderr=True)
+def console(stderr: bool = False) -> Console:
+    """A console on stdout or stderr: on a terminal, rich's own (its width, its wrapping); into a file or a pipe, no
+    width and no wrapping, so that a line (a pruning reason, the verdict) stays one line that grep finds."""
+    stream = sys.stderr if stderr else sys.stdout
+    terminal = stream.isatty()
+    return Console(stderr=stderr, width=None if terminal else UNWRAPPED_WIDTH, soft_wrap=not terminal)
+
+
+UNWRAPPED_WIDTH = 100_000  # a table into a file takes the width of its content
+out = console()
+err = console(stderr=True)
 
 
 class LazyProgress(Progress):
@@ -181,84 +194,132 @@ class EtaColumn(TimeRemainingColumn):
         return Text(f"{hours}:{minutes:02d}:{secs:02d}", style="progress.remaining")
 
 
-class RichReporter:
-    """Study progress (trials, then reference runs; its ETA from measured trial times) and the progress of the
-    trial or reference run training (steps, loss) on stderr; the front after a trial that changed it."""
+class ConsoleReporter(RunReporter):
+    """A run's events on stderr (search/progress.py), for a run in this process or in worker processes alike: the
+    study's row (its trials, then its reference runs, then its race, with an ETA from the times it measured), a
+    training row a process (the run's own, or one per worker: what it trains, its steps and loss), and a line per
+    trial finished (the front after it, when it changed), per race run, per message; lines from a worker process
+    say which."""
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
         self.progress = LazyProgress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("eta"),
-                                 EtaColumn(), console=err, disable=not enabled)
+                                     TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("eta"),
+                                     EtaColumn(), console=err, disable=not enabled)
         self.study_task = None
-        self.trial_task = None
+        self.rows: dict[int | None, Any] = {}  # worker -> its training row
         self.eta: StudyEta | None = None
         self.target = self.finished_at_start = self.finished = 0
         self.references: tuple[int, int] | None = None  # (index, count) of the reference run training
+        self.runs_done: int | None = None  # race (or audit) runs stored, once the race started
         self.printed_front: list[Any] | None = None  # the trials of the front last printed
 
-    def __enter__(self) -> "RichReporter":
+    def __enter__(self) -> "ConsoleReporter":
         self.progress.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.progress.__exit__(*exc)
 
-    def study_started(self, study: str, target: int, finished: int) -> None:
-        self.progress.console.print(f"study {study}: {finished} of {target} trials finished")
-        self.study_task = self.progress.add_task("study", total=target, completed=finished, info="trials", eta=None)
+    def on(self, event: Event) -> None:
+        handler = getattr(self, f"_{type(event).__name__}", None)
+        if handler is not None:
+            handler(event)
+
+    def print(self, event: Event, text: str) -> None:
+        if self.enabled:
+            self.progress.console.print(("" if event.worker is None else f"worker {event.worker}: ") + text)
+
+    def _row(self, worker: int | None, label: str, steps: int) -> None:
+        """The process's training row, now training `label` for `steps` steps."""
+        task = self.rows.get(worker)
+        if task is None:
+            self.rows[worker] = self.progress.add_task("train" if worker is None else f"worker {worker}", total=steps,
+                                                       info=label)
+        else:
+            self.progress.update(task, completed=0, total=steps, info=label)
+
+    def _StudyStarted(self, event: StudyStarted) -> None:
+        if self.study_task is not None:  # the workers' studies: the first one says it
+            return
+        self.print(dataclasses.replace(event, worker=None), f"study {event.study}: {event.finished} of {event.target} "
+                                                            "trials finished")
+        self.study_task = self.progress.add_task("study", total=event.target, completed=event.finished, info="trials",
+                                                 eta=None)
         self.eta = StudyEta(time.monotonic())
-        self.target, self.finished_at_start, self.finished = target, finished, finished
+        self.target, self.finished_at_start, self.finished = event.target, event.finished, event.finished
 
-    def _new_task(self, label: str, steps: int) -> None:
-        if self.trial_task is not None:
-            self.progress.remove_task(self.trial_task)
-        self.trial_task = self.progress.add_task(label, total=steps, info="loss -")
+    def _TrialStarted(self, event: TrialStarted) -> None:
+        label = f"trial {event.number} map {_fmt(event.reuse_map)}" + (f" with {event.knobs}" if event.knobs else "")
+        if event.worker is None:
+            self.print(event, f"trial {event.number}: training map {_fmt(event.reuse_map)}"
+                       + (f" with {event.knobs}" if event.knobs else ""))
+        self._row(event.worker, label, event.steps)
 
-    def trial_started(self, number: int, reuse_map: list[int], steps: int, knobs: str = "") -> None:
-        self.progress.console.print(f"trial {number}: training map {_fmt(reuse_map)}" + (f" with {knobs}" if knobs else ""))
-        self._new_task(f"trial {number}", steps)
-
-    def reference_started(self, name: str, index: int, count: int, steps: int) -> None:
-        """The study row counts the reference runs after the trials (its timer runs on); the training row is
-        the reference's own."""
-        if self.study_task is not None:
-            self.progress.update(self.study_task, total=self.target + count, completed=self.target + index,
+    def _ReferenceStarted(self, event: ReferenceStarted) -> None:
+        """The study row counts the reference runs after the trials (its timer runs on)."""
+        if self.study_task is not None and event.worker is None:
+            self.progress.update(self.study_task, total=self.target + event.count, completed=self.target + event.index,
                                  info="references")
-        self.references = (index, count)
-        self._new_task(f"reference {name}", steps)
+            self.references = (event.index, event.count)
+        self._row(event.worker, f"reference {event.name}", event.steps)
 
-    def reference_finished(self, name: str) -> None:
-        if self.study_task is not None and self.references is not None:
+    def _ReferenceFinished(self, event: ReferenceFinished) -> None:
+        if self.study_task is not None and self.references is not None and event.worker is None:
             last = self.references[0] + 1 == self.references[1]
             self.progress.update(self.study_task, completed=self.target + self.references[0] + 1,
                                  **({"eta": 0.0} if last else {}))
 
-    def step(self, step: int, steps: int, loss: float) -> None:
-        if self.trial_task is not None:
-            self.progress.update(self.trial_task, completed=step, total=steps, info=f"loss {loss:.3f}")
-        if self.study_task is not None and self.eta is not None:
+    def _RunsStarted(self, event: RunsStarted) -> None:
+        """Race (or audit) runs: the study row becomes the race's (runs stored so far; how many it will take is the
+        race's to decide), and the training row the runs'."""
+        if self.runs_done is None:
+            self.runs_done = 0
+            if self.study_task is not None and event.kind == "race":
+                self.progress.update(self.study_task, description="race", total=None, completed=0,
+                                     info="race runs stored: 0", eta=None)
+        runs = "; ".join(f"map {key} at {steps} steps, seed {seed}" for key, steps, seed in event.runs)
+        self.print(event, f"{event.kind} run{'s' if len(event.runs) > 1 else ''}: {runs}"
+                   + (f" (fused, {len(event.runs)} at once)" if len(event.runs) > 1 else ""))
+        key, steps, seed = event.runs[0]
+        more = f" and {len(event.runs) - 1} more" if len(event.runs) > 1 else ""
+        self._row(event.worker, f"{event.kind} run map {key} seed {seed}{more}", steps)
+
+    def _RunFinished(self, event: RunFinished) -> None:
+        self.runs_done = (self.runs_done or 0) + 1
+        if self.study_task is not None and event.kind == "race":
+            self.progress.update(self.study_task, info=f"race runs stored: {self.runs_done}")
+        elif self.study_task is not None:  # the audit: its row counts its runs
+            self.progress.update(self.study_task, advance=1)
+        self.print(event, f"{event.kind} run done: map {event.map_key} at {event.steps} steps, seed {event.seed}: "
+                          f"ppl {_fmt(event.val_ppl)}")
+
+    def _Step(self, event: Step) -> None:
+        task = self.rows.get(event.worker)
+        if task is not None:
+            info = self.progress.tasks[task].fields["info"].split(" loss ")[0]
+            self.progress.update(task, completed=event.step, total=event.steps, info=f"{info} loss {event.loss:.3f}")
+        if self.study_task is not None and self.eta is not None and event.worker is None and self.runs_done is None:
             trials_done = max(0, min(self.finished, self.target) - self.finished_at_start)
             if self.references is None:
                 done, left = trials_done, max(1, self.target - self.finished)
             else:
                 done, left = trials_done + self.references[0], self.references[1] - self.references[0]
-            eta = self.eta.seconds_left(time.monotonic(), done, step / steps if steps else 0.0, left)
-            self.progress.update(self.study_task, eta=eta)
+            fraction = event.step / event.steps if event.steps else 0.0
+            self.progress.update(self.study_task, eta=self.eta.seconds_left(time.monotonic(), done, fraction, left))
 
-    def trial_finished(self, row: dict[str, Any], front: list[dict[str, Any]], finished: int, who: str = "") -> None:
-        self.finished = finished
-        if self.study_task is not None:
-            self.progress.update(self.study_task, completed=finished)
-        if not self.enabled:
-            return
-        self.progress.console.print(
-            f"{who}trial {row['trial']} {row['state'].lower()}: map {_fmt(row['reuse_map'])}"
-            + (f" with {row['knobs']}" if row.get("knobs") else "") + f", {_fmt(row['flops_ratio'])}x, "
-            f"ppl {_fmt(row['val_ppl'])}" + (f" (reused trial {row['reused_from']})" if row.get("reused_from") is not None else "")
-            + (f" ({row['reason']})" if row["state"] != "COMPLETE" and row.get("reason") else ""))
+    def _TrialFinished(self, event: TrialFinished) -> None:
+        row, front = event.row, event.front
+        self.finished = event.finished
+        if self.study_task is not None and self.runs_done is None:
+            self.progress.update(self.study_task, completed=event.finished)
+        self.print(event, f"trial {row['trial']} {row['state'].lower()}: map {_fmt(row['reuse_map'])}"
+                   + (f" with {row['knobs']}" if row.get("knobs") else "") + f", {_fmt(row['flops_ratio'])}x, "
+                   f"ppl {_fmt(row['val_ppl'])}" + (f" (reused trial {row['reused_from']})"
+                                                    if row.get("reused_from") is not None else "")
+                   + (f" ({row['reason']})" if row["state"] != "COMPLETE" and row.get("reason") else ""))
         front_trials = [p["trial"] for p in front]
-        if not front or front_trials == self.printed_front:  # printed only when it changed
+        if not self.enabled or not front or front_trials == self.printed_front:  # printed only when it changed
             return
         self.printed_front = front_trials
         table = Table(title="current front", title_justify="left")
@@ -269,55 +330,8 @@ class RichReporter:
             table.add_row(*(_fmt(p.get(c)) for c in columns))
         self.progress.console.print(table)
 
-    def message(self, text: str) -> None:
-        if self.enabled:
-            self.progress.console.print(text)
-
-
-class WorkersReporter(RichReporter):
-    """`run --workers N`: one progress row per worker (its trial, map, steps and loss) under the study's row;
-    finished trials and messages are printed with the worker's number."""
-
-    def __init__(self, enabled: bool = True) -> None:
-        super().__init__(enabled)
-        self.worker_tasks: dict[int, Any] = {}
-
-    def worker_study_started(self, worker: int, study: str, target: int, finished: int) -> None:
-        if self.study_task is None:
-            self.study_started(study, target, finished)
-        self.worker_tasks[worker] = self.progress.add_task(f"worker {worker}", total=1, info="starting")
-
-    def worker_trial_started(self, worker: int, number: int, reuse_map: list[int], steps: int, knobs: str = "") -> None:
-        task = self.worker_tasks.get(worker)
-        if task is not None:
-            label = f"trial {number} map {_fmt(reuse_map)}" + (f" with {knobs}" if knobs else "")
-            self.progress.update(task, completed=0, total=steps, info=label)
-
-    def worker_reference_started(self, worker: int, name: str, index: int, count: int, steps: int) -> None:
-        task = self.worker_tasks.get(worker)
-        if task is not None:
-            self.progress.update(task, completed=0, total=steps, info=f"reference {name}")
-
-    def worker_reference_finished(self, worker: int, name: str) -> None:
-        task = self.worker_tasks.get(worker)
-        if task is not None:
-            self.progress.update(task, info=f"reference {name} done")
-
-    def worker_step(self, worker: int, step: int, steps: int, loss: float) -> None:
-        task = self.worker_tasks.get(worker)
-        if task is not None:
-            info = self.progress.tasks[task].fields["info"].split(" loss ")[0]
-            self.progress.update(task, completed=step, total=steps, info=f"{info} loss {loss:.3f}")
-
-    def worker_trial_finished(self, worker: int, row: dict[str, Any], front: list[dict[str, Any]], finished: int) -> None:
-        self.trial_finished(row, front, finished, who=f"worker {worker}: ")
-
-    def worker_message(self, worker: int, text: str) -> None:
-        self.message(f"worker {worker}: {text}")
-
-    def study_started(self, study: str, target: int, finished: int) -> None:
-        if self.study_task is None:
-            super().study_started(study, target, finished)
+    def _Message(self, event: Message) -> None:
+        self.print(event, event.text)
 
 
 # The front as run and pareto print it: each point at its length, with its seeds and interval (trial numbers,
@@ -330,7 +344,7 @@ def race_front_rows(front: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Front points for a table: the interval as low-high, confirmed as yes/no."""
     return [dict(p, interval=f"{_fmt(p['interval'][0])}-{_fmt(p['interval'][1])}"
                  if p.get("interval") and p["interval"][0] is not None else "-",
-                 confirmed="yes" if p.get("confirmed") else "no") for p in front]
+                 confirmed="reference" if p.get("reference") else "yes" if p.get("confirmed") else "no") for p in front]
 
 
 def print_race(report: dict[str, Any]) -> None:
@@ -374,9 +388,11 @@ def print_run(summary: dict[str, Any]) -> None:
                RACE_FRONT_HEADERS)
     for name, ref in summary.get("references", {}).items():
         out.print(f"reference {name}: {_fmt(ref['flops_ratio'])}x, ppl {_fmt(ref['val_ppl'])}")
+    everything = summary["steps_trained"] + summary.get("reference_steps", 0) + summary.get("race_steps", 0)
     out.print(f"{summary['n_complete']} complete, {summary['n_pruned']} pruned, {summary['n_failed']} failed; "
-              f"{summary['steps_trained']} steps trained, {summary['steps_saved_by_pruning']} saved by pruning; "
-              f"storage {summary['storage']}")
+              f"{everything} steps trained: {summary['steps_trained']} in the trials ({summary['steps_saved_by_pruning']} "
+              f"saved by pruning), {summary.get('reference_steps', 0)} in the reference runs, "
+              f"{summary.get('race_steps', 0)} in the race; storage {summary['storage']}")
     _fidelity_lines(summary.get("fidelity"))
     print_race(summary)
     if summary.get("interrupted"):
@@ -384,7 +400,8 @@ def print_run(summary: dict[str, Any]) -> None:
 
 
 def print_studies(report: dict[str, Any]) -> None:
-    rows_table("studies", report["studies"], ["study", "n_trials", "n_complete", "budget", "layers", "best_val_ppl"])
+    rows_table("studies (best: the map the race reports, at its decided length)", report["studies"],
+               ["study", "n_trials", "budget", "layers", "best", "best_val_ppl", "best_steps", "decided"])
 
 
 def print_export(report: dict[str, Any]) -> None:

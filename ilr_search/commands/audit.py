@@ -15,7 +15,6 @@ import random
 import socket
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +27,13 @@ from ilr_search.data.tokens import load_space_tokens
 from ilr_search.errors import UserInputError
 from ilr_search.analysis.fidelity import audit_report
 from ilr_search.knobs import with_knobs
-from ilr_search.analysis.results import Curves, as_list, curves_by_trial, is_baseline_key, study_front, trained_trials
+from ilr_search.analysis.results import Curves, curves_by_trial, is_baseline_key, study_front, trained_trials
 from ilr_search.analysis.trials import Trial, TrialRecord, trained_results, trial_records
 from ilr_search.search.plan import CONFIG_ATTR, StoredConfig, safe_name, stored_config
-from ilr_search.search.progress import RunReporter
-from ilr_search.search.race import (FINAL_STATES, ClaimedRun, fusable, is_finished, longer_train_config, run_checkpoint,
-                                    train_run, train_runs_fused)
+from ilr_search.search.progress import Message, RunReporter, StudyStarted
+from ilr_search.search.race import (FINAL_STATES, ClaimedRun, is_finished, longer_train_config, run_checkpoint,
+                                    train_claimed)
+from ilr_search.training.jobs import fusable
 from ilr_search.search.run import check_fuse, disk_full_is_reported
 from ilr_search.search.studies import open_study
 from ilr_search.storage import study_storage, AuditJob, Store, grace_period, heartbeat_interval, open_store, parse_storage
@@ -157,8 +157,8 @@ def _run_audit(study_name: str, storage: str | None, settings: AuditSettings, re
     store = open_store(spec, study_name, storage=study_storage(study))
     worker = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     checkpoints = Path(checkpoint_dir or "studies/checkpoints") / safe_name(study_name) / "audit"
-    reporter.study_started(f"{study_name} audit at {settings.factor_key}x ({steps} steps)", len(jobs),
-                           _n_done(store, jobs))
+    reporter.on(StudyStarted(f"{study_name} audit at {settings.factor_key}x ({steps} steps)", len(jobs),
+                             _n_done(store, jobs)))
     data = None
     trained_here = 0
     waiting_said = False
@@ -175,21 +175,12 @@ def _run_audit(study_name: str, storage: str | None, settings: AuditSettings, re
                 data = load_space_tokens(space)
             for run in claimed:
                 check_vocab(run.model, data.vocab_size)
-            if len(claimed) == 1:
-                run = claimed[0]
-                train_run(store, run.job, worker, run.reuse_map, run.model, run.train_cfg, data, reporter,
-                          run.checkpoint, run.number)
-            else:
-                reporter.message("audit: " + "; ".join(f"map {r.job.map_key}, seed {r.job.seed}" for r in claimed)
-                                 + " (fused)")
-                train_runs_fused(store, claimed, worker, data, reporter)
+            train_claimed(store, claimed, worker, data, reporter, kind="audit")
             trained_here += len(claimed)
             progressed = True
-            for run in claimed:
-                reporter.trial_finished(_row(store, run.job, run.trial), [], _n_done(store, jobs))
         if not progressed:  # the rest is held by live workers: wait for them (or for them to go stale)
             if not waiting_said:
-                reporter.message("the remaining audit runs are being trained by other workers; waiting")
+                reporter.on(Message("the remaining audit runs are being trained by other workers; waiting"))
                 waiting_said = True
             time.sleep(min(2.0, heartbeat_interval()))
     for folder in (checkpoints, checkpoints.parent):
@@ -211,32 +202,19 @@ def _n_done(store: Store, jobs: list[tuple[AuditJob, TrialRecord]]) -> int:
     return sum(job in done for job, _ in jobs)
 
 
-def _row(store: Store, job: AuditJob, t: TrialRecord) -> dict[str, Any]:
-    row = next(r for r in store.audit_rows() if r.job == job)
-    return {"trial": t.number, "state": "COMPLETE" if row.state == "complete" else "FAIL",
-            "reuse_map": as_list(t.reuse_map), "flops_ratio": row.flops_ratio, "val_ppl": row.val_ppl,
-            "reason": row.reason or f"seed {job.seed}, proxy ppl {t.val_ppl}"}
-
-
-@dataclass(frozen=True)
-class AuditRun(ClaimedRun):
-    """A claimed audit run, with the trial whose map it retrains."""
-    trial: TrialRecord | None = None
-
-
 def _claim_group(store: Store, pending: list[tuple[AuditJob, TrialRecord]], worker: str, space: SpaceConfig,
                  steps: int, checkpoints: Path, init_depth: int, fuse: int
-                 ) -> tuple[list[AuditRun], list[tuple[AuditJob, TrialRecord]]]:
+                 ) -> tuple[list[ClaimedRun], list[tuple[AuditJob, TrialRecord]]]:
     """Claim up to `fuse` pending runs of one model (one, where the model cannot be fused); returns them and
     the pending runs not yet looked at. Runs held by other workers are passed over."""
-    claimed: list[AuditRun] = []
+    claimed: list[ClaimedRun] = []
     for i, (job, t) in enumerate(pending):
         model = with_knobs(model_config(space), dict(t.knobs), init_depth)
         if claimed and (len(claimed) >= fuse or model != claimed[0].model or not fusable(model)):
             return claimed, pending[i:]
         if not store.audit_claim(job, worker, t.flops_ratio, steps, stale_after=grace_period()):
             continue
-        claimed.append(AuditRun(job, list(t.reuse_map), model,
-                                longer_train_config(space.train, space.train.steps, job.seed),
-                                run_checkpoint(checkpoints, job), t.number, t.flops_ratio, trial=t))
+        claimed.append(ClaimedRun(job, list(t.reuse_map), model,
+                                  longer_train_config(space.train, space.train.steps, job.seed),
+                                  run_checkpoint(checkpoints, job), t.number, t.flops_ratio))
     return claimed, []

@@ -269,19 +269,9 @@ def describe(layout: Layout) -> str:
     return f"{where}{threads}, K = {layout.fuse}"
 
 
-def space_workers(plan: StudyPlan) -> int | None:
-    """The space's worker processes: its `workers`, "cores" being one a CPU core (one on a GPU); None for 1, which
-    `--fuse auto` may change."""
-    workers = plan.space.search.workers
-    if workers == "cores":
-        return (os.cpu_count() or 1) if resolve_device(plan.space.train.device).type == "cpu" else 1
-    return None if workers == 1 else int(workers)
-
-
 def resolve_layout(plan: StudyPlan, fuse: int | str, workers: int | None, target: int) -> FuseChoice:
-    """The run's layout from `--fuse` (a number or auto) and `--workers` (None: not given, the space's): a K asked
-    for is checked against memory; auto is chosen by choose_fuse. On a CPU several workers get a thread each."""
-    workers = workers or space_workers(plan)
+    """The run's layout from `--fuse` (a number or auto) and `--workers` (None: not given): a K asked for is
+    checked against memory; auto is chosen by choose_fuse. On a CPU several workers share the cores out."""
     if fuse == "auto":
         choice = choose_fuse(plan, workers, target)
         check_memory(plan, choice.layout.groups, choice.layout.fuse)

@@ -18,7 +18,7 @@ from ilr_search.training.schedule import reuse_map_schedule
 from ilr_search.search.maps import repair_to_budget
 from ilr_search.search.plan import StudyPlan, adopt_stored_dtype, adopt_stored_race, check_resume, stored_study
 from ilr_search.search.pruners import pruner_settings
-from ilr_search.commands.autofuse import space_workers
+from ilr_search.commands.run import race_processes
 from ilr_search.search.run import ReferenceRun, RunRequest, planned_space, reference_runs
 from ilr_search.search.samplers import sampler_settings
 from ilr_search.storage import open_storage, parse_storage
@@ -63,7 +63,7 @@ def dry_run_report(request: RunRequest, workers: int | None = None, probe: bool 
     spec = parse_storage(request.storage)
     request.check()
     space, plan = planned_space(request)
-    workers = workers or space_workers(plan) or 1
+    workers = workers or 1
     existing = open_storage(spec, heartbeat=False) if spec.exists() else None
     if existing is not None and space.train.dtype == "auto":
         plan = adopt_stored_dtype(existing, plan)
@@ -171,7 +171,7 @@ def estimate(space: SpaceConfig, plan: StudyPlan, costly: list[int], refs: list[
     if space.search.noise_seeds and "second_seed" not in done_refs and not any(r.name == "second_seed" for r in refs):
         ref_seconds += proxy_seconds(mid_runs)
     run_seconds = proxy_seconds(mid_runs) * race["target_steps"] / space.train.steps if race["runs_max"] else 0.0
-    racers = workers
+    racers = max(workers, race_processes(space, 1))
     race_min = race["steps_min"] / race["target_steps"] * run_seconds / racers if race["runs_max"] else 0.0
     race_max = race["steps_max"] / race["target_steps"] * run_seconds / racers if race["runs_max"] else 0.0
     total = trials_to_train * trial_seconds / max(1, workers) + ref_seconds

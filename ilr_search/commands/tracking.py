@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from ilr_search.search.progress import Event, RunReporter, StudyStarted, TrialFinished
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import format_knobs
 from ilr_search.training.schedule import format_reuse_map
@@ -151,9 +152,9 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", name)
 
 
-class TrackingReporter:
-    """A run's reporter that also logs each finished trial, and the reference runs at the end, to a tracker.
-    Everything else is the wrapped reporter's."""
+class TrackingReporter(RunReporter):
+    """A run's reporter that also logs each finished trial, and the reference runs at the end, to a tracker; every
+    event goes on to the wrapped reporter."""
 
     def __init__(self, inner: Any, spec: TrackSpec, storage: str | None) -> None:
         self.inner, self.spec, self.storage = inner, spec, storage
@@ -161,9 +162,6 @@ class TrackingReporter:
         self.tracker: Tracker | None = None
         self.store: Any = None
         self.references_before: dict[str, Any] = {}
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
     def __enter__(self) -> TrackingReporter:
         self.inner.__enter__()
@@ -177,21 +175,12 @@ class TrackingReporter:
         finally:
             self.inner.__exit__(*exc)
 
-    def study_started(self, study: str, target: int, finished: int) -> None:
-        self.inner.study_started(study, target, finished)
-        self._open(study)
-
-    def worker_study_started(self, worker: int, study: str, target: int, finished: int) -> None:
-        self.inner.worker_study_started(worker, study, target, finished)
-        self._open(study)
-
-    def trial_finished(self, row: dict[str, Any], front: list[dict[str, Any]], finished: int, *args: Any) -> None:
-        self.inner.trial_finished(row, front, finished, *args)
-        self._log_trial(row)
-
-    def worker_trial_finished(self, worker: int, row: dict[str, Any], front: list[dict[str, Any]], finished: int) -> None:
-        self.inner.worker_trial_finished(worker, row, front, finished)
-        self._log_trial(row)
+    def on(self, event: Event) -> None:
+        self.inner.on(event)
+        if isinstance(event, StudyStarted):
+            self._open(event.study)
+        elif isinstance(event, TrialFinished):
+            self._log_trial(event.row)
 
     def _open(self, study: str) -> None:
         if self.tracker is None:

@@ -15,146 +15,31 @@ import dataclasses
 import os
 import signal
 import time
-from dataclasses import dataclass
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any
 
 import multiprocessing as mp
 import queue
 
 from ilr_search.commands.autofuse import check_memory
 from ilr_search.errors import UserInputError
-from ilr_search.search.progress import RunReporter
-from ilr_search.search.race import run_race
+from ilr_search.search.progress import Event, Message, RunReporter
+from ilr_search.search.race import RaceRunner, run_race
 from ilr_search.search.run import RunRequest, disk_full_is_reported, prepare_study, run_study
 from ilr_search.training.device import resolve_device
 
 
 
 
-class WorkerEventReporter(Protocol):
-    """What the parent's reporter shows of its workers (cli/ui.py WorkersReporter, commands/tracking.py)."""
-
-    def worker_study_started(self, worker: int, study: str, target: int, finished: int) -> None: ...
-    def worker_trial_started(self, worker: int, number: int, reuse_map: list[int], steps: int, knobs: str = "") -> None: ...
-    def worker_step(self, worker: int, step: int, steps: int, loss: float) -> None: ...
-    def worker_trial_finished(self, worker: int, row: dict[str, Any], front: list[dict[str, Any]], finished: int) -> None: ...
-    def worker_reference_started(self, worker: int, name: str, index: int, count: int, steps: int) -> None: ...
-    def worker_reference_finished(self, worker: int, name: str) -> None: ...
-    def worker_message(self, worker: int, text: str) -> None: ...
-
-
-# A worker's events, one dataclass per kind, sent to the parent over a multiprocessing queue (pickled as they
-# are: the queue is their one serialisation) and handed to the parent's reporter by `deliver`, which calls the
-# reporter's worker_* method of that kind (cli/ui.py WorkersReporter, commands/tracking.py).
-
-
-@dataclass(frozen=True)
-class StudyStarted:
-    worker: int
-    study: str
-    target: int
-    finished: int
-
-    def deliver(self, reporter: WorkerEventReporter) -> None:
-        reporter.worker_study_started(self.worker, self.study, self.target, self.finished)
-
-
-@dataclass(frozen=True)
-class TrialStarted:
-    worker: int
-    number: int
-    reuse_map: list[int]
-    steps: int
-    knobs: str = ""
-
-    def deliver(self, reporter: WorkerEventReporter) -> None:
-        reporter.worker_trial_started(self.worker, self.number, self.reuse_map, self.steps, self.knobs)
-
-
-@dataclass(frozen=True)
-class Step:
-    worker: int
-    step: int
-    steps: int
-    loss: float
-
-    def deliver(self, reporter: WorkerEventReporter) -> None:
-        reporter.worker_step(self.worker, self.step, self.steps, self.loss)
-
-
-@dataclass(frozen=True)
-class TrialFinished:
-    worker: int
-    row: dict[str, Any]
-    front: list[dict[str, Any]]
-    finished: int
-
-    def deliver(self, reporter: WorkerEventReporter) -> None:
-        reporter.worker_trial_finished(self.worker, self.row, self.front, self.finished)
-
-
-@dataclass(frozen=True)
-class ReferenceStarted:
-    worker: int
-    name: str
-    index: int
-    count: int
-    steps: int
-
-    def deliver(self, reporter: WorkerEventReporter) -> None:
-        reporter.worker_reference_started(self.worker, self.name, self.index, self.count, self.steps)
-
-
-@dataclass(frozen=True)
-class ReferenceFinished:
-    worker: int
-    name: str
-
-    def deliver(self, reporter: WorkerEventReporter) -> None:
-        reporter.worker_reference_finished(self.worker, self.name)
-
-
-@dataclass(frozen=True)
-class Message:
-    worker: int
-    text: str
-
-    def deliver(self, reporter: WorkerEventReporter) -> None:
-        reporter.worker_message(self.worker, self.text)
-
-
-WorkerEvent = StudyStarted | TrialStarted | Step | TrialFinished | ReferenceStarted | ReferenceFinished | Message
-
-
 class QueueReporter(RunReporter):
-    """A worker's reporter: each call becomes its WorkerEvent on the parent's queue."""
+    """A worker's reporter: each event goes to the parent's queue (pickled as it is: the queue is its one
+    serialisation) with the worker's number, and the parent hands it to its own reporter (`_relay`)."""
 
     def __init__(self, events: Any, worker: int) -> None:
         self.events, self.worker = events, worker
 
-    def send(self, event: WorkerEvent) -> None:
-        self.events.put(event)
-
-    def study_started(self, study: str, target: int, finished: int) -> None:
-        self.send(StudyStarted(self.worker, study, target, finished))
-
-    def trial_started(self, number: int, reuse_map: list[int], steps: int, knobs: str = "") -> None:
-        self.send(TrialStarted(self.worker, number, list(reuse_map), steps, knobs))
-
-    def step(self, step: int, steps: int, loss: float) -> None:
-        self.send(Step(self.worker, step, steps, loss))
-
-    def trial_finished(self, row: dict[str, Any], front: list[dict[str, Any]], finished: int) -> None:
-        self.send(TrialFinished(self.worker, row, front, finished))
-
-    def reference_started(self, name: str, index: int, count: int, steps: int) -> None:
-        self.send(ReferenceStarted(self.worker, name, index, count, steps))
-
-    def reference_finished(self, name: str) -> None:
-        self.send(ReferenceFinished(self.worker, name))
-
-    def message(self, text: str) -> None:
-        self.send(Message(self.worker, text))
+    def on(self, event: Event) -> None:
+        self.events.put(dataclasses.replace(event, worker=self.worker))
 
 
 def stop_with_parent(interval: float = 0.5) -> None:
@@ -191,7 +76,7 @@ def _worker_main(request: RunRequest, worker: int, workers: int, threads: int | 
     except KeyboardInterrupt:
         raise SystemExit(130)
     except UserInputError as e:
-        reporter.message(f"error: {e}")
+        reporter.on(Message(f"error: {e}"))
         raise SystemExit(2)
     raise SystemExit(130 if summary.get("interrupted") else 0)
 
@@ -207,8 +92,8 @@ def run_workers(request: RunRequest, workers: int, reporter: Any, threads: int |
     plan = prepared.plan
     check_memory(plan, workers, request.fuse)
     if workers > 1 and resolve_device(plan.space.train.device).type == "cuda":
-        reporter.message(f"{workers} worker processes share one GPU by time-slicing; on an H200 at the paper-small "
-                         "proxy they gave no more trials per hour than one (README, 'On a GPU')")
+        reporter.on(Message(f"{workers} worker processes share one GPU by time-slicing; on an H200 at the paper-small "
+                            "proxy they gave no more trials per hour than one (README, 'On a GPU')"))
     # Workers resume the study by name: a derived name is fixed here, so that none derives another; the target
     # includes the trials of the maps enqueued here, which the workers find in the study (not enqueued again).
     request = dataclasses.replace(request, study_name=plan.name, n_trials=prepared.target, enqueue_maps=())
@@ -232,7 +117,7 @@ def run_workers(request: RunRequest, workers: int, reporter: Any, threads: int |
     interrupted = interrupted or any(c == 130 for c in codes)
     for k, code in enumerate(codes):
         if code not in (0, 130):
-            reporter.message(f"worker {k} ended with exit code {code}; its unfinished trial is retried")
+            reporter.on(Message(f"worker {k} ended with exit code {code}; its unfinished trial is retried"))
     if interrupted:
         from ilr_search.search.studies import summarize_stored
 
@@ -244,13 +129,75 @@ def run_workers(request: RunRequest, workers: int, reporter: Any, threads: int |
     return summary
 
 
-def _relay(events: Any, procs: list[Any], reporter: Any) -> None:
+def _race_worker_main(request: RunRequest, worker: int, workers: int, threads: int, events: Any) -> None:
+    """One race worker process: the study as the parent left it (trials and references done), and its share of
+    each wave of the race, on `threads` torch threads."""
+    import torch
+
+    from ilr_search.search.run import safe_name
+    from ilr_search.storage import open_store, study_storage
+
+    stop_with_parent()
+    torch.set_num_threads(threads)
+    reporter = QueueReporter(events, worker)
+    try:
+        with disk_full_is_reported():
+            prepared = prepare_study(request)
+            plan, study = prepared.plan, prepared.study
+            store = open_store(prepared.spec, plan.name, storage=study_storage(study))
+            folder = Path(request.checkpoint_dir or "studies/checkpoints") / safe_name(plan.name) / "audit"
+            run_race(plan, study, store, prepared.data, reporter, folder, request.fuse,
+                     plan.space.search.max_race_steps, workers=workers)
+    except KeyboardInterrupt:
+        raise SystemExit(130)
+    except UserInputError as e:
+        reporter.on(Message(f"error: {e}"))
+        raise SystemExit(2)
+    raise SystemExit(0)
+
+
+def race_in_workers(request: RunRequest, workers: int, threads: int = 1) -> RaceRunner:
+    """A race runner that trains the race in `workers` processes of `threads` torch threads each (on a CPU, one
+    process a core trains faster than one process on every core), sharing each wave through the race's claims;
+    whatever they leave (a killed worker's run) is trained by the calling process afterwards."""
+
+    def runner(plan: Any, study: Any, store: Any, data: Any, reporter: RunReporter, folder: Path, fuse: int,
+               max_steps: int) -> None:
+
+        ctx = mp.get_context("spawn")
+        events = ctx.Queue()
+        asked = dataclasses.replace(request, study_name=plan.name, enqueue_maps=())
+        procs = [ctx.Process(target=_race_worker_main, args=(asked, k, workers, threads, events),
+                             name=f"ilr-search race worker {k}") for k in range(workers)]
+        for proc in procs:
+            proc.start()
+        try:
+            _relay(events, procs, reporter)
+        except KeyboardInterrupt:
+            for proc in procs:
+                if proc.is_alive() and proc.pid is not None:
+                    os.kill(proc.pid, signal.SIGINT)
+            for proc in procs:
+                proc.join()
+            raise
+        codes = [proc.exitcode for proc in procs]
+        if any(code == 130 for code in codes):
+            raise KeyboardInterrupt
+        for k, code in enumerate(codes):
+            if code != 0:
+                reporter.on(Message(f"race worker {k} ended with exit code {code}; its unfinished run is retried"))
+        run_race(plan, study, store, data, reporter, folder, fuse, max_steps)  # what a dead worker left
+
+    return runner
+
+
+def _relay(events: Any, procs: list[Any], reporter: RunReporter) -> None:
     """Forward worker events to the reporter until every worker has ended and its events are shown."""
     while True:
         try:
-            event: WorkerEvent = events.get(timeout=0.2)
+            event: Event = events.get(timeout=0.2)
         except queue.Empty:
             if not any(p.is_alive() for p in procs):
                 return
             continue
-        event.deliver(reporter)
+        reporter.on(event)

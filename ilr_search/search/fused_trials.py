@@ -18,11 +18,11 @@ from dataclasses import dataclass
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from ilr_search.config import ModelConfig
 from ilr_search.analysis.trials import TrialAttr
-from ilr_search.training.fused import FusionUnsupported, check_fusable, train_fused
+from ilr_search.search.progress import step_callback
 from ilr_search.storage import heartbeat_thread, study_storage, trial_id
-from ilr_search.training.train import TrainResult, train_proxy
+from ilr_search.training.jobs import train_jobs
+from ilr_search.training.train import TrainResult
 
 from ilr_search.search.objective import (Proposal, SearchRun, SurplusTrial, Training, TrialDiverged, TrialTakenOver, journal_heartbeat,
                         sweep_stale_journal_trials)
@@ -95,25 +95,8 @@ class FusedSearchRun(SearchRun):
     def _train_group(self, trainings: list[Training]) -> list[TrainResult]:
         """Train the trainings fused, one group per model (searched knobs change it); a model the fused trainer
         does not support trains its maps one at a time, as the objective does."""
-        results: dict[int, TrainResult] = {}
-        by_model: dict[ModelConfig, list[int]] = {}
-        for i, t in enumerate(trainings):
-            by_model.setdefault(t.model, []).append(i)
-        for model, indices in by_model.items():
-            members = [trainings[i] for i in indices]
-            try:
-                check_fusable(model)
-            except FusionUnsupported:
-                for i, t in zip(indices, members):
-                    results[i] = train_proxy(t.model, t.schedule, self.data, t.train_cfg, on_eval=t.on_eval,
-                                             on_step=self.reporter.step, checkpoint_path=t.checkpoint)
-                continue
-            on_step = [self.reporter.step] + [None] * (len(members) - 1)  # progress: the group's first map
-            fused = train_fused(model, [t.schedule for t in members], self.data, members[0].train_cfg,
-                                on_eval=[t.on_eval for t in members], on_step=on_step,
-                                checkpoint_paths=[t.checkpoint for t in members])
-            results.update(zip(indices, fused))
-        return [results[i] for i in range(len(trainings))]
+        return train_jobs([t.job for t in trainings], self.data, fuse=max(1, len(trainings)),
+                          on_step=step_callback(self.reporter))
 
     def _tell(self, member: GroupTrial, outcome: Callable[[], float | tuple[float, float]],
               report: TrialReport) -> None:

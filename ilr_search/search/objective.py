@@ -24,11 +24,12 @@ from ilr_search.training.schedule import format_reuse_map, reuse_map_schedule
 from ilr_search.storage import study_storage, trial_id
 from ilr_search.storage import (CurvePoint, Heartbeat, StorageSpec, Store, TrainCurvePoint, grace_period, heartbeat_interval,
                        set_trial_user_attrs)
-from ilr_search.training.train import EvalPoint, TrainResult, train_proxy
+from ilr_search.training.jobs import Job, train_jobs
+from ilr_search.training.train import EvalPoint, TrainResult
 
 from ilr_search.search.maps import propose_knobs, propose_map
 from ilr_search.search.plan import StudyPlan, safe_name
-from ilr_search.search.progress import RunReporter
+from ilr_search.search.progress import Message, RunReporter, TrialStarted, step_callback
 from ilr_search.search.pruners import Pruner, PruningDecision
 
 
@@ -106,6 +107,10 @@ class Training:
     checkpoint: Path | None
     on_eval: Callable[[EvalPoint], bool]
     verdicts: list[PruningDecision]
+
+    @property
+    def job(self) -> Job:
+        return Job(self.model, self.schedule, self.train_cfg, self.on_eval, self.checkpoint)
 
 
 @dataclass
@@ -199,7 +204,7 @@ class SearchRun:
                     return None
                 continue
             if not waited:
-                self.reporter.message(f"map {key} is being trained by trial {holder}; waiting for its result")
+                self.reporter.on(Message(f"map {key} is being trained by trial {holder}; waiting for its result"))
                 waited = True
             time.sleep(min(2.0, heartbeat_interval()))
             self.sweep_stale(spare=trial_id(self._trial_by_number(number)))
@@ -244,8 +249,8 @@ class SearchRun:
         self._store_curve(recovered, result, key, ratio)
         self._store_train_curve(recovered, result, key)
         self.store.take_over(key, trial.number, recovered)
-        self.reporter.message(f"trial {trial.number} was failed under this worker; its result is kept as trial "
-                              f"{recovered}")
+        self.reporter.on(Message(f"trial {trial.number} was failed under this worker; its result is kept as trial "
+                                 f"{recovered}"))
 
     def _store_curve(self, number: int, result: TrainResult, key: str, ratio: float) -> None:
         """The points of `result`'s curve that the store does not hold for trial `number` (the curve lives there
@@ -276,9 +281,7 @@ class SearchRun:
     def _train(self, trial: optuna.Trial, proposal: Proposal) -> float | tuple[float, float]:
         training = self.start_training(trial, proposal)
         try:
-            result = train_proxy(training.model, training.schedule, self.data, training.train_cfg,
-                                 on_eval=training.on_eval, on_step=self.reporter.step,
-                                 checkpoint_path=training.checkpoint)
+            (result,) = train_jobs([training.job], self.data, on_step=step_callback(self.reporter))
         except KeyboardInterrupt:
             self.interrupted(trial)
             raise
@@ -289,7 +292,7 @@ class SearchRun:
         stores the curve and asks the pruner)."""
         steps = self.plan.space.train.steps
         key, ratio = proposal.key, proposal.ratio
-        self.reporter.trial_started(trial.number, proposal.reuse_map, steps, format_knobs(proposal.knobs))
+        self.reporter.on(TrialStarted(trial.number, proposal.reuse_map, steps, format_knobs(proposal.knobs)))
         verdicts: list[PruningDecision] = []  # the pruner's verdict, once it prunes
 
         def on_eval(point: EvalPoint) -> bool:

@@ -1,18 +1,112 @@
-"""What a run tells its caller (the CLI draws bars and tables from it; workers send it to their parent)."""
+"""What a run tells its caller: one stream of events.
+
+A run calls `reporter.on(event)` for each thing that happens. The CLI's renderer draws bars and lines from them
+(cli/ui.py), a worker process sends each one to its parent, which hands it to its own reporter (commands/workers.py),
+and tracking logs the finished trials (commands/tracking.py). `worker` is the number of the worker process an event
+comes from, None in the run's own process.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+RunKind = Literal["race", "audit"]
+
+
+@dataclass(frozen=True)
+class StudyStarted:
+    study: str
+    target: int  # trials the study goes to
+    finished: int
+    worker: int | None = None
+
+
+@dataclass(frozen=True)
+class TrialStarted:
+    number: int
+    reuse_map: list[int]
+    steps: int
+    knobs: str = ""
+    worker: int | None = None
+
+
+@dataclass(frozen=True)
+class Step:
+    """A training step of the run in progress (of a fused group: of its first member)."""
+    step: int
+    steps: int
+    loss: float
+    worker: int | None = None
+
+
+@dataclass(frozen=True)
+class TrialFinished:
+    row: dict[str, Any]  # analysis.results.trial_row
+    front: list[dict[str, Any]]  # the study's front after it
+    finished: int  # trials finished in the study
+    worker: int | None = None
+
+
+@dataclass(frozen=True)
+class ReferenceStarted:
+    """Reference run `index` (0-based) of the `count` this worker trains after the trials."""
+    name: str
+    index: int
+    count: int
+    steps: int
+    worker: int | None = None
+
+
+@dataclass(frozen=True)
+class ReferenceFinished:
+    name: str
+    worker: int | None = None
+
+
+@dataclass(frozen=True)
+class RunsStarted:
+    """Runs of the race (or of `audit`) beyond the trials, trained together: one, or a fused group; each
+    (map key, steps, seed)."""
+    runs: tuple[tuple[str, int, int], ...]
+    kind: RunKind = "race"
+    worker: int | None = None
+
+
+@dataclass(frozen=True)
+class RunFinished:
+    """One race or audit run stored: its result (val_ppl None where it diverged)."""
+    map_key: str
+    steps: int
+    seed: int
+    val_ppl: float | None
+    kind: RunKind = "race"
+    worker: int | None = None
+
+
+@dataclass(frozen=True)
+class Message:
+    text: str
+    worker: int | None = None
+
+
+Event = (StudyStarted | TrialStarted | Step | TrialFinished | ReferenceStarted | ReferenceFinished | RunsStarted
+         | RunFinished | Message)
 
 
 class RunReporter:
-    def study_started(self, study: str, target: int, finished: int) -> None: ...
-    def trial_started(self, number: int, reuse_map: list[int], steps: int, knobs: str = "") -> None: ...
-    def step(self, step: int, steps: int, loss: float) -> None: ...
-    def trial_finished(self, row: dict[str, Any], front: list[dict[str, Any]], finished: int) -> None: ...
-    def reference_started(self, name: str, index: int, count: int, steps: int) -> None:
-        """Reference run `index` (0-based) of the `count` this worker trains after the trials; its steps follow."""
+    """Receives a run's events; this one ignores them (a run with nobody watching)."""
 
-    def reference_finished(self, name: str) -> None: ...
-    def message(self, text: str) -> None: ...
+    def on(self, event: Event) -> None:
+        pass
 
+
+def step_callback(reporter: RunReporter) -> Callable[[int, int, float], None]:
+    """The trainer's on_step (step, steps, loss) as Step events."""
+    return lambda step, steps, loss: reporter.on(Step(step, steps, loss))
+
+
+def group_step_callbacks(reporter: RunReporter, members: int) -> list[Callable[[int, int, float], None] | None]:
+    """A fused group's on_step callbacks: progress is its first member's."""
+    return [step_callback(reporter)] + [None] * (members - 1)

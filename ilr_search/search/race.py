@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import optuna
 from optuna.trial import TrialState
@@ -37,12 +37,11 @@ from ilr_search.analysis.results import (DEEP_PREFIX, REFERENCE_PREFIX, is_deep_
 from ilr_search.analysis.trials import Trial, trial_records
 from ilr_search.training.schedule import format_reuse_map, reuse_map_schedule
 from ilr_search.storage import AuditJob, AuditRow, Heartbeat, Store, grace_period, heartbeat_interval
+from ilr_search.training.jobs import fusable
 
 from ilr_search.search.plan import CONFIG_ATTR, LR_SCHEDULE_FIELDS, StudyPlan, safe_name
-from ilr_search.search.progress import RunReporter
+from ilr_search.search.progress import Message, RunFinished, RunKind, RunReporter, RunsStarted, step_callback
 
-if TYPE_CHECKING:  # the trainer is loaded only to train: reading a race loads no torch
-    from ilr_search.training.train import TrainResult
 
 
 FINAL_STATES = ("complete", "failed")  # of an audit row; failed: the run diverged, it is not trained again
@@ -186,7 +185,7 @@ def json_interval(interval: tuple[float, float]) -> list[float | None]:
     return [low, high] if math.isfinite(low) and math.isfinite(high) and low > 0 else [None, None]
 
 
-RACE_POINT_FIELDS = ("steps", "seeds", "interval", "confirmed")  # what a race front point adds to a proxy one
+RACE_POINT_FIELDS = ("steps", "seeds", "interval", "confirmed", "reference")  # what a race front point adds to a proxy one
 
 
 def proxy_points(trials: Sequence[Trial], settings: RaceSettings) -> tuple[FrontPoint, ...]:
@@ -201,8 +200,9 @@ def proxy_points(trials: Sequence[Trial], settings: RaceSettings) -> tuple[Front
 def front_rows(points: Sequence[FrontPoint], trials: Sequence[Trial], results: Sequence[StoredResult]
                ) -> list[dict[str, Any]]:
     """Front points as the `pareto` items of `run --json` and `pareto --json`: each point's trial, map, knobs
-    and FLOPs, its mean perplexity over its seeds at its length, the interval, and whether it is confirmed
-    (val_bpb: the mean over the same runs)."""
+    and FLOPs, its mean perplexity over its seeds at its length, the interval, and whether it is confirmed (better
+    than the cheaper points; val_bpb: the mean over the same runs). The baseline is the reference the others are
+    judged against: `reference` true, never `confirmed`."""
     by_key = trained_by_map(list(trials))
     bpb = {(r.map_key, r.steps, r.seed): r.val_bpb for r in results}
     rows = []
@@ -216,7 +216,8 @@ def front_rows(points: Sequence[FrontPoint], trials: Sequence[Trial], results: S
                      "val_bpb": sum(bpbs) / len(bpbs) if bpbs and None not in bpbs else None,
                      "params": t.param_count if t is not None else None,
                      "steps": p.steps, "seeds": list(p.seeds), "interval": json_interval(p.interval),
-                     "confirmed": p.confirmed})
+                     "confirmed": p.confirmed and not is_baseline_key(p.map_key),
+                     "reference": is_baseline_key(p.map_key)})
     return rows
 
 
@@ -227,14 +228,15 @@ def race_summary(trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows: 
     its comparisons, screen, detectable gap and equal-compute reference (nothing for a study not made by
     ilr-search)."""
     if CONFIG_ATTR not in study_attrs:
-        return {"pareto": [], "verdict": "", "target_steps": None, "race": None, "detectable_gap": None,
+        return {"pareto": [], "verdict": "", "best": None, "target_steps": None, "race": None, "detectable_gap": None,
                 "equal_compute": None}
     trials = trial_records(trials)
     settings, results, state = study_race(trials, study_attrs, rows)
     # With the race off, or before it has its contenders (base results missing), the front is the proxy's.
     points = state.front if races(settings) and state.front else proxy_points(trials, settings)
     equal = equal_compute_report(state.equal_compute, SpaceConfig.from_dict(study_attrs[CONFIG_ATTR]).model)
-    return {"pareto": front_rows(points, trials, results), "verdict": state.verdict,
+    rows = front_rows(points, trials, results)
+    return {"pareto": rows, "verdict": state.verdict, "best": decided_best(state, rows),
             "target_steps": settings.target_steps, "detectable_gap": state.detectable_gap, "equal_compute": equal,
             "race": {"policy": settings.policy, "base_steps": settings.base_steps, "target_steps": settings.target_steps,
                      "steps_trained": sum(r.steps for r in results if r.is_run), "compute_steps": state.compute_steps,
@@ -243,6 +245,17 @@ def race_summary(trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows: 
                      "eliminated": dict(state.eliminated), "comparisons": list(state.comparisons),
                      "screen": state.screen, "detectable_gap": state.detectable_gap, "equal_compute": equal,
                      "results": [r.to_dict() for r in sorted(results, key=lambda r: (r.map_key, r.steps, r.seed))]}}
+
+
+def decided_best(state: RaceState, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The map the race reports (a map claimed better than the baseline, else the baseline: nothing beats it) with
+    its front row's perplexity, length and seeds; None before the race has a front."""
+    if state.best is None:
+        return None
+    row = next((r for r in rows if ",".join(map(str, r["reuse_map"])) == state.best.split("|")[0]), None)
+    return {"map": state.best, "beats_baseline": state.best in state.confirmed_better, "done": state.done,
+            "val_ppl": row["val_ppl"] if row else None, "steps": row["steps"] if row else None,
+            "seeds": row["seeds"] if row else None}
 
 
 def equal_compute_report(equal: Mapping[str, Any] | None, model: ModelConfig) -> dict[str, Any] | None:
@@ -269,32 +282,6 @@ def longer_train_config(train: TrainConfig, steps: int, seed: int) -> TrainConfi
 def run_checkpoint(folder: Path, job: AuditJob) -> Path:
     """Where a run keeps its checkpoint: the same file for the race and the audit, so either resumes the other's."""
     return folder / f"{job.factor}x-seed{job.seed}-{safe_name(job.map_key.replace(',', '-'))}.pt"
-
-
-def train_run(store: Store, job: AuditJob, worker: str, reuse_map: list[int], model: ModelConfig,
-              train_cfg: TrainConfig, data: TokenData, reporter: RunReporter, checkpoint: Path, number: int) -> None:
-    """Train one claimed run under its heartbeat and store its result (complete, or failed where it diverged);
-    Ctrl-C frees the run at once for the next attempt (its checkpoint stays). `number`: the map's trial."""
-    from ilr_search.training.train import train_proxy  # here, not at the top: reading a race's results loads no torch
-
-    reporter.trial_started(number, reuse_map, train_cfg.steps)
-    try:
-        with Heartbeat(lambda: store.audit_beat(job, worker)):
-            result = train_proxy(model, reuse_map_schedule(reuse_map), data, train_cfg, on_step=reporter.step,
-                                 checkpoint_path=checkpoint)
-    except KeyboardInterrupt:
-        store.audit_finish(job, worker, "interrupted", None, None, None, [], 0.0, "interrupted (Ctrl-C)")
-        raise
-    finish_run(store, job, worker, result, checkpoint)
-
-
-def finish_run(store: Store, job: AuditJob, worker: str, result: TrainResult, checkpoint: Path) -> None:
-    """Store a trained run's result (complete, or failed where it diverged) and drop its checkpoint."""
-    state = "complete" if result.status == "ok" else "failed"
-    store.audit_finish(job, worker, state, finite_or_none(result.val_loss), finite_or_none(result.val_ppl),
-                       finite_or_none(result.val_bpb), [(p.step, p.val_loss) for p in result.curve],
-                       result.train_seconds, result.reason)
-    checkpoint.unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)
@@ -332,35 +319,29 @@ def planned_run(plan: StudyPlan, job: RaceJob, by_key: Mapping[str, Trial], trai
                       run_checkpoint(checkpoint_folder, stored), number, ratio)
 
 
-def train_runs_fused(store: Store, runs: Sequence[ClaimedRun], worker: str, data: TokenData,
-                     reporter: RunReporter) -> None:
-    """Train claimed runs of one model and one length in lockstep (fused.py), each at its own seed, under one
-    heartbeat for all of them, and store each result as train_run does."""
-    from ilr_search.training.fused import train_fused
+def train_claimed(store: Store, runs: Sequence[ClaimedRun], worker: str, data: TokenData, reporter: RunReporter,
+                  kind: RunKind = "race") -> None:
+    """Train claimed race or audit runs (of one model and length: one fused group where it can be, each at its own
+    seed) under one heartbeat for all, and store each result (complete, or failed where it diverged); Ctrl-C frees
+    them at once for the next attempt (their checkpoints stay)."""
+    from ilr_search.training.jobs import Job, train_jobs  # here, not at the top: reading a race's results loads no torch
 
-    first = runs[0]
-    reporter.trial_started(first.number, first.reuse_map, first.train_cfg.steps)
+    reporter.on(RunsStarted(tuple((r.job.map_key, r.train_cfg.steps, r.job.seed) for r in runs), kind))
+    jobs = [Job(r.model, reuse_map_schedule(r.reuse_map), r.train_cfg, checkpoint=r.checkpoint) for r in runs]
     try:
         with Heartbeat(lambda: [store.audit_beat(r.job, worker) for r in runs] and True):
-            results = train_fused(first.model, [reuse_map_schedule(r.reuse_map) for r in runs], data, first.train_cfg,
-                                  on_step=[reporter.step] + [None] * (len(runs) - 1),
-                                  checkpoint_paths=[r.checkpoint for r in runs], seeds=[r.job.seed for r in runs])
+            results = train_jobs(jobs, data, fuse=len(runs), on_step=step_callback(reporter))
     except KeyboardInterrupt:
         for r in runs:
             store.audit_finish(r.job, worker, "interrupted", None, None, None, [], 0.0, "interrupted (Ctrl-C)")
         raise
     for r, result in zip(runs, results):
-        finish_run(store, r.job, worker, result, r.checkpoint)
-
-
-def fusable(model: ModelConfig) -> bool:
-    from ilr_search.training.fused import FusionUnsupported, check_fusable
-
-    try:
-        check_fusable(model)
-        return True
-    except FusionUnsupported:
-        return False
+        state = "complete" if result.status == "ok" else "failed"
+        store.audit_finish(r.job, worker, state, finite_or_none(result.val_loss), finite_or_none(result.val_ppl),
+                           finite_or_none(result.val_bpb), [(p.step, p.val_loss) for p in result.curve],
+                           result.train_seconds, result.reason)
+        r.checkpoint.unlink(missing_ok=True)
+        reporter.on(RunFinished(r.job.map_key, r.train_cfg.steps, r.job.seed, finite_or_none(result.val_ppl), kind))
 
 
 RaceRunner = Callable[[StudyPlan, optuna.Study, Store, TokenData, RunReporter, Path, int, int], object]
@@ -406,21 +387,15 @@ def run_race(plan: StudyPlan, study: optuna.Study, store: Store, data: TokenData
             if not fusable(run.model):
                 break
         if claimed:
-            reporter.message("race: " + "; ".join(f"map {r.job.map_key} at {r.train_cfg.steps} steps, seed {r.job.seed}"
-                                                  for r in claimed) + (" (fused)" if len(claimed) > 1 else ""))
-            if len(claimed) == 1:
-                r = claimed[0]
-                train_run(store, r.job, worker, r.reuse_map, r.model, r.train_cfg, data, reporter, r.checkpoint,
-                          r.number)
-            else:
-                train_runs_fused(store, claimed, worker, data, reporter)
+            train_claimed(store, claimed, worker, data, reporter)
             waiting_said = False
             continue  # the decision may change with these results: read everything again
         if not held:  # only runs of maps no trial trained: this worker cannot train them
-            reporter.message(f"race: cannot train {', '.join(j.map_key for j in open_jobs)} (no trial of the study trained it)")
+            reporter.on(Message(f"race: cannot train {', '.join(j.map_key for j in open_jobs)} (no trial of the study "
+                                "trained it)"))
             break
         if not waiting_said:  # what is left is held by live workers: wait for them (or for them to go stale)
-            reporter.message("the race's remaining runs are being trained by other workers; waiting")
+            reporter.on(Message("the race's remaining runs are being trained by other workers; waiting"))
             waiting_said = True
         time.sleep(min(2.0, heartbeat_interval()))
     try:

@@ -26,15 +26,16 @@ from ilr_search.analysis.results import REFERENCE_PREFIX, finite_or_none, has_re
 from ilr_search.training.schedule import block_schedule, format_reuse_map, reuse_map_schedule
 from ilr_search.space import validate_space
 from ilr_search.storage import JournalStore, study_storage, StorageSpec, Store, heartbeat_interval, open_storage, open_store, parse_storage
-from ilr_search.training.train import train_proxy
+from ilr_search.training.jobs import Job, groups, train_jobs
 
 from ilr_search.search.maps import knobs_off, map_params, parse_enqueued, seed_maps
 from ilr_search.search.fused_trials import FusedSearchRun
 from ilr_search.search.objective import SearchRun, SurplusTrial, TrialDiverged, TrialTakenOver, sweep_stale_journal_trials
-from ilr_search.search.plan import (CONFIG_ATTR, ENQUEUED_BLOCKS_ATTR, FIDELITY_ATTR, SAMPLER_ATTR, StudyPlan, adopt_stored_dtype, adopt_stored_race, canonical_config,
+from ilr_search.search.plan import (CONFIG_ATTR, ENQUEUED_BLOCKS_ATTR, SAMPLER_ATTR, StudyPlan, adopt_stored_dtype, adopt_stored_race, canonical_config,
     check_resume, plan_study, safe_name, stored_study)
-from ilr_search.search.progress import RunReporter
-from ilr_search.search.race import RaceRunner, fusable, run_race
+from ilr_search.search.progress import (Message, ReferenceFinished, ReferenceStarted, RunReporter, StudyStarted,
+                                        TrialFinished, step_callback)
+from ilr_search.search.race import RaceRunner, run_race
 from ilr_search.search.pruners import build_pruner, pruner_settings
 from ilr_search.search.samplers import build_sampler, sampler_settings
 from ilr_search.search.studies import summarize
@@ -227,20 +228,20 @@ def _run_study(request: RunRequest, reporter: RunReporter, reference_share: tupl
                                   space.search.max_reuse, plan.budget.max_layer_runs(plan.model))
     target = prepared.target
     if prepared.target_raised_from is not None:
-        reporter.message(f"--n-trials {prepared.target_raised_from} raised to {target}: the enqueued maps need "
-                         "trials of their own")
+        reporter.on(Message(f"--n-trials {prepared.target_raised_from} raised to {target}: the enqueued maps "
+                            "need trials of their own"))
     run = FusedSearchRun(plan, spec, study, store, data, reporter, target,
                     Path(request.checkpoint_dir or "studies/checkpoints") / safe_name(plan.name),
                     pruner=build_pruner(settings.pruner, store, space.train.steps))
     finished = _n_finished(study)
-    reporter.study_started(plan.name, target, finished)
+    reporter.on(StudyStarted(plan.name, target, finished))
     interrupted = False
     if finished < target:
         def report_trial(st: optuna.Study, ft: FrozenTrial) -> int:
             trials = st.get_trials(deepcopy=False)
             front = save_current_front(store, trials)
             n_done = sum(has_result(t) for t in trials)
-            reporter.trial_finished(trial_row(ft), front, n_done)
+            reporter.on(TrialFinished(trial_row(ft), front, n_done))
             return n_done
 
         def after_trial(st: optuna.Study, ft: FrozenTrial) -> None:
@@ -260,7 +261,7 @@ def _run_study(request: RunRequest, reporter: RunReporter, reference_share: tupl
                 # Trials in flight (other workers', or a killed worker's until its heartbeat goes stale)
                 # would reach the target: wait for them rather than overshoot it; a failed one is retried.
                 if not told:
-                    reporter.message(f"waiting for {running} running trial(s) to reach {target}")
+                    reporter.on(Message(f"waiting for {running} running trial(s) to reach {target}"))
                     told = True
                 time.sleep(min(2.0, heartbeat_interval()))
                 run.sweep_stale()
@@ -293,7 +294,6 @@ def _run_study(request: RunRequest, reporter: RunReporter, reference_share: tupl
         except OSError:  # not empty (a trial of another worker), or not there
             break
     summary = summarize(study, spec, store)
-    study.set_user_attr(FIDELITY_ATTR, summary["fidelity"])
     summary["interrupted"] = interrupted
     summary["sampler"] = settings.sampler.to_dict()
     summary["pruner"] = settings.pruner.name
@@ -386,36 +386,24 @@ def train_references(run: SearchRun, share: tuple[int, int] = (0, 1), fuse: int 
         if index % n == k and not (stored is not None and stored.get("schedule") == ref.schedule
                                    and stored.get("knobs", {}) == ref.knobs):
             missing.append(ref)
-    groups: list[list[ReferenceRun]] = []  # in order; a group holds runs of one model, fused where it can be
-    for ref in missing:
-        last = groups[-1] if groups else None
-        if last and len(last) < fuse and last[0].knobs == ref.knobs and fusable(plan.trial_model(ref.knobs)):
-            last.append(ref)
-        else:
-            groups.append([ref])
+    jobs = [Job(plan.trial_model(ref.knobs), ref.schedule,
+                dataclasses.replace(plan.space.train, dtype=plan.dtype, seed=ref.seed)) for ref in missing]
     done = 0
-    for group in groups:
-        for ref in group:
-            run.reporter.reference_started(ref.name, done, len(missing), plan.space.train.steps)
+    for members in groups(jobs, fuse):  # runs of one model train fused where the model can be
+        for i in members:
+            ref = missing[i]
+            run.reporter.on(ReferenceStarted(ref.name, done, len(missing), plan.space.train.steps))
             key = config_key(format_reuse_map(ref.reuse_map or []), ref.knobs)
-            run.reporter.message(f"training reference {ref.name}" + (f" (map {key}, seed {ref.seed})"
-                                                                      if ref.name == "second_seed" else "")
-                                 + (f" (fused, {len(group)} at once)" if len(group) > 1 else ""))
+            run.reporter.on(Message(f"training reference {ref.name}" + (f" (map {key}, seed {ref.seed})"
+                                                                         if ref.name == "second_seed" else "")
+                                    + (f" (fused, {len(members)} at once)" if len(members) > 1 else "")))
             done += 1
-        train_cfg = dataclasses.replace(plan.space.train, dtype=plan.dtype, seed=group[0].seed)
-        model = plan.trial_model(group[0].knobs)
-        if len(group) > 1:
-            from ilr_search.training.fused import train_fused
-
-            results = train_fused(model, [ref.schedule for ref in group], run.data, train_cfg,
-                                  on_step=[run.reporter.step] + [None] * (len(group) - 1),
-                                  seeds=[ref.seed for ref in group])
-        else:
-            results = [train_proxy(model, group[0].schedule, run.data, train_cfg, on_step=run.reporter.step)]
-        for ref, result in zip(group, results):
+        results = train_jobs([jobs[i] for i in members], run.data, fuse, on_step=step_callback(run.reporter))
+        for i, result in zip(members, results):
+            ref, model = missing[i], jobs[i].model
             study.set_user_attr(f"{REFERENCE_PREFIX}{ref.name}", {
                 "schedule": ref.schedule, "seed": ref.seed, "flops_ratio": flops_ratio(model, ref.schedule),
                 "reuse_map": ref.reuse_map, "val_ppl": finite_or_none(result.val_ppl),
                 "val_bpb": finite_or_none(result.val_bpb), "status": result.status, "steps": result.steps,
                 "curve": [[p.step, p.val_loss] for p in result.curve]} | ({"knobs": ref.knobs} if ref.knobs else {}))
-            run.reporter.reference_finished(ref.name)
+            run.reporter.on(ReferenceFinished(ref.name))

@@ -36,6 +36,8 @@ def summarize(study: optuna.Study, spec: StorageSpec, store: Store) -> dict[str,
         "n_failed": states.count(TrialState.FAIL),
         "steps_trained": sum(t.steps for t in trials),
         "steps_saved_by_pruning": sum(t.steps_saved for t in trials),
+        "reference_steps": sum(int(r.get("steps") or 0) for r in references(study).values()),
+        "race_steps": race["race"]["steps_trained"] if race["race"] else 0,
         "pareto": [{k: p[k] for k in (*FRONT_FIELDS, *RACE_POINT_FIELDS)} | ({"knobs": p["knobs"]} if p.get("knobs") else {})
                    for p in race["pareto"]],
         "proxy_pareto": [{k: p[k] for k in FRONT_FIELDS} | ({"knobs": p["knobs"]} if p.get("knobs") else {})
@@ -117,11 +119,18 @@ def list_studies(storage: str | None = None) -> list[dict[str, Any]]:
         config = stored_config(study.user_attrs)
         trials = listed_trials(study.get_trials(deepcopy=False))
         ppls = [t.val_ppl for t in trained_results(trials) if t.val_ppl is not None]
+        store = open_store(spec, summary.study_name, read_only=True, storage=st)
+        best = race_summary(trials, study.user_attrs, store.audit_rows())["best"] if config else None
         rows.append({"study": summary.study_name, "n_trials": len(trials),
                      "n_complete": sum(t.state == TrialState.COMPLETE for t in trials),
                      "budget": config.budget_text if config else None,
                      "layers": config.space.model.n_layers if config else None,
-                     "best_val_ppl": min(ppls) if ppls else None})
+                     "best": best["map"] if best else None,
+                     "best_val_ppl": best["val_ppl"] if best else (min(ppls) if ppls else None),
+                     "best_steps": best["steps"] if best else None,
+                     "decided": (None if not best else "race open" if not best["done"]
+                                 else "beats the baseline" if best["beats_baseline"] else "nothing beats the baseline"),
+                     "proxy_best_val_ppl": min(ppls) if ppls else None})
     return rows
 
 

@@ -45,15 +45,15 @@ MAP_B = {"r0": 3, "r1": 1}
 GATED_WORKER = """
 import os, sys, time
 from pathlib import Path
-import ilr_search.search.objective as study
+import ilr_search.training.train as training
 gate = Path(os.environ["ILR_CHAOS_GATE"])
-train = study.train_proxy
+train = training.train_proxy
 def gated(*args, **kwargs):
     (gate / f"training-{os.getpid()}").touch()
     while (gate / "hold").exists():
         time.sleep(0.05)
     return train(*args, **kwargs)
-study.train_proxy = gated
+training.train_proxy = gated
 sys.argv = ["ilr-search", *sys.argv[1:]]
 from ilr_search.cli.main import main
 main()

@@ -11,7 +11,7 @@ from conftest import ROOT
 from ilr_search.space import load_space
 from ilr_search.storage import grace_period, heartbeat_interval, open_storage, parse_storage
 from ilr_search.search.objective import HEARTBEAT_ATTR, sweep_stale_journal_trials
-from ilr_search.search.progress import RunReporter
+from ilr_search.search.progress import Event, RunReporter, Step
 from ilr_search.search.run import RunRequest, run_study
 
 SPACE = ROOT / "tests" / "spaces" / "tiny.toml"
@@ -42,8 +42,8 @@ class FailMyTrialAt(RunReporter):
         self.study_name, self.storage, self.at_step = study_name, storage, at_step
         self.done = False
 
-    def step(self, step: int, steps: int, loss: float) -> None:
-        if self.done or step != self.at_step:
+    def on(self, event: Event) -> None:
+        if self.done or not isinstance(event, Step) or event.step != self.at_step:
             return
         st = open_storage(parse_storage(self.storage), heartbeat=False)
         study = optuna.load_study(study_name=self.study_name, storage=st)
