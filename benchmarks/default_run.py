@@ -2,10 +2,10 @@
 or with both cores kept busy, and what it concluded.
 
     python benchmarks/default_run.py [--hogs 0] [--out benchmarks/data/default-run-quiet-2026-12-01.json]
-        [-- extra run flags]
+        [--keep FOLDER] [-- extra run flags]
 
 --hogs N starts N `python3 -c 'while 1: pass'` processes beside the run (2 on this 2-core machine: both cores busy)
-and stops them after it. The JSON keeps the wall time, the verdict, the detectable gap, the equal-compute
+and stops them after it. --keep copies the run's study database (studies/ilr-search.db) into FOLDER. The JSON keeps the wall time, the verdict, the detectable gap, the equal-compute
 reference, the race's compute, every race run, the machine and the load before and after.
 """
 
@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,6 +29,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hogs", type=int, default=0)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--keep", default=None, help="copy the run's study database into this folder")
     ap.add_argument("extra", nargs="*")
     args = ap.parse_args()
     out = Path(args.out or f"benchmarks/data/default-run-{'quiet' if not args.hogs else 'loaded'}-{time.strftime('%Y-%m-%d')}.json")
@@ -43,6 +45,10 @@ def main() -> None:
             for hog in hogs:
                 hog.kill()
         load_after = os.getloadavg()
+        if args.keep:
+            Path(args.keep).mkdir(parents=True, exist_ok=True)
+            for db in Path(folder).glob("studies/*.db"):
+                shutil.copy2(db, Path(args.keep) / db.name)
     if proc.returncode != 0:
         raise SystemExit(f"the run failed ({proc.returncode}): {proc.stderr[-3000:]}")
     summary = json.loads(proc.stdout)
