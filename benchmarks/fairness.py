@@ -117,7 +117,8 @@ def table(done: dict[tuple[str, str, int], dict[str, Any]], settings: list[str])
 
 
 def markdown(rows: list[MapRow], setting_rows: list[SettingRow], settings: list[str]) -> str:
-    """The README's tables: one line per (map, setting); each map's verdicts side by side; one line per setting."""
+    """The report's tables (benchmarks/reports/fairness_cpu-2core_2026-12-01.md): one line per (map, setting); each
+    map's verdicts side by side; one line per setting."""
     lines = ["| map | setting | ppl (mean over seeds) | seed sd | spread (max - min) | loss - baseline's, mean "
              "[90% CI] | verdict |", "|---|---|---:|---:|---:|---|---|"]
     by = {(r.map_key, r.setting): r for r in rows}

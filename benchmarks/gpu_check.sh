@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CUDA smoke test and GPU figures, one short script for a GPU machine (README "GPU check" quotes its last run).
+# CUDA smoke test and GPU figures, one short script for a GPU machine (benchmarks/reports/gpu_h200_2026-11-30.md reports its last run).
 #   bash benchmarks/gpu_check.sh            # writes benchmarks/out/gpu/ (or $OUT)
 # 1. the fused loss and the sync counts on CUDA (tests/test_loss.py: bf16, compiled head, sync detector);
 # 2. one paper-small proxy through `ilr-search train` (bf16 + layer compile, BPE 1024 on the embedded corpus);

@@ -13,7 +13,8 @@ Per knob it reports the mean over the two seeds of (ppl with the knob - ppl with
 proxy's length and at 4x. A difference within the seed-to-seed spread of the knobs-off map at that length
 (two seeds: a weak yardstick) counts as no effect; otherwise the knob is better or worse there. The audit
 confirms the proxy when both say the same, reverses it when they disagree in sign, and otherwise finds an effect
-the proxy missed or none of the proxy's. Writes every number to --out (JSON) and prints the README table;
+the proxy missed or none of the proxy's. Writes every number to --out (JSON) and prints the table of
+benchmarks/reports/knobs_cpu-2core_2026-12-01.md;
 `--from-json FILE` prints the table of an earlier run.
 """
 

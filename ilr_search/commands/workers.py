@@ -93,7 +93,7 @@ def run_workers(request: RunRequest, workers: int, reporter: Any, threads: int |
     check_memory(plan, workers, request.fuse)
     if workers > 1 and resolve_device(plan.space.train.device).type == "cuda":
         reporter.on(Message(f"{workers} worker processes share one GPU by time-slicing; on an H200 at the paper-small "
-                            "proxy they gave no more trials per hour than one (README, 'On a GPU')"))
+                            "proxy they gave no more trials per hour than one (docs/gpu.md)"))
     # Workers resume the study by name: a derived name is fixed here, so that none derives another; the target
     # includes the trials of the maps enqueued here, which the workers find in the study (not enqueued again).
     request = dataclasses.replace(request, study_name=plan.name, n_trials=prepared.target, enqueue_maps=())
