@@ -305,7 +305,7 @@ ReadStudy = Annotated[Optional[str], typer.Option("--study", help="Study name. \
 def study_or_default(study: str | None, storage: str | None) -> str:
     if study:
         return study
-    from ilr_search.search.studies import default_study
+    from ilr_search.commands.studies import default_study
 
     name, why = default_study(storage)
     ui.err.print(f"study {name} ({why})")
@@ -316,7 +316,7 @@ def study_or_default(study: str | None, storage: str | None) -> str:
 @user_errors
 def studies(storage: Storage = None, json_out: Json = False) -> None:
     """List the studies in a storage."""
-    from ilr_search.search.studies import list_studies
+    from ilr_search.commands.studies import list_studies
 
     emit({"studies": list_studies(storage)}, json_out, ui.print_studies)
 
@@ -325,7 +325,7 @@ def studies(storage: Storage = None, json_out: Json = False) -> None:
 @user_errors
 def trials(study: ReadStudy = None, storage: Storage = None, json_out: Json = False) -> None:
     """List the trials of a study, and how far its proxy can be trusted."""
-    from ilr_search.search.studies import trials_report
+    from ilr_search.commands.studies import trials_report
 
     emit(trials_report(study_or_default(study, storage), storage), json_out, ui.print_trials)
 
