@@ -96,10 +96,14 @@ def with_space_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Bad input: one `error:` line on stderr and exit code 2."""
+    """Bad input: one `error:` line on stderr and exit code 2. Every command has it, so it also sets the process's
+    Optuna logging as the command starts (not in main(): --help loads no Optuna)."""
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from ilr_search.commands.logs import quiet_optuna
+
+        quiet_optuna()
         try:
             return command(*args, **kwargs)
         except UserInputError as e:
