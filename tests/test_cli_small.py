@@ -1,12 +1,16 @@
 """Small things of the command line: flags show no type in --help, tables at 80 columns keep maps and study
-names whole, an override's error names the flag, and no blank line comes before an `error:` line."""
+names whole, an override's error names the flag, no blank line comes before an `error:` line, and --help loads
+neither Optuna nor torch while a command sets Optuna's logging."""
 
 import io
+import os
+import subprocess
+import sys
 
 import pytest
 from rich.console import Console
 
-from conftest import assert_one_line_error
+from conftest import ROOT, assert_one_line_error
 
 
 @pytest.mark.parametrize("command", [[], ["run", "--budget", "2x"], ["train"], ["recipe"], ["bench", "build"]])
@@ -62,3 +66,29 @@ def test_no_blank_line_before_an_error(console, tmp_path, args):
     proc = console(*args, "--storage", f"sqlite:///{tmp_path / 'r.db'}") if args[0] in ("run", "audit") else console(*args)
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: "), repr(proc.stderr)
+
+
+MAIN_THEN_LOADED = """
+import sys
+from ilr_search.cli.main import main
+sys.argv = ["ilr-search", *sys.argv[1:]]
+try:
+    main()
+except SystemExit as e:
+    assert e.code in (0, None), e.code
+loaded = [name for name in ("optuna", "torch") if name in sys.modules]
+import optuna
+print("loaded:", *loaded, "optuna verbosity:", optuna.logging.get_verbosity())
+"""
+
+
+@pytest.mark.parametrize("args, printed", [
+    (["--help"], "loaded: optuna verbosity: 20"),  # help loads neither Optuna nor torch (20: Optuna's default)
+    (["run", "--help"], "loaded: optuna verbosity: 20"),
+    (["studies", "--storage", "sqlite:///none.db"], "loaded: optuna optuna verbosity: 40"),  # a command: errors only
+])
+def test_help_loads_no_optuna_and_a_command_quiets_it(tmp_path, args, printed):
+    proc = subprocess.run([sys.executable, "-c", MAIN_THEN_LOADED, *args], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == printed

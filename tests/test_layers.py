@@ -113,3 +113,21 @@ def test_only_the_settings_layer_sits_at_the_top_of_the_package():
 
 def test_circle_finder_finds_a_circle():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+CLI_MAY_IMPORT = ("ilr_search.commands", "ilr_search.config", "ilr_search.errors", "ilr_search.cli")
+
+
+def test_the_cli_imports_only_the_commands_settings_errors_and_itself():
+    """cli/ parses and renders: what it needs of the package (use cases, the events it draws, how a map is written)
+    comes through commands/, besides the settings (config) and errors. The package's own names (its __version__,
+    no module) are allowed too."""
+    graph = import_graph()
+    cli = {m: deps for m, deps in graph.items() if m == "ilr_search.cli" or m.startswith("ilr_search.cli.")}
+    assert {"ilr_search.cli.main", "ilr_search.cli.ui"} <= set(cli)
+    assert "ilr_search.commands.run" in cli["ilr_search.cli.main"]  # an import inside a function is read too
+
+    def allowed(dep: str) -> bool:
+        return dep == "ilr_search" or any(dep == ok or dep.startswith(ok + ".") for ok in CLI_MAY_IMPORT)
+
+    assert [(m, d) for m, deps in sorted(cli.items()) for d in sorted(deps) if not allowed(d)] == []

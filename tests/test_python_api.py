@@ -1,6 +1,11 @@
-"""README's "Python API" example runs as written, on the tiny test space instead of the default one."""
+"""The Python API: README's example runs as written (on the tiny test space instead of the default one), and
+importing the library leaves the caller's Optuna logging as it was."""
 
 import re
+import subprocess
+import sys
+
+import optuna
 
 from conftest import ROOT, TINY_SPACE
 
@@ -24,3 +29,27 @@ def test_the_readme_python_api_example_runs(tmp_path, monkeypatch, token_cache, 
     assert namespace["summary"]["study"] == "mine" and namespace["summary"]["n_trials"] == 3
     assert namespace["audit"]["study"] == "mine" and namespace["audit"]["factor"] == 4
     assert (tmp_path / "mine.db").exists()
+
+
+IMPORT_EVERY_MODULE = """
+import importlib, pkgutil, sys
+import optuna
+import ilr_search
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)  # neither Optuna's default nor the CLI's
+names = [m.name for m in pkgutil.walk_packages(ilr_search.__path__, "ilr_search.") if m.name != "ilr_search.__main__"]
+for name in names:
+    importlib.import_module(name)
+assert "ilr_search.commands.api" in sys.modules and len(names) > 50, names
+print(optuna.logging.get_verbosity())
+"""
+
+
+def test_importing_the_library_leaves_optunas_logging_alone():
+    """A program using the Python API keeps its own Optuna log level: no module of the package (the API, the
+    search, the CLI's modules) sets it on import; only a CLI command does, as it starts. A fresh process, so that
+    what other tests imported or set does not count."""
+    proc = subprocess.run([sys.executable, "-c", IMPORT_EVERY_MODULE], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert int(proc.stdout.split()[-1]) == optuna.logging.WARNING

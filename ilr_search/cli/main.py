@@ -96,10 +96,14 @@ def with_space_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Bad input: one `error:` line on stderr and exit code 2."""
+    """Bad input: one `error:` line on stderr and exit code 2. Every command has it, so it also sets the process's
+    Optuna logging as the command starts (not in main(): --help loads no Optuna)."""
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from ilr_search.commands.logs import quiet_optuna
+
+        quiet_optuna()
         try:
             return command(*args, **kwargs)
         except UserInputError as e:
@@ -305,7 +309,7 @@ ReadStudy = Annotated[Optional[str], typer.Option("--study", help="Study name. \
 def study_or_default(study: str | None, storage: str | None) -> str:
     if study:
         return study
-    from ilr_search.search.studies import default_study
+    from ilr_search.commands.studies import default_study
 
     name, why = default_study(storage)
     ui.err.print(f"study {name} ({why})")
@@ -316,7 +320,7 @@ def study_or_default(study: str | None, storage: str | None) -> str:
 @user_errors
 def studies(storage: Storage = None, json_out: Json = False) -> None:
     """List the studies in a storage."""
-    from ilr_search.search.studies import list_studies
+    from ilr_search.commands.studies import list_studies
 
     emit({"studies": list_studies(storage)}, json_out, ui.print_studies)
 
@@ -325,7 +329,7 @@ def studies(storage: Storage = None, json_out: Json = False) -> None:
 @user_errors
 def trials(study: ReadStudy = None, storage: Storage = None, json_out: Json = False) -> None:
     """List the trials of a study, and how far its proxy can be trusted."""
-    from ilr_search.search.studies import trials_report
+    from ilr_search.commands.studies import trials_report
 
     emit(trials_report(study_or_default(study, storage), storage), json_out, ui.print_trials)
 

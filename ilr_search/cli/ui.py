@@ -16,9 +16,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from ilr_search.search.progress import (Event, Message, ReferenceFinished, ReferenceStarted, RunFinished, RunReporter,
-                                        RunsStarted, Step, StudyStarted, TrialFinished, TrialStarted)
-from ilr_search.training.schedule import format_reuse_map
+from ilr_search.commands.events import (Event, Message, ReferenceFinished, ReferenceStarted, RunFinished, RunReporter,
+                                        RunsStarted, Step, StudyStarted, TrialFinished, TrialStarted, format_reuse_map)
+
 
 def console(stderr: bool = False) -> Console:
     """A console on stdout or stderr: on a terminal, rich's own (its width, its wrapping); into a file or a pipe, no

@@ -3,5 +3,7 @@
 - api.py: the public Python API (flops, train, run); recipe.py: a study's winner to full scale;
 - audit.py: chosen maps retrained longer; report.py: fronts, figures, exports; bench.py: the tabular benchmark;
 - dryrun.py: a study's plan without training; tracking.py: trials sent to TensorBoard or MLflow;
-- workers.py: N worker processes on one study.
+- workers.py: N worker processes on one study;
+- studies.py: stored studies listed and read back; events.py: a run's events, as the CLI renders them;
+- logs.py: the CLI process's logging (Optuna's), set when a command starts, not on import.
 """

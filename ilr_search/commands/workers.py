@@ -21,6 +21,8 @@ from typing import Any
 import multiprocessing as mp
 import queue
 
+import optuna
+
 from ilr_search.commands.autofuse import check_memory
 from ilr_search.errors import UserInputError
 from ilr_search.search.progress import Event, Message, RunReporter
@@ -59,10 +61,13 @@ def stop_with_parent(interval: float = 0.5) -> None:
     threading.Thread(target=watch, name="ilr-search parent watch", daemon=True).start()
 
 
-def _worker_main(request: RunRequest, worker: int, workers: int, threads: int | None, events: Any) -> None:
-    """One worker process: the study's trials until it has n_trials, then its share of the reference runs."""
+def _worker_main(request: RunRequest, worker: int, workers: int, threads: int | None, events: Any,
+                 optuna_verbosity: int) -> None:
+    """One worker process: the study's trials until it has n_trials, then its share of the reference runs; Optuna
+    logs as in the process that started it."""
     import torch
 
+    optuna.logging.set_verbosity(optuna_verbosity)
     stop_with_parent()
     if resolve_device(request.space.train.device).type == "cpu":  # the cores are shared out, not oversubscribed
         torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // workers))
@@ -99,8 +104,9 @@ def run_workers(request: RunRequest, workers: int, reporter: Any, threads: int |
     request = dataclasses.replace(request, study_name=plan.name, n_trials=prepared.target, enqueue_maps=())
     ctx = mp.get_context("spawn")
     events = ctx.Queue()
-    procs = [ctx.Process(target=_worker_main, args=(request, k, workers, threads, events), name=f"ilr-search worker {k}")
-             for k in range(workers)]
+    verbosity = optuna.logging.get_verbosity()  # a spawned process starts at Optuna's default
+    procs = [ctx.Process(target=_worker_main, args=(request, k, workers, threads, events, verbosity),
+                         name=f"ilr-search worker {k}") for k in range(workers)]
     for p in procs:
         p.start()
     interrupted = False
@@ -129,14 +135,16 @@ def run_workers(request: RunRequest, workers: int, reporter: Any, threads: int |
     return summary
 
 
-def _race_worker_main(request: RunRequest, worker: int, workers: int, threads: int, events: Any) -> None:
+def _race_worker_main(request: RunRequest, worker: int, workers: int, threads: int, events: Any,
+                      optuna_verbosity: int) -> None:
     """One race worker process: the study as the parent left it (trials and references done), and its share of
-    each wave of the race, on `threads` torch threads."""
+    each wave of the race, on `threads` torch threads; Optuna logs as in the process that started it."""
     import torch
 
     from ilr_search.search.run import safe_name
     from ilr_search.storage import open_store, study_storage
 
+    optuna.logging.set_verbosity(optuna_verbosity)
     stop_with_parent()
     torch.set_num_threads(threads)
     reporter = QueueReporter(events, worker)
@@ -167,7 +175,8 @@ def race_in_workers(request: RunRequest, workers: int, threads: int = 1) -> Race
         ctx = mp.get_context("spawn")
         events = ctx.Queue()
         asked = dataclasses.replace(request, study_name=plan.name, enqueue_maps=())
-        procs = [ctx.Process(target=_race_worker_main, args=(asked, k, workers, threads, events),
+        verbosity = optuna.logging.get_verbosity()  # a spawned process starts at Optuna's default
+        procs = [ctx.Process(target=_race_worker_main, args=(asked, k, workers, threads, events, verbosity),
                              name=f"ilr-search race worker {k}") for k in range(workers)]
         for proc in procs:
             proc.start()

@@ -11,18 +11,11 @@ study (configuration, trials, curves, fronts) lives in a storage it resumes from
 """
 
 import importlib
-import warnings
 from typing import Any
 
-import optuna
-
-# Failed trials (a divergence, Ctrl-C) are reported by the run itself; Optuna's warnings would add tracebacks.
-optuna.logging.set_verbosity(optuna.logging.ERROR)
-# Heartbeats, stale-trial sweeps and metric names are marked experimental; the run uses them on purpose.
-warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-
 # The package's names, each loaded from its module on first use: reading a stored study (studies.py) does not
-# import the trainer, and so not torch.
+# import the trainer, and so not torch; and importing the package alone imports neither torch nor Optuna (the
+# CLI's renderer imports progress.py). Optuna's log level is the CLI's to set (commands/logs.py), not an import's.
 _EXPORTS = {
     "CONFIG_ATTR": "plan", "FIDELITY_ATTR": "plan", "SAMPLER_ATTR": "plan", "StudyPlan": "plan", "plan_study": "plan",
     "RunReporter": "progress",

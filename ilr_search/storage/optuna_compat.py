@@ -10,6 +10,7 @@ the version is checked at import.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,6 +30,10 @@ from optuna.storages._cached_storage import _CachedStorage  # noqa: E402
 from optuna.storages._heartbeat import get_heartbeat_thread  # noqa: E402
 from optuna.storages._rdb import models as _rdb_models  # noqa: E402
 from optuna.storages._rdb.storage import _create_scoped_session  # noqa: E402
+
+# Heartbeats, stale-trial sweeps and metric names are marked experimental; ilr-search uses them on purpose (every
+# module that calls them imports the storage package, and so this one).
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 
 def study_storage(study: optuna.Study) -> BaseStorage:
