@@ -10,7 +10,7 @@ from conftest import ROOT
 PACKAGE = ROOT / "ilr_search"
 
 LAYERS = {  # a top-level module or folder of the package -> its layer; higher imports lower (or its own layer)
-    "config": 0, "errors": 0, "records": 0, "knobs": 0, "space": 0,  # settings, errors and records
+    "config": 0, "errors": 0, "records": 0, "knobs": 0, "space": 0, "folders": 0,  # settings, errors and records
     "training": 1, "data": 1, "storage": 1, "analysis": 1,
     "search": 2,
     "commands": 3,  # the use cases under the CLI

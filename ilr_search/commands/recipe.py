@@ -95,7 +95,7 @@ def load_study_settings(study_name: str, storage: str | None) -> StudySettingsVi
     """The stored settings of an ilr-search study; one-line errors for a missing or foreign study."""
     from ilr_search.commands.audit import stored_space
 
-    study = open_study(parse_storage(storage), study_name)
+    study = open_study(parse_storage(storage, read_only=True), study_name)
     config = stored_config(study.user_attrs)
     if config is None:
         raise UserInputError(f"study {study_name!r} was not made by ilr-search; it has no stored settings")
@@ -158,7 +158,8 @@ def measured_results(view: StudySettingsView, storage: str | None, choice: MapCh
             proxy = {"kind": "trial", "trial": t.number, "state": t.state.name, "steps": t.steps,
                      "val_ppl": t.val_ppl, "val_bpb": t.val_bpb, "pruned_at_step": t.pruned_at_step}
     audits = []
-    store = open_store(parse_storage(storage), study.study_name, read_only=True, storage=study_storage(study))
+    store = open_store(parse_storage(storage, read_only=True), study.study_name, read_only=True,
+                       storage=study_storage(study))
     for row in store.audit_rows():
         if row.job.map_key == choice.key and row.state in ("complete", "failed"):
             audits.append({"factor": float(row.job.factor), "seed": row.job.seed, "steps": row.steps,

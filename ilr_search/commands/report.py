@@ -102,7 +102,7 @@ def pareto_report(study_name: str, storage: str | None = None, out: str | Path |
     path = check_out_path(out, FRONT_FORMATS) if out is not None else None
     if path is not None and path.suffix.lower() in (".png", ".svg"):
         check_image_export()
-    spec = parse_storage(storage)
+    spec = parse_storage(storage, read_only=True)
     study = open_study(spec, study_name)
     trials = trial_records(study.get_trials(deepcopy=False))
     front = study_front(trials)
@@ -195,7 +195,7 @@ def export_trials(study_name: str, storage: str | None, out: str | Path,
 
     path = check_out_path(out, EXPORT_FORMATS)
     curves_path = check_out_path(curves_out, EXPORT_FORMATS) if curves_out is not None else None
-    spec = parse_storage(storage)
+    spec = parse_storage(storage, read_only=True)
     study = open_study(spec, study_name)
     store = open_store(spec, study_name, read_only=True, storage=study_storage(study))
     pruning = store.pruning_records()

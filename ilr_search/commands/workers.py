@@ -153,7 +153,7 @@ def _race_worker_main(request: RunRequest, worker: int, workers: int, threads: i
             prepared = prepare_study(request)
             plan, study = prepared.plan, prepared.study
             store = open_store(prepared.spec, plan.name, storage=study_storage(study))
-            folder = Path(request.checkpoint_dir or "studies/checkpoints") / safe_name(plan.name) / "audit"
+            folder = request.checkpoints / safe_name(plan.name) / "audit"
             run_race(plan, study, store, prepared.data, reporter, folder, request.fuse,
                      plan.space.search.max_race_steps, workers=workers)
     except KeyboardInterrupt:

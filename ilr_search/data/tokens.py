@@ -20,6 +20,7 @@ from ilr_search.config import DataConfig, SpaceConfig
 from ilr_search.data.corpora import corpus_identity, split_documents
 from ilr_search.data.tokenizers import Tokenizer, build_tokenizer, parse_tokenizer_spec
 from ilr_search.errors import DataError
+from ilr_search.folders import check_can_create
 
 
 CACHE_FORMAT = 1
@@ -107,6 +108,8 @@ def load_tokens(cfg: DataConfig, max_train_tokens: int | None = None, root: Path
     root = Path(root) if root is not None else cache_root()
     final = root / f"tokens-{cache_key(cfg, max_tokens)}"
     if not (final / "meta.json").exists():
+        check_can_create(root, f"the token cache {str(root)!r}",  # before the corpus is read
+                         "set ILR_SEARCH_CACHE to a writable folder, or run in a writable folder")
         _build_cache(cfg, max_tokens, root, final, seq_len)
         built = True
     else:

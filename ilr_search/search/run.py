@@ -19,6 +19,7 @@ from optuna.trial import FrozenTrial, TrialState
 from ilr_search.config import SpaceConfig, StudySettings
 from ilr_search.data.tokens import TokenData, load_space_tokens
 from ilr_search.errors import StorageFullError, UserInputError
+from ilr_search.folders import check_can_create
 from ilr_search.analysis.fidelity import best_recurrent
 from ilr_search.training.flops import flops_ratio
 from ilr_search.knobs import KnobValue, config_key
@@ -71,6 +72,11 @@ class RunRequest:
         check_fuse(self.fuse)
 
     @property
+    def checkpoints(self) -> Path:
+        """The folder of the run's checkpoints (a study's trials and race runs under its own subfolder)."""
+        return Path(self.checkpoint_dir or "studies/checkpoints")
+
+    @property
     def target_trials(self) -> int:
         """The finished trials asked for: n_trials, or the space's."""
         return self.n_trials or self.space.search.n_trials
@@ -121,6 +127,9 @@ def prepare_study(request: RunRequest) -> PreparedStudy:
     spec = parse_storage(request.storage)
     request.check()
     space, plan = planned_space(request)
+    if space.train.checkpoint_every or request.race:  # the race's runs always checkpoint
+        check_can_create(request.checkpoints, f"checkpoints in {str(request.checkpoints)!r}",
+                         "run in a writable folder")
     existing = open_storage(spec) if spec.exists() else None  # the one storage handle of this worker
     if space.train.dtype == "auto":
         plan = adopt_stored_dtype(existing, plan)
@@ -231,7 +240,7 @@ def _run_study(request: RunRequest, reporter: RunReporter, reference_share: tupl
         reporter.on(Message(f"--n-trials {prepared.target_raised_from} raised to {target}: the enqueued maps "
                             "need trials of their own"))
     run = FusedSearchRun(plan, spec, study, store, data, reporter, target,
-                    Path(request.checkpoint_dir or "studies/checkpoints") / safe_name(plan.name),
+                    request.checkpoints / safe_name(plan.name),
                     pruner=build_pruner(settings.pruner, store, space.train.steps))
     finished = _n_finished(study)
     reporter.on(StudyStarted(plan.name, target, finished))

@@ -89,7 +89,7 @@ def open_study(spec: StorageSpec, name: str) -> optuna.Study:
 def default_study(storage: str | None = None) -> tuple[str, str]:
     """(name, why) of the study a command without --study reads: the storage's only study, or else its most
     recently active one."""
-    spec = parse_storage(storage)
+    spec = parse_storage(storage, read_only=True)
     if not spec.exists():
         raise UserInputError(f"storage {spec.masked} does not exist yet; run a study first (ilr-search run --budget 1.5x)")
     st = open_storage(spec, heartbeat=False)
@@ -109,7 +109,7 @@ def default_study(storage: str | None = None) -> tuple[str, str]:
 
 
 def list_studies(storage: str | None = None) -> list[dict[str, Any]]:
-    spec = parse_storage(storage)
+    spec = parse_storage(storage, read_only=True)
     if not spec.exists():
         return []
     st = open_storage(spec, heartbeat=False)
@@ -140,7 +140,7 @@ def list_trials(study_name: str, storage: str | None = None) -> list[dict[str, A
 
 def trials_report(study_name: str, storage: str | None = None) -> dict[str, Any]:
     """`ilr-search trials`: every trial, and the study's fidelity (how far its proxy can be trusted)."""
-    spec = parse_storage(storage)
+    spec = parse_storage(storage, read_only=True)
     study = open_study(spec, study_name)
     trials = trial_records(study.get_trials(deepcopy=False))
     store = open_store(spec, study_name, read_only=True, storage=study_storage(study))

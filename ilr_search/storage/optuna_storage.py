@@ -4,9 +4,11 @@ queued trials) with Optuna's heartbeats; its creation is serialised and a locked
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import logging
 import os
+import sqlite3
 import tempfile
 import threading
 import time
@@ -23,7 +25,7 @@ from optuna.trial import TrialState
 from ilr_search.errors import UserInputError
 from ilr_search.storage.heartbeat import grace_period, heartbeat_interval
 from ilr_search.storage.optuna_compat import backend, remember_user_attrs, set_user_attrs_at_once, trial_id, trials_table
-from ilr_search.storage.urls import StorageSpec
+from ilr_search.storage.urls import StorageSpec, read_uri
 
 log = logging.getLogger("ilr_search")
 
@@ -35,8 +37,6 @@ def wait_while_locked(spec: StorageSpec, max_wait_s: float = 600.0) -> None:
     busy timeout would wait silently, then fail)."""
     if spec.kind != "sqlite" or spec.path is None or not spec.path.exists():
         return
-    import sqlite3
-
     start, told = time.monotonic(), False
     while True:
         try:
@@ -63,11 +63,20 @@ def wait_while_locked(spec: StorageSpec, max_wait_s: float = 600.0) -> None:
 
 
 def engine_kwargs(spec: StorageSpec) -> dict[str, Any]:
-    """How every engine to `spec` is made: SQLite waits up to SQLITE_TIMEOUT_S for a lock, servers' pooled
-    connections are checked before use."""
+    """How every engine to `spec` is made: SQLite waits up to SQLITE_TIMEOUT_S for a lock (a read-only file is
+    connected to through its read-only URI), servers' pooled connections are checked before use."""
+    if spec.kind == "sqlite" and spec.read_only:
+        assert spec.path is not None
+        return {"creator": functools.partial(connect_read_only, read_uri(spec.path, spec.mode))}
     if spec.kind == "sqlite":
         return {"connect_args": {"timeout": SQLITE_TIMEOUT_S}}
     return {"pool_pre_ping": True}
+
+
+def connect_read_only(uri: str) -> sqlite3.Connection:
+    """An SQLite connection that cannot write (SQLite refuses every write on it), as SQLAlchemy's pysqlite
+    dialect would make one: usable from the pool's threads."""
+    return sqlite3.connect(uri, uri=True, timeout=SQLITE_TIMEOUT_S, check_same_thread=False)
 
 
 class JournalFlock:
@@ -107,7 +116,10 @@ class JournalFlock:
 
 
 def open_storage(spec: StorageSpec, heartbeat: bool = True) -> optuna.storages.BaseStorage:
-    """The Optuna storage; RDB storages get heartbeats that fail and retry a killed worker's trial."""
+    """The Optuna storage; RDB storages get heartbeats that fail and retry a killed worker's trial. A read-only
+    SQLite file (spec.read_only) is only read: no heartbeats, no tables created, no lock file."""
+    if spec.read_only:
+        return _open_read_only(spec)
     if spec.create_folder and spec.path is not None:
         spec.path.parent.mkdir(parents=True, exist_ok=True)
     if spec.kind == "journal":
@@ -135,6 +147,17 @@ def open_storage(spec: StorageSpec, heartbeat: bool = True) -> optuna.storages.B
         except sa.exc.DatabaseError as e:
             raise cannot_open(spec, e) from None
     raise UserInputError(f"cannot initialise storage {spec.masked}: other workers keep creating it; retry")
+
+
+def _open_read_only(spec: StorageSpec) -> optuna.storages.RDBStorage:
+    """Optuna's storage on an SQLite file opened read-only. Optuna creates its tables unless told not to
+    (skip_table_creation), and writes its version rows where they are missing (a file Optuna did not make): the
+    read-only connection refuses that write, reported as one error. Its schema check only reads."""
+    try:
+        return optuna.storages.RDBStorage(spec.url, engine_kwargs=engine_kwargs(spec), skip_table_creation=True)
+    except (sa.exc.DatabaseError, RuntimeError) as e:  # RuntimeError: Optuna's schema check (an older schema)
+        raise UserInputError(f"cannot read storage {spec.masked} (opened read-only: this process cannot write the "
+                             f"file): {str(getattr(e, 'orig', e)).splitlines()[0]}") from None
 
 
 def cannot_open(spec: StorageSpec, e: Exception) -> UserInputError:
