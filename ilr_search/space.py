@@ -4,8 +4,12 @@ search settings; command-line flags override any of them."""
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 import math
 import sys
+import types
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -98,6 +102,12 @@ def build_space(raw: Mapping[str, Any], source: str = "") -> SpaceConfig:
         if bad:
             raise SpaceError(f"unknown key(s) {sorted(bad)} in [{section}] of {source or 'space'}; known: {sorted(keys)}")
         kwargs = {keys[k]: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+        hints = field_types(type(getattr(defaults, attr)))
+        for key, value in values.items():
+            hint = hints[keys[key]]
+            if not has_type(kwargs[keys[key]], hint):
+                detail = f"{key} must be {type_words(hint)}, got {json.dumps(value, default=str)}"
+                raise SpaceError(f"[{section}] of {source or 'space'}: {detail}", section, detail)
         try:
             parts[attr] = dataclasses.replace(getattr(defaults, attr), **kwargs)
         except (TypeError, ValueError) as e:
@@ -105,6 +115,46 @@ def build_space(raw: Mapping[str, Any], source: str = "") -> SpaceConfig:
     space = SpaceConfig(source=source, **parts)
     validate_space(space)
     return space
+
+
+@functools.cache
+def field_types(cls: type) -> dict[str, Any]:
+    """The field types of a config dataclass, resolved (config.py writes them as strings)."""
+    return typing.get_type_hints(cls)
+
+
+_TYPE_WORDS = {bool: ("true or false", "true/false values"), int: ("an integer", "integers"),
+               float: ("a number", "numbers"), str: ("a string", "strings")}
+
+
+def has_type(value: Any, hint: Any) -> bool:
+    """Whether `value` (from TOML, lists as tuples) has the field type `hint`: an integer is a number too, but
+    true and false are neither; a Literal asks only for its values' type (the value checks, validate_space's and
+    the dataclasses', name the values allowed)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Literal:
+        return has_type(value, type(args[0]))
+    if origin in (typing.Union, types.UnionType):
+        return any(has_type(value, a) for a in args)
+    if origin is tuple:  # tuple[X, ...]
+        return isinstance(value, tuple) and all(has_type(v, args[0]) for v in value)
+    if hint is type(None):
+        return value is None
+    if isinstance(value, bool):
+        return hint is bool
+    return isinstance(value, (int, float) if hint is float else hint)
+
+
+def type_words(hint: Any) -> str:
+    """A field type in words: "an integer", "a list of numbers", "an integer or a string"."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Literal:
+        return type_words(type(args[0]))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(type_words(a) for a in args if a is not type(None))
+    if origin is tuple:
+        return f"a list of {_TYPE_WORDS[args[0]][1]}"
+    return _TYPE_WORDS[hint][0]
 
 
 def parse_target(text: str) -> float:

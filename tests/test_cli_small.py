@@ -1,16 +1,20 @@
 """Small things of the command line: flags show no type in --help, tables at 80 columns keep maps and study
-names whole, an override's error names the flag, no blank line comes before an `error:` line, and --help loads
-neither Optuna nor torch while a command sets Optuna's logging."""
+names whole, an override's error names the flag, no blank line comes before an `error:` line, --help loads
+neither Optuna nor torch while a command sets Optuna's logging; --version, a budget without its `x`, a space
+of the wrong types, maps above max_reuse in flops and train, run and its dry run refusing the same input, and
+flops without the training's flags."""
 
 import io
 import os
 import subprocess
 import sys
+from importlib import metadata
 
 import pytest
 from rich.console import Console
 
-from conftest import ROOT, assert_one_line_error
+from conftest import NO_REFERENCES, ROOT, TINY_SPACE, assert_one_line_error, write_space
+from test_enqueue import BAD_ENQUEUES, run_args
 
 
 @pytest.mark.parametrize("command", [[], ["run", "--budget", "2x"], ["train"], ["recipe"], ["bench", "build"]])
@@ -92,3 +96,97 @@ def test_help_loads_no_optuna_and_a_command_quiets_it(tmp_path, args, printed):
                           text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().splitlines()[-1] == printed
+
+
+def test_version_prints_the_installed_version(cli):
+    proc = cli("--version")
+    assert proc.returncode == 0 and proc.stderr == ""
+    assert proc.stdout == f"ilr-search {metadata.version('ilr-search')}\n"
+
+
+@pytest.mark.parametrize("text", ["1.5", "2", "99", "1e1"])
+def test_a_bare_small_budget_asks_for_its_x(text):
+    from ilr_search.config import ModelConfig
+    from ilr_search.training.flops import BudgetError, parse_budget
+
+    with pytest.raises(BudgetError, match=f"did you mean {text}x\\?"):
+        parse_budget(text, ModelConfig())
+    with pytest.raises(BudgetError, match="below the all-ones map"):  # FLOPs, too few for any model
+        parse_budget("150", ModelConfig())
+
+
+def test_run_refuses_a_bare_budget_and_writes_nothing(cli, tmp_path):
+    proc = cli("run", "--space", str(TINY_SPACE), "--budget", "1.5", "--storage", f"sqlite:///{tmp_path / 'r.db'}")
+    assert_one_line_error(proc)
+    assert "did you mean 1.5x?" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+WRONG_TYPES = [  # (section, key, value, the expected type in words)
+    ("model", "layers", "eight", "an integer"),
+    ("model", "mlp_ratio", "4", "a number"),
+    ("train", "steps", 2.5, "an integer"),
+    ("train", "batch_size", True, "an integer"),
+    ("train", "compile", "yes", "true or false"),
+    ("train", "eval_fractions", [0.5, "end"], "a list of numbers"),
+    ("data", "tokenizer", 256, "a string"),
+    ("search", "fuse", [4], "an integer or a string"),
+    ("search", "knobs", "injection", "a list of strings"),
+]
+
+
+@pytest.mark.parametrize("section,key,value,expected", WRONG_TYPES)
+def test_a_space_of_the_wrong_type_names_the_key_and_the_type(cli, tmp_path, section, key, value, expected):
+    space = write_space(tmp_path / "typed.toml", **{section: {key: value}})
+    proc = cli("flops", "--space", str(space))
+    assert_one_line_error(proc)
+    assert f"[{section}]" in proc.stderr and "typed.toml" in proc.stderr
+    assert f"{key} must be {expected}, got" in proc.stderr
+
+
+def test_a_space_takes_integers_for_numbers(cli, tmp_path):
+    space = write_space(tmp_path / "ints.toml", model={"mlp_ratio": 4}, train={"lr": 1, "eval_fractions": [1]})
+    assert cli("flops", "--space", str(space), check=True).returncode == 0
+
+
+def test_flops_and_train_refuse_counts_above_max_reuse_as_run_does(cli, tmp_path):
+    space = write_space(tmp_path / "space.toml", search=NO_REFERENCES)  # max_reuse 3
+    shared = "a layer runs 4 times, above the space's max_reuse 3"
+    run = cli(*run_args(space, tmp_path / "r.db", 2, "--enqueue", "4,1,1,1"))
+    assert_one_line_error(run)
+    assert shared in run.stderr
+    for command in ("flops", "train"):
+        proc = cli(command, "--space", str(space), "--reuse-map", "4,1,1,1")
+        assert_one_line_error(proc)
+        assert shared in proc.stderr and "4,1,1,1" in proc.stderr
+    assert cli("flops", "--space", str(space), "--reuse-map", "3,1,1,1", check=True).returncode == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["space.toml"]
+
+
+BAD_RUN_INPUTS = [["--enqueue", text] for _, text in sorted(BAD_ENQUEUES.items())] + [
+    ["--enqueue", "2,1,1,1 5,1,1,1"], ["--budget", "1.5"], ["--n-trials", "0"], ["--knobs", "wings"]]
+
+
+@pytest.mark.parametrize("bad", BAD_RUN_INPUTS, ids=" ".join)
+def test_run_and_its_dry_run_refuse_the_same_input(cli, tmp_path, bad):
+    space = write_space(tmp_path / "space.toml", search=NO_REFERENCES)
+    args = run_args(space, tmp_path / "r.db", 2, *bad)  # a later --budget or --n-trials wins over run_args'
+    refused = [cli(*args), cli(*args, "--dry-run")]
+    for proc in refused:
+        assert_one_line_error(proc)
+    assert refused[0].stderr == refused[1].stderr
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == ["space.toml"]
+
+
+TRAINING_FLAGS = ["--steps", "--batch-size", "--lr", "--seed", "--device", "--dtype", "--compile", "--data",
+                  "--text-column"]
+
+
+def test_flops_takes_the_model_options_only(cli):
+    flops = cli("flops", "--help", check=True).stdout
+    assert not [flag for flag in TRAINING_FLAGS if flag in flops]
+    assert all(flag in flops for flag in ("--space", "--layers", "--d-model", "--heads", "--seq-len", "--mlp-ratio",
+                                          "--pe", "--tokenizer", "--reuse-map", "--block", "--knobs"))
+    train = cli("train", "--help", check=True).stdout
+    assert all(flag in train for flag in TRAINING_FLAGS + ["--layers", "--tokenizer"])
+    assert_one_line_error(cli("flops", "--steps", "10"))

@@ -9,7 +9,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Callable, Optional
+from typing import Annotated, Any, Callable, Mapping, Optional
 
 import typer
 
@@ -25,28 +25,55 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Search per-layer recurrence (reuse maps) of transformer LMs under a FLOP budget.")
 
 
+def package_version() -> str:
+    """The installed distribution's version; the package's own __version__ where it is not installed."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("ilr-search")
+    except metadata.PackageNotFoundError:
+        import ilr_search
+
+        return getattr(ilr_search, "__version__", "unknown")
+
+
+def print_version(asked: bool) -> None:
+    if asked:
+        print(f"ilr-search {package_version()}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def application(
+    version: Annotated[bool, typer.Option("--version", is_eager=True, callback=print_version,
+                                          help="Print the version and exit.")] = False,
+) -> None:
+    pass
+
+
 # ----------------------------------------------------------------------------------------------------
-# Options shared by flops, train and run: declared once, added to each command's signature.
+# Options shared by flops, train and run: declared once, added to each command's signature. flops takes the
+# model's (its shape and vocabulary: what its FLOPs depend on), train and run the training's too.
 
 @dataclass
 class SpaceOptions:
-    space: Optional[Path]
-    layers: Optional[int]
-    d_model: Optional[int]
-    heads: Optional[int]
-    seq_len: Optional[int]
-    mlp_ratio: Optional[float]
-    pe: Optional[str]
-    data: Optional[str]
-    tokenizer: Optional[str]
-    text_column: Optional[str]
-    steps: Optional[int]
-    batch_size: Optional[int]
-    lr: Optional[float]
-    seed: Optional[int]
-    device: Optional[str]
-    dtype: Optional[str]
-    compile: Optional[bool]
+    space: Optional[Path] = None
+    layers: Optional[int] = None
+    d_model: Optional[int] = None
+    heads: Optional[int] = None
+    seq_len: Optional[int] = None
+    mlp_ratio: Optional[float] = None
+    pe: Optional[str] = None
+    tokenizer: Optional[str] = None
+    data: Optional[str] = None  # the training options: None in flops, which has none of them
+    text_column: Optional[str] = None
+    steps: Optional[int] = None
+    batch_size: Optional[int] = None
+    lr: Optional[float] = None
+    seed: Optional[int] = None
+    device: Optional[str] = None
+    dtype: Optional[str] = None
+    compile: Optional[bool] = None
 
     def overrides(self) -> dict[str, dict[str, Any]]:
         return {
@@ -58,7 +85,7 @@ class SpaceOptions:
         }
 
 
-def _space_option_signature(
+def _model_option_signature(
     space: Annotated[Optional[Path], typer.Option(help="Search-space TOML, or a preset by name (default, paper-small, paper-large, bench-small, bench-crossing). \\[default: default]")] = None,
     layers: Annotated[Optional[int], typer.Option(help="Number of distinct layers L. \\[default: from the space]")] = None,
     d_model: Annotated[Optional[int], typer.Option(help="Model width.")] = None,
@@ -66,8 +93,12 @@ def _space_option_signature(
     seq_len: Annotated[Optional[int], typer.Option(help="Context length of the proxy.")] = None,
     mlp_ratio: Annotated[Optional[float], typer.Option(help="SwiGLU width as a multiple of d_model.")] = None,
     pe: Annotated[Optional[str], typer.Option(help="Positional encoding: nope|rope|learned|alibi.")] = None,
+    tokenizer: Annotated[Optional[str], typer.Option(help="byte, bpe:N or hf:NAME (sets the model's vocabulary).")] = None,
+) -> None: ...
+
+
+def _training_option_signature(
     data: Annotated[Optional[str], typer.Option(help="stdlib (embedded), a local file/folder, or hf:NAME[:CONFIG].")] = None,
-    tokenizer: Annotated[Optional[str], typer.Option(help="byte, bpe:N or hf:NAME.")] = None,
     text_column: Annotated[Optional[str], typer.Option(help="Text column of .jsonl/.parquet/.csv data.")] = None,
     steps: Annotated[Optional[int], typer.Option(help="Proxy training steps.")] = None,
     batch_size: Annotated[Optional[int], typer.Option(help="Sequences per step.")] = None,
@@ -79,20 +110,30 @@ def _space_option_signature(
 ) -> None: ...
 
 
-_SHARED = inspect.signature(_space_option_signature).parameters
+_MODEL_OPTIONS = inspect.signature(_model_option_signature).parameters
+_SHARED = {**_MODEL_OPTIONS, **inspect.signature(_training_option_signature).parameters}  # train's and run's
 
 
-def with_space_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Give `command` the shared options; it receives them together as `opts: SpaceOptions`."""
-    own = [p for name, p in inspect.signature(command).parameters.items() if name != "opts"]
+def _with_options(options: Mapping[str, inspect.Parameter]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A decorator giving `command` the `options`; it receives them together as `opts: SpaceOptions` (the
+    options it lacks None)."""
 
-    @functools.wraps(command)
-    def wrapper(**kwargs: Any) -> Any:
-        shared = {name: kwargs.pop(name) for name in _SHARED}
-        return command(opts=SpaceOptions(**shared), **kwargs)
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        own = [p for name, p in inspect.signature(command).parameters.items() if name != "opts"]
 
-    wrapper.__signature__ = inspect.Signature(own + list(_SHARED.values()))  # type: ignore[attr-defined]
-    return wrapper
+        @functools.wraps(command)
+        def wrapper(**kwargs: Any) -> Any:
+            shared = {name: kwargs.pop(name) for name in options}
+            return command(opts=SpaceOptions(**shared), **kwargs)
+
+        wrapper.__signature__ = inspect.Signature(own + list(options.values()))  # type: ignore[attr-defined]
+        return wrapper
+
+    return decorate
+
+
+with_space_options = _with_options(_SHARED)  # the model's and the training's options
+with_model_options = _with_options(_MODEL_OPTIONS)  # the model's only
 
 
 def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -134,10 +175,12 @@ KnobSettings = Annotated[Optional[str], typer.Option(help="Recurrence knobs on: 
 
 @app.command()
 @user_errors
-@with_space_options
+@with_model_options
 def flops(opts: SpaceOptions, reuse_map: ReuseMap = None, block: Block = None, knobs: KnobSettings = None,
           json_out: Json = False) -> None:
-    """Analytic forward FLOPs per token of a reuse map, and its ratio to the all-ones map."""
+    """Analytic forward FLOPs per token of a reuse map, and its ratio to the all-ones map.
+
+    train_flops counts the space's proxy training (its steps and batch size)."""
     from ilr_search.commands.api import flops_report
 
     emit(flops_report(opts.space, opts.overrides(), reuse_map, block, knobs), json_out, ui.print_flops)

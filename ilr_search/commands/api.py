@@ -41,7 +41,7 @@ def flops_report(space: str | Path | None = None, overrides: Overrides | None = 
     """`ilr-search flops`: FLOPs per token of a reuse map (or block recurrence) and its ratio to the all-ones map;
     `params` counts the knobs' own parameters too (`knob_params` says how many each adds)."""
     cfg_space = load_space(space, overrides)
-    counts, schedule, block = resolve_schedule(cfg_space.model.n_layers, reuse_map, block)
+    counts, schedule, block = resolve_schedule(cfg_space.model.n_layers, reuse_map, block, cfg_space.search.max_reuse)
     cfg = schedule_model(cfg_space, schedule, knobs)
     report = describe(cfg, counts, schedule, cfg_space.train.tokens(cfg.seq_len), param_count(cfg), block)
     return report | {"knobs": format_knobs(knobs_of(cfg)), "knob_params": knob_params(cfg)}
@@ -56,7 +56,8 @@ def train_report(space: str | Path | None = None, overrides: Overrides | None = 
     from ilr_search.commands.recipe import MapChoice, check_save_dir, train_and_save, train_result_dict
 
     cfg_space = load_space(space, overrides)
-    counts, schedule, block = resolve_schedule(cfg_space.model.n_layers, reuse_map, block)  # before any data work
+    counts, schedule, block = resolve_schedule(cfg_space.model.n_layers, reuse_map, block,
+                                               cfg_space.search.max_reuse)  # before any data work
     cfg = schedule_model(cfg_space, schedule, knobs)
     save_dir = check_save_dir(Path(save)) if save is not None else None
     data = load_space_tokens(cfg_space)

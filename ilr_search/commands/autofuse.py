@@ -22,7 +22,7 @@ from typing import Any
 from ilr_search.config import ModelConfig, SpaceConfig
 from ilr_search.errors import UserInputError
 from ilr_search.search.plan import StudyPlan
-from ilr_search.search.run import RunRequest, planned_space
+from ilr_search.search.run import RunRequest, checked_request
 from ilr_search.training.device import resolve_device
 
 GIB = 1 << 30
@@ -286,5 +286,5 @@ def resolve_layout(plan: StudyPlan, fuse: int | str, workers: int | None, target
 def run_layout(request: RunRequest, fuse: int | str, workers: int | None) -> FuseChoice:
     """`run`'s layout for the study `request` asks for, before anything is opened or written (bad input raises
     as `run` would)."""
-    _, plan = planned_space(request)
+    _, _, plan = checked_request(request)
     return resolve_layout(plan, fuse, workers, request.target_trials)

@@ -19,9 +19,9 @@ from ilr_search.search.maps import repair_to_budget
 from ilr_search.search.plan import StudyPlan, adopt_stored_dtype, adopt_stored_race, check_resume, stored_study
 from ilr_search.search.pruners import pruner_settings
 from ilr_search.commands.run import race_processes
-from ilr_search.search.run import ReferenceRun, RunRequest, planned_space, reference_runs
+from ilr_search.search.run import ReferenceRun, RunRequest, checked_request, reference_runs
 from ilr_search.search.samplers import sampler_settings
-from ilr_search.storage import open_storage, parse_storage
+from ilr_search.storage import open_storage
 from ilr_search.training.device import resolve_compile, resolve_device
 from ilr_search.training.train import train_proxy
 
@@ -60,9 +60,7 @@ def dry_run_report(request: RunRequest, workers: int | None = None, probe: bool 
     """The `run --dry-run` report: what `request` would do, and how long its training would take without pruning
     or a map trained twice (`workers`: --workers, None: the space's). Bad input raises as `run` would; nothing is
     written."""
-    spec = parse_storage(request.storage)
-    request.check()
-    space, plan = planned_space(request)
+    spec, space, plan = checked_request(request)
     workers = workers or 1
     existing = open_storage(spec, heartbeat=False) if spec.exists() else None
     if existing is not None and space.train.dtype == "auto":

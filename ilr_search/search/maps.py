@@ -12,7 +12,7 @@ import optuna
 
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import KNOB_CHOICES, KnobValue, parse_knob_settings
-from ilr_search.training.schedule import parse_reuse_map
+from ilr_search.training.schedule import check_max_reuse, parse_reuse_map
 
 
 def repair_to_budget(reuse_map: list[int], max_layer_runs: int) -> list[int]:
@@ -109,8 +109,7 @@ def parse_enqueued(text: str, n_layers: int, max_reuse: int, max_layer_runs: int
         knobs = parse_knob_settings(knob_text) if knob_text.strip() else {}
     except ValueError as e:  # ScheduleError is a UserInputError; knob errors are ValueErrors
         raise UserInputError(f"{where}: {e}") from None
-    if max(reuse_map) > max_reuse:
-        raise UserInputError(f"{where}: a layer runs {max(reuse_map)} times, above the space's max_reuse {max_reuse}")
+    check_max_reuse(reuse_map, max_reuse, where)
     unsearched = sorted(set(knobs) - set(searched_knobs))
     if unsearched:
         searched = ", ".join(searched_knobs) or "none"

@@ -29,7 +29,7 @@ from ilr_search.space import validate_space
 from ilr_search.storage import JournalStore, study_storage, StorageSpec, Store, heartbeat_interval, open_storage, open_store, parse_storage
 from ilr_search.training.jobs import Job, groups, train_jobs
 
-from ilr_search.search.maps import knobs_off, map_params, parse_enqueued, seed_maps
+from ilr_search.search.maps import EnqueuedMap, knobs_off, map_params, parse_enqueued, seed_maps
 from ilr_search.search.fused_trials import FusedSearchRun
 from ilr_search.search.objective import SearchRun, SurplusTrial, TrialDiverged, TrialTakenOver, sweep_stale_journal_trials
 from ilr_search.search.plan import (CONFIG_ATTR, ENQUEUED_BLOCKS_ATTR, SAMPLER_ATTR, StudyPlan, adopt_stored_dtype, adopt_stored_race, canonical_config,
@@ -111,25 +111,50 @@ class PreparedStudy:
     target_raised_from: int | None = None  # --n-trials, where the enqueued maps raised it
 
 
-def planned_space(request: RunRequest) -> tuple[SpaceConfig, StudyPlan]:
-    """The space with the request's sampler and pruner, checked, and the study it makes (nothing is opened)."""
-    search = dataclasses.replace(request.space.search, **{k: v for k, v in (("sampler", request.sampler),
-                                                                          ("pruner", request.pruner)) if v})
-    space = dataclasses.replace(request.space, search=search)
-    validate_space(space)
-    return space, plan_study(space, request.budget, request.study_name)
-
-
-def prepare_study(request: RunRequest) -> PreparedStudy:
-    """Everything `run` does before its first trial: check the input (nothing on disk changes when it is bad),
-    tokenize (cached), create or load the study, store its settings and enqueue the first maps. Workers
-    started after it find all of this in place."""
+def checked_request(request: RunRequest) -> tuple[StorageSpec, SpaceConfig, StudyPlan]:
+    """The input checks of a run that need nothing opened, in one order: the storage URL, the numbers, the space,
+    the budget and the maps asked for (planned_space). `run` (its layout, then its study) and `run --dry-run`
+    start here, so they refuse the same input with the same line."""
     spec = parse_storage(request.storage)
     request.check()
     space, plan = planned_space(request)
     if space.train.checkpoint_every or request.race:  # the race's runs always checkpoint
         check_can_create(request.checkpoints, f"checkpoints in {str(request.checkpoints)!r}",
                          "run in a writable folder")
+    return spec, space, plan
+
+
+def planned_space(request: RunRequest) -> tuple[SpaceConfig, StudyPlan]:
+    """The space with the request's sampler and pruner, checked, and the study it makes, its maps asked for
+    checked too (nothing is opened)."""
+    search = dataclasses.replace(request.space.search, **{k: v for k, v in (("sampler", request.sampler),
+                                                                          ("pruner", request.pruner)) if v})
+    space = dataclasses.replace(request.space, search=search)
+    validate_space(space)
+    plan = plan_study(space, request.budget, request.study_name)
+    enqueued_maps(plan, enqueue_texts(request, space))
+    return space, plan
+
+
+def enqueue_texts(request: RunRequest, space: SpaceConfig) -> list[str]:
+    """The maps a run asks to have trained first, as written: the space's enqueue list (`run --enqueue`), then
+    the request's own maps (the Python API's)."""
+    return list(space.search.enqueue) + [format_reuse_map(list(m)) for m in request.enqueue_maps]
+
+
+def enqueued_maps(plan: StudyPlan, enqueue: list[str]) -> list[EnqueuedMap]:
+    """Each map asked for, parsed against the study's layers, max_reuse, budget and searched knobs; a bad one
+    raises a UserInputError."""
+    search = plan.space.search
+    max_runs = plan.budget.max_layer_runs(plan.model)
+    return [parse_enqueued(text, plan.model.n_layers, search.max_reuse, max_runs, search.knobs) for text in enqueue]
+
+
+def prepare_study(request: RunRequest) -> PreparedStudy:
+    """Everything `run` does before its first trial: check the input (nothing on disk changes when it is bad),
+    tokenize (cached), create or load the study, store its settings and enqueue the first maps. Workers
+    started after it find all of this in place."""
+    spec, space, plan = checked_request(request)
     existing = open_storage(spec) if spec.exists() else None  # the one storage handle of this worker
     if space.train.dtype == "auto":
         plan = adopt_stored_dtype(existing, plan)
@@ -138,8 +163,7 @@ def prepare_study(request: RunRequest) -> PreparedStudy:
     stored = stored_study(existing, plan.name)
     if stored is None:
         check_no_orphan_records(spec, plan.name, existing)
-    first = first_trials(plan, stored, request.target_trials,
-                         list(space.search.enqueue) + [format_reuse_map(list(m)) for m in request.enqueue_maps])
+    first = first_trials(plan, stored, request.target_trials, enqueue_texts(request, space))
 
     data = load_space_tokens(space)
     storage_obj = existing or open_storage(spec)
@@ -207,7 +231,7 @@ def first_trials(plan: StudyPlan, study: optuna.Study | None, target: int, enque
     do not fit in the target raise it: a resume with other maps trains them, however many trials it had."""
     search, n = plan.space.search, plan.model.n_layers
     max_runs = plan.budget.max_layer_runs(plan.model)
-    asked = [parse_enqueued(text, n, search.max_reuse, max_runs, search.knobs) for text in enqueue]
+    asked = enqueued_maps(plan, enqueue)
     seeds = [map_params(m) | knobs_off(search.knobs) for m in seed_maps(n, search.max_reuse, max_runs)] \
         if search.enqueue_paper_maps else []  # with every searched knob off: the paper's model
     trials = study.get_trials(deepcopy=False) if study is not None else []

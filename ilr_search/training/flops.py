@@ -89,10 +89,14 @@ class Budget:
 
 _RATIO = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([xX%])\s*$")
 _ABSOLUTE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*$")
+# A bare number below this is surely a ratio with its `x` left out: no model costs under 100 FLOPs a token
+# (the LM head alone is 2 * d_model * vocab_size), so it is refused with the ratio suggested, not read as FLOPs.
+RATIO_LIKE_BELOW = 100.0
 
 
 def parse_budget(text: str, cfg: ModelConfig) -> Budget:
-    """`1.5x`, `150%` (of the all-ones map) or an absolute forward FLOP count per token like `4.2e6`."""
+    """`1.5x`, `150%` (of the all-ones map) or an absolute forward FLOP count per token like `4.2e6`; a bare
+    number under RATIO_LIKE_BELOW (`1.5`) is refused as a ratio missing its `x`."""
     base = baseline_flops_per_token(cfg)
     raw = "" if text is None else str(text)
     if m := _RATIO.match(raw):
@@ -101,6 +105,9 @@ def parse_budget(text: str, cfg: ModelConfig) -> Budget:
     elif m := _ABSOLUTE.match(raw):
         absolute = float(m.group(1))
         ratio = absolute / base
+        if 0 < absolute < RATIO_LIKE_BELOW:
+            raise BudgetError(f"budget {raw!r} is a bare number, which means forward FLOPs per token (the all-ones "
+                              f"map costs {base:.4g}); did you mean {raw.strip()}x? Write a ratio as 1.5x or 150%")
     else:
         raise BudgetError(f"budget {raw!r} is not understood; write a ratio like 1.5x or 150%, "
                           "or forward FLOPs per token like 4.2e6")

@@ -31,6 +31,14 @@ def check_reuse_map(reuse_map: Sequence[int], n_layers: int) -> None:
         raise ScheduleError(f"reuse map {format_reuse_map(reuse_map)} has a count below 1; every layer runs at least once")
 
 
+def check_max_reuse(reuse_map: Sequence[int], max_reuse: int, where: str) -> None:
+    """No layer of the map runs more than the space's [search] max_reuse times: the one rule of `run --enqueue`,
+    `flops` and `train` (`where` names the map in the message)."""
+    if max(reuse_map) > max_reuse:
+        raise ScheduleError(f"{where}: a layer runs {max(reuse_map)} times, above the space's max_reuse {max_reuse} "
+                            "([search] max_reuse)")
+
+
 def format_reuse_map(reuse_map: Sequence[int]) -> str:
     return ",".join(str(r) for r in reuse_map)
 
@@ -52,8 +60,9 @@ def baseline_map(n_layers: int) -> list[int]:
 
 
 def resolve_schedule(n_layers: int, reuse_map: str | Sequence[int] | None = None,
-                     block: int | None = None) -> tuple[list[int], list[int], int | None]:
+                     block: int | None = None, max_reuse: int | None = None) -> tuple[list[int], list[int], int | None]:
     """(reuse_map, schedule, block) from either a reuse map or a block count; neither means the all-ones map.
+    With `max_reuse` (the space's), a reuse map with a layer run more often than that is refused.
 
     For block recurrence the reuse map lists how often each layer runs (K each); the schedule gives the order.
     """
@@ -68,4 +77,6 @@ def resolve_schedule(n_layers: int, reuse_map: str | Sequence[int] | None = None
     else:
         counts = list(reuse_map)
         check_reuse_map(counts, n_layers)
+    if max_reuse is not None:
+        check_max_reuse(counts, max_reuse, f"reuse map {format_reuse_map(counts)}")
     return counts, reuse_map_schedule(counts), None
