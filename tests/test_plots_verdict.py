@@ -124,7 +124,7 @@ def test_the_heatmap_view_layers_and_the_recipe_read_the_decided_front(raced, cl
     decided = report["pareto"]
     heatmap = next(t for t in fig.data if t.type == "heatmap")
     assert [list(z) for z in heatmap.z] == [p["reuse_map"] for p in decided]
-    assert all(f"ppl {p['val_ppl']:.4g}" in label for p, label in zip(decided, heatmap.y))  # the race's mean
+    assert all(f"ppl {p['val_ppl']:.5g}" in label for p, label in zip(decided, heatmap.y))  # the race's mean
     layers = json.loads(cli("pareto", "--study", "verdict", "--storage", url, "--view", "layers", "--json",
                             check=True).stdout)["layers"]
     assert layers["front_maps"] == decided  # at the race's length, with its seeds and intervals

@@ -325,7 +325,7 @@ def pareto_figure(study: str, trials: list[dict[str, Any]], front: list[dict[str
                             30 + STRIP_ROW_PX * len({_apart_label(t) for t in apart})))
     if layer_view:
         where = f"the decided front ({decided_steps(race)} steps)" if raced and race else "the front"
-        panels.append(Panel("layers", [{}, {}], [f"reuse count per layer on {where}",
+        panels.append(Panel("layers", [{}, {}], [f"reuse counts on {where}",
                                                  "layer importance (proxy trials)"],
                             max(200, 70 + 30 * len(layer_view["front_maps"]))))
     if curved:
@@ -345,7 +345,8 @@ def pareto_figure(study: str, trials: list[dict[str, Any]], front: list[dict[str
     plot_px = sum(p.px for p in panels) + GAP_PX * (rows - 1)
     fig = make_subplots(rows=rows, cols=2, specs=[p.spec for p in panels],
                         row_heights=[p.px / sum(q.px for q in panels) for p in panels],
-                        vertical_spacing=GAP_PX / plot_px, subplot_titles=[t for p in panels for t in p.titles])
+                        vertical_spacing=GAP_PX / plot_px, horizontal_spacing=0.14,
+                        subplot_titles=[t for p in panels for t in p.titles])
     fig.update_annotations(font_size=13)  # the panels' titles
     row_of = {p.kind: i + 1 for i, p in enumerate(panels)}
     if raced and race:
@@ -422,7 +423,8 @@ def _layers_panel(fig: go.Figure, layer_view: dict[str, Any], row: int, legend: 
 
     def label(m: Mapping[str, Any]) -> str:
         who = f"trial {m['trial']}" if m.get("trial") is not None else ",".join(map(str, m["reuse_map"]))
-        return f"{who} ({m['flops_ratio']:.2f}x, ppl {m['val_ppl']:.4g})" + (f" {m['knobs']}" if m.get("knobs") else "")
+        knobs = f"<br>{m['knobs']}" if m.get("knobs") else ""
+        return f"{who}{knobs}<br>{m['flops_ratio']:.2f}x, ppl {m['val_ppl']:.5g}"
 
     fig.add_trace(go.Heatmap(z=[m["reuse_map"] for m in maps],
                              x=[f"layer {i}" for i in range(len(maps[0]["reuse_map"]))] if maps else [],
