@@ -104,7 +104,7 @@ def test_front_points_carry_length_seeds_interval_and_confirmation(raced, cli, t
     assert "verdict at 48 steps" in text
     figure = tmp_path / "front.html"
     cli("pareto", "--study", "raced", "--storage", f"sqlite:///{db}", "--out", str(figure), check=True)
-    assert "race front, mean and interval (right axis)" in figure.read_text(encoding="utf-8")
+    assert "decided front" in figure.read_text(encoding="utf-8")  # the race's front, on top (test_plots_verdict.py)
 
 
 @pytest.mark.slow

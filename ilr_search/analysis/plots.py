@@ -1,15 +1,26 @@
-"""Figures of a study: the Pareto front of perplexity against compute, and the layer view (which layers the
-front's maps recur, and how much each layer's reuse count matters for perplexity)."""
+"""Figures of a study, built around its decision: the verdict as the title; on top, the perplexity at the decided
+length (the race's, over its seeds, with intervals) against compute for the raced maps, the baseline as the
+reference and the equal-compute deeper model; below, the proxy trials (complete ones at their final perplexity,
+pruned and failed ones in a strip at the step they stopped), the layer view of the decided front, the proxies'
+learning curves and the fidelity panel. A study that was not raced has its proxy trials on top.
+
+Every panel has its own legend, to its right; every coloured trace has an entry there (or is in the group of
+one that has), and every colour is a CSS colour."""
 
 from __future__ import annotations
 
 import math
 import textwrap
 from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
+
+from ilr_search.analysis.results import is_baseline, is_baseline_key, is_deep_key
+from ilr_search.analysis.stats import seed_interval
 
 STATE_STYLE = {
     "COMPLETE": dict(symbol="circle", color="#1f77b4"),
@@ -17,8 +28,25 @@ STATE_STYLE = {
     "FAIL": dict(symbol="x", color="#d62728"),
 }
 
+LEGEND = {"COMPLETE": "complete trials"}
+FRONT_COLOUR = "#d62728"  # the decided front
+RACED_COLOUR = "#1f77b4"
+SCREENED_COLOUR = "#7f7f7f"
+DEEP_COLOUR = "#9467bd"
+BASELINE_COLOUR = "#daa520"  # goldenrod: the star, its line and its band
+BAND_COLOUR = "rgba(218,165,32,0.15)"
+NOISE_COLOUR = "rgba(128,128,128,0.3)"
 
-LEGEND = {"COMPLETE": "complete"}
+# Pixel sizes the figure is laid out in (its height is fixed, its width the page's: 800 px and up read well).
+TOP_PX = 430  # the top panel (the decided one, or the proxy trials where the study was not raced)
+PROXY_PX = 330  # the proxy trials under a decided panel
+STRIP_ROW_PX = 26  # a line of the pruned / failed strip
+CURVES_PX = 300
+FIDELITY_PX = 270
+GAP_PX = 100  # between panels: an x-axis title and the next panel's title
+TITLE_CHARS = 100  # a line of the title (13 px text in about 700 px, the plot's width at 800 px)
+LEGEND_CHARS = 30  # a line of a legend entry
+LINE_PX = 18
 
 
 def _hover(rows: list[dict[str, Any]]) -> list[str]:
@@ -36,6 +64,11 @@ def _hover(rows: list[dict[str, Any]]) -> list[str]:
 
 def _num(x: Any) -> str:
     return "-" if x is None else f"{x:.4g}"
+
+
+def _wrapped(text: str, width: int = LEGEND_CHARS) -> str:
+    """Text broken into lines of at most `width` characters (plotly does not wrap: <br> does)."""
+    return "<br>".join(textwrap.wrap(text, width, break_long_words=False)) or text
 
 
 def spread_x(points: list[tuple[float, float]], span: float, step_share: float = 0.012) -> list[float]:
@@ -62,132 +95,347 @@ def fitted_range(values: list[float], pad: float = 0.08) -> list[float] | None:
     return [lo - margin, hi + margin]
 
 
+def spread_range(xs: list[float], pad: float = 0.05, step_share: float = 0.012) -> list[float] | None:
+    """fitted_range of `xs`, widened by the room that spread_x takes for the largest group at one ratio."""
+    fitted = fitted_range(xs, pad)
+    if fitted is None:
+        return None
+    counts: dict[float, int] = {}
+    for x in xs:
+        counts[round(x, 6)] = counts.get(round(x, 6), 0) + 1
+    extra = (max(counts.values()) - 1) / 2 * step_share * (fitted[1] - fitted[0]) * 1.5
+    return [fitted[0] - extra, fitted[1] + extra]
+
+
+# ----------------------------------------------------------------------------------------------------
+# The decided panel: the raced maps at the decided length.
+
+@dataclass(frozen=True)
+class RacedPoint:
+    """A map at the decided length: its mean perplexity over its seeds there, with the race's interval (None
+    with one seed). kind: "front" (on the decided front, not shown better than the baseline), "confirmed" (on
+    it, claimed better), "baseline" (the reference), "raced" (off the front, several seeds), "screened" (off
+    the front, one seed: the adaptive race's screen) or "deep" (the equal-compute plain model)."""
+    map_key: str
+    trial: int | None
+    flops_ratio: float
+    steps: int
+    seeds: tuple[int, ...]
+    val_ppl: float
+    interval: tuple[float, float] | None
+    kind: str
+
+
+def row_key(row: Mapping[str, Any]) -> str:
+    """A front row's map key (the map, and its knobs where any is on), as the race's results name it."""
+    text = ",".join(map(str, row["reuse_map"]))
+    return f"{text}|{row['knobs']}" if row.get("knobs") else text
+
+
+def is_raced(race: Mapping[str, Any] | None) -> bool:
+    """Whether the decided front is the race's: a point at more than one seed or past the proxy's length
+    (else the decided front is the proxy's, and there is no decided panel)."""
+    if not race or not race.get("race") or not race.get("pareto"):
+        return False
+    base = race["race"]["base_steps"]
+    return any(p.get("seeds") and (len(p["seeds"]) > 1 or p["steps"] != base) for p in race["pareto"])
+
+
+def decided_steps(race: Mapping[str, Any]) -> int:
+    """The length the decided front stands at (the target, once the race got there)."""
+    return max(p["steps"] for p in race["pareto"])
+
+
+def raced_points(race: Mapping[str, Any]) -> list[RacedPoint]:
+    """Every map the race has results for at the decided length (the trials' maps, the baseline and the
+    equal-compute reference; not a pruned map an audit retrained), cheapest first: each one's mean and interval
+    over its seeds there, at the race's confidence (as the race's own front computes them)."""
+    steps, summary = decided_steps(race), race["race"]
+    trial_maps = {r["map_key"] for r in summary["results"] if r["source"].startswith("trial ")}
+    front = {row_key(p): p for p in race["pareto"]}
+    equal = race.get("equal_compute") or {}
+    losses: dict[str, dict[int, float]] = {}
+    flops: dict[str, float] = {}
+
+    def counted(key: str) -> bool:
+        if is_deep_key(key):
+            return key == equal.get("reference")
+        return key in trial_maps or key in front or is_baseline_key(key)
+
+    for r in summary["results"]:
+        key = r["map_key"]
+        if r["steps"] == steps and r["val_loss"] is not None and counted(key):
+            losses.setdefault(key, {})[r["seed"]] = r["val_loss"]
+            flops[key] = r["flops_ratio"]
+    points = []
+    for key, by_seed in losses.items():
+        iv = seed_interval([by_seed[s] for s in sorted(by_seed)], summary["confidence"])
+        row = front.get(key)
+        if is_deep_key(key):
+            kind = "deep"
+        elif is_baseline_key(key):
+            kind = "baseline"
+        elif row is not None:
+            kind = "confirmed" if row.get("confirmed") else "front"
+        else:
+            kind = "raced" if len(by_seed) > 1 else "screened"
+        points.append(RacedPoint(key, row["trial"] if row else None, flops[key], steps, tuple(sorted(by_seed)),
+                                 iv.val_ppl, iv.interval_ppl, kind))
+    return sorted(points, key=lambda p: (p.flops_ratio, p.val_ppl, p.map_key))
+
+
+RACED_STYLE = {  # kind -> legend entry and marker
+    "confirmed": ("decided front: better than the baseline", dict(symbol="square", size=12, color=FRONT_COLOUR,
+                                                                  line=dict(width=2, color=FRONT_COLOUR))),
+    "front": ("decided front: not shown better", dict(symbol="square-open", size=12, color=FRONT_COLOUR,
+                                                      line=dict(width=2, color=FRONT_COLOUR))),
+    "raced": ("raced, off the front", dict(symbol="circle", size=9, color=RACED_COLOUR)),
+    "screened": ("screened at one seed (no interval)", dict(symbol="circle-open", size=9, color=SCREENED_COLOUR,
+                                                            line=dict(width=2, color=SCREENED_COLOUR))),
+}
+
+
+def _decided_panel(fig: go.Figure, race: Mapping[str, Any], legend: str) -> None:
+    """Row 1: the raced maps at the decided length against their FLOP ratio, with error bars from the race's
+    intervals; the decided front as a step line; the baseline as the reference (its star, a dashed line at its
+    mean and a band over its interval across the panel); the equal-compute plain model. One y-axis."""
+    points = raced_points(race)
+    pct = round(race["race"]["confidence"] * 100)
+    x_range = spread_range([p.flops_ratio for p in points], pad=0.08)
+    span = (x_range[1] - x_range[0]) if x_range else 1.0
+    at_x = dict(zip((p.map_key for p in points), spread_x([(p.flops_ratio, p.val_ppl) for p in points], span)))
+
+    def hover(p: RacedPoint) -> str:
+        iv = f" [{p.interval[0]:.4g}, {p.interval[1]:.4g}]" if p.interval else " (one seed: no interval)"
+        trial = f" (trial {p.trial})" if p.trial is not None else ""
+        return (f"map {p.map_key}{trial}<br>FLOP ratio {p.flops_ratio:.3f}<br>{p.steps} steps, seeds "
+                f"{','.join(map(str, p.seeds))}<br>ppl {p.val_ppl:.4g}{iv}")
+
+    def errors(group: list[RacedPoint], colour: str) -> dict[str, Any]:
+        return dict(type="data", symmetric=False, color=colour, thickness=1.5, width=5,
+                    array=[p.interval[1] - p.val_ppl if p.interval else 0 for p in group],
+                    arrayminus=[p.val_ppl - p.interval[0] if p.interval else 0 for p in group])
+
+    on_front = [p for p in points if p.kind in ("confirmed", "front", "baseline") and
+                any(row_key(r) == p.map_key for r in race["pareto"])]
+    if len(on_front) > 1:
+        fig.add_trace(go.Scatter(x=[at_x[p.map_key] for p in on_front], y=[p.val_ppl for p in on_front],
+                                 mode="lines", line_shape="hv", line=dict(color=FRONT_COLOUR, width=2),
+                                 name="decided front", legend=legend, hoverinfo="skip"), row=1, col=1)
+    baseline = next((p for p in points if p.kind == "baseline"), None)
+    if baseline is not None and x_range:
+        low, high = baseline.interval or (baseline.val_ppl, baseline.val_ppl)
+        fig.add_trace(go.Scatter(x=[x_range[0], x_range[1], x_range[1], x_range[0], x_range[0]],
+                                 y=[low, low, high, high, low], mode="lines", fill="toself", fillcolor=BAND_COLOUR,
+                                 line=dict(width=0, color=BAND_COLOUR), hoverinfo="skip", showlegend=False,
+                                 legend=legend, legendgroup="baseline"), row=1, col=1)
+        fig.add_trace(go.Scatter(x=x_range, y=[baseline.val_ppl] * 2, mode="lines", hoverinfo="skip", showlegend=False,
+                                 line=dict(color=BASELINE_COLOUR, width=1.5, dash="dash"), legend=legend,
+                                 legendgroup="baseline"), row=1, col=1)
+        fig.add_trace(go.Scatter(x=[at_x[baseline.map_key]], y=[baseline.val_ppl], mode="markers",
+                                 name=_wrapped(f"baseline {baseline.map_key} (the reference): mean, {pct}% interval"),
+                                 legend=legend, legendgroup="baseline", error_y=errors([baseline], BASELINE_COLOUR),
+                                 marker=dict(symbol="star", size=17, color=BASELINE_COLOUR,
+                                             line=dict(width=1, color="black")),
+                                 hovertext=[hover(baseline)], hoverinfo="text"), row=1, col=1)
+    for kind, (name, marker) in RACED_STYLE.items():
+        group = [p for p in points if p.kind == kind]
+        if group:
+            fig.add_trace(go.Scatter(x=[at_x[p.map_key] for p in group], y=[p.val_ppl for p in group], mode="markers",
+                                     name=_wrapped(name), legend=legend, marker=marker,
+                                     error_y=errors(group, marker["color"]),
+                                     hovertext=[hover(p) for p in group], hoverinfo="text"), row=1, col=1)
+    equal = race.get("equal_compute") or {}
+    deep = next((p for p in points if p.kind == "deep"), None)
+    if deep is not None:
+        fig.add_trace(go.Scatter(x=[at_x[deep.map_key]], y=[deep.val_ppl], mode="markers", legend=legend,
+                                 name=_wrapped(f"{deep.map_key}: a plain {equal.get('layers', '?')}-layer model of "
+                                               f"{equal.get('map', 'the best map')}'s FLOPs"),
+                                 error_y=errors([deep], DEEP_COLOUR),
+                                 marker=dict(symbol="diamond", size=13, color=DEEP_COLOUR,
+                                             line=dict(width=1, color="black")),
+                                 hovertext=[hover(deep)], hoverinfo="text"), row=1, col=1)
+    ys = [v for p in points for v in (p.val_ppl, *(p.interval or ()))]
+    fig.update_xaxes(title_text="FLOP ratio (forward compute / all-ones map)", range=x_range, row=1, col=1)
+    fig.update_yaxes(title_text=f"perplexity at {decided_steps(race)} steps", range=fitted_range(ys),
+                     tickformat=".4g", row=1, col=1)
+
+
+def verdict_title(study: str, race: Mapping[str, Any] | None) -> str:
+    """The figure's title: the study's name and its verdict, a clause a line (wrapped at TITLE_CHARS), the
+    first clause (what was decided) in bold; without a verdict, the study's name."""
+    verdict = (race or {}).get("verdict") or ""
+    if not verdict:
+        return f"<b>{study}</b>"
+    clauses = [c.strip() for c in verdict.split("; ")]
+    lines = []
+    for i, clause in enumerate(clauses):
+        text = clause + (";" if i < len(clauses) - 1 else "")
+        wrapped = textwrap.wrap((f"{study}: " if i == 0 else "") + text, TITLE_CHARS, break_long_words=False)
+        if i == 0:
+            wrapped = [f"<b>{line}</b>" for line in wrapped]
+        lines += wrapped
+    return "<br>".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The whole figure.
+
+@dataclass(frozen=True)
+class Panel:
+    """One row of the figure: what it shows, its subplot spec and titles, its height in pixels and its legend."""
+    kind: str
+    spec: list[Any]
+    titles: list[str]
+    px: int
+    legend: str = "legend"
+
+
 def pareto_figure(study: str, trials: list[dict[str, Any]], front: list[dict[str, Any]], noise: dict[str, Any] | None,
                   layer_view: dict[str, Any] | None = None, fidelity: dict[str, Any] | None = None,
-                  race_front: list[dict[str, Any]] | None = None) -> go.Figure:
-    """Complete trials by final perplexity against FLOP ratio (points at one ratio spread side by side, hover
-    for the map), the front as a step line, the all-ones baseline and its seed-to-seed noise band, audited
-    maps at their longer-training perplexity, the race's front (each point at its length: the mean over its
-    seeds and its interval, filled where confirmed); pruned and failed trials apart, in a strip below at their
-    pruning step (their perplexity there is no final one: it stays off the perplexity axis, which fits the
-    complete trials); the layer view, and a fidelity panel (rung agreement, proxy vs audit, the verdict)."""
+                  race: Mapping[str, Any] | None = None) -> go.Figure:
+    """The study's figure, titled with the race's verdict (`race`: race_summary's result, or pareto_report's,
+    which carries it). On top, where the study was raced, the raced maps at the decided length (_decided_panel);
+    then the proxy trials: complete ones by final perplexity against FLOP ratio (points at one ratio spread side
+    by side, hover for the map), the proxy's front as a step line, the all-ones baseline and its seed-to-seed
+    noise band, and pruned and failed trials in a strip below at their pruning step (their perplexity there is no
+    final one: it stays off the perplexity axis, which fits the complete trials); the layer view of the decided
+    front (`layer_view`), the proxies' learning curves, and a fidelity panel (rung agreement, proxy vs audit,
+    the verdict)."""
     audit = (fidelity or {}).get("audits", [None])[-1] if (fidelity or {}).get("audits") else None
+    raced = is_raced(race)
     plotted = [t for t in trials if t.get("flops_ratio") is not None]
     complete = [t for t in plotted if t["state"] == "COMPLETE" and t.get("plot_ppl") is not None]
     apart = [t for t in plotted if t not in complete]  # pruned, failed (diverged), or with no perplexity
-    known = [p for p in race_front or [] if p["interval"][0] is not None]  # one seed: no interval, no race run
-    longer = bool(audit) or bool(known)  # perplexities after longer training: a right axis of their own
-    specs: list[list[Any]] = [[{"colspan": 2, "secondary_y": longer}, None]]
-    titles = [f"{study}: perplexity vs compute"]
-    heights = [0.62]
-    if apart:
-        specs.append([{"colspan": 2}, None])
-        titles.append("pruned and failed trials (at the step they stopped; not a final perplexity)")
-        heights.append(0.04 + 0.03 * len({_apart_label(t) for t in apart}))
-    if layer_view:
-        specs.append([{}, {}])
-        titles += ["reuse count per layer on the front", "layer importance for perplexity"]
-        heights.append(0.34)
     curved = [t for t in plotted if t.get("curve")]
+    decided = race["pareto"] if raced and race else front
+    base_steps = race["race"]["base_steps"] if race and race.get("race") else None
+    at = f" at {base_steps} steps" if base_steps else ""
+    panels: list[Panel] = []
+    if raced and race:
+        pct = round(race["race"]["confidence"] * 100)
+        panels.append(Panel("decided", [{"colspan": 2}, None],
+                            [f"raced maps at {decided_steps(race)} steps: mean perplexity over seeds, {pct}% intervals"],
+                            TOP_PX))
+    panels.append(Panel("proxy", [{"colspan": 2}, None], [f"proxy trials{at} (one seed each): perplexity vs compute"],
+                        PROXY_PX if raced else TOP_PX))
+    if apart:
+        panels.append(Panel("apart", [{"colspan": 2}, None],
+                            ["pruned and failed trials (at the step they stopped; not a final perplexity)"],
+                            30 + STRIP_ROW_PX * len({_apart_label(t) for t in apart})))
+    if layer_view:
+        where = f"the decided front ({decided_steps(race)} steps)" if raced and race else "the front"
+        panels.append(Panel("layers", [{}, {}], [f"reuse counts on {where}",
+                                                 "layer importance (proxy trials)"],
+                            max(200, 70 + 30 * len(layer_view["front_maps"]))))
     if curved:
-        specs.append([{"colspan": 2}, None])
-        titles.append("validation loss against step (front maps in colour; curves that cross change the ranking)")
-        heights.append(0.34)
+        panels.append(Panel("curves", [{"colspan": 2}, None],
+                            ["validation loss against step (the decided front's maps in colour)"], CURVES_PX))
     if fidelity:
-        specs.append([{}, {}])
-        titles += ["rung-to-final rank agreement (Spearman)",
-                   f"proxy vs {audit['factor']}x training" if audit else "not audited (ilr-search audit)"]
-        heights.append(0.3)
-    rows = len(specs)
-    fig = make_subplots(rows=rows, cols=2, specs=specs, row_heights=[h / sum(heights) for h in heights],
-                        vertical_spacing=0.24 / rows, subplot_titles=titles)
-    xs = [t["flops_ratio"] for t in plotted] + [m["flops_ratio"] for m in (audit or {}).get("maps", [])]
-    x_range = fitted_range(xs, pad=0.05)
+        panels.append(Panel("fidelity", [{}, {}], ["rung-to-final rank agreement (Spearman)",
+                                                   f"proxy vs {audit['factor']}x training" if audit
+                                                   else "not audited (ilr-search audit)"], FIDELITY_PX))
+    legends = iter(["legend", "legend2", "legend3", "legend4", "legend5", "legend6"])
+    named: dict[str, str] = {}
+    for i, panel in enumerate(panels):  # the strip shares the proxy panel's legend
+        legend = named["proxy"] if panel.kind == "apart" else next(legends)
+        named[panel.kind] = legend
+        panels[i] = Panel(panel.kind, panel.spec, panel.titles, panel.px, legend)
+    rows = len(panels)
+    plot_px = sum(p.px for p in panels) + GAP_PX * (rows - 1)
+    fig = make_subplots(rows=rows, cols=2, specs=[p.spec for p in panels],
+                        row_heights=[p.px / sum(q.px for q in panels) for p in panels],
+                        vertical_spacing=GAP_PX / plot_px, horizontal_spacing=0.14,
+                        subplot_titles=[t for p in panels for t in p.titles])
+    fig.update_annotations(font_size=13)  # the panels' titles
+    row_of = {p.kind: i + 1 for i, p in enumerate(panels)}
+    if raced and race:
+        _decided_panel(fig, race, named["decided"])
+    x_range = spread_range([t["flops_ratio"] for t in plotted])
     span = (x_range[1] - x_range[0]) if x_range else 1.0
+    _proxy_panel(fig, complete, front, noise, x_range, span, row_of["proxy"], named["proxy"])
+    if apart:
+        _apart_strip(fig, apart, span, x_range, row_of["apart"], row_of["proxy"], named["proxy"])
+    if layer_view:
+        _layers_panel(fig, layer_view, row_of["layers"], named["layers"])
+    if curved:
+        _curves_panel(fig, curved, {p["trial"] for p in decided if p.get("trial") is not None}, row_of["curves"],
+                      named["curves"])
+    bottom = 60
+    if fidelity:
+        lines = _fidelity_panel(fig, fidelity, audit, row_of["fidelity"], named["fidelity"])
+        bottom = 90 + LINE_PX * lines
+    title = verdict_title(study, race)
+    top = 34 + LINE_PX * (title.count("<br>") + 1) + 46
+    for panel in panels:  # each legend at the right of its panel, from its top down
+        if panel.kind != "apart":
+            domain = fig.get_subplot(row_of[panel.kind], 1).yaxis.domain
+            fig.update_layout({panel.legend: dict(x=1.02, xanchor="left", y=domain[1], yanchor="top", xref="paper",
+                                                  yref="paper", font=dict(size=11), tracegroupgap=2,
+                                                  bgcolor="rgba(255,255,255,0.9)")})
+    fig.update_layout(template="plotly_white", autosize=True, height=plot_px + top + bottom,
+                      title=dict(text=title, x=0, xref="paper", xanchor="left", y=1, yref="container",
+                                 yanchor="top", pad=dict(t=34), font=dict(size=13)),
+                      margin=dict(l=70, r=20, t=top, b=bottom))
+    return fig
+
+
+def _proxy_panel(fig: go.Figure, complete: list[dict[str, Any]], front: list[dict[str, Any]],
+                 noise: dict[str, Any] | None, x_range: list[float] | None, span: float, row: int, legend: str) -> None:
+    """The complete proxy trials by final perplexity, the proxy's front, the all-ones baseline, the noise band."""
     at_x = dict(zip((t["trial"] for t in complete),
                     spread_x([(t["flops_ratio"], t["plot_ppl"]) for t in complete], span)))
     if complete:
         fig.add_trace(go.Scatter(x=[at_x[t["trial"]] for t in complete], y=[t["plot_ppl"] for t in complete],
-                                 mode="markers", name=LEGEND["COMPLETE"], marker=dict(size=9, **STATE_STYLE["COMPLETE"]),
-                                 hovertext=_hover(complete), hoverinfo="text"), row=1, col=1)
+                                 mode="markers", name=LEGEND["COMPLETE"], legend=legend,
+                                 marker=dict(size=9, **STATE_STYLE["COMPLETE"]),
+                                 hovertext=_hover(complete), hoverinfo="text"), row=row, col=1)
     if front:
         fig.add_trace(go.Scatter(x=[at_x.get(p["trial"], p["flops_ratio"]) for p in front], y=[p["val_ppl"] for p in front],
-                                 mode="lines+markers", line_shape="hv", name="Pareto front",
+                                 mode="lines+markers", line_shape="hv", name="proxy Pareto front", legend=legend,
+                                 line=dict(color="black", width=1.5),
                                  marker=dict(size=12, color="rgba(0,0,0,0)", line=dict(width=2, color="black")),
                                  hovertext=_hover([dict(p, state="COMPLETE", plot_ppl=p["val_ppl"]) for p in front]),
-                                 hoverinfo="text"), row=1, col=1)
-    baseline = next((t for t in complete if t["reuse_map"] and all(r == 1 for r in t["reuse_map"])), None)
+                                 hoverinfo="text"), row=row, col=1)
+    baseline = next((t for t in complete if is_baseline(t["reuse_map"])), None)
     if baseline:
         fig.add_trace(go.Scatter(x=[at_x[baseline["trial"]]], y=[baseline["plot_ppl"]], mode="markers",
-                                 name="all-ones baseline",
-                                 marker=dict(symbol="star", size=16, color="gold", line=dict(width=1, color="black")),
-                                 hoverinfo="skip"), row=1, col=1)
+                                 name="all-ones baseline", legend=legend,
+                                 marker=dict(symbol="star", size=16, color=BASELINE_COLOUR,
+                                             line=dict(width=1, color="black")),
+                                 hoverinfo="skip"), row=row, col=1)
     y_values = [t["plot_ppl"] for t in complete]
     if noise and noise.get("spread"):
         lo, hi = noise["min_ppl"], noise["max_ppl"]
         y_values += [lo, hi]
-        fig.add_hrect(y0=lo, y1=hi, fillcolor="gray", opacity=0.15, line_width=0, row=1, col=1)
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", hoverinfo="skip",  # the band's legend entry
-                                 name=f"baseline seed-to-seed spread ({noise['n_seeds']} seeds)",
-                                 marker=dict(symbol="square", size=14, color="rgba(128,128,128,0.3)")), row=1, col=1)
-    if audit:  # on an axis of their own (right): a longer training's perplexity is on another scale
-        maps = audit["maps"]
-        fig.add_trace(go.Scatter(x=[m["flops_ratio"] for m in maps], y=[m["audit_ppl"] for m in maps], mode="markers",
-                                 name=f"audited at {audit['factor']}x steps (right axis)",
-                                 marker=dict(symbol="diamond", size=11, color="#9467bd", line=dict(width=1, color="black")),
-                                 hovertext=[f"map {m['reuse_map']}<br>{audit['factor']}x ppl {m['audit_ppl']:.4g}<br>proxy "
-                                            f"{m['proxy_state'].lower()} ppl {_num(m['proxy_ppl'])}" for m in maps],
-                                 hoverinfo="text"), row=1, col=1, secondary_y=True)
-    if known:  # a race was run (a study without one has its proxy front here, drawn above)
-        fig.add_trace(go.Scatter(
-            x=[p["flops_ratio"] for p in race_front], y=[p["val_ppl"] for p in race_front], mode="markers",
-            name="race front, mean and interval (right axis)",
-            error_y=dict(type="data", symmetric=False,
-                         array=[p["interval"][1] - p["val_ppl"] if p in known else 0 for p in race_front],
-                         arrayminus=[p["val_ppl"] - p["interval"][0] if p in known else 0 for p in race_front]),
-            marker=dict(symbol="square", size=11, line=dict(width=2, color="#d62728"),
-                        color=["#d62728" if p["confirmed"] else "rgba(0,0,0,0)" for p in race_front]),
-            hovertext=[f"map {','.join(map(str, p['reuse_map']))}<br>{p['steps']} steps, seeds "
-                       f"{','.join(map(str, p['seeds']))}<br>ppl {p['val_ppl']:.4g} [{_num(p['interval'][0])}, "
-                       f"{_num(p['interval'][1])}]<br>{'confirmed' if p['confirmed'] else 'not confirmed'}"
-                       for p in race_front], hoverinfo="text"), row=1, col=1, secondary_y=True)
-    if longer:
-        right = [m["audit_ppl"] for m in audit["maps"]] if audit else []
-        right += [v for p in known for v in (p["interval"][0], p["interval"][1], p["val_ppl"])]
-        fig.update_yaxes(title_text="perplexity after longer training" if known else f"{audit['factor']}x-training perplexity",
-                         showgrid=False, color="#9467bd", tickformat=".4g", range=fitted_range(right), row=1, col=1,
-                         secondary_y=True)
-    fig.update_xaxes(title_text="FLOP ratio (forward compute / all-ones map)", range=x_range, row=1, col=1)
-    fig.update_yaxes(title_text="validation perplexity", range=fitted_range(y_values), row=1, col=1,
-                     **({"secondary_y": False} if longer else {}))
-    if apart:
-        _apart_strip(fig, apart, span, x_range)
-    row = 2 + bool(apart)
-    if layer_view:
-        maps = layer_view["front_maps"]
-        fig.add_trace(go.Heatmap(z=[m["reuse_map"] for m in maps],
-                                 x=[f"layer {i}" for i in range(len(maps[0]["reuse_map"]))] if maps else [],
-                                 y=[f"trial {m['trial']} ({m['flops_ratio']:.2f}x)" + (f" {m['knobs']}" if m.get("knobs") else "")
-                                    for m in maps],
-                                 colorscale="Blues", zmin=1, zmax=max([2] + [max(m["reuse_map"]) for m in maps]),
-                                 showscale=False, texttemplate="%{z}",
-                                 hovertemplate="%{y}<br>%{x}: %{z} runs<extra></extra>"), row=row, col=1)
-        importance = layer_view["importance"]
-        if importance:
-            fig.add_trace(go.Bar(x=list(importance), y=list(importance.values()), name="importance",
-                                 marker_color="#2ca02c", showlegend=False), row=row, col=2)
-        row += 1
-    if curved:
-        _curves_panel(fig, curved, {p["trial"] for p in front} | {p["trial"] for p in race_front or []}, row=row)
-        row += 1
-    if fidelity:
-        _fidelity_panel(fig, fidelity, audit, row=row)
-    fig.update_layout(template="plotly_white", autosize=True, height=int(900 * sum(heights)) + 160,
-                      margin=dict(l=60, r=60, t=120, b=150 if fidelity else 60),
-                      legend=dict(orientation="h", y=1.0, yanchor="top", x=0, xanchor="left", yref="container",
-                                  entrywidthmode="pixels", entrywidth=230))
-    return fig
+        fig.add_hrect(y0=lo, y1=hi, fillcolor="#808080", opacity=0.15, line_width=0, row=row, col=1)
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", hoverinfo="skip", legend=legend,  # the band's entry
+                                 name=_wrapped(f"baseline seed-to-seed spread ({noise['n_seeds']} seeds)"),
+                                 marker=dict(symbol="square", size=14, color=NOISE_COLOUR)), row=row, col=1)
+    fig.update_xaxes(title_text="FLOP ratio (forward compute / all-ones map)", range=x_range, row=row, col=1)
+    fig.update_yaxes(title_text="validation perplexity", range=fitted_range(y_values), tickformat=".4g",
+                     row=row, col=1)
 
+
+def _layers_panel(fig: go.Figure, layer_view: dict[str, Any], row: int, legend: str) -> None:
+    """The reuse counts of the decided front's maps (a heatmap, one row a map) and each layer's importance."""
+    maps = layer_view["front_maps"]
+
+    def label(m: Mapping[str, Any]) -> str:
+        who = f"trial {m['trial']}" if m.get("trial") is not None else ",".join(map(str, m["reuse_map"]))
+        knobs = f"<br>{m['knobs']}" if m.get("knobs") else ""
+        return f"{who}{knobs}<br>{m['flops_ratio']:.2f}x, ppl {m['val_ppl']:.5g}"
+
+    fig.add_trace(go.Heatmap(z=[m["reuse_map"] for m in maps],
+                             x=[f"layer {i}" for i in range(len(maps[0]["reuse_map"]))] if maps else [],
+                             y=[label(m) for m in maps], colorscale="Blues",
+                             zmin=1, zmax=max([2] + [max(m["reuse_map"]) for m in maps]),
+                             showscale=False, texttemplate="%{z}",
+                             hovertemplate="%{y}<br>%{x}: %{z} runs<extra></extra>"), row=row, col=1)
+    importance = layer_view["importance"]
+    if importance:
+        fig.add_trace(go.Bar(x=list(importance), y=list(importance.values()), name="importance (PED-ANOVA)",
+                             legend=legend, marker_color="#2ca02c"), row=row, col=2)
 
 # A label's size as a share of a small panel's axis spans (9 px text in a panel about 300 x 200 px: the
 # figure at about 760 px wide; wider figures leave more room).
@@ -234,9 +482,11 @@ def _apart_label(t: dict[str, Any]) -> str:
     return "failed" if t["state"] == "FAIL" else t["state"].lower()
 
 
-def _apart_strip(fig: go.Figure, apart: list[dict[str, Any]], span: float, x_range: list[float] | None) -> None:
-    """Pruned and failed trials in a strip under the perplexity plot, one line per pruning step (and one for
-    failed runs), on the same FLOP-ratio axis; their perplexity where they stopped is in the hover."""
+def _apart_strip(fig: go.Figure, apart: list[dict[str, Any]], span: float, x_range: list[float] | None, row: int,
+                 proxy_row: int, legend: str) -> None:
+    """Pruned and failed trials in a strip under the proxy trials' plot (row `proxy_row`), one line per pruning
+    step (and one for failed runs), on the same FLOP-ratio axis; their perplexity where they stopped is in the
+    hover."""
     labels = sorted({_apart_label(t) for t in apart}, key=lambda s: (s == "failed", len(s), s))
     spread = spread_x([(t["flops_ratio"], labels.index(_apart_label(t)) + (t.get("plot_ppl") or 0) * 1e-9)
                        for t in apart], span)
@@ -247,30 +497,38 @@ def _apart_strip(fig: go.Figure, apart: list[dict[str, Any]], span: float, x_ran
         group = [apart[i] for i in members]
         fig.add_trace(go.Scatter(x=[spread[i] for i in members], y=[_apart_label(t) for t in group], mode="markers",
                                  name={"PRUNED": "pruned (at its pruning step)", "FAIL": "failed"}[state],
-                                 marker=dict(size=9, **style), hovertext=_hover(group), hoverinfo="text"), row=2, col=1)
-    others = [apart[i] for i, t in enumerate(apart) if t["state"] not in STATE_STYLE or t["state"] == "COMPLETE"]
+                                 legend=legend, marker=dict(size=9, **style), hovertext=_hover(group),
+                                 hoverinfo="text"), row=row, col=1)
+    others = [t for t in apart if t["state"] not in STATE_STYLE or t["state"] == "COMPLETE"]
     if others:
         fig.add_trace(go.Scatter(x=[t["flops_ratio"] for t in others], y=[_apart_label(t) for t in others],
-                                 mode="markers", name="no perplexity", marker=dict(size=9, color="gray"),
-                                 hovertext=_hover(others), hoverinfo="text"), row=2, col=1)
-    fig.update_yaxes(categoryorder="array", categoryarray=labels[::-1], row=2, col=1)
-    fig.update_xaxes(range=x_range, matches="x", showticklabels=True, row=2, col=1)
+                                 mode="markers", name="no perplexity", legend=legend,
+                                 marker=dict(size=9, color="#808080"), hovertext=_hover(others), hoverinfo="text"),
+                      row=row, col=1)
+    fig.update_yaxes(categoryorder="array", categoryarray=labels[::-1], row=row, col=1)
+    proxy_x = fig.get_subplot(proxy_row, 1).xaxis.plotly_name.replace("axis", "")  # "xaxis2" -> "x2"
+    fig.update_xaxes(range=x_range, matches=proxy_x, showticklabels=True, row=row, col=1)
 
 
 FRONT_COLOURS = ("#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
+OTHER_CURVE_COLOUR = "rgba(128,128,128,0.45)"
 
 
-def _curves_panel(fig: go.Figure, trials: list[dict[str, Any]], front_trials: set[int], row: int) -> None:
-    """Each trained trial's validation curve (loss against step): the front's maps in colour, the others grey,
-    pruned ones ending at their pruning step; hover names the map."""
+def _curves_panel(fig: go.Figure, trials: list[dict[str, Any]], front_trials: set[int], row: int, legend: str) -> None:
+    """Each trained trial's validation curve (loss against step): the decided front's maps in colour, each with its
+    legend entry, the others grey under one entry; pruned ones end at their pruning step; hover names the map."""
     on_front = sorted((t for t in trials if t["trial"] in front_trials), key=lambda t: t["trial"])
     others = [t for t in trials if t["trial"] not in front_trials]
     for t in others + on_front:
         steps, losses = zip(*t["curve"])
-        colour = FRONT_COLOURS[on_front.index(t) % len(FRONT_COLOURS)] if t in on_front else "rgba(128,128,128,0.45)"
         label = ",".join(map(str, t["reuse_map"]))
-        fig.add_trace(go.Scatter(x=list(steps), y=list(losses), mode="lines+markers", showlegend=False,
-                                 line=dict(color=colour, width=3 if t in on_front else 1), marker=dict(size=4),
+        front_map = t in on_front
+        colour = FRONT_COLOURS[on_front.index(t) % len(FRONT_COLOURS)] if front_map else OTHER_CURVE_COLOUR
+        entry = (dict(name=_wrapped(f"trial {t['trial']}: map {label}" + (f" {t['knobs']}" if t.get("knobs") else "")))
+                 if front_map else dict(name="other trials", legendgroup="other-curves", showlegend=t is others[0]))
+        fig.add_trace(go.Scatter(x=list(steps), y=list(losses), mode="lines+markers", legend=legend, **entry,
+                                 line=dict(color=colour, width=3 if front_map else 1),
+                                 marker=dict(size=4, color=colour),
                                  hovertext=[f"trial {t['trial']}: map {label}<br>step {s}: loss {l:.4g}"
                                             for s, l in zip(steps, losses)], hoverinfo="text"), row=row, col=1)
     last = [l for t in trials for _, l in t["curve"][-1:]]
@@ -279,15 +537,25 @@ def _curves_panel(fig: go.Figure, trials: list[dict[str, Any]], front_trials: se
                      range=fitted_range(last + [l for t in on_front for _, l in t["curve"]], pad=0.1))
 
 
-def _fidelity_panel(fig: go.Figure, fidelity: dict[str, Any], audit: dict[str, Any] | None, row: int) -> None:
-    """Spearman of each rung with the final ranking; the audit's proxy vs longer-training perplexity; the verdict."""
+AGREES = 0.6  # a rung's Spearman with the final ranking at which it is drawn as agreeing
+
+
+def _fidelity_panel(fig: go.Figure, fidelity: dict[str, Any], audit: dict[str, Any] | None, row: int,
+                    legend: str) -> int:
+    """Spearman of each rung with the final ranking; the audit's proxy vs longer-training perplexity; the verdict
+    under the figure. Returns the verdict's number of lines."""
     rungs = [r for r in fidelity.get("rungs", []) if r.get("spearman") is not None]
+    for agrees, name, colour in ((True, f"rung agrees (Spearman >= {AGREES})", "#2ca02c"),
+                                 (False, f"rung disagrees (< {AGREES})", "#d62728")):
+        group = [r for r in rungs if (r["spearman"] >= AGREES) == agrees]
+        if group:
+            fig.add_trace(go.Bar(x=[f"step {r['step']} ({r['fraction']:.3g})" for r in group],
+                                 y=[r["spearman"] for r in group], name=name, legend=legend, marker_color=colour,
+                                 hovertext=[f"{r['n_maps']} complete maps; Kendall {_num(r['kendall'])}" for r in group],
+                                 hoverinfo="text+y"), row=row, col=1)
     if rungs:
-        fig.add_trace(go.Bar(x=[f"step {r['step']} ({r['fraction']:.3g})" for r in rungs],
-                             y=[r["spearman"] for r in rungs], showlegend=False,
-                             marker_color=["#2ca02c" if r["spearman"] >= 0.6 else "#d62728" for r in rungs],
-                             hovertext=[f"{r['n_maps']} complete maps; Kendall {_num(r['kendall'])}" for r in rungs],
-                             hoverinfo="text+y"), row=row, col=1)
+        fig.update_xaxes(categoryorder="array", categoryarray=[f"step {r['step']} ({r['fraction']:.3g})" for r in rungs],
+                         row=row, col=1)
         fig.update_yaxes(range=[-1, 1], row=row, col=1)
     if audit:
         ranked = [m for m in audit["maps"] if m["proxy_ppl"] is not None]
@@ -297,16 +565,26 @@ def _fidelity_panel(fig: go.Figure, fidelity: dict[str, Any], audit: dict[str, A
                                     [str(m["reuse_map"]) for m in ranked], x_range, y_range)
         fig.add_trace(go.Scatter(x=[m["proxy_ppl"] for m in ranked], y=[m["audit_ppl"] for m in ranked],
                                  mode="markers+text", text=[m["reuse_map"] for m in ranked], textposition=positions,
-                                 textfont=dict(size=9), cliponaxis=True, showlegend=False,
-                                 marker=dict(symbol="diamond", size=9, color="#9467bd"),
+                                 textfont=dict(size=9), cliponaxis=True, legend=legend,
+                                 name=_wrapped(f"audited map at {audit['factor']}x steps (labelled with its map)"),
+                                 marker=dict(symbol="diamond", size=9, color=DEEP_COLOUR),
                                  hovertext=[f"map {m['reuse_map']}" for m in ranked], hoverinfo="text+x+y"),
                       row=row, col=2)
         # room inside the axes for the labels (a label's half-width is about 4% of a small panel's width)
         fig.update_xaxes(title_text="proxy ppl", range=x_range, row=row, col=2)
         fig.update_yaxes(title_text=f"{audit['factor']}x ppl", range=y_range, row=row, col=2)
-    fig.add_annotation(text="<b>fidelity</b>: " + "<br>".join(textwrap.wrap(fidelity["verdict"], 110)),
-                       xref="paper", yref="paper", x=0, y=0, yshift=-60, showarrow=False, align="left",
-                       xanchor="left", yanchor="top", font=dict(size=11))
+    lines = textwrap.wrap(fidelity["verdict"], 110)
+    fig.add_annotation(text="<b>fidelity</b>: " + "<br>".join(lines), xref="paper", yref="paper", x=0, y=0,
+                       yshift=-60, showarrow=False, align="left", xanchor="left", yanchor="top", font=dict(size=11))
+    return len(lines)
+
+
+def write_figure_html(fig: go.Figure, path: str | Path, static: bool = False) -> None:
+    """The figure as one self-contained page (plotly.js embedded, nothing fetched) at the page's width.
+    `static`: for a screenshot, without plotly's toolbar (the mode bar)."""
+    config: dict[str, Any] = {"responsive": True} | ({"displayModeBar": False} if static else {})
+    fig.write_html(path, include_plotlyjs=True, full_html=True, include_mathjax=False, default_width="100%",
+                   config=config)
 
 
 def plot_ppl(row: dict[str, Any], curve: Mapping[int, float] | None) -> float | None:

@@ -23,10 +23,11 @@ from ilr_search.training.flops import flops_ratio
 from ilr_search.knobs import KnobValue, config_key, format_knobs, parse_knob_settings, with_knobs
 from ilr_search.training.flops import param_count
 from ilr_search.training.model import ILRTransformer
-from ilr_search.analysis.results import finite_or_none, references, study_front, trained_by_map
-from ilr_search.analysis.trials import trial_records
+from ilr_search.analysis.results import finite_or_none, references, trained_by_map
+from ilr_search.analysis.trials import TrialRecord, trial_records
 from ilr_search.training.schedule import block_schedule, format_reuse_map, parse_reuse_map, reuse_map_schedule
 from ilr_search.search.plan import stored_config
+from ilr_search.search.race import decided_front, race_summary
 from ilr_search.search.studies import open_study
 from ilr_search.storage import study_storage, open_store, parse_storage
 from ilr_search.training.train import OnStep, TrainResult, train_proxy
@@ -85,6 +86,7 @@ class StudySettingsView:
     space: SpaceConfig  # model, data and train settings as stored (steps: the proxy's)
     init_depth: int  # the depth_init knob's depth (the deepest schedule the study's budget pays for)
     budget: dict[str, Any]
+    storage: str | None = None  # the storage URL the study was opened from (its race runs are read there)
 
     def model(self, knobs: dict[str, KnobValue]) -> ModelConfig:
         """The study's model with these knob settings (as its trials and audit build it)."""
@@ -100,7 +102,8 @@ def load_study_settings(study_name: str, storage: str | None) -> StudySettingsVi
     if config is None:
         raise UserInputError(f"study {study_name!r} was not made by ilr-search; it has no stored settings")
     space = stored_space(study, config.space.train.steps)
-    return StudySettingsView(study, space, config.init_depth, {"text": config.budget_text, "ratio": config.budget_ratio})
+    return StudySettingsView(study, space, config.init_depth, {"text": config.budget_text, "ratio": config.budget_ratio},
+                             storage)
 
 
 def choose_map(view: StudySettingsView, map_text: str | None, trained_only: bool) -> tuple[MapChoice, str]:
@@ -109,15 +112,7 @@ def choose_map(view: StudySettingsView, map_text: str | None, trained_only: bool
     trials = trial_records(view.study.get_trials(deepcopy=False))
     n_layers = view.space.model.n_layers
     if map_text is None:
-        front = study_front(trials)
-        if not front:
-            raise UserInputError(f"study {view.study.study_name!r} has no complete trial yet; give --map or run it first")
-        best = min(front, key=lambda p: (p["val_ppl"], p["flops_ratio"]))
-        by_number = {t.number: t for t in trials}
-        choice = MapChoice(list(best["reuse_map"]), reuse_map_schedule(best["reuse_map"]),
-                           dict(by_number[best["trial"]].knobs))
-        return choice, (f"map {choice.key} (trial {best['trial']}): the front's complete map of lowest perplexity "
-                        f"({best['val_ppl']:.4g}); --map chooses another")
+        return default_map(view, trials)
     choice = parse_map(map_text, n_layers)
     if not trained_only:
         return choice, f"map {choice.key}"
@@ -140,6 +135,27 @@ def choose_map(view: StudySettingsView, map_text: str | None, trained_only: bool
                                  f"settings ({', '.join(same)}); give one of them")
     raise UserInputError(f"--map {map_text!r}: study {view.study.study_name!r} did not train that map; "
                          "give one it trained (ilr-search trials lists them)")
+
+
+def default_map(view: StudySettingsView, trials: list[TrialRecord]) -> tuple[MapChoice, str]:
+    """The map of lowest perplexity on the study's decided front (decided_front: the race's, at its raced length,
+    where the study was raced; the proxy's otherwise), with the line saying which and why."""
+    store = open_store(parse_storage(view.storage), view.study.study_name, read_only=True,
+                       storage=study_storage(view.study))
+    attrs = view.study.user_attrs
+    front = decided_front(trials, attrs, race_summary(trials, attrs, store.audit_rows()))
+    if not front:
+        raise UserInputError(f"study {view.study.study_name!r} has no complete trial yet; give --map or run it first")
+    best = min(front, key=lambda p: (p["val_ppl"], p["flops_ratio"]))
+    trial = {t.number: t for t in trials}.get(best["trial"])  # None: the baseline, where no trial trained it
+    choice = MapChoice(list(best["reuse_map"]), reuse_map_schedule(best["reuse_map"]),
+                       dict(trial.knobs) if trial is not None else {})
+    where = (f"the race's front at {best['steps']} steps (mean of {len(best['seeds'])} seeds)"
+             if best.get("seeds") and (len(best["seeds"]) > 1 or best["steps"] != view.space.train.steps)
+             else "the proxy's front")
+    source = f"trial {best['trial']}" if best["trial"] is not None else "the baseline"
+    return choice, (f"map {choice.key} ({source}): the map of lowest perplexity on {where} ({best['val_ppl']:.4g}); "
+                    "--map chooses another")
 
 
 def measured_results(view: StudySettingsView, storage: str | None, choice: MapChoice) -> dict[str, Any]:
@@ -184,7 +200,7 @@ def _plain(obj: Any) -> Any:
 def study_recipe(study_name: str, storage: str | None = None, map_text: str | None = None,
                  on_choice: Callable[[str], None] | None = None) -> dict[str, Any]:
     """`ilr-search recipe`: the model config, map, schedule, knobs, training and data settings, and measured
-    perplexities of one trained map of a study (default: the front's map of lowest perplexity)."""
+    perplexities of one trained map of a study (default: the map of lowest perplexity on its decided front)."""
     view = load_study_settings(study_name, storage)
     choice, why = choose_map(view, map_text, trained_only=True)
     if on_choice is not None:

@@ -7,19 +7,23 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import optuna
 
 from ilr_search.errors import UserInputError
 from ilr_search.analysis.fidelity import mark_ties, noise_band
 from ilr_search.knobs import KNOB_CHOICES
-from ilr_search.analysis.plots import pareto_figure, plot_ppl
+from ilr_search.analysis.plots import pareto_figure, plot_ppl, write_figure_html
 from ilr_search.analysis.results import REFERENCE_PREFIX, CurveRow, Curves, curve_of, curve_rows, curves_by_trial, knobs_text, listed_trials, reference_rows, study_front, trial_row
 from ilr_search.analysis.trials import TrialRecord, trained_results, trial_records
-from ilr_search.search.race import RACE_POINT_FIELDS, race_summary
+from ilr_search.search.race import RACE_POINT_FIELDS, decided_front, race_summary
 from ilr_search.search.studies import fidelity_of, open_study
 from ilr_search.storage import study_storage, open_store, parse_storage
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
 
 
 PARETO_FIELDS = ("trial", "reuse_map", "knobs", "flops_ratio", "val_ppl", "val_bpb", "params", "within_noise_of")
@@ -57,9 +61,9 @@ def _atomic_write(path: Path, write: Any) -> None:
 
 
 def layer_view(trials: list[TrialRecord], front: list[dict[str, Any]]) -> dict[str, Any]:
-    """Reuse counts of the front's maps, and the importance for perplexity of each layer's count and of each
-    searched knob, from Optuna's evaluator, computed on the maps that were trained (not the sampler's
-    proposals, which the budget may have repaired)."""
+    """Reuse counts of the `front`'s maps (the decided front: the race's where the study was raced), and the
+    importance for perplexity of each layer's count and of each searched knob, from Optuna's evaluator, computed
+    on the maps that were trained (not the sampler's proposals, which the budget may have repaired)."""
     evaluated = trained_results(trials)
     importance: dict[str, float] = {}
     if len(evaluated) >= 3 and front:
@@ -102,6 +106,21 @@ def pareto_report(study_name: str, storage: str | None = None, out: str | Path |
     path = check_out_path(out, FRONT_FORMATS) if out is not None else None
     if path is not None and path.suffix.lower() in (".png", ".svg"):
         check_image_export()
+    drawn = path is not None and path.suffix.lower() in (".html", ".png", ".svg")
+    report, figure = _pareto(study_name, storage, "layers" if drawn else view)
+    if path is not None:
+        _write_front(path, report, figure)
+        report["out"] = str(path)
+    return report
+
+
+def front_figure(study_name: str, storage: str | None = None) -> go.Figure:
+    """The figure `pareto --out FILE.html` (or .png, .svg) writes."""
+    return _pareto(study_name, storage, "layers")[1]()
+
+
+def _pareto(study_name: str, storage: str | None, view: str) -> tuple[dict[str, Any], Callable[[], go.Figure]]:
+    """The pareto report (with the layer view where `view` is "layers") and what draws its figure."""
     spec = parse_storage(storage, read_only=True)
     study = open_study(spec, study_name)
     trials = trial_records(study.get_trials(deepcopy=False))
@@ -127,12 +146,14 @@ def pareto_report(study_name: str, storage: str | None = None, out: str | Path |
         "references": {k[len(REFERENCE_PREFIX):]: v for k, v in study.user_attrs.items() if k.startswith(REFERENCE_PREFIX)},
         "fidelity": fidelity,
     }
-    if view == "layers" or (path is not None and path.suffix.lower() in (".html", ".png", ".svg")):
-        report["layers"] = layer_view(trials, front)
-    if path is not None:
-        _write_front(path, study_name, _trial_rows(study, curves_by_trial(store.curve_points())), front, noise, report)
-        report["out"] = str(path)
-    return report
+    if view == "layers":
+        report["layers"] = layer_view(trials, decided_front(trials, study.user_attrs, race))
+
+    def figure() -> go.Figure:
+        rows = _trial_rows(study, curves_by_trial(store.curve_points()))
+        return pareto_figure(study_name, rows, front, noise, report.get("layers"), report.get("fidelity"), report)
+
+    return report, figure
 
 
 def check_image_export() -> None:
@@ -156,8 +177,7 @@ def _find_browser() -> str | None:
     return os.environ.get("BROWSER_PATH")
 
 
-def _write_front(path: Path, study: str, rows: list[dict[str, Any]], front: list[dict[str, Any]],
-                 noise: dict[str, Any] | None, report: dict[str, Any]) -> None:
+def _write_front(path: Path, report: dict[str, Any], figure: Callable[[], go.Figure]) -> None:
     import pandas as pd
 
     suffix = path.suffix.lower()
@@ -167,15 +187,14 @@ def _write_front(path: Path, study: str, rows: list[dict[str, Any]], front: list
         _atomic_write(path, lambda p: frame.to_csv(p, index=False))
         return
     if suffix == ".json":
-        _atomic_write(path, lambda p: p.write_text(json.dumps({"study": study, "pareto": report["pareto"],
+        _atomic_write(path, lambda p: p.write_text(json.dumps({"study": report["study"], "pareto": report["pareto"],
                                                                 "verdict": report["verdict"],
                                                                 "target_steps": report["target_steps"],
-                                                                "noise": noise}, indent=1)))
+                                                                "noise": report["noise"]}, indent=1)))
         return
-    fig = pareto_figure(study, rows, front, noise, report.get("layers"), report.get("fidelity"), report["pareto"])
+    fig = figure()
     if suffix == ".html":
-        _atomic_write(path, lambda p: fig.write_html(p, include_plotlyjs=True, full_html=True, include_mathjax=False,
-                                                     default_width="100%", config={"responsive": True}))
+        _atomic_write(path, lambda p: write_figure_html(fig, p))
         return
     browser = _find_browser()
     if browser and "BROWSER_PATH" not in os.environ:

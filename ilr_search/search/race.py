@@ -232,8 +232,7 @@ def race_summary(trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows: 
                 "equal_compute": None}
     trials = trial_records(trials)
     settings, results, state = study_race(trials, study_attrs, rows)
-    # With the race off, or before it has its contenders (base results missing), the front is the proxy's.
-    points = state.front if races(settings) and state.front else proxy_points(trials, settings)
+    points = decided_points(trials, settings, state)
     equal = equal_compute_report(state.equal_compute, SpaceConfig.from_dict(study_attrs[CONFIG_ATTR]).model)
     rows = front_rows(points, trials, results)
     return {"pareto": rows, "verdict": state.verdict, "best": decided_best(state, rows),
@@ -245,6 +244,21 @@ def race_summary(trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows: 
                      "eliminated": dict(state.eliminated), "comparisons": list(state.comparisons),
                      "screen": state.screen, "detectable_gap": state.detectable_gap, "equal_compute": equal,
                      "results": [r.to_dict() for r in sorted(results, key=lambda r: (r.map_key, r.steps, r.seed))]}}
+
+
+def decided_points(trials: Sequence[Trial], settings: RaceSettings, state: RaceState) -> tuple[FrontPoint, ...]:
+    """The front the study decided: the race's (each point at its raced length, with its seeds and interval)
+    where the study races and the race has a front; the proxy's otherwise (the race off, or before it has its
+    contenders: base results missing)."""
+    return state.front if races(settings) and state.front else proxy_points(trials, settings)
+
+
+def decided_front(trials: Sequence[Trial], study_attrs: Mapping[str, Any], summary: Mapping[str, Any]
+                  ) -> list[dict[str, Any]]:
+    """The decided front as rows, from the study's race_summary: its `pareto` (decided_points); for a study not
+    made by ilr-search, which has no race, the proxy's front (study_front). What the figure's layer heatmap,
+    `pareto --view layers` and the default map of `recipe` and `train --from-study` read."""
+    return list(summary["pareto"]) if CONFIG_ATTR in study_attrs else study_front(trial_records(trials))
 
 
 def decided_best(state: RaceState, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:

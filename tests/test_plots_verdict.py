@@ -1,0 +1,134 @@
+"""The figure built around the decision (issue 29), on a real raced tiny study: the top panel holds the raced maps
+at the race's length only (each point a map's mean over its seeds there, with the race's interval as its error
+bar), on one y-axis, and the figure's title is the verdict; the proxy trials have their own panel; every
+coloured trace has a legend entry or is in the group of one; every colour is one CSS colour; the layer heatmap,
+`pareto --view layers` and `recipe`'s default map read the decided (race) front."""
+
+import json
+import math
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import write_space
+from test_race_study import RACE, STEPS, env_for, run_args
+
+CSS_COLOUR = re.compile(r"^(#[0-9a-fA-F]{3}|#[0-9a-fA-F]{6}|rgba?\([\d.\s,]+\)|[a-z]+)$")
+
+
+@pytest.fixture(scope="module")
+def raced(tmp_path_factory, token_cache):
+    """A real study of 3 trials raced at --target 2x (the adaptive race, up to 4 seeds)."""
+    root = tmp_path_factory.mktemp("verdict")
+    space = write_space(root / "race.toml", search=RACE)
+    db = root / "v.db"
+    proc = subprocess.run([sys.executable, "-m", "ilr_search", *run_args(space, db, "verdict", "--target", "2x")],
+                          cwd=root, env=env_for(token_cache), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    from ilr_search.commands.report import front_figure, pareto_report
+
+    url = f"sqlite:///{db}"
+    return url, pareto_report("verdict", url, view="layers"), front_figure("verdict", url)
+
+
+def _key(hover):
+    """The map key a hover text names ("map 2,1,1,1 (trial 3)<br>...")."""
+    return re.match(r"map ([^ <]+)", hover).group(1)
+
+
+def _means_at(report, steps):
+    """map key -> (mean ppl, seeds) over the race's results at `steps`."""
+    losses = {}
+    for r in report["race"]["results"]:
+        if r["steps"] == steps and r["val_loss"] is not None:
+            losses.setdefault(r["map_key"], {})[r["seed"]] = r["val_loss"]
+    return {k: (math.exp(sum(v.values()) / len(v)), sorted(v)) for k, v in losses.items()}
+
+
+@pytest.mark.slow
+def test_the_top_panel_holds_only_the_raced_maps_at_the_target_on_one_axis_titled_with_the_verdict(raced):
+    _, report, fig = raced
+    steps = report["target_steps"]
+    assert steps == 2 * STEPS and {p["steps"] for p in report["pareto"]} == {steps}  # the race reached its target
+    means = _means_at(report, steps)
+    top = [t for t in fig.data if t.type == "scatter" and t.xaxis == "x" and t.yaxis == "y" and "markers" in t.mode]
+    assert top
+    seen = set()
+    for trace in top:
+        for y, hover in zip(trace.y, trace.hovertext):
+            key = _key(hover)
+            mean, seeds = means[key]  # a map with results at the target, drawn at its mean there, over those seeds
+            assert y == pytest.approx(mean, rel=1e-9) and f"{steps} steps, seeds {','.join(map(str, seeds))}" in hover
+            seen.add(key)
+    proxy = {r["map_key"]: r["val_ppl"] for r in report["race"]["results"] if r["steps"] == STEPS}
+    assert not any(y == pytest.approx(v, rel=1e-9) for t in top for y in t.y for v in proxy.values())
+    for p in report["pareto"]:  # the decided front's points carry the race's intervals as error bars
+        key = ",".join(map(str, p["reuse_map"])) + (f"|{p['knobs']}" if p["knobs"] else "")
+        assert key in seen
+        trace, i = next((t, i) for t in top for i, h in enumerate(t.hovertext) if _key(h) == key)
+        low, high = p["interval"]
+        assert trace.error_y.array[i] == pytest.approx(high - p["val_ppl"])
+        assert trace.error_y.arrayminus[i] == pytest.approx(p["val_ppl"] - low)
+    assert any(t.name.replace("<br>", " ").startswith("baseline 1,1,1,1 (the reference)") for t in top)
+    layout = fig.layout.to_plotly_json()
+    axes = [k for k in layout if k.startswith("yaxis")]
+    assert len(axes) > 1 and not any(layout[k].get("overlaying") for k in axes)  # none laid over another
+    assert all(t.yaxis == "y" for t in fig.data if t.xaxis == "x")
+    assert fig.layout.yaxis.title.text == f"perplexity at {steps} steps"
+    title = " ".join(re.sub(r"<[^>]+>", " ", fig.layout.title.text).split())
+    assert " ".join(report["verdict"].split()) in title and title.startswith(f"{report['study']}:")
+    # the proxy trials are in their own panel, at the proxy's length
+    proxy_panel = [t for t in fig.data if t.name == "complete trials"]
+    assert len(proxy_panel) == 1 and proxy_panel[0].yaxis != "y"
+    assert set(proxy_panel[0].y) <= {r["val_ppl"] for r in report["race"]["results"] if r["steps"] == STEPS}
+
+
+@pytest.mark.slow
+def test_every_coloured_trace_has_a_legend_entry_and_every_colour_is_one_css_colour(raced):
+    _, _, fig = raced
+    for trace in fig.data:
+        marker, line = getattr(trace, "marker", None), getattr(trace, "line", None)
+        coloured = (marker is not None and marker.color is not None) or (line is not None and line.color is not None)
+        if coloured:
+            assert trace.showlegend is not False or trace.legendgroup, trace
+            if trace.showlegend is False:  # its group has an entry
+                assert any(t.legendgroup == trace.legendgroup and t.showlegend is not False for t in fig.data)
+        error = getattr(trace, "error_y", None)
+        if error is not None and error.array is not None:
+            assert isinstance(error.color, str), trace.name  # else plotly.js takes the marker's colour array
+    colours = []
+
+    def walk(node, key=""):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, k)
+        elif isinstance(node, (list, tuple)):
+            for v in node:
+                walk(v, key)
+        elif key.endswith("color") and isinstance(node, str):
+            colours.append(node)
+
+    walk([t.to_plotly_json() for t in fig.data])
+    assert colours and all(CSS_COLOUR.match(c) for c in colours), [c for c in colours if not CSS_COLOUR.match(c)]
+    legends = {t.legend or "legend" for t in fig.data if t.showlegend is not False}
+    assert len(legends) >= 3  # a legend for each panel, to its right, under the title
+    for name in legends:
+        assert fig.layout[name].x > 1 and fig.layout[name].y <= 1
+
+
+@pytest.mark.slow
+def test_the_heatmap_view_layers_and_the_recipe_read_the_decided_front(raced, cli):
+    url, report, fig = raced
+    decided = report["pareto"]
+    heatmap = next(t for t in fig.data if t.type == "heatmap")
+    assert [list(z) for z in heatmap.z] == [p["reuse_map"] for p in decided]
+    assert all(f"ppl {p['val_ppl']:.5g}" in label for p, label in zip(decided, heatmap.y))  # the race's mean
+    layers = json.loads(cli("pareto", "--study", "verdict", "--storage", url, "--view", "layers", "--json",
+                            check=True).stdout)["layers"]
+    assert layers["front_maps"] == decided  # at the race's length, with its seeds and intervals
+    proc = cli("recipe", "--study", "verdict", "--storage", url, "--json", check=True)
+    best = min(decided, key=lambda p: (p["val_ppl"], p["flops_ratio"]))
+    assert json.loads(proc.stdout)["reuse_map"] == best["reuse_map"]
+    assert f"on the race's front at {report['target_steps']} steps" in proc.stderr and "lowest perplexity" in proc.stderr
