@@ -140,7 +140,7 @@ def choose_map(view: StudySettingsView, map_text: str | None, trained_only: bool
 def default_map(view: StudySettingsView, trials: list[TrialRecord]) -> tuple[MapChoice, str]:
     """The map of lowest perplexity on the study's decided front (decided_front: the race's, at its raced length,
     where the study was raced; the proxy's otherwise), with the line saying which and why."""
-    store = open_store(parse_storage(view.storage), view.study.study_name, read_only=True,
+    store = open_store(parse_storage(view.storage, read_only=True), view.study.study_name, read_only=True,
                        storage=study_storage(view.study))
     attrs = view.study.user_attrs
     front = decided_front(trials, attrs, race_summary(trials, attrs, store.audit_rows()))
