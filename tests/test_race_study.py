@@ -1,5 +1,5 @@
 """The race phase of a study (issues 19 and 28): contenders screened and raced at the target on more seeds (the
-adaptive race; a study may ask for the fixed race), stored as the audit's rows with their fidelity, resumed
+adaptive race; a study may ask for the fixed race), stored as race runs with their fidelity, resumed
 after kill -9 with no (map, steps, seed) trained twice; the race front and verdict in `run`, `pareto` and
 `trials`; bad race flags refused with nothing changed on disk."""
 
@@ -38,11 +38,11 @@ def env_for(token_cache, **extra):
 
 
 def race_rows(db: Path) -> list[dict]:
-    """The study's stored runs beyond the trials (table ilr_audit), read with plain sqlite3."""
+    """The study's race runs (table ilr_race_runs), read with plain sqlite3."""
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30) as conn:
         conn.row_factory = sqlite3.Row
         try:
-            return [dict(r) for r in conn.execute("SELECT * FROM ilr_audit")]
+            return [dict(r) for r in conn.execute("SELECT * FROM ilr_race_runs")]
         except sqlite3.OperationalError:  # not created yet
             return []
 

@@ -143,8 +143,9 @@ def choose_map(view: StudySettingsView, map_text: str | None, trained_only: bool
 
 
 def measured_results(view: StudySettingsView, storage: str | None, choice: MapChoice) -> dict[str, Any]:
-    """What the study measured for the map: its proxy result, its audit rows (longer retrainings), the
-    second-seed reference where it is that map, and a prediction (none: ilr-search makes no extrapolation yet)."""
+    """What the study measured for the map: its proxy result, its finished race runs (the race's and the audit's
+    longer or extra-seed runs), the second-seed reference where it is that map, and a prediction (none:
+    ilr-search makes no extrapolation yet)."""
     study = view.study
     refs = references(study)
     proxy: dict[str, Any] | None = None
@@ -157,18 +158,18 @@ def measured_results(view: StudySettingsView, storage: str | None, choice: MapCh
         if t is not None:
             proxy = {"kind": "trial", "trial": t.number, "state": t.state.name, "steps": t.steps,
                      "val_ppl": t.val_ppl, "val_bpb": t.val_bpb, "pruned_at_step": t.pruned_at_step}
-    audits = []
+    runs = []
     store = open_store(parse_storage(storage), study.study_name, read_only=True, storage=study_storage(study))
-    for row in store.audit_rows():
+    for row in store.race_runs():
         if row.job.map_key == choice.key and row.state in ("complete", "failed"):
-            audits.append({"factor": float(row.job.factor), "seed": row.job.seed, "steps": row.steps,
+            runs.append({"factor": float(row.job.factor), "seed": row.job.seed, "steps": row.steps,
                            "state": row.state, "val_ppl": row.val_ppl, "val_bpb": row.val_bpb})
     second = refs.get("second_seed")
     second_seed = None
     if second and second.get("reuse_map") == choice.reuse_map and second.get("knobs", {}) == choice.knobs and not choice.block:
         second_seed = {"seed": second.get("seed"), "steps": second.get("steps"), "val_ppl": second.get("val_ppl"),
                        "val_bpb": second.get("val_bpb")}
-    return {"proxy": proxy, "audits": audits, "second_seed": second_seed, "prediction": None}
+    return {"proxy": proxy, "race_runs": runs, "second_seed": second_seed, "prediction": None}
 
 
 def _plain(obj: Any) -> Any:
