@@ -78,7 +78,7 @@ def test_target_2x_races_contenders_at_more_seeds_and_twice_the_steps(raced):
     assert any(seeds >= {0, 1, 2} for seeds in seeds_by_map.values())  # a contender at the test seeds
     assert summary["race"]["policy"] == "adaptive" and summary["race"]["comparisons"]
     assert summary["detectable_gap"] is not None and "would have been seen with 80% power" in summary["verdict"]
-    rows = race_rows(db)  # stored as the audit's rows: factor = steps / proxy steps, one row per (factor, seed, map)
+    rows = race_rows(db)  # stored as race runs: factor = steps / proxy steps, one row per (factor, seed, map)
     assert len(rows) == len(runs) and all(r["state"] == "complete" for r in rows)
     assert all(r["steps"] == round(float(r["factor"]) * STEPS) for r in rows)
     assert len({(r["map_key"], r["steps"], r["seed"]) for r in rows}) == len(rows)
