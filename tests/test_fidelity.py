@@ -21,7 +21,7 @@ from ilr_search.search.pruners import calibrate_rung, pareto_verdict, verdict_at
 from ilr_search.config import PrunerSettings
 from ilr_search.space import load_space
 from ilr_search.storage import open_store, parse_storage
-from ilr_search.storage import AuditJob, AuditRow, CurvePoint, JournalStore, SQLStore
+from ilr_search.storage import RaceRunJob, RaceRun, CurvePoint, JournalStore, SQLStore
 from ilr_search.search.run import RunRequest, run_study
 from ilr_search.search.studies import trials_report
 
@@ -208,7 +208,7 @@ def test_audit_stores_runs_resumes_and_reports(small_study, tmp_path):
     first = run_audit("aud", storage, settings, checkpoint_dir=tmp_path / "ck")
     assert first["steps"] == 24 and first["runs"] == 3 and first["trained_by_this_worker"] == 3
     assert first["n_maps"] == 3 and first["spearman"] is not None and first["verdict"]
-    rows = open_store(parse_storage(storage), "aud").audit_rows()
+    rows = open_store(parse_storage(storage), "aud").race_runs()
     assert len(rows) == 3 and all(r.state == "complete" and r.curve[-1][0] == 24 for r in rows)
     again = run_audit("aud", storage, settings, checkpoint_dir=tmp_path / "ck")
     assert again["trained_by_this_worker"] == 0  # resumed: everything was done
@@ -225,19 +225,19 @@ def test_audit_claims_are_exclusive_and_dead_workers_are_taken_over(kind, tmp_pa
         store = SQLStore(sa.create_engine(f"sqlite:///{tmp_path / 'c.db'}"), "s")
     else:
         store = JournalStore(str(tmp_path / "j.log"), "s")
-    job = AuditJob("4", 0, "2,1,1,1")
-    assert store.audit_claim(job, "w1", 1.2, 100, stale_after=60)
-    assert not store.audit_claim(job, "w2", 1.2, 100, stale_after=60)  # held by a live worker
-    assert store.audit_claim(job, "w2", 1.2, 100, stale_after=0)  # w1's heartbeat is stale: taken over
-    assert not store.audit_finish(job, "w1", "complete", 1.0, 2.7, 1.1, [(100, 1.0)], 1.0, "")  # w1 lost it
-    assert store.audit_finish(job, "w2", "complete", 1.0, 2.7, 1.1, [(100, 1.0)], 1.0, "")
-    assert not store.audit_claim(job, "w3", 1.2, 100, stale_after=0)  # complete: never trained again
-    (row,) = store.audit_rows()
+    job = RaceRunJob("4", 0, "2,1,1,1")
+    assert store.claim_race_run(job, "w1", 1.2, 100, stale_after=60)
+    assert not store.claim_race_run(job, "w2", 1.2, 100, stale_after=60)  # held by a live worker
+    assert store.claim_race_run(job, "w2", 1.2, 100, stale_after=0)  # w1's heartbeat is stale: taken over
+    assert not store.finish_race_run(job, "w1", "complete", 1.0, 2.7, 1.1, [(100, 1.0)], 1.0, "")  # w1 lost it
+    assert store.finish_race_run(job, "w2", "complete", 1.0, 2.7, 1.1, [(100, 1.0)], 1.0, "")
+    assert not store.claim_race_run(job, "w3", 1.2, 100, stale_after=0)  # complete: never trained again
+    (row,) = store.race_runs()
     assert row.state == "complete" and row.worker == "w2" and row.curve == ((100, 1.0),)
-    other = AuditJob("4", 0, "1,1,1,1")
-    assert store.audit_claim(other, "w1", 1.0, 100, stale_after=60)
-    store.audit_finish(other, "w1", "interrupted", None, None, None, [], 0.0, "interrupted")
-    assert store.audit_claim(other, "w2", 1.0, 100, stale_after=60)  # interrupted: free at once
+    other = RaceRunJob("4", 0, "1,1,1,1")
+    assert store.claim_race_run(other, "w1", 1.0, 100, stale_after=60)
+    store.finish_race_run(other, "w1", "interrupted", None, None, None, [], 0.0, "interrupted")
+    assert store.claim_race_run(other, "w2", 1.0, 100, stale_after=60)  # interrupted: free at once
 
 
 @pytest.mark.slow
@@ -245,14 +245,14 @@ def test_audit_report_precision_recall_and_pruned_maps(small_study):
     root, db, _ = small_study
     study = optuna.load_study(study_name="aud", storage=f"sqlite:///{db}")
     trials = study.get_trials()
-    from ilr_search.storage import AuditRow
+    from ilr_search.storage import RaceRun
     keys = [t.user_attrs["map_key"] for t in trials if t.state == optuna.trial.TrialState.COMPLETE
             and "reused_from" not in t.user_attrs]
     ratio = {t.user_attrs["map_key"]: t.user_attrs["flops_ratio"] for t in trials}
     # the audit reverses the proxy's order exactly
     proxy = {t.user_attrs["map_key"]: t.user_attrs["val_ppl"] for t in trials if t.user_attrs.get("val_ppl")}
     ordered = sorted(keys, key=lambda k: proxy[k])
-    rows = [AuditRow(AuditJob("4", 0, k), "w", 0.0, "complete", ratio[k], 64, 1.0, 10.0 + i, 1.0)
+    rows = [RaceRun(RaceRunJob("4", 0, k), "w", 0.0, "complete", ratio[k], 64, 1.0, 10.0 + i, 1.0)
             for i, k in enumerate(reversed(ordered))]
     report = audit_report(trials, rows, "4")
     assert report.n_maps == len(keys) and report.spearman == pytest.approx(-1.0)
@@ -277,13 +277,13 @@ def test_an_audit_whose_runs_do_not_separate_the_maps_does_not_judge_the_proxy(s
     map's seeds spread far wider than the gaps between maps (the 4x ranking is noise: the proxy is not judged)."""
     root, db, _ = small_study
     trials = optuna.load_study(study_name="aud", storage=f"sqlite:///{db}").get_trials()
-    from ilr_search.storage import AuditRow
+    from ilr_search.storage import RaceRun
     proxy = {t.user_attrs["map_key"]: t.user_attrs["val_ppl"] for t in trials
              if t.state == optuna.trial.TrialState.COMPLETE and "reused_from" not in t.user_attrs}
     ratio = {t.user_attrs["map_key"]: t.user_attrs["flops_ratio"] for t in trials}
     ordered = sorted(proxy, key=lambda k: proxy[k])
     gap, spread = (1.0, 0.01) if separated else (0.01, 1.0)
-    rows = [AuditRow(AuditJob("4", seed, k), "w", 0.0, "complete", ratio[k], 64, 1.0,
+    rows = [RaceRun(RaceRunJob("4", seed, k), "w", 0.0, "complete", ratio[k], 64, 1.0,
                      10.0 + gap * i + spread * (seed - 1), 1.0)
             for i, k in enumerate(reversed(ordered)) for seed in range(3)]
     report = audit_report(trials, rows, "4")
@@ -356,7 +356,7 @@ def test_audit_says_a_map_beats_the_baseline_only_beyond_the_seed_noise(small_st
     rows = []
     for seed, (b, r) in enumerate(zip((1.10, 1.11, 1.09), recurrent_losses)):
         for t, loss in ((baseline, b), (recurrent, r)):
-            rows.append(AuditRow(AuditJob("4", seed, t.user_attrs["map_key"]), "w", 0.0, "complete",
+            rows.append(RaceRun(RaceRunJob("4", seed, t.user_attrs["map_key"]), "w", 0.0, "complete",
                                  t.user_attrs["flops_ratio"], 64, loss, math.exp(loss), 1.0))
     report = audit_report(trials, rows, "4")
     assert report.best_vs_baseline_seeds == 3 and report.best_beats_baseline is beats
@@ -377,7 +377,7 @@ def test_audit_fused_gives_the_runs_one_at_a_time_gives(small_study, tmp_path):
         shutil.copy(db, copy)
         report = run_audit("aud", f"sqlite:///{copy}", settings, checkpoint_dir=tmp_path / f"ck{fuse}", fuse=fuse)
         assert report["trained_by_this_worker"] == 6
-        rows[fuse] = {r.job: r for r in open_store(parse_storage(f"sqlite:///{copy}"), "aud").audit_rows()
+        rows[fuse] = {r.job: r for r in open_store(parse_storage(f"sqlite:///{copy}"), "aud").race_runs()
                       if r.job.factor == settings.factor_key}
     assert set(rows[1]) == set(rows[3]) and len(rows[1]) == 6
     for job, single in rows[1].items():

@@ -1,5 +1,5 @@
 """The race phase of a study (issues 19 and 28): contenders screened and raced at the target on more seeds (the
-adaptive race; a study may ask for the fixed race), stored as the audit's rows with their fidelity, resumed
+adaptive race; a study may ask for the fixed race), stored as race runs with their fidelity, resumed
 after kill -9 with no (map, steps, seed) trained twice; the race front and verdict in `run`, `pareto` and
 `trials`; bad race flags refused with nothing changed on disk."""
 
@@ -38,11 +38,11 @@ def env_for(token_cache, **extra):
 
 
 def race_rows(db: Path) -> list[dict]:
-    """The study's stored runs beyond the trials (table ilr_audit), read with plain sqlite3."""
+    """The study's race runs (table ilr_race_runs), read with plain sqlite3."""
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30) as conn:
         conn.row_factory = sqlite3.Row
         try:
-            return [dict(r) for r in conn.execute("SELECT * FROM ilr_audit")]
+            return [dict(r) for r in conn.execute("SELECT * FROM ilr_race_runs")]
         except sqlite3.OperationalError:  # not created yet
             return []
 
@@ -78,7 +78,7 @@ def test_target_2x_races_contenders_at_more_seeds_and_twice_the_steps(raced):
     assert any(seeds >= {0, 1, 2} for seeds in seeds_by_map.values())  # a contender at the test seeds
     assert summary["race"]["policy"] == "adaptive" and summary["race"]["comparisons"]
     assert summary["detectable_gap"] is not None and "would have been seen with 80% power" in summary["verdict"]
-    rows = race_rows(db)  # stored as the audit's rows: factor = steps / proxy steps, one row per (factor, seed, map)
+    rows = race_rows(db)  # stored as race runs: factor = steps / proxy steps, one row per (factor, seed, map)
     assert len(rows) == len(runs) and all(r["state"] == "complete" for r in rows)
     assert all(r["steps"] == round(float(r["factor"]) * STEPS) for r in rows)
     assert len({(r["map_key"], r["steps"], r["seed"]) for r in rows}) == len(rows)

@@ -124,7 +124,7 @@ def test_export_curves_is_a_long_table_of_validation_and_training_loss(pruned_st
     cli("export", "--study", "rep", "--storage", f"sqlite:///{db}", "--out", str(tmp_path / "t.csv"),
         "--curves", str(out), check=True)
     curves = pd.read_csv(out) if suffix == "csv" else pd.read_parquet(out)
-    assert list(curves.columns) == ["trial", "reference", "map", "kind", "step", "tokens", "loss"]
+    assert list(curves.columns) == ["trial", "reference", "map", "kind", "step", "tokens", "loss", "seed", "run_steps"]
     study = optuna.load_study(study_name="rep", storage=f"sqlite:///{db}")
     trained = [t for t in study.trials if t.user_attrs.get("steps") and "reused_from" not in t.user_attrs
                and t.state != optuna.trial.TrialState.FAIL]  # (the fixture's added FAIL trial has no curve)

@@ -24,7 +24,7 @@ from ilr_search.analysis.results import (REFERENCE_PREFIX, Curves, as_list, is_b
                                          study_front, trained_by_map, trained_trials)
 from ilr_search.analysis.trials import Trial, trained_results, trial_records
 from ilr_search.analysis.stats import groups_differ, paired_comparison, rank_agreement
-from ilr_search.storage import AuditRow
+from ilr_search.storage import RaceRun
 
 AGREE_SPEARMAN = 0.8  # "the proxy ranks as longer training does"
 PARTLY_SPEARMAN = 0.5
@@ -141,10 +141,10 @@ VERDICT_CONFIDENCE = 0.9  # of the paired test behind "beats the baseline" (the 
 SEPARATE_P = 1 - VERDICT_CONFIDENCE  # the ANOVA's p below which the audited maps differ beyond their seed noise
 
 
-def audit_report(trials: Sequence[Trial], rows: Sequence[AuditRow], factor: str) -> AuditReport | None:
+def audit_report(trials: Sequence[Trial], rows: Sequence[RaceRun], factor: str) -> AuditReport | None:
     """The audit at `factor` from its stored rows (complete ones; the race's equal-compute references are no maps of
     the study, and are left out) and the study's trials; None before any audited map is complete."""
-    done: dict[str, list[AuditRow]] = {}
+    done: dict[str, list[RaceRun]] = {}
     for r in rows:
         if r.job.factor == factor and r.state == "complete" and r.val_ppl is not None and not is_deep_key(r.job.map_key):
             done.setdefault(r.job.map_key, []).append(r)
@@ -188,7 +188,7 @@ def audit_report(trials: Sequence[Trial], rows: Sequence[AuditRow], factor: str)
     return AuditReport(**{**asdict(report), "maps": report.maps, "verdict": audit_verdict(report)})
 
 
-def audit_reports(trials: Sequence[Trial], rows: Sequence[AuditRow]) -> list[AuditReport]:
+def audit_reports(trials: Sequence[Trial], rows: Sequence[RaceRun]) -> list[AuditReport]:
     """One report per audited factor, in increasing factor."""
     rows = [r for r in rows if not is_deep_key(r.job.map_key)]
     factors = sorted({r.job.factor for r in rows}, key=float)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from typing import Any
@@ -15,7 +15,7 @@ from ilr_search.config import SpaceConfig
 from ilr_search.knobs import format_knobs
 from ilr_search.analysis.pareto import pareto_front
 from ilr_search.analysis.trials import Trial, TrialRecord, record_of, trained_results, trial_records
-from ilr_search.storage import CurvePoint, Store, TrainCurvePoint
+from ilr_search.storage import CurvePoint, RaceRun, Store, TrainCurvePoint
 
 REFERENCE_PREFIX = "ilr:reference:"
 
@@ -68,21 +68,24 @@ def curve_of(t: Trial, curves: Curves) -> dict[int, float]:
 
 @dataclass(frozen=True)
 class CurveRow:
-    """One point of a learning curve in the long table of `export --curves`: a trial's (or a reference run's)
-    validation loss (kind "val") or training-loss window mean (kind "train") at `step`."""
-    trial: int | None  # None: a reference run
+    """One point of a learning curve in the long table of `export --curves`: a trial's (or a reference run's, or a
+    race run's) validation loss (kind "val") or training-loss window mean (kind "train") at `step`. A race run's
+    points carry its map key in `map`, its `seed` and its length `run_steps` (what names it in the trials table)."""
+    trial: int | None  # None: a reference run or a race run
     reference: str | None
     map: str
     kind: str  # val | train
     step: int
     tokens: int
     loss: float
+    seed: int | None = None  # a race run's
+    run_steps: int | None = None  # a race run's length (steps in the trials table)
 
 
 def curve_rows(study: optuna.Study, store: Store) -> list[CurveRow]:
     """Every stored curve point of the study's trials (those that trained: a trial that reused a result has
-    none of its own), validation then training points of each trial, then the reference runs' validation
-    curves (their tokens from the study's batch shape)."""
+    none of its own), validation then training points of each trial, then the reference runs' and the race
+    runs' validation curves (their tokens from the study's batch shape)."""
     rows: list[CurveRow] = []
     val = sorted(store.curve_points(), key=lambda p: (p.trial_number, p.step))
     train = store.train_curve_points()
@@ -95,13 +98,44 @@ def curve_rows(study: optuna.Study, store: Store) -> list[CurveRow]:
                                                                 q.tokens, q.loss))
     for number in sorted(by_trial):
         rows += by_trial[number]
-    config = study.user_attrs.get("ilr:config")  # search/plan.py's CONFIG_ATTR (analysis sits below search)
-    space = SpaceConfig.from_dict(config) if config is not None else None
-    tokens_per_step = (space.train.batch_size * space.train.grad_accum * space.model.seq_len) if space is not None else 0
+    per_step = tokens_per_step(study.user_attrs)
     for name, ref in sorted(references(study).items()):
         label = ",".join(map(str, ref["reuse_map"])) if ref.get("reuse_map") else name
-        rows += [CurveRow(None, name, label, "val", int(step), int(step) * tokens_per_step, float(loss))
+        rows += [CurveRow(None, name, label, "val", int(step), int(step) * per_step, float(loss))
                  for step, loss in ref.get("curve", [])]
+    for run in race_run_rows(store.race_runs(), study.user_attrs):
+        rows += [CurveRow(None, None, run["map_key"], kind, p["step"], p["tokens"], p["loss"], run["seed"], run["steps"])
+                 for kind in ("val", "train") for p in run["curves"][kind]]
+    return rows
+
+
+def tokens_per_step(study_attrs: Mapping[str, Any]) -> int:
+    """Training tokens a step of the study's runs sees (0 for a study not made by ilr-search): what puts tokens
+    on the curves of runs that stored only steps (the reference and race runs)."""
+    config = study_attrs.get("ilr:config")  # search/plan.py's CONFIG_ATTR (analysis sits below search)
+    if config is None:
+        return 0
+    space = SpaceConfig.from_dict(config)
+    return space.train.batch_size * space.train.grad_accum * space.model.seq_len
+
+
+def race_run_rows(runs: Sequence[RaceRun], study_attrs: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every stored race run (the race's and the audit's runs beyond the trials, whatever their state) as a row of
+    `trials --json`: its map (key, reuse map, knobs; an equal-compute reference deepR has no reuse map), factor,
+    length, seed, state (running | complete | failed: diverged | interrupted), FLOPs, result, and curves in the
+    trials' shape (validation points; the race stores no training curve, so `train` is empty)."""
+    per_step = tokens_per_step(study_attrs)
+    rows = []
+    for r in runs:
+        key = r.job.map_key
+        deep = is_deep_key(key)
+        rows.append({"map_key": key, "reuse_map": None if deep else key_reuse_map(key),
+                     "knobs": key.split("|", 1)[1] if "|" in key else None, "factor": r.job.factor,
+                     "steps": r.steps, "seed": r.job.seed, "state": r.state, "flops_ratio": r.flops_ratio,
+                     "val_loss": r.val_loss, "val_ppl": r.val_ppl, "val_bpb": r.val_bpb, "seconds": r.seconds,
+                     "reason": r.reason,
+                     "curves": {"val": [{"step": step, "tokens": step * per_step, "loss": loss} for step, loss in r.curve],
+                                "train": []}})
     return rows
 
 

@@ -400,10 +400,10 @@ def export(
     out: Annotated[Path, typer.Option(help="trials.csv or trials.parquet")],
     study: ReadStudy = None,
     storage: Storage = None,
-    curves: Annotated[Optional[Path], typer.Option(help="Also write the learning curves as a long table (trial, reference, map, kind val|train, step, tokens, loss): curves.csv or curves.parquet.")] = None,
+    curves: Annotated[Optional[Path], typer.Option(help="Also write the learning curves as a long table (trial, reference, map, kind val|train, step, tokens, loss; a race run's seed, run_steps): curves.csv or curves.parquet.")] = None,
     json_out: Json = False,
 ) -> None:
-    """Write one row per trial (map, state, objectives, parameters, steps, pruning, durations) and per reference run."""
+    """Write one row per trial (map, state, objectives, parameters, steps, pruning, durations), per reference run and per race run."""
     from ilr_search.commands.report import export_trials
 
     emit(export_trials(study_or_default(study, storage), storage, out, curves), json_out, ui.print_export)

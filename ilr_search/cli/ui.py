@@ -405,8 +405,9 @@ def print_studies(report: dict[str, Any]) -> None:
 
 
 def print_export(report: dict[str, Any]) -> None:
-    trials = report["rows"] - report.get("references", 0)
-    out.print(f"wrote {trials} trials and {report.get('references', 0)} reference runs to {report['out']}")
+    references, runs = report.get("references", 0), report.get("race_runs", 0)
+    out.print(f"wrote {report['rows'] - references - runs} trials, {references} reference runs and {runs} race runs "
+              f"to {report['out']}")
     if report.get("curves_out"):
         out.print(f"wrote {report['curve_points']} curve points to {report['curves_out']}")
 

@@ -1,9 +1,10 @@
 """`ilr-search audit`: retrain chosen maps of a study `factor` times longer, everything else equal, and say how
 far the study's proxy ranking holds.
 
-The runs are stored in the study's own database (table ilr_audit, curves included), so the audit resumes:
-the same command skips what is done and takes over what a dead worker left. Each (factor, seed, map) is
-claimed before it is trained, as trials claim maps, so concurrent audit workers never train one twice.
+The runs are stored in the study's own database as race runs (table ilr_race_runs, curves included, which the
+race reads as its own), so the audit resumes: the same command skips what is done and takes over what a dead
+worker left. Each (factor, seed, map) is claimed before it is trained, as trials claim maps, so concurrent audit
+workers never train one twice.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from ilr_search.search.race import (FINAL_STATES, ClaimedRun, is_finished, longe
 from ilr_search.training.jobs import fusable
 from ilr_search.search.run import check_fuse, disk_full_is_reported
 from ilr_search.search.studies import open_study
-from ilr_search.storage import study_storage, AuditJob, Store, grace_period, heartbeat_interval, open_store, parse_storage
+from ilr_search.storage import study_storage, RaceRunJob, Store, grace_period, heartbeat_interval, open_store, parse_storage
 
 
 AUTO_MAPS = 8  # the default selection aims at this many maps with a complete proxy result
@@ -151,7 +152,7 @@ def _run_audit(study_name: str, storage: str | None, settings: AuditSettings, re
     chosen = select_maps(trials, curves, kind, k, base_seed)
     if not chosen:
         raise UserInputError(f"--maps {settings.maps} selects no map of study {study_name!r}")
-    jobs = [(AuditJob(settings.factor_key, base_seed + s, t.map_key), t) for t in chosen
+    jobs = [(RaceRunJob(settings.factor_key, base_seed + s, t.map_key), t) for t in chosen
             for s in range(settings.seeds)]
 
     store = open_store(spec, study_name, storage=study_storage(study))
@@ -188,23 +189,23 @@ def _run_audit(study_name: str, storage: str | None, settings: AuditSettings, re
             folder.rmdir()
         except OSError:
             break
-    report = audit_report(trials, store.audit_rows(), settings.factor_key)
+    report = audit_report(trials, store.race_runs(), settings.factor_key)
     if report is None:
         raise UserInputError(f"no audited map of study {study_name!r} finished: every run diverged at "
-                             f"{settings.factor_key}x (see the study's audit rows)")
+                             f"{settings.factor_key}x (see the study's race runs: trials --json)")
     return {"study": study_name, "factor": settings.factor, "steps": steps, "proxy_steps": proxy_steps,
             "maps_spec": settings.maps, "seeds": settings.seeds, "runs": len(jobs), "trained_by_this_worker": trained_here,
             **{k: v for k, v in report.to_dict().items() if k not in ("factor", "steps")}}
 
 
-def _n_done(store: Store, jobs: list[tuple[AuditJob, TrialRecord]]) -> int:
-    done = {r.job for r in store.audit_rows() if r.state in FINAL_STATES}
+def _n_done(store: Store, jobs: list[tuple[RaceRunJob, TrialRecord]]) -> int:
+    done = {r.job for r in store.race_runs() if r.state in FINAL_STATES}
     return sum(job in done for job, _ in jobs)
 
 
-def _claim_group(store: Store, pending: list[tuple[AuditJob, TrialRecord]], worker: str, space: SpaceConfig,
+def _claim_group(store: Store, pending: list[tuple[RaceRunJob, TrialRecord]], worker: str, space: SpaceConfig,
                  steps: int, checkpoints: Path, init_depth: int, fuse: int
-                 ) -> tuple[list[ClaimedRun], list[tuple[AuditJob, TrialRecord]]]:
+                 ) -> tuple[list[ClaimedRun], list[tuple[RaceRunJob, TrialRecord]]]:
     """Claim up to `fuse` pending runs of one model (one, where the model cannot be fused); returns them and
     the pending runs not yet looked at. Runs held by other workers are passed over."""
     claimed: list[ClaimedRun] = []
@@ -212,7 +213,7 @@ def _claim_group(store: Store, pending: list[tuple[AuditJob, TrialRecord]], work
         model = with_knobs(model_config(space), dict(t.knobs), init_depth)
         if claimed and (len(claimed) >= fuse or model != claimed[0].model or not fusable(model)):
             return claimed, pending[i:]
-        if not store.audit_claim(job, worker, t.flops_ratio, steps, stale_after=grace_period()):
+        if not store.claim_race_run(job, worker, t.flops_ratio, steps, stale_after=grace_period()):
             continue
         claimed.append(ClaimedRun(job, list(t.reuse_map), model,
                                   longer_train_config(space.train, space.train.steps, job.seed),

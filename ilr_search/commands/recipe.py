@@ -143,7 +143,7 @@ def default_map(view: StudySettingsView, trials: list[TrialRecord]) -> tuple[Map
     store = open_store(parse_storage(view.storage, read_only=True), view.study.study_name, read_only=True,
                        storage=study_storage(view.study))
     attrs = view.study.user_attrs
-    front = decided_front(trials, attrs, race_summary(trials, attrs, store.audit_rows()))
+    front = decided_front(trials, attrs, race_summary(trials, attrs, store.race_runs()))
     if not front:
         raise UserInputError(f"study {view.study.study_name!r} has no complete trial yet; give --map or run it first")
     best = min(front, key=lambda p: (p["val_ppl"], p["flops_ratio"]))
@@ -159,8 +159,9 @@ def default_map(view: StudySettingsView, trials: list[TrialRecord]) -> tuple[Map
 
 
 def measured_results(view: StudySettingsView, storage: str | None, choice: MapChoice) -> dict[str, Any]:
-    """What the study measured for the map: its proxy result, its audit rows (longer retrainings), the
-    second-seed reference where it is that map, and a prediction (none: ilr-search makes no extrapolation yet)."""
+    """What the study measured for the map: its proxy result, its finished race runs (the race's and the audit's
+    longer or extra-seed runs), the second-seed reference where it is that map, and a prediction (none:
+    ilr-search makes no extrapolation yet)."""
     study = view.study
     refs = references(study)
     proxy: dict[str, Any] | None = None
@@ -173,19 +174,18 @@ def measured_results(view: StudySettingsView, storage: str | None, choice: MapCh
         if t is not None:
             proxy = {"kind": "trial", "trial": t.number, "state": t.state.name, "steps": t.steps,
                      "val_ppl": t.val_ppl, "val_bpb": t.val_bpb, "pruned_at_step": t.pruned_at_step}
-    audits = []
-    store = open_store(parse_storage(storage, read_only=True), study.study_name, read_only=True,
-                       storage=study_storage(study))
-    for row in store.audit_rows():
+    runs = []
+    store = open_store(parse_storage(storage, read_only=True), study.study_name, read_only=True, storage=study_storage(study))
+    for row in store.race_runs():
         if row.job.map_key == choice.key and row.state in ("complete", "failed"):
-            audits.append({"factor": float(row.job.factor), "seed": row.job.seed, "steps": row.steps,
+            runs.append({"factor": float(row.job.factor), "seed": row.job.seed, "steps": row.steps,
                            "state": row.state, "val_ppl": row.val_ppl, "val_bpb": row.val_bpb})
     second = refs.get("second_seed")
     second_seed = None
     if second and second.get("reuse_map") == choice.reuse_map and second.get("knobs", {}) == choice.knobs and not choice.block:
         second_seed = {"seed": second.get("seed"), "steps": second.get("steps"), "val_ppl": second.get("val_ppl"),
                        "val_bpb": second.get("val_bpb")}
-    return {"proxy": proxy, "audits": audits, "second_seed": second_seed, "prediction": None}
+    return {"proxy": proxy, "race_runs": runs, "second_seed": second_seed, "prediction": None}
 
 
 def _plain(obj: Any) -> Any:

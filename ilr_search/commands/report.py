@@ -7,7 +7,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import optuna
@@ -16,8 +16,10 @@ from ilr_search.errors import UserInputError
 from ilr_search.analysis.fidelity import mark_ties, noise_band
 from ilr_search.knobs import KNOB_CHOICES
 from ilr_search.analysis.plots import pareto_figure, plot_ppl, write_figure_html
-from ilr_search.analysis.results import REFERENCE_PREFIX, CurveRow, Curves, curve_of, curve_rows, curves_by_trial, knobs_text, listed_trials, reference_rows, study_front, trial_row
+from ilr_search.analysis.results import (REFERENCE_PREFIX, CurveRow, Curves, curve_of, curve_rows, curves_by_trial, knobs_text,
+                                         listed_trials, race_run_rows, reference_rows, study_front, trial_row)
 from ilr_search.analysis.trials import TrialRecord, trained_results, trial_records
+from ilr_search.search.plan import CONFIG_ATTR
 from ilr_search.search.race import RACE_POINT_FIELDS, decided_front, race_summary
 from ilr_search.search.studies import fidelity_of, open_study
 from ilr_search.storage import study_storage, open_store, parse_storage
@@ -129,7 +131,7 @@ def _pareto(study_name: str, storage: str | None, view: str) -> tuple[dict[str, 
     history = store.front_history()
     noise = noise_band(trials, study.user_attrs)
     mark_ties(front, noise)
-    race = race_summary(trials, study.user_attrs, store.audit_rows())
+    race = race_summary(trials, study.user_attrs, store.race_runs())
     race_front = mark_ties(race["pareto"], noise)  # the race's front: each point at its longest raced length
     fidelity = fidelity_of(study, store, trials)
     report: dict[str, Any] = {
@@ -178,11 +180,9 @@ def _find_browser() -> str | None:
 
 
 def _write_front(path: Path, report: dict[str, Any], figure: Callable[[], go.Figure]) -> None:
-    import pandas as pd
-
     suffix = path.suffix.lower()
     if suffix == ".csv":
-        frame = pd.DataFrame(report["pareto"])
+        frame = integer_frame(report["pareto"])  # trial and params as integers, not floats
         frame["reuse_map"] = frame["reuse_map"].map(lambda m: ",".join(map(str, m))) if len(frame) else []
         _atomic_write(path, lambda p: frame.to_csv(p, index=False))
         return
@@ -206,27 +206,53 @@ def _write_front(path: Path, report: dict[str, Any], figure: Callable[[], go.Fig
                              "install chromium or write .html instead") from None
 
 
-def export_trials(study_name: str, storage: str | None, out: str | Path,
-                  curves_out: str | Path | None = None) -> dict[str, Any]:
-    """One row per trial (map, state, objectives, parameters, steps, pruning rung, durations) and per reference
-    run as CSV or parquet; with `curves_out`, the learning curves too, as a long table (curve_rows)."""
+RACE_RUN_STATE = "RACE_RUN"  # the `state` of a race run's row in the export (its own state is in `run_state`)
+
+
+def integer_frame(records: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> Any:
+    """The records as a pandas DataFrame in which every column whose values are all integers (or missing) has the
+    nullable Int64 dtype: a column that some rows lack (a reference or race run has no trial number, a trial no pruning step)
+    stays integer (trial 0, params 139808) where pandas would make it float."""
     import pandas as pd
 
+    frame = pd.DataFrame.from_records(list(records), columns=list(columns) if columns is not None else None)
+    for name in frame.columns:
+        values = [r[name] for r in records if r.get(name) is not None]
+        if values and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            frame[name] = frame[name].astype("Int64")
+    return frame
+
+
+def _write_table(path: Path, frame: Any) -> None:
+    if path.suffix.lower() == ".csv":
+        _atomic_write(path, lambda p: frame.to_csv(p, index=False))
+    else:
+        _atomic_write(path, lambda p: frame.to_parquet(p, index=False))
+
+
+def export_trials(study_name: str, storage: str | None, out: str | Path,
+                  curves_out: str | Path | None = None) -> dict[str, Any]:
+    """One row per trial (map, state, objectives, parameters, steps, seed, pruning rung, durations), per reference
+    run, and per race run (state RACE_RUN: map, factor, steps, seed, result and `run_state`, every one stored,
+    whatever its state) as CSV or parquet, integer columns as integers; with `curves_out`, the learning curves
+    too, as a long table (curve_rows: a race run's points named by map, seed and run_steps)."""
     path = check_out_path(out, EXPORT_FORMATS)
     curves_path = check_out_path(curves_out, EXPORT_FORMATS) if curves_out is not None else None
     spec = parse_storage(storage, read_only=True)
     study = open_study(spec, study_name)
     store = open_store(spec, study_name, read_only=True, storage=study_storage(study))
     pruning = store.pruning_records()
+    config = study.user_attrs.get(CONFIG_ATTR)
+    seed = int(config["train"]["seed"]) if config is not None else None  # every trial trains at the space's seed
     records = []
     for t in listed_trials(study.get_trials(deepcopy=False)):
         record = {
             "trial": t.number, "reference": None, "state": t.state.name,
             "reuse_map": ",".join(map(str, t.reuse_map)) if t.reuse_map else None,
-            "knobs": knobs_text(t),
+            "map_key": t.map_key or None, "knobs": knobs_text(t),
             "flops_ratio": t.flops_ratio, "val_ppl": t.val_ppl, "val_bpb": t.val_bpb,
             "val_loss": t.val_loss, "objective_values": json.dumps(t.values) if t.values else None,
-            "steps": t.steps, "pruned_at_step": t.pruned_at_step,
+            "steps": t.steps, "seed": seed, "pruned_at_step": t.pruned_at_step,
             "pruning_reason": pruning.get(t.number, {}).get("reason"),
             "reused_from": t.reused_from, "status": t.status, "reason": t.reason,
             "params": t.param_count,
@@ -243,20 +269,21 @@ def export_trials(study_name: str, storage: str | None, out: str | Path,
                        | {"reuse_map": ",".join(map(str, ref["reuse_map"])) if ref["reuse_map"] else None,
                           "schedule": ",".join(map(str, ref["schedule"])) if ref["schedule"] else None,
                           "seed": ref["seed"]})
-    frame = pd.DataFrame.from_records(records)
-    if path.suffix.lower() == ".csv":
-        _atomic_write(path, lambda p: frame.to_csv(p, index=False))
-    else:
-        _atomic_write(path, lambda p: frame.to_parquet(p, index=False))
-    n_references = int((frame["state"] == "REFERENCE").sum()) if len(frame) else 0
-    report = {"study": study_name, "out": str(path), "rows": len(frame), "references": n_references}
+    runs = race_run_rows(store.race_runs(), study.user_attrs)
+    for run in runs:  # state RACE_RUN, no trial number; named by (map_key, steps, seed)
+        records.append({"trial": None, "reference": None, "state": RACE_RUN_STATE,
+                        "reuse_map": ",".join(map(str, run["reuse_map"])) if run["reuse_map"] else None,
+                        "train_seconds": run["seconds"], "run_state": run["state"]}
+                       | {k: run[k] for k in ("map_key", "knobs", "flops_ratio", "val_ppl", "val_bpb", "val_loss",
+                                              "steps", "seed", "factor", "reason")})
+    frame = integer_frame(records)
+    _write_table(path, frame)
+    n_references = sum(r["state"] == "REFERENCE" for r in records)
+    report = {"study": study_name, "out": str(path), "rows": len(frame), "references": n_references,
+              "race_runs": len(runs)}
     if curves_path is not None:
         columns = [f.name for f in dataclasses.fields(CurveRow)]
-        curves = pd.DataFrame.from_records([dataclasses.astuple(r) for r in curve_rows(study, store)], columns=columns)
-        curves = curves.astype({"trial": "Int64"})
-        if curves_path.suffix.lower() == ".csv":
-            _atomic_write(curves_path, lambda p: curves.to_csv(p, index=False))
-        else:
-            _atomic_write(curves_path, lambda p: curves.to_parquet(p, index=False))
+        curves = integer_frame([dataclasses.asdict(r) for r in curve_rows(study, store)], columns)
+        _write_table(curves_path, curves)
         report |= {"curves_out": str(curves_path), "curve_points": len(curves)}
     return report

@@ -3,9 +3,9 @@ more seeds and longer (up to the target length) until the racing policy (racing.
 
 Every result of the study is read as one (map, steps, seed) evaluation: the trials' results at the proxy's
 length and the space's seed, the reference runs (the baseline and the best map at extra seeds), and the
-longer or extra-seed runs. Those runs are the audit's rows (table ilr_audit, a run at steps = f x the
-proxy's steps being an audit run of factor f): the race and `ilr-search audit` train, claim and read the same
-rows, so neither trains what the other has. Each run is claimed per (map, steps, seed) with a heartbeat
+longer or extra-seed runs. Those are the race runs (table ilr_race_runs, a run at steps = f x the proxy's
+steps being one of factor f): the race and `ilr-search audit` train, claim and read the same rows (an audit's
+runs are race runs too), so neither trains what the other has. Each run is claimed per (map, steps, seed) with a heartbeat
 before it is trained and its result stored when it ends, so kill -9 loses no finished result, the same
 command resumes, and concurrent workers never train one run twice.
 """
@@ -36,7 +36,7 @@ from ilr_search.analysis.results import (DEEP_PREFIX, REFERENCE_PREFIX, is_deep_
                                          knobs_text, study_front, trained_by_map, trained_trials)
 from ilr_search.analysis.trials import Trial, trial_records
 from ilr_search.training.schedule import format_reuse_map, reuse_map_schedule
-from ilr_search.storage import AuditJob, AuditRow, Heartbeat, Store, grace_period, heartbeat_interval
+from ilr_search.storage import RaceRunJob, RaceRun, Heartbeat, Store, grace_period, heartbeat_interval
 from ilr_search.training.jobs import fusable
 
 from ilr_search.search.plan import CONFIG_ATTR, LR_SCHEDULE_FIELDS, StudyPlan, safe_name
@@ -44,8 +44,8 @@ from ilr_search.search.progress import Message, RunFinished, RunKind, RunReporte
 
 
 
-FINAL_STATES = ("complete", "failed")  # of an audit row; failed: the run diverged, it is not trained again
-RUN_SOURCE = "run "  # a stored result's source when it is a race or audit run: "run 2x"
+FINAL_STATES = ("complete", "failed")  # of a race run; failed: the run diverged, it is not trained again
+RUN_SOURCE = "run "  # a stored result's source when it is a race run (the race's or the audit's): "run 2x"
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class StoredResult:
 
     @property
     def is_run(self) -> bool:
-        """A run of the race or the audit (a row of ilr_audit), not a trial or a reference run."""
+        """A race run (of the race or the audit, a row of ilr_race_runs), not a trial or a reference run."""
         return self.source.startswith(RUN_SOURCE)
 
     def evaluation(self) -> Evaluation:
@@ -111,19 +111,19 @@ def lr_schedule(config: Mapping[str, Any]) -> str:
 
 
 def factor_key(steps: int, base_steps: int) -> str:
-    """The audit factor of a run of `steps` steps, as the audit writes it (`--factor 4` -> "4")."""
+    """The factor of a race run of `steps` steps, as the audit writes it too (`--factor 4` -> "4")."""
     return f"{steps / base_steps:g}"
 
 
-def audit_job(job: RaceJob, base_steps: int) -> AuditJob:
-    return AuditJob(factor_key(job.steps, base_steps), job.seed, job.map_key)
+def race_run_job(job: RaceJob, base_steps: int) -> RaceRunJob:
+    return RaceRunJob(factor_key(job.steps, base_steps), job.seed, job.map_key)
 
 
-def stored_results(trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows: Sequence[AuditRow]
+def stored_results(trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows: Sequence[RaceRun]
                    ) -> list[StoredResult]:
     """Every finished result of the study, one per (map, steps, seed): the trials' at the proxy's length
     (complete or diverged; a pruned trial has no result at a length the race knows), the reference runs of
-    reuse maps, and the finished audit and race rows; the first source of a (map, steps, seed) wins, in that
+    reuse maps, and the finished race runs; the first source of a (map, steps, seed) wins, in that
     order."""
     config = study_attrs[CONFIG_ATTR]
     base_steps, base_seed = int(config["train"]["steps"]), int(config["train"]["seed"])
@@ -155,7 +155,7 @@ def stored_results(trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows
     return list(unique.values())
 
 
-def study_race(trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows: Sequence[AuditRow],
+def study_race(trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows: Sequence[RaceRun],
                max_steps: int | None = None) -> tuple[RaceSettings, list[StoredResult], RaceState]:
     """The race's settings, the study's results, and the policy's decision on them. The policy sees the maps
     a trial trained to the proxy's length (and the baseline), and the equal-compute references (deepR): a pruned
@@ -221,7 +221,7 @@ def front_rows(points: Sequence[FrontPoint], trials: Sequence[Trial], results: S
     return rows
 
 
-def race_summary(trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows: Sequence[AuditRow]
+def race_summary(trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows: Sequence[RaceRun]
                  ) -> dict[str, Any]:
     """What `run`, `pareto` and `trials` report of the race: the front (pareto items), the verdict, the
     target length, the open and eliminated maps, every stored result with its fidelity, and for the adaptive race
@@ -284,8 +284,8 @@ def equal_compute_report(equal: Mapping[str, Any] | None, model: ModelConfig) ->
 # ----------------------------------------------------------------------------------------------------
 # Training the runs (the race's and the audit's)
 
-def is_finished(store: Store, job: AuditJob) -> bool:
-    return any(r.job == job and r.state in FINAL_STATES for r in store.audit_rows())
+def is_finished(store: Store, job: RaceRunJob) -> bool:
+    return any(r.job == job and r.state in FINAL_STATES for r in store.race_runs())
 
 
 def longer_train_config(train: TrainConfig, steps: int, seed: int) -> TrainConfig:
@@ -293,7 +293,7 @@ def longer_train_config(train: TrainConfig, steps: int, seed: int) -> TrainConfi
     return dataclasses.replace(train, steps=steps, seed=seed, checkpoint_every=max(1, steps // 8))
 
 
-def run_checkpoint(folder: Path, job: AuditJob) -> Path:
+def run_checkpoint(folder: Path, job: RaceRunJob) -> Path:
     """Where a run keeps its checkpoint: the same file for the race and the audit, so either resumes the other's."""
     return folder / f"{job.factor}x-seed{job.seed}-{safe_name(job.map_key.replace(',', '-'))}.pt"
 
@@ -301,7 +301,7 @@ def run_checkpoint(folder: Path, job: AuditJob) -> Path:
 @dataclass(frozen=True)
 class ClaimedRun:
     """A race run: what to train and where its result goes."""
-    job: AuditJob
+    job: RaceRunJob
     reuse_map: list[int]
     model: ModelConfig
     train_cfg: TrainConfig
@@ -315,7 +315,7 @@ def planned_run(plan: StudyPlan, job: RaceJob, by_key: Mapping[str, Trial], trai
     """How to train a race job: a trial's map with its knobs, the baseline, or an equal-compute reference deepR
     (the study's model with R layers, every FLOP ratio against the study's own all-ones map); None for a map no
     trial of the study trained."""
-    stored = audit_job(job, base_steps)
+    stored = race_run_job(job, base_steps)
     if is_deep_key(job.map_key):
         model = deep_model(plan.model, job.map_key)
         schedule = list(range(model.n_layers))
@@ -343,15 +343,15 @@ def train_claimed(store: Store, runs: Sequence[ClaimedRun], worker: str, data: T
     reporter.on(RunsStarted(tuple((r.job.map_key, r.train_cfg.steps, r.job.seed) for r in runs), kind))
     jobs = [Job(r.model, reuse_map_schedule(r.reuse_map), r.train_cfg, checkpoint=r.checkpoint) for r in runs]
     try:
-        with Heartbeat(lambda: [store.audit_beat(r.job, worker) for r in runs] and True):
+        with Heartbeat(lambda: [store.beat_race_run(r.job, worker) for r in runs] and True):
             results = train_jobs(jobs, data, fuse=len(runs), on_step=step_callback(reporter))
     except KeyboardInterrupt:
         for r in runs:
-            store.audit_finish(r.job, worker, "interrupted", None, None, None, [], 0.0, "interrupted (Ctrl-C)")
+            store.finish_race_run(r.job, worker, "interrupted", None, None, None, [], 0.0, "interrupted (Ctrl-C)")
         raise
     for r, result in zip(runs, results):
         state = "complete" if result.status == "ok" else "failed"
-        store.audit_finish(r.job, worker, state, finite_or_none(result.val_loss), finite_or_none(result.val_ppl),
+        store.finish_race_run(r.job, worker, state, finite_or_none(result.val_loss), finite_or_none(result.val_ppl),
                            finite_or_none(result.val_bpb), [(p.step, p.val_loss) for p in result.curve],
                            result.train_seconds, result.reason)
         r.checkpoint.unlink(missing_ok=True)
@@ -377,7 +377,7 @@ def run_race(plan: StudyPlan, study: optuna.Study, store: Store, data: TokenData
     waiting_said = False
     while True:
         trials = trial_records(study.get_trials(deepcopy=False))
-        settings, results, state = study_race(trials, study.user_attrs, store.audit_rows(), max_steps)
+        settings, results, state = study_race(trials, study.user_attrs, store.race_runs(), max_steps)
         have = {(r.map_key, r.steps, r.seed) for r in results}
         open_jobs = [j for j in state.next_jobs if (j.map_key, j.steps, j.seed) not in have]
         if state.done or not open_jobs or not races(settings):
@@ -394,7 +394,7 @@ def run_race(plan: StudyPlan, study: optuna.Study, store: Store, data: TokenData
                 continue  # no trial of this study trained the map: nothing says how to build it
             if claimed and (run.model != claimed[0].model or not fusable(run.model)):
                 continue  # another model: a later group trains it
-            if not store.audit_claim(run.job, worker, run.flops_ratio, job.steps, stale_after=grace_period()):
+            if not store.claim_race_run(run.job, worker, run.flops_ratio, job.steps, stale_after=grace_period()):
                 held = True
                 continue
             claimed.append(run)

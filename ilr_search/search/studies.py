@@ -10,7 +10,8 @@ from optuna.trial import TrialState
 from ilr_search.config import StudySettings
 from ilr_search.errors import UserInputError
 from ilr_search.analysis.fidelity import audit_reports, study_fidelity
-from ilr_search.analysis.results import curves_by_trial, curves_of_trials, listed_trials, reference_rows, references, study_front, trial_row
+from ilr_search.analysis.results import (curves_by_trial, curves_of_trials, listed_trials, race_run_rows, reference_rows,
+                                         references, study_front, trial_row)
 from ilr_search.analysis.trials import FINISHED, Trial, trained_results, trial_records
 from ilr_search.storage import study_id, study_storage, StorageSpec, Store, open_storage, open_store, parse_storage
 
@@ -26,7 +27,7 @@ def summarize(study: optuna.Study, spec: StorageSpec, store: Store) -> dict[str,
     results alone (the study's seed, the proxy's length)."""
     trials = listed_trials(study.get_trials(deepcopy=False))
     states = [t.state for t in trials]
-    race = race_summary(trials, study.user_attrs, store.audit_rows())
+    race = race_summary(trials, study.user_attrs, store.race_runs())
     return {
         "study": study.study_name,
         "storage": spec.masked,
@@ -70,7 +71,7 @@ def fidelity_of(study: optuna.Study, store: Store, trials: list[Trial] | None = 
     config = stored_config(study.user_attrs)
     final_step = config.space.train.steps if config is not None else 0
     return study_fidelity(study.study_name, trials, curves_by_trial(store.curve_points()), study.user_attrs,
-                          final_step, audit_reports(trials, store.audit_rows()))
+                          final_step, audit_reports(trials, store.race_runs()))
 
 
 def open_study(spec: StorageSpec, name: str) -> optuna.Study:
@@ -120,7 +121,7 @@ def list_studies(storage: str | None = None) -> list[dict[str, Any]]:
         trials = listed_trials(study.get_trials(deepcopy=False))
         ppls = [t.val_ppl for t in trained_results(trials) if t.val_ppl is not None]
         store = open_store(spec, summary.study_name, read_only=True, storage=st)
-        best = race_summary(trials, study.user_attrs, store.audit_rows())["best"] if config else None
+        best = race_summary(trials, study.user_attrs, store.race_runs())["best"] if config else None
         rows.append({"study": summary.study_name, "n_trials": len(trials),
                      "n_complete": sum(t.state == TrialState.COMPLETE for t in trials),
                      "budget": config.budget_text if config else None,
@@ -139,15 +140,18 @@ def list_trials(study_name: str, storage: str | None = None) -> list[dict[str, A
 
 
 def trials_report(study_name: str, storage: str | None = None) -> dict[str, Any]:
-    """`ilr-search trials`: every trial, and the study's fidelity (how far its proxy can be trusted)."""
+    """`ilr-search trials`: every trial, the reference runs, every stored race run (race_run_rows), and the
+    study's fidelity (how far its proxy can be trusted)."""
     spec = parse_storage(storage, read_only=True)
     study = open_study(spec, study_name)
     trials = trial_records(study.get_trials(deepcopy=False))
     store = open_store(spec, study_name, read_only=True, storage=study_storage(study))
     listed = listed_trials(trials)
     curves = curves_of_trials(listed, store.curve_points(), store.train_curve_points())
-    race = race_summary(trials, study.user_attrs, store.audit_rows())
+    runs = store.race_runs()
+    race = race_summary(trials, study.user_attrs, runs)
     return {"study": study_name, "trials": [trial_row(t) | {"curves": curves[t.number]} for t in listed],
             "references": reference_rows(study),
+            "race_runs": race_run_rows(runs, study.user_attrs),
             "fidelity": fidelity_of(study, store, trials),
             "race": race["race"], "verdict": race["verdict"], "target_steps": race["target_steps"]}

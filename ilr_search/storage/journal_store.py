@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ilr_search.storage.store import AuditJob, AuditRow, CurvePoint, Store, TrainCurvePoint
+from ilr_search.storage.store import RaceRunJob, RaceRun, CurvePoint, Store, TrainCurvePoint
 
 
 class JournalStore(Store):
@@ -115,42 +115,43 @@ class JournalStore(Store):
         with self._locked() as records:
             return {r["n_complete"]: r["front"] for r in self._mine(records, "front")}
 
-    def _audit_latest(self, records: list[dict[str, Any]]) -> dict[tuple[str, int, str], dict[str, Any]]:
+    def _race_runs_latest(self, records: list[dict[str, Any]]) -> dict[tuple[str, int, str], dict[str, Any]]:
         latest: dict[tuple[str, int, str], dict[str, Any]] = {}
-        for r in self._mine(records, "audit"):
+        # In file order, so the latest line wins; "audit": how files written before the rename call them.
+        for r in (r for r in records if r["study"] == self.study and r["kind"] in ("race_run", "audit")):
             latest[(r["factor"], r["seed"], r["map_key"])] = r
         return latest
 
-    def audit_claim(self, job: AuditJob, worker: str, flops_ratio: float, steps: int, stale_after: float) -> bool:
+    def claim_race_run(self, job: RaceRunJob, worker: str, flops_ratio: float, steps: int, stale_after: float) -> bool:
         now = time.time()
         with self._locked() as records:
-            row = self._audit_latest(records).get((job.factor, job.seed, job.map_key))
+            row = self._race_runs_latest(records).get((job.factor, job.seed, job.map_key))
             if row is not None and (row["state"] in ("complete", "failed") or (
                     row["state"] == "running" and row["worker"] != worker and now - row["heartbeat"] <= stale_after)):
                 return False
-            self._append({"kind": "audit", "factor": job.factor, "seed": job.seed, "map_key": job.map_key,
+            self._append({"kind": "race_run", "factor": job.factor, "seed": job.seed, "map_key": job.map_key,
                           "worker": worker, "heartbeat": now, "state": "running", "flops_ratio": flops_ratio,
                           "steps": steps})
             return True
 
-    def _audit_update(self, job: AuditJob, worker: str, **values: Any) -> bool:
+    def _race_run_update(self, job: RaceRunJob, worker: str, **values: Any) -> bool:
         with self._locked() as records:
-            row = self._audit_latest(records).get((job.factor, job.seed, job.map_key))
+            row = self._race_runs_latest(records).get((job.factor, job.seed, job.map_key))
             if row is None or row["worker"] != worker:
                 return False
             self._append(row | values)
             return True
 
-    def audit_beat(self, job: AuditJob, worker: str) -> None:
-        self._audit_update(job, worker, heartbeat=time.time())
+    def beat_race_run(self, job: RaceRunJob, worker: str) -> None:
+        self._race_run_update(job, worker, heartbeat=time.time())
 
-    def audit_finish(self, job: AuditJob, worker: str, state: str, val_loss: float | None, val_ppl: float | None,
-                     val_bpb: float | None, curve: list[tuple[int, float]], seconds: float, reason: str) -> bool:
-        return self._audit_update(job, worker, state=state, heartbeat=time.time(), val_loss=val_loss,
+    def finish_race_run(self, job: RaceRunJob, worker: str, state: str, val_loss: float | None, val_ppl: float | None,
+                        val_bpb: float | None, curve: list[tuple[int, float]], seconds: float, reason: str) -> bool:
+        return self._race_run_update(job, worker, state=state, heartbeat=time.time(), val_loss=val_loss,
                                   val_ppl=val_ppl, val_bpb=val_bpb, curve=json.dumps([list(p) for p in curve]),
                                   seconds=seconds, reason=reason)
 
-    def audit_rows(self) -> list[AuditRow]:
+    def race_runs(self) -> list[RaceRun]:
         with self._locked() as records:
-            latest = self._audit_latest(records)
-        return [AuditRow.from_record(r) for _, r in sorted(latest.items())]
+            latest = self._race_runs_latest(records)
+        return [RaceRun.from_record(r) for _, r in sorted(latest.items())]

@@ -9,8 +9,11 @@ on them.
 - ilr_pruning: why each pruned trial was pruned;
 - ilr_fronts: the Pareto front each time a trial completes, keyed by how many completed trials it is
   computed from (its history; the largest key is the current front);
-- ilr_audit: the audit's longer retrainings of chosen maps (`ilr-search audit`): one row per (factor, seed,
-  map), claimed by the worker that trains it, with its heartbeat, result and learning curve.
+- ilr_race_runs: the race runs, every run beyond the trials and references (the race's longer or extra-seed
+  runs, and the audit's longer retrainings, `ilr-search audit`, which the race reads as its own): one row per
+  (factor, seed, map), claimed by the worker that trains it, with its heartbeat, result and learning curve.
+  Schema version 1 called it ilr_audit: opening an older database for writing renames it (migrate_schema),
+  and a read-only opening reads the old name.
 
 Created on first use; every write is one short transaction, safe with several writers.
 """
@@ -26,11 +29,11 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
 from ilr_search.errors import UserInputError
-from ilr_search.storage.store import AuditJob, AuditRow, CurvePoint, Store, TrainCurvePoint
+from ilr_search.storage.store import RaceRunJob, RaceRun, CurvePoint, Store, TrainCurvePoint
 
 log = logging.getLogger("ilr_search")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: ilr_audit renamed ilr_race_runs
 
 metadata = sa.MetaData()
 
@@ -93,8 +96,8 @@ fronts_table = sa.Table(
 )
 
 
-audit_table = sa.Table(
-    "ilr_audit", metadata,
+race_runs_table = sa.Table(
+    "ilr_race_runs", metadata,
     sa.Column("study", sa.String(512), primary_key=True),
     sa.Column("factor", sa.String(32), primary_key=True),
     sa.Column("seed", sa.Integer, primary_key=True),
@@ -111,6 +114,10 @@ audit_table = sa.Table(
     sa.Column("seconds", sa.Float, nullable=True),
     sa.Column("reason", sa.Text, nullable=True),
 )
+
+LEGACY_RACE_RUNS = "ilr_audit"  # the race runs' table in schema version 1
+# The same columns under the old name, for reading a version-1 database opened read-only (never created).
+legacy_race_runs_table = race_runs_table.to_metadata(sa.MetaData(), name=LEGACY_RACE_RUNS)
 
 
 LOCK_WAIT_S = 120.0  # total wait for another SQLite writer, the busy timeout of each attempt included
@@ -146,6 +153,9 @@ class SQLStore(Store):
         else:
             ensure_schema(engine)
             self.tables = set(metadata.tables)
+        # A version-1 database read without migrating keeps its race runs under the old name.
+        legacy = race_runs_table.name not in self.tables and LEGACY_RACE_RUNS in self.tables
+        self.runs = legacy_race_runs_table if legacy else race_runs_table
 
     @_retry_locked
     def claim(self, map_key: str, trial_number: int) -> int:
@@ -178,7 +188,7 @@ class SQLStore(Store):
 
     @_retry_locked
     def holds_records(self) -> bool:
-        tables = [t for t in (claims_table, curves_table, train_curves_table, pruning_table, fronts_table, audit_table)
+        tables = [t for t in (claims_table, curves_table, train_curves_table, pruning_table, fronts_table, self.runs)
                   if t.name in self.tables]
         with self.engine.connect() as conn:
             return any(conn.execute(sa.select(t.c.study).where(t.c.study == self.study).limit(1)).first() is not None
@@ -268,59 +278,89 @@ class SQLStore(Store):
         return history
 
 
-    def _audit_where(self, job: AuditJob) -> Any:
-        t = audit_table.c
+    def _race_run_where(self, job: RaceRunJob) -> Any:
+        t = self.runs.c
         return sa.and_(t.study == self.study, t.factor == job.factor, t.seed == job.seed, t.map_key == job.map_key)
 
     @_retry_locked
-    def audit_claim(self, job: AuditJob, worker: str, flops_ratio: float, steps: int, stale_after: float) -> bool:
+    def claim_race_run(self, job: RaceRunJob, worker: str, flops_ratio: float, steps: int, stale_after: float) -> bool:
         now = time.time()
         try:
             with self.engine.begin() as conn:
-                conn.execute(audit_table.insert().values(
+                conn.execute(self.runs.insert().values(
                     study=self.study, factor=job.factor, seed=job.seed, map_key=job.map_key, worker=worker,
                     heartbeat=now, state="running", flops_ratio=flops_ratio, steps=steps))
             return True
         except IntegrityError:
             pass
         with self.engine.begin() as conn:
-            row = conn.execute(sa.select(audit_table).where(self._audit_where(job))).mappings().one()
+            row = conn.execute(sa.select(self.runs).where(self._race_run_where(job))).mappings().one()
             if row["state"] in ("complete", "failed") or (row["state"] == "running" and row["worker"] != worker
                                                           and now - row["heartbeat"] <= stale_after):
                 return False
-            moved = conn.execute(audit_table.update().where(
-                self._audit_where(job), audit_table.c.worker == row["worker"],
-                audit_table.c.heartbeat == row["heartbeat"]).values(worker=worker, heartbeat=now, state="running",
+            moved = conn.execute(self.runs.update().where(
+                self._race_run_where(job), self.runs.c.worker == row["worker"],
+                self.runs.c.heartbeat == row["heartbeat"]).values(worker=worker, heartbeat=now, state="running",
                                                                     steps=steps, flops_ratio=flops_ratio))
             return moved.rowcount == 1
 
     @_retry_locked
-    def audit_beat(self, job: AuditJob, worker: str) -> None:
+    def beat_race_run(self, job: RaceRunJob, worker: str) -> None:
         with self.engine.begin() as conn:
-            conn.execute(audit_table.update().where(self._audit_where(job), audit_table.c.worker == worker,
-                                                    audit_table.c.state == "running").values(heartbeat=time.time()))
+            conn.execute(self.runs.update().where(self._race_run_where(job), self.runs.c.worker == worker,
+                                                    self.runs.c.state == "running").values(heartbeat=time.time()))
 
     @_retry_locked
-    def audit_finish(self, job: AuditJob, worker: str, state: str, val_loss: float | None, val_ppl: float | None,
-                     val_bpb: float | None, curve: list[tuple[int, float]], seconds: float, reason: str) -> bool:
+    def finish_race_run(self, job: RaceRunJob, worker: str, state: str, val_loss: float | None, val_ppl: float | None,
+                        val_bpb: float | None, curve: list[tuple[int, float]], seconds: float, reason: str) -> bool:
         with self.engine.begin() as conn:
-            done = conn.execute(audit_table.update().where(self._audit_where(job), audit_table.c.worker == worker).values(
+            done = conn.execute(self.runs.update().where(self._race_run_where(job), self.runs.c.worker == worker).values(
                 state=state, heartbeat=time.time(), val_loss=val_loss, val_ppl=val_ppl, val_bpb=val_bpb,
                 curve=json.dumps([list(p) for p in curve]), seconds=seconds, reason=reason))
             return done.rowcount == 1
 
     @_retry_locked
-    def audit_rows(self) -> list[AuditRow]:
-        if audit_table.name not in self.tables:
+    def race_runs(self) -> list[RaceRun]:
+        if self.runs.name not in self.tables:
             return []
         with self.engine.connect() as conn:
-            rows = conn.execute(sa.select(audit_table).where(audit_table.c.study == self.study).order_by(
-                audit_table.c.factor, audit_table.c.seed, audit_table.c.map_key)).mappings().all()
-        return [AuditRow.from_record(dict(r)) for r in rows]
+            rows = conn.execute(sa.select(self.runs).where(self.runs.c.study == self.study).order_by(
+                self.runs.c.factor, self.runs.c.seed, self.runs.c.map_key)).mappings().all()
+        return [RaceRun.from_record(dict(r)) for r in rows]
+
+
+@_retry_locked
+def migrate_schema(engine: sa.Engine) -> None:
+    """Bring a version-1 database to version 2: its ilr_audit table becomes ilr_race_runs, rows kept. One
+    transaction looks and renames: on SQLite it holds the write lock from the start (BEGIN IMMEDIATE), so of two
+    processes opening one old database at once the first renames and the second finds it renamed; on a server
+    the rename is transactional DDL and the loser's look after the winner's commit finds it done. A database
+    already migrated (or new) is left as it is."""
+    if LEGACY_RACE_RUNS not in sa.inspect(engine).get_table_names():
+        return  # nothing to rename: no lock taken
+    try:
+        with engine.begin() as conn:
+            if conn.dialect.name == "sqlite":
+                conn.exec_driver_sql("BEGIN IMMEDIATE")  # the write lock before the look (pysqlite begins lazily)
+            tables = set(sa.inspect(conn).get_table_names())
+            if LEGACY_RACE_RUNS not in tables or race_runs_table.name in tables:
+                return  # renamed by another process meanwhile (or a newer table beside a stray old one: keep both)
+            conn.exec_driver_sql(f"ALTER TABLE {LEGACY_RACE_RUNS} RENAME TO {race_runs_table.name}")
+            if schema_table.name in tables:
+                conn.execute(schema_table.update().where(schema_table.c.id == 1, schema_table.c.version < 2)
+                             .values(version=2))
+    except (ProgrammingError, OperationalError):
+        # A server: another process renamed it while this one waited for its lock (its look came first).
+        if race_runs_table.name in sa.inspect(engine).get_table_names():
+            return
+        raise
+    log.info("storage: table %s renamed %s (schema version 2)", LEGACY_RACE_RUNS, race_runs_table.name)
 
 
 def ensure_schema(engine: sa.Engine) -> None:
-    """Create the project's tables if missing and check their version; Optuna's tables are not touched."""
+    """Migrate an older database (migrate_schema), create the project's tables if missing and check their
+    version; Optuna's tables are not touched."""
+    migrate_schema(engine)
     for attempt in range(10):
         try:
             metadata.create_all(engine, checkfirst=True)
@@ -340,6 +380,8 @@ def ensure_schema(engine: sa.Engine) -> None:
                 conn.execute(schema_table.insert().values(id=1, version=SCHEMA_VERSION))
             except IntegrityError:  # another process created it first
                 pass
+        elif version < SCHEMA_VERSION:  # a version-1 database that had no ilr_audit to rename
+            conn.execute(schema_table.update().where(schema_table.c.id == 1).values(version=SCHEMA_VERSION))
         elif version > SCHEMA_VERSION:
             raise UserInputError(f"the database's ilr-search schema is version {version}, newer than this "
                                  f"ilr-search ({SCHEMA_VERSION}); upgrade ilr-search")

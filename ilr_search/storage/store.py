@@ -3,7 +3,8 @@
 A store keeps, per study: map claims (which trial trains which reuse map, so that concurrent workers never train
 one map twice), learning curves (every evaluation of every trial, which the pruner compares, and the training
 loss as window means), why each pruned trial was pruned, the Pareto front each time a trial completes, and the
-audit's longer retrainings of chosen maps.
+race runs: every run beyond the trials and references, the race's longer or extra-seed runs and the audit's
+longer retrainings of chosen maps (the race reads the audit's runs as its own).
 `SQLStore` keeps them in tables of the study's SQL database, `JournalStore` in a file beside a journal.
 """
 
@@ -18,8 +19,8 @@ from typing import Any
 
 
 @dataclass(frozen=True)
-class AuditJob:
-    """One longer retraining of the audit: a map at `factor` x the proxy's steps and one seed."""
+class RaceRunJob:
+    """One race run: a map at `factor` x the proxy's steps and one seed (trained by the race or the audit)."""
 
     factor: str  # as text, e.g. "4"
     seed: int
@@ -27,13 +28,13 @@ class AuditJob:
 
 
 @dataclass(frozen=True)
-class AuditRow:
-    """The stored state of one audit job: who trains it, its heartbeat and, once finished, its result."""
+class RaceRun:
+    """The stored state of one race run: who trains it, its heartbeat and, once finished, its result."""
 
-    job: AuditJob
+    job: RaceRunJob
     worker: str
     heartbeat: float
-    state: str  # running | complete | failed
+    state: str  # running | complete | failed (diverged) | interrupted
     flops_ratio: float
     steps: int
     val_loss: float | None = None
@@ -44,9 +45,9 @@ class AuditRow:
     reason: str | None = None
 
     @classmethod
-    def from_record(cls, r: Mapping[str, Any]) -> AuditRow:
+    def from_record(cls, r: Mapping[str, Any]) -> RaceRun:
         """The row from a stored record (a table row's mapping or a journal line): curve as JSON text."""
-        return cls(AuditJob(r["factor"], int(r["seed"]), r["map_key"]), r["worker"], float(r["heartbeat"]), r["state"],
+        return cls(RaceRunJob(r["factor"], int(r["seed"]), r["map_key"]), r["worker"], float(r["heartbeat"]), r["state"],
                    float(r["flops_ratio"]), int(r["steps"]), r.get("val_loss"), r.get("val_ppl"), r.get("val_bpb"),
                    tuple((int(s), float(v)) for s, v in json.loads(r.get("curve") or "[]")), r.get("seconds"),
                    r.get("reason"))
@@ -77,7 +78,7 @@ class TrainCurvePoint:
 
 
 class Store(ABC):
-    """Claims, curves, pruning records, fronts and audit rows of one study; every method is safe with
+    """Claims, curves, pruning records, fronts and race runs of one study; every method is safe with
     several workers writing at once."""
 
     @abstractmethod
@@ -136,20 +137,20 @@ class Store(ABC):
         """Number of completed trials -> the front computed from them."""
 
     @abstractmethod
-    def audit_claim(self, job: AuditJob, worker: str, flops_ratio: float, steps: int, stale_after: float) -> bool:
+    def claim_race_run(self, job: RaceRunJob, worker: str, flops_ratio: float, steps: int, stale_after: float) -> bool:
         """Claim `job` for `worker`: True if it was free, interrupted, or held by a worker whose heartbeat is
         older than `stale_after` seconds (a dead worker); False if finished (complete, or failed: diverged) or
         held by a live worker."""
 
     @abstractmethod
-    def audit_beat(self, job: AuditJob, worker: str) -> None:
+    def beat_race_run(self, job: RaceRunJob, worker: str) -> None:
         """Renew the heartbeat of `job` if `worker` holds it."""
 
     @abstractmethod
-    def audit_finish(self, job: AuditJob, worker: str, state: str, val_loss: float | None, val_ppl: float | None,
-                     val_bpb: float | None, curve: list[tuple[int, float]], seconds: float, reason: str) -> bool:
+    def finish_race_run(self, job: RaceRunJob, worker: str, state: str, val_loss: float | None, val_ppl: float | None,
+                        val_bpb: float | None, curve: list[tuple[int, float]], seconds: float, reason: str) -> bool:
         """Store the result if `worker` still holds the job; False if another worker took it over."""
 
     @abstractmethod
-    def audit_rows(self) -> list[AuditRow]:
-        """The latest row of every audit job of the study, by factor, seed and map."""
+    def race_runs(self) -> list[RaceRun]:
+        """The latest row of every race run of the study, by factor, seed and map."""

@@ -1,0 +1,224 @@
+"""Race runs in the exports (issues 29 and 30): `export` writes a row per stored race run beside the trials and
+references (and its curve with --curves), `trials --json` lists them under `race_runs`, integer columns come out
+as integers; the race runs' table, once called ilr_audit, is renamed ilr_race_runs when an older database is next
+opened for writing (once, even by two processes at once), and read under its old name until then."""
+
+import csv
+import json
+import math
+import sqlite3
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from conftest import NO_REFERENCES, ROOT, write_space
+from test_race_study import env_for, run_args
+
+# The smallest race: 3 trials of 16 steps, the contenders raced at 2x (32 steps) on 2 seeds, at most 3.
+SMALL_RACE = {**NO_REFERENCES, "race_seeds": 2, "max_seeds": 3, "n_trials": 3}
+FIXTURES = ROOT / "tests" / "fixtures"
+OLD_STUDY = "before-typed-records"  # the study of tests/fixtures/study-eeb668a.sql (schema version 1)
+
+
+def stored_runs(db, study: str) -> dict[tuple[str, int, int], dict]:
+    """The study's race runs as the database holds them, by (map, steps, seed), read with plain sqlite3."""
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        conn.row_factory = sqlite3.Row
+        rows = [dict(r) for r in conn.execute("SELECT * FROM ilr_race_runs WHERE study = ?", (study,))]
+    conn.close()
+    return {(r["map_key"], r["steps"], r["seed"]): r for r in rows}
+
+
+def same(a, b) -> bool:
+    """Equal values, None and NaN (a missing value read back from a table) alike."""
+    missing = lambda x: x is None or (isinstance(x, float) and math.isnan(x)) or x is pd.NA
+    if missing(a) or missing(b):
+        return missing(a) and missing(b)
+    return a == b if isinstance(a, str) or isinstance(b, str) else a == pytest.approx(b)
+
+
+@pytest.fixture(scope="module")
+def raced(tmp_path_factory, token_cache):
+    root = tmp_path_factory.mktemp("export-race")
+    space = write_space(root / "race.toml", search=SMALL_RACE)
+    db = root / "r.db"
+    proc = subprocess.run([sys.executable, "-m", "ilr_search", *run_args(space, db, "er", "--target", "2x", "--steps", "16")],
+                          cwd=root, env=env_for(token_cache), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = stored_runs(db, "er")
+    assert runs and {steps for _, steps, _ in runs} == {32}  # the race trained at the target
+    return root, db, runs
+
+
+@pytest.mark.slow
+def test_export_holds_every_race_run_with_integer_columns(raced, cli, tmp_path):
+    _, db, runs = raced
+    out, curves_out, csv_out = tmp_path / "t.parquet", tmp_path / "c.parquet", tmp_path / "t.csv"
+    report = json.loads(cli("export", "--study", "er", "--storage", f"sqlite:///{db}", "--out", str(out), "--curves",
+                            str(curves_out), "--json", check=True).stdout)
+    assert report["race_runs"] == len(runs)
+    frame = pd.read_parquet(out)
+    race = frame[frame["state"] == "RACE_RUN"]
+    assert len(race) == len(runs) == report["race_runs"]
+    for row in race.to_dict("records"):
+        stored = runs[(row["map_key"], row["steps"], row["seed"])]
+        assert row["run_state"] == stored["state"] and str(row["factor"]) == stored["factor"]
+        for column, db_column in (("val_loss", "val_loss"), ("val_ppl", "val_ppl"), ("val_bpb", "val_bpb"),
+                                  ("flops_ratio", "flops_ratio"), ("train_seconds", "seconds")):
+            assert same(row[column], stored[db_column]), (column, row[column], stored[db_column])
+        key_map = row["map_key"].split("|")[0]
+        assert same(row["reuse_map"], None) if key_map.startswith("deep") else row["reuse_map"] == key_map
+        assert pd.isna(row["trial"]) and pd.isna(row["reference"])
+    trials = frame[frame["state"].isin(["COMPLETE", "PRUNED"])]
+    assert len(trials) == 3 and sorted(trials["trial"]) == [0, 1, 2]
+    params = [c for c in frame.columns if c.startswith("param_r")]
+    assert params
+    for column in ("trial", "steps", "seed", "params", *params):
+        assert pd.api.types.is_integer_dtype(frame[column]), (column, frame[column].dtype)
+
+    # The curves: each race run's stored validation curve, named by its map, seed and length.
+    curves = pd.read_parquet(curves_out)
+    for column in ("trial", "step", "tokens", "seed", "run_steps"):
+        assert pd.api.types.is_integer_dtype(curves[column]), (column, curves[column].dtype)
+    race_points = curves[curves["run_steps"].notna()]
+    got = {}
+    for p in race_points.to_dict("records"):
+        got.setdefault((p["map"], p["run_steps"], p["seed"]), []).append([p["step"], p["loss"]])
+    assert got == {k: json.loads(r["curve"]) for k, r in runs.items() if json.loads(r["curve"] or "[]")}
+    assert (race_points["kind"] == "val").all() and (race_points["tokens"] > 0).all()
+
+    # CSV: the integers written as integers (trial 0, not 0.0), the missing ones empty.
+    cli("export", "--study", "er", "--storage", f"sqlite:///{db}", "--out", str(csv_out), check=True)
+    with open(csv_out, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    first = next(r for r in rows if r["trial"] == "0")
+    assert first["params"].isdigit() and first["steps"].isdigit() and first["seed"].isdigit()
+    assert all(r["trial"] == "" and r["steps"].isdigit() and r["seed"].isdigit()
+               for r in rows if r["state"] == "RACE_RUN")
+    assert sum(r["state"] == "RACE_RUN" for r in rows) == len(runs)
+
+
+@pytest.mark.slow
+def test_trials_json_lists_every_race_run(raced, cli):
+    _, db, runs = raced
+    report = json.loads(cli("trials", "--study", "er", "--storage", f"sqlite:///{db}", "--json", check=True).stdout)
+    listed = {(r["map_key"], r["steps"], r["seed"]): r for r in report["race_runs"]}
+    assert listed.keys() == runs.keys() and len(report["race_runs"]) == len(runs)
+    for key, r in listed.items():
+        stored = runs[key]
+        assert (r["state"], r["factor"], r["val_loss"], r["val_ppl"], r["flops_ratio"]) == \
+            (stored["state"], stored["factor"], stored["val_loss"], stored["val_ppl"], stored["flops_ratio"])
+        assert [[p["step"], p["loss"]] for p in r["curves"]["val"]] == json.loads(stored["curve"] or "[]")
+        assert r["curves"]["train"] == [] and all(isinstance(p["tokens"], int) for p in r["curves"]["val"])
+    finished = {(r["map_key"], r["steps"], r["seed"]) for r in report["race"]["results"] if r["source"].startswith("run ")}
+    assert finished <= listed.keys()  # every race run the verdict rests on is listed
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The race runs of a schema-version-1 database (table ilr_audit)
+
+OLD_RUN = ("before-typed-records", "4", 1, "2,1,1,1", "w", 1.0, "complete", 1.2272727272727273, 96, 3.9, 49.4, 5.6,
+           "[[48, 4.2], [96, 3.9]]", 2.5, "ok")
+
+
+@pytest.fixture
+def old_db(tmp_path):
+    """The fixture study's database, with one race run stored under the old table name."""
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as conn:
+        conn.executescript((FIXTURES / "study-eeb668a.sql").read_text(encoding="utf-8"))
+        conn.execute(f"INSERT INTO ilr_audit VALUES ({','.join('?' * len(OLD_RUN))})", OLD_RUN)
+    conn.close()
+    return path
+
+
+def tables(path) -> set[str]:
+    with sqlite3.connect(path) as conn:
+        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    conn.close()
+    return names
+
+
+def schema_version(path) -> int:
+    with sqlite3.connect(path) as conn:
+        version = conn.execute("SELECT version FROM ilr_schema WHERE id = 1").fetchone()[0]
+    conn.close()
+    return version
+
+
+def test_an_old_database_read_only_lists_its_race_runs_under_the_old_name(old_db, cli):
+    report = json.loads(cli("trials", "--storage", f"sqlite:///{old_db}", "--json", check=True).stdout)
+    assert [(r["map_key"], r["steps"], r["seed"], r["state"], r["val_ppl"]) for r in report["race_runs"]] == \
+        [("2,1,1,1", 96, 1, "complete", 49.4)]
+    assert "ilr_audit" in tables(old_db) and "ilr_race_runs" not in tables(old_db)  # reading migrates nothing
+    assert schema_version(old_db) == 1
+
+
+# Opens the store for writing (what migrates), saying "locking" as it asks for the write lock to migrate.
+OPEN_FOR_WRITING = """
+import json, sys
+import sqlalchemy as sa
+from ilr_search.storage import open_store, parse_storage
+
+def said(conn, cursor, statement, *args):
+    if statement.startswith("BEGIN IMMEDIATE"):
+        print("locking", flush=True)
+
+sa.event.listen(sa.engine.Engine, "before_cursor_execute", said)
+store = open_store(parse_storage(sys.argv[1]), sys.argv[2])
+print(json.dumps([[r.job.map_key, r.steps, r.job.seed] for r in store.race_runs()]))
+"""
+
+
+def test_two_processes_opening_an_old_database_at_once_rename_its_table_once(old_db, token_cache):
+    """While the test holds the database's write lock, both processes find the old table and ask for the lock
+    to rename it; once it is free, one renames it and the other, looking again under the lock, finds it done."""
+    lock = sqlite3.connect(old_db, isolation_level=None)
+    lock.execute("BEGIN IMMEDIATE")
+    procs = [subprocess.Popen([sys.executable, "-c", OPEN_FOR_WRITING, f"sqlite:///{old_db}", OLD_STUDY],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_for(token_cache))
+             for _ in range(2)]
+    said = [p.stdout.readline().strip() for p in procs]  # both waiting for the lock, neither has renamed
+    lock.execute("ROLLBACK")
+    lock.close()
+    outputs = [p.communicate(timeout=300) for p in procs]
+    assert said == ["locking", "locking"], [err[-2000:] for _, err in outputs]
+    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outputs]
+    assert all(json.loads(out.strip().splitlines()[-1]) == [["2,1,1,1", 96, 1]] for out, _ in outputs)
+    assert "ilr_race_runs" in tables(old_db) and "ilr_audit" not in tables(old_db)
+    assert schema_version(old_db) == 2
+
+
+def test_the_migration_keeps_every_column_and_runs_once(old_db):
+    from ilr_search.storage import open_store, parse_storage
+
+    spec = parse_storage(f"sqlite:///{old_db}")
+    first = open_store(spec, OLD_STUDY).race_runs()
+    with sqlite3.connect(old_db) as conn:
+        migrated = conn.execute("SELECT * FROM ilr_race_runs").fetchall()
+    conn.close()
+    assert migrated == [OLD_RUN]
+    again = open_store(spec, OLD_STUDY).race_runs()  # already migrated: nothing changes
+    assert again == first and len(first) == 1 and first[0].curve == ((48, 4.2), (96, 3.9))
+    assert tables(old_db) >= {"ilr_race_runs"} and "ilr_audit" not in tables(old_db) and schema_version(old_db) == 2
+
+
+def test_a_journal_side_file_reads_race_runs_written_before_the_rename(tmp_path):
+    """A journal study's records written under the old kind ("audit") read as race runs, and update as such."""
+    from ilr_search.storage import JournalStore, RaceRunJob
+
+    names = ("study", "factor", "seed", "map_key", "worker", "heartbeat", "state", "flops_ratio", "steps", "val_loss",
+             "val_ppl", "val_bpb", "curve", "seconds", "reason")
+    old = dict(zip(names, OLD_RUN)) | {"kind": "audit", "state": "running", "worker": "dead"}
+    (tmp_path / "j.log.ilr").write_text(json.dumps(old) + "\n", encoding="utf-8")
+    store = JournalStore(str(tmp_path / "j.log"), OLD_STUDY)
+    job = RaceRunJob("4", 1, "2,1,1,1")
+    assert [r.job for r in store.race_runs()] == [job] and store.race_runs()[0].state == "running"
+    assert store.claim_race_run(job, "me", 1.2, 96, stale_after=0.0)  # the dead worker's run is taken over
+    assert store.finish_race_run(job, "me", "complete", 3.8, 44.7, 5.5, [(96, 3.8)], 1.0, "ok")
+    (run,) = store.race_runs()
+    assert (run.worker, run.state, run.val_ppl, run.curve) == ("me", "complete", 44.7, ((96, 3.8),))
+    kinds = [json.loads(line)["kind"] for line in (tmp_path / "j.log.ilr").read_text(encoding="utf-8").splitlines()]
+    assert kinds[0] == "audit" and kinds[1] == "race_run"
