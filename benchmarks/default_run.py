@@ -5,7 +5,7 @@ or with both cores kept busy, and what it concluded.
         [--keep FOLDER] [-- extra run flags]
 
 --hogs N starts N `python3 -c 'while 1: pass'` processes beside the run (2 on this 2-core machine: both cores busy)
-and stops them after it. --keep copies the run's study database (studies/ilr-search.db) into FOLDER. The JSON keeps the wall time, the verdict, the detectable gap, the equal-compute
+and stops them after it; the run starts after the hogs have run --settle seconds (60), untimed. --keep copies the run's study database (studies/ilr-search.db) into FOLDER. The JSON keeps the wall time, the verdict, the detectable gap, the equal-compute
 reference, the race's compute, every race run, the machine and the load before and after.
 """
 
@@ -29,6 +29,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hogs", type=int, default=0)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--settle", type=float, default=60.0,
+                    help="seconds the hogs run before the run starts (not timed), so the machine is busy when it starts")
     ap.add_argument("--keep", default=None, help="copy the run's study database into this folder")
     ap.add_argument("extra", nargs="*")
     args = ap.parse_args()
@@ -36,6 +38,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         env = {**os.environ, "ILR_SEARCH_CACHE": str(Path(folder) / "cache")}
         hogs = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(args.hogs)]
+        if hogs:
+            time.sleep(args.settle)  # a busy machine has been busy for a while: its load average says so
         load_before = os.getloadavg()
         started = time.perf_counter()
         try:
@@ -54,7 +58,7 @@ def main() -> None:
     summary = json.loads(proc.stdout)
     race = summary["race"] or {}
     record = {"command": " ".join(COMMAND + args.extra), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores", "hogs": args.hogs,
+              "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores", "hogs": args.hogs, "settle_seconds": args.settle if args.hogs else 0,
               "load_before": load_before, "load_after": load_after, "wall_seconds": seconds,
               "verdict": summary["verdict"], "detectable_gap": summary["detectable_gap"],
               "equal_compute": summary["equal_compute"], "pareto": summary["pareto"],
