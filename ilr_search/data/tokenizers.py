@@ -139,3 +139,30 @@ def train_bpe(spec: TokenizerSpec, texts: Iterable[str], path: Path) -> HFTokeni
     tok.save(str(tmp))
     os.replace(tmp, path)
     return HFTokenizer(spec.spec, tok)
+
+
+def byte_level_symbols() -> list[str]:
+    """The printable character byte-level BPE writes for each byte value 0..255 (GPT-2's table: printable
+    Latin-1 bytes stand for themselves, the others for the characters from U+0100 on, in order)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    symbols, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            symbols[b] = chr(b)
+        else:
+            symbols[b] = chr(256 + extra)
+            extra += 1
+    return [symbols[b] for b in range(256)]
+
+
+def byte_tokenizer_model() -> Any:
+    """ByteTokenizer as a `tokenizers` Tokenizer, for tools that read tokenizer.json (transformers' AutoTokenizer):
+    each byte of the UTF-8 text is one token whose id is the byte's value, as ByteTokenizer encodes it (byte-level
+    symbols, a BPE model with no merges, no pre-tokenizing regex and no prefix space)."""
+    from tokenizers import Tokenizer as RustTokenizer, decoders, models, pre_tokenizers
+
+    vocab = {symbol: b for b, symbol in enumerate(byte_level_symbols())}
+    tok = RustTokenizer(models.BPE(vocab, []))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    return tok

@@ -54,8 +54,8 @@ class Attention(nn.Module):
         self.q_dim, self.kv_dim = cfg.n_heads * cfg.head_size, cfg.kv_heads * cfg.head_size
         self.qkv = nn.Linear(cfg.d_model, self.q_dim + 2 * self.kv_dim, bias=cfg.qkv_bias)
         self.proj = nn.Linear(self.q_dim, cfg.d_model, bias=False)
-        self.q_norm = nn.RMSNorm(cfg.head_size, eps=cfg.norm_eps) if cfg.qk_norm else None
-        self.k_norm = nn.RMSNorm(cfg.head_size, eps=cfg.norm_eps) if cfg.qk_norm else None
+        self.q_norm = nn.RMSNorm(cfg.head_size, eps=cfg.norm_eps) if cfg.qk_norm else nn.Identity()
+        self.k_norm = nn.RMSNorm(cfg.head_size, eps=cfg.norm_eps) if cfg.qk_norm else nn.Identity()
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
                 alibi: torch.Tensor | None) -> torch.Tensor:
@@ -64,8 +64,7 @@ class Attention(nn.Module):
         q = q.view(B, T, self.n_heads, self.head_size).transpose(1, 2)  # (B, heads, T, head_size)
         k = k.view(B, T, self.kv_heads, self.head_size).transpose(1, 2)
         v = v.view(B, T, self.kv_heads, self.head_size).transpose(1, 2)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if self.kv_heads != self.n_heads:  # each key/value head serves n_heads / kv_heads query heads
