@@ -233,3 +233,34 @@ def test_a_model_with_an_option_trains_one_map_at_a_time():
             check_fusable(cfg)
         assert groups([Job(cfg, [0, 1], TrainConfig(seed=s)) for s in range(3)], fuse=4) == [[0], [1], [2]]
     assert groups([Job(base, [0, 1], TrainConfig(seed=s)) for s in range(3)], fuse=4) == [[0, 1, 2]]
+
+
+def test_flops_and_train_start_from_a_checkpoint(saved, cli):
+    """--init: the checkpoint's architecture (the space's seq_len kept), its weights, its tokenizer on the data."""
+    from ilr_search.training.flops import param_count
+
+    folder = str(saved["llama-gqa"][0])
+    report = json.loads(cli("flops", "--init", folder, "--reuse-map", "2,1", "--seq-len", "32", "--json",
+                            check=True).stdout)
+    assert report["schedule"] == [0, 0, 1]
+    assert report["params"] == param_count(open_checkpoint(folder, seq_len=32).config)
+    trained = json.loads(cli("train", "--init", folder, "--reuse-map", "2,1", "--seq-len", "32", "--steps", "2",
+                             "--batch-size", "2", "--json", check=True).stdout)
+    assert trained["params"] == report["params"] and trained["status"] == "ok"
+
+
+@pytest.mark.parametrize("args", [["--layers", "4"], ["--d-model", "64"], ["--tokenizer", "byte"], ["--pe", "nope"]])
+def test_init_refuses_the_shape_flags(saved, cli, args):
+    from conftest import assert_one_line_error
+
+    folder = str(saved["llama"][0])
+    assert_one_line_error(cli("flops", "--init", folder, *args))
+    assert_one_line_error(cli("train", "--init", folder, *args))
+
+
+def test_init_of_a_bad_checkpoint_is_one_error_line(cli, tmp_path):
+    from conftest import assert_one_line_error
+
+    assert_one_line_error(cli("flops", "--init", str(tmp_path / "nowhere")))
+    assert_one_line_error(cli("train", "--init", "hf:some/name", "--steps", "2"))
+    assert_one_line_error(cli("flops", "--tokenizer", f"file:{tmp_path / 'none.json'}"))
