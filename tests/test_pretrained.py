@@ -235,17 +235,20 @@ def test_a_model_with_an_option_trains_one_map_at_a_time():
     assert groups([Job(base, [0, 1], TrainConfig(seed=s)) for s in range(3)], fuse=4) == [[0, 1, 2]]
 
 
-def test_flops_and_train_start_from_a_checkpoint(saved, cli):
-    """--init: the checkpoint's architecture (the space's seq_len kept), its weights, its tokenizer on the data."""
+def test_flops_and_train_start_from_a_checkpoint(saved, cli, tmp_path):
+    """--init: the checkpoint's architecture (the space's seq_len kept), its weights, its tokenizer on the data
+    (a small text: the tokenizers library takes seconds over the embedded corpus)."""
     from ilr_search.training.flops import param_count
 
     folder = str(saved["llama-gqa"][0])
+    text = tmp_path / "small.txt"
+    text.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(400)))
     report = json.loads(cli("flops", "--init", folder, "--reuse-map", "2,1", "--seq-len", "32", "--json",
                             check=True).stdout)
     assert report["schedule"] == [0, 0, 1]
     assert report["params"] == param_count(open_checkpoint(folder, seq_len=32).config)
     trained = json.loads(cli("train", "--init", folder, "--reuse-map", "2,1", "--seq-len", "32", "--steps", "2",
-                             "--batch-size", "2", "--json", check=True).stdout)
+                             "--batch-size", "2", "--data", str(text), "--json", check=True).stdout)
     assert trained["params"] == report["params"] and trained["status"] == "ok"
 
 

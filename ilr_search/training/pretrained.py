@@ -164,6 +164,7 @@ def model_config(raw: dict[str, Any], family: str, source: str, seq_len: int | N
                               f"hidden_size {hidden}")
     head_dim = raw.get("head_dim")
     explicit_head = 0 if head_dim is None or (hidden % heads == 0 and head_dim == hidden // heads) else int(head_dim)
+    kv_heads = int(raw.get("num_key_value_heads") or heads)
     max_positions = int(raw.get("max_position_embeddings", DEFAULT_SEQ_LEN))
     seq_len = seq_len or min(max_positions, DEFAULT_SEQ_LEN)
     window = raw.get("sliding_window") if family == "mistral" or raw.get("use_sliding_window") else None
@@ -172,11 +173,11 @@ def model_config(raw: dict[str, Any], family: str, source: str, seq_len: int | N
     try:
         return ModelConfig(
             vocab_size=int(required("vocab_size")), n_layers=int(required("num_hidden_layers")), d_model=hidden,
-            n_heads=heads, n_kv_heads=int(raw.get("num_key_value_heads") or 0), head_dim=explicit_head,
+            n_heads=heads, n_kv_heads=0 if kv_heads == heads else kv_heads, head_dim=explicit_head,
             seq_len=seq_len, mlp_ratio=mlp_ratio, pe="rope", norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             rope_base=float(rope_parameters.get("rope_theta", raw.get("rope_theta", 10000.0))),
             tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            qkv_bias=family == "qwen2" or bool(raw.get("attention_bias", False)), qk_norm=family == "qwen3",
+            qkv_bias=family == "qwen2", qk_norm=family == "qwen3",
             init=source)
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"checkpoint {source}: {e}") from None
@@ -308,11 +309,16 @@ def hf_config(cfg: ModelConfig, family: str, n_layers: int) -> Any:
     """transformers' config of `family` for a model of `cfg` with `n_layers` layers."""
     transformers = transformers_module()
     config_class = getattr(transformers, FAMILY_CLASSES[family][0])
-    return config_class(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.mlp_hidden,
-                        num_hidden_layers=n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.kv_heads,
-                        head_dim=cfg.head_size, max_position_embeddings=cfg.seq_len, rms_norm_eps=cfg.norm_eps,
-                        rope_theta=cfg.rope_base, tie_word_embeddings=cfg.tie_embeddings, hidden_act="silu",
-                        bos_token_id=None, eos_token_id=None, pad_token_id=None, **FAMILY_SETTINGS[family])
+    try:
+        return config_class(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.mlp_hidden,
+                            num_hidden_layers=n_layers, num_attention_heads=cfg.n_heads,
+                            num_key_value_heads=cfg.kv_heads, head_dim=cfg.head_size,
+                            max_position_embeddings=cfg.seq_len, rms_norm_eps=cfg.norm_eps, rope_theta=cfg.rope_base,
+                            tie_word_embeddings=cfg.tie_embeddings, hidden_act="silu", bos_token_id=None,
+                            eos_token_id=None, pad_token_id=None, **FAMILY_SETTINGS[family])
+    except (TypeError, ValueError) as e:  # transformers' own checks of the config
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"cannot write a {family} checkpoint of this model: {reason}") from None
 
 
 def hf_state_dict(model: ILRTransformer, schedule: Sequence[int], family: str) -> dict[str, torch.Tensor]:
