@@ -267,3 +267,13 @@ def test_init_of_a_bad_checkpoint_is_one_error_line(cli, tmp_path):
     assert_one_line_error(cli("flops", "--init", str(tmp_path / "nowhere")))
     assert_one_line_error(cli("train", "--init", "hf:some/name", "--steps", "2"))
     assert_one_line_error(cli("flops", "--tokenizer", f"file:{tmp_path / 'none.json'}"))
+
+
+def test_a_sharded_checkpoint_reads_as_one(saved, tmp_path):
+    _, hf_model = saved["qwen2"]
+    hf_model.save_pretrained(tmp_path, max_shard_size="40KB")
+    assert (tmp_path / "model.safetensors.index.json").is_file() and not (tmp_path / "model.safetensors").exists()
+    model = build_model(open_checkpoint(str(tmp_path), seq_len=SEQ).config, seed=0).eval()
+    x = tokens(300)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), hf_logits(hf_model, x), atol=1e-4, rtol=1e-4)
