@@ -93,6 +93,9 @@ def check_window(meta: dict[str, Any], seq_len: int) -> None:
 def cache_key(cfg: DataConfig, max_tokens: int) -> str:
     identity = {"format": CACHE_FORMAT, "corpus": corpus_identity(cfg), "tokenizer": cfg.tokenizer,
                 "val_fraction": cfg.val_fraction, "max_train_tokens": max_tokens}
+    parsed = parse_tokenizer_spec(cfg.tokenizer)
+    if parsed.kind == "file":  # a file's tokens are those of its content, not of its name
+        identity["tokenizer_sha256"] = hashlib.sha256(parsed.path.read_bytes()).hexdigest()
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
 
 
