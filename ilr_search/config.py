@@ -75,7 +75,11 @@ KNOB_FIELD_DEFAULTS = {"injection": "none", "iteration_encoding": False, "iterat
 SAMPLERS = ("auto", "tpe", "nsga2", "gp", "random", "grid")
 PRUNERS = ("pareto", "pareto-eager", "median", "none")
 OBJECTIVES = ("pareto", "ppl")
-FAMILIES = ("ilr", "block")
+# The map families of a study: ilr (per-layer reuse counts, the sampler's), block (block recurrence blockK, the whole
+# stack run K times, trained as reference runs) and blocks (one contiguous block run R times, block:I-J:R, the
+# sampler's; off by default).
+FAMILIES = ("ilr", "block", "blocks")
+TRIAL_FAMILIES = ("ilr", "blocks")  # the families whose maps the trials propose
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "fp32", "bf16")
 LR_SCHEDULES = ("cosine", "wsd")
