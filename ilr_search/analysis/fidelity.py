@@ -20,7 +20,7 @@ from typing import Any
 from optuna.trial import TrialState
 
 from ilr_search.analysis.pareto import non_dominated
-from ilr_search.analysis.results import (REFERENCE_PREFIX, Curves, as_list, is_baseline, is_all_ones_key, is_baseline_key, is_deep_key, key_reuse_map, map_text,
+from ilr_search.analysis.results import (REFERENCE_PREFIX, Curves, as_list, is_baseline, is_all_ones_key, is_baseline_key, is_deep_key, map_text,
                                          study_front, trained_by_map, trained_trials)
 from ilr_search.analysis.trials import Trial, trained_results, trial_records
 from ilr_search.analysis.stats import groups_differ, paired_comparison, rank_agreement

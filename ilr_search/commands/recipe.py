@@ -127,7 +127,7 @@ def choose_map(view: StudySettingsView, map_text: str | None, trained_only: bool
         return choice, f"map {choice.key}"
     if choice.block and f"block{choice.block}" not in references(view.study):
         whole = BlockMap(0, n_layers - 1, choice.block, n_layers)  # a study searching blocks trains blockK as this
-        if whole.key in trained_by_map(trials):
+        if whole.key in trained_by_map(list(trials)):
             choice = MapChoice.of(whole)
     if choice.block:
         if f"block{choice.block}" not in references(view.study):

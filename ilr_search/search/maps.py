@@ -18,7 +18,13 @@ import optuna
 from ilr_search.config import TRIAL_FAMILIES
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import KNOB_CHOICES, KnobValue, parse_knob_settings
-from ilr_search.training.schedule import BlockMap, Map, ReuseMap, check_max_reuse, parse_map
+from ilr_search.training.schedule import (
+    BlockMap,
+    Map,
+    ReuseMap,
+    check_max_reuse,
+    parse_map,
+)
 
 FAMILY_PARAM = "family"  # the trial's family, a parameter only where the study searches both ilr and blocks
 BLOCK_START, BLOCK_END, BLOCK_REPEATS = "block_start", "block_end", "block_repeats"
@@ -84,11 +90,6 @@ def block_params(block: BlockMap) -> dict[str, int]:
     return {BLOCK_START: block.start, BLOCK_END: block.end, BLOCK_REPEATS: block.repeats}
 
 
-def params_block(params: dict[str, object], n_layers: int) -> BlockMap:
-    """The block of a trial's parameters (as stored: already repaired)."""
-    return BlockMap(*(int(params[p]) for p in BLOCK_PARAMS), n_layers)  # type: ignore[call-overload]
-
-
 def propose_block(trial: optuna.Trial, n_layers: int, max_reuse: int, max_layer_runs: int) -> tuple[BlockMap, BlockMap]:
     """(proposed, trained) blocks of a trial: the sampler's block (no prior on where it lies), and the same repaired
     to the budget (repair_block). The sampler is told how far over budget its proposal was, as for counts."""
@@ -118,12 +119,14 @@ def family_params(family: str, families: Sequence[str]) -> dict[str, str]:
     return {FAMILY_PARAM: family} if len(trial_families(families)) > 1 else {}
 
 
-def seed_params(n_layers: int, max_reuse: int, max_layer_runs: int, families: Sequence[str]) -> list[dict[str, int | str]]:
+def seed_params(n_layers: int, max_reuse: int, max_layer_runs: int,
+                families: Sequence[str]) -> list[dict[str, int | str | KnobValue]]:
     """The parameters of a study's first maps, baseline first: seed_maps where the study searches ilr, else the
     baseline as a block run once (no prior on where to loop)."""
     if "ilr" in trial_families(families):
-        return [map_params(m) | family_params("ilr", families) for m in seed_maps(n_layers, max_reuse, max_layer_runs)]
-    return [block_params(BlockMap(0, n_layers - 1, 1, n_layers)) | family_params("blocks", families)]
+        return [{**map_params(m), **family_params("ilr", families)}
+                for m in seed_maps(n_layers, max_reuse, max_layer_runs)]
+    return [{**block_params(BlockMap(0, n_layers - 1, 1, n_layers)), **family_params("blocks", families)}]
 
 
 def seed_maps(n_layers: int, max_reuse: int, max_layer_runs: int) -> list[list[int]]:

@@ -234,7 +234,7 @@ def first_trials(plan: StudyPlan, study: optuna.Study | None, target: int, enque
     search, n = plan.space.search, plan.model.n_layers
     max_runs = plan.budget.max_layer_runs(plan.model)
     asked = enqueued_maps(plan, enqueue)
-    seeds = [p | knobs_off(search.knobs) for p in seed_params(n, search.max_reuse, max_runs, search.families)] \
+    seeds = [{**p, **knobs_off(search.knobs)} for p in seed_params(n, search.max_reuse, max_runs, search.families)] \
         if search.enqueue_paper_maps else []  # with every searched knob off: the paper's model
     trials = study.get_trials(deepcopy=False) if study is not None else []
     known = [t.params for t in trials if t.state != TrialState.FAIL or has_result(t)] + \

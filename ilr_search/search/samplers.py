@@ -117,7 +117,8 @@ class BudgetRepairSampler(optuna.samplers.BaseSampler):
         for name in BLOCK_PARAMS:
             if name not in params:
                 params[name] = self.base.sample_independent(study, trial, name, self.block_space[name])
-        block = repair_block(*(int(params[p]) for p in BLOCK_PARAMS), self.n_layers, self.max_layer_runs)
+        start, end, repeats = (int(params[p]) for p in BLOCK_PARAMS)
+        block = repair_block(start, end, repeats, self.n_layers, self.max_layer_runs)
         return params | block_params(block)
 
     def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,

@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Union
 
 from ilr_search.errors import UserInputError
 
@@ -143,7 +142,7 @@ class BlockMap:
         return list(range(self.start)) + block * self.repeats + list(range(self.end + 1, self.n_layers))
 
 
-Map = Union[ReuseMap, BlockMap]  # a map a trial trains, as parse_map gives it
+Map = ReuseMap | BlockMap  # a map a trial trains, as parse_map gives it
 
 
 def is_block_text(text: str) -> bool:
