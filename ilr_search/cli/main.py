@@ -330,7 +330,8 @@ def run(
         return
     tracked = tracked_reporter(track, storage)
     summary = run_search(request, fuse_asked, workers, lambda: tracked(ui.ConsoleReporter(enabled=True)),
-                         note=lambda text: ui.err.print(text, soft_wrap=True, markup=False, highlight=False))
+                         note=lambda text: ui.err.print(text, soft_wrap=True, markup=False, highlight=False),
+                         fuse_asked=fuse is not None)
     emit(summary, json_out, ui.print_run)
     if summary.get("interrupted"):
         raise typer.Exit(130)
