@@ -117,3 +117,5 @@ def test_a_resume_keeps_the_stored_layout_unless_asked(cli, tmp_path):
     assert len(warned) == 1
     attrs = optuna.load_study(study_name="layout", storage=f"sqlite:///{db}").user_attrs
     assert [(layout.trials.fuse, finished) for layout, finished in stored_layouts(attrs)] == [(2, 0), (1, 3)]
+    shown = json.loads(cli("trials", "--study", "layout", "--storage", f"sqlite:///{db}", "--json", check=True).stdout)
+    assert [(r["trials"]["fuse"], r["finished_trials"]) for r in shown["layouts"]] == [(2, 0), (1, 3)]
