@@ -29,7 +29,7 @@ from ilr_search.errors import UserInputError
 from ilr_search.search.maps import split_enqueue_text
 from ilr_search.search.phases import PhaseMeter
 from ilr_search.search.plan import ADOPTED_RACE_FIELDS, PhaseLayout, StudyLayout
-from ilr_search.search.progress import RunReporter
+from ilr_search.search.progress import Event, Message, RunReporter, StudyStarted
 from ilr_search.search.run import RunRequest
 from ilr_search.config import SpaceConfig
 from ilr_search.space import load_space, parse_target
@@ -81,9 +81,11 @@ def run_request(options: RunOptions) -> tuple[RunRequest, int | str]:
 
 @dataclass(frozen=True)
 class LayoutChoice:
-    """The layout a run uses, and the lines that say how it was chosen (stderr)."""
+    """The layout a run uses; `reason`: what --fuse auto's probe chose (said at once); `line`: the layout and where it
+    came from (said once the study has started)."""
     layout: StudyLayout
-    lines: tuple[str, ...] = ()
+    reason: str = ""
+    line: str = ""
 
 
 def machine_layout(choice: Layout, space: SpaceConfig) -> StudyLayout:
@@ -119,16 +121,29 @@ def choose_layout(request: RunRequest, fuse: int | str, workers: int | None, ask
     stored = stored_study_layout(request, plan.name)
     if stored is not None and not asked:
         check_memory(plan, stored.trials.processes, stored.trials.fuse)
-        return LayoutChoice(stored, (f"layout: {stored.describe()} (the study's stored layout)",))
+        return LayoutChoice(stored, line=f"layout: {stored.describe()} (the study's stored layout)")
     choice = resolve_layout(plan, fuse, workers, request.target_trials)
     layout = machine_layout(choice.layout, plan.space)
-    lines = [choice.reason] if choice.reason else []
     if stored is not None and layout != stored:
-        lines.append(f"layout: {layout.describe()}, not the study's stored {stored.describe()} (--fuse or --workers "
-                     "asked for it): results may differ in their rounding from the earlier part of the study")
+        line = (f"layout: {layout.describe()}, not the study's stored {stored.describe()} (--fuse or --workers asked "
+                "for it): results may differ in their rounding from the earlier part of the study")
     else:
-        lines.append(f"layout: {layout.describe()} (from {usable_cores()} usable cores)")
-    return LayoutChoice(layout, tuple(lines))
+        line = f"layout: {layout.describe()} (from {usable_cores()} usable cores)"
+    return LayoutChoice(layout, choice.reason, line)
+
+
+class NoteAtStart(RunReporter):
+    """A reporter that says `note` once the study has started (after the run's input checks, so that bad input
+    still gets its one error line alone)."""
+
+    def __init__(self, inner: RunReporter, note: str | None) -> None:
+        self.inner, self.note = inner, note
+
+    def on(self, event: Event) -> None:
+        self.inner.on(event)
+        if self.note and isinstance(event, StudyStarted):
+            self.inner.on(Message(self.note))
+            self.note = None
 
 
 def run_search(request: RunRequest, fuse: int | str, workers: int | None,
@@ -139,12 +154,12 @@ def run_search(request: RunRequest, fuse: int | str, workers: int | None,
     workers. `reporter_for` gives the reporter that shows the run's events. The summary gains `layout` and
     `phases` (wall time, tokens and CPU time of each phase)."""
     choice = choose_layout(request, fuse, workers, asked=fuse_asked or workers is not None)
-    for line in choice.lines:
-        note(line)
+    if choice.reason:
+        note(choice.reason)
     layout = choice.layout
     request = dataclasses.replace(request, fuse=layout.trials.fuse, layout=layout)
     with reporter_for() as shown:
-        meter = PhaseMeter(shown, request.space)
+        meter = PhaseMeter(NoteAtStart(shown, choice.line), request.space)
         if layout.trials.processes != 1:
             from ilr_search.commands.workers import run_workers
 
