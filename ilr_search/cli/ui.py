@@ -401,6 +401,14 @@ def print_run(summary: dict[str, Any]) -> None:
               f"{summary.get('race_steps', 0)} in the race; storage {summary['storage']}")
     _fidelity_lines(summary.get("fidelity"))
     print_race(summary)
+    if summary.get("phases"):
+        rows_table("phases (cpu%: of one core)", [dict(p, tokens_per_second=round(p["tokens_per_second"]),
+                                                   wall_seconds=round(p["wall_seconds"], 1),
+                                                   cpu_seconds=round(p["cpu_seconds"], 1),
+                                                   cpu_percent=round(p["cpu_percent"])) for p in summary["phases"]],
+                   ["phase", "wall_seconds", "tokens", "tokens_per_second", "cpu_seconds", "cpu_percent"],
+                   {"wall_seconds": "wall s", "tokens_per_second": "tokens/s", "cpu_seconds": "cpu s",
+                    "cpu_percent": "cpu%"})
     if summary.get("interrupted"):
         out.print("interrupted: finished trials are saved; run the same command again to resume")
 

@@ -33,8 +33,8 @@ from ilr_search.training.jobs import Job, groups, train_jobs
 from ilr_search.search.maps import EnqueuedMap, knobs_off, parse_enqueued, seed_params
 from ilr_search.search.fused_trials import FusedSearchRun
 from ilr_search.search.objective import SearchRun, SurplusTrial, TrialDiverged, TrialTakenOver, sweep_stale_journal_trials
-from ilr_search.search.plan import (CONFIG_ATTR, ENQUEUED_BLOCKS_ATTR, SAMPLER_ATTR, StudyPlan, adopt_stored_dtype, adopt_stored_race, canonical_config,
-    check_resume, plan_study, safe_name, stored_study)
+from ilr_search.search.plan import (CONFIG_ATTR, ENQUEUED_BLOCKS_ATTR, SAMPLER_ATTR, StudyLayout, StudyPlan, adopt_stored_dtype,
+    adopt_stored_race, canonical_config, check_resume, plan_study, record_layout, safe_name, stored_study)
 from ilr_search.search.progress import (Message, ReferenceFinished, ReferenceStarted, RunReporter, StudyStarted,
                                         TrialFinished, step_callback)
 from ilr_search.search.race import RaceRunner, run_race
@@ -63,6 +63,8 @@ class RunRequest:
     # the race settings this run's flags ask for ({field: value}, plan.ADOPTED_RACE_FIELDS): a resumed study keeps its
     # own, and refuses a flag that asks for another
     asked_race: tuple[tuple[str, Any], ...] = ()
+    # how this run uses the machine (processes, threads, fused group size), stored with the study; None: not stored
+    layout: StudyLayout | None = None
 
     def check(self) -> None:
         """Bad numbers raise a UserInputError, before anything is opened."""
@@ -188,6 +190,8 @@ def prepare_study(request: RunRequest) -> PreparedStudy:
         study.set_user_attr(CONFIG_ATTR, canonical_config(plan.config))
         study.set_metric_names(["val_ppl"] if len(directions) == 1 else ["val_ppl", "flops_ratio"])
     settings = StudySettings.from_dict(study.user_attrs[SAMPLER_ATTR])
+    if request.layout is not None:
+        record_layout(study, request.layout, _n_finished(study))
 
     if first.blocks:  # block K asked for: trained with the reference runs (one list, however many resumes)
         blocks = sorted(set(study.user_attrs.get(ENQUEUED_BLOCKS_ATTR, [])) | set(first.blocks))
