@@ -99,7 +99,11 @@ ARCHITECTURE_FIELD_DEFAULTS = {"n_kv_heads": 0, "head_dim": 0, "tie_embeddings":
 SAMPLERS = ("auto", "tpe", "nsga2", "gp", "random", "grid")
 PRUNERS = ("pareto", "pareto-eager", "median", "none")
 OBJECTIVES = ("pareto", "ppl")
-FAMILIES = ("ilr", "block")
+# The map families of a study: ilr (per-layer reuse counts, the sampler's), block (block recurrence blockK, the whole
+# stack run K times, trained as reference runs) and blocks (one contiguous block run R times, block:I-J:R, the
+# sampler's; off by default).
+FAMILIES = ("ilr", "block", "blocks")
+TRIAL_FAMILIES = ("ilr", "blocks")  # the families whose maps the trials propose
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "fp32", "bf16")
 LR_SCHEDULES = ("cosine", "wsd")

@@ -20,7 +20,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from ilr_search.config import DEVICES, DTYPES, EQUAL_COMPUTE, FAMILIES, LR_SCHEDULES, OBJECTIVES, PRUNERS, RACE_POLICIES, \
+from ilr_search.config import DEVICES, DTYPES, EQUAL_COMPUTE, FAMILIES, TRIAL_FAMILIES, LR_SCHEDULES, OBJECTIVES, PRUNERS, RACE_POLICIES, \
     SAMPLERS, DataConfig, SearchConfig, SpaceConfig, TrainConfig
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import check_knobs
@@ -194,8 +194,10 @@ def validate_space(space: SpaceConfig) -> None:
         (t.device in DEVICES, f"unknown device {t.device!r}; use one of {', '.join(DEVICES)}"),
         (t.dtype in DTYPES, f"unknown dtype {t.dtype!r}; use one of {', '.join(DTYPES)}"),
         (s.max_reuse >= 1, f"max_reuse must be at least 1, got {s.max_reuse}"),
-        (set(s.families) <= set(FAMILIES) and "ilr" in s.families,
-         f"families must include 'ilr' and may add 'block', got {list(s.families)}"),
+        (set(s.families) <= set(FAMILIES) and bool(set(s.families) & set(TRIAL_FAMILIES)),
+         f"families must include 'ilr' or 'blocks' (or both) and may add 'block', got {list(s.families)}"),
+        ("blocks" not in s.families or s.sampler != "grid",
+         "the grid sampler searches per-layer counts only; use another sampler with families 'blocks'"),
         (s.n_trials >= 1, f"n-trials must be at least 1, got {s.n_trials}"),
         (s.sampler in SAMPLERS, f"unknown sampler {s.sampler!r}; use one of {', '.join(SAMPLERS)}"),
         (s.pruner in PRUNERS, f"unknown pruner {s.pruner!r}; use one of {', '.join(PRUNERS)}"),

@@ -70,6 +70,15 @@ def test_export_model_unrolls_the_trained_schedule_by_default(native, cli, tmp_p
     check_checkpoint(out, project_logits(native, [0, 0, 1, 1, 2, 3], x), x, layers=6)
 
 
+def test_a_block_map_is_unrolled(native, cli, tmp_path):
+    out = tmp_path / "block"
+    report = json.loads(cli("export-model", "--model", str(native), "--map", "block:1-2:2", "--out", str(out),
+                            "--json", check=True).stdout)
+    assert report["schedule"] == [0, 1, 2, 1, 2, 3]
+    x = tokens()
+    check_checkpoint(out, project_logits(native, [0, 1, 2, 1, 2, 3], x), x, layers=6)
+
+
 def test_train_format_hf_writes_the_trained_model_unrolled(native, cli, tmp_path):
     """Training is deterministic on the CPU: the same command saved natively (the module's model) and as hf."""
     out = tmp_path / "hf"

@@ -41,7 +41,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ilr_search.analysis.pareto import non_dominated
-from ilr_search.analysis.results import DEEP_PREFIX, deep_key, is_deep_key
+from ilr_search.analysis.results import DEEP_PREFIX, deep_key, is_deep_key, key_reuse_map
+from ilr_search.training.schedule import map_of_key
 from ilr_search.analysis.race_core import (Evaluation, FrontPoint, RaceJob, RaceSettings, RaceState, Results, base_results,
                                         choose_contenders, collect, race_compute)
 from ilr_search.analysis.sequential import SequentialTest, detectable_gap, t_statistic
@@ -50,9 +51,9 @@ from ilr_search.analysis.stats import decision_level, paired_comparison, rank_ag
 DETECTION_POWER = 0.8
 
 
-def layer_runs(map_key: str) -> int:
-    """The layers a reuse map's schedule runs (its counts' sum); a key's knob part (after '|') is ignored."""
-    return sum(int(x) for x in map_key.split("|")[0].split(","))
+def layer_runs(map_key: str, n_layers: int) -> int:
+    """The layers a map's schedule runs (a reuse map's counts' sum); a key's knob part (after '|') is ignored."""
+    return map_of_key(map_key, n_layers).layer_runs
 
 
 @dataclass(frozen=True)
@@ -230,7 +231,7 @@ def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSetting
         if comparisons[k].status in ("worse", "dominated", "diverged"):
             eliminated[k] = comparisons[k].why
     best = _best_recurrent(comparisons, results, target)
-    deep = deep_key(layer_runs(best)) if settings.equal_compute and best is not None else None
+    deep = deep_key(layer_runs(best, len(key_reuse_map(baseline_key)))) if settings.equal_compute and best is not None else None
     jobs = _seed_wave(comparisons, results, baseline_key, target, pool, first_look) if testable else []
     stopped = ""
     reserve = _deep_jobs(deep, best, results, target, jobs)

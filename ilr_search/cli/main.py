@@ -165,7 +165,7 @@ def emit(obj: dict[str, Any], as_json: bool, render: Callable[[dict[str, Any]], 
         render(obj)
 
 
-ReuseMap = Annotated[Optional[str], typer.Option(help="One positive count per layer, e.g. 4,2,1,1.")]
+ReuseMap = Annotated[Optional[str], typer.Option(help="One positive count per layer, e.g. 4,2,1,1, or a block map block:I-J:R (layers I..J, from 0, run R times as a block).")]
 Block = Annotated[Optional[int], typer.Option(help="Block recurrence: the whole stack run K times.")]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
 Init = Annotated[Optional[str], typer.Option(help="Start from a pretrained checkpoint: a folder as transformers' save_pretrained writes it (config.json, safetensors, tokenizer.json) or hf:NAME. The model takes its architecture and weights, the data its tokenizer; the shape flags and --tokenizer go without it.")]
@@ -204,7 +204,7 @@ def check_init_flags(opts: SpaceOptions, init: str | None) -> None:
 def train(opts: SpaceOptions, reuse_map: ReuseMap = None, block: Block = None, knobs: KnobSettings = None,
           from_study: Annotated[Optional[str], typer.Option("--from-study", help="Train with this study's stored model, data and training settings (--steps, --seed, --device, --dtype and --compile may change them).")] = None,
           storage: Annotated[Optional[str], typer.Option(help="Storage of --from-study. \\[default: sqlite:///studies/ilr-search.db]")] = None,
-          map_: Annotated[Optional[str], typer.Option("--map", help="With --from-study: the map, as the study names it (2,1,1,1, 2,1,1,1|injection=add or block2). \\[default: the front's map of lowest perplexity]")] = None,
+          map_: Annotated[Optional[str], typer.Option("--map", help="With --from-study: the map, as the study names it (2,1,1,1, 2,1,1,1|injection=add, block:1-2:2 or block2). \\[default: the front's map of lowest perplexity]")] = None,
           save: Annotated[Optional[Path], typer.Option(help="Write the trained model to this folder, in --format.")] = None,
           save_format: Annotated[str, typer.Option("--format", help="With --save: native (model.safetensors, config.json and the tokenizer; ilr_search.commands.api.load_trained reads them, export-model --model re-exports them) or hf (a standard transformers checkpoint of the imported family, else llama, its schedule unrolled, with the tokenizer).")] = "native",
           init: Init = None, json_out: Json = False) -> None:
@@ -323,7 +323,7 @@ def run(
     pruner: Annotated[Optional[str], typer.Option(help="pareto (calibrated: prunes only at rungs that predict the final ranking) | pareto-eager (the uncalibrated rule) | median | none. \\[default: pareto]")] = None,
     objective: Annotated[Optional[str], typer.Option(help="pareto (perplexity and FLOPs) or ppl (budget as a constraint only).")] = None,
     workers: Annotated[Optional[int], typer.Option(help="Worker processes on this machine, sharing the study and the device (its trials, reference runs and race); on a CPU one thread each. \\[default: from the space: one a CPU core in default.toml, else 1, or as --fuse auto chooses]")] = None,
-    fuse: Annotated[Optional[str], typer.Option(help="Maps trained at once in one fused group (K proxies in lockstep in one process); 1: one at a time; auto: K (and on a CPU, workers against threads) from memory and a short probe. \\[default: from the space, 4 in default.toml]")] = None,
+    fuse: Annotated[Optional[str], typer.Option(help="Maps trained at once in one fused group (K proxies in lockstep in one process); 1: one at a time; auto: K (and on a CPU, workers against threads) from memory and a short probe. A resume reuses the study's stored layout unless --fuse or --workers is given. \\[default: from the space, 4 in default.toml]")] = None,
     knobs: Annotated[Optional[str], typer.Option(help="Recurrence knobs searched with the map, comma-separated: injection, iteration_encoding, iteration_norms, depth_init, repeat_scale. \\[default: from the space, none in the presets]")] = None,
     track: Annotated[Optional[str], typer.Option(help="Log each trial (validation curve, map, knobs, final values) and the reference runs: tensorboard:DIR or mlflow:URI (needs mlflow).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan (study, trials, references, pruning rungs, storage, space) and a time estimate from a short timed probe; write nothing.")] = False,
@@ -333,7 +333,7 @@ def run(
     max_race_steps: Annotated[Optional[int], typer.Option(help="A cap on the steps the race trains (0: none); a resume with a larger cap goes on. \\[default: from the space, 0]")] = None,
     race_policy: Annotated[Optional[str], typer.Option(help="adaptive (judged at the target, seeds until decided) or fixed (race-seeds at doubled lengths, as studies made before it). \\[default: from the space, adaptive]")] = None,
     equal_compute: Annotated[Optional[str], typer.Option(help="depth: also race a plain model as deep as the best contender runs (the same compute, more parameters); off. \\[default: from the space, depth]")] = None,
-    enqueue: Annotated[Optional[str], typer.Option(help="Your maps, trained first after the baseline, in order, space-separated: \"3,2,2,1 4,2,1,1\", with knobs as --knobs of train takes them (2,1,1,1|injection=add), or blockK (trained as a reference run). Over-budget maps are repaired to the budget. \\[default: the space's enqueue list]")] = None,
+    enqueue: Annotated[Optional[str], typer.Option(help="Your maps, trained first after the baseline, in order, space-separated: \"3,2,2,1 4,2,1,1\", with knobs as --knobs of train takes them (2,1,1,1|injection=add), block maps block:I-J:R (where the study searches blocks), or blockK (trained as a reference run; a trial where blocks are searched). Over-budget maps are repaired to the budget. \\[default: the space's enqueue list]")] = None,
     json_out: Json = False,
 ) -> None:
     """Search reuse maps under a FLOP budget; running it again resumes the study."""
@@ -350,7 +350,8 @@ def run(
         return
     tracked = tracked_reporter(track, storage)
     summary = run_search(request, fuse_asked, workers, lambda: tracked(ui.ConsoleReporter(enabled=True)),
-                         note=lambda text: ui.err.print(text, soft_wrap=True, markup=False, highlight=False))
+                         note=lambda text: ui.err.print(text, soft_wrap=True, markup=False, highlight=False),
+                         fuse_asked=fuse is not None)
     emit(summary, json_out, ui.print_run)
     if summary.get("interrupted"):
         raise typer.Exit(130)
@@ -532,7 +533,7 @@ def export_model(
     study: Annotated[Optional[str], typer.Option("--study", help="A frozen study of a pretrained model (run --init ... --train-steps 0): its checkpoint's weights under --map.")] = None,
     storage: Annotated[Optional[str], typer.Option(help="Storage of --study. \\[default: sqlite:///studies/ilr-search.db]")] = None,
     model: Annotated[Optional[Path], typer.Option(help="Instead of --study: a folder train --save wrote (native), exported under --map.")] = None,
-    map_: Annotated[Optional[str], typer.Option("--map", help="The map the checkpoint unrolls: 2,2,1,1 or block2 (no knobs); 1,1,1,1 writes each distinct layer once. \\[default: the study's decided best map, as recipe chooses it; for --model the map it was trained with]")] = None,
+    map_: Annotated[Optional[str], typer.Option("--map", help="The map the checkpoint unrolls: 2,2,1,1, block:1-2:2 or block2 (no knobs); 1,1,1,1 writes each distinct layer once. \\[default: the study's decided best map, as recipe chooses it; for --model the map it was trained with]")] = None,
     family: Annotated[Optional[str], typer.Option(help="llama, mistral, qwen2 or qwen3. \\[default: the imported checkpoint's family, else llama]")] = None,
     json_out: Json = False,
 ) -> None:
@@ -556,7 +557,7 @@ def export_model(
 def recipe(
     study: ReadStudy = None,
     storage: Storage = None,
-    map_: Annotated[Optional[str], typer.Option("--map", help="A map the study trained (2,1,1,1, 2,1,1,1|injection=add or block2). \\[default: the front's map of lowest perplexity]")] = None,
+    map_: Annotated[Optional[str], typer.Option("--map", help="A map the study trained (2,1,1,1, 2,1,1,1|injection=add, block:1-2:2 or block2). \\[default: the front's map of lowest perplexity]")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Write the recipe to FILE.toml or FILE.json. \\[default: TOML on stdout]")] = None,
     json_out: Json = False,
 ) -> None:

@@ -127,10 +127,16 @@ def fitted_widths(columns: list[str], cells: list[list[str]], width: int) -> lis
     return list(widths)
 
 
+def _cell(row: dict[str, Any], column: str) -> Any:
+    """A row's value in `column`; the reuse_map column shows the map as its key writes it (a block map's
+    block:I-J:R, not its per-layer counts) where the row has one."""
+    return row.get("map") or row.get(column) if column == "reuse_map" else row.get(column)
+
+
 def rows_table(title: str, rows: list[dict[str, Any]], columns: list[str], headers: dict[str, str] | None = None) -> None:
     """A table of `rows` by `columns` (their keys), each headed by its key or by `headers[key]`."""
     columns = with_knobs_column(columns, rows)
-    cells = [[_fmt(row.get(c)) for c in columns] for row in rows]
+    cells = [[_fmt(_cell(row, c)) for c in columns] for row in rows]
     shown = [(headers or {}).get(c, c) for c in columns]
     table = Table(title=title)
     for col, head, width in zip(columns, shown, fitted_widths(shown, cells, out.width)):
@@ -327,7 +333,7 @@ class ConsoleReporter(RunReporter):
         for col in columns:
             table.add_column(col)
         for p in front:
-            table.add_row(*(_fmt(p.get(c)) for c in columns))
+            table.add_row(*(_fmt(_cell(p, c)) for c in columns))
         self.progress.console.print(table)
 
     def _Message(self, event: Message) -> None:
@@ -395,6 +401,14 @@ def print_run(summary: dict[str, Any]) -> None:
               f"{summary.get('race_steps', 0)} in the race; storage {summary['storage']}")
     _fidelity_lines(summary.get("fidelity"))
     print_race(summary)
+    if summary.get("phases"):
+        rows_table("phases (cpu%: of one core)", [dict(p, tokens_per_second=round(p["tokens_per_second"]),
+                                                   wall_seconds=round(p["wall_seconds"], 1),
+                                                   cpu_seconds=round(p["cpu_seconds"], 1),
+                                                   cpu_percent=round(p["cpu_percent"])) for p in summary["phases"]],
+                   ["phase", "wall_seconds", "tokens", "tokens_per_second", "cpu_seconds", "cpu_percent"],
+                   {"wall_seconds": "wall s", "tokens_per_second": "tokens/s", "cpu_seconds": "cpu s",
+                    "cpu_percent": "cpu%"})
     if summary.get("interrupted"):
         out.print("interrupted: finished trials are saved; run the same command again to resume")
 

@@ -15,7 +15,7 @@ from ilr_search.training.flops import describe
 from ilr_search.knobs import format_knobs, knob_params, knobs_of, parse_knob_settings, with_knobs
 from ilr_search.training.flops import param_count
 from ilr_search.training.model import ILRTransformer, repeat_indices
-from ilr_search.training.schedule import resolve_schedule
+from ilr_search.training.schedule import is_block_text, parse_map, resolve_schedule
 from ilr_search.space import load_space
 from ilr_search.training.train import OnStep
 
@@ -61,6 +61,8 @@ def flops_report(space: str | Path | None = None, overrides: Overrides | None = 
     counts, schedule, block = resolve_schedule(cfg_space.model.n_layers, reuse_map, block, cfg_space.search.max_reuse)
     cfg = schedule_model(cfg_space, schedule, knobs)
     report = describe(cfg, counts, schedule, cfg_space.train.tokens(cfg.seq_len), param_count(cfg), block)
+    if isinstance(reuse_map, str) and is_block_text(reuse_map):  # the block map's key, as a study would store it
+        report["map"] = parse_map(reuse_map, cfg_space.model.n_layers).key
     return report | {"knobs": format_knobs(knobs_of(cfg)), "knob_params": knob_params(cfg)}
 
 
@@ -85,8 +87,9 @@ def train_report(space: str | Path | None = None, overrides: Overrides | None = 
     data = load_space_tokens(cfg_space)
     check_vocab(cfg, data.vocab_size)
     settings = parse_knob_settings(knobs or "")
-    result = train_and_save(cfg, MapChoice(counts, schedule, settings, block), data, cfg_space, on_step, save_dir,
-                            save_format=save_format)
+    choice = MapChoice.of(parse_map(reuse_map, cfg_space.model.n_layers), settings) \
+        if isinstance(reuse_map, str) and is_block_text(reuse_map) else MapChoice(counts, schedule, settings, block)
+    result = train_and_save(cfg, choice, data, cfg_space, on_step, save_dir, save_format=save_format)
     return train_result_dict(cfg, counts, result, block) | {"knobs": format_knobs(knobs_of(cfg)),
                                                            "saved": str(save_dir) if save_dir else None}
 

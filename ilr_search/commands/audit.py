@@ -217,5 +217,5 @@ def _claim_group(store: Store, pending: list[tuple[RaceRunJob, TrialRecord]], wo
             continue
         claimed.append(ClaimedRun(job, list(t.reuse_map), model,
                                   longer_train_config(space.train, space.train.steps, job.seed),
-                                  run_checkpoint(checkpoints, job), t.number, t.flops_ratio))
+                                  run_checkpoint(checkpoints, job), t.number, t.flops_ratio, t.schedule))
     return claimed, []

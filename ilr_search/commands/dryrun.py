@@ -18,7 +18,7 @@ from ilr_search.training.schedule import reuse_map_schedule
 from ilr_search.search.maps import repair_to_budget
 from ilr_search.search.plan import StudyPlan, adopt_stored_dtype, adopt_stored_race, check_resume, stored_study
 from ilr_search.search.pruners import pruner_settings
-from ilr_search.commands.run import race_processes
+from ilr_search.commands.layout import race_processes
 from ilr_search.search.run import ReferenceRun, RunRequest, checked_request, reference_runs
 from ilr_search.search.samplers import sampler_settings
 from ilr_search.storage import open_storage

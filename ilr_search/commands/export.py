@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from ilr_search.commands.recipe import (CONFIG_FILE, SAVED_FORMAT, WEIGHTS_FILE, MapChoice, choose_map,
-                                        load_study_settings, load_trained, parse_map, read_trained_config)
+                                        load_study_settings, load_trained, parse_map_choice,
+                                        read_trained_config)
 from ilr_search.commands.standard_checkpoint import (check_checkpoint, check_out_dir, default_family,
                                                      write_checkpoint)
 from ilr_search.config import DataConfig, ModelConfig
@@ -30,13 +31,13 @@ from ilr_search.training.pretrained import (SUPPORTED_FAMILIES, TOKENIZER_FILES,
 
 
 def parse_export_map(map_text: str, n_layers: int) -> MapChoice:
-    """A `--map` of export-model: a reuse map or blockK, without knobs (a standard checkpoint has none)."""
+    """A `--map` of export-model: a reuse map, a block map (block:I-J:R) or blockK, without knobs (a standard checkpoint has none)."""
     counts = map_text.strip().partition("|")[0]
     if not counts.startswith("block") and len(counts.split(",")) != n_layers:
         raise CheckpointError(f"--map {map_text!r} has {len(counts.split(','))} entries but the model has "
                               f"{n_layers} distinct layers; give one count per layer ({','.join(['1'] * n_layers)} "
                               "writes each once)")
-    choice = parse_map(map_text, n_layers)
+    choice = parse_map_choice(map_text, n_layers)
     if choice.knobs:
         raise CheckpointError(f"--map {map_text!r}: knobs have no equivalent in a standard checkpoint; give the "
                               "map alone")

@@ -29,7 +29,7 @@ from ilr_search.training.model import ILRTransformer
 from ilr_search.training.pretrained import check_exportable
 from ilr_search.analysis.results import finite_or_none, references, trained_by_map
 from ilr_search.analysis.trials import TrialRecord, trial_records
-from ilr_search.training.schedule import block_schedule, format_reuse_map, parse_reuse_map, reuse_map_schedule
+from ilr_search.training.schedule import BlockMap, Map, block_schedule, format_reuse_map, is_block_text, parse_map
 from ilr_search.search.plan import stored_config
 from ilr_search.search.race import decided_front, race_summary
 from ilr_search.search.studies import open_study
@@ -51,35 +51,44 @@ CONFIG_FILE = "config.json"
 
 @dataclass(frozen=True)
 class MapChoice:
-    """A map as `--map` names it: a reuse map with its knob settings, or block recurrence K (`blockK`)."""
+    """A map as `--map` names it: a reuse map or a block map with its knob settings, or block recurrence K
+    (`blockK`)."""
 
-    reuse_map: list[int]
+    reuse_map: list[int]  # per-layer counts (a block map's too)
     schedule: list[int]
     knobs: dict[str, KnobValue] = field(default_factory=dict)
     block: int | None = None
+    block_map: str | None = None  # a block map's key, block:I-J:R
 
     @property
     def key(self) -> str:
-        """The study's key of the map (`2,1,1,1`, `2,1,1,1|injection=add`), or `blockK`."""
-        return f"block{self.block}" if self.block else config_key(format_reuse_map(self.reuse_map), self.knobs)
+        """The study's key of the map (`2,1,1,1`, `2,1,1,1|injection=add`, `block:1-2:2`), or `blockK`."""
+        if self.block:
+            return f"block{self.block}"
+        return config_key(self.block_map or format_reuse_map(self.reuse_map), self.knobs)
+
+    @classmethod
+    def of(cls, chosen: Map, knobs: dict[str, KnobValue] | None = None) -> MapChoice:
+        return cls(list(chosen.counts), chosen.schedule(), dict(knobs or {}), None,
+                   chosen.key if isinstance(chosen, BlockMap) else None)
 
 
-def parse_map(text: str, n_layers: int) -> MapChoice:
-    """`2,1,1,1`, `2,1,1,1|injection=add` (knobs as `train --knobs` takes them) or `block2`."""
+def parse_map_choice(text: str, n_layers: int) -> MapChoice:
+    """`2,1,1,1`, `2,1,1,1|injection=add` (knobs as `train --knobs` takes them), `block:1-2:2` or `block2`."""
     text = text.strip()
-    if text.startswith("block"):
+    if text.startswith("block") and not is_block_text(text):
         try:
             k = int(text[len("block"):])
         except ValueError:
             raise UserInputError(f"--map {text!r}: block recurrence is blockK with K a whole number, e.g. block2") from None
         return MapChoice([k] * n_layers, block_schedule(n_layers, k), {}, k)
-    counts, _, knob_text = text.partition("|")
-    reuse_map = parse_reuse_map(counts, n_layers)
+    map_text, _, knob_text = text.partition("|")
+    chosen = parse_map(map_text, n_layers)
     try:
         knobs = parse_knob_settings(knob_text)
     except ValueError as e:
         raise UserInputError(f"--map {text!r}: {e}") from None
-    return MapChoice(reuse_map, reuse_map_schedule(reuse_map), knobs)
+    return MapChoice.of(chosen, knobs)
 
 
 @dataclass(frozen=True)
@@ -117,9 +126,13 @@ def choose_map(view: StudySettingsView, map_text: str | None, trained_only: bool
     n_layers = view.space.model.n_layers
     if map_text is None:
         return default_map(view, trials)
-    choice = parse_map(map_text, n_layers)
+    choice = parse_map_choice(map_text, n_layers)
     if not trained_only:
         return choice, f"map {choice.key}"
+    if choice.block and f"block{choice.block}" not in references(view.study):
+        whole = BlockMap(0, n_layers - 1, choice.block, n_layers)  # a study searching blocks trains blockK as this
+        if whole.key in trained_by_map(list(trials)):
+            choice = MapChoice.of(whole)
     if choice.block:
         if f"block{choice.block}" not in references(view.study):
             raise UserInputError(f"--map {map_text!r}: study {view.study.study_name!r} has no block{choice.block} "
@@ -152,8 +165,7 @@ def default_map(view: StudySettingsView, trials: list[TrialRecord]) -> tuple[Map
         raise UserInputError(f"study {view.study.study_name!r} has no complete trial yet; give --map or run it first")
     best = min(front, key=lambda p: (p["val_ppl"], p["flops_ratio"]))
     trial = {t.number: t for t in trials}.get(best["trial"])  # None: the baseline, where no trial trained it
-    choice = MapChoice(list(best["reuse_map"]), reuse_map_schedule(best["reuse_map"]),
-                       dict(trial.knobs) if trial is not None else {})
+    choice = MapChoice.of(parse_map(best["map"], view.space.model.n_layers), dict(trial.knobs) if trial is not None else {})
     where = (f"the race's front at {best['steps']} steps (mean of {len(best['seeds'])} seeds)"
              if best.get("seeds") and (len(best["seeds"]) > 1 or best["steps"] != view.space.train.steps)
              else "the proxy's front")

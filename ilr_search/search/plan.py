@@ -37,6 +37,61 @@ FIDELITY_ATTR = "ilr:fidelity"  # the fidelity a study kept before it was read f
 ENQUEUED_BLOCKS_ATTR = "ilr:enqueued_blocks"  # block K asked for with --enqueue blockK: trained as reference runs
 
 
+LAYOUT_ATTR = "ilr:layout"  # how the study's runs used the machine: a list of StudyLayout records, one per change
+
+
+@dataclass(frozen=True)
+class PhaseLayout:
+    """How one phase of a run trains: `processes` processes, each with `threads` torch threads (None: not set, as
+    on a GPU), each training up to `fuse` runs at once in one fused group. Threads and fusion change the float
+    rounding of training, so two runs of one study give the same numbers only with the same layout."""
+    processes: int
+    threads: int | None
+    fuse: int
+
+    def describe(self) -> str:
+        where = f"{self.processes} processes" if self.processes > 1 else "1 process"
+        threads = "" if self.threads is None else f" x {self.threads} thread{'s' if self.threads != 1 else ''}"
+        return f"{where}{threads}, K = {self.fuse}"
+
+
+@dataclass(frozen=True)
+class StudyLayout:
+    """How a run of the study uses the machine: for its trials and reference runs, and for its race."""
+    trials: PhaseLayout
+    race: PhaseLayout
+
+    def describe(self) -> str:
+        return f"trials {self.trials.describe()}; race {self.race.describe()}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"trials": dataclasses.asdict(self.trials), "race": dataclasses.asdict(self.race)}
+
+    @classmethod
+    def from_dict(cls, stored: Mapping[str, Any]) -> StudyLayout:
+        return cls(*(PhaseLayout(int(stored[k]["processes"]), None if stored[k]["threads"] is None
+                                 else int(stored[k]["threads"]), int(stored[k]["fuse"])) for k in ("trials", "race")))
+
+
+def stored_layouts(study_attrs: Mapping[str, Any]) -> list[tuple[StudyLayout, int]]:
+    """The layouts a study ran with, in order, each with the finished trials the study had when it began."""
+    return [(StudyLayout.from_dict(r), int(r.get("finished_trials", 0))) for r in study_attrs.get(LAYOUT_ATTR, [])]
+
+
+def stored_layout(study_attrs: Mapping[str, Any]) -> StudyLayout | None:
+    """The layout the study last ran with (None: none stored, a study made before layouts were stored)."""
+    layouts = stored_layouts(study_attrs)
+    return layouts[-1][0] if layouts else None
+
+
+def record_layout(study: optuna.Study, layout: StudyLayout, finished_trials: int) -> None:
+    """Store `layout` as the study's present one, unless it already is (the record grows only on a change)."""
+    if stored_layout(study.user_attrs) == layout:
+        return
+    records = list(study.user_attrs.get(LAYOUT_ATTR, []))
+    study.set_user_attr(LAYOUT_ATTR, records + [layout.to_dict() | {"finished_trials": finished_trials}])
+
+
 @dataclass(frozen=True)
 
 

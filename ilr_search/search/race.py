@@ -32,10 +32,10 @@ from ilr_search.training.flops import baseline_flops_per_token, flops_ratio, for
 from ilr_search.training.flops import param_count
 from ilr_search.knobs import config_key
 from ilr_search.analysis.racing import Evaluation, FrontPoint, RaceJob, RaceSettings, RaceState, race_state
-from ilr_search.analysis.results import (DEEP_PREFIX, REFERENCE_PREFIX, is_deep_key, as_list, finite_or_none, is_baseline_key, key_reuse_map,
+from ilr_search.analysis.results import (DEEP_PREFIX, REFERENCE_PREFIX, is_deep_key, as_list, finite_or_none, is_baseline_key, key_reuse_map, map_text,
                                          knobs_text, study_front, trained_by_map, trained_trials)
 from ilr_search.analysis.trials import Trial, trial_records
-from ilr_search.training.schedule import format_reuse_map, reuse_map_schedule
+from ilr_search.training.schedule import format_reuse_map, map_of_key, reuse_map_schedule
 from ilr_search.storage import RaceRunJob, RaceRun, Heartbeat, Store, grace_period, heartbeat_interval
 from ilr_search.training.jobs import fusable
 
@@ -140,7 +140,7 @@ def stored_results(trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows
         if not name.startswith(REFERENCE_PREFIX) or not ref.get("reuse_map"):  # block recurrence is no reuse map
             continue
         ppl = ref.get("val_ppl")
-        key = config_key(format_reuse_map(ref["reuse_map"]), ref.get("knobs", {}))
+        key = config_key(ref.get("map") or format_reuse_map(ref["reuse_map"]), ref.get("knobs", {}))
         found.append(StoredResult(key, float(ref["flops_ratio"]), base_steps, int(ref["seed"]), schedule,
                                   math.log(ppl) if ppl else None, ppl, ref.get("val_bpb"),
                                   f"reference {name[len(REFERENCE_PREFIX):]}"))
@@ -211,6 +211,7 @@ def front_rows(points: Sequence[FrontPoint], trials: Sequence[Trial], results: S
         bpbs = [bpb.get((p.map_key, p.steps, s)) for s in p.seeds]
         rows.append({"trial": t.number if t is not None else None,
                      "reuse_map": as_list(t.reuse_map) if t is not None else key_reuse_map(p.map_key),
+                     "map": map_text(p.map_key),
                      "knobs": knobs_text(t) if t is not None else None, "flops_ratio": p.flops_ratio,
                      "val_ppl": p.val_ppl,
                      "val_bpb": sum(bpbs) / len(bpbs) if bpbs and None not in bpbs else None,
@@ -266,7 +267,7 @@ def decided_best(state: RaceState, rows: Sequence[Mapping[str, Any]]) -> dict[st
     its front row's perplexity, length and seeds; None before the race has a front."""
     if state.best is None:
         return None
-    row = next((r for r in rows if ",".join(map(str, r["reuse_map"])) == state.best.split("|")[0]), None)
+    row = next((r for r in rows if r["map"] == map_text(state.best)), None)
     return {"map": state.best, "beats_baseline": state.best in state.confirmed_better, "done": state.done,
             "val_ppl": row["val_ppl"] if row else None, "steps": row["steps"] if row else None,
             "seeds": row["seeds"] if row else None}
@@ -308,6 +309,7 @@ class ClaimedRun:
     checkpoint: Path
     number: int  # the map's trial
     flops_ratio: float = 0.0  # forward FLOPs per token over the study's all-ones map's
+    schedule: list[int] = dataclasses.field(default_factory=list)  # the layer order (a block's is not its counts')
 
 
 def planned_run(plan: StudyPlan, job: RaceJob, by_key: Mapping[str, Trial], train: TrainConfig, base_steps: int,
@@ -325,12 +327,13 @@ def planned_run(plan: StudyPlan, job: RaceJob, by_key: Mapping[str, Trial], trai
         trial = by_key.get(job.map_key)
         if trial is None and not is_baseline_key(job.map_key):
             return None
-        reuse_map = list(trial.reuse_map) if trial is not None else key_reuse_map(job.map_key)
+        chosen = map_of_key(job.map_key, plan.model.n_layers)
+        reuse_map, schedule = list(chosen.counts), chosen.schedule()
         model = plan.trial_model(dict(trial.knobs) if trial is not None else {})
-        ratio = flops_ratio(model, reuse_map_schedule(reuse_map))
+        ratio = flops_ratio(model, schedule)
         number = trial.number if trial is not None else 0
     return ClaimedRun(stored, reuse_map, model, longer_train_config(train, job.steps, job.seed),
-                      run_checkpoint(checkpoint_folder, stored), number, ratio)
+                      run_checkpoint(checkpoint_folder, stored), number, ratio, schedule)
 
 
 def train_claimed(store: Store, runs: Sequence[ClaimedRun], worker: str, data: TokenData, reporter: RunReporter,
@@ -341,7 +344,8 @@ def train_claimed(store: Store, runs: Sequence[ClaimedRun], worker: str, data: T
     from ilr_search.training.jobs import Job, train_jobs  # here, not at the top: reading a race's results loads no torch
 
     reporter.on(RunsStarted(tuple((r.job.map_key, r.train_cfg.steps, r.job.seed) for r in runs), kind))
-    jobs = [Job(r.model, reuse_map_schedule(r.reuse_map), r.train_cfg, checkpoint=r.checkpoint) for r in runs]
+    jobs = [Job(r.model, r.schedule or reuse_map_schedule(r.reuse_map), r.train_cfg, checkpoint=r.checkpoint)
+            for r in runs]
     try:
         with Heartbeat(lambda: [store.beat_race_run(r.job, worker) for r in runs] and True):
             results = train_jobs(jobs, data, fuse=len(runs), on_step=step_callback(reporter))

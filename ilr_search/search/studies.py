@@ -15,7 +15,7 @@ from ilr_search.analysis.results import (curves_by_trial, curves_of_trials, list
 from ilr_search.analysis.trials import FINISHED, Trial, trained_results, trial_records
 from ilr_search.storage import study_id, study_storage, StorageSpec, Store, open_storage, open_store, parse_storage
 
-from ilr_search.search.plan import SAMPLER_ATTR, stored_config
+from ilr_search.search.plan import SAMPLER_ATTR, stored_config, stored_layouts
 from ilr_search.search.race import RACE_POINT_FIELDS, race_summary
 
 FRONT_FIELDS = ("trial", "reuse_map", "flops_ratio", "val_ppl", "val_bpb")  # of a front point in `run --json`
@@ -140,8 +140,8 @@ def list_trials(study_name: str, storage: str | None = None) -> list[dict[str, A
 
 
 def trials_report(study_name: str, storage: str | None = None) -> dict[str, Any]:
-    """`ilr-search trials`: every trial, the reference runs, every stored race run (race_run_rows), and the
-    study's fidelity (how far its proxy can be trusted)."""
+    """`ilr-search trials`: every trial, the reference runs, every stored race run (race_run_rows), the
+    study's fidelity (how far its proxy can be trusted), and the layouts its runs used (plan.stored_layouts)."""
     spec = parse_storage(storage, read_only=True)
     study = open_study(spec, study_name)
     trials = trial_records(study.get_trials(deepcopy=False))
@@ -154,4 +154,6 @@ def trials_report(study_name: str, storage: str | None = None) -> dict[str, Any]
             "references": reference_rows(study),
             "race_runs": race_run_rows(runs, study.user_attrs),
             "fidelity": fidelity_of(study, store, trials),
-            "race": race["race"], "verdict": race["verdict"], "target_steps": race["target_steps"]}
+            "race": race["race"], "verdict": race["verdict"], "target_steps": race["target_steps"],
+            "layouts": [layout.to_dict() | {"finished_trials": finished}
+                        for layout, finished in stored_layouts(study.user_attrs)]}
