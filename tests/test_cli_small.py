@@ -89,9 +89,12 @@ print("loaded:", *loaded, "optuna verbosity:", optuna.logging.get_verbosity())
 @pytest.mark.parametrize("args, printed", [
     (["--help"], "loaded: optuna verbosity: 20"),  # help loads neither Optuna nor torch (20: Optuna's default)
     (["run", "--help"], "loaded: optuna verbosity: 20"),
-    (["studies", "--storage", "sqlite:///none.db"], "loaded: optuna optuna verbosity: 40"),  # a command: errors only
+    (["studies", "--storage", "sqlite:///s.db"], "loaded: optuna optuna verbosity: 40"),  # a command: errors only
 ])
 def test_help_loads_no_optuna_and_a_command_quiets_it(tmp_path, args, printed):
+    import optuna
+
+    optuna.create_study(study_name="s", storage=f"sqlite:///{tmp_path / 's.db'}")
     proc = subprocess.run([sys.executable, "-c", MAIN_THEN_LOADED, *args], cwd=tmp_path, capture_output=True,
                           text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -190,3 +193,63 @@ def test_flops_takes_the_model_options_only(cli):
     train = cli("train", "--help", check=True).stdout
     assert all(flag in train for flag in TRAINING_FLAGS + ["--layers", "--tokenizer"])
     assert_one_line_error(cli("flops", "--steps", "10"))
+
+
+HUGE = "99999999999999999999"  # beyond a 64-bit integer
+TOO_LARGE = [  # (arguments, what the error says): every size refused before anything is allocated or trained
+    (["flops", "--layers", HUGE], "layers must be at most 1,024"),
+    (["flops", "--layers", "10000000"], "layers must be at most 1,024"),
+    (["flops", "--d-model", "131072", "--heads", "4"], "d_model must be at most 65,536"),
+    (["flops", "--seq-len", HUGE], "seq_len must be at most 1,048,576"),
+    (["flops", "--block", HUGE], "above the space's max_reuse"),
+    (["train", "--steps", HUGE], "steps must be at most 1,000,000,000"),
+    (["train", "--batch-size", HUGE], "batch_size must be at most 65,536"),
+    (["run", "--budget", "2x", "--n-trials", HUGE], "at most 100,000"),
+    (["run", "--budget", "2x", "--workers", HUGE], "--workers must be 1 to 1,024"),
+    (["run", "--budget", "2x", "--fuse", HUGE], "at most 1,024"),
+    (["run", "--budget", "2x", "--target", "1e300x"], "must be at most 1,000,000,000 steps"),
+    (["run", "--budget", "2x", "--race-seeds", HUGE], "race_seeds must be at most 1,000"),
+]
+
+
+@pytest.mark.parametrize("args, says", TOO_LARGE, ids=lambda a: " ".join(a) if isinstance(a, list) else None)
+def test_sizes_above_their_maximum_are_one_error_line(cli, tmp_path, args, says):
+    storage = ["--storage", f"sqlite:///{tmp_path / 'r.db'}"] if args[0] == "run" else []
+    proc = cli(*args, "--space", str(TINY_SPACE), *storage)
+    assert_one_line_error(proc)
+    assert says in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_space_file_above_a_maximum_is_refused_as_the_flag_is(cli, tmp_path):
+    space = write_space(tmp_path / "big.toml", search={"max_reuse": 1000})
+    proc = cli("flops", "--space", str(space))
+    assert_one_line_error(proc)
+    assert "max_reuse must be at most 64, got 1000" in proc.stderr and "big.toml" in proc.stderr
+
+
+def test_studies_of_a_missing_storage_is_an_error_and_creates_nothing(cli, tmp_path):
+    for command in ("studies", "trials"):
+        proc = cli(command, "--storage", f"sqlite:///{tmp_path / 'missing.db'}")
+        assert_one_line_error(proc)
+        assert "does not exist yet" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args", [["pareto", "--out", "front.docx"], ["export", "--out", "trials.xlsx"],
+                                  ["audit", "--factor", "0"], ["recipe", "--out", "recipe.docx"]], ids=" ".join)
+def test_the_default_study_is_not_announced_before_an_error(cli, tmp_path, args):
+    import optuna
+
+    db = tmp_path / "s.db"
+    optuna.create_study(study_name="only", storage=f"sqlite:///{db}")
+    before = db.read_bytes()
+    proc = cli(*args, "--storage", f"sqlite:///{db}")
+    assert_one_line_error(proc)  # the error line alone: no "study only (the only study in ...)" line
+    assert db.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["s.db"]
+
+
+def test_a_mysql_storage_without_its_driver_names_a_mysql_driver(cli):
+    proc = cli("studies", "--storage", "mysql://user@127.0.0.1:9/db")
+    assert_one_line_error(proc)
+    assert "mysqlclient" in proc.stderr and "postgres" not in proc.stderr.lower()

@@ -33,6 +33,21 @@ out = console()
 err = console(stderr=True)
 
 
+held_notes: list[str] = []  # informational lines for stderr, held until the command is known to go ahead
+
+
+def hold_note(text: str) -> None:
+    """A line for stderr (which study a command took, which map) that is printed once the command goes ahead (its
+    first output or progress, or its end), and never when it fails: an `error:` line stays alone."""
+    held_notes.append(text)
+
+
+def release_notes() -> None:
+    """Print the held notes on stderr, in order."""
+    while held_notes:
+        err.print(held_notes.pop(0), soft_wrap=True, markup=False, highlight=False)
+
+
 class LazyProgress(Progress):
     """Progress bars that start drawing at their first task added or updated: a command that fails before any
     work prints its `error:` line with no blank line before it (a started Progress leaves one on stop)."""
@@ -44,6 +59,7 @@ class LazyProgress(Progress):
 
     def _draw(self) -> None:
         if self._wanted and not self.live.is_started:
+            release_notes()
             super().start()
 
     def add_task(self, *args: Any, **kwargs: Any) -> Any:
@@ -227,6 +243,7 @@ class ConsoleReporter(RunReporter):
             handler(event)
 
     def print(self, event: Event, text: str) -> None:
+        release_notes()
         if self.enabled:
             self.progress.console.print(("" if event.worker is None else f"worker {event.worker}: ") + text)
 
