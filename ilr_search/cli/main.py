@@ -330,7 +330,7 @@ def run(
     if dry_run:
         from ilr_search.commands.dryrun import dry_run_report
 
-        emit(dry_run_report(request, workers), json_out, ui.print_plan)
+        emit(dry_run_report(request, workers, fuse=fuse_asked), json_out, ui.print_plan)
         return
     tracked = tracked_reporter(track, storage)
     summary = run_search(request, fuse_asked, workers, lambda: tracked(ui.ConsoleReporter(enabled=True)),

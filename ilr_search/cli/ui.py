@@ -529,9 +529,14 @@ def print_pruning_replay(report: dict[str, Any]) -> None:
 
 
 def print_plan(report: dict[str, Any]) -> None:
+    resume = report["resume"]
     rows = {
         "study": report["study"] + (f" (resume: {report['finished_trials']} of {report['n_trials']} trials finished)"
-                                    if report["resume"] else " (new)"),
+                                    if resume else " (new)"),
+    }
+    if report.get("finished"):
+        rows["left"] = report["left"]
+    rows |= {
         "trials to train": f"{report['trials_to_train']} (target {report['n_trials']})",
         "references": ", ".join(report["references_to_train"]) or "none",
         "sampler": report["sampler"],
@@ -550,30 +555,40 @@ def print_plan(report: dict[str, Any]) -> None:
     if report.get("knobs"):
         rows["knobs"] = ", ".join(report["knobs"])
     race = report.get("race") or {}
-    if race.get("policy") == "adaptive":
+    left = " left" if resume else ""
+    if race.get("decided"):
+        rows["race"] = f"{race['policy']} at {race['target_steps']} steps: decided ({race['steps_trained']} steps trained)"
+    elif race.get("policy") == "adaptive":
         rows["race"] = (f"adaptive at {race['target_steps']} steps: {race['screen']} maps screened at seed 0, "
                         f"{race['contenders']} contenders (the baseline among them) on {race['first_test_seeds']} to "
                         f"{race['max_seeds'] - 1} test seeds, equal compute {race['equal_compute']}: "
-                        f"{race['runs_min']} to {race['runs_max']} runs ({race['steps_min']} to {race['steps_max']} steps"
-                        + (f", capped at {race['cap']}" if race.get("cap") else "") + ")")
+                        f"{race['runs_min']} to {race['runs_max']} runs{left} ({race['steps_min']} to "
+                        f"{race['steps_max']} steps" + (f", capped at {race['cap']}" if race.get("cap") else "") + ")")
     elif race.get("policy") == "fixed":
         rows["race"] = (f"fixed: {race['contenders']} contenders at {race['seeds']} seeds at {race['lengths']} steps: "
-                        f"at most {race['steps_max']} steps")
+                        f"at most {race['steps_max']} steps{left}")
     else:
         rows["race"] = "off"
     if "estimated_seconds" in report:
+        rows["layout"] = report["layout"]
         for p in report["probe"]:
-            rows[f"probe {p['label']}"] = (f"map {format_reuse_map(p['reuse_map'])}: {p['seconds_per_step'] * 1000:.1f} ms/step, "
-                                           f"{p['seconds_per_eval'] * 1000:.0f} ms/evaluation")
+            rows[f"probe {p['label']}"] = (f"map {format_reuse_map(p['reuse_map'])}: {_milliseconds(p['seconds_per_step'])}/step, "
+                                           f"{_milliseconds(p['seconds_per_eval'])}/evaluation")
         rows["per trial"] = _duration(report["estimated_trial_seconds"])
-        low, high = report["estimated_race_seconds"]
-        rows["race time"] = f"{_duration(low)} to {_duration(high)}"
-        rows["estimated time"] = (f"{_duration(report['estimated_seconds'])} to {_duration(report['estimated_seconds_max'])} "
-                                  f"({report['estimate_note']})")
+        low, high = report["estimated_seconds"], report["estimated_seconds_max"]
+        span = _duration(low) if _duration(low) == _duration(high) else f"{_duration(low)} to {_duration(high)}"
+        rows["estimated time" + left] = f"{span} ({report['estimate_note']})"
     key_value_table("dry run: nothing was written", rows)
 
 
+def _milliseconds(seconds: float) -> str:
+    """A probed time in milliseconds to three significant digits (0.0123 ms as such, never 0.0)."""
+    return f"{seconds * 1000:.3g} ms"
+
+
 def _duration(seconds: float) -> str:
+    if seconds < 9.95:  # a short run in tenths, not 0m 00s
+        return f"{seconds:.1f}s"
     seconds = int(round(seconds))
     h, rest = divmod(seconds, 3600)
     m, s = divmod(rest, 60)

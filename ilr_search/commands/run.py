@@ -99,6 +99,15 @@ def busy_machine(space: SpaceConfig) -> float | None:
     return load if load >= BUSY_LOAD else None
 
 
+def process_threads(space: SpaceConfig, threads: int | None) -> tuple[int | None, str | None]:
+    """The torch threads of a run's own process for its layout's `threads` (None: torch's default): one on a
+    busy machine, with the line that says so (None when it is not busy)."""
+    load = busy_machine(space) if threads is None else None
+    if load is None:
+        return threads, None
+    return 1, f"the machine is busy (load average {load:.2f} on {os.cpu_count()} cores): training on one thread a process"
+
+
 class NoteAtStart(RunReporter):
     """A reporter that says `note` once the study has started (after the run's input checks, so that bad input
     still gets its one error line alone)."""
@@ -131,12 +140,7 @@ def run_search(request: RunRequest, fuse: int | str, workers: int | None,
             return run_workers(request, layout.groups, reporter, threads=layout.threads)
     from ilr_search.search.run import run_study
 
-    threads = layout.threads
-    load = busy_machine(request.space) if threads is None else None
-    busy = None
-    if load is not None:
-        threads = 1
-        busy = f"the machine is busy (load average {load:.2f} on {os.cpu_count()} cores): training on one thread a process"
+    threads, busy = process_threads(request.space, layout.threads)
     if threads is not None:
         import torch
 
