@@ -200,6 +200,39 @@ class SearchConfig:
     enqueue: tuple[str, ...] = ()
 
 
+# The largest value of each size a space accepts, from its TOML or a flag alike (space.validate_space checks them
+# before anything is allocated, trained or stored): (section, TOML key) -> maximum. Beyond them a model could not
+# be allocated, a run would not end, or a count would not fit a database's integer. The race's length (target x
+# steps) is held to the steps' maximum too, and `run --workers` to WORKERS_MAX.
+SIZE_MAXIMA: dict[tuple[str, str], int | float] = {
+    ("model", "layers"): 1024,
+    ("model", "d_model"): 65_536,
+    ("model", "heads"): 1024,
+    ("model", "seq_len"): 1_048_576,
+    ("model", "mlp_ratio"): 64,
+    ("model", "init_depth"): 1024 * 64,  # layers x max_reuse: the deepest map
+    ("train", "steps"): 10**9,
+    ("train", "batch_size"): 65_536,
+    ("train", "grad_accum"): 65_536,
+    ("train", "warmup_steps"): 10**9,
+    ("train", "eval_windows"): 1_000_000,
+    ("train", "checkpoint_every"): 10**9,
+    ("data", "max_train_tokens"): 10**15,
+    ("search", "n_trials"): 100_000,
+    ("search", "max_reuse"): 64,
+    ("search", "race_seeds"): 1000,
+    ("search", "max_seeds"): 1000,
+    ("search", "race_contenders"): 1000,
+    ("search", "race_screen"): 1000,
+    ("search", "max_race_steps"): 10**15,
+    ("search", "fuse"): 1024,
+    ("search", "noise_seeds"): 1000,
+    ("search", "prune_warmup"): 100_000,
+    ("search", "prune_calibration_maps"): 100_000,
+}
+WORKERS_MAX = 1024
+
+
 # The version of the stored configuration's layout (SpaceConfig.to_dict, and the study configuration plan.py
 # stores). 0: no `schema_version` key, what every study stored before this field existed; 1: the same sections
 # and keys, with the version written. A later layout gets a new number and its own reading in from_dict.

@@ -20,8 +20,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from ilr_search.config import DEVICES, DTYPES, EQUAL_COMPUTE, FAMILIES, TRIAL_FAMILIES, LR_SCHEDULES, OBJECTIVES, PRUNERS, RACE_POLICIES, \
-    SAMPLERS, DataConfig, SearchConfig, SpaceConfig, TrainConfig
+from ilr_search.config import DEVICES, DTYPES, EQUAL_COMPUTE, FAMILIES, TRIAL_FAMILIES, LR_SCHEDULES, OBJECTIVES, PRUNERS, \
+    RACE_POLICIES, SAMPLERS, SIZE_MAXIMA, DataConfig, SearchConfig, SpaceConfig, TrainConfig
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import check_knobs
 
@@ -175,7 +175,23 @@ def races_at_all(search: SearchConfig) -> bool:
     return search.target > 1 or search.race_seeds > 1
 
 
+def check_sizes(space: SpaceConfig) -> None:
+    """Every size at most its SIZE_MAXIMA (the race's length too): checked first, before anything is sized from
+    them. The SpaceError names the section, so that load_space names the flag that set it."""
+    for (section, key), maximum in SIZE_MAXIMA.items():
+        keys = _SECTIONS[section][1]
+        value = getattr(getattr(space, section), keys[key])
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > maximum:
+            detail = f"{key} must be at most {maximum:,}, got {value}"
+            raise SpaceError(f"[{section}] of {space.source or 'space'}: {detail}", section, detail)
+    t, s = space.train, space.search
+    if isinstance(s.target, (int, float)) and math.isfinite(s.target) and t.steps * s.target > SIZE_MAXIMA["train", "steps"]:
+        raise SpaceError(f"the race's length (target {s.target:g}x of {t.steps} steps) must be at most "
+                         f"{SIZE_MAXIMA['train', 'steps']:,} steps; give a smaller --target or --steps")
+
+
 def validate_space(space: SpaceConfig) -> None:
+    check_sizes(space)
     t, s = space.train, space.search
     checks = [
         (t.steps >= 1, f"steps must be at least 1, got {t.steps}"),

@@ -146,9 +146,12 @@ def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
 
         quiet_optuna()
         try:
-            return command(*args, **kwargs)
+            result = command(*args, **kwargs)
         except UserInputError as e:
+            ui.held_notes.clear()
             fail(str(e))
+        ui.release_notes()
+        return result
 
     return wrapper
 
@@ -159,6 +162,7 @@ def fail(message: str) -> None:
 
 
 def emit(obj: dict[str, Any], as_json: bool, render: Callable[[dict[str, Any]], None]) -> None:
+    ui.release_notes()
     if as_json:
         print(json.dumps(obj, default=float))
     else:
@@ -243,7 +247,7 @@ def train_study_map(opts: SpaceOptions, reuse_map: str | None, block: int | None
     overrides = {"seed": opts.seed, "device": opts.device, "dtype": opts.dtype, "compile": opts.compile}
     with ui.step_progress(enabled=True) as on_step:
         report = train_from_study(study, storage, map_text, opts.steps, overrides, on_step, save,
-                                  on_choice=lambda why: ui.err.print(f"study {study}: {why}"))
+                                  on_choice=lambda why: ui.hold_note(f"study {study}: {why}"))
     emit(report, json_out, ui.print_train)
     if save is not None and not json_out:
         ui.out.print(f"saved the model to {save}")
@@ -342,7 +346,7 @@ def run(
     if dry_run:
         from ilr_search.commands.dryrun import dry_run_report
 
-        emit(dry_run_report(request, workers), json_out, ui.print_plan)
+        emit(dry_run_report(request, workers, fuse=fuse_asked), json_out, ui.print_plan)
         return
     tracked = tracked_reporter(track, storage)
     summary = run_search(request, fuse_asked, workers, lambda: tracked(ui.ConsoleReporter(enabled=True)),
@@ -372,7 +376,7 @@ def study_or_default(study: str | None, storage: str | None) -> str:
     from ilr_search.commands.studies import default_study
 
     name, why = default_study(storage)
-    ui.err.print(f"study {name} ({why})")
+    ui.hold_note(f"study {name} ({why})")
     return name
 
 
@@ -537,7 +541,7 @@ def recipe(
 
     path = check_out_path(out, RECIPE_FORMATS) if out is not None else None
     name = study_or_default(study, storage)
-    report = study_recipe(name, storage, map_, on_choice=lambda why: ui.err.print(f"study {name}: {why}"))
+    report = study_recipe(name, storage, map_, on_choice=lambda why: ui.hold_note(f"study {name}: {why}"))
     if path is not None:
         write_recipe(report, path)
     if json_out:

@@ -29,6 +29,7 @@ from ilr_search.training.schedule import BlockMap, Map, block_schedule, format_r
 from ilr_search.search.plan import stored_config
 from ilr_search.search.race import decided_front, race_summary
 from ilr_search.search.studies import open_study
+from ilr_search.space import SpaceError, check_sizes
 from ilr_search.storage import study_storage, open_store, parse_storage
 from ilr_search.training.train import OnStep, TrainResult, train_proxy
 
@@ -335,13 +336,17 @@ def train_from_study(study_name: str, storage: str | None, map_text: str | None,
     choice, why = choose_map(view, map_text, trained_only=False)
     if steps is not None and steps < 1:
         raise UserInputError(f"--steps must be at least 1, got {steps}")
+    train_cfg = dataclasses.replace(view.space.train, steps=steps or view.space.train.steps,
+                                    **{k: v for k, v in train_overrides.items() if v is not None})
+    space = dataclasses.replace(view.space, train=train_cfg)
+    try:
+        check_sizes(space)
+    except SpaceError as e:
+        raise UserInputError(f"--steps {steps}: {e.detail}" if e.section == "train" else str(e)) from None
     if save is not None:
         check_save_dir(save)
     if on_choice is not None:
         on_choice(why)
-    train_cfg = dataclasses.replace(view.space.train, steps=steps or view.space.train.steps,
-                                    **{k: v for k, v in train_overrides.items() if v is not None})
-    space = dataclasses.replace(view.space, train=train_cfg)
     model_cfg = view.model(choice.knobs)
     data = load_space_tokens(space)
     check_vocab(model_cfg, data.vocab_size)

@@ -31,7 +31,7 @@ from ilr_search.search.phases import PhaseMeter
 from ilr_search.search.plan import ADOPTED_RACE_FIELDS, PhaseLayout, StudyLayout
 from ilr_search.search.progress import Event, Message, RunReporter, StudyStarted
 from ilr_search.search.run import RunRequest
-from ilr_search.config import SpaceConfig
+from ilr_search.config import WORKERS_MAX, SpaceConfig
 from ilr_search.space import load_space, parse_target
 
 @dataclass(frozen=True)
@@ -68,8 +68,8 @@ def run_request(options: RunOptions) -> tuple[RunRequest, int | str]:
               "target": None if options.target is None else parse_target(options.target),
               "race_seeds": options.race_seeds, "max_race_steps": options.max_race_steps,
               "enqueue": None if options.enqueue is None else split_enqueue_text(options.enqueue)} | race
-    if options.workers is not None and options.workers < 1:
-        raise UserInputError(f"--workers must be at least 1, got {options.workers}")
+    if options.workers is not None and not 1 <= options.workers <= WORKERS_MAX:
+        raise UserInputError(f"--workers must be 1 to {WORKERS_MAX:,}, got {options.workers}")
     asked_fuse = None if options.fuse is None else parse_fuse(options.fuse)
     overrides = {**options.overrides, "search": {**options.overrides.get("search", {}), **search}}
     space = load_space(options.space, overrides)

@@ -16,7 +16,7 @@ import optuna
 import sqlalchemy as sa
 from optuna.trial import FrozenTrial, TrialState
 
-from ilr_search.config import SpaceConfig, StudySettings
+from ilr_search.config import SIZE_MAXIMA, SpaceConfig, StudySettings
 from ilr_search.data.tokens import TokenData, load_space_tokens
 from ilr_search.errors import StorageFullError, UserInputError
 from ilr_search.folders import check_can_create
@@ -68,8 +68,9 @@ class RunRequest:
 
     def check(self) -> None:
         """Bad numbers raise a UserInputError, before anything is opened."""
-        if self.n_trials is not None and self.n_trials <= 0:
-            raise UserInputError(f"--n-trials must be a positive number of trials, got {self.n_trials}")
+        if self.n_trials is not None and not 0 < self.n_trials <= SIZE_MAXIMA["search", "n_trials"]:
+            raise UserInputError(f"--n-trials must be a positive number of trials, at most "
+                                 f"{SIZE_MAXIMA['search', 'n_trials']:,}, got {self.n_trials}")
         if self.timeout is not None and self.timeout <= 0:
             raise UserInputError(f"--timeout must be a positive number of seconds, got {self.timeout}")
         check_fuse(self.fuse)
@@ -341,8 +342,9 @@ def _run_study(request: RunRequest, reporter: RunReporter, reference_share: tupl
 
 
 def check_fuse(fuse: int) -> None:
-    if isinstance(fuse, bool) or not isinstance(fuse, int) or fuse < 1:
-        raise UserInputError(f"--fuse must be a positive number of maps trained at once (1: one at a time), got {fuse!r}")
+    if isinstance(fuse, bool) or not isinstance(fuse, int) or not 1 <= fuse <= SIZE_MAXIMA["search", "fuse"]:
+        raise UserInputError(f"--fuse must be a positive number of maps trained at once (1: one at a time), at most "
+                             f"{SIZE_MAXIMA['search', 'fuse']:,}, got {fuse!r}")
 
 
 def _disk_full_cause(e: BaseException | None) -> BaseException | None:
