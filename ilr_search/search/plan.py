@@ -146,6 +146,8 @@ def derive_study_name(config: dict[str, Any]) -> str:
     m, d = config["model"], config["data"]
     digest = hashlib.sha256(json.dumps(study_identity(config), sort_keys=True).encode()).hexdigest()[:8]
     corpus = "stdlib" if d["corpus"] == "stdlib" else Path(d["corpus"].replace(":", "-")).name[:24]
+    if d.get("answer_column"):  # a study of the answer loss says so (only they store an answer column)
+        corpus += "-answer"
     return (f"ilr-L{m['n_layers']}-d{m['d_model']}-{m['pe']}-{corpus}-{d['tokenizer'].replace(':', '')}"
             f"-{config['budget']['ratio']:g}x-{digest}")
 
