@@ -263,7 +263,7 @@ def _encode_all(tok: Tokenizer, docs: list[Document], max_tokens: int
     """The documents' token ids, bytes per token (None: one each) and, for rows, the answer mask (else None).
     A row is its prompt's tokens, its answer's and ROW_END's, each part tokenized alone so that the mask is exact."""
     rows = bool(docs) and docs[0].answer is not None
-    row_end = tok.encode_batch([ROW_END])[0] if rows else None
+    row_end = tok.encode_batch([ROW_END])[0]
     ids, nbytes, masks, total = [], [], [], 0
     for i in range(0, len(docs), 256):
         batch = docs[i:i + 256]
