@@ -190,6 +190,14 @@ def check_sizes(space: SpaceConfig) -> None:
                          f"{SIZE_MAXIMA['train', 'steps']:,} steps; give a smaller --target or --steps")
 
 
+def check_search_objective(space: SpaceConfig) -> None:
+    """A search's objective and its data agree: answer rows (an answer column) are searched by the answer
+    objective, and only they are, so that a study's objective always names what its perplexities are of."""
+    if space.data.answer_column and space.search.objective != "answer":
+        raise SpaceError(f"--answer-column makes the loss the answer tokens'; search it with --objective answer "
+                         f"(not {space.search.objective})")
+
+
 def validate_space(space: SpaceConfig) -> None:
     check_sizes(space)
     t, s = space.train, space.search
@@ -239,6 +247,11 @@ def validate_space(space: SpaceConfig) -> None:
          f"fuse (maps trained at once in one fused group) must be at least 1 or \"auto\", got {s.fuse!r}"),
         (isinstance(s.enqueue, tuple) and all(isinstance(e, str) for e in s.enqueue), f"[search] enqueue must be a list of strings like \"3,2,2,1\", got {list(s.enqueue)}"),
         (0 < space.data.val_fraction < 1, f"val_fraction must be in (0, 1), got {space.data.val_fraction}"),
+        (s.objective != "answer" or bool(space.data.answer_column),
+         "--objective answer needs --answer-column NAME (the answer column of the prompt/answer rows of --data)"),
+        (not space.data.answer_column or space.data.corpus != "stdlib",
+         f"--answer-column {space.data.answer_column!r}: the embedded corpus (stdlib) has no rows; give --data a "
+         ".jsonl/.parquet/.csv file or hf:NAME of prompt/answer rows"),
     ]
     for ok, message in checks:
         if not ok:

@@ -67,6 +67,7 @@ class SpaceOptions:
     tokenizer: Optional[str] = None
     data: Optional[str] = None  # the training options: None in flops, which has none of them
     text_column: Optional[str] = None
+    answer_column: Optional[str] = None
     steps: Optional[int] = None
     batch_size: Optional[int] = None
     lr: Optional[float] = None
@@ -79,7 +80,8 @@ class SpaceOptions:
         return {
             "model": {"layers": self.layers, "d_model": self.d_model, "heads": self.heads, "seq_len": self.seq_len,
                       "mlp_ratio": self.mlp_ratio, "pe": self.pe},
-            "data": {"corpus": self.data, "tokenizer": self.tokenizer, "text_column": self.text_column},
+            "data": {"corpus": self.data, "tokenizer": self.tokenizer, "text_column": self.text_column,
+                     "answer_column": self.answer_column},
             "train": {"steps": self.steps, "batch_size": self.batch_size, "lr": self.lr, "seed": self.seed,
                       "device": self.device, "dtype": self.dtype, "compile": self.compile},
         }
@@ -99,7 +101,8 @@ def _model_option_signature(
 
 def _training_option_signature(
     data: Annotated[Optional[str], typer.Option(help="stdlib (embedded), a local file/folder, or hf:NAME[:CONFIG].")] = None,
-    text_column: Annotated[Optional[str], typer.Option(help="Text column of .jsonl/.parquet/.csv data.")] = None,
+    text_column: Annotated[Optional[str], typer.Option(help="Text column of .jsonl/.parquet/.csv data (with --answer-column: the prompt column).")] = None,
+    answer_column: Annotated[Optional[str], typer.Option(help="Answer column of prompt/answer rows: the loss and validation metrics are on the answer tokens only. \\[default: none, the whole text]")] = None,
     steps: Annotated[Optional[int], typer.Option(help="Proxy training steps.")] = None,
     batch_size: Annotated[Optional[int], typer.Option(help="Sequences per step.")] = None,
     lr: Annotated[Optional[float], typer.Option(help="Peak learning rate.")] = None,
@@ -321,7 +324,7 @@ def run(
     timeout: Annotated[Optional[float], typer.Option(help="Stop starting new trials after this many seconds.")] = None,
     sampler: Annotated[Optional[str], typer.Option(help="auto|tpe|nsga2|gp|random|grid. \\[default: auto]")] = None,
     pruner: Annotated[Optional[str], typer.Option(help="pareto (calibrated: prunes only at rungs that predict the final ranking) | pareto-eager (the uncalibrated rule) | median | none. \\[default: pareto]")] = None,
-    objective: Annotated[Optional[str], typer.Option(help="pareto (perplexity and FLOPs) or ppl (budget as a constraint only).")] = None,
+    objective: Annotated[Optional[str], typer.Option(help="pareto (perplexity and FLOPs), ppl (budget as a constraint only) or answer (the answer tokens' perplexity and FLOPs; needs --answer-column).")] = None,
     workers: Annotated[Optional[int], typer.Option(help="Worker processes on this machine, sharing the study and the device (its trials, reference runs and race); on a CPU one thread each. \\[default: from the space: one a CPU core in default.toml, else 1, or as --fuse auto chooses]")] = None,
     fuse: Annotated[Optional[str], typer.Option(help="Maps trained at once in one fused group (K proxies in lockstep in one process); 1: one at a time; auto: K (and on a CPU, workers against threads) from memory and a short probe. A resume reuses the study's stored layout unless --fuse or --workers is given. \\[default: from the space, 4 in default.toml]")] = None,
     knobs: Annotated[Optional[str], typer.Option(help="Recurrence knobs searched with the map, comma-separated: injection, iteration_encoding, iteration_norms, depth_init, repeat_scale. \\[default: from the space, none in the presets]")] = None,

@@ -15,7 +15,7 @@ from typing import Any
 import optuna
 import torch
 
-from ilr_search.config import DataConfig, ModelConfig, SpaceConfig, TrainConfig
+from ilr_search.config import DataConfig, ModelConfig, SpaceConfig, TrainConfig, without_omitted_defaults
 from ilr_search.data.tokenizers import check_vocab, model_config
 from ilr_search.data.tokens import load_space_tokens
 from ilr_search.errors import UserInputError
@@ -232,7 +232,7 @@ def study_recipe(study_name: str, storage: str | None = None, map_text: str | No
         "budget": view.budget,
         "architecture": ARCHITECTURE,
         "model": _plain(dataclasses.asdict(model)),
-        "data": _plain(dataclasses.asdict(view.space.data)),
+        "data": without_omitted_defaults("data", _plain(dataclasses.asdict(view.space.data))),
         "train": {"steps": train.steps, "batch_size": train.batch_size, "grad_accum": train.grad_accum,
                   "lr": train.lr, "warmup_frac": train.warmup_frac, "min_lr_frac": train.min_lr_frac,
                   "weight_decay": train.weight_decay, "grad_clip": train.grad_clip,

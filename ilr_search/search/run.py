@@ -26,7 +26,7 @@ from ilr_search.training.flops import flops_ratio
 from ilr_search.knobs import KnobValue, config_key
 from ilr_search.analysis.results import REFERENCE_PREFIX, finite_or_none, has_result, study_front, trial_row
 from ilr_search.training.schedule import BlockMap, block_schedule, format_reuse_map, map_of_key
-from ilr_search.space import validate_space
+from ilr_search.space import check_search_objective, validate_space
 from ilr_search.storage import JournalStore, study_storage, StorageSpec, Store, heartbeat_interval, open_storage, open_store, parse_storage
 from ilr_search.training.jobs import Job, groups, train_jobs
 
@@ -135,6 +135,7 @@ def planned_space(request: RunRequest) -> tuple[SpaceConfig, StudyPlan]:
                                                                           ("pruner", request.pruner)) if v})
     space = dataclasses.replace(request.space, search=search)
     validate_space(space)
+    check_search_objective(space)
     plan = plan_study(space, request.budget, request.study_name)
     enqueued_maps(plan, enqueue_texts(request, space))
     return space, plan

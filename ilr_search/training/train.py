@@ -16,7 +16,7 @@ import torch
 import zlib
 
 from ilr_search.config import ModelConfig, TrainConfig
-from ilr_search.data.tokens import TokenData
+from ilr_search.data.tokens import TokenData, counted_targets
 from ilr_search.training.device import resolve_compile, resolve_device, resolve_dtype
 from ilr_search.records import EvalPoint, TrainLossPoint
 from ilr_search.training.model import ILRTransformer
@@ -120,22 +120,27 @@ def build_model(model_cfg: ModelConfig, seed: int) -> ILRTransformer:
 @torch.no_grad()
 def evaluate(model: ILRTransformer, schedule: Sequence[int], data: TokenData, cfg: TrainConfig,
              device: torch.device, compute_dtype: torch.dtype, compiled: bool = False) -> tuple[float, float, float]:
-    """(val_loss, val_ppl, val_bpb) over the fixed validation windows; one host sync at the end."""
+    """(val_loss, val_ppl, val_bpb) over the fixed validation windows' counted targets (with answers, the answer
+    tokens); one host sync at the end."""
     model.eval()
     seq_len = model.cfg.seq_len
     total_nats, total_tokens = torch.zeros((), dtype=torch.float64, device=device), 0
     for x, y in data.val_batches(cfg.eval_windows, seq_len, cfg.batch_size):
+        total_tokens += counted_targets(y)
         x, y = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
         with autocast_for(device, compute_dtype):
-            total_nats += model.loss(x, y, schedule, compute_dtype, reduction="sum", compiled=compiled)
-        total_tokens += y.numel()
+            total_nats += model.loss(x, y, schedule, compute_dtype, reduction="sum", compiled=compiled,
+                                     ignore_index=data.ignore_index)
     model.train()
     return validation_metrics(total_nats.item(), total_tokens, data, cfg, seq_len)
 
 
 def validation_metrics(nats: float, total_tokens: int, data: TokenData, cfg: TrainConfig,
                        seq_len: int) -> tuple[float, float, float]:
-    """(val_loss, val_ppl, val_bpb) from the nats summed over the validation windows' `total_tokens` targets."""
+    """(val_loss, val_ppl, val_bpb) from the nats summed over the validation windows' `total_tokens` counted
+    targets (none counted: nan, never a division by zero)."""
+    if not total_tokens:
+        return math.nan, math.nan, math.nan
     val_loss = nats / total_tokens
     val_bpb = nats / math.log(2) / data.val_bytes(cfg.eval_windows, seq_len)
     return val_loss, math.exp(min(val_loss, 700.0)), val_bpb
@@ -218,7 +223,7 @@ def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData
             x, y = torch.from_numpy(x).to(device, non_blocking=True), torch.from_numpy(y).to(device, non_blocking=True)
             data_seconds += time.perf_counter() - td
             with autocast_for(device, compute_dtype):
-                loss = model.loss(x, y, schedule, compute_dtype, compiled=compiled_loss)
+                loss = model.loss(x, y, schedule, compute_dtype, compiled=compiled_loss, ignore_index=data.ignore_index)
             (loss / cfg.grad_accum).backward()
             step_loss += loss.detach() / cfg.grad_accum
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
