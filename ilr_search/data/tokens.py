@@ -24,6 +24,7 @@ from ilr_search.folders import check_can_create
 
 
 CACHE_FORMAT = 1
+WINDOW_ORDER_SEED = 20261202  # the fixed order in which the held-out windows are dealt into chunks (window_chunk)
 
 
 def cache_root() -> Path:
@@ -70,6 +71,30 @@ class TokenData:
 
     def val_batches(self, n_windows: int, seq_len: int, batch_size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         starts = self.val_starts(n_windows, seq_len)
+        for i in range(0, len(starts), batch_size):
+            yield self._windows(self.val.tokens, starts[i:i + batch_size], seq_len)
+
+    def window_chunks(self, n_windows: int, seq_len: int) -> int:
+        """How many disjoint chunks of `n_windows` held-out windows the validation split holds (window_chunk)."""
+        return (len(self.val) // (seq_len + 1)) // n_windows
+
+    def window_chunk(self, chunk: int, n_windows: int, seq_len: int) -> np.ndarray:
+        """The starts of chunk `chunk` of the held-out windows, the frozen evaluation's unit of noise: the validation
+        split cut into disjoint windows of seq_len + 1 tokens, put in one fixed shuffled order (the same for every
+        map and run), and dealt out `n_windows` a chunk. Chunks never share a token, so the losses of one map on two
+        chunks are independent draws of the text, and two maps on one chunk saw the same text (paired)."""
+        chunks = self.window_chunks(n_windows, seq_len)
+        if not 0 <= chunk < chunks:
+            raise DataError(f"the validation split of {self.meta['corpus']['corpus']} holds {chunks} chunk(s) of "
+                            f"{n_windows} disjoint windows of {seq_len + 1} tokens; chunk {chunk} was asked for: use "
+                            "more text, a larger val_fraction, fewer eval_windows or fewer --max-seeds")
+        total = len(self.val) // (seq_len + 1)
+        order = np.random.default_rng(WINDOW_ORDER_SEED).permutation(total)
+        return np.sort(order[chunk * n_windows:(chunk + 1) * n_windows]).astype(np.int64) * (seq_len + 1)
+
+    def window_batches(self, starts: np.ndarray, seq_len: int, batch_size: int
+                       ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The windows starting at `starts`, `batch_size` at a time, as (inputs, targets)."""
         for i in range(0, len(starts), batch_size):
             yield self._windows(self.val.tokens, starts[i:i + batch_size], seq_len)
 

@@ -178,6 +178,8 @@ def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData
     schedule = list(schedule)
     model = build_model(model_cfg, cfg.seed).to(device)
     params = model.num_params()
+    if cfg.steps == 0:  # frozen: no step, one evaluation on the held-out windows of chunk cfg.seed (frozen.py)
+        return frozen_result(model, schedule, data, cfg, params, str(device), dtype, on_eval, on_trained)
     if resolve_compile(cfg.compile, device):
         model.compile_layers()
     optimizer = build_optimizer(model, cfg, device, schedule)
@@ -258,6 +260,24 @@ def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData
         on_trained(model)
     return proxy_result(schedule, params, status, reason, step, start_step, curve, tokens_per_step,
                         seconds, data_seconds, eval_seconds, str(device), dtype, digest, train_curve)
+
+
+def frozen_result(model: ILRTransformer, schedule: list[int], data: TokenData, cfg: TrainConfig, params: int,
+                  device: str, dtype: str, on_eval: OnEval | None,
+                  on_trained: Callable[[ILRTransformer], None] | None) -> TrainResult:
+    """The result of a run of no step: the model as built, evaluated on window chunk cfg.seed; diverged where its
+    loss is not finite."""
+    from ilr_search.training.frozen import evaluate_frozen
+
+    windows, point, seconds = evaluate_frozen(model, schedule, data, cfg, on_eval)
+    finite = math.isfinite(point.val_loss)
+    if on_trained is not None:
+        on_trained(model)
+    return TrainResult(schedule=schedule, params=params, steps=0, tokens=0, val_loss=point.val_loss,
+                       val_ppl=point.val_ppl, val_bpb=point.val_bpb, train_seconds=seconds, tokens_per_second=0.0,
+                       status="ok" if finite else "diverged", curve=[point] if finite else [],
+                       reason="" if finite else f"validation loss became {point.val_loss:.4g} on window chunk {cfg.seed}",
+                       eval_seconds=seconds, device=device, dtype=dtype)
 
 
 def divergence_threshold(vocab_size: int) -> float:
