@@ -354,7 +354,17 @@ def print_race(report: dict[str, Any]) -> None:
     if not race:
         return
     runs = [r for r in race["results"] if r["source"].startswith("run ")]
-    if runs and race.get("policy") == "adaptive":
+    frozen = race.get("frozen", False)  # no step trained: a seed is a chunk of held-out windows
+    if runs and frozen:
+        by_chunk: dict[str, list[dict[str, Any]]] = {}
+        for r in runs:
+            by_chunk.setdefault(r["map_key"], []).append(r)
+        rows_table(f"race evaluations on held-out windows (frozen; window chunk {race['seeds'][0]} scored the trials, "
+                   f"the rest test)",
+                   [{"reuse_map": k, "window_chunks": ",".join(str(r["seed"]) for r in sorted(v, key=lambda r: r["seed"])),
+                     "ppl": " ".join(_fmt(r["val_ppl"]) for r in sorted(v, key=lambda r: r["seed"]))}
+                    for k, v in sorted(by_chunk.items())], ["reuse_map", "window_chunks", "ppl"])
+    elif runs and race.get("policy") == "adaptive":
         by_map: dict[str, list[dict[str, Any]]] = {}
         for r in runs:
             by_map.setdefault(r["map_key"], []).append(r)
@@ -367,11 +377,13 @@ def print_race(report: dict[str, Any]) -> None:
         rows_table(f"race runs (proxy {race['base_steps']} steps, target {race['target_steps']}, seeds "
                    f"{_fmt(race['seeds'])})", runs, ["map_key", "steps", "seed", "val_ppl", "schedule", "source"])
     if race.get("comparisons"):
-        rows_table("against the baseline at the target (test seeds)",
-                   [{"reuse_map": c["map"], "seeds": len(c["seeds"]), "loss_diff": c["mean_diff"],
+        unit = "window_chunks" if frozen else "seeds"
+        rows_table("against the baseline on held-out windows (test window chunks)" if frozen
+                   else "against the baseline at the target (test seeds)",
+                   [{"reuse_map": c["map"], unit: len(c["seeds"]), "loss_diff": c["mean_diff"],
                      "interval": "-" if not c["interval"] else f"{c['interval'][0]:+.4f} to {c['interval'][1]:+.4f}",
                      "p": c["p_value"], "level": c["level"], "status": c["status"]} for c in race["comparisons"]],
-                   ["reuse_map", "seeds", "loss_diff", "interval", "p", "level", "status"])
+                   ["reuse_map", unit, "loss_diff", "interval", "p", "level", "status"])
     if race.get("eliminated"):
         for key, why in race["eliminated"].items():
             out.print(f"eliminated {key}: {why}", soft_wrap=True)
@@ -380,19 +392,26 @@ def print_race(report: dict[str, Any]) -> None:
         out.print(f"equal compute: {equal['reference']} (a plain {equal['layers']}-layer model, "
                   f"{_fmt(equal['flops_ratio'])}x FLOPs, {equal['params']} parameters, {equal['params_ratio']:.2f}x "
                   f"the baseline's) ppl {_fmt(equal['val_ppl'])} over seeds {_fmt(equal['seeds'])}", soft_wrap=True)
-    out.print(f"verdict at {report['target_steps']} steps: {report['verdict'] or '-'}", soft_wrap=True)
+    where = "on held-out windows (frozen)" if frozen else f"at {report['target_steps']} steps"
+    out.print(f"verdict {where}: {report['verdict'] or '-'}", soft_wrap=True)
 
 
 def print_run(summary: dict[str, Any]) -> None:
-    rows_table(f"Pareto front of {summary['study']}", race_front_rows(summary["pareto"]), RACE_FRONT_COLUMNS,
-               RACE_FRONT_HEADERS)
+    frozen = bool((summary.get("race") or {}).get("frozen"))
+    columns = [c for c in RACE_FRONT_COLUMNS if c != "steps"] if frozen else RACE_FRONT_COLUMNS
+    headers = RACE_FRONT_HEADERS | ({"seeds": "window chunks"} if frozen else {})
+    rows_table(f"Pareto front of {summary['study']}", race_front_rows(summary["pareto"]), columns, headers)
     for name, ref in summary.get("references", {}).items():
         out.print(f"reference {name}: {_fmt(ref['flops_ratio'])}x, ppl {_fmt(ref['val_ppl'])}")
     everything = summary["steps_trained"] + summary.get("reference_steps", 0) + summary.get("race_steps", 0)
-    out.print(f"{summary['n_complete']} complete, {summary['n_pruned']} pruned, {summary['n_failed']} failed; "
-              f"{everything} steps trained: {summary['steps_trained']} in the trials ({summary['steps_saved_by_pruning']} "
-              f"saved by pruning), {summary.get('reference_steps', 0)} in the reference runs, "
-              f"{summary.get('race_steps', 0)} in the race; storage {summary['storage']}")
+    if frozen:
+        out.print(f"{summary['n_complete']} complete, {summary['n_failed']} failed; frozen: no step trained, every "
+                  f"result the pretrained weights evaluated on a chunk of held-out windows; storage {summary['storage']}")
+    else:
+        out.print(f"{summary['n_complete']} complete, {summary['n_pruned']} pruned, {summary['n_failed']} failed; "
+                  f"{everything} steps trained: {summary['steps_trained']} in the trials "
+                  f"({summary['steps_saved_by_pruning']} saved by pruning), {summary.get('reference_steps', 0)} in the "
+                  f"reference runs, {summary.get('race_steps', 0)} in the race; storage {summary['storage']}")
     _fidelity_lines(summary.get("fidelity"))
     print_race(summary)
     if summary.get("interrupted"):

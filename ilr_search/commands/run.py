@@ -56,6 +56,7 @@ class RunOptions:
     race_policy: str | None = None
     equal_compute: str | None = None
     enqueue: str | None = None
+    train_steps: int | None = None  # the proxy's steps under another name; 0: frozen (only with a pretrained model)
 
 
 def run_request(options: RunOptions) -> tuple[RunRequest, int | str]:
@@ -71,6 +72,14 @@ def run_request(options: RunOptions) -> tuple[RunRequest, int | str]:
         raise UserInputError(f"--workers must be at least 1, got {options.workers}")
     asked_fuse = None if options.fuse is None else parse_fuse(options.fuse)
     overrides = {**options.overrides, "search": {**options.overrides.get("search", {}), **search}}
+    if options.train_steps is not None:
+        given = options.overrides.get("train", {}).get("steps")
+        if given is not None and given != options.train_steps:
+            raise UserInputError(f"--steps {given} and --train-steps {options.train_steps} disagree; give one")
+        if options.train_steps < 0:
+            raise UserInputError(f"--train-steps must be 0 (frozen: evaluate only) or a positive number of steps, "
+                                 f"got {options.train_steps}")
+        overrides["train"] = {**options.overrides.get("train", {}), "steps": options.train_steps}
     space = load_space(options.space, overrides)
     request = RunRequest(space, options.budget, options.study, options.storage, n_trials=options.n_trials,
                          timeout=options.timeout, sampler=options.sampler, pruner=options.pruner,

@@ -240,7 +240,8 @@ def race_summary(trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows: 
     rows = front_rows(points, trials, results)
     return {"pareto": rows, "verdict": state.verdict, "best": decided_best(state, rows),
             "target_steps": settings.target_steps, "detectable_gap": state.detectable_gap, "equal_compute": equal,
-            "race": {"policy": settings.policy, "base_steps": settings.base_steps, "target_steps": settings.target_steps,
+            "race": ({"frozen": True} if settings.frozen else {}) | {
+                     "policy": settings.policy, "base_steps": settings.base_steps, "target_steps": settings.target_steps,
                      "steps_trained": sum(r.steps for r in results if r.is_run), "compute_steps": state.compute_steps,
                      "max_steps": settings.max_steps, "seeds": list(settings.seeds), "confidence": settings.confidence,
                      "done": state.done, "stopped": state.stopped, "alive": list(state.alive),
