@@ -75,7 +75,7 @@ class TokenizerSpec:
     """A parsed `--tokenizer`: byte, bpe:N (trained on the corpus) or hf:NAME (pretrained)."""
 
     spec: str
-    kind: Literal["byte", "bpe", "hf"]
+    kind: Literal["byte", "bpe", "hf", "file"]
     bpe_size: int = 0  # N of bpe:N
 
 
@@ -84,6 +84,10 @@ def parse_tokenizer_spec(spec: str) -> TokenizerSpec:
         return TokenizerSpec(spec, "byte")
     if spec.startswith("hf:"):
         return TokenizerSpec(spec, "hf")
+    if spec.startswith("file:"):
+        if not Path(spec[5:]).is_file():
+            raise DataError(f"tokenizer {spec!r}: no such file; give file:PATH of a tokenizer.json")
+        return TokenizerSpec(spec, "file")
     if spec.startswith("bpe:"):
         try:
             size = int(spec[4:])
@@ -92,7 +96,8 @@ def parse_tokenizer_spec(spec: str) -> TokenizerSpec:
         if not 257 <= size <= 1_000_000:
             raise DataError(f"tokenizer {spec!r}: N must be above 256 (the byte alphabet), e.g. bpe:1024")
         return TokenizerSpec(spec, "bpe", size)
-    raise DataError(f"unknown tokenizer {spec!r}; use byte, bpe:N (e.g. bpe:1024) or hf:NAME")
+    raise DataError(f"unknown tokenizer {spec!r}; use byte, bpe:N (e.g. bpe:1024), hf:NAME or file:PATH "
+                    "(a tokenizer.json)")
 
 
 def tokenizer_vocab_size(spec: str) -> int:
@@ -102,6 +107,8 @@ def tokenizer_vocab_size(spec: str) -> int:
         return ByteTokenizer.vocab_size
     if parsed.kind == "bpe":
         return parsed.bpe_size
+    if parsed.kind == "file":
+        return load_tokenizer_file(spec).vocab_size
     return load_pretrained_tokenizer(spec).vocab_size
 
 
@@ -112,7 +119,29 @@ def build_tokenizer(spec: str, train_texts: list[str], path: Path) -> Tokenizer:
         return ByteTokenizer()
     if parsed.kind == "bpe":
         return train_bpe(parsed, train_texts, path)
+    if parsed.kind == "file":
+        return load_tokenizer_file(spec)
     return load_pretrained_tokenizer(spec)
+
+
+def load_tokenizer_file(spec: str) -> HFTokenizer:
+    """file:PATH: a local tokenizer.json (a pretrained checkpoint's own tokenizer)."""
+    from tokenizers import Tokenizer as RustTokenizer
+
+    try:
+        return HFTokenizer(spec, RustTokenizer.from_file(spec[5:]))
+    except Exception as e:
+        raise DataError(f"cannot read tokenizer {spec} ({type(e).__name__}): not a tokenizer.json") from None
+
+
+def tokenizer_file_digest(spec: str) -> str | None:
+    """The SHA-256 of a file:PATH tokenizer's file (what the token cache and a study know it by besides its path);
+    None for the other kinds."""
+    if not spec.startswith("file:"):
+        return None
+    import hashlib
+
+    return hashlib.sha256(Path(spec[5:]).read_bytes()).hexdigest()
 
 
 def load_pretrained_tokenizer(spec: str) -> HFTokenizer:

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ilr_search.config import ModelConfig, TrainConfig
+from ilr_search.config import TrainConfig
 from ilr_search.data.tokens import TokenData
 from ilr_search.records import EvalPoint
-from ilr_search.training.device import resolve_device, resolve_dtype
+from ilr_search.training.device import autocast_for, resolve_dtype
 from ilr_search.training.model import ILRTransformer
 
 
@@ -50,8 +50,6 @@ def window_losses(model: ILRTransformer, schedule: Sequence[int], data: TokenDat
                   batch_size: int = 8, compute_dtype: torch.dtype = torch.float32) -> WindowLosses:
     """The loss of `model` running `schedule` on each window of chunk `chunk` (n_windows windows of the model's
     seq_len), one value a window, on the model's device."""
-    from ilr_search.training.train import autocast_for
-
     seq_len = model.cfg.seq_len
     device = next(model.parameters()).device
     starts = data.window_chunk(chunk, n_windows, seq_len)
@@ -84,14 +82,11 @@ def evaluate_frozen(model: ILRTransformer, schedule: Sequence[int], data: TokenD
     return windows, point, time.perf_counter() - t0
 
 
-def chunk_window_losses(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData, cfg: TrainConfig,
+def chunk_window_losses(model: ILRTransformer, schedule: Sequence[int], data: TokenData, cfg: TrainConfig,
                         chunks: Sequence[int]) -> list[WindowLosses]:
-    """Each chunk's window losses of `model_cfg` built as a run builds it (its init's weights where it has one),
-    running `schedule`: for reports and for checking the window-paired test."""
-    from ilr_search.training.train import build_model
-
-    device = resolve_device(cfg.device)
-    model = build_model(model_cfg, cfg.seed).to(device)
-    dtype = resolve_dtype(cfg.dtype, device)
+    """Each chunk's window losses of `model` (train.build_model builds it as a run does: its init's weights where
+    it has one) running `schedule`, in cfg's windows a chunk and dtype: for reports and for checking the
+    window-paired test."""
+    dtype = resolve_dtype(cfg.dtype, next(model.parameters()).device)
     compute_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
     return [window_losses(model, schedule, data, c, cfg.eval_windows, cfg.batch_size, compute_dtype) for c in chunks]

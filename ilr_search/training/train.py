@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ import zlib
 
 from ilr_search.config import ModelConfig, TrainConfig
 from ilr_search.data.tokens import TokenData
-from ilr_search.training.device import resolve_compile, resolve_device, resolve_dtype
+from ilr_search.training.device import autocast_for, resolve_compile, resolve_device, resolve_dtype
 from ilr_search.records import EvalPoint, TrainLossPoint
 from ilr_search.training.model import ILRTransformer
 
@@ -133,13 +132,6 @@ def validation_metrics(nats: float, total_tokens: int, data: TokenData, cfg: Tra
     val_loss = nats / total_tokens
     val_bpb = nats / math.log(2) / data.val_bytes(cfg.eval_windows, seq_len)
     return val_loss, math.exp(min(val_loss, 700.0)), val_bpb
-
-
-def autocast_for(device: torch.device, compute_dtype: torch.dtype) -> Any:
-    """bf16 autocast for the layers when training in bf16 (weights and optimizer stay fp32)."""
-    if compute_dtype == torch.bfloat16:
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return nullcontext()
 
 
 OnEval = Callable[[EvalPoint], bool]  # return True to stop the run (pruning)
