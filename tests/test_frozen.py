@@ -8,11 +8,9 @@ least as good) and its race must claim it over the all-ones map, by window chunk
 
 import json
 import math
-import sqlite3
 from pathlib import Path
 
 import pytest
-
 from conftest import assert_one_line_error, write_space
 
 TRAINED_MAP = [2, 2, 1, 1]
@@ -27,9 +25,10 @@ def checkpoint(tmp_path_factory) -> Path:
     distinct layers exported as a plain 4-layer Llama (schedule 0,1,2,3) with the byte tokenizer."""
     import os
 
+    from ilr_search.training.pretrained import export_checkpoint
+
     from ilr_search.config import DataConfig, ModelConfig, TrainConfig
     from ilr_search.data.tokens import load_tokens
-    from ilr_search.training.pretrained import export_checkpoint
     from ilr_search.training.schedule import reuse_map_schedule
     from ilr_search.training.train import train_proxy
 
@@ -55,7 +54,7 @@ def frozen_run(cli, tmp_path: Path, checkpoint: Path, *extra: str):
 
 
 def test_a_frozen_search_finds_the_map_the_checkpoint_was_trained_with(cli, tmp_path, checkpoint):
-    proc, db = frozen_run(cli, tmp_path, checkpoint)
+    proc, _ = frozen_run(cli, tmp_path, checkpoint)
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
     race = summary["race"]
@@ -96,10 +95,11 @@ def test_a_resume_with_another_checkpoint_is_refused(cli, tmp_path, checkpoint):
 
 
 def test_per_window_losses_pair_maps_by_window(checkpoint, token_cache):
+    from ilr_search.training.pretrained import open_checkpoint
+
     from ilr_search.config import DataConfig, TrainConfig
     from ilr_search.data.tokens import load_tokens
     from ilr_search.training.frozen import chunk_window_losses
-    from ilr_search.training.pretrained import open_checkpoint
     from ilr_search.training.schedule import reuse_map_schedule
     from ilr_search.training.train import build_model
 
