@@ -38,6 +38,14 @@ class ModelConfig:
     max_reuse: int = 1  # repeats of one layer that the knobs' tables cover
     # a layer that runs r times: off, each pass's residual branches scaled by 1/r, or its parameters' lr by 1/r
     repeat_scale: RepeatScale = "off"
+    # Architecture options of pretrained checkpoints (training/pretrained.py reads them from config.json); each
+    # off by default, the project's own model.
+    n_kv_heads: int = 0  # key/value heads (grouped-query attention); 0: n_heads
+    head_dim: int = 0  # size of each head; 0: d_model // n_heads (head_size is the resolved value)
+    tie_embeddings: bool = True  # False: an LM head of its own (vocab x d_model) instead of the embedding
+    qkv_bias: bool = False  # biases on the q, k and v projections (Qwen2), none on the output projection
+    qk_norm: bool = False  # RMSNorm over each head of q and k before RoPE (Qwen3)
+    init: str = ""  # the checkpoint the weights start from (a folder or hf:NAME); "": random init
 
     def __post_init__(self) -> None:
         if self.injection not in INJECTIONS:
@@ -48,19 +56,30 @@ class ModelConfig:
             raise ValueError(f"init_depth must be 0 (n_layers) or positive, got {self.init_depth}")
         if self.pe not in POSITIONAL_ENCODINGS:
             raise ValueError(f"unknown positional encoding {self.pe!r}; use one of {', '.join(POSITIONAL_ENCODINGS)}")
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model {self.d_model} is not divisible by heads {self.n_heads}")
-        if self.pe == "rope" and self.head_dim % 2:
-            raise ValueError(f"rope needs an even head size, got {self.head_dim}")
         for name in ("vocab_size", "n_layers", "d_model", "n_heads", "seq_len", "max_reuse"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("n_kv_heads", "head_dim"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be 0 (the default) or positive, got {getattr(self, name)}")
+        if not self.head_dim and self.d_model % self.n_heads:
+            raise ValueError(f"d_model {self.d_model} is not divisible by heads {self.n_heads}")
+        if self.n_heads % self.kv_heads:
+            raise ValueError(f"heads {self.n_heads} is not divisible by key/value heads {self.kv_heads}")
+        if self.pe == "rope" and self.head_size % 2:
+            raise ValueError(f"rope needs an even head size, got {self.head_size}")
         if self.mlp_ratio <= 0:
             raise ValueError(f"mlp_ratio must be positive, got {self.mlp_ratio}")
 
     @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+    def head_size(self) -> int:
+        """The size of each attention head: head_dim where set, else d_model // n_heads."""
+        return self.head_dim or self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """The key/value heads: n_kv_heads where set, else n_heads (one per query head)."""
+        return self.n_kv_heads or self.n_heads
 
     @property
     def mlp_hidden(self) -> int:
@@ -70,6 +89,11 @@ class ModelConfig:
 # The knob fields at their "off" values (today's model); max_reuse only sizes the knobs' tables.
 KNOB_FIELD_DEFAULTS = {"injection": "none", "iteration_encoding": False, "iteration_norms": False, "init_depth": 0,
                        "max_reuse": 1, "repeat_scale": "off"}
+
+# The pretrained-architecture fields at their defaults (the project's own model, random init): stored with a study
+# only where they differ, so that a study made before they existed keeps its configuration and its name.
+ARCHITECTURE_FIELD_DEFAULTS = {"n_kv_heads": 0, "head_dim": 0, "tie_embeddings": True, "qkv_bias": False,
+                               "qk_norm": False, "init": ""}
 
 
 SAMPLERS = ("auto", "tpe", "nsga2", "gp", "random", "grid")
@@ -191,7 +215,7 @@ SPACE_SCHEMA_VERSION = 1
 # from this table that a section lacks take the dataclass's default (a study stores what changes its results,
 # not e.g. the device).
 STORED_OMITTED_DEFAULTS: dict[str, dict[str, Any]] = {
-    "model": dict(KNOB_FIELD_DEFAULTS),
+    "model": KNOB_FIELD_DEFAULTS | ARCHITECTURE_FIELD_DEFAULTS,
     "train": {"dtype": "fp32", "lr_schedule": "cosine", "warmup_steps": 0, "cooldown_frac": 0.2},
     "search": {"knobs": (), "target": 4.0, "race_seeds": 3, "race_contenders": 3, "race_policy": "fixed",
                "max_seeds": 3, "race_screen": 3, "equal_compute": "off"},

@@ -93,7 +93,7 @@ def _model_option_signature(
     seq_len: Annotated[Optional[int], typer.Option(help="Context length of the proxy.")] = None,
     mlp_ratio: Annotated[Optional[float], typer.Option(help="SwiGLU width as a multiple of d_model.")] = None,
     pe: Annotated[Optional[str], typer.Option(help="Positional encoding: nope|rope|learned|alibi.")] = None,
-    tokenizer: Annotated[Optional[str], typer.Option(help="byte, bpe:N or hf:NAME (sets the model's vocabulary).")] = None,
+    tokenizer: Annotated[Optional[str], typer.Option(help="byte, bpe:N, hf:NAME or file:PATH (a tokenizer.json); sets the model's vocabulary.")] = None,
 ) -> None: ...
 
 
@@ -168,6 +168,7 @@ def emit(obj: dict[str, Any], as_json: bool, render: Callable[[dict[str, Any]], 
 ReuseMap = Annotated[Optional[str], typer.Option(help="One positive count per layer, e.g. 4,2,1,1.")]
 Block = Annotated[Optional[int], typer.Option(help="Block recurrence: the whole stack run K times.")]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
+Init = Annotated[Optional[str], typer.Option(help="Start from a pretrained checkpoint: a folder as transformers' save_pretrained writes it (config.json, safetensors, tokenizer.json) or hf:NAME. The model takes its architecture and weights, the data its tokenizer; the shape flags and --tokenizer go without it.")]
 KnobSettings = Annotated[Optional[str], typer.Option(help="Recurrence knobs on: injection[=add|gated], iteration_encoding, iteration_norms, depth_init (init for the schedule's depth), repeat_scale[=residual|lr]; comma-separated.")]
 
 
@@ -177,13 +178,24 @@ KnobSettings = Annotated[Optional[str], typer.Option(help="Recurrence knobs on: 
 @user_errors
 @with_model_options
 def flops(opts: SpaceOptions, reuse_map: ReuseMap = None, block: Block = None, knobs: KnobSettings = None,
-          json_out: Json = False) -> None:
+          init: Init = None, json_out: Json = False) -> None:
     """Analytic forward FLOPs per token of a reuse map, and its ratio to the all-ones map.
 
     train_flops counts the space's proxy training (its steps and batch size)."""
     from ilr_search.commands.api import flops_report
 
-    emit(flops_report(opts.space, opts.overrides(), reuse_map, block, knobs), json_out, ui.print_flops)
+    check_init_flags(opts, init)
+    emit(flops_report(opts.space, opts.overrides(), reuse_map, block, knobs, init), json_out, ui.print_flops)
+
+
+INIT_REFUSES = ("layers", "d_model", "heads", "mlp_ratio", "pe", "tokenizer")  # what --init's checkpoint sets
+
+
+def check_init_flags(opts: SpaceOptions, init: str | None) -> None:
+    """--init takes the checkpoint's architecture and tokenizer: the flags that set them are refused beside it."""
+    given = [name for name in INIT_REFUSES if init is not None and getattr(opts, name) is not None]
+    if given:
+        fail(f"--init takes the checkpoint's architecture and tokenizer; drop --{given[0].replace('_', '-')}")
 
 
 @app.command()
@@ -194,8 +206,10 @@ def train(opts: SpaceOptions, reuse_map: ReuseMap = None, block: Block = None, k
           storage: Annotated[Optional[str], typer.Option(help="Storage of --from-study. \\[default: sqlite:///studies/ilr-search.db]")] = None,
           map_: Annotated[Optional[str], typer.Option("--map", help="With --from-study: the map, as the study names it (2,1,1,1, 2,1,1,1|injection=add or block2). \\[default: the front's map of lowest perplexity]")] = None,
           save: Annotated[Optional[Path], typer.Option(help="Write the trained model to this folder: model.safetensors and config.json (ilr_search.commands.api.load_trained reads them).")] = None,
-          json_out: Json = False) -> None:
+          init: Init = None, json_out: Json = False) -> None:
     """Train one proxy model for a reuse map (or --block K) and report its validation perplexity."""
+    if from_study is not None and init is not None:
+        fail("--init and --from-study both set the model; give one")
     if from_study is not None:
         train_study_map(opts, reuse_map, block, knobs, from_study, storage, map_, save, json_out)
         return
@@ -203,8 +217,10 @@ def train(opts: SpaceOptions, reuse_map: ReuseMap = None, block: Block = None, k
         fail("--map and --storage go with --from-study; without it give --reuse-map (and --knobs)")
     from ilr_search.commands.api import train_report
 
+    check_init_flags(opts, init)
     with ui.step_progress(enabled=True) as on_step:
-        report = train_report(opts.space, opts.overrides(), reuse_map, block, on_step=on_step, knobs=knobs, save=save)
+        report = train_report(opts.space, opts.overrides(), reuse_map, block, on_step=on_step, knobs=knobs, save=save,
+                              init=init)
     emit(report, json_out, ui.print_train)
     if save is not None and not json_out:
         ui.out.print(f"saved the model to {save}")
@@ -314,13 +330,14 @@ def run(
     race_policy: Annotated[Optional[str], typer.Option(help="adaptive (judged at the target, seeds until decided) or fixed (race-seeds at doubled lengths, as studies made before it). \\[default: from the space, adaptive]")] = None,
     equal_compute: Annotated[Optional[str], typer.Option(help="depth: also race a plain model as deep as the best contender runs (the same compute, more parameters); off. \\[default: from the space, depth]")] = None,
     enqueue: Annotated[Optional[str], typer.Option(help="Your maps, trained first after the baseline, in order, space-separated: \"3,2,2,1 4,2,1,1\", with knobs as --knobs of train takes them (2,1,1,1|injection=add), or blockK (trained as a reference run). Over-budget maps are repaired to the budget. \\[default: the space's enqueue list]")] = None,
-    init: Annotated[Optional[str], typer.Option(help="A pretrained checkpoint, a folder as transformers' save_pretrained writes it or hf:NAME: its shape, weights and tokenizer are the study's model (--layers and the other shape flags are refused beside it).")] = None,
+    init: Init = None,
     train_steps: Annotated[Optional[int], typer.Option(help="Steps each map trains (--steps under the name a pretrained model's search uses): with --init, 0 evaluates each map on the checkpoint's weights as they are (frozen, the race pairs maps by held-out window chunk), N continues training them (retrofit). \\[default: from the space]")] = None,
     json_out: Json = False,
 ) -> None:
     """Search reuse maps under a FLOP budget; running it again resumes the study."""
     from ilr_search.commands.run import RunOptions, run_request, run_search
 
+    check_init_flags(opts, init)
     request, fuse_asked = run_request(RunOptions(
         opts.space, opts.overrides(), budget, study, storage, n_trials, timeout, sampler, pruner, objective, workers,
         fuse, knobs, target, race_seeds, max_seeds, max_race_steps, race_policy, equal_compute, enqueue,

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ilr_search.commands.api import with_init
 from ilr_search.commands.autofuse import parse_fuse, run_layout
 from ilr_search.errors import UserInputError
 from ilr_search.search.maps import split_enqueue_text
@@ -81,41 +82,11 @@ def run_request(options: RunOptions) -> tuple[RunRequest, int | str]:
             raise UserInputError(f"--train-steps must be 0 (frozen: evaluate only) or a positive number of steps, "
                                  f"got {options.train_steps}")
         overrides["train"] = {**options.overrides.get("train", {}), "steps": options.train_steps}
-    if options.init is not None:
-        check_no_shape_flags(options.overrides.get("model", {}))
-    space = load_space(options.space, overrides)
-    if options.init is not None:
-        space = pretrained_space(space, options.init, options.overrides.get("model", {}).get("seq_len"),
-                                 options.overrides.get("data", {}).get("tokenizer"))
+    space = with_init(load_space(options.space, overrides), options.init)
     request = RunRequest(space, options.budget, options.study, options.storage, n_trials=options.n_trials,
                          timeout=options.timeout, sampler=options.sampler, pruner=options.pruner,
                          asked_race=tuple((k, v) for k, v in race.items() if v is not None and k in ADOPTED_RACE_FIELDS))
     return request, asked_fuse if asked_fuse is not None else space.search.fuse
-
-
-SHAPE_FLAGS = {"layers": "--layers", "d_model": "--d-model", "heads": "--heads", "mlp_ratio": "--mlp-ratio", "pe": "--pe"}
-
-
-def check_no_shape_flags(model_overrides: Mapping[str, Any]) -> None:
-    """--init takes the model's shape from the checkpoint: a shape flag beside it is refused."""
-    given = [flag for key, flag in SHAPE_FLAGS.items() if model_overrides.get(key) is not None]
-    if given:
-        raise UserInputError(f"{', '.join(given)} cannot be given with --init: the checkpoint sets the model's shape; "
-                             "drop them")
-
-
-def pretrained_space(space: SpaceConfig, source: str, seq_len: int | None, tokenizer: str | None) -> SpaceConfig:
-    """The space with a pretrained checkpoint's model (its shape, init = the checkpoint; seq_len: the flag's, else
-    the checkpoint's) and its tokenizer (file:PATH of its tokenizer.json; `tokenizer`, the flag, where given)."""
-    from ilr_search.training.pretrained import open_checkpoint
-
-    checkpoint = open_checkpoint(source, seq_len)
-    if tokenizer is None:
-        if checkpoint.tokenizer_file is None:
-            raise UserInputError(f"checkpoint {source} has no tokenizer.json to tokenize the data with; add one to "
-                                 "the folder, or give --tokenizer")
-        tokenizer = f"file:{checkpoint.tokenizer_file.resolve()}"
-    return dataclasses.replace(space, model=checkpoint.config, data=dataclasses.replace(space.data, tokenizer=tokenizer))
 
 
 BUSY_LOAD = 0.75  # the 1-minute load average at which a run starts its processes on one thread

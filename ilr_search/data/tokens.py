@@ -18,7 +18,7 @@ import numpy as np
 
 from ilr_search.config import DataConfig, SpaceConfig
 from ilr_search.data.corpora import corpus_identity, split_documents
-from ilr_search.data.tokenizers import Tokenizer, build_tokenizer, parse_tokenizer_spec, tokenizer_file_digest
+from ilr_search.data.tokenizers import Tokenizer, build_tokenizer, parse_tokenizer_spec
 from ilr_search.errors import DataError
 from ilr_search.folders import check_can_create
 
@@ -118,9 +118,9 @@ def check_window(meta: dict[str, Any], seq_len: int) -> None:
 def cache_key(cfg: DataConfig, max_tokens: int) -> str:
     identity = {"format": CACHE_FORMAT, "corpus": corpus_identity(cfg), "tokenizer": cfg.tokenizer,
                 "val_fraction": cfg.val_fraction, "max_train_tokens": max_tokens}
-    digest = tokenizer_file_digest(cfg.tokenizer)
-    if digest is not None:  # a file:PATH tokenizer is known by its content too
-        identity["tokenizer_sha256"] = digest
+    parsed = parse_tokenizer_spec(cfg.tokenizer)
+    if parsed.kind == "file":  # a file's tokens are those of its content, not of its name
+        identity["tokenizer_sha256"] = hashlib.sha256(parsed.path.read_bytes()).hexdigest()
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
 
 

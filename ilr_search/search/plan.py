@@ -83,9 +83,10 @@ def study_config(space: SpaceConfig, model: ModelConfig, budget: Budget, dtype: 
     """What a study stores as its configuration (CONFIG_ATTR): the parts of the space (SpaceConfig.to_dict) that
     change its results, its budget, and the schema version; SpaceConfig.from_dict reads it back."""
     full = dataclasses.replace(space, model=model, train=dataclasses.replace(space.train, dtype=dtype)).to_dict()
-    # Knob fields are stored only where they are not off, the searched knobs only where there are some, and the
-    # race's length and seeds only where they are not STORED_OMITTED_DEFAULTS': a study made before these existed
-    # keeps its configuration (and its derived name), and from_dict reads the omitted values back.
+    # Knob and pretrained-architecture fields are stored only where they are not off, the searched knobs only
+    # where there are some, and the race's length and seeds only where they are not STORED_OMITTED_DEFAULTS': a
+    # study made before these existed keeps its configuration (and its derived name), and from_dict reads the
+    # omitted values back.
     omitted_model, omitted_train, omitted_search = (STORED_OMITTED_DEFAULTS[k] for k in ("model", "train", "search"))
     stored_model = {k: v for k, v in full["model"].items() if k not in omitted_model or v != omitted_model[k]}
     search: dict[str, Any] = {k: full["search"][k] for k in ("max_reuse", "families", "objective")}

@@ -23,7 +23,9 @@ resume alone with `train_proxy`), and a TrainResult of the same meaning. The rec
 parameters or ops (injection, iteration_encoding, iteration_norms) are refused; init_depth only changes the
 initial weights, which come from build_model, and is supported. repeat_scale "residual" is supported (a
 [member] factor on the branches at each schedule position); "lr" is refused (its per-layer lrs would need per-row
-lrs in the stacked tensors' one AdamW).
+lrs in the stacked tensors' one AdamW). So are the options of pretrained architectures (grouped-query attention,
+an explicit head_dim, an untied head, q/k/v biases, q/k norms) and a checkpoint's weights (`init`): such a model
+trains one map at a time (jobs.groups, `--fuse auto`).
 """
 
 from __future__ import annotations
@@ -65,13 +67,22 @@ class FusionUnsupported(UserInputError):
 
 def check_fusable(model_cfg: ModelConfig) -> None:
     """Refuse the knobs that add parameters or ops to the forward pass (init_depth only sets initial weights,
-    repeat_scale "residual" is a branch factor the group applies), and repeat_scale "lr"."""
+    repeat_scale "residual" is a branch factor the group applies), repeat_scale "lr", and the pretrained
+    architectures' options and a checkpoint's weights (the group stacks the project's own model)."""
     unsupported = [name for name, on in (("injection", model_cfg.injection != "none"),
                                          ("iteration_encoding", model_cfg.iteration_encoding),
                                          ("iteration_norms", model_cfg.iteration_norms),
                                          ("repeat_scale=lr", model_cfg.repeat_scale == "lr")) if on]
     if unsupported:
         raise FusionUnsupported(f"the fused trainer does not support the recurrence knob(s) {', '.join(unsupported)}; "
+                                "train these maps one at a time (--fuse 1)")
+    options = [name for name, on in (("n_kv_heads", model_cfg.kv_heads != model_cfg.n_heads),
+                                     ("head_dim", model_cfg.head_size * model_cfg.n_heads != model_cfg.d_model),
+                                     ("tie_embeddings=false", not model_cfg.tie_embeddings),
+                                     ("qkv_bias", model_cfg.qkv_bias), ("qk_norm", model_cfg.qk_norm),
+                                     ("init", bool(model_cfg.init))) if on]
+    if options:
+        raise FusionUnsupported(f"the fused trainer does not support the model option(s) {', '.join(options)}; "
                                 "train these maps one at a time (--fuse 1)")
 
 
@@ -274,7 +285,7 @@ class FusedGroup:
         for m in self.members:
             m.state = replace(m.state, weights={}, moments={})  # the stacked copies are the live ones
         T = model_cfg.seq_len
-        self.rope = rope_tables(T, model_cfg.head_dim, model_cfg.rope_base, device) if model_cfg.pe == "rope" else None
+        self.rope = rope_tables(T, model_cfg.head_size, model_cfg.rope_base, device) if model_cfg.pe == "rope" else None
         # cos + i sin of each position's angles, shaped to broadcast over (sequences, T, q/k, heads, pairs). None
         # when compiled: apply_rope's real arithmetic, which the compiler fuses, and no complex dtype in the graph.
         self.rope_rotation = torch.complex(*self.rope).view(T, 1, 1, -1) \

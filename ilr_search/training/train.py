@@ -105,9 +105,15 @@ def adamw(decay: list[torch.Tensor], no_decay: list[torch.Tensor], cfg: TrainCon
 
 
 def build_model(model_cfg: ModelConfig, seed: int) -> ILRTransformer:
-    """The same seed gives the same initial weights, whatever schedule is trained later."""
+    """The same seed gives the same initial weights, whatever schedule is trained later; with model_cfg.init
+    set, the checkpoint's weights (pretrained.py; the recurrence knobs' parameters keep their initial values)."""
     torch.manual_seed(seed)
-    return ILRTransformer(model_cfg)
+    model = ILRTransformer(model_cfg)
+    if model_cfg.init:
+        from ilr_search.training.pretrained import load_initial_weights
+
+        load_initial_weights(model)
+    return model
 
 
 @torch.no_grad()
