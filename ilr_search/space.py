@@ -179,8 +179,6 @@ def validate_space(space: SpaceConfig) -> None:
     t, s = space.train, space.search
     checks = [
         (t.steps >= 0, f"steps must be 0 (frozen, with --init) or positive, got {t.steps}"),
-        (t.steps >= 1 or bool(space.model.init), "--train-steps 0 (a frozen search: maps only evaluated) needs a "
-                                                 "pretrained model: add --init PATH or hf:NAME"),
         (t.batch_size >= 1, f"batch size must be at least 1, got {t.batch_size}"),
         (t.grad_accum >= 1, f"grad_accum must be at least 1, got {t.grad_accum}"),
         (t.lr > 0, f"learning rate must be positive, got {t.lr}"),

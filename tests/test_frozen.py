@@ -6,6 +6,7 @@ corpus, and its 4 distinct layers are written as a plain 4-layer transformers ch
 that checkpoint skips the second passes it learned with, so a frozen search of it must find 2,2,1,1 (or a map at
 least as good) and its race must claim it over the all-ones map, by window chunk."""
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -63,22 +64,29 @@ def test_a_frozen_search_finds_the_map_the_checkpoint_was_trained_with(cli, tmp_
     assert "2,2,1,1" in by_map, by_map
     claimed = by_map["2,2,1,1"]
     assert claimed["status"] == "better", claimed
-    best = summary["best"]
-    assert best["beats_baseline"]
     results = {(r["map_key"], r["seed"]): r["val_loss"] for r in race["results"]}
-    best_loss = math.fsum(v for (k, _), v in results.items() if k == best["map"])
-    assert best["map"] == "2,2,1,1" or best_loss <= math.fsum(v for (k, _), v in results.items() if k == "2,2,1,1")
+    chunks = claimed["seeds"]
+
+    def mean_loss(key: str) -> float:
+        return math.fsum(results[(key, s)] for s in chunks) / len(chunks)
+
+    # the race's best claim is 2,2,1,1 or a map at least as good on the same window chunks
+    best = min((c["map"] for c in race["comparisons"] if c["status"] == "better"
+                and all((c["map"], s) in results for s in chunks)), key=mean_loss)
+    assert best == "2,2,1,1" or mean_loss(best) <= mean_loss("2,2,1,1")
     # the race's words are windows, and nothing says "0 steps"
     verdict = summary["verdict"]
     assert "window chunk" in verdict and "0 steps" not in verdict and "seed" not in verdict, verdict
     # every result is an evaluation: no step trained, the trials on chunk 0, the race on the chunks after it
     assert all(r["steps"] == 0 for r in race["results"])
     assert {r["seed"] for r in race["results"] if r["source"].startswith("trial")} == {0}
-    assert {r["seed"] for r in race["results"] if r["source"].startswith("run")} <= set(range(1, 6))
+    tried = {r["map_key"] for r in race["results"] if r["source"].startswith("trial")}
+    runs = [r for r in race["results"] if r["source"].startswith("run")]
+    assert {r["seed"] for r in runs} <= set(range(6))  # the pool: max_seeds chunks
+    assert all(r["map_key"] not in tried for r in runs if r["seed"] == 0)  # chunk 0: only a map no trial scored
     print(f"positive control: {verdict}")
-    base = [results[("1,1,1,1", s)] for s in claimed["seeds"]]
-    mine = [results[("2,2,1,1", s)] for s in claimed["seeds"]]
-    print(f"chunks {claimed['seeds']}: 1,1,1,1 {[round(x, 4) for x in base]}; 2,2,1,1 {[round(x, 4) for x in mine]}")
+    for key in sorted({k for k, _ in results}):
+        print(key, {s: round(v, 4) for (k, s), v in sorted(results.items()) if k == key})
 
 
 def test_a_resume_with_another_checkpoint_is_refused(cli, tmp_path, checkpoint):
@@ -137,3 +145,25 @@ def test_a_missing_checkpoint_folder_is_refused(cli, tmp_path):
                "--storage", f"sqlite:///{tmp_path / 'x.db'}")
     assert_one_line_error(proc)
     assert "nowhere" in proc.stderr and no_database(tmp_path)
+
+
+def test_retrofit_continues_training_from_the_checkpoint(checkpoint, token_cache):
+    """--train-steps N > 0: build_model loads the checkpoint (init) and train_proxy trains on from it. A few steps
+    at a small learning rate keep the pretrained loss, far below a random model's, and move it."""
+    from ilr_search.config import DataConfig, TrainConfig
+    from ilr_search.data.tokens import load_tokens
+    from ilr_search.training.pretrained import open_checkpoint
+    from ilr_search.training.schedule import reuse_map_schedule
+    from ilr_search.training.train import train_proxy
+
+    model = open_checkpoint(str(checkpoint), seq_len=64).config
+    data = load_tokens(DataConfig(tokenizer=f"file:{checkpoint / 'tokenizer.json'}"), seq_len=64)
+    schedule = reuse_map_schedule(TRAINED_MAP)
+    base = TrainConfig(steps=0, eval_windows=16, batch_size=8, lr=1e-4, eval_fractions=(1.0,), device="cpu",
+                       dtype="fp32", checkpoint_every=0)
+    frozen = train_proxy(model, schedule, data, base)
+    retrofit = train_proxy(model, schedule, data, dataclasses.replace(base, steps=4))
+    assert frozen.steps == 0 and retrofit.steps == 4 and retrofit.status == "ok"
+    assert retrofit.val_loss < math.log(256) - 2  # far from a random model's ~ln 256
+    assert abs(retrofit.val_loss - frozen.val_loss) < 0.5
+    assert retrofit.curve[-1].step == 4 and frozen.curve[0].step == 0

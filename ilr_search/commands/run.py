@@ -86,6 +86,11 @@ def run_request(options: RunOptions) -> tuple[RunRequest, int | str]:
     request = RunRequest(space, options.budget, options.study, options.storage, n_trials=options.n_trials,
                          timeout=options.timeout, sampler=options.sampler, pruner=options.pruner,
                          asked_race=tuple((k, v) for k, v in race.items() if v is not None and k in ADOPTED_RACE_FIELDS))
+    if space.model.init:  # the fused trainer stacks the project's own model: a checkpoint's trains one at a time
+        if asked_fuse not in (None, 1, "auto"):
+            raise UserInputError(f"--fuse {asked_fuse}: the fused trainer cannot train a pretrained model (--init); "
+                                 "its maps train one at a time (--fuse 1)")
+        return request, 1
     return request, asked_fuse if asked_fuse is not None else space.search.fuse
 
 

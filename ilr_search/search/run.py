@@ -143,6 +143,9 @@ def frozen_space(space: SpaceConfig, request: RunRequest) -> SpaceConfig:
     exist. A flag that asks for either is refused; other spaces are returned as they are."""
     if space.train.steps != 0:
         return space
+    if not space.model.init:
+        raise UserInputError("--train-steps 0 (a frozen search: maps only evaluated) needs a pretrained model: add "
+                             "--init PATH or hf:NAME")
     if request.pruner not in (None, "none"):
         raise UserInputError(f"--pruner {request.pruner} cannot prune a frozen search (--train-steps 0): each trial "
                              "is one evaluation, with no early perplexity to prune on; drop --pruner")
