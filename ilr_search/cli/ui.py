@@ -278,12 +278,12 @@ class ConsoleReporter(RunReporter):
             if self.study_task is not None and event.kind == "race":
                 self.progress.update(self.study_task, description="race", total=None, completed=0,
                                      info="race runs stored: 0", eta=None)
-        runs = "; ".join(f"map {key} at {steps} steps, seed {seed}" for key, steps, seed in event.runs)
+        runs = "; ".join(f"map {key} {run_where(steps, seed)}" for key, steps, seed in event.runs)
         self.print(event, f"{event.kind} run{'s' if len(event.runs) > 1 else ''}: {runs}"
                    + (f" (fused, {len(event.runs)} at once)" if len(event.runs) > 1 else ""))
         key, steps, seed = event.runs[0]
         more = f" and {len(event.runs) - 1} more" if len(event.runs) > 1 else ""
-        self._row(event.worker, f"{event.kind} run map {key} seed {seed}{more}", steps)
+        self._row(event.worker, f"{event.kind} run map {key} {'window chunk' if steps == 0 else 'seed'} {seed}{more}", steps)
 
     def _RunFinished(self, event: RunFinished) -> None:
         self.runs_done = (self.runs_done or 0) + 1
@@ -291,7 +291,7 @@ class ConsoleReporter(RunReporter):
             self.progress.update(self.study_task, info=f"race runs stored: {self.runs_done}")
         elif self.study_task is not None:  # the audit: its row counts its runs
             self.progress.update(self.study_task, advance=1)
-        self.print(event, f"{event.kind} run done: map {event.map_key} at {event.steps} steps, seed {event.seed}: "
+        self.print(event, f"{event.kind} run done: map {event.map_key} {run_where(event.steps, event.seed)}: "
                           f"ppl {_fmt(event.val_ppl)}")
 
     def _Step(self, event: Step) -> None:
@@ -336,6 +336,11 @@ class ConsoleReporter(RunReporter):
 
 # The front as run and pareto print it: each point at its length, with its seeds and interval (trial numbers,
 # bpb and parameters are in --json); seven columns fit 80 characters.
+def run_where(steps: int, seed: int) -> str:
+    """Where a race run is: "at 2000 steps, seed 3", or for a frozen study's (no step) "on window chunk 3"."""
+    return f"on window chunk {seed}" if steps == 0 else f"at {steps} steps, seed {seed}"
+
+
 RACE_FRONT_COLUMNS = ["reuse_map", "flops_ratio", "steps", "seeds", "val_ppl", "interval", "confirmed"]
 RACE_FRONT_HEADERS = {"flops_ratio": "FLOPs", "val_ppl": "ppl", "interval": "90% interval"}
 
