@@ -202,7 +202,7 @@ def validate_space(space: SpaceConfig) -> None:
     check_sizes(space)
     t, s = space.train, space.search
     checks = [
-        (t.steps >= 1, f"steps must be at least 1, got {t.steps}"),
+        (t.steps >= 0, f"steps must be 0 (frozen, with --init) or positive, got {t.steps}"),
         (t.batch_size >= 1, f"batch size must be at least 1, got {t.batch_size}"),
         (t.grad_accum >= 1, f"grad_accum must be at least 1, got {t.grad_accum}"),
         (t.lr > 0, f"learning rate must be positive, got {t.lr}"),

@@ -337,14 +337,18 @@ def run(
     race_policy: Annotated[Optional[str], typer.Option(help="adaptive (judged at the target, seeds until decided) or fixed (race-seeds at doubled lengths, as studies made before it). \\[default: from the space, adaptive]")] = None,
     equal_compute: Annotated[Optional[str], typer.Option(help="depth: also race a plain model as deep as the best contender runs (the same compute, more parameters); off. \\[default: from the space, depth]")] = None,
     enqueue: Annotated[Optional[str], typer.Option(help="Your maps, trained first after the baseline, in order, space-separated: \"3,2,2,1 4,2,1,1\", with knobs as --knobs of train takes them (2,1,1,1|injection=add), block maps block:I-J:R (where the study searches blocks), or blockK (trained as a reference run; a trial where blocks are searched). Over-budget maps are repaired to the budget. \\[default: the space's enqueue list]")] = None,
+    init: Init = None,
+    train_steps: Annotated[Optional[int], typer.Option(help="Steps each map trains (--steps under the name a pretrained model's search uses): with --init, 0 evaluates each map on the checkpoint's weights as they are (frozen, the race pairs maps by held-out window chunk), N continues training them (retrofit). \\[default: from the space]")] = None,
     json_out: Json = False,
 ) -> None:
     """Search reuse maps under a FLOP budget; running it again resumes the study."""
     from ilr_search.commands.run import RunOptions, run_request, run_search
 
+    check_init_flags(opts, init)
     request, fuse_asked = run_request(RunOptions(
         opts.space, opts.overrides(), budget, study, storage, n_trials, timeout, sampler, pruner, objective, workers,
-        fuse, knobs, target, race_seeds, max_seeds, max_race_steps, race_policy, equal_compute, enqueue))
+        fuse, knobs, target, race_seeds, max_seeds, max_race_steps, race_policy, equal_compute, enqueue,
+        train_steps=train_steps, init=init))
     tracked_reporter(track, storage, open_uri=False)  # a bad --track is refused before the probe
     if dry_run:
         from ilr_search.commands.dryrun import dry_run_report

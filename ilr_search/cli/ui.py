@@ -355,12 +355,12 @@ class ConsoleReporter(RunReporter):
             if self.study_task is not None and event.kind == "race":
                 self.progress.update(self.study_task, description="race", total=None, completed=0,
                                      info="race runs stored: 0", eta=None)
-        runs = "; ".join(f"map {key} at {steps} steps, seed {seed}" for key, steps, seed in event.runs)
+        runs = "; ".join(f"map {key} {run_where(steps, seed)}" for key, steps, seed in event.runs)
         self.print(event, f"{event.kind} run{'s' if len(event.runs) > 1 else ''}: {runs}"
                    + (f" (fused, {len(event.runs)} at once)" if len(event.runs) > 1 else ""))
         key, steps, seed = event.runs[0]
         more = f" and {len(event.runs) - 1} more" if len(event.runs) > 1 else ""
-        self._row(event.worker, f"{event.kind} run map {key} seed {seed}{more}", steps)
+        self._row(event.worker, f"{event.kind} run map {key} {'window chunk' if steps == 0 else 'seed'} {seed}{more}", steps)
 
     def _RunFinished(self, event: RunFinished) -> None:
         self.runs_done = (self.runs_done or 0) + 1
@@ -368,7 +368,7 @@ class ConsoleReporter(RunReporter):
             self.progress.update(self.study_task, info=f"race runs stored: {self.runs_done}")
         elif self.study_task is not None:  # the audit: its row counts its runs
             self.progress.update(self.study_task, advance=1)
-        self.print(event, f"{event.kind} run done: map {event.map_key} at {event.steps} steps, seed {event.seed}: "
+        self.print(event, f"{event.kind} run done: map {event.map_key} {run_where(event.steps, event.seed)}: "
                           f"ppl {_fmt(event.val_ppl)}")
 
     def _Step(self, event: Step) -> None:
@@ -413,6 +413,11 @@ class ConsoleReporter(RunReporter):
 
 # The front as run and pareto print it: each point at its length, with its seeds and interval (trial numbers,
 # bpb and parameters are in --json); seven columns fit 80 characters.
+def run_where(steps: int, seed: int) -> str:
+    """Where a race run is: "at 2000 steps, seed 3", or for a frozen study's (no step) "on window chunk 3"."""
+    return f"on window chunk {seed}" if steps == 0 else f"at {steps} steps, seed {seed}"
+
+
 RACE_FRONT_COLUMNS = ["reuse_map", "flops_ratio", "steps", "seeds", "val_ppl", "interval", "confirmed"]
 RACE_FRONT_HEADERS = {"flops_ratio": "FLOPs", "val_ppl": "ppl", "interval": "90% interval"}
 RACE_FRONT_DROPPED = ["steps", "seeds", "interval"]  # on a narrow console, first dropped first
@@ -433,7 +438,17 @@ def print_race(report: dict[str, Any]) -> None:
     if not race:
         return
     runs = [r for r in race["results"] if r["source"].startswith("run ")]
-    if runs and race.get("policy") == "adaptive":
+    frozen = race.get("frozen", False)  # no step trained: a seed is a chunk of held-out windows
+    if runs and frozen:
+        by_chunk: dict[str, list[dict[str, Any]]] = {}
+        for r in runs:
+            by_chunk.setdefault(r["map_key"], []).append(r)
+        rows_table(f"race evaluations on held-out windows (frozen; window chunk {race['seeds'][0]} scored the trials, "
+                   f"the rest test)",
+                   [{"reuse_map": k, "window_chunks": ",".join(str(r["seed"]) for r in sorted(v, key=lambda r: r["seed"])),
+                     "ppl": " ".join(_fmt(r["val_ppl"]) for r in sorted(v, key=lambda r: r["seed"]))}
+                    for k, v in sorted(by_chunk.items())], ["reuse_map", "window_chunks", "ppl"])
+    elif runs and race.get("policy") == "adaptive":
         by_map: dict[str, list[dict[str, Any]]] = {}
         for r in runs:
             by_map.setdefault(r["map_key"], []).append(r)
@@ -448,11 +463,13 @@ def print_race(report: dict[str, Any]) -> None:
                    f"{_fmt(race['seeds'])})", runs, ["map_key", "steps", "seed", "val_ppl", "schedule", "source"],
                    droppable=["schedule", "source"])
     if race.get("comparisons"):
-        rows_table("against the baseline at the target (test seeds)",
-                   [{"reuse_map": c["map"], "seeds": len(c["seeds"]), "loss_diff": c["mean_diff"],
+        unit = "window_chunks" if frozen else "seeds"
+        rows_table("against the baseline on held-out windows (test window chunks)" if frozen
+                   else "against the baseline at the target (test seeds)",
+                   [{"reuse_map": c["map"], unit: len(c["seeds"]), "loss_diff": c["mean_diff"],
                      "interval": "-" if not c["interval"] else f"{c['interval'][0]:+.4f} to {c['interval'][1]:+.4f}",
                      "p": c["p_value"], "level": c["level"], "status": c["status"]} for c in race["comparisons"]],
-                   ["reuse_map", "seeds", "loss_diff", "interval", "p", "level", "status"], droppable=["level", "p"])
+                   ["reuse_map", unit, "loss_diff", "interval", "p", "level", "status"], droppable=["level", "p"])
     if race.get("eliminated"):
         for key, why in race["eliminated"].items():
             out.print(f"eliminated {key}: {why}", soft_wrap=True)
@@ -461,19 +478,27 @@ def print_race(report: dict[str, Any]) -> None:
         out.print(f"equal compute: {equal['reference']} (a plain {equal['layers']}-layer model, "
                   f"{_fmt(equal['flops_ratio'])}x FLOPs, {equal['params']} parameters, {equal['params_ratio']:.2f}x "
                   f"the baseline's) ppl {_fmt(equal['val_ppl'])} over seeds {_fmt(equal['seeds'])}", soft_wrap=True)
-    out.print(f"verdict at {report['target_steps']} steps: {report['verdict'] or '-'}", soft_wrap=True)
+    where = "on held-out windows (frozen)" if frozen else f"at {report['target_steps']} steps"
+    out.print(f"verdict {where}: {report['verdict'] or '-'}", soft_wrap=True)
 
 
 def print_run(summary: dict[str, Any]) -> None:
-    rows_table(f"Pareto front of {summary['study']}", race_front_rows(summary["pareto"]), RACE_FRONT_COLUMNS,
-               RACE_FRONT_HEADERS, RACE_FRONT_DROPPED)
+    frozen = bool((summary.get("race") or {}).get("frozen"))
+    columns = [c for c in RACE_FRONT_COLUMNS if c != "steps"] if frozen else RACE_FRONT_COLUMNS
+    headers = RACE_FRONT_HEADERS | ({"seeds": "window chunks"} if frozen else {})
+    rows_table(f"Pareto front of {summary['study']}", race_front_rows(summary["pareto"]), columns, headers,
+               RACE_FRONT_DROPPED)
     for name, ref in summary.get("references", {}).items():
         out.print(f"reference {name}: {_fmt(ref['flops_ratio'])}x, ppl {_fmt(ref['val_ppl'])}")
     everything = summary["steps_trained"] + summary.get("reference_steps", 0) + summary.get("race_steps", 0)
-    out.print(f"{summary['n_complete']} complete, {summary['n_pruned']} pruned, {summary['n_failed']} failed; "
-              f"{everything} steps trained: {summary['steps_trained']} in the trials ({summary['steps_saved_by_pruning']} "
-              f"saved by pruning), {summary.get('reference_steps', 0)} in the reference runs, "
-              f"{summary.get('race_steps', 0)} in the race; storage {summary['storage']}")
+    if frozen:
+        out.print(f"{summary['n_complete']} complete, {summary['n_failed']} failed; frozen: no step trained, every "
+                  f"result the pretrained weights evaluated on a chunk of held-out windows; storage {summary['storage']}")
+    else:
+        out.print(f"{summary['n_complete']} complete, {summary['n_pruned']} pruned, {summary['n_failed']} failed; "
+                  f"{everything} steps trained: {summary['steps_trained']} in the trials "
+                  f"({summary['steps_saved_by_pruning']} saved by pruning), {summary.get('reference_steps', 0)} in the "
+                  f"reference runs, {summary.get('race_steps', 0)} in the race; storage {summary['storage']}")
     _fidelity_lines(summary.get("fidelity"))
     print_race(summary)
     if summary.get("phases"):

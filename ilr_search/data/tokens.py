@@ -31,6 +31,7 @@ from ilr_search.folders import check_can_create
 CACHE_FORMAT = 1
 IGNORE_INDEX = -100  # a target that is not counted (not an answer token): linear_cross_entropy's ignore_index
 ROW_END = "\n"  # the text that ends each prompt/answer row in the stream
+WINDOW_ORDER_SEED = 20261202  # the fixed order in which the held-out windows are dealt into chunks (window_chunk)
 
 
 def cache_root() -> Path:
@@ -150,6 +151,32 @@ class TokenData:
                 counted = (positions >= windows.begins[part, None]) & (positions < windows.ends[part, None])
                 y = np.where(counted, y, IGNORE_INDEX)
             yield x, y
+
+    def window_chunks(self, n_windows: int, seq_len: int) -> int:
+        """How many disjoint chunks of `n_windows` held-out windows the validation split holds (window_chunk)."""
+        return self._chunk_units(seq_len) // n_windows
+
+    def _chunk_units(self, seq_len: int) -> int:
+        """What window_chunk deals into chunks: the disjoint windows of seq_len + 1 tokens, or the answer rows."""
+        return len(self.val.answer_spans()[0]) if self.answers_only else len(self.val) // (seq_len + 1)
+
+    def window_chunk(self, chunk: int, n_windows: int, seq_len: int) -> Windows:
+        """Chunk `chunk` of the held-out windows, the frozen evaluation's unit of noise: the validation split cut
+        into disjoint windows of seq_len + 1 tokens (with answers: its rows, each row's window as val_windows makes
+        it), put in one fixed shuffled order (the same for every map and run), and dealt out `n_windows` a chunk.
+        Chunks never share a counted token, so the losses of one map on two chunks are independent draws of the
+        text, and two maps on one chunk saw the same text (paired)."""
+        chunks = self.window_chunks(n_windows, seq_len)
+        if not 0 <= chunk < chunks:
+            raise DataError(f"the validation split of {self.meta['corpus']['corpus']} holds {chunks} chunk(s) of "
+                            f"{n_windows} disjoint windows of {seq_len + 1} tokens; chunk {chunk} was asked for: use "
+                            "more text, a larger val_fraction, fewer eval_windows or fewer --max-seeds")
+        order = np.random.default_rng(WINDOW_ORDER_SEED).permutation(self._chunk_units(seq_len))
+        units = np.sort(order[chunk * n_windows:(chunk + 1) * n_windows]).astype(np.int64)
+        if self.answers_only:
+            return self.answer_windows(units, seq_len)
+        starts = units * (seq_len + 1)
+        return Windows(starts, starts + 1, starts + 1 + seq_len)
 
     def val_bytes(self, n_windows: int, seq_len: int) -> int:
         """UTF-8 bytes covered by the counted validation targets (tokens 1..seq_len of each window; with

@@ -150,8 +150,10 @@ def study_config(space: SpaceConfig, model: ModelConfig, budget: Budget, dtype: 
     if space.search.knobs:
         search |= {"knobs": full["search"]["knobs"], "init_depth": budget.max_layer_runs(model)}
     search |= {k: full["search"][k] for k in RACE_FIELDS if full["search"][k] != omitted_search[k]}
+    init = full["model"].get("init")
     return {
         SCHEMA_KEY: SPACE_SCHEMA_VERSION,
+        **({"init": checkpoint_identity(init)} if init else {}),
         "model": stored_model,
         "data": stored_data,
         "train": {k: full["train"][k] for k in (*RESULT_TRAIN_FIELDS, "dtype")}
@@ -159,6 +161,18 @@ def study_config(space: SpaceConfig, model: ModelConfig, budget: Budget, dtype: 
         "budget": {"text": budget.text, "ratio": round(budget.ratio, 9)},
         "search": search,
     }
+
+
+def checkpoint_identity(source: str) -> dict[str, str]:
+    """What a study of a pretrained model knows its checkpoint by: its source and the SHA-256 of its config.json
+    (and of its tokenizer.json where it has one), so that a resume with another checkpoint is refused."""
+    from ilr_search.training.pretrained import open_checkpoint
+
+    checkpoint = open_checkpoint(source)
+    identity = {"source": source, "config_sha256": hashlib.sha256((checkpoint.path / "config.json").read_bytes()).hexdigest()}
+    if checkpoint.tokenizer_file is not None:
+        identity["tokenizer_sha256"] = hashlib.sha256(checkpoint.tokenizer_file.read_bytes()).hexdigest()
+    return identity
 
 
 @dataclass(frozen=True)
@@ -203,6 +217,10 @@ def derive_study_name(config: dict[str, Any]) -> str:
     corpus = "stdlib" if d["corpus"] == "stdlib" else Path(d["corpus"].replace(":", "-")).name[:24]
     if d.get("answer_column"):  # a study of the answer loss says so (only they store an answer column)
         corpus += "-answer"
+    if m.get("init"):  # a pretrained model: named by its checkpoint (its tokenizer is the checkpoint's own)
+        checkpoint = safe_name(Path(m["init"].replace(":", "-")).name)[:24]
+        return (f"ilr-{checkpoint}-L{m['n_layers']}-d{m['d_model']}-{corpus}-{config['budget']['ratio']:g}x"
+                f"-{'frozen' if config['train']['steps'] == 0 else str(config['train']['steps']) + 'steps'}-{digest}")
     return (f"ilr-L{m['n_layers']}-d{m['d_model']}-{m['pe']}-{corpus}-{d['tokenizer'].replace(':', '')}"
             f"-{config['budget']['ratio']:g}x-{digest}")
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ import zlib
 
 from ilr_search.config import ModelConfig, TrainConfig
 from ilr_search.data.tokens import TokenData, counted_targets
-from ilr_search.training.device import resolve_compile, resolve_device, resolve_dtype
+from ilr_search.training.device import autocast_for, resolve_compile, resolve_device, resolve_dtype
 from ilr_search.records import EvalPoint, TrainLossPoint
 from ilr_search.training.model import ILRTransformer
 
@@ -146,13 +145,6 @@ def validation_metrics(nats: float, total_tokens: int, data: TokenData, cfg: Tra
     return val_loss, math.exp(min(val_loss, 700.0)), val_bpb
 
 
-def autocast_for(device: torch.device, compute_dtype: torch.dtype) -> Any:
-    """bf16 autocast for the layers when training in bf16 (weights and optimizer stay fp32)."""
-    if compute_dtype == torch.bfloat16:
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return nullcontext()
-
-
 OnEval = Callable[[EvalPoint], bool]  # return True to stop the run (pruning)
 OnStep = Callable[[int, int, float], None]  # (step, total steps, training loss)
 
@@ -189,6 +181,8 @@ def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData
     schedule = list(schedule)
     model = build_model(model_cfg, cfg.seed).to(device)
     params = model.num_params()
+    if cfg.steps == 0:  # frozen: no step, one evaluation on the held-out windows of chunk cfg.seed (frozen.py)
+        return frozen_result(model, schedule, data, cfg, params, str(device), dtype, on_eval, on_trained)
     if resolve_compile(cfg.compile, device):
         model.compile_layers()
     optimizer = build_optimizer(model, cfg, device, schedule)
@@ -269,6 +263,24 @@ def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData
         on_trained(model)
     return proxy_result(schedule, params, status, reason, step, start_step, curve, tokens_per_step,
                         seconds, data_seconds, eval_seconds, str(device), dtype, digest, train_curve)
+
+
+def frozen_result(model: ILRTransformer, schedule: list[int], data: TokenData, cfg: TrainConfig, params: int,
+                  device: str, dtype: str, on_eval: OnEval | None,
+                  on_trained: Callable[[ILRTransformer], None] | None) -> TrainResult:
+    """The result of a run of no step: the model as built, evaluated on window chunk cfg.seed; diverged where its
+    loss is not finite."""
+    from ilr_search.training.frozen import evaluate_frozen
+
+    windows, point, seconds = evaluate_frozen(model, schedule, data, cfg, on_eval)
+    finite = math.isfinite(point.val_loss)
+    if on_trained is not None:
+        on_trained(model)
+    return TrainResult(schedule=schedule, params=params, steps=0, tokens=0, val_loss=point.val_loss,
+                       val_ppl=point.val_ppl, val_bpb=point.val_bpb, train_seconds=seconds, tokens_per_second=0.0,
+                       status="ok" if finite else "diverged", curve=[point] if finite else [],
+                       reason="" if finite else f"validation loss became {point.val_loss:.4g} on window chunk {cfg.seed}",
+                       eval_seconds=seconds, device=device, dtype=dtype)
 
 
 def divergence_threshold(vocab_size: int) -> float:
