@@ -67,6 +67,7 @@ class SpaceOptions:
     tokenizer: Optional[str] = None
     data: Optional[str] = None  # the training options: None in flops, which has none of them
     text_column: Optional[str] = None
+    answer_column: Optional[str] = None
     steps: Optional[int] = None
     batch_size: Optional[int] = None
     lr: Optional[float] = None
@@ -79,7 +80,8 @@ class SpaceOptions:
         return {
             "model": {"layers": self.layers, "d_model": self.d_model, "heads": self.heads, "seq_len": self.seq_len,
                       "mlp_ratio": self.mlp_ratio, "pe": self.pe},
-            "data": {"corpus": self.data, "tokenizer": self.tokenizer, "text_column": self.text_column},
+            "data": {"corpus": self.data, "tokenizer": self.tokenizer, "text_column": self.text_column,
+                     "answer_column": self.answer_column},
             "train": {"steps": self.steps, "batch_size": self.batch_size, "lr": self.lr, "seed": self.seed,
                       "device": self.device, "dtype": self.dtype, "compile": self.compile},
         }
@@ -99,7 +101,8 @@ def _model_option_signature(
 
 def _training_option_signature(
     data: Annotated[Optional[str], typer.Option(help="stdlib (embedded), a local file/folder, or hf:NAME[:CONFIG].")] = None,
-    text_column: Annotated[Optional[str], typer.Option(help="Text column of .jsonl/.parquet/.csv data.")] = None,
+    text_column: Annotated[Optional[str], typer.Option(help="Text column of .jsonl/.parquet/.csv data (with --answer-column: the prompt column).")] = None,
+    answer_column: Annotated[Optional[str], typer.Option(help="Answer column of prompt/answer rows: the loss and validation metrics are on the answer tokens only. \\[default: none, the whole text]")] = None,
     steps: Annotated[Optional[int], typer.Option(help="Proxy training steps.")] = None,
     batch_size: Annotated[Optional[int], typer.Option(help="Sequences per step.")] = None,
     lr: Annotated[Optional[float], typer.Option(help="Peak learning rate.")] = None,
@@ -146,9 +149,12 @@ def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
 
         quiet_optuna()
         try:
-            return command(*args, **kwargs)
+            result = command(*args, **kwargs)
         except UserInputError as e:
+            ui.held_notes.clear()
             fail(str(e))
+        ui.release_notes()
+        return result
 
     return wrapper
 
@@ -159,6 +165,7 @@ def fail(message: str) -> None:
 
 
 def emit(obj: dict[str, Any], as_json: bool, render: Callable[[dict[str, Any]], None]) -> None:
+    ui.release_notes()
     if as_json:
         print(json.dumps(obj, default=float))
     else:
@@ -247,7 +254,7 @@ def train_study_map(opts: SpaceOptions, reuse_map: str | None, block: int | None
     overrides = {"seed": opts.seed, "device": opts.device, "dtype": opts.dtype, "compile": opts.compile}
     with ui.step_progress(enabled=True) as on_step:
         report = train_from_study(study, storage, map_text, opts.steps, overrides, on_step, save,
-                                  on_choice=lambda why: ui.err.print(f"study {study}: {why}"), save_format=save_format)
+                                  on_choice=lambda why: ui.hold_note(f"study {study}: {why}"), save_format=save_format)
     emit(report, json_out, ui.print_train)
     if save is not None and not json_out:
         ui.out.print(f"saved the model to {save}")
@@ -321,7 +328,7 @@ def run(
     timeout: Annotated[Optional[float], typer.Option(help="Stop starting new trials after this many seconds.")] = None,
     sampler: Annotated[Optional[str], typer.Option(help="auto|tpe|nsga2|gp|random|grid. \\[default: auto]")] = None,
     pruner: Annotated[Optional[str], typer.Option(help="pareto (calibrated: prunes only at rungs that predict the final ranking) | pareto-eager (the uncalibrated rule) | median | none. \\[default: pareto]")] = None,
-    objective: Annotated[Optional[str], typer.Option(help="pareto (perplexity and FLOPs) or ppl (budget as a constraint only).")] = None,
+    objective: Annotated[Optional[str], typer.Option(help="pareto (perplexity and FLOPs), ppl (budget as a constraint only) or answer (the answer tokens' perplexity and FLOPs; needs --answer-column).")] = None,
     workers: Annotated[Optional[int], typer.Option(help="Worker processes on this machine, sharing the study and the device (its trials, reference runs and race); on a CPU one thread each. \\[default: from the space: one a CPU core in default.toml, else 1, or as --fuse auto chooses]")] = None,
     fuse: Annotated[Optional[str], typer.Option(help="Maps trained at once in one fused group (K proxies in lockstep in one process); 1: one at a time; auto: K (and on a CPU, workers against threads) from memory and a short probe. A resume reuses the study's stored layout unless --fuse or --workers is given. \\[default: from the space, 4 in default.toml]")] = None,
     knobs: Annotated[Optional[str], typer.Option(help="Recurrence knobs searched with the map, comma-separated: injection, iteration_encoding, iteration_norms, depth_init, repeat_scale. \\[default: from the space, none in the presets]")] = None,
@@ -334,19 +341,23 @@ def run(
     race_policy: Annotated[Optional[str], typer.Option(help="adaptive (judged at the target, seeds until decided) or fixed (race-seeds at doubled lengths, as studies made before it). \\[default: from the space, adaptive]")] = None,
     equal_compute: Annotated[Optional[str], typer.Option(help="depth: also race a plain model as deep as the best contender runs (the same compute, more parameters); off. \\[default: from the space, depth]")] = None,
     enqueue: Annotated[Optional[str], typer.Option(help="Your maps, trained first after the baseline, in order, space-separated: \"3,2,2,1 4,2,1,1\", with knobs as --knobs of train takes them (2,1,1,1|injection=add), block maps block:I-J:R (where the study searches blocks), or blockK (trained as a reference run; a trial where blocks are searched). Over-budget maps are repaired to the budget. \\[default: the space's enqueue list]")] = None,
+    init: Init = None,
+    train_steps: Annotated[Optional[int], typer.Option(help="Steps each map trains (--steps under the name a pretrained model's search uses): with --init, 0 evaluates each map on the checkpoint's weights as they are (frozen, the race pairs maps by held-out window chunk), N continues training them (retrofit). \\[default: from the space]")] = None,
     json_out: Json = False,
 ) -> None:
     """Search reuse maps under a FLOP budget; running it again resumes the study."""
     from ilr_search.commands.run import RunOptions, run_request, run_search
 
+    check_init_flags(opts, init)
     request, fuse_asked = run_request(RunOptions(
         opts.space, opts.overrides(), budget, study, storage, n_trials, timeout, sampler, pruner, objective, workers,
-        fuse, knobs, target, race_seeds, max_seeds, max_race_steps, race_policy, equal_compute, enqueue))
+        fuse, knobs, target, race_seeds, max_seeds, max_race_steps, race_policy, equal_compute, enqueue,
+        train_steps=train_steps, init=init))
     tracked_reporter(track, storage, open_uri=False)  # a bad --track is refused before the probe
     if dry_run:
         from ilr_search.commands.dryrun import dry_run_report
 
-        emit(dry_run_report(request, workers), json_out, ui.print_plan)
+        emit(dry_run_report(request, workers, fuse=fuse_asked), json_out, ui.print_plan)
         return
     tracked = tracked_reporter(track, storage)
     summary = run_search(request, fuse_asked, workers, lambda: tracked(ui.ConsoleReporter(enabled=True)),
@@ -376,7 +387,7 @@ def study_or_default(study: str | None, storage: str | None) -> str:
     from ilr_search.commands.studies import default_study
 
     name, why = default_study(storage)
-    ui.err.print(f"study {name} ({why})")
+    ui.hold_note(f"study {name} ({why})")
     return name
 
 
@@ -548,7 +559,7 @@ def export_model(
         report = export_saved_model(model, out, map_, family)
     else:
         report = export_study_model(study, out, storage, map_, family,
-                                    on_choice=lambda why: ui.err.print(f"study {study}: {why}", markup=False))
+                                    on_choice=lambda why: ui.hold_note(f"study {study}: {why}"))
     emit(report, json_out, ui.print_export_model)
 
 
@@ -567,7 +578,7 @@ def recipe(
 
     path = check_out_path(out, RECIPE_FORMATS) if out is not None else None
     name = study_or_default(study, storage)
-    report = study_recipe(name, storage, map_, on_choice=lambda why: ui.err.print(f"study {name}: {why}"))
+    report = study_recipe(name, storage, map_, on_choice=lambda why: ui.hold_note(f"study {name}: {why}"))
     if path is not None:
         write_recipe(report, path)
     if json_out:

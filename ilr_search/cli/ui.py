@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import sys
 import time
@@ -33,6 +34,21 @@ out = console()
 err = console(stderr=True)
 
 
+held_notes: list[str] = []  # informational lines for stderr, held until the command is known to go ahead
+
+
+def hold_note(text: str) -> None:
+    """A line for stderr (which study a command took, which map) that is printed once the command goes ahead (its
+    first output or progress, or its end), and never when it fails: an `error:` line stays alone."""
+    held_notes.append(text)
+
+
+def release_notes() -> None:
+    """Print the held notes on stderr, in order."""
+    while held_notes:
+        err.print(held_notes.pop(0), soft_wrap=True, markup=False, highlight=False)
+
+
 class LazyProgress(Progress):
     """Progress bars that start drawing at their first task added or updated: a command that fails before any
     work prints its `error:` line with no blank line before it (a started Progress leaves one on stop)."""
@@ -44,6 +60,7 @@ class LazyProgress(Progress):
 
     def _draw(self) -> None:
         if self._wanted and not self.live.is_started:
+            release_notes()
             super().start()
 
     def add_task(self, *args: Any, **kwargs: Any) -> Any:
@@ -102,29 +119,76 @@ def with_knobs_column(columns: list[str], rows: list[dict[str, Any]]) -> list[st
     return columns[:at] + ["knobs"] + columns[at:]
 
 
-KEPT_WHOLE = ("reuse_map", "study")  # never wrapped, header included: they are what you copy
+KEPT_WHOLE = ("reuse_map", "study", "map_key", "best")  # never folded nor dropped, header included: what you copy
+LEFT_ALIGNED = ("reuse_map", "knobs", "state", "study", "map_key", "best", "decided", "status", "confirmed", "source", "reference",
+                "schedule")
+KNOB_FLOOR = 12  # a knob settings cell folds to lines this wide before a column is dropped
 
 
-def fitted_widths(columns: list[str], cells: list[list[str]], width: int) -> list[int | None]:
-    """Column widths that fit the table in `width` by folding headers before values: columns give up room, the
-    most generous first, down to their widest value with at least 4 characters of header per line (knob
-    settings: to 12), then, if that is not enough, to their widest value (knob settings: to 4). Maps and
-    study names never give any; None everywhere when the table fits as it is."""
-    values = [max([1] + [len(row[i]) for row in cells]) for i in range(len(columns))]
-    natural = [max(len(c), v) for c, v in zip(columns, values)]
-    excess = sum(natural) + 3 * len(columns) + 1 - width  # a border and a space either side of each column
-    if excess <= 0:
-        return [None] * len(columns)
+def significant_decimals(values: list[Any], significant: int = 4) -> int:
+    """The decimals that give the largest of `values` `significant` digits: one count for a whole column, so that
+    its numbers line up (4.917, 4.830, 4.600; 122.1, 124.0)."""
+    finite = [abs(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    largest = max(finite, default=0.0)
+    return max(0, significant - (len(str(int(largest))) if largest >= 1 else 1))
+
+
+def fixed(value: Any, decimals: int) -> str:
+    """A number with `decimals` decimals (None as -, inf and nan as Python writes them)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return _fmt(value)
+    return f"{value:.{decimals}f}" if math.isfinite(value) else str(value)
+
+
+def column_cells(column: str, values: list[Any]) -> list[str]:
+    """One column's cells: a FLOPs ratio with its x (1.50x); perplexities and bits per byte with one number of
+    decimals over the column (significant_decimals); the rest as _fmt writes them."""
+    if column == "flops_ratio":
+        return [f"{v:.2f}x" if isinstance(v, (int, float)) and math.isfinite(v) else _fmt(v) for v in values]
+    if column.endswith(("ppl", "bpb")) and all(v is None or isinstance(v, (int, float)) for v in values):
+        decimals = significant_decimals(values)
+        return [fixed(v, decimals) for v in values]
+    return [_fmt(v) for v in values]
+
+
+def fit_columns(columns: list[str], heads: list[str], cells: list[list[str]], width: int,
+                droppable: list[str]) -> tuple[list[int], list[int | None]]:
+    """(the columns shown, by index, and their widths) that fit a table in `width`. A column's floor is its longest
+    word, header and values alike (a number is one word: never split; a header folds between its words, never
+    a letter a line); a key column (KEPT_WHOLE) keeps its whole width, and knob settings fold down to KNOB_FLOOR.
+    While the floors do not fit, the `droppable` columns go, first listed first; then the columns give room,
+    the most generous first, down to their floors, and, only if that is not enough, below them (never a key
+    column); headers fold before values do, and the table's outer edges lose their space. Widths None everywhere
+    when the table fits as it is."""
+    n = len(columns)
+    natural = [max([len(heads[i])] + [len(row[i]) for row in cells]) for i in range(n)]
+    words = [max([len(w) for w in heads[i].split()] + [len(w) for row in cells for w in row[i].split()] + [1])
+             for i in range(n)]
+    floors = [natural[i] if c in KEPT_WHOLE else min(words[i], KNOB_FLOOR) if c == "knobs" else words[i]
+              for i, c in enumerate(columns)]
+
+    shown = list(range(n))
+    if sum(natural) + 3 * n + 1 <= width:  # a border and a space either side of each column
+        return shown, [None] * n
+
+    def room(shown: list[int], widths: list[int]) -> int:  # fitted: no space at the table's outer edges
+        return sum(widths[i] for i in shown) + 3 * len(shown) - 1
+    for column in droppable:
+        if room(shown, floors) <= width:
+            break
+        if column in columns and columns.index(column) in shown:
+            shown.remove(columns.index(column))
     widths = list(natural)
-    knob_floors = {"knobs": (12, 4)}
-    for level in (0, 1):
-        floors = [natural[i] if c in KEPT_WHOLE else min(natural[i], knob_floors[c][level]) if c in knob_floors
-                  else max(values[i], min(len(c), 4)) if level == 0 else values[i] for i, c in enumerate(columns)]
-        for i in sorted(range(len(columns)), key=lambda i: floors[i] - widths[i]):
-            give = max(0, min(excess, widths[i] - floors[i]))
+    excess = room(shown, widths) - width
+    values = [max([1] + [len(row[i]) for row in cells]) for i in range(n)]
+    whole_values = [max(floors[i], values[i]) if c != "knobs" else floors[i] for i, c in enumerate(columns)]
+    smallest = [natural[i] if c in KEPT_WHOLE else 4 for i, c in enumerate(columns)]
+    for lowest in (whole_values, floors, smallest):  # headers fold first, then values between words, then below
+        for i in sorted(shown, key=lambda i: lowest[i] - widths[i]):
+            give = max(0, min(excess, widths[i] - lowest[i]))
             widths[i] -= give
             excess -= give
-    return list(widths)
+    return shown, [widths[i] for i in shown]
 
 
 def _cell(row: dict[str, Any], column: str) -> Any:
@@ -133,17 +197,22 @@ def _cell(row: dict[str, Any], column: str) -> Any:
     return row.get("map") or row.get(column) if column == "reuse_map" else row.get(column)
 
 
-def rows_table(title: str, rows: list[dict[str, Any]], columns: list[str], headers: dict[str, str] | None = None) -> None:
-    """A table of `rows` by `columns` (their keys), each headed by its key or by `headers[key]`."""
+def rows_table(title: str, rows: list[dict[str, Any]], columns: list[str], headers: dict[str, str] | None = None,
+               droppable: list[str] | None = None) -> None:
+    """A table of `rows` by `columns` (their keys), each headed by its key (underscores as spaces) or by
+    `headers[key]`, fitted to the console (fit_columns: on a narrow one the `droppable` columns go first)."""
     columns = with_knobs_column(columns, rows)
-    cells = [[_fmt(_cell(row, c)) for c in columns] for row in rows]
-    shown = [(headers or {}).get(c, c) for c in columns]
-    table = Table(title=title)
-    for col, head, width in zip(columns, shown, fitted_widths(shown, cells, out.width)):
-        table.add_column(head, justify="right" if col not in ("reuse_map", "knobs", "state", "study") else "left",
-                         overflow="fold", no_wrap=col in KEPT_WHOLE, width=width)
+    by_column = [column_cells(c, [_cell(row, c) for row in rows]) for c in columns]
+    cells = [list(row) for row in zip(*by_column)] if rows else []
+    heads = [(headers or {}).get(c, c.replace("_", " ")) for c in columns]
+    shown, widths = fit_columns(columns, heads, cells, out.width, list(droppable or ()))
+    table = Table(title=title, pad_edge=widths[0] is None if widths else True)
+    for i, width in zip(shown, widths):
+        col = columns[i]
+        table.add_column(heads[i], justify="left" if col in LEFT_ALIGNED else "right", overflow="fold",
+                         no_wrap=col in KEPT_WHOLE, width=width, min_width=width if col in KEPT_WHOLE else None)
     for row in cells:
-        table.add_row(*row)
+        table.add_row(*(row[i] for i in shown))
     out.print(table)
 
 
@@ -167,6 +236,7 @@ def step_progress(enabled: bool = True, total: int | None = None, description: s
 
 FRONT_COLUMNS = ["trial", "reuse_map", "flops_ratio", "val_ppl", "val_bpb"]
 TRIAL_COLUMNS = ["trial", "state", "reuse_map", "flops_ratio", "val_ppl", "val_bpb", "steps", "pruned_at_step"]
+TRIAL_COLUMNS_DROPPED = ["pruned_at_step", "val_bpb", "steps", "state"]  # on a narrow console, first dropped first
 
 
 @dataclass
@@ -233,6 +303,7 @@ class ConsoleReporter(RunReporter):
             handler(event)
 
     def print(self, event: Event, text: str) -> None:
+        release_notes()
         if self.enabled:
             self.progress.console.print(("" if event.worker is None else f"worker {event.worker}: ") + text)
 
@@ -284,12 +355,12 @@ class ConsoleReporter(RunReporter):
             if self.study_task is not None and event.kind == "race":
                 self.progress.update(self.study_task, description="race", total=None, completed=0,
                                      info="race runs stored: 0", eta=None)
-        runs = "; ".join(f"map {key} at {steps} steps, seed {seed}" for key, steps, seed in event.runs)
+        runs = "; ".join(f"map {key} {run_where(steps, seed)}" for key, steps, seed in event.runs)
         self.print(event, f"{event.kind} run{'s' if len(event.runs) > 1 else ''}: {runs}"
                    + (f" (fused, {len(event.runs)} at once)" if len(event.runs) > 1 else ""))
         key, steps, seed = event.runs[0]
         more = f" and {len(event.runs) - 1} more" if len(event.runs) > 1 else ""
-        self._row(event.worker, f"{event.kind} run map {key} seed {seed}{more}", steps)
+        self._row(event.worker, f"{event.kind} run map {key} {'window chunk' if steps == 0 else 'seed'} {seed}{more}", steps)
 
     def _RunFinished(self, event: RunFinished) -> None:
         self.runs_done = (self.runs_done or 0) + 1
@@ -297,7 +368,7 @@ class ConsoleReporter(RunReporter):
             self.progress.update(self.study_task, info=f"race runs stored: {self.runs_done}")
         elif self.study_task is not None:  # the audit: its row counts its runs
             self.progress.update(self.study_task, advance=1)
-        self.print(event, f"{event.kind} run done: map {event.map_key} at {event.steps} steps, seed {event.seed}: "
+        self.print(event, f"{event.kind} run done: map {event.map_key} {run_where(event.steps, event.seed)}: "
                           f"ppl {_fmt(event.val_ppl)}")
 
     def _Step(self, event: Step) -> None:
@@ -342,13 +413,20 @@ class ConsoleReporter(RunReporter):
 
 # The front as run and pareto print it: each point at its length, with its seeds and interval (trial numbers,
 # bpb and parameters are in --json); seven columns fit 80 characters.
+def run_where(steps: int, seed: int) -> str:
+    """Where a race run is: "at 2000 steps, seed 3", or for a frozen study's (no step) "on window chunk 3"."""
+    return f"on window chunk {seed}" if steps == 0 else f"at {steps} steps, seed {seed}"
+
+
 RACE_FRONT_COLUMNS = ["reuse_map", "flops_ratio", "steps", "seeds", "val_ppl", "interval", "confirmed"]
 RACE_FRONT_HEADERS = {"flops_ratio": "FLOPs", "val_ppl": "ppl", "interval": "90% interval"}
+RACE_FRONT_DROPPED = ["steps", "seeds", "interval"]  # on a narrow console, first dropped first
 
 
 def race_front_rows(front: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Front points for a table: the interval as low-high, confirmed as yes/no."""
-    return [dict(p, interval=f"{_fmt(p['interval'][0])}-{_fmt(p['interval'][1])}"
+    """Front points for a table: the interval as low-high (with the perplexities' decimals), confirmed as yes/no."""
+    decimals = significant_decimals([p.get("val_ppl") for p in front])
+    return [dict(p, interval=f"{fixed(p['interval'][0], decimals)}-{fixed(p['interval'][1], decimals)}"
                  if p.get("interval") and p["interval"][0] is not None else "-",
                  confirmed="reference" if p.get("reference") else "yes" if p.get("confirmed") else "no") for p in front]
 
@@ -360,24 +438,38 @@ def print_race(report: dict[str, Any]) -> None:
     if not race:
         return
     runs = [r for r in race["results"] if r["source"].startswith("run ")]
-    if runs and race.get("policy") == "adaptive":
+    frozen = race.get("frozen", False)  # no step trained: a seed is a chunk of held-out windows
+    if runs and frozen:
+        by_chunk: dict[str, list[dict[str, Any]]] = {}
+        for r in runs:
+            by_chunk.setdefault(r["map_key"], []).append(r)
+        rows_table(f"race evaluations on held-out windows (frozen; window chunk {race['seeds'][0]} scored the trials, "
+                   f"the rest test)",
+                   [{"reuse_map": k, "window_chunks": ",".join(str(r["seed"]) for r in sorted(v, key=lambda r: r["seed"])),
+                     "ppl": " ".join(_fmt(r["val_ppl"]) for r in sorted(v, key=lambda r: r["seed"]))}
+                    for k, v in sorted(by_chunk.items())], ["reuse_map", "window_chunks", "ppl"])
+    elif runs and race.get("policy") == "adaptive":
         by_map: dict[str, list[dict[str, Any]]] = {}
         for r in runs:
             by_map.setdefault(r["map_key"], []).append(r)
+        decimals = significant_decimals([r["val_ppl"] for r in runs])
         rows_table(f"race runs at {race['target_steps']} steps (proxy {race['base_steps']}; seed {race['seeds'][0]} "
                    f"screens, the rest test)",
                    [{"reuse_map": k, "seeds": ",".join(str(r["seed"]) for r in sorted(v, key=lambda r: r["seed"])),
-                     "ppl": " ".join(_fmt(r["val_ppl"]) for r in sorted(v, key=lambda r: r["seed"]))}
+                     "ppl": " ".join(fixed(r["val_ppl"], decimals) for r in sorted(v, key=lambda r: r["seed"]))}
                     for k, v in sorted(by_map.items())], ["reuse_map", "seeds", "ppl"])
     elif runs:
         rows_table(f"race runs (proxy {race['base_steps']} steps, target {race['target_steps']}, seeds "
-                   f"{_fmt(race['seeds'])})", runs, ["map_key", "steps", "seed", "val_ppl", "schedule", "source"])
+                   f"{_fmt(race['seeds'])})", runs, ["map_key", "steps", "seed", "val_ppl", "schedule", "source"],
+                   droppable=["schedule", "source"])
     if race.get("comparisons"):
-        rows_table("against the baseline at the target (test seeds)",
-                   [{"reuse_map": c["map"], "seeds": len(c["seeds"]), "loss_diff": c["mean_diff"],
+        unit = "window_chunks" if frozen else "seeds"
+        rows_table("against the baseline on held-out windows (test window chunks)" if frozen
+                   else "against the baseline at the target (test seeds)",
+                   [{"reuse_map": c["map"], unit: len(c["seeds"]), "loss_diff": c["mean_diff"],
                      "interval": "-" if not c["interval"] else f"{c['interval'][0]:+.4f} to {c['interval'][1]:+.4f}",
                      "p": c["p_value"], "level": c["level"], "status": c["status"]} for c in race["comparisons"]],
-                   ["reuse_map", "seeds", "loss_diff", "interval", "p", "level", "status"])
+                   ["reuse_map", unit, "loss_diff", "interval", "p", "level", "status"], droppable=["level", "p"])
     if race.get("eliminated"):
         for key, why in race["eliminated"].items():
             out.print(f"eliminated {key}: {why}", soft_wrap=True)
@@ -386,19 +478,27 @@ def print_race(report: dict[str, Any]) -> None:
         out.print(f"equal compute: {equal['reference']} (a plain {equal['layers']}-layer model, "
                   f"{_fmt(equal['flops_ratio'])}x FLOPs, {equal['params']} parameters, {equal['params_ratio']:.2f}x "
                   f"the baseline's) ppl {_fmt(equal['val_ppl'])} over seeds {_fmt(equal['seeds'])}", soft_wrap=True)
-    out.print(f"verdict at {report['target_steps']} steps: {report['verdict'] or '-'}", soft_wrap=True)
+    where = "on held-out windows (frozen)" if frozen else f"at {report['target_steps']} steps"
+    out.print(f"verdict {where}: {report['verdict'] or '-'}", soft_wrap=True)
 
 
 def print_run(summary: dict[str, Any]) -> None:
-    rows_table(f"Pareto front of {summary['study']}", race_front_rows(summary["pareto"]), RACE_FRONT_COLUMNS,
-               RACE_FRONT_HEADERS)
+    frozen = bool((summary.get("race") or {}).get("frozen"))
+    columns = [c for c in RACE_FRONT_COLUMNS if c != "steps"] if frozen else RACE_FRONT_COLUMNS
+    headers = RACE_FRONT_HEADERS | ({"seeds": "window chunks"} if frozen else {})
+    rows_table(f"Pareto front of {summary['study']}", race_front_rows(summary["pareto"]), columns, headers,
+               RACE_FRONT_DROPPED)
     for name, ref in summary.get("references", {}).items():
         out.print(f"reference {name}: {_fmt(ref['flops_ratio'])}x, ppl {_fmt(ref['val_ppl'])}")
     everything = summary["steps_trained"] + summary.get("reference_steps", 0) + summary.get("race_steps", 0)
-    out.print(f"{summary['n_complete']} complete, {summary['n_pruned']} pruned, {summary['n_failed']} failed; "
-              f"{everything} steps trained: {summary['steps_trained']} in the trials ({summary['steps_saved_by_pruning']} "
-              f"saved by pruning), {summary.get('reference_steps', 0)} in the reference runs, "
-              f"{summary.get('race_steps', 0)} in the race; storage {summary['storage']}")
+    if frozen:
+        out.print(f"{summary['n_complete']} complete, {summary['n_failed']} failed; frozen: no step trained, every "
+                  f"result the pretrained weights evaluated on a chunk of held-out windows; storage {summary['storage']}")
+    else:
+        out.print(f"{summary['n_complete']} complete, {summary['n_pruned']} pruned, {summary['n_failed']} failed; "
+                  f"{everything} steps trained: {summary['steps_trained']} in the trials "
+                  f"({summary['steps_saved_by_pruning']} saved by pruning), {summary.get('reference_steps', 0)} in the "
+                  f"reference runs, {summary.get('race_steps', 0)} in the race; storage {summary['storage']}")
     _fidelity_lines(summary.get("fidelity"))
     print_race(summary)
     if summary.get("phases"):
@@ -415,7 +515,8 @@ def print_run(summary: dict[str, Any]) -> None:
 
 def print_studies(report: dict[str, Any]) -> None:
     rows_table("studies (best: the map the race reports, at its decided length)", report["studies"],
-               ["study", "n_trials", "budget", "layers", "best", "best_val_ppl", "best_steps", "decided"])
+               ["study", "n_trials", "budget", "layers", "best", "best_val_ppl", "best_steps", "decided"],
+               {"n_trials": "trials"}, droppable=["best_steps", "layers", "n_trials", "budget", "decided"])
 
 
 def print_export(report: dict[str, Any]) -> None:
@@ -432,10 +533,11 @@ def print_export_model(report: dict[str, Any]) -> None:
 
 
 def print_trials(report: dict[str, Any]) -> None:
-    rows_table(f"trials of {report['study']}", report["trials"], TRIAL_COLUMNS)
+    rows_table(f"trials of {report['study']}", report["trials"], TRIAL_COLUMNS, droppable=TRIAL_COLUMNS_DROPPED)
     if report.get("references"):
         rows_table("reference runs (trained outside the sampler's view)", report["references"],
-                   ["reference", "reuse_map", "knobs", "flops_ratio", "val_ppl", "val_bpb", "seed", "status"])
+                   ["reference", "reuse_map", "knobs", "flops_ratio", "val_ppl", "val_bpb", "seed", "status"],
+                   droppable=["val_bpb", "seed", "status"])
     _fidelity_lines(report.get("fidelity"))
     print_race(report)
 
@@ -443,7 +545,7 @@ def print_trials(report: dict[str, Any]) -> None:
 def print_pareto(report: dict[str, Any]) -> None:
     noise = report.get("noise")
     rows_table(f"Pareto front of {report['study']}", race_front_rows(report["pareto"]), RACE_FRONT_COLUMNS,
-               RACE_FRONT_HEADERS)
+               RACE_FRONT_HEADERS, RACE_FRONT_DROPPED)
     if noise:
         out.print(f"baseline seed-to-seed spread at the proxy's length: {noise['spread']:.4g} ppl over "
                   f"{noise['n_seeds']} seeds")
@@ -477,7 +579,8 @@ def print_audit(report: dict[str, Any]) -> None:
             for m in sorted(report["maps"], key=lambda m: m["audit_ppl"])]
     rows_table(f"audit of {report['study']}: {report['proxy_steps']} -> {report['steps']} steps",
                rows, ["reuse_map", "flops_ratio", "proxy", "proxy_ppl", f"{factor}_ppl", "seeds", "seed_sd", "front"],
-               {"flops_ratio": "FLOPs", "proxy_ppl": "proxy ppl", f"{factor}_ppl": f"{factor} ppl", "seeds": "n", "seed_sd": "sd"})
+               {"flops_ratio": "FLOPs", "proxy_ppl": "proxy ppl", f"{factor}_ppl": f"{factor} ppl", "seeds": "n", "seed_sd": "sd"},
+               droppable=["seed_sd", "seeds", "proxy"])
     out.print(f"Spearman {_fmt(report['spearman'])}, Kendall {_fmt(report['kendall'])} over {report['n_maps']} maps; "
               f"front precision {_fmt(report['front_precision'])}, recall {_fmt(report['front_recall'])}; pruned maps on the "
               f"{report['factor']:g}x front: {', '.join(report['pruned_on_audited_front']) or 'none'}")
@@ -531,9 +634,14 @@ def print_pruning_replay(report: dict[str, Any]) -> None:
 
 
 def print_plan(report: dict[str, Any]) -> None:
+    resume = report["resume"]
     rows = {
         "study": report["study"] + (f" (resume: {report['finished_trials']} of {report['n_trials']} trials finished)"
-                                    if report["resume"] else " (new)"),
+                                    if resume else " (new)"),
+    }
+    if report.get("finished"):
+        rows["left"] = report["left"]
+    rows |= {
         "trials to train": f"{report['trials_to_train']} (target {report['n_trials']})",
         "references": ", ".join(report["references_to_train"]) or "none",
         "sampler": report["sampler"],
@@ -552,30 +660,40 @@ def print_plan(report: dict[str, Any]) -> None:
     if report.get("knobs"):
         rows["knobs"] = ", ".join(report["knobs"])
     race = report.get("race") or {}
-    if race.get("policy") == "adaptive":
+    left = " left" if resume else ""
+    if race.get("decided"):
+        rows["race"] = f"{race['policy']} at {race['target_steps']} steps: decided ({race['steps_trained']} steps trained)"
+    elif race.get("policy") == "adaptive":
         rows["race"] = (f"adaptive at {race['target_steps']} steps: {race['screen']} maps screened at seed 0, "
                         f"{race['contenders']} contenders (the baseline among them) on {race['first_test_seeds']} to "
                         f"{race['max_seeds'] - 1} test seeds, equal compute {race['equal_compute']}: "
-                        f"{race['runs_min']} to {race['runs_max']} runs ({race['steps_min']} to {race['steps_max']} steps"
-                        + (f", capped at {race['cap']}" if race.get("cap") else "") + ")")
+                        f"{race['runs_min']} to {race['runs_max']} runs{left} ({race['steps_min']} to "
+                        f"{race['steps_max']} steps" + (f", capped at {race['cap']}" if race.get("cap") else "") + ")")
     elif race.get("policy") == "fixed":
         rows["race"] = (f"fixed: {race['contenders']} contenders at {race['seeds']} seeds at {race['lengths']} steps: "
-                        f"at most {race['steps_max']} steps")
+                        f"at most {race['steps_max']} steps{left}")
     else:
         rows["race"] = "off"
     if "estimated_seconds" in report:
+        rows["layout"] = report["layout"]
         for p in report["probe"]:
-            rows[f"probe {p['label']}"] = (f"map {format_reuse_map(p['reuse_map'])}: {p['seconds_per_step'] * 1000:.1f} ms/step, "
-                                           f"{p['seconds_per_eval'] * 1000:.0f} ms/evaluation")
+            rows[f"probe {p['label']}"] = (f"map {format_reuse_map(p['reuse_map'])}: {_milliseconds(p['seconds_per_step'])}/step, "
+                                           f"{_milliseconds(p['seconds_per_eval'])}/evaluation")
         rows["per trial"] = _duration(report["estimated_trial_seconds"])
-        low, high = report["estimated_race_seconds"]
-        rows["race time"] = f"{_duration(low)} to {_duration(high)}"
-        rows["estimated time"] = (f"{_duration(report['estimated_seconds'])} to {_duration(report['estimated_seconds_max'])} "
-                                  f"({report['estimate_note']})")
+        low, high = report["estimated_seconds"], report["estimated_seconds_max"]
+        span = _duration(low) if _duration(low) == _duration(high) else f"{_duration(low)} to {_duration(high)}"
+        rows["estimated time" + left] = f"{span} ({report['estimate_note']})"
     key_value_table("dry run: nothing was written", rows)
 
 
+def _milliseconds(seconds: float) -> str:
+    """A probed time in milliseconds to three significant digits (0.0123 ms as such, never 0.0)."""
+    return f"{seconds * 1000:.3g} ms"
+
+
 def _duration(seconds: float) -> str:
+    if seconds < 9.95:  # a short run in tenths, not 0m 00s
+        return f"{seconds:.1f}s"
     seconds = int(round(seconds))
     h, rest = divmod(seconds, 3600)
     m, s = divmod(rest, 60)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ilr_search.commands.layout import process_threads, usable_cores
-from ilr_search.config import ModelConfig, SpaceConfig
+from ilr_search.config import SIZE_MAXIMA, ModelConfig, SpaceConfig
 from ilr_search.errors import UserInputError
 from ilr_search.search.plan import StudyPlan
 from ilr_search.training.device import resolve_device
@@ -63,9 +63,9 @@ def parse_fuse(text: str | int) -> int | str:
         value = int(text) if not isinstance(text, bool) else 0
     except (TypeError, ValueError):
         value = 0
-    if value < 1 or str(text).strip() not in (str(value), f"+{value}"):
-        raise UserInputError(f"--fuse must be a positive number of maps trained at once (1: one at a time) or "
-                             f"auto, got {text!r}")
+    if not 1 <= value <= SIZE_MAXIMA["search", "fuse"] or str(text).strip() not in (str(value), f"+{value}"):
+        raise UserInputError(f"--fuse must be a positive number of maps trained at once (1: one at a time), at most "
+                             f"{SIZE_MAXIMA['search', 'fuse']:,}, or auto, got {text!r}")
     return value
 
 

@@ -18,7 +18,7 @@ import torch
 
 from ilr_search.commands.standard_checkpoint import (check_checkpoint, check_out_dir, check_save_format,
                                                      data_tokenizer, default_family, save_tokenizer, write_checkpoint)
-from ilr_search.config import DataConfig, ModelConfig, SpaceConfig, TrainConfig
+from ilr_search.config import DataConfig, ModelConfig, SpaceConfig, TrainConfig, without_omitted_defaults
 from ilr_search.data.tokenizers import check_vocab, model_config
 from ilr_search.data.tokens import load_space_tokens
 from ilr_search.errors import UserInputError
@@ -33,6 +33,7 @@ from ilr_search.training.schedule import BlockMap, Map, block_schedule, format_r
 from ilr_search.search.plan import stored_config
 from ilr_search.search.race import decided_front, race_summary
 from ilr_search.search.studies import open_study
+from ilr_search.space import SpaceError, check_sizes
 from ilr_search.storage import study_storage, open_store, parse_storage
 from ilr_search.training.train import OnStep, TrainResult, train_proxy
 
@@ -235,7 +236,7 @@ def study_recipe(study_name: str, storage: str | None = None, map_text: str | No
         "budget": view.budget,
         "architecture": ARCHITECTURE,
         "model": _plain(dataclasses.asdict(model)),
-        "data": _plain(dataclasses.asdict(view.space.data)),
+        "data": without_omitted_defaults("data", _plain(dataclasses.asdict(view.space.data))),
         "train": {"steps": train.steps, "batch_size": train.batch_size, "grad_accum": train.grad_accum,
                   "lr": train.lr, "warmup_frac": train.warmup_frac, "min_lr_frac": train.min_lr_frac,
                   "weight_decay": train.weight_decay, "grad_clip": train.grad_clip,
@@ -342,10 +343,6 @@ def train_from_study(study_name: str, storage: str | None, map_text: str | None,
     if steps is not None and steps < 1:
         raise UserInputError(f"--steps must be at least 1, got {steps}")
     model_cfg = view.model(choice.knobs)
-    if save is not None:
-        check_save(model_cfg, choice.schedule, save, save_format)
-    if on_choice is not None:
-        on_choice(why)
     train_steps = steps or view.space.train.steps
     if train_steps < 1:  # a frozen study's maps were never trained: --steps says how long
         raise UserInputError(f"study {study_name!r} is a frozen search (its maps evaluated, not trained); give "
@@ -353,6 +350,14 @@ def train_from_study(study_name: str, storage: str | None, map_text: str | None,
     train_cfg = dataclasses.replace(view.space.train, steps=train_steps,
                                     **{k: v for k, v in train_overrides.items() if v is not None})
     space = dataclasses.replace(view.space, train=train_cfg)
+    try:
+        check_sizes(space)
+    except SpaceError as e:
+        raise UserInputError(f"--steps {steps}: {e.detail}" if e.section == "train" else str(e)) from None
+    if save is not None:
+        check_save(model_cfg, choice.schedule, save, save_format)
+    if on_choice is not None:
+        on_choice(why)
     data = load_space_tokens(space)
     check_vocab(model_cfg, data.vocab_size)
     result = train_and_save(model_cfg, choice, data, space, on_step, save, {"study": study_name}, save_format)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ilr_search.commands.api import with_init
 from ilr_search.commands.autofuse import Layout, parse_fuse
 from ilr_search.commands.layout import process_threads, race_processes, usable_cores
 from ilr_search.errors import UserInputError
@@ -31,7 +32,7 @@ from ilr_search.search.phases import PhaseMeter
 from ilr_search.search.plan import ADOPTED_RACE_FIELDS, PhaseLayout, StudyLayout
 from ilr_search.search.progress import Event, Message, RunReporter, StudyStarted
 from ilr_search.search.run import RunRequest
-from ilr_search.config import SpaceConfig
+from ilr_search.config import WORKERS_MAX, SpaceConfig
 from ilr_search.space import load_space, parse_target
 
 @dataclass(frozen=True)
@@ -57,6 +58,8 @@ class RunOptions:
     race_policy: str | None = None
     equal_compute: str | None = None
     enqueue: str | None = None
+    train_steps: int | None = None  # the proxy's steps under another name; 0: frozen (only with a pretrained model)
+    init: str | None = None  # a pretrained checkpoint (a folder or hf:NAME): the model's shape, weights and tokenizer
 
 
 def run_request(options: RunOptions) -> tuple[RunRequest, int | str]:
@@ -68,14 +71,27 @@ def run_request(options: RunOptions) -> tuple[RunRequest, int | str]:
               "target": None if options.target is None else parse_target(options.target),
               "race_seeds": options.race_seeds, "max_race_steps": options.max_race_steps,
               "enqueue": None if options.enqueue is None else split_enqueue_text(options.enqueue)} | race
-    if options.workers is not None and options.workers < 1:
-        raise UserInputError(f"--workers must be at least 1, got {options.workers}")
+    if options.workers is not None and not 1 <= options.workers <= WORKERS_MAX:
+        raise UserInputError(f"--workers must be 1 to {WORKERS_MAX:,}, got {options.workers}")
     asked_fuse = None if options.fuse is None else parse_fuse(options.fuse)
     overrides = {**options.overrides, "search": {**options.overrides.get("search", {}), **search}}
-    space = load_space(options.space, overrides)
+    if options.train_steps is not None:
+        given = options.overrides.get("train", {}).get("steps")
+        if given is not None and given != options.train_steps:
+            raise UserInputError(f"--steps {given} and --train-steps {options.train_steps} disagree; give one")
+        if options.train_steps < 0:
+            raise UserInputError(f"--train-steps must be 0 (frozen: evaluate only) or a positive number of steps, "
+                                 f"got {options.train_steps}")
+        overrides["train"] = {**options.overrides.get("train", {}), "steps": options.train_steps}
+    space = with_init(load_space(options.space, overrides), options.init)
     request = RunRequest(space, options.budget, options.study, options.storage, n_trials=options.n_trials,
                          timeout=options.timeout, sampler=options.sampler, pruner=options.pruner,
                          asked_race=tuple((k, v) for k, v in race.items() if v is not None and k in ADOPTED_RACE_FIELDS))
+    if space.model.init:  # the fused trainer stacks the project's own model: a checkpoint's trains one at a time
+        if asked_fuse not in (None, 1, "auto"):
+            raise UserInputError(f"--fuse {asked_fuse}: the fused trainer cannot train a pretrained model (--init); "
+                                 "its maps train one at a time (--fuse 1)")
+        return request, 1
     return request, asked_fuse if asked_fuse is not None else space.search.fuse
 
 

@@ -103,7 +103,7 @@ def parse_tokenizer_spec(spec: str) -> TokenizerSpec:
         except ValueError:
             raise DataError(f"tokenizer {spec!r}: N in bpe:N must be an integer, e.g. bpe:1024") from None
         if not 257 <= size <= 1_000_000:
-            raise DataError(f"tokenizer {spec!r}: N must be above 256 (the byte alphabet), e.g. bpe:1024")
+            raise DataError(f"tokenizer {spec!r}: N must be 257 to 1,000,000 (above the byte alphabet of 256), e.g. bpe:1024")
         return TokenizerSpec(spec, "bpe", size)
     raise DataError(f"unknown tokenizer {spec!r}; use byte, bpe:N (e.g. bpe:1024), hf:NAME or file:PATH")
 

@@ -90,10 +90,12 @@ def race_settings(config: Mapping[str, Any], max_steps: int | None = None) -> Ra
                             max_contenders=search.race_contenders, policy="fixed", max_steps=max_steps or None)
     model = space.model
     share = (param_count(dataclasses.replace(model, n_layers=model.n_layers + 1)) - param_count(model)) / param_count(model)
+    frozen = base_steps == 0  # a frozen study: a seed is a chunk of held-out windows, and there is no deeper plain model
     return RaceSettings(base_steps, target, tuple(seed + i for i in range(search.max_seeds)),
                         max_contenders=search.race_contenders, policy="adaptive", min_seeds=search.race_seeds,
                         screen=search.race_screen, max_steps=max_steps or None,
-                        equal_compute=search.equal_compute == "depth", layer_param_share=share)
+                        equal_compute=search.equal_compute == "depth" and not frozen, layer_param_share=share,
+                        frozen=frozen)
 
 
 def races(settings: RaceSettings) -> bool:
@@ -111,8 +113,9 @@ def lr_schedule(config: Mapping[str, Any]) -> str:
 
 
 def factor_key(steps: int, base_steps: int) -> str:
-    """The factor of a race run of `steps` steps, as the audit writes it too (`--factor 4` -> "4")."""
-    return f"{steps / base_steps:g}"
+    """The factor of a race run of `steps` steps, as the audit writes it too (`--factor 4` -> "4"); "0" for a frozen
+    study's runs (no step: an evaluation on a window chunk)."""
+    return f"{steps / base_steps:g}" if base_steps else "0"
 
 
 def race_run_job(job: RaceJob, base_steps: int) -> RaceRunJob:
@@ -238,7 +241,8 @@ def race_summary(trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows: 
     rows = front_rows(points, trials, results)
     return {"pareto": rows, "verdict": state.verdict, "best": decided_best(state, rows),
             "target_steps": settings.target_steps, "detectable_gap": state.detectable_gap, "equal_compute": equal,
-            "race": {"policy": settings.policy, "base_steps": settings.base_steps, "target_steps": settings.target_steps,
+            "race": ({"frozen": True} if settings.frozen else {}) | {
+                     "policy": settings.policy, "base_steps": settings.base_steps, "target_steps": settings.target_steps,
                      "steps_trained": sum(r.steps for r in results if r.is_run), "compute_steps": state.compute_steps,
                      "max_steps": settings.max_steps, "seeds": list(settings.seeds), "confidence": settings.confidence,
                      "done": state.done, "stopped": state.stopped, "alive": list(state.alive),

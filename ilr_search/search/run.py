@@ -16,7 +16,7 @@ import optuna
 import sqlalchemy as sa
 from optuna.trial import FrozenTrial, TrialState
 
-from ilr_search.config import SpaceConfig, StudySettings
+from ilr_search.config import SIZE_MAXIMA, SpaceConfig, StudySettings
 from ilr_search.data.tokens import TokenData, load_space_tokens
 from ilr_search.errors import StorageFullError, UserInputError
 from ilr_search.folders import check_can_create
@@ -26,7 +26,7 @@ from ilr_search.training.flops import flops_ratio
 from ilr_search.knobs import KnobValue, config_key
 from ilr_search.analysis.results import REFERENCE_PREFIX, finite_or_none, has_result, study_front, trial_row
 from ilr_search.training.schedule import BlockMap, block_schedule, format_reuse_map, map_of_key
-from ilr_search.space import validate_space
+from ilr_search.space import check_search_objective, validate_space
 from ilr_search.storage import JournalStore, study_storage, StorageSpec, Store, heartbeat_interval, open_storage, open_store, parse_storage
 from ilr_search.training.jobs import Job, groups, train_jobs
 
@@ -68,8 +68,9 @@ class RunRequest:
 
     def check(self) -> None:
         """Bad numbers raise a UserInputError, before anything is opened."""
-        if self.n_trials is not None and self.n_trials <= 0:
-            raise UserInputError(f"--n-trials must be a positive number of trials, got {self.n_trials}")
+        if self.n_trials is not None and not 0 < self.n_trials <= SIZE_MAXIMA["search", "n_trials"]:
+            raise UserInputError(f"--n-trials must be a positive number of trials, at most "
+                                 f"{SIZE_MAXIMA['search', 'n_trials']:,}, got {self.n_trials}")
         if self.timeout is not None and self.timeout <= 0:
             raise UserInputError(f"--timeout must be a positive number of seconds, got {self.timeout}")
         check_fuse(self.fuse)
@@ -132,11 +133,44 @@ def planned_space(request: RunRequest) -> tuple[SpaceConfig, StudyPlan]:
     checked too (nothing is opened)."""
     search = dataclasses.replace(request.space.search, **{k: v for k, v in (("sampler", request.sampler),
                                                                           ("pruner", request.pruner)) if v})
-    space = dataclasses.replace(request.space, search=search)
+    space = frozen_space(dataclasses.replace(request.space, search=search), request)
     validate_space(space)
+    check_search_objective(space)
     plan = plan_study(space, request.budget, request.study_name)
     enqueued_maps(plan, enqueue_texts(request, space))
     return space, plan
+
+
+def frozen_space(space: SpaceConfig, request: RunRequest) -> SpaceConfig:
+    """A frozen study's space (train.steps 0: each map applied to the pretrained weights and only evaluated, a seed
+    being a chunk of held-out windows): no pruning, since a trial is one evaluation and there is no early
+    perplexity to stop at, and no equal-compute reference, since a deeper plain model of the checkpoint does not
+    exist. A flag that asks for either is refused; other spaces are returned as they are."""
+    if space.train.steps != 0:
+        return space
+    if not space.model.init:
+        raise UserInputError("--train-steps 0 (a frozen search: maps only evaluated) needs a pretrained model: add "
+                             "--init PATH or hf:NAME")
+    if request.pruner not in (None, "none"):
+        raise UserInputError(f"--pruner {request.pruner} cannot prune a frozen search (--train-steps 0): each trial "
+                             "is one evaluation, with no early perplexity to prune on; drop --pruner")
+    if dict(request.asked_race).get("equal_compute") == "depth":
+        raise UserInputError("--equal-compute depth needs training: a frozen search (--train-steps 0) has no deeper "
+                             "plain model of the checkpoint to compare with; drop --equal-compute")
+    return dataclasses.replace(space, search=dataclasses.replace(space.search, pruner="none", equal_compute="off"))
+
+
+def check_window_chunks(space: SpaceConfig, data: TokenData) -> None:
+    """A frozen study evaluates window chunk s for seed s: the trials chunk train.seed, the reference runs and the
+    race the chunks after it, up to the race's pool of max_seeds; refused up front where the validation split
+    holds fewer."""
+    t, s = space.train, space.search
+    needed = t.seed + max(s.max_seeds, s.race_seeds, s.noise_seeds + 1)
+    have = data.window_chunks(t.eval_windows, space.model.seq_len)
+    if have < needed:
+        raise UserInputError(f"a frozen search evaluates up to {needed} chunks of {t.eval_windows} disjoint held-out "
+                             f"windows of {space.model.seq_len + 1} tokens, and the validation split holds {have}; "
+                             "use more text, a larger val_fraction, fewer eval_windows or a smaller --max-seeds")
 
 
 def enqueue_texts(request: RunRequest, space: SpaceConfig) -> list[str]:
@@ -170,6 +204,8 @@ def prepare_study(request: RunRequest) -> PreparedStudy:
     first = first_trials(plan, stored, request.target_trials, enqueue_texts(request, space))
 
     data = load_space_tokens(space)
+    if space.train.steps == 0:
+        check_window_chunks(space, data)
     storage_obj = existing or open_storage(spec)
     directions = ["minimize"] if space.search.objective == "ppl" else ["minimize", "minimize"]
     settings = stored_settings or StudySettings(
@@ -341,8 +377,9 @@ def _run_study(request: RunRequest, reporter: RunReporter, reference_share: tupl
 
 
 def check_fuse(fuse: int) -> None:
-    if isinstance(fuse, bool) or not isinstance(fuse, int) or fuse < 1:
-        raise UserInputError(f"--fuse must be a positive number of maps trained at once (1: one at a time), got {fuse!r}")
+    if isinstance(fuse, bool) or not isinstance(fuse, int) or not 1 <= fuse <= SIZE_MAXIMA["search", "fuse"]:
+        raise UserInputError(f"--fuse must be a positive number of maps trained at once (1: one at a time), at most "
+                             f"{SIZE_MAXIMA['search', 'fuse']:,}, got {fuse!r}")
 
 
 def _disk_full_cause(e: BaseException | None) -> BaseException | None:

@@ -87,12 +87,18 @@ def open_study(spec: StorageSpec, name: str) -> optuna.Study:
         raise UserInputError(f"no study {name!r} in {spec.masked}{hint}") from None
 
 
-def default_study(storage: str | None = None) -> tuple[str, str]:
-    """(name, why) of the study a command without --study reads: the storage's only study, or else its most
-    recently active one."""
+def existing_storage(storage: str | None) -> StorageSpec:
+    """The storage a reading command reads, refused when its file is not there (nothing is created)."""
     spec = parse_storage(storage, read_only=True)
     if not spec.exists():
         raise UserInputError(f"storage {spec.masked} does not exist yet; run a study first (ilr-search run --budget 1.5x)")
+    return spec
+
+
+def default_study(storage: str | None = None) -> tuple[str, str]:
+    """(name, why) of the study a command without --study reads: the storage's only study, or else its most
+    recently active one."""
+    spec = existing_storage(storage)
     st = open_storage(spec, heartbeat=False)
     summaries = optuna.get_all_study_summaries(st, include_best_trial=False)
     if not summaries:
@@ -110,9 +116,7 @@ def default_study(storage: str | None = None) -> tuple[str, str]:
 
 
 def list_studies(storage: str | None = None) -> list[dict[str, Any]]:
-    spec = parse_storage(storage, read_only=True)
-    if not spec.exists():
-        return []
+    spec = existing_storage(storage)
     st = open_storage(spec, heartbeat=False)
     rows = []
     for summary in optuna.get_all_study_summaries(st, include_best_trial=False):

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 
 from ilr_search.training.checkpoint import load_checkpoint, save_checkpoint
 from ilr_search.config import ModelConfig, TrainConfig
-from ilr_search.data.tokens import TokenData
+from ilr_search.data.tokens import TokenData, counted_targets
 from ilr_search.errors import UserInputError
 from ilr_search.training.device import compiled_once
 from ilr_search.training.loss import linear_cross_entropy
@@ -375,12 +375,13 @@ class FusedGroup:
                 x = torch.cat((self._layer(x[:running], gathered, scale), x[running:]))
         return F.rms_norm(x, (D,), eps=self.model_cfg.norm_eps) * self.params["norm.weight"][:, None, None, :]
 
-    def losses(self, tokens: Tensor, targets: Tensor, reduction: str) -> Tensor:
-        """Each member's cross-entropy (K,), through the fused, chunked head with its own tied embedding."""
+    def losses(self, tokens: Tensor, targets: Tensor, reduction: str, ignore_index: int | None = None) -> Tensor:
+        """Each member's cross-entropy (K,), through the fused, chunked head with its own tied embedding; targets
+        equal to `ignore_index` count for nothing."""
         h = self.hidden(tokens)
         embed = self.params["embed.weight"]
         return torch.stack([linear_cross_entropy(h[k], embed[k], targets[k], self.compute_dtype, reduction,
-                                                 self.compiled) for k in range(len(self.members))])
+                                                 self.compiled, ignore_index) for k in range(len(self.members))])
 
     # --- training ---
 
@@ -400,10 +401,10 @@ class FusedGroup:
         total_nats = torch.zeros(K, dtype=torch.float64, device=self.device)
         total_tokens = 0
         for x, y in data.val_batches(self.cfg.eval_windows, seq_len, self.cfg.batch_size):
+            total_tokens += counted_targets(y)
             x, y = torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)
             with autocast_for(self.device, self.compute_dtype):
-                total_nats += self.losses(x.expand(K, *x.shape), y.expand(K, *y.shape), "sum")
-            total_tokens += y.numel()
+                total_nats += self.losses(x.expand(K, *x.shape), y.expand(K, *y.shape), "sum", data.ignore_index)
         return [validation_metrics(nats, total_tokens, data, self.cfg, seq_len) for nats in host_values(total_nats)]
 
     def save(self, member: Member, step: int) -> None:
@@ -494,7 +495,7 @@ def _train_group(model_cfg: ModelConfig, members: list[Member], data: TokenData,
             x = torch.from_numpy(np.stack(xs)).to(device, non_blocking=True)
             y = torch.from_numpy(np.stack(ys)).to(device, non_blocking=True)
             with autocast_for(device, compute_dtype):
-                losses = group.losses(x, y, "mean")
+                losses = group.losses(x, y, "mean", data.ignore_index)
             (losses.sum() / cfg.grad_accum).backward()  # each member's loss reaches only its own rows
             step_loss += losses.detach() / cfg.grad_accum
         group.clip_gradients()

@@ -242,10 +242,12 @@ class ILRTransformer(nn.Module):
         return F.linear(self.hidden(idx, schedule), self.head_weight)
 
     def loss(self, idx: torch.Tensor, targets: torch.Tensor, schedule: Sequence[int] | None = None,
-             compute_dtype: torch.dtype | None = None, reduction: str = "mean", compiled: bool = False) -> torch.Tensor:
-        """Cross-entropy of next-token `targets` (B, T), through the fused, chunked head (see loss.py)."""
+             compute_dtype: torch.dtype | None = None, reduction: str = "mean", compiled: bool = False,
+             ignore_index: int | None = None) -> torch.Tensor:
+        """Cross-entropy of next-token `targets` (B, T), through the fused, chunked head (see loss.py); targets
+        equal to `ignore_index` count for nothing."""
         return linear_cross_entropy(self.hidden(idx, schedule), self.head_weight, targets, compute_dtype,
-                                    reduction, compiled)
+                                    reduction, compiled, ignore_index)
 
 
 def repeat_indices(schedule: Sequence[int]) -> list[int]:

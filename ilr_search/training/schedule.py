@@ -222,6 +222,8 @@ def resolve_schedule(n_layers: int, reuse_map: str | Sequence[int] | None = None
     if reuse_map is not None and block is not None:
         raise ScheduleError("give either --reuse-map or --block, not both")
     if block is not None:
+        if block >= 1 and max_reuse is not None:  # before the schedule is built: a huge K is refused, not allocated
+            check_max_reuse([block], max_reuse, f"--block {block}")
         return [block] * n_layers, block_schedule(n_layers, block), block
     chosen: Map
     if reuse_map is None:
