@@ -5,7 +5,7 @@ claim it over the all-ones map?
 For each training seed: `train` the in-package model with map 2,2,1,1 (4 layers, d_model 64, 4 heads, seq 64,
 batch 16, lr 3e-3, 800 steps, the embedded corpus, byte tokens) and save it; `export-model --model DIR --map
 1,1,1,1` (its 4 distinct layers as a plain 4-layer Llama checkpoint); `run --init OUT --train-steps 0 --budget
-1.5x --json`. The same with a block-trained model (`--block 2`, the whole stack twice) searched at --budget 2x with
+1.5x --json`, and its decided best exported (`export-model --study`). The same with a block-trained model (`--block 2`, the whole stack twice) searched at --budget 2x with
 the `blocks` family. Each stage is timed (wall seconds, as a user runs the commands), and the frozen evaluation's
 tokens/s is measured on the exported checkpoint with the search's own evaluation (training/frozen.py). Last, the
 frozen evaluation throughput of a 4-layer d_model 128 imported model on one core.
@@ -163,6 +163,16 @@ def control(name: str, seed: int, steps: int, work: Path) -> dict[str, Any]:
     tried = sorted({r["map_key"] for r in race.get("results", []) if str(r.get("source", "")).startswith("trial")})
     chunk0 = {r["map_key"]: r["val_loss"] for r in race.get("results", []) if r.get("seed") == 0}
     claim = comparisons.get(expected, {})
+    # the study's decided best, as export-model --study (and recipe) take it, written as a standard checkpoint
+    best, best_s, best_cmd = stage(folder, "best", "export-model", "--study", summary["study"], "--storage", db,
+                                   "--out", str(folder / "best"))
+    best_map = best["map"]
+    race_chunks = sorted({r["seed"] for r in race.get("results", []) if r.get("seed", 0) > 0})
+    chunk_means = {}  # each map's mean loss over the race's chunks (after the screen's), where it has them all
+    for key in {r["map_key"] for r in race.get("results", [])}:
+        losses = {r["seed"]: r["val_loss"] for r in race["results"] if r["map_key"] == key and r["seed"] > 0}
+        if race_chunks and all(c in losses for c in race_chunks):
+            chunk_means[key] = sum(losses[c] for c in race_chunks) / len(race_chunks)
     schedule = [i for i, r in enumerate(map(int, TRAINED_MAP.split(","))) for _ in range(r)] \
         if name.startswith("map") else [0, 1, 2, 3, 0, 1, 2, 3]
     return {
@@ -171,6 +181,9 @@ def control(name: str, seed: int, steps: int, work: Path) -> dict[str, Any]:
         "search": {"seconds": search_s, "study": summary.get("study"), "command": " ".join(search_cmd),
                    "trial_maps": tried, "expected_map_tried": expected in tried,
                    "best_on_chunk0": min(chunk0, key=chunk0.get) if chunk0 else None,
+                   "decided_best": best_map, "found": best_map == expected,
+                   "export_best": {"seconds": best_s, "command": " ".join(best_cmd)},
+                   "race_chunks": race_chunks, "race_chunk_mean_loss": chunk_means,
                    "answer": summary.get("answer"), "verdict": summary.get("verdict"),
                    "detectable_gap_nats": summary.get("detectable_gap"),
                    "claimed_over_all_ones": claim.get("status") == "better",
@@ -217,8 +230,9 @@ def main() -> None:
             report["runs"].append(run)
             save()
             s = run["search"]
-            print(f"{name} seed {seed}: tried {s['expected_map_tried']}, answer {s['answer']!r}, claimed "
-                  f"{s['claimed_over_all_ones']}, gap {s['detectable_gap_nats']}, times train {run['train']['seconds']:.0f}s "
+            gap = (s["detectable_gap_nats"] or {}).get("nats")
+            print(f"{name} seed {seed}: tried {s['expected_map_tried']}, decided best {s['decided_best']}, claimed "
+                  f"{s['claimed_over_all_ones']}, detectable gap {gap} nats, times train {run['train']['seconds']:.0f}s "
                   f"export {run['export']['seconds']:.0f}s search {s['seconds']:.0f}s", flush=True)
     print(f"wrote {args.out}")
 

@@ -216,3 +216,49 @@ def test_train_format_hf_refuses_before_training(args, cli, tmp_path):
 
 def test_format_goes_with_save(cli):
     assert_one_line_error(cli("train", "--space", TINY, "--reuse-map", "2,1,1,1", "--format", "hf"))
+
+
+@pytest.fixture(scope="module")
+def frozen_study(tmp_path_factory, token_cache):
+    """A frozen study (run --init --train-steps 0, no race) of a tiny Llama checkpoint of random weights."""
+    from conftest import write_space
+
+    from ilr_search.config import ModelConfig
+    from ilr_search.search.run import RunRequest, run_study
+    from ilr_search.space import load_space
+    from ilr_search.training.model import ILRTransformer
+    from ilr_search.training.pretrained import export_checkpoint
+    from ilr_search.commands.api import with_init
+
+    root = tmp_path_factory.mktemp("frozen-export")
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=256, n_layers=4, d_model=32, n_heads=2, seq_len=64)
+    checkpoint = export_checkpoint(ILRTransformer(cfg), [0, 1, 2, 3], root / "tiny-llama")
+    space = write_space(root / "space.toml", search={"noise_seeds": 0, "families": ["ilr"], "n_trials": 3},
+                        train={"steps": 0, "eval_windows": 8})
+    url = f"sqlite:///{root / 'frozen.db'}"
+    summary = run_study(RunRequest(with_init(load_space(space), str(checkpoint)), "1.5x", "frozen", url,
+                                   checkpoint_dir=root / "ck"))
+    return checkpoint, url, summary
+
+
+def test_a_frozen_study_exports_its_checkpoint_under_a_map(frozen_study, cli, tmp_path):
+    from ilr_search.training.pretrained import open_checkpoint
+    from ilr_search.training.train import build_model
+
+    checkpoint, url, _ = frozen_study
+    out = tmp_path / "best"
+    proc = cli("export-model", "--study", "frozen", "--storage", url, "--out", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert "lowest perplexity" in proc.stderr and report["family"] == "llama"
+    out = tmp_path / "2111"
+    report = json.loads(cli("export-model", "--study", "frozen", "--storage", url, "--map", "2,1,1,1", "--out",
+                            str(out), "--json", check=True).stdout)
+    assert report["schedule"] == [0, 0, 1, 2, 3]
+    model = build_model(open_checkpoint(str(checkpoint), seq_len=64).config, seed=1).eval()
+    x = tokens()
+    with torch.no_grad():
+        expected = model(x, [0, 0, 1, 2, 3])
+    check_checkpoint(out, expected, x, layers=5)
+    assert transformers.AutoConfig.from_pretrained(out).max_position_embeddings == 64  # the checkpoint's
