@@ -208,6 +208,7 @@ def main() -> None:
     work = args.work or Path(tempfile.mkdtemp(prefix="positive-control-"))
     os.environ.setdefault("ILR_SEARCH_CACHE", str(work / "cache"))
     report: dict[str, Any] = {"date": str(date.today()), "machine": platform.platform(),
+                              "load_average_at_start": os.getloadavg(),
                               "cpus": os.cpu_count(), "python": platform.python_version(),
                               "steps": args.steps, "model": MODEL, "train": TRAIN, "runs": []}
 
@@ -226,7 +227,7 @@ def main() -> None:
     save()
     for name in cases:
         for seed in seeds:
-            run = control(name, seed, args.steps, work)
+            run = control(name, seed, args.steps, work) | {"load_average": os.getloadavg()}
             report["runs"].append(run)
             save()
             s = run["search"]
