@@ -212,13 +212,16 @@ def train(opts: SpaceOptions, reuse_map: ReuseMap = None, block: Block = None, k
           from_study: Annotated[Optional[str], typer.Option("--from-study", help="Train with this study's stored model, data and training settings (--steps, --seed, --device, --dtype and --compile may change them).")] = None,
           storage: Annotated[Optional[str], typer.Option(help="Storage of --from-study. \\[default: sqlite:///studies/ilr-search.db]")] = None,
           map_: Annotated[Optional[str], typer.Option("--map", help="With --from-study: the map, as the study names it (2,1,1,1, 2,1,1,1|injection=add, block:1-2:2 or block2). \\[default: the front's map of lowest perplexity]")] = None,
-          save: Annotated[Optional[Path], typer.Option(help="Write the trained model to this folder: model.safetensors and config.json (ilr_search.commands.api.load_trained reads them).")] = None,
+          save: Annotated[Optional[Path], typer.Option(help="Write the trained model to this folder, in --format.")] = None,
+          save_format: Annotated[str, typer.Option("--format", help="With --save: native (model.safetensors, config.json and the tokenizer; ilr_search.commands.api.load_trained reads them, export-model --model re-exports them) or hf (a standard transformers checkpoint of the imported family, else llama, its schedule unrolled, with the tokenizer).")] = "native",
           init: Init = None, json_out: Json = False) -> None:
     """Train one proxy model for a reuse map (or --block K) and report its validation perplexity."""
     if from_study is not None and init is not None:
         fail("--init and --from-study both set the model; give one")
+    if save is None and save_format != "native":
+        fail("--format goes with --save DIR")
     if from_study is not None:
-        train_study_map(opts, reuse_map, block, knobs, from_study, storage, map_, save, json_out)
+        train_study_map(opts, reuse_map, block, knobs, from_study, storage, map_, save, json_out, save_format)
         return
     if map_ is not None or storage is not None:
         fail("--map and --storage go with --from-study; without it give --reuse-map (and --knobs)")
@@ -227,7 +230,7 @@ def train(opts: SpaceOptions, reuse_map: ReuseMap = None, block: Block = None, k
     check_init_flags(opts, init)
     with ui.step_progress(enabled=True) as on_step:
         report = train_report(opts.space, opts.overrides(), reuse_map, block, on_step=on_step, knobs=knobs, save=save,
-                              init=init)
+                              init=init, save_format=save_format)
     emit(report, json_out, ui.print_train)
     if save is not None and not json_out:
         ui.out.print(f"saved the model to {save}")
@@ -237,7 +240,8 @@ FROM_STUDY_FLAGS = ("steps", "seed", "device", "dtype", "compile")  # what --fro
 
 
 def train_study_map(opts: SpaceOptions, reuse_map: str | None, block: int | None, knobs: str | None, study: str,
-                    storage: str | None, map_text: str | None, save: Path | None, json_out: bool) -> None:
+                    storage: str | None, map_text: str | None, save: Path | None, json_out: bool,
+                    save_format: str) -> None:
     """`train --from-study`: the study's settings, with only FROM_STUDY_FLAGS changeable."""
     from ilr_search.commands.recipe import train_from_study
 
@@ -246,11 +250,11 @@ def train_study_map(opts: SpaceOptions, reuse_map: str | None, block: int | None
         given.insert(0, "reuse_map/block/knobs (use --map)")
     if given:
         fail(f"--from-study takes the study's settings; drop --{given[0].replace('_', '-')} "
-             f"(only --map, {', '.join('--' + f for f in FROM_STUDY_FLAGS)} and --save may be given with it)")
+             f"(only --map, {', '.join('--' + f for f in FROM_STUDY_FLAGS)}, --save and --format may be given with it)")
     overrides = {"seed": opts.seed, "device": opts.device, "dtype": opts.dtype, "compile": opts.compile}
     with ui.step_progress(enabled=True) as on_step:
         report = train_from_study(study, storage, map_text, opts.steps, overrides, on_step, save,
-                                  on_choice=lambda why: ui.hold_note(f"study {study}: {why}"))
+                                  on_choice=lambda why: ui.hold_note(f"study {study}: {why}"), save_format=save_format)
     emit(report, json_out, ui.print_train)
     if save is not None and not json_out:
         ui.out.print(f"saved the model to {save}")
@@ -531,6 +535,32 @@ def bench_power(
     from ilr_search.commands.bench.power import power_command
 
     emit(power_command(table, deltas, crossing, orders, maps, policy, fixed_seeds, against), json_out, ui.print_power)
+
+
+@app.command("export-model")
+@user_errors
+def export_model(
+    out: Annotated[Path, typer.Option(help="A new or empty folder for the checkpoint (config.json, model.safetensors, tokenizer files).")],
+    study: Annotated[Optional[str], typer.Option("--study", help="A frozen study of a pretrained model (run --init ... --train-steps 0): its checkpoint's weights under --map.")] = None,
+    storage: Annotated[Optional[str], typer.Option(help="Storage of --study. \\[default: sqlite:///studies/ilr-search.db]")] = None,
+    model: Annotated[Optional[Path], typer.Option(help="Instead of --study: a folder train --save wrote (native), exported under --map.")] = None,
+    map_: Annotated[Optional[str], typer.Option("--map", help="The map the checkpoint unrolls: 2,2,1,1, block:1-2:2 or block2 (no knobs); 1,1,1,1 writes each distinct layer once. \\[default: the study's decided best map, as recipe chooses it; for --model the map it was trained with]")] = None,
+    family: Annotated[Optional[str], typer.Option(help="llama, mistral, qwen2 or qwen3. \\[default: the imported checkpoint's family, else llama]")] = None,
+    json_out: Json = False,
+) -> None:
+    """Write a standard transformers checkpoint of a model under a map, its repeated layers unrolled, with its tokenizer."""
+    from ilr_search.commands.export import export_saved_model, export_study_model
+
+    if (study is None) == (model is None):
+        fail("give --study NAME (a frozen study's model) or --model DIR (a model train --save wrote), one of them")
+    if model is not None:
+        if storage is not None:
+            fail("--storage goes with --study")
+        report = export_saved_model(model, out, map_, family)
+    else:
+        report = export_study_model(study, out, storage, map_, family,
+                                    on_choice=lambda why: ui.hold_note(f"study {study}: {why}"))
+    emit(report, json_out, ui.print_export_model)
 
 
 @app.command()

@@ -527,6 +527,11 @@ def print_export(report: dict[str, Any]) -> None:
         out.print(f"wrote {report['curve_points']} curve points to {report['curves_out']}")
 
 
+def print_export_model(report: dict[str, Any]) -> None:
+    out.print(f"wrote a {report['family']} checkpoint of {report['layers']} layers ({report['source']}, map "
+              f"{report['map']}, schedule {','.join(map(str, report['schedule']))}) to {report['out']}", markup=False)
+
+
 def print_trials(report: dict[str, Any]) -> None:
     rows_table(f"trials of {report['study']}", report["trials"], TRIAL_COLUMNS, droppable=TRIAL_COLUMNS_DROPPED)
     if report.get("references"):

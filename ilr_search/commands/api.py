@@ -69,23 +69,27 @@ def flops_report(space: str | Path | None = None, overrides: Overrides | None = 
 def train_report(space: str | Path | None = None, overrides: Overrides | None = None,
                  reuse_map: str | Sequence[int] | None = None, block: int | None = None,
                  on_step: OnStep | None = None, knobs: str | None = None,
-                 save: str | Path | None = None, init: str | None = None) -> dict[str, Any]:
+                 save: str | Path | None = None, init: str | None = None,
+                 save_format: str = "native") -> dict[str, Any]:
     """`ilr-search train`: train one proxy for a reuse map (or block recurrence) on the configured data; with
-    `save`, write the trained model there (`model.safetensors`, `config.json`; `load_trained` reads them).
-    `init`: start from a checkpoint's model and weights, on data its tokenizer tokenizes (with_init)."""
-    from ilr_search.commands.recipe import MapChoice, check_save_dir, train_and_save, train_result_dict
+    `save`, write the trained model there: natively (`model.safetensors`, `config.json` and the tokenizer;
+    `load_trained` reads them), or with save_format hf as a standard transformers checkpoint, its schedule
+    unrolled. `init`: start from a checkpoint's model and weights, on data its tokenizer tokenizes (with_init)."""
+    from ilr_search.commands.recipe import MapChoice, check_save, train_and_save, train_result_dict
 
     cfg_space = with_init(load_space(space, overrides), init)
     counts, schedule, block = resolve_schedule(cfg_space.model.n_layers, reuse_map, block,
                                                cfg_space.search.max_reuse)  # before any data work
     cfg = schedule_model(cfg_space, schedule, knobs)
-    save_dir = check_save_dir(Path(save)) if save is not None else None
+    save_dir = Path(save) if save is not None else None
+    if save_dir is not None:
+        check_save(cfg, schedule, save_dir, save_format)
     data = load_space_tokens(cfg_space)
     check_vocab(cfg, data.vocab_size)
     settings = parse_knob_settings(knobs or "")
     choice = MapChoice.of(parse_map(reuse_map, cfg_space.model.n_layers), settings) \
         if isinstance(reuse_map, str) and is_block_text(reuse_map) else MapChoice(counts, schedule, settings, block)
-    result = train_and_save(cfg, choice, data, cfg_space, on_step, save_dir)
+    result = train_and_save(cfg, choice, data, cfg_space, on_step, save_dir, save_format=save_format)
     return train_result_dict(cfg, counts, result, block) | {"knobs": format_knobs(knobs_of(cfg)),
                                                            "saved": str(save_dir) if save_dir else None}
 

@@ -1,6 +1,7 @@
 """The winner, to full scale: one map of a study with everything needed to train it elsewhere (`recipe`), the
 same map trained again with the study's stored settings (`train --from-study`), and a trained model saved as
-safetensors with a config JSON (`train --save`) and loaded back (`load_trained`)."""
+safetensors with a config JSON and its tokenizer (`train --save`; `--format hf`: a standard transformers
+checkpoint, standard_checkpoint.py) and loaded back (`load_trained`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from typing import Any
 import optuna
 import torch
 
+from ilr_search.commands.standard_checkpoint import (check_checkpoint, check_out_dir, check_save_format,
+                                                     data_tokenizer, default_family, save_tokenizer, write_checkpoint)
 from ilr_search.config import DataConfig, ModelConfig, SpaceConfig, TrainConfig, without_omitted_defaults
 from ilr_search.data.tokenizers import check_vocab, model_config
 from ilr_search.data.tokens import load_space_tokens
@@ -23,6 +26,7 @@ from ilr_search.training.flops import flops_ratio
 from ilr_search.knobs import KnobValue, config_key, format_knobs, parse_knob_settings, with_knobs
 from ilr_search.training.flops import param_count
 from ilr_search.training.model import ILRTransformer
+from ilr_search.training.pretrained import check_exportable
 from ilr_search.analysis.results import finite_or_none, references, trained_by_map
 from ilr_search.analysis.trials import TrialRecord, trial_records
 from ilr_search.training.schedule import BlockMap, Map, block_schedule, format_reuse_map, is_block_text, parse_map
@@ -328,15 +332,22 @@ def load_trained(folder: str | Path, device: str | torch.device = "cpu") -> tupl
 
 def train_from_study(study_name: str, storage: str | None, map_text: str | None, steps: int | None,
                      train_overrides: dict[str, Any], on_step: OnStep | None = None,
-                     save: Path | None = None, on_choice: Callable[[str], None] | None = None) -> dict[str, Any]:
+                     save: Path | None = None, on_choice: Callable[[str], None] | None = None,
+                     save_format: str = "native") -> dict[str, Any]:
     """`train --from-study`: train a map (default: the study's best front map) with the study's stored model,
-    data and training settings, at `steps` steps (default: the proxy's), optionally saving the model."""
+    data and training settings, at `steps` steps (default: the proxy's), optionally saving the model
+    (`save_format`: native, or hf, a standard transformers checkpoint; standard_checkpoint.py)."""
 
     view = load_study_settings(study_name, storage)
     choice, why = choose_map(view, map_text, trained_only=False)
     if steps is not None and steps < 1:
         raise UserInputError(f"--steps must be at least 1, got {steps}")
-    train_cfg = dataclasses.replace(view.space.train, steps=steps or view.space.train.steps,
+    model_cfg = view.model(choice.knobs)
+    train_steps = steps or view.space.train.steps
+    if train_steps < 1:  # a frozen study's maps were never trained: --steps says how long
+        raise UserInputError(f"study {study_name!r} is a frozen search (its maps evaluated, not trained); give "
+                             "--steps N to train the map from the checkpoint's weights")
+    train_cfg = dataclasses.replace(view.space.train, steps=train_steps,
                                     **{k: v for k, v in train_overrides.items() if v is not None})
     space = dataclasses.replace(view.space, train=train_cfg)
     try:
@@ -344,25 +355,41 @@ def train_from_study(study_name: str, storage: str | None, map_text: str | None,
     except SpaceError as e:
         raise UserInputError(f"--steps {steps}: {e.detail}" if e.section == "train" else str(e)) from None
     if save is not None:
-        check_save_dir(save)
+        check_save(model_cfg, choice.schedule, save, save_format)
     if on_choice is not None:
         on_choice(why)
-    model_cfg = view.model(choice.knobs)
     data = load_space_tokens(space)
     check_vocab(model_cfg, data.vocab_size)
-    result = train_and_save(model_cfg, choice, data, space, on_step, save, {"study": study_name})
+    result = train_and_save(model_cfg, choice, data, space, on_step, save, {"study": study_name}, save_format)
     return train_result_dict(model_cfg, choice.reuse_map, result, choice.block) | {
         "knobs": format_knobs(choice.knobs), "study": study_name, "map": choice.key,
         "saved": str(save) if save is not None else None}
 
 
+def check_save(model_cfg: ModelConfig, schedule: Sequence[int], save: Path, save_format: str) -> None:
+    """`--save DIR --format F`, checked before any work: a folder that can be written, and for hf a model that a
+    standard checkpoint can hold (its tokenizer checked once the data is read)."""
+    if check_save_format(save_format) == "native":
+        check_save_dir(save)
+        return
+    check_out_dir(save, "--save")
+    check_exportable(model_cfg, default_family(model_cfg))
+
+
 def train_and_save(model_cfg: ModelConfig, choice: MapChoice, data: Any, space: SpaceConfig, on_step: OnStep | None,
-                   save: Path | None, extra: dict[str, Any] | None = None) -> TrainResult:
-    """Train the map; with `save`, write the trained model and its config there."""
+                   save: Path | None, extra: dict[str, Any] | None = None, save_format: str = "native") -> TrainResult:
+    """Train the map; with `save`, write the trained model there: natively (save_trained, with a copy of its
+    tokenizer), or with save_format hf as a standard transformers checkpoint of its schedule unrolled."""
+    tokenizer = data_tokenizer(model_cfg, space.data, data.path) if save is not None else None
+    family = default_family(model_cfg) if save_format == "hf" else None
+    if save is not None and family is not None:
+        check_checkpoint(model_cfg, choice.schedule, family, tokenizer)
     kept: list[ILRTransformer] = []
     result = train_proxy(model_cfg, choice.schedule, data, space.train, on_step=on_step,
                          on_trained=kept.append if save is not None else None)
-    if save is not None:
+    if save is not None and family is not None:
+        write_checkpoint(kept[0].to("cpu"), choice.schedule, save, family, tokenizer)
+    elif save is not None:
         save_trained(save, kept[0].to("cpu"), choice.schedule, (extra or {}) | {
             "map": choice.key, "reuse_map": choice.reuse_map, "block": choice.block,
             "knobs": format_knobs(choice.knobs), "train": _plain(dataclasses.asdict(space.train)),
@@ -370,6 +397,7 @@ def train_and_save(model_cfg: ModelConfig, choice: MapChoice, data: Any, space: 
             "result": {"status": result.status, "steps": result.steps, "tokens": result.tokens,
                        "val_loss": finite_or_none(result.val_loss), "val_ppl": finite_or_none(result.val_ppl),
                        "val_bpb": finite_or_none(result.val_bpb)}})
+        save_tokenizer(save, tokenizer)
     return result
 
 
