@@ -277,3 +277,16 @@ def test_a_sharded_checkpoint_reads_as_one(saved, tmp_path):
     x = tokens(300)
     with torch.no_grad():
         torch.testing.assert_close(model(x), hf_logits(hf_model, x), atol=1e-4, rtol=1e-4)
+
+
+def test_a_map_longer_than_the_checkpoint_is_one_error_line(saved, cli, tmp_path):
+    """The checkpoint has 2 layers: a map of 3 counts, or a block past its last layer, is refused before anything
+    is written."""
+    from conftest import assert_one_line_error
+
+    folder = str(saved["llama"][0])
+    for reuse_map in ("2,1,1", "block:1-2:2"):
+        for command in ("flops", "train"):
+            finished = cli(command, "--init", folder, "--reuse-map", reuse_map, "--seq-len", "32", cwd=tmp_path)
+            assert_one_line_error(finished)
+    assert not any(tmp_path.iterdir())
