@@ -200,6 +200,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=800)
     parser.add_argument("--skip-block", action="store_true")
     parser.add_argument("--prepare-only", action="store_true", help="train and export only (kept in --work)")
+    parser.add_argument("--throughput-only", action="store_true",
+                        help="only the frozen evaluation speed of the 4-layer d_model 128 checkpoint, written to "
+                             "benchmarks/data/frozen-eval-throughput-DATE.json")
     parser.add_argument("--work", type=Path, default=None, help="where models, checkpoints and studies go "
                         "(default: a temporary folder)")
     parser.add_argument("--out", type=Path,
@@ -222,6 +225,14 @@ def main() -> None:
         for name in cases:
             for seed in seeds:
                 print(name, seed, prepare(name, seed, args.steps, work)[1], flush=True)
+        return
+    if args.throughput_only:
+        out = ROOT / "benchmarks" / "data" / f"frozen-eval-throughput-{date.today()}.json"
+        measured = {key: report[key] for key in ("date", "machine", "load_average_at_start", "cpus", "python")}
+        measured |= {"d128_frozen_eval": d128_throughput(work), "load_average_at_end": os.getloadavg()}
+        out.write_text(json.dumps(measured, indent=1) + "\n", encoding="utf-8")
+        print(json.dumps(measured["d128_frozen_eval"], indent=1))
+        print(f"wrote {out}")
         return
     report["d128_frozen_eval"] = d128_throughput(work)
     save()
