@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import statistics
 import sys
 import time
@@ -221,10 +222,11 @@ class ConsoleReporter(RunReporter):
     def __exit__(self, *exc: Any) -> None:
         self.progress.__exit__(*exc)
 
+    @functools.singledispatchmethod
     def on(self, event: Event) -> None:
-        handler = getattr(self, f"_{type(event).__name__}", None)
-        if handler is not None:
-            handler(event)
+        """Draw one event: each event type has its own method below, registered by its annotation (a test checks
+        that every event of search/progress.py has one)."""
+        raise TypeError(f"no renderer for {type(event).__name__}")
 
     def print(self, event: Event, text: str) -> None:
         if self.enabled:
@@ -239,7 +241,8 @@ class ConsoleReporter(RunReporter):
         else:
             self.progress.update(task, completed=0, total=steps, info=label)
 
-    def _StudyStarted(self, event: StudyStarted) -> None:
+    @on.register
+    def _study_started(self, event: StudyStarted) -> None:
         if self.study_task is not None:  # the workers' studies: the first one says it
             return
         self.print(dataclasses.replace(event, worker=None), f"study {event.study}: {event.finished} of {event.target} "
@@ -249,14 +252,16 @@ class ConsoleReporter(RunReporter):
         self.eta = StudyEta(time.monotonic())
         self.target, self.finished_at_start, self.finished = event.target, event.finished, event.finished
 
-    def _TrialStarted(self, event: TrialStarted) -> None:
+    @on.register
+    def _trial_started(self, event: TrialStarted) -> None:
         label = f"trial {event.number} map {_fmt(event.reuse_map)}" + (f" with {event.knobs}" if event.knobs else "")
         if event.worker is None:
             self.print(event, f"trial {event.number}: training map {_fmt(event.reuse_map)}"
                        + (f" with {event.knobs}" if event.knobs else ""))
         self._row(event.worker, label, event.steps)
 
-    def _ReferenceStarted(self, event: ReferenceStarted) -> None:
+    @on.register
+    def _reference_started(self, event: ReferenceStarted) -> None:
         """The study row counts the reference runs after the trials (its timer runs on)."""
         if self.study_task is not None and event.worker is None:
             self.progress.update(self.study_task, total=self.target + event.count, completed=self.target + event.index,
@@ -264,13 +269,15 @@ class ConsoleReporter(RunReporter):
             self.references = (event.index, event.count)
         self._row(event.worker, f"reference {event.name}", event.steps)
 
-    def _ReferenceFinished(self, event: ReferenceFinished) -> None:
+    @on.register
+    def _reference_finished(self, event: ReferenceFinished) -> None:
         if self.study_task is not None and self.references is not None and event.worker is None:
             last = self.references[0] + 1 == self.references[1]
             self.progress.update(self.study_task, completed=self.target + self.references[0] + 1,
                                  **({"eta": 0.0} if last else {}))
 
-    def _RunsStarted(self, event: RunsStarted) -> None:
+    @on.register
+    def _runs_started(self, event: RunsStarted) -> None:
         """Race (or audit) runs: the study row becomes the race's (runs stored so far; how many it will take is the
         race's to decide), and the training row the runs'."""
         if self.runs_done is None:
@@ -285,7 +292,8 @@ class ConsoleReporter(RunReporter):
         more = f" and {len(event.runs) - 1} more" if len(event.runs) > 1 else ""
         self._row(event.worker, f"{event.kind} run map {key} seed {seed}{more}", steps)
 
-    def _RunFinished(self, event: RunFinished) -> None:
+    @on.register
+    def _run_finished(self, event: RunFinished) -> None:
         self.runs_done = (self.runs_done or 0) + 1
         if self.study_task is not None and event.kind == "race":
             self.progress.update(self.study_task, info=f"race runs stored: {self.runs_done}")
@@ -294,7 +302,8 @@ class ConsoleReporter(RunReporter):
         self.print(event, f"{event.kind} run done: map {event.map_key} at {event.steps} steps, seed {event.seed}: "
                           f"ppl {_fmt(event.val_ppl)}")
 
-    def _Step(self, event: Step) -> None:
+    @on.register
+    def _step(self, event: Step) -> None:
         task = self.rows.get(event.worker)
         if task is not None:
             info = self.progress.tasks[task].fields["info"].split(" loss ")[0]
@@ -308,7 +317,8 @@ class ConsoleReporter(RunReporter):
             fraction = event.step / event.steps if event.steps else 0.0
             self.progress.update(self.study_task, eta=self.eta.seconds_left(time.monotonic(), done, fraction, left))
 
-    def _TrialFinished(self, event: TrialFinished) -> None:
+    @on.register
+    def _trial_finished(self, event: TrialFinished) -> None:
         row, front = event.row, event.front
         self.finished = event.finished
         if self.study_task is not None and self.runs_done is None:
@@ -330,7 +340,8 @@ class ConsoleReporter(RunReporter):
             table.add_row(*(_fmt(p.get(c)) for c in columns))
         self.progress.console.print(table)
 
-    def _Message(self, event: Message) -> None:
+    @on.register
+    def _message(self, event: Message) -> None:
         self.print(event, event.text)
 
 
