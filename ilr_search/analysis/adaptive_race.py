@@ -20,9 +20,9 @@ A pure policy over the study's evaluations (race_core.py has the types; racing.r
    contenders by a weighted Holm step-down (valid for group-sequential tests too: Maurer and Bretz 2013): the
    screen's best gets the share `lead_share`, the rest split what is left, and a claim passes its share on. The
    weights come from seeds[0], which the tests never see. A
-   comparison is decided when the test claims the contender better, or when its paired t test says it is worse
-   than the baseline at the one-sided level `futility` (stopping without a claim only makes the test more
-   conservative), or when a contender of no more FLOPs beats it by a paired test; it stays open until the pool's
+   comparison is decided when the test claims the contender better, or when it trails the baseline so far that it
+   cannot win (its paired t test at the one-sided level `futility`; stopping without a claim only makes the test
+   more conservative), or when a contender of no more FLOPs beats it by a paired test; it stays open until the pool's
    seeds are spent or the compute cap `max_steps` is reached.
 5. The equal-compute reference (equal_compute). A plain model with as many layers as the best recurrent
    contender runs (deepR: R layers, all run once) is trained at the target at that contender's seeds, once the
@@ -37,13 +37,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from ilr_search.analysis.pareto import non_dominated
 from ilr_search.analysis.results import DEEP_PREFIX, deep_key, is_deep_key
-from ilr_search.analysis.race_core import (Evaluation, FrontPoint, RaceJob, RaceSettings, RaceState, Results, base_results,
-                                        choose_contenders, collect, race_compute)
+from ilr_search.analysis.race_core import (CANNOT_WIN, DECIDED_AGAINST, Comparison, Evaluation, FrontPoint, RaceJob,
+                                           RaceSettings, RaceState, Results, base_results, choose_contenders, collect,
+                                           race_compute)
 from ilr_search.analysis.sequential import SequentialTest, detectable_gap, t_statistic
 from ilr_search.analysis.stats import decision_level, paired_comparison, rank_agreement, seed_interval
 
@@ -53,40 +53,6 @@ DETECTION_POWER = 0.8
 def layer_runs(map_key: str) -> int:
     """The layers a reuse map's schedule runs (its counts' sum); a key's knob part (after '|') is ignored."""
     return sum(int(x) for x in map_key.split("|")[0].split(","))
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """A contender against the baseline at the target, over their common test seeds (seeds[1:], in pool order).
-    mean_diff: mean of loss_map - loss_baseline (negative: the map is better); interval: its two-sided t interval
-    at the race's confidence; p_value: the one-sided paired t test's, nominal (as if the seeds had been fixed);
-    level: the one-sided level the sequential test holds it to (its share of the family's, Holm); boundary: the t
-    the test needs at its last look; status: better | worse | dominated | diverged | open | undecided (the pool's
-    seeds spent) | capped (the compute cap stopped it)."""
-    map_key: str
-    flops_ratio: float
-    seeds: tuple[int, ...]
-    mean_diff: float | None
-    sd_diff: float | None
-    interval: tuple[float, float] | None
-    p_value: float
-    t: float | None
-    level: float
-    boundary: float | None
-    status: str
-    decided_at: int | None = None  # test seeds at the claim
-    why: str = ""
-
-    @property
-    def n(self) -> int:
-        return len(self.seeds)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"map": self.map_key, "flops_ratio": self.flops_ratio, "seeds": list(self.seeds),
-                "mean_diff": self.mean_diff, "sd_diff": self.sd_diff,
-                "interval": list(self.interval) if self.interval else None, "p_value": self.p_value, "t": self.t,
-                "level": self.level, "boundary": self.boundary if self.boundary is None or math.isfinite(self.boundary)
-                else None, "status": self.status, "decided_at": self.decided_at, "why": self.why}
 
 
 def _finite(value: float | None) -> bool:
@@ -227,7 +193,7 @@ def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSetting
         diverged = [s for s in results.diverged_at(k, target) if s in pool]
         if diverged:
             comparisons[k] = _with(c, "diverged", f"diverged at {target} steps, seed {diverged[0]}")
-        if comparisons[k].status in ("worse", "dominated", "diverged"):
+        if comparisons[k].status in DECIDED_AGAINST:
             eliminated[k] = comparisons[k].why
     best = _best_recurrent(comparisons, results, target)
     deep = deep_key(layer_runs(best)) if settings.equal_compute and best is not None else None
@@ -259,7 +225,7 @@ def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSetting
     return RaceState(alive=tuple(alive), eliminated=eliminated, next_jobs=tuple(jobs), front=front, verdict=verdict,
                      done=done, not_raced=not_raced, level_steps=target, confirmed_better=better,
                      best=min(better, key=lambda k: (_mean(results, k, target), k)) if better else baseline_key,
-                     compute_steps=compute, comparisons=tuple(c.to_dict() for c in comparisons.values()),
+                     compute_steps=compute, comparisons=tuple(comparisons.values()),
                      screen=screen, equal_compute=equal, detectable_gap=gap, stopped=stopped)
 
 
@@ -298,10 +264,12 @@ def _compare(key: str, results: Results, baseline_key: str, target: int, seeds: 
         from scipy.stats import t as student
 
         if t < -float(student.ppf(1 - settings.futility, len(seeds) - 1)):
-            return Comparison(**common, status="worse",
-                              why=f"worse than the baseline at {target} steps: paired loss difference "
-                                  f"{c.mean_diff:+.4f} over {len(seeds)} seeds, t={t:.2f} below the futility "
-                                  f"bound {-float(student.ppf(1 - settings.futility, len(seeds) - 1)):.2f}")
+            bound = float(student.ppf(1 - settings.futility, len(seeds) - 1))
+            return Comparison(**common, status=CANNOT_WIN,
+                              why=f"stopped: cannot win against the baseline at {target} steps: its loss is "
+                                  f"{c.mean_diff:.4f} above the baseline's on average over {len(seeds)} seeds, "
+                                  f"{-t:.2f} standard errors past even, more than the {bound:.2f} at which a "
+                                  f"later claim becomes unlikely (futility level {settings.futility:g})")
     if len(seeds) >= max_n:
         return Comparison(**common, status="undecided", why=f"undecided after the pool's {max_n} test seeds")
     return Comparison(**common, status="open")
@@ -430,7 +398,7 @@ def _why_done(comparisons: Sequence[Comparison], testable: bool, first_look: int
         return "no recurrent contender"
     if not testable:
         return f"the pool has {max_n} test seed(s); a sequential test needs {first_look}"
-    if all(c.status in ("better", "worse", "dominated", "diverged") for c in comparisons):
+    if all(c.status == "better" or c.status in DECIDED_AGAINST for c in comparisons):
         return "every comparison decided"
     return f"the pool's {max_n} test seeds spent"
 

@@ -158,9 +158,10 @@ def fail(message: str) -> None:
     raise typer.Exit(2)
 
 
-def emit(obj: dict[str, Any], as_json: bool, render: Callable[[dict[str, Any]], None]) -> None:
+def emit(obj: Any, as_json: bool, render: Callable[[Any], None]) -> None:
+    """Print a command's result: its JSON form (a dict, or a typed report's to_json()) with --json, else render it."""
     if as_json:
-        print(json.dumps(obj, default=float))
+        print(json.dumps(obj if isinstance(obj, dict) else obj.to_json(), default=float))
     else:
         render(obj)
 
@@ -332,7 +333,7 @@ def run(
     summary = run_search(request, fuse_asked, workers, lambda: tracked(ui.ConsoleReporter(enabled=True)),
                          note=lambda text: ui.err.print(text, soft_wrap=True, markup=False, highlight=False))
     emit(summary, json_out, ui.print_run)
-    if summary.get("interrupted"):
+    if summary.interrupted:
         raise typer.Exit(130)
 
 

@@ -7,10 +7,10 @@ import functools
 import statistics
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -19,6 +19,9 @@ from rich.text import Text
 
 from ilr_search.commands.events import (Event, Message, ReferenceFinished, ReferenceStarted, RunFinished, RunReporter,
                                         RunsStarted, Step, StudyStarted, TrialFinished, TrialStarted, format_reuse_map)
+
+if TYPE_CHECKING:
+    from ilr_search.commands.studies import StudyReport
 
 
 def console(stderr: bool = False) -> Console:
@@ -358,61 +361,80 @@ def race_front_rows(front: list[dict[str, Any]]) -> list[dict[str, Any]]:
                  confirmed="reference" if p.get("reference") else "yes" if p.get("confirmed") else "no") for p in front]
 
 
-def print_race(report: dict[str, Any]) -> None:
+def print_answer(report: StudyReport, details: bool = True) -> None:
+    """The study's answer line (`use MAP ...`, `no map beat ...` or `no decision yet: ...`) and, with `details`,
+    what it rests on as a short list under it."""
+    out.print(report.answer.line, soft_wrap=True, markup=False, highlight=False)
+    if details:
+        for line in report.answer.details:
+            out.print(f"  - {line}", soft_wrap=True, markup=False, highlight=False)
+
+
+def print_race(report: StudyReport) -> None:
     """The race's verdict, and what it rests on: its runs beyond the proxy (the fixed race: each run; the adaptive
     race: each map's seeds at the target), the comparisons with the baseline, the equal-compute reference."""
-    race = report.get("race")
-    if not race:
+    race = report.race
+    if race is None:
         return
-    runs = [r for r in race["results"] if r["source"].startswith("run ")]
-    if runs and race.get("policy") == "adaptive":
-        by_map: dict[str, list[dict[str, Any]]] = {}
+    settings = race.settings
+    runs = sorted(race.runs, key=lambda r: (r.map_key, r.seed))
+    if runs and settings.policy == "adaptive":
+        by_map: dict[str, list[Any]] = {}
         for r in runs:
-            by_map.setdefault(r["map_key"], []).append(r)
-        rows_table(f"race runs at {race['target_steps']} steps (proxy {race['base_steps']}; seed {race['seeds'][0]} "
+            by_map.setdefault(r.map_key, []).append(r)
+        rows_table(f"race runs at {settings.target_steps} steps (proxy {settings.base_steps}; seed {settings.seeds[0]} "
                    f"screens, the rest test)",
-                   [{"reuse_map": k, "seeds": ",".join(str(r["seed"]) for r in sorted(v, key=lambda r: r["seed"])),
-                     "ppl": " ".join(_fmt(r["val_ppl"]) for r in sorted(v, key=lambda r: r["seed"]))}
+                   [{"reuse_map": k, "seeds": ",".join(str(r.seed) for r in v), "ppl": " ".join(_fmt(r.val_ppl) for r in v)}
                     for k, v in sorted(by_map.items())], ["reuse_map", "seeds", "ppl"])
     elif runs:
-        rows_table(f"race runs (proxy {race['base_steps']} steps, target {race['target_steps']}, seeds "
-                   f"{_fmt(race['seeds'])})", runs, ["map_key", "steps", "seed", "val_ppl", "schedule", "source"])
-    if race.get("comparisons"):
-        rows_table("against the baseline at the target (test seeds)",
-                   [{"reuse_map": c["map"], "seeds": len(c["seeds"]), "loss_diff": c["mean_diff"],
-                     "interval": "-" if not c["interval"] else f"{c['interval'][0]:+.4f} to {c['interval'][1]:+.4f}",
-                     "p": c["p_value"], "level": c["level"], "status": c["status"]} for c in race["comparisons"]],
+        rows_table(f"race runs (proxy {settings.base_steps} steps, target {settings.target_steps}, seeds "
+                   f"{_fmt(list(settings.seeds))})", [dataclasses.asdict(r) for r in runs],
+                   ["map_key", "steps", "seed", "val_ppl", "schedule", "source"])
+    if race.state.comparisons:
+        rows_table("against the baseline at the target (test seeds; loss_diff: the map's loss minus the baseline's, "
+                   "below 0 is better)",
+                   [{"reuse_map": c.map_key, "seeds": c.n, "loss_diff": c.mean_diff,
+                     "interval": "-" if not c.interval else f"{c.interval[0]:+.4f} to {c.interval[1]:+.4f}",
+                     "p": c.p_value, "level": c.level, "status": c.status} for c in race.state.comparisons],
                    ["reuse_map", "seeds", "loss_diff", "interval", "p", "level", "status"])
-    if race.get("eliminated"):
-        for key, why in race["eliminated"].items():
-            out.print(f"eliminated {key}: {why}", soft_wrap=True)
-    equal = report.get("equal_compute")
+    for key, why in race.state.eliminated.items():
+        out.print(f"eliminated {key}: {why}", soft_wrap=True)
+    equal = race.equal_compute
     if equal and equal.get("val_ppl") is not None:
         out.print(f"equal compute: {equal['reference']} (a plain {equal['layers']}-layer model, "
                   f"{_fmt(equal['flops_ratio'])}x FLOPs, {equal['params']} parameters, {equal['params_ratio']:.2f}x "
                   f"the baseline's) ppl {_fmt(equal['val_ppl'])} over seeds {_fmt(equal['seeds'])}", soft_wrap=True)
-    out.print(f"verdict at {report['target_steps']} steps: {report['verdict'] or '-'}", soft_wrap=True)
+    out.print(f"verdict at {settings.target_steps} steps: {race.verdict or '-'}", soft_wrap=True)
+    if report.answer.trust is not None:
+        out.print(f"trust: {report.answer.trust.text()}", soft_wrap=True)
 
 
-def print_run(summary: dict[str, Any]) -> None:
-    rows_table(f"Pareto front of {summary['study']}", race_front_rows(summary["pareto"]), RACE_FRONT_COLUMNS,
+def print_run(report: StudyReport) -> None:
+    """The front, the counts, the fidelity and the race; the answer's details, then the answer as the last line."""
+    rows_table(f"Pareto front of {report.study}", race_front_rows(list(report.front)), RACE_FRONT_COLUMNS,
                RACE_FRONT_HEADERS)
-    for name, ref in summary.get("references", {}).items():
+    for name, ref in report.references.items():
         out.print(f"reference {name}: {_fmt(ref['flops_ratio'])}x, ppl {_fmt(ref['val_ppl'])}")
-    everything = summary["steps_trained"] + summary.get("reference_steps", 0) + summary.get("race_steps", 0)
-    out.print(f"{summary['n_complete']} complete, {summary['n_pruned']} pruned, {summary['n_failed']} failed; "
-              f"{everything} steps trained: {summary['steps_trained']} in the trials ({summary['steps_saved_by_pruning']} "
-              f"saved by pruning), {summary.get('reference_steps', 0)} in the reference runs, "
-              f"{summary.get('race_steps', 0)} in the race; storage {summary['storage']}")
-    _fidelity_lines(summary.get("fidelity"))
-    print_race(summary)
-    if summary.get("interrupted"):
+    everything = report.steps_trained + report.reference_steps + report.race_steps
+    out.print(f"{report.n_complete} complete, {report.n_pruned} pruned, {report.n_failed} failed; "
+              f"{everything} steps trained: {report.steps_trained} in the trials ({report.steps_saved_by_pruning} "
+              f"saved by pruning), {report.reference_steps} in the reference runs, "
+              f"{report.race_steps} in the race; storage {report.storage}")
+    _fidelity_lines(report.fidelity)
+    print_race(report)
+    if report.interrupted:
         out.print("interrupted: finished trials are saved; run the same command again to resume")
+    for line in report.answer.details:
+        out.print(f"  - {line}", soft_wrap=True, markup=False, highlight=False)
+    print_answer(report, details=False)
 
 
 def print_studies(report: dict[str, Any]) -> None:
+    """The studies as a table, then each study's answer on a line of its own."""
     rows_table("studies (best: the map the race reports, at its decided length)", report["studies"],
                ["study", "n_trials", "budget", "layers", "best", "best_val_ppl", "best_steps", "decided"])
+    for row in report["studies"]:
+        out.print(f"{row['study']}: {row['answer']}", soft_wrap=True, markup=False, highlight=False)
 
 
 def print_export(report: dict[str, Any]) -> None:
@@ -423,33 +445,51 @@ def print_export(report: dict[str, Any]) -> None:
         out.print(f"wrote {report['curve_points']} curve points to {report['curves_out']}")
 
 
-def print_trials(report: dict[str, Any]) -> None:
-    rows_table(f"trials of {report['study']}", report["trials"], TRIAL_COLUMNS)
-    if report.get("references"):
-        rows_table("reference runs (trained outside the sampler's view)", report["references"],
-                   ["reference", "reuse_map", "knobs", "flops_ratio", "val_ppl", "val_bpb", "seed", "status"])
-    _fidelity_lines(report.get("fidelity"))
+def print_trials(report: StudyReport) -> None:
+    """The answer and its details first, then every trial, the reference runs, the fidelity and the race."""
+    print_answer(report)
+    listing = report.listing
+    if listing is not None:
+        rows_table(f"trials of {report.study}", list(listing.rows), TRIAL_COLUMNS)
+        if listing.references:
+            rows_table("reference runs (trained outside the sampler's view)", list(listing.references),
+                       ["reference", "reuse_map", "knobs", "flops_ratio", "val_ppl", "val_bpb", "seed", "status"])
+    _fidelity_lines(report.fidelity)
     print_race(report)
 
 
-def print_pareto(report: dict[str, Any]) -> None:
-    noise = report.get("noise")
-    rows_table(f"Pareto front of {report['study']}", race_front_rows(report["pareto"]), RACE_FRONT_COLUMNS,
-               RACE_FRONT_HEADERS)
-    if noise:
-        out.print(f"baseline seed-to-seed spread at the proxy's length: {noise['spread']:.4g} ppl over "
-                  f"{noise['n_seeds']} seeds")
-    layers = report.get("layers")
-    if layers and layers.get("importance"):
-        rows_table("layer importance for perplexity (Optuna PED-ANOVA)",
-                   [{"layer": k, "importance": v} for k, v in layers["importance"].items()], ["layer", "importance"])
-    _fidelity_lines(report.get("fidelity"))
+def print_pareto(report: StudyReport) -> None:
+    """The answer and its details first, then the decided front, the layer view, the fidelity and the race."""
+    print_answer(report)
+    view = report.front_view
+    front = list(view.front) if view is not None else list(report.front)
+    rows_table(f"Pareto front of {report.study}", race_front_rows(front), RACE_FRONT_COLUMNS, RACE_FRONT_HEADERS)
+    if view is not None and view.noise:
+        out.print(f"baseline seed-to-seed spread at the proxy's length: {view.noise['spread']:.4g} ppl over "
+                  f"{view.noise['n_seeds']} seeds")
+    if view is not None and view.layers is not None:
+        out.print(recurred_layers(view.layers["front_maps"]), soft_wrap=True)
+        if view.layers.get("importance"):
+            rows_table("layer importance for perplexity (Optuna PED-ANOVA)",
+                       [{"layer": k, "importance": f"{v:.2f}"} for k, v in view.layers["importance"].items()],
+                       ["layer", "importance"])
+    _fidelity_lines(report.fidelity)
     print_race(report)
-    if report.get("out"):
-        out.print(f"wrote {report['out']}")
+    if view is not None and view.out:
+        out.print(f"wrote {view.out}")
 
 
-def _fidelity_lines(fidelity: dict[str, Any] | None) -> None:
+def recurred_layers(front: list[dict[str, Any]]) -> str:
+    """One sentence: which layers the decided front's maps run more than once."""
+    layers = sorted({i for p in front for i, count in enumerate(p["reuse_map"]) if count > 1})
+    if not layers:
+        return "the decided front recurs no layer"
+    names = [str(i) for i in layers]
+    listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    return f"the decided front recurs layer{'s' if len(names) > 1 else ''} {listed}"
+
+
+def _fidelity_lines(fidelity: Mapping[str, Any] | None) -> None:
     if not fidelity:
         return
     rungs = fidelity.get("rungs") or []

@@ -27,7 +27,7 @@ from ilr_search.analysis.results import finite_or_none, references, trained_by_m
 from ilr_search.analysis.trials import TrialRecord, trial_records
 from ilr_search.training.schedule import block_schedule, format_reuse_map, parse_reuse_map, reuse_map_schedule
 from ilr_search.search.plan import stored_config
-from ilr_search.search.race import decided_front, race_summary
+from ilr_search.search.race import decided_front, race_report
 from ilr_search.search.studies import open_study
 from ilr_search.storage import study_storage, open_store, parse_storage
 from ilr_search.training.train import OnStep, TrainResult, train_proxy
@@ -143,7 +143,7 @@ def default_map(view: StudySettingsView, trials: list[TrialRecord]) -> tuple[Map
     store = open_store(parse_storage(view.storage, read_only=True), view.study.study_name, read_only=True,
                        storage=study_storage(view.study))
     attrs = view.study.user_attrs
-    front = decided_front(trials, attrs, race_summary(trials, attrs, store.race_runs()))
+    front = decided_front(trials, race_report(trials, attrs, store.race_runs()))
     if not front:
         raise UserInputError(f"study {view.study.study_name!r} has no complete trial yet; give --map or run it first")
     best = min(front, key=lambda p: (p["val_ppl"], p["flops_ratio"]))

@@ -29,6 +29,7 @@ from ilr_search.search.maps import split_enqueue_text
 from ilr_search.search.plan import ADOPTED_RACE_FIELDS
 from ilr_search.search.progress import Event, Message, RunReporter, StudyStarted
 from ilr_search.search.run import RunRequest
+from ilr_search.search.studies import StudyReport
 from ilr_search.config import SpaceConfig
 from ilr_search.space import load_space, parse_target
 from ilr_search.training.device import resolve_device
@@ -115,7 +116,7 @@ class NoteAtStart(RunReporter):
 
 def run_search(request: RunRequest, fuse: int | str, workers: int | None,
                reporter_for: Callable[[], AbstractContextManager[RunReporter]],
-               note: Callable[[str], None] = lambda text: None) -> dict[str, Any]:
+               note: Callable[[str], None] = lambda text: None) -> StudyReport:
     """Run (or resume) the study: the layout from `fuse` and `workers` (checked against memory, or probed for
     auto: `note` is told what was chosen), then the trials, references and race in this process or in workers.
     `reporter_for` gives the reporter that shows the run's events."""
