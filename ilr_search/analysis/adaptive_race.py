@@ -400,7 +400,7 @@ def _why_done(comparisons: Sequence[Comparison], testable: bool, first_look: int
         return f"the pool has {max_n} test seed(s); a sequential test needs {first_look}"
     if all(c.status == "better" or c.status in DECIDED_AGAINST for c in comparisons):
         return "every comparison decided"
-    return f"the pool's {max_n} test seeds spent"
+    return f"the pool's {max_n} test seeds were spent"
 
 
 def _verdict(comparisons: Mapping[str, Comparison], better: Sequence[str], results: Results, baseline_key: str,

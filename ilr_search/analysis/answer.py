@@ -121,8 +121,8 @@ def race_answer(state: RaceState, settings: RaceSettings, baseline_key: str, bas
                             settings.confidence, unit)
     details += _equal_compute(state.equal_compute, unit)
     details += _replicates(state, comparisons, baseline_key, unit)
-    details.append(f"steps: {steps} a run at the target (the search's proxy: {settings.base_steps}); the race "
-                   f"trained {state.compute_steps} steps in all")
+    details.append(f"steps: {steps} a run at the target (the search's proxy trained {settings.base_steps}); the "
+                   f"race trained {state.compute_steps} in all")
     if state.done and state.stopped:
         details.append(f"stopped because {state.stopped}")
     return Answer(line, tuple(details), decided, trust)

@@ -354,11 +354,15 @@ RACE_FRONT_COLUMNS = ["reuse_map", "flops_ratio", "steps", "seeds", "val_ppl", "
 RACE_FRONT_HEADERS = {"flops_ratio": "FLOPs", "val_ppl": "ppl", "interval": "90% interval"}
 
 
+CONFIRMED_WORDS = ("yes", "no", "reference")  # the front's `confirmed` column: claimed better, not, the baseline
+
+
 def race_front_rows(front: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Front points for a table: the interval as low-high, confirmed as yes/no."""
+    """Front points for a table: the interval as low-high, confirmed as a word of CONFIRMED_WORDS."""
+    yes, no, reference = CONFIRMED_WORDS
     return [dict(p, interval=f"{_fmt(p['interval'][0])}-{_fmt(p['interval'][1])}"
                  if p.get("interval") and p["interval"][0] is not None else "-",
-                 confirmed="reference" if p.get("reference") else "yes" if p.get("confirmed") else "no") for p in front]
+                 confirmed=reference if p.get("reference") else yes if p.get("confirmed") else no) for p in front]
 
 
 def print_answer(report: StudyReport, details: bool = True) -> None:
@@ -396,7 +400,7 @@ def print_race(report: StudyReport) -> None:
                    [{"reuse_map": c.map_key, "seeds": c.n, "loss_diff": c.mean_diff,
                      "interval": "-" if not c.interval else f"{c.interval[0]:+.4f} to {c.interval[1]:+.4f}",
                      "p": c.p_value, "level": c.level, "status": c.status} for c in race.state.comparisons],
-                   ["reuse_map", "seeds", "loss_diff", "interval", "p", "level", "status"])
+                   ["reuse_map", "seeds", "loss_diff", "interval", "p", "level", "status"], {"seeds": "test seeds"})
     for key, why in race.state.eliminated.items():
         out.print(f"eliminated {key}: {why}", soft_wrap=True)
     equal = race.equal_compute

@@ -132,7 +132,8 @@ def _pareto(study_name: str, storage: str | None, view: str) -> tuple[StudyRepor
     noise = noise_band(trials, study.user_attrs)
     mark_ties(front, noise)
     race_front = mark_ties([dict(p) for p in report.front], noise)  # each point at its longest raced length
-    layers = layer_view(trials, decided_front(trials, report.race)) if view == "layers" else None
+    decided = race_front if report.race is not None else decided_front(trials, None)  # with its noise ties
+    layers = layer_view(trials, decided) if view == "layers" else None
     report = dataclasses.replace(report, front_view=FrontView(
         tuple(race_front), tuple(front), noise,
         {str(k): [p["trial"] for p in v] for k, v in sorted(store.front_history().items())}, layers))

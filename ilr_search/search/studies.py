@@ -235,6 +235,9 @@ def default_study(storage: str | None = None) -> tuple[str, str]:
     return name, f"the most recently active of {len(summaries)} studies in {spec.masked}; --study chooses another"
 
 
+DECIDED_WORDS = ("race open", "beats the baseline", "nothing beats the baseline")  # the `decided` column of `studies`
+
+
 def list_studies(storage: str | None = None) -> list[dict[str, Any]]:
     spec = parse_storage(storage, read_only=True)
     if not spec.exists():
@@ -256,8 +259,8 @@ def list_studies(storage: str | None = None) -> list[dict[str, Any]]:
                      "best": best["map"] if best else None,
                      "best_val_ppl": best["val_ppl"] if best else (min(ppls) if ppls else None),
                      "best_steps": best["steps"] if best else None,
-                     "decided": (None if not best else "race open" if not best["done"]
-                                 else "beats the baseline" if best["beats_baseline"] else "nothing beats the baseline"),
+                     "decided": (None if not best else DECIDED_WORDS[0] if not best["done"]
+                                 else DECIDED_WORDS[1] if best["beats_baseline"] else DECIDED_WORDS[2]),
                      "proxy_best_val_ppl": min(ppls) if ppls else None,
                      "answer": race.answer.line if race is not None else foreign_answer(trials).line})
     return rows
