@@ -71,7 +71,7 @@ def test_a_large_gap_is_claimed_early_and_a_map_that_cannot_win_stops_early():
     ppl, base_ppl = front["2,1,1,1"].val_ppl, front[BASE].val_ppl
     assert state.verdict == (
         f"recurrence beats the baseline at 400 steps (90% confidence: sequential paired t tests on seeds after the "
-        f"screen's, Holm over 2 map(s)): 2,1,1,1 {ppl:.4f} ppl vs {base_ppl:.4f} ({ppl - base_ppl:+.4f} ppl, "
+        f"screen's, Holm over 2 map(s); differences: map minus baseline): 2,1,1,1 {ppl:.4f} ppl vs {base_ppl:.4f} ({ppl - base_ppl:+.4f} ppl, "
         f"{100 * (ppl / base_ppl - 1):+.2f}%; loss difference {c.mean_diff:+.4f}, 90% interval "
         f"{c.interval[0]:+.4f} to {c.interval[1]:+.4f}, p={c.p_value:.3g} over {c.n} seeds); "
         f"gaps of {state.detectable_gap['ppl']:.4f} ppl ({state.detectable_gap['nats']:.4f} nats) or more would have "
@@ -87,7 +87,8 @@ def test_nothing_distinguishable_says_the_gap_it_would_have_seen():
     gap = state.detectable_gap
     assert gap is not None and gap["nats"] > 0 and gap["ppl"] > 0 and gap["power"] == 0.8
     assert state.verdict.startswith("nothing here is distinguishable from the baseline at 400 steps with ")
-    assert "seeds after the screen (90% confidence); gaps of " in state.verdict
+    assert ("test seeds after the screening seed (90% confidence; differences: map minus baseline); gaps of "
+            in state.verdict)
     assert (f"gaps of {gap['ppl']:.4f} ppl ({gap['nats']:.4f} nats) or more would have been seen with 80% power "
             f"({gap['seeds']} test seeds, paired sd {gap['sd_diff']:.4f})") in state.verdict
     assert "closest " in state.verdict and "would show" in state.verdict and "beats" in state.verdict

@@ -39,6 +39,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ilr_search.analysis.map_key import MapKey
 from ilr_search.analysis.pareto import non_dominated
 from ilr_search.analysis.results import DEEP_PREFIX, deep_key, is_deep_key
 from ilr_search.analysis.race_core import (CANNOT_WIN, DECIDED_AGAINST, Comparison, Evaluation, FrontPoint, RaceJob,
@@ -52,7 +53,7 @@ DETECTION_POWER = 0.8
 
 def layer_runs(map_key: str) -> int:
     """The layers a reuse map's schedule runs (its counts' sum); a key's knob part (after '|') is ignored."""
-    return sum(int(x) for x in map_key.split("|")[0].split(","))
+    return MapKey.parse(map_key).map.layer_runs
 
 
 def _finite(value: float | None) -> bool:
@@ -423,12 +424,14 @@ def _verdict(comparisons: Mapping[str, Comparison], better: Sequence[str], resul
                           f"{100 * (ppl / base_ppl - 1):+.2f}%; loss difference {c.mean_diff:+.4f}, {pct}% interval "
                           f"{low:+.4f} to {high:+.4f}, p={c.p_value:.3g} over {c.n} seeds)")
         text = (f"{prefix}recurrence beats the baseline at {target} steps ({pct}% confidence: sequential paired t "
-                f"tests on seeds after the screen's, Holm over {len(comparisons)} map(s)): " + "; ".join(claims))
+                f"tests on seeds after the screen's, Holm over {len(comparisons)} map(s); differences: map minus baseline): "
+                + "; ".join(claims))
     else:
         counts = sorted({c.n for c in comparisons.values()})
-        seeds = f"{counts[0]} seed{'s' if counts[0] != 1 else ''}" if len(counts) == 1 else f"{counts[0]} to {counts[-1]} seeds"
+        seeds = (f"{counts[0]} test seed{'s' if counts[0] != 1 else ''}" if len(counts) == 1
+                 else f"{counts[0]} to {counts[-1]} test seeds")
         text = (f"{prefix}nothing here is distinguishable from the baseline at {target} steps with {seeds} "
-                f"after the screen ({pct}% confidence)")
+                f"after the screening seed ({pct}% confidence; differences: map minus baseline)")
     if gap is not None:
         parts.append(f"gaps of {gap['ppl']:.4f} ppl ({gap['nats']:.4f} nats) or more would have been seen with "
                      f"{round(100 * gap['power'])}% power ({gap['seeds']} test seeds, paired sd {gap['sd_diff']:.4f})")

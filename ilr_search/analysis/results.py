@@ -16,6 +16,7 @@ from ilr_search.knobs import format_knobs
 from ilr_search.analysis.pareto import pareto_front
 from ilr_search.analysis.trials import Trial, TrialRecord, record_of, trained_results, trial_records
 from ilr_search.storage import CurvePoint, RaceRun, Store, TrainCurvePoint
+from ilr_search.analysis.map_key import MapKey
 
 REFERENCE_PREFIX = "ilr:reference:"
 
@@ -129,8 +130,9 @@ def race_run_rows(runs: Sequence[RaceRun], study_attrs: Mapping[str, Any]) -> li
     for r in runs:
         key = r.job.map_key
         deep = is_deep_key(key)
-        rows.append({"map_key": key, "reuse_map": None if deep else key_reuse_map(key),
-                     "knobs": key.split("|", 1)[1] if "|" in key else None, "factor": r.job.factor,
+        parsed = None if deep else MapKey.parse(key)
+        rows.append({"map_key": key, "reuse_map": list(parsed.map.counts) if parsed else None,
+                     "knobs": parsed.knobs or None if parsed else None, "factor": r.job.factor,
                      "steps": r.steps, "seed": r.job.seed, "state": r.state, "flops_ratio": r.flops_ratio,
                      "val_loss": r.val_loss, "val_ppl": r.val_ppl, "val_bpb": r.val_bpb, "seconds": r.seconds,
                      "reason": r.reason,
@@ -211,7 +213,7 @@ def is_baseline(reuse_map: list[int] | None) -> bool:
 
 def key_reuse_map(map_key: str) -> list[int]:
     """The reuse map of a trial's map key ("2,1,1,1", or "2,1,1,1|injection=add" with knobs on)."""
-    return [int(x) for x in map_key.split("|")[0].split(",")]
+    return list(MapKey.parse(map_key).map.counts)
 
 
 DEEP_PREFIX = "deep"  # the race's equal-compute reference: deepR, the study's model with R layers, each run once
@@ -228,7 +230,7 @@ def is_deep_key(key: str) -> bool:
 
 def is_baseline_key(map_key: str) -> bool:
     """The paper's baseline: the all-ones map with every knob off."""
-    return "|" not in map_key and is_baseline(key_reuse_map(map_key))
+    return MapKey.parse(map_key).is_baseline
 
 
 def finite_or_none(x: float) -> float | None:

@@ -27,6 +27,7 @@ from ilr_search.analysis.results import finite_or_none, references, trained_by_m
 from ilr_search.analysis.trials import TrialRecord, trial_records
 from ilr_search.training.schedule import block_schedule, format_reuse_map, parse_reuse_map, reuse_map_schedule
 from ilr_search.search.plan import stored_config
+from ilr_search.analysis.map_key import MapKey
 from ilr_search.search.race import decided_front, race_report
 from ilr_search.search.studies import open_study
 from ilr_search.storage import study_storage, open_store, parse_storage
@@ -125,7 +126,7 @@ def choose_map(view: StudySettingsView, map_text: str | None, trained_only: bool
     if choice.key in trained:
         return choice, f"map {choice.key} (trial {trained[choice.key].number})"
     if "|" not in map_text:  # a plain map names the one trained knob setting of that map
-        same = [k for k in trained if k.split("|")[0] == choice.key]
+        same = [k for k in trained if MapKey.parse(k).map.key == choice.key]
         if len(same) == 1:
             t = trained[same[0]]
             choice = dataclasses.replace(choice, knobs=dict(t.knobs))

@@ -33,6 +33,7 @@ from ilr_search.training.flops import param_count
 from ilr_search.knobs import config_key
 from ilr_search.analysis.answer import Answer, Trust, race_answer, unraced_answer
 from ilr_search.analysis.race_core import REFERENCE_SOURCE, RUN_SOURCE, TRIAL_SOURCE, StoredResult
+from ilr_search.analysis.map_key import MapKey
 from ilr_search.analysis.race_report import RaceReport
 from ilr_search.analysis.racing import FrontPoint, RaceJob, RaceSettings, RaceState, race_state
 from ilr_search.analysis.results import (DEEP_PREFIX, REFERENCE_PREFIX, is_deep_key, as_list, finite_or_none, is_baseline_key, key_reuse_map,
@@ -261,7 +262,8 @@ def decided_best(state: RaceState, rows: Sequence[Mapping[str, Any]]) -> dict[st
     its front row's perplexity, length and seeds; None before the race has a front."""
     if state.best is None:
         return None
-    row = next((r for r in rows if ",".join(map(str, r["reuse_map"])) == state.best.split("|")[0]), None)
+    best = MapKey.parse(state.best)
+    row = next((r for r in rows if MapKey.of(r["reuse_map"], r["knobs"]) == best), None)
     return {"map": state.best, "beats_baseline": state.best in state.confirmed_better, "done": state.done,
             "val_ppl": row["val_ppl"] if row else None, "steps": row["steps"] if row else None,
             "seeds": row["seeds"] if row else None}
