@@ -109,10 +109,9 @@ def pareto_report(study_name: str, storage: str | None = None, out: str | Path |
     if path is not None and path.suffix.lower() in (".png", ".svg"):
         check_image_export()
     drawn = path is not None and path.suffix.lower() in (".html", ".png", ".svg")
-    report, figure = _pareto(study_name, storage, "layers" if drawn else view)
+    report, figure = _pareto(study_name, storage, "layers" if drawn else view, path)
     if path is not None:
         _write_front(path, report, figure)
-        report = dataclasses.replace(report, front_view=dataclasses.replace(report.front_view, out=str(path)))
     return report
 
 
@@ -121,8 +120,10 @@ def front_figure(study_name: str, storage: str | None = None) -> go.Figure:
     return _pareto(study_name, storage, "layers")[1]()
 
 
-def _pareto(study_name: str, storage: str | None, view: str) -> tuple[StudyReport, Callable[[], go.Figure]]:
-    """The pareto report (with the layer view where `view` is "layers") and what draws its figure."""
+def _pareto(study_name: str, storage: str | None, view: str, out: Path | None = None
+            ) -> tuple[StudyReport, Callable[[], go.Figure]]:
+    """The pareto report (with the layer view where `view` is "layers", and the file `out` it is written to) and
+    what draws its figure."""
     spec = parse_storage(storage, read_only=True)
     study = open_study(spec, study_name)
     store = open_store(spec, study_name, read_only=True, storage=study_storage(study))
@@ -136,7 +137,8 @@ def _pareto(study_name: str, storage: str | None, view: str) -> tuple[StudyRepor
     layers = layer_view(trials, decided) if view == "layers" else None
     report = dataclasses.replace(report, front_view=FrontView(
         tuple(race_front), tuple(front), noise,
-        {str(k): [p["trial"] for p in v] for k, v in sorted(store.front_history().items())}, layers))
+        {str(k): [p["trial"] for p in v] for k, v in sorted(store.front_history().items())}, layers,
+        str(out) if out is not None else None))
 
     def figure() -> go.Figure:
         rows = _trial_rows(study, curves_by_trial(store.curve_points()))
