@@ -367,11 +367,11 @@ def race_front_rows(front: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def print_answer(report: StudyReport, details: bool = True) -> None:
     """The study's answer line (`use MAP ...`, `no map beat ...` or `no decision yet: ...`) and, with `details`,
-    what it rests on as a short list under it."""
-    out.print(report.answer.line, soft_wrap=True, markup=False, highlight=False)
+    what it rests on as a short list under it (wrapped at a terminal's width; one line each into a file)."""
+    out.print(report.answer.line, markup=False, highlight=False)
     if details:
         for line in report.answer.details:
-            out.print(f"  - {line}", soft_wrap=True, markup=False, highlight=False)
+            out.print(f"  - {line}", markup=False, highlight=False)
 
 
 def print_race(report: StudyReport) -> None:
@@ -429,7 +429,7 @@ def print_run(report: StudyReport) -> None:
     if report.interrupted:
         out.print("interrupted: finished trials are saved; run the same command again to resume")
     for line in report.answer.details:
-        out.print(f"  - {line}", soft_wrap=True, markup=False, highlight=False)
+        out.print(f"  - {line}", markup=False, highlight=False)
     print_answer(report, details=False)
 
 
@@ -438,7 +438,7 @@ def print_studies(report: dict[str, Any]) -> None:
     rows_table("studies (best: the map the race reports, at its decided length)", report["studies"],
                ["study", "n_trials", "budget", "layers", "best", "best_val_ppl", "best_steps", "decided"])
     for row in report["studies"]:
-        out.print(f"{row['study']}: {row['answer']}", soft_wrap=True, markup=False, highlight=False)
+        out.print(f"{row['study']}: {row['answer']}", markup=False, highlight=False)
 
 
 def print_export(report: dict[str, Any]) -> None:
