@@ -71,6 +71,9 @@ def test_an_open_race_says_no_decision_yet_and_what_is_left():
     assert answer.line == ("no decision yet: 1 of 2 comparisons with the plain model still open at 400 steps, 2 runs "
                            "to train next; run the same command again to go on")
     assert not answer.decided and not any(d.startswith("stopped because") for d in answer.details)
+    waiting = RaceState(alive=(), next_jobs=(RaceJob(BASE, 100, 0),), level_steps=100)
+    assert race_answer(waiting, SETTINGS, BASE, None).line == (
+        "no decision yet: the race has not started at 100 steps, 1 run to train next; run the same command again to go on")
 
 
 def test_the_replicate_unit_is_data_and_signs_are_words():

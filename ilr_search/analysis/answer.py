@@ -98,16 +98,15 @@ def race_answer(state: RaceState, settings: RaceSettings, baseline_key: str, bas
     steps = state.level_steps or settings.target_steps
     comparisons = {c.map_key: c for c in state.comparisons}
     details: list[str] = []
+    claimed = state.best if state.done and state.best in state.confirmed_better else None
     if not state.done:
         open_maps = [k for k, c in comparisons.items() if c.status == "open"]
         left = (f"{len(open_maps)} of {len(comparisons)} comparisons with {PLAIN} still open" if comparisons
-                else f"{len(state.alive)} maps still raced")
+                else f"{count(len(state.alive), 'map')} still raced" if state.alive else "the race has not started")
         line = (f"no decision yet: {left} at {steps} steps, {count(len(state.next_jobs), 'run')} to train next; "
                 "run the same command again to go on")
-        decided = False
-    elif state.best is not None and state.best in state.confirmed_better:
-        line = _claim(state, settings, state.best, comparisons.get(state.best), baseline_key, baseline_ppl, unit, steps)
-        decided = True
+    elif claimed is not None:
+        line = _claim(state, settings, claimed, comparisons.get(claimed), baseline_key, baseline_ppl, unit, steps)
     else:
         gap = state.detectable_gap
         seen = (f"a gap of {gap['ppl']:.2f} ppl or more would have been seen ({round(100 * gap['power'])}% power)"
@@ -115,17 +114,15 @@ def race_answer(state: RaceState, settings: RaceSettings, baseline_key: str, bas
         if not comparisons and state.front and all(p.map_key == baseline_key for p in state.front):
             seen = "no recurrent map reached the race"
         line = f"no map beat {PLAIN} at {steps} steps; {seen}"
-        decided = True
     if baseline_ppl is not None:
-        details += _closest(comparisons, state.best if decided and line.startswith("use ") else None, baseline_ppl,
-                            settings.confidence, unit)
+        details += _closest(comparisons, claimed, baseline_ppl, settings.confidence, unit)
     details += _equal_compute(state.equal_compute, unit)
     details += _replicates(state, comparisons, baseline_key, unit)
     details.append(f"steps: {steps} a run at the target (the search's proxy trained {settings.base_steps}); the "
                    f"race trained {state.compute_steps} in all")
     if state.done and state.stopped:
         details.append(f"stopped because {state.stopped}")
-    return Answer(line, tuple(details), decided, trust)
+    return Answer(line, tuple(details), state.done, trust)
 
 
 def _claim(state: RaceState, settings: RaceSettings, key: str, comparison: Comparison | None,
