@@ -3,10 +3,19 @@ or with both cores kept busy, and what it concluded.
 
     python benchmarks/default_run.py [--hogs 0] [--out benchmarks/data/default-run-quiet-2026-12-01.json]
         [--keep FOLDER] [-- extra run flags]
+    python benchmarks/default_run.py --fresh-venv [--dry-run] [--out ...]
 
 --hogs N starts N `python3 -c 'while 1: pass'` processes beside the run (2 on this 2-core machine: both cores busy)
 and stops them after it; the run starts after the hogs have run --settle seconds (60), untimed. --keep copies the run's study database (studies/ilr-search.db) into FOLDER. The JSON keeps the wall time, the verdict, the detectable gap, the equal-compute
 reference, the race's compute, every race run, the machine and the load before and after.
+
+--fresh-venv times what a newcomer does: it clones this repository's HEAD (git clone) into a temporary folder, makes
+a fresh virtual environment there, and runs README's Quickstart command exactly as written (the code block after
+`<!-- run-command -->`: the pip installs included) in the clone, with the venv first on PATH, an empty token cache,
+and none of this shell's OMP_NUM_THREADS, PYTHONPATH or VIRTUAL_ENV. It records the wall time, the CPU time and CPU%
+(user + system of the command and everything it started, from /usr/bin/time -v where there is one, else
+getrusage of the children) and the peak memory (the largest resident set of one process), and the output's last
+lines, in benchmarks/data/default-run-fresh-venv-DATE.json. --dry-run prints what it would run and writes nothing.
 """
 
 from __future__ import annotations
@@ -15,12 +24,18 @@ import argparse
 import json
 import os
 import platform
+import re
+import resource
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RUN_MARK = "<!-- run-command -->"
+TIME = "/usr/bin/time"
 
 COMMAND = ["ilr-search", "run", "--budget", "1.5x", "--layers", "8", "--json"]
 
@@ -32,8 +47,14 @@ def main() -> None:
     ap.add_argument("--settle", type=float, default=60.0,
                     help="seconds the hogs run before the run starts (not timed), so the machine is busy when it starts")
     ap.add_argument("--keep", default=None, help="copy the run's study database into this folder")
+    ap.add_argument("--fresh-venv", action="store_true",
+                    help="clone HEAD, make a fresh venv, and time README's Quickstart command as written, install included")
+    ap.add_argument("--dry-run", action="store_true", help="with --fresh-venv: print the plan, run and write nothing")
     ap.add_argument("extra", nargs="*")
     args = ap.parse_args()
+    if args.fresh_venv:
+        fresh_venv_run(Path(args.out) if args.out else None, args.dry_run)
+        return
     out = Path(args.out or f"benchmarks/data/default-run-{'quiet' if not args.hogs else 'loaded'}-{time.strftime('%Y-%m-%d')}.json")
     with tempfile.TemporaryDirectory() as folder:
         env = {**os.environ, "ILR_SEARCH_CACHE": str(Path(folder) / "cache")}
@@ -69,6 +90,90 @@ def main() -> None:
     out.write_text(json.dumps(record, indent=1) + "\n")
     print(f"{seconds:.0f} s; {summary['verdict']}")
     print(f"wrote {out}")
+
+
+def readme_run_command(readme: Path = ROOT / "README.md") -> str:
+    """The Quickstart's run command: the first line of the code block after RUN_MARK in README.md."""
+    text = readme.read_text(encoding="utf-8")
+    if RUN_MARK not in text:
+        raise SystemExit(f"{readme} has no {RUN_MARK} line")
+    block = re.search(r"```[a-z]*\n(.*?)```", text[text.index(RUN_MARK):], re.S)
+    lines = [line for line in (block.group(1) if block else "").splitlines() if line.strip()]
+    if not lines:
+        raise SystemExit(f"no code block after {RUN_MARK} in {readme}")
+    return lines[0].strip()
+
+
+def fresh_venv_plan(folder: Path) -> dict[str, object]:
+    """What --fresh-venv runs, in `folder`: the clone, the venv and the command (as a list for subprocess)."""
+    command = readme_run_command()
+    shell = ["bash", "-c", command]
+    timed = [TIME, "-v", *shell] if Path(TIME).exists() else shell
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    return {"commit": head, "clone": ["git", "clone", "--quiet", str(ROOT), str(folder / "repo")],
+            "venv": [sys.executable, "-m", "venv", str(folder / "venv")], "command": command, "argv": timed,
+            "cwd": str(folder / "repo")}
+
+
+def newcomer_env(folder: Path) -> dict[str, str]:
+    """This shell's environment as a newcomer's: the fresh venv first on PATH, an empty token cache, and no thread,
+    path or venv settings of ours."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    env["PATH"] = f"{folder / 'venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    env["VIRTUAL_ENV"] = str(folder / "venv")
+    env["ILR_SEARCH_CACHE"] = str(folder / "cache")
+    return env
+
+
+def time_v_fields(stderr: str) -> dict[str, float]:
+    """User and system seconds and the peak resident set (KiB) from /usr/bin/time -v's last lines."""
+    fields = {"User time (seconds)": "user", "System time (seconds)": "system",
+              "Maximum resident set size (kbytes)": "max_rss_kib"}
+    found: dict[str, float] = {}
+    for line in stderr.splitlines():
+        key, _, value = line.strip().rpartition(": ")
+        if key in fields:
+            found[fields[key]] = float(value)
+    return found
+
+
+def fresh_venv_run(out: Path | None, dry_run: bool) -> None:
+    """--fresh-venv: clone, venv, README's run command timed as a newcomer would run it; one JSON record."""
+    out = out or ROOT / "benchmarks" / "data" / f"default-run-fresh-venv-{time.strftime('%Y-%m-%d')}.json"
+    with tempfile.TemporaryDirectory(prefix="ilr-fresh-") as name:
+        folder = Path(name)
+        plan = fresh_venv_plan(folder)
+        if dry_run:
+            print(json.dumps(plan | {"out": str(out)}, indent=1))
+            return
+        subprocess.run(plan["clone"], check=True)  # type: ignore[arg-type]
+        subprocess.run(plan["venv"], check=True)  # type: ignore[arg-type]
+        load_before = os.getloadavg()
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        started = time.perf_counter()
+        proc = subprocess.run(plan["argv"], cwd=plan["cwd"], env=newcomer_env(folder),  # type: ignore[arg-type]
+                              capture_output=True, text=True)
+        seconds = time.perf_counter() - started
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        load_after = os.getloadavg()
+    timed = time_v_fields(proc.stderr)
+    cpu = (timed["user"] + timed["system"] if "user" in timed and "system" in timed
+           else after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    peak_kib = timed.get("max_rss_kib", after.ru_maxrss)  # Linux: KiB
+    record = {"command": plan["command"], "commit": plan["commit"], "fresh_venv": True,
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores",
+              "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+              "returncode": proc.returncode, "wall_seconds": seconds, "cpu_seconds": cpu,
+              "cpu_percent": 100 * cpu / seconds if seconds else 0.0, "peak_rss_mib": peak_kib / 1024,
+              "cpu_source": "/usr/bin/time -v" if "user" in timed else "getrusage(RUSAGE_CHILDREN)",
+              "load_before": load_before, "load_after": load_after,
+              "stdout_tail": proc.stdout.splitlines()[-40:], "stderr_tail": proc.stderr.splitlines()[-60:]}
+    out.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"{seconds:.0f} s, CPU {record['cpu_percent']:.0f}%, peak {record['peak_rss_mib']:.0f} MiB; exit {proc.returncode}")
+    print(f"wrote {out}")
+    if proc.returncode != 0:
+        raise SystemExit(proc.returncode)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,14 @@ class ModelConfig:
     max_reuse: int = 1  # repeats of one layer that the knobs' tables cover
     # a layer that runs r times: off, each pass's residual branches scaled by 1/r, or its parameters' lr by 1/r
     repeat_scale: RepeatScale = "off"
+    # Architecture options of pretrained checkpoints (training/pretrained.py reads them from config.json); each
+    # off by default, the project's own model.
+    n_kv_heads: int = 0  # key/value heads (grouped-query attention); 0: n_heads
+    head_dim: int = 0  # size of each head; 0: d_model // n_heads (head_size is the resolved value)
+    tie_embeddings: bool = True  # False: an LM head of its own (vocab x d_model) instead of the embedding
+    qkv_bias: bool = False  # biases on the q, k and v projections (Qwen2), none on the output projection
+    qk_norm: bool = False  # RMSNorm over each head of q and k before RoPE (Qwen3)
+    init: str = ""  # the checkpoint the weights start from (a folder or hf:NAME); "": random init
 
     def __post_init__(self) -> None:
         if self.injection not in INJECTIONS:
@@ -48,19 +56,30 @@ class ModelConfig:
             raise ValueError(f"init_depth must be 0 (n_layers) or positive, got {self.init_depth}")
         if self.pe not in POSITIONAL_ENCODINGS:
             raise ValueError(f"unknown positional encoding {self.pe!r}; use one of {', '.join(POSITIONAL_ENCODINGS)}")
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model {self.d_model} is not divisible by heads {self.n_heads}")
-        if self.pe == "rope" and self.head_dim % 2:
-            raise ValueError(f"rope needs an even head size, got {self.head_dim}")
         for name in ("vocab_size", "n_layers", "d_model", "n_heads", "seq_len", "max_reuse"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("n_kv_heads", "head_dim"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be 0 (the default) or positive, got {getattr(self, name)}")
+        if not self.head_dim and self.d_model % self.n_heads:
+            raise ValueError(f"d_model {self.d_model} is not divisible by heads {self.n_heads}")
+        if self.n_heads % self.kv_heads:
+            raise ValueError(f"heads {self.n_heads} is not divisible by key/value heads {self.kv_heads}")
+        if self.pe == "rope" and self.head_size % 2:
+            raise ValueError(f"rope needs an even head size, got {self.head_size}")
         if self.mlp_ratio <= 0:
             raise ValueError(f"mlp_ratio must be positive, got {self.mlp_ratio}")
 
     @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+    def head_size(self) -> int:
+        """The size of each attention head: head_dim where set, else d_model // n_heads."""
+        return self.head_dim or self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """The key/value heads: n_kv_heads where set, else n_heads (one per query head)."""
+        return self.n_kv_heads or self.n_heads
 
     @property
     def mlp_hidden(self) -> int:
@@ -71,11 +90,22 @@ class ModelConfig:
 KNOB_FIELD_DEFAULTS = {"injection": "none", "iteration_encoding": False, "iteration_norms": False, "init_depth": 0,
                        "max_reuse": 1, "repeat_scale": "off"}
 
+# The pretrained-architecture fields at their defaults (the project's own model, random init): stored with a study
+# only where they differ, so that a study made before they existed keeps its configuration and its name.
+ARCHITECTURE_FIELD_DEFAULTS = {"n_kv_heads": 0, "head_dim": 0, "tie_embeddings": True, "qkv_bias": False,
+                               "qk_norm": False, "init": ""}
+
 
 SAMPLERS = ("auto", "tpe", "nsga2", "gp", "random", "grid")
 PRUNERS = ("pareto", "pareto-eager", "median", "none")
-OBJECTIVES = ("pareto", "ppl")
-FAMILIES = ("ilr", "block")
+# pareto: validation perplexity against FLOPs; ppl: perplexity alone (the budget only a constraint); answer: the
+# perplexity of the answer tokens of prompt/answer rows (DataConfig.answer_column) against FLOPs.
+OBJECTIVES = ("pareto", "ppl", "answer")
+# The map families of a study: ilr (per-layer reuse counts, the sampler's), block (block recurrence blockK, the whole
+# stack run K times, trained as reference runs) and blocks (one contiguous block run R times, block:I-J:R, the
+# sampler's; off by default).
+FAMILIES = ("ilr", "block", "blocks")
+TRIAL_FAMILIES = ("ilr", "blocks")  # the families whose maps the trials propose
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "fp32", "bf16")
 LR_SCHEDULES = ("cosine", "wsd")
@@ -87,7 +117,8 @@ EQUAL_COMPUTE = ("depth", "off")
 class DataConfig:
     corpus: str = "stdlib"
     tokenizer: str = "byte"
-    text_column: str = "text"
+    text_column: str = "text"  # the text of a document; with answer_column, the prompt of a prompt/answer row
+    answer_column: str = ""  # "": documents of text; else rows of prompt and answer, whose loss is on the answer only
     val_fraction: float = 0.05
     max_train_tokens: int = 0  # 0: the whole training split; else a cap (e.g. for epochs over a fixed sample)
 
@@ -172,6 +203,39 @@ class SearchConfig:
     enqueue: tuple[str, ...] = ()
 
 
+# The largest value of each size a space accepts, from its TOML or a flag alike (space.validate_space checks them
+# before anything is allocated, trained or stored): (section, TOML key) -> maximum. Beyond them a model could not
+# be allocated, a run would not end, or a count would not fit a database's integer. The race's length (target x
+# steps) is held to the steps' maximum too, and `run --workers` to WORKERS_MAX.
+SIZE_MAXIMA: dict[tuple[str, str], int | float] = {
+    ("model", "layers"): 1024,
+    ("model", "d_model"): 65_536,
+    ("model", "heads"): 1024,
+    ("model", "seq_len"): 1_048_576,
+    ("model", "mlp_ratio"): 64,
+    ("model", "init_depth"): 1024 * 64,  # layers x max_reuse: the deepest map
+    ("train", "steps"): 10**9,
+    ("train", "batch_size"): 65_536,
+    ("train", "grad_accum"): 65_536,
+    ("train", "warmup_steps"): 10**9,
+    ("train", "eval_windows"): 1_000_000,
+    ("train", "checkpoint_every"): 10**9,
+    ("data", "max_train_tokens"): 10**15,
+    ("search", "n_trials"): 100_000,
+    ("search", "max_reuse"): 64,
+    ("search", "race_seeds"): 1000,
+    ("search", "max_seeds"): 1000,
+    ("search", "race_contenders"): 1000,
+    ("search", "race_screen"): 1000,
+    ("search", "max_race_steps"): 10**15,
+    ("search", "fuse"): 1024,
+    ("search", "noise_seeds"): 1000,
+    ("search", "prune_warmup"): 100_000,
+    ("search", "prune_calibration_maps"): 100_000,
+}
+WORKERS_MAX = 1024
+
+
 # The version of the stored configuration's layout (SpaceConfig.to_dict, and the study configuration plan.py
 # stores). 0: no `schema_version` key, what every study stored before this field existed; 1: the same sections
 # and keys, with the version written. A later layout gets a new number and its own reading in from_dict.
@@ -179,7 +243,7 @@ SPACE_SCHEMA_VERSION = 1
 
 
 # What a stored configuration that lacks a key ran with (versions 0 and 1 alike). A study leaves the knob
-# fields out while they are off and the race settings out at these values, so that a study made before they
+# fields out while they are off, the answer column out while there is none, and the race settings out at these values, so that a study made before they
 # existed keeps its configuration and its derived name: the study made by commit eeb668a
 # (tests/fixtures/study-eeb668a.sql) has no knob field, no searched knob and no race setting, and it ran with
 # the knobs off (today's model, so none of its trials has a knob) and is raced on resume at target 4, 3 seeds, 3
@@ -191,11 +255,19 @@ SPACE_SCHEMA_VERSION = 1
 # from this table that a section lacks take the dataclass's default (a study stores what changes its results,
 # not e.g. the device).
 STORED_OMITTED_DEFAULTS: dict[str, dict[str, Any]] = {
-    "model": dict(KNOB_FIELD_DEFAULTS),
+    "model": KNOB_FIELD_DEFAULTS | ARCHITECTURE_FIELD_DEFAULTS,
+    "data": {"answer_column": ""},
     "train": {"dtype": "fp32", "lr_schedule": "cosine", "warmup_steps": 0, "cooldown_frac": 0.2},
     "search": {"knobs": (), "target": 4.0, "race_seeds": 3, "race_contenders": 3, "race_policy": "fixed",
                "max_seeds": 3, "race_screen": 3, "equal_compute": "off"},
 }
+
+
+def without_omitted_defaults(section: str, values: Mapping[str, Any]) -> dict[str, Any]:
+    """A section's values (SpaceConfig.to_dict's) without the keys at their STORED_OMITTED_DEFAULTS value: what a
+    study stores of that section."""
+    omitted = STORED_OMITTED_DEFAULTS.get(section, {})
+    return {k: v for k, v in values.items() if k not in omitted or v != omitted[k]}
 
 
 def _section(cls: type, stored: Mapping[str, Any], omitted: Mapping[str, Any]) -> Any:

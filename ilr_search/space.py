@@ -20,8 +20,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from ilr_search.config import DEVICES, DTYPES, EQUAL_COMPUTE, FAMILIES, LR_SCHEDULES, OBJECTIVES, PRUNERS, RACE_POLICIES, \
-    SAMPLERS, DataConfig, SearchConfig, SpaceConfig, TrainConfig
+from ilr_search.config import DEVICES, DTYPES, EQUAL_COMPUTE, FAMILIES, TRIAL_FAMILIES, LR_SCHEDULES, OBJECTIVES, PRUNERS, \
+    RACE_POLICIES, SAMPLERS, SIZE_MAXIMA, DataConfig, SearchConfig, SpaceConfig, TrainConfig
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import check_knobs
 
@@ -175,10 +175,34 @@ def races_at_all(search: SearchConfig) -> bool:
     return search.target > 1 or search.race_seeds > 1
 
 
+def check_sizes(space: SpaceConfig) -> None:
+    """Every size at most its SIZE_MAXIMA (the race's length too): checked first, before anything is sized from
+    them. The SpaceError names the section, so that load_space names the flag that set it."""
+    for (section, key), maximum in SIZE_MAXIMA.items():
+        keys = _SECTIONS[section][1]
+        value = getattr(getattr(space, section), keys[key])
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > maximum:
+            detail = f"{key} must be at most {maximum:,}, got {value}"
+            raise SpaceError(f"[{section}] of {space.source or 'space'}: {detail}", section, detail)
+    t, s = space.train, space.search
+    if isinstance(s.target, (int, float)) and math.isfinite(s.target) and t.steps * s.target > SIZE_MAXIMA["train", "steps"]:
+        raise SpaceError(f"the race's length (target {s.target:g}x of {t.steps} steps) must be at most "
+                         f"{SIZE_MAXIMA['train', 'steps']:,} steps; give a smaller --target or --steps")
+
+
+def check_search_objective(space: SpaceConfig) -> None:
+    """A search's objective and its data agree: answer rows (an answer column) are searched by the answer
+    objective, and only they are, so that a study's objective always names what its perplexities are of."""
+    if space.data.answer_column and space.search.objective != "answer":
+        raise SpaceError(f"--answer-column makes the loss the answer tokens'; search it with --objective answer "
+                         f"(not {space.search.objective})")
+
+
 def validate_space(space: SpaceConfig) -> None:
+    check_sizes(space)
     t, s = space.train, space.search
     checks = [
-        (t.steps >= 1, f"steps must be at least 1, got {t.steps}"),
+        (t.steps >= 0, f"steps must be 0 (frozen, with --init) or positive, got {t.steps}"),
         (t.batch_size >= 1, f"batch size must be at least 1, got {t.batch_size}"),
         (t.grad_accum >= 1, f"grad_accum must be at least 1, got {t.grad_accum}"),
         (t.lr > 0, f"learning rate must be positive, got {t.lr}"),
@@ -194,8 +218,10 @@ def validate_space(space: SpaceConfig) -> None:
         (t.device in DEVICES, f"unknown device {t.device!r}; use one of {', '.join(DEVICES)}"),
         (t.dtype in DTYPES, f"unknown dtype {t.dtype!r}; use one of {', '.join(DTYPES)}"),
         (s.max_reuse >= 1, f"max_reuse must be at least 1, got {s.max_reuse}"),
-        (set(s.families) <= set(FAMILIES) and "ilr" in s.families,
-         f"families must include 'ilr' and may add 'block', got {list(s.families)}"),
+        (set(s.families) <= set(FAMILIES) and bool(set(s.families) & set(TRIAL_FAMILIES)),
+         f"families must include 'ilr' or 'blocks' (or both) and may add 'block', got {list(s.families)}"),
+        ("blocks" not in s.families or s.sampler != "grid",
+         "the grid sampler searches per-layer counts only; use another sampler with families 'blocks'"),
         (s.n_trials >= 1, f"n-trials must be at least 1, got {s.n_trials}"),
         (s.sampler in SAMPLERS, f"unknown sampler {s.sampler!r}; use one of {', '.join(SAMPLERS)}"),
         (s.pruner in PRUNERS, f"unknown pruner {s.pruner!r}; use one of {', '.join(PRUNERS)}"),
@@ -221,6 +247,11 @@ def validate_space(space: SpaceConfig) -> None:
          f"fuse (maps trained at once in one fused group) must be at least 1 or \"auto\", got {s.fuse!r}"),
         (isinstance(s.enqueue, tuple) and all(isinstance(e, str) for e in s.enqueue), f"[search] enqueue must be a list of strings like \"3,2,2,1\", got {list(s.enqueue)}"),
         (0 < space.data.val_fraction < 1, f"val_fraction must be in (0, 1), got {space.data.val_fraction}"),
+        (s.objective != "answer" or bool(space.data.answer_column),
+         "--objective answer needs --answer-column NAME (the answer column of the prompt/answer rows of --data)"),
+        (not space.data.answer_column or space.data.corpus != "stdlib",
+         f"--answer-column {space.data.answer_column!r}: the embedded corpus (stdlib) has no rows; give --data a "
+         ".jsonl/.parquet/.csv file or hf:NAME of prompt/answer rows"),
     ]
     for ok, message in checks:
         if not ok:

@@ -5,7 +5,9 @@ of the wrong types, maps above max_reuse in flops and train, run and its dry run
 flops without the training's flags."""
 
 import io
+import json
 import os
+import re
 import subprocess
 import sys
 from importlib import metadata
@@ -49,7 +51,7 @@ def test_tables_at_80_columns_keep_maps_and_study_names_whole(monkeypatch):
         assert sum(",".join(map(str, m)) in line and "│" in line for line in lines) == 1
     for n in names:
         assert any(n in line for line in lines)
-    for number in ("5.823", "1.476", "1000"):  # values are never split either
+    for number in ("5.823", "1.48x", "1000"):  # values are never split either
         assert number in text
 
 
@@ -70,7 +72,7 @@ def test_a_bad_space_file_is_still_named(cli, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("args", [["train", "--steps", "0"], ["run", "--budget", "0.5x"],
+@pytest.mark.parametrize("args", [["train", "--steps", "-1"], ["run", "--budget", "0.5x"],
                                   ["audit", "--factor", "0"], ["bench", "build", "--space", "bench-small", "--out", "x.txt"]])
 def test_no_blank_line_before_an_error(console, tmp_path, args):
     proc = console(*args, "--storage", f"sqlite:///{tmp_path / 'r.db'}") if args[0] in ("run", "audit") else console(*args)
@@ -95,9 +97,12 @@ print("loaded:", *loaded, "optuna verbosity:", optuna.logging.get_verbosity())
 @pytest.mark.parametrize("args, printed", [
     (["--help"], "loaded: optuna verbosity: 20"),  # help loads neither Optuna nor torch (20: Optuna's default)
     (["run", "--help"], "loaded: optuna verbosity: 20"),
-    (["studies", "--storage", "sqlite:///none.db"], "loaded: optuna optuna verbosity: 40"),  # a command: errors only
+    (["studies", "--storage", "sqlite:///s.db"], "loaded: optuna optuna verbosity: 40"),  # a command: errors only
 ])
 def test_help_loads_no_optuna_and_a_command_quiets_it(tmp_path, args, printed):
+    import optuna
+
+    optuna.create_study(study_name="s", storage=f"sqlite:///{tmp_path / 's.db'}")
     proc = subprocess.run([sys.executable, "-c", MAIN_THEN_LOADED, *args], cwd=tmp_path, capture_output=True,
                           text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -196,3 +201,129 @@ def test_flops_takes_the_model_options_only(cli):
     train = cli("train", "--help", check=True).stdout
     assert all(flag in train for flag in TRAINING_FLAGS + ["--layers", "--tokenizer"])
     assert_one_line_error(cli("flops", "--steps", "10"))
+
+
+HUGE = "99999999999999999999"  # beyond a 64-bit integer
+TOO_LARGE = [  # (arguments, what the error says): every size refused before anything is allocated or trained
+    (["flops", "--layers", HUGE], "layers must be at most 1,024"),
+    (["flops", "--layers", "10000000"], "layers must be at most 1,024"),
+    (["flops", "--d-model", "131072", "--heads", "4"], "d_model must be at most 65,536"),
+    (["flops", "--seq-len", HUGE], "seq_len must be at most 1,048,576"),
+    (["flops", "--block", HUGE], "above the space's max_reuse"),
+    (["train", "--steps", HUGE], "steps must be at most 1,000,000,000"),
+    (["train", "--batch-size", HUGE], "batch_size must be at most 65,536"),
+    (["run", "--budget", "2x", "--n-trials", HUGE], "at most 100,000"),
+    (["run", "--budget", "2x", "--workers", HUGE], "--workers must be 1 to 1,024"),
+    (["run", "--budget", "2x", "--fuse", HUGE], "at most 1,024"),
+    (["run", "--budget", "2x", "--target", "1e300x"], "must be at most 1,000,000,000 steps"),
+    (["run", "--budget", "2x", "--race-seeds", HUGE], "race_seeds must be at most 1,000"),
+]
+
+
+@pytest.mark.parametrize("args, says", TOO_LARGE, ids=lambda a: " ".join(a) if isinstance(a, list) else None)
+def test_sizes_above_their_maximum_are_one_error_line(cli, tmp_path, args, says):
+    storage = ["--storage", f"sqlite:///{tmp_path / 'r.db'}"] if args[0] == "run" else []
+    proc = cli(*args, "--space", str(TINY_SPACE), *storage)
+    assert_one_line_error(proc)
+    assert says in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_space_file_above_a_maximum_is_refused_as_the_flag_is(cli, tmp_path):
+    space = write_space(tmp_path / "big.toml", search={"max_reuse": 1000})
+    proc = cli("flops", "--space", str(space))
+    assert_one_line_error(proc)
+    assert "max_reuse must be at most 64, got 1000" in proc.stderr and "big.toml" in proc.stderr
+
+
+def test_studies_of_a_missing_storage_is_an_error_and_creates_nothing(cli, tmp_path):
+    for command in ("studies", "trials"):
+        proc = cli(command, "--storage", f"sqlite:///{tmp_path / 'missing.db'}")
+        assert_one_line_error(proc)
+        assert "does not exist yet" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args", [["pareto", "--out", "front.docx"], ["export", "--out", "trials.xlsx"],
+                                  ["audit", "--factor", "0"], ["recipe", "--out", "recipe.docx"]], ids=" ".join)
+def test_the_default_study_is_not_announced_before_an_error(cli, tmp_path, args):
+    import optuna
+
+    db = tmp_path / "s.db"
+    optuna.create_study(study_name="only", storage=f"sqlite:///{db}")
+    before = db.read_bytes()
+    proc = cli(*args, "--storage", f"sqlite:///{db}")
+    assert_one_line_error(proc)  # the error line alone: no "study only (the only study in ...)" line
+    assert db.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["s.db"]
+
+
+def test_a_mysql_storage_without_its_driver_names_a_mysql_driver(cli):
+    proc = cli("studies", "--storage", "mysql://user@127.0.0.1:9/db")
+    assert_one_line_error(proc)
+    assert "mysqlclient" in proc.stderr and "postgres" not in proc.stderr.lower()
+
+
+def in_terminal(args: list[str], columns: int, cwd, env: dict) -> str:
+    """What `python -m ilr_search ARGS` prints on stdout in a real pseudo-terminal `columns` wide (COLUMNS set and
+    the window size too); stderr goes to a pipe."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    main, secondary = pty.openpty()
+    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    proc = subprocess.Popen([sys.executable, "-m", "ilr_search", *args], stdin=subprocess.DEVNULL, stdout=secondary,
+                            stderr=subprocess.PIPE, cwd=cwd, env={**env, "COLUMNS": str(columns), "LINES": "50"})
+    os.close(secondary)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # EIO: the process closed its end
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    _, stderr = proc.communicate(timeout=300)
+    os.close(main)
+    assert proc.returncode == 0, stderr.decode()[-2000:]
+    return re.sub(r"\x1b\[[0-9;]*m", "", b"".join(chunks).decode().replace("\r\n", "\n"))  # no colours
+
+
+@pytest.fixture(scope="module")
+def eight_layer_study(tmp_path_factory, token_cache):
+    """A real study of 8 layers (maps 15 characters wide) under its derived name (39 characters): 3 trials, no race."""
+    root = tmp_path_factory.mktemp("wide")
+    space = write_space(root / "space.toml", search=NO_REFERENCES)
+    db = root / "s.db"
+    env = {**os.environ, "ILR_SEARCH_CACHE": str(token_cache)}
+    proc = subprocess.run([sys.executable, "-m", "ilr_search", "run", "--space", str(space), "--layers", "8",
+                           "--budget", "1.5x", "--steps", "4", "--n-trials", "3", "--storage", f"sqlite:///{db}",
+                           "--json"], cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads(proc.stdout)
+    trials = json.loads(subprocess.run([sys.executable, "-m", "ilr_search", "trials", "--storage", f"sqlite:///{db}",
+                                        "--json"], cwd=root, env=env, capture_output=True, text=True,
+                                       timeout=300).stdout)["trials"]
+    return root, db, env, summary["study"], [",".join(map(str, t["reuse_map"])) for t in trials]
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_tables_in_a_terminal_keep_the_study_name_and_maps_whole(eight_layer_study, columns):
+    root, db, env, study, maps = eight_layer_study
+    assert len(study) >= 36 and all(len(m) == 15 for m in maps)
+    for command in ("studies", "trials", "pareto"):
+        text = in_terminal([command, "--storage", f"sqlite:///{db}"], columns, root, env)
+        lines = text.splitlines()
+        assert max(len(line) for line in lines if line[:1] in "┏┃┡│└") <= columns, text  # (a verdict line soft-wraps)
+        assert any(study in line for line in lines), text  # the name --study takes, unbroken
+        if command == "trials":
+            for m in maps:
+                assert sum(m in line for line in lines) >= 1, (m, text)
+        for line in lines:
+            if line.startswith("┃"):  # a header row: words folded whole, never a letter a line
+                cells = [c.strip() for c in line.strip("┃").split("┃")]
+                assert all(len(c) != 1 or c in ("p", "n") for c in cells), line
+                assert not any("_" in c for c in cells), line
+    assert "1.00x" in in_terminal(["pareto", "--storage", f"sqlite:///{db}"], columns, root, env)

@@ -85,3 +85,33 @@ def test_a_new_study_stores_the_version_and_an_old_one_keeps_its_derived_name():
     read = StoredConfig.from_dict(plan.config)
     assert read.schema_version == SPACE_SCHEMA_VERSION and read.space.model == plan.model
     assert read.space.train.dtype == plan.dtype and read.space.search.target == plan.space.search.target
+
+
+def test_the_architecture_options_are_stored_only_when_set_and_read_back():
+    from ilr_search.config import ARCHITECTURE_FIELD_DEFAULTS, ModelConfig
+    from ilr_search.search.plan import StoredConfig, plan_study
+    from ilr_search.space import load_space
+    from conftest import TINY_SPACE
+
+    plain = plan_study(load_space(TINY_SPACE), "1.5x", None)
+    assert not set(ARCHITECTURE_FIELD_DEFAULTS) & set(plain.config["model"])
+    assert set(ARCHITECTURE_FIELD_DEFAULTS) <= {f.name for f in dataclasses.fields(ModelConfig)}
+    options = {"n_kv_heads": 2, "head_dim": 8, "tie_embeddings": False, "qkv_bias": True, "qk_norm": True}
+    space = load_space(TINY_SPACE)
+    planned = plan_study(dataclasses.replace(space, model=dataclasses.replace(space.model, **options)), "1.5x", None)
+    assert {k: planned.config["model"][k] for k in options} == options and planned.name != plain.name
+    assert StoredConfig.from_dict(planned.config).space.model == planned.model
+
+
+def test_the_architecture_options_are_checked():
+    import pytest
+
+    from ilr_search.config import ModelConfig
+
+    cfg = ModelConfig(d_model=32, n_heads=4, n_kv_heads=2, head_dim=6)
+    assert (cfg.kv_heads, cfg.head_size) == (2, 6) and (ModelConfig().kv_heads, ModelConfig().head_size) == (4, 8)
+    assert ModelConfig(d_model=30, n_heads=4, head_dim=8).head_size == 8  # an explicit head size need not divide
+    for bad, words in (({"n_kv_heads": 3}, "not divisible by key/value heads"), ({"head_dim": 5}, "even head size"),
+                       ({"n_kv_heads": -1}, "n_kv_heads"), ({"d_model": 30}, "not divisible by heads")):
+        with pytest.raises(ValueError, match=words):
+            ModelConfig(**{"d_model": 32, "n_heads": 4, **bad})

@@ -1,6 +1,10 @@
-"""`run --dry-run`: the plan and a probed time estimate, and nothing written (no storage, no study, no tokens)."""
+"""`run --dry-run`: the plan and a probed time estimate, and nothing written (no storage, no study, no tokens); on
+a finished study nothing left, on a partly done one what is left, from a probe of positive step times."""
 
 import json
+import os
+import subprocess
+import sys
 
 import optuna
 import pytest
@@ -42,3 +46,51 @@ def test_dry_run_does_not_create_a_study_in_an_existing_storage(cli, tmp_path):
     assert (tmp_path / "r.db").stat().st_size == size
     assert_one_line_error(cli("run", "--space", str(space), "--budget", "2x", "--storage", url, "--study", "other",
                               "--dry-run"))  # not an ilr-search study: refused as `run` refuses it
+
+
+FINISHED_ARGS = ["--budget", "2x", "--steps", "8", "--target", "2x", "--equal-compute", "off", "--max-seeds", "3"]
+
+
+@pytest.fixture(scope="module")
+def finished_study(tmp_path_factory, token_cache):
+    """A tiny study run to its end: 3 trials of 8 steps, then a race at 16 steps that decides."""
+    root = tmp_path_factory.mktemp("finished")
+    space = write_space(root / "space.toml", search=NO_REFERENCES)
+    db = root / "s.db"
+    args = ["--space", str(space), *FINISHED_ARGS, "--storage", f"sqlite:///{db}"]
+    proc = subprocess.run([sys.executable, "-m", "ilr_search", "run", *args, "--n-trials", "3", "--json"], cwd=root,
+                          env={**os.environ, "ILR_SEARCH_CACHE": str(token_cache)}, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["race"]["done"]
+    return db, args
+
+
+@pytest.mark.slow
+def test_the_dry_run_of_a_finished_study_says_nothing_is_left(cli, finished_study):
+    db, args = finished_study
+    before = db.read_bytes()
+    plan = json.loads(cli("run", *args, "--n-trials", "3", "--dry-run", "--json", check=True).stdout)
+    assert plan["finished"] and plan["left"] == "nothing is left to train: the study is finished"
+    assert plan["trials_to_train"] == 0 and plan["references_to_train"] == []
+    assert plan["race"]["decided"] and plan["race"]["runs_max"] == 0 and "estimated_seconds" not in plan
+    text = cli("run", *args, "--n-trials", "3", "--dry-run", check=True).stdout
+    assert "nothing is left to train: the study is finished" in text and "estimated time" not in text
+    assert db.read_bytes() == before
+
+
+@pytest.mark.slow
+def test_the_dry_run_of_a_partly_done_study_plans_what_is_left_from_a_positive_probe(cli, finished_study):
+    db, args = finished_study
+    before = db.read_bytes()
+    plan = json.loads(cli("run", *args, "--n-trials", "4", "--dry-run", "--json", check=True).stdout)
+    assert not plan["finished"] and plan["left"] is None
+    assert plan["trials_to_train"] == 1 and plan["finished_trials"] == 3
+    assert not plan["race"]["decided"] and plan["race"]["steps_trained"] > 0
+    for probe in plan["probe"]:
+        assert probe["seconds_per_step"] > 0 and probe["seconds_per_eval"] > 0
+        assert len(probe["step_seconds"]) == 7 and all(s > 0 for s in probe["step_seconds"])
+    assert 0 < plan["estimated_seconds"] <= plan["estimated_seconds_max"]
+    text = cli("run", *args, "--n-trials", "4", "--dry-run", check=True).stdout
+    assert " 0.0 ms" not in text and "race time" not in text and text.count("estimated time left") == 1
+    assert db.read_bytes() == before

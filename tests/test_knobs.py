@@ -54,7 +54,7 @@ def reference_logits(model: ILRTransformer, idx: torch.Tensor, schedule: list[in
     rope, alibi = None, None
     if cfg.pe == "rope":
         from ilr_search.training.model import rope_tables
-        rope = rope_tables(T, cfg.head_dim, cfg.rope_base, idx.device)
+        rope = rope_tables(T, cfg.head_size, cfg.rope_base, idx.device)
     if cfg.pe == "alibi":
         from ilr_search.training.model import alibi_bias
         alibi = alibi_bias(cfg.n_heads, T, idx.device)

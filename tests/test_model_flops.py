@@ -40,6 +40,36 @@ def test_analytic_flops_match_flop_counter(pe):
     assert params == {param_count(cfg)}
 
 
+# The options of pretrained architectures (training/pretrained.py), alone and together.
+ARCHITECTURE_OPTIONS = [{"n_kv_heads": 2}, {"n_kv_heads": 1}, {"head_dim": 12}, {"tie_embeddings": False},
+                        {"qkv_bias": True}, {"qk_norm": True},
+                        {"n_kv_heads": 2, "head_dim": 6, "tie_embeddings": False, "qkv_bias": True, "qk_norm": True}]
+
+
+@pytest.mark.parametrize("kw", ARCHITECTURE_OPTIONS)
+def test_analytic_flops_and_params_of_the_architecture_options(kw):
+    cfg = tiny("rope", **kw)
+    torch.manual_seed(0)
+    model = ILRTransformer(cfg)
+    x = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len))
+    for name, schedule in SCHEDULES.items():
+        counted = count_flops(model, x, schedule) / x.numel()
+        analytic = forward_flops_per_token(cfg, schedule)
+        assert abs(counted - analytic) / analytic < 0.01, (kw, name, counted, analytic)
+    assert param_count(cfg) == model.num_params()
+
+
+def test_the_architecture_options_change_the_count_as_their_shapes_say():
+    base = tiny("rope")
+    D, L, V = 32, 4, 256
+    assert param_count(tiny("rope", tie_embeddings=False)) == param_count(base) + V * D
+    assert forward_flops_per_token(tiny("rope", tie_embeddings=False), range(L)) == forward_flops_per_token(base, range(L))
+    assert param_count(tiny("rope", qk_norm=True)) == param_count(base) + L * 2 * 8
+    assert param_count(tiny("rope", qkv_bias=True)) == param_count(base) + L * 3 * D
+    assert param_count(tiny("rope", n_kv_heads=2)) == param_count(base) - L * 2 * D * (D // 2)
+    assert param_count(tiny("rope", head_dim=8)) == param_count(base)  # 4 heads of 8 = d_model: the default
+
+
 @pytest.mark.parametrize("kw", [{}, {"mlp_ratio": 2.5}, {"injection": "gated", "max_reuse": 3},
                                 {"injection": "add"}, {"iteration_encoding": True, "max_reuse": 4},
                                 {"iteration_norms": True, "max_reuse": 3}, {"iteration_norms": True, "max_reuse": 1}])
@@ -66,7 +96,7 @@ def test_reuse_map_equals_running_the_layer_by_hand(pe):
         if model.pos_embed is not None:
             h = h + model.pos_embed(torch.arange(cfg.seq_len))
         from ilr_search.training.model import alibi_bias, rope_tables
-        rope = rope_tables(cfg.seq_len, cfg.head_dim, cfg.rope_base, x.device) if pe == "rope" else None
+        rope = rope_tables(cfg.seq_len, cfg.head_size, cfg.rope_base, x.device) if pe == "rope" else None
         alibi = alibi_bias(cfg.n_heads, cfg.seq_len, x.device) if pe == "alibi" else None
         plain = h
         for layer in model.layers:

@@ -41,19 +41,20 @@ from typing import Any
 
 from ilr_search.analysis.map_key import MapKey
 from ilr_search.analysis.pareto import non_dominated
-from ilr_search.analysis.results import DEEP_PREFIX, deep_key, is_deep_key
+from ilr_search.analysis.results import DEEP_PREFIX, deep_key, is_deep_key, key_reuse_map
 from ilr_search.analysis.race_core import (CANNOT_WIN, DECIDED_AGAINST, Comparison, Evaluation, FrontPoint, RaceJob,
-                                           RaceSettings, RaceState, Results, base_results, choose_contenders, collect,
-                                           race_compute)
+                                           RaceSettings, RaceState, RaceWords, Results, base_results,
+                                           choose_contenders, collect, race_compute)
 from ilr_search.analysis.sequential import SequentialTest, detectable_gap, t_statistic
 from ilr_search.analysis.stats import decision_level, paired_comparison, rank_agreement, seed_interval
 
 DETECTION_POWER = 0.8
 
 
-def layer_runs(map_key: str) -> int:
-    """The layers a reuse map's schedule runs (its counts' sum); a key's knob part (after '|') is ignored."""
-    return MapKey.parse(map_key).map.layer_runs
+def layer_runs(map_key: str, n_layers: int | None = None) -> int:
+    """The layers a map's schedule runs (a reuse map's counts' sum); a key's knob part (after '|') is ignored. A
+    block map's key needs the model's `n_layers`."""
+    return MapKey.parse(map_key, n_layers).map.layer_runs
 
 
 def _finite(value: float | None) -> bool:
@@ -117,7 +118,7 @@ def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSetting
     if early is not None:
         return early
     results = collect(evaluations)
-    target, first = settings.target_steps, settings.seeds[0]
+    target, first, words = settings.target_steps, settings.seeds[0], settings.words
     compute = race_compute(evaluations, settings)
     cap = settings.max_steps
 
@@ -134,9 +135,9 @@ def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSetting
         if _finite(loss):
             screen_losses[k] = float(loss)  # type: ignore[arg-type]
         else:
-            eliminated[k] = f"diverged at {target} steps, seed {first}"
+            eliminated[k] = f"diverged {words.at(target)}, {words.one(first)}"
     if baseline_key in screened and baseline_key not in screen_losses:
-        return _ended(f"the baseline {baseline_key} diverged at {target} steps: nothing to race against",
+        return _ended(f"the baseline {baseline_key} diverged {words.at(target)}: nothing to race against",
                       eliminated, not_raced, compute, target)
     agreement = screen_agreement(list(screen_losses), base_losses, screen_losses)
     agree = (agreement["maps"] >= settings.calibration and agreement["spearman"] is not None
@@ -162,7 +163,7 @@ def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSetting
         if fits(wave):
             return RaceState(alive=tuple(waiting), eliminated=eliminated, next_jobs=tuple(wave), not_raced=not_raced,
                              level_steps=target, compute_steps=compute, screen=screen,
-                             verdict=f"(race open at {target} steps) screening {len(waiting)} map(s) at seed {first}")
+                             verdict=f"(race open {words.at(target)}) screening {len(waiting)} map(s) at {words.one(first)}")
         screen["capped"] = [k for k in waiting]
         for k in waiting:
             eliminated[k] = f"not screened: the compute cap ({cap} steps) was reached"
@@ -171,7 +172,7 @@ def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSetting
     contenders = choose_contenders(screen_losses, results.flops, baseline_key, settings.max_contenders)
     for k in screen_losses:
         if k not in contenders:
-            eliminated[k] = (f"screened at {target} steps (seed {first}, loss {screen_losses[k]:.4f}): not among the "
+            eliminated[k] = (f"screened {words.at(target)} ({words.one(first)}, loss {screen_losses[k]:.4f}): not among the "
                              f"{settings.max_contenders} maps nearest the target's front")
     # 4. seeds at the target, tested on seeds[1:]
     pool = settings.seeds[1:]
@@ -193,11 +194,11 @@ def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSetting
     for k, c in comparisons.items():
         diverged = [s for s in results.diverged_at(k, target) if s in pool]
         if diverged:
-            comparisons[k] = _with(c, "diverged", f"diverged at {target} steps, seed {diverged[0]}")
+            comparisons[k] = _with(c, "diverged", f"diverged {words.at(target)}, {words.one(diverged[0])}")
         if comparisons[k].status in DECIDED_AGAINST:
             eliminated[k] = comparisons[k].why
     best = _best_recurrent(comparisons, results, target)
-    deep = deep_key(layer_runs(best)) if settings.equal_compute and best is not None else None
+    deep = deep_key(layer_runs(best, len(key_reuse_map(baseline_key)))) if settings.equal_compute and best is not None else None
     jobs = _seed_wave(comparisons, results, baseline_key, target, pool, first_look) if testable else []
     stopped = ""
     reserve = _deep_jobs(deep, best, results, target, jobs)
@@ -215,7 +216,7 @@ def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSetting
             stopped = stopped or f"the compute cap ({cap} steps) was reached"
     done = not jobs
     if done and not stopped:
-        stopped = _why_done(list(comparisons.values()), testable, first_look, len(pool))
+        stopped = _why_done(list(comparisons.values()), testable, first_look, len(pool), words)
     alive = sorted((k for k in contenders if k not in eliminated), key=lambda k: (_mean(results, k, target), k))
     front = _front(alive, results, target, settings.confidence, tuple(claims))
     better = tuple(sorted(claims, key=lambda k: (comparisons[k].mean_diff or 0.0, k)))
@@ -249,6 +250,7 @@ def _compare(key: str, results: Results, baseline_key: str, target: int, seeds: 
              settings: RaceSettings, claims: Mapping[str, tuple[float, int]], open_level: float, first_look: int,
              max_n: int) -> Comparison:
     mine, base = results.at(key, target), results.at(baseline_key, target)
+    words = settings.words
     c = paired_comparison({s: mine[s] for s in seeds}, {s: base[s] for s in seeds}, settings.confidence)
     t = t_statistic(diffs)
     level, decided_at = claims.get(key, (open_level, None))
@@ -259,20 +261,20 @@ def _compare(key: str, results: Results, baseline_key: str, target: int, seeds: 
                   sd_diff=c.sd_diff, interval=c.interval, p_value=c.p_value, t=t, level=level, boundary=boundary)
     if decided_at is not None:
         return Comparison(**common, status="better", decided_at=decided_at,
-                          why=f"better than the baseline at {target} steps: a sequential paired t test at level "
-                              f"{level:.3g} claimed it after {decided_at} seeds")
+                          why=f"better than the baseline {words.at(target)}: a sequential paired t test at level "
+                              f"{level:.3g} claimed it after {words.count(decided_at)}")
     if t is not None and len(seeds) >= first_look:
         from scipy.stats import t as student
 
         if t < -float(student.ppf(1 - settings.futility, len(seeds) - 1)):
             bound = float(student.ppf(1 - settings.futility, len(seeds) - 1))
             return Comparison(**common, status=CANNOT_WIN,
-                              why=f"stopped: cannot win against the baseline at {target} steps: its loss is "
-                                  f"{c.mean_diff:.4f} above the baseline's on average over {len(seeds)} seeds, "
+                              why=f"stopped: cannot win against the baseline {words.at(target)}: its loss is "
+                                  f"{c.mean_diff:.4f} above the baseline's on average over {words.count(len(seeds))}, "
                                   f"{-t:.2f} standard errors past even, more than the {bound:.2f} at which a "
                                   f"later claim becomes unlikely (futility level {settings.futility:g})")
     if len(seeds) >= max_n:
-        return Comparison(**common, status="undecided", why=f"undecided after the pool's {max_n} test seeds")
+        return Comparison(**common, status="undecided", why=f"undecided after the pool's {words.count(max_n, test=True)}")
     return Comparison(**common, status="open")
 
 
@@ -295,8 +297,8 @@ def _stop_dominated(comparisons: dict[str, Comparison], results: Results, target
             theirs = {s: v for s, v in results.at(o, target).items() if s in settings.seeds[1:]}
             test = paired_comparison(theirs, mine, settings.confidence)
             if test.n >= first_look and test.a_better:
-                comparisons[k] = _with(c, "dominated", f"{o} better than {k} at {target} steps: loss difference "
-                                                       f"{test.mean_diff:+.4f} over {test.n} seeds, one-sided paired "
+                comparisons[k] = _with(c, "dominated", f"{o} better than {k} {settings.words.at(target)}: loss difference "
+                                                       f"{test.mean_diff:+.4f} over {settings.words.count(test.n)}, one-sided paired "
                                                        f"t p={test.p_value:.3g} < {test.alpha:.3g}")
                 break
 
@@ -394,26 +396,28 @@ def _equal_compute(deep: str | None, best: str | None, results: Results, target:
     return out
 
 
-def _why_done(comparisons: Sequence[Comparison], testable: bool, first_look: int, max_n: int) -> str:
+def _why_done(comparisons: Sequence[Comparison], testable: bool, first_look: int, max_n: int,
+              words: RaceWords = RaceWords()) -> str:
     if not comparisons:
         return "no recurrent contender"
     if not testable:
-        return f"the pool has {max_n} test seed(s); a sequential test needs {first_look}"
+        return f"the pool has {words.count(max_n, test=True)}; a sequential test needs {first_look}"
     if all(c.status == "better" or c.status in DECIDED_AGAINST for c in comparisons):
         return "every comparison decided"
-    return f"the pool's {max_n} test seeds were spent"
+    return f"the pool's {words.count(max_n, test=True)} were spent"
 
 
 def _verdict(comparisons: Mapping[str, Comparison], better: Sequence[str], results: Results, baseline_key: str,
              target: int, settings: RaceSettings, done: bool, gap: dict[str, Any] | None,
              equal: dict[str, Any] | None, compute: int, stopped: str, contenders: Sequence[str]) -> str:
-    prefix = "" if done else f"(race open at {target} steps) "
+    words = settings.words
+    prefix = "" if done else f"(race open {words.at(target)}) "
     pct = round(settings.confidence * 100)
     base_ppl = math.exp(_mean(results, baseline_key, target))
     parts = []
     if not comparisons:
         text = (f"{prefix}no recurrent map was raced: the baseline {baseline_key} is the only contender"
-                if contenders == [baseline_key] else f"{prefix}no recurrent map reached the seeds at {target} steps")
+                if contenders == [baseline_key] else f"{prefix}no recurrent map reached the {words.plural} {words.at(target)}")
     elif better:
         claims = []
         for k in better:
@@ -422,33 +426,33 @@ def _verdict(comparisons: Mapping[str, Comparison], better: Sequence[str], resul
             low, high = (c.interval or (math.nan, math.nan))
             claims.append(f"{k} {ppl:.4f} ppl vs {base_ppl:.4f} ({ppl - base_ppl:+.4f} ppl, "
                           f"{100 * (ppl / base_ppl - 1):+.2f}%; loss difference {c.mean_diff:+.4f}, {pct}% interval "
-                          f"{low:+.4f} to {high:+.4f}, p={c.p_value:.3g} over {c.n} seeds)")
-        text = (f"{prefix}recurrence beats the baseline at {target} steps ({pct}% confidence: sequential paired t "
-                f"tests on seeds after the screen's, Holm over {len(comparisons)} map(s); differences: map minus baseline): "
-                + "; ".join(claims))
+                          f"{low:+.4f} to {high:+.4f}, p={c.p_value:.3g} over {words.count(c.n)})")
+        text = (f"{prefix}recurrence beats the baseline {words.at(target)} ({pct}% confidence: sequential paired t "
+                f"tests on {words.plural} after the screen's, Holm over {len(comparisons)} map(s); differences: map "
+                "minus baseline): " + "; ".join(claims))
     else:
         counts = sorted({c.n for c in comparisons.values()})
-        seeds = (f"{counts[0]} test seed{'s' if counts[0] != 1 else ''}" if len(counts) == 1
-                 else f"{counts[0]} to {counts[-1]} test seeds")
-        text = (f"{prefix}nothing here is distinguishable from the baseline at {target} steps with {seeds} "
-                f"after the screening seed ({pct}% confidence; differences: map minus baseline)")
+        seeds = (words.count(counts[0], test=True) if len(counts) == 1
+                 else f"{counts[0]} to {words.count(counts[-1], test=True)}")
+        text = (f"{prefix}nothing here is distinguishable from the baseline {words.at(target)} with {seeds} "
+                f"after the screening {words.unit} ({pct}% confidence; differences: map minus baseline)")
     if gap is not None:
         parts.append(f"gaps of {gap['ppl']:.4f} ppl ({gap['nats']:.4f} nats) or more would have been seen with "
-                     f"{round(100 * gap['power'])}% power ({gap['seeds']} test seeds, paired sd {gap['sd_diff']:.4f})")
+                     f"{round(100 * gap['power'])}% power ({words.count(gap['seeds'], test=True)}, paired sd {gap['sd_diff']:.4f})")
     ranked = [c for c in comparisons.values() if c.map_key not in better and c.mean_diff is not None]
     if comparisons and not better and ranked:
         c = min(ranked, key=lambda c: (c.mean_diff, c.map_key))
         gap_ppl = math.exp(_mean(results, c.map_key, target)) - base_ppl
         need = paired_comparison(*_pair(results, c, baseline_key, target), settings.confidence).seeds_needed()
         if c.sd_diff is None:
-            parts.append(f"closest {c.map_key} ({gap_ppl:+.4f} ppl at one seed)")
+            parts.append(f"closest {c.map_key} ({gap_ppl:+.4f} ppl at {words.count(1)})")
         elif need is None:
             parts.append(f"closest {c.map_key} ({gap_ppl:+.4f} ppl, sd of the paired loss difference "
-                         f"{c.sd_diff:.4f}): more than 1000 seeds would be needed to tell them apart")
+                         f"{c.sd_diff:.4f}): more than 1000 {words.plural} would be needed to tell them apart")
         else:
             who = f"{c.map_key} beats the baseline" if c.mean_diff < 0 else f"the baseline beats {c.map_key}"
             parts.append(f"closest {c.map_key} ({gap_ppl:+.4f} ppl, sd of the paired loss difference {c.sd_diff:.4f}): "
-                         f"if the gap holds, about {need} seeds at {target} steps would show {who}")
+                         f"if the gap holds, about {words.count(need)} {words.at(target)} would show {who}")
     if equal is not None and equal.get("map_minus_reference"):
         d = equal["map_minus_reference"]
         low, high = d["interval"] or (math.nan, math.nan)
@@ -456,8 +460,16 @@ def _verdict(comparisons: Mapping[str, Comparison], better: Sequence[str], resul
         parts.append(f"{equal['map']} against a plain {equal['layers']}-layer model of the same compute "
                      f"({equal['reference']}{share}): {d['ppl_diff']:+.4f} ppl (loss difference {d['mean_diff']:+.4f}, "
                      f"{pct}% interval {low:+.4f} to {high:+.4f}, over {len(d['seeds'])} seeds)")
-    parts.append(f"the race trained {compute} steps" + (f"; it stopped because {stopped}" if stopped and done else ""))
+    spent = (f"the race evaluated {words.count(len(_test_chunks(results, settings)))} beyond the screen's"
+             if settings.frozen else f"the race trained {compute} steps")
+    parts.append(spent + (f"; it stopped because {stopped}" if stopped and done else ""))
     return text + "; " + "; ".join(parts)
+
+
+def _test_chunks(results: Results, settings: RaceSettings) -> set[int]:
+    """The test seeds (window chunks) any map has a result at, at the target."""
+    return {seed for by_steps in results.losses.values() for seed in by_steps.get(settings.target_steps, {})
+            if seed in settings.seeds[1:]}
 
 
 def _pair(results: Results, c: Comparison, baseline_key: str, target: int) -> tuple[dict[int, float], dict[int, float]]:

@@ -96,6 +96,7 @@ def race_answer(state: RaceState, settings: RaceSettings, baseline_key: str, bas
     """The answer of a race (see the module docstring). `baseline_ppl`: the plain model's mean perplexity at
     the race's length (None before it has one); `unit`: what a replicate is called."""
     steps = state.level_steps or settings.target_steps
+    at = settings.words.at(steps)  # "at 2000 steps", or a frozen study's "on held-out windows"
     comparisons = {c.map_key: c for c in state.comparisons}
     details: list[str] = []
     claimed = state.best if state.done and state.best in state.confirmed_better else None
@@ -103,30 +104,34 @@ def race_answer(state: RaceState, settings: RaceSettings, baseline_key: str, bas
         open_maps = [k for k, c in comparisons.items() if c.status == "open"]
         left = (f"{len(open_maps)} of {len(comparisons)} comparisons with {PLAIN} still open" if comparisons
                 else f"{count(len(state.alive), 'map')} still raced" if state.alive else "the race has not started")
-        line = (f"no decision yet: {left} at {steps} steps, {count(len(state.next_jobs), 'run')} to train next; "
+        line = (f"no decision yet: {left} {at}, {count(len(state.next_jobs), 'run')} to train next; "
                 "run the same command again to go on")
     elif claimed is not None:
-        line = _claim(state, settings, claimed, comparisons.get(claimed), baseline_key, baseline_ppl, unit, steps)
+        line = _claim(state, settings, claimed, comparisons.get(claimed), baseline_key, baseline_ppl, unit, at)
     else:
         gap = state.detectable_gap
         seen = (f"a gap of {gap['ppl']:.2f} ppl or more would have been seen ({round(100 * gap['power'])}% power)"
                 if gap else f"too few {unit}s to say what gap would have been seen")
         if not comparisons and state.front and all(p.map_key == baseline_key for p in state.front):
             seen = "no recurrent map reached the race"
-        line = f"no map beat {PLAIN} at {steps} steps; {seen}"
+        line = f"no map beat {PLAIN} {at}; {seen}"
     if baseline_ppl is not None:
         details += _closest(comparisons, claimed, baseline_ppl, settings.confidence, unit)
     details += _equal_compute(state.equal_compute, unit)
-    details += _replicates(state, comparisons, baseline_key, unit)
-    details.append(f"steps: {steps} a run at the target (the search's proxy trained {settings.base_steps}); the "
-                   f"race trained {state.compute_steps} in all")
+    details += _replicates(state, comparisons, baseline_key, unit, settings.words.at(state.level_steps))
+    if settings.frozen:
+        details.append("frozen: no step trained; every result is the pretrained weights evaluated on a chunk of "
+                       "held-out windows")
+    else:
+        details.append(f"steps: {steps} a run at the target (the search's proxy trained {settings.base_steps}); the "
+                       f"race trained {state.compute_steps} in all")
     if state.done and state.stopped:
         details.append(f"stopped because {state.stopped}")
     return Answer(line, tuple(details), state.done, trust)
 
 
 def _claim(state: RaceState, settings: RaceSettings, key: str, comparison: Comparison | None,
-           baseline_key: str, baseline_ppl: float | None, unit: str, steps: int) -> str:
+           baseline_key: str, baseline_ppl: float | None, unit: str, at: str) -> str:
     point, base = _point(state.front, key), _point(state.front, baseline_key)
     n = len(point.seeds) if point is not None else comparison.n if comparison else 0
     if comparison is not None and comparison.mean_diff is not None and baseline_ppl is not None:
@@ -139,7 +144,7 @@ def _claim(state: RaceState, settings: RaceSettings, key: str, comparison: Compa
     how = f"{abs(gain):.2f} ppl {'better' if gain >= 0 else 'worse'} than {PLAIN}" if math.isfinite(gain) \
         else f"better than {PLAIN}"
     return (f"use {_map(key)}: {how}" + (f" ({interval})" if interval else "")
-            + f", {count(n, unit)} at {steps} steps")
+            + f", {count(n, unit)} {at}")
 
 
 def _closest(comparisons: Mapping[str, Comparison], answered: str | None, baseline_ppl: float,
@@ -163,16 +168,16 @@ def _equal_compute(equal: Mapping[str, Any] | None, unit: str) -> list[str]:
 
 
 def _replicates(state: RaceState, comparisons: Mapping[str, Comparison], baseline_key: str,
-                unit: str) -> list[str]:
-    """Each front map's replicates at its length, as the front and the race tables count them (the screening one
-    included), with the test ones the comparison used."""
+                unit: str, at: str) -> list[str]:
+    """Each front map's replicates at its length (`at`: "at 2000 steps"), as the front and the race tables count
+    them (the screening one included), with the test ones the comparison used."""
     parts = []
     for p in state.front:
         name = PLAIN if p.map_key == baseline_key else _map(p.map_key)
         c = comparisons.get(p.map_key)
         tested = f" ({c.n} of them tested against {PLAIN})" if c is not None else ""
         parts.append(f"{name} {count(len(p.seeds), unit)}{tested}")
-    return [f"{unit}s at {state.level_steps} steps: " + "; ".join(parts)] if parts else []
+    return [f"{unit}s {at}: " + "; ".join(parts)] if parts else []
 
 
 def unraced_answer(why: str, steps: int) -> Answer:

@@ -20,7 +20,7 @@ from typing import Any
 from optuna.trial import TrialState
 
 from ilr_search.analysis.pareto import non_dominated
-from ilr_search.analysis.results import (REFERENCE_PREFIX, Curves, as_list, is_baseline, is_baseline_key, is_deep_key, key_reuse_map,
+from ilr_search.analysis.results import (REFERENCE_PREFIX, Curves, as_list, is_baseline, is_all_ones_key, is_baseline_key, is_deep_key, map_text,
                                          study_front, trained_by_map, trained_trials)
 from ilr_search.analysis.trials import Trial, trained_results, trial_records
 from ilr_search.analysis.stats import groups_differ, paired_comparison, rank_agreement
@@ -81,7 +81,8 @@ def mark_ties(front: list[dict[str, Any]], noise: dict[str, Any] | None) -> list
 def best_recurrent(trials: Sequence[Trial]) -> dict[str, Any] | None:
     """The best non-baseline map: on the front if the front has one, else the best complete one."""
     records = trial_records(trials)
-    rows = [{"trial": r.number, "reuse_map": as_list(r.reuse_map), "val_ppl": r.val_ppl, "flops_ratio": r.flops_ratio,
+    rows = [{"trial": r.number, "reuse_map": as_list(r.reuse_map), "map": map_text(r.map_key or ""),
+             "val_ppl": r.val_ppl, "flops_ratio": r.flops_ratio,
              "knobs": dict(r.knobs)}
             for r in trained_results(records) if not is_baseline(as_list(r.reuse_map))]
     if not rows:
@@ -173,7 +174,7 @@ def audit_report(trials: Sequence[Trial], rows: Sequence[RaceRun], factor: str) 
     recall = hits / len(audit_front) if audit_front else None
     pruned_front = tuple(m.reuse_map for m in maps if m.on_audit_front and m.proxy_state == "PRUNED")
     baseline = next((m.audit_ppl for m in maps if is_baseline_key(m.reuse_map)), None)
-    recurrent = [m for m in maps if not is_baseline(key_reuse_map(m.reuse_map))]
+    recurrent = [m for m in maps if not is_all_ones_key(m.reuse_map)]
     best = min(recurrent, key=lambda m: m.audit_ppl) if recurrent else None
     steps = max(r.steps for rs in done.values() for r in rs)
     baseline_key = next((m.reuse_map for m in maps if is_baseline_key(m.reuse_map)), None)
@@ -271,7 +272,7 @@ def fidelity_verdict(study_name: str, rungs: Sequence[RungAgreement], noise: dic
     if any(r.spearman is not None and r.spearman < 0 for r in rungs):
         parts.append("early ranks run backwards (curves cross)")
     if baseline_only and best is not None:
-        parts.append(f"no recurrent map beat the baseline at this proxy length (best {_map(best['reuse_map'])}: "
+        parts.append(f"no recurrent map beat the baseline at this proxy length (best {best.get('map') or _map(best['reuse_map'])}: "
                      f"ppl {best['val_ppl']:.3f}); recurrent maps often overtake later")
     if second is not None and None not in second["seed_ppls"]:
         a, b = second["seed_ppls"]

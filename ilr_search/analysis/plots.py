@@ -20,7 +20,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ilr_search.analysis.answer import Answer
-from ilr_search.analysis.map_key import MapKey
+from ilr_search.analysis.map_key import row_key
 from ilr_search.analysis.race_report import RaceReport
 from ilr_search.analysis.results import is_baseline, is_baseline_key, is_deep_key
 from ilr_search.analysis.stats import seed_interval
@@ -127,11 +127,6 @@ class RacedPoint:
     val_ppl: float
     interval: tuple[float, float] | None
     kind: str
-
-
-def row_key(row: Mapping[str, Any]) -> str:
-    """A front row's map key (the map, and its knobs where any is on), as the race's results name it."""
-    return MapKey.of(row["reuse_map"], row.get("knobs")).key
 
 
 def is_raced(race: RaceReport | None) -> bool:

@@ -68,6 +68,39 @@ class RaceSettings:
     lead_share: float = 0.8  # of the family's level, for the screen's best contender (adaptive_race.holm_weights)
     equal_compute: bool = False
     layer_param_share: float = 0.0  # one layer's parameters over the plain model's (a deeper model's size); 0: unknown
+    # frozen: maps applied to pretrained weights and only evaluated (base and target 0 steps); a seed s is chunk s
+    # of the held-out windows (training/frozen.py), and the race's words say so (RaceWords)
+    frozen: bool = False
+
+    @property
+    def words(self) -> RaceWords:
+        return RaceWords(self.frozen)
+
+
+@dataclass(frozen=True)
+class RaceWords:
+    """How a race's texts name its lengths and seeds: "at 2000 steps" and "4 seeds", or for a frozen race (no
+    training: a seed is a chunk of held-out windows) "on held-out windows" and "4 window chunks"."""
+    frozen: bool = False
+
+    def at(self, steps: int) -> str:
+        return "on held-out windows" if self.frozen else f"at {steps} steps"
+
+    @property
+    def unit(self) -> str:
+        """One replicate of a map, in the singular: a training seed, or a chunk of held-out windows."""
+        return "window chunk" if self.frozen else "seed"
+
+    def count(self, n: int, test: bool = False) -> str:
+        """`n` seeds (or window chunks); `test`: of the race's test ones."""
+        return f"{n} {'test ' if test else ''}{self.unit}{'s' if n != 1 else ''}"
+
+    def one(self, seed: int) -> str:
+        return f"{self.unit} {seed}"
+
+    @property
+    def plural(self) -> str:
+        return f"{self.unit}s"
 
 
 @dataclass(frozen=True)
@@ -260,24 +293,24 @@ def base_results(evaluations: Sequence[Evaluation], settings: RaceSettings, base
     if not settings.seeds:
         raise ValueError("the race needs at least one seed")
     results = collect(evaluations)
-    base, first_seed = settings.base_steps, settings.seeds[0]
+    base, first_seed, words = settings.base_steps, settings.seeds[0], settings.words
     known = sorted(set(results.losses) | {baseline_key})
     missing_base = [k for k in known if first_seed not in results.losses.get(k, {}).get(base, {})]
     if missing_base:
         return results, RaceState(alive=(), next_jobs=tuple(RaceJob(k, base, first_seed) for k in missing_base),
-                                  level_steps=base, verdict=f"waiting for the base results ({base} steps, seed "
-                                                            f"{first_seed}) of {len(missing_base)} map(s)"), {}, {}
+                                  level_steps=base, verdict=f"waiting for the base results ({words.at(base)}, "
+                                                            f"{words.one(first_seed)}) of {len(missing_base)} map(s)"), {}, {}
     eliminated: dict[str, str] = {}
     base_losses: dict[str, float] = {}
     for k in known:
         loss = results.losses[k][base][first_seed]
         if loss is None or not math.isfinite(loss):
-            eliminated[k] = f"diverged at {base} steps, seed {first_seed}"
+            eliminated[k] = f"diverged {words.at(base)}, {words.one(first_seed)}"
         else:
             base_losses[k] = loss
     if baseline_key not in base_losses:
         return results, RaceState(alive=(), eliminated=eliminated, level_steps=base, done=True,
-                                  verdict=f"the baseline {baseline_key} diverged at {base} steps: nothing to race "
+                                  verdict=f"the baseline {baseline_key} diverged {words.at(base)}: nothing to race "
                                           f"against"), base_losses, eliminated
     return results, None, base_losses, eliminated
 

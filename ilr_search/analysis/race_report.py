@@ -57,7 +57,9 @@ class RaceReport:
     def race_json(self) -> dict[str, Any]:
         """The `race` object of the JSON reports."""
         s, state = self.settings, self.state
-        return {"policy": s.policy, "base_steps": s.base_steps, "target_steps": s.target_steps,
+        frozen = {"frozen": True} if s.frozen else {}  # only a frozen study's race says so
+        return frozen | {
+                "policy": s.policy, "base_steps": s.base_steps, "target_steps": s.target_steps,
                 "steps_trained": self.steps_trained, "compute_steps": state.compute_steps, "max_steps": s.max_steps,
                 "seeds": list(s.seeds), "confidence": s.confidence, "done": state.done, "stopped": state.stopped,
                 "alive": list(state.alive), "eliminated": dict(state.eliminated),

@@ -16,7 +16,8 @@ from ilr_search.knobs import format_knobs
 from ilr_search.analysis.pareto import pareto_front
 from ilr_search.analysis.trials import Trial, TrialRecord, record_of, trained_results, trial_records
 from ilr_search.storage import CurvePoint, RaceRun, Store, TrainCurvePoint
-from ilr_search.analysis.map_key import MapKey
+from ilr_search.analysis.map_key import MapKey, map_text
+from ilr_search.training.schedule import is_block_text
 
 REFERENCE_PREFIX = "ilr:reference:"
 
@@ -38,6 +39,7 @@ def trial_row(t: Trial) -> dict[str, Any]:
         "trial": r.number,
         "state": r.state.name,
         "reuse_map": as_list(r.reuse_map),
+        "map": map_text(r.map_key) if r.map_key else None,
         "knobs": knobs_text(r),
         "flops_ratio": r.flops_ratio,
         "val_ppl": r.val_ppl,
@@ -126,11 +128,13 @@ def race_run_rows(runs: Sequence[RaceRun], study_attrs: Mapping[str, Any]) -> li
     length, seed, state (running | complete | failed: diverged | interrupted), FLOPs, result, and curves in the
     trials' shape (validation points; the race stores no training curve, so `train` is empty)."""
     per_step = tokens_per_step(study_attrs)
+    config = study_attrs.get("ilr:config")  # search/plan.py's CONFIG_ATTR
+    n_layers = int(config["model"]["n_layers"]) if config else None
     rows = []
     for r in runs:
         key = r.job.map_key
         deep = is_deep_key(key)
-        parsed = None if deep else MapKey.parse(key)
+        parsed = None if deep else MapKey.parse(key, n_layers)
         rows.append({"map_key": key, "reuse_map": list(parsed.map.counts) if parsed else None,
                      "knobs": parsed.knobs or None if parsed else None, "factor": r.job.factor,
                      "steps": r.steps, "seed": r.job.seed, "state": r.state, "flops_ratio": r.flops_ratio,
@@ -164,7 +168,8 @@ def has_result(t: Trial) -> bool:
 
 def study_front(trials: list[Trial]) -> list[dict[str, Any]]:
     """The Pareto front (perplexity, FLOPs) of the trials that trained their map to a result, as rows."""
-    rows = [{"trial": r.number, "reuse_map": as_list(r.reuse_map), "knobs": knobs_text(r), "flops_ratio": r.flops_ratio,
+    rows = [{"trial": r.number, "reuse_map": as_list(r.reuse_map), "map": map_text(r.map_key or ""),
+             "knobs": knobs_text(r), "flops_ratio": r.flops_ratio,
              "val_ppl": r.val_ppl, "val_bpb": r.val_bpb, "params": r.param_count}
             for r in trained_results(trials)]
     return pareto_front(rows)
@@ -190,7 +195,7 @@ def reference_rows(study: optuna.Study) -> list[dict[str, Any]]:
                      "reuse_map": ref.get("reuse_map"), "knobs": format_knobs(knobs) if knobs else None,
                      "flops_ratio": ref.get("flops_ratio"), "val_ppl": ref.get("val_ppl"), "val_bpb": ref.get("val_bpb"),
                      "steps": ref.get("steps", 0), "seed": ref.get("seed"), "status": ref.get("status"),
-                     "schedule": ref.get("schedule")})
+                     "schedule": ref.get("schedule")} | ({"map": ref["map"]} if ref.get("map") else {}))
     return rows
 
 
@@ -211,9 +216,10 @@ def is_baseline(reuse_map: list[int] | None) -> bool:
     return bool(reuse_map) and all(r == 1 for r in reuse_map)
 
 
-def key_reuse_map(map_key: str) -> list[int]:
-    """The reuse map of a trial's map key ("2,1,1,1", or "2,1,1,1|injection=add" with knobs on)."""
-    return list(MapKey.parse(map_key).map.counts)
+def key_reuse_map(map_key: str, n_layers: int | None = None) -> list[int]:
+    """The per-layer counts of a trial's map key ("2,1,1,1", "2,1,1,1|injection=add" with knobs on, or a block
+    map "block:1-2:2", whose counts need the model's `n_layers`)."""
+    return list(MapKey.parse(map_key, n_layers).map.counts)
 
 
 DEEP_PREFIX = "deep"  # the race's equal-compute reference: deepR, the study's model with R layers, each run once
@@ -228,9 +234,14 @@ def is_deep_key(key: str) -> bool:
     return key.startswith(DEEP_PREFIX) and key[len(DEEP_PREFIX):].isdigit()
 
 
+def is_all_ones_key(map_key: str) -> bool:
+    """The all-ones map, whatever its knobs (a canonical block map is never all ones)."""
+    return not is_block_text(map_key) and is_baseline(key_reuse_map(map_key))
+
+
 def is_baseline_key(map_key: str) -> bool:
     """The paper's baseline: the all-ones map with every knob off."""
-    return MapKey.parse(map_key).is_baseline
+    return not is_block_text(map_key) and MapKey.parse(map_key).is_baseline
 
 
 def finite_or_none(x: float) -> float | None:

@@ -16,6 +16,7 @@ below zero: the interval shown with a decision never straddles zero. That is the
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -74,8 +75,10 @@ def decision_level(confidence: float) -> float:
     return (1 - confidence) / 2
 
 
+@functools.lru_cache(maxsize=8192)
 def t_critical(confidence: float, dof: int, two_sided: bool = True) -> float:
-    """Student t quantile: the half-width multiplier of a two-sided (or the bound of a one-sided) interval."""
+    """Student t quantile: the half-width multiplier of a two-sided (or the bound of a one-sided) interval (kept:
+    a verdict's seeds_needed asks for hundreds of them)."""
     from scipy.stats import t
 
     return float(t.ppf((1 + confidence) / 2 if two_sided else confidence, dof))

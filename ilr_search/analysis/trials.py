@@ -13,6 +13,7 @@ from typing import Any, Final
 from optuna.trial import FrozenTrial, TrialState
 
 from ilr_search.knobs import KnobValue
+from ilr_search.training.schedule import map_of_key
 
 
 class TrialAttr:
@@ -103,6 +104,13 @@ class TrialRecord:
         """Complete, trained by this trial (not reused) and with a perplexity: what fronts, rankings, noise
         bands and tables are made of."""
         return self.state == TrialState.COMPLETE and self.trained_its_map and self.val_ppl is not None
+
+    @property
+    def schedule(self) -> list[int]:
+        """The order its map runs the layers, from its map key (a block map's order is not its counts'); needs
+        the map (a trial that proposed)."""
+        assert self.map_key and self.reuse_map is not None, f"trial {self.number} has no map"
+        return map_of_key(self.map_key, len(self.reuse_map)).schedule()
 
     @property
     def seconds(self) -> float | None:

@@ -67,6 +67,7 @@ class SpaceOptions:
     tokenizer: Optional[str] = None
     data: Optional[str] = None  # the training options: None in flops, which has none of them
     text_column: Optional[str] = None
+    answer_column: Optional[str] = None
     steps: Optional[int] = None
     batch_size: Optional[int] = None
     lr: Optional[float] = None
@@ -79,7 +80,8 @@ class SpaceOptions:
         return {
             "model": {"layers": self.layers, "d_model": self.d_model, "heads": self.heads, "seq_len": self.seq_len,
                       "mlp_ratio": self.mlp_ratio, "pe": self.pe},
-            "data": {"corpus": self.data, "tokenizer": self.tokenizer, "text_column": self.text_column},
+            "data": {"corpus": self.data, "tokenizer": self.tokenizer, "text_column": self.text_column,
+                     "answer_column": self.answer_column},
             "train": {"steps": self.steps, "batch_size": self.batch_size, "lr": self.lr, "seed": self.seed,
                       "device": self.device, "dtype": self.dtype, "compile": self.compile},
         }
@@ -93,13 +95,14 @@ def _model_option_signature(
     seq_len: Annotated[Optional[int], typer.Option(help="Context length of the proxy.")] = None,
     mlp_ratio: Annotated[Optional[float], typer.Option(help="SwiGLU width as a multiple of d_model.")] = None,
     pe: Annotated[Optional[str], typer.Option(help="Positional encoding: nope|rope|learned|alibi.")] = None,
-    tokenizer: Annotated[Optional[str], typer.Option(help="byte, bpe:N or hf:NAME (sets the model's vocabulary).")] = None,
+    tokenizer: Annotated[Optional[str], typer.Option(help="byte, bpe:N, hf:NAME or file:PATH (a tokenizer.json); sets the model's vocabulary.")] = None,
 ) -> None: ...
 
 
 def _training_option_signature(
     data: Annotated[Optional[str], typer.Option(help="stdlib (embedded), a local file/folder, or hf:NAME[:CONFIG].")] = None,
-    text_column: Annotated[Optional[str], typer.Option(help="Text column of .jsonl/.parquet/.csv data.")] = None,
+    text_column: Annotated[Optional[str], typer.Option(help="Text column of .jsonl/.parquet/.csv data (with --answer-column: the prompt column).")] = None,
+    answer_column: Annotated[Optional[str], typer.Option(help="Answer column of prompt/answer rows: the loss and validation metrics are on the answer tokens only. \\[default: none, the whole text]")] = None,
     steps: Annotated[Optional[int], typer.Option(help="Proxy training steps.")] = None,
     batch_size: Annotated[Optional[int], typer.Option(help="Sequences per step.")] = None,
     lr: Annotated[Optional[float], typer.Option(help="Peak learning rate.")] = None,
@@ -146,9 +149,12 @@ def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
 
         quiet_optuna()
         try:
-            return command(*args, **kwargs)
+            result = command(*args, **kwargs)
         except UserInputError as e:
+            ui.held_notes.clear()
             fail(str(e))
+        ui.release_notes()
+        return result
 
     return wrapper
 
@@ -159,16 +165,19 @@ def fail(message: str) -> None:
 
 
 def emit(obj: Any, as_json: bool, render: Callable[[Any], None]) -> None:
-    """Print a command's result: its JSON form (a dict, or a typed report's to_json()) with --json, else render it."""
+    """Print a command's result: its JSON form (a dict, or a typed report's to_json()) with --json, else render it;
+    the notes held until the command goes ahead are printed first."""
+    ui.release_notes()
     if as_json:
         print(json.dumps(obj if isinstance(obj, dict) else obj.to_json(), default=float))
     else:
         render(obj)
 
 
-ReuseMap = Annotated[Optional[str], typer.Option(help="One positive count per layer, e.g. 4,2,1,1.")]
+ReuseMap = Annotated[Optional[str], typer.Option(help="One positive count per layer, e.g. 4,2,1,1, or a block map block:I-J:R (layers I..J, from 0, run R times as a block).")]
 Block = Annotated[Optional[int], typer.Option(help="Block recurrence: the whole stack run K times.")]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
+Init = Annotated[Optional[str], typer.Option(help="Start from a pretrained checkpoint: a folder as transformers' save_pretrained writes it (config.json, safetensors, tokenizer.json) or hf:NAME. The model takes its architecture and weights, the data its tokenizer; the shape flags and --tokenizer go without it.")]
 KnobSettings = Annotated[Optional[str], typer.Option(help="Recurrence knobs on: injection[=add|gated], iteration_encoding, iteration_norms, depth_init (init for the schedule's depth), repeat_scale[=residual|lr]; comma-separated.")]
 
 
@@ -178,13 +187,24 @@ KnobSettings = Annotated[Optional[str], typer.Option(help="Recurrence knobs on: 
 @user_errors
 @with_model_options
 def flops(opts: SpaceOptions, reuse_map: ReuseMap = None, block: Block = None, knobs: KnobSettings = None,
-          json_out: Json = False) -> None:
+          init: Init = None, json_out: Json = False) -> None:
     """Analytic forward FLOPs per token of a reuse map, and its ratio to the all-ones map.
 
     train_flops counts the space's proxy training (its steps and batch size)."""
     from ilr_search.commands.api import flops_report
 
-    emit(flops_report(opts.space, opts.overrides(), reuse_map, block, knobs), json_out, ui.print_flops)
+    check_init_flags(opts, init)
+    emit(flops_report(opts.space, opts.overrides(), reuse_map, block, knobs, init), json_out, ui.print_flops)
+
+
+INIT_REFUSES = ("layers", "d_model", "heads", "mlp_ratio", "pe", "tokenizer")  # what --init's checkpoint sets
+
+
+def check_init_flags(opts: SpaceOptions, init: str | None) -> None:
+    """--init takes the checkpoint's architecture and tokenizer: the flags that set them are refused beside it."""
+    given = [name for name in INIT_REFUSES if init is not None and getattr(opts, name) is not None]
+    if given:
+        fail(f"--init takes the checkpoint's architecture and tokenizer; drop --{given[0].replace('_', '-')}")
 
 
 @app.command()
@@ -193,19 +213,26 @@ def flops(opts: SpaceOptions, reuse_map: ReuseMap = None, block: Block = None, k
 def train(opts: SpaceOptions, reuse_map: ReuseMap = None, block: Block = None, knobs: KnobSettings = None,
           from_study: Annotated[Optional[str], typer.Option("--from-study", help="Train with this study's stored model, data and training settings (--steps, --seed, --device, --dtype and --compile may change them).")] = None,
           storage: Annotated[Optional[str], typer.Option(help="Storage of --from-study. \\[default: sqlite:///studies/ilr-search.db]")] = None,
-          map_: Annotated[Optional[str], typer.Option("--map", help="With --from-study: the map, as the study names it (2,1,1,1, 2,1,1,1|injection=add or block2). \\[default: the front's map of lowest perplexity]")] = None,
-          save: Annotated[Optional[Path], typer.Option(help="Write the trained model to this folder: model.safetensors and config.json (ilr_search.commands.api.load_trained reads them).")] = None,
-          json_out: Json = False) -> None:
+          map_: Annotated[Optional[str], typer.Option("--map", help="With --from-study: the map, as the study names it (2,1,1,1, 2,1,1,1|injection=add, block:1-2:2 or block2). \\[default: the front's map of lowest perplexity]")] = None,
+          save: Annotated[Optional[Path], typer.Option(help="Write the trained model to this folder, in --format.")] = None,
+          save_format: Annotated[str, typer.Option("--format", help="With --save: native (model.safetensors, config.json and the tokenizer; ilr_search.commands.api.load_trained reads them, export-model --model re-exports them) or hf (a standard transformers checkpoint of the imported family, else llama, its schedule unrolled, with the tokenizer).")] = "native",
+          init: Init = None, json_out: Json = False) -> None:
     """Train one proxy model for a reuse map (or --block K) and report its validation perplexity."""
+    if from_study is not None and init is not None:
+        fail("--init and --from-study both set the model; give one")
+    if save is None and save_format != "native":
+        fail("--format goes with --save DIR")
     if from_study is not None:
-        train_study_map(opts, reuse_map, block, knobs, from_study, storage, map_, save, json_out)
+        train_study_map(opts, reuse_map, block, knobs, from_study, storage, map_, save, json_out, save_format)
         return
     if map_ is not None or storage is not None:
         fail("--map and --storage go with --from-study; without it give --reuse-map (and --knobs)")
     from ilr_search.commands.api import train_report
 
+    check_init_flags(opts, init)
     with ui.step_progress(enabled=True) as on_step:
-        report = train_report(opts.space, opts.overrides(), reuse_map, block, on_step=on_step, knobs=knobs, save=save)
+        report = train_report(opts.space, opts.overrides(), reuse_map, block, on_step=on_step, knobs=knobs, save=save,
+                              init=init, save_format=save_format)
     emit(report, json_out, ui.print_train)
     if save is not None and not json_out:
         ui.out.print(f"saved the model to {save}")
@@ -215,7 +242,8 @@ FROM_STUDY_FLAGS = ("steps", "seed", "device", "dtype", "compile")  # what --fro
 
 
 def train_study_map(opts: SpaceOptions, reuse_map: str | None, block: int | None, knobs: str | None, study: str,
-                    storage: str | None, map_text: str | None, save: Path | None, json_out: bool) -> None:
+                    storage: str | None, map_text: str | None, save: Path | None, json_out: bool,
+                    save_format: str) -> None:
     """`train --from-study`: the study's settings, with only FROM_STUDY_FLAGS changeable."""
     from ilr_search.commands.recipe import train_from_study
 
@@ -224,11 +252,11 @@ def train_study_map(opts: SpaceOptions, reuse_map: str | None, block: int | None
         given.insert(0, "reuse_map/block/knobs (use --map)")
     if given:
         fail(f"--from-study takes the study's settings; drop --{given[0].replace('_', '-')} "
-             f"(only --map, {', '.join('--' + f for f in FROM_STUDY_FLAGS)} and --save may be given with it)")
+             f"(only --map, {', '.join('--' + f for f in FROM_STUDY_FLAGS)}, --save and --format may be given with it)")
     overrides = {"seed": opts.seed, "device": opts.device, "dtype": opts.dtype, "compile": opts.compile}
     with ui.step_progress(enabled=True) as on_step:
         report = train_from_study(study, storage, map_text, opts.steps, overrides, on_step, save,
-                                  on_choice=lambda why: ui.err.print(f"study {study}: {why}"))
+                                  on_choice=lambda why: ui.hold_note(f"study {study}: {why}"), save_format=save_format)
     emit(report, json_out, ui.print_train)
     if save is not None and not json_out:
         ui.out.print(f"saved the model to {save}")
@@ -302,9 +330,9 @@ def run(
     timeout: Annotated[Optional[float], typer.Option(help="Stop starting new trials after this many seconds.")] = None,
     sampler: Annotated[Optional[str], typer.Option(help="auto|tpe|nsga2|gp|random|grid. \\[default: auto]")] = None,
     pruner: Annotated[Optional[str], typer.Option(help="pareto (calibrated: prunes only at rungs that predict the final ranking) | pareto-eager (the uncalibrated rule) | median | none. \\[default: pareto]")] = None,
-    objective: Annotated[Optional[str], typer.Option(help="pareto (perplexity and FLOPs) or ppl (budget as a constraint only).")] = None,
+    objective: Annotated[Optional[str], typer.Option(help="pareto (perplexity and FLOPs), ppl (budget as a constraint only) or answer (the answer tokens' perplexity and FLOPs; needs --answer-column).")] = None,
     workers: Annotated[Optional[int], typer.Option(help="Worker processes on this machine, sharing the study and the device (its trials, reference runs and race); on a CPU one thread each. \\[default: from the space: one a CPU core in default.toml, else 1, or as --fuse auto chooses]")] = None,
-    fuse: Annotated[Optional[str], typer.Option(help="Maps trained at once in one fused group (K proxies in lockstep in one process); 1: one at a time; auto: K (and on a CPU, workers against threads) from memory and a short probe. \\[default: from the space, 4 in default.toml]")] = None,
+    fuse: Annotated[Optional[str], typer.Option(help="Maps trained at once in one fused group (K proxies in lockstep in one process); 1: one at a time; auto: K (and on a CPU, workers against threads) from memory and a short probe. A resume reuses the study's stored layout unless --fuse or --workers is given. \\[default: from the space, 4 in default.toml]")] = None,
     knobs: Annotated[Optional[str], typer.Option(help="Recurrence knobs searched with the map, comma-separated: injection, iteration_encoding, iteration_norms, depth_init, repeat_scale. \\[default: from the space, none in the presets]")] = None,
     track: Annotated[Optional[str], typer.Option(help="Log each trial (validation curve, map, knobs, final values) and the reference runs: tensorboard:DIR or mlflow:URI (needs mlflow).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan (study, trials, references, pruning rungs, storage, space) and a time estimate from a short timed probe; write nothing.")] = False,
@@ -314,24 +342,29 @@ def run(
     max_race_steps: Annotated[Optional[int], typer.Option(help="A cap on the steps the race trains (0: none); a resume with a larger cap goes on. \\[default: from the space, 0]")] = None,
     race_policy: Annotated[Optional[str], typer.Option(help="adaptive (judged at the target, seeds until decided) or fixed (race-seeds at doubled lengths, as studies made before it). \\[default: from the space, adaptive]")] = None,
     equal_compute: Annotated[Optional[str], typer.Option(help="depth: also race a plain model as deep as the best contender runs (the same compute, more parameters); off. \\[default: from the space, depth]")] = None,
-    enqueue: Annotated[Optional[str], typer.Option(help="Your maps, trained first after the baseline, in order, space-separated: \"3,2,2,1 4,2,1,1\", with knobs as --knobs of train takes them (2,1,1,1|injection=add), or blockK (trained as a reference run). Over-budget maps are repaired to the budget. \\[default: the space's enqueue list]")] = None,
+    enqueue: Annotated[Optional[str], typer.Option(help="Your maps, trained first after the baseline, in order, space-separated: \"3,2,2,1 4,2,1,1\", with knobs as --knobs of train takes them (2,1,1,1|injection=add), block maps block:I-J:R (where the study searches blocks), or blockK (trained as a reference run; a trial where blocks are searched). Over-budget maps are repaired to the budget. \\[default: the space's enqueue list]")] = None,
+    init: Init = None,
+    train_steps: Annotated[Optional[int], typer.Option(help="Steps each map trains (--steps under the name a pretrained model's search uses): with --init, 0 evaluates each map on the checkpoint's weights as they are (frozen, the race pairs maps by held-out window chunk), N continues training them (retrofit). \\[default: from the space]")] = None,
     json_out: Json = False,
 ) -> None:
     """Search reuse maps under a FLOP budget; running it again resumes the study."""
     from ilr_search.commands.run import RunOptions, run_request, run_search
 
+    check_init_flags(opts, init)
     request, fuse_asked = run_request(RunOptions(
         opts.space, opts.overrides(), budget, study, storage, n_trials, timeout, sampler, pruner, objective, workers,
-        fuse, knobs, target, race_seeds, max_seeds, max_race_steps, race_policy, equal_compute, enqueue))
+        fuse, knobs, target, race_seeds, max_seeds, max_race_steps, race_policy, equal_compute, enqueue,
+        train_steps=train_steps, init=init))
     tracked_reporter(track, storage, open_uri=False)  # a bad --track is refused before the probe
     if dry_run:
         from ilr_search.commands.dryrun import dry_run_report
 
-        emit(dry_run_report(request, workers), json_out, ui.print_plan)
+        emit(dry_run_report(request, workers, fuse=fuse_asked), json_out, ui.print_plan)
         return
     tracked = tracked_reporter(track, storage)
     summary = run_search(request, fuse_asked, workers, lambda: tracked(ui.ConsoleReporter(enabled=True)),
-                         note=lambda text: ui.err.print(text, soft_wrap=True, markup=False, highlight=False))
+                         note=lambda text: ui.err.print(text, soft_wrap=True, markup=False, highlight=False),
+                         fuse_asked=fuse is not None)
     emit(summary, json_out, ui.print_run)
     if summary.interrupted:
         raise typer.Exit(130)
@@ -356,7 +389,7 @@ def study_or_default(study: str | None, storage: str | None) -> str:
     from ilr_search.commands.studies import default_study
 
     name, why = default_study(storage)
-    ui.err.print(f"study {name} ({why})")
+    ui.hold_note(f"study {name} ({why})")
     return name
 
 
@@ -506,12 +539,38 @@ def bench_power(
     emit(power_command(table, deltas, crossing, orders, maps, policy, fixed_seeds, against), json_out, ui.print_power)
 
 
+@app.command("export-model")
+@user_errors
+def export_model(
+    out: Annotated[Path, typer.Option(help="A new or empty folder for the checkpoint (config.json, model.safetensors, tokenizer files).")],
+    study: Annotated[Optional[str], typer.Option("--study", help="A frozen study of a pretrained model (run --init ... --train-steps 0): its checkpoint's weights under --map.")] = None,
+    storage: Annotated[Optional[str], typer.Option(help="Storage of --study. \\[default: sqlite:///studies/ilr-search.db]")] = None,
+    model: Annotated[Optional[Path], typer.Option(help="Instead of --study: a folder train --save wrote (native), exported under --map.")] = None,
+    map_: Annotated[Optional[str], typer.Option("--map", help="The map the checkpoint unrolls: 2,2,1,1, block:1-2:2 or block2 (no knobs); 1,1,1,1 writes each distinct layer once. \\[default: the study's decided best map, as recipe chooses it; for --model the map it was trained with]")] = None,
+    family: Annotated[Optional[str], typer.Option(help="llama, mistral, qwen2 or qwen3. \\[default: the imported checkpoint's family, else llama]")] = None,
+    json_out: Json = False,
+) -> None:
+    """Write a standard transformers checkpoint of a model under a map, its repeated layers unrolled, with its tokenizer."""
+    from ilr_search.commands.export import export_saved_model, export_study_model
+
+    if (study is None) == (model is None):
+        fail("give --study NAME (a frozen study's model) or --model DIR (a model train --save wrote), one of them")
+    if model is not None:
+        if storage is not None:
+            fail("--storage goes with --study")
+        report = export_saved_model(model, out, map_, family)
+    else:
+        report = export_study_model(study, out, storage, map_, family,
+                                    on_choice=lambda why: ui.hold_note(f"study {study}: {why}"))
+    emit(report, json_out, ui.print_export_model)
+
+
 @app.command()
 @user_errors
 def recipe(
     study: ReadStudy = None,
     storage: Storage = None,
-    map_: Annotated[Optional[str], typer.Option("--map", help="A map the study trained (2,1,1,1, 2,1,1,1|injection=add or block2). \\[default: the front's map of lowest perplexity]")] = None,
+    map_: Annotated[Optional[str], typer.Option("--map", help="A map the study trained (2,1,1,1, 2,1,1,1|injection=add, block:1-2:2 or block2). \\[default: the front's map of lowest perplexity]")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Write the recipe to FILE.toml or FILE.json. \\[default: TOML on stdout]")] = None,
     json_out: Json = False,
 ) -> None:
@@ -521,7 +580,7 @@ def recipe(
 
     path = check_out_path(out, RECIPE_FORMATS) if out is not None else None
     name = study_or_default(study, storage)
-    report = study_recipe(name, storage, map_, on_choice=lambda why: ui.err.print(f"study {name}: {why}"))
+    report = study_recipe(name, storage, map_, on_choice=lambda why: ui.hold_note(f"study {name}: {why}"))
     if path is not None:
         write_recipe(report, path)
     if json_out:

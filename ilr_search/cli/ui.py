@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import statistics
 import sys
 import time
@@ -37,6 +38,21 @@ out = console()
 err = console(stderr=True)
 
 
+held_notes: list[str] = []  # informational lines for stderr, held until the command is known to go ahead
+
+
+def hold_note(text: str) -> None:
+    """A line for stderr (which study a command took, which map) that is printed once the command goes ahead (its
+    first output or progress, or its end), and never when it fails: an `error:` line stays alone."""
+    held_notes.append(text)
+
+
+def release_notes() -> None:
+    """Print the held notes on stderr, in order."""
+    while held_notes:
+        err.print(held_notes.pop(0), soft_wrap=True, markup=False, highlight=False)
+
+
 class LazyProgress(Progress):
     """Progress bars that start drawing at their first task added or updated: a command that fails before any
     work prints its `error:` line with no blank line before it (a started Progress leaves one on stop)."""
@@ -48,6 +64,7 @@ class LazyProgress(Progress):
 
     def _draw(self) -> None:
         if self._wanted and not self.live.is_started:
+            release_notes()
             super().start()
 
     def add_task(self, *args: Any, **kwargs: Any) -> Any:
@@ -106,42 +123,100 @@ def with_knobs_column(columns: list[str], rows: list[dict[str, Any]]) -> list[st
     return columns[:at] + ["knobs"] + columns[at:]
 
 
-KEPT_WHOLE = ("reuse_map", "study")  # never wrapped, header included: they are what you copy
+KEPT_WHOLE = ("reuse_map", "study", "map_key", "best")  # never folded nor dropped, header included: what you copy
+LEFT_ALIGNED = ("reuse_map", "knobs", "state", "study", "map_key", "best", "decided", "status", "confirmed", "source", "reference",
+                "schedule")
+KNOB_FLOOR = 12  # a knob settings cell folds to lines this wide before a column is dropped
 
 
-def fitted_widths(columns: list[str], cells: list[list[str]], width: int) -> list[int | None]:
-    """Column widths that fit the table in `width` by folding headers before values: columns give up room, the
-    most generous first, down to their widest value with at least 4 characters of header per line (knob
-    settings: to 12), then, if that is not enough, to their widest value (knob settings: to 4). Maps and
-    study names never give any; None everywhere when the table fits as it is."""
-    values = [max([1] + [len(row[i]) for row in cells]) for i in range(len(columns))]
-    natural = [max(len(c), v) for c, v in zip(columns, values)]
-    excess = sum(natural) + 3 * len(columns) + 1 - width  # a border and a space either side of each column
-    if excess <= 0:
-        return [None] * len(columns)
+def significant_decimals(values: list[Any], significant: int = 4) -> int:
+    """The decimals that give the largest of `values` `significant` digits: one count for a whole column, so that
+    its numbers line up (4.917, 4.830, 4.600; 122.1, 124.0)."""
+    finite = [abs(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    largest = max(finite, default=0.0)
+    return max(0, significant - (len(str(int(largest))) if largest >= 1 else 1))
+
+
+def fixed(value: Any, decimals: int) -> str:
+    """A number with `decimals` decimals (None as -, inf and nan as Python writes them)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return _fmt(value)
+    return f"{value:.{decimals}f}" if math.isfinite(value) else str(value)
+
+
+def column_cells(column: str, values: list[Any]) -> list[str]:
+    """One column's cells: a FLOPs ratio with its x (1.50x); perplexities and bits per byte with one number of
+    decimals over the column (significant_decimals); the rest as _fmt writes them."""
+    if column == "flops_ratio":
+        return [f"{v:.2f}x" if isinstance(v, (int, float)) and math.isfinite(v) else _fmt(v) for v in values]
+    if column.endswith(("ppl", "bpb")) and all(v is None or isinstance(v, (int, float)) for v in values):
+        decimals = significant_decimals(values)
+        return [fixed(v, decimals) for v in values]
+    return [_fmt(v) for v in values]
+
+
+def fit_columns(columns: list[str], heads: list[str], cells: list[list[str]], width: int,
+                droppable: list[str]) -> tuple[list[int], list[int | None]]:
+    """(the columns shown, by index, and their widths) that fit a table in `width`. A column's floor is its longest
+    word, header and values alike (a number is one word: never split; a header folds between its words, never
+    a letter a line); a key column (KEPT_WHOLE) keeps its whole width, and knob settings fold down to KNOB_FLOOR.
+    While the floors do not fit, the `droppable` columns go, first listed first; then the columns give room,
+    the most generous first, down to their floors, and, only if that is not enough, below them (never a key
+    column); headers fold before values do, and the table's outer edges lose their space. Widths None everywhere
+    when the table fits as it is."""
+    n = len(columns)
+    natural = [max([len(heads[i])] + [len(row[i]) for row in cells]) for i in range(n)]
+    words = [max([len(w) for w in heads[i].split()] + [len(w) for row in cells for w in row[i].split()] + [1])
+             for i in range(n)]
+    floors = [natural[i] if c in KEPT_WHOLE else min(words[i], KNOB_FLOOR) if c == "knobs" else words[i]
+              for i, c in enumerate(columns)]
+
+    shown = list(range(n))
+    if sum(natural) + 3 * n + 1 <= width:  # a border and a space either side of each column
+        return shown, [None] * n
+
+    def room(shown: list[int], widths: list[int]) -> int:  # fitted: no space at the table's outer edges
+        return sum(widths[i] for i in shown) + 3 * len(shown) - 1
+    for column in droppable:
+        if room(shown, floors) <= width:
+            break
+        if column in columns and columns.index(column) in shown:
+            shown.remove(columns.index(column))
     widths = list(natural)
-    knob_floors = {"knobs": (12, 4)}
-    for level in (0, 1):
-        floors = [natural[i] if c in KEPT_WHOLE else min(natural[i], knob_floors[c][level]) if c in knob_floors
-                  else max(values[i], min(len(c), 4)) if level == 0 else values[i] for i, c in enumerate(columns)]
-        for i in sorted(range(len(columns)), key=lambda i: floors[i] - widths[i]):
-            give = max(0, min(excess, widths[i] - floors[i]))
+    excess = room(shown, widths) - width
+    values = [max([1] + [len(row[i]) for row in cells]) for i in range(n)]
+    whole_values = [max(floors[i], values[i]) if c != "knobs" else floors[i] for i, c in enumerate(columns)]
+    smallest = [natural[i] if c in KEPT_WHOLE else 4 for i, c in enumerate(columns)]
+    for lowest in (whole_values, floors, smallest):  # headers fold first, then values between words, then below
+        for i in sorted(shown, key=lambda i: lowest[i] - widths[i]):
+            give = max(0, min(excess, widths[i] - lowest[i]))
             widths[i] -= give
             excess -= give
-    return list(widths)
+    return shown, [widths[i] for i in shown]
 
 
-def rows_table(title: str, rows: list[dict[str, Any]], columns: list[str], headers: dict[str, str] | None = None) -> None:
-    """A table of `rows` by `columns` (their keys), each headed by its key or by `headers[key]`."""
+def _cell(row: dict[str, Any], column: str) -> Any:
+    """A row's value in `column`; the reuse_map column shows the map as its key writes it (a block map's
+    block:I-J:R, not its per-layer counts) where the row has one."""
+    return row.get("map") or row.get(column) if column == "reuse_map" else row.get(column)
+
+
+def rows_table(title: str, rows: list[dict[str, Any]], columns: list[str], headers: dict[str, str] | None = None,
+               droppable: list[str] | None = None) -> None:
+    """A table of `rows` by `columns` (their keys), each headed by its key (underscores as spaces) or by
+    `headers[key]`, fitted to the console (fit_columns: on a narrow one the `droppable` columns go first)."""
     columns = with_knobs_column(columns, rows)
-    cells = [[_fmt(row.get(c)) for c in columns] for row in rows]
-    shown = [(headers or {}).get(c, c) for c in columns]
-    table = Table(title=title)
-    for col, head, width in zip(columns, shown, fitted_widths(shown, cells, out.width)):
-        table.add_column(head, justify="right" if col not in ("reuse_map", "knobs", "state", "study") else "left",
-                         overflow="fold", no_wrap=col in KEPT_WHOLE, width=width)
+    by_column = [column_cells(c, [_cell(row, c) for row in rows]) for c in columns]
+    cells = [list(row) for row in zip(*by_column)] if rows else []
+    heads = [(headers or {}).get(c, c.replace("_", " ")) for c in columns]
+    shown, widths = fit_columns(columns, heads, cells, out.width, list(droppable or ()))
+    table = Table(title=title, pad_edge=widths[0] is None if widths else True)
+    for i, width in zip(shown, widths):
+        col = columns[i]
+        table.add_column(heads[i], justify="left" if col in LEFT_ALIGNED else "right", overflow="fold",
+                         no_wrap=col in KEPT_WHOLE, width=width, min_width=width if col in KEPT_WHOLE else None)
     for row in cells:
-        table.add_row(*row)
+        table.add_row(*(row[i] for i in shown))
     out.print(table)
 
 
@@ -165,6 +240,7 @@ def step_progress(enabled: bool = True, total: int | None = None, description: s
 
 FRONT_COLUMNS = ["trial", "reuse_map", "flops_ratio", "val_ppl", "val_bpb"]
 TRIAL_COLUMNS = ["trial", "state", "reuse_map", "flops_ratio", "val_ppl", "val_bpb", "steps", "pruned_at_step"]
+TRIAL_COLUMNS_DROPPED = ["pruned_at_step", "val_bpb", "steps", "state"]  # on a narrow console, first dropped first
 
 
 @dataclass
@@ -232,6 +308,7 @@ class ConsoleReporter(RunReporter):
         raise TypeError(f"no renderer for {type(event).__name__}")
 
     def print(self, event: Event, text: str) -> None:
+        release_notes()
         if self.enabled:
             self.progress.console.print(("" if event.worker is None else f"worker {event.worker}: ") + text)
 
@@ -288,12 +365,12 @@ class ConsoleReporter(RunReporter):
             if self.study_task is not None and event.kind == "race":
                 self.progress.update(self.study_task, description="race", total=None, completed=0,
                                      info="race runs stored: 0", eta=None)
-        runs = "; ".join(f"map {key} at {steps} steps, seed {seed}" for key, steps, seed in event.runs)
+        runs = "; ".join(f"map {key} {run_where(steps, seed)}" for key, steps, seed in event.runs)
         self.print(event, f"{event.kind} run{'s' if len(event.runs) > 1 else ''}: {runs}"
                    + (f" (fused, {len(event.runs)} at once)" if len(event.runs) > 1 else ""))
         key, steps, seed = event.runs[0]
         more = f" and {len(event.runs) - 1} more" if len(event.runs) > 1 else ""
-        self._row(event.worker, f"{event.kind} run map {key} seed {seed}{more}", steps)
+        self._row(event.worker, f"{event.kind} run map {key} {'window chunk' if steps == 0 else 'seed'} {seed}{more}", steps)
 
     @on.register
     def _run_finished(self, event: RunFinished) -> None:
@@ -302,7 +379,7 @@ class ConsoleReporter(RunReporter):
             self.progress.update(self.study_task, info=f"race runs stored: {self.runs_done}")
         elif self.study_task is not None:  # the audit: its row counts its runs
             self.progress.update(self.study_task, advance=1)
-        self.print(event, f"{event.kind} run done: map {event.map_key} at {event.steps} steps, seed {event.seed}: "
+        self.print(event, f"{event.kind} run done: map {event.map_key} {run_where(event.steps, event.seed)}: "
                           f"ppl {_fmt(event.val_ppl)}")
 
     @on.register
@@ -340,7 +417,7 @@ class ConsoleReporter(RunReporter):
         for col in columns:
             table.add_column(col)
         for p in front:
-            table.add_row(*(_fmt(p.get(c)) for c in columns))
+            table.add_row(*(_fmt(_cell(p, c)) for c in columns))
         self.progress.console.print(table)
 
     @on.register
@@ -350,17 +427,30 @@ class ConsoleReporter(RunReporter):
 
 # The front as run and pareto print it: each point at its length, with its seeds and interval (trial numbers,
 # bpb and parameters are in --json); seven columns fit 80 characters.
+def run_where(steps: int, seed: int) -> str:
+    """Where a race run is: "at 2000 steps, seed 3", or for a frozen study's (no step) "on window chunk 3"."""
+    return f"on window chunk {seed}" if steps == 0 else f"at {steps} steps, seed {seed}"
+
+
 RACE_FRONT_COLUMNS = ["reuse_map", "flops_ratio", "steps", "seeds", "val_ppl", "interval", "confirmed"]
 RACE_FRONT_HEADERS = {"flops_ratio": "FLOPs", "val_ppl": "ppl", "interval": "90% interval"}
+RACE_FRONT_DROPPED = ["steps", "seeds", "interval"]  # on a narrow console, first dropped first
+# A frozen study's front: no step trained, and its replicates are chunks of held-out windows
+FROZEN_FRONT_COLUMNS = [c for c in RACE_FRONT_COLUMNS if c != "steps"]
+FROZEN_FRONT_HEADERS = RACE_FRONT_HEADERS | {"seeds": "window chunks"}
+COMPARISON_COLUMNS = ["reuse_map", "seeds", "loss_diff", "interval", "p", "level", "status"]  # against the baseline
+FROZEN_COMPARISON_COLUMNS = ["window_chunks" if c == "seeds" else c for c in COMPARISON_COLUMNS]
 
 
 CONFIRMED_WORDS = ("yes", "no", "reference")  # the front's `confirmed` column: claimed better, not, the baseline
 
 
 def race_front_rows(front: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Front points for a table: the interval as low-high, confirmed as a word of CONFIRMED_WORDS."""
+    """Front points for a table: the interval as low-high (with the perplexities' decimals), confirmed as a word of
+    CONFIRMED_WORDS."""
     yes, no, reference = CONFIRMED_WORDS
-    return [dict(p, interval=f"{_fmt(p['interval'][0])}-{_fmt(p['interval'][1])}"
+    decimals = significant_decimals([p.get("val_ppl") for p in front])
+    return [dict(p, interval=f"{fixed(p['interval'][0], decimals)}-{fixed(p['interval'][1], decimals)}"
                  if p.get("interval") and p["interval"][0] is not None else "-",
                  confirmed=reference if p.get("reference") else yes if p.get("confirmed") else no) for p in front]
 
@@ -382,25 +472,38 @@ def print_race(report: StudyReport) -> None:
         return
     settings = race.settings
     runs = sorted(race.runs, key=lambda r: (r.map_key, r.seed))
-    if runs and settings.policy == "adaptive":
-        by_map: dict[str, list[Any]] = {}
-        for r in runs:
-            by_map.setdefault(r.map_key, []).append(r)
+    by_map: dict[str, list[Any]] = {}
+    for r in runs:
+        by_map.setdefault(r.map_key, []).append(r)
+    decimals = significant_decimals([r.val_ppl for r in runs])
+    if runs and settings.frozen:  # no step trained: a seed is a chunk of held-out windows
+        rows_table(f"race evaluations on held-out windows (frozen; window chunk {settings.seeds[0]} scored the "
+                   "trials, the rest test)",
+                   [{"reuse_map": k, "window_chunks": ",".join(str(r.seed) for r in v),
+                     "ppl": " ".join(fixed(r.val_ppl, decimals) for r in v)} for k, v in sorted(by_map.items())],
+                   ["reuse_map", "window_chunks", "ppl"])
+    elif runs and settings.policy == "adaptive":
         rows_table(f"race runs at {settings.target_steps} steps (proxy {settings.base_steps}; seed {settings.seeds[0]} "
                    f"screens, the rest test)",
-                   [{"reuse_map": k, "seeds": ",".join(str(r.seed) for r in v), "ppl": " ".join(_fmt(r.val_ppl) for r in v)}
-                    for k, v in sorted(by_map.items())], ["reuse_map", "seeds", "ppl"])
+                   [{"reuse_map": k, "seeds": ",".join(str(r.seed) for r in v),
+                     "ppl": " ".join(fixed(r.val_ppl, decimals) for r in v)} for k, v in sorted(by_map.items())],
+                   ["reuse_map", "seeds", "ppl"])
     elif runs:
         rows_table(f"race runs (proxy {settings.base_steps} steps, target {settings.target_steps}, seeds "
                    f"{_fmt(list(settings.seeds))})", [dataclasses.asdict(r) for r in runs],
-                   ["map_key", "steps", "seed", "val_ppl", "schedule", "source"])
+                   ["map_key", "steps", "seed", "val_ppl", "schedule", "source"], droppable=["schedule", "source"])
     if race.state.comparisons:
-        rows_table("against the baseline at the target (test seeds; loss_diff: the map's loss minus the baseline's, "
-                   "below 0 is better)",
-                   [{"reuse_map": c.map_key, "seeds": c.n, "loss_diff": c.mean_diff,
-                     "interval": "-" if not c.interval else f"{c.interval[0]:+.4f} to {c.interval[1]:+.4f}",
-                     "p": c.p_value, "level": c.level, "status": c.status} for c in race.state.comparisons],
-                   ["reuse_map", "seeds", "loss_diff", "interval", "p", "level", "status"], {"seeds": "test seeds"})
+        unit = "window_chunks" if settings.frozen else "seeds"
+        rows = [{"reuse_map": c.map_key, unit: c.n, "loss_diff": c.mean_diff,
+                 "interval": "-" if not c.interval else f"{c.interval[0]:+.4f} to {c.interval[1]:+.4f}",
+                 "p": c.p_value, "level": c.level, "status": c.status} for c in race.state.comparisons]
+        diff = "loss_diff: the map's loss minus the baseline's, below 0 is better"
+        if settings.frozen:
+            rows_table(f"against the baseline on held-out windows (test window chunks; {diff})", rows,
+                       FROZEN_COMPARISON_COLUMNS, {"window_chunks": "test window chunks"}, droppable=["level", "p"])
+        else:
+            rows_table(f"against the baseline at the target (test seeds; {diff})", rows, COMPARISON_COLUMNS,
+                       {"seeds": "test seeds"}, droppable=["level", "p"])
     for key, why in race.state.eliminated.items():
         out.print(f"eliminated {key}: {why}", soft_wrap=True)
     equal = race.equal_compute
@@ -408,24 +511,52 @@ def print_race(report: StudyReport) -> None:
         out.print(f"equal compute: {equal['reference']} (a plain {equal['layers']}-layer model, "
                   f"{_fmt(equal['flops_ratio'])}x FLOPs, {equal['params']} parameters, {equal['params_ratio']:.2f}x "
                   f"the baseline's) ppl {_fmt(equal['val_ppl'])} over seeds {_fmt(equal['seeds'])}", soft_wrap=True)
-    out.print(f"verdict at {settings.target_steps} steps: {race.verdict or '-'}", soft_wrap=True)
+    where = "on held-out windows (frozen)" if settings.frozen else f"at {settings.target_steps} steps"
+    out.print(f"verdict {where}: {race.verdict or '-'}", soft_wrap=True)
     if report.answer.trust is not None:
         out.print(f"trust: {report.answer.trust.text()}", soft_wrap=True)
 
 
+def is_frozen(report: StudyReport) -> bool:
+    """A frozen study's report (maps only evaluated on the pretrained weights: no step trained)."""
+    return report.race is not None and report.race.settings.frozen
+
+
+def print_front(report: StudyReport, front: list[dict[str, Any]]) -> None:
+    """The decided front as run and pareto print it (a frozen study's without its steps, its seeds window chunks)."""
+    if is_frozen(report):
+        rows_table(f"Pareto front of {report.study}", race_front_rows(front), FROZEN_FRONT_COLUMNS,
+                   FROZEN_FRONT_HEADERS, RACE_FRONT_DROPPED)
+    else:
+        rows_table(f"Pareto front of {report.study}", race_front_rows(front), RACE_FRONT_COLUMNS, RACE_FRONT_HEADERS,
+                   RACE_FRONT_DROPPED)
+
+
 def print_run(report: StudyReport) -> None:
-    """The front, the counts, the fidelity and the race; the answer's details, then the answer as the last line."""
-    rows_table(f"Pareto front of {report.study}", race_front_rows(list(report.front)), RACE_FRONT_COLUMNS,
-               RACE_FRONT_HEADERS)
+    """The front, the counts, the fidelity, the race and the run's phases; the answer's details, then the answer as
+    the last line."""
+    print_front(report, list(report.front))
     for name, ref in report.references.items():
         out.print(f"reference {name}: {_fmt(ref['flops_ratio'])}x, ppl {_fmt(ref['val_ppl'])}")
     everything = report.steps_trained + report.reference_steps + report.race_steps
-    out.print(f"{report.n_complete} complete, {report.n_pruned} pruned, {report.n_failed} failed; "
-              f"{everything} steps trained: {report.steps_trained} in the trials ({report.steps_saved_by_pruning} "
-              f"saved by pruning), {report.reference_steps} in the reference runs, "
-              f"{report.race_steps} in the race; storage {report.storage}")
+    if is_frozen(report):
+        out.print(f"{report.n_complete} complete, {report.n_failed} failed; frozen: no step trained, every result the "
+                  f"pretrained weights evaluated on a chunk of held-out windows; storage {report.storage}")
+    else:
+        out.print(f"{report.n_complete} complete, {report.n_pruned} pruned, {report.n_failed} failed; "
+                  f"{everything} steps trained: {report.steps_trained} in the trials ({report.steps_saved_by_pruning} "
+                  f"saved by pruning), {report.reference_steps} in the reference runs, "
+                  f"{report.race_steps} in the race; storage {report.storage}")
     _fidelity_lines(report.fidelity)
     print_race(report)
+    if report.phases:
+        rows_table("phases (cpu%: of one core)",
+                   [{"phase": p.phase, "wall_seconds": round(p.wall_seconds, 1), "tokens": p.tokens,
+                     "tokens_per_second": round(p.tokens_per_second), "cpu_seconds": round(p.cpu_seconds, 1),
+                     "cpu_percent": round(p.cpu_percent)} for p in report.phases],
+                   ["phase", "wall_seconds", "tokens", "tokens_per_second", "cpu_seconds", "cpu_percent"],
+                   {"wall_seconds": "wall s", "tokens_per_second": "tokens/s", "cpu_seconds": "cpu s",
+                    "cpu_percent": "cpu%"})
     if report.interrupted:
         out.print("interrupted: finished trials are saved; run the same command again to resume")
     for line in report.answer.details:
@@ -436,7 +567,8 @@ def print_run(report: StudyReport) -> None:
 def print_studies(report: dict[str, Any]) -> None:
     """The studies as a table, then each study's answer on a line of its own."""
     rows_table("studies (best: the map the race reports, at its decided length)", report["studies"],
-               ["study", "n_trials", "budget", "layers", "best", "best_val_ppl", "best_steps", "decided"])
+               ["study", "n_trials", "budget", "layers", "best", "best_val_ppl", "best_steps", "decided"],
+               {"n_trials": "trials"}, droppable=["best_steps", "layers", "n_trials", "budget", "decided"])
     for row in report["studies"]:
         out.print(f"{row['study']}: {row['answer']}", markup=False, highlight=False)
 
@@ -449,15 +581,21 @@ def print_export(report: dict[str, Any]) -> None:
         out.print(f"wrote {report['curve_points']} curve points to {report['curves_out']}")
 
 
+def print_export_model(report: dict[str, Any]) -> None:
+    out.print(f"wrote a {report['family']} checkpoint of {report['layers']} layers ({report['source']}, map "
+              f"{report['map']}, schedule {','.join(map(str, report['schedule']))}) to {report['out']}", markup=False)
+
+
 def print_trials(report: StudyReport) -> None:
     """The answer and its details first, then every trial, the reference runs, the fidelity and the race."""
     print_answer(report)
     listing = report.listing
     if listing is not None:
-        rows_table(f"trials of {report.study}", list(listing.rows), TRIAL_COLUMNS)
+        rows_table(f"trials of {report.study}", list(listing.rows), TRIAL_COLUMNS, droppable=TRIAL_COLUMNS_DROPPED)
         if listing.references:
             rows_table("reference runs (trained outside the sampler's view)", list(listing.references),
-                       ["reference", "reuse_map", "knobs", "flops_ratio", "val_ppl", "val_bpb", "seed", "status"])
+                       ["reference", "reuse_map", "knobs", "flops_ratio", "val_ppl", "val_bpb", "seed", "status"],
+                       droppable=["val_bpb", "seed", "status"])
     _fidelity_lines(report.fidelity)
     print_race(report)
 
@@ -466,8 +604,7 @@ def print_pareto(report: StudyReport) -> None:
     """The answer and its details first, then the decided front, the layer view, the fidelity and the race."""
     print_answer(report)
     view = report.front_view
-    front = list(view.front) if view is not None else list(report.front)
-    rows_table(f"Pareto front of {report.study}", race_front_rows(front), RACE_FRONT_COLUMNS, RACE_FRONT_HEADERS)
+    print_front(report, list(view.front) if view is not None else list(report.front))
     if view is not None and view.noise:
         out.print(f"baseline seed-to-seed spread at the proxy's length: {view.noise['spread']:.4g} ppl over "
                   f"{view.noise['n_seeds']} seeds")
@@ -513,7 +650,8 @@ def print_audit(report: dict[str, Any]) -> None:
             for m in sorted(report["maps"], key=lambda m: m["audit_ppl"])]
     rows_table(f"audit of {report['study']}: {report['proxy_steps']} -> {report['steps']} steps",
                rows, ["reuse_map", "flops_ratio", "proxy", "proxy_ppl", f"{factor}_ppl", "seeds", "seed_sd", "front"],
-               {"flops_ratio": "FLOPs", "proxy_ppl": "proxy ppl", f"{factor}_ppl": f"{factor} ppl", "seeds": "n", "seed_sd": "sd"})
+               {"flops_ratio": "FLOPs", "proxy_ppl": "proxy ppl", f"{factor}_ppl": f"{factor} ppl", "seeds": "n", "seed_sd": "sd"},
+               droppable=["seed_sd", "seeds", "proxy"])
     out.print(f"Spearman {_fmt(report['spearman'])}, Kendall {_fmt(report['kendall'])} over {report['n_maps']} maps; "
               f"front precision {_fmt(report['front_precision'])}, recall {_fmt(report['front_recall'])}; pruned maps on the "
               f"{report['factor']:g}x front: {', '.join(report['pruned_on_audited_front']) or 'none'}")
@@ -567,9 +705,14 @@ def print_pruning_replay(report: dict[str, Any]) -> None:
 
 
 def print_plan(report: dict[str, Any]) -> None:
+    resume = report["resume"]
     rows = {
         "study": report["study"] + (f" (resume: {report['finished_trials']} of {report['n_trials']} trials finished)"
-                                    if report["resume"] else " (new)"),
+                                    if resume else " (new)"),
+    }
+    if report.get("finished"):
+        rows["left"] = report["left"]
+    rows |= {
         "trials to train": f"{report['trials_to_train']} (target {report['n_trials']})",
         "references": ", ".join(report["references_to_train"]) or "none",
         "sampler": report["sampler"],
@@ -588,30 +731,40 @@ def print_plan(report: dict[str, Any]) -> None:
     if report.get("knobs"):
         rows["knobs"] = ", ".join(report["knobs"])
     race = report.get("race") or {}
-    if race.get("policy") == "adaptive":
+    left = " left" if resume else ""
+    if race.get("decided"):
+        rows["race"] = f"{race['policy']} at {race['target_steps']} steps: decided ({race['steps_trained']} steps trained)"
+    elif race.get("policy") == "adaptive":
         rows["race"] = (f"adaptive at {race['target_steps']} steps: {race['screen']} maps screened at seed 0, "
                         f"{race['contenders']} contenders (the baseline among them) on {race['first_test_seeds']} to "
                         f"{race['max_seeds'] - 1} test seeds, equal compute {race['equal_compute']}: "
-                        f"{race['runs_min']} to {race['runs_max']} runs ({race['steps_min']} to {race['steps_max']} steps"
-                        + (f", capped at {race['cap']}" if race.get("cap") else "") + ")")
+                        f"{race['runs_min']} to {race['runs_max']} runs{left} ({race['steps_min']} to "
+                        f"{race['steps_max']} steps" + (f", capped at {race['cap']}" if race.get("cap") else "") + ")")
     elif race.get("policy") == "fixed":
         rows["race"] = (f"fixed: {race['contenders']} contenders at {race['seeds']} seeds at {race['lengths']} steps: "
-                        f"at most {race['steps_max']} steps")
+                        f"at most {race['steps_max']} steps{left}")
     else:
         rows["race"] = "off"
     if "estimated_seconds" in report:
+        rows["layout"] = report["layout"]
         for p in report["probe"]:
-            rows[f"probe {p['label']}"] = (f"map {format_reuse_map(p['reuse_map'])}: {p['seconds_per_step'] * 1000:.1f} ms/step, "
-                                           f"{p['seconds_per_eval'] * 1000:.0f} ms/evaluation")
+            rows[f"probe {p['label']}"] = (f"map {format_reuse_map(p['reuse_map'])}: {_milliseconds(p['seconds_per_step'])}/step, "
+                                           f"{_milliseconds(p['seconds_per_eval'])}/evaluation")
         rows["per trial"] = _duration(report["estimated_trial_seconds"])
-        low, high = report["estimated_race_seconds"]
-        rows["race time"] = f"{_duration(low)} to {_duration(high)}"
-        rows["estimated time"] = (f"{_duration(report['estimated_seconds'])} to {_duration(report['estimated_seconds_max'])} "
-                                  f"({report['estimate_note']})")
+        low, high = report["estimated_seconds"], report["estimated_seconds_max"]
+        span = _duration(low) if _duration(low) == _duration(high) else f"{_duration(low)} to {_duration(high)}"
+        rows["estimated time" + left] = f"{span} ({report['estimate_note']})"
     key_value_table("dry run: nothing was written", rows)
 
 
+def _milliseconds(seconds: float) -> str:
+    """A probed time in milliseconds to three significant digits (0.0123 ms as such, never 0.0)."""
+    return f"{seconds * 1000:.3g} ms"
+
+
 def _duration(seconds: float) -> str:
+    if seconds < 9.95:  # a short run in tenths, not 0m 00s
+        return f"{seconds:.1f}s"
     seconds = int(round(seconds))
     h, rest = divmod(seconds, 3600)
     m, s = divmod(rest, 60)

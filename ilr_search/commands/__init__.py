@@ -1,6 +1,7 @@
 """Commands: the use cases under the CLI, each a function that returns what its command prints with --json.
 
 - api.py: the public Python API (flops, train, run); recipe.py: a study's winner to full scale;
+- export.py: `export-model`, standard transformers checkpoints; standard_checkpoint.py writes them;
 - audit.py: chosen maps retrained longer; report.py: fronts, figures, exports; bench.py: the tabular benchmark;
 - dryrun.py: a study's plan without training; tracking.py: trials sent to TensorBoard or MLflow;
 - workers.py: N worker processes on one study;

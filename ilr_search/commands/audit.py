@@ -22,7 +22,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from ilr_search.config import AuditSettings, SpaceConfig
+from ilr_search.config import SIZE_MAXIMA, AuditSettings, SpaceConfig
 from ilr_search.data.tokenizers import check_vocab, model_config
 from ilr_search.data.tokens import load_space_tokens
 from ilr_search.errors import UserInputError
@@ -48,8 +48,8 @@ def check_settings(settings: AuditSettings) -> tuple[str, int]:
     """(kind, K) of the map selection; bad values raise before anything is opened."""
     if not (isinstance(settings.factor, (int, float)) and math.isfinite(settings.factor)) or settings.factor < 1:
         raise UserInputError(f"--factor must be at least 1 (the audit retrains maps factor x longer), got {settings.factor}")
-    if settings.seeds < 1:
-        raise UserInputError(f"--seeds must be at least 1, got {settings.seeds}")
+    if not 1 <= settings.seeds <= SIZE_MAXIMA["search", "max_seeds"]:
+        raise UserInputError(f"--seeds must be 1 to {SIZE_MAXIMA['search', 'max_seeds']:,}, got {settings.seeds}")
     text = settings.maps.strip()
     if text in ("auto", "front", "all"):
         return text, 0
@@ -145,6 +145,9 @@ def _run_audit(study_name: str, storage: str | None, settings: AuditSettings, re
     config = StoredConfig.from_dict(study.user_attrs[CONFIG_ATTR])
     proxy_steps = config.space.train.steps
     steps = max(1, round(settings.factor * proxy_steps))
+    if steps > SIZE_MAXIMA["train", "steps"]:
+        raise UserInputError(f"--factor {settings.factor:g} retrains at {steps:,} steps ({proxy_steps} a proxy), above "
+                             f"the most steps a run takes, {SIZE_MAXIMA['train', 'steps']:,}")
     space = stored_space(study, steps)
     init_depth = config.init_depth  # for the depth_init knob
     base_seed = space.train.seed
@@ -217,5 +220,5 @@ def _claim_group(store: Store, pending: list[tuple[RaceRunJob, TrialRecord]], wo
             continue
         claimed.append(ClaimedRun(job, list(t.reuse_map), model,
                                   longer_train_config(space.train, space.train.steps, job.seed),
-                                  run_checkpoint(checkpoints, job), t.number, t.flops_ratio))
+                                  run_checkpoint(checkpoints, job), t.number, t.flops_ratio, t.schedule))
     return claimed, []

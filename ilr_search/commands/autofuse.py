@@ -19,10 +19,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ilr_search.config import ModelConfig, SpaceConfig
+from ilr_search.commands.layout import process_threads, usable_cores
+from ilr_search.config import SIZE_MAXIMA, ModelConfig, SpaceConfig
 from ilr_search.errors import UserInputError
 from ilr_search.search.plan import StudyPlan
-from ilr_search.search.run import RunRequest, checked_request
 from ilr_search.training.device import resolve_device
 
 GIB = 1 << 30
@@ -63,9 +63,9 @@ def parse_fuse(text: str | int) -> int | str:
         value = int(text) if not isinstance(text, bool) else 0
     except (TypeError, ValueError):
         value = 0
-    if value < 1 or str(text).strip() not in (str(value), f"+{value}"):
-        raise UserInputError(f"--fuse must be a positive number of maps trained at once (1: one at a time) or "
-                             f"auto, got {text!r}")
+    if not 1 <= value <= SIZE_MAXIMA["search", "fuse"] or str(text).strip() not in (str(value), f"+{value}"):
+        raise UserInputError(f"--fuse must be a positive number of maps trained at once (1: one at a time), at most "
+                             f"{SIZE_MAXIMA['search', 'fuse']:,}, or auto, got {text!r}")
     return value
 
 
@@ -221,10 +221,10 @@ def choose_fuse(plan: StudyPlan, workers: int | None, target: int) -> FuseChoice
 
     space, model = plan.space, plan.model
     device = resolve_device(space.train.device)
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
 
-    def threads_for(groups: int) -> int | None:  # on a CPU the cores shared out; on CUDA not set
-        return None if device.type == "cuda" else max(1, cores // groups)
+    def threads_for(groups: int) -> int | None:  # on a CPU the usable cores shared out; elsewhere not set
+        return process_threads(space, groups)
 
     try:
         check_fusable(model)
@@ -271,20 +271,12 @@ def describe(layout: Layout) -> str:
 
 def resolve_layout(plan: StudyPlan, fuse: int | str, workers: int | None, target: int) -> FuseChoice:
     """The run's layout from `--fuse` (a number or auto) and `--workers` (None: not given): a K asked for is
-    checked against memory; auto is chosen by choose_fuse. On a CPU several workers share the cores out."""
+    checked against memory; auto is chosen by choose_fuse. On a CPU the processes share the usable cores out
+    (layout.process_threads)."""
     if fuse == "auto":
         choice = choose_fuse(plan, workers, target)
         check_memory(plan, choice.layout.groups, choice.layout.fuse)
         return choice
     groups = workers or 1
     check_memory(plan, groups, int(fuse))
-    cpu = resolve_device(plan.space.train.device).type == "cpu"
-    threads = max(1, (os.cpu_count() or 1) // groups) if groups > 1 and cpu else None
-    return FuseChoice(Layout(groups, int(fuse), threads), "")
-
-
-def run_layout(request: RunRequest, fuse: int | str, workers: int | None) -> FuseChoice:
-    """`run`'s layout for the study `request` asks for, before anything is opened or written (bad input raises
-    as `run` would)."""
-    _, _, plan = checked_request(request)
-    return resolve_layout(plan, fuse, workers, request.target_trials)
+    return FuseChoice(Layout(groups, int(fuse), process_threads(plan.space, groups)), "")

@@ -1,16 +1,21 @@
-"""`run --dry-run`: the plan of a study (name, trials, references, pruning rungs, storage, space) and an estimate of
-its time from a short timed probe of the cheapest and the costliest schedule. It writes nothing: no storage,
-no study, no token cache (the probe trains on random tokens: a step's time does not depend on their values),
-no checkpoint."""
+"""`run --dry-run`: the plan of a study (name, what is left to train of its trials, references and race, pruning
+rungs, storage, space) and an estimate of the time that is left, from a short timed probe of the cheapest and the
+costliest schedule on the layout the run would use (its fused group size and threads). It writes nothing: no
+storage, no study, no token cache (the probe trains on random tokens: a step's time does not depend on their
+values), no checkpoint."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import statistics
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 
-from ilr_search.config import ModelConfig, SpaceConfig
+from ilr_search.config import ModelConfig, SpaceConfig, TrainConfig
 from ilr_search.data.tokens import TokenData, cache_key, cache_root, random_tokens
 from ilr_search.training.flops import flops_ratio
 from ilr_search.analysis.results import REFERENCE_PREFIX, has_result
@@ -18,37 +23,86 @@ from ilr_search.training.schedule import reuse_map_schedule
 from ilr_search.search.maps import repair_to_budget
 from ilr_search.search.plan import StudyPlan, adopt_stored_dtype, adopt_stored_race, check_resume, stored_study
 from ilr_search.search.pruners import pruner_settings
-from ilr_search.commands.run import race_processes
+from ilr_search.analysis.trials import trial_records
+from ilr_search.commands.autofuse import Layout, describe, resolve_layout
+from ilr_search.commands.layout import process_threads, race_processes
+from ilr_search.search.race import study_race
 from ilr_search.search.run import ReferenceRun, RunRequest, checked_request, reference_runs
 from ilr_search.search.samplers import sampler_settings
-from ilr_search.storage import open_storage
+from ilr_search.storage import StorageSpec, open_storage, open_store
 from ilr_search.training.device import resolve_compile, resolve_device
+from ilr_search.training.jobs import fusable
 from ilr_search.training.train import train_proxy
 
-PROBE_STEPS = 8  # timed steps per probed schedule, after one untimed first step
+PROBE_WARMUP = 2  # untimed steps first: memory allocated, kernels chosen, caches warm
+PROBE_TIMED = 7  # timed steps per probed schedule; their median is its step time (odd: a measured step)
+FINISHED = "nothing is left to train: the study is finished"
 
 
 @dataclass(frozen=True)
 class Probe:
-    """One probed schedule: seconds per training step and per evaluation, measured on this machine."""
+    """One probed schedule, trained as the run trains it (`fuse` copies at once in one fused group, on `threads`
+    torch threads): a map's share of the median timed step, and of an evaluation, measured on this machine."""
 
     label: str
     reuse_map: list[int]
     layer_runs: int
-    seconds_per_step: float
-    seconds_per_eval: float
+    fuse: int
+    threads: int | None  # None: torch's default
+    seconds_per_step: float  # the median fused step over `fuse`: what one map's step costs the run
+    seconds_per_eval: float  # one map's evaluation of the space's eval_windows
+    step_seconds: list[float]  # the timed steps of the whole group, in order
+
+
+def timed_steps(model: ModelConfig, schedules: Sequence[Sequence[int]], data: TokenData, train: TrainConfig
+                ) -> tuple[list[float], list[float], int]:
+    """(seconds of each of PROBE_TIMED training steps after PROBE_WARMUP untimed ones, seconds of each evaluation
+    after them, validation windows an evaluation read) of `schedules` trained together: one by train_proxy, several
+    in one fused group, as the run trains them. Every step is evaluated on one batch, so that each ends in a host
+    sync at a known time: a step is timed from the end of the evaluation before it to its own host sync."""
+    steps = PROBE_WARMUP + PROBE_TIMED
+    cfg = dataclasses.replace(train, steps=steps, compile=False, checkpoint_every=0, eval_windows=train.batch_size,
+                              eval_fractions=tuple(s / steps for s in range(1, steps + 1)))
+    stepped: dict[int, float] = {}  # step -> when its losses reached the host (its first member's)
+    evaluated: dict[int, float] = {}  # step -> when its evaluation ended (its last member's)
+
+    def on_step(step: int, total: int, loss: float) -> None:
+        stepped.setdefault(step, time.perf_counter())
+
+    def on_eval(point: Any) -> bool:
+        evaluated[point.step] = time.perf_counter()
+        return False
+
+    if len(schedules) == 1:
+        train_proxy(model, schedules[0], data, cfg, on_eval=on_eval, on_step=on_step)
+    else:
+        from ilr_search.training.fused import train_fused
+
+        train_fused(model, schedules, data, cfg, on_eval=[on_eval] * len(schedules), on_step=[on_step] * len(schedules))
+    timed = [s for s in range(PROBE_WARMUP + 1, steps + 1) if s in stepped and s in evaluated and s - 1 in evaluated]
+    if not timed:
+        raise RuntimeError(f"the timing probe of {len(schedules)} schedule(s) diverged on random tokens")
+    return ([stepped[s] - evaluated[s - 1] for s in timed], [evaluated[s] - stepped[s] for s in timed],
+            len(data.val_starts(cfg.eval_windows, model.seq_len)))
 
 
 def probe_schedule(space: SpaceConfig, model: ModelConfig, reuse_map: list[int], label: str, dtype: str,
-                   data: TokenData) -> Probe:
-    """Seconds per step (the difference of a 1-step and a (1 + PROBE_STEPS)-step run, so the first step's setup
-    is not counted) and per evaluation, uncompiled."""
+                   data: TokenData, fuse: int = 1, threads: int | None = None) -> Probe:
+    """Time `reuse_map` trained `fuse` at a time on `threads` torch threads (uncompiled), this process's threads
+    set back after."""
+    import torch
+
     schedule = reuse_map_schedule(reuse_map)
-    base = dataclasses.replace(space.train, dtype=dtype, compile=False, eval_fractions=(1.0,), checkpoint_every=0)
-    short = train_proxy(model, schedule, data, dataclasses.replace(base, steps=1))
-    long = train_proxy(model, schedule, data, dataclasses.replace(base, steps=1 + PROBE_STEPS))
-    step_seconds = ((long.train_seconds - long.eval_seconds) - (short.train_seconds - short.eval_seconds)) / PROBE_STEPS
-    return Probe(label, reuse_map, len(schedule), max(step_seconds, 0.0), (short.eval_seconds + long.eval_seconds) / 2)
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        steps, evals, windows = timed_steps(model, [schedule] * fuse, data, dataclasses.replace(space.train, dtype=dtype))
+    finally:
+        torch.set_num_threads(before)
+    per_window = statistics.median(evals) / max(1, windows)
+    return Probe(label, reuse_map, len(schedule), fuse, threads, statistics.median(steps) / fuse,
+                 per_window * space.train.eval_windows / fuse, steps)
 
 
 def costliest_map(n_layers: int, max_reuse: int, max_layer_runs: int) -> list[int]:
@@ -56,12 +110,13 @@ def costliest_map(n_layers: int, max_reuse: int, max_layer_runs: int) -> list[in
     return repair_to_budget([max_reuse] * n_layers, max_layer_runs)
 
 
-def dry_run_report(request: RunRequest, workers: int | None = None, probe: bool = True) -> dict[str, Any]:
-    """The `run --dry-run` report: what `request` would do, and how long its training would take without pruning
-    or a map trained twice (`workers`: --workers, None: the space's). Bad input raises as `run` would; nothing is
-    written."""
+def dry_run_report(request: RunRequest, workers: int | None = None, probe: bool = True,
+                   fuse: int | str = 1) -> dict[str, Any]:
+    """The `run --dry-run` report: what `request` would do, what is left of it where the study exists (nothing, in
+    words, when it is finished), and how long that would take without pruning or a map trained twice, on the layout
+    `fuse` and `workers` give (--fuse and --workers, as `run` chooses it). Bad input raises as `run` would; nothing
+    is written."""
     spec, space, plan = checked_request(request)
-    workers = workers or 1
     existing = open_storage(spec, heartbeat=False) if spec.exists() else None
     if existing is not None and space.train.dtype == "auto":
         plan = adopt_stored_dtype(existing, plan)
@@ -71,10 +126,15 @@ def dry_run_report(request: RunRequest, workers: int | None = None, probe: bool 
     trials = study.get_trials(deepcopy=False) if study is not None else []
     finished = sum(has_result(t) for t in trials)
     target = request.target_trials
+    trials_to_train = max(0, target - finished)
     refs = reference_runs(plan, trials)
     names = [r.name for r in refs] + (["second_seed"] if space.search.noise_seeds and not any(
         r.name == "second_seed" for r in refs) else [])  # the best recurrent map at a second seed, once known
     done_refs = [n for n in names if study is not None and f"{REFERENCE_PREFIX}{n}" in study.user_attrs]
+    race = race_plan(plan, target)
+    if study is not None and race["runs_max"]:
+        race = race_left(race, spec, existing, study, plan, trials_to_train)
+    left = trials_to_train > 0 or len(done_refs) < len(names) or race["runs_max"] > 0
     max_runs = plan.budget.max_layer_runs(plan.model)
     n_layers = plan.model.n_layers
     costly = costliest_map(n_layers, space.search.max_reuse, max_runs)
@@ -84,9 +144,11 @@ def dry_run_report(request: RunRequest, workers: int | None = None, probe: bool 
         "dry_run": True,
         "study": plan.name,
         "resume": study is not None,
+        "finished": not left,
+        "left": FINISHED if not left else None,
         "n_trials": target,
         "finished_trials": finished,
-        "trials_to_train": max(0, target - finished),
+        "trials_to_train": trials_to_train,
         "references": names,
         "references_to_train": [n for n in names if n not in done_refs],
         "sampler": sampler_settings(space.search.sampler, space.train.seed, space.search.max_reuse).name,
@@ -105,12 +167,31 @@ def dry_run_report(request: RunRequest, workers: int | None = None, probe: bool 
                   "eval_steps": space.train.eval_steps, "device": str(device), "dtype": plan.dtype,
                   "compile": resolve_compile(space.train.compile, device)},
         "knobs": list(space.search.knobs),
-        "workers": workers,
-        "race": race_plan(plan, target),
+        "workers": workers or 1,
+        "race": race,
     }
-    if probe:
-        report |= estimate(space, plan, costly, refs, report["trials_to_train"], done_refs, workers, report["race"])
+    if probe and left:
+        layout = resolve_layout(plan, fuse, workers, target).layout
+        report |= estimate(space, plan, costly, refs, trials_to_train, done_refs, layout, race)
     return report
+
+
+def race_left(race: dict[str, Any], spec: StorageSpec, storage: Any, study: Any, plan: StudyPlan,
+              trials_to_train: int) -> dict[str, Any]:
+    """`race` (race_plan's) less what the study's race has stored: nothing once its trials are all done and the
+    policy has decided (under this run's compute cap), else its runs and steps less those trained."""
+    store = open_store(spec, plan.name, read_only=True, storage=storage)
+    _, results, state = study_race(trial_records(study.get_trials(deepcopy=False)), study.user_attrs,
+                                   store.race_runs(), plan.space.search.max_race_steps)
+    trained = sum(r.steps for r in results if r.is_run)
+    if trials_to_train == 0 and state.done:
+        return race | {"runs_min": 0, "runs_max": 0, "steps_min": 0, "steps_max": 0, "steps_trained": trained,
+                       "decided": True}
+    target = race["target_steps"]
+    steps_min = max(0, race["steps_min"] - trained)
+    steps_max = max(steps_min, race["steps_max"] - trained, sum(j.steps for j in state.next_jobs))
+    return race | {"runs_min": math.ceil(steps_min / target), "runs_max": math.ceil(steps_max / target),
+                   "steps_min": steps_min, "steps_max": steps_max, "steps_trained": trained, "decided": False}
 
 
 def race_plan(plan: StudyPlan, n_trials: int) -> dict[str, Any]:
@@ -146,14 +227,17 @@ def race_plan(plan: StudyPlan, n_trials: int) -> dict[str, Any]:
 
 
 def estimate(space: SpaceConfig, plan: StudyPlan, costly: list[int], refs: list[ReferenceRun], trials_to_train: int,
-             done_refs: list[str], workers: int, race: dict[str, Any]) -> dict[str, Any]:
-    """Time per schedule as a line through the probed cheapest and costliest schedules (per layer run), applied
-    to an average sampled map (half-way), each reference, each evaluation and each race run (its least and most;
-    on a CPU of several cores the race's runs share them, one process a core)."""
+             done_refs: list[str], layout: Layout, race: dict[str, Any]) -> dict[str, Any]:
+    """The time left, as one range: time per map as a line through the probed cheapest and costliest schedules
+    (per layer run, each probed as the run trains it: `layout`'s fused group size and threads), applied to an
+    average sampled map (half-way), each reference, each evaluation and each race run; the range is the race's
+    least and most runs (on a CPU of several cores the race's runs share them, one process a core)."""
     n_layers = plan.model.n_layers
+    fuse = layout.fuse if fusable(plan.model) else 1
+    threads = layout.threads if layout.threads is not None else process_threads(space, layout.groups)
     data = random_tokens(plan.model.vocab_size, plan.model.seq_len)
-    baseline = probe_schedule(space, plan.model, [1] * n_layers, "baseline", plan.dtype, data)
-    costliest = probe_schedule(space, plan.model, costly, "costliest", plan.dtype, data)
+    baseline = probe_schedule(space, plan.model, [1] * n_layers, "baseline", plan.dtype, data, fuse, threads)
+    costliest = probe_schedule(space, plan.model, costly, "costliest", plan.dtype, data, fuse, threads)
     span = max(1, costliest.layer_runs - baseline.layer_runs)
 
     def proxy_seconds(layer_runs: float) -> float:
@@ -162,6 +246,7 @@ def estimate(space: SpaceConfig, plan: StudyPlan, costly: list[int], refs: list[
         evaluation = baseline.seconds_per_eval + at * (costliest.seconds_per_eval - baseline.seconds_per_eval)
         return space.train.steps * step + len(space.train.eval_steps) * evaluation
 
+    groups = layout.groups
     mid_runs = (baseline.layer_runs + costliest.layer_runs) / 2
     trial_seconds = proxy_seconds(mid_runs)
     ref_seconds = sum(proxy_seconds(mid_runs if r.name == "second_seed" else len(r.schedule))
@@ -169,18 +254,20 @@ def estimate(space: SpaceConfig, plan: StudyPlan, costly: list[int], refs: list[
     if space.search.noise_seeds and "second_seed" not in done_refs and not any(r.name == "second_seed" for r in refs):
         ref_seconds += proxy_seconds(mid_runs)
     run_seconds = proxy_seconds(mid_runs) * race["target_steps"] / space.train.steps if race["runs_max"] else 0.0
-    racers = max(workers, race_processes(space, 1))
+    racers = max(groups, race_processes(space, groups))
     race_min = race["steps_min"] / race["target_steps"] * run_seconds / racers if race["runs_max"] else 0.0
     race_max = race["steps_max"] / race["target_steps"] * run_seconds / racers if race["runs_max"] else 0.0
-    total = trials_to_train * trial_seconds / max(1, workers) + ref_seconds
+    total = (trials_to_train * trial_seconds + ref_seconds) / groups
     return {"probe": [dataclasses.asdict(baseline), dataclasses.asdict(costliest)],
             "probe_flops_ratios": [flops_ratio(plan.model, reuse_map_schedule(p.reuse_map)) for p in (baseline, costliest)],
+            "layout": describe(Layout(groups, fuse, threads)),
             "estimated_trial_seconds": trial_seconds, "estimated_reference_seconds": ref_seconds,
             "estimated_race_seconds": [race_min, race_max],
             "estimated_seconds": total + race_min, "estimated_seconds_max": total + race_max,
-            "estimate_note": "no pruning and no repeated map assumed (both shorten a run); an average trial is "
-                             "taken half-way between the baseline and the costliest map; start-up, storage writes, "
-                             "tokenizing an uncached corpus, layer compilation and a changing machine load are not "
-                             "counted"
-                             + (f"; {workers} workers are assumed to share the device without slowing each other"
-                                if workers > 1 else "")}
+            "estimate_note": f"from the median of {PROBE_TIMED} timed steps after {PROBE_WARMUP} untimed ones, "
+                             "trained as the run trains them; no pruning and no repeated map assumed (both shorten "
+                             "a run); an average trial is taken half-way between the baseline and the costliest map; "
+                             "start-up, storage writes, tokenizing an uncached corpus, layer compilation and a "
+                             "changing machine load are not counted"
+                             + (f"; {groups} workers are assumed to share the device without slowing each other"
+                                if groups > 1 else "")}

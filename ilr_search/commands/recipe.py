@@ -1,6 +1,7 @@
 """The winner, to full scale: one map of a study with everything needed to train it elsewhere (`recipe`), the
 same map trained again with the study's stored settings (`train --from-study`), and a trained model saved as
-safetensors with a config JSON (`train --save`) and loaded back (`load_trained`)."""
+safetensors with a config JSON and its tokenizer (`train --save`; `--format hf`: a standard transformers
+checkpoint, standard_checkpoint.py) and loaded back (`load_trained`)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from typing import Any
 import optuna
 import torch
 
-from ilr_search.config import DataConfig, ModelConfig, SpaceConfig, TrainConfig
+from ilr_search.commands.standard_checkpoint import (check_checkpoint, check_out_dir, check_save_format,
+                                                     data_tokenizer, default_family, save_tokenizer, write_checkpoint)
+from ilr_search.config import DataConfig, ModelConfig, SpaceConfig, TrainConfig, without_omitted_defaults
 from ilr_search.data.tokenizers import check_vocab, model_config
 from ilr_search.data.tokens import load_space_tokens
 from ilr_search.errors import UserInputError
@@ -23,13 +26,16 @@ from ilr_search.training.flops import flops_ratio
 from ilr_search.knobs import KnobValue, config_key, format_knobs, parse_knob_settings, with_knobs
 from ilr_search.training.flops import param_count
 from ilr_search.training.model import ILRTransformer
+from ilr_search.training.pretrained import check_exportable
 from ilr_search.analysis.results import finite_or_none, references, trained_by_map
 from ilr_search.analysis.trials import TrialRecord, trial_records
-from ilr_search.training.schedule import block_schedule, format_reuse_map, parse_reuse_map, reuse_map_schedule
+from ilr_search.training.schedule import BlockMap, Map, block_schedule, format_reuse_map, is_block_text, parse_map
 from ilr_search.search.plan import stored_config
-from ilr_search.analysis.map_key import MapKey
+from ilr_search.analysis.map_key import map_text as key_map_text
+from ilr_search.analysis.race_core import RaceWords
 from ilr_search.search.race import decided_front, race_report
 from ilr_search.search.studies import open_study
+from ilr_search.space import SpaceError, check_sizes
 from ilr_search.storage import study_storage, open_store, parse_storage
 from ilr_search.training.train import OnStep, TrainResult, train_proxy
 
@@ -48,35 +54,44 @@ CONFIG_FILE = "config.json"
 
 @dataclass(frozen=True)
 class MapChoice:
-    """A map as `--map` names it: a reuse map with its knob settings, or block recurrence K (`blockK`)."""
+    """A map as `--map` names it: a reuse map or a block map with its knob settings, or block recurrence K
+    (`blockK`)."""
 
-    reuse_map: list[int]
+    reuse_map: list[int]  # per-layer counts (a block map's too)
     schedule: list[int]
     knobs: dict[str, KnobValue] = field(default_factory=dict)
     block: int | None = None
+    block_map: str | None = None  # a block map's key, block:I-J:R
 
     @property
     def key(self) -> str:
-        """The study's key of the map (`2,1,1,1`, `2,1,1,1|injection=add`), or `blockK`."""
-        return f"block{self.block}" if self.block else config_key(format_reuse_map(self.reuse_map), self.knobs)
+        """The study's key of the map (`2,1,1,1`, `2,1,1,1|injection=add`, `block:1-2:2`), or `blockK`."""
+        if self.block:
+            return f"block{self.block}"
+        return config_key(self.block_map or format_reuse_map(self.reuse_map), self.knobs)
+
+    @classmethod
+    def of(cls, chosen: Map, knobs: dict[str, KnobValue] | None = None) -> MapChoice:
+        return cls(list(chosen.counts), chosen.schedule(), dict(knobs or {}), None,
+                   chosen.key if isinstance(chosen, BlockMap) else None)
 
 
-def parse_map(text: str, n_layers: int) -> MapChoice:
-    """`2,1,1,1`, `2,1,1,1|injection=add` (knobs as `train --knobs` takes them) or `block2`."""
+def parse_map_choice(text: str, n_layers: int) -> MapChoice:
+    """`2,1,1,1`, `2,1,1,1|injection=add` (knobs as `train --knobs` takes them), `block:1-2:2` or `block2`."""
     text = text.strip()
-    if text.startswith("block"):
+    if text.startswith("block") and not is_block_text(text):
         try:
             k = int(text[len("block"):])
         except ValueError:
             raise UserInputError(f"--map {text!r}: block recurrence is blockK with K a whole number, e.g. block2") from None
         return MapChoice([k] * n_layers, block_schedule(n_layers, k), {}, k)
-    counts, _, knob_text = text.partition("|")
-    reuse_map = parse_reuse_map(counts, n_layers)
+    map_text, _, knob_text = text.partition("|")
+    chosen = parse_map(map_text, n_layers)
     try:
         knobs = parse_knob_settings(knob_text)
     except ValueError as e:
         raise UserInputError(f"--map {text!r}: {e}") from None
-    return MapChoice(reuse_map, reuse_map_schedule(reuse_map), knobs)
+    return MapChoice.of(chosen, knobs)
 
 
 @dataclass(frozen=True)
@@ -114,9 +129,13 @@ def choose_map(view: StudySettingsView, map_text: str | None, trained_only: bool
     n_layers = view.space.model.n_layers
     if map_text is None:
         return default_map(view, trials)
-    choice = parse_map(map_text, n_layers)
+    choice = parse_map_choice(map_text, n_layers)
     if not trained_only:
         return choice, f"map {choice.key}"
+    if choice.block and f"block{choice.block}" not in references(view.study):
+        whole = BlockMap(0, n_layers - 1, choice.block, n_layers)  # a study searching blocks trains blockK as this
+        if whole.key in trained_by_map(list(trials)):
+            choice = MapChoice.of(whole)
     if choice.block:
         if f"block{choice.block}" not in references(view.study):
             raise UserInputError(f"--map {map_text!r}: study {view.study.study_name!r} has no block{choice.block} "
@@ -126,7 +145,7 @@ def choose_map(view: StudySettingsView, map_text: str | None, trained_only: bool
     if choice.key in trained:
         return choice, f"map {choice.key} (trial {trained[choice.key].number})"
     if "|" not in map_text:  # a plain map names the one trained knob setting of that map
-        same = [k for k in trained if MapKey.parse(k).map.key == choice.key]
+        same = [k for k in trained if key_map_text(k) == choice.key]
         if len(same) == 1:
             t = trained[same[0]]
             choice = dataclasses.replace(choice, knobs=dict(t.knobs))
@@ -144,14 +163,15 @@ def default_map(view: StudySettingsView, trials: list[TrialRecord]) -> tuple[Map
     store = open_store(parse_storage(view.storage, read_only=True), view.study.study_name, read_only=True,
                        storage=study_storage(view.study))
     attrs = view.study.user_attrs
-    front = decided_front(trials, race_report(trials, attrs, store.race_runs()))
+    race = race_report(trials, attrs, store.race_runs())
+    front = decided_front(trials, race)
     if not front:
         raise UserInputError(f"study {view.study.study_name!r} has no complete trial yet; give --map or run it first")
     best = min(front, key=lambda p: (p["val_ppl"], p["flops_ratio"]))
     trial = {t.number: t for t in trials}.get(best["trial"])  # None: the baseline, where no trial trained it
-    choice = MapChoice(list(best["reuse_map"]), reuse_map_schedule(best["reuse_map"]),
-                       dict(trial.knobs) if trial is not None else {})
-    where = (f"the race's front at {best['steps']} steps (mean of {len(best['seeds'])} seeds)"
+    choice = MapChoice.of(parse_map(best["map"], view.space.model.n_layers), dict(trial.knobs) if trial is not None else {})
+    words = race.settings.words if race is not None else RaceWords()
+    where = (f"the race's front {words.at(best['steps'])} (mean of {words.count(len(best['seeds']))})"
              if best.get("seeds") and (len(best["seeds"]) > 1 or best["steps"] != view.space.train.steps)
              else "the proxy's front")
     source = f"trial {best['trial']}" if best["trial"] is not None else "the baseline"
@@ -220,7 +240,7 @@ def study_recipe(study_name: str, storage: str | None = None, map_text: str | No
         "budget": view.budget,
         "architecture": ARCHITECTURE,
         "model": _plain(dataclasses.asdict(model)),
-        "data": _plain(dataclasses.asdict(view.space.data)),
+        "data": without_omitted_defaults("data", _plain(dataclasses.asdict(view.space.data))),
         "train": {"steps": train.steps, "batch_size": train.batch_size, "grad_accum": train.grad_accum,
                   "lr": train.lr, "warmup_frac": train.warmup_frac, "min_lr_frac": train.min_lr_frac,
                   "weight_decay": train.weight_decay, "grad_clip": train.grad_clip,
@@ -316,37 +336,64 @@ def load_trained(folder: str | Path, device: str | torch.device = "cpu") -> tupl
 
 def train_from_study(study_name: str, storage: str | None, map_text: str | None, steps: int | None,
                      train_overrides: dict[str, Any], on_step: OnStep | None = None,
-                     save: Path | None = None, on_choice: Callable[[str], None] | None = None) -> dict[str, Any]:
+                     save: Path | None = None, on_choice: Callable[[str], None] | None = None,
+                     save_format: str = "native") -> dict[str, Any]:
     """`train --from-study`: train a map (default: the study's best front map) with the study's stored model,
-    data and training settings, at `steps` steps (default: the proxy's), optionally saving the model."""
+    data and training settings, at `steps` steps (default: the proxy's), optionally saving the model
+    (`save_format`: native, or hf, a standard transformers checkpoint; standard_checkpoint.py)."""
 
     view = load_study_settings(study_name, storage)
     choice, why = choose_map(view, map_text, trained_only=False)
     if steps is not None and steps < 1:
         raise UserInputError(f"--steps must be at least 1, got {steps}")
-    if save is not None:
-        check_save_dir(save)
-    if on_choice is not None:
-        on_choice(why)
-    train_cfg = dataclasses.replace(view.space.train, steps=steps or view.space.train.steps,
+    model_cfg = view.model(choice.knobs)
+    train_steps = steps or view.space.train.steps
+    if train_steps < 1:  # a frozen study's maps were never trained: --steps says how long
+        raise UserInputError(f"study {study_name!r} is a frozen search (its maps evaluated, not trained); give "
+                             "--steps N to train the map from the checkpoint's weights")
+    train_cfg = dataclasses.replace(view.space.train, steps=train_steps,
                                     **{k: v for k, v in train_overrides.items() if v is not None})
     space = dataclasses.replace(view.space, train=train_cfg)
-    model_cfg = view.model(choice.knobs)
+    try:
+        check_sizes(space)
+    except SpaceError as e:
+        raise UserInputError(f"--steps {steps}: {e.detail}" if e.section == "train" else str(e)) from None
+    if save is not None:
+        check_save(model_cfg, choice.schedule, save, save_format)
+    if on_choice is not None:
+        on_choice(why)
     data = load_space_tokens(space)
     check_vocab(model_cfg, data.vocab_size)
-    result = train_and_save(model_cfg, choice, data, space, on_step, save, {"study": study_name})
+    result = train_and_save(model_cfg, choice, data, space, on_step, save, {"study": study_name}, save_format)
     return train_result_dict(model_cfg, choice.reuse_map, result, choice.block) | {
         "knobs": format_knobs(choice.knobs), "study": study_name, "map": choice.key,
         "saved": str(save) if save is not None else None}
 
 
+def check_save(model_cfg: ModelConfig, schedule: Sequence[int], save: Path, save_format: str) -> None:
+    """`--save DIR --format F`, checked before any work: a folder that can be written, and for hf a model that a
+    standard checkpoint can hold (its tokenizer checked once the data is read)."""
+    if check_save_format(save_format) == "native":
+        check_save_dir(save)
+        return
+    check_out_dir(save, "--save")
+    check_exportable(model_cfg, default_family(model_cfg))
+
+
 def train_and_save(model_cfg: ModelConfig, choice: MapChoice, data: Any, space: SpaceConfig, on_step: OnStep | None,
-                   save: Path | None, extra: dict[str, Any] | None = None) -> TrainResult:
-    """Train the map; with `save`, write the trained model and its config there."""
+                   save: Path | None, extra: dict[str, Any] | None = None, save_format: str = "native") -> TrainResult:
+    """Train the map; with `save`, write the trained model there: natively (save_trained, with a copy of its
+    tokenizer), or with save_format hf as a standard transformers checkpoint of its schedule unrolled."""
+    tokenizer = data_tokenizer(model_cfg, space.data, data.path) if save is not None else None
+    family = default_family(model_cfg) if save_format == "hf" else None
+    if save is not None and family is not None:
+        check_checkpoint(model_cfg, choice.schedule, family, tokenizer)
     kept: list[ILRTransformer] = []
     result = train_proxy(model_cfg, choice.schedule, data, space.train, on_step=on_step,
                          on_trained=kept.append if save is not None else None)
-    if save is not None:
+    if save is not None and family is not None:
+        write_checkpoint(kept[0].to("cpu"), choice.schedule, save, family, tokenizer)
+    elif save is not None:
         save_trained(save, kept[0].to("cpu"), choice.schedule, (extra or {}) | {
             "map": choice.key, "reuse_map": choice.reuse_map, "block": choice.block,
             "knobs": format_knobs(choice.knobs), "train": _plain(dataclasses.asdict(space.train)),
@@ -354,6 +401,7 @@ def train_and_save(model_cfg: ModelConfig, choice: MapChoice, data: Any, space: 
             "result": {"status": result.status, "steps": result.steps, "tokens": result.tokens,
                        "val_loss": finite_or_none(result.val_loss), "val_ppl": finite_or_none(result.val_ppl),
                        "val_bpb": finite_or_none(result.val_bpb)}})
+        save_tokenizer(save, tokenizer)
     return result
 
 

@@ -16,7 +16,7 @@ from ilr_search.errors import UserInputError
 from ilr_search.analysis.fidelity import mark_ties, noise_band
 from ilr_search.knobs import KNOB_CHOICES
 from ilr_search.analysis.plots import pareto_figure, plot_ppl, write_figure_html
-from ilr_search.analysis.results import (CurveRow, Curves, curve_of, curve_rows, curves_by_trial, knobs_text,
+from ilr_search.analysis.results import (CurveRow, Curves, curve_of, curve_rows, curves_by_trial, knobs_text, map_text,
                                          listed_trials, race_run_rows, reference_rows, study_front, trial_row)
 from ilr_search.analysis.trials import TrialRecord, trained_results, trial_records
 from ilr_search.search.plan import CONFIG_ATTR
@@ -237,7 +237,8 @@ def export_trials(study_name: str, storage: str | None, out: str | Path,
     for t in listed_trials(study.get_trials(deepcopy=False)):
         record = {
             "trial": t.number, "reference": None, "state": t.state.name,
-            "reuse_map": ",".join(map(str, t.reuse_map)) if t.reuse_map else None,
+            "reuse_map": (map_text(t.map_key) if t.map_key else ",".join(map(str, t.reuse_map)))
+            if t.reuse_map else None,
             "map_key": t.map_key or None, "knobs": knobs_text(t),
             "flops_ratio": t.flops_ratio, "val_ppl": t.val_ppl, "val_bpb": t.val_bpb,
             "val_loss": t.val_loss, "objective_values": json.dumps(t.values) if t.values else None,
@@ -255,13 +256,13 @@ def export_trials(study_name: str, storage: str | None, out: str | Path,
     for ref in reference_rows(study):  # marked by their name in `reference`, state REFERENCE, no trial number
         records.append({k: ref[k] for k in ("trial", "reference", "state", "knobs", "flops_ratio", "val_ppl", "val_bpb",
                                             "steps", "status")}
-                       | {"reuse_map": ",".join(map(str, ref["reuse_map"])) if ref["reuse_map"] else None,
+                       | {"reuse_map": ref.get("map") or ",".join(map(str, ref["reuse_map"])) if ref["reuse_map"] else None,
                           "schedule": ",".join(map(str, ref["schedule"])) if ref["schedule"] else None,
                           "seed": ref["seed"]})
     runs = race_run_rows(store.race_runs(), study.user_attrs)
     for run in runs:  # state RACE_RUN, no trial number; named by (map_key, steps, seed)
         records.append({"trial": None, "reference": None, "state": RACE_RUN_STATE,
-                        "reuse_map": ",".join(map(str, run["reuse_map"])) if run["reuse_map"] else None,
+                        "reuse_map": map_text(run["map_key"]) if run["reuse_map"] else None,
                         "train_seconds": run["seconds"], "run_state": run["state"]}
                        | {k: run[k] for k in ("map_key", "knobs", "flops_ratio", "val_ppl", "val_bpb", "val_loss",
                                               "steps", "seed", "factor", "reason")})

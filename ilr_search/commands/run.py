@@ -2,37 +2,39 @@
 anything is opened (the same check `--dry-run` makes), chooses how the run uses the machine (fused groups, worker
 processes, threads), and runs the study: its trials, reference runs and race.
 
-How the run uses a CPU, as measured on this project's 2-core machine (benchmarks/reports/, the default run):
-- the trials and reference runs train in one process on every core (fused groups of the space's K): 127 s for the
-  default run's, against 154 s in two one-thread worker processes;
-- the race trains in one one-thread worker process a core (commands/workers.race_in_workers), which share every
-  wave of it;
-- on a machine already busy when the run starts (a load average of BUSY_LOAD or more), every process trains on one
-  thread: a two-thread process collapses there (150 steps of a 1.24x map: 5.3 s quiet, 36.5 s with both cores
-  busy, against 11.4 s for one thread).
-`--workers N` runs N worker processes for everything instead.
+How the run uses the machine (its layout: commands/layout.py) is chosen from the cores the run may use, never from
+the machine's load: threads and fusion change the float rounding of training, so a layout read from a lagging load
+average would give another study from the same command. On a CPU of C usable cores:
+- the trials and reference runs train in one process of C threads (fused groups of the space's K): 127 s for the
+  default run's on this project's 2-core machine, against 154 s in two one-thread worker processes;
+- the race trains in C one-thread worker processes (commands/workers.race_in_workers), which share every wave of it.
+`--workers N` runs N worker processes for everything instead. The layout is stored with the study, and a resume
+reuses it unless `--fuse` or `--workers` asks for another (then one line says that results may differ in their
+rounding from the earlier part of the study). Other programs on the machine slow the run, but change none of its
+numbers.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ilr_search.commands.autofuse import parse_fuse, run_layout
+from ilr_search.commands.api import with_init
+from ilr_search.commands.autofuse import Layout, parse_fuse
+from ilr_search.commands.layout import process_threads, race_processes, usable_cores
 from ilr_search.errors import UserInputError
 from ilr_search.search.maps import split_enqueue_text
-from ilr_search.search.plan import ADOPTED_RACE_FIELDS
+from ilr_search.search.phases import PhaseMeter
+from ilr_search.search.plan import ADOPTED_RACE_FIELDS, PhaseLayout, StudyLayout
 from ilr_search.search.progress import Event, Message, RunReporter, StudyStarted
 from ilr_search.search.run import RunRequest
 from ilr_search.search.studies import StudyReport
-from ilr_search.config import SpaceConfig
+from ilr_search.config import WORKERS_MAX, SpaceConfig
 from ilr_search.space import load_space, parse_target
-from ilr_search.training.device import resolve_device
 
 @dataclass(frozen=True)
 class RunOptions:
@@ -57,6 +59,8 @@ class RunOptions:
     race_policy: str | None = None
     equal_compute: str | None = None
     enqueue: str | None = None
+    train_steps: int | None = None  # the proxy's steps under another name; 0: frozen (only with a pretrained model)
+    init: str | None = None  # a pretrained checkpoint (a folder or hf:NAME): the model's shape, weights and tokenizer
 
 
 def run_request(options: RunOptions) -> tuple[RunRequest, int | str]:
@@ -68,36 +72,81 @@ def run_request(options: RunOptions) -> tuple[RunRequest, int | str]:
               "target": None if options.target is None else parse_target(options.target),
               "race_seeds": options.race_seeds, "max_race_steps": options.max_race_steps,
               "enqueue": None if options.enqueue is None else split_enqueue_text(options.enqueue)} | race
-    if options.workers is not None and options.workers < 1:
-        raise UserInputError(f"--workers must be at least 1, got {options.workers}")
+    if options.workers is not None and not 1 <= options.workers <= WORKERS_MAX:
+        raise UserInputError(f"--workers must be 1 to {WORKERS_MAX:,}, got {options.workers}")
     asked_fuse = None if options.fuse is None else parse_fuse(options.fuse)
     overrides = {**options.overrides, "search": {**options.overrides.get("search", {}), **search}}
-    space = load_space(options.space, overrides)
+    if options.train_steps is not None:
+        given = options.overrides.get("train", {}).get("steps")
+        if given is not None and given != options.train_steps:
+            raise UserInputError(f"--steps {given} and --train-steps {options.train_steps} disagree; give one")
+        if options.train_steps < 0:
+            raise UserInputError(f"--train-steps must be 0 (frozen: evaluate only) or a positive number of steps, "
+                                 f"got {options.train_steps}")
+        overrides["train"] = {**options.overrides.get("train", {}), "steps": options.train_steps}
+    space = with_init(load_space(options.space, overrides), options.init)
     request = RunRequest(space, options.budget, options.study, options.storage, n_trials=options.n_trials,
                          timeout=options.timeout, sampler=options.sampler, pruner=options.pruner,
                          asked_race=tuple((k, v) for k, v in race.items() if v is not None and k in ADOPTED_RACE_FIELDS))
+    if space.model.init:  # the fused trainer stacks the project's own model: a checkpoint's trains one at a time
+        if asked_fuse not in (None, 1, "auto"):
+            raise UserInputError(f"--fuse {asked_fuse}: the fused trainer cannot train a pretrained model (--init); "
+                                 "its maps train one at a time (--fuse 1)")
+        return request, 1
     return request, asked_fuse if asked_fuse is not None else space.search.fuse
 
 
-BUSY_LOAD = 0.75  # the 1-minute load average at which a run starts its processes on one thread
+@dataclass(frozen=True)
+class LayoutChoice:
+    """The layout a run uses; `reason`: what --fuse auto's probe chose (said at once); `line`: the layout and where it
+    came from (said once the study has started)."""
+    layout: StudyLayout
+    reason: str = ""
+    line: str = ""
 
 
-def race_processes(space: SpaceConfig, groups: int) -> int:
-    """Race worker processes for a run of `groups` worker processes: one a core on a CPU with several cores when
-    the run is one process (a multi-process run races in its workers already); 1 (in the run's own process)
-    otherwise."""
-    cores = os.cpu_count() or 1
-    if groups != 1 or cores < 2 or resolve_device(space.train.device).type != "cpu":
-        return 1
-    return cores
+def machine_layout(choice: Layout, space: SpaceConfig) -> StudyLayout:
+    """The study's layout from the trials' (groups, K, threads): several groups race in their own processes;
+    one process on a CPU of several cores races in one one-thread worker process a core; else the race trains in
+    the run's own process."""
+    threads = choice.threads if choice.threads is not None else process_threads(space, choice.groups)
+    trials = PhaseLayout(choice.groups, threads, choice.fuse)
+    racers = race_processes(space, choice.groups)
+    race = PhaseLayout(racers, 1, choice.fuse) if racers > 1 else trials
+    return StudyLayout(trials, race)
 
 
-def busy_machine(space: SpaceConfig) -> float | None:
-    """The load average when another program keeps this CPU busy (None when it is not, or on a GPU)."""
-    if resolve_device(space.train.device).type != "cpu":
+def stored_study_layout(request: RunRequest, name: str) -> StudyLayout | None:
+    """The layout the study `name` last ran with, where the storage has that study (nothing is created)."""
+    from ilr_search.search.plan import stored_layout, stored_study
+    from ilr_search.storage import open_storage, parse_storage
+
+    spec = parse_storage(request.storage)
+    if not spec.exists():
         return None
-    load = os.getloadavg()[0]
-    return load if load >= BUSY_LOAD else None
+    study = stored_study(open_storage(spec), name)
+    return None if study is None else stored_layout(study.user_attrs)
+
+
+def choose_layout(request: RunRequest, fuse: int | str, workers: int | None, asked: bool = False) -> LayoutChoice:
+    """The run's layout: a resumed study's stored one unless `asked` (--fuse or --workers given); else from
+    `fuse` and `workers` (checked against memory, or probed for auto) and the usable cores."""
+    from ilr_search.commands.autofuse import check_memory, resolve_layout
+    from ilr_search.search.run import checked_request
+
+    _, _, plan = checked_request(request)
+    stored = stored_study_layout(request, plan.name)
+    if stored is not None and not asked:
+        check_memory(plan, stored.trials.processes, stored.trials.fuse)
+        return LayoutChoice(stored, line=f"layout: {stored.describe()} (the study's stored layout)")
+    choice = resolve_layout(plan, fuse, workers, request.target_trials)
+    layout = machine_layout(choice.layout, plan.space)
+    if stored is not None and layout != stored:
+        line = (f"layout: {layout.describe()}, not the study's stored {stored.describe()} (--fuse or --workers asked "
+                "for it): results may differ in their rounding from the earlier part of the study")
+    else:
+        line = f"layout: {layout.describe()} (from {usable_cores()} usable cores)"
+    return LayoutChoice(layout, choice.reason, line)
 
 
 class NoteAtStart(RunReporter):
@@ -116,37 +165,33 @@ class NoteAtStart(RunReporter):
 
 def run_search(request: RunRequest, fuse: int | str, workers: int | None,
                reporter_for: Callable[[], AbstractContextManager[RunReporter]],
-               note: Callable[[str], None] = lambda text: None) -> StudyReport:
-    """Run (or resume) the study: the layout from `fuse` and `workers` (checked against memory, or probed for
-    auto: `note` is told what was chosen), then the trials, references and race in this process or in workers.
-    `reporter_for` gives the reporter that shows the run's events."""
-    choice = run_layout(request, fuse, workers)
+               note: Callable[[str], None] = lambda text: None, fuse_asked: bool = False) -> StudyReport:
+    """Run (or resume) the study: the layout (choose_layout: `fuse_asked` says --fuse was given; `note` is told
+    how it was chosen), stored with the study, then the trials, references and race in this process or in
+    workers. `reporter_for` gives the reporter that shows the run's events. The report carries the layout and
+    the phases (wall time, tokens and CPU time of each)."""
+    choice = choose_layout(request, fuse, workers, asked=fuse_asked or workers is not None)
     if choice.reason:
         note(choice.reason)
     layout = choice.layout
-    request = dataclasses.replace(request, fuse=layout.fuse)
-    if layout.groups != 1:
-        from ilr_search.commands.workers import run_workers
+    request = dataclasses.replace(request, fuse=layout.trials.fuse, layout=layout)
+    with reporter_for() as shown:
+        meter = PhaseMeter(NoteAtStart(shown, choice.line), request.space)
+        if layout.trials.processes != 1:
+            from ilr_search.commands.workers import run_workers
 
-        with reporter_for() as reporter:
-            return run_workers(request, layout.groups, reporter, threads=layout.threads)
-    from ilr_search.search.run import run_study
+            summary = run_workers(request, layout.trials.processes, meter, threads=layout.trials.threads)
+        else:
+            from ilr_search.search.run import run_study
 
-    threads = layout.threads
-    load = busy_machine(request.space) if threads is None else None
-    busy = None
-    if load is not None:
-        threads = 1
-        busy = f"the machine is busy (load average {load:.2f} on {os.cpu_count()} cores): training on one thread a process"
-    if threads is not None:
-        import torch
+            if layout.trials.threads is not None:
+                import torch
 
-        torch.set_num_threads(threads)
-    racers = race_processes(request.space, layout.groups)
-    runner = None
-    if racers > 1:
-        from ilr_search.commands.workers import race_in_workers
+                torch.set_num_threads(layout.trials.threads)
+            runner = None
+            if layout.race.processes > 1:
+                from ilr_search.commands.workers import race_in_workers
 
-        runner = race_in_workers(request, racers, threads=1)
-    with reporter_for() as reporter:
-        return run_study(request, NoteAtStart(reporter, busy), race_runner=runner)
+                runner = race_in_workers(request, layout.race.processes, threads=layout.race.threads or 1)
+            summary = run_study(request, meter, race_runner=runner)
+    return dataclasses.replace(summary, layout=layout, phases=tuple(meter.finish()))

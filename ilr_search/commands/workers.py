@@ -24,6 +24,7 @@ import queue
 import optuna
 
 from ilr_search.commands.autofuse import check_memory
+from ilr_search.commands.layout import process_threads
 from ilr_search.errors import UserInputError
 from ilr_search.search.progress import Event, Message, RunReporter
 from ilr_search.search.race import RaceRunner, run_race
@@ -70,8 +71,9 @@ def _worker_main(request: RunRequest, worker: int, workers: int, threads: int | 
 
     optuna.logging.set_verbosity(optuna_verbosity)
     stop_with_parent()
-    if resolve_device(request.space.train.device).type == "cpu":  # the cores are shared out, not oversubscribed
-        torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // workers))
+    threads = threads if threads is not None else process_threads(request.space, workers)
+    if threads is not None:  # on a CPU the usable cores are shared out, not oversubscribed
+        torch.set_num_threads(threads)
     reporter = QueueReporter(events, worker)
 
     def race(*args: Any) -> object:  # each wave of the race shared out among the workers
@@ -89,8 +91,8 @@ def _worker_main(request: RunRequest, worker: int, workers: int, threads: int | 
 
 def run_workers(request: RunRequest, workers: int, reporter: Any, threads: int | None = None) -> StudyReport:
     """Run the study `request` asks for with `workers` processes, each training up to request.fuse maps at once
-    in its own fused groups, with `threads` torch threads on a CPU (None: the cores shared out evenly); returns
-    the study's report (with per-worker exit codes)."""
+    in its own fused groups, with `threads` torch threads on a CPU (None: the usable cores shared out evenly);
+    returns the study's report (with per-worker exit codes)."""
     if workers < 1:
         raise UserInputError(f"--workers must be at least 1, got {workers}")
     with disk_full_is_reported():

@@ -1,5 +1,5 @@
-"""Tokenizers: bytes, byte-level BPE trained on the corpus (bpe:N) and pretrained ones (hf:NAME); each
-gives token ids and, per token, the UTF-8 bytes of text it covers (for bits per byte)."""
+"""Tokenizers: bytes, byte-level BPE trained on the corpus (bpe:N), pretrained ones (hf:NAME) and a
+tokenizer.json file (file:PATH, a checkpoint's); each gives token ids and, per token, the UTF-8 bytes of text it covers (for bits per byte)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ class ByteTokenizer(Tokenizer):
 
 
 class HFTokenizer(Tokenizer):
-    """A `tokenizers` tokenizer: trained BPE (bpe:N) or a pretrained one (hf:NAME)."""
+    """A `tokenizers` tokenizer: trained BPE (bpe:N), a pretrained one (hf:NAME) or a file's (file:PATH)."""
 
     def __init__(self, spec: str, tokenizer: Any) -> None:
         self.spec, self._tok = spec, tokenizer
@@ -60,9 +60,11 @@ def _bytes_per_token(text: str, offsets: list[tuple[int, int]]) -> np.ndarray:
 
 def model_config(space: SpaceConfig, vocab_size: int | None = None) -> ModelConfig:
     """The space's model with its vocabulary: the tokenizer spec's size (bpe:N gives N even where the corpus
-    ran out of merges first), so that `flops`, `train`, `run` and `audit` build the same model."""
-    return dataclasses.replace(space.model, vocab_size=vocab_size or tokenizer_vocab_size(space.data.tokenizer),
-                               max_reuse=space.search.max_reuse)
+    ran out of merges first), so that `flops`, `train`, `run` and `audit` build the same model. A model that
+    starts from a checkpoint (`init`) keeps the checkpoint's vocabulary (its tokenizer may use fewer ids)."""
+    if not vocab_size:
+        vocab_size = space.model.vocab_size if space.model.init else tokenizer_vocab_size(space.data.tokenizer)
+    return dataclasses.replace(space.model, vocab_size=vocab_size, max_reuse=space.search.max_reuse)
 
 
 def check_vocab(cfg: ModelConfig, data_vocab: int) -> None:
@@ -72,11 +74,17 @@ def check_vocab(cfg: ModelConfig, data_vocab: int) -> None:
 
 @dataclass(frozen=True)
 class TokenizerSpec:
-    """A parsed `--tokenizer`: byte, bpe:N (trained on the corpus) or hf:NAME (pretrained)."""
+    """A parsed `--tokenizer`: byte, bpe:N (trained on the corpus), hf:NAME (pretrained) or file:PATH (a
+    tokenizer.json)."""
 
     spec: str
-    kind: Literal["byte", "bpe", "hf"]
+    kind: Literal["byte", "bpe", "hf", "file"]
     bpe_size: int = 0  # N of bpe:N
+
+    @property
+    def path(self) -> Path:
+        """file:PATH's path."""
+        return Path(self.spec[5:])
 
 
 def parse_tokenizer_spec(spec: str) -> TokenizerSpec:
@@ -84,15 +92,20 @@ def parse_tokenizer_spec(spec: str) -> TokenizerSpec:
         return TokenizerSpec(spec, "byte")
     if spec.startswith("hf:"):
         return TokenizerSpec(spec, "hf")
+    if spec.startswith("file:"):
+        parsed = TokenizerSpec(spec, "file")
+        if not parsed.path.is_file():
+            raise DataError(f"tokenizer {spec!r}: no such file; file:PATH names a tokenizer.json")
+        return parsed
     if spec.startswith("bpe:"):
         try:
             size = int(spec[4:])
         except ValueError:
             raise DataError(f"tokenizer {spec!r}: N in bpe:N must be an integer, e.g. bpe:1024") from None
         if not 257 <= size <= 1_000_000:
-            raise DataError(f"tokenizer {spec!r}: N must be above 256 (the byte alphabet), e.g. bpe:1024")
+            raise DataError(f"tokenizer {spec!r}: N must be 257 to 1,000,000 (above the byte alphabet of 256), e.g. bpe:1024")
         return TokenizerSpec(spec, "bpe", size)
-    raise DataError(f"unknown tokenizer {spec!r}; use byte, bpe:N (e.g. bpe:1024) or hf:NAME")
+    raise DataError(f"unknown tokenizer {spec!r}; use byte, bpe:N (e.g. bpe:1024), hf:NAME or file:PATH")
 
 
 def tokenizer_vocab_size(spec: str) -> int:
@@ -102,6 +115,8 @@ def tokenizer_vocab_size(spec: str) -> int:
         return ByteTokenizer.vocab_size
     if parsed.kind == "bpe":
         return parsed.bpe_size
+    if parsed.kind == "file":
+        return load_tokenizer_file(parsed).vocab_size
     return load_pretrained_tokenizer(spec).vocab_size
 
 
@@ -112,7 +127,19 @@ def build_tokenizer(spec: str, train_texts: list[str], path: Path) -> Tokenizer:
         return ByteTokenizer()
     if parsed.kind == "bpe":
         return train_bpe(parsed, train_texts, path)
+    if parsed.kind == "file":
+        return load_tokenizer_file(parsed)
     return load_pretrained_tokenizer(spec)
+
+
+def load_tokenizer_file(parsed: TokenizerSpec) -> HFTokenizer:
+    """file:PATH's tokenizer.json."""
+    from tokenizers import Tokenizer as RustTokenizer
+
+    try:
+        return HFTokenizer(parsed.spec, RustTokenizer.from_file(str(parsed.path)))
+    except Exception as e:
+        raise DataError(f"tokenizer {parsed.spec}: not a tokenizer.json ({type(e).__name__})") from None
 
 
 def load_pretrained_tokenizer(spec: str) -> HFTokenizer:
@@ -139,3 +166,30 @@ def train_bpe(spec: TokenizerSpec, texts: Iterable[str], path: Path) -> HFTokeni
     tok.save(str(tmp))
     os.replace(tmp, path)
     return HFTokenizer(spec.spec, tok)
+
+
+def byte_level_symbols() -> list[str]:
+    """The printable character byte-level BPE writes for each byte value 0..255 (GPT-2's table: printable
+    Latin-1 bytes stand for themselves, the others for the characters from U+0100 on, in order)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    symbols, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            symbols[b] = chr(b)
+        else:
+            symbols[b] = chr(256 + extra)
+            extra += 1
+    return [symbols[b] for b in range(256)]
+
+
+def byte_tokenizer_model() -> Any:
+    """ByteTokenizer as a `tokenizers` Tokenizer, for tools that read tokenizer.json (transformers' AutoTokenizer):
+    each byte of the UTF-8 text is one token whose id is the byte's value, as ByteTokenizer encodes it (byte-level
+    symbols, a BPE model with no merges, no pre-tokenizing regex and no prefix space)."""
+    from tokenizers import Tokenizer as RustTokenizer, decoders, models, pre_tokenizers
+
+    vocab = {symbol: b for b, symbol in enumerate(byte_level_symbols())}
+    tok = RustTokenizer(models.BPE(vocab, []))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    return tok

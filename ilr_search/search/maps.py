@@ -1,5 +1,10 @@
-"""Reuse maps (and knob settings) a trial proposes: the sampler's counts repaired into the FLOP budget, and the
-first maps a study tries."""
+"""Maps (and knob settings) a trial proposes: the sampler's per-layer counts (family `ilr`) or block (family
+`blocks`) repaired into the FLOP budget, and the first maps a study tries.
+
+A trial's parameters: r0..r{L-1} (family ilr); block_start, block_end, block_repeats (family blocks: layers
+block_start..block_end, counted from 0, run block_repeats times as a block; block_repeats 1 is the baseline);
+and `family` (ilr | blocks) only where a study searches both. The map key of either goes through
+training.schedule.parse_map (a block of one layer is keyed as its reuse map)."""
 
 from __future__ import annotations
 
@@ -10,9 +15,20 @@ from dataclasses import dataclass, field
 
 import optuna
 
+from ilr_search.config import TRIAL_FAMILIES
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import KNOB_CHOICES, KnobValue, parse_knob_settings
-from ilr_search.training.schedule import check_max_reuse, parse_reuse_map
+from ilr_search.training.schedule import (
+    BlockMap,
+    Map,
+    ReuseMap,
+    check_max_reuse,
+    parse_map,
+)
+
+FAMILY_PARAM = "family"  # the trial's family, a parameter only where the study searches both ilr and blocks
+BLOCK_START, BLOCK_END, BLOCK_REPEATS = "block_start", "block_end", "block_repeats"
+BLOCK_PARAMS = (BLOCK_START, BLOCK_END, BLOCK_REPEATS)
 
 
 def repair_to_budget(reuse_map: list[int], max_layer_runs: int) -> list[int]:
@@ -50,6 +66,69 @@ def propose_map(trial: optuna.Trial, n_layers: int, max_reuse: int, max_layer_ru
     return proposed, repair_to_budget(proposed, max_layer_runs)
 
 
+def trial_families(families: Sequence[str]) -> tuple[str, ...]:
+    """The families whose maps a study's trials propose (ilr, blocks), in that order."""
+    return tuple(f for f in TRIAL_FAMILIES if f in families)
+
+
+def repair_block(start: int, end: int, repeats: int, n_layers: int, max_layer_runs: int) -> BlockMap:
+    """The block (layers start..end, in either order, run `repeats` times) made to fit the budget: fewer repeats
+    first (down to 2), then a shorter block (from its end, down to one layer); where not even one layer run twice
+    fits, the baseline. A block run once is the baseline, written block:0-(L-1):1. Idempotent."""
+    start, end = min(start, end), max(start, end)
+    extra = max_layer_runs - n_layers  # the layer runs the budget pays for beyond the baseline's
+    if repeats <= 1 or extra < 1:
+        return BlockMap(0, n_layers - 1, 1, n_layers)
+    length = end - start + 1
+    fitted = min(repeats, 1 + extra // length)
+    if fitted >= 2:
+        return BlockMap(start, end, fitted, n_layers)
+    return BlockMap(start, start + min(length, extra) - 1, 2, n_layers)
+
+
+def block_params(block: BlockMap) -> dict[str, int]:
+    return {BLOCK_START: block.start, BLOCK_END: block.end, BLOCK_REPEATS: block.repeats}
+
+
+def propose_block(trial: optuna.Trial, n_layers: int, max_reuse: int, max_layer_runs: int) -> tuple[BlockMap, BlockMap]:
+    """(proposed, trained) blocks of a trial: the sampler's block (no prior on where it lies), and the same repaired
+    to the budget (repair_block). The sampler is told how far over budget its proposal was, as for counts."""
+    start = trial.suggest_int(BLOCK_START, 0, n_layers - 1)
+    end = trial.suggest_int(BLOCK_END, 0, n_layers - 1)
+    repeats = trial.suggest_int(BLOCK_REPEATS, 1, max_reuse)
+    proposed = BlockMap(min(start, end), max(start, end), repeats, n_layers)
+    trial.set_constraint("budget", float(proposed.layer_runs - max_layer_runs))
+    return proposed, repair_block(start, end, repeats, n_layers, max_layer_runs)
+
+
+def propose_trial_map(trial: optuna.Trial, n_layers: int, max_reuse: int, max_layer_runs: int,
+                      families: Sequence[str]) -> tuple[Map, tuple[int, ...] | None]:
+    """The map a trial trains (canonical: parse_map's form) and, where the budget repaired the sampler's proposal,
+    the proposal's per-layer counts. A study searching ilr alone proposes exactly as propose_map."""
+    kinds = trial_families(families)
+    family = trial.suggest_categorical(FAMILY_PARAM, kinds) if len(kinds) > 1 else kinds[0]
+    if family == "ilr":
+        proposed, reuse_map = propose_map(trial, n_layers, max_reuse, max_layer_runs)
+        return ReuseMap(tuple(reuse_map)), (tuple(proposed) if proposed != reuse_map else None)
+    asked, block = propose_block(trial, n_layers, max_reuse, max_layer_runs)
+    return block.canonical(), (asked.counts if asked != block else None)
+
+
+def family_params(family: str, families: Sequence[str]) -> dict[str, str]:
+    """The `family` parameter of a trial of `family`, where the study searches more than one."""
+    return {FAMILY_PARAM: family} if len(trial_families(families)) > 1 else {}
+
+
+def seed_params(n_layers: int, max_reuse: int, max_layer_runs: int,
+                families: Sequence[str]) -> list[dict[str, int | str | KnobValue]]:
+    """The parameters of a study's first maps, baseline first: seed_maps where the study searches ilr, else the
+    baseline as a block run once (no prior on where to loop)."""
+    if "ilr" in trial_families(families):
+        return [{**map_params(m), **family_params("ilr", families)}
+                for m in seed_maps(n_layers, max_reuse, max_layer_runs)]
+    return [{**block_params(BlockMap(0, n_layers - 1, 1, n_layers)), **family_params("blocks", families)}]
+
+
 def seed_maps(n_layers: int, max_reuse: int, max_layer_runs: int) -> list[list[int]]:
     """The all-ones baseline and front-loaded maps in the spirit of the paper's findings ([4,2,1,1], [3,2,2,1]
     and [2,1,1,1] were its best small-model maps), repaired to the budget, without duplicates."""
@@ -75,10 +154,13 @@ class EnqueuedMap:
     knobs: dict[str, KnobValue] = field(default_factory=dict)
     block: int | None = None
     repaired_from: tuple[int, ...] | None = None  # the map as written, where it was over budget
+    map_params: dict[str, int | str] = field(default_factory=dict)  # the map's trial parameters (family included)
 
-    def params(self, searched_knobs: Sequence[str]) -> dict[str, int | KnobValue]:
-        """The trial's parameters: one count per layer, and every searched knob (off unless set)."""
-        return map_params(self.reuse_map) | knobs_off(tuple(searched_knobs)) | self.knobs
+    def params(self, searched_knobs: Sequence[str]) -> dict[str, int | str | KnobValue]:
+        """The trial's parameters: the map's (one count per layer, or the block), and every searched knob (off
+        unless set)."""
+        own = self.map_params or map_params(self.reuse_map)
+        return own | knobs_off(tuple(searched_knobs)) | self.knobs
 
 
 def map_params(reuse_map: Sequence[int]) -> dict[str, int]:
@@ -89,12 +171,16 @@ BLOCK_ENTRY = re.compile(r"block(\d+)")
 
 
 def parse_enqueued(text: str, n_layers: int, max_reuse: int, max_layer_runs: int,
-                   searched_knobs: Sequence[str]) -> EnqueuedMap:
-    """One entry of an enqueue list: `3,2,2,1`, `2,1,1,1|injection=add` (knobs as `train --knobs` takes them) or
-    `block2`. An over-budget map is repaired to the budget; a malformed one (wrong length, a count below 1 or
-    above max_reuse, a knob the study does not search, a block the budget cannot pay for) is refused."""
+                   searched_knobs: Sequence[str], families: Sequence[str] = ("ilr", "block")) -> EnqueuedMap:
+    """One entry of an enqueue list: `3,2,2,1`, `2,1,1,1|injection=add` (knobs as `train --knobs` takes them),
+    `block:1-2:2` (where the study searches blocks) or `block2`. An over-budget map is repaired to the budget; a
+    malformed one (wrong length, a count below 1 or above max_reuse, a knob the study does not search, a block
+    the budget cannot pay for, a map of a family the study does not search) is refused. Where the study
+    searches blocks, `blockK` is the block map block:0-(L-1):K, a trial (not a reference run: one schedule is
+    trained once)."""
     entry = text.strip()
     where = f"enqueued map {entry!r}"
+    kinds = trial_families(families)
     block = BLOCK_ENTRY.fullmatch(entry)
     if block:
         k = int(block.group(1))
@@ -102,21 +188,50 @@ def parse_enqueued(text: str, n_layers: int, max_reuse: int, max_layer_runs: int
             raise UserInputError(f"{where}: block recurrence needs K >= 2 (block1 is the baseline 1,...,1)")
         if n_layers * k > max_layer_runs:
             raise UserInputError(f"{where}: {n_layers * k} layer runs exceed the budget's {max_layer_runs}")
-        return EnqueuedMap(entry, block=k)
+        if "blocks" not in kinds:
+            return EnqueuedMap(entry, block=k)
+        entry = BlockMap(0, n_layers - 1, k, n_layers).key
     map_text, _, knob_text = entry.partition("|")
     try:
-        reuse_map = parse_reuse_map(map_text, n_layers)
+        chosen = parse_map(map_text, n_layers)
         knobs = parse_knob_settings(knob_text) if knob_text.strip() else {}
     except ValueError as e:  # ScheduleError is a UserInputError; knob errors are ValueErrors
         raise UserInputError(f"{where}: {e}") from None
-    check_max_reuse(reuse_map, max_reuse, where)
+    check_max_reuse(chosen.counts, max_reuse, where)
+    if isinstance(chosen, ReuseMap) and "ilr" not in kinds:
+        as_block = one_block(chosen)
+        if as_block is None:
+            raise UserInputError(f"{where}: this study searches block maps only ([search] families "
+                                 f"{list(families)}); write a block map block:I-J:R, or add 'ilr' to the families")
+        chosen = as_block
+    if isinstance(chosen, BlockMap) and "blocks" not in kinds:
+        raise UserInputError(f"{where}: block maps are searched only where [search] families includes 'blocks' "
+                             f"(this study's: {list(families)})")
     unsearched = sorted(set(knobs) - set(searched_knobs))
     if unsearched:
         searched = ", ".join(searched_knobs) or "none"
         raise UserInputError(f"{where}: knob(s) {', '.join(unsearched)} are not searched by this study (searched: "
                              f"{searched}); add them to --knobs or [search] knobs")
+    if isinstance(chosen, BlockMap):
+        fitted = repair_block(chosen.start, chosen.end, chosen.repeats, n_layers, max_layer_runs)
+        return EnqueuedMap(entry, fitted.counts, knobs, None, None if fitted == chosen else chosen.counts,
+                           block_params(fitted) | family_params("blocks", families))
+    reuse_map = list(chosen.counts)
     repaired = repair_to_budget(reuse_map, max_layer_runs)
-    return EnqueuedMap(entry, tuple(repaired), knobs, None, None if repaired == reuse_map else tuple(reuse_map))
+    return EnqueuedMap(entry, tuple(repaired), knobs, None, None if repaired == reuse_map else tuple(reuse_map),
+                       map_params(repaired) | family_params("ilr", families))
+
+
+def one_block(reuse_map: ReuseMap) -> BlockMap | None:
+    """The block of the same schedule as a reuse map, where there is one: the baseline (a block run once) or a
+    map with one layer run more than once (a block of that layer)."""
+    n = len(reuse_map.counts)
+    repeated = [i for i, r in enumerate(reuse_map.counts) if r > 1]
+    if not repeated:
+        return BlockMap(0, n - 1, 1, n)
+    if len(repeated) == 1:
+        return BlockMap(repeated[0], repeated[0], reuse_map.counts[repeated[0]], n)
+    return None
 
 
 def split_enqueue_text(text: str) -> list[str]:

@@ -20,14 +20,14 @@ from ilr_search.knobs import KnobValue, config_key, format_knobs
 from ilr_search.training.flops import param_count
 from ilr_search.analysis.results import finite_or_none, has_result
 from ilr_search.analysis.trials import TrialAttr, TrialRecord, trial_records
-from ilr_search.training.schedule import format_reuse_map, reuse_map_schedule
+from ilr_search.training.schedule import reuse_map_schedule
 from ilr_search.storage import study_storage, trial_id
 from ilr_search.storage import (CurvePoint, Heartbeat, StorageSpec, Store, TrainCurvePoint, grace_period, heartbeat_interval,
                        set_trial_user_attrs)
 from ilr_search.training.jobs import Job, train_jobs
 from ilr_search.training.train import EvalPoint, TrainResult
 
-from ilr_search.search.maps import propose_knobs, propose_map
+from ilr_search.search.maps import propose_knobs, propose_trial_map
 from ilr_search.search.plan import StudyPlan, safe_name
 from ilr_search.search.progress import Message, RunReporter, TrialStarted, step_callback
 from ilr_search.search.pruners import Pruner, PruningDecision
@@ -95,6 +95,7 @@ class Proposal:
     ratio: float
     earlier: TrialRecord | None
     behind_own: bool = False  # the map is one this worker is about to train: reuse its result afterwards
+    schedule: list[int] = dataclasses.field(default_factory=list)  # the map's layer order (a block's is not its counts')
 
 
 @dataclass
@@ -159,27 +160,29 @@ class SearchRun:
         finished trial whose result it reuses, after waiting for a live trial that trains the same map).
         `in_hand`: map keys this worker has claimed and is about to train; a trial proposing one of them is
         neither claimed nor waited for (it would wait on this worker), but returned `behind_own`."""
-        proposed, reuse_map = propose_map(trial, self.n_layers, self.plan.space.search.max_reuse,
-                                          self.plan.budget.max_layer_runs(self.plan.model))
-        knobs = propose_knobs(trial, self.plan.space.search.knobs)
-        key = config_key(format_reuse_map(reuse_map), knobs)  # the knobs add no FLOPs: repair keys on the map
+        search = self.plan.space.search
+        chosen, proposed = propose_trial_map(trial, self.n_layers, search.max_reuse,
+                                             self.plan.budget.max_layer_runs(self.plan.model), search.families)
+        reuse_map, schedule = list(chosen.counts), chosen.schedule()
+        knobs = propose_knobs(trial, search.knobs)
+        key = config_key(chosen.key, knobs)  # the knobs add no FLOPs: repair keys on the map
         model = self.plan.trial_model(knobs)
-        ratio = flops_ratio(model, reuse_map_schedule(reuse_map))
-        assert self.plan.budget.allows(ratio), (reuse_map, ratio)
+        ratio = flops_ratio(model, schedule)
+        assert self.plan.budget.allows(ratio), (chosen.key, ratio)
         attrs: dict[str, Any] = {TrialAttr.REUSE_MAP: reuse_map, TrialAttr.MAP_KEY: key, TrialAttr.FLOPS_RATIO: ratio,
                                  TrialAttr.PARAMS: param_count(model)}
         if knobs:
             attrs[TrialAttr.KNOBS] = knobs
-        if reuse_map != proposed:
-            attrs[TrialAttr.PROPOSED_MAP] = proposed
+        if proposed is not None:
+            attrs[TrialAttr.PROPOSED_MAP] = list(proposed)
         set_trial_user_attrs(trial, attrs)
 
         earlier = self._result_for(key, trial.number)
         if earlier is None and key in in_hand:
-            return Proposal(reuse_map, knobs, key, ratio, None, behind_own=True)
+            return Proposal(reuse_map, knobs, key, ratio, None, behind_own=True, schedule=schedule)
         if earlier is None:
             earlier = self._claim_or_wait(key, trial.number)
-        return Proposal(reuse_map, knobs, key, ratio, earlier)
+        return Proposal(reuse_map, knobs, key, ratio, earlier, schedule=schedule)
 
     def _result_for(self, key: str, exclude: int) -> TrialRecord | None:
         """The first trial other than `exclude` that trained map `key` to a result."""
@@ -313,7 +316,8 @@ class SearchRun:
 
         checkpoint = self.checkpoint_root / f"{safe_name(key.replace(',', '-'))}.pt" if self.plan.space.train.checkpoint_every else None
         train_cfg = dataclasses.replace(self.plan.space.train, dtype=self.plan.dtype)
-        return Training(proposal, self.plan.trial_model(proposal.knobs), reuse_map_schedule(proposal.reuse_map),
+        return Training(proposal, self.plan.trial_model(proposal.knobs),
+                        proposal.schedule or reuse_map_schedule(proposal.reuse_map),
                         train_cfg, checkpoint, on_eval, verdicts)
 
     def interrupted(self, trial: optuna.Trial) -> None:

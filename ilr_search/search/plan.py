@@ -14,7 +14,8 @@ from typing import Any
 
 import optuna
 
-from ilr_search.config import SPACE_SCHEMA_VERSION, STORED_OMITTED_DEFAULTS, ModelConfig, SpaceConfig, StudySettings
+from ilr_search.config import (SPACE_SCHEMA_VERSION, STORED_OMITTED_DEFAULTS, ModelConfig, SpaceConfig, StudySettings,
+                               without_omitted_defaults)
 from ilr_search.data.tokenizers import model_config
 from ilr_search.errors import UserInputError
 from ilr_search.training.flops import Budget, parse_budget
@@ -35,6 +36,61 @@ FIDELITY_ATTR = "ilr:fidelity"  # the fidelity a study kept before it was read f
 
 
 ENQUEUED_BLOCKS_ATTR = "ilr:enqueued_blocks"  # block K asked for with --enqueue blockK: trained as reference runs
+
+
+LAYOUT_ATTR = "ilr:layout"  # how the study's runs used the machine: a list of StudyLayout records, one per change
+
+
+@dataclass(frozen=True)
+class PhaseLayout:
+    """How one phase of a run trains: `processes` processes, each with `threads` torch threads (None: not set, as
+    on a GPU), each training up to `fuse` runs at once in one fused group. Threads and fusion change the float
+    rounding of training, so two runs of one study give the same numbers only with the same layout."""
+    processes: int
+    threads: int | None
+    fuse: int
+
+    def describe(self) -> str:
+        where = f"{self.processes} processes" if self.processes > 1 else "1 process"
+        threads = "" if self.threads is None else f" x {self.threads} thread{'s' if self.threads != 1 else ''}"
+        return f"{where}{threads}, K = {self.fuse}"
+
+
+@dataclass(frozen=True)
+class StudyLayout:
+    """How a run of the study uses the machine: for its trials and reference runs, and for its race."""
+    trials: PhaseLayout
+    race: PhaseLayout
+
+    def describe(self) -> str:
+        return f"trials {self.trials.describe()}; race {self.race.describe()}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"trials": dataclasses.asdict(self.trials), "race": dataclasses.asdict(self.race)}
+
+    @classmethod
+    def from_dict(cls, stored: Mapping[str, Any]) -> StudyLayout:
+        return cls(*(PhaseLayout(int(stored[k]["processes"]), None if stored[k]["threads"] is None
+                                 else int(stored[k]["threads"]), int(stored[k]["fuse"])) for k in ("trials", "race")))
+
+
+def stored_layouts(study_attrs: Mapping[str, Any]) -> list[tuple[StudyLayout, int]]:
+    """The layouts a study ran with, in order, each with the finished trials the study had when it began."""
+    return [(StudyLayout.from_dict(r), int(r.get("finished_trials", 0))) for r in study_attrs.get(LAYOUT_ATTR, [])]
+
+
+def stored_layout(study_attrs: Mapping[str, Any]) -> StudyLayout | None:
+    """The layout the study last ran with (None: none stored, a study made before layouts were stored)."""
+    layouts = stored_layouts(study_attrs)
+    return layouts[-1][0] if layouts else None
+
+
+def record_layout(study: optuna.Study, layout: StudyLayout, finished_trials: int) -> None:
+    """Store `layout` as the study's present one, unless it already is (the record grows only on a change)."""
+    if stored_layout(study.user_attrs) == layout:
+        return
+    records = list(study.user_attrs.get(LAYOUT_ATTR, []))
+    study.set_user_attr(LAYOUT_ATTR, records + [layout.to_dict() | {"finished_trials": finished_trials}])
 
 
 @dataclass(frozen=True)
@@ -83,24 +139,40 @@ def study_config(space: SpaceConfig, model: ModelConfig, budget: Budget, dtype: 
     """What a study stores as its configuration (CONFIG_ATTR): the parts of the space (SpaceConfig.to_dict) that
     change its results, its budget, and the schema version; SpaceConfig.from_dict reads it back."""
     full = dataclasses.replace(space, model=model, train=dataclasses.replace(space.train, dtype=dtype)).to_dict()
-    # Knob fields are stored only where they are not off, the searched knobs only where there are some, and the
-    # race's length and seeds only where they are not STORED_OMITTED_DEFAULTS': a study made before these existed
-    # keeps its configuration (and its derived name), and from_dict reads the omitted values back.
-    omitted_model, omitted_train, omitted_search = (STORED_OMITTED_DEFAULTS[k] for k in ("model", "train", "search"))
-    stored_model = {k: v for k, v in full["model"].items() if k not in omitted_model or v != omitted_model[k]}
+    # Knob and pretrained-architecture fields are stored only where they are not off, the answer column only where
+    # there is one, the searched knobs only where there are some, and the race's length and seeds only where they
+    # are not STORED_OMITTED_DEFAULTS': a study made before these existed keeps its configuration (and its derived
+    # name), and from_dict reads the omitted values back.
+    omitted_train, omitted_search = STORED_OMITTED_DEFAULTS["train"], STORED_OMITTED_DEFAULTS["search"]
+    stored_model = without_omitted_defaults("model", full["model"])
+    stored_data = without_omitted_defaults("data", full["data"])
     search: dict[str, Any] = {k: full["search"][k] for k in ("max_reuse", "families", "objective")}
     if space.search.knobs:
         search |= {"knobs": full["search"]["knobs"], "init_depth": budget.max_layer_runs(model)}
     search |= {k: full["search"][k] for k in RACE_FIELDS if full["search"][k] != omitted_search[k]}
+    init = full["model"].get("init")
     return {
         SCHEMA_KEY: SPACE_SCHEMA_VERSION,
+        **({"init": checkpoint_identity(init)} if init else {}),
         "model": stored_model,
-        "data": full["data"],
+        "data": stored_data,
         "train": {k: full["train"][k] for k in (*RESULT_TRAIN_FIELDS, "dtype")}
                  | {k: full["train"][k] for k in LR_SCHEDULE_FIELDS if full["train"][k] != omitted_train[k]},
         "budget": {"text": budget.text, "ratio": round(budget.ratio, 9)},
         "search": search,
     }
+
+
+def checkpoint_identity(source: str) -> dict[str, str]:
+    """What a study of a pretrained model knows its checkpoint by: its source and the SHA-256 of its config.json
+    (and of its tokenizer.json where it has one), so that a resume with another checkpoint is refused."""
+    from ilr_search.training.pretrained import open_checkpoint
+
+    checkpoint = open_checkpoint(source)
+    identity = {"source": source, "config_sha256": hashlib.sha256((checkpoint.path / "config.json").read_bytes()).hexdigest()}
+    if checkpoint.tokenizer_file is not None:
+        identity["tokenizer_sha256"] = hashlib.sha256(checkpoint.tokenizer_file.read_bytes()).hexdigest()
+    return identity
 
 
 @dataclass(frozen=True)
@@ -143,6 +215,12 @@ def derive_study_name(config: dict[str, Any]) -> str:
     m, d = config["model"], config["data"]
     digest = hashlib.sha256(json.dumps(study_identity(config), sort_keys=True).encode()).hexdigest()[:8]
     corpus = "stdlib" if d["corpus"] == "stdlib" else Path(d["corpus"].replace(":", "-")).name[:24]
+    if d.get("answer_column"):  # a study of the answer loss says so (only they store an answer column)
+        corpus += "-answer"
+    if m.get("init"):  # a pretrained model: named by its checkpoint (its tokenizer is the checkpoint's own)
+        checkpoint = safe_name(Path(m["init"].replace(":", "-")).name)[:24]
+        return (f"ilr-{checkpoint}-L{m['n_layers']}-d{m['d_model']}-{corpus}-{config['budget']['ratio']:g}x"
+                f"-{'frozen' if config['train']['steps'] == 0 else str(config['train']['steps']) + 'steps'}-{digest}")
     return (f"ilr-L{m['n_layers']}-d{m['d_model']}-{m['pe']}-{corpus}-{d['tokenizer'].replace(':', '')}"
             f"-{config['budget']['ratio']:g}x-{digest}")
 

@@ -33,13 +33,13 @@ from ilr_search.training.flops import param_count
 from ilr_search.knobs import config_key
 from ilr_search.analysis.answer import Answer, Trust, race_answer, unraced_answer
 from ilr_search.analysis.race_core import REFERENCE_SOURCE, RUN_SOURCE, TRIAL_SOURCE, StoredResult
-from ilr_search.analysis.map_key import MapKey
+from ilr_search.analysis.map_key import key_text
 from ilr_search.analysis.race_report import RaceReport
 from ilr_search.analysis.racing import FrontPoint, RaceJob, RaceSettings, RaceState, race_state
-from ilr_search.analysis.results import (DEEP_PREFIX, REFERENCE_PREFIX, is_deep_key, as_list, finite_or_none, is_baseline_key, key_reuse_map,
+from ilr_search.analysis.results import (DEEP_PREFIX, REFERENCE_PREFIX, is_deep_key, as_list, finite_or_none, is_baseline_key, key_reuse_map, map_text,
                                          knobs_text, study_front, trained_by_map, trained_trials)
 from ilr_search.analysis.trials import Trial, trial_records
-from ilr_search.training.schedule import format_reuse_map, reuse_map_schedule
+from ilr_search.training.schedule import format_reuse_map, map_of_key, reuse_map_schedule
 from ilr_search.storage import RaceRunJob, RaceRun, Heartbeat, Store, grace_period, heartbeat_interval
 from ilr_search.training.jobs import fusable
 
@@ -67,10 +67,12 @@ def race_settings(config: Mapping[str, Any], max_steps: int | None = None) -> Ra
                             max_contenders=search.race_contenders, policy="fixed", max_steps=max_steps or None)
     model = space.model
     share = (param_count(dataclasses.replace(model, n_layers=model.n_layers + 1)) - param_count(model)) / param_count(model)
+    frozen = base_steps == 0  # a frozen study: a seed is a chunk of held-out windows, and there is no deeper plain model
     return RaceSettings(base_steps, target, tuple(seed + i for i in range(search.max_seeds)),
                         max_contenders=search.race_contenders, policy="adaptive", min_seeds=search.race_seeds,
                         screen=search.race_screen, max_steps=max_steps or None,
-                        equal_compute=search.equal_compute == "depth", layer_param_share=share)
+                        equal_compute=search.equal_compute == "depth" and not frozen, layer_param_share=share,
+                        frozen=frozen)
 
 
 def races(settings: RaceSettings) -> bool:
@@ -88,8 +90,9 @@ def lr_schedule(config: Mapping[str, Any]) -> str:
 
 
 def factor_key(steps: int, base_steps: int) -> str:
-    """The factor of a race run of `steps` steps, as the audit writes it too (`--factor 4` -> "4")."""
-    return f"{steps / base_steps:g}"
+    """The factor of a race run of `steps` steps, as the audit writes it too (`--factor 4` -> "4"); "0" for a frozen
+    study's runs (no step: an evaluation on a window chunk)."""
+    return f"{steps / base_steps:g}" if base_steps else "0"
 
 
 def race_run_job(job: RaceJob, base_steps: int) -> RaceRunJob:
@@ -117,7 +120,7 @@ def stored_results(trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows
         if not name.startswith(REFERENCE_PREFIX) or not ref.get("reuse_map"):  # block recurrence is no reuse map
             continue
         ppl = ref.get("val_ppl")
-        key = config_key(format_reuse_map(ref["reuse_map"]), ref.get("knobs", {}))
+        key = config_key(ref.get("map") or format_reuse_map(ref["reuse_map"]), ref.get("knobs", {}))
         found.append(StoredResult(key, float(ref["flops_ratio"]), base_steps, int(ref["seed"]), schedule,
                                   math.log(ppl) if ppl else None, ppl, ref.get("val_bpb"),
                                   f"{REFERENCE_SOURCE}{name[len(REFERENCE_PREFIX):]}"))
@@ -188,6 +191,7 @@ def front_rows(points: Sequence[FrontPoint], trials: Sequence[Trial], results: S
         bpbs = [bpb.get((p.map_key, p.steps, s)) for s in p.seeds]
         rows.append({"trial": t.number if t is not None else None,
                      "reuse_map": as_list(t.reuse_map) if t is not None else key_reuse_map(p.map_key),
+                     "map": map_text(p.map_key),
                      "knobs": knobs_text(t) if t is not None else None, "flops_ratio": p.flops_ratio,
                      "val_ppl": p.val_ppl,
                      "val_bpb": sum(bpbs) / len(bpbs) if bpbs and None not in bpbs else None,
@@ -219,9 +223,10 @@ def foreign_answer(trials: Sequence[Trial]) -> Answer:
     return unraced_answer("the study was not made by ilr-search (no race)", steps)
 
 
-def replicate_unit(study_attrs: Mapping[str, Any]) -> str:
-    """What one replicate of a map is called in the study's answer: a training seed."""
-    return "seed"
+def replicate_unit(settings: RaceSettings) -> str:
+    """What one replicate of a map is called in the study's answer: a training seed, or in a frozen study (no
+    training) a chunk of held-out windows (RaceWords)."""
+    return settings.words.unit
 
 
 def study_answer(study_attrs: Mapping[str, Any], settings: RaceSettings, results: Sequence[StoredResult],
@@ -230,7 +235,7 @@ def study_answer(study_attrs: Mapping[str, Any], settings: RaceSettings, results
     at the race's length and the screen's proxy-to-target rank agreement; where the race trains nothing, that no map
     was tested."""
     if not races(settings):
-        return unraced_answer(f"the race is off (one {replicate_unit(study_attrs)} at the proxy's length, no test)",
+        return unraced_answer(f"the race is off (one {replicate_unit(settings)} at the proxy's length, no test)",
                               settings.base_steps)
     steps = state.level_steps or settings.target_steps
     baseline = format_reuse_map([1] * int(study_attrs[CONFIG_ATTR]["model"]["n_layers"]))
@@ -240,7 +245,7 @@ def study_answer(study_attrs: Mapping[str, Any], settings: RaceSettings, results
     trust = (Trust(agreement["spearman"], agreement["maps"], settings.base_steps, settings.target_steps)
              if agreement.get("spearman") is not None and agreement.get("maps", 0) >= 3
              and settings.target_steps > settings.base_steps else None)
-    return race_answer(state, settings, baseline, baseline_ppl, replicate_unit(study_attrs), trust)
+    return race_answer(state, settings, baseline, baseline_ppl, replicate_unit(settings), trust)
 
 
 def decided_points(trials: Sequence[Trial], settings: RaceSettings, state: RaceState) -> tuple[FrontPoint, ...]:
@@ -262,8 +267,7 @@ def decided_best(state: RaceState, rows: Sequence[Mapping[str, Any]]) -> dict[st
     its front row's perplexity, length and seeds; None before the race has a front."""
     if state.best is None:
         return None
-    best = MapKey.parse(state.best)
-    row = next((r for r in rows if MapKey.of(r["reuse_map"], r["knobs"]) == best), None)
+    row = next((r for r in rows if key_text(r["map"], r["knobs"]) == state.best), None)
     return {"map": state.best, "beats_baseline": state.best in state.confirmed_better, "done": state.done,
             "val_ppl": row["val_ppl"] if row else None, "steps": row["steps"] if row else None,
             "seeds": row["seeds"] if row else None}
@@ -305,6 +309,7 @@ class ClaimedRun:
     checkpoint: Path
     number: int  # the map's trial
     flops_ratio: float = 0.0  # forward FLOPs per token over the study's all-ones map's
+    schedule: list[int] = dataclasses.field(default_factory=list)  # the layer order (a block's is not its counts')
 
 
 def planned_run(plan: StudyPlan, job: RaceJob, by_key: Mapping[str, Trial], train: TrainConfig, base_steps: int,
@@ -322,12 +327,13 @@ def planned_run(plan: StudyPlan, job: RaceJob, by_key: Mapping[str, Trial], trai
         trial = by_key.get(job.map_key)
         if trial is None and not is_baseline_key(job.map_key):
             return None
-        reuse_map = list(trial.reuse_map) if trial is not None else key_reuse_map(job.map_key)
+        chosen = map_of_key(job.map_key, plan.model.n_layers)
+        reuse_map, schedule = list(chosen.counts), chosen.schedule()
         model = plan.trial_model(dict(trial.knobs) if trial is not None else {})
-        ratio = flops_ratio(model, reuse_map_schedule(reuse_map))
+        ratio = flops_ratio(model, schedule)
         number = trial.number if trial is not None else 0
     return ClaimedRun(stored, reuse_map, model, longer_train_config(train, job.steps, job.seed),
-                      run_checkpoint(checkpoint_folder, stored), number, ratio)
+                      run_checkpoint(checkpoint_folder, stored), number, ratio, schedule)
 
 
 def train_claimed(store: Store, runs: Sequence[ClaimedRun], worker: str, data: TokenData, reporter: RunReporter,
@@ -338,7 +344,8 @@ def train_claimed(store: Store, runs: Sequence[ClaimedRun], worker: str, data: T
     from ilr_search.training.jobs import Job, train_jobs  # here, not at the top: reading a race's results loads no torch
 
     reporter.on(RunsStarted(tuple((r.job.map_key, r.train_cfg.steps, r.job.seed) for r in runs), kind))
-    jobs = [Job(r.model, reuse_map_schedule(r.reuse_map), r.train_cfg, checkpoint=r.checkpoint) for r in runs]
+    jobs = [Job(r.model, r.schedule or reuse_map_schedule(r.reuse_map), r.train_cfg, checkpoint=r.checkpoint)
+            for r in runs]
     try:
         with Heartbeat(lambda: [store.beat_race_run(r.job, worker) for r in runs] and True):
             results = train_jobs(jobs, data, fuse=len(runs), on_step=step_callback(reporter))

@@ -16,24 +16,25 @@ import optuna
 import sqlalchemy as sa
 from optuna.trial import FrozenTrial, TrialState
 
-from ilr_search.config import SpaceConfig, StudySettings
+from ilr_search.config import SIZE_MAXIMA, SpaceConfig, StudySettings
 from ilr_search.data.tokens import TokenData, load_space_tokens
 from ilr_search.errors import StorageFullError, UserInputError
 from ilr_search.folders import check_can_create
 from ilr_search.analysis.fidelity import best_recurrent
+from ilr_search.analysis.trials import trial_records
 from ilr_search.training.flops import flops_ratio
 from ilr_search.knobs import KnobValue, config_key
 from ilr_search.analysis.results import REFERENCE_PREFIX, finite_or_none, has_result, study_front, trial_row
-from ilr_search.training.schedule import block_schedule, format_reuse_map, reuse_map_schedule
-from ilr_search.space import validate_space
+from ilr_search.training.schedule import BlockMap, block_schedule, format_reuse_map, map_of_key
+from ilr_search.space import check_search_objective, validate_space
 from ilr_search.storage import JournalStore, study_storage, StorageSpec, Store, heartbeat_interval, open_storage, open_store, parse_storage
 from ilr_search.training.jobs import Job, groups, train_jobs
 
-from ilr_search.search.maps import EnqueuedMap, knobs_off, map_params, parse_enqueued, seed_maps
+from ilr_search.search.maps import EnqueuedMap, knobs_off, parse_enqueued, seed_params
 from ilr_search.search.fused_trials import FusedSearchRun
 from ilr_search.search.objective import SearchRun, SurplusTrial, TrialDiverged, TrialTakenOver, sweep_stale_journal_trials
-from ilr_search.search.plan import (CONFIG_ATTR, ENQUEUED_BLOCKS_ATTR, SAMPLER_ATTR, StudyPlan, adopt_stored_dtype, adopt_stored_race, canonical_config,
-    check_resume, plan_study, safe_name, stored_study)
+from ilr_search.search.plan import (CONFIG_ATTR, ENQUEUED_BLOCKS_ATTR, SAMPLER_ATTR, StudyLayout, StudyPlan, adopt_stored_dtype,
+    adopt_stored_race, canonical_config, check_resume, plan_study, record_layout, safe_name, stored_study)
 from ilr_search.search.progress import (Message, ReferenceFinished, ReferenceStarted, RunReporter, StudyStarted,
                                         TrialFinished, step_callback)
 from ilr_search.search.race import RaceRunner, run_race
@@ -62,11 +63,14 @@ class RunRequest:
     # the race settings this run's flags ask for ({field: value}, plan.ADOPTED_RACE_FIELDS): a resumed study keeps its
     # own, and refuses a flag that asks for another
     asked_race: tuple[tuple[str, Any], ...] = ()
+    # how this run uses the machine (processes, threads, fused group size), stored with the study; None: not stored
+    layout: StudyLayout | None = None
 
     def check(self) -> None:
         """Bad numbers raise a UserInputError, before anything is opened."""
-        if self.n_trials is not None and self.n_trials <= 0:
-            raise UserInputError(f"--n-trials must be a positive number of trials, got {self.n_trials}")
+        if self.n_trials is not None and not 0 < self.n_trials <= SIZE_MAXIMA["search", "n_trials"]:
+            raise UserInputError(f"--n-trials must be a positive number of trials, at most "
+                                 f"{SIZE_MAXIMA['search', 'n_trials']:,}, got {self.n_trials}")
         if self.timeout is not None and self.timeout <= 0:
             raise UserInputError(f"--timeout must be a positive number of seconds, got {self.timeout}")
         check_fuse(self.fuse)
@@ -130,11 +134,44 @@ def planned_space(request: RunRequest) -> tuple[SpaceConfig, StudyPlan]:
     checked too (nothing is opened)."""
     search = dataclasses.replace(request.space.search, **{k: v for k, v in (("sampler", request.sampler),
                                                                           ("pruner", request.pruner)) if v})
-    space = dataclasses.replace(request.space, search=search)
+    space = frozen_space(dataclasses.replace(request.space, search=search), request)
     validate_space(space)
+    check_search_objective(space)
     plan = plan_study(space, request.budget, request.study_name)
     enqueued_maps(plan, enqueue_texts(request, space))
     return space, plan
+
+
+def frozen_space(space: SpaceConfig, request: RunRequest) -> SpaceConfig:
+    """A frozen study's space (train.steps 0: each map applied to the pretrained weights and only evaluated, a seed
+    being a chunk of held-out windows): no pruning, since a trial is one evaluation and there is no early
+    perplexity to stop at, and no equal-compute reference, since a deeper plain model of the checkpoint does not
+    exist. A flag that asks for either is refused; other spaces are returned as they are."""
+    if space.train.steps != 0:
+        return space
+    if not space.model.init:
+        raise UserInputError("--train-steps 0 (a frozen search: maps only evaluated) needs a pretrained model: add "
+                             "--init PATH or hf:NAME")
+    if request.pruner not in (None, "none"):
+        raise UserInputError(f"--pruner {request.pruner} cannot prune a frozen search (--train-steps 0): each trial "
+                             "is one evaluation, with no early perplexity to prune on; drop --pruner")
+    if dict(request.asked_race).get("equal_compute") == "depth":
+        raise UserInputError("--equal-compute depth needs training: a frozen search (--train-steps 0) has no deeper "
+                             "plain model of the checkpoint to compare with; drop --equal-compute")
+    return dataclasses.replace(space, search=dataclasses.replace(space.search, pruner="none", equal_compute="off"))
+
+
+def check_window_chunks(space: SpaceConfig, data: TokenData) -> None:
+    """A frozen study evaluates window chunk s for seed s: the trials chunk train.seed, the reference runs and the
+    race the chunks after it, up to the race's pool of max_seeds; refused up front where the validation split
+    holds fewer."""
+    t, s = space.train, space.search
+    needed = t.seed + max(s.max_seeds, s.race_seeds, s.noise_seeds + 1)
+    have = data.window_chunks(t.eval_windows, space.model.seq_len)
+    if have < needed:
+        raise UserInputError(f"a frozen search evaluates up to {needed} chunks of {t.eval_windows} disjoint held-out "
+                             f"windows of {space.model.seq_len + 1} tokens, and the validation split holds {have}; "
+                             "use more text, a larger val_fraction, fewer eval_windows or a smaller --max-seeds")
 
 
 def enqueue_texts(request: RunRequest, space: SpaceConfig) -> list[str]:
@@ -148,7 +185,8 @@ def enqueued_maps(plan: StudyPlan, enqueue: list[str]) -> list[EnqueuedMap]:
     raises a UserInputError."""
     search = plan.space.search
     max_runs = plan.budget.max_layer_runs(plan.model)
-    return [parse_enqueued(text, plan.model.n_layers, search.max_reuse, max_runs, search.knobs) for text in enqueue]
+    return [parse_enqueued(text, plan.model.n_layers, search.max_reuse, max_runs, search.knobs, search.families)
+            for text in enqueue]
 
 
 def prepare_study(request: RunRequest) -> PreparedStudy:
@@ -167,6 +205,8 @@ def prepare_study(request: RunRequest) -> PreparedStudy:
     first = first_trials(plan, stored, request.target_trials, enqueue_texts(request, space))
 
     data = load_space_tokens(space)
+    if space.train.steps == 0:
+        check_window_chunks(space, data)
     storage_obj = existing or open_storage(spec)
     directions = ["minimize"] if space.search.objective == "ppl" else ["minimize", "minimize"]
     settings = stored_settings or StudySettings(
@@ -187,6 +227,8 @@ def prepare_study(request: RunRequest) -> PreparedStudy:
         study.set_user_attr(CONFIG_ATTR, canonical_config(plan.config))
         study.set_metric_names(["val_ppl"] if len(directions) == 1 else ["val_ppl", "flops_ratio"])
     settings = StudySettings.from_dict(study.user_attrs[SAMPLER_ATTR])
+    if request.layout is not None:
+        record_layout(study, request.layout, _n_finished(study))
 
     if first.blocks:  # block K asked for: trained with the reference runs (one list, however many resumes)
         blocks = sorted(set(study.user_attrs.get(ENQUEUED_BLOCKS_ATTR, [])) | set(first.blocks))
@@ -233,7 +275,7 @@ def first_trials(plan: StudyPlan, study: optuna.Study | None, target: int, enque
     search, n = plan.space.search, plan.model.n_layers
     max_runs = plan.budget.max_layer_runs(plan.model)
     asked = enqueued_maps(plan, enqueue)
-    seeds = [map_params(m) | knobs_off(search.knobs) for m in seed_maps(n, search.max_reuse, max_runs)] \
+    seeds = [{**p, **knobs_off(search.knobs)} for p in seed_params(n, search.max_reuse, max_runs, search.families)] \
         if search.enqueue_paper_maps else []  # with every searched knob off: the paper's model
     trials = study.get_trials(deepcopy=False) if study is not None else []
     known = [t.params for t in trials if t.state != TrialState.FAIL or has_result(t)] + \
@@ -259,7 +301,8 @@ def _run_study(request: RunRequest, reporter: RunReporter, reference_share: tupl
     # Worker k of the study (k = 0 for the first run, 1 for a resume or a second process...) samples from
     # stream k of the study's seed: reproducible, and concurrent workers do not propose the same maps.
     study.sampler = build_sampler(settings.sampler, plan.model.n_layers, store.register_worker(), space.search.knobs,
-                                  space.search.max_reuse, plan.budget.max_layer_runs(plan.model))
+                                  space.search.max_reuse, plan.budget.max_layer_runs(plan.model),
+                                  space.search.families)
     target = prepared.target
     if prepared.target_raised_from is not None:
         reporter.on(Message(f"--n-trials {prepared.target_raised_from} raised to {target}: the enqueued maps "
@@ -331,8 +374,9 @@ def _run_study(request: RunRequest, reporter: RunReporter, reference_share: tupl
 
 
 def check_fuse(fuse: int) -> None:
-    if isinstance(fuse, bool) or not isinstance(fuse, int) or fuse < 1:
-        raise UserInputError(f"--fuse must be a positive number of maps trained at once (1: one at a time), got {fuse!r}")
+    if isinstance(fuse, bool) or not isinstance(fuse, int) or not 1 <= fuse <= SIZE_MAXIMA["search", "fuse"]:
+        raise UserInputError(f"--fuse must be a positive number of maps trained at once (1: one at a time), at most "
+                             f"{SIZE_MAXIMA['search', 'fuse']:,}, got {fuse!r}")
 
 
 def _disk_full_cause(e: BaseException | None) -> BaseException | None:
@@ -380,6 +424,11 @@ class ReferenceRun:
     seed: int
     reuse_map: list[int] | None  # None: block recurrence
     knobs: dict[str, KnobValue] = dataclasses.field(default_factory=dict)  # the searched knobs' settings
+    block_map: str | None = None  # a block map's key (block:I-J:R), whose schedule its counts do not give
+
+    @property
+    def map_text(self) -> str:
+        return self.block_map or format_reuse_map(self.reuse_map or [])
 
 
 def reference_runs(plan: StudyPlan, trials: list[FrozenTrial], enqueued_blocks: Sequence[int] = ()) -> list[ReferenceRun]:
@@ -392,10 +441,12 @@ def reference_runs(plan: StudyPlan, trials: list[FrozenTrial], enqueued_blocks: 
             for i in range(1, plan.space.search.noise_seeds + 1)]
     best = best_recurrent(trials) if plan.space.search.noise_seeds else None
     if best is not None:
-        runs.append(ReferenceRun("second_seed", reuse_map_schedule(best["reuse_map"]), seed + 1, best["reuse_map"],
-                                 best["knobs"]))
+        best_map = map_of_key({r.number: r for r in trial_records(trials)}[best["trial"]].map_key or "", n)
+        runs.append(ReferenceRun("second_seed", best_map.schedule(), seed + 1, best["reuse_map"], best["knobs"],
+                                 best_map.key if isinstance(best_map, BlockMap) else None))
     blocks = set(enqueued_blocks)
-    if "block" in plan.space.search.families:
+    # With blocks searched, the whole stack run K times is the trial block:0-(L-1):K: no reference trains it again.
+    if "block" in plan.space.search.families and "blocks" not in plan.space.search.families:
         blocks |= {k for k in range(2, plan.space.search.max_reuse + 1)
                    if plan.budget.allows(flops_ratio(plan.model, block_schedule(n, k)))}
     runs += [ReferenceRun(f"block{k}", block_schedule(n, k), seed, None) for k in sorted(blocks)]
@@ -423,7 +474,7 @@ def train_references(run: SearchRun, share: tuple[int, int] = (0, 1), fuse: int 
         for i in members:
             ref = missing[i]
             run.reporter.on(ReferenceStarted(ref.name, done, len(missing), plan.space.train.steps))
-            key = config_key(format_reuse_map(ref.reuse_map or []), ref.knobs)
+            key = config_key(ref.map_text, ref.knobs)
             run.reporter.on(Message(f"training reference {ref.name}" + (f" (map {key}, seed {ref.seed})"
                                                                          if ref.name == "second_seed" else "")
                                     + (f" (fused, {len(members)} at once)" if len(members) > 1 else "")))
@@ -435,5 +486,6 @@ def train_references(run: SearchRun, share: tuple[int, int] = (0, 1), fuse: int 
                 "schedule": ref.schedule, "seed": ref.seed, "flops_ratio": flops_ratio(model, ref.schedule),
                 "reuse_map": ref.reuse_map, "val_ppl": finite_or_none(result.val_ppl),
                 "val_bpb": finite_or_none(result.val_bpb), "status": result.status, "steps": result.steps,
-                "curve": [[p.step, p.val_loss] for p in result.curve]} | ({"knobs": ref.knobs} if ref.knobs else {}))
+                "curve": [[p.step, p.val_loss] for p in result.curve]} | ({"knobs": ref.knobs} if ref.knobs else {})
+                | ({"map": ref.block_map} if ref.block_map else {}))
             run.reporter.on(ReferenceFinished(ref.name))

@@ -6,14 +6,15 @@ from collections.abc import Sequence
 from typing import Any
 
 import optuna
-from optuna.distributions import BaseDistribution, IntDistribution
+from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from ilr_search.config import SamplerOption, SamplerSettings
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import KNOB_CHOICES
 
-from ilr_search.search.maps import map_params, repair_to_budget
+from ilr_search.search.maps import (BLOCK_END, BLOCK_PARAMS, BLOCK_REPEATS, BLOCK_START, FAMILY_PARAM, block_params,
+                                    map_params, repair_block, repair_to_budget, trial_families)
 from ilr_search.storage import trial_id
 
 
@@ -39,15 +40,28 @@ class BudgetRepairSampler(optuna.samplers.BaseSampler):
     is the map it trains: the wrapped sampler proposes every per-layer count at once (jointly where it models
     them jointly, independently where it does not yet), the proposal is repaired to the budget
     (maps.repair_to_budget), and the repaired counts are what the trial gets. The wrapped sampler then learns
-    from maps that were trained, and the dashboard's plots describe them."""
+    from maps that were trained, and the dashboard's plots describe them.
+
+    With the blocks family the same holds for a block's parameters (maps.repair_block); where the study searches
+    both families, the trial's `family` is drawn first and only that family's parameters are proposed. A block
+    drawn afresh (start and end both independent) is uniform over the blocks (start <= end): the start is drawn
+    from 0..L-1 and a second index from 0..L, which give each block exactly two of the L(L+1) pairs."""
 
     redraws = 8  # independent redraws of a proposal that lands on a tried map, before it is kept (and reused)
 
     def __init__(self, base: optuna.samplers.BaseSampler, n_layers: int, max_reuse: int, max_layer_runs: int,
-                 knobs: tuple[str, ...] = ()) -> None:
+                 knobs: tuple[str, ...] = (), families: tuple[str, ...] = ("ilr",)) -> None:
         self.base, self.knobs = base, knobs
         self.n_layers, self.max_layer_runs = n_layers, max_layer_runs
-        self.map_space = {f"r{i}": IntDistribution(1, max_reuse) for i in range(n_layers)}
+        self.families = trial_families(families)
+        self.counts_space = {f"r{i}": IntDistribution(1, max_reuse) for i in range(n_layers)} \
+            if "ilr" in self.families else {}
+        self.block_space: dict[str, BaseDistribution] = {
+            BLOCK_START: IntDistribution(0, n_layers - 1), BLOCK_END: IntDistribution(0, n_layers - 1),
+            BLOCK_REPEATS: IntDistribution(1, max_reuse)} if "blocks" in self.families else {}
+        self.family_space: dict[str, BaseDistribution] = {FAMILY_PARAM: CategoricalDistribution(self.families)} \
+            if len(self.families) > 1 else {}
+        self.map_space: dict[str, BaseDistribution] = self.family_space | self.counts_space | self.block_space
         self._base_space: dict[int, dict[str, BaseDistribution]] = {}  # trial id -> the wrapped sampler's own space
 
     def reseed_rng(self) -> None:
@@ -79,13 +93,33 @@ class BudgetRepairSampler(optuna.samplers.BaseSampler):
         return params
 
     def _repaired(self, study: optuna.Study, trial: FrozenTrial, params: dict[str, Any]) -> dict[str, Any]:
-        """`params` with every per-layer count the base sampler did not give drawn independently, and the map
-        repaired to the budget."""
-        for name, distribution in self.map_space.items():
+        """`params` with every map parameter the base sampler did not give drawn independently, and the map
+        repaired to the budget (only the trial's family's parameters are kept)."""
+        for name, distribution in self.family_space.items():
+            if name not in params:
+                params[name] = self.base.sample_independent(study, trial, name, distribution)
+        family = params[FAMILY_PARAM] if self.family_space else self.families[0]
+        if family == "blocks":
+            return self._repaired_block(study, trial, params)
+        params = {k: v for k, v in params.items() if k not in self.block_space}
+        for name, distribution in self.counts_space.items():
             if name not in params:
                 params[name] = self.base.sample_independent(study, trial, name, distribution)
         proposed = [int(params[f"r{i}"]) for i in range(self.n_layers)]
         return params | map_params(repair_to_budget(proposed, self.max_layer_runs))
+
+    def _repaired_block(self, study: optuna.Study, trial: FrozenTrial, params: dict[str, Any]) -> dict[str, Any]:
+        params = {k: v for k, v in params.items() if k not in self.counts_space}
+        if BLOCK_START not in params and BLOCK_END not in params:  # a fresh block: uniform over start <= end
+            a = int(self.base.sample_independent(study, trial, BLOCK_START, self.block_space[BLOCK_START]))
+            b = int(self.base.sample_independent(study, trial, BLOCK_END, IntDistribution(0, self.n_layers)))
+            params[BLOCK_START], params[BLOCK_END] = (b, a) if b <= a else (a, b - 1)
+        for name in BLOCK_PARAMS:
+            if name not in params:
+                params[name] = self.base.sample_independent(study, trial, name, self.block_space[name])
+        start, end, repeats = (int(params[p]) for p in BLOCK_PARAMS)
+        block = repair_block(start, end, repeats, self.n_layers, self.max_layer_runs)
+        return params | block_params(block)
 
     def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
                            param_distribution: BaseDistribution) -> Any:
@@ -97,13 +131,14 @@ class BudgetRepairSampler(optuna.samplers.BaseSampler):
 
 
 def build_sampler(settings: SamplerSettings, n_layers: int, worker_offset: int = 0, knobs: tuple[str, ...] = (),
-                  max_reuse: int | None = None, max_layer_runs: int | None = None) -> optuna.samplers.BaseSampler:
+                  max_reuse: int | None = None, max_layer_runs: int | None = None,
+                  families: tuple[str, ...] = ("ilr",)) -> optuna.samplers.BaseSampler:
     """The study's sampler; given the space's max_reuse and the budget's max_layer_runs, wrapped so that it
-    proposes maps within the budget only (BudgetRepairSampler)."""
+    proposes maps (of the study's `families`) within the budget only (BudgetRepairSampler)."""
     base = _base_sampler(settings, n_layers, worker_offset, knobs)
     if max_reuse is None or max_layer_runs is None:
         return base
-    return BudgetRepairSampler(base, n_layers, max_reuse, max_layer_runs, knobs)
+    return BudgetRepairSampler(base, n_layers, max_reuse, max_layer_runs, knobs, families)
 
 
 def _base_sampler(settings: SamplerSettings, n_layers: int, worker_offset: int,

@@ -20,21 +20,24 @@ from ilr_search.analysis.race_report import RaceReport
 from ilr_search.analysis.trials import FINISHED, Trial, TrialRecord, trained_results, trial_records
 from ilr_search.storage import study_id, study_storage, StorageSpec, Store, open_storage, open_store, parse_storage
 
-from ilr_search.search.plan import SAMPLER_ATTR, stored_config
+from ilr_search.search.phases import PhaseRecord
+from ilr_search.search.plan import SAMPLER_ATTR, StudyLayout, stored_config, stored_layouts
 from ilr_search.search.race import RACE_POINT_FIELDS, foreign_answer, race_report
 
 FRONT_FIELDS = ("trial", "reuse_map", "flops_ratio", "val_ppl", "val_bpb")  # of a front point in `run --json`
-PARETO_FIELDS = ("trial", "reuse_map", "knobs", "flops_ratio", "val_ppl", "val_bpb", "params", "within_noise_of")
+PARETO_FIELDS = ("trial", "reuse_map", "map", "knobs", "flops_ratio", "val_ppl", "val_bpb", "params", "within_noise_of")
 # ... of a front point in `pareto --json`
 
 
 @dataclass(frozen=True)
 class TrialListing:
-    """What `trials` lists beyond the report: each trial's row with its curves, the reference runs as rows, and
-    every stored race run (race_run_rows)."""
+    """What `trials` lists beyond the report: each trial's row with its curves, the reference runs as rows, every
+    stored race run (race_run_rows), and the layouts the study's runs used, each with the finished trials the study
+    had when it began (plan.stored_layouts)."""
     rows: tuple[dict[str, Any], ...]
     references: tuple[dict[str, Any], ...]
     race_runs: tuple[dict[str, Any], ...]
+    layouts: tuple[tuple[StudyLayout, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,8 @@ class StudyReport:
     settings: StudySettings | None = None
     interrupted: bool = False
     workers: tuple[tuple[int, int | None], ...] | None = None  # (worker, exit code) of a run with --workers
+    layout: StudyLayout | None = None  # how the run that made this report used the machine (`run` only)
+    phases: tuple[PhaseRecord, ...] | None = None  # where that run's time went, phase by phase (`run` only)
     listing: TrialListing | None = None
     front_view: FrontView | None = None
 
@@ -133,7 +138,8 @@ class StudyReport:
         if self.listing is not None:
             return {"study": self.study, "trials": list(self.listing.rows), "references": list(self.listing.references),
                     "race_runs": list(self.listing.race_runs), "fidelity": self.fidelity, "race": race_parts["race"],
-                    **common}
+                    **common, "layouts": [layout.to_dict() | {"finished_trials": finished}
+                                          for layout, finished in self.listing.layouts]}
         if self.front_view is not None:
             view = self.front_view
             return ({"study": self.study,
@@ -165,6 +171,10 @@ class StudyReport:
         }
         if self.workers is not None:
             report["workers"] = [{"worker": k, "exit_code": code} for k, code in self.workers]
+        if self.layout is not None:
+            report["layout"] = self.layout.to_dict()
+        if self.phases is not None:
+            report["phases"] = [p.to_dict() for p in self.phases]
         return report
 
 
@@ -213,12 +223,18 @@ def open_study(spec: StorageSpec, name: str) -> optuna.Study:
         raise UserInputError(f"no study {name!r} in {spec.masked}{hint}") from None
 
 
-def default_study(storage: str | None = None) -> tuple[str, str]:
-    """(name, why) of the study a command without --study reads: the storage's only study, or else its most
-    recently active one."""
+def existing_storage(storage: str | None) -> StorageSpec:
+    """The storage a reading command reads, refused when its file is not there (nothing is created)."""
     spec = parse_storage(storage, read_only=True)
     if not spec.exists():
         raise UserInputError(f"storage {spec.masked} does not exist yet; run a study first (ilr-search run --budget 1.5x)")
+    return spec
+
+
+def default_study(storage: str | None = None) -> tuple[str, str]:
+    """(name, why) of the study a command without --study reads: the storage's only study, or else its most
+    recently active one."""
+    spec = existing_storage(storage)
     st = open_storage(spec, heartbeat=False)
     summaries = optuna.get_all_study_summaries(st, include_best_trial=False)
     if not summaries:
@@ -239,9 +255,7 @@ DECIDED_WORDS = ("race open", "beats the baseline", "nothing beats the baseline"
 
 
 def list_studies(storage: str | None = None) -> list[dict[str, Any]]:
-    spec = parse_storage(storage, read_only=True)
-    if not spec.exists():
-        return []
+    spec = existing_storage(storage)
     st = open_storage(spec, heartbeat=False)
     rows = []
     for summary in optuna.get_all_study_summaries(st, include_best_trial=False):
@@ -273,12 +287,13 @@ def list_trials(study_name: str, storage: str | None = None) -> list[dict[str, A
 
 def trials_report(study_name: str, storage: str | None = None) -> StudyReport:
     """`ilr-search trials`: the study's report with its listing: every trial with its curves, the reference runs,
-    every stored race run (race_run_rows)."""
+    every stored race run (race_run_rows) and the layouts its runs used (plan.stored_layouts)."""
     spec = parse_storage(storage, read_only=True)
     study = open_study(spec, study_name)
     store = open_store(spec, study_name, read_only=True, storage=study_storage(study))
     report = study_report(study, spec, store)
     curves = curves_of_trials(list(report.trials), store.curve_points(), store.train_curve_points())
     listing = TrialListing(tuple(trial_row(t) | {"curves": curves[t.number]} for t in report.trials),
-                           tuple(reference_rows(study)), tuple(race_run_rows(store.race_runs(), study.user_attrs)))
+                           tuple(reference_rows(study)), tuple(race_run_rows(store.race_runs(), study.user_attrs)),
+                           tuple(stored_layouts(study.user_attrs)))
     return dataclasses.replace(report, listing=listing)

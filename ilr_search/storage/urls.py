@@ -84,7 +84,7 @@ def parse_storage(url: str | None, read_only: bool = False) -> StorageSpec:
                              "or journal:PATH") from None
     except ImportError as e:
         raise UserInputError(f"storage driver {parsed.drivername!r} needs a module that is not installed ({e.name}); "
-                             "for PostgreSQL: pip install 'ilr-search[postgres]'") from None
+                             f"{driver_hint(parsed.get_backend_name(), e.name)}") from None
     if dialect.name == "sqlite":
         if not parsed.database or parsed.database == ":memory:":
             raise UserInputError("an in-memory SQLite storage cannot be resumed; give a file: sqlite:///studies/x.db")
@@ -105,8 +105,20 @@ def parse_storage(url: str | None, read_only: bool = False) -> StorageSpec:
         dialect.import_dbapi() if hasattr(dialect, "import_dbapi") else None
     except ImportError as e:
         raise UserInputError(f"storage driver {parsed.drivername!r} needs a module that is not installed ({e.name}); "
-                             "for PostgreSQL: pip install 'ilr-search[postgres]'") from None
+                             f"{driver_hint(dialect.name, e.name)}") from None
     return StorageSpec(url, "rdb")
+
+
+def driver_hint(backend: str, module: str | None) -> str:
+    """How to install the missing driver `module` of a database: the package's extra for PostgreSQL, the
+    module's package for MySQL."""
+    if backend == "postgresql":
+        return "for PostgreSQL: pip install 'ilr-search[postgres]'"
+    if backend in ("mysql", "mariadb"):
+        if module == "pymysql":
+            return "for MySQL: pip install pymysql"
+        return "for MySQL: pip install mysqlclient, or pip install pymysql and give mysql+pymysql://USER@HOST/DB"
+    return f"install the Python driver SQLAlchemy uses for {backend}"
 
 
 def _prefer_installed_postgres_driver(url: str) -> str:

@@ -72,3 +72,14 @@ def compiled_once(fn: Callable[..., Any], recompile_limit: int = 0) -> Callable[
             config.recompile_limit = max(config.recompile_limit, recompile_limit)
         _compiled[key] = torch.compile(fn, dynamic=False, backend=key[1])
     return _compiled[key]
+
+
+def autocast_for(device: torch.device, compute_dtype: torch.dtype) -> Any:
+    """bf16 autocast for the layers when training in bf16 (weights and optimizer stay fp32)."""
+    from contextlib import nullcontext
+
+    import torch
+
+    if compute_dtype == torch.bfloat16:
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return nullcontext()

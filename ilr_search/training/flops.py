@@ -26,9 +26,11 @@ class BudgetError(UserInputError):
 
 
 def layer_flops_per_token(cfg: ModelConfig) -> float:
+    """Biases and the q/k norms are elementwise: not counted."""
     d, f, T = cfg.d_model, cfg.mlp_hidden, cfg.seq_len
-    projections = 2 * d * 3 * d + 2 * d * d  # qkv and output projection
-    attention = 2 * 2 * T * d  # q k^T and (scores) v, per token, all heads together
+    q, kv = cfg.n_heads * cfg.head_size, cfg.kv_heads * cfg.head_size  # query and key/value widths
+    projections = 2 * d * (q + 2 * kv) + 2 * q * d  # qkv and output projection
+    attention = 2 * 2 * T * q  # q k^T and (scores) v, per token, all query heads together
     mlp = 2 * d * 2 * f + 2 * f * d  # SwiGLU: gate and up, then down
     return float(projections + attention + mlp)
 
@@ -51,8 +53,12 @@ def param_count(cfg: ModelConfig) -> int:
     schedule never changes it). Building it, even on the meta device, cost a process 1.1 s the first time
     (tests/test_model_flops.py checks the two agree)."""
     D, H = cfg.d_model, cfg.mlp_hidden
-    layer = 2 * D + 3 * D * D + D * D + 2 * D * H + H * D  # two RMSNorm gains, qkv, proj, gate_up, down
-    count = cfg.vocab_size * D + cfg.n_layers * layer + D  # tied embedding, the layers, the final norm
+    q, kv = cfg.n_heads * cfg.head_size, cfg.kv_heads * cfg.head_size  # query and key/value widths
+    layer = 2 * D + D * (q + 2 * kv) + q * D + 2 * D * H + H * D  # two RMSNorm gains, qkv, proj, gate_up, down
+    layer += (q + 2 * kv) if cfg.qkv_bias else 0
+    layer += 2 * cfg.head_size if cfg.qk_norm else 0  # the q and k norms' gains
+    count = cfg.vocab_size * D + cfg.n_layers * layer + D  # embedding, the layers, the final norm
+    count += 0 if cfg.tie_embeddings else cfg.vocab_size * D  # an LM head of its own
     count += cfg.seq_len * D if cfg.pe == "learned" else 0
     count += cfg.n_layers if cfg.injection == "gated" else 0
     count += cfg.max_reuse * D if cfg.iteration_encoding else 0

@@ -23,7 +23,9 @@ resume alone with `train_proxy`), and a TrainResult of the same meaning. The rec
 parameters or ops (injection, iteration_encoding, iteration_norms) are refused; init_depth only changes the
 initial weights, which come from build_model, and is supported. repeat_scale "residual" is supported (a
 [member] factor on the branches at each schedule position); "lr" is refused (its per-layer lrs would need per-row
-lrs in the stacked tensors' one AdamW).
+lrs in the stacked tensors' one AdamW). So are the options of pretrained architectures (grouped-query attention,
+an explicit head_dim, an untied head, q/k/v biases, q/k norms) and a checkpoint's weights (`init`): such a model
+trains one map at a time (jobs.groups, `--fuse auto`).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ import torch.nn.functional as F
 
 from ilr_search.training.checkpoint import load_checkpoint, save_checkpoint
 from ilr_search.config import ModelConfig, TrainConfig
-from ilr_search.data.tokens import TokenData
+from ilr_search.data.tokens import TokenData, counted_targets
 from ilr_search.errors import UserInputError
 from ilr_search.training.device import compiled_once
 from ilr_search.training.loss import linear_cross_entropy
@@ -65,13 +67,22 @@ class FusionUnsupported(UserInputError):
 
 def check_fusable(model_cfg: ModelConfig) -> None:
     """Refuse the knobs that add parameters or ops to the forward pass (init_depth only sets initial weights,
-    repeat_scale "residual" is a branch factor the group applies), and repeat_scale "lr"."""
+    repeat_scale "residual" is a branch factor the group applies), repeat_scale "lr", and the pretrained
+    architectures' options and a checkpoint's weights (the group stacks the project's own model)."""
     unsupported = [name for name, on in (("injection", model_cfg.injection != "none"),
                                          ("iteration_encoding", model_cfg.iteration_encoding),
                                          ("iteration_norms", model_cfg.iteration_norms),
                                          ("repeat_scale=lr", model_cfg.repeat_scale == "lr")) if on]
     if unsupported:
         raise FusionUnsupported(f"the fused trainer does not support the recurrence knob(s) {', '.join(unsupported)}; "
+                                "train these maps one at a time (--fuse 1)")
+    options = [name for name, on in (("n_kv_heads", model_cfg.kv_heads != model_cfg.n_heads),
+                                     ("head_dim", model_cfg.head_size * model_cfg.n_heads != model_cfg.d_model),
+                                     ("tie_embeddings=false", not model_cfg.tie_embeddings),
+                                     ("qkv_bias", model_cfg.qkv_bias), ("qk_norm", model_cfg.qk_norm),
+                                     ("init", bool(model_cfg.init))) if on]
+    if options:
+        raise FusionUnsupported(f"the fused trainer does not support the model option(s) {', '.join(options)}; "
                                 "train these maps one at a time (--fuse 1)")
 
 
@@ -274,7 +285,7 @@ class FusedGroup:
         for m in self.members:
             m.state = replace(m.state, weights={}, moments={})  # the stacked copies are the live ones
         T = model_cfg.seq_len
-        self.rope = rope_tables(T, model_cfg.head_dim, model_cfg.rope_base, device) if model_cfg.pe == "rope" else None
+        self.rope = rope_tables(T, model_cfg.head_size, model_cfg.rope_base, device) if model_cfg.pe == "rope" else None
         # cos + i sin of each position's angles, shaped to broadcast over (sequences, T, q/k, heads, pairs). None
         # when compiled: apply_rope's real arithmetic, which the compiler fuses, and no complex dtype in the graph.
         self.rope_rotation = torch.complex(*self.rope).view(T, 1, 1, -1) \
@@ -364,12 +375,13 @@ class FusedGroup:
                 x = torch.cat((self._layer(x[:running], gathered, scale), x[running:]))
         return F.rms_norm(x, (D,), eps=self.model_cfg.norm_eps) * self.params["norm.weight"][:, None, None, :]
 
-    def losses(self, tokens: Tensor, targets: Tensor, reduction: str) -> Tensor:
-        """Each member's cross-entropy (K,), through the fused, chunked head with its own tied embedding."""
+    def losses(self, tokens: Tensor, targets: Tensor, reduction: str, ignore_index: int | None = None) -> Tensor:
+        """Each member's cross-entropy (K,), through the fused, chunked head with its own tied embedding; targets
+        equal to `ignore_index` count for nothing."""
         h = self.hidden(tokens)
         embed = self.params["embed.weight"]
         return torch.stack([linear_cross_entropy(h[k], embed[k], targets[k], self.compute_dtype, reduction,
-                                                 self.compiled) for k in range(len(self.members))])
+                                                 self.compiled, ignore_index) for k in range(len(self.members))])
 
     # --- training ---
 
@@ -389,10 +401,10 @@ class FusedGroup:
         total_nats = torch.zeros(K, dtype=torch.float64, device=self.device)
         total_tokens = 0
         for x, y in data.val_batches(self.cfg.eval_windows, seq_len, self.cfg.batch_size):
+            total_tokens += counted_targets(y)
             x, y = torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)
             with autocast_for(self.device, self.compute_dtype):
-                total_nats += self.losses(x.expand(K, *x.shape), y.expand(K, *y.shape), "sum")
-            total_tokens += y.numel()
+                total_nats += self.losses(x.expand(K, *x.shape), y.expand(K, *y.shape), "sum", data.ignore_index)
         return [validation_metrics(nats, total_tokens, data, self.cfg, seq_len) for nats in host_values(total_nats)]
 
     def save(self, member: Member, step: int) -> None:
@@ -483,7 +495,7 @@ def _train_group(model_cfg: ModelConfig, members: list[Member], data: TokenData,
             x = torch.from_numpy(np.stack(xs)).to(device, non_blocking=True)
             y = torch.from_numpy(np.stack(ys)).to(device, non_blocking=True)
             with autocast_for(device, compute_dtype):
-                losses = group.losses(x, y, "mean")
+                losses = group.losses(x, y, "mean", data.ignore_index)
             (losses.sum() / cfg.grad_accum).backward()  # each member's loss reaches only its own rows
             step_loss += losses.detach() / cfg.grad_accum
         group.clip_gradients()

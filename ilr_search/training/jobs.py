@@ -44,11 +44,11 @@ def fusable(model: ModelConfig) -> bool:
 
 def groups(jobs: Sequence[Job], fuse: int) -> list[list[int]]:
     """The jobs' positions in the groups they train in, in order: jobs of one fusable model and one set of training
-    settings (the seed apart) in groups of at most `fuse`, each other job alone."""
+    settings (the seed apart) in groups of at most `fuse`, each other job (and each frozen one, of no step) alone."""
     out: list[list[int]] = []
     open_groups: dict[tuple[ModelConfig, TrainConfig], list[int]] = {}
     for i, job in enumerate(jobs):
-        if fuse <= 1 or not fusable(job.model):
+        if fuse <= 1 or not fusable(job.model) or job.train_cfg.steps == 0:  # (a frozen run trains nothing to fuse)
             out.append([i])
             continue
         key = (job.model, dataclasses.replace(job.train_cfg, seed=0))

@@ -17,7 +17,8 @@ import torch
 from ilr_search.training.device import compiled_once
 
 Tensor = torch.Tensor
-ChunkFn = Callable[[Tensor, Tensor, Tensor, bool], tuple[Tensor, Tensor | None, Tensor | None]]
+# (h, w, y, need_grad) -> (summed loss, grad h, grad w); the weighted one takes each target's weight before need_grad
+ChunkFn = Callable[..., tuple[Tensor, Tensor | None, Tensor | None]]
 
 LOGITS_PER_CHUNK = 1 << 25  # elements of one chunk's fp32 logits (128 MiB): chunk tokens = this // vocab
 
@@ -34,6 +35,19 @@ def _chunk_loss(h: Tensor, w: Tensor, y: Tensor, need_grad: bool) -> tuple[Tenso
     return loss, d_logits @ w, d_logits.t() @ h
 
 
+def _weighted_chunk_loss(h: Tensor, w: Tensor, y: Tensor, weight: Tensor, need_grad: bool
+                         ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """`_chunk_loss` with each target's loss (and its gradient) multiplied by `weight` (1: counted, 0: ignored)."""
+    log_probs = torch.log_softmax((h @ w.t()).float(), dim=-1)
+    loss = -(log_probs.gather(1, y[:, None])[:, 0] * weight).sum()
+    if not need_grad:
+        return loss, None, None
+    d_logits = log_probs.exp_()
+    d_logits.scatter_add_(1, y[:, None], torch.full((y.shape[0], 1), -1.0, dtype=d_logits.dtype, device=y.device))
+    d_logits = (d_logits * weight[:, None]).to(h.dtype)
+    return loss, d_logits @ w, d_logits.t() @ h
+
+
 def compiled_chunk_loss() -> ChunkFn:
     """`_chunk_loss` compiled once per process (device.compiled_once): on CUDA the softmax, its fp32 upcast and
     the one-hot subtraction fuse into the kernels around the two matmuls."""
@@ -43,8 +57,12 @@ def compiled_chunk_loss() -> ChunkFn:
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h: Tensor, w: Tensor, y: Tensor, compute_dtype: torch.dtype, reduction: str,
-                chunk_fn: ChunkFn) -> Tensor:  # type: ignore[override]
+                chunk_fn: ChunkFn, ignore_index: int | None) -> Tensor:  # type: ignore[override]
         need_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        weight: Tensor | None = None
+        if ignore_index is not None:
+            counted = y != ignore_index
+            y, weight = torch.where(counted, y, 0), counted.float()
         n, vocab = h.shape[0], w.shape[0]
         hc, wc = h.to(compute_dtype), w.to(compute_dtype)
         n_chunks = -(-n // max(1, LOGITS_PER_CHUNK // vocab))
@@ -55,12 +73,18 @@ class _LinearCrossEntropy(torch.autograd.Function):
         with torch.autocast(h.device.type, enabled=False):
             for start in range(0, n, chunk):
                 part = slice(start, min(n, start + chunk))
-                loss, g_h, g_w = chunk_fn(hc[part], wc, y[part], need_grad)
+                if weight is None:
+                    loss, g_h, g_w = chunk_fn(hc[part], wc, y[part], need_grad)
+                else:
+                    loss, g_h, g_w = chunk_fn(hc[part], wc, y[part], weight[part], need_grad)
                 total += loss
                 if need_grad:
                     grad_h[part] = g_h
                     grad_w += g_w
-        scale = 1.0 / n if reduction == "mean" else 1.0
+        # The mean is over the counted targets; with none counted the loss and its gradients are 0.
+        scale: float | Tensor = 1.0
+        if reduction == "mean":
+            scale = 1.0 / n if weight is None else 1.0 / weight.sum().clamp(min=1.0)
         if need_grad:
             ctx.save_for_backward(grad_h, grad_w)
             ctx.scale, ctx.dtypes = scale, (h.dtype, w.dtype)
@@ -71,16 +95,21 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_h, grad_w = ctx.saved_tensors
         g = grad_out * ctx.scale
         h_dtype, w_dtype = ctx.dtypes
-        return (grad_h * g.to(grad_h.dtype)).to(h_dtype), (grad_w * g).to(w_dtype), None, None, None, None
+        return (grad_h * g.to(grad_h.dtype)).to(h_dtype), (grad_w * g).to(w_dtype), None, None, None, None, None
 
 
 def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, compute_dtype: torch.dtype | None = None,
-                         reduction: str = "mean", compiled: bool = False) -> Tensor:
+                         reduction: str = "mean", compiled: bool = False, ignore_index: int | None = None) -> Tensor:
     """cross_entropy(hidden @ weight.T, targets) for hidden (..., d), weight (vocab, d), targets (...): the
-    logits are made in `compute_dtype` (default: hidden's dtype), the loss is accumulated in fp32."""
+    logits are made in `compute_dtype` (default: hidden's dtype), the loss is accumulated in fp32.
+    With `ignore_index`, targets equal to it count for nothing (F.cross_entropy's ignore_index): the mean is over
+    the others, and is 0 where there are none."""
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction must be mean or sum, got {reduction!r}")
     h = hidden.reshape(-1, hidden.shape[-1])
     y = targets.reshape(-1)
-    chunk_fn = compiled_chunk_loss() if compiled else _chunk_loss
-    return _LinearCrossEntropy.apply(h, weight, y, compute_dtype or hidden.dtype, reduction, chunk_fn)
+    if ignore_index is None:
+        chunk_fn = compiled_chunk_loss() if compiled else _chunk_loss
+    else:
+        chunk_fn = compiled_once(_weighted_chunk_loss) if compiled else _weighted_chunk_loss
+    return _LinearCrossEntropy.apply(h, weight, y, compute_dtype or hidden.dtype, reduction, chunk_fn, ignore_index)

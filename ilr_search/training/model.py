@@ -45,23 +45,36 @@ from ilr_search.training.loss import linear_cross_entropy
 
 
 class Attention(nn.Module):
+    """Causal self-attention: n_heads query heads of head_size, sharing kv_heads key/value heads (grouped-query
+    attention where fewer), optional q/k/v biases and per-head RMSNorm of q and k before RoPE."""
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.n_heads = cfg.n_heads
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
-        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.n_heads, self.kv_heads, self.head_size = cfg.n_heads, cfg.kv_heads, cfg.head_size
+        self.q_dim, self.kv_dim = cfg.n_heads * cfg.head_size, cfg.kv_heads * cfg.head_size
+        self.qkv = nn.Linear(cfg.d_model, self.q_dim + 2 * self.kv_dim, bias=cfg.qkv_bias)
+        self.proj = nn.Linear(self.q_dim, cfg.d_model, bias=False)
+        self.q_norm = nn.RMSNorm(cfg.head_size, eps=cfg.norm_eps) if cfg.qk_norm else nn.Identity()
+        self.k_norm = nn.RMSNorm(cfg.head_size, eps=cfg.norm_eps) if cfg.qk_norm else nn.Identity()
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
                 alibi: torch.Tensor | None) -> torch.Tensor:
-        B, T, C = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, C // self.n_heads).permute(2, 0, 3, 1, 4)
+        B, T, _ = x.shape
+        q, k, v = self.qkv(x).split((self.q_dim, self.kv_dim, self.kv_dim), dim=-1)
+        q = q.view(B, T, self.n_heads, self.head_size).transpose(1, 2)  # (B, heads, T, head_size)
+        k = k.view(B, T, self.kv_heads, self.head_size).transpose(1, 2)
+        v = v.view(B, T, self.kv_heads, self.head_size).transpose(1, 2)
+        q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if self.kv_heads != self.n_heads:  # each key/value head serves n_heads / kv_heads query heads
+            k = k.repeat_interleave(self.n_heads // self.kv_heads, dim=1)
+            v = v.repeat_interleave(self.n_heads // self.kv_heads, dim=1)
         if alibi is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:  # the ALiBi bias already holds the causal mask (-inf above the diagonal)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=alibi.to(q.dtype))
-        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+        return self.proj(y.transpose(1, 2).reshape(B, T, self.q_dim))
 
 
 class SwiGLU(nn.Module):
@@ -100,9 +113,9 @@ class DecoderLayer(nn.Module):
         return x + branch(self.mlp(F.rms_norm(x, x.shape[-1:], norm_gains[1], eps)))
 
 
-def rope_tables(T: int, head_dim: int, base: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
-    angles = torch.outer(torch.arange(T, device=device, dtype=torch.float32), inv_freq)  # (T, head_dim/2)
+def rope_tables(T: int, head_size: int, base: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = 1.0 / base ** (torch.arange(0, head_size, 2, device=device, dtype=torch.float32) / head_size)
+    angles = torch.outer(torch.arange(T, device=device, dtype=torch.float32), inv_freq)  # (T, head_size/2)
     return angles.cos(), angles.sin()
 
 
@@ -144,12 +157,14 @@ class ILRTransformer(nn.Module):
         # (layer, repeat - 1, attention/MLP, d_model): repeat 0 uses the layer's own norms
         self.iteration_norm_gains = nn.Parameter(torch.ones(cfg.n_layers, cfg.max_reuse - 1, 2, cfg.d_model)) \
             if cfg.iteration_norms and cfg.max_reuse > 1 else None
+        # the LM head: the embedding (tied), or a matrix of its own
+        self.lm_head = None if cfg.tie_embeddings else nn.Parameter(torch.empty(cfg.vocab_size, cfg.d_model))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         residual_std = 0.02 / math.sqrt(2 * (self.cfg.init_depth or self.cfg.n_layers))
         for name, p in self.named_parameters():
-            if name == "injection_gates" or name == "iteration_embed":
+            if name == "injection_gates" or name == "iteration_embed" or name.endswith(".bias"):
                 nn.init.zeros_(p)
             elif name == "iteration_norm_gains" or p.dim() == 1:
                 nn.init.ones_(p)
@@ -177,7 +192,7 @@ class ILRTransformer(nn.Module):
         if self.pos_embed is not None:
             x = x + self.pos_embed(torch.arange(T, device=idx.device))
         embedded = x
-        rope = rope_tables(T, self.cfg.head_dim, self.cfg.rope_base, idx.device) if self.cfg.pe == "rope" else None
+        rope = rope_tables(T, self.cfg.head_size, self.cfg.rope_base, idx.device) if self.cfg.pe == "rope" else None
         alibi = alibi_bias(self.cfg.n_heads, T, idx.device) if self.cfg.pe == "alibi" else None
         schedule = range(self.cfg.n_layers) if schedule is None else schedule
         scales = branch_scales(self.cfg, schedule)
@@ -217,15 +232,22 @@ class ILRTransformer(nn.Module):
         gains = self.iteration_norm_gains[layer_index, repeat - 1]
         return gains[0], gains[1]
 
+    @property
+    def head_weight(self) -> torch.Tensor:
+        """The LM head's (vocab, d_model) matrix: the embedding's where tied."""
+        return self.embed.weight if self.lm_head is None else self.lm_head
+
     def forward(self, idx: torch.Tensor, schedule: Sequence[int] | None = None) -> torch.Tensor:
         """Logits (B, T, vocab); training uses `loss`, which never materialises them."""
-        return F.linear(self.hidden(idx, schedule), self.embed.weight)  # tied input/output embedding
+        return F.linear(self.hidden(idx, schedule), self.head_weight)
 
     def loss(self, idx: torch.Tensor, targets: torch.Tensor, schedule: Sequence[int] | None = None,
-             compute_dtype: torch.dtype | None = None, reduction: str = "mean", compiled: bool = False) -> torch.Tensor:
-        """Cross-entropy of next-token `targets` (B, T), through the fused, chunked head (see loss.py)."""
-        return linear_cross_entropy(self.hidden(idx, schedule), self.embed.weight, targets, compute_dtype,
-                                    reduction, compiled)
+             compute_dtype: torch.dtype | None = None, reduction: str = "mean", compiled: bool = False,
+             ignore_index: int | None = None) -> torch.Tensor:
+        """Cross-entropy of next-token `targets` (B, T), through the fused, chunked head (see loss.py); targets
+        equal to `ignore_index` count for nothing."""
+        return linear_cross_entropy(self.hidden(idx, schedule), self.head_weight, targets, compute_dtype,
+                                    reduction, compiled, ignore_index)
 
 
 def repeat_indices(schedule: Sequence[int]) -> list[int]:

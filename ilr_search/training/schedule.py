@@ -1,8 +1,10 @@
-"""Reuse maps and block recurrence as execution schedules (lists of layer indices). `ReuseMap` is the value type;
-the functions below take and give plain lists of counts, as most of the package still passes them."""
+"""Reuse maps, block maps and block recurrence as execution schedules (lists of layer indices). `ReuseMap` and
+`BlockMap` are the value types and `parse_map` the one parser of a map's text; the functions below take and give
+plain lists of counts, as most of the package still passes them."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -62,6 +64,111 @@ class ReuseMap:
         return [layer for layer, count in enumerate(self.counts) for _ in range(count)]
 
 
+BLOCK_PREFIX = "block:"
+BLOCK_TEXT = re.compile(r"block:(\d+)-(\d+):(\d+)")
+
+
+@dataclass(frozen=True)
+class BlockMap:
+    """One contiguous block of layers run `repeats` times as a block, every other layer once: `block:1-2:2` on 4
+    layers runs [0, 1, 2, 1, 2, 3]. Layers are counted from 0, `start` and `end` both inclusive. Its text form is
+    its key in a study. A block of one layer, or one run once, has the same schedule as a reuse map
+    (`block:2-2:3` = `1,1,3,1`, `block:1-2:1` = the baseline): `canonical()` (and `parse_map`) gives that reuse
+    map instead, so that one schedule has one key."""
+    start: int
+    end: int
+    repeats: int
+    n_layers: int
+
+    @classmethod
+    def parse(cls, text: str, n_layers: int) -> BlockMap:
+        """`"block:I-J:R"`, checked against the number of layers (not made canonical: see parse_map)."""
+        match = BLOCK_TEXT.fullmatch(str(text).strip())
+        if match is None:
+            raise ScheduleError(f"block map {text!r} must be block:I-J:R (layers I..J, counted from 0, run R times "
+                                "as a block), e.g. block:1-2:2")
+        start, end, repeats = (int(g) for g in match.groups())
+        return cls(start, end, repeats, n_layers).checked(n_layers)
+
+    def checked(self, n_layers: int, max_reuse: int | None = None) -> BlockMap:
+        """This block, if a model of `n_layers` layers can run it (and no layer runs more than `max_reuse` times)."""
+        if n_layers != self.n_layers:
+            raise ScheduleError(f"block map {self} is for {self.n_layers} layers but the model has {n_layers}")
+        if self.start > self.end:
+            raise ScheduleError(f"block map {self}: the block's first layer {self.start} is after its last {self.end}")
+        if self.end >= n_layers:
+            raise ScheduleError(f"block map {self}: layer {self.end} does not exist; the model has {n_layers} layers "
+                                f"(0..{n_layers - 1})")
+        if self.repeats < 1:
+            raise ScheduleError(f"block map {self}: the block runs at least once (R >= 1), got {self.repeats}")
+        if max_reuse is not None:
+            check_max_reuse(self.counts, max_reuse, f"block map {self}")
+        return self
+
+    def canonical(self) -> ReuseMap | BlockMap:
+        """The reuse map of the same schedule where there is one (a block of one layer, or run once); else self."""
+        if self.start == self.end or self.repeats == 1:
+            return ReuseMap(self.counts)
+        return self
+
+    @property
+    def key(self) -> str:
+        return f"{BLOCK_PREFIX}{self.start}-{self.end}:{self.repeats}"
+
+    def __str__(self) -> str:
+        return self.key
+
+    @property
+    def length(self) -> int:
+        """The layers in the block."""
+        return self.end - self.start + 1
+
+    @property
+    def counts(self) -> tuple[int, ...]:
+        """How many times each layer runs (not in which order: the schedule gives that)."""
+        return tuple(self.repeats if self.start <= i <= self.end else 1 for i in range(self.n_layers))
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.repeats == 1
+
+    @property
+    def layer_runs(self) -> int:
+        return self.n_layers + self.length * (self.repeats - 1)
+
+    def schedule(self) -> list[int]:
+        """[0..I-1] + [I..J] * R + [J+1..L-1]."""
+        block = list(range(self.start, self.end + 1))
+        return list(range(self.start)) + block * self.repeats + list(range(self.end + 1, self.n_layers))
+
+
+Map = ReuseMap | BlockMap  # a map a trial trains, as parse_map gives it
+
+
+def is_block_text(text: str) -> bool:
+    """Written as a block map (`block:...`), not as per-layer counts or block recurrence `blockK`."""
+    return str(text).strip().startswith(BLOCK_PREFIX)
+
+
+def parse_map(text: str, n_layers: int) -> Map:
+    """A map as a person or a study's key writes it: `4,2,1,1` (a reuse map) or `block:1-2:2` (a block map),
+    checked against the number of layers and made canonical (a block with the schedule of a reuse map is that
+    reuse map). The one parser of every place that takes a map."""
+    if is_block_text(text):
+        return BlockMap.parse(text, n_layers).canonical()
+    return ReuseMap.parse(text, n_layers)
+
+
+def map_of_key(map_key: str, n_layers: int) -> Map:
+    """The map of a study's map key (`2,1,1,1`, `block:1-2:2`, either with `|knob=...` after it)."""
+    return parse_map(map_key.split("|", 1)[0], n_layers)
+
+
+def key_schedule(map_key: str, n_layers: int) -> list[int]:
+    """The schedule of a study's map key."""
+    return map_of_key(map_key, n_layers).schedule()
+
+
 def parse_reuse_map(text: str, n_layers: int) -> list[int]:
     """`"4,2,1,1"` -> [4, 2, 1, 1], checked against the number of layers."""
     return list(ReuseMap.parse(text, n_layers).counts)
@@ -106,19 +213,23 @@ def baseline_map(n_layers: int) -> list[int]:
 
 def resolve_schedule(n_layers: int, reuse_map: str | Sequence[int] | None = None,
                      block: int | None = None, max_reuse: int | None = None) -> tuple[list[int], list[int], int | None]:
-    """(reuse_map, schedule, block) from either a reuse map or a block count; neither means the all-ones map.
-    With `max_reuse` (the space's), a reuse map with a layer run more often than that is refused.
+    """(reuse_map, schedule, block) from either a map (a reuse map, or a block map's text `block:I-J:R`, whose
+    reuse map is its per-layer counts) or a block count; neither means the all-ones map. With `max_reuse` (the
+    space's), a map with a layer run more often than that is refused.
 
     For block recurrence the reuse map lists how often each layer runs (K each); the schedule gives the order.
     """
     if reuse_map is not None and block is not None:
         raise ScheduleError("give either --reuse-map or --block, not both")
     if block is not None:
+        if block >= 1 and max_reuse is not None:  # before the schedule is built: a huge K is refused, not allocated
+            check_max_reuse([block], max_reuse, f"--block {block}")
         return [block] * n_layers, block_schedule(n_layers, block), block
+    chosen: Map
     if reuse_map is None:
         chosen = ReuseMap.baseline(n_layers)
     elif isinstance(reuse_map, str):
-        chosen = ReuseMap.parse(reuse_map, n_layers)
+        chosen = parse_map(reuse_map, n_layers)
     else:
         chosen = ReuseMap(tuple(reuse_map)).checked(n_layers)
     chosen.checked(n_layers, max_reuse)

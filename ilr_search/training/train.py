@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,8 +15,8 @@ import torch
 import zlib
 
 from ilr_search.config import ModelConfig, TrainConfig
-from ilr_search.data.tokens import TokenData
-from ilr_search.training.device import resolve_compile, resolve_device, resolve_dtype
+from ilr_search.data.tokens import TokenData, counted_targets
+from ilr_search.training.device import autocast_for, resolve_compile, resolve_device, resolve_dtype
 from ilr_search.records import EvalPoint, TrainLossPoint
 from ilr_search.training.model import ILRTransformer
 
@@ -106,40 +105,44 @@ def adamw(decay: list[torch.Tensor], no_decay: list[torch.Tensor], cfg: TrainCon
 
 
 def build_model(model_cfg: ModelConfig, seed: int) -> ILRTransformer:
-    """The same seed gives the same initial weights, whatever schedule is trained later."""
+    """The same seed gives the same initial weights, whatever schedule is trained later; with model_cfg.init
+    set, the checkpoint's weights (pretrained.py; the recurrence knobs' parameters keep their initial values)."""
     torch.manual_seed(seed)
-    return ILRTransformer(model_cfg)
+    model = ILRTransformer(model_cfg)
+    if model_cfg.init:
+        from ilr_search.training.pretrained import load_initial_weights
+
+        load_initial_weights(model)
+    return model
 
 
 @torch.no_grad()
 def evaluate(model: ILRTransformer, schedule: Sequence[int], data: TokenData, cfg: TrainConfig,
              device: torch.device, compute_dtype: torch.dtype, compiled: bool = False) -> tuple[float, float, float]:
-    """(val_loss, val_ppl, val_bpb) over the fixed validation windows; one host sync at the end."""
+    """(val_loss, val_ppl, val_bpb) over the fixed validation windows' counted targets (with answers, the answer
+    tokens); one host sync at the end."""
     model.eval()
     seq_len = model.cfg.seq_len
     total_nats, total_tokens = torch.zeros((), dtype=torch.float64, device=device), 0
     for x, y in data.val_batches(cfg.eval_windows, seq_len, cfg.batch_size):
+        total_tokens += counted_targets(y)
         x, y = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
         with autocast_for(device, compute_dtype):
-            total_nats += model.loss(x, y, schedule, compute_dtype, reduction="sum", compiled=compiled)
-        total_tokens += y.numel()
+            total_nats += model.loss(x, y, schedule, compute_dtype, reduction="sum", compiled=compiled,
+                                     ignore_index=data.ignore_index)
     model.train()
     return validation_metrics(total_nats.item(), total_tokens, data, cfg, seq_len)
 
 
 def validation_metrics(nats: float, total_tokens: int, data: TokenData, cfg: TrainConfig,
                        seq_len: int) -> tuple[float, float, float]:
-    """(val_loss, val_ppl, val_bpb) from the nats summed over the validation windows' `total_tokens` targets."""
+    """(val_loss, val_ppl, val_bpb) from the nats summed over the validation windows' `total_tokens` counted
+    targets (none counted: nan, never a division by zero)."""
+    if not total_tokens:
+        return math.nan, math.nan, math.nan
     val_loss = nats / total_tokens
     val_bpb = nats / math.log(2) / data.val_bytes(cfg.eval_windows, seq_len)
     return val_loss, math.exp(min(val_loss, 700.0)), val_bpb
-
-
-def autocast_for(device: torch.device, compute_dtype: torch.dtype) -> Any:
-    """bf16 autocast for the layers when training in bf16 (weights and optimizer stay fp32)."""
-    if compute_dtype == torch.bfloat16:
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return nullcontext()
 
 
 OnEval = Callable[[EvalPoint], bool]  # return True to stop the run (pruning)
@@ -178,6 +181,8 @@ def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData
     schedule = list(schedule)
     model = build_model(model_cfg, cfg.seed).to(device)
     params = model.num_params()
+    if cfg.steps == 0:  # frozen: no step, one evaluation on the held-out windows of chunk cfg.seed (frozen.py)
+        return frozen_result(model, schedule, data, cfg, params, str(device), dtype, on_eval, on_trained)
     if resolve_compile(cfg.compile, device):
         model.compile_layers()
     optimizer = build_optimizer(model, cfg, device, schedule)
@@ -212,7 +217,7 @@ def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData
             x, y = torch.from_numpy(x).to(device, non_blocking=True), torch.from_numpy(y).to(device, non_blocking=True)
             data_seconds += time.perf_counter() - td
             with autocast_for(device, compute_dtype):
-                loss = model.loss(x, y, schedule, compute_dtype, compiled=compiled_loss)
+                loss = model.loss(x, y, schedule, compute_dtype, compiled=compiled_loss, ignore_index=data.ignore_index)
             (loss / cfg.grad_accum).backward()
             step_loss += loss.detach() / cfg.grad_accum
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -258,6 +263,24 @@ def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData
         on_trained(model)
     return proxy_result(schedule, params, status, reason, step, start_step, curve, tokens_per_step,
                         seconds, data_seconds, eval_seconds, str(device), dtype, digest, train_curve)
+
+
+def frozen_result(model: ILRTransformer, schedule: list[int], data: TokenData, cfg: TrainConfig, params: int,
+                  device: str, dtype: str, on_eval: OnEval | None,
+                  on_trained: Callable[[ILRTransformer], None] | None) -> TrainResult:
+    """The result of a run of no step: the model as built, evaluated on window chunk cfg.seed; diverged where its
+    loss is not finite."""
+    from ilr_search.training.frozen import evaluate_frozen
+
+    windows, point, seconds = evaluate_frozen(model, schedule, data, cfg, on_eval)
+    finite = math.isfinite(point.val_loss)
+    if on_trained is not None:
+        on_trained(model)
+    return TrainResult(schedule=schedule, params=params, steps=0, tokens=0, val_loss=point.val_loss,
+                       val_ppl=point.val_ppl, val_bpb=point.val_bpb, train_seconds=seconds, tokens_per_second=0.0,
+                       status="ok" if finite else "diverged", curve=[point] if finite else [],
+                       reason="" if finite else f"validation loss became {point.val_loss:.4g} on window chunk {cfg.seed}",
+                       eval_seconds=seconds, device=device, dtype=dtype)
 
 
 def divergence_threshold(vocab_size: int) -> float:

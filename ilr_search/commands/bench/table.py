@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ilr_search.config import SIZE_MAXIMA
 from ilr_search.analysis.pareto import non_dominated
 from ilr_search.analysis.results import curves_by_trial, references
 from ilr_search.analysis.trials import trained_results
@@ -43,6 +44,11 @@ def build_table(space_path: str | Path, out: str | Path, budget: str = "2x", sto
     space = load_space(space_path, {"search": {"enqueue_paper_maps": False, "noise_seeds": 0},
                                     "train": {"steps": steps}})
     plan = plan_study(space, budget, None)
+    candidates = space.search.max_reuse ** plan.model.n_layers
+    if candidates > SIZE_MAXIMA["search", "n_trials"]:
+        raise UserInputError(f"bench build goes through every map, and this space has {candidates:,} "
+                             f"(max_reuse {space.search.max_reuse} ^ {plan.model.n_layers} layers), above "
+                             f"{SIZE_MAXIMA['search', 'n_trials']:,}; give a smaller space")
     maps = feasible_maps(plan.model.n_layers, space.search.max_reuse, plan.budget.max_layer_runs(plan.model))
     if sample is not None and sample < len(maps):
         baseline = [1] * plan.model.n_layers

@@ -1,0 +1,128 @@
+"""`export-model`: a standard transformers checkpoint of a model under a map, its schedule unrolled (a layer that
+runs r times is written r times; standard_checkpoint.py writes it):
+
+- `--study NAME [--map MAP]`: a frozen study's pretrained model (its checkpoint's own weights) under a map
+  (default: the study's decided best, as `recipe` chooses it); a study that trained its maps (from scratch or
+  retrofit) keeps no trained weights, and is refused with the command that makes them
+  (`train --from-study NAME --map MAP --save DIR --format hf`);
+- `--model DIR [--map MAP]`: a model `train --save DIR` wrote (native), under any map of its layers, e.g. the 4
+  distinct layers of a model trained with 2,2,1,1 as a plain 4-layer model with `--map 1,1,1,1`.
+
+Every check runs before anything is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ilr_search.commands.recipe import (CONFIG_FILE, SAVED_FORMAT, WEIGHTS_FILE, MapChoice, choose_map,
+                                        load_study_settings, load_trained, parse_map_choice,
+                                        read_trained_config)
+from ilr_search.commands.standard_checkpoint import (check_checkpoint, check_out_dir, default_family,
+                                                     write_checkpoint)
+from ilr_search.config import DataConfig, ModelConfig
+from ilr_search.errors import UserInputError
+from ilr_search.training.pretrained import (SUPPORTED_FAMILIES, TOKENIZER_FILES, CheckpointError, open_checkpoint,
+                                            resolve_source)
+
+
+def parse_export_map(map_text: str, n_layers: int) -> MapChoice:
+    """A `--map` of export-model: a reuse map, a block map (block:I-J:R) or blockK, without knobs (a standard checkpoint has none)."""
+    counts = map_text.strip().partition("|")[0]
+    if not counts.startswith("block") and len(counts.split(",")) != n_layers:
+        raise CheckpointError(f"--map {map_text!r} has {len(counts.split(','))} entries but the model has "
+                              f"{n_layers} distinct layers; give one count per layer ({','.join(['1'] * n_layers)} "
+                              "writes each once)")
+    choice = parse_map_choice(map_text, n_layers)
+    if choice.knobs:
+        raise CheckpointError(f"--map {map_text!r}: knobs have no equivalent in a standard checkpoint; give the "
+                              "map alone")
+    return choice
+
+
+def check_family(family: str | None, cfg: ModelConfig) -> str:
+    if family is not None and family not in SUPPORTED_FAMILIES:
+        raise UserInputError(f"unknown --family {family!r}; use {', '.join(SUPPORTED_FAMILIES)}")
+    return family or default_family(cfg)
+
+
+def export_saved_model(folder: str | Path, out: str | Path, map_text: str | None = None,
+                       family: str | None = None) -> dict[str, Any]:
+    """`export-model --model DIR`: a model `train --save DIR` wrote, under `map_text` (default: the map it was
+    trained with), as a standard checkpoint in `out`."""
+    folder, out = Path(folder), Path(out)
+    if not folder.is_dir():
+        raise UserInputError(f"--model {str(folder)!r}: no such folder; give a folder ilr-search train --save wrote")
+    if not (folder / WEIGHTS_FILE).is_file() or not (folder / CONFIG_FILE).is_file() or \
+            f'"{SAVED_FORMAT}"' not in (folder / CONFIG_FILE).read_text(encoding="utf-8", errors="replace"):
+        raise UserInputError(f"--model {str(folder)!r} holds no model ilr-search train --save wrote ({WEIGHTS_FILE} "
+                             f"and {CONFIG_FILE} in the native format); save one with train --save DIR")
+    files = read_trained_config(folder)
+    cfg = files.model
+    if map_text is None:
+        saved = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
+        schedule, key = files.schedule, str(saved.get("map", "the trained schedule"))
+    else:
+        choice = parse_export_map(map_text, cfg.n_layers)
+        schedule, key = choice.schedule, choice.key
+    family = check_family(family, cfg)
+    tokenizer = saved_tokenizer(folder, files.data)
+    check_out_dir(out)
+    check_checkpoint(cfg, schedule, family, tokenizer)
+    model, _ = load_trained(folder)
+    write_checkpoint(model, schedule, out, family, tokenizer)
+    return export_result(out, family, key, schedule, f"model {folder}")
+
+
+def saved_tokenizer(folder: Path, data: DataConfig | None) -> Path | None:
+    """The tokenizer a native save keeps (save_tokenizer), or None where its data was byte-tokenized."""
+    if any((folder / name).is_file() for name in TOKENIZER_FILES):
+        return folder
+    if data is None or data.tokenizer == "byte":
+        return None
+    raise CheckpointError(f"--model {str(folder)!r}: its data was tokenized by {data.tokenizer}, whose tokenizer "
+                          "the folder does not hold; save the model again with this version's train --save")
+
+
+def export_study_model(study_name: str, out: str | Path, storage: str | None = None, map_text: str | None = None,
+                       family: str | None = None, on_choice: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """`export-model --study NAME`: a frozen study's pretrained model (its checkpoint's weights, evaluated as they
+    are) under `map_text` (default: the study's decided best map), as a standard checkpoint in `out`."""
+    from ilr_search.training.train import build_model
+
+    out = Path(out)
+    view = load_study_settings(study_name, storage)
+    if map_text is not None:
+        parse_export_map(map_text, view.space.model.n_layers)
+    choice, why = choose_map(view, map_text, trained_only=False)
+    if choice.knobs:  # the study's best map, searched with knobs
+        raise CheckpointError(f"map {choice.key}: knobs have no equivalent in a standard checkpoint; give --map "
+                              "with a map alone")
+    init, steps = view.space.model.init, view.space.train.steps
+    if not init or steps != 0:
+        how = f"retrofit from {init} ({steps} steps a map)" if init else "from scratch"
+        raise UserInputError(f"study {study_name!r} trained its maps {how} and keeps no trained weights; train the "
+                             f"map and save it as a checkpoint: ilr-search train --from-study {study_name} --map "
+                             f"'{choice.key}' --save DIR --format hf")
+    checkpoint = open_checkpoint(init)
+    raw = json.loads((checkpoint.path / "config.json").read_text(encoding="utf-8"))
+    positions = int(raw.get("max_position_embeddings") or checkpoint.config.seq_len)  # the checkpoint's, kept
+    cfg = dataclasses.replace(view.model(choice.knobs), seq_len=positions)
+    family = check_family(family or checkpoint.family, cfg)
+    tokenizer = resolve_source(init)
+    check_out_dir(out)
+    check_checkpoint(cfg, choice.schedule, family, tokenizer)
+    if on_choice is not None:
+        on_choice(why)
+    model = build_model(cfg, seed=0).eval()
+    write_checkpoint(model, choice.schedule, out, family, tokenizer)
+    return export_result(out, family, choice.key, choice.schedule, f"study {study_name}")
+
+
+def export_result(out: Path, family: str, key: str, schedule: Sequence[int], source: str) -> dict[str, Any]:
+    return {"out": str(out), "family": family, "map": key, "schedule": list(schedule), "layers": len(schedule),
+            "source": source}

@@ -1,0 +1,121 @@
+"""How a run uses the machine (its layout): chosen from the usable cores, never from the load average; stored with
+the study and reused on resume; and the run's per-phase accounting."""
+
+import json
+import os
+from pathlib import Path
+
+import optuna
+import pytest
+
+from conftest import NO_REFERENCES, write_space
+from ilr_search.commands.layout import process_threads, race_processes, usable_cores
+from ilr_search.commands.run import RunOptions, choose_layout, run_request
+from ilr_search.search.plan import LAYOUT_ATTR, PhaseLayout, StudyLayout, stored_layout, stored_layouts
+
+BUSY = (6.0, 6.0, 6.0)  # a load average well above any core count here
+QUIET = (0.0, 0.0, 0.0)
+
+
+def run_args(space: Path, db: Path, n_trials: int, *extra: str) -> list[str]:
+    return ["run", "--space", str(space), "--budget", "1.5x", "--n-trials", str(n_trials), "--study", "layout",
+            "--storage", f"sqlite:///{db}", "--json", *extra]
+
+
+def layout_at(load: tuple[float, float, float], monkeypatch, space: Path | None, **flags) -> StudyLayout:
+    monkeypatch.setattr(os, "getloadavg", lambda: load)
+    request, fuse = run_request(RunOptions(space=space, **flags))
+    return choose_layout(request, fuse, flags.get("workers")).layout
+
+
+@pytest.mark.parametrize("space", [None, "tiny"], ids=["default-space", "tiny-space"])
+def test_the_layout_is_the_same_at_any_load_average(tmp_path, monkeypatch, space):
+    monkeypatch.chdir(tmp_path)
+    path = None if space is None else write_space(tmp_path / "tiny.toml")
+    quiet = layout_at(QUIET, monkeypatch, path)
+    assert layout_at(BUSY, monkeypatch, path) == quiet
+    threads = process_threads(run_request(RunOptions(space=path))[0].space, 1)
+    assert quiet.trials.processes == 1 and quiet.trials.threads == threads
+    assert quiet.race.processes == race_processes(run_request(RunOptions(space=path))[0].space, 1)
+    assert quiet.race.processes == (usable_cores() if usable_cores() > 1 else 1)
+
+
+def test_the_layout_follows_the_usable_cores_and_omp_num_threads(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})  # a 4-core machine
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    four = layout_at(BUSY, monkeypatch, None)  # the default space: K = 4
+    assert four == StudyLayout(PhaseLayout(1, 4, 4), PhaseLayout(4, 1, 4))
+    assert layout_at(BUSY, monkeypatch, None, workers=2) == StudyLayout(PhaseLayout(2, 2, 4), PhaseLayout(2, 2, 4))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert layout_at(BUSY, monkeypatch, None).trials == PhaseLayout(1, 1, 4)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})  # one core: everything in the run's process
+    assert layout_at(QUIET, monkeypatch, None) == StudyLayout(PhaseLayout(1, 1, 4), PhaseLayout(1, 1, 4))
+
+
+def test_a_study_layout_round_trips_through_its_stored_form():
+    layout = StudyLayout(PhaseLayout(1, 2, 4), PhaseLayout(2, 1, 4))
+    assert StudyLayout.from_dict(json.loads(json.dumps(layout.to_dict()))) == layout
+    assert stored_layout({}) is None
+
+
+def race_runs(db: Path) -> list[tuple]:
+    from ilr_search.storage import open_store, parse_storage
+
+    store = open_store(parse_storage(f"sqlite:///{db}"), "layout", read_only=True)
+    return sorted((r.job.map_key, r.job.seed, r.steps, r.state, r.val_loss, r.val_ppl, r.curve)
+                  for r in store.race_runs())
+
+
+def trial_values(db: Path) -> list[tuple]:
+    study = optuna.load_study(study_name="layout", storage=f"sqlite:///{db}")
+    return [(t.number, t.state, t.params, t.values, t.user_attrs.get("val_ppl"), t.user_attrs.get("steps"))
+            for t in study.trials]
+
+
+@pytest.mark.slow
+def test_a_busy_spell_before_a_run_changes_none_of_its_numbers(cli, tmp_path, monkeypatch):
+    space = write_space(tmp_path / "tiny.toml", search=NO_REFERENCES, train={"steps": 12})
+    race = ("--target", "2x", "--race-policy", "adaptive", "--race-seeds", "2", "--max-seeds", "3",
+            "--equal-compute", "off")
+    summaries = {}
+    for name, load in (("busy", BUSY), ("quiet", QUIET)):
+        monkeypatch.setattr(os, "getloadavg", lambda load=load: load)
+        summaries[name] = json.loads(cli(*run_args(space, tmp_path / f"{name}.db", 3, *race), check=True).stdout)
+    assert summaries["busy"]["layout"] == summaries["quiet"]["layout"]
+    assert trial_values(tmp_path / "busy.db") == trial_values(tmp_path / "quiet.db")
+    busy_runs = race_runs(tmp_path / "busy.db")
+    assert busy_runs and busy_runs == race_runs(tmp_path / "quiet.db")
+    assert summaries["busy"]["verdict"] == summaries["quiet"]["verdict"]
+    phases = summaries["quiet"]["phases"]
+    assert [p["phase"] for p in phases][0] == "trials" and "screen" in [p["phase"] for p in phases]
+    for p in phases:
+        assert set(p) == {"phase", "wall_seconds", "tokens", "tokens_per_second", "cpu_seconds", "cpu_percent"}
+        assert p["wall_seconds"] > 0 and p["cpu_seconds"] >= 0
+    trial_tokens = sum(t[5] or 0 for t in trial_values(tmp_path / "quiet.db")) * 8 * 64
+    assert phases[0]["tokens"] == trial_tokens
+    assert sum(p["tokens"] for p in phases[1:]) == summaries["quiet"]["race_steps"] * 8 * 64
+
+
+def test_a_resume_keeps_the_stored_layout_unless_asked(cli, tmp_path):
+    space = write_space(tmp_path / "tiny.toml", search=NO_REFERENCES, train={"steps": 8})  # the space's K: 1
+    db = tmp_path / "study.db"
+    first = cli(*run_args(space, db, 2, "--fuse", "2"), check=True)
+    made = json.loads(first.stdout)["layout"]
+    assert made["trials"]["fuse"] == made["race"]["fuse"] == 2
+    assert "results may differ" not in first.stderr
+
+    resumed = cli(*run_args(space, db, 3), check=True)
+    assert json.loads(resumed.stdout)["layout"] == made
+    assert "the study's stored layout" in resumed.stderr and "results may differ" not in resumed.stderr
+    attrs = optuna.load_study(study_name="layout", storage=f"sqlite:///{db}").user_attrs
+    assert len(attrs[LAYOUT_ATTR]) == 1 and stored_layout(attrs).to_dict() == made
+
+    changed = cli(*run_args(space, db, 4, "--fuse", "1"), check=True)
+    assert json.loads(changed.stdout)["layout"]["trials"]["fuse"] == 1
+    warned = [line for line in changed.stderr.splitlines() if "results may differ in their rounding" in line]
+    assert len(warned) == 1
+    attrs = optuna.load_study(study_name="layout", storage=f"sqlite:///{db}").user_attrs
+    assert [(layout.trials.fuse, finished) for layout, finished in stored_layouts(attrs)] == [(2, 0), (1, 3)]
+    shown = json.loads(cli("trials", "--study", "layout", "--storage", f"sqlite:///{db}", "--json", check=True).stdout)
+    assert [(r["trials"]["fuse"], r["finished_trials"]) for r in shown["layouts"]] == [(2, 0), (1, 3)]
