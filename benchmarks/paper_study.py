@@ -48,7 +48,7 @@ def main() -> None:
     space = load_space(args.space, {"train": {"steps": args.steps}})
     request = RunRequest(space, args.budget, args.study, args.storage, args.n_trials, enqueue_maps=PAPER_MAPS)
     with ConsoleReporter() as reporter:
-        summary = run_workers(request, args.workers, reporter)
+        summary = run_workers(request, args.workers, reporter).to_json()
     rows = [r for r in list_trials(args.study, args.storage)
             if r["state"] == "COMPLETE" and r.get("val_ppl") and r.get("reused_from") is None]
     paper = [r for r in rows if tuple(r["reuse_map"]) in PAPER_MAPS]

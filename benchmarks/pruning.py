@@ -44,11 +44,11 @@ def main() -> None:
         storage = f"sqlite:///{Path(tmp) / 'bench.db'}"
         t0 = time.perf_counter()
         plain = run_study(RunRequest(space, args.budget, "unpruned", storage, args.n_trials, sampler="random",
-                                     pruner="none", race=False))  # the pruning's cost and losses only, not the race after it
+                                     pruner="none", race=False)).to_json()  # the pruning's cost and losses only, not the race after it
         t1 = time.perf_counter()
         maps = [t["proposed_map"] or t["reuse_map"] for t in list_trials("unpruned", storage) if t["reuse_map"]]
         pruned = run_study(RunRequest(space, args.budget, "pruned", storage, args.n_trials, sampler="random",
-                                      pruner=args.pruner, enqueue_maps=tuple(map(tuple, maps)), race=False))
+                                      pruner=args.pruner, enqueue_maps=tuple(map(tuple, maps)), race=False)).to_json()
         t2 = time.perf_counter()
         pruned_trials = list_trials("pruned", storage)
     front_maps = [p["reuse_map"] for p in plain["pareto"]]

@@ -45,7 +45,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "data" / f"verdict-check-{date.today()}.json")
     args = parser.parse_args()
     name = args.study or default_study(args.storage)[0]
-    report = pareto_report(name, args.storage)
+    report = pareto_report(name, args.storage).to_json()
     race = report["race"]
     front = [p for p in report["pareto"] if p["interval"][0] is not None]
     if not front or race is None:

@@ -31,7 +31,7 @@ from ilr_search.search.run import RunRequest
 def measure(space, budget: str, workers: int, n_trials: int, folder: Path) -> dict:
     storage = f"sqlite:///{folder / f'workers{workers}.db'}"
     t0 = time.perf_counter()
-    summary = run_workers(RunRequest(space, budget, f"w{workers}", storage, n_trials, pruner="none"), workers, RunReporter())
+    summary = run_workers(RunRequest(space, budget, f"w{workers}", storage, n_trials, pruner="none"), workers, RunReporter()).to_json()
     wall = time.perf_counter() - t0
     trials = optuna.load_study(study_name=f"w{workers}", storage=storage).get_trials(deepcopy=False)
     trained = [t for t in trials if t.state.is_finished() and "reused_from" not in t.user_attrs

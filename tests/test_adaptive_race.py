@@ -55,14 +55,15 @@ def seeds_of(evaluations: list[Evaluation], key: str, steps: int = 400) -> set[i
     return {e.seed for e in evaluations if e.map_key == key and e.steps == steps}
 
 
-def test_a_large_gap_is_claimed_early_and_a_worse_map_stops_early():
+def test_a_large_gap_is_claimed_early_and_a_map_that_cannot_win_stops_early():
     waves, evaluations, state = run(noisy({"2,1,1,1": -0.3, "1,2,1,1": 0.3}, sd=0.01), [BASE, "2,1,1,1", "1,2,1,1"])
     assert state.done and state.confirmed_better == ("2,1,1,1",) and state.best == "2,1,1,1"
-    comparisons = {c["map"]: c for c in state.comparisons}
-    assert comparisons["2,1,1,1"]["status"] == "better" and comparisons["1,2,1,1"]["status"] == "worse"
+    comparisons = {c.map_key: c for c in state.comparisons}
+    assert comparisons["2,1,1,1"].status == "better" and comparisons["1,2,1,1"].status == "cannot win"
     assert len(seeds_of(evaluations, "2,1,1,1")) < len(SETTINGS.seeds)  # decided before the pool was spent
     assert len(seeds_of(evaluations, "1,2,1,1")) < len(SETTINGS.seeds)
-    assert "1,2,1,1" in state.eliminated and "worse than the baseline" in state.eliminated["1,2,1,1"]
+    assert "1,2,1,1" in state.eliminated and state.eliminated["1,2,1,1"].startswith("stopped: cannot win")
+    assert "worse" not in state.eliminated["1,2,1,1"]  # the futility rule is no test that it is worse
     assert not any(steps not in (100, 400) for wave in waves for _, steps, _ in wave)  # judged at the target only
     front = {p.map_key: p for p in state.front}
     assert front["2,1,1,1"].confirmed and not front[BASE].confirmed  # the baseline is the reference
@@ -70,9 +71,9 @@ def test_a_large_gap_is_claimed_early_and_a_worse_map_stops_early():
     ppl, base_ppl = front["2,1,1,1"].val_ppl, front[BASE].val_ppl
     assert state.verdict == (
         f"recurrence beats the baseline at 400 steps (90% confidence: sequential paired t tests on seeds after the "
-        f"screen's, Holm over 2 map(s)): 2,1,1,1 {ppl:.4f} ppl vs {base_ppl:.4f} ({ppl - base_ppl:+.4f} ppl, "
-        f"{100 * (ppl / base_ppl - 1):+.2f}%; loss difference {c['mean_diff']:+.4f}, 90% interval "
-        f"{c['interval'][0]:+.4f} to {c['interval'][1]:+.4f}, p={c['p_value']:.3g} over {len(c['seeds'])} seeds); "
+        f"screen's, Holm over 2 map(s); differences: map minus baseline): 2,1,1,1 {ppl:.4f} ppl vs {base_ppl:.4f} ({ppl - base_ppl:+.4f} ppl, "
+        f"{100 * (ppl / base_ppl - 1):+.2f}%; loss difference {c.mean_diff:+.4f}, 90% interval "
+        f"{c.interval[0]:+.4f} to {c.interval[1]:+.4f}, p={c.p_value:.3g} over {c.n} seeds); "
         f"gaps of {state.detectable_gap['ppl']:.4f} ppl ({state.detectable_gap['nats']:.4f} nats) or more would have "
         f"been seen with 80% power ({state.detectable_gap['seeds']} test seeds, paired sd "
         f"{state.detectable_gap['sd_diff']:.4f}); the race trained {state.compute_steps} steps; it stopped because "
@@ -86,7 +87,8 @@ def test_nothing_distinguishable_says_the_gap_it_would_have_seen():
     gap = state.detectable_gap
     assert gap is not None and gap["nats"] > 0 and gap["ppl"] > 0 and gap["power"] == 0.8
     assert state.verdict.startswith("nothing here is distinguishable from the baseline at 400 steps with ")
-    assert "seeds after the screen (90% confidence); gaps of " in state.verdict
+    assert ("test seeds after the screening seed (90% confidence; differences: map minus baseline); gaps of "
+            in state.verdict)
     assert (f"gaps of {gap['ppl']:.4f} ppl ({gap['nats']:.4f} nats) or more would have been seen with 80% power "
             f"({gap['seeds']} test seeds, paired sd {gap['sd_diff']:.4f})") in state.verdict
     assert "closest " in state.verdict and "would show" in state.verdict and "beats" in state.verdict
@@ -96,7 +98,7 @@ def test_nothing_distinguishable_says_the_gap_it_would_have_seen():
 def test_the_screen_seed_chooses_the_contenders_and_the_tests_never_see_it():
     waves, evaluations, state = run(noisy({"2,1,1,1": -0.3}, sd=0.01), [BASE, "2,1,1,1"])
     for c in state.comparisons:
-        assert SETTINGS.seeds[0] not in c["seeds"]
+        assert SETTINGS.seeds[0] not in c.seeds
     assert waves[0] == [(BASE, 400, 0), ("2,1,1,1", 400, 0)]  # the screen: every map at the target at seed 0
 
 
@@ -134,7 +136,7 @@ def test_the_compute_cap_stops_the_race_and_the_verdict_says_so():
     waves, evaluations, state = run(undecided, [BASE, "2,1,1,1"], settings)
     assert state.done and state.compute_steps <= 3000 and "compute cap (3000 steps)" in state.stopped
     assert "it stopped because the compute cap (3000 steps) was reached" in state.verdict
-    assert any(c["status"] == "capped" for c in state.comparisons)
+    assert any(c.status == "capped" for c in state.comparisons)
 
 
 def test_the_equal_compute_reference_trains_at_the_best_contenders_seeds():
@@ -150,7 +152,7 @@ def test_the_equal_compute_reference_trains_at_the_best_contenders_seeds():
     assert equal["params_ratio"] == pytest.approx(1.2)
     assert equal["map_minus_reference"]["mean_diff"] == pytest.approx(-0.2, abs=0.03)
     assert "2,1,1,1 against a plain 5-layer model of the same compute (deep5, 1.20x the parameters): " in state.verdict
-    assert "deep5" not in {c["map"] for c in state.comparisons}  # a reference, not a contender
+    assert "deep5" not in {c.map_key for c in state.comparisons}  # a reference, not a contender
 
 
 def test_the_same_evaluations_in_any_order_give_the_same_decision():

@@ -26,7 +26,9 @@ def test_flags_show_no_bool_metavar(cli, command):
 
 
 def test_tables_at_80_columns_keep_maps_and_study_names_whole(monkeypatch):
+    from ilr_search.analysis.answer import Answer
     from ilr_search.cli import ui
+    from ilr_search.search.studies import StudyReport, TrialListing
 
     console = Console(width=80, file=io.StringIO(), record=True)
     monkeypatch.setattr(ui, "out", console)
@@ -35,14 +37,18 @@ def test_tables_at_80_columns_keep_maps_and_study_names_whole(monkeypatch):
     rows = [{"trial": i, "state": "COMPLETE", "reuse_map": m, "knobs": "injection=add,iteration_norms" if i else None,
              "flops_ratio": 1.476, "val_ppl": 5.8234, "val_bpb": 1.234, "steps": 1000, "pruned_at_step": None}
             for i, m in enumerate(maps)]
-    ui.print_trials({"study": names[0], "trials": rows})
+    answer = Answer("use 4,2,1,1,1,1,1,1: 0.08 ppl better than the plain model (90% interval 0.03 to 0.13), 6 seeds "
+                    "at 2000 steps", ("closest contender: 1,3,2,1,1,1,1,1 better by 0.02 ppl than the plain model",))
+    ui.print_trials(StudyReport(study=names[0], storage="sqlite:///s.db", trials=(), references={}, race=None,
+                                fidelity={}, answer=answer, listing=TrialListing(tuple(rows), (), ())))
     ui.print_studies({"studies": [{"study": n, "n_trials": 18, "n_complete": 13, "budget": "1.5x", "layers": 8,
-                                   "best_val_ppl": 5.812} for n in names]})
+                                   "best_val_ppl": 5.812, "answer": answer.line} for n in names]})
     text = console.export_text()
     lines = text.splitlines()
     assert max(len(line) for line in lines) <= 80
+    assert lines[0].startswith("use 4,2,1,1,1,1,1,1: ")  # the answer first, wrapped at the width
     for m in maps:
-        assert sum(",".join(map(str, m)) in line for line in lines) == 1
+        assert sum(",".join(map(str, m)) in line and "│" in line for line in lines) == 1
     for n in names:
         assert any(n in line for line in lines)
     for number in ("5.823", "1.48x", "1000"):  # values are never split either
@@ -66,7 +72,7 @@ def test_a_bad_space_file_is_still_named(cli, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("args", [["train", "--steps", "0"], ["run", "--budget", "0.5x"],
+@pytest.mark.parametrize("args", [["train", "--steps", "-1"], ["run", "--budget", "0.5x"],
                                   ["audit", "--factor", "0"], ["bench", "build", "--space", "bench-small", "--out", "x.txt"]])
 def test_no_blank_line_before_an_error(console, tmp_path, args):
     proc = console(*args, "--storage", f"sqlite:///{tmp_path / 'r.db'}") if args[0] in ("run", "audit") else console(*args)

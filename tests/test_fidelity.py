@@ -149,7 +149,7 @@ def small_study(tmp_path_factory, token_cache):
     space = load_space(SPACE, {"search": {"noise_seeds": 0, "families": ["ilr"], "prune_calibration_maps": 3},
                                "train": {"steps": 16}})
     summary = run_study(RunRequest(space, "2x", "aud", f"sqlite:///{db}", n_trials=6, sampler="random",
-                                   checkpoint_dir=root / "ck"))
+                                   checkpoint_dir=root / "ck")).to_json()
     assert summary["pruner"] == "pareto"  # the calibrated default, live
     return root, db, summary
 
@@ -166,7 +166,7 @@ def test_run_summary_and_trials_carry_fidelity(small_study):
     assert "not audited" in fidelity["verdict"]
     # read from the stored curves every time: nothing large is kept in Optuna's study attributes
     assert "ilr:fidelity" not in optuna.load_study(study_name="aud", storage=f"sqlite:///{db}").user_attrs
-    assert trials_report("aud", f"sqlite:///{db}")["fidelity"]["rungs"] == fidelity["rungs"]
+    assert trials_report("aud", f"sqlite:///{db}").to_json()["fidelity"]["rungs"] == fidelity["rungs"]
 
 
 @pytest.mark.parametrize("settings, message", [
@@ -213,7 +213,7 @@ def test_audit_stores_runs_resumes_and_reports(small_study, tmp_path):
     again = run_audit("aud", storage, settings, checkpoint_dir=tmp_path / "ck")
     assert again["trained_by_this_worker"] == 0  # resumed: everything was done
     assert again["maps"] == first["maps"] and again["verdict"] == first["verdict"]
-    report = trials_report("aud", storage)
+    report = trials_report("aud", storage).to_json()
     assert report["fidelity"]["verdict"].startswith("audit: ")
     assert not list((tmp_path / "ck").rglob("*.pt"))  # checkpoints go when their runs end
 

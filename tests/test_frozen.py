@@ -77,6 +77,10 @@ def test_a_frozen_search_finds_the_map_the_checkpoint_was_trained_with(cli, tmp_
     # the race's words are windows, and nothing says "0 steps"
     verdict = summary["verdict"]
     assert "window chunk" in verdict and "0 steps" not in verdict and "seed" not in verdict, verdict
+    # the answer names the claimed map first, in the same words
+    answer = summary["answer"]
+    assert answer.startswith(f"use {best}:") and "window chunk" in answer, answer
+    assert not any("seed" in line or "0 steps" in line for line in [answer, *summary["answer_details"]]), summary
     # every result is an evaluation: no step trained, the trials on chunk 0, the race on the chunks after it
     assert all(r["steps"] == 0 for r in race["results"])
     assert {r["seed"] for r in race["results"] if r["source"].startswith("trial")} == {0}
@@ -84,7 +88,7 @@ def test_a_frozen_search_finds_the_map_the_checkpoint_was_trained_with(cli, tmp_
     runs = [r for r in race["results"] if r["source"].startswith("run")]
     assert {r["seed"] for r in runs} <= set(range(6))  # the pool: max_seeds chunks
     assert all(r["map_key"] not in tried for r in runs if r["seed"] == 0)  # chunk 0: only a map no trial scored
-    print(f"positive control: {verdict}")
+    print(f"positive control: {answer}\n{verdict}")
     for key in sorted({k for k, _ in results}):
         print(key, {s: round(v, 4) for (k, s), v in sorted(results.items()) if k == key})
 

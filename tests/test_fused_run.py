@@ -75,7 +75,7 @@ def test_ctrl_c_in_a_fused_group_fails_its_trials_queues_them_again_and_a_resume
 
     monkeypatch.chdir(tmp_path)
     storage = f"sqlite:///{tmp_path / 'fused.db'}"
-    summary = run_study(RunRequest(load_space(space), "1.5x", "fused", storage, n_trials=6, fuse=4), CtrlCAtStep(15))
+    summary = run_study(RunRequest(load_space(space), "1.5x", "fused", storage, n_trials=6, fuse=4), CtrlCAtStep(15)).to_json()
     assert summary["interrupted"]
     trials = trials_of(tmp_path / "fused.db")
     interrupted = [t for t in trials if t.user_attrs.get("reason") == "interrupted (Ctrl-C)"]
@@ -86,7 +86,7 @@ def test_ctrl_c_in_a_fused_group_fails_its_trials_queues_them_again_and_a_resume
     # checkpoints at step 10 survive the interruption; the resume trains the queued maps from them
     assert len(list((tmp_path / "studies" / "checkpoints").glob("**/*.pt"))) == len(interrupted)
 
-    resumed = run_study(RunRequest(load_space(space), "1.5x", "fused", storage, n_trials=6, fuse=4))
+    resumed = run_study(RunRequest(load_space(space), "1.5x", "fused", storage, n_trials=6, fuse=4)).to_json()
     assert not resumed["interrupted"]
     trials = trials_of(tmp_path / "fused.db")
     assert len(with_result(trials)) == 6

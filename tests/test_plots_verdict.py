@@ -30,7 +30,7 @@ def raced(tmp_path_factory, token_cache):
     from ilr_search.commands.report import front_figure, pareto_report
 
     url = f"sqlite:///{db}"
-    return url, pareto_report("verdict", url, view="layers"), front_figure("verdict", url)
+    return url, pareto_report("verdict", url, view="layers").to_json(), front_figure("verdict", url)
 
 
 def _key(hover):
@@ -132,3 +132,24 @@ def test_the_heatmap_view_layers_and_the_recipe_read_the_decided_front(raced, cl
     best = min(decided, key=lambda p: (p["val_ppl"], p["flops_ratio"]))
     assert json.loads(proc.stdout)["reuse_map"] == best["reuse_map"]
     assert f"on the race's front at {report['target_steps']} steps" in proc.stderr and "lowest perplexity" in proc.stderr
+
+
+@pytest.mark.slow
+def test_the_answer_is_the_first_line_of_trials_and_pareto_and_the_figures_title_starts_with_it(raced, cli):
+    url, report, fig = raced
+    answer = report["answer"]
+    assert answer.startswith(("use ", "no map beat")), answer  # the race is done: a decision
+    for command in ("trials", "pareto"):
+        text = cli(command, "--study", "verdict", "--storage", url, check=True).stdout
+        assert text.splitlines()[0] == answer, (command, text[:500])
+        assert "worse than the baseline" not in text  # a futility stop says `stopped: cannot win`
+        shown = json.loads(cli(command, "--study", "verdict", "--storage", url, "--json", check=True).stdout)
+        assert shown["answer"] == answer and shown["verdict"] == report["verdict"]
+    studies = cli("studies", "--storage", url, check=True).stdout
+    assert f"verdict: {answer}" in studies.splitlines()
+    assert json.loads(cli("studies", "--storage", url, "--json", check=True).stdout)["studies"][0]["answer"] == answer
+    title = " ".join(re.sub(r"<[^>]+>", " ", fig.layout.title.text).split())
+    assert title.startswith(f"verdict: {' '.join(answer.split())}")
+    layers = cli("pareto", "--study", "verdict", "--storage", url, "--view", "layers", check=True).stdout
+    assert re.search(r"^the decided front recurs (no layer|layers? [\d, and]+)$", layers, re.M), layers
+    assert all(re.fullmatch(r"\d\.\d\d", v) for v in re.findall(r"│ (?:layer|knob) [^│]*│\s*([\d.]+)", layers))

@@ -26,7 +26,9 @@ def test_the_readme_python_api_example_runs(tmp_path, monkeypatch, token_cache, 
     monkeypatch.chdir(tmp_path)  # mine.db and the checkpoints go under the test's folder
     namespace: dict = {}
     exec(compile(code, "README.md", "exec"), namespace)
-    assert namespace["summary"]["study"] == "mine" and namespace["summary"]["n_trials"] == 3
+    report = namespace["report"]
+    assert report.study == "mine" and report.n_trials == 3 and report.to_json()["n_trials"] == 3
+    assert report.answer.line.startswith(("use ", "no map beat", "no decision yet"))
     assert namespace["audit"]["study"] == "mine" and namespace["audit"]["factor"] == 4
     assert (tmp_path / "mine.db").exists()
 

@@ -114,6 +114,10 @@ def test_rerunning_a_finished_race_trains_nothing(raced, cli):
     again = json.loads(cli(*run_args(space, db, "raced", "--target", "2x"), cwd=root, check=True).stdout)
     assert race_rows(db) == before
     assert again["race"]["results"] == summary["race"]["results"]
+    assert again["answer"] == summary["answer"] and summary["answer"].startswith(("use ", "no map beat"))
+    text = cli(*[a for a in run_args(space, db, "raced", "--target", "2x") if a != "--json"], cwd=root, check=True)
+    assert text.stdout.splitlines()[-1] == summary["answer"]  # the run's last line is its answer
+    assert race_rows(db) == before
 
 
 @pytest.mark.slow

@@ -75,7 +75,7 @@ def raced(tmp_path_factory, token_cache):
                                                                  "race_seeds": 2, "max_seeds": 3}))
     folder = tmp_path_factory.mktemp("readonly-db")
     db = folder / "r.db"
-    summary = run_study(RunRequest(space, "1.5x", "ro", f"sqlite:///{db}", pruner="none", checkpoint_dir=work / "ck"))
+    summary = run_study(RunRequest(space, "1.5x", "ro", f"sqlite:///{db}", pruner="none", checkpoint_dir=work / "ck")).to_json()
     assert summary["n_complete"] == 3 and summary["race"], summary
     return work, db
 

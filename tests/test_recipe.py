@@ -25,7 +25,7 @@ def small_study(tmp_path_factory, token_cache):
     root = tmp_path_factory.mktemp("recipe")
     space = load_space(write_space(root / "space.toml", search=NO_REFERENCES))
     url = f"sqlite:///{root / 'r.db'}"
-    summary = run_study(RunRequest(space, "2x", "rec", url, n_trials=4, pruner="none", checkpoint_dir=root / "ck"))
+    summary = run_study(RunRequest(space, "2x", "rec", url, n_trials=4, pruner="none", checkpoint_dir=root / "ck")).to_json()
     return root, url, summary
 
 

@@ -1,5 +1,5 @@
-"""What a run prints: the front only when it changed, reference runs under their own label, and a study ETA
-from measured trial times."""
+"""What a run prints: the front only when it changed, reference runs under their own label, a study ETA from
+measured trial times, and its report ending with the phase table and the answer."""
 
 import optuna
 import pytest
@@ -34,6 +34,9 @@ def test_the_front_is_printed_only_when_it_changed_and_references_have_their_own
     assert " reference second_seed " in progress_rows[-1]  # its own label, not the last trial's
     last_study_row = [line for line in proc.stderr.splitlines() if line.startswith("study ")][-1]
     assert f"{6 + n_references}/{6 + n_references} references" in last_study_row
+    # the run's report: where its time went (the phase table), then the answer as the last line
+    assert "phases (cpu%: of one core)" in proc.stdout and " trials " in proc.stdout
+    assert proc.stdout.splitlines()[-1].startswith(("use ", "no map beat", "no decision yet")), proc.stdout
 
 
 def test_the_study_eta_comes_from_measured_trial_times_from_the_first_trial_on():

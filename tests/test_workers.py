@@ -100,7 +100,7 @@ def test_a_trial_asked_after_its_predecessors_reach_the_target_trains_nothing(tm
     monkeypatch.chdir(tmp_path)
     space = load_space(str(ROOT / "tests" / "spaces" / "tiny.toml"), {"search": {"noise_seeds": 0, "families": ["ilr"]}})
     request = RunRequest(space, "2x", study_name="s", storage="sqlite:///s.db", n_trials=2, race=False)
-    assert run_study(request)["n_trials"] == 2
+    assert run_study(request).to_json()["n_trials"] == 2
     prepared = prepare_study(request)
     run = SearchRun(prepared.plan, prepared.spec, prepared.study, open_store(prepared.spec, prepared.plan.name),
                     prepared.data, RunReporter(), prepared.target, tmp_path / "checkpoints")
@@ -108,7 +108,7 @@ def test_a_trial_asked_after_its_predecessors_reach_the_target_trains_nothing(tm
     late = prepared.study.get_trials(deepcopy=False)[-1]
     assert late.state == optuna.trial.TrialState.FAIL and late.user_attrs[TrialAttr.SURPLUS] is True
     assert late.params == {} and "map_key" not in late.user_attrs  # no map was proposed, claimed or trained
-    again = run_study(request)
+    again = run_study(request).to_json()
     assert again["n_trials"] == 2 and again["n_failed"] == 0
 
 

@@ -20,9 +20,9 @@ A pure policy over the study's evaluations (race_core.py has the types; racing.r
    contenders by a weighted Holm step-down (valid for group-sequential tests too: Maurer and Bretz 2013): the
    screen's best gets the share `lead_share`, the rest split what is left, and a claim passes its share on. The
    weights come from seeds[0], which the tests never see. A
-   comparison is decided when the test claims the contender better, or when its paired t test says it is worse
-   than the baseline at the one-sided level `futility` (stopping without a claim only makes the test more
-   conservative), or when a contender of no more FLOPs beats it by a paired test; it stays open until the pool's
+   comparison is decided when the test claims the contender better, or when it trails the baseline so far that it
+   cannot win (its paired t test at the one-sided level `futility`; stopping without a claim only makes the test
+   more conservative), or when a contender of no more FLOPs beats it by a paired test; it stays open until the pool's
    seeds are spent or the compute cap `max_steps` is reached.
 5. The equal-compute reference (equal_compute). A plain model with as many layers as the best recurrent
    contender runs (deepR: R layers, all run once) is trained at the target at that contender's seeds, once the
@@ -37,57 +37,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from ilr_search.analysis.map_key import MapKey
 from ilr_search.analysis.pareto import non_dominated
 from ilr_search.analysis.results import DEEP_PREFIX, deep_key, is_deep_key, key_reuse_map
-from ilr_search.training.schedule import map_of_key
-from ilr_search.analysis.race_core import (Evaluation, FrontPoint, RaceJob, RaceSettings, RaceState, RaceWords, Results, base_results,
-                                        choose_contenders, collect, race_compute)
+from ilr_search.analysis.race_core import (CANNOT_WIN, DECIDED_AGAINST, Comparison, Evaluation, FrontPoint, RaceJob,
+                                           RaceSettings, RaceState, RaceWords, Results, base_results,
+                                           choose_contenders, collect, race_compute)
 from ilr_search.analysis.sequential import SequentialTest, detectable_gap, t_statistic
 from ilr_search.analysis.stats import decision_level, paired_comparison, rank_agreement, seed_interval
 
 DETECTION_POWER = 0.8
 
 
-def layer_runs(map_key: str, n_layers: int) -> int:
-    """The layers a map's schedule runs (a reuse map's counts' sum); a key's knob part (after '|') is ignored."""
-    return map_of_key(map_key, n_layers).layer_runs
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """A contender against the baseline at the target, over their common test seeds (seeds[1:], in pool order).
-    mean_diff: mean of loss_map - loss_baseline (negative: the map is better); interval: its two-sided t interval
-    at the race's confidence; p_value: the one-sided paired t test's, nominal (as if the seeds had been fixed);
-    level: the one-sided level the sequential test holds it to (its share of the family's, Holm); boundary: the t
-    the test needs at its last look; status: better | worse | dominated | diverged | open | undecided (the pool's
-    seeds spent) | capped (the compute cap stopped it)."""
-    map_key: str
-    flops_ratio: float
-    seeds: tuple[int, ...]
-    mean_diff: float | None
-    sd_diff: float | None
-    interval: tuple[float, float] | None
-    p_value: float
-    t: float | None
-    level: float
-    boundary: float | None
-    status: str
-    decided_at: int | None = None  # test seeds at the claim
-    why: str = ""
-
-    @property
-    def n(self) -> int:
-        return len(self.seeds)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"map": self.map_key, "flops_ratio": self.flops_ratio, "seeds": list(self.seeds),
-                "mean_diff": self.mean_diff, "sd_diff": self.sd_diff,
-                "interval": list(self.interval) if self.interval else None, "p_value": self.p_value, "t": self.t,
-                "level": self.level, "boundary": self.boundary if self.boundary is None or math.isfinite(self.boundary)
-                else None, "status": self.status, "decided_at": self.decided_at, "why": self.why}
+def layer_runs(map_key: str, n_layers: int | None = None) -> int:
+    """The layers a map's schedule runs (a reuse map's counts' sum); a key's knob part (after '|') is ignored. A
+    block map's key needs the model's `n_layers`."""
+    return MapKey.parse(map_key, n_layers).map.layer_runs
 
 
 def _finite(value: float | None) -> bool:
@@ -228,7 +195,7 @@ def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSetting
         diverged = [s for s in results.diverged_at(k, target) if s in pool]
         if diverged:
             comparisons[k] = _with(c, "diverged", f"diverged {words.at(target)}, {words.one(diverged[0])}")
-        if comparisons[k].status in ("worse", "dominated", "diverged"):
+        if comparisons[k].status in DECIDED_AGAINST:
             eliminated[k] = comparisons[k].why
     best = _best_recurrent(comparisons, results, target)
     deep = deep_key(layer_runs(best, len(key_reuse_map(baseline_key)))) if settings.equal_compute and best is not None else None
@@ -260,7 +227,7 @@ def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSetting
     return RaceState(alive=tuple(alive), eliminated=eliminated, next_jobs=tuple(jobs), front=front, verdict=verdict,
                      done=done, not_raced=not_raced, level_steps=target, confirmed_better=better,
                      best=min(better, key=lambda k: (_mean(results, k, target), k)) if better else baseline_key,
-                     compute_steps=compute, comparisons=tuple(c.to_dict() for c in comparisons.values()),
+                     compute_steps=compute, comparisons=tuple(comparisons.values()),
                      screen=screen, equal_compute=equal, detectable_gap=gap, stopped=stopped)
 
 
@@ -300,10 +267,12 @@ def _compare(key: str, results: Results, baseline_key: str, target: int, seeds: 
         from scipy.stats import t as student
 
         if t < -float(student.ppf(1 - settings.futility, len(seeds) - 1)):
-            return Comparison(**common, status="worse",
-                              why=f"worse than the baseline {words.at(target)}: paired loss difference "
-                                  f"{c.mean_diff:+.4f} over {words.count(len(seeds))}, t={t:.2f} below the futility "
-                                  f"bound {-float(student.ppf(1 - settings.futility, len(seeds) - 1)):.2f}")
+            bound = float(student.ppf(1 - settings.futility, len(seeds) - 1))
+            return Comparison(**common, status=CANNOT_WIN,
+                              why=f"stopped: cannot win against the baseline {words.at(target)}: its loss is "
+                                  f"{c.mean_diff:.4f} above the baseline's on average over {words.count(len(seeds))}, "
+                                  f"{-t:.2f} standard errors past even, more than the {bound:.2f} at which a "
+                                  f"later claim becomes unlikely (futility level {settings.futility:g})")
     if len(seeds) >= max_n:
         return Comparison(**common, status="undecided", why=f"undecided after the pool's {words.count(max_n, test=True)}")
     return Comparison(**common, status="open")
@@ -433,9 +402,9 @@ def _why_done(comparisons: Sequence[Comparison], testable: bool, first_look: int
         return "no recurrent contender"
     if not testable:
         return f"the pool has {words.count(max_n, test=True)}; a sequential test needs {first_look}"
-    if all(c.status in ("better", "worse", "dominated", "diverged") for c in comparisons):
+    if all(c.status == "better" or c.status in DECIDED_AGAINST for c in comparisons):
         return "every comparison decided"
-    return f"the pool's {words.count(max_n, test=True)} spent"
+    return f"the pool's {words.count(max_n, test=True)} were spent"
 
 
 def _verdict(comparisons: Mapping[str, Comparison], better: Sequence[str], results: Results, baseline_key: str,
@@ -459,12 +428,14 @@ def _verdict(comparisons: Mapping[str, Comparison], better: Sequence[str], resul
                           f"{100 * (ppl / base_ppl - 1):+.2f}%; loss difference {c.mean_diff:+.4f}, {pct}% interval "
                           f"{low:+.4f} to {high:+.4f}, p={c.p_value:.3g} over {words.count(c.n)})")
         text = (f"{prefix}recurrence beats the baseline {words.at(target)} ({pct}% confidence: sequential paired t "
-                f"tests on {words.plural} after the screen's, Holm over {len(comparisons)} map(s)): " + "; ".join(claims))
+                f"tests on {words.plural} after the screen's, Holm over {len(comparisons)} map(s); differences: map "
+                "minus baseline): " + "; ".join(claims))
     else:
         counts = sorted({c.n for c in comparisons.values()})
-        seeds = words.count(counts[0]) if len(counts) == 1 else f"{counts[0]} to {words.count(counts[-1])}"
+        seeds = (words.count(counts[0], test=True) if len(counts) == 1
+                 else f"{counts[0]} to {words.count(counts[-1], test=True)}")
         text = (f"{prefix}nothing here is distinguishable from the baseline {words.at(target)} with {seeds} "
-                f"after the screen ({pct}% confidence)")
+                f"after the screening {words.unit} ({pct}% confidence; differences: map minus baseline)")
     if gap is not None:
         parts.append(f"gaps of {gap['ppl']:.4f} ppl ({gap['nats']:.4f} nats) or more would have been seen with "
                      f"{round(100 * gap['power'])}% power ({words.count(gap['seeds'], test=True)}, paired sd {gap['sd_diff']:.4f})")

@@ -19,6 +19,9 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from ilr_search.analysis.answer import Answer
+from ilr_search.analysis.map_key import row_key
+from ilr_search.analysis.race_report import RaceReport
 from ilr_search.analysis.results import is_baseline, is_baseline_key, is_deep_key
 from ilr_search.analysis.stats import seed_interval
 
@@ -126,34 +129,27 @@ class RacedPoint:
     kind: str
 
 
-def row_key(row: Mapping[str, Any]) -> str:
-    """A front row's map key (the map, and its knobs where any is on), as the race's results name it."""
-    text = ",".join(map(str, row["reuse_map"]))
-    return f"{text}|{row['knobs']}" if row.get("knobs") else text
-
-
-def is_raced(race: Mapping[str, Any] | None) -> bool:
+def is_raced(race: RaceReport | None) -> bool:
     """Whether the decided front is the race's: a point at more than one seed or past the proxy's length
     (else the decided front is the proxy's, and there is no decided panel)."""
-    if not race or not race.get("race") or not race.get("pareto"):
+    if race is None or not race.front:
         return False
-    base = race["race"]["base_steps"]
-    return any(p.get("seeds") and (len(p["seeds"]) > 1 or p["steps"] != base) for p in race["pareto"])
+    base = race.settings.base_steps
+    return any(p.get("seeds") and (len(p["seeds"]) > 1 or p["steps"] != base) for p in race.front)
 
 
-def decided_steps(race: Mapping[str, Any]) -> int:
+def decided_steps(race: RaceReport) -> int:
     """The length the decided front stands at (the target, once the race got there)."""
-    return max(p["steps"] for p in race["pareto"])
+    return max(p["steps"] for p in race.front)
 
 
-def raced_points(race: Mapping[str, Any]) -> list[RacedPoint]:
+def raced_points(race: RaceReport) -> list[RacedPoint]:
     """Every map the race has results for at the decided length (the trials' maps, the baseline and the
     equal-compute reference; not a pruned map an audit retrained), cheapest first: each one's mean and interval
     over its seeds there, at the race's confidence (as the race's own front computes them)."""
-    steps, summary = decided_steps(race), race["race"]
-    trial_maps = {r["map_key"] for r in summary["results"] if r["source"].startswith("trial ")}
-    front = {row_key(p): p for p in race["pareto"]}
-    equal = race.get("equal_compute") or {}
+    steps, trial_maps = decided_steps(race), race.trial_maps
+    front = {row_key(p): p for p in race.front}
+    equal = race.equal_compute or {}
     losses: dict[str, dict[int, float]] = {}
     flops: dict[str, float] = {}
 
@@ -162,14 +158,13 @@ def raced_points(race: Mapping[str, Any]) -> list[RacedPoint]:
             return key == equal.get("reference")
         return key in trial_maps or key in front or is_baseline_key(key)
 
-    for r in summary["results"]:
-        key = r["map_key"]
-        if r["steps"] == steps and r["val_loss"] is not None and counted(key):
-            losses.setdefault(key, {})[r["seed"]] = r["val_loss"]
-            flops[key] = r["flops_ratio"]
+    for r in race.results:
+        if r.steps == steps and r.val_loss is not None and counted(r.map_key):
+            losses.setdefault(r.map_key, {})[r.seed] = r.val_loss
+            flops[r.map_key] = r.flops_ratio
     points = []
     for key, by_seed in losses.items():
-        iv = seed_interval([by_seed[s] for s in sorted(by_seed)], summary["confidence"])
+        iv = seed_interval([by_seed[s] for s in sorted(by_seed)], race.settings.confidence)
         row = front.get(key)
         if is_deep_key(key):
             kind = "deep"
@@ -195,12 +190,12 @@ RACED_STYLE = {  # kind -> legend entry and marker
 }
 
 
-def _decided_panel(fig: go.Figure, race: Mapping[str, Any], legend: str) -> None:
+def _decided_panel(fig: go.Figure, race: RaceReport, legend: str) -> None:
     """Row 1: the raced maps at the decided length against their FLOP ratio, with error bars from the race's
     intervals; the decided front as a step line; the baseline as the reference (its star, a dashed line at its
     mean and a band over its interval across the panel); the equal-compute plain model. One y-axis."""
     points = raced_points(race)
-    pct = round(race["race"]["confidence"] * 100)
+    pct = round(race.settings.confidence * 100)
     x_range = spread_range([p.flops_ratio for p in points], pad=0.08)
     span = (x_range[1] - x_range[0]) if x_range else 1.0
     at_x = dict(zip((p.map_key for p in points), spread_x([(p.flops_ratio, p.val_ppl) for p in points], span)))
@@ -217,7 +212,7 @@ def _decided_panel(fig: go.Figure, race: Mapping[str, Any], legend: str) -> None
                     arrayminus=[p.val_ppl - p.interval[0] if p.interval else 0 for p in group])
 
     on_front = [p for p in points if p.kind in ("confirmed", "front", "baseline") and
-                any(row_key(r) == p.map_key for r in race["pareto"])]
+                any(row_key(r) == p.map_key for r in race.front)]
     if len(on_front) > 1:
         fig.add_trace(go.Scatter(x=[at_x[p.map_key] for p in on_front], y=[p.val_ppl for p in on_front],
                                  mode="lines", line_shape="hv", line=dict(color=FRONT_COLOUR, width=2),
@@ -245,7 +240,7 @@ def _decided_panel(fig: go.Figure, race: Mapping[str, Any], legend: str) -> None
                                      name=_wrapped(name), legend=legend, marker=marker,
                                      error_y=errors(group, marker["color"]),
                                      hovertext=[hover(p) for p in group], hoverinfo="text"), row=1, col=1)
-    equal = race.get("equal_compute") or {}
+    equal = race.equal_compute or {}
     deep = next((p for p in points if p.kind == "deep"), None)
     if deep is not None:
         fig.add_trace(go.Scatter(x=[at_x[deep.map_key]], y=[deep.val_ppl], mode="markers", legend=legend,
@@ -261,20 +256,15 @@ def _decided_panel(fig: go.Figure, race: Mapping[str, Any], legend: str) -> None
                      tickformat=".4g", row=1, col=1)
 
 
-def verdict_title(study: str, race: Mapping[str, Any] | None) -> str:
-    """The figure's title: the study's name and its verdict, a clause a line (wrapped at TITLE_CHARS), the
-    first clause (what was decided) in bold; without a verdict, the study's name."""
-    verdict = (race or {}).get("verdict") or ""
-    if not verdict:
+def verdict_title(study: str, answer: Answer | None, verdict: str = "") -> str:
+    """The figure's title: the study's name and its answer line in bold, then its verdict, a clause a line
+    (wrapped at TITLE_CHARS); without an answer, the study's name."""
+    if answer is None:
         return f"<b>{study}</b>"
-    clauses = [c.strip() for c in verdict.split("; ")]
-    lines = []
+    lines = [f"<b>{line}</b>" for line in textwrap.wrap(f"{study}: {answer.line}", TITLE_CHARS, break_long_words=False)]
+    clauses = [c.strip() for c in verdict.split("; ")] if verdict else []
     for i, clause in enumerate(clauses):
-        text = clause + (";" if i < len(clauses) - 1 else "")
-        wrapped = textwrap.wrap((f"{study}: " if i == 0 else "") + text, TITLE_CHARS, break_long_words=False)
-        if i == 0:
-            wrapped = [f"<b>{line}</b>" for line in wrapped]
-        lines += wrapped
+        lines += textwrap.wrap(clause + (";" if i < len(clauses) - 1 else ""), TITLE_CHARS, break_long_words=False)
     return "<br>".join(lines)
 
 
@@ -293,9 +283,9 @@ class Panel:
 
 def pareto_figure(study: str, trials: list[dict[str, Any]], front: list[dict[str, Any]], noise: dict[str, Any] | None,
                   layer_view: dict[str, Any] | None = None, fidelity: dict[str, Any] | None = None,
-                  race: Mapping[str, Any] | None = None) -> go.Figure:
-    """The study's figure, titled with the race's verdict (`race`: race_summary's result, or pareto_report's,
-    which carries it). On top, where the study was raced, the raced maps at the decided length (_decided_panel);
+                  race: RaceReport | None = None, answer: Answer | None = None) -> go.Figure:
+    """The study's figure, titled with the study's answer and the race's verdict (`race`: the study's race,
+    None where it has none). On top, where the study was raced, the raced maps at the decided length (_decided_panel);
     then the proxy trials: complete ones by final perplexity against FLOP ratio (points at one ratio spread side
     by side, hover for the map), the proxy's front as a step line, the all-ones baseline and its seed-to-seed
     noise band, and pruned and failed trials in a strip below at their pruning step (their perplexity there is no
@@ -308,12 +298,12 @@ def pareto_figure(study: str, trials: list[dict[str, Any]], front: list[dict[str
     complete = [t for t in plotted if t["state"] == "COMPLETE" and t.get("plot_ppl") is not None]
     apart = [t for t in plotted if t not in complete]  # pruned, failed (diverged), or with no perplexity
     curved = [t for t in plotted if t.get("curve")]
-    decided = race["pareto"] if raced and race else front
-    base_steps = race["race"]["base_steps"] if race and race.get("race") else None
+    decided = list(race.front) if raced and race else front
+    base_steps = race.settings.base_steps if race is not None else None
     at = f" at {base_steps} steps" if base_steps else ""
     panels: list[Panel] = []
     if raced and race:
-        pct = round(race["race"]["confidence"] * 100)
+        pct = round(race.settings.confidence * 100)
         panels.append(Panel("decided", [{"colspan": 2}, None],
                             [f"raced maps at {decided_steps(race)} steps: mean perplexity over seeds, {pct}% intervals"],
                             TOP_PX))
@@ -365,7 +355,7 @@ def pareto_figure(study: str, trials: list[dict[str, Any]], front: list[dict[str
     if fidelity:
         lines = _fidelity_panel(fig, fidelity, audit, row_of["fidelity"], named["fidelity"])
         bottom = 90 + LINE_PX * lines
-    title = verdict_title(study, race)
+    title = verdict_title(study, answer, race.verdict if race is not None else "")
     top = 34 + LINE_PX * (title.count("<br>") + 1) + 46
     for panel in panels:  # each legend at the right of its panel, from its top down
         if panel.kind != "apart":

@@ -4,6 +4,7 @@ a front). The policies: fixed_race.py and adaptive_race.py; racing.py picks one.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -85,17 +86,21 @@ class RaceWords:
     def at(self, steps: int) -> str:
         return "on held-out windows" if self.frozen else f"at {steps} steps"
 
+    @property
+    def unit(self) -> str:
+        """One replicate of a map, in the singular: a training seed, or a chunk of held-out windows."""
+        return "window chunk" if self.frozen else "seed"
+
     def count(self, n: int, test: bool = False) -> str:
         """`n` seeds (or window chunks); `test`: of the race's test ones."""
-        unit = "window chunk" if self.frozen else "seed"
-        return f"{n} {'test ' if test else ''}{unit}{'s' if n != 1 else ''}"
+        return f"{n} {'test ' if test else ''}{self.unit}{'s' if n != 1 else ''}"
 
     def one(self, seed: int) -> str:
-        return f"window chunk {seed}" if self.frozen else f"seed {seed}"
+        return f"{self.unit} {seed}"
 
     @property
     def plural(self) -> str:
-        return "window chunks" if self.frozen else "seeds"
+        return f"{self.unit}s"
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,90 @@ class FrontPoint:
     val_ppl: float
     interval: tuple[float, float]
     confirmed: bool
+
+
+CANNOT_WIN = "cannot win"
+COMPARISON_STATUSES = {  # a comparison's status -> what it means (docs/concepts.md's glossary says the same)
+    "better": "claimed better than the baseline by the sequential paired test",
+    CANNOT_WIN: "stopped by the futility rule: it trails the baseline so far that a later claim is unlikely "
+                "(not a test that it is worse)",
+    "dominated": "a contender of no more FLOPs beat it by a paired test",
+    "diverged": "a run of it diverged at the target",
+    "open": "still raced: more seeds to come",
+    "undecided": "the pool's seeds are spent without a decision",
+    "capped": "the compute cap stopped it before a decision",
+}
+DECIDED_AGAINST = (CANNOT_WIN, "dominated", "diverged")  # statuses that end a comparison without a claim
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A contender against the baseline at the target, over their common test seeds (seeds[1:], in pool order).
+    mean_diff: mean of loss_map - loss_baseline (negative: the map is better); interval: its two-sided t interval
+    at the race's confidence; p_value: the one-sided paired t test's, nominal (as if the seeds had been fixed);
+    level: the one-sided level the sequential test holds it to (its share of the family's, Holm); boundary: the t
+    the test needs at its last look; status: one of COMPARISON_STATUSES."""
+    map_key: str
+    flops_ratio: float
+    seeds: tuple[int, ...]
+    mean_diff: float | None
+    sd_diff: float | None
+    interval: tuple[float, float] | None
+    p_value: float
+    t: float | None
+    level: float
+    boundary: float | None
+    status: str
+    decided_at: int | None = None  # test seeds at the claim
+    why: str = ""
+
+    @property
+    def n(self) -> int:
+        return len(self.seeds)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"map": self.map_key, "flops_ratio": self.flops_ratio, "seeds": list(self.seeds),
+                "mean_diff": self.mean_diff, "sd_diff": self.sd_diff,
+                "interval": list(self.interval) if self.interval else None, "p_value": self.p_value, "t": self.t,
+                "level": self.level, "boundary": self.boundary if self.boundary is None or math.isfinite(self.boundary)
+                else None, "status": self.status, "decided_at": self.decided_at, "why": self.why}
+
+
+RUN_SOURCE = "run "  # a stored result's source when it is a race run (the race's or the audit's): "run 2x"
+TRIAL_SOURCE = "trial "  # ... a trial's at the proxy's length: "trial 3"
+REFERENCE_SOURCE = "reference "  # ... a reference run's: "reference baseline_seed1"
+
+
+@dataclass(frozen=True)
+class StoredResult:
+    """One stored result of a study with its fidelity: `map_key` trained for `steps` steps at `seed` under the
+    learning-rate `schedule`. val_loss None: it diverged. source: the trial, reference or run it comes from
+    (TRIAL_SOURCE, REFERENCE_SOURCE or RUN_SOURCE and its number, name or factor)."""
+    map_key: str
+    flops_ratio: float
+    steps: int
+    seed: int
+    schedule: str
+    val_loss: float | None
+    val_ppl: float | None
+    val_bpb: float | None
+    source: str
+
+    @property
+    def is_run(self) -> bool:
+        """A race run (of the race or the audit, a row of ilr_race_runs), not a trial or a reference run."""
+        return self.source.startswith(RUN_SOURCE)
+
+    @property
+    def is_trial(self) -> bool:
+        """A trial's result at the proxy's length."""
+        return self.source.startswith(TRIAL_SOURCE)
+
+    def evaluation(self) -> Evaluation:
+        return Evaluation(self.map_key, self.flops_ratio, self.steps, self.seed, self.val_loss)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -128,10 +217,10 @@ class RaceState:
     confirmed_better: tuple[str, ...] = ()  # maps that beat the baseline at the target by a paired test
     best: str | None = None  # the map the race reports: see reported_best
     compute_steps: int = 0  # steps of the results the race trained beyond the base results (every length > base)
-    # adaptive only: each raced comparison with the baseline at the target (adaptive_race.Comparison.to_dict),
+    # adaptive only: each raced comparison with the baseline at the target,
     # the screen (maps, their base and target results, the lengths' agreement), the deeper plain model of the same
     # compute, the smallest gap the race would find at 80% power, and why it stopped
-    comparisons: tuple[dict[str, Any], ...] = ()
+    comparisons: tuple[Comparison, ...] = ()
     screen: dict[str, Any] = field(default_factory=dict)
     equal_compute: dict[str, Any] | None = None
     detectable_gap: dict[str, Any] | None = None

@@ -16,7 +16,8 @@ from ilr_search.knobs import format_knobs
 from ilr_search.analysis.pareto import pareto_front
 from ilr_search.analysis.trials import Trial, TrialRecord, record_of, trained_results, trial_records
 from ilr_search.storage import CurvePoint, RaceRun, Store, TrainCurvePoint
-from ilr_search.training.schedule import is_block_text, map_of_key
+from ilr_search.analysis.map_key import MapKey, map_text
+from ilr_search.training.schedule import is_block_text
 
 REFERENCE_PREFIX = "ilr:reference:"
 
@@ -133,8 +134,9 @@ def race_run_rows(runs: Sequence[RaceRun], study_attrs: Mapping[str, Any]) -> li
     for r in runs:
         key = r.job.map_key
         deep = is_deep_key(key)
-        rows.append({"map_key": key, "reuse_map": None if deep else key_reuse_map(key, n_layers),
-                     "knobs": key.split("|", 1)[1] if "|" in key else None, "factor": r.job.factor,
+        parsed = None if deep else MapKey.parse(key, n_layers)
+        rows.append({"map_key": key, "reuse_map": list(parsed.map.counts) if parsed else None,
+                     "knobs": parsed.knobs or None if parsed else None, "factor": r.job.factor,
                      "steps": r.steps, "seed": r.job.seed, "state": r.state, "flops_ratio": r.flops_ratio,
                      "val_loss": r.val_loss, "val_ppl": r.val_ppl, "val_bpb": r.val_bpb, "seconds": r.seconds,
                      "reason": r.reason,
@@ -214,20 +216,10 @@ def is_baseline(reuse_map: list[int] | None) -> bool:
     return bool(reuse_map) and all(r == 1 for r in reuse_map)
 
 
-def map_text(map_key: str) -> str:
-    """The map of a study's map key, without its knobs: "2,1,1,1" or "block:1-2:2"."""
-    return map_key.split("|", 1)[0]
-
-
 def key_reuse_map(map_key: str, n_layers: int | None = None) -> list[int]:
     """The per-layer counts of a trial's map key ("2,1,1,1", "2,1,1,1|injection=add" with knobs on, or a block
     map "block:1-2:2", whose counts need the model's `n_layers`)."""
-    text = map_text(map_key)
-    if n_layers is None:
-        if is_block_text(text):
-            raise ValueError(f"the counts of block map {text!r} need the number of layers")
-        n_layers = text.count(",") + 1
-    return list(map_of_key(text, n_layers).counts)
+    return list(MapKey.parse(map_key, n_layers).map.counts)
 
 
 DEEP_PREFIX = "deep"  # the race's equal-compute reference: deepR, the study's model with R layers, each run once
@@ -249,7 +241,7 @@ def is_all_ones_key(map_key: str) -> bool:
 
 def is_baseline_key(map_key: str) -> bool:
     """The paper's baseline: the all-ones map with every knob off."""
-    return "|" not in map_key and is_all_ones_key(map_key)
+    return not is_block_text(map_key) and MapKey.parse(map_key).is_baseline
 
 
 def finite_or_none(x: float) -> float | None:

@@ -164,10 +164,12 @@ def fail(message: str) -> None:
     raise typer.Exit(2)
 
 
-def emit(obj: dict[str, Any], as_json: bool, render: Callable[[dict[str, Any]], None]) -> None:
+def emit(obj: Any, as_json: bool, render: Callable[[Any], None]) -> None:
+    """Print a command's result: its JSON form (a dict, or a typed report's to_json()) with --json, else render it;
+    the notes held until the command goes ahead are printed first."""
     ui.release_notes()
     if as_json:
-        print(json.dumps(obj, default=float))
+        print(json.dumps(obj if isinstance(obj, dict) else obj.to_json(), default=float))
     else:
         render(obj)
 
@@ -364,7 +366,7 @@ def run(
                          note=lambda text: ui.err.print(text, soft_wrap=True, markup=False, highlight=False),
                          fuse_asked=fuse is not None)
     emit(summary, json_out, ui.print_run)
-    if summary.get("interrupted"):
+    if summary.interrupted:
         raise typer.Exit(130)
 
 

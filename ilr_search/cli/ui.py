@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import statistics
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -19,6 +20,9 @@ from rich.text import Text
 
 from ilr_search.commands.events import (Event, Message, ReferenceFinished, ReferenceStarted, RunFinished, RunReporter,
                                         RunsStarted, Step, StudyStarted, TrialFinished, TrialStarted, format_reuse_map)
+
+if TYPE_CHECKING:
+    from ilr_search.commands.studies import StudyReport
 
 
 def console(stderr: bool = False) -> Console:
@@ -297,10 +301,11 @@ class ConsoleReporter(RunReporter):
     def __exit__(self, *exc: Any) -> None:
         self.progress.__exit__(*exc)
 
+    @functools.singledispatchmethod
     def on(self, event: Event) -> None:
-        handler = getattr(self, f"_{type(event).__name__}", None)
-        if handler is not None:
-            handler(event)
+        """Draw one event: each event type has its own method below, registered by its annotation (a test checks
+        that every event of search/progress.py has one)."""
+        raise TypeError(f"no renderer for {type(event).__name__}")
 
     def print(self, event: Event, text: str) -> None:
         release_notes()
@@ -316,7 +321,8 @@ class ConsoleReporter(RunReporter):
         else:
             self.progress.update(task, completed=0, total=steps, info=label)
 
-    def _StudyStarted(self, event: StudyStarted) -> None:
+    @on.register
+    def _study_started(self, event: StudyStarted) -> None:
         if self.study_task is not None:  # the workers' studies: the first one says it
             return
         self.print(dataclasses.replace(event, worker=None), f"study {event.study}: {event.finished} of {event.target} "
@@ -326,14 +332,16 @@ class ConsoleReporter(RunReporter):
         self.eta = StudyEta(time.monotonic())
         self.target, self.finished_at_start, self.finished = event.target, event.finished, event.finished
 
-    def _TrialStarted(self, event: TrialStarted) -> None:
+    @on.register
+    def _trial_started(self, event: TrialStarted) -> None:
         label = f"trial {event.number} map {_fmt(event.reuse_map)}" + (f" with {event.knobs}" if event.knobs else "")
         if event.worker is None:
             self.print(event, f"trial {event.number}: training map {_fmt(event.reuse_map)}"
                        + (f" with {event.knobs}" if event.knobs else ""))
         self._row(event.worker, label, event.steps)
 
-    def _ReferenceStarted(self, event: ReferenceStarted) -> None:
+    @on.register
+    def _reference_started(self, event: ReferenceStarted) -> None:
         """The study row counts the reference runs after the trials (its timer runs on)."""
         if self.study_task is not None and event.worker is None:
             self.progress.update(self.study_task, total=self.target + event.count, completed=self.target + event.index,
@@ -341,13 +349,15 @@ class ConsoleReporter(RunReporter):
             self.references = (event.index, event.count)
         self._row(event.worker, f"reference {event.name}", event.steps)
 
-    def _ReferenceFinished(self, event: ReferenceFinished) -> None:
+    @on.register
+    def _reference_finished(self, event: ReferenceFinished) -> None:
         if self.study_task is not None and self.references is not None and event.worker is None:
             last = self.references[0] + 1 == self.references[1]
             self.progress.update(self.study_task, completed=self.target + self.references[0] + 1,
                                  **({"eta": 0.0} if last else {}))
 
-    def _RunsStarted(self, event: RunsStarted) -> None:
+    @on.register
+    def _runs_started(self, event: RunsStarted) -> None:
         """Race (or audit) runs: the study row becomes the race's (runs stored so far; how many it will take is the
         race's to decide), and the training row the runs'."""
         if self.runs_done is None:
@@ -362,7 +372,8 @@ class ConsoleReporter(RunReporter):
         more = f" and {len(event.runs) - 1} more" if len(event.runs) > 1 else ""
         self._row(event.worker, f"{event.kind} run map {key} {'window chunk' if steps == 0 else 'seed'} {seed}{more}", steps)
 
-    def _RunFinished(self, event: RunFinished) -> None:
+    @on.register
+    def _run_finished(self, event: RunFinished) -> None:
         self.runs_done = (self.runs_done or 0) + 1
         if self.study_task is not None and event.kind == "race":
             self.progress.update(self.study_task, info=f"race runs stored: {self.runs_done}")
@@ -371,7 +382,8 @@ class ConsoleReporter(RunReporter):
         self.print(event, f"{event.kind} run done: map {event.map_key} {run_where(event.steps, event.seed)}: "
                           f"ppl {_fmt(event.val_ppl)}")
 
-    def _Step(self, event: Step) -> None:
+    @on.register
+    def _step(self, event: Step) -> None:
         task = self.rows.get(event.worker)
         if task is not None:
             info = self.progress.tasks[task].fields["info"].split(" loss ")[0]
@@ -385,7 +397,8 @@ class ConsoleReporter(RunReporter):
             fraction = event.step / event.steps if event.steps else 0.0
             self.progress.update(self.study_task, eta=self.eta.seconds_left(time.monotonic(), done, fraction, left))
 
-    def _TrialFinished(self, event: TrialFinished) -> None:
+    @on.register
+    def _trial_finished(self, event: TrialFinished) -> None:
         row, front = event.row, event.front
         self.finished = event.finished
         if self.study_task is not None and self.runs_done is None:
@@ -407,7 +420,8 @@ class ConsoleReporter(RunReporter):
             table.add_row(*(_fmt(_cell(p, c)) for c in columns))
         self.progress.console.print(table)
 
-    def _Message(self, event: Message) -> None:
+    @on.register
+    def _message(self, event: Message) -> None:
         self.print(event, event.text)
 
 
@@ -421,102 +435,142 @@ def run_where(steps: int, seed: int) -> str:
 RACE_FRONT_COLUMNS = ["reuse_map", "flops_ratio", "steps", "seeds", "val_ppl", "interval", "confirmed"]
 RACE_FRONT_HEADERS = {"flops_ratio": "FLOPs", "val_ppl": "ppl", "interval": "90% interval"}
 RACE_FRONT_DROPPED = ["steps", "seeds", "interval"]  # on a narrow console, first dropped first
+# A frozen study's front: no step trained, and its replicates are chunks of held-out windows
+FROZEN_FRONT_COLUMNS = [c for c in RACE_FRONT_COLUMNS if c != "steps"]
+FROZEN_FRONT_HEADERS = RACE_FRONT_HEADERS | {"seeds": "window chunks"}
+COMPARISON_COLUMNS = ["reuse_map", "seeds", "loss_diff", "interval", "p", "level", "status"]  # against the baseline
+FROZEN_COMPARISON_COLUMNS = ["window_chunks" if c == "seeds" else c for c in COMPARISON_COLUMNS]
+
+
+CONFIRMED_WORDS = ("yes", "no", "reference")  # the front's `confirmed` column: claimed better, not, the baseline
 
 
 def race_front_rows(front: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Front points for a table: the interval as low-high (with the perplexities' decimals), confirmed as yes/no."""
+    """Front points for a table: the interval as low-high (with the perplexities' decimals), confirmed as a word of
+    CONFIRMED_WORDS."""
+    yes, no, reference = CONFIRMED_WORDS
     decimals = significant_decimals([p.get("val_ppl") for p in front])
     return [dict(p, interval=f"{fixed(p['interval'][0], decimals)}-{fixed(p['interval'][1], decimals)}"
                  if p.get("interval") and p["interval"][0] is not None else "-",
-                 confirmed="reference" if p.get("reference") else "yes" if p.get("confirmed") else "no") for p in front]
+                 confirmed=reference if p.get("reference") else yes if p.get("confirmed") else no) for p in front]
 
 
-def print_race(report: dict[str, Any]) -> None:
+def print_answer(report: StudyReport, details: bool = True) -> None:
+    """The study's answer line (`use MAP ...`, `no map beat ...` or `no decision yet: ...`) and, with `details`,
+    what it rests on as a short list under it (wrapped at a terminal's width; one line each into a file)."""
+    out.print(report.answer.line, markup=False, highlight=False)
+    if details:
+        for line in report.answer.details:
+            out.print(f"  - {line}", markup=False, highlight=False)
+
+
+def print_race(report: StudyReport) -> None:
     """The race's verdict, and what it rests on: its runs beyond the proxy (the fixed race: each run; the adaptive
     race: each map's seeds at the target), the comparisons with the baseline, the equal-compute reference."""
-    race = report.get("race")
-    if not race:
+    race = report.race
+    if race is None:
         return
-    runs = [r for r in race["results"] if r["source"].startswith("run ")]
-    frozen = race.get("frozen", False)  # no step trained: a seed is a chunk of held-out windows
-    if runs and frozen:
-        by_chunk: dict[str, list[dict[str, Any]]] = {}
-        for r in runs:
-            by_chunk.setdefault(r["map_key"], []).append(r)
-        rows_table(f"race evaluations on held-out windows (frozen; window chunk {race['seeds'][0]} scored the trials, "
-                   f"the rest test)",
-                   [{"reuse_map": k, "window_chunks": ",".join(str(r["seed"]) for r in sorted(v, key=lambda r: r["seed"])),
-                     "ppl": " ".join(_fmt(r["val_ppl"]) for r in sorted(v, key=lambda r: r["seed"]))}
-                    for k, v in sorted(by_chunk.items())], ["reuse_map", "window_chunks", "ppl"])
-    elif runs and race.get("policy") == "adaptive":
-        by_map: dict[str, list[dict[str, Any]]] = {}
-        for r in runs:
-            by_map.setdefault(r["map_key"], []).append(r)
-        decimals = significant_decimals([r["val_ppl"] for r in runs])
-        rows_table(f"race runs at {race['target_steps']} steps (proxy {race['base_steps']}; seed {race['seeds'][0]} "
+    settings = race.settings
+    runs = sorted(race.runs, key=lambda r: (r.map_key, r.seed))
+    by_map: dict[str, list[Any]] = {}
+    for r in runs:
+        by_map.setdefault(r.map_key, []).append(r)
+    decimals = significant_decimals([r.val_ppl for r in runs])
+    if runs and settings.frozen:  # no step trained: a seed is a chunk of held-out windows
+        rows_table(f"race evaluations on held-out windows (frozen; window chunk {settings.seeds[0]} scored the "
+                   "trials, the rest test)",
+                   [{"reuse_map": k, "window_chunks": ",".join(str(r.seed) for r in v),
+                     "ppl": " ".join(fixed(r.val_ppl, decimals) for r in v)} for k, v in sorted(by_map.items())],
+                   ["reuse_map", "window_chunks", "ppl"])
+    elif runs and settings.policy == "adaptive":
+        rows_table(f"race runs at {settings.target_steps} steps (proxy {settings.base_steps}; seed {settings.seeds[0]} "
                    f"screens, the rest test)",
-                   [{"reuse_map": k, "seeds": ",".join(str(r["seed"]) for r in sorted(v, key=lambda r: r["seed"])),
-                     "ppl": " ".join(fixed(r["val_ppl"], decimals) for r in sorted(v, key=lambda r: r["seed"]))}
-                    for k, v in sorted(by_map.items())], ["reuse_map", "seeds", "ppl"])
+                   [{"reuse_map": k, "seeds": ",".join(str(r.seed) for r in v),
+                     "ppl": " ".join(fixed(r.val_ppl, decimals) for r in v)} for k, v in sorted(by_map.items())],
+                   ["reuse_map", "seeds", "ppl"])
     elif runs:
-        rows_table(f"race runs (proxy {race['base_steps']} steps, target {race['target_steps']}, seeds "
-                   f"{_fmt(race['seeds'])})", runs, ["map_key", "steps", "seed", "val_ppl", "schedule", "source"],
-                   droppable=["schedule", "source"])
-    if race.get("comparisons"):
-        unit = "window_chunks" if frozen else "seeds"
-        rows_table("against the baseline on held-out windows (test window chunks)" if frozen
-                   else "against the baseline at the target (test seeds)",
-                   [{"reuse_map": c["map"], unit: len(c["seeds"]), "loss_diff": c["mean_diff"],
-                     "interval": "-" if not c["interval"] else f"{c['interval'][0]:+.4f} to {c['interval'][1]:+.4f}",
-                     "p": c["p_value"], "level": c["level"], "status": c["status"]} for c in race["comparisons"]],
-                   ["reuse_map", unit, "loss_diff", "interval", "p", "level", "status"], droppable=["level", "p"])
-    if race.get("eliminated"):
-        for key, why in race["eliminated"].items():
-            out.print(f"eliminated {key}: {why}", soft_wrap=True)
-    equal = report.get("equal_compute")
+        rows_table(f"race runs (proxy {settings.base_steps} steps, target {settings.target_steps}, seeds "
+                   f"{_fmt(list(settings.seeds))})", [dataclasses.asdict(r) for r in runs],
+                   ["map_key", "steps", "seed", "val_ppl", "schedule", "source"], droppable=["schedule", "source"])
+    if race.state.comparisons:
+        unit = "window_chunks" if settings.frozen else "seeds"
+        rows = [{"reuse_map": c.map_key, unit: c.n, "loss_diff": c.mean_diff,
+                 "interval": "-" if not c.interval else f"{c.interval[0]:+.4f} to {c.interval[1]:+.4f}",
+                 "p": c.p_value, "level": c.level, "status": c.status} for c in race.state.comparisons]
+        diff = "loss_diff: the map's loss minus the baseline's, below 0 is better"
+        if settings.frozen:
+            rows_table(f"against the baseline on held-out windows (test window chunks; {diff})", rows,
+                       FROZEN_COMPARISON_COLUMNS, {"window_chunks": "test window chunks"}, droppable=["level", "p"])
+        else:
+            rows_table(f"against the baseline at the target (test seeds; {diff})", rows, COMPARISON_COLUMNS,
+                       {"seeds": "test seeds"}, droppable=["level", "p"])
+    for key, why in race.state.eliminated.items():
+        out.print(f"eliminated {key}: {why}", soft_wrap=True)
+    equal = race.equal_compute
     if equal and equal.get("val_ppl") is not None:
         out.print(f"equal compute: {equal['reference']} (a plain {equal['layers']}-layer model, "
                   f"{_fmt(equal['flops_ratio'])}x FLOPs, {equal['params']} parameters, {equal['params_ratio']:.2f}x "
                   f"the baseline's) ppl {_fmt(equal['val_ppl'])} over seeds {_fmt(equal['seeds'])}", soft_wrap=True)
-    where = "on held-out windows (frozen)" if frozen else f"at {report['target_steps']} steps"
-    out.print(f"verdict {where}: {report['verdict'] or '-'}", soft_wrap=True)
+    where = "on held-out windows (frozen)" if settings.frozen else f"at {settings.target_steps} steps"
+    out.print(f"verdict {where}: {race.verdict or '-'}", soft_wrap=True)
+    if report.answer.trust is not None:
+        out.print(f"trust: {report.answer.trust.text()}", soft_wrap=True)
 
 
-def print_run(summary: dict[str, Any]) -> None:
-    frozen = bool((summary.get("race") or {}).get("frozen"))
-    columns = [c for c in RACE_FRONT_COLUMNS if c != "steps"] if frozen else RACE_FRONT_COLUMNS
-    headers = RACE_FRONT_HEADERS | ({"seeds": "window chunks"} if frozen else {})
-    rows_table(f"Pareto front of {summary['study']}", race_front_rows(summary["pareto"]), columns, headers,
-               RACE_FRONT_DROPPED)
-    for name, ref in summary.get("references", {}).items():
-        out.print(f"reference {name}: {_fmt(ref['flops_ratio'])}x, ppl {_fmt(ref['val_ppl'])}")
-    everything = summary["steps_trained"] + summary.get("reference_steps", 0) + summary.get("race_steps", 0)
-    if frozen:
-        out.print(f"{summary['n_complete']} complete, {summary['n_failed']} failed; frozen: no step trained, every "
-                  f"result the pretrained weights evaluated on a chunk of held-out windows; storage {summary['storage']}")
+def is_frozen(report: StudyReport) -> bool:
+    """A frozen study's report (maps only evaluated on the pretrained weights: no step trained)."""
+    return report.race is not None and report.race.settings.frozen
+
+
+def print_front(report: StudyReport, front: list[dict[str, Any]]) -> None:
+    """The decided front as run and pareto print it (a frozen study's without its steps, its seeds window chunks)."""
+    if is_frozen(report):
+        rows_table(f"Pareto front of {report.study}", race_front_rows(front), FROZEN_FRONT_COLUMNS,
+                   FROZEN_FRONT_HEADERS, RACE_FRONT_DROPPED)
     else:
-        out.print(f"{summary['n_complete']} complete, {summary['n_pruned']} pruned, {summary['n_failed']} failed; "
-                  f"{everything} steps trained: {summary['steps_trained']} in the trials "
-                  f"({summary['steps_saved_by_pruning']} saved by pruning), {summary.get('reference_steps', 0)} in the "
-                  f"reference runs, {summary.get('race_steps', 0)} in the race; storage {summary['storage']}")
-    _fidelity_lines(summary.get("fidelity"))
-    print_race(summary)
-    if summary.get("phases"):
-        rows_table("phases (cpu%: of one core)", [dict(p, tokens_per_second=round(p["tokens_per_second"]),
-                                                   wall_seconds=round(p["wall_seconds"], 1),
-                                                   cpu_seconds=round(p["cpu_seconds"], 1),
-                                                   cpu_percent=round(p["cpu_percent"])) for p in summary["phases"]],
+        rows_table(f"Pareto front of {report.study}", race_front_rows(front), RACE_FRONT_COLUMNS, RACE_FRONT_HEADERS,
+                   RACE_FRONT_DROPPED)
+
+
+def print_run(report: StudyReport) -> None:
+    """The front, the counts, the fidelity, the race and the run's phases; the answer's details, then the answer as
+    the last line."""
+    print_front(report, list(report.front))
+    for name, ref in report.references.items():
+        out.print(f"reference {name}: {_fmt(ref['flops_ratio'])}x, ppl {_fmt(ref['val_ppl'])}")
+    everything = report.steps_trained + report.reference_steps + report.race_steps
+    if is_frozen(report):
+        out.print(f"{report.n_complete} complete, {report.n_failed} failed; frozen: no step trained, every result the "
+                  f"pretrained weights evaluated on a chunk of held-out windows; storage {report.storage}")
+    else:
+        out.print(f"{report.n_complete} complete, {report.n_pruned} pruned, {report.n_failed} failed; "
+                  f"{everything} steps trained: {report.steps_trained} in the trials ({report.steps_saved_by_pruning} "
+                  f"saved by pruning), {report.reference_steps} in the reference runs, "
+                  f"{report.race_steps} in the race; storage {report.storage}")
+    _fidelity_lines(report.fidelity)
+    print_race(report)
+    if report.phases:
+        rows_table("phases (cpu%: of one core)",
+                   [{"phase": p.phase, "wall_seconds": round(p.wall_seconds, 1), "tokens": p.tokens,
+                     "tokens_per_second": round(p.tokens_per_second), "cpu_seconds": round(p.cpu_seconds, 1),
+                     "cpu_percent": round(p.cpu_percent)} for p in report.phases],
                    ["phase", "wall_seconds", "tokens", "tokens_per_second", "cpu_seconds", "cpu_percent"],
                    {"wall_seconds": "wall s", "tokens_per_second": "tokens/s", "cpu_seconds": "cpu s",
                     "cpu_percent": "cpu%"})
-    if summary.get("interrupted"):
+    if report.interrupted:
         out.print("interrupted: finished trials are saved; run the same command again to resume")
+    for line in report.answer.details:
+        out.print(f"  - {line}", markup=False, highlight=False)
+    print_answer(report, details=False)
 
 
 def print_studies(report: dict[str, Any]) -> None:
+    """The studies as a table, then each study's answer on a line of its own."""
     rows_table("studies (best: the map the race reports, at its decided length)", report["studies"],
                ["study", "n_trials", "budget", "layers", "best", "best_val_ppl", "best_steps", "decided"],
                {"n_trials": "trials"}, droppable=["best_steps", "layers", "n_trials", "budget", "decided"])
+    for row in report["studies"]:
+        out.print(f"{row['study']}: {row['answer']}", markup=False, highlight=False)
 
 
 def print_export(report: dict[str, Any]) -> None:
@@ -532,34 +586,51 @@ def print_export_model(report: dict[str, Any]) -> None:
               f"{report['map']}, schedule {','.join(map(str, report['schedule']))}) to {report['out']}", markup=False)
 
 
-def print_trials(report: dict[str, Any]) -> None:
-    rows_table(f"trials of {report['study']}", report["trials"], TRIAL_COLUMNS, droppable=TRIAL_COLUMNS_DROPPED)
-    if report.get("references"):
-        rows_table("reference runs (trained outside the sampler's view)", report["references"],
-                   ["reference", "reuse_map", "knobs", "flops_ratio", "val_ppl", "val_bpb", "seed", "status"],
-                   droppable=["val_bpb", "seed", "status"])
-    _fidelity_lines(report.get("fidelity"))
+def print_trials(report: StudyReport) -> None:
+    """The answer and its details first, then every trial, the reference runs, the fidelity and the race."""
+    print_answer(report)
+    listing = report.listing
+    if listing is not None:
+        rows_table(f"trials of {report.study}", list(listing.rows), TRIAL_COLUMNS, droppable=TRIAL_COLUMNS_DROPPED)
+        if listing.references:
+            rows_table("reference runs (trained outside the sampler's view)", list(listing.references),
+                       ["reference", "reuse_map", "knobs", "flops_ratio", "val_ppl", "val_bpb", "seed", "status"],
+                       droppable=["val_bpb", "seed", "status"])
+    _fidelity_lines(report.fidelity)
     print_race(report)
 
 
-def print_pareto(report: dict[str, Any]) -> None:
-    noise = report.get("noise")
-    rows_table(f"Pareto front of {report['study']}", race_front_rows(report["pareto"]), RACE_FRONT_COLUMNS,
-               RACE_FRONT_HEADERS, RACE_FRONT_DROPPED)
-    if noise:
-        out.print(f"baseline seed-to-seed spread at the proxy's length: {noise['spread']:.4g} ppl over "
-                  f"{noise['n_seeds']} seeds")
-    layers = report.get("layers")
-    if layers and layers.get("importance"):
-        rows_table("layer importance for perplexity (Optuna PED-ANOVA)",
-                   [{"layer": k, "importance": v} for k, v in layers["importance"].items()], ["layer", "importance"])
-    _fidelity_lines(report.get("fidelity"))
+def print_pareto(report: StudyReport) -> None:
+    """The answer and its details first, then the decided front, the layer view, the fidelity and the race."""
+    print_answer(report)
+    view = report.front_view
+    print_front(report, list(view.front) if view is not None else list(report.front))
+    if view is not None and view.noise:
+        out.print(f"baseline seed-to-seed spread at the proxy's length: {view.noise['spread']:.4g} ppl over "
+                  f"{view.noise['n_seeds']} seeds")
+    if view is not None and view.layers is not None:
+        out.print(recurred_layers(view.layers["front_maps"]), soft_wrap=True)
+        if view.layers.get("importance"):
+            rows_table("layer importance for perplexity (Optuna PED-ANOVA)",
+                       [{"layer": k, "importance": f"{v:.2f}"} for k, v in view.layers["importance"].items()],
+                       ["layer", "importance"])
+    _fidelity_lines(report.fidelity)
     print_race(report)
-    if report.get("out"):
-        out.print(f"wrote {report['out']}")
+    if view is not None and view.out:
+        out.print(f"wrote {view.out}")
 
 
-def _fidelity_lines(fidelity: dict[str, Any] | None) -> None:
+def recurred_layers(front: list[dict[str, Any]]) -> str:
+    """One sentence: which layers the decided front's maps run more than once."""
+    layers = sorted({i for p in front for i, count in enumerate(p["reuse_map"]) if count > 1})
+    if not layers:
+        return "the decided front recurs no layer"
+    names = [str(i) for i in layers]
+    listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    return f"the decided front recurs layer{'s' if len(names) > 1 else ''} {listed}"
+
+
+def _fidelity_lines(fidelity: Mapping[str, Any] | None) -> None:
     if not fidelity:
         return
     rungs = fidelity.get("rungs") or []

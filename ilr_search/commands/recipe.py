@@ -31,7 +31,9 @@ from ilr_search.analysis.results import finite_or_none, references, trained_by_m
 from ilr_search.analysis.trials import TrialRecord, trial_records
 from ilr_search.training.schedule import BlockMap, Map, block_schedule, format_reuse_map, is_block_text, parse_map
 from ilr_search.search.plan import stored_config
-from ilr_search.search.race import decided_front, race_summary
+from ilr_search.analysis.map_key import map_text as key_map_text
+from ilr_search.analysis.race_core import RaceWords
+from ilr_search.search.race import decided_front, race_report
 from ilr_search.search.studies import open_study
 from ilr_search.space import SpaceError, check_sizes
 from ilr_search.storage import study_storage, open_store, parse_storage
@@ -143,7 +145,7 @@ def choose_map(view: StudySettingsView, map_text: str | None, trained_only: bool
     if choice.key in trained:
         return choice, f"map {choice.key} (trial {trained[choice.key].number})"
     if "|" not in map_text:  # a plain map names the one trained knob setting of that map
-        same = [k for k in trained if k.split("|")[0] == choice.key]
+        same = [k for k in trained if key_map_text(k) == choice.key]
         if len(same) == 1:
             t = trained[same[0]]
             choice = dataclasses.replace(choice, knobs=dict(t.knobs))
@@ -161,13 +163,15 @@ def default_map(view: StudySettingsView, trials: list[TrialRecord]) -> tuple[Map
     store = open_store(parse_storage(view.storage, read_only=True), view.study.study_name, read_only=True,
                        storage=study_storage(view.study))
     attrs = view.study.user_attrs
-    front = decided_front(trials, attrs, race_summary(trials, attrs, store.race_runs()))
+    race = race_report(trials, attrs, store.race_runs())
+    front = decided_front(trials, race)
     if not front:
         raise UserInputError(f"study {view.study.study_name!r} has no complete trial yet; give --map or run it first")
     best = min(front, key=lambda p: (p["val_ppl"], p["flops_ratio"]))
     trial = {t.number: t for t in trials}.get(best["trial"])  # None: the baseline, where no trial trained it
     choice = MapChoice.of(parse_map(best["map"], view.space.model.n_layers), dict(trial.knobs) if trial is not None else {})
-    where = (f"the race's front at {best['steps']} steps (mean of {len(best['seeds'])} seeds)"
+    words = race.settings.words if race is not None else RaceWords()
+    where = (f"the race's front {words.at(best['steps'])} (mean of {words.count(len(best['seeds']))})"
              if best.get("seeds") and (len(best["seeds"]) > 1 or best["steps"] != view.space.train.steps)
              else "the proxy's front")
     source = f"trial {best['trial']}" if best["trial"] is not None else "the baseline"

@@ -16,19 +16,18 @@ from ilr_search.errors import UserInputError
 from ilr_search.analysis.fidelity import mark_ties, noise_band
 from ilr_search.knobs import KNOB_CHOICES
 from ilr_search.analysis.plots import pareto_figure, plot_ppl, write_figure_html
-from ilr_search.analysis.results import (REFERENCE_PREFIX, CurveRow, Curves, curve_of, curve_rows, curves_by_trial, knobs_text, map_text,
+from ilr_search.analysis.results import (CurveRow, Curves, curve_of, curve_rows, curves_by_trial, knobs_text, map_text,
                                          listed_trials, race_run_rows, reference_rows, study_front, trial_row)
 from ilr_search.analysis.trials import TrialRecord, trained_results, trial_records
 from ilr_search.search.plan import CONFIG_ATTR
-from ilr_search.search.race import RACE_POINT_FIELDS, decided_front, race_summary
-from ilr_search.search.studies import fidelity_of, open_study
+from ilr_search.search.race import decided_front
+from ilr_search.search.studies import FrontView, StudyReport, open_study, study_report
 from ilr_search.storage import study_storage, open_store, parse_storage
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
 
-PARETO_FIELDS = ("trial", "reuse_map", "map", "knobs", "flops_ratio", "val_ppl", "val_bpb", "params", "within_noise_of")
 FRONT_FORMATS = (".html", ".png", ".svg", ".csv", ".json")
 EXPORT_FORMATS = (".csv", ".parquet")
 IMAGE_WIDTH = 1100  # pixels of a .png/.svg figure (the .html one takes its page's width)
@@ -102,17 +101,17 @@ def _trial_rows(study: optuna.Study, curves: Curves) -> list[dict[str, Any]]:
 
 
 def pareto_report(study_name: str, storage: str | None = None, out: str | Path | None = None,
-                  view: str = "front") -> dict[str, Any]:
-    """The stored front of a study (recomputed from the trials where no front is stored), optionally written
-    as .html (interactive, offline), .png/.svg (kaleido), .csv or .json."""
+                  view: str = "front") -> StudyReport:
+    """The study's report with its front view (the race's front with noise ties, the proxy's, the stored
+    fronts; the layer view where `view` is "layers"), optionally written as .html (interactive, offline),
+    .png/.svg (kaleido), .csv or .json."""
     path = check_out_path(out, FRONT_FORMATS) if out is not None else None
     if path is not None and path.suffix.lower() in (".png", ".svg"):
         check_image_export()
     drawn = path is not None and path.suffix.lower() in (".html", ".png", ".svg")
-    report, figure = _pareto(study_name, storage, "layers" if drawn else view)
+    report, figure = _pareto(study_name, storage, "layers" if drawn else view, path)
     if path is not None:
         _write_front(path, report, figure)
-        report["out"] = str(path)
     return report
 
 
@@ -121,39 +120,29 @@ def front_figure(study_name: str, storage: str | None = None) -> go.Figure:
     return _pareto(study_name, storage, "layers")[1]()
 
 
-def _pareto(study_name: str, storage: str | None, view: str) -> tuple[dict[str, Any], Callable[[], go.Figure]]:
-    """The pareto report (with the layer view where `view` is "layers") and what draws its figure."""
+def _pareto(study_name: str, storage: str | None, view: str, out: Path | None = None
+            ) -> tuple[StudyReport, Callable[[], go.Figure]]:
+    """The pareto report (with the layer view where `view` is "layers", and the file `out` it is written to) and
+    what draws its figure."""
     spec = parse_storage(storage, read_only=True)
     study = open_study(spec, study_name)
+    store = open_store(spec, study_name, read_only=True, storage=study_storage(study))
+    report = study_report(study, spec, store)
     trials = trial_records(study.get_trials(deepcopy=False))
     front = study_front(trials)
-    store = open_store(spec, study_name, read_only=True, storage=study_storage(study))
-    history = store.front_history()
     noise = noise_band(trials, study.user_attrs)
     mark_ties(front, noise)
-    race = race_summary(trials, study.user_attrs, store.race_runs())
-    race_front = mark_ties(race["pareto"], noise)  # the race's front: each point at its longest raced length
-    fidelity = fidelity_of(study, store, trials)
-    report: dict[str, Any] = {
-        "study": study_name,
-        "pareto": [{k: p[k] for k in (*PARETO_FIELDS, *RACE_POINT_FIELDS)} for p in race_front],
-        "proxy_pareto": [{k: p[k] for k in PARETO_FIELDS} for p in front],
-        "verdict": race["verdict"],
-        "target_steps": race["target_steps"],
-        "detectable_gap": race["detectable_gap"],
-        "equal_compute": race["equal_compute"],
-        "race": race["race"],
-        "noise": noise,
-        "front_history": {str(k): [p["trial"] for p in v] for k, v in sorted(history.items())},
-        "references": {k[len(REFERENCE_PREFIX):]: v for k, v in study.user_attrs.items() if k.startswith(REFERENCE_PREFIX)},
-        "fidelity": fidelity,
-    }
-    if view == "layers":
-        report["layers"] = layer_view(trials, decided_front(trials, study.user_attrs, race))
+    race_front = mark_ties([dict(p) for p in report.front], noise)  # each point at its longest raced length
+    decided = race_front if report.race is not None else decided_front(trials, None)  # with its noise ties
+    layers = layer_view(trials, decided) if view == "layers" else None
+    report = dataclasses.replace(report, front_view=FrontView(
+        tuple(race_front), tuple(front), noise,
+        {str(k): [p["trial"] for p in v] for k, v in sorted(store.front_history().items())}, layers,
+        str(out) if out is not None else None))
 
     def figure() -> go.Figure:
         rows = _trial_rows(study, curves_by_trial(store.curve_points()))
-        return pareto_figure(study_name, rows, front, noise, report.get("layers"), report.get("fidelity"), report)
+        return pareto_figure(study_name, rows, front, noise, layers, dict(report.fidelity), report.race, report.answer)
 
     return report, figure
 
@@ -179,18 +168,18 @@ def _find_browser() -> str | None:
     return os.environ.get("BROWSER_PATH")
 
 
-def _write_front(path: Path, report: dict[str, Any], figure: Callable[[], go.Figure]) -> None:
+def _write_front(path: Path, report: StudyReport, figure: Callable[[], go.Figure]) -> None:
     suffix = path.suffix.lower()
     if suffix == ".csv":
-        frame = integer_frame(report["pareto"])  # trial and params as integers, not floats
+        frame = integer_frame(report.to_json()["pareto"])  # trial and params as integers, not floats
         frame["reuse_map"] = frame["reuse_map"].map(lambda m: ",".join(map(str, m))) if len(frame) else []
         _atomic_write(path, lambda p: frame.to_csv(p, index=False))
         return
     if suffix == ".json":
-        _atomic_write(path, lambda p: p.write_text(json.dumps({"study": report["study"], "pareto": report["pareto"],
-                                                                "verdict": report["verdict"],
-                                                                "target_steps": report["target_steps"],
-                                                                "noise": report["noise"]}, indent=1)))
+        shown = report.to_json()
+        _atomic_write(path, lambda p: p.write_text(json.dumps({k: shown[k] for k in ("study", "pareto", "verdict",
+                                                                                     "answer", "target_steps", "noise")},
+                                                              indent=1)))
         return
     fig = figure()
     if suffix == ".html":

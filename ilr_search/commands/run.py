@@ -32,6 +32,7 @@ from ilr_search.search.phases import PhaseMeter
 from ilr_search.search.plan import ADOPTED_RACE_FIELDS, PhaseLayout, StudyLayout
 from ilr_search.search.progress import Event, Message, RunReporter, StudyStarted
 from ilr_search.search.run import RunRequest
+from ilr_search.search.studies import StudyReport
 from ilr_search.config import WORKERS_MAX, SpaceConfig
 from ilr_search.space import load_space, parse_target
 
@@ -164,11 +165,11 @@ class NoteAtStart(RunReporter):
 
 def run_search(request: RunRequest, fuse: int | str, workers: int | None,
                reporter_for: Callable[[], AbstractContextManager[RunReporter]],
-               note: Callable[[str], None] = lambda text: None, fuse_asked: bool = False) -> dict[str, Any]:
+               note: Callable[[str], None] = lambda text: None, fuse_asked: bool = False) -> StudyReport:
     """Run (or resume) the study: the layout (choose_layout: `fuse_asked` says --fuse was given; `note` is told
     how it was chosen), stored with the study, then the trials, references and race in this process or in
-    workers. `reporter_for` gives the reporter that shows the run's events. The summary gains `layout` and
-    `phases` (wall time, tokens and CPU time of each phase)."""
+    workers. `reporter_for` gives the reporter that shows the run's events. The report carries the layout and
+    the phases (wall time, tokens and CPU time of each)."""
     choice = choose_layout(request, fuse, workers, asked=fuse_asked or workers is not None)
     if choice.reason:
         note(choice.reason)
@@ -193,6 +194,4 @@ def run_search(request: RunRequest, fuse: int | str, workers: int | None,
 
                 runner = race_in_workers(request, layout.race.processes, threads=layout.race.threads or 1)
             summary = run_study(request, meter, race_runner=runner)
-    summary["layout"] = layout.to_dict()
-    summary["phases"] = [p.to_dict() for p in meter.finish()]
-    return summary
+    return dataclasses.replace(summary, layout=layout, phases=tuple(meter.finish()))

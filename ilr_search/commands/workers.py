@@ -29,6 +29,7 @@ from ilr_search.errors import UserInputError
 from ilr_search.search.progress import Event, Message, RunReporter
 from ilr_search.search.race import RaceRunner, run_race
 from ilr_search.search.run import RunRequest, disk_full_is_reported, prepare_study, run_study
+from ilr_search.search.studies import StudyReport
 from ilr_search.training.device import resolve_device
 
 
@@ -85,13 +86,13 @@ def _worker_main(request: RunRequest, worker: int, workers: int, threads: int | 
     except UserInputError as e:
         reporter.on(Message(f"error: {e}"))
         raise SystemExit(2)
-    raise SystemExit(130 if summary.get("interrupted") else 0)
+    raise SystemExit(130 if summary.interrupted else 0)
 
 
-def run_workers(request: RunRequest, workers: int, reporter: Any, threads: int | None = None) -> dict[str, Any]:
+def run_workers(request: RunRequest, workers: int, reporter: Any, threads: int | None = None) -> StudyReport:
     """Run the study `request` asks for with `workers` processes, each training up to request.fuse maps at once
-    in its own fused groups, with `threads` torch threads on a CPU (None: the usable cores shared out evenly); returns
-    the `run --json` summary (with per-worker exit codes)."""
+    in its own fused groups, with `threads` torch threads on a CPU (None: the usable cores shared out evenly);
+    returns the study's report (with per-worker exit codes)."""
     if workers < 1:
         raise UserInputError(f"--workers must be at least 1, got {workers}")
     with disk_full_is_reported():
@@ -129,12 +130,10 @@ def run_workers(request: RunRequest, workers: int, reporter: Any, threads: int |
     if interrupted:
         from ilr_search.search.studies import summarize_stored
 
-        summary = summarize_stored(request.storage, plan.name)
-        summary["interrupted"] = True
+        summary = dataclasses.replace(summarize_stored(request.storage, plan.name), interrupted=True)
     else:  # what a dead worker left undone, and the references still missing (the best map may have changed)
         summary = run_study(request, reporter)
-    summary["workers"] = [{"worker": k, "exit_code": code} for k, code in enumerate(codes)]
-    return summary
+    return dataclasses.replace(summary, workers=tuple(enumerate(codes)))
 
 
 def _race_worker_main(request: RunRequest, worker: int, workers: int, threads: int, events: Any,

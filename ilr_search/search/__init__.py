@@ -21,7 +21,7 @@ _EXPORTS = {
     "RunReporter": "progress",
     "PreparedStudy": "run", "RunRequest": "run", "prepare_study": "run", "run_study": "run",
     "default_study": "studies", "list_studies": "studies", "list_trials": "studies", "open_study": "studies",
-    "summarize_stored": "studies", "trials_report": "studies",
+    "summarize_stored": "studies", "trials_report": "studies", "StudyReport": "studies", "study_report": "studies",
 }
 
 __all__ = sorted(_EXPORTS)

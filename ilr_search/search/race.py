@@ -31,7 +31,11 @@ from ilr_search.data.tokens import TokenData
 from ilr_search.training.flops import baseline_flops_per_token, flops_ratio, forward_flops_per_token
 from ilr_search.training.flops import param_count
 from ilr_search.knobs import config_key
-from ilr_search.analysis.racing import Evaluation, FrontPoint, RaceJob, RaceSettings, RaceState, race_state
+from ilr_search.analysis.answer import Answer, Trust, race_answer, unraced_answer
+from ilr_search.analysis.race_core import REFERENCE_SOURCE, RUN_SOURCE, TRIAL_SOURCE, StoredResult
+from ilr_search.analysis.map_key import key_text
+from ilr_search.analysis.race_report import RaceReport
+from ilr_search.analysis.racing import FrontPoint, RaceJob, RaceSettings, RaceState, race_state
 from ilr_search.analysis.results import (DEEP_PREFIX, REFERENCE_PREFIX, is_deep_key, as_list, finite_or_none, is_baseline_key, key_reuse_map, map_text,
                                          knobs_text, study_front, trained_by_map, trained_trials)
 from ilr_search.analysis.trials import Trial, trial_records
@@ -45,33 +49,6 @@ from ilr_search.search.progress import Message, RunFinished, RunKind, RunReporte
 
 
 FINAL_STATES = ("complete", "failed")  # of a race run; failed: the run diverged, it is not trained again
-RUN_SOURCE = "run "  # a stored result's source when it is a race run (the race's or the audit's): "run 2x"
-
-
-@dataclass(frozen=True)
-class StoredResult:
-    """One stored result of a study with its fidelity: `map_key` trained for `steps` steps at `seed` under the
-    learning-rate `schedule`. val_loss None: it diverged. source: the trial, reference or run it comes from."""
-    map_key: str
-    flops_ratio: float
-    steps: int
-    seed: int
-    schedule: str
-    val_loss: float | None
-    val_ppl: float | None
-    val_bpb: float | None
-    source: str
-
-    @property
-    def is_run(self) -> bool:
-        """A race run (of the race or the audit, a row of ilr_race_runs), not a trial or a reference run."""
-        return self.source.startswith(RUN_SOURCE)
-
-    def evaluation(self) -> Evaluation:
-        return Evaluation(self.map_key, self.flops_ratio, self.steps, self.seed, self.val_loss)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 RACE_CAP_ATTR = "ilr:max_race_steps"  # the compute cap the study's last run raced under (0: none)
@@ -138,7 +115,7 @@ def stored_results(trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows
         loss = t.val_loss if t.state == TrialState.COMPLETE else None
         found.append(StoredResult(t.map_key, t.flops_ratio, base_steps, base_seed, schedule, loss,
                                   t.val_ppl if loss is not None else None,
-                                  t.val_bpb if loss is not None else None, f"trial {t.number}"))
+                                  t.val_bpb if loss is not None else None, f"{TRIAL_SOURCE}{t.number}"))
     for name, ref in sorted(study_attrs.items()):
         if not name.startswith(REFERENCE_PREFIX) or not ref.get("reuse_map"):  # block recurrence is no reuse map
             continue
@@ -146,7 +123,7 @@ def stored_results(trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows
         key = config_key(ref.get("map") or format_reuse_map(ref["reuse_map"]), ref.get("knobs", {}))
         found.append(StoredResult(key, float(ref["flops_ratio"]), base_steps, int(ref["seed"]), schedule,
                                   math.log(ppl) if ppl else None, ppl, ref.get("val_bpb"),
-                                  f"reference {name[len(REFERENCE_PREFIX):]}"))
+                                  f"{REFERENCE_SOURCE}{name[len(REFERENCE_PREFIX):]}"))
     for r in rows:
         if r.state in FINAL_STATES:
             loss = r.val_loss if r.state == "complete" else None
@@ -168,7 +145,7 @@ def study_race(trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows: Se
     settings = race_settings(config, max_steps if max_steps is not None else study_attrs.get(RACE_CAP_ATTR))
     results = stored_results(trials, study_attrs, rows)
     baseline = format_reuse_map([1] * int(config["model"]["n_layers"]))
-    raced = {r.map_key for r in results if r.source.startswith("trial ")} | {baseline}
+    raced = {r.map_key for r in results if r.is_trial} | {baseline}
     evaluations = [r.evaluation() for r in results if r.map_key in raced or is_deep_key(r.map_key)]
     return settings, results, race_state(evaluations, settings, baseline)
 
@@ -225,30 +202,50 @@ def front_rows(points: Sequence[FrontPoint], trials: Sequence[Trial], results: S
     return rows
 
 
-def race_summary(trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows: Sequence[RaceRun]
-                 ) -> dict[str, Any]:
-    """What `run`, `pareto` and `trials` report of the race: the front (pareto items), the verdict, the
-    target length, the open and eliminated maps, every stored result with its fidelity, and for the adaptive race
-    its comparisons, screen, detectable gap and equal-compute reference (nothing for a study not made by
-    ilr-search)."""
+def race_report(trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows: Sequence[RaceRun]) -> RaceReport | None:
+    """What `run`, `pareto`, `trials` and `studies` report of the race (analysis/race_report.py): its settings, every
+    stored result, the policy's state, the decided front, the equal-compute comparison and the answer; None for a
+    study not made by ilr-search (it has no race)."""
     if CONFIG_ATTR not in study_attrs:
-        return {"pareto": [], "verdict": "", "best": None, "target_steps": None, "race": None, "detectable_gap": None,
-                "equal_compute": None}
+        return None
     trials = trial_records(trials)
     settings, results, state = study_race(trials, study_attrs, rows)
     points = decided_points(trials, settings, state)
     equal = equal_compute_report(state.equal_compute, SpaceConfig.from_dict(study_attrs[CONFIG_ATTR]).model)
-    rows = front_rows(points, trials, results)
-    return {"pareto": rows, "verdict": state.verdict, "best": decided_best(state, rows),
-            "target_steps": settings.target_steps, "detectable_gap": state.detectable_gap, "equal_compute": equal,
-            "race": ({"frozen": True} if settings.frozen else {}) | {
-                     "policy": settings.policy, "base_steps": settings.base_steps, "target_steps": settings.target_steps,
-                     "steps_trained": sum(r.steps for r in results if r.is_run), "compute_steps": state.compute_steps,
-                     "max_steps": settings.max_steps, "seeds": list(settings.seeds), "confidence": settings.confidence,
-                     "done": state.done, "stopped": state.stopped, "alive": list(state.alive),
-                     "eliminated": dict(state.eliminated), "comparisons": list(state.comparisons),
-                     "screen": state.screen, "detectable_gap": state.detectable_gap, "equal_compute": equal,
-                     "results": [r.to_dict() for r in sorted(results, key=lambda r: (r.map_key, r.steps, r.seed))]}}
+    front = front_rows(points, trials, results)
+    return RaceReport(settings, tuple(results), state, tuple(front), decided_best(state, front), equal,
+                      study_answer(study_attrs, settings, results, state))
+
+
+def foreign_answer(trials: Sequence[Trial]) -> Answer:
+    """The answer of a study not made by ilr-search: it has no race."""
+    steps = max((t.steps for t in trial_records(trials)), default=0)
+    return unraced_answer("the study was not made by ilr-search (no race)", steps)
+
+
+def replicate_unit(settings: RaceSettings) -> str:
+    """What one replicate of a map is called in the study's answer: a training seed, or in a frozen study (no
+    training) a chunk of held-out windows (RaceWords)."""
+    return settings.words.unit
+
+
+def study_answer(study_attrs: Mapping[str, Any], settings: RaceSettings, results: Sequence[StoredResult],
+                 state: RaceState) -> Answer:
+    """The study's answer line and details (analysis/answer.py): the race's, with the plain model's mean perplexity
+    at the race's length and the screen's proxy-to-target rank agreement; where the race trains nothing, that no map
+    was tested."""
+    if not races(settings):
+        return unraced_answer(f"the race is off (one {replicate_unit(settings)} at the proxy's length, no test)",
+                              settings.base_steps)
+    steps = state.level_steps or settings.target_steps
+    baseline = format_reuse_map([1] * int(study_attrs[CONFIG_ATTR]["model"]["n_layers"]))
+    losses = [r.val_loss for r in results if r.map_key == baseline and r.steps == steps and r.val_loss is not None]
+    baseline_ppl = math.exp(math.fsum(losses) / len(losses)) if losses else None
+    agreement = (state.screen or {}).get("agreement") or {}
+    trust = (Trust(agreement["spearman"], agreement["maps"], settings.base_steps, settings.target_steps)
+             if agreement.get("spearman") is not None and agreement.get("maps", 0) >= 3
+             and settings.target_steps > settings.base_steps else None)
+    return race_answer(state, settings, baseline, baseline_ppl, replicate_unit(settings), trust)
 
 
 def decided_points(trials: Sequence[Trial], settings: RaceSettings, state: RaceState) -> tuple[FrontPoint, ...]:
@@ -258,12 +255,11 @@ def decided_points(trials: Sequence[Trial], settings: RaceSettings, state: RaceS
     return state.front if races(settings) and state.front else proxy_points(trials, settings)
 
 
-def decided_front(trials: Sequence[Trial], study_attrs: Mapping[str, Any], summary: Mapping[str, Any]
-                  ) -> list[dict[str, Any]]:
-    """The decided front as rows, from the study's race_summary: its `pareto` (decided_points); for a study not
-    made by ilr-search, which has no race, the proxy's front (study_front). What the figure's layer heatmap,
-    `pareto --view layers` and the default map of `recipe` and `train --from-study` read."""
-    return list(summary["pareto"]) if CONFIG_ATTR in study_attrs else study_front(trial_records(trials))
+def decided_front(trials: Sequence[Trial], race: RaceReport | None) -> list[dict[str, Any]]:
+    """The decided front as rows: the race's (decided_points); for a study not made by ilr-search, which has no
+    race, the proxy's front (study_front). What the figure's layer heatmap, `pareto --view layers` and the default
+    map of `recipe` and `train --from-study` read."""
+    return list(race.front) if race is not None else study_front(trial_records(trials))
 
 
 def decided_best(state: RaceState, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
@@ -271,7 +267,7 @@ def decided_best(state: RaceState, rows: Sequence[Mapping[str, Any]]) -> dict[st
     its front row's perplexity, length and seeds; None before the race has a front."""
     if state.best is None:
         return None
-    row = next((r for r in rows if r["map"] == map_text(state.best)), None)
+    row = next((r for r in rows if key_text(r["map"], r["knobs"]) == state.best), None)
     return {"map": state.best, "beats_baseline": state.best in state.confirmed_better, "done": state.done,
             "val_ppl": row["val_ppl"] if row else None, "steps": row["steps"] if row else None,
             "seeds": row["seeds"] if row else None}

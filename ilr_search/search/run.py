@@ -40,7 +40,7 @@ from ilr_search.search.progress import (Message, ReferenceFinished, ReferenceSta
 from ilr_search.search.race import RaceRunner, run_race
 from ilr_search.search.pruners import build_pruner, pruner_settings
 from ilr_search.search.samplers import build_sampler, sampler_settings
-from ilr_search.search.studies import summarize
+from ilr_search.search.studies import StudyReport, study_report
 
 
 @dataclass(frozen=True)
@@ -87,10 +87,11 @@ class RunRequest:
 
 
 def run_study(request: RunRequest, reporter: RunReporter | None = None,
-              reference_share: tuple[int, int] = (0, 1), race_runner: RaceRunner | None = None) -> dict[str, Any]:
+              reference_share: tuple[int, int] = (0, 1), race_runner: RaceRunner | None = None) -> StudyReport:
     """Run (or resume) the study `request` asks for until it has its finished trials, then race its contenders
-    at more seeds and up to the target length (race.py; unless request.race is False); returns the `run
-    --json` summary. With `reference_share` (k, n), worker k of n trains its share of the reference runs.
+    at more seeds and up to the target length (race.py; unless request.race is False); returns the study's report
+    (StudyReport: its answer, race, trials; `.to_json()` is what `run --json` prints). With `reference_share`
+    (k, n), worker k of n trains its share of the reference runs.
     `race_runner`: what trains the race, run_race's signature (run_race in this process where None; the
     commands layer spreads it over worker processes).
 
@@ -291,7 +292,7 @@ def first_trials(plan: StudyPlan, study: optuna.Study | None, target: int, enque
 
 
 def _run_study(request: RunRequest, reporter: RunReporter, reference_share: tuple[int, int],
-               race_runner: RaceRunner | None) -> dict[str, Any]:
+               race_runner: RaceRunner | None) -> StudyReport:
     timeout, fuse = request.timeout, request.fuse
     prepared = prepare_study(request)
     space, spec, plan, study, settings, data = (prepared.space, prepared.spec, prepared.plan, prepared.study,
@@ -369,11 +370,7 @@ def _run_study(request: RunRequest, reporter: RunReporter, reference_share: tupl
             folder.rmdir()
         except OSError:  # not empty (a trial of another worker), or not there
             break
-    summary = summarize(study, spec, store)
-    summary["interrupted"] = interrupted
-    summary["sampler"] = settings.sampler.to_dict()
-    summary["pruner"] = settings.pruner.name
-    return summary
+    return dataclasses.replace(study_report(study, spec, store), interrupted=interrupted, settings=settings)
 
 
 def check_fuse(fuse: int) -> None:

@@ -1,7 +1,10 @@
-"""Reading stored studies back: summaries, fidelity, the default study of a storage, listings."""
+"""Reading stored studies back: the study report (StudyReport), fidelity, the default study of a storage, listings."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import optuna
@@ -12,57 +15,190 @@ from ilr_search.errors import UserInputError
 from ilr_search.analysis.fidelity import audit_reports, study_fidelity
 from ilr_search.analysis.results import (curves_by_trial, curves_of_trials, listed_trials, race_run_rows, reference_rows,
                                          references, study_front, trial_row)
-from ilr_search.analysis.trials import FINISHED, Trial, trained_results, trial_records
+from ilr_search.analysis.answer import Answer
+from ilr_search.analysis.race_report import RaceReport
+from ilr_search.analysis.trials import FINISHED, Trial, TrialRecord, trained_results, trial_records
 from ilr_search.storage import study_id, study_storage, StorageSpec, Store, open_storage, open_store, parse_storage
 
-from ilr_search.search.plan import SAMPLER_ATTR, stored_config, stored_layouts
-from ilr_search.search.race import RACE_POINT_FIELDS, race_summary
+from ilr_search.search.phases import PhaseRecord
+from ilr_search.search.plan import SAMPLER_ATTR, StudyLayout, stored_config, stored_layouts
+from ilr_search.search.race import RACE_POINT_FIELDS, foreign_answer, race_report
 
 FRONT_FIELDS = ("trial", "reuse_map", "flops_ratio", "val_ppl", "val_bpb")  # of a front point in `run --json`
+PARETO_FIELDS = ("trial", "reuse_map", "map", "knobs", "flops_ratio", "val_ppl", "val_bpb", "params", "within_noise_of")
+# ... of a front point in `pareto --json`
 
 
-def summarize(study: optuna.Study, spec: StorageSpec, store: Store) -> dict[str, Any]:
-    """The `run --json` summary. `pareto` is the race's front (race.py): each point at its longest raced
-    length, with its seeds, interval and whether it is confirmed; `proxy_pareto` the front of the proxy
-    results alone (the study's seed, the proxy's length)."""
-    trials = listed_trials(study.get_trials(deepcopy=False))
-    states = [t.state for t in trials]
-    race = race_summary(trials, study.user_attrs, store.race_runs())
-    return {
-        "study": study.study_name,
-        "storage": spec.masked,
-        "n_trials": sum(s in FINISHED or s == TrialState.FAIL for s in states),
-        "n_complete": states.count(TrialState.COMPLETE),
-        "n_pruned": states.count(TrialState.PRUNED),
-        "n_failed": states.count(TrialState.FAIL),
-        "steps_trained": sum(t.steps for t in trials),
-        "steps_saved_by_pruning": sum(t.steps_saved for t in trials),
-        "reference_steps": sum(int(r.get("steps") or 0) for r in references(study).values()),
-        "race_steps": race["race"]["steps_trained"] if race["race"] else 0,
-        "pareto": [{k: p[k] for k in (*FRONT_FIELDS, *RACE_POINT_FIELDS)} | ({"knobs": p["knobs"]} if p.get("knobs") else {})
-                   for p in race["pareto"]],
-        "proxy_pareto": [{k: p[k] for k in FRONT_FIELDS} | ({"knobs": p["knobs"]} if p.get("knobs") else {})
-                         for p in study_front(trials)],
-        "verdict": race["verdict"],
-        "target_steps": race["target_steps"],
-        "detectable_gap": race["detectable_gap"],
-        "equal_compute": race["equal_compute"],
-        "race": race["race"],
-        "references": references(study),
-        "fidelity": fidelity_of(study, store, trials),
-    }
+@dataclass(frozen=True)
+class TrialListing:
+    """What `trials` lists beyond the report: each trial's row with its curves, the reference runs as rows, every
+    stored race run (race_run_rows), and the layouts the study's runs used, each with the finished trials the study
+    had when it began (plan.stored_layouts)."""
+    rows: tuple[dict[str, Any], ...]
+    references: tuple[dict[str, Any], ...]
+    race_runs: tuple[dict[str, Any], ...]
+    layouts: tuple[tuple[StudyLayout, int], ...] = ()
 
 
-def summarize_stored(storage: str | None, study_name: str) -> dict[str, Any]:
-    """The `run` summary of a stored study, trained nothing (an interrupted multi-worker run)."""
+@dataclass(frozen=True)
+class FrontView:
+    """What `pareto` shows beyond the report: the decided front with its noise ties (`within_noise_of`), the proxy's
+    front, the baseline's seed-to-seed spread, the stored fronts by trial count, the layer view (`--view layers`)
+    and the file written."""
+    front: tuple[dict[str, Any], ...]
+    proxy_front: tuple[dict[str, Any], ...]
+    noise: Mapping[str, Any] | None
+    front_history: Mapping[str, list[int]]
+    layers: Mapping[str, Any] | None = None
+    out: str | None = None
+
+
+@dataclass(frozen=True)
+class StudyReport:
+    """A study read back, built once (study_report) and shown by `run`, `trials`, `pareto` and the Python API: its
+    trials (the listed ones), reference runs, race (analysis/race_report.py; None for a study not made by
+    ilr-search), fidelity (how far its proxy can be trusted), sampler and pruner settings, and its answer: the one
+    line a reader needs first (analysis/answer.py). `listing` and `front_view` hold what `trials` and `pareto` add;
+    to_json is the one JSON form of each."""
+    study: str
+    storage: str  # its URL, the password masked
+    trials: tuple[TrialRecord, ...]
+    references: Mapping[str, Mapping[str, Any]]  # name -> the stored reference run
+    race: RaceReport | None
+    fidelity: Mapping[str, Any]
+    answer: Answer
+    settings: StudySettings | None = None
+    interrupted: bool = False
+    workers: tuple[tuple[int, int | None], ...] | None = None  # (worker, exit code) of a run with --workers
+    layout: StudyLayout | None = None  # how the run that made this report used the machine (`run` only)
+    phases: tuple[PhaseRecord, ...] | None = None  # where that run's time went, phase by phase (`run` only)
+    listing: TrialListing | None = None
+    front_view: FrontView | None = None
+
+    @property
+    def verdict(self) -> str:
+        return self.race.verdict if self.race is not None else ""
+
+    @property
+    def target_steps(self) -> int | None:
+        return self.race.target_steps if self.race is not None else None
+
+    @property
+    def front(self) -> tuple[dict[str, Any], ...]:
+        """The decided front (the race's; for a study with no race, none)."""
+        return self.race.front if self.race is not None else ()
+
+    @property
+    def proxy_front(self) -> list[dict[str, Any]]:
+        return study_front(list(self.trials))
+
+    @property
+    def n_trials(self) -> int:
+        """Trials finished (complete, pruned) or failed."""
+        return sum(t.state in FINISHED or t.state == TrialState.FAIL for t in self.trials)
+
+    @property
+    def n_complete(self) -> int:
+        return sum(t.state == TrialState.COMPLETE for t in self.trials)
+
+    @property
+    def n_pruned(self) -> int:
+        return sum(t.state == TrialState.PRUNED for t in self.trials)
+
+    @property
+    def n_failed(self) -> int:
+        return sum(t.state == TrialState.FAIL for t in self.trials)
+
+    @property
+    def steps_trained(self) -> int:
+        """Steps the trials trained (reference and race runs apart)."""
+        return sum(t.steps for t in self.trials)
+
+    @property
+    def steps_saved_by_pruning(self) -> int:
+        return sum(t.steps_saved for t in self.trials)
+
+    @property
+    def race_steps(self) -> int:
+        return self.race.steps_trained if self.race is not None else 0
+
+    @property
+    def reference_steps(self) -> int:
+        return sum(int(r.get("steps") or 0) for r in self.references.values())
+
+    def to_json(self) -> dict[str, Any]:
+        """What `trials --json` (with a listing), `pareto --json` (with a front view) or `run --json` prints."""
+        race = self.race
+        common = {"verdict": self.verdict, "answer": self.answer.line, "answer_details": list(self.answer.details),
+                  "trust": self.answer.trust.text() if self.answer.trust is not None else None,
+                  "target_steps": self.target_steps}
+        race_parts = {"detectable_gap": race.detectable_gap if race else None,
+                      "equal_compute": dict(race.equal_compute) if race and race.equal_compute else None,
+                      "race": race.race_json() if race else None}
+        if self.listing is not None:
+            return {"study": self.study, "trials": list(self.listing.rows), "references": list(self.listing.references),
+                    "race_runs": list(self.listing.race_runs), "fidelity": self.fidelity, "race": race_parts["race"],
+                    **common, "layouts": [layout.to_dict() | {"finished_trials": finished}
+                                          for layout, finished in self.listing.layouts]}
+        if self.front_view is not None:
+            view = self.front_view
+            return ({"study": self.study,
+                    "pareto": [{k: p[k] for k in (*PARETO_FIELDS, *RACE_POINT_FIELDS)} for p in view.front],
+                    "proxy_pareto": [{k: p[k] for k in PARETO_FIELDS} for p in view.proxy_front],
+                    **common, **race_parts, "noise": view.noise, "front_history": dict(view.front_history),
+                    "references": dict(self.references), "fidelity": self.fidelity}
+                   | ({"layers": view.layers} if view.layers is not None else {})
+                   | ({"out": view.out} if view.out is not None else {}))
+        report = {
+            "study": self.study,
+            "storage": self.storage,
+            "n_trials": self.n_trials,
+            "n_complete": self.n_complete,
+            "n_pruned": self.n_pruned,
+            "n_failed": self.n_failed,
+            "steps_trained": self.steps_trained,
+            "steps_saved_by_pruning": self.steps_saved_by_pruning,
+            "reference_steps": self.reference_steps,
+            "race_steps": self.race_steps,
+            "pareto": [_front_item(p, (*FRONT_FIELDS, *RACE_POINT_FIELDS)) for p in self.front],
+            "proxy_pareto": [_front_item(p, FRONT_FIELDS) for p in self.proxy_front],
+            **common, **race_parts,
+            "references": dict(self.references),
+            "fidelity": self.fidelity,
+            "interrupted": self.interrupted,
+            "sampler": self.settings.sampler.to_dict() if self.settings else None,
+            "pruner": self.settings.pruner.name if self.settings else None,
+        }
+        if self.workers is not None:
+            report["workers"] = [{"worker": k, "exit_code": code} for k, code in self.workers]
+        if self.layout is not None:
+            report["layout"] = self.layout.to_dict()
+        if self.phases is not None:
+            report["phases"] = [p.to_dict() for p in self.phases]
+        return report
+
+
+def _front_item(point: Mapping[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
+    """A front point of `run --json`: its fields, and its knobs where any is on."""
+    return {k: point[k] for k in fields} | ({"knobs": point["knobs"]} if point.get("knobs") else {})
+
+
+def study_report(study: optuna.Study, spec: StorageSpec, store: Store) -> StudyReport:
+    """The study's report (StudyReport): what every command that shows a study reads, built here only."""
+    records = trial_records(study.get_trials(deepcopy=False))
+    race = race_report(records, study.user_attrs, store.race_runs())
+    stored = study.user_attrs.get(SAMPLER_ATTR)
+    return StudyReport(study=study.study_name, storage=spec.masked, trials=tuple(listed_trials(records)),
+                       references=references(study), race=race, fidelity=fidelity_of(study, store, records),
+                       answer=race.answer if race is not None else foreign_answer(records),
+                       settings=StudySettings.from_dict(stored) if stored else None)
+
+
+def summarize_stored(storage: str | None, study_name: str) -> StudyReport:
+    """The `run` report of a stored study, trained nothing (an interrupted multi-worker run)."""
     spec = parse_storage(storage)
     study = open_study(spec, study_name)
-    summary = summarize(study, spec, open_store(spec, study_name, storage=study_storage(study)))
-    stored = study.user_attrs.get(SAMPLER_ATTR)
-    settings = StudySettings.from_dict(stored) if stored else None
-    summary["sampler"] = settings.sampler.to_dict() if settings else None
-    summary["pruner"] = settings.pruner.name if settings else None
-    return summary
+    return study_report(study, spec, open_store(spec, study_name, storage=study_storage(study)))
 
 
 def fidelity_of(study: optuna.Study, store: Store, trials: list[Trial] | None = None) -> dict[str, Any]:
@@ -115,6 +251,9 @@ def default_study(storage: str | None = None) -> tuple[str, str]:
     return name, f"the most recently active of {len(summaries)} studies in {spec.masked}; --study chooses another"
 
 
+DECIDED_WORDS = ("race open", "beats the baseline", "nothing beats the baseline")  # the `decided` column of `studies`
+
+
 def list_studies(storage: str | None = None) -> list[dict[str, Any]]:
     spec = existing_storage(storage)
     st = open_storage(spec, heartbeat=False)
@@ -125,7 +264,8 @@ def list_studies(storage: str | None = None) -> list[dict[str, Any]]:
         trials = listed_trials(study.get_trials(deepcopy=False))
         ppls = [t.val_ppl for t in trained_results(trials) if t.val_ppl is not None]
         store = open_store(spec, summary.study_name, read_only=True, storage=st)
-        best = race_summary(trials, study.user_attrs, store.race_runs())["best"] if config else None
+        race = race_report(trials, study.user_attrs, store.race_runs()) if config else None
+        best = race.best if race is not None else None
         rows.append({"study": summary.study_name, "n_trials": len(trials),
                      "n_complete": sum(t.state == TrialState.COMPLETE for t in trials),
                      "budget": config.budget_text if config else None,
@@ -133,31 +273,27 @@ def list_studies(storage: str | None = None) -> list[dict[str, Any]]:
                      "best": best["map"] if best else None,
                      "best_val_ppl": best["val_ppl"] if best else (min(ppls) if ppls else None),
                      "best_steps": best["steps"] if best else None,
-                     "decided": (None if not best else "race open" if not best["done"]
-                                 else "beats the baseline" if best["beats_baseline"] else "nothing beats the baseline"),
-                     "proxy_best_val_ppl": min(ppls) if ppls else None})
+                     "decided": (None if not best else DECIDED_WORDS[0] if not best["done"]
+                                 else DECIDED_WORDS[1] if best["beats_baseline"] else DECIDED_WORDS[2]),
+                     "proxy_best_val_ppl": min(ppls) if ppls else None,
+                     "answer": race.answer.line if race is not None else foreign_answer(trials).line})
     return rows
 
 
 def list_trials(study_name: str, storage: str | None = None) -> list[dict[str, Any]]:
-    return trials_report(study_name, storage)["trials"]
+    listing = trials_report(study_name, storage).listing
+    return list(listing.rows) if listing is not None else []
 
 
-def trials_report(study_name: str, storage: str | None = None) -> dict[str, Any]:
-    """`ilr-search trials`: every trial, the reference runs, every stored race run (race_run_rows), the
-    study's fidelity (how far its proxy can be trusted), and the layouts its runs used (plan.stored_layouts)."""
+def trials_report(study_name: str, storage: str | None = None) -> StudyReport:
+    """`ilr-search trials`: the study's report with its listing: every trial with its curves, the reference runs,
+    every stored race run (race_run_rows) and the layouts its runs used (plan.stored_layouts)."""
     spec = parse_storage(storage, read_only=True)
     study = open_study(spec, study_name)
-    trials = trial_records(study.get_trials(deepcopy=False))
     store = open_store(spec, study_name, read_only=True, storage=study_storage(study))
-    listed = listed_trials(trials)
-    curves = curves_of_trials(listed, store.curve_points(), store.train_curve_points())
-    runs = store.race_runs()
-    race = race_summary(trials, study.user_attrs, runs)
-    return {"study": study_name, "trials": [trial_row(t) | {"curves": curves[t.number]} for t in listed],
-            "references": reference_rows(study),
-            "race_runs": race_run_rows(runs, study.user_attrs),
-            "fidelity": fidelity_of(study, store, trials),
-            "race": race["race"], "verdict": race["verdict"], "target_steps": race["target_steps"],
-            "layouts": [layout.to_dict() | {"finished_trials": finished}
-                        for layout, finished in stored_layouts(study.user_attrs)]}
+    report = study_report(study, spec, store)
+    curves = curves_of_trials(list(report.trials), store.curve_points(), store.train_curve_points())
+    listing = TrialListing(tuple(trial_row(t) | {"curves": curves[t.number]} for t in report.trials),
+                           tuple(reference_rows(study)), tuple(race_run_rows(store.race_runs(), study.user_attrs)),
+                           tuple(stored_layouts(study.user_attrs)))
+    return dataclasses.replace(report, listing=listing)

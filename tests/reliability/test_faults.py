@@ -42,7 +42,7 @@ def env_for(token_cache, **extra):
 def setup_run(space, storage, study, n_trials, tmp_path, token_cache):
     """The run that makes the study a fault then meets, in this process (the faulty run is a real subprocess)."""
     summary = run_study(RunRequest(load_space(space), "1.5x", study, storage, n_trials=n_trials,
-                                   checkpoint_dir=tmp_path / "studies" / "checkpoints"))
+                                   checkpoint_dir=tmp_path / "studies" / "checkpoints")).to_json()
     assert summary["n_complete"] + summary["n_pruned"] == n_trials
 
 

@@ -61,7 +61,7 @@ def test_a_worker_whose_trial_is_failed_under_it_keeps_the_result_and_goes_on(ki
                                "train": {"steps": 12}})
     reporter = FailMyTrialAt("t", storage, at_step=6)
     summary = run_study(RunRequest(space, "2x", "t", storage, n_trials=3, sampler="random", pruner="none",
-                                   checkpoint_dir=tmp_path / "ck"), reporter)
+                                   checkpoint_dir=tmp_path / "ck"), reporter).to_json()
     assert reporter.done and not summary["interrupted"]
     study = optuna.load_study(study_name="t", storage=open_storage(parse_storage(storage), heartbeat=False))
     trials = study.get_trials()

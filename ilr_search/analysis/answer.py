@@ -1,0 +1,186 @@
+"""The study's answer in one line, then its details as a short list: what a researcher reads first.
+
+The line begins `use MAP` (a map the race claimed better than the plain model), `no map beat` (nothing was), or
+`no decision yet` (the race is open). It is built from the race's state alone (race_core.RaceState, its
+comparisons and front), with the replicate's unit passed in ("seed"; a frozen study's "window chunk"), so every
+wording is made from data here and nowhere else. Differences are said in words (`better by` / `worse by`),
+never by a bare sign.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ilr_search.analysis.fidelity import AGREE_SPEARMAN, PARTLY_SPEARMAN
+from ilr_search.analysis.race_core import Comparison, FrontPoint, RaceSettings, RaceState
+
+PLAIN = "the plain model"  # the all-ones map: every layer run once, no recurrence
+
+
+@dataclass(frozen=True)
+class Trust:
+    """How far the proxy's order can be trusted: the Spearman between the proxy's and the target's results over
+    `maps` maps (the race's screen, or an audit), with the two lengths."""
+    spearman: float
+    maps: int
+    proxy_steps: int
+    target_steps: int
+
+    def text(self) -> str:
+        how = ("like" if self.spearman >= AGREE_SPEARMAN else "only partly like" if self.spearman >= PARTLY_SPEARMAN
+               else "unlike")
+        guide = ("a good" if self.spearman >= AGREE_SPEARMAN else "a rough" if self.spearman >= PARTLY_SPEARMAN
+                 else "a weak")
+        return (f"the {self.proxy_steps}-step search ranked maps {how} {self.target_steps}-step training (Spearman "
+                f"{self.spearman:.2f} over {self.maps} maps): its order is {guide} guide")
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The one line (`use MAP ...`, `no map beat ...` or `no decision yet: ...`), whether it is a decision, the
+    details under it (closest contender, equal compute, replicates, steps, why the race stopped), and the trust
+    signal shown beside the verdict (None where no proxy-to-target agreement was measured)."""
+    line: str
+    details: tuple[str, ...] = ()
+    decided: bool = True
+    trust: Trust | None = None
+
+    @property
+    def claims(self) -> bool:
+        return self.line.startswith("use ")
+
+
+def count(n: int, unit: str) -> str:
+    """`1 seed`, `6 seeds` (unit: the replicate's name in the singular)."""
+    return f"{n} {unit}{'' if n == 1 else 's'}"
+
+
+def side(ppl_gain: float, digits: int = 2) -> str:
+    """A perplexity difference in words: positive `ppl_gain` (lower ppl) is `better by`, negative `worse by`."""
+    if round(abs(ppl_gain), digits) == 0:
+        return "level with"
+    return f"{'better' if ppl_gain > 0 else 'worse'} by {abs(ppl_gain):.{digits}f} ppl"
+
+
+def _gain(base_ppl: float, loss_diff: float) -> float:
+    """The ppl a map gains over the plain model, from the mean paired loss difference (map minus plain)."""
+    return base_ppl * (1.0 - math.exp(loss_diff))
+
+
+def _interval_words(base_ppl: float, interval: Sequence[float] | None, confidence: float) -> str:
+    """`90% interval 0.03 to 0.13` (both better), or `90% interval from 0.05 worse to 0.01 better`."""
+    if not interval or None in interval:
+        return ""
+    low, high = _gain(base_ppl, interval[1]), _gain(base_ppl, interval[0])  # the loss's high end is the least gain
+    pct = round(confidence * 100)
+    if low > 0:
+        return f"{pct}% interval {low:.2f} to {high:.2f}"
+    if high < 0:
+        return f"{pct}% interval {abs(high):.2f} to {abs(low):.2f} worse"
+    return f"{pct}% interval from {abs(low):.2f} worse to {high:.2f} better"
+
+
+def _map(key: str) -> str:
+    return key.replace("|", " with ")
+
+
+def _point(front: Sequence[FrontPoint], key: str) -> FrontPoint | None:
+    return next((p for p in front if p.map_key == key), None)
+
+
+def race_answer(state: RaceState, settings: RaceSettings, baseline_key: str, baseline_ppl: float | None,
+                unit: str = "seed", trust: Trust | None = None) -> Answer:
+    """The answer of a race (see the module docstring). `baseline_ppl`: the plain model's mean perplexity at
+    the race's length (None before it has one); `unit`: what a replicate is called."""
+    steps = state.level_steps or settings.target_steps
+    at = settings.words.at(steps)  # "at 2000 steps", or a frozen study's "on held-out windows"
+    comparisons = {c.map_key: c for c in state.comparisons}
+    details: list[str] = []
+    claimed = state.best if state.done and state.best in state.confirmed_better else None
+    if not state.done:
+        open_maps = [k for k, c in comparisons.items() if c.status == "open"]
+        left = (f"{len(open_maps)} of {len(comparisons)} comparisons with {PLAIN} still open" if comparisons
+                else f"{count(len(state.alive), 'map')} still raced" if state.alive else "the race has not started")
+        line = (f"no decision yet: {left} {at}, {count(len(state.next_jobs), 'run')} to train next; "
+                "run the same command again to go on")
+    elif claimed is not None:
+        line = _claim(state, settings, claimed, comparisons.get(claimed), baseline_key, baseline_ppl, unit, at)
+    else:
+        gap = state.detectable_gap
+        seen = (f"a gap of {gap['ppl']:.2f} ppl or more would have been seen ({round(100 * gap['power'])}% power)"
+                if gap else f"too few {unit}s to say what gap would have been seen")
+        if not comparisons and state.front and all(p.map_key == baseline_key for p in state.front):
+            seen = "no recurrent map reached the race"
+        line = f"no map beat {PLAIN} {at}; {seen}"
+    if baseline_ppl is not None:
+        details += _closest(comparisons, claimed, baseline_ppl, settings.confidence, unit)
+    details += _equal_compute(state.equal_compute, unit)
+    details += _replicates(state, comparisons, baseline_key, unit, settings.words.at(state.level_steps))
+    if settings.frozen:
+        details.append("frozen: no step trained; every result is the pretrained weights evaluated on a chunk of "
+                       "held-out windows")
+    else:
+        details.append(f"steps: {steps} a run at the target (the search's proxy trained {settings.base_steps}); the "
+                       f"race trained {state.compute_steps} in all")
+    if state.done and state.stopped:
+        details.append(f"stopped because {state.stopped}")
+    return Answer(line, tuple(details), state.done, trust)
+
+
+def _claim(state: RaceState, settings: RaceSettings, key: str, comparison: Comparison | None,
+           baseline_key: str, baseline_ppl: float | None, unit: str, at: str) -> str:
+    point, base = _point(state.front, key), _point(state.front, baseline_key)
+    n = len(point.seeds) if point is not None else comparison.n if comparison else 0
+    if comparison is not None and comparison.mean_diff is not None and baseline_ppl is not None:
+        gain = _gain(baseline_ppl, comparison.mean_diff)
+        interval = _interval_words(baseline_ppl, comparison.interval, settings.confidence)
+    elif point is not None and base is not None:
+        gain, interval = base.val_ppl - point.val_ppl, ""
+    else:
+        gain, interval = math.nan, ""
+    how = f"{abs(gain):.2f} ppl {'better' if gain >= 0 else 'worse'} than {PLAIN}" if math.isfinite(gain) \
+        else f"better than {PLAIN}"
+    return (f"use {_map(key)}: {how}" + (f" ({interval})" if interval else "")
+            + f", {count(n, unit)} {at}")
+
+
+def _closest(comparisons: Mapping[str, Comparison], answered: str | None, baseline_ppl: float,
+             confidence: float, unit: str) -> list[str]:
+    rest = [c for k, c in comparisons.items() if k != answered and c.mean_diff is not None]
+    if not rest:
+        return []
+    c = min(rest, key=lambda c: (c.mean_diff, c.map_key))
+    interval = _interval_words(baseline_ppl, c.interval, confidence)
+    return [f"closest contender: {_map(c.map_key)} {side(_gain(baseline_ppl, c.mean_diff))} than {PLAIN}"  # type: ignore[arg-type]
+            + (f" ({interval})" if interval else "") + f" over {count(c.n, 'test ' + unit)}; status: {c.status}"]
+
+
+def _equal_compute(equal: Mapping[str, Any] | None, unit: str) -> list[str]:
+    if not equal or not equal.get("map_minus_reference"):
+        return []
+    d = equal["map_minus_reference"]
+    params = f", {equal['params_ratio']:.2f}x the parameters" if equal.get("params_ratio") else ""
+    return [f"equal compute: {_map(equal['map'])} {side(-d['ppl_diff'])} than a plain {equal['layers']}-layer model "
+            f"of the same compute ({equal['reference']}{params}) over {count(len(d['seeds']), unit)}"]
+
+
+def _replicates(state: RaceState, comparisons: Mapping[str, Comparison], baseline_key: str,
+                unit: str, at: str) -> list[str]:
+    """Each front map's replicates at its length (`at`: "at 2000 steps"), as the front and the race tables count
+    them (the screening one included), with the test ones the comparison used."""
+    parts = []
+    for p in state.front:
+        name = PLAIN if p.map_key == baseline_key else _map(p.map_key)
+        c = comparisons.get(p.map_key)
+        tested = f" ({c.n} of them tested against {PLAIN})" if c is not None else ""
+        parts.append(f"{name} {count(len(p.seeds), unit)}{tested}")
+    return [f"{unit}s {at}: " + "; ".join(parts)] if parts else []
+
+
+def unraced_answer(why: str, steps: int) -> Answer:
+    """The answer of a study whose race trained nothing (`why`: the race is off, or the study was not made by
+    ilr-search): no map was shown better than the plain model by a test."""
+    return Answer(f"no map beat {PLAIN} by a test at {steps} steps: {why}", (), True)

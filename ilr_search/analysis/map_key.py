@@ -1,0 +1,76 @@
+"""The one key a study dedupes, claims and compares its results on: a map with its knob settings.
+
+Its text is `2,1,1,1` (every knob off), `2,1,1,1|injection=add` (knobs.config_key writes it, in knobs.format_knobs'
+order) or a block map `block:1-2:2` with or without knobs. MapKey parses it once, through schedule.py's map_of_key
+(the one parser of a map's text), so that no reader splits the text by hand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ilr_search.training.schedule import Map, ReuseMap, is_block_text, map_of_key
+
+KNOB_SEPARATOR = "|"
+
+
+def map_text(map_key: str) -> str:
+    """The map of a study's map key, without its knobs: "2,1,1,1" or "block:1-2:2"."""
+    return map_key.partition(KNOB_SEPARATOR)[0]
+
+
+def key_text(map_text: str, knobs: str | None = None) -> str:
+    """The key of a map's text (`2,1,1,1`, `block:1-2:2`) and its knob text (None or '': every knob off)."""
+    return f"{map_text}{KNOB_SEPARATOR}{knobs}" if knobs else map_text
+
+
+def row_key(row: Mapping[str, Any]) -> str:
+    """The key of a row of the JSON reports (a front point, a trial): its `map` (the key without knobs) where it has
+    one, else its reuse map's counts, and its `knobs` text."""
+    text = row.get("map") or ReuseMap(tuple(row["reuse_map"])).key
+    return key_text(text, row.get("knobs"))
+
+
+def key_layers(map_key: str, n_layers: int | None = None) -> int:
+    """The model's layers a map key is parsed against: `n_layers` where given, else a reuse map's count of entries
+    (a block map's key does not say them: it needs `n_layers`)."""
+    if n_layers is not None:
+        return n_layers
+    text = map_text(map_key)
+    if is_block_text(text):
+        raise ValueError(f"the counts of block map {text!r} need the number of layers")
+    return text.count(",") + 1
+
+
+@dataclass(frozen=True)
+class MapKey:
+    """map: the parsed map (a ReuseMap or a BlockMap); knobs: the knobs that are on, as knobs.format_knobs writes
+    them ('' when every knob is off)."""
+    map: Map
+    knobs: str = ""
+
+    @classmethod
+    def parse(cls, key: str, n_layers: int | None = None) -> MapKey:
+        """A stored key, parsed for a model of `n_layers` layers (needed for a block map; a reuse map's entries give
+        it otherwise)."""
+        knobs = key.partition(KNOB_SEPARATOR)[2]
+        return cls(map_of_key(key, key_layers(key, n_layers)), knobs)
+
+    @classmethod
+    def of(cls, counts: Sequence[int], knobs: str | None = None) -> MapKey:
+        """The key of a row's reuse map and knob text (None or '': every knob off)."""
+        return cls(ReuseMap(tuple(counts)), knobs or "")
+
+    @property
+    def key(self) -> str:
+        return key_text(self.map.key, self.knobs)
+
+    def __str__(self) -> str:
+        return self.key
+
+    @property
+    def is_baseline(self) -> bool:
+        """The paper's baseline: the all-ones map with every knob off."""
+        return self.map.is_baseline and not self.knobs

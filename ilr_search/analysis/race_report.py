@@ -1,0 +1,69 @@
+"""What a study's race says and what it rests on, as one typed record: the race's settings, every stored result
+with its fidelity, the policy's state (comparisons, verdict, detectable gap), the equal-compute comparison, the
+decided front and the answer. search/race.py builds it; the CLI, the figure (plots.py) and the reports read it;
+`race_json` is its one JSON form (the `race` object of `run --json`, `pareto --json` and `trials --json`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ilr_search.analysis.answer import Answer
+from ilr_search.analysis.race_core import RaceSettings, RaceState, StoredResult
+
+
+@dataclass(frozen=True)
+class RaceReport:
+    """settings: the race's; results: every stored result of the study (trials, reference runs, race runs), one
+    per (map, steps, seed); state: the policy's decision on them; front: the decided front as its JSON items
+    (each point at its longest raced length, with seeds, interval and confirmation: race.front_rows); best: the
+    map the race reports (race.decided_best); equal_compute: the equal-compute comparison with parameter counts;
+    answer: the answer line and its details."""
+    settings: RaceSettings
+    results: tuple[StoredResult, ...]
+    state: RaceState
+    front: tuple[dict[str, Any], ...]
+    best: Mapping[str, Any] | None
+    equal_compute: Mapping[str, Any] | None
+    answer: Answer
+
+    @property
+    def verdict(self) -> str:
+        return self.state.verdict
+
+    @property
+    def detectable_gap(self) -> Mapping[str, Any] | None:
+        return self.state.detectable_gap
+
+    @property
+    def target_steps(self) -> int:
+        return self.settings.target_steps
+
+    @property
+    def steps_trained(self) -> int:
+        """Steps of the race runs (the race's and the audit's), beyond the trials and reference runs."""
+        return sum(r.steps for r in self.results if r.is_run)
+
+    @property
+    def runs(self) -> tuple[StoredResult, ...]:
+        return tuple(r for r in self.results if r.is_run)
+
+    @property
+    def trial_maps(self) -> frozenset[str]:
+        """The maps a trial trained to a result (the maps the race may raise to contenders)."""
+        return frozenset(r.map_key for r in self.results if r.is_trial)
+
+    def race_json(self) -> dict[str, Any]:
+        """The `race` object of the JSON reports."""
+        s, state = self.settings, self.state
+        frozen = {"frozen": True} if s.frozen else {}  # only a frozen study's race says so
+        return frozen | {
+                "policy": s.policy, "base_steps": s.base_steps, "target_steps": s.target_steps,
+                "steps_trained": self.steps_trained, "compute_steps": state.compute_steps, "max_steps": s.max_steps,
+                "seeds": list(s.seeds), "confidence": s.confidence, "done": state.done, "stopped": state.stopped,
+                "alive": list(state.alive), "eliminated": dict(state.eliminated),
+                "comparisons": [c.to_dict() for c in state.comparisons], "screen": state.screen,
+                "detectable_gap": state.detectable_gap,
+                "equal_compute": dict(self.equal_compute) if self.equal_compute is not None else None,
+                "results": [r.to_dict() for r in sorted(self.results, key=lambda r: (r.map_key, r.steps, r.seed))]}
