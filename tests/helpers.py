@@ -44,6 +44,19 @@ def run_args(space: Path | str | None, storage: Path | str, study: str, *extra: 
     return [*args, *(["--json"] if json_out else []), *extra]
 
 
+# Enqueued maps `run` refuses (test_enqueue.py), and its dry run alike (test_cli_small.py).
+BAD_ENQUEUES = {
+    "wrong length": "2,1,1",
+    "count below one": "2,0,1,1",
+    "above max_reuse": "4,1,1,1",
+    "not integers": "two,1,1,1",
+    "knob not searched": "2,1,1,1|injection=add",
+    "unknown knob": "2,1,1,1|wings",
+    "block over budget": "block3",
+    "block one": "block1",
+}
+
+
 def env_for(token_cache: Path, **extra: str) -> dict[str, str]:
     """The environment of a subprocess `ilr-search`: this one's, with the session's token cache."""
     return {**os.environ, "ILR_SEARCH_CACHE": str(token_cache), **extra}

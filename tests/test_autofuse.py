@@ -10,19 +10,17 @@ import optuna
 import pytest
 
 from conftest import NO_REFERENCES, assert_one_line_error, write_space
+from helpers import run_args
 from ilr_search.errors import UserInputError
 from ilr_search.space import SpaceError, load_space
 from ilr_search.commands.autofuse import parse_fuse
 
-
-def run_args(space, db, n_trials: int, *extra: str) -> list[str]:
-    return ["run", "--space", str(space), "--budget", "1.5x", "--n-trials", str(n_trials), "--study", "auto",
-            "--storage", f"sqlite:///{db}", "--pruner", "none", "--json", *extra]
+NO_PRUNING = ("--pruner", "none")
 
 
 def test_fuse_auto_in_the_space_probes_says_what_it_chose_and_the_run_trains_that_way(cli, tmp_path):
     space = write_space(tmp_path / "auto.toml", search=NO_REFERENCES | {"fuse": "auto"})
-    proc = cli(*run_args(space, tmp_path / "auto.db", 6), check=True)
+    proc = cli(*run_args(space, tmp_path / "auto.db", "auto", *NO_PRUNING, n_trials=6), check=True)
     lines = [line for line in proc.stderr.splitlines() if line.startswith("fuse auto:")]
     assert len(lines) == 1, proc.stderr
     chosen = re.match(r"fuse auto: (?:(\d+) workers|1 process)[^,]*, K = (\d+)", lines[0])
@@ -42,14 +40,14 @@ def test_fuse_auto_in_the_space_probes_says_what_it_chose_and_the_run_trains_tha
 def test_a_fuse_that_does_not_fit_in_memory_is_refused_with_one_line_and_nothing_on_disk(cli, tmp_path):
     space = write_space(tmp_path / "big.toml", model={"d_model": 512, "heads": 8}, search=NO_REFERENCES)
     fresh = tmp_path / "fresh.db"
-    proc = cli(*run_args(space, fresh, 2, "--fuse", "100000"))
+    proc = cli(*run_args(space, fresh, "auto", *NO_PRUNING, "--fuse", "100000", n_trials=2))
     assert_one_line_error(proc)
     assert "--fuse 100000" in proc.stderr and "GiB" in proc.stderr
     assert not fresh.exists()
     db = tmp_path / "kept.db"
-    cli(*run_args(write_space(tmp_path / "small.toml", search=NO_REFERENCES), db, 1), check=True)
+    cli(*run_args(write_space(tmp_path / "small.toml", search=NO_REFERENCES), db, "auto", *NO_PRUNING, n_trials=1), check=True)
     before = hashlib.sha256(db.read_bytes()).hexdigest()
-    assert_one_line_error(cli(*run_args(space, db, 2, "--fuse", "100000", "--study", "other")))
+    assert_one_line_error(cli(*run_args(space, db, "other", *NO_PRUNING, "--fuse", "100000", n_trials=2)))
     assert hashlib.sha256(db.read_bytes()).hexdigest() == before
 
 

@@ -14,7 +14,7 @@ import pytest
 from rich.console import Console
 
 from conftest import NO_REFERENCES, ROOT, TINY_SPACE, assert_one_line_error, write_space
-from test_enqueue import BAD_ENQUEUES, run_args
+from helpers import BAD_ENQUEUES, run_args
 
 
 @pytest.mark.parametrize("command", [[], ["run", "--budget", "2x"], ["train"], ["recipe"], ["bench", "build"]])
@@ -152,7 +152,7 @@ def test_a_space_takes_integers_for_numbers(cli, tmp_path):
 def test_flops_and_train_refuse_counts_above_max_reuse_as_run_does(cli, tmp_path):
     space = write_space(tmp_path / "space.toml", search=NO_REFERENCES)  # max_reuse 3
     shared = "a layer runs 4 times, above the space's max_reuse 3"
-    run = cli(*run_args(space, tmp_path / "r.db", 2, "--enqueue", "4,1,1,1"))
+    run = cli(*run_args(space, tmp_path / "r.db", "q", "--enqueue", "4,1,1,1", budget="2x", steps=8, n_trials=2))
     assert_one_line_error(run)
     assert shared in run.stderr
     for command in ("flops", "train"):
@@ -170,7 +170,7 @@ BAD_RUN_INPUTS = [["--enqueue", text] for _, text in sorted(BAD_ENQUEUES.items()
 @pytest.mark.parametrize("bad", BAD_RUN_INPUTS, ids=" ".join)
 def test_run_and_its_dry_run_refuse_the_same_input(cli, tmp_path, bad):
     space = write_space(tmp_path / "space.toml", search=NO_REFERENCES)
-    args = run_args(space, tmp_path / "r.db", 2, *bad)  # a later --budget or --n-trials wins over run_args'
+    args = run_args(space, tmp_path / "r.db", "q", *bad, budget="2x", steps=8, n_trials=2)  # a later --budget or --n-trials wins over run_args'
     refused = [cli(*args), cli(*args, "--dry-run")]
     for proc in refused:
         assert_one_line_error(proc)

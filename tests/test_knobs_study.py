@@ -8,24 +8,21 @@ import optuna
 import pytest
 
 from conftest import ROOT, assert_one_line_error
+from helpers import run_args
 from ilr_search.commands.audit import run_audit
 from ilr_search.config import AuditSettings
 
-SPACE = ["--space", str(ROOT / "tests" / "spaces" / "cli.toml"), "--layers", "3", "--d-model", "16", "--heads", "2",
-         "--seq-len", "32", "--batch-size", "4", "--dtype", "fp32", "--budget", "1.7x", "--steps", "16"]
-
-
-def run_args(db, n_trials, knobs="injection,iteration_norms"):
-    return ["run", *SPACE, "--n-trials", str(n_trials), "--study", "k", "--storage", f"sqlite:///{db}", "--json",
-            "--knobs", knobs]
+SPACE = ROOT / "tests" / "spaces" / "cli.toml"
+SMALL = ["--layers", "3", "--d-model", "16", "--heads", "2", "--seq-len", "32", "--batch-size", "4", "--dtype", "fp32"]
+KNOBS = "injection,iteration_norms"
 
 
 @pytest.mark.slow
 def test_a_study_searches_stores_and_resumes_knobs(cli, tmp_path):
     db = tmp_path / "k.db"
-    first = json.loads(cli(*run_args(db, 6), check=True).stdout)
+    first = json.loads(cli(*run_args(SPACE, db, "k", *SMALL, "--knobs", KNOBS, budget="1.7x", steps=16, n_trials=6), check=True).stdout)
     assert first["n_complete"] + first["n_pruned"] == 6
-    more = json.loads(cli(*run_args(db, 14), check=True).stdout)
+    more = json.loads(cli(*run_args(SPACE, db, "k", *SMALL, "--knobs", KNOBS, budget="1.7x", steps=16, n_trials=14), check=True).stdout)
     assert more["n_complete"] + more["n_pruned"] == 14
 
     study = optuna.load_study(study_name="k", storage=f"sqlite:///{db}")
@@ -60,10 +57,10 @@ def test_a_study_searches_stores_and_resumes_knobs(cli, tmp_path):
 
     # another knob list is another study: refused, nothing changes
     before = db.read_bytes()
-    refused = cli(*run_args(db, 14, knobs="injection"))
+    refused = cli(*run_args(SPACE, db, "k", *SMALL, "--knobs", "injection", budget="1.7x", steps=16, n_trials=14))
     assert_one_line_error(refused)
     assert "knobs" in refused.stderr and db.read_bytes() == before
-    bad = cli(*run_args(db, 14, knobs="injection,lora"))
+    bad = cli(*run_args(SPACE, db, "k", *SMALL, "--knobs", "injection,lora", budget="1.7x", steps=16, n_trials=14))
     assert_one_line_error(bad)
     assert "unknown knob" in bad.stderr and db.read_bytes() == before
 

@@ -1,4 +1,3 @@
-import hashlib
 import json
 import os
 import signal
@@ -13,26 +12,18 @@ import optuna
 import pytest
 
 from conftest import ROOT, assert_one_line_error
+from helpers import digest, run_args
 from ilr_search.training.flops import parse_budget
 from ilr_search.config import ModelConfig
 from ilr_search.search.maps import repair_to_budget, seed_maps
 
 # tests/spaces/cli.toml: the default space's settings at test size, without reference runs
-TINY = ["--space", str(ROOT / "tests" / "spaces" / "cli.toml"), "--layers", "4", "--d-model", "32", "--heads", "2",
-        "--seq-len", "64", "--batch-size", "8", "--dtype", "fp32", "--budget", "1.5x"]
-
-
-def run_args(name, db, steps=20, n_trials=6, *extra):
-    return ["run", *TINY, "--steps", str(steps), "--n-trials", str(n_trials), "--study", name,
-            "--storage", f"sqlite:///{db}", "--json", *extra]
+CLI_SPACE = ROOT / "tests" / "spaces" / "cli.toml"
+TINY = ["--layers", "4", "--d-model", "32", "--heads", "2", "--seq-len", "64", "--batch-size", "8", "--dtype", "fp32"]
 
 
 def load(db, name):
     return optuna.load_study(study_name=name, storage=f"sqlite:///{db}")
-
-
-def digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else "absent"
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +32,7 @@ def tiny_study(tmp_path_factory, token_cache):
     root = tmp_path_factory.mktemp("study")
     db = root / "s.db"
     env = {**os.environ, "ILR_SEARCH_CACHE": str(token_cache)}
-    proc = subprocess.run([sys.executable, "-m", "ilr_search", *run_args("tiny", db)], cwd=root, env=env,
+    proc = subprocess.run([sys.executable, "-m", "ilr_search", *run_args(CLI_SPACE, db, "tiny", *TINY, steps=20, n_trials=6)], cwd=root, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return root, db, json.loads(proc.stdout)
@@ -67,11 +58,11 @@ def test_run_end_to_end_and_resume_to_more_trials(tiny_study, cli):
     # resuming to 9 adds exactly three finished trials to a copy of the study
     copy = root / "copy.db"
     copy.write_bytes(db.read_bytes())
-    more = json.loads(cli(*run_args("tiny", copy, n_trials=9), check=True).stdout)
+    more = json.loads(cli(*run_args(CLI_SPACE, copy, "tiny", *TINY, steps=20, n_trials=9), check=True).stdout)
     finished = [t for t in load(copy, "tiny").trials if t.state.is_finished()]
     assert len(finished) == 9 and more["n_complete"] + more["n_pruned"] == 9
     # rerunning at the target trains nothing more
-    again = json.loads(cli(*run_args("tiny", copy, n_trials=9), check=True).stdout)
+    again = json.loads(cli(*run_args(CLI_SPACE, copy, "tiny", *TINY, steps=20, n_trials=9), check=True).stdout)
     assert again["steps_trained"] == more["steps_trained"]
 
 
@@ -159,7 +150,7 @@ def test_kill_9_loses_no_trial_and_the_killed_one_is_retried(tmp_path, token_cac
     env = {**os.environ, "ILR_SEARCH_CACHE": str(token_cache), "ILR_SEARCH_HEARTBEAT_SECONDS": "1"}
     # 200 steps with a checkpoint every 50 (cli.toml): the kill lands inside the third and last trial, past a
     # checkpoint; the resume trains the killed trial's retry from that checkpoint
-    cmd = [sys.executable, "-m", "ilr_search", *run_args("killed", db, 200, 3, "--pruner", "none")]
+    cmd = [sys.executable, "-m", "ilr_search", *run_args(CLI_SPACE, db, "killed", *TINY, "--pruner", "none", steps=200, n_trials=3)]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 240
     try:
@@ -246,7 +237,7 @@ BAD_RUNS = {
 def test_bad_run_input_changes_nothing(tiny_study, cli, case):
     root, db, _ = tiny_study
     before = digest(db)
-    args = run_args("tiny", db)
+    args = run_args(CLI_SPACE, db, "tiny", *TINY, steps=20, n_trials=6)
     extra = BAD_RUNS[case]
     for i, a in enumerate(extra[::2]):  # replace an option already present, or add it
         if a in args:
@@ -262,14 +253,14 @@ def test_bad_run_input_changes_nothing(tiny_study, cli, case):
 
 def test_unwritable_and_corrupted_storage(tmp_path, cli):
     # sysfs refuses new files even to root; a missing folder is not created
-    assert_one_line_error(cli(*run_args("x", Path("/sys/ilr-search-test.db"))))
+    assert_one_line_error(cli(*run_args(CLI_SPACE, Path("/sys/ilr-search-test.db"), "x", *TINY, steps=20, n_trials=6)))
     assert not Path("/sys/ilr-search-test.db").exists()
-    assert_one_line_error(cli(*run_args("x", tmp_path / "no-such-folder" / "s.db")))
+    assert_one_line_error(cli(*run_args(CLI_SPACE, tmp_path / "no-such-folder" / "s.db", "x", *TINY, steps=20, n_trials=6)))
     assert not (tmp_path / "no-such-folder").exists()
     corrupted = tmp_path / "bad.db"
     corrupted.write_bytes(b"this is not a database" * 100)
     before = digest(corrupted)
-    assert_one_line_error(cli(*run_args("x", corrupted)))
+    assert_one_line_error(cli(*run_args(CLI_SPACE, corrupted, "x", *TINY, steps=20, n_trials=6)))
     assert_one_line_error(cli("trials", "--study", "x", "--storage", f"sqlite:///{corrupted}"))
     assert_one_line_error(cli("studies", "--storage", f"sqlite:///{corrupted}"))
     assert digest(corrupted) == before
