@@ -18,14 +18,18 @@ from ilr_search.commands.autofuse import parse_fuse
 NO_PRUNING = ("--pruner", "none")
 
 
+@pytest.mark.slow
 def test_fuse_auto_in_the_space_probes_says_what_it_chose_and_the_run_trains_that_way(cli, tmp_path):
     space = write_space(tmp_path / "auto.toml", search=NO_REFERENCES | {"fuse": "auto"})
     proc = cli(*run_args(space, tmp_path / "auto.db", "auto", *NO_PRUNING, n_trials=6), check=True)
     lines = [line for line in proc.stderr.splitlines() if line.startswith("fuse auto:")]
     assert len(lines) == 1, proc.stderr
     chosen = re.match(r"fuse auto: (?:(\d+) workers|1 process)[^,]*, K = (\d+)", lines[0])
-    assert chosen, lines[0]
-    workers, k = int(chosen.group(1) or 1), int(chosen.group(2))
+    if chosen:
+        workers, k = int(chosen.group(1) or 1), int(chosen.group(2))
+    else:  # no probe finished within the probe's own time limit (a loaded machine): one process, unfused, said why
+        assert re.match(r"fuse auto: K = 1 \(no probe done in \d+ s: .*not done in", lines[0]), lines[0]
+        workers, k = 1, 1
     summary = json.loads(proc.stdout)
     assert len(summary.get("workers", [None])) == workers
     trials = optuna.load_study(study_name="auto", storage=f"sqlite:///{tmp_path / 'auto.db'}").get_trials()
@@ -37,6 +41,7 @@ def test_fuse_auto_in_the_space_probes_says_what_it_chose_and_the_run_trains_tha
     assert max(groups) <= k and (k == 1) == (groups == {1}), (groups, k)
 
 
+@pytest.mark.slow
 def test_a_fuse_that_does_not_fit_in_memory_is_refused_with_one_line_and_nothing_on_disk(cli, tmp_path):
     space = write_space(tmp_path / "big.toml", model={"d_model": 512, "heads": 8}, search=NO_REFERENCES)
     fresh = tmp_path / "fresh.db"

@@ -2,7 +2,6 @@
 parser, its FLOPs, and a tiny real study that searches block maps only."""
 
 import json
-from pathlib import Path
 
 import optuna
 import pytest

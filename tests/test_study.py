@@ -4,7 +4,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import optuna
 import pytest
 
 from conftest import ROOT, assert_one_line_error
-from helpers import digest, run_args
+from helpers import digest, run_args, wait_until
 from ilr_search.training.flops import parse_budget
 from ilr_search.config import ModelConfig
 from ilr_search.search.maps import repair_to_budget, seed_maps
@@ -148,27 +147,22 @@ def test_repair_keeps_maps_within_budget_and_their_shape():
 def test_kill_9_loses_no_trial_and_the_killed_one_is_retried(tmp_path, token_cache):
     db = tmp_path / "k.db"
     env = {**os.environ, "ILR_SEARCH_CACHE": str(token_cache), "ILR_SEARCH_HEARTBEAT_SECONDS": "1"}
-    # 200 steps with a checkpoint every 50 (cli.toml): the kill lands inside the third and last trial, past a
-    # checkpoint; the resume trains the killed trial's retry from that checkpoint
-    cmd = [sys.executable, "-m", "ilr_search", *run_args(CLI_SPACE, db, "killed", *TINY, "--pruner", "none", steps=200, n_trials=3)]
+    # 200 steps with a checkpoint every 50 (cli.toml): the kill lands inside the second or third trial of four, past
+    # a checkpoint, so that a trial is still to train after it; the resume trains the killed trial's retry from
+    # that checkpoint
+    cmd = [sys.executable, "-m", "ilr_search",
+           *run_args(CLI_SPACE, db, "killed", *TINY, "--pruner", "none", steps=200, n_trials=4)]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 240
+
+    def past_a_checkpoint() -> bool:  # the event: a trial past its first checkpoint, after one or two finished
+        trials = load(db, "killed").trials
+        complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+        running = [t for t in trials if t.state == optuna.trial.TrialState.RUNNING and "reuse_map" in t.user_attrs]
+        checkpoints = list((tmp_path / "studies" / "checkpoints" / "killed").glob("*.pt"))
+        return 1 <= len(complete) <= 2 and bool(running) and bool(checkpoints)
+
     try:
-        while time.time() < deadline:
-            time.sleep(0.2)  # polling interval only; the kill waits on the stored state below
-            if not db.exists():
-                continue
-            try:
-                trials = load(db, "killed").trials
-            except Exception:
-                continue
-            complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
-            running = [t for t in trials if t.state == optuna.trial.TrialState.RUNNING and "reuse_map" in t.user_attrs]
-            checkpoints = list((tmp_path / "studies" / "checkpoints" / "killed").glob("*.pt"))
-            if len(complete) >= 2 and running and checkpoints:  # inside the trial, past its first checkpoint
-                break
-        else:
-            pytest.fail("the run never reached its third trial")
+        wait_until(past_a_checkpoint, "a trial past its first checkpoint", proc)
         assert proc.poll() is None, "the run ended before the kill"
     finally:
         proc.send_signal(signal.SIGKILL)

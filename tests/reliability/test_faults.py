@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 
 import optuna
@@ -14,6 +13,7 @@ import pytest
 from optuna.trial import TrialState
 
 from conftest import NO_REFERENCES, write_space
+from helpers import wait_until
 from ilr_search.space import load_space
 from ilr_search.storage import open_storage, open_store, parse_storage
 from ilr_search.analysis.results import has_result, study_front
@@ -48,18 +48,6 @@ def setup_run(space, storage, study, n_trials, tmp_path, token_cache):
 
 def load(storage, study):
     return optuna.load_study(study_name=study, storage=open_storage(parse_storage(storage), heartbeat=False))
-
-
-def wait_for(predicate, timeout, what):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            if predicate():
-                return
-        except Exception:
-            pass
-        time.sleep(0.3)
-    pytest.fail(f"timed out waiting for {what}")
 
 
 def check_accounted(storage, study_name):
@@ -132,11 +120,12 @@ def test_ctrl_c_stops_within_a_step_with_trials_recorded(tmp_path, token_cache, 
     """Ctrl-C in the middle of a trial's training ends the run at once: it stops inside the step in flight, records
     the finished trial and the interrupted one, and exits. "At once" is judged in steps, not seconds (a loaded
     machine slows the run and this test alike): the interrupted trial reaches no evaluation past the one after
-    the evaluation seen when the signal was sent, and not its end."""
+    the evaluation seen when the signal was sent, and not its end. The signal goes on an event (the second trial
+    past its first evaluation), with a third trial still to train, so that the run does not end first."""
     storage = f"sqlite:///{tmp_path / 'int.db'}"
     env = env_for(token_cache)
     steps = 400
-    cmd = run_cmd(space, storage, "int", 2, "--pruner", "none", steps=steps)
+    cmd = run_cmd(space, storage, "int", 3, "--pruner", "none", steps=steps)
     evals = [round(steps * f) for f in load_space(space).train.eval_fractions]
     seen: list[int] = []  # the running trial's evaluated steps when the signal goes
 
@@ -149,9 +138,9 @@ def test_ctrl_c_stops_within_a_step_with_trials_recorded(tmp_path, token_cache, 
 
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(training_second_trial, 240, "a finished trial and a running one past its first evaluation")
+        wait_until(training_second_trial, "a finished trial and a running one past its first evaluation", proc)
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=120)
+        out, err = proc.communicate()
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -164,7 +153,7 @@ def test_ctrl_c_stops_within_a_step_with_trials_recorded(tmp_path, token_cache, 
     reached = max(p.step for p in open_store(parse_storage(storage), "int").curve_points()
                   if p.trial_number == interrupted[0].number)
     assert reached < steps and reached <= evals[evals.index(max(seen)) + 1], (seen, reached, evals)
-    resumed = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
+    resumed = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     check_accounted(storage, "int")
-    assert sum(t.state == TrialState.COMPLETE for t in load(storage, "int").trials) == 2
+    assert sum(t.state == TrialState.COMPLETE for t in load(storage, "int").trials) == 3
