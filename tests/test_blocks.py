@@ -95,6 +95,7 @@ def blocks_study(tmp_path_factory, token_cache):
     return root, db
 
 
+@pytest.mark.slow
 def test_a_blocks_study_proposes_blocks_within_budget_once_each(blocks_study, cli):
     root, db = blocks_study
     trials = optuna.load_study(study_name="b", storage=f"sqlite:///{db}").trials

@@ -104,6 +104,7 @@ def test_bad_fuse_exits_2_with_one_error_line_and_changes_nothing(cli, tmp_path,
     assert not fresh.exists()
 
 
+@pytest.mark.slow
 def test_reference_runs_trained_fused_equal_those_trained_one_at_a_time(cli, tmp_path):
     """The baseline's extra seeds and the second seed, trained as one fused group with --fuse 3, give the
     single runs' validation curves (the fused trainer's tolerance); the trials are the same fixed maps."""

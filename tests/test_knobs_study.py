@@ -89,6 +89,7 @@ def test_a_study_searches_stores_and_resumes_knobs(cli, tmp_path):
         assert abs(audited["audit_ppl"] - t.user_attrs["val_ppl"]) < 1e-6 * t.user_attrs["val_ppl"], (t.number, audited)
 
 
+@pytest.mark.slow
 def test_a_space_searches_repeat_scale_fused_where_it_can(cli, tmp_path):
     """`[search] knobs = ["repeat_scale"]`: the three settings of one map are three trials; fused groups train
     "off" and "residual" together and "lr" (which the fused trainer refuses) alone, and the audit, one map at a

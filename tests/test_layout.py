@@ -93,6 +93,7 @@ def test_a_busy_spell_before_a_run_changes_none_of_its_numbers(cli, tmp_path, mo
     assert sum(p["tokens"] for p in phases[1:]) == summaries["quiet"]["race_steps"] * 8 * 64
 
 
+@pytest.mark.slow
 def test_a_resume_keeps_the_stored_layout_unless_asked(cli, tmp_path):
     space = write_space(tmp_path / "tiny.toml", search=NO_REFERENCES, train={"steps": 8})  # the space's K: 1
     db = tmp_path / "study.db"

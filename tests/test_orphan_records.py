@@ -17,6 +17,7 @@ def digest(path):
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else "absent"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["journal", "sqlite"])
 def test_a_new_study_over_an_earlier_ones_records_is_refused_with_the_fix(cli, tmp_path, kind):
     space = write_space(tmp_path / "s.toml", search=NO_REFERENCES, train={"steps": 8})
@@ -39,6 +40,7 @@ def test_a_new_study_over_an_earlier_ones_records_is_refused_with_the_fix(cli, t
         assert json.loads(cli(*run_args(space, storage, "s", "--pruner", "none", budget="2x", n_trials=2), check=True).stdout)["n_trials"] == 2
 
 
+@pytest.mark.slow
 def test_a_claim_held_by_a_trial_that_trained_another_map_is_taken_over(cli, console, tmp_path):
     space = write_space(tmp_path / "s.toml", search=NO_REFERENCES, train={"steps": 8})
     storage = f"sqlite:///{tmp_path / 's.db'}"

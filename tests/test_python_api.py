@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import optuna
+import pytest
 
 from conftest import ROOT, TINY_SPACE
 
@@ -16,6 +17,7 @@ def readme_example() -> str:
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
+@pytest.mark.slow
 def test_the_readme_python_api_example_runs(tmp_path, monkeypatch, token_cache, capsys):
     code = readme_example()
     space_call = 'load_space("default", {"model": {"layers": 4}})'
@@ -34,6 +36,7 @@ def test_the_readme_python_api_example_runs(tmp_path, monkeypatch, token_cache, 
 IMPORT_EVERY_MODULE = """
 import importlib, pkgutil, sys
 import optuna
+import pytest
 import ilr_search
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)  # neither Optuna's default nor the CLI's
