@@ -76,7 +76,7 @@ def _build_raced_study(root: Path, token_cache: Path) -> None:
     (root / "db").mkdir()
     args = run_args(space, root / "db" / "raced.db", "raced", "--target", "2x")
     proc = subprocess.run([sys.executable, "-m", "ilr_search", *args], cwd=root, env=env_for(token_cache),
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (root / "summary.json").write_text(proc.stdout, encoding="utf-8")
 
@@ -152,10 +152,13 @@ def cli(token_cache, tmp_path, monkeypatch, capsys):
 def console(token_cache, tmp_path):
     """Run the real `ilr-search` console entry point in a subprocess; returns CompletedProcess."""
 
-    def run(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 300, check: bool = False):
+    def run(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float | None = None,
+            check: bool = False):
+        from helpers import HANG_SECONDS
+
         full_env = {**os.environ, "ILR_SEARCH_CACHE": str(token_cache), **(env or {})}
         proc = subprocess.run([sys.executable, "-m", "ilr_search", *args], cwd=cwd or tmp_path, env=full_env,
-                              capture_output=True, text=True, timeout=timeout)
+                              capture_output=True, text=True, timeout=timeout or HANG_SECONDS, check=False)
         if check and proc.returncode != 0:
             raise AssertionError(f"ilr-search {' '.join(args)} exited {proc.returncode}:\n{proc.stderr}")
         return proc

@@ -12,9 +12,9 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 import pytest
 
@@ -88,7 +88,7 @@ def wait_until(happened: Callable[[], bool], what: str, proc: subprocess.Popen |
         try:
             if happened():
                 return
-        except Exception:
+        except Exception:  # noqa: BLE001, S110 - not readable yet (the study or its table being made): not yet
             pass
         if proc is not None and proc.poll() is not None:
             pytest.fail(f"the run ended (exit code {proc.returncode}) before {what}")
@@ -159,7 +159,8 @@ def imported_by(args: Sequence[str], cwd: Path, env: dict[str, str] | None = Non
     """Run `ilr-search ARGS` in a fresh interpreter (exit code 0 required) and say what it imported."""
     root = Path(__file__).resolve().parent.parent
     proc = subprocess.run([sys.executable, "-c", _MAIN_THEN_IMPORTED, *args], cwd=cwd, capture_output=True,
-                          text=True, env={**(env or os.environ), "PYTHONPATH": str(root)})
+                          text=True, env={**(env or os.environ), "PYTHONPATH": str(root)}, check=False,
+                          timeout=HANG_SECONDS)
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stderr.strip().splitlines()[-1])
     return Imported(tuple(report["loaded"]), report["optuna_verbosity"])

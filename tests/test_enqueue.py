@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from conftest import NO_REFERENCES, assert_one_line_error, write_space
-from helpers import BAD_ENQUEUES, run_args
+from helpers import BAD_ENQUEUES, HANG_SECONDS, run_args
 
 SMALL = {"budget": "2x", "steps": 8}  # 2x: 8 layer runs of 8 steps
 from ilr_search.search.maps import parse_enqueued, repair_to_budget
@@ -35,7 +35,7 @@ def enqueued_study(tmp_path_factory, token_cache):
     proc = subprocess.run([sys.executable, "-m", "ilr_search",
                            *run_args(space, db, "q", "--enqueue", "3,3,3,1 1,2,1,2 block2", **SMALL, n_trials=4)],
                           cwd=root, env={**os.environ, "ILR_SEARCH_CACHE": str(token_cache)},
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=HANG_SECONDS)
     assert proc.returncode == 0, proc.stderr
     return root, space, db, json.loads(proc.stdout)
 

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from conftest import RACE_STEPS, ROOT
-from helpers import env_for
+from helpers import HANG_SECONDS, env_for
 FIXTURES = ROOT / "tests" / "fixtures"
 OLD_STUDY = "before-typed-records"  # the study of tests/fixtures/study-eeb668a.sql (schema version 1)
 
@@ -175,7 +175,7 @@ def test_two_processes_opening_an_old_database_at_once_rename_its_table_once(old
     said = [p.stdout.readline().strip() for p in procs]  # both waiting for the lock, neither has renamed
     lock.execute("ROLLBACK")
     lock.close()
-    outputs = [p.communicate(timeout=300) for p in procs]
+    outputs = [p.communicate(timeout=HANG_SECONDS) for p in procs]
     assert said == ["locking", "locking"], [err[-2000:] for _, err in outputs]
     assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outputs]
     assert all(json.loads(out.strip().splitlines()[-1]) == [["2,1,1,1", 96, 1]] for out, _ in outputs)

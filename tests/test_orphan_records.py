@@ -47,7 +47,7 @@ def test_a_claim_held_by_a_trial_that_trained_another_map_is_taken_over(cli, con
     cli(*run_args(space, storage, "s", "--pruner", "none", budget="2x", n_trials=1), check=True)  # trial 0: the baseline
     assert open_store(parse_storage(storage), "s").claim("2,1,1,1", 0) == 0  # held by trial 0, which trained 1,1,1,1
     # in a subprocess with a timeout: a run that waited on that claim would never end
-    proc = console(*run_args(space, storage, "s", "--pruner", "none", budget="2x", n_trials=2), "--enqueue", "2,1,1,1", timeout=180, check=True)
+    proc = console(*run_args(space, storage, "s", "--pruner", "none", budget="2x", n_trials=2), "--enqueue", "2,1,1,1", check=True)
     assert json.loads(proc.stdout)["n_trials"] == 2
     trained = [t.user_attrs["map_key"] for t in optuna.load_study(study_name="s", storage=storage).trials
                if t.state == optuna.trial.TrialState.COMPLETE]

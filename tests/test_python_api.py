@@ -9,6 +9,7 @@ import optuna
 import pytest
 
 from conftest import ROOT, TINY_SPACE
+from helpers import HANG_SECONDS
 
 
 def readme_example() -> str:
@@ -53,6 +54,6 @@ def test_importing_the_library_leaves_optunas_logging_alone():
     search, the CLI's modules) sets it on import; only a CLI command does, as it starts. A fresh process, so that
     what other tests imported or set does not count."""
     proc = subprocess.run([sys.executable, "-c", IMPORT_EVERY_MODULE], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=HANG_SECONDS)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert int(proc.stdout.split()[-1]) == optuna.logging.WARNING

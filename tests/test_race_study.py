@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from conftest import RACE, RACE_STEPS as STEPS, assert_one_line_error, write_space
-from helpers import alive, digest, env_for, race_rows, run_args, signal_all, spawned_children, wait_until
+from helpers import HANG_SECONDS, alive, digest, env_for, race_rows, run_args, signal_all, spawned_children, wait_until
 from ilr_search.config import SearchConfig
 from ilr_search.search.plan import plan_study
 from ilr_search.space import load_space
@@ -129,7 +129,7 @@ def test_kill_9_during_the_race_then_the_same_command_resumes_training_nothing_t
     assert in_flight and len(in_flight) <= max(1, len(workers))
     assert len(killed) <= max(1, len(workers))
     assert all(before[k]["state"] in ("running", "interrupted") for k in killed)
-    resumed = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    resumed = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=HANG_SECONDS)
     assert resumed.returncode == 0, resumed.stderr
     after = {(r["map_key"], r["steps"], r["seed"]): r for r in race_rows(db)}
     for key, row in before.items():  # every finished run kept as it was: not trained again

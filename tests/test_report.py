@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from conftest import NO_REFERENCES, ROOT, assert_one_line_error, write_space
-from helpers import env_for, imported_by, run_args
+from helpers import HANG_SECONDS, env_for, imported_by, run_args
 from ilr_search.analysis.results import study_front
 
 SPACE = str(ROOT / "tests" / "spaces" / "tiny.toml")
@@ -23,7 +23,7 @@ def pruned_study(tmp_path_factory, token_cache):
     db = root / "r.db"
     proc = subprocess.run([sys.executable, "-m", "ilr_search", *run_args(SPACE, db, "rep", "--sampler", "random", "--pruner",
                                                                    "pareto-eager", budget="2x", n_trials=10)],
-                          cwd=root, capture_output=True, text=True, timeout=600,
+                          cwd=root, capture_output=True, text=True, timeout=HANG_SECONDS,
                           env=env_for(token_cache))
     assert proc.returncode == 0, proc.stderr
     study = optuna.load_study(study_name="rep", storage=f"sqlite:///{db}")
@@ -174,7 +174,7 @@ def test_optuna_still_opens_the_database(pruned_study):
     assert len(study.trials) >= 11
     proc = subprocess.run([sys.executable, "-c", "import sys; from optuna.cli import main; sys.exit(main())",
                            "studies", "--storage", f"sqlite:///{db}"],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=HANG_SECONDS)
     assert proc.returncode == 0 and "rep" in proc.stdout, proc.stderr
 
 

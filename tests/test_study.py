@@ -11,7 +11,7 @@ import optuna
 import pytest
 
 from conftest import ROOT, assert_one_line_error
-from helpers import digest, run_args, wait_until
+from helpers import HANG_SECONDS, digest, run_args, wait_until
 from ilr_search.training.flops import parse_budget
 from ilr_search.config import ModelConfig
 from ilr_search.search.maps import repair_to_budget, seed_maps
@@ -32,7 +32,7 @@ def tiny_study(tmp_path_factory, token_cache):
     db = root / "s.db"
     env = {**os.environ, "ILR_SEARCH_CACHE": str(token_cache)}
     proc = subprocess.run([sys.executable, "-m", "ilr_search", *run_args(CLI_SPACE, db, "tiny", *TINY, steps=20, n_trials=6)], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=HANG_SECONDS)
     assert proc.returncode == 0, proc.stderr
     return root, db, json.loads(proc.stdout)
 
@@ -172,7 +172,7 @@ def test_kill_9_loses_no_trial_and_the_killed_one_is_retried(tmp_path, token_cac
     assert len(killed) == 1
     # The same command resumes at once: the killed trial still looks alive until its heartbeat goes stale, and the
     # run waits for it, sweeps it as stale and retries it, rather than needing the caller to wait.
-    resumed = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=HANG_SECONDS)
     assert resumed.returncode == 0, resumed.stderr
     after = {t.number: t for t in load(db, "killed").trials}
     for n, (state, values) in before.items():  # every finished trial is kept as it was
@@ -196,7 +196,7 @@ def test_two_processes_share_a_study_without_training_a_map_twice(tmp_path, toke
             "--sampler", "random"]
     procs = [subprocess.Popen([sys.executable, "-m", "ilr_search", *args], cwd=tmp_path, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    outs = [p.communicate(timeout=400) for p in procs]
+    outs = [p.communicate(timeout=HANG_SECONDS) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
     from ilr_search.storage import open_storage, parse_storage
     study = optuna.load_study(study_name="pair", storage=open_storage(parse_storage(storage), heartbeat=False))

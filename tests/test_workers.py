@@ -8,6 +8,7 @@ import optuna
 import pytest
 
 from conftest import ROOT, assert_one_line_error
+from helpers import HANG_SECONDS
 from ilr_search.config import ModelConfig
 from ilr_search.commands.autofuse import proxy_memory_bytes
 
@@ -73,7 +74,7 @@ def test_every_event_crosses_a_process_queue_with_its_worker_and_reaches_the_par
     assert {type(e) for e in kinds} == set(typing.get_args(progress.Event))  # every kind of event
     for event in kinds:
         sent.on(event)
-    received = [events.get(timeout=60) for _ in kinds]
+    received = [events.get(timeout=HANG_SECONDS) for _ in kinds]
     assert received == [type(e)(**{**e.__dict__, "worker": 3}) for e in kinds]
     with ConsoleReporter() as reporter:
         for event in received:

@@ -13,7 +13,7 @@ import pytest
 from optuna.trial import TrialState
 
 from conftest import NO_REFERENCES, write_space
-from helpers import wait_until
+from helpers import HANG_SECONDS, wait_until
 from ilr_search.space import load_space
 from ilr_search.storage import open_storage, open_store, parse_storage
 from ilr_search.analysis.results import has_result, study_front
@@ -91,8 +91,8 @@ def test_locked_sqlite_waits_with_a_message_then_proceeds(tmp_path, token_cache,
             said.append(line)
             if "locked by another process" in line:
                 break
-        holder.communicate("release\n", timeout=60)
-        out, err = proc.communicate(timeout=300)
+        holder.communicate("release\n", timeout=HANG_SECONDS)
+        out, err = proc.communicate(timeout=HANG_SECONDS)
     finally:
         for p in (proc, holder):
             if p.poll() is None:
@@ -106,7 +106,7 @@ def test_locked_sqlite_waits_with_a_message_then_proceeds(tmp_path, token_cache,
 def test_diverging_proxy_fails_with_its_reason_and_the_study_goes_on(tmp_path, token_cache, space):
     storage = f"sqlite:///{tmp_path / 'div.db'}"
     proc = subprocess.run(run_cmd(space, storage, "div", 3, "--lr", "10"), cwd=tmp_path, env=env_for(token_cache),
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=HANG_SECONDS)
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
     trials = load(storage, "div").trials
