@@ -31,7 +31,8 @@ def tiny_study(tmp_path_factory, token_cache):
     root = tmp_path_factory.mktemp("study")
     db = root / "s.db"
     env = {**os.environ, "ILR_SEARCH_CACHE": str(token_cache)}
-    proc = subprocess.run([sys.executable, "-m", "ilr_search", *run_args(CLI_SPACE, db, "tiny", *TINY, steps=20, n_trials=6)], cwd=root, env=env,
+    args = run_args(CLI_SPACE, db, "tiny", *TINY, steps=20, n_trials=6)
+    proc = subprocess.run([sys.executable, "-m", "ilr_search", *args], cwd=root, env=env,
                           capture_output=True, text=True, timeout=HANG_SECONDS)
     assert proc.returncode == 0, proc.stderr
     return root, db, json.loads(proc.stdout)
@@ -192,8 +193,7 @@ def test_kill_9_loses_no_trial_and_the_killed_one_is_retried(tmp_path, token_cac
 def test_two_processes_share_a_study_without_training_a_map_twice(tmp_path, token_cache, storage_kind):
     storage = f"sqlite:///{tmp_path / 'w.db'}" if storage_kind == "sqlite" else f"journal:{tmp_path / 'w.log'}"
     env = {**os.environ, "ILR_SEARCH_CACHE": str(token_cache)}
-    args = ["run", *TINY, "--steps", "30", "--n-trials", "10", "--study", "pair", "--storage", storage, "--json",
-            "--sampler", "random"]
+    args = run_args(CLI_SPACE, storage, "pair", *TINY, "--sampler", "random", steps=30, n_trials=10)
     procs = [subprocess.Popen([sys.executable, "-m", "ilr_search", *args], cwd=tmp_path, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=HANG_SECONDS) for p in procs]
@@ -249,7 +249,8 @@ def test_unwritable_and_corrupted_storage(tmp_path, cli):
     # sysfs refuses new files even to root; a missing folder is not created
     assert_one_line_error(cli(*run_args(CLI_SPACE, Path("/sys/ilr-search-test.db"), "x", *TINY, steps=20, n_trials=6)))
     assert not Path("/sys/ilr-search-test.db").exists()
-    assert_one_line_error(cli(*run_args(CLI_SPACE, tmp_path / "no-such-folder" / "s.db", "x", *TINY, steps=20, n_trials=6)))
+    missing = tmp_path / "no-such-folder" / "s.db"
+    assert_one_line_error(cli(*run_args(CLI_SPACE, missing, "x", *TINY, steps=20, n_trials=6)))
     assert not (tmp_path / "no-such-folder").exists()
     corrupted = tmp_path / "bad.db"
     corrupted.write_bytes(b"this is not a database" * 100)
@@ -276,7 +277,8 @@ def test_trials_for_unknown_study(tiny_study, cli, tmp_path):
 def test_storage_password_is_never_printed(cli):
     for url in ("postgresql://user:hunter2@127.0.0.1:9/db", "mysql://user:hunter2@127.0.0.1:9/db"):
         for args in (["studies", "--storage", url], ["trials", "--study", "x", "--storage", url],
-                     ["run", *TINY, "--steps", "2", "--storage", url]):
+                     ["run", "--space", str(CLI_SPACE), *TINY, "--budget", "1.5x", "--steps", "2", "--storage",
+                      url]):
             proc = cli(*args)
             assert proc.returncode == 2
             assert "hunter2" not in proc.stdout + proc.stderr
