@@ -124,6 +124,14 @@ def alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def sigint_as_in_a_terminal() -> None:
+    """A Popen preexec_fn: SIGINT's default action in the child, as a terminal's foreground job has it (Ctrl-C
+    interrupts). A shell starts a background job (pytest run with `&`, say) with SIGINT ignored, and a child
+    would inherit that: Python then installs no KeyboardInterrupt handler and a run ignores Ctrl-C, its
+    spawned workers too."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def signal_all(pids: Sequence[int], sig: signal.Signals) -> None:
     for pid in pids:
         try:

@@ -14,7 +14,8 @@ import sys
 import pytest
 
 from conftest import RACE, RACE_STEPS as STEPS, assert_one_line_error, write_space
-from helpers import HANG_SECONDS, alive, digest, env_for, race_rows, run_args, signal_all, spawned_children, wait_until
+from helpers import (HANG_SECONDS, alive, digest, env_for, race_rows, run_args, sigint_as_in_a_terminal, signal_all,
+                     spawned_children, wait_until)
 from ilr_search.config import SearchConfig
 from ilr_search.search.plan import plan_study
 from ilr_search.space import load_space
@@ -89,7 +90,8 @@ def test_kill_9_during_the_race_then_the_same_command_resumes_training_nothing_t
     # 40-step proxies, 80-step runs at 2x: long enough that the kill lands inside a race run
     cmd = [sys.executable, "-m", "ilr_search", *run_args(space, db, "killed", "--target", "2x", "--steps", "40")]
     env = env_for(token_cache, ILR_SEARCH_HEARTBEAT_SECONDS="1")
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=sigint_as_in_a_terminal)  # its workers stop on SIGINT once it is killed
     in_flight: dict = {}  # the race runs in training when the kill lands, by (map, steps, seed)
     workers: list[int] = []  # the race's worker processes (spawned by the run), told apart by their command line
 

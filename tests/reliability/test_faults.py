@@ -13,7 +13,7 @@ import pytest
 from optuna.trial import TrialState
 
 from conftest import NO_REFERENCES, write_space
-from helpers import HANG_SECONDS, wait_until
+from helpers import HANG_SECONDS, sigint_as_in_a_terminal, wait_until
 from ilr_search.space import load_space
 from ilr_search.storage import open_storage, open_store, parse_storage
 from ilr_search.analysis.results import has_result, study_front
@@ -136,7 +136,8 @@ def test_ctrl_c_stops_within_a_step_with_trials_recorded(tmp_path, token_cache, 
         seen[:] = points
         return sum(t.state == TrialState.COMPLETE for t in trials) >= 1 and bool(points)
 
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=sigint_as_in_a_terminal)
     try:
         wait_until(training_second_trial, "a finished trial and a running one past its first evaluation", proc)
         proc.send_signal(signal.SIGINT)
