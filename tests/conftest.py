@@ -1,5 +1,6 @@
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -39,6 +40,64 @@ def write_space(path: Path, base: Path = TINY_SPACE, **sections: dict) -> Path:
 # The tiny space without reference runs (extra baseline seeds, second seed, block K): for tests that never
 # read them, so that each run that reaches its target does not train three more proxies.
 NO_REFERENCES = {"noise_seeds": 0, "families": ["ilr"]}
+
+# The raced study's search: 3 trials, the maps screened at the target at seed 0, the contenders tested on seeds
+# 1 and 2 and then, while open, seed 3.
+RACE = {**NO_REFERENCES, "race_seeds": 3, "max_seeds": 4, "n_trials": 3}
+RACE_STEPS = 24  # the tiny space's proxy length; the race trains at twice that (--target 2x)
+
+
+@dataclass(frozen=True)
+class RacedStudy:
+    """A finished raced study: its space file, its SQLite file (alone in its folder), study name and `run --json`
+    summary. Tests only read it; one that writes (resumes, kills, makes read-only) works on `copy_to`."""
+    root: Path
+    space: Path
+    db: Path
+    study: str
+    summary: dict
+
+    @property
+    def url(self) -> str:
+        return f"sqlite:///{self.db}"
+
+    def copy_to(self, folder: Path) -> Path:
+        """A copy of the database in `folder` (made if missing), under the same file name."""
+        folder.mkdir(parents=True, exist_ok=True)
+        copy = folder / self.db.name
+        shutil.copyfile(self.db, copy)
+        return copy
+
+
+def _build_raced_study(root: Path, token_cache: Path) -> None:
+    from helpers import env_for, run_args
+
+    space = write_space(root / "race.toml", search={**RACE, "pruner": "none"})  # every trial complete
+    (root / "db").mkdir()
+    args = run_args(space, root / "db" / "raced.db", "raced", "--target", "2x")
+    proc = subprocess.run([sys.executable, "-m", "ilr_search", *args], cwd=root, env=env_for(token_cache),
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (root / "summary.json").write_text(proc.stdout, encoding="utf-8")
+
+
+@pytest.fixture(scope="session")
+def raced_study(tmp_path_factory, token_cache, worker_id) -> RacedStudy:
+    """One real study of the tiny space, 3 trials of 24 steps (no pruning), raced at --target 2x (48 steps) on 3
+    seeds and up to 4: built once for the whole session, under xdist once for all workers (the first to come
+    builds it, under a file lock, the others wait for it and read it)."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base if worker_id == "master" else base.parent  # the folder all xdist workers share
+    root = shared / "raced-study"
+    with FileLock(str(shared / "raced-study.lock")):
+        if not (root / "summary.json").exists():
+            shutil.rmtree(root, ignore_errors=True)  # a build that failed part way
+            root.mkdir()
+            _build_raced_study(root, token_cache)
+    summary = json.loads((root / "summary.json").read_text(encoding="utf-8"))
+    return RacedStudy(root, root / "race.toml", root / "db" / "raced.db", "raced", summary)
 
 
 @pytest.fixture(scope="session")
@@ -93,10 +152,13 @@ def cli(token_cache, tmp_path, monkeypatch, capsys):
 def console(token_cache, tmp_path):
     """Run the real `ilr-search` console entry point in a subprocess; returns CompletedProcess."""
 
-    def run(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 300, check: bool = False):
+    def run(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float | None = None,
+            check: bool = False):
+        from helpers import HANG_SECONDS
+
         full_env = {**os.environ, "ILR_SEARCH_CACHE": str(token_cache), **(env or {})}
         proc = subprocess.run([sys.executable, "-m", "ilr_search", *args], cwd=cwd or tmp_path, env=full_env,
-                              capture_output=True, text=True, timeout=timeout)
+                              capture_output=True, text=True, timeout=timeout or HANG_SECONDS, check=False)
         if check and proc.returncode != 0:
             raise AssertionError(f"ilr-search {' '.join(args)} exited {proc.returncode}:\n{proc.stderr}")
         return proc

@@ -10,24 +10,26 @@ import optuna
 import pytest
 
 from conftest import NO_REFERENCES, assert_one_line_error, write_space
+from helpers import run_args
 from ilr_search.errors import UserInputError
 from ilr_search.space import SpaceError, load_space
 from ilr_search.commands.autofuse import parse_fuse
 
-
-def run_args(space, db, n_trials: int, *extra: str) -> list[str]:
-    return ["run", "--space", str(space), "--budget", "1.5x", "--n-trials", str(n_trials), "--study", "auto",
-            "--storage", f"sqlite:///{db}", "--pruner", "none", "--json", *extra]
+NO_PRUNING = ("--pruner", "none")
 
 
+@pytest.mark.slow
 def test_fuse_auto_in_the_space_probes_says_what_it_chose_and_the_run_trains_that_way(cli, tmp_path):
     space = write_space(tmp_path / "auto.toml", search=NO_REFERENCES | {"fuse": "auto"})
-    proc = cli(*run_args(space, tmp_path / "auto.db", 6), check=True)
+    proc = cli(*run_args(space, tmp_path / "auto.db", "auto", *NO_PRUNING, n_trials=6), check=True)
     lines = [line for line in proc.stderr.splitlines() if line.startswith("fuse auto:")]
     assert len(lines) == 1, proc.stderr
     chosen = re.match(r"fuse auto: (?:(\d+) workers|1 process)[^,]*, K = (\d+)", lines[0])
-    assert chosen, lines[0]
-    workers, k = int(chosen.group(1) or 1), int(chosen.group(2))
+    if chosen:
+        workers, k = int(chosen.group(1) or 1), int(chosen.group(2))
+    else:  # no probe finished within the probe's own time limit (a loaded machine): one process, unfused, said why
+        assert re.match(r"fuse auto: K = 1 \(no probe done in \d+ s: .*not done in", lines[0]), lines[0]
+        workers, k = 1, 1
     summary = json.loads(proc.stdout)
     assert len(summary.get("workers", [None])) == workers
     trials = optuna.load_study(study_name="auto", storage=f"sqlite:///{tmp_path / 'auto.db'}").get_trials()
@@ -39,17 +41,18 @@ def test_fuse_auto_in_the_space_probes_says_what_it_chose_and_the_run_trains_tha
     assert max(groups) <= k and (k == 1) == (groups == {1}), (groups, k)
 
 
+@pytest.mark.slow
 def test_a_fuse_that_does_not_fit_in_memory_is_refused_with_one_line_and_nothing_on_disk(cli, tmp_path):
     space = write_space(tmp_path / "big.toml", model={"d_model": 512, "heads": 8}, search=NO_REFERENCES)
     fresh = tmp_path / "fresh.db"
-    proc = cli(*run_args(space, fresh, 2, "--fuse", "100000"))
+    proc = cli(*run_args(space, fresh, "auto", *NO_PRUNING, "--fuse", "100000", n_trials=2))
     assert_one_line_error(proc)
     assert "--fuse 100000" in proc.stderr and "GiB" in proc.stderr
     assert not fresh.exists()
     db = tmp_path / "kept.db"
-    cli(*run_args(write_space(tmp_path / "small.toml", search=NO_REFERENCES), db, 1), check=True)
+    cli(*run_args(write_space(tmp_path / "small.toml", search=NO_REFERENCES), db, "auto", *NO_PRUNING, n_trials=1), check=True)
     before = hashlib.sha256(db.read_bytes()).hexdigest()
-    assert_one_line_error(cli(*run_args(space, db, 2, "--fuse", "100000", "--study", "other")))
+    assert_one_line_error(cli(*run_args(space, db, "other", *NO_PRUNING, "--fuse", "100000", n_trials=2)))
     assert hashlib.sha256(db.read_bytes()).hexdigest() == before
 
 

@@ -7,6 +7,7 @@ import optuna
 import pytest
 
 from conftest import assert_one_line_error, write_space
+from helpers import HANG_SECONDS
 from ilr_search.search.maps import BLOCK_PARAMS, parse_enqueued, repair_block
 from ilr_search.training.schedule import BlockMap, ReuseMap, ScheduleError, map_of_key, parse_map
 
@@ -90,11 +91,12 @@ def blocks_study(tmp_path_factory, token_cache):
             "--storage", f"sqlite:///{db}", "--json", "--enqueue", "block:1-2:2"]
     proc = subprocess.run([sys.executable, "-m", "ilr_search", *args], cwd=root,
                           env={**os.environ, "ILR_SEARCH_CACHE": str(token_cache)}, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=HANG_SECONDS)
     assert proc.returncode == 0, proc.stderr
     return root, db
 
 
+@pytest.mark.slow
 def test_a_blocks_study_proposes_blocks_within_budget_once_each(blocks_study, cli):
     root, db = blocks_study
     trials = optuna.load_study(study_name="b", storage=f"sqlite:///{db}").trials

@@ -15,8 +15,8 @@ from importlib import metadata
 import pytest
 from rich.console import Console
 
-from conftest import NO_REFERENCES, ROOT, TINY_SPACE, assert_one_line_error, write_space
-from test_enqueue import BAD_ENQUEUES, run_args
+from conftest import NO_REFERENCES, TINY_SPACE, assert_one_line_error, write_space
+from helpers import BAD_ENQUEUES, Imported, imported_by, run_args
 
 
 @pytest.mark.parametrize("command", [[], ["run", "--budget", "2x"], ["train"], ["recipe"], ["bench", "build"]])
@@ -80,33 +80,16 @@ def test_no_blank_line_before_an_error(console, tmp_path, args):
     assert proc.stderr.startswith("error: "), repr(proc.stderr)
 
 
-MAIN_THEN_LOADED = """
-import sys
-from ilr_search.cli.main import main
-sys.argv = ["ilr-search", *sys.argv[1:]]
-try:
-    main()
-except SystemExit as e:
-    assert e.code in (0, None), e.code
-loaded = [name for name in ("optuna", "torch") if name in sys.modules]
-import optuna
-print("loaded:", *loaded, "optuna verbosity:", optuna.logging.get_verbosity())
-"""
-
-
-@pytest.mark.parametrize("args, printed", [
-    (["--help"], "loaded: optuna verbosity: 20"),  # help loads neither Optuna nor torch (20: Optuna's default)
-    (["run", "--help"], "loaded: optuna verbosity: 20"),
-    (["studies", "--storage", "sqlite:///s.db"], "loaded: optuna optuna verbosity: 40"),  # a command: errors only
+@pytest.mark.parametrize("args, loaded, verbosity", [
+    (["--help"], (), 20),  # help loads neither Optuna nor torch (20: Optuna's default)
+    (["run", "--help"], (), 20),
+    (["studies", "--storage", "sqlite:///none.db"], ("optuna",), 40),  # a command: errors only
 ])
-def test_help_loads_no_optuna_and_a_command_quiets_it(tmp_path, args, printed):
+def test_help_loads_no_optuna_and_a_command_quiets_it(tmp_path, args, loaded, verbosity):
     import optuna
 
-    optuna.create_study(study_name="s", storage=f"sqlite:///{tmp_path / 's.db'}")
-    proc = subprocess.run([sys.executable, "-c", MAIN_THEN_LOADED, *args], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip().splitlines()[-1] == printed
+    optuna.create_study(study_name="s", storage=f"sqlite:///{tmp_path / 'none.db'}")  # studies reads a storage that exists
+    assert imported_by(args, tmp_path) == Imported(loaded, verbosity)
 
 
 def test_version_prints_the_installed_version(cli):
@@ -163,7 +146,7 @@ def test_a_space_takes_integers_for_numbers(cli, tmp_path):
 def test_flops_and_train_refuse_counts_above_max_reuse_as_run_does(cli, tmp_path):
     space = write_space(tmp_path / "space.toml", search=NO_REFERENCES)  # max_reuse 3
     shared = "a layer runs 4 times, above the space's max_reuse 3"
-    run = cli(*run_args(space, tmp_path / "r.db", 2, "--enqueue", "4,1,1,1"))
+    run = cli(*run_args(space, tmp_path / "r.db", "q", "--enqueue", "4,1,1,1", budget="2x", steps=8, n_trials=2))
     assert_one_line_error(run)
     assert shared in run.stderr
     for command in ("flops", "train"):
@@ -181,7 +164,7 @@ BAD_RUN_INPUTS = [["--enqueue", text] for _, text in sorted(BAD_ENQUEUES.items()
 @pytest.mark.parametrize("bad", BAD_RUN_INPUTS, ids=" ".join)
 def test_run_and_its_dry_run_refuse_the_same_input(cli, tmp_path, bad):
     space = write_space(tmp_path / "space.toml", search=NO_REFERENCES)
-    args = run_args(space, tmp_path / "r.db", 2, *bad)  # a later --budget or --n-trials wins over run_args'
+    args = run_args(space, tmp_path / "r.db", "q", *bad, budget="2x", steps=8, n_trials=2)  # a later --budget or --n-trials wins over run_args'
     refused = [cli(*args), cli(*args, "--dry-run")]
     for proc in refused:
         assert_one_line_error(proc)

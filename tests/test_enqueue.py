@@ -9,15 +9,13 @@ import pandas as pd
 import pytest
 
 from conftest import NO_REFERENCES, assert_one_line_error, write_space
+from helpers import BAD_ENQUEUES, HANG_SECONDS, run_args
+
+SMALL = {"budget": "2x", "steps": 8}  # 2x: 8 layer runs of 8 steps
 from ilr_search.search.maps import parse_enqueued, repair_to_budget
 from ilr_search.search.samplers import BudgetRepairSampler
 
 MAP_PARAMS = ("r0", "r1", "r2", "r3")
-
-
-def run_args(space: Path, db: Path, n_trials: int, *extra: str) -> list[str]:
-    return ["run", "--space", str(space), "--budget", "2x", "--steps", "8", "--n-trials", str(n_trials),
-            "--study", "q", "--storage", f"sqlite:///{db}", "--json", *extra]
 
 
 def trials_of(db: Path) -> list[optuna.trial.FrozenTrial]:
@@ -35,9 +33,9 @@ def enqueued_study(tmp_path_factory, token_cache):
     space = write_space(root / "space.toml", search={"noise_seeds": 0, "families": ["ilr"]})
     db = root / "q.db"
     proc = subprocess.run([sys.executable, "-m", "ilr_search",
-                           *run_args(space, db, 4, "--enqueue", "3,3,3,1 1,2,1,2 block2")],
+                           *run_args(space, db, "q", "--enqueue", "3,3,3,1 1,2,1,2 block2", **SMALL, n_trials=4)],
                           cwd=root, env={**os.environ, "ILR_SEARCH_CACHE": str(token_cache)},
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=HANG_SECONDS)
     assert proc.returncode == 0, proc.stderr
     return root, space, db, json.loads(proc.stdout)
 
@@ -79,7 +77,7 @@ def test_a_resume_with_other_enqueued_maps_adds_them(enqueued_study, cli):
     root, space, db, _ = enqueued_study
     copy = root / "resume.db"
     copy.write_bytes(db.read_bytes())
-    cli(*run_args(space, copy, 6, "--enqueue", "3,3,3,1 1,1,2,2"), check=True)  # 3,3,3,1 is there: not again
+    cli(*run_args(space, copy, "q", "--enqueue", "3,3,3,1 1,1,2,2", **SMALL, n_trials=6), check=True)  # 3,3,3,1 is there: not again
     trials = trials_of(copy)
     assert len(trials) == 6 and trials[4].user_attrs["reuse_map"] == [1, 1, 2, 2]
     assert not any(t.state == optuna.trial.TrialState.WAITING for t in trials)
@@ -92,30 +90,18 @@ def test_enqueued_maps_beyond_the_target_raise_it(enqueued_study, cli):
     root, space, db, _ = enqueued_study
     copy = root / "beyond.db"
     copy.write_bytes(db.read_bytes())
-    proc = cli(*run_args(space, copy, 4, "--enqueue", "1,1,2,2"), check=True)
+    proc = cli(*run_args(space, copy, "q", "--enqueue", "1,1,2,2", **SMALL, n_trials=4), check=True)
     assert "--n-trials 4 raised to 5" in proc.stderr
     trials = trials_of(copy)
     assert len(trials) == 5 and trials[4].user_attrs["reuse_map"] == [1, 1, 2, 2]
     assert all(t.state.is_finished() for t in trials)
 
 
-BAD_ENQUEUES = {
-    "wrong length": "2,1,1",
-    "count below one": "2,0,1,1",
-    "above max_reuse": "4,1,1,1",
-    "not integers": "two,1,1,1",
-    "knob not searched": "2,1,1,1|injection=add",
-    "unknown knob": "2,1,1,1|wings",
-    "block over budget": "block3",
-    "block one": "block1",
-}
-
-
 @pytest.mark.parametrize("case", sorted(BAD_ENQUEUES))
 def test_bad_enqueued_maps_change_nothing(tmp_path, cli, case):
     space = write_space(tmp_path / "space.toml", search=NO_REFERENCES)
     db = tmp_path / "bad.db"
-    proc = cli(*run_args(space, db, 4, "--enqueue", f"2,2,1,1 {BAD_ENQUEUES[case]}"))
+    proc = cli(*run_args(space, db, "q", "--enqueue", f"2,2,1,1 {BAD_ENQUEUES[case]}", **SMALL, n_trials=4))
     assert_one_line_error(proc)
     assert "enqueued map" in proc.stderr
     assert not db.exists()
@@ -126,7 +112,7 @@ def test_the_space_toml_enqueues_maps_and_knob_settings(tmp_path, cli):
     space = write_space(tmp_path / "space.toml", search={**NO_REFERENCES, "knobs": ["injection"],
                                                          "enqueue": ["1,1,2,2|injection=gated", "1,1,2,2"]})
     db = tmp_path / "toml.db"
-    cli(*run_args(space, db, 3), check=True)
+    cli(*run_args(space, db, "q", **SMALL, n_trials=3), check=True)
     trials = trials_of(db)
     assert [t.params for t in trials[:3]] == [
         {"r0": 1, "r1": 1, "r2": 1, "r3": 1, "injection": "none"},

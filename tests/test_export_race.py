@@ -13,11 +13,8 @@ import sys
 import pandas as pd
 import pytest
 
-from conftest import NO_REFERENCES, ROOT, write_space
-from test_race_study import env_for, run_args
-
-# The smallest race: 3 trials of 16 steps, the contenders raced at 2x (32 steps) on 2 seeds, at most 3.
-SMALL_RACE = {**NO_REFERENCES, "race_seeds": 2, "max_seeds": 3, "n_trials": 3}
+from conftest import RACE_STEPS, ROOT
+from helpers import HANG_SECONDS, env_for
 FIXTURES = ROOT / "tests" / "fixtures"
 OLD_STUDY = "before-typed-records"  # the study of tests/fixtures/study-eeb668a.sql (schema version 1)
 
@@ -40,23 +37,18 @@ def same(a, b) -> bool:
 
 
 @pytest.fixture(scope="module")
-def raced(tmp_path_factory, token_cache):
-    root = tmp_path_factory.mktemp("export-race")
-    space = write_space(root / "race.toml", search=SMALL_RACE)
-    db = root / "r.db"
-    proc = subprocess.run([sys.executable, "-m", "ilr_search", *run_args(space, db, "er", "--target", "2x", "--steps", "16")],
-                          cwd=root, env=env_for(token_cache), capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    runs = stored_runs(db, "er")
-    assert runs and {steps for _, steps, _ in runs} == {32}  # the race trained at the target
-    return root, db, runs
+def raced(raced_study):
+    """The session's raced study (3 trials, the contenders raced at 2x): its folder, database and race runs."""
+    runs = stored_runs(raced_study.db, raced_study.study)
+    assert runs and {steps for _, steps, _ in runs} == {2 * RACE_STEPS}  # the race trained at the target
+    return raced_study.root, raced_study.db, runs
 
 
 @pytest.mark.slow
 def test_export_holds_every_race_run_with_integer_columns(raced, cli, tmp_path):
     _, db, runs = raced
     out, curves_out, csv_out = tmp_path / "t.parquet", tmp_path / "c.parquet", tmp_path / "t.csv"
-    report = json.loads(cli("export", "--study", "er", "--storage", f"sqlite:///{db}", "--out", str(out), "--curves",
+    report = json.loads(cli("export", "--study", "raced", "--storage", f"sqlite:///{db}", "--out", str(out), "--curves",
                             str(curves_out), "--json", check=True).stdout)
     assert report["race_runs"] == len(runs)
     frame = pd.read_parquet(out)
@@ -90,7 +82,7 @@ def test_export_holds_every_race_run_with_integer_columns(raced, cli, tmp_path):
     assert (race_points["kind"] == "val").all() and (race_points["tokens"] > 0).all()
 
     # CSV: the integers written as integers (trial 0, not 0.0), the missing ones empty.
-    cli("export", "--study", "er", "--storage", f"sqlite:///{db}", "--out", str(csv_out), check=True)
+    cli("export", "--study", "raced", "--storage", f"sqlite:///{db}", "--out", str(csv_out), check=True)
     with open(csv_out, newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     first = next(r for r in rows if r["trial"] == "0")
@@ -103,7 +95,7 @@ def test_export_holds_every_race_run_with_integer_columns(raced, cli, tmp_path):
 @pytest.mark.slow
 def test_trials_json_lists_every_race_run(raced, cli):
     _, db, runs = raced
-    report = json.loads(cli("trials", "--study", "er", "--storage", f"sqlite:///{db}", "--json", check=True).stdout)
+    report = json.loads(cli("trials", "--study", "raced", "--storage", f"sqlite:///{db}", "--json", check=True).stdout)
     listed = {(r["map_key"], r["steps"], r["seed"]): r for r in report["race_runs"]}
     assert listed.keys() == runs.keys() and len(report["race_runs"]) == len(runs)
     for key, r in listed.items():
@@ -183,7 +175,7 @@ def test_two_processes_opening_an_old_database_at_once_rename_its_table_once(old
     said = [p.stdout.readline().strip() for p in procs]  # both waiting for the lock, neither has renamed
     lock.execute("ROLLBACK")
     lock.close()
-    outputs = [p.communicate(timeout=300) for p in procs]
+    outputs = [p.communicate(timeout=HANG_SECONDS) for p in procs]
     assert said == ["locking", "locking"], [err[-2000:] for _, err in outputs]
     assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outputs]
     assert all(json.loads(out.strip().splitlines()[-1]) == [["2,1,1,1", 96, 1]] for out, _ in outputs)

@@ -364,6 +364,7 @@ def test_audit_says_a_map_beats_the_baseline_only_beyond_the_seed_noise(small_st
     assert ("not beyond the seed noise" in report.verdict) is not beats
 
 
+@pytest.mark.slow
 def test_audit_fused_gives_the_runs_one_at_a_time_gives(small_study, tmp_path):
     """audit --fuse 3 trains the chosen maps and seeds in fused groups: the same rows, the same curves within the
     fused trainer's tolerance, as one run at a time on a copy of the same study."""

@@ -10,12 +10,8 @@ import pytest
 from optuna.trial import TrialState
 
 from conftest import NO_REFERENCES, assert_one_line_error, write_space
+from helpers import run_args
 from ilr_search.search.progress import Event, RunReporter, Step
-
-
-def run_args(space: Path, db: Path, n_trials: int, *extra: str) -> list[str]:
-    return ["run", "--space", str(space), "--budget", "1.5x", "--n-trials", str(n_trials), "--study", "fused",
-            "--storage", f"sqlite:///{db}", "--json", *extra]
 
 
 def trials_of(db: Path) -> list[optuna.trial.FrozenTrial]:
@@ -39,7 +35,7 @@ def space(tmp_path) -> Path:
 @pytest.mark.slow
 def test_run_fuse_4_finishes_with_the_right_count_no_map_twice_and_resumes(cli, tmp_path, space):
     db = tmp_path / "fused.db"
-    summary = json.loads(cli(*run_args(space, db, 8, "--fuse", "4"), check=True).stdout)
+    summary = json.loads(cli(*run_args(space, db, "fused", "--fuse", "4", n_trials=8), check=True).stdout)
     trials = trials_of(db)
     assert summary["n_complete"] + summary["n_pruned"] == len(with_result(trials)) == 8
     assert not [t for t in trials if t.state == TrialState.RUNNING]
@@ -48,7 +44,7 @@ def test_run_fuse_4_finishes_with_the_right_count_no_map_twice_and_resumes(cli, 
     assert all(t.user_attrs.get("steps") == 24 for t in with_result(trials) if "reused_from" not in t.user_attrs
                and t.state == TrialState.COMPLETE)  # fused members trained to the end
     # resuming to 11 (not a multiple of 4) adds exactly three trials, still no map trained twice
-    more = json.loads(cli(*run_args(space, db, 11, "--fuse", "4"), check=True).stdout)
+    more = json.loads(cli(*run_args(space, db, "fused", "--fuse", "4", n_trials=11), check=True).stdout)
     trials = trials_of(db)
     assert more["n_complete"] + more["n_pruned"] == len(with_result(trials)) == 11
     trained = trained_maps(trials)
@@ -99,15 +95,16 @@ def test_ctrl_c_in_a_fused_group_fails_its_trials_queues_them_again_and_a_resume
 @pytest.mark.parametrize("value", ["0", "abc", "-2"])
 def test_bad_fuse_exits_2_with_one_error_line_and_changes_nothing(cli, tmp_path, space, value):
     db = tmp_path / "fused.db"
-    cli(*run_args(space, db, 2), check=True)
+    cli(*run_args(space, db, "fused", n_trials=2), check=True)
     before = hashlib.sha256(db.read_bytes()).hexdigest()
-    assert_one_line_error(cli(*run_args(space, db, 3, "--fuse", value)))
+    assert_one_line_error(cli(*run_args(space, db, "fused", "--fuse", value, n_trials=3)))
     assert hashlib.sha256(db.read_bytes()).hexdigest() == before
     fresh = tmp_path / "fresh.db"
-    assert_one_line_error(cli(*run_args(space, fresh, 3, "--fuse", value)))
+    assert_one_line_error(cli(*run_args(space, fresh, "fused", "--fuse", value, n_trials=3)))
     assert not fresh.exists()
 
 
+@pytest.mark.slow
 def test_reference_runs_trained_fused_equal_those_trained_one_at_a_time(cli, tmp_path):
     """The baseline's extra seeds and the second seed, trained as one fused group with --fuse 3, give the
     single runs' validation curves (the fused trainer's tolerance); the trials are the same fixed maps."""
@@ -115,7 +112,7 @@ def test_reference_runs_trained_fused_equal_those_trained_one_at_a_time(cli, tmp
     references = {}
     for fuse in ("1", "3"):
         db = tmp_path / f"refs{fuse}.db"
-        proc = cli(*run_args(space, db, 3, "--fuse", fuse, "--pruner", "none", "--enqueue", "2,1,1,1 1,2,1,1"),
+        proc = cli(*run_args(space, db, "fused", "--fuse", fuse, "--pruner", "none", "--enqueue", "2,1,1,1 1,2,1,1", n_trials=3),
                    check=True)
         assert ("(fused, 3 at once)" in proc.stderr) == (fuse == "3"), proc.stderr
         attrs = optuna.load_study(study_name="fused", storage=f"sqlite:///{db}").user_attrs

@@ -8,24 +8,22 @@ import optuna
 import pytest
 
 from conftest import ROOT, assert_one_line_error
+from helpers import run_args
 from ilr_search.commands.audit import run_audit
 from ilr_search.config import AuditSettings
 
-SPACE = ["--space", str(ROOT / "tests" / "spaces" / "cli.toml"), "--layers", "3", "--d-model", "16", "--heads", "2",
-         "--seq-len", "32", "--batch-size", "4", "--dtype", "fp32", "--budget", "1.7x", "--steps", "16"]
-
-
-def run_args(db, n_trials, knobs="injection,iteration_norms"):
-    return ["run", *SPACE, "--n-trials", str(n_trials), "--study", "k", "--storage", f"sqlite:///{db}", "--json",
-            "--knobs", knobs]
+SPACE = ROOT / "tests" / "spaces" / "cli.toml"
+SMALL = ["--layers", "3", "--d-model", "16", "--heads", "2", "--seq-len", "32", "--batch-size", "4", "--dtype", "fp32"]
+KNOBS = "injection,iteration_norms"
+PROXY = {"budget": "1.7x", "steps": 16}
 
 
 @pytest.mark.slow
 def test_a_study_searches_stores_and_resumes_knobs(cli, tmp_path):
     db = tmp_path / "k.db"
-    first = json.loads(cli(*run_args(db, 6), check=True).stdout)
+    first = json.loads(cli(*run_args(SPACE, db, "k", *SMALL, "--knobs", KNOBS, **PROXY, n_trials=6), check=True).stdout)
     assert first["n_complete"] + first["n_pruned"] == 6
-    more = json.loads(cli(*run_args(db, 14), check=True).stdout)
+    more = json.loads(cli(*run_args(SPACE, db, "k", *SMALL, "--knobs", KNOBS, **PROXY, n_trials=14), check=True).stdout)
     assert more["n_complete"] + more["n_pruned"] == 14
 
     study = optuna.load_study(study_name="k", storage=f"sqlite:///{db}")
@@ -60,10 +58,10 @@ def test_a_study_searches_stores_and_resumes_knobs(cli, tmp_path):
 
     # another knob list is another study: refused, nothing changes
     before = db.read_bytes()
-    refused = cli(*run_args(db, 14, knobs="injection"))
+    refused = cli(*run_args(SPACE, db, "k", *SMALL, "--knobs", "injection", **PROXY, n_trials=14))
     assert_one_line_error(refused)
     assert "knobs" in refused.stderr and db.read_bytes() == before
-    bad = cli(*run_args(db, 14, knobs="injection,lora"))
+    bad = cli(*run_args(SPACE, db, "k", *SMALL, "--knobs", "injection,lora", **PROXY, n_trials=14))
     assert_one_line_error(bad)
     assert "unknown knob" in bad.stderr and db.read_bytes() == before
 
@@ -92,6 +90,7 @@ def test_a_study_searches_stores_and_resumes_knobs(cli, tmp_path):
         assert abs(audited["audit_ppl"] - t.user_attrs["val_ppl"]) < 1e-6 * t.user_attrs["val_ppl"], (t.number, audited)
 
 
+@pytest.mark.slow
 def test_a_space_searches_repeat_scale_fused_where_it_can(cli, tmp_path):
     """`[search] knobs = ["repeat_scale"]`: the three settings of one map are three trials; fused groups train
     "off" and "residual" together and "lr" (which the fused trainer refuses) alone, and the audit, one map at a
@@ -102,9 +101,8 @@ def test_a_space_searches_repeat_scale_fused_where_it_can(cli, tmp_path):
     db = tmp_path / "rs.db"
     # after the baseline, a first group of 3: the baseline (knob off) alone, the two residual maps fused
     enqueue = "2,1,1|repeat_scale=residual 1,2,1|repeat_scale=residual 2,1,1|repeat_scale=lr 2,1,1"
-    args = ["run", *SPACE, "--space", str(space), "--n-trials", "6", "--study", "rs", "--storage", f"sqlite:///{db}",
-            "--json", "--fuse", "3", "--pruner", "none", "--enqueue", enqueue]
-    cli(*args, check=True)
+    cli(*run_args(space, db, "rs", *SMALL, "--fuse", "3", "--pruner", "none", "--enqueue", enqueue, budget="1.7x",
+                  steps=16, n_trials=6), check=True)
     study = optuna.load_study(study_name="rs", storage=f"sqlite:///{db}")
     assert study.user_attrs["ilr:config"]["search"]["knobs"] == ["repeat_scale"]
     trials = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]

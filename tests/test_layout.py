@@ -9,17 +9,13 @@ import optuna
 import pytest
 
 from conftest import NO_REFERENCES, write_space
+from helpers import run_args
 from ilr_search.commands.layout import process_threads, race_processes, usable_cores
 from ilr_search.commands.run import RunOptions, choose_layout, run_request
 from ilr_search.search.plan import LAYOUT_ATTR, PhaseLayout, StudyLayout, stored_layout, stored_layouts
 
 BUSY = (6.0, 6.0, 6.0)  # a load average well above any core count here
 QUIET = (0.0, 0.0, 0.0)
-
-
-def run_args(space: Path, db: Path, n_trials: int, *extra: str) -> list[str]:
-    return ["run", "--space", str(space), "--budget", "1.5x", "--n-trials", str(n_trials), "--study", "layout",
-            "--storage", f"sqlite:///{db}", "--json", *extra]
 
 
 def layout_at(load: tuple[float, float, float], monkeypatch, space: Path | None, **flags) -> StudyLayout:
@@ -81,7 +77,7 @@ def test_a_busy_spell_before_a_run_changes_none_of_its_numbers(cli, tmp_path, mo
     summaries = {}
     for name, load in (("busy", BUSY), ("quiet", QUIET)):
         monkeypatch.setattr(os, "getloadavg", lambda load=load: load)
-        summaries[name] = json.loads(cli(*run_args(space, tmp_path / f"{name}.db", 3, *race), check=True).stdout)
+        summaries[name] = json.loads(cli(*run_args(space, tmp_path / f"{name}.db", "layout", *race, n_trials=3), check=True).stdout)
     assert summaries["busy"]["layout"] == summaries["quiet"]["layout"]
     assert trial_values(tmp_path / "busy.db") == trial_values(tmp_path / "quiet.db")
     busy_runs = race_runs(tmp_path / "busy.db")
@@ -97,21 +93,22 @@ def test_a_busy_spell_before_a_run_changes_none_of_its_numbers(cli, tmp_path, mo
     assert sum(p["tokens"] for p in phases[1:]) == summaries["quiet"]["race_steps"] * 8 * 64
 
 
+@pytest.mark.slow
 def test_a_resume_keeps_the_stored_layout_unless_asked(cli, tmp_path):
     space = write_space(tmp_path / "tiny.toml", search=NO_REFERENCES, train={"steps": 8})  # the space's K: 1
     db = tmp_path / "study.db"
-    first = cli(*run_args(space, db, 2, "--fuse", "2"), check=True)
+    first = cli(*run_args(space, db, "layout", "--fuse", "2", n_trials=2), check=True)
     made = json.loads(first.stdout)["layout"]
     assert made["trials"]["fuse"] == made["race"]["fuse"] == 2
     assert "results may differ" not in first.stderr
 
-    resumed = cli(*run_args(space, db, 3), check=True)
+    resumed = cli(*run_args(space, db, "layout", n_trials=3), check=True)
     assert json.loads(resumed.stdout)["layout"] == made
     assert "the study's stored layout" in resumed.stderr and "results may differ" not in resumed.stderr
     attrs = optuna.load_study(study_name="layout", storage=f"sqlite:///{db}").user_attrs
     assert len(attrs[LAYOUT_ATTR]) == 1 and stored_layout(attrs).to_dict() == made
 
-    changed = cli(*run_args(space, db, 4, "--fuse", "1"), check=True)
+    changed = cli(*run_args(space, db, "layout", "--fuse", "1", n_trials=4), check=True)
     assert json.loads(changed.stdout)["layout"]["trials"]["fuse"] == 1
     warned = [line for line in changed.stderr.splitlines() if "results may differ in their rounding" in line]
     assert len(warned) == 1

@@ -7,30 +7,22 @@ coloured trace has a legend entry or is in the group of one; every colour is one
 import json
 import math
 import re
-import subprocess
-import sys
 
 import pytest
 
-from conftest import write_space
-from test_race_study import RACE, STEPS, env_for, run_args
+from conftest import RACE_STEPS as STEPS
 
 CSS_COLOUR = re.compile(r"^(#[0-9a-fA-F]{3}|#[0-9a-fA-F]{6}|rgba?\([\d.\s,]+\)|[a-z]+)$")
 
 
 @pytest.fixture(scope="module")
-def raced(tmp_path_factory, token_cache):
-    """A real study of 3 trials raced at --target 2x (the adaptive race, up to 4 seeds)."""
-    root = tmp_path_factory.mktemp("verdict")
-    space = write_space(root / "race.toml", search=RACE)
-    db = root / "v.db"
-    proc = subprocess.run([sys.executable, "-m", "ilr_search", *run_args(space, db, "verdict", "--target", "2x")],
-                          cwd=root, env=env_for(token_cache), capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
+def raced(raced_study):
+    """The session's raced study (3 trials raced at --target 2x, the adaptive race, up to 4 seeds): its URL, its
+    pareto report with the layers view, and its front figure."""
     from ilr_search.commands.report import front_figure, pareto_report
 
-    url = f"sqlite:///{db}"
-    return url, pareto_report("verdict", url, view="layers").to_json(), front_figure("verdict", url)
+    url = raced_study.url
+    return url, pareto_report(raced_study.study, url, view="layers").to_json(), front_figure(raced_study.study, url)
 
 
 def _key(hover):
@@ -125,10 +117,10 @@ def test_the_heatmap_view_layers_and_the_recipe_read_the_decided_front(raced, cl
     heatmap = next(t for t in fig.data if t.type == "heatmap")
     assert [list(z) for z in heatmap.z] == [p["reuse_map"] for p in decided]
     assert all(f"ppl {p['val_ppl']:.5g}" in label for p, label in zip(decided, heatmap.y))  # the race's mean
-    layers = json.loads(cli("pareto", "--study", "verdict", "--storage", url, "--view", "layers", "--json",
+    layers = json.loads(cli("pareto", "--study", "raced", "--storage", url, "--view", "layers", "--json",
                             check=True).stdout)["layers"]
     assert layers["front_maps"] == decided  # at the race's length, with its seeds and intervals
-    proc = cli("recipe", "--study", "verdict", "--storage", url, "--json", check=True)
+    proc = cli("recipe", "--study", "raced", "--storage", url, "--json", check=True)
     best = min(decided, key=lambda p: (p["val_ppl"], p["flops_ratio"]))
     assert json.loads(proc.stdout)["reuse_map"] == best["reuse_map"]
     assert f"on the race's front at {report['target_steps']} steps" in proc.stderr and "lowest perplexity" in proc.stderr

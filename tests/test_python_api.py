@@ -6,8 +6,10 @@ import subprocess
 import sys
 
 import optuna
+import pytest
 
 from conftest import ROOT, TINY_SPACE
+from helpers import HANG_SECONDS
 
 
 def readme_example() -> str:
@@ -16,6 +18,7 @@ def readme_example() -> str:
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
+@pytest.mark.slow
 def test_the_readme_python_api_example_runs(tmp_path, monkeypatch, token_cache, capsys):
     code = readme_example()
     space_call = 'load_space("default", {"model": {"layers": 4}})'
@@ -36,6 +39,7 @@ def test_the_readme_python_api_example_runs(tmp_path, monkeypatch, token_cache, 
 IMPORT_EVERY_MODULE = """
 import importlib, pkgutil, sys
 import optuna
+import pytest
 import ilr_search
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)  # neither Optuna's default nor the CLI's
@@ -52,6 +56,6 @@ def test_importing_the_library_leaves_optunas_logging_alone():
     search, the CLI's modules) sets it on import; only a CLI command does, as it starts. A fresh process, so that
     what other tests imported or set does not count."""
     proc = subprocess.run([sys.executable, "-c", IMPORT_EVERY_MODULE], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=HANG_SECONDS)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert int(proc.stdout.split()[-1]) == optuna.logging.WARNING

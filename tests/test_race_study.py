@@ -3,64 +3,30 @@ adaptive race; a study may ask for the fixed race), stored as race runs with the
 after kill -9 with no (map, steps, seed) trained twice; the race front and verdict in `run`, `pareto` and
 `trials`; bad race flags refused with nothing changed on disk."""
 
-import hashlib
 import json
 import math
-import os
 import re
 import signal
 import sqlite3
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 
-from conftest import NO_REFERENCES, assert_one_line_error, write_space
+from conftest import RACE, RACE_STEPS as STEPS, assert_one_line_error, write_space
+from helpers import (HANG_SECONDS, alive, digest, env_for, race_rows, run_args, sigint_as_in_a_terminal, signal_all,
+                     spawned_children, wait_until)
 from ilr_search.config import SearchConfig
 from ilr_search.search.plan import plan_study
 from ilr_search.space import load_space
 
-STEPS = 24  # the tiny space's proxy length
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
-# 3 maps screened at the target at seed 0, the contenders tested on seeds 1 and 2 and then, while open, seed 3
-RACE = {**NO_REFERENCES, "race_seeds": 3, "max_seeds": 4, "n_trials": 3}
 
 
-def run_args(space, db, study, *extra):
-    return ["run", "--space", str(space), "--budget", "1.5x", "--study", study, "--storage", f"sqlite:///{db}",
-            "--json", *extra]
-
-
-def env_for(token_cache, **extra):
-    return {**os.environ, "ILR_SEARCH_CACHE": str(token_cache), **extra}
-
-
-def race_rows(db: Path) -> list[dict]:
-    """The study's race runs (table ilr_race_runs), read with plain sqlite3."""
-    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30) as conn:
-        conn.row_factory = sqlite3.Row
-        try:
-            return [dict(r) for r in conn.execute("SELECT * FROM ilr_race_runs")]
-        except sqlite3.OperationalError:  # not created yet
-            return []
-
-
-def digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else "absent"
-
-
-@pytest.fixture(scope="module")
-def raced(tmp_path_factory, token_cache):
-    """One real study of 3 trials raced at --target 2x over 2 seeds, shared by the read-only tests below."""
-    root = tmp_path_factory.mktemp("race")
-    space = write_space(root / "race.toml", search=RACE)
-    db = root / "r.db"
-    proc = subprocess.run([sys.executable, "-m", "ilr_search", *run_args(space, db, "raced", "--target", "2x")],
-                          cwd=root, env=env_for(token_cache), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    return root, space, db, json.loads(proc.stdout)
+@pytest.fixture
+def raced(raced_study):
+    """The session's raced study (conftest.raced_study), read only: root, space, database, summary."""
+    return raced_study.root, raced_study.space, raced_study.db, raced_study.summary
 
 
 @pytest.mark.slow
@@ -108,8 +74,9 @@ def test_front_points_carry_length_seeds_interval_and_confirmation(raced, cli, t
 
 
 @pytest.mark.slow
-def test_rerunning_a_finished_race_trains_nothing(raced, cli):
-    root, space, db, summary = raced
+def test_rerunning_a_finished_race_trains_nothing(raced, raced_study, cli, tmp_path):
+    _, space, _, summary = raced
+    root, db = tmp_path, raced_study.copy_to(tmp_path)  # the rerun opens it for writing
     before = race_rows(db)
     again = json.loads(cli(*run_args(space, db, "raced", "--target", "2x"), cwd=root, check=True).stdout)
     assert race_rows(db) == before
@@ -127,29 +94,48 @@ def test_kill_9_during_the_race_then_the_same_command_resumes_training_nothing_t
     # 40-step proxies, 80-step runs at 2x: long enough that the kill lands inside a race run
     cmd = [sys.executable, "-m", "ilr_search", *run_args(space, db, "killed", "--target", "2x", "--steps", "40")]
     env = env_for(token_cache, ILR_SEARCH_HEARTBEAT_SECONDS="1")
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=sigint_as_in_a_terminal)  # its workers stop on SIGINT once it is killed
+    in_flight: dict = {}  # the race runs in training when the kill lands, by (map, steps, seed)
+    workers: list[int] = []  # the race's worker processes (spawned by the run), told apart by their command line
+
+    def race_in_flight() -> bool:
+        """The event: a race run in training after at least one has finished. Seen in the database while the run
+        and its workers are stopped (SIGSTOP), so that no run can finish between seeing it and the kill."""
+        if not any(r["state"] == "running" for r in race_rows(db)):
+            return False
+        workers[:] = spawned_children(proc.pid)
+        frozen = [proc.pid, *workers]
+        signal_all(frozen, signal.SIGSTOP)
+        rows = race_rows(db, timeout=1)
+        in_flight.update({(r["map_key"], r["steps"], r["seed"]): r for r in rows if r["state"] == "running"})
+        if in_flight and any(r["state"] == "complete" for r in rows):
+            proc.send_signal(signal.SIGKILL)
+            signal_all(workers, signal.SIGCONT)  # they find their parent gone
+            return True
+        in_flight.clear()
+        signal_all(frozen, signal.SIGCONT)
+        return False
+
     try:
-        while proc.poll() is None:  # the event: a race run in training after at least one has finished
-            rows = race_rows(db) if db.exists() else []
-            if any(r["state"] == "running" for r in rows) and any(r["state"] == "complete" for r in rows):
-                break
-            time.sleep(0.05)  # polling interval only; the kill waits on the stored state above
-        else:
-            pytest.fail("the run ended before its race had a finished and a running run")
+        wait_until(race_in_flight, "its race had a finished and a running run", proc)
     finally:
-        proc.send_signal(signal.SIGKILL)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
         proc.wait()
-    # The race's worker processes (one a core) see their parent gone and free their runs as Ctrl-C would; a run
-    # the killed process trained itself keeps its stale claim. Wait for that event: no run held by a live process.
-    deadline = time.monotonic() + 300  # a safety net for a hung worker, not a bound on how fast they stop
-    while any(r["state"] == "running" and time.time() - r["heartbeat"] < 3 for r in race_rows(db)):
-        assert time.monotonic() < deadline, "a race worker kept training after its parent was killed"
-        time.sleep(0.05)
+    # The race's worker processes see their parent gone and free their runs as Ctrl-C would (or finish the one
+    # they were on first); a run the killed process trained itself keeps its stale claim. Wait for that event:
+    # every worker process ended.
+    wait_until(lambda: not any(alive(pid) for pid in workers), "race worker left after its parent was killed")
     before = {(r["map_key"], r["steps"], r["seed"]): r for r in race_rows(db)}
     killed = [k for k, r in before.items() if r["state"] != "complete"]
-    assert 1 <= len(killed) <= (os.cpu_count() or 1)
+    # A worker frees the run it holds when it sees its parent gone; it may first finish the one in flight at the
+    # kill (complete, then kept as it is by the resume below) and claim another. So the runs left unfinished are
+    # at most one a worker process (or the run's own, when it trained the race alone).
+    assert in_flight and len(in_flight) <= max(1, len(workers))
+    assert len(killed) <= max(1, len(workers))
     assert all(before[k]["state"] in ("running", "interrupted") for k in killed)
-    resumed = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    resumed = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=HANG_SECONDS)
     assert resumed.returncode == 0, resumed.stderr
     after = {(r["map_key"], r["steps"], r["seed"]): r for r in race_rows(db)}
     for key, row in before.items():  # every finished run kept as it was: not trained again
@@ -175,8 +161,10 @@ ON_RESUME = ("another target on resume", "another race on resume", "other max se
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(BAD_RACES))
-def test_bad_race_input_exits_2_with_one_line_and_changes_nothing(raced, cli, tmp_path, case):
-    root, space, db, _ = raced
+def test_bad_race_input_exits_2_with_one_line_and_changes_nothing(raced, raced_study, cli, tmp_path, case):
+    _, space, _, _ = raced
+    root = tmp_path / "resume"
+    db = raced_study.copy_to(root)  # a refused resume opens it
     before = digest(db)
     proc = cli(*run_args(space, db, "raced", *BAD_RACES[case]), cwd=root)
     assert_one_line_error(proc)

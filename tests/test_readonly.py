@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import NO_REFERENCES, assert_one_line_error, write_space
+from conftest import assert_one_line_error
 
 pytestmark = pytest.mark.slow
 
@@ -63,21 +63,12 @@ def immutable(tmp_path):
         subprocess.run(["chattr", "-i", str(path)], check=False, capture_output=True)
 
 
-@pytest.fixture(scope="module")
-def raced(tmp_path_factory, token_cache):
-    """A real study of 3 trials of the tiny space raced at twice the proxy's steps on 2 or 3 seeds, its database alone
-    in its folder (the space and checkpoints live elsewhere)."""
-    from ilr_search.search.run import RunRequest, run_study
-    from ilr_search.space import load_space
-
-    work = tmp_path_factory.mktemp("readonly-work")
-    space = load_space(write_space(work / "space.toml", search={**NO_REFERENCES, "n_trials": 3, "target": 2.0,
-                                                                 "race_seeds": 2, "max_seeds": 3}))
-    folder = tmp_path_factory.mktemp("readonly-db")
-    db = folder / "r.db"
-    summary = run_study(RunRequest(space, "1.5x", "ro", f"sqlite:///{db}", pruner="none", checkpoint_dir=work / "ck")).to_json()
-    assert summary["n_complete"] == 3 and summary["race"], summary
-    return work, db
+@pytest.fixture
+def raced(raced_study, tmp_path):
+    """The session's raced study (3 trials of the tiny space raced at twice the proxy's steps, no pruning): its
+    space file, and a copy of its database alone in a folder of this test's own (the tests make it read-only)."""
+    assert raced_study.summary["n_complete"] == 3 and raced_study.summary["race"], raced_study.summary
+    return raced_study.space, raced_study.copy_to(tmp_path / "db")
 
 
 def inspect_all(cli, url: str, out: Path) -> dict[str, object]:
@@ -85,11 +76,11 @@ def inspect_all(cli, url: str, out: Path) -> dict[str, object]:
     without --study (the storage's only study)."""
     out.mkdir()
     results: dict[str, object] = {}
-    for name, args in {"studies": ["studies"], "trials": ["trials", "--study", "ro"], "trials-default": ["trials"],
-                       "pareto": ["pareto", "--study", "ro", "--out", str(out / "front.csv")],
-                       "export": ["export", "--study", "ro", "--out", str(out / "trials.csv"),
+    for name, args in {"studies": ["studies"], "trials": ["trials", "--study", "raced"], "trials-default": ["trials"],
+                       "pareto": ["pareto", "--study", "raced", "--out", str(out / "front.csv")],
+                       "export": ["export", "--study", "raced", "--out", str(out / "trials.csv"),
                                   "--curves", str(out / "curves.csv")],
-                       "recipe": ["recipe", "--study", "ro"]}.items():
+                       "recipe": ["recipe", "--study", "raced"]}.items():
         proc = cli(*args, "--storage", url, "--json")
         assert proc.returncode == 0, (name, proc.stderr)
         report = json.loads(proc.stdout)
@@ -115,7 +106,7 @@ def test_inspection_reads_a_read_only_database_and_changes_nothing(raced, cli, i
     assert read_only == writable  # the same answers as from the writable file
     assert digest(db) == before and sorted(os.listdir(db.parent)) == listing  # no byte, no side file
     studies = read_only["studies"]["studies"]
-    assert [s["study"] for s in studies] == ["ro"] and studies[0]["n_complete"] == 3
+    assert [s["study"] for s in studies] == ["raced"] and studies[0]["n_complete"] == 3
     assert len(read_only["trials"]["trials"]) == 3 and read_only["trials"]["race"]
     assert read_only["pareto"]["pareto"] and read_only["pareto"]["verdict"]
     assert {r["trial"] for r in csv.DictReader(read_only["trials.csv"].splitlines())} >= {"0", "1", "2"}
@@ -133,57 +124,57 @@ def test_a_wal_database_in_a_read_only_folder_is_read_immutable(raced, cli, immu
     assert conn.execute("PRAGMA journal_mode=WAL").fetchone() == ("wal",)
     conn.close()  # the last connection: the -wal and -shm files go
     assert sorted(os.listdir(folder)) == ["w.db"]
-    expected = json.loads(cli("trials", "--study", "ro", "--storage", f"sqlite:///{db}", "--json", check=True).stdout)
+    expected = json.loads(cli("trials", "--study", "raced", "--storage", f"sqlite:///{db}", "--json", check=True).stdout)
     before = digest(wal)
     immutable(wal, folder)
 
-    proc = cli("trials", "--study", "ro", "--storage", f"sqlite:///{wal}", "--json")
+    proc = cli("trials", "--study", "raced", "--storage", f"sqlite:///{wal}", "--json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == expected
     assert digest(wal) == before and sorted(os.listdir(folder)) == ["w.db"]
 
 
 def test_run_refuses_a_read_only_database(raced, cli, immutable, tmp_path):
-    work, db = raced
+    space, db = raced
     before = digest(db)
     immutable(db)
-    proc = cli("run", "--space", str(work / "space.toml"), "--budget", "1.5x", "--study", "ro", "--storage",
+    proc = cli("run", "--space", str(space), "--budget", "1.5x", "--study", "raced", "--storage",
                f"sqlite:///{db}", "--n-trials", "4")
     assert_one_line_error(proc)
     assert "not writable" in proc.stderr
     assert digest(db) == before
 
 
-def run_tiny(cli, work: Path, cwd: Path, *storage: str, env: dict | None = None):
-    return cli("run", "--space", str(work / "space.toml"), "--budget", "1.5x", "--study", "new", "--n-trials", "1",
+def run_tiny(cli, space: Path, cwd: Path, *storage: str, env: dict | None = None):
+    return cli("run", "--space", str(space), "--budget", "1.5x", "--study", "new", "--n-trials", "1",
                *storage, cwd=cwd, env=env)
 
 
 def test_run_in_a_read_only_working_folder_is_one_error_line(raced, cli, immutable, tmp_path):
-    work, _ = raced
+    space, _ = raced
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     immutable(cwd)
     # the default storage's studies/ folder cannot be made there
-    proc = run_tiny(cli, work, cwd)
+    proc = run_tiny(cli, space, cwd)
     assert_one_line_error(proc)
     assert "default storage" in proc.stderr
     # a storage elsewhere: the checkpoints (studies/checkpoints) still cannot go there; no database is made
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    proc = run_tiny(cli, work, cwd, "--storage", f"sqlite:///{elsewhere / 'n.db'}")
+    proc = run_tiny(cli, space, cwd, "--storage", f"sqlite:///{elsewhere / 'n.db'}")
     assert_one_line_error(proc)
     assert "checkpoints" in proc.stderr
     assert os.listdir(elsewhere) == [] and os.listdir(cwd) == []
 
 
 def test_run_with_a_read_only_token_cache_is_one_error_line(raced, cli, immutable, tmp_path):
-    work, _ = raced
+    space, _ = raced
     cache = tmp_path / "cache"
     cache.mkdir()
     immutable(cache)
     for root in (cache, cache / "below"):  # the cache folder itself, or one to be made in it
-        proc = run_tiny(cli, work, tmp_path, "--storage", f"sqlite:///{tmp_path / 'n.db'}",
+        proc = run_tiny(cli, space, tmp_path, "--storage", f"sqlite:///{tmp_path / 'n.db'}",
                         env={"ILR_SEARCH_CACHE": str(root)})
         assert_one_line_error(proc)
         assert "token cache" in proc.stderr and "ILR_SEARCH_CACHE" in proc.stderr

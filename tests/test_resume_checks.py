@@ -1,5 +1,7 @@
 """A resumed study is checked the same way whether a setting comes from a flag or from the space's TOML."""
 
+import pytest
+
 from conftest import ROOT, assert_one_line_error
 
 BASE = (ROOT / "tests" / "spaces" / "tiny.toml").read_text(encoding="utf-8").replace(
@@ -15,6 +17,7 @@ def _space(tmp_path, name: str, extra: str, eta: str = "2.0") -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_toml_sampler_and_pruning_settings_are_checked_on_resume(cli, tmp_path):
     first = _space(tmp_path, "first", 'sampler = "random"')
     cli("run", "--space", first, *ARGS, "--n-trials", "1", check=True)

@@ -1,11 +1,9 @@
-import hashlib
 import json
 import os
 import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -13,26 +11,18 @@ import optuna
 import pytest
 
 from conftest import ROOT, assert_one_line_error
+from helpers import HANG_SECONDS, digest, run_args, wait_until
 from ilr_search.training.flops import parse_budget
 from ilr_search.config import ModelConfig
 from ilr_search.search.maps import repair_to_budget, seed_maps
 
 # tests/spaces/cli.toml: the default space's settings at test size, without reference runs
-TINY = ["--space", str(ROOT / "tests" / "spaces" / "cli.toml"), "--layers", "4", "--d-model", "32", "--heads", "2",
-        "--seq-len", "64", "--batch-size", "8", "--dtype", "fp32", "--budget", "1.5x"]
-
-
-def run_args(name, db, steps=20, n_trials=6, *extra):
-    return ["run", *TINY, "--steps", str(steps), "--n-trials", str(n_trials), "--study", name,
-            "--storage", f"sqlite:///{db}", "--json", *extra]
+CLI_SPACE = ROOT / "tests" / "spaces" / "cli.toml"
+TINY = ["--layers", "4", "--d-model", "32", "--heads", "2", "--seq-len", "64", "--batch-size", "8", "--dtype", "fp32"]
 
 
 def load(db, name):
     return optuna.load_study(study_name=name, storage=f"sqlite:///{db}")
-
-
-def digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else "absent"
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +31,9 @@ def tiny_study(tmp_path_factory, token_cache):
     root = tmp_path_factory.mktemp("study")
     db = root / "s.db"
     env = {**os.environ, "ILR_SEARCH_CACHE": str(token_cache)}
-    proc = subprocess.run([sys.executable, "-m", "ilr_search", *run_args("tiny", db)], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=300)
+    args = run_args(CLI_SPACE, db, "tiny", *TINY, steps=20, n_trials=6)
+    proc = subprocess.run([sys.executable, "-m", "ilr_search", *args], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=HANG_SECONDS)
     assert proc.returncode == 0, proc.stderr
     return root, db, json.loads(proc.stdout)
 
@@ -67,11 +58,11 @@ def test_run_end_to_end_and_resume_to_more_trials(tiny_study, cli):
     # resuming to 9 adds exactly three finished trials to a copy of the study
     copy = root / "copy.db"
     copy.write_bytes(db.read_bytes())
-    more = json.loads(cli(*run_args("tiny", copy, n_trials=9), check=True).stdout)
+    more = json.loads(cli(*run_args(CLI_SPACE, copy, "tiny", *TINY, steps=20, n_trials=9), check=True).stdout)
     finished = [t for t in load(copy, "tiny").trials if t.state.is_finished()]
     assert len(finished) == 9 and more["n_complete"] + more["n_pruned"] == 9
     # rerunning at the target trains nothing more
-    again = json.loads(cli(*run_args("tiny", copy, n_trials=9), check=True).stdout)
+    again = json.loads(cli(*run_args(CLI_SPACE, copy, "tiny", *TINY, steps=20, n_trials=9), check=True).stdout)
     assert again["steps_trained"] == more["steps_trained"]
 
 
@@ -157,27 +148,22 @@ def test_repair_keeps_maps_within_budget_and_their_shape():
 def test_kill_9_loses_no_trial_and_the_killed_one_is_retried(tmp_path, token_cache):
     db = tmp_path / "k.db"
     env = {**os.environ, "ILR_SEARCH_CACHE": str(token_cache), "ILR_SEARCH_HEARTBEAT_SECONDS": "1"}
-    # 200 steps with a checkpoint every 50 (cli.toml): the kill lands inside the third and last trial, past a
-    # checkpoint; the resume trains the killed trial's retry from that checkpoint
-    cmd = [sys.executable, "-m", "ilr_search", *run_args("killed", db, 200, 3, "--pruner", "none")]
+    # 200 steps with a checkpoint every 50 (cli.toml): the kill lands inside the second or third trial of four, past
+    # a checkpoint, so that a trial is still to train after it; the resume trains the killed trial's retry from
+    # that checkpoint
+    cmd = [sys.executable, "-m", "ilr_search",
+           *run_args(CLI_SPACE, db, "killed", *TINY, "--pruner", "none", steps=200, n_trials=4)]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 240
+
+    def past_a_checkpoint() -> bool:  # the event: a trial past its first checkpoint, after one or two finished
+        trials = load(db, "killed").trials
+        complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+        running = [t for t in trials if t.state == optuna.trial.TrialState.RUNNING and "reuse_map" in t.user_attrs]
+        checkpoints = list((tmp_path / "studies" / "checkpoints" / "killed").glob("*.pt"))
+        return 1 <= len(complete) <= 2 and bool(running) and bool(checkpoints)
+
     try:
-        while time.time() < deadline:
-            time.sleep(0.2)  # polling interval only; the kill waits on the stored state below
-            if not db.exists():
-                continue
-            try:
-                trials = load(db, "killed").trials
-            except Exception:
-                continue
-            complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
-            running = [t for t in trials if t.state == optuna.trial.TrialState.RUNNING and "reuse_map" in t.user_attrs]
-            checkpoints = list((tmp_path / "studies" / "checkpoints" / "killed").glob("*.pt"))
-            if len(complete) >= 2 and running and checkpoints:  # inside the trial, past its first checkpoint
-                break
-        else:
-            pytest.fail("the run never reached its third trial")
+        wait_until(past_a_checkpoint, "a trial past its first checkpoint", proc)
         assert proc.poll() is None, "the run ended before the kill"
     finally:
         proc.send_signal(signal.SIGKILL)
@@ -187,7 +173,7 @@ def test_kill_9_loses_no_trial_and_the_killed_one_is_retried(tmp_path, token_cac
     assert len(killed) == 1
     # The same command resumes at once: the killed trial still looks alive until its heartbeat goes stale, and the
     # run waits for it, sweeps it as stale and retries it, rather than needing the caller to wait.
-    resumed = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=HANG_SECONDS)
     assert resumed.returncode == 0, resumed.stderr
     after = {t.number: t for t in load(db, "killed").trials}
     for n, (state, values) in before.items():  # every finished trial is kept as it was
@@ -207,11 +193,10 @@ def test_kill_9_loses_no_trial_and_the_killed_one_is_retried(tmp_path, token_cac
 def test_two_processes_share_a_study_without_training_a_map_twice(tmp_path, token_cache, storage_kind):
     storage = f"sqlite:///{tmp_path / 'w.db'}" if storage_kind == "sqlite" else f"journal:{tmp_path / 'w.log'}"
     env = {**os.environ, "ILR_SEARCH_CACHE": str(token_cache)}
-    args = ["run", *TINY, "--steps", "30", "--n-trials", "10", "--study", "pair", "--storage", storage, "--json",
-            "--sampler", "random"]
+    args = run_args(CLI_SPACE, storage, "pair", *TINY, "--sampler", "random", steps=30, n_trials=10)
     procs = [subprocess.Popen([sys.executable, "-m", "ilr_search", *args], cwd=tmp_path, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    outs = [p.communicate(timeout=400) for p in procs]
+    outs = [p.communicate(timeout=HANG_SECONDS) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
     from ilr_search.storage import open_storage, parse_storage
     study = optuna.load_study(study_name="pair", storage=open_storage(parse_storage(storage), heartbeat=False))
@@ -246,7 +231,7 @@ BAD_RUNS = {
 def test_bad_run_input_changes_nothing(tiny_study, cli, case):
     root, db, _ = tiny_study
     before = digest(db)
-    args = run_args("tiny", db)
+    args = run_args(CLI_SPACE, db, "tiny", *TINY, steps=20, n_trials=6)
     extra = BAD_RUNS[case]
     for i, a in enumerate(extra[::2]):  # replace an option already present, or add it
         if a in args:
@@ -262,14 +247,15 @@ def test_bad_run_input_changes_nothing(tiny_study, cli, case):
 
 def test_unwritable_and_corrupted_storage(tmp_path, cli):
     # sysfs refuses new files even to root; a missing folder is not created
-    assert_one_line_error(cli(*run_args("x", Path("/sys/ilr-search-test.db"))))
+    assert_one_line_error(cli(*run_args(CLI_SPACE, Path("/sys/ilr-search-test.db"), "x", *TINY, steps=20, n_trials=6)))
     assert not Path("/sys/ilr-search-test.db").exists()
-    assert_one_line_error(cli(*run_args("x", tmp_path / "no-such-folder" / "s.db")))
+    missing = tmp_path / "no-such-folder" / "s.db"
+    assert_one_line_error(cli(*run_args(CLI_SPACE, missing, "x", *TINY, steps=20, n_trials=6)))
     assert not (tmp_path / "no-such-folder").exists()
     corrupted = tmp_path / "bad.db"
     corrupted.write_bytes(b"this is not a database" * 100)
     before = digest(corrupted)
-    assert_one_line_error(cli(*run_args("x", corrupted)))
+    assert_one_line_error(cli(*run_args(CLI_SPACE, corrupted, "x", *TINY, steps=20, n_trials=6)))
     assert_one_line_error(cli("trials", "--study", "x", "--storage", f"sqlite:///{corrupted}"))
     assert_one_line_error(cli("studies", "--storage", f"sqlite:///{corrupted}"))
     assert digest(corrupted) == before
@@ -291,7 +277,8 @@ def test_trials_for_unknown_study(tiny_study, cli, tmp_path):
 def test_storage_password_is_never_printed(cli):
     for url in ("postgresql://user:hunter2@127.0.0.1:9/db", "mysql://user:hunter2@127.0.0.1:9/db"):
         for args in (["studies", "--storage", url], ["trials", "--study", "x", "--storage", url],
-                     ["run", *TINY, "--steps", "2", "--storage", url]):
+                     ["run", "--space", str(CLI_SPACE), *TINY, "--budget", "1.5x", "--steps", "2", "--storage",
+                      url]):
             proc = cli(*args)
             assert proc.returncode == 2
             assert "hunter2" not in proc.stdout + proc.stderr

@@ -54,6 +54,7 @@ def test_mlflow_without_the_package_says_so(cli, tmp_path):
     assert "mlflow" in proc.stderr and not (tmp_path / "r.db").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("mlflow") is None, reason="mlflow is not installed")
 def test_mlflow_runs_hold_each_trials_curve(cli, tmp_path):
     from mlflow.tracking import MlflowClient

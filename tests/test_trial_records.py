@@ -46,6 +46,7 @@ def objective_trials(tmp_path_factory, token_cache):
     return optuna.load_study(study_name="records", storage=storage).trials
 
 
+@pytest.mark.slow
 def test_a_record_reads_every_attribute_the_objective_writes(objective_trials):
     trials = objective_trials
     assert len(trials) == 4 and all(t.state == TrialState.COMPLETE for t in trials)
@@ -61,6 +62,7 @@ def test_a_record_reads_every_attribute_the_objective_writes(objective_trials):
     assert all(r.steps == 8 and r.status == "ok" and r.val_ppl > 1 and r.is_trained_result for r in trained)
 
 
+@pytest.mark.slow
 def test_a_reused_result_is_read_as_one_and_filtered_out(objective_trials):
     records = trial_records(objective_trials)
     first, reuse = records[0], records[3]

@@ -8,6 +8,7 @@ import optuna
 import pytest
 
 from conftest import ROOT, assert_one_line_error
+from helpers import HANG_SECONDS
 from ilr_search.config import ModelConfig
 from ilr_search.commands.autofuse import proxy_memory_bytes
 
@@ -73,7 +74,7 @@ def test_every_event_crosses_a_process_queue_with_its_worker_and_reaches_the_par
     assert {type(e) for e in kinds} == set(typing.get_args(progress.Event))  # every kind of event
     for event in kinds:
         sent.on(event)
-    received = [events.get(timeout=60) for _ in kinds]
+    received = [events.get(timeout=HANG_SECONDS) for _ in kinds]
     assert received == [type(e)(**{**e.__dict__, "worker": 3}) for e in kinds]
     with ConsoleReporter() as reporter:
         for event in received:
@@ -85,6 +86,7 @@ def test_every_event_crosses_a_process_queue_with_its_worker_and_reaches_the_par
     assert "trial 4" not in printed.split("race runs")[1]  # a race run is never labelled as a trial
 
 
+@pytest.mark.slow
 def test_a_trial_asked_after_its_predecessors_reach_the_target_trains_nothing(tmp_path, monkeypatch, token_cache):
     """Two workers can count the study below its target at the same moment and both ask for a trial: the later
     of the two finds the trials before it already make the target, trains nothing, and is left out of the
@@ -112,6 +114,7 @@ def test_a_trial_asked_after_its_predecessors_reach_the_target_trains_nothing(tm
     assert again["n_trials"] == 2 and again["n_failed"] == 0
 
 
+@pytest.mark.slow
 def test_two_workers_each_fusing_their_own_group_train_no_map_twice(cli, tmp_path):
     proc = cli("run", *TINY, "--budget", "2x", "--n-trials", "9", "--workers", "2", "--fuse", "3", "--pruner", "none",
                "--storage", "sqlite:///wf.db", "--study", "wf", "--json", check=True)

@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 
 import optuna
@@ -14,6 +13,7 @@ import pytest
 from optuna.trial import TrialState
 
 from conftest import NO_REFERENCES, write_space
+from helpers import HANG_SECONDS, sigint_as_in_a_terminal, wait_until
 from ilr_search.space import load_space
 from ilr_search.storage import open_storage, open_store, parse_storage
 from ilr_search.analysis.results import has_result, study_front
@@ -48,18 +48,6 @@ def setup_run(space, storage, study, n_trials, tmp_path, token_cache):
 
 def load(storage, study):
     return optuna.load_study(study_name=study, storage=open_storage(parse_storage(storage), heartbeat=False))
-
-
-def wait_for(predicate, timeout, what):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            if predicate():
-                return
-        except Exception:
-            pass
-        time.sleep(0.3)
-    pytest.fail(f"timed out waiting for {what}")
 
 
 def check_accounted(storage, study_name):
@@ -103,8 +91,8 @@ def test_locked_sqlite_waits_with_a_message_then_proceeds(tmp_path, token_cache,
             said.append(line)
             if "locked by another process" in line:
                 break
-        holder.communicate("release\n", timeout=60)
-        out, err = proc.communicate(timeout=300)
+        holder.communicate("release\n", timeout=HANG_SECONDS)
+        out, err = proc.communicate(timeout=HANG_SECONDS)
     finally:
         for p in (proc, holder):
             if p.poll() is None:
@@ -118,7 +106,7 @@ def test_locked_sqlite_waits_with_a_message_then_proceeds(tmp_path, token_cache,
 def test_diverging_proxy_fails_with_its_reason_and_the_study_goes_on(tmp_path, token_cache, space):
     storage = f"sqlite:///{tmp_path / 'div.db'}"
     proc = subprocess.run(run_cmd(space, storage, "div", 3, "--lr", "10"), cwd=tmp_path, env=env_for(token_cache),
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=HANG_SECONDS)
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
     trials = load(storage, "div").trials
@@ -132,11 +120,12 @@ def test_ctrl_c_stops_within_a_step_with_trials_recorded(tmp_path, token_cache, 
     """Ctrl-C in the middle of a trial's training ends the run at once: it stops inside the step in flight, records
     the finished trial and the interrupted one, and exits. "At once" is judged in steps, not seconds (a loaded
     machine slows the run and this test alike): the interrupted trial reaches no evaluation past the one after
-    the evaluation seen when the signal was sent, and not its end."""
+    the evaluation seen when the signal was sent, and not its end. The signal goes on an event (the second trial
+    past its first evaluation), with a third trial still to train, so that the run does not end first."""
     storage = f"sqlite:///{tmp_path / 'int.db'}"
     env = env_for(token_cache)
     steps = 400
-    cmd = run_cmd(space, storage, "int", 2, "--pruner", "none", steps=steps)
+    cmd = run_cmd(space, storage, "int", 3, "--pruner", "none", steps=steps)
     evals = [round(steps * f) for f in load_space(space).train.eval_fractions]
     seen: list[int] = []  # the running trial's evaluated steps when the signal goes
 
@@ -147,11 +136,12 @@ def test_ctrl_c_stops_within_a_step_with_trials_recorded(tmp_path, token_cache, 
         seen[:] = points
         return sum(t.state == TrialState.COMPLETE for t in trials) >= 1 and bool(points)
 
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=sigint_as_in_a_terminal)
     try:
-        wait_for(training_second_trial, 240, "a finished trial and a running one past its first evaluation")
+        wait_until(training_second_trial, "a finished trial and a running one past its first evaluation", proc)
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=120)
+        out, err = proc.communicate()
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -164,7 +154,7 @@ def test_ctrl_c_stops_within_a_step_with_trials_recorded(tmp_path, token_cache, 
     reached = max(p.step for p in open_store(parse_storage(storage), "int").curve_points()
                   if p.trial_number == interrupted[0].number)
     assert reached < steps and reached <= evals[evals.index(max(seen)) + 1], (seen, reached, evals)
-    resumed = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
+    resumed = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     check_accounted(storage, "int")
-    assert sum(t.state == TrialState.COMPLETE for t in load(storage, "int").trials) == 2
+    assert sum(t.state == TrialState.COMPLETE for t in load(storage, "int").trials) == 3
