@@ -132,16 +132,16 @@ def test_the_answer_is_the_first_line_of_trials_and_pareto_and_the_figures_title
     answer = report["answer"]
     assert answer.startswith(("use ", "no map beat")), answer  # the race is done: a decision
     for command in ("trials", "pareto"):
-        text = cli(command, "--study", "verdict", "--storage", url, check=True).stdout
+        text = cli(command, "--study", report["study"], "--storage", url, check=True).stdout
         assert text.splitlines()[0] == answer, (command, text[:500])
         assert "worse than the baseline" not in text  # a futility stop says `stopped: cannot win`
-        shown = json.loads(cli(command, "--study", "verdict", "--storage", url, "--json", check=True).stdout)
+        shown = json.loads(cli(command, "--study", report["study"], "--storage", url, "--json", check=True).stdout)
         assert shown["answer"] == answer and shown["verdict"] == report["verdict"]
     studies = cli("studies", "--storage", url, check=True).stdout
-    assert f"verdict: {answer}" in studies.splitlines()
+    assert f"{report['study']}: {answer}" in studies.splitlines()
     assert json.loads(cli("studies", "--storage", url, "--json", check=True).stdout)["studies"][0]["answer"] == answer
     title = " ".join(re.sub(r"<[^>]+>", " ", fig.layout.title.text).split())
-    assert title.startswith(f"verdict: {' '.join(answer.split())}")
-    layers = cli("pareto", "--study", "verdict", "--storage", url, "--view", "layers", check=True).stdout
+    assert title.startswith(f"{report['study']}: {' '.join(answer.split())}")
+    layers = cli("pareto", "--study", report["study"], "--storage", url, "--view", "layers", check=True).stdout
     assert re.search(r"^the decided front recurs (no layer|layers? [\d, and]+)$", layers, re.M), layers
     assert all(re.fullmatch(r"\d\.\d\d", v) for v in re.findall(r"│ (?:layer|knob) [^│]*│\s*([\d.]+)", layers))
