@@ -48,9 +48,12 @@ class QueueReporter(RunReporter):
 
 def stop_with_parent(interval: float = 0.5) -> None:
     """Interrupt this worker process (as Ctrl-C would: its run is freed, finished results stay) once the process that
-    started it is gone, killed with -9 say, instead of training on as an orphan."""
+    started it is gone, killed with -9 say, instead of training on as an orphan. A process started with SIGINT
+    ignored (a run started as a background job, or under nohup) would ignore that signal too, so the worker takes
+    Python's own handler first: its SIGINT is always a KeyboardInterrupt."""
     import threading
 
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     parent = os.getppid()
 
     def watch() -> None:
