@@ -199,3 +199,28 @@ def test_bad_answer_inputs_exit_2_with_one_line_and_write_nothing(cli, rows, tmp
 
 
 TINY = Path(__file__).resolve().parent / "spaces" / "tiny.toml"
+
+
+def test_frozen_window_chunks_of_answer_rows_are_disjoint_and_count_answers_alone(data):
+    """A frozen evaluation (steps 0) deals the validation rows into disjoint chunks; each window counts its row's
+    answer alone, and a chunk's loss is the mean over those answer tokens, as evaluate's over the same windows."""
+    from ilr_search.training.frozen import window_losses
+
+    n = 8
+    begins, ends = data.val.answer_spans()
+    chunks = data.window_chunks(n, SEQ_LEN)
+    assert chunks == len(ends) // n and chunks >= 2
+    first, second = data.window_chunk(0, n, SEQ_LEN), data.window_chunk(1, n, SEQ_LEN)
+    assert not set(first.ends) & set(second.ends) and set(first.ends) <= set(ends)
+    model_cfg = tiny_model()
+    model = build_model(model_cfg, seed=0).eval()
+    schedule = list(range(model_cfg.n_layers))
+    losses = window_losses(model, schedule, data, 0, n)
+    answer_lengths = [int(e - b) for b, e in zip(first.begins, first.ends)]
+    assert list(losses.tokens_per_window) == answer_lengths
+    nats = 0.0
+    with torch.no_grad():
+        for x, y in data.window_batches(first, SEQ_LEN, n):
+            nats += linear_cross_entropy(model.hidden(torch.from_numpy(x), schedule), model.head_weight,
+                                         torch.from_numpy(y), reduction="sum", ignore_index=IGNORE_INDEX).item()
+    assert losses.val_loss == pytest.approx(nats / sum(answer_lengths), rel=1e-6)
