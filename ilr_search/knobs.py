@@ -11,7 +11,6 @@ from collections.abc import Mapping, Sequence
 
 from ilr_search.config import INJECTIONS, REPEAT_SCALES, ModelConfig
 
-
 KnobValue = str | bool
 
 # name -> choices; the first choice is "off", the model as the paper ran it

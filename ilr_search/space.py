@@ -14,14 +14,28 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-from ilr_search.config import DEVICES, DTYPES, EQUAL_COMPUTE, FAMILIES, TRIAL_FAMILIES, LR_SCHEDULES, OBJECTIVES, PRUNERS, \
-    RACE_POLICIES, SAMPLERS, SIZE_MAXIMA, DataConfig, SearchConfig, SpaceConfig, TrainConfig
+from ilr_search.config import (
+    DEVICES,
+    DTYPES,
+    EQUAL_COMPUTE,
+    FAMILIES,
+    LR_SCHEDULES,
+    OBJECTIVES,
+    PRUNERS,
+    RACE_POLICIES,
+    SAMPLERS,
+    SIZE_MAXIMA,
+    TRIAL_FAMILIES,
+    DataConfig,
+    SearchConfig,
+    SpaceConfig,
+    TrainConfig,
+)
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import check_knobs
 

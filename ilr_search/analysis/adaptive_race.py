@@ -41,10 +41,23 @@ from typing import Any
 
 from ilr_search.analysis.map_key import MapKey
 from ilr_search.analysis.pareto import non_dominated
+from ilr_search.analysis.race_core import (
+    CANNOT_WIN,
+    DECIDED_AGAINST,
+    Comparison,
+    Evaluation,
+    FrontPoint,
+    RaceJob,
+    RaceSettings,
+    RaceState,
+    RaceWords,
+    Results,
+    base_results,
+    choose_contenders,
+    collect,
+    race_compute,
+)
 from ilr_search.analysis.results import DEEP_PREFIX, deep_key, is_deep_key, key_reuse_map
-from ilr_search.analysis.race_core import (CANNOT_WIN, DECIDED_AGAINST, Comparison, Evaluation, FrontPoint, RaceJob,
-                                           RaceSettings, RaceState, RaceWords, Results, base_results,
-                                           choose_contenders, collect, race_compute)
 from ilr_search.analysis.sequential import SequentialTest, detectable_gap, t_statistic
 from ilr_search.analysis.stats import decision_level, paired_comparison, rank_agreement, seed_interval
 

@@ -20,10 +20,21 @@ from typing import Any
 from optuna.trial import TrialState
 
 from ilr_search.analysis.pareto import non_dominated
-from ilr_search.analysis.results import (REFERENCE_PREFIX, Curves, as_list, is_baseline, is_all_ones_key, is_baseline_key, is_deep_key, map_text,
-                                         study_front, trained_by_map, trained_trials)
-from ilr_search.analysis.trials import Trial, trained_results, trial_records
+from ilr_search.analysis.results import (
+    REFERENCE_PREFIX,
+    Curves,
+    as_list,
+    is_all_ones_key,
+    is_baseline,
+    is_baseline_key,
+    is_deep_key,
+    map_text,
+    study_front,
+    trained_by_map,
+    trained_trials,
+)
 from ilr_search.analysis.stats import groups_differ, paired_comparison, rank_agreement
+from ilr_search.analysis.trials import Trial, trained_results, trial_records
 from ilr_search.storage import RaceRun
 
 AGREE_SPEARMAN = 0.8  # "the proxy ranks as longer training does"

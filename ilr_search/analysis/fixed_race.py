@@ -15,9 +15,20 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ilr_search.analysis.pareto import non_dominated
-from ilr_search.analysis.race_core import (Evaluation, FrontPoint, RaceJob, RaceSettings, RaceState, Results, base_results,
-                                           benjamini_hochberg, choose_contenders, race_compute, race_lengths,
-                                           reported_best)
+from ilr_search.analysis.race_core import (
+    Evaluation,
+    FrontPoint,
+    RaceJob,
+    RaceSettings,
+    RaceState,
+    Results,
+    base_results,
+    benjamini_hochberg,
+    choose_contenders,
+    race_compute,
+    race_lengths,
+    reported_best,
+)
 from ilr_search.analysis.stats import PairedComparison, decision_level, paired_comparison, seed_interval
 
 
@@ -57,7 +68,7 @@ def fixed_race_state(evaluations: Sequence[Evaluation], settings: RaceSettings, 
             break  # nothing left can change the verdict
         missing = {k: [s for s in settings.seeds if s not in results.losses.get(k, {}).get(level, {})] for k in alive}
         if any(missing.values()):
-            wave_seed = min((settings.seeds.index(m[0]) for m in missing.values() if m))
+            wave_seed = min(settings.seeds.index(m[0]) for m in missing.values() if m)
             seed = settings.seeds[wave_seed]
             jobs = [RaceJob(k, level, seed) for k in _rank(alive, results, lengths[:lengths.index(level) + 1])
                     if seed in missing[k]]
@@ -144,8 +155,8 @@ def _front(alive: Sequence[str], results: Results, steps: int, confidence: float
     on_front = sorted((keys[i] for i in idx), key=lambda k: (results.flops[k], intervals[k].mean_loss, k))
     pairs = [(k, c) for i, k in enumerate(on_front) for c in on_front[:i]]
     tests = [paired_comparison(results.at(k, steps), results.at(c, steps), confidence) for k, c in pairs]
-    adjusted = dict(zip(pairs, benjamini_hochberg([t.p_value for t in tests])))
-    enough = {pair: t.n >= 2 for pair, t in zip(pairs, tests)}
+    adjusted = dict(zip(pairs, benjamini_hochberg([t.p_value for t in tests]), strict=True))
+    enough = {pair: t.n >= 2 for pair, t in zip(pairs, tests, strict=True)}
     points = []
     for i, k in enumerate(on_front):
         iv = intervals[k]
@@ -172,7 +183,7 @@ def _report(alive: Sequence[str], results: Results, settings: RaceSettings, base
     comparisons = {k: paired_comparison(results.at(k, steps), base, settings.confidence)
                    for k in alive if k != baseline_key}
     keys = sorted(comparisons)
-    adjusted = dict(zip(keys, benjamini_hochberg([comparisons[k].p_value for k in keys])))
+    adjusted = dict(zip(keys, benjamini_hochberg([comparisons[k].p_value for k in keys]), strict=True))
     better = tuple(sorted((k for k in keys if comparisons[k].n >= 2 and adjusted[k] < decision_level(settings.confidence)),
                           key=lambda k: (comparisons[k].mean_diff, k)))
     base_ppl = math.exp(math.fsum(base.values()) / len(base)) if base else math.nan

@@ -8,7 +8,7 @@ from typing import Any
 
 def dominates(a: Sequence[float], b: Sequence[float]) -> bool:
     """a is no worse than b in every objective and better in at least one (minimisation)."""
-    return all(x <= y for x, y in zip(a, b)) and any(x < y for x, y in zip(a, b))
+    return all(x <= y for x, y in zip(a, b, strict=True)) and any(x < y for x, y in zip(a, b, strict=True))
 
 
 def non_dominated(points: Sequence[Sequence[float]]) -> list[int]:

@@ -198,7 +198,7 @@ def _decided_panel(fig: go.Figure, race: RaceReport, legend: str) -> None:
     pct = round(race.settings.confidence * 100)
     x_range = spread_range([p.flops_ratio for p in points], pad=0.08)
     span = (x_range[1] - x_range[0]) if x_range else 1.0
-    at_x = dict(zip((p.map_key for p in points), spread_x([(p.flops_ratio, p.val_ppl) for p in points], span)))
+    at_x = dict(zip((p.map_key for p in points), spread_x([(p.flops_ratio, p.val_ppl) for p in points], span), strict=True))
 
     def hover(p: RacedPoint) -> str:
         iv = f" [{p.interval[0]:.4g}, {p.interval[1]:.4g}]" if p.interval else " (one seed: no interval)"
@@ -374,7 +374,7 @@ def _proxy_panel(fig: go.Figure, complete: list[dict[str, Any]], front: list[dic
                  noise: dict[str, Any] | None, x_range: list[float] | None, span: float, row: int, legend: str) -> None:
     """The complete proxy trials by final perplexity, the proxy's front, the all-ones baseline, the noise band."""
     at_x = dict(zip((t["trial"] for t in complete),
-                    spread_x([(t["flops_ratio"], t["plot_ppl"]) for t in complete], span)))
+                    spread_x([(t["flops_ratio"], t["plot_ppl"]) for t in complete], span), strict=True))
     if complete:
         fig.add_trace(go.Scatter(x=[at_x[t["trial"]] for t in complete], y=[t["plot_ppl"] for t in complete],
                                  mode="markers", name=LEGEND["COMPLETE"], legend=legend,
@@ -510,7 +510,7 @@ def _curves_panel(fig: go.Figure, trials: list[dict[str, Any]], front_trials: se
     on_front = sorted((t for t in trials if t["trial"] in front_trials), key=lambda t: t["trial"])
     others = [t for t in trials if t["trial"] not in front_trials]
     for t in others + on_front:
-        steps, losses = zip(*t["curve"])
+        steps, losses = zip(*t["curve"], strict=True)
         label = ",".join(map(str, t["reuse_map"]))
         front_map = t in on_front
         colour = FRONT_COLOURS[on_front.index(t) % len(FRONT_COLOURS)] if front_map else OTHER_CURVE_COLOUR
@@ -519,12 +519,12 @@ def _curves_panel(fig: go.Figure, trials: list[dict[str, Any]], front_trials: se
         fig.add_trace(go.Scatter(x=list(steps), y=list(losses), mode="lines+markers", legend=legend, **entry,
                                  line=dict(color=colour, width=3 if front_map else 1),
                                  marker=dict(size=4, color=colour),
-                                 hovertext=[f"trial {t['trial']}: map {label}<br>step {s}: loss {l:.4g}"
-                                            for s, l in zip(steps, losses)], hoverinfo="text"), row=row, col=1)
-    last = [l for t in trials for _, l in t["curve"][-1:]]
+                                 hovertext=[f"trial {t['trial']}: map {label}<br>step {s}: loss {loss:.4g}"
+                                            for s, loss in zip(steps, losses, strict=True)], hoverinfo="text"), row=row, col=1)
+    last = [loss for t in trials for _, loss in t["curve"][-1:]]
     fig.update_xaxes(title_text="step", row=row, col=1)
     fig.update_yaxes(title_text="validation loss", row=row, col=1,
-                     range=fitted_range(last + [l for t in on_front for _, l in t["curve"]], pad=0.1))
+                     range=fitted_range(last + [loss for t in on_front for _, loss in t["curve"]], pad=0.1))
 
 
 AGREES = 0.6  # a rung's Spearman with the final ranking at which it is drawn as agreeing

@@ -5,18 +5,17 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-
 from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
-from ilr_search.config import SpaceConfig
-from ilr_search.knobs import format_knobs
+from ilr_search.analysis.map_key import MapKey, map_text
 from ilr_search.analysis.pareto import pareto_front
 from ilr_search.analysis.trials import Trial, TrialRecord, record_of, trained_results, trial_records
+from ilr_search.config import SpaceConfig
+from ilr_search.knobs import format_knobs
 from ilr_search.storage import CurvePoint, RaceRun, Store, TrainCurvePoint
-from ilr_search.analysis.map_key import MapKey, map_text
 from ilr_search.training.schedule import is_block_text
 
 REFERENCE_PREFIX = "ilr:reference:"

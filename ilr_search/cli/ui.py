@@ -18,8 +18,20 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from ilr_search.commands.events import (Event, Message, ReferenceFinished, ReferenceStarted, RunFinished, RunReporter,
-                                        RunsStarted, Step, StudyStarted, TrialFinished, TrialStarted, format_reuse_map)
+from ilr_search.commands.events import (
+    Event,
+    Message,
+    ReferenceFinished,
+    ReferenceStarted,
+    RunFinished,
+    RunReporter,
+    RunsStarted,
+    Step,
+    StudyStarted,
+    TrialFinished,
+    TrialStarted,
+    format_reuse_map,
+)
 
 if TYPE_CHECKING:
     from ilr_search.commands.studies import StudyReport
@@ -207,11 +219,11 @@ def rows_table(title: str, rows: list[dict[str, Any]], columns: list[str], heade
     `headers[key]`, fitted to the console (fit_columns: on a narrow one the `droppable` columns go first)."""
     columns = with_knobs_column(columns, rows)
     by_column = [column_cells(c, [_cell(row, c) for row in rows]) for c in columns]
-    cells = [list(row) for row in zip(*by_column)] if rows else []
+    cells = [list(row) for row in zip(*by_column, strict=True)] if rows else []
     heads = [(headers or {}).get(c, c.replace("_", " ")) for c in columns]
     shown, widths = fit_columns(columns, heads, cells, out.width, list(droppable or ()))
     table = Table(title=title, pad_edge=widths[0] is None if widths else True)
-    for i, width in zip(shown, widths):
+    for i, width in zip(shown, widths, strict=True):
         col = columns[i]
         table.add_column(heads[i], justify="left" if col in LEFT_ALIGNED else "right", overflow="fold",
                          no_wrap=col in KEPT_WHOLE, width=width, min_width=width if col in KEPT_WHOLE else None)
@@ -294,7 +306,7 @@ class ConsoleReporter(RunReporter):
         self.runs_done: int | None = None  # race (or audit) runs stored, once the race started
         self.printed_front: list[Any] | None = None  # the trials of the front last printed
 
-    def __enter__(self) -> "ConsoleReporter":
+    def __enter__(self) -> ConsoleReporter:
         self.progress.__enter__()
         return self
 

@@ -11,14 +11,12 @@ from ilr_search.config import KNOB_FIELD_DEFAULTS, ModelConfig, SpaceConfig
 from ilr_search.data.tokenizers import check_vocab, model_config
 from ilr_search.data.tokens import load_space_tokens
 from ilr_search.errors import UserInputError
-from ilr_search.training.flops import describe
 from ilr_search.knobs import format_knobs, knob_params, knobs_of, parse_knob_settings, with_knobs
-from ilr_search.training.flops import param_count
+from ilr_search.space import load_space
+from ilr_search.training.flops import describe, param_count
 from ilr_search.training.model import ILRTransformer, repeat_indices
 from ilr_search.training.schedule import is_block_text, parse_map, resolve_schedule
-from ilr_search.space import load_space
 from ilr_search.training.train import OnStep
-
 
 Overrides = Mapping[str, Mapping[str, Any]]
 

@@ -22,23 +22,36 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from ilr_search.analysis.fidelity import audit_report
+from ilr_search.analysis.results import Curves, curves_by_trial, is_baseline_key, study_front, trained_trials
+from ilr_search.analysis.trials import Trial, TrialRecord, trained_results, trial_records
 from ilr_search.config import SIZE_MAXIMA, AuditSettings, SpaceConfig
 from ilr_search.data.tokenizers import check_vocab, model_config
 from ilr_search.data.tokens import load_space_tokens
 from ilr_search.errors import UserInputError
-from ilr_search.analysis.fidelity import audit_report
 from ilr_search.knobs import with_knobs
-from ilr_search.analysis.results import Curves, curves_by_trial, is_baseline_key, study_front, trained_trials
-from ilr_search.analysis.trials import Trial, TrialRecord, trained_results, trial_records
 from ilr_search.search.plan import CONFIG_ATTR, StoredConfig, safe_name, stored_config
 from ilr_search.search.progress import Message, RunReporter, StudyStarted
-from ilr_search.search.race import (FINAL_STATES, ClaimedRun, is_finished, longer_train_config, run_checkpoint,
-                                    train_claimed)
-from ilr_search.training.jobs import fusable
+from ilr_search.search.race import (
+    FINAL_STATES,
+    ClaimedRun,
+    is_finished,
+    longer_train_config,
+    run_checkpoint,
+    train_claimed,
+)
 from ilr_search.search.run import check_fuse, disk_full_is_reported
 from ilr_search.search.studies import open_study
-from ilr_search.storage import study_storage, RaceRunJob, Store, grace_period, heartbeat_interval, open_store, parse_storage
-
+from ilr_search.storage import (
+    RaceRunJob,
+    Store,
+    grace_period,
+    heartbeat_interval,
+    open_store,
+    parse_storage,
+    study_storage,
+)
+from ilr_search.training.jobs import fusable
 
 AUTO_MAPS = 8  # the default selection aims at this many maps with a complete proxy result
 NEAR_FRONT_PRUNED = 2

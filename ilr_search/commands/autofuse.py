@@ -74,8 +74,8 @@ def proxy_memory_bytes(model: ModelConfig, layer_runs: int, batch_size: int, bf1
     parameter), activations kept for backward (about 24 values per token and width per layer run in the
     compute dtype, SwiGLU's 4x hidden included; flash attention keeps no T x T matrix), and one chunk of
     fp32 logits with its gradient (loss.py). A fused group of K holds about K of these."""
-    from ilr_search.training.loss import LOGITS_PER_CHUNK
     from ilr_search.training.flops import param_count
+    from ilr_search.training.loss import LOGITS_PER_CHUNK
 
     value_bytes = 2 if bf16 else 4
     tokens = batch_size * model.seq_len

@@ -14,24 +14,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-
-from ilr_search.config import ModelConfig, SpaceConfig, TrainConfig
-from ilr_search.data.tokens import TokenData, cache_key, cache_root, random_tokens
-from ilr_search.training.flops import flops_ratio
 from ilr_search.analysis.results import REFERENCE_PREFIX, has_result
-from ilr_search.training.schedule import reuse_map_schedule
-from ilr_search.search.maps import repair_to_budget
-from ilr_search.search.plan import StudyPlan, adopt_stored_dtype, adopt_stored_race, check_resume, stored_study
-from ilr_search.search.pruners import pruner_settings
 from ilr_search.analysis.trials import trial_records
 from ilr_search.commands.autofuse import Layout, describe, resolve_layout
 from ilr_search.commands.layout import process_threads, race_processes
+from ilr_search.config import ModelConfig, SpaceConfig, TrainConfig
+from ilr_search.data.tokens import TokenData, cache_key, cache_root, random_tokens
+from ilr_search.search.maps import repair_to_budget
+from ilr_search.search.plan import StudyPlan, adopt_stored_dtype, adopt_stored_race, check_resume, stored_study
+from ilr_search.search.pruners import pruner_settings
 from ilr_search.search.race import study_race
 from ilr_search.search.run import ReferenceRun, RunRequest, checked_request, reference_runs
 from ilr_search.search.samplers import sampler_settings
 from ilr_search.storage import StorageSpec, open_storage, open_store
 from ilr_search.training.device import resolve_compile, resolve_device
+from ilr_search.training.flops import flops_ratio
 from ilr_search.training.jobs import fusable
+from ilr_search.training.schedule import reuse_map_schedule
 from ilr_search.training.train import train_proxy
 
 PROBE_WARMUP = 2  # untimed steps first: memory allocated, kernels chosen, caches warm

@@ -19,15 +19,27 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ilr_search.commands.recipe import (CONFIG_FILE, SAVED_FORMAT, WEIGHTS_FILE, MapChoice, choose_map,
-                                        load_study_settings, load_trained, parse_map_choice,
-                                        read_trained_config)
-from ilr_search.commands.standard_checkpoint import (check_checkpoint, check_out_dir, default_family,
-                                                     write_checkpoint)
+from ilr_search.commands.recipe import (
+    CONFIG_FILE,
+    SAVED_FORMAT,
+    WEIGHTS_FILE,
+    MapChoice,
+    choose_map,
+    load_study_settings,
+    load_trained,
+    parse_map_choice,
+    read_trained_config,
+)
+from ilr_search.commands.standard_checkpoint import check_checkpoint, check_out_dir, default_family, write_checkpoint
 from ilr_search.config import DataConfig, ModelConfig
 from ilr_search.errors import UserInputError
-from ilr_search.training.pretrained import (SUPPORTED_FAMILIES, TOKENIZER_FILES, CheckpointError, open_checkpoint,
-                                            resolve_source)
+from ilr_search.training.pretrained import (
+    SUPPORTED_FAMILIES,
+    TOKENIZER_FILES,
+    CheckpointError,
+    open_checkpoint,
+    resolve_source,
+)
 
 
 def parse_export_map(map_text: str, n_layers: int) -> MapChoice:

@@ -16,27 +16,33 @@ from typing import Any
 import optuna
 import torch
 
-from ilr_search.commands.standard_checkpoint import (check_checkpoint, check_out_dir, check_save_format,
-                                                     data_tokenizer, default_family, save_tokenizer, write_checkpoint)
+from ilr_search.analysis.map_key import map_text as key_map_text
+from ilr_search.analysis.race_core import RaceWords
+from ilr_search.analysis.results import finite_or_none, references, trained_by_map
+from ilr_search.analysis.trials import TrialRecord, trial_records
+from ilr_search.commands.standard_checkpoint import (
+    check_checkpoint,
+    check_out_dir,
+    check_save_format,
+    data_tokenizer,
+    default_family,
+    save_tokenizer,
+    write_checkpoint,
+)
 from ilr_search.config import DataConfig, ModelConfig, SpaceConfig, TrainConfig, without_omitted_defaults
 from ilr_search.data.tokenizers import check_vocab, model_config
 from ilr_search.data.tokens import load_space_tokens
 from ilr_search.errors import UserInputError
-from ilr_search.training.flops import flops_ratio
 from ilr_search.knobs import KnobValue, config_key, format_knobs, parse_knob_settings, with_knobs
-from ilr_search.training.flops import param_count
-from ilr_search.training.model import ILRTransformer
-from ilr_search.training.pretrained import check_exportable
-from ilr_search.analysis.results import finite_or_none, references, trained_by_map
-from ilr_search.analysis.trials import TrialRecord, trial_records
-from ilr_search.training.schedule import BlockMap, Map, block_schedule, format_reuse_map, is_block_text, parse_map
 from ilr_search.search.plan import stored_config
-from ilr_search.analysis.map_key import map_text as key_map_text
-from ilr_search.analysis.race_core import RaceWords
 from ilr_search.search.race import decided_front, race_report
 from ilr_search.search.studies import open_study
 from ilr_search.space import SpaceError, check_sizes
-from ilr_search.storage import study_storage, open_store, parse_storage
+from ilr_search.storage import open_store, parse_storage, study_storage
+from ilr_search.training.flops import flops_ratio, param_count
+from ilr_search.training.model import ILRTransformer
+from ilr_search.training.pretrained import check_exportable
+from ilr_search.training.schedule import BlockMap, Map, block_schedule, format_reuse_map, is_block_text, parse_map
 from ilr_search.training.train import OnStep, TrainResult, train_proxy
 
 RECIPE_FORMATS = (".toml", ".json")

@@ -6,23 +6,35 @@ import dataclasses
 import json
 import os
 import tempfile
-from pathlib import Path
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from ilr_search.errors import UserInputError
 from ilr_search.analysis.fidelity import mark_ties, noise_band
-from ilr_search.knobs import KNOB_CHOICES
 from ilr_search.analysis.plots import pareto_figure, plot_ppl, write_figure_html
-from ilr_search.analysis.results import (CurveRow, Curves, curve_of, curve_rows, curves_by_trial, knobs_text, map_text,
-                                         listed_trials, race_run_rows, reference_rows, study_front, trial_row)
+from ilr_search.analysis.results import (
+    CurveRow,
+    Curves,
+    curve_of,
+    curve_rows,
+    curves_by_trial,
+    knobs_text,
+    listed_trials,
+    map_text,
+    race_run_rows,
+    reference_rows,
+    study_front,
+    trial_row,
+)
 from ilr_search.analysis.trials import TrialRecord, trained_results, trial_records
+from ilr_search.errors import UserInputError
+from ilr_search.knobs import KNOB_CHOICES
 from ilr_search.search.plan import CONFIG_ATTR
 from ilr_search.search.race import decided_front
 from ilr_search.search.studies import FrontView, StudyReport, open_study, study_report
-from ilr_search.storage import study_storage, open_store, parse_storage
+from ilr_search.storage import open_store, parse_storage, study_storage
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go

@@ -26,6 +26,7 @@ from typing import Any
 from ilr_search.commands.api import with_init
 from ilr_search.commands.autofuse import Layout, parse_fuse
 from ilr_search.commands.layout import process_threads, race_processes, usable_cores
+from ilr_search.config import WORKERS_MAX, SpaceConfig
 from ilr_search.errors import UserInputError
 from ilr_search.search.maps import split_enqueue_text
 from ilr_search.search.phases import PhaseMeter
@@ -33,8 +34,8 @@ from ilr_search.search.plan import ADOPTED_RACE_FIELDS, PhaseLayout, StudyLayout
 from ilr_search.search.progress import Event, Message, RunReporter, StudyStarted
 from ilr_search.search.run import RunRequest
 from ilr_search.search.studies import StudyReport
-from ilr_search.config import WORKERS_MAX, SpaceConfig
 from ilr_search.space import load_space, parse_target
+
 
 @dataclass(frozen=True)
 class RunOptions:

@@ -19,8 +19,16 @@ from typing import TYPE_CHECKING
 from ilr_search.config import DataConfig, ModelConfig
 from ilr_search.errors import UserInputError
 from ilr_search.folders import check_can_create
-from ilr_search.training.pretrained import (TOKENIZER_FILES, CheckpointError, check_exportable, export_checkpoint,
-                                            export_tokenizer, hf_config, open_checkpoint, resolve_source)
+from ilr_search.training.pretrained import (
+    TOKENIZER_FILES,
+    CheckpointError,
+    check_exportable,
+    export_checkpoint,
+    export_tokenizer,
+    hf_config,
+    open_checkpoint,
+    resolve_source,
+)
 
 if TYPE_CHECKING:
     from ilr_search.training.model import ILRTransformer

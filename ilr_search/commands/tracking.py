@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from ilr_search.search.progress import Event, RunReporter, StudyStarted, TrialFinished
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import format_knobs
+from ilr_search.search.progress import Event, RunReporter, StudyStarted, TrialFinished
 from ilr_search.training.schedule import format_reuse_map
 
 TRACKERS = ("tensorboard", "mlflow")

@@ -12,14 +12,13 @@ training one map, and each worker samples from its own stream.
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing as mp
 import os
+import queue
 import signal
 import time
 from pathlib import Path
 from typing import Any
-
-import multiprocessing as mp
-import queue
 
 import optuna
 
@@ -31,8 +30,6 @@ from ilr_search.search.race import RaceRunner, run_race
 from ilr_search.search.run import RunRequest, disk_full_is_reported, prepare_study, run_study
 from ilr_search.search.studies import StudyReport
 from ilr_search.training.device import resolve_device
-
-
 
 
 class QueueReporter(RunReporter):
@@ -82,10 +79,10 @@ def _worker_main(request: RunRequest, worker: int, workers: int, threads: int | 
     try:
         summary = run_study(request, reporter, reference_share=(worker, workers), race_runner=race)
     except KeyboardInterrupt:
-        raise SystemExit(130)
+        raise SystemExit(130) from None
     except UserInputError as e:
         reporter.on(Message(f"error: {e}"))
-        raise SystemExit(2)
+        raise SystemExit(2) from e
     raise SystemExit(130 if summary.interrupted else 0)
 
 
@@ -158,10 +155,10 @@ def _race_worker_main(request: RunRequest, worker: int, workers: int, threads: i
             run_race(plan, study, store, prepared.data, reporter, folder, request.fuse,
                      plan.space.search.max_race_steps, workers=workers)
     except KeyboardInterrupt:
-        raise SystemExit(130)
+        raise SystemExit(130) from None
     except UserInputError as e:
         reporter.on(Message(f"error: {e}"))
-        raise SystemExit(2)
+        raise SystemExit(2) from e
     raise SystemExit(0)
 
 

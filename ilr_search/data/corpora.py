@@ -15,7 +15,6 @@ from typing import Any
 from ilr_search.config import DataConfig
 from ilr_search.errors import DataError
 
-
 LOCAL_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 _STDLIB_SKIP = {"site-packages", "test", "tests", "idle_test", "__pycache__"}
 

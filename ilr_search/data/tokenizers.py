@@ -42,7 +42,7 @@ class HFTokenizer(Tokenizer):
 
     def encode_batch(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray | None]]:
         out = []
-        for text, enc in zip(texts, self._tok.encode_batch(texts, add_special_tokens=False)):
+        for text, enc in zip(texts, self._tok.encode_batch(texts, add_special_tokens=False), strict=True):
             ids = np.asarray(enc.ids, dtype=np.uint32)
             out.append((ids, _bytes_per_token(text, enc.offsets)))
         return out
@@ -154,7 +154,8 @@ def load_pretrained_tokenizer(spec: str) -> HFTokenizer:
 
 def train_bpe(spec: TokenizerSpec, texts: Iterable[str], path: Path) -> HFTokenizer:
     """Train a byte-level BPE tokenizer of vocabulary N on the training split; saved to `path`."""
-    from tokenizers import Tokenizer as RustTokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer as RustTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
 
     tok = RustTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -186,7 +187,8 @@ def byte_tokenizer_model() -> Any:
     """ByteTokenizer as a `tokenizers` Tokenizer, for tools that read tokenizer.json (transformers' AutoTokenizer):
     each byte of the UTF-8 text is one token whose id is the byte's value, as ByteTokenizer encodes it (byte-level
     symbols, a BPE model with no merges, no pre-tokenizing regex and no prefix space)."""
-    from tokenizers import Tokenizer as RustTokenizer, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as RustTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
 
     vocab = {symbol: b for b, symbol in enumerate(byte_level_symbols())}
     tok = RustTokenizer(models.BPE(vocab, []))

@@ -27,7 +27,6 @@ from ilr_search.data.tokenizers import Tokenizer, build_tokenizer, parse_tokeniz
 from ilr_search.errors import DataError
 from ilr_search.folders import check_can_create
 
-
 CACHE_FORMAT = 1
 IGNORE_INDEX = -100  # a target that is not counted (not an answer token): linear_cross_entropy's ignore_index
 ROW_END = "\n"  # the text that ends each prompt/answer row in the stream
@@ -58,7 +57,7 @@ class TokenSplit:
         """UTF-8 bytes of the tokens [b, e) summed over the pairs of `begins` and `ends`."""
         if self.token_bytes is None:
             return int((ends - begins).sum())
-        return int(sum(int(self.token_bytes[b:e].sum()) for b, e in zip(begins, ends)))
+        return int(sum(int(self.token_bytes[b:e].sum()) for b, e in zip(begins, ends, strict=True)))
 
     def answer_spans(self) -> tuple[np.ndarray, np.ndarray]:
         """(begins, ends): each answer's tokens [begin, end), in stream order (rows end with a token outside the

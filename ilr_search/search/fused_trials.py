@@ -19,13 +19,20 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from ilr_search.analysis.trials import TrialAttr
+from ilr_search.search.objective import (
+    Proposal,
+    SearchRun,
+    SurplusTrial,
+    Training,
+    TrialDiverged,
+    TrialTakenOver,
+    journal_heartbeat,
+    sweep_stale_journal_trials,
+)
 from ilr_search.search.progress import step_callback
 from ilr_search.storage import heartbeat_thread, study_storage, trial_id
 from ilr_search.training.jobs import train_jobs
 from ilr_search.training.train import TrainResult
-
-from ilr_search.search.objective import (Proposal, SearchRun, SurplusTrial, Training, TrialDiverged, TrialTakenOver, journal_heartbeat,
-                        sweep_stale_journal_trials)
 
 TrialReport = Callable[[optuna.Study, FrozenTrial], object]  # called with each trial once it is told
 
@@ -74,7 +81,7 @@ class FusedSearchRun(SearchRun):
                 for member in training:  # how the trial was trained: in a group of this many maps
                     member.trial.set_user_attr(TrialAttr.FUSED_GROUP, len(training))
                 results = self._train_group([g.training for g in training])
-                for member, result in zip(training, results):
+                for member, result in zip(training, results, strict=True):
                     self._tell(member, lambda m=member, r=result: self.finish_training(m.trial, m.training, r),
                                report)
                 for member in group:  # proposed a map the group trained: its result now exists

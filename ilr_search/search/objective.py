@@ -5,33 +5,39 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable, Collection
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from ilr_search.config import ModelConfig, TrainConfig
-from ilr_search.data.tokens import TokenData
-from ilr_search.training.flops import flops_ratio
-from ilr_search.knobs import KnobValue, config_key, format_knobs
-from ilr_search.training.flops import param_count
 from ilr_search.analysis.results import finite_or_none, has_result
 from ilr_search.analysis.trials import TrialAttr, TrialRecord, trial_records
-from ilr_search.training.schedule import reuse_map_schedule
-from ilr_search.storage import study_storage, trial_id
-from ilr_search.storage import (CurvePoint, Heartbeat, StorageSpec, Store, TrainCurvePoint, grace_period, heartbeat_interval,
-                       set_trial_user_attrs)
-from ilr_search.training.jobs import Job, train_jobs
-from ilr_search.training.train import EvalPoint, TrainResult
-
+from ilr_search.config import ModelConfig, TrainConfig
+from ilr_search.data.tokens import TokenData
+from ilr_search.knobs import KnobValue, config_key, format_knobs
 from ilr_search.search.maps import propose_knobs, propose_trial_map
 from ilr_search.search.plan import StudyPlan, safe_name
 from ilr_search.search.progress import Message, RunReporter, TrialStarted, step_callback
 from ilr_search.search.pruners import Pruner, PruningDecision
-
+from ilr_search.storage import (
+    CurvePoint,
+    Heartbeat,
+    StorageSpec,
+    Store,
+    TrainCurvePoint,
+    grace_period,
+    heartbeat_interval,
+    set_trial_user_attrs,
+    study_storage,
+    trial_id,
+)
+from ilr_search.training.flops import flops_ratio, param_count
+from ilr_search.training.jobs import Job, train_jobs
+from ilr_search.training.schedule import reuse_map_schedule
+from ilr_search.training.train import EvalPoint, TrainResult
 
 HEARTBEAT_ATTR = "ilr:heartbeat"
 

@@ -19,8 +19,16 @@ from typing import Any, Literal
 
 from ilr_search.analysis.results import is_deep_key
 from ilr_search.config import SpaceConfig
-from ilr_search.search.progress import (Event, ReferenceFinished, ReferenceStarted, RunFinished, RunReporter,
-                                        RunsStarted, TrialFinished, TrialStarted)
+from ilr_search.search.progress import (
+    Event,
+    ReferenceFinished,
+    ReferenceStarted,
+    RunFinished,
+    RunReporter,
+    RunsStarted,
+    TrialFinished,
+    TrialStarted,
+)
 
 Phase = Literal["trials", "references", "screen", "race", "equal_compute"]
 PHASES: tuple[Phase, ...] = ("trials", "references", "screen", "race", "equal_compute")

@@ -7,24 +7,28 @@ import dataclasses
 import hashlib
 import json
 import time
-from dataclasses import dataclass
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import optuna
 
-from ilr_search.config import (SPACE_SCHEMA_VERSION, STORED_OMITTED_DEFAULTS, ModelConfig, SpaceConfig, StudySettings,
-                               without_omitted_defaults)
+from ilr_search.config import (
+    SPACE_SCHEMA_VERSION,
+    STORED_OMITTED_DEFAULTS,
+    ModelConfig,
+    SpaceConfig,
+    StudySettings,
+    without_omitted_defaults,
+)
 from ilr_search.data.tokenizers import model_config
 from ilr_search.errors import UserInputError
-from ilr_search.training.flops import Budget, parse_budget
 from ilr_search.knobs import KnobValue, with_knobs
+from ilr_search.search.pruners import pruner_settings
 from ilr_search.storage import StorageSpec
 from ilr_search.training.device import resolve_device, resolve_dtype
-
-from ilr_search.search.pruners import pruner_settings
-
+from ilr_search.training.flops import Budget, parse_budget
 
 CONFIG_ATTR = "ilr:config"
 

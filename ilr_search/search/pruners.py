@@ -32,9 +32,9 @@ from typing import Any, Protocol
 
 import optuna
 
-from ilr_search.config import PrunerSettings, SpaceConfig
 from ilr_search.analysis.pareto import dominates, non_dominated_ranks
 from ilr_search.analysis.stats import rank_agreement
+from ilr_search.config import PrunerSettings, SpaceConfig
 from ilr_search.storage import CurvePoint, Store
 
 

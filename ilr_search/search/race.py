@@ -26,27 +26,35 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from ilr_search.config import ModelConfig, SpaceConfig, TrainConfig
-from ilr_search.data.tokens import TokenData
-from ilr_search.training.flops import baseline_flops_per_token, flops_ratio, forward_flops_per_token
-from ilr_search.training.flops import param_count
-from ilr_search.knobs import config_key
 from ilr_search.analysis.answer import Answer, Trust, race_answer, unraced_answer
-from ilr_search.analysis.race_core import REFERENCE_SOURCE, RUN_SOURCE, TRIAL_SOURCE, StoredResult
 from ilr_search.analysis.map_key import key_text
+from ilr_search.analysis.race_core import REFERENCE_SOURCE, RUN_SOURCE, TRIAL_SOURCE, StoredResult
 from ilr_search.analysis.race_report import RaceReport
 from ilr_search.analysis.racing import FrontPoint, RaceJob, RaceSettings, RaceState, race_state
-from ilr_search.analysis.results import (DEEP_PREFIX, REFERENCE_PREFIX, is_deep_key, as_list, finite_or_none, is_baseline_key, key_reuse_map, map_text,
-                                         knobs_text, study_front, trained_by_map, trained_trials)
+from ilr_search.analysis.results import (
+    DEEP_PREFIX,
+    REFERENCE_PREFIX,
+    as_list,
+    finite_or_none,
+    is_baseline_key,
+    is_deep_key,
+    key_reuse_map,
+    knobs_text,
+    map_text,
+    study_front,
+    trained_by_map,
+    trained_trials,
+)
 from ilr_search.analysis.trials import Trial, trial_records
-from ilr_search.training.schedule import format_reuse_map, map_of_key, reuse_map_schedule
-from ilr_search.storage import RaceRunJob, RaceRun, Heartbeat, Store, grace_period, heartbeat_interval
-from ilr_search.training.jobs import fusable
-
+from ilr_search.config import ModelConfig, SpaceConfig, TrainConfig
+from ilr_search.data.tokens import TokenData
+from ilr_search.knobs import config_key
 from ilr_search.search.plan import CONFIG_ATTR, LR_SCHEDULE_FIELDS, StudyPlan, safe_name
 from ilr_search.search.progress import Message, RunFinished, RunKind, RunReporter, RunsStarted, step_callback
-
-
+from ilr_search.storage import Heartbeat, RaceRun, RaceRunJob, Store, grace_period, heartbeat_interval
+from ilr_search.training.flops import baseline_flops_per_token, flops_ratio, forward_flops_per_token, param_count
+from ilr_search.training.jobs import fusable
+from ilr_search.training.schedule import format_reuse_map, map_of_key, reuse_map_schedule
 
 FINAL_STATES = ("complete", "failed")  # of a race run; failed: the run diverged, it is not trained again
 
@@ -341,7 +349,10 @@ def train_claimed(store: Store, runs: Sequence[ClaimedRun], worker: str, data: T
     """Train claimed race or audit runs (of one model and length: one fused group where it can be, each at its own
     seed) under one heartbeat for all, and store each result (complete, or failed where it diverged); Ctrl-C frees
     them at once for the next attempt (their checkpoints stay)."""
-    from ilr_search.training.jobs import Job, train_jobs  # here, not at the top: reading a race's results loads no torch
+    from ilr_search.training.jobs import (  # here, not at the top: reading a race's results loads no torch
+        Job,
+        train_jobs,
+    )
 
     reporter.on(RunsStarted(tuple((r.job.map_key, r.train_cfg.steps, r.job.seed) for r in runs), kind))
     jobs = [Job(r.model, r.schedule or reuse_map_schedule(r.reuse_map), r.train_cfg, checkpoint=r.checkpoint)
@@ -353,7 +364,7 @@ def train_claimed(store: Store, runs: Sequence[ClaimedRun], worker: str, data: T
         for r in runs:
             store.finish_race_run(r.job, worker, "interrupted", None, None, None, [], 0.0, "interrupted (Ctrl-C)")
         raise
-    for r, result in zip(runs, results):
+    for r, result in zip(runs, results, strict=True):
         state = "complete" if result.status == "ok" else "failed"
         store.finish_race_run(r.job, worker, state, finite_or_none(result.val_loss), finite_or_none(result.val_ppl),
                            finite_or_none(result.val_bpb), [(p.step, p.val_loss) for p in result.curve],

@@ -16,31 +16,65 @@ import optuna
 import sqlalchemy as sa
 from optuna.trial import FrozenTrial, TrialState
 
+from ilr_search.analysis.fidelity import best_recurrent
+from ilr_search.analysis.results import REFERENCE_PREFIX, finite_or_none, has_result, study_front, trial_row
+from ilr_search.analysis.trials import trial_records
 from ilr_search.config import SIZE_MAXIMA, SpaceConfig, StudySettings
 from ilr_search.data.tokens import TokenData, load_space_tokens
 from ilr_search.errors import StorageFullError, UserInputError
 from ilr_search.folders import check_can_create
-from ilr_search.analysis.fidelity import best_recurrent
-from ilr_search.analysis.trials import trial_records
-from ilr_search.training.flops import flops_ratio
 from ilr_search.knobs import KnobValue, config_key
-from ilr_search.analysis.results import REFERENCE_PREFIX, finite_or_none, has_result, study_front, trial_row
-from ilr_search.training.schedule import BlockMap, block_schedule, format_reuse_map, map_of_key
-from ilr_search.space import check_search_objective, validate_space
-from ilr_search.storage import JournalStore, study_storage, StorageSpec, Store, heartbeat_interval, open_storage, open_store, parse_storage
-from ilr_search.training.jobs import Job, groups, train_jobs
-
-from ilr_search.search.maps import EnqueuedMap, knobs_off, parse_enqueued, seed_params
 from ilr_search.search.fused_trials import FusedSearchRun
-from ilr_search.search.objective import SearchRun, SurplusTrial, TrialDiverged, TrialTakenOver, sweep_stale_journal_trials
-from ilr_search.search.plan import (CONFIG_ATTR, ENQUEUED_BLOCKS_ATTR, SAMPLER_ATTR, StudyLayout, StudyPlan, adopt_stored_dtype,
-    adopt_stored_race, canonical_config, check_resume, plan_study, record_layout, safe_name, stored_study)
-from ilr_search.search.progress import (Message, ReferenceFinished, ReferenceStarted, RunReporter, StudyStarted,
-                                        TrialFinished, step_callback)
-from ilr_search.search.race import RaceRunner, run_race
+from ilr_search.search.maps import EnqueuedMap, knobs_off, parse_enqueued, seed_params
+from ilr_search.search.objective import (
+    SearchRun,
+    SurplusTrial,
+    TrialDiverged,
+    TrialTakenOver,
+    sweep_stale_journal_trials,
+)
+from ilr_search.search.plan import (
+    CONFIG_ATTR,
+    ENQUEUED_BLOCKS_ATTR,
+    SAMPLER_ATTR,
+    StudyLayout,
+    StudyPlan,
+    adopt_stored_dtype,
+    adopt_stored_race,
+    canonical_config,
+    check_resume,
+    plan_study,
+    record_layout,
+    safe_name,
+    stored_study,
+)
+from ilr_search.search.progress import (
+    Message,
+    ReferenceFinished,
+    ReferenceStarted,
+    RunReporter,
+    StudyStarted,
+    TrialFinished,
+    step_callback,
+)
 from ilr_search.search.pruners import build_pruner, pruner_settings
+from ilr_search.search.race import RaceRunner, run_race
 from ilr_search.search.samplers import build_sampler, sampler_settings
 from ilr_search.search.studies import StudyReport, study_report
+from ilr_search.space import check_search_objective, validate_space
+from ilr_search.storage import (
+    JournalStore,
+    StorageSpec,
+    Store,
+    heartbeat_interval,
+    open_storage,
+    open_store,
+    parse_storage,
+    study_storage,
+)
+from ilr_search.training.flops import flops_ratio
+from ilr_search.training.jobs import Job, groups, train_jobs
+from ilr_search.training.schedule import BlockMap, block_schedule, format_reuse_map, map_of_key
 
 
 @dataclass(frozen=True)
@@ -480,7 +514,7 @@ def train_references(run: SearchRun, share: tuple[int, int] = (0, 1), fuse: int 
                                     + (f" (fused, {len(members)} at once)" if len(members) > 1 else "")))
             done += 1
         results = train_jobs([jobs[i] for i in members], run.data, fuse, on_step=step_callback(run.reporter))
-        for i, result in zip(members, results):
+        for i, result in zip(members, results, strict=True):
             ref, model = missing[i], jobs[i].model
             study.set_user_attr(f"{REFERENCE_PREFIX}{ref.name}", {
                 "schedule": ref.schedule, "seed": ref.seed, "flops_ratio": flops_ratio(model, ref.schedule),

@@ -12,9 +12,18 @@ from optuna.trial import FrozenTrial, TrialState
 from ilr_search.config import SamplerOption, SamplerSettings
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import KNOB_CHOICES
-
-from ilr_search.search.maps import (BLOCK_END, BLOCK_PARAMS, BLOCK_REPEATS, BLOCK_START, FAMILY_PARAM, block_params,
-                                    map_params, repair_block, repair_to_budget, trial_families)
+from ilr_search.search.maps import (
+    BLOCK_END,
+    BLOCK_PARAMS,
+    BLOCK_REPEATS,
+    BLOCK_START,
+    FAMILY_PARAM,
+    block_params,
+    map_params,
+    repair_block,
+    repair_to_budget,
+    trial_families,
+)
 from ilr_search.storage import trial_id
 
 

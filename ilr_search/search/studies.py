@@ -10,19 +10,26 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from ilr_search.analysis.answer import Answer
+from ilr_search.analysis.fidelity import audit_reports, study_fidelity
+from ilr_search.analysis.race_report import RaceReport
+from ilr_search.analysis.results import (
+    curves_by_trial,
+    curves_of_trials,
+    listed_trials,
+    race_run_rows,
+    reference_rows,
+    references,
+    study_front,
+    trial_row,
+)
+from ilr_search.analysis.trials import FINISHED, Trial, TrialRecord, trained_results, trial_records
 from ilr_search.config import StudySettings
 from ilr_search.errors import UserInputError
-from ilr_search.analysis.fidelity import audit_reports, study_fidelity
-from ilr_search.analysis.results import (curves_by_trial, curves_of_trials, listed_trials, race_run_rows, reference_rows,
-                                         references, study_front, trial_row)
-from ilr_search.analysis.answer import Answer
-from ilr_search.analysis.race_report import RaceReport
-from ilr_search.analysis.trials import FINISHED, Trial, TrialRecord, trained_results, trial_records
-from ilr_search.storage import study_id, study_storage, StorageSpec, Store, open_storage, open_store, parse_storage
-
 from ilr_search.search.phases import PhaseRecord
 from ilr_search.search.plan import SAMPLER_ATTR, StudyLayout, stored_config, stored_layouts
 from ilr_search.search.race import RACE_POINT_FIELDS, foreign_answer, race_report
+from ilr_search.storage import StorageSpec, Store, open_storage, open_store, parse_storage, study_id, study_storage
 
 FRONT_FIELDS = ("trial", "reuse_map", "flops_ratio", "val_ppl", "val_bpb")  # of a front point in `run --json`
 PARETO_FIELDS = ("trial", "reuse_map", "map", "knobs", "flops_ratio", "val_ppl", "val_bpb", "params", "within_noise_of")

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ilr_search.storage.store import RaceRunJob, RaceRun, CurvePoint, Store, TrainCurvePoint
+from ilr_search.storage.store import CurvePoint, RaceRun, RaceRunJob, Store, TrainCurvePoint
 
 
 class JournalStore(Store):

@@ -24,7 +24,13 @@ from optuna.trial import TrialState
 
 from ilr_search.errors import UserInputError
 from ilr_search.storage.heartbeat import grace_period, heartbeat_interval
-from ilr_search.storage.optuna_compat import backend, remember_user_attrs, set_user_attrs_at_once, trial_id, trials_table
+from ilr_search.storage.optuna_compat import (
+    backend,
+    remember_user_attrs,
+    set_user_attrs_at_once,
+    trial_id,
+    trials_table,
+)
 from ilr_search.storage.urls import StorageSpec, read_uri
 
 log = logging.getLogger("ilr_search")

@@ -29,7 +29,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
 from ilr_search.errors import UserInputError
-from ilr_search.storage.store import RaceRunJob, RaceRun, CurvePoint, Store, TrainCurvePoint
+from ilr_search.storage.store import CurvePoint, RaceRun, RaceRunJob, Store, TrainCurvePoint
 
 log = logging.getLogger("ilr_search")
 

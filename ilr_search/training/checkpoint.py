@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+
 import torch
 
 from ilr_search.records import EvalPoint
@@ -29,7 +30,7 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     torch.set_rng_state(state["rng"])
-    curve = [EvalPoint(int(s), int(t), float(l), float(p), float(b)) for s, t, l, p, b in state["curve"]]
+    curve = [EvalPoint(int(s), int(t), float(loss), float(p), float(b)) for s, t, loss, p, b in state["curve"]]
     return int(state["step"]), curve
 
 

@@ -7,12 +7,10 @@ products, as torch's FlopCounterMode counts them; norms, activations and softmax
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ilr_search.config import ModelConfig
 from ilr_search.errors import UserInputError

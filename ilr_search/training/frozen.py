@@ -69,7 +69,7 @@ def window_losses(model: ILRTransformer, schedule: Sequence[int], data: TokenDat
     model.train(was_training)
     nats = torch.stack(sums).double().cpu().tolist()  # the chunk's one host sync
     return WindowLosses(chunk, tuple(int(s) for s in windows.starts),
-                        tuple(n / max(1, c) for n, c in zip(nats, counted)), tuple(counted), math.fsum(nats),
+                        tuple(n / max(1, c) for n, c in zip(nats, counted, strict=True)), tuple(counted), math.fsum(nats),
                         data.val.bytes_between(windows.begins, windows.ends))
 
 

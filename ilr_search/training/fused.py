@@ -42,18 +42,36 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ilr_search.training.checkpoint import load_checkpoint, save_checkpoint
 from ilr_search.config import ModelConfig, TrainConfig
 from ilr_search.data.tokens import TokenData, counted_targets
 from ilr_search.errors import UserInputError
+from ilr_search.records import TrainLossPoint
+from ilr_search.training.checkpoint import load_checkpoint, save_checkpoint
 from ilr_search.training.device import compiled_once
 from ilr_search.training.loss import linear_cross_entropy
 from ilr_search.training.model import ILRTransformer, alibi_bias, apply_rope, branch_scales, rope_tables
-from ilr_search.records import TrainLossPoint
-from ilr_search.training.train import (EvalPoint, OnEval, OnStep, SYNC_EVERY, TrainResult, adamw, autocast_for, build_model,
-                    build_optimizer, divergence_threshold, host_values, proxy_result, resolve_compile,
-                    resolve_device, resolve_dtype, set_lr, training_divergence, validation_divergence,
-                    validation_metrics, weight_decays)
+from ilr_search.training.train import (
+    SYNC_EVERY,
+    EvalPoint,
+    OnEval,
+    OnStep,
+    TrainResult,
+    adamw,
+    autocast_for,
+    build_model,
+    build_optimizer,
+    divergence_threshold,
+    host_values,
+    proxy_result,
+    resolve_compile,
+    resolve_device,
+    resolve_dtype,
+    set_lr,
+    training_divergence,
+    validation_divergence,
+    validation_metrics,
+    weight_decays,
+)
 
 Tensor = torch.Tensor
 
@@ -365,7 +383,7 @@ class FusedGroup:
         # parameter-sized gradient at each position).
         per_position = {key: self.params[key].view(K * self.model_cfg.n_layers, -1).index_select(0, self.all_rows)
                         .split(self.running) for key in self.layout.layer_keys}
-        for s, (running, active, scale) in enumerate(zip(self.running, self.active_masks, self.branch_scales)):
+        for s, (running, active, scale) in enumerate(zip(self.running, self.active_masks, self.branch_scales, strict=True)):
             gathered = {key: rows[s] for key, rows in per_position.items()}
             if self.length_masking == "where":
                 x = torch.where(active, self._layer(x, gathered, scale), x)
@@ -453,7 +471,7 @@ def train_fused(model_cfg: ModelConfig, schedules: Sequence[Sequence[int]], data
     results: list[TrainResult | None] = [None] * K
     for start_step in sorted({m.state.start_step for m in members}):
         group = [m for m in members if m.state.start_step == start_step]
-        for m, result in zip(group, _train_group(model_cfg, group, data, cfg, device, length_masking)):
+        for m, result in zip(group, _train_group(model_cfg, group, data, cfg, device, length_masking), strict=True):
             results[m.position] = result
     return results  # type: ignore[return-value]
 
@@ -524,7 +542,7 @@ def _train_group(model_cfg: ModelConfig, members: list[Member], data: TokenData,
             te = time.perf_counter()
             metrics = group.evaluate(data)
             eval_time = time.perf_counter() - te
-            for m, (val_loss, val_ppl, val_bpb) in zip(group.members, metrics):
+            for m, (val_loss, val_ppl, val_bpb) in zip(group.members, metrics, strict=True):
                 m.eval_seconds += eval_time
                 if not math.isfinite(val_loss) or val_loss > diverged_above:
                     leave(m, "diverged", validation_divergence(val_loss, step), step)

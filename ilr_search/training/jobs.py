@@ -9,7 +9,6 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from ilr_search.config import ModelConfig, TrainConfig
@@ -81,5 +80,5 @@ def train_jobs(jobs: Sequence[Job], data: TokenData, fuse: int = 1, on_step: OnS
                             on_step=[on_step] + [None] * (len(members) - 1),
                             checkpoint_paths=[jobs[i].checkpoint for i in members],
                             seeds=[jobs[i].train_cfg.seed for i in members])
-        results.update(zip(members, fused))
+        results.update(zip(members, fused, strict=True))
     return [results[i] for i in range(len(jobs))]

@@ -196,7 +196,7 @@ class ILRTransformer(nn.Module):
         alibi = alibi_bias(self.cfg.n_heads, T, idx.device) if self.cfg.pe == "alibi" else None
         schedule = range(self.cfg.n_layers) if schedule is None else schedule
         scales = branch_scales(self.cfg, schedule)
-        for layer_index, repeat in zip(schedule, repeat_indices(schedule)):
+        for layer_index, repeat in zip(schedule, repeat_indices(schedule), strict=True):
             x = self._before_run(x, embedded, layer_index, repeat)
             x = self.layers[layer_index](x, rope, alibi, self._norm_gains(layer_index, repeat), scales[layer_index])
         return self.norm(x)

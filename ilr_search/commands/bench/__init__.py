@@ -9,8 +9,14 @@
 """
 
 from ilr_search.commands.bench.hypervolume import ReplayResult, hypervolume_2d, replay, summarize_replays
-from ilr_search.commands.bench.policy import (POLICIES, PolicyReplay, replay_policy, replay_race, replay_single_seed,
-                                              table_decided_better)
+from ilr_search.commands.bench.policy import (
+                                              POLICIES,
+                                              PolicyReplay,
+                                              replay_policy,
+                                              replay_race,
+                                              replay_single_seed,
+                                              table_decided_better,
+)
 from ilr_search.commands.bench.pruning import PruningReplay, default_pruner_settings, replay_pruning, replay_table
 from ilr_search.commands.bench.table import Table, TableRow, build_table, feasible_maps
 from ilr_search.commands.bench.truth import TruthTable

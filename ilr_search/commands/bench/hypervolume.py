@@ -44,10 +44,10 @@ class ReplayResult:
     front_maps_pruned: list[tuple[int, ...]]
 
     def steps_to(self, fraction: float) -> int | None:
-        return next((s for s, h in zip(self.steps, self.hv_fraction) if h >= fraction - 1e-12), None)
+        return next((s for s, h in zip(self.steps, self.hv_fraction, strict=True) if h >= fraction - 1e-12), None)
 
     def hv_at(self, steps: int) -> float:
-        return max([h for s, h in zip(self.steps, self.hv_fraction) if s <= steps], default=0.0)
+        return max([h for s, h in zip(self.steps, self.hv_fraction, strict=True) if s <= steps], default=0.0)
 
 
 def replay(table: Table, sampler: str, seed: int, n_trials: int, pruning: bool,
@@ -117,6 +117,14 @@ def _feed_curve(number: int, map_key: str, ratio: float, curve: dict[int, float]
 
 
 
+def _median_steps(group: list[ReplayResult], fraction: float, exhaustive: int) -> float | None:
+    """Median over seeds of the compute to reach `fraction`, as a share of `exhaustive`; a seed that never does counts
+    as infinite."""
+    values = sorted(math.inf if v is None else v for v in (r.steps_to(fraction) for r in group))
+    median = statistics.median(values)
+    return None if math.isinf(median) else median / exhaustive
+
+
 def summarize_replays(table: Table, results: list[ReplayResult]) -> list[dict[str, Any]]:
     """One row per (sampler, pruning): medians over seeds."""
 
@@ -125,16 +133,10 @@ def summarize_replays(table: Table, results: list[ReplayResult]) -> list[dict[st
                                                         key=lambda r: (r.sampler, r.pruning)):
         group = list(group)
         exhaustive = table.exhaustive_steps
-
-        def median_steps(fraction: float) -> float | None:
-            """Median over seeds of the compute to reach `fraction`; a seed that never does counts as infinite."""
-            values = sorted(math.inf if v is None else v for v in (r.steps_to(fraction) for r in group))
-            median = statistics.median(values)
-            return None if math.isinf(median) else median / exhaustive
-
         rows.append({
             "sampler": sampler, "pruning": pruning, "seeds": len(group),
-            "compute_to_90pct": median_steps(0.90), "compute_to_95pct": median_steps(0.95),
+            "compute_to_90pct": _median_steps(group, 0.90, exhaustive),
+            "compute_to_95pct": _median_steps(group, 0.95, exhaustive),
             "hv_at_25pct_compute": statistics.median(r.hv_at(int(0.25 * exhaustive)) for r in group),
             "final_hv": statistics.median(r.hv_fraction[-1] for r in group),
             "steps_saved_share": statistics.median(

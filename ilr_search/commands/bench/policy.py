@@ -88,7 +88,7 @@ def replay_race(table: TruthTable, order_seed: int, n_seeds: int | None = None, 
         if state.done:
             break
         answers = [table.evaluation(j.map_key, j.steps, j.seed) for j in state.next_jobs]
-        unanswered = [(j.map_key, j.steps, j.seed) for j, a in zip(state.next_jobs, answers) if a is None]
+        unanswered = [(j.map_key, j.steps, j.seed) for j, a in zip(state.next_jobs, answers, strict=True) if a is None]
         if unanswered:
             break
         evaluations += [a for a in answers if a is not None]
@@ -142,7 +142,7 @@ def table_decided_better(table: TruthTable, target: int, confidence: float) -> l
     keys = sorted(k for k in table.flops if k != table.baseline)
     tests = [paired_comparison(by_seed(k), by_seed(table.baseline), confidence) for k in keys]
     adjusted = benjamini_hochberg([t.p_value for t in tests])
-    return [k for k, t, p in zip(keys, tests, adjusted) if t.n >= 2 and p < decision_level(confidence)]
+    return [k for k, t, p in zip(keys, tests, adjusted, strict=True) if t.n >= 2 and p < decision_level(confidence)]
 
 
 def replay_policy(path: str | Path, policy: str, orders: int = 10, first_order: int = 0, n_seeds: int | None = None,

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ilr_search.config import SIZE_MAXIMA
 from ilr_search.analysis.pareto import non_dominated
 from ilr_search.analysis.results import curves_by_trial, references
 from ilr_search.analysis.trials import trained_results
 from ilr_search.commands.report import _atomic_write, check_out_path
+from ilr_search.config import SIZE_MAXIMA
 from ilr_search.errors import UserInputError
 from ilr_search.search.plan import plan_study
 from ilr_search.search.progress import RunReporter
