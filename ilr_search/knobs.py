@@ -34,9 +34,13 @@ def check_knobs(names: Sequence[str]) -> None:
 
 def knobs_of(cfg: ModelConfig) -> dict[str, KnobValue]:
     """The knob settings a model config has (depth_init: whether its init depth differs from n_layers)."""
-    return {"injection": cfg.injection, "iteration_encoding": cfg.iteration_encoding,
-            "iteration_norms": cfg.iteration_norms, "depth_init": cfg.init_depth > 0,
-            "repeat_scale": cfg.repeat_scale}
+    return {
+        "injection": cfg.injection,
+        "iteration_encoding": cfg.iteration_encoding,
+        "iteration_norms": cfg.iteration_norms,
+        "depth_init": cfg.init_depth > 0,
+        "repeat_scale": cfg.repeat_scale,
+    }
 
 
 def with_knobs(cfg: ModelConfig, knobs: Mapping[str, KnobValue], init_depth: int) -> ModelConfig:
@@ -69,8 +73,10 @@ def parse_knob_settings(text: str) -> dict[str, KnobValue]:
         elif value in choices:
             settings[name] = value
         else:
-            raise ValueError(f"knob {name} has no setting {value!r}; use one of "
-                             f"{', '.join('on' if c is True else 'off' if c is False else str(c) for c in choices)}")
+            raise ValueError(
+                f"knob {name} has no setting {value!r}; use one of "
+                f"{', '.join('on' if c is True else 'off' if c is False else str(c) for c in choices)}"
+            )
     return settings
 
 
@@ -82,10 +88,13 @@ def config_key(map_key: str, knobs: Mapping[str, KnobValue]) -> str:
 
 def knob_params(cfg: ModelConfig) -> dict[str, int]:
     """Parameters each knob of `cfg` adds (the `flops --json` key `knob_params`)."""
-    return {"injection": cfg.n_layers if cfg.injection == "gated" else 0,
-            "iteration_encoding": cfg.max_reuse * cfg.d_model if cfg.iteration_encoding else 0,
-            "iteration_norms": cfg.n_layers * (cfg.max_reuse - 1) * 2 * cfg.d_model if cfg.iteration_norms else 0,
-            "depth_init": 0, "repeat_scale": 0}
+    return {
+        "injection": cfg.n_layers if cfg.injection == "gated" else 0,
+        "iteration_encoding": cfg.max_reuse * cfg.d_model if cfg.iteration_encoding else 0,
+        "iteration_norms": cfg.n_layers * (cfg.max_reuse - 1) * 2 * cfg.d_model if cfg.iteration_norms else 0,
+        "depth_init": 0,
+        "repeat_scale": 0,
+    }
 
 
 def format_knobs(knobs: Mapping[str, KnobValue]) -> str:

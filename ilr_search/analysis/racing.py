@@ -37,9 +37,26 @@ from ilr_search.analysis.race_core import (
     reported_best,
 )
 
-__all__ = ["RACE_POLICIES", "Evaluation", "FrontPoint", "RaceJob", "RacePolicy", "RaceSettings", "RaceState", "Results",
-           "adaptive_race_state", "base_results", "benjamini_hochberg", "choose_contenders", "collect",
-           "fixed_race_state", "race_compute", "race_lengths", "race_state", "reported_best"]
+__all__ = [
+    "RACE_POLICIES",
+    "Evaluation",
+    "FrontPoint",
+    "RaceJob",
+    "RacePolicy",
+    "RaceSettings",
+    "RaceState",
+    "Results",
+    "adaptive_race_state",
+    "base_results",
+    "benjamini_hochberg",
+    "choose_contenders",
+    "collect",
+    "fixed_race_state",
+    "race_compute",
+    "race_lengths",
+    "race_state",
+    "reported_best",
+]
 
 
 def race_state(evaluations: Sequence[Evaluation], settings: RaceSettings, baseline_key: str) -> RaceState:

@@ -60,7 +60,9 @@ NEAR_FRONT_PRUNED = 2
 def check_settings(settings: AuditSettings) -> tuple[str, int]:
     """(kind, K) of the map selection; bad values raise before anything is opened."""
     if not (isinstance(settings.factor, (int, float)) and math.isfinite(settings.factor)) or settings.factor < 1:
-        raise UserInputError(f"--factor must be at least 1 (the audit retrains maps factor x longer), got {settings.factor}")
+        raise UserInputError(
+            f"--factor must be at least 1 (the audit retrains maps factor x longer), got {settings.factor}"
+        )
     if not 1 <= settings.seeds <= SIZE_MAXIMA["search", "max_seeds"]:
         raise UserInputError(f"--seeds must be 1 to {SIZE_MAXIMA['search', 'max_seeds']:,}, got {settings.seeds}")
     text = settings.maps.strip()
@@ -115,8 +117,11 @@ def _pruned_near_front(trained: list[TrialRecord], curves: Curves) -> list[Trial
         if t.state != TrialState.PRUNED or step is None or step not in curves[t.number]:
             continue
         mine = curves[t.number][step]
-        rivals = [curves[o.number][step] for o in trained if o is not t and step in curves[o.number]
-                  and o.flops_ratio <= t.flops_ratio]
+        rivals = [
+            curves[o.number][step]
+            for o in trained
+            if o is not t and step in curves[o.number] and o.flops_ratio <= t.flops_ratio
+        ]
         gap = mine - min(rivals) if rivals else 0.0
         scored.append((gap, t.number, t))
     return [t for _, _, t in sorted(scored, key=lambda x: x[:2])]
@@ -129,13 +134,19 @@ def stored_space(study: optuna.Study, steps: int) -> SpaceConfig:
     if config is None:
         raise UserInputError(f"study {study.study_name!r} was not made by ilr-search; it has no stored settings")
     space = config.space
-    return dataclasses.replace(space, train=dataclasses.replace(space.train, steps=steps,
-                                                                checkpoint_every=max(1, steps // 8)))
+    return dataclasses.replace(
+        space, train=dataclasses.replace(space.train, steps=steps, checkpoint_every=max(1, steps // 8))
+    )
 
 
-def run_audit(study_name: str, storage: str | None = None, settings: AuditSettings = AuditSettings(),
-              reporter: RunReporter | None = None, checkpoint_dir: str | Path | None = None,
-              fuse: int = 1) -> dict[str, Any]:
+def run_audit(
+    study_name: str,
+    storage: str | None = None,
+    settings: AuditSettings = AuditSettings(),
+    reporter: RunReporter | None = None,
+    checkpoint_dir: str | Path | None = None,
+    fuse: int = 1,
+) -> dict[str, Any]:
     """Retrain the chosen maps at settings.factor x the proxy's steps (settings.seeds seeds each, the study's
     seed first), store every run, and return the audit report (`audit --json`). `fuse` K > 1: up to K runs of
     one model train at once, fused (how the audit runs, not what it is: its results are the same)."""
@@ -143,8 +154,14 @@ def run_audit(study_name: str, storage: str | None = None, settings: AuditSettin
         return _run_audit(study_name, storage, settings, reporter or RunReporter(), checkpoint_dir, fuse)
 
 
-def _run_audit(study_name: str, storage: str | None, settings: AuditSettings, reporter: RunReporter,
-               checkpoint_dir: str | Path | None, fuse: int = 1) -> dict[str, Any]:
+def _run_audit(
+    study_name: str,
+    storage: str | None,
+    settings: AuditSettings,
+    reporter: RunReporter,
+    checkpoint_dir: str | Path | None,
+    fuse: int = 1,
+) -> dict[str, Any]:
     check_fuse(fuse)
     kind, k = check_settings(settings)
     spec = parse_storage(storage)
@@ -153,14 +170,17 @@ def _run_audit(study_name: str, storage: str | None, settings: AuditSettings, re
         raise UserInputError(f"study {study_name!r} was not made by ilr-search; nothing to audit")
     trials = trial_records(study.get_trials(deepcopy=False))
     if not any(t.state == TrialState.COMPLETE for t in trials):
-        raise UserInputError(f"study {study_name!r} has no complete trial yet; run it first "
-                             f"(ilr-search run ... --study {study_name})")
+        raise UserInputError(
+            f"study {study_name!r} has no complete trial yet; run it first (ilr-search run ... --study {study_name})"
+        )
     config = StoredConfig.from_dict(study.user_attrs[CONFIG_ATTR])
     proxy_steps = config.space.train.steps
     steps = max(1, round(settings.factor * proxy_steps))
     if steps > SIZE_MAXIMA["train", "steps"]:
-        raise UserInputError(f"--factor {settings.factor:g} retrains at {steps:,} steps ({proxy_steps} a proxy), above "
-                             f"the most steps a run takes, {SIZE_MAXIMA['train', 'steps']:,}")
+        raise UserInputError(
+            f"--factor {settings.factor:g} retrains at {steps:,} steps ({proxy_steps} a proxy), above "
+            f"the most steps a run takes, {SIZE_MAXIMA['train', 'steps']:,}"
+        )
     space = stored_space(study, steps)
     init_depth = config.init_depth  # for the depth_init knob
     base_seed = space.train.seed
@@ -168,14 +188,16 @@ def _run_audit(study_name: str, storage: str | None, settings: AuditSettings, re
     chosen = select_maps(trials, curves, kind, k, base_seed)
     if not chosen:
         raise UserInputError(f"--maps {settings.maps} selects no map of study {study_name!r}")
-    jobs = [(RaceRunJob(settings.factor_key, base_seed + s, t.map_key), t) for t in chosen
-            for s in range(settings.seeds)]
+    jobs = [
+        (RaceRunJob(settings.factor_key, base_seed + s, t.map_key), t) for t in chosen for s in range(settings.seeds)
+    ]
 
     store = open_store(spec, study_name, storage=study_storage(study))
     worker = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     checkpoints = Path(checkpoint_dir or "studies/checkpoints") / safe_name(study_name) / "audit"
-    reporter.on(StudyStarted(f"{study_name} audit at {settings.factor_key}x ({steps} steps)", len(jobs),
-                             _n_done(store, jobs)))
+    reporter.on(
+        StudyStarted(f"{study_name} audit at {settings.factor_key}x ({steps} steps)", len(jobs), _n_done(store, jobs))
+    )
     data = None
     trained_here = 0
     waiting_said = False
@@ -207,11 +229,21 @@ def _run_audit(study_name: str, storage: str | None, settings: AuditSettings, re
             break
     report = audit_report(trials, store.race_runs(), settings.factor_key)
     if report is None:
-        raise UserInputError(f"no audited map of study {study_name!r} finished: every run diverged at "
-                             f"{settings.factor_key}x (see the study's race runs: trials --json)")
-    return {"study": study_name, "factor": settings.factor, "steps": steps, "proxy_steps": proxy_steps,
-            "maps_spec": settings.maps, "seeds": settings.seeds, "runs": len(jobs), "trained_by_this_worker": trained_here,
-            **{k: v for k, v in report.to_dict().items() if k not in ("factor", "steps")}}
+        raise UserInputError(
+            f"no audited map of study {study_name!r} finished: every run diverged at "
+            f"{settings.factor_key}x (see the study's race runs: trials --json)"
+        )
+    return {
+        "study": study_name,
+        "factor": settings.factor,
+        "steps": steps,
+        "proxy_steps": proxy_steps,
+        "maps_spec": settings.maps,
+        "seeds": settings.seeds,
+        "runs": len(jobs),
+        "trained_by_this_worker": trained_here,
+        **{k: v for k, v in report.to_dict().items() if k not in ("factor", "steps")},
+    }
 
 
 def _n_done(store: Store, jobs: list[tuple[RaceRunJob, TrialRecord]]) -> int:
@@ -219,9 +251,16 @@ def _n_done(store: Store, jobs: list[tuple[RaceRunJob, TrialRecord]]) -> int:
     return sum(job in done for job, _ in jobs)
 
 
-def _claim_group(store: Store, pending: list[tuple[RaceRunJob, TrialRecord]], worker: str, space: SpaceConfig,
-                 steps: int, checkpoints: Path, init_depth: int, fuse: int
-                 ) -> tuple[list[ClaimedRun], list[tuple[RaceRunJob, TrialRecord]]]:
+def _claim_group(
+    store: Store,
+    pending: list[tuple[RaceRunJob, TrialRecord]],
+    worker: str,
+    space: SpaceConfig,
+    steps: int,
+    checkpoints: Path,
+    init_depth: int,
+    fuse: int,
+) -> tuple[list[ClaimedRun], list[tuple[RaceRunJob, TrialRecord]]]:
     """Claim up to `fuse` pending runs of one model (one, where the model cannot be fused); returns them and
     the pending runs not yet looked at. Runs held by other workers are passed over."""
     claimed: list[ClaimedRun] = []
@@ -231,7 +270,16 @@ def _claim_group(store: Store, pending: list[tuple[RaceRunJob, TrialRecord]], wo
             return claimed, pending[i:]
         if not store.claim_race_run(job, worker, t.flops_ratio, steps, stale_after=grace_period()):
             continue
-        claimed.append(ClaimedRun(job, list(t.reuse_map), model,
-                                  longer_train_config(space.train, space.train.steps, job.seed),
-                                  run_checkpoint(checkpoints, job), t.number, t.flops_ratio, t.schedule))
+        claimed.append(
+            ClaimedRun(
+                job,
+                list(t.reuse_map),
+                model,
+                longer_train_config(space.train, space.train.steps, job.seed),
+                run_checkpoint(checkpoints, job),
+                t.number,
+                t.flops_ratio,
+                t.schedule,
+            )
+        )
     return claimed, []

@@ -2,19 +2,31 @@
 reuse map is written (training/schedule.py). The CLI imports only from commands/, so these come through here."""
 
 from ilr_search.search.progress import (
-                                        Event,
-                                        Message,
-                                        ReferenceFinished,
-                                        ReferenceStarted,
-                                        RunFinished,
-                                        RunReporter,
-                                        RunsStarted,
-                                        Step,
-                                        StudyStarted,
-                                        TrialFinished,
-                                        TrialStarted,
+    Event,
+    Message,
+    ReferenceFinished,
+    ReferenceStarted,
+    RunFinished,
+    RunReporter,
+    RunsStarted,
+    Step,
+    StudyStarted,
+    TrialFinished,
+    TrialStarted,
 )
 from ilr_search.training.schedule import format_reuse_map
 
-__all__ = ["Event", "Message", "ReferenceFinished", "ReferenceStarted", "RunFinished", "RunReporter", "RunsStarted",
-           "Step", "StudyStarted", "TrialFinished", "TrialStarted", "format_reuse_map"]
+__all__ = [
+    "Event",
+    "Message",
+    "ReferenceFinished",
+    "ReferenceStarted",
+    "RunFinished",
+    "RunReporter",
+    "RunsStarted",
+    "Step",
+    "StudyStarted",
+    "TrialFinished",
+    "TrialStarted",
+    "format_reuse_map",
+]

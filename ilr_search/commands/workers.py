@@ -60,8 +60,9 @@ def stop_with_parent(interval: float = 0.5) -> None:
     threading.Thread(target=watch, name="ilr-search parent watch", daemon=True).start()
 
 
-def _worker_main(request: RunRequest, worker: int, workers: int, threads: int | None, events: Any,
-                 optuna_verbosity: int) -> None:
+def _worker_main(
+    request: RunRequest, worker: int, workers: int, threads: int | None, events: Any, optuna_verbosity: int
+) -> None:
     """One worker process: the study's trials until it has n_trials, then its share of the reference runs; Optuna
     logs as in the process that started it."""
     import torch
@@ -97,16 +98,24 @@ def run_workers(request: RunRequest, workers: int, reporter: Any, threads: int |
     plan = prepared.plan
     check_memory(plan, workers, request.fuse)
     if workers > 1 and resolve_device(plan.space.train.device).type == "cuda":
-        reporter.on(Message(f"{workers} worker processes share one GPU by time-slicing; on an H200 at the paper-small "
-                            "proxy they gave no more trials per hour than one (docs/gpu.md)"))
+        reporter.on(
+            Message(
+                f"{workers} worker processes share one GPU by time-slicing; on an H200 at the paper-small "
+                "proxy they gave no more trials per hour than one (docs/gpu.md)"
+            )
+        )
     # Workers resume the study by name: a derived name is fixed here, so that none derives another; the target
     # includes the trials of the maps enqueued here, which the workers find in the study (not enqueued again).
     request = dataclasses.replace(request, study_name=plan.name, n_trials=prepared.target, enqueue_maps=())
     ctx = mp.get_context("spawn")
     events = ctx.Queue()
     verbosity = optuna.logging.get_verbosity()  # a spawned process starts at Optuna's default
-    procs = [ctx.Process(target=_worker_main, args=(request, k, workers, threads, events, verbosity),
-                         name=f"ilr-search worker {k}") for k in range(workers)]
+    procs = [
+        ctx.Process(
+            target=_worker_main, args=(request, k, workers, threads, events, verbosity), name=f"ilr-search worker {k}"
+        )
+        for k in range(workers)
+    ]
     for p in procs:
         p.start()
     interrupted = False
@@ -133,8 +142,9 @@ def run_workers(request: RunRequest, workers: int, reporter: Any, threads: int |
     return dataclasses.replace(summary, workers=tuple(enumerate(codes)))
 
 
-def _race_worker_main(request: RunRequest, worker: int, workers: int, threads: int, events: Any,
-                      optuna_verbosity: int) -> None:
+def _race_worker_main(
+    request: RunRequest, worker: int, workers: int, threads: int, events: Any, optuna_verbosity: int
+) -> None:
     """One race worker process: the study as the parent left it (trials and references done), and its share of
     each wave of the race, on `threads` torch threads; Optuna logs as in the process that started it."""
     import torch
@@ -152,8 +162,17 @@ def _race_worker_main(request: RunRequest, worker: int, workers: int, threads: i
             plan, study = prepared.plan, prepared.study
             store = open_store(prepared.spec, plan.name, storage=study_storage(study))
             folder = request.checkpoints / safe_name(plan.name) / "audit"
-            run_race(plan, study, store, prepared.data, reporter, folder, request.fuse,
-                     plan.space.search.max_race_steps, workers=workers)
+            run_race(
+                plan,
+                study,
+                store,
+                prepared.data,
+                reporter,
+                folder,
+                request.fuse,
+                plan.space.search.max_race_steps,
+                workers=workers,
+            )
     except KeyboardInterrupt:
         raise SystemExit(130) from None
     except UserInputError as e:
@@ -167,15 +186,22 @@ def race_in_workers(request: RunRequest, workers: int, threads: int = 1) -> Race
     process a core trains faster than one process on every core), sharing each wave through the race's claims;
     whatever they leave (a killed worker's run) is trained by the calling process afterwards."""
 
-    def runner(plan: Any, study: Any, store: Any, data: Any, reporter: RunReporter, folder: Path, fuse: int,
-               max_steps: int) -> None:
+    def runner(
+        plan: Any, study: Any, store: Any, data: Any, reporter: RunReporter, folder: Path, fuse: int, max_steps: int
+    ) -> None:
 
         ctx = mp.get_context("spawn")
         events = ctx.Queue()
         asked = dataclasses.replace(request, study_name=plan.name, enqueue_maps=())
         verbosity = optuna.logging.get_verbosity()  # a spawned process starts at Optuna's default
-        procs = [ctx.Process(target=_race_worker_main, args=(asked, k, workers, threads, events, verbosity),
-                             name=f"ilr-search race worker {k}") for k in range(workers)]
+        procs = [
+            ctx.Process(
+                target=_race_worker_main,
+                args=(asked, k, workers, threads, events, verbosity),
+                name=f"ilr-search race worker {k}",
+            )
+            for k in range(workers)
+        ]
         for proc in procs:
             proc.start()
         try:

@@ -1,5 +1,6 @@
 """Tokenizers: bytes, byte-level BPE trained on the corpus (bpe:N), pretrained ones (hf:NAME) and a
-tokenizer.json file (file:PATH, a checkpoint's); each gives token ids and, per token, the UTF-8 bytes of text it covers (for bits per byte)."""
+tokenizer.json file (file:PATH, a checkpoint's); each gives token ids and, per token, the UTF-8 bytes of text it
+covers (for bits per byte)."""
 
 from __future__ import annotations
 
@@ -53,7 +54,9 @@ def _bytes_per_token(text: str, offsets: list[tuple[int, int]]) -> np.ndarray:
     codepoints = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
     char_bytes = 1 + (codepoints >= 0x80) + (codepoints >= 0x800) + (codepoints >= 0x10000)
     cumulative = np.concatenate([[0], np.cumsum(char_bytes)])
-    ends = np.maximum.accumulate(np.asarray([e for _, e in offsets], dtype=np.int64)) if offsets else np.zeros(0, np.int64)
+    ends = (
+        np.maximum.accumulate(np.asarray([e for _, e in offsets], dtype=np.int64)) if offsets else np.zeros(0, np.int64)
+    )
     covered = cumulative[ends]
     return np.diff(covered, prepend=0).astype(np.uint16)
 
@@ -103,7 +106,9 @@ def parse_tokenizer_spec(spec: str) -> TokenizerSpec:
         except ValueError:
             raise DataError(f"tokenizer {spec!r}: N in bpe:N must be an integer, e.g. bpe:1024") from None
         if not 257 <= size <= 1_000_000:
-            raise DataError(f"tokenizer {spec!r}: N must be 257 to 1,000,000 (above the byte alphabet of 256), e.g. bpe:1024")
+            raise DataError(
+                f"tokenizer {spec!r}: N must be 257 to 1,000,000 (above the byte alphabet of 256), e.g. bpe:1024"
+            )
         return TokenizerSpec(spec, "bpe", size)
     raise DataError(f"unknown tokenizer {spec!r}; use byte, bpe:N (e.g. bpe:1024), hf:NAME or file:PATH")
 
@@ -148,8 +153,10 @@ def load_pretrained_tokenizer(spec: str) -> HFTokenizer:
     try:
         return HFTokenizer(spec, RustTokenizer.from_pretrained(spec[3:]))
     except Exception as e:
-        raise DataError(f"cannot load tokenizer {spec} ({type(e).__name__}); it needs network access or a copy "
-                        "in the HF cache; use --tokenizer byte or bpe:N offline") from None
+        raise DataError(
+            f"cannot load tokenizer {spec} ({type(e).__name__}); it needs network access or a copy "
+            "in the HF cache; use --tokenizer byte or bpe:N offline"
+        ) from None
 
 
 def train_bpe(spec: TokenizerSpec, texts: Iterable[str], path: Path) -> HFTokenizer:
@@ -160,8 +167,9 @@ def train_bpe(spec: TokenizerSpec, texts: Iterable[str], path: Path) -> HFTokeni
     tok = RustTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=spec.bpe_size, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=spec.bpe_size, show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tok.train_from_iterator(texts, trainer=trainer)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tok.save(str(tmp))

@@ -82,8 +82,7 @@ class FusedSearchRun(SearchRun):
                     member.trial.set_user_attr(TrialAttr.FUSED_GROUP, len(training))
                 results = self._train_group([g.training for g in training])
                 for member, result in zip(training, results, strict=True):
-                    self._tell(member, lambda m=member, r=result: self.finish_training(m.trial, m.training, r),
-                               report)
+                    self._tell(member, lambda m=member, r=result: self.finish_training(m.trial, m.training, r), report)
                 for member in group:  # proposed a map the group trained: its result now exists
                     if not member.told:
                         self._tell(member, lambda m=member: self._reuse_own(m), report)
@@ -102,11 +101,13 @@ class FusedSearchRun(SearchRun):
     def _train_group(self, trainings: list[Training]) -> list[TrainResult]:
         """Train the trainings fused, one group per model (searched knobs change it); a model the fused trainer
         does not support trains its maps one at a time, as the objective does."""
-        return train_jobs([t.job for t in trainings], self.data, fuse=max(1, len(trainings)),
-                          on_step=step_callback(self.reporter))
+        return train_jobs(
+            [t.job for t in trainings], self.data, fuse=max(1, len(trainings)), on_step=step_callback(self.reporter)
+        )
 
-    def _tell(self, member: GroupTrial, outcome: Callable[[], float | tuple[float, float]],
-              report: TrialReport) -> None:
+    def _tell(
+        self, member: GroupTrial, outcome: Callable[[], float | tuple[float, float]], report: TrialReport
+    ) -> None:
         """Tell Optuna how a trial ended, as study.optimize would for the objective's value or exception."""
         member.told = True
         try:

@@ -19,6 +19,24 @@ from ilr_search.storage.sql_store import SQLStore
 from ilr_search.storage.store import CurvePoint, RaceRun, RaceRunJob, Store, TrainCurvePoint
 from ilr_search.storage.urls import StorageSpec, parse_storage
 
-__all__ = ["RaceRunJob", "RaceRun", "CurvePoint", "Heartbeat", "JournalStore", "SQLStore", "StorageSpec", "Store",
-           "grace_period", "heartbeat_interval", "open_storage", "open_store", "parse_storage",
-           "set_trial_user_attrs", "TrainCurvePoint", "heartbeat_thread", "study_id", "study_storage", "trial_id"]
+__all__ = [
+    "RaceRunJob",
+    "RaceRun",
+    "CurvePoint",
+    "Heartbeat",
+    "JournalStore",
+    "SQLStore",
+    "StorageSpec",
+    "Store",
+    "grace_period",
+    "heartbeat_interval",
+    "open_storage",
+    "open_store",
+    "parse_storage",
+    "set_trial_user_attrs",
+    "TrainCurvePoint",
+    "heartbeat_thread",
+    "study_id",
+    "study_storage",
+    "trial_id",
+]

@@ -57,8 +57,9 @@ class Attention(nn.Module):
         self.q_norm = nn.RMSNorm(cfg.head_size, eps=cfg.norm_eps) if cfg.qk_norm else nn.Identity()
         self.k_norm = nn.RMSNorm(cfg.head_size, eps=cfg.norm_eps) if cfg.qk_norm else nn.Identity()
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
-                alibi: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None, alibi: torch.Tensor | None
+    ) -> torch.Tensor:
         B, T, _ = x.shape
         q, k, v = self.qkv(x).split((self.q_dim, self.kv_dim, self.kv_dim), dim=-1)
         q = q.view(B, T, self.n_heads, self.head_size).transpose(1, 2)  # (B, heads, T, head_size)
@@ -96,9 +97,14 @@ class DecoderLayer(nn.Module):
         self.mlp_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.mlp = SwiGLU(cfg)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-                alibi: torch.Tensor | None = None, norm_gains: tuple[torch.Tensor, torch.Tensor] | None = None,
-                branch_scale: float | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        alibi: torch.Tensor | None = None,
+        norm_gains: tuple[torch.Tensor, torch.Tensor] | None = None,
+        branch_scale: float | None = None,
+    ) -> torch.Tensor:
         # norm_gains: this repeat's (attention, MLP) RMSNorm gains, passed in as tensors so that a compiled
         # layer serves every repeat without recompiling. branch_scale: both residual branches are multiplied by
         # it (repeat_scale "residual"); None adds them as they are.
@@ -155,8 +161,11 @@ class ILRTransformer(nn.Module):
         self.injection_gates = nn.Parameter(torch.zeros(cfg.n_layers)) if cfg.injection == "gated" else None
         self.iteration_embed = nn.Parameter(torch.zeros(cfg.max_reuse, cfg.d_model)) if cfg.iteration_encoding else None
         # (layer, repeat - 1, attention/MLP, d_model): repeat 0 uses the layer's own norms
-        self.iteration_norm_gains = nn.Parameter(torch.ones(cfg.n_layers, cfg.max_reuse - 1, 2, cfg.d_model)) \
-            if cfg.iteration_norms and cfg.max_reuse > 1 else None
+        self.iteration_norm_gains = (
+            nn.Parameter(torch.ones(cfg.n_layers, cfg.max_reuse - 1, 2, cfg.d_model))
+            if cfg.iteration_norms and cfg.max_reuse > 1
+            else None
+        )
         # the LM head: the embedding (tied), or a matrix of its own
         self.lm_head = None if cfg.tie_embeddings else nn.Parameter(torch.empty(cfg.vocab_size, cfg.d_model))
         self.reset_parameters()
@@ -184,7 +193,8 @@ class ILRTransformer(nn.Module):
             layer.compile(**kwargs)
 
     def hidden(self, idx: torch.Tensor, schedule: Sequence[int] | None = None) -> torch.Tensor:
-        """Final normalised hidden states (B, T, d_model) for token ids (B, T), running the layers in `schedule` order."""
+        """Final normalised hidden states (B, T, d_model) for token ids (B, T), running the layers in `schedule`
+        order."""
         B, T = idx.shape
         if T > self.cfg.seq_len:
             raise ValueError(f"sequence of {T} tokens is longer than seq_len {self.cfg.seq_len}")
@@ -207,14 +217,20 @@ class ILRTransformer(nn.Module):
         if self.cfg.repeat_scale != "lr":
             return {}
         runs = Counter(schedule)
-        return {f"layers.{layer}.{name}": 1.0 / r for layer, r in sorted(runs.items()) if r > 1
-                for name, _ in self.layers[layer].named_parameters()}
+        return {
+            f"layers.{layer}.{name}": 1.0 / r
+            for layer, r in sorted(runs.items())
+            if r > 1
+            for name, _ in self.layers[layer].named_parameters()
+        }
 
     def _before_run(self, x: torch.Tensor, embedded: torch.Tensor, layer_index: int, repeat: int) -> torch.Tensor:
         cfg = self.cfg
         if repeat >= cfg.max_reuse and (cfg.iteration_encoding or cfg.iteration_norms):
-            raise ValueError(f"layer {layer_index} runs {repeat + 1} times, more than max_reuse {cfg.max_reuse} "
-                             "that the iteration knobs cover")
+            raise ValueError(
+                f"layer {layer_index} runs {repeat + 1} times, more than max_reuse {cfg.max_reuse} "
+                "that the iteration knobs cover"
+            )
         if repeat >= 1 and cfg.injection == "add":
             x = x + embedded
         elif repeat >= 1 and cfg.injection == "gated":
@@ -241,13 +257,21 @@ class ILRTransformer(nn.Module):
         """Logits (B, T, vocab); training uses `loss`, which never materialises them."""
         return F.linear(self.hidden(idx, schedule), self.head_weight)
 
-    def loss(self, idx: torch.Tensor, targets: torch.Tensor, schedule: Sequence[int] | None = None,
-             compute_dtype: torch.dtype | None = None, reduction: str = "mean", compiled: bool = False,
-             ignore_index: int | None = None) -> torch.Tensor:
+    def loss(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor,
+        schedule: Sequence[int] | None = None,
+        compute_dtype: torch.dtype | None = None,
+        reduction: str = "mean",
+        compiled: bool = False,
+        ignore_index: int | None = None,
+    ) -> torch.Tensor:
         """Cross-entropy of next-token `targets` (B, T), through the fused, chunked head (see loss.py); targets
         equal to `ignore_index` count for nothing."""
-        return linear_cross_entropy(self.hidden(idx, schedule), self.head_weight, targets, compute_dtype,
-                                    reduction, compiled, ignore_index)
+        return linear_cross_entropy(
+            self.hidden(idx, schedule), self.head_weight, targets, compute_dtype, reduction, compiled, ignore_index
+        )
 
 
 def repeat_indices(schedule: Sequence[int]) -> list[int]:
@@ -264,5 +288,7 @@ def branch_scales(cfg: ModelConfig, schedule: Sequence[int]) -> dict[int, float 
     """Per layer index, the factor on its residual branches: 1 / r for a layer that runs r > 1 times under
     repeat_scale "residual"; None (branches added as they are) otherwise."""
     runs = Counter(schedule)
-    return {layer: 1.0 / runs[layer] if cfg.repeat_scale == "residual" and runs[layer] > 1 else None
-            for layer in range(cfg.n_layers)}
+    return {
+        layer: 1.0 / runs[layer] if cfg.repeat_scale == "residual" and runs[layer] > 1 else None
+        for layer in range(cfg.n_layers)
+    }
