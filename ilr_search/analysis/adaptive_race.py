@@ -99,11 +99,11 @@ def holm_claims(
     while remaining:
         total = math.fsum(weights[k] for k in remaining)
         levels = {k: alpha * weights[k] / total for k in remaining}
-        new = {
+        crossed = {
             k: SequentialTest(levels[k], first_look, max_n, kind).crossed_at(list(paths[k]))  # type: ignore[arg-type]
             for k in remaining
         }
-        new = {k: n for k, n in new.items() if n is not None}
+        new = {k: n for k, n in crossed.items() if n is not None}
         if not new:
             return claimed, levels
         claimed |= {k: (levels[k], n) for k, n in new.items()}
@@ -360,7 +360,7 @@ def _compare(
     test = SequentialTest(level, first_look, max_n, settings.test)
     boundary = test.boundary(len(seeds)) if settings.test == "spending" and len(seeds) >= first_look else None
     flops = results.flops[key]
-    common = dict(
+    common: dict[str, Any] = dict(
         map_key=key,
         flops_ratio=flops,
         seeds=tuple(seeds),
@@ -653,6 +653,7 @@ def _verdict(
     ranked = [c for c in comparisons.values() if c.map_key not in better and c.mean_diff is not None]
     if comparisons and not better and ranked:
         c = min(ranked, key=lambda c: (c.mean_diff, c.map_key))
+        assert c.mean_diff is not None  # ranked holds only the comparisons with a mean difference
         gap_ppl = math.exp(_mean(results, c.map_key, target)) - base_ppl
         need = paired_comparison(*_pair(results, c, baseline_key, target), settings.confidence).seeds_needed()
         if c.sd_diff is None:

@@ -68,14 +68,18 @@ def map_curves(trials: Sequence[Trial], curves: Curves) -> dict[str, dict[int, f
     return {
         r.map_key: dict(curves.get(r.number, {}))
         for r in trained_trials(list(trials))
-        if r.state == TrialState.COMPLETE
+        if r.state == TrialState.COMPLETE and r.map_key is not None  # a trained trial has its key
     }
 
 
 def noise_band(trials: Sequence[Trial], study_attrs: Mapping[str, Any]) -> dict[str, Any] | None:
     """Seed-to-seed spread of the baseline's perplexity: the trial of the all-ones map (the study's seed) and the
     baseline references trained at extra seeds."""
-    ppls = [r.val_ppl for r in trained_results(trials) if is_baseline_key(r.map_key)][:1]
+    ppls: list[float] = [
+        r.val_ppl
+        for r in trained_results(trials)
+        if r.val_ppl is not None and r.map_key is not None and is_baseline_key(r.map_key)  # trained: both set
+    ][:1]
     ppls += [
         v["val_ppl"]
         for k, v in sorted(study_attrs.items())
@@ -103,7 +107,7 @@ def mark_ties(front: list[dict[str, Any]], noise: dict[str, Any] | None) -> list
 def best_recurrent(trials: Sequence[Trial]) -> dict[str, Any] | None:
     """The best non-baseline map: on the front if the front has one, else the best complete one."""
     records = trial_records(trials)
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "trial": r.number,
             "reuse_map": as_list(r.reuse_map),
@@ -192,7 +196,8 @@ def audit_report(trials: Sequence[Trial], rows: Sequence[RaceRun], factor: str) 
     numbers = {r.number: r for r in records}
     proxy_front = {numbers[p["trial"]].map_key for p in study_front(records)}
     keys = sorted(done)
-    audit_ppl = {k: statistics.fmean(r.val_ppl for r in done[k]) for k in keys}
+    ppls = {k: [r.val_ppl for r in done[k] if r.val_ppl is not None] for k in keys}  # done: each has a perplexity
+    audit_ppl = {k: statistics.fmean(ppls[k]) for k in keys}
     ratio = {k: done[k][0].flops_ratio for k in keys}
     audit_front = {keys[i] for i in non_dominated([(audit_ppl[k], ratio[k]) for k in keys])}
     maps = []
@@ -208,13 +213,13 @@ def audit_report(trials: Sequence[Trial], rows: Sequence[RaceRun], factor: str) 
                 proxy_ppl,
                 t.pruned_at_step if t is not None else None,
                 audit_ppl[k],
-                tuple(r.val_ppl for r in done[k]),
+                tuple(ppls[k]),
                 k in proxy_front,
                 k in audit_front,
             )
         )
-    ranked = [m for m in maps if m.proxy_ppl is not None]
-    rho, tau = rank_agreement([m.proxy_ppl for m in ranked], [m.audit_ppl for m in ranked])
+    ranked = [(m.proxy_ppl, m.audit_ppl) for m in maps if m.proxy_ppl is not None]
+    rho, tau = rank_agreement([proxy for proxy, _ in ranked], [audit for _, audit in ranked])
     proxy_front_audited = {m.reuse_map for m in maps if m.on_proxy_front}
     hits = len(proxy_front_audited & audit_front)
     precision = hits / len(proxy_front_audited) if proxy_front_audited else None

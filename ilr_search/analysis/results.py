@@ -167,7 +167,7 @@ def race_run_rows(runs: Sequence[RaceRun], study_attrs: Mapping[str, Any]) -> li
 
 
 def curves_of_trials(
-    trials: list[Trial], val: list[CurvePoint], train: list[TrainCurvePoint]
+    trials: Sequence[Trial], val: list[CurvePoint], train: list[TrainCurvePoint]
 ) -> dict[int, dict[str, list[dict[str, float]]]]:
     """Trial number -> {"val": [{step, tokens, loss}...], "train": [...]} (`trials --json`); a trial that reused
     another's result has that trial's curves."""
@@ -192,7 +192,7 @@ def has_result(t: Trial) -> bool:
     return record_of(t).has_result
 
 
-def study_front(trials: list[Trial]) -> list[dict[str, Any]]:
+def study_front(trials: Sequence[Trial]) -> list[dict[str, Any]]:
     """The Pareto front (perplexity, FLOPs) of the trials that trained their map to a result, as rows."""
     rows = [
         {
@@ -214,7 +214,7 @@ def references(study: optuna.Study) -> dict[str, Any]:
     return {k[len(REFERENCE_PREFIX) :]: v for k, v in study.user_attrs.items() if k.startswith(REFERENCE_PREFIX)}
 
 
-def listed_trials(trials: list[Trial]) -> list[TrialRecord]:
+def listed_trials(trials: Sequence[Trial]) -> list[TrialRecord]:
     """The trials a listing shows and counts: not the WAITING ones (a queued retry is not yet a trial), and not
     the surplus ones (asked past the target, never trained)."""
     return [r for r in trial_records(trials) if r.state != TrialState.WAITING and not r.surplus]
@@ -246,21 +246,22 @@ def reference_rows(study: optuna.Study) -> list[dict[str, Any]]:
     return rows
 
 
-def trained_trials(trials: list[Trial]) -> list[TrialRecord]:
+def trained_trials(trials: Sequence[Trial]) -> list[TrialRecord]:
     """The trials that trained their map (complete, pruned or diverged), not those that reused a result."""
     return [r for r in trial_records(trials) if r.trained_its_map]
 
 
-def trained_by_map(trials: list[Trial]) -> dict[str, TrialRecord]:
+def trained_by_map(trials: Sequence[Trial]) -> dict[str, TrialRecord]:
     """Map key -> the trial that trained it (the first one, where two did)."""
     by_map: dict[str, TrialRecord] = {}
     for r in sorted(trained_trials(trials), key=lambda r: r.number):
+        assert r.map_key is not None  # a trial that trained its map has its key
         by_map.setdefault(r.map_key, r)
     return by_map
 
 
 def is_baseline(reuse_map: list[int] | None) -> bool:
-    return bool(reuse_map) and all(r == 1 for r in reuse_map)
+    return bool(reuse_map and all(r == 1 for r in reuse_map))
 
 
 def key_reuse_map(map_key: str, n_layers: int | None = None) -> list[int]:

@@ -16,6 +16,7 @@ import random
 import socket
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +79,7 @@ def check_settings(settings: AuditSettings) -> tuple[str, int]:
     raise UserInputError(f"unknown --maps {settings.maps!r}; use auto, front, top:K (e.g. top:5) or all")
 
 
-def select_maps(trials: list[Trial], curves: Curves, kind: str, k: int, seed: int) -> list[TrialRecord]:
+def select_maps(trials: Sequence[Trial], curves: Curves, kind: str, k: int, seed: int) -> list[TrialRecord]:
     """The trials whose maps the audit retrains, in a fixed order (the same study gives the same choice).
 
     - auto: the proxy front, the baseline, the best pruned maps near the front (smallest lead of a no-dearer
@@ -97,7 +98,7 @@ def select_maps(trials: list[Trial], curves: Curves, kind: str, k: int, seed: in
     chosen = [by_number[n] for n in front_numbers]
     if kind == "front":
         return chosen
-    baseline = next((t for t in complete if is_baseline_key(t.map_key)), None)
+    baseline = next((t for t in complete if t.map_key is not None and is_baseline_key(t.map_key)), None)
     if baseline is not None and baseline not in chosen:
         chosen.append(baseline)
     chosen += _pruned_near_front(trained, curves)[:NEAR_FRONT_PRUNED]
@@ -117,10 +118,12 @@ def _pruned_near_front(trained: list[TrialRecord], curves: Curves) -> list[Trial
         if t.state != TrialState.PRUNED or step is None or step not in curves[t.number]:
             continue
         mine = curves[t.number][step]
+        ratio = t.flops_ratio
+        assert ratio is not None  # trained trials have their FLOPs ratios
         rivals = [
             curves[o.number][step]
             for o in trained
-            if o is not t and step in curves[o.number] and o.flops_ratio <= t.flops_ratio
+            if o is not t and step in curves[o.number] and o.flops_ratio is not None and o.flops_ratio <= ratio
         ]
         gap = mine - min(rivals) if rivals else 0.0
         scored.append((gap, t.number, t))
@@ -188,9 +191,10 @@ def _run_audit(
     chosen = select_maps(trials, curves, kind, k, base_seed)
     if not chosen:
         raise UserInputError(f"--maps {settings.maps} selects no map of study {study_name!r}")
-    jobs = [
-        (RaceRunJob(settings.factor_key, base_seed + s, t.map_key), t) for t in chosen for s in range(settings.seeds)
-    ]
+    jobs: list[tuple[RaceRunJob, TrialRecord]] = []
+    for t in chosen:
+        assert t.map_key is not None  # select_maps chooses trials that trained their map
+        jobs += [(RaceRunJob(settings.factor_key, base_seed + s, t.map_key), t) for s in range(settings.seeds)]
 
     store = open_store(spec, study_name, storage=study_storage(study))
     worker = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -268,6 +272,7 @@ def _claim_group(
         model = with_knobs(model_config(space), dict(t.knobs), init_depth)
         if claimed and (len(claimed) >= fuse or model != claimed[0].model or not fusable(model)):
             return claimed, pending[i:]
+        assert t.reuse_map is not None and t.flops_ratio is not None  # the audit's trials trained their maps
         if not store.claim_race_run(job, worker, t.flops_ratio, steps, stale_after=grace_period()):
             continue
         claimed.append(

@@ -45,7 +45,7 @@ from ilr_search.analysis.results import (
     trained_by_map,
     trained_trials,
 )
-from ilr_search.analysis.trials import Trial, trial_records
+from ilr_search.analysis.trials import Trial, TrialRecord, trial_records
 from ilr_search.config import ModelConfig, SpaceConfig, TrainConfig
 from ilr_search.data.tokens import TokenData
 from ilr_search.knobs import config_key
@@ -141,6 +141,7 @@ def stored_results(
         if t.state == TrialState.PRUNED:
             continue
         loss = t.val_loss if t.state == TrialState.COMPLETE else None
+        assert t.map_key is not None and t.flops_ratio is not None  # a trial that trained its map has both
         found.append(
             StoredResult(
                 t.map_key,
@@ -238,7 +239,7 @@ def proxy_points(trials: Sequence[Trial], settings: RaceSettings) -> tuple[Front
     """The proxy's front (study_front) as front points: the proxy's length, the space's seed, no interval, not
     confirmed."""
     records = trial_records(trials)
-    keys = {r.number: r.map_key for r in records}
+    keys = {r.number: r.map_key for r in records if r.map_key is not None}  # the front's trials all have theirs
     return tuple(
         FrontPoint(
             keys[p["trial"]],
@@ -266,6 +267,7 @@ def front_rows(
     for p in points:
         t = by_key.get(p.map_key)
         bpbs = [bpb.get((p.map_key, p.steps, s)) for s in p.seeds]
+        known_bpbs = [b for b in bpbs if b is not None]
         rows.append(
             {
                 "trial": t.number if t is not None else None,
@@ -274,7 +276,7 @@ def front_rows(
                 "knobs": knobs_text(t) if t is not None else None,
                 "flops_ratio": p.flops_ratio,
                 "val_ppl": p.val_ppl,
-                "val_bpb": sum(bpbs) / len(bpbs) if bpbs and None not in bpbs else None,
+                "val_bpb": sum(known_bpbs) / len(bpbs) if bpbs and len(known_bpbs) == len(bpbs) else None,
                 "params": t.param_count if t is not None else None,
                 "steps": p.steps,
                 "seeds": list(p.seeds),
@@ -422,7 +424,7 @@ class ClaimedRun:
 def planned_run(
     plan: StudyPlan,
     job: RaceJob,
-    by_key: Mapping[str, Trial],
+    by_key: Mapping[str, TrialRecord],
     train: TrainConfig,
     base_steps: int,
     checkpoint_folder: Path,
@@ -477,8 +479,14 @@ def train_claimed(
     jobs = [
         Job(r.model, r.schedule or reuse_map_schedule(r.reuse_map), r.train_cfg, checkpoint=r.checkpoint) for r in runs
     ]
+
+    def beat() -> bool:
+        for r in runs:
+            store.beat_race_run(r.job, worker)
+        return True  # the runs beat until they are trained
+
     try:
-        with Heartbeat(lambda: [store.beat_race_run(r.job, worker) for r in runs] and True):
+        with Heartbeat(beat):
             results = train_jobs(jobs, data, fuse=len(runs), on_step=step_callback(reporter))
     except KeyboardInterrupt:
         for r in runs:

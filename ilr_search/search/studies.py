@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -240,7 +240,7 @@ def summarize_stored(storage: str | None, study_name: str) -> StudyReport:
     return study_report(study, spec, open_store(spec, study_name, storage=study_storage(study)))
 
 
-def fidelity_of(study: optuna.Study, store: Store, trials: list[Trial] | None = None) -> dict[str, Any]:
+def fidelity_of(study: optuna.Study, store: Store, trials: Sequence[Trial] | None = None) -> dict[str, Any]:
     """The study's fidelity (rung agreement, noise, second seed, audits, verdict) from its trials and rows."""
     trials = trial_records(study.get_trials(deepcopy=False) if trials is None else trials)
     config = stored_config(study.user_attrs)
