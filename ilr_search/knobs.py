@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ilr_search.config import INJECTIONS, REPEAT_SCALES, ModelConfig
 
@@ -50,7 +51,7 @@ def with_knobs(cfg: ModelConfig, knobs: Mapping[str, KnobValue], init_depth: int
     for name, value in knobs.items():
         if value not in KNOB_CHOICES[name]:
             raise ValueError(f"knob {name} has no setting {value!r}; use one of {list(KNOB_CHOICES[name])}")
-    fields: dict[str, object] = {k: v for k, v in knobs.items() if k != "depth_init"}
+    fields: dict[str, Any] = {k: v for k, v in knobs.items() if k != "depth_init"}
     if "depth_init" in knobs:
         fields["init_depth"] = init_depth if knobs["depth_init"] else 0
     return dataclasses.replace(cfg, **fields)

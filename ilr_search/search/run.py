@@ -10,7 +10,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import optuna
 import sqlalchemy as sa
@@ -172,9 +172,8 @@ def checked_request(request: RunRequest) -> tuple[StorageSpec, SpaceConfig, Stud
 def planned_space(request: RunRequest) -> tuple[SpaceConfig, StudyPlan]:
     """The space with the request's sampler and pruner, checked, and the study it makes, its maps asked for
     checked too (nothing is opened)."""
-    search = dataclasses.replace(
-        request.space.search, **{k: v for k, v in (("sampler", request.sampler), ("pruner", request.pruner)) if v}
-    )
+    chosen: dict[str, Any] = {k: v for k, v in (("sampler", request.sampler), ("pruner", request.pruner)) if v}
+    search = dataclasses.replace(request.space.search, **chosen)
     space = frozen_space(dataclasses.replace(request.space, search=search), request)
     validate_space(space)
     check_search_objective(space)
@@ -259,7 +258,9 @@ def prepare_study(request: RunRequest) -> PreparedStudy:
     if space.train.steps == 0:
         check_window_chunks(space, data)
     storage_obj = existing or open_storage(spec)
-    directions = ["minimize"] if space.search.objective == "ppl" else ["minimize", "minimize"]
+    directions: list[Literal["minimize"]] = (
+        ["minimize"] if space.search.objective == "ppl" else ["minimize", "minimize"]
+    )
     settings = stored_settings or StudySettings(
         sampler_settings(space.search.sampler, space.train.seed, space.search.max_reuse), pruner_settings(space)
     )

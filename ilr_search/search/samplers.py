@@ -185,7 +185,7 @@ def build_sampler(
 def _base_sampler(
     settings: SamplerSettings, n_layers: int, worker_offset: int, knobs: tuple[str, ...]
 ) -> optuna.samplers.BaseSampler:
-    s = dict(settings.options)
+    s: dict[str, Any] = dict(settings.options)  # the sampler's own keyword arguments
     # Each worker (and each resume) draws from its own stream; the first worker of a study is reproducible.
     seed = None if settings.seed is None else settings.seed * 1_000_003 + worker_offset
     name = settings.name

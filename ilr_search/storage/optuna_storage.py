@@ -135,8 +135,8 @@ def open_storage(spec: StorageSpec, heartbeat: bool = True) -> optuna.storages.B
         from optuna.storages.journal import JournalFileBackend
 
         path = str(spec.path)
-        return optuna.storages.JournalStorage(JournalFileBackend(path, lock_obj=JournalFlock(path)))
-    kwargs = {}
+        return optuna.storages.JournalStorage(JournalFileBackend(path, lock_obj=JournalFlock(path)))  # type: ignore[arg-type]  # duck-typed: Optuna's lock base class is private
+    kwargs: dict[str, Any] = {}
     if heartbeat:
         kwargs = {
             "heartbeat_interval": heartbeat_interval(),

@@ -66,9 +66,9 @@ def window_losses(
     model.eval()
     sums: list[torch.Tensor] = []
     counted: list[int] = []
-    for x, y in data.window_batches(windows, seq_len, batch_size):
-        counted += [counted_targets(row) for row in y]
-        x, y = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
+    for x_np, y_np in data.window_batches(windows, seq_len, batch_size):
+        counted += [counted_targets(row) for row in y_np]
+        x, y = torch.from_numpy(x_np).to(device), torch.from_numpy(y_np).to(device)
         with autocast_for(device, compute_dtype):
             hidden = model.hidden(x, schedule)  # the layers run on the whole batch
             for row in range(x.shape[0]):  # the head one window at a time: its own summed loss

@@ -499,9 +499,9 @@ class FusedGroup:
         K, seq_len = len(self.members), self.model_cfg.seq_len
         total_nats = torch.zeros(K, dtype=torch.float64, device=self.device)
         total_tokens = 0
-        for x, y in data.val_batches(self.cfg.eval_windows, seq_len, self.cfg.batch_size):
-            total_tokens += counted_targets(y)
-            x, y = torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)
+        for x_np, y_np in data.val_batches(self.cfg.eval_windows, seq_len, self.cfg.batch_size):
+            total_tokens += counted_targets(y_np)
+            x, y = torch.from_numpy(x_np).to(self.device), torch.from_numpy(y_np).to(self.device)
             with autocast_for(self.device, self.compute_dtype):
                 total_nats += self.losses(x.expand(K, *x.shape), y.expand(K, *y.shape), "sum", data.ignore_index)
         return [validation_metrics(nats, total_tokens, data, self.cfg, seq_len) for nats in host_values(total_nats)]
@@ -524,6 +524,7 @@ class FusedGroup:
                     moment: values[name].clone() for moment, values in moments.items()
                 }
         set_lr(self.template_optimizer, step, self.cfg)
+        assert member.checkpoint_path is not None  # saved only for members with a checkpoint path
         save_checkpoint(member.checkpoint_path, self.template, self.template_optimizer, step, member.curve)
 
 
@@ -617,10 +618,12 @@ def _train_group(
             xs, ys = [], []
             for m in active:
                 td = time.perf_counter()
-                x, y = data.train_batch((step - 1) * cfg.grad_accum + micro, cfg.batch_size, model_cfg.seq_len, m.seed)
-                m.digest = zlib.crc32(np.ascontiguousarray(x), m.digest)
-                xs.append(x)
-                ys.append(y)
+                x_np, y_np = data.train_batch(
+                    (step - 1) * cfg.grad_accum + micro, cfg.batch_size, model_cfg.seq_len, m.seed
+                )
+                m.digest = zlib.crc32(np.ascontiguousarray(x_np), m.digest)  # type: ignore[arg-type]  # an ndarray is a buffer (numpy's stubs say so from Python 3.12)
+                xs.append(x_np)
+                ys.append(y_np)
                 m.data_seconds += time.perf_counter() - td
             x = torch.from_numpy(np.stack(xs)).to(device, non_blocking=True)
             y = torch.from_numpy(np.stack(ys)).to(device, non_blocking=True)

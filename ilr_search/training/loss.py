@@ -66,7 +66,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         reduction: str,
         chunk_fn: ChunkFn,
         ignore_index: int | None,
-    ) -> Tensor:  # type: ignore[override]
+    ) -> Tensor:
         need_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
         weight: Tensor | None = None
         if ignore_index is not None:
@@ -87,7 +87,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 else:
                     loss, g_h, g_w = chunk_fn(hc[part], wc, y[part], weight[part], need_grad)
                 total += loss
-                if need_grad:
+                if grad_h is not None and grad_w is not None:  # need_grad: the chunk gave its gradients
+                    assert g_h is not None and g_w is not None
                     grad_h[part] = g_h
                     grad_w += g_w
         # The mean is over the counted targets; with none counted the loss and its gradients are 0.
@@ -100,7 +101,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return total * scale
 
     @staticmethod
-    def backward(ctx, grad_out: Tensor):  # type: ignore[override]
+    def backward(ctx, grad_out: Tensor):
         grad_h, grad_w = ctx.saved_tensors
         g = grad_out * ctx.scale
         h_dtype, w_dtype = ctx.dtypes

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 import torch.nn as nn
@@ -234,6 +235,7 @@ class ILRTransformer(nn.Module):
         if repeat >= 1 and cfg.injection == "add":
             x = x + embedded
         elif repeat >= 1 and cfg.injection == "gated":
+            assert self.injection_gates is not None  # made for the gated injection
             x = x + self.injection_gates[layer_index] * embedded
         if self.iteration_embed is not None:
             x = x + self.iteration_embed[repeat]
@@ -243,8 +245,9 @@ class ILRTransformer(nn.Module):
         if not self.cfg.iteration_norms:
             return None
         if repeat == 0:
-            layer = self.layers[layer_index]
+            layer = cast(DecoderLayer, self.layers[layer_index])
             return layer.attn_norm.weight, layer.mlp_norm.weight
+        assert self.iteration_norm_gains is not None  # made with the iteration norms wherever a layer repeats
         gains = self.iteration_norm_gains[layer_index, repeat - 1]
         return gains[0], gains[1]
 

@@ -97,11 +97,11 @@ def build_optimizer(
 
 
 def adamw(
-    decay: list[torch.Tensor],
-    no_decay: list[torch.Tensor],
+    decay: Sequence[torch.Tensor],
+    no_decay: Sequence[torch.Tensor],
     cfg: TrainConfig,
     device: torch.device,
-    lr_scaled: Sequence[tuple[float, list[torch.Tensor], list[torch.Tensor]]] = (),
+    lr_scaled: Sequence[tuple[float, Sequence[torch.Tensor], Sequence[torch.Tensor]]] = (),
 ) -> torch.optim.AdamW:
     """The proxies' AdamW: `decay` with cfg.weight_decay, `no_decay` without; fused where the device has it.
     `lr_scaled`: (lr_scale, decay, no_decay) for parameters that train at lr_scale times the lr (set_lr)."""
@@ -145,9 +145,9 @@ def evaluate(
     model.eval()
     seq_len = model.cfg.seq_len
     total_nats, total_tokens = torch.zeros((), dtype=torch.float64, device=device), 0
-    for x, y in data.val_batches(cfg.eval_windows, seq_len, cfg.batch_size):
-        total_tokens += counted_targets(y)
-        x, y = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
+    for x_np, y_np in data.val_batches(cfg.eval_windows, seq_len, cfg.batch_size):
+        total_tokens += counted_targets(y_np)
+        x, y = torch.from_numpy(x_np).to(device), torch.from_numpy(y_np).to(device)
         with autocast_for(device, compute_dtype):
             total_nats += model.loss(
                 x, y, schedule, compute_dtype, reduction="sum", compiled=compiled, ignore_index=data.ignore_index
@@ -177,9 +177,9 @@ OnStep = Callable[[int, int, float], None]  # (step, total steps, training loss)
 SYNC_EVERY = 16
 
 
-def host_values(t: torch.Tensor) -> list[float]:
+def host_values(t: torch.Tensor) -> list[Any]:
     """A device tensor's values in Python: one copy to the host (a sync on CUDA), visible to dispatch on any
-    device (the sync-counting test sees it on CPU too)."""
+    device (the sync-counting test sees it on CPU too); nested lists for a tensor of more than one dimension."""
     return t.to("cpu", copy=True).tolist()
 
 
@@ -222,7 +222,8 @@ def train_proxy(
     eval_steps = set(cfg.eval_steps)
     diverged_above = divergence_threshold(model_cfg.vocab_size)
 
-    start_step, curve = 0, []
+    start_step = 0
+    curve: list[EvalPoint] = []
     if checkpoint_path is not None and checkpoint_path.exists():
         start_step, curve = load_checkpoint(checkpoint_path, model, optimizer)
     elif start_from is not None:
@@ -242,9 +243,12 @@ def train_proxy(
         step_loss = torch.zeros((), dtype=torch.float32, device=device)
         for micro in range(cfg.grad_accum):
             td = time.perf_counter()
-            x, y = data.train_batch((step - 1) * cfg.grad_accum + micro, cfg.batch_size, model_cfg.seq_len, cfg.seed)
-            digest = zlib.crc32(np.ascontiguousarray(x), digest)
-            x, y = torch.from_numpy(x).to(device, non_blocking=True), torch.from_numpy(y).to(device, non_blocking=True)
+            x_np, y_np = data.train_batch(
+                (step - 1) * cfg.grad_accum + micro, cfg.batch_size, model_cfg.seq_len, cfg.seed
+            )
+            digest = zlib.crc32(np.ascontiguousarray(x_np), digest)  # type: ignore[arg-type]  # an ndarray is a buffer (numpy's stubs say so from Python 3.12)
+            x = torch.from_numpy(x_np).to(device, non_blocking=True)
+            y = torch.from_numpy(y_np).to(device, non_blocking=True)
             data_seconds += time.perf_counter() - td
             with autocast_for(device, compute_dtype):
                 loss = model.loss(x, y, schedule, compute_dtype, compiled=compiled_loss, ignore_index=data.ignore_index)
@@ -288,9 +292,9 @@ def train_proxy(
             if on_eval is not None and on_eval(point):
                 status, reason = "stopped", f"stopped at step {step} by the evaluation callback"
                 break
-        if checkpoint_due:
+        if checkpoint_due and checkpoint_path is not None:  # due only with a path
             save_checkpoint(checkpoint_path, model, optimizer, step, curve)
-        if stable_due:
+        if stable_due and stable_checkpoint is not None:  # due only with a path
             save_checkpoint(stable_checkpoint, model, optimizer, step, curve)
     seconds = time.perf_counter() - t0
     if on_trained is not None:
