@@ -133,7 +133,8 @@ def build_space(raw: Mapping[str, Any], source: str = "") -> SpaceConfig:
                 f"unknown key(s) {sorted(bad)} in [{section}] of {source or 'space'}; known: {sorted(keys)}"
             )
         kwargs = {keys[k]: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
-        hints = field_types(type(getattr(defaults, attr)))
+        section_class: type = type(getattr(defaults, attr))
+        hints = field_types(section_class)
         for key, value in values.items():
             hint = hints[keys[key]]
             if not has_type(kwargs[keys[key]], hint):

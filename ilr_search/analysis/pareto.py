@@ -13,7 +13,7 @@ def dominates(a: Sequence[float], b: Sequence[float]) -> bool:
 
 def non_dominated(points: Sequence[Sequence[float]]) -> list[int]:
     """Indices of the points no other point dominates; of identical points only the first is kept."""
-    front = []
+    front: list[int] = []
     for i, p in enumerate(points):
         if any(dominates(q, p) for q in points):
             continue

@@ -193,7 +193,7 @@ def raced_points(race: RaceReport) -> list[RacedPoint]:
     return sorted(points, key=lambda p: (p.flops_ratio, p.val_ppl, p.map_key))
 
 
-RACED_STYLE = {  # kind -> legend entry and marker
+RACED_STYLE: dict[str, tuple[str, dict[str, Any]]] = {  # kind -> legend entry and marker
     "confirmed": (
         "decided front: better than the baseline",
         dict(symbol="square", size=12, color=FRONT_COLOUR, line=dict(width=2, color=FRONT_COLOUR)),

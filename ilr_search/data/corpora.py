@@ -49,10 +49,13 @@ def stdlib_documents() -> list[tuple[str, str]]:
             docs.append((rel.as_posix(), path.read_text(encoding="utf-8")))
         except (OSError, UnicodeDecodeError):
             continue
+    topics: dict[str, str] = {}
     try:
-        from pydoc_data.topics import topics
+        from pydoc_data import topics as pydoc_topics
+
+        topics = pydoc_topics.topics
     except ImportError:  # pragma: no cover - some distributions strip pydoc_data
-        topics = {}
+        pass
     docs += [(f"pydoc:{name}", text) for name, text in sorted(topics.items())]
     return docs
 

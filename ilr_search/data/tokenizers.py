@@ -42,7 +42,7 @@ class HFTokenizer(Tokenizer):
         self.vocab_size = tokenizer.get_vocab_size()
 
     def encode_batch(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray | None]]:
-        out = []
+        out: list[tuple[np.ndarray, np.ndarray | None]] = []
         for text, enc in zip(texts, self._tok.encode_batch(texts, add_special_tokens=False), strict=True):
             ids = np.asarray(enc.ids, dtype=np.uint32)
             out.append((ids, _bytes_per_token(text, enc.offsets)))

@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -317,7 +317,10 @@ def _encode_all(
     A row is its prompt's tokens, its answer's and ROW_END's, each part tokenized alone so that the mask is exact."""
     rows = bool(docs) and docs[0].answer is not None
     row_end = tok.encode_batch([ROW_END])[0]
-    ids, nbytes, masks, total = [], [], [], 0
+    ids: list[np.ndarray] = []
+    nbytes: list[np.ndarray | None] = []  # one tokenizer: bytes for every part or for none
+    masks: list[np.ndarray] = []
+    total = 0
     for i in range(0, len(docs), 256):
         batch = docs[i : i + 256]
         if not rows:
@@ -337,7 +340,7 @@ def _encode_all(
     if not ids:
         return np.zeros(0, np.uint32), None, np.zeros(0, np.uint8) if rows else None
     all_ids = np.concatenate(ids)
-    all_bytes = None if nbytes[0] is None else np.concatenate(nbytes)
+    all_bytes = None if nbytes[0] is None else np.concatenate(cast(list[np.ndarray], nbytes))
     all_mask = np.concatenate(masks) if rows else None
     if max_tokens:
         all_ids = all_ids[:max_tokens]

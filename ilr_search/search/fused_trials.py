@@ -14,6 +14,7 @@ import warnings
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
+from functools import partial
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -74,18 +75,18 @@ class FusedSearchRun(SearchRun):
                     in_hand = {g.proposal.key for g in group if g.training is not None}
                     member.proposal = self.propose(trial, in_hand)
                     if member.proposal.earlier is not None:
-                        self._tell(member, lambda m=member: self._reuse(m.trial, m.proposal.earlier), report)
+                        self._tell(member, partial(self._reuse, member.trial, member.proposal.earlier), report)
                     elif not member.proposal.behind_own:
                         member.training = self.start_training(trial, member.proposal)
-                training = [g for g in group if g.training is not None]
-                for member in training:  # how the trial was trained: in a group of this many maps
+                training = [(g, g.training) for g in group if g.training is not None]
+                for member, _ in training:  # how the trial was trained: in a group of this many maps
                     member.trial.set_user_attr(TrialAttr.FUSED_GROUP, len(training))
-                results = self._train_group([g.training for g in training])
-                for member, result in zip(training, results, strict=True):
-                    self._tell(member, lambda m=member, r=result: self.finish_training(m.trial, m.training, r), report)
+                results = self._train_group([t for _, t in training])
+                for (member, t), result in zip(training, results, strict=True):
+                    self._tell(member, partial(self.finish_training, member.trial, t, result), report)
                 for member in group:  # proposed a map the group trained: its result now exists
                     if not member.told:
-                        self._tell(member, lambda m=member: self._reuse_own(m), report)
+                        self._tell(member, partial(self._reuse_own, member), report)
             except BaseException as e:
                 self._abandon(group, interrupted=isinstance(e, KeyboardInterrupt))
                 raise
@@ -110,6 +111,8 @@ class FusedSearchRun(SearchRun):
     ) -> None:
         """Tell Optuna how a trial ended, as study.optimize would for the objective's value or exception."""
         member.told = True
+        state: TrialState | None
+        values: float | tuple[float, float] | None
         try:
             values = outcome()
         except optuna.TrialPruned:

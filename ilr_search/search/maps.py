@@ -12,6 +12,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import optuna
 
@@ -51,7 +52,8 @@ def repair_to_budget(reuse_map: list[int], max_layer_runs: int) -> list[int]:
 
 def propose_knobs(trial: optuna.Trial, names: tuple[str, ...]) -> dict[str, KnobValue]:
     """The trial's setting of each searched knob: a categorical dimension named after the knob."""
-    return {name: trial.suggest_categorical(name, KNOB_CHOICES[name]) for name in names}
+    # each setting is one of the knob's choices (KnobValue)
+    return {name: cast(KnobValue, trial.suggest_categorical(name, KNOB_CHOICES[name])) for name in names}
 
 
 def knobs_off(names: tuple[str, ...]) -> dict[str, KnobValue]:

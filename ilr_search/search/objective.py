@@ -222,7 +222,7 @@ class SearchRun:
                 return None
             held = self._trial_by_number(holder)
             ended = held is None or held.state.is_finished()
-            if ended or has_result(held):
+            if ended or (held is not None and has_result(held)):  # held is None only where ended
                 result = self._result_for(key, number)
                 if result is not None:
                     return result
@@ -234,7 +234,9 @@ class SearchRun:
                 self.reporter.on(Message(f"map {key} is being trained by trial {holder}; waiting for its result"))
                 waited = True
             time.sleep(min(2.0, heartbeat_interval()))
-            self.sweep_stale(spare=trial_id(self._trial_by_number(number)))
+            mine = self._trial_by_number(number)
+            assert mine is not None  # this worker's own trial, running
+            self.sweep_stale(spare=trial_id(mine))
 
     def sweep_stale(self, spare: int | None = None) -> None:
         """Fail (and queue again) the trials of dead workers; never the trial `spare` of this worker."""
@@ -261,14 +263,15 @@ class SearchRun:
         `recovered_from`, which takes the map's claim so that the queued retry reuses it instead of training."""
         attrs = dict(study_storage(self.study).get_trial(trial_id(trial)).user_attrs)
         attrs |= self._result_attrs(result, decision) | {TrialAttr.RECOVERED_FROM: trial.number}
+        values: list[float] | None = None
         if result.status == "diverged":
-            state, values = TrialState.FAIL, None
+            state = TrialState.FAIL
         elif decision is not None:
-            state, values = TrialState.PRUNED, None
+            state = TrialState.PRUNED
         else:
             state = TrialState.COMPLETE
-            values = self._values(result.val_ppl, ratio)
-            values = [values] if isinstance(values, float) else list(values)
+            objective = self._values(result.val_ppl, ratio)
+            values = [objective] if isinstance(objective, float) else list(objective)
         self.study.add_trial(
             optuna.trial.create_trial(
                 state=state,

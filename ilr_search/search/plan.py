@@ -301,8 +301,9 @@ def adopt_stored_dtype(storage: optuna.storages.BaseStorage | None, plan: StudyP
     if config is None or config.space.train.dtype == plan.dtype:
         return plan
     stored = config.space.train.dtype
-    config = plan.config | {"train": plan.config["train"] | {"dtype": stored}}
-    return dataclasses.replace(plan, dtype=stored, config=config)
+    return dataclasses.replace(
+        plan, dtype=stored, config=plan.config | {"train": plan.config["train"] | {"dtype": stored}}
+    )
 
 
 def adopt_stored_race(

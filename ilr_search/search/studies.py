@@ -291,7 +291,7 @@ def default_study(storage: str | None = None) -> tuple[str, str]:
 
     def last_active(summary: optuna.study.StudySummary) -> float:
         trials = st.get_all_trials(study_id(summary), deepcopy=False)
-        times = [t.datetime_complete or t.datetime_start for t in trials if t.datetime_complete or t.datetime_start]
+        times = [time for t in trials if (time := t.datetime_complete or t.datetime_start) is not None]
         return max(times).timestamp() if times else 0.0
 
     name = max(summaries, key=last_active).study_name
