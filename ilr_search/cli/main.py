@@ -20,7 +20,7 @@ from ilr_search.errors import UserInputError
 try:  # typer >= 0.2x vendors click (Python >= 3.11); older typer uses click itself
     from typer._click import exceptions as click_exceptions
 except ImportError:  # pragma: no cover
-    from click import exceptions as click_exceptions
+    from click import exceptions as click_exceptions  # type: ignore[no-redef]  # one of the two imports runs
 
 app = typer.Typer(
     add_completion=False,
@@ -1018,6 +1018,7 @@ def export_model(
             fail("--storage goes with --study")
         report = export_saved_model(model, out, map_, family)
     else:
+        assert study is not None  # exactly one of --study and --model
         report = export_study_model(
             study, out, storage, map_, family, on_choice=lambda why: ui.hold_note(f"study {study}: {why}")
         )

@@ -8,7 +8,7 @@ import os
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import optuna
 
@@ -83,7 +83,8 @@ def layer_view(trials: list[TrialRecord], front: list[dict[str, Any]]) -> dict[s
     importance: dict[str, float] = {}
     if len(evaluated) >= 3 and front:
         n_layers = len(front[0]["reuse_map"])
-        top = max(max(t.reuse_map) for t in evaluated)
+        maps = {t.number: cast(tuple[int, ...], t.reuse_map) for t in evaluated}  # trained results have their maps
+        top = max(max(maps[t.number]) for t in evaluated)
         knobs = sorted({k for t in evaluated for k in t.knobs})
         shadow = optuna.create_study()
         dist = optuna.distributions.IntDistribution(1, max(2, top))
@@ -91,7 +92,7 @@ def layer_view(trials: list[TrialRecord], front: list[dict[str, Any]]) -> dict[s
         for t in evaluated:
             shadow.add_trial(
                 optuna.trial.create_trial(
-                    params={f"layer {i}": r for i, r in enumerate(t.reuse_map)}
+                    params={f"layer {i}": r for i, r in enumerate(maps[t.number])}
                     | {f"knob {k}": t.knobs[k] for k in knobs},
                     distributions={f"layer {i}": dist for i in range(n_layers)}
                     | {f"knob {k}": d for k, d in knob_dists.items()},

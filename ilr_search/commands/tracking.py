@@ -179,7 +179,7 @@ class TrackingReporter(RunReporter):
     def __exit__(self, *exc: Any) -> None:
         try:
             if self.tracker is not None:
-                self._log_references()
+                self._log_references(self.tracker)
                 self.tracker.close()
         finally:
             self.inner.__exit__(*exc)
@@ -240,14 +240,14 @@ class TrackingReporter(RunReporter):
         except UserInputError:  # not created yet
             return {}
 
-    def _log_references(self) -> None:
+    def _log_references(self, tracker: Tracker) -> None:
         """The reference runs (extra baseline seeds, second seed, block K) this run trained: those stored now
         that were not, or differed, when it started."""
         for name, ref in self._references().items():
             if self.references_before.get(name) == ref:
                 continue
             state = "COMPLETE" if ref.get("status") == "ok" else str(ref.get("status", "")).upper()
-            self.tracker.log(
+            tracker.log(
                 TrialLog(
                     f"reference-{name}",
                     state,

@@ -17,6 +17,7 @@ import os
 import queue
 import signal
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -74,8 +75,7 @@ def _worker_main(
         torch.set_num_threads(threads)
     reporter = QueueReporter(events, worker)
 
-    def race(*args: Any) -> object:  # each wave of the race shared out among the workers
-        return run_race(*args, workers=workers)
+    race = partial(run_race, workers=workers)  # each wave of the race shared out among the workers
 
     try:
         summary = run_study(request, reporter, reference_share=(worker, workers), race_runner=race)

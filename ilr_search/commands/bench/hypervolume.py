@@ -101,9 +101,10 @@ def replay(
                     settings if pruning else None,
                 )
                 if pruned_at is None:
-                    results[key] = ("complete", (entry["val_ppl"], entry["flops_ratio"]))
+                    point = (entry["val_ppl"], entry["flops_ratio"])
+                    results[key] = ("complete", point)
                     steps_total += table.steps
-                    found.append(results[key][1])
+                    found.append(point)
                 else:
                     results[key] = ("pruned", None)
                     steps_total += pruned_at
@@ -158,10 +159,10 @@ def summarize_replays(table: Table, results: list[ReplayResult]) -> list[dict[st
     """One row per (sampler, pruning): medians over seeds."""
 
     rows = []
-    for (sampler, pruning), group in itertools.groupby(
+    for (sampler, pruning), grouped in itertools.groupby(
         sorted(results, key=lambda r: (r.sampler, r.pruning)), key=lambda r: (r.sampler, r.pruning)
     ):
-        group = list(group)
+        group = list(grouped)
         exhaustive = table.exhaustive_steps
         rows.append(
             {

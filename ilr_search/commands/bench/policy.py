@@ -52,8 +52,9 @@ def _claims_and_regret(
     means = [m for m in (table.seed_mean(k, target) for k in table.flops) if m is not None]
     regret = None
     sd = table.seed_sd(target)
-    if best is not None and table.seed_mean(best, target) is not None and means and math.isfinite(sd) and sd > 0:
-        regret = (table.seed_mean(best, target) - min(means)) / sd
+    best_mean = table.seed_mean(best, target) if best is not None else None
+    if best_mean is not None and means and math.isfinite(sd) and sd > 0:
+        regret = (best_mean - min(means)) / sd
     return false, regret
 
 

@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ilr_search.analysis.pareto import non_dominated
 from ilr_search.analysis.results import curves_by_trial, references
@@ -93,7 +93,7 @@ def build_table(
     for t in trained_results(study.get_trials(deepcopy=False)):
         rows.append(
             {
-                "reuse_map": ",".join(map(str, t.reuse_map)),
+                "reuse_map": ",".join(map(str, cast(tuple[int, ...], t.reuse_map))),  # a trained result's map
                 "flops_ratio": t.flops_ratio,
                 "val_ppl": t.val_ppl,
                 "val_bpb": t.val_bpb,
@@ -231,7 +231,7 @@ class Table:
 
     def front(self) -> list[tuple[int, ...]]:
         """The reuse maps on the table's final front (a block row on it is left out)."""
-        return [self.rows[i].reuse_map for i in non_dominated(self.points()) if self.rows[i].reuse_map is not None]
+        return [m for i in non_dominated(self.points()) if (m := self.rows[i].reuse_map) is not None]
 
     def front_keys(self) -> list[str]:
         return [self.rows[i].map_key for i in non_dominated(self.points())]

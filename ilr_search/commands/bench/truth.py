@@ -10,6 +10,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from ilr_search.analysis.racing import Evaluation
 from ilr_search.commands.bench.table import Table, TableRow
@@ -78,9 +79,10 @@ class TruthTable:
     def seed_mean(self, key: str, steps: int) -> float | None:
         """The table's truth for a map: its mean loss over every seed the table has at `steps`."""
         values = [v for (k, st, _), v in self.losses.items() if k == key and st == steps]
-        if not values or any(v is None for v in values):
+        known = [v for v in values if v is not None]
+        if not values or len(known) < len(values):
             return None
-        return math.fsum(values) / len(values)
+        return math.fsum(known) / len(known)
 
     def seed_sd(self, steps: int) -> float:
         """The pooled seed standard deviation of the loss at `steps` (root mean of the maps' variances)."""
@@ -105,7 +107,7 @@ class TruthTable:
                 k,
                 tuple(int(x) for x in k.split(",")),
                 self.flops[k],
-                math.exp(self.losses[(k, steps, seed)]),
+                math.exp(cast(float, self.losses[(k, steps, seed)])),  # a bench table's seed has every loss
                 self.curves.get((k, steps, seed), {}),
             )
             for k in sorted(self.flops)
