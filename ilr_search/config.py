@@ -87,13 +87,25 @@ class ModelConfig:
 
 
 # The knob fields at their "off" values (today's model); max_reuse only sizes the knobs' tables.
-KNOB_FIELD_DEFAULTS = {"injection": "none", "iteration_encoding": False, "iteration_norms": False, "init_depth": 0,
-                       "max_reuse": 1, "repeat_scale": "off"}
+KNOB_FIELD_DEFAULTS = {
+    "injection": "none",
+    "iteration_encoding": False,
+    "iteration_norms": False,
+    "init_depth": 0,
+    "max_reuse": 1,
+    "repeat_scale": "off",
+}
 
 # The pretrained-architecture fields at their defaults (the project's own model, random init): stored with a study
 # only where they differ, so that a study made before they existed keeps its configuration and its name.
-ARCHITECTURE_FIELD_DEFAULTS = {"n_kv_heads": 0, "head_dim": 0, "tie_embeddings": True, "qkv_bias": False,
-                               "qk_norm": False, "init": ""}
+ARCHITECTURE_FIELD_DEFAULTS = {
+    "n_kv_heads": 0,
+    "head_dim": 0,
+    "tie_embeddings": True,
+    "qkv_bias": False,
+    "qk_norm": False,
+    "init": "",
+}
 
 
 SAMPLERS = ("auto", "tpe", "nsga2", "gp", "random", "grid")
@@ -191,7 +203,9 @@ class SearchConfig:
     knobs: tuple[str, ...] = ()  # recurrence knobs searched with the map (knobs.py), each a categorical dimension
     target: float = 4.0  # the race's training length, a multiple of the proxy's steps (1: no longer training)
     race_seeds: int = 3  # adaptive: seeds each contender has at the target at its first test; fixed: at every length
-    race_contenders: int = 3  # maps raced on more seeds (adaptive: of the screen's, at the target), the baseline among them
+    race_contenders: int = (
+        3  # maps raced on more seeds (adaptive: of the screen's, at the target), the baseline among them
+    )
     race_policy: str = "adaptive"  # "adaptive" (adaptive_race.py) or "fixed" (racing.py: race_seeds at doubled lengths)
     max_seeds: int = 8  # adaptive: the most seeds a contender gets at the target (its first screens, the rest test)
     race_screen: int = 12  # adaptive: the most maps screened at the target at the first seed
@@ -242,24 +256,31 @@ WORKERS_MAX = 1024
 SPACE_SCHEMA_VERSION = 1
 
 
-# What a stored configuration that lacks a key ran with (versions 0 and 1 alike). A study leaves the knob
-# fields out while they are off, the answer column out while there is none, and the race settings out at these values, so that a study made before they
-# existed keeps its configuration and its derived name: the study made by commit eeb668a
-# (tests/fixtures/study-eeb668a.sql) has no knob field, no searched knob and no race setting, and it ran with
-# the knobs off (today's model, so none of its trials has a knob) and is raced on resume at target 4, 3 seeds, 3
+# What a stored configuration that lacks a key ran with (versions 0 and 1 alike). A study leaves the knob fields out
+# while they are off, the answer column out while there is none, and the race settings out at these values, so that a
+# study made before they existed keeps its configuration and its derived name: the study made by commit eeb668a
+# (tests/fixtures/study-eeb668a.sql) has no knob field, no searched knob and no race setting, and it ran with the
+# knobs off (today's model, so none of its trials has a knob) and is raced on resume at target 4, 3 seeds, 3
 # contenders (the race's first settings, commit 16303f0), by the fixed race with no equal-compute reference (a study
-# made before the adaptive race existed keeps the race it was made with). Every study has stored its dtype (since the first
-# search, commit ef78507); a missing one reads as fp32, as the audit read it, never as "auto". A study made before
-# the WSD schedule existed ran cosine with its warmup a fraction of its steps. Pinned here and not read from
-# the dataclasses' defaults: a later default must not change what an old study meant. Keys absent
-# from this table that a section lacks take the dataclass's default (a study stores what changes its results,
-# not e.g. the device).
+# made before the adaptive race existed keeps the race it was made with). Every study has stored its dtype (since the
+# first search, commit ef78507); a missing one reads as fp32, as the audit read it, never as "auto". A study made
+# before the WSD schedule existed ran cosine with its warmup a fraction of its steps. Pinned here and not read from
+# the dataclasses' defaults: a later default must not change what an old study meant. Keys absent from this table that
+# a section lacks take the dataclass's default (a study stores what changes its results, not e.g. the device).
 STORED_OMITTED_DEFAULTS: dict[str, dict[str, Any]] = {
     "model": KNOB_FIELD_DEFAULTS | ARCHITECTURE_FIELD_DEFAULTS,
     "data": {"answer_column": ""},
     "train": {"dtype": "fp32", "lr_schedule": "cosine", "warmup_steps": 0, "cooldown_frac": 0.2},
-    "search": {"knobs": (), "target": 4.0, "race_seeds": 3, "race_contenders": 3, "race_policy": "fixed",
-               "max_seeds": 3, "race_screen": 3, "equal_compute": "off"},
+    "search": {
+        "knobs": (),
+        "target": 4.0,
+        "race_seeds": 3,
+        "race_contenders": 3,
+        "race_policy": "fixed",
+        "max_seeds": 3,
+        "race_screen": 3,
+        "equal_compute": "off",
+    },
 }
 
 
@@ -276,8 +297,12 @@ def _section(cls: type, stored: Mapping[str, Any], omitted: Mapping[str, Any]) -
     fields = {f.name: f for f in dataclasses.fields(cls)}
     values = {k: v for k, v in {**omitted, **stored}.items() if k in fields}
     defaults = cls()
-    return cls(**{k: tuple(v) if isinstance(getattr(defaults, k), tuple) and isinstance(v, list) else v
-                  for k, v in values.items()})
+    return cls(
+        **{
+            k: tuple(v) if isinstance(getattr(defaults, k), tuple) and isinstance(v, list) else v
+            for k, v in values.items()
+        }
+    )
 
 
 @dataclass(frozen=True)
@@ -290,8 +315,12 @@ class SpaceConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, JSON-ready (tuples as lists), with the layout's `schema_version`; from_dict reads it back."""
-        sections = {name: {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(getattr(self, name)).items()}
-                    for name in ("model", "data", "train", "search")}
+        sections = {
+            name: {
+                k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(getattr(self, name)).items()
+            }
+            for name in ("model", "data", "train", "search")
+        }
         return {"schema_version": SPACE_SCHEMA_VERSION, **sections, "source": self.source}
 
     @classmethod
@@ -301,11 +330,18 @@ class SpaceConfig:
         and then the dataclasses' defaults. Keys of no field (a study's budget, init_depth) are left out."""
         version = stored.get("schema_version", 0)
         if not isinstance(version, int) or not 0 <= version <= SPACE_SCHEMA_VERSION:
-            raise ValueError(f"stored configuration of schema version {version!r}; this ilr-search reads versions "
-                             f"0 to {SPACE_SCHEMA_VERSION} (a newer ilr-search stored it)")
+            raise ValueError(
+                f"stored configuration of schema version {version!r}; this ilr-search reads versions "
+                f"0 to {SPACE_SCHEMA_VERSION} (a newer ilr-search stored it)"
+            )
         kinds = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "search": SearchConfig}
-        return cls(**{name: _section(kind, stored.get(name, {}), STORED_OMITTED_DEFAULTS.get(name, {}))
-                      for name, kind in kinds.items()}, source=str(stored.get("source", "")))
+        return cls(
+            **{
+                name: _section(kind, stored.get(name, {}), STORED_OMITTED_DEFAULTS.get(name, {}))
+                for name, kind in kinds.items()
+            },
+            source=str(stored.get("source", "")),
+        )
 
 
 @dataclass(frozen=True)
@@ -364,8 +400,11 @@ class SamplerSettings:
 
     @classmethod
     def from_dict(cls, stored: Mapping[str, Any]) -> SamplerSettings:
-        options = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in stored.items()
-                        if k not in ("name", "requested", "seed"))
+        options = tuple(
+            (k, tuple(v) if isinstance(v, list) else v)
+            for k, v in stored.items()
+            if k not in ("name", "requested", "seed")
+        )
         return cls(stored["name"], stored.get("requested", stored["name"]), stored.get("seed"), options)
 
 
@@ -383,5 +422,8 @@ class StudySettings:
     @classmethod
     def from_dict(cls, stored: Mapping[str, Any]) -> StudySettings:
         pruner = stored.get("pruner", {})
-        return cls(SamplerSettings.from_dict(stored["sampler"]), PrunerSettings.from_dict(pruner),
-                   pruner_before_calibration="min_spearman" not in pruner)
+        return cls(
+            SamplerSettings.from_dict(stored["sampler"]),
+            PrunerSettings.from_dict(pruner),
+            pruner_before_calibration="min_spearman" not in pruner,
+        )

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ilr_search.config import INJECTIONS, REPEAT_SCALES, ModelConfig
-
 
 KnobValue = str | bool
 
@@ -35,9 +35,13 @@ def check_knobs(names: Sequence[str]) -> None:
 
 def knobs_of(cfg: ModelConfig) -> dict[str, KnobValue]:
     """The knob settings a model config has (depth_init: whether its init depth differs from n_layers)."""
-    return {"injection": cfg.injection, "iteration_encoding": cfg.iteration_encoding,
-            "iteration_norms": cfg.iteration_norms, "depth_init": cfg.init_depth > 0,
-            "repeat_scale": cfg.repeat_scale}
+    return {
+        "injection": cfg.injection,
+        "iteration_encoding": cfg.iteration_encoding,
+        "iteration_norms": cfg.iteration_norms,
+        "depth_init": cfg.init_depth > 0,
+        "repeat_scale": cfg.repeat_scale,
+    }
 
 
 def with_knobs(cfg: ModelConfig, knobs: Mapping[str, KnobValue], init_depth: int) -> ModelConfig:
@@ -47,7 +51,7 @@ def with_knobs(cfg: ModelConfig, knobs: Mapping[str, KnobValue], init_depth: int
     for name, value in knobs.items():
         if value not in KNOB_CHOICES[name]:
             raise ValueError(f"knob {name} has no setting {value!r}; use one of {list(KNOB_CHOICES[name])}")
-    fields: dict[str, object] = {k: v for k, v in knobs.items() if k != "depth_init"}
+    fields: dict[str, Any] = {k: v for k, v in knobs.items() if k != "depth_init"}
     if "depth_init" in knobs:
         fields["init_depth"] = init_depth if knobs["depth_init"] else 0
     return dataclasses.replace(cfg, **fields)
@@ -70,8 +74,10 @@ def parse_knob_settings(text: str) -> dict[str, KnobValue]:
         elif value in choices:
             settings[name] = value
         else:
-            raise ValueError(f"knob {name} has no setting {value!r}; use one of "
-                             f"{', '.join('on' if c is True else 'off' if c is False else str(c) for c in choices)}")
+            raise ValueError(
+                f"knob {name} has no setting {value!r}; use one of "
+                f"{', '.join('on' if c is True else 'off' if c is False else str(c) for c in choices)}"
+            )
     return settings
 
 
@@ -83,10 +89,13 @@ def config_key(map_key: str, knobs: Mapping[str, KnobValue]) -> str:
 
 def knob_params(cfg: ModelConfig) -> dict[str, int]:
     """Parameters each knob of `cfg` adds (the `flops --json` key `knob_params`)."""
-    return {"injection": cfg.n_layers if cfg.injection == "gated" else 0,
-            "iteration_encoding": cfg.max_reuse * cfg.d_model if cfg.iteration_encoding else 0,
-            "iteration_norms": cfg.n_layers * (cfg.max_reuse - 1) * 2 * cfg.d_model if cfg.iteration_norms else 0,
-            "depth_init": 0, "repeat_scale": 0}
+    return {
+        "injection": cfg.n_layers if cfg.injection == "gated" else 0,
+        "iteration_encoding": cfg.max_reuse * cfg.d_model if cfg.iteration_encoding else 0,
+        "iteration_norms": cfg.n_layers * (cfg.max_reuse - 1) * 2 * cfg.d_model if cfg.iteration_norms else 0,
+        "depth_init": 0,
+        "repeat_scale": 0,
+    }
 
 
 def format_knobs(knobs: Mapping[str, KnobValue]) -> str:

@@ -18,6 +18,7 @@ class EvalPoint:
 class TrainLossPoint:
     """The mean training loss of the steps since the previous read (a window of SYNC_EVERY steps, shorter at
     evaluations and checkpoints), at the window's last step."""
+
     step: int
     tokens: int
     loss: float

@@ -14,14 +14,28 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-from ilr_search.config import DEVICES, DTYPES, EQUAL_COMPUTE, FAMILIES, TRIAL_FAMILIES, LR_SCHEDULES, OBJECTIVES, PRUNERS, \
-    RACE_POLICIES, SAMPLERS, SIZE_MAXIMA, DataConfig, SearchConfig, SpaceConfig, TrainConfig
+from ilr_search.config import (
+    DEVICES,
+    DTYPES,
+    EQUAL_COMPUTE,
+    FAMILIES,
+    LR_SCHEDULES,
+    OBJECTIVES,
+    PRUNERS,
+    RACE_POLICIES,
+    SAMPLERS,
+    SIZE_MAXIMA,
+    TRIAL_FAMILIES,
+    DataConfig,
+    SearchConfig,
+    SpaceConfig,
+    TrainConfig,
+)
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import check_knobs
 
@@ -47,11 +61,22 @@ def _flags(section: str, values: Mapping[str, Any]) -> str:
 
 
 # TOML section -> (dataclass attribute, {toml key: dataclass field})
-_MODEL_KEYS = {"layers": "n_layers", "d_model": "d_model", "heads": "n_heads", "seq_len": "seq_len",
-               "mlp_ratio": "mlp_ratio", "pe": "pe", "norm_eps": "norm_eps", "rope_base": "rope_base",
-               # recurrence knobs fixed for the whole space (model.py); [search] knobs searches them instead
-               "injection": "injection", "iteration_encoding": "iteration_encoding",
-               "iteration_norms": "iteration_norms", "init_depth": "init_depth", "repeat_scale": "repeat_scale"}
+_MODEL_KEYS = {
+    "layers": "n_layers",
+    "d_model": "d_model",
+    "heads": "n_heads",
+    "seq_len": "seq_len",
+    "mlp_ratio": "mlp_ratio",
+    "pe": "pe",
+    "norm_eps": "norm_eps",
+    "rope_base": "rope_base",
+    # recurrence knobs fixed for the whole space (model.py); [search] knobs searches them instead
+    "injection": "injection",
+    "iteration_encoding": "iteration_encoding",
+    "iteration_norms": "iteration_norms",
+    "init_depth": "init_depth",
+    "repeat_scale": "repeat_scale",
+}
 _SECTIONS = {
     "model": ("model", _MODEL_KEYS),
     "data": ("data", {f.name: f.name for f in dataclasses.fields(DataConfig)}),
@@ -69,12 +94,16 @@ def load_space(path: str | Path | None = None, overrides: Mapping[str, Mapping[s
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         presets = ", ".join(sorted(p.stem for p in PRESETS.glob("*.toml")))
-        raise SpaceError(f"search space file {str(path)!r} does not exist; give a TOML file or a preset ({presets})") from None
+        raise SpaceError(
+            f"search space file {str(path)!r} does not exist; give a TOML file or a preset ({presets})"
+        ) from None
     except (OSError, UnicodeDecodeError) as e:
         raise SpaceError(f"cannot read search space {str(path)!r}: {e}") from None
     except tomllib.TOMLDecodeError as e:
         raise SpaceError(f"search space {str(path)!r} is not valid TOML: {e}") from None
-    given = {section: {k: v for k, v in values.items() if v is not None} for section, values in (overrides or {}).items()}
+    given = {
+        section: {k: v for k, v in values.items() if v is not None} for section, values in (overrides or {}).items()
+    }
     merged = {section: dict(values) for section, values in raw.items()}
     for section, values in given.items():
         merged.setdefault(section, {}).update(values)
@@ -100,9 +129,12 @@ def build_space(raw: Mapping[str, Any], source: str = "") -> SpaceConfig:
         values = dict(raw.get(section, {}))
         bad = set(values) - set(keys)
         if bad:
-            raise SpaceError(f"unknown key(s) {sorted(bad)} in [{section}] of {source or 'space'}; known: {sorted(keys)}")
+            raise SpaceError(
+                f"unknown key(s) {sorted(bad)} in [{section}] of {source or 'space'}; known: {sorted(keys)}"
+            )
         kwargs = {keys[k]: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
-        hints = field_types(type(getattr(defaults, attr)))
+        section_class: type = type(getattr(defaults, attr))
+        hints = field_types(section_class)
         for key, value in values.items():
             hint = hints[keys[key]]
             if not has_type(kwargs[keys[key]], hint):
@@ -123,8 +155,12 @@ def field_types(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-_TYPE_WORDS = {bool: ("true or false", "true/false values"), int: ("an integer", "integers"),
-               float: ("a number", "numbers"), str: ("a string", "strings")}
+_TYPE_WORDS = {
+    bool: ("true or false", "true/false values"),
+    int: ("an integer", "integers"),
+    float: ("a number", "numbers"),
+    str: ("a string", "strings"),
+}
 
 
 def has_type(value: Any, hint: Any) -> bool:
@@ -163,10 +199,14 @@ def parse_target(text: str) -> float:
     try:
         factor = float(raw[:-1] if raw.endswith("x") else raw)
     except ValueError:
-        raise SpaceError(f"--target {text!r} is not a multiple of the proxy's steps; give e.g. 4x (1x: no longer training)") from None
+        raise SpaceError(
+            f"--target {text!r} is not a multiple of the proxy's steps; give e.g. 4x (1x: no longer training)"
+        ) from None
     if not math.isfinite(factor) or factor < 1:
-        raise SpaceError(f"--target {text!r} is below 1x: the race trains contenders at the proxy's steps or longer; "
-                         "give e.g. 4x (1x: no longer training)")
+        raise SpaceError(
+            f"--target {text!r} is below 1x: the race trains contenders at the proxy's steps or longer; "
+            "give e.g. 4x (1x: no longer training)"
+        )
     return factor
 
 
@@ -185,17 +225,25 @@ def check_sizes(space: SpaceConfig) -> None:
             detail = f"{key} must be at most {maximum:,}, got {value}"
             raise SpaceError(f"[{section}] of {space.source or 'space'}: {detail}", section, detail)
     t, s = space.train, space.search
-    if isinstance(s.target, (int, float)) and math.isfinite(s.target) and t.steps * s.target > SIZE_MAXIMA["train", "steps"]:
-        raise SpaceError(f"the race's length (target {s.target:g}x of {t.steps} steps) must be at most "
-                         f"{SIZE_MAXIMA['train', 'steps']:,} steps; give a smaller --target or --steps")
+    if (
+        isinstance(s.target, (int, float))
+        and math.isfinite(s.target)
+        and t.steps * s.target > SIZE_MAXIMA["train", "steps"]
+    ):
+        raise SpaceError(
+            f"the race's length (target {s.target:g}x of {t.steps} steps) must be at most "
+            f"{SIZE_MAXIMA['train', 'steps']:,} steps; give a smaller --target or --steps"
+        )
 
 
 def check_search_objective(space: SpaceConfig) -> None:
     """A search's objective and its data agree: answer rows (an answer column) are searched by the answer
     objective, and only they are, so that a study's objective always names what its perplexities are of."""
     if space.data.answer_column and space.search.objective != "answer":
-        raise SpaceError(f"--answer-column makes the loss the answer tokens'; search it with --objective answer "
-                         f"(not {space.search.objective})")
+        raise SpaceError(
+            f"--answer-column makes the loss the answer tokens'; search it with --objective answer "
+            f"(not {space.search.objective})"
+        )
 
 
 def validate_space(space: SpaceConfig) -> None:
@@ -210,48 +258,88 @@ def validate_space(space: SpaceConfig) -> None:
         (t.warmup_steps >= 0, f"warmup_steps must be 0 (warmup_frac) or positive, got {t.warmup_steps}"),
         (t.lr_schedule in LR_SCHEDULES, f"unknown lr_schedule {t.lr_schedule!r}; use one of {', '.join(LR_SCHEDULES)}"),
         (0 < t.cooldown_frac < 1, f"cooldown_frac must be in (0, 1), got {t.cooldown_frac}"),
-        (t.lr_schedule != "wsd" or t.warmup_length <= t.cooldown_start,
-         f"wsd: the warmup ({t.warmup_length} steps) runs into the cooldown, which starts after step "
-         f"{t.cooldown_start} of {t.steps}"),
+        (
+            t.lr_schedule != "wsd" or t.warmup_length <= t.cooldown_start,
+            f"wsd: the warmup ({t.warmup_length} steps) runs into the cooldown, which starts after step "
+            f"{t.cooldown_start} of {t.steps}",
+        ),
         (all(0 < f <= 1 for f in t.eval_fractions), f"eval_fractions must lie in (0, 1], got {list(t.eval_fractions)}"),
         (t.eval_windows >= 1, f"eval_windows must be at least 1, got {t.eval_windows}"),
         (t.device in DEVICES, f"unknown device {t.device!r}; use one of {', '.join(DEVICES)}"),
         (t.dtype in DTYPES, f"unknown dtype {t.dtype!r}; use one of {', '.join(DTYPES)}"),
         (s.max_reuse >= 1, f"max_reuse must be at least 1, got {s.max_reuse}"),
-        (set(s.families) <= set(FAMILIES) and bool(set(s.families) & set(TRIAL_FAMILIES)),
-         f"families must include 'ilr' or 'blocks' (or both) and may add 'block', got {list(s.families)}"),
-        ("blocks" not in s.families or s.sampler != "grid",
-         "the grid sampler searches per-layer counts only; use another sampler with families 'blocks'"),
+        (
+            set(s.families) <= set(FAMILIES) and bool(set(s.families) & set(TRIAL_FAMILIES)),
+            f"families must include 'ilr' or 'blocks' (or both) and may add 'block', got {list(s.families)}",
+        ),
+        (
+            "blocks" not in s.families or s.sampler != "grid",
+            "the grid sampler searches per-layer counts only; use another sampler with families 'blocks'",
+        ),
         (s.n_trials >= 1, f"n-trials must be at least 1, got {s.n_trials}"),
         (s.sampler in SAMPLERS, f"unknown sampler {s.sampler!r}; use one of {', '.join(SAMPLERS)}"),
         (s.pruner in PRUNERS, f"unknown pruner {s.pruner!r}; use one of {', '.join(PRUNERS)}"),
         (s.objective in OBJECTIVES, f"unknown objective {s.objective!r}; use one of {', '.join(OBJECTIVES)}"),
-        (not (s.pruner == "median" and s.objective != "ppl"),
-         "--pruner median needs the single-objective study: add --objective ppl (or use --pruner pareto)"),
+        (
+            not (s.pruner == "median" and s.objective != "ppl"),
+            "--pruner median needs the single-objective study: add --objective ppl (or use --pruner pareto)",
+        ),
         (s.prune_eta > 1, f"prune_eta must be above 1, got {s.prune_eta}"),
         (s.prune_calibration_maps >= 3, f"prune_calibration_maps must be at least 3, got {s.prune_calibration_maps}"),
         (-1 <= s.prune_min_spearman <= 1, f"prune_min_spearman must be in [-1, 1], got {s.prune_min_spearman}"),
-        (isinstance(s.target, (int, float)) and math.isfinite(s.target) and s.target >= 1,
-         f"target must be at least 1x the proxy's steps (the race trains contenders longer, never shorter), got {s.target}"),
-        (s.race_seeds >= 1, f"race-seeds (the seeds each contender is raced on) must be at least 1, got {s.race_seeds}"),
-        (s.race_contenders >= 1, f"race_contenders (maps raced beyond their first result) must be at least 1, got {s.race_contenders}"),
-        (s.race_policy in RACE_POLICIES, f"unknown race_policy {s.race_policy!r}; use one of {', '.join(RACE_POLICIES)}"),
-        (s.equal_compute in EQUAL_COMPUTE, f"unknown equal_compute {s.equal_compute!r}; use one of {', '.join(EQUAL_COMPUTE)}"),
-        (s.race_screen >= s.race_contenders, f"race_screen (maps screened at the target) must be at least race_contenders "
-                                             f"({s.race_contenders}), got {s.race_screen}"),
-        (s.race_policy != "adaptive" or not races_at_all(s) or s.max_seeds >= max(3, s.race_seeds),
-         f"--max-seeds must be at least 3 and at least --race-seeds ({s.race_seeds}) for the adaptive race (one seed "
-         f"screens, the rest test), got {s.max_seeds}"),
-        (s.max_race_steps >= 0, f"--max-race-steps must be 0 (no cap) or a positive number of steps, got {s.max_race_steps}"),
-        (s.fuse == "auto" or (isinstance(s.fuse, int) and not isinstance(s.fuse, bool) and s.fuse >= 1),
-         f"fuse (maps trained at once in one fused group) must be at least 1 or \"auto\", got {s.fuse!r}"),
-        (isinstance(s.enqueue, tuple) and all(isinstance(e, str) for e in s.enqueue), f"[search] enqueue must be a list of strings like \"3,2,2,1\", got {list(s.enqueue)}"),
+        (
+            isinstance(s.target, (int, float)) and math.isfinite(s.target) and s.target >= 1,
+            "target must be at least 1x the proxy's steps (the race trains contenders longer, never shorter), "
+            f"got {s.target}",
+        ),
+        (
+            s.race_seeds >= 1,
+            f"race-seeds (the seeds each contender is raced on) must be at least 1, got {s.race_seeds}",
+        ),
+        (
+            s.race_contenders >= 1,
+            f"race_contenders (maps raced beyond their first result) must be at least 1, got {s.race_contenders}",
+        ),
+        (
+            s.race_policy in RACE_POLICIES,
+            f"unknown race_policy {s.race_policy!r}; use one of {', '.join(RACE_POLICIES)}",
+        ),
+        (
+            s.equal_compute in EQUAL_COMPUTE,
+            f"unknown equal_compute {s.equal_compute!r}; use one of {', '.join(EQUAL_COMPUTE)}",
+        ),
+        (
+            s.race_screen >= s.race_contenders,
+            f"race_screen (maps screened at the target) must be at least race_contenders "
+            f"({s.race_contenders}), got {s.race_screen}",
+        ),
+        (
+            s.race_policy != "adaptive" or not races_at_all(s) or s.max_seeds >= max(3, s.race_seeds),
+            f"--max-seeds must be at least 3 and at least --race-seeds ({s.race_seeds}) for the adaptive race "
+            f"(one seed screens, the rest test), got {s.max_seeds}",
+        ),
+        (
+            s.max_race_steps >= 0,
+            f"--max-race-steps must be 0 (no cap) or a positive number of steps, got {s.max_race_steps}",
+        ),
+        (
+            s.fuse == "auto" or (isinstance(s.fuse, int) and not isinstance(s.fuse, bool) and s.fuse >= 1),
+            f'fuse (maps trained at once in one fused group) must be at least 1 or "auto", got {s.fuse!r}',
+        ),
+        (
+            isinstance(s.enqueue, tuple) and all(isinstance(e, str) for e in s.enqueue),
+            f'[search] enqueue must be a list of strings like "3,2,2,1", got {list(s.enqueue)}',
+        ),
         (0 < space.data.val_fraction < 1, f"val_fraction must be in (0, 1), got {space.data.val_fraction}"),
-        (s.objective != "answer" or bool(space.data.answer_column),
-         "--objective answer needs --answer-column NAME (the answer column of the prompt/answer rows of --data)"),
-        (not space.data.answer_column or space.data.corpus != "stdlib",
-         f"--answer-column {space.data.answer_column!r}: the embedded corpus (stdlib) has no rows; give --data a "
-         ".jsonl/.parquet/.csv file or hf:NAME of prompt/answer rows"),
+        (
+            s.objective != "answer" or bool(space.data.answer_column),
+            "--objective answer needs --answer-column NAME (the answer column of the prompt/answer rows of --data)",
+        ),
+        (
+            not space.data.answer_column or space.data.corpus != "stdlib",
+            f"--answer-column {space.data.answer_column!r}: the embedded corpus (stdlib) has no rows; give --data a "
+            ".jsonl/.parquet/.csv file or hf:NAME of prompt/answer rows",
+        ),
     ]
     for ok, message in checks:
         if not ok:

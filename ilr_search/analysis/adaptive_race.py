@@ -41,10 +41,23 @@ from typing import Any
 
 from ilr_search.analysis.map_key import MapKey
 from ilr_search.analysis.pareto import non_dominated
+from ilr_search.analysis.race_core import (
+    CANNOT_WIN,
+    DECIDED_AGAINST,
+    Comparison,
+    Evaluation,
+    FrontPoint,
+    RaceJob,
+    RaceSettings,
+    RaceState,
+    RaceWords,
+    Results,
+    base_results,
+    choose_contenders,
+    collect,
+    race_compute,
+)
 from ilr_search.analysis.results import DEEP_PREFIX, deep_key, is_deep_key, key_reuse_map
-from ilr_search.analysis.race_core import (CANNOT_WIN, DECIDED_AGAINST, Comparison, Evaluation, FrontPoint, RaceJob,
-                                           RaceSettings, RaceState, RaceWords, Results, base_results,
-                                           choose_contenders, collect, race_compute)
 from ilr_search.analysis.sequential import SequentialTest, detectable_gap, t_statistic
 from ilr_search.analysis.stats import decision_level, paired_comparison, rank_agreement, seed_interval
 
@@ -61,14 +74,22 @@ def _finite(value: float | None) -> bool:
     return value is not None and math.isfinite(value)
 
 
-def _diffs(results: Results, key: str, baseline_key: str, steps: int, pool: Sequence[int]) -> tuple[list[int], list[float]]:
+def _diffs(
+    results: Results, key: str, baseline_key: str, steps: int, pool: Sequence[int]
+) -> tuple[list[int], list[float]]:
     mine, base = results.at(key, steps), results.at(baseline_key, steps)
     seeds = [s for s in pool if s in mine and s in base]
     return seeds, [mine[s] - base[s] for s in seeds]
 
 
-def holm_claims(paths: Mapping[str, Sequence[float]], weights: Mapping[str, float], alpha: float, first_look: int,
-                max_n: int, kind: str) -> tuple[dict[str, tuple[float, int]], dict[str, float]]:
+def holm_claims(
+    paths: Mapping[str, Sequence[float]],
+    weights: Mapping[str, float],
+    alpha: float,
+    first_look: int,
+    max_n: int,
+    kind: str,
+) -> tuple[dict[str, tuple[float, int]], dict[str, float]]:
     """The weighted Holm step-down over sequential tests: each comparison not yet claimed is tested at its share of
     the family level, alpha * weight / (the weights still unclaimed); a claim passes its share on to the rest.
     Returns the claims {key: (level, look at the claim)} and the levels the rest are held to."""
@@ -78,9 +99,11 @@ def holm_claims(paths: Mapping[str, Sequence[float]], weights: Mapping[str, floa
     while remaining:
         total = math.fsum(weights[k] for k in remaining)
         levels = {k: alpha * weights[k] / total for k in remaining}
-        new = {k: SequentialTest(levels[k], first_look, max_n, kind).crossed_at(list(paths[k]))  # type: ignore[arg-type]
-               for k in remaining}
-        new = {k: n for k, n in new.items() if n is not None}
+        crossed = {
+            k: SequentialTest(levels[k], first_look, max_n, kind).crossed_at(list(paths[k]))  # type: ignore[arg-type]
+            for k in remaining
+        }
+        new = {k: n for k, n in crossed.items() if n is not None}
         if not new:
             return claimed, levels
         claimed |= {k: (levels[k], n) for k, n in new.items()}
@@ -97,8 +120,9 @@ def holm_weights(ranked: Sequence[str], lead: float) -> dict[str, float]:
     return {k: (lead if i == 0 else max(rest, 1e-12)) for i, k in enumerate(ranked)}
 
 
-def screen_agreement(screened: Sequence[str], base_losses: Mapping[str, float], target_losses: Mapping[str, float]
-                     ) -> dict[str, Any]:
+def screen_agreement(
+    screened: Sequence[str], base_losses: Mapping[str, float], target_losses: Mapping[str, float]
+) -> dict[str, Any]:
     """How the base length ranks the screened maps against the target: Spearman over them, and the margin, the
     largest base lead the target overturned (b led a at the base, a finished ahead at the target)."""
     keys = [k for k in screened if k in base_losses and k in target_losses]
@@ -137,33 +161,58 @@ def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSetting
         else:
             eliminated[k] = f"diverged {words.at(target)}, {words.one(first)}"
     if baseline_key in screened and baseline_key not in screen_losses:
-        return _ended(f"the baseline {baseline_key} diverged {words.at(target)}: nothing to race against",
-                      eliminated, not_raced, compute, target)
+        return _ended(
+            f"the baseline {baseline_key} diverged {words.at(target)}: nothing to race against",
+            eliminated,
+            not_raced,
+            compute,
+            target,
+        )
     agreement = screen_agreement(list(screen_losses), base_losses, screen_losses)
-    agree = (agreement["maps"] >= settings.calibration and agreement["spearman"] is not None
-             and agreement["spearman"] >= settings.min_agreement)
+    agree = (
+        agreement["maps"] >= settings.calibration
+        and agreement["spearman"] is not None
+        and agreement["spearman"] >= settings.min_agreement
+    )
     waiting = []
     for k in candidates:
         if k in screened:
             continue
-        lead = [o for o in screen_losses if results.flops[o] <= results.flops[k]
-                and base_losses[k] - base_losses[o] > agreement["margin"]]
+        lead = [
+            o
+            for o in screen_losses
+            if results.flops[o] <= results.flops[k] and base_losses[k] - base_losses[o] > agreement["margin"]
+        ]
         if agree and lead and k != baseline_key:
             o = min(lead, key=lambda x: (base_losses[x], x))
-            eliminated[k] = (f"eliminated at {settings.base_steps} steps: the screen's lengths rank alike (Spearman "
-                             f"{agreement['spearman']:.2f} over {agreement['maps']} maps) and {o} leads it by "
-                             f"{base_losses[k] - base_losses[o]:.4f}, more than the largest lead the target "
-                             f"overturned ({agreement['margin']:.4f})")
+            eliminated[k] = (
+                f"eliminated at {settings.base_steps} steps: the screen's lengths rank alike (Spearman "
+                f"{agreement['spearman']:.2f} over {agreement['maps']} maps) and {o} leads it by "
+                f"{base_losses[k] - base_losses[o]:.4f}, more than the largest lead the target "
+                f"overturned ({agreement['margin']:.4f})"
+            )
         else:
             waiting.append(k)
-    screen = {"maps": list(candidates), "screened": sorted(screen_losses), "agreement": agreement,
-              "base_losses": {k: base_losses[k] for k in candidates}, "target_losses": dict(screen_losses)}
+    screen = {
+        "maps": list(candidates),
+        "screened": sorted(screen_losses),
+        "agreement": agreement,
+        "base_losses": {k: base_losses[k] for k in candidates},
+        "target_losses": dict(screen_losses),
+    }
     if waiting:
-        wave = [RaceJob(k, target, first) for k in waiting[:max(1, settings.calibration)]]
+        wave = [RaceJob(k, target, first) for k in waiting[: max(1, settings.calibration)]]
         if fits(wave):
-            return RaceState(alive=tuple(waiting), eliminated=eliminated, next_jobs=tuple(wave), not_raced=not_raced,
-                             level_steps=target, compute_steps=compute, screen=screen,
-                             verdict=f"(race open {words.at(target)}) screening {len(waiting)} map(s) at {words.one(first)}")
+            return RaceState(
+                alive=tuple(waiting),
+                eliminated=eliminated,
+                next_jobs=tuple(wave),
+                not_raced=not_raced,
+                level_steps=target,
+                compute_steps=compute,
+                screen=screen,
+                verdict=f"(race open {words.at(target)}) screening {len(waiting)} map(s) at {words.one(first)}",
+            )
         screen["capped"] = [k for k in waiting]
         for k in waiting:
             eliminated[k] = f"not screened: the compute cap ({cap} steps) was reached"
@@ -172,8 +221,10 @@ def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSetting
     contenders = choose_contenders(screen_losses, results.flops, baseline_key, settings.max_contenders)
     for k in screen_losses:
         if k not in contenders:
-            eliminated[k] = (f"screened {words.at(target)} ({words.one(first)}, loss {screen_losses[k]:.4f}): not among the "
-                             f"{settings.max_contenders} maps nearest the target's front")
+            eliminated[k] = (
+                f"screened {words.at(target)} ({words.one(first)}, loss {screen_losses[k]:.4f}): not among the "
+                f"{settings.max_contenders} maps nearest the target's front"
+            )
     # 4. seeds at the target, tested on seeds[1:]
     pool = settings.seeds[1:]
     first_look = max(2, settings.min_seeds - 1)
@@ -183,13 +234,27 @@ def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSetting
     paths = {k: _diffs(results, k, baseline_key, target, pool) for k in family}
     ranked = sorted(family, key=lambda k: (screen_losses[k], k))
     weights = holm_weights(ranked, settings.lead_share)
-    claims, open_levels = (holm_claims({k: d for k, (_, d) in paths.items()}, weights, alpha, first_look, len(pool),
-                                       settings.test) if testable and family else ({}, {}))
+    claims, open_levels = (
+        holm_claims({k: d for k, (_, d) in paths.items()}, weights, alpha, first_look, len(pool), settings.test)
+        if testable and family
+        else ({}, {})
+    )
     comparisons: dict[str, Comparison] = {}
     for k in family:
         seeds, diffs = paths[k]
-        comparisons[k] = _compare(k, results, baseline_key, target, seeds, diffs, settings, claims,
-                                  open_levels.get(k, alpha * weights[k]), first_look, len(pool))
+        comparisons[k] = _compare(
+            k,
+            results,
+            baseline_key,
+            target,
+            seeds,
+            diffs,
+            settings,
+            claims,
+            open_levels.get(k, alpha * weights[k]),
+            first_look,
+            len(pool),
+        )
     _stop_dominated(comparisons, results, target, settings, first_look)
     for k, c in comparisons.items():
         diverged = [s for s in results.diverged_at(k, target) if s in pool]
@@ -198,7 +263,11 @@ def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSetting
         if comparisons[k].status in DECIDED_AGAINST:
             eliminated[k] = comparisons[k].why
     best = _best_recurrent(comparisons, results, target)
-    deep = deep_key(layer_runs(best, len(key_reuse_map(baseline_key)))) if settings.equal_compute and best is not None else None
+    deep = (
+        deep_key(layer_runs(best, len(key_reuse_map(baseline_key))))
+        if settings.equal_compute and best is not None
+        else None
+    )
     jobs = _seed_wave(comparisons, results, baseline_key, target, pool, first_look) if testable else []
     stopped = ""
     reserve = _deep_jobs(deep, best, results, target, jobs)
@@ -222,18 +291,42 @@ def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSetting
     better = tuple(sorted(claims, key=lambda k: (comparisons[k].mean_diff or 0.0, k)))
     gap = _detectable(list(comparisons.values()), results, baseline_key, target, settings, first_look, len(pool))
     equal = _equal_compute(deep, best, results, target, settings, baseline_key)
-    verdict = _verdict(comparisons, better, results, baseline_key, target, settings, done, gap, equal, compute,
-                       stopped, contenders)
-    return RaceState(alive=tuple(alive), eliminated=eliminated, next_jobs=tuple(jobs), front=front, verdict=verdict,
-                     done=done, not_raced=not_raced, level_steps=target, confirmed_better=better,
-                     best=min(better, key=lambda k: (_mean(results, k, target), k)) if better else baseline_key,
-                     compute_steps=compute, comparisons=tuple(comparisons.values()),
-                     screen=screen, equal_compute=equal, detectable_gap=gap, stopped=stopped)
+    verdict = _verdict(
+        comparisons, better, results, baseline_key, target, settings, done, gap, equal, compute, stopped, contenders
+    )
+    return RaceState(
+        alive=tuple(alive),
+        eliminated=eliminated,
+        next_jobs=tuple(jobs),
+        front=front,
+        verdict=verdict,
+        done=done,
+        not_raced=not_raced,
+        level_steps=target,
+        confirmed_better=better,
+        best=min(better, key=lambda k: (_mean(results, k, target), k)) if better else baseline_key,
+        compute_steps=compute,
+        comparisons=tuple(comparisons.values()),
+        screen=screen,
+        equal_compute=equal,
+        detectable_gap=gap,
+        stopped=stopped,
+    )
 
 
-def _ended(verdict: str, eliminated: dict[str, str], not_raced: tuple[str, ...], compute: int, target: int) -> RaceState:
-    return RaceState(alive=(), eliminated=eliminated, not_raced=not_raced, level_steps=target, done=True,
-                     verdict=verdict, compute_steps=compute, stopped=verdict)
+def _ended(
+    verdict: str, eliminated: dict[str, str], not_raced: tuple[str, ...], compute: int, target: int
+) -> RaceState:
+    return RaceState(
+        alive=(),
+        eliminated=eliminated,
+        not_raced=not_raced,
+        level_steps=target,
+        done=True,
+        verdict=verdict,
+        compute_steps=compute,
+        stopped=verdict,
+    )
 
 
 def _mean(results: Results, key: str, steps: int) -> float:
@@ -246,9 +339,19 @@ def _by_seed(losses: Mapping[int, float]) -> list[float]:
     return [losses[s] for s in sorted(losses)]
 
 
-def _compare(key: str, results: Results, baseline_key: str, target: int, seeds: list[int], diffs: list[float],
-             settings: RaceSettings, claims: Mapping[str, tuple[float, int]], open_level: float, first_look: int,
-             max_n: int) -> Comparison:
+def _compare(
+    key: str,
+    results: Results,
+    baseline_key: str,
+    target: int,
+    seeds: list[int],
+    diffs: list[float],
+    settings: RaceSettings,
+    claims: Mapping[str, tuple[float, int]],
+    open_level: float,
+    first_look: int,
+    max_n: int,
+) -> Comparison:
     mine, base = results.at(key, target), results.at(baseline_key, target)
     words = settings.words
     c = paired_comparison({s: mine[s] for s in seeds}, {s: base[s] for s in seeds}, settings.confidence)
@@ -257,34 +360,67 @@ def _compare(key: str, results: Results, baseline_key: str, target: int, seeds: 
     test = SequentialTest(level, first_look, max_n, settings.test)
     boundary = test.boundary(len(seeds)) if settings.test == "spending" and len(seeds) >= first_look else None
     flops = results.flops[key]
-    common = dict(map_key=key, flops_ratio=flops, seeds=tuple(seeds), mean_diff=c.mean_diff if seeds else None,
-                  sd_diff=c.sd_diff, interval=c.interval, p_value=c.p_value, t=t, level=level, boundary=boundary)
+    common: dict[str, Any] = dict(
+        map_key=key,
+        flops_ratio=flops,
+        seeds=tuple(seeds),
+        mean_diff=c.mean_diff if seeds else None,
+        sd_diff=c.sd_diff,
+        interval=c.interval,
+        p_value=c.p_value,
+        t=t,
+        level=level,
+        boundary=boundary,
+    )
     if decided_at is not None:
-        return Comparison(**common, status="better", decided_at=decided_at,
-                          why=f"better than the baseline {words.at(target)}: a sequential paired t test at level "
-                              f"{level:.3g} claimed it after {words.count(decided_at)}")
+        return Comparison(
+            **common,
+            status="better",
+            decided_at=decided_at,
+            why=f"better than the baseline {words.at(target)}: a sequential paired t test at level "
+            f"{level:.3g} claimed it after {words.count(decided_at)}",
+        )
     if t is not None and len(seeds) >= first_look:
         from scipy.stats import t as student
 
         if t < -float(student.ppf(1 - settings.futility, len(seeds) - 1)):
             bound = float(student.ppf(1 - settings.futility, len(seeds) - 1))
-            return Comparison(**common, status=CANNOT_WIN,
-                              why=f"stopped: cannot win against the baseline {words.at(target)}: its loss is "
-                                  f"{c.mean_diff:.4f} above the baseline's on average over {words.count(len(seeds))}, "
-                                  f"{-t:.2f} standard errors past even, more than the {bound:.2f} at which a "
-                                  f"later claim becomes unlikely (futility level {settings.futility:g})")
+            return Comparison(
+                **common,
+                status=CANNOT_WIN,
+                why=f"stopped: cannot win against the baseline {words.at(target)}: its loss is "
+                f"{c.mean_diff:.4f} above the baseline's on average over {words.count(len(seeds))}, "
+                f"{-t:.2f} standard errors past even, more than the {bound:.2f} at which a "
+                f"later claim becomes unlikely (futility level {settings.futility:g})",
+            )
     if len(seeds) >= max_n:
-        return Comparison(**common, status="undecided", why=f"undecided after the pool's {words.count(max_n, test=True)}")
+        return Comparison(
+            **common, status="undecided", why=f"undecided after the pool's {words.count(max_n, test=True)}"
+        )
     return Comparison(**common, status="open")
 
 
 def _with(c: Comparison, status: str, why: str) -> Comparison:
-    return Comparison(c.map_key, c.flops_ratio, c.seeds, c.mean_diff, c.sd_diff, c.interval, c.p_value, c.t, c.level,
-                      c.boundary, status, c.decided_at, why)
+    return Comparison(
+        c.map_key,
+        c.flops_ratio,
+        c.seeds,
+        c.mean_diff,
+        c.sd_diff,
+        c.interval,
+        c.p_value,
+        c.t,
+        c.level,
+        c.boundary,
+        status,
+        c.decided_at,
+        why,
+    )
 
 
-def _stop_dominated(comparisons: dict[str, Comparison], results: Results, target: int, settings: RaceSettings,
-                    first_look: int) -> None:
+def _stop_dominated(
+    comparisons: dict[str, Comparison], results: Results, target: int, settings: RaceSettings, first_look: int
+) -> None:
     """An open contender that a contender of no more FLOPs beats by a paired test over their common test seeds
     gets no more seeds (it cannot be on the front)."""
     for k, c in list(comparisons.items()):
@@ -297,18 +433,29 @@ def _stop_dominated(comparisons: dict[str, Comparison], results: Results, target
             theirs = {s: v for s, v in results.at(o, target).items() if s in settings.seeds[1:]}
             test = paired_comparison(theirs, mine, settings.confidence)
             if test.n >= first_look and test.a_better:
-                comparisons[k] = _with(c, "dominated", f"{o} better than {k} {settings.words.at(target)}: loss difference "
-                                                       f"{test.mean_diff:+.4f} over {settings.words.count(test.n)}, one-sided paired "
-                                                       f"t p={test.p_value:.3g} < {test.alpha:.3g}")
+                comparisons[k] = _with(
+                    c,
+                    "dominated",
+                    f"{o} better than {k} {settings.words.at(target)}: loss difference "
+                    f"{test.mean_diff:+.4f} over {settings.words.count(test.n)}, one-sided paired "
+                    f"t p={test.p_value:.3g} < {test.alpha:.3g}",
+                )
                 break
 
 
-def _seed_wave(comparisons: Mapping[str, Comparison], results: Results, baseline_key: str, target: int,
-               pool: Sequence[int], first_look: int) -> list[RaceJob]:
+def _seed_wave(
+    comparisons: Mapping[str, Comparison],
+    results: Results,
+    baseline_key: str,
+    target: int,
+    pool: Sequence[int],
+    first_look: int,
+) -> list[RaceJob]:
     """The next wave: every open contender's first first_look test seeds at once, then one more seed each;
     the baseline gets every seed of the wave it lacks. Jobs best mean first, the baseline first of all."""
-    open_keys = sorted((k for k, c in comparisons.items() if c.status == "open"),
-                       key=lambda k: (_mean(results, k, target), k))
+    open_keys = sorted(
+        (k for k, c in comparisons.items() if c.status == "open"), key=lambda k: (_mean(results, k, target), k)
+    )
     wanted: dict[str, list[int]] = {}
     for k in open_keys:
         have = results.losses.get(k, {}).get(target, {})
@@ -329,7 +476,9 @@ def _best_recurrent(comparisons: Mapping[str, Comparison], results: Results, tar
     return min(keys, key=lambda k: (comparisons[k].status != "better", _mean(results, k, target), k))
 
 
-def _deep_jobs(deep: str | None, best: str | None, results: Results, target: int, wave: Sequence[RaceJob]) -> list[RaceJob]:
+def _deep_jobs(
+    deep: str | None, best: str | None, results: Results, target: int, wave: Sequence[RaceJob]
+) -> list[RaceJob]:
     """The equal-compute reference's jobs: the best contender's target seeds (after `wave`) it lacks."""
     if deep is None or best is None:
         return []
@@ -338,22 +487,38 @@ def _deep_jobs(deep: str | None, best: str | None, results: Results, target: int
     return [RaceJob(deep, target, s) for s in sorted(seeds) if s not in have]
 
 
-def _front(alive: Sequence[str], results: Results, steps: int, confidence: float, claimed: Sequence[str]
-           ) -> tuple[FrontPoint, ...]:
+def _front(
+    alive: Sequence[str], results: Results, steps: int, confidence: float, claimed: Sequence[str]
+) -> tuple[FrontPoint, ...]:
     """The non-dominated contenders at the target by (mean loss, FLOPs), cheapest first; confirmed: claimed better
     than the baseline by the sequential test (the baseline is the reference, never confirmed)."""
     keys = [k for k in alive if results.at(k, steps)]
     intervals = {k: seed_interval(_by_seed(results.at(k, steps)), confidence) for k in keys}
     idx = non_dominated([(intervals[k].mean_loss, results.flops[k]) for k in keys])
     on_front = sorted((keys[i] for i in idx), key=lambda k: (results.flops[k], intervals[k].mean_loss, k))
-    return tuple(FrontPoint(map_key=k, flops_ratio=results.flops[k], steps=steps,
-                            seeds=tuple(sorted(results.at(k, steps))), val_ppl=intervals[k].val_ppl,
-                            interval=intervals[k].interval_ppl or (0.0, math.inf), confirmed=k in claimed)
-                 for k in on_front)
+    return tuple(
+        FrontPoint(
+            map_key=k,
+            flops_ratio=results.flops[k],
+            steps=steps,
+            seeds=tuple(sorted(results.at(k, steps))),
+            val_ppl=intervals[k].val_ppl,
+            interval=intervals[k].interval_ppl or (0.0, math.inf),
+            confirmed=k in claimed,
+        )
+        for k in on_front
+    )
 
 
-def _detectable(comparisons: Sequence[Comparison], results: Results, baseline_key: str, target: int,
-                settings: RaceSettings, first_look: int, max_n: int) -> dict[str, Any] | None:
+def _detectable(
+    comparisons: Sequence[Comparison],
+    results: Results,
+    baseline_key: str,
+    target: int,
+    settings: RaceSettings,
+    first_look: int,
+    max_n: int,
+) -> dict[str, Any] | None:
     """The smallest gap the race would have found with 80% power: a contender held to the screen's best's level
     (the largest share of the family's), at the most test seeds any comparison reached, with the race's paired sd
     (pooled over its comparisons), against the sequential boundary there."""
@@ -361,43 +526,63 @@ def _detectable(comparisons: Sequence[Comparison], results: Results, baseline_ke
     if not usable:
         return None
     dof = sum(c.n - 1 for c in usable)
-    sd = math.sqrt(math.fsum((c.n - 1) * c.sd_diff ** 2 for c in usable) / dof)  # type: ignore[operator]
+    sd = math.sqrt(math.fsum((c.n - 1) * c.sd_diff**2 for c in usable) / dof)  # type: ignore[operator]
     n = max(c.n for c in usable)
     level = max(c.level for c in comparisons)
-    boundary = SequentialTest(level, first_look, max_n, settings.test).boundary(n) if settings.test == "spending" else None
+    boundary = (
+        SequentialTest(level, first_look, max_n, settings.test).boundary(n) if settings.test == "spending" else None
+    )
     nats = detectable_gap(sd, n, level, DETECTION_POWER, boundary=boundary)
     if nats is None:
         return None
     base = _mean(results, baseline_key, target)
-    return {"nats": nats, "ppl": math.exp(base) - math.exp(base - nats), "power": DETECTION_POWER, "seeds": n,
-            "sd_diff": sd, "level": level}
+    return {
+        "nats": nats,
+        "ppl": math.exp(base) - math.exp(base - nats),
+        "power": DETECTION_POWER,
+        "seeds": n,
+        "sd_diff": sd,
+        "level": level,
+    }
 
 
-def _equal_compute(deep: str | None, best: str | None, results: Results, target: int, settings: RaceSettings,
-                   baseline_key: str) -> dict[str, Any] | None:
+def _equal_compute(
+    deep: str | None, best: str | None, results: Results, target: int, settings: RaceSettings, baseline_key: str
+) -> dict[str, Any] | None:
     """The best contender against the plain model of its compute, over their common target seeds."""
     if deep is None or best is None:
         return None
     mine, theirs = results.at(best, target), results.at(deep, target)
-    layers = int(deep[len(DEEP_PREFIX):])
+    layers = int(deep[len(DEEP_PREFIX) :])
     share = settings.layer_param_share
-    out: dict[str, Any] = {"reference": deep, "layers": layers, "map": best, "flops_ratio": results.flops.get(deep),
-                           "params_ratio": 1 + (layers - len(baseline_key.split(","))) * share if share > 0 else None,
-                           "steps": target, "seeds": sorted(theirs)}
+    out: dict[str, Any] = {
+        "reference": deep,
+        "layers": layers,
+        "map": best,
+        "flops_ratio": results.flops.get(deep),
+        "params_ratio": 1 + (layers - len(baseline_key.split(","))) * share if share > 0 else None,
+        "steps": target,
+        "seeds": sorted(theirs),
+    }
     if theirs:
         iv = seed_interval(_by_seed(theirs), settings.confidence)
         out |= {"val_ppl": iv.val_ppl, "interval": list(iv.interval_ppl) if iv.interval_ppl else None}
     c = paired_comparison(mine, theirs, settings.confidence)
     if c.n:
-        out["map_minus_reference"] = {"seeds": list(c.seeds), "mean_diff": c.mean_diff, "sd_diff": c.sd_diff,
-                                      "interval": list(c.interval) if c.interval else None, "p_value": c.p_value,
-                                      "ppl_diff": math.exp(_mean(results, best, target)) - math.exp(
-                                          math.fsum(theirs[s] for s in c.seeds) / c.n)}
+        out["map_minus_reference"] = {
+            "seeds": list(c.seeds),
+            "mean_diff": c.mean_diff,
+            "sd_diff": c.sd_diff,
+            "interval": list(c.interval) if c.interval else None,
+            "p_value": c.p_value,
+            "ppl_diff": math.exp(_mean(results, best, target)) - math.exp(math.fsum(theirs[s] for s in c.seeds) / c.n),
+        }
     return out
 
 
-def _why_done(comparisons: Sequence[Comparison], testable: bool, first_look: int, max_n: int,
-              words: RaceWords = RaceWords()) -> str:
+def _why_done(
+    comparisons: Sequence[Comparison], testable: bool, first_look: int, max_n: int, words: RaceWords = RaceWords()
+) -> str:
     if not comparisons:
         return "no recurrent contender"
     if not testable:
@@ -407,69 +592,109 @@ def _why_done(comparisons: Sequence[Comparison], testable: bool, first_look: int
     return f"the pool's {words.count(max_n, test=True)} were spent"
 
 
-def _verdict(comparisons: Mapping[str, Comparison], better: Sequence[str], results: Results, baseline_key: str,
-             target: int, settings: RaceSettings, done: bool, gap: dict[str, Any] | None,
-             equal: dict[str, Any] | None, compute: int, stopped: str, contenders: Sequence[str]) -> str:
+def _verdict(
+    comparisons: Mapping[str, Comparison],
+    better: Sequence[str],
+    results: Results,
+    baseline_key: str,
+    target: int,
+    settings: RaceSettings,
+    done: bool,
+    gap: dict[str, Any] | None,
+    equal: dict[str, Any] | None,
+    compute: int,
+    stopped: str,
+    contenders: Sequence[str],
+) -> str:
     words = settings.words
     prefix = "" if done else f"(race open {words.at(target)}) "
     pct = round(settings.confidence * 100)
     base_ppl = math.exp(_mean(results, baseline_key, target))
     parts = []
     if not comparisons:
-        text = (f"{prefix}no recurrent map was raced: the baseline {baseline_key} is the only contender"
-                if contenders == [baseline_key] else f"{prefix}no recurrent map reached the {words.plural} {words.at(target)}")
+        text = (
+            f"{prefix}no recurrent map was raced: the baseline {baseline_key} is the only contender"
+            if contenders == [baseline_key]
+            else f"{prefix}no recurrent map reached the {words.plural} {words.at(target)}"
+        )
     elif better:
         claims = []
         for k in better:
             c = comparisons[k]
             ppl = math.exp(_mean(results, k, target))
-            low, high = (c.interval or (math.nan, math.nan))
-            claims.append(f"{k} {ppl:.4f} ppl vs {base_ppl:.4f} ({ppl - base_ppl:+.4f} ppl, "
-                          f"{100 * (ppl / base_ppl - 1):+.2f}%; loss difference {c.mean_diff:+.4f}, {pct}% interval "
-                          f"{low:+.4f} to {high:+.4f}, p={c.p_value:.3g} over {words.count(c.n)})")
-        text = (f"{prefix}recurrence beats the baseline {words.at(target)} ({pct}% confidence: sequential paired t "
-                f"tests on {words.plural} after the screen's, Holm over {len(comparisons)} map(s); differences: map "
-                "minus baseline): " + "; ".join(claims))
+            low, high = c.interval or (math.nan, math.nan)
+            claims.append(
+                f"{k} {ppl:.4f} ppl vs {base_ppl:.4f} ({ppl - base_ppl:+.4f} ppl, "
+                f"{100 * (ppl / base_ppl - 1):+.2f}%; loss difference {c.mean_diff:+.4f}, {pct}% interval "
+                f"{low:+.4f} to {high:+.4f}, p={c.p_value:.3g} over {words.count(c.n)})"
+            )
+        text = (
+            f"{prefix}recurrence beats the baseline {words.at(target)} ({pct}% confidence: sequential paired t "
+            f"tests on {words.plural} after the screen's, Holm over {len(comparisons)} map(s); differences: map "
+            "minus baseline): " + "; ".join(claims)
+        )
     else:
         counts = sorted({c.n for c in comparisons.values()})
-        seeds = (words.count(counts[0], test=True) if len(counts) == 1
-                 else f"{counts[0]} to {words.count(counts[-1], test=True)}")
-        text = (f"{prefix}nothing here is distinguishable from the baseline {words.at(target)} with {seeds} "
-                f"after the screening {words.unit} ({pct}% confidence; differences: map minus baseline)")
+        seeds = (
+            words.count(counts[0], test=True)
+            if len(counts) == 1
+            else f"{counts[0]} to {words.count(counts[-1], test=True)}"
+        )
+        text = (
+            f"{prefix}nothing here is distinguishable from the baseline {words.at(target)} with {seeds} "
+            f"after the screening {words.unit} ({pct}% confidence; differences: map minus baseline)"
+        )
     if gap is not None:
-        parts.append(f"gaps of {gap['ppl']:.4f} ppl ({gap['nats']:.4f} nats) or more would have been seen with "
-                     f"{round(100 * gap['power'])}% power ({words.count(gap['seeds'], test=True)}, paired sd {gap['sd_diff']:.4f})")
+        parts.append(
+            f"gaps of {gap['ppl']:.4f} ppl ({gap['nats']:.4f} nats) or more would have been seen with "
+            f"{round(100 * gap['power'])}% power ({words.count(gap['seeds'], test=True)}, "
+            f"paired sd {gap['sd_diff']:.4f})"
+        )
     ranked = [c for c in comparisons.values() if c.map_key not in better and c.mean_diff is not None]
     if comparisons and not better and ranked:
         c = min(ranked, key=lambda c: (c.mean_diff, c.map_key))
+        assert c.mean_diff is not None  # ranked holds only the comparisons with a mean difference
         gap_ppl = math.exp(_mean(results, c.map_key, target)) - base_ppl
         need = paired_comparison(*_pair(results, c, baseline_key, target), settings.confidence).seeds_needed()
         if c.sd_diff is None:
             parts.append(f"closest {c.map_key} ({gap_ppl:+.4f} ppl at {words.count(1)})")
         elif need is None:
-            parts.append(f"closest {c.map_key} ({gap_ppl:+.4f} ppl, sd of the paired loss difference "
-                         f"{c.sd_diff:.4f}): more than 1000 {words.plural} would be needed to tell them apart")
+            parts.append(
+                f"closest {c.map_key} ({gap_ppl:+.4f} ppl, sd of the paired loss difference "
+                f"{c.sd_diff:.4f}): more than 1000 {words.plural} would be needed to tell them apart"
+            )
         else:
             who = f"{c.map_key} beats the baseline" if c.mean_diff < 0 else f"the baseline beats {c.map_key}"
-            parts.append(f"closest {c.map_key} ({gap_ppl:+.4f} ppl, sd of the paired loss difference {c.sd_diff:.4f}): "
-                         f"if the gap holds, about {words.count(need)} {words.at(target)} would show {who}")
+            parts.append(
+                f"closest {c.map_key} ({gap_ppl:+.4f} ppl, sd of the paired loss difference {c.sd_diff:.4f}): "
+                f"if the gap holds, about {words.count(need)} {words.at(target)} would show {who}"
+            )
     if equal is not None and equal.get("map_minus_reference"):
         d = equal["map_minus_reference"]
         low, high = d["interval"] or (math.nan, math.nan)
-        share = (f", {equal['params_ratio']:.2f}x the parameters" if equal.get("params_ratio") else "")
-        parts.append(f"{equal['map']} against a plain {equal['layers']}-layer model of the same compute "
-                     f"({equal['reference']}{share}): {d['ppl_diff']:+.4f} ppl (loss difference {d['mean_diff']:+.4f}, "
-                     f"{pct}% interval {low:+.4f} to {high:+.4f}, over {len(d['seeds'])} seeds)")
-    spent = (f"the race evaluated {words.count(len(_test_chunks(results, settings)))} beyond the screen's"
-             if settings.frozen else f"the race trained {compute} steps")
+        share = f", {equal['params_ratio']:.2f}x the parameters" if equal.get("params_ratio") else ""
+        parts.append(
+            f"{equal['map']} against a plain {equal['layers']}-layer model of the same compute "
+            f"({equal['reference']}{share}): {d['ppl_diff']:+.4f} ppl (loss difference {d['mean_diff']:+.4f}, "
+            f"{pct}% interval {low:+.4f} to {high:+.4f}, over {len(d['seeds'])} seeds)"
+        )
+    spent = (
+        f"the race evaluated {words.count(len(_test_chunks(results, settings)))} beyond the screen's"
+        if settings.frozen
+        else f"the race trained {compute} steps"
+    )
     parts.append(spent + (f"; it stopped because {stopped}" if stopped and done else ""))
     return text + "; " + "; ".join(parts)
 
 
 def _test_chunks(results: Results, settings: RaceSettings) -> set[int]:
     """The test seeds (window chunks) any map has a result at, at the target."""
-    return {seed for by_steps in results.losses.values() for seed in by_steps.get(settings.target_steps, {})
-            if seed in settings.seeds[1:]}
+    return {
+        seed
+        for by_steps in results.losses.values()
+        for seed in by_steps.get(settings.target_steps, {})
+        if seed in settings.seeds[1:]
+    }
 
 
 def _pair(results: Results, c: Comparison, baseline_key: str, target: int) -> tuple[dict[int, float], dict[int, float]]:

@@ -24,18 +24,27 @@ PLAIN = "the plain model"  # the all-ones map: every layer run once, no recurren
 class Trust:
     """How far the proxy's order can be trusted: the Spearman between the proxy's and the target's results over
     `maps` maps (the race's screen, or an audit), with the two lengths."""
+
     spearman: float
     maps: int
     proxy_steps: int
     target_steps: int
 
     def text(self) -> str:
-        how = ("like" if self.spearman >= AGREE_SPEARMAN else "only partly like" if self.spearman >= PARTLY_SPEARMAN
-               else "unlike")
-        guide = ("a good" if self.spearman >= AGREE_SPEARMAN else "a rough" if self.spearman >= PARTLY_SPEARMAN
-                 else "a weak")
-        return (f"the {self.proxy_steps}-step search ranked maps {how} {self.target_steps}-step training (Spearman "
-                f"{self.spearman:.2f} over {self.maps} maps): its order is {guide} guide")
+        how = (
+            "like"
+            if self.spearman >= AGREE_SPEARMAN
+            else "only partly like"
+            if self.spearman >= PARTLY_SPEARMAN
+            else "unlike"
+        )
+        guide = (
+            "a good" if self.spearman >= AGREE_SPEARMAN else "a rough" if self.spearman >= PARTLY_SPEARMAN else "a weak"
+        )
+        return (
+            f"the {self.proxy_steps}-step search ranked maps {how} {self.target_steps}-step training (Spearman "
+            f"{self.spearman:.2f} over {self.maps} maps): its order is {guide} guide"
+        )
 
 
 @dataclass(frozen=True)
@@ -43,6 +52,7 @@ class Answer:
     """The one line (`use MAP ...`, `no map beat ...` or `no decision yet: ...`), whether it is a decision, the
     details under it (closest contender, equal compute, replicates, steps, why the race stopped), and the trust
     signal shown beside the verdict (None where no proxy-to-target agreement was measured)."""
+
     line: str
     details: tuple[str, ...] = ()
     decided: bool = True
@@ -91,8 +101,14 @@ def _point(front: Sequence[FrontPoint], key: str) -> FrontPoint | None:
     return next((p for p in front if p.map_key == key), None)
 
 
-def race_answer(state: RaceState, settings: RaceSettings, baseline_key: str, baseline_ppl: float | None,
-                unit: str = "seed", trust: Trust | None = None) -> Answer:
+def race_answer(
+    state: RaceState,
+    settings: RaceSettings,
+    baseline_key: str,
+    baseline_ppl: float | None,
+    unit: str = "seed",
+    trust: Trust | None = None,
+) -> Answer:
     """The answer of a race (see the module docstring). `baseline_ppl`: the plain model's mean perplexity at
     the race's length (None before it has one); `unit`: what a replicate is called."""
     steps = state.level_steps or settings.target_steps
@@ -102,16 +118,26 @@ def race_answer(state: RaceState, settings: RaceSettings, baseline_key: str, bas
     claimed = state.best if state.done and state.best in state.confirmed_better else None
     if not state.done:
         open_maps = [k for k, c in comparisons.items() if c.status == "open"]
-        left = (f"{len(open_maps)} of {len(comparisons)} comparisons with {PLAIN} still open" if comparisons
-                else f"{count(len(state.alive), 'map')} still raced" if state.alive else "the race has not started")
-        line = (f"no decision yet: {left} {at}, {count(len(state.next_jobs), 'run')} to train next; "
-                "run the same command again to go on")
+        left = (
+            f"{len(open_maps)} of {len(comparisons)} comparisons with {PLAIN} still open"
+            if comparisons
+            else f"{count(len(state.alive), 'map')} still raced"
+            if state.alive
+            else "the race has not started"
+        )
+        line = (
+            f"no decision yet: {left} {at}, {count(len(state.next_jobs), 'run')} to train next; "
+            "run the same command again to go on"
+        )
     elif claimed is not None:
         line = _claim(state, settings, claimed, comparisons.get(claimed), baseline_key, baseline_ppl, unit, at)
     else:
         gap = state.detectable_gap
-        seen = (f"a gap of {gap['ppl']:.2f} ppl or more would have been seen ({round(100 * gap['power'])}% power)"
-                if gap else f"too few {unit}s to say what gap would have been seen")
+        seen = (
+            f"a gap of {gap['ppl']:.2f} ppl or more would have been seen ({round(100 * gap['power'])}% power)"
+            if gap
+            else f"too few {unit}s to say what gap would have been seen"
+        )
         if not comparisons and state.front and all(p.map_key == baseline_key for p in state.front):
             seen = "no recurrent map reached the race"
         line = f"no map beat {PLAIN} {at}; {seen}"
@@ -120,18 +146,29 @@ def race_answer(state: RaceState, settings: RaceSettings, baseline_key: str, bas
     details += _equal_compute(state.equal_compute, unit)
     details += _replicates(state, comparisons, baseline_key, unit, settings.words.at(state.level_steps))
     if settings.frozen:
-        details.append("frozen: no step trained; every result is the pretrained weights evaluated on a chunk of "
-                       "held-out windows")
+        details.append(
+            "frozen: no step trained; every result is the pretrained weights evaluated on a chunk of held-out windows"
+        )
     else:
-        details.append(f"steps: {steps} a run at the target (the search's proxy trained {settings.base_steps}); the "
-                       f"race trained {state.compute_steps} in all")
+        details.append(
+            f"steps: {steps} a run at the target (the search's proxy trained {settings.base_steps}); the "
+            f"race trained {state.compute_steps} in all"
+        )
     if state.done and state.stopped:
         details.append(f"stopped because {state.stopped}")
     return Answer(line, tuple(details), state.done, trust)
 
 
-def _claim(state: RaceState, settings: RaceSettings, key: str, comparison: Comparison | None,
-           baseline_key: str, baseline_ppl: float | None, unit: str, at: str) -> str:
+def _claim(
+    state: RaceState,
+    settings: RaceSettings,
+    key: str,
+    comparison: Comparison | None,
+    baseline_key: str,
+    baseline_ppl: float | None,
+    unit: str,
+    at: str,
+) -> str:
     point, base = _point(state.front, key), _point(state.front, baseline_key)
     n = len(point.seeds) if point is not None else comparison.n if comparison else 0
     if comparison is not None and comparison.mean_diff is not None and baseline_ppl is not None:
@@ -141,21 +178,27 @@ def _claim(state: RaceState, settings: RaceSettings, key: str, comparison: Compa
         gain, interval = base.val_ppl - point.val_ppl, ""
     else:
         gain, interval = math.nan, ""
-    how = f"{abs(gain):.2f} ppl {'better' if gain >= 0 else 'worse'} than {PLAIN}" if math.isfinite(gain) \
+    how = (
+        f"{abs(gain):.2f} ppl {'better' if gain >= 0 else 'worse'} than {PLAIN}"
+        if math.isfinite(gain)
         else f"better than {PLAIN}"
-    return (f"use {_map(key)}: {how}" + (f" ({interval})" if interval else "")
-            + f", {count(n, unit)} {at}")
+    )
+    return f"use {_map(key)}: {how}" + (f" ({interval})" if interval else "") + f", {count(n, unit)} {at}"
 
 
-def _closest(comparisons: Mapping[str, Comparison], answered: str | None, baseline_ppl: float,
-             confidence: float, unit: str) -> list[str]:
+def _closest(
+    comparisons: Mapping[str, Comparison], answered: str | None, baseline_ppl: float, confidence: float, unit: str
+) -> list[str]:
     rest = [c for k, c in comparisons.items() if k != answered and c.mean_diff is not None]
     if not rest:
         return []
     c = min(rest, key=lambda c: (c.mean_diff, c.map_key))
     interval = _interval_words(baseline_ppl, c.interval, confidence)
-    return [f"closest contender: {_map(c.map_key)} {side(_gain(baseline_ppl, c.mean_diff))} than {PLAIN}"  # type: ignore[arg-type]
-            + (f" ({interval})" if interval else "") + f" over {count(c.n, 'test ' + unit)}; status: {c.status}"]
+    return [
+        f"closest contender: {_map(c.map_key)} {side(_gain(baseline_ppl, c.mean_diff))} than {PLAIN}"  # type: ignore[arg-type]
+        + (f" ({interval})" if interval else "")
+        + f" over {count(c.n, 'test ' + unit)}; status: {c.status}"
+    ]
 
 
 def _equal_compute(equal: Mapping[str, Any] | None, unit: str) -> list[str]:
@@ -163,12 +206,15 @@ def _equal_compute(equal: Mapping[str, Any] | None, unit: str) -> list[str]:
         return []
     d = equal["map_minus_reference"]
     params = f", {equal['params_ratio']:.2f}x the parameters" if equal.get("params_ratio") else ""
-    return [f"equal compute: {_map(equal['map'])} {side(-d['ppl_diff'])} than a plain {equal['layers']}-layer model "
-            f"of the same compute ({equal['reference']}{params}) over {count(len(d['seeds']), unit)}"]
+    return [
+        f"equal compute: {_map(equal['map'])} {side(-d['ppl_diff'])} than a plain {equal['layers']}-layer model "
+        f"of the same compute ({equal['reference']}{params}) over {count(len(d['seeds']), unit)}"
+    ]
 
 
-def _replicates(state: RaceState, comparisons: Mapping[str, Comparison], baseline_key: str,
-                unit: str, at: str) -> list[str]:
+def _replicates(
+    state: RaceState, comparisons: Mapping[str, Comparison], baseline_key: str, unit: str, at: str
+) -> list[str]:
     """Each front map's replicates at its length (`at`: "at 2000 steps"), as the front and the race tables count
     them (the screening one included), with the test ones the comparison used."""
     parts = []

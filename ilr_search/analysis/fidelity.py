@@ -20,10 +20,21 @@ from typing import Any
 from optuna.trial import TrialState
 
 from ilr_search.analysis.pareto import non_dominated
-from ilr_search.analysis.results import (REFERENCE_PREFIX, Curves, as_list, is_baseline, is_all_ones_key, is_baseline_key, is_deep_key, map_text,
-                                         study_front, trained_by_map, trained_trials)
-from ilr_search.analysis.trials import Trial, trained_results, trial_records
+from ilr_search.analysis.results import (
+    REFERENCE_PREFIX,
+    Curves,
+    as_list,
+    is_all_ones_key,
+    is_baseline,
+    is_baseline_key,
+    is_deep_key,
+    map_text,
+    study_front,
+    trained_by_map,
+    trained_trials,
+)
 from ilr_search.analysis.stats import groups_differ, paired_comparison, rank_agreement
+from ilr_search.analysis.trials import Trial, trained_results, trial_records
 from ilr_search.storage import RaceRun
 
 AGREE_SPEARMAN = 0.8  # "the proxy ranks as longer training does"
@@ -54,20 +65,35 @@ def rung_agreements(curves: Mapping[str, Mapping[int, float]], final_step: int) 
 
 def map_curves(trials: Sequence[Trial], curves: Curves) -> dict[str, dict[int, float]]:
     """map -> {step: val_loss} of the complete trials that trained their map."""
-    return {r.map_key: dict(curves.get(r.number, {}))
-            for r in trained_trials(list(trials)) if r.state == TrialState.COMPLETE}
+    return {
+        r.map_key: dict(curves.get(r.number, {}))
+        for r in trained_trials(list(trials))
+        if r.state == TrialState.COMPLETE and r.map_key is not None  # a trained trial has its key
+    }
 
 
 def noise_band(trials: Sequence[Trial], study_attrs: Mapping[str, Any]) -> dict[str, Any] | None:
     """Seed-to-seed spread of the baseline's perplexity: the trial of the all-ones map (the study's seed) and the
     baseline references trained at extra seeds."""
-    ppls = [r.val_ppl for r in trained_results(trials) if is_baseline_key(r.map_key)][:1]
-    ppls += [v["val_ppl"] for k, v in sorted(study_attrs.items())
-             if k.startswith(f"{REFERENCE_PREFIX}baseline_seed") and v.get("val_ppl") is not None]
+    ppls: list[float] = [
+        r.val_ppl
+        for r in trained_results(trials)
+        if r.val_ppl is not None and r.map_key is not None and is_baseline_key(r.map_key)  # trained: both set
+    ][:1]
+    ppls += [
+        v["val_ppl"]
+        for k, v in sorted(study_attrs.items())
+        if k.startswith(f"{REFERENCE_PREFIX}baseline_seed") and v.get("val_ppl") is not None
+    ]
     if len(ppls) < 2:
         return None
-    return {"n_seeds": len(ppls), "val_ppls": ppls, "min_ppl": min(ppls), "max_ppl": max(ppls),
-            "spread": max(ppls) - min(ppls)}
+    return {
+        "n_seeds": len(ppls),
+        "val_ppls": ppls,
+        "min_ppl": min(ppls),
+        "max_ppl": max(ppls),
+        "spread": max(ppls) - min(ppls),
+    }
 
 
 def mark_ties(front: list[dict[str, Any]], noise: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -81,10 +107,18 @@ def mark_ties(front: list[dict[str, Any]], noise: dict[str, Any] | None) -> list
 def best_recurrent(trials: Sequence[Trial]) -> dict[str, Any] | None:
     """The best non-baseline map: on the front if the front has one, else the best complete one."""
     records = trial_records(trials)
-    rows = [{"trial": r.number, "reuse_map": as_list(r.reuse_map), "map": map_text(r.map_key or ""),
-             "val_ppl": r.val_ppl, "flops_ratio": r.flops_ratio,
-             "knobs": dict(r.knobs)}
-            for r in trained_results(records) if not is_baseline(as_list(r.reuse_map))]
+    rows: list[dict[str, Any]] = [
+        {
+            "trial": r.number,
+            "reuse_map": as_list(r.reuse_map),
+            "map": map_text(r.map_key or ""),
+            "val_ppl": r.val_ppl,
+            "flops_ratio": r.flops_ratio,
+            "knobs": dict(r.knobs),
+        }
+        for r in trained_results(records)
+        if not is_baseline(as_list(r.reuse_map))
+    ]
     if not rows:
         return None
     front = {p["trial"] for p in study_front(records)}
@@ -94,6 +128,7 @@ def best_recurrent(trials: Sequence[Trial]) -> dict[str, Any] | None:
 
 # ----------------------------------------------------------------------------------------------------
 # The audit
+
 
 @dataclass(frozen=True)
 class AuditedMap:
@@ -147,7 +182,12 @@ def audit_report(trials: Sequence[Trial], rows: Sequence[RaceRun], factor: str) 
     the study, and are left out) and the study's trials; None before any audited map is complete."""
     done: dict[str, list[RaceRun]] = {}
     for r in rows:
-        if r.job.factor == factor and r.state == "complete" and r.val_ppl is not None and not is_deep_key(r.job.map_key):
+        if (
+            r.job.factor == factor
+            and r.state == "complete"
+            and r.val_ppl is not None
+            and not is_deep_key(r.job.map_key)
+        ):
             done.setdefault(r.job.map_key, []).append(r)
     if not done:
         return None
@@ -156,7 +196,8 @@ def audit_report(trials: Sequence[Trial], rows: Sequence[RaceRun], factor: str) 
     numbers = {r.number: r for r in records}
     proxy_front = {numbers[p["trial"]].map_key for p in study_front(records)}
     keys = sorted(done)
-    audit_ppl = {k: statistics.fmean(r.val_ppl for r in done[k]) for k in keys}
+    ppls = {k: [r.val_ppl for r in done[k] if r.val_ppl is not None] for k in keys}  # done: each has a perplexity
+    audit_ppl = {k: statistics.fmean(ppls[k]) for k in keys}
     ratio = {k: done[k][0].flops_ratio for k in keys}
     audit_front = {keys[i] for i in non_dominated([(audit_ppl[k], ratio[k]) for k in keys])}
     maps = []
@@ -164,10 +205,21 @@ def audit_report(trials: Sequence[Trial], rows: Sequence[RaceRun], factor: str) 
         t = by_map.get(k)
         state = t.state.name if t is not None else "REFERENCE"
         proxy_ppl = t.val_ppl if t is not None and t.state == TrialState.COMPLETE else None
-        maps.append(AuditedMap(k, ratio[k], state, proxy_ppl, t.pruned_at_step if t is not None else None,
-                               audit_ppl[k], tuple(r.val_ppl for r in done[k]), k in proxy_front, k in audit_front))
-    ranked = [m for m in maps if m.proxy_ppl is not None]
-    rho, tau = rank_agreement([m.proxy_ppl for m in ranked], [m.audit_ppl for m in ranked])
+        maps.append(
+            AuditedMap(
+                k,
+                ratio[k],
+                state,
+                proxy_ppl,
+                t.pruned_at_step if t is not None else None,
+                audit_ppl[k],
+                tuple(ppls[k]),
+                k in proxy_front,
+                k in audit_front,
+            )
+        )
+    ranked = [(m.proxy_ppl, m.audit_ppl) for m in maps if m.proxy_ppl is not None]
+    rho, tau = rank_agreement([proxy for proxy, _ in ranked], [audit for _, audit in ranked])
     proxy_front_audited = {m.reuse_map for m in maps if m.on_proxy_front}
     hits = len(proxy_front_audited & audit_front)
     precision = hits / len(proxy_front_audited) if proxy_front_audited else None
@@ -180,12 +232,30 @@ def audit_report(trials: Sequence[Trial], rows: Sequence[RaceRun], factor: str) 
     baseline_key = next((m.reuse_map for m in maps if is_baseline_key(m.reuse_map)), None)
     paired = None
     if best is not None and baseline_key is not None:
-        by_seed = {k: {r.job.seed: r.val_loss for r in done[k] if r.val_loss is not None} for k in (best.reuse_map, baseline_key)}
+        by_seed = {
+            k: {r.job.seed: r.val_loss for r in done[k] if r.val_loss is not None}
+            for k in (best.reuse_map, baseline_key)
+        }
         paired = paired_comparison(by_seed[best.reuse_map], by_seed[baseline_key], VERDICT_CONFIDENCE)
     differ_p, with_seeds = groups_differ([m.audit_ppls for m in maps])
-    report = AuditReport(factor, steps, tuple(maps), len(ranked), rho, tau, precision, recall, pruned_front, baseline,
-                         (best.reuse_map, best.audit_ppl) if best else None, "",
-                         paired.n if paired else 0, bool(paired and paired.a_better), differ_p, with_seeds)
+    report = AuditReport(
+        factor,
+        steps,
+        tuple(maps),
+        len(ranked),
+        rho,
+        tau,
+        precision,
+        recall,
+        pruned_front,
+        baseline,
+        (best.reuse_map, best.audit_ppl) if best else None,
+        "",
+        paired.n if paired else 0,
+        bool(paired and paired.a_better),
+        differ_p,
+        with_seeds,
+    )
     return AuditReport(**{**asdict(report), "maps": report.maps, "verdict": audit_verdict(report)})
 
 
@@ -202,40 +272,63 @@ def audit_verdict(r: AuditReport) -> str:
     if r.spearman is None:
         head = f"too few ranked maps to judge the proxy ({r.n_maps} with both a proxy and a {r.factor}x result)"
     elif r.maps_differ_p is not None and r.maps_differ_p >= SEPARATE_P:
-        head = (f"the {r.factor}x runs do not tell the {r.maps_with_seeds} maps audited at several seeds apart "
-                f"(one-way ANOVA p = {r.maps_differ_p:.2f}), so the proxy's ranking (Spearman {r.spearman:.2f} {n}) "
-                f"cannot be judged against theirs; more seeds (--seeds) or a longer audit would")
+        head = (
+            f"the {r.factor}x runs do not tell the {r.maps_with_seeds} maps audited at several seeds apart "
+            f"(one-way ANOVA p = {r.maps_differ_p:.2f}), so the proxy's ranking (Spearman {r.spearman:.2f} {n}) "
+            f"cannot be judged against theirs; more seeds (--seeds) or a longer audit would"
+        )
     elif r.spearman >= AGREE_SPEARMAN:
         head = f"proxy ranks agree with {r.factor}x training (Spearman {r.spearman:.2f} {n})"
     elif r.spearman >= PARTLY_SPEARMAN:
-        head = f"proxy ranks only partly agree with {r.factor}x training (Spearman {r.spearman:.2f} {n}): close maps may swap"
+        head = (
+            f"proxy ranks only partly agree with {r.factor}x training (Spearman {r.spearman:.2f} {n}): "
+            "close maps may swap"
+        )
     else:
-        head = (f"proxy too short: its ranking disagrees with {r.factor}x training (Spearman {r.spearman:.2f} {n}); "
-                "lengthen the proxy (--steps) before trusting the front")
+        head = (
+            f"proxy too short: its ranking disagrees with {r.factor}x training (Spearman {r.spearman:.2f} {n}); "
+            "lengthen the proxy (--steps) before trusting the front"
+        )
     parts = [head]
     if r.pruned_on_audited_front:
         parts.append(f"pruning discarded {', '.join(r.pruned_on_audited_front)}, on the {r.factor}x front")
     if r.baseline_ppl is not None and r.best_recurrent is not None:
         key, ppl = r.best_recurrent
         if ppl < r.baseline_ppl and r.best_beats_baseline:
-            parts.append(f"at {r.factor}x, recurrent map {key} beats the baseline (ppl {ppl:.3f} vs {r.baseline_ppl:.3f}; "
-                         f"paired over {r.best_vs_baseline_seeds} seeds, {VERDICT_CONFIDENCE:.0%} confidence)")
+            parts.append(
+                f"at {r.factor}x, recurrent map {key} beats the baseline (ppl {ppl:.3f} vs {r.baseline_ppl:.3f}; "
+                f"paired over {r.best_vs_baseline_seeds} seeds, {VERDICT_CONFIDENCE:.0%} confidence)"
+            )
         elif ppl < r.baseline_ppl:
-            parts.append(f"at {r.factor}x, recurrent map {key} has a lower mean perplexity than the baseline (ppl {ppl:.3f} "
-                         f"vs {r.baseline_ppl:.3f}), not beyond the seed noise "
-                         + (f"({r.best_vs_baseline_seeds} common seeds)" if r.best_vs_baseline_seeds >= 2
-                            else "(one seed: untested; audit --seeds 3 tests it)"))
+            parts.append(
+                f"at {r.factor}x, recurrent map {key} has a lower mean perplexity than the baseline (ppl {ppl:.3f} "
+                f"vs {r.baseline_ppl:.3f}), not beyond the seed noise "
+                + (
+                    f"({r.best_vs_baseline_seeds} common seeds)"
+                    if r.best_vs_baseline_seeds >= 2
+                    else "(one seed: untested; audit --seeds 3 tests it)"
+                )
+            )
         else:
-            parts.append(f"at {r.factor}x, no audited recurrent map beats the baseline (best {key}: ppl {ppl:.3f} vs "
-                         f"{r.baseline_ppl:.3f})")
+            parts.append(
+                f"at {r.factor}x, no audited recurrent map beats the baseline (best {key}: ppl {ppl:.3f} vs "
+                f"{r.baseline_ppl:.3f})"
+            )
     return "; ".join(parts)
 
 
 # ----------------------------------------------------------------------------------------------------
 # The study's fidelity, as `run`, `trials` and `pareto` show it
 
-def study_fidelity(study_name: str, trials: Sequence[Trial], curves: Curves, study_attrs: Mapping[str, Any],
-                   final_step: int, audits: Sequence[AuditReport] = ()) -> dict[str, Any]:
+
+def study_fidelity(
+    study_name: str,
+    trials: Sequence[Trial],
+    curves: Curves,
+    study_attrs: Mapping[str, Any],
+    final_step: int,
+    audits: Sequence[AuditReport] = (),
+) -> dict[str, Any]:
     """Rung agreement, noise, the second seed of the best recurrent map, the audits, and a one-line verdict."""
     trials = trial_records(trials)
     rungs = rung_agreements(map_curves(trials, curves), final_step)
@@ -245,8 +338,11 @@ def study_fidelity(study_name: str, trials: Sequence[Trial], curves: Curves, stu
     if best is not None:
         ref = study_attrs.get(f"{REFERENCE_PREFIX}second_seed")
         if ref and ref.get("reuse_map") == best["reuse_map"]:
-            second = {"reuse_map": best["reuse_map"], "seed_ppls": [best["val_ppl"], ref.get("val_ppl")],
-                      "seed": ref.get("seed")}
+            second = {
+                "reuse_map": best["reuse_map"],
+                "seed_ppls": [best["val_ppl"], ref.get("val_ppl")],
+                "seed": ref.get("seed"),
+            }
     front = study_front(trials)
     baseline_only = bool(front) and all(is_baseline(p["reuse_map"]) for p in front)
     latest = audits[-1] if audits else None
@@ -260,9 +356,15 @@ def study_fidelity(study_name: str, trials: Sequence[Trial], curves: Curves, stu
     }
 
 
-def fidelity_verdict(study_name: str, rungs: Sequence[RungAgreement], noise: dict[str, Any] | None,
-                     best: dict[str, Any] | None, second: dict[str, Any] | None, baseline_only: bool,
-                     audit: AuditReport | None) -> str:
+def fidelity_verdict(
+    study_name: str,
+    rungs: Sequence[RungAgreement],
+    noise: dict[str, Any] | None,
+    best: dict[str, Any] | None,
+    second: dict[str, Any] | None,
+    baseline_only: bool,
+    audit: AuditReport | None,
+) -> str:
     if audit is not None:
         return f"audit: {audit.verdict}"
     parts = []
@@ -272,8 +374,11 @@ def fidelity_verdict(study_name: str, rungs: Sequence[RungAgreement], noise: dic
     if any(r.spearman is not None and r.spearman < 0 for r in rungs):
         parts.append("early ranks run backwards (curves cross)")
     if baseline_only and best is not None:
-        parts.append(f"no recurrent map beat the baseline at this proxy length (best {best.get('map') or _map(best['reuse_map'])}: "
-                     f"ppl {best['val_ppl']:.3f}); recurrent maps often overtake later")
+        parts.append(
+            "no recurrent map beat the baseline at this proxy length "
+            f"(best {best.get('map') or _map(best['reuse_map'])}: "
+            f"ppl {best['val_ppl']:.3f}); recurrent maps often overtake later"
+        )
     if second is not None and None not in second["seed_ppls"]:
         a, b = second["seed_ppls"]
         parts.append(f"{_map(second['reuse_map'])} at two seeds: ppl {a:.3f} and {b:.3f}")

@@ -15,9 +15,20 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ilr_search.analysis.pareto import non_dominated
-from ilr_search.analysis.race_core import (Evaluation, FrontPoint, RaceJob, RaceSettings, RaceState, Results, base_results,
-                                           benjamini_hochberg, choose_contenders, race_compute, race_lengths,
-                                           reported_best)
+from ilr_search.analysis.race_core import (
+    Evaluation,
+    FrontPoint,
+    RaceJob,
+    RaceSettings,
+    RaceState,
+    Results,
+    base_results,
+    benjamini_hochberg,
+    choose_contenders,
+    race_compute,
+    race_lengths,
+    reported_best,
+)
 from ilr_search.analysis.stats import PairedComparison, decision_level, paired_comparison, seed_interval
 
 
@@ -57,27 +68,44 @@ def fixed_race_state(evaluations: Sequence[Evaluation], settings: RaceSettings, 
             break  # nothing left can change the verdict
         missing = {k: [s for s in settings.seeds if s not in results.losses.get(k, {}).get(level, {})] for k in alive}
         if any(missing.values()):
-            wave_seed = min((settings.seeds.index(m[0]) for m in missing.values() if m))
+            wave_seed = min(settings.seeds.index(m[0]) for m in missing.values() if m)
             seed = settings.seeds[wave_seed]
-            jobs = [RaceJob(k, level, seed) for k in _rank(alive, results, lengths[:lengths.index(level) + 1])
-                    if seed in missing[k]]
+            jobs = [
+                RaceJob(k, level, seed)
+                for k in _rank(alive, results, lengths[: lengths.index(level) + 1])
+                if seed in missing[k]
+            ]
             break
-    alive = _rank(alive, results, lengths[:lengths.index(level) + 1])
+    alive = _rank(alive, results, lengths[: lengths.index(level) + 1])
     done = not jobs
     front, confirmed_better, verdict = _report(alive, results, settings, baseline_key, level, done, eliminated)
     compute = race_compute(evaluations, settings)
     gap = _fixed_detectable_gap(alive, results, settings, baseline_key, level)
     if gap is not None and not confirmed_better:
-        verdict += (f"; gaps of {gap['ppl']:.4f} ppl ({gap['nats']:.4f} nats) or more would have been seen with "
-                    f"{round(100 * gap['power'])}% power")
+        verdict += (
+            f"; gaps of {gap['ppl']:.4f} ppl ({gap['nats']:.4f} nats) or more would have been seen with "
+            f"{round(100 * gap['power'])}% power"
+        )
     verdict += f"; the race trained {compute} steps"
-    return RaceState(alive=tuple(alive), eliminated=eliminated, next_jobs=tuple(jobs), front=front, verdict=verdict,
-                     done=done, not_raced=not_raced, level_steps=level, confirmed_better=confirmed_better,
-                     best=reported_best(front, alive), compute_steps=compute, detectable_gap=gap)
+    return RaceState(
+        alive=tuple(alive),
+        eliminated=eliminated,
+        next_jobs=tuple(jobs),
+        front=front,
+        verdict=verdict,
+        done=done,
+        not_raced=not_raced,
+        level_steps=level,
+        confirmed_better=confirmed_better,
+        best=reported_best(front, alive),
+        compute_steps=compute,
+        detectable_gap=gap,
+    )
 
 
-def _fixed_detectable_gap(alive: Sequence[str], results: Results, settings: RaceSettings, baseline_key: str,
-                          steps: int) -> dict[str, Any] | None:
+def _fixed_detectable_gap(
+    alive: Sequence[str], results: Results, settings: RaceSettings, baseline_key: str, steps: int
+) -> dict[str, Any] | None:
     """The gap the fixed race's test at `steps` would find with 80% power, from its closest contender's seeds and
     paired sd (a fixed-sample paired t test at the race's level)."""
     from ilr_search.analysis.sequential import detectable_gap
@@ -92,19 +120,28 @@ def _fixed_detectable_gap(alive: Sequence[str], results: Results, settings: Race
     if nats is None:
         return None
     mean = math.fsum(base.values()) / len(base)
-    return {"nats": nats, "ppl": math.exp(mean) - math.exp(mean - nats), "power": 0.8, "seeds": c.n,
-            "sd_diff": c.sd_diff, "level": decision_level(settings.confidence)}
+    return {
+        "nats": nats,
+        "ppl": math.exp(mean) - math.exp(mean - nats),
+        "power": 0.8,
+        "seeds": c.n,
+        "sd_diff": c.sd_diff,
+        "level": decision_level(settings.confidence),
+    }
 
 
 def _describe(c: PairedComparison, winner: str, loser: str, steps: int) -> str:
     assert c.interval is not None
-    return (f"{winner} better than {loser} at {steps} steps: loss difference {c.mean_diff:+.4f} "
-            f"(interval {c.interval[0]:+.4f} to {c.interval[1]:+.4f}) over seeds "
-            f"{','.join(map(str, c.seeds))}, one-sided paired t p={c.p_value:.3g} < {c.alpha:.3g}")
+    return (
+        f"{winner} better than {loser} at {steps} steps: loss difference {c.mean_diff:+.4f} "
+        f"(interval {c.interval[0]:+.4f} to {c.interval[1]:+.4f}) over seeds "
+        f"{','.join(map(str, c.seeds))}, one-sided paired t p={c.p_value:.3g} < {c.alpha:.3g}"
+    )
 
 
-def _eliminations(entering: Sequence[str], results: Results, steps: int, settings: RaceSettings,
-                  baseline_key: str) -> dict[str, str]:
+def _eliminations(
+    entering: Sequence[str], results: Results, steps: int, settings: RaceSettings, baseline_key: str
+) -> dict[str, str]:
     """The maps entering a length that a map at no more FLOPs beats there by a paired test (>= 2 common seeds,
     at the race's confidence), with the test that shows it; the baseline is never eliminated. Witnesses are
     tried in order of FLOPs, then key, so the reason given is reproducible."""
@@ -125,12 +162,14 @@ def _eliminations(entering: Sequence[str], results: Results, steps: int, setting
 def _rank(keys: Sequence[str], results: Results, lengths: Sequence[int]) -> list[str]:
     """Best mean loss at the last of `lengths` first; maps with no result there by their mean at the length
     before, and so on; then by key."""
+
     def means(k: str) -> tuple[float, ...]:
         out = []
         for steps in reversed(lengths):
             losses = results.at(k, steps)
             out.append(math.fsum(losses.values()) / len(losses) if losses else math.inf)
         return tuple(out)
+
     return sorted(keys, key=lambda k: (means(k), k))
 
 
@@ -144,20 +183,37 @@ def _front(alive: Sequence[str], results: Results, steps: int, confidence: float
     on_front = sorted((keys[i] for i in idx), key=lambda k: (results.flops[k], intervals[k].mean_loss, k))
     pairs = [(k, c) for i, k in enumerate(on_front) for c in on_front[:i]]
     tests = [paired_comparison(results.at(k, steps), results.at(c, steps), confidence) for k, c in pairs]
-    adjusted = dict(zip(pairs, benjamini_hochberg([t.p_value for t in tests])))
-    enough = {pair: t.n >= 2 for pair, t in zip(pairs, tests)}
+    adjusted = dict(zip(pairs, benjamini_hochberg([t.p_value for t in tests]), strict=True))
+    enough = {pair: t.n >= 2 for pair, t in zip(pairs, tests, strict=True)}
     points = []
     for i, k in enumerate(on_front):
         iv = intervals[k]
-        confirmed = iv.n >= 2 and all(enough[(k, c)] and adjusted[(k, c)] < decision_level(confidence) for c in on_front[:i])
-        points.append(FrontPoint(map_key=k, flops_ratio=results.flops[k], steps=steps,
-                                 seeds=tuple(sorted(results.at(k, steps))), val_ppl=iv.val_ppl,
-                                 interval=iv.interval_ppl or (0.0, math.inf), confirmed=confirmed))
+        confirmed = iv.n >= 2 and all(
+            enough[(k, c)] and adjusted[(k, c)] < decision_level(confidence) for c in on_front[:i]
+        )
+        points.append(
+            FrontPoint(
+                map_key=k,
+                flops_ratio=results.flops[k],
+                steps=steps,
+                seeds=tuple(sorted(results.at(k, steps))),
+                val_ppl=iv.val_ppl,
+                interval=iv.interval_ppl or (0.0, math.inf),
+                confirmed=confirmed,
+            )
+        )
     return tuple(points)
 
 
-def _report(alive: Sequence[str], results: Results, settings: RaceSettings, baseline_key: str, steps: int,
-            done: bool, eliminated: Mapping[str, str]) -> tuple[tuple[FrontPoint, ...], tuple[str, ...], str]:
+def _report(
+    alive: Sequence[str],
+    results: Results,
+    settings: RaceSettings,
+    baseline_key: str,
+    steps: int,
+    done: bool,
+    eliminated: Mapping[str, str],
+) -> tuple[tuple[FrontPoint, ...], tuple[str, ...], str]:
     """The front at the length reached, the maps confirmed better than the baseline there, and the verdict."""
     front = _front(alive, results, steps, settings.confidence)
     base = results.at(baseline_key, steps)
@@ -166,28 +222,49 @@ def _report(alive: Sequence[str], results: Results, settings: RaceSettings, base
     if alive == [baseline_key] and not eliminated:
         return front, (), f"{prefix}no recurrent map was raced: the baseline {baseline_key} is the only contender"
     if alive == [baseline_key]:
-        return front, (), (f"{prefix}no recurrent map beats the baseline {baseline_key}: every contender was "
-                           f"eliminated by a paired test at {steps} steps or less ({pct}% confidence, "
-                           f"{len(eliminated)} eliminated)")
-    comparisons = {k: paired_comparison(results.at(k, steps), base, settings.confidence)
-                   for k in alive if k != baseline_key}
+        return (
+            front,
+            (),
+            (
+                f"{prefix}no recurrent map beats the baseline {baseline_key}: every contender was "
+                f"eliminated by a paired test at {steps} steps or less ({pct}% confidence, "
+                f"{len(eliminated)} eliminated)"
+            ),
+        )
+    comparisons = {
+        k: paired_comparison(results.at(k, steps), base, settings.confidence) for k in alive if k != baseline_key
+    }
     keys = sorted(comparisons)
-    adjusted = dict(zip(keys, benjamini_hochberg([comparisons[k].p_value for k in keys])))
-    better = tuple(sorted((k for k in keys if comparisons[k].n >= 2 and adjusted[k] < decision_level(settings.confidence)),
-                          key=lambda k: (comparisons[k].mean_diff, k)))
+    adjusted = dict(zip(keys, benjamini_hochberg([comparisons[k].p_value for k in keys]), strict=True))
+    better = tuple(
+        sorted(
+            (k for k in keys if comparisons[k].n >= 2 and adjusted[k] < decision_level(settings.confidence)),
+            key=lambda k: (comparisons[k].mean_diff, k),
+        )
+    )
     base_ppl = math.exp(math.fsum(base.values()) / len(base)) if base else math.nan
     if better:
         parts = []
         for k in better:
             ppl = math.exp(math.fsum(results.at(k, steps).values()) / len(results.at(k, steps)))
             c = comparisons[k]
-            parts.append(f"{k} {ppl:.4f} ppl vs {base_ppl:.4f} ({ppl - base_ppl:+.4f} ppl, "
-                         f"{100 * (ppl / base_ppl - 1):+.2f}%, adjusted p={adjusted[k]:.3g} over {c.n} seeds)")
-        return front, better, (f"{prefix}recurrence beats the baseline at {steps} steps ({pct}% paired t intervals, "
-                               f"Benjamini-Hochberg over {len(keys)} maps): " + "; ".join(parts))
+            parts.append(
+                f"{k} {ppl:.4f} ppl vs {base_ppl:.4f} ({ppl - base_ppl:+.4f} ppl, "
+                f"{100 * (ppl / base_ppl - 1):+.2f}%, adjusted p={adjusted[k]:.3g} over {c.n} seeds)"
+            )
+        return (
+            front,
+            better,
+            (
+                f"{prefix}recurrence beats the baseline at {steps} steps ({pct}% paired t intervals, "
+                f"Benjamini-Hochberg over {len(keys)} maps): " + "; ".join(parts)
+            ),
+        )
     n_seeds = len(base)
-    text = (f"{prefix}nothing here is distinguishable from the baseline at {steps} steps with {n_seeds} seed"
-            f"{'s' if n_seeds != 1 else ''} ({pct}% confidence)")
+    text = (
+        f"{prefix}nothing here is distinguishable from the baseline at {steps} steps with {n_seeds} seed"
+        f"{'s' if n_seeds != 1 else ''} ({pct}% confidence)"
+    )
     ranked = [k for k in alive if k != baseline_key and comparisons[k].n > 0]
     if not ranked:
         return front, (), text
@@ -198,10 +275,14 @@ def _report(alive: Sequence[str], results: Results, settings: RaceSettings, base
     if c.sd_diff is None:
         text += f"; closest {best} ({gap:+.4f} ppl at one seed): a second seed would give a spread"
     elif need is None:
-        text += (f"; closest {best} ({gap:+.4f} ppl, sd of the paired difference {c.sd_diff:.4f}): more than "
-                 f"1000 seeds would be needed to tell them apart")
+        text += (
+            f"; closest {best} ({gap:+.4f} ppl, sd of the paired difference {c.sd_diff:.4f}): more than "
+            f"1000 seeds would be needed to tell them apart"
+        )
     else:
         who = f"{best} beats the baseline" if c.mean_diff < 0 else f"the baseline beats {best}"
-        text += (f"; closest {best} ({gap:+.4f} ppl, sd of the paired loss difference {c.sd_diff:.4f}): if the gap "
-                 f"holds, {need} seeds at {steps} steps ({need * steps} steps per map) would show {who}")
+        text += (
+            f"; closest {best} ({gap:+.4f} ppl, sd of the paired loss difference {c.sd_diff:.4f}): if the gap "
+            f"holds, {need} seeds at {steps} steps ({need * steps} steps per map) would show {who}"
+        )
     return front, (), text

@@ -48,6 +48,7 @@ def key_layers(map_key: str, n_layers: int | None = None) -> int:
 class MapKey:
     """map: the parsed map (a ReuseMap or a BlockMap); knobs: the knobs that are on, as knobs.format_knobs writes
     them ('' when every knob is off)."""
+
     map: Map
     knobs: str = ""
 

@@ -8,12 +8,12 @@ from typing import Any
 
 def dominates(a: Sequence[float], b: Sequence[float]) -> bool:
     """a is no worse than b in every objective and better in at least one (minimisation)."""
-    return all(x <= y for x, y in zip(a, b)) and any(x < y for x, y in zip(a, b))
+    return all(x <= y for x, y in zip(a, b, strict=True)) and any(x < y for x, y in zip(a, b, strict=True))
 
 
 def non_dominated(points: Sequence[Sequence[float]]) -> list[int]:
     """Indices of the points no other point dominates; of identical points only the first is kept."""
-    front = []
+    front: list[int] = []
     for i, p in enumerate(points):
         if any(dominates(q, p) for q in points):
             continue

@@ -59,9 +59,11 @@ def _hover(rows: list[dict[str, Any]]) -> list[str]:
         extra += f"<br>{r['reason']}" if r["state"] == "FAIL" and r.get("reason") else ""
         extra += f"<br>the result of trial {r['reused_from']} (same map)" if r.get("reused_from") is not None else ""
         knobs = f"<br>knobs {r['knobs']}" if r.get("knobs") else ""
-        text.append(f"trial {r['trial']} ({r['state'].lower()})<br>map {','.join(map(str, r['reuse_map'] or []))}{knobs}"
-                    f"<br>FLOP ratio {r['flops_ratio']:.3f}<br>ppl {_num(r.get('plot_ppl'))}<br>bpb {_num(r.get('val_bpb'))}"
-                    + extra)
+        text.append(
+            f"trial {r['trial']} ({r['state'].lower()})<br>map {','.join(map(str, r['reuse_map'] or []))}{knobs}"
+            f"<br>FLOP ratio {r['flops_ratio']:.3f}<br>ppl {_num(r.get('plot_ppl'))}<br>bpb {_num(r.get('val_bpb'))}"
+            + extra
+        )
     return text
 
 
@@ -113,12 +115,14 @@ def spread_range(xs: list[float], pad: float = 0.05, step_share: float = 0.012) 
 # ----------------------------------------------------------------------------------------------------
 # The decided panel: the raced maps at the decided length.
 
+
 @dataclass(frozen=True)
 class RacedPoint:
     """A map at the decided length: its mean perplexity over its seeds there, with the race's interval (None
     with one seed). kind: "front" (on the decided front, not shown better than the baseline), "confirmed" (on
     it, claimed better), "baseline" (the reference), "raced" (off the front, several seeds), "screened" (off
     the front, one seed: the adaptive race's screen) or "deep" (the equal-compute plain model)."""
+
     map_key: str
     trial: int | None
     flops_ratio: float
@@ -174,19 +178,35 @@ def raced_points(race: RaceReport) -> list[RacedPoint]:
             kind = "confirmed" if row.get("confirmed") else "front"
         else:
             kind = "raced" if len(by_seed) > 1 else "screened"
-        points.append(RacedPoint(key, row["trial"] if row else None, flops[key], steps, tuple(sorted(by_seed)),
-                                 iv.val_ppl, iv.interval_ppl, kind))
+        points.append(
+            RacedPoint(
+                key,
+                row["trial"] if row else None,
+                flops[key],
+                steps,
+                tuple(sorted(by_seed)),
+                iv.val_ppl,
+                iv.interval_ppl,
+                kind,
+            )
+        )
     return sorted(points, key=lambda p: (p.flops_ratio, p.val_ppl, p.map_key))
 
 
-RACED_STYLE = {  # kind -> legend entry and marker
-    "confirmed": ("decided front: better than the baseline", dict(symbol="square", size=12, color=FRONT_COLOUR,
-                                                                  line=dict(width=2, color=FRONT_COLOUR))),
-    "front": ("decided front: not shown better", dict(symbol="square-open", size=12, color=FRONT_COLOUR,
-                                                      line=dict(width=2, color=FRONT_COLOUR))),
+RACED_STYLE: dict[str, tuple[str, dict[str, Any]]] = {  # kind -> legend entry and marker
+    "confirmed": (
+        "decided front: better than the baseline",
+        dict(symbol="square", size=12, color=FRONT_COLOUR, line=dict(width=2, color=FRONT_COLOUR)),
+    ),
+    "front": (
+        "decided front: not shown better",
+        dict(symbol="square-open", size=12, color=FRONT_COLOUR, line=dict(width=2, color=FRONT_COLOUR)),
+    ),
     "raced": ("raced, off the front", dict(symbol="circle", size=9, color=RACED_COLOUR)),
-    "screened": ("screened at one seed (no interval)", dict(symbol="circle-open", size=9, color=SCREENED_COLOUR,
-                                                            line=dict(width=2, color=SCREENED_COLOUR))),
+    "screened": (
+        "screened at one seed (no interval)",
+        dict(symbol="circle-open", size=9, color=SCREENED_COLOUR, line=dict(width=2, color=SCREENED_COLOUR)),
+    ),
 }
 
 
@@ -198,62 +218,142 @@ def _decided_panel(fig: go.Figure, race: RaceReport, legend: str) -> None:
     pct = round(race.settings.confidence * 100)
     x_range = spread_range([p.flops_ratio for p in points], pad=0.08)
     span = (x_range[1] - x_range[0]) if x_range else 1.0
-    at_x = dict(zip((p.map_key for p in points), spread_x([(p.flops_ratio, p.val_ppl) for p in points], span)))
+    at_x = dict(
+        zip((p.map_key for p in points), spread_x([(p.flops_ratio, p.val_ppl) for p in points], span), strict=True)
+    )
 
     def hover(p: RacedPoint) -> str:
         iv = f" [{p.interval[0]:.4g}, {p.interval[1]:.4g}]" if p.interval else " (one seed: no interval)"
         trial = f" (trial {p.trial})" if p.trial is not None else ""
-        return (f"map {p.map_key}{trial}<br>FLOP ratio {p.flops_ratio:.3f}<br>{p.steps} steps, seeds "
-                f"{','.join(map(str, p.seeds))}<br>ppl {p.val_ppl:.4g}{iv}")
+        return (
+            f"map {p.map_key}{trial}<br>FLOP ratio {p.flops_ratio:.3f}<br>{p.steps} steps, seeds "
+            f"{','.join(map(str, p.seeds))}<br>ppl {p.val_ppl:.4g}{iv}"
+        )
 
     def errors(group: list[RacedPoint], colour: str) -> dict[str, Any]:
-        return dict(type="data", symmetric=False, color=colour, thickness=1.5, width=5,
-                    array=[p.interval[1] - p.val_ppl if p.interval else 0 for p in group],
-                    arrayminus=[p.val_ppl - p.interval[0] if p.interval else 0 for p in group])
+        return dict(
+            type="data",
+            symmetric=False,
+            color=colour,
+            thickness=1.5,
+            width=5,
+            array=[p.interval[1] - p.val_ppl if p.interval else 0 for p in group],
+            arrayminus=[p.val_ppl - p.interval[0] if p.interval else 0 for p in group],
+        )
 
-    on_front = [p for p in points if p.kind in ("confirmed", "front", "baseline") and
-                any(row_key(r) == p.map_key for r in race.front)]
+    on_front = [
+        p
+        for p in points
+        if p.kind in ("confirmed", "front", "baseline") and any(row_key(r) == p.map_key for r in race.front)
+    ]
     if len(on_front) > 1:
-        fig.add_trace(go.Scatter(x=[at_x[p.map_key] for p in on_front], y=[p.val_ppl for p in on_front],
-                                 mode="lines", line_shape="hv", line=dict(color=FRONT_COLOUR, width=2),
-                                 name="decided front", legend=legend, hoverinfo="skip"), row=1, col=1)
+        fig.add_trace(
+            go.Scatter(
+                x=[at_x[p.map_key] for p in on_front],
+                y=[p.val_ppl for p in on_front],
+                mode="lines",
+                line_shape="hv",
+                line=dict(color=FRONT_COLOUR, width=2),
+                name="decided front",
+                legend=legend,
+                hoverinfo="skip",
+            ),
+            row=1,
+            col=1,
+        )
     baseline = next((p for p in points if p.kind == "baseline"), None)
     if baseline is not None and x_range:
         low, high = baseline.interval or (baseline.val_ppl, baseline.val_ppl)
-        fig.add_trace(go.Scatter(x=[x_range[0], x_range[1], x_range[1], x_range[0], x_range[0]],
-                                 y=[low, low, high, high, low], mode="lines", fill="toself", fillcolor=BAND_COLOUR,
-                                 line=dict(width=0, color=BAND_COLOUR), hoverinfo="skip", showlegend=False,
-                                 legend=legend, legendgroup="baseline"), row=1, col=1)
-        fig.add_trace(go.Scatter(x=x_range, y=[baseline.val_ppl] * 2, mode="lines", hoverinfo="skip", showlegend=False,
-                                 line=dict(color=BASELINE_COLOUR, width=1.5, dash="dash"), legend=legend,
-                                 legendgroup="baseline"), row=1, col=1)
-        fig.add_trace(go.Scatter(x=[at_x[baseline.map_key]], y=[baseline.val_ppl], mode="markers",
-                                 name=_wrapped(f"baseline {baseline.map_key} (the reference): mean, {pct}% interval"),
-                                 legend=legend, legendgroup="baseline", error_y=errors([baseline], BASELINE_COLOUR),
-                                 marker=dict(symbol="star", size=17, color=BASELINE_COLOUR,
-                                             line=dict(width=1, color="black")),
-                                 hovertext=[hover(baseline)], hoverinfo="text"), row=1, col=1)
+        fig.add_trace(
+            go.Scatter(
+                x=[x_range[0], x_range[1], x_range[1], x_range[0], x_range[0]],
+                y=[low, low, high, high, low],
+                mode="lines",
+                fill="toself",
+                fillcolor=BAND_COLOUR,
+                line=dict(width=0, color=BAND_COLOUR),
+                hoverinfo="skip",
+                showlegend=False,
+                legend=legend,
+                legendgroup="baseline",
+            ),
+            row=1,
+            col=1,
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=x_range,
+                y=[baseline.val_ppl] * 2,
+                mode="lines",
+                hoverinfo="skip",
+                showlegend=False,
+                line=dict(color=BASELINE_COLOUR, width=1.5, dash="dash"),
+                legend=legend,
+                legendgroup="baseline",
+            ),
+            row=1,
+            col=1,
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=[at_x[baseline.map_key]],
+                y=[baseline.val_ppl],
+                mode="markers",
+                name=_wrapped(f"baseline {baseline.map_key} (the reference): mean, {pct}% interval"),
+                legend=legend,
+                legendgroup="baseline",
+                error_y=errors([baseline], BASELINE_COLOUR),
+                marker=dict(symbol="star", size=17, color=BASELINE_COLOUR, line=dict(width=1, color="black")),
+                hovertext=[hover(baseline)],
+                hoverinfo="text",
+            ),
+            row=1,
+            col=1,
+        )
     for kind, (name, marker) in RACED_STYLE.items():
         group = [p for p in points if p.kind == kind]
         if group:
-            fig.add_trace(go.Scatter(x=[at_x[p.map_key] for p in group], y=[p.val_ppl for p in group], mode="markers",
-                                     name=_wrapped(name), legend=legend, marker=marker,
-                                     error_y=errors(group, marker["color"]),
-                                     hovertext=[hover(p) for p in group], hoverinfo="text"), row=1, col=1)
+            fig.add_trace(
+                go.Scatter(
+                    x=[at_x[p.map_key] for p in group],
+                    y=[p.val_ppl for p in group],
+                    mode="markers",
+                    name=_wrapped(name),
+                    legend=legend,
+                    marker=marker,
+                    error_y=errors(group, marker["color"]),
+                    hovertext=[hover(p) for p in group],
+                    hoverinfo="text",
+                ),
+                row=1,
+                col=1,
+            )
     equal = race.equal_compute or {}
     deep = next((p for p in points if p.kind == "deep"), None)
     if deep is not None:
-        fig.add_trace(go.Scatter(x=[at_x[deep.map_key]], y=[deep.val_ppl], mode="markers", legend=legend,
-                                 name=_wrapped(f"{deep.map_key}: a plain {equal.get('layers', '?')}-layer model of "
-                                               f"{equal.get('map', 'the best map')}'s FLOPs"),
-                                 error_y=errors([deep], DEEP_COLOUR),
-                                 marker=dict(symbol="diamond", size=13, color=DEEP_COLOUR,
-                                             line=dict(width=1, color="black")),
-                                 hovertext=[hover(deep)], hoverinfo="text"), row=1, col=1)
+        fig.add_trace(
+            go.Scatter(
+                x=[at_x[deep.map_key]],
+                y=[deep.val_ppl],
+                mode="markers",
+                legend=legend,
+                name=_wrapped(
+                    f"{deep.map_key}: a plain {equal.get('layers', '?')}-layer model of "
+                    f"{equal.get('map', 'the best map')}'s FLOPs"
+                ),
+                error_y=errors([deep], DEEP_COLOUR),
+                marker=dict(symbol="diamond", size=13, color=DEEP_COLOUR, line=dict(width=1, color="black")),
+                hovertext=[hover(deep)],
+                hoverinfo="text",
+            ),
+            row=1,
+            col=1,
+        )
     ys = [v for p in points for v in (p.val_ppl, *(p.interval or ()))]
     fig.update_xaxes(title_text="FLOP ratio (forward compute / all-ones map)", range=x_range, row=1, col=1)
-    fig.update_yaxes(title_text=f"perplexity at {decided_steps(race)} steps", range=fitted_range(ys),
-                     tickformat=".4g", row=1, col=1)
+    fig.update_yaxes(
+        title_text=f"perplexity at {decided_steps(race)} steps", range=fitted_range(ys), tickformat=".4g", row=1, col=1
+    )
 
 
 def verdict_title(study: str, answer: Answer | None, verdict: str = "") -> str:
@@ -271,9 +371,11 @@ def verdict_title(study: str, answer: Answer | None, verdict: str = "") -> str:
 # ----------------------------------------------------------------------------------------------------
 # The whole figure.
 
+
 @dataclass(frozen=True)
 class Panel:
     """One row of the figure: what it shows, its subplot spec and titles, its height in pixels and its legend."""
+
     kind: str
     spec: list[Any]
     titles: list[str]
@@ -281,9 +383,16 @@ class Panel:
     legend: str = "legend"
 
 
-def pareto_figure(study: str, trials: list[dict[str, Any]], front: list[dict[str, Any]], noise: dict[str, Any] | None,
-                  layer_view: dict[str, Any] | None = None, fidelity: dict[str, Any] | None = None,
-                  race: RaceReport | None = None, answer: Answer | None = None) -> go.Figure:
+def pareto_figure(
+    study: str,
+    trials: list[dict[str, Any]],
+    front: list[dict[str, Any]],
+    noise: dict[str, Any] | None,
+    layer_view: dict[str, Any] | None = None,
+    fidelity: dict[str, Any] | None = None,
+    race: RaceReport | None = None,
+    answer: Answer | None = None,
+) -> go.Figure:
     """The study's figure, titled with the study's answer and the race's verdict (`race`: the study's race,
     None where it has none). On top, where the study was raced, the raced maps at the decided length (_decided_panel);
     then the proxy trials: complete ones by final perplexity against FLOP ratio (points at one ratio spread side
@@ -304,27 +413,62 @@ def pareto_figure(study: str, trials: list[dict[str, Any]], front: list[dict[str
     panels: list[Panel] = []
     if raced and race:
         pct = round(race.settings.confidence * 100)
-        panels.append(Panel("decided", [{"colspan": 2}, None],
-                            [f"raced maps at {decided_steps(race)} steps: mean perplexity over seeds, {pct}% intervals"],
-                            TOP_PX))
-    panels.append(Panel("proxy", [{"colspan": 2}, None], [f"proxy trials{at} (one seed each): perplexity vs compute"],
-                        PROXY_PX if raced else TOP_PX))
+        panels.append(
+            Panel(
+                "decided",
+                [{"colspan": 2}, None],
+                [f"raced maps at {decided_steps(race)} steps: mean perplexity over seeds, {pct}% intervals"],
+                TOP_PX,
+            )
+        )
+    panels.append(
+        Panel(
+            "proxy",
+            [{"colspan": 2}, None],
+            [f"proxy trials{at} (one seed each): perplexity vs compute"],
+            PROXY_PX if raced else TOP_PX,
+        )
+    )
     if apart:
-        panels.append(Panel("apart", [{"colspan": 2}, None],
-                            ["pruned and failed trials (at the step they stopped; not a final perplexity)"],
-                            30 + STRIP_ROW_PX * len({_apart_label(t) for t in apart})))
+        panels.append(
+            Panel(
+                "apart",
+                [{"colspan": 2}, None],
+                ["pruned and failed trials (at the step they stopped; not a final perplexity)"],
+                30 + STRIP_ROW_PX * len({_apart_label(t) for t in apart}),
+            )
+        )
     if layer_view:
         where = f"the decided front ({decided_steps(race)} steps)" if raced and race else "the front"
-        panels.append(Panel("layers", [{}, {}], [f"reuse counts on {where}",
-                                                 "layer importance (proxy trials)"],
-                            max(200, 70 + 30 * len(layer_view["front_maps"]))))
+        panels.append(
+            Panel(
+                "layers",
+                [{}, {}],
+                [f"reuse counts on {where}", "layer importance (proxy trials)"],
+                max(200, 70 + 30 * len(layer_view["front_maps"])),
+            )
+        )
     if curved:
-        panels.append(Panel("curves", [{"colspan": 2}, None],
-                            ["validation loss against step (the decided front's maps in colour)"], CURVES_PX))
+        panels.append(
+            Panel(
+                "curves",
+                [{"colspan": 2}, None],
+                ["validation loss against step (the decided front's maps in colour)"],
+                CURVES_PX,
+            )
+        )
     if fidelity:
-        panels.append(Panel("fidelity", [{}, {}], ["rung-to-final rank agreement (Spearman)",
-                                                   f"proxy vs {audit['factor']}x training" if audit
-                                                   else "not audited (ilr-search audit)"], FIDELITY_PX))
+        panels.append(
+            Panel(
+                "fidelity",
+                [{}, {}],
+                [
+                    "rung-to-final rank agreement (Spearman)",
+                    f"proxy vs {audit['factor']}x training" if audit else "not audited (ilr-search audit)",
+                ],
+                FIDELITY_PX,
+            )
+        )
     legends = iter(["legend", "legend2", "legend3", "legend4", "legend5", "legend6"])
     named: dict[str, str] = {}
     for i, panel in enumerate(panels):  # the strip shares the proxy panel's legend
@@ -333,10 +477,15 @@ def pareto_figure(study: str, trials: list[dict[str, Any]], front: list[dict[str
         panels[i] = Panel(panel.kind, panel.spec, panel.titles, panel.px, legend)
     rows = len(panels)
     plot_px = sum(p.px for p in panels) + GAP_PX * (rows - 1)
-    fig = make_subplots(rows=rows, cols=2, specs=[p.spec for p in panels],
-                        row_heights=[p.px / sum(q.px for q in panels) for p in panels],
-                        vertical_spacing=GAP_PX / plot_px, horizontal_spacing=0.14,
-                        subplot_titles=[t for p in panels for t in p.titles])
+    fig = make_subplots(
+        rows=rows,
+        cols=2,
+        specs=[p.spec for p in panels],
+        row_heights=[p.px / sum(q.px for q in panels) for p in panels],
+        vertical_spacing=GAP_PX / plot_px,
+        horizontal_spacing=0.14,
+        subplot_titles=[t for p in panels for t in p.titles],
+    )
     fig.update_annotations(font_size=13)  # the panels' titles
     row_of = {p.kind: i + 1 for i, p in enumerate(panels)}
     if raced and race:
@@ -349,8 +498,9 @@ def pareto_figure(study: str, trials: list[dict[str, Any]], front: list[dict[str
     if layer_view:
         _layers_panel(fig, layer_view, row_of["layers"], named["layers"])
     if curved:
-        _curves_panel(fig, curved, {p["trial"] for p in decided if p.get("trial") is not None}, row_of["curves"],
-                      named["curves"])
+        _curves_panel(
+            fig, curved, {p["trial"] for p in decided if p.get("trial") is not None}, row_of["curves"], named["curves"]
+        )
     bottom = 60
     if fidelity:
         lines = _fidelity_panel(fig, fidelity, audit, row_of["fidelity"], named["fidelity"])
@@ -360,51 +510,126 @@ def pareto_figure(study: str, trials: list[dict[str, Any]], front: list[dict[str
     for panel in panels:  # each legend at the right of its panel, from its top down
         if panel.kind != "apart":
             domain = fig.get_subplot(row_of[panel.kind], 1).yaxis.domain
-            fig.update_layout({panel.legend: dict(x=1.02, xanchor="left", y=domain[1], yanchor="top", xref="paper",
-                                                  yref="paper", font=dict(size=11), tracegroupgap=2,
-                                                  bgcolor="rgba(255,255,255,0.9)")})
-    fig.update_layout(template="plotly_white", autosize=True, height=plot_px + top + bottom,
-                      title=dict(text=title, x=0, xref="paper", xanchor="left", y=1, yref="container",
-                                 yanchor="top", pad=dict(t=34), font=dict(size=13)),
-                      margin=dict(l=70, r=20, t=top, b=bottom))
+            fig.update_layout(
+                {
+                    panel.legend: dict(
+                        x=1.02,
+                        xanchor="left",
+                        y=domain[1],
+                        yanchor="top",
+                        xref="paper",
+                        yref="paper",
+                        font=dict(size=11),
+                        tracegroupgap=2,
+                        bgcolor="rgba(255,255,255,0.9)",
+                    )
+                }
+            )
+    fig.update_layout(
+        template="plotly_white",
+        autosize=True,
+        height=plot_px + top + bottom,
+        title=dict(
+            text=title,
+            x=0,
+            xref="paper",
+            xanchor="left",
+            y=1,
+            yref="container",
+            yanchor="top",
+            pad=dict(t=34),
+            font=dict(size=13),
+        ),
+        margin=dict(l=70, r=20, t=top, b=bottom),
+    )
     return fig
 
 
-def _proxy_panel(fig: go.Figure, complete: list[dict[str, Any]], front: list[dict[str, Any]],
-                 noise: dict[str, Any] | None, x_range: list[float] | None, span: float, row: int, legend: str) -> None:
+def _proxy_panel(
+    fig: go.Figure,
+    complete: list[dict[str, Any]],
+    front: list[dict[str, Any]],
+    noise: dict[str, Any] | None,
+    x_range: list[float] | None,
+    span: float,
+    row: int,
+    legend: str,
+) -> None:
     """The complete proxy trials by final perplexity, the proxy's front, the all-ones baseline, the noise band."""
-    at_x = dict(zip((t["trial"] for t in complete),
-                    spread_x([(t["flops_ratio"], t["plot_ppl"]) for t in complete], span)))
+    at_x = dict(
+        zip(
+            (t["trial"] for t in complete),
+            spread_x([(t["flops_ratio"], t["plot_ppl"]) for t in complete], span),
+            strict=True,
+        )
+    )
     if complete:
-        fig.add_trace(go.Scatter(x=[at_x[t["trial"]] for t in complete], y=[t["plot_ppl"] for t in complete],
-                                 mode="markers", name=LEGEND["COMPLETE"], legend=legend,
-                                 marker=dict(size=9, **STATE_STYLE["COMPLETE"]),
-                                 hovertext=_hover(complete), hoverinfo="text"), row=row, col=1)
+        fig.add_trace(
+            go.Scatter(
+                x=[at_x[t["trial"]] for t in complete],
+                y=[t["plot_ppl"] for t in complete],
+                mode="markers",
+                name=LEGEND["COMPLETE"],
+                legend=legend,
+                marker=dict(size=9, **STATE_STYLE["COMPLETE"]),
+                hovertext=_hover(complete),
+                hoverinfo="text",
+            ),
+            row=row,
+            col=1,
+        )
     if front:
-        fig.add_trace(go.Scatter(x=[at_x.get(p["trial"], p["flops_ratio"]) for p in front], y=[p["val_ppl"] for p in front],
-                                 mode="lines+markers", line_shape="hv", name="proxy Pareto front", legend=legend,
-                                 line=dict(color="black", width=1.5),
-                                 marker=dict(size=12, color="rgba(0,0,0,0)", line=dict(width=2, color="black")),
-                                 hovertext=_hover([dict(p, state="COMPLETE", plot_ppl=p["val_ppl"]) for p in front]),
-                                 hoverinfo="text"), row=row, col=1)
+        fig.add_trace(
+            go.Scatter(
+                x=[at_x.get(p["trial"], p["flops_ratio"]) for p in front],
+                y=[p["val_ppl"] for p in front],
+                mode="lines+markers",
+                line_shape="hv",
+                name="proxy Pareto front",
+                legend=legend,
+                line=dict(color="black", width=1.5),
+                marker=dict(size=12, color="rgba(0,0,0,0)", line=dict(width=2, color="black")),
+                hovertext=_hover([dict(p, state="COMPLETE", plot_ppl=p["val_ppl"]) for p in front]),
+                hoverinfo="text",
+            ),
+            row=row,
+            col=1,
+        )
     baseline = next((t for t in complete if is_baseline(t["reuse_map"])), None)
     if baseline:
-        fig.add_trace(go.Scatter(x=[at_x[baseline["trial"]]], y=[baseline["plot_ppl"]], mode="markers",
-                                 name="all-ones baseline", legend=legend,
-                                 marker=dict(symbol="star", size=16, color=BASELINE_COLOUR,
-                                             line=dict(width=1, color="black")),
-                                 hoverinfo="skip"), row=row, col=1)
+        fig.add_trace(
+            go.Scatter(
+                x=[at_x[baseline["trial"]]],
+                y=[baseline["plot_ppl"]],
+                mode="markers",
+                name="all-ones baseline",
+                legend=legend,
+                marker=dict(symbol="star", size=16, color=BASELINE_COLOUR, line=dict(width=1, color="black")),
+                hoverinfo="skip",
+            ),
+            row=row,
+            col=1,
+        )
     y_values = [t["plot_ppl"] for t in complete]
     if noise and noise.get("spread"):
         lo, hi = noise["min_ppl"], noise["max_ppl"]
         y_values += [lo, hi]
         fig.add_hrect(y0=lo, y1=hi, fillcolor="#808080", opacity=0.15, line_width=0, row=row, col=1)
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", hoverinfo="skip", legend=legend,  # the band's entry
-                                 name=_wrapped(f"baseline seed-to-seed spread ({noise['n_seeds']} seeds)"),
-                                 marker=dict(symbol="square", size=14, color=NOISE_COLOUR)), row=row, col=1)
+        fig.add_trace(
+            go.Scatter(
+                x=[None],
+                y=[None],
+                mode="markers",
+                hoverinfo="skip",
+                legend=legend,  # the band's entry
+                name=_wrapped(f"baseline seed-to-seed spread ({noise['n_seeds']} seeds)"),
+                marker=dict(symbol="square", size=14, color=NOISE_COLOUR),
+            ),
+            row=row,
+            col=1,
+        )
     fig.update_xaxes(title_text="FLOP ratio (forward compute / all-ones map)", range=x_range, row=row, col=1)
-    fig.update_yaxes(title_text="validation perplexity", range=fitted_range(y_values), tickformat=".4g",
-                     row=row, col=1)
+    fig.update_yaxes(title_text="validation perplexity", range=fitted_range(y_values), tickformat=".4g", row=row, col=1)
 
 
 def _layers_panel(fig: go.Figure, layer_view: dict[str, Any], row: int, legend: str) -> None:
@@ -416,27 +641,55 @@ def _layers_panel(fig: go.Figure, layer_view: dict[str, Any], row: int, legend: 
         knobs = f"<br>{m['knobs']}" if m.get("knobs") else ""
         return f"{who}{knobs}<br>{m['flops_ratio']:.2f}x, ppl {m['val_ppl']:.5g}"
 
-    fig.add_trace(go.Heatmap(z=[m["reuse_map"] for m in maps],
-                             x=[f"layer {i}" for i in range(len(maps[0]["reuse_map"]))] if maps else [],
-                             y=[label(m) for m in maps], colorscale="Blues",
-                             zmin=1, zmax=max([2] + [max(m["reuse_map"]) for m in maps]),
-                             showscale=False, texttemplate="%{z}",
-                             hovertemplate="%{y}<br>%{x}: %{z} runs<extra></extra>"), row=row, col=1)
+    fig.add_trace(
+        go.Heatmap(
+            z=[m["reuse_map"] for m in maps],
+            x=[f"layer {i}" for i in range(len(maps[0]["reuse_map"]))] if maps else [],
+            y=[label(m) for m in maps],
+            colorscale="Blues",
+            zmin=1,
+            zmax=max([2] + [max(m["reuse_map"]) for m in maps]),
+            showscale=False,
+            texttemplate="%{z}",
+            hovertemplate="%{y}<br>%{x}: %{z} runs<extra></extra>",
+        ),
+        row=row,
+        col=1,
+    )
     importance = layer_view["importance"]
     if importance:
-        fig.add_trace(go.Bar(x=list(importance), y=list(importance.values()), name="importance (PED-ANOVA)",
-                             legend=legend, marker_color="#2ca02c"), row=row, col=2)
+        fig.add_trace(
+            go.Bar(
+                x=list(importance),
+                y=list(importance.values()),
+                name="importance (PED-ANOVA)",
+                legend=legend,
+                marker_color="#2ca02c",
+            ),
+            row=row,
+            col=2,
+        )
+
 
 # A label's size as a share of a small panel's axis spans (9 px text in a panel about 300 x 200 px: the
 # figure at about 760 px wide; wider figures leave more room).
 LABEL_CHAR_SHARE = 0.018
 LABEL_HEIGHT_SHARE = 0.09
-LABEL_PLACES = ("top center", "bottom center", "middle right", "middle left", "top right", "bottom left",
-                "top left", "bottom right")
+LABEL_PLACES = (
+    "top center",
+    "bottom center",
+    "middle right",
+    "middle left",
+    "top right",
+    "bottom left",
+    "top left",
+    "bottom right",
+)
 
 
-def label_positions(points: list[tuple[float, float]], labels: list[str], x_range: list[float] | None,
-                    y_range: list[float] | None) -> list[str]:
+def label_positions(
+    points: list[tuple[float, float]], labels: list[str], x_range: list[float] | None, y_range: list[float] | None
+) -> list[str]:
     """A text position for each point's label that overlaps no label placed before it and no other point,
     within the axes where it can (the first free place of LABEL_PLACES; the first place if none is free)."""
     if not points or x_range is None or y_range is None:
@@ -472,29 +725,57 @@ def _apart_label(t: dict[str, Any]) -> str:
     return "failed" if t["state"] == "FAIL" else t["state"].lower()
 
 
-def _apart_strip(fig: go.Figure, apart: list[dict[str, Any]], span: float, x_range: list[float] | None, row: int,
-                 proxy_row: int, legend: str) -> None:
+def _apart_strip(
+    fig: go.Figure,
+    apart: list[dict[str, Any]],
+    span: float,
+    x_range: list[float] | None,
+    row: int,
+    proxy_row: int,
+    legend: str,
+) -> None:
     """Pruned and failed trials in a strip under the proxy trials' plot (row `proxy_row`), one line per pruning
     step (and one for failed runs), on the same FLOP-ratio axis; their perplexity where they stopped is in the
     hover."""
     labels = sorted({_apart_label(t) for t in apart}, key=lambda s: (s == "failed", len(s), s))
-    spread = spread_x([(t["flops_ratio"], labels.index(_apart_label(t)) + (t.get("plot_ppl") or 0) * 1e-9)
-                       for t in apart], span)
+    spread = spread_x(
+        [(t["flops_ratio"], labels.index(_apart_label(t)) + (t.get("plot_ppl") or 0) * 1e-9) for t in apart], span
+    )
     for state, style in STATE_STYLE.items():
         members = [i for i, t in enumerate(apart) if t["state"] == state]
         if not members or state == "COMPLETE":
             continue
         group = [apart[i] for i in members]
-        fig.add_trace(go.Scatter(x=[spread[i] for i in members], y=[_apart_label(t) for t in group], mode="markers",
-                                 name={"PRUNED": "pruned (at its pruning step)", "FAIL": "failed"}[state],
-                                 legend=legend, marker=dict(size=9, **style), hovertext=_hover(group),
-                                 hoverinfo="text"), row=row, col=1)
+        fig.add_trace(
+            go.Scatter(
+                x=[spread[i] for i in members],
+                y=[_apart_label(t) for t in group],
+                mode="markers",
+                name={"PRUNED": "pruned (at its pruning step)", "FAIL": "failed"}[state],
+                legend=legend,
+                marker=dict(size=9, **style),
+                hovertext=_hover(group),
+                hoverinfo="text",
+            ),
+            row=row,
+            col=1,
+        )
     others = [t for t in apart if t["state"] not in STATE_STYLE or t["state"] == "COMPLETE"]
     if others:
-        fig.add_trace(go.Scatter(x=[t["flops_ratio"] for t in others], y=[_apart_label(t) for t in others],
-                                 mode="markers", name="no perplexity", legend=legend,
-                                 marker=dict(size=9, color="#808080"), hovertext=_hover(others), hoverinfo="text"),
-                      row=row, col=1)
+        fig.add_trace(
+            go.Scatter(
+                x=[t["flops_ratio"] for t in others],
+                y=[_apart_label(t) for t in others],
+                mode="markers",
+                name="no perplexity",
+                legend=legend,
+                marker=dict(size=9, color="#808080"),
+                hovertext=_hover(others),
+                hoverinfo="text",
+            ),
+            row=row,
+            col=1,
+        )
     fig.update_yaxes(categoryorder="array", categoryarray=labels[::-1], row=row, col=1)
     proxy_x = fig.get_subplot(proxy_row, 1).xaxis.plotly_name.replace("axis", "")  # "xaxis2" -> "x2"
     fig.update_xaxes(range=x_range, matches=proxy_x, showticklabels=True, row=row, col=1)
@@ -510,62 +791,121 @@ def _curves_panel(fig: go.Figure, trials: list[dict[str, Any]], front_trials: se
     on_front = sorted((t for t in trials if t["trial"] in front_trials), key=lambda t: t["trial"])
     others = [t for t in trials if t["trial"] not in front_trials]
     for t in others + on_front:
-        steps, losses = zip(*t["curve"])
+        steps, losses = zip(*t["curve"], strict=True)
         label = ",".join(map(str, t["reuse_map"]))
         front_map = t in on_front
         colour = FRONT_COLOURS[on_front.index(t) % len(FRONT_COLOURS)] if front_map else OTHER_CURVE_COLOUR
-        entry = (dict(name=_wrapped(f"trial {t['trial']}: map {label}" + (f" {t['knobs']}" if t.get("knobs") else "")))
-                 if front_map else dict(name="other trials", legendgroup="other-curves", showlegend=t is others[0]))
-        fig.add_trace(go.Scatter(x=list(steps), y=list(losses), mode="lines+markers", legend=legend, **entry,
-                                 line=dict(color=colour, width=3 if front_map else 1),
-                                 marker=dict(size=4, color=colour),
-                                 hovertext=[f"trial {t['trial']}: map {label}<br>step {s}: loss {l:.4g}"
-                                            for s, l in zip(steps, losses)], hoverinfo="text"), row=row, col=1)
-    last = [l for t in trials for _, l in t["curve"][-1:]]
+        entry = (
+            dict(name=_wrapped(f"trial {t['trial']}: map {label}" + (f" {t['knobs']}" if t.get("knobs") else "")))
+            if front_map
+            else dict(name="other trials", legendgroup="other-curves", showlegend=t is others[0])
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=list(steps),
+                y=list(losses),
+                mode="lines+markers",
+                legend=legend,
+                **entry,
+                line=dict(color=colour, width=3 if front_map else 1),
+                marker=dict(size=4, color=colour),
+                hovertext=[
+                    f"trial {t['trial']}: map {label}<br>step {s}: loss {loss:.4g}"
+                    for s, loss in zip(steps, losses, strict=True)
+                ],
+                hoverinfo="text",
+            ),
+            row=row,
+            col=1,
+        )
+    last = [loss for t in trials for _, loss in t["curve"][-1:]]
     fig.update_xaxes(title_text="step", row=row, col=1)
-    fig.update_yaxes(title_text="validation loss", row=row, col=1,
-                     range=fitted_range(last + [l for t in on_front for _, l in t["curve"]], pad=0.1))
+    fig.update_yaxes(
+        title_text="validation loss",
+        row=row,
+        col=1,
+        range=fitted_range(last + [loss for t in on_front for _, loss in t["curve"]], pad=0.1),
+    )
 
 
 AGREES = 0.6  # a rung's Spearman with the final ranking at which it is drawn as agreeing
 
 
-def _fidelity_panel(fig: go.Figure, fidelity: dict[str, Any], audit: dict[str, Any] | None, row: int,
-                    legend: str) -> int:
+def _fidelity_panel(
+    fig: go.Figure, fidelity: dict[str, Any], audit: dict[str, Any] | None, row: int, legend: str
+) -> int:
     """Spearman of each rung with the final ranking; the audit's proxy vs longer-training perplexity; the verdict
     under the figure. Returns the verdict's number of lines."""
     rungs = [r for r in fidelity.get("rungs", []) if r.get("spearman") is not None]
-    for agrees, name, colour in ((True, f"rung agrees (Spearman >= {AGREES})", "#2ca02c"),
-                                 (False, f"rung disagrees (< {AGREES})", "#d62728")):
+    for agrees, name, colour in (
+        (True, f"rung agrees (Spearman >= {AGREES})", "#2ca02c"),
+        (False, f"rung disagrees (< {AGREES})", "#d62728"),
+    ):
         group = [r for r in rungs if (r["spearman"] >= AGREES) == agrees]
         if group:
-            fig.add_trace(go.Bar(x=[f"step {r['step']} ({r['fraction']:.3g})" for r in group],
-                                 y=[r["spearman"] for r in group], name=name, legend=legend, marker_color=colour,
-                                 hovertext=[f"{r['n_maps']} complete maps; Kendall {_num(r['kendall'])}" for r in group],
-                                 hoverinfo="text+y"), row=row, col=1)
+            fig.add_trace(
+                go.Bar(
+                    x=[f"step {r['step']} ({r['fraction']:.3g})" for r in group],
+                    y=[r["spearman"] for r in group],
+                    name=name,
+                    legend=legend,
+                    marker_color=colour,
+                    hovertext=[f"{r['n_maps']} complete maps; Kendall {_num(r['kendall'])}" for r in group],
+                    hoverinfo="text+y",
+                ),
+                row=row,
+                col=1,
+            )
     if rungs:
-        fig.update_xaxes(categoryorder="array", categoryarray=[f"step {r['step']} ({r['fraction']:.3g})" for r in rungs],
-                         row=row, col=1)
+        fig.update_xaxes(
+            categoryorder="array",
+            categoryarray=[f"step {r['step']} ({r['fraction']:.3g})" for r in rungs],
+            row=row,
+            col=1,
+        )
         fig.update_yaxes(range=[-1, 1], row=row, col=1)
     if audit:
         ranked = [m for m in audit["maps"] if m["proxy_ppl"] is not None]
         x_range = fitted_range([m["proxy_ppl"] for m in ranked], pad=0.18)
         y_range = fitted_range([m["audit_ppl"] for m in ranked], pad=0.25)
-        positions = label_positions([(m["proxy_ppl"], m["audit_ppl"]) for m in ranked],
-                                    [str(m["reuse_map"]) for m in ranked], x_range, y_range)
-        fig.add_trace(go.Scatter(x=[m["proxy_ppl"] for m in ranked], y=[m["audit_ppl"] for m in ranked],
-                                 mode="markers+text", text=[m["reuse_map"] for m in ranked], textposition=positions,
-                                 textfont=dict(size=9), cliponaxis=True, legend=legend,
-                                 name=_wrapped(f"audited map at {audit['factor']}x steps (labelled with its map)"),
-                                 marker=dict(symbol="diamond", size=9, color=DEEP_COLOUR),
-                                 hovertext=[f"map {m['reuse_map']}" for m in ranked], hoverinfo="text+x+y"),
-                      row=row, col=2)
+        positions = label_positions(
+            [(m["proxy_ppl"], m["audit_ppl"]) for m in ranked], [str(m["reuse_map"]) for m in ranked], x_range, y_range
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=[m["proxy_ppl"] for m in ranked],
+                y=[m["audit_ppl"] for m in ranked],
+                mode="markers+text",
+                text=[m["reuse_map"] for m in ranked],
+                textposition=positions,
+                textfont=dict(size=9),
+                cliponaxis=True,
+                legend=legend,
+                name=_wrapped(f"audited map at {audit['factor']}x steps (labelled with its map)"),
+                marker=dict(symbol="diamond", size=9, color=DEEP_COLOUR),
+                hovertext=[f"map {m['reuse_map']}" for m in ranked],
+                hoverinfo="text+x+y",
+            ),
+            row=row,
+            col=2,
+        )
         # room inside the axes for the labels (a label's half-width is about 4% of a small panel's width)
         fig.update_xaxes(title_text="proxy ppl", range=x_range, row=row, col=2)
         fig.update_yaxes(title_text=f"{audit['factor']}x ppl", range=y_range, row=row, col=2)
     lines = textwrap.wrap(fidelity["verdict"], 110)
-    fig.add_annotation(text="<b>fidelity</b>: " + "<br>".join(lines), xref="paper", yref="paper", x=0, y=0,
-                       yshift=-60, showarrow=False, align="left", xanchor="left", yanchor="top", font=dict(size=11))
+    fig.add_annotation(
+        text="<b>fidelity</b>: " + "<br>".join(lines),
+        xref="paper",
+        yref="paper",
+        x=0,
+        y=0,
+        yshift=-60,
+        showarrow=False,
+        align="left",
+        xanchor="left",
+        yanchor="top",
+        font=dict(size=11),
+    )
     return len(lines)
 
 
@@ -573,8 +913,9 @@ def write_figure_html(fig: go.Figure, path: str | Path, static: bool = False) ->
     """The figure as one self-contained page (plotly.js embedded, nothing fetched) at the page's width.
     `static`: for a screenshot, without plotly's toolbar (the mode bar)."""
     config: dict[str, Any] = {"responsive": True} | ({"displayModeBar": False} if static else {})
-    fig.write_html(path, include_plotlyjs=True, full_html=True, include_mathjax=False, default_width="100%",
-                   config=config)
+    fig.write_html(
+        path, include_plotlyjs=True, full_html=True, include_mathjax=False, default_width="100%", config=config
+    )
 
 
 def plot_ppl(row: dict[str, Any], curve: Mapping[int, float] | None) -> float | None:

@@ -17,6 +17,7 @@ from ilr_search.analysis.sequential import TestKind
 @dataclass(frozen=True)
 class Evaluation:
     """One trained result: map `map_key` trained for `steps` steps at `seed`; val_loss None when it diverged."""
+
     map_key: str
     flops_ratio: float
     steps: int
@@ -27,6 +28,7 @@ class Evaluation:
 @dataclass(frozen=True)
 class RaceJob:
     """A result the race still needs: train `map_key` for `steps` steps at `seed`."""
+
     map_key: str
     steps: int
     seed: int
@@ -52,6 +54,7 @@ class RaceSettings:
     length may eliminate (and the screen's waves); min_agreement: the Spearman between base and target results
     of the screened maps that lets it; test: the sequential test (sequential.py); equal_compute: also train a
     deeper plain model of the best contender's compute at its seeds (the job's map key: deepR, R layers)."""
+
     base_steps: int
     target_steps: int
     seeds: tuple[int, ...] = (0, 1, 2)
@@ -81,6 +84,7 @@ class RaceSettings:
 class RaceWords:
     """How a race's texts name its lengths and seeds: "at 2000 steps" and "4 seeds", or for a frozen race (no
     training: a seed is a chunk of held-out windows) "on held-out windows" and "4 window chunks"."""
+
     frozen: bool = False
 
     def at(self, steps: int) -> str:
@@ -106,6 +110,7 @@ class RaceWords:
 @dataclass(frozen=True)
 class FrontPoint:
     """A front point at its longest raced length: the mean over its seeds, with an interval (low, high ppl)."""
+
     map_key: str
     flops_ratio: float
     steps: int
@@ -119,7 +124,7 @@ CANNOT_WIN = "cannot win"
 COMPARISON_STATUSES = {  # a comparison's status -> what it means (docs/concepts.md's glossary says the same)
     "better": "claimed better than the baseline by the sequential paired test",
     CANNOT_WIN: "stopped by the futility rule: it trails the baseline so far that a later claim is unlikely "
-                "(not a test that it is worse)",
+    "(not a test that it is worse)",
     "dominated": "a contender of no more FLOPs beat it by a paired test",
     "diverged": "a run of it diverged at the target",
     "open": "still raced: more seeds to come",
@@ -136,6 +141,7 @@ class Comparison:
     at the race's confidence; p_value: the one-sided paired t test's, nominal (as if the seeds had been fixed);
     level: the one-sided level the sequential test holds it to (its share of the family's, Holm); boundary: the t
     the test needs at its last look; status: one of COMPARISON_STATUSES."""
+
     map_key: str
     flops_ratio: float
     seeds: tuple[int, ...]
@@ -155,11 +161,21 @@ class Comparison:
         return len(self.seeds)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"map": self.map_key, "flops_ratio": self.flops_ratio, "seeds": list(self.seeds),
-                "mean_diff": self.mean_diff, "sd_diff": self.sd_diff,
-                "interval": list(self.interval) if self.interval else None, "p_value": self.p_value, "t": self.t,
-                "level": self.level, "boundary": self.boundary if self.boundary is None or math.isfinite(self.boundary)
-                else None, "status": self.status, "decided_at": self.decided_at, "why": self.why}
+        return {
+            "map": self.map_key,
+            "flops_ratio": self.flops_ratio,
+            "seeds": list(self.seeds),
+            "mean_diff": self.mean_diff,
+            "sd_diff": self.sd_diff,
+            "interval": list(self.interval) if self.interval else None,
+            "p_value": self.p_value,
+            "t": self.t,
+            "level": self.level,
+            "boundary": self.boundary if self.boundary is None or math.isfinite(self.boundary) else None,
+            "status": self.status,
+            "decided_at": self.decided_at,
+            "why": self.why,
+        }
 
 
 RUN_SOURCE = "run "  # a stored result's source when it is a race run (the race's or the audit's): "run 2x"
@@ -172,6 +188,7 @@ class StoredResult:
     """One stored result of a study with its fidelity: `map_key` trained for `steps` steps at `seed` under the
     learning-rate `schedule`. val_loss None: it diverged. source: the trial, reference or run it comes from
     (TRIAL_SOURCE, REFERENCE_SOURCE or RUN_SOURCE and its number, name or factor)."""
+
     map_key: str
     flops_ratio: float
     steps: int
@@ -206,6 +223,7 @@ class RaceState:
     result that were not chosen as contenders; next_jobs: what to train now (every job of the open wave; after
     they are trained, ask again); level_steps: the length being raced now (the target once done); front, verdict,
     done: see race_state."""
+
     alive: tuple[str, ...]
     eliminated: dict[str, str] = field(default_factory=dict)  # map_key -> why (the test that eliminated it)
     next_jobs: tuple[RaceJob, ...] = ()
@@ -230,8 +248,9 @@ class RaceState:
 def race_lengths(settings: RaceSettings) -> tuple[int, ...]:
     """base, 2 base, 4 base, ... below the target, then the target itself."""
     if settings.base_steps < 1 or settings.target_steps < settings.base_steps:
-        raise ValueError(f"the target ({settings.target_steps} steps) must be at least the base length "
-                         f"({settings.base_steps} steps)")
+        raise ValueError(
+            f"the target ({settings.target_steps} steps) must be at least the base length ({settings.base_steps} steps)"
+        )
     lengths = []
     steps = settings.base_steps
     while steps < settings.target_steps:
@@ -243,6 +262,7 @@ def race_lengths(settings: RaceSettings) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class Results:
     """The evaluations by map: flops, and {steps: {seed: val_loss}} (None where the run diverged)."""
+
     flops: dict[str, float]
     losses: dict[str, dict[int, dict[int, float | None]]]
 
@@ -251,7 +271,9 @@ class Results:
         return {s: v for s, v in self.losses.get(key, {}).get(steps, {}).items() if v is not None and math.isfinite(v)}
 
     def diverged_at(self, key: str, steps: int) -> list[int]:
-        return sorted(s for s, v in self.losses.get(key, {}).get(steps, {}).items() if v is None or not math.isfinite(v))
+        return sorted(
+            s for s, v in self.losses.get(key, {}).get(steps, {}).items() if v is None or not math.isfinite(v)
+        )
 
 
 def collect(evaluations: Sequence[Evaluation]) -> Results:
@@ -263,14 +285,15 @@ def collect(evaluations: Sequence[Evaluation]) -> Results:
     return Results(flops, losses)
 
 
-def choose_contenders(base_losses: Mapping[str, float], flops: Mapping[str, float], baseline_key: str,
-                      max_contenders: int) -> list[str]:
+def choose_contenders(
+    base_losses: Mapping[str, float], flops: Mapping[str, float], baseline_key: str, max_contenders: int
+) -> list[str]:
     """The maps nearest the base front: by non-dominated rank in (loss, flops) at the base length and first
     seed, then by loss, then by key (reproducible); at most max_contenders, the baseline always among them."""
     keys = sorted(base_losses)
     ranks = non_dominated_ranks([(base_losses[k], flops[k]) for k in keys])
     order = sorted(range(len(keys)), key=lambda i: (ranks[i], base_losses[keys[i]], keys[i]))
-    chosen = [keys[i] for i in order if keys[i] != baseline_key][:max(0, max_contenders - 1)]
+    chosen = [keys[i] for i in order if keys[i] != baseline_key][: max(0, max_contenders - 1)]
     return [baseline_key] + chosen if baseline_key in base_losses else chosen
 
 
@@ -284,8 +307,9 @@ def benjamini_hochberg(p_values: Sequence[float]) -> list[float]:
     return [float(p) for p in false_discovery_control(list(p_values))]
 
 
-def base_results(evaluations: Sequence[Evaluation], settings: RaceSettings, baseline_key: str
-                 ) -> tuple[Results, RaceState | None, dict[str, float], dict[str, str]]:
+def base_results(
+    evaluations: Sequence[Evaluation], settings: RaceSettings, baseline_key: str
+) -> tuple[Results, RaceState | None, dict[str, float], dict[str, str]]:
     """Every evaluation by map, and the base results every policy starts from: each known map (and the baseline)
     at the base length and seeds[0]. Returns (results, a state to return now or None, the finite base losses,
     the maps eliminated for a diverged base result): the state asks for missing base results first, or ends the
@@ -297,9 +321,18 @@ def base_results(evaluations: Sequence[Evaluation], settings: RaceSettings, base
     known = sorted(set(results.losses) | {baseline_key})
     missing_base = [k for k in known if first_seed not in results.losses.get(k, {}).get(base, {})]
     if missing_base:
-        return results, RaceState(alive=(), next_jobs=tuple(RaceJob(k, base, first_seed) for k in missing_base),
-                                  level_steps=base, verdict=f"waiting for the base results ({words.at(base)}, "
-                                                            f"{words.one(first_seed)}) of {len(missing_base)} map(s)"), {}, {}
+        return (
+            results,
+            RaceState(
+                alive=(),
+                next_jobs=tuple(RaceJob(k, base, first_seed) for k in missing_base),
+                level_steps=base,
+                verdict=f"waiting for the base results ({words.at(base)}, "
+                f"{words.one(first_seed)}) of {len(missing_base)} map(s)",
+            ),
+            {},
+            {},
+        )
     eliminated: dict[str, str] = {}
     base_losses: dict[str, float] = {}
     for k in known:
@@ -309,17 +342,29 @@ def base_results(evaluations: Sequence[Evaluation], settings: RaceSettings, base
         else:
             base_losses[k] = loss
     if baseline_key not in base_losses:
-        return results, RaceState(alive=(), eliminated=eliminated, level_steps=base, done=True,
-                                  verdict=f"the baseline {baseline_key} diverged {words.at(base)}: nothing to race "
-                                          f"against"), base_losses, eliminated
+        return (
+            results,
+            RaceState(
+                alive=(),
+                eliminated=eliminated,
+                level_steps=base,
+                done=True,
+                verdict=f"the baseline {baseline_key} diverged {words.at(base)}: nothing to race against",
+            ),
+            base_losses,
+            eliminated,
+        )
     return results, None, base_losses, eliminated
 
 
 def race_compute(evaluations: Sequence[Evaluation], settings: RaceSettings) -> int:
     """The steps the race trains: every result longer than the base length, and for the fixed policy the base
     length's other seeds too (the base results at seeds[0] are the trials')."""
-    return sum(e.steps for e in evaluations if e.steps > settings.base_steps
-               or (settings.policy == "fixed" and e.seed != settings.seeds[0]))
+    return sum(
+        e.steps
+        for e in evaluations
+        if e.steps > settings.base_steps or (settings.policy == "fixed" and e.seed != settings.seeds[0])
+    )
 
 
 def reported_best(front: Sequence[FrontPoint], alive: Sequence[str]) -> str | None:
@@ -330,5 +375,3 @@ def reported_best(front: Sequence[FrontPoint], alive: Sequence[str]) -> str | No
     if confirmed:
         return min(confirmed, key=lambda p: (p.val_ppl, p.map_key)).map_key
     return alive[0] if alive else None
-
-

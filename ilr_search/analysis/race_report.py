@@ -20,6 +20,7 @@ class RaceReport:
     (each point at its longest raced length, with seeds, interval and confirmation: race.front_rows); best: the
     map the race reports (race.decided_best); equal_compute: the equal-compute comparison with parameter counts;
     answer: the answer line and its details."""
+
     settings: RaceSettings
     results: tuple[StoredResult, ...]
     state: RaceState
@@ -59,11 +60,21 @@ class RaceReport:
         s, state = self.settings, self.state
         frozen = {"frozen": True} if s.frozen else {}  # only a frozen study's race says so
         return frozen | {
-                "policy": s.policy, "base_steps": s.base_steps, "target_steps": s.target_steps,
-                "steps_trained": self.steps_trained, "compute_steps": state.compute_steps, "max_steps": s.max_steps,
-                "seeds": list(s.seeds), "confidence": s.confidence, "done": state.done, "stopped": state.stopped,
-                "alive": list(state.alive), "eliminated": dict(state.eliminated),
-                "comparisons": [c.to_dict() for c in state.comparisons], "screen": state.screen,
-                "detectable_gap": state.detectable_gap,
-                "equal_compute": dict(self.equal_compute) if self.equal_compute is not None else None,
-                "results": [r.to_dict() for r in sorted(self.results, key=lambda r: (r.map_key, r.steps, r.seed))]}
+            "policy": s.policy,
+            "base_steps": s.base_steps,
+            "target_steps": s.target_steps,
+            "steps_trained": self.steps_trained,
+            "compute_steps": state.compute_steps,
+            "max_steps": s.max_steps,
+            "seeds": list(s.seeds),
+            "confidence": s.confidence,
+            "done": state.done,
+            "stopped": state.stopped,
+            "alive": list(state.alive),
+            "eliminated": dict(state.eliminated),
+            "comparisons": [c.to_dict() for c in state.comparisons],
+            "screen": state.screen,
+            "detectable_gap": state.detectable_gap,
+            "equal_compute": dict(self.equal_compute) if self.equal_compute is not None else None,
+            "results": [r.to_dict() for r in sorted(self.results, key=lambda r: (r.map_key, r.steps, r.seed))],
+        }

@@ -19,13 +19,44 @@ from collections.abc import Sequence
 
 from ilr_search.analysis.adaptive_race import adaptive_race_state
 from ilr_search.analysis.fixed_race import fixed_race_state
-from ilr_search.analysis.race_core import (RACE_POLICIES, Evaluation, FrontPoint, RaceJob, RacePolicy, RaceSettings,
-                                           RaceState, Results, base_results, benjamini_hochberg, choose_contenders,
-                                           collect, race_compute, race_lengths, reported_best)
+from ilr_search.analysis.race_core import (
+    RACE_POLICIES,
+    Evaluation,
+    FrontPoint,
+    RaceJob,
+    RacePolicy,
+    RaceSettings,
+    RaceState,
+    Results,
+    base_results,
+    benjamini_hochberg,
+    choose_contenders,
+    collect,
+    race_compute,
+    race_lengths,
+    reported_best,
+)
 
-__all__ = ["RACE_POLICIES", "Evaluation", "FrontPoint", "RaceJob", "RacePolicy", "RaceSettings", "RaceState", "Results",
-           "adaptive_race_state", "base_results", "benjamini_hochberg", "choose_contenders", "collect",
-           "fixed_race_state", "race_compute", "race_lengths", "race_state", "reported_best"]
+__all__ = [
+    "RACE_POLICIES",
+    "Evaluation",
+    "FrontPoint",
+    "RaceJob",
+    "RacePolicy",
+    "RaceSettings",
+    "RaceState",
+    "Results",
+    "adaptive_race_state",
+    "base_results",
+    "benjamini_hochberg",
+    "choose_contenders",
+    "collect",
+    "fixed_race_state",
+    "race_compute",
+    "race_lengths",
+    "race_state",
+    "reported_best",
+]
 
 
 def race_state(evaluations: Sequence[Evaluation], settings: RaceSettings, baseline_key: str) -> RaceState:

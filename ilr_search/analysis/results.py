@@ -5,18 +5,17 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-
 from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
-from ilr_search.config import SpaceConfig
-from ilr_search.knobs import format_knobs
+from ilr_search.analysis.map_key import MapKey, map_text
 from ilr_search.analysis.pareto import pareto_front
 from ilr_search.analysis.trials import Trial, TrialRecord, record_of, trained_results, trial_records
+from ilr_search.config import SpaceConfig
+from ilr_search.knobs import format_knobs
 from ilr_search.storage import CurvePoint, RaceRun, Store, TrainCurvePoint
-from ilr_search.analysis.map_key import MapKey, map_text
 from ilr_search.training.schedule import is_block_text
 
 REFERENCE_PREFIX = "ilr:reference:"
@@ -74,6 +73,7 @@ class CurveRow:
     """One point of a learning curve in the long table of `export --curves`: a trial's (or a reference run's, or a
     race run's) validation loss (kind "val") or training-loss window mean (kind "train") at `step`. A race run's
     points carry its map key in `map`, its `seed` and its length `run_steps` (what names it in the trials table)."""
+
     trial: int | None  # None: a reference run or a race run
     reference: str | None
     map: str
@@ -94,21 +94,28 @@ def curve_rows(study: optuna.Study, store: Store) -> list[CurveRow]:
     train = store.train_curve_points()
     by_trial: dict[int, list[CurveRow]] = {}
     for p in val:
-        by_trial.setdefault(p.trial_number, []).append(CurveRow(p.trial_number, None, p.map_key, "val", p.step,
-                                                                p.tokens, p.val_loss))
+        by_trial.setdefault(p.trial_number, []).append(
+            CurveRow(p.trial_number, None, p.map_key, "val", p.step, p.tokens, p.val_loss)
+        )
     for q in train:
-        by_trial.setdefault(q.trial_number, []).append(CurveRow(q.trial_number, None, q.map_key, "train", q.step,
-                                                                q.tokens, q.loss))
+        by_trial.setdefault(q.trial_number, []).append(
+            CurveRow(q.trial_number, None, q.map_key, "train", q.step, q.tokens, q.loss)
+        )
     for number in sorted(by_trial):
         rows += by_trial[number]
     per_step = tokens_per_step(study.user_attrs)
     for name, ref in sorted(references(study).items()):
         label = ",".join(map(str, ref["reuse_map"])) if ref.get("reuse_map") else name
-        rows += [CurveRow(None, name, label, "val", int(step), int(step) * per_step, float(loss))
-                 for step, loss in ref.get("curve", [])]
+        rows += [
+            CurveRow(None, name, label, "val", int(step), int(step) * per_step, float(loss))
+            for step, loss in ref.get("curve", [])
+        ]
     for run in race_run_rows(store.race_runs(), study.user_attrs):
-        rows += [CurveRow(None, None, run["map_key"], kind, p["step"], p["tokens"], p["loss"], run["seed"], run["steps"])
-                 for kind in ("val", "train") for p in run["curves"][kind]]
+        rows += [
+            CurveRow(None, None, run["map_key"], kind, p["step"], p["tokens"], p["loss"], run["seed"], run["steps"])
+            for kind in ("val", "train")
+            for p in run["curves"][kind]
+        ]
     return rows
 
 
@@ -135,30 +142,49 @@ def race_run_rows(runs: Sequence[RaceRun], study_attrs: Mapping[str, Any]) -> li
         key = r.job.map_key
         deep = is_deep_key(key)
         parsed = None if deep else MapKey.parse(key, n_layers)
-        rows.append({"map_key": key, "reuse_map": list(parsed.map.counts) if parsed else None,
-                     "knobs": parsed.knobs or None if parsed else None, "factor": r.job.factor,
-                     "steps": r.steps, "seed": r.job.seed, "state": r.state, "flops_ratio": r.flops_ratio,
-                     "val_loss": r.val_loss, "val_ppl": r.val_ppl, "val_bpb": r.val_bpb, "seconds": r.seconds,
-                     "reason": r.reason,
-                     "curves": {"val": [{"step": step, "tokens": step * per_step, "loss": loss} for step, loss in r.curve],
-                                "train": []}})
+        rows.append(
+            {
+                "map_key": key,
+                "reuse_map": list(parsed.map.counts) if parsed else None,
+                "knobs": parsed.knobs or None if parsed else None,
+                "factor": r.job.factor,
+                "steps": r.steps,
+                "seed": r.job.seed,
+                "state": r.state,
+                "flops_ratio": r.flops_ratio,
+                "val_loss": r.val_loss,
+                "val_ppl": r.val_ppl,
+                "val_bpb": r.val_bpb,
+                "seconds": r.seconds,
+                "reason": r.reason,
+                "curves": {
+                    "val": [{"step": step, "tokens": step * per_step, "loss": loss} for step, loss in r.curve],
+                    "train": [],
+                },
+            }
+        )
     return rows
 
 
-def curves_of_trials(trials: list[Trial], val: list[CurvePoint],
-                     train: list[TrainCurvePoint]) -> dict[int, dict[str, list[dict[str, float]]]]:
+def curves_of_trials(
+    trials: Sequence[Trial], val: list[CurvePoint], train: list[TrainCurvePoint]
+) -> dict[int, dict[str, list[dict[str, float]]]]:
     """Trial number -> {"val": [{step, tokens, loss}...], "train": [...]} (`trials --json`); a trial that reused
     another's result has that trial's curves."""
     own: dict[int, dict[str, list[dict[str, float]]]] = {}
     for p in val:
         own.setdefault(p.trial_number, {"val": [], "train": []})["val"].append(
-            {"step": p.step, "tokens": p.tokens, "loss": p.val_loss})
+            {"step": p.step, "tokens": p.tokens, "loss": p.val_loss}
+        )
     for q in train:
         own.setdefault(q.trial_number, {"val": [], "train": []})["train"].append(
-            {"step": q.step, "tokens": q.tokens, "loss": q.loss})
+            {"step": q.step, "tokens": q.tokens, "loss": q.loss}
+        )
     empty: dict[str, list[dict[str, float]]] = {"val": [], "train": []}
-    return {r.number: own.get(r.number) or (own.get(r.reused_from, empty) if r.reused_from is not None else empty)
-            for r in trial_records(trials)}
+    return {
+        r.number: own.get(r.number) or (own.get(r.reused_from, empty) if r.reused_from is not None else empty)
+        for r in trial_records(trials)
+    }
 
 
 def has_result(t: Trial) -> bool:
@@ -166,20 +192,29 @@ def has_result(t: Trial) -> bool:
     return record_of(t).has_result
 
 
-def study_front(trials: list[Trial]) -> list[dict[str, Any]]:
+def study_front(trials: Sequence[Trial]) -> list[dict[str, Any]]:
     """The Pareto front (perplexity, FLOPs) of the trials that trained their map to a result, as rows."""
-    rows = [{"trial": r.number, "reuse_map": as_list(r.reuse_map), "map": map_text(r.map_key or ""),
-             "knobs": knobs_text(r), "flops_ratio": r.flops_ratio,
-             "val_ppl": r.val_ppl, "val_bpb": r.val_bpb, "params": r.param_count}
-            for r in trained_results(trials)]
+    rows = [
+        {
+            "trial": r.number,
+            "reuse_map": as_list(r.reuse_map),
+            "map": map_text(r.map_key or ""),
+            "knobs": knobs_text(r),
+            "flops_ratio": r.flops_ratio,
+            "val_ppl": r.val_ppl,
+            "val_bpb": r.val_bpb,
+            "params": r.param_count,
+        }
+        for r in trained_results(trials)
+    ]
     return pareto_front(rows)
 
 
 def references(study: optuna.Study) -> dict[str, Any]:
-    return {k[len(REFERENCE_PREFIX):]: v for k, v in study.user_attrs.items() if k.startswith(REFERENCE_PREFIX)}
+    return {k[len(REFERENCE_PREFIX) :]: v for k, v in study.user_attrs.items() if k.startswith(REFERENCE_PREFIX)}
 
 
-def listed_trials(trials: list[Trial]) -> list[TrialRecord]:
+def listed_trials(trials: Sequence[Trial]) -> list[TrialRecord]:
     """The trials a listing shows and counts: not the WAITING ones (a queued retry is not yet a trial), and not
     the surplus ones (asked past the target, never trained)."""
     return [r for r in trial_records(trials) if r.state != TrialState.WAITING and not r.surplus]
@@ -191,29 +226,42 @@ def reference_rows(study: optuna.Study) -> list[dict[str, Any]]:
     rows = []
     for name, ref in sorted(references(study).items()):
         knobs = ref.get("knobs")
-        rows.append({"trial": None, "reference": name, "state": "REFERENCE",
-                     "reuse_map": ref.get("reuse_map"), "knobs": format_knobs(knobs) if knobs else None,
-                     "flops_ratio": ref.get("flops_ratio"), "val_ppl": ref.get("val_ppl"), "val_bpb": ref.get("val_bpb"),
-                     "steps": ref.get("steps", 0), "seed": ref.get("seed"), "status": ref.get("status"),
-                     "schedule": ref.get("schedule")} | ({"map": ref["map"]} if ref.get("map") else {}))
+        rows.append(
+            {
+                "trial": None,
+                "reference": name,
+                "state": "REFERENCE",
+                "reuse_map": ref.get("reuse_map"),
+                "knobs": format_knobs(knobs) if knobs else None,
+                "flops_ratio": ref.get("flops_ratio"),
+                "val_ppl": ref.get("val_ppl"),
+                "val_bpb": ref.get("val_bpb"),
+                "steps": ref.get("steps", 0),
+                "seed": ref.get("seed"),
+                "status": ref.get("status"),
+                "schedule": ref.get("schedule"),
+            }
+            | ({"map": ref["map"]} if ref.get("map") else {})
+        )
     return rows
 
 
-def trained_trials(trials: list[Trial]) -> list[TrialRecord]:
+def trained_trials(trials: Sequence[Trial]) -> list[TrialRecord]:
     """The trials that trained their map (complete, pruned or diverged), not those that reused a result."""
     return [r for r in trial_records(trials) if r.trained_its_map]
 
 
-def trained_by_map(trials: list[Trial]) -> dict[str, TrialRecord]:
+def trained_by_map(trials: Sequence[Trial]) -> dict[str, TrialRecord]:
     """Map key -> the trial that trained it (the first one, where two did)."""
     by_map: dict[str, TrialRecord] = {}
     for r in sorted(trained_trials(trials), key=lambda r: r.number):
+        assert r.map_key is not None  # a trial that trained its map has its key
         by_map.setdefault(r.map_key, r)
     return by_map
 
 
 def is_baseline(reuse_map: list[int] | None) -> bool:
-    return bool(reuse_map) and all(r == 1 for r in reuse_map)
+    return bool(reuse_map and all(r == 1 for r in reuse_map))
 
 
 def key_reuse_map(map_key: str, n_layers: int | None = None) -> list[int]:
@@ -231,7 +279,7 @@ def deep_key(layer_runs: int) -> str:
 
 def is_deep_key(key: str) -> bool:
     """An equal-compute reference's key (deepR), not a reuse map of the study's model."""
-    return key.startswith(DEEP_PREFIX) and key[len(DEEP_PREFIX):].isdigit()
+    return key.startswith(DEEP_PREFIX) and key[len(DEEP_PREFIX) :].isdigit()
 
 
 def is_all_ones_key(map_key: str) -> bool:

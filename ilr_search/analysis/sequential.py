@@ -54,8 +54,10 @@ def spending_boundaries(alpha: float, first_look: int, max_n: int) -> tuple[floa
     import numpy as np
 
     if not 2 <= first_look <= max_n:
-        raise ValueError(f"a sequential t test looks at 2 or more differences, up to max_n: got first look "
-                         f"{first_look}, max_n {max_n}")
+        raise ValueError(
+            f"a sequential t test looks at 2 or more differences, up to max_n: got first look "
+            f"{first_look}, max_n {max_n}"
+        )
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     rng = np.random.default_rng(BOUNDARY_SEED)
@@ -126,6 +128,7 @@ def _bayes_factor(t: float, n: int, prior_scale: float) -> float:
 class SequentialTest:
     """One sequential design: one-sided level `alpha` (of one comparison; the race splits its family's alpha over
     its comparisons, Holm), first look at `first_look` differences, at most `max_n`."""
+
     alpha: float
     first_look: int
     max_n: int
@@ -158,7 +161,9 @@ class SequentialTest:
         return None
 
 
-def detectable_gap(sd_diff: float, n: int, alpha: float, power: float = 0.8, boundary: float | None = None) -> float | None:
+def detectable_gap(
+    sd_diff: float, n: int, alpha: float, power: float = 0.8, boundary: float | None = None
+) -> float | None:
     """The smallest true gap (in the loss, nats) that a one-sided paired t test over n differences of sd `sd_diff`
     finds with probability `power` at level alpha (or against a given t `boundary`): the gap whose noncentral t
     reaches the boundary with that probability. None with fewer than 2 differences or no sd."""

@@ -52,6 +52,7 @@ def rank_agreement(a: Sequence[float], b: Sequence[float]) -> tuple[float | None
 class SeedInterval:
     """A map's mean validation loss over its seeds, with a two-sided t interval at `confidence`: None with one
     seed (no spread is known, so no interval is claimed)."""
+
     n: int
     mean_loss: float
     sd_loss: float | None  # sample standard deviation (ddof 1); None with one seed
@@ -107,6 +108,7 @@ def seed_interval(losses: Sequence[float], confidence: float) -> SeedInterval:
 class PairedComparison:
     """Map a against map b over their common seeds: mean of loss_a - loss_b (negative: a is better), its
     two-sided t interval at `confidence`, and the one-sided paired t test of "a is better than b"."""
+
     seeds: tuple[int, ...]
     mean_diff: float
     sd_diff: float | None  # None with one common seed

@@ -18,6 +18,7 @@ from ilr_search.training.schedule import map_of_key
 
 class TrialAttr:
     """The names of a trial's user attributes."""
+
     # the proposal, written before the trial trains
     REUSE_MAP: Final = "reuse_map"  # the layers' reuse counts, [2, 1, 1, 1]
     MAP_KEY: Final = "map_key"  # what the study dedupes and claims on: "2,1,1,1", "2,1,1,1|injection=add"
@@ -53,6 +54,7 @@ FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 @dataclass(frozen=True)
 class TrialRecord:
     """One trial of a study: Optuna's own fields and every attribute the objective writes on it."""
+
     number: int
     state: TrialState
     params: dict[str, Any] = field(default_factory=dict)  # Optuna's parameters (the sampler's r0..rN, knobs)
@@ -96,8 +98,13 @@ class TrialRecord:
     def trained_its_map(self) -> bool:
         """It trained its map (complete, pruned or diverged), rather than reuse another trial's result. Such a
         trial has its map, key and FLOPs ratio (the proposal's attributes are written at once)."""
-        return self.has_result and not self.is_reuse and bool(self.map_key) and self.reuse_map is not None \
+        return (
+            self.has_result
+            and not self.is_reuse
+            and bool(self.map_key)
+            and self.reuse_map is not None
             and self.flops_ratio is not None
+        )
 
     @property
     def is_trained_result(self) -> bool:
@@ -121,9 +128,14 @@ class TrialRecord:
 
     def reused_result(self) -> dict[str, Any]:
         """The attributes a trial that reuses this one's result copies (those this trial has)."""
-        values = {TrialAttr.VAL_LOSS: self.val_loss, TrialAttr.VAL_PPL: self.val_ppl, TrialAttr.VAL_BPB: self.val_bpb,
-                  TrialAttr.STATUS: self.status, TrialAttr.REASON: self.reason,
-                  TrialAttr.PRUNED_AT_STEP: self.pruned_at_step}
+        values = {
+            TrialAttr.VAL_LOSS: self.val_loss,
+            TrialAttr.VAL_PPL: self.val_ppl,
+            TrialAttr.VAL_BPB: self.val_bpb,
+            TrialAttr.STATUS: self.status,
+            TrialAttr.REASON: self.reason,
+            TrialAttr.PRUNED_AT_STEP: self.pruned_at_step,
+        }
         return {k: v for k, v in values.items() if v is not None}
 
 
@@ -140,21 +152,35 @@ def trial_record(t: FrozenTrial) -> TrialRecord:
     None, or as their default."""
     a = t.user_attrs
     return TrialRecord(
-        number=t.number, state=t.state, params=dict(t.params), values=list(t.values) if t.values else None,
-        datetime_start=t.datetime_start, datetime_complete=t.datetime_complete,
-        reuse_map=_ints(a.get(TrialAttr.REUSE_MAP)), map_key=a.get(TrialAttr.MAP_KEY),
-        flops_ratio=_number(a.get(TrialAttr.FLOPS_RATIO), float), param_count=_number(a.get(TrialAttr.PARAMS), int),
-        knobs=dict(a.get(TrialAttr.KNOBS) or {}), proposed_map=_ints(a.get(TrialAttr.PROPOSED_MAP)),
-        status=a.get(TrialAttr.STATUS), reason=a.get(TrialAttr.REASON), steps=int(a.get(TrialAttr.STEPS) or 0),
+        number=t.number,
+        state=t.state,
+        params=dict(t.params),
+        values=list(t.values) if t.values else None,
+        datetime_start=t.datetime_start,
+        datetime_complete=t.datetime_complete,
+        reuse_map=_ints(a.get(TrialAttr.REUSE_MAP)),
+        map_key=a.get(TrialAttr.MAP_KEY),
+        flops_ratio=_number(a.get(TrialAttr.FLOPS_RATIO), float),
+        param_count=_number(a.get(TrialAttr.PARAMS), int),
+        knobs=dict(a.get(TrialAttr.KNOBS) or {}),
+        proposed_map=_ints(a.get(TrialAttr.PROPOSED_MAP)),
+        status=a.get(TrialAttr.STATUS),
+        reason=a.get(TrialAttr.REASON),
+        steps=int(a.get(TrialAttr.STEPS) or 0),
         resumed_from_step=_number(a.get(TrialAttr.RESUMED_FROM_STEP), int),
-        val_loss=_number(a.get(TrialAttr.VAL_LOSS), float), val_ppl=_number(a.get(TrialAttr.VAL_PPL), float),
-        val_bpb=_number(a.get(TrialAttr.VAL_BPB), float), train_seconds=_number(a.get(TrialAttr.TRAIN_SECONDS), float),
+        val_loss=_number(a.get(TrialAttr.VAL_LOSS), float),
+        val_ppl=_number(a.get(TrialAttr.VAL_PPL), float),
+        val_bpb=_number(a.get(TrialAttr.VAL_BPB), float),
+        train_seconds=_number(a.get(TrialAttr.TRAIN_SECONDS), float),
         tokens_per_second=_number(a.get(TrialAttr.TOKENS_PER_SECOND), float),
-        pruned_at_step=_number(a.get(TrialAttr.PRUNED_AT_STEP), int), steps_saved=int(a.get(TrialAttr.STEPS_SAVED) or 0),
+        pruned_at_step=_number(a.get(TrialAttr.PRUNED_AT_STEP), int),
+        steps_saved=int(a.get(TrialAttr.STEPS_SAVED) or 0),
         fused_group=_number(a.get(TrialAttr.FUSED_GROUP), int),
         reused_from=_number(a.get(TrialAttr.REUSED_FROM), int),
-        recovered_from=_number(a.get(TrialAttr.RECOVERED_FROM), int), retry_of=_number(a.get(TrialAttr.RETRY_OF), int),
-        surplus=bool(a.get(TrialAttr.SURPLUS, False)))
+        recovered_from=_number(a.get(TrialAttr.RECOVERED_FROM), int),
+        retry_of=_number(a.get(TrialAttr.RETRY_OF), int),
+        surplus=bool(a.get(TrialAttr.SURPLUS, False)),
+    )
 
 
 Trial = TrialRecord | FrozenTrial  # a stored trial, read into its record or not yet

@@ -7,9 +7,10 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Callable, Mapping, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -19,10 +20,14 @@ from ilr_search.errors import UserInputError
 try:  # typer >= 0.2x vendors click (Python >= 3.11); older typer uses click itself
     from typer._click import exceptions as click_exceptions
 except ImportError:  # pragma: no cover
-    from click import exceptions as click_exceptions
+    from click import exceptions as click_exceptions  # type: ignore[no-redef]  # one of the two imports runs
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Search per-layer recurrence (reuse maps) of transformer LMs under a FLOP budget.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Search per-layer recurrence (reuse maps) of transformer LMs under a FLOP budget.",
+)
 
 
 def package_version() -> str:
@@ -45,8 +50,9 @@ def print_version(asked: bool) -> None:
 
 @app.callback()
 def application(
-    version: Annotated[bool, typer.Option("--version", is_eager=True, callback=print_version,
-                                          help="Print the version and exit.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", is_eager=True, callback=print_version, help="Print the version and exit.")
+    ] = False,
 ) -> None:
     pass
 
@@ -55,61 +61,105 @@ def application(
 # Options shared by flops, train and run: declared once, added to each command's signature. flops takes the
 # model's (its shape and vocabulary: what its FLOPs depend on), train and run the training's too.
 
+
 @dataclass
 class SpaceOptions:
-    space: Optional[Path] = None
-    layers: Optional[int] = None
-    d_model: Optional[int] = None
-    heads: Optional[int] = None
-    seq_len: Optional[int] = None
-    mlp_ratio: Optional[float] = None
-    pe: Optional[str] = None
-    tokenizer: Optional[str] = None
-    data: Optional[str] = None  # the training options: None in flops, which has none of them
-    text_column: Optional[str] = None
-    answer_column: Optional[str] = None
-    steps: Optional[int] = None
-    batch_size: Optional[int] = None
-    lr: Optional[float] = None
-    seed: Optional[int] = None
-    device: Optional[str] = None
-    dtype: Optional[str] = None
-    compile: Optional[bool] = None
+    space: Path | None = None
+    layers: int | None = None
+    d_model: int | None = None
+    heads: int | None = None
+    seq_len: int | None = None
+    mlp_ratio: float | None = None
+    pe: str | None = None
+    tokenizer: str | None = None
+    data: str | None = None  # the training options: None in flops, which has none of them
+    text_column: str | None = None
+    answer_column: str | None = None
+    steps: int | None = None
+    batch_size: int | None = None
+    lr: float | None = None
+    seed: int | None = None
+    device: str | None = None
+    dtype: str | None = None
+    compile: bool | None = None
 
     def overrides(self) -> dict[str, dict[str, Any]]:
         return {
-            "model": {"layers": self.layers, "d_model": self.d_model, "heads": self.heads, "seq_len": self.seq_len,
-                      "mlp_ratio": self.mlp_ratio, "pe": self.pe},
-            "data": {"corpus": self.data, "tokenizer": self.tokenizer, "text_column": self.text_column,
-                     "answer_column": self.answer_column},
-            "train": {"steps": self.steps, "batch_size": self.batch_size, "lr": self.lr, "seed": self.seed,
-                      "device": self.device, "dtype": self.dtype, "compile": self.compile},
+            "model": {
+                "layers": self.layers,
+                "d_model": self.d_model,
+                "heads": self.heads,
+                "seq_len": self.seq_len,
+                "mlp_ratio": self.mlp_ratio,
+                "pe": self.pe,
+            },
+            "data": {
+                "corpus": self.data,
+                "tokenizer": self.tokenizer,
+                "text_column": self.text_column,
+                "answer_column": self.answer_column,
+            },
+            "train": {
+                "steps": self.steps,
+                "batch_size": self.batch_size,
+                "lr": self.lr,
+                "seed": self.seed,
+                "device": self.device,
+                "dtype": self.dtype,
+                "compile": self.compile,
+            },
         }
 
 
 def _model_option_signature(
-    space: Annotated[Optional[Path], typer.Option(help="Search-space TOML, or a preset by name (default, paper-small, paper-large, bench-small, bench-crossing). \\[default: default]")] = None,
-    layers: Annotated[Optional[int], typer.Option(help="Number of distinct layers L. \\[default: from the space]")] = None,
-    d_model: Annotated[Optional[int], typer.Option(help="Model width.")] = None,
-    heads: Annotated[Optional[int], typer.Option(help="Attention heads.")] = None,
-    seq_len: Annotated[Optional[int], typer.Option(help="Context length of the proxy.")] = None,
-    mlp_ratio: Annotated[Optional[float], typer.Option(help="SwiGLU width as a multiple of d_model.")] = None,
-    pe: Annotated[Optional[str], typer.Option(help="Positional encoding: nope|rope|learned|alibi.")] = None,
-    tokenizer: Annotated[Optional[str], typer.Option(help="byte, bpe:N, hf:NAME or file:PATH (a tokenizer.json); sets the model's vocabulary.")] = None,
+    space: Annotated[
+        Path | None,
+        typer.Option(
+            help=(
+                "Search-space TOML, or a preset by name (default, paper-small, paper-large, bench-small, "
+                "bench-crossing). \\[default: default]"
+            )
+        ),
+    ] = None,
+    layers: Annotated[int | None, typer.Option(help="Number of distinct layers L. \\[default: from the space]")] = None,
+    d_model: Annotated[int | None, typer.Option(help="Model width.")] = None,
+    heads: Annotated[int | None, typer.Option(help="Attention heads.")] = None,
+    seq_len: Annotated[int | None, typer.Option(help="Context length of the proxy.")] = None,
+    mlp_ratio: Annotated[float | None, typer.Option(help="SwiGLU width as a multiple of d_model.")] = None,
+    pe: Annotated[str | None, typer.Option(help="Positional encoding: nope|rope|learned|alibi.")] = None,
+    tokenizer: Annotated[
+        str | None,
+        typer.Option(help="byte, bpe:N, hf:NAME or file:PATH (a tokenizer.json); sets the model's vocabulary."),
+    ] = None,
 ) -> None: ...
 
 
 def _training_option_signature(
-    data: Annotated[Optional[str], typer.Option(help="stdlib (embedded), a local file/folder, or hf:NAME[:CONFIG].")] = None,
-    text_column: Annotated[Optional[str], typer.Option(help="Text column of .jsonl/.parquet/.csv data (with --answer-column: the prompt column).")] = None,
-    answer_column: Annotated[Optional[str], typer.Option(help="Answer column of prompt/answer rows: the loss and validation metrics are on the answer tokens only. \\[default: none, the whole text]")] = None,
-    steps: Annotated[Optional[int], typer.Option(help="Proxy training steps.")] = None,
-    batch_size: Annotated[Optional[int], typer.Option(help="Sequences per step.")] = None,
-    lr: Annotated[Optional[float], typer.Option(help="Peak learning rate.")] = None,
-    seed: Annotated[Optional[int], typer.Option(help="Seed of data order and initialisation.")] = None,
-    device: Annotated[Optional[str], typer.Option(help="auto|cpu|cuda|mps.")] = None,
-    dtype: Annotated[Optional[str], typer.Option(help="auto|fp32|bf16 (bf16 = autocast).")] = None,
-    compile: Annotated[Optional[bool], typer.Option("--compile/--no-compile", help="Compile each decoder layer. \\[default: auto]")] = None,
+    data: Annotated[
+        str | None, typer.Option(help="stdlib (embedded), a local file/folder, or hf:NAME[:CONFIG].")
+    ] = None,
+    text_column: Annotated[
+        str | None,
+        typer.Option(help="Text column of .jsonl/.parquet/.csv data (with --answer-column: the prompt column)."),
+    ] = None,
+    answer_column: Annotated[
+        str | None,
+        typer.Option(
+            help=(
+                "Answer column of prompt/answer rows: the loss and validation metrics are on the answer tokens only. "
+                "\\[default: none, the whole text]"
+            )
+        ),
+    ] = None,
+    steps: Annotated[int | None, typer.Option(help="Proxy training steps.")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Sequences per step.")] = None,
+    lr: Annotated[float | None, typer.Option(help="Peak learning rate.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed of data order and initialisation.")] = None,
+    device: Annotated[str | None, typer.Option(help="auto|cpu|cuda|mps.")] = None,
+    dtype: Annotated[str | None, typer.Option(help="auto|fp32|bf16 (bf16 = autocast).")] = None,
+    compile: Annotated[
+        bool | None, typer.Option("--compile/--no-compile", help="Compile each decoder layer. \\[default: auto]")
+    ] = None,
 ) -> None: ...
 
 
@@ -174,20 +224,52 @@ def emit(obj: Any, as_json: bool, render: Callable[[Any], None]) -> None:
         render(obj)
 
 
-ReuseMap = Annotated[Optional[str], typer.Option(help="One positive count per layer, e.g. 4,2,1,1, or a block map block:I-J:R (layers I..J, from 0, run R times as a block).")]
-Block = Annotated[Optional[int], typer.Option(help="Block recurrence: the whole stack run K times.")]
+ReuseMap = Annotated[
+    str | None,
+    typer.Option(
+        help=(
+            "One positive count per layer, e.g. 4,2,1,1, or a block map block:I-J:R (layers I..J, from 0, run R times "
+            "as a block)."
+        )
+    ),
+]
+Block = Annotated[int | None, typer.Option(help="Block recurrence: the whole stack run K times.")]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
-Init = Annotated[Optional[str], typer.Option(help="Start from a pretrained checkpoint: a folder as transformers' save_pretrained writes it (config.json, safetensors, tokenizer.json) or hf:NAME. The model takes its architecture and weights, the data its tokenizer; the shape flags and --tokenizer go without it.")]
-KnobSettings = Annotated[Optional[str], typer.Option(help="Recurrence knobs on: injection[=add|gated], iteration_encoding, iteration_norms, depth_init (init for the schedule's depth), repeat_scale[=residual|lr]; comma-separated.")]
+Init = Annotated[
+    str | None,
+    typer.Option(
+        help=(
+            "Start from a pretrained checkpoint: a folder as transformers' save_pretrained writes it (config.json, "
+            "safetensors, tokenizer.json) or hf:NAME. The model takes its architecture and weights, the data its "
+            "tokenizer; the shape flags and --tokenizer go without it."
+        )
+    ),
+]
+KnobSettings = Annotated[
+    str | None,
+    typer.Option(
+        help=(
+            "Recurrence knobs on: injection[=add|gated], iteration_encoding, iteration_norms, depth_init (init for the "
+            "schedule's depth), repeat_scale[=residual|lr]; comma-separated."
+        )
+    ),
+]
 
 
 # ----------------------------------------------------------------------------------------------------
 
+
 @app.command()
 @user_errors
 @with_model_options
-def flops(opts: SpaceOptions, reuse_map: ReuseMap = None, block: Block = None, knobs: KnobSettings = None,
-          init: Init = None, json_out: Json = False) -> None:
+def flops(
+    opts: SpaceOptions,
+    reuse_map: ReuseMap = None,
+    block: Block = None,
+    knobs: KnobSettings = None,
+    init: Init = None,
+    json_out: Json = False,
+) -> None:
     """Analytic forward FLOPs per token of a reuse map, and its ratio to the all-ones map.
 
     train_flops counts the space's proxy training (its steps and batch size)."""
@@ -210,13 +292,50 @@ def check_init_flags(opts: SpaceOptions, init: str | None) -> None:
 @app.command()
 @user_errors
 @with_space_options
-def train(opts: SpaceOptions, reuse_map: ReuseMap = None, block: Block = None, knobs: KnobSettings = None,
-          from_study: Annotated[Optional[str], typer.Option("--from-study", help="Train with this study's stored model, data and training settings (--steps, --seed, --device, --dtype and --compile may change them).")] = None,
-          storage: Annotated[Optional[str], typer.Option(help="Storage of --from-study. \\[default: sqlite:///studies/ilr-search.db]")] = None,
-          map_: Annotated[Optional[str], typer.Option("--map", help="With --from-study: the map, as the study names it (2,1,1,1, 2,1,1,1|injection=add, block:1-2:2 or block2). \\[default: the front's map of lowest perplexity]")] = None,
-          save: Annotated[Optional[Path], typer.Option(help="Write the trained model to this folder, in --format.")] = None,
-          save_format: Annotated[str, typer.Option("--format", help="With --save: native (model.safetensors, config.json and the tokenizer; ilr_search.commands.api.load_trained reads them, export-model --model re-exports them) or hf (a standard transformers checkpoint of the imported family, else llama, its schedule unrolled, with the tokenizer).")] = "native",
-          init: Init = None, json_out: Json = False) -> None:
+def train(
+    opts: SpaceOptions,
+    reuse_map: ReuseMap = None,
+    block: Block = None,
+    knobs: KnobSettings = None,
+    from_study: Annotated[
+        str | None,
+        typer.Option(
+            "--from-study",
+            help=(
+                "Train with this study's stored model, data and training settings (--steps, --seed, --device, --dtype "
+                "and --compile may change them)."
+            ),
+        ),
+    ] = None,
+    storage: Annotated[
+        str | None, typer.Option(help="Storage of --from-study. \\[default: sqlite:///studies/ilr-search.db]")
+    ] = None,
+    map_: Annotated[
+        str | None,
+        typer.Option(
+            "--map",
+            help=(
+                "With --from-study: the map, as the study names it (2,1,1,1, 2,1,1,1|injection=add, block:1-2:2 or "
+                "block2). \\[default: the front's map of lowest perplexity]"
+            ),
+        ),
+    ] = None,
+    save: Annotated[Path | None, typer.Option(help="Write the trained model to this folder, in --format.")] = None,
+    save_format: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help=(
+                "With --save: native (model.safetensors, config.json and the tokenizer; "
+                "ilr_search.commands.api.load_trained reads them, export-model --model re-exports them) or hf (a "
+                "standard transformers checkpoint of the imported family, else llama, its schedule unrolled, with the "
+                "tokenizer)."
+            ),
+        ),
+    ] = "native",
+    init: Init = None,
+    json_out: Json = False,
+) -> None:
     """Train one proxy model for a reuse map (or --block K) and report its validation perplexity."""
     if from_study is not None and init is not None:
         fail("--init and --from-study both set the model; give one")
@@ -231,8 +350,17 @@ def train(opts: SpaceOptions, reuse_map: ReuseMap = None, block: Block = None, k
 
     check_init_flags(opts, init)
     with ui.step_progress(enabled=True) as on_step:
-        report = train_report(opts.space, opts.overrides(), reuse_map, block, on_step=on_step, knobs=knobs, save=save,
-                              init=init, save_format=save_format)
+        report = train_report(
+            opts.space,
+            opts.overrides(),
+            reuse_map,
+            block,
+            on_step=on_step,
+            knobs=knobs,
+            save=save,
+            init=init,
+            save_format=save_format,
+        )
     emit(report, json_out, ui.print_train)
     if save is not None and not json_out:
         ui.out.print(f"saved the model to {save}")
@@ -241,9 +369,18 @@ def train(opts: SpaceOptions, reuse_map: ReuseMap = None, block: Block = None, k
 FROM_STUDY_FLAGS = ("steps", "seed", "device", "dtype", "compile")  # what --from-study lets a flag change
 
 
-def train_study_map(opts: SpaceOptions, reuse_map: str | None, block: int | None, knobs: str | None, study: str,
-                    storage: str | None, map_text: str | None, save: Path | None, json_out: bool,
-                    save_format: str) -> None:
+def train_study_map(
+    opts: SpaceOptions,
+    reuse_map: str | None,
+    block: int | None,
+    knobs: str | None,
+    study: str,
+    storage: str | None,
+    map_text: str | None,
+    save: Path | None,
+    json_out: bool,
+    save_format: str,
+) -> None:
     """`train --from-study`: the study's settings, with only FROM_STUDY_FLAGS changeable."""
     from ilr_search.commands.recipe import train_from_study
 
@@ -251,12 +388,23 @@ def train_study_map(opts: SpaceOptions, reuse_map: str | None, block: int | None
     if reuse_map is not None or block is not None or knobs is not None:
         given.insert(0, "reuse_map/block/knobs (use --map)")
     if given:
-        fail(f"--from-study takes the study's settings; drop --{given[0].replace('_', '-')} "
-             f"(only --map, {', '.join('--' + f for f in FROM_STUDY_FLAGS)}, --save and --format may be given with it)")
+        fail(
+            f"--from-study takes the study's settings; drop --{given[0].replace('_', '-')} "
+            f"(only --map, {', '.join('--' + f for f in FROM_STUDY_FLAGS)}, --save and --format may be given with it)"
+        )
     overrides = {"seed": opts.seed, "device": opts.device, "dtype": opts.dtype, "compile": opts.compile}
     with ui.step_progress(enabled=True) as on_step:
-        report = train_from_study(study, storage, map_text, opts.steps, overrides, on_step, save,
-                                  on_choice=lambda why: ui.hold_note(f"study {study}: {why}"), save_format=save_format)
+        report = train_from_study(
+            study,
+            storage,
+            map_text,
+            opts.steps,
+            overrides,
+            on_step,
+            save,
+            on_choice=lambda why: ui.hold_note(f"study {study}: {why}"),
+            save_format=save_format,
+        )
     emit(report, json_out, ui.print_train)
     if save is not None and not json_out:
         ui.out.print(f"saved the model to {save}")
@@ -314,8 +462,16 @@ def console_main() -> None:
     os._exit(code)
 
 
-Storage = Annotated[Optional[str], typer.Option(help="Optuna storage URL (sqlite, postgresql, mysql) or journal:PATH. \\[default: sqlite:///studies/ilr-search.db]")]
-StudyName = Annotated[Optional[str], typer.Option("--study", help="Study name; the same name resumes. \\[default: derived from the configuration]")]
+Storage = Annotated[
+    str | None,
+    typer.Option(
+        help="Optuna storage URL (sqlite, postgresql, mysql) or journal:PATH. \\[default: sqlite:///studies/ilr-search.db]"
+    ),
+]
+StudyName = Annotated[
+    str | None,
+    typer.Option("--study", help="Study name; the same name resumes. \\[default: derived from the configuration]"),
+]
 
 
 @app.command()
@@ -323,38 +479,192 @@ StudyName = Annotated[Optional[str], typer.Option("--study", help="Study name; t
 @with_space_options
 def run(
     opts: SpaceOptions,
-    budget: Annotated[str, typer.Option(help="Forward compute per token: 1.5x or 150% of the all-ones map, or FLOPs like 4.2e6.")],
+    budget: Annotated[
+        str, typer.Option(help="Forward compute per token: 1.5x or 150% of the all-ones map, or FLOPs like 4.2e6.")
+    ],
     study: StudyName = None,
     storage: Storage = None,
-    n_trials: Annotated[Optional[int], typer.Option(help="Finished trials the study should reach in total. \\[default: from the space]")] = None,
-    timeout: Annotated[Optional[float], typer.Option(help="Stop starting new trials after this many seconds.")] = None,
-    sampler: Annotated[Optional[str], typer.Option(help="auto|tpe|nsga2|gp|random|grid. \\[default: auto]")] = None,
-    pruner: Annotated[Optional[str], typer.Option(help="pareto (calibrated: prunes only at rungs that predict the final ranking) | pareto-eager (the uncalibrated rule) | median | none. \\[default: pareto]")] = None,
-    objective: Annotated[Optional[str], typer.Option(help="pareto (perplexity and FLOPs), ppl (budget as a constraint only) or answer (the answer tokens' perplexity and FLOPs; needs --answer-column).")] = None,
-    workers: Annotated[Optional[int], typer.Option(help="Worker processes on this machine, sharing the study and the device (its trials, reference runs and race); on a CPU one thread each. \\[default: from the space: one a CPU core in default.toml, else 1, or as --fuse auto chooses]")] = None,
-    fuse: Annotated[Optional[str], typer.Option(help="Maps trained at once in one fused group (K proxies in lockstep in one process); 1: one at a time; auto: K (and on a CPU, workers against threads) from memory and a short probe. A resume reuses the study's stored layout unless --fuse or --workers is given. \\[default: from the space, 4 in default.toml]")] = None,
-    knobs: Annotated[Optional[str], typer.Option(help="Recurrence knobs searched with the map, comma-separated: injection, iteration_encoding, iteration_norms, depth_init, repeat_scale. \\[default: from the space, none in the presets]")] = None,
-    track: Annotated[Optional[str], typer.Option(help="Log each trial (validation curve, map, knobs, final values) and the reference runs: tensorboard:DIR or mlflow:URI (needs mlflow).")] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan (study, trials, references, pruning rungs, storage, space) and a time estimate from a short timed probe; write nothing.")] = False,
-    target: Annotated[Optional[str], typer.Option(help="The length the verdict is about, a multiple of the proxy's steps: contenders are screened and raced there (1x: seeds only). \\[default: from the space, 4x]")] = None,
-    race_seeds: Annotated[Optional[int], typer.Option(help="Seeds each contender has at the target at its first test (adaptive race: the first screens, the rest test; fixed race: seeds at every length). --target 1x --race-seeds 1: no race. \\[default: from the space, 3]")] = None,
-    max_seeds: Annotated[Optional[int], typer.Option(help="Adaptive race: the most seeds a contender gets at the target; seeds are added while its comparison with the baseline is open. \\[default: from the space, 8]")] = None,
-    max_race_steps: Annotated[Optional[int], typer.Option(help="A cap on the steps the race trains (0: none); a resume with a larger cap goes on. \\[default: from the space, 0]")] = None,
-    race_policy: Annotated[Optional[str], typer.Option(help="adaptive (judged at the target, seeds until decided) or fixed (race-seeds at doubled lengths, as studies made before it). \\[default: from the space, adaptive]")] = None,
-    equal_compute: Annotated[Optional[str], typer.Option(help="depth: also race a plain model as deep as the best contender runs (the same compute, more parameters); off. \\[default: from the space, depth]")] = None,
-    enqueue: Annotated[Optional[str], typer.Option(help="Your maps, trained first after the baseline, in order, space-separated: \"3,2,2,1 4,2,1,1\", with knobs as --knobs of train takes them (2,1,1,1|injection=add), block maps block:I-J:R (where the study searches blocks), or blockK (trained as a reference run; a trial where blocks are searched). Over-budget maps are repaired to the budget. \\[default: the space's enqueue list]")] = None,
+    n_trials: Annotated[
+        int | None, typer.Option(help="Finished trials the study should reach in total. \\[default: from the space]")
+    ] = None,
+    timeout: Annotated[float | None, typer.Option(help="Stop starting new trials after this many seconds.")] = None,
+    sampler: Annotated[str | None, typer.Option(help="auto|tpe|nsga2|gp|random|grid. \\[default: auto]")] = None,
+    pruner: Annotated[
+        str | None,
+        typer.Option(
+            help=(
+                "pareto (calibrated: prunes only at rungs that predict the final ranking) | pareto-eager (the "
+                "uncalibrated rule) | median | none. \\[default: pareto]"
+            )
+        ),
+    ] = None,
+    objective: Annotated[
+        str | None,
+        typer.Option(
+            help=(
+                "pareto (perplexity and FLOPs), ppl (budget as a constraint only) or answer (the answer tokens' "
+                "perplexity and FLOPs; needs --answer-column)."
+            )
+        ),
+    ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            help=(
+                "Worker processes on this machine, sharing the study and the device (its trials, reference runs and "
+                "race); on a CPU one thread each. \\[default: from the space: one a CPU core in default.toml, else 1, "
+                "or as --fuse auto chooses]"
+            )
+        ),
+    ] = None,
+    fuse: Annotated[
+        str | None,
+        typer.Option(
+            help=(
+                "Maps trained at once in one fused group (K proxies in lockstep in one process); 1: one at a time; "
+                "auto: K (and on a CPU, workers against threads) from memory and a short probe. A resume reuses the "
+                "study's stored layout unless --fuse or --workers is given. \\[default: from the space, 4 in "
+                "default.toml]"
+            )
+        ),
+    ] = None,
+    knobs: Annotated[
+        str | None,
+        typer.Option(
+            help=(
+                "Recurrence knobs searched with the map, comma-separated: injection, iteration_encoding, "
+                "iteration_norms, depth_init, repeat_scale. \\[default: from the space, none in the presets]"
+            )
+        ),
+    ] = None,
+    track: Annotated[
+        str | None,
+        typer.Option(
+            help=(
+                "Log each trial (validation curve, map, knobs, final values) and the reference runs: tensorboard:DIR "
+                "or mlflow:URI (needs mlflow)."
+            )
+        ),
+    ] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help=(
+                "Print the plan (study, trials, references, pruning rungs, storage, space) and a time estimate from a "
+                "short timed probe; write nothing."
+            ),
+        ),
+    ] = False,
+    target: Annotated[
+        str | None,
+        typer.Option(
+            help=(
+                "The length the verdict is about, a multiple of the proxy's steps: contenders are screened and raced "
+                "there (1x: seeds only). \\[default: from the space, 4x]"
+            )
+        ),
+    ] = None,
+    race_seeds: Annotated[
+        int | None,
+        typer.Option(
+            help=(
+                "Seeds each contender has at the target at its first test (adaptive race: the first screens, the rest "
+                "test; fixed race: seeds at every length). --target 1x --race-seeds 1: no race. \\[default: from the "
+                "space, 3]"
+            )
+        ),
+    ] = None,
+    max_seeds: Annotated[
+        int | None,
+        typer.Option(
+            help=(
+                "Adaptive race: the most seeds a contender gets at the target; seeds are added while its comparison "
+                "with the baseline is open. \\[default: from the space, 8]"
+            )
+        ),
+    ] = None,
+    max_race_steps: Annotated[
+        int | None,
+        typer.Option(
+            help=(
+                "A cap on the steps the race trains (0: none); a resume with a larger cap goes on. \\[default: from "
+                "the space, 0]"
+            )
+        ),
+    ] = None,
+    race_policy: Annotated[
+        str | None,
+        typer.Option(
+            help=(
+                "adaptive (judged at the target, seeds until decided) or fixed (race-seeds at doubled lengths, as "
+                "studies made before it). \\[default: from the space, adaptive]"
+            )
+        ),
+    ] = None,
+    equal_compute: Annotated[
+        str | None,
+        typer.Option(
+            help=(
+                "depth: also race a plain model as deep as the best contender runs (the same compute, more "
+                "parameters); off. \\[default: from the space, depth]"
+            )
+        ),
+    ] = None,
+    enqueue: Annotated[
+        str | None,
+        typer.Option(
+            help=(
+                'Your maps, trained first after the baseline, in order, space-separated: "3,2,2,1 4,2,1,1", with knobs '
+                "as --knobs of train takes them (2,1,1,1|injection=add), block maps block:I-J:R (where the study "
+                "searches blocks), or blockK (trained as a reference run; a trial where blocks are searched). "
+                "Over-budget maps are repaired to the budget. \\[default: the space's enqueue list]"
+            )
+        ),
+    ] = None,
     init: Init = None,
-    train_steps: Annotated[Optional[int], typer.Option(help="Steps each map trains (--steps under the name a pretrained model's search uses): with --init, 0 evaluates each map on the checkpoint's weights as they are (frozen, the race pairs maps by held-out window chunk), N continues training them (retrofit). \\[default: from the space]")] = None,
+    train_steps: Annotated[
+        int | None,
+        typer.Option(
+            help=(
+                "Steps each map trains (--steps under the name a pretrained model's search uses): with --init, 0 "
+                "evaluates each map on the checkpoint's weights as they are (frozen, the race pairs maps by held-out "
+                "window chunk), N continues training them (retrofit). \\[default: from the space]"
+            )
+        ),
+    ] = None,
     json_out: Json = False,
 ) -> None:
     """Search reuse maps under a FLOP budget; running it again resumes the study."""
     from ilr_search.commands.run import RunOptions, run_request, run_search
 
     check_init_flags(opts, init)
-    request, fuse_asked = run_request(RunOptions(
-        opts.space, opts.overrides(), budget, study, storage, n_trials, timeout, sampler, pruner, objective, workers,
-        fuse, knobs, target, race_seeds, max_seeds, max_race_steps, race_policy, equal_compute, enqueue,
-        train_steps=train_steps, init=init))
+    request, fuse_asked = run_request(
+        RunOptions(
+            opts.space,
+            opts.overrides(),
+            budget,
+            study,
+            storage,
+            n_trials,
+            timeout,
+            sampler,
+            pruner,
+            objective,
+            workers,
+            fuse,
+            knobs,
+            target,
+            race_seeds,
+            max_seeds,
+            max_race_steps,
+            race_policy,
+            equal_compute,
+            enqueue,
+            train_steps=train_steps,
+            init=init,
+        )
+    )
     tracked_reporter(track, storage, open_uri=False)  # a bad --track is refused before the probe
     if dry_run:
         from ilr_search.commands.dryrun import dry_run_report
@@ -362,9 +672,14 @@ def run(
         emit(dry_run_report(request, workers, fuse=fuse_asked), json_out, ui.print_plan)
         return
     tracked = tracked_reporter(track, storage)
-    summary = run_search(request, fuse_asked, workers, lambda: tracked(ui.ConsoleReporter(enabled=True)),
-                         note=lambda text: ui.err.print(text, soft_wrap=True, markup=False, highlight=False),
-                         fuse_asked=fuse is not None)
+    summary = run_search(
+        request,
+        fuse_asked,
+        workers,
+        lambda: tracked(ui.ConsoleReporter(enabled=True)),
+        note=lambda text: ui.err.print(text, soft_wrap=True, markup=False, highlight=False),
+        fuse_asked=fuse is not None,
+    )
     emit(summary, json_out, ui.print_run)
     if summary.interrupted:
         raise typer.Exit(130)
@@ -380,7 +695,10 @@ def tracked_reporter(track: str | None, storage: str | None, open_uri: bool = Tr
     return lambda reporter: TrackingReporter(reporter, spec, storage)
 
 
-ReadStudy = Annotated[Optional[str], typer.Option("--study", help="Study name. \\[default: the storage's only study, else its most recently active]")]
+ReadStudy = Annotated[
+    str | None,
+    typer.Option("--study", help="Study name. \\[default: the storage's only study, else its most recently active]"),
+]
 
 
 def study_or_default(study: str | None, storage: str | None) -> str:
@@ -416,8 +734,12 @@ def trials(study: ReadStudy = None, storage: Storage = None, json_out: Json = Fa
 def pareto(
     study: ReadStudy = None,
     storage: Storage = None,
-    out: Annotated[Optional[Path], typer.Option(help="Write .html (interactive, offline), .png/.svg (kaleido), .csv or .json.")] = None,
-    view: Annotated[str, typer.Option(help="front, or layers: which layers the front's maps recur and their importance.")] = "front",
+    out: Annotated[
+        Path | None, typer.Option(help="Write .html (interactive, offline), .png/.svg (kaleido), .csv or .json.")
+    ] = None,
+    view: Annotated[
+        str, typer.Option(help="front, or layers: which layers the front's maps recur and their importance.")
+    ] = "front",
     json_out: Json = False,
 ) -> None:
     """The Pareto front of perplexity vs compute: a table, and a figure or table file with --out."""
@@ -434,10 +756,18 @@ def export(
     out: Annotated[Path, typer.Option(help="trials.csv or trials.parquet")],
     study: ReadStudy = None,
     storage: Storage = None,
-    curves: Annotated[Optional[Path], typer.Option(help="Also write the learning curves as a long table (trial, reference, map, kind val|train, step, tokens, loss; a race run's seed, run_steps): curves.csv or curves.parquet.")] = None,
+    curves: Annotated[
+        Path | None,
+        typer.Option(
+            help=(
+                "Also write the learning curves as a long table (trial, reference, map, kind val|train, step, tokens, "
+                "loss; a race run's seed, run_steps): curves.csv or curves.parquet."
+            )
+        ),
+    ] = None,
     json_out: Json = False,
 ) -> None:
-    """Write one row per trial (map, state, objectives, parameters, steps, pruning, durations), per reference run and per race run."""
+    """Write one row per trial (map, state, objectives, parameters, steps, pruning, durations), per reference run and per race run."""  # noqa: E501 -- typer lists the command by this paragraph, its line breaks kept
     from ilr_search.commands.report import export_trials
 
     emit(export_trials(study_or_default(study, storage), storage, out, curves), json_out, ui.print_export)
@@ -449,9 +779,17 @@ def audit(
     study: ReadStudy = None,
     storage: Storage = None,
     factor: Annotated[float, typer.Option(help="Retrain at this many times the proxy's steps (at least 1).")] = 4.0,
-    maps: Annotated[str, typer.Option(help="auto (front, baseline, best pruned near the front, random trained maps), front, top:K or all.")] = "auto",
+    maps: Annotated[
+        str,
+        typer.Option(
+            help="auto (front, baseline, best pruned near the front, random trained maps), front, top:K or all."
+        ),
+    ] = "auto",
     seeds: Annotated[int, typer.Option(help="Seeds per map (the study's seed first).")] = 1,
-    fuse: Annotated[str, typer.Option(help="Runs of one model trained at once in one fused group (the same results); 1: one at a time.")] = "1",
+    fuse: Annotated[
+        str,
+        typer.Option(help="Runs of one model trained at once in one fused group (the same results); 1: one at a time."),
+    ] = "1",
     json_out: Json = False,
 ) -> None:
     """Retrain chosen maps of a study FACTOR times longer and say how far the proxy's ranking holds (resumable)."""
@@ -463,8 +801,9 @@ def audit(
     if k == "auto":
         raise UserInputError("audit --fuse takes a number of runs (auto is run's); e.g. --fuse 4")
     with ui.ConsoleReporter(enabled=True) as reporter:
-        report = run_audit(study_or_default(study, storage), storage, AuditSettings(factor, maps, seeds), reporter,
-                           fuse=int(k))
+        report = run_audit(
+            study_or_default(study, storage), storage, AuditSettings(factor, maps, seeds), reporter, fuse=int(k)
+        )
     emit(report, json_out, ui.print_audit)
 
 
@@ -480,8 +819,15 @@ def bench_build(
     budget: Annotated[str, typer.Option(help="FLOP budget the maps must fit.")] = "2x",
     storage: Storage = None,
     study: StudyName = None,
-    steps: Annotated[Optional[int], typer.Option(help="Proxy steps (a longer table of the same space). \\[default: the space's]")] = None,
-    sample: Annotated[Optional[int], typer.Option(help="Train only this many maps (a seeded sample; the baseline always). \\[default: every feasible map]")] = None,
+    steps: Annotated[
+        int | None, typer.Option(help="Proxy steps (a longer table of the same space). \\[default: the space's]")
+    ] = None,
+    sample: Annotated[
+        int | None,
+        typer.Option(
+            help="Train only this many maps (a seeded sample; the baseline always). \\[default: every feasible map]"
+        ),
+    ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the sample.")] = 0,
     json_out: Json = False,
 ) -> None:
@@ -496,14 +842,60 @@ def bench_build(
 @bench_app.command("replay")
 @user_errors
 def bench_replay(
-    table: Annotated[Path, typer.Option(help="A table in the bench format (bench build writes one; partial tables and blockK rows are fine), or with --policy a truth table (benchmarks/truth.py).")],
-    pruner: Annotated[str, typer.Option(help="pareto (calibrated, the default) or pareto-eager (the uncalibrated rule), or none.")] = "pareto",
-    seed: Annotated[Optional[int], typer.Option(help="Shuffle the row order with this seed (with --policy: the first order). \\[default: table order]")] = None,
-    policy: Annotated[Optional[str], typer.Option(help="Replay a whole policy over a truth table instead: race (seeds and lengths, paired tests), today (one seed at the base length, pruned) or none (one seed, no pruning).")] = None,
-    orders: Annotated[int, typer.Option(help="With --policy: replays, each in its own order (seed order for race, row order and seed for today/none).")] = 10,
-    race_seeds: Annotated[Optional[int], typer.Option(help="With --policy race: seeds the race uses, drawn from the table's. \\[default: all the table's]")] = None,
-    confidence: Annotated[float, typer.Option(help="With --policy race: confidence of the paired tests and intervals.")] = 0.9,
-    max_contenders: Annotated[Optional[int], typer.Option(help="With --policy race or race-fixed: maps raced beyond their first result, the baseline among them. \\[default: 3 for race (a default study), 6 for race-fixed]")] = None,
+    table: Annotated[
+        Path,
+        typer.Option(
+            help=(
+                "A table in the bench format (bench build writes one; partial tables and blockK rows are fine), or "
+                "with --policy a truth table (benchmarks/truth.py)."
+            )
+        ),
+    ],
+    pruner: Annotated[
+        str, typer.Option(help="pareto (calibrated, the default) or pareto-eager (the uncalibrated rule), or none.")
+    ] = "pareto",
+    seed: Annotated[
+        int | None,
+        typer.Option(
+            help="Shuffle the row order with this seed (with --policy: the first order). \\[default: table order]"
+        ),
+    ] = None,
+    policy: Annotated[
+        str | None,
+        typer.Option(
+            help=(
+                "Replay a whole policy over a truth table instead: race (seeds and lengths, paired tests), today (one "
+                "seed at the base length, pruned) or none (one seed, no pruning)."
+            )
+        ),
+    ] = None,
+    orders: Annotated[
+        int,
+        typer.Option(
+            help=(
+                "With --policy: replays, each in its own order (seed order for race, row order and seed for "
+                "today/none)."
+            )
+        ),
+    ] = 10,
+    race_seeds: Annotated[
+        int | None,
+        typer.Option(
+            help="With --policy race: seeds the race uses, drawn from the table's. \\[default: all the table's]"
+        ),
+    ] = None,
+    confidence: Annotated[
+        float, typer.Option(help="With --policy race: confidence of the paired tests and intervals.")
+    ] = 0.9,
+    max_contenders: Annotated[
+        int | None,
+        typer.Option(
+            help=(
+                "With --policy race or race-fixed: maps raced beyond their first result, the baseline among them. "
+                "\\[default: 3 for race (a default study), 6 for race-fixed]"
+            )
+        ),
+    ] = None,
     json_out: Json = False,
 ) -> None:
     """Replay a pruning rule over a table's rows: the maps it prunes, the steps it saves, the front maps it loses
@@ -522,14 +914,48 @@ def bench_replay(
 @bench_app.command("power")
 @user_errors
 def bench_power(
-    table: Annotated[Path, typer.Option(help="A truth table (benchmarks/truth.py builds them): maps at several lengths and seeds.")],
-    deltas: Annotated[str, typer.Option(help="Planted gaps in the table's seed sd at the target, comma-separated (0: the A/A table, every map at the baseline's mean).")] = "0,0.5,1,2,3,4",
-    crossing: Annotated[str, typer.Option(help="Crossing gaps in seed sd (worse by the gap at the base length, better at the target), comma-separated; empty: none.")] = "2",
+    table: Annotated[
+        Path, typer.Option(help="A truth table (benchmarks/truth.py builds them): maps at several lengths and seeds.")
+    ],
+    deltas: Annotated[
+        str,
+        typer.Option(
+            help=(
+                "Planted gaps in the table's seed sd at the target, comma-separated (0: the A/A table, every map at "
+                "the baseline's mean)."
+            )
+        ),
+    ] = "0,0.5,1,2,3,4",
+    crossing: Annotated[
+        str,
+        typer.Option(
+            help=(
+                "Crossing gaps in seed sd (worse by the gap at the base length, better at the target), "
+                "comma-separated; empty: none."
+            )
+        ),
+    ] = "2",
     orders: Annotated[int, typer.Option(help="Seed orders replayed per planted map.")] = 10,
-    maps: Annotated[Optional[str], typer.Option(help="The maps planted, space-separated. \\[default: every recurrent map of the table]")] = None,
-    policy: Annotated[str, typer.Option(help="race (the adaptive race of a default study), race-fixed (the fixed race at --fixed-seeds), or both.")] = "both",
+    maps: Annotated[
+        str | None,
+        typer.Option(help="The maps planted, space-separated. \\[default: every recurrent map of the table]"),
+    ] = None,
+    policy: Annotated[
+        str,
+        typer.Option(
+            help="race (the adaptive race of a default study), race-fixed (the fixed race at --fixed-seeds), or both."
+        ),
+    ] = "both",
     fixed_seeds: Annotated[int, typer.Option(help="Seeds of the fixed race, drawn from the table's.")] = 3,
-    against: Annotated[str, typer.Option(help="baseline: the planted map beats the baseline by the gap; best: it beats the table's best map at the target by the gap (for tables where recurrence already wins).")] = "baseline",
+    against: Annotated[
+        str,
+        typer.Option(
+            help=(
+                "baseline: the planted map beats the baseline by the gap; best: it beats the table's best map at the "
+                "target by the gap (for tables where recurrence already wins)."
+            )
+        ),
+    ] = "baseline",
     json_out: Json = False,
 ) -> None:
     """The race's power, measured on itself: plant a gap in one map of a truth table, replay the race over many
@@ -542,15 +968,47 @@ def bench_power(
 @app.command("export-model")
 @user_errors
 def export_model(
-    out: Annotated[Path, typer.Option(help="A new or empty folder for the checkpoint (config.json, model.safetensors, tokenizer files).")],
-    study: Annotated[Optional[str], typer.Option("--study", help="A frozen study of a pretrained model (run --init ... --train-steps 0): its checkpoint's weights under --map.")] = None,
-    storage: Annotated[Optional[str], typer.Option(help="Storage of --study. \\[default: sqlite:///studies/ilr-search.db]")] = None,
-    model: Annotated[Optional[Path], typer.Option(help="Instead of --study: a folder train --save wrote (native), exported under --map.")] = None,
-    map_: Annotated[Optional[str], typer.Option("--map", help="The map the checkpoint unrolls: 2,2,1,1, block:1-2:2 or block2 (no knobs); 1,1,1,1 writes each distinct layer once. \\[default: the study's decided best map, as recipe chooses it; for --model the map it was trained with]")] = None,
-    family: Annotated[Optional[str], typer.Option(help="llama, mistral, qwen2 or qwen3. \\[default: the imported checkpoint's family, else llama]")] = None,
+    out: Annotated[
+        Path,
+        typer.Option(
+            help="A new or empty folder for the checkpoint (config.json, model.safetensors, tokenizer files)."
+        ),
+    ],
+    study: Annotated[
+        str | None,
+        typer.Option(
+            "--study",
+            help=(
+                "A frozen study of a pretrained model (run --init ... --train-steps 0): its checkpoint's weights under "
+                "--map."
+            ),
+        ),
+    ] = None,
+    storage: Annotated[
+        str | None, typer.Option(help="Storage of --study. \\[default: sqlite:///studies/ilr-search.db]")
+    ] = None,
+    model: Annotated[
+        Path | None,
+        typer.Option(help="Instead of --study: a folder train --save wrote (native), exported under --map."),
+    ] = None,
+    map_: Annotated[
+        str | None,
+        typer.Option(
+            "--map",
+            help=(
+                "The map the checkpoint unrolls: 2,2,1,1, block:1-2:2 or block2 (no knobs); 1,1,1,1 writes each "
+                "distinct layer once. \\[default: the study's decided best map, as recipe chooses it; for --model the "
+                "map it was trained with]"
+            ),
+        ),
+    ] = None,
+    family: Annotated[
+        str | None,
+        typer.Option(help="llama, mistral, qwen2 or qwen3. \\[default: the imported checkpoint's family, else llama]"),
+    ] = None,
     json_out: Json = False,
 ) -> None:
-    """Write a standard transformers checkpoint of a model under a map, its repeated layers unrolled, with its tokenizer."""
+    """Write a standard transformers checkpoint of a model under a map, its repeated layers unrolled, with its tokenizer."""  # noqa: E501 -- typer lists the command by this paragraph, its line breaks kept
     from ilr_search.commands.export import export_saved_model, export_study_model
 
     if (study is None) == (model is None):
@@ -560,8 +1018,10 @@ def export_model(
             fail("--storage goes with --study")
         report = export_saved_model(model, out, map_, family)
     else:
-        report = export_study_model(study, out, storage, map_, family,
-                                    on_choice=lambda why: ui.hold_note(f"study {study}: {why}"))
+        assert study is not None  # exactly one of --study and --model
+        report = export_study_model(
+            study, out, storage, map_, family, on_choice=lambda why: ui.hold_note(f"study {study}: {why}")
+        )
     emit(report, json_out, ui.print_export_model)
 
 
@@ -570,11 +1030,22 @@ def export_model(
 def recipe(
     study: ReadStudy = None,
     storage: Storage = None,
-    map_: Annotated[Optional[str], typer.Option("--map", help="A map the study trained (2,1,1,1, 2,1,1,1|injection=add, block:1-2:2 or block2). \\[default: the front's map of lowest perplexity]")] = None,
-    out: Annotated[Optional[Path], typer.Option(help="Write the recipe to FILE.toml or FILE.json. \\[default: TOML on stdout]")] = None,
+    map_: Annotated[
+        str | None,
+        typer.Option(
+            "--map",
+            help=(
+                "A map the study trained (2,1,1,1, 2,1,1,1|injection=add, block:1-2:2 or block2). \\[default: the "
+                "front's map of lowest perplexity]"
+            ),
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Write the recipe to FILE.toml or FILE.json. \\[default: TOML on stdout]")
+    ] = None,
     json_out: Json = False,
 ) -> None:
-    """Everything needed to train one map of a study elsewhere: model config, map, schedule, knobs, training and data settings, measured perplexities."""
+    """Everything needed to train one map of a study elsewhere: model config, map, schedule, knobs, training and data settings, measured perplexities."""  # noqa: E501 -- typer lists the command by this paragraph, its line breaks kept
     from ilr_search.commands.recipe import RECIPE_FORMATS, recipe_text, study_recipe, write_recipe
     from ilr_search.commands.report import check_out_path
 

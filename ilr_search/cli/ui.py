@@ -18,8 +18,20 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from ilr_search.commands.events import (Event, Message, ReferenceFinished, ReferenceStarted, RunFinished, RunReporter,
-                                        RunsStarted, Step, StudyStarted, TrialFinished, TrialStarted, format_reuse_map)
+from ilr_search.commands.events import (
+    Event,
+    Message,
+    ReferenceFinished,
+    ReferenceStarted,
+    RunFinished,
+    RunReporter,
+    RunsStarted,
+    Step,
+    StudyStarted,
+    TrialFinished,
+    TrialStarted,
+    format_reuse_map,
+)
 
 if TYPE_CHECKING:
     from ilr_search.commands.studies import StudyReport
@@ -124,8 +136,20 @@ def with_knobs_column(columns: list[str], rows: list[dict[str, Any]]) -> list[st
 
 
 KEPT_WHOLE = ("reuse_map", "study", "map_key", "best")  # never folded nor dropped, header included: what you copy
-LEFT_ALIGNED = ("reuse_map", "knobs", "state", "study", "map_key", "best", "decided", "status", "confirmed", "source", "reference",
-                "schedule")
+LEFT_ALIGNED = (
+    "reuse_map",
+    "knobs",
+    "state",
+    "study",
+    "map_key",
+    "best",
+    "decided",
+    "status",
+    "confirmed",
+    "source",
+    "reference",
+    "schedule",
+)
 KNOB_FLOOR = 12  # a knob settings cell folds to lines this wide before a column is dropped
 
 
@@ -155,8 +179,9 @@ def column_cells(column: str, values: list[Any]) -> list[str]:
     return [_fmt(v) for v in values]
 
 
-def fit_columns(columns: list[str], heads: list[str], cells: list[list[str]], width: int,
-                droppable: list[str]) -> tuple[list[int], list[int | None]]:
+def fit_columns(
+    columns: list[str], heads: list[str], cells: list[list[str]], width: int, droppable: list[str]
+) -> tuple[list[int], list[int | None]]:
     """(the columns shown, by index, and their widths) that fit a table in `width`. A column's floor is its longest
     word, header and values alike (a number is one word: never split; a header folds between its words, never
     a letter a line); a key column (KEPT_WHOLE) keeps its whole width, and knob settings fold down to KNOB_FLOOR.
@@ -166,10 +191,14 @@ def fit_columns(columns: list[str], heads: list[str], cells: list[list[str]], wi
     when the table fits as it is."""
     n = len(columns)
     natural = [max([len(heads[i])] + [len(row[i]) for row in cells]) for i in range(n)]
-    words = [max([len(w) for w in heads[i].split()] + [len(w) for row in cells for w in row[i].split()] + [1])
-             for i in range(n)]
-    floors = [natural[i] if c in KEPT_WHOLE else min(words[i], KNOB_FLOOR) if c == "knobs" else words[i]
-              for i, c in enumerate(columns)]
+    words = [
+        max([len(w) for w in heads[i].split()] + [len(w) for row in cells for w in row[i].split()] + [1])
+        for i in range(n)
+    ]
+    floors = [
+        natural[i] if c in KEPT_WHOLE else min(words[i], KNOB_FLOOR) if c == "knobs" else words[i]
+        for i, c in enumerate(columns)
+    ]
 
     shown = list(range(n))
     if sum(natural) + 3 * n + 1 <= width:  # a border and a space either side of each column
@@ -177,6 +206,7 @@ def fit_columns(columns: list[str], heads: list[str], cells: list[list[str]], wi
 
     def room(shown: list[int], widths: list[int]) -> int:  # fitted: no space at the table's outer edges
         return sum(widths[i] for i in shown) + 3 * len(shown) - 1
+
     for column in droppable:
         if room(shown, floors) <= width:
             break
@@ -201,20 +231,31 @@ def _cell(row: dict[str, Any], column: str) -> Any:
     return row.get("map") or row.get(column) if column == "reuse_map" else row.get(column)
 
 
-def rows_table(title: str, rows: list[dict[str, Any]], columns: list[str], headers: dict[str, str] | None = None,
-               droppable: list[str] | None = None) -> None:
+def rows_table(
+    title: str,
+    rows: list[dict[str, Any]],
+    columns: list[str],
+    headers: dict[str, str] | None = None,
+    droppable: list[str] | None = None,
+) -> None:
     """A table of `rows` by `columns` (their keys), each headed by its key (underscores as spaces) or by
     `headers[key]`, fitted to the console (fit_columns: on a narrow one the `droppable` columns go first)."""
     columns = with_knobs_column(columns, rows)
     by_column = [column_cells(c, [_cell(row, c) for row in rows]) for c in columns]
-    cells = [list(row) for row in zip(*by_column)] if rows else []
+    cells = [list(row) for row in zip(*by_column, strict=True)] if rows else []
     heads = [(headers or {}).get(c, c.replace("_", " ")) for c in columns]
     shown, widths = fit_columns(columns, heads, cells, out.width, list(droppable or ()))
     table = Table(title=title, pad_edge=widths[0] is None if widths else True)
-    for i, width in zip(shown, widths):
+    for i, width in zip(shown, widths, strict=True):
         col = columns[i]
-        table.add_column(heads[i], justify="left" if col in LEFT_ALIGNED else "right", overflow="fold",
-                         no_wrap=col in KEPT_WHOLE, width=width, min_width=width if col in KEPT_WHOLE else None)
+        table.add_column(
+            heads[i],
+            justify="left" if col in LEFT_ALIGNED else "right",
+            overflow="fold",
+            no_wrap=col in KEPT_WHOLE,
+            width=width,
+            min_width=width if col in KEPT_WHOLE else None,
+        )
     for row in cells:
         table.add_row(*(row[i] for i in shown))
     out.print(table)
@@ -226,9 +267,17 @@ def step_progress(enabled: bool = True, total: int | None = None, description: s
     if not enabled:
         yield None
         return
-    progress = LazyProgress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), TextColumn("eta"),
-                        TimeRemainingColumn(), console=err, transient=True)
+    progress = LazyProgress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]}"),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+        console=err,
+        transient=True,
+    )
     task = progress.add_task(description, total=total, loss="-")
 
     def on_step(step: int, steps: int, loss: float) -> None:
@@ -247,6 +296,7 @@ TRIAL_COLUMNS_DROPPED = ["pruned_at_step", "val_bpb", "steps", "state"]  # on a 
 class StudyEta:
     """The time a run has left, from what it measured: from the first trial on (its progress counts before it
     ends), each trial or reference run left costs the mean time of those this run did so far."""
+
     started: float  # when the run began (a monotonic clock)
 
     def seconds_left(self, now: float, runs_done: int, current_fraction: float, runs_left: int) -> float | None:
@@ -283,9 +333,17 @@ class ConsoleReporter(RunReporter):
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
-        self.progress = LazyProgress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                     TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("eta"),
-                                     EtaColumn(), console=err, disable=not enabled)
+        self.progress = LazyProgress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            EtaColumn(),
+            console=err,
+            disable=not enabled,
+        )
         self.study_task = None
         self.rows: dict[int | None, Any] = {}  # worker -> its training row
         self.eta: StudyEta | None = None
@@ -294,7 +352,7 @@ class ConsoleReporter(RunReporter):
         self.runs_done: int | None = None  # race (or audit) runs stored, once the race started
         self.printed_front: list[Any] | None = None  # the trials of the front last printed
 
-    def __enter__(self) -> "ConsoleReporter":
+    def __enter__(self) -> ConsoleReporter:
         self.progress.__enter__()
         return self
 
@@ -316,8 +374,9 @@ class ConsoleReporter(RunReporter):
         """The process's training row, now training `label` for `steps` steps."""
         task = self.rows.get(worker)
         if task is None:
-            self.rows[worker] = self.progress.add_task("train" if worker is None else f"worker {worker}", total=steps,
-                                                       info=label)
+            self.rows[worker] = self.progress.add_task(
+                "train" if worker is None else f"worker {worker}", total=steps, info=label
+            )
         else:
             self.progress.update(task, completed=0, total=steps, info=label)
 
@@ -325,10 +384,13 @@ class ConsoleReporter(RunReporter):
     def _study_started(self, event: StudyStarted) -> None:
         if self.study_task is not None:  # the workers' studies: the first one says it
             return
-        self.print(dataclasses.replace(event, worker=None), f"study {event.study}: {event.finished} of {event.target} "
-                                                            "trials finished")
-        self.study_task = self.progress.add_task("study", total=event.target, completed=event.finished, info="trials",
-                                                 eta=None)
+        self.print(
+            dataclasses.replace(event, worker=None),
+            f"study {event.study}: {event.finished} of {event.target} trials finished",
+        )
+        self.study_task = self.progress.add_task(
+            "study", total=event.target, completed=event.finished, info="trials", eta=None
+        )
         self.eta = StudyEta(time.monotonic())
         self.target, self.finished_at_start, self.finished = event.target, event.finished, event.finished
 
@@ -336,16 +398,20 @@ class ConsoleReporter(RunReporter):
     def _trial_started(self, event: TrialStarted) -> None:
         label = f"trial {event.number} map {_fmt(event.reuse_map)}" + (f" with {event.knobs}" if event.knobs else "")
         if event.worker is None:
-            self.print(event, f"trial {event.number}: training map {_fmt(event.reuse_map)}"
-                       + (f" with {event.knobs}" if event.knobs else ""))
+            self.print(
+                event,
+                f"trial {event.number}: training map {_fmt(event.reuse_map)}"
+                + (f" with {event.knobs}" if event.knobs else ""),
+            )
         self._row(event.worker, label, event.steps)
 
     @on.register
     def _reference_started(self, event: ReferenceStarted) -> None:
         """The study row counts the reference runs after the trials (its timer runs on)."""
         if self.study_task is not None and event.worker is None:
-            self.progress.update(self.study_task, total=self.target + event.count, completed=self.target + event.index,
-                                 info="references")
+            self.progress.update(
+                self.study_task, total=self.target + event.count, completed=self.target + event.index, info="references"
+            )
             self.references = (event.index, event.count)
         self._row(event.worker, f"reference {event.name}", event.steps)
 
@@ -353,8 +419,9 @@ class ConsoleReporter(RunReporter):
     def _reference_finished(self, event: ReferenceFinished) -> None:
         if self.study_task is not None and self.references is not None and event.worker is None:
             last = self.references[0] + 1 == self.references[1]
-            self.progress.update(self.study_task, completed=self.target + self.references[0] + 1,
-                                 **({"eta": 0.0} if last else {}))
+            self.progress.update(
+                self.study_task, completed=self.target + self.references[0] + 1, **({"eta": 0.0} if last else {})
+            )
 
     @on.register
     def _runs_started(self, event: RunsStarted) -> None:
@@ -363,14 +430,20 @@ class ConsoleReporter(RunReporter):
         if self.runs_done is None:
             self.runs_done = 0
             if self.study_task is not None and event.kind == "race":
-                self.progress.update(self.study_task, description="race", total=None, completed=0,
-                                     info="race runs stored: 0", eta=None)
+                self.progress.update(
+                    self.study_task, description="race", total=None, completed=0, info="race runs stored: 0", eta=None
+                )
         runs = "; ".join(f"map {key} {run_where(steps, seed)}" for key, steps, seed in event.runs)
-        self.print(event, f"{event.kind} run{'s' if len(event.runs) > 1 else ''}: {runs}"
-                   + (f" (fused, {len(event.runs)} at once)" if len(event.runs) > 1 else ""))
+        self.print(
+            event,
+            f"{event.kind} run{'s' if len(event.runs) > 1 else ''}: {runs}"
+            + (f" (fused, {len(event.runs)} at once)" if len(event.runs) > 1 else ""),
+        )
         key, steps, seed = event.runs[0]
         more = f" and {len(event.runs) - 1} more" if len(event.runs) > 1 else ""
-        self._row(event.worker, f"{event.kind} run map {key} {'window chunk' if steps == 0 else 'seed'} {seed}{more}", steps)
+        self._row(
+            event.worker, f"{event.kind} run map {key} {'window chunk' if steps == 0 else 'seed'} {seed}{more}", steps
+        )
 
     @on.register
     def _run_finished(self, event: RunFinished) -> None:
@@ -379,8 +452,11 @@ class ConsoleReporter(RunReporter):
             self.progress.update(self.study_task, info=f"race runs stored: {self.runs_done}")
         elif self.study_task is not None:  # the audit: its row counts its runs
             self.progress.update(self.study_task, advance=1)
-        self.print(event, f"{event.kind} run done: map {event.map_key} {run_where(event.steps, event.seed)}: "
-                          f"ppl {_fmt(event.val_ppl)}")
+        self.print(
+            event,
+            f"{event.kind} run done: map {event.map_key} {run_where(event.steps, event.seed)}: "
+            f"ppl {_fmt(event.val_ppl)}",
+        )
 
     @on.register
     def _step(self, event: Step) -> None:
@@ -403,11 +479,15 @@ class ConsoleReporter(RunReporter):
         self.finished = event.finished
         if self.study_task is not None and self.runs_done is None:
             self.progress.update(self.study_task, completed=event.finished)
-        self.print(event, f"trial {row['trial']} {row['state'].lower()}: map {_fmt(row['reuse_map'])}"
-                   + (f" with {row['knobs']}" if row.get("knobs") else "") + f", {_fmt(row['flops_ratio'])}x, "
-                   f"ppl {_fmt(row['val_ppl'])}" + (f" (reused trial {row['reused_from']})"
-                                                    if row.get("reused_from") is not None else "")
-                   + (f" ({row['reason']})" if row["state"] != "COMPLETE" and row.get("reason") else ""))
+        self.print(
+            event,
+            f"trial {row['trial']} {row['state'].lower()}: map {_fmt(row['reuse_map'])}"
+            + (f" with {row['knobs']}" if row.get("knobs") else "")
+            + f", {_fmt(row['flops_ratio'])}x, "
+            f"ppl {_fmt(row['val_ppl'])}"
+            + (f" (reused trial {row['reused_from']})" if row.get("reused_from") is not None else "")
+            + (f" ({row['reason']})" if row["state"] != "COMPLETE" and row.get("reason") else ""),
+        )
         front_trials = [p["trial"] for p in front]
         if not self.enabled or not front or front_trials == self.printed_front:  # printed only when it changed
             return
@@ -450,9 +530,16 @@ def race_front_rows(front: list[dict[str, Any]]) -> list[dict[str, Any]]:
     CONFIRMED_WORDS."""
     yes, no, reference = CONFIRMED_WORDS
     decimals = significant_decimals([p.get("val_ppl") for p in front])
-    return [dict(p, interval=f"{fixed(p['interval'][0], decimals)}-{fixed(p['interval'][1], decimals)}"
-                 if p.get("interval") and p["interval"][0] is not None else "-",
-                 confirmed=reference if p.get("reference") else yes if p.get("confirmed") else no) for p in front]
+    return [
+        dict(
+            p,
+            interval=f"{fixed(p['interval'][0], decimals)}-{fixed(p['interval'][1], decimals)}"
+            if p.get("interval") and p["interval"][0] is not None
+            else "-",
+            confirmed=reference if p.get("reference") else yes if p.get("confirmed") else no,
+        )
+        for p in front
+    ]
 
 
 def print_answer(report: StudyReport, details: bool = True) -> None:
@@ -477,40 +564,82 @@ def print_race(report: StudyReport) -> None:
         by_map.setdefault(r.map_key, []).append(r)
     decimals = significant_decimals([r.val_ppl for r in runs])
     if runs and settings.frozen:  # no step trained: a seed is a chunk of held-out windows
-        rows_table(f"race evaluations on held-out windows (frozen; window chunk {settings.seeds[0]} scored the "
-                   "trials, the rest test)",
-                   [{"reuse_map": k, "window_chunks": ",".join(str(r.seed) for r in v),
-                     "ppl": " ".join(fixed(r.val_ppl, decimals) for r in v)} for k, v in sorted(by_map.items())],
-                   ["reuse_map", "window_chunks", "ppl"])
+        rows_table(
+            f"race evaluations on held-out windows (frozen; window chunk {settings.seeds[0]} scored the "
+            "trials, the rest test)",
+            [
+                {
+                    "reuse_map": k,
+                    "window_chunks": ",".join(str(r.seed) for r in v),
+                    "ppl": " ".join(fixed(r.val_ppl, decimals) for r in v),
+                }
+                for k, v in sorted(by_map.items())
+            ],
+            ["reuse_map", "window_chunks", "ppl"],
+        )
     elif runs and settings.policy == "adaptive":
-        rows_table(f"race runs at {settings.target_steps} steps (proxy {settings.base_steps}; seed {settings.seeds[0]} "
-                   f"screens, the rest test)",
-                   [{"reuse_map": k, "seeds": ",".join(str(r.seed) for r in v),
-                     "ppl": " ".join(fixed(r.val_ppl, decimals) for r in v)} for k, v in sorted(by_map.items())],
-                   ["reuse_map", "seeds", "ppl"])
+        rows_table(
+            f"race runs at {settings.target_steps} steps (proxy {settings.base_steps}; seed {settings.seeds[0]} "
+            f"screens, the rest test)",
+            [
+                {
+                    "reuse_map": k,
+                    "seeds": ",".join(str(r.seed) for r in v),
+                    "ppl": " ".join(fixed(r.val_ppl, decimals) for r in v),
+                }
+                for k, v in sorted(by_map.items())
+            ],
+            ["reuse_map", "seeds", "ppl"],
+        )
     elif runs:
-        rows_table(f"race runs (proxy {settings.base_steps} steps, target {settings.target_steps}, seeds "
-                   f"{_fmt(list(settings.seeds))})", [dataclasses.asdict(r) for r in runs],
-                   ["map_key", "steps", "seed", "val_ppl", "schedule", "source"], droppable=["schedule", "source"])
+        rows_table(
+            f"race runs (proxy {settings.base_steps} steps, target {settings.target_steps}, seeds "
+            f"{_fmt(list(settings.seeds))})",
+            [dataclasses.asdict(r) for r in runs],
+            ["map_key", "steps", "seed", "val_ppl", "schedule", "source"],
+            droppable=["schedule", "source"],
+        )
     if race.state.comparisons:
         unit = "window_chunks" if settings.frozen else "seeds"
-        rows = [{"reuse_map": c.map_key, unit: c.n, "loss_diff": c.mean_diff,
-                 "interval": "-" if not c.interval else f"{c.interval[0]:+.4f} to {c.interval[1]:+.4f}",
-                 "p": c.p_value, "level": c.level, "status": c.status} for c in race.state.comparisons]
+        rows = [
+            {
+                "reuse_map": c.map_key,
+                unit: c.n,
+                "loss_diff": c.mean_diff,
+                "interval": "-" if not c.interval else f"{c.interval[0]:+.4f} to {c.interval[1]:+.4f}",
+                "p": c.p_value,
+                "level": c.level,
+                "status": c.status,
+            }
+            for c in race.state.comparisons
+        ]
         diff = "loss_diff: the map's loss minus the baseline's, below 0 is better"
         if settings.frozen:
-            rows_table(f"against the baseline on held-out windows (test window chunks; {diff})", rows,
-                       FROZEN_COMPARISON_COLUMNS, {"window_chunks": "test window chunks"}, droppable=["level", "p"])
+            rows_table(
+                f"against the baseline on held-out windows (test window chunks; {diff})",
+                rows,
+                FROZEN_COMPARISON_COLUMNS,
+                {"window_chunks": "test window chunks"},
+                droppable=["level", "p"],
+            )
         else:
-            rows_table(f"against the baseline at the target (test seeds; {diff})", rows, COMPARISON_COLUMNS,
-                       {"seeds": "test seeds"}, droppable=["level", "p"])
+            rows_table(
+                f"against the baseline at the target (test seeds; {diff})",
+                rows,
+                COMPARISON_COLUMNS,
+                {"seeds": "test seeds"},
+                droppable=["level", "p"],
+            )
     for key, why in race.state.eliminated.items():
         out.print(f"eliminated {key}: {why}", soft_wrap=True)
     equal = race.equal_compute
     if equal and equal.get("val_ppl") is not None:
-        out.print(f"equal compute: {equal['reference']} (a plain {equal['layers']}-layer model, "
-                  f"{_fmt(equal['flops_ratio'])}x FLOPs, {equal['params']} parameters, {equal['params_ratio']:.2f}x "
-                  f"the baseline's) ppl {_fmt(equal['val_ppl'])} over seeds {_fmt(equal['seeds'])}", soft_wrap=True)
+        out.print(
+            f"equal compute: {equal['reference']} (a plain {equal['layers']}-layer model, "
+            f"{_fmt(equal['flops_ratio'])}x FLOPs, {equal['params']} parameters, {equal['params_ratio']:.2f}x "
+            f"the baseline's) ppl {_fmt(equal['val_ppl'])} over seeds {_fmt(equal['seeds'])}",
+            soft_wrap=True,
+        )
     where = "on held-out windows (frozen)" if settings.frozen else f"at {settings.target_steps} steps"
     out.print(f"verdict {where}: {race.verdict or '-'}", soft_wrap=True)
     if report.answer.trust is not None:
@@ -525,11 +654,21 @@ def is_frozen(report: StudyReport) -> bool:
 def print_front(report: StudyReport, front: list[dict[str, Any]]) -> None:
     """The decided front as run and pareto print it (a frozen study's without its steps, its seeds window chunks)."""
     if is_frozen(report):
-        rows_table(f"Pareto front of {report.study}", race_front_rows(front), FROZEN_FRONT_COLUMNS,
-                   FROZEN_FRONT_HEADERS, RACE_FRONT_DROPPED)
+        rows_table(
+            f"Pareto front of {report.study}",
+            race_front_rows(front),
+            FROZEN_FRONT_COLUMNS,
+            FROZEN_FRONT_HEADERS,
+            RACE_FRONT_DROPPED,
+        )
     else:
-        rows_table(f"Pareto front of {report.study}", race_front_rows(front), RACE_FRONT_COLUMNS, RACE_FRONT_HEADERS,
-                   RACE_FRONT_DROPPED)
+        rows_table(
+            f"Pareto front of {report.study}",
+            race_front_rows(front),
+            RACE_FRONT_COLUMNS,
+            RACE_FRONT_HEADERS,
+            RACE_FRONT_DROPPED,
+        )
 
 
 def print_run(report: StudyReport) -> None:
@@ -540,23 +679,36 @@ def print_run(report: StudyReport) -> None:
         out.print(f"reference {name}: {_fmt(ref['flops_ratio'])}x, ppl {_fmt(ref['val_ppl'])}")
     everything = report.steps_trained + report.reference_steps + report.race_steps
     if is_frozen(report):
-        out.print(f"{report.n_complete} complete, {report.n_failed} failed; frozen: no step trained, every result the "
-                  f"pretrained weights evaluated on a chunk of held-out windows; storage {report.storage}")
+        out.print(
+            f"{report.n_complete} complete, {report.n_failed} failed; frozen: no step trained, every result the "
+            f"pretrained weights evaluated on a chunk of held-out windows; storage {report.storage}"
+        )
     else:
-        out.print(f"{report.n_complete} complete, {report.n_pruned} pruned, {report.n_failed} failed; "
-                  f"{everything} steps trained: {report.steps_trained} in the trials ({report.steps_saved_by_pruning} "
-                  f"saved by pruning), {report.reference_steps} in the reference runs, "
-                  f"{report.race_steps} in the race; storage {report.storage}")
+        out.print(
+            f"{report.n_complete} complete, {report.n_pruned} pruned, {report.n_failed} failed; "
+            f"{everything} steps trained: {report.steps_trained} in the trials ({report.steps_saved_by_pruning} "
+            f"saved by pruning), {report.reference_steps} in the reference runs, "
+            f"{report.race_steps} in the race; storage {report.storage}"
+        )
     _fidelity_lines(report.fidelity)
     print_race(report)
     if report.phases:
-        rows_table("phases (cpu%: of one core)",
-                   [{"phase": p.phase, "wall_seconds": round(p.wall_seconds, 1), "tokens": p.tokens,
-                     "tokens_per_second": round(p.tokens_per_second), "cpu_seconds": round(p.cpu_seconds, 1),
-                     "cpu_percent": round(p.cpu_percent)} for p in report.phases],
-                   ["phase", "wall_seconds", "tokens", "tokens_per_second", "cpu_seconds", "cpu_percent"],
-                   {"wall_seconds": "wall s", "tokens_per_second": "tokens/s", "cpu_seconds": "cpu s",
-                    "cpu_percent": "cpu%"})
+        rows_table(
+            "phases (cpu%: of one core)",
+            [
+                {
+                    "phase": p.phase,
+                    "wall_seconds": round(p.wall_seconds, 1),
+                    "tokens": p.tokens,
+                    "tokens_per_second": round(p.tokens_per_second),
+                    "cpu_seconds": round(p.cpu_seconds, 1),
+                    "cpu_percent": round(p.cpu_percent),
+                }
+                for p in report.phases
+            ],
+            ["phase", "wall_seconds", "tokens", "tokens_per_second", "cpu_seconds", "cpu_percent"],
+            {"wall_seconds": "wall s", "tokens_per_second": "tokens/s", "cpu_seconds": "cpu s", "cpu_percent": "cpu%"},
+        )
     if report.interrupted:
         out.print("interrupted: finished trials are saved; run the same command again to resume")
     for line in report.answer.details:
@@ -566,24 +718,33 @@ def print_run(report: StudyReport) -> None:
 
 def print_studies(report: dict[str, Any]) -> None:
     """The studies as a table, then each study's answer on a line of its own."""
-    rows_table("studies (best: the map the race reports, at its decided length)", report["studies"],
-               ["study", "n_trials", "budget", "layers", "best", "best_val_ppl", "best_steps", "decided"],
-               {"n_trials": "trials"}, droppable=["best_steps", "layers", "n_trials", "budget", "decided"])
+    rows_table(
+        "studies (best: the map the race reports, at its decided length)",
+        report["studies"],
+        ["study", "n_trials", "budget", "layers", "best", "best_val_ppl", "best_steps", "decided"],
+        {"n_trials": "trials"},
+        droppable=["best_steps", "layers", "n_trials", "budget", "decided"],
+    )
     for row in report["studies"]:
         out.print(f"{row['study']}: {row['answer']}", markup=False, highlight=False)
 
 
 def print_export(report: dict[str, Any]) -> None:
     references, runs = report.get("references", 0), report.get("race_runs", 0)
-    out.print(f"wrote {report['rows'] - references - runs} trials, {references} reference runs and {runs} race runs "
-              f"to {report['out']}")
+    out.print(
+        f"wrote {report['rows'] - references - runs} trials, {references} reference runs and {runs} race runs "
+        f"to {report['out']}"
+    )
     if report.get("curves_out"):
         out.print(f"wrote {report['curve_points']} curve points to {report['curves_out']}")
 
 
 def print_export_model(report: dict[str, Any]) -> None:
-    out.print(f"wrote a {report['family']} checkpoint of {report['layers']} layers ({report['source']}, map "
-              f"{report['map']}, schedule {','.join(map(str, report['schedule']))}) to {report['out']}", markup=False)
+    out.print(
+        f"wrote a {report['family']} checkpoint of {report['layers']} layers ({report['source']}, map "
+        f"{report['map']}, schedule {','.join(map(str, report['schedule']))}) to {report['out']}",
+        markup=False,
+    )
 
 
 def print_trials(report: StudyReport) -> None:
@@ -593,9 +754,12 @@ def print_trials(report: StudyReport) -> None:
     if listing is not None:
         rows_table(f"trials of {report.study}", list(listing.rows), TRIAL_COLUMNS, droppable=TRIAL_COLUMNS_DROPPED)
         if listing.references:
-            rows_table("reference runs (trained outside the sampler's view)", list(listing.references),
-                       ["reference", "reuse_map", "knobs", "flops_ratio", "val_ppl", "val_bpb", "seed", "status"],
-                       droppable=["val_bpb", "seed", "status"])
+            rows_table(
+                "reference runs (trained outside the sampler's view)",
+                list(listing.references),
+                ["reference", "reuse_map", "knobs", "flops_ratio", "val_ppl", "val_bpb", "seed", "status"],
+                droppable=["val_bpb", "seed", "status"],
+            )
     _fidelity_lines(report.fidelity)
     print_race(report)
 
@@ -606,14 +770,18 @@ def print_pareto(report: StudyReport) -> None:
     view = report.front_view
     print_front(report, list(view.front) if view is not None else list(report.front))
     if view is not None and view.noise:
-        out.print(f"baseline seed-to-seed spread at the proxy's length: {view.noise['spread']:.4g} ppl over "
-                  f"{view.noise['n_seeds']} seeds")
+        out.print(
+            f"baseline seed-to-seed spread at the proxy's length: {view.noise['spread']:.4g} ppl over "
+            f"{view.noise['n_seeds']} seeds"
+        )
     if view is not None and view.layers is not None:
         out.print(recurred_layers(view.layers["front_maps"]), soft_wrap=True)
         if view.layers.get("importance"):
-            rows_table("layer importance for perplexity (Optuna PED-ANOVA)",
-                       [{"layer": k, "importance": f"{v:.2f}"} for k, v in view.layers["importance"].items()],
-                       ["layer", "importance"])
+            rows_table(
+                "layer importance for perplexity (Optuna PED-ANOVA)",
+                [{"layer": k, "importance": f"{v:.2f}"} for k, v in view.layers["importance"].items()],
+                ["layer", "importance"],
+            )
     _fidelity_lines(report.fidelity)
     print_race(report)
     if view is not None and view.out:
@@ -635,80 +803,150 @@ def _fidelity_lines(fidelity: Mapping[str, Any] | None) -> None:
         return
     rungs = fidelity.get("rungs") or []
     if rungs:
-        rows_table("rung agreement with the final ranking (complete maps)",
-                   [{"step": r["step"], "fraction": r["fraction"], "maps": r["n_maps"], "spearman": r["spearman"],
-                     "kendall": r["kendall"]} for r in rungs], ["step", "fraction", "maps", "spearman", "kendall"])
+        rows_table(
+            "rung agreement with the final ranking (complete maps)",
+            [
+                {
+                    "step": r["step"],
+                    "fraction": r["fraction"],
+                    "maps": r["n_maps"],
+                    "spearman": r["spearman"],
+                    "kendall": r["kendall"],
+                }
+                for r in rungs
+            ],
+            ["step", "fraction", "maps", "spearman", "kendall"],
+        )
     out.print(f"fidelity: {fidelity['verdict']}")
 
 
 def print_audit(report: dict[str, Any]) -> None:
     factor = f"{report['factor']:g}x"
-    rows = [{"reuse_map": m["reuse_map"], "flops_ratio": m["flops_ratio"], "proxy": m["proxy_state"].lower(),
-             "proxy_ppl": m["proxy_ppl"], f"{factor}_ppl": m["audit_ppl"], "seeds": len(m["audit_ppls"]),
-             "seed_sd": statistics.stdev(m["audit_ppls"]) if len(m["audit_ppls"]) > 1 else None,
-             "front": ("proxy " if m["on_proxy_front"] else "") + (factor if m["on_audit_front"] else "")}
-            for m in sorted(report["maps"], key=lambda m: m["audit_ppl"])]
-    rows_table(f"audit of {report['study']}: {report['proxy_steps']} -> {report['steps']} steps",
-               rows, ["reuse_map", "flops_ratio", "proxy", "proxy_ppl", f"{factor}_ppl", "seeds", "seed_sd", "front"],
-               {"flops_ratio": "FLOPs", "proxy_ppl": "proxy ppl", f"{factor}_ppl": f"{factor} ppl", "seeds": "n", "seed_sd": "sd"},
-               droppable=["seed_sd", "seeds", "proxy"])
-    out.print(f"Spearman {_fmt(report['spearman'])}, Kendall {_fmt(report['kendall'])} over {report['n_maps']} maps; "
-              f"front precision {_fmt(report['front_precision'])}, recall {_fmt(report['front_recall'])}; pruned maps on the "
-              f"{report['factor']:g}x front: {', '.join(report['pruned_on_audited_front']) or 'none'}")
+    rows = [
+        {
+            "reuse_map": m["reuse_map"],
+            "flops_ratio": m["flops_ratio"],
+            "proxy": m["proxy_state"].lower(),
+            "proxy_ppl": m["proxy_ppl"],
+            f"{factor}_ppl": m["audit_ppl"],
+            "seeds": len(m["audit_ppls"]),
+            "seed_sd": statistics.stdev(m["audit_ppls"]) if len(m["audit_ppls"]) > 1 else None,
+            "front": ("proxy " if m["on_proxy_front"] else "") + (factor if m["on_audit_front"] else ""),
+        }
+        for m in sorted(report["maps"], key=lambda m: m["audit_ppl"])
+    ]
+    rows_table(
+        f"audit of {report['study']}: {report['proxy_steps']} -> {report['steps']} steps",
+        rows,
+        ["reuse_map", "flops_ratio", "proxy", "proxy_ppl", f"{factor}_ppl", "seeds", "seed_sd", "front"],
+        {
+            "flops_ratio": "FLOPs",
+            "proxy_ppl": "proxy ppl",
+            f"{factor}_ppl": f"{factor} ppl",
+            "seeds": "n",
+            "seed_sd": "sd",
+        },
+        droppable=["seed_sd", "seeds", "proxy"],
+    )
+    out.print(
+        f"Spearman {_fmt(report['spearman'])}, Kendall {_fmt(report['kendall'])} over {report['n_maps']} maps; "
+        f"front precision {_fmt(report['front_precision'])}, recall {_fmt(report['front_recall'])}; pruned maps on the "
+        f"{report['factor']:g}x front: {', '.join(report['pruned_on_audited_front']) or 'none'}"
+    )
     out.print(f"verdict: {report['verdict']}")
 
 
 def print_policy_replay(report: dict[str, Any]) -> None:
-    rows_table(f"policy {report['policy']} over {report['table']} ({report['maps']} maps, {report['base_steps']} to "
-               f"{report['target_steps']} steps, {report['orders']} orders)",
-               [{"order": r["order_seed"], "seeds": ",".join(map(str, r["seeds"])), "compute": r["compute_steps"],
-                 "claimed": ", ".join(r["claimed"]) or "-", "false": ", ".join(r["false_claims"]) or "-",
-                 "best": r["best"], "regret_sd": r["regret_sd"]} for r in report["replays"]],
-               ["order", "seeds", "compute", "claimed", "false", "best", "regret_sd"])
+    rows_table(
+        f"policy {report['policy']} over {report['table']} ({report['maps']} maps, {report['base_steps']} to "
+        f"{report['target_steps']} steps, {report['orders']} orders)",
+        [
+            {
+                "order": r["order_seed"],
+                "seeds": ",".join(map(str, r["seeds"])),
+                "compute": r["compute_steps"],
+                "claimed": ", ".join(r["claimed"]) or "-",
+                "false": ", ".join(r["false_claims"]) or "-",
+                "best": r["best"],
+                "regret_sd": r["regret_sd"],
+            }
+            for r in report["replays"]
+        ],
+        ["order", "seeds", "compute", "claimed", "false", "best", "regret_sd"],
+    )
     coverage = report["interval_coverage"]
-    out.print(f"mean compute {report['mean_compute_steps']:.0f} steps (every table result: {report['exhaustive_steps']}); "
-              f"claims {report['maps_claimed']}, false {report['false_claims']} ({report['false_claim_share']:.0%}); "
-              f"regret within 1 seed sd in "
-              f"{'-' if report['regret_within_1sd_share'] is None else format(report['regret_within_1sd_share'], '.0%')}"
-              f" of orders (mean {_fmt(report['mean_regret_sd'])} sd); intervals holding the table mean: "
-              + ("n/a" if coverage is None else f"{coverage:.0%} of {report['intervals']}"))
+    out.print(
+        f"mean compute {report['mean_compute_steps']:.0f} steps (every table result: {report['exhaustive_steps']}); "
+        f"claims {report['maps_claimed']}, false {report['false_claims']} ({report['false_claim_share']:.0%}); "
+        f"regret within 1 seed sd in "
+        f"{'-' if report['regret_within_1sd_share'] is None else format(report['regret_within_1sd_share'], '.0%')}"
+        f" of orders (mean {_fmt(report['mean_regret_sd'])} sd); intervals holding the table mean: "
+        + ("n/a" if coverage is None else f"{coverage:.0%} of {report['intervals']}")
+    )
     out.print(f"first order's verdict: {report['replays'][0]['verdict']}")
 
 
 def print_power(report: dict[str, Any]) -> None:
     """`bench power`: per race setting and planted gap, the power, the replays claiming a map not truly better,
     the A/A rate (any claim at a gap of 0) and the mean compute."""
+
     def pct(x: float | None) -> str:
         return "-" if x is None else f"{100 * x:.0f}%"
 
-    rows = [{"setting": r["setting"], "gap_sd": f"{r['delta_sd']:g}", "gap_nats": f"{r['delta_nats']:.4f}",
-             "curve": "crossing" if r["crossing"] else "constant", "replays": str(r["replays"]),
-             "power": pct(r["power"]), "false_claims": pct(r["false_claims"]), "any_claim": pct(r["any_claim"]),
-             "compute": f"{r['mean_compute_steps']:.0f}"} for r in report["rows"]]
-    rows_table(f"power over {report['table']} ({report['maps']} maps, seeds {_fmt(report['table_seeds'])}, "
-               f"{report['base_steps']} to {report['target_steps']} steps, seed sd {report['seed_sd_at_target']:.4f} "
-               f"nats at the target, {report['orders']} orders a planted map)",
-               rows, ["setting", "gap_sd", "gap_nats", "curve", "replays", "power", "false_claims", "any_claim", "compute"])
-    out.print("power: share of replays claiming the planted map; false_claims: share claiming a map not truly better; "
-              "at gap 0 every map has the baseline's mean (A/A) and any_claim is the false-claim rate")
+    rows = [
+        {
+            "setting": r["setting"],
+            "gap_sd": f"{r['delta_sd']:g}",
+            "gap_nats": f"{r['delta_nats']:.4f}",
+            "curve": "crossing" if r["crossing"] else "constant",
+            "replays": str(r["replays"]),
+            "power": pct(r["power"]),
+            "false_claims": pct(r["false_claims"]),
+            "any_claim": pct(r["any_claim"]),
+            "compute": f"{r['mean_compute_steps']:.0f}",
+        }
+        for r in report["rows"]
+    ]
+    rows_table(
+        f"power over {report['table']} ({report['maps']} maps, seeds {_fmt(report['table_seeds'])}, "
+        f"{report['base_steps']} to {report['target_steps']} steps, seed sd {report['seed_sd_at_target']:.4f} "
+        f"nats at the target, {report['orders']} orders a planted map)",
+        rows,
+        ["setting", "gap_sd", "gap_nats", "curve", "replays", "power", "false_claims", "any_claim", "compute"],
+    )
+    out.print(
+        "power: share of replays claiming the planted map; false_claims: share claiming a map not truly better; "
+        "at gap 0 every map has the baseline's mean (A/A) and any_claim is the false-claim rate"
+    )
 
 
 def print_pruning_replay(report: dict[str, Any]) -> None:
-    rows_table(f"{report['rule']} over {report['table']} ({report['n_rows']} rows, "
-               f"{'table order' if report['order_seed'] is None else 'order seed ' + str(report['order_seed'])})",
-               [{"reuse_map": p["reuse_map"], "step": p["step"], "flops_ratio": p["flops_ratio"],
-                 "front": "LOST" if p["reuse_map"] in report["front_maps_lost"] else ""} for p in report["pruned"]],
-               ["reuse_map", "step", "flops_ratio", "front"])
-    out.print(f"pruned {len(report['pruned'])} of {report['n_rows']} maps at rungs {list(report['rungs'])}; "
-              f"steps saved {report['steps_saved']} ({report['steps_saved_share']:.1%}); table front "
-              f"{', '.join(report['front'])}; front maps lost: {', '.join(report['front_maps_lost']) or 'none'}")
+    rows_table(
+        f"{report['rule']} over {report['table']} ({report['n_rows']} rows, "
+        f"{'table order' if report['order_seed'] is None else 'order seed ' + str(report['order_seed'])})",
+        [
+            {
+                "reuse_map": p["reuse_map"],
+                "step": p["step"],
+                "flops_ratio": p["flops_ratio"],
+                "front": "LOST" if p["reuse_map"] in report["front_maps_lost"] else "",
+            }
+            for p in report["pruned"]
+        ],
+        ["reuse_map", "step", "flops_ratio", "front"],
+    )
+    out.print(
+        f"pruned {len(report['pruned'])} of {report['n_rows']} maps at rungs {list(report['rungs'])}; "
+        f"steps saved {report['steps_saved']} ({report['steps_saved_share']:.1%}); table front "
+        f"{', '.join(report['front'])}; front maps lost: {', '.join(report['front_maps_lost']) or 'none'}"
+    )
 
 
 def print_plan(report: dict[str, Any]) -> None:
     resume = report["resume"]
     rows = {
-        "study": report["study"] + (f" (resume: {report['finished_trials']} of {report['n_trials']} trials finished)"
-                                    if resume else " (new)"),
+        "study": report["study"]
+        + (f" (resume: {report['finished_trials']} of {report['n_trials']} trials finished)" if resume else " (new)"),
     }
     if report.get("finished"):
         rows["left"] = report["left"]
@@ -716,40 +954,49 @@ def print_plan(report: dict[str, Any]) -> None:
         "trials to train": f"{report['trials_to_train']} (target {report['n_trials']})",
         "references": ", ".join(report["references_to_train"]) or "none",
         "sampler": report["sampler"],
-        "pruner": report["pruner"] + (f" at steps {', '.join(map(str, report['pruning_rungs']))}"
-                                      if report["pruning_rungs"] else ""),
+        "pruner": report["pruner"]
+        + (f" at steps {', '.join(map(str, report['pruning_rungs']))}" if report["pruning_rungs"] else ""),
         "objective": report["objective"],
         "budget": f"{report['budget']['text']} (at most {report['budget']['max_layer_runs']} layer runs)",
         "storage": report["storage"] + ("" if report["storage_exists"] else " (would be created)"),
         "space": report["space"],
         "model": ", ".join(f"{k} {v}" for k, v in report["model"].items()),
         "data": f"{report['data']['corpus']}, {report['data']['tokenizer']}"
-                + {True: " (tokens cached)", False: " (would be tokenized first)", None: ""}[report["data"]["tokens_cached"]],
-        "train": f"{report['train']['steps']} steps, batch {report['train']['batch_size']}, lr {report['train']['lr']:g}, "
-                 f"{report['train']['device']} {report['train']['dtype']}, evaluations at {report['train']['eval_steps']}",
+        + {True: " (tokens cached)", False: " (would be tokenized first)", None: ""}[report["data"]["tokens_cached"]],
+        "train": f"{report['train']['steps']} steps, batch {report['train']['batch_size']}, "
+        f"lr {report['train']['lr']:g}, "
+        f"{report['train']['device']} {report['train']['dtype']}, evaluations at {report['train']['eval_steps']}",
     }
     if report.get("knobs"):
         rows["knobs"] = ", ".join(report["knobs"])
     race = report.get("race") or {}
     left = " left" if resume else ""
     if race.get("decided"):
-        rows["race"] = f"{race['policy']} at {race['target_steps']} steps: decided ({race['steps_trained']} steps trained)"
+        rows["race"] = (
+            f"{race['policy']} at {race['target_steps']} steps: decided ({race['steps_trained']} steps trained)"
+        )
     elif race.get("policy") == "adaptive":
-        rows["race"] = (f"adaptive at {race['target_steps']} steps: {race['screen']} maps screened at seed 0, "
-                        f"{race['contenders']} contenders (the baseline among them) on {race['first_test_seeds']} to "
-                        f"{race['max_seeds'] - 1} test seeds, equal compute {race['equal_compute']}: "
-                        f"{race['runs_min']} to {race['runs_max']} runs{left} ({race['steps_min']} to "
-                        f"{race['steps_max']} steps" + (f", capped at {race['cap']}" if race.get("cap") else "") + ")")
+        rows["race"] = (
+            f"adaptive at {race['target_steps']} steps: {race['screen']} maps screened at seed 0, "
+            f"{race['contenders']} contenders (the baseline among them) on {race['first_test_seeds']} to "
+            f"{race['max_seeds'] - 1} test seeds, equal compute {race['equal_compute']}: "
+            f"{race['runs_min']} to {race['runs_max']} runs{left} ({race['steps_min']} to "
+            f"{race['steps_max']} steps" + (f", capped at {race['cap']}" if race.get("cap") else "") + ")"
+        )
     elif race.get("policy") == "fixed":
-        rows["race"] = (f"fixed: {race['contenders']} contenders at {race['seeds']} seeds at {race['lengths']} steps: "
-                        f"at most {race['steps_max']} steps{left}")
+        rows["race"] = (
+            f"fixed: {race['contenders']} contenders at {race['seeds']} seeds at {race['lengths']} steps: "
+            f"at most {race['steps_max']} steps{left}"
+        )
     else:
         rows["race"] = "off"
     if "estimated_seconds" in report:
         rows["layout"] = report["layout"]
         for p in report["probe"]:
-            rows[f"probe {p['label']}"] = (f"map {format_reuse_map(p['reuse_map'])}: {_milliseconds(p['seconds_per_step'])}/step, "
-                                           f"{_milliseconds(p['seconds_per_eval'])}/evaluation")
+            rows[f"probe {p['label']}"] = (
+                f"map {format_reuse_map(p['reuse_map'])}: {_milliseconds(p['seconds_per_step'])}/step, "
+                f"{_milliseconds(p['seconds_per_eval'])}/evaluation"
+            )
         rows["per trial"] = _duration(report["estimated_trial_seconds"])
         low, high = report["estimated_seconds"], report["estimated_seconds_max"]
         span = _duration(low) if _duration(low) == _duration(high) else f"{_duration(low)} to {_duration(high)}"

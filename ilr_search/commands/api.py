@@ -11,14 +11,12 @@ from ilr_search.config import KNOB_FIELD_DEFAULTS, ModelConfig, SpaceConfig
 from ilr_search.data.tokenizers import check_vocab, model_config
 from ilr_search.data.tokens import load_space_tokens
 from ilr_search.errors import UserInputError
-from ilr_search.training.flops import describe
 from ilr_search.knobs import format_knobs, knob_params, knobs_of, parse_knob_settings, with_knobs
-from ilr_search.training.flops import param_count
+from ilr_search.space import load_space
+from ilr_search.training.flops import describe, param_count
 from ilr_search.training.model import ILRTransformer, repeat_indices
 from ilr_search.training.schedule import is_block_text, parse_map, resolve_schedule
-from ilr_search.space import load_space
 from ilr_search.training.train import OnStep
-
 
 Overrides = Mapping[str, Mapping[str, Any]]
 
@@ -46,14 +44,21 @@ def with_init(space: SpaceConfig, init: str | None) -> SpaceConfig:
     if checkpoint.tokenizer_file is None:
         raise CheckpointError(f"checkpoint {init}: the folder has no tokenizer.json, which tokenizes the data")
     knobs = {name: getattr(space.model, name) for name in KNOB_FIELD_DEFAULTS}
-    return dataclasses.replace(space, model=dataclasses.replace(checkpoint.config, **knobs),
-                               data=dataclasses.replace(space.data,
-                                                        tokenizer=f"file:{checkpoint.tokenizer_file.resolve()}"))
+    return dataclasses.replace(
+        space,
+        model=dataclasses.replace(checkpoint.config, **knobs),
+        data=dataclasses.replace(space.data, tokenizer=f"file:{checkpoint.tokenizer_file.resolve()}"),
+    )
 
 
-def flops_report(space: str | Path | None = None, overrides: Overrides | None = None,
-                 reuse_map: str | Sequence[int] | None = None, block: int | None = None,
-                 knobs: str | None = None, init: str | None = None) -> dict[str, Any]:
+def flops_report(
+    space: str | Path | None = None,
+    overrides: Overrides | None = None,
+    reuse_map: str | Sequence[int] | None = None,
+    block: int | None = None,
+    knobs: str | None = None,
+    init: str | None = None,
+) -> dict[str, Any]:
     """`ilr-search flops`: FLOPs per token of a reuse map (or block recurrence) and its ratio to the all-ones map;
     `params` counts the knobs' own parameters too (`knob_params` says how many each adds). `init`: the model of
     a checkpoint (with_init)."""
@@ -66,11 +71,17 @@ def flops_report(space: str | Path | None = None, overrides: Overrides | None = 
     return report | {"knobs": format_knobs(knobs_of(cfg)), "knob_params": knob_params(cfg)}
 
 
-def train_report(space: str | Path | None = None, overrides: Overrides | None = None,
-                 reuse_map: str | Sequence[int] | None = None, block: int | None = None,
-                 on_step: OnStep | None = None, knobs: str | None = None,
-                 save: str | Path | None = None, init: str | None = None,
-                 save_format: str = "native") -> dict[str, Any]:
+def train_report(
+    space: str | Path | None = None,
+    overrides: Overrides | None = None,
+    reuse_map: str | Sequence[int] | None = None,
+    block: int | None = None,
+    on_step: OnStep | None = None,
+    knobs: str | None = None,
+    save: str | Path | None = None,
+    init: str | None = None,
+    save_format: str = "native",
+) -> dict[str, Any]:
     """`ilr-search train`: train one proxy for a reuse map (or block recurrence) on the configured data; with
     `save`, write the trained model there: natively (`model.safetensors`, `config.json` and the tokenizer;
     `load_trained` reads them), or with save_format hf as a standard transformers checkpoint, its schedule
@@ -78,8 +89,9 @@ def train_report(space: str | Path | None = None, overrides: Overrides | None = 
     from ilr_search.commands.recipe import MapChoice, check_save, train_and_save, train_result_dict
 
     cfg_space = with_init(load_space(space, overrides), init)
-    counts, schedule, block = resolve_schedule(cfg_space.model.n_layers, reuse_map, block,
-                                               cfg_space.search.max_reuse)  # before any data work
+    counts, schedule, block = resolve_schedule(
+        cfg_space.model.n_layers, reuse_map, block, cfg_space.search.max_reuse
+    )  # before any data work
     cfg = schedule_model(cfg_space, schedule, knobs)
     save_dir = Path(save) if save is not None else None
     if save_dir is not None:
@@ -87,11 +99,16 @@ def train_report(space: str | Path | None = None, overrides: Overrides | None = 
     data = load_space_tokens(cfg_space)
     check_vocab(cfg, data.vocab_size)
     settings = parse_knob_settings(knobs or "")
-    choice = MapChoice.of(parse_map(reuse_map, cfg_space.model.n_layers), settings) \
-        if isinstance(reuse_map, str) and is_block_text(reuse_map) else MapChoice(counts, schedule, settings, block)
+    choice = (
+        MapChoice.of(parse_map(reuse_map, cfg_space.model.n_layers), settings)
+        if isinstance(reuse_map, str) and is_block_text(reuse_map)
+        else MapChoice(counts, schedule, settings, block)
+    )
     result = train_and_save(cfg, choice, data, cfg_space, on_step, save_dir, save_format=save_format)
-    return train_result_dict(cfg, counts, result, block) | {"knobs": format_knobs(knobs_of(cfg)),
-                                                           "saved": str(save_dir) if save_dir else None}
+    return train_result_dict(cfg, counts, result, block) | {
+        "knobs": format_knobs(knobs_of(cfg)),
+        "saved": str(save_dir) if save_dir else None,
+    }
 
 
 def load_trained(folder: str | Path, device: str = "cpu") -> tuple[ILRTransformer, list[int]]:

@@ -16,29 +16,43 @@ import random
 import socket
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
+from ilr_search.analysis.fidelity import audit_report
+from ilr_search.analysis.results import Curves, curves_by_trial, is_baseline_key, study_front, trained_trials
+from ilr_search.analysis.trials import Trial, TrialRecord, trained_results, trial_records
 from ilr_search.config import SIZE_MAXIMA, AuditSettings, SpaceConfig
 from ilr_search.data.tokenizers import check_vocab, model_config
 from ilr_search.data.tokens import load_space_tokens
 from ilr_search.errors import UserInputError
-from ilr_search.analysis.fidelity import audit_report
 from ilr_search.knobs import with_knobs
-from ilr_search.analysis.results import Curves, curves_by_trial, is_baseline_key, study_front, trained_trials
-from ilr_search.analysis.trials import Trial, TrialRecord, trained_results, trial_records
 from ilr_search.search.plan import CONFIG_ATTR, StoredConfig, safe_name, stored_config
 from ilr_search.search.progress import Message, RunReporter, StudyStarted
-from ilr_search.search.race import (FINAL_STATES, ClaimedRun, is_finished, longer_train_config, run_checkpoint,
-                                    train_claimed)
-from ilr_search.training.jobs import fusable
+from ilr_search.search.race import (
+    FINAL_STATES,
+    ClaimedRun,
+    is_finished,
+    longer_train_config,
+    run_checkpoint,
+    train_claimed,
+)
 from ilr_search.search.run import check_fuse, disk_full_is_reported
 from ilr_search.search.studies import open_study
-from ilr_search.storage import study_storage, RaceRunJob, Store, grace_period, heartbeat_interval, open_store, parse_storage
-
+from ilr_search.storage import (
+    RaceRunJob,
+    Store,
+    grace_period,
+    heartbeat_interval,
+    open_store,
+    parse_storage,
+    study_storage,
+)
+from ilr_search.training.jobs import fusable
 
 AUTO_MAPS = 8  # the default selection aims at this many maps with a complete proxy result
 NEAR_FRONT_PRUNED = 2
@@ -47,7 +61,9 @@ NEAR_FRONT_PRUNED = 2
 def check_settings(settings: AuditSettings) -> tuple[str, int]:
     """(kind, K) of the map selection; bad values raise before anything is opened."""
     if not (isinstance(settings.factor, (int, float)) and math.isfinite(settings.factor)) or settings.factor < 1:
-        raise UserInputError(f"--factor must be at least 1 (the audit retrains maps factor x longer), got {settings.factor}")
+        raise UserInputError(
+            f"--factor must be at least 1 (the audit retrains maps factor x longer), got {settings.factor}"
+        )
     if not 1 <= settings.seeds <= SIZE_MAXIMA["search", "max_seeds"]:
         raise UserInputError(f"--seeds must be 1 to {SIZE_MAXIMA['search', 'max_seeds']:,}, got {settings.seeds}")
     text = settings.maps.strip()
@@ -63,7 +79,7 @@ def check_settings(settings: AuditSettings) -> tuple[str, int]:
     raise UserInputError(f"unknown --maps {settings.maps!r}; use auto, front, top:K (e.g. top:5) or all")
 
 
-def select_maps(trials: list[Trial], curves: Curves, kind: str, k: int, seed: int) -> list[TrialRecord]:
+def select_maps(trials: Sequence[Trial], curves: Curves, kind: str, k: int, seed: int) -> list[TrialRecord]:
     """The trials whose maps the audit retrains, in a fixed order (the same study gives the same choice).
 
     - auto: the proxy front, the baseline, the best pruned maps near the front (smallest lead of a no-dearer
@@ -82,7 +98,7 @@ def select_maps(trials: list[Trial], curves: Curves, kind: str, k: int, seed: in
     chosen = [by_number[n] for n in front_numbers]
     if kind == "front":
         return chosen
-    baseline = next((t for t in complete if is_baseline_key(t.map_key)), None)
+    baseline = next((t for t in complete if t.map_key is not None and is_baseline_key(t.map_key)), None)
     if baseline is not None and baseline not in chosen:
         chosen.append(baseline)
     chosen += _pruned_near_front(trained, curves)[:NEAR_FRONT_PRUNED]
@@ -102,8 +118,13 @@ def _pruned_near_front(trained: list[TrialRecord], curves: Curves) -> list[Trial
         if t.state != TrialState.PRUNED or step is None or step not in curves[t.number]:
             continue
         mine = curves[t.number][step]
-        rivals = [curves[o.number][step] for o in trained if o is not t and step in curves[o.number]
-                  and o.flops_ratio <= t.flops_ratio]
+        ratio = t.flops_ratio
+        assert ratio is not None  # trained trials have their FLOPs ratios
+        rivals = [
+            curves[o.number][step]
+            for o in trained
+            if o is not t and step in curves[o.number] and o.flops_ratio is not None and o.flops_ratio <= ratio
+        ]
         gap = mine - min(rivals) if rivals else 0.0
         scored.append((gap, t.number, t))
     return [t for _, _, t in sorted(scored, key=lambda x: x[:2])]
@@ -116,13 +137,19 @@ def stored_space(study: optuna.Study, steps: int) -> SpaceConfig:
     if config is None:
         raise UserInputError(f"study {study.study_name!r} was not made by ilr-search; it has no stored settings")
     space = config.space
-    return dataclasses.replace(space, train=dataclasses.replace(space.train, steps=steps,
-                                                                checkpoint_every=max(1, steps // 8)))
+    return dataclasses.replace(
+        space, train=dataclasses.replace(space.train, steps=steps, checkpoint_every=max(1, steps // 8))
+    )
 
 
-def run_audit(study_name: str, storage: str | None = None, settings: AuditSettings = AuditSettings(),
-              reporter: RunReporter | None = None, checkpoint_dir: str | Path | None = None,
-              fuse: int = 1) -> dict[str, Any]:
+def run_audit(
+    study_name: str,
+    storage: str | None = None,
+    settings: AuditSettings = AuditSettings(),
+    reporter: RunReporter | None = None,
+    checkpoint_dir: str | Path | None = None,
+    fuse: int = 1,
+) -> dict[str, Any]:
     """Retrain the chosen maps at settings.factor x the proxy's steps (settings.seeds seeds each, the study's
     seed first), store every run, and return the audit report (`audit --json`). `fuse` K > 1: up to K runs of
     one model train at once, fused (how the audit runs, not what it is: its results are the same)."""
@@ -130,8 +157,14 @@ def run_audit(study_name: str, storage: str | None = None, settings: AuditSettin
         return _run_audit(study_name, storage, settings, reporter or RunReporter(), checkpoint_dir, fuse)
 
 
-def _run_audit(study_name: str, storage: str | None, settings: AuditSettings, reporter: RunReporter,
-               checkpoint_dir: str | Path | None, fuse: int = 1) -> dict[str, Any]:
+def _run_audit(
+    study_name: str,
+    storage: str | None,
+    settings: AuditSettings,
+    reporter: RunReporter,
+    checkpoint_dir: str | Path | None,
+    fuse: int = 1,
+) -> dict[str, Any]:
     check_fuse(fuse)
     kind, k = check_settings(settings)
     spec = parse_storage(storage)
@@ -140,14 +173,17 @@ def _run_audit(study_name: str, storage: str | None, settings: AuditSettings, re
         raise UserInputError(f"study {study_name!r} was not made by ilr-search; nothing to audit")
     trials = trial_records(study.get_trials(deepcopy=False))
     if not any(t.state == TrialState.COMPLETE for t in trials):
-        raise UserInputError(f"study {study_name!r} has no complete trial yet; run it first "
-                             f"(ilr-search run ... --study {study_name})")
+        raise UserInputError(
+            f"study {study_name!r} has no complete trial yet; run it first (ilr-search run ... --study {study_name})"
+        )
     config = StoredConfig.from_dict(study.user_attrs[CONFIG_ATTR])
     proxy_steps = config.space.train.steps
     steps = max(1, round(settings.factor * proxy_steps))
     if steps > SIZE_MAXIMA["train", "steps"]:
-        raise UserInputError(f"--factor {settings.factor:g} retrains at {steps:,} steps ({proxy_steps} a proxy), above "
-                             f"the most steps a run takes, {SIZE_MAXIMA['train', 'steps']:,}")
+        raise UserInputError(
+            f"--factor {settings.factor:g} retrains at {steps:,} steps ({proxy_steps} a proxy), above "
+            f"the most steps a run takes, {SIZE_MAXIMA['train', 'steps']:,}"
+        )
     space = stored_space(study, steps)
     init_depth = config.init_depth  # for the depth_init knob
     base_seed = space.train.seed
@@ -155,14 +191,17 @@ def _run_audit(study_name: str, storage: str | None, settings: AuditSettings, re
     chosen = select_maps(trials, curves, kind, k, base_seed)
     if not chosen:
         raise UserInputError(f"--maps {settings.maps} selects no map of study {study_name!r}")
-    jobs = [(RaceRunJob(settings.factor_key, base_seed + s, t.map_key), t) for t in chosen
-            for s in range(settings.seeds)]
+    jobs: list[tuple[RaceRunJob, TrialRecord]] = []
+    for t in chosen:
+        assert t.map_key is not None  # select_maps chooses trials that trained their map
+        jobs += [(RaceRunJob(settings.factor_key, base_seed + s, t.map_key), t) for s in range(settings.seeds)]
 
     store = open_store(spec, study_name, storage=study_storage(study))
     worker = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     checkpoints = Path(checkpoint_dir or "studies/checkpoints") / safe_name(study_name) / "audit"
-    reporter.on(StudyStarted(f"{study_name} audit at {settings.factor_key}x ({steps} steps)", len(jobs),
-                             _n_done(store, jobs)))
+    reporter.on(
+        StudyStarted(f"{study_name} audit at {settings.factor_key}x ({steps} steps)", len(jobs), _n_done(store, jobs))
+    )
     data = None
     trained_here = 0
     waiting_said = False
@@ -194,11 +233,21 @@ def _run_audit(study_name: str, storage: str | None, settings: AuditSettings, re
             break
     report = audit_report(trials, store.race_runs(), settings.factor_key)
     if report is None:
-        raise UserInputError(f"no audited map of study {study_name!r} finished: every run diverged at "
-                             f"{settings.factor_key}x (see the study's race runs: trials --json)")
-    return {"study": study_name, "factor": settings.factor, "steps": steps, "proxy_steps": proxy_steps,
-            "maps_spec": settings.maps, "seeds": settings.seeds, "runs": len(jobs), "trained_by_this_worker": trained_here,
-            **{k: v for k, v in report.to_dict().items() if k not in ("factor", "steps")}}
+        raise UserInputError(
+            f"no audited map of study {study_name!r} finished: every run diverged at "
+            f"{settings.factor_key}x (see the study's race runs: trials --json)"
+        )
+    return {
+        "study": study_name,
+        "factor": settings.factor,
+        "steps": steps,
+        "proxy_steps": proxy_steps,
+        "maps_spec": settings.maps,
+        "seeds": settings.seeds,
+        "runs": len(jobs),
+        "trained_by_this_worker": trained_here,
+        **{k: v for k, v in report.to_dict().items() if k not in ("factor", "steps")},
+    }
 
 
 def _n_done(store: Store, jobs: list[tuple[RaceRunJob, TrialRecord]]) -> int:
@@ -206,9 +255,16 @@ def _n_done(store: Store, jobs: list[tuple[RaceRunJob, TrialRecord]]) -> int:
     return sum(job in done for job, _ in jobs)
 
 
-def _claim_group(store: Store, pending: list[tuple[RaceRunJob, TrialRecord]], worker: str, space: SpaceConfig,
-                 steps: int, checkpoints: Path, init_depth: int, fuse: int
-                 ) -> tuple[list[ClaimedRun], list[tuple[RaceRunJob, TrialRecord]]]:
+def _claim_group(
+    store: Store,
+    pending: list[tuple[RaceRunJob, TrialRecord]],
+    worker: str,
+    space: SpaceConfig,
+    steps: int,
+    checkpoints: Path,
+    init_depth: int,
+    fuse: int,
+) -> tuple[list[ClaimedRun], list[tuple[RaceRunJob, TrialRecord]]]:
     """Claim up to `fuse` pending runs of one model (one, where the model cannot be fused); returns them and
     the pending runs not yet looked at. Runs held by other workers are passed over."""
     claimed: list[ClaimedRun] = []
@@ -216,9 +272,19 @@ def _claim_group(store: Store, pending: list[tuple[RaceRunJob, TrialRecord]], wo
         model = with_knobs(model_config(space), dict(t.knobs), init_depth)
         if claimed and (len(claimed) >= fuse or model != claimed[0].model or not fusable(model)):
             return claimed, pending[i:]
+        assert t.reuse_map is not None and t.flops_ratio is not None  # the audit's trials trained their maps
         if not store.claim_race_run(job, worker, t.flops_ratio, steps, stale_after=grace_period()):
             continue
-        claimed.append(ClaimedRun(job, list(t.reuse_map), model,
-                                  longer_train_config(space.train, space.train.steps, job.seed),
-                                  run_checkpoint(checkpoints, job), t.number, t.flops_ratio, t.schedule))
+        claimed.append(
+            ClaimedRun(
+                job,
+                list(t.reuse_map),
+                model,
+                longer_train_config(space.train, space.train.steps, job.seed),
+                run_checkpoint(checkpoints, job),
+                t.number,
+                t.flops_ratio,
+                t.schedule,
+            )
+        )
     return claimed, []

@@ -37,6 +37,7 @@ PROBE_SECONDS = 10.0  # a K whose probe (its untimed step included) takes longer
 class Layout:
     """How a run trains: `groups` worker processes (1: the run's own process), each training up to `fuse` maps
     at once in one fused group with `threads` torch threads (None: torch's default, or on CUDA not set)."""
+
     groups: int
     fuse: int
     threads: int | None = None
@@ -64,8 +65,10 @@ def parse_fuse(text: str | int) -> int | str:
     except (TypeError, ValueError):
         value = 0
     if not 1 <= value <= SIZE_MAXIMA["search", "fuse"] or str(text).strip() not in (str(value), f"+{value}"):
-        raise UserInputError(f"--fuse must be a positive number of maps trained at once (1: one at a time), at most "
-                             f"{SIZE_MAXIMA['search', 'fuse']:,}, or auto, got {text!r}")
+        raise UserInputError(
+            f"--fuse must be a positive number of maps trained at once (1: one at a time), at most "
+            f"{SIZE_MAXIMA['search', 'fuse']:,}, or auto, got {text!r}"
+        )
     return value
 
 
@@ -74,8 +77,8 @@ def proxy_memory_bytes(model: ModelConfig, layer_runs: int, batch_size: int, bf1
     parameter), activations kept for backward (about 24 values per token and width per layer run in the
     compute dtype, SwiGLU's 4x hidden included; flash attention keeps no T x T matrix), and one chunk of
     fp32 logits with its gradient (loss.py). A fused group of K holds about K of these."""
-    from ilr_search.training.loss import LOGITS_PER_CHUNK
     from ilr_search.training.flops import param_count
+    from ilr_search.training.loss import LOGITS_PER_CHUNK
 
     value_bytes = 2 if bf16 else 4
     tokens = batch_size * model.seq_len
@@ -105,8 +108,9 @@ def available_memory(device: str) -> tuple[int, int, str]:
 
 def memory_per_group_member(plan: StudyPlan) -> int:
     """Memory one map of a fused group needs at the costliest schedule the budget allows."""
-    return proxy_memory_bytes(plan.model, plan.budget.max_layer_runs(plan.model), plan.space.train.batch_size,
-                              plan.dtype != "fp32")
+    return proxy_memory_bytes(
+        plan.model, plan.budget.max_layer_runs(plan.model), plan.space.train.batch_size, plan.dtype != "fp32"
+    )
 
 
 def process_overhead_bytes(plan: StudyPlan) -> int:
@@ -139,8 +143,10 @@ def check_memory(plan: StudyPlan, groups: int, fuse: int) -> None:
     raise UserInputError(
         f"{asked} needs about {need / GIB:.1f} GiB of {what} ({one / GIB:.2f} GiB per map of "
         f"{plan.budget.max_layer_runs(plan.model)} layer runs at batch {plan.space.train.batch_size}"
-        + (", plus the CUDA context per process" if context else "") + f"), but {free / GIB:.1f} of "
-        f"{total / GIB:.1f} GiB are available; {advice}")
+        + (", plus the CUDA context per process" if context else "")
+        + f"), but {free / GIB:.1f} of "
+        f"{total / GIB:.1f} GiB are available; {advice}"
+    )
 
 
 def probe_fused(space: SpaceConfig, model: ModelConfig, dtype: str, k: int, steps: int = PROBE_STEPS) -> float:
@@ -150,8 +156,9 @@ def probe_fused(space: SpaceConfig, model: ModelConfig, dtype: str, k: int, step
     from ilr_search.training.fused import train_fused
 
     data = random_tokens(model.vocab_size, model.seq_len)
-    base = dataclasses.replace(space.train, dtype=dtype, compile=False, eval_fractions=(1.0,), eval_windows=1,
-                               checkpoint_every=0)
+    base = dataclasses.replace(
+        space.train, dtype=dtype, compile=False, eval_fractions=(1.0,), eval_windows=1, checkpoint_every=0
+    )
     schedules = [list(range(model.n_layers))] * k
     train_fused(model, schedules, data, dataclasses.replace(base, steps=1))
     start = time.perf_counter()
@@ -160,8 +167,16 @@ def probe_fused(space: SpaceConfig, model: ModelConfig, dtype: str, k: int, step
     return max(1e-9, elapsed - max(r.eval_seconds for r in results))
 
 
-def _probe_process(space: SpaceConfig, model: ModelConfig, dtype: str, ks: tuple[int, ...], threads: int | None,
-                   start: Any, stop: Any, results: Any) -> None:
+def _probe_process(
+    space: SpaceConfig,
+    model: ModelConfig,
+    dtype: str,
+    ks: tuple[int, ...],
+    threads: int | None,
+    start: Any,
+    stop: Any,
+    results: Any,
+) -> None:
     """One probe process: each K starts when every process and the parent are at the barrier; it ends when the
     parent says the sweep is done."""
     import torch
@@ -175,16 +190,24 @@ def _probe_process(space: SpaceConfig, model: ModelConfig, dtype: str, ks: tuple
         results.put((k, probe_fused(space, model, dtype, k)))
 
 
-def probe_layout(space: SpaceConfig, model: ModelConfig, dtype: str, ks: tuple[int, ...], groups: int,
-                 threads: int | None) -> tuple[dict[int, float], int | None]:
-    """Tokens/s (by K), and the K that ran out of time if one did, all groups together, of `groups` processes (spawned, as the workers are) each training a fused
-    group of K maps at the same time, for K in `ks` ascending (the slowest group's time counts for all). The
-    sweep stops at the first K no faster than the one before by PROBE_TOLERANCE (fusion stopped paying), and
-    at a K whose probe is not done within PROBE_SECONDS (that K is left out: slower than the others measured)."""
+def probe_layout(
+    space: SpaceConfig, model: ModelConfig, dtype: str, ks: tuple[int, ...], groups: int, threads: int | None
+) -> tuple[dict[int, float], int | None]:
+    """Tokens/s (by K), and the K that ran out of time if one did, all groups together, of `groups` processes
+    (spawned, as the workers are) each training a fused group of K maps at the same time, for K in `ks` ascending
+    (the slowest group's time counts for all). The sweep stops at the first K no faster than the one before by
+    PROBE_TOLERANCE (fusion stopped paying), and at a K whose probe is not done within PROBE_SECONDS (that K is left
+    out: slower than the others measured)."""
     ctx = mp.get_context("spawn")
     start, stop, results = ctx.Barrier(groups + 1), ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=_probe_process, args=(space, model, dtype, ks, threads, start, stop, results),
-                         name=f"ilr-search fuse probe {g}") for g in range(groups)]
+    procs = [
+        ctx.Process(
+            target=_probe_process,
+            args=(space, model, dtype, ks, threads, start, stop, results),
+            name=f"ilr-search fuse probe {g}",
+        )
+        for g in range(groups)
+    ]
     for p in procs:
         p.start()
     tokens = space.train.batch_size * model.seq_len * PROBE_STEPS
@@ -249,17 +272,27 @@ def choose_fuse(plan: StudyPlan, workers: int | None, target: int) -> FuseChoice
             slow.append(f"{describe(Layout(groups, too_slow, threads))} not done in {PROBE_SECONDS:.0f} s")
         probed += [ProbedLayout(Layout(groups, k, threads), speed) for k, speed in speeds.items()]
     if not probed:
-        return FuseChoice(Layout(workers or 1, 1, threads_for(workers or 1)), f"fuse auto: K = 1 (no probe done in {PROBE_SECONDS:.0f} s: " + "; ".join(slow) + ")")
+        return FuseChoice(
+            Layout(workers or 1, 1, threads_for(workers or 1)),
+            f"fuse auto: K = 1 (no probe done in {PROBE_SECONDS:.0f} s: " + "; ".join(slow) + ")",
+        )
     best = max(p.tokens_per_second for p in probed)
-    chosen = min((p for p in probed if p.tokens_per_second >= (1 - PROBE_TOLERANCE) * best),
-                 key=lambda p: (p.layout.fuse, p.layout.groups))
+    chosen = min(
+        (p for p in probed if p.tokens_per_second >= (1 - PROBE_TOLERANCE) * best),
+        key=lambda p: (p.layout.fuse, p.layout.groups),
+    )
     unfused = next((p for p in probed if p.layout.fuse == 1 and p.layout.groups == 1), None)
-    others = "; ".join([f"{describe(p.layout)} {p.tokens_per_second:,.0f}" for p in probed if p is not chosen]
-                       + slow)
-    reason = (f"fuse auto: {describe(chosen.layout)}, {chosen.tokens_per_second:,.0f} tokens/s in a "
-              f"{PROBE_STEPS}-step probe" + (f" ({chosen.tokens_per_second / unfused.tokens_per_second:.2f}x "
-                                             f"{describe(unfused.layout)})" if unfused is not None and unfused is not chosen else "")
-              + (f"; probed {others}" if others else ""))
+    others = "; ".join([f"{describe(p.layout)} {p.tokens_per_second:,.0f}" for p in probed if p is not chosen] + slow)
+    reason = (
+        f"fuse auto: {describe(chosen.layout)}, {chosen.tokens_per_second:,.0f} tokens/s in a "
+        f"{PROBE_STEPS}-step probe"
+        + (
+            f" ({chosen.tokens_per_second / unfused.tokens_per_second:.2f}x {describe(unfused.layout)})"
+            if unfused is not None and unfused is not chosen
+            else ""
+        )
+        + (f"; probed {others}" if others else "")
+    )
     return FuseChoice(chosen.layout, reason, tuple(probed))
 
 

@@ -14,24 +14,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-
-from ilr_search.config import ModelConfig, SpaceConfig, TrainConfig
-from ilr_search.data.tokens import TokenData, cache_key, cache_root, random_tokens
-from ilr_search.training.flops import flops_ratio
 from ilr_search.analysis.results import REFERENCE_PREFIX, has_result
-from ilr_search.training.schedule import reuse_map_schedule
-from ilr_search.search.maps import repair_to_budget
-from ilr_search.search.plan import StudyPlan, adopt_stored_dtype, adopt_stored_race, check_resume, stored_study
-from ilr_search.search.pruners import pruner_settings
 from ilr_search.analysis.trials import trial_records
 from ilr_search.commands.autofuse import Layout, describe, resolve_layout
 from ilr_search.commands.layout import process_threads, race_processes
+from ilr_search.config import ModelConfig, SpaceConfig, TrainConfig
+from ilr_search.data.tokens import TokenData, cache_key, cache_root, random_tokens
+from ilr_search.search.maps import repair_to_budget
+from ilr_search.search.plan import StudyPlan, adopt_stored_dtype, adopt_stored_race, check_resume, stored_study
+from ilr_search.search.pruners import pruner_settings
 from ilr_search.search.race import study_race
 from ilr_search.search.run import ReferenceRun, RunRequest, checked_request, reference_runs
 from ilr_search.search.samplers import sampler_settings
 from ilr_search.storage import StorageSpec, open_storage, open_store
 from ilr_search.training.device import resolve_compile, resolve_device
+from ilr_search.training.flops import flops_ratio
 from ilr_search.training.jobs import fusable
+from ilr_search.training.schedule import reuse_map_schedule
 from ilr_search.training.train import train_proxy
 
 PROBE_WARMUP = 2  # untimed steps first: memory allocated, kernels chosen, caches warm
@@ -54,15 +53,22 @@ class Probe:
     step_seconds: list[float]  # the timed steps of the whole group, in order
 
 
-def timed_steps(model: ModelConfig, schedules: Sequence[Sequence[int]], data: TokenData, train: TrainConfig
-                ) -> tuple[list[float], list[float], int]:
+def timed_steps(
+    model: ModelConfig, schedules: Sequence[Sequence[int]], data: TokenData, train: TrainConfig
+) -> tuple[list[float], list[float], int]:
     """(seconds of each of PROBE_TIMED training steps after PROBE_WARMUP untimed ones, seconds of each evaluation
     after them, validation windows an evaluation read) of `schedules` trained together: one by train_proxy, several
     in one fused group, as the run trains them. Every step is evaluated on one batch, so that each ends in a host
     sync at a known time: a step is timed from the end of the evaluation before it to its own host sync."""
     steps = PROBE_WARMUP + PROBE_TIMED
-    cfg = dataclasses.replace(train, steps=steps, compile=False, checkpoint_every=0, eval_windows=train.batch_size,
-                              eval_fractions=tuple(s / steps for s in range(1, steps + 1)))
+    cfg = dataclasses.replace(
+        train,
+        steps=steps,
+        compile=False,
+        checkpoint_every=0,
+        eval_windows=train.batch_size,
+        eval_fractions=tuple(s / steps for s in range(1, steps + 1)),
+    )
     stepped: dict[int, float] = {}  # step -> when its losses reached the host (its first member's)
     evaluated: dict[int, float] = {}  # step -> when its evaluation ended (its last member's)
 
@@ -82,12 +88,23 @@ def timed_steps(model: ModelConfig, schedules: Sequence[Sequence[int]], data: To
     timed = [s for s in range(PROBE_WARMUP + 1, steps + 1) if s in stepped and s in evaluated and s - 1 in evaluated]
     if not timed:
         raise RuntimeError(f"the timing probe of {len(schedules)} schedule(s) diverged on random tokens")
-    return ([stepped[s] - evaluated[s - 1] for s in timed], [evaluated[s] - stepped[s] for s in timed],
-            len(data.val_starts(cfg.eval_windows, model.seq_len)))
+    return (
+        [stepped[s] - evaluated[s - 1] for s in timed],
+        [evaluated[s] - stepped[s] for s in timed],
+        len(data.val_starts(cfg.eval_windows, model.seq_len)),
+    )
 
 
-def probe_schedule(space: SpaceConfig, model: ModelConfig, reuse_map: list[int], label: str, dtype: str,
-                   data: TokenData, fuse: int = 1, threads: int | None = None) -> Probe:
+def probe_schedule(
+    space: SpaceConfig,
+    model: ModelConfig,
+    reuse_map: list[int],
+    label: str,
+    dtype: str,
+    data: TokenData,
+    fuse: int = 1,
+    threads: int | None = None,
+) -> Probe:
     """Time `reuse_map` trained `fuse` at a time on `threads` torch threads (uncompiled), this process's threads
     set back after."""
     import torch
@@ -97,12 +114,22 @@ def probe_schedule(space: SpaceConfig, model: ModelConfig, reuse_map: list[int],
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        steps, evals, windows = timed_steps(model, [schedule] * fuse, data, dataclasses.replace(space.train, dtype=dtype))
+        steps, evals, windows = timed_steps(
+            model, [schedule] * fuse, data, dataclasses.replace(space.train, dtype=dtype)
+        )
     finally:
         torch.set_num_threads(before)
     per_window = statistics.median(evals) / max(1, windows)
-    return Probe(label, reuse_map, len(schedule), fuse, threads, statistics.median(steps) / fuse,
-                 per_window * space.train.eval_windows / fuse, steps)
+    return Probe(
+        label,
+        reuse_map,
+        len(schedule),
+        fuse,
+        threads,
+        statistics.median(steps) / fuse,
+        per_window * space.train.eval_windows / fuse,
+        steps,
+    )
 
 
 def costliest_map(n_layers: int, max_reuse: int, max_layer_runs: int) -> list[int]:
@@ -110,8 +137,9 @@ def costliest_map(n_layers: int, max_reuse: int, max_layer_runs: int) -> list[in
     return repair_to_budget([max_reuse] * n_layers, max_layer_runs)
 
 
-def dry_run_report(request: RunRequest, workers: int | None = None, probe: bool = True,
-                   fuse: int | str = 1) -> dict[str, Any]:
+def dry_run_report(
+    request: RunRequest, workers: int | None = None, probe: bool = True, fuse: int | str = 1
+) -> dict[str, Any]:
     """The `run --dry-run` report: what `request` would do, what is left of it where the study exists (nothing, in
     words, when it is finished), and how long that would take without pruning or a map trained twice, on the layout
     `fuse` and `workers` give (--fuse and --workers, as `run` chooses it). Bad input raises as `run` would; nothing
@@ -128,8 +156,9 @@ def dry_run_report(request: RunRequest, workers: int | None = None, probe: bool 
     target = request.target_trials
     trials_to_train = max(0, target - finished)
     refs = reference_runs(plan, trials)
-    names = [r.name for r in refs] + (["second_seed"] if space.search.noise_seeds and not any(
-        r.name == "second_seed" for r in refs) else [])  # the best recurrent map at a second seed, once known
+    names = [r.name for r in refs] + (
+        ["second_seed"] if space.search.noise_seeds and not any(r.name == "second_seed" for r in refs) else []
+    )  # the best recurrent map at a second seed, once known
     done_refs = [n for n in names if study is not None and f"{REFERENCE_PREFIX}{n}" in study.user_attrs]
     race = race_plan(plan, target)
     if study is not None and race["runs_max"]:
@@ -159,13 +188,28 @@ def dry_run_report(request: RunRequest, workers: int | None = None, probe: bool 
         "storage": spec.masked,
         "storage_exists": spec.exists(),
         "space": space.source,
-        "model": {"layers": n_layers, "d_model": plan.model.d_model, "heads": plan.model.n_heads,
-                  "seq_len": plan.model.seq_len, "pe": plan.model.pe, "vocab_size": plan.model.vocab_size},
-        "data": {"corpus": space.data.corpus, "tokenizer": space.data.tokenizer,
-                 "tokens_cached": (cache / "meta.json").exists() if not space.data.corpus.startswith("hf:") else None},
-        "train": {"steps": space.train.steps, "batch_size": space.train.batch_size, "lr": space.train.lr,
-                  "eval_steps": space.train.eval_steps, "device": str(device), "dtype": plan.dtype,
-                  "compile": resolve_compile(space.train.compile, device)},
+        "model": {
+            "layers": n_layers,
+            "d_model": plan.model.d_model,
+            "heads": plan.model.n_heads,
+            "seq_len": plan.model.seq_len,
+            "pe": plan.model.pe,
+            "vocab_size": plan.model.vocab_size,
+        },
+        "data": {
+            "corpus": space.data.corpus,
+            "tokenizer": space.data.tokenizer,
+            "tokens_cached": (cache / "meta.json").exists() if not space.data.corpus.startswith("hf:") else None,
+        },
+        "train": {
+            "steps": space.train.steps,
+            "batch_size": space.train.batch_size,
+            "lr": space.train.lr,
+            "eval_steps": space.train.eval_steps,
+            "device": str(device),
+            "dtype": plan.dtype,
+            "compile": resolve_compile(space.train.compile, device),
+        },
         "knobs": list(space.search.knobs),
         "workers": workers or 1,
         "race": race,
@@ -176,22 +220,39 @@ def dry_run_report(request: RunRequest, workers: int | None = None, probe: bool 
     return report
 
 
-def race_left(race: dict[str, Any], spec: StorageSpec, storage: Any, study: Any, plan: StudyPlan,
-              trials_to_train: int) -> dict[str, Any]:
+def race_left(
+    race: dict[str, Any], spec: StorageSpec, storage: Any, study: Any, plan: StudyPlan, trials_to_train: int
+) -> dict[str, Any]:
     """`race` (race_plan's) less what the study's race has stored: nothing once its trials are all done and the
     policy has decided (under this run's compute cap), else its runs and steps less those trained."""
     store = open_store(spec, plan.name, read_only=True, storage=storage)
-    _, results, state = study_race(trial_records(study.get_trials(deepcopy=False)), study.user_attrs,
-                                   store.race_runs(), plan.space.search.max_race_steps)
+    _, results, state = study_race(
+        trial_records(study.get_trials(deepcopy=False)),
+        study.user_attrs,
+        store.race_runs(),
+        plan.space.search.max_race_steps,
+    )
     trained = sum(r.steps for r in results if r.is_run)
     if trials_to_train == 0 and state.done:
-        return race | {"runs_min": 0, "runs_max": 0, "steps_min": 0, "steps_max": 0, "steps_trained": trained,
-                       "decided": True}
+        return race | {
+            "runs_min": 0,
+            "runs_max": 0,
+            "steps_min": 0,
+            "steps_max": 0,
+            "steps_trained": trained,
+            "decided": True,
+        }
     target = race["target_steps"]
     steps_min = max(0, race["steps_min"] - trained)
     steps_max = max(steps_min, race["steps_max"] - trained, sum(j.steps for j in state.next_jobs))
-    return race | {"runs_min": math.ceil(steps_min / target), "runs_max": math.ceil(steps_max / target),
-                   "steps_min": steps_min, "steps_max": steps_max, "steps_trained": trained, "decided": False}
+    return race | {
+        "runs_min": math.ceil(steps_min / target),
+        "runs_max": math.ceil(steps_max / target),
+        "steps_min": steps_min,
+        "steps_max": steps_max,
+        "steps_trained": trained,
+        "decided": False,
+    }
 
 
 def race_plan(plan: StudyPlan, n_trials: int) -> dict[str, Any]:
@@ -204,13 +265,21 @@ def race_plan(plan: StudyPlan, n_trials: int) -> dict[str, Any]:
     if search.target <= 1 and search.race_seeds <= 1:
         return {"policy": "off", "target_steps": target, "runs_min": 0, "runs_max": 0, "steps_min": 0, "steps_max": 0}
     if search.race_policy == "fixed":
-        lengths = [base * 2 ** i for i in range(64) if base * 2 ** i < target] + [target]
+        lengths = [base * 2**i for i in range(64) if base * 2**i < target] + [target]
         per_map = sum(lengths) * search.race_seeds - base
         most = search.race_contenders * per_map
-        return {"policy": "fixed", "target_steps": target, "seeds": search.race_seeds, "lengths": lengths,
-                "contenders": search.race_contenders, "runs_min": 0,
-                "runs_max": search.race_contenders * (len(lengths) * search.race_seeds - 1), "steps_min": 0,
-                "steps_max": most, "cap": search.max_race_steps or None}
+        return {
+            "policy": "fixed",
+            "target_steps": target,
+            "seeds": search.race_seeds,
+            "lengths": lengths,
+            "contenders": search.race_contenders,
+            "runs_min": 0,
+            "runs_max": search.race_contenders * (len(lengths) * search.race_seeds - 1),
+            "steps_min": 0,
+            "steps_max": most,
+            "cap": search.max_race_steps or None,
+        }
     screened = min(search.race_screen, n_trials)
     contenders = min(search.race_contenders, screened)
     deep = 1 if search.equal_compute == "depth" else 0
@@ -220,14 +289,32 @@ def race_plan(plan: StudyPlan, n_trials: int) -> dict[str, Any]:
     steps_min, steps_max = first * target, most * target
     if cap is not None:
         steps_min, steps_max = min(steps_min, cap), min(steps_max, cap)
-    return {"policy": "adaptive", "target_steps": target, "screen": screened, "contenders": contenders,
-            "first_test_seeds": search.race_seeds - 1, "max_seeds": search.max_seeds, "equal_compute": search.equal_compute,
-            "runs_min": steps_min // target, "runs_max": steps_max // target, "steps_min": steps_min,
-            "steps_max": steps_max, "cap": cap}
+    return {
+        "policy": "adaptive",
+        "target_steps": target,
+        "screen": screened,
+        "contenders": contenders,
+        "first_test_seeds": search.race_seeds - 1,
+        "max_seeds": search.max_seeds,
+        "equal_compute": search.equal_compute,
+        "runs_min": steps_min // target,
+        "runs_max": steps_max // target,
+        "steps_min": steps_min,
+        "steps_max": steps_max,
+        "cap": cap,
+    }
 
 
-def estimate(space: SpaceConfig, plan: StudyPlan, costly: list[int], refs: list[ReferenceRun], trials_to_train: int,
-             done_refs: list[str], layout: Layout, race: dict[str, Any]) -> dict[str, Any]:
+def estimate(
+    space: SpaceConfig,
+    plan: StudyPlan,
+    costly: list[int],
+    refs: list[ReferenceRun],
+    trials_to_train: int,
+    done_refs: list[str],
+    layout: Layout,
+    race: dict[str, Any],
+) -> dict[str, Any]:
     """The time left, as one range: time per map as a line through the probed cheapest and costliest schedules
     (per layer run, each probed as the run trains it: `layout`'s fused group size and threads), applied to an
     average sampled map (half-way), each reference, each evaluation and each race run; the range is the race's
@@ -249,8 +336,9 @@ def estimate(space: SpaceConfig, plan: StudyPlan, costly: list[int], refs: list[
     groups = layout.groups
     mid_runs = (baseline.layer_runs + costliest.layer_runs) / 2
     trial_seconds = proxy_seconds(mid_runs)
-    ref_seconds = sum(proxy_seconds(mid_runs if r.name == "second_seed" else len(r.schedule))
-                      for r in refs if r.name not in done_refs)
+    ref_seconds = sum(
+        proxy_seconds(mid_runs if r.name == "second_seed" else len(r.schedule)) for r in refs if r.name not in done_refs
+    )
     if space.search.noise_seeds and "second_seed" not in done_refs and not any(r.name == "second_seed" for r in refs):
         ref_seconds += proxy_seconds(mid_runs)
     run_seconds = proxy_seconds(mid_runs) * race["target_steps"] / space.train.steps if race["runs_max"] else 0.0
@@ -258,16 +346,19 @@ def estimate(space: SpaceConfig, plan: StudyPlan, costly: list[int], refs: list[
     race_min = race["steps_min"] / race["target_steps"] * run_seconds / racers if race["runs_max"] else 0.0
     race_max = race["steps_max"] / race["target_steps"] * run_seconds / racers if race["runs_max"] else 0.0
     total = (trials_to_train * trial_seconds + ref_seconds) / groups
-    return {"probe": [dataclasses.asdict(baseline), dataclasses.asdict(costliest)],
-            "probe_flops_ratios": [flops_ratio(plan.model, reuse_map_schedule(p.reuse_map)) for p in (baseline, costliest)],
-            "layout": describe(Layout(groups, fuse, threads)),
-            "estimated_trial_seconds": trial_seconds, "estimated_reference_seconds": ref_seconds,
-            "estimated_race_seconds": [race_min, race_max],
-            "estimated_seconds": total + race_min, "estimated_seconds_max": total + race_max,
-            "estimate_note": f"from the median of {PROBE_TIMED} timed steps after {PROBE_WARMUP} untimed ones, "
-                             "trained as the run trains them; no pruning and no repeated map assumed (both shorten "
-                             "a run); an average trial is taken half-way between the baseline and the costliest map; "
-                             "start-up, storage writes, tokenizing an uncached corpus, layer compilation and a "
-                             "changing machine load are not counted"
-                             + (f"; {groups} workers are assumed to share the device without slowing each other"
-                                if groups > 1 else "")}
+    return {
+        "probe": [dataclasses.asdict(baseline), dataclasses.asdict(costliest)],
+        "probe_flops_ratios": [flops_ratio(plan.model, reuse_map_schedule(p.reuse_map)) for p in (baseline, costliest)],
+        "layout": describe(Layout(groups, fuse, threads)),
+        "estimated_trial_seconds": trial_seconds,
+        "estimated_reference_seconds": ref_seconds,
+        "estimated_race_seconds": [race_min, race_max],
+        "estimated_seconds": total + race_min,
+        "estimated_seconds_max": total + race_max,
+        "estimate_note": f"from the median of {PROBE_TIMED} timed steps after {PROBE_WARMUP} untimed ones, "
+        "trained as the run trains them; no pruning and no repeated map assumed (both shorten "
+        "a run); an average trial is taken half-way between the baseline and the costliest map; "
+        "start-up, storage writes, tokenizing an uncached corpus, layer compilation and a "
+        "changing machine load are not counted"
+        + (f"; {groups} workers are assumed to share the device without slowing each other" if groups > 1 else ""),
+    }

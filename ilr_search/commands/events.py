@@ -1,9 +1,32 @@
 """What the CLI's renderer (cli/ui.py) needs to draw a run: its event stream (search/progress.py) and how a
 reuse map is written (training/schedule.py). The CLI imports only from commands/, so these come through here."""
 
-from ilr_search.search.progress import (Event, Message, ReferenceFinished, ReferenceStarted, RunFinished, RunReporter,
-                                        RunsStarted, Step, StudyStarted, TrialFinished, TrialStarted)
+from ilr_search.search.progress import (
+    Event,
+    Message,
+    ReferenceFinished,
+    ReferenceStarted,
+    RunFinished,
+    RunReporter,
+    RunsStarted,
+    Step,
+    StudyStarted,
+    TrialFinished,
+    TrialStarted,
+)
 from ilr_search.training.schedule import format_reuse_map
 
-__all__ = ["Event", "Message", "ReferenceFinished", "ReferenceStarted", "RunFinished", "RunReporter", "RunsStarted",
-           "Step", "StudyStarted", "TrialFinished", "TrialStarted", "format_reuse_map"]
+__all__ = [
+    "Event",
+    "Message",
+    "ReferenceFinished",
+    "ReferenceStarted",
+    "RunFinished",
+    "RunReporter",
+    "RunsStarted",
+    "Step",
+    "StudyStarted",
+    "TrialFinished",
+    "TrialStarted",
+    "format_reuse_map",
+]

@@ -16,38 +16,46 @@ from typing import Any
 import optuna
 import torch
 
-from ilr_search.commands.standard_checkpoint import (check_checkpoint, check_out_dir, check_save_format,
-                                                     data_tokenizer, default_family, save_tokenizer, write_checkpoint)
+from ilr_search.analysis.map_key import map_text as key_map_text
+from ilr_search.analysis.race_core import RaceWords
+from ilr_search.analysis.results import finite_or_none, references, trained_by_map
+from ilr_search.analysis.trials import TrialRecord, trial_records
+from ilr_search.commands.standard_checkpoint import (
+    check_checkpoint,
+    check_out_dir,
+    check_save_format,
+    data_tokenizer,
+    default_family,
+    save_tokenizer,
+    write_checkpoint,
+)
 from ilr_search.config import DataConfig, ModelConfig, SpaceConfig, TrainConfig, without_omitted_defaults
 from ilr_search.data.tokenizers import check_vocab, model_config
 from ilr_search.data.tokens import load_space_tokens
 from ilr_search.errors import UserInputError
-from ilr_search.training.flops import flops_ratio
 from ilr_search.knobs import KnobValue, config_key, format_knobs, parse_knob_settings, with_knobs
-from ilr_search.training.flops import param_count
-from ilr_search.training.model import ILRTransformer
-from ilr_search.training.pretrained import check_exportable
-from ilr_search.analysis.results import finite_or_none, references, trained_by_map
-from ilr_search.analysis.trials import TrialRecord, trial_records
-from ilr_search.training.schedule import BlockMap, Map, block_schedule, format_reuse_map, is_block_text, parse_map
 from ilr_search.search.plan import stored_config
-from ilr_search.analysis.map_key import map_text as key_map_text
-from ilr_search.analysis.race_core import RaceWords
 from ilr_search.search.race import decided_front, race_report
 from ilr_search.search.studies import open_study
 from ilr_search.space import SpaceError, check_sizes
-from ilr_search.storage import study_storage, open_store, parse_storage
+from ilr_search.storage import open_store, parse_storage, study_storage
+from ilr_search.training.flops import flops_ratio, param_count
+from ilr_search.training.model import ILRTransformer
+from ilr_search.training.pretrained import check_exportable
+from ilr_search.training.schedule import BlockMap, Map, block_schedule, format_reuse_map, is_block_text, parse_map
 from ilr_search.training.train import OnStep, TrainResult, train_proxy
 
 RECIPE_FORMATS = (".toml", ".json")
 SAVED_FORMAT = "ilr-search trained model, version 1"
 # What `model` means, for another codebase (model.py is the reference; its docstring details the knobs).
-ARCHITECTURE = ("LLaMA-style pre-norm decoder without biases: token embedding (plus learned positions if pe = "
-                "learned), per layer x += attn(RMSNorm(x)) with causal multi-head attention and the pe (rope, alibi "
-                "or none), then x += SwiGLU(RMSNorm(x)) with hidden size round(mlp_ratio * d_model); a final RMSNorm "
-                "and an output head tied to the token embedding. Layers run in `schedule` order (layer i runs "
-                "reuse_map[i] times in a row; blockK runs the stack K times). Init: normal(0.02), residual "
-                "projections (attn proj, MLP down) normal(0.02 / sqrt(2 * (init_depth or n_layers))), norm gains 1.")
+ARCHITECTURE = (
+    "LLaMA-style pre-norm decoder without biases: token embedding (plus learned positions if pe = "
+    "learned), per layer x += attn(RMSNorm(x)) with causal multi-head attention and the pe (rope, alibi "
+    "or none), then x += SwiGLU(RMSNorm(x)) with hidden size round(mlp_ratio * d_model); a final RMSNorm "
+    "and an output head tied to the token embedding. Layers run in `schedule` order (layer i runs "
+    "reuse_map[i] times in a row; blockK runs the stack K times). Init: normal(0.02), residual "
+    "projections (attn proj, MLP down) normal(0.02 / sqrt(2 * (init_depth or n_layers))), norm gains 1."
+)
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 
@@ -72,8 +80,13 @@ class MapChoice:
 
     @classmethod
     def of(cls, chosen: Map, knobs: dict[str, KnobValue] | None = None) -> MapChoice:
-        return cls(list(chosen.counts), chosen.schedule(), dict(knobs or {}), None,
-                   chosen.key if isinstance(chosen, BlockMap) else None)
+        return cls(
+            list(chosen.counts),
+            chosen.schedule(),
+            dict(knobs or {}),
+            None,
+            chosen.key if isinstance(chosen, BlockMap) else None,
+        )
 
 
 def parse_map_choice(text: str, n_layers: int) -> MapChoice:
@@ -81,9 +94,11 @@ def parse_map_choice(text: str, n_layers: int) -> MapChoice:
     text = text.strip()
     if text.startswith("block") and not is_block_text(text):
         try:
-            k = int(text[len("block"):])
+            k = int(text[len("block") :])
         except ValueError:
-            raise UserInputError(f"--map {text!r}: block recurrence is blockK with K a whole number, e.g. block2") from None
+            raise UserInputError(
+                f"--map {text!r}: block recurrence is blockK with K a whole number, e.g. block2"
+            ) from None
         return MapChoice([k] * n_layers, block_schedule(n_layers, k), {}, k)
     map_text, _, knob_text = text.partition("|")
     chosen = parse_map(map_text, n_layers)
@@ -118,8 +133,9 @@ def load_study_settings(study_name: str, storage: str | None) -> StudySettingsVi
     if config is None:
         raise UserInputError(f"study {study_name!r} was not made by ilr-search; it has no stored settings")
     space = stored_space(study, config.space.train.steps)
-    return StudySettingsView(study, space, config.init_depth, {"text": config.budget_text, "ratio": config.budget_ratio},
-                             storage)
+    return StudySettingsView(
+        study, space, config.init_depth, {"text": config.budget_text, "ratio": config.budget_ratio}, storage
+    )
 
 
 def choose_map(view: StudySettingsView, map_text: str | None, trained_only: bool) -> tuple[MapChoice, str]:
@@ -138,8 +154,10 @@ def choose_map(view: StudySettingsView, map_text: str | None, trained_only: bool
             choice = MapChoice.of(whole)
     if choice.block:
         if f"block{choice.block}" not in references(view.study):
-            raise UserInputError(f"--map {map_text!r}: study {view.study.study_name!r} has no block{choice.block} "
-                                 "reference run; give a map it trained (ilr-search trials lists them)")
+            raise UserInputError(
+                f"--map {map_text!r}: study {view.study.study_name!r} has no block{choice.block} "
+                "reference run; give a map it trained (ilr-search trials lists them)"
+            )
         return choice, f"map {choice.key} (reference run)"
     trained = trained_by_map(trials)
     if choice.key in trained:
@@ -151,17 +169,25 @@ def choose_map(view: StudySettingsView, map_text: str | None, trained_only: bool
             choice = dataclasses.replace(choice, knobs=dict(t.knobs))
             return choice, f"map {choice.key} (trial {t.number})"
         if len(same) > 1:
-            raise UserInputError(f"--map {map_text!r}: study {view.study.study_name!r} trained it with several knob "
-                                 f"settings ({', '.join(same)}); give one of them")
-    raise UserInputError(f"--map {map_text!r}: study {view.study.study_name!r} did not train that map; "
-                         "give one it trained (ilr-search trials lists them)")
+            raise UserInputError(
+                f"--map {map_text!r}: study {view.study.study_name!r} trained it with several knob "
+                f"settings ({', '.join(same)}); give one of them"
+            )
+    raise UserInputError(
+        f"--map {map_text!r}: study {view.study.study_name!r} did not train that map; "
+        "give one it trained (ilr-search trials lists them)"
+    )
 
 
 def default_map(view: StudySettingsView, trials: list[TrialRecord]) -> tuple[MapChoice, str]:
     """The map of lowest perplexity on the study's decided front (decided_front: the race's, at its raced length,
     where the study was raced; the proxy's otherwise), with the line saying which and why."""
-    store = open_store(parse_storage(view.storage, read_only=True), view.study.study_name, read_only=True,
-                       storage=study_storage(view.study))
+    store = open_store(
+        parse_storage(view.storage, read_only=True),
+        view.study.study_name,
+        read_only=True,
+        storage=study_storage(view.study),
+    )
     attrs = view.study.user_attrs
     race = race_report(trials, attrs, store.race_runs())
     front = decided_front(trials, race)
@@ -169,14 +195,20 @@ def default_map(view: StudySettingsView, trials: list[TrialRecord]) -> tuple[Map
         raise UserInputError(f"study {view.study.study_name!r} has no complete trial yet; give --map or run it first")
     best = min(front, key=lambda p: (p["val_ppl"], p["flops_ratio"]))
     trial = {t.number: t for t in trials}.get(best["trial"])  # None: the baseline, where no trial trained it
-    choice = MapChoice.of(parse_map(best["map"], view.space.model.n_layers), dict(trial.knobs) if trial is not None else {})
+    choice = MapChoice.of(
+        parse_map(best["map"], view.space.model.n_layers), dict(trial.knobs) if trial is not None else {}
+    )
     words = race.settings.words if race is not None else RaceWords()
-    where = (f"the race's front {words.at(best['steps'])} (mean of {words.count(len(best['seeds']))})"
-             if best.get("seeds") and (len(best["seeds"]) > 1 or best["steps"] != view.space.train.steps)
-             else "the proxy's front")
+    where = (
+        f"the race's front {words.at(best['steps'])} (mean of {words.count(len(best['seeds']))})"
+        if best.get("seeds") and (len(best["seeds"]) > 1 or best["steps"] != view.space.train.steps)
+        else "the proxy's front"
+    )
     source = f"trial {best['trial']}" if best["trial"] is not None else "the baseline"
-    return choice, (f"map {choice.key} ({source}): the map of lowest perplexity on {where} ({best['val_ppl']:.4g}); "
-                    "--map chooses another")
+    return choice, (
+        f"map {choice.key} ({source}): the map of lowest perplexity on {where} ({best['val_ppl']:.4g}); "
+        "--map chooses another"
+    )
 
 
 def measured_results(view: StudySettingsView, storage: str | None, choice: MapChoice) -> dict[str, Any]:
@@ -188,24 +220,55 @@ def measured_results(view: StudySettingsView, storage: str | None, choice: MapCh
     proxy: dict[str, Any] | None = None
     if choice.block:
         ref = refs.get(f"block{choice.block}", {})
-        proxy = {"kind": "reference", "steps": ref.get("steps"), "val_ppl": ref.get("val_ppl"),
-                 "val_bpb": ref.get("val_bpb"), "status": ref.get("status")}
+        proxy = {
+            "kind": "reference",
+            "steps": ref.get("steps"),
+            "val_ppl": ref.get("val_ppl"),
+            "val_bpb": ref.get("val_bpb"),
+            "status": ref.get("status"),
+        }
     else:
         t = trained_by_map(study.get_trials(deepcopy=False)).get(choice.key)
         if t is not None:
-            proxy = {"kind": "trial", "trial": t.number, "state": t.state.name, "steps": t.steps,
-                     "val_ppl": t.val_ppl, "val_bpb": t.val_bpb, "pruned_at_step": t.pruned_at_step}
+            proxy = {
+                "kind": "trial",
+                "trial": t.number,
+                "state": t.state.name,
+                "steps": t.steps,
+                "val_ppl": t.val_ppl,
+                "val_bpb": t.val_bpb,
+                "pruned_at_step": t.pruned_at_step,
+            }
     runs = []
-    store = open_store(parse_storage(storage, read_only=True), study.study_name, read_only=True, storage=study_storage(study))
+    store = open_store(
+        parse_storage(storage, read_only=True), study.study_name, read_only=True, storage=study_storage(study)
+    )
     for row in store.race_runs():
         if row.job.map_key == choice.key and row.state in ("complete", "failed"):
-            runs.append({"factor": float(row.job.factor), "seed": row.job.seed, "steps": row.steps,
-                           "state": row.state, "val_ppl": row.val_ppl, "val_bpb": row.val_bpb})
+            runs.append(
+                {
+                    "factor": float(row.job.factor),
+                    "seed": row.job.seed,
+                    "steps": row.steps,
+                    "state": row.state,
+                    "val_ppl": row.val_ppl,
+                    "val_bpb": row.val_bpb,
+                }
+            )
     second = refs.get("second_seed")
     second_seed = None
-    if second and second.get("reuse_map") == choice.reuse_map and second.get("knobs", {}) == choice.knobs and not choice.block:
-        second_seed = {"seed": second.get("seed"), "steps": second.get("steps"), "val_ppl": second.get("val_ppl"),
-                       "val_bpb": second.get("val_bpb")}
+    if (
+        second
+        and second.get("reuse_map") == choice.reuse_map
+        and second.get("knobs", {}) == choice.knobs
+        and not choice.block
+    ):
+        second_seed = {
+            "seed": second.get("seed"),
+            "steps": second.get("steps"),
+            "val_ppl": second.get("val_ppl"),
+            "val_bpb": second.get("val_bpb"),
+        }
     return {"proxy": proxy, "race_runs": runs, "second_seed": second_seed, "prediction": None}
 
 
@@ -218,8 +281,12 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
-def study_recipe(study_name: str, storage: str | None = None, map_text: str | None = None,
-                 on_choice: Callable[[str], None] | None = None) -> dict[str, Any]:
+def study_recipe(
+    study_name: str,
+    storage: str | None = None,
+    map_text: str | None = None,
+    on_choice: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """`ilr-search recipe`: the model config, map, schedule, knobs, training and data settings, and measured
     perplexities of one trained map of a study (default: the map of lowest perplexity on its decided front)."""
     view = load_study_settings(study_name, storage)
@@ -241,13 +308,23 @@ def study_recipe(study_name: str, storage: str | None = None, map_text: str | No
         "architecture": ARCHITECTURE,
         "model": _plain(dataclasses.asdict(model)),
         "data": without_omitted_defaults("data", _plain(dataclasses.asdict(view.space.data))),
-        "train": {"steps": train.steps, "batch_size": train.batch_size, "grad_accum": train.grad_accum,
-                  "lr": train.lr, "warmup_frac": train.warmup_frac, "min_lr_frac": train.min_lr_frac,
-                  "weight_decay": train.weight_decay, "grad_clip": train.grad_clip,
-                  "eval_fractions": list(train.eval_fractions), "eval_windows": train.eval_windows,
-                  "seed": train.seed, "dtype": train.dtype, "tokens_per_step": train.tokens(model.seq_len) // train.steps,
-                  "optimizer": "AdamW(betas=(0.9, 0.95)); weight decay on matrices only",
-                  "lr_schedule": train.lr_schedule_text()},
+        "train": {
+            "steps": train.steps,
+            "batch_size": train.batch_size,
+            "grad_accum": train.grad_accum,
+            "lr": train.lr,
+            "warmup_frac": train.warmup_frac,
+            "min_lr_frac": train.min_lr_frac,
+            "weight_decay": train.weight_decay,
+            "grad_clip": train.grad_clip,
+            "eval_fractions": list(train.eval_fractions),
+            "eval_windows": train.eval_windows,
+            "seed": train.seed,
+            "dtype": train.dtype,
+            "tokens_per_step": train.tokens(model.seq_len) // train.steps,
+            "optimizer": "AdamW(betas=(0.9, 0.95)); weight decay on matrices only",
+            "lr_schedule": train.lr_schedule_text(),
+        },
         "measured": measured_results(view, storage, choice),
         "train_command": f"ilr-search train --from-study {study_name} --map '{choice.key}' --steps N --save DIR",
     }
@@ -280,6 +357,7 @@ def write_recipe(recipe: dict[str, Any], out: Path) -> None:
 
 # ----------------------------------------------------------------------------------------------------
 # Training a study's map again, and saving / loading a trained model.
+
 
 def check_save_dir(save: Path) -> Path:
     """A folder `train --save` can write (created only after training); refused before any work otherwise."""
@@ -317,7 +395,9 @@ def read_trained_config(folder: str | Path) -> TrainedModelFiles:
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise UserInputError(f"{str(folder)!r} holds no {CONFIG_FILE}; save a model with ilr-search train --save") from None
+        raise UserInputError(
+            f"{str(folder)!r} holds no {CONFIG_FILE}; save a model with ilr-search train --save"
+        ) from None
     train = config.get("train")
     train_cfg = TrainConfig(**(train | {"eval_fractions": tuple(train["eval_fractions"])})) if train else None
     data = DataConfig(**config["data"]) if config.get("data") else None
@@ -334,10 +414,17 @@ def load_trained(folder: str | Path, device: str | torch.device = "cpu") -> tupl
     return model.to(device).eval(), files.schedule
 
 
-def train_from_study(study_name: str, storage: str | None, map_text: str | None, steps: int | None,
-                     train_overrides: dict[str, Any], on_step: OnStep | None = None,
-                     save: Path | None = None, on_choice: Callable[[str], None] | None = None,
-                     save_format: str = "native") -> dict[str, Any]:
+def train_from_study(
+    study_name: str,
+    storage: str | None,
+    map_text: str | None,
+    steps: int | None,
+    train_overrides: dict[str, Any],
+    on_step: OnStep | None = None,
+    save: Path | None = None,
+    on_choice: Callable[[str], None] | None = None,
+    save_format: str = "native",
+) -> dict[str, Any]:
     """`train --from-study`: train a map (default: the study's best front map) with the study's stored model,
     data and training settings, at `steps` steps (default: the proxy's), optionally saving the model
     (`save_format`: native, or hf, a standard transformers checkpoint; standard_checkpoint.py)."""
@@ -349,10 +436,13 @@ def train_from_study(study_name: str, storage: str | None, map_text: str | None,
     model_cfg = view.model(choice.knobs)
     train_steps = steps or view.space.train.steps
     if train_steps < 1:  # a frozen study's maps were never trained: --steps says how long
-        raise UserInputError(f"study {study_name!r} is a frozen search (its maps evaluated, not trained); give "
-                             "--steps N to train the map from the checkpoint's weights")
-    train_cfg = dataclasses.replace(view.space.train, steps=train_steps,
-                                    **{k: v for k, v in train_overrides.items() if v is not None})
+        raise UserInputError(
+            f"study {study_name!r} is a frozen search (its maps evaluated, not trained); give "
+            "--steps N to train the map from the checkpoint's weights"
+        )
+    train_cfg = dataclasses.replace(
+        view.space.train, steps=train_steps, **{k: v for k, v in train_overrides.items() if v is not None}
+    )
     space = dataclasses.replace(view.space, train=train_cfg)
     try:
         check_sizes(space)
@@ -366,8 +456,11 @@ def train_from_study(study_name: str, storage: str | None, map_text: str | None,
     check_vocab(model_cfg, data.vocab_size)
     result = train_and_save(model_cfg, choice, data, space, on_step, save, {"study": study_name}, save_format)
     return train_result_dict(model_cfg, choice.reuse_map, result, choice.block) | {
-        "knobs": format_knobs(choice.knobs), "study": study_name, "map": choice.key,
-        "saved": str(save) if save is not None else None}
+        "knobs": format_knobs(choice.knobs),
+        "study": study_name,
+        "map": choice.key,
+        "saved": str(save) if save is not None else None,
+    }
 
 
 def check_save(model_cfg: ModelConfig, schedule: Sequence[int], save: Path, save_format: str) -> None:
@@ -380,8 +473,16 @@ def check_save(model_cfg: ModelConfig, schedule: Sequence[int], save: Path, save
     check_exportable(model_cfg, default_family(model_cfg))
 
 
-def train_and_save(model_cfg: ModelConfig, choice: MapChoice, data: Any, space: SpaceConfig, on_step: OnStep | None,
-                   save: Path | None, extra: dict[str, Any] | None = None, save_format: str = "native") -> TrainResult:
+def train_and_save(
+    model_cfg: ModelConfig,
+    choice: MapChoice,
+    data: Any,
+    space: SpaceConfig,
+    on_step: OnStep | None,
+    save: Path | None,
+    extra: dict[str, Any] | None = None,
+    save_format: str = "native",
+) -> TrainResult:
     """Train the map; with `save`, write the trained model there: natively (save_trained, with a copy of its
     tokenizer), or with save_format hf as a standard transformers checkpoint of its schedule unrolled."""
     tokenizer = data_tokenizer(model_cfg, space.data, data.path) if save is not None else None
@@ -389,24 +490,46 @@ def train_and_save(model_cfg: ModelConfig, choice: MapChoice, data: Any, space: 
     if save is not None and family is not None:
         check_checkpoint(model_cfg, choice.schedule, family, tokenizer)
     kept: list[ILRTransformer] = []
-    result = train_proxy(model_cfg, choice.schedule, data, space.train, on_step=on_step,
-                         on_trained=kept.append if save is not None else None)
+    result = train_proxy(
+        model_cfg,
+        choice.schedule,
+        data,
+        space.train,
+        on_step=on_step,
+        on_trained=kept.append if save is not None else None,
+    )
     if save is not None and family is not None:
         write_checkpoint(kept[0].to("cpu"), choice.schedule, save, family, tokenizer)
     elif save is not None:
-        save_trained(save, kept[0].to("cpu"), choice.schedule, (extra or {}) | {
-            "map": choice.key, "reuse_map": choice.reuse_map, "block": choice.block,
-            "knobs": format_knobs(choice.knobs), "train": _plain(dataclasses.asdict(space.train)),
-            "data": _plain(dataclasses.asdict(space.data)),
-            "result": {"status": result.status, "steps": result.steps, "tokens": result.tokens,
-                       "val_loss": finite_or_none(result.val_loss), "val_ppl": finite_or_none(result.val_ppl),
-                       "val_bpb": finite_or_none(result.val_bpb)}})
+        save_trained(
+            save,
+            kept[0].to("cpu"),
+            choice.schedule,
+            (extra or {})
+            | {
+                "map": choice.key,
+                "reuse_map": choice.reuse_map,
+                "block": choice.block,
+                "knobs": format_knobs(choice.knobs),
+                "train": _plain(dataclasses.asdict(space.train)),
+                "data": _plain(dataclasses.asdict(space.data)),
+                "result": {
+                    "status": result.status,
+                    "steps": result.steps,
+                    "tokens": result.tokens,
+                    "val_loss": finite_or_none(result.val_loss),
+                    "val_ppl": finite_or_none(result.val_ppl),
+                    "val_bpb": finite_or_none(result.val_bpb),
+                },
+            },
+        )
         save_tokenizer(save, tokenizer)
     return result
 
 
-def train_result_dict(cfg: ModelConfig, counts: Sequence[int], result: TrainResult,
-                      block: int | None = None) -> dict[str, Any]:
+def train_result_dict(
+    cfg: ModelConfig, counts: Sequence[int], result: TrainResult, block: int | None = None
+) -> dict[str, Any]:
     report = {
         "reuse_map": list(counts),
         "params": result.params,

@@ -6,23 +6,35 @@ import dataclasses
 import json
 import os
 import tempfile
-from pathlib import Path
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import optuna
 
-from ilr_search.errors import UserInputError
 from ilr_search.analysis.fidelity import mark_ties, noise_band
-from ilr_search.knobs import KNOB_CHOICES
 from ilr_search.analysis.plots import pareto_figure, plot_ppl, write_figure_html
-from ilr_search.analysis.results import (CurveRow, Curves, curve_of, curve_rows, curves_by_trial, knobs_text, map_text,
-                                         listed_trials, race_run_rows, reference_rows, study_front, trial_row)
+from ilr_search.analysis.results import (
+    CurveRow,
+    Curves,
+    curve_of,
+    curve_rows,
+    curves_by_trial,
+    knobs_text,
+    listed_trials,
+    map_text,
+    race_run_rows,
+    reference_rows,
+    study_front,
+    trial_row,
+)
 from ilr_search.analysis.trials import TrialRecord, trained_results, trial_records
+from ilr_search.errors import UserInputError
+from ilr_search.knobs import KNOB_CHOICES
 from ilr_search.search.plan import CONFIG_ATTR
 from ilr_search.search.race import decided_front
 from ilr_search.search.studies import FrontView, StudyReport, open_study, study_report
-from ilr_search.storage import study_storage, open_store, parse_storage
+from ilr_search.storage import open_store, parse_storage, study_storage
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -37,8 +49,10 @@ def check_out_path(out: str | Path, formats: tuple[str, ...]) -> Path:
     """Refuse an unknown extension or an unwritable place before any work is done."""
     path = Path(out)
     if path.suffix.lower() not in formats:
-        raise UserInputError(f"cannot write {str(path)!r}: unknown extension {path.suffix or '(none)'!r}; "
-                             f"use one of {', '.join(formats)}")
+        raise UserInputError(
+            f"cannot write {str(path)!r}: unknown extension {path.suffix or '(none)'!r}; "
+            f"use one of {', '.join(formats)}"
+        )
     parent = path.parent if str(path.parent) else Path(".")
     if path.is_dir():
         raise UserInputError(f"--out {str(path)!r} is a folder; give a file name")
@@ -69,17 +83,22 @@ def layer_view(trials: list[TrialRecord], front: list[dict[str, Any]]) -> dict[s
     importance: dict[str, float] = {}
     if len(evaluated) >= 3 and front:
         n_layers = len(front[0]["reuse_map"])
-        top = max(max(t.reuse_map) for t in evaluated)
+        maps = {t.number: cast(tuple[int, ...], t.reuse_map) for t in evaluated}  # trained results have their maps
+        top = max(max(maps[t.number]) for t in evaluated)
         knobs = sorted({k for t in evaluated for k in t.knobs})
         shadow = optuna.create_study()
         dist = optuna.distributions.IntDistribution(1, max(2, top))
         knob_dists = {k: optuna.distributions.CategoricalDistribution(KNOB_CHOICES[k]) for k in knobs}
         for t in evaluated:
-            shadow.add_trial(optuna.trial.create_trial(
-                params={f"layer {i}": r for i, r in enumerate(t.reuse_map)}
-                | {f"knob {k}": t.knobs[k] for k in knobs},
-                distributions={f"layer {i}": dist for i in range(n_layers)}
-                | {f"knob {k}": d for k, d in knob_dists.items()}, value=t.val_ppl))
+            shadow.add_trial(
+                optuna.trial.create_trial(
+                    params={f"layer {i}": r for i, r in enumerate(maps[t.number])}
+                    | {f"knob {k}": t.knobs[k] for k in knobs},
+                    distributions={f"layer {i}": dist for i in range(n_layers)}
+                    | {f"knob {k}": d for k, d in knob_dists.items()},
+                    value=t.val_ppl,
+                )
+            )
         try:
             raw = optuna.importance.get_param_importances(shadow)
             names = [f"layer {i}" for i in range(n_layers)] + [f"knob {k}" for k in knobs]
@@ -100,8 +119,9 @@ def _trial_rows(study: optuna.Study, curves: Curves) -> list[dict[str, Any]]:
     return rows
 
 
-def pareto_report(study_name: str, storage: str | None = None, out: str | Path | None = None,
-                  view: str = "front") -> StudyReport:
+def pareto_report(
+    study_name: str, storage: str | None = None, out: str | Path | None = None, view: str = "front"
+) -> StudyReport:
     """The study's report with its front view (the race's front with noise ties, the proxy's, the stored
     fronts; the layer view where `view` is "layers"), optionally written as .html (interactive, offline),
     .png/.svg (kaleido), .csv or .json."""
@@ -120,8 +140,9 @@ def front_figure(study_name: str, storage: str | None = None) -> go.Figure:
     return _pareto(study_name, storage, "layers")[1]()
 
 
-def _pareto(study_name: str, storage: str | None, view: str, out: Path | None = None
-            ) -> tuple[StudyReport, Callable[[], go.Figure]]:
+def _pareto(
+    study_name: str, storage: str | None, view: str, out: Path | None = None
+) -> tuple[StudyReport, Callable[[], go.Figure]]:
     """The pareto report (with the layer view where `view` is "layers", and the file `out` it is written to) and
     what draws its figure."""
     spec = parse_storage(storage, read_only=True)
@@ -135,10 +156,17 @@ def _pareto(study_name: str, storage: str | None, view: str, out: Path | None = 
     race_front = mark_ties([dict(p) for p in report.front], noise)  # each point at its longest raced length
     decided = race_front if report.race is not None else decided_front(trials, None)  # with its noise ties
     layers = layer_view(trials, decided) if view == "layers" else None
-    report = dataclasses.replace(report, front_view=FrontView(
-        tuple(race_front), tuple(front), noise,
-        {str(k): [p["trial"] for p in v] for k, v in sorted(store.front_history().items())}, layers,
-        str(out) if out is not None else None))
+    report = dataclasses.replace(
+        report,
+        front_view=FrontView(
+            tuple(race_front),
+            tuple(front),
+            noise,
+            {str(k): [p["trial"] for p in v] for k, v in sorted(store.front_history().items())},
+            layers,
+            str(out) if out is not None else None,
+        ),
+    )
 
     def figure() -> go.Figure:
         rows = _trial_rows(study, curves_by_trial(store.curve_points()))
@@ -151,11 +179,15 @@ def check_image_export() -> None:
     import importlib.util
 
     if importlib.util.find_spec("kaleido") is None:
-        raise UserInputError("static images need kaleido and a Chrome/Chromium browser: pip install "
-                             "'ilr-search[images]' and install chromium; or write .html instead")
+        raise UserInputError(
+            "static images need kaleido and a Chrome/Chromium browser: pip install "
+            "'ilr-search[images]' and install chromium; or write .html instead"
+        )
     if not _find_browser():
-        raise UserInputError("static images need a Chrome/Chromium browser for kaleido: install chromium "
-                             "(e.g. apt-get install chromium) or write .html instead")
+        raise UserInputError(
+            "static images need a Chrome/Chromium browser for kaleido: install chromium "
+            "(e.g. apt-get install chromium) or write .html instead"
+        )
 
 
 def _find_browser() -> str | None:
@@ -177,9 +209,14 @@ def _write_front(path: Path, report: StudyReport, figure: Callable[[], go.Figure
         return
     if suffix == ".json":
         shown = report.to_json()
-        _atomic_write(path, lambda p: p.write_text(json.dumps({k: shown[k] for k in ("study", "pareto", "verdict",
-                                                                                     "answer", "target_steps", "noise")},
-                                                              indent=1)))
+        _atomic_write(
+            path,
+            lambda p: p.write_text(
+                json.dumps(
+                    {k: shown[k] for k in ("study", "pareto", "verdict", "answer", "target_steps", "noise")}, indent=1
+                )
+            ),
+        )
         return
     fig = figure()
     if suffix == ".html":
@@ -191,8 +228,10 @@ def _write_front(path: Path, report: StudyReport, figure: Callable[[], go.Figure
     try:
         _atomic_write(path, lambda p: fig.write_image(p, format=suffix[1:], width=IMAGE_WIDTH, scale=2))
     except Exception as e:  # kaleido reports a missing or broken browser in several ways
-        raise UserInputError(f"kaleido could not render {suffix} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-                             "install chromium or write .html instead") from None
+        raise UserInputError(
+            f"kaleido could not render {suffix} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+            "install chromium or write .html instead"
+        ) from None
 
 
 RACE_RUN_STATE = "RACE_RUN"  # the `state` of a race run's row in the export (its own state is in `run_state`)
@@ -200,8 +239,8 @@ RACE_RUN_STATE = "RACE_RUN"  # the `state` of a race run's row in the export (it
 
 def integer_frame(records: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> Any:
     """The records as a pandas DataFrame in which every column whose values are all integers (or missing) has the
-    nullable Int64 dtype: a column that some rows lack (a reference or race run has no trial number, a trial no pruning step)
-    stays integer (trial 0, params 139808) where pandas would make it float."""
+    nullable Int64 dtype: a column that some rows lack (a reference or race run has no trial number, a trial no
+    pruning step) stays integer (trial 0, params 139808) where pandas would make it float."""
     import pandas as pd
 
     frame = pd.DataFrame.from_records(list(records), columns=list(columns) if columns is not None else None)
@@ -219,8 +258,9 @@ def _write_table(path: Path, frame: Any) -> None:
         _atomic_write(path, lambda p: frame.to_parquet(p, index=False))
 
 
-def export_trials(study_name: str, storage: str | None, out: str | Path,
-                  curves_out: str | Path | None = None) -> dict[str, Any]:
+def export_trials(
+    study_name: str, storage: str | None, out: str | Path, curves_out: str | Path | None = None
+) -> dict[str, Any]:
     """One row per trial (map, state, objectives, parameters, steps, seed, pruning rung, durations), per reference
     run, and per race run (state RACE_RUN: map, factor, steps, seed, result and `run_state`, every one stored,
     whatever its state) as CSV or parquet, integer columns as integers; with `curves_out`, the learning curves
@@ -236,15 +276,26 @@ def export_trials(study_name: str, storage: str | None, out: str | Path,
     records = []
     for t in listed_trials(study.get_trials(deepcopy=False)):
         record = {
-            "trial": t.number, "reference": None, "state": t.state.name,
+            "trial": t.number,
+            "reference": None,
+            "state": t.state.name,
             "reuse_map": (map_text(t.map_key) if t.map_key else ",".join(map(str, t.reuse_map)))
-            if t.reuse_map else None,
-            "map_key": t.map_key or None, "knobs": knobs_text(t),
-            "flops_ratio": t.flops_ratio, "val_ppl": t.val_ppl, "val_bpb": t.val_bpb,
-            "val_loss": t.val_loss, "objective_values": json.dumps(t.values) if t.values else None,
-            "steps": t.steps, "seed": seed, "pruned_at_step": t.pruned_at_step,
+            if t.reuse_map
+            else None,
+            "map_key": t.map_key or None,
+            "knobs": knobs_text(t),
+            "flops_ratio": t.flops_ratio,
+            "val_ppl": t.val_ppl,
+            "val_bpb": t.val_bpb,
+            "val_loss": t.val_loss,
+            "objective_values": json.dumps(t.values) if t.values else None,
+            "steps": t.steps,
+            "seed": seed,
+            "pruned_at_step": t.pruned_at_step,
             "pruning_reason": pruning.get(t.number, {}).get("reason"),
-            "reused_from": t.reused_from, "status": t.status, "reason": t.reason,
+            "reused_from": t.reused_from,
+            "status": t.status,
+            "reason": t.reason,
             "params": t.param_count,
             "proposed_map": ",".join(map(str, t.proposed_map)) if t.proposed_map else None,
             "train_seconds": t.train_seconds,
@@ -254,23 +305,64 @@ def export_trials(study_name: str, storage: str | None, out: str | Path,
         record |= {f"param_{k}": v for k, v in sorted(t.params.items())}
         records.append(record)
     for ref in reference_rows(study):  # marked by their name in `reference`, state REFERENCE, no trial number
-        records.append({k: ref[k] for k in ("trial", "reference", "state", "knobs", "flops_ratio", "val_ppl", "val_bpb",
-                                            "steps", "status")}
-                       | {"reuse_map": ref.get("map") or ",".join(map(str, ref["reuse_map"])) if ref["reuse_map"] else None,
-                          "schedule": ",".join(map(str, ref["schedule"])) if ref["schedule"] else None,
-                          "seed": ref["seed"]})
+        records.append(
+            {
+                k: ref[k]
+                for k in (
+                    "trial",
+                    "reference",
+                    "state",
+                    "knobs",
+                    "flops_ratio",
+                    "val_ppl",
+                    "val_bpb",
+                    "steps",
+                    "status",
+                )
+            }
+            | {
+                "reuse_map": ref.get("map") or ",".join(map(str, ref["reuse_map"])) if ref["reuse_map"] else None,
+                "schedule": ",".join(map(str, ref["schedule"])) if ref["schedule"] else None,
+                "seed": ref["seed"],
+            }
+        )
     runs = race_run_rows(store.race_runs(), study.user_attrs)
     for run in runs:  # state RACE_RUN, no trial number; named by (map_key, steps, seed)
-        records.append({"trial": None, "reference": None, "state": RACE_RUN_STATE,
-                        "reuse_map": map_text(run["map_key"]) if run["reuse_map"] else None,
-                        "train_seconds": run["seconds"], "run_state": run["state"]}
-                       | {k: run[k] for k in ("map_key", "knobs", "flops_ratio", "val_ppl", "val_bpb", "val_loss",
-                                              "steps", "seed", "factor", "reason")})
+        records.append(
+            {
+                "trial": None,
+                "reference": None,
+                "state": RACE_RUN_STATE,
+                "reuse_map": map_text(run["map_key"]) if run["reuse_map"] else None,
+                "train_seconds": run["seconds"],
+                "run_state": run["state"],
+            }
+            | {
+                k: run[k]
+                for k in (
+                    "map_key",
+                    "knobs",
+                    "flops_ratio",
+                    "val_ppl",
+                    "val_bpb",
+                    "val_loss",
+                    "steps",
+                    "seed",
+                    "factor",
+                    "reason",
+                )
+            }
+        )
     frame = integer_frame(records)
     _write_table(path, frame)
     n_references = sum(r["state"] == "REFERENCE" for r in records)
-    report = {"study": study_name, "out": str(path), "rows": len(frame), "references": n_references,
-              "race_runs": len(runs)}
+    report = {
+        "study": study_name,
+        "out": str(path),
+        "rows": len(frame),
+        "references": n_references,
+        "race_runs": len(runs),
+    }
     if curves_path is not None:
         columns = [f.name for f in dataclasses.fields(CurveRow)]
         curves = integer_frame([dataclasses.asdict(r) for r in curve_rows(study, store)], columns)

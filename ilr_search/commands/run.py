@@ -26,6 +26,7 @@ from typing import Any
 from ilr_search.commands.api import with_init
 from ilr_search.commands.autofuse import Layout, parse_fuse
 from ilr_search.commands.layout import process_threads, race_processes, usable_cores
+from ilr_search.config import WORKERS_MAX, SpaceConfig
 from ilr_search.errors import UserInputError
 from ilr_search.search.maps import split_enqueue_text
 from ilr_search.search.phases import PhaseMeter
@@ -33,12 +34,13 @@ from ilr_search.search.plan import ADOPTED_RACE_FIELDS, PhaseLayout, StudyLayout
 from ilr_search.search.progress import Event, Message, RunReporter, StudyStarted
 from ilr_search.search.run import RunRequest
 from ilr_search.search.studies import StudyReport
-from ilr_search.config import WORKERS_MAX, SpaceConfig
 from ilr_search.space import load_space, parse_target
+
 
 @dataclass(frozen=True)
 class RunOptions:
     """What `run` was asked beyond the space: the flags, as given (None: not given)."""
+
     space: str | Path | None = None
     overrides: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
     budget: str = "1.5x"
@@ -68,10 +70,14 @@ def run_request(options: RunOptions) -> tuple[RunRequest, int | str]:
     UserInputError before anything is opened."""
     searched = None if options.knobs is None else [k.strip() for k in options.knobs.split(",") if k.strip()]
     race = {"race_policy": options.race_policy, "max_seeds": options.max_seeds, "equal_compute": options.equal_compute}
-    search = {"objective": options.objective, "knobs": searched,
-              "target": None if options.target is None else parse_target(options.target),
-              "race_seeds": options.race_seeds, "max_race_steps": options.max_race_steps,
-              "enqueue": None if options.enqueue is None else split_enqueue_text(options.enqueue)} | race
+    search = {
+        "objective": options.objective,
+        "knobs": searched,
+        "target": None if options.target is None else parse_target(options.target),
+        "race_seeds": options.race_seeds,
+        "max_race_steps": options.max_race_steps,
+        "enqueue": None if options.enqueue is None else split_enqueue_text(options.enqueue),
+    } | race
     if options.workers is not None and not 1 <= options.workers <= WORKERS_MAX:
         raise UserInputError(f"--workers must be 1 to {WORKERS_MAX:,}, got {options.workers}")
     asked_fuse = None if options.fuse is None else parse_fuse(options.fuse)
@@ -81,17 +87,29 @@ def run_request(options: RunOptions) -> tuple[RunRequest, int | str]:
         if given is not None and given != options.train_steps:
             raise UserInputError(f"--steps {given} and --train-steps {options.train_steps} disagree; give one")
         if options.train_steps < 0:
-            raise UserInputError(f"--train-steps must be 0 (frozen: evaluate only) or a positive number of steps, "
-                                 f"got {options.train_steps}")
+            raise UserInputError(
+                f"--train-steps must be 0 (frozen: evaluate only) or a positive number of steps, "
+                f"got {options.train_steps}"
+            )
         overrides["train"] = {**options.overrides.get("train", {}), "steps": options.train_steps}
     space = with_init(load_space(options.space, overrides), options.init)
-    request = RunRequest(space, options.budget, options.study, options.storage, n_trials=options.n_trials,
-                         timeout=options.timeout, sampler=options.sampler, pruner=options.pruner,
-                         asked_race=tuple((k, v) for k, v in race.items() if v is not None and k in ADOPTED_RACE_FIELDS))
+    request = RunRequest(
+        space,
+        options.budget,
+        options.study,
+        options.storage,
+        n_trials=options.n_trials,
+        timeout=options.timeout,
+        sampler=options.sampler,
+        pruner=options.pruner,
+        asked_race=tuple((k, v) for k, v in race.items() if v is not None and k in ADOPTED_RACE_FIELDS),
+    )
     if space.model.init:  # the fused trainer stacks the project's own model: a checkpoint's trains one at a time
         if asked_fuse not in (None, 1, "auto"):
-            raise UserInputError(f"--fuse {asked_fuse}: the fused trainer cannot train a pretrained model (--init); "
-                                 "its maps train one at a time (--fuse 1)")
+            raise UserInputError(
+                f"--fuse {asked_fuse}: the fused trainer cannot train a pretrained model (--init); "
+                "its maps train one at a time (--fuse 1)"
+            )
         return request, 1
     return request, asked_fuse if asked_fuse is not None else space.search.fuse
 
@@ -100,6 +118,7 @@ def run_request(options: RunOptions) -> tuple[RunRequest, int | str]:
 class LayoutChoice:
     """The layout a run uses; `reason`: what --fuse auto's probe chose (said at once); `line`: the layout and where it
     came from (said once the study has started)."""
+
     layout: StudyLayout
     reason: str = ""
     line: str = ""
@@ -142,8 +161,10 @@ def choose_layout(request: RunRequest, fuse: int | str, workers: int | None, ask
     choice = resolve_layout(plan, fuse, workers, request.target_trials)
     layout = machine_layout(choice.layout, plan.space)
     if stored is not None and layout != stored:
-        line = (f"layout: {layout.describe()}, not the study's stored {stored.describe()} (--fuse or --workers asked "
-                "for it): results may differ in their rounding from the earlier part of the study")
+        line = (
+            f"layout: {layout.describe()}, not the study's stored {stored.describe()} (--fuse or --workers asked "
+            "for it): results may differ in their rounding from the earlier part of the study"
+        )
     else:
         line = f"layout: {layout.describe()} (from {usable_cores()} usable cores)"
     return LayoutChoice(layout, choice.reason, line)
@@ -163,9 +184,14 @@ class NoteAtStart(RunReporter):
             self.note = None
 
 
-def run_search(request: RunRequest, fuse: int | str, workers: int | None,
-               reporter_for: Callable[[], AbstractContextManager[RunReporter]],
-               note: Callable[[str], None] = lambda text: None, fuse_asked: bool = False) -> StudyReport:
+def run_search(
+    request: RunRequest,
+    fuse: int | str,
+    workers: int | None,
+    reporter_for: Callable[[], AbstractContextManager[RunReporter]],
+    note: Callable[[str], None] = lambda text: None,
+    fuse_asked: bool = False,
+) -> StudyReport:
     """Run (or resume) the study: the layout (choose_layout: `fuse_asked` says --fuse was given; `note` is told
     how it was chosen), stored with the study, then the trials, references and race in this process or in
     workers. `reporter_for` gives the reporter that shows the run's events. The report carries the layout and

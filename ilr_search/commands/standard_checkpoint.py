@@ -19,8 +19,16 @@ from typing import TYPE_CHECKING
 from ilr_search.config import DataConfig, ModelConfig
 from ilr_search.errors import UserInputError
 from ilr_search.folders import check_can_create
-from ilr_search.training.pretrained import (TOKENIZER_FILES, CheckpointError, check_exportable, export_checkpoint,
-                                            export_tokenizer, hf_config, open_checkpoint, resolve_source)
+from ilr_search.training.pretrained import (
+    TOKENIZER_FILES,
+    CheckpointError,
+    check_exportable,
+    export_checkpoint,
+    export_tokenizer,
+    hf_config,
+    open_checkpoint,
+    resolve_source,
+)
 
 if TYPE_CHECKING:
     from ilr_search.training.model import ILRTransformer
@@ -31,8 +39,10 @@ DEFAULT_FAMILY = "llama"
 
 def check_save_format(save_format: str) -> str:
     if save_format not in SAVE_FORMATS:
-        raise UserInputError(f"unknown --format {save_format!r}; use native (safetensors and the model's config "
-                             "JSON) or hf (a standard transformers checkpoint)")
+        raise UserInputError(
+            f"unknown --format {save_format!r}; use native (safetensors and the model's config "
+            "JSON) or hf (a standard transformers checkpoint)"
+        )
     return save_format
 
 
@@ -54,8 +64,9 @@ def check_out_dir(out: Path, flag: str = "--out") -> Path:
         raise UserInputError(f"{flag} {str(out)!r} is a file; give a new or empty folder")
     if out.is_dir() and any(out.iterdir()):
         raise UserInputError(f"{flag} {str(out)!r} is a folder that is not empty; give a new or empty folder")
-    check_can_create(out.parent if not out.exists() else out, f"the checkpoint {str(out)!r}",
-                     "give a folder you can write")
+    check_can_create(
+        out.parent if not out.exists() else out, f"the checkpoint {str(out)!r}", "give a folder you can write"
+    )
     return out
 
 
@@ -105,8 +116,9 @@ def check_checkpoint(cfg: ModelConfig, schedule: Sequence[int], family: str, tok
     hf_config(cfg, family, len(schedule))
 
 
-def write_checkpoint(model: ILRTransformer, schedule: Sequence[int], out: Path, family: str,
-                     tokenizer: Path | None) -> Path:
+def write_checkpoint(
+    model: ILRTransformer, schedule: Sequence[int], out: Path, family: str, tokenizer: Path | None
+) -> Path:
     """export_checkpoint into a temporary folder beside `out`, renamed to `out` when complete (an empty `out`
     is replaced); nothing is left behind on failure."""
     from transformers.utils import logging as transformers_logging

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from ilr_search.search.progress import Event, RunReporter, StudyStarted, TrialFinished
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import format_knobs
+from ilr_search.search.progress import Event, RunReporter, StudyStarted, TrialFinished
 from ilr_search.training.schedule import format_reuse_map
 
 TRACKERS = ("tensorboard", "mlflow")
@@ -46,8 +46,9 @@ def parse_track(text: str, open_uri: bool = True) -> TrackSpec:
             from mlflow.exceptions import MlflowException
             from mlflow.tracking import MlflowClient
         except ImportError:
-            raise UserInputError("--track mlflow needs the mlflow package: pip install mlflow-skinny "
-                                 "(or use --track tensorboard:DIR)") from None
+            raise UserInputError(
+                "--track mlflow needs the mlflow package: pip install mlflow-skinny (or use --track tensorboard:DIR)"
+            ) from None
         if open_uri:  # the tracking URI is opened now, so that a bad one is refused before the run starts
             try:
                 MlflowClient(tracking_uri=target).search_experiments(max_results=1)
@@ -72,13 +73,20 @@ class TrialLog:
     curve: list[tuple[int, float]] = field(default_factory=list)  # (step, validation loss)
 
     def final_values(self) -> dict[str, float]:
-        values = {"val_ppl": self.val_ppl, "val_bpb": self.val_bpb, "flops_ratio": self.flops_ratio,
-                  "steps": float(self.steps)}
+        values = {
+            "val_ppl": self.val_ppl,
+            "val_bpb": self.val_bpb,
+            "flops_ratio": self.flops_ratio,
+            "steps": float(self.steps),
+        }
         return {k: float(v) for k, v in values.items() if v is not None and math.isfinite(v)}
 
     def params(self) -> dict[str, str | int]:
-        p: dict[str, str | int] = {"map": format_reuse_map(self.reuse_map) if self.reuse_map else "-",
-                                   "knobs": self.knobs or "none", "state": self.state}
+        p: dict[str, str | int] = {
+            "map": format_reuse_map(self.reuse_map) if self.reuse_map else "-",
+            "knobs": self.knobs or "none",
+            "state": self.state,
+        }
         for i, r in enumerate(self.reuse_map or []):
             p[f"r{i}"] = r
         if self.pruned_at_step is not None:
@@ -134,8 +142,9 @@ class MlflowTracker:
         run = self.client.create_run(self.experiment, run_name=entry.name, tags={"state": entry.state})
         metrics = [Metric("val_loss", loss, 0, step) for step, loss in entry.curve]
         metrics += [Metric(k, v, 0, entry.steps) for k, v in entry.final_values().items()]
-        self.client.log_batch(run.info.run_id, metrics=metrics,
-                              params=[Param(k, str(v)) for k, v in entry.params().items()])
+        self.client.log_batch(
+            run.info.run_id, metrics=metrics, params=[Param(k, str(v)) for k, v in entry.params().items()]
+        )
         self.client.set_terminated(run.info.run_id, "FINISHED" if entry.state == "COMPLETE" else "KILLED")
 
     def close(self) -> None:
@@ -170,7 +179,7 @@ class TrackingReporter(RunReporter):
     def __exit__(self, *exc: Any) -> None:
         try:
             if self.tracker is not None:
-                self._log_references()
+                self._log_references(self.tracker)
                 self.tracker.close()
         finally:
             self.inner.__exit__(*exc)
@@ -193,11 +202,23 @@ class TrackingReporter(RunReporter):
             return
         curve = sorted((p.step, p.val_loss) for p in self._store().curve_points() if p.trial_number == row["trial"])
         if not curve and row.get("reused_from") is not None:
-            curve = sorted((p.step, p.val_loss) for p in self._store().curve_points()
-                           if p.trial_number == row["reused_from"])
-        self.tracker.log(TrialLog(f"trial-{row['trial']:04d}", row["state"], row.get("reuse_map"), row.get("knobs") or "",
-                                  row.get("flops_ratio"), row.get("val_ppl"), row.get("val_bpb"), int(row.get("steps") or 0),
-                                  row.get("pruned_at_step"), curve))
+            curve = sorted(
+                (p.step, p.val_loss) for p in self._store().curve_points() if p.trial_number == row["reused_from"]
+            )
+        self.tracker.log(
+            TrialLog(
+                f"trial-{row['trial']:04d}",
+                row["state"],
+                row.get("reuse_map"),
+                row.get("knobs") or "",
+                row.get("flops_ratio"),
+                row.get("val_ppl"),
+                row.get("val_bpb"),
+                int(row.get("steps") or 0),
+                row.get("pruned_at_step"),
+                curve,
+            )
+        )
 
     def _store(self) -> Any:
         from ilr_search.storage import open_store, parse_storage
@@ -219,14 +240,24 @@ class TrackingReporter(RunReporter):
         except UserInputError:  # not created yet
             return {}
 
-    def _log_references(self) -> None:
+    def _log_references(self, tracker: Tracker) -> None:
         """The reference runs (extra baseline seeds, second seed, block K) this run trained: those stored now
         that were not, or differed, when it started."""
         for name, ref in self._references().items():
             if self.references_before.get(name) == ref:
                 continue
             state = "COMPLETE" if ref.get("status") == "ok" else str(ref.get("status", "")).upper()
-            self.tracker.log(TrialLog(f"reference-{name}", state, ref.get("reuse_map"),
-                                      format_knobs(ref.get("knobs", {})), ref.get("flops_ratio"), ref.get("val_ppl"),
-                                      ref.get("val_bpb"), int(ref.get("steps") or 0), None,
-                                      [(int(s), float(v)) for s, v in ref.get("curve", [])]))
+            tracker.log(
+                TrialLog(
+                    f"reference-{name}",
+                    state,
+                    ref.get("reuse_map"),
+                    format_knobs(ref.get("knobs", {})),
+                    ref.get("flops_ratio"),
+                    ref.get("val_ppl"),
+                    ref.get("val_bpb"),
+                    int(ref.get("steps") or 0),
+                    None,
+                    [(int(s), float(v)) for s, v in ref.get("curve", [])],
+                )
+            )

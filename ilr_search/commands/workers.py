@@ -12,14 +12,14 @@ training one map, and each worker samples from its own stream.
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing as mp
 import os
+import queue
 import signal
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
-
-import multiprocessing as mp
-import queue
 
 import optuna
 
@@ -31,8 +31,6 @@ from ilr_search.search.race import RaceRunner, run_race
 from ilr_search.search.run import RunRequest, disk_full_is_reported, prepare_study, run_study
 from ilr_search.search.studies import StudyReport
 from ilr_search.training.device import resolve_device
-
-
 
 
 class QueueReporter(RunReporter):
@@ -66,8 +64,9 @@ def stop_with_parent(interval: float = 0.5) -> None:
     threading.Thread(target=watch, name="ilr-search parent watch", daemon=True).start()
 
 
-def _worker_main(request: RunRequest, worker: int, workers: int, threads: int | None, events: Any,
-                 optuna_verbosity: int) -> None:
+def _worker_main(
+    request: RunRequest, worker: int, workers: int, threads: int | None, events: Any, optuna_verbosity: int
+) -> None:
     """One worker process: the study's trials until it has n_trials, then its share of the reference runs; Optuna
     logs as in the process that started it."""
     import torch
@@ -79,16 +78,15 @@ def _worker_main(request: RunRequest, worker: int, workers: int, threads: int | 
         torch.set_num_threads(threads)
     reporter = QueueReporter(events, worker)
 
-    def race(*args: Any) -> object:  # each wave of the race shared out among the workers
-        return run_race(*args, workers=workers)
+    race = partial(run_race, workers=workers)  # each wave of the race shared out among the workers
 
     try:
         summary = run_study(request, reporter, reference_share=(worker, workers), race_runner=race)
     except KeyboardInterrupt:
-        raise SystemExit(130)
+        raise SystemExit(130) from None
     except UserInputError as e:
         reporter.on(Message(f"error: {e}"))
-        raise SystemExit(2)
+        raise SystemExit(2) from e
     raise SystemExit(130 if summary.interrupted else 0)
 
 
@@ -103,16 +101,24 @@ def run_workers(request: RunRequest, workers: int, reporter: Any, threads: int |
     plan = prepared.plan
     check_memory(plan, workers, request.fuse)
     if workers > 1 and resolve_device(plan.space.train.device).type == "cuda":
-        reporter.on(Message(f"{workers} worker processes share one GPU by time-slicing; on an H200 at the paper-small "
-                            "proxy they gave no more trials per hour than one (docs/gpu.md)"))
+        reporter.on(
+            Message(
+                f"{workers} worker processes share one GPU by time-slicing; on an H200 at the paper-small "
+                "proxy they gave no more trials per hour than one (docs/gpu.md)"
+            )
+        )
     # Workers resume the study by name: a derived name is fixed here, so that none derives another; the target
     # includes the trials of the maps enqueued here, which the workers find in the study (not enqueued again).
     request = dataclasses.replace(request, study_name=plan.name, n_trials=prepared.target, enqueue_maps=())
     ctx = mp.get_context("spawn")
     events = ctx.Queue()
     verbosity = optuna.logging.get_verbosity()  # a spawned process starts at Optuna's default
-    procs = [ctx.Process(target=_worker_main, args=(request, k, workers, threads, events, verbosity),
-                         name=f"ilr-search worker {k}") for k in range(workers)]
+    procs = [
+        ctx.Process(
+            target=_worker_main, args=(request, k, workers, threads, events, verbosity), name=f"ilr-search worker {k}"
+        )
+        for k in range(workers)
+    ]
     for p in procs:
         p.start()
     interrupted = False
@@ -139,8 +145,9 @@ def run_workers(request: RunRequest, workers: int, reporter: Any, threads: int |
     return dataclasses.replace(summary, workers=tuple(enumerate(codes)))
 
 
-def _race_worker_main(request: RunRequest, worker: int, workers: int, threads: int, events: Any,
-                      optuna_verbosity: int) -> None:
+def _race_worker_main(
+    request: RunRequest, worker: int, workers: int, threads: int, events: Any, optuna_verbosity: int
+) -> None:
     """One race worker process: the study as the parent left it (trials and references done), and its share of
     each wave of the race, on `threads` torch threads; Optuna logs as in the process that started it."""
     import torch
@@ -158,13 +165,22 @@ def _race_worker_main(request: RunRequest, worker: int, workers: int, threads: i
             plan, study = prepared.plan, prepared.study
             store = open_store(prepared.spec, plan.name, storage=study_storage(study))
             folder = request.checkpoints / safe_name(plan.name) / "audit"
-            run_race(plan, study, store, prepared.data, reporter, folder, request.fuse,
-                     plan.space.search.max_race_steps, workers=workers)
+            run_race(
+                plan,
+                study,
+                store,
+                prepared.data,
+                reporter,
+                folder,
+                request.fuse,
+                plan.space.search.max_race_steps,
+                workers=workers,
+            )
     except KeyboardInterrupt:
-        raise SystemExit(130)
+        raise SystemExit(130) from None
     except UserInputError as e:
         reporter.on(Message(f"error: {e}"))
-        raise SystemExit(2)
+        raise SystemExit(2) from e
     raise SystemExit(0)
 
 
@@ -173,15 +189,22 @@ def race_in_workers(request: RunRequest, workers: int, threads: int = 1) -> Race
     process a core trains faster than one process on every core), sharing each wave through the race's claims;
     whatever they leave (a killed worker's run) is trained by the calling process afterwards."""
 
-    def runner(plan: Any, study: Any, store: Any, data: Any, reporter: RunReporter, folder: Path, fuse: int,
-               max_steps: int) -> None:
+    def runner(
+        plan: Any, study: Any, store: Any, data: Any, reporter: RunReporter, folder: Path, fuse: int, max_steps: int
+    ) -> None:
 
         ctx = mp.get_context("spawn")
         events = ctx.Queue()
         asked = dataclasses.replace(request, study_name=plan.name, enqueue_maps=())
         verbosity = optuna.logging.get_verbosity()  # a spawned process starts at Optuna's default
-        procs = [ctx.Process(target=_race_worker_main, args=(asked, k, workers, threads, events, verbosity),
-                             name=f"ilr-search race worker {k}") for k in range(workers)]
+        procs = [
+            ctx.Process(
+                target=_race_worker_main,
+                args=(asked, k, workers, threads, events, verbosity),
+                name=f"ilr-search race worker {k}",
+            )
+            for k in range(workers)
+        ]
         for proc in procs:
             proc.start()
         try:

@@ -15,7 +15,6 @@ from typing import Any
 from ilr_search.config import DataConfig
 from ilr_search.errors import DataError
 
-
 LOCAL_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 _STDLIB_SKIP = {"site-packages", "test", "tests", "idle_test", "__pycache__"}
 
@@ -23,6 +22,7 @@ _STDLIB_SKIP = {"site-packages", "test", "tests", "idle_test", "__pycache__"}
 @dataclass(frozen=True)
 class Document:
     """One unit of the split: a text, or (answer not None) a prompt/answer row whose text is the prompt."""
+
     key: str
     text: str
     answer: str | None = None
@@ -49,24 +49,33 @@ def stdlib_documents() -> list[tuple[str, str]]:
             docs.append((rel.as_posix(), path.read_text(encoding="utf-8")))
         except (OSError, UnicodeDecodeError):
             continue
+    topics: dict[str, str] = {}
     try:
-        from pydoc_data.topics import topics
+        from pydoc_data import topics as pydoc_topics
+
+        topics = pydoc_topics.topics
     except ImportError:  # pragma: no cover - some distributions strip pydoc_data
-        topics = {}
+        pass
     docs += [(f"pydoc:{name}", text) for name, text in sorted(topics.items())]
     return docs
 
 
 def _local_files(path: Path) -> list[Path]:
     if not path.exists():
-        raise DataError(f"data path {str(path)!r} does not exist; give a file or folder of .txt/.jsonl/.parquet/.csv, "
-                        "`stdlib`, or hf:NAME")
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in LOCAL_BUILDERS)
+        raise DataError(
+            f"data path {str(path)!r} does not exist; give a file or folder of .txt/.jsonl/.parquet/.csv, "
+            "`stdlib`, or hf:NAME"
+        )
+    files = (
+        [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in LOCAL_BUILDERS)
+    )
     if not files:
         raise DataError(f"no .txt/.jsonl/.json/.parquet/.csv files under {str(path)!r}")
     unsupported = [f for f in files if f.suffix not in LOCAL_BUILDERS]
     if unsupported:
-        raise DataError(f"{str(unsupported[0])!r} has an unsupported extension; use .txt, .jsonl, .json, .parquet or .csv")
+        raise DataError(
+            f"{str(unsupported[0])!r} has an unsupported extension; use .txt, .jsonl, .json, .parquet or .csv"
+        )
     return files
 
 
@@ -88,14 +97,17 @@ def local_documents(path: Path, text_column: str, answer_column: str = "") -> It
             raise DataError(f"cannot read {group[0]!r} with the {builder} builder: {str(e).splitlines()[0]}") from None
         column = "text" if builder == "text" else text_column
         if answer_column and builder == "text":
-            raise DataError(f"{group[0]!r} is text without columns; --answer-column needs rows of a prompt and an "
-                            "answer column (.jsonl, .parquet or .csv)")
+            raise DataError(
+                f"{group[0]!r} is text without columns; --answer-column needs rows of a prompt and an "
+                "answer column (.jsonl, .parquet or .csv)"
+            )
         if len(ds) and column not in ds.column_names:
             raise DataError(f"{group[0]!r} has no column {column!r}; pick one of {ds.column_names} with --text-column")
         if answer_column:
             if len(ds) and answer_column not in ds.column_names:
-                raise DataError(f"{group[0]!r} has no column {answer_column!r}; pick one of {ds.column_names} with "
-                                "--answer-column")
+                raise DataError(
+                    f"{group[0]!r} has no column {answer_column!r}; pick one of {ds.column_names} with --answer-column"
+                )
             for i, row in enumerate(ds):
                 yield Document(f"{builder}:{i}", str(row[column] or ""), str(row[answer_column] or ""))
             continue
@@ -138,8 +150,10 @@ def hub_documents(spec: str, text_column: str, answer_column: str = "") -> Itera
     except DataError:
         raise
     except Exception as e:
-        raise DataError(f"cannot load {spec} from the hub ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-                        "it needs network access or a copy in the HF cache; use --data stdlib or a local path offline") from None
+        raise DataError(
+            f"cannot load {spec} from the hub ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+            "it needs network access or a copy in the HF cache; use --data stdlib or a local path offline"
+        ) from None
 
 
 def corpus_identity(cfg: DataConfig) -> dict[str, Any]:
@@ -151,15 +165,20 @@ def corpus_identity(cfg: DataConfig) -> dict[str, Any]:
     if cfg.corpus.startswith("hf:"):
         return {"corpus": cfg.corpus, "text_column": cfg.text_column} | answer
     files = _local_files(Path(cfg.corpus))
-    return {"corpus": str(Path(cfg.corpus).resolve()), "text_column": cfg.text_column,
-            "files": [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files]} | answer
+    return {
+        "corpus": str(Path(cfg.corpus).resolve()),
+        "text_column": cfg.text_column,
+        "files": [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files],
+    } | answer
 
 
 def documents(cfg: DataConfig) -> Iterator[Document]:
     if cfg.corpus == "stdlib":
         if cfg.answer_column:
-            raise DataError(f"the embedded corpus (stdlib) has no rows, so no answer column {cfg.answer_column!r}; "
-                            "give --data a .jsonl/.parquet/.csv file or hf:NAME of prompt/answer rows")
+            raise DataError(
+                f"the embedded corpus (stdlib) has no rows, so no answer column {cfg.answer_column!r}; "
+                "give --data a .jsonl/.parquet/.csv file or hf:NAME of prompt/answer rows"
+            )
         return iter(Document(key, text) for key, text in stdlib_documents())
     if cfg.corpus.startswith("hf:"):
         return hub_documents(cfg.corpus, cfg.text_column, cfg.answer_column)
@@ -187,8 +206,10 @@ def split_documents(cfg: DataConfig, max_tokens: int) -> tuple[list[Document], l
         n_val = max(1, int(len(train) * cfg.val_fraction))
         if len(train) <= n_val:
             if train[-1].answer is not None:
-                raise DataError(f"corpus {cfg.corpus!r} holds {len(train)} row(s); the answer loss needs rows for both "
-                                "training and validation")
+                raise DataError(
+                    f"corpus {cfg.corpus!r} holds {len(train)} row(s); the answer loss needs rows for both "
+                    "training and validation"
+                )
             # one document: split its text instead, so there is still something to validate on
             doc = train.pop()
             cut = int(len(doc.text) * (1 - cfg.val_fraction))

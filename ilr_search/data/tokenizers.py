@@ -1,5 +1,6 @@
 """Tokenizers: bytes, byte-level BPE trained on the corpus (bpe:N), pretrained ones (hf:NAME) and a
-tokenizer.json file (file:PATH, a checkpoint's); each gives token ids and, per token, the UTF-8 bytes of text it covers (for bits per byte)."""
+tokenizer.json file (file:PATH, a checkpoint's); each gives token ids and, per token, the UTF-8 bytes of text it
+covers (for bits per byte)."""
 
 from __future__ import annotations
 
@@ -41,8 +42,8 @@ class HFTokenizer(Tokenizer):
         self.vocab_size = tokenizer.get_vocab_size()
 
     def encode_batch(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray | None]]:
-        out = []
-        for text, enc in zip(texts, self._tok.encode_batch(texts, add_special_tokens=False)):
+        out: list[tuple[np.ndarray, np.ndarray | None]] = []
+        for text, enc in zip(texts, self._tok.encode_batch(texts, add_special_tokens=False), strict=True):
             ids = np.asarray(enc.ids, dtype=np.uint32)
             out.append((ids, _bytes_per_token(text, enc.offsets)))
         return out
@@ -53,7 +54,9 @@ def _bytes_per_token(text: str, offsets: list[tuple[int, int]]) -> np.ndarray:
     codepoints = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
     char_bytes = 1 + (codepoints >= 0x80) + (codepoints >= 0x800) + (codepoints >= 0x10000)
     cumulative = np.concatenate([[0], np.cumsum(char_bytes)])
-    ends = np.maximum.accumulate(np.asarray([e for _, e in offsets], dtype=np.int64)) if offsets else np.zeros(0, np.int64)
+    ends = (
+        np.maximum.accumulate(np.asarray([e for _, e in offsets], dtype=np.int64)) if offsets else np.zeros(0, np.int64)
+    )
     covered = cumulative[ends]
     return np.diff(covered, prepend=0).astype(np.uint16)
 
@@ -103,7 +106,9 @@ def parse_tokenizer_spec(spec: str) -> TokenizerSpec:
         except ValueError:
             raise DataError(f"tokenizer {spec!r}: N in bpe:N must be an integer, e.g. bpe:1024") from None
         if not 257 <= size <= 1_000_000:
-            raise DataError(f"tokenizer {spec!r}: N must be 257 to 1,000,000 (above the byte alphabet of 256), e.g. bpe:1024")
+            raise DataError(
+                f"tokenizer {spec!r}: N must be 257 to 1,000,000 (above the byte alphabet of 256), e.g. bpe:1024"
+            )
         return TokenizerSpec(spec, "bpe", size)
     raise DataError(f"unknown tokenizer {spec!r}; use byte, bpe:N (e.g. bpe:1024), hf:NAME or file:PATH")
 
@@ -148,19 +153,23 @@ def load_pretrained_tokenizer(spec: str) -> HFTokenizer:
     try:
         return HFTokenizer(spec, RustTokenizer.from_pretrained(spec[3:]))
     except Exception as e:
-        raise DataError(f"cannot load tokenizer {spec} ({type(e).__name__}); it needs network access or a copy "
-                        "in the HF cache; use --tokenizer byte or bpe:N offline") from None
+        raise DataError(
+            f"cannot load tokenizer {spec} ({type(e).__name__}); it needs network access or a copy "
+            "in the HF cache; use --tokenizer byte or bpe:N offline"
+        ) from None
 
 
 def train_bpe(spec: TokenizerSpec, texts: Iterable[str], path: Path) -> HFTokenizer:
     """Train a byte-level BPE tokenizer of vocabulary N on the training split; saved to `path`."""
-    from tokenizers import Tokenizer as RustTokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer as RustTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
 
     tok = RustTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=spec.bpe_size, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=spec.bpe_size, show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tok.train_from_iterator(texts, trainer=trainer)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tok.save(str(tmp))
@@ -186,7 +195,8 @@ def byte_tokenizer_model() -> Any:
     """ByteTokenizer as a `tokenizers` Tokenizer, for tools that read tokenizer.json (transformers' AutoTokenizer):
     each byte of the UTF-8 text is one token whose id is the byte's value, as ByteTokenizer encodes it (byte-level
     symbols, a BPE model with no merges, no pre-tokenizing regex and no prefix space)."""
-    from tokenizers import Tokenizer as RustTokenizer, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as RustTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
 
     vocab = {symbol: b for b, symbol in enumerate(byte_level_symbols())}
     tok = RustTokenizer(models.BPE(vocab, []))

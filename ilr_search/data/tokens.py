@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -26,7 +26,6 @@ from ilr_search.data.corpora import Document, corpus_identity, split_documents
 from ilr_search.data.tokenizers import Tokenizer, build_tokenizer, parse_tokenizer_spec
 from ilr_search.errors import DataError
 from ilr_search.folders import check_can_create
-
 
 CACHE_FORMAT = 1
 IGNORE_INDEX = -100  # a target that is not counted (not an answer token): linear_cross_entropy's ignore_index
@@ -52,13 +51,13 @@ class TokenSplit:
         """UTF-8 bytes of the tokens [s, s + length) summed over the windows starting at `starts`."""
         if self.token_bytes is None:
             return int(len(starts) * length)
-        return int(sum(int(self.token_bytes[s:s + length].sum()) for s in starts))
+        return int(sum(int(self.token_bytes[s : s + length].sum()) for s in starts))
 
     def bytes_between(self, begins: np.ndarray, ends: np.ndarray) -> int:
         """UTF-8 bytes of the tokens [b, e) summed over the pairs of `begins` and `ends`."""
         if self.token_bytes is None:
             return int((ends - begins).sum())
-        return int(sum(int(self.token_bytes[b:e].sum()) for b, e in zip(begins, ends)))
+        return int(sum(int(self.token_bytes[b:e].sum()) for b, e in zip(begins, ends, strict=True)))
 
     def answer_spans(self) -> tuple[np.ndarray, np.ndarray]:
         """(begins, ends): each answer's tokens [begin, end), in stream order (rows end with a token outside the
@@ -75,6 +74,7 @@ class TokenSplit:
 class Windows:
     """Windows of seq_len + 1 tokens starting at `starts`, each counting the targets at positions [begins, ends)
     of the split (documents of text: all its targets; prompt/answer rows: its row's answer)."""
+
     starts: np.ndarray
     begins: np.ndarray
     ends: np.ndarray
@@ -140,7 +140,9 @@ class TokenData:
     def val_batches(self, n_windows: int, seq_len: int, batch_size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         return self.window_batches(self.val_windows(n_windows, seq_len), seq_len, batch_size)
 
-    def window_batches(self, windows: Windows, seq_len: int, batch_size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def window_batches(
+        self, windows: Windows, seq_len: int, batch_size: int
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """The validation windows `windows`, `batch_size` at a time, as (inputs, targets); with answers, the
         targets each window does not count are IGNORE_INDEX."""
         for i in range(0, len(windows.starts), batch_size):
@@ -168,11 +170,13 @@ class TokenData:
         text, and two maps on one chunk saw the same text (paired)."""
         chunks = self.window_chunks(n_windows, seq_len)
         if not 0 <= chunk < chunks:
-            raise DataError(f"the validation split of {self.meta['corpus']['corpus']} holds {chunks} chunk(s) of "
-                            f"{n_windows} disjoint windows of {seq_len + 1} tokens; chunk {chunk} was asked for: use "
-                            "more text, a larger val_fraction, fewer eval_windows or fewer --max-seeds")
+            raise DataError(
+                f"the validation split of {self.meta['corpus']['corpus']} holds {chunks} chunk(s) of "
+                f"{n_windows} disjoint windows of {seq_len + 1} tokens; chunk {chunk} was asked for: use "
+                "more text, a larger val_fraction, fewer eval_windows or fewer --max-seeds"
+            )
         order = np.random.default_rng(WINDOW_ORDER_SEED).permutation(self._chunk_units(seq_len))
-        units = np.sort(order[chunk * n_windows:(chunk + 1) * n_windows]).astype(np.int64)
+        units = np.sort(order[chunk * n_windows : (chunk + 1) * n_windows]).astype(np.int64)
         if self.answers_only:
             return self.answer_windows(units, seq_len)
         starts = units * (seq_len + 1)
@@ -200,24 +204,34 @@ def counted_targets(targets: np.ndarray) -> int:
 def check_window(meta: dict[str, Any], seq_len: int) -> None:
     for name, split in (("training", "train"), ("validation", "val")):
         if meta["tokens"][split] < seq_len + 1:
-            raise DataError(f"the {name} split of {meta['corpus']['corpus']} has {meta['tokens'][split]} tokens, fewer "
-                            f"than one window of {seq_len + 1}; use more text or a shorter --seq-len")
+            raise DataError(
+                f"the {name} split of {meta['corpus']['corpus']} has {meta['tokens'][split]} tokens, fewer "
+                f"than one window of {seq_len + 1}; use more text or a shorter --seq-len"
+            )
         if "answers" in meta and not meta["answers"][split]:
-            raise DataError(f"the {name} split of {meta['corpus']['corpus']} holds no answer tokens (column "
-                            f"{meta['answer_column']!r} is empty there); the answer loss needs answers in both splits")
+            raise DataError(
+                f"the {name} split of {meta['corpus']['corpus']} holds no answer tokens (column "
+                f"{meta['answer_column']!r} is empty there); the answer loss needs answers in both splits"
+            )
 
 
 def cache_key(cfg: DataConfig, max_tokens: int) -> str:
-    identity = {"format": CACHE_FORMAT, "corpus": corpus_identity(cfg), "tokenizer": cfg.tokenizer,
-                "val_fraction": cfg.val_fraction, "max_train_tokens": max_tokens}
+    identity = {
+        "format": CACHE_FORMAT,
+        "corpus": corpus_identity(cfg),
+        "tokenizer": cfg.tokenizer,
+        "val_fraction": cfg.val_fraction,
+        "max_train_tokens": max_tokens,
+    }
     parsed = parse_tokenizer_spec(cfg.tokenizer)
     if parsed.kind == "file":  # a file's tokens are those of its content, not of its name
         identity["tokenizer_sha256"] = hashlib.sha256(parsed.path.read_bytes()).hexdigest()
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
 
 
-def load_tokens(cfg: DataConfig, max_train_tokens: int | None = None, root: Path | None = None,
-                seq_len: int | None = None) -> TokenData:
+def load_tokens(
+    cfg: DataConfig, max_train_tokens: int | None = None, root: Path | None = None, seq_len: int | None = None
+) -> TokenData:
     """Token arrays for a corpus and tokenizer: read from the cache, or tokenized once and cached atomically.
 
     `max_train_tokens` (0 or None: all) bounds how much of a streamed corpus is read; it is part of the key.
@@ -228,8 +242,11 @@ def load_tokens(cfg: DataConfig, max_train_tokens: int | None = None, root: Path
     root = Path(root) if root is not None else cache_root()
     final = root / f"tokens-{cache_key(cfg, max_tokens)}"
     if not (final / "meta.json").exists():
-        check_can_create(root, f"the token cache {str(root)!r}",  # before the corpus is read
-                         "set ILR_SEARCH_CACHE to a writable folder, or run in a writable folder")
+        check_can_create(
+            root,
+            f"the token cache {str(root)!r}",  # before the corpus is read
+            "set ILR_SEARCH_CACHE to a writable folder, or run in a writable folder",
+        )
         _build_cache(cfg, max_tokens, root, final, seq_len)
         built = True
     else:
@@ -240,8 +257,11 @@ def load_tokens(cfg: DataConfig, max_train_tokens: int | None = None, root: Path
 
     def split(name: str) -> TokenSplit:
         tb, mask = final / f"{name}_bytes.npy", final / f"{name}_answer_mask.npy"
-        return TokenSplit(np.load(final / f"{name}.npy", mmap_mode="r"), np.load(tb, mmap_mode="r") if tb.exists() else None,
-                          np.load(mask, mmap_mode="r") if mask.exists() else None)
+        return TokenSplit(
+            np.load(final / f"{name}.npy", mmap_mode="r"),
+            np.load(tb, mmap_mode="r") if tb.exists() else None,
+            np.load(mask, mmap_mode="r") if mask.exists() else None,
+        )
 
     return TokenData(split("train"), split("val"), meta["vocab_size"], meta, final, built)
 
@@ -263,9 +283,14 @@ def _build_cache(cfg: DataConfig, max_tokens: int, root: Path, final: Path, seq_
                 np.save(tmp / f"{name}_answer_mask.npy", mask)
                 answers[name] = int(mask.sum())
             counts[name] = int(len(ids))
-        meta = {"format": CACHE_FORMAT, "corpus": corpus_identity(cfg), "tokenizer": cfg.tokenizer,
-                "vocab_size": tok.vocab_size, "tokens": counts,
-                "documents": {"train": len(train_docs), "val": len(val_docs)}}
+        meta = {
+            "format": CACHE_FORMAT,
+            "corpus": corpus_identity(cfg),
+            "tokenizer": cfg.tokenizer,
+            "vocab_size": tok.vocab_size,
+            "tokens": counts,
+            "documents": {"train": len(train_docs), "val": len(val_docs)},
+        }
         if cfg.answer_column:
             meta |= {"answer_column": cfg.answer_column, "answers": answers}
         if seq_len is not None:
@@ -285,15 +310,19 @@ def document_text(doc: Document) -> str:
     return doc.text if doc.answer is None else doc.text + doc.answer + ROW_END
 
 
-def _encode_all(tok: Tokenizer, docs: list[Document], max_tokens: int
-                ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+def _encode_all(
+    tok: Tokenizer, docs: list[Document], max_tokens: int
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     """The documents' token ids, bytes per token (None: one each) and, for rows, the answer mask (else None).
     A row is its prompt's tokens, its answer's and ROW_END's, each part tokenized alone so that the mask is exact."""
     rows = bool(docs) and docs[0].answer is not None
     row_end = tok.encode_batch([ROW_END])[0]
-    ids, nbytes, masks, total = [], [], [], 0
+    ids: list[np.ndarray] = []
+    nbytes: list[np.ndarray | None] = []  # one tokenizer: bytes for every part or for none
+    masks: list[np.ndarray] = []
+    total = 0
     for i in range(0, len(docs), 256):
-        batch = docs[i:i + 256]
+        batch = docs[i : i + 256]
         if not rows:
             parts = [[encoded] for encoded in tok.encode_batch([d.text for d in batch])]
         else:
@@ -311,7 +340,7 @@ def _encode_all(tok: Tokenizer, docs: list[Document], max_tokens: int
     if not ids:
         return np.zeros(0, np.uint32), None, np.zeros(0, np.uint8) if rows else None
     all_ids = np.concatenate(ids)
-    all_bytes = None if nbytes[0] is None else np.concatenate(nbytes)
+    all_bytes = None if nbytes[0] is None else np.concatenate(cast(list[np.ndarray], nbytes))
     all_mask = np.concatenate(masks) if rows else None
     if max_tokens:
         all_ids = all_ids[:max_tokens]

@@ -17,11 +17,24 @@ from typing import Any
 # import the trainer, and so not torch; and importing the package alone imports neither torch nor Optuna (the
 # CLI's renderer imports progress.py). Optuna's log level is the CLI's to set (commands/logs.py), not an import's.
 _EXPORTS = {
-    "CONFIG_ATTR": "plan", "FIDELITY_ATTR": "plan", "SAMPLER_ATTR": "plan", "StudyPlan": "plan", "plan_study": "plan",
+    "CONFIG_ATTR": "plan",
+    "FIDELITY_ATTR": "plan",
+    "SAMPLER_ATTR": "plan",
+    "StudyPlan": "plan",
+    "plan_study": "plan",
     "RunReporter": "progress",
-    "PreparedStudy": "run", "RunRequest": "run", "prepare_study": "run", "run_study": "run",
-    "default_study": "studies", "list_studies": "studies", "list_trials": "studies", "open_study": "studies",
-    "summarize_stored": "studies", "trials_report": "studies", "StudyReport": "studies", "study_report": "studies",
+    "PreparedStudy": "run",
+    "RunRequest": "run",
+    "prepare_study": "run",
+    "run_study": "run",
+    "default_study": "studies",
+    "list_studies": "studies",
+    "list_trials": "studies",
+    "open_study": "studies",
+    "summarize_stored": "studies",
+    "trials_report": "studies",
+    "StudyReport": "studies",
+    "study_report": "studies",
 }
 
 __all__ = sorted(_EXPORTS)

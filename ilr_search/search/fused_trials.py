@@ -14,18 +14,26 @@ import warnings
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
+from functools import partial
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from ilr_search.analysis.trials import TrialAttr
+from ilr_search.search.objective import (
+    Proposal,
+    SearchRun,
+    SurplusTrial,
+    Training,
+    TrialDiverged,
+    TrialTakenOver,
+    journal_heartbeat,
+    sweep_stale_journal_trials,
+)
 from ilr_search.search.progress import step_callback
 from ilr_search.storage import heartbeat_thread, study_storage, trial_id
 from ilr_search.training.jobs import train_jobs
 from ilr_search.training.train import TrainResult
-
-from ilr_search.search.objective import (Proposal, SearchRun, SurplusTrial, Training, TrialDiverged, TrialTakenOver, journal_heartbeat,
-                        sweep_stale_journal_trials)
 
 TrialReport = Callable[[optuna.Study, FrozenTrial], object]  # called with each trial once it is told
 
@@ -67,19 +75,18 @@ class FusedSearchRun(SearchRun):
                     in_hand = {g.proposal.key for g in group if g.training is not None}
                     member.proposal = self.propose(trial, in_hand)
                     if member.proposal.earlier is not None:
-                        self._tell(member, lambda m=member: self._reuse(m.trial, m.proposal.earlier), report)
+                        self._tell(member, partial(self._reuse, member.trial, member.proposal.earlier), report)
                     elif not member.proposal.behind_own:
                         member.training = self.start_training(trial, member.proposal)
-                training = [g for g in group if g.training is not None]
-                for member in training:  # how the trial was trained: in a group of this many maps
+                training = [(g, g.training) for g in group if g.training is not None]
+                for member, _ in training:  # how the trial was trained: in a group of this many maps
                     member.trial.set_user_attr(TrialAttr.FUSED_GROUP, len(training))
-                results = self._train_group([g.training for g in training])
-                for member, result in zip(training, results):
-                    self._tell(member, lambda m=member, r=result: self.finish_training(m.trial, m.training, r),
-                               report)
+                results = self._train_group([t for _, t in training])
+                for (member, t), result in zip(training, results, strict=True):
+                    self._tell(member, partial(self.finish_training, member.trial, t, result), report)
                 for member in group:  # proposed a map the group trained: its result now exists
                     if not member.told:
-                        self._tell(member, lambda m=member: self._reuse_own(m), report)
+                        self._tell(member, partial(self._reuse_own, member), report)
             except BaseException as e:
                 self._abandon(group, interrupted=isinstance(e, KeyboardInterrupt))
                 raise
@@ -95,13 +102,17 @@ class FusedSearchRun(SearchRun):
     def _train_group(self, trainings: list[Training]) -> list[TrainResult]:
         """Train the trainings fused, one group per model (searched knobs change it); a model the fused trainer
         does not support trains its maps one at a time, as the objective does."""
-        return train_jobs([t.job for t in trainings], self.data, fuse=max(1, len(trainings)),
-                          on_step=step_callback(self.reporter))
+        return train_jobs(
+            [t.job for t in trainings], self.data, fuse=max(1, len(trainings)), on_step=step_callback(self.reporter)
+        )
 
-    def _tell(self, member: GroupTrial, outcome: Callable[[], float | tuple[float, float]],
-              report: TrialReport) -> None:
+    def _tell(
+        self, member: GroupTrial, outcome: Callable[[], float | tuple[float, float]], report: TrialReport
+    ) -> None:
         """Tell Optuna how a trial ended, as study.optimize would for the objective's value or exception."""
         member.told = True
+        state: TrialState | None
+        values: float | tuple[float, float] | None
         try:
             values = outcome()
         except optuna.TrialPruned:

@@ -12,6 +12,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import optuna
 
@@ -51,7 +52,8 @@ def repair_to_budget(reuse_map: list[int], max_layer_runs: int) -> list[int]:
 
 def propose_knobs(trial: optuna.Trial, names: tuple[str, ...]) -> dict[str, KnobValue]:
     """The trial's setting of each searched knob: a categorical dimension named after the knob."""
-    return {name: trial.suggest_categorical(name, KNOB_CHOICES[name]) for name in names}
+    # each setting is one of the knob's choices (KnobValue)
+    return {name: cast(KnobValue, trial.suggest_categorical(name, KNOB_CHOICES[name])) for name in names}
 
 
 def knobs_off(names: tuple[str, ...]) -> dict[str, KnobValue]:
@@ -101,8 +103,9 @@ def propose_block(trial: optuna.Trial, n_layers: int, max_reuse: int, max_layer_
     return proposed, repair_block(start, end, repeats, n_layers, max_layer_runs)
 
 
-def propose_trial_map(trial: optuna.Trial, n_layers: int, max_reuse: int, max_layer_runs: int,
-                      families: Sequence[str]) -> tuple[Map, tuple[int, ...] | None]:
+def propose_trial_map(
+    trial: optuna.Trial, n_layers: int, max_reuse: int, max_layer_runs: int, families: Sequence[str]
+) -> tuple[Map, tuple[int, ...] | None]:
     """The map a trial trains (canonical: parse_map's form) and, where the budget repaired the sampler's proposal,
     the proposal's per-layer counts. A study searching ilr alone proposes exactly as propose_map."""
     kinds = trial_families(families)
@@ -119,13 +122,15 @@ def family_params(family: str, families: Sequence[str]) -> dict[str, str]:
     return {FAMILY_PARAM: family} if len(trial_families(families)) > 1 else {}
 
 
-def seed_params(n_layers: int, max_reuse: int, max_layer_runs: int,
-                families: Sequence[str]) -> list[dict[str, int | str | KnobValue]]:
+def seed_params(
+    n_layers: int, max_reuse: int, max_layer_runs: int, families: Sequence[str]
+) -> list[dict[str, int | str | KnobValue]]:
     """The parameters of a study's first maps, baseline first: seed_maps where the study searches ilr, else the
     baseline as a block run once (no prior on where to loop)."""
     if "ilr" in trial_families(families):
-        return [{**map_params(m), **family_params("ilr", families)}
-                for m in seed_maps(n_layers, max_reuse, max_layer_runs)]
+        return [
+            {**map_params(m), **family_params("ilr", families)} for m in seed_maps(n_layers, max_reuse, max_layer_runs)
+        ]
     return [{**block_params(BlockMap(0, n_layers - 1, 1, n_layers)), **family_params("blocks", families)}]
 
 
@@ -149,6 +154,7 @@ class EnqueuedMap:
     """A map a person asked to have trained first (`run --enqueue`, `[search] enqueue`): a reuse map with its knob
     settings (the searched knobs it does not name are off), or block recurrence K (`block`, trained as a reference
     run: block recurrence is not a point of the map sampler's space)."""
+
     text: str  # as written
     reuse_map: tuple[int, ...] = ()  # repaired to the budget
     knobs: dict[str, KnobValue] = field(default_factory=dict)
@@ -170,8 +176,14 @@ def map_params(reuse_map: Sequence[int]) -> dict[str, int]:
 BLOCK_ENTRY = re.compile(r"block(\d+)")
 
 
-def parse_enqueued(text: str, n_layers: int, max_reuse: int, max_layer_runs: int,
-                   searched_knobs: Sequence[str], families: Sequence[str] = ("ilr", "block")) -> EnqueuedMap:
+def parse_enqueued(
+    text: str,
+    n_layers: int,
+    max_reuse: int,
+    max_layer_runs: int,
+    searched_knobs: Sequence[str],
+    families: Sequence[str] = ("ilr", "block"),
+) -> EnqueuedMap:
     """One entry of an enqueue list: `3,2,2,1`, `2,1,1,1|injection=add` (knobs as `train --knobs` takes them),
     `block:1-2:2` (where the study searches blocks) or `block2`. An over-budget map is repaired to the budget; a
     malformed one (wrong length, a count below 1 or above max_reuse, a knob the study does not search, a block
@@ -201,25 +213,43 @@ def parse_enqueued(text: str, n_layers: int, max_reuse: int, max_layer_runs: int
     if isinstance(chosen, ReuseMap) and "ilr" not in kinds:
         as_block = one_block(chosen)
         if as_block is None:
-            raise UserInputError(f"{where}: this study searches block maps only ([search] families "
-                                 f"{list(families)}); write a block map block:I-J:R, or add 'ilr' to the families")
+            raise UserInputError(
+                f"{where}: this study searches block maps only ([search] families "
+                f"{list(families)}); write a block map block:I-J:R, or add 'ilr' to the families"
+            )
         chosen = as_block
     if isinstance(chosen, BlockMap) and "blocks" not in kinds:
-        raise UserInputError(f"{where}: block maps are searched only where [search] families includes 'blocks' "
-                             f"(this study's: {list(families)})")
+        raise UserInputError(
+            f"{where}: block maps are searched only where [search] families includes 'blocks' "
+            f"(this study's: {list(families)})"
+        )
     unsearched = sorted(set(knobs) - set(searched_knobs))
     if unsearched:
         searched = ", ".join(searched_knobs) or "none"
-        raise UserInputError(f"{where}: knob(s) {', '.join(unsearched)} are not searched by this study (searched: "
-                             f"{searched}); add them to --knobs or [search] knobs")
+        raise UserInputError(
+            f"{where}: knob(s) {', '.join(unsearched)} are not searched by this study (searched: "
+            f"{searched}); add them to --knobs or [search] knobs"
+        )
     if isinstance(chosen, BlockMap):
         fitted = repair_block(chosen.start, chosen.end, chosen.repeats, n_layers, max_layer_runs)
-        return EnqueuedMap(entry, fitted.counts, knobs, None, None if fitted == chosen else chosen.counts,
-                           block_params(fitted) | family_params("blocks", families))
+        return EnqueuedMap(
+            entry,
+            fitted.counts,
+            knobs,
+            None,
+            None if fitted == chosen else chosen.counts,
+            block_params(fitted) | family_params("blocks", families),
+        )
     reuse_map = list(chosen.counts)
     repaired = repair_to_budget(reuse_map, max_layer_runs)
-    return EnqueuedMap(entry, tuple(repaired), knobs, None, None if repaired == reuse_map else tuple(reuse_map),
-                       map_params(repaired) | family_params("ilr", families))
+    return EnqueuedMap(
+        entry,
+        tuple(repaired),
+        knobs,
+        None,
+        None if repaired == reuse_map else tuple(reuse_map),
+        map_params(repaired) | family_params("ilr", families),
+    )
 
 
 def one_block(reuse_map: ReuseMap) -> BlockMap | None:
@@ -237,4 +267,3 @@ def one_block(reuse_map: ReuseMap) -> BlockMap | None:
 def split_enqueue_text(text: str) -> list[str]:
     """`--enqueue "3,2,2,1 4,2,1,1|injection=add block2"`: entries separated by spaces (or semicolons)."""
     return [part for part in re.split(r"[\s;]+", text) if part]
-

@@ -5,33 +5,39 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable, Collection
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from ilr_search.config import ModelConfig, TrainConfig
-from ilr_search.data.tokens import TokenData
-from ilr_search.training.flops import flops_ratio
-from ilr_search.knobs import KnobValue, config_key, format_knobs
-from ilr_search.training.flops import param_count
 from ilr_search.analysis.results import finite_or_none, has_result
 from ilr_search.analysis.trials import TrialAttr, TrialRecord, trial_records
-from ilr_search.training.schedule import reuse_map_schedule
-from ilr_search.storage import study_storage, trial_id
-from ilr_search.storage import (CurvePoint, Heartbeat, StorageSpec, Store, TrainCurvePoint, grace_period, heartbeat_interval,
-                       set_trial_user_attrs)
-from ilr_search.training.jobs import Job, train_jobs
-from ilr_search.training.train import EvalPoint, TrainResult
-
+from ilr_search.config import ModelConfig, TrainConfig
+from ilr_search.data.tokens import TokenData
+from ilr_search.knobs import KnobValue, config_key, format_knobs
 from ilr_search.search.maps import propose_knobs, propose_trial_map
 from ilr_search.search.plan import StudyPlan, safe_name
 from ilr_search.search.progress import Message, RunReporter, TrialStarted, step_callback
 from ilr_search.search.pruners import Pruner, PruningDecision
-
+from ilr_search.storage import (
+    CurvePoint,
+    Heartbeat,
+    StorageSpec,
+    Store,
+    TrainCurvePoint,
+    grace_period,
+    heartbeat_interval,
+    set_trial_user_attrs,
+    study_storage,
+    trial_id,
+)
+from ilr_search.training.flops import flops_ratio, param_count
+from ilr_search.training.jobs import Job, train_jobs
+from ilr_search.training.schedule import reuse_map_schedule
+from ilr_search.training.train import EvalPoint, TrainResult
 
 HEARTBEAT_ATTR = "ilr:heartbeat"
 
@@ -43,6 +49,7 @@ class TrialDiverged(Exception):
 def journal_heartbeat(study: optuna.Study, trial_id: int) -> Heartbeat:
     """Beats for a running trial on journal storage (RDB storages have Optuna's heartbeat thread) for the
     trial's whole RUNNING life, claim waits included; ends once the trial is finished."""
+
     def beat() -> bool:
         try:
             study_storage(study).set_trial_system_attr(trial_id, HEARTBEAT_ATTR, time.time())
@@ -89,18 +96,22 @@ class TrialTakenOver(Exception):
 @dataclass
 class Proposal:
     """A trial's map, knobs, map key and FLOPs ratio; `earlier`: the finished trial whose result it reuses."""
+
     reuse_map: list[int]
     knobs: dict[str, KnobValue]
     key: str
     ratio: float
     earlier: TrialRecord | None
     behind_own: bool = False  # the map is one this worker is about to train: reuse its result afterwards
-    schedule: list[int] = dataclasses.field(default_factory=list)  # the map's layer order (a block's is not its counts')
+    schedule: list[int] = dataclasses.field(
+        default_factory=list
+    )  # the map's layer order (a block's is not its counts')
 
 
 @dataclass
 class Training:
     """A claimed proposal ready to train, and the pruner's verdict once on_eval receives one."""
+
     proposal: Proposal
     model: ModelConfig
     schedule: list[int]
@@ -149,8 +160,10 @@ class SearchRun:
         """Workers count the study's trials and then ask for one, two steps another worker can fall between: a
         trial whose predecessors already reach the target raises SurplusTrial before it proposes a map. Trial
         numbers are given in order by the storage, so of two trials asked at once exactly the later one stops."""
-        ahead = sum(t.number < trial.number and (has_result(t) or t.state == TrialState.RUNNING)
-                    for t in self.study.get_trials(deepcopy=False))
+        ahead = sum(
+            t.number < trial.number and (has_result(t) or t.state == TrialState.RUNNING)
+            for t in self.study.get_trials(deepcopy=False)
+        )
         if ahead >= self.target:
             set_trial_user_attrs(trial, {TrialAttr.SURPLUS: True})
             raise SurplusTrial(f"trial {trial.number}: {ahead} trials before it reach the target of {self.target}")
@@ -161,16 +174,21 @@ class SearchRun:
         `in_hand`: map keys this worker has claimed and is about to train; a trial proposing one of them is
         neither claimed nor waited for (it would wait on this worker), but returned `behind_own`."""
         search = self.plan.space.search
-        chosen, proposed = propose_trial_map(trial, self.n_layers, search.max_reuse,
-                                             self.plan.budget.max_layer_runs(self.plan.model), search.families)
+        chosen, proposed = propose_trial_map(
+            trial, self.n_layers, search.max_reuse, self.plan.budget.max_layer_runs(self.plan.model), search.families
+        )
         reuse_map, schedule = list(chosen.counts), chosen.schedule()
         knobs = propose_knobs(trial, search.knobs)
         key = config_key(chosen.key, knobs)  # the knobs add no FLOPs: repair keys on the map
         model = self.plan.trial_model(knobs)
         ratio = flops_ratio(model, schedule)
         assert self.plan.budget.allows(ratio), (chosen.key, ratio)
-        attrs: dict[str, Any] = {TrialAttr.REUSE_MAP: reuse_map, TrialAttr.MAP_KEY: key, TrialAttr.FLOPS_RATIO: ratio,
-                                 TrialAttr.PARAMS: param_count(model)}
+        attrs: dict[str, Any] = {
+            TrialAttr.REUSE_MAP: reuse_map,
+            TrialAttr.MAP_KEY: key,
+            TrialAttr.FLOPS_RATIO: ratio,
+            TrialAttr.PARAMS: param_count(model),
+        }
         if knobs:
             attrs[TrialAttr.KNOBS] = knobs
         if proposed is not None:
@@ -186,8 +204,14 @@ class SearchRun:
 
     def _result_for(self, key: str, exclude: int) -> TrialRecord | None:
         """The first trial other than `exclude` that trained map `key` to a result."""
-        return next((r for r in trial_records(self.study.get_trials(deepcopy=False))
-                     if r.number != exclude and r.map_key == key and r.trained_its_map), None)
+        return next(
+            (
+                r
+                for r in trial_records(self.study.get_trials(deepcopy=False))
+                if r.number != exclude and r.map_key == key and r.trained_its_map
+            ),
+            None,
+        )
 
     def _claim_or_wait(self, key: str, number: int) -> TrialRecord | None:
         """Claim the map for this trial; if another live trial trains it, wait for its result instead."""
@@ -198,7 +222,7 @@ class SearchRun:
                 return None
             held = self._trial_by_number(holder)
             ended = held is None or held.state.is_finished()
-            if ended or has_result(held):
+            if ended or (held is not None and has_result(held)):  # held is None only where ended
                 result = self._result_for(key, number)
                 if result is not None:
                     return result
@@ -210,7 +234,9 @@ class SearchRun:
                 self.reporter.on(Message(f"map {key} is being trained by trial {holder}; waiting for its result"))
                 waited = True
             time.sleep(min(2.0, heartbeat_interval()))
-            self.sweep_stale(spare=trial_id(self._trial_by_number(number)))
+            mine = self._trial_by_number(number)
+            assert mine is not None  # this worker's own trial, running
+            self.sweep_stale(spare=trial_id(mine))
 
     def sweep_stale(self, spare: int | None = None) -> None:
         """Fail (and queue again) the trials of dead workers; never the trial `spare` of this worker."""
@@ -230,30 +256,41 @@ class SearchRun:
         self.taken_over += 1
         return TrialTakenOver(f"trial {trial.number} was failed by another worker's stale-trial sweep")
 
-    def _recover(self, trial: optuna.Trial, result: TrainResult, decision: PruningDecision | None, key: str,
-                 ratio: float) -> None:
+    def _recover(
+        self, trial: optuna.Trial, result: TrainResult, decision: PruningDecision | None, key: str, ratio: float
+    ) -> None:
         """Keep the result of a trial failed under this worker: a new finished trial with the same map, marked
         `recovered_from`, which takes the map's claim so that the queued retry reuses it instead of training."""
         attrs = dict(study_storage(self.study).get_trial(trial_id(trial)).user_attrs)
         attrs |= self._result_attrs(result, decision) | {TrialAttr.RECOVERED_FROM: trial.number}
+        values: list[float] | None = None
         if result.status == "diverged":
-            state, values = TrialState.FAIL, None
+            state = TrialState.FAIL
         elif decision is not None:
-            state, values = TrialState.PRUNED, None
+            state = TrialState.PRUNED
         else:
             state = TrialState.COMPLETE
-            values = self._values(result.val_ppl, ratio)
-            values = [values] if isinstance(values, float) else list(values)
-        self.study.add_trial(optuna.trial.create_trial(state=state, values=values, params=trial.params,
-                                                       distributions=trial.distributions, user_attrs=attrs,
-                                                       intermediate_values={p.step: p.val_loss for p in result.curve}))
-        recovered = max(r.number for r in trial_records(self.study.get_trials(deepcopy=False))
-                        if r.recovered_from == trial.number)
+            objective = self._values(result.val_ppl, ratio)
+            values = [objective] if isinstance(objective, float) else list(objective)
+        self.study.add_trial(
+            optuna.trial.create_trial(
+                state=state,
+                values=values,
+                params=trial.params,
+                distributions=trial.distributions,
+                user_attrs=attrs,
+                intermediate_values={p.step: p.val_loss for p in result.curve},
+            )
+        )
+        recovered = max(
+            r.number for r in trial_records(self.study.get_trials(deepcopy=False)) if r.recovered_from == trial.number
+        )
         self._store_curve(recovered, result, key, ratio)
         self._store_train_curve(recovered, result, key)
         self.store.take_over(key, trial.number, recovered)
-        self.reporter.on(Message(f"trial {trial.number} was failed under this worker; its result is kept as trial "
-                                 f"{recovered}"))
+        self.reporter.on(
+            Message(f"trial {trial.number} was failed under this worker; its result is kept as trial {recovered}")
+        )
 
     def _store_curve(self, number: int, result: TrainResult, key: str, ratio: float) -> None:
         """The points of `result`'s curve that the store does not hold for trial `number` (the curve lives there
@@ -270,7 +307,9 @@ class SearchRun:
     def _reuse(self, trial: optuna.Trial, earlier: TrialRecord) -> float | tuple[float, float]:
         if self._failed_under_me(trial):
             raise self._taken_over(trial)
-        set_trial_user_attrs(trial, earlier.reused_result() | {TrialAttr.REUSED_FROM: earlier.number, TrialAttr.STEPS: 0})
+        set_trial_user_attrs(
+            trial, earlier.reused_result() | {TrialAttr.REUSED_FROM: earlier.number, TrialAttr.STEPS: 0}
+        )
         if earlier.state == TrialState.PRUNED:
             raise optuna.TrialPruned(f"map already pruned in trial {earlier.number}")
         if earlier.state == TrialState.FAIL:
@@ -314,23 +353,36 @@ class SearchRun:
                 return True
             return False
 
-        checkpoint = self.checkpoint_root / f"{safe_name(key.replace(',', '-'))}.pt" if self.plan.space.train.checkpoint_every else None
+        checkpoint = (
+            self.checkpoint_root / f"{safe_name(key.replace(',', '-'))}.pt"
+            if self.plan.space.train.checkpoint_every
+            else None
+        )
         train_cfg = dataclasses.replace(self.plan.space.train, dtype=self.plan.dtype)
-        return Training(proposal, self.plan.trial_model(proposal.knobs),
-                        proposal.schedule or reuse_map_schedule(proposal.reuse_map),
-                        train_cfg, checkpoint, on_eval, verdicts)
+        return Training(
+            proposal,
+            self.plan.trial_model(proposal.knobs),
+            proposal.schedule or reuse_map_schedule(proposal.reuse_map),
+            train_cfg,
+            checkpoint,
+            on_eval,
+            verdicts,
+        )
 
     def interrupted(self, trial: optuna.Trial) -> None:
         """Ctrl-C during training: retry this map on resume (Optuna marks the trial FAIL); the study then stops."""
         trial.set_user_attr(TrialAttr.REASON, "interrupted (Ctrl-C)")
         self.study.enqueue_trial(trial.params, user_attrs={TrialAttr.RETRY_OF: trial.number})
 
-    def finish_training(self, trial: optuna.Trial, training: Training,
-                        result: TrainResult) -> float | tuple[float, float]:
+    def finish_training(
+        self, trial: optuna.Trial, training: Training, result: TrainResult
+    ) -> float | tuple[float, float]:
         """Record a trained proposal's result; its values, or TrialDiverged / TrialPruned / TrialTakenOver."""
         key, ratio, checkpoint = training.proposal.key, training.proposal.ratio, training.checkpoint
         decision = training.verdicts[0] if training.verdicts else None
-        if result.resumed_from_step:  # resumed from a dead predecessor's checkpoint: its early points go under this trial
+        if (
+            result.resumed_from_step
+        ):  # resumed from a dead predecessor's checkpoint: its early points go under this trial
             self._store_curve(trial.number, result, key, ratio)
         if self._failed_under_me(trial):
             self._recover(trial, result, decision, key, ratio)
@@ -353,9 +405,11 @@ class SearchRun:
             TrialAttr.REASON: decision.reason if decision is not None else result.reason,
             TrialAttr.STEPS: result.steps - result.resumed_from_step,
             TrialAttr.RESUMED_FROM_STEP: result.resumed_from_step,
-            TrialAttr.VAL_LOSS: finite_or_none(result.val_loss), TrialAttr.VAL_PPL: finite_or_none(result.val_ppl),
+            TrialAttr.VAL_LOSS: finite_or_none(result.val_loss),
+            TrialAttr.VAL_PPL: finite_or_none(result.val_ppl),
             TrialAttr.VAL_BPB: finite_or_none(result.val_bpb),
-            TrialAttr.TRAIN_SECONDS: result.train_seconds, TrialAttr.TOKENS_PER_SECOND: result.tokens_per_second,
+            TrialAttr.TRAIN_SECONDS: result.train_seconds,
+            TrialAttr.TOKENS_PER_SECOND: result.tokens_per_second,
         }
         if decision is not None:
             attrs[TrialAttr.PRUNED_AT_STEP] = decision.step

@@ -19,8 +19,16 @@ from typing import Any, Literal
 
 from ilr_search.analysis.results import is_deep_key
 from ilr_search.config import SpaceConfig
-from ilr_search.search.progress import (Event, ReferenceFinished, ReferenceStarted, RunFinished, RunReporter,
-                                        RunsStarted, TrialFinished, TrialStarted)
+from ilr_search.search.progress import (
+    Event,
+    ReferenceFinished,
+    ReferenceStarted,
+    RunFinished,
+    RunReporter,
+    RunsStarted,
+    TrialFinished,
+    TrialStarted,
+)
 
 Phase = Literal["trials", "references", "screen", "race", "equal_compute"]
 PHASES: tuple[Phase, ...] = ("trials", "references", "screen", "race", "equal_compute")
@@ -30,6 +38,7 @@ PHASES: tuple[Phase, ...] = ("trials", "references", "screen", "race", "equal_co
 class PhaseRecord:
     """One phase of a run: its wall time, the tokens its finished runs trained, and the CPU time the run's processes
     spent in it (cpu_percent: of one core, so 200 is two cores busy)."""
+
     phase: Phase
     wall_seconds: float
     tokens: int
@@ -44,9 +53,14 @@ class PhaseRecord:
         return 100.0 * self.cpu_seconds / self.wall_seconds if self.wall_seconds > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"phase": self.phase, "wall_seconds": round(self.wall_seconds, 3), "tokens": self.tokens,
-                "tokens_per_second": round(self.tokens_per_second, 1), "cpu_seconds": round(self.cpu_seconds, 3),
-                "cpu_percent": round(self.cpu_percent, 1)}
+        return {
+            "phase": self.phase,
+            "wall_seconds": round(self.wall_seconds, 3),
+            "tokens": self.tokens,
+            "tokens_per_second": round(self.tokens_per_second, 1),
+            "cpu_seconds": round(self.cpu_seconds, 3),
+            "cpu_percent": round(self.cpu_percent, 1),
+        }
 
 
 def _live_child_cpu_seconds(pid: int) -> float:
@@ -125,5 +139,8 @@ class PhaseMeter(RunReporter):
         """The phases the run went through, in PHASES order (the one in progress ends now)."""
         self.close()
         self.current = None
-        return [PhaseRecord(p, self.wall.get(p, 0.0), self.tokens.get(p, 0), self.cpu.get(p, 0.0))
-                for p in PHASES if p in self.wall or p in self.tokens]
+        return [
+            PhaseRecord(p, self.wall.get(p, 0.0), self.tokens.get(p, 0), self.cpu.get(p, 0.0))
+            for p in PHASES
+            if p in self.wall or p in self.tokens
+        ]

@@ -7,24 +7,28 @@ import dataclasses
 import hashlib
 import json
 import time
-from dataclasses import dataclass
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import optuna
 
-from ilr_search.config import (SPACE_SCHEMA_VERSION, STORED_OMITTED_DEFAULTS, ModelConfig, SpaceConfig, StudySettings,
-                               without_omitted_defaults)
+from ilr_search.config import (
+    SPACE_SCHEMA_VERSION,
+    STORED_OMITTED_DEFAULTS,
+    ModelConfig,
+    SpaceConfig,
+    StudySettings,
+    without_omitted_defaults,
+)
 from ilr_search.data.tokenizers import model_config
 from ilr_search.errors import UserInputError
-from ilr_search.training.flops import Budget, parse_budget
 from ilr_search.knobs import KnobValue, with_knobs
+from ilr_search.search.pruners import pruner_settings
 from ilr_search.storage import StorageSpec
 from ilr_search.training.device import resolve_device, resolve_dtype
-
-from ilr_search.search.pruners import pruner_settings
-
+from ilr_search.training.flops import Budget, parse_budget
 
 CONFIG_ATTR = "ilr:config"
 
@@ -46,6 +50,7 @@ class PhaseLayout:
     """How one phase of a run trains: `processes` processes, each with `threads` torch threads (None: not set, as
     on a GPU), each training up to `fuse` runs at once in one fused group. Threads and fusion change the float
     rounding of training, so two runs of one study give the same numbers only with the same layout."""
+
     processes: int
     threads: int | None
     fuse: int
@@ -59,6 +64,7 @@ class PhaseLayout:
 @dataclass(frozen=True)
 class StudyLayout:
     """How a run of the study uses the machine: for its trials and reference runs, and for its race."""
+
     trials: PhaseLayout
     race: PhaseLayout
 
@@ -70,8 +76,16 @@ class StudyLayout:
 
     @classmethod
     def from_dict(cls, stored: Mapping[str, Any]) -> StudyLayout:
-        return cls(*(PhaseLayout(int(stored[k]["processes"]), None if stored[k]["threads"] is None
-                                 else int(stored[k]["threads"]), int(stored[k]["fuse"])) for k in ("trials", "race")))
+        return cls(
+            *(
+                PhaseLayout(
+                    int(stored[k]["processes"]),
+                    None if stored[k]["threads"] is None else int(stored[k]["threads"]),
+                    int(stored[k]["fuse"]),
+                )
+                for k in ("trials", "race")
+            )
+        )
 
 
 def stored_layouts(study_attrs: Mapping[str, Any]) -> list[tuple[StudyLayout, int]]:
@@ -94,8 +108,6 @@ def record_layout(study: optuna.Study, layout: StudyLayout, finished_trials: int
 
 
 @dataclass(frozen=True)
-
-
 class StudyPlan:
     space: SpaceConfig
     model: ModelConfig  # with the tokenizer's vocabulary
@@ -113,8 +125,19 @@ class StudyPlan:
         return with_knobs(self.model, knobs, self.init_depth)
 
 
-RESULT_TRAIN_FIELDS = ("steps", "batch_size", "grad_accum", "lr", "warmup_frac", "min_lr_frac", "weight_decay",
-                       "grad_clip", "eval_fractions", "eval_windows", "seed")
+RESULT_TRAIN_FIELDS = (
+    "steps",
+    "batch_size",
+    "grad_accum",
+    "lr",
+    "warmup_frac",
+    "min_lr_frac",
+    "weight_decay",
+    "grad_clip",
+    "eval_fractions",
+    "eval_windows",
+    "seed",
+)
 
 
 # The schedule's fields beyond cosine's, stored only where they are not the defaults: a study made before wsd
@@ -157,7 +180,7 @@ def study_config(space: SpaceConfig, model: ModelConfig, budget: Budget, dtype: 
         "model": stored_model,
         "data": stored_data,
         "train": {k: full["train"][k] for k in (*RESULT_TRAIN_FIELDS, "dtype")}
-                 | {k: full["train"][k] for k in LR_SCHEDULE_FIELDS if full["train"][k] != omitted_train[k]},
+        | {k: full["train"][k] for k in LR_SCHEDULE_FIELDS if full["train"][k] != omitted_train[k]},
         "budget": {"text": budget.text, "ratio": round(budget.ratio, 9)},
         "search": search,
     }
@@ -169,7 +192,10 @@ def checkpoint_identity(source: str) -> dict[str, str]:
     from ilr_search.training.pretrained import open_checkpoint
 
     checkpoint = open_checkpoint(source)
-    identity = {"source": source, "config_sha256": hashlib.sha256((checkpoint.path / "config.json").read_bytes()).hexdigest()}
+    identity = {
+        "source": source,
+        "config_sha256": hashlib.sha256((checkpoint.path / "config.json").read_bytes()).hexdigest(),
+    }
     if checkpoint.tokenizer_file is not None:
         identity["tokenizer_sha256"] = hashlib.sha256(checkpoint.tokenizer_file.read_bytes()).hexdigest()
     return identity
@@ -187,8 +213,13 @@ class StoredConfig:
 
     @classmethod
     def from_dict(cls, stored: Mapping[str, Any]) -> StoredConfig:
-        return cls(SpaceConfig.from_dict(stored), str(stored["budget"]["text"]), float(stored["budget"]["ratio"]),
-                   int(stored.get("search", {}).get("init_depth", 0)), int(stored.get(SCHEMA_KEY, 0)))
+        return cls(
+            SpaceConfig.from_dict(stored),
+            str(stored["budget"]["text"]),
+            float(stored["budget"]["ratio"]),
+            int(stored.get("search", {}).get("init_depth", 0)),
+            int(stored.get(SCHEMA_KEY, 0)),
+        )
 
 
 def stored_config(study_attrs: Mapping[str, Any]) -> StoredConfig | None:
@@ -219,10 +250,14 @@ def derive_study_name(config: dict[str, Any]) -> str:
         corpus += "-answer"
     if m.get("init"):  # a pretrained model: named by its checkpoint (its tokenizer is the checkpoint's own)
         checkpoint = safe_name(Path(m["init"].replace(":", "-")).name)[:24]
-        return (f"ilr-{checkpoint}-L{m['n_layers']}-d{m['d_model']}-{corpus}-{config['budget']['ratio']:g}x"
-                f"-{'frozen' if config['train']['steps'] == 0 else str(config['train']['steps']) + 'steps'}-{digest}")
-    return (f"ilr-L{m['n_layers']}-d{m['d_model']}-{m['pe']}-{corpus}-{d['tokenizer'].replace(':', '')}"
-            f"-{config['budget']['ratio']:g}x-{digest}")
+        return (
+            f"ilr-{checkpoint}-L{m['n_layers']}-d{m['d_model']}-{corpus}-{config['budget']['ratio']:g}x"
+            f"-{'frozen' if config['train']['steps'] == 0 else str(config['train']['steps']) + 'steps'}-{digest}"
+        )
+    return (
+        f"ilr-L{m['n_layers']}-d{m['d_model']}-{m['pe']}-{corpus}-{d['tokenizer'].replace(':', '')}"
+        f"-{config['budget']['ratio']:g}x-{digest}"
+    )
 
 
 def config_differences(stored: dict[str, Any], wanted: dict[str, Any], prefix: str = "") -> list[str]:
@@ -266,12 +301,14 @@ def adopt_stored_dtype(storage: optuna.storages.BaseStorage | None, plan: StudyP
     if config is None or config.space.train.dtype == plan.dtype:
         return plan
     stored = config.space.train.dtype
-    config = plan.config | {"train": plan.config["train"] | {"dtype": stored}}
-    return dataclasses.replace(plan, dtype=stored, config=config)
+    return dataclasses.replace(
+        plan, dtype=stored, config=plan.config | {"train": plan.config["train"] | {"dtype": stored}}
+    )
 
 
-def adopt_stored_race(storage: optuna.storages.BaseStorage | None, plan: StudyPlan,
-                      asked: Mapping[str, Any] | None = None) -> StudyPlan:
+def adopt_stored_race(
+    storage: optuna.storages.BaseStorage | None, plan: StudyPlan, asked: Mapping[str, Any] | None = None
+) -> StudyPlan:
     """A stored study's race settings (ADOPTED_RACE_FIELDS) for this run: a study made with the fixed race is
     resumed with it. `asked`: the settings this run's flags ask for; one that differs from the study's is refused."""
     study = stored_study(storage, plan.name)
@@ -279,11 +316,16 @@ def adopt_stored_race(storage: optuna.storages.BaseStorage | None, plan: StudyPl
     if config is None:
         return plan
     stored = {k: getattr(config.space.search, k) for k in ADOPTED_RACE_FIELDS}
-    conflicts = [f"{k}: study has {stored[k]!r}, this run asks for {v!r}" for k, v in (asked or {}).items()
-                 if k in stored and v is not None and v != stored[k]]
+    conflicts = [
+        f"{k}: study has {stored[k]!r}, this run asks for {v!r}"
+        for k, v in (asked or {}).items()
+        if k in stored and v is not None and v != stored[k]
+    ]
     if conflicts:
-        raise UserInputError(f"cannot resume study {plan.name!r} with another race ({'; '.join(conflicts)}); drop "
-                             "these flags to resume it as it was made, or choose a new --study")
+        raise UserInputError(
+            f"cannot resume study {plan.name!r} with another race ({'; '.join(conflicts)}); drop "
+            "these flags to resume it as it was made, or choose a new --study"
+        )
     space = dataclasses.replace(plan.space, search=dataclasses.replace(plan.space.search, **stored))
     return dataclasses.replace(plan, space=space, config=study_config(space, plan.model, plan.budget, plan.dtype))
 
@@ -308,8 +350,9 @@ def search_differences(settings: StudySettings, space: SpaceConfig, pruner_flag:
     return diffs
 
 
-def check_resume(storage: optuna.storages.BaseStorage | None, spec: StorageSpec, plan: StudyPlan,
-                 pruner: str | None) -> StudySettings | None:
+def check_resume(
+    storage: optuna.storages.BaseStorage | None, spec: StorageSpec, plan: StudyPlan, pruner: str | None
+) -> StudySettings | None:
     """The stored settings of an existing study of that name (None if new, or stored without them); refuses
     incompatible resumes. `storage`: the storage already open on `spec`, None where there is none yet."""
     study = stored_study(storage, plan.name)
@@ -328,8 +371,10 @@ def check_resume(storage: optuna.storages.BaseStorage | None, spec: StorageSpec,
     if settings is not None:
         diffs += search_differences(settings, plan.space, pruner)
     if diffs:
-        raise UserInputError(f"cannot resume study {plan.name!r} with another configuration ({'; '.join(diffs)}); "
-                             "rerun with the study's settings or choose a new --study")
+        raise UserInputError(
+            f"cannot resume study {plan.name!r} with another configuration ({'; '.join(diffs)}); "
+            "rerun with the study's settings or choose a new --study"
+        )
     return settings
 
 

@@ -35,6 +35,7 @@ class TrialStarted:
 @dataclass(frozen=True)
 class Step:
     """A training step of the run in progress (of a fused group: of its first member)."""
+
     step: int
     steps: int
     loss: float
@@ -52,6 +53,7 @@ class TrialFinished:
 @dataclass(frozen=True)
 class ReferenceStarted:
     """Reference run `index` (0-based) of the `count` this worker trains after the trials."""
+
     name: str
     index: int
     count: int
@@ -69,6 +71,7 @@ class ReferenceFinished:
 class RunsStarted:
     """Runs of the race (or of `audit`) beyond the trials, trained together: one, or a fused group; each
     (map key, steps, seed)."""
+
     runs: tuple[tuple[str, int, int], ...]
     kind: RunKind = "race"
     worker: int | None = None
@@ -77,6 +80,7 @@ class RunsStarted:
 @dataclass(frozen=True)
 class RunFinished:
     """One race or audit run stored: its result (val_ppl None where it diverged)."""
+
     map_key: str
     steps: int
     seed: int
@@ -91,8 +95,17 @@ class Message:
     worker: int | None = None
 
 
-Event = (StudyStarted | TrialStarted | Step | TrialFinished | ReferenceStarted | ReferenceFinished | RunsStarted
-         | RunFinished | Message)
+Event = (
+    StudyStarted
+    | TrialStarted
+    | Step
+    | TrialFinished
+    | ReferenceStarted
+    | ReferenceFinished
+    | RunsStarted
+    | RunFinished
+    | Message
+)
 
 
 class RunReporter:

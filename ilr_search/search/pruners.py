@@ -32,9 +32,9 @@ from typing import Any, Protocol
 
 import optuna
 
-from ilr_search.config import PrunerSettings, SpaceConfig
 from ilr_search.analysis.pareto import dominates, non_dominated_ranks
 from ilr_search.analysis.stats import rank_agreement
+from ilr_search.config import PrunerSettings, SpaceConfig
 from ilr_search.storage import CurvePoint, Store
 
 
@@ -129,13 +129,18 @@ def pareto_verdict(me: CurvePoint, peers: Sequence[CurvePoint], eta: float, epsi
     front_loss = min(p.val_loss for i, p in enumerate(points) if ranks[i] == 0 and p.flops_ratio <= me.flops_ratio)
     if me.val_loss <= front_loss * (1 + epsilon):
         return Verdict(True, f"loss {me.val_loss:.4f} within {epsilon:.1%} of the front's {front_loss:.4f}", dominators)
-    return Verdict(False, f"pruned at step {me.step}: loss {me.val_loss:.4f} at {me.flops_ratio:.3f}x is dominated by "
-                          f"trial(s) {', '.join(map(str, dominators))} and ranks {position + 1} of {len(points)} "
-                          f"(best {keep_n} continue)", dominators)
+    return Verdict(
+        False,
+        f"pruned at step {me.step}: loss {me.val_loss:.4f} at {me.flops_ratio:.3f}x is dominated by "
+        f"trial(s) {', '.join(map(str, dominators))} and ranks {position + 1} of {len(points)} "
+        f"(best {keep_n} continue)",
+        dominators,
+    )
 
 
-def _within_best(me: CurvePoint, points: Sequence[CurvePoint], eta: float,
-                 dominators: tuple[int, ...]) -> Verdict | None:
+def _within_best(
+    me: CurvePoint, points: Sequence[CurvePoint], eta: float, dominators: tuple[int, ...]
+) -> Verdict | None:
     """Keep `me` if it ranks within the best ceil(n / eta) of the rung's maps (rank by loss); else None."""
     position, _ = _rank_position(me, points)
     keep_n = max(1, math.ceil(len(points) / eta))
@@ -144,35 +149,53 @@ def _within_best(me: CurvePoint, points: Sequence[CurvePoint], eta: float,
     return None
 
 
-def calibrated_verdict(me: CurvePoint, peers: Sequence[CurvePoint], calibration: RungCalibration,
-                       settings: PrunerSettings) -> Verdict:
+def calibrated_verdict(
+    me: CurvePoint, peers: Sequence[CurvePoint], calibration: RungCalibration, settings: PrunerSettings
+) -> Verdict:
     """The default rule: prune only where the study's own complete curves show the rung predicts the end, and
     only a map that a no-dearer map leads by more than any lead the end was seen to overturn."""
     if calibration.n_maps < settings.calibration_maps:
-        return Verdict(True, f"calibrating step {me.step}: {calibration.n_maps} of {settings.calibration_maps} "
-                             "complete maps needed before this rung may prune")
+        return Verdict(
+            True,
+            f"calibrating step {me.step}: {calibration.n_maps} of {settings.calibration_maps} "
+            "complete maps needed before this rung may prune",
+        )
     rho = calibration.spearman
     if rho is None or rho < settings.min_spearman:
         shown = "undefined" if rho is None else f"{rho:+.2f}"
-        return Verdict(True, f"step {me.step} does not predict the final ranking (Spearman {shown} over "
-                             f"{calibration.n_maps} maps, {settings.min_spearman:.2f} needed): no pruning there")
+        return Verdict(
+            True,
+            f"step {me.step} does not predict the final ranking (Spearman {shown} over "
+            f"{calibration.n_maps} maps, {settings.min_spearman:.2f} needed): no pruning there",
+        )
     points = _distinct_maps(me, peers)
     margin = calibration.margin
-    dominators = tuple(p.trial_number for p in points if p.map_key != me.map_key and p.flops_ratio <= me.flops_ratio
-                       and p.val_loss * (1 + settings.epsilon) + margin < me.val_loss)
+    dominators = tuple(
+        p.trial_number
+        for p in points
+        if p.map_key != me.map_key
+        and p.flops_ratio <= me.flops_ratio
+        and p.val_loss * (1 + settings.epsilon) + margin < me.val_loss
+    )
     if not dominators:
-        return Verdict(True, f"no map at {me.flops_ratio:.3f}x or less leads by more than the margin "
-                             f"{margin:.4f} (the largest lead the end overturned)")
+        return Verdict(
+            True,
+            f"no map at {me.flops_ratio:.3f}x or less leads by more than the margin "
+            f"{margin:.4f} (the largest lead the end overturned)",
+        )
     kept = _within_best(me, points, settings.eta, dominators)
     if kept is not None:
         return kept
-    return Verdict(False, f"pruned at step {me.step}: loss {me.val_loss:.4f} at {me.flops_ratio:.3f}x trails "
-                          f"trial(s) {', '.join(map(str, dominators))} by more than the margin {margin:.4f}; "
-                          f"Spearman {rho:+.2f} over {calibration.n_maps} complete maps at this rung", dominators)
+    return Verdict(
+        False,
+        f"pruned at step {me.step}: loss {me.val_loss:.4f} at {me.flops_ratio:.3f}x trails "
+        f"trial(s) {', '.join(map(str, dominators))} by more than the margin {margin:.4f}; "
+        f"Spearman {rho:+.2f} over {calibration.n_maps} complete maps at this rung",
+        dominators,
+    )
 
 
-def verdict_at_rung(me: CurvePoint, points: Sequence[CurvePoint], final_step: int,
-                    settings: PrunerSettings) -> Verdict:
+def verdict_at_rung(me: CurvePoint, points: Sequence[CurvePoint], final_step: int, settings: PrunerSettings) -> Verdict:
     """The verdict of the study's rule for `me`, given every point of the study's curves (all steps)."""
     at_rung = [p for p in points if p.step == me.step]
     if settings.name == "pareto-eager":
@@ -189,8 +212,9 @@ class PruningDecision:
 
 
 class Pruner(Protocol):
-    def decide(self, trial: optuna.Trial, step: int, val_loss: float, flops_ratio: float,
-               map_key: str) -> PruningDecision | None:
+    def decide(
+        self, trial: optuna.Trial, step: int, val_loss: float, flops_ratio: float, map_key: str
+    ) -> PruningDecision | None:
         """None to continue; else why the trial stops here."""
 
 
@@ -200,8 +224,9 @@ class ParetoPruner:
     def __init__(self, store: Store, settings: PrunerSettings, final_step: int) -> None:
         self.store, self.settings, self.final_step = store, settings, final_step
 
-    def decide(self, trial: optuna.Trial, step: int, val_loss: float, flops_ratio: float,
-               map_key: str) -> PruningDecision | None:
+    def decide(
+        self, trial: optuna.Trial, step: int, val_loss: float, flops_ratio: float, map_key: str
+    ) -> PruningDecision | None:
         if step not in self.settings.rungs:
             return None
         me = CurvePoint(trial.number, step, val_loss, flops_ratio, map_key)
@@ -218,8 +243,9 @@ class MedianPruning:
     def __init__(self, store: Store, settings: PrunerSettings) -> None:
         self.store, self.rungs = store, set(settings.rungs)
 
-    def decide(self, trial: optuna.Trial, step: int, val_loss: float, flops_ratio: float,
-               map_key: str) -> PruningDecision | None:
+    def decide(
+        self, trial: optuna.Trial, step: int, val_loss: float, flops_ratio: float, map_key: str
+    ) -> PruningDecision | None:
         if step not in self.rungs:
             return None
         trial.report(val_loss, step)
@@ -240,6 +266,12 @@ def build_pruner(settings: PrunerSettings, store: Store, final_step: int) -> Pru
 
 def pruner_settings(space: SpaceConfig) -> PrunerSettings:
     s = space.search
-    return PrunerSettings(name=s.pruner, rungs=tuple(space.train.eval_steps[:-1]), eta=s.prune_eta,
-                          epsilon=s.prune_epsilon, warmup=s.prune_warmup, calibration_maps=s.prune_calibration_maps,
-                          min_spearman=s.prune_min_spearman)
+    return PrunerSettings(
+        name=s.pruner,
+        rungs=tuple(space.train.eval_steps[:-1]),
+        eta=s.prune_eta,
+        epsilon=s.prune_epsilon,
+        warmup=s.prune_warmup,
+        calibration_maps=s.prune_calibration_maps,
+        min_spearman=s.prune_min_spearman,
+    )

@@ -5,8 +5,8 @@ Every result of the study is read as one (map, steps, seed) evaluation: the tria
 length and the space's seed, the reference runs (the baseline and the best map at extra seeds), and the
 longer or extra-seed runs. Those are the race runs (table ilr_race_runs, a run at steps = f x the proxy's
 steps being one of factor f): the race and `ilr-search audit` train, claim and read the same rows (an audit's
-runs are race runs too), so neither trains what the other has. Each run is claimed per (map, steps, seed) with a heartbeat
-before it is trained and its result stored when it ends, so kill -9 loses no finished result, the same
+runs are race runs too), so neither trains what the other has. Each run is claimed per (map, steps, seed) with a
+heartbeat before it is trained and its result stored when it ends, so kill -9 loses no finished result, the same
 command resumes, and concurrent workers never train one run twice.
 """
 
@@ -26,27 +26,35 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from ilr_search.config import ModelConfig, SpaceConfig, TrainConfig
-from ilr_search.data.tokens import TokenData
-from ilr_search.training.flops import baseline_flops_per_token, flops_ratio, forward_flops_per_token
-from ilr_search.training.flops import param_count
-from ilr_search.knobs import config_key
 from ilr_search.analysis.answer import Answer, Trust, race_answer, unraced_answer
-from ilr_search.analysis.race_core import REFERENCE_SOURCE, RUN_SOURCE, TRIAL_SOURCE, StoredResult
 from ilr_search.analysis.map_key import key_text
+from ilr_search.analysis.race_core import REFERENCE_SOURCE, RUN_SOURCE, TRIAL_SOURCE, StoredResult
 from ilr_search.analysis.race_report import RaceReport
 from ilr_search.analysis.racing import FrontPoint, RaceJob, RaceSettings, RaceState, race_state
-from ilr_search.analysis.results import (DEEP_PREFIX, REFERENCE_PREFIX, is_deep_key, as_list, finite_or_none, is_baseline_key, key_reuse_map, map_text,
-                                         knobs_text, study_front, trained_by_map, trained_trials)
-from ilr_search.analysis.trials import Trial, trial_records
-from ilr_search.training.schedule import format_reuse_map, map_of_key, reuse_map_schedule
-from ilr_search.storage import RaceRunJob, RaceRun, Heartbeat, Store, grace_period, heartbeat_interval
-from ilr_search.training.jobs import fusable
-
+from ilr_search.analysis.results import (
+    DEEP_PREFIX,
+    REFERENCE_PREFIX,
+    as_list,
+    finite_or_none,
+    is_baseline_key,
+    is_deep_key,
+    key_reuse_map,
+    knobs_text,
+    map_text,
+    study_front,
+    trained_by_map,
+    trained_trials,
+)
+from ilr_search.analysis.trials import Trial, TrialRecord, trial_records
+from ilr_search.config import ModelConfig, SpaceConfig, TrainConfig
+from ilr_search.data.tokens import TokenData
+from ilr_search.knobs import config_key
 from ilr_search.search.plan import CONFIG_ATTR, LR_SCHEDULE_FIELDS, StudyPlan, safe_name
 from ilr_search.search.progress import Message, RunFinished, RunKind, RunReporter, RunsStarted, step_callback
-
-
+from ilr_search.storage import Heartbeat, RaceRun, RaceRunJob, Store, grace_period, heartbeat_interval
+from ilr_search.training.flops import baseline_flops_per_token, flops_ratio, forward_flops_per_token, param_count
+from ilr_search.training.jobs import fusable
+from ilr_search.training.schedule import format_reuse_map, map_of_key, reuse_map_schedule
 
 FINAL_STATES = ("complete", "failed")  # of a race run; failed: the run diverged, it is not trained again
 
@@ -63,16 +71,34 @@ def race_settings(config: Mapping[str, Any], max_steps: int | None = None) -> Ra
     base_steps, seed, search = space.train.steps, space.train.seed, space.search
     target = max(base_steps, round(search.target * base_steps))
     if search.race_policy == "fixed":
-        return RaceSettings(base_steps, target, tuple(seed + i for i in range(search.race_seeds)),
-                            max_contenders=search.race_contenders, policy="fixed", max_steps=max_steps or None)
+        return RaceSettings(
+            base_steps,
+            target,
+            tuple(seed + i for i in range(search.race_seeds)),
+            max_contenders=search.race_contenders,
+            policy="fixed",
+            max_steps=max_steps or None,
+        )
     model = space.model
-    share = (param_count(dataclasses.replace(model, n_layers=model.n_layers + 1)) - param_count(model)) / param_count(model)
-    frozen = base_steps == 0  # a frozen study: a seed is a chunk of held-out windows, and there is no deeper plain model
-    return RaceSettings(base_steps, target, tuple(seed + i for i in range(search.max_seeds)),
-                        max_contenders=search.race_contenders, policy="adaptive", min_seeds=search.race_seeds,
-                        screen=search.race_screen, max_steps=max_steps or None,
-                        equal_compute=search.equal_compute == "depth" and not frozen, layer_param_share=share,
-                        frozen=frozen)
+    share = (param_count(dataclasses.replace(model, n_layers=model.n_layers + 1)) - param_count(model)) / param_count(
+        model
+    )
+    frozen = (
+        base_steps == 0
+    )  # a frozen study: a seed is a chunk of held-out windows, and there is no deeper plain model
+    return RaceSettings(
+        base_steps,
+        target,
+        tuple(seed + i for i in range(search.max_seeds)),
+        max_contenders=search.race_contenders,
+        policy="adaptive",
+        min_seeds=search.race_seeds,
+        screen=search.race_screen,
+        max_steps=max_steps or None,
+        equal_compute=search.equal_compute == "depth" and not frozen,
+        layer_param_share=share,
+        frozen=frozen,
+    )
 
 
 def races(settings: RaceSettings) -> bool:
@@ -85,8 +111,9 @@ def races(settings: RaceSettings) -> bool:
 def lr_schedule(config: Mapping[str, Any]) -> str:
     """The learning-rate schedule every run of the study is trained with (train.lr_at), over its own length."""
     train = config["train"]
-    return TrainConfig(**{k: train[k] for k in (*LR_SCHEDULE_FIELDS, "warmup_frac", "min_lr_frac")
-                          if k in train}).lr_schedule_text()
+    return TrainConfig(
+        **{k: train[k] for k in (*LR_SCHEDULE_FIELDS, "warmup_frac", "min_lr_frac") if k in train}
+    ).lr_schedule_text()
 
 
 def factor_key(steps: int, base_steps: int) -> str:
@@ -99,8 +126,9 @@ def race_run_job(job: RaceJob, base_steps: int) -> RaceRunJob:
     return RaceRunJob(factor_key(job.steps, base_steps), job.seed, job.map_key)
 
 
-def stored_results(trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows: Sequence[RaceRun]
-                   ) -> list[StoredResult]:
+def stored_results(
+    trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows: Sequence[RaceRun]
+) -> list[StoredResult]:
     """Every finished result of the study, one per (map, steps, seed): the trials' at the proxy's length
     (complete or diverged; a pruned trial has no result at a length the race knows), the reference runs of
     reuse maps, and the finished race runs; the first source of a (map, steps, seed) wins, in that
@@ -113,30 +141,63 @@ def stored_results(trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows
         if t.state == TrialState.PRUNED:
             continue
         loss = t.val_loss if t.state == TrialState.COMPLETE else None
-        found.append(StoredResult(t.map_key, t.flops_ratio, base_steps, base_seed, schedule, loss,
-                                  t.val_ppl if loss is not None else None,
-                                  t.val_bpb if loss is not None else None, f"{TRIAL_SOURCE}{t.number}"))
+        assert t.map_key is not None and t.flops_ratio is not None  # a trial that trained its map has both
+        found.append(
+            StoredResult(
+                t.map_key,
+                t.flops_ratio,
+                base_steps,
+                base_seed,
+                schedule,
+                loss,
+                t.val_ppl if loss is not None else None,
+                t.val_bpb if loss is not None else None,
+                f"{TRIAL_SOURCE}{t.number}",
+            )
+        )
     for name, ref in sorted(study_attrs.items()):
         if not name.startswith(REFERENCE_PREFIX) or not ref.get("reuse_map"):  # block recurrence is no reuse map
             continue
         ppl = ref.get("val_ppl")
         key = config_key(ref.get("map") or format_reuse_map(ref["reuse_map"]), ref.get("knobs", {}))
-        found.append(StoredResult(key, float(ref["flops_ratio"]), base_steps, int(ref["seed"]), schedule,
-                                  math.log(ppl) if ppl else None, ppl, ref.get("val_bpb"),
-                                  f"{REFERENCE_SOURCE}{name[len(REFERENCE_PREFIX):]}"))
+        found.append(
+            StoredResult(
+                key,
+                float(ref["flops_ratio"]),
+                base_steps,
+                int(ref["seed"]),
+                schedule,
+                math.log(ppl) if ppl else None,
+                ppl,
+                ref.get("val_bpb"),
+                f"{REFERENCE_SOURCE}{name[len(REFERENCE_PREFIX) :]}",
+            )
+        )
     for r in rows:
         if r.state in FINAL_STATES:
             loss = r.val_loss if r.state == "complete" else None
-            found.append(StoredResult(r.job.map_key, r.flops_ratio, r.steps, r.job.seed, schedule, loss,
-                                      r.val_ppl if loss is not None else None, r.val_bpb, f"{RUN_SOURCE}{r.job.factor}x"))
+            found.append(
+                StoredResult(
+                    r.job.map_key,
+                    r.flops_ratio,
+                    r.steps,
+                    r.job.seed,
+                    schedule,
+                    loss,
+                    r.val_ppl if loss is not None else None,
+                    r.val_bpb,
+                    f"{RUN_SOURCE}{r.job.factor}x",
+                )
+            )
     unique: dict[tuple[str, int, int], StoredResult] = {}
     for result in found:
         unique.setdefault((result.map_key, result.steps, result.seed), result)
     return list(unique.values())
 
 
-def study_race(trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows: Sequence[RaceRun],
-               max_steps: int | None = None) -> tuple[RaceSettings, list[StoredResult], RaceState]:
+def study_race(
+    trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows: Sequence[RaceRun], max_steps: int | None = None
+) -> tuple[RaceSettings, list[StoredResult], RaceState]:
     """The race's settings, the study's results, and the policy's decision on them. The policy sees the maps
     a trial trained to the proxy's length (and the baseline), and the equal-compute references (deepR): a pruned
     map that the audit retrained is no contender, and the race does not train it to the proxy's length to make it
@@ -156,7 +217,7 @@ def deep_model(model: ModelConfig, key: str) -> ModelConfig:
 
 
 def layer_runs_of_deep(key: str) -> int:
-    return int(key[len(DEEP_PREFIX):])
+    return int(key[len(DEEP_PREFIX) :])
 
 
 def json_interval(interval: tuple[float, float]) -> list[float | None]:
@@ -165,20 +226,37 @@ def json_interval(interval: tuple[float, float]) -> list[float | None]:
     return [low, high] if math.isfinite(low) and math.isfinite(high) and low > 0 else [None, None]
 
 
-RACE_POINT_FIELDS = ("steps", "seeds", "interval", "confirmed", "reference")  # what a race front point adds to a proxy one
+RACE_POINT_FIELDS = (
+    "steps",
+    "seeds",
+    "interval",
+    "confirmed",
+    "reference",
+)  # what a race front point adds to a proxy one
 
 
 def proxy_points(trials: Sequence[Trial], settings: RaceSettings) -> tuple[FrontPoint, ...]:
     """The proxy's front (study_front) as front points: the proxy's length, the space's seed, no interval, not
     confirmed."""
     records = trial_records(trials)
-    keys = {r.number: r.map_key for r in records}
-    return tuple(FrontPoint(keys[p["trial"]], p["flops_ratio"], settings.base_steps,
-                            settings.seeds[:1], p["val_ppl"], (0.0, math.inf), False) for p in study_front(records))
+    keys = {r.number: r.map_key for r in records if r.map_key is not None}  # the front's trials all have theirs
+    return tuple(
+        FrontPoint(
+            keys[p["trial"]],
+            p["flops_ratio"],
+            settings.base_steps,
+            settings.seeds[:1],
+            p["val_ppl"],
+            (0.0, math.inf),
+            False,
+        )
+        for p in study_front(records)
+    )
 
 
-def front_rows(points: Sequence[FrontPoint], trials: Sequence[Trial], results: Sequence[StoredResult]
-               ) -> list[dict[str, Any]]:
+def front_rows(
+    points: Sequence[FrontPoint], trials: Sequence[Trial], results: Sequence[StoredResult]
+) -> list[dict[str, Any]]:
     """Front points as the `pareto` items of `run --json` and `pareto --json`: each point's trial, map, knobs
     and FLOPs, its mean perplexity over its seeds at its length, the interval, and whether it is confirmed (better
     than the cheaper points; val_bpb: the mean over the same runs). The baseline is the reference the others are
@@ -189,16 +267,24 @@ def front_rows(points: Sequence[FrontPoint], trials: Sequence[Trial], results: S
     for p in points:
         t = by_key.get(p.map_key)
         bpbs = [bpb.get((p.map_key, p.steps, s)) for s in p.seeds]
-        rows.append({"trial": t.number if t is not None else None,
-                     "reuse_map": as_list(t.reuse_map) if t is not None else key_reuse_map(p.map_key),
-                     "map": map_text(p.map_key),
-                     "knobs": knobs_text(t) if t is not None else None, "flops_ratio": p.flops_ratio,
-                     "val_ppl": p.val_ppl,
-                     "val_bpb": sum(bpbs) / len(bpbs) if bpbs and None not in bpbs else None,
-                     "params": t.param_count if t is not None else None,
-                     "steps": p.steps, "seeds": list(p.seeds), "interval": json_interval(p.interval),
-                     "confirmed": p.confirmed and not is_baseline_key(p.map_key),
-                     "reference": is_baseline_key(p.map_key)})
+        known_bpbs = [b for b in bpbs if b is not None]
+        rows.append(
+            {
+                "trial": t.number if t is not None else None,
+                "reuse_map": as_list(t.reuse_map) if t is not None else key_reuse_map(p.map_key),
+                "map": map_text(p.map_key),
+                "knobs": knobs_text(t) if t is not None else None,
+                "flops_ratio": p.flops_ratio,
+                "val_ppl": p.val_ppl,
+                "val_bpb": sum(known_bpbs) / len(bpbs) if bpbs and len(known_bpbs) == len(bpbs) else None,
+                "params": t.param_count if t is not None else None,
+                "steps": p.steps,
+                "seeds": list(p.seeds),
+                "interval": json_interval(p.interval),
+                "confirmed": p.confirmed and not is_baseline_key(p.map_key),
+                "reference": is_baseline_key(p.map_key),
+            }
+        )
     return rows
 
 
@@ -213,8 +299,15 @@ def race_report(trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows: S
     points = decided_points(trials, settings, state)
     equal = equal_compute_report(state.equal_compute, SpaceConfig.from_dict(study_attrs[CONFIG_ATTR]).model)
     front = front_rows(points, trials, results)
-    return RaceReport(settings, tuple(results), state, tuple(front), decided_best(state, front), equal,
-                      study_answer(study_attrs, settings, results, state))
+    return RaceReport(
+        settings,
+        tuple(results),
+        state,
+        tuple(front),
+        decided_best(state, front),
+        equal,
+        study_answer(study_attrs, settings, results, state),
+    )
 
 
 def foreign_answer(trials: Sequence[Trial]) -> Answer:
@@ -229,22 +322,28 @@ def replicate_unit(settings: RaceSettings) -> str:
     return settings.words.unit
 
 
-def study_answer(study_attrs: Mapping[str, Any], settings: RaceSettings, results: Sequence[StoredResult],
-                 state: RaceState) -> Answer:
+def study_answer(
+    study_attrs: Mapping[str, Any], settings: RaceSettings, results: Sequence[StoredResult], state: RaceState
+) -> Answer:
     """The study's answer line and details (analysis/answer.py): the race's, with the plain model's mean perplexity
     at the race's length and the screen's proxy-to-target rank agreement; where the race trains nothing, that no map
     was tested."""
     if not races(settings):
-        return unraced_answer(f"the race is off (one {replicate_unit(settings)} at the proxy's length, no test)",
-                              settings.base_steps)
+        return unraced_answer(
+            f"the race is off (one {replicate_unit(settings)} at the proxy's length, no test)", settings.base_steps
+        )
     steps = state.level_steps or settings.target_steps
     baseline = format_reuse_map([1] * int(study_attrs[CONFIG_ATTR]["model"]["n_layers"]))
     losses = [r.val_loss for r in results if r.map_key == baseline and r.steps == steps and r.val_loss is not None]
     baseline_ppl = math.exp(math.fsum(losses) / len(losses)) if losses else None
     agreement = (state.screen or {}).get("agreement") or {}
-    trust = (Trust(agreement["spearman"], agreement["maps"], settings.base_steps, settings.target_steps)
-             if agreement.get("spearman") is not None and agreement.get("maps", 0) >= 3
-             and settings.target_steps > settings.base_steps else None)
+    trust = (
+        Trust(agreement["spearman"], agreement["maps"], settings.base_steps, settings.target_steps)
+        if agreement.get("spearman") is not None
+        and agreement.get("maps", 0) >= 3
+        and settings.target_steps > settings.base_steps
+        else None
+    )
     return race_answer(state, settings, baseline, baseline_ppl, replicate_unit(settings), trust)
 
 
@@ -268,9 +367,14 @@ def decided_best(state: RaceState, rows: Sequence[Mapping[str, Any]]) -> dict[st
     if state.best is None:
         return None
     row = next((r for r in rows if key_text(r["map"], r["knobs"]) == state.best), None)
-    return {"map": state.best, "beats_baseline": state.best in state.confirmed_better, "done": state.done,
-            "val_ppl": row["val_ppl"] if row else None, "steps": row["steps"] if row else None,
-            "seeds": row["seeds"] if row else None}
+    return {
+        "map": state.best,
+        "beats_baseline": state.best in state.confirmed_better,
+        "done": state.done,
+        "val_ppl": row["val_ppl"] if row else None,
+        "steps": row["steps"] if row else None,
+        "seeds": row["seeds"] if row else None,
+    }
 
 
 def equal_compute_report(equal: Mapping[str, Any] | None, model: ModelConfig) -> dict[str, Any] | None:
@@ -278,12 +382,16 @@ def equal_compute_report(equal: Mapping[str, Any] | None, model: ModelConfig) ->
     if equal is None:
         return None
     deep = deep_model(model, equal["reference"])
-    return dict(equal) | {"params": param_count(deep), "baseline_params": param_count(model),
-                          "params_ratio": param_count(deep) / param_count(model)}
+    return dict(equal) | {
+        "params": param_count(deep),
+        "baseline_params": param_count(model),
+        "params_ratio": param_count(deep) / param_count(model),
+    }
 
 
 # ----------------------------------------------------------------------------------------------------
 # Training the runs (the race's and the audit's)
+
 
 def is_finished(store: Store, job: RaceRunJob) -> bool:
     return any(r.job == job and r.state in FINAL_STATES for r in store.race_runs())
@@ -302,6 +410,7 @@ def run_checkpoint(folder: Path, job: RaceRunJob) -> Path:
 @dataclass(frozen=True)
 class ClaimedRun:
     """A race run: what to train and where its result goes."""
+
     job: RaceRunJob
     reuse_map: list[int]
     model: ModelConfig
@@ -312,8 +421,14 @@ class ClaimedRun:
     schedule: list[int] = dataclasses.field(default_factory=list)  # the layer order (a block's is not its counts')
 
 
-def planned_run(plan: StudyPlan, job: RaceJob, by_key: Mapping[str, Trial], train: TrainConfig, base_steps: int,
-                checkpoint_folder: Path) -> ClaimedRun | None:
+def planned_run(
+    plan: StudyPlan,
+    job: RaceJob,
+    by_key: Mapping[str, TrialRecord],
+    train: TrainConfig,
+    base_steps: int,
+    checkpoint_folder: Path,
+) -> ClaimedRun | None:
     """How to train a race job: a trial's map with its knobs, the baseline, or an equal-compute reference deepR
     (the study's model with R layers, every FLOP ratio against the study's own all-ones map); None for a map no
     trial of the study trained."""
@@ -332,32 +447,64 @@ def planned_run(plan: StudyPlan, job: RaceJob, by_key: Mapping[str, Trial], trai
         model = plan.trial_model(dict(trial.knobs) if trial is not None else {})
         ratio = flops_ratio(model, schedule)
         number = trial.number if trial is not None else 0
-    return ClaimedRun(stored, reuse_map, model, longer_train_config(train, job.steps, job.seed),
-                      run_checkpoint(checkpoint_folder, stored), number, ratio, schedule)
+    return ClaimedRun(
+        stored,
+        reuse_map,
+        model,
+        longer_train_config(train, job.steps, job.seed),
+        run_checkpoint(checkpoint_folder, stored),
+        number,
+        ratio,
+        schedule,
+    )
 
 
-def train_claimed(store: Store, runs: Sequence[ClaimedRun], worker: str, data: TokenData, reporter: RunReporter,
-                  kind: RunKind = "race") -> None:
+def train_claimed(
+    store: Store,
+    runs: Sequence[ClaimedRun],
+    worker: str,
+    data: TokenData,
+    reporter: RunReporter,
+    kind: RunKind = "race",
+) -> None:
     """Train claimed race or audit runs (of one model and length: one fused group where it can be, each at its own
     seed) under one heartbeat for all, and store each result (complete, or failed where it diverged); Ctrl-C frees
     them at once for the next attempt (their checkpoints stay)."""
-    from ilr_search.training.jobs import Job, train_jobs  # here, not at the top: reading a race's results loads no torch
+    from ilr_search.training.jobs import (  # here, not at the top: reading a race's results loads no torch
+        Job,
+        train_jobs,
+    )
 
     reporter.on(RunsStarted(tuple((r.job.map_key, r.train_cfg.steps, r.job.seed) for r in runs), kind))
-    jobs = [Job(r.model, r.schedule or reuse_map_schedule(r.reuse_map), r.train_cfg, checkpoint=r.checkpoint)
-            for r in runs]
+    jobs = [
+        Job(r.model, r.schedule or reuse_map_schedule(r.reuse_map), r.train_cfg, checkpoint=r.checkpoint) for r in runs
+    ]
+
+    def beat() -> bool:
+        for r in runs:
+            store.beat_race_run(r.job, worker)
+        return True  # the runs beat until they are trained
+
     try:
-        with Heartbeat(lambda: [store.beat_race_run(r.job, worker) for r in runs] and True):
+        with Heartbeat(beat):
             results = train_jobs(jobs, data, fuse=len(runs), on_step=step_callback(reporter))
     except KeyboardInterrupt:
         for r in runs:
             store.finish_race_run(r.job, worker, "interrupted", None, None, None, [], 0.0, "interrupted (Ctrl-C)")
         raise
-    for r, result in zip(runs, results):
+    for r, result in zip(runs, results, strict=True):
         state = "complete" if result.status == "ok" else "failed"
-        store.finish_race_run(r.job, worker, state, finite_or_none(result.val_loss), finite_or_none(result.val_ppl),
-                           finite_or_none(result.val_bpb), [(p.step, p.val_loss) for p in result.curve],
-                           result.train_seconds, result.reason)
+        store.finish_race_run(
+            r.job,
+            worker,
+            state,
+            finite_or_none(result.val_loss),
+            finite_or_none(result.val_ppl),
+            finite_or_none(result.val_bpb),
+            [(p.step, p.val_loss) for p in result.curve],
+            result.train_seconds,
+            result.reason,
+        )
         r.checkpoint.unlink(missing_ok=True)
         reporter.on(RunFinished(r.job.map_key, r.train_cfg.steps, r.job.seed, finite_or_none(result.val_ppl), kind))
 
@@ -367,8 +514,17 @@ RaceRunner = Callable[[StudyPlan, optuna.Study, Store, TokenData, RunReporter, P
 folder, fuse, max_steps)."""
 
 
-def run_race(plan: StudyPlan, study: optuna.Study, store: Store, data: TokenData, reporter: RunReporter,
-             checkpoint_folder: Path, fuse: int = 1, max_steps: int | None = None, workers: int = 1) -> RaceState:
+def run_race(
+    plan: StudyPlan,
+    study: optuna.Study,
+    store: Store,
+    data: TokenData,
+    reporter: RunReporter,
+    checkpoint_folder: Path,
+    fuse: int = 1,
+    max_steps: int | None = None,
+    workers: int = 1,
+) -> RaceState:
     """Train what the racing policy asks for, reading every result again after each run (or each fused group
     of up to `fuse` runs of one length and model), until it is done (or asks only for runs that exist); runs
     held by live workers are waited for. `max_steps`: the compute cap this run races under (stored with the study,
@@ -409,8 +565,11 @@ def run_race(plan: StudyPlan, study: optuna.Study, store: Store, data: TokenData
             waiting_said = False
             continue  # the decision may change with these results: read everything again
         if not held:  # only runs of maps no trial trained: this worker cannot train them
-            reporter.on(Message(f"race: cannot train {', '.join(j.map_key for j in open_jobs)} (no trial of the study "
-                                "trained it)"))
+            reporter.on(
+                Message(
+                    f"race: cannot train {', '.join(j.map_key for j in open_jobs)} (no trial of the study trained it)"
+                )
+            )
             break
         if not waiting_said:  # what is left is held by live workers: wait for them (or for them to go stale)
             reporter.on(Message("the race's remaining runs are being trained by other workers; waiting"))

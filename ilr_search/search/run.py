@@ -10,37 +10,71 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import optuna
 import sqlalchemy as sa
 from optuna.trial import FrozenTrial, TrialState
 
+from ilr_search.analysis.fidelity import best_recurrent
+from ilr_search.analysis.results import REFERENCE_PREFIX, finite_or_none, has_result, study_front, trial_row
+from ilr_search.analysis.trials import trial_records
 from ilr_search.config import SIZE_MAXIMA, SpaceConfig, StudySettings
 from ilr_search.data.tokens import TokenData, load_space_tokens
 from ilr_search.errors import StorageFullError, UserInputError
 from ilr_search.folders import check_can_create
-from ilr_search.analysis.fidelity import best_recurrent
-from ilr_search.analysis.trials import trial_records
-from ilr_search.training.flops import flops_ratio
 from ilr_search.knobs import KnobValue, config_key
-from ilr_search.analysis.results import REFERENCE_PREFIX, finite_or_none, has_result, study_front, trial_row
-from ilr_search.training.schedule import BlockMap, block_schedule, format_reuse_map, map_of_key
-from ilr_search.space import check_search_objective, validate_space
-from ilr_search.storage import JournalStore, study_storage, StorageSpec, Store, heartbeat_interval, open_storage, open_store, parse_storage
-from ilr_search.training.jobs import Job, groups, train_jobs
-
-from ilr_search.search.maps import EnqueuedMap, knobs_off, parse_enqueued, seed_params
 from ilr_search.search.fused_trials import FusedSearchRun
-from ilr_search.search.objective import SearchRun, SurplusTrial, TrialDiverged, TrialTakenOver, sweep_stale_journal_trials
-from ilr_search.search.plan import (CONFIG_ATTR, ENQUEUED_BLOCKS_ATTR, SAMPLER_ATTR, StudyLayout, StudyPlan, adopt_stored_dtype,
-    adopt_stored_race, canonical_config, check_resume, plan_study, record_layout, safe_name, stored_study)
-from ilr_search.search.progress import (Message, ReferenceFinished, ReferenceStarted, RunReporter, StudyStarted,
-                                        TrialFinished, step_callback)
-from ilr_search.search.race import RaceRunner, run_race
+from ilr_search.search.maps import EnqueuedMap, knobs_off, parse_enqueued, seed_params
+from ilr_search.search.objective import (
+    SearchRun,
+    SurplusTrial,
+    TrialDiverged,
+    TrialTakenOver,
+    sweep_stale_journal_trials,
+)
+from ilr_search.search.plan import (
+    CONFIG_ATTR,
+    ENQUEUED_BLOCKS_ATTR,
+    SAMPLER_ATTR,
+    StudyLayout,
+    StudyPlan,
+    adopt_stored_dtype,
+    adopt_stored_race,
+    canonical_config,
+    check_resume,
+    plan_study,
+    record_layout,
+    safe_name,
+    stored_study,
+)
+from ilr_search.search.progress import (
+    Message,
+    ReferenceFinished,
+    ReferenceStarted,
+    RunReporter,
+    StudyStarted,
+    TrialFinished,
+    step_callback,
+)
 from ilr_search.search.pruners import build_pruner, pruner_settings
+from ilr_search.search.race import RaceRunner, run_race
 from ilr_search.search.samplers import build_sampler, sampler_settings
 from ilr_search.search.studies import StudyReport, study_report
+from ilr_search.space import check_search_objective, validate_space
+from ilr_search.storage import (
+    JournalStore,
+    StorageSpec,
+    Store,
+    heartbeat_interval,
+    open_storage,
+    open_store,
+    parse_storage,
+    study_storage,
+)
+from ilr_search.training.flops import flops_ratio
+from ilr_search.training.jobs import Job, groups, train_jobs
+from ilr_search.training.schedule import BlockMap, block_schedule, format_reuse_map, map_of_key
 
 
 @dataclass(frozen=True)
@@ -69,8 +103,10 @@ class RunRequest:
     def check(self) -> None:
         """Bad numbers raise a UserInputError, before anything is opened."""
         if self.n_trials is not None and not 0 < self.n_trials <= SIZE_MAXIMA["search", "n_trials"]:
-            raise UserInputError(f"--n-trials must be a positive number of trials, at most "
-                                 f"{SIZE_MAXIMA['search', 'n_trials']:,}, got {self.n_trials}")
+            raise UserInputError(
+                f"--n-trials must be a positive number of trials, at most "
+                f"{SIZE_MAXIMA['search', 'n_trials']:,}, got {self.n_trials}"
+            )
         if self.timeout is not None and self.timeout <= 0:
             raise UserInputError(f"--timeout must be a positive number of seconds, got {self.timeout}")
         check_fuse(self.fuse)
@@ -86,8 +122,12 @@ class RunRequest:
         return self.n_trials or self.space.search.n_trials
 
 
-def run_study(request: RunRequest, reporter: RunReporter | None = None,
-              reference_share: tuple[int, int] = (0, 1), race_runner: RaceRunner | None = None) -> StudyReport:
+def run_study(
+    request: RunRequest,
+    reporter: RunReporter | None = None,
+    reference_share: tuple[int, int] = (0, 1),
+    race_runner: RaceRunner | None = None,
+) -> StudyReport:
     """Run (or resume) the study `request` asks for until it has its finished trials, then race its contenders
     at more seeds and up to the target length (race.py; unless request.race is False); returns the study's report
     (StudyReport: its answer, race, trials; `.to_json()` is what `run --json` prints). With `reference_share`
@@ -102,10 +142,9 @@ def run_study(request: RunRequest, reporter: RunReporter | None = None,
 
 
 @dataclass
-
-
 class PreparedStudy:
     """A study checked, created (or loaded) with its settings and first maps, and its tokens at hand."""
+
     space: SpaceConfig
     spec: StorageSpec
     plan: StudyPlan
@@ -124,16 +163,17 @@ def checked_request(request: RunRequest) -> tuple[StorageSpec, SpaceConfig, Stud
     request.check()
     space, plan = planned_space(request)
     if space.train.checkpoint_every or request.race:  # the race's runs always checkpoint
-        check_can_create(request.checkpoints, f"checkpoints in {str(request.checkpoints)!r}",
-                         "run in a writable folder")
+        check_can_create(
+            request.checkpoints, f"checkpoints in {str(request.checkpoints)!r}", "run in a writable folder"
+        )
     return spec, space, plan
 
 
 def planned_space(request: RunRequest) -> tuple[SpaceConfig, StudyPlan]:
     """The space with the request's sampler and pruner, checked, and the study it makes, its maps asked for
     checked too (nothing is opened)."""
-    search = dataclasses.replace(request.space.search, **{k: v for k, v in (("sampler", request.sampler),
-                                                                          ("pruner", request.pruner)) if v})
+    chosen: dict[str, Any] = {k: v for k, v in (("sampler", request.sampler), ("pruner", request.pruner)) if v}
+    search = dataclasses.replace(request.space.search, **chosen)
     space = frozen_space(dataclasses.replace(request.space, search=search), request)
     validate_space(space)
     check_search_objective(space)
@@ -150,14 +190,20 @@ def frozen_space(space: SpaceConfig, request: RunRequest) -> SpaceConfig:
     if space.train.steps != 0:
         return space
     if not space.model.init:
-        raise UserInputError("--train-steps 0 (a frozen search: maps only evaluated) needs a pretrained model: add "
-                             "--init PATH or hf:NAME")
+        raise UserInputError(
+            "--train-steps 0 (a frozen search: maps only evaluated) needs a pretrained model: add "
+            "--init PATH or hf:NAME"
+        )
     if request.pruner not in (None, "none"):
-        raise UserInputError(f"--pruner {request.pruner} cannot prune a frozen search (--train-steps 0): each trial "
-                             "is one evaluation, with no early perplexity to prune on; drop --pruner")
+        raise UserInputError(
+            f"--pruner {request.pruner} cannot prune a frozen search (--train-steps 0): each trial "
+            "is one evaluation, with no early perplexity to prune on; drop --pruner"
+        )
     if dict(request.asked_race).get("equal_compute") == "depth":
-        raise UserInputError("--equal-compute depth needs training: a frozen search (--train-steps 0) has no deeper "
-                             "plain model of the checkpoint to compare with; drop --equal-compute")
+        raise UserInputError(
+            "--equal-compute depth needs training: a frozen search (--train-steps 0) has no deeper "
+            "plain model of the checkpoint to compare with; drop --equal-compute"
+        )
     return dataclasses.replace(space, search=dataclasses.replace(space.search, pruner="none", equal_compute="off"))
 
 
@@ -169,9 +215,11 @@ def check_window_chunks(space: SpaceConfig, data: TokenData) -> None:
     needed = t.seed + max(s.max_seeds, s.race_seeds, s.noise_seeds + 1)
     have = data.window_chunks(t.eval_windows, space.model.seq_len)
     if have < needed:
-        raise UserInputError(f"a frozen search evaluates up to {needed} chunks of {t.eval_windows} disjoint held-out "
-                             f"windows of {space.model.seq_len + 1} tokens, and the validation split holds {have}; "
-                             "use more text, a larger val_fraction, fewer eval_windows or a smaller --max-seeds")
+        raise UserInputError(
+            f"a frozen search evaluates up to {needed} chunks of {t.eval_windows} disjoint held-out "
+            f"windows of {space.model.seq_len + 1} tokens, and the validation split holds {have}; "
+            "use more text, a larger val_fraction, fewer eval_windows or a smaller --max-seeds"
+        )
 
 
 def enqueue_texts(request: RunRequest, space: SpaceConfig) -> list[str]:
@@ -185,8 +233,10 @@ def enqueued_maps(plan: StudyPlan, enqueue: list[str]) -> list[EnqueuedMap]:
     raises a UserInputError."""
     search = plan.space.search
     max_runs = plan.budget.max_layer_runs(plan.model)
-    return [parse_enqueued(text, plan.model.n_layers, search.max_reuse, max_runs, search.knobs, search.families)
-            for text in enqueue]
+    return [
+        parse_enqueued(text, plan.model.n_layers, search.max_reuse, max_runs, search.knobs, search.families)
+        for text in enqueue
+    ]
 
 
 def prepare_study(request: RunRequest) -> PreparedStudy:
@@ -208,15 +258,26 @@ def prepare_study(request: RunRequest) -> PreparedStudy:
     if space.train.steps == 0:
         check_window_chunks(space, data)
     storage_obj = existing or open_storage(spec)
-    directions = ["minimize"] if space.search.objective == "ppl" else ["minimize", "minimize"]
+    directions: list[Literal["minimize"]] = (
+        ["minimize"] if space.search.objective == "ppl" else ["minimize", "minimize"]
+    )
     settings = stored_settings or StudySettings(
-        sampler_settings(space.search.sampler, space.train.seed, space.search.max_reuse),
-        pruner_settings(space))
+        sampler_settings(space.search.sampler, space.train.seed, space.search.max_reuse), pruner_settings(space)
+    )
     pruning = settings.pruner
-    optuna_pruner = optuna.pruners.MedianPruner(n_startup_trials=pruning.warmup, n_warmup_steps=0) \
-        if pruning.name == "median" else optuna.pruners.NopPruner()
-    study = optuna.create_study(study_name=plan.name, storage=storage_obj, directions=directions,
-                                sampler=optuna.samplers.RandomSampler(), pruner=optuna_pruner, load_if_exists=True)
+    optuna_pruner = (
+        optuna.pruners.MedianPruner(n_startup_trials=pruning.warmup, n_warmup_steps=0)
+        if pruning.name == "median"
+        else optuna.pruners.NopPruner()
+    )
+    study = optuna.create_study(
+        study_name=plan.name,
+        storage=storage_obj,
+        directions=directions,
+        sampler=optuna.samplers.RandomSampler(),
+        pruner=optuna_pruner,
+        load_if_exists=True,
+    )
     if spec.kind == "journal":  # trials of killed workers: failed and queued again (RDB: Optuna's heartbeat)
         sweep_stale_journal_trials(study)
     else:
@@ -237,8 +298,9 @@ def prepare_study(request: RunRequest) -> PreparedStudy:
         study.enqueue_trial(params, skip_if_exists=True)
     open_store(spec, plan.name, storage=storage_obj)  # the project's tables too, before any worker races to create them
     asked_target = request.target_trials
-    return PreparedStudy(space, spec, plan, study, settings, data, first.target,
-                         asked_target if first.target > asked_target else None)
+    return PreparedStudy(
+        space, spec, plan, study, settings, data, first.target, asked_target if first.target > asked_target else None
+    )
 
 
 def check_no_orphan_records(spec: StorageSpec, name: str, storage: optuna.storages.BaseStorage | None) -> None:
@@ -251,17 +313,22 @@ def check_no_orphan_records(spec: StorageSpec, name: str, storage: optuna.storag
     if not store.holds_records():
         return
     if isinstance(store, JournalStore):
-        raise UserInputError(f"{store.path} holds records of an earlier study named {name!r}, but the journal "
-                             f"{spec.path} does not have that study (was it deleted?); delete {store.path} "
-                             f"to start afresh, or name another --study")
-    raise UserInputError(f"the database holds ilr-search records of a study named {name!r} that Optuna no longer "
-                         f"has (was it deleted?); name another --study")
+        raise UserInputError(
+            f"{store.path} holds records of an earlier study named {name!r}, but the journal "
+            f"{spec.path} does not have that study (was it deleted?); delete {store.path} "
+            f"to start afresh, or name another --study"
+        )
+    raise UserInputError(
+        f"the database holds ilr-search records of a study named {name!r} that Optuna no longer "
+        f"has (was it deleted?); name another --study"
+    )
 
 
 @dataclass(frozen=True)
 class FirstTrials:
     """What a run enqueues before the sampler's first proposal: trial parameters in order, block K
     references asked for, and the finished trials the run goes to (raised where the maps asked for need it)."""
+
     params: list[dict[str, Any]]
     blocks: list[int]
     target: int
@@ -275,11 +342,15 @@ def first_trials(plan: StudyPlan, study: optuna.Study | None, target: int, enque
     search, n = plan.space.search, plan.model.n_layers
     max_runs = plan.budget.max_layer_runs(plan.model)
     asked = enqueued_maps(plan, enqueue)
-    seeds = [{**p, **knobs_off(search.knobs)} for p in seed_params(n, search.max_reuse, max_runs, search.families)] \
-        if search.enqueue_paper_maps else []  # with every searched knob off: the paper's model
+    seeds = (
+        [{**p, **knobs_off(search.knobs)} for p in seed_params(n, search.max_reuse, max_runs, search.families)]
+        if search.enqueue_paper_maps
+        else []
+    )  # with every searched knob off: the paper's model
     trials = study.get_trials(deepcopy=False) if study is not None else []
-    known = [t.params for t in trials if t.state != TrialState.FAIL or has_result(t)] + \
-        [t.system_attrs.get("fixed_params", {}) for t in trials if t.state == TrialState.WAITING]
+    known = [t.params for t in trials if t.state != TrialState.FAIL or has_result(t)] + [
+        t.system_attrs.get("fixed_params", {}) for t in trials if t.state == TrialState.WAITING
+    ]
     required: list[dict[str, Any]] = []
     for params in seeds[:1] + [a.params(search.knobs) for a in asked if a.block is None]:
         if params not in known and params not in required:
@@ -287,33 +358,60 @@ def first_trials(plan: StudyPlan, study: optuna.Study | None, target: int, enque
     counted = sum(has_result(t) or t.state in (TrialState.WAITING, TrialState.RUNNING) for t in trials)
     target = max(target, counted + len(required))
     fill = [p for p in seeds[1:] if p not in known and p not in required]
-    return FirstTrials(required + fill[:target - counted - len(required)], sorted({a.block for a in asked if a.block}),
-                       target)
+    return FirstTrials(
+        required + fill[: target - counted - len(required)], sorted({a.block for a in asked if a.block}), target
+    )
 
 
-def _run_study(request: RunRequest, reporter: RunReporter, reference_share: tuple[int, int],
-               race_runner: RaceRunner | None) -> StudyReport:
+def _run_study(
+    request: RunRequest, reporter: RunReporter, reference_share: tuple[int, int], race_runner: RaceRunner | None
+) -> StudyReport:
     timeout, fuse = request.timeout, request.fuse
     prepared = prepare_study(request)
-    space, spec, plan, study, settings, data = (prepared.space, prepared.spec, prepared.plan, prepared.study,
-                                                prepared.settings, prepared.data)
+    space, spec, plan, study, settings, data = (
+        prepared.space,
+        prepared.spec,
+        prepared.plan,
+        prepared.study,
+        prepared.settings,
+        prepared.data,
+    )
     store = open_store(spec, plan.name, storage=study_storage(study))
     # Worker k of the study (k = 0 for the first run, 1 for a resume or a second process...) samples from
     # stream k of the study's seed: reproducible, and concurrent workers do not propose the same maps.
-    study.sampler = build_sampler(settings.sampler, plan.model.n_layers, store.register_worker(), space.search.knobs,
-                                  space.search.max_reuse, plan.budget.max_layer_runs(plan.model),
-                                  space.search.families)
+    study.sampler = build_sampler(
+        settings.sampler,
+        plan.model.n_layers,
+        store.register_worker(),
+        space.search.knobs,
+        space.search.max_reuse,
+        plan.budget.max_layer_runs(plan.model),
+        space.search.families,
+    )
     target = prepared.target
     if prepared.target_raised_from is not None:
-        reporter.on(Message(f"--n-trials {prepared.target_raised_from} raised to {target}: the enqueued maps "
-                            "need trials of their own"))
-    run = FusedSearchRun(plan, spec, study, store, data, reporter, target,
-                    request.checkpoints / safe_name(plan.name),
-                    pruner=build_pruner(settings.pruner, store, space.train.steps))
+        reporter.on(
+            Message(
+                f"--n-trials {prepared.target_raised_from} raised to {target}: the enqueued maps "
+                "need trials of their own"
+            )
+        )
+    run = FusedSearchRun(
+        plan,
+        spec,
+        study,
+        store,
+        data,
+        reporter,
+        target,
+        request.checkpoints / safe_name(plan.name),
+        pruner=build_pruner(settings.pruner, store, space.train.steps),
+    )
     finished = _n_finished(study)
     reporter.on(StudyStarted(plan.name, target, finished))
     interrupted = False
     if finished < target:
+
         def report_trial(st: optuna.Study, ft: FrozenTrial) -> int:
             trials = st.get_trials(deepcopy=False)
             front = save_current_front(store, trials)
@@ -347,8 +445,15 @@ def _run_study(request: RunRequest, reporter: RunReporter, reference_share: tupl
                 if fuse > 1:
                     run.run_group(min(fuse, target - finished - running), report_trial)
                 else:
-                    study.optimize(run.objective, n_trials=1, timeout=left, catch=(TrialDiverged, SurplusTrial),
-                                   callbacks=[after_trial], gc_after_trial=False, show_progress_bar=False)
+                    study.optimize(
+                        run.objective,
+                        n_trials=1,
+                        timeout=left,
+                        catch=(TrialDiverged, SurplusTrial),
+                        callbacks=[after_trial],
+                        gc_after_trial=False,
+                        show_progress_bar=False,
+                    )
             except KeyboardInterrupt:
                 interrupted = True
             except (TrialTakenOver, ValueError):
@@ -360,8 +465,16 @@ def _run_study(request: RunRequest, reporter: RunReporter, reference_share: tupl
         train_references(run, reference_share, fuse)
         if request.race:  # contenders at more seeds and longer, until the racing policy has decided (race.py)
             try:
-                (race_runner or run_race)(plan, study, store, data, reporter, run.checkpoint_root / "audit", fuse,
-                                          plan.space.search.max_race_steps)
+                (race_runner or run_race)(
+                    plan,
+                    study,
+                    store,
+                    data,
+                    reporter,
+                    run.checkpoint_root / "audit",
+                    fuse,
+                    plan.space.search.max_race_steps,
+                )
             except KeyboardInterrupt:  # the run in training was freed for the next attempt; finished ones stay
                 interrupted = True
     save_current_front(store, study.get_trials(deepcopy=False))
@@ -375,8 +488,10 @@ def _run_study(request: RunRequest, reporter: RunReporter, reference_share: tupl
 
 def check_fuse(fuse: int) -> None:
     if isinstance(fuse, bool) or not isinstance(fuse, int) or not 1 <= fuse <= SIZE_MAXIMA["search", "fuse"]:
-        raise UserInputError(f"--fuse must be a positive number of maps trained at once (1: one at a time), at most "
-                             f"{SIZE_MAXIMA['search', 'fuse']:,}, got {fuse!r}")
+        raise UserInputError(
+            f"--fuse must be a positive number of maps trained at once (1: one at a time), at most "
+            f"{SIZE_MAXIMA['search', 'fuse']:,}, got {fuse!r}"
+        )
 
 
 def _disk_full_cause(e: BaseException | None) -> BaseException | None:
@@ -389,8 +504,6 @@ def _disk_full_cause(e: BaseException | None) -> BaseException | None:
 
 
 @contextmanager
-
-
 def disk_full_is_reported() -> Iterator[None]:
     try:
         yield
@@ -399,8 +512,10 @@ def disk_full_is_reported() -> Iterator[None]:
         if cause is None:
             raise
         text = str(getattr(cause, "orig", None) or cause).splitlines()
-        raise StorageFullError(f"the disk holding the storage or checkpoints is full ({text[0] if text else 'ENOSPC'}); "
-                               "free space, then rerun the same command to resume: finished trials are kept") from None
+        raise StorageFullError(
+            f"the disk holding the storage or checkpoints is full ({text[0] if text else 'ENOSPC'}); "
+            "free space, then rerun the same command to resume: finished trials are kept"
+        ) from None
 
 
 def _n_finished(study: optuna.Study) -> int:
@@ -416,8 +531,6 @@ def save_current_front(store: Store, trials: list[FrozenTrial]) -> list[dict[str
 
 
 @dataclass(frozen=True)
-
-
 class ReferenceRun:
     name: str
     schedule: list[int]
@@ -431,24 +544,39 @@ class ReferenceRun:
         return self.block_map or format_reuse_map(self.reuse_map or [])
 
 
-def reference_runs(plan: StudyPlan, trials: list[FrozenTrial], enqueued_blocks: Sequence[int] = ()) -> list[ReferenceRun]:
+def reference_runs(
+    plan: StudyPlan, trials: list[FrozenTrial], enqueued_blocks: Sequence[int] = ()
+) -> list[ReferenceRun]:
     """The study's reference runs, trained outside the sampler's view: the baseline at extra seeds (its
     seed-to-seed noise band), the best recurrent map (with its knobs) at a second seed (is its place real?),
     block recurrence K where the budget allows it, and the block K asked for with `--enqueue blockK`. The
     baseline and blocks run with the knobs off."""
     n, seed = plan.model.n_layers, plan.space.train.seed
-    runs = [ReferenceRun(f"baseline_seed{seed + i}", list(range(n)), seed + i, [1] * n)
-            for i in range(1, plan.space.search.noise_seeds + 1)]
+    runs = [
+        ReferenceRun(f"baseline_seed{seed + i}", list(range(n)), seed + i, [1] * n)
+        for i in range(1, plan.space.search.noise_seeds + 1)
+    ]
     best = best_recurrent(trials) if plan.space.search.noise_seeds else None
     if best is not None:
         best_map = map_of_key({r.number: r for r in trial_records(trials)}[best["trial"]].map_key or "", n)
-        runs.append(ReferenceRun("second_seed", best_map.schedule(), seed + 1, best["reuse_map"], best["knobs"],
-                                 best_map.key if isinstance(best_map, BlockMap) else None))
+        runs.append(
+            ReferenceRun(
+                "second_seed",
+                best_map.schedule(),
+                seed + 1,
+                best["reuse_map"],
+                best["knobs"],
+                best_map.key if isinstance(best_map, BlockMap) else None,
+            )
+        )
     blocks = set(enqueued_blocks)
     # With blocks searched, the whole stack run K times is the trial block:0-(L-1):K: no reference trains it again.
     if "block" in plan.space.search.families and "blocks" not in plan.space.search.families:
-        blocks |= {k for k in range(2, plan.space.search.max_reuse + 1)
-                   if plan.budget.allows(flops_ratio(plan.model, block_schedule(n, k)))}
+        blocks |= {
+            k
+            for k in range(2, plan.space.search.max_reuse + 1)
+            if plan.budget.allows(flops_ratio(plan.model, block_schedule(n, k)))
+        }
     runs += [ReferenceRun(f"block{k}", block_schedule(n, k), seed, None) for k in sorted(blocks)]
     return runs
 
@@ -464,28 +592,49 @@ def train_references(run: SearchRun, share: tuple[int, int] = (0, 1), fuse: int 
     missing = []
     for index, ref in enumerate(refs):
         stored = study.user_attrs.get(f"{REFERENCE_PREFIX}{ref.name}")
-        if index % n == k and not (stored is not None and stored.get("schedule") == ref.schedule
-                                   and stored.get("knobs", {}) == ref.knobs):
+        if index % n == k and not (
+            stored is not None and stored.get("schedule") == ref.schedule and stored.get("knobs", {}) == ref.knobs
+        ):
             missing.append(ref)
-    jobs = [Job(plan.trial_model(ref.knobs), ref.schedule,
-                dataclasses.replace(plan.space.train, dtype=plan.dtype, seed=ref.seed)) for ref in missing]
+    jobs = [
+        Job(
+            plan.trial_model(ref.knobs),
+            ref.schedule,
+            dataclasses.replace(plan.space.train, dtype=plan.dtype, seed=ref.seed),
+        )
+        for ref in missing
+    ]
     done = 0
     for members in groups(jobs, fuse):  # runs of one model train fused where the model can be
         for i in members:
             ref = missing[i]
             run.reporter.on(ReferenceStarted(ref.name, done, len(missing), plan.space.train.steps))
             key = config_key(ref.map_text, ref.knobs)
-            run.reporter.on(Message(f"training reference {ref.name}" + (f" (map {key}, seed {ref.seed})"
-                                                                         if ref.name == "second_seed" else "")
-                                    + (f" (fused, {len(members)} at once)" if len(members) > 1 else "")))
+            run.reporter.on(
+                Message(
+                    f"training reference {ref.name}"
+                    + (f" (map {key}, seed {ref.seed})" if ref.name == "second_seed" else "")
+                    + (f" (fused, {len(members)} at once)" if len(members) > 1 else "")
+                )
+            )
             done += 1
         results = train_jobs([jobs[i] for i in members], run.data, fuse, on_step=step_callback(run.reporter))
-        for i, result in zip(members, results):
+        for i, result in zip(members, results, strict=True):
             ref, model = missing[i], jobs[i].model
-            study.set_user_attr(f"{REFERENCE_PREFIX}{ref.name}", {
-                "schedule": ref.schedule, "seed": ref.seed, "flops_ratio": flops_ratio(model, ref.schedule),
-                "reuse_map": ref.reuse_map, "val_ppl": finite_or_none(result.val_ppl),
-                "val_bpb": finite_or_none(result.val_bpb), "status": result.status, "steps": result.steps,
-                "curve": [[p.step, p.val_loss] for p in result.curve]} | ({"knobs": ref.knobs} if ref.knobs else {})
-                | ({"map": ref.block_map} if ref.block_map else {}))
+            study.set_user_attr(
+                f"{REFERENCE_PREFIX}{ref.name}",
+                {
+                    "schedule": ref.schedule,
+                    "seed": ref.seed,
+                    "flops_ratio": flops_ratio(model, ref.schedule),
+                    "reuse_map": ref.reuse_map,
+                    "val_ppl": finite_or_none(result.val_ppl),
+                    "val_bpb": finite_or_none(result.val_bpb),
+                    "status": result.status,
+                    "steps": result.steps,
+                    "curve": [[p.step, p.val_loss] for p in result.curve],
+                }
+                | ({"knobs": ref.knobs} if ref.knobs else {})
+                | ({"map": ref.block_map} if ref.block_map else {}),
+            )
             run.reporter.on(ReferenceFinished(ref.name))

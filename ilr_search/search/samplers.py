@@ -12,9 +12,18 @@ from optuna.trial import FrozenTrial, TrialState
 from ilr_search.config import SamplerOption, SamplerSettings
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import KNOB_CHOICES
-
-from ilr_search.search.maps import (BLOCK_END, BLOCK_PARAMS, BLOCK_REPEATS, BLOCK_START, FAMILY_PARAM, block_params,
-                                    map_params, repair_block, repair_to_budget, trial_families)
+from ilr_search.search.maps import (
+    BLOCK_END,
+    BLOCK_PARAMS,
+    BLOCK_REPEATS,
+    BLOCK_START,
+    FAMILY_PARAM,
+    block_params,
+    map_params,
+    repair_block,
+    repair_to_budget,
+    trial_families,
+)
 from ilr_search.storage import trial_id
 
 
@@ -24,8 +33,13 @@ def sampler_settings(name: str, seed: int, max_reuse: int) -> SamplerSettings:
     resolved = "tpe" if name == "auto" else name
     options: dict[str, SamplerOption] = {}
     if resolved == "tpe":
-        options = {"n_startup_trials": 8, "n_ei_candidates": 24, "multivariate": True, "group": False,
-                   "constant_liar": True}
+        options = {
+            "n_startup_trials": 8,
+            "n_ei_candidates": 24,
+            "multivariate": True,
+            "group": False,
+            "constant_liar": True,
+        }
     elif resolved == "nsga2":
         options = {"population_size": 8, "crossover_prob": 0.9, "swapping_prob": 0.5, "mutation_prob": None}
     elif resolved == "gp":
@@ -49,18 +63,33 @@ class BudgetRepairSampler(optuna.samplers.BaseSampler):
 
     redraws = 8  # independent redraws of a proposal that lands on a tried map, before it is kept (and reused)
 
-    def __init__(self, base: optuna.samplers.BaseSampler, n_layers: int, max_reuse: int, max_layer_runs: int,
-                 knobs: tuple[str, ...] = (), families: tuple[str, ...] = ("ilr",)) -> None:
+    def __init__(
+        self,
+        base: optuna.samplers.BaseSampler,
+        n_layers: int,
+        max_reuse: int,
+        max_layer_runs: int,
+        knobs: tuple[str, ...] = (),
+        families: tuple[str, ...] = ("ilr",),
+    ) -> None:
         self.base, self.knobs = base, knobs
         self.n_layers, self.max_layer_runs = n_layers, max_layer_runs
         self.families = trial_families(families)
-        self.counts_space = {f"r{i}": IntDistribution(1, max_reuse) for i in range(n_layers)} \
-            if "ilr" in self.families else {}
-        self.block_space: dict[str, BaseDistribution] = {
-            BLOCK_START: IntDistribution(0, n_layers - 1), BLOCK_END: IntDistribution(0, n_layers - 1),
-            BLOCK_REPEATS: IntDistribution(1, max_reuse)} if "blocks" in self.families else {}
-        self.family_space: dict[str, BaseDistribution] = {FAMILY_PARAM: CategoricalDistribution(self.families)} \
-            if len(self.families) > 1 else {}
+        self.counts_space = (
+            {f"r{i}": IntDistribution(1, max_reuse) for i in range(n_layers)} if "ilr" in self.families else {}
+        )
+        self.block_space: dict[str, BaseDistribution] = (
+            {
+                BLOCK_START: IntDistribution(0, n_layers - 1),
+                BLOCK_END: IntDistribution(0, n_layers - 1),
+                BLOCK_REPEATS: IntDistribution(1, max_reuse),
+            }
+            if "blocks" in self.families
+            else {}
+        )
+        self.family_space: dict[str, BaseDistribution] = (
+            {FAMILY_PARAM: CategoricalDistribution(self.families)} if len(self.families) > 1 else {}
+        )
         self.map_space: dict[str, BaseDistribution] = self.family_space | self.counts_space | self.block_space
         self._base_space: dict[int, dict[str, BaseDistribution]] = {}  # trial id -> the wrapped sampler's own space
 
@@ -75,14 +104,18 @@ class BudgetRepairSampler(optuna.samplers.BaseSampler):
         self._base_space[trial_id(trial)] = own
         return own | self.map_space
 
-    def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
-                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+    def sample_relative(
+        self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
         own = self._base_space.pop(trial_id(trial), {})
         params = self._repaired(study, trial, dict(self.base.sample_relative(study, trial, own)) if own else {})
         if set(self.knobs) - set(params):  # knobs sampled later: whether the proposal was tried is not known yet
             return params
-        tried = [t.params for t in study.get_trials(deepcopy=False)
-                 if t.number != trial.number and t.state != TrialState.WAITING]
+        tried = [
+            t.params
+            for t in study.get_trials(deepcopy=False)
+            if t.number != trial.number and t.state != TrialState.WAITING
+        ]
         for _ in range(self.redraws):
             if params not in tried:
                 break
@@ -121,18 +154,26 @@ class BudgetRepairSampler(optuna.samplers.BaseSampler):
         block = repair_block(start, end, repeats, self.n_layers, self.max_layer_runs)
         return params | block_params(block)
 
-    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
-                           param_distribution: BaseDistribution) -> Any:
+    def sample_independent(
+        self, study: optuna.Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
+    ) -> Any:
         return self.base.sample_independent(study, trial, param_name, param_distribution)
 
-    def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState,
-                    values: Sequence[float] | None) -> None:
+    def after_trial(
+        self, study: optuna.Study, trial: FrozenTrial, state: TrialState, values: Sequence[float] | None
+    ) -> None:
         self.base.after_trial(study, trial, state, values)
 
 
-def build_sampler(settings: SamplerSettings, n_layers: int, worker_offset: int = 0, knobs: tuple[str, ...] = (),
-                  max_reuse: int | None = None, max_layer_runs: int | None = None,
-                  families: tuple[str, ...] = ("ilr",)) -> optuna.samplers.BaseSampler:
+def build_sampler(
+    settings: SamplerSettings,
+    n_layers: int,
+    worker_offset: int = 0,
+    knobs: tuple[str, ...] = (),
+    max_reuse: int | None = None,
+    max_layer_runs: int | None = None,
+    families: tuple[str, ...] = ("ilr",),
+) -> optuna.samplers.BaseSampler:
     """The study's sampler; given the space's max_reuse and the budget's max_layer_runs, wrapped so that it
     proposes maps (of the study's `families`) within the budget only (BudgetRepairSampler)."""
     base = _base_sampler(settings, n_layers, worker_offset, knobs)
@@ -141,9 +182,10 @@ def build_sampler(settings: SamplerSettings, n_layers: int, worker_offset: int =
     return BudgetRepairSampler(base, n_layers, max_reuse, max_layer_runs, knobs, families)
 
 
-def _base_sampler(settings: SamplerSettings, n_layers: int, worker_offset: int,
-                  knobs: tuple[str, ...]) -> optuna.samplers.BaseSampler:
-    s = dict(settings.options)
+def _base_sampler(
+    settings: SamplerSettings, n_layers: int, worker_offset: int, knobs: tuple[str, ...]
+) -> optuna.samplers.BaseSampler:
+    s: dict[str, Any] = dict(settings.options)  # the sampler's own keyword arguments
     # Each worker (and each resume) draws from its own stream; the first worker of a study is reproducible.
     seed = None if settings.seed is None else settings.seed * 1_000_003 + worker_offset
     name = settings.name

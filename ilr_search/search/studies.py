@@ -3,26 +3,33 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
+from ilr_search.analysis.answer import Answer
+from ilr_search.analysis.fidelity import audit_reports, study_fidelity
+from ilr_search.analysis.race_report import RaceReport
+from ilr_search.analysis.results import (
+    curves_by_trial,
+    curves_of_trials,
+    listed_trials,
+    race_run_rows,
+    reference_rows,
+    references,
+    study_front,
+    trial_row,
+)
+from ilr_search.analysis.trials import FINISHED, Trial, TrialRecord, trained_results, trial_records
 from ilr_search.config import StudySettings
 from ilr_search.errors import UserInputError
-from ilr_search.analysis.fidelity import audit_reports, study_fidelity
-from ilr_search.analysis.results import (curves_by_trial, curves_of_trials, listed_trials, race_run_rows, reference_rows,
-                                         references, study_front, trial_row)
-from ilr_search.analysis.answer import Answer
-from ilr_search.analysis.race_report import RaceReport
-from ilr_search.analysis.trials import FINISHED, Trial, TrialRecord, trained_results, trial_records
-from ilr_search.storage import study_id, study_storage, StorageSpec, Store, open_storage, open_store, parse_storage
-
 from ilr_search.search.phases import PhaseRecord
 from ilr_search.search.plan import SAMPLER_ATTR, StudyLayout, stored_config, stored_layouts
 from ilr_search.search.race import RACE_POINT_FIELDS, foreign_answer, race_report
+from ilr_search.storage import StorageSpec, Store, open_storage, open_store, parse_storage, study_id, study_storage
 
 FRONT_FIELDS = ("trial", "reuse_map", "flops_ratio", "val_ppl", "val_bpb")  # of a front point in `run --json`
 PARETO_FIELDS = ("trial", "reuse_map", "map", "knobs", "flops_ratio", "val_ppl", "val_bpb", "params", "within_noise_of")
@@ -34,6 +41,7 @@ class TrialListing:
     """What `trials` lists beyond the report: each trial's row with its curves, the reference runs as rows, every
     stored race run (race_run_rows), and the layouts the study's runs used, each with the finished trials the study
     had when it began (plan.stored_layouts)."""
+
     rows: tuple[dict[str, Any], ...]
     references: tuple[dict[str, Any], ...]
     race_runs: tuple[dict[str, Any], ...]
@@ -45,6 +53,7 @@ class FrontView:
     """What `pareto` shows beyond the report: the decided front with its noise ties (`within_noise_of`), the proxy's
     front, the baseline's seed-to-seed spread, the stored fronts by trial count, the layer view (`--view layers`)
     and the file written."""
+
     front: tuple[dict[str, Any], ...]
     proxy_front: tuple[dict[str, Any], ...]
     noise: Mapping[str, Any] | None
@@ -60,6 +69,7 @@ class StudyReport:
     ilr-search), fidelity (how far its proxy can be trusted), sampler and pruner settings, and its answer: the one
     line a reader needs first (analysis/answer.py). `listing` and `front_view` hold what `trials` and `pareto` add;
     to_json is the one JSON form of each."""
+
     study: str
     storage: str  # its URL, the password masked
     trials: tuple[TrialRecord, ...]
@@ -129,26 +139,48 @@ class StudyReport:
     def to_json(self) -> dict[str, Any]:
         """What `trials --json` (with a listing), `pareto --json` (with a front view) or `run --json` prints."""
         race = self.race
-        common = {"verdict": self.verdict, "answer": self.answer.line, "answer_details": list(self.answer.details),
-                  "trust": self.answer.trust.text() if self.answer.trust is not None else None,
-                  "target_steps": self.target_steps}
-        race_parts = {"detectable_gap": race.detectable_gap if race else None,
-                      "equal_compute": dict(race.equal_compute) if race and race.equal_compute else None,
-                      "race": race.race_json() if race else None}
+        common = {
+            "verdict": self.verdict,
+            "answer": self.answer.line,
+            "answer_details": list(self.answer.details),
+            "trust": self.answer.trust.text() if self.answer.trust is not None else None,
+            "target_steps": self.target_steps,
+        }
+        race_parts = {
+            "detectable_gap": race.detectable_gap if race else None,
+            "equal_compute": dict(race.equal_compute) if race and race.equal_compute else None,
+            "race": race.race_json() if race else None,
+        }
         if self.listing is not None:
-            return {"study": self.study, "trials": list(self.listing.rows), "references": list(self.listing.references),
-                    "race_runs": list(self.listing.race_runs), "fidelity": self.fidelity, "race": race_parts["race"],
-                    **common, "layouts": [layout.to_dict() | {"finished_trials": finished}
-                                          for layout, finished in self.listing.layouts]}
+            return {
+                "study": self.study,
+                "trials": list(self.listing.rows),
+                "references": list(self.listing.references),
+                "race_runs": list(self.listing.race_runs),
+                "fidelity": self.fidelity,
+                "race": race_parts["race"],
+                **common,
+                "layouts": [
+                    layout.to_dict() | {"finished_trials": finished} for layout, finished in self.listing.layouts
+                ],
+            }
         if self.front_view is not None:
             view = self.front_view
-            return ({"study": self.study,
+            return (
+                {
+                    "study": self.study,
                     "pareto": [{k: p[k] for k in (*PARETO_FIELDS, *RACE_POINT_FIELDS)} for p in view.front],
                     "proxy_pareto": [{k: p[k] for k in PARETO_FIELDS} for p in view.proxy_front],
-                    **common, **race_parts, "noise": view.noise, "front_history": dict(view.front_history),
-                    "references": dict(self.references), "fidelity": self.fidelity}
-                   | ({"layers": view.layers} if view.layers is not None else {})
-                   | ({"out": view.out} if view.out is not None else {}))
+                    **common,
+                    **race_parts,
+                    "noise": view.noise,
+                    "front_history": dict(view.front_history),
+                    "references": dict(self.references),
+                    "fidelity": self.fidelity,
+                }
+                | ({"layers": view.layers} if view.layers is not None else {})
+                | ({"out": view.out} if view.out is not None else {})
+            )
         report = {
             "study": self.study,
             "storage": self.storage,
@@ -162,7 +194,8 @@ class StudyReport:
             "race_steps": self.race_steps,
             "pareto": [_front_item(p, (*FRONT_FIELDS, *RACE_POINT_FIELDS)) for p in self.front],
             "proxy_pareto": [_front_item(p, FRONT_FIELDS) for p in self.proxy_front],
-            **common, **race_parts,
+            **common,
+            **race_parts,
             "references": dict(self.references),
             "fidelity": self.fidelity,
             "interrupted": self.interrupted,
@@ -188,10 +221,16 @@ def study_report(study: optuna.Study, spec: StorageSpec, store: Store) -> StudyR
     records = trial_records(study.get_trials(deepcopy=False))
     race = race_report(records, study.user_attrs, store.race_runs())
     stored = study.user_attrs.get(SAMPLER_ATTR)
-    return StudyReport(study=study.study_name, storage=spec.masked, trials=tuple(listed_trials(records)),
-                       references=references(study), race=race, fidelity=fidelity_of(study, store, records),
-                       answer=race.answer if race is not None else foreign_answer(records),
-                       settings=StudySettings.from_dict(stored) if stored else None)
+    return StudyReport(
+        study=study.study_name,
+        storage=spec.masked,
+        trials=tuple(listed_trials(records)),
+        references=references(study),
+        race=race,
+        fidelity=fidelity_of(study, store, records),
+        answer=race.answer if race is not None else foreign_answer(records),
+        settings=StudySettings.from_dict(stored) if stored else None,
+    )
 
 
 def summarize_stored(storage: str | None, study_name: str) -> StudyReport:
@@ -201,13 +240,19 @@ def summarize_stored(storage: str | None, study_name: str) -> StudyReport:
     return study_report(study, spec, open_store(spec, study_name, storage=study_storage(study)))
 
 
-def fidelity_of(study: optuna.Study, store: Store, trials: list[Trial] | None = None) -> dict[str, Any]:
+def fidelity_of(study: optuna.Study, store: Store, trials: Sequence[Trial] | None = None) -> dict[str, Any]:
     """The study's fidelity (rung agreement, noise, second seed, audits, verdict) from its trials and rows."""
     trials = trial_records(study.get_trials(deepcopy=False) if trials is None else trials)
     config = stored_config(study.user_attrs)
     final_step = config.space.train.steps if config is not None else 0
-    return study_fidelity(study.study_name, trials, curves_by_trial(store.curve_points()), study.user_attrs,
-                          final_step, audit_reports(trials, store.race_runs()))
+    return study_fidelity(
+        study.study_name,
+        trials,
+        curves_by_trial(store.curve_points()),
+        study.user_attrs,
+        final_step,
+        audit_reports(trials, store.race_runs()),
+    )
 
 
 def open_study(spec: StorageSpec, name: str) -> optuna.Study:
@@ -227,7 +272,9 @@ def existing_storage(storage: str | None) -> StorageSpec:
     """The storage a reading command reads, refused when its file is not there (nothing is created)."""
     spec = parse_storage(storage, read_only=True)
     if not spec.exists():
-        raise UserInputError(f"storage {spec.masked} does not exist yet; run a study first (ilr-search run --budget 1.5x)")
+        raise UserInputError(
+            f"storage {spec.masked} does not exist yet; run a study first (ilr-search run --budget 1.5x)"
+        )
     return spec
 
 
@@ -244,7 +291,7 @@ def default_study(storage: str | None = None) -> tuple[str, str]:
 
     def last_active(summary: optuna.study.StudySummary) -> float:
         trials = st.get_all_trials(study_id(summary), deepcopy=False)
-        times = [t.datetime_complete or t.datetime_start for t in trials if t.datetime_complete or t.datetime_start]
+        times = [time for t in trials if (time := t.datetime_complete or t.datetime_start) is not None]
         return max(times).timestamp() if times else 0.0
 
     name = max(summaries, key=last_active).study_name
@@ -266,17 +313,29 @@ def list_studies(storage: str | None = None) -> list[dict[str, Any]]:
         store = open_store(spec, summary.study_name, read_only=True, storage=st)
         race = race_report(trials, study.user_attrs, store.race_runs()) if config else None
         best = race.best if race is not None else None
-        rows.append({"study": summary.study_name, "n_trials": len(trials),
-                     "n_complete": sum(t.state == TrialState.COMPLETE for t in trials),
-                     "budget": config.budget_text if config else None,
-                     "layers": config.space.model.n_layers if config else None,
-                     "best": best["map"] if best else None,
-                     "best_val_ppl": best["val_ppl"] if best else (min(ppls) if ppls else None),
-                     "best_steps": best["steps"] if best else None,
-                     "decided": (None if not best else DECIDED_WORDS[0] if not best["done"]
-                                 else DECIDED_WORDS[1] if best["beats_baseline"] else DECIDED_WORDS[2]),
-                     "proxy_best_val_ppl": min(ppls) if ppls else None,
-                     "answer": race.answer.line if race is not None else foreign_answer(trials).line})
+        rows.append(
+            {
+                "study": summary.study_name,
+                "n_trials": len(trials),
+                "n_complete": sum(t.state == TrialState.COMPLETE for t in trials),
+                "budget": config.budget_text if config else None,
+                "layers": config.space.model.n_layers if config else None,
+                "best": best["map"] if best else None,
+                "best_val_ppl": best["val_ppl"] if best else (min(ppls) if ppls else None),
+                "best_steps": best["steps"] if best else None,
+                "decided": (
+                    None
+                    if not best
+                    else DECIDED_WORDS[0]
+                    if not best["done"]
+                    else DECIDED_WORDS[1]
+                    if best["beats_baseline"]
+                    else DECIDED_WORDS[2]
+                ),
+                "proxy_best_val_ppl": min(ppls) if ppls else None,
+                "answer": race.answer.line if race is not None else foreign_answer(trials).line,
+            }
+        )
     return rows
 
 
@@ -293,7 +352,10 @@ def trials_report(study_name: str, storage: str | None = None) -> StudyReport:
     store = open_store(spec, study_name, read_only=True, storage=study_storage(study))
     report = study_report(study, spec, store)
     curves = curves_of_trials(list(report.trials), store.curve_points(), store.train_curve_points())
-    listing = TrialListing(tuple(trial_row(t) | {"curves": curves[t.number]} for t in report.trials),
-                           tuple(reference_rows(study)), tuple(race_run_rows(store.race_runs(), study.user_attrs)),
-                           tuple(stored_layouts(study.user_attrs)))
+    listing = TrialListing(
+        tuple(trial_row(t) | {"curves": curves[t.number]} for t in report.trials),
+        tuple(reference_rows(study)),
+        tuple(race_run_rows(store.race_runs(), study.user_attrs)),
+        tuple(stored_layouts(study.user_attrs)),
+    )
     return dataclasses.replace(report, listing=listing)

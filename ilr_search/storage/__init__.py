@@ -16,9 +16,27 @@ from ilr_search.storage.opening import open_store
 from ilr_search.storage.optuna_compat import heartbeat_thread, study_id, study_storage, trial_id
 from ilr_search.storage.optuna_storage import open_storage, set_trial_user_attrs
 from ilr_search.storage.sql_store import SQLStore
-from ilr_search.storage.store import RaceRunJob, RaceRun, CurvePoint, Store, TrainCurvePoint
+from ilr_search.storage.store import CurvePoint, RaceRun, RaceRunJob, Store, TrainCurvePoint
 from ilr_search.storage.urls import StorageSpec, parse_storage
 
-__all__ = ["RaceRunJob", "RaceRun", "CurvePoint", "Heartbeat", "JournalStore", "SQLStore", "StorageSpec", "Store",
-           "grace_period", "heartbeat_interval", "open_storage", "open_store", "parse_storage",
-           "set_trial_user_attrs", "TrainCurvePoint", "heartbeat_thread", "study_id", "study_storage", "trial_id"]
+__all__ = [
+    "RaceRunJob",
+    "RaceRun",
+    "CurvePoint",
+    "Heartbeat",
+    "JournalStore",
+    "SQLStore",
+    "StorageSpec",
+    "Store",
+    "grace_period",
+    "heartbeat_interval",
+    "open_storage",
+    "open_store",
+    "parse_storage",
+    "set_trial_user_attrs",
+    "TrainCurvePoint",
+    "heartbeat_thread",
+    "study_id",
+    "study_storage",
+    "trial_id",
+]

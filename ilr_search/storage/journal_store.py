@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ilr_search.storage.store import RaceRunJob, RaceRun, CurvePoint, Store, TrainCurvePoint
+from ilr_search.storage.store import CurvePoint, RaceRun, RaceRunJob, Store, TrainCurvePoint
 
 
 class JournalStore(Store):
@@ -74,38 +74,67 @@ class JournalStore(Store):
 
     def add_curve_point(self, point: CurvePoint, tokens: int) -> None:
         with self._locked():
-            self._append({"kind": "curve", "trial_number": point.trial_number, "step": point.step,
-                          "val_loss": point.val_loss, "flops_ratio": point.flops_ratio, "map_key": point.map_key,
-                          "tokens": tokens})
+            self._append(
+                {
+                    "kind": "curve",
+                    "trial_number": point.trial_number,
+                    "step": point.step,
+                    "val_loss": point.val_loss,
+                    "flops_ratio": point.flops_ratio,
+                    "map_key": point.map_key,
+                    "tokens": tokens,
+                }
+            )
 
     def curve_points(self, step: int | None = None) -> list[CurvePoint]:
         with self._locked() as records:
             latest = {(r["trial_number"], r["step"]): r for r in self._mine(records, "curve")}
-        return [CurvePoint(r["trial_number"], r["step"], r["val_loss"], r["flops_ratio"], r["map_key"], r.get("tokens", 0))
-                for key, r in sorted(latest.items()) if step is None or r["step"] == step]
+        return [
+            CurvePoint(r["trial_number"], r["step"], r["val_loss"], r["flops_ratio"], r["map_key"], r.get("tokens", 0))
+            for key, r in sorted(latest.items())
+            if step is None or r["step"] == step
+        ]
 
     def add_train_curve(self, points: list[TrainCurvePoint]) -> None:
         if not points:
             return
         with self._locked():
-            self._append({"kind": "train_curve", "points": [[p.trial_number, p.step, p.tokens, p.loss, p.map_key]
-                                                            for p in points]})
+            self._append(
+                {
+                    "kind": "train_curve",
+                    "points": [[p.trial_number, p.step, p.tokens, p.loss, p.map_key] for p in points],
+                }
+            )
 
     def train_curve_points(self) -> list[TrainCurvePoint]:
         with self._locked() as records:
-            latest = {(p[0], p[1]): TrainCurvePoint(*p) for r in self._mine(records, "train_curve") for p in r["points"]}
+            latest = {
+                (p[0], p[1]): TrainCurvePoint(*p) for r in self._mine(records, "train_curve") for p in r["points"]
+            }
         return [latest[k] for k in sorted(latest)]
 
-    def record_pruning(self, trial_number: int, step: int, val_loss: float, flops_ratio: float,
-                       dominated_by: list[int], reason: str) -> None:
+    def record_pruning(
+        self, trial_number: int, step: int, val_loss: float, flops_ratio: float, dominated_by: list[int], reason: str
+    ) -> None:
         with self._locked():
-            self._append({"kind": "pruning", "trial_number": trial_number, "step": step, "val_loss": val_loss,
-                          "flops_ratio": flops_ratio, "dominated_by": dominated_by, "reason": reason})
+            self._append(
+                {
+                    "kind": "pruning",
+                    "trial_number": trial_number,
+                    "step": step,
+                    "val_loss": val_loss,
+                    "flops_ratio": flops_ratio,
+                    "dominated_by": dominated_by,
+                    "reason": reason,
+                }
+            )
 
     def pruning_records(self) -> dict[int, dict[str, Any]]:
         with self._locked() as records:
-            return {r["trial_number"]: {k: r[k] for k in ("step", "val_loss", "flops_ratio", "dominated_by", "reason")}
-                    for r in self._mine(records, "pruning")}
+            return {
+                r["trial_number"]: {k: r[k] for k in ("step", "val_loss", "flops_ratio", "dominated_by", "reason")}
+                for r in self._mine(records, "pruning")
+            }
 
     def save_front(self, n_complete: int, front: list[dict[str, Any]]) -> None:
         with self._locked():
@@ -126,12 +155,24 @@ class JournalStore(Store):
         now = time.time()
         with self._locked() as records:
             row = self._race_runs_latest(records).get((job.factor, job.seed, job.map_key))
-            if row is not None and (row["state"] in ("complete", "failed") or (
-                    row["state"] == "running" and row["worker"] != worker and now - row["heartbeat"] <= stale_after)):
+            if row is not None and (
+                row["state"] in ("complete", "failed")
+                or (row["state"] == "running" and row["worker"] != worker and now - row["heartbeat"] <= stale_after)
+            ):
                 return False
-            self._append({"kind": "race_run", "factor": job.factor, "seed": job.seed, "map_key": job.map_key,
-                          "worker": worker, "heartbeat": now, "state": "running", "flops_ratio": flops_ratio,
-                          "steps": steps})
+            self._append(
+                {
+                    "kind": "race_run",
+                    "factor": job.factor,
+                    "seed": job.seed,
+                    "map_key": job.map_key,
+                    "worker": worker,
+                    "heartbeat": now,
+                    "state": "running",
+                    "flops_ratio": flops_ratio,
+                    "steps": steps,
+                }
+            )
             return True
 
     def _race_run_update(self, job: RaceRunJob, worker: str, **values: Any) -> bool:
@@ -145,11 +186,30 @@ class JournalStore(Store):
     def beat_race_run(self, job: RaceRunJob, worker: str) -> None:
         self._race_run_update(job, worker, heartbeat=time.time())
 
-    def finish_race_run(self, job: RaceRunJob, worker: str, state: str, val_loss: float | None, val_ppl: float | None,
-                        val_bpb: float | None, curve: list[tuple[int, float]], seconds: float, reason: str) -> bool:
-        return self._race_run_update(job, worker, state=state, heartbeat=time.time(), val_loss=val_loss,
-                                  val_ppl=val_ppl, val_bpb=val_bpb, curve=json.dumps([list(p) for p in curve]),
-                                  seconds=seconds, reason=reason)
+    def finish_race_run(
+        self,
+        job: RaceRunJob,
+        worker: str,
+        state: str,
+        val_loss: float | None,
+        val_ppl: float | None,
+        val_bpb: float | None,
+        curve: list[tuple[int, float]],
+        seconds: float,
+        reason: str,
+    ) -> bool:
+        return self._race_run_update(
+            job,
+            worker,
+            state=state,
+            heartbeat=time.time(),
+            val_loss=val_loss,
+            val_ppl=val_ppl,
+            val_bpb=val_bpb,
+            curve=json.dumps([list(p) for p in curve]),
+            seconds=seconds,
+            reason=reason,
+        )
 
     def race_runs(self) -> list[RaceRun]:
         with self._locked() as records:

@@ -13,8 +13,9 @@ from ilr_search.storage.store import Store
 from ilr_search.storage.urls import StorageSpec
 
 
-def open_store(spec: StorageSpec, study: str, read_only: bool = False,
-               storage: optuna.storages.BaseStorage | None = None) -> Store:
+def open_store(
+    spec: StorageSpec, study: str, read_only: bool = False, storage: optuna.storages.BaseStorage | None = None
+) -> Store:
     """The store of `study`; `read_only` creates nothing (a table not there reads empty). `storage`: the Optuna
     storage already open on `spec` (as open_storage returned it, or a Study's), whose engine the store shares;
     without it an SQL store makes its own engine, with the same settings."""

@@ -22,9 +22,11 @@ from optuna.trial import FrozenTrial
 TESTED_MAJOR = 5
 
 if int(optuna.__version__.split(".")[0]) != TESTED_MAJOR:
-    raise ImportError(f"ilr-search uses private parts of Optuna {TESTED_MAJOR}.x (see ilr_search/storage/"
-                      f"optuna_compat.py), found Optuna {optuna.__version__}; install 'optuna>={TESTED_MAJOR},"
-                      f"<{TESTED_MAJOR + 1}'")
+    raise ImportError(
+        f"ilr-search uses private parts of Optuna {TESTED_MAJOR}.x (see ilr_search/storage/"
+        f"optuna_compat.py), found Optuna {optuna.__version__}; install 'optuna>={TESTED_MAJOR},"
+        f"<{TESTED_MAJOR + 1}'"
+    )
 
 from optuna.storages._cached_storage import _CachedStorage  # noqa: E402
 from optuna.storages._heartbeat import get_heartbeat_thread  # noqa: E402
@@ -68,8 +70,9 @@ def set_user_attrs_at_once(storage: BaseStorage, trial_id_: int, attrs: Mapping[
     if isinstance(storage, RDBStorage):
         with _create_scoped_session(storage.scoped_session, True) as session:
             for key, value in attrs.items():
-                storage._set_trial_attr_without_commit(session, _rdb_models.TrialUserAttributeModel, trial_id_,
-                                                       key, value)
+                storage._set_trial_attr_without_commit(
+                    session, _rdb_models.TrialUserAttributeModel, trial_id_, key, value
+                )
     else:
         for key, value in attrs.items():
             storage.set_trial_user_attr(trial_id_, key, value)

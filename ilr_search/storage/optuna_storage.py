@@ -24,7 +24,13 @@ from optuna.trial import TrialState
 
 from ilr_search.errors import UserInputError
 from ilr_search.storage.heartbeat import grace_period, heartbeat_interval
-from ilr_search.storage.optuna_compat import backend, remember_user_attrs, set_user_attrs_at_once, trial_id, trials_table
+from ilr_search.storage.optuna_compat import (
+    backend,
+    remember_user_attrs,
+    set_user_attrs_at_once,
+    trial_id,
+    trials_table,
+)
 from ilr_search.storage.urls import StorageSpec, read_uri
 
 log = logging.getLogger("ilr_search")
@@ -53,12 +59,15 @@ def wait_while_locked(spec: StorageSpec, max_wait_s: float = 600.0) -> None:
             if "locked" not in str(e) and "busy" not in str(e):
                 return  # not a lock: opening the storage reports it
         if not told:
-            log.warning("storage %s is locked by another process; waiting for it and retrying (Ctrl-C to stop)",
-                        spec.masked)
+            log.warning(
+                "storage %s is locked by another process; waiting for it and retrying (Ctrl-C to stop)", spec.masked
+            )
             told = True
         if time.monotonic() - start > max_wait_s:
-            raise UserInputError(f"storage {spec.masked} stayed locked by another process for {max_wait_s:.0f} s; "
-                                 "stop that process or retry later")
+            raise UserInputError(
+                f"storage {spec.masked} stayed locked by another process for {max_wait_s:.0f} s; "
+                "stop that process or retry later"
+            )
         time.sleep(1.0)
 
 
@@ -126,11 +135,14 @@ def open_storage(spec: StorageSpec, heartbeat: bool = True) -> optuna.storages.B
         from optuna.storages.journal import JournalFileBackend
 
         path = str(spec.path)
-        return optuna.storages.JournalStorage(JournalFileBackend(path, lock_obj=JournalFlock(path)))
-    kwargs = {}
+        return optuna.storages.JournalStorage(JournalFileBackend(path, lock_obj=JournalFlock(path)))  # type: ignore[arg-type]  # duck-typed: Optuna's lock base class is private
+    kwargs: dict[str, Any] = {}
     if heartbeat:
-        kwargs = {"heartbeat_interval": heartbeat_interval(), "grace_period": grace_period(),
-                  "heartbeat_stale_trial_callback": optuna.storages.RetryHeartbeatStaleTrialCallback()}
+        kwargs = {
+            "heartbeat_interval": heartbeat_interval(),
+            "grace_period": grace_period(),
+            "heartbeat_stale_trial_callback": optuna.storages.RetryHeartbeatStaleTrialCallback(),
+        }
     wait_while_locked(spec)
     for attempt in range(5):
         try:
@@ -156,8 +168,10 @@ def _open_read_only(spec: StorageSpec) -> optuna.storages.RDBStorage:
     try:
         return optuna.storages.RDBStorage(spec.url, engine_kwargs=engine_kwargs(spec), skip_table_creation=True)
     except (sa.exc.DatabaseError, RuntimeError) as e:  # RuntimeError: Optuna's schema check (an older schema)
-        raise UserInputError(f"cannot read storage {spec.masked} (opened read-only: this process cannot write the "
-                             f"file): {str(getattr(e, 'orig', e)).splitlines()[0]}") from None
+        raise UserInputError(
+            f"cannot read storage {spec.masked} (opened read-only: this process cannot write the "
+            f"file): {str(getattr(e, 'orig', e)).splitlines()[0]}"
+        ) from None
 
 
 def cannot_open(spec: StorageSpec, e: Exception) -> UserInputError:
@@ -180,15 +194,19 @@ class SQLiteStorage(optuna.storages.RDBStorage):
     (optuna/optuna#4002; 6-14 double pops of 60 trials by 4 processes here). One conditional UPDATE is atomic.
     """
 
-    def set_trial_state_values(self, trial_id: int, state: TrialState,
-                               values: Sequence[float] | None = None) -> bool:
+    def set_trial_state_values(self, trial_id: int, state: TrialState, values: Sequence[float] | None = None) -> bool:
         if state != TrialState.RUNNING or values is not None:
             return super().set_trial_state_values(trial_id, state, values)
         trials = trials_table()
         with self.engine.begin() as conn:
-            popped = conn.execute(trials.update().where(
-                trials.c.trial_id == trial_id, trials.c.state == TrialState.WAITING,
-            ).values(state=TrialState.RUNNING, datetime_start=datetime.now())).rowcount
+            popped = conn.execute(
+                trials.update()
+                .where(
+                    trials.c.trial_id == trial_id,
+                    trials.c.state == TrialState.WAITING,
+                )
+                .values(state=TrialState.RUNNING, datetime_start=datetime.now())
+            ).rowcount
         if popped == 1:
             return True
         self.check_trial_is_updatable(trial_id, self.get_trial(trial_id).state)  # raises if it finished

@@ -29,7 +29,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
 from ilr_search.errors import UserInputError
-from ilr_search.storage.store import RaceRunJob, RaceRun, CurvePoint, Store, TrainCurvePoint
+from ilr_search.storage.store import CurvePoint, RaceRun, RaceRunJob, Store, TrainCurvePoint
 
 log = logging.getLogger("ilr_search")
 
@@ -38,20 +38,23 @@ SCHEMA_VERSION = 2  # 2: ilr_audit renamed ilr_race_runs
 metadata = sa.MetaData()
 
 schema_table = sa.Table(
-    "ilr_schema", metadata,
+    "ilr_schema",
+    metadata,
     sa.Column("id", sa.Integer, primary_key=True),
     sa.Column("version", sa.Integer, nullable=False),
 )
 
 claims_table = sa.Table(
-    "ilr_map_claims", metadata,
+    "ilr_map_claims",
+    metadata,
     sa.Column("study", sa.String(512), primary_key=True),
     sa.Column("map_key", sa.String(256), primary_key=True),
     sa.Column("trial_number", sa.Integer, nullable=False),
 )
 
 curves_table = sa.Table(
-    "ilr_curves", metadata,
+    "ilr_curves",
+    metadata,
     sa.Column("study", sa.String(512), primary_key=True),
     sa.Column("trial_number", sa.Integer, primary_key=True),
     sa.Column("step", sa.Integer, primary_key=True),
@@ -62,7 +65,8 @@ curves_table = sa.Table(
 )
 
 train_curves_table = sa.Table(
-    "ilr_train_curves", metadata,
+    "ilr_train_curves",
+    metadata,
     sa.Column("study", sa.String(512), primary_key=True),
     sa.Column("trial_number", sa.Integer, primary_key=True),
     sa.Column("step", sa.Integer, primary_key=True),
@@ -72,7 +76,8 @@ train_curves_table = sa.Table(
 )
 
 pruning_table = sa.Table(
-    "ilr_pruning", metadata,
+    "ilr_pruning",
+    metadata,
     sa.Column("study", sa.String(512), primary_key=True),
     sa.Column("trial_number", sa.Integer, primary_key=True),
     sa.Column("step", sa.Integer, nullable=False),
@@ -83,7 +88,8 @@ pruning_table = sa.Table(
 )
 
 fronts_table = sa.Table(
-    "ilr_fronts", metadata,
+    "ilr_fronts",
+    metadata,
     sa.Column("study", sa.String(512), primary_key=True),
     sa.Column("n_complete", sa.Integer, primary_key=True),
     sa.Column("position", sa.Integer, primary_key=True),
@@ -97,7 +103,8 @@ fronts_table = sa.Table(
 
 
 race_runs_table = sa.Table(
-    "ilr_race_runs", metadata,
+    "ilr_race_runs",
+    metadata,
     sa.Column("study", sa.String(512), primary_key=True),
     sa.Column("factor", sa.String(32), primary_key=True),
     sa.Column("seed", sa.Integer, primary_key=True),
@@ -165,34 +172,60 @@ class SQLStore(Store):
             return trial_number
         except IntegrityError:
             with self.engine.connect() as conn:
-                return conn.execute(sa.select(claims_table.c.trial_number).where(
-                    claims_table.c.study == self.study, claims_table.c.map_key == map_key)).scalar_one()
+                return conn.execute(
+                    sa.select(claims_table.c.trial_number).where(
+                        claims_table.c.study == self.study, claims_table.c.map_key == map_key
+                    )
+                ).scalar_one()
 
     @_retry_locked
     def take_over(self, map_key: str, old_holder: int, trial_number: int) -> bool:
         with self.engine.begin() as conn:
-            moved = conn.execute(claims_table.update().where(
-                claims_table.c.study == self.study, claims_table.c.map_key == map_key,
-                claims_table.c.trial_number == old_holder).values(trial_number=trial_number))
+            moved = conn.execute(
+                claims_table.update()
+                .where(
+                    claims_table.c.study == self.study,
+                    claims_table.c.map_key == map_key,
+                    claims_table.c.trial_number == old_holder,
+                )
+                .values(trial_number=trial_number)
+            )
             return moved.rowcount == 1
 
     @_retry_locked
     def add_curve_point(self, point: CurvePoint, tokens: int) -> None:
         with self.engine.begin() as conn:
-            conn.execute(curves_table.delete().where(
-                curves_table.c.study == self.study, curves_table.c.trial_number == point.trial_number,
-                curves_table.c.step == point.step))
-            conn.execute(curves_table.insert().values(
-                study=self.study, trial_number=point.trial_number, step=point.step, map_key=point.map_key,
-                flops_ratio=point.flops_ratio, val_loss=point.val_loss, tokens=tokens))
+            conn.execute(
+                curves_table.delete().where(
+                    curves_table.c.study == self.study,
+                    curves_table.c.trial_number == point.trial_number,
+                    curves_table.c.step == point.step,
+                )
+            )
+            conn.execute(
+                curves_table.insert().values(
+                    study=self.study,
+                    trial_number=point.trial_number,
+                    step=point.step,
+                    map_key=point.map_key,
+                    flops_ratio=point.flops_ratio,
+                    val_loss=point.val_loss,
+                    tokens=tokens,
+                )
+            )
 
     @_retry_locked
     def holds_records(self) -> bool:
-        tables = [t for t in (claims_table, curves_table, train_curves_table, pruning_table, fronts_table, self.runs)
-                  if t.name in self.tables]
+        tables = [
+            t
+            for t in (claims_table, curves_table, train_curves_table, pruning_table, fronts_table, self.runs)
+            if t.name in self.tables
+        ]
         with self.engine.connect() as conn:
-            return any(conn.execute(sa.select(t.c.study).where(t.c.study == self.study).limit(1)).first() is not None
-                       for t in tables)
+            return any(
+                conn.execute(sa.select(t.c.study).where(t.c.study == self.study).limit(1)).first() is not None
+                for t in tables
+            )
 
     @_retry_locked
     def curve_points(self, step: int | None = None) -> list[CurvePoint]:
@@ -211,12 +244,27 @@ class SQLStore(Store):
             return
         with self.engine.begin() as conn:
             for trial_number in {p.trial_number for p in points}:
-                conn.execute(train_curves_table.delete().where(
-                    train_curves_table.c.study == self.study, train_curves_table.c.trial_number == trial_number,
-                    train_curves_table.c.step.in_([p.step for p in points if p.trial_number == trial_number])))
-            conn.execute(train_curves_table.insert(), [
-                {"study": self.study, "trial_number": p.trial_number, "step": p.step, "map_key": p.map_key,
-                 "loss": p.loss, "tokens": p.tokens} for p in points])
+                conn.execute(
+                    train_curves_table.delete().where(
+                        train_curves_table.c.study == self.study,
+                        train_curves_table.c.trial_number == trial_number,
+                        train_curves_table.c.step.in_([p.step for p in points if p.trial_number == trial_number]),
+                    )
+                )
+            conn.execute(
+                train_curves_table.insert(),
+                [
+                    {
+                        "study": self.study,
+                        "trial_number": p.trial_number,
+                        "step": p.step,
+                        "map_key": p.map_key,
+                        "loss": p.loss,
+                        "tokens": p.tokens,
+                    }
+                    for p in points
+                ],
+            )
 
     @_retry_locked
     def train_curve_points(self) -> list[TrainCurvePoint]:
@@ -228,14 +276,26 @@ class SQLStore(Store):
         return [TrainCurvePoint(r.trial_number, r.step, r.tokens, r.loss, r.map_key) for r in rows]
 
     @_retry_locked
-    def record_pruning(self, trial_number: int, step: int, val_loss: float, flops_ratio: float,
-                       dominated_by: list[int], reason: str) -> None:
+    def record_pruning(
+        self, trial_number: int, step: int, val_loss: float, flops_ratio: float, dominated_by: list[int], reason: str
+    ) -> None:
         with self.engine.begin() as conn:
-            conn.execute(pruning_table.delete().where(pruning_table.c.study == self.study,
-                                                      pruning_table.c.trial_number == trial_number))
-            conn.execute(pruning_table.insert().values(
-                study=self.study, trial_number=trial_number, step=step, val_loss=val_loss, flops_ratio=flops_ratio,
-                dominated_by=json.dumps(dominated_by), reason=reason))
+            conn.execute(
+                pruning_table.delete().where(
+                    pruning_table.c.study == self.study, pruning_table.c.trial_number == trial_number
+                )
+            )
+            conn.execute(
+                pruning_table.insert().values(
+                    study=self.study,
+                    trial_number=trial_number,
+                    step=step,
+                    val_loss=val_loss,
+                    flops_ratio=flops_ratio,
+                    dominated_by=json.dumps(dominated_by),
+                    reason=reason,
+                )
+            )
 
     @_retry_locked
     def pruning_records(self) -> dict[int, dict[str, Any]]:
@@ -243,21 +303,44 @@ class SQLStore(Store):
             return {}
         with self.engine.connect() as conn:
             rows = conn.execute(sa.select(pruning_table).where(pruning_table.c.study == self.study)).all()
-        return {r.trial_number: {"step": r.step, "val_loss": r.val_loss, "flops_ratio": r.flops_ratio,
-                                 "dominated_by": json.loads(r.dominated_by), "reason": r.reason} for r in rows}
+        return {
+            r.trial_number: {
+                "step": r.step,
+                "val_loss": r.val_loss,
+                "flops_ratio": r.flops_ratio,
+                "dominated_by": json.loads(r.dominated_by),
+                "reason": r.reason,
+            }
+            for r in rows
+        }
 
     @_retry_locked
     def save_front(self, n_complete: int, front: list[dict[str, Any]]) -> None:
         try:
             with self.engine.begin() as conn:
-                conn.execute(fronts_table.delete().where(fronts_table.c.study == self.study,
-                                                         fronts_table.c.n_complete == n_complete))
+                conn.execute(
+                    fronts_table.delete().where(
+                        fronts_table.c.study == self.study, fronts_table.c.n_complete == n_complete
+                    )
+                )
                 if front:
-                    conn.execute(fronts_table.insert(), [
-                        {"study": self.study, "n_complete": n_complete, "position": i, "trial_number": p["trial"],
-                         "reuse_map": ",".join(map(str, p["reuse_map"])), "flops_ratio": p["flops_ratio"],
-                         "val_ppl": p["val_ppl"], "val_bpb": p.get("val_bpb"), "params": p.get("params")}
-                        for i, p in enumerate(front)])
+                    conn.execute(
+                        fronts_table.insert(),
+                        [
+                            {
+                                "study": self.study,
+                                "n_complete": n_complete,
+                                "position": i,
+                                "trial_number": p["trial"],
+                                "reuse_map": ",".join(map(str, p["reuse_map"])),
+                                "flops_ratio": p["flops_ratio"],
+                                "val_ppl": p["val_ppl"],
+                                "val_bpb": p.get("val_bpb"),
+                                "params": p.get("params"),
+                            }
+                            for i, p in enumerate(front)
+                        ],
+                    )
         except IntegrityError:
             # Another worker saved this count's front between our delete and insert (PostgreSQL, read
             # committed). The same count is the same set of complete trials, so its front is ours: done.
@@ -268,15 +351,24 @@ class SQLStore(Store):
         if fronts_table.name not in self.tables:
             return {}
         with self.engine.connect() as conn:
-            rows = conn.execute(sa.select(fronts_table).where(fronts_table.c.study == self.study).order_by(
-                fronts_table.c.n_complete, fronts_table.c.position)).all()
+            rows = conn.execute(
+                sa.select(fronts_table)
+                .where(fronts_table.c.study == self.study)
+                .order_by(fronts_table.c.n_complete, fronts_table.c.position)
+            ).all()
         history: dict[int, list[dict[str, Any]]] = {}
         for r in rows:
-            history.setdefault(r.n_complete, []).append({
-                "trial": r.trial_number, "reuse_map": [int(x) for x in r.reuse_map.split(",")],
-                "flops_ratio": r.flops_ratio, "val_ppl": r.val_ppl, "val_bpb": r.val_bpb, "params": r.params})
+            history.setdefault(r.n_complete, []).append(
+                {
+                    "trial": r.trial_number,
+                    "reuse_map": [int(x) for x in r.reuse_map.split(",")],
+                    "flops_ratio": r.flops_ratio,
+                    "val_ppl": r.val_ppl,
+                    "val_bpb": r.val_bpb,
+                    "params": r.params,
+                }
+            )
         return history
-
 
     def _race_run_where(self, job: RaceRunJob) -> Any:
         t = self.runs.c
@@ -287,36 +379,76 @@ class SQLStore(Store):
         now = time.time()
         try:
             with self.engine.begin() as conn:
-                conn.execute(self.runs.insert().values(
-                    study=self.study, factor=job.factor, seed=job.seed, map_key=job.map_key, worker=worker,
-                    heartbeat=now, state="running", flops_ratio=flops_ratio, steps=steps))
+                conn.execute(
+                    self.runs.insert().values(
+                        study=self.study,
+                        factor=job.factor,
+                        seed=job.seed,
+                        map_key=job.map_key,
+                        worker=worker,
+                        heartbeat=now,
+                        state="running",
+                        flops_ratio=flops_ratio,
+                        steps=steps,
+                    )
+                )
             return True
         except IntegrityError:
             pass
         with self.engine.begin() as conn:
             row = conn.execute(sa.select(self.runs).where(self._race_run_where(job))).mappings().one()
-            if row["state"] in ("complete", "failed") or (row["state"] == "running" and row["worker"] != worker
-                                                          and now - row["heartbeat"] <= stale_after):
+            if row["state"] in ("complete", "failed") or (
+                row["state"] == "running" and row["worker"] != worker and now - row["heartbeat"] <= stale_after
+            ):
                 return False
-            moved = conn.execute(self.runs.update().where(
-                self._race_run_where(job), self.runs.c.worker == row["worker"],
-                self.runs.c.heartbeat == row["heartbeat"]).values(worker=worker, heartbeat=now, state="running",
-                                                                    steps=steps, flops_ratio=flops_ratio))
+            moved = conn.execute(
+                self.runs.update()
+                .where(
+                    self._race_run_where(job),
+                    self.runs.c.worker == row["worker"],
+                    self.runs.c.heartbeat == row["heartbeat"],
+                )
+                .values(worker=worker, heartbeat=now, state="running", steps=steps, flops_ratio=flops_ratio)
+            )
             return moved.rowcount == 1
 
     @_retry_locked
     def beat_race_run(self, job: RaceRunJob, worker: str) -> None:
         with self.engine.begin() as conn:
-            conn.execute(self.runs.update().where(self._race_run_where(job), self.runs.c.worker == worker,
-                                                    self.runs.c.state == "running").values(heartbeat=time.time()))
+            conn.execute(
+                self.runs.update()
+                .where(self._race_run_where(job), self.runs.c.worker == worker, self.runs.c.state == "running")
+                .values(heartbeat=time.time())
+            )
 
     @_retry_locked
-    def finish_race_run(self, job: RaceRunJob, worker: str, state: str, val_loss: float | None, val_ppl: float | None,
-                        val_bpb: float | None, curve: list[tuple[int, float]], seconds: float, reason: str) -> bool:
+    def finish_race_run(
+        self,
+        job: RaceRunJob,
+        worker: str,
+        state: str,
+        val_loss: float | None,
+        val_ppl: float | None,
+        val_bpb: float | None,
+        curve: list[tuple[int, float]],
+        seconds: float,
+        reason: str,
+    ) -> bool:
         with self.engine.begin() as conn:
-            done = conn.execute(self.runs.update().where(self._race_run_where(job), self.runs.c.worker == worker).values(
-                state=state, heartbeat=time.time(), val_loss=val_loss, val_ppl=val_ppl, val_bpb=val_bpb,
-                curve=json.dumps([list(p) for p in curve]), seconds=seconds, reason=reason))
+            done = conn.execute(
+                self.runs.update()
+                .where(self._race_run_where(job), self.runs.c.worker == worker)
+                .values(
+                    state=state,
+                    heartbeat=time.time(),
+                    val_loss=val_loss,
+                    val_ppl=val_ppl,
+                    val_bpb=val_bpb,
+                    curve=json.dumps([list(p) for p in curve]),
+                    seconds=seconds,
+                    reason=reason,
+                )
+            )
             return done.rowcount == 1
 
     @_retry_locked
@@ -324,8 +456,15 @@ class SQLStore(Store):
         if self.runs.name not in self.tables:
             return []
         with self.engine.connect() as conn:
-            rows = conn.execute(sa.select(self.runs).where(self.runs.c.study == self.study).order_by(
-                self.runs.c.factor, self.runs.c.seed, self.runs.c.map_key)).mappings().all()
+            rows = (
+                conn.execute(
+                    sa.select(self.runs)
+                    .where(self.runs.c.study == self.study)
+                    .order_by(self.runs.c.factor, self.runs.c.seed, self.runs.c.map_key)
+                )
+                .mappings()
+                .all()
+            )
         return [RaceRun.from_record(dict(r)) for r in rows]
 
 
@@ -347,8 +486,9 @@ def migrate_schema(engine: sa.Engine) -> None:
                 return  # renamed by another process meanwhile (or a newer table beside a stray old one: keep both)
             conn.exec_driver_sql(f"ALTER TABLE {LEGACY_RACE_RUNS} RENAME TO {race_runs_table.name}")
             if schema_table.name in tables:
-                conn.execute(schema_table.update().where(schema_table.c.id == 1, schema_table.c.version < 2)
-                             .values(version=2))
+                conn.execute(
+                    schema_table.update().where(schema_table.c.id == 1, schema_table.c.version < 2).values(version=2)
+                )
     except (ProgrammingError, OperationalError):
         # A server: another process renamed it while this one waited for its lock (its look came first).
         if race_runs_table.name in sa.inspect(engine).get_table_names():
@@ -383,5 +523,7 @@ def ensure_schema(engine: sa.Engine) -> None:
         elif version < SCHEMA_VERSION:  # a version-1 database that had no ilr_audit to rename
             conn.execute(schema_table.update().where(schema_table.c.id == 1).values(version=SCHEMA_VERSION))
         elif version > SCHEMA_VERSION:
-            raise UserInputError(f"the database's ilr-search schema is version {version}, newer than this "
-                                 f"ilr-search ({SCHEMA_VERSION}); upgrade ilr-search")
+            raise UserInputError(
+                f"the database's ilr-search schema is version {version}, newer than this "
+                f"ilr-search ({SCHEMA_VERSION}); upgrade ilr-search"
+            )

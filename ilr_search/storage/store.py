@@ -47,10 +47,20 @@ class RaceRun:
     @classmethod
     def from_record(cls, r: Mapping[str, Any]) -> RaceRun:
         """The row from a stored record (a table row's mapping or a journal line): curve as JSON text."""
-        return cls(RaceRunJob(r["factor"], int(r["seed"]), r["map_key"]), r["worker"], float(r["heartbeat"]), r["state"],
-                   float(r["flops_ratio"]), int(r["steps"]), r.get("val_loss"), r.get("val_ppl"), r.get("val_bpb"),
-                   tuple((int(s), float(v)) for s, v in json.loads(r.get("curve") or "[]")), r.get("seconds"),
-                   r.get("reason"))
+        return cls(
+            RaceRunJob(r["factor"], int(r["seed"]), r["map_key"]),
+            r["worker"],
+            float(r["heartbeat"]),
+            r["state"],
+            float(r["flops_ratio"]),
+            int(r["steps"]),
+            r.get("val_loss"),
+            r.get("val_ppl"),
+            r.get("val_bpb"),
+            tuple((int(s), float(v)) for s, v in json.loads(r.get("curve") or "[]")),
+            r.get("seconds"),
+            r.get("reason"),
+        )
 
 
 @dataclass(frozen=True)
@@ -119,8 +129,9 @@ class Store(ABC):
         they were kept)."""
 
     @abstractmethod
-    def record_pruning(self, trial_number: int, step: int, val_loss: float, flops_ratio: float,
-                       dominated_by: list[int], reason: str) -> None:
+    def record_pruning(
+        self, trial_number: int, step: int, val_loss: float, flops_ratio: float, dominated_by: list[int], reason: str
+    ) -> None:
         """Record why `trial_number` was pruned (replacing an earlier record of that trial)."""
 
     @abstractmethod
@@ -147,8 +158,18 @@ class Store(ABC):
         """Renew the heartbeat of `job` if `worker` holds it."""
 
     @abstractmethod
-    def finish_race_run(self, job: RaceRunJob, worker: str, state: str, val_loss: float | None, val_ppl: float | None,
-                        val_bpb: float | None, curve: list[tuple[int, float]], seconds: float, reason: str) -> bool:
+    def finish_race_run(
+        self,
+        job: RaceRunJob,
+        worker: str,
+        state: str,
+        val_loss: float | None,
+        val_ppl: float | None,
+        val_bpb: float | None,
+        curve: list[tuple[int, float]],
+        seconds: float,
+        reason: str,
+    ) -> bool:
         """Store the result if `worker` still holds the job; False if another worker took it over."""
 
     @abstractmethod

@@ -58,15 +58,18 @@ def parse_storage(url: str | None, read_only: bool = False) -> StorageSpec:
     """Check a storage URL without creating or changing anything. `read_only`: the caller only reads, so an SQLite
     file it cannot write is accepted, opened read-only (spec.mode); without it such a file is refused."""
     if not url:
-        path = Path(DEFAULT_STORAGE[len("sqlite:///"):])
+        path = Path(DEFAULT_STORAGE[len("sqlite:///") :])
         if not path.parent.exists():  # studies/ is made on first use (after every check has passed)
             if not read_only:
-                check_can_create(path.parent, f"the folder {str(path.parent)!r} of the default storage",
-                                 "run in a writable folder or give --storage")
+                check_can_create(
+                    path.parent,
+                    f"the folder {str(path.parent)!r} of the default storage",
+                    "run in a writable folder or give --storage",
+                )
             return StorageSpec(DEFAULT_STORAGE, "sqlite", path, create_folder=True)
         url = DEFAULT_STORAGE
     if url.startswith("journal:"):
-        path = Path(url[len("journal:"):]).expanduser()
+        path = Path(url[len("journal:") :]).expanduser()
         if not str(path) or str(path) == ".":
             raise UserInputError("journal storage needs a file: --storage journal:PATH")
         _check_writable_file(path, url)
@@ -75,24 +78,30 @@ def parse_storage(url: str | None, read_only: bool = False) -> StorageSpec:
     try:
         parsed = make_url(url)
     except ArgumentError:
-        raise UserInputError(f"storage {mask_url(url)!r} is not a URL Optuna accepts; use sqlite:///FILE, "
-                             "postgresql://USER@HOST/DB, mysql://..., or journal:PATH") from None
+        raise UserInputError(
+            f"storage {mask_url(url)!r} is not a URL Optuna accepts; use sqlite:///FILE, "
+            "postgresql://USER@HOST/DB, mysql://..., or journal:PATH"
+        ) from None
     try:
         dialect = parsed.get_dialect()
     except NoSuchModuleError:
-        raise UserInputError(f"storage driver {parsed.drivername!r} is not supported; use sqlite, postgresql, mysql "
-                             "or journal:PATH") from None
+        raise UserInputError(
+            f"storage driver {parsed.drivername!r} is not supported; use sqlite, postgresql, mysql or journal:PATH"
+        ) from None
     except ImportError as e:
-        raise UserInputError(f"storage driver {parsed.drivername!r} needs a module that is not installed ({e.name}); "
-                             f"{driver_hint(parsed.get_backend_name(), e.name)}") from None
+        raise UserInputError(
+            f"storage driver {parsed.drivername!r} needs a module that is not installed ({e.name}); "
+            f"{driver_hint(parsed.get_backend_name(), e.name)}"
+        ) from None
     if dialect.name == "sqlite":
         if not parsed.database or parsed.database == ":memory:":
             raise UserInputError("an in-memory SQLite storage cannot be resumed; give a file: sqlite:///studies/x.db")
         path = Path(parsed.database)
         if read_only and path.is_file() and not os.access(path, os.W_OK):
             if not os.access(path, os.R_OK):
-                raise UserInputError(f"storage file {str(path)!r} is not readable; fix its permissions or choose "
-                                     "another --storage")
+                raise UserInputError(
+                    f"storage file {str(path)!r} is not readable; fix its permissions or choose another --storage"
+                )
             mode = read_mode(path)
             _check_sqlite_file(path, read_uri(path, mode))
             return StorageSpec(url, "sqlite", path, mode=mode)
@@ -104,8 +113,10 @@ def parse_storage(url: str | None, read_only: bool = False) -> StorageSpec:
     try:
         dialect.import_dbapi() if hasattr(dialect, "import_dbapi") else None
     except ImportError as e:
-        raise UserInputError(f"storage driver {parsed.drivername!r} needs a module that is not installed ({e.name}); "
-                             f"{driver_hint(dialect.name, e.name)}") from None
+        raise UserInputError(
+            f"storage driver {parsed.drivername!r} needs a module that is not installed ({e.name}); "
+            f"{driver_hint(dialect.name, e.name)}"
+        ) from None
     return StorageSpec(url, "rdb")
 
 
@@ -156,7 +167,9 @@ def _check_writable_file(path: Path, url: str) -> None:
         if path.is_dir():
             raise UserInputError(f"storage {mask_url(url)!r} points at a folder; give a file")
         if not os.access(path, os.R_OK | os.W_OK):
-            raise UserInputError(f"storage file {str(path)!r} is not writable; fix its permissions or choose another --storage")
+            raise UserInputError(
+                f"storage file {str(path)!r} is not writable; fix its permissions or choose another --storage"
+            )
         return
     if not parent.exists():
         raise UserInputError(f"the folder {str(parent)!r} of storage {mask_url(url)!r} does not exist; create it first")
@@ -168,8 +181,10 @@ def _check_sqlite_file(path: Path, uri: str | None = None) -> None:
     with open(path, "rb") as f:
         header = f.read(16)
     if header and header != b"SQLite format 3\x00":
-        raise UserInputError(f"{str(path)!r} is not an SQLite database (corrupted or another kind of file); "
-                             "move it away or choose another --storage")
+        raise UserInputError(
+            f"{str(path)!r} is not an SQLite database (corrupted or another kind of file); "
+            "move it away or choose another --storage"
+        )
     if header:
         import sqlite3
 
@@ -180,11 +195,14 @@ def _check_sqlite_file(path: Path, uri: str | None = None) -> None:
         except sqlite3.OperationalError as e:
             if "locked" in str(e):  # another process is writing; the storage waits for it later
                 return
-            raise UserInputError(f"{str(path)!r} is a corrupted SQLite database ({e}); move it away or choose "
-                                 "another --storage") from None
+            raise UserInputError(
+                f"{str(path)!r} is a corrupted SQLite database ({e}); move it away or choose another --storage"
+            ) from None
         except sqlite3.DatabaseError as e:
-            raise UserInputError(f"{str(path)!r} is a corrupted SQLite database ({e}); move it away or choose "
-                                 "another --storage") from None
+            raise UserInputError(
+                f"{str(path)!r} is a corrupted SQLite database ({e}); move it away or choose another --storage"
+            ) from None
         if ok is None or ok[0] != "ok":
-            raise UserInputError(f"{str(path)!r} is a corrupted SQLite database ({ok}); move it away or choose "
-                                 "another --storage")
+            raise UserInputError(
+                f"{str(path)!r} is a corrupted SQLite database ({ok}); move it away or choose another --storage"
+            )

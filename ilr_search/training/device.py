@@ -22,6 +22,7 @@ def resolve_device(device: str) -> torch.device:
         return torch.device("cpu")
     if device == "cuda" and not torch.cuda.is_available():
         from ilr_search.errors import UserInputError
+
         raise UserInputError("--device cuda was asked for but no CUDA device is visible; use --device auto or cpu")
     return torch.device(device)
 

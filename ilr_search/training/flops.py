@@ -7,12 +7,10 @@ products, as torch's FlopCounterMode counts them; norms, activations and softmax
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ilr_search.config import ModelConfig
 from ilr_search.errors import UserInputError
@@ -112,16 +110,21 @@ def parse_budget(text: str, cfg: ModelConfig) -> Budget:
         absolute = float(m.group(1))
         ratio = absolute / base
         if 0 < absolute < RATIO_LIKE_BELOW:
-            raise BudgetError(f"budget {raw!r} is a bare number, which means forward FLOPs per token (the all-ones "
-                              f"map costs {base:.4g}); did you mean {raw.strip()}x? Write a ratio as 1.5x or 150%")
+            raise BudgetError(
+                f"budget {raw!r} is a bare number, which means forward FLOPs per token (the all-ones "
+                f"map costs {base:.4g}); did you mean {raw.strip()}x? Write a ratio as 1.5x or 150%"
+            )
     else:
-        raise BudgetError(f"budget {raw!r} is not understood; write a ratio like 1.5x or 150%, "
-                          "or forward FLOPs per token like 4.2e6")
+        raise BudgetError(
+            f"budget {raw!r} is not understood; write a ratio like 1.5x or 150%, or forward FLOPs per token like 4.2e6"
+        )
     if not math.isfinite(ratio) or ratio <= 0:
         raise BudgetError(f"budget {raw!r} must be a positive, finite amount of compute")
     if ratio < 1 - 1e-9:
-        raise BudgetError(f"budget {raw!r} ({absolute:.4g} FLOPs/token, {ratio:.3f}x) is below the all-ones map's "
-                          f"cost ({base:.4g} FLOPs/token, 1x); give at least 1x")
+        raise BudgetError(
+            f"budget {raw!r} ({absolute:.4g} FLOPs/token, {ratio:.3f}x) is below the all-ones map's "
+            f"cost ({base:.4g} FLOPs/token, 1x); give at least 1x"
+        )
     return Budget(text=raw.strip(), ratio=ratio, flops_per_token=absolute)
 
 
@@ -135,15 +138,24 @@ def count_flops(model: torch.nn.Module, *args: Any) -> int:
         return sdpa_flop_count(query_shape, key_shape, value_shape)
 
     aten = torch.ops.aten
-    mapping = {aten._scaled_dot_product_flash_attention_for_cpu: cpu_flash_flop} if hasattr(
-        aten, "_scaled_dot_product_flash_attention_for_cpu") else {}
+    mapping = (
+        {aten._scaled_dot_product_flash_attention_for_cpu: cpu_flash_flop}
+        if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu")
+        else {}
+    )
     with FlopCounterMode(display=False, custom_mapping=mapping) as counter:
         model(*args)
     return counter.get_total_flops()
 
 
-def describe(cfg: ModelConfig, reuse_map: Sequence[int], schedule: Sequence[int], tokens: int,
-             params: int, block: int | None = None) -> dict[str, Any]:
+def describe(
+    cfg: ModelConfig,
+    reuse_map: Sequence[int],
+    schedule: Sequence[int],
+    tokens: int,
+    params: int,
+    block: int | None = None,
+) -> dict[str, Any]:
     """The `ilr-search flops` report for one schedule."""
     report: dict[str, Any] = {
         "reuse_map": list(reuse_map),

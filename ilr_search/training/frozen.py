@@ -25,6 +25,7 @@ class WindowLosses:
     """A model's losses on one chunk of held-out windows: `losses[i]` is the mean loss (nats) over the
     `tokens_per_window[i]` targets the window starting at `starts[i]` counts (seq_len; with answers, its answer's
     tokens); `nats` their sum over every counted target, `bytes` the UTF-8 bytes those targets cover."""
+
     chunk: int
     starts: tuple[int, ...]
     losses: tuple[float, ...]
@@ -47,8 +48,15 @@ class WindowLosses:
 
 
 @torch.no_grad()
-def window_losses(model: ILRTransformer, schedule: Sequence[int], data: TokenData, chunk: int, n_windows: int,
-                  batch_size: int = 8, compute_dtype: torch.dtype = torch.float32) -> WindowLosses:
+def window_losses(
+    model: ILRTransformer,
+    schedule: Sequence[int],
+    data: TokenData,
+    chunk: int,
+    n_windows: int,
+    batch_size: int = 8,
+    compute_dtype: torch.dtype = torch.float32,
+) -> WindowLosses:
     """The loss of `model` running `schedule` on each window of chunk `chunk` (n_windows windows of the model's
     seq_len), one value a window, on the model's device."""
     seq_len = model.cfg.seq_len
@@ -58,23 +66,41 @@ def window_losses(model: ILRTransformer, schedule: Sequence[int], data: TokenDat
     model.eval()
     sums: list[torch.Tensor] = []
     counted: list[int] = []
-    for x, y in data.window_batches(windows, seq_len, batch_size):
-        counted += [counted_targets(row) for row in y]
-        x, y = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
+    for x_np, y_np in data.window_batches(windows, seq_len, batch_size):
+        counted += [counted_targets(row) for row in y_np]
+        x, y = torch.from_numpy(x_np).to(device), torch.from_numpy(y_np).to(device)
         with autocast_for(device, compute_dtype):
             hidden = model.hidden(x, schedule)  # the layers run on the whole batch
             for row in range(x.shape[0]):  # the head one window at a time: its own summed loss
-                sums.append(linear_cross_entropy(hidden[row:row + 1], model.head_weight, y[row:row + 1],
-                                                 compute_dtype, "sum", ignore_index=data.ignore_index))
+                sums.append(
+                    linear_cross_entropy(
+                        hidden[row : row + 1],
+                        model.head_weight,
+                        y[row : row + 1],
+                        compute_dtype,
+                        "sum",
+                        ignore_index=data.ignore_index,
+                    )
+                )
     model.train(was_training)
     nats = torch.stack(sums).double().cpu().tolist()  # the chunk's one host sync
-    return WindowLosses(chunk, tuple(int(s) for s in windows.starts),
-                        tuple(n / max(1, c) for n, c in zip(nats, counted)), tuple(counted), math.fsum(nats),
-                        data.val.bytes_between(windows.begins, windows.ends))
+    return WindowLosses(
+        chunk,
+        tuple(int(s) for s in windows.starts),
+        tuple(n / max(1, c) for n, c in zip(nats, counted, strict=True)),
+        tuple(counted),
+        math.fsum(nats),
+        data.val.bytes_between(windows.begins, windows.ends),
+    )
 
 
-def evaluate_frozen(model: ILRTransformer, schedule: Sequence[int], data: TokenData, cfg: TrainConfig,
-                    on_eval: Callable[[EvalPoint], bool] | None = None) -> tuple[WindowLosses, EvalPoint, float]:
+def evaluate_frozen(
+    model: ILRTransformer,
+    schedule: Sequence[int],
+    data: TokenData,
+    cfg: TrainConfig,
+    on_eval: Callable[[EvalPoint], bool] | None = None,
+) -> tuple[WindowLosses, EvalPoint, float]:
     """A run of no step: `model` (its weights as built) evaluated on chunk cfg.seed of cfg.eval_windows held-out
     windows. Returns the window losses, the run's one evaluation point (step 0; `on_eval` sees it) and the
     seconds it took."""
@@ -88,8 +114,9 @@ def evaluate_frozen(model: ILRTransformer, schedule: Sequence[int], data: TokenD
     return windows, point, time.perf_counter() - t0
 
 
-def chunk_window_losses(model: ILRTransformer, schedule: Sequence[int], data: TokenData, cfg: TrainConfig,
-                        chunks: Sequence[int]) -> list[WindowLosses]:
+def chunk_window_losses(
+    model: ILRTransformer, schedule: Sequence[int], data: TokenData, cfg: TrainConfig, chunks: Sequence[int]
+) -> list[WindowLosses]:
     """Each chunk's window losses of `model` (train.build_model builds it as a run does: its init's weights where
     it has one) running `schedule`, in cfg's windows a chunk and dtype: for reports and for checking the
     window-paired test."""

@@ -42,18 +42,36 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ilr_search.training.checkpoint import load_checkpoint, save_checkpoint
 from ilr_search.config import ModelConfig, TrainConfig
 from ilr_search.data.tokens import TokenData, counted_targets
 from ilr_search.errors import UserInputError
+from ilr_search.records import TrainLossPoint
+from ilr_search.training.checkpoint import load_checkpoint, save_checkpoint
 from ilr_search.training.device import compiled_once
 from ilr_search.training.loss import linear_cross_entropy
 from ilr_search.training.model import ILRTransformer, alibi_bias, apply_rope, branch_scales, rope_tables
-from ilr_search.records import TrainLossPoint
-from ilr_search.training.train import (EvalPoint, OnEval, OnStep, SYNC_EVERY, TrainResult, adamw, autocast_for, build_model,
-                    build_optimizer, divergence_threshold, host_values, proxy_result, resolve_compile,
-                    resolve_device, resolve_dtype, set_lr, training_divergence, validation_divergence,
-                    validation_metrics, weight_decays)
+from ilr_search.training.train import (
+    SYNC_EVERY,
+    EvalPoint,
+    OnEval,
+    OnStep,
+    TrainResult,
+    adamw,
+    autocast_for,
+    build_model,
+    build_optimizer,
+    divergence_threshold,
+    host_values,
+    proxy_result,
+    resolve_compile,
+    resolve_device,
+    resolve_dtype,
+    set_lr,
+    training_divergence,
+    validation_divergence,
+    validation_metrics,
+    weight_decays,
+)
 
 Tensor = torch.Tensor
 
@@ -69,31 +87,61 @@ def check_fusable(model_cfg: ModelConfig) -> None:
     """Refuse the knobs that add parameters or ops to the forward pass (init_depth only sets initial weights,
     repeat_scale "residual" is a branch factor the group applies), repeat_scale "lr", and the pretrained
     architectures' options and a checkpoint's weights (the group stacks the project's own model)."""
-    unsupported = [name for name, on in (("injection", model_cfg.injection != "none"),
-                                         ("iteration_encoding", model_cfg.iteration_encoding),
-                                         ("iteration_norms", model_cfg.iteration_norms),
-                                         ("repeat_scale=lr", model_cfg.repeat_scale == "lr")) if on]
+    unsupported = [
+        name
+        for name, on in (
+            ("injection", model_cfg.injection != "none"),
+            ("iteration_encoding", model_cfg.iteration_encoding),
+            ("iteration_norms", model_cfg.iteration_norms),
+            ("repeat_scale=lr", model_cfg.repeat_scale == "lr"),
+        )
+        if on
+    ]
     if unsupported:
-        raise FusionUnsupported(f"the fused trainer does not support the recurrence knob(s) {', '.join(unsupported)}; "
-                                "train these maps one at a time (--fuse 1)")
-    options = [name for name, on in (("n_kv_heads", model_cfg.kv_heads != model_cfg.n_heads),
-                                     ("head_dim", model_cfg.head_size * model_cfg.n_heads != model_cfg.d_model),
-                                     ("tie_embeddings=false", not model_cfg.tie_embeddings),
-                                     ("qkv_bias", model_cfg.qkv_bias), ("qk_norm", model_cfg.qk_norm),
-                                     ("init", bool(model_cfg.init))) if on]
+        raise FusionUnsupported(
+            f"the fused trainer does not support the recurrence knob(s) {', '.join(unsupported)}; "
+            "train these maps one at a time (--fuse 1)"
+        )
+    options = [
+        name
+        for name, on in (
+            ("n_kv_heads", model_cfg.kv_heads != model_cfg.n_heads),
+            ("head_dim", model_cfg.head_size * model_cfg.n_heads != model_cfg.d_model),
+            ("tie_embeddings=false", not model_cfg.tie_embeddings),
+            ("qkv_bias", model_cfg.qkv_bias),
+            ("qk_norm", model_cfg.qk_norm),
+            ("init", bool(model_cfg.init)),
+        )
+        if on
+    ]
     if options:
-        raise FusionUnsupported(f"the fused trainer does not support the model option(s) {', '.join(options)}; "
-                                "train these maps one at a time (--fuse 1)")
+        raise FusionUnsupported(
+            f"the fused trainer does not support the model option(s) {', '.join(options)}; "
+            "train these maps one at a time (--fuse 1)"
+        )
 
 
 # The per-layer parameters fused_layer takes, in its order (names as in DecoderLayer).
-FUSED_LAYER_WEIGHTS = ("attn_norm.weight", "attn.qkv.weight", "attn.proj.weight", "mlp_norm.weight",
-                       "mlp.gate_up.weight", "mlp.down.weight")
+FUSED_LAYER_WEIGHTS = (
+    "attn_norm.weight",
+    "attn.qkv.weight",
+    "attn.proj.weight",
+    "mlp_norm.weight",
+    "mlp.gate_up.weight",
+    "mlp.down.weight",
+)
 
 
-def fused_layer(x: Tensor, weights: tuple[Tensor, ...], rope: tuple[Tensor, Tensor] | None,
-                rope_rotation: Tensor | None, alibi: Tensor | None, branch_scale: Tensor | None, n_heads: int,
-                eps: float) -> Tensor:
+def fused_layer(
+    x: Tensor,
+    weights: tuple[Tensor, ...],
+    rope: tuple[Tensor, Tensor] | None,
+    rope_rotation: Tensor | None,
+    alibi: Tensor | None,
+    branch_scale: Tensor | None,
+    n_heads: int,
+    eps: float,
+) -> Tensor:
     """DecoderLayer.forward for m members at once: x (m, B, T, D); `weights`, each member's layer parameters
     (m, *shape) in FUSED_LAYER_WEIGHTS order; rope_tables' (cos, sin) or None; `rope_rotation`, the same angles
     as cos + i sin (T, 1, 1, pairs), or None for apply_rope's real arithmetic; the ALiBi bias or None; each
@@ -101,6 +149,7 @@ def fused_layer(x: Tensor, weights: tuple[Tensor, ...], rope: tuple[Tensor, Tens
 
     A pure function of tensors and two constants (n_heads, eps), so that compiled_fused_layer's one graph per
     shape serves every map and every group of the process."""
+
     def branch(y: Tensor) -> Tensor:
         return y if branch_scale is None else y * branch_scale
 
@@ -135,6 +184,7 @@ def fused_layer(x: Tensor, weights: tuple[Tensor, ...], rope: tuple[Tensor, Tens
 # dtype, so K = 16 in training and evaluation alone needs 32 (torch's default limit is 8).
 FUSED_LAYER_RECOMPILE_LIMIT = 128
 
+
 def compiled_fused_layer() -> Callable[..., Tensor]:
     """fused_layer compiled once per process (device.compiled_once), with static shapes: every group, of any
     maps, reuses the graph of each shape it has seen (a schedule's layer indices and its members' running counts
@@ -145,6 +195,7 @@ def compiled_fused_layer() -> Callable[..., Tensor]:
 @dataclass(frozen=True)
 class LayerSlot:
     """Where one per-layer parameter lives in its flat [K, n_layers, P] tensor."""
+
     key: str  # LAYER_DECAY or LAYER_NO_DECAY
     offset: int
     shape: torch.Size
@@ -188,8 +239,17 @@ class StackedLayout:
         stacked = {name: torch.stack([m[name] for m in members]) for name in self.top_names}
         for key in self.layer_keys:
             rests = [rest for rest, slot in self.layer_slots.items() if slot.key == key]
-            stacked[key] = torch.stack([torch.stack([torch.cat([m[f"layers.{layer}.{rest}"].reshape(-1) for rest in rests])
-                                                     for layer in range(self.n_layers)]) for m in members])
+            stacked[key] = torch.stack(
+                [
+                    torch.stack(
+                        [
+                            torch.cat([m[f"layers.{layer}.{rest}"].reshape(-1) for rest in rests])
+                            for layer in range(self.n_layers)
+                        ]
+                    )
+                    for m in members
+                ]
+            )
         return stacked
 
     def unstack(self, stacked: dict[str, Tensor], k: int) -> dict[str, Tensor]:
@@ -197,20 +257,22 @@ class StackedLayout:
         member = {name: stacked[name][k] for name in self.top_names}
         for rest, slot in self.layer_slots.items():
             for layer in range(self.n_layers):
-                member[f"layers.{layer}.{rest}"] = \
-                    stacked[slot.key][k, layer, slot.offset:slot.offset + slot.numel].view(slot.shape)
+                member[f"layers.{layer}.{rest}"] = stacked[slot.key][
+                    k, layer, slot.offset : slot.offset + slot.numel
+                ].view(slot.shape)
         return member
 
     def layer_view(self, gathered: dict[str, Tensor], rest: str) -> Tensor:
         """One per-layer parameter, [m, *shape], out of gathered flat rows {key: [m, P]}."""
         slot = self.layer_slots[rest]
         rows = gathered[slot.key]
-        return rows[:, slot.offset:slot.offset + slot.numel].view(rows.shape[0], *slot.shape)
+        return rows[:, slot.offset : slot.offset + slot.numel].view(rows.shape[0], *slot.shape)
 
 
 @dataclass
 class MemberState:
     """A member's weights and AdamW state by parameter name, and where its run starts."""
+
     weights: dict[str, Tensor]
     moments: dict[str, dict[str, Tensor]]  # AdamW state name (exp_avg, exp_avg_sq) -> by parameter name
     optimizer_step: Tensor | None  # AdamW's step count (None before the first step)
@@ -218,8 +280,9 @@ class MemberState:
     curve: list[EvalPoint]
 
 
-def load_member(model_cfg: ModelConfig, cfg: TrainConfig, seed: int, path: Path | None,
-                device: torch.device) -> MemberState:
+def load_member(
+    model_cfg: ModelConfig, cfg: TrainConfig, seed: int, path: Path | None, device: torch.device
+) -> MemberState:
     """build_model's initial weights for `seed`, or the member's checkpoint where one exists."""
     model = build_model(model_cfg, seed).to(device)
     if path is None or not path.exists():
@@ -234,13 +297,13 @@ def load_member(model_cfg: ModelConfig, cfg: TrainConfig, seed: int, path: Path 
                 optimizer_step = value
             else:
                 moments.setdefault(key, {})[name] = value
-    return MemberState({n: p.detach() for n, p in model.named_parameters()}, moments, optimizer_step,
-                       start_step, curve)
+    return MemberState({n: p.detach() for n, p in model.named_parameters()}, moments, optimizer_step, start_step, curve)
 
 
 @dataclass
 class Member:
     """One proxy of the group: its schedule, data seed, callbacks, checkpoint, and what its run has done so far."""
+
     position: int  # in the caller's lists
     schedule: list[int]
     seed: int
@@ -262,8 +325,16 @@ class Member:
 class FusedGroup:
     """The stacked parameters of the members still training, their AdamW, and the fused forward pass."""
 
-    def __init__(self, model_cfg: ModelConfig, cfg: TrainConfig, members: list[Member], device: torch.device,
-                 compute_dtype: torch.dtype, compiled: bool, length_masking: str = "prefix") -> None:
+    def __init__(
+        self,
+        model_cfg: ModelConfig,
+        cfg: TrainConfig,
+        members: list[Member],
+        device: torch.device,
+        compute_dtype: torch.dtype,
+        compiled: bool,
+        length_masking: str = "prefix",
+    ) -> None:
         self.model_cfg, self.cfg, self.device = model_cfg, cfg, device
         # compiled: the layers through compiled_fused_layer, the head through loss.compiled_chunk_loss
         self.compute_dtype, self.compiled = compute_dtype, compiled
@@ -288,8 +359,9 @@ class FusedGroup:
         self.rope = rope_tables(T, model_cfg.head_size, model_cfg.rope_base, device) if model_cfg.pe == "rope" else None
         # cos + i sin of each position's angles, shaped to broadcast over (sequences, T, q/k, heads, pairs). None
         # when compiled: apply_rope's real arithmetic, which the compiler fuses, and no complex dtype in the graph.
-        self.rope_rotation = torch.complex(*self.rope).view(T, 1, 1, -1) \
-            if self.rope is not None and not compiled else None
+        self.rope_rotation = (
+            torch.complex(*self.rope).view(T, 1, 1, -1) if self.rope is not None and not compiled else None
+        )
         self.layer_fn = compiled_fused_layer() if compiled else fused_layer
         self.alibi = alibi_bias(model_cfg.n_heads, T, device) if model_cfg.pe == "alibi" else None
         self._index_schedules()
@@ -317,13 +389,19 @@ class FusedGroup:
                 running = len(self.members)  # every member computes; the mask keeps the short ones' activations
             rows = [k * L + (m.schedule[s] if len(m.schedule) > s else 0) for k, m in enumerate(self.members[:running])]
             self.running.append(running)
-            scales = [member_scales[k][m.schedule[s]] if len(m.schedule) > s else None
-                      for k, m in enumerate(self.members[:running])]
-            self.branch_scales.append(None if all(f is None for f in scales) and not scaled else torch.tensor(
-                [1.0 if f is None else f for f in scales], device=self.device).view(-1, 1, 1, 1))
+            scales = [
+                member_scales[k][m.schedule[s]] if len(m.schedule) > s else None
+                for k, m in enumerate(self.members[:running])
+            ]
+            self.branch_scales.append(
+                None
+                if all(f is None for f in scales) and not scaled
+                else torch.tensor([1.0 if f is None else f for f in scales], device=self.device).view(-1, 1, 1, 1)
+            )
             self.rows.append(torch.tensor(rows, dtype=torch.long, device=self.device))
-            self.active_masks.append(torch.tensor([len(m.schedule) > s for m in self.members],
-                                                  device=self.device).view(-1, 1, 1, 1))
+            self.active_masks.append(
+                torch.tensor([len(m.schedule) > s for m in self.members], device=self.device).view(-1, 1, 1, 1)
+            )
         self.all_rows = torch.cat(self.rows)
 
     def keep(self, kept: list[Member]) -> None:
@@ -348,8 +426,16 @@ class FusedGroup:
         """DecoderLayer.forward for m members at once: x (m, B, T, D), gathered flat layer rows {key: (m, P)},
         each member's factor on its residual branches (m, 1, 1, 1) or None (added as they are)."""
         weights = tuple(self.layout.layer_view(gathered, rest) for rest in FUSED_LAYER_WEIGHTS)
-        return self.layer_fn(x, weights, self.rope, self.rope_rotation, self.alibi, branch_scale,
-                             self.model_cfg.n_heads, self.model_cfg.norm_eps)
+        return self.layer_fn(
+            x,
+            weights,
+            self.rope,
+            self.rope_rotation,
+            self.alibi,
+            branch_scale,
+            self.model_cfg.n_heads,
+            self.model_cfg.norm_eps,
+        )
 
     def hidden(self, tokens: Tensor) -> Tensor:
         """Final normalised hidden states (K, B, T, D) of every member for token ids (K, B, T)."""
@@ -363,9 +449,16 @@ class FusedGroup:
         # Every position's layer rows in one index_select per flat tensor, then split by position: backward is one
         # cat and one index_add into the parameter's gradient (a gather per position would zero-fill a
         # parameter-sized gradient at each position).
-        per_position = {key: self.params[key].view(K * self.model_cfg.n_layers, -1).index_select(0, self.all_rows)
-                        .split(self.running) for key in self.layout.layer_keys}
-        for s, (running, active, scale) in enumerate(zip(self.running, self.active_masks, self.branch_scales)):
+        per_position = {
+            key: self.params[key]
+            .view(K * self.model_cfg.n_layers, -1)
+            .index_select(0, self.all_rows)
+            .split(self.running)
+            for key in self.layout.layer_keys
+        }
+        for s, (running, active, scale) in enumerate(
+            zip(self.running, self.active_masks, self.branch_scales, strict=True)
+        ):
             gathered = {key: rows[s] for key, rows in per_position.items()}
             if self.length_masking == "where":
                 x = torch.where(active, self._layer(x, gathered, scale), x)
@@ -380,8 +473,14 @@ class FusedGroup:
         equal to `ignore_index` count for nothing."""
         h = self.hidden(tokens)
         embed = self.params["embed.weight"]
-        return torch.stack([linear_cross_entropy(h[k], embed[k], targets[k], self.compute_dtype, reduction,
-                                                 self.compiled, ignore_index) for k in range(len(self.members))])
+        return torch.stack(
+            [
+                linear_cross_entropy(
+                    h[k], embed[k], targets[k], self.compute_dtype, reduction, self.compiled, ignore_index
+                )
+                for k in range(len(self.members))
+            ]
+        )
 
     # --- training ---
 
@@ -400,9 +499,9 @@ class FusedGroup:
         K, seq_len = len(self.members), self.model_cfg.seq_len
         total_nats = torch.zeros(K, dtype=torch.float64, device=self.device)
         total_tokens = 0
-        for x, y in data.val_batches(self.cfg.eval_windows, seq_len, self.cfg.batch_size):
-            total_tokens += counted_targets(y)
-            x, y = torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)
+        for x_np, y_np in data.val_batches(self.cfg.eval_windows, seq_len, self.cfg.batch_size):
+            total_tokens += counted_targets(y_np)
+            x, y = torch.from_numpy(x_np).to(self.device), torch.from_numpy(y_np).to(self.device)
             with autocast_for(self.device, self.compute_dtype):
                 total_nats += self.losses(x.expand(K, *x.shape), y.expand(K, *y.shape), "sum", data.ignore_index)
         return [validation_metrics(nats, total_tokens, data, self.cfg, seq_len) for nats in host_values(total_nats)]
@@ -412,22 +511,34 @@ class FusedGroup:
         k = self.members.index(member)
         weights = self.layout.unstack({key: p.detach() for key, p in self.params.items()}, k)
         stacked_state = {key: self.optimizer.state[p] for key, p in self.params.items()}
-        moments = {name: self.layout.unstack({key: s[name] for key, s in stacked_state.items()}, k)
-                   for name in next(iter(stacked_state.values())) if name != "step"}
+        moments = {
+            name: self.layout.unstack({key: s[name] for key, s in stacked_state.items()}, k)
+            for name in next(iter(stacked_state.values()))
+            if name != "step"
+        }
         optimizer_step = next(iter(stacked_state.values()))["step"]
         with torch.no_grad():
             for name, p in self.template.named_parameters():
                 p.copy_(weights[name])
-                self.template_optimizer.state[p] = {"step": optimizer_step.clone()} | \
-                    {moment: values[name].clone() for moment, values in moments.items()}
+                self.template_optimizer.state[p] = {"step": optimizer_step.clone()} | {
+                    moment: values[name].clone() for moment, values in moments.items()
+                }
         set_lr(self.template_optimizer, step, self.cfg)
+        assert member.checkpoint_path is not None  # saved only for members with a checkpoint path
         save_checkpoint(member.checkpoint_path, self.template, self.template_optimizer, step, member.curve)
 
 
-def train_fused(model_cfg: ModelConfig, schedules: Sequence[Sequence[int]], data: TokenData, cfg: TrainConfig,
-                on_eval: Sequence[OnEval | None] | None = None, on_step: Sequence[OnStep | None] | None = None,
-                checkpoint_paths: Sequence[Path | None] | None = None, seeds: Sequence[int] | None = None,
-                length_masking: str = "prefix") -> list[TrainResult]:
+def train_fused(
+    model_cfg: ModelConfig,
+    schedules: Sequence[Sequence[int]],
+    data: TokenData,
+    cfg: TrainConfig,
+    on_eval: Sequence[OnEval | None] | None = None,
+    on_step: Sequence[OnStep | None] | None = None,
+    checkpoint_paths: Sequence[Path | None] | None = None,
+    seeds: Sequence[int] | None = None,
+    length_masking: str = "prefix",
+) -> list[TrainResult]:
     """Train each schedule as `train_proxy(model_cfg, schedule, data, replace(cfg, seed=seed), on_eval, on_step,
     checkpoint_path)` would, all in lockstep; one TrainResult per schedule, in order. Never raises for a
     diverging member. Members resuming from checkpoints of different steps train as separate fused groups."""
@@ -441,30 +552,50 @@ def train_fused(model_cfg: ModelConfig, schedules: Sequence[Sequence[int]], data
     on_step = list(on_step) if on_step is not None else [None] * K
     checkpoint_paths = list(checkpoint_paths) if checkpoint_paths is not None else [None] * K
     seeds = list(seeds) if seeds is not None else [cfg.seed] * K
-    for name, values in (("on_eval", on_eval), ("on_step", on_step), ("checkpoint_paths", checkpoint_paths),
-                         ("seeds", seeds)):
+    for name, values in (
+        ("on_eval", on_eval),
+        ("on_step", on_step),
+        ("checkpoint_paths", checkpoint_paths),
+        ("seeds", seeds),
+    ):
         if len(values) != K:
             raise ValueError(f"{name} has {len(values)} entries for {K} schedules")
     data.check_window(model_cfg.seq_len)
     device = resolve_device(cfg.device)
-    members = [Member(k, list(schedules[k]), seeds[k], on_eval[k], on_step[k], checkpoint_paths[k],
-                      load_member(model_cfg, replace(cfg, seed=seeds[k]), seeds[k], checkpoint_paths[k], device))
-               for k in range(K)]
+    members = [
+        Member(
+            k,
+            list(schedules[k]),
+            seeds[k],
+            on_eval[k],
+            on_step[k],
+            checkpoint_paths[k],
+            load_member(model_cfg, replace(cfg, seed=seeds[k]), seeds[k], checkpoint_paths[k], device),
+        )
+        for k in range(K)
+    ]
     results: list[TrainResult | None] = [None] * K
     for start_step in sorted({m.state.start_step for m in members}):
         group = [m for m in members if m.state.start_step == start_step]
-        for m, result in zip(group, _train_group(model_cfg, group, data, cfg, device, length_masking)):
+        for m, result in zip(group, _train_group(model_cfg, group, data, cfg, device, length_masking), strict=True):
             results[m.position] = result
     return results  # type: ignore[return-value]
 
 
-def _train_group(model_cfg: ModelConfig, members: list[Member], data: TokenData, cfg: TrainConfig,
-                 device: torch.device, length_masking: str) -> list[TrainResult]:
+def _train_group(
+    model_cfg: ModelConfig,
+    members: list[Member],
+    data: TokenData,
+    cfg: TrainConfig,
+    device: torch.device,
+    length_masking: str,
+) -> list[TrainResult]:
     """train_proxy's loop for members that all start at the same step; results in `members` order."""
     dtype = resolve_dtype(cfg.dtype, device)
     compute_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
-    group = FusedGroup(model_cfg, cfg, members, device, compute_dtype, resolve_compile(cfg.compile, device),
-                       length_masking)
+    group = FusedGroup(
+        model_cfg, cfg, members, device, compute_dtype, resolve_compile(cfg.compile, device), length_masking
+    )
     params = group.template.num_params()
     tokens_per_step = cfg.batch_size * cfg.grad_accum * model_cfg.seq_len
     eval_steps = set(cfg.eval_steps)
@@ -487,10 +618,12 @@ def _train_group(model_cfg: ModelConfig, members: list[Member], data: TokenData,
             xs, ys = [], []
             for m in active:
                 td = time.perf_counter()
-                x, y = data.train_batch((step - 1) * cfg.grad_accum + micro, cfg.batch_size, model_cfg.seq_len, m.seed)
-                m.digest = zlib.crc32(np.ascontiguousarray(x), m.digest)
-                xs.append(x)
-                ys.append(y)
+                x_np, y_np = data.train_batch(
+                    (step - 1) * cfg.grad_accum + micro, cfg.batch_size, model_cfg.seq_len, m.seed
+                )
+                m.digest = zlib.crc32(np.ascontiguousarray(x_np), m.digest)  # type: ignore[arg-type]  # an ndarray is a buffer (numpy's stubs say so from Python 3.12)
+                xs.append(x_np)
+                ys.append(y_np)
                 m.data_seconds += time.perf_counter() - td
             x = torch.from_numpy(np.stack(xs)).to(device, non_blocking=True)
             y = torch.from_numpy(np.stack(ys)).to(device, non_blocking=True)
@@ -516,15 +649,16 @@ def _train_group(model_cfg: ModelConfig, members: list[Member], data: TokenData,
                     if m.on_step is not None:
                         m.on_step(s, cfg.steps, value)
                 else:
-                    m.train_curve.append(TrainLossPoint(step, step * tokens_per_step,
-                                                        sum(row[k] for row in window) / len(window)))
+                    m.train_curve.append(
+                        TrainLossPoint(step, step * tokens_per_step, sum(row[k] for row in window) / len(window))
+                    )
             if any(m.status != "ok" for m in active):
                 group.keep([m for m in active if m.status == "ok"])
         if step in eval_steps and group.members:
             te = time.perf_counter()
             metrics = group.evaluate(data)
             eval_time = time.perf_counter() - te
-            for m, (val_loss, val_ppl, val_bpb) in zip(group.members, metrics):
+            for m, (val_loss, val_ppl, val_bpb) in zip(group.members, metrics, strict=True):
                 m.eval_seconds += eval_time
                 if not math.isfinite(val_loss) or val_loss > diverged_above:
                     leave(m, "diverged", validation_divergence(val_loss, step), step)
@@ -543,7 +677,23 @@ def _train_group(model_cfg: ModelConfig, members: list[Member], data: TokenData,
             break
     for m in group.members:  # ran to the end
         leave(m, "ok", "", step)
-    return [proxy_result(m.schedule, params, m.status, m.reason, m.end_step, start_step, m.curve, tokens_per_step,
-                         m.seconds, m.data_seconds, m.eval_seconds, str(device), dtype, m.digest, m.train_curve)
-            for m in members]
-
+    return [
+        proxy_result(
+            m.schedule,
+            params,
+            m.status,
+            m.reason,
+            m.end_step,
+            start_step,
+            m.curve,
+            tokens_per_step,
+            m.seconds,
+            m.data_seconds,
+            m.eval_seconds,
+            str(device),
+            dtype,
+            m.digest,
+            m.train_curve,
+        )
+        for m in members
+    ]

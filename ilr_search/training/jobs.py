@@ -9,7 +9,6 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from ilr_search.config import ModelConfig, TrainConfig
@@ -24,6 +23,7 @@ class Job:
     """One proxy: a model and its schedule, trained with `train_cfg` (its seed included); `on_eval` sees each of
     its evaluations (return True to stop it: pruning); `checkpoint` is where it keeps (and resumes from) its
     state."""
+
     model: ModelConfig
     schedule: list[int]
     train_cfg: TrainConfig
@@ -61,8 +61,7 @@ def groups(jobs: Sequence[Job], fuse: int) -> list[list[int]]:
     return out
 
 
-def train_jobs(jobs: Sequence[Job], data: TokenData, fuse: int = 1, on_step: OnStep | None = None
-               ) -> list[TrainResult]:
+def train_jobs(jobs: Sequence[Job], data: TokenData, fuse: int = 1, on_step: OnStep | None = None) -> list[TrainResult]:
     """Train every job (see the module docstring); one TrainResult a job, in their order. `on_step` sees the steps
     of the group training (of its first member)."""
     from ilr_search.training.train import train_proxy
@@ -71,15 +70,27 @@ def train_jobs(jobs: Sequence[Job], data: TokenData, fuse: int = 1, on_step: OnS
     for members in groups(jobs, fuse):
         first = jobs[members[0]]
         if len(members) == 1:
-            results[members[0]] = train_proxy(first.model, first.schedule, data, first.train_cfg, on_eval=first.on_eval,
-                                              on_step=on_step, checkpoint_path=first.checkpoint)
+            results[members[0]] = train_proxy(
+                first.model,
+                first.schedule,
+                data,
+                first.train_cfg,
+                on_eval=first.on_eval,
+                on_step=on_step,
+                checkpoint_path=first.checkpoint,
+            )
             continue
         from ilr_search.training.fused import train_fused
 
-        fused = train_fused(first.model, [jobs[i].schedule for i in members], data, first.train_cfg,
-                            on_eval=[jobs[i].on_eval for i in members],
-                            on_step=[on_step] + [None] * (len(members) - 1),
-                            checkpoint_paths=[jobs[i].checkpoint for i in members],
-                            seeds=[jobs[i].train_cfg.seed for i in members])
-        results.update(zip(members, fused))
+        fused = train_fused(
+            first.model,
+            [jobs[i].schedule for i in members],
+            data,
+            first.train_cfg,
+            on_eval=[jobs[i].on_eval for i in members],
+            on_step=[on_step] + [None] * (len(members) - 1),
+            checkpoint_paths=[jobs[i].checkpoint for i in members],
+            seeds=[jobs[i].train_cfg.seed for i in members],
+        )
+        results.update(zip(members, fused, strict=True))
     return [results[i] for i in range(len(jobs))]

@@ -35,8 +35,9 @@ def _chunk_loss(h: Tensor, w: Tensor, y: Tensor, need_grad: bool) -> tuple[Tenso
     return loss, d_logits @ w, d_logits.t() @ h
 
 
-def _weighted_chunk_loss(h: Tensor, w: Tensor, y: Tensor, weight: Tensor, need_grad: bool
-                         ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+def _weighted_chunk_loss(
+    h: Tensor, w: Tensor, y: Tensor, weight: Tensor, need_grad: bool
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """`_chunk_loss` with each target's loss (and its gradient) multiplied by `weight` (1: counted, 0: ignored)."""
     log_probs = torch.log_softmax((h @ w.t()).float(), dim=-1)
     loss = -(log_probs.gather(1, y[:, None])[:, 0] * weight).sum()
@@ -56,8 +57,16 @@ def compiled_chunk_loss() -> ChunkFn:
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h: Tensor, w: Tensor, y: Tensor, compute_dtype: torch.dtype, reduction: str,
-                chunk_fn: ChunkFn, ignore_index: int | None) -> Tensor:  # type: ignore[override]
+    def forward(
+        ctx,
+        h: Tensor,
+        w: Tensor,
+        y: Tensor,
+        compute_dtype: torch.dtype,
+        reduction: str,
+        chunk_fn: ChunkFn,
+        ignore_index: int | None,
+    ) -> Tensor:
         need_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
         weight: Tensor | None = None
         if ignore_index is not None:
@@ -78,7 +87,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 else:
                     loss, g_h, g_w = chunk_fn(hc[part], wc, y[part], weight[part], need_grad)
                 total += loss
-                if need_grad:
+                if grad_h is not None and grad_w is not None:  # need_grad: the chunk gave its gradients
+                    assert g_h is not None and g_w is not None
                     grad_h[part] = g_h
                     grad_w += g_w
         # The mean is over the counted targets; with none counted the loss and its gradients are 0.
@@ -91,15 +101,22 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return total * scale
 
     @staticmethod
-    def backward(ctx, grad_out: Tensor):  # type: ignore[override]
+    def backward(ctx, grad_out: Tensor):
         grad_h, grad_w = ctx.saved_tensors
         g = grad_out * ctx.scale
         h_dtype, w_dtype = ctx.dtypes
         return (grad_h * g.to(grad_h.dtype)).to(h_dtype), (grad_w * g).to(w_dtype), None, None, None, None, None
 
 
-def linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, compute_dtype: torch.dtype | None = None,
-                         reduction: str = "mean", compiled: bool = False, ignore_index: int | None = None) -> Tensor:
+def linear_cross_entropy(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    compute_dtype: torch.dtype | None = None,
+    reduction: str = "mean",
+    compiled: bool = False,
+    ignore_index: int | None = None,
+) -> Tensor:
     """cross_entropy(hidden @ weight.T, targets) for hidden (..., d), weight (vocab, d), targets (...): the
     logits are made in `compute_dtype` (default: hidden's dtype), the loss is accumulated in fp32.
     With `ignore_index`, targets equal to it count for nothing (F.cross_entropy's ignore_index): the mean is over

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 import torch.nn as nn
@@ -57,8 +58,9 @@ class Attention(nn.Module):
         self.q_norm = nn.RMSNorm(cfg.head_size, eps=cfg.norm_eps) if cfg.qk_norm else nn.Identity()
         self.k_norm = nn.RMSNorm(cfg.head_size, eps=cfg.norm_eps) if cfg.qk_norm else nn.Identity()
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
-                alibi: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None, alibi: torch.Tensor | None
+    ) -> torch.Tensor:
         B, T, _ = x.shape
         q, k, v = self.qkv(x).split((self.q_dim, self.kv_dim, self.kv_dim), dim=-1)
         q = q.view(B, T, self.n_heads, self.head_size).transpose(1, 2)  # (B, heads, T, head_size)
@@ -96,9 +98,14 @@ class DecoderLayer(nn.Module):
         self.mlp_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.mlp = SwiGLU(cfg)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-                alibi: torch.Tensor | None = None, norm_gains: tuple[torch.Tensor, torch.Tensor] | None = None,
-                branch_scale: float | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        alibi: torch.Tensor | None = None,
+        norm_gains: tuple[torch.Tensor, torch.Tensor] | None = None,
+        branch_scale: float | None = None,
+    ) -> torch.Tensor:
         # norm_gains: this repeat's (attention, MLP) RMSNorm gains, passed in as tensors so that a compiled
         # layer serves every repeat without recompiling. branch_scale: both residual branches are multiplied by
         # it (repeat_scale "residual"); None adds them as they are.
@@ -155,8 +162,11 @@ class ILRTransformer(nn.Module):
         self.injection_gates = nn.Parameter(torch.zeros(cfg.n_layers)) if cfg.injection == "gated" else None
         self.iteration_embed = nn.Parameter(torch.zeros(cfg.max_reuse, cfg.d_model)) if cfg.iteration_encoding else None
         # (layer, repeat - 1, attention/MLP, d_model): repeat 0 uses the layer's own norms
-        self.iteration_norm_gains = nn.Parameter(torch.ones(cfg.n_layers, cfg.max_reuse - 1, 2, cfg.d_model)) \
-            if cfg.iteration_norms and cfg.max_reuse > 1 else None
+        self.iteration_norm_gains = (
+            nn.Parameter(torch.ones(cfg.n_layers, cfg.max_reuse - 1, 2, cfg.d_model))
+            if cfg.iteration_norms and cfg.max_reuse > 1
+            else None
+        )
         # the LM head: the embedding (tied), or a matrix of its own
         self.lm_head = None if cfg.tie_embeddings else nn.Parameter(torch.empty(cfg.vocab_size, cfg.d_model))
         self.reset_parameters()
@@ -184,7 +194,8 @@ class ILRTransformer(nn.Module):
             layer.compile(**kwargs)
 
     def hidden(self, idx: torch.Tensor, schedule: Sequence[int] | None = None) -> torch.Tensor:
-        """Final normalised hidden states (B, T, d_model) for token ids (B, T), running the layers in `schedule` order."""
+        """Final normalised hidden states (B, T, d_model) for token ids (B, T), running the layers in `schedule`
+        order."""
         B, T = idx.shape
         if T > self.cfg.seq_len:
             raise ValueError(f"sequence of {T} tokens is longer than seq_len {self.cfg.seq_len}")
@@ -196,7 +207,7 @@ class ILRTransformer(nn.Module):
         alibi = alibi_bias(self.cfg.n_heads, T, idx.device) if self.cfg.pe == "alibi" else None
         schedule = range(self.cfg.n_layers) if schedule is None else schedule
         scales = branch_scales(self.cfg, schedule)
-        for layer_index, repeat in zip(schedule, repeat_indices(schedule)):
+        for layer_index, repeat in zip(schedule, repeat_indices(schedule), strict=True):
             x = self._before_run(x, embedded, layer_index, repeat)
             x = self.layers[layer_index](x, rope, alibi, self._norm_gains(layer_index, repeat), scales[layer_index])
         return self.norm(x)
@@ -207,17 +218,24 @@ class ILRTransformer(nn.Module):
         if self.cfg.repeat_scale != "lr":
             return {}
         runs = Counter(schedule)
-        return {f"layers.{layer}.{name}": 1.0 / r for layer, r in sorted(runs.items()) if r > 1
-                for name, _ in self.layers[layer].named_parameters()}
+        return {
+            f"layers.{layer}.{name}": 1.0 / r
+            for layer, r in sorted(runs.items())
+            if r > 1
+            for name, _ in self.layers[layer].named_parameters()
+        }
 
     def _before_run(self, x: torch.Tensor, embedded: torch.Tensor, layer_index: int, repeat: int) -> torch.Tensor:
         cfg = self.cfg
         if repeat >= cfg.max_reuse and (cfg.iteration_encoding or cfg.iteration_norms):
-            raise ValueError(f"layer {layer_index} runs {repeat + 1} times, more than max_reuse {cfg.max_reuse} "
-                             "that the iteration knobs cover")
+            raise ValueError(
+                f"layer {layer_index} runs {repeat + 1} times, more than max_reuse {cfg.max_reuse} "
+                "that the iteration knobs cover"
+            )
         if repeat >= 1 and cfg.injection == "add":
             x = x + embedded
         elif repeat >= 1 and cfg.injection == "gated":
+            assert self.injection_gates is not None  # made for the gated injection
             x = x + self.injection_gates[layer_index] * embedded
         if self.iteration_embed is not None:
             x = x + self.iteration_embed[repeat]
@@ -227,8 +245,9 @@ class ILRTransformer(nn.Module):
         if not self.cfg.iteration_norms:
             return None
         if repeat == 0:
-            layer = self.layers[layer_index]
+            layer = cast(DecoderLayer, self.layers[layer_index])
             return layer.attn_norm.weight, layer.mlp_norm.weight
+        assert self.iteration_norm_gains is not None  # made with the iteration norms wherever a layer repeats
         gains = self.iteration_norm_gains[layer_index, repeat - 1]
         return gains[0], gains[1]
 
@@ -241,13 +260,21 @@ class ILRTransformer(nn.Module):
         """Logits (B, T, vocab); training uses `loss`, which never materialises them."""
         return F.linear(self.hidden(idx, schedule), self.head_weight)
 
-    def loss(self, idx: torch.Tensor, targets: torch.Tensor, schedule: Sequence[int] | None = None,
-             compute_dtype: torch.dtype | None = None, reduction: str = "mean", compiled: bool = False,
-             ignore_index: int | None = None) -> torch.Tensor:
+    def loss(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor,
+        schedule: Sequence[int] | None = None,
+        compute_dtype: torch.dtype | None = None,
+        reduction: str = "mean",
+        compiled: bool = False,
+        ignore_index: int | None = None,
+    ) -> torch.Tensor:
         """Cross-entropy of next-token `targets` (B, T), through the fused, chunked head (see loss.py); targets
         equal to `ignore_index` count for nothing."""
-        return linear_cross_entropy(self.hidden(idx, schedule), self.head_weight, targets, compute_dtype,
-                                    reduction, compiled, ignore_index)
+        return linear_cross_entropy(
+            self.hidden(idx, schedule), self.head_weight, targets, compute_dtype, reduction, compiled, ignore_index
+        )
 
 
 def repeat_indices(schedule: Sequence[int]) -> list[int]:
@@ -264,5 +291,7 @@ def branch_scales(cfg: ModelConfig, schedule: Sequence[int]) -> dict[int, float 
     """Per layer index, the factor on its residual branches: 1 / r for a layer that runs r > 1 times under
     repeat_scale "residual"; None (branches added as they are) otherwise."""
     runs = Counter(schedule)
-    return {layer: 1.0 / runs[layer] if cfg.repeat_scale == "residual" and runs[layer] > 1 else None
-            for layer in range(cfg.n_layers)}
+    return {
+        layer: 1.0 / runs[layer] if cfg.repeat_scale == "residual" and runs[layer] > 1 else None
+        for layer in range(cfg.n_layers)
+    }

@@ -41,14 +41,35 @@ SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 SUPPORTED_TEXT = "llama, mistral, qwen2, qwen3 (SmolLM is llama)"
 WEIGHTS_FILE, WEIGHTS_INDEX = "model.safetensors", "model.safetensors.index.json"
 # What an imported checkpoint's tokenizer is made of, as AutoTokenizer reads it (those present are copied).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                   "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "chat_template.jinja",
+)
 DEFAULT_SEQ_LEN = 2048  # the longest seq_len a checkpoint gets when none is asked for
 # Parameters of the recurrence knobs, which a checkpoint lacks: they keep their initial values (the plain model).
 KNOB_PARAMETERS = ("injection_gates", "iteration_embed", "iteration_norm_gains")
 # The fields that fix a model's shape and numerics: a model loading a checkpoint must have the checkpoint's.
-ARCHITECTURE_FIELDS = ("vocab_size", "n_layers", "d_model", "n_heads", "kv_heads", "head_size", "mlp_hidden",
-                       "pe", "norm_eps", "rope_base", "tie_embeddings", "qkv_bias", "qk_norm")
+ARCHITECTURE_FIELDS = (
+    "vocab_size",
+    "n_layers",
+    "d_model",
+    "n_heads",
+    "kv_heads",
+    "head_size",
+    "mlp_hidden",
+    "pe",
+    "norm_eps",
+    "rope_base",
+    "tie_embeddings",
+    "qkv_bias",
+    "qk_norm",
+)
 
 
 class CheckpointError(UserInputError):
@@ -73,20 +94,25 @@ def open_checkpoint(source: str, seq_len: int | None = None) -> Checkpoint:
     max_position_embeddings up to DEFAULT_SEQ_LEN. Raises CheckpointError (one line) for what the model cannot run."""
     path = resolve_source(source)
     if not path.is_dir():
-        raise CheckpointError(f"checkpoint {source}: no such folder; give a folder as transformers' save_pretrained "
-                              "writes it (config.json, model.safetensors) or hf:NAME")
+        raise CheckpointError(
+            f"checkpoint {source}: no such folder; give a folder as transformers' save_pretrained "
+            "writes it (config.json, model.safetensors) or hf:NAME"
+        )
     config_file = path / "config.json"
     if not config_file.is_file():
-        raise CheckpointError(f"checkpoint {source}: the folder has no config.json; give a folder as transformers' "
-                              "save_pretrained writes it (config.json, model.safetensors)")
+        raise CheckpointError(
+            f"checkpoint {source}: the folder has no config.json; give a folder as transformers' "
+            "save_pretrained writes it (config.json, model.safetensors)"
+        )
     try:
         raw = json.loads(config_file.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise CheckpointError(f"checkpoint {source}: cannot read config.json ({type(e).__name__})") from None
     family = raw.get("model_type")
     if family not in SUPPORTED_FAMILIES:
-        raise CheckpointError(f"checkpoint {source}: model_type {family!r} is not supported; "
-                              f"supported: {SUPPORTED_TEXT}")
+        raise CheckpointError(
+            f"checkpoint {source}: model_type {family!r} is not supported; supported: {SUPPORTED_TEXT}"
+        )
     weight_files(path, source)  # refuses a folder without weights now, not when the weights are read
     config = model_config(raw, family, source, seq_len)
     tokenizer = path / "tokenizer.json"
@@ -102,15 +128,20 @@ def resolve_source(source: str) -> Path:
     try:
         from huggingface_hub import snapshot_download
 
-        return Path(snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.txt",
-                                                            "*.jinja"]))
+        return Path(
+            snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.txt", "*.jinja"])
+        )
     except ImportError:
-        raise CheckpointError(f"cannot fetch {source}: huggingface_hub is not installed; "
-                              "pip install 'ilr-search[hf]' or give a local folder") from None
+        raise CheckpointError(
+            f"cannot fetch {source}: huggingface_hub is not installed; "
+            "pip install 'ilr-search[hf]' or give a local folder"
+        ) from None
     except Exception as e:
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise CheckpointError(f"cannot fetch {source}: {type(e).__name__}: {reason[:160]} (offline?); download it "
-                              "first or give a local folder") from None
+        raise CheckpointError(
+            f"cannot fetch {source}: {type(e).__name__}: {reason[:160]} (offline?); download it "
+            "first or give a local folder"
+        ) from None
 
 
 def weight_files(path: Path, source: str) -> list[Path]:
@@ -127,15 +158,20 @@ def weight_files(path: Path, source: str) -> list[Path]:
         if missing:
             raise CheckpointError(f"checkpoint {source}: the shard {missing[0]} its index names is missing")
         return [path / s for s in shards]
-    raise CheckpointError(f"checkpoint {source}: the folder has no weights ({WEIGHTS_FILE} or {WEIGHTS_INDEX}); "
-                          "only safetensors weights are read")
+    raise CheckpointError(
+        f"checkpoint {source}: the folder has no weights ({WEIGHTS_FILE} or {WEIGHTS_INDEX}); "
+        "only safetensors weights are read"
+    )
 
 
 def model_config(raw: dict[str, Any], family: str, source: str, seq_len: int | None) -> ModelConfig:
     """The ModelConfig of a supported family's config.json, or CheckpointError for what the model lacks."""
+
     def refuse(what: str) -> CheckpointError:
-        return CheckpointError(f"checkpoint {source}: {what} is not supported (the model runs {SUPPORTED_TEXT} "
-                               "with SiLU MLPs, plain RoPE and full attention)")
+        return CheckpointError(
+            f"checkpoint {source}: {what} is not supported (the model runs {SUPPORTED_TEXT} "
+            "with SiLU MLPs, plain RoPE and full attention)"
+        )
 
     def required(key: str) -> Any:
         if key not in raw:
@@ -160,8 +196,9 @@ def model_config(raw: dict[str, Any], family: str, source: str, seq_len: int | N
     intermediate = int(required("intermediate_size"))
     mlp_ratio = intermediate / hidden
     if int(round(mlp_ratio * hidden)) != intermediate:  # never seen; the model's width must be the checkpoint's
-        raise CheckpointError(f"checkpoint {source}: intermediate_size {intermediate} is not a round ratio of "
-                              f"hidden_size {hidden}")
+        raise CheckpointError(
+            f"checkpoint {source}: intermediate_size {intermediate} is not a round ratio of hidden_size {hidden}"
+        )
     head_dim = raw.get("head_dim")
     explicit_head = 0 if head_dim is None or (hidden % heads == 0 and head_dim == hidden // heads) else int(head_dim)
     kv_heads = int(raw.get("num_key_value_heads") or heads)
@@ -172,13 +209,22 @@ def model_config(raw: dict[str, Any], family: str, source: str, seq_len: int | N
         raise refuse(f"sliding_window {window} (shorter than seq_len {seq_len})")
     try:
         return ModelConfig(
-            vocab_size=int(required("vocab_size")), n_layers=int(required("num_hidden_layers")), d_model=hidden,
-            n_heads=heads, n_kv_heads=0 if kv_heads == heads else kv_heads, head_dim=explicit_head,
-            seq_len=seq_len, mlp_ratio=mlp_ratio, pe="rope", norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            vocab_size=int(required("vocab_size")),
+            n_layers=int(required("num_hidden_layers")),
+            d_model=hidden,
+            n_heads=heads,
+            n_kv_heads=0 if kv_heads == heads else kv_heads,
+            head_dim=explicit_head,
+            seq_len=seq_len,
+            mlp_ratio=mlp_ratio,
+            pe="rope",
+            norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             rope_base=float(rope_parameters.get("rope_theta", raw.get("rope_theta", 10000.0))),
             tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            qkv_bias=family == "qwen2", qk_norm=family == "qwen3",
-            init=source)
+            qkv_bias=family == "qwen2",
+            qk_norm=family == "qwen3",
+            init=source,
+        )
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"checkpoint {source}: {e}") from None
 
@@ -223,16 +269,19 @@ def load_weights(checkpoint: Checkpoint) -> dict[str, torch.Tensor]:
         if cfg.qk_norm:
             for p in "qk":
                 weights[f"{ours}attn.{p}_norm.weight"] = halves_to_pairs(take(f"{hf}self_attn.{p}_norm.weight"), hs)
-        weights[f"{ours}mlp.gate_up.weight"] = torch.cat((take(f"{hf}mlp.gate_proj.weight"),
-                                                          take(f"{hf}mlp.up_proj.weight")))
+        weights[f"{ours}mlp.gate_up.weight"] = torch.cat(
+            (take(f"{hf}mlp.gate_proj.weight"), take(f"{hf}mlp.up_proj.weight"))
+        )
         weights[f"{ours}mlp.down.weight"] = take(f"{hf}mlp.down_proj.weight")
         weights[f"{ours}attn_norm.weight"] = take(f"{hf}input_layernorm.weight")
         weights[f"{ours}mlp_norm.weight"] = take(f"{hf}post_attention_layernorm.weight")
     # a tied checkpoint may still hold its head; rotary tables are buffers, recomputed
     left = sorted(n for n in set(tensors) - read if n != "lm_head.weight" and not n.endswith("rotary_emb.inv_freq"))
     if left:
-        raise CheckpointError(f"checkpoint {checkpoint.source}: the weights hold {len(left)} tensor(s) the model has "
-                              f"no place for, e.g. {left[0]}")
+        raise CheckpointError(
+            f"checkpoint {checkpoint.source}: the weights hold {len(left)} tensor(s) the model has "
+            f"no place for, e.g. {left[0]}"
+        )
     return weights
 
 
@@ -245,11 +294,16 @@ def cached_weights(source: str) -> dict[str, torch.Tensor]:
 
 def check_architecture(cfg: ModelConfig, checkpoint: Checkpoint) -> None:
     """A model that loads a checkpoint must have its architecture (the recurrence knobs and seq_len aside)."""
-    differ = [f"{name} {getattr(cfg, name)} (the checkpoint's: {getattr(checkpoint.config, name)})"
-              for name in ARCHITECTURE_FIELDS if getattr(cfg, name) != getattr(checkpoint.config, name)]
+    differ = [
+        f"{name} {getattr(cfg, name)} (the checkpoint's: {getattr(checkpoint.config, name)})"
+        for name in ARCHITECTURE_FIELDS
+        if getattr(cfg, name) != getattr(checkpoint.config, name)
+    ]
     if differ:
-        raise CheckpointError(f"the model differs from checkpoint {checkpoint.source} in {', '.join(differ)}; the "
-                              "checkpoint fixes the model's architecture")
+        raise CheckpointError(
+            f"the model differs from checkpoint {checkpoint.source} in {', '.join(differ)}; the "
+            "checkpoint fixes the model's architecture"
+        )
 
 
 def load_initial_weights(model: ILRTransformer) -> None:
@@ -260,8 +314,10 @@ def load_initial_weights(model: ILRTransformer) -> None:
     result = model.load_state_dict(cached_weights(cfg.init), strict=False)
     missing = [name for name in result.missing_keys if name not in KNOB_PARAMETERS]
     if missing or result.unexpected_keys:
-        raise CheckpointError(f"checkpoint {cfg.init}: its weights do not fit the model (missing "
-                              f"{missing[:3]}, unexpected {result.unexpected_keys[:3]})")
+        raise CheckpointError(
+            f"checkpoint {cfg.init}: its weights do not fit the model (missing "
+            f"{missing[:3]}, unexpected {result.unexpected_keys[:3]})"
+        )
 
 
 def transformers_module() -> Any:
@@ -269,38 +325,56 @@ def transformers_module() -> Any:
     try:
         import transformers
     except ImportError:
-        raise CheckpointError("writing a transformers checkpoint needs transformers; "
-                              "pip install 'ilr-search[hf]'") from None
+        raise CheckpointError(
+            "writing a transformers checkpoint needs transformers; pip install 'ilr-search[hf]'"
+        ) from None
     return transformers
 
 
-FAMILY_CLASSES = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "mistral": ("MistralConfig", "MistralForCausalLM"),
-                  "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "qwen3": ("Qwen3Config", "Qwen3ForCausalLM")}
+FAMILY_CLASSES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "mistral": ("MistralConfig", "MistralForCausalLM"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+}
 
 # What each family's config must say for the model: full attention, no o_proj or MLP bias.
-FAMILY_SETTINGS: dict[str, dict[str, Any]] = {"llama": {"attention_bias": False, "mlp_bias": False},
-                                              "mistral": {"sliding_window": None},
-                                              "qwen2": {"use_sliding_window": False},
-                                              "qwen3": {"use_sliding_window": False, "attention_bias": False}}
+FAMILY_SETTINGS: dict[str, dict[str, Any]] = {
+    "llama": {"attention_bias": False, "mlp_bias": False},
+    "mistral": {"sliding_window": None},
+    "qwen2": {"use_sliding_window": False},
+    "qwen3": {"use_sliding_window": False, "attention_bias": False},
+}
 
 
 def check_exportable(cfg: ModelConfig, family: str) -> None:
     """Refuse (one line) a model that transformers' `family` cannot express."""
     if family not in SUPPORTED_FAMILIES:
         raise CheckpointError(f"cannot write family {family!r}; supported: {', '.join(SUPPORTED_FAMILIES)}")
-    knobs = [name for name, on in (("injection", cfg.injection != "none"),
-                                   ("iteration_encoding", cfg.iteration_encoding),
-                                   ("iteration_norms", cfg.iteration_norms),
-                                   (f"repeat_scale={cfg.repeat_scale}", cfg.repeat_scale != "off")) if on]
+    knobs = [
+        name
+        for name, on in (
+            ("injection", cfg.injection != "none"),
+            ("iteration_encoding", cfg.iteration_encoding),
+            ("iteration_norms", cfg.iteration_norms),
+            (f"repeat_scale={cfg.repeat_scale}", cfg.repeat_scale != "off"),
+        )
+        if on
+    ]
     if knobs:
-        raise CheckpointError(f"cannot write a {family} checkpoint of a model with the recurrence knob(s) "
-                              f"{', '.join(knobs)}: transformers' {family} has no such operation")
+        raise CheckpointError(
+            f"cannot write a {family} checkpoint of a model with the recurrence knob(s) "
+            f"{', '.join(knobs)}: transformers' {family} has no such operation"
+        )
     if cfg.pe != "rope":
-        raise CheckpointError(f"cannot write a {family} checkpoint of a model with pe {cfg.pe!r}: transformers' "
-                              f"{family} uses rope")
+        raise CheckpointError(
+            f"cannot write a {family} checkpoint of a model with pe {cfg.pe!r}: transformers' {family} uses rope"
+        )
     if cfg.qk_norm != (family == "qwen3"):
-        raise CheckpointError(f"cannot write a {family} checkpoint of a model {'with' if cfg.qk_norm else 'without'} "
-                              "q/k norms: qwen3 has them, llama, mistral and qwen2 do not")
+        raise CheckpointError(
+            f"cannot write a {family} checkpoint of a model {'with' if cfg.qk_norm else 'without'} "
+            "q/k norms: qwen3 has them, llama, mistral and qwen2 do not"
+        )
     if cfg.qkv_bias and family != "qwen2":
         raise CheckpointError(f"cannot write a {family} checkpoint of a model with q/k/v biases: write it as qwen2")
 
@@ -310,12 +384,24 @@ def hf_config(cfg: ModelConfig, family: str, n_layers: int) -> Any:
     transformers = transformers_module()
     config_class = getattr(transformers, FAMILY_CLASSES[family][0])
     try:
-        return config_class(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.mlp_hidden,
-                            num_hidden_layers=n_layers, num_attention_heads=cfg.n_heads,
-                            num_key_value_heads=cfg.kv_heads, head_dim=cfg.head_size,
-                            max_position_embeddings=cfg.seq_len, rms_norm_eps=cfg.norm_eps, rope_theta=cfg.rope_base,
-                            tie_word_embeddings=cfg.tie_embeddings, hidden_act="silu", bos_token_id=None,
-                            eos_token_id=None, pad_token_id=None, **FAMILY_SETTINGS[family])
+        return config_class(
+            vocab_size=cfg.vocab_size,
+            hidden_size=cfg.d_model,
+            intermediate_size=cfg.mlp_hidden,
+            num_hidden_layers=n_layers,
+            num_attention_heads=cfg.n_heads,
+            num_key_value_heads=cfg.kv_heads,
+            head_dim=cfg.head_size,
+            max_position_embeddings=cfg.seq_len,
+            rms_norm_eps=cfg.norm_eps,
+            rope_theta=cfg.rope_base,
+            tie_word_embeddings=cfg.tie_embeddings,
+            hidden_act="silu",
+            bos_token_id=None,
+            eos_token_id=None,
+            pad_token_id=None,
+            **FAMILY_SETTINGS[family],
+        )
     except (TypeError, ValueError) as e:  # transformers' own checks of the config
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"cannot write a {family} checkpoint of this model: {reason}") from None
@@ -329,8 +415,11 @@ def hf_state_dict(model: ILRTransformer, schedule: Sequence[int], family: str) -
     cfg, hs = model.cfg, model.cfg.head_size
     ours = {name: t.detach().to("cpu", torch.float32) for name, t in model.state_dict().items()}
     q_dim, kv_dim = cfg.n_heads * hs, cfg.kv_heads * hs
-    out = {"model.embed_tokens.weight": ours["embed.weight"], "model.norm.weight": ours["norm.weight"],
-           "lm_head.weight": ours["embed.weight"] if cfg.tie_embeddings else ours["lm_head"]}
+    out = {
+        "model.embed_tokens.weight": ours["embed.weight"],
+        "model.norm.weight": ours["norm.weight"],
+        "lm_head.weight": ours["embed.weight"] if cfg.tie_embeddings else ours["lm_head"],
+    }
     for position, layer in enumerate(schedule):
         hf, src = f"model.layers.{position}.", f"layers.{layer}."
         kinds = ("weight", "bias") if cfg.qkv_bias or family == "qwen2" else ("weight",)
@@ -339,22 +428,33 @@ def hf_state_dict(model: ILRTransformer, schedule: Sequence[int], family: str) -
             if qkv is None:  # qwen2 always has q/k/v biases: a model without them has zeros
                 qkv = torch.zeros(q_dim + 2 * kv_dim)
             q, k, v = qkv.split((q_dim, kv_dim, kv_dim))
-            out |= {f"{hf}self_attn.q_proj.{kind}": pairs_to_halves(q, hs),
-                    f"{hf}self_attn.k_proj.{kind}": pairs_to_halves(k, hs), f"{hf}self_attn.v_proj.{kind}": v}
+            out |= {
+                f"{hf}self_attn.q_proj.{kind}": pairs_to_halves(q, hs),
+                f"{hf}self_attn.k_proj.{kind}": pairs_to_halves(k, hs),
+                f"{hf}self_attn.v_proj.{kind}": v,
+            }
         out[f"{hf}self_attn.o_proj.weight"] = ours[f"{src}attn.proj.weight"]
         if cfg.qk_norm:
             for p in "qk":
                 out[f"{hf}self_attn.{p}_norm.weight"] = pairs_to_halves(ours[f"{src}attn.{p}_norm.weight"], hs)
         gate, up = ours[f"{src}mlp.gate_up.weight"].chunk(2)
-        out |= {f"{hf}mlp.gate_proj.weight": gate, f"{hf}mlp.up_proj.weight": up,
-                f"{hf}mlp.down_proj.weight": ours[f"{src}mlp.down.weight"],
-                f"{hf}input_layernorm.weight": ours[f"{src}attn_norm.weight"],
-                f"{hf}post_attention_layernorm.weight": ours[f"{src}mlp_norm.weight"]}
+        out |= {
+            f"{hf}mlp.gate_proj.weight": gate,
+            f"{hf}mlp.up_proj.weight": up,
+            f"{hf}mlp.down_proj.weight": ours[f"{src}mlp.down.weight"],
+            f"{hf}input_layernorm.weight": ours[f"{src}attn_norm.weight"],
+            f"{hf}post_attention_layernorm.weight": ours[f"{src}mlp_norm.weight"],
+        }
     return {name: t.contiguous().clone() for name, t in out.items()}
 
 
-def export_checkpoint(model: ILRTransformer, schedule: Sequence[int], out_dir: Path, family: str = "llama",
-                      tokenizer_dir_or_file: Path | None = None) -> Path:
+def export_checkpoint(
+    model: ILRTransformer,
+    schedule: Sequence[int],
+    out_dir: Path,
+    family: str = "llama",
+    tokenizer_dir_or_file: Path | None = None,
+) -> Path:
     """Write `model` running `schedule` as a standard transformers checkpoint of `family` in `out_dir` (created):
     config.json and model.safetensors through the family's classes (num_hidden_layers = len(schedule)), and a
     tokenizer: a folder's tokenizer files copied (an imported checkpoint's), a tokenizer.json file wrapped for
@@ -393,21 +493,28 @@ def export_tokenizer(cfg: ModelConfig, tokenizer_dir_or_file: Path | None) -> An
     if tokenizer_dir_or_file is None:
         tokenizer = byte_tokenizer_model()
     elif Path(tokenizer_dir_or_file).is_dir():
-        found = [Path(tokenizer_dir_or_file) / name for name in TOKENIZER_FILES
-                 if (Path(tokenizer_dir_or_file) / name).is_file()]
+        found = [
+            Path(tokenizer_dir_or_file) / name
+            for name in TOKENIZER_FILES
+            if (Path(tokenizer_dir_or_file) / name).is_file()
+        ]
         if not found:
-            raise CheckpointError(f"tokenizer {tokenizer_dir_or_file}: the folder has no tokenizer files "
-                                  f"({', '.join(TOKENIZER_FILES[:2])}, ...)")
+            raise CheckpointError(
+                f"tokenizer {tokenizer_dir_or_file}: the folder has no tokenizer files "
+                f"({', '.join(TOKENIZER_FILES[:2])}, ...)"
+            )
         return found
     elif Path(tokenizer_dir_or_file).is_file():
         try:
             tokenizer = RustTokenizer.from_file(str(tokenizer_dir_or_file))
         except Exception as e:
-            raise CheckpointError(f"tokenizer {tokenizer_dir_or_file}: not a tokenizer.json "
-                                  f"({type(e).__name__})") from None
+            raise CheckpointError(
+                f"tokenizer {tokenizer_dir_or_file}: not a tokenizer.json ({type(e).__name__})"
+            ) from None
     else:
         raise CheckpointError(f"tokenizer {tokenizer_dir_or_file}: no such file or folder")
     if tokenizer.get_vocab_size() > cfg.vocab_size:
-        raise CheckpointError(f"the tokenizer has {tokenizer.get_vocab_size()} ids, more than the model's "
-                              f"vocabulary {cfg.vocab_size}")
+        raise CheckpointError(
+            f"the tokenizer has {tokenizer.get_vocab_size()} ids, more than the model's vocabulary {cfg.vocab_size}"
+        )
     return tokenizer

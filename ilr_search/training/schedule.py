@@ -19,6 +19,7 @@ class ScheduleError(UserInputError):
 class ReuseMap:
     """How many times in a row each layer runs: `4,2,1,1`. Its text form is also its key in a study (the map key of
     a trial with every knob off); the baseline runs every layer once."""
+
     counts: tuple[int, ...]
 
     @classmethod
@@ -28,8 +29,9 @@ class ReuseMap:
         try:
             counts = tuple(int(p) for p in parts)
         except ValueError:
-            raise ScheduleError(f"reuse map {text!r} must be comma-separated integers, one per layer, e.g. 2,1,1,1"
-                                ) from None
+            raise ScheduleError(
+                f"reuse map {text!r} must be comma-separated integers, one per layer, e.g. 2,1,1,1"
+            ) from None
         return cls(counts).checked(n_layers)
 
     @classmethod
@@ -75,6 +77,7 @@ class BlockMap:
     its key in a study. A block of one layer, or one run once, has the same schedule as a reuse map
     (`block:2-2:3` = `1,1,3,1`, `block:1-2:1` = the baseline): `canonical()` (and `parse_map`) gives that reuse
     map instead, so that one schedule has one key."""
+
     start: int
     end: int
     repeats: int
@@ -85,8 +88,10 @@ class BlockMap:
         """`"block:I-J:R"`, checked against the number of layers (not made canonical: see parse_map)."""
         match = BLOCK_TEXT.fullmatch(str(text).strip())
         if match is None:
-            raise ScheduleError(f"block map {text!r} must be block:I-J:R (layers I..J, counted from 0, run R times "
-                                "as a block), e.g. block:1-2:2")
+            raise ScheduleError(
+                f"block map {text!r} must be block:I-J:R (layers I..J, counted from 0, run R times "
+                "as a block), e.g. block:1-2:2"
+            )
         start, end, repeats = (int(g) for g in match.groups())
         return cls(start, end, repeats, n_layers).checked(n_layers)
 
@@ -97,8 +102,10 @@ class BlockMap:
         if self.start > self.end:
             raise ScheduleError(f"block map {self}: the block's first layer {self.start} is after its last {self.end}")
         if self.end >= n_layers:
-            raise ScheduleError(f"block map {self}: layer {self.end} does not exist; the model has {n_layers} layers "
-                                f"(0..{n_layers - 1})")
+            raise ScheduleError(
+                f"block map {self}: layer {self.end} does not exist; the model has {n_layers} layers "
+                f"(0..{n_layers - 1})"
+            )
         if self.repeats < 1:
             raise ScheduleError(f"block map {self}: the block runs at least once (R >= 1), got {self.repeats}")
         if max_reuse is not None:
@@ -178,17 +185,22 @@ def check_reuse_map(reuse_map: Sequence[int], n_layers: int) -> None:
     if len(reuse_map) != n_layers:
         raise ScheduleError(
             f"reuse map {format_reuse_map(reuse_map)} has {len(reuse_map)} entries but the model has "
-            f"{n_layers} layers; give one count per layer or change --layers")
+            f"{n_layers} layers; give one count per layer or change --layers"
+        )
     if any(r < 1 for r in reuse_map):
-        raise ScheduleError(f"reuse map {format_reuse_map(reuse_map)} has a count below 1; every layer runs at least once")
+        raise ScheduleError(
+            f"reuse map {format_reuse_map(reuse_map)} has a count below 1; every layer runs at least once"
+        )
 
 
 def check_max_reuse(reuse_map: Sequence[int], max_reuse: int, where: str) -> None:
     """No layer of the map runs more than the space's [search] max_reuse times: the one rule of `run --enqueue`,
     `flops` and `train` (`where` names the map in the message)."""
     if max(reuse_map) > max_reuse:
-        raise ScheduleError(f"{where}: a layer runs {max(reuse_map)} times, above the space's max_reuse {max_reuse} "
-                            "([search] max_reuse)")
+        raise ScheduleError(
+            f"{where}: a layer runs {max(reuse_map)} times, above the space's max_reuse {max_reuse} "
+            "([search] max_reuse)"
+        )
 
 
 def format_reuse_map(reuse_map: Sequence[int]) -> str:
@@ -211,8 +223,9 @@ def baseline_map(n_layers: int) -> list[int]:
     return list(ReuseMap.baseline(n_layers).counts)
 
 
-def resolve_schedule(n_layers: int, reuse_map: str | Sequence[int] | None = None,
-                     block: int | None = None, max_reuse: int | None = None) -> tuple[list[int], list[int], int | None]:
+def resolve_schedule(
+    n_layers: int, reuse_map: str | Sequence[int] | None = None, block: int | None = None, max_reuse: int | None = None
+) -> tuple[list[int], list[int], int | None]:
     """(reuse_map, schedule, block) from either a map (a reuse map, or a block map's text `block:I-J:R`, whose
     reuse map is its per-layer counts) or a block count; neither means the all-ones map. With `max_reuse` (the
     space's), a map with a layer run more often than that is refused.

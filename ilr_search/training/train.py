@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,12 +13,11 @@ from typing import Any
 
 import numpy as np
 import torch
-import zlib
 
 from ilr_search.config import ModelConfig, TrainConfig
 from ilr_search.data.tokens import TokenData, counted_targets
-from ilr_search.training.device import autocast_for, resolve_compile, resolve_device, resolve_dtype
 from ilr_search.records import EvalPoint, TrainLossPoint
+from ilr_search.training.device import autocast_for, resolve_compile, resolve_device, resolve_dtype
 from ilr_search.training.model import ILRTransformer
 
 
@@ -76,28 +76,42 @@ def weight_decays(name: str, p: torch.Tensor) -> bool:
     return p.dim() >= 2 and "norm" not in name
 
 
-def build_optimizer(model: ILRTransformer, cfg: TrainConfig, device: torch.device,
-                    schedule: Sequence[int] | None = None) -> torch.optim.AdamW:
+def build_optimizer(
+    model: ILRTransformer, cfg: TrainConfig, device: torch.device, schedule: Sequence[int] | None = None
+) -> torch.optim.AdamW:
     """The model's AdamW; with repeat_scale "lr" and a `schedule`, the parameters of its repeated layers go into
     groups of their own at a fraction of the lr (ILRTransformer.parameter_lr_scales)."""
     lr_scales = model.parameter_lr_scales(schedule) if schedule is not None else {}
     named = list(model.named_parameters())
     decay = [p for name, p in named if weight_decays(name, p) and name not in lr_scales]
     no_decay = [p for name, p in named if not weight_decays(name, p) and name not in lr_scales]
-    scaled = [(scale, [p for name, p in named if lr_scales.get(name) == scale and weight_decays(name, p)],
-               [p for name, p in named if lr_scales.get(name) == scale and not weight_decays(name, p)])
-              for scale in sorted(set(lr_scales.values()), reverse=True)]
+    scaled = [
+        (
+            scale,
+            [p for name, p in named if lr_scales.get(name) == scale and weight_decays(name, p)],
+            [p for name, p in named if lr_scales.get(name) == scale and not weight_decays(name, p)],
+        )
+        for scale in sorted(set(lr_scales.values()), reverse=True)
+    ]
     return adamw(decay, no_decay, cfg, device, scaled)
 
 
-def adamw(decay: list[torch.Tensor], no_decay: list[torch.Tensor], cfg: TrainConfig, device: torch.device,
-          lr_scaled: Sequence[tuple[float, list[torch.Tensor], list[torch.Tensor]]] = ()) -> torch.optim.AdamW:
+def adamw(
+    decay: Sequence[torch.Tensor],
+    no_decay: Sequence[torch.Tensor],
+    cfg: TrainConfig,
+    device: torch.device,
+    lr_scaled: Sequence[tuple[float, Sequence[torch.Tensor], Sequence[torch.Tensor]]] = (),
+) -> torch.optim.AdamW:
     """The proxies' AdamW: `decay` with cfg.weight_decay, `no_decay` without; fused where the device has it.
     `lr_scaled`: (lr_scale, decay, no_decay) for parameters that train at lr_scale times the lr (set_lr)."""
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     for lr_scale, scaled_decay, scaled_no_decay in lr_scaled:
-        groups += [{"params": params, "weight_decay": wd, "lr_scale": lr_scale}
-                   for params, wd in ((scaled_decay, cfg.weight_decay), (scaled_no_decay, 0.0)) if params]
+        groups += [
+            {"params": params, "weight_decay": wd, "lr_scale": lr_scale}
+            for params, wd in ((scaled_decay, cfg.weight_decay), (scaled_no_decay, 0.0))
+            if params
+        ]
     try:
         return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=device.type in ("cuda", "cpu"))
     except (RuntimeError, TypeError):  # fused AdamW is not available for this device
@@ -117,25 +131,34 @@ def build_model(model_cfg: ModelConfig, seed: int) -> ILRTransformer:
 
 
 @torch.no_grad()
-def evaluate(model: ILRTransformer, schedule: Sequence[int], data: TokenData, cfg: TrainConfig,
-             device: torch.device, compute_dtype: torch.dtype, compiled: bool = False) -> tuple[float, float, float]:
+def evaluate(
+    model: ILRTransformer,
+    schedule: Sequence[int],
+    data: TokenData,
+    cfg: TrainConfig,
+    device: torch.device,
+    compute_dtype: torch.dtype,
+    compiled: bool = False,
+) -> tuple[float, float, float]:
     """(val_loss, val_ppl, val_bpb) over the fixed validation windows' counted targets (with answers, the answer
     tokens); one host sync at the end."""
     model.eval()
     seq_len = model.cfg.seq_len
     total_nats, total_tokens = torch.zeros((), dtype=torch.float64, device=device), 0
-    for x, y in data.val_batches(cfg.eval_windows, seq_len, cfg.batch_size):
-        total_tokens += counted_targets(y)
-        x, y = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
+    for x_np, y_np in data.val_batches(cfg.eval_windows, seq_len, cfg.batch_size):
+        total_tokens += counted_targets(y_np)
+        x, y = torch.from_numpy(x_np).to(device), torch.from_numpy(y_np).to(device)
         with autocast_for(device, compute_dtype):
-            total_nats += model.loss(x, y, schedule, compute_dtype, reduction="sum", compiled=compiled,
-                                     ignore_index=data.ignore_index)
+            total_nats += model.loss(
+                x, y, schedule, compute_dtype, reduction="sum", compiled=compiled, ignore_index=data.ignore_index
+            )
     model.train()
     return validation_metrics(total_nats.item(), total_tokens, data, cfg, seq_len)
 
 
-def validation_metrics(nats: float, total_tokens: int, data: TokenData, cfg: TrainConfig,
-                       seq_len: int) -> tuple[float, float, float]:
+def validation_metrics(
+    nats: float, total_tokens: int, data: TokenData, cfg: TrainConfig, seq_len: int
+) -> tuple[float, float, float]:
     """(val_loss, val_ppl, val_bpb) from the nats summed over the validation windows' `total_tokens` counted
     targets (none counted: nan, never a division by zero)."""
     if not total_tokens:
@@ -154,17 +177,24 @@ OnStep = Callable[[int, int, float], None]  # (step, total steps, training loss)
 SYNC_EVERY = 16
 
 
-def host_values(t: torch.Tensor) -> list[float]:
+def host_values(t: torch.Tensor) -> list[Any]:
     """A device tensor's values in Python: one copy to the host (a sync on CUDA), visible to dispatch on any
-    device (the sync-counting test sees it on CPU too)."""
+    device (the sync-counting test sees it on CPU too); nested lists for a tensor of more than one dimension."""
     return t.to("cpu", copy=True).tolist()
 
 
-def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData, cfg: TrainConfig,
-                on_eval: OnEval | None = None, on_step: OnStep | None = None,
-                checkpoint_path: Path | None = None,
-                on_trained: Callable[[ILRTransformer], None] | None = None,
-                start_from: Path | None = None, stable_checkpoint: Path | None = None) -> TrainResult:
+def train_proxy(
+    model_cfg: ModelConfig,
+    schedule: Sequence[int],
+    data: TokenData,
+    cfg: TrainConfig,
+    on_eval: OnEval | None = None,
+    on_step: OnStep | None = None,
+    checkpoint_path: Path | None = None,
+    on_trained: Callable[[ILRTransformer], None] | None = None,
+    start_from: Path | None = None,
+    stable_checkpoint: Path | None = None,
+) -> TrainResult:
     """Train `schedule` for cfg.steps steps; never raises for a diverging run (status `diverged`).
     `on_trained` receives the trained model at the end (`train --save` keeps it).
 
@@ -192,7 +222,8 @@ def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData
     eval_steps = set(cfg.eval_steps)
     diverged_above = divergence_threshold(model_cfg.vocab_size)
 
-    start_step, curve = 0, []
+    start_step = 0
+    curve: list[EvalPoint] = []
     if checkpoint_path is not None and checkpoint_path.exists():
         start_step, curve = load_checkpoint(checkpoint_path, model, optimizer)
     elif start_from is not None:
@@ -212,9 +243,12 @@ def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData
         step_loss = torch.zeros((), dtype=torch.float32, device=device)
         for micro in range(cfg.grad_accum):
             td = time.perf_counter()
-            x, y = data.train_batch((step - 1) * cfg.grad_accum + micro, cfg.batch_size, model_cfg.seq_len, cfg.seed)
-            digest = zlib.crc32(np.ascontiguousarray(x), digest)
-            x, y = torch.from_numpy(x).to(device, non_blocking=True), torch.from_numpy(y).to(device, non_blocking=True)
+            x_np, y_np = data.train_batch(
+                (step - 1) * cfg.grad_accum + micro, cfg.batch_size, model_cfg.seq_len, cfg.seed
+            )
+            digest = zlib.crc32(np.ascontiguousarray(x_np), digest)  # type: ignore[arg-type]  # an ndarray is a buffer (numpy's stubs say so from Python 3.12)
+            x = torch.from_numpy(x_np).to(device, non_blocking=True)
+            y = torch.from_numpy(y_np).to(device, non_blocking=True)
             data_seconds += time.perf_counter() - td
             with autocast_for(device, compute_dtype):
                 loss = model.loss(x, y, schedule, compute_dtype, compiled=compiled_loss, ignore_index=data.ignore_index)
@@ -224,8 +258,12 @@ def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         unread.append(step_loss)
-        checkpoint_due = (checkpoint_path is not None and cfg.checkpoint_every and step % cfg.checkpoint_every == 0
-                          and step < cfg.steps)
+        checkpoint_due = (
+            checkpoint_path is not None
+            and cfg.checkpoint_every
+            and step % cfg.checkpoint_every == 0
+            and step < cfg.steps
+        )
         stable_due = step == stable_step
         if step % SYNC_EVERY == 0 or step in eval_steps or checkpoint_due or stable_due or step == cfg.steps:
             first = step - len(unread) + 1
@@ -254,20 +292,43 @@ def train_proxy(model_cfg: ModelConfig, schedule: Sequence[int], data: TokenData
             if on_eval is not None and on_eval(point):
                 status, reason = "stopped", f"stopped at step {step} by the evaluation callback"
                 break
-        if checkpoint_due:
+        if checkpoint_due and checkpoint_path is not None:  # due only with a path
             save_checkpoint(checkpoint_path, model, optimizer, step, curve)
-        if stable_due:
+        if stable_due and stable_checkpoint is not None:  # due only with a path
             save_checkpoint(stable_checkpoint, model, optimizer, step, curve)
     seconds = time.perf_counter() - t0
     if on_trained is not None:
         on_trained(model)
-    return proxy_result(schedule, params, status, reason, step, start_step, curve, tokens_per_step,
-                        seconds, data_seconds, eval_seconds, str(device), dtype, digest, train_curve)
+    return proxy_result(
+        schedule,
+        params,
+        status,
+        reason,
+        step,
+        start_step,
+        curve,
+        tokens_per_step,
+        seconds,
+        data_seconds,
+        eval_seconds,
+        str(device),
+        dtype,
+        digest,
+        train_curve,
+    )
 
 
-def frozen_result(model: ILRTransformer, schedule: list[int], data: TokenData, cfg: TrainConfig, params: int,
-                  device: str, dtype: str, on_eval: OnEval | None,
-                  on_trained: Callable[[ILRTransformer], None] | None) -> TrainResult:
+def frozen_result(
+    model: ILRTransformer,
+    schedule: list[int],
+    data: TokenData,
+    cfg: TrainConfig,
+    params: int,
+    device: str,
+    dtype: str,
+    on_eval: OnEval | None,
+    on_trained: Callable[[ILRTransformer], None] | None,
+) -> TrainResult:
     """The result of a run of no step: the model as built, evaluated on window chunk cfg.seed; diverged where its
     loss is not finite."""
     from ilr_search.training.frozen import evaluate_frozen
@@ -276,11 +337,23 @@ def frozen_result(model: ILRTransformer, schedule: list[int], data: TokenData, c
     finite = math.isfinite(point.val_loss)
     if on_trained is not None:
         on_trained(model)
-    return TrainResult(schedule=schedule, params=params, steps=0, tokens=0, val_loss=point.val_loss,
-                       val_ppl=point.val_ppl, val_bpb=point.val_bpb, train_seconds=seconds, tokens_per_second=0.0,
-                       status="ok" if finite else "diverged", curve=[point] if finite else [],
-                       reason="" if finite else f"validation loss became {point.val_loss:.4g} on window chunk {cfg.seed}",
-                       eval_seconds=seconds, device=device, dtype=dtype)
+    return TrainResult(
+        schedule=schedule,
+        params=params,
+        steps=0,
+        tokens=0,
+        val_loss=point.val_loss,
+        val_ppl=point.val_ppl,
+        val_bpb=point.val_bpb,
+        train_seconds=seconds,
+        tokens_per_second=0.0,
+        status="ok" if finite else "diverged",
+        curve=[point] if finite else [],
+        reason="" if finite else f"validation loss became {point.val_loss:.4g} on window chunk {cfg.seed}",
+        eval_seconds=seconds,
+        device=device,
+        dtype=dtype,
+    )
 
 
 def divergence_threshold(vocab_size: int) -> float:
@@ -296,21 +369,46 @@ def validation_divergence(val_loss: float, step: int) -> str:
     return f"validation loss became {val_loss:.4g} at step {step}"
 
 
-def proxy_result(schedule: list[int], params: int, status: str, reason: str, step: int, start_step: int,
-                 curve: list[EvalPoint], tokens_per_step: int, seconds: float, data_seconds: float,
-                 eval_seconds: float, device: str, dtype: str, digest: int,
-                 train_curve: list[TrainLossPoint] | None = None) -> TrainResult:
+def proxy_result(
+    schedule: list[int],
+    params: int,
+    status: str,
+    reason: str,
+    step: int,
+    start_step: int,
+    curve: list[EvalPoint],
+    tokens_per_step: int,
+    seconds: float,
+    data_seconds: float,
+    eval_seconds: float,
+    device: str,
+    dtype: str,
+    digest: int,
+    train_curve: list[TrainLossPoint] | None = None,
+) -> TrainResult:
     """A proxy's result from where its run ended: `step` is the last step run, or the step at which it diverged
     (whose optimizer step does not count)."""
     steps_run = step if status != "diverged" else step - 1
     last = curve[-1] if curve else EvalPoint(0, 0, math.nan, math.nan, math.nan)
     trained_tokens = (steps_run - start_step) * tokens_per_step
     return TrainResult(
-        schedule=schedule, params=params, steps=steps_run, tokens=steps_run * tokens_per_step,
+        schedule=schedule,
+        params=params,
+        steps=steps_run,
+        tokens=steps_run * tokens_per_step,
         val_loss=last.val_loss if status != "diverged" else math.nan,
         val_ppl=last.val_ppl if status != "diverged" else math.nan,
         val_bpb=last.val_bpb if status != "diverged" else math.nan,
-        train_seconds=seconds, tokens_per_second=trained_tokens / seconds if seconds > 0 else 0.0,
-        status=status, curve=curve, train_curve=list(train_curve or []), reason=reason, data_seconds=data_seconds,
-        eval_seconds=eval_seconds, device=device, dtype=dtype, resumed_from_step=start_step, batch_digest=digest,
+        train_seconds=seconds,
+        tokens_per_second=trained_tokens / seconds if seconds > 0 else 0.0,
+        status=status,
+        curve=curve,
+        train_curve=list(train_curve or []),
+        reason=reason,
+        data_seconds=data_seconds,
+        eval_seconds=eval_seconds,
+        device=device,
+        dtype=dtype,
+        resumed_from_step=start_step,
+        batch_digest=digest,
     )

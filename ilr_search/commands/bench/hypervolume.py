@@ -44,23 +44,33 @@ class ReplayResult:
     front_maps_pruned: list[tuple[int, ...]]
 
     def steps_to(self, fraction: float) -> int | None:
-        return next((s for s, h in zip(self.steps, self.hv_fraction) if h >= fraction - 1e-12), None)
+        return next((s for s, h in zip(self.steps, self.hv_fraction, strict=True) if h >= fraction - 1e-12), None)
 
     def hv_at(self, steps: int) -> float:
-        return max([h for s, h in zip(self.steps, self.hv_fraction) if s <= steps], default=0.0)
+        return max([h for s, h in zip(self.steps, self.hv_fraction, strict=True) if s <= steps], default=0.0)
 
 
-def replay(table: Table, sampler: str, seed: int, n_trials: int, pruning: bool,
-           settings: PrunerSettings | None = None, rung_fractions: Sequence[float] = (0.125, 0.25, 0.5)) -> ReplayResult:
+def replay(
+    table: Table,
+    sampler: str,
+    seed: int,
+    n_trials: int,
+    pruning: bool,
+    settings: PrunerSettings | None = None,
+    rung_fractions: Sequence[float] = (0.125, 0.25, 0.5),
+) -> ReplayResult:
     """Run the search's proposal logic (seed maps, sampler, budget repair, reuse of evaluated maps, pruning at
     the rungs, by default at 1/8, 1/4 and 1/2 of the steps like the default space, with the default rule)
     with results looked up in the table instead of trained. A map the table lacks (it diverged, or the table
     is partial) ends FAIL at no cost."""
     settings = dataclasses.replace(settings or PrunerSettings(), rungs=table.rungs_at(rung_fractions))
     sampler_cfg = sampler_settings(sampler, seed, table.max_reuse)
-    study = optuna.create_study(directions=["minimize", "minimize"],
-                                sampler=build_sampler(sampler_cfg, table.n_layers, max_reuse=table.max_reuse,
-                                                      max_layer_runs=table.max_layer_runs))
+    study = optuna.create_study(
+        directions=["minimize", "minimize"],
+        sampler=build_sampler(
+            sampler_cfg, table.n_layers, max_reuse=table.max_reuse, max_layer_runs=table.max_layer_runs
+        ),
+    )
     for m in seed_maps(table.n_layers, table.max_reuse, table.max_layer_runs):
         study.enqueue_trial({f"r{i}": r for i, r in enumerate(m)}, skip_if_exists=True)
     reference = table.reference_point()
@@ -81,12 +91,20 @@ def replay(table: Table, sampler: str, seed: int, n_trials: int, pruning: bool,
             if entry is None:
                 results[key] = ("fail", None)
             else:
-                pruned_at = _feed_curve(number, ",".join(map(str, key)), entry["flops_ratio"], entry["curve"],
-                                        table.steps, points, settings if pruning else None)
+                pruned_at = _feed_curve(
+                    number,
+                    ",".join(map(str, key)),
+                    entry["flops_ratio"],
+                    entry["curve"],
+                    table.steps,
+                    points,
+                    settings if pruning else None,
+                )
                 if pruned_at is None:
-                    results[key] = ("complete", (entry["val_ppl"], entry["flops_ratio"]))
+                    point = (entry["val_ppl"], entry["flops_ratio"])
+                    results[key] = ("complete", point)
                     steps_total += table.steps
-                    found.append(results[key][1])
+                    found.append(point)
                 else:
                     results[key] = ("pruned", None)
                     steps_total += pruned_at
@@ -97,50 +115,68 @@ def replay(table: Table, sampler: str, seed: int, n_trials: int, pruning: bool,
         if state == "complete":
             study.tell(trial, values)
         else:
-            study.tell(trial, state=optuna.trial.TrialState.PRUNED if state == "pruned" else optuna.trial.TrialState.FAIL)
+            study.tell(
+                trial, state=optuna.trial.TrialState.PRUNED if state == "pruned" else optuna.trial.TrialState.FAIL
+            )
         out.steps.append(steps_total)
         out.hv_fraction.append(hypervolume_2d(found, reference) / exhaustive if exhaustive > 0 else 1.0)
     out.steps_saved = steps_saved
     return out
 
 
-def _feed_curve(number: int, map_key: str, ratio: float, curve: dict[int, float], final_step: int,
-                points: list[CurvePoint], settings: PrunerSettings | None) -> int | None:
+def _feed_curve(
+    number: int,
+    map_key: str,
+    ratio: float,
+    curve: dict[int, float],
+    final_step: int,
+    points: list[CurvePoint],
+    settings: PrunerSettings | None,
+) -> int | None:
     """Feed a map's curve point by point, as a live trial records it, into `points`; the step where the rule
     prunes it, or None if it runs to the end (or there is no rule)."""
     for step in sorted(s for s in curve if s <= final_step):
         me = CurvePoint(number, step, curve[step], ratio, map_key)
         points.append(me)
-        if settings is not None and step in settings.rungs and not verdict_at_rung(me, points, final_step, settings).keep:
+        if (
+            settings is not None
+            and step in settings.rungs
+            and not verdict_at_rung(me, points, final_step, settings).keep
+        ):
             return step
     return None
 
+
+def _median_steps(group: list[ReplayResult], fraction: float, exhaustive: int) -> float | None:
+    """Median over seeds of the compute to reach `fraction`, as a share of `exhaustive`; a seed that never does counts
+    as infinite."""
+    values = sorted(math.inf if v is None else v for v in (r.steps_to(fraction) for r in group))
+    median = statistics.median(values)
+    return None if math.isinf(median) else median / exhaustive
 
 
 def summarize_replays(table: Table, results: list[ReplayResult]) -> list[dict[str, Any]]:
     """One row per (sampler, pruning): medians over seeds."""
 
     rows = []
-    for (sampler, pruning), group in itertools.groupby(sorted(results, key=lambda r: (r.sampler, r.pruning)),
-                                                        key=lambda r: (r.sampler, r.pruning)):
-        group = list(group)
+    for (sampler, pruning), grouped in itertools.groupby(
+        sorted(results, key=lambda r: (r.sampler, r.pruning)), key=lambda r: (r.sampler, r.pruning)
+    ):
+        group = list(grouped)
         exhaustive = table.exhaustive_steps
-
-        def median_steps(fraction: float) -> float | None:
-            """Median over seeds of the compute to reach `fraction`; a seed that never does counts as infinite."""
-            values = sorted(math.inf if v is None else v for v in (r.steps_to(fraction) for r in group))
-            median = statistics.median(values)
-            return None if math.isinf(median) else median / exhaustive
-
-        rows.append({
-            "sampler": sampler, "pruning": pruning, "seeds": len(group),
-            "compute_to_90pct": median_steps(0.90), "compute_to_95pct": median_steps(0.95),
-            "hv_at_25pct_compute": statistics.median(r.hv_at(int(0.25 * exhaustive)) for r in group),
-            "final_hv": statistics.median(r.hv_fraction[-1] for r in group),
-            "steps_saved_share": statistics.median(
-                r.steps_saved / (r.steps[-1] + r.steps_saved) if r.steps[-1] + r.steps_saved else 0.0 for r in group),
-            "front_maps_pruned": sum(len(r.front_maps_pruned) for r in group),
-        })
+        rows.append(
+            {
+                "sampler": sampler,
+                "pruning": pruning,
+                "seeds": len(group),
+                "compute_to_90pct": _median_steps(group, 0.90, exhaustive),
+                "compute_to_95pct": _median_steps(group, 0.95, exhaustive),
+                "hv_at_25pct_compute": statistics.median(r.hv_at(int(0.25 * exhaustive)) for r in group),
+                "final_hv": statistics.median(r.hv_fraction[-1] for r in group),
+                "steps_saved_share": statistics.median(
+                    r.steps_saved / (r.steps[-1] + r.steps_saved) if r.steps[-1] + r.steps_saved else 0.0 for r in group
+                ),
+                "front_maps_pruned": sum(len(r.front_maps_pruned) for r in group),
+            }
+        )
     return rows
-
-

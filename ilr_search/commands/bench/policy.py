@@ -28,6 +28,7 @@ class PolicyReplay:
     target; false_claims: those whose table seed mean at the target is not below the baseline's; best: the map
     it reports best, regret_sd: (its table mean loss at the target - the table's best) / the table's pooled
     seed sd there; intervals_held / intervals: its front intervals (>= 2 seeds) that hold the table's mean."""
+
     policy: str
     order_seed: int
     seeds: tuple[int, ...]
@@ -43,15 +44,17 @@ class PolicyReplay:
     trained: list[tuple[str, int, int]] = field(default_factory=list)  # the race's results used, (map, steps, seed)
 
 
-def _claims_and_regret(table: TruthTable, claimed: Sequence[str], best: str | None,
-                       target: int) -> tuple[list[str], float | None]:
+def _claims_and_regret(
+    table: TruthTable, claimed: Sequence[str], best: str | None, target: int
+) -> tuple[list[str], float | None]:
     base = table.seed_mean(table.baseline, target)
     false = [k for k in claimed if base is None or (table.seed_mean(k, target) or math.inf) >= base]
     means = [m for m in (table.seed_mean(k, target) for k in table.flops) if m is not None]
     regret = None
     sd = table.seed_sd(target)
-    if best is not None and table.seed_mean(best, target) is not None and means and math.isfinite(sd) and sd > 0:
-        regret = (table.seed_mean(best, target) - min(means)) / sd
+    best_mean = table.seed_mean(best, target) if best is not None else None
+    if best_mean is not None and means and math.isfinite(sd) and sd > 0:
+        regret = (best_mean - min(means)) / sd
     return false, regret
 
 
@@ -59,8 +62,14 @@ RACE_POLICIES = {"race": "adaptive", "race-fixed": "fixed"}  # --policy name -> 
 POLICIES = (*RACE_POLICIES, "today", "none")
 FIXED_REPLAY = RaceSettings(0, 0, policy="fixed", max_contenders=6)  # the fixed race as replays measured it
 # the adaptive race as a default study races it
-ADAPTIVE_REPLAY = RaceSettings(0, 0, policy="adaptive", max_contenders=SearchConfig().race_contenders,
-                               min_seeds=SearchConfig().race_seeds, screen=SearchConfig().race_screen)
+ADAPTIVE_REPLAY = RaceSettings(
+    0,
+    0,
+    policy="adaptive",
+    max_contenders=SearchConfig().race_contenders,
+    min_seeds=SearchConfig().race_seeds,
+    screen=SearchConfig().race_screen,
+)
 
 
 def race_template(policy: str = "race", **changes: Any) -> RaceSettings:
@@ -69,8 +78,9 @@ def race_template(policy: str = "race", **changes: Any) -> RaceSettings:
     return dataclasses.replace(template, **{k: v for k, v in changes.items() if v is not None})
 
 
-def replay_race(table: TruthTable, order_seed: int, n_seeds: int | None = None, race: RaceSettings | None = None
-                ) -> PolicyReplay:
+def replay_race(
+    table: TruthTable, order_seed: int, n_seeds: int | None = None, race: RaceSettings | None = None
+) -> PolicyReplay:
     """Run a racing policy with every job answered from the table: base length the table's shortest, target its
     longest, the race's seeds `n_seeds` of the table's target seeds (all: None) in an order drawn from
     `order_seed` (the order decides which seed every map starts at, and which seeds come when), the other settings
@@ -79,8 +89,9 @@ def replay_race(table: TruthTable, order_seed: int, n_seeds: int | None = None, 
     available = list(table.seeds_at(lengths[-1]))
     random.Random(order_seed).shuffle(available)
     seeds = tuple(available[:n_seeds] if n_seeds else available)
-    settings = dataclasses.replace(race or ADAPTIVE_REPLAY, base_steps=lengths[0], target_steps=lengths[-1],
-                                   seeds=seeds, equal_compute=False)
+    settings = dataclasses.replace(
+        race or ADAPTIVE_REPLAY, base_steps=lengths[0], target_steps=lengths[-1], seeds=seeds, equal_compute=False
+    )
     evaluations = [e for e in (table.evaluation(k, lengths[0], seeds[0]) for k in sorted(table.flops)) if e]
     unanswered: list[tuple[str, int, int]] = []
     while True:
@@ -88,7 +99,7 @@ def replay_race(table: TruthTable, order_seed: int, n_seeds: int | None = None, 
         if state.done:
             break
         answers = [table.evaluation(j.map_key, j.steps, j.seed) for j in state.next_jobs]
-        unanswered = [(j.map_key, j.steps, j.seed) for j, a in zip(state.next_jobs, answers) if a is None]
+        unanswered = [(j.map_key, j.steps, j.seed) for j, a in zip(state.next_jobs, answers, strict=True) if a is None]
         if unanswered:
             break
         evaluations += [a for a in answers if a is not None]
@@ -97,12 +108,28 @@ def replay_race(table: TruthTable, order_seed: int, n_seeds: int | None = None, 
     at_target = [p for p in state.front if p.steps == target]
     best = state.best
     false, regret = _claims_and_regret(table, claimed, best, target)
-    held = [p for p in at_target if len(p.seeds) >= 2
-            and p.interval[0] <= math.exp(table.seed_mean(p.map_key, target) or math.nan) <= p.interval[1]]
+    held = [
+        p
+        for p in at_target
+        if len(p.seeds) >= 2
+        and p.interval[0] <= math.exp(table.seed_mean(p.map_key, target) or math.nan) <= p.interval[1]
+    ]
     name = next(k for k, v in RACE_POLICIES.items() if v == settings.policy)
-    return PolicyReplay(name, order_seed, seeds, sum(e.steps for e in evaluations), claimed, false, best, regret,
-                        sum(len(p.seeds) >= 2 for p in at_target), len(held), state.verdict, unanswered,
-                        [(e.map_key, e.steps, e.seed) for e in evaluations])
+    return PolicyReplay(
+        name,
+        order_seed,
+        seeds,
+        sum(e.steps for e in evaluations),
+        claimed,
+        false,
+        best,
+        regret,
+        sum(len(p.seeds) >= 2 for p in at_target),
+        len(held),
+        state.verdict,
+        unanswered,
+        [(e.map_key, e.steps, e.seed) for e in evaluations],
+    )
 
 
 def replay_single_seed(table: TruthTable, order_seed: int, pruner: str) -> PolicyReplay:
@@ -121,33 +148,61 @@ def replay_single_seed(table: TruthTable, order_seed: int, pruner: str) -> Polic
     spread = max(band_ppls) - min(band_ppls) if len(band_ppls) >= 2 else 0.0
     base_row = next((r for r in complete if r.map_key == table.baseline), None)
     front = [complete[i] for i in non_dominated([(r.val_ppl, r.flops_ratio) for r in complete])]
-    claimed = sorted(r.map_key for r in front if base_row is not None and r.map_key != table.baseline
-                     and r.val_ppl < base_row.val_ppl - spread)
+    claimed = sorted(
+        r.map_key
+        for r in front
+        if base_row is not None and r.map_key != table.baseline and r.val_ppl < base_row.val_ppl - spread
+    )
     best = min(complete, key=lambda r: r.val_ppl).map_key if complete else None
     target = table.lengths[-1]
     false, regret = _claims_and_regret(table, claimed, best, target)
     compute = result.steps_trained + base * (len(band_ppls) - 1)
-    verdict = (f"{len(claimed)} recurrent map(s) beat the baseline by more than its seed spread {spread:.3f} ppl at "
-               f"{base} steps, one seed" if claimed else f"no recurrent map beat the baseline at {base} steps")
-    return PolicyReplay("today" if pruner == "pareto" else "none", order_seed, (seeds[0],), compute, claimed, false,
-                        best, regret, 0, 0, verdict, [])
+    verdict = (
+        f"{len(claimed)} recurrent map(s) beat the baseline by more than its seed spread {spread:.3f} ppl at "
+        f"{base} steps, one seed"
+        if claimed
+        else f"no recurrent map beat the baseline at {base} steps"
+    )
+    return PolicyReplay(
+        "today" if pruner == "pareto" else "none",
+        order_seed,
+        (seeds[0],),
+        compute,
+        claimed,
+        false,
+        best,
+        regret,
+        0,
+        0,
+        verdict,
+        [],
+    )
 
 
 def table_decided_better(table: TruthTable, target: int, confidence: float) -> list[str]:
     """The maps the whole table shows better than the baseline at the target: the race's own test (paired t
     interval clear of zero, Benjamini-Hochberg over the maps) over every seed the table has."""
+
     def by_seed(key: str) -> dict[int, float]:
         return {s: v for (k, st, s), v in table.losses.items() if k == key and st == target and v is not None}
 
     keys = sorted(k for k in table.flops if k != table.baseline)
     tests = [paired_comparison(by_seed(k), by_seed(table.baseline), confidence) for k in keys]
     adjusted = benjamini_hochberg([t.p_value for t in tests])
-    return [k for k, t, p in zip(keys, tests, adjusted) if t.n >= 2 and p < decision_level(confidence)]
+    return [k for k, t, p in zip(keys, tests, adjusted, strict=True) if t.n >= 2 and p < decision_level(confidence)]
 
 
-def replay_policy(path: str | Path, policy: str, orders: int = 10, first_order: int = 0, n_seeds: int | None = None,
-                  confidence: float = 0.9, max_contenders: int | None = None, table: TruthTable | None = None,
-                  **race_changes: Any) -> dict[str, Any]:
+def replay_policy(
+    path: str | Path,
+    policy: str,
+    orders: int = 10,
+    first_order: int = 0,
+    n_seeds: int | None = None,
+    confidence: float = 0.9,
+    max_contenders: int | None = None,
+    table: TruthTable | None = None,
+    **race_changes: Any,
+) -> dict[str, Any]:
     """`ilr-search bench replay --policy`: a policy replayed over a truth table in `orders` orders, with the
     goals' figures: false confirmations (share of claimed maps that do not beat the baseline in the table's
     seed mean at the target), regret of the reported best in seed sd, and the coverage of the front's intervals."""
@@ -161,19 +216,30 @@ def replay_policy(path: str | Path, policy: str, orders: int = 10, first_order: 
         raise UserInputError(f"--max-contenders must be at least 1, got {max_contenders}")
     table = table or TruthTable.read(path)
     if n_seeds is not None and not 1 <= n_seeds <= len(table.seeds_at(table.lengths[-1])):
-        raise UserInputError(f"--race-seeds must be between 1 and the table's {len(table.seeds_at(table.lengths[-1]))} "
-                             f"seeds at its longest length, got {n_seeds}")
+        raise UserInputError(
+            f"--race-seeds must be between 1 and the table's {len(table.seeds_at(table.lengths[-1]))} "
+            f"seeds at its longest length, got {n_seeds}"
+        )
     if len(table.lengths) < 2:
         raise UserInputError(f"truth table {str(path)!r} has one length ({table.lengths[0]} steps); a race needs two")
-    race = race_template(policy, confidence=confidence, max_contenders=max_contenders, **race_changes) \
-        if policy in RACE_POLICIES else None
-    runs = [replay_race(table, o, n_seeds, race) if race is not None
-            else replay_single_seed(table, o, "pareto" if policy == "today" else "none")
-            for o in range(first_order, first_order + orders)]
+    race = (
+        race_template(policy, confidence=confidence, max_contenders=max_contenders, **race_changes)
+        if policy in RACE_POLICIES
+        else None
+    )
+    runs = [
+        replay_race(table, o, n_seeds, race)
+        if race is not None
+        else replay_single_seed(table, o, "pareto" if policy == "today" else "none")
+        for o in range(first_order, first_order + orders)
+    ]
     target = table.lengths[-1]
     base_mean = table.seed_mean(table.baseline, target)
-    truly_better = sorted(k for k in table.flops if k != table.baseline and base_mean is not None
-                          and (table.seed_mean(k, target) or math.inf) < base_mean)
+    truly_better = sorted(
+        k
+        for k in table.flops
+        if k != table.baseline and base_mean is not None and (table.seed_mean(k, target) or math.inf) < base_mean
+    )
     decided = table_decided_better(table, target, confidence)
     claimed = sum(len(r.claimed) for r in runs)
     false = sum(len(r.false_claims) for r in runs)
@@ -181,18 +247,30 @@ def replay_policy(path: str | Path, policy: str, orders: int = 10, first_order: 
     intervals = sum(r.intervals for r in runs)
 
     return {
-        "table": str(path), "policy": policy, "orders": orders, "base_steps": table.lengths[0], "target_steps": target,
-        "table_seeds": list(table.seeds_at(target)), "maps": len(table.flops), "baseline": table.baseline,
-        "confidence": confidence, "seed_sd_at_target": table.seed_sd(target),
-        "table_better_than_baseline": truly_better, "table_decided_better": decided,
-        "decided_claimed_share": (sum(len(set(r.claimed) & set(decided)) for r in runs) / (len(decided) * orders)
-                                  if decided else None),
+        "table": str(path),
+        "policy": policy,
+        "orders": orders,
+        "base_steps": table.lengths[0],
+        "target_steps": target,
+        "table_seeds": list(table.seeds_at(target)),
+        "maps": len(table.flops),
+        "baseline": table.baseline,
+        "confidence": confidence,
+        "seed_sd_at_target": table.seed_sd(target),
+        "table_better_than_baseline": truly_better,
+        "table_decided_better": decided,
+        "decided_claimed_share": (
+            sum(len(set(r.claimed) & set(decided)) for r in runs) / (len(decided) * orders) if decided else None
+        ),
         "exhaustive_steps": sum(steps for (_, steps, _) in table.losses),
         "mean_compute_steps": statistics.fmean(r.compute_steps for r in runs),
-        "maps_claimed": claimed, "false_claims": false, "false_claim_share": false / claimed if claimed else 0.0,
+        "maps_claimed": claimed,
+        "false_claims": false,
+        "false_claim_share": false / claimed if claimed else 0.0,
         "mean_regret_sd": statistics.fmean(regrets) if regrets else None,
         "max_regret_sd": max(regrets) if regrets else None,
         "regret_within_1sd_share": sum(r <= 1 for r in regrets) / len(regrets) if regrets else None,
-        "intervals": intervals, "interval_coverage": sum(r.intervals_held for r in runs) / intervals if intervals else None,
+        "intervals": intervals,
+        "interval_coverage": sum(r.intervals_held for r in runs) / intervals if intervals else None,
         "replays": [dataclasses.asdict(r) for r in runs],
     }

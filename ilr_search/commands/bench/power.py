@@ -33,6 +33,7 @@ DEFAULT_DELTAS = (0.0, 0.5, 1.0, 2.0, 3.0, 4.0)
 @dataclass(frozen=True)
 class PowerRow:
     """One gap of one race setting, over every planted map and order."""
+
     setting: str
     delta_sd: float
     delta_nats: float
@@ -52,12 +53,24 @@ class PowerRow:
 def _truly_better(table: TruthTable) -> set[str]:
     target = table.lengths[-1]
     base = table.seed_mean(table.baseline, target)
-    return {k for k in table.flops if k != table.baseline and base is not None
-            and (table.seed_mean(k, target) or math.inf) < base}
+    return {
+        k
+        for k in table.flops
+        if k != table.baseline and base is not None and (table.seed_mean(k, target) or math.inf) < base
+    }
 
 
-def power_row(table: TruthTable, setting: str, race: RaceSettings, delta_sd: float, crossing: bool,
-              maps: Sequence[str], orders: int, n_seeds: int | None = None, against: str = "baseline") -> PowerRow:
+def power_row(
+    table: TruthTable,
+    setting: str,
+    race: RaceSettings,
+    delta_sd: float,
+    crossing: bool,
+    maps: Sequence[str],
+    orders: int,
+    n_seeds: int | None = None,
+    against: str = "baseline",
+) -> PowerRow:
     """Replay `race` over the table planted at Δ = delta_sd (in seed sd at the target) in each of `maps`, `orders`
     orders each (the A/A table once per order at Δ = 0); `against`: the gap is to the baseline, or to the table's
     best map at the target (truth.planted)."""
@@ -85,9 +98,19 @@ def power_row(table: TruthTable, setting: str, race: RaceSettings, delta_sd: flo
                 regrets.append(r.regret_sd)
         if key is not None:
             by_map[key] = mine / orders
-    return PowerRow(setting, delta_sd, delta, crossing, replays, hits / replays if delta_sd else None,
-                    any_claims / replays, false / replays, statistics.fmean(compute),
-                    sum(r <= 1 for r in regrets) / len(regrets) if regrets else None, by_map)
+    return PowerRow(
+        setting,
+        delta_sd,
+        delta,
+        crossing,
+        replays,
+        hits / replays if delta_sd else None,
+        any_claims / replays,
+        false / replays,
+        statistics.fmean(compute),
+        sum(r <= 1 for r in regrets) / len(regrets) if regrets else None,
+        by_map,
+    )
 
 
 def parse_deltas(text: str) -> tuple[float, ...]:
@@ -96,14 +119,23 @@ def parse_deltas(text: str) -> tuple[float, ...]:
     except ValueError:
         values = ()
     if not values or any(not math.isfinite(v) or v < 0 for v in values):
-        raise UserInputError(f"--deltas takes gaps in seed sd, comma-separated, each 0 or more (e.g. 0,1,2), got {text!r}")
+        raise UserInputError(
+            f"--deltas takes gaps in seed sd, comma-separated, each 0 or more (e.g. 0,1,2), got {text!r}"
+        )
     return values
 
 
-def power_report(path: str | Path, settings: dict[str, RaceSettings] | None = None,
-                 deltas: Sequence[float] = DEFAULT_DELTAS, crossing: Sequence[float] = (2.0,), orders: int = 10,
-                 maps: Sequence[str] | None = None, n_seeds: dict[str, int | None] | None = None,
-                 table: TruthTable | None = None, against: str = "baseline") -> dict[str, Any]:
+def power_report(
+    path: str | Path,
+    settings: dict[str, RaceSettings] | None = None,
+    deltas: Sequence[float] = DEFAULT_DELTAS,
+    crossing: Sequence[float] = (2.0,),
+    orders: int = 10,
+    maps: Sequence[str] | None = None,
+    n_seeds: dict[str, int | None] | None = None,
+    table: TruthTable | None = None,
+    against: str = "baseline",
+) -> dict[str, Any]:
     """`ilr-search bench power`: power, false claims, the A/A rate and compute per gap for each race setting (by
     name; default: the adaptive race of a default study and the fixed 3-seed race), constant gaps `deltas` and
     crossing gaps `crossing`, in seed sd, planted against the baseline or the table's best map (`against`)."""
@@ -120,8 +152,7 @@ def power_report(path: str | Path, settings: dict[str, RaceSettings] | None = No
     chosen = list(maps) if maps else recurrent
     unknown = [k for k in chosen if k not in recurrent]
     if unknown:
-        raise UserInputError(f"--maps: {', '.join(unknown)} not a recurrent map of the table "
-                             f"({', '.join(recurrent)})")
+        raise UserInputError(f"--maps: {', '.join(unknown)} not a recurrent map of the table ({', '.join(recurrent)})")
     settings = settings or {"adaptive": race_template("race"), "fixed-3-seeds": race_template("race-fixed")}
     n_seeds = n_seeds if n_seeds is not None else {"fixed-3-seeds": 3}
     target = table.lengths[-1]
@@ -131,18 +162,46 @@ def power_report(path: str | Path, settings: dict[str, RaceSettings] | None = No
             rows.append(power_row(table, name, race, d, False, chosen, orders, n_seeds.get(name), against))
         for d in crossing:
             rows.append(power_row(table, name, race, d, True, chosen, orders, n_seeds.get(name), against))
-    return {"table": str(path), "maps": len(table.flops), "planted_maps": chosen, "baseline": table.baseline,
-            "base_steps": table.lengths[0], "target_steps": target, "table_seeds": list(table.seeds_at(target)),
-            "seed_sd_at_target": table.seed_sd(target), "orders": orders, "against": against,
-            "settings": {name: {"policy": race.policy, "seeds": n_seeds.get(name), "max_contenders": race.max_contenders,
-                                "min_seeds": race.min_seeds, "screen": race.screen, "max_steps": race.max_steps,
-                                "futility": race.futility, "test": race.test, "confidence": race.confidence}
-                         for name, race in settings.items()},
-            "policies": sorted(RACE_POLICIES), "rows": [r.to_dict() for r in rows]}
+    return {
+        "table": str(path),
+        "maps": len(table.flops),
+        "planted_maps": chosen,
+        "baseline": table.baseline,
+        "base_steps": table.lengths[0],
+        "target_steps": target,
+        "table_seeds": list(table.seeds_at(target)),
+        "seed_sd_at_target": table.seed_sd(target),
+        "orders": orders,
+        "against": against,
+        "settings": {
+            name: {
+                "policy": race.policy,
+                "seeds": n_seeds.get(name),
+                "max_contenders": race.max_contenders,
+                "min_seeds": race.min_seeds,
+                "screen": race.screen,
+                "max_steps": race.max_steps,
+                "futility": race.futility,
+                "test": race.test,
+                "confidence": race.confidence,
+            }
+            for name, race in settings.items()
+        },
+        "policies": sorted(RACE_POLICIES),
+        "rows": [r.to_dict() for r in rows],
+    }
 
 
-def power_command(path: str | Path, deltas: str, crossing: str, orders: int, maps: str | None, policy: str,
-                  fixed_seeds: int, against: str = "baseline") -> dict[str, Any]:
+def power_command(
+    path: str | Path,
+    deltas: str,
+    crossing: str,
+    orders: int,
+    maps: str | None,
+    policy: str,
+    fixed_seeds: int,
+    against: str = "baseline",
+) -> dict[str, Any]:
     """`ilr-search bench power`: the flags checked (one error each, before any replay), then power_report."""
     if policy not in (*RACE_POLICIES, "both"):
         raise UserInputError(f"unknown --policy {policy!r}; use race, race-fixed or both")
@@ -154,10 +213,23 @@ def power_command(path: str | Path, deltas: str, crossing: str, orders: int, map
         raise UserInputError(f"truth table {str(path)!r} does not exist")
     table = TruthTable.read(path)
     if fixed_seeds > len(table.seeds_at(table.lengths[-1])):
-        raise UserInputError(f"--fixed-seeds {fixed_seeds}: the table has {len(table.seeds_at(table.lengths[-1]))} "
-                             f"seeds at its longest length")
-    names = {"race": {"adaptive": race_template("race")},
-             "race-fixed": {f"fixed-{fixed_seeds}-seeds": race_template("race-fixed")}}
+        raise UserInputError(
+            f"--fixed-seeds {fixed_seeds}: the table has {len(table.seeds_at(table.lengths[-1]))} "
+            f"seeds at its longest length"
+        )
+    names = {
+        "race": {"adaptive": race_template("race")},
+        "race-fixed": {f"fixed-{fixed_seeds}-seeds": race_template("race-fixed")},
+    }
     settings = names.get(policy) or {**names["race"], **names["race-fixed"]}
-    return power_report(path, settings, constant, crossed, orders, maps.split() if maps else None,
-                        {f"fixed-{fixed_seeds}-seeds": fixed_seeds}, table, against)
+    return power_report(
+        path,
+        settings,
+        constant,
+        crossed,
+        orders,
+        maps.split() if maps else None,
+        {f"fixed-{fixed_seeds}-seeds": fixed_seeds},
+        table,
+        against,
+    )

@@ -41,8 +41,12 @@ class PruningReplay:
         return dataclasses.asdict(self) | {"steps_saved_share": self.steps_saved_share}
 
 
-def replay_pruning(table: Table, settings: PrunerSettings, order_seed: int | None = None,
-                   rung_fractions: Sequence[float] = (0.125, 0.25, 0.5)) -> PruningReplay:
+def replay_pruning(
+    table: Table,
+    settings: PrunerSettings,
+    order_seed: int | None = None,
+    rung_fractions: Sequence[float] = (0.125, 0.25, 0.5),
+) -> PruningReplay:
     """Feed every row of the table through the pruning rule, one map after another (table order, or shuffled
     by `order_seed`), and count the steps it saves and the table's front maps it loses."""
     settings = dataclasses.replace(settings, rungs=table.rungs_at(rung_fractions))
@@ -52,8 +56,15 @@ def replay_pruning(table: Table, settings: PrunerSettings, order_seed: int | Non
     points: list[CurvePoint] = []
     pruned, trained, saved = [], 0, 0
     for number, row in enumerate(rows):
-        step = _feed_curve(number, row.map_key, row.flops_ratio, row.curve, table.steps, points,
-                           None if settings.name == "none" else settings)
+        step = _feed_curve(
+            number,
+            row.map_key,
+            row.flops_ratio,
+            row.curve,
+            table.steps,
+            points,
+            None if settings.name == "none" else settings,
+        )
         if step is None:
             trained += table.steps
         else:
@@ -68,9 +79,14 @@ def replay_pruning(table: Table, settings: PrunerSettings, order_seed: int | Non
 def default_pruner_settings(pruner: str) -> PrunerSettings:
     """A pruning rule with the default space's settings (what a default study prunes with)."""
     search = load_space().search
-    return PrunerSettings(name=pruner, eta=search.prune_eta, epsilon=search.prune_epsilon,
-                          warmup=search.prune_warmup, calibration_maps=search.prune_calibration_maps,
-                          min_spearman=search.prune_min_spearman)
+    return PrunerSettings(
+        name=pruner,
+        eta=search.prune_eta,
+        epsilon=search.prune_epsilon,
+        warmup=search.prune_warmup,
+        calibration_maps=search.prune_calibration_maps,
+        min_spearman=search.prune_min_spearman,
+    )
 
 
 def replay_table(path: str | Path, pruner: str = "pareto", order_seed: int | None = None) -> dict[str, Any]:
@@ -82,5 +98,3 @@ def replay_table(path: str | Path, pruner: str = "pareto", order_seed: int | Non
     table = Table.read(path)
     result = replay_pruning(table, default_pruner_settings(pruner), order_seed)
     return {"table": str(path), "steps": table.steps, **result.to_dict()}
-
-

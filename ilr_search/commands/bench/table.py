@@ -11,13 +11,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from ilr_search.config import SIZE_MAXIMA
 from ilr_search.analysis.pareto import non_dominated
 from ilr_search.analysis.results import curves_by_trial, references
 from ilr_search.analysis.trials import trained_results
 from ilr_search.commands.report import _atomic_write, check_out_path
+from ilr_search.config import SIZE_MAXIMA
 from ilr_search.errors import UserInputError
 from ilr_search.search.plan import plan_study
 from ilr_search.search.progress import RunReporter
@@ -32,63 +32,120 @@ def feasible_maps(n_layers: int, max_reuse: int, max_layer_runs: int) -> list[li
     return [list(m) for m in itertools.product(range(1, max_reuse + 1), repeat=n_layers) if sum(m) <= max_layer_runs]
 
 
-def build_table(space_path: str | Path, out: str | Path, budget: str = "2x", storage: str | None = None,
-                study_name: str | None = None, reporter: RunReporter | None = None, steps: int | None = None,
-                sample: int | None = None, seed: int = 0) -> dict[str, Any]:
+def build_table(
+    space_path: str | Path,
+    out: str | Path,
+    budget: str = "2x",
+    storage: str | None = None,
+    study_name: str | None = None,
+    reporter: RunReporter | None = None,
+    steps: int | None = None,
+    sample: int | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
     """Train every feasible map of the space (or a seeded sample of `sample` maps, the baseline always among
     them) as a brute-force study, so the build resumes, and write the table. Block recurrence K is added as
     a `blockK` row where the space's families include it and the budget allows it."""
     path = check_out_path(out, (".parquet", ".csv"))
     if sample is not None and sample < 1:
         raise UserInputError(f"--sample must be at least 1 map, got {sample}")
-    space = load_space(space_path, {"search": {"enqueue_paper_maps": False, "noise_seeds": 0},
-                                    "train": {"steps": steps}})
+    space = load_space(
+        space_path, {"search": {"enqueue_paper_maps": False, "noise_seeds": 0}, "train": {"steps": steps}}
+    )
     plan = plan_study(space, budget, None)
-    candidates = space.search.max_reuse ** plan.model.n_layers
+    candidates = space.search.max_reuse**plan.model.n_layers
     if candidates > SIZE_MAXIMA["search", "n_trials"]:
-        raise UserInputError(f"bench build goes through every map, and this space has {candidates:,} "
-                             f"(max_reuse {space.search.max_reuse} ^ {plan.model.n_layers} layers), above "
-                             f"{SIZE_MAXIMA['search', 'n_trials']:,}; give a smaller space")
+        raise UserInputError(
+            f"bench build goes through every map, and this space has {candidates:,} "
+            f"(max_reuse {space.search.max_reuse} ^ {plan.model.n_layers} layers), above "
+            f"{SIZE_MAXIMA['search', 'n_trials']:,}; give a smaller space"
+        )
     maps = feasible_maps(plan.model.n_layers, space.search.max_reuse, plan.budget.max_layer_runs(plan.model))
     if sample is not None and sample < len(maps):
         baseline = [1] * plan.model.n_layers
         others = [m for m in maps if m != baseline]
         maps = [baseline] + sorted(random.Random(seed).sample(others, sample - 1))
-    name = study_name or (f"bench-{Path(space_path).stem}-{plan.budget.text}" + (f"-{steps}steps" if steps else "")
-                          + (f"-sample{sample}-seed{seed}" if sample else ""))
+    name = study_name or (
+        f"bench-{Path(space_path).stem}-{plan.budget.text}"
+        + (f"-{steps}steps" if steps else "")
+        + (f"-sample{sample}-seed{seed}" if sample else "")
+    )
     started = time.perf_counter()
-    run_study(RunRequest(space, budget, name, storage, n_trials=len(maps), sampler="random", pruner="none",
-                         enqueue_maps=tuple(map(tuple, maps)), race=False), reporter)  # the table: every map once, no race
+    run_study(
+        RunRequest(
+            space,
+            budget,
+            name,
+            storage,
+            n_trials=len(maps),
+            sampler="random",
+            pruner="none",
+            enqueue_maps=tuple(map(tuple, maps)),
+            race=False,
+        ),
+        reporter,
+    )  # the table: every map once, no race
     seconds = time.perf_counter() - started
     rows = []
     study = open_study(parse_storage(storage), name)
     store = open_store(parse_storage(storage), name, read_only=True, storage=study_storage(study))
     curves = curves_by_trial(store.curve_points())
     for t in trained_results(study.get_trials(deepcopy=False)):
-        rows.append({"reuse_map": ",".join(map(str, t.reuse_map)), "flops_ratio": t.flops_ratio,
-                     "val_ppl": t.val_ppl, "val_bpb": t.val_bpb, "curve": json.dumps(sorted(curves[t.number].items())),
-                     "steps": space.train.steps, "trial": t.number, "train_seconds": t.train_seconds})
+        rows.append(
+            {
+                "reuse_map": ",".join(map(str, cast(tuple[int, ...], t.reuse_map))),  # a trained result's map
+                "flops_ratio": t.flops_ratio,
+                "val_ppl": t.val_ppl,
+                "val_bpb": t.val_bpb,
+                "curve": json.dumps(sorted(curves[t.number].items())),
+                "steps": space.train.steps,
+                "trial": t.number,
+                "train_seconds": t.train_seconds,
+            }
+        )
     for key, ref in sorted(references(study).items()):
         if key.startswith("block") and ref.get("val_ppl") is not None and ref.get("curve"):
-            rows.append({"reuse_map": key, "flops_ratio": ref["flops_ratio"], "val_ppl": ref["val_ppl"],
-                         "val_bpb": ref["val_bpb"], "curve": json.dumps(ref["curve"]), "steps": space.train.steps,
-                         "trial": -1, "train_seconds": None})
+            rows.append(
+                {
+                    "reuse_map": key,
+                    "flops_ratio": ref["flops_ratio"],
+                    "val_ppl": ref["val_ppl"],
+                    "val_bpb": ref["val_bpb"],
+                    "curve": json.dumps(ref["curve"]),
+                    "steps": space.train.steps,
+                    "trial": -1,
+                    "train_seconds": None,
+                }
+            )
     import pandas as pd
 
     frame = pd.DataFrame(rows).sort_values("reuse_map").reset_index(drop=True)
-    meta = {"space": str(space_path), "budget": budget, "n_layers": plan.model.n_layers,
-            "max_reuse": space.search.max_reuse, "max_layer_runs": plan.budget.max_layer_runs(plan.model),
-            "steps": space.train.steps, "rungs": space.train.eval_steps[:-1], "study": name,
-            "sample": sample, "sample_seed": seed if sample else None}
+    meta = {
+        "space": str(space_path),
+        "budget": budget,
+        "n_layers": plan.model.n_layers,
+        "max_reuse": space.search.max_reuse,
+        "max_layer_runs": plan.budget.max_layer_runs(plan.model),
+        "steps": space.train.steps,
+        "rungs": space.train.eval_steps[:-1],
+        "study": name,
+        "sample": sample,
+        "sample_seed": seed if sample else None,
+    }
     frame["meta"] = json.dumps(meta)
     if path.suffix == ".parquet":
         _atomic_write(path, lambda p: frame.to_parquet(p, index=False))
     else:
         _atomic_write(path, lambda p: frame.to_csv(p, index=False))
-    return {"out": str(path), "maps": len(frame), "feasible_maps": len(feasible_maps(
-        plan.model.n_layers, space.search.max_reuse, plan.budget.max_layer_runs(plan.model))),
-            "build_seconds_this_run": seconds, "study": name}
-
+    return {
+        "out": str(path),
+        "maps": len(frame),
+        "feasible_maps": len(
+            feasible_maps(plan.model.n_layers, space.search.max_reuse, plan.budget.max_layer_runs(plan.model))
+        ),
+        "build_seconds_this_run": seconds,
+        "study": name,
+    }
 
 
 @dataclass(frozen=True)
@@ -116,8 +173,11 @@ class Table:
     @property
     def entries(self) -> dict[tuple[int, ...], dict[str, Any]]:
         """Reuse-map rows by map: {"flops_ratio", "val_ppl", "curve"}."""
-        return {r.reuse_map: {"flops_ratio": r.flops_ratio, "val_ppl": r.val_ppl, "curve": r.curve}
-                for r in self.rows if r.reuse_map is not None}
+        return {
+            r.reuse_map: {"flops_ratio": r.flops_ratio, "val_ppl": r.val_ppl, "curve": r.curve}
+            for r in self.rows
+            if r.reuse_map is not None
+        }
 
     @classmethod
     def read(cls, path: str | Path) -> Table:
@@ -129,22 +189,37 @@ class Table:
             raise UserInputError(f"cannot read bench table {str(path)!r}: {e}") from None
         missing = {"reuse_map", "flops_ratio", "val_ppl", "curve"} - set(frame.columns)
         if missing or frame.empty:
-            raise UserInputError(f"{str(path)!r} is not a bench table: "
-                                 + (f"columns {sorted(missing)} missing" if missing else "no rows"))
+            raise UserInputError(
+                f"{str(path)!r} is not a bench table: "
+                + (f"columns {sorted(missing)} missing" if missing else "no rows")
+            )
         rows = []
         for r in frame.to_dict("records"):
             key = str(r["reuse_map"]).strip()
             reuse = None if key.startswith("block") else tuple(int(x) for x in key.split(","))
-            rows.append(TableRow(key, reuse, float(r["flops_ratio"]), float(r["val_ppl"]),
-                                 {int(s): float(v) for s, v in json.loads(r["curve"])}))
+            rows.append(
+                TableRow(
+                    key,
+                    reuse,
+                    float(r["flops_ratio"]),
+                    float(r["val_ppl"]),
+                    {int(s): float(v) for s, v in json.loads(r["curve"])},
+                )
+            )
         meta = json.loads(frame["meta"].iloc[0]) if "meta" in frame.columns else {}
         maps = [r.reuse_map for r in rows if r.reuse_map is not None]
-        steps = int(meta.get("steps") or (frame["steps"].max() if "steps" in frame.columns
-                                          else max(max(r.curve) for r in rows)))
+        steps = int(
+            meta.get("steps") or (frame["steps"].max() if "steps" in frame.columns else max(max(r.curve) for r in rows))
+        )
         n_layers = int(meta.get("n_layers") or len(maps[0]))
-        return cls(n_layers, int(meta.get("max_reuse") or max(max(m) for m in maps)),
-                   int(meta.get("max_layer_runs") or max(sum(m) for m in maps)), steps,
-                   tuple(meta.get("rungs") or sorted({s for r in rows for s in r.curve if s < steps})), tuple(rows))
+        return cls(
+            n_layers,
+            int(meta.get("max_reuse") or max(max(m) for m in maps)),
+            int(meta.get("max_layer_runs") or max(sum(m) for m in maps)),
+            steps,
+            tuple(meta.get("rungs") or sorted({s for r in rows for s in r.curve if s < steps})),
+            tuple(rows),
+        )
 
     def points(self) -> list[tuple[float, float]]:
         return [(r.val_ppl, r.flops_ratio) for r in self.rows]
@@ -156,7 +231,7 @@ class Table:
 
     def front(self) -> list[tuple[int, ...]]:
         """The reuse maps on the table's final front (a block row on it is left out)."""
-        return [self.rows[i].reuse_map for i in non_dominated(self.points()) if self.rows[i].reuse_map is not None]
+        return [m for i in non_dominated(self.points()) if (m := self.rows[i].reuse_map) is not None]
 
     def front_keys(self) -> list[str]:
         return [self.rows[i].map_key for i in non_dominated(self.points())]
@@ -167,4 +242,3 @@ class Table:
     @property
     def exhaustive_steps(self) -> int:
         return len(self.entries) * self.steps
-

@@ -10,6 +10,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from ilr_search.analysis.racing import Evaluation
 from ilr_search.commands.bench.table import Table, TableRow
@@ -20,6 +21,7 @@ from ilr_search.errors import UserInputError
 class TruthTable:
     """One result per (map, steps, seed), as benchmarks/truth.py writes them (its docstring has the schema):
     val_loss None where the run diverged; curves (step -> val_loss) by (map, steps, seed)."""
+
     baseline: str
     flops: dict[str, float]
     losses: dict[tuple[str, int, int], float | None]
@@ -39,8 +41,10 @@ class TruthTable:
             raise UserInputError(f"cannot read truth table {str(path)!r}: {e}") from None
         missing = {"map_key", "flops_ratio", "steps", "seed", "val_loss"} - set(frame.columns)
         if missing or frame.empty:
-            raise UserInputError(f"{str(path)!r} is not a truth table (benchmarks/truth.py writes one): "
-                                 + (f"columns {sorted(missing)} missing" if missing else "no rows"))
+            raise UserInputError(
+                f"{str(path)!r} is not a truth table (benchmarks/truth.py writes one): "
+                + (f"columns {sorted(missing)} missing" if missing else "no rows")
+            )
         flops, losses, curves = {}, {}, {}
         for r in frame.to_dict("records"):
             key = (str(r["map_key"]), int(r["steps"]), int(r["seed"]))
@@ -57,8 +61,11 @@ class TruthTable:
     def first_seeds(self, n: int) -> TruthTable:
         """The table with only its first n seeds (a smaller table of the same maps: the noise of fewer seeds)."""
         keep = set(sorted({s for (_, _, s) in self.losses})[:n])
-        return dataclasses.replace(self, losses={k: v for k, v in self.losses.items() if k[2] in keep},
-                                   curves={k: v for k, v in self.curves.items() if k[2] in keep})
+        return dataclasses.replace(
+            self,
+            losses={k: v for k, v in self.losses.items() if k[2] in keep},
+            curves={k: v for k, v in self.curves.items() if k[2] in keep},
+        )
 
     @property
     def lengths(self) -> tuple[int, ...]:
@@ -72,9 +79,10 @@ class TruthTable:
     def seed_mean(self, key: str, steps: int) -> float | None:
         """The table's truth for a map: its mean loss over every seed the table has at `steps`."""
         values = [v for (k, st, _), v in self.losses.items() if k == key and st == steps]
-        if not values or any(v is None for v in values):
+        known = [v for v in values if v is not None]
+        if not values or len(known) < len(values):
             return None
-        return math.fsum(values) / len(values)
+        return math.fsum(known) / len(known)
 
     def seed_sd(self, steps: int) -> float:
         """The pooled seed standard deviation of the loss at `steps` (root mean of the maps' variances)."""
@@ -94,17 +102,24 @@ class TruthTable:
 
     def bench_table(self, steps: int, seed: int) -> Table:
         """The maps at one length and seed as a bench table (for today's rule: one seed, pruned on its curve)."""
-        rows = tuple(TableRow(k, tuple(int(x) for x in k.split(",")), self.flops[k],
-                              math.exp(self.losses[(k, steps, seed)]), self.curves.get((k, steps, seed), {}))
-                     for k in sorted(self.flops) if self.losses.get((k, steps, seed)) is not None)
+        rows = tuple(
+            TableRow(
+                k,
+                tuple(int(x) for x in k.split(",")),
+                self.flops[k],
+                math.exp(cast(float, self.losses[(k, steps, seed)])),  # a bench table's seed has every loss
+                self.curves.get((k, steps, seed), {}),
+            )
+            for k in sorted(self.flops)
+            if self.losses.get((k, steps, seed)) is not None
+        )
         rungs = tuple(sorted({st for r in rows for st in r.curve if st < steps}))
         return Table(self.n_layers, self.max_reuse, max(sum(r.reuse_map or ()) for r in rows), steps, rungs, rows)
 
 
-
-
-def planted(table: TruthTable, map_key: str, delta: float, crossing: bool = False, against: str = "baseline"
-            ) -> TruthTable:
+def planted(
+    table: TruthTable, map_key: str, delta: float, crossing: bool = False, against: str = "baseline"
+) -> TruthTable:
     """The table with `map_key` made truly better than the baseline by `delta` nats: at each length its mean over
     the table's seeds becomes the baseline's mean there minus the gap, and each seed keeps its own deviation from
     the map's mean (its own noise). The gap is `delta` at every length, or with `crossing` -delta at the base
@@ -122,8 +137,9 @@ def planted(table: TruthTable, map_key: str, delta: float, crossing: bool = Fals
         lead = table.seed_mean(table.baseline, lengths[-1]) - min(means)  # type: ignore[operator]
 
     def gap(steps: int) -> float:
-        return (delta * (2 * math.log(steps / lengths[0]) / span - 1) if crossing else delta) + \
-            (lead if steps == lengths[-1] or not crossing else lead * math.log(steps / lengths[0]) / span)
+        return (delta * (2 * math.log(steps / lengths[0]) / span - 1) if crossing else delta) + (
+            lead if steps == lengths[-1] or not crossing else lead * math.log(steps / lengths[0]) / span
+        )
 
     return _moved(table, {map_key: gap})
 
