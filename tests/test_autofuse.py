@@ -43,16 +43,16 @@ def test_fuse_auto_in_the_space_probes_says_what_it_chose_and_the_run_trains_tha
 
 @pytest.mark.slow
 def test_a_fuse_that_does_not_fit_in_memory_is_refused_with_one_line_and_nothing_on_disk(cli, tmp_path):
-    space = write_space(tmp_path / "big.toml", model={"d_model": 512, "heads": 8}, search=NO_REFERENCES)
+    space = write_space(tmp_path / "big.toml", model={"d_model": 4096, "heads": 8}, search=NO_REFERENCES)
     fresh = tmp_path / "fresh.db"
-    proc = cli(*run_args(space, fresh, "auto", *NO_PRUNING, "--fuse", "100000", n_trials=2))
+    proc = cli(*run_args(space, fresh, "auto", *NO_PRUNING, "--fuse", "1024", n_trials=2))
     assert_one_line_error(proc)
-    assert "--fuse 100000" in proc.stderr and "GiB" in proc.stderr
+    assert "--fuse 1024" in proc.stderr and "GiB" in proc.stderr
     assert not fresh.exists()
     db = tmp_path / "kept.db"
     cli(*run_args(write_space(tmp_path / "small.toml", search=NO_REFERENCES), db, "auto", *NO_PRUNING, n_trials=1), check=True)
     before = hashlib.sha256(db.read_bytes()).hexdigest()
-    assert_one_line_error(cli(*run_args(space, db, "other", *NO_PRUNING, "--fuse", "100000", n_trials=2)))
+    assert_one_line_error(cli(*run_args(space, db, "other", *NO_PRUNING, "--fuse", "1024", n_trials=2)))
     assert hashlib.sha256(db.read_bytes()).hexdigest() == before
 
 
