@@ -3,7 +3,7 @@ or with both cores kept busy, and what it concluded.
 
     python benchmarks/default_run.py [--hogs 0] [--out benchmarks/data/default-run-quiet-2026-12-01.json]
         [--keep FOLDER] [-- extra run flags]
-    python benchmarks/default_run.py --fresh-venv [--dry-run] [--out ...]
+    python benchmarks/default_run.py --fresh-venv [--hogs 0] [--keep FOLDER] [--dry-run] [--out ...]
 
 --hogs N starts N `python3 -c 'while 1: pass'` processes beside the run (2 on this 2-core machine: both cores busy)
 and stops them after it; the run starts after the hogs have run --settle seconds (60), untimed. --keep copies the run's study database (studies/ilr-search.db) into FOLDER. The JSON keeps the wall time, the verdict, the detectable gap, the equal-compute
@@ -14,8 +14,11 @@ a fresh virtual environment there, and runs README's Quickstart command exactly 
 `<!-- run-command -->`: the pip installs included) in the clone, with the venv first on PATH, an empty token cache,
 and none of this shell's OMP_NUM_THREADS, PYTHONPATH or VIRTUAL_ENV. It records the wall time, the CPU time and CPU%
 (user + system of the command and everything it started, from /usr/bin/time -v where there is one, else
-getrusage of the children) and the peak memory (the largest resident set of one process), and the output's last
-lines, in benchmarks/data/default-run-fresh-venv-DATE.json. --dry-run prints what it would run and writes nothing.
+getrusage of the children) and the peak memory (the largest resident set of one process), and the output
+(stdout whole: the per-phase table is in it; stderr's last lines), in
+benchmarks/data/default-run-fresh-venv-DATE.json (default-run-fresh-venv-loaded-DATE.json with --hogs). --hogs and --keep work as above: the hogs
+start --settle seconds before the clock, so the install meets a busy machine too. --dry-run prints what it would run
+and writes nothing.
 """
 
 from __future__ import annotations
@@ -53,7 +56,8 @@ def main() -> None:
     ap.add_argument("extra", nargs="*")
     args = ap.parse_args()
     if args.fresh_venv:
-        fresh_venv_run(Path(args.out) if args.out else None, args.dry_run)
+        fresh_venv_run(Path(args.out) if args.out else None, args.dry_run, args.hogs, args.settle,
+                       Path(args.keep) if args.keep else None)
         return
     out = Path(args.out or f"benchmarks/data/default-run-{'quiet' if not args.hogs else 'loaded'}-{time.strftime('%Y-%m-%d')}.json")
     with tempfile.TemporaryDirectory() as folder:
@@ -137,9 +141,10 @@ def time_v_fields(stderr: str) -> dict[str, float]:
     return found
 
 
-def fresh_venv_run(out: Path | None, dry_run: bool) -> None:
+def fresh_venv_run(out: Path | None, dry_run: bool, hogs: int = 0, settle: float = 60.0, keep: Path | None = None) -> None:
     """--fresh-venv: clone, venv, README's run command timed as a newcomer would run it; one JSON record."""
-    out = out or ROOT / "benchmarks" / "data" / f"default-run-fresh-venv-{time.strftime('%Y-%m-%d')}.json"
+    kind = "fresh-venv" if not hogs else "fresh-venv-loaded"
+    out = out or ROOT / "benchmarks" / "data" / f"default-run-{kind}-{time.strftime('%Y-%m-%d')}.json"
     with tempfile.TemporaryDirectory(prefix="ilr-fresh-") as name:
         folder = Path(name)
         plan = fresh_venv_plan(folder)
@@ -148,19 +153,33 @@ def fresh_venv_run(out: Path | None, dry_run: bool) -> None:
             return
         subprocess.run(plan["clone"], check=True)  # type: ignore[arg-type]
         subprocess.run(plan["venv"], check=True)  # type: ignore[arg-type]
-        load_before = os.getloadavg()
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        started = time.perf_counter()
-        proc = subprocess.run(plan["argv"], cwd=plan["cwd"], env=newcomer_env(folder),  # type: ignore[arg-type]
-                              capture_output=True, text=True)
-        seconds = time.perf_counter() - started
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        load_after = os.getloadavg()
+        hog_procs = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(hogs)]
+        try:
+            if hog_procs:
+                time.sleep(settle)  # a busy machine has been busy for a while: its load average says so
+            load_before = os.getloadavg()
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            started = time.perf_counter()
+            proc = subprocess.run(plan["argv"], cwd=plan["cwd"], env=newcomer_env(folder),  # type: ignore[arg-type]
+                                  capture_output=True, text=True)
+            seconds = time.perf_counter() - started
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            load_after = os.getloadavg()
+        finally:
+            for hog in hog_procs:
+                hog.kill()
+                hog.wait()
+        if keep:
+            keep.mkdir(parents=True, exist_ok=True)
+            for db in (folder / "repo").glob("studies/*.db"):
+                shutil.copy2(db, keep / db.name)
     timed = time_v_fields(proc.stderr)
+    # the hogs are children too, so getrusage counts them; /usr/bin/time counts the command alone
     cpu = (timed["user"] + timed["system"] if "user" in timed and "system" in timed
            else after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
     peak_kib = timed.get("max_rss_kib", after.ru_maxrss)  # Linux: KiB
-    record = {"command": plan["command"], "commit": plan["commit"], "fresh_venv": True,
+    record = {"command": plan["command"], "commit": plan["commit"], "fresh_venv": True, "hogs": hogs,
+              "settle_seconds": settle if hogs else 0,
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores",
               "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
@@ -168,7 +187,7 @@ def fresh_venv_run(out: Path | None, dry_run: bool) -> None:
               "cpu_percent": 100 * cpu / seconds if seconds else 0.0, "peak_rss_mib": peak_kib / 1024,
               "cpu_source": "/usr/bin/time -v" if "user" in timed else "getrusage(RUSAGE_CHILDREN)",
               "load_before": load_before, "load_after": load_after,
-              "stdout_tail": proc.stdout.splitlines()[-40:], "stderr_tail": proc.stderr.splitlines()[-60:]}
+              "stdout": proc.stdout.splitlines(), "stderr_tail": proc.stderr.splitlines()[-60:]}
     out.write_text(json.dumps(record, indent=1) + "\n")
     print(f"{seconds:.0f} s, CPU {record['cpu_percent']:.0f}%, peak {record['peak_rss_mib']:.0f} MiB; exit {proc.returncode}")
     print(f"wrote {out}")
