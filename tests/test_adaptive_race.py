@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
+from ilr_search.analysis.answer import race_answer
 from ilr_search.analysis.racing import Evaluation, RaceSettings, RaceState, race_state
 
 BASE = "1,1,1,1"
@@ -68,16 +69,17 @@ def test_a_large_gap_is_claimed_early_and_a_map_that_cannot_win_stops_early():
     front = {p.map_key: p for p in state.front}
     assert front["2,1,1,1"].confirmed and not front[BASE].confirmed  # the baseline is the reference
     c = comparisons["2,1,1,1"]
-    ppl, base_ppl = front["2,1,1,1"].val_ppl, front[BASE].val_ppl
+    base_ppl = front[BASE].val_ppl
+    gain = base_ppl * (1 - math.exp(c.mean_diff))  # the paired difference as ppl, as the answer line says it
+    low, high = base_ppl * (1 - math.exp(c.interval[1])), base_ppl * (1 - math.exp(c.interval[0]))
+    assert low > 0
     assert state.verdict == (
-        f"recurrence beats the baseline at 400 steps (90% confidence: sequential paired t tests on seeds after the "
-        f"screen's, Holm over 2 map(s); differences: map minus baseline): 2,1,1,1 {ppl:.4f} ppl vs {base_ppl:.4f} ({ppl - base_ppl:+.4f} ppl, "
-        f"{100 * (ppl / base_ppl - 1):+.2f}%; loss difference {c.mean_diff:+.4f}, 90% interval "
-        f"{c.interval[0]:+.4f} to {c.interval[1]:+.4f}, p={c.p_value:.3g} over {c.n} seeds); "
-        f"gaps of {state.detectable_gap['ppl']:.4f} ppl ({state.detectable_gap['nats']:.4f} nats) or more would have "
-        f"been seen with 80% power ({state.detectable_gap['seeds']} test seeds, paired sd "
-        f"{state.detectable_gap['sd_diff']:.4f}); the race trained {state.compute_steps} steps; it stopped because "
-        f"every comparison decided")
+        f"recurrence beats the baseline at 400 steps (90% confidence, sequential paired tests on seeds after the "
+        f"screen's, Holm over 2 map(s)): 2,1,1,1 better by {gain:.2f} ppl than the baseline (90% interval "
+        f"{low:.2f} to {high:.2f}, p={c.p_value:.3g}, {c.n} test seeds); "
+        f"gaps of {state.detectable_gap['ppl']:.2f} ppl or more would have been seen with 80% power "
+        f"({state.detectable_gap['seeds']} test seeds); the race trained {state.compute_steps} steps; it stopped "
+        f"because every comparison decided")
 
 
 def test_nothing_distinguishable_says_the_gap_it_would_have_seen():
@@ -87,11 +89,11 @@ def test_nothing_distinguishable_says_the_gap_it_would_have_seen():
     gap = state.detectable_gap
     assert gap is not None and gap["nats"] > 0 and gap["ppl"] > 0 and gap["power"] == 0.8
     assert state.verdict.startswith("nothing here is distinguishable from the baseline at 400 steps with ")
-    assert ("test seeds after the screening seed (90% confidence; differences: map minus baseline); gaps of "
-            in state.verdict)
-    assert (f"gaps of {gap['ppl']:.4f} ppl ({gap['nats']:.4f} nats) or more would have been seen with 80% power "
-            f"({gap['seeds']} test seeds, paired sd {gap['sd_diff']:.4f})") in state.verdict
+    assert "test seeds (90% confidence); gaps of " in state.verdict
+    assert (f"gaps of {gap['ppl']:.2f} ppl or more would have been seen with 80% power "
+            f"({gap['seeds']} test seeds)") in state.verdict
     assert "closest " in state.verdict and "would show" in state.verdict and "beats" in state.verdict
+    assert "better by" in state.verdict or "worse by" in state.verdict or "level with" in state.verdict
     assert state.verdict.endswith(f"the race trained {state.compute_steps} steps; it stopped because {state.stopped}")
 
 
@@ -151,7 +153,13 @@ def test_the_equal_compute_reference_trains_at_the_best_contenders_seeds():
     assert equal["reference"] == "deep5" and equal["layers"] == 5 and equal["map"] == "2,1,1,1"
     assert equal["params_ratio"] == pytest.approx(1.2)
     assert equal["map_minus_reference"]["mean_diff"] == pytest.approx(-0.2, abs=0.03)
-    assert "2,1,1,1 against a plain 5-layer model of the same compute (deep5, 1.20x the parameters): " in state.verdict
+    d = equal["map_minus_reference"]
+    assert d["ppl_diff"] == pytest.approx(d["reference_ppl"] * (math.exp(d["mean_diff"]) - 1))  # paired, as ppl
+    assert (f"2,1,1,1 better by {-d['ppl_diff']:.2f} ppl than deep5, a plain 5-layer model of the same compute, "
+            "1.20x the parameters (90% interval ") in state.verdict
+    details = race_answer(state, settings, BASE, 10.0).details  # the answer's list says the same, in the same words
+    assert any(line.startswith(f"equal compute: 2,1,1,1 better by {-d['ppl_diff']:.2f} ppl than a plain 5-layer model "
+                               "of the same compute (deep5, 1.20x the parameters) (90% interval ") for line in details)
     assert "deep5" not in {c.map_key for c in state.comparisons}  # a reference, not a contender
 
 

@@ -67,7 +67,8 @@ def test_front_points_carry_length_seeds_interval_and_confirmation(raced, cli, t
     trials = json.loads(cli("trials", "--study", "raced", "--storage", f"sqlite:///{db}", "--json", check=True).stdout)
     assert trials["race"]["results"] == summary["race"]["results"]
     text = cli("pareto", "--study", "raced", "--storage", f"sqlite:///{db}", check=True).stdout
-    assert "verdict at 48 steps" in text
+    first = text.splitlines()[0]
+    assert first.startswith(("use ", "no map beat")) and "at 48 steps" in first  # the answer first, at the race's length
     figure = tmp_path / "front.html"
     cli("pareto", "--study", "raced", "--storage", f"sqlite:///{db}", "--out", str(figure), check=True)
     assert "decided front" in figure.read_text(encoding="utf-8")  # the race's front, on top (test_plots_verdict.py)

@@ -39,6 +39,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ilr_search.analysis.answer import interval_words, ppl_gain, side
 from ilr_search.analysis.map_key import MapKey
 from ilr_search.analysis.pareto import non_dominated
 from ilr_search.analysis.race_core import (
@@ -568,14 +569,17 @@ def _equal_compute(
         iv = seed_interval(_by_seed(theirs), settings.confidence)
         out |= {"val_ppl": iv.val_ppl, "interval": list(iv.interval_ppl) if iv.interval_ppl else None}
     c = paired_comparison(mine, theirs, settings.confidence)
-    if c.n:
+    if c.n and c.mean_diff is not None:
+        # the paired difference as ppl at the deeper model's mean over the paired seeds, as the answer says it
+        reference_ppl = math.exp(math.fsum(theirs[s] for s in c.seeds) / c.n)
         out["map_minus_reference"] = {
             "seeds": list(c.seeds),
             "mean_diff": c.mean_diff,
             "sd_diff": c.sd_diff,
             "interval": list(c.interval) if c.interval else None,
             "p_value": c.p_value,
-            "ppl_diff": math.exp(_mean(results, best, target)) - math.exp(math.fsum(theirs[s] for s in c.seeds) / c.n),
+            "reference_ppl": reference_ppl,
+            "ppl_diff": -ppl_gain(reference_ppl, c.mean_diff),
         }
     return out
 
@@ -606,6 +610,8 @@ def _verdict(
     stopped: str,
     contenders: Sequence[str],
 ) -> str:
+    """The race's verdict in a few clauses. Every difference is the one the answer gives (answer.ppl_gain: the
+    paired mean loss difference over the test seeds, as ppl at the baseline's mean), said in words."""
     words = settings.words
     prefix = "" if done else f"(race open {words.at(target)}) "
     pct = round(settings.confidence * 100)
@@ -621,17 +627,15 @@ def _verdict(
         claims = []
         for k in better:
             c = comparisons[k]
-            ppl = math.exp(_mean(results, k, target))
-            low, high = c.interval or (math.nan, math.nan)
+            assert c.mean_diff is not None  # a claimed map was tested
+            interval = interval_words(base_ppl, c.interval, settings.confidence)
             claims.append(
-                f"{k} {ppl:.4f} ppl vs {base_ppl:.4f} ({ppl - base_ppl:+.4f} ppl, "
-                f"{100 * (ppl / base_ppl - 1):+.2f}%; loss difference {c.mean_diff:+.4f}, {pct}% interval "
-                f"{low:+.4f} to {high:+.4f}, p={c.p_value:.3g} over {words.count(c.n)})"
+                f"{k} {side(ppl_gain(base_ppl, c.mean_diff))} than the baseline ({interval}, p={c.p_value:.3g}, "
+                f"{words.count(c.n, test=True)})"
             )
         text = (
-            f"{prefix}recurrence beats the baseline {words.at(target)} ({pct}% confidence: sequential paired t "
-            f"tests on {words.plural} after the screen's, Holm over {len(comparisons)} map(s); differences: map "
-            "minus baseline): " + "; ".join(claims)
+            f"{prefix}recurrence beats the baseline {words.at(target)} ({pct}% confidence, sequential paired tests "
+            f"on {words.plural} after the screen's, Holm over {len(comparisons)} map(s)): " + "; ".join(claims)
         )
     else:
         counts = sorted({c.n for c in comparisons.values()})
@@ -642,41 +646,33 @@ def _verdict(
         )
         text = (
             f"{prefix}nothing here is distinguishable from the baseline {words.at(target)} with {seeds} "
-            f"after the screening {words.unit} ({pct}% confidence; differences: map minus baseline)"
+            f"({pct}% confidence)"
         )
     if gap is not None:
         parts.append(
-            f"gaps of {gap['ppl']:.4f} ppl ({gap['nats']:.4f} nats) or more would have been seen with "
-            f"{round(100 * gap['power'])}% power ({words.count(gap['seeds'], test=True)}, "
-            f"paired sd {gap['sd_diff']:.4f})"
+            f"gaps of {gap['ppl']:.2f} ppl or more would have been seen with {round(100 * gap['power'])}% power "
+            f"({words.count(gap['seeds'], test=True)})"
         )
     ranked = [c for c in comparisons.values() if c.map_key not in better and c.mean_diff is not None]
     if comparisons and not better and ranked:
         c = min(ranked, key=lambda c: (c.mean_diff, c.map_key))
         assert c.mean_diff is not None  # ranked holds only the comparisons with a mean difference
-        gap_ppl = math.exp(_mean(results, c.map_key, target)) - base_ppl
+        how = f"closest {c.map_key}: {side(ppl_gain(base_ppl, c.mean_diff))} than the baseline"
         need = paired_comparison(*_pair(results, c, baseline_key, target), settings.confidence).seeds_needed()
         if c.sd_diff is None:
-            parts.append(f"closest {c.map_key} ({gap_ppl:+.4f} ppl at {words.count(1)})")
+            parts.append(f"{how} at {words.count(1)}")
         elif need is None:
-            parts.append(
-                f"closest {c.map_key} ({gap_ppl:+.4f} ppl, sd of the paired loss difference "
-                f"{c.sd_diff:.4f}): more than 1000 {words.plural} would be needed to tell them apart"
-            )
+            parts.append(f"{how}; more than 1000 {words.plural} would be needed to tell them apart")
         else:
             who = f"{c.map_key} beats the baseline" if c.mean_diff < 0 else f"the baseline beats {c.map_key}"
-            parts.append(
-                f"closest {c.map_key} ({gap_ppl:+.4f} ppl, sd of the paired loss difference {c.sd_diff:.4f}): "
-                f"if the gap holds, about {words.count(need)} {words.at(target)} would show {who}"
-            )
+            parts.append(f"{how}; if the gap holds, about {words.count(need)} {words.at(target)} would show {who}")
     if equal is not None and equal.get("map_minus_reference"):
         d = equal["map_minus_reference"]
-        low, high = d["interval"] or (math.nan, math.nan)
+        interval = interval_words(d["reference_ppl"], d["interval"], settings.confidence)
         share = f", {equal['params_ratio']:.2f}x the parameters" if equal.get("params_ratio") else ""
         parts.append(
-            f"{equal['map']} against a plain {equal['layers']}-layer model of the same compute "
-            f"({equal['reference']}{share}): {d['ppl_diff']:+.4f} ppl (loss difference {d['mean_diff']:+.4f}, "
-            f"{pct}% interval {low:+.4f} to {high:+.4f}, over {len(d['seeds'])} seeds)"
+            f"{equal['map']} {side(-d['ppl_diff'])} than {equal['reference']}, a plain {equal['layers']}-layer model "
+            f"of the same compute{share}" + (f" ({interval})" if interval else "") + f", {len(d['seeds'])} seeds"
         )
     spent = (
         f"the race evaluated {words.count(len(_test_chunks(results, settings)))} beyond the screen's"

@@ -68,23 +68,24 @@ def count(n: int, unit: str) -> str:
     return f"{n} {unit}{'' if n == 1 else 's'}"
 
 
-def side(ppl_gain: float, digits: int = 2) -> str:
-    """A perplexity difference in words: positive `ppl_gain` (lower ppl) is `better by`, negative `worse by`."""
-    if round(abs(ppl_gain), digits) == 0:
+def side(gain: float, digits: int = 2) -> str:
+    """A perplexity difference in words: a positive `gain` (lower ppl) is `better by`, a negative one `worse by`."""
+    if round(abs(gain), digits) == 0:
         return "level with"
-    return f"{'better' if ppl_gain > 0 else 'worse'} by {abs(ppl_gain):.{digits}f} ppl"
+    return f"{'better' if gain > 0 else 'worse'} by {abs(gain):.{digits}f} ppl"
 
 
-def _gain(base_ppl: float, loss_diff: float) -> float:
+def ppl_gain(base_ppl: float, loss_diff: float) -> float:
     """The ppl a map gains over the plain model, from the mean paired loss difference (map minus plain)."""
     return base_ppl * (1.0 - math.exp(loss_diff))
 
 
-def _interval_words(base_ppl: float, interval: Sequence[float] | None, confidence: float) -> str:
+def interval_words(base_ppl: float, interval: Sequence[float] | None, confidence: float) -> str:
     """`90% interval 0.03 to 0.13` (both better), or `90% interval from 0.05 worse to 0.01 better`."""
     if not interval or None in interval:
         return ""
-    low, high = _gain(base_ppl, interval[1]), _gain(base_ppl, interval[0])  # the loss's high end is the least gain
+    # the loss's high end is the least gain
+    low, high = ppl_gain(base_ppl, interval[1]), ppl_gain(base_ppl, interval[0])
     pct = round(confidence * 100)
     if low > 0:
         return f"{pct}% interval {low:.2f} to {high:.2f}"
@@ -143,7 +144,7 @@ def race_answer(
         line = f"no map beat {PLAIN} {at}; {seen}"
     if baseline_ppl is not None:
         details += _closest(comparisons, claimed, baseline_ppl, settings.confidence, unit)
-    details += _equal_compute(state.equal_compute, unit)
+    details += _equal_compute(state.equal_compute, settings.confidence, unit)
     details += _replicates(state, comparisons, baseline_key, unit, settings.words.at(state.level_steps))
     if settings.frozen:
         details.append(
@@ -172,8 +173,8 @@ def _claim(
     point, base = _point(state.front, key), _point(state.front, baseline_key)
     n = len(point.seeds) if point is not None else comparison.n if comparison else 0
     if comparison is not None and comparison.mean_diff is not None and baseline_ppl is not None:
-        gain = _gain(baseline_ppl, comparison.mean_diff)
-        interval = _interval_words(baseline_ppl, comparison.interval, settings.confidence)
+        gain = ppl_gain(baseline_ppl, comparison.mean_diff)
+        interval = interval_words(baseline_ppl, comparison.interval, settings.confidence)
     elif point is not None and base is not None:
         gain, interval = base.val_ppl - point.val_ppl, ""
     else:
@@ -193,22 +194,25 @@ def _closest(
     if not rest:
         return []
     c = min(rest, key=lambda c: (c.mean_diff, c.map_key))
-    interval = _interval_words(baseline_ppl, c.interval, confidence)
+    interval = interval_words(baseline_ppl, c.interval, confidence)
     return [
-        f"closest contender: {_map(c.map_key)} {side(_gain(baseline_ppl, c.mean_diff))} than {PLAIN}"  # type: ignore[arg-type]
+        f"closest contender: {_map(c.map_key)} {side(ppl_gain(baseline_ppl, c.mean_diff))} than {PLAIN}"  # type: ignore[arg-type]
         + (f" ({interval})" if interval else "")
         + f" over {count(c.n, 'test ' + unit)}; status: {c.status}"
     ]
 
 
-def _equal_compute(equal: Mapping[str, Any] | None, unit: str) -> list[str]:
+def _equal_compute(equal: Mapping[str, Any] | None, confidence: float, unit: str) -> list[str]:
     if not equal or not equal.get("map_minus_reference"):
         return []
     d = equal["map_minus_reference"]
     params = f", {equal['params_ratio']:.2f}x the parameters" if equal.get("params_ratio") else ""
+    interval = interval_words(d["reference_ppl"], d["interval"], confidence)
     return [
         f"equal compute: {_map(equal['map'])} {side(-d['ppl_diff'])} than a plain {equal['layers']}-layer model "
-        f"of the same compute ({equal['reference']}{params}) over {count(len(d['seeds']), unit)}"
+        f"of the same compute ({equal['reference']}{params})"
+        + (f" ({interval})" if interval else "")
+        + f" over {count(len(d['seeds']), unit)}"
     ]
 
 

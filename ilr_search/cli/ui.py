@@ -552,7 +552,8 @@ def print_answer(report: StudyReport, details: bool = True) -> None:
 
 
 def print_race(report: StudyReport) -> None:
-    """The race's verdict, and what it rests on: its runs beyond the proxy (the fixed race: each run; the adaptive
+    """What the race's answer rests on (the verdict itself is in `--json`; the answer and its details say it in
+    words): its runs beyond the proxy (the fixed race: each run; the adaptive
     race: each map's seeds at the target), the comparisons with the baseline, the equal-compute reference."""
     race = report.race
     if race is None:
@@ -640,8 +641,6 @@ def print_race(report: StudyReport) -> None:
             f"the baseline's) ppl {_fmt(equal['val_ppl'])} over seeds {_fmt(equal['seeds'])}",
             soft_wrap=True,
         )
-    where = "on held-out windows (frozen)" if settings.frozen else f"at {settings.target_steps} steps"
-    out.print(f"verdict {where}: {race.verdict or '-'}", soft_wrap=True)
     if report.answer.trust is not None:
         out.print(f"trust: {report.answer.trust.text()}", soft_wrap=True)
 
