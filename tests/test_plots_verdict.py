@@ -145,3 +145,19 @@ def test_the_answer_is_the_first_line_of_trials_and_pareto_and_the_figures_title
     layers = cli("pareto", "--study", report["study"], "--storage", url, "--view", "layers", check=True).stdout
     assert re.search(r"^the decided front recurs (no layer|layers? [\d, and]+)$", layers, re.M), layers
     assert all(re.fullmatch(r"\d\.\d\d", v) for v in re.findall(r"│ (?:layer|knob) [^│]*│\s*([\d.]+)", layers))
+
+
+def test_the_figures_title_puts_the_trust_line_between_the_answer_and_the_verdict():
+    from ilr_search.analysis.answer import Answer, Trust
+    from ilr_search.analysis.plots import verdict_title
+
+    trust = Trust(spearman=-0.19, maps=8, proxy_steps=500, target_steps=2000)
+    answer = Answer("no map beat the plain model at 2000 steps; a gap of 0.14 ppl or more would have been seen",
+                    trust=trust)
+    lines = verdict_title("s", answer, "nothing here is distinguishable; the race trained 46000 steps").split("<br>")
+    text = [re.sub(r"<[^>]+>", "", line) for line in lines]
+    trust_at = next(i for i, line in enumerate(text) if line.startswith("trust: the 500-step search ranked maps unlike"))
+    assert text[0].startswith("s: no map beat") and lines[trust_at].startswith("<i>")
+    assert trust_at < text.index("nothing here is distinguishable;")
+    assert "weak guide" in " ".join(text[trust_at:text.index("nothing here is distinguishable;")])
+    assert "trust" not in verdict_title("s", Answer("no map beat the plain model"), "v")  # none measured: none shown

@@ -357,11 +357,14 @@ def _decided_panel(fig: go.Figure, race: RaceReport, legend: str) -> None:
 
 
 def verdict_title(study: str, answer: Answer | None, verdict: str = "") -> str:
-    """The figure's title: the study's name and its answer line in bold, then its verdict, a clause a line
-    (wrapped at TITLE_CHARS); without an answer, the study's name."""
+    """The figure's title: the study's name and its answer line in bold, the trust line (the proxy-to-target rank
+    agreement) in italics, then its verdict, a clause a line (wrapped at TITLE_CHARS); without an answer, the study's
+    name."""
     if answer is None:
         return f"<b>{study}</b>"
     lines = [f"<b>{line}</b>" for line in textwrap.wrap(f"{study}: {answer.line}", TITLE_CHARS, break_long_words=False)]
+    if answer.trust is not None:  # how far the proxy's order can be trusted, beside the answer
+        lines += [f"<i>{line}</i>" for line in textwrap.wrap(f"trust: {answer.trust.text()}", TITLE_CHARS)]
     clauses = [c.strip() for c in verdict.split("; ")] if verdict else []
     for i, clause in enumerate(clauses):
         lines += textwrap.wrap(clause + (";" if i < len(clauses) - 1 else ""), TITLE_CHARS, break_long_words=False)
@@ -439,12 +442,12 @@ def pareto_figure(
             )
         )
     if layer_view:
-        where = f"the decided front ({decided_steps(race)} steps)" if raced and race else "the front"
+        where = f"front's reuse counts, {decided_steps(race)} steps" if raced and race else "front's reuse counts"
         panels.append(
             Panel(
                 "layers",
                 [{}, {}],
-                [f"reuse counts on {where}", "layer importance (proxy trials)"],
+                [where, "layer importance (proxy trials)"],
                 max(200, 70 + 30 * len(layer_view["front_maps"])),
             )
         )
@@ -463,7 +466,7 @@ def pareto_figure(
                 "fidelity",
                 [{}, {}],
                 [
-                    "rung-to-final rank agreement (Spearman)",
+                    "rung agreement (within the proxy)",
                     f"proxy vs {audit['factor']}x training" if audit else "not audited (ilr-search audit)",
                 ],
                 FIDELITY_PX,
@@ -838,8 +841,8 @@ def _fidelity_panel(
     under the figure. Returns the verdict's number of lines."""
     rungs = [r for r in fidelity.get("rungs", []) if r.get("spearman") is not None]
     for agrees, name, colour in (
-        (True, f"rung agrees (Spearman >= {AGREES})", "#2ca02c"),
-        (False, f"rung disagrees (< {AGREES})", "#d62728"),
+        (True, f"rung agrees with the proxy's end (Spearman >= {AGREES})", "#b0b0b0"),
+        (False, f"rung disagrees (< {AGREES})", "#6b6b6b"),
     ):
         group = [r for r in rungs if (r["spearman"] >= AGREES) == agrees]
         if group:
