@@ -159,7 +159,7 @@ def test_the_equal_compute_reference_trains_at_the_best_contenders_seeds():
             "1.20x the parameters (90% interval ") in state.verdict
     details = race_answer(state, settings, BASE, 10.0).details  # the answer's list says the same, in the same words
     assert any(line.startswith(f"equal compute: 2,1,1,1 better by {-d['ppl_diff']:.2f} ppl than a plain 5-layer model "
-                               "of the same compute (deep5, 1.20x the parameters) (90% interval ") for line in details)
+                               "of the same compute (deep5, 1.20x the parameters; 90% interval ") for line in details)
     assert "deep5" not in {c.map_key for c in state.comparisons}  # a reference, not a contender
 
 

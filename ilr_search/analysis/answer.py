@@ -210,9 +210,9 @@ def _equal_compute(equal: Mapping[str, Any] | None, confidence: float, unit: str
     interval = interval_words(d["reference_ppl"], d["interval"], confidence)
     return [
         f"equal compute: {_map(equal['map'])} {side(-d['ppl_diff'])} than a plain {equal['layers']}-layer model "
-        f"of the same compute ({equal['reference']}{params})"
-        + (f" ({interval})" if interval else "")
-        + f" over {count(len(d['seeds']), unit)}"
+        f"of the same compute ({equal['reference']}{params}"
+        + (f"; {interval}" if interval else "")
+        + f") over {count(len(d['seeds']), unit)}"
     ]
 
 
