@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TypedDict
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN_MARK = "<!-- run-command -->"
@@ -108,7 +109,18 @@ def readme_run_command(readme: Path = ROOT / "README.md") -> str:
     return lines[0].strip()
 
 
-def fresh_venv_plan(folder: Path) -> dict[str, object]:
+class FreshVenvPlan(TypedDict):
+    """What --fresh-venv runs (fresh_venv_plan): the clone, the venv and the timed command, as argument lists."""
+
+    commit: str
+    clone: list[str]
+    venv: list[str]
+    command: str
+    argv: list[str]
+    cwd: str
+
+
+def fresh_venv_plan(folder: Path) -> FreshVenvPlan:
     """What --fresh-venv runs, in `folder`: the clone, the venv and the command (as a list for subprocess)."""
     command = readme_run_command()
     shell = ["bash", "-c", command]
@@ -149,10 +161,10 @@ def fresh_venv_run(out: Path | None, dry_run: bool, hogs: int = 0, settle: float
         folder = Path(name)
         plan = fresh_venv_plan(folder)
         if dry_run:
-            print(json.dumps(plan | {"out": str(out)}, indent=1))
+            print(json.dumps({**plan, "out": str(out)}, indent=1))
             return
-        subprocess.run(plan["clone"], check=True)  # type: ignore[arg-type]
-        subprocess.run(plan["venv"], check=True)  # type: ignore[arg-type]
+        subprocess.run(plan["clone"], check=True)
+        subprocess.run(plan["venv"], check=True)
         hog_procs = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(hogs)]
         try:
             if hog_procs:
@@ -160,7 +172,7 @@ def fresh_venv_run(out: Path | None, dry_run: bool, hogs: int = 0, settle: float
             load_before = os.getloadavg()
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             started = time.perf_counter()
-            proc = subprocess.run(plan["argv"], cwd=plan["cwd"], env=newcomer_env(folder),  # type: ignore[arg-type]
+            proc = subprocess.run(plan["argv"], cwd=plan["cwd"], env=newcomer_env(folder),
                                   capture_output=True, text=True)
             seconds = time.perf_counter() - started
             after = resource.getrusage(resource.RUSAGE_CHILDREN)

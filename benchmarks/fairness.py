@@ -1,4 +1,4 @@
-"""The fairness knob, measured (issue 19, Deliver 5): does scaling a repeated layer by its repeat count
+"""The fairness knob, measured: does scaling a repeated layer by its repeat count
 (repeat_scale, model.py) shrink the recurrent maps' seed spread, and does it change their verdicts against the
 all-ones baseline?
 

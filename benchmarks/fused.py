@@ -1,5 +1,5 @@
 """Tokens/s of K proxies trained fused (ilr_search/training/fused.py) against the same K trained one after another with
-train_proxy, in one run (issue 20).
+train_proxy, in one run.
 
     python benchmarks/fused.py                                   # default size and d_model 128, threads 1 and 2
     python benchmarks/fused.py --steps 10 --ks 1,2,4,8 --widths 32 --threads 1

@@ -1,4 +1,4 @@
-"""Where the race's noise comes from, and which training settings keep runs of one seed paired (issue 28, item 4).
+"""Where the race's noise comes from, and which training settings keep runs of one seed paired.
 
     OMP_NUM_THREADS=1 python benchmarks/pairing.py [--space truth-small] [--steps 800] [--seeds 6]
         [--maps "1,1,1,1 2,2,1,1"] [--settings default,lr3e-3,warmup0.3,batch16,clip0.25] [--shard K/N]

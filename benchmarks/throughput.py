@@ -8,7 +8,7 @@ the same dtype, measured in this run. The compiled mode compiles each decoder la
 another schedule should compile nothing new: its first-step overhead is printed.
 
 Two training steps are compared in one run (--heads-impl):
-  plain  the trainer before issue 12: logits materialised, F.cross_entropy on an fp32 copy, loss.item() per step;
+  plain  the unfused trainer: logits materialised, F.cross_entropy on an fp32 copy, loss.item() per step;
   fused  the trainer now: the chunked, fused head and loss of ilr_search/training/loss.py (compiled with the layers),
          the loss kept on the device (one host read per timing window here, every 16 steps in the trainer).
 Tokens/s is the median over --repeats windows of --steps steps, each window timed with one sync at its end.

@@ -1,4 +1,4 @@
-"""WSD continuation against cosine restarts (issue 19): train the racing truth table's maps with a
+"""WSD continuation against cosine restarts: train the racing truth table's maps with a
 warmup-stable-decay schedule at 1x, 2x and 4x the base length, each longer length continuing the shorter one's
 stable-phase checkpoint, and compare cost and results with the table's cosine runs (one cosine run per length).
 

@@ -12,12 +12,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-POSITIONAL_ENCODINGS = ("nope", "rope", "learned", "alibi")
-INJECTIONS = ("none", "add", "gated")
+PositionalEncoding = Literal["nope", "rope", "learned", "alibi"]
+POSITIONAL_ENCODINGS: tuple[PositionalEncoding, ...] = get_args(PositionalEncoding)
+Injection = Literal["none", "add", "gated"]
+INJECTIONS: tuple[Injection, ...] = get_args(Injection)
 RepeatScale = Literal["off", "residual", "lr"]
-REPEAT_SCALES: tuple[RepeatScale, ...] = ("off", "residual", "lr")
+REPEAT_SCALES: tuple[RepeatScale, ...] = get_args(RepeatScale)
 
 
 @dataclass(frozen=True)
@@ -28,10 +30,10 @@ class ModelConfig:
     n_heads: int = 4
     seq_len: int = 64
     mlp_ratio: float = 4.0
-    pe: str = "rope"
+    pe: PositionalEncoding = "rope"
     norm_eps: float = 1e-5
     rope_base: float = 10000.0
-    injection: str = "none"  # re-add the embedding output at each repeat after the first: none, add, gated
+    injection: Injection = "none"  # re-add the embedding output at each repeat after the first: none, add, gated
     iteration_encoding: bool = False  # add a learned embedding of the repeat index
     iteration_norms: bool = False  # RMSNorm gains of their own for each repeat
     init_depth: int = 0  # residual-projection init for this many layer runs; 0: n_layers
@@ -108,21 +110,30 @@ ARCHITECTURE_FIELD_DEFAULTS = {
 }
 
 
-SAMPLERS = ("auto", "tpe", "nsga2", "gp", "random", "grid")
-PRUNERS = ("pareto", "pareto-eager", "median", "none")
+Sampler = Literal["auto", "tpe", "nsga2", "gp", "random", "grid"]  # auto: resolved to one of the others
+SAMPLERS: tuple[Sampler, ...] = get_args(Sampler)
+PrunerName = Literal["pareto", "pareto-eager", "median", "none"]
+PRUNERS: tuple[PrunerName, ...] = get_args(PrunerName)
 # pareto: validation perplexity against FLOPs; ppl: perplexity alone (the budget only a constraint); answer: the
 # perplexity of the answer tokens of prompt/answer rows (DataConfig.answer_column) against FLOPs.
-OBJECTIVES = ("pareto", "ppl", "answer")
+Objective = Literal["pareto", "ppl", "answer"]
+OBJECTIVES: tuple[Objective, ...] = get_args(Objective)
 # The map families of a study: ilr (per-layer reuse counts, the sampler's), block (block recurrence blockK, the whole
 # stack run K times, trained as reference runs) and blocks (one contiguous block run R times, block:I-J:R, the
 # sampler's; off by default).
-FAMILIES = ("ilr", "block", "blocks")
-TRIAL_FAMILIES = ("ilr", "blocks")  # the families whose maps the trials propose
-DEVICES = ("auto", "cpu", "cuda", "mps")
-DTYPES = ("auto", "fp32", "bf16")
-LR_SCHEDULES = ("cosine", "wsd")
-RACE_POLICIES = ("adaptive", "fixed")
-EQUAL_COMPUTE = ("depth", "off")
+Family = Literal["ilr", "block", "blocks"]
+FAMILIES: tuple[Family, ...] = get_args(Family)
+TRIAL_FAMILIES: tuple[Family, ...] = ("ilr", "blocks")  # the families whose maps the trials propose
+Device = Literal["auto", "cpu", "cuda", "mps"]
+DEVICES: tuple[Device, ...] = get_args(Device)
+Dtype = Literal["auto", "fp32", "bf16"]
+DTYPES: tuple[Dtype, ...] = get_args(Dtype)
+LrSchedule = Literal["cosine", "wsd"]
+LR_SCHEDULES: tuple[LrSchedule, ...] = get_args(LrSchedule)
+RacePolicy = Literal["adaptive", "fixed"]  # adaptive_race.py, fixed_race.py
+RACE_POLICIES: tuple[RacePolicy, ...] = get_args(RacePolicy)
+EqualCompute = Literal["depth", "off"]
+EQUAL_COMPUTE: tuple[EqualCompute, ...] = get_args(EqualCompute)
 
 
 @dataclass(frozen=True)
@@ -144,15 +155,15 @@ class TrainConfig:
     warmup_frac: float = 0.1
     warmup_steps: int = 0  # 0: round(warmup_frac * steps); else this many steps whatever the run's length
     min_lr_frac: float = 0.1
-    lr_schedule: Literal["cosine", "wsd"] = "cosine"  # "cosine" decays over the whole run, "wsd" only at its end
+    lr_schedule: LrSchedule = "cosine"  # "cosine" decays over the whole run, "wsd" only at its end
     cooldown_frac: float = 0.2  # wsd: the last cooldown_frac of the run decays (1-sqrt) to min_lr_frac * lr
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     eval_fractions: tuple[float, ...] = (0.125, 0.25, 0.5, 1.0)
     eval_windows: int = 128
     seed: int = 0
-    device: str = "auto"
-    dtype: str = "auto"
+    device: Device = "auto"
+    dtype: Dtype = "auto"
     compile: bool | None = None  # None: auto (compile on CUDA only)
     checkpoint_every: int = 50  # steps between trial checkpoints; 0: none
 
@@ -188,16 +199,19 @@ class TrainConfig:
 @dataclass(frozen=True)
 class SearchConfig:
     max_reuse: int = 4
-    families: tuple[str, ...] = ("ilr", "block")
+    families: tuple[Family, ...] = ("ilr", "block")
     n_trials: int = 12
-    sampler: str = "auto"
-    pruner: str = "pareto"
-    objective: str = "pareto"
+    sampler: Sampler = "auto"
+    pruner: PrunerName = "pareto"
+    objective: Objective = "pareto"
     prune_eta: float = 3.0
     prune_epsilon: float = 0.01
     prune_warmup: int = 4
     prune_calibration_maps: int = 6
     prune_min_spearman: float = 0.6
+    # the baseline's extra seeds (its seed-to-seed noise band), and the switch of the second_seed reference (the best
+    # recurrent map at a second seed, trained while noise_seeds > 0: second_seed_reference). One setting, so that a
+    # study stored with noise_seeds = 0 keeps meaning what it trained.
     noise_seeds: int = 2
     enqueue_paper_maps: bool = True
     knobs: tuple[str, ...] = ()  # recurrence knobs searched with the map (knobs.py), each a categorical dimension
@@ -206,15 +220,22 @@ class SearchConfig:
     race_contenders: int = (
         3  # maps raced on more seeds (adaptive: of the screen's, at the target), the baseline among them
     )
-    race_policy: str = "adaptive"  # "adaptive" (adaptive_race.py) or "fixed" (racing.py: race_seeds at doubled lengths)
+    race_policy: RacePolicy = "adaptive"  # adaptive_race.py, or fixed_race.py (race_seeds at doubled lengths)
     max_seeds: int = 8  # adaptive: the most seeds a contender gets at the target (its first screens, the rest test)
     race_screen: int = 12  # adaptive: the most maps screened at the target at the first seed
-    equal_compute: str = "depth"  # "depth": race a plain model as deep as the best contender runs; "off"
+    equal_compute: EqualCompute = "depth"  # "depth": race a plain model as deep as the best contender runs; "off"
     max_race_steps: int = 0  # a cap on the steps the race trains (0: none); how a run goes, not what the study is
-    fuse: int | str = 4  # maps trained at once in one fused group (fused.py), or "auto" (commands/autofuse.py);
+    fuse: int | Literal["auto"] = (
+        4  # maps trained at once in one fused group (fused.py), or "auto" (commands/autofuse.py);
+    )
     # how a study runs, not what it is: never stored
     # maps trained first, after the baseline, in this order: "3,2,2,1", "2,1,1,1|injection=add" or "block2"
     enqueue: tuple[str, ...] = ()
+
+    @property
+    def second_seed_reference(self) -> bool:
+        """Whether the study trains the second_seed reference: with the noise band, never without it."""
+        return self.noise_seeds > 0
 
 
 # The largest value of each size a space accepts, from its TOML or a flag alike (space.validate_space checks them
@@ -348,7 +369,7 @@ class SpaceConfig:
 class PrunerSettings:
     """How a study prunes; stored with the study so that a resumed study prunes the same way."""
 
-    name: str = "pareto"
+    name: PrunerName = "pareto"
     rungs: tuple[int, ...] = ()
     eta: float = 3.0  # the best ceil(n / eta) maps at a rung always continue
     epsilon: float = 0.01  # relative slack on the rung's losses
@@ -389,8 +410,8 @@ SamplerOption = int | float | bool | None | tuple[int, ...]
 class SamplerSettings:
     """How a study samples, every default explicit; stored with the study so that a resume samples the same way."""
 
-    name: str  # the sampler built: tpe, nsga2, gp, random or grid
-    requested: str  # what the space or flag asked for (auto resolves to a name)
+    name: Sampler  # the sampler built: tpe, nsga2, gp, random or grid
+    requested: Sampler  # what the space or flag asked for (auto resolves to a name)
     seed: int | None
     options: tuple[tuple[str, SamplerOption], ...] = ()  # the sampler's keyword arguments
 

@@ -17,7 +17,7 @@ from ilr_search.commands.bench import Table, TableRow, replay_pruning
 from ilr_search.errors import UserInputError
 from ilr_search.analysis.fidelity import audit_report, rung_agreements
 from ilr_search.analysis.results import study_front
-from ilr_search.search.pruners import calibrate_rung, pareto_verdict, verdict_at_rung
+from ilr_search.search.pruners import calibrate_rung, pareto_decision, decision_at_rung
 from ilr_search.config import PrunerSettings
 from ilr_search.space import load_space
 from ilr_search.storage import open_store, parse_storage
@@ -103,16 +103,16 @@ def test_the_calibrated_rule_prunes_where_the_rung_predicts_the_end():
               for s, loss in ((10, 2.0), (20, 1.5))]
     settings = PrunerSettings(name="pareto", rungs=(10,), eta=3, epsilon=0.0, calibration_maps=4, min_spearman=0.6)
     far = CurvePoint(9, 10, 4.0, 2.0, "far")
-    verdict = verdict_at_rung(far, points + [far], 20, settings)
-    assert not verdict.keep and "margin" in verdict.reason and verdict.dominated_by
+    decision = decision_at_rung(far, points + [far], 20, settings)
+    assert not decision.keep and "margin" in decision.reason and decision.dominated_by
     close = CurvePoint(9, 10, 2.05, 2.0, "close")  # within the best third: kept
-    assert verdict_at_rung(close, points + [close], 20, settings).keep
+    assert decision_at_rung(close, points + [close], 20, settings).keep
     few = PrunerSettings(name="pareto", rungs=(10,), calibration_maps=5)
-    assert "calibrating" in verdict_at_rung(far, points + [far], 20, few).reason
+    assert "calibrating" in decision_at_rung(far, points + [far], 20, few).reason
     # a rung that ranks backwards never prunes
     backwards = [CurvePoint(i, s, loss - 0.1 * i if s == 10 else loss + 0.1 * i, 1.0, f"m{i}") for i in range(4)
                  for s, loss in ((10, 2.0), (20, 1.5))]
-    kept = verdict_at_rung(far, backwards + [far], 20, settings)
+    kept = decision_at_rung(far, backwards + [far], 20, settings)
     assert kept.keep and "does not predict" in kept.reason
 
 
@@ -136,7 +136,7 @@ def test_replay_reads_a_partial_table_with_a_block_row(tmp_path):
 def test_eager_rule_is_unchanged():
     peers = [CurvePoint(i, 10, 2.0 + 0.01 * i, 1.0, f"m{i}") for i in range(5)]
     me = CurvePoint(9, 10, 3.0, 1.5, "me")
-    assert not pareto_verdict(me, peers + [me], 3.0, 0.0, 3).keep
+    assert not pareto_decision(me, peers + [me], 3.0, 0.0, 3).keep
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -256,7 +256,7 @@ def test_audit_report_precision_recall_and_pruned_maps(small_study):
             for i, k in enumerate(reversed(ordered))]
     report = audit_report(trials, rows, "4")
     assert report.n_maps == len(keys) and report.spearman == pytest.approx(-1.0)
-    assert report.verdict.startswith("proxy too short")
+    assert report.finding.startswith("proxy too short")
     # the fronts by hand: a map is on the audit's front when no map at no more FLOPs has a lower 4x perplexity
     audit_ppl = {k: 10.0 + i for i, k in enumerate(reversed(ordered))}
     audit_front = {k for k in keys if not any(audit_ppl[j] <= audit_ppl[k] and ratio[j] <= ratio[k]
@@ -289,10 +289,10 @@ def test_an_audit_whose_runs_do_not_separate_the_maps_does_not_judge_the_proxy(s
     report = audit_report(trials, rows, "4")
     assert report.maps_with_seeds == len(proxy) >= 3 and report.spearman == pytest.approx(-1.0)
     if separated:
-        assert report.maps_differ_p < 0.01 and report.verdict.startswith("proxy too short")
+        assert report.maps_differ_p < 0.01 and report.finding.startswith("proxy too short")
     else:
-        assert report.maps_differ_p > 0.9 and report.verdict.startswith("the 4x runs do not tell")
-        assert "proxy too short" not in report.verdict
+        assert report.maps_differ_p > 0.9 and report.finding.startswith("the 4x runs do not tell")
+        assert "proxy too short" not in report.finding
 
 
 def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
@@ -360,8 +360,8 @@ def test_audit_says_a_map_beats_the_baseline_only_beyond_the_seed_noise(small_st
                                  t.user_attrs["flops_ratio"], 64, loss, math.exp(loss), 1.0))
     report = audit_report(trials, rows, "4")
     assert report.best_vs_baseline_seeds == 3 and report.best_beats_baseline is beats
-    assert ("beats the baseline" in report.verdict) is beats
-    assert ("not beyond the seed noise" in report.verdict) is not beats
+    assert ("beats the baseline" in report.finding) is beats
+    assert ("not beyond the seed noise" in report.finding) is not beats
 
 
 @pytest.mark.slow

@@ -87,7 +87,7 @@ def test_every_event_crosses_a_process_queue_with_its_worker_and_reaches_the_par
 
 
 @pytest.mark.slow
-def test_a_trial_asked_after_its_predecessors_reach_the_target_trains_nothing(tmp_path, monkeypatch, token_cache):
+def test_a_trial_asked_after_its_predecessors_make_n_trials_trains_nothing(tmp_path, monkeypatch, token_cache):
     """Two workers can count the study below its target at the same moment and both ask for a trial: the later
     of the two finds the trials before it already make the target, trains nothing, and is left out of the
     count. Here the second ask is made by hand, once the study has reached its target."""
@@ -105,7 +105,7 @@ def test_a_trial_asked_after_its_predecessors_reach_the_target_trains_nothing(tm
     assert run_study(request).to_json()["n_trials"] == 2
     prepared = prepare_study(request)
     run = SearchRun(prepared.plan, prepared.spec, prepared.study, open_store(prepared.spec, prepared.plan.name),
-                    prepared.data, RunReporter(), prepared.target, tmp_path / "checkpoints")
+                    prepared.data, RunReporter(), prepared.n_trials, tmp_path / "checkpoints")
     prepared.study.optimize(run.objective, n_trials=1, catch=(SurplusTrial,))
     late = prepared.study.get_trials(deepcopy=False)[-1]
     assert late.state == optuna.trial.TrialState.FAIL and late.user_attrs[TrialAttr.SURPLUS] is True

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 from ilr_search.analysis.answer import interval_words, ppl_gain, side
 from ilr_search.analysis.map_key import MapKey
@@ -59,7 +59,7 @@ from ilr_search.analysis.race_core import (
     race_compute,
 )
 from ilr_search.analysis.results import DEEP_PREFIX, deep_key, is_deep_key, key_reuse_map
-from ilr_search.analysis.sequential import SequentialTest, detectable_gap, t_statistic
+from ilr_search.analysis.sequential import SequentialTest, TestKind, detectable_gap, t_statistic
 from ilr_search.analysis.stats import decision_level, paired_comparison, rank_agreement, seed_interval
 
 DETECTION_POWER = 0.8
@@ -71,7 +71,7 @@ def layer_runs(map_key: str, n_layers: int | None = None) -> int:
     return MapKey.parse(map_key, n_layers).map.layer_runs
 
 
-def _finite(value: float | None) -> bool:
+def _finite(value: float | None) -> TypeGuard[float]:
     return value is not None and math.isfinite(value)
 
 
@@ -89,7 +89,7 @@ def holm_claims(
     alpha: float,
     first_look: int,
     max_n: int,
-    kind: str,
+    kind: TestKind,
 ) -> tuple[dict[str, tuple[float, int]], dict[str, float]]:
     """The weighted Holm step-down over sequential tests: each comparison not yet claimed is tested at its share of
     the family level, alpha * weight / (the weights still unclaimed); a claim passes its share on to the rest.
@@ -100,10 +100,7 @@ def holm_claims(
     while remaining:
         total = math.fsum(weights[k] for k in remaining)
         levels = {k: alpha * weights[k] / total for k in remaining}
-        crossed = {
-            k: SequentialTest(levels[k], first_look, max_n, kind).crossed_at(list(paths[k]))  # type: ignore[arg-type]
-            for k in remaining
-        }
+        crossed = {k: SequentialTest(levels[k], first_look, max_n, kind).crossed_at(list(paths[k])) for k in remaining}
         new = {k: n for k, n in crossed.items() if n is not None}
         if not new:
             return claimed, levels
@@ -158,7 +155,7 @@ def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSetting
     for k in screened:
         loss = results.losses[k][target][first]
         if _finite(loss):
-            screen_losses[k] = float(loss)  # type: ignore[arg-type]
+            screen_losses[k] = float(loss)
         else:
             eliminated[k] = f"diverged {words.at(target)}, {words.one(first)}"
     if baseline_key in screened and baseline_key not in screen_losses:
@@ -523,12 +520,12 @@ def _detectable(
     """The smallest gap the race would have found with 80% power: a contender held to the screen's best's level
     (the largest share of the family's), at the most test seeds any comparison reached, with the race's paired sd
     (pooled over its comparisons), against the sequential boundary there."""
-    usable = [c for c in comparisons if c.n >= 2 and c.sd_diff is not None and c.sd_diff > 0]
+    usable = [(c.n, d) for c in comparisons if c.n >= 2 and (d := c.sd_diff) is not None and d > 0]  # (n, paired sd)
     if not usable:
         return None
-    dof = sum(c.n - 1 for c in usable)
-    sd = math.sqrt(math.fsum((c.n - 1) * c.sd_diff**2 for c in usable) / dof)  # type: ignore[operator]
-    n = max(c.n for c in usable)
+    dof = sum(n - 1 for n, _ in usable)
+    sd = math.sqrt(math.fsum((n - 1) * s**2 for n, s in usable) / dof)
+    n = max(n for n, _ in usable)
     level = max(c.level for c in comparisons)
     boundary = (
         SequentialTest(level, first_look, max_n, settings.test).boundary(n) if settings.test == "spending" else None

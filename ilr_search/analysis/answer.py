@@ -190,13 +190,13 @@ def _claim(
 def _closest(
     comparisons: Mapping[str, Comparison], answered: str | None, baseline_ppl: float, confidence: float, unit: str
 ) -> list[str]:
-    rest = [c for k, c in comparisons.items() if k != answered and c.mean_diff is not None]
+    rest = [(d, c) for k, c in comparisons.items() if k != answered and (d := c.mean_diff) is not None]
     if not rest:
         return []
-    c = min(rest, key=lambda c: (c.mean_diff, c.map_key))
+    diff, c = min(rest, key=lambda p: (p[0], p[1].map_key))
     interval = interval_words(baseline_ppl, c.interval, confidence)
     return [
-        f"closest contender: {_map(c.map_key)} {side(ppl_gain(baseline_ppl, c.mean_diff))} than {PLAIN}"  # type: ignore[arg-type]
+        f"closest contender: {_map(c.map_key)} {side(ppl_gain(baseline_ppl, diff))} than {PLAIN}"
         + (f" ({interval})" if interval else "")
         + f" over {count(c.n, 'test ' + unit)}; status: {c.status}"
     ]

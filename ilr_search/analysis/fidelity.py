@@ -156,7 +156,7 @@ class AuditReport:
     pruned_on_audited_front: tuple[str, ...]
     baseline_ppl: float | None
     best_recurrent: tuple[str, float] | None  # (map, audit ppl)
-    verdict: str
+    finding: str  # one line: the proxy's ranking against the audit's, and what the audit says of recurrence
     # the best recurrent map against the baseline, paired by seed (stats.paired_comparison at 90%): the seeds
     # they share, and whether the recurrent map is better beyond the noise
     best_vs_baseline_seeds: int = 0
@@ -169,12 +169,13 @@ class AuditReport:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        d["verdict"] = d.pop("finding")  # `audit --json` calls it verdict (the CLI contract)
         d["maps"] = [asdict(m) for m in self.maps]
         return d
 
 
-VERDICT_CONFIDENCE = 0.9  # of the paired test behind "beats the baseline" (the race's default too)
-SEPARATE_P = 1 - VERDICT_CONFIDENCE  # the ANOVA's p below which the audited maps differ beyond their seed noise
+AUDIT_CONFIDENCE = 0.9  # of the paired test behind "beats the baseline" (the race's default too)
+SEPARATE_P = 1 - AUDIT_CONFIDENCE  # the ANOVA's p below which the audited maps differ beyond their seed noise
 
 
 def audit_report(trials: Sequence[Trial], rows: Sequence[RaceRun], factor: str) -> AuditReport | None:
@@ -236,7 +237,7 @@ def audit_report(trials: Sequence[Trial], rows: Sequence[RaceRun], factor: str) 
             k: {r.job.seed: r.val_loss for r in done[k] if r.val_loss is not None}
             for k in (best.reuse_map, baseline_key)
         }
-        paired = paired_comparison(by_seed[best.reuse_map], by_seed[baseline_key], VERDICT_CONFIDENCE)
+        paired = paired_comparison(by_seed[best.reuse_map], by_seed[baseline_key], AUDIT_CONFIDENCE)
     differ_p, with_seeds = groups_differ([m.audit_ppls for m in maps])
     report = AuditReport(
         factor,
@@ -256,7 +257,7 @@ def audit_report(trials: Sequence[Trial], rows: Sequence[RaceRun], factor: str) 
         differ_p,
         with_seeds,
     )
-    return AuditReport(**{**asdict(report), "maps": report.maps, "verdict": audit_verdict(report)})
+    return AuditReport(**{**asdict(report), "maps": report.maps, "finding": audit_finding(report)})
 
 
 def audit_reports(trials: Sequence[Trial], rows: Sequence[RaceRun]) -> list[AuditReport]:
@@ -266,7 +267,7 @@ def audit_reports(trials: Sequence[Trial], rows: Sequence[RaceRun]) -> list[Audi
     return [a for a in (audit_report(trials, rows, f) for f in factors) if a is not None]
 
 
-def audit_verdict(r: AuditReport) -> str:
+def audit_finding(r: AuditReport) -> str:
     """One line: does the proxy rank maps as `factor`x training does, and what the audit says of recurrence."""
     n = f"over {r.n_maps} maps"
     if r.spearman is None:
@@ -297,7 +298,7 @@ def audit_verdict(r: AuditReport) -> str:
         if ppl < r.baseline_ppl and r.best_beats_baseline:
             parts.append(
                 f"at {r.factor}x, recurrent map {key} beats the baseline (ppl {ppl:.3f} vs {r.baseline_ppl:.3f}; "
-                f"paired over {r.best_vs_baseline_seeds} seeds, {VERDICT_CONFIDENCE:.0%} confidence)"
+                f"paired over {r.best_vs_baseline_seeds} seeds, {AUDIT_CONFIDENCE:.0%} confidence)"
             )
         elif ppl < r.baseline_ppl:
             parts.append(
@@ -329,7 +330,8 @@ def study_fidelity(
     final_step: int,
     audits: Sequence[AuditReport] = (),
 ) -> dict[str, Any]:
-    """Rung agreement, noise, the second seed of the best recurrent map, the audits, and a one-line verdict."""
+    """Rung agreement, noise, the second seed of the best recurrent map, the audits, and one line of how far the
+    proxy agrees with longer training (fidelity_agreement; the JSON key `verdict`)."""
     trials = trial_records(trials)
     rungs = rung_agreements(map_curves(trials, curves), final_step)
     noise = noise_band(trials, study_attrs)
@@ -352,11 +354,11 @@ def study_fidelity(
         "best_recurrent": best,
         "second_seed": second,
         "audits": [a.to_dict() for a in audits],
-        "verdict": fidelity_verdict(study_name, rungs, noise, best, second, baseline_only, latest),
+        "verdict": fidelity_agreement(study_name, rungs, noise, best, second, baseline_only, latest),
     }
 
 
-def fidelity_verdict(
+def fidelity_agreement(
     study_name: str,
     rungs: Sequence[RungAgreement],
     noise: dict[str, Any] | None,
@@ -365,8 +367,10 @@ def fidelity_verdict(
     baseline_only: bool,
     audit: AuditReport | None,
 ) -> str:
+    """One line: how far the proxy's ranking agrees with longer training (the latest audit's finding where there is
+    one; else the rungs' agreement with the final ranking, the seed noise and the second seed)."""
     if audit is not None:
-        return f"audit: {audit.verdict}"
+        return f"audit: {audit.finding}"
     parts = []
     shown = [f"{_fraction(r.fraction)} {_signed(r.spearman)}" for r in rungs if r.n_maps >= 3]
     if shown:

@@ -116,7 +116,8 @@ def _fixed_detectable_gap(
     if not usable or not base:
         return None
     c = min(usable, key=lambda c: (-c.n, c.mean_diff))
-    nats = detectable_gap(c.sd_diff, c.n, decision_level(settings.confidence))  # type: ignore[arg-type]
+    assert c.sd_diff is not None  # usable: every one has a positive sd
+    nats = detectable_gap(c.sd_diff, c.n, decision_level(settings.confidence))
     if nats is None:
         return None
     mean = math.fsum(base.values()) / len(base)

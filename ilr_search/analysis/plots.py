@@ -837,8 +837,8 @@ AGREES = 0.6  # a rung's Spearman with the final ranking at which it is drawn as
 def _fidelity_panel(
     fig: go.Figure, fidelity: dict[str, Any], audit: dict[str, Any] | None, row: int, legend: str
 ) -> int:
-    """Spearman of each rung with the final ranking; the audit's proxy vs longer-training perplexity; the verdict
-    under the figure. Returns the verdict's number of lines."""
+    """Spearman of each rung with the final ranking; the audit's proxy vs longer-training perplexity; the line of
+    agreement under the figure. Returns that line's number of lines."""
     rungs = [r for r in fidelity.get("rungs", []) if r.get("spearman") is not None]
     for agrees, name, colour in (
         (True, f"rung agrees with the proxy's end (Spearman >= {AGREES})", "#b0b0b0"),

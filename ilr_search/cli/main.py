@@ -1,4 +1,5 @@
-"""The `ilr-search` command line: thin commands over the library (see ../shared/cli-contract.md)."""
+"""The `ilr-search` command line: thin commands over the library (commands/); it only parses, and docs/cli.md lists
+every command and option."""
 
 import atexit
 import functools
@@ -179,6 +180,7 @@ def _with_options(options: Mapping[str, inspect.Parameter]) -> Callable[[Callabl
             shared = {name: kwargs.pop(name) for name in options}
             return command(opts=SpaceOptions(**shared), **kwargs)
 
+        # inspect.signature (and so typer) reads __signature__, which typeshed does not declare on a function
         wrapper.__signature__ = inspect.Signature(own + list(options.values()))  # type: ignore[attr-defined]
         return wrapper
 

@@ -347,7 +347,7 @@ class ConsoleReporter(RunReporter):
         self.study_task = None
         self.rows: dict[int | None, Any] = {}  # worker -> its training row
         self.eta: StudyEta | None = None
-        self.target = self.finished_at_start = self.finished = 0
+        self.n_trials = self.finished_at_start = self.finished = 0
         self.references: tuple[int, int] | None = None  # (index, count) of the reference run training
         self.runs_done: int | None = None  # race (or audit) runs stored, once the race started
         self.printed_front: list[Any] | None = None  # the trials of the front last printed
@@ -386,13 +386,13 @@ class ConsoleReporter(RunReporter):
             return
         self.print(
             dataclasses.replace(event, worker=None),
-            f"study {event.study}: {event.finished} of {event.target} trials finished",
+            f"study {event.study}: {event.finished} of {event.n_trials} trials finished",
         )
         self.study_task = self.progress.add_task(
-            "study", total=event.target, completed=event.finished, info="trials", eta=None
+            "study", total=event.n_trials, completed=event.finished, info="trials", eta=None
         )
         self.eta = StudyEta(time.monotonic())
-        self.target, self.finished_at_start, self.finished = event.target, event.finished, event.finished
+        self.n_trials, self.finished_at_start, self.finished = event.n_trials, event.finished, event.finished
 
     @on.register
     def _trial_started(self, event: TrialStarted) -> None:
@@ -410,7 +410,10 @@ class ConsoleReporter(RunReporter):
         """The study row counts the reference runs after the trials (its timer runs on)."""
         if self.study_task is not None and event.worker is None:
             self.progress.update(
-                self.study_task, total=self.target + event.count, completed=self.target + event.index, info="references"
+                self.study_task,
+                total=self.n_trials + event.count,
+                completed=self.n_trials + event.index,
+                info="references",
             )
             self.references = (event.index, event.count)
         self._row(event.worker, f"reference {event.name}", event.steps)
@@ -420,7 +423,7 @@ class ConsoleReporter(RunReporter):
         if self.study_task is not None and self.references is not None and event.worker is None:
             last = self.references[0] + 1 == self.references[1]
             self.progress.update(
-                self.study_task, completed=self.target + self.references[0] + 1, **({"eta": 0.0} if last else {})
+                self.study_task, completed=self.n_trials + self.references[0] + 1, **({"eta": 0.0} if last else {})
             )
 
     @on.register
@@ -465,9 +468,9 @@ class ConsoleReporter(RunReporter):
             info = self.progress.tasks[task].fields["info"].split(" loss ")[0]
             self.progress.update(task, completed=event.step, total=event.steps, info=f"{info} loss {event.loss:.3f}")
         if self.study_task is not None and self.eta is not None and event.worker is None and self.runs_done is None:
-            trials_done = max(0, min(self.finished, self.target) - self.finished_at_start)
+            trials_done = max(0, min(self.finished, self.n_trials) - self.finished_at_start)
             if self.references is None:
-                done, left = trials_done, max(1, self.target - self.finished)
+                done, left = trials_done, max(1, self.n_trials - self.finished)
             else:
                 done, left = trials_done + self.references[0], self.references[1] - self.references[0]
             fraction = event.step / event.steps if event.steps else 0.0
@@ -852,7 +855,7 @@ def print_audit(report: dict[str, Any]) -> None:
         f"front precision {_fmt(report['front_precision'])}, recall {_fmt(report['front_recall'])}; pruned maps on the "
         f"{report['factor']:g}x front: {', '.join(report['pruned_on_audited_front']) or 'none'}"
     )
-    out.print(f"verdict: {report['verdict']}")
+    out.print(f"finding: {report['verdict']}")
 
 
 def print_policy_replay(report: dict[str, Any]) -> None:
@@ -950,7 +953,7 @@ def print_plan(report: dict[str, Any]) -> None:
     if report.get("finished"):
         rows["left"] = report["left"]
     rows |= {
-        "trials to train": f"{report['trials_to_train']} (target {report['n_trials']})",
+        "trials to train": f"{report['trials_to_train']} (of {report['n_trials']} wanted)",
         "references": ", ".join(report["references_to_train"]) or "none",
         "sampler": report["sampler"],
         "pruner": report["pruner"]

@@ -1,4 +1,4 @@
-"""`run --fuse auto` (issue 20): how many maps a fused group trains at once (K) and, on a CPU, how the cores are
+"""`run --fuse auto`: how many maps a fused group trains at once (K) and, on a CPU, how the cores are
 used (one group with every core's thread, or one group per core as worker processes of one thread each), chosen
 from memory and from a short measured probe; and the memory check of a K asked for.
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ilr_search.commands.layout import process_threads, usable_cores
-from ilr_search.config import SIZE_MAXIMA, ModelConfig, SpaceConfig
+from ilr_search.config import SIZE_MAXIMA, Dtype, ModelConfig, SpaceConfig
 from ilr_search.errors import UserInputError
 from ilr_search.search.plan import StudyPlan
 from ilr_search.training.device import resolve_device
@@ -149,7 +149,7 @@ def check_memory(plan: StudyPlan, groups: int, fuse: int) -> None:
     )
 
 
-def probe_fused(space: SpaceConfig, model: ModelConfig, dtype: str, k: int, steps: int = PROBE_STEPS) -> float:
+def probe_fused(space: SpaceConfig, model: ModelConfig, dtype: Dtype, k: int, steps: int = PROBE_STEPS) -> float:
     """Seconds of `steps` fused steps of K copies of the all-ones map (after one untimed step), on random tokens,
     in this process with its present torch threads."""
     from ilr_search.data.tokens import random_tokens
@@ -170,7 +170,7 @@ def probe_fused(space: SpaceConfig, model: ModelConfig, dtype: str, k: int, step
 def _probe_process(
     space: SpaceConfig,
     model: ModelConfig,
-    dtype: str,
+    dtype: Dtype,
     ks: tuple[int, ...],
     threads: int | None,
     start: Any,
@@ -191,7 +191,7 @@ def _probe_process(
 
 
 def probe_layout(
-    space: SpaceConfig, model: ModelConfig, dtype: str, ks: tuple[int, ...], groups: int, threads: int | None
+    space: SpaceConfig, model: ModelConfig, dtype: Dtype, ks: tuple[int, ...], groups: int, threads: int | None
 ) -> tuple[dict[int, float], int | None]:
     """Tokens/s (by K), and the K that ran out of time if one did, all groups together, of `groups` processes
     (spawned, as the workers are) each training a fused group of K maps at the same time, for K in `ks` ascending
@@ -236,9 +236,9 @@ def probe_layout(
     return speeds, too_slow
 
 
-def choose_fuse(plan: StudyPlan, workers: int | None, target: int) -> FuseChoice:
+def choose_fuse(plan: StudyPlan, workers: int | None, n_trials: int) -> FuseChoice:
     """`--fuse auto`: the layout with the most probed tokens/s among those memory allows, K at most the trials a
-    group gets (`target` over the groups). `workers` given: that many groups, K chosen; else on a CPU with C
+    group gets (`n_trials` over the groups). `workers` given: that many groups, K chosen; else on a CPU with C
     cores one group of C threads against C groups of one thread, measured."""
     from ilr_search.training.fused import FusionUnsupported, check_fusable
 
@@ -263,7 +263,7 @@ def choose_fuse(plan: StudyPlan, workers: int | None, target: int) -> FuseChoice
     slow: list[str] = []  # the layouts and K whose probe ran out of time
     for groups in options:
         threads = threads_for(groups)
-        cap = min(max_fitting_fuse(plan, groups), max(1, math.ceil(target / groups)))
+        cap = min(max_fitting_fuse(plan, groups), max(1, math.ceil(n_trials / groups)))
         ks = tuple(k for k in PROBE_KS if k <= cap) or ((1,) if cap >= 1 else ())
         if not ks:
             continue
@@ -302,12 +302,12 @@ def describe(layout: Layout) -> str:
     return f"{where}{threads}, K = {layout.fuse}"
 
 
-def resolve_layout(plan: StudyPlan, fuse: int | str, workers: int | None, target: int) -> FuseChoice:
+def resolve_layout(plan: StudyPlan, fuse: int | str, workers: int | None, n_trials: int) -> FuseChoice:
     """The run's layout from `--fuse` (a number or auto) and `--workers` (None: not given): a K asked for is
     checked against memory; auto is chosen by choose_fuse. On a CPU the processes share the usable cores out
     (layout.process_threads)."""
     if fuse == "auto":
-        choice = choose_fuse(plan, workers, target)
+        choice = choose_fuse(plan, workers, n_trials)
         check_memory(plan, choice.layout.groups, choice.layout.fuse)
         return choice
     groups = workers or 1

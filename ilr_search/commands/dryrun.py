@@ -18,7 +18,7 @@ from ilr_search.analysis.results import REFERENCE_PREFIX, has_result
 from ilr_search.analysis.trials import trial_records
 from ilr_search.commands.autofuse import Layout, describe, resolve_layout
 from ilr_search.commands.layout import process_threads, race_processes
-from ilr_search.config import ModelConfig, SpaceConfig, TrainConfig
+from ilr_search.config import Dtype, ModelConfig, SpaceConfig, TrainConfig
 from ilr_search.data.tokens import TokenData, cache_key, cache_root, random_tokens
 from ilr_search.search.maps import repair_to_budget
 from ilr_search.search.plan import StudyPlan, adopt_stored_dtype, adopt_stored_race, check_resume, stored_study
@@ -100,7 +100,7 @@ def probe_schedule(
     model: ModelConfig,
     reuse_map: list[int],
     label: str,
-    dtype: str,
+    dtype: Dtype,
     data: TokenData,
     fuse: int = 1,
     threads: int | None = None,
@@ -153,14 +153,14 @@ def dry_run_report(
     study = stored_study(existing, plan.name)
     trials = study.get_trials(deepcopy=False) if study is not None else []
     finished = sum(has_result(t) for t in trials)
-    target = request.target_trials
-    trials_to_train = max(0, target - finished)
+    n_trials = request.trials_wanted
+    trials_to_train = max(0, n_trials - finished)
     refs = reference_runs(plan, trials)
     names = [r.name for r in refs] + (
-        ["second_seed"] if space.search.noise_seeds and not any(r.name == "second_seed" for r in refs) else []
+        ["second_seed"] if space.search.second_seed_reference and not any(r.name == "second_seed" for r in refs) else []
     )  # the best recurrent map at a second seed, once known
     done_refs = [n for n in names if study is not None and f"{REFERENCE_PREFIX}{n}" in study.user_attrs]
-    race = race_plan(plan, target)
+    race = race_plan(plan, n_trials)
     if study is not None and race["runs_max"]:
         race = race_left(race, spec, existing, study, plan, trials_to_train)
     left = trials_to_train > 0 or len(done_refs) < len(names) or race["runs_max"] > 0
@@ -175,7 +175,7 @@ def dry_run_report(
         "resume": study is not None,
         "finished": not left,
         "left": FINISHED if not left else None,
-        "n_trials": target,
+        "n_trials": n_trials,
         "finished_trials": finished,
         "trials_to_train": trials_to_train,
         "references": names,
@@ -215,7 +215,7 @@ def dry_run_report(
         "race": race,
     }
     if probe and left:
-        layout = resolve_layout(plan, fuse, workers, target).layout
+        layout = resolve_layout(plan, fuse, workers, n_trials).layout
         report |= estimate(space, plan, costly, refs, trials_to_train, done_refs, layout, race)
     return report
 
@@ -339,7 +339,11 @@ def estimate(
     ref_seconds = sum(
         proxy_seconds(mid_runs if r.name == "second_seed" else len(r.schedule)) for r in refs if r.name not in done_refs
     )
-    if space.search.noise_seeds and "second_seed" not in done_refs and not any(r.name == "second_seed" for r in refs):
+    if (
+        space.search.second_seed_reference
+        and "second_seed" not in done_refs
+        and not any(r.name == "second_seed" for r in refs)
+    ):
         ref_seconds += proxy_seconds(mid_runs)
     run_seconds = proxy_seconds(mid_runs) * race["target_steps"] / space.train.steps if race["runs_max"] else 0.0
     racers = max(groups, race_processes(space, groups))

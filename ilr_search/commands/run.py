@@ -158,7 +158,7 @@ def choose_layout(request: RunRequest, fuse: int | str, workers: int | None, ask
     if stored is not None and not asked:
         check_memory(plan, stored.trials.processes, stored.trials.fuse)
         return LayoutChoice(stored, line=f"layout: {stored.describe()} (the study's stored layout)")
-    choice = resolve_layout(plan, fuse, workers, request.target_trials)
+    choice = resolve_layout(plan, fuse, workers, request.trials_wanted)
     layout = machine_layout(choice.layout, plan.space)
     if stored is not None and layout != stored:
         line = (

@@ -107,9 +107,9 @@ def run_workers(request: RunRequest, workers: int, reporter: Any, threads: int |
                 "proxy they gave no more trials per hour than one (docs/gpu.md)"
             )
         )
-    # Workers resume the study by name: a derived name is fixed here, so that none derives another; the target
+    # Workers resume the study by name: a derived name is fixed here, so that none derives another; n_trials
     # includes the trials of the maps enqueued here, which the workers find in the study (not enqueued again).
-    request = dataclasses.replace(request, study_name=plan.name, n_trials=prepared.target, enqueue_maps=())
+    request = dataclasses.replace(request, study_name=plan.name, n_trials=prepared.n_trials, enqueue_maps=())
     ctx = mp.get_context("spawn")
     events = ctx.Queue()
     verbosity = optuna.logging.get_verbosity()  # a spawned process starts at Optuna's default

@@ -1,4 +1,4 @@
-"""Fused trials (`run --fuse K`, issue 20): a worker asks Optuna for up to K trials at once, proposes and claims
+"""Fused trials (`run --fuse K`): a worker asks Optuna for up to K trials at once, proposes and claims
 each map as the objective does, trains the claimed maps in one fused group (fused.py), and tells each result.
 
 The guarantees of one trial at a time hold per trial: a map already finished is reused, one claimed by another
@@ -52,7 +52,7 @@ class FusedSearchRun(SearchRun):
     def run_group(self, n: int, report: TrialReport) -> None:
         """Ask for up to `n` trials, train the claimed maps fused, tell every trial; re-raises Ctrl-C after failing
         the group's unfinished trials and queuing their maps again. A trial asked once the trials before it
-        reach the target (other workers asked at the same time) ends the asking (refuse_surplus)."""
+        make the study's n_trials (other workers asked at the same time) ends the asking (refuse_surplus)."""
         group: list[GroupTrial] = []
         with ExitStack() as beats:
             try:

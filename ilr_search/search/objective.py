@@ -85,7 +85,7 @@ def sweep_stale_journal_trials(study: optuna.Study, spare: int | None = None) ->
 
 
 class SurplusTrial(Exception):
-    """The trials asked before this one (results, and trials in flight) already make the study's target: another
+    """The trials asked before this one (results, and trials in flight) already make the study's n_trials: another
     worker counted at the same moment. It trains nothing and ends FAIL, marked surplus (listings leave it out)."""
 
 
@@ -110,7 +110,7 @@ class Proposal:
 
 @dataclass
 class Training:
-    """A claimed proposal ready to train, and the pruner's verdict once on_eval receives one."""
+    """A claimed proposal ready to train, and the pruner's decision once on_eval receives one."""
 
     proposal: Proposal
     model: ModelConfig
@@ -118,7 +118,7 @@ class Training:
     train_cfg: TrainConfig
     checkpoint: Path | None
     on_eval: Callable[[EvalPoint], bool]
-    verdicts: list[PruningDecision]
+    decisions: list[PruningDecision]
 
     @property
     def job(self) -> Job:
@@ -133,7 +133,7 @@ class SearchRun:
     store: Store
     data: TokenData
     reporter: RunReporter
-    target: int
+    n_trials: int  # finished trials the study goes to
     checkpoint_root: Path
     pruner: Pruner | None = None
     taken_over: int = 0  # trials failed under this worker by another's sweep
@@ -158,15 +158,15 @@ class SearchRun:
 
     def refuse_surplus(self, trial: optuna.Trial) -> None:
         """Workers count the study's trials and then ask for one, two steps another worker can fall between: a
-        trial whose predecessors already reach the target raises SurplusTrial before it proposes a map. Trial
+        trial whose predecessors already make the study's n_trials raises SurplusTrial before it proposes a map. Trial
         numbers are given in order by the storage, so of two trials asked at once exactly the later one stops."""
         ahead = sum(
             t.number < trial.number and (has_result(t) or t.state == TrialState.RUNNING)
             for t in self.study.get_trials(deepcopy=False)
         )
-        if ahead >= self.target:
+        if ahead >= self.n_trials:
             set_trial_user_attrs(trial, {TrialAttr.SURPLUS: True})
-            raise SurplusTrial(f"trial {trial.number}: {ahead} trials before it reach the target of {self.target}")
+            raise SurplusTrial(f"trial {trial.number}: {ahead} trials before it make the study's {self.n_trials}")
 
     def propose(self, trial: optuna.Trial, in_hand: Collection[str] = ()) -> Proposal:
         """The trial's map and knobs, recorded on it; deduplicated against finished trials and claimed (or the
@@ -335,7 +335,7 @@ class SearchRun:
         steps = self.plan.space.train.steps
         key, ratio = proposal.key, proposal.ratio
         self.reporter.on(TrialStarted(trial.number, proposal.reuse_map, steps, format_knobs(proposal.knobs)))
-        verdicts: list[PruningDecision] = []  # the pruner's verdict, once it prunes
+        decisions: list[PruningDecision] = []  # the pruner's decision, once it prunes
 
         def on_eval(point: EvalPoint) -> bool:
             self.store.add_curve_point(CurvePoint(trial.number, point.step, point.val_loss, ratio, key), point.tokens)
@@ -347,9 +347,9 @@ class SearchRun:
                 pass  # failed under this worker by a stale-trial sweep: the recovered trial gets the curve
             if self.pruner is None:
                 return False
-            verdict = self.pruner.decide(trial, point.step, point.val_loss, ratio, key)
-            if verdict is not None:
-                verdicts.append(verdict)
+            decision = self.pruner.decide(trial, point.step, point.val_loss, ratio, key)
+            if decision is not None:
+                decisions.append(decision)
                 return True
             return False
 
@@ -366,7 +366,7 @@ class SearchRun:
             train_cfg,
             checkpoint,
             on_eval,
-            verdicts,
+            decisions,
         )
 
     def interrupted(self, trial: optuna.Trial) -> None:
@@ -379,7 +379,7 @@ class SearchRun:
     ) -> float | tuple[float, float]:
         """Record a trained proposal's result; its values, or TrialDiverged / TrialPruned / TrialTakenOver."""
         key, ratio, checkpoint = training.proposal.key, training.proposal.ratio, training.checkpoint
-        decision = training.verdicts[0] if training.verdicts else None
+        decision = training.decisions[0] if training.decisions else None
         if (
             result.resumed_from_step
         ):  # resumed from a dead predecessor's checkpoint: its early points go under this trial

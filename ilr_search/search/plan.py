@@ -17,6 +17,7 @@ import optuna
 from ilr_search.config import (
     SPACE_SCHEMA_VERSION,
     STORED_OMITTED_DEFAULTS,
+    Dtype,
     ModelConfig,
     SpaceConfig,
     StudySettings,
@@ -112,7 +113,7 @@ class StudyPlan:
     space: SpaceConfig
     model: ModelConfig  # with the tokenizer's vocabulary
     budget: Budget
-    dtype: str
+    dtype: Dtype
     config: dict[str, Any]  # what the study stores and a resume must match
     name: str
 
@@ -158,7 +159,7 @@ ADOPTED_RACE_FIELDS = ("race_policy", "max_seeds", "race_screen", "equal_compute
 SCHEMA_KEY = "schema_version"  # in the stored configuration, but not part of what the study is (its name, resumes)
 
 
-def study_config(space: SpaceConfig, model: ModelConfig, budget: Budget, dtype: str) -> dict[str, Any]:
+def study_config(space: SpaceConfig, model: ModelConfig, budget: Budget, dtype: Dtype) -> dict[str, Any]:
     """What a study stores as its configuration (CONFIG_ATTR): the parts of the space (SpaceConfig.to_dict) that
     change its results, its budget, and the schema version; SpaceConfig.from_dict reads it back."""
     full = dataclasses.replace(space, model=model, train=dataclasses.replace(space.train, dtype=dtype)).to_dict()

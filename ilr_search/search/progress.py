@@ -18,7 +18,7 @@ RunKind = Literal["race", "audit"]
 @dataclass(frozen=True)
 class StudyStarted:
     study: str
-    target: int  # trials the study goes to
+    n_trials: int  # finished trials the study goes to
     finished: int
     worker: int | None = None
 

@@ -39,7 +39,7 @@ from ilr_search.storage import CurvePoint, Store
 
 
 @dataclass(frozen=True)
-class Verdict:
+class RungDecision:
     keep: bool
     reason: str
     dominated_by: tuple[int, ...] = ()
@@ -104,7 +104,9 @@ def _rank_position(me: CurvePoint, points: Sequence[CurvePoint]) -> tuple[int, l
     return next(i for i, idx in enumerate(order) if coords[idx] == mine), ranks
 
 
-def pareto_verdict(me: CurvePoint, peers: Sequence[CurvePoint], eta: float, epsilon: float, warmup: int) -> Verdict:
+def pareto_decision(
+    me: CurvePoint, peers: Sequence[CurvePoint], eta: float, epsilon: float, warmup: int
+) -> RungDecision:
     """The eager rule: keep or prune `me` at a rung, given every trial's point at that rung.
 
     - warm-up: nothing is pruned until `warmup` distinct maps reached the rung;
@@ -116,11 +118,11 @@ def pareto_verdict(me: CurvePoint, peers: Sequence[CurvePoint], eta: float, epsi
     """
     points = _distinct_maps(me, peers)
     if len(points) < warmup:
-        return Verdict(True, f"warm-up: {len(points)} of {warmup} maps reached step {me.step}")
+        return RungDecision(True, f"warm-up: {len(points)} of {warmup} maps reached step {me.step}")
     mine = (me.val_loss, me.flops_ratio)
     dominators = tuple(p.trial_number for p in points if dominates((p.val_loss, p.flops_ratio), mine))
     if not dominators:
-        return Verdict(True, "on the rung's front")
+        return RungDecision(True, "on the rung's front")
     kept = _within_best(me, points, eta, dominators)
     if kept is not None:
         return kept
@@ -128,8 +130,10 @@ def pareto_verdict(me: CurvePoint, peers: Sequence[CurvePoint], eta: float, epsi
     keep_n = max(1, math.ceil(len(points) / eta))
     front_loss = min(p.val_loss for i, p in enumerate(points) if ranks[i] == 0 and p.flops_ratio <= me.flops_ratio)
     if me.val_loss <= front_loss * (1 + epsilon):
-        return Verdict(True, f"loss {me.val_loss:.4f} within {epsilon:.1%} of the front's {front_loss:.4f}", dominators)
-    return Verdict(
+        return RungDecision(
+            True, f"loss {me.val_loss:.4f} within {epsilon:.1%} of the front's {front_loss:.4f}", dominators
+        )
+    return RungDecision(
         False,
         f"pruned at step {me.step}: loss {me.val_loss:.4f} at {me.flops_ratio:.3f}x is dominated by "
         f"trial(s) {', '.join(map(str, dominators))} and ranks {position + 1} of {len(points)} "
@@ -140,22 +144,22 @@ def pareto_verdict(me: CurvePoint, peers: Sequence[CurvePoint], eta: float, epsi
 
 def _within_best(
     me: CurvePoint, points: Sequence[CurvePoint], eta: float, dominators: tuple[int, ...]
-) -> Verdict | None:
+) -> RungDecision | None:
     """Keep `me` if it ranks within the best ceil(n / eta) of the rung's maps (rank by loss); else None."""
     position, _ = _rank_position(me, points)
     keep_n = max(1, math.ceil(len(points) / eta))
     if position < keep_n:
-        return Verdict(True, f"rank {position + 1} of {len(points)}, within the best {keep_n}", dominators)
+        return RungDecision(True, f"rank {position + 1} of {len(points)}, within the best {keep_n}", dominators)
     return None
 
 
-def calibrated_verdict(
+def calibrated_decision(
     me: CurvePoint, peers: Sequence[CurvePoint], calibration: RungCalibration, settings: PrunerSettings
-) -> Verdict:
+) -> RungDecision:
     """The default rule: prune only where the study's own complete curves show the rung predicts the end, and
     only a map that a no-dearer map leads by more than any lead the end was seen to overturn."""
     if calibration.n_maps < settings.calibration_maps:
-        return Verdict(
+        return RungDecision(
             True,
             f"calibrating step {me.step}: {calibration.n_maps} of {settings.calibration_maps} "
             "complete maps needed before this rung may prune",
@@ -163,7 +167,7 @@ def calibrated_verdict(
     rho = calibration.spearman
     if rho is None or rho < settings.min_spearman:
         shown = "undefined" if rho is None else f"{rho:+.2f}"
-        return Verdict(
+        return RungDecision(
             True,
             f"step {me.step} does not predict the final ranking (Spearman {shown} over "
             f"{calibration.n_maps} maps, {settings.min_spearman:.2f} needed): no pruning there",
@@ -178,7 +182,7 @@ def calibrated_verdict(
         and p.val_loss * (1 + settings.epsilon) + margin < me.val_loss
     )
     if not dominators:
-        return Verdict(
+        return RungDecision(
             True,
             f"no map at {me.flops_ratio:.3f}x or less leads by more than the margin "
             f"{margin:.4f} (the largest lead the end overturned)",
@@ -186,7 +190,7 @@ def calibrated_verdict(
     kept = _within_best(me, points, settings.eta, dominators)
     if kept is not None:
         return kept
-    return Verdict(
+    return RungDecision(
         False,
         f"pruned at step {me.step}: loss {me.val_loss:.4f} at {me.flops_ratio:.3f}x trails "
         f"trial(s) {', '.join(map(str, dominators))} by more than the margin {margin:.4f}; "
@@ -195,13 +199,15 @@ def calibrated_verdict(
     )
 
 
-def verdict_at_rung(me: CurvePoint, points: Sequence[CurvePoint], final_step: int, settings: PrunerSettings) -> Verdict:
-    """The verdict of the study's rule for `me`, given every point of the study's curves (all steps)."""
+def decision_at_rung(
+    me: CurvePoint, points: Sequence[CurvePoint], final_step: int, settings: PrunerSettings
+) -> RungDecision:
+    """The decision of the study's rule for `me`, given every point of the study's curves (all steps)."""
     at_rung = [p for p in points if p.step == me.step]
     if settings.name == "pareto-eager":
-        return pareto_verdict(me, at_rung, settings.eta, settings.epsilon, settings.warmup)
+        return pareto_decision(me, at_rung, settings.eta, settings.epsilon, settings.warmup)
     calibration = calibrate_rung(me.step, final_pairs(points, me.step, final_step))
-    return calibrated_verdict(me, at_rung, calibration, settings)
+    return calibrated_decision(me, at_rung, calibration, settings)
 
 
 @dataclass(frozen=True)
@@ -230,11 +236,13 @@ class ParetoPruner:
         if step not in self.settings.rungs:
             return None
         me = CurvePoint(trial.number, step, val_loss, flops_ratio, map_key)
-        verdict = verdict_at_rung(me, self.store.curve_points(), self.final_step, self.settings)
-        if verdict.keep:
+        decision = decision_at_rung(me, self.store.curve_points(), self.final_step, self.settings)
+        if decision.keep:
             return None
-        self.store.record_pruning(trial.number, step, val_loss, flops_ratio, list(verdict.dominated_by), verdict.reason)
-        return PruningDecision(step, verdict.reason, verdict.dominated_by)
+        self.store.record_pruning(
+            trial.number, step, val_loss, flops_ratio, list(decision.dominated_by), decision.reason
+        )
+        return PruningDecision(step, decision.reason, decision.dominated_by)
 
 
 class MedianPruning:

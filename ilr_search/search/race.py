@@ -1,4 +1,4 @@
-"""The race phase of a study (issue 19): once the study's trials reach their count, contenders are trained at
+"""The race phase of a study: once the study's trials reach their count, contenders are trained at
 more seeds and longer (up to the target length) until the racing policy (racing.py) has decided.
 
 Every result of the study is read as one (map, steps, seed) evaluation: the trials' results at the proxy's

@@ -1,5 +1,5 @@
-"""Running a study: prepare it (check input, tokenize, create or load, enqueue), run workers' trials to the target,
-train the reference runs, and report; a full disk ends the run with one error line."""
+"""Running a study: prepare it (check input, tokenize, create or load, enqueue), run workers' trials until the study
+has its n_trials, train the reference runs, and report; a full disk ends the run with one error line."""
 
 from __future__ import annotations
 
@@ -117,7 +117,7 @@ class RunRequest:
         return Path(self.checkpoint_dir or "studies/checkpoints")
 
     @property
-    def target_trials(self) -> int:
+    def trials_wanted(self) -> int:
         """The finished trials asked for: n_trials, or the space's."""
         return self.n_trials or self.space.search.n_trials
 
@@ -129,7 +129,7 @@ def run_study(
     race_runner: RaceRunner | None = None,
 ) -> StudyReport:
     """Run (or resume) the study `request` asks for until it has its finished trials, then race its contenders
-    at more seeds and up to the target length (race.py; unless request.race is False); returns the study's report
+    at more seeds and up to the race's target length (race.py; unless request.race is False); returns the study's report
     (StudyReport: its answer, race, trials; `.to_json()` is what `run --json` prints). With `reference_share`
     (k, n), worker k of n trains its share of the reference runs.
     `race_runner`: what trains the race, run_race's signature (run_race in this process where None; the
@@ -151,8 +151,8 @@ class PreparedStudy:
     study: optuna.Study
     settings: StudySettings
     data: TokenData
-    target: int = 0  # finished trials to reach: --n-trials, or more where the enqueued maps need them
-    target_raised_from: int | None = None  # --n-trials, where the enqueued maps raised it
+    n_trials: int = 0  # finished trials to reach: --n-trials, or more where the enqueued maps need them
+    n_trials_raised_from: int | None = None  # --n-trials, where the enqueued maps raised it
 
 
 def checked_request(request: RunRequest) -> tuple[StorageSpec, SpaceConfig, StudyPlan]:
@@ -252,7 +252,7 @@ def prepare_study(request: RunRequest) -> PreparedStudy:
     stored = stored_study(existing, plan.name)
     if stored is None:
         check_no_orphan_records(spec, plan.name, existing)
-    first = first_trials(plan, stored, request.target_trials, enqueue_texts(request, space))
+    first = first_trials(plan, stored, request.trials_wanted, enqueue_texts(request, space))
 
     data = load_space_tokens(space)
     if space.train.steps == 0:
@@ -297,9 +297,9 @@ def prepare_study(request: RunRequest) -> PreparedStudy:
     for params in first.params:
         study.enqueue_trial(params, skip_if_exists=True)
     open_store(spec, plan.name, storage=storage_obj)  # the project's tables too, before any worker races to create them
-    asked_target = request.target_trials
+    asked = request.trials_wanted
     return PreparedStudy(
-        space, spec, plan, study, settings, data, first.target, asked_target if first.target > asked_target else None
+        space, spec, plan, study, settings, data, first.n_trials, asked if first.n_trials > asked else None
     )
 
 
@@ -331,14 +331,14 @@ class FirstTrials:
 
     params: list[dict[str, Any]]
     blocks: list[int]
-    target: int
+    n_trials: int
 
 
-def first_trials(plan: StudyPlan, study: optuna.Study | None, target: int, enqueue: list[str]) -> FirstTrials:
+def first_trials(plan: StudyPlan, study: optuna.Study | None, n_trials: int, enqueue: list[str]) -> FirstTrials:
     """The first trials of a run: the baseline, then the maps asked for (`enqueue`, in their order, repaired to
     the budget), then the paper-inspired maps, each only where the study has no trial of it yet, and no more
-    than the trials still missing to `target` (so no trial is left WAITING after the run). Maps asked for that
-    do not fit in the target raise it: a resume with other maps trains them, however many trials it had."""
+    than the trials still missing to `n_trials` (so no trial is left WAITING after the run). Maps asked for that
+    do not fit in `n_trials` raise it: a resume with other maps trains them, however many trials it had."""
     search, n = plan.space.search, plan.model.n_layers
     max_runs = plan.budget.max_layer_runs(plan.model)
     asked = enqueued_maps(plan, enqueue)
@@ -356,10 +356,10 @@ def first_trials(plan: StudyPlan, study: optuna.Study | None, target: int, enque
         if params not in known and params not in required:
             required.append(params)
     counted = sum(has_result(t) or t.state in (TrialState.WAITING, TrialState.RUNNING) for t in trials)
-    target = max(target, counted + len(required))
+    n_trials = max(n_trials, counted + len(required))
     fill = [p for p in seeds[1:] if p not in known and p not in required]
     return FirstTrials(
-        required + fill[: target - counted - len(required)], sorted({a.block for a in asked if a.block}), target
+        required + fill[: n_trials - counted - len(required)], sorted({a.block for a in asked if a.block}), n_trials
     )
 
 
@@ -388,11 +388,11 @@ def _run_study(
         plan.budget.max_layer_runs(plan.model),
         space.search.families,
     )
-    target = prepared.target
-    if prepared.target_raised_from is not None:
+    n_trials = prepared.n_trials
+    if prepared.n_trials_raised_from is not None:
         reporter.on(
             Message(
-                f"--n-trials {prepared.target_raised_from} raised to {target}: the enqueued maps "
+                f"--n-trials {prepared.n_trials_raised_from} raised to {n_trials}: the enqueued maps "
                 "need trials of their own"
             )
         )
@@ -403,14 +403,14 @@ def _run_study(
         store,
         data,
         reporter,
-        target,
+        n_trials,
         request.checkpoints / safe_name(plan.name),
         pruner=build_pruner(settings.pruner, store, space.train.steps),
     )
     finished = _n_finished(study)
-    reporter.on(StudyStarted(plan.name, target, finished))
+    reporter.on(StudyStarted(plan.name, n_trials, finished))
     interrupted = False
-    if finished < target:
+    if finished < n_trials:
 
         def report_trial(st: optuna.Study, ft: FrozenTrial) -> int:
             trials = st.get_trials(deepcopy=False)
@@ -420,7 +420,7 @@ def _run_study(
             return n_done
 
         def after_trial(st: optuna.Study, ft: FrozenTrial) -> None:
-            if report_trial(st, ft) >= target:  # other workers count too
+            if report_trial(st, ft) >= n_trials:  # other workers count too
                 st.stop()
 
         started, told = time.monotonic(), False
@@ -430,20 +430,20 @@ def _run_study(
             trials = study.get_trials(deepcopy=False)
             finished = sum(has_result(t) for t in trials)
             running = sum(t.state == TrialState.RUNNING for t in trials)
-            if (left is not None and left <= 0) or finished >= target:
+            if (left is not None and left <= 0) or finished >= n_trials:
                 break
-            if finished + running >= target:
+            if finished + running >= n_trials:
                 # Trials in flight (other workers', or a killed worker's until its heartbeat goes stale)
-                # would reach the target: wait for them rather than overshoot it; a failed one is retried.
+                # would reach n_trials: wait for them rather than overshoot it; a failed one is retried.
                 if not told:
-                    reporter.on(Message(f"waiting for {running} running trial(s) to reach {target}"))
+                    reporter.on(Message(f"waiting for {running} running trial(s) to reach {n_trials}"))
                     told = True
                 time.sleep(min(2.0, heartbeat_interval()))
                 run.sweep_stale()
                 continue
             try:
                 if fuse > 1:
-                    run.run_group(min(fuse, target - finished - running), report_trial)
+                    run.run_group(min(fuse, n_trials - finished - running), report_trial)
                 else:
                     study.optimize(
                         run.objective,
@@ -461,7 +461,7 @@ def _run_study(
                 # as a recovered trial; this worker goes on with the study.
                 if run.taken_over == seen:
                     raise
-    if not interrupted and _n_finished(study) >= target:
+    if not interrupted and _n_finished(study) >= n_trials:
         train_references(run, reference_share, fuse)
         if request.race:  # contenders at more seeds and longer, until the racing policy has decided (race.py)
             try:
@@ -556,7 +556,7 @@ def reference_runs(
         ReferenceRun(f"baseline_seed{seed + i}", list(range(n)), seed + i, [1] * n)
         for i in range(1, plan.space.search.noise_seeds + 1)
     ]
-    best = best_recurrent(trials) if plan.space.search.noise_seeds else None
+    best = best_recurrent(trials) if plan.space.search.second_seed_reference else None
     if best is not None:
         best_map = map_of_key({r.number: r for r in trial_records(trials)}[best["trial"]].map_key or "", n)
         runs.append(

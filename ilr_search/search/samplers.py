@@ -9,7 +9,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from ilr_search.config import SamplerOption, SamplerSettings
+from ilr_search.config import SAMPLERS, Sampler, SamplerOption, SamplerSettings
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import KNOB_CHOICES
 from ilr_search.search.maps import (
@@ -30,7 +30,9 @@ from ilr_search.storage import trial_id
 def sampler_settings(name: str, seed: int, max_reuse: int) -> SamplerSettings:
     """The settings of sampler `name` (auto: TPE), every default explicit. The grid's knob dimensions come from
     the study's configuration (build_sampler's `knobs`)."""
-    resolved = "tpe" if name == "auto" else name
+    if name not in SAMPLERS:
+        raise ValueError(f"unknown sampler {name!r}; use one of {', '.join(SAMPLERS)}")
+    resolved: Sampler = "tpe" if name == "auto" else name
     options: dict[str, SamplerOption] = {}
     if resolved == "tpe":
         options = {

@@ -241,7 +241,8 @@ def summarize_stored(storage: str | None, study_name: str) -> StudyReport:
 
 
 def fidelity_of(study: optuna.Study, store: Store, trials: Sequence[Trial] | None = None) -> dict[str, Any]:
-    """The study's fidelity (rung agreement, noise, second seed, audits, verdict) from its trials and rows."""
+    """The study's fidelity (rung agreement, noise, second seed, audits, and one line of how far they agree) from
+    its trials and rows."""
     trials = trial_records(study.get_trials(deepcopy=False) if trials is None else trials)
     config = stored_config(study.user_attrs)
     final_step = config.space.train.steps if config is not None else 0

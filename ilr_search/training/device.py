@@ -7,6 +7,8 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ilr_search.config import Dtype
+
 if TYPE_CHECKING:
     import torch
 
@@ -27,7 +29,7 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def resolve_dtype(dtype: str, device: torch.device) -> str:
+def resolve_dtype(dtype: Dtype, device: torch.device) -> Dtype:
     """`auto` by a rule, never by a timing (the same command must give the same study and the same result):
     bf16 autocast on CUDA with bf16 support, fp32 everywhere else. On a CPU with AVX512-BF16/AMX, bf16 can be
     faster at widths of 128 and more (benchmarks/throughput.py); ask for it with --dtype bf16."""

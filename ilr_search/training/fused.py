@@ -579,7 +579,9 @@ def train_fused(
         group = [m for m in members if m.state.start_step == start_step]
         for m, result in zip(group, _train_group(model_cfg, group, data, cfg, device, length_masking), strict=True):
             results[m.position] = result
-    return results  # type: ignore[return-value]
+    done = [r for r in results if r is not None]
+    assert len(done) == K  # every member trains in the group of its start step
+    return done
 
 
 def _train_group(

@@ -17,7 +17,7 @@ import optuna
 from ilr_search.commands.bench.table import Table
 from ilr_search.config import PrunerSettings
 from ilr_search.search.maps import propose_map, seed_maps
-from ilr_search.search.pruners import verdict_at_rung
+from ilr_search.search.pruners import decision_at_rung
 from ilr_search.search.samplers import build_sampler, sampler_settings
 from ilr_search.storage import CurvePoint
 
@@ -141,7 +141,7 @@ def _feed_curve(
         if (
             settings is not None
             and step in settings.rungs
-            and not verdict_at_rung(me, points, final_step, settings).keep
+            and not decision_at_rung(me, points, final_step, settings).keep
         ):
             return step
     return None

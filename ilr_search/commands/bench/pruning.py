@@ -12,7 +12,7 @@ from typing import Any
 
 from ilr_search.commands.bench.hypervolume import _feed_curve
 from ilr_search.commands.bench.table import Table
-from ilr_search.config import PrunerSettings
+from ilr_search.config import PRUNERS, PrunerSettings
 from ilr_search.errors import UserInputError
 from ilr_search.space import load_space
 from ilr_search.storage import CurvePoint
@@ -78,6 +78,8 @@ def replay_pruning(
 
 def default_pruner_settings(pruner: str) -> PrunerSettings:
     """A pruning rule with the default space's settings (what a default study prunes with)."""
+    if pruner not in PRUNERS:
+        raise ValueError(f"unknown pruner {pruner!r}; use one of {', '.join(PRUNERS)}")
     search = load_space().search
     return PrunerSettings(
         name=pruner,

@@ -134,7 +134,10 @@ def planted(
     lead = 0.0
     if against == "best":
         means = [m for k in table.flops if (m := table.seed_mean(k, lengths[-1])) is not None]
-        lead = table.seed_mean(table.baseline, lengths[-1]) - min(means)  # type: ignore[operator]
+        base = table.seed_mean(table.baseline, lengths[-1])
+        if base is None:
+            raise UserInputError(f"the table has no baseline result at its longest length, {lengths[-1]} steps")
+        lead = base - min(means)
 
     def gap(steps: int) -> float:
         return (delta * (2 * math.log(steps / lengths[0]) / span - 1) if crossing else delta) + (
