@@ -393,10 +393,6 @@ def equal_compute_report(equal: Mapping[str, Any] | None, model: ModelConfig) ->
 # Training the runs (the race's and the audit's)
 
 
-def is_finished(store: Store, job: RaceRunJob) -> bool:
-    return any(r.job == job and r.state in FINAL_STATES for r in store.race_runs())
-
-
 def longer_train_config(train: TrainConfig, steps: int, seed: int) -> TrainConfig:
     """The proxy's training settings at another length and seed, with a checkpoint every eighth of the run."""
     return dataclasses.replace(train, steps=steps, seed=seed, checkpoint_every=max(1, steps // 8))
@@ -509,6 +505,39 @@ def train_claimed(
         reporter.on(RunFinished(r.job.map_key, r.train_cfg.steps, r.job.seed, finite_or_none(result.val_ppl), kind))
 
 
+def finished_jobs(store: Store) -> set[RaceRunJob]:
+    """The race runs with a final result (complete, or failed: diverged), which no worker trains again."""
+    return {r.job for r in store.race_runs() if r.state in FINAL_STATES}
+
+
+def new_worker() -> str:
+    """A name for this worker in the claims it holds: host, process and a random part."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def claim_train_wait(
+    claim: Callable[[], Sequence[ClaimedRun] | None],
+    train: Callable[[Sequence[ClaimedRun]], None],
+    reporter: RunReporter,
+    waiting: str,
+) -> None:
+    """The loop of the race and of the audit: `claim` claims the next group of runs (None: nothing is left that
+    this worker can train; empty: what is left is held by live workers), `train` trains a claimed group and stores
+    its results, and `claim` is asked again after each group (the results may change what is left). While the
+    rest is held by other workers, it waits for them (or for them to go stale, when their runs can be claimed),
+    saying `waiting` once a wait."""
+    waiting_said = False
+    while (claimed := claim()) is not None:
+        if claimed:
+            train(claimed)
+            waiting_said = False
+            continue
+        if not waiting_said:
+            reporter.on(Message(waiting))
+            waiting_said = True
+        time.sleep(min(2.0, heartbeat_interval()))
+
+
 RaceRunner = Callable[[StudyPlan, optuna.Study, Store, TokenData, RunReporter, Path, int, int], object]
 """What trains a study's race: run_race's first eight arguments (plan, study, store, data, reporter, checkpoint
 folder, fuse, max_steps)."""
@@ -530,18 +559,21 @@ def run_race(
     held by live workers are waited for. `max_steps`: the compute cap this run races under (stored with the study,
     so that reports read the race as this run left it; None: the study's last). `workers`: race workers sharing
     the runs, each taking at most its share of a wave."""
-    worker = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    worker = new_worker()
     train = dataclasses.replace(plan.space.train, dtype=plan.dtype)
     if max_steps is not None and study.user_attrs.get(RACE_CAP_ATTR) != max_steps:
         study.set_user_attr(RACE_CAP_ATTR, max_steps)
-    waiting_said = False
-    while True:
+    state: RaceState | None = None
+
+    def claim() -> list[ClaimedRun] | None:
+        """The next group the policy asks for: up to this worker's share of `fuse` runs of one length and model."""
+        nonlocal state
         trials = trial_records(study.get_trials(deepcopy=False))
         settings, results, state = study_race(trials, study.user_attrs, store.race_runs(), max_steps)
         have = {(r.map_key, r.steps, r.seed) for r in results}
         open_jobs = [j for j in state.next_jobs if (j.map_key, j.steps, j.seed) not in have]
         if state.done or not open_jobs or not races(settings):
-            break  # (a race that is off trains nothing, not even a baseline that no trial trained)
+            return None  # (a race that is off trains nothing, not even a baseline that no trial trained)
         by_key = trained_by_map(trials)
         limit = max(1, min(fuse, -(-len(open_jobs) // max(1, workers))))
         claimed: list[ClaimedRun] = []
@@ -560,23 +592,24 @@ def run_race(
             claimed.append(run)
             if not fusable(run.model):
                 break
-        if claimed:
-            train_claimed(store, claimed, worker, data, reporter)
-            waiting_said = False
-            continue  # the decision may change with these results: read everything again
-        if not held:  # only runs of maps no trial trained: this worker cannot train them
+        if not claimed and not held:  # only runs of maps no trial trained: this worker cannot train them
             reporter.on(
                 Message(
                     f"race: cannot train {', '.join(j.map_key for j in open_jobs)} (no trial of the study trained it)"
                 )
             )
-            break
-        if not waiting_said:  # what is left is held by live workers: wait for them (or for them to go stale)
-            reporter.on(Message("the race's remaining runs are being trained by other workers; waiting"))
-            waiting_said = True
-        time.sleep(min(2.0, heartbeat_interval()))
+            return None
+        return claimed
+
+    claim_train_wait(
+        claim,
+        lambda runs: train_claimed(store, runs, worker, data, reporter),
+        reporter,
+        "the race's remaining runs are being trained by other workers; waiting",
+    )
     try:
         checkpoint_folder.rmdir()
     except OSError:  # not empty (another worker's run), or not there
         pass
+    assert state is not None  # claim ran at least once
     return state
