@@ -22,7 +22,7 @@ from optuna.trial import TrialState
 from ilr_search.analysis.fidelity import audit_report
 from ilr_search.analysis.results import Curves, curves_by_trial, is_baseline_key, study_front, trained_trials
 from ilr_search.analysis.trials import Trial, TrialRecord, trained_results, trial_records
-from ilr_search.config import SIZE_MAXIMA, AuditSettings, SpaceConfig
+from ilr_search.config import SIZE_MAXIMA, AuditSettings, SpaceConfig, factor_key
 from ilr_search.data.tokenizers import check_vocab, model_config
 from ilr_search.data.tokens import TokenData, load_space_tokens
 from ilr_search.errors import UserInputError
@@ -35,6 +35,7 @@ from ilr_search.search.race import (
     finished_jobs,
     longer_train_config,
     new_worker,
+    race_checkpoints,
     run_checkpoint,
     train_claimed,
 )
@@ -187,17 +188,18 @@ def _run_audit(
     chosen = select_maps(trials, curves, kind, k, base_seed)
     if not chosen:
         raise UserInputError(f"--maps {settings.maps} selects no map of study {study_name!r}")
+    factor = factor_key(settings.factor)
     jobs: list[tuple[RaceRunJob, TrialRecord]] = []
     for t in chosen:
         assert t.map_key is not None  # select_maps chooses trials that trained their map
-        jobs += [(RaceRunJob(settings.factor_key, base_seed + s, t.map_key), t) for s in range(settings.seeds)]
+        jobs += [(RaceRunJob(factor, base_seed + s, t.map_key), t) for s in range(settings.seeds)]
 
     store = open_store(spec, study_name, storage=study_storage(study))
     worker = new_worker()
-    checkpoints = Path(checkpoint_dir or "studies/checkpoints") / safe_name(study_name) / "audit"
+    checkpoints = race_checkpoints(Path(checkpoint_dir or "studies/checkpoints") / safe_name(study_name))
     reporter.on(
         StudyStarted(
-            f"{study_name} audit at {settings.factor_key}x ({steps} steps)",
+            f"{study_name} audit at {factor}x ({steps} steps)",
             len(jobs),
             _n_done(finished_jobs(store), jobs),
         )
@@ -227,11 +229,11 @@ def _run_audit(
             folder.rmdir()
         except OSError:
             break
-    report = audit_report(trials, store.race_runs(), settings.factor_key)
+    report = audit_report(trials, store.race_runs(), factor)
     if report is None:
         raise UserInputError(
             f"no audited map of study {study_name!r} finished: every run diverged at "
-            f"{settings.factor_key}x (see the study's race runs: trials --json)"
+            f"{factor}x (see the study's race runs: trials --json)"
         )
     return {
         "study": study_name,

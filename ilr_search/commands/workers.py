@@ -28,7 +28,7 @@ from ilr_search.commands.autofuse import check_memory
 from ilr_search.commands.layout import process_threads
 from ilr_search.errors import UserInputError
 from ilr_search.search.progress import Event, Message, RunReporter
-from ilr_search.search.race import RaceRunner, run_race
+from ilr_search.search.race import RaceRunner, race_checkpoints, run_race
 from ilr_search.search.run import RunRequest, disk_full_is_reported, prepare_study, run_study
 from ilr_search.search.studies import StudyReport
 from ilr_search.training.device import resolve_device
@@ -189,7 +189,7 @@ def _race_worker_main(
             prepared = prepare_study(request)
             plan, study = prepared.plan, prepared.study
             store = open_store(prepared.spec, plan.name, storage=study_storage(study))
-            folder = request.checkpoints / safe_name(plan.name) / "audit"
+            folder = race_checkpoints(request.checkpoints / safe_name(plan.name))
             run_race(
                 plan,
                 study,

@@ -46,7 +46,7 @@ from ilr_search.analysis.results import (
     trained_trials,
 )
 from ilr_search.analysis.trials import Trial, TrialRecord, trial_records
-from ilr_search.config import ModelConfig, SpaceConfig, TrainConfig
+from ilr_search.config import ModelConfig, SpaceConfig, TrainConfig, factor_key, race_target_steps
 from ilr_search.data.tokens import TokenData
 from ilr_search.knobs import config_key
 from ilr_search.search.plan import CONFIG_ATTR, LR_SCHEDULE_FIELDS, StudyPlan, safe_name
@@ -69,13 +69,13 @@ def race_settings(config: Mapping[str, Any], max_steps: int | None = None) -> Ra
     compute cap `max_steps` (None or 0: none)."""
     space = SpaceConfig.from_dict(config)
     base_steps, seed, search = space.train.steps, space.train.seed, space.search
-    target = max(base_steps, round(search.target * base_steps))
+    target = race_target_steps(search.target, base_steps)
     if search.race_policy == "fixed":
         return RaceSettings(
             base_steps,
             target,
             tuple(seed + i for i in range(search.race_seeds)),
-            max_contenders=search.race_contenders,
+            race_contenders=search.race_contenders,
             policy="fixed",
             max_steps=max_steps or None,
         )
@@ -90,22 +90,15 @@ def race_settings(config: Mapping[str, Any], max_steps: int | None = None) -> Ra
         base_steps,
         target,
         tuple(seed + i for i in range(search.max_seeds)),
-        max_contenders=search.race_contenders,
+        race_contenders=search.race_contenders,
         policy="adaptive",
-        min_seeds=search.race_seeds,
-        screen=search.race_screen,
+        race_seeds=search.race_seeds,
+        race_screen=search.race_screen,
         max_steps=max_steps or None,
         equal_compute=search.equal_compute == "depth" and not frozen,
         layer_param_share=share,
         frozen=frozen,
     )
-
-
-def races(settings: RaceSettings) -> bool:
-    """Whether the race trains anything: a target beyond the proxy's length, or more than one seed (the adaptive
-    race's first test needs race_seeds > 1)."""
-    seeds = settings.min_seeds if settings.policy == "adaptive" else len(settings.seeds)
-    return settings.target_steps > settings.base_steps or seeds > 1
 
 
 def lr_schedule(config: Mapping[str, Any]) -> str:
@@ -116,14 +109,8 @@ def lr_schedule(config: Mapping[str, Any]) -> str:
     ).lr_schedule_text()
 
 
-def factor_key(steps: int, base_steps: int) -> str:
-    """The factor of a race run of `steps` steps, as the audit writes it too (`--factor 4` -> "4"); "0" for a frozen
-    study's runs (no step: an evaluation on a window chunk)."""
-    return f"{steps / base_steps:g}" if base_steps else "0"
-
-
 def race_run_job(job: RaceJob, base_steps: int) -> RaceRunJob:
-    return RaceRunJob(factor_key(job.steps, base_steps), job.seed, job.map_key)
+    return RaceRunJob(factor_key(job.steps / base_steps if base_steps else 0), job.seed, job.map_key)
 
 
 def stored_results(
@@ -328,7 +315,7 @@ def study_answer(
     """The study's answer line and details (analysis/answer.py): the race's, with the plain model's mean perplexity
     at the race's length and the screen's proxy-to-target rank agreement; where the race trains nothing, that no map
     was tested."""
-    if not races(settings):
+    if not settings.races:
         return unraced_answer(
             f"the race is off (one {replicate_unit(settings)} at the proxy's length, no test)", settings.base_steps
         )
@@ -351,7 +338,7 @@ def decided_points(trials: Sequence[Trial], settings: RaceSettings, state: RaceS
     """The front the study decided: the race's (each point at its raced length, with its seeds and interval)
     where the study races and the race has a front; the proxy's otherwise (the race off, or before it has its
     contenders: base results missing)."""
-    return state.front if races(settings) and state.front else proxy_points(trials, settings)
+    return state.front if settings.races and state.front else proxy_points(trials, settings)
 
 
 def decided_front(trials: Sequence[Trial], race: RaceReport | None) -> list[dict[str, Any]]:
@@ -398,9 +385,33 @@ def longer_train_config(train: TrainConfig, steps: int, seed: int) -> TrainConfi
     return dataclasses.replace(train, steps=steps, seed=seed, checkpoint_every=max(1, steps // 8))
 
 
+RACE_FOLDER = "race"  # a study's race runs' checkpoints, in the study's checkpoint folder
+OLD_RACE_FOLDER = "audit"  # the same folder as studies run before it was named race have it
+
+
+def race_checkpoints(study_folder: Path) -> Path:
+    """The folder of a study's race runs' checkpoints (the race's and the audit's), in `study_folder`, the study's
+    own checkpoint folder."""
+    return study_folder / RACE_FOLDER
+
+
 def run_checkpoint(folder: Path, job: RaceRunJob) -> Path:
     """Where a run keeps its checkpoint: the same file for the race and the audit, so either resumes the other's."""
     return folder / f"{job.factor}x-seed{job.seed}-{safe_name(job.map_key.replace(',', '-'))}.pt"
+
+
+def adopt_old_checkpoint(checkpoint: Path) -> None:
+    """Move a run's checkpoint left in the old folder (OLD_RACE_FOLDER, beside RACE_FOLDER) to `checkpoint`, so that
+    a run of a study started before the rename resumes from it; nothing where there is none, or a newer one."""
+    old = checkpoint.parent.parent / OLD_RACE_FOLDER / checkpoint.name
+    if checkpoint.exists() or not old.exists():
+        return
+    checkpoint.parent.mkdir(parents=True, exist_ok=True)
+    old.replace(checkpoint)
+    try:
+        old.parent.rmdir()
+    except OSError:  # other runs' checkpoints are still there
+        pass
 
 
 @dataclass(frozen=True)
@@ -472,6 +483,8 @@ def train_claimed(
     )
 
     reporter.on(RunsStarted(tuple((r.job.map_key, r.train_cfg.steps, r.job.seed) for r in runs), kind))
+    for r in runs:
+        adopt_old_checkpoint(r.checkpoint)
     jobs = [
         Job(r.model, r.schedule or reuse_map_schedule(r.reuse_map), r.train_cfg, checkpoint=r.checkpoint) for r in runs
     ]
@@ -572,7 +585,7 @@ def run_race(
         settings, results, state = study_race(trials, study.user_attrs, store.race_runs(), max_steps)
         have = {(r.map_key, r.steps, r.seed) for r in results}
         open_jobs = [j for j in state.next_jobs if (j.map_key, j.steps, j.seed) not in have]
-        if state.done or not open_jobs or not races(settings):
+        if state.done or not open_jobs or not settings.races:
             return None  # (a race that is off trains nothing, not even a baseline that no trial trained)
         by_key = trained_by_map(trials)
         limit = max(1, min(fuse, -(-len(open_jobs) // max(1, workers))))
