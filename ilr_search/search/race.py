@@ -69,32 +69,27 @@ def race_settings(config: Mapping[str, Any], max_steps: int | None = None) -> Ra
     compute cap `max_steps` (None or 0: none)."""
     space = SpaceConfig.from_dict(config)
     base_steps, seed, search = space.train.steps, space.train.seed, space.search
-    target = race_target_steps(search.target, base_steps)
-    if search.race_policy == "fixed":
-        return RaceSettings(
-            base_steps,
-            target,
-            tuple(seed + i for i in range(search.race_seeds)),
-            race_contenders=search.race_contenders,
-            policy="fixed",
-            max_steps=max_steps or None,
-        )
+    fixed = search.race_policy == "fixed"
+    race = RaceSettings(
+        base_steps,
+        race_target_steps(search.target, base_steps),
+        tuple(seed + i for i in range(search.race_seeds if fixed else search.max_seeds)),
+        race_contenders=search.race_contenders,
+        policy="fixed" if fixed else "adaptive",
+        max_steps=max_steps or None,
+    )
+    if fixed:
+        return race
     model = space.model
     share = (param_count(dataclasses.replace(model, n_layers=model.n_layers + 1)) - param_count(model)) / param_count(
         model
     )
-    frozen = (
-        base_steps == 0
-    )  # a frozen study: a seed is a chunk of held-out windows, and there is no deeper plain model
-    return RaceSettings(
-        base_steps,
-        target,
-        tuple(seed + i for i in range(search.max_seeds)),
-        race_contenders=search.race_contenders,
-        policy="adaptive",
+    # a frozen study: a seed is a chunk of held-out windows, and there is no deeper plain model
+    frozen = base_steps == 0
+    return dataclasses.replace(
+        race,
         race_seeds=search.race_seeds,
         race_screen=search.race_screen,
-        max_steps=max_steps or None,
         equal_compute=search.equal_compute == "depth" and not frozen,
         layer_param_share=share,
         frozen=frozen,
