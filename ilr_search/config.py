@@ -130,7 +130,7 @@ Dtype = Literal["auto", "fp32", "bf16"]
 DTYPES: tuple[Dtype, ...] = get_args(Dtype)
 LrSchedule = Literal["cosine", "wsd"]
 LR_SCHEDULES: tuple[LrSchedule, ...] = get_args(LrSchedule)
-RacePolicy = Literal["adaptive", "fixed"]  # adaptive_race.py, fixed_race.py
+RacePolicy = Literal["adaptive", "fixed"]  # the racing policies: adaptive_race.py and fixed_race.py
 RACE_POLICIES: tuple[RacePolicy, ...] = get_args(RacePolicy)
 EqualCompute = Literal["depth", "off"]
 EQUAL_COMPUTE: tuple[EqualCompute, ...] = get_args(EqualCompute)
@@ -398,9 +398,22 @@ class AuditSettings:
     maps: str = "auto"  # auto | front | top:K | all
     seeds: int = 1
 
-    @property
-    def factor_key(self) -> str:
-        return f"{self.factor:g}"
+
+def factor_key(factor: float) -> str:
+    """How a race run's factor (its steps over the proxy's) is stored and named: `audit --factor 4` and a race run
+    of 4x the proxy's steps are both "4"; "0" for a frozen study's runs (no step: an evaluation on a window chunk)."""
+    return f"{factor:g}"
+
+
+def race_target_steps(target: float, base_steps: int) -> int:
+    """The race's length in steps: `target` times the proxy's `base_steps`, rounded, never below them."""
+    return max(base_steps, round(target * base_steps))
+
+
+def races(base_steps: int, target_steps: int, race_seeds: int) -> bool:
+    """Whether a race trains anything: a target beyond the proxy's length, or more than one seed (the adaptive race's
+    first test needs race_seeds > 1; the fixed race races every contender on race_seeds seeds)."""
+    return target_steps > base_steps or race_seeds > 1
 
 
 SamplerOption = int | float | bool | None | tuple[int, ...]

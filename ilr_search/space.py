@@ -35,6 +35,8 @@ from ilr_search.config import (
     SearchConfig,
     SpaceConfig,
     TrainConfig,
+    race_target_steps,
+    races,
 )
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import check_knobs
@@ -210,11 +212,6 @@ def parse_target(text: str) -> float:
     return factor
 
 
-def races_at_all(search: SearchConfig) -> bool:
-    """Whether a study of these settings races (a target beyond the proxy's length, or more than one seed)."""
-    return search.target > 1 or search.race_seeds > 1
-
-
 def check_sizes(space: SpaceConfig) -> None:
     """Every size at most its SIZE_MAXIMA (the race's length too): checked first, before anything is sized from
     them. The SpaceError names the section, so that load_space names the flag that set it."""
@@ -314,7 +311,9 @@ def validate_space(space: SpaceConfig) -> None:
             f"({s.race_contenders}), got {s.race_screen}",
         ),
         (
-            s.race_policy != "adaptive" or not races_at_all(s) or s.max_seeds >= max(3, s.race_seeds),
+            s.race_policy != "adaptive"
+            or not (math.isfinite(s.target) and races(t.steps, race_target_steps(s.target, t.steps), s.race_seeds))
+            or s.max_seeds >= max(3, s.race_seeds),
             f"--max-seeds must be at least 3 and at least --race-seeds ({s.race_seeds}) for the adaptive race "
             f"(one seed screens, the rest test), got {s.max_seeds}",
         ),

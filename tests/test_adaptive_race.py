@@ -13,7 +13,7 @@ from ilr_search.analysis.answer import race_answer
 from ilr_search.analysis.racing import Evaluation, RaceSettings, RaceState, race_state
 
 BASE = "1,1,1,1"
-SETTINGS = RaceSettings(100, 400, seeds=tuple(range(8)), max_contenders=3, screen=8)
+SETTINGS = RaceSettings(100, 400, seeds=tuple(range(8)), race_contenders=3, race_screen=8)
 Loss = Callable[[str, int, int], float | None]
 
 
@@ -112,7 +112,7 @@ def test_a_crossing_map_is_taken_to_the_target_and_claimed():
                  base_gaps={"2,1,1,1": -0.05, "1,2,1,1": -0.03, "1,1,2,1": 0.02, "2,2,1,1": 0.2})
     waves, evaluations, state = run(loss, maps)
     assert "2,2,1,1" not in state.eliminated and "2,2,1,1" in state.confirmed_better
-    assert len(seeds_of(evaluations, "2,2,1,1")) >= SETTINGS.min_seeds
+    assert len(seeds_of(evaluations, "2,2,1,1")) >= SETTINGS.race_seeds
     assert state.screen["agreement"]["spearman"] < SETTINGS.min_agreement
 
 
@@ -130,7 +130,7 @@ def test_the_base_length_eliminates_only_where_the_screen_shows_the_lengths_rank
 
 
 def test_the_compute_cap_stops_the_race_and_the_verdict_says_so():
-    settings = RaceSettings(100, 400, seeds=tuple(range(8)), max_contenders=3, screen=8, max_steps=3000)
+    settings = RaceSettings(100, 400, seeds=tuple(range(8)), race_contenders=3, race_screen=8, max_steps=3000)
 
     def undecided(key: str, steps: int, seed: int) -> float:  # a small lead, far inside its seeds' spread
         return 2.0 + (0.0 if key == BASE else -0.005 + 0.05 * (-1) ** seed)
@@ -142,7 +142,7 @@ def test_the_compute_cap_stops_the_race_and_the_verdict_says_so():
 
 
 def test_the_equal_compute_reference_trains_at_the_best_contenders_seeds():
-    settings = RaceSettings(100, 400, seeds=tuple(range(6)), max_contenders=3, screen=8, equal_compute=True,
+    settings = RaceSettings(100, 400, seeds=tuple(range(6)), race_contenders=3, race_screen=8, equal_compute=True,
                             layer_param_share=0.2)
     waves, evaluations, state = run(noisy({"2,1,1,1": -0.3, "2,2,1,1": 0.2, "deep5": -0.1}, sd=0.01),
                                     [BASE, "2,1,1,1", "2,2,1,1"], settings)

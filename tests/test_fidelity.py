@@ -12,7 +12,7 @@ import pytest
 
 from conftest import ROOT
 from ilr_search.commands.audit import check_settings, run_audit
-from ilr_search.config import AuditSettings
+from ilr_search.config import AuditSettings, factor_key
 from ilr_search.commands.bench import Table, TableRow, replay_pruning
 from ilr_search.errors import UserInputError
 from ilr_search.analysis.fidelity import audit_report, rung_agreements
@@ -379,7 +379,7 @@ def test_audit_fused_gives_the_runs_one_at_a_time_gives(small_study, tmp_path):
         report = run_audit("aud", f"sqlite:///{copy}", settings, checkpoint_dir=tmp_path / f"ck{fuse}", fuse=fuse)
         assert report["trained_by_this_worker"] == 6
         rows[fuse] = {r.job: r for r in open_store(parse_storage(f"sqlite:///{copy}"), "aud").race_runs()
-                      if r.job.factor == settings.factor_key}
+                      if r.job.factor == factor_key(settings.factor)}
     assert set(rows[1]) == set(rows[3]) and len(rows[1]) == 6
     for job, single in rows[1].items():
         fused = rows[3][job]

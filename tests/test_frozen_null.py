@@ -16,8 +16,8 @@ RACES = 1000
 WINDOWS = 16  # windows a chunk: a chunk's loss is the mean of its windows'
 MAX_CHUNKS = 8  # chunk 0 scores the trials (the screen), chunks 1..7 test
 BASELINE, CONTENDER = "1,1,1,1", "2,2,1,1"
-SETTINGS = RaceSettings(0, 0, tuple(range(MAX_CHUNKS)), max_contenders=2, policy="adaptive", min_seeds=3,
-                        screen=12, equal_compute=False, frozen=True)
+SETTINGS = RaceSettings(0, 0, tuple(range(MAX_CHUNKS)), race_contenders=2, policy="adaptive", race_seeds=3,
+                        race_screen=12, equal_compute=False, frozen=True)
 
 
 def null_race(rng: np.random.Generator) -> tuple[bool, int]:

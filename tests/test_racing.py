@@ -147,12 +147,12 @@ def test_contenders_are_the_base_front_capped_with_the_baseline_always():
     flops = {BASE: 1.0, "2,1,1,1": 1.25, "1,2,1,1": 1.25, "2,2,1,1": 1.5, "3,1,1,1": 1.5, "3,3,1,1": 2.0}
     base = {BASE: 2.3, "2,1,1,1": 2.0, "1,2,1,1": 2.1, "2,2,1,1": 1.9, "3,1,1,1": 2.2, "3,3,1,1": 1.95}
     evaluations = [Evaluation(k, f, 100, 0, base[k]) for k, f in flops.items()]
-    state = race_state(evaluations, RaceSettings(100, 400, policy="fixed", max_contenders=3), BASE)
+    state = race_state(evaluations, RaceSettings(100, 400, policy="fixed", race_contenders=3), BASE)
     # the front in (loss, flops) is 1,1,1,1 (cheapest), 2,1,1,1 and 2,2,1,1; the baseline takes one of the 3 places
     assert set(state.alive) == {BASE, "2,1,1,1", "2,2,1,1"}
     assert set(state.not_raced) == {"1,2,1,1", "3,1,1,1", "3,3,1,1"}
     assert {j.map_key for j in state.next_jobs} == set(state.alive) and {j.seed for j in state.next_jobs} == {1}
-    again = race_state(list(reversed(evaluations)), RaceSettings(100, 400, policy="fixed", max_contenders=3), BASE)
+    again = race_state(list(reversed(evaluations)), RaceSettings(100, 400, policy="fixed", race_contenders=3), BASE)
     assert again == state  # the same evaluations in any order: the same decision
 
 

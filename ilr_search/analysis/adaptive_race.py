@@ -12,9 +12,9 @@ A pure policy over the study's evaluations (race_core.py has the types; racing.r
    waiting map is eliminated when a screened map of no more FLOPs leads it at the base length by more than the
    largest base lead that the target overturned among the screened maps (the margin of the calibrated pruner,
    pruners.py, applied to lengths).
-3. Contenders. The `max_contenders` screened maps nearest the target's front (the baseline among them).
+3. Contenders. The race_contenders screened maps nearest the target's front (the baseline among them).
 4. Seeds at the target. Seed seeds[0] chose the contenders, so their comparisons with the baseline are tested on
-   seeds[1:] only: the choice cannot bias the test. Each contender gets min_seeds - 1 of them, then one more a
+   seeds[1:] only: the choice cannot bias the test. Each contender gets race_seeds - 1 of them, then one more a
    wave while its comparison is open. After every wave each comparison is tested by a sequential paired t test
    (sequential.py) that keeps its level however often it looks, with the family's level split over the
    contenders by a weighted Holm step-down (valid for group-sequential tests too: Maurer and Bretz 2013): the
@@ -148,7 +148,7 @@ def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSetting
         return cap is None or compute + sum(j.steps for j in jobs) + reserve <= cap
 
     # 2. the screen at the target, at seeds[0]
-    candidates = choose_contenders(base_losses, results.flops, baseline_key, settings.screen)
+    candidates = choose_contenders(base_losses, results.flops, baseline_key, settings.race_screen)
     not_raced = tuple(k for k in sorted(base_losses) if k not in candidates)
     screened = [k for k in candidates if first in results.losses.get(k, {}).get(target, {})]
     screen_losses: dict[str, float] = {}
@@ -216,16 +216,16 @@ def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSetting
             eliminated[k] = f"not screened: the compute cap ({cap} steps) was reached"
 
     # 3. contenders, from the screen
-    contenders = choose_contenders(screen_losses, results.flops, baseline_key, settings.max_contenders)
+    contenders = choose_contenders(screen_losses, results.flops, baseline_key, settings.race_contenders)
     for k in screen_losses:
         if k not in contenders:
             eliminated[k] = (
                 f"screened {words.at(target)} ({words.one(first)}, loss {screen_losses[k]:.4f}): not among the "
-                f"{settings.max_contenders} maps nearest the target's front"
+                f"{settings.race_contenders} maps nearest the target's front"
             )
     # 4. seeds at the target, tested on seeds[1:]
     pool = settings.seeds[1:]
-    first_look = max(2, settings.min_seeds - 1)
+    first_look = max(2, settings.race_seeds - 1)
     family = [k for k in contenders if k != baseline_key]
     alpha = decision_level(settings.confidence)
     testable = len(pool) >= first_look

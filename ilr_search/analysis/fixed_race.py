@@ -50,7 +50,7 @@ def fixed_race_state(evaluations: Sequence[Evaluation], settings: RaceSettings, 
     results, early, base_losses, eliminated = base_results(evaluations, settings, baseline_key)
     if early is not None:
         return early
-    contenders = choose_contenders(base_losses, results.flops, baseline_key, settings.max_contenders)
+    contenders = choose_contenders(base_losses, results.flops, baseline_key, settings.race_contenders)
     not_raced = tuple(k for k in sorted(base_losses) if k not in contenders)
     alive = list(contenders)
     jobs: list[RaceJob] = []

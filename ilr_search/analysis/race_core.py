@@ -8,10 +8,11 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from ilr_search.analysis.pareto import non_dominated_ranks
 from ilr_search.analysis.sequential import TestKind
+from ilr_search.config import RacePolicy, races
 
 
 @dataclass(frozen=True)
@@ -34,21 +35,17 @@ class RaceJob:
     seed: int
 
 
-RacePolicy = Literal["adaptive", "fixed"]
-RACE_POLICIES: tuple[RacePolicy, ...] = ("adaptive", "fixed")
-
-
 @dataclass(frozen=True)
 class RaceSettings:
     """base_steps: the proxy's length (every map's first result); target_steps: the length the verdict is about.
     confidence: of the paired tests and the intervals (two-sided; a claim is the one-sided test at (1 - c) / 2).
 
     fixed: seeds are the seeds every contender is raced on, at each length doubled from base_steps up to the
-    target; max_contenders: the maps raced beyond their base result.
+    target; race_contenders: the maps raced beyond their base result.
 
     adaptive: seeds is the pool, in order (its length: the most seeds a comparison gets at the target); seeds[0]
-    screens up to `screen` maps at the target, and max_contenders of them (the baseline among them) are then
-    raced on seeds[1:], starting with min_seeds - 1 of them, one more a wave while a comparison is open.
+    screens up to race_screen maps at the target, and race_contenders of them (the baseline among them) are then
+    raced on seeds[1:], starting with race_seeds - 1 of them, one more a wave while a comparison is open.
     max_steps caps the steps the race trains (None: no cap); futility: a contender stops once its paired t
     test says it is worse than the baseline at this one-sided level; calibration: screened maps before the base
     length may eliminate (and the screen's waves); min_agreement: the Spearman between base and target results
@@ -59,10 +56,10 @@ class RaceSettings:
     target_steps: int
     seeds: tuple[int, ...] = (0, 1, 2)
     confidence: float = 0.9
-    max_contenders: int = 6
+    race_contenders: int = 6
     policy: RacePolicy = "adaptive"
-    min_seeds: int = 3
-    screen: int = 12
+    race_seeds: int = 3
+    race_screen: int = 12
     max_steps: int | None = None
     futility: float = 0.3
     calibration: int = 5
@@ -78,6 +75,12 @@ class RaceSettings:
     @property
     def words(self) -> RaceWords:
         return RaceWords(self.frozen)
+
+    @property
+    def races(self) -> bool:
+        """Whether the race trains anything (config.races; the fixed race races on every seed of `seeds`)."""
+        seeds = self.race_seeds if self.policy == "adaptive" else len(self.seeds)
+        return races(self.base_steps, self.target_steps, seeds)
 
 
 @dataclass(frozen=True)
@@ -286,14 +289,15 @@ def collect(evaluations: Sequence[Evaluation]) -> Results:
 
 
 def choose_contenders(
-    base_losses: Mapping[str, float], flops: Mapping[str, float], baseline_key: str, max_contenders: int
+    base_losses: Mapping[str, float], flops: Mapping[str, float], baseline_key: str, most: int
 ) -> list[str]:
     """The maps nearest the base front: by non-dominated rank in (loss, flops) at the base length and first
-    seed, then by loss, then by key (reproducible); at most max_contenders, the baseline always among them."""
+    seed, then by loss, then by key (reproducible); at most `most` (the screen's or the contenders' count), the
+    baseline always among them."""
     keys = sorted(base_losses)
     ranks = non_dominated_ranks([(base_losses[k], flops[k]) for k in keys])
     order = sorted(range(len(keys)), key=lambda i: (ranks[i], base_losses[keys[i]], keys[i]))
-    chosen = [keys[i] for i in order if keys[i] != baseline_key][: max(0, max_contenders - 1)]
+    chosen = [keys[i] for i in order if keys[i] != baseline_key][: max(0, most - 1)]
     return [baseline_key] + chosen if baseline_key in base_losses else chosen
 
 

@@ -20,11 +20,9 @@ from collections.abc import Sequence
 from ilr_search.analysis.adaptive_race import adaptive_race_state
 from ilr_search.analysis.fixed_race import fixed_race_state
 from ilr_search.analysis.race_core import (
-    RACE_POLICIES,
     Evaluation,
     FrontPoint,
     RaceJob,
-    RacePolicy,
     RaceSettings,
     RaceState,
     Results,
@@ -38,11 +36,9 @@ from ilr_search.analysis.race_core import (
 )
 
 __all__ = [
-    "RACE_POLICIES",
     "Evaluation",
     "FrontPoint",
     "RaceJob",
-    "RacePolicy",
     "RaceSettings",
     "RaceState",
     "Results",

@@ -11,11 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import random
-import socket
-import time
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,18 +22,20 @@ from optuna.trial import TrialState
 from ilr_search.analysis.fidelity import audit_report
 from ilr_search.analysis.results import Curves, curves_by_trial, is_baseline_key, study_front, trained_trials
 from ilr_search.analysis.trials import Trial, TrialRecord, trained_results, trial_records
-from ilr_search.config import SIZE_MAXIMA, AuditSettings, SpaceConfig
+from ilr_search.config import SIZE_MAXIMA, AuditSettings, SpaceConfig, factor_key
 from ilr_search.data.tokenizers import check_vocab, model_config
-from ilr_search.data.tokens import load_space_tokens
+from ilr_search.data.tokens import TokenData, load_space_tokens
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import with_knobs
 from ilr_search.search.plan import CONFIG_ATTR, StoredConfig, safe_name, stored_config
-from ilr_search.search.progress import Message, RunReporter, StudyStarted
+from ilr_search.search.progress import RunReporter, StudyStarted
 from ilr_search.search.race import (
-    FINAL_STATES,
     ClaimedRun,
-    is_finished,
+    claim_train_wait,
+    finished_jobs,
     longer_train_config,
+    new_worker,
+    race_checkpoints,
     run_checkpoint,
     train_claimed,
 )
@@ -47,7 +45,6 @@ from ilr_search.storage import (
     RaceRunJob,
     Store,
     grace_period,
-    heartbeat_interval,
     open_store,
     parse_storage,
     study_storage,
@@ -191,51 +188,52 @@ def _run_audit(
     chosen = select_maps(trials, curves, kind, k, base_seed)
     if not chosen:
         raise UserInputError(f"--maps {settings.maps} selects no map of study {study_name!r}")
+    factor = factor_key(settings.factor)
     jobs: list[tuple[RaceRunJob, TrialRecord]] = []
     for t in chosen:
         assert t.map_key is not None  # select_maps chooses trials that trained their map
-        jobs += [(RaceRunJob(settings.factor_key, base_seed + s, t.map_key), t) for s in range(settings.seeds)]
+        jobs += [(RaceRunJob(factor, base_seed + s, t.map_key), t) for s in range(settings.seeds)]
 
     store = open_store(spec, study_name, storage=study_storage(study))
-    worker = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-    checkpoints = Path(checkpoint_dir or "studies/checkpoints") / safe_name(study_name) / "audit"
+    worker = new_worker()
+    checkpoints = race_checkpoints(Path(checkpoint_dir or "studies/checkpoints") / safe_name(study_name))
     reporter.on(
-        StudyStarted(f"{study_name} audit at {settings.factor_key}x ({steps} steps)", len(jobs), _n_done(store, jobs))
+        StudyStarted(
+            f"{study_name} audit at {factor}x ({steps} steps)",
+            len(jobs),
+            _n_done(finished_jobs(store), jobs),
+        )
     )
-    data = None
+    data: TokenData | None = None
     trained_here = 0
-    waiting_said = False
-    while True:
-        pending = [(job, t) for job, t in jobs if not is_finished(store, job)]
+
+    def claim() -> list[ClaimedRun] | None:
+        done = finished_jobs(store)
+        pending = [(job, t) for job, t in jobs if job not in done]
         if not pending:
-            break
-        progressed = False
-        while pending:
-            claimed, pending = _claim_group(store, pending, worker, space, steps, checkpoints, init_depth, fuse)
-            if not claimed:
-                break
-            if data is None:
-                data = load_space_tokens(space)
-            for run in claimed:
-                check_vocab(run.model, data.vocab_size)
-            train_claimed(store, claimed, worker, data, reporter, kind="audit")
-            trained_here += len(claimed)
-            progressed = True
-        if not progressed:  # the rest is held by live workers: wait for them (or for them to go stale)
-            if not waiting_said:
-                reporter.on(Message("the remaining audit runs are being trained by other workers; waiting"))
-                waiting_said = True
-            time.sleep(min(2.0, heartbeat_interval()))
+            return None
+        return _claim_group(store, pending, worker, space, steps, checkpoints, init_depth, fuse)
+
+    def train(runs: Sequence[ClaimedRun]) -> None:
+        nonlocal data, trained_here
+        if data is None:
+            data = load_space_tokens(space)
+        for run in runs:
+            check_vocab(run.model, data.vocab_size)
+        train_claimed(store, runs, worker, data, reporter, kind="audit")
+        trained_here += len(runs)
+
+    claim_train_wait(claim, train, reporter, "the remaining audit runs are being trained by other workers; waiting")
     for folder in (checkpoints, checkpoints.parent):
         try:
             folder.rmdir()
         except OSError:
             break
-    report = audit_report(trials, store.race_runs(), settings.factor_key)
+    report = audit_report(trials, store.race_runs(), factor)
     if report is None:
         raise UserInputError(
             f"no audited map of study {study_name!r} finished: every run diverged at "
-            f"{settings.factor_key}x (see the study's race runs: trials --json)"
+            f"{factor}x (see the study's race runs: trials --json)"
         )
     return {
         "study": study_name,
@@ -250,8 +248,7 @@ def _run_audit(
     }
 
 
-def _n_done(store: Store, jobs: list[tuple[RaceRunJob, TrialRecord]]) -> int:
-    done = {r.job for r in store.race_runs() if r.state in FINAL_STATES}
+def _n_done(done: set[RaceRunJob], jobs: list[tuple[RaceRunJob, TrialRecord]]) -> int:
     return sum(job in done for job, _ in jobs)
 
 
@@ -264,14 +261,14 @@ def _claim_group(
     checkpoints: Path,
     init_depth: int,
     fuse: int,
-) -> tuple[list[ClaimedRun], list[tuple[RaceRunJob, TrialRecord]]]:
-    """Claim up to `fuse` pending runs of one model (one, where the model cannot be fused); returns them and
-    the pending runs not yet looked at. Runs held by other workers are passed over."""
+) -> list[ClaimedRun]:
+    """Claim up to `fuse` pending runs of one model (one, where the model cannot be fused), the first ones
+    of `pending` that it can; runs held by other workers are passed over (none claimed: all are held)."""
     claimed: list[ClaimedRun] = []
-    for i, (job, t) in enumerate(pending):
+    for job, t in pending:
         model = with_knobs(model_config(space), dict(t.knobs), init_depth)
         if claimed and (len(claimed) >= fuse or model != claimed[0].model or not fusable(model)):
-            return claimed, pending[i:]
+            return claimed
         assert t.reuse_map is not None and t.flops_ratio is not None  # the audit's trials trained their maps
         if not store.claim_race_run(job, worker, t.flops_ratio, steps, stale_after=grace_period()):
             continue
@@ -287,4 +284,4 @@ def _claim_group(
                 t.schedule,
             )
         )
-    return claimed, []
+    return claimed

@@ -18,7 +18,7 @@ from ilr_search.analysis.results import REFERENCE_PREFIX, has_result
 from ilr_search.analysis.trials import trial_records
 from ilr_search.commands.autofuse import Layout, describe, resolve_layout
 from ilr_search.commands.layout import process_threads, race_processes
-from ilr_search.config import Dtype, ModelConfig, SpaceConfig, TrainConfig
+from ilr_search.config import Dtype, ModelConfig, SpaceConfig, TrainConfig, race_target_steps, races
 from ilr_search.data.tokens import TokenData, cache_key, cache_root, random_tokens
 from ilr_search.search.maps import repair_to_budget
 from ilr_search.search.plan import StudyPlan, adopt_stored_dtype, adopt_stored_race, check_resume, stored_study
@@ -261,8 +261,8 @@ def race_plan(plan: StudyPlan, n_trials: int) -> dict[str, Any]:
     contender to the pool's last seed), both within the compute cap; the fixed race trains its contenders at every
     length and seed, fewer where it eliminates."""
     search, base = plan.space.search, plan.space.train.steps
-    target = max(base, round(search.target * base))
-    if search.target <= 1 and search.race_seeds <= 1:
+    target = race_target_steps(search.target, base)
+    if not races(base, target, search.race_seeds):
         return {"policy": "off", "target_steps": target, "runs_min": 0, "runs_max": 0, "steps_min": 0, "steps_max": 0}
     if search.race_policy == "fixed":
         lengths = [base * 2**i for i in range(64) if base * 2**i < target] + [target]

@@ -17,9 +17,10 @@ import os
 import queue
 import signal
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import optuna
 
@@ -27,7 +28,7 @@ from ilr_search.commands.autofuse import check_memory
 from ilr_search.commands.layout import process_threads
 from ilr_search.errors import UserInputError
 from ilr_search.search.progress import Event, Message, RunReporter
-from ilr_search.search.race import RaceRunner, run_race
+from ilr_search.search.race import RaceRunner, race_checkpoints, run_race
 from ilr_search.search.run import RunRequest, disk_full_is_reported, prepare_study, run_study
 from ilr_search.search.studies import StudyReport
 from ilr_search.training.device import resolve_device
@@ -64,30 +65,85 @@ def stop_with_parent(interval: float = 0.5) -> None:
     threading.Thread(target=watch, name="ilr-search parent watch", daemon=True).start()
 
 
-def _worker_main(
-    request: RunRequest, worker: int, workers: int, threads: int | None, events: Any, optuna_verbosity: int
-) -> None:
-    """One worker process: the study's trials until it has n_trials, then its share of the reference runs; Optuna
-    logs as in the process that started it."""
+def worker_process(
+    work: Callable[[RunReporter], int], worker: int, threads: int | None, events: Any, optuna_verbosity: int
+) -> NoReturn:
+    """A worker process around its `work`: Optuna logs as in the process that started it, the worker stops with
+    its parent, trains on `threads` torch threads (None: torch's own count), and sends its events to the parent's
+    queue; it exits with work's code, 130 on Ctrl-C, and 2 on bad input (its error line sent as a message)."""
     import torch
 
     optuna.logging.set_verbosity(optuna_verbosity)
     stop_with_parent()
-    threads = threads if threads is not None else process_threads(request.space, workers)
-    if threads is not None:  # on a CPU the usable cores are shared out, not oversubscribed
+    if threads is not None:
         torch.set_num_threads(threads)
     reporter = QueueReporter(events, worker)
-
-    race = partial(run_race, workers=workers)  # each wave of the race shared out among the workers
-
     try:
-        summary = run_study(request, reporter, reference_share=(worker, workers), race_runner=race)
+        code = work(reporter)
     except KeyboardInterrupt:
         raise SystemExit(130) from None
     except UserInputError as e:
         reporter.on(Message(f"error: {e}"))
         raise SystemExit(2) from e
-    raise SystemExit(130 if summary.interrupted else 0)
+    raise SystemExit(code)
+
+
+def run_processes(
+    target: Callable[..., None],
+    request: RunRequest,
+    workers: int,
+    threads: int | None,
+    reporter: RunReporter,
+    label: str,
+    unit: str,
+) -> tuple[list[int | None], bool]:
+    """Start `workers` spawned processes (CUDA cannot be forked) of target(request, k, workers, threads, events,
+    Optuna's verbosity), named `ilr-search {label} k`, and relay their events to `reporter` until every one has
+    ended; a Ctrl-C here is passed on to those still running, which are waited for. A worker that ended otherwise
+    (neither done nor interrupted) is reported: its unfinished `unit` is retried. Returns the exit codes, and
+    whether the run was interrupted (that Ctrl-C, or a worker that exited 130)."""
+    ctx = mp.get_context("spawn")
+    events = ctx.Queue()
+    verbosity = optuna.logging.get_verbosity()  # a spawned process starts at Optuna's default
+    procs = [
+        ctx.Process(
+            target=target, args=(request, k, workers, threads, events, verbosity), name=f"ilr-search {label} {k}"
+        )
+        for k in range(workers)
+    ]
+    for p in procs:
+        p.start()
+    interrupted = False
+    try:
+        _relay(events, procs, reporter)
+    except KeyboardInterrupt:  # workers in the same terminal got the SIGINT too; tell the others
+        interrupted = True
+        for p in procs:
+            if p.is_alive() and p.pid is not None:
+                os.kill(p.pid, signal.SIGINT)
+        for p in procs:
+            p.join()
+    codes = [p.exitcode for p in procs]
+    for k, code in enumerate(codes):
+        if code not in (0, 130):
+            reporter.on(Message(f"{label} {k} ended with exit code {code}; its unfinished {unit} is retried"))
+    return codes, interrupted or any(c == 130 for c in codes)
+
+
+def _worker_main(
+    request: RunRequest, worker: int, workers: int, threads: int | None, events: Any, optuna_verbosity: int
+) -> None:
+    """One worker process: the study's trials until it has n_trials, then its share of the reference runs; Optuna
+    logs as in the process that started it."""
+    race = partial(run_race, workers=workers)  # each wave of the race shared out among the workers
+
+    def work(reporter: RunReporter) -> int:
+        summary = run_study(request, reporter, reference_share=(worker, workers), race_runner=race)
+        return 130 if summary.interrupted else 0
+
+    # on a CPU the usable cores are shared out, not oversubscribed
+    threads = threads if threads is not None else process_threads(request.space, workers)
+    worker_process(work, worker, threads, events, optuna_verbosity)
 
 
 def run_workers(request: RunRequest, workers: int, reporter: Any, threads: int | None = None) -> StudyReport:
@@ -110,32 +166,7 @@ def run_workers(request: RunRequest, workers: int, reporter: Any, threads: int |
     # Workers resume the study by name: a derived name is fixed here, so that none derives another; n_trials
     # includes the trials of the maps enqueued here, which the workers find in the study (not enqueued again).
     request = dataclasses.replace(request, study_name=plan.name, n_trials=prepared.n_trials, enqueue_maps=())
-    ctx = mp.get_context("spawn")
-    events = ctx.Queue()
-    verbosity = optuna.logging.get_verbosity()  # a spawned process starts at Optuna's default
-    procs = [
-        ctx.Process(
-            target=_worker_main, args=(request, k, workers, threads, events, verbosity), name=f"ilr-search worker {k}"
-        )
-        for k in range(workers)
-    ]
-    for p in procs:
-        p.start()
-    interrupted = False
-    try:
-        _relay(events, procs, reporter)
-    except KeyboardInterrupt:  # workers in the same terminal got the SIGINT too; tell the others
-        interrupted = True
-        for p in procs:
-            if p.is_alive() and p.pid is not None:
-                os.kill(p.pid, signal.SIGINT)
-        for p in procs:
-            p.join()
-    codes = [p.exitcode for p in procs]
-    interrupted = interrupted or any(c == 130 for c in codes)
-    for k, code in enumerate(codes):
-        if code not in (0, 130):
-            reporter.on(Message(f"worker {k} ended with exit code {code}; its unfinished trial is retried"))
+    codes, interrupted = run_processes(_worker_main, request, workers, threads, reporter, "worker", "trial")
     if interrupted:
         from ilr_search.search.studies import summarize_stored
 
@@ -150,21 +181,15 @@ def _race_worker_main(
 ) -> None:
     """One race worker process: the study as the parent left it (trials and references done), and its share of
     each wave of the race, on `threads` torch threads; Optuna logs as in the process that started it."""
-    import torch
-
     from ilr_search.search.run import safe_name
     from ilr_search.storage import open_store, study_storage
 
-    optuna.logging.set_verbosity(optuna_verbosity)
-    stop_with_parent()
-    torch.set_num_threads(threads)
-    reporter = QueueReporter(events, worker)
-    try:
+    def work(reporter: RunReporter) -> int:
         with disk_full_is_reported():
             prepared = prepare_study(request)
             plan, study = prepared.plan, prepared.study
             store = open_store(prepared.spec, plan.name, storage=study_storage(study))
-            folder = request.checkpoints / safe_name(plan.name) / "audit"
+            folder = race_checkpoints(request.checkpoints / safe_name(plan.name))
             run_race(
                 plan,
                 study,
@@ -176,12 +201,9 @@ def _race_worker_main(
                 plan.space.search.max_race_steps,
                 workers=workers,
             )
-    except KeyboardInterrupt:
-        raise SystemExit(130) from None
-    except UserInputError as e:
-        reporter.on(Message(f"error: {e}"))
-        raise SystemExit(2) from e
-    raise SystemExit(0)
+        return 0
+
+    worker_process(work, worker, threads, events, optuna_verbosity)
 
 
 def race_in_workers(request: RunRequest, workers: int, threads: int = 1) -> RaceRunner:
@@ -192,36 +214,10 @@ def race_in_workers(request: RunRequest, workers: int, threads: int = 1) -> Race
     def runner(
         plan: Any, study: Any, store: Any, data: Any, reporter: RunReporter, folder: Path, fuse: int, max_steps: int
     ) -> None:
-
-        ctx = mp.get_context("spawn")
-        events = ctx.Queue()
         asked = dataclasses.replace(request, study_name=plan.name, enqueue_maps=())
-        verbosity = optuna.logging.get_verbosity()  # a spawned process starts at Optuna's default
-        procs = [
-            ctx.Process(
-                target=_race_worker_main,
-                args=(asked, k, workers, threads, events, verbosity),
-                name=f"ilr-search race worker {k}",
-            )
-            for k in range(workers)
-        ]
-        for proc in procs:
-            proc.start()
-        try:
-            _relay(events, procs, reporter)
-        except KeyboardInterrupt:
-            for proc in procs:
-                if proc.is_alive() and proc.pid is not None:
-                    os.kill(proc.pid, signal.SIGINT)
-            for proc in procs:
-                proc.join()
-            raise
-        codes = [proc.exitcode for proc in procs]
-        if any(code == 130 for code in codes):
+        codes, interrupted = run_processes(_race_worker_main, asked, workers, threads, reporter, "race worker", "run")
+        if interrupted:
             raise KeyboardInterrupt
-        for k, code in enumerate(codes):
-            if code != 0:
-                reporter.on(Message(f"race worker {k} ended with exit code {code}; its unfinished run is retried"))
         run_race(plan, study, store, data, reporter, folder, fuse, max_steps)  # what a dead worker left
 
     return runner

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+# Which command trains a race run: the study's race (`run`), or `audit`; the progress lines name it ("audit run: ...").
 RunKind = Literal["race", "audit"]
 
 

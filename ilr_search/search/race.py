@@ -46,7 +46,7 @@ from ilr_search.analysis.results import (
     trained_trials,
 )
 from ilr_search.analysis.trials import Trial, TrialRecord, trial_records
-from ilr_search.config import ModelConfig, SpaceConfig, TrainConfig
+from ilr_search.config import ModelConfig, SpaceConfig, TrainConfig, factor_key, race_target_steps
 from ilr_search.data.tokens import TokenData
 from ilr_search.knobs import config_key
 from ilr_search.search.plan import CONFIG_ATTR, LR_SCHEDULE_FIELDS, StudyPlan, safe_name
@@ -69,43 +69,31 @@ def race_settings(config: Mapping[str, Any], max_steps: int | None = None) -> Ra
     compute cap `max_steps` (None or 0: none)."""
     space = SpaceConfig.from_dict(config)
     base_steps, seed, search = space.train.steps, space.train.seed, space.search
-    target = max(base_steps, round(search.target * base_steps))
-    if search.race_policy == "fixed":
-        return RaceSettings(
-            base_steps,
-            target,
-            tuple(seed + i for i in range(search.race_seeds)),
-            max_contenders=search.race_contenders,
-            policy="fixed",
-            max_steps=max_steps or None,
-        )
+    fixed = search.race_policy == "fixed"
+    race = RaceSettings(
+        base_steps,
+        race_target_steps(search.target, base_steps),
+        tuple(seed + i for i in range(search.race_seeds if fixed else search.max_seeds)),
+        race_contenders=search.race_contenders,
+        policy="fixed" if fixed else "adaptive",
+        max_steps=max_steps or None,
+    )
+    if fixed:
+        return race
     model = space.model
     share = (param_count(dataclasses.replace(model, n_layers=model.n_layers + 1)) - param_count(model)) / param_count(
         model
     )
-    frozen = (
-        base_steps == 0
-    )  # a frozen study: a seed is a chunk of held-out windows, and there is no deeper plain model
-    return RaceSettings(
-        base_steps,
-        target,
-        tuple(seed + i for i in range(search.max_seeds)),
-        max_contenders=search.race_contenders,
-        policy="adaptive",
-        min_seeds=search.race_seeds,
-        screen=search.race_screen,
-        max_steps=max_steps or None,
+    # a frozen study: a seed is a chunk of held-out windows, and there is no deeper plain model
+    frozen = base_steps == 0
+    return dataclasses.replace(
+        race,
+        race_seeds=search.race_seeds,
+        race_screen=search.race_screen,
         equal_compute=search.equal_compute == "depth" and not frozen,
         layer_param_share=share,
         frozen=frozen,
     )
-
-
-def races(settings: RaceSettings) -> bool:
-    """Whether the race trains anything: a target beyond the proxy's length, or more than one seed (the adaptive
-    race's first test needs race_seeds > 1)."""
-    seeds = settings.min_seeds if settings.policy == "adaptive" else len(settings.seeds)
-    return settings.target_steps > settings.base_steps or seeds > 1
 
 
 def lr_schedule(config: Mapping[str, Any]) -> str:
@@ -116,14 +104,8 @@ def lr_schedule(config: Mapping[str, Any]) -> str:
     ).lr_schedule_text()
 
 
-def factor_key(steps: int, base_steps: int) -> str:
-    """The factor of a race run of `steps` steps, as the audit writes it too (`--factor 4` -> "4"); "0" for a frozen
-    study's runs (no step: an evaluation on a window chunk)."""
-    return f"{steps / base_steps:g}" if base_steps else "0"
-
-
 def race_run_job(job: RaceJob, base_steps: int) -> RaceRunJob:
-    return RaceRunJob(factor_key(job.steps, base_steps), job.seed, job.map_key)
+    return RaceRunJob(factor_key(job.steps / base_steps if base_steps else 0), job.seed, job.map_key)
 
 
 def stored_results(
@@ -328,7 +310,7 @@ def study_answer(
     """The study's answer line and details (analysis/answer.py): the race's, with the plain model's mean perplexity
     at the race's length and the screen's proxy-to-target rank agreement; where the race trains nothing, that no map
     was tested."""
-    if not races(settings):
+    if not settings.races:
         return unraced_answer(
             f"the race is off (one {replicate_unit(settings)} at the proxy's length, no test)", settings.base_steps
         )
@@ -351,7 +333,7 @@ def decided_points(trials: Sequence[Trial], settings: RaceSettings, state: RaceS
     """The front the study decided: the race's (each point at its raced length, with its seeds and interval)
     where the study races and the race has a front; the proxy's otherwise (the race off, or before it has its
     contenders: base results missing)."""
-    return state.front if races(settings) and state.front else proxy_points(trials, settings)
+    return state.front if settings.races and state.front else proxy_points(trials, settings)
 
 
 def decided_front(trials: Sequence[Trial], race: RaceReport | None) -> list[dict[str, Any]]:
@@ -393,18 +375,38 @@ def equal_compute_report(equal: Mapping[str, Any] | None, model: ModelConfig) ->
 # Training the runs (the race's and the audit's)
 
 
-def is_finished(store: Store, job: RaceRunJob) -> bool:
-    return any(r.job == job and r.state in FINAL_STATES for r in store.race_runs())
-
-
 def longer_train_config(train: TrainConfig, steps: int, seed: int) -> TrainConfig:
     """The proxy's training settings at another length and seed, with a checkpoint every eighth of the run."""
     return dataclasses.replace(train, steps=steps, seed=seed, checkpoint_every=max(1, steps // 8))
 
 
+RACE_FOLDER = "race"  # a study's race runs' checkpoints, in the study's checkpoint folder
+OLD_RACE_FOLDER = "audit"  # the same folder as studies run before it was named race have it
+
+
+def race_checkpoints(study_folder: Path) -> Path:
+    """The folder of a study's race runs' checkpoints (the race's and the audit's), in `study_folder`, the study's
+    own checkpoint folder."""
+    return study_folder / RACE_FOLDER
+
+
 def run_checkpoint(folder: Path, job: RaceRunJob) -> Path:
     """Where a run keeps its checkpoint: the same file for the race and the audit, so either resumes the other's."""
     return folder / f"{job.factor}x-seed{job.seed}-{safe_name(job.map_key.replace(',', '-'))}.pt"
+
+
+def adopt_old_checkpoint(checkpoint: Path) -> None:
+    """Move a run's checkpoint left in the old folder (OLD_RACE_FOLDER, beside RACE_FOLDER) to `checkpoint`, so that
+    a run of a study started before the rename resumes from it; nothing where there is none, or a newer one."""
+    old = checkpoint.parent.parent / OLD_RACE_FOLDER / checkpoint.name
+    if checkpoint.exists() or not old.exists():
+        return
+    checkpoint.parent.mkdir(parents=True, exist_ok=True)
+    old.replace(checkpoint)
+    try:
+        old.parent.rmdir()
+    except OSError:  # other runs' checkpoints are still there
+        pass
 
 
 @dataclass(frozen=True)
@@ -476,6 +478,8 @@ def train_claimed(
     )
 
     reporter.on(RunsStarted(tuple((r.job.map_key, r.train_cfg.steps, r.job.seed) for r in runs), kind))
+    for r in runs:
+        adopt_old_checkpoint(r.checkpoint)
     jobs = [
         Job(r.model, r.schedule or reuse_map_schedule(r.reuse_map), r.train_cfg, checkpoint=r.checkpoint) for r in runs
     ]
@@ -509,6 +513,39 @@ def train_claimed(
         reporter.on(RunFinished(r.job.map_key, r.train_cfg.steps, r.job.seed, finite_or_none(result.val_ppl), kind))
 
 
+def finished_jobs(store: Store) -> set[RaceRunJob]:
+    """The race runs with a final result (complete, or failed: diverged), which no worker trains again."""
+    return {r.job for r in store.race_runs() if r.state in FINAL_STATES}
+
+
+def new_worker() -> str:
+    """A name for this worker in the claims it holds: host, process and a random part."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def claim_train_wait(
+    claim: Callable[[], Sequence[ClaimedRun] | None],
+    train: Callable[[Sequence[ClaimedRun]], None],
+    reporter: RunReporter,
+    waiting: str,
+) -> None:
+    """The loop of the race and of the audit: `claim` claims the next group of runs (None: nothing is left that
+    this worker can train; empty: what is left is held by live workers), `train` trains a claimed group and stores
+    its results, and `claim` is asked again after each group (the results may change what is left). While the
+    rest is held by other workers, it waits for them (or for them to go stale, when their runs can be claimed),
+    saying `waiting` once a wait."""
+    waiting_said = False
+    while (claimed := claim()) is not None:
+        if claimed:
+            train(claimed)
+            waiting_said = False
+            continue
+        if not waiting_said:
+            reporter.on(Message(waiting))
+            waiting_said = True
+        time.sleep(min(2.0, heartbeat_interval()))
+
+
 RaceRunner = Callable[[StudyPlan, optuna.Study, Store, TokenData, RunReporter, Path, int, int], object]
 """What trains a study's race: run_race's first eight arguments (plan, study, store, data, reporter, checkpoint
 folder, fuse, max_steps)."""
@@ -530,18 +567,21 @@ def run_race(
     held by live workers are waited for. `max_steps`: the compute cap this run races under (stored with the study,
     so that reports read the race as this run left it; None: the study's last). `workers`: race workers sharing
     the runs, each taking at most its share of a wave."""
-    worker = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    worker = new_worker()
     train = dataclasses.replace(plan.space.train, dtype=plan.dtype)
     if max_steps is not None and study.user_attrs.get(RACE_CAP_ATTR) != max_steps:
         study.set_user_attr(RACE_CAP_ATTR, max_steps)
-    waiting_said = False
-    while True:
+    state: RaceState | None = None
+
+    def claim() -> list[ClaimedRun] | None:
+        """The next group the policy asks for: up to this worker's share of `fuse` runs of one length and model."""
+        nonlocal state
         trials = trial_records(study.get_trials(deepcopy=False))
         settings, results, state = study_race(trials, study.user_attrs, store.race_runs(), max_steps)
         have = {(r.map_key, r.steps, r.seed) for r in results}
         open_jobs = [j for j in state.next_jobs if (j.map_key, j.steps, j.seed) not in have]
-        if state.done or not open_jobs or not races(settings):
-            break  # (a race that is off trains nothing, not even a baseline that no trial trained)
+        if state.done or not open_jobs or not settings.races:
+            return None  # (a race that is off trains nothing, not even a baseline that no trial trained)
         by_key = trained_by_map(trials)
         limit = max(1, min(fuse, -(-len(open_jobs) // max(1, workers))))
         claimed: list[ClaimedRun] = []
@@ -560,23 +600,24 @@ def run_race(
             claimed.append(run)
             if not fusable(run.model):
                 break
-        if claimed:
-            train_claimed(store, claimed, worker, data, reporter)
-            waiting_said = False
-            continue  # the decision may change with these results: read everything again
-        if not held:  # only runs of maps no trial trained: this worker cannot train them
+        if not claimed and not held:  # only runs of maps no trial trained: this worker cannot train them
             reporter.on(
                 Message(
                     f"race: cannot train {', '.join(j.map_key for j in open_jobs)} (no trial of the study trained it)"
                 )
             )
-            break
-        if not waiting_said:  # what is left is held by live workers: wait for them (or for them to go stale)
-            reporter.on(Message("the race's remaining runs are being trained by other workers; waiting"))
-            waiting_said = True
-        time.sleep(min(2.0, heartbeat_interval()))
+            return None
+        return claimed
+
+    claim_train_wait(
+        claim,
+        lambda runs: train_claimed(store, runs, worker, data, reporter),
+        reporter,
+        "the race's remaining runs are being trained by other workers; waiting",
+    )
     try:
         checkpoint_folder.rmdir()
     except OSError:  # not empty (another worker's run), or not there
         pass
+    assert state is not None  # claim ran at least once
     return state

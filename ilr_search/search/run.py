@@ -58,7 +58,7 @@ from ilr_search.search.progress import (
     step_callback,
 )
 from ilr_search.search.pruners import build_pruner, pruner_settings
-from ilr_search.search.race import RaceRunner, run_race
+from ilr_search.search.race import RaceRunner, race_checkpoints, run_race
 from ilr_search.search.samplers import build_sampler, sampler_settings
 from ilr_search.search.studies import StudyReport, study_report
 from ilr_search.space import check_search_objective, validate_space
@@ -471,7 +471,7 @@ def _run_study(
                     store,
                     data,
                     reporter,
-                    run.checkpoint_root / "audit",
+                    race_checkpoints(run.checkpoint_root),
                     fuse,
                     plan.space.search.max_race_steps,
                 )

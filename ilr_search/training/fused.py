@@ -49,7 +49,7 @@ from ilr_search.records import TrainLossPoint
 from ilr_search.training.checkpoint import load_checkpoint, save_checkpoint
 from ilr_search.training.device import compiled_once
 from ilr_search.training.loss import linear_cross_entropy
-from ilr_search.training.model import ILRTransformer, alibi_bias, apply_rope, branch_scales, rope_tables
+from ilr_search.training.model import ILRTransformer, alibi_bias, attend, branch_scales, rope_tables
 from ilr_search.training.train import (
     SYNC_EVERY,
     EvalPoint,
@@ -142,10 +142,11 @@ def fused_layer(
     n_heads: int,
     eps: float,
 ) -> Tensor:
-    """DecoderLayer.forward for m members at once: x (m, B, T, D); `weights`, each member's layer parameters
-    (m, *shape) in FUSED_LAYER_WEIGHTS order; rope_tables' (cos, sin) or None; `rope_rotation`, the same angles
-    as cos + i sin (T, 1, 1, pairs), or None for apply_rope's real arithmetic; the ALiBi bias or None; each
-    member's factor on its residual branches (m, 1, 1, 1) or None (added as they are).
+    """DecoderLayer.forward for m members at once (its attention: model.attend over the m x B sequences): x
+    (m, B, T, D); `weights`, each member's layer parameters (m, *shape) in FUSED_LAYER_WEIGHTS order;
+    rope_tables' (cos, sin) or None; `rope_rotation`, the same angles as cos + i sin (T, 1, 1, pairs), or None
+    for apply_rope's real arithmetic; the ALiBi bias or None; each member's factor on its residual branches
+    (m, 1, 1, 1) or None (added as they are).
 
     A pure function of tensors and two constants (n_heads, eps), so that compiled_fused_layer's one graph per
     shape serves every map and every group of the process."""
@@ -164,15 +165,10 @@ def fused_layer(
         pairs = torch.view_as_complex(qkv[:, :, :2].unflatten(-1, (-1, 2)))
         qk = torch.view_as_real(pairs * rope_rotation).flatten(-2)
         q, k, v = qk[:, :, 0].transpose(1, 2), qk[:, :, 1].transpose(1, 2), qkv[:, :, 2].transpose(1, 2)
+        rope = None  # applied here
     else:
         q, k, v = qkv.permute(2, 0, 3, 1, 4)
-        if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-    if alibi is None:
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    else:  # the ALiBi bias already holds the causal mask
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=alibi.to(q.dtype))
-    y = y.transpose(1, 2).reshape(m, B * T, D)
+    y = attend(q, k, v, rope, alibi).reshape(m, B * T, D)  # the m x B sequences in one call
     x = x + branch(torch.bmm(y, proj_weight.transpose(1, 2)).view(m, B, T, D))
     h = F.rms_norm(x, (D,), eps=eps) * mlp_norm[:, None, None, :]
     gate, up = torch.bmm(h.reshape(m, B * T, D), gate_up_weight.transpose(1, 2)).chunk(2, -1)

@@ -67,16 +67,33 @@ class Attention(nn.Module):
         k = k.view(B, T, self.kv_heads, self.head_size).transpose(1, 2)
         v = v.view(B, T, self.kv_heads, self.head_size).transpose(1, 2)
         q, k = self.q_norm(q), self.k_norm(k)
-        if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        if self.kv_heads != self.n_heads:  # each key/value head serves n_heads / kv_heads query heads
-            k = k.repeat_interleave(self.n_heads // self.kv_heads, dim=1)
-            v = v.repeat_interleave(self.n_heads // self.kv_heads, dim=1)
-        if alibi is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:  # the ALiBi bias already holds the causal mask (-inf above the diagonal)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=alibi.to(q.dtype))
-        return self.proj(y.transpose(1, 2).reshape(B, T, self.q_dim))
+        return self.proj(attend(q, k, v, rope, alibi))
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    rope: tuple[torch.Tensor, torch.Tensor] | None,
+    alibi: torch.Tensor | None,
+) -> torch.Tensor:
+    """Causal attention of queries q (N, n_heads, T, head_size) over keys and values k, v (N, kv_heads, T,
+    head_size): RoPE on q and k where `rope` (rope_tables' cos, sin) is given, each key/value head serving
+    n_heads / kv_heads query heads, then the ALiBi bias (which holds the causal mask) or the causal mask. Returns
+    (N, T, n_heads * head_size), the heads side by side. Attention.forward calls it with N its batch, the fused
+    trainer (fused_layer) with N members x batch."""
+    if rope is not None:
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+    n_heads, kv_heads = q.shape[1], k.shape[1]
+    if kv_heads != n_heads:
+        k = k.repeat_interleave(n_heads // kv_heads, dim=1)
+        v = v.repeat_interleave(n_heads // kv_heads, dim=1)
+    if alibi is None:
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    else:  # the ALiBi bias already holds the causal mask (-inf above the diagonal)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=alibi.to(q.dtype))
+    N, _, T, head_size = y.shape
+    return y.transpose(1, 2).reshape(N, T, n_heads * head_size)
 
 
 class SwiGLU(nn.Module):

@@ -18,7 +18,7 @@ from ilr_search.analysis.racing import RaceSettings, benjamini_hochberg, race_st
 from ilr_search.analysis.stats import decision_level, paired_comparison
 from ilr_search.commands.bench.pruning import default_pruner_settings, replay_pruning
 from ilr_search.commands.bench.truth import TruthTable
-from ilr_search.config import SearchConfig
+from ilr_search.config import RACE_POLICIES, RacePolicy, SearchConfig
 from ilr_search.errors import UserInputError
 
 
@@ -58,23 +58,25 @@ def _claims_and_regret(
     return false, regret
 
 
-RACE_POLICIES = {"race": "adaptive", "race-fixed": "fixed"}  # --policy name -> RaceSettings.policy
-POLICIES = (*RACE_POLICIES, "today", "none")
-FIXED_REPLAY = RaceSettings(0, 0, policy="fixed", max_contenders=6)  # the fixed race as replays measured it
+# the races a replay's --policy names, each for a racing policy: "race" (the adaptive race, a study's default) and
+# "race-fixed"
+REPLAY_RACES: dict[str, RacePolicy] = {("race" if p == "adaptive" else f"race-{p}"): p for p in RACE_POLICIES}
+POLICIES = (*REPLAY_RACES, "today", "none")
+FIXED_REPLAY = RaceSettings(0, 0, policy="fixed", race_contenders=6)  # the fixed race as replays measured it
 # the adaptive race as a default study races it
 ADAPTIVE_REPLAY = RaceSettings(
     0,
     0,
     policy="adaptive",
-    max_contenders=SearchConfig().race_contenders,
-    min_seeds=SearchConfig().race_seeds,
-    screen=SearchConfig().race_screen,
+    race_contenders=SearchConfig().race_contenders,
+    race_seeds=SearchConfig().race_seeds,
+    race_screen=SearchConfig().race_screen,
 )
 
 
 def race_template(policy: str = "race", **changes: Any) -> RaceSettings:
     """The race settings a replay of `--policy` uses (base, target and seeds are the table's), with `changes`."""
-    template = FIXED_REPLAY if RACE_POLICIES[policy] == "fixed" else ADAPTIVE_REPLAY
+    template = FIXED_REPLAY if REPLAY_RACES[policy] == "fixed" else ADAPTIVE_REPLAY
     return dataclasses.replace(template, **{k: v for k, v in changes.items() if v is not None})
 
 
@@ -114,7 +116,7 @@ def replay_race(
         if len(p.seeds) >= 2
         and p.interval[0] <= math.exp(table.seed_mean(p.map_key, target) or math.nan) <= p.interval[1]
     ]
-    name = next(k for k, v in RACE_POLICIES.items() if v == settings.policy)
+    name = next(k for k, v in REPLAY_RACES.items() if v == settings.policy)
     return PolicyReplay(
         name,
         order_seed,
@@ -223,8 +225,8 @@ def replay_policy(
     if len(table.lengths) < 2:
         raise UserInputError(f"truth table {str(path)!r} has one length ({table.lengths[0]} steps); a race needs two")
     race = (
-        race_template(policy, confidence=confidence, max_contenders=max_contenders, **race_changes)
-        if policy in RACE_POLICIES
+        race_template(policy, confidence=confidence, race_contenders=max_contenders, **race_changes)
+        if policy in REPLAY_RACES
         else None
     )
     runs = [

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ilr_search.analysis.racing import RaceSettings
-from ilr_search.commands.bench.policy import RACE_POLICIES, race_template, replay_race
+from ilr_search.commands.bench.policy import REPLAY_RACES, race_template, replay_race
 from ilr_search.commands.bench.truth import TruthTable, null_table, planted
 from ilr_search.errors import UserInputError
 
@@ -177,9 +177,9 @@ def power_report(
             name: {
                 "policy": race.policy,
                 "seeds": n_seeds.get(name),
-                "max_contenders": race.max_contenders,
-                "min_seeds": race.min_seeds,
-                "screen": race.screen,
+                "max_contenders": race.race_contenders,
+                "min_seeds": race.race_seeds,
+                "screen": race.race_screen,
                 "max_steps": race.max_steps,
                 "futility": race.futility,
                 "test": race.test,
@@ -187,7 +187,7 @@ def power_report(
             }
             for name, race in settings.items()
         },
-        "policies": sorted(RACE_POLICIES),
+        "policies": sorted(REPLAY_RACES),
         "rows": [r.to_dict() for r in rows],
     }
 
@@ -203,7 +203,7 @@ def power_command(
     against: str = "baseline",
 ) -> dict[str, Any]:
     """`ilr-search bench power`: the flags checked (one error each, before any replay), then power_report."""
-    if policy not in (*RACE_POLICIES, "both"):
+    if policy not in (*REPLAY_RACES, "both"):
         raise UserInputError(f"unknown --policy {policy!r}; use race, race-fixed or both")
     constant = parse_deltas(deltas)
     crossed = parse_deltas(crossing) if crossing.strip() else ()
