@@ -74,9 +74,9 @@ def test_a_large_gap_is_claimed_early_and_a_map_that_cannot_win_stops_early():
         f"screen's, Holm over 2 map(s); differences: map minus baseline): 2,1,1,1 {ppl:.4f} ppl vs {base_ppl:.4f} ({ppl - base_ppl:+.4f} ppl, "
         f"{100 * (ppl / base_ppl - 1):+.2f}%; loss difference {c.mean_diff:+.4f}, 90% interval "
         f"{c.interval[0]:+.4f} to {c.interval[1]:+.4f}, p={c.p_value:.3g} over {c.n} seeds); "
-        f"gaps of {state.detectable_gap['ppl']:.4f} ppl ({state.detectable_gap['nats']:.4f} nats) or more would have "
-        f"been seen with 80% power ({state.detectable_gap['seeds']} test seeds, paired sd "
-        f"{state.detectable_gap['sd_diff']:.4f}); the race trained {state.compute_steps} steps; it stopped because "
+        f"gaps of {state.detectable_gap.ppl:.4f} ppl ({state.detectable_gap.nats:.4f} nats) or more would have "
+        f"been seen with 80% power ({state.detectable_gap.seeds} test seeds, paired sd "
+        f"{state.detectable_gap.sd_diff:.4f}); the race trained {state.compute_steps} steps; it stopped because "
         f"every comparison decided")
 
 
@@ -85,12 +85,12 @@ def test_nothing_distinguishable_says_the_gap_it_would_have_seen():
                                     [BASE, "2,1,1,1", "1,2,1,1"])
     assert state.done and state.confirmed_better == () and state.best == BASE
     gap = state.detectable_gap
-    assert gap is not None and gap["nats"] > 0 and gap["ppl"] > 0 and gap["power"] == 0.8
+    assert gap is not None and gap.nats > 0 and gap.ppl > 0 and gap.power == 0.8
     assert state.verdict.startswith("nothing here is distinguishable from the baseline at 400 steps with ")
     assert ("test seeds after the screening seed (90% confidence; differences: map minus baseline); gaps of "
             in state.verdict)
-    assert (f"gaps of {gap['ppl']:.4f} ppl ({gap['nats']:.4f} nats) or more would have been seen with 80% power "
-            f"({gap['seeds']} test seeds, paired sd {gap['sd_diff']:.4f})") in state.verdict
+    assert (f"gaps of {gap.ppl:.4f} ppl ({gap.nats:.4f} nats) or more would have been seen with 80% power "
+            f"({gap.seeds} test seeds, paired sd {gap.sd_diff:.4f})") in state.verdict
     assert "closest " in state.verdict and "would show" in state.verdict and "beats" in state.verdict
     assert state.verdict.endswith(f"the race trained {state.compute_steps} steps; it stopped because {state.stopped}")
 
@@ -148,9 +148,9 @@ def test_the_equal_compute_reference_trains_at_the_best_contenders_seeds():
     assert len(deep) == 1 and all(k == "deep5" for k, _, _ in deep[0])  # one wave, after the contenders decided
     assert seeds_of(evaluations, "deep5") == seeds_of(evaluations, "2,1,1,1")
     equal = state.equal_compute
-    assert equal["reference"] == "deep5" and equal["layers"] == 5 and equal["map"] == "2,1,1,1"
-    assert equal["params_ratio"] == pytest.approx(1.2)
-    assert equal["map_minus_reference"]["mean_diff"] == pytest.approx(-0.2, abs=0.03)
+    assert equal.deep_key == "deep5" and equal.layers == 5 and equal.map == "2,1,1,1"
+    assert equal.params_ratio == pytest.approx(1.2)
+    assert equal.map_minus_deep.mean_diff == pytest.approx(-0.2, abs=0.03)
     assert "2,1,1,1 against a plain 5-layer model of the same compute (deep5, 1.20x the parameters): " in state.verdict
     assert "deep5" not in {c.map_key for c in state.comparisons}  # a reference, not a contender
 

@@ -205,7 +205,7 @@ class Chaos:
             lost_trials=lost,
             trained_twice={k: v for k, v in trained.items() if v > 1},
             left_running=[t.number for t in trials.values() if t.state == TrialState.RUNNING],
-            front_mismatch=stored != [p["trial"] for p in study_front(list(trials.values()))],
+            front_mismatch=stored != [p.trial for p in study_front(list(trials.values()))],
             kills=[f"{w.name}:{w.killed}" for w in self.workers if w.killed],
             n_finished=sum(has_result(t) for t in trials.values()),
             seconds=seconds,
