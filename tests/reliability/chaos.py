@@ -198,7 +198,7 @@ class Chaos:
                           if t.state == TrialState.COMPLETE and t.user_attrs.get("steps", 0) > 0
                           and "reused_from" not in t.user_attrs)
         history = open_store(parse_storage(self.storage), "chaos", read_only=True).front_history()
-        stored = [p["trial"] for p in history[max(history)]] if history else []
+        stored = [p.trial for p in history[max(history)]] if history else []
         return ChaosResult(
             crashed_survivors=[f"{w.name}: rc {w.proc.returncode}\n{''.join(w.lines[-20:])}" for w in self.workers
                                if not w.killed and w.proc.returncode != 0],
