@@ -37,6 +37,7 @@ from ilr_search.analysis.results import (
 )
 from ilr_search.analysis.stats import groups_differ, paired_comparison, rank_agreement
 from ilr_search.analysis.trials import Trial, trained_results, trial_records
+from ilr_search.knobs import KnobValue
 from ilr_search.storage import RaceRun
 
 AGREE_SPEARMAN = 0.8  # "the proxy ranks as longer training does"
@@ -143,7 +144,7 @@ class BestRecurrent:
     map: str
     val_ppl: float
     flops_ratio: float
-    knobs: Mapping[str, Any]
+    knobs: Mapping[str, KnobValue]
     on_front: bool
 
     def to_dict(self) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from ilr_search.commands.events import (
 
 if TYPE_CHECKING:
     from ilr_search.commands.export import ExportedModel
+    from ilr_search.commands.report import ExportedTable
     from ilr_search.commands.studies import Fidelity, FrontRow, StudyListing, StudyReport
 
 
@@ -734,14 +735,13 @@ def print_studies(listing: StudyListing) -> None:
         out.print(f"{s.study}: {s.answer}", markup=False, highlight=False)
 
 
-def print_export(report: dict[str, Any]) -> None:
-    references, runs = report.get("references", 0), report.get("race_runs", 0)
+def print_export(report: ExportedTable) -> None:
     out.print(
-        f"wrote {report['rows'] - references - runs} trials, {references} reference runs and {runs} race runs "
-        f"to {report['out']}"
+        f"wrote {report.trials} trials, {report.references} reference runs and {report.race_runs} race runs "
+        f"to {report.out}"
     )
-    if report.get("curves_out"):
-        out.print(f"wrote {report['curve_points']} curve points to {report['curves_out']}")
+    if report.curves_out is not None:
+        out.print(f"wrote {report.curve_points} curve points to {report.curves_out}")
 
 
 def print_export_model(report: ExportedModel) -> None:

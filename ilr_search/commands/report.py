@@ -7,6 +7,7 @@ import json
 import os
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -259,9 +260,40 @@ def _write_table(path: Path, frame: Any) -> None:
         _atomic_write(path, lambda p: frame.to_parquet(p, index=False))
 
 
+@dataclass(frozen=True)
+class ExportedTable:
+    """What `export` wrote: the table `out` of `rows` rows (the trials, then `references` reference runs and
+    `race_runs` race runs), and where asked the curves table `curves_out` of `curve_points` points. to_json is
+    `export --json`."""
+
+    study: str
+    out: Path
+    rows: int
+    references: int
+    race_runs: int
+    curves_out: Path | None = None
+    curve_points: int = 0
+
+    @property
+    def trials(self) -> int:
+        return self.rows - self.references - self.race_runs
+
+    def to_json(self) -> dict[str, Any]:
+        report: dict[str, Any] = {
+            "study": self.study,
+            "out": str(self.out),
+            "rows": self.rows,
+            "references": self.references,
+            "race_runs": self.race_runs,
+        }
+        if self.curves_out is not None:
+            report |= {"curves_out": str(self.curves_out), "curve_points": self.curve_points}
+        return report
+
+
 def export_trials(
     study_name: str, storage: str | None, out: str | Path, curves_out: str | Path | None = None
-) -> dict[str, Any]:
+) -> ExportedTable:
     """One row per trial (map, state, objectives, parameters, steps, seed, pruning rung, durations), per reference
     run, and per race run (state RACE_RUN: map, factor, steps, seed, result and `run_state`, every one stored,
     whatever its state) as CSV or parquet, integer columns as integers; with `curves_out`, the learning curves
@@ -348,16 +380,10 @@ def export_trials(
     frame = integer_frame(records)
     _write_table(path, frame)
     n_references = sum(r["state"] == "REFERENCE" for r in records)
-    report = {
-        "study": study_name,
-        "out": str(path),
-        "rows": len(frame),
-        "references": n_references,
-        "race_runs": len(runs),
-    }
+    report = ExportedTable(study_name, path, len(frame), n_references, len(runs))
     if curves_path is not None:
         columns = [f.name for f in dataclasses.fields(CurveRow)]
         curves = integer_frame([dataclasses.asdict(r) for r in curve_rows(study, store)], columns)
         _write_table(curves_path, curves)
-        report |= {"curves_out": str(curves_path), "curve_points": len(curves)}
+        report = dataclasses.replace(report, curves_out=curves_path, curve_points=len(curves))
     return report
