@@ -5,8 +5,15 @@ import math
 import re
 
 from ilr_search.analysis.answer import Trust, race_answer, side, unraced_answer
-from ilr_search.analysis.race_core import (CANNOT_WIN, Comparison, DetectableGap, FrontPoint, RaceJob, RaceSettings,
-                                           RaceState)
+from ilr_search.analysis.race_core import (
+    CANNOT_WIN,
+    Comparison,
+    DetectableGap,
+    FrontPoint,
+    RaceJob,
+    RaceSettings,
+    RaceState,
+)
 
 BASE = "1,1,1,1"
 SETTINGS = RaceSettings(100, 400, seeds=tuple(range(6)))

@@ -40,8 +40,8 @@ def test_tables_at_80_columns_keep_maps_and_study_names_whole(monkeypatch):
     maps = [[4, 2, 1, 1, 1, 1, 1, 1], [1, 3, 2, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1, 1]]
     names = ["ilr-L8-d32-rope-stdlib-byte-1.5x-838912f6", "ilr-L8-d32-rope-stdlib-bpe1024-2x-12345678"]
     knobs = {"injection": "add", "iteration_norms": True}
-    rows = [TrialRow(TrialRecord(i, TrialState.COMPLETE, reuse_map=tuple(m), knobs=knobs if i else {}, flops_ratio=1.476,
-                                 val_ppl=5.8234, val_bpb=1.234, steps=1000), (), ())
+    rows = [TrialRow(TrialRecord(i, TrialState.COMPLETE, reuse_map=tuple(m), knobs=knobs if i else {},
+                                 flops_ratio=1.476, val_ppl=5.8234, val_bpb=1.234, steps=1000), (), ())
             for i, m in enumerate(maps)]
     answer = Answer("use 4,2,1,1,1,1,1,1: 0.08 ppl better than the plain model (90% interval 0.03 to 0.13), 6 seeds "
                     "at 2000 steps", ("closest contender: 1,3,2,1,1,1,1,1 better by 0.02 ppl than the plain model",))
