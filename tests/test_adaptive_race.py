@@ -77,8 +77,8 @@ def test_a_large_gap_is_claimed_early_and_a_map_that_cannot_win_stops_early():
         f"recurrence beats the baseline at 400 steps (90% confidence, sequential paired tests on seeds after the "
         f"screen's, Holm over 2 map(s)): 2,1,1,1 better by {gain:.2f} ppl than the baseline (90% interval "
         f"{low:.2f} to {high:.2f}, p={c.p_value:.3g}, {c.n} test seeds); "
-        f"gaps of {state.detectable_gap['ppl']:.2f} ppl or more would have been seen with 80% power "
-        f"({state.detectable_gap['seeds']} test seeds); the race trained {state.compute_steps} steps; it stopped "
+        f"gaps of {state.detectable_gap.ppl:.2f} ppl or more would have been seen with 80% power "
+        f"({state.detectable_gap.seeds} test seeds); the race trained {state.compute_steps} steps; it stopped "
         f"because every comparison decided")
 
 
@@ -87,11 +87,11 @@ def test_nothing_distinguishable_says_the_gap_it_would_have_seen():
                                     [BASE, "2,1,1,1", "1,2,1,1"])
     assert state.done and state.confirmed_better == () and state.best == BASE
     gap = state.detectable_gap
-    assert gap is not None and gap["nats"] > 0 and gap["ppl"] > 0 and gap["power"] == 0.8
+    assert gap is not None and gap.nats > 0 and gap.ppl > 0 and gap.power == 0.8
     assert state.verdict.startswith("nothing here is distinguishable from the baseline at 400 steps with ")
     assert "test seeds (90% confidence); gaps of " in state.verdict
-    assert (f"gaps of {gap['ppl']:.2f} ppl or more would have been seen with 80% power "
-            f"({gap['seeds']} test seeds)") in state.verdict
+    assert (f"gaps of {gap.ppl:.2f} ppl or more would have been seen with 80% power "
+            f"({gap.seeds} test seeds)") in state.verdict
     assert "closest " in state.verdict and "would show" in state.verdict and "beats" in state.verdict
     assert "better by" in state.verdict or "worse by" in state.verdict or "level with" in state.verdict
     assert state.verdict.endswith(f"the race trained {state.compute_steps} steps; it stopped because {state.stopped}")
@@ -150,15 +150,15 @@ def test_the_equal_compute_reference_trains_at_the_best_contenders_seeds():
     assert len(deep) == 1 and all(k == "deep5" for k, _, _ in deep[0])  # one wave, after the contenders decided
     assert seeds_of(evaluations, "deep5") == seeds_of(evaluations, "2,1,1,1")
     equal = state.equal_compute
-    assert equal["reference"] == "deep5" and equal["layers"] == 5 and equal["map"] == "2,1,1,1"
-    assert equal["params_ratio"] == pytest.approx(1.2)
-    assert equal["map_minus_reference"]["mean_diff"] == pytest.approx(-0.2, abs=0.03)
-    d = equal["map_minus_reference"]
-    assert d["ppl_diff"] == pytest.approx(d["reference_ppl"] * (math.exp(d["mean_diff"]) - 1))  # paired, as ppl
-    assert (f"2,1,1,1 better by {-d['ppl_diff']:.2f} ppl than deep5, a plain 5-layer model of the same compute, "
+    assert equal.deep_key == "deep5" and equal.layers == 5 and equal.map == "2,1,1,1"
+    assert equal.params_ratio == pytest.approx(1.2)
+    d = equal.map_minus_deep
+    assert d.mean_diff == pytest.approx(-0.2, abs=0.03)
+    assert d.ppl_diff == pytest.approx(d.deep_ppl * (math.exp(d.mean_diff) - 1))  # paired, as ppl
+    assert (f"2,1,1,1 better by {-d.ppl_diff:.2f} ppl than deep5, a plain 5-layer model of the same compute, "
             "1.20x the parameters (90% interval ") in state.verdict
     details = race_answer(state, settings, BASE, 10.0).details  # the answer's list says the same, in the same words
-    assert any(line.startswith(f"equal compute: 2,1,1,1 better by {-d['ppl_diff']:.2f} ppl than a plain 5-layer model "
+    assert any(line.startswith(f"equal compute: 2,1,1,1 better by {-d.ppl_diff:.2f} ppl than a plain 5-layer model "
                                "of the same compute (deep5, 1.20x the parameters; 90% interval ") for line in details)
     assert "deep5" not in {c.map_key for c in state.comparisons}  # a reference, not a contender
 

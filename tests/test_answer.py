@@ -5,11 +5,19 @@ import math
 import re
 
 from ilr_search.analysis.answer import Trust, race_answer, side, unraced_answer
-from ilr_search.analysis.race_core import CANNOT_WIN, Comparison, FrontPoint, RaceJob, RaceSettings, RaceState
+from ilr_search.analysis.race_core import (
+    CANNOT_WIN,
+    Comparison,
+    DetectableGap,
+    FrontPoint,
+    RaceJob,
+    RaceSettings,
+    RaceState,
+)
 
 BASE = "1,1,1,1"
 SETTINGS = RaceSettings(100, 400, seeds=tuple(range(6)))
-GAP = {"nats": 0.02, "ppl": 0.21, "power": 0.8, "seeds": 5, "sd_diff": 0.01, "level": 0.05}
+GAP = DetectableGap(nats=0.02, ppl=0.21, power=0.8, seeds=5, sd_diff=0.01, level=0.05)
 SIGNED = re.compile(r"(?<![\w.])[+-]\d")  # a number with a bare sign
 
 

@@ -26,23 +26,30 @@ def test_flags_show_no_bool_metavar(cli, command):
 
 
 def test_tables_at_80_columns_keep_maps_and_study_names_whole(monkeypatch):
+    from optuna.trial import TrialState
+
     from ilr_search.analysis.answer import Answer
+    from ilr_search.analysis.fidelity import Fidelity
+    from ilr_search.analysis.results import TrialRow
+    from ilr_search.analysis.trials import TrialRecord
     from ilr_search.cli import ui
-    from ilr_search.search.studies import StudyReport, TrialListing
+    from ilr_search.search.studies import StudyListing, StudyReport, StudySummary, TrialListing
 
     console = Console(width=80, file=io.StringIO(), record=True)
     monkeypatch.setattr(ui, "out", console)
     maps = [[4, 2, 1, 1, 1, 1, 1, 1], [1, 3, 2, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1, 1]]
     names = ["ilr-L8-d32-rope-stdlib-byte-1.5x-838912f6", "ilr-L8-d32-rope-stdlib-bpe1024-2x-12345678"]
-    rows = [{"trial": i, "state": "COMPLETE", "reuse_map": m, "knobs": "injection=add,iteration_norms" if i else None,
-             "flops_ratio": 1.476, "val_ppl": 5.8234, "val_bpb": 1.234, "steps": 1000, "pruned_at_step": None}
+    knobs = {"injection": "add", "iteration_norms": True}
+    rows = [TrialRow(TrialRecord(i, TrialState.COMPLETE, reuse_map=tuple(m), knobs=knobs if i else {},
+                                 flops_ratio=1.476, val_ppl=5.8234, val_bpb=1.234, steps=1000), (), ())
             for i, m in enumerate(maps)]
     answer = Answer("use 4,2,1,1,1,1,1,1: 0.08 ppl better than the plain model (90% interval 0.03 to 0.13), 6 seeds "
                     "at 2000 steps", ("closest contender: 1,3,2,1,1,1,1,1 better by 0.02 ppl than the plain model",))
     ui.print_trials(StudyReport(study=names[0], storage="sqlite:///s.db", trials=(), references={}, race=None,
-                                fidelity={}, answer=answer, listing=TrialListing(tuple(rows), (), ())))
-    ui.print_studies({"studies": [{"study": n, "n_trials": 18, "n_complete": 13, "budget": "1.5x", "layers": 8,
-                                   "best_val_ppl": 5.812, "answer": answer.line} for n in names]})
+                                fidelity=Fidelity((), None, None, None, (), ""), answer=answer,
+                                listing=TrialListing(tuple(rows), (), ())))
+    ui.print_studies(StudyListing(tuple(StudySummary(n, 18, 13, "1.5x", 8, None, 5.812, None, answer.line)
+                                        for n in names)))
     text = console.export_text()
     lines = text.splitlines()
     assert max(len(line) for line in lines) <= 80

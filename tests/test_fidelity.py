@@ -262,7 +262,7 @@ def test_audit_report_precision_recall_and_pruned_maps(small_study):
     audit_front = {k for k in keys if not any(audit_ppl[j] <= audit_ppl[k] and ratio[j] <= ratio[k]
                                               and (audit_ppl[j], ratio[j]) != (audit_ppl[k], ratio[k]) for j in keys)}
     numbers = {t.number: t.user_attrs["map_key"] for t in trials}
-    proxy_front = {numbers[p["trial"]] for p in study_front(trials)}
+    proxy_front = {numbers[p.trial] for p in study_front(trials)}
     hits = len(proxy_front & audit_front)
     assert audit_front and proxy_front
     assert report.front_recall == pytest.approx(hits / len(audit_front))

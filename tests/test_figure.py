@@ -2,7 +2,9 @@
 to the complete trials, points at one FLOP ratio spread with hover for the map, labels that do not overlap, and
 a width that follows the page."""
 
+from ilr_search.analysis.fidelity import NoiseBand
 from ilr_search.analysis.plots import label_positions, pareto_figure
+from ilr_search.analysis.results import FrontRow
 
 
 def _row(trial, state, reuse_map, ratio, ppl, pruned_at=None):
@@ -28,7 +30,7 @@ def _trace(fig, name):
 
 def test_pruned_trials_are_apart_and_the_axis_fits_the_complete_ones():
     rows = _rows()
-    fig = pareto_figure("s", rows, [], {"spread": 0.1, "min_ppl": 6.05, "max_ppl": 6.15, "n_seeds": 3})
+    fig = pareto_figure("s", rows, [], NoiseBand((6.05, 6.1, 6.15)))
     low, high = fig.layout.yaxis.range
     complete = [r["plot_ppl"] for r in rows if r["state"] == "COMPLETE"]
     assert low <= min(complete) and max(complete) <= high < 14.9
@@ -68,7 +70,7 @@ def test_a_curves_panel_draws_each_trained_trials_curve_with_the_front_in_colour
     rows = _rows()
     for r in rows:  # curves that cross: the first trial starts ahead and ends behind
         r["curve"] = [(10, 3.0 + 0.01 * r["trial"]), (20, 2.5 - 0.01 * r["trial"])] if r["state"] != "FAIL" else []
-    front = [{"trial": 0, "reuse_map": [1] * 8, "flops_ratio": 1.0, "val_ppl": 6.1, "knobs": None}]
+    front = [FrontRow(0, (1,) * 8, "1,1,1,1,1,1,1,1", None, 1.0, 6.1, None, None)]
     fig = pareto_figure("s", rows, front, None)
     def curve_lines(figure):
         return [t for t in figure.data if t.hovertext and ": loss " in str(t.hovertext[0])]

@@ -93,7 +93,8 @@ def test_front_equals_brute_force_on_random_points():
         expected = {points[i] for i in brute_force_front(points)}
         assert {points[i] for i in non_dominated(points)} == expected
         rows = [{"val_ppl": y, "flops_ratio": x} for y, x in points]
-        assert {(r["val_ppl"], r["flops_ratio"]) for r in pareto_front(rows)} == expected
+        front = pareto_front(rows, lambda r: (r["val_ppl"], r["flops_ratio"]))
+        assert {(r["val_ppl"], r["flops_ratio"]) for r in front} == expected
 
 
 def test_a_retried_map_with_another_loss_at_the_rung_is_judged_on_its_own_loss():

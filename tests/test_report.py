@@ -69,7 +69,7 @@ def test_stored_front_equals_brute_force_on_the_real_study(pruned_study, cli):
     points = [(t.user_attrs["val_ppl"], t.user_attrs["flops_ratio"]) for t in complete]
     brute = {complete[i].number for i, p in enumerate(points)
              if not any(q[0] <= p[0] and q[1] <= p[1] and q != p for q in points)}
-    assert {p["trial"] for p in study_front(study.trials)} == brute
+    assert {p.trial for p in study_front(study.trials)} == brute
     with sqlite3.connect(db) as conn:
         last = conn.execute("SELECT MAX(n_complete) FROM ilr_fronts").fetchone()[0]
         stored = {r[0] for r in conn.execute("SELECT trial_number FROM ilr_fronts WHERE n_complete = ?", (last,))}

@@ -22,7 +22,7 @@ def test_the_front_is_printed_only_when_it_changed_and_references_have_their_own
     for n in range(1, len(trials) + 1):  # the front after each finished trial, as the run saw it
         if not has_result(trials[n - 1]):
             continue
-        front = [p["trial"] for p in study_front(trials[:n])]
+        front = [p.trial for p in study_front(trials[:n])]
         if front and front != (fronts[-1] if fronts else None):
             changes += 1
         fronts.append(front)

@@ -68,3 +68,21 @@ def test_run_audit_and_reports_open_no_engine_beside_optunas(tmp_path, token_cac
     assert len(store_engines) >= 5  # prepare + run, audit, pareto, export
     assert all(any(e is o for o in optuna_engines) for e in store_engines)
     assert sa.inspect(store_engines[0]).has_table("ilr_map_claims")
+
+
+@pytest.mark.parametrize("url", ["sqlite", "journal"])
+def test_pruning_records_and_fronts_read_back_as_records_on_both_stores(url, tmp_path):
+    """What a store keeps of a pruned trial and of a front comes back as typed records, the same on SQL and on a
+    journal file."""
+    from ilr_search.storage.store import PruningRecord, StoredFrontPoint
+
+    spec = parse_storage(f"sqlite:///{tmp_path / 's.db'}" if url == "sqlite" else f"journal:{tmp_path / 'j.log'}")
+    optuna.create_study(study_name="s", storage=open_storage(spec))
+    store = open_store(spec, "s")
+    store.record_pruning(4, 12, 2.5, 1.25, [0, 2], "dominated at step 12")
+    front = [{"trial": 0, "reuse_map": [1, 1], "flops_ratio": 1.0, "val_ppl": 20.0, "val_bpb": 4.0, "params": 10},
+             {"trial": 3, "reuse_map": [2, 1], "flops_ratio": 1.4, "val_ppl": 19.0, "val_bpb": 3.9, "params": 10}]
+    store.save_front(5, front)
+    assert store.pruning_records() == {4: PruningRecord(12, 2.5, 1.25, (0, 2), "dominated at step 12")}
+    assert store.front_history() == {5: [StoredFrontPoint(0, (1, 1), 1.0, 20.0, 4.0, 10),
+                                         StoredFrontPoint(3, (2, 1), 1.4, 19.0, 3.9, 10)]}

@@ -72,7 +72,7 @@ def test_a_reused_result_is_read_as_one_and_filtered_out(objective_trials):
     assert reuse.has_result and not reuse.trained_its_map and not reuse.is_trained_result
     assert [r.number for r in trained_results(records)] == [0, 1, 2]
     assert trained_by_map(records)[first.map_key].number == first.number
-    assert sorted(p["trial"] for p in study_front(records)) == sorted(p["trial"] for p in study_front(objective_trials))
+    assert sorted(p.trial for p in study_front(records)) == sorted(p.trial for p in study_front(objective_trials))
 
 
 def made(number: int, state: TrialState, **attrs) -> optuna.trial.FrozenTrial:

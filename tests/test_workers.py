@@ -65,8 +65,13 @@ def test_every_event_crosses_a_process_queue_with_its_worker_and_reaches_the_par
 
     events = mp.get_context("spawn").Queue()
     sent = QueueReporter(events, worker=3)
-    row, front = {"trial": 1, "reuse_map": [2, 1, 1], "flops_ratio": 1.3, "val_ppl": 9.5, "state": "COMPLETE"}, \
-        [{"trial": 1, "reuse_map": [2, 1, 1], "flops_ratio": 1.3, "val_ppl": 9.5}]
+    from optuna.trial import TrialState
+
+    from ilr_search.analysis.results import FrontRow
+    from ilr_search.analysis.trials import TrialRecord
+
+    row = TrialRecord(1, TrialState.COMPLETE, reuse_map=(2, 1, 1), map_key="2,1,1", flops_ratio=1.3, val_ppl=9.5)
+    front = [FrontRow(1, (2, 1, 1), "2,1,1", None, 1.3, 9.5, None, None)]
     kinds = [progress.StudyStarted("s", 7, 2), progress.TrialStarted(4, [2, 1, 1], 16, "injection=add"),
              progress.Step(5, 16, 2.25), progress.TrialFinished(row, front, 3), progress.ReferenceStarted("block2", 0, 2, 16),
              progress.ReferenceFinished("block2"), progress.RunsStarted((("2,1,1", 32, 1), ("1,1,1", 32, 1))),

@@ -24,7 +24,7 @@ A pure policy over the study's evaluations (race_core.py has the types; racing.r
    cannot win (its paired t test at the one-sided level `futility`; stopping without a claim only makes the test
    more conservative), or when a contender of no more FLOPs beats it by a paired test; it stays open until the pool's
    seeds are spent or the compute cap `max_steps` is reached.
-5. The equal-compute reference (equal_compute). A plain model with as many layers as the best recurrent
+5. The equal-compute model (equal_compute). A plain model with as many layers as the best recurrent
    contender runs (deepR: R layers, all run once) is trained at the target at that contender's seeds, once the
    contenders are decided: is recurrence better than a deeper model of the same compute? Its cost is kept
    within the cap from the start.
@@ -46,6 +46,9 @@ from ilr_search.analysis.race_core import (
     CANNOT_WIN,
     DECIDED_AGAINST,
     Comparison,
+    DeepDiff,
+    DetectableGap,
+    EqualCompute,
     Evaluation,
     FrontPoint,
     RaceJob,
@@ -135,7 +138,7 @@ def screen_agreement(
 
 def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSettings, baseline_key: str) -> RaceState:
     """The adaptive race's decision from every evaluation (see the module docstring)."""
-    maps = [e for e in evaluations if not is_deep_key(e.map_key)]  # the equal-compute references are no contenders
+    maps = [e for e in evaluations if not is_deep_key(e.map_key)]  # the equal-compute models are no contenders
     _, early, base_losses, eliminated = base_results(maps, settings, baseline_key)
     if early is not None:
         return early
@@ -477,7 +480,7 @@ def _best_recurrent(comparisons: Mapping[str, Comparison], results: Results, tar
 def _deep_jobs(
     deep: str | None, best: str | None, results: Results, target: int, wave: Sequence[RaceJob]
 ) -> list[RaceJob]:
-    """The equal-compute reference's jobs: the best contender's target seeds (after `wave`) it lacks."""
+    """The equal-compute model's jobs: the best contender's target seeds (after `wave`) it lacks."""
     if deep is None or best is None:
         return []
     seeds = set(results.losses.get(best, {}).get(target, {})) | {j.seed for j in wave if j.map_key == best}
@@ -516,7 +519,7 @@ def _detectable(
     settings: RaceSettings,
     first_look: int,
     max_n: int,
-) -> dict[str, Any] | None:
+) -> DetectableGap | None:
     """The smallest gap the race would have found with 80% power: a contender held to the screen's best's level
     (the largest share of the family's), at the most test seeds any comparison reached, with the race's paired sd
     (pooled over its comparisons), against the sequential boundary there."""
@@ -534,51 +537,40 @@ def _detectable(
     if nats is None:
         return None
     base = _mean(results, baseline_key, target)
-    return {
-        "nats": nats,
-        "ppl": math.exp(base) - math.exp(base - nats),
-        "power": DETECTION_POWER,
-        "seeds": n,
-        "sd_diff": sd,
-        "level": level,
-    }
+    return DetectableGap(nats, math.exp(base) - math.exp(base - nats), DETECTION_POWER, n, sd, level)
 
 
 def _equal_compute(
     deep: str | None, best: str | None, results: Results, target: int, settings: RaceSettings, baseline_key: str
-) -> dict[str, Any] | None:
+) -> EqualCompute | None:
     """The best contender against the plain model of its compute, over their common target seeds."""
     if deep is None or best is None:
         return None
     mine, theirs = results.at(best, target), results.at(deep, target)
     layers = int(deep[len(DEEP_PREFIX) :])
     share = settings.layer_param_share
-    out: dict[str, Any] = {
-        "reference": deep,
-        "layers": layers,
-        "map": best,
-        "flops_ratio": results.flops.get(deep),
-        "params_ratio": 1 + (layers - len(baseline_key.split(","))) * share if share > 0 else None,
-        "steps": target,
-        "seeds": sorted(theirs),
-    }
-    if theirs:
-        iv = seed_interval(_by_seed(theirs), settings.confidence)
-        out |= {"val_ppl": iv.val_ppl, "interval": list(iv.interval_ppl) if iv.interval_ppl else None}
+    iv = seed_interval(_by_seed(theirs), settings.confidence) if theirs else None
     c = paired_comparison(mine, theirs, settings.confidence)
-    if c.n and c.mean_diff is not None:
+    if not c.n or c.mean_diff is None:
+        diff = None
+    else:
         # the paired difference as ppl at the deeper model's mean over the paired seeds, as the answer says it
-        reference_ppl = math.exp(math.fsum(theirs[s] for s in c.seeds) / c.n)
-        out["map_minus_reference"] = {
-            "seeds": list(c.seeds),
-            "mean_diff": c.mean_diff,
-            "sd_diff": c.sd_diff,
-            "interval": list(c.interval) if c.interval else None,
-            "p_value": c.p_value,
-            "reference_ppl": reference_ppl,
-            "ppl_diff": -ppl_gain(reference_ppl, c.mean_diff),
-        }
-    return out
+        deep_ppl = math.exp(math.fsum(theirs[s] for s in c.seeds) / c.n)
+        diff = DeepDiff(
+            c.seeds, c.mean_diff, c.sd_diff, c.interval, c.p_value, deep_ppl, -ppl_gain(deep_ppl, c.mean_diff)
+        )
+    return EqualCompute(
+        deep,
+        layers,
+        best,
+        results.flops.get(deep),
+        1 + (layers - len(baseline_key.split(","))) * share if share > 0 else None,
+        target,
+        tuple(sorted(theirs)),
+        iv.val_ppl if iv is not None else None,
+        iv.interval_ppl if iv is not None else None,
+        diff,
+    )
 
 
 def _why_done(
@@ -601,8 +593,8 @@ def _verdict(
     target: int,
     settings: RaceSettings,
     done: bool,
-    gap: dict[str, Any] | None,
-    equal: dict[str, Any] | None,
+    gap: DetectableGap | None,
+    equal: EqualCompute | None,
     compute: int,
     stopped: str,
     contenders: Sequence[str],
@@ -647,8 +639,8 @@ def _verdict(
         )
     if gap is not None:
         parts.append(
-            f"gaps of {gap['ppl']:.2f} ppl or more would have been seen with {round(100 * gap['power'])}% power "
-            f"({words.count(gap['seeds'], test=True)})"
+            f"gaps of {gap.ppl:.2f} ppl or more would have been seen with {round(100 * gap.power)}% power "
+            f"({words.count(gap.seeds, test=True)})"
         )
     ranked = [c for c in comparisons.values() if c.map_key not in better and c.mean_diff is not None]
     if comparisons and not better and ranked:
@@ -663,13 +655,13 @@ def _verdict(
         else:
             who = f"{c.map_key} beats the baseline" if c.mean_diff < 0 else f"the baseline beats {c.map_key}"
             parts.append(f"{how}; if the gap holds, about {words.count(need)} {words.at(target)} would show {who}")
-    if equal is not None and equal.get("map_minus_reference"):
-        d = equal["map_minus_reference"]
-        interval = interval_words(d["reference_ppl"], d["interval"], settings.confidence)
-        share = f", {equal['params_ratio']:.2f}x the parameters" if equal.get("params_ratio") else ""
+    if equal is not None and equal.map_minus_deep is not None:
+        d = equal.map_minus_deep
+        interval = interval_words(d.deep_ppl, d.interval, settings.confidence)
+        share = f", {equal.params_ratio:.2f}x the parameters" if equal.params_ratio else ""
         parts.append(
-            f"{equal['map']} {side(-d['ppl_diff'])} than {equal['reference']}, a plain {equal['layers']}-layer model "
-            f"of the same compute{share}" + (f" ({interval})" if interval else "") + f", {len(d['seeds'])} seeds"
+            f"{equal.map} {side(-d.ppl_diff)} than {equal.deep_key}, a plain {equal.layers}-layer model "
+            f"of the same compute{share}" + (f" ({interval})" if interval else "") + f", {len(d.seeds)} seeds"
         )
     spent = (
         f"the race evaluated {words.count(len(_test_chunks(results, settings)))} beyond the screen's"

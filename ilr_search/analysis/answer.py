@@ -12,10 +12,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from ilr_search.analysis.fidelity import AGREE_SPEARMAN, PARTLY_SPEARMAN
-from ilr_search.analysis.race_core import Comparison, FrontPoint, RaceSettings, RaceState
+from ilr_search.analysis.race_core import Comparison, EqualCompute, FrontPoint, RaceSettings, RaceState
 
 PLAIN = "the plain model"  # the all-ones map: every layer run once, no recurrence
 
@@ -135,7 +134,7 @@ def race_answer(
     else:
         gap = state.detectable_gap
         seen = (
-            f"a gap of {gap['ppl']:.2f} ppl or more would have been seen ({round(100 * gap['power'])}% power)"
+            f"a gap of {gap.ppl:.2f} ppl or more would have been seen ({round(100 * gap.power)}% power)"
             if gap
             else f"too few {unit}s to say what gap would have been seen"
         )
@@ -202,17 +201,17 @@ def _closest(
     ]
 
 
-def _equal_compute(equal: Mapping[str, Any] | None, confidence: float, unit: str) -> list[str]:
-    if not equal or not equal.get("map_minus_reference"):
+def _equal_compute(equal: EqualCompute | None, confidence: float, unit: str) -> list[str]:
+    if equal is None or equal.map_minus_deep is None:
         return []
-    d = equal["map_minus_reference"]
-    params = f", {equal['params_ratio']:.2f}x the parameters" if equal.get("params_ratio") else ""
-    interval = interval_words(d["reference_ppl"], d["interval"], confidence)
+    d = equal.map_minus_deep
+    params = f", {equal.params_ratio:.2f}x the parameters" if equal.params_ratio else ""
+    interval = interval_words(d.deep_ppl, d.interval, confidence)
     return [
-        f"equal compute: {_map(equal['map'])} {side(-d['ppl_diff'])} than a plain {equal['layers']}-layer model "
-        f"of the same compute ({equal['reference']}{params}"
+        f"equal compute: {_map(equal.map)} {side(-d.ppl_diff)} than a plain {equal.layers}-layer model "
+        f"of the same compute ({equal.deep_key}{params}"
         + (f"; {interval}" if interval else "")
-        + f") over {count(len(d['seeds']), unit)}"
+        + f") over {count(len(d.seeds), unit)}"
     ]
 
 

@@ -11,11 +11,12 @@ Everything here is computed from trials and stored rows; nothing trains.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, cast
 
 from optuna.trial import TrialState
 
@@ -23,6 +24,7 @@ from ilr_search.analysis.pareto import non_dominated
 from ilr_search.analysis.results import (
     REFERENCE_PREFIX,
     Curves,
+    FrontRow,
     as_list,
     is_all_ones_key,
     is_baseline,
@@ -35,6 +37,7 @@ from ilr_search.analysis.results import (
 )
 from ilr_search.analysis.stats import groups_differ, paired_comparison, rank_agreement
 from ilr_search.analysis.trials import Trial, trained_results, trial_records
+from ilr_search.knobs import KnobValue
 from ilr_search.storage import RaceRun
 
 AGREE_SPEARMAN = 0.8  # "the proxy ranks as longer training does"
@@ -72,7 +75,39 @@ def map_curves(trials: Sequence[Trial], curves: Curves) -> dict[str, dict[int, f
     }
 
 
-def noise_band(trials: Sequence[Trial], study_attrs: Mapping[str, Any]) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class NoiseBand:
+    """The baseline's seed-to-seed spread of perplexity at the proxy's length (noise_band)."""
+
+    val_ppls: tuple[float, ...]
+
+    @property
+    def n_seeds(self) -> int:
+        return len(self.val_ppls)
+
+    @property
+    def min_ppl(self) -> float:
+        return min(self.val_ppls)
+
+    @property
+    def max_ppl(self) -> float:
+        return max(self.val_ppls)
+
+    @property
+    def spread(self) -> float:
+        return self.max_ppl - self.min_ppl
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "n_seeds": self.n_seeds,
+            "val_ppls": list(self.val_ppls),
+            "min_ppl": self.min_ppl,
+            "max_ppl": self.max_ppl,
+            "spread": self.spread,
+        }
+
+
+def noise_band(trials: Sequence[Trial], study_attrs: Mapping[str, Any]) -> NoiseBand | None:
     """Seed-to-seed spread of the baseline's perplexity: the trial of the all-ones map (the study's seed) and the
     baseline references trained at extra seeds."""
     ppls: list[float] = [
@@ -85,45 +120,76 @@ def noise_band(trials: Sequence[Trial], study_attrs: Mapping[str, Any]) -> dict[
         for k, v in sorted(study_attrs.items())
         if k.startswith(f"{REFERENCE_PREFIX}baseline_seed") and v.get("val_ppl") is not None
     ]
-    if len(ppls) < 2:
-        return None
-    return {
-        "n_seeds": len(ppls),
-        "val_ppls": ppls,
-        "min_ppl": min(ppls),
-        "max_ppl": max(ppls),
-        "spread": max(ppls) - min(ppls),
-    }
+    return NoiseBand(tuple(ppls)) if len(ppls) >= 2 else None
 
 
-def mark_ties(front: list[dict[str, Any]], noise: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """Each front point gets `within_noise_of`: the other front points whose perplexity is within the noise."""
-    spread = noise["spread"] if noise else 0.0
-    for p in front:
-        p["within_noise_of"] = [q["trial"] for q in front if q is not p and abs(q["val_ppl"] - p["val_ppl"]) <= spread]
-    return front
+def mark_ties(front: Sequence[FrontRow], noise: NoiseBand | None) -> list[FrontRow]:
+    """The front's points, each with `within_noise_of`: the other front points whose perplexity is within the
+    noise."""
+    spread = noise.spread if noise else 0.0
+    return [
+        dataclasses.replace(
+            p, within_noise_of=tuple(q.trial for q in front if q is not p and abs(q.val_ppl - p.val_ppl) <= spread)
+        )
+        for p in front
+    ]
 
 
-def best_recurrent(trials: Sequence[Trial]) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class BestRecurrent:
+    """The best non-baseline map of the proxy trials (best_recurrent), and whether it is on the proxy's front."""
+
+    trial: int
+    reuse_map: tuple[int, ...] | None
+    map: str
+    val_ppl: float
+    flops_ratio: float
+    knobs: Mapping[str, KnobValue]
+    on_front: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "trial": self.trial,
+            "reuse_map": as_list(self.reuse_map),
+            "map": self.map,
+            "val_ppl": self.val_ppl,
+            "flops_ratio": self.flops_ratio,
+            "knobs": dict(self.knobs),
+            "on_front": self.on_front,
+        }
+
+
+def best_recurrent(trials: Sequence[Trial]) -> BestRecurrent | None:
     """The best non-baseline map: on the front if the front has one, else the best complete one."""
     records = trial_records(trials)
-    rows: list[dict[str, Any]] = [
-        {
-            "trial": r.number,
-            "reuse_map": as_list(r.reuse_map),
-            "map": map_text(r.map_key or ""),
-            "val_ppl": r.val_ppl,
-            "flops_ratio": r.flops_ratio,
-            "knobs": dict(r.knobs),
-        }
-        for r in trained_results(records)
-        if not is_baseline(as_list(r.reuse_map))
-    ]
-    if not rows:
+    candidates = [r for r in trained_results(records) if not is_baseline(as_list(r.reuse_map))]
+    if not candidates:
         return None
-    front = {p["trial"] for p in study_front(records)}
-    on_front = [r for r in rows if r["trial"] in front]
-    return min(on_front or rows, key=lambda r: r["val_ppl"]) | {"on_front": bool(on_front)}
+    front = {p.trial for p in study_front(records)}
+    on_front = [r for r in candidates if r.number in front]
+    best = min(on_front or candidates, key=lambda r: cast(float, r.val_ppl))  # a trained result has its perplexity
+    return BestRecurrent(
+        best.number,
+        best.reuse_map,
+        map_text(best.map_key or ""),
+        cast(float, best.val_ppl),
+        cast(float, best.flops_ratio),
+        dict(best.knobs),
+        bool(on_front),
+    )
+
+
+@dataclass(frozen=True)
+class SecondSeed:
+    """The best recurrent map at a second seed (the `second_seed` reference run): its perplexity at the study's seed
+    and at the reference's (None where that run has none)."""
+
+    reuse_map: tuple[int, ...] | None
+    seed_ppls: tuple[float, float | None]
+    seed: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"reuse_map": as_list(self.reuse_map), "seed_ppls": list(self.seed_ppls), "seed": self.seed}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -179,7 +245,7 @@ SEPARATE_P = 1 - AUDIT_CONFIDENCE  # the ANOVA's p below which the audited maps 
 
 
 def audit_report(trials: Sequence[Trial], rows: Sequence[RaceRun], factor: str) -> AuditReport | None:
-    """The audit at `factor` from its stored rows (complete ones; the race's equal-compute references are no maps of
+    """The audit at `factor` from its stored rows (complete ones; the race's equal-compute models are no maps of
     the study, and are left out) and the study's trials; None before any audited map is complete."""
     done: dict[str, list[RaceRun]] = {}
     for r in rows:
@@ -195,7 +261,7 @@ def audit_report(trials: Sequence[Trial], rows: Sequence[RaceRun], factor: str) 
     records = trial_records(trials)
     by_map = trained_by_map(records)
     numbers = {r.number: r for r in records}
-    proxy_front = {numbers[p["trial"]].map_key for p in study_front(records)}
+    proxy_front = {numbers[cast(int, p.trial)].map_key for p in study_front(records)}  # a proxy point's trial
     keys = sorted(done)
     ppls = {k: [r.val_ppl for r in done[k] if r.val_ppl is not None] for k in keys}  # done: each has a perplexity
     audit_ppl = {k: statistics.fmean(ppls[k]) for k in keys}
@@ -322,6 +388,30 @@ def audit_finding(r: AuditReport) -> str:
 # The study's fidelity, as `run`, `trials` and `pareto` show it
 
 
+@dataclass(frozen=True)
+class Fidelity:
+    """How far a study's proxy can be trusted (study_fidelity): the rung agreement, the baseline's seed noise, the
+    best recurrent map and its second seed, the audits, and a one-line verdict. to_dict is the `fidelity` object of
+    the JSON reports."""
+
+    rungs: tuple[RungAgreement, ...]
+    noise: NoiseBand | None
+    best_recurrent: BestRecurrent | None
+    second_seed: SecondSeed | None
+    audits: tuple[AuditReport, ...]
+    verdict: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rungs": [asdict(r) for r in self.rungs],
+            "noise": self.noise.to_dict() if self.noise is not None else None,
+            "best_recurrent": self.best_recurrent.to_dict() if self.best_recurrent is not None else None,
+            "second_seed": self.second_seed.to_dict() if self.second_seed is not None else None,
+            "audits": [a.to_dict() for a in self.audits],
+            "verdict": self.verdict,
+        }
+
+
 def study_fidelity(
     study_name: str,
     trials: Sequence[Trial],
@@ -329,7 +419,7 @@ def study_fidelity(
     study_attrs: Mapping[str, Any],
     final_step: int,
     audits: Sequence[AuditReport] = (),
-) -> dict[str, Any]:
+) -> Fidelity:
     """Rung agreement, noise, the second seed of the best recurrent map, the audits, and one line of how far the
     proxy agrees with longer training (fidelity_agreement; the JSON key `verdict`)."""
     trials = trial_records(trials)
@@ -339,31 +429,27 @@ def study_fidelity(
     second = None
     if best is not None:
         ref = study_attrs.get(f"{REFERENCE_PREFIX}second_seed")
-        if ref and ref.get("reuse_map") == best["reuse_map"]:
-            second = {
-                "reuse_map": best["reuse_map"],
-                "seed_ppls": [best["val_ppl"], ref.get("val_ppl")],
-                "seed": ref.get("seed"),
-            }
+        if ref and ref.get("reuse_map") == as_list(best.reuse_map):
+            second = SecondSeed(best.reuse_map, (best.val_ppl, ref.get("val_ppl")), ref.get("seed"))
     front = study_front(trials)
-    baseline_only = bool(front) and all(is_baseline(p["reuse_map"]) for p in front)
+    baseline_only = bool(front) and all(is_baseline(as_list(p.reuse_map)) for p in front)
     latest = audits[-1] if audits else None
-    return {
-        "rungs": [asdict(r) for r in rungs],
-        "noise": noise,
-        "best_recurrent": best,
-        "second_seed": second,
-        "audits": [a.to_dict() for a in audits],
-        "verdict": fidelity_agreement(study_name, rungs, noise, best, second, baseline_only, latest),
-    }
+    return Fidelity(
+        tuple(rungs),
+        noise,
+        best,
+        second,
+        tuple(audits),
+        fidelity_agreement(study_name, rungs, noise, best, second, baseline_only, latest),
+    )
 
 
 def fidelity_agreement(
     study_name: str,
     rungs: Sequence[RungAgreement],
-    noise: dict[str, Any] | None,
-    best: dict[str, Any] | None,
-    second: dict[str, Any] | None,
+    noise: NoiseBand | None,
+    best: BestRecurrent | None,
+    second: SecondSeed | None,
     baseline_only: bool,
     audit: AuditReport | None,
 ) -> str:
@@ -380,14 +466,14 @@ def fidelity_agreement(
     if baseline_only and best is not None:
         parts.append(
             "no recurrent map beat the baseline at this proxy length "
-            f"(best {best.get('map') or _map(best['reuse_map'])}: "
-            f"ppl {best['val_ppl']:.3f}); recurrent maps often overtake later"
+            f"(best {best.map or _map(best.reuse_map or ())}: "
+            f"ppl {best.val_ppl:.3f}); recurrent maps often overtake later"
         )
-    if second is not None and None not in second["seed_ppls"]:
-        a, b = second["seed_ppls"]
-        parts.append(f"{_map(second['reuse_map'])} at two seeds: ppl {a:.3f} and {b:.3f}")
+    if second is not None and None not in second.seed_ppls:
+        a, b = second.seed_ppls
+        parts.append(f"{_map(second.reuse_map or ())} at two seeds: ppl {a:.3f} and {b:.3f}")
     if noise:
-        parts.append(f"baseline seed spread {noise['spread']:.3f} ppl")
+        parts.append(f"baseline seed spread {noise.spread:.3f} ppl")
     parts.append(f"not audited: `ilr-search audit --study {study_name}` checks the ranking at 4x training")
     return "; ".join(parts)
 

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import cast
 
 from ilr_search.analysis.pareto import non_dominated
 from ilr_search.analysis.race_core import (
+    DetectableGap,
     Evaluation,
     FrontPoint,
     RaceJob,
@@ -83,8 +84,8 @@ def fixed_race_state(evaluations: Sequence[Evaluation], settings: RaceSettings, 
     gap = _fixed_detectable_gap(alive, results, settings, baseline_key, level)
     if gap is not None and not confirmed_better:
         verdict += (
-            f"; gaps of {gap['ppl']:.4f} ppl ({gap['nats']:.4f} nats) or more would have been seen with "
-            f"{round(100 * gap['power'])}% power"
+            f"; gaps of {gap.ppl:.4f} ppl ({gap.nats:.4f} nats) or more would have been seen with "
+            f"{round(100 * gap.power)}% power"
         )
     verdict += f"; the race trained {compute} steps"
     return RaceState(
@@ -105,7 +106,7 @@ def fixed_race_state(evaluations: Sequence[Evaluation], settings: RaceSettings, 
 
 def _fixed_detectable_gap(
     alive: Sequence[str], results: Results, settings: RaceSettings, baseline_key: str, steps: int
-) -> dict[str, Any] | None:
+) -> DetectableGap | None:
     """The gap the fixed race's test at `steps` would find with 80% power, from its closest contender's seeds and
     paired sd (a fixed-sample paired t test at the race's level)."""
     from ilr_search.analysis.sequential import detectable_gap
@@ -121,14 +122,14 @@ def _fixed_detectable_gap(
     if nats is None:
         return None
     mean = math.fsum(base.values()) / len(base)
-    return {
-        "nats": nats,
-        "ppl": math.exp(mean) - math.exp(mean - nats),
-        "power": 0.8,
-        "seeds": c.n,
-        "sd_diff": c.sd_diff,
-        "level": decision_level(settings.confidence),
-    }
+    return DetectableGap(
+        nats,
+        math.exp(mean) - math.exp(mean - nats),
+        0.8,
+        c.n,
+        cast(float, c.sd_diff),
+        decision_level(settings.confidence),
+    )
 
 
 def _describe(c: PairedComparison, winner: str, loser: str, steps: int) -> str:

@@ -7,9 +7,8 @@ order) or a block map `block:1-2:2` with or without knobs. MapKey parses it once
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from ilr_search.training.schedule import Map, ReuseMap, is_block_text, map_of_key
 
@@ -24,13 +23,6 @@ def map_text(map_key: str) -> str:
 def key_text(map_text: str, knobs: str | None = None) -> str:
     """The key of a map's text (`2,1,1,1`, `block:1-2:2`) and its knob text (None or '': every knob off)."""
     return f"{map_text}{KNOB_SEPARATOR}{knobs}" if knobs else map_text
-
-
-def row_key(row: Mapping[str, Any]) -> str:
-    """The key of a row of the JSON reports (a front point, a trial): its `map` (the key without knobs) where it has
-    one, else its reuse map's counts, and its `knobs` text."""
-    text = row.get("map") or ReuseMap(tuple(row["reuse_map"])).key
-    return key_text(text, row.get("knobs"))
 
 
 def key_layers(map_key: str, n_layers: int | None = None) -> int:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+R = TypeVar("R")
 
 
 def dominates(a: Sequence[float], b: Sequence[float]) -> bool:
@@ -23,10 +25,11 @@ def non_dominated(points: Sequence[Sequence[float]]) -> list[int]:
     return front
 
 
-def pareto_front(rows: Sequence[dict[str, Any]], x: str = "flops_ratio", y: str = "val_ppl") -> list[dict[str, Any]]:
-    """The non-dominated rows in (y, x), sorted by x (compute) ascending."""
-    points = [(r[y], r[x]) for r in rows]
-    return sorted((rows[i] for i in non_dominated(points)), key=lambda r: (r[x], r[y]))
+def pareto_front(rows: Sequence[R], objectives: Callable[[R], tuple[float, float]]) -> list[R]:
+    """The rows whose `objectives` (y, x) are non-dominated, sorted by x (compute), then y, ascending."""
+    points = [objectives(r) for r in rows]
+    front = sorted(non_dominated(points), key=lambda i: (points[i][1], points[i][0]))
+    return [rows[i] for i in front]
 
 
 def non_dominated_ranks(points: Sequence[Sequence[float]]) -> list[int]:

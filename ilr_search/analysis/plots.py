@@ -11,18 +11,18 @@ from __future__ import annotations
 
 import math
 import textwrap
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ilr_search.analysis.answer import Answer
-from ilr_search.analysis.map_key import row_key
+from ilr_search.analysis.fidelity import AuditReport, Fidelity, NoiseBand
 from ilr_search.analysis.race_report import RaceReport
-from ilr_search.analysis.results import is_baseline, is_baseline_key, is_deep_key
+from ilr_search.analysis.results import FrontRow, LayerView, is_baseline, is_baseline_key, is_deep_key
 from ilr_search.analysis.stats import seed_interval
 
 STATE_STYLE = {
@@ -58,13 +58,37 @@ def _hover(rows: list[dict[str, Any]]) -> list[str]:
         extra = f"<br>pruned at step {r['pruned_at_step']} (ppl there)" if r.get("pruned_at_step") else ""
         extra += f"<br>{r['reason']}" if r["state"] == "FAIL" and r.get("reason") else ""
         extra += f"<br>the result of trial {r['reused_from']} (same map)" if r.get("reused_from") is not None else ""
-        knobs = f"<br>knobs {r['knobs']}" if r.get("knobs") else ""
         text.append(
-            f"trial {r['trial']} ({r['state'].lower()})<br>map {','.join(map(str, r['reuse_map'] or []))}{knobs}"
-            f"<br>FLOP ratio {r['flops_ratio']:.3f}<br>ppl {_num(r.get('plot_ppl'))}<br>bpb {_num(r.get('val_bpb'))}"
-            + extra
+            _hover_text(
+                r["trial"],
+                r["state"],
+                r["reuse_map"],
+                r.get("knobs"),
+                r["flops_ratio"],
+                r.get("plot_ppl"),
+                r.get("val_bpb"),
+                extra,
+            )
         )
     return text
+
+
+def _hover_text(
+    trial: int | None,
+    state: str,
+    reuse_map: Sequence[int] | None,
+    knobs: str | None,
+    flops_ratio: float,
+    ppl: float | None,
+    bpb: float | None,
+    extra: str = "",
+) -> str:
+    """A trial's (or a front point's) hover text: its trial, state, map, knobs, FLOPs, perplexity and bpb."""
+    knobs_line = f"<br>knobs {knobs}" if knobs else ""
+    return (
+        f"trial {trial} ({state.lower()})<br>map {','.join(map(str, reuse_map or []))}{knobs_line}"
+        f"<br>FLOP ratio {flops_ratio:.3f}<br>ppl {_num(ppl)}<br>bpb {_num(bpb)}" + extra
+    )
 
 
 def _num(x: Any) -> str:
@@ -139,27 +163,27 @@ def is_raced(race: RaceReport | None) -> bool:
     if race is None or not race.front:
         return False
     base = race.settings.base_steps
-    return any(p.get("seeds") and (len(p["seeds"]) > 1 or p["steps"] != base) for p in race.front)
+    return any(p.beyond_proxy(base) for p in race.front)
 
 
 def decided_steps(race: RaceReport) -> int:
     """The length the decided front stands at (the target, once the race got there)."""
-    return max(p["steps"] for p in race.front)
+    return max(cast(int, p.steps) for p in race.front)  # a point of the race's front has its length
 
 
 def raced_points(race: RaceReport) -> list[RacedPoint]:
     """Every map the race has results for at the decided length (the trials' maps, the baseline and the
-    equal-compute reference; not a pruned map an audit retrained), cheapest first: each one's mean and interval
+    equal-compute model; not a pruned map an audit retrained), cheapest first: each one's mean and interval
     over its seeds there, at the race's confidence (as the race's own front computes them)."""
     steps, trial_maps = decided_steps(race), race.trial_maps
-    front = {row_key(p): p for p in race.front}
-    equal = race.equal_compute or {}
+    front = {p.key: p for p in race.front}
+    equal = race.equal_compute
     losses: dict[str, dict[int, float]] = {}
     flops: dict[str, float] = {}
 
     def counted(key: str) -> bool:
         if is_deep_key(key):
-            return key == equal.get("reference")
+            return equal is not None and key == equal.deep_key
         return key in trial_maps or key in front or is_baseline_key(key)
 
     for r in race.results:
@@ -175,13 +199,13 @@ def raced_points(race: RaceReport) -> list[RacedPoint]:
         elif is_baseline_key(key):
             kind = "baseline"
         elif row is not None:
-            kind = "confirmed" if row.get("confirmed") else "front"
+            kind = "confirmed" if row.confirmed else "front"
         else:
             kind = "raced" if len(by_seed) > 1 else "screened"
         points.append(
             RacedPoint(
                 key,
-                row["trial"] if row else None,
+                row.trial if row else None,
                 flops[key],
                 steps,
                 tuple(sorted(by_seed)),
@@ -244,7 +268,7 @@ def _decided_panel(fig: go.Figure, race: RaceReport, legend: str) -> None:
     on_front = [
         p
         for p in points
-        if p.kind in ("confirmed", "front", "baseline") and any(row_key(r) == p.map_key for r in race.front)
+        if p.kind in ("confirmed", "front", "baseline") and any(r.key == p.map_key for r in race.front)
     ]
     if len(on_front) > 1:
         fig.add_trace(
@@ -328,7 +352,7 @@ def _decided_panel(fig: go.Figure, race: RaceReport, legend: str) -> None:
                 row=1,
                 col=1,
             )
-    equal = race.equal_compute or {}
+    equal = race.equal_compute
     deep = next((p for p in points if p.kind == "deep"), None)
     if deep is not None:
         fig.add_trace(
@@ -338,8 +362,8 @@ def _decided_panel(fig: go.Figure, race: RaceReport, legend: str) -> None:
                 mode="markers",
                 legend=legend,
                 name=_wrapped(
-                    f"{deep.map_key}: a plain {equal.get('layers', '?')}-layer model of "
-                    f"{equal.get('map', 'the best map')}'s FLOPs"
+                    f"{deep.map_key}: a plain {equal.layers if equal else '?'}-layer model of "
+                    f"{equal.map if equal else 'the best map'}'s FLOPs"
                 ),
                 error_y=errors([deep], DEEP_COLOUR),
                 marker=dict(symbol="diamond", size=13, color=DEEP_COLOUR, line=dict(width=1, color="black")),
@@ -389,10 +413,10 @@ class Panel:
 def pareto_figure(
     study: str,
     trials: list[dict[str, Any]],
-    front: list[dict[str, Any]],
-    noise: dict[str, Any] | None,
-    layer_view: dict[str, Any] | None = None,
-    fidelity: dict[str, Any] | None = None,
+    front: list[FrontRow],
+    noise: NoiseBand | None,
+    layer_view: LayerView | None = None,
+    fidelity: Fidelity | None = None,
     race: RaceReport | None = None,
     answer: Answer | None = None,
 ) -> go.Figure:
@@ -404,7 +428,7 @@ def pareto_figure(
     final one: it stays off the perplexity axis, which fits the complete trials); the layer view of the decided
     front (`layer_view`), the proxies' learning curves, and a fidelity panel (rung agreement, proxy vs audit,
     the verdict)."""
-    audit = (fidelity or {}).get("audits", [None])[-1] if (fidelity or {}).get("audits") else None
+    audit = fidelity.audits[-1] if fidelity is not None and fidelity.audits else None
     raced = is_raced(race)
     plotted = [t for t in trials if t.get("flops_ratio") is not None]
     complete = [t for t in plotted if t["state"] == "COMPLETE" and t.get("plot_ppl") is not None]
@@ -448,7 +472,7 @@ def pareto_figure(
                 "layers",
                 [{}, {}],
                 [where, "layer importance (proxy trials)"],
-                max(200, 70 + 30 * len(layer_view["front_maps"])),
+                max(200, 70 + 30 * len(layer_view.front_maps)),
             )
         )
     if curved:
@@ -467,7 +491,7 @@ def pareto_figure(
                 [{}, {}],
                 [
                     "rung agreement (within the proxy)",
-                    f"proxy vs {audit['factor']}x training" if audit else "not audited (ilr-search audit)",
+                    f"proxy vs {audit.factor}x training" if audit else "not audited (ilr-search audit)",
                 ],
                 FIDELITY_PX,
             )
@@ -501,9 +525,7 @@ def pareto_figure(
     if layer_view:
         _layers_panel(fig, layer_view, row_of["layers"], named["layers"])
     if curved:
-        _curves_panel(
-            fig, curved, {p["trial"] for p in decided if p.get("trial") is not None}, row_of["curves"], named["curves"]
-        )
+        _curves_panel(fig, curved, {p.trial for p in decided if p.trial is not None}, row_of["curves"], named["curves"])
     bottom = 60
     if fidelity:
         lines = _fidelity_panel(fig, fidelity, audit, row_of["fidelity"], named["fidelity"])
@@ -551,8 +573,8 @@ def pareto_figure(
 def _proxy_panel(
     fig: go.Figure,
     complete: list[dict[str, Any]],
-    front: list[dict[str, Any]],
-    noise: dict[str, Any] | None,
+    front: list[FrontRow],
+    noise: NoiseBand | None,
     x_range: list[float] | None,
     span: float,
     row: int,
@@ -584,15 +606,18 @@ def _proxy_panel(
     if front:
         fig.add_trace(
             go.Scatter(
-                x=[at_x.get(p["trial"], p["flops_ratio"]) for p in front],
-                y=[p["val_ppl"] for p in front],
+                x=[at_x.get(p.trial, p.flops_ratio) for p in front],
+                y=[p.val_ppl for p in front],
                 mode="lines+markers",
                 line_shape="hv",
                 name="proxy Pareto front",
                 legend=legend,
                 line=dict(color="black", width=1.5),
                 marker=dict(size=12, color="rgba(0,0,0,0)", line=dict(width=2, color="black")),
-                hovertext=_hover([dict(p, state="COMPLETE", plot_ppl=p["val_ppl"]) for p in front]),
+                hovertext=[
+                    _hover_text(p.trial, "COMPLETE", p.reuse_map, p.knobs, p.flops_ratio, p.val_ppl, p.val_bpb)
+                    for p in front
+                ],
                 hoverinfo="text",
             ),
             row=row,
@@ -614,8 +639,8 @@ def _proxy_panel(
             col=1,
         )
     y_values = [t["plot_ppl"] for t in complete]
-    if noise and noise.get("spread"):
-        lo, hi = noise["min_ppl"], noise["max_ppl"]
+    if noise and noise.spread:
+        lo, hi = noise.min_ppl, noise.max_ppl
         y_values += [lo, hi]
         fig.add_hrect(y0=lo, y1=hi, fillcolor="#808080", opacity=0.15, line_width=0, row=row, col=1)
         fig.add_trace(
@@ -625,7 +650,7 @@ def _proxy_panel(
                 mode="markers",
                 hoverinfo="skip",
                 legend=legend,  # the band's entry
-                name=_wrapped(f"baseline seed-to-seed spread ({noise['n_seeds']} seeds)"),
+                name=_wrapped(f"baseline seed-to-seed spread ({noise.n_seeds} seeds)"),
                 marker=dict(symbol="square", size=14, color=NOISE_COLOUR),
             ),
             row=row,
@@ -635,23 +660,24 @@ def _proxy_panel(
     fig.update_yaxes(title_text="validation perplexity", range=fitted_range(y_values), tickformat=".4g", row=row, col=1)
 
 
-def _layers_panel(fig: go.Figure, layer_view: dict[str, Any], row: int, legend: str) -> None:
+def _layers_panel(fig: go.Figure, layer_view: LayerView, row: int, legend: str) -> None:
     """The reuse counts of the decided front's maps (a heatmap, one row a map) and each layer's importance."""
-    maps = layer_view["front_maps"]
+    maps = layer_view.front_maps
+    counts = [list(m.reuse_map or ()) for m in maps]
 
-    def label(m: Mapping[str, Any]) -> str:
-        who = f"trial {m['trial']}" if m.get("trial") is not None else ",".join(map(str, m["reuse_map"]))
-        knobs = f"<br>{m['knobs']}" if m.get("knobs") else ""
-        return f"{who}{knobs}<br>{m['flops_ratio']:.2f}x, ppl {m['val_ppl']:.5g}"
+    def label(m: FrontRow) -> str:
+        who = f"trial {m.trial}" if m.trial is not None else ",".join(map(str, m.reuse_map or ()))
+        knobs = f"<br>{m.knobs}" if m.knobs else ""
+        return f"{who}{knobs}<br>{m.flops_ratio:.2f}x, ppl {m.val_ppl:.5g}"
 
     fig.add_trace(
         go.Heatmap(
-            z=[m["reuse_map"] for m in maps],
-            x=[f"layer {i}" for i in range(len(maps[0]["reuse_map"]))] if maps else [],
+            z=counts,
+            x=[f"layer {i}" for i in range(len(counts[0]))] if maps else [],
             y=[label(m) for m in maps],
             colorscale="Blues",
             zmin=1,
-            zmax=max([2] + [max(m["reuse_map"]) for m in maps]),
+            zmax=max([2] + [max(c) for c in counts]),
             showscale=False,
             texttemplate="%{z}",
             hovertemplate="%{y}<br>%{x}: %{z} runs<extra></extra>",
@@ -659,7 +685,7 @@ def _layers_panel(fig: go.Figure, layer_view: dict[str, Any], row: int, legend: 
         row=row,
         col=1,
     )
-    importance = layer_view["importance"]
+    importance = layer_view.importance
     if importance:
         fig.add_trace(
             go.Bar(
@@ -834,26 +860,24 @@ def _curves_panel(fig: go.Figure, trials: list[dict[str, Any]], front_trials: se
 AGREES = 0.6  # a rung's Spearman with the final ranking at which it is drawn as agreeing
 
 
-def _fidelity_panel(
-    fig: go.Figure, fidelity: dict[str, Any], audit: dict[str, Any] | None, row: int, legend: str
-) -> int:
+def _fidelity_panel(fig: go.Figure, fidelity: Fidelity, audit: AuditReport | None, row: int, legend: str) -> int:
     """Spearman of each rung with the final ranking; the audit's proxy vs longer-training perplexity; the line of
     agreement under the figure. Returns that line's number of lines."""
-    rungs = [r for r in fidelity.get("rungs", []) if r.get("spearman") is not None]
+    rungs = [r for r in fidelity.rungs if r.spearman is not None]
     for agrees, name, colour in (
         (True, f"rung agrees with the proxy's end (Spearman >= {AGREES})", "#b0b0b0"),
         (False, f"rung disagrees (< {AGREES})", "#6b6b6b"),
     ):
-        group = [r for r in rungs if (r["spearman"] >= AGREES) == agrees]
+        group = [r for r in rungs if (cast(float, r.spearman) >= AGREES) == agrees]
         if group:
             fig.add_trace(
                 go.Bar(
-                    x=[f"step {r['step']} ({r['fraction']:.3g})" for r in group],
-                    y=[r["spearman"] for r in group],
+                    x=[f"step {r.step} ({r.fraction:.3g})" for r in group],
+                    y=[r.spearman for r in group],
                     name=name,
                     legend=legend,
                     marker_color=colour,
-                    hovertext=[f"{r['n_maps']} complete maps; Kendall {_num(r['kendall'])}" for r in group],
+                    hovertext=[f"{r.n_maps} complete maps; Kendall {_num(r.kendall)}" for r in group],
                     hoverinfo="text+y",
                 ),
                 row=row,
@@ -862,31 +886,31 @@ def _fidelity_panel(
     if rungs:
         fig.update_xaxes(
             categoryorder="array",
-            categoryarray=[f"step {r['step']} ({r['fraction']:.3g})" for r in rungs],
+            categoryarray=[f"step {r.step} ({r.fraction:.3g})" for r in rungs],
             row=row,
             col=1,
         )
         fig.update_yaxes(range=[-1, 1], row=row, col=1)
     if audit:
-        ranked = [m for m in audit["maps"] if m["proxy_ppl"] is not None]
-        x_range = fitted_range([m["proxy_ppl"] for m in ranked], pad=0.18)
-        y_range = fitted_range([m["audit_ppl"] for m in ranked], pad=0.25)
+        ranked = [(m, m.proxy_ppl) for m in audit.maps if m.proxy_ppl is not None]
+        x_range = fitted_range([proxy for _, proxy in ranked], pad=0.18)
+        y_range = fitted_range([m.audit_ppl for m, _ in ranked], pad=0.25)
         positions = label_positions(
-            [(m["proxy_ppl"], m["audit_ppl"]) for m in ranked], [str(m["reuse_map"]) for m in ranked], x_range, y_range
+            [(proxy, m.audit_ppl) for m, proxy in ranked], [str(m.reuse_map) for m, _ in ranked], x_range, y_range
         )
         fig.add_trace(
             go.Scatter(
-                x=[m["proxy_ppl"] for m in ranked],
-                y=[m["audit_ppl"] for m in ranked],
+                x=[proxy for _, proxy in ranked],
+                y=[m.audit_ppl for m, _ in ranked],
                 mode="markers+text",
-                text=[m["reuse_map"] for m in ranked],
+                text=[m.reuse_map for m, _ in ranked],
                 textposition=positions,
                 textfont=dict(size=9),
                 cliponaxis=True,
                 legend=legend,
-                name=_wrapped(f"audited map at {audit['factor']}x steps (labelled with its map)"),
+                name=_wrapped(f"audited map at {audit.factor}x steps (labelled with its map)"),
                 marker=dict(symbol="diamond", size=9, color=DEEP_COLOUR),
-                hovertext=[f"map {m['reuse_map']}" for m in ranked],
+                hovertext=[f"map {m.reuse_map}" for m, _ in ranked],
                 hoverinfo="text+x+y",
             ),
             row=row,
@@ -894,8 +918,8 @@ def _fidelity_panel(
         )
         # room inside the axes for the labels (a label's half-width is about 4% of a small panel's width)
         fig.update_xaxes(title_text="proxy ppl", range=x_range, row=row, col=2)
-        fig.update_yaxes(title_text=f"{audit['factor']}x ppl", range=y_range, row=row, col=2)
-    lines = textwrap.wrap(fidelity["verdict"], 110)
+        fig.update_yaxes(title_text=f"{audit.factor}x ppl", range=y_range, row=row, col=2)
+    lines = textwrap.wrap(fidelity.verdict, 110)
     fig.add_annotation(
         text="<b>fidelity</b>: " + "<br>".join(lines),
         xref="paper",

@@ -243,9 +243,93 @@ class RaceState:
     # compute, the smallest gap the race would find at 80% power, and why it stopped
     comparisons: tuple[Comparison, ...] = ()
     screen: dict[str, Any] = field(default_factory=dict)
-    equal_compute: dict[str, Any] | None = None
-    detectable_gap: dict[str, Any] | None = None
+    equal_compute: EqualCompute | None = None
+    detectable_gap: DetectableGap | None = None
     stopped: str = ""
+
+
+@dataclass(frozen=True)
+class DetectableGap:
+    """The smallest gap the race's test would have found with `power` (in nats of loss, and in perplexity below the
+    baseline's), at `seeds` test seeds with the paired sd `sd_diff`, at the test's `level`."""
+
+    nats: float
+    ppl: float
+    power: float
+    seeds: int
+    sd_diff: float
+    level: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class DeepDiff:
+    """The race's best map against the plain model of its compute, paired by seed: the mean loss difference (best
+    map minus the plain model; negative: the map is better), its sd and interval, the one-sided p, the plain model's
+    perplexity over the paired seeds (`deep_ppl`), and the mean difference as perplexity there (`ppl_diff`, the map
+    minus the plain model, as the answer says it)."""
+
+    seeds: tuple[int, ...]
+    mean_diff: float
+    sd_diff: float | None
+    interval: tuple[float, float] | None
+    p_value: float
+    deep_ppl: float
+    ppl_diff: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "seeds": list(self.seeds),
+            "mean_diff": self.mean_diff,
+            "sd_diff": self.sd_diff,
+            "interval": list(self.interval) if self.interval else None,
+            "p_value": self.p_value,
+            "reference_ppl": self.deep_ppl,
+            "ppl_diff": self.ppl_diff,
+        }
+
+
+@dataclass(frozen=True)
+class EqualCompute:
+    """The race's equal-compute comparison: `deep_key` (deepR: the study's model with `layers` layers, each run once,
+    of about the FLOPs of the best map `map`), its FLOP ratio, its parameters against the baseline's
+    (`params_ratio`; `params` and `baseline_params` where search/race.py counted them), the length and seeds it
+    trained at, its mean perplexity and interval there (where it has a seed), and the best map against it
+    (`map_minus_deep`, where they share a seed). to_dict is its JSON form (`reference` is the deep model's key,
+    `map_minus_reference` the paired difference)."""
+
+    deep_key: str
+    layers: int
+    map: str
+    flops_ratio: float | None
+    params_ratio: float | None
+    steps: int
+    seeds: tuple[int, ...]
+    val_ppl: float | None = None
+    interval: tuple[float, float] | None = None
+    map_minus_deep: DeepDiff | None = None
+    params: int | None = None
+    baseline_params: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "reference": self.deep_key,
+            "layers": self.layers,
+            "map": self.map,
+            "flops_ratio": self.flops_ratio,
+            "params_ratio": self.params_ratio,
+            "steps": self.steps,
+            "seeds": list(self.seeds),
+        }
+        if self.seeds:
+            d |= {"val_ppl": self.val_ppl, "interval": list(self.interval) if self.interval else None}
+        if self.map_minus_deep is not None:
+            d["map_minus_reference"] = self.map_minus_deep.to_dict()
+        if self.params is not None:
+            d |= {"params": self.params, "baseline_params": self.baseline_params}
+        return d
 
 
 def race_lengths(settings: RaceSettings) -> tuple[int, ...]:

@@ -5,12 +5,26 @@ decided front and the answer. search/race.py builds it; the CLI, the figure (plo
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ilr_search.analysis.answer import Answer
-from ilr_search.analysis.race_core import RaceSettings, RaceState, StoredResult
+from ilr_search.analysis.race_core import DetectableGap, EqualCompute, RaceSettings, RaceState, StoredResult
+from ilr_search.analysis.results import FrontRow
+
+
+@dataclass(frozen=True)
+class DecidedBest:
+    """The map the race reports (search/race.py decided_best): claimed better than the baseline
+    (`beats_baseline`), or else the baseline; whether the race is `done`; its front row's perplexity, length and
+    seeds (None where the front has no row of it)."""
+
+    map: str
+    beats_baseline: bool
+    done: bool
+    val_ppl: float | None
+    steps: int | None
+    seeds: tuple[int, ...] | None
 
 
 @dataclass(frozen=True)
@@ -24,9 +38,9 @@ class RaceReport:
     settings: RaceSettings
     results: tuple[StoredResult, ...]
     state: RaceState
-    front: tuple[dict[str, Any], ...]
-    best: Mapping[str, Any] | None
-    equal_compute: Mapping[str, Any] | None
+    front: tuple[FrontRow, ...]
+    best: DecidedBest | None
+    equal_compute: EqualCompute | None
     answer: Answer
 
     @property
@@ -34,7 +48,7 @@ class RaceReport:
         return self.state.verdict
 
     @property
-    def detectable_gap(self) -> Mapping[str, Any] | None:
+    def detectable_gap(self) -> DetectableGap | None:
         return self.state.detectable_gap
 
     @property
@@ -74,7 +88,7 @@ class RaceReport:
             "eliminated": dict(state.eliminated),
             "comparisons": [c.to_dict() for c in state.comparisons],
             "screen": state.screen,
-            "detectable_gap": state.detectable_gap,
-            "equal_compute": dict(self.equal_compute) if self.equal_compute is not None else None,
+            "detectable_gap": state.detectable_gap.to_dict() if state.detectable_gap is not None else None,
+            "equal_compute": self.equal_compute.to_dict() if self.equal_compute is not None else None,
             "results": [r.to_dict() for r in sorted(self.results, key=lambda r: (r.map_key, r.steps, r.seed))],
         }

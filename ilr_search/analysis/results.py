@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, cast
 
 import optuna
 from optuna.trial import TrialState
 
-from ilr_search.analysis.map_key import MapKey, map_text
+from ilr_search.analysis.map_key import MapKey, key_text, map_text
 from ilr_search.analysis.pareto import pareto_front
 from ilr_search.analysis.trials import Trial, TrialRecord, record_of, trained_results, trial_records
 from ilr_search.config import SpaceConfig
-from ilr_search.knobs import format_knobs
+from ilr_search.knobs import KnobValue, format_knobs
 from ilr_search.storage import CurvePoint, RaceRun, Store, TrainCurvePoint
-from ilr_search.training.schedule import is_block_text
+from ilr_search.training.schedule import ReuseMap, is_block_text
 
 REFERENCE_PREFIX = "ilr:reference:"
 
@@ -104,17 +104,14 @@ def curve_rows(study: optuna.Study, store: Store) -> list[CurveRow]:
     for number in sorted(by_trial):
         rows += by_trial[number]
     per_step = tokens_per_step(study.user_attrs)
-    for name, ref in sorted(references(study).items()):
-        label = ",".join(map(str, ref["reuse_map"])) if ref.get("reuse_map") else name
+    for ref in reference_rows(study):
+        label = ",".join(map(str, ref.reuse_map)) if ref.reuse_map else ref.name
+        rows += [CurveRow(None, ref.name, label, "val", step, step * per_step, loss) for step, loss in ref.curve]
+    for row in race_run_rows(store.race_runs(), study.user_attrs):
+        run = row.run
         rows += [
-            CurveRow(None, name, label, "val", int(step), int(step) * per_step, float(loss))
-            for step, loss in ref.get("curve", [])
-        ]
-    for run in race_run_rows(store.race_runs(), study.user_attrs):
-        rows += [
-            CurveRow(None, None, run["map_key"], kind, p["step"], p["tokens"], p["loss"], run["seed"], run["steps"])
-            for kind in ("val", "train")
-            for p in run["curves"][kind]
+            CurveRow(None, None, run.job.map_key, "val", step, tokens, loss, run.job.seed, run.steps)
+            for step, tokens, loss in row.val_curve
         ]
     return rows
 
@@ -129,62 +126,91 @@ def tokens_per_step(study_attrs: Mapping[str, Any]) -> int:
     return space.train.batch_size * space.train.grad_accum * space.model.seq_len
 
 
-def race_run_rows(runs: Sequence[RaceRun], study_attrs: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Every stored race run (the race's and the audit's runs beyond the trials, whatever their state) as a row of
-    `trials --json`: its map (key, reuse map, knobs; an equal-compute reference deepR has no reuse map), factor,
-    length, seed, state (running | complete | failed: diverged | interrupted), FLOPs, result, and curves in the
-    trials' shape (validation points; the race stores no training curve, so `train` is empty)."""
+@dataclass(frozen=True)
+class RaceRunRow:
+    """A stored race run (the race's and the audit's runs beyond the trials, whatever their state) as `trials`
+    lists it: the run (storage RaceRun: its job, state, FLOPs, result, curve), its map parsed (`key`; None for an
+    equal-compute deepR, which is no map of the study's model), and the training tokens a step of it sees.
+    to_dict is its row of `trials --json`, with its curves in the trials' shape (validation points; the race
+    stores no training curve, so `train` is empty)."""
+
+    run: RaceRun
+    key: MapKey | None
+    tokens_per_step: int
+
+    @property
+    def val_curve(self) -> list[tuple[int, int, float]]:
+        """(step, tokens, validation loss) of each stored point."""
+        return [(step, step * self.tokens_per_step, loss) for step, loss in self.run.curve]
+
+    def to_dict(self) -> dict[str, Any]:
+        r = self.run
+        return {
+            "map_key": r.job.map_key,
+            "reuse_map": list(self.key.map.counts) if self.key else None,
+            "knobs": self.key.knobs or None if self.key else None,
+            "factor": r.job.factor,
+            "steps": r.steps,
+            "seed": r.job.seed,
+            "state": r.state,
+            "flops_ratio": r.flops_ratio,
+            "val_loss": r.val_loss,
+            "val_ppl": r.val_ppl,
+            "val_bpb": r.val_bpb,
+            "seconds": r.seconds,
+            "reason": r.reason,
+            "curves": {
+                "val": [{"step": step, "tokens": tokens, "loss": loss} for step, tokens, loss in self.val_curve],
+                "train": [],
+            },
+        }
+
+
+def race_run_rows(runs: Sequence[RaceRun], study_attrs: Mapping[str, Any]) -> list[RaceRunRow]:
+    """Every stored race run as a row of a listing (RaceRunRow), in the store's order."""
     per_step = tokens_per_step(study_attrs)
     config = study_attrs.get("ilr:config")  # search/plan.py's CONFIG_ATTR
     n_layers = int(config["model"]["n_layers"]) if config else None
-    rows = []
-    for r in runs:
-        key = r.job.map_key
-        deep = is_deep_key(key)
-        parsed = None if deep else MapKey.parse(key, n_layers)
-        rows.append(
-            {
-                "map_key": key,
-                "reuse_map": list(parsed.map.counts) if parsed else None,
-                "knobs": parsed.knobs or None if parsed else None,
-                "factor": r.job.factor,
-                "steps": r.steps,
-                "seed": r.job.seed,
-                "state": r.state,
-                "flops_ratio": r.flops_ratio,
-                "val_loss": r.val_loss,
-                "val_ppl": r.val_ppl,
-                "val_bpb": r.val_bpb,
-                "seconds": r.seconds,
-                "reason": r.reason,
-                "curves": {
-                    "val": [{"step": step, "tokens": step * per_step, "loss": loss} for step, loss in r.curve],
-                    "train": [],
-                },
+    return [
+        RaceRunRow(r, None if is_deep_key(r.job.map_key) else MapKey.parse(r.job.map_key, n_layers), per_step)
+        for r in runs
+    ]
+
+
+LossPoint = tuple[int, int, float]  # (step, tokens, loss) of a learning curve
+
+
+@dataclass(frozen=True)
+class TrialRow:
+    """A trial as `trials` lists it: its record and its learning curves, validation (`val`) and training-loss
+    window means (`train`), as (step, tokens, loss) points; a trial that reused another's result has that
+    trial's curves. to_dict is its row of `trials --json` (trial_row, with `curves`)."""
+
+    record: TrialRecord
+    val: tuple[LossPoint, ...]
+    train: tuple[LossPoint, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return trial_row(self.record) | {
+            "curves": {
+                kind: [{"step": step, "tokens": tokens, "loss": loss} for step, tokens, loss in points]
+                for kind, points in (("val", self.val), ("train", self.train))
             }
-        )
-    return rows
+        }
 
 
-def curves_of_trials(
-    trials: Sequence[Trial], val: list[CurvePoint], train: list[TrainCurvePoint]
-) -> dict[int, dict[str, list[dict[str, float]]]]:
-    """Trial number -> {"val": [{step, tokens, loss}...], "train": [...]} (`trials --json`); a trial that reused
-    another's result has that trial's curves."""
-    own: dict[int, dict[str, list[dict[str, float]]]] = {}
+def trial_rows(trials: Sequence[Trial], val: list[CurvePoint], train: list[TrainCurvePoint]) -> list[TrialRow]:
+    """Each trial with its curves (TrialRow), in the trials' order."""
+    own: dict[int, tuple[list[LossPoint], list[LossPoint]]] = {}
     for p in val:
-        own.setdefault(p.trial_number, {"val": [], "train": []})["val"].append(
-            {"step": p.step, "tokens": p.tokens, "loss": p.val_loss}
-        )
+        own.setdefault(p.trial_number, ([], []))[0].append((p.step, p.tokens, p.val_loss))
     for q in train:
-        own.setdefault(q.trial_number, {"val": [], "train": []})["train"].append(
-            {"step": q.step, "tokens": q.tokens, "loss": q.loss}
-        )
-    empty: dict[str, list[dict[str, float]]] = {"val": [], "train": []}
-    return {
-        r.number: own.get(r.number) or (own.get(r.reused_from, empty) if r.reused_from is not None else empty)
-        for r in trial_records(trials)
-    }
+        own.setdefault(q.trial_number, ([], []))[1].append((q.step, q.tokens, q.loss))
+    rows = []
+    for r in trial_records(trials):
+        found = own.get(r.number) or (own.get(r.reused_from) if r.reused_from is not None else None) or ([], [])
+        rows.append(TrialRow(r, tuple(found[0]), tuple(found[1])))
+    return rows
 
 
 def has_result(t: Trial) -> bool:
@@ -192,26 +218,170 @@ def has_result(t: Trial) -> bool:
     return record_of(t).has_result
 
 
-def study_front(trials: Sequence[Trial]) -> list[dict[str, Any]]:
-    """The Pareto front (perplexity, FLOPs) of the trials that trained their map to a result, as rows."""
-    rows = [
-        {
-            "trial": r.number,
-            "reuse_map": as_list(r.reuse_map),
-            "map": map_text(r.map_key or ""),
-            "knobs": knobs_text(r),
-            "flops_ratio": r.flops_ratio,
-            "val_ppl": r.val_ppl,
-            "val_bpb": r.val_bpb,
-            "params": r.param_count,
+@dataclass(frozen=True)
+class FrontRow:
+    """A point of a Pareto front as the reports show it: its trial (None for a map no trial trained), map, knobs
+    (as text), FLOPs, perplexity, bits per byte and parameter count. A point of the race's front (search/race.py
+    front_rows) adds where it stands: its length `steps`, its `seeds`, the [low, high] perplexity `interval`
+    ([None, None] where the race has none), whether it is `confirmed` better than the cheaper points, and
+    `is_baseline` (the reference the others are judged against; the JSON key `reference`). `within_noise_of`
+    (mark_ties): the trials of the other front points whose perplexity is within the baseline's seed noise, None
+    where not marked. to_dict is its JSON form."""
+
+    trial: int | None
+    reuse_map: tuple[int, ...] | None
+    map: str
+    knobs: str | None
+    flops_ratio: float
+    val_ppl: float
+    val_bpb: float | None
+    params: int | None
+    steps: int | None = None  # None: a proxy point (the fields below are the race's)
+    seeds: tuple[int, ...] = ()
+    interval: tuple[float | None, float | None] = (None, None)
+    confirmed: bool = False
+    is_baseline: bool = False
+    within_noise_of: tuple[int | None, ...] | None = None
+
+    @property
+    def key(self) -> str:
+        """The point's map key: its map (or its reuse map's counts) with its knobs."""
+        return key_text(self.map or ReuseMap(tuple(self.reuse_map or ())).key, self.knobs)
+
+    @property
+    def raced(self) -> bool:
+        """A point of the race's front (with its length, seeds and interval)."""
+        return self.steps is not None
+
+    def beyond_proxy(self, base_steps: int) -> bool:
+        """A point the race took past the proxy: at more than one seed, or at another length than `base_steps`."""
+        return bool(self.seeds) and (len(self.seeds) > 1 or self.steps != base_steps)
+
+    def to_dict(self) -> dict[str, Any]:
+        row: dict[str, Any] = {
+            "trial": self.trial,
+            "reuse_map": as_list(self.reuse_map),
+            "map": self.map,
+            "knobs": self.knobs,
+            "flops_ratio": self.flops_ratio,
+            "val_ppl": self.val_ppl,
+            "val_bpb": self.val_bpb,
+            "params": self.params,
         }
+        if self.steps is not None:
+            row |= {
+                "steps": self.steps,
+                "seeds": list(self.seeds),
+                "interval": list(self.interval),
+                "confirmed": self.confirmed,
+                "reference": self.is_baseline,
+            }
+        if self.within_noise_of is not None:
+            row["within_noise_of"] = list(self.within_noise_of)
+        return row
+
+
+@dataclass(frozen=True)
+class LayerView:
+    """What `pareto --view layers` shows (commands/report.py layer_view): the decided front's maps, and the
+    importance for perplexity of each layer's count and of each searched knob (name -> importance; empty where
+    nothing could be attributed)."""
+
+    front_maps: tuple[FrontRow, ...]
+    importance: Mapping[str, float]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"front_maps": [p.to_dict() for p in self.front_maps], "importance": dict(self.importance)}
+
+
+def study_front(trials: Sequence[Trial]) -> list[FrontRow]:
+    """The Pareto front (perplexity, FLOPs) of the trials that trained their map to a result, cheapest first."""
+    rows = [
+        FrontRow(
+            r.number,
+            r.reuse_map,
+            map_text(r.map_key or ""),
+            knobs_text(r),
+            cast(float, r.flops_ratio),  # a trained result has its FLOPs and perplexity
+            cast(float, r.val_ppl),
+            r.val_bpb,
+            r.param_count,
+        )
         for r in trained_results(trials)
     ]
-    return pareto_front(rows)
+    return pareto_front(rows, lambda p: (p.val_ppl, p.flops_ratio))
 
 
-def references(study: optuna.Study) -> dict[str, Any]:
-    return {k[len(REFERENCE_PREFIX) :]: v for k, v in study.user_attrs.items() if k.startswith(REFERENCE_PREFIX)}
+@dataclass(frozen=True)
+class StoredReference:
+    """A reference run as the study stored it (search/run.py train_references, the user attribute
+    ilr:reference:NAME): the baseline at an extra seed (baseline_seedN), the best recurrent map at a second seed
+    (second_seed) or block recurrence (blockK). Trained outside the sampler's view, it has no trial number.
+    `reuse_map` is None for block recurrence; `block_map` is a block map's key (stored as `map`); `curve` is its
+    (step, validation loss) points. to_dict is its stored form, key for key (the `references` of the JSON
+    reports); row is its row in a listing (`trials`)."""
+
+    name: str
+    schedule: tuple[int, ...] | None
+    seed: int | None
+    flops_ratio: float | None
+    reuse_map: tuple[int, ...] | None
+    knobs: Mapping[str, KnobValue]
+    block_map: str | None
+    val_ppl: float | None
+    val_bpb: float | None
+    status: str | None
+    steps: int
+    curve: tuple[tuple[int, float], ...]
+    stored: Mapping[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def of(cls, name: str, stored: Mapping[str, Any]) -> StoredReference:
+        schedule, reuse_map = stored.get("schedule"), stored.get("reuse_map")
+        return cls(
+            name,
+            tuple(schedule) if schedule is not None else None,
+            stored.get("seed"),
+            stored.get("flops_ratio"),
+            tuple(reuse_map) if reuse_map is not None else None,
+            dict(stored.get("knobs") or {}),
+            stored.get("map"),
+            stored.get("val_ppl"),
+            stored.get("val_bpb"),
+            stored.get("status"),
+            stored.get("steps", 0),
+            tuple((int(step), float(loss)) for step, loss in stored.get("curve", [])),
+            stored,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.stored)
+
+    def row(self) -> dict[str, Any]:
+        """The run as a row of a listing, marked `reference` (its name) with the state REFERENCE."""
+        return {
+            "trial": None,
+            "reference": self.name,
+            "state": "REFERENCE",
+            "reuse_map": self.stored.get("reuse_map"),
+            "knobs": format_knobs(self.knobs) if self.knobs else None,
+            "flops_ratio": self.flops_ratio,
+            "val_ppl": self.val_ppl,
+            "val_bpb": self.val_bpb,
+            "steps": self.steps,
+            "seed": self.seed,
+            "status": self.status,
+            "schedule": self.stored.get("schedule"),
+        } | ({"map": self.block_map} if self.block_map else {})
+
+
+def references(study: optuna.Study) -> dict[str, StoredReference]:
+    """The study's reference runs by name, in the order the study stores them."""
+    return {
+        k[len(REFERENCE_PREFIX) :]: StoredReference.of(k[len(REFERENCE_PREFIX) :], v)
+        for k, v in study.user_attrs.items()
+        if k.startswith(REFERENCE_PREFIX)
+    }
 
 
 def listed_trials(trials: Sequence[Trial]) -> list[TrialRecord]:
@@ -220,30 +390,9 @@ def listed_trials(trials: Sequence[Trial]) -> list[TrialRecord]:
     return [r for r in trial_records(trials) if r.state != TrialState.WAITING and not r.surplus]
 
 
-def reference_rows(study: optuna.Study) -> list[dict[str, Any]]:
-    """The study's reference runs as rows of a listing, marked `reference` (the run's name) with the state
-    REFERENCE: trained outside the sampler's view, so they have no trial number."""
-    rows = []
-    for name, ref in sorted(references(study).items()):
-        knobs = ref.get("knobs")
-        rows.append(
-            {
-                "trial": None,
-                "reference": name,
-                "state": "REFERENCE",
-                "reuse_map": ref.get("reuse_map"),
-                "knobs": format_knobs(knobs) if knobs else None,
-                "flops_ratio": ref.get("flops_ratio"),
-                "val_ppl": ref.get("val_ppl"),
-                "val_bpb": ref.get("val_bpb"),
-                "steps": ref.get("steps", 0),
-                "seed": ref.get("seed"),
-                "status": ref.get("status"),
-                "schedule": ref.get("schedule"),
-            }
-            | ({"map": ref["map"]} if ref.get("map") else {})
-        )
-    return rows
+def reference_rows(study: optuna.Study) -> list[StoredReference]:
+    """The study's reference runs in a listing's order (by name)."""
+    return [ref for _, ref in sorted(references(study).items())]
 
 
 def trained_trials(trials: Sequence[Trial]) -> list[TrialRecord]:
@@ -270,7 +419,7 @@ def key_reuse_map(map_key: str, n_layers: int | None = None) -> list[int]:
     return list(MapKey.parse(map_key, n_layers).map.counts)
 
 
-DEEP_PREFIX = "deep"  # the race's equal-compute reference: deepR, the study's model with R layers, each run once
+DEEP_PREFIX = "deep"  # the race's equal-compute model: deepR, the study's model with R layers, each run once
 
 
 def deep_key(layer_runs: int) -> str:
@@ -278,7 +427,7 @@ def deep_key(layer_runs: int) -> str:
 
 
 def is_deep_key(key: str) -> bool:
-    """An equal-compute reference's key (deepR), not a reuse map of the study's model."""
+    """An equal-compute model's key (deepR), not a reuse map of the study's model."""
     return key.startswith(DEEP_PREFIX) and key[len(DEEP_PREFIX) :].isdigit()
 
 

@@ -719,7 +719,7 @@ def studies(storage: Storage = None, json_out: Json = False) -> None:
     """List the studies in a storage."""
     from ilr_search.commands.studies import list_studies
 
-    emit({"studies": list_studies(storage)}, json_out, ui.print_studies)
+    emit(list_studies(storage), json_out, ui.print_studies)
 
 
 @app.command()

@@ -8,7 +8,7 @@ import math
 import statistics
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -30,11 +30,14 @@ from ilr_search.commands.events import (
     StudyStarted,
     TrialFinished,
     TrialStarted,
+    format_knobs,
     format_reuse_map,
 )
 
 if TYPE_CHECKING:
-    from ilr_search.commands.studies import StudyReport
+    from ilr_search.commands.export import ExportedModel
+    from ilr_search.commands.report import ExportedTable
+    from ilr_search.commands.studies import Fidelity, FrontRow, StudyListing, StudyReport
 
 
 def console(stderr: bool = False) -> Console:
@@ -478,28 +481,31 @@ class ConsoleReporter(RunReporter):
 
     @on.register
     def _trial_finished(self, event: TrialFinished) -> None:
-        row, front = event.row, event.front
+        t, front = event.trial, event.front
         self.finished = event.finished
         if self.study_task is not None and self.runs_done is None:
             self.progress.update(self.study_task, completed=event.finished)
+        knobs = format_knobs(t.knobs) if t.knobs else ""
+        reuse_map = list(t.reuse_map) if t.reuse_map is not None else None
         self.print(
             event,
-            f"trial {row['trial']} {row['state'].lower()}: map {_fmt(row['reuse_map'])}"
-            + (f" with {row['knobs']}" if row.get("knobs") else "")
-            + f", {_fmt(row['flops_ratio'])}x, "
-            f"ppl {_fmt(row['val_ppl'])}"
-            + (f" (reused trial {row['reused_from']})" if row.get("reused_from") is not None else "")
-            + (f" ({row['reason']})" if row["state"] != "COMPLETE" and row.get("reason") else ""),
+            f"trial {t.number} {t.state.name.lower()}: map {_fmt(reuse_map)}"
+            + (f" with {knobs}" if knobs else "")
+            + f", {_fmt(t.flops_ratio)}x, "
+            f"ppl {_fmt(t.val_ppl)}"
+            + (f" (reused trial {t.reused_from})" if t.reused_from is not None else "")
+            + (f" ({t.reason})" if t.state.name != "COMPLETE" and t.reason else ""),
         )
-        front_trials = [p["trial"] for p in front]
+        front_trials = [p.trial for p in front]
         if not self.enabled or not front or front_trials == self.printed_front:  # printed only when it changed
             return
         self.printed_front = front_trials
         table = Table(title="current front", title_justify="left")
-        columns = with_knobs_column(FRONT_COLUMNS, front)
+        rows = [p.to_dict() for p in front]  # a table's cells by column name
+        columns = with_knobs_column(FRONT_COLUMNS, rows)
         for col in columns:
             table.add_column(col)
-        for p in front:
+        for p in rows:
             table.add_row(*(_fmt(_cell(p, c)) for c in columns))
         self.progress.console.print(table)
 
@@ -528,19 +534,19 @@ FROZEN_COMPARISON_COLUMNS = ["window_chunks" if c == "seeds" else c for c in COM
 CONFIRMED_WORDS = ("yes", "no", "reference")  # the front's `confirmed` column: claimed better, not, the baseline
 
 
-def race_front_rows(front: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Front points for a table: the interval as low-high (with the perplexities' decimals), confirmed as a word of
-    CONFIRMED_WORDS."""
-    yes, no, reference = CONFIRMED_WORDS
-    decimals = significant_decimals([p.get("val_ppl") for p in front])
+def race_front_rows(front: list[FrontRow]) -> list[dict[str, Any]]:
+    """Front points as a table's rows (cells by column name): the interval as low-high (with the perplexities'
+    decimals), confirmed as a word of CONFIRMED_WORDS."""
+    yes, no, baseline = CONFIRMED_WORDS
+    decimals = significant_decimals([p.val_ppl for p in front])
     return [
-        dict(
-            p,
-            interval=f"{fixed(p['interval'][0], decimals)}-{fixed(p['interval'][1], decimals)}"
-            if p.get("interval") and p["interval"][0] is not None
+        p.to_dict()
+        | {
+            "interval": f"{fixed(p.interval[0], decimals)}-{fixed(p.interval[1], decimals)}"
+            if p.interval[0] is not None
             else "-",
-            confirmed=reference if p.get("reference") else yes if p.get("confirmed") else no,
-        )
+            "confirmed": baseline if p.is_baseline else yes if p.confirmed else no,
+        }
         for p in front
     ]
 
@@ -556,8 +562,8 @@ def print_answer(report: StudyReport, details: bool = True) -> None:
 
 def print_race(report: StudyReport) -> None:
     """What the race's answer rests on (the verdict itself is in `--json`; the answer and its details say it in
-    words): its runs beyond the proxy (the fixed race: each run; the adaptive
-    race: each map's seeds at the target), the comparisons with the baseline, the equal-compute reference."""
+    words): its runs beyond the proxy (the fixed race: each run; the adaptive race: each map's seeds at the target),
+    the comparisons with the baseline, the equal-compute model."""
     race = report.race
     if race is None:
         return
@@ -637,11 +643,11 @@ def print_race(report: StudyReport) -> None:
     for key, why in race.state.eliminated.items():
         out.print(f"eliminated {key}: {why}", soft_wrap=True)
     equal = race.equal_compute
-    if equal and equal.get("val_ppl") is not None:
+    if equal and equal.val_ppl is not None:
         out.print(
-            f"equal compute: {equal['reference']} (a plain {equal['layers']}-layer model, "
-            f"{_fmt(equal['flops_ratio'])}x FLOPs, {equal['params']} parameters, {equal['params_ratio']:.2f}x "
-            f"the baseline's) ppl {_fmt(equal['val_ppl'])} over seeds {_fmt(equal['seeds'])}",
+            f"equal compute: {equal.deep_key} (a plain {equal.layers}-layer model, "
+            f"{_fmt(equal.flops_ratio)}x FLOPs, {equal.params} parameters, {equal.params_ratio:.2f}x "
+            f"the baseline's) ppl {_fmt(equal.val_ppl)} over seeds {_fmt(list(equal.seeds))}",
             soft_wrap=True,
         )
     if report.answer.trust is not None:
@@ -653,7 +659,7 @@ def is_frozen(report: StudyReport) -> bool:
     return report.race is not None and report.race.settings.frozen
 
 
-def print_front(report: StudyReport, front: list[dict[str, Any]]) -> None:
+def print_front(report: StudyReport, front: list[FrontRow]) -> None:
     """The decided front as run and pareto print it (a frozen study's without its steps, its seeds window chunks)."""
     if is_frozen(report):
         rows_table(
@@ -678,7 +684,7 @@ def print_run(report: StudyReport) -> None:
     the last line."""
     print_front(report, list(report.front))
     for name, ref in report.references.items():
-        out.print(f"reference {name}: {_fmt(ref['flops_ratio'])}x, ppl {_fmt(ref['val_ppl'])}")
+        out.print(f"reference {name}: {_fmt(ref.flops_ratio)}x, ppl {_fmt(ref.val_ppl)}")
     everything = report.steps_trained + report.reference_steps + report.race_steps
     if is_frozen(report):
         out.print(
@@ -718,33 +724,32 @@ def print_run(report: StudyReport) -> None:
     print_answer(report, details=False)
 
 
-def print_studies(report: dict[str, Any]) -> None:
+def print_studies(listing: StudyListing) -> None:
     """The studies as a table, then each study's answer on a line of its own."""
     rows_table(
         "studies (best: the map the race reports, at its decided length)",
-        report["studies"],
+        [s.to_dict() for s in listing.studies],  # a table's cells by column name
         ["study", "n_trials", "budget", "layers", "best", "best_val_ppl", "best_steps", "decided"],
         {"n_trials": "trials"},
         droppable=["best_steps", "layers", "n_trials", "budget", "decided"],
     )
-    for row in report["studies"]:
-        out.print(f"{row['study']}: {row['answer']}", markup=False, highlight=False)
+    for s in listing.studies:
+        out.print(f"{s.study}: {s.answer}", markup=False, highlight=False)
 
 
-def print_export(report: dict[str, Any]) -> None:
-    references, runs = report.get("references", 0), report.get("race_runs", 0)
+def print_export(report: ExportedTable) -> None:
     out.print(
-        f"wrote {report['rows'] - references - runs} trials, {references} reference runs and {runs} race runs "
-        f"to {report['out']}"
+        f"wrote {report.trials} trials, {report.references} reference runs and {report.race_runs} race runs "
+        f"to {report.out}"
     )
-    if report.get("curves_out"):
-        out.print(f"wrote {report['curve_points']} curve points to {report['curves_out']}")
+    if report.curves_out is not None:
+        out.print(f"wrote {report.curve_points} curve points to {report.curves_out}")
 
 
-def print_export_model(report: dict[str, Any]) -> None:
+def print_export_model(report: ExportedModel) -> None:
     out.print(
-        f"wrote a {report['family']} checkpoint of {report['layers']} layers ({report['source']}, map "
-        f"{report['map']}, schedule {','.join(map(str, report['schedule']))}) to {report['out']}",
+        f"wrote a {report.family} checkpoint of {report.layers} layers ({report.source}, map "
+        f"{report.map}, schedule {','.join(map(str, report.schedule))}) to {report.out}",
         markup=False,
     )
 
@@ -754,11 +759,12 @@ def print_trials(report: StudyReport) -> None:
     print_answer(report)
     listing = report.listing
     if listing is not None:
-        rows_table(f"trials of {report.study}", list(listing.rows), TRIAL_COLUMNS, droppable=TRIAL_COLUMNS_DROPPED)
+        rows = [r.to_dict() for r in listing.rows]  # a table's cells by column name
+        rows_table(f"trials of {report.study}", rows, TRIAL_COLUMNS, droppable=TRIAL_COLUMNS_DROPPED)
         if listing.references:
             rows_table(
                 "reference runs (trained outside the sampler's view)",
-                list(listing.references),
+                [r.row() for r in listing.references],
                 ["reference", "reuse_map", "knobs", "flops_ratio", "val_ppl", "val_bpb", "seed", "status"],
                 droppable=["val_bpb", "seed", "status"],
             )
@@ -773,15 +779,15 @@ def print_pareto(report: StudyReport) -> None:
     print_front(report, list(view.front) if view is not None else list(report.front))
     if view is not None and view.noise:
         out.print(
-            f"baseline seed-to-seed spread at the proxy's length: {view.noise['spread']:.4g} ppl over "
-            f"{view.noise['n_seeds']} seeds"
+            f"baseline seed-to-seed spread at the proxy's length: {view.noise.spread:.4g} ppl over "
+            f"{view.noise.n_seeds} seeds"
         )
     if view is not None and view.layers is not None:
-        out.print(recurred_layers(view.layers["front_maps"]), soft_wrap=True)
-        if view.layers.get("importance"):
+        out.print(recurred_layers(view.layers.front_maps), soft_wrap=True)
+        if view.layers.importance:
             rows_table(
                 "layer importance for perplexity (Optuna PED-ANOVA)",
-                [{"layer": k, "importance": f"{v:.2f}"} for k, v in view.layers["importance"].items()],
+                [{"layer": k, "importance": f"{v:.2f}"} for k, v in view.layers.importance.items()],
                 ["layer", "importance"],
             )
     _fidelity_lines(report.fidelity)
@@ -790,9 +796,9 @@ def print_pareto(report: StudyReport) -> None:
         out.print(f"wrote {view.out}")
 
 
-def recurred_layers(front: list[dict[str, Any]]) -> str:
+def recurred_layers(front: Sequence[FrontRow]) -> str:
     """One sentence: which layers the decided front's maps run more than once."""
-    layers = sorted({i for p in front for i, count in enumerate(p["reuse_map"]) if count > 1})
+    layers = sorted({i for p in front for i, count in enumerate(p.reuse_map or ()) if count > 1})
     if not layers:
         return "the decided front recurs no layer"
     names = [str(i) for i in layers]
@@ -800,26 +806,19 @@ def recurred_layers(front: list[dict[str, Any]]) -> str:
     return f"the decided front recurs layer{'s' if len(names) > 1 else ''} {listed}"
 
 
-def _fidelity_lines(fidelity: Mapping[str, Any] | None) -> None:
-    if not fidelity:
+def _fidelity_lines(fidelity: Fidelity | None) -> None:
+    if fidelity is None:
         return
-    rungs = fidelity.get("rungs") or []
-    if rungs:
+    if fidelity.rungs:
         rows_table(
             "rung agreement with the final ranking (complete maps)",
             [
-                {
-                    "step": r["step"],
-                    "fraction": r["fraction"],
-                    "maps": r["n_maps"],
-                    "spearman": r["spearman"],
-                    "kendall": r["kendall"],
-                }
-                for r in rungs
+                {"step": r.step, "fraction": r.fraction, "maps": r.n_maps, "spearman": r.spearman, "kendall": r.kendall}
+                for r in fidelity.rungs
             ],
             ["step", "fraction", "maps", "spearman", "kendall"],
         )
-    out.print(f"fidelity: {fidelity['verdict']}")
+    out.print(f"fidelity: {fidelity.verdict}")
 
 
 def print_audit(report: dict[str, Any]) -> None:

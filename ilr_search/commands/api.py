@@ -65,7 +65,7 @@ def flops_report(
     cfg_space = with_init(load_space(space, overrides), init)
     counts, schedule, block = resolve_schedule(cfg_space.model.n_layers, reuse_map, block, cfg_space.search.max_reuse)
     cfg = schedule_model(cfg_space, schedule, knobs)
-    report = describe(cfg, counts, schedule, cfg_space.train.tokens(cfg.seq_len), param_count(cfg), block)
+    report = describe(cfg, counts, schedule, cfg_space.train.tokens(cfg.seq_len), param_count(cfg), block).to_dict()
     if isinstance(reuse_map, str) and is_block_text(reuse_map):  # the block map's key, as a study would store it
         report["map"] = parse_map(reuse_map, cfg_space.model.n_layers).key
     return report | {"knobs": format_knobs(knobs_of(cfg)), "knob_params": knob_params(cfg)}

@@ -86,7 +86,7 @@ def select_maps(trials: Sequence[Trial], curves: Curves, kind: str, k: int, seed
     records = trial_records(trials)
     trained = trained_trials(records)
     complete = sorted(trained_results(records), key=lambda t: (t.val_ppl, t.number))
-    front_numbers = [p["trial"] for p in study_front(records)]
+    front_numbers = [p.trial for p in study_front(records) if p.trial is not None]  # a proxy point is a trial's
     by_number = {t.number: t for t in trained}
     if kind == "all":
         return sorted(trained, key=lambda t: t.number)

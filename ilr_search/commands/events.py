@@ -1,6 +1,7 @@
 """What the CLI's renderer (cli/ui.py) needs to draw a run: its event stream (search/progress.py) and how a
 reuse map is written (training/schedule.py). The CLI imports only from commands/, so these come through here."""
 
+from ilr_search.knobs import format_knobs
 from ilr_search.search.progress import (
     Event,
     Message,
@@ -28,5 +29,6 @@ __all__ = [
     "StudyStarted",
     "TrialFinished",
     "TrialStarted",
+    "format_knobs",
     "format_reuse_map",
 ]

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +69,7 @@ def check_family(family: str | None, cfg: ModelConfig) -> str:
 
 def export_saved_model(
     folder: str | Path, out: str | Path, map_text: str | None = None, family: str | None = None
-) -> dict[str, Any]:
+) -> ExportedModel:
     """`export-model --model DIR`: a model `train --save DIR` wrote, under `map_text` (default: the map it was
     trained with), as a standard checkpoint in `out`."""
     folder, out = Path(folder), Path(out)
@@ -97,7 +98,7 @@ def export_saved_model(
     check_checkpoint(cfg, schedule, family, tokenizer)
     model, _ = load_trained(folder)
     write_checkpoint(model, schedule, out, family, tokenizer)
-    return export_result(out, family, key, schedule, f"model {folder}")
+    return ExportedModel(out, family, key, tuple(schedule), f"model {folder}")
 
 
 def saved_tokenizer(folder: Path, data: DataConfig | None) -> Path | None:
@@ -119,7 +120,7 @@ def export_study_model(
     map_text: str | None = None,
     family: str | None = None,
     on_choice: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
+) -> ExportedModel:
     """`export-model --study NAME`: a frozen study's pretrained model (its checkpoint's weights, evaluated as they
     are) under `map_text` (default: the study's decided best map), as a standard checkpoint in `out`."""
     from ilr_search.training.train import build_model
@@ -153,15 +154,30 @@ def export_study_model(
         on_choice(why)
     model = build_model(cfg, seed=0).eval()
     write_checkpoint(model, choice.schedule, out, family, tokenizer)
-    return export_result(out, family, choice.key, choice.schedule, f"study {study_name}")
+    return ExportedModel(out, family, choice.key, tuple(choice.schedule), f"study {study_name}")
 
 
-def export_result(out: Path, family: str, key: str, schedule: Sequence[int], source: str) -> dict[str, Any]:
-    return {
-        "out": str(out),
-        "family": family,
-        "map": key,
-        "schedule": list(schedule),
-        "layers": len(schedule),
-        "source": source,
-    }
+@dataclass(frozen=True)
+class ExportedModel:
+    """A standard checkpoint `export-model` wrote: where, its family, the map (its key) and schedule it runs, and
+    where its weights came from. to_json is `export-model --json`."""
+
+    out: Path
+    family: str
+    map: str
+    schedule: tuple[int, ...]
+    source: str
+
+    @property
+    def layers(self) -> int:
+        return len(self.schedule)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "out": str(self.out),
+            "family": self.family,
+            "map": self.map,
+            "schedule": list(self.schedule),
+            "layers": self.layers,
+            "source": self.source,
+        }

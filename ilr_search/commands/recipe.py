@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import optuna
 import torch
@@ -193,20 +193,20 @@ def default_map(view: StudySettingsView, trials: list[TrialRecord]) -> tuple[Map
     front = decided_front(trials, race)
     if not front:
         raise UserInputError(f"study {view.study.study_name!r} has no complete trial yet; give --map or run it first")
-    best = min(front, key=lambda p: (p["val_ppl"], p["flops_ratio"]))
-    trial = {t.number: t for t in trials}.get(best["trial"])  # None: the baseline, where no trial trained it
+    best = min(front, key=lambda p: (p.val_ppl, p.flops_ratio))
+    trial = {t.number: t for t in trials}.get(best.trial) if best.trial is not None else None  # None: the baseline
     choice = MapChoice.of(
-        parse_map(best["map"], view.space.model.n_layers), dict(trial.knobs) if trial is not None else {}
+        parse_map(best.map, view.space.model.n_layers), dict(trial.knobs) if trial is not None else {}
     )
     words = race.settings.words if race is not None else RaceWords()
     where = (
-        f"the race's front {words.at(best['steps'])} (mean of {words.count(len(best['seeds']))})"
-        if best.get("seeds") and (len(best["seeds"]) > 1 or best["steps"] != view.space.train.steps)
+        f"the race's front {words.at(cast(int, best.steps))} (mean of {words.count(len(best.seeds))})"
+        if best.beyond_proxy(view.space.train.steps)
         else "the proxy's front"
     )
-    source = f"trial {best['trial']}" if best["trial"] is not None else "the baseline"
+    source = f"trial {best.trial}" if best.trial is not None else "the baseline"
     return choice, (
-        f"map {choice.key} ({source}): the map of lowest perplexity on {where} ({best['val_ppl']:.4g}); "
+        f"map {choice.key} ({source}): the map of lowest perplexity on {where} ({best.val_ppl:.4g}); "
         "--map chooses another"
     )
 
@@ -219,13 +219,13 @@ def measured_results(view: StudySettingsView, storage: str | None, choice: MapCh
     refs = references(study)
     proxy: dict[str, Any] | None = None
     if choice.block:
-        ref = refs.get(f"block{choice.block}", {})
+        ref = refs.get(f"block{choice.block}")
         proxy = {
             "kind": "reference",
-            "steps": ref.get("steps"),
-            "val_ppl": ref.get("val_ppl"),
-            "val_bpb": ref.get("val_bpb"),
-            "status": ref.get("status"),
+            "steps": ref.steps if ref else None,
+            "val_ppl": ref.val_ppl if ref else None,
+            "val_bpb": ref.val_bpb if ref else None,
+            "status": ref.status if ref else None,
         }
     else:
         t = trained_by_map(study.get_trials(deepcopy=False)).get(choice.key)
@@ -259,15 +259,15 @@ def measured_results(view: StudySettingsView, storage: str | None, choice: MapCh
     second_seed = None
     if (
         second
-        and second.get("reuse_map") == choice.reuse_map
-        and second.get("knobs", {}) == choice.knobs
+        and list(second.reuse_map or ()) == choice.reuse_map
+        and second.knobs == choice.knobs
         and not choice.block
     ):
         second_seed = {
-            "seed": second.get("seed"),
-            "steps": second.get("steps"),
-            "val_ppl": second.get("val_ppl"),
-            "val_bpb": second.get("val_bpb"),
+            "seed": second.seed,
+            "steps": second.steps,
+            "val_ppl": second.val_ppl,
+            "val_bpb": second.val_bpb,
         }
     return {"proxy": proxy, "race_runs": runs, "second_seed": second_seed, "prediction": None}
 

@@ -7,6 +7,7 @@ import json
 import os
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -17,6 +18,8 @@ from ilr_search.analysis.plots import pareto_figure, plot_ppl, write_figure_html
 from ilr_search.analysis.results import (
     CurveRow,
     Curves,
+    FrontRow,
+    LayerView,
     curve_of,
     curve_rows,
     curves_by_trial,
@@ -30,7 +33,7 @@ from ilr_search.analysis.results import (
 )
 from ilr_search.analysis.trials import TrialRecord, trained_results, trial_records
 from ilr_search.errors import UserInputError
-from ilr_search.knobs import KNOB_CHOICES
+from ilr_search.knobs import KNOB_CHOICES, format_knobs
 from ilr_search.search.plan import CONFIG_ATTR
 from ilr_search.search.race import decided_front
 from ilr_search.search.studies import FrontView, StudyReport, open_study, study_report
@@ -75,14 +78,14 @@ def _atomic_write(path: Path, write: Any) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def layer_view(trials: list[TrialRecord], front: list[dict[str, Any]]) -> dict[str, Any]:
+def layer_view(trials: list[TrialRecord], front: Sequence[FrontRow]) -> LayerView:
     """Reuse counts of the `front`'s maps (the decided front: the race's where the study was raced), and the
     importance for perplexity of each layer's count and of each searched knob, from Optuna's evaluator, computed
     on the maps that were trained (not the sampler's proposals, which the budget may have repaired)."""
     evaluated = trained_results(trials)
     importance: dict[str, float] = {}
     if len(evaluated) >= 3 and front:
-        n_layers = len(front[0]["reuse_map"])
+        n_layers = len(front[0].reuse_map or ())
         maps = {t.number: cast(tuple[int, ...], t.reuse_map) for t in evaluated}  # trained results have their maps
         top = max(max(maps[t.number]) for t in evaluated)
         knobs = sorted({k for t in evaluated for k in t.knobs})
@@ -105,7 +108,7 @@ def layer_view(trials: list[TrialRecord], front: list[dict[str, Any]]) -> dict[s
             importance = {name: raw.get(name, 0.0) for name in names}
         except (ValueError, RuntimeError):  # e.g. every trial has the same map: nothing to attribute
             importance = {}
-    return {"front_maps": front, "importance": importance}
+    return LayerView(tuple(front), importance)
 
 
 def _trial_rows(study: optuna.Study, curves: Curves) -> list[dict[str, Any]]:
@@ -150,10 +153,9 @@ def _pareto(
     store = open_store(spec, study_name, read_only=True, storage=study_storage(study))
     report = study_report(study, spec, store)
     trials = trial_records(study.get_trials(deepcopy=False))
-    front = study_front(trials)
     noise = noise_band(trials, study.user_attrs)
-    mark_ties(front, noise)
-    race_front = mark_ties([dict(p) for p in report.front], noise)  # each point at its longest raced length
+    front = mark_ties(study_front(trials), noise)
+    race_front = mark_ties(report.front, noise)  # each point at its longest raced length
     decided = race_front if report.race is not None else decided_front(trials, None)  # with its noise ties
     layers = layer_view(trials, decided) if view == "layers" else None
     report = dataclasses.replace(
@@ -162,7 +164,7 @@ def _pareto(
             tuple(race_front),
             tuple(front),
             noise,
-            {str(k): [p["trial"] for p in v] for k, v in sorted(store.front_history().items())},
+            {str(k): [p.trial for p in v] for k, v in sorted(store.front_history().items())},
             layers,
             str(out) if out is not None else None,
         ),
@@ -170,7 +172,7 @@ def _pareto(
 
     def figure() -> go.Figure:
         rows = _trial_rows(study, curves_by_trial(store.curve_points()))
-        return pareto_figure(study_name, rows, front, noise, layers, dict(report.fidelity), report.race, report.answer)
+        return pareto_figure(study_name, rows, front, noise, layers, report.fidelity, report.race, report.answer)
 
     return report, figure
 
@@ -258,9 +260,40 @@ def _write_table(path: Path, frame: Any) -> None:
         _atomic_write(path, lambda p: frame.to_parquet(p, index=False))
 
 
+@dataclass(frozen=True)
+class ExportedTable:
+    """What `export` wrote: the table `out` of `rows` rows (the trials, then `references` reference runs and
+    `race_runs` race runs), and where asked the curves table `curves_out` of `curve_points` points. to_json is
+    `export --json`."""
+
+    study: str
+    out: Path
+    rows: int
+    references: int
+    race_runs: int
+    curves_out: Path | None = None
+    curve_points: int = 0
+
+    @property
+    def trials(self) -> int:
+        return self.rows - self.references - self.race_runs
+
+    def to_json(self) -> dict[str, Any]:
+        report: dict[str, Any] = {
+            "study": self.study,
+            "out": str(self.out),
+            "rows": self.rows,
+            "references": self.references,
+            "race_runs": self.race_runs,
+        }
+        if self.curves_out is not None:
+            report |= {"curves_out": str(self.curves_out), "curve_points": self.curve_points}
+        return report
+
+
 def export_trials(
     study_name: str, storage: str | None, out: str | Path, curves_out: str | Path | None = None
-) -> dict[str, Any]:
+) -> ExportedTable:
     """One row per trial (map, state, objectives, parameters, steps, seed, pruning rung, durations), per reference
     run, and per race run (state RACE_RUN: map, factor, steps, seed, result and `run_state`, every one stored,
     whatever its state) as CSV or parquet, integer columns as integers; with `curves_out`, the learning curves
@@ -292,7 +325,7 @@ def export_trials(
             "steps": t.steps,
             "seed": seed,
             "pruned_at_step": t.pruned_at_step,
-            "pruning_reason": pruning.get(t.number, {}).get("reason"),
+            "pruning_reason": pruning[t.number].reason if t.number in pruning else None,
             "reused_from": t.reused_from,
             "status": t.status,
             "reason": t.reason,
@@ -307,65 +340,50 @@ def export_trials(
     for ref in reference_rows(study):  # marked by their name in `reference`, state REFERENCE, no trial number
         records.append(
             {
-                k: ref[k]
-                for k in (
-                    "trial",
-                    "reference",
-                    "state",
-                    "knobs",
-                    "flops_ratio",
-                    "val_ppl",
-                    "val_bpb",
-                    "steps",
-                    "status",
-                )
-            }
-            | {
-                "reuse_map": ref.get("map") or ",".join(map(str, ref["reuse_map"])) if ref["reuse_map"] else None,
-                "schedule": ",".join(map(str, ref["schedule"])) if ref["schedule"] else None,
-                "seed": ref["seed"],
+                "trial": None,
+                "reference": ref.name,
+                "state": "REFERENCE",
+                "knobs": format_knobs(ref.knobs) if ref.knobs else None,
+                "flops_ratio": ref.flops_ratio,
+                "val_ppl": ref.val_ppl,
+                "val_bpb": ref.val_bpb,
+                "steps": ref.steps,
+                "status": ref.status,
+                "reuse_map": ref.block_map or ",".join(map(str, ref.reuse_map)) if ref.reuse_map else None,
+                "schedule": ",".join(map(str, ref.schedule)) if ref.schedule else None,
+                "seed": ref.seed,
             }
         )
     runs = race_run_rows(store.race_runs(), study.user_attrs)
-    for run in runs:  # state RACE_RUN, no trial number; named by (map_key, steps, seed)
+    for row in runs:  # state RACE_RUN, no trial number; named by (map_key, steps, seed)
+        run = row.run
         records.append(
             {
                 "trial": None,
                 "reference": None,
                 "state": RACE_RUN_STATE,
-                "reuse_map": map_text(run["map_key"]) if run["reuse_map"] else None,
-                "train_seconds": run["seconds"],
-                "run_state": run["state"],
-            }
-            | {
-                k: run[k]
-                for k in (
-                    "map_key",
-                    "knobs",
-                    "flops_ratio",
-                    "val_ppl",
-                    "val_bpb",
-                    "val_loss",
-                    "steps",
-                    "seed",
-                    "factor",
-                    "reason",
-                )
+                "reuse_map": map_text(run.job.map_key) if row.key else None,
+                "train_seconds": run.seconds,
+                "run_state": run.state,
+                "map_key": run.job.map_key,
+                "knobs": row.key.knobs or None if row.key else None,
+                "flops_ratio": run.flops_ratio,
+                "val_ppl": run.val_ppl,
+                "val_bpb": run.val_bpb,
+                "val_loss": run.val_loss,
+                "steps": run.steps,
+                "seed": run.job.seed,
+                "factor": run.job.factor,
+                "reason": run.reason,
             }
         )
     frame = integer_frame(records)
     _write_table(path, frame)
     n_references = sum(r["state"] == "REFERENCE" for r in records)
-    report = {
-        "study": study_name,
-        "out": str(path),
-        "rows": len(frame),
-        "references": n_references,
-        "race_runs": len(runs),
-    }
+    report = ExportedTable(study_name, path, len(frame), n_references, len(runs))
     if curves_path is not None:
         columns = [f.name for f in dataclasses.fields(CurveRow)]
         curves = integer_frame([dataclasses.asdict(r) for r in curve_rows(study, store)], columns)
         _write_table(curves_path, curves)
-        report |= {"curves_out": str(curves_path), "curve_points": len(curves)}
+        report = dataclasses.replace(report, curves_out=curves_path, curve_points=len(curves))
     return report

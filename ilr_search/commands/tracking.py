@@ -11,12 +11,16 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import format_knobs
 from ilr_search.search.progress import Event, RunReporter, StudyStarted, TrialFinished
 from ilr_search.training.schedule import format_reuse_map
+
+if TYPE_CHECKING:
+    from ilr_search.analysis.results import StoredReference
+    from ilr_search.analysis.trials import TrialRecord
 
 TRACKERS = ("tensorboard", "mlflow")
 
@@ -170,7 +174,7 @@ class TrackingReporter(RunReporter):
         self.study: str | None = None
         self.tracker: Tracker | None = None
         self.store: Any = None
-        self.references_before: dict[str, Any] = {}
+        self.references_before: dict[str, StoredReference] = {}
 
     def __enter__(self) -> TrackingReporter:
         self.inner.__enter__()
@@ -189,7 +193,7 @@ class TrackingReporter(RunReporter):
         if isinstance(event, StudyStarted):
             self._open(event.study)
         elif isinstance(event, TrialFinished):
-            self._log_trial(event.row)
+            self._log_trial(event.trial)
 
     def _open(self, study: str) -> None:
         if self.tracker is None:
@@ -197,25 +201,25 @@ class TrackingReporter(RunReporter):
             self.tracker = open_tracker(self.spec, study)
             self.references_before = self._references()
 
-    def _log_trial(self, row: dict[str, Any]) -> None:
+    def _log_trial(self, t: TrialRecord) -> None:
         if self.tracker is None:
             return
-        curve = sorted((p.step, p.val_loss) for p in self._store().curve_points() if p.trial_number == row["trial"])
-        if not curve and row.get("reused_from") is not None:
+        curve = sorted((p.step, p.val_loss) for p in self._store().curve_points() if p.trial_number == t.number)
+        if not curve and t.reused_from is not None:
             curve = sorted(
-                (p.step, p.val_loss) for p in self._store().curve_points() if p.trial_number == row["reused_from"]
+                (p.step, p.val_loss) for p in self._store().curve_points() if p.trial_number == t.reused_from
             )
         self.tracker.log(
             TrialLog(
-                f"trial-{row['trial']:04d}",
-                row["state"],
-                row.get("reuse_map"),
-                row.get("knobs") or "",
-                row.get("flops_ratio"),
-                row.get("val_ppl"),
-                row.get("val_bpb"),
-                int(row.get("steps") or 0),
-                row.get("pruned_at_step"),
+                f"trial-{t.number:04d}",
+                t.state.name,
+                list(t.reuse_map) if t.reuse_map is not None else None,
+                format_knobs(t.knobs),
+                t.flops_ratio,
+                t.val_ppl,
+                t.val_bpb,
+                t.steps,
+                t.pruned_at_step,
                 curve,
             )
         )
@@ -227,7 +231,7 @@ class TrackingReporter(RunReporter):
             self.store = open_store(parse_storage(self.storage), self.study or "", read_only=True)
         return self.store
 
-    def _references(self) -> dict[str, Any]:
+    def _references(self) -> dict[str, StoredReference]:
         from ilr_search.analysis.results import references
         from ilr_search.search.studies import open_study
         from ilr_search.storage import parse_storage
@@ -246,18 +250,18 @@ class TrackingReporter(RunReporter):
         for name, ref in self._references().items():
             if self.references_before.get(name) == ref:
                 continue
-            state = "COMPLETE" if ref.get("status") == "ok" else str(ref.get("status", "")).upper()
+            state = "COMPLETE" if ref.status == "ok" else str(ref.status or "").upper()
             tracker.log(
                 TrialLog(
                     f"reference-{name}",
                     state,
-                    ref.get("reuse_map"),
-                    format_knobs(ref.get("knobs", {})),
-                    ref.get("flops_ratio"),
-                    ref.get("val_ppl"),
-                    ref.get("val_bpb"),
-                    int(ref.get("steps") or 0),
+                    list(ref.reuse_map) if ref.reuse_map is not None else None,
+                    format_knobs(ref.knobs),
+                    ref.flops_ratio,
+                    ref.val_ppl,
+                    ref.val_bpb,
+                    int(ref.steps or 0),
                     None,
-                    [(int(s), float(v)) for s, v in ref.get("curve", [])],
+                    list(ref.curve),
                 )
             )

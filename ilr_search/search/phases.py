@@ -106,7 +106,7 @@ class PhaseMeter(RunReporter):
         if isinstance(event, TrialStarted):
             self.enter("trials")
         elif isinstance(event, TrialFinished):
-            self.add("trials", int(event.row.get("steps") or 0))
+            self.add("trials", event.trial.steps)
         elif isinstance(event, ReferenceStarted):
             self.enter("references")
             self.reference_steps[(event.worker, event.name)] = event.steps

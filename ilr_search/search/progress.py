@@ -10,7 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:  # the CLI draws these events without importing optuna
+    from ilr_search.analysis.results import FrontRow
+    from ilr_search.analysis.trials import TrialRecord
 
 # Which command trains a race run: the study's race (`run`), or `audit`; the progress lines name it ("audit run: ...").
 RunKind = Literal["race", "audit"]
@@ -45,8 +49,8 @@ class Step:
 
 @dataclass(frozen=True)
 class TrialFinished:
-    row: dict[str, Any]  # analysis.results.trial_row
-    front: list[dict[str, Any]]  # the study's front after it
+    trial: TrialRecord
+    front: list[FrontRow]  # the study's front after it
     finished: int  # trials finished in the study
     worker: int | None = None
 

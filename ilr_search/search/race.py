@@ -21,20 +21,19 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import optuna
 from optuna.trial import TrialState
 
 from ilr_search.analysis.answer import Answer, Trust, race_answer, unraced_answer
-from ilr_search.analysis.map_key import key_text
-from ilr_search.analysis.race_core import REFERENCE_SOURCE, RUN_SOURCE, TRIAL_SOURCE, StoredResult
-from ilr_search.analysis.race_report import RaceReport
+from ilr_search.analysis.race_core import REFERENCE_SOURCE, RUN_SOURCE, TRIAL_SOURCE, EqualCompute, StoredResult
+from ilr_search.analysis.race_report import DecidedBest, RaceReport
 from ilr_search.analysis.racing import FrontPoint, RaceJob, RaceSettings, RaceState, race_state
 from ilr_search.analysis.results import (
     DEEP_PREFIX,
     REFERENCE_PREFIX,
-    as_list,
+    FrontRow,
     finite_or_none,
     is_baseline_key,
     is_deep_key,
@@ -181,7 +180,7 @@ def study_race(
     trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows: Sequence[RaceRun], max_steps: int | None = None
 ) -> tuple[RaceSettings, list[StoredResult], RaceState]:
     """The race's settings, the study's results, and the policy's decision on them. The policy sees the maps
-    a trial trained to the proxy's length (and the baseline), and the equal-compute references (deepR): a pruned
+    a trial trained to the proxy's length (and the baseline), and the equal-compute models (deepR): a pruned
     map that the audit retrained is no contender, and the race does not train it to the proxy's length to make it
     one. The compute cap: `max_steps`, or the one the study's last run raced under."""
     config = study_attrs[CONFIG_ATTR]
@@ -194,7 +193,7 @@ def study_race(
 
 
 def deep_model(model: ModelConfig, key: str) -> ModelConfig:
-    """The equal-compute reference deepR: the study's model (its knobs off) with R layers, each run once."""
+    """The equal-compute model deepR: the study's model (its knobs off) with R layers, each run once."""
     return dataclasses.replace(model, n_layers=layer_runs_of_deep(key))
 
 
@@ -202,10 +201,10 @@ def layer_runs_of_deep(key: str) -> int:
     return int(key[len(DEEP_PREFIX) :])
 
 
-def json_interval(interval: tuple[float, float]) -> list[float | None]:
-    """[low, high] ppl; [None, None] where the policy has none (one seed: it says (0, inf))."""
+def json_interval(interval: tuple[float, float]) -> tuple[float | None, float | None]:
+    """(low, high) ppl; (None, None) where the policy has none (one seed: it says (0, inf))."""
     low, high = interval
-    return [low, high] if math.isfinite(low) and math.isfinite(high) and low > 0 else [None, None]
+    return (low, high) if math.isfinite(low) and math.isfinite(high) and low > 0 else (None, None)
 
 
 RACE_POINT_FIELDS = (
@@ -224,11 +223,11 @@ def proxy_points(trials: Sequence[Trial], settings: RaceSettings) -> tuple[Front
     keys = {r.number: r.map_key for r in records if r.map_key is not None}  # the front's trials all have theirs
     return tuple(
         FrontPoint(
-            keys[p["trial"]],
-            p["flops_ratio"],
+            keys[cast(int, p.trial)],  # a proxy front point is a trial's
+            p.flops_ratio,
             settings.base_steps,
             settings.seeds[:1],
-            p["val_ppl"],
+            p.val_ppl,
             (0.0, math.inf),
             False,
         )
@@ -238,11 +237,11 @@ def proxy_points(trials: Sequence[Trial], settings: RaceSettings) -> tuple[Front
 
 def front_rows(
     points: Sequence[FrontPoint], trials: Sequence[Trial], results: Sequence[StoredResult]
-) -> list[dict[str, Any]]:
-    """Front points as the `pareto` items of `run --json` and `pareto --json`: each point's trial, map, knobs
-    and FLOPs, its mean perplexity over its seeds at its length, the interval, and whether it is confirmed (better
-    than the cheaper points; val_bpb: the mean over the same runs). The baseline is the reference the others are
-    judged against: `reference` true, never `confirmed`."""
+) -> list[FrontRow]:
+    """Front points as the reports show them (the `pareto` items of `run --json` and `pareto --json`): each point's
+    trial, map, knobs and FLOPs, its mean perplexity over its seeds at its length, the interval, and whether it is
+    confirmed (better than the cheaper points; val_bpb: the mean over the same runs). The baseline is the point the
+    others are judged against: `is_baseline`, never `confirmed`."""
     by_key = trained_by_map(list(trials))
     bpb = {(r.map_key, r.steps, r.seed): r.val_bpb for r in results}
     rows = []
@@ -250,22 +249,23 @@ def front_rows(
         t = by_key.get(p.map_key)
         bpbs = [bpb.get((p.map_key, p.steps, s)) for s in p.seeds]
         known_bpbs = [b for b in bpbs if b is not None]
+        baseline = is_baseline_key(p.map_key)
         rows.append(
-            {
-                "trial": t.number if t is not None else None,
-                "reuse_map": as_list(t.reuse_map) if t is not None else key_reuse_map(p.map_key),
-                "map": map_text(p.map_key),
-                "knobs": knobs_text(t) if t is not None else None,
-                "flops_ratio": p.flops_ratio,
-                "val_ppl": p.val_ppl,
-                "val_bpb": sum(known_bpbs) / len(bpbs) if bpbs and len(known_bpbs) == len(bpbs) else None,
-                "params": t.param_count if t is not None else None,
-                "steps": p.steps,
-                "seeds": list(p.seeds),
-                "interval": json_interval(p.interval),
-                "confirmed": p.confirmed and not is_baseline_key(p.map_key),
-                "reference": is_baseline_key(p.map_key),
-            }
+            FrontRow(
+                trial=t.number if t is not None else None,
+                reuse_map=t.reuse_map if t is not None else tuple(key_reuse_map(p.map_key)),
+                map=map_text(p.map_key),
+                knobs=knobs_text(t) if t is not None else None,
+                flops_ratio=p.flops_ratio,
+                val_ppl=p.val_ppl,
+                val_bpb=sum(known_bpbs) / len(bpbs) if bpbs and len(known_bpbs) == len(bpbs) else None,
+                params=t.param_count if t is not None else None,
+                steps=p.steps,
+                seeds=tuple(p.seeds),
+                interval=json_interval(p.interval),
+                confirmed=p.confirmed and not baseline,
+                is_baseline=baseline,
+            )
         )
     return rows
 
@@ -336,39 +336,40 @@ def decided_points(trials: Sequence[Trial], settings: RaceSettings, state: RaceS
     return state.front if settings.races and state.front else proxy_points(trials, settings)
 
 
-def decided_front(trials: Sequence[Trial], race: RaceReport | None) -> list[dict[str, Any]]:
+def decided_front(trials: Sequence[Trial], race: RaceReport | None) -> list[FrontRow]:
     """The decided front as rows: the race's (decided_points); for a study not made by ilr-search, which has no
     race, the proxy's front (study_front). What the figure's layer heatmap, `pareto --view layers` and the default
     map of `recipe` and `train --from-study` read."""
     return list(race.front) if race is not None else study_front(trial_records(trials))
 
 
-def decided_best(state: RaceState, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+def decided_best(state: RaceState, rows: Sequence[FrontRow]) -> DecidedBest | None:
     """The map the race reports (a map claimed better than the baseline, else the baseline: nothing beats it) with
     its front row's perplexity, length and seeds; None before the race has a front."""
     if state.best is None:
         return None
-    row = next((r for r in rows if key_text(r["map"], r["knobs"]) == state.best), None)
-    return {
-        "map": state.best,
-        "beats_baseline": state.best in state.confirmed_better,
-        "done": state.done,
-        "val_ppl": row["val_ppl"] if row else None,
-        "steps": row["steps"] if row else None,
-        "seeds": row["seeds"] if row else None,
-    }
+    row = next((r for r in rows if r.key == state.best), None)
+    return DecidedBest(
+        map=state.best,
+        beats_baseline=state.best in state.confirmed_better,
+        done=state.done,
+        val_ppl=row.val_ppl if row else None,
+        steps=row.steps if row else None,
+        seeds=row.seeds if row else None,
+    )
 
 
-def equal_compute_report(equal: Mapping[str, Any] | None, model: ModelConfig) -> dict[str, Any] | None:
-    """The race's equal-compute reference with its parameter count beside the study's model's."""
+def equal_compute_report(equal: EqualCompute | None, model: ModelConfig) -> EqualCompute | None:
+    """The race's equal-compute comparison with the deep model's parameter count beside the study's model's."""
     if equal is None:
         return None
-    deep = deep_model(model, equal["reference"])
-    return dict(equal) | {
-        "params": param_count(deep),
-        "baseline_params": param_count(model),
-        "params_ratio": param_count(deep) / param_count(model),
-    }
+    deep = deep_model(model, equal.deep_key)
+    return dataclasses.replace(
+        equal,
+        params=param_count(deep),
+        baseline_params=param_count(model),
+        params_ratio=param_count(deep) / param_count(model),
+    )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -431,7 +432,7 @@ def planned_run(
     base_steps: int,
     checkpoint_folder: Path,
 ) -> ClaimedRun | None:
-    """How to train a race job: a trial's map with its knobs, the baseline, or an equal-compute reference deepR
+    """How to train a race job: a trial's map with its knobs, the baseline, or an equal-compute model deepR
     (the study's model with R layers, every FLOP ratio against the study's own all-ones map); None for a map no
     trial of the study trained."""
     stored = race_run_job(job, base_steps)

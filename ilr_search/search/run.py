@@ -17,8 +17,15 @@ import sqlalchemy as sa
 from optuna.trial import FrozenTrial, TrialState
 
 from ilr_search.analysis.fidelity import best_recurrent
-from ilr_search.analysis.results import REFERENCE_PREFIX, finite_or_none, has_result, study_front, trial_row
-from ilr_search.analysis.trials import trial_records
+from ilr_search.analysis.results import (
+    REFERENCE_PREFIX,
+    FrontRow,
+    as_list,
+    finite_or_none,
+    has_result,
+    study_front,
+)
+from ilr_search.analysis.trials import record_of, trial_records
 from ilr_search.config import SIZE_MAXIMA, SpaceConfig, StudySettings
 from ilr_search.data.tokens import TokenData, load_space_tokens
 from ilr_search.errors import StorageFullError, UserInputError
@@ -416,7 +423,7 @@ def _run_study(
             trials = st.get_trials(deepcopy=False)
             front = save_current_front(store, trials)
             n_done = sum(has_result(t) for t in trials)
-            reporter.on(TrialFinished(trial_row(ft), front, n_done))
+            reporter.on(TrialFinished(record_of(ft), front, n_done))
             return n_done
 
         def after_trial(st: optuna.Study, ft: FrozenTrial) -> None:
@@ -524,9 +531,9 @@ def _n_finished(study: optuna.Study) -> int:
     return sum(has_result(t) for t in study.get_trials(deepcopy=False))
 
 
-def save_current_front(store: Store, trials: list[FrozenTrial]) -> list[dict[str, Any]]:
+def save_current_front(store: Store, trials: list[FrozenTrial]) -> list[FrontRow]:
     front = study_front(trials)
-    store.save_front(sum(t.state == TrialState.COMPLETE for t in trials), front)
+    store.save_front(sum(t.state == TrialState.COMPLETE for t in trials), [p.to_dict() for p in front])
     return front
 
 
@@ -558,14 +565,14 @@ def reference_runs(
     ]
     best = best_recurrent(trials) if plan.space.search.second_seed_reference else None
     if best is not None:
-        best_map = map_of_key({r.number: r for r in trial_records(trials)}[best["trial"]].map_key or "", n)
+        best_map = map_of_key({r.number: r for r in trial_records(trials)}[best.trial].map_key or "", n)
         runs.append(
             ReferenceRun(
                 "second_seed",
                 best_map.schedule(),
                 seed + 1,
-                best["reuse_map"],
-                best["knobs"],
+                as_list(best.reuse_map),
+                dict(best.knobs),
                 best_map.key if isinstance(best_map, BlockMap) else None,
             )
         )

@@ -11,17 +11,21 @@ import optuna
 from optuna.trial import TrialState
 
 from ilr_search.analysis.answer import Answer
-from ilr_search.analysis.fidelity import audit_reports, study_fidelity
-from ilr_search.analysis.race_report import RaceReport
+from ilr_search.analysis.fidelity import Fidelity, NoiseBand, audit_reports, study_fidelity
+from ilr_search.analysis.race_report import DecidedBest, RaceReport
 from ilr_search.analysis.results import (
+    FrontRow,
+    LayerView,
+    RaceRunRow,
+    StoredReference,
+    TrialRow,
     curves_by_trial,
-    curves_of_trials,
     listed_trials,
     race_run_rows,
     reference_rows,
     references,
     study_front,
-    trial_row,
+    trial_rows,
 )
 from ilr_search.analysis.trials import FINISHED, Trial, TrialRecord, trained_results, trial_records
 from ilr_search.config import StudySettings
@@ -42,9 +46,9 @@ class TrialListing:
     stored race run (race_run_rows), and the layouts the study's runs used, each with the finished trials the study
     had when it began (plan.stored_layouts)."""
 
-    rows: tuple[dict[str, Any], ...]
-    references: tuple[dict[str, Any], ...]
-    race_runs: tuple[dict[str, Any], ...]
+    rows: tuple[TrialRow, ...]
+    references: tuple[StoredReference, ...]
+    race_runs: tuple[RaceRunRow, ...]
     layouts: tuple[tuple[StudyLayout, int], ...] = ()
 
 
@@ -54,11 +58,11 @@ class FrontView:
     front, the baseline's seed-to-seed spread, the stored fronts by trial count, the layer view (`--view layers`)
     and the file written."""
 
-    front: tuple[dict[str, Any], ...]
-    proxy_front: tuple[dict[str, Any], ...]
-    noise: Mapping[str, Any] | None
+    front: tuple[FrontRow, ...]
+    proxy_front: tuple[FrontRow, ...]
+    noise: NoiseBand | None
     front_history: Mapping[str, list[int]]
-    layers: Mapping[str, Any] | None = None
+    layers: LayerView | None = None
     out: str | None = None
 
 
@@ -73,9 +77,9 @@ class StudyReport:
     study: str
     storage: str  # its URL, the password masked
     trials: tuple[TrialRecord, ...]
-    references: Mapping[str, Mapping[str, Any]]  # name -> the stored reference run
+    references: Mapping[str, StoredReference]  # name -> the stored reference run
     race: RaceReport | None
-    fidelity: Mapping[str, Any]
+    fidelity: Fidelity
     answer: Answer
     settings: StudySettings | None = None
     interrupted: bool = False
@@ -94,12 +98,12 @@ class StudyReport:
         return self.race.target_steps if self.race is not None else None
 
     @property
-    def front(self) -> tuple[dict[str, Any], ...]:
+    def front(self) -> tuple[FrontRow, ...]:
         """The decided front (the race's; for a study with no race, none)."""
         return self.race.front if self.race is not None else ()
 
     @property
-    def proxy_front(self) -> list[dict[str, Any]]:
+    def proxy_front(self) -> list[FrontRow]:
         return study_front(list(self.trials))
 
     @property
@@ -134,7 +138,10 @@ class StudyReport:
 
     @property
     def reference_steps(self) -> int:
-        return sum(int(r.get("steps") or 0) for r in self.references.values())
+        return sum(int(r.steps or 0) for r in self.references.values())
+
+    def _references_json(self) -> dict[str, Any]:
+        return {name: r.to_dict() for name, r in self.references.items()}
 
     def to_json(self) -> dict[str, Any]:
         """What `trials --json` (with a listing), `pareto --json` (with a front view) or `run --json` prints."""
@@ -147,17 +154,17 @@ class StudyReport:
             "target_steps": self.target_steps,
         }
         race_parts = {
-            "detectable_gap": race.detectable_gap if race else None,
-            "equal_compute": dict(race.equal_compute) if race and race.equal_compute else None,
+            "detectable_gap": race.detectable_gap.to_dict() if race and race.detectable_gap else None,
+            "equal_compute": race.equal_compute.to_dict() if race and race.equal_compute else None,
             "race": race.race_json() if race else None,
         }
         if self.listing is not None:
             return {
                 "study": self.study,
-                "trials": list(self.listing.rows),
-                "references": list(self.listing.references),
-                "race_runs": list(self.listing.race_runs),
-                "fidelity": self.fidelity,
+                "trials": [r.to_dict() for r in self.listing.rows],
+                "references": [r.row() for r in self.listing.references],
+                "race_runs": [r.to_dict() for r in self.listing.race_runs],
+                "fidelity": self.fidelity.to_dict(),
                 "race": race_parts["race"],
                 **common,
                 "layouts": [
@@ -169,16 +176,16 @@ class StudyReport:
             return (
                 {
                     "study": self.study,
-                    "pareto": [{k: p[k] for k in (*PARETO_FIELDS, *RACE_POINT_FIELDS)} for p in view.front],
-                    "proxy_pareto": [{k: p[k] for k in PARETO_FIELDS} for p in view.proxy_front],
+                    "pareto": [_fields(p.to_dict(), (*PARETO_FIELDS, *RACE_POINT_FIELDS)) for p in view.front],
+                    "proxy_pareto": [_fields(p.to_dict(), PARETO_FIELDS) for p in view.proxy_front],
                     **common,
                     **race_parts,
-                    "noise": view.noise,
+                    "noise": view.noise.to_dict() if view.noise is not None else None,
                     "front_history": dict(view.front_history),
-                    "references": dict(self.references),
-                    "fidelity": self.fidelity,
+                    "references": self._references_json(),
+                    "fidelity": self.fidelity.to_dict(),
                 }
-                | ({"layers": view.layers} if view.layers is not None else {})
+                | ({"layers": view.layers.to_dict()} if view.layers is not None else {})
                 | ({"out": view.out} if view.out is not None else {})
             )
         report = {
@@ -196,8 +203,8 @@ class StudyReport:
             "proxy_pareto": [_front_item(p, FRONT_FIELDS) for p in self.proxy_front],
             **common,
             **race_parts,
-            "references": dict(self.references),
-            "fidelity": self.fidelity,
+            "references": self._references_json(),
+            "fidelity": self.fidelity.to_dict(),
             "interrupted": self.interrupted,
             "sampler": self.settings.sampler.to_dict() if self.settings else None,
             "pruner": self.settings.pruner.name if self.settings else None,
@@ -211,9 +218,13 @@ class StudyReport:
         return report
 
 
-def _front_item(point: Mapping[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
+def _fields(point: Mapping[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
+    return {k: point[k] for k in fields}
+
+
+def _front_item(point: FrontRow, fields: tuple[str, ...]) -> dict[str, Any]:
     """A front point of `run --json`: its fields, and its knobs where any is on."""
-    return {k: point[k] for k in fields} | ({"knobs": point["knobs"]} if point.get("knobs") else {})
+    return _fields(point.to_dict(), fields) | ({"knobs": point.knobs} if point.knobs else {})
 
 
 def study_report(study: optuna.Study, spec: StorageSpec, store: Store) -> StudyReport:
@@ -240,7 +251,7 @@ def summarize_stored(storage: str | None, study_name: str) -> StudyReport:
     return study_report(study, spec, open_store(spec, study_name, storage=study_storage(study)))
 
 
-def fidelity_of(study: optuna.Study, store: Store, trials: Sequence[Trial] | None = None) -> dict[str, Any]:
+def fidelity_of(study: optuna.Study, store: Store, trials: Sequence[Trial] | None = None) -> Fidelity:
     """The study's fidelity (rung agreement, noise, second seed, audits, and one line of how far they agree) from
     its trials and rows."""
     trials = trial_records(study.get_trials(deepcopy=False) if trials is None else trials)
@@ -302,7 +313,59 @@ def default_study(storage: str | None = None) -> tuple[str, str]:
 DECIDED_WORDS = ("race open", "beats the baseline", "nothing beats the baseline")  # the `decided` column of `studies`
 
 
-def list_studies(storage: str | None = None) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class StudySummary:
+    """One study as `studies` lists it: its trials (listed, complete), budget, layers, the map the race reports
+    (`best`: None before the race has a front, or for a study not made by ilr-search), the best perplexity (the
+    race's map's, else the proxy's best), the proxy's best perplexity and the answer line."""
+
+    study: str
+    n_trials: int
+    n_complete: int
+    budget: str | None
+    layers: int | None
+    best: DecidedBest | None
+    best_val_ppl: float | None
+    proxy_best_val_ppl: float | None
+    answer: str
+
+    @property
+    def decided(self) -> str | None:
+        """Where the race stands, in DECIDED_WORDS; None before it has a best map."""
+        if self.best is None:
+            return None
+        if not self.best.done:
+            return DECIDED_WORDS[0]
+        return DECIDED_WORDS[1] if self.best.beats_baseline else DECIDED_WORDS[2]
+
+    def to_dict(self) -> dict[str, Any]:
+        best = self.best
+        return {
+            "study": self.study,
+            "n_trials": self.n_trials,
+            "n_complete": self.n_complete,
+            "budget": self.budget,
+            "layers": self.layers,
+            "best": best.map if best else None,
+            "best_val_ppl": self.best_val_ppl,
+            "best_steps": best.steps if best else None,
+            "decided": self.decided,
+            "proxy_best_val_ppl": self.proxy_best_val_ppl,
+            "answer": self.answer,
+        }
+
+
+@dataclass(frozen=True)
+class StudyListing:
+    """What `studies` shows: every study of a storage (StudySummary). to_json is `studies --json`."""
+
+    studies: tuple[StudySummary, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"studies": [s.to_dict() for s in self.studies]}
+
+
+def list_studies(storage: str | None = None) -> StudyListing:
     spec = existing_storage(storage)
     st = open_storage(spec, heartbeat=False)
     rows = []
@@ -315,32 +378,23 @@ def list_studies(storage: str | None = None) -> list[dict[str, Any]]:
         race = race_report(trials, study.user_attrs, store.race_runs()) if config else None
         best = race.best if race is not None else None
         rows.append(
-            {
-                "study": summary.study_name,
-                "n_trials": len(trials),
-                "n_complete": sum(t.state == TrialState.COMPLETE for t in trials),
-                "budget": config.budget_text if config else None,
-                "layers": config.space.model.n_layers if config else None,
-                "best": best["map"] if best else None,
-                "best_val_ppl": best["val_ppl"] if best else (min(ppls) if ppls else None),
-                "best_steps": best["steps"] if best else None,
-                "decided": (
-                    None
-                    if not best
-                    else DECIDED_WORDS[0]
-                    if not best["done"]
-                    else DECIDED_WORDS[1]
-                    if best["beats_baseline"]
-                    else DECIDED_WORDS[2]
-                ),
-                "proxy_best_val_ppl": min(ppls) if ppls else None,
-                "answer": race.answer.line if race is not None else foreign_answer(trials).line,
-            }
+            StudySummary(
+                study=summary.study_name,
+                n_trials=len(trials),
+                n_complete=sum(t.state == TrialState.COMPLETE for t in trials),
+                budget=config.budget_text if config else None,
+                layers=config.space.model.n_layers if config else None,
+                best=best,
+                best_val_ppl=best.val_ppl if best else (min(ppls) if ppls else None),
+                proxy_best_val_ppl=min(ppls) if ppls else None,
+                answer=race.answer.line if race is not None else foreign_answer(trials).line,
+            )
         )
-    return rows
+    return StudyListing(tuple(rows))
 
 
-def list_trials(study_name: str, storage: str | None = None) -> list[dict[str, Any]]:
+def list_trials(study_name: str, storage: str | None = None) -> list[TrialRow]:
+    """The study's trials, each with its curves (TrialRow)."""
     listing = trials_report(study_name, storage).listing
     return list(listing.rows) if listing is not None else []
 
@@ -352,9 +406,9 @@ def trials_report(study_name: str, storage: str | None = None) -> StudyReport:
     study = open_study(spec, study_name)
     store = open_store(spec, study_name, read_only=True, storage=study_storage(study))
     report = study_report(study, spec, store)
-    curves = curves_of_trials(list(report.trials), store.curve_points(), store.train_curve_points())
+
     listing = TrialListing(
-        tuple(trial_row(t) | {"curves": curves[t.number]} for t in report.trials),
+        tuple(trial_rows(list(report.trials), store.curve_points(), store.train_curve_points())),
         tuple(reference_rows(study)),
         tuple(race_run_rows(store.race_runs(), study.user_attrs)),
         tuple(stored_layouts(study.user_attrs)),

@@ -12,7 +12,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ilr_search.storage.store import CurvePoint, RaceRun, RaceRunJob, Store, TrainCurvePoint
+from ilr_search.storage.store import (
+    CurvePoint,
+    PruningRecord,
+    RaceRun,
+    RaceRunJob,
+    Store,
+    StoredFrontPoint,
+    TrainCurvePoint,
+)
 
 
 class JournalStore(Store):
@@ -129,10 +137,12 @@ class JournalStore(Store):
                 }
             )
 
-    def pruning_records(self) -> dict[int, dict[str, Any]]:
+    def pruning_records(self) -> dict[int, PruningRecord]:
         with self._locked() as records:
             return {
-                r["trial_number"]: {k: r[k] for k in ("step", "val_loss", "flops_ratio", "dominated_by", "reason")}
+                r["trial_number"]: PruningRecord(
+                    r["step"], r["val_loss"], r["flops_ratio"], tuple(r["dominated_by"]), r["reason"]
+                )
                 for r in self._mine(records, "pruning")
             }
 
@@ -140,9 +150,12 @@ class JournalStore(Store):
         with self._locked():
             self._append({"kind": "front", "n_complete": n_complete, "front": front})
 
-    def front_history(self) -> dict[int, list[dict[str, Any]]]:
+    def front_history(self) -> dict[int, list[StoredFrontPoint]]:
         with self._locked() as records:
-            return {r["n_complete"]: r["front"] for r in self._mine(records, "front")}
+            return {
+                r["n_complete"]: [StoredFrontPoint.from_record(p) for p in r["front"]]
+                for r in self._mine(records, "front")
+            }
 
     def _race_runs_latest(self, records: list[dict[str, Any]]) -> dict[tuple[str, int, str], dict[str, Any]]:
         latest: dict[tuple[str, int, str], dict[str, Any]] = {}

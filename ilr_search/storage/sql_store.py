@@ -29,7 +29,15 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
 from ilr_search.errors import UserInputError
-from ilr_search.storage.store import CurvePoint, RaceRun, RaceRunJob, Store, TrainCurvePoint
+from ilr_search.storage.store import (
+    CurvePoint,
+    PruningRecord,
+    RaceRun,
+    RaceRunJob,
+    Store,
+    StoredFrontPoint,
+    TrainCurvePoint,
+)
 
 log = logging.getLogger("ilr_search")
 
@@ -298,19 +306,15 @@ class SQLStore(Store):
             )
 
     @_retry_locked
-    def pruning_records(self) -> dict[int, dict[str, Any]]:
+    def pruning_records(self) -> dict[int, PruningRecord]:
         if pruning_table.name not in self.tables:
             return {}
         with self.engine.connect() as conn:
             rows = conn.execute(sa.select(pruning_table).where(pruning_table.c.study == self.study)).all()
         return {
-            r.trial_number: {
-                "step": r.step,
-                "val_loss": r.val_loss,
-                "flops_ratio": r.flops_ratio,
-                "dominated_by": json.loads(r.dominated_by),
-                "reason": r.reason,
-            }
+            r.trial_number: PruningRecord(
+                r.step, r.val_loss, r.flops_ratio, tuple(json.loads(r.dominated_by)), r.reason
+            )
             for r in rows
         }
 
@@ -347,7 +351,7 @@ class SQLStore(Store):
             pass
 
     @_retry_locked
-    def front_history(self) -> dict[int, list[dict[str, Any]]]:
+    def front_history(self) -> dict[int, list[StoredFrontPoint]]:
         if fronts_table.name not in self.tables:
             return {}
         with self.engine.connect() as conn:
@@ -356,17 +360,17 @@ class SQLStore(Store):
                 .where(fronts_table.c.study == self.study)
                 .order_by(fronts_table.c.n_complete, fronts_table.c.position)
             ).all()
-        history: dict[int, list[dict[str, Any]]] = {}
+        history: dict[int, list[StoredFrontPoint]] = {}
         for r in rows:
             history.setdefault(r.n_complete, []).append(
-                {
-                    "trial": r.trial_number,
-                    "reuse_map": [int(x) for x in r.reuse_map.split(",")],
-                    "flops_ratio": r.flops_ratio,
-                    "val_ppl": r.val_ppl,
-                    "val_bpb": r.val_bpb,
-                    "params": r.params,
-                }
+                StoredFrontPoint(
+                    r.trial_number,
+                    tuple(int(x) for x in r.reuse_map.split(",")),
+                    r.flops_ratio,
+                    r.val_ppl,
+                    r.val_bpb,
+                    r.params,
+                )
             )
         return history
 

@@ -87,6 +87,36 @@ class TrainCurvePoint:
     map_key: str
 
 
+@dataclass(frozen=True)
+class PruningRecord:
+    """Why a trial was pruned: at `step`, its validation loss and FLOPs ratio there, the trials that dominated it
+    and the pruner's reason."""
+
+    step: int
+    val_loss: float
+    flops_ratio: float
+    dominated_by: tuple[int, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class StoredFrontPoint:
+    """A point of a stored front (save_front): its trial, reuse map, FLOPs ratio, perplexity, bits per byte and
+    parameter count (None where the front was stored without them)."""
+
+    trial: int
+    reuse_map: tuple[int, ...]
+    flops_ratio: float
+    val_ppl: float
+    val_bpb: float | None = None
+    params: int | None = None
+
+    @classmethod
+    def from_record(cls, r: Mapping[str, Any]) -> StoredFrontPoint:
+        """The point from a journal line's front item (a dict as save_front was given it)."""
+        return cls(r["trial"], tuple(r["reuse_map"]), r["flops_ratio"], r["val_ppl"], r.get("val_bpb"), r.get("params"))
+
+
 class Store(ABC):
     """Claims, curves, pruning records, fronts and race runs of one study; every method is safe with
     several workers writing at once."""
@@ -135,8 +165,8 @@ class Store(ABC):
         """Record why `trial_number` was pruned (replacing an earlier record of that trial)."""
 
     @abstractmethod
-    def pruning_records(self) -> dict[int, dict[str, Any]]:
-        """Trial number -> its pruning record (step, val_loss, flops_ratio, dominated_by, reason)."""
+    def pruning_records(self) -> dict[int, PruningRecord]:
+        """Trial number -> its pruning record."""
 
     @abstractmethod
     def save_front(self, n_complete: int, front: list[dict[str, Any]]) -> None:
@@ -144,7 +174,7 @@ class Store(ABC):
         one set: concurrent workers that save the same count save the same front)."""
 
     @abstractmethod
-    def front_history(self) -> dict[int, list[dict[str, Any]]]:
+    def front_history(self) -> dict[int, list[StoredFrontPoint]]:
         """Number of completed trials -> the front computed from them."""
 
     @abstractmethod

@@ -148,6 +148,36 @@ def count_flops(model: torch.nn.Module, *args: Any) -> int:
     return counter.get_total_flops()
 
 
+@dataclass(frozen=True)
+class FlopsCount:
+    """The compute of one schedule (describe): its reuse map and schedule, parameters, forward FLOPs per token
+    beside the all-ones map's and their ratio, the training FLOPs over the run's tokens, and the block recurrence
+    K where it is one. to_dict is the core of `ilr-search flops --json`."""
+
+    reuse_map: tuple[int, ...]
+    schedule: tuple[int, ...]
+    params: int
+    flops_per_token: float
+    baseline_flops_per_token: float
+    flops_ratio: float
+    train_flops: float
+    block: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        report: dict[str, Any] = {
+            "reuse_map": list(self.reuse_map),
+            "schedule": list(self.schedule),
+            "params": self.params,
+            "flops_per_token": self.flops_per_token,
+            "baseline_flops_per_token": self.baseline_flops_per_token,
+            "flops_ratio": self.flops_ratio,
+            "train_flops": self.train_flops,
+        }
+        if self.block is not None:
+            report["block"] = self.block
+        return report
+
+
 def describe(
     cfg: ModelConfig,
     reuse_map: Sequence[int],
@@ -155,17 +185,15 @@ def describe(
     tokens: int,
     params: int,
     block: int | None = None,
-) -> dict[str, Any]:
-    """The `ilr-search flops` report for one schedule."""
-    report: dict[str, Any] = {
-        "reuse_map": list(reuse_map),
-        "schedule": list(schedule),
-        "params": params,
-        "flops_per_token": forward_flops_per_token(cfg, schedule),
-        "baseline_flops_per_token": baseline_flops_per_token(cfg),
-        "flops_ratio": flops_ratio(cfg, schedule),
-        "train_flops": train_flops(cfg, schedule, tokens),
-    }
-    if block is not None:
-        report["block"] = block
-    return report
+) -> FlopsCount:
+    """The `ilr-search flops` count for one schedule."""
+    return FlopsCount(
+        tuple(reuse_map),
+        tuple(schedule),
+        params,
+        forward_flops_per_token(cfg, schedule),
+        baseline_flops_per_token(cfg),
+        flops_ratio(cfg, schedule),
+        train_flops(cfg, schedule, tokens),
+        block,
+    )

@@ -198,14 +198,14 @@ class Chaos:
                           if t.state == TrialState.COMPLETE and t.user_attrs.get("steps", 0) > 0
                           and "reused_from" not in t.user_attrs)
         history = open_store(parse_storage(self.storage), "chaos", read_only=True).front_history()
-        stored = [p["trial"] for p in history[max(history)]] if history else []
+        stored = [p.trial for p in history[max(history)]] if history else []
         return ChaosResult(
             crashed_survivors=[f"{w.name}: rc {w.proc.returncode}\n{''.join(w.lines[-20:])}" for w in self.workers
                                if not w.killed and w.proc.returncode != 0],
             lost_trials=lost,
             trained_twice={k: v for k, v in trained.items() if v > 1},
             left_running=[t.number for t in trials.values() if t.state == TrialState.RUNNING],
-            front_mismatch=stored != [p["trial"] for p in study_front(list(trials.values()))],
+            front_mismatch=stored != [p.trial for p in study_front(list(trials.values()))],
             kills=[f"{w.name}:{w.killed}" for w in self.workers if w.killed],
             n_finished=sum(has_result(t) for t in trials.values()),
             seconds=seconds,

@@ -65,7 +65,7 @@ def check_accounted(storage, study_name):
     assert trained and max(trained.values()) == 1, trained
     history = open_store(parse_storage(storage), study_name).front_history()
     stored = history[max(history)]
-    assert [p["trial"] for p in stored] == [p["trial"] for p in study_front(trials)]
+    assert [p.trial for p in stored] == [p.trial for p in study_front(trials)]
     return study
 
 

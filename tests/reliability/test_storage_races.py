@@ -46,7 +46,7 @@ def test_two_workers_saving_the_same_front_at_once_on_postgres(postgres_url):
         b.join(timeout=30)
     assert not b.is_alive() and not errors, errors
     history = store_b.front_history()
-    assert [p["trial"] for p in history[5]] == [0, 3]
+    assert [p.trial for p in history[5]] == [0, 3]
     engine_a.dispose()
 
 

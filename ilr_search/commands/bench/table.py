@@ -104,14 +104,14 @@ def build_table(
             }
         )
     for key, ref in sorted(references(study).items()):
-        if key.startswith("block") and ref.get("val_ppl") is not None and ref.get("curve"):
+        if key.startswith("block") and ref.val_ppl is not None and ref.curve:
             rows.append(
                 {
                     "reuse_map": key,
-                    "flops_ratio": ref["flops_ratio"],
-                    "val_ppl": ref["val_ppl"],
-                    "val_bpb": ref["val_bpb"],
-                    "curve": json.dumps(ref["curve"]),
+                    "flops_ratio": ref.flops_ratio,
+                    "val_ppl": ref.val_ppl,
+                    "val_bpb": ref.val_bpb,
+                    "curve": json.dumps([list(point) for point in ref.curve]),
                     "steps": space.train.steps,
                     "trial": -1,
                     "train_seconds": None,
