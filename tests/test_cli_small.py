@@ -74,8 +74,8 @@ def test_a_bad_space_file_is_still_named(cli, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("args", [["train", "--steps", "-1"], ["run", "--budget", "0.5x"],
                                   ["audit", "--factor", "0"], ["bench", "build", "--space", "bench-small", "--out", "x.txt"]])
-def test_no_blank_line_before_an_error(console, tmp_path, args):
-    proc = console(*args, "--storage", f"sqlite:///{tmp_path / 'r.db'}") if args[0] in ("run", "audit") else console(*args)
+def test_no_blank_line_before_an_error(cli, tmp_path, args):
+    proc = cli(*args, "--storage", f"sqlite:///{tmp_path / 'r.db'}") if args[0] in ("run", "audit") else cli(*args)
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: "), repr(proc.stderr)
 
