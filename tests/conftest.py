@@ -1,3 +1,5 @@
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -70,13 +72,12 @@ class RacedStudy:
 
 
 def _build_raced_study(root: Path, token_cache: Path) -> None:
-    from helpers import env_for, run_args
+    from helpers import run_args
 
     space = write_space(root / "race.toml", search={**RACE, "pruner": "none"})  # every trial complete
     (root / "db").mkdir()
     args = run_args(space, root / "db" / "raced.db", "raced", "--target", "2x")
-    proc = subprocess.run([sys.executable, "-m", "ilr_search", *args], cwd=root, env=env_for(token_cache),
-                          capture_output=True, text=True, check=False)
+    proc = run_cli(args, root, {"ILR_SEARCH_CACHE": str(token_cache)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     (root / "summary.json").write_text(proc.stdout, encoding="utf-8")
 
@@ -117,32 +118,38 @@ class Finished:
     stderr: str
 
 
-@pytest.fixture
-def cli(token_cache, tmp_path, monkeypatch, capsys):
+def run_cli(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> Finished:
     """Run the `ilr-search` entry point (ilr_search.cli.main:main, what the console script calls) in this process,
-    as the console would: its argv, working folder and environment set, stdout and stderr captured, the exit
-    code taken from its SystemExit. An exception that escapes main() (a traceback in a console) fails the test.
-    Tests that need a separate process (signals, kills, concurrency, the console script itself) use `console`."""
+    as the console would: its argv, working folder and environment set (and restored after), stdout and stderr
+    captured, the exit code taken from its SystemExit. An exception that escapes main() (a traceback in a
+    console) fails the caller. For a fixture of any scope; a test takes the `cli` fixture."""
+    from ilr_search.cli.main import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as m, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        m.setattr(sys, "argv", ["ilr-search", *args])
+        m.chdir(cwd)
+        for key, value in (env or {}).items():
+            m.setenv(key, value)
+        try:
+            main()
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    return Finished(list(args), code, out.getvalue(), err.getvalue())
+
+
+@pytest.fixture
+def cli(token_cache, tmp_path):
+    """Run a command through `run_cli` (in this process, in `cwd` or the test's tmp_path, with the session's token
+    cache); `check`: fail unless it exits 0. Tests that need a separate process (signals, kills, concurrency, the
+    console script itself) use `console`."""
 
     def run(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float | None = None,
             check: bool = False) -> Finished:
-        from ilr_search.cli.main import main
-
-        with monkeypatch.context() as m:
-            m.setattr(sys, "argv", ["ilr-search", *args])
-            m.chdir(cwd or tmp_path)
-            for key, value in {"ILR_SEARCH_CACHE": str(token_cache), **(env or {})}.items():
-                m.setenv(key, value)
-            capsys.readouterr()  # only this command's output
-            try:
-                main()
-                code = 0
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-            out, err = capsys.readouterr()
-        proc = Finished(list(args), code, out, err)
-        if check and code != 0:
-            raise AssertionError(f"ilr-search {' '.join(args)} exited {code}:\n{err}")
+        proc = run_cli(list(args), cwd or tmp_path, {"ILR_SEARCH_CACHE": str(token_cache), **(env or {})})
+        if check and proc.returncode != 0:
+            raise AssertionError(f"ilr-search {' '.join(args)} exited {proc.returncode}:\n{proc.stderr}")
         return proc
 
     return run

@@ -6,8 +6,7 @@ import json
 import optuna
 import pytest
 
-from conftest import assert_one_line_error, write_space
-from helpers import HANG_SECONDS
+from conftest import assert_one_line_error, run_cli, write_space
 from ilr_search.search.maps import BLOCK_PARAMS, parse_enqueued, repair_block
 from ilr_search.training.schedule import BlockMap, ReuseMap, ScheduleError, map_of_key, parse_map
 
@@ -80,18 +79,12 @@ def test_bad_block_maps_exit_2_with_one_line(cli, tmp_path, text):
 @pytest.fixture(scope="module")
 def blocks_study(tmp_path_factory, token_cache):
     """A 4-trial study searching block maps only (2x: 8 layer runs), block:1-2:2 asked for."""
-    import os
-    import subprocess
-    import sys
-
     root = tmp_path_factory.mktemp("blocks")
     space = write_space(root / "space.toml", search={"noise_seeds": 0, "families": ["blocks"]})
     db = root / "b.db"
     args = ["run", "--space", str(space), "--budget", "2x", "--steps", "8", "--n-trials", "4", "--study", "b",
             "--storage", f"sqlite:///{db}", "--json", "--enqueue", "block:1-2:2"]
-    proc = subprocess.run([sys.executable, "-m", "ilr_search", *args], cwd=root,
-                          env={**os.environ, "ILR_SEARCH_CACHE": str(token_cache)}, capture_output=True, text=True,
-                          timeout=HANG_SECONDS)
+    proc = run_cli(args, root, {"ILR_SEARCH_CACHE": str(token_cache)})
     assert proc.returncode == 0, proc.stderr
     return root, db
 

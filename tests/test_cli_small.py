@@ -15,8 +15,8 @@ from importlib import metadata
 import pytest
 from rich.console import Console
 
-from conftest import NO_REFERENCES, TINY_SPACE, assert_one_line_error, write_space
-from helpers import BAD_ENQUEUES, Imported, imported_by, run_args
+from conftest import NO_REFERENCES, TINY_SPACE, assert_one_line_error, run_cli, write_space
+from helpers import BAD_ENQUEUES, HANG_SECONDS, Imported, imported_by, run_args
 
 
 @pytest.mark.parametrize("command", [[], ["run", "--budget", "2x"], ["train"], ["recipe"], ["bench", "build"]])
@@ -81,8 +81,8 @@ def test_a_bad_space_file_is_still_named(cli, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("args", [["train", "--steps", "-1"], ["run", "--budget", "0.5x"],
                                   ["audit", "--factor", "0"], ["bench", "build", "--space", "bench-small", "--out", "x.txt"]])
-def test_no_blank_line_before_an_error(console, tmp_path, args):
-    proc = console(*args, "--storage", f"sqlite:///{tmp_path / 'r.db'}") if args[0] in ("run", "audit") else console(*args)
+def test_no_blank_line_before_an_error(cli, tmp_path, args):
+    proc = cli(*args, "--storage", f"sqlite:///{tmp_path / 'r.db'}") if args[0] in ("run", "audit") else cli(*args)
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: "), repr(proc.stderr)
 
@@ -275,7 +275,7 @@ def in_terminal(args: list[str], columns: int, cwd, env: dict) -> str:
         if not chunk:
             break
         chunks.append(chunk)
-    _, stderr = proc.communicate(timeout=300)
+    _, stderr = proc.communicate(timeout=HANG_SECONDS)
     os.close(main)
     assert proc.returncode == 0, stderr.decode()[-2000:]
     return re.sub(r"\x1b\[[0-9;]*m", "", b"".join(chunks).decode().replace("\r\n", "\n"))  # no colours
@@ -288,14 +288,11 @@ def eight_layer_study(tmp_path_factory, token_cache):
     space = write_space(root / "space.toml", search=NO_REFERENCES)
     db = root / "s.db"
     env = {**os.environ, "ILR_SEARCH_CACHE": str(token_cache)}
-    proc = subprocess.run([sys.executable, "-m", "ilr_search", "run", "--space", str(space), "--layers", "8",
-                           "--budget", "1.5x", "--steps", "4", "--n-trials", "3", "--storage", f"sqlite:///{db}",
-                           "--json"], cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    proc = run_cli(["run", "--space", str(space), "--layers", "8", "--budget", "1.5x", "--steps", "4", "--n-trials", "3",
+                    "--storage", f"sqlite:///{db}", "--json"], root, {"ILR_SEARCH_CACHE": str(token_cache)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads(proc.stdout)
-    trials = json.loads(subprocess.run([sys.executable, "-m", "ilr_search", "trials", "--storage", f"sqlite:///{db}",
-                                        "--json"], cwd=root, env=env, capture_output=True, text=True,
-                                       timeout=300).stdout)["trials"]
+    trials = json.loads(run_cli(["trials", "--storage", f"sqlite:///{db}", "--json"], root).stdout)["trials"]
     return root, db, env, summary["study"], [",".join(map(str, t["reuse_map"])) for t in trials]
 
 
@@ -303,8 +300,9 @@ def eight_layer_study(tmp_path_factory, token_cache):
 def test_tables_in_a_terminal_keep_the_study_name_and_maps_whole(eight_layer_study, columns):
     root, db, env, study, maps = eight_layer_study
     assert len(study) >= 36 and all(len(m) == 15 for m in maps)
-    for command in ("studies", "trials", "pareto"):
-        text = in_terminal([command, "--storage", f"sqlite:///{db}"], columns, root, env)
+    texts = {command: in_terminal([command, "--storage", f"sqlite:///{db}"], columns, root, env)
+             for command in ("studies", "trials", "pareto")}
+    for command, text in texts.items():
         lines = text.splitlines()
         assert max(len(line) for line in lines if line[:1] in "┏┃┡│└") <= columns, text  # (a verdict line soft-wraps)
         assert any(study in line for line in lines), text  # the name --study takes, unbroken
@@ -316,4 +314,4 @@ def test_tables_in_a_terminal_keep_the_study_name_and_maps_whole(eight_layer_stu
                 cells = [c.strip() for c in line.strip("┃").split("┃")]
                 assert all(len(c) != 1 or c in ("p", "n") for c in cells), line
                 assert not any("_" in c for c in cells), line
-    assert "1.00x" in in_terminal(["pareto", "--storage", f"sqlite:///{db}"], columns, root, env)
+    assert "1.00x" in texts["pareto"]

@@ -2,14 +2,11 @@
 a finished study nothing left, on a partly done one what is left, from a probe of positive step times."""
 
 import json
-import os
-import subprocess
-import sys
 
 import optuna
 import pytest
 
-from conftest import NO_REFERENCES, assert_one_line_error, write_space
+from conftest import NO_REFERENCES, assert_one_line_error, run_cli, write_space
 
 
 def _files(folder):
@@ -58,9 +55,7 @@ def finished_study(tmp_path_factory, token_cache):
     space = write_space(root / "space.toml", search=NO_REFERENCES)
     db = root / "s.db"
     args = ["--space", str(space), *FINISHED_ARGS, "--storage", f"sqlite:///{db}"]
-    proc = subprocess.run([sys.executable, "-m", "ilr_search", "run", *args, "--n-trials", "3", "--json"], cwd=root,
-                          env={**os.environ, "ILR_SEARCH_CACHE": str(token_cache)}, capture_output=True, text=True,
-                          timeout=600)
+    proc = run_cli(["run", *args, "--n-trials", "3", "--json"], root, {"ILR_SEARCH_CACHE": str(token_cache)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout)["race"]["done"]
     return db, args

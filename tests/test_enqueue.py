@@ -8,8 +8,8 @@ import optuna
 import pandas as pd
 import pytest
 
-from conftest import NO_REFERENCES, assert_one_line_error, write_space
-from helpers import BAD_ENQUEUES, HANG_SECONDS, run_args
+from conftest import NO_REFERENCES, assert_one_line_error, run_cli, write_space
+from helpers import BAD_ENQUEUES, run_args
 
 SMALL = {"budget": "2x", "steps": 8}  # 2x: 8 layer runs of 8 steps
 from ilr_search.search.maps import parse_enqueued, repair_to_budget
@@ -25,17 +25,11 @@ def trials_of(db: Path) -> list[optuna.trial.FrozenTrial]:
 @pytest.fixture(scope="module")
 def enqueued_study(tmp_path_factory, token_cache):
     """A 4-trial study (2x: 8 layer runs) with three maps asked for: one over budget, one within, block 2."""
-    import os
-    import subprocess
-    import sys
-
     root = tmp_path_factory.mktemp("enqueue")
     space = write_space(root / "space.toml", search={"noise_seeds": 0, "families": ["ilr"]})
     db = root / "q.db"
-    proc = subprocess.run([sys.executable, "-m", "ilr_search",
-                           *run_args(space, db, "q", "--enqueue", "3,3,3,1 1,2,1,2 block2", **SMALL, n_trials=4)],
-                          cwd=root, env={**os.environ, "ILR_SEARCH_CACHE": str(token_cache)},
-                          capture_output=True, text=True, timeout=HANG_SECONDS)
+    proc = run_cli(run_args(space, db, "q", "--enqueue", "3,3,3,1 1,2,1,2 block2", **SMALL, n_trials=4), root,
+                   {"ILR_SEARCH_CACHE": str(token_cache)})
     assert proc.returncode == 0, proc.stderr
     return root, space, db, json.loads(proc.stdout)
 

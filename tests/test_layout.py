@@ -71,7 +71,9 @@ def trial_values(db: Path) -> list[tuple]:
 
 @pytest.mark.slow
 def test_a_busy_spell_before_a_run_changes_none_of_its_numbers(cli, tmp_path, monkeypatch):
-    space = write_space(tmp_path / "tiny.toml", search=NO_REFERENCES, train={"steps": 12})
+    batch, seq = 8, 32  # a narrow model, few validation windows: the numbers compared need no size
+    space = write_space(tmp_path / "tiny.toml", search=NO_REFERENCES, model={"d_model": 16, "seq_len": seq},
+                        train={"steps": 12, "batch_size": batch, "eval_windows": 2})
     race = ("--target", "2x", "--race-policy", "adaptive", "--race-seeds", "2", "--max-seeds", "3",
             "--equal-compute", "off")
     summaries = {}
@@ -88,9 +90,9 @@ def test_a_busy_spell_before_a_run_changes_none_of_its_numbers(cli, tmp_path, mo
     for p in phases:
         assert set(p) == {"phase", "wall_seconds", "tokens", "tokens_per_second", "cpu_seconds", "cpu_percent"}
         assert p["wall_seconds"] > 0 and p["cpu_seconds"] >= 0
-    trial_tokens = sum(t[5] or 0 for t in trial_values(tmp_path / "quiet.db")) * 8 * 64
+    trial_tokens = sum(t[5] or 0 for t in trial_values(tmp_path / "quiet.db")) * batch * seq
     assert phases[0]["tokens"] == trial_tokens
-    assert sum(p["tokens"] for p in phases[1:]) == summaries["quiet"]["race_steps"] * 8 * 64
+    assert sum(p["tokens"] for p in phases[1:]) == summaries["quiet"]["race_steps"] * batch * seq
 
 
 @pytest.mark.slow

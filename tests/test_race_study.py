@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from conftest import RACE, RACE_STEPS as STEPS, assert_one_line_error, write_space
-from helpers import (HANG_SECONDS, alive, digest, env_for, race_rows, run_args, sigint_as_in_a_terminal, signal_all,
+from conftest import RACE, RACE_STEPS as STEPS, assert_one_line_error, run_cli, write_space
+from helpers import (alive, digest, env_for, race_rows, run_args, sigint_as_in_a_terminal, signal_all,
                      spawned_children, wait_until)
 from ilr_search.config import SearchConfig
 from ilr_search.search.plan import plan_study
@@ -92,8 +92,10 @@ def test_rerunning_a_finished_race_trains_nothing(raced, raced_study, cli, tmp_p
 def test_kill_9_during_the_race_then_the_same_command_resumes_training_nothing_twice(tmp_path, token_cache):
     space = write_space(tmp_path / "race.toml", search=RACE)
     db = tmp_path / "k.db"
-    # 40-step proxies, 80-step runs at 2x: long enough that the kill lands inside a race run
-    cmd = [sys.executable, "-m", "ilr_search", *run_args(space, db, "killed", "--target", "2x", "--steps", "40")]
+    # 40-step proxies, 80-step runs at 2x (of a narrow model): the race trains several runs on each worker, and the
+    # event below is seen with the run and its workers stopped, so the kill lands inside a race run at any speed
+    args = run_args(space, db, "killed", "--target", "2x", "--steps", "40", "--d-model", "16", "--seq-len", "32")
+    cmd = [sys.executable, "-m", "ilr_search", *args]
     env = env_for(token_cache, ILR_SEARCH_HEARTBEAT_SECONDS="1")
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             preexec_fn=sigint_as_in_a_terminal)  # its workers stop on SIGINT once it is killed
@@ -136,7 +138,7 @@ def test_kill_9_during_the_race_then_the_same_command_resumes_training_nothing_t
     assert in_flight and len(in_flight) <= max(1, len(workers))
     assert len(killed) <= max(1, len(workers))
     assert all(before[k]["state"] in ("running", "interrupted") for k in killed)
-    resumed = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=HANG_SECONDS)
+    resumed = run_cli(args, tmp_path, {"ILR_SEARCH_CACHE": str(token_cache), "ILR_SEARCH_HEARTBEAT_SECONDS": "1"})
     assert resumed.returncode == 0, resumed.stderr
     after = {(r["map_key"], r["steps"], r["seed"]): r for r in race_rows(db)}
     for key, row in before.items():  # every finished run kept as it was: not trained again
@@ -213,7 +215,8 @@ def test_two_workers_race_one_study_without_training_a_run_twice(tmp_path, cli):
 def test_fused_study_and_race_give_the_results_of_one_run_at_a_time(tmp_path, cli):
     """Fusion changes no result: the same maps (enqueued, so the sampler does not choose them), trained one at a
     time and then with --fuse 4, give the same trial and race losses (fp32 on CPU, common random numbers)."""
-    space = write_space(tmp_path / "f.toml", search={**RACE, "n_trials": 4})
+    space = write_space(tmp_path / "f.toml", search={**RACE, "n_trials": 4}, model={"d_model": 16, "seq_len": 32},
+                        train={"steps": 12, "eval_windows": 2})
     losses = []
     for fuse in ("1", "4"):
         db = tmp_path / f"fuse{fuse}.db"

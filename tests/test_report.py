@@ -8,8 +8,8 @@ import optuna
 import pandas as pd
 import pytest
 
-from conftest import NO_REFERENCES, ROOT, assert_one_line_error, write_space
-from helpers import HANG_SECONDS, env_for, imported_by, run_args
+from conftest import NO_REFERENCES, ROOT, assert_one_line_error, run_cli, write_space
+from helpers import HANG_SECONDS, imported_by, run_args
 from ilr_search.analysis.results import study_front
 
 SPACE = str(ROOT / "tests" / "spaces" / "tiny.toml")
@@ -21,10 +21,8 @@ def pruned_study(tmp_path_factory, token_cache):
     default is tested in test_fidelity.py), plus one failed (diverged) trial."""
     root = tmp_path_factory.mktemp("report")
     db = root / "r.db"
-    proc = subprocess.run([sys.executable, "-m", "ilr_search", *run_args(SPACE, db, "rep", "--sampler", "random", "--pruner",
-                                                                   "pareto-eager", budget="2x", n_trials=10)],
-                          cwd=root, capture_output=True, text=True, timeout=HANG_SECONDS,
-                          env=env_for(token_cache))
+    proc = run_cli(run_args(SPACE, db, "rep", "--sampler", "random", "--pruner", "pareto-eager", budget="2x",
+                            n_trials=10), root, {"ILR_SEARCH_CACHE": str(token_cache)})
     assert proc.returncode == 0, proc.stderr
     study = optuna.load_study(study_name="rep", storage=f"sqlite:///{db}")
     dist = optuna.distributions.IntDistribution(1, 3)

@@ -10,7 +10,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from conftest import ROOT, assert_one_line_error
+from conftest import ROOT, assert_one_line_error, run_cli
 from helpers import HANG_SECONDS, digest, run_args, wait_until
 from ilr_search.training.flops import parse_budget
 from ilr_search.config import ModelConfig
@@ -30,10 +30,8 @@ def tiny_study(tmp_path_factory, token_cache):
     """One real 6-trial study shared by the read-only tests below."""
     root = tmp_path_factory.mktemp("study")
     db = root / "s.db"
-    env = {**os.environ, "ILR_SEARCH_CACHE": str(token_cache)}
     args = run_args(CLI_SPACE, db, "tiny", *TINY, steps=20, n_trials=6)
-    proc = subprocess.run([sys.executable, "-m", "ilr_search", *args], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=HANG_SECONDS)
+    proc = run_cli(args, root, {"ILR_SEARCH_CACHE": str(token_cache)})
     assert proc.returncode == 0, proc.stderr
     return root, db, json.loads(proc.stdout)
 
@@ -148,23 +146,36 @@ def test_repair_keeps_maps_within_budget_and_their_shape():
 def test_kill_9_loses_no_trial_and_the_killed_one_is_retried(tmp_path, token_cache):
     db = tmp_path / "k.db"
     env = {**os.environ, "ILR_SEARCH_CACHE": str(token_cache), "ILR_SEARCH_HEARTBEAT_SECONDS": "1"}
-    # 200 steps with a checkpoint every 50 (cli.toml): the kill lands inside the second or third trial of four, past
-    # a checkpoint, so that a trial is still to train after it; the resume trains the killed trial's retry from
-    # that checkpoint
-    cmd = [sys.executable, "-m", "ilr_search",
-           *run_args(CLI_SPACE, db, "killed", *TINY, "--pruner", "none", steps=200, n_trials=4)]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # 200 steps (of a narrow model) with a checkpoint every 50 (cli.toml): the kill lands inside the second or third
+    # trial of four, past a checkpoint, so that a trial is still to train after it; the resume trains the killed
+    # trial's retry from that checkpoint
+    args = run_args(CLI_SPACE, db, "killed", *TINY, "--d-model", "16", "--seq-len", "32", "--pruner", "none",
+                    steps=200, n_trials=4)
+    proc = subprocess.Popen([sys.executable, "-m", "ilr_search", *args], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
-    def past_a_checkpoint() -> bool:  # the event: a trial past its first checkpoint, after one or two finished
+    def past_a_checkpoint() -> bool:  # a trial past its first checkpoint, after one or two finished
         trials = load(db, "killed").trials
         complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
         running = [t for t in trials if t.state == optuna.trial.TrialState.RUNNING and "reuse_map" in t.user_attrs]
         checkpoints = list((tmp_path / "studies" / "checkpoints" / "killed").glob("*.pt"))
         return 1 <= len(complete) <= 2 and bool(running) and bool(checkpoints)
 
+    def killed_past_a_checkpoint() -> bool:
+        """The event, seen again with the run stopped (SIGSTOP), so that no trial can end between seeing it and
+        the kill."""
+        if not past_a_checkpoint():
+            return False
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            still = past_a_checkpoint()
+        except Exception:  # noqa: BLE001 - stopped holding the database's lock: let it go on, look again
+            still = False
+        proc.send_signal(signal.SIGKILL if still else signal.SIGCONT)
+        return still
+
     try:
-        wait_until(past_a_checkpoint, "a trial past its first checkpoint", proc)
-        assert proc.poll() is None, "the run ended before the kill"
+        wait_until(killed_past_a_checkpoint, "a trial past its first checkpoint", proc)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -173,7 +184,7 @@ def test_kill_9_loses_no_trial_and_the_killed_one_is_retried(tmp_path, token_cac
     assert len(killed) == 1
     # The same command resumes at once: the killed trial still looks alive until its heartbeat goes stale, and the
     # run waits for it, sweeps it as stale and retries it, rather than needing the caller to wait.
-    resumed = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=HANG_SECONDS)
+    resumed = run_cli(args, tmp_path, {"ILR_SEARCH_CACHE": str(token_cache), "ILR_SEARCH_HEARTBEAT_SECONDS": "1"})
     assert resumed.returncode == 0, resumed.stderr
     after = {t.number: t for t in load(db, "killed").trials}
     for n, (state, values) in before.items():  # every finished trial is kept as it was

@@ -31,6 +31,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
+from helpers import HANG_SECONDS
 from ilr_search.analysis.results import has_result, study_front
 from ilr_search.space import load_space
 from ilr_search.storage import open_storage, open_store, parse_storage
@@ -123,10 +124,11 @@ class Chaos:
         threading.Thread(target=read, daemon=True).start()
         return worker
 
-    def wait_line(self, pattern: str, among: set[str] | None = None, timeout: float = 180) -> str:
-        """The name of the first worker (of `among`) whose stderr matches `pattern` from now on."""
-        deadline = time.time() + timeout
-        while time.time() < deadline:
+    def wait_line(self, pattern: str, among: set[str] | None = None, timeout: float = HANG_SECONDS) -> str:
+        """The name of the first worker (of `among`) whose stderr matches `pattern` from now on; `timeout` only
+        turns a hang into a failure."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
             try:
                 name, line = self.events.get(timeout=0.5)
             except queue.Empty:
@@ -136,9 +138,9 @@ class Chaos:
         raise TimeoutError(f"no worker printed {pattern!r} within {timeout:.0f} s:\n{self.tails()}")
 
     def wait_for(self, predicate, timeout: float, what: str) -> None:
-        deadline = time.time() + timeout
+        deadline = time.monotonic() + timeout
         while not predicate():
-            if time.time() > deadline:
+            if time.monotonic() > deadline:
                 raise TimeoutError(f"timed out waiting for {what}:\n{self.tails()}")
             time.sleep(0.1)
 
@@ -159,7 +161,9 @@ class Chaos:
                          for w in self.workers)
 
     # --- the scenario
-    def run(self, timeout: float = 300) -> ChaosResult:
+    def run(self, timeout: float = HANG_SECONDS) -> ChaosResult:
+        """The scenario, each of its waits on an event (a line a worker prints, a file its trainer makes, its
+        exit); `timeout` only turns a hang into a failure (benchmarks/soak.py counts one as a fault)."""
         t0 = self.t0 = time.time()
         self.prepare()
         (self.gate / "hold").touch()
@@ -214,12 +218,11 @@ class Chaos:
 
 
 class CpuHog:
-    """Keeps cores busy while the scenario runs (a loaded machine delays heartbeats and start-ups): by default
-    half of them, since the suite runs on every core (pytest -n auto) and its other tests load the rest;
-    benchmarks/soak.py asks for all of them."""
+    """Keeps `processes` cores busy while the scenario runs (a loaded machine delays heartbeats and start-ups):
+    benchmarks/soak.py's load. The test suite loads the machine with its own tests alone."""
 
-    def __init__(self, processes: int | None = None) -> None:
-        self.n = processes or max(1, (os.cpu_count() or 2) // 2)
+    def __init__(self, processes: int) -> None:
+        self.n = processes
         self.procs: list[subprocess.Popen] = []
 
     # Each hog spins until its parent is gone: a test process killed mid-scenario (a timeout, Ctrl-C twice)

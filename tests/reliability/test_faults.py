@@ -12,7 +12,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from conftest import NO_REFERENCES, write_space
+from conftest import NO_REFERENCES, run_cli, write_space
 from helpers import HANG_SECONDS, sigint_as_in_a_terminal, wait_until
 from ilr_search.space import load_space
 from ilr_search.storage import open_storage, open_store, parse_storage
@@ -125,7 +125,7 @@ def test_ctrl_c_stops_within_a_step_with_trials_recorded(tmp_path, token_cache, 
     storage = f"sqlite:///{tmp_path / 'int.db'}"
     env = env_for(token_cache)
     steps = 400
-    cmd = run_cmd(space, storage, "int", 3, "--pruner", "none", steps=steps)
+    cmd = run_cmd(space, storage, "int", 3, "--pruner", "none", "--d-model", "16", "--seq-len", "32", steps=steps)
     evals = [round(steps * f) for f in load_space(space).train.eval_fractions]
     seen: list[int] = []  # the running trial's evaluated steps when the signal goes
 
@@ -154,7 +154,8 @@ def test_ctrl_c_stops_within_a_step_with_trials_recorded(tmp_path, token_cache, 
     reached = max(p.step for p in open_store(parse_storage(storage), "int").curve_points()
                   if p.trial_number == interrupted[0].number)
     assert reached < steps and reached <= evals[evals.index(max(seen)) + 1], (seen, reached, evals)
-    resumed = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True)
+    resumed = run_cli(cmd[3:], tmp_path, {"ILR_SEARCH_CACHE": str(token_cache),
+                                          "ILR_SEARCH_HEARTBEAT_SECONDS": str(HEARTBEAT_SECONDS)})
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     check_accounted(storage, "int")
     assert sum(t.state == TrialState.COMPLETE for t in load(storage, "int").trials) == 3

@@ -10,6 +10,7 @@ import pytest
 import sqlalchemy as sa
 from optuna.trial import TrialState
 
+from helpers import HANG_SECONDS, wait_until
 from ilr_search.storage import open_storage, open_store, parse_storage
 from ilr_search.storage.sql_store import fronts_table
 
@@ -40,10 +41,15 @@ def test_two_workers_saving_the_same_front_at_once_on_postgres(postgres_url):
 
         b = threading.Thread(target=save_b)
         b.start()
-        b.join(timeout=1.0)
-        assert b.is_alive()  # B waits on A's uncommitted rows: the race is on
+        # the event: B's session waits on a lock (A's uncommitted rows), seen by the server: the race is on
+        watching = sa.create_engine(spec.url, isolation_level="AUTOCOMMIT")
+        with watching.connect() as watcher:
+            wait_until(lambda: watcher.execute(sa.text("SELECT count(*) FROM pg_locks WHERE NOT granted")).scalar() > 0,
+                       "worker B waiting on worker A's rows")
+        watching.dispose()
+        assert b.is_alive()
         tx.commit()
-        b.join(timeout=30)
+        b.join(timeout=HANG_SECONDS)
     assert not b.is_alive() and not errors, errors
     history = store_b.front_history()
     assert [p.trial for p in history[5]] == [0, 3]
@@ -81,7 +87,7 @@ def test_processes_popping_queued_trials_from_sqlite_never_share_one(tmp_path):
     for w in workers:
         w.stdin.write("go\n")
         w.stdin.flush()
-    outputs = [w.communicate(timeout=120)[0] for w in workers]
+    outputs = [w.communicate(timeout=HANG_SECONDS)[0] for w in workers]
     popped = [trial_id for out in outputs for trial_id in json.loads(out)]
     assert sum(bool(json.loads(out)) for out in outputs) >= 2  # the pops raced: more than one worker got trials
     assert sorted(popped) == sorted(t._trial_id for t in study.get_trials())
