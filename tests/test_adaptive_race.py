@@ -113,7 +113,11 @@ def test_a_crossing_map_is_taken_to_the_target_and_claimed():
     waves, evaluations, state = run(loss, maps)
     assert "2,2,1,1" not in state.eliminated and "2,2,1,1" in state.confirmed_better
     assert len(seeds_of(evaluations, "2,2,1,1")) >= SETTINGS.race_seeds
-    assert state.screen["agreement"]["spearman"] < SETTINGS.min_agreement
+    assert state.screen.agreement.spearman < SETTINGS.min_agreement
+    shown = state.screen.to_dict()  # the JSON's `screen`, as before it was a record
+    assert list(shown) == ["maps", "screened", "agreement", "base_losses", "target_losses"]
+    assert list(shown["agreement"]) == ["maps", "spearman", "margin"] and shown["screened"] == sorted(maps)
+    assert shown["target_losses"] == {k: state.screen.target_losses[k] for k in maps}
 
 
 def test_the_base_length_eliminates_only_where_the_screen_shows_the_lengths_rank_alike():

@@ -35,6 +35,7 @@ its own seeds and paired sd (sequential.detectable_gap), and the compute it spen
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeGuard
@@ -56,6 +57,8 @@ from ilr_search.analysis.race_core import (
     RaceState,
     RaceWords,
     Results,
+    Screen,
+    ScreenAgreement,
     base_results,
     choose_contenders,
     collect,
@@ -123,7 +126,7 @@ def holm_weights(ranked: Sequence[str], lead: float) -> dict[str, float]:
 
 def screen_agreement(
     screened: Sequence[str], base_losses: Mapping[str, float], target_losses: Mapping[str, float]
-) -> dict[str, Any]:
+) -> ScreenAgreement:
     """How the base length ranks the screened maps against the target: Spearman over them, and the margin, the
     largest base lead the target overturned (b led a at the base, a finished ahead at the target)."""
     keys = [k for k in screened if k in base_losses and k in target_losses]
@@ -133,7 +136,7 @@ def screen_agreement(
         for b in keys:
             if base_losses[b] < base_losses[a] and target_losses[a] < target_losses[b]:
                 margin = max(margin, base_losses[a] - base_losses[b])
-    return {"maps": len(keys), "spearman": rho, "margin": margin}
+    return ScreenAgreement(len(keys), rho, margin)
 
 
 def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSettings, baseline_key: str) -> RaceState:
@@ -171,9 +174,9 @@ def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSetting
         )
     agreement = screen_agreement(list(screen_losses), base_losses, screen_losses)
     agree = (
-        agreement["maps"] >= settings.calibration
-        and agreement["spearman"] is not None
-        and agreement["spearman"] >= settings.min_agreement
+        agreement.maps >= settings.calibration
+        and agreement.spearman is not None
+        and agreement.spearman >= settings.min_agreement
     )
     waiting = []
     for k in candidates:
@@ -182,25 +185,25 @@ def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSetting
         lead = [
             o
             for o in screen_losses
-            if results.flops[o] <= results.flops[k] and base_losses[k] - base_losses[o] > agreement["margin"]
+            if results.flops[o] <= results.flops[k] and base_losses[k] - base_losses[o] > agreement.margin
         ]
         if agree and lead and k != baseline_key:
             o = min(lead, key=lambda x: (base_losses[x], x))
             eliminated[k] = (
                 f"eliminated at {settings.base_steps} steps: the screen's lengths rank alike (Spearman "
-                f"{agreement['spearman']:.2f} over {agreement['maps']} maps) and {o} leads it by "
+                f"{agreement.spearman:.2f} over {agreement.maps} maps) and {o} leads it by "
                 f"{base_losses[k] - base_losses[o]:.4f}, more than the largest lead the target "
-                f"overturned ({agreement['margin']:.4f})"
+                f"overturned ({agreement.margin:.4f})"
             )
         else:
             waiting.append(k)
-    screen = {
-        "maps": list(candidates),
-        "screened": sorted(screen_losses),
-        "agreement": agreement,
-        "base_losses": {k: base_losses[k] for k in candidates},
-        "target_losses": dict(screen_losses),
-    }
+    screen = Screen(
+        tuple(candidates),
+        tuple(sorted(screen_losses)),
+        agreement,
+        {k: base_losses[k] for k in candidates},
+        dict(screen_losses),
+    )
     if waiting:
         wave = [RaceJob(k, target, first) for k in waiting[: max(1, settings.calibration)]]
         if fits(wave):
@@ -214,7 +217,7 @@ def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSetting
                 screen=screen,
                 verdict=f"(race open {words.at(target)}) screening {len(waiting)} map(s) at {words.one(first)}",
             )
-        screen["capped"] = [k for k in waiting]
+        screen = dataclasses.replace(screen, capped=tuple(waiting))
         for k in waiting:
             eliminated[k] = f"not screened: the compute cap ({cap} steps) was reached"
 

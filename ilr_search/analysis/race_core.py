@@ -242,10 +242,49 @@ class RaceState:
     # the screen (maps, their base and target results, the lengths' agreement), the deeper plain model of the same
     # compute, the smallest gap the race would find at 80% power, and why it stopped
     comparisons: tuple[Comparison, ...] = ()
-    screen: dict[str, Any] = field(default_factory=dict)
+    screen: Screen | None = None
     equal_compute: EqualCompute | None = None
     detectable_gap: DetectableGap | None = None
     stopped: str = ""
+
+
+@dataclass(frozen=True)
+class ScreenAgreement:
+    """How the base length ranks the screened maps against the target: the Spearman over `maps` maps (None where
+    it cannot be computed), and `margin`, the largest base lead the target overturned."""
+
+    maps: int
+    spearman: float | None
+    margin: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"maps": self.maps, "spearman": self.spearman, "margin": self.margin}
+
+
+@dataclass(frozen=True)
+class Screen:
+    """The adaptive race's screen: the candidate maps, those screened at the target (at the first seed), the two
+    lengths' agreement over them, each candidate's base loss and each screened map's target loss, and the maps
+    the compute cap left unscreened (None where it did not)."""
+
+    maps: tuple[str, ...]
+    screened: tuple[str, ...]
+    agreement: ScreenAgreement
+    base_losses: Mapping[str, float]
+    target_losses: Mapping[str, float]
+    capped: tuple[str, ...] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "maps": list(self.maps),
+            "screened": list(self.screened),
+            "agreement": self.agreement.to_dict(),
+            "base_losses": dict(self.base_losses),
+            "target_losses": dict(self.target_losses),
+        }
+        if self.capped is not None:
+            out["capped"] = list(self.capped)
+        return out
 
 
 @dataclass(frozen=True)

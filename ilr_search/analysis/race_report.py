@@ -87,7 +87,7 @@ class RaceReport:
             "alive": list(state.alive),
             "eliminated": dict(state.eliminated),
             "comparisons": [c.to_dict() for c in state.comparisons],
-            "screen": state.screen,
+            "screen": state.screen.to_dict() if state.screen is not None else {},
             "detectable_gap": state.detectable_gap.to_dict() if state.detectable_gap is not None else None,
             "equal_compute": self.equal_compute.to_dict() if self.equal_compute is not None else None,
             "results": [r.to_dict() for r in sorted(self.results, key=lambda r: (r.map_key, r.steps, r.seed))],

@@ -318,11 +318,12 @@ def study_answer(
     baseline = format_reuse_map([1] * int(study_attrs[CONFIG_ATTR]["model"]["n_layers"]))
     losses = [r.val_loss for r in results if r.map_key == baseline and r.steps == steps and r.val_loss is not None]
     baseline_ppl = math.exp(math.fsum(losses) / len(losses)) if losses else None
-    agreement = (state.screen or {}).get("agreement") or {}
+    agreement = state.screen.agreement if state.screen is not None else None
     trust = (
-        Trust(agreement["spearman"], agreement["maps"], settings.base_steps, settings.target_steps)
-        if agreement.get("spearman") is not None
-        and agreement.get("maps", 0) >= 3
+        Trust(agreement.spearman, agreement.maps, settings.base_steps, settings.target_steps)
+        if agreement is not None
+        and agreement.spearman is not None
+        and agreement.maps >= 3
         and settings.target_steps > settings.base_steps
         else None
     )
