@@ -10,7 +10,7 @@ import pytest
 
 from conftest import NO_REFERENCES, write_space
 from helpers import run_args
-from ilr_search.commands.layout import process_threads, race_processes, usable_cores
+from ilr_search.commands.layout import process_threads, race_processes, trial_lanes, usable_cores
 from ilr_search.commands.run import RunOptions, choose_layout, run_request
 from ilr_search.search.plan import LAYOUT_ATTR, PhaseLayout, StudyLayout, stored_layout, stored_layouts
 
@@ -30,8 +30,10 @@ def test_the_layout_is_the_same_at_any_load_average(tmp_path, monkeypatch, space
     path = None if space is None else write_space(tmp_path / "tiny.toml")
     quiet = layout_at(QUIET, monkeypatch, path)
     assert layout_at(BUSY, monkeypatch, path) == quiet
-    threads = process_threads(run_request(RunOptions(space=path))[0].space, 1)
-    assert quiet.trials.processes == 1 and quiet.trials.threads == threads
+    space_cfg = run_request(RunOptions(space=path))[0].space
+    lanes = trial_lanes(space_cfg, 1, space_cfg.search.fuse)
+    assert quiet.trials == PhaseLayout(1, process_threads(space_cfg, lanes), space_cfg.search.fuse, lanes)
+    assert lanes == (min(usable_cores(), space_cfg.search.fuse) if space_cfg.search.fuse > 1 else 1)
     assert quiet.race.processes == race_processes(run_request(RunOptions(space=path))[0].space, 1)
     assert quiet.race.processes == (usable_cores() if usable_cores() > 1 else 1)
 
@@ -40,19 +42,27 @@ def test_the_layout_follows_the_usable_cores_and_omp_num_threads(tmp_path, monke
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})  # a 4-core machine
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    four = layout_at(BUSY, monkeypatch, None)  # the default space: K = 4
-    assert four == StudyLayout(PhaseLayout(1, 4, 4), PhaseLayout(4, 1, 4))
+    four = layout_at(BUSY, monkeypatch, None)  # the default space: K = 4, trained in four one-thread lanes
+    assert four == StudyLayout(PhaseLayout(1, 1, 4, lanes=4), PhaseLayout(4, 1, 4))
     assert layout_at(BUSY, monkeypatch, None, workers=2) == StudyLayout(PhaseLayout(2, 2, 4), PhaseLayout(2, 2, 4))
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    assert layout_at(BUSY, monkeypatch, None).trials == PhaseLayout(1, 1, 4)
+    assert layout_at(BUSY, monkeypatch, None, fuse="2").trials == PhaseLayout(1, 2, 2, lanes=2)  # lanes: at most K; threads: the cores over
+    assert layout_at(BUSY, monkeypatch, None, fuse="1").trials == PhaseLayout(1, 4, 1)  # nothing to share out
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert layout_at(BUSY, monkeypatch, None, workers=1).trials == PhaseLayout(1, 1, 4, lanes=4)
+    assert layout_at(BUSY, monkeypatch, None, fuse="1").trials == PhaseLayout(1, 2, 1)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})  # one core: everything in the run's process
     assert layout_at(QUIET, monkeypatch, None) == StudyLayout(PhaseLayout(1, 1, 4), PhaseLayout(1, 1, 4))
 
 
 def test_a_study_layout_round_trips_through_its_stored_form():
-    layout = StudyLayout(PhaseLayout(1, 2, 4), PhaseLayout(2, 1, 4))
-    assert StudyLayout.from_dict(json.loads(json.dumps(layout.to_dict()))) == layout
+    layout = StudyLayout(PhaseLayout(1, 1, 4, lanes=2), PhaseLayout(2, 1, 4))
+    stored = json.loads(json.dumps(layout.to_dict()))
+    assert StudyLayout.from_dict(stored) == layout
+    for phase in stored.values():  # a layout stored before lanes existed: one lane
+        del phase["lanes"]
+    assert StudyLayout.from_dict(stored) == StudyLayout(PhaseLayout(1, 1, 4), PhaseLayout(2, 1, 4))
     assert stored_layout({}) is None
+    assert layout.describe() == "trials 1 process x 2 lanes x 1 thread, K = 4; race 2 processes x 1 thread, K = 4"
 
 
 def race_runs(db: Path) -> list[tuple]:
@@ -75,12 +85,13 @@ def test_a_busy_spell_before_a_run_changes_none_of_its_numbers(cli, tmp_path, mo
     space = write_space(tmp_path / "tiny.toml", search=NO_REFERENCES, model={"d_model": 16, "seq_len": seq},
                         train={"steps": 12, "batch_size": batch, "eval_windows": 2})
     race = ("--target", "2x", "--race-policy", "adaptive", "--race-seeds", "2", "--max-seeds", "3",
-            "--equal-compute", "off")
+            "--equal-compute", "off", "--fuse", "2")  # K = 2: on several cores the trials train in lanes
     summaries = {}
     for name, load in (("busy", BUSY), ("quiet", QUIET)):
         monkeypatch.setattr(os, "getloadavg", lambda load=load: load)
         summaries[name] = json.loads(cli(*run_args(space, tmp_path / f"{name}.db", "layout", *race, n_trials=3), check=True).stdout)
     assert summaries["busy"]["layout"] == summaries["quiet"]["layout"]
+    assert summaries["quiet"]["layout"]["trials"]["lanes"] == min(usable_cores(), 2)
     assert trial_values(tmp_path / "busy.db") == trial_values(tmp_path / "quiet.db")
     busy_runs = race_runs(tmp_path / "busy.db")
     assert busy_runs and busy_runs == race_runs(tmp_path / "quiet.db")

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ilr_search.commands.layout import process_threads, usable_cores
+from ilr_search.commands.layout import process_threads, trial_lanes, usable_cores
 from ilr_search.config import SIZE_MAXIMA, Dtype, ModelConfig, SpaceConfig
 from ilr_search.errors import UserInputError
 from ilr_search.search.plan import StudyPlan
@@ -36,11 +36,13 @@ PROBE_SECONDS = 10.0  # a K whose probe (its untimed step included) takes longer
 @dataclass(frozen=True)
 class Layout:
     """How a run trains: `groups` worker processes (1: the run's own process), each training up to `fuse` maps
-    at once in one fused group with `threads` torch threads (None: torch's default, or on CUDA not set)."""
+    at once in one fused group with `threads` torch threads (None: torch's default, or on CUDA not set) in each
+    of its `lanes` (training/jobs.py)."""
 
     groups: int
     fuse: int
     threads: int | None = None
+    lanes: int = 1
 
 
 @dataclass(frozen=True)
@@ -298,6 +300,7 @@ def choose_fuse(plan: StudyPlan, workers: int | None, n_trials: int) -> FuseChoi
 
 def describe(layout: Layout) -> str:
     where = f"{layout.groups} workers" if layout.groups > 1 else "1 process"
+    where += f" x {layout.lanes} lanes" if layout.lanes > 1 else ""
     threads = f" x {layout.threads} thread{'s' if layout.threads != 1 else ''}" if layout.threads else ""
     return f"{where}{threads}, K = {layout.fuse}"
 
@@ -305,11 +308,13 @@ def describe(layout: Layout) -> str:
 def resolve_layout(plan: StudyPlan, fuse: int | str, workers: int | None, n_trials: int) -> FuseChoice:
     """The run's layout from `--fuse` (a number or auto) and `--workers` (None: not given): a K asked for is
     checked against memory; auto is chosen by choose_fuse. On a CPU the processes share the usable cores out
-    (layout.process_threads)."""
+    (layout.process_threads), or a run of one process trains in one-thread lanes (layout.trial_lanes)."""
     if fuse == "auto":
         choice = choose_fuse(plan, workers, n_trials)
         check_memory(plan, choice.layout.groups, choice.layout.fuse)
         return choice
     groups = workers or 1
     check_memory(plan, groups, int(fuse))
-    return FuseChoice(Layout(groups, int(fuse), process_threads(plan.space, groups)), "")
+    lanes = trial_lanes(plan.space, groups, int(fuse))
+    threads = process_threads(plan.space, groups * lanes)
+    return FuseChoice(Layout(groups, int(fuse), threads, lanes), "")

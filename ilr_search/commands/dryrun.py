@@ -322,9 +322,10 @@ def estimate(
     n_layers = plan.model.n_layers
     fuse = layout.fuse if fusable(plan.model) else 1
     threads = layout.threads if layout.threads is not None else process_threads(space, layout.groups)
+    lane_fuse = -(-fuse // layout.lanes)  # each lane trains its share of a group, side by side
     data = random_tokens(plan.model.vocab_size, plan.model.seq_len)
-    baseline = probe_schedule(space, plan.model, [1] * n_layers, "baseline", plan.dtype, data, fuse, threads)
-    costliest = probe_schedule(space, plan.model, costly, "costliest", plan.dtype, data, fuse, threads)
+    baseline = probe_schedule(space, plan.model, [1] * n_layers, "baseline", plan.dtype, data, lane_fuse, threads)
+    costliest = probe_schedule(space, plan.model, costly, "costliest", plan.dtype, data, lane_fuse, threads)
     span = max(1, costliest.layer_runs - baseline.layer_runs)
 
     def proxy_seconds(layer_runs: float) -> float:
@@ -349,11 +350,11 @@ def estimate(
     racers = max(groups, race_processes(space, groups))
     race_min = race["steps_min"] / race["target_steps"] * run_seconds / racers if race["runs_max"] else 0.0
     race_max = race["steps_max"] / race["target_steps"] * run_seconds / racers if race["runs_max"] else 0.0
-    total = (trials_to_train * trial_seconds + ref_seconds) / groups
+    total = (trials_to_train * trial_seconds + ref_seconds) / (groups * layout.lanes)
     return {
         "probe": [dataclasses.asdict(baseline), dataclasses.asdict(costliest)],
         "probe_flops_ratios": [flops_ratio(plan.model, reuse_map_schedule(p.reuse_map)) for p in (baseline, costliest)],
-        "layout": describe(Layout(groups, fuse, threads)),
+        "layout": describe(Layout(groups, fuse, threads, layout.lanes)),
         "estimated_trial_seconds": trial_seconds,
         "estimated_reference_seconds": ref_seconds,
         "estimated_race_seconds": [race_min, race_max],

@@ -47,6 +47,16 @@ def process_threads(space: SpaceConfig, processes: int) -> int | None:
     return threads if cap is None else min(threads, cap)
 
 
+def trial_lanes(space: SpaceConfig, processes: int, fuse: int) -> int:
+    """Lanes for the trials and reference runs (training/jobs.py): on a CPU of several cores, a run of one process
+    that fuses (K > 1) trains in one lane a usable core, at most K lanes (process_threads shares the cores among
+    them); else 1."""
+    cores = usable_cores()
+    if processes != 1 or fuse < 2 or cores < 2 or not on_cpu(space):
+        return 1
+    return min(cores, fuse)
+
+
 def race_processes(space: SpaceConfig, groups: int) -> int:
     """Race worker processes for a run of `groups` worker processes: one a usable core on a CPU with several when
     the run is one process (a multi-process run races in its workers already); 1 (in the run's own process)

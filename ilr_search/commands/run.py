@@ -125,11 +125,11 @@ class LayoutChoice:
 
 
 def machine_layout(choice: Layout, space: SpaceConfig) -> StudyLayout:
-    """The study's layout from the trials' (groups, K, threads): several groups race in their own processes;
+    """The study's layout from the trials' (groups, K, threads, lanes): several groups race in their own processes;
     one process on a CPU of several cores races in one one-thread worker process a core; else the race trains in
     the run's own process."""
     threads = choice.threads if choice.threads is not None else process_threads(space, choice.groups)
-    trials = PhaseLayout(choice.groups, threads, choice.fuse)
+    trials = PhaseLayout(choice.groups, threads, choice.fuse, choice.lanes)
     racers = race_processes(space, choice.groups)
     race = PhaseLayout(racers, 1, choice.fuse) if racers > 1 else trials
     return StudyLayout(trials, race)

@@ -103,7 +103,11 @@ class FusedSearchRun(SearchRun):
         """Train the trainings fused, one group per model (searched knobs change it); a model the fused trainer
         does not support trains its maps one at a time, as the objective does."""
         return train_jobs(
-            [t.job for t in trainings], self.data, fuse=max(1, len(trainings)), on_step=step_callback(self.reporter)
+            [t.job for t in trainings],
+            self.data,
+            fuse=max(1, len(trainings)),
+            on_step=step_callback(self.reporter),
+            lanes=self.lanes,
         )
 
     def _tell(

@@ -136,6 +136,7 @@ class SearchRun:
     n_trials: int  # finished trials the study goes to
     checkpoint_root: Path
     pruner: Pruner | None = None
+    lanes: int = 1  # threads that train a group's maps side by side (training/jobs.py)
     taken_over: int = 0  # trials failed under this worker by another's sweep
 
     @property

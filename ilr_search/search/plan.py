@@ -49,17 +49,20 @@ LAYOUT_ATTR = "ilr:layout"  # how the study's runs used the machine: a list of S
 @dataclass(frozen=True)
 class PhaseLayout:
     """How one phase of a run trains: `processes` processes, each with `threads` torch threads (None: not set, as
-    on a GPU), each training up to `fuse` runs at once in one fused group. Threads and fusion change the float
-    rounding of training, so two runs of one study give the same numbers only with the same layout."""
+    on a GPU) in each of its `lanes` (Python threads that train groups side by side, training/jobs.py), each
+    training up to `fuse` runs at once in one fused group. Threads, lanes and fusion change the float rounding of
+    training, so two runs of one study give the same numbers only with the same layout."""
 
     processes: int
     threads: int | None
     fuse: int
+    lanes: int = 1
 
     def describe(self) -> str:
         where = f"{self.processes} processes" if self.processes > 1 else "1 process"
+        lanes = f" x {self.lanes} lanes" if self.lanes > 1 else ""
         threads = "" if self.threads is None else f" x {self.threads} thread{'s' if self.threads != 1 else ''}"
-        return f"{where}{threads}, K = {self.fuse}"
+        return f"{where}{lanes}{threads}, K = {self.fuse}"
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,7 @@ class StudyLayout:
                     int(stored[k]["processes"]),
                     None if stored[k]["threads"] is None else int(stored[k]["threads"]),
                     int(stored[k]["fuse"]),
+                    int(stored[k].get("lanes", 1)),
                 )
                 for k in ("trials", "race")
             )

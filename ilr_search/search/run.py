@@ -413,6 +413,7 @@ def _run_study(
         n_trials,
         request.checkpoints / safe_name(plan.name),
         pruner=build_pruner(settings.pruner, store, space.train.steps),
+        lanes=request.layout.trials.lanes if request.layout is not None else 1,
     )
     finished = _n_finished(study)
     reporter.on(StudyStarted(plan.name, n_trials, finished))
@@ -592,7 +593,8 @@ def train_references(run: SearchRun, share: tuple[int, int] = (0, 1), fuse: int 
     """Train the missing reference runs once per study and store them in the study's attributes (the second
     seed is trained again when the best recurrent map changed). With `share` (k, n), worker k of n trains
     the k-th, (k+n)-th, ... of them; whoever runs `run` last trains what is still missing. `fuse` K > 1: up
-    to K of them of one model train fused, each at its own seed (the same results as one at a time)."""
+    to K of them of one model train fused, each at its own seed (the same results as one at a time); the run's
+    lanes train them side by side."""
     plan, study = run.plan, run.study
     k, n = share
     refs = reference_runs(plan, study.get_trials(deepcopy=False), study.user_attrs.get(ENQUEUED_BLOCKS_ATTR, ()))
@@ -612,7 +614,11 @@ def train_references(run: SearchRun, share: tuple[int, int] = (0, 1), fuse: int 
         for ref in missing
     ]
     done = 0
-    for members in groups(jobs, fuse):  # runs of one model train fused where the model can be
+    job_groups = groups(jobs, fuse)  # runs of one model train fused where the model can be
+    fused_with = {i: len(members) for members in job_groups for i in members}
+    # in lanes, all at once (the lanes share them out); else one group after another
+    batches = [[i for members in job_groups for i in members]] if run.lanes > 1 and jobs else job_groups
+    for members in batches:
         for i in members:
             ref = missing[i]
             run.reporter.on(ReferenceStarted(ref.name, done, len(missing), plan.space.train.steps))
@@ -621,11 +627,13 @@ def train_references(run: SearchRun, share: tuple[int, int] = (0, 1), fuse: int 
                 Message(
                     f"training reference {ref.name}"
                     + (f" (map {key}, seed {ref.seed})" if ref.name == "second_seed" else "")
-                    + (f" (fused, {len(members)} at once)" if len(members) > 1 else "")
+                    + (f" (fused, {fused_with[i]} at once)" if fused_with[i] > 1 else "")
                 )
             )
             done += 1
-        results = train_jobs([jobs[i] for i in members], run.data, fuse, on_step=step_callback(run.reporter))
+        results = train_jobs(
+            [jobs[i] for i in members], run.data, fuse, on_step=step_callback(run.reporter), lanes=run.lanes
+        )
         for i, result in zip(members, results, strict=True):
             ref, model = missing[i], jobs[i].model
             study.set_user_attr(

@@ -32,6 +32,7 @@ layer share their weights and their branches are correlated, so their sum and th
 from __future__ import annotations
 
 import math
+import threading
 from collections import Counter
 from collections.abc import Sequence
 from typing import cast
@@ -167,9 +168,19 @@ def alibi_bias(n_heads: int, T: int, device: torch.device) -> torch.Tensor:
     return bias.masked_fill(distance > 0, float("-inf"))  # (heads, T, T)
 
 
+# Building a model draws its initial weights from torch's one global generator. Lanes (training/jobs.py) build
+# models in several threads: a seeded build (train.build_model) holds this lock from the seeding to its last
+# weight, and every other build waits for it, so no thread draws from a generator that another has seeded.
+GLOBAL_RNG = threading.RLock()
+
+
 class ILRTransformer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
+        with GLOBAL_RNG:
+            self._build(cfg)
+
+    def _build(self, cfg: ModelConfig) -> None:
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_embed = nn.Embedding(cfg.seq_len, cfg.d_model) if cfg.pe == "learned" else None
