@@ -35,7 +35,9 @@ from ilr_search.commands.events import (
 )
 
 if TYPE_CHECKING:
+    from ilr_search.commands.api import FlopsReport
     from ilr_search.commands.export import ExportedModel
+    from ilr_search.commands.recipe import TrainReport
     from ilr_search.commands.report import ExportedTable
     from ilr_search.commands.studies import Fidelity, FrontRow, StudyListing, StudyReport
 
@@ -115,18 +117,21 @@ def key_value_table(title: str, rows: dict[str, Any]) -> None:
     out.print(table)
 
 
-def print_flops(report: dict[str, Any]) -> None:
-    key_value_table("FLOPs", {k: v for k, v in report.items() if k != "schedule"} | {"schedule": report["schedule"]})
+def print_flops(report: FlopsReport) -> None:
+    """Every `flops --json` key and value, the schedule last."""
+    rows = report.to_json()
+    key_value_table("FLOPs", {k: v for k, v in rows.items() if k != "schedule"} | {"schedule": rows["schedule"]})
 
 
-def print_train(report: dict[str, Any]) -> None:
-    rows = {k: v for k, v in report.items() if k not in ("curve", "schedule")}
-    key_value_table(f"proxy {_fmt(report['reuse_map'])}", rows)
+def print_train(report: TrainReport) -> None:
+    """The `train --json` keys and values but the curve and schedule, then the validation curve."""
+    rows = {k: v for k, v in report.to_json().items() if k not in ("curve", "schedule")}
+    key_value_table(f"proxy {_fmt(list(report.reuse_map))}", rows)
     curve = Table(title="validation curve")
     for col in ("step", "tokens", "val_loss"):
         curve.add_column(col, justify="right")
-    for p in report["curve"]:
-        curve.add_row(str(p["step"]), str(p["tokens"]), f"{p['val_loss']:.4f}")
+    for p in report.result.curve:
+        curve.add_row(str(p.step), str(p.tokens), f"{p.val_loss:.4f}")
     out.print(curve)
 
 

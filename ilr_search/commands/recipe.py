@@ -424,7 +424,7 @@ def train_from_study(
     save: Path | None = None,
     on_choice: Callable[[str], None] | None = None,
     save_format: str = "native",
-) -> dict[str, Any]:
+) -> TrainReport:
     """`train --from-study`: train a map (default: the study's best front map) with the study's stored model,
     data and training settings, at `steps` steps (default: the proxy's), optionally saving the model
     (`save_format`: native, or hf, a standard transformers checkpoint; standard_checkpoint.py)."""
@@ -455,12 +455,8 @@ def train_from_study(
     data = load_space_tokens(space)
     check_vocab(model_cfg, data.vocab_size)
     result = train_and_save(model_cfg, choice, data, space, on_step, save, {"study": study_name}, save_format)
-    return train_result_dict(model_cfg, choice.reuse_map, result, choice.block) | {
-        "knobs": format_knobs(choice.knobs),
-        "study": study_name,
-        "map": choice.key,
-        "saved": str(save) if save is not None else None,
-    }
+    report = train_report_of(model_cfg, choice.reuse_map, result, choice.block, choice.knobs, save)
+    return dataclasses.replace(report, study=study_name, map=choice.key)
 
 
 def check_save(model_cfg: ModelConfig, schedule: Sequence[int], save: Path, save_format: str) -> None:
@@ -527,29 +523,65 @@ def train_and_save(
     return result
 
 
-def train_result_dict(
-    cfg: ModelConfig, counts: Sequence[int], result: TrainResult, block: int | None = None
-) -> dict[str, Any]:
-    report = {
-        "reuse_map": list(counts),
-        "params": result.params,
-        "flops_ratio": flops_ratio(cfg, result.schedule),
-        "steps": result.steps,
-        "tokens": result.tokens,
-        "val_loss": finite_or_none(result.val_loss),
-        "val_ppl": finite_or_none(result.val_ppl),
-        "val_bpb": finite_or_none(result.val_bpb),
-        "train_seconds": result.train_seconds,
-        "tokens_per_second": result.tokens_per_second,
-        "status": result.status,
-        "curve": result.curve_dicts(),
-        "schedule": result.schedule,
-        "reason": result.reason,
-        "data_seconds": result.data_seconds,
-        "eval_seconds": result.eval_seconds,
-        "device": result.device,
-        "dtype": result.dtype,
-    }
-    if block is not None:
-        report["block"] = block
-    return report
+@dataclass(frozen=True)
+class TrainReport:
+    """One trained map (`ilr-search train`, `train --from-study`): its reuse map, FLOPs ratio and training result,
+    the block recurrence K where it is one, its knob settings, the study and map key it was trained from (with
+    --from-study) and the folder it was saved to. to_json is the command's --json."""
+
+    reuse_map: tuple[int, ...]
+    flops_ratio: float
+    result: TrainResult
+    block: int | None
+    knobs: str
+    saved: str | None
+    study: str | None = None  # with `map`: `train --from-study`
+    map: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        result = self.result
+        report: dict[str, Any] = {
+            "reuse_map": list(self.reuse_map),
+            "params": result.params,
+            "flops_ratio": self.flops_ratio,
+            "steps": result.steps,
+            "tokens": result.tokens,
+            "val_loss": finite_or_none(result.val_loss),
+            "val_ppl": finite_or_none(result.val_ppl),
+            "val_bpb": finite_or_none(result.val_bpb),
+            "train_seconds": result.train_seconds,
+            "tokens_per_second": result.tokens_per_second,
+            "status": result.status,
+            "curve": result.curve_dicts(),
+            "schedule": result.schedule,
+            "reason": result.reason,
+            "data_seconds": result.data_seconds,
+            "eval_seconds": result.eval_seconds,
+            "device": result.device,
+            "dtype": result.dtype,
+        }
+        if self.block is not None:
+            report["block"] = self.block
+        report["knobs"] = self.knobs
+        if self.study is not None:
+            report |= {"study": self.study, "map": self.map}
+        return report | {"saved": self.saved}
+
+
+def train_report_of(
+    cfg: ModelConfig,
+    counts: Sequence[int],
+    result: TrainResult,
+    block: int | None,
+    knobs: dict[str, KnobValue],
+    saved: Path | None,
+) -> TrainReport:
+    """The report of a trained map: `counts` its reuse map, `knobs` its settings, `saved` the folder written."""
+    return TrainReport(
+        tuple(counts),
+        flops_ratio(cfg, result.schedule),
+        result,
+        block,
+        format_knobs(knobs),
+        str(saved) if saved is not None else None,
+    )
