@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -36,6 +36,7 @@ from ilr_search.commands.events import (
 
 if TYPE_CHECKING:
     from ilr_search.commands.api import FlopsReport
+    from ilr_search.commands.dryrun import DryRunReport
     from ilr_search.commands.export import ExportedModel
     from ilr_search.commands.recipe import TrainReport
     from ilr_search.commands.report import ExportedTable
@@ -948,65 +949,66 @@ def print_pruning_replay(report: dict[str, Any]) -> None:
     )
 
 
-def print_plan(report: dict[str, Any]) -> None:
-    resume = report["resume"]
+def print_plan(report: DryRunReport) -> None:
+    from ilr_search.commands.dryrun import AdaptiveRace, FixedRace  # loaded already: the report is one of its
+
+    resume = report.resume
     rows = {
-        "study": report["study"]
-        + (f" (resume: {report['finished_trials']} of {report['n_trials']} trials finished)" if resume else " (new)"),
+        "study": report.study
+        + (f" (resume: {report.finished_trials} of {report.n_trials} trials finished)" if resume else " (new)"),
     }
-    if report.get("finished"):
-        rows["left"] = report["left"]
+    if report.finished:
+        rows["left"] = cast(str, report.left)
+    data, train = report.data, report.train
     rows |= {
-        "trials to train": f"{report['trials_to_train']} (of {report['n_trials']} wanted)",
-        "references": ", ".join(report["references_to_train"]) or "none",
-        "sampler": report["sampler"],
-        "pruner": report["pruner"]
-        + (f" at steps {', '.join(map(str, report['pruning_rungs']))}" if report["pruning_rungs"] else ""),
-        "objective": report["objective"],
-        "budget": f"{report['budget']['text']} (at most {report['budget']['max_layer_runs']} layer runs)",
-        "storage": report["storage"] + ("" if report["storage_exists"] else " (would be created)"),
-        "space": report["space"],
-        "model": ", ".join(f"{k} {v}" for k, v in report["model"].items()),
-        "data": f"{report['data']['corpus']}, {report['data']['tokenizer']}"
-        + {True: " (tokens cached)", False: " (would be tokenized first)", None: ""}[report["data"]["tokens_cached"]],
-        "train": f"{report['train']['steps']} steps, batch {report['train']['batch_size']}, "
-        f"lr {report['train']['lr']:g}, "
-        f"{report['train']['device']} {report['train']['dtype']}, evaluations at {report['train']['eval_steps']}",
+        "trials to train": f"{report.trials_to_train} (of {report.n_trials} wanted)",
+        "references": ", ".join(report.references_to_train) or "none",
+        "sampler": report.sampler,
+        "pruner": report.pruner
+        + (f" at steps {', '.join(map(str, report.pruning_rungs))}" if report.pruning_rungs else ""),
+        "objective": report.objective,
+        "budget": f"{report.budget.text} (at most {report.budget.max_layer_runs} layer runs)",
+        "storage": report.storage + ("" if report.storage_exists else " (would be created)"),
+        "space": report.space,
+        "model": ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(report.model).items()),
+        "data": f"{data.corpus}, {data.tokenizer}"
+        + {True: " (tokens cached)", False: " (would be tokenized first)", None: ""}[data.tokens_cached],
+        "train": f"{train.steps} steps, batch {train.batch_size}, lr {train.lr:g}, "
+        f"{train.device} {train.dtype}, evaluations at {train.eval_steps}",
     }
-    if report.get("knobs"):
-        rows["knobs"] = ", ".join(report["knobs"])
-    race = report.get("race") or {}
+    if report.knobs:
+        rows["knobs"] = ", ".join(report.knobs)
+    race, shape = report.race, report.race.shape
     left = " left" if resume else ""
-    if race.get("decided"):
+    if race.decided:
+        rows["race"] = f"{race.policy} at {race.target_steps} steps: decided ({race.steps_trained} steps trained)"
+    elif isinstance(shape, AdaptiveRace):
         rows["race"] = (
-            f"{race['policy']} at {race['target_steps']} steps: decided ({race['steps_trained']} steps trained)"
+            f"adaptive at {race.target_steps} steps: {shape.screen} maps screened at seed 0, "
+            f"{shape.contenders} contenders (the baseline among them) on {shape.first_test_seeds} to "
+            f"{shape.max_seeds - 1} test seeds, equal compute {shape.equal_compute}: "
+            f"{race.runs_min} to {race.runs_max} runs{left} ({race.steps_min} to "
+            f"{race.steps_max} steps" + (f", capped at {race.cap}" if race.cap else "") + ")"
         )
-    elif race.get("policy") == "adaptive":
+    elif isinstance(shape, FixedRace):
         rows["race"] = (
-            f"adaptive at {race['target_steps']} steps: {race['screen']} maps screened at seed 0, "
-            f"{race['contenders']} contenders (the baseline among them) on {race['first_test_seeds']} to "
-            f"{race['max_seeds'] - 1} test seeds, equal compute {race['equal_compute']}: "
-            f"{race['runs_min']} to {race['runs_max']} runs{left} ({race['steps_min']} to "
-            f"{race['steps_max']} steps" + (f", capped at {race['cap']}" if race.get("cap") else "") + ")"
-        )
-    elif race.get("policy") == "fixed":
-        rows["race"] = (
-            f"fixed: {race['contenders']} contenders at {race['seeds']} seeds at {race['lengths']} steps: "
-            f"at most {race['steps_max']} steps{left}"
+            f"fixed: {shape.contenders} contenders at {shape.seeds} seeds at {shape.lengths} steps: "
+            f"at most {race.steps_max} steps{left}"
         )
     else:
         rows["race"] = "off"
-    if "estimated_seconds" in report:
-        rows["layout"] = report["layout"]
-        for p in report["probe"]:
-            rows[f"probe {p['label']}"] = (
-                f"map {format_reuse_map(p['reuse_map'])}: {_milliseconds(p['seconds_per_step'])}/step, "
-                f"{_milliseconds(p['seconds_per_eval'])}/evaluation"
+    estimate = report.estimate
+    if estimate is not None:
+        rows["layout"] = estimate.layout
+        for p in estimate.probes:
+            rows[f"probe {p.label}"] = (
+                f"map {format_reuse_map(p.reuse_map)}: {_milliseconds(p.seconds_per_step)}/step, "
+                f"{_milliseconds(p.seconds_per_eval)}/evaluation"
             )
-        rows["per trial"] = _duration(report["estimated_trial_seconds"])
-        low, high = report["estimated_seconds"], report["estimated_seconds_max"]
+        rows["per trial"] = _duration(estimate.trial_seconds)
+        low, high = estimate.seconds, estimate.seconds_max
         span = _duration(low) if _duration(low) == _duration(high) else f"{_duration(low)} to {_duration(high)}"
-        rows["estimated time" + left] = f"{span} ({report['estimate_note']})"
+        rows["estimated time" + left] = f"{span} ({estimate.note})"
     key_value_table("dry run: nothing was written", rows)
 
 
