@@ -205,12 +205,12 @@ def test_audit_stores_runs_resumes_and_reports(small_study, tmp_path):
     root, db, _ = small_study
     storage = f"sqlite:///{db}"
     settings = AuditSettings(factor=1.5, maps="top:3", seeds=1)
-    first = run_audit("aud", storage, settings, checkpoint_dir=tmp_path / "ck")
+    first = run_audit("aud", storage, settings, checkpoint_dir=tmp_path / "ck").to_json()
     assert first["steps"] == 24 and first["runs"] == 3 and first["trained_by_this_worker"] == 3
     assert first["n_maps"] == 3 and first["spearman"] is not None and first["verdict"]
     rows = open_store(parse_storage(storage), "aud").race_runs()
     assert len(rows) == 3 and all(r.state == "complete" and r.curve[-1][0] == 24 for r in rows)
-    again = run_audit("aud", storage, settings, checkpoint_dir=tmp_path / "ck")
+    again = run_audit("aud", storage, settings, checkpoint_dir=tmp_path / "ck").to_json()
     assert again["trained_by_this_worker"] == 0  # resumed: everything was done
     assert again["maps"] == first["maps"] and again["verdict"] == first["verdict"]
     report = trials_report("aud", storage).to_json()
@@ -377,7 +377,7 @@ def test_audit_fused_gives_the_runs_one_at_a_time_gives(small_study, tmp_path):
         copy = tmp_path / f"fuse{fuse}.db"
         shutil.copy(db, copy)
         report = run_audit("aud", f"sqlite:///{copy}", settings, checkpoint_dir=tmp_path / f"ck{fuse}", fuse=fuse)
-        assert report["trained_by_this_worker"] == 6
+        assert report.trained_by_this_worker == 6
         rows[fuse] = {r.job: r for r in open_store(parse_storage(f"sqlite:///{copy}"), "aud").race_runs()
                       if r.job.factor == factor_key(settings.factor)}
     assert set(rows[1]) == set(rows[3]) and len(rows[1]) == 6

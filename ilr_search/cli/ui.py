@@ -36,6 +36,7 @@ from ilr_search.commands.events import (
 
 if TYPE_CHECKING:
     from ilr_search.commands.api import FlopsReport
+    from ilr_search.commands.audit import StudyAudit
     from ilr_search.commands.dryrun import DryRunReport
     from ilr_search.commands.export import ExportedModel
     from ilr_search.commands.recipe import TrainReport
@@ -827,23 +828,24 @@ def _fidelity_lines(fidelity: Fidelity | None) -> None:
     out.print(f"fidelity: {fidelity.verdict}")
 
 
-def print_audit(report: dict[str, Any]) -> None:
-    factor = f"{report['factor']:g}x"
+def print_audit(audit: StudyAudit) -> None:
+    report = audit.report
+    factor = f"{audit.factor:g}x"
     rows = [
         {
-            "reuse_map": m["reuse_map"],
-            "flops_ratio": m["flops_ratio"],
-            "proxy": m["proxy_state"].lower(),
-            "proxy_ppl": m["proxy_ppl"],
-            f"{factor}_ppl": m["audit_ppl"],
-            "seeds": len(m["audit_ppls"]),
-            "seed_sd": statistics.stdev(m["audit_ppls"]) if len(m["audit_ppls"]) > 1 else None,
-            "front": ("proxy " if m["on_proxy_front"] else "") + (factor if m["on_audit_front"] else ""),
+            "reuse_map": m.reuse_map,
+            "flops_ratio": m.flops_ratio,
+            "proxy": m.proxy_state.lower(),
+            "proxy_ppl": m.proxy_ppl,
+            f"{factor}_ppl": m.audit_ppl,
+            "seeds": len(m.audit_ppls),
+            "seed_sd": statistics.stdev(m.audit_ppls) if len(m.audit_ppls) > 1 else None,
+            "front": ("proxy " if m.on_proxy_front else "") + (factor if m.on_audit_front else ""),
         }
-        for m in sorted(report["maps"], key=lambda m: m["audit_ppl"])
+        for m in sorted(report.maps, key=lambda m: m.audit_ppl)
     ]
     rows_table(
-        f"audit of {report['study']}: {report['proxy_steps']} -> {report['steps']} steps",
+        f"audit of {audit.study}: {audit.proxy_steps} -> {audit.steps} steps",
         rows,
         ["reuse_map", "flops_ratio", "proxy", "proxy_ppl", f"{factor}_ppl", "seeds", "seed_sd", "front"],
         {
@@ -856,11 +858,11 @@ def print_audit(report: dict[str, Any]) -> None:
         droppable=["seed_sd", "seeds", "proxy"],
     )
     out.print(
-        f"Spearman {_fmt(report['spearman'])}, Kendall {_fmt(report['kendall'])} over {report['n_maps']} maps; "
-        f"front precision {_fmt(report['front_precision'])}, recall {_fmt(report['front_recall'])}; pruned maps on the "
-        f"{report['factor']:g}x front: {', '.join(report['pruned_on_audited_front']) or 'none'}"
+        f"Spearman {_fmt(report.spearman)}, Kendall {_fmt(report.kendall)} over {report.n_maps} maps; "
+        f"front precision {_fmt(report.front_precision)}, recall {_fmt(report.front_recall)}; pruned maps on the "
+        f"{audit.factor:g}x front: {', '.join(report.pruned_on_audited_front) or 'none'}"
     )
-    out.print(f"finding: {report['verdict']}")
+    out.print(f"finding: {report.finding}")
 
 
 def print_policy_replay(report: dict[str, Any]) -> None:
