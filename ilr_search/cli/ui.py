@@ -37,6 +37,7 @@ from ilr_search.commands.events import (
 if TYPE_CHECKING:
     from ilr_search.commands.api import FlopsReport
     from ilr_search.commands.audit import StudyAudit
+    from ilr_search.commands.bench.power import PowerReport
     from ilr_search.commands.dryrun import DryRunReport
     from ilr_search.commands.export import ExportedModel
     from ilr_search.commands.recipe import TrainReport
@@ -895,7 +896,7 @@ def print_policy_replay(report: dict[str, Any]) -> None:
     out.print(f"first order's verdict: {report['replays'][0]['verdict']}")
 
 
-def print_power(report: dict[str, Any]) -> None:
+def print_power(report: PowerReport) -> None:
     """`bench power`: per race setting and planted gap, the power, the replays claiming a map not truly better,
     the A/A rate (any claim at a gap of 0) and the mean compute."""
 
@@ -904,22 +905,22 @@ def print_power(report: dict[str, Any]) -> None:
 
     rows = [
         {
-            "setting": r["setting"],
-            "gap_sd": f"{r['delta_sd']:g}",
-            "gap_nats": f"{r['delta_nats']:.4f}",
-            "curve": "crossing" if r["crossing"] else "constant",
-            "replays": str(r["replays"]),
-            "power": pct(r["power"]),
-            "false_claims": pct(r["false_claims"]),
-            "any_claim": pct(r["any_claim"]),
-            "compute": f"{r['mean_compute_steps']:.0f}",
+            "setting": r.setting,
+            "gap_sd": f"{r.delta_sd:g}",
+            "gap_nats": f"{r.delta_nats:.4f}",
+            "curve": "crossing" if r.crossing else "constant",
+            "replays": str(r.replays),
+            "power": pct(r.power),
+            "false_claims": pct(r.false_claims),
+            "any_claim": pct(r.any_claim),
+            "compute": f"{r.mean_compute_steps:.0f}",
         }
-        for r in report["rows"]
+        for r in report.rows
     ]
     rows_table(
-        f"power over {report['table']} ({report['maps']} maps, seeds {_fmt(report['table_seeds'])}, "
-        f"{report['base_steps']} to {report['target_steps']} steps, seed sd {report['seed_sd_at_target']:.4f} "
-        f"nats at the target, {report['orders']} orders a planted map)",
+        f"power over {report.table} ({report.maps} maps, seeds {_fmt(report.table_seeds)}, "
+        f"{report.base_steps} to {report.target_steps} steps, seed sd {report.seed_sd_at_target:.4f} "
+        f"nats at the target, {report.orders} orders a planted map)",
         rows,
         ["setting", "gap_sd", "gap_nats", "curve", "replays", "power", "false_claims", "any_claim", "compute"],
     )
