@@ -94,7 +94,7 @@ def test_the_calibrated_rule_keeps_a_late_crossing_map_the_eager_rule_prunes():
     safe = replay_pruning(table, PrunerSettings(name="pareto", eta=3, epsilon=0.0, calibration_maps=3,
                                                 min_spearman=0.6), rung_fractions=(0.125, 0.25, 0.5))
     assert safe.front_maps_lost == []
-    assert "3,3,1,1" not in [p["reuse_map"] for p in safe.pruned]
+    assert "3,3,1,1" not in [p.reuse_map for p in safe.pruned]
 
 
 def test_the_calibrated_rule_prunes_where_the_rung_predicts_the_end():
@@ -130,7 +130,7 @@ def test_replay_reads_a_partial_table_with_a_block_row(tmp_path):
     b = replay_pruning(table, PrunerSettings(name="pareto-eager", warmup=3), order_seed=1)
     assert a.to_dict() == b.to_dict() and a.n_rows == 9
     assert a.steps_trained + a.steps_saved == 9 * 160
-    assert [r.map_key for r in table.rows] != [p["reuse_map"] for p in a.pruned] or a.pruned == []
+    assert [r.map_key for r in table.rows] != [p.reuse_map for p in a.pruned] or a.pruned == []
 
 
 def test_eager_rule_is_unchanged():

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from ilr_search.commands.api import FlopsReport
     from ilr_search.commands.audit import StudyAudit
     from ilr_search.commands.bench.power import PowerReport
+    from ilr_search.commands.bench.pruning import TableReplay
     from ilr_search.commands.dryrun import DryRunReport
     from ilr_search.commands.export import ExportedModel
     from ilr_search.commands.recipe import TrainReport
@@ -930,25 +931,26 @@ def print_power(report: PowerReport) -> None:
     )
 
 
-def print_pruning_replay(report: dict[str, Any]) -> None:
+def print_pruning_replay(report: TableReplay) -> None:
+    replay = report.replay
     rows_table(
-        f"{report['rule']} over {report['table']} ({report['n_rows']} rows, "
-        f"{'table order' if report['order_seed'] is None else 'order seed ' + str(report['order_seed'])})",
+        f"{replay.rule} over {report.table} ({replay.n_rows} rows, "
+        f"{'table order' if replay.order_seed is None else 'order seed ' + str(replay.order_seed)})",
         [
             {
-                "reuse_map": p["reuse_map"],
-                "step": p["step"],
-                "flops_ratio": p["flops_ratio"],
-                "front": "LOST" if p["reuse_map"] in report["front_maps_lost"] else "",
+                "reuse_map": p.reuse_map,
+                "step": p.step,
+                "flops_ratio": p.flops_ratio,
+                "front": "LOST" if p.reuse_map in replay.front_maps_lost else "",
             }
-            for p in report["pruned"]
+            for p in replay.pruned
         ],
         ["reuse_map", "step", "flops_ratio", "front"],
     )
     out.print(
-        f"pruned {len(report['pruned'])} of {report['n_rows']} maps at rungs {list(report['rungs'])}; "
-        f"steps saved {report['steps_saved']} ({report['steps_saved_share']:.1%}); table front "
-        f"{', '.join(report['front'])}; front maps lost: {', '.join(report['front_maps_lost']) or 'none'}"
+        f"pruned {len(replay.pruned)} of {replay.n_rows} maps at rungs {list(replay.rungs)}; "
+        f"steps saved {replay.steps_saved} ({replay.steps_saved_share:.1%}); table front "
+        f"{', '.join(replay.front)}; front maps lost: {', '.join(replay.front_maps_lost) or 'none'}"
     )
 
 

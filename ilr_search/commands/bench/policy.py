@@ -144,7 +144,7 @@ def replay_single_seed(table: TruthTable, order_seed: int, pruner: str) -> Polic
     random.Random(order_seed).shuffle(seeds)
     bench = table.bench_table(base, seeds[0])
     result = replay_pruning(bench, default_pruner_settings(pruner), order_seed)
-    pruned = {p["reuse_map"] for p in result.pruned}
+    pruned = {p.reuse_map for p in result.pruned}
     complete = [r for r in bench.rows if r.map_key not in pruned]
     band_ppls = [math.exp(v) for s in seeds for v in [table.losses.get((table.baseline, base, s))] if v is not None]
     spread = max(band_ppls) - min(band_ppls) if len(band_ppls) >= 2 else 0.0
