@@ -37,6 +37,7 @@ from ilr_search.commands.events import (
 if TYPE_CHECKING:
     from ilr_search.commands.api import FlopsReport
     from ilr_search.commands.audit import StudyAudit
+    from ilr_search.commands.bench.policy import PolicyReplays
     from ilr_search.commands.bench.power import PowerReport
     from ilr_search.commands.bench.pruning import TableReplay
     from ilr_search.commands.dryrun import DryRunReport
@@ -867,34 +868,34 @@ def print_audit(audit: StudyAudit) -> None:
     out.print(f"finding: {report.finding}")
 
 
-def print_policy_replay(report: dict[str, Any]) -> None:
+def print_policy_replay(report: PolicyReplays) -> None:
     rows_table(
-        f"policy {report['policy']} over {report['table']} ({report['maps']} maps, {report['base_steps']} to "
-        f"{report['target_steps']} steps, {report['orders']} orders)",
+        f"policy {report.policy} over {report.table} ({report.maps} maps, {report.base_steps} to "
+        f"{report.target_steps} steps, {report.orders} orders)",
         [
             {
-                "order": r["order_seed"],
-                "seeds": ",".join(map(str, r["seeds"])),
-                "compute": r["compute_steps"],
-                "claimed": ", ".join(r["claimed"]) or "-",
-                "false": ", ".join(r["false_claims"]) or "-",
-                "best": r["best"],
-                "regret_sd": r["regret_sd"],
+                "order": r.order_seed,
+                "seeds": ",".join(map(str, r.seeds)),
+                "compute": r.compute_steps,
+                "claimed": ", ".join(r.claimed) or "-",
+                "false": ", ".join(r.false_claims) or "-",
+                "best": r.best,
+                "regret_sd": r.regret_sd,
             }
-            for r in report["replays"]
+            for r in report.replays
         ],
         ["order", "seeds", "compute", "claimed", "false", "best", "regret_sd"],
     )
-    coverage = report["interval_coverage"]
+    coverage = report.interval_coverage
+    within = report.regret_within_1sd_share
     out.print(
-        f"mean compute {report['mean_compute_steps']:.0f} steps (every table result: {report['exhaustive_steps']}); "
-        f"claims {report['maps_claimed']}, false {report['false_claims']} ({report['false_claim_share']:.0%}); "
-        f"regret within 1 seed sd in "
-        f"{'-' if report['regret_within_1sd_share'] is None else format(report['regret_within_1sd_share'], '.0%')}"
-        f" of orders (mean {_fmt(report['mean_regret_sd'])} sd); intervals holding the table mean: "
-        + ("n/a" if coverage is None else f"{coverage:.0%} of {report['intervals']}")
+        f"mean compute {report.mean_compute_steps:.0f} steps (every table result: {report.exhaustive_steps}); "
+        f"claims {report.maps_claimed}, false {report.false_claims} ({report.false_claim_share:.0%}); "
+        f"regret within 1 seed sd in {'-' if within is None else format(within, '.0%')}"
+        f" of orders (mean {_fmt(report.mean_regret_sd)} sd); intervals holding the table mean: "
+        + ("n/a" if coverage is None else f"{coverage:.0%} of {report.intervals}")
     )
-    out.print(f"first order's verdict: {report['replays'][0]['verdict']}")
+    out.print(f"first order's verdict: {report.replays[0].verdict}")
 
 
 def print_power(report: PowerReport) -> None:
