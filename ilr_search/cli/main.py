@@ -838,7 +838,7 @@ def bench_build(
 
     with ui.ConsoleReporter(enabled=True) as reporter:
         report = build_table(space, out, budget, storage, study, reporter, steps, sample, seed)
-    emit(report, json_out, lambda r: ui.out.print(f"wrote {r['maps']} maps to {r['out']} (study {r['study']})"))
+    emit(report, json_out, lambda r: ui.out.print(f"wrote {r.maps} maps to {r.out} (study {r.study})"))
 
 
 @bench_app.command("replay")
