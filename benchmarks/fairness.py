@@ -189,7 +189,7 @@ def main() -> None:
                 if (key == BASELINE and setting != "off") or (key, setting, seed) in done:
                     continue
                 report = train_report(None, {"train": {"steps": args.steps, "seed": seed}}, reuse_map=key,
-                                      knobs=None if setting == "off" else f"repeat_scale={setting}")
+                                      knobs=None if setting == "off" else f"repeat_scale={setting}").to_json()
                 row = {"map_key": key, "setting": setting, "seed": seed, "steps": args.steps,
                        "val_loss": report["val_loss"], "val_ppl": report["val_ppl"], "status": report["status"],
                        "flops_ratio": report["flops_ratio"], "train_seconds": report["train_seconds"],

@@ -122,7 +122,7 @@ def main() -> None:
                 continue  # the baseline is the table's best: the same plants
             started = time.perf_counter()
             report = power_report(table, chosen, parse_deltas(args.deltas), parse_deltas(args.crossing), args.orders,
-                                  n_seeds=SEEDS, table=truth, against=against)
+                                  n_seeds=SEEDS, table=truth, against=against).to_json()
             report |= {"date": args.date, "machine": f"{platform.node()} {platform.machine()} {platform.processor()}",
                        "seconds": time.perf_counter() - started, "table_best": best}
             name = Path(table).stem.removeprefix("truth-") + ("" if against == "baseline" else "-against-best") + \

@@ -37,7 +37,8 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     seeds = {"race": args.race_seeds, "race-fixed": args.race_seeds or 3}
-    reports = {p: replay_policy(args.table, p, args.orders, 0, seeds.get(p), args.confidence) for p in POLICIES}
+    reports = {p: replay_policy(args.table, p, args.orders, 0, seeds.get(p), args.confidence).to_json()
+               for p in POLICIES}
     first = reports["race"]
     summary = {p: {k: r[k] for k in SUMMARY_KEYS} for p, r in reports.items()}
     out = Path(args.out or f"benchmarks/data/race-replay-{Path(args.table).stem.removeprefix('truth-')}"

@@ -133,7 +133,8 @@ def main() -> None:
             for key in maps:
                 if (key, base * factor, seed) in done:
                     continue
-                report = train_report(args.space, {"train": {"steps": base * factor, "seed": seed}}, reuse_map=key)
+                report = train_report(args.space, {"train": {"steps": base * factor, "seed": seed}},
+                                      reuse_map=key).to_json()
                 loss = report["val_loss"]
                 row = {"map_key": key, "flops_ratio": report["flops_ratio"], "steps": base * factor,
                        "factor": factor, "seed": seed, "val_loss": loss if loss is not None else math.nan,

@@ -113,7 +113,7 @@ def race_savings(truth: Path, cooldown_frac: float, race_seeds: int) -> dict[str
     results the race's verdicts, and so its jobs, could differ."""
     from ilr_search.commands.bench import replay_policy
 
-    replays = replay_policy(truth, "race", 10, 0, race_seeds, CONFIDENCE)["replays"]
+    replays = replay_policy(truth, "race", 10, 0, race_seeds, CONFIDENCE).to_json()["replays"]
     cosine = [r["compute_steps"] for r in replays]
     wsd = [continued_steps(r["trained"], cooldown_frac) for r in replays]
     return {"orders": len(replays), "race_seeds": race_seeds, "mean_cosine_steps": mean(cosine),

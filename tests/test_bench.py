@@ -41,10 +41,10 @@ device = "cpu"
 max_reuse = 3
 """)
     out = root / "tiny.parquet"
-    report = build_table(space, out, "2x", storage=f"sqlite:///{root / 'b.db'}")
+    report = build_table(space, out, "2x", storage=f"sqlite:///{root / 'b.db'}").to_json()
     assert report["feasible_maps"] == len(feasible_maps(2, 3, 4))
     assert report["maps"] == report["feasible_maps"] + 1  # every feasible map, and block recurrence K=2
-    again = build_table(space, root / "again.parquet", "2x", storage=f"sqlite:///{root / 'b.db'}")
+    again = build_table(space, root / "again.parquet", "2x", storage=f"sqlite:///{root / 'b.db'}").to_json()
     assert again["maps"] == report["maps"]  # resumed: nothing new was trained
     return Table.read(out)
 

@@ -94,7 +94,7 @@ def test_the_calibrated_rule_keeps_a_late_crossing_map_the_eager_rule_prunes():
     safe = replay_pruning(table, PrunerSettings(name="pareto", eta=3, epsilon=0.0, calibration_maps=3,
                                                 min_spearman=0.6), rung_fractions=(0.125, 0.25, 0.5))
     assert safe.front_maps_lost == []
-    assert "3,3,1,1" not in [p["reuse_map"] for p in safe.pruned]
+    assert "3,3,1,1" not in [p.reuse_map for p in safe.pruned]
 
 
 def test_the_calibrated_rule_prunes_where_the_rung_predicts_the_end():
@@ -130,7 +130,7 @@ def test_replay_reads_a_partial_table_with_a_block_row(tmp_path):
     b = replay_pruning(table, PrunerSettings(name="pareto-eager", warmup=3), order_seed=1)
     assert a.to_dict() == b.to_dict() and a.n_rows == 9
     assert a.steps_trained + a.steps_saved == 9 * 160
-    assert [r.map_key for r in table.rows] != [p["reuse_map"] for p in a.pruned] or a.pruned == []
+    assert [r.map_key for r in table.rows] != [p.reuse_map for p in a.pruned] or a.pruned == []
 
 
 def test_eager_rule_is_unchanged():
@@ -205,12 +205,12 @@ def test_audit_stores_runs_resumes_and_reports(small_study, tmp_path):
     root, db, _ = small_study
     storage = f"sqlite:///{db}"
     settings = AuditSettings(factor=1.5, maps="top:3", seeds=1)
-    first = run_audit("aud", storage, settings, checkpoint_dir=tmp_path / "ck")
+    first = run_audit("aud", storage, settings, checkpoint_dir=tmp_path / "ck").to_json()
     assert first["steps"] == 24 and first["runs"] == 3 and first["trained_by_this_worker"] == 3
     assert first["n_maps"] == 3 and first["spearman"] is not None and first["verdict"]
     rows = open_store(parse_storage(storage), "aud").race_runs()
     assert len(rows) == 3 and all(r.state == "complete" and r.curve[-1][0] == 24 for r in rows)
-    again = run_audit("aud", storage, settings, checkpoint_dir=tmp_path / "ck")
+    again = run_audit("aud", storage, settings, checkpoint_dir=tmp_path / "ck").to_json()
     assert again["trained_by_this_worker"] == 0  # resumed: everything was done
     assert again["maps"] == first["maps"] and again["verdict"] == first["verdict"]
     report = trials_report("aud", storage).to_json()
@@ -377,7 +377,7 @@ def test_audit_fused_gives_the_runs_one_at_a_time_gives(small_study, tmp_path):
         copy = tmp_path / f"fuse{fuse}.db"
         shutil.copy(db, copy)
         report = run_audit("aud", f"sqlite:///{copy}", settings, checkpoint_dir=tmp_path / f"ck{fuse}", fuse=fuse)
-        assert report["trained_by_this_worker"] == 6
+        assert report.trained_by_this_worker == 6
         rows[fuse] = {r.job: r for r in open_store(parse_storage(f"sqlite:///{copy}"), "aud").race_runs()
                       if r.job.factor == factor_key(settings.factor)}
     assert set(rows[1]) == set(rows[3]) and len(rows[1]) == 6

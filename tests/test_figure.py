@@ -2,15 +2,16 @@
 to the complete trials, points at one FLOP ratio spread with hover for the map, labels that do not overlap, and
 a width that follows the page."""
 
+import dataclasses
+
 from ilr_search.analysis.fidelity import NoiseBand
-from ilr_search.analysis.plots import label_positions, pareto_figure
+from ilr_search.analysis.plots import PlottedTrial, label_positions, pareto_figure
 from ilr_search.analysis.results import FrontRow
 
 
 def _row(trial, state, reuse_map, ratio, ppl, pruned_at=None):
-    return {"trial": trial, "state": state, "reuse_map": reuse_map, "knobs": None, "flops_ratio": ratio,
-            "val_ppl": ppl if state == "COMPLETE" else None, "val_bpb": None, "plot_ppl": ppl,
-            "pruned_at_step": pruned_at, "reason": None}
+    return PlottedTrial(trial, state, tuple(reuse_map), None, ratio, ppl if state == "COMPLETE" else None, None, ppl,
+                        pruned_at)
 
 
 def _rows():
@@ -32,7 +33,7 @@ def test_pruned_trials_are_apart_and_the_axis_fits_the_complete_ones():
     rows = _rows()
     fig = pareto_figure("s", rows, [], NoiseBand((6.05, 6.1, 6.15)))
     low, high = fig.layout.yaxis.range
-    complete = [r["plot_ppl"] for r in rows if r["state"] == "COMPLETE"]
+    complete = [r.plot_ppl for r in rows if r.state == "COMPLETE"]
     assert low <= min(complete) and max(complete) <= high < 14.9
     pruned = _trace(fig, "pruned")
     assert pruned.yaxis != "y" and set(pruned.y) == {"pruned at step 125"}
@@ -67,16 +68,17 @@ def test_labels_of_close_points_take_places_that_do_not_overlap():
 
 
 def test_a_curves_panel_draws_each_trained_trials_curve_with_the_front_in_colour():
-    rows = _rows()
-    for r in rows:  # curves that cross: the first trial starts ahead and ends behind
-        r["curve"] = [(10, 3.0 + 0.01 * r["trial"]), (20, 2.5 - 0.01 * r["trial"])] if r["state"] != "FAIL" else []
+    rows = [  # curves that cross: the first trial starts ahead and ends behind
+        dataclasses.replace(r, curve=((10, 3.0 + 0.01 * r.trial), (20, 2.5 - 0.01 * r.trial)) if r.state != "FAIL" else ())
+        for r in _rows()
+    ]
     front = [FrontRow(0, (1,) * 8, "1,1,1,1,1,1,1,1", None, 1.0, 6.1, None, None)]
     fig = pareto_figure("s", rows, front, None)
     def curve_lines(figure):
         return [t for t in figure.data if t.hovertext and ": loss " in str(t.hovertext[0])]
 
     lines = curve_lines(fig)
-    assert len(lines) == sum(1 for r in rows if r["curve"])
+    assert len(lines) == sum(1 for r in rows if r.curve)
     coloured = [t for t in lines if t.line.width == 3]
     assert len(coloured) == 1 and "map 1,1,1,1,1,1,1,1" in coloured[0].hovertext[0]
     assert any("validation loss against step" in (a.text or "") for a in fig.layout.annotations)

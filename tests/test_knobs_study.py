@@ -82,7 +82,7 @@ def test_a_study_searches_stores_and_resumes_knobs(cli, tmp_path):
                and (t.user_attrs["knobs"]["injection"] != "none" or t.user_attrs["knobs"]["iteration_norms"])]
     assert knobbed
     audit = run_audit("k", f"sqlite:///{db}", AuditSettings(factor=1.0, maps="all", seeds=1),
-                      checkpoint_dir=tmp_path / "ck")
+                      checkpoint_dir=tmp_path / "ck").to_json()
     by_key = {m["reuse_map"]: m for m in audit["maps"]}
     assert all(t.user_attrs["map_key"] in by_key for t in knobbed)
     for t in knobbed:
@@ -111,7 +111,7 @@ def test_a_space_searches_repeat_scale_fused_where_it_can(cli, tmp_path):
     assert set(by_setting) == {"off", "residual", "lr"}
     assert len({t.user_attrs["val_ppl"] for t in by_setting.values()}) == 3  # each setting trains otherwise
     audit = run_audit("rs", f"sqlite:///{db}", AuditSettings(factor=1.0, maps="all", seeds=1),
-                      checkpoint_dir=tmp_path / "ck")
+                      checkpoint_dir=tmp_path / "ck").to_json()
     audited = {m["reuse_map"]: m["audit_ppl"] for m in audit["maps"]}
     for t in by_setting.values():
         # fused and single sum in another order: equal to ~1e-6 (tests/test_fused.py's tolerance)

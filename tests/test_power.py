@@ -41,7 +41,7 @@ def test_a_planted_map_gets_the_baselines_mean_minus_the_gap_and_keeps_its_own_n
 
 
 def test_a_large_planted_gap_is_claimed_and_nothing_is_claimed_at_zero(table_path):
-    report = power_report(table_path, deltas=(0.0, 6.0), crossing=(6.0,), orders=3)
+    report = power_report(table_path, deltas=(0.0, 6.0), crossing=(6.0,), orders=3).to_json()
     rows = {(r["setting"], r["delta_sd"], r["crossing"]): r for r in report["rows"]}
     assert report["seed_sd_at_target"] == pytest.approx(0.02, rel=0.3)
     adaptive = rows[("adaptive", 6.0, False)]

@@ -32,7 +32,8 @@ def test_the_readme_python_api_example_runs(tmp_path, monkeypatch, token_cache, 
     report = namespace["report"]
     assert report.study == "mine" and report.n_trials == 3 and report.to_json()["n_trials"] == 3
     assert report.answer.line.startswith(("use ", "no map beat", "no decision yet"))
-    assert namespace["audit"]["study"] == "mine" and namespace["audit"]["factor"] == 4
+    audit = namespace["audit"].to_json()
+    assert audit["study"] == "mine" and audit["factor"] == 4
     assert (tmp_path / "mine.db").exists()
 
 

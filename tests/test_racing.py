@@ -224,7 +224,7 @@ def test_race_replay_over_a_hand_made_truth_table(tmp_path):
     write_truth(path, GAPS)
     table = TruthTable.read(path)
     assert table.lengths == (100, 200, 400) and table.seeds_at(400) == (0, 1, 2, 3) and table.baseline == BASE
-    report = replay_policy(path, "race-fixed", orders=4, n_seeds=3)
+    report = replay_policy(path, "race-fixed", orders=4, n_seeds=3).to_json()
     assert report["table_better_than_baseline"] == ["2,1,1,1"] and report["table_decided_better"] == ["2,1,1,1"]
     assert report["decided_claimed_share"] == 1.0
     assert report["maps_claimed"] == 4 and report["false_claims"] == 0  # the one real win, in every order
@@ -232,7 +232,7 @@ def test_race_replay_over_a_hand_made_truth_table(tmp_path):
     assert 0 < report["mean_compute_steps"] < report["exhaustive_steps"]
     assert report["intervals"] > 0 and report["interval_coverage"] is not None
     assert len({tuple(r["seeds"]) for r in report["replays"]}) > 1  # the orders draw different seeds
-    today = replay_policy(path, "today", orders=4)
+    today = replay_policy(path, "today", orders=4).to_json()
     assert today["mean_compute_steps"] <= 6 * 100 + 3 * 100 and today["interval_coverage"] is None
 
 

@@ -22,8 +22,17 @@ from plotly.subplots import make_subplots
 from ilr_search.analysis.answer import Answer
 from ilr_search.analysis.fidelity import AuditReport, Fidelity, NoiseBand
 from ilr_search.analysis.race_report import RaceReport
-from ilr_search.analysis.results import FrontRow, LayerView, is_baseline, is_baseline_key, is_deep_key
+from ilr_search.analysis.results import (
+    FrontRow,
+    LayerView,
+    as_list,
+    is_baseline,
+    is_baseline_key,
+    is_deep_key,
+    knobs_text,
+)
 from ilr_search.analysis.stats import seed_interval
+from ilr_search.analysis.trials import TrialRecord
 
 STATE_STYLE = {
     "COMPLETE": dict(symbol="circle", color="#1f77b4"),
@@ -52,21 +61,60 @@ LEGEND_CHARS = 30  # a line of a legend entry
 LINE_PX = 18
 
 
-def _hover(rows: list[dict[str, Any]]) -> list[str]:
+@dataclass(frozen=True)
+class PlottedTrial:
+    """A trial as the figure draws it: its number, state, map, knobs (as text), FLOPs, perplexity and bits per
+    byte, the perplexity it is drawn at (`plot_ppl`: its final one, or where it was pruned), its pruning step,
+    why it failed, the trial whose result it reused, and its learning curve as (step, validation loss) points
+    (none for a trial that reused another's result: that trial draws it)."""
+
+    trial: int
+    state: str
+    reuse_map: tuple[int, ...] | None
+    knobs: str | None
+    flops_ratio: float | None
+    val_ppl: float | None
+    val_bpb: float | None
+    plot_ppl: float | None
+    pruned_at_step: int | None = None
+    reason: str | None = None
+    reused_from: int | None = None
+    curve: tuple[tuple[int, float], ...] = ()
+
+    @classmethod
+    def of(cls, record: TrialRecord, curve: Mapping[int, float]) -> PlottedTrial:
+        """The trial of `record` with its learning curve (its own, or that of the trial whose result it reused)."""
+        return cls(
+            record.number,
+            record.state.name,
+            record.reuse_map,
+            knobs_text(record),
+            record.flops_ratio,
+            record.val_ppl,
+            record.val_bpb,
+            plot_ppl(record.val_ppl, curve),
+            record.pruned_at_step,
+            record.reason,
+            record.reused_from,
+            tuple(sorted(curve.items())) if not record.is_reuse else (),
+        )
+
+
+def _hover(rows: list[PlottedTrial]) -> list[str]:
     text = []
     for r in rows:
-        extra = f"<br>pruned at step {r['pruned_at_step']} (ppl there)" if r.get("pruned_at_step") else ""
-        extra += f"<br>{r['reason']}" if r["state"] == "FAIL" and r.get("reason") else ""
-        extra += f"<br>the result of trial {r['reused_from']} (same map)" if r.get("reused_from") is not None else ""
+        extra = f"<br>pruned at step {r.pruned_at_step} (ppl there)" if r.pruned_at_step else ""
+        extra += f"<br>{r.reason}" if r.state == "FAIL" and r.reason else ""
+        extra += f"<br>the result of trial {r.reused_from} (same map)" if r.reused_from is not None else ""
         text.append(
             _hover_text(
-                r["trial"],
-                r["state"],
-                r["reuse_map"],
-                r.get("knobs"),
-                r["flops_ratio"],
-                r.get("plot_ppl"),
-                r.get("val_bpb"),
+                r.trial,
+                r.state,
+                r.reuse_map,
+                r.knobs,
+                cast(float, r.flops_ratio),  # a plotted trial has its FLOPs
+                r.plot_ppl,
+                r.val_bpb,
                 extra,
             )
         )
@@ -412,7 +460,7 @@ class Panel:
 
 def pareto_figure(
     study: str,
-    trials: list[dict[str, Any]],
+    trials: list[PlottedTrial],
     front: list[FrontRow],
     noise: NoiseBand | None,
     layer_view: LayerView | None = None,
@@ -430,10 +478,10 @@ def pareto_figure(
     the verdict)."""
     audit = fidelity.audits[-1] if fidelity is not None and fidelity.audits else None
     raced = is_raced(race)
-    plotted = [t for t in trials if t.get("flops_ratio") is not None]
-    complete = [t for t in plotted if t["state"] == "COMPLETE" and t.get("plot_ppl") is not None]
+    plotted = [t for t in trials if t.flops_ratio is not None]
+    complete = [t for t in plotted if t.state == "COMPLETE" and t.plot_ppl is not None]
     apart = [t for t in plotted if t not in complete]  # pruned, failed (diverged), or with no perplexity
-    curved = [t for t in plotted if t.get("curve")]
+    curved = [t for t in plotted if t.curve]
     decided = list(race.front) if raced and race else front
     base_steps = race.settings.base_steps if race is not None else None
     at = f" at {base_steps} steps" if base_steps else ""
@@ -517,7 +565,7 @@ def pareto_figure(
     row_of = {p.kind: i + 1 for i, p in enumerate(panels)}
     if raced and race:
         _decided_panel(fig, race, named["decided"])
-    x_range = spread_range([t["flops_ratio"] for t in plotted])
+    x_range = spread_range([cast(float, t.flops_ratio) for t in plotted])
     span = (x_range[1] - x_range[0]) if x_range else 1.0
     _proxy_panel(fig, complete, front, noise, x_range, span, row_of["proxy"], named["proxy"])
     if apart:
@@ -572,7 +620,7 @@ def pareto_figure(
 
 def _proxy_panel(
     fig: go.Figure,
-    complete: list[dict[str, Any]],
+    complete: list[PlottedTrial],
     front: list[FrontRow],
     noise: NoiseBand | None,
     x_range: list[float] | None,
@@ -581,18 +629,18 @@ def _proxy_panel(
     legend: str,
 ) -> None:
     """The complete proxy trials by final perplexity, the proxy's front, the all-ones baseline, the noise band."""
-    at_x = dict(
+    at_x: dict[int | None, float] = dict(  # trial -> x; a front point without a trial keeps its ratio
         zip(
-            (t["trial"] for t in complete),
-            spread_x([(t["flops_ratio"], t["plot_ppl"]) for t in complete], span),
+            (t.trial for t in complete),
+            spread_x([(cast(float, t.flops_ratio), cast(float, t.plot_ppl)) for t in complete], span),
             strict=True,
         )
     )
     if complete:
         fig.add_trace(
             go.Scatter(
-                x=[at_x[t["trial"]] for t in complete],
-                y=[t["plot_ppl"] for t in complete],
+                x=[at_x[t.trial] for t in complete],
+                y=[t.plot_ppl for t in complete],
                 mode="markers",
                 name=LEGEND["COMPLETE"],
                 legend=legend,
@@ -623,12 +671,12 @@ def _proxy_panel(
             row=row,
             col=1,
         )
-    baseline = next((t for t in complete if is_baseline(t["reuse_map"])), None)
+    baseline = next((t for t in complete if is_baseline(as_list(t.reuse_map))), None)
     if baseline:
         fig.add_trace(
             go.Scatter(
-                x=[at_x[baseline["trial"]]],
-                y=[baseline["plot_ppl"]],
+                x=[at_x[baseline.trial]],
+                y=[baseline.plot_ppl],
                 mode="markers",
                 name="all-ones baseline",
                 legend=legend,
@@ -638,7 +686,7 @@ def _proxy_panel(
             row=row,
             col=1,
         )
-    y_values = [t["plot_ppl"] for t in complete]
+    y_values = [cast(float, t.plot_ppl) for t in complete]
     if noise and noise.spread:
         lo, hi = noise.min_ppl, noise.max_ppl
         y_values += [lo, hi]
@@ -748,15 +796,15 @@ def label_positions(
     return chosen
 
 
-def _apart_label(t: dict[str, Any]) -> str:
-    if t["state"] == "PRUNED" and t.get("pruned_at_step"):
-        return f"pruned at step {t['pruned_at_step']}"
-    return "failed" if t["state"] == "FAIL" else t["state"].lower()
+def _apart_label(t: PlottedTrial) -> str:
+    if t.state == "PRUNED" and t.pruned_at_step:
+        return f"pruned at step {t.pruned_at_step}"
+    return "failed" if t.state == "FAIL" else t.state.lower()
 
 
 def _apart_strip(
     fig: go.Figure,
-    apart: list[dict[str, Any]],
+    apart: list[PlottedTrial],
     span: float,
     x_range: list[float] | None,
     row: int,
@@ -768,10 +816,10 @@ def _apart_strip(
     hover."""
     labels = sorted({_apart_label(t) for t in apart}, key=lambda s: (s == "failed", len(s), s))
     spread = spread_x(
-        [(t["flops_ratio"], labels.index(_apart_label(t)) + (t.get("plot_ppl") or 0) * 1e-9) for t in apart], span
+        [(cast(float, t.flops_ratio), labels.index(_apart_label(t)) + (t.plot_ppl or 0) * 1e-9) for t in apart], span
     )
     for state, style in STATE_STYLE.items():
-        members = [i for i, t in enumerate(apart) if t["state"] == state]
+        members = [i for i, t in enumerate(apart) if t.state == state]
         if not members or state == "COMPLETE":
             continue
         group = [apart[i] for i in members]
@@ -789,11 +837,11 @@ def _apart_strip(
             row=row,
             col=1,
         )
-    others = [t for t in apart if t["state"] not in STATE_STYLE or t["state"] == "COMPLETE"]
+    others = [t for t in apart if t.state not in STATE_STYLE or t.state == "COMPLETE"]
     if others:
         fig.add_trace(
             go.Scatter(
-                x=[t["flops_ratio"] for t in others],
+                x=[t.flops_ratio for t in others],
                 y=[_apart_label(t) for t in others],
                 mode="markers",
                 name="no perplexity",
@@ -814,18 +862,18 @@ FRONT_COLOURS = ("#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b
 OTHER_CURVE_COLOUR = "rgba(128,128,128,0.45)"
 
 
-def _curves_panel(fig: go.Figure, trials: list[dict[str, Any]], front_trials: set[int], row: int, legend: str) -> None:
+def _curves_panel(fig: go.Figure, trials: list[PlottedTrial], front_trials: set[int], row: int, legend: str) -> None:
     """Each trained trial's validation curve (loss against step): the decided front's maps in colour, each with its
     legend entry, the others grey under one entry; pruned ones end at their pruning step; hover names the map."""
-    on_front = sorted((t for t in trials if t["trial"] in front_trials), key=lambda t: t["trial"])
-    others = [t for t in trials if t["trial"] not in front_trials]
+    on_front = sorted((t for t in trials if t.trial in front_trials), key=lambda t: t.trial)
+    others = [t for t in trials if t.trial not in front_trials]
     for t in others + on_front:
-        steps, losses = zip(*t["curve"], strict=True)
-        label = ",".join(map(str, t["reuse_map"]))
+        steps, losses = zip(*t.curve, strict=True)
+        label = ",".join(map(str, cast(tuple[int, ...], t.reuse_map)))  # a trial with a curve trained its map
         front_map = t in on_front
         colour = FRONT_COLOURS[on_front.index(t) % len(FRONT_COLOURS)] if front_map else OTHER_CURVE_COLOUR
         entry = (
-            dict(name=_wrapped(f"trial {t['trial']}: map {label}" + (f" {t['knobs']}" if t.get("knobs") else "")))
+            dict(name=_wrapped(f"trial {t.trial}: map {label}" + (f" {t.knobs}" if t.knobs else "")))
             if front_map
             else dict(name="other trials", legendgroup="other-curves", showlegend=t is others[0])
         )
@@ -839,7 +887,7 @@ def _curves_panel(fig: go.Figure, trials: list[dict[str, Any]], front_trials: se
                 line=dict(color=colour, width=3 if front_map else 1),
                 marker=dict(size=4, color=colour),
                 hovertext=[
-                    f"trial {t['trial']}: map {label}<br>step {s}: loss {loss:.4g}"
+                    f"trial {t.trial}: map {label}<br>step {s}: loss {loss:.4g}"
                     for s, loss in zip(steps, losses, strict=True)
                 ],
                 hoverinfo="text",
@@ -847,13 +895,13 @@ def _curves_panel(fig: go.Figure, trials: list[dict[str, Any]], front_trials: se
             row=row,
             col=1,
         )
-    last = [loss for t in trials for _, loss in t["curve"][-1:]]
+    last = [loss for t in trials for _, loss in t.curve[-1:]]
     fig.update_xaxes(title_text="step", row=row, col=1)
     fig.update_yaxes(
         title_text="validation loss",
         row=row,
         col=1,
-        range=fitted_range(last + [loss for t in on_front for _, loss in t["curve"]], pad=0.1),
+        range=fitted_range(last + [loss for t in on_front for _, loss in t.curve], pad=0.1),
     )
 
 
@@ -945,10 +993,10 @@ def write_figure_html(fig: go.Figure, path: str | Path, static: bool = False) ->
     )
 
 
-def plot_ppl(row: dict[str, Any], curve: Mapping[int, float] | None) -> float | None:
+def plot_ppl(val_ppl: float | None, curve: Mapping[int, float] | None) -> float | None:
     """The perplexity a trial is drawn at: its final one, or for a pruned trial the one where it was pruned."""
-    if row.get("val_ppl") is not None:
-        return row["val_ppl"]
+    if val_ppl is not None:
+        return val_ppl
     if curve:
         loss = curve[max(curve)]
         return math.exp(loss) if loss is not None and math.isfinite(loss) else None

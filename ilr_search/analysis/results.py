@@ -31,27 +31,6 @@ def knobs_text(r: TrialRecord) -> str | None:
     return format_knobs(r.knobs) if r.knobs else None
 
 
-def trial_row(t: Trial) -> dict[str, Any]:
-    """One trial as the `trials` command shows it."""
-    r = record_of(t)
-    return {
-        "trial": r.number,
-        "state": r.state.name,
-        "reuse_map": as_list(r.reuse_map),
-        "map": map_text(r.map_key) if r.map_key else None,
-        "knobs": knobs_text(r),
-        "flops_ratio": r.flops_ratio,
-        "val_ppl": r.val_ppl,
-        "val_bpb": r.val_bpb,
-        "steps": r.steps,
-        "pruned_at_step": r.pruned_at_step,
-        "reused_from": r.reused_from,
-        "proposed_map": as_list(r.proposed_map),
-        "reason": r.reason,
-        "seconds": r.seconds,
-    }
-
-
 Curves = dict[int, dict[int, float]]  # trial number -> {step: val_loss}, from the store (the one place curves live)
 
 
@@ -184,18 +163,33 @@ LossPoint = tuple[int, int, float]  # (step, tokens, loss) of a learning curve
 class TrialRow:
     """A trial as `trials` lists it: its record and its learning curves, validation (`val`) and training-loss
     window means (`train`), as (step, tokens, loss) points; a trial that reused another's result has that
-    trial's curves. to_dict is its row of `trials --json` (trial_row, with `curves`)."""
+    trial's curves. to_dict is its row of `trials --json`."""
 
     record: TrialRecord
     val: tuple[LossPoint, ...]
     train: tuple[LossPoint, ...]
 
     def to_dict(self) -> dict[str, Any]:
-        return trial_row(self.record) | {
+        r = self.record
+        return {
+            "trial": r.number,
+            "state": r.state.name,
+            "reuse_map": as_list(r.reuse_map),
+            "map": map_text(r.map_key) if r.map_key else None,
+            "knobs": knobs_text(r),
+            "flops_ratio": r.flops_ratio,
+            "val_ppl": r.val_ppl,
+            "val_bpb": r.val_bpb,
+            "steps": r.steps,
+            "pruned_at_step": r.pruned_at_step,
+            "reused_from": r.reused_from,
+            "proposed_map": as_list(r.proposed_map),
+            "reason": r.reason,
+            "seconds": r.seconds,
             "curves": {
                 kind: [{"step": step, "tokens": tokens, "loss": loss} for step, tokens, loss in points]
                 for kind, points in (("val", self.val), ("train", self.train))
-            }
+            },
         }
 
 

@@ -838,7 +838,7 @@ def bench_build(
 
     with ui.ConsoleReporter(enabled=True) as reporter:
         report = build_table(space, out, budget, storage, study, reporter, steps, sample, seed)
-    emit(report, json_out, lambda r: ui.out.print(f"wrote {r['maps']} maps to {r['out']} (study {r['study']})"))
+    emit(report, json_out, lambda r: ui.out.print(f"wrote {r.maps} maps to {r.out} (study {r.study})"))
 
 
 @bench_app.command("replay")
@@ -1057,8 +1057,8 @@ def recipe(
     if path is not None:
         write_recipe(report, path)
     if json_out:
-        print(json.dumps(report | ({"out": str(path)} if path else {}), default=float))
+        print(json.dumps(report.to_json() | ({"out": str(path)} if path else {}), default=float))
     elif path is not None:
-        ui.out.print(f"wrote the recipe of map {report['map']} of study {name} to {path}")
+        ui.out.print(f"wrote the recipe of map {report.map} of study {name} to {path}")
     else:
-        sys.stdout.write(recipe_text(report, ".toml"))
+        sys.stdout.write(recipe_text(report.to_json(), ".toml"))

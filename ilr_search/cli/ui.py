@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -35,7 +35,14 @@ from ilr_search.commands.events import (
 )
 
 if TYPE_CHECKING:
+    from ilr_search.commands.api import FlopsReport
+    from ilr_search.commands.audit import StudyAudit
+    from ilr_search.commands.bench.policy import PolicyReplays
+    from ilr_search.commands.bench.power import PowerReport
+    from ilr_search.commands.bench.pruning import TableReplay
+    from ilr_search.commands.dryrun import DryRunReport
     from ilr_search.commands.export import ExportedModel
+    from ilr_search.commands.recipe import TrainReport
     from ilr_search.commands.report import ExportedTable
     from ilr_search.commands.studies import Fidelity, FrontRow, StudyListing, StudyReport
 
@@ -115,18 +122,21 @@ def key_value_table(title: str, rows: dict[str, Any]) -> None:
     out.print(table)
 
 
-def print_flops(report: dict[str, Any]) -> None:
-    key_value_table("FLOPs", {k: v for k, v in report.items() if k != "schedule"} | {"schedule": report["schedule"]})
+def print_flops(report: FlopsReport) -> None:
+    """Every `flops --json` key and value, the schedule last."""
+    rows = report.to_json()
+    key_value_table("FLOPs", {k: v for k, v in rows.items() if k != "schedule"} | {"schedule": rows["schedule"]})
 
 
-def print_train(report: dict[str, Any]) -> None:
-    rows = {k: v for k, v in report.items() if k not in ("curve", "schedule")}
-    key_value_table(f"proxy {_fmt(report['reuse_map'])}", rows)
+def print_train(report: TrainReport) -> None:
+    """The `train --json` keys and values but the curve and schedule, then the validation curve."""
+    rows = {k: v for k, v in report.to_json().items() if k not in ("curve", "schedule")}
+    key_value_table(f"proxy {_fmt(list(report.reuse_map))}", rows)
     curve = Table(title="validation curve")
     for col in ("step", "tokens", "val_loss"):
         curve.add_column(col, justify="right")
-    for p in report["curve"]:
-        curve.add_row(str(p["step"]), str(p["tokens"]), f"{p['val_loss']:.4f}")
+    for p in report.result.curve:
+        curve.add_row(str(p.step), str(p.tokens), f"{p.val_loss:.4f}")
     out.print(curve)
 
 
@@ -821,23 +831,24 @@ def _fidelity_lines(fidelity: Fidelity | None) -> None:
     out.print(f"fidelity: {fidelity.verdict}")
 
 
-def print_audit(report: dict[str, Any]) -> None:
-    factor = f"{report['factor']:g}x"
+def print_audit(audit: StudyAudit) -> None:
+    report = audit.report
+    factor = f"{audit.factor:g}x"
     rows = [
         {
-            "reuse_map": m["reuse_map"],
-            "flops_ratio": m["flops_ratio"],
-            "proxy": m["proxy_state"].lower(),
-            "proxy_ppl": m["proxy_ppl"],
-            f"{factor}_ppl": m["audit_ppl"],
-            "seeds": len(m["audit_ppls"]),
-            "seed_sd": statistics.stdev(m["audit_ppls"]) if len(m["audit_ppls"]) > 1 else None,
-            "front": ("proxy " if m["on_proxy_front"] else "") + (factor if m["on_audit_front"] else ""),
+            "reuse_map": m.reuse_map,
+            "flops_ratio": m.flops_ratio,
+            "proxy": m.proxy_state.lower(),
+            "proxy_ppl": m.proxy_ppl,
+            f"{factor}_ppl": m.audit_ppl,
+            "seeds": len(m.audit_ppls),
+            "seed_sd": statistics.stdev(m.audit_ppls) if len(m.audit_ppls) > 1 else None,
+            "front": ("proxy " if m.on_proxy_front else "") + (factor if m.on_audit_front else ""),
         }
-        for m in sorted(report["maps"], key=lambda m: m["audit_ppl"])
+        for m in sorted(report.maps, key=lambda m: m.audit_ppl)
     ]
     rows_table(
-        f"audit of {report['study']}: {report['proxy_steps']} -> {report['steps']} steps",
+        f"audit of {audit.study}: {audit.proxy_steps} -> {audit.steps} steps",
         rows,
         ["reuse_map", "flops_ratio", "proxy", "proxy_ppl", f"{factor}_ppl", "seeds", "seed_sd", "front"],
         {
@@ -850,44 +861,44 @@ def print_audit(report: dict[str, Any]) -> None:
         droppable=["seed_sd", "seeds", "proxy"],
     )
     out.print(
-        f"Spearman {_fmt(report['spearman'])}, Kendall {_fmt(report['kendall'])} over {report['n_maps']} maps; "
-        f"front precision {_fmt(report['front_precision'])}, recall {_fmt(report['front_recall'])}; pruned maps on the "
-        f"{report['factor']:g}x front: {', '.join(report['pruned_on_audited_front']) or 'none'}"
+        f"Spearman {_fmt(report.spearman)}, Kendall {_fmt(report.kendall)} over {report.n_maps} maps; "
+        f"front precision {_fmt(report.front_precision)}, recall {_fmt(report.front_recall)}; pruned maps on the "
+        f"{audit.factor:g}x front: {', '.join(report.pruned_on_audited_front) or 'none'}"
     )
-    out.print(f"finding: {report['verdict']}")
+    out.print(f"finding: {report.finding}")
 
 
-def print_policy_replay(report: dict[str, Any]) -> None:
+def print_policy_replay(report: PolicyReplays) -> None:
     rows_table(
-        f"policy {report['policy']} over {report['table']} ({report['maps']} maps, {report['base_steps']} to "
-        f"{report['target_steps']} steps, {report['orders']} orders)",
+        f"policy {report.policy} over {report.table} ({report.maps} maps, {report.base_steps} to "
+        f"{report.target_steps} steps, {report.orders} orders)",
         [
             {
-                "order": r["order_seed"],
-                "seeds": ",".join(map(str, r["seeds"])),
-                "compute": r["compute_steps"],
-                "claimed": ", ".join(r["claimed"]) or "-",
-                "false": ", ".join(r["false_claims"]) or "-",
-                "best": r["best"],
-                "regret_sd": r["regret_sd"],
+                "order": r.order_seed,
+                "seeds": ",".join(map(str, r.seeds)),
+                "compute": r.compute_steps,
+                "claimed": ", ".join(r.claimed) or "-",
+                "false": ", ".join(r.false_claims) or "-",
+                "best": r.best,
+                "regret_sd": r.regret_sd,
             }
-            for r in report["replays"]
+            for r in report.replays
         ],
         ["order", "seeds", "compute", "claimed", "false", "best", "regret_sd"],
     )
-    coverage = report["interval_coverage"]
+    coverage = report.interval_coverage
+    within = report.regret_within_1sd_share
     out.print(
-        f"mean compute {report['mean_compute_steps']:.0f} steps (every table result: {report['exhaustive_steps']}); "
-        f"claims {report['maps_claimed']}, false {report['false_claims']} ({report['false_claim_share']:.0%}); "
-        f"regret within 1 seed sd in "
-        f"{'-' if report['regret_within_1sd_share'] is None else format(report['regret_within_1sd_share'], '.0%')}"
-        f" of orders (mean {_fmt(report['mean_regret_sd'])} sd); intervals holding the table mean: "
-        + ("n/a" if coverage is None else f"{coverage:.0%} of {report['intervals']}")
+        f"mean compute {report.mean_compute_steps:.0f} steps (every table result: {report.exhaustive_steps}); "
+        f"claims {report.maps_claimed}, false {report.false_claims} ({report.false_claim_share:.0%}); "
+        f"regret within 1 seed sd in {'-' if within is None else format(within, '.0%')}"
+        f" of orders (mean {_fmt(report.mean_regret_sd)} sd); intervals holding the table mean: "
+        + ("n/a" if coverage is None else f"{coverage:.0%} of {report.intervals}")
     )
-    out.print(f"first order's verdict: {report['replays'][0]['verdict']}")
+    out.print(f"first order's verdict: {report.replays[0].verdict}")
 
 
-def print_power(report: dict[str, Any]) -> None:
+def print_power(report: PowerReport) -> None:
     """`bench power`: per race setting and planted gap, the power, the replays claiming a map not truly better,
     the A/A rate (any claim at a gap of 0) and the mean compute."""
 
@@ -896,22 +907,22 @@ def print_power(report: dict[str, Any]) -> None:
 
     rows = [
         {
-            "setting": r["setting"],
-            "gap_sd": f"{r['delta_sd']:g}",
-            "gap_nats": f"{r['delta_nats']:.4f}",
-            "curve": "crossing" if r["crossing"] else "constant",
-            "replays": str(r["replays"]),
-            "power": pct(r["power"]),
-            "false_claims": pct(r["false_claims"]),
-            "any_claim": pct(r["any_claim"]),
-            "compute": f"{r['mean_compute_steps']:.0f}",
+            "setting": r.setting,
+            "gap_sd": f"{r.delta_sd:g}",
+            "gap_nats": f"{r.delta_nats:.4f}",
+            "curve": "crossing" if r.crossing else "constant",
+            "replays": str(r.replays),
+            "power": pct(r.power),
+            "false_claims": pct(r.false_claims),
+            "any_claim": pct(r.any_claim),
+            "compute": f"{r.mean_compute_steps:.0f}",
         }
-        for r in report["rows"]
+        for r in report.rows
     ]
     rows_table(
-        f"power over {report['table']} ({report['maps']} maps, seeds {_fmt(report['table_seeds'])}, "
-        f"{report['base_steps']} to {report['target_steps']} steps, seed sd {report['seed_sd_at_target']:.4f} "
-        f"nats at the target, {report['orders']} orders a planted map)",
+        f"power over {report.table} ({report.maps} maps, seeds {_fmt(report.table_seeds)}, "
+        f"{report.base_steps} to {report.target_steps} steps, seed sd {report.seed_sd_at_target:.4f} "
+        f"nats at the target, {report.orders} orders a planted map)",
         rows,
         ["setting", "gap_sd", "gap_nats", "curve", "replays", "power", "false_claims", "any_claim", "compute"],
     )
@@ -921,87 +932,89 @@ def print_power(report: dict[str, Any]) -> None:
     )
 
 
-def print_pruning_replay(report: dict[str, Any]) -> None:
+def print_pruning_replay(report: TableReplay) -> None:
+    replay = report.replay
     rows_table(
-        f"{report['rule']} over {report['table']} ({report['n_rows']} rows, "
-        f"{'table order' if report['order_seed'] is None else 'order seed ' + str(report['order_seed'])})",
+        f"{replay.rule} over {report.table} ({replay.n_rows} rows, "
+        f"{'table order' if replay.order_seed is None else 'order seed ' + str(replay.order_seed)})",
         [
             {
-                "reuse_map": p["reuse_map"],
-                "step": p["step"],
-                "flops_ratio": p["flops_ratio"],
-                "front": "LOST" if p["reuse_map"] in report["front_maps_lost"] else "",
+                "reuse_map": p.reuse_map,
+                "step": p.step,
+                "flops_ratio": p.flops_ratio,
+                "front": "LOST" if p.reuse_map in replay.front_maps_lost else "",
             }
-            for p in report["pruned"]
+            for p in replay.pruned
         ],
         ["reuse_map", "step", "flops_ratio", "front"],
     )
     out.print(
-        f"pruned {len(report['pruned'])} of {report['n_rows']} maps at rungs {list(report['rungs'])}; "
-        f"steps saved {report['steps_saved']} ({report['steps_saved_share']:.1%}); table front "
-        f"{', '.join(report['front'])}; front maps lost: {', '.join(report['front_maps_lost']) or 'none'}"
+        f"pruned {len(replay.pruned)} of {replay.n_rows} maps at rungs {list(replay.rungs)}; "
+        f"steps saved {replay.steps_saved} ({replay.steps_saved_share:.1%}); table front "
+        f"{', '.join(replay.front)}; front maps lost: {', '.join(replay.front_maps_lost) or 'none'}"
     )
 
 
-def print_plan(report: dict[str, Any]) -> None:
-    resume = report["resume"]
+def print_plan(report: DryRunReport) -> None:
+    from ilr_search.commands.dryrun import AdaptiveRace, FixedRace  # loaded already: the report is one of its
+
+    resume = report.resume
     rows = {
-        "study": report["study"]
-        + (f" (resume: {report['finished_trials']} of {report['n_trials']} trials finished)" if resume else " (new)"),
+        "study": report.study
+        + (f" (resume: {report.finished_trials} of {report.n_trials} trials finished)" if resume else " (new)"),
     }
-    if report.get("finished"):
-        rows["left"] = report["left"]
+    if report.finished:
+        rows["left"] = cast(str, report.left)
+    data, train = report.data, report.train
     rows |= {
-        "trials to train": f"{report['trials_to_train']} (of {report['n_trials']} wanted)",
-        "references": ", ".join(report["references_to_train"]) or "none",
-        "sampler": report["sampler"],
-        "pruner": report["pruner"]
-        + (f" at steps {', '.join(map(str, report['pruning_rungs']))}" if report["pruning_rungs"] else ""),
-        "objective": report["objective"],
-        "budget": f"{report['budget']['text']} (at most {report['budget']['max_layer_runs']} layer runs)",
-        "storage": report["storage"] + ("" if report["storage_exists"] else " (would be created)"),
-        "space": report["space"],
-        "model": ", ".join(f"{k} {v}" for k, v in report["model"].items()),
-        "data": f"{report['data']['corpus']}, {report['data']['tokenizer']}"
-        + {True: " (tokens cached)", False: " (would be tokenized first)", None: ""}[report["data"]["tokens_cached"]],
-        "train": f"{report['train']['steps']} steps, batch {report['train']['batch_size']}, "
-        f"lr {report['train']['lr']:g}, "
-        f"{report['train']['device']} {report['train']['dtype']}, evaluations at {report['train']['eval_steps']}",
+        "trials to train": f"{report.trials_to_train} (of {report.n_trials} wanted)",
+        "references": ", ".join(report.references_to_train) or "none",
+        "sampler": report.sampler,
+        "pruner": report.pruner
+        + (f" at steps {', '.join(map(str, report.pruning_rungs))}" if report.pruning_rungs else ""),
+        "objective": report.objective,
+        "budget": f"{report.budget.text} (at most {report.budget.max_layer_runs} layer runs)",
+        "storage": report.storage + ("" if report.storage_exists else " (would be created)"),
+        "space": report.space,
+        "model": ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(report.model).items()),
+        "data": f"{data.corpus}, {data.tokenizer}"
+        + {True: " (tokens cached)", False: " (would be tokenized first)", None: ""}[data.tokens_cached],
+        "train": f"{train.steps} steps, batch {train.batch_size}, lr {train.lr:g}, "
+        f"{train.device} {train.dtype}, evaluations at {train.eval_steps}",
     }
-    if report.get("knobs"):
-        rows["knobs"] = ", ".join(report["knobs"])
-    race = report.get("race") or {}
+    if report.knobs:
+        rows["knobs"] = ", ".join(report.knobs)
+    race, shape = report.race, report.race.shape
     left = " left" if resume else ""
-    if race.get("decided"):
+    if race.decided:
+        rows["race"] = f"{race.policy} at {race.target_steps} steps: decided ({race.steps_trained} steps trained)"
+    elif isinstance(shape, AdaptiveRace):
         rows["race"] = (
-            f"{race['policy']} at {race['target_steps']} steps: decided ({race['steps_trained']} steps trained)"
+            f"adaptive at {race.target_steps} steps: {shape.screen} maps screened at seed 0, "
+            f"{shape.contenders} contenders (the baseline among them) on {shape.first_test_seeds} to "
+            f"{shape.max_seeds - 1} test seeds, equal compute {shape.equal_compute}: "
+            f"{race.runs_min} to {race.runs_max} runs{left} ({race.steps_min} to "
+            f"{race.steps_max} steps" + (f", capped at {race.cap}" if race.cap else "") + ")"
         )
-    elif race.get("policy") == "adaptive":
+    elif isinstance(shape, FixedRace):
         rows["race"] = (
-            f"adaptive at {race['target_steps']} steps: {race['screen']} maps screened at seed 0, "
-            f"{race['contenders']} contenders (the baseline among them) on {race['first_test_seeds']} to "
-            f"{race['max_seeds'] - 1} test seeds, equal compute {race['equal_compute']}: "
-            f"{race['runs_min']} to {race['runs_max']} runs{left} ({race['steps_min']} to "
-            f"{race['steps_max']} steps" + (f", capped at {race['cap']}" if race.get("cap") else "") + ")"
-        )
-    elif race.get("policy") == "fixed":
-        rows["race"] = (
-            f"fixed: {race['contenders']} contenders at {race['seeds']} seeds at {race['lengths']} steps: "
-            f"at most {race['steps_max']} steps{left}"
+            f"fixed: {shape.contenders} contenders at {shape.seeds} seeds at {shape.lengths} steps: "
+            f"at most {race.steps_max} steps{left}"
         )
     else:
         rows["race"] = "off"
-    if "estimated_seconds" in report:
-        rows["layout"] = report["layout"]
-        for p in report["probe"]:
-            rows[f"probe {p['label']}"] = (
-                f"map {format_reuse_map(p['reuse_map'])}: {_milliseconds(p['seconds_per_step'])}/step, "
-                f"{_milliseconds(p['seconds_per_eval'])}/evaluation"
+    estimate = report.estimate
+    if estimate is not None:
+        rows["layout"] = estimate.layout
+        for p in estimate.probes:
+            rows[f"probe {p.label}"] = (
+                f"map {format_reuse_map(p.reuse_map)}: {_milliseconds(p.seconds_per_step)}/step, "
+                f"{_milliseconds(p.seconds_per_eval)}/evaluation"
             )
-        rows["per trial"] = _duration(report["estimated_trial_seconds"])
-        low, high = report["estimated_seconds"], report["estimated_seconds_max"]
+        rows["per trial"] = _duration(estimate.trial_seconds)
+        low, high = estimate.seconds, estimate.seconds_max
         span = _duration(low) if _duration(low) == _duration(high) else f"{_duration(low)} to {_duration(high)}"
-        rows["estimated time" + left] = f"{span} ({report['estimate_note']})"
+        rows["estimated time" + left] = f"{span} ({estimate.note})"
     key_value_table("dry run: nothing was written", rows)
 
 

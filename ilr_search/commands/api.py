@@ -1,11 +1,13 @@
-"""The public Python API under the CLI: each function returns the dict its command prints with --json."""
+"""The public Python API under the CLI: each function returns the record whose to_json() its command prints with
+--json."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ilr_search.config import KNOB_FIELD_DEFAULTS, ModelConfig, SpaceConfig
 from ilr_search.data.tokenizers import check_vocab, model_config
@@ -13,10 +15,13 @@ from ilr_search.data.tokens import load_space_tokens
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import format_knobs, knob_params, knobs_of, parse_knob_settings, with_knobs
 from ilr_search.space import load_space
-from ilr_search.training.flops import describe, param_count
+from ilr_search.training.flops import FlopsCount, describe, param_count
 from ilr_search.training.model import ILRTransformer, repeat_indices
 from ilr_search.training.schedule import is_block_text, parse_map, resolve_schedule
 from ilr_search.training.train import OnStep
+
+if TYPE_CHECKING:
+    from ilr_search.commands.recipe import TrainReport
 
 Overrides = Mapping[str, Mapping[str, Any]]
 
@@ -51,6 +56,23 @@ def with_init(space: SpaceConfig, init: str | None) -> SpaceConfig:
     )
 
 
+@dataclass(frozen=True)
+class FlopsReport:
+    """`ilr-search flops`: the schedule's compute, a block map's key (as a study stores it; None for a reuse map
+    or block recurrence), the knob settings and the parameters each knob adds. to_json is `flops --json`."""
+
+    count: FlopsCount
+    map: str | None
+    knobs: str
+    knob_params: dict[str, int]
+
+    def to_json(self) -> dict[str, Any]:
+        report = self.count.to_dict()
+        if self.map is not None:
+            report["map"] = self.map
+        return report | {"knobs": self.knobs, "knob_params": dict(self.knob_params)}
+
+
 def flops_report(
     space: str | Path | None = None,
     overrides: Overrides | None = None,
@@ -58,17 +80,20 @@ def flops_report(
     block: int | None = None,
     knobs: str | None = None,
     init: str | None = None,
-) -> dict[str, Any]:
+) -> FlopsReport:
     """`ilr-search flops`: FLOPs per token of a reuse map (or block recurrence) and its ratio to the all-ones map;
     `params` counts the knobs' own parameters too (`knob_params` says how many each adds). `init`: the model of
     a checkpoint (with_init)."""
     cfg_space = with_init(load_space(space, overrides), init)
     counts, schedule, block = resolve_schedule(cfg_space.model.n_layers, reuse_map, block, cfg_space.search.max_reuse)
     cfg = schedule_model(cfg_space, schedule, knobs)
-    report = describe(cfg, counts, schedule, cfg_space.train.tokens(cfg.seq_len), param_count(cfg), block).to_dict()
-    if isinstance(reuse_map, str) and is_block_text(reuse_map):  # the block map's key, as a study would store it
-        report["map"] = parse_map(reuse_map, cfg_space.model.n_layers).key
-    return report | {"knobs": format_knobs(knobs_of(cfg)), "knob_params": knob_params(cfg)}
+    count = describe(cfg, counts, schedule, cfg_space.train.tokens(cfg.seq_len), param_count(cfg), block)
+    block_map = (
+        parse_map(reuse_map, cfg_space.model.n_layers).key
+        if isinstance(reuse_map, str) and is_block_text(reuse_map)
+        else None
+    )
+    return FlopsReport(count, block_map, format_knobs(knobs_of(cfg)), knob_params(cfg))
 
 
 def train_report(
@@ -81,12 +106,12 @@ def train_report(
     save: str | Path | None = None,
     init: str | None = None,
     save_format: str = "native",
-) -> dict[str, Any]:
+) -> TrainReport:
     """`ilr-search train`: train one proxy for a reuse map (or block recurrence) on the configured data; with
     `save`, write the trained model there: natively (`model.safetensors`, `config.json` and the tokenizer;
     `load_trained` reads them), or with save_format hf as a standard transformers checkpoint, its schedule
     unrolled. `init`: start from a checkpoint's model and weights, on data its tokenizer tokenizes (with_init)."""
-    from ilr_search.commands.recipe import MapChoice, check_save, train_and_save, train_result_dict
+    from ilr_search.commands.recipe import MapChoice, check_save, train_and_save, train_report_of
 
     cfg_space = with_init(load_space(space, overrides), init)
     counts, schedule, block = resolve_schedule(
@@ -105,10 +130,7 @@ def train_report(
         else MapChoice(counts, schedule, settings, block)
     )
     result = train_and_save(cfg, choice, data, cfg_space, on_step, save_dir, save_format=save_format)
-    return train_result_dict(cfg, counts, result, block) | {
-        "knobs": format_knobs(knobs_of(cfg)),
-        "saved": str(save_dir) if save_dir else None,
-    }
+    return train_report_of(cfg, counts, result, block, knobs_of(cfg), save_dir)
 
 
 def load_trained(folder: str | Path, device: str = "cpu") -> tuple[ILRTransformer, list[int]]:

@@ -13,13 +13,14 @@ import dataclasses
 import math
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
-from ilr_search.analysis.fidelity import audit_report
+from ilr_search.analysis.fidelity import AuditReport, audit_report
 from ilr_search.analysis.results import Curves, curves_by_trial, is_baseline_key, study_front, trained_trials
 from ilr_search.analysis.trials import Trial, TrialRecord, trained_results, trial_records
 from ilr_search.config import SIZE_MAXIMA, AuditSettings, SpaceConfig, factor_key
@@ -139,6 +140,36 @@ def stored_space(study: optuna.Study, steps: int) -> SpaceConfig:
     )
 
 
+@dataclass(frozen=True)
+class StudyAudit:
+    """What `ilr-search audit` did: the study, the factor and steps (the proxy's beside them), the map selection
+    as given, seeds per map, the runs it asked for and those this worker trained, and the audit's findings. to_json
+    is `audit --json`."""
+
+    study: str
+    factor: float
+    steps: int
+    proxy_steps: int
+    maps_spec: str
+    seeds: int
+    runs: int
+    trained_by_this_worker: int
+    report: AuditReport
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "study": self.study,
+            "factor": self.factor,
+            "steps": self.steps,
+            "proxy_steps": self.proxy_steps,
+            "maps_spec": self.maps_spec,
+            "seeds": self.seeds,
+            "runs": self.runs,
+            "trained_by_this_worker": self.trained_by_this_worker,
+            **{k: v for k, v in self.report.to_dict().items() if k not in ("factor", "steps")},
+        }
+
+
 def run_audit(
     study_name: str,
     storage: str | None = None,
@@ -146,7 +177,7 @@ def run_audit(
     reporter: RunReporter | None = None,
     checkpoint_dir: str | Path | None = None,
     fuse: int = 1,
-) -> dict[str, Any]:
+) -> StudyAudit:
     """Retrain the chosen maps at settings.factor x the proxy's steps (settings.seeds seeds each, the study's
     seed first), store every run, and return the audit report (`audit --json`). `fuse` K > 1: up to K runs of
     one model train at once, fused (how the audit runs, not what it is: its results are the same)."""
@@ -161,7 +192,7 @@ def _run_audit(
     reporter: RunReporter,
     checkpoint_dir: str | Path | None,
     fuse: int = 1,
-) -> dict[str, Any]:
+) -> StudyAudit:
     check_fuse(fuse)
     kind, k = check_settings(settings)
     spec = parse_storage(storage)
@@ -235,17 +266,9 @@ def _run_audit(
             f"no audited map of study {study_name!r} finished: every run diverged at "
             f"{factor}x (see the study's race runs: trials --json)"
         )
-    return {
-        "study": study_name,
-        "factor": settings.factor,
-        "steps": steps,
-        "proxy_steps": proxy_steps,
-        "maps_spec": settings.maps,
-        "seeds": settings.seeds,
-        "runs": len(jobs),
-        "trained_by_this_worker": trained_here,
-        **{k: v for k, v in report.to_dict().items() if k not in ("factor", "steps")},
-    }
+    return StudyAudit(
+        study_name, settings.factor, steps, proxy_steps, settings.maps, settings.seeds, len(jobs), trained_here, report
+    )
 
 
 def _n_done(done: set[RaceRunJob], jobs: list[tuple[RaceRunJob, TrialRecord]]) -> int:

@@ -132,6 +132,188 @@ def probe_schedule(
     )
 
 
+@dataclass(frozen=True)
+class FixedRace:
+    """The fixed race's shape: its contenders trained at every length and seed (fewer where it eliminates)."""
+
+    seeds: int
+    lengths: list[int]
+    contenders: int
+
+
+@dataclass(frozen=True)
+class AdaptiveRace:
+    """The adaptive race's shape: maps screened at seed 0, contenders tested on the first test seeds and, while
+    open, up to max_seeds, and the equal-compute reference."""
+
+    screen: int
+    contenders: int
+    first_test_seeds: int
+    max_seeds: int
+    equal_compute: str
+
+
+@dataclass(frozen=True)
+class RacePlan:
+    """What the race would train (race_plan), or has left to train (race_left: steps_trained and decided set):
+    its policy (off, fixed or adaptive) and shape, its length, its least and most runs and steps, and its compute
+    cap (None: none)."""
+
+    policy: str
+    target_steps: int
+    runs_min: int
+    runs_max: int
+    steps_min: int
+    steps_max: int
+    shape: FixedRace | AdaptiveRace | None = None  # None: the race is off
+    cap: int | None = None
+    steps_trained: int | None = None  # with decided: what the stored race has trained
+    decided: bool | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        report: dict[str, Any] = {"policy": self.policy, "target_steps": self.target_steps}
+        if self.shape is not None:
+            report |= dataclasses.asdict(self.shape)
+        report |= {
+            "runs_min": self.runs_min,
+            "runs_max": self.runs_max,
+            "steps_min": self.steps_min,
+            "steps_max": self.steps_max,
+        }
+        if self.shape is not None:
+            report["cap"] = self.cap
+        if self.steps_trained is not None:
+            report |= {"steps_trained": self.steps_trained, "decided": self.decided}
+        return report
+
+
+@dataclass(frozen=True)
+class PlanBudget:
+    text: str
+    ratio: float
+    max_layer_runs: int
+
+
+@dataclass(frozen=True)
+class PlanModel:
+    """The model's shape as the dry run lists it (its keys are the words the plan prints)."""
+
+    layers: int
+    d_model: int
+    heads: int
+    seq_len: int
+    pe: str
+    vocab_size: int
+
+
+@dataclass(frozen=True)
+class PlanData:
+    corpus: str
+    tokenizer: str
+    tokens_cached: bool | None  # None: a hub corpus, not cached here
+
+
+@dataclass(frozen=True)
+class PlanTrain:
+    steps: int
+    batch_size: int
+    lr: float
+    eval_steps: list[int]
+    device: str
+    dtype: str
+    compile: bool
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The time left (estimate): the two probes and their FLOPs ratios, the layout probed, and the seconds per
+    trial, for the references, for the race (least, most) and in all (least, most), with how they were found."""
+
+    probes: tuple[Probe, Probe]  # the baseline and the costliest map
+    probe_flops_ratios: tuple[float, float]
+    layout: str
+    trial_seconds: float
+    reference_seconds: float
+    race_seconds: tuple[float, float]
+    seconds: float
+    seconds_max: float
+    note: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "probe": [dataclasses.asdict(p) for p in self.probes],
+            "probe_flops_ratios": list(self.probe_flops_ratios),
+            "layout": self.layout,
+            "estimated_trial_seconds": self.trial_seconds,
+            "estimated_reference_seconds": self.reference_seconds,
+            "estimated_race_seconds": list(self.race_seconds),
+            "estimated_seconds": self.seconds,
+            "estimated_seconds_max": self.seconds_max,
+            "estimate_note": self.note,
+        }
+
+
+@dataclass(frozen=True)
+class DryRunReport:
+    """`run --dry-run`: the study and what is left of it (`left`: FINISHED in words once nothing is), its trials
+    and references, sampler, pruner, objective, budget, storage, space, model, data, training settings, knobs,
+    workers, race, and the time estimate where something is left and it was probed. to_json is its --json."""
+
+    study: str
+    resume: bool
+    finished: bool
+    left: str | None
+    n_trials: int
+    finished_trials: int
+    trials_to_train: int
+    references: list[str]
+    references_to_train: list[str]
+    sampler: str
+    pruner: str
+    pruning_rungs: list[int]
+    objective: str
+    budget: PlanBudget
+    storage: str
+    storage_exists: bool
+    space: str
+    model: PlanModel
+    data: PlanData
+    train: PlanTrain
+    knobs: list[str]
+    workers: int
+    race: RacePlan
+    estimate: Estimate | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        report: dict[str, Any] = {
+            "dry_run": True,
+            "study": self.study,
+            "resume": self.resume,
+            "finished": self.finished,
+            "left": self.left,
+            "n_trials": self.n_trials,
+            "finished_trials": self.finished_trials,
+            "trials_to_train": self.trials_to_train,
+            "references": list(self.references),
+            "references_to_train": list(self.references_to_train),
+            "sampler": self.sampler,
+            "pruner": self.pruner,
+            "pruning_rungs": list(self.pruning_rungs),
+            "objective": self.objective,
+            "budget": dataclasses.asdict(self.budget),
+            "storage": self.storage,
+            "storage_exists": self.storage_exists,
+            "space": self.space,
+            "model": dataclasses.asdict(self.model),
+            "data": dataclasses.asdict(self.data),
+            "train": dataclasses.asdict(self.train),
+            "knobs": list(self.knobs),
+            "workers": self.workers,
+            "race": self.race.to_dict(),
+        }
+        return report | (self.estimate.to_dict() if self.estimate is not None else {})
+
+
 def costliest_map(n_layers: int, max_reuse: int, max_layer_runs: int) -> list[int]:
     """The deepest map the budget pays for (every layer at max_reuse, repaired to the budget)."""
     return repair_to_budget([max_reuse] * n_layers, max_layer_runs)
@@ -139,7 +321,7 @@ def costliest_map(n_layers: int, max_reuse: int, max_layer_runs: int) -> list[in
 
 def dry_run_report(
     request: RunRequest, workers: int | None = None, probe: bool = True, fuse: int | str = 1
-) -> dict[str, Any]:
+) -> DryRunReport:
     """The `run --dry-run` report: what `request` would do, what is left of it where the study exists (nothing, in
     words, when it is finished), and how long that would take without pruning or a map trained twice, on the layout
     `fuse` and `workers` give (--fuse and --workers, as `run` chooses it). Bad input raises as `run` would; nothing
@@ -161,68 +343,68 @@ def dry_run_report(
     )  # the best recurrent map at a second seed, once known
     done_refs = [n for n in names if study is not None and f"{REFERENCE_PREFIX}{n}" in study.user_attrs]
     race = race_plan(plan, n_trials)
-    if study is not None and race["runs_max"]:
+    if study is not None and race.runs_max:
         race = race_left(race, spec, existing, study, plan, trials_to_train)
-    left = trials_to_train > 0 or len(done_refs) < len(names) or race["runs_max"] > 0
+    left = trials_to_train > 0 or len(done_refs) < len(names) or race.runs_max > 0
     max_runs = plan.budget.max_layer_runs(plan.model)
     n_layers = plan.model.n_layers
     costly = costliest_map(n_layers, space.search.max_reuse, max_runs)
     device = resolve_device(space.train.device)
     cache = cache_root() / f"tokens-{cache_key(space.data, space.data.max_train_tokens)}"
-    report: dict[str, Any] = {
-        "dry_run": True,
-        "study": plan.name,
-        "resume": study is not None,
-        "finished": not left,
-        "left": FINISHED if not left else None,
-        "n_trials": n_trials,
-        "finished_trials": finished,
-        "trials_to_train": trials_to_train,
-        "references": names,
-        "references_to_train": [n for n in names if n not in done_refs],
-        "sampler": sampler_settings(space.search.sampler, space.train.seed, space.search.max_reuse).name,
-        "pruner": space.search.pruner,
-        "pruning_rungs": list(pruner_settings(space).rungs) if space.search.pruner != "none" else [],
-        "objective": space.search.objective,
-        "budget": {"text": plan.budget.text, "ratio": plan.budget.ratio, "max_layer_runs": max_runs},
-        "storage": spec.masked,
-        "storage_exists": spec.exists(),
-        "space": space.source,
-        "model": {
-            "layers": n_layers,
-            "d_model": plan.model.d_model,
-            "heads": plan.model.n_heads,
-            "seq_len": plan.model.seq_len,
-            "pe": plan.model.pe,
-            "vocab_size": plan.model.vocab_size,
-        },
-        "data": {
-            "corpus": space.data.corpus,
-            "tokenizer": space.data.tokenizer,
-            "tokens_cached": (cache / "meta.json").exists() if not space.data.corpus.startswith("hf:") else None,
-        },
-        "train": {
-            "steps": space.train.steps,
-            "batch_size": space.train.batch_size,
-            "lr": space.train.lr,
-            "eval_steps": space.train.eval_steps,
-            "device": str(device),
-            "dtype": plan.dtype,
-            "compile": resolve_compile(space.train.compile, device),
-        },
-        "knobs": list(space.search.knobs),
-        "workers": workers or 1,
-        "race": race,
-    }
+    estimated = None
     if probe and left:
         layout = resolve_layout(plan, fuse, workers, n_trials).layout
-        report |= estimate(space, plan, costly, refs, trials_to_train, done_refs, layout, race)
-    return report
+        estimated = estimate(space, plan, costly, refs, trials_to_train, done_refs, layout, race)
+    return DryRunReport(
+        study=plan.name,
+        resume=study is not None,
+        finished=not left,
+        left=FINISHED if not left else None,
+        n_trials=n_trials,
+        finished_trials=finished,
+        trials_to_train=trials_to_train,
+        references=names,
+        references_to_train=[n for n in names if n not in done_refs],
+        sampler=sampler_settings(space.search.sampler, space.train.seed, space.search.max_reuse).name,
+        pruner=space.search.pruner,
+        pruning_rungs=list(pruner_settings(space).rungs) if space.search.pruner != "none" else [],
+        objective=space.search.objective,
+        budget=PlanBudget(plan.budget.text, plan.budget.ratio, max_runs),
+        storage=spec.masked,
+        storage_exists=spec.exists(),
+        space=space.source,
+        model=PlanModel(
+            n_layers,
+            plan.model.d_model,
+            plan.model.n_heads,
+            plan.model.seq_len,
+            plan.model.pe,
+            plan.model.vocab_size,
+        ),
+        data=PlanData(
+            space.data.corpus,
+            space.data.tokenizer,
+            (cache / "meta.json").exists() if not space.data.corpus.startswith("hf:") else None,
+        ),
+        train=PlanTrain(
+            space.train.steps,
+            space.train.batch_size,
+            space.train.lr,
+            space.train.eval_steps,
+            str(device),
+            plan.dtype,
+            resolve_compile(space.train.compile, device),
+        ),
+        knobs=list(space.search.knobs),
+        workers=workers or 1,
+        race=race,
+        estimate=estimated,
+    )
 
 
 def race_left(
-    race: dict[str, Any], spec: StorageSpec, storage: Any, study: Any, plan: StudyPlan, trials_to_train: int
-) -> dict[str, Any]:
+    race: RacePlan, spec: StorageSpec, storage: Any, study: Any, plan: StudyPlan, trials_to_train: int
+) -> RacePlan:
     """`race` (race_plan's) less what the study's race has stored: nothing once its trials are all done and the
     policy has decided (under this run's compute cap), else its runs and steps less those trained."""
     store = open_store(spec, plan.name, read_only=True, storage=storage)
@@ -234,28 +416,24 @@ def race_left(
     )
     trained = sum(r.steps for r in results if r.is_run)
     if trials_to_train == 0 and state.done:
-        return race | {
-            "runs_min": 0,
-            "runs_max": 0,
-            "steps_min": 0,
-            "steps_max": 0,
-            "steps_trained": trained,
-            "decided": True,
-        }
-    target = race["target_steps"]
-    steps_min = max(0, race["steps_min"] - trained)
-    steps_max = max(steps_min, race["steps_max"] - trained, sum(j.steps for j in state.next_jobs))
-    return race | {
-        "runs_min": math.ceil(steps_min / target),
-        "runs_max": math.ceil(steps_max / target),
-        "steps_min": steps_min,
-        "steps_max": steps_max,
-        "steps_trained": trained,
-        "decided": False,
-    }
+        return dataclasses.replace(
+            race, runs_min=0, runs_max=0, steps_min=0, steps_max=0, steps_trained=trained, decided=True
+        )
+    target = race.target_steps
+    steps_min = max(0, race.steps_min - trained)
+    steps_max = max(steps_min, race.steps_max - trained, sum(j.steps for j in state.next_jobs))
+    return dataclasses.replace(
+        race,
+        runs_min=math.ceil(steps_min / target),
+        runs_max=math.ceil(steps_max / target),
+        steps_min=steps_min,
+        steps_max=steps_max,
+        steps_trained=trained,
+        decided=False,
+    )
 
 
-def race_plan(plan: StudyPlan, n_trials: int) -> dict[str, Any]:
+def race_plan(plan: StudyPlan, n_trials: int) -> RacePlan:
     """What the race would train, in runs at the target length: at least (every run a decided race needs: the
     screen, the contenders' first test seeds, the equal-compute reference at those seeds) and at most (every
     contender to the pool's last seed), both within the compute cap; the fixed race trains its contenders at every
@@ -263,23 +441,21 @@ def race_plan(plan: StudyPlan, n_trials: int) -> dict[str, Any]:
     search, base = plan.space.search, plan.space.train.steps
     target = race_target_steps(search.target, base)
     if not races(base, target, search.race_seeds):
-        return {"policy": "off", "target_steps": target, "runs_min": 0, "runs_max": 0, "steps_min": 0, "steps_max": 0}
+        return RacePlan("off", target, 0, 0, 0, 0)
     if search.race_policy == "fixed":
         lengths = [base * 2**i for i in range(64) if base * 2**i < target] + [target]
         per_map = sum(lengths) * search.race_seeds - base
         most = search.race_contenders * per_map
-        return {
-            "policy": "fixed",
-            "target_steps": target,
-            "seeds": search.race_seeds,
-            "lengths": lengths,
-            "contenders": search.race_contenders,
-            "runs_min": 0,
-            "runs_max": search.race_contenders * (len(lengths) * search.race_seeds - 1),
-            "steps_min": 0,
-            "steps_max": most,
-            "cap": search.max_race_steps or None,
-        }
+        return RacePlan(
+            "fixed",
+            target,
+            runs_min=0,
+            runs_max=search.race_contenders * (len(lengths) * search.race_seeds - 1),
+            steps_min=0,
+            steps_max=most,
+            shape=FixedRace(search.race_seeds, lengths, search.race_contenders),
+            cap=search.max_race_steps or None,
+        )
     screened = min(search.race_screen, n_trials)
     contenders = min(search.race_contenders, screened)
     deep = 1 if search.equal_compute == "depth" else 0
@@ -289,20 +465,16 @@ def race_plan(plan: StudyPlan, n_trials: int) -> dict[str, Any]:
     steps_min, steps_max = first * target, most * target
     if cap is not None:
         steps_min, steps_max = min(steps_min, cap), min(steps_max, cap)
-    return {
-        "policy": "adaptive",
-        "target_steps": target,
-        "screen": screened,
-        "contenders": contenders,
-        "first_test_seeds": search.race_seeds - 1,
-        "max_seeds": search.max_seeds,
-        "equal_compute": search.equal_compute,
-        "runs_min": steps_min // target,
-        "runs_max": steps_max // target,
-        "steps_min": steps_min,
-        "steps_max": steps_max,
-        "cap": cap,
-    }
+    return RacePlan(
+        "adaptive",
+        target,
+        runs_min=steps_min // target,
+        runs_max=steps_max // target,
+        steps_min=steps_min,
+        steps_max=steps_max,
+        shape=AdaptiveRace(screened, contenders, search.race_seeds - 1, search.max_seeds, search.equal_compute),
+        cap=cap,
+    )
 
 
 def estimate(
@@ -313,8 +485,8 @@ def estimate(
     trials_to_train: int,
     done_refs: list[str],
     layout: Layout,
-    race: dict[str, Any],
-) -> dict[str, Any]:
+    race: RacePlan,
+) -> Estimate:
     """The time left, as one range: time per map as a line through the probed cheapest and costliest schedules
     (per layer run, each probed as the run trains it: `layout`'s fused group size and threads), applied to an
     average sampled map (half-way), each reference, each evaluation and each race run; the range is the race's
@@ -346,24 +518,27 @@ def estimate(
         and not any(r.name == "second_seed" for r in refs)
     ):
         ref_seconds += proxy_seconds(mid_runs)
-    run_seconds = proxy_seconds(mid_runs) * race["target_steps"] / space.train.steps if race["runs_max"] else 0.0
+    run_seconds = proxy_seconds(mid_runs) * race.target_steps / space.train.steps if race.runs_max else 0.0
     racers = max(groups, race_processes(space, groups))
-    race_min = race["steps_min"] / race["target_steps"] * run_seconds / racers if race["runs_max"] else 0.0
-    race_max = race["steps_max"] / race["target_steps"] * run_seconds / racers if race["runs_max"] else 0.0
+    race_min = race.steps_min / race.target_steps * run_seconds / racers if race.runs_max else 0.0
+    race_max = race.steps_max / race.target_steps * run_seconds / racers if race.runs_max else 0.0
     total = (trials_to_train * trial_seconds + ref_seconds) / (groups * layout.lanes)
-    return {
-        "probe": [dataclasses.asdict(baseline), dataclasses.asdict(costliest)],
-        "probe_flops_ratios": [flops_ratio(plan.model, reuse_map_schedule(p.reuse_map)) for p in (baseline, costliest)],
-        "layout": describe(Layout(groups, fuse, threads, layout.lanes)),
-        "estimated_trial_seconds": trial_seconds,
-        "estimated_reference_seconds": ref_seconds,
-        "estimated_race_seconds": [race_min, race_max],
-        "estimated_seconds": total + race_min,
-        "estimated_seconds_max": total + race_max,
-        "estimate_note": f"from the median of {PROBE_TIMED} timed steps after {PROBE_WARMUP} untimed ones, "
+    return Estimate(
+        (baseline, costliest),
+        (
+            flops_ratio(plan.model, reuse_map_schedule(baseline.reuse_map)),
+            flops_ratio(plan.model, reuse_map_schedule(costliest.reuse_map)),
+        ),
+        describe(Layout(groups, fuse, threads, layout.lanes)),
+        trial_seconds,
+        ref_seconds,
+        (race_min, race_max),
+        total + race_min,
+        total + race_max,
+        f"from the median of {PROBE_TIMED} timed steps after {PROBE_WARMUP} untimed ones, "
         "trained as the run trains them; no pruning and no repeated map assumed (both shorten "
         "a run); an average trial is taken half-way between the baseline and the costliest map; "
         "start-up, storage writes, tokenizing an uncached corpus, layer compilation and a "
         "changing machine load are not counted"
         + (f"; {groups} workers are assumed to share the device without slowing each other" if groups > 1 else ""),
-    }
+    )

@@ -110,13 +110,21 @@ def parse_map_choice(text: str, n_layers: int) -> MapChoice:
 
 
 @dataclass(frozen=True)
+class StoredBudget:
+    """A study's budget as it was given (`1.5x`) and its FLOPs ratio."""
+
+    text: str
+    ratio: float
+
+
+@dataclass(frozen=True)
 class StudySettingsView:
     """A stored study's configuration as the trainer takes it."""
 
     study: optuna.Study
     space: SpaceConfig  # model, data and train settings as stored (steps: the proxy's)
     init_depth: int  # the depth_init knob's depth (the deepest schedule the study's budget pays for)
-    budget: dict[str, Any]
+    budget: StoredBudget
     storage: str | None = None  # the storage URL the study was opened from (its race runs are read there)
 
     def model(self, knobs: dict[str, KnobValue]) -> ModelConfig:
@@ -134,7 +142,7 @@ def load_study_settings(study_name: str, storage: str | None) -> StudySettingsVi
         raise UserInputError(f"study {study_name!r} was not made by ilr-search; it has no stored settings")
     space = stored_space(study, config.space.train.steps)
     return StudySettingsView(
-        study, space, config.init_depth, {"text": config.budget_text, "ratio": config.budget_ratio}, storage
+        study, space, config.init_depth, StoredBudget(config.budget_text, config.budget_ratio), storage
     )
 
 
@@ -211,50 +219,100 @@ def default_map(view: StudySettingsView, trials: list[TrialRecord]) -> tuple[Map
     )
 
 
-def measured_results(view: StudySettingsView, storage: str | None, choice: MapChoice) -> dict[str, Any]:
+@dataclass(frozen=True)
+class TrialProxy:
+    """The trial that trained the map: its number, state, steps, perplexity, bits per byte and pruning step."""
+
+    trial: int
+    state: str
+    steps: int | None
+    val_ppl: float | None
+    val_bpb: float | None
+    pruned_at_step: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "trial"} | dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class ReferenceProxy:
+    """The block-recurrence reference run of the map (None throughout where the study has none)."""
+
+    steps: int | None
+    val_ppl: float | None
+    val_bpb: float | None
+    status: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "reference"} | dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class MeasuredRun:
+    """A finished race run (the race's or the audit's) of the map: its length factor, seed and result."""
+
+    factor: float
+    seed: int
+    steps: int
+    state: str
+    val_ppl: float | None
+    val_bpb: float | None
+
+
+@dataclass(frozen=True)
+class SecondSeedRun:
+    """The second-seed reference where it is the map."""
+
+    seed: int | None
+    steps: int
+    val_ppl: float | None
+    val_bpb: float | None
+
+
+@dataclass(frozen=True)
+class MeasuredResults:
+    """What the study measured for a map: its proxy result, finished race runs and second-seed reference. Its
+    `prediction` is None: ilr-search makes no extrapolation yet."""
+
+    proxy: TrialProxy | ReferenceProxy | None
+    race_runs: tuple[MeasuredRun, ...]
+    second_seed: SecondSeedRun | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "proxy": self.proxy.to_dict() if self.proxy is not None else None,
+            "race_runs": [dataclasses.asdict(r) for r in self.race_runs],
+            "second_seed": dataclasses.asdict(self.second_seed) if self.second_seed is not None else None,
+            "prediction": None,
+        }
+
+
+def measured_results(view: StudySettingsView, storage: str | None, choice: MapChoice) -> MeasuredResults:
     """What the study measured for the map: its proxy result, its finished race runs (the race's and the audit's
     longer or extra-seed runs), the second-seed reference where it is that map, and a prediction (none:
     ilr-search makes no extrapolation yet)."""
     study = view.study
     refs = references(study)
-    proxy: dict[str, Any] | None = None
+    proxy: TrialProxy | ReferenceProxy | None = None
     if choice.block:
         ref = refs.get(f"block{choice.block}")
-        proxy = {
-            "kind": "reference",
-            "steps": ref.steps if ref else None,
-            "val_ppl": ref.val_ppl if ref else None,
-            "val_bpb": ref.val_bpb if ref else None,
-            "status": ref.status if ref else None,
-        }
+        proxy = (
+            ReferenceProxy(ref.steps, ref.val_ppl, ref.val_bpb, ref.status)
+            if ref
+            else ReferenceProxy(None, None, None, None)
+        )
     else:
         t = trained_by_map(study.get_trials(deepcopy=False)).get(choice.key)
         if t is not None:
-            proxy = {
-                "kind": "trial",
-                "trial": t.number,
-                "state": t.state.name,
-                "steps": t.steps,
-                "val_ppl": t.val_ppl,
-                "val_bpb": t.val_bpb,
-                "pruned_at_step": t.pruned_at_step,
-            }
-    runs = []
+            proxy = TrialProxy(t.number, t.state.name, t.steps, t.val_ppl, t.val_bpb, t.pruned_at_step)
     store = open_store(
         parse_storage(storage, read_only=True), study.study_name, read_only=True, storage=study_storage(study)
     )
-    for row in store.race_runs():
-        if row.job.map_key == choice.key and row.state in ("complete", "failed"):
-            runs.append(
-                {
-                    "factor": float(row.job.factor),
-                    "seed": row.job.seed,
-                    "steps": row.steps,
-                    "state": row.state,
-                    "val_ppl": row.val_ppl,
-                    "val_bpb": row.val_bpb,
-                }
-            )
+    runs = tuple(
+        MeasuredRun(float(row.job.factor), row.job.seed, row.steps, row.state, row.val_ppl, row.val_bpb)
+        for row in store.race_runs()
+        if row.job.map_key == choice.key and row.state in ("complete", "failed")
+    )
     second = refs.get("second_seed")
     second_seed = None
     if (
@@ -263,13 +321,8 @@ def measured_results(view: StudySettingsView, storage: str | None, choice: MapCh
         and second.knobs == choice.knobs
         and not choice.block
     ):
-        second_seed = {
-            "seed": second.seed,
-            "steps": second.steps,
-            "val_ppl": second.val_ppl,
-            "val_bpb": second.val_bpb,
-        }
-    return {"proxy": proxy, "race_runs": runs, "second_seed": second_seed, "prediction": None}
+        second_seed = SecondSeedRun(second.seed, second.steps, second.val_ppl, second.val_bpb)
+    return MeasuredResults(proxy, runs, second_seed)
 
 
 def _plain(obj: Any) -> Any:
@@ -281,12 +334,69 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
+@dataclass(frozen=True)
+class Recipe:
+    """One trained map of a study with everything needed to train it elsewhere (`ilr-search recipe`): the map, its
+    FLOPs ratio and parameters, the study's budget, the model (the map's knobs on), data and training settings,
+    and what the study measured. to_json is the recipe as written (`recipe --json`, the TOML without its Nones)."""
+
+    study: str
+    choice: MapChoice
+    flops_ratio: float
+    params: int
+    budget: StoredBudget
+    model: ModelConfig
+    data: DataConfig
+    train: TrainConfig
+    measured: MeasuredResults
+
+    @property
+    def map(self) -> str:
+        return self.choice.key
+
+    def to_json(self) -> dict[str, Any]:
+        choice, train = self.choice, self.train
+        return {
+            "study": self.study,
+            "map": choice.key,
+            "reuse_map": choice.reuse_map,
+            "block": choice.block,
+            "schedule": choice.schedule,
+            "knobs": format_knobs(choice.knobs),
+            "flops_ratio": self.flops_ratio,
+            "params": self.params,
+            "budget": dataclasses.asdict(self.budget),
+            "architecture": ARCHITECTURE,
+            "model": _plain(dataclasses.asdict(self.model)),
+            "data": without_omitted_defaults("data", _plain(dataclasses.asdict(self.data))),
+            "train": {
+                "steps": train.steps,
+                "batch_size": train.batch_size,
+                "grad_accum": train.grad_accum,
+                "lr": train.lr,
+                "warmup_frac": train.warmup_frac,
+                "min_lr_frac": train.min_lr_frac,
+                "weight_decay": train.weight_decay,
+                "grad_clip": train.grad_clip,
+                "eval_fractions": list(train.eval_fractions),
+                "eval_windows": train.eval_windows,
+                "seed": train.seed,
+                "dtype": train.dtype,
+                "tokens_per_step": train.tokens(self.model.seq_len) // train.steps,
+                "optimizer": "AdamW(betas=(0.9, 0.95)); weight decay on matrices only",
+                "lr_schedule": train.lr_schedule_text(),
+            },
+            "measured": self.measured.to_dict(),
+            "train_command": f"ilr-search train --from-study {self.study} --map '{choice.key}' --steps N --save DIR",
+        }
+
+
 def study_recipe(
     study_name: str,
     storage: str | None = None,
     map_text: str | None = None,
     on_choice: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
+) -> Recipe:
     """`ilr-search recipe`: the model config, map, schedule, knobs, training and data settings, and measured
     perplexities of one trained map of a study (default: the map of lowest perplexity on its decided front)."""
     view = load_study_settings(study_name, storage)
@@ -294,40 +404,17 @@ def study_recipe(
     if on_choice is not None:
         on_choice(why)
     model = view.model(choice.knobs)
-    train = view.space.train
-    return {
-        "study": study_name,
-        "map": choice.key,
-        "reuse_map": choice.reuse_map,
-        "block": choice.block,
-        "schedule": choice.schedule,
-        "knobs": format_knobs(choice.knobs),
-        "flops_ratio": flops_ratio(model, choice.schedule),
-        "params": param_count(model),
-        "budget": view.budget,
-        "architecture": ARCHITECTURE,
-        "model": _plain(dataclasses.asdict(model)),
-        "data": without_omitted_defaults("data", _plain(dataclasses.asdict(view.space.data))),
-        "train": {
-            "steps": train.steps,
-            "batch_size": train.batch_size,
-            "grad_accum": train.grad_accum,
-            "lr": train.lr,
-            "warmup_frac": train.warmup_frac,
-            "min_lr_frac": train.min_lr_frac,
-            "weight_decay": train.weight_decay,
-            "grad_clip": train.grad_clip,
-            "eval_fractions": list(train.eval_fractions),
-            "eval_windows": train.eval_windows,
-            "seed": train.seed,
-            "dtype": train.dtype,
-            "tokens_per_step": train.tokens(model.seq_len) // train.steps,
-            "optimizer": "AdamW(betas=(0.9, 0.95)); weight decay on matrices only",
-            "lr_schedule": train.lr_schedule_text(),
-        },
-        "measured": measured_results(view, storage, choice),
-        "train_command": f"ilr-search train --from-study {study_name} --map '{choice.key}' --steps N --save DIR",
-    }
+    return Recipe(
+        study_name,
+        choice,
+        flops_ratio(model, choice.schedule),
+        param_count(model),
+        view.budget,
+        model,
+        view.space.data,
+        view.space.train,
+        measured_results(view, storage, choice),
+    )
 
 
 def without_none(obj: Any) -> Any:
@@ -340,6 +427,7 @@ def without_none(obj: Any) -> Any:
 
 
 def recipe_text(recipe: dict[str, Any], suffix: str) -> str:
+    """A recipe's JSON form (Recipe.to_json) as a .json or a .toml file's text."""
     if suffix == ".json":
         return json.dumps(recipe, indent=2) + "\n"
     import tomli_w
@@ -348,10 +436,10 @@ def recipe_text(recipe: dict[str, Any], suffix: str) -> str:
     return text if text.endswith("\n") else text + "\n"
 
 
-def write_recipe(recipe: dict[str, Any], out: Path) -> None:
+def write_recipe(recipe: Recipe, out: Path) -> None:
     from ilr_search.commands.report import _atomic_write
 
-    text = recipe_text(recipe, out.suffix.lower())
+    text = recipe_text(recipe.to_json(), out.suffix.lower())
     _atomic_write(out, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
@@ -424,7 +512,7 @@ def train_from_study(
     save: Path | None = None,
     on_choice: Callable[[str], None] | None = None,
     save_format: str = "native",
-) -> dict[str, Any]:
+) -> TrainReport:
     """`train --from-study`: train a map (default: the study's best front map) with the study's stored model,
     data and training settings, at `steps` steps (default: the proxy's), optionally saving the model
     (`save_format`: native, or hf, a standard transformers checkpoint; standard_checkpoint.py)."""
@@ -455,12 +543,8 @@ def train_from_study(
     data = load_space_tokens(space)
     check_vocab(model_cfg, data.vocab_size)
     result = train_and_save(model_cfg, choice, data, space, on_step, save, {"study": study_name}, save_format)
-    return train_result_dict(model_cfg, choice.reuse_map, result, choice.block) | {
-        "knobs": format_knobs(choice.knobs),
-        "study": study_name,
-        "map": choice.key,
-        "saved": str(save) if save is not None else None,
-    }
+    report = train_report_of(model_cfg, choice.reuse_map, result, choice.block, choice.knobs, save)
+    return dataclasses.replace(report, study=study_name, map=choice.key)
 
 
 def check_save(model_cfg: ModelConfig, schedule: Sequence[int], save: Path, save_format: str) -> None:
@@ -527,29 +611,65 @@ def train_and_save(
     return result
 
 
-def train_result_dict(
-    cfg: ModelConfig, counts: Sequence[int], result: TrainResult, block: int | None = None
-) -> dict[str, Any]:
-    report = {
-        "reuse_map": list(counts),
-        "params": result.params,
-        "flops_ratio": flops_ratio(cfg, result.schedule),
-        "steps": result.steps,
-        "tokens": result.tokens,
-        "val_loss": finite_or_none(result.val_loss),
-        "val_ppl": finite_or_none(result.val_ppl),
-        "val_bpb": finite_or_none(result.val_bpb),
-        "train_seconds": result.train_seconds,
-        "tokens_per_second": result.tokens_per_second,
-        "status": result.status,
-        "curve": result.curve_dicts(),
-        "schedule": result.schedule,
-        "reason": result.reason,
-        "data_seconds": result.data_seconds,
-        "eval_seconds": result.eval_seconds,
-        "device": result.device,
-        "dtype": result.dtype,
-    }
-    if block is not None:
-        report["block"] = block
-    return report
+@dataclass(frozen=True)
+class TrainReport:
+    """One trained map (`ilr-search train`, `train --from-study`): its reuse map, FLOPs ratio and training result,
+    the block recurrence K where it is one, its knob settings, the study and map key it was trained from (with
+    --from-study) and the folder it was saved to. to_json is the command's --json."""
+
+    reuse_map: tuple[int, ...]
+    flops_ratio: float
+    result: TrainResult
+    block: int | None
+    knobs: str
+    saved: str | None
+    study: str | None = None  # with `map`: `train --from-study`
+    map: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        result = self.result
+        report: dict[str, Any] = {
+            "reuse_map": list(self.reuse_map),
+            "params": result.params,
+            "flops_ratio": self.flops_ratio,
+            "steps": result.steps,
+            "tokens": result.tokens,
+            "val_loss": finite_or_none(result.val_loss),
+            "val_ppl": finite_or_none(result.val_ppl),
+            "val_bpb": finite_or_none(result.val_bpb),
+            "train_seconds": result.train_seconds,
+            "tokens_per_second": result.tokens_per_second,
+            "status": result.status,
+            "curve": result.curve_dicts(),
+            "schedule": result.schedule,
+            "reason": result.reason,
+            "data_seconds": result.data_seconds,
+            "eval_seconds": result.eval_seconds,
+            "device": result.device,
+            "dtype": result.dtype,
+        }
+        if self.block is not None:
+            report["block"] = self.block
+        report["knobs"] = self.knobs
+        if self.study is not None:
+            report |= {"study": self.study, "map": self.map}
+        return report | {"saved": self.saved}
+
+
+def train_report_of(
+    cfg: ModelConfig,
+    counts: Sequence[int],
+    result: TrainResult,
+    block: int | None,
+    knobs: dict[str, KnobValue],
+    saved: Path | None,
+) -> TrainReport:
+    """The report of a trained map: `counts` its reuse map, `knobs` its settings, `saved` the folder written."""
+    return TrainReport(
+        tuple(counts),
+        flops_ratio(cfg, result.schedule),
+        result,
+        block,
+        format_knobs(knobs),
+        str(saved) if saved is not None else None,
+    )

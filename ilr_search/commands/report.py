@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, cast
 import optuna
 
 from ilr_search.analysis.fidelity import mark_ties, noise_band
-from ilr_search.analysis.plots import pareto_figure, plot_ppl, write_figure_html
+from ilr_search.analysis.plots import PlottedTrial, pareto_figure, write_figure_html
 from ilr_search.analysis.results import (
     CurveRow,
     Curves,
@@ -29,7 +29,6 @@ from ilr_search.analysis.results import (
     race_run_rows,
     reference_rows,
     study_front,
-    trial_row,
 )
 from ilr_search.analysis.trials import TrialRecord, trained_results, trial_records
 from ilr_search.errors import UserInputError
@@ -111,15 +110,8 @@ def layer_view(trials: list[TrialRecord], front: Sequence[FrontRow]) -> LayerVie
     return LayerView(tuple(front), importance)
 
 
-def _trial_rows(study: optuna.Study, curves: Curves) -> list[dict[str, Any]]:
-    rows = []
-    for t in trial_records(study.get_trials(deepcopy=False)):
-        row = trial_row(t)
-        curve = curve_of(t, curves)
-        row["plot_ppl"] = plot_ppl(row, curve)
-        row["curve"] = sorted(curve.items()) if not t.is_reuse else []  # a reuse draws no second line
-        rows.append(row)
-    return rows
+def _plotted_trials(study: optuna.Study, curves: Curves) -> list[PlottedTrial]:
+    return [PlottedTrial.of(t, curve_of(t, curves)) for t in trial_records(study.get_trials(deepcopy=False))]
 
 
 def pareto_report(
@@ -171,7 +163,7 @@ def _pareto(
     )
 
     def figure() -> go.Figure:
-        rows = _trial_rows(study, curves_by_trial(store.curve_points()))
+        rows = _plotted_trials(study, curves_by_trial(store.curve_points()))
         return pareto_figure(study_name, rows, front, noise, layers, report.fidelity, report.race, report.answer)
 
     return report, figure

@@ -6,9 +6,9 @@ through it.
 With `lanes` L > 1 the groups train in L Python threads of one process at once (each at the process's torch
 threads: one, on a CPU), a group split in halves where there are fewer groups than lanes. torch's intra-op threads
 wait on each other at every operation, which costs little on a quiet machine and a great deal beside other programs;
-lanes share no operation (benchmarks/lanes.py measures both). A job's numbers depend only on the jobs it trains with, never on the
-lanes' timing: the evaluation callbacks (which may read each other's points, as pruning does) run one at a time,
-each at step s once the jobs of the groups before its own have passed step s or ended (`EvalOrder`).
+lanes share no operation (benchmarks/lanes.py measures both). A job's numbers depend only on the jobs it trains
+with, never on the lanes' timing: the evaluation callbacks (which may read each other's points, as pruning does) run
+one at a time, each at step s once the jobs of the groups before its own have passed step s or ended (`EvalOrder`).
 """
 
 from __future__ import annotations

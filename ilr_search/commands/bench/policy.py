@@ -144,7 +144,7 @@ def replay_single_seed(table: TruthTable, order_seed: int, pruner: str) -> Polic
     random.Random(order_seed).shuffle(seeds)
     bench = table.bench_table(base, seeds[0])
     result = replay_pruning(bench, default_pruner_settings(pruner), order_seed)
-    pruned = {p["reuse_map"] for p in result.pruned}
+    pruned = {p.reuse_map for p in result.pruned}
     complete = [r for r in bench.rows if r.map_key not in pruned]
     band_ppls = [math.exp(v) for s in seeds for v in [table.losses.get((table.baseline, base, s))] if v is not None]
     spread = max(band_ppls) - min(band_ppls) if len(band_ppls) >= 2 else 0.0
@@ -194,6 +194,43 @@ def table_decided_better(table: TruthTable, target: int, confidence: float) -> l
     return [k for k, t, p in zip(keys, tests, adjusted, strict=True) if t.n >= 2 and p < decision_level(confidence)]
 
 
+@dataclass(frozen=True)
+class PolicyReplays:
+    """`ilr-search bench replay --policy`: a policy replayed over a truth table in `orders` orders, beside what
+    the whole table shows (the maps whose seed mean beats the baseline's at the target, and those its own test
+    decides better), with the goals' figures over the replays: compute, claims and false claims, regret in seed
+    sd, coverage of the front's intervals; and every replay. to_json is its --json."""
+
+    table: str
+    policy: str
+    orders: int
+    base_steps: int
+    target_steps: int
+    table_seeds: list[int]
+    maps: int
+    baseline: str
+    confidence: float
+    seed_sd_at_target: float
+    table_better_than_baseline: list[str]
+    table_decided_better: list[str]
+    decided_claimed_share: float | None  # None: the table decides no map better
+    exhaustive_steps: int
+    mean_compute_steps: float
+    maps_claimed: int
+    false_claims: int
+    false_claim_share: float
+    mean_regret_sd: float | None
+    max_regret_sd: float | None
+    regret_within_1sd_share: float | None
+    intervals: int
+    interval_coverage: float | None
+    replays: tuple[PolicyReplay, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        report = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "replays"}
+        return report | {"replays": [dataclasses.asdict(r) for r in self.replays]}
+
+
 def replay_policy(
     path: str | Path,
     policy: str,
@@ -204,7 +241,7 @@ def replay_policy(
     max_contenders: int | None = None,
     table: TruthTable | None = None,
     **race_changes: Any,
-) -> dict[str, Any]:
+) -> PolicyReplays:
     """`ilr-search bench replay --policy`: a policy replayed over a truth table in `orders` orders, with the
     goals' figures: false confirmations (share of claimed maps that do not beat the baseline in the table's
     seed mean at the target), regret of the reported best in seed sd, and the coverage of the front's intervals."""
@@ -248,31 +285,31 @@ def replay_policy(
     regrets = [r.regret_sd for r in runs if r.regret_sd is not None]
     intervals = sum(r.intervals for r in runs)
 
-    return {
-        "table": str(path),
-        "policy": policy,
-        "orders": orders,
-        "base_steps": table.lengths[0],
-        "target_steps": target,
-        "table_seeds": list(table.seeds_at(target)),
-        "maps": len(table.flops),
-        "baseline": table.baseline,
-        "confidence": confidence,
-        "seed_sd_at_target": table.seed_sd(target),
-        "table_better_than_baseline": truly_better,
-        "table_decided_better": decided,
-        "decided_claimed_share": (
+    return PolicyReplays(
+        table=str(path),
+        policy=policy,
+        orders=orders,
+        base_steps=table.lengths[0],
+        target_steps=target,
+        table_seeds=list(table.seeds_at(target)),
+        maps=len(table.flops),
+        baseline=table.baseline,
+        confidence=confidence,
+        seed_sd_at_target=table.seed_sd(target),
+        table_better_than_baseline=truly_better,
+        table_decided_better=decided,
+        decided_claimed_share=(
             sum(len(set(r.claimed) & set(decided)) for r in runs) / (len(decided) * orders) if decided else None
         ),
-        "exhaustive_steps": sum(steps for (_, steps, _) in table.losses),
-        "mean_compute_steps": statistics.fmean(r.compute_steps for r in runs),
-        "maps_claimed": claimed,
-        "false_claims": false,
-        "false_claim_share": false / claimed if claimed else 0.0,
-        "mean_regret_sd": statistics.fmean(regrets) if regrets else None,
-        "max_regret_sd": max(regrets) if regrets else None,
-        "regret_within_1sd_share": sum(r <= 1 for r in regrets) / len(regrets) if regrets else None,
-        "intervals": intervals,
-        "interval_coverage": sum(r.intervals_held for r in runs) / intervals if intervals else None,
-        "replays": [dataclasses.asdict(r) for r in runs],
-    }
+        exhaustive_steps=sum(steps for (_, steps, _) in table.losses),
+        mean_compute_steps=statistics.fmean(r.compute_steps for r in runs),
+        maps_claimed=claimed,
+        false_claims=false,
+        false_claim_share=false / claimed if claimed else 0.0,
+        mean_regret_sd=statistics.fmean(regrets) if regrets else None,
+        max_regret_sd=max(regrets) if regrets else None,
+        regret_within_1sd_share=sum(r <= 1 for r in regrets) / len(regrets) if regrets else None,
+        intervals=intervals,
+        interval_coverage=sum(r.intervals_held for r in runs) / intervals if intervals else None,
+        replays=tuple(runs),
+    )

@@ -50,6 +50,66 @@ class PowerRow:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
+@dataclass(frozen=True)
+class PowerSetting:
+    """A race setting the power is measured for, and the seeds a fixed race takes (None: the race's own)."""
+
+    race: RaceSettings
+    seeds: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        race = self.race
+        return {
+            "policy": race.policy,
+            "seeds": self.seeds,
+            "max_contenders": race.race_contenders,
+            "min_seeds": race.race_seeds,
+            "screen": race.race_screen,
+            "max_steps": race.max_steps,
+            "futility": race.futility,
+            "test": race.test,
+            "confidence": race.confidence,
+        }
+
+
+@dataclass(frozen=True)
+class PowerReport:
+    """`ilr-search bench power`: the truth table (its maps, baseline, lengths, seeds at the target and their
+    pooled sd), the maps planted, the orders, what the gap is to, the race settings by name, the policies a
+    replay takes, and one row per setting and gap. to_json is `bench power --json`."""
+
+    table: str
+    maps: int
+    planted_maps: list[str]
+    baseline: str
+    base_steps: int
+    target_steps: int
+    table_seeds: list[int]
+    seed_sd_at_target: float
+    orders: int
+    against: str
+    settings: dict[str, PowerSetting]
+    policies: list[str]
+    rows: tuple[PowerRow, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "table": self.table,
+            "maps": self.maps,
+            "planted_maps": list(self.planted_maps),
+            "baseline": self.baseline,
+            "base_steps": self.base_steps,
+            "target_steps": self.target_steps,
+            "table_seeds": list(self.table_seeds),
+            "seed_sd_at_target": self.seed_sd_at_target,
+            "orders": self.orders,
+            "against": self.against,
+            "settings": {name: setting.to_dict() for name, setting in self.settings.items()},
+            "policies": list(self.policies),
+            "rows": [r.to_dict() for r in self.rows],
+        }
+
+
 def _truly_better(table: TruthTable) -> set[str]:
     target = table.lengths[-1]
     base = table.seed_mean(table.baseline, target)
@@ -135,7 +195,7 @@ def power_report(
     n_seeds: dict[str, int | None] | None = None,
     table: TruthTable | None = None,
     against: str = "baseline",
-) -> dict[str, Any]:
+) -> PowerReport:
     """`ilr-search bench power`: power, false claims, the A/A rate and compute per gap for each race setting (by
     name; default: the adaptive race of a default study and the fixed 3-seed race), constant gaps `deltas` and
     crossing gaps `crossing`, in seed sd, planted against the baseline or the table's best map (`against`)."""
@@ -162,34 +222,21 @@ def power_report(
             rows.append(power_row(table, name, race, d, False, chosen, orders, n_seeds.get(name), against))
         for d in crossing:
             rows.append(power_row(table, name, race, d, True, chosen, orders, n_seeds.get(name), against))
-    return {
-        "table": str(path),
-        "maps": len(table.flops),
-        "planted_maps": chosen,
-        "baseline": table.baseline,
-        "base_steps": table.lengths[0],
-        "target_steps": target,
-        "table_seeds": list(table.seeds_at(target)),
-        "seed_sd_at_target": table.seed_sd(target),
-        "orders": orders,
-        "against": against,
-        "settings": {
-            name: {
-                "policy": race.policy,
-                "seeds": n_seeds.get(name),
-                "max_contenders": race.race_contenders,
-                "min_seeds": race.race_seeds,
-                "screen": race.race_screen,
-                "max_steps": race.max_steps,
-                "futility": race.futility,
-                "test": race.test,
-                "confidence": race.confidence,
-            }
-            for name, race in settings.items()
-        },
-        "policies": sorted(REPLAY_RACES),
-        "rows": [r.to_dict() for r in rows],
-    }
+    return PowerReport(
+        str(path),
+        len(table.flops),
+        chosen,
+        table.baseline,
+        table.lengths[0],
+        target,
+        list(table.seeds_at(target)),
+        table.seed_sd(target),
+        orders,
+        against,
+        {name: PowerSetting(race, n_seeds.get(name)) for name, race in settings.items()},
+        sorted(REPLAY_RACES),
+        tuple(rows),
+    )
 
 
 def power_command(
@@ -201,7 +248,7 @@ def power_command(
     policy: str,
     fixed_seeds: int,
     against: str = "baseline",
-) -> dict[str, Any]:
+) -> PowerReport:
     """`ilr-search bench power`: the flags checked (one error each, before any replay), then power_report."""
     if policy not in (*REPLAY_RACES, "both"):
         raise UserInputError(f"unknown --policy {policy!r}; use race, race-fixed or both")

@@ -18,6 +18,15 @@ from ilr_search.space import load_space
 from ilr_search.storage import CurvePoint
 
 
+@dataclass(frozen=True)
+class PrunedMap:
+    """A map the rule pruned: its key, the step it was pruned at and its FLOPs ratio."""
+
+    reuse_map: str
+    step: int
+    flops_ratio: float
+
+
 @dataclass
 class PruningReplay:
     """A pruning rule replayed over a table's rows, in table order or shuffled."""
@@ -26,7 +35,7 @@ class PruningReplay:
     order_seed: int | None
     rungs: tuple[int, ...]
     n_rows: int
-    pruned: list[dict[str, Any]]  # {"reuse_map", "step", "flops_ratio"}
+    pruned: list[PrunedMap]
     steps_trained: int
     steps_saved: int
     front: list[str]  # the table's own final front
@@ -68,11 +77,11 @@ def replay_pruning(
         if step is None:
             trained += table.steps
         else:
-            pruned.append({"reuse_map": row.map_key, "step": step, "flops_ratio": row.flops_ratio})
+            pruned.append(PrunedMap(row.map_key, step, row.flops_ratio))
             trained += step
             saved += table.steps - step
     front = table.front_keys()
-    lost = [p["reuse_map"] for p in pruned if p["reuse_map"] in front]
+    lost = [p.reuse_map for p in pruned if p.reuse_map in front]
     return PruningReplay(settings.name, order_seed, settings.rungs, len(rows), pruned, trained, saved, front, lost)
 
 
@@ -91,7 +100,20 @@ def default_pruner_settings(pruner: str) -> PrunerSettings:
     )
 
 
-def replay_table(path: str | Path, pruner: str = "pareto", order_seed: int | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class TableReplay:
+    """`ilr-search bench replay`: a pruning rule replayed over the bench table at `table` (its proxies `steps`
+    long). to_json is its --json."""
+
+    table: str
+    steps: int
+    replay: PruningReplay
+
+    def to_json(self) -> dict[str, Any]:
+        return {"table": self.table, "steps": self.steps, **self.replay.to_dict()}
+
+
+def replay_table(path: str | Path, pruner: str = "pareto", order_seed: int | None = None) -> TableReplay:
     """`ilr-search bench replay`: one pruning rule (with the default space's settings) over a table's rows."""
     if pruner not in ("pareto", "pareto-eager", "none"):
         raise UserInputError(f"unknown --pruner {pruner!r} for a replay; use pareto, pareto-eager or none")
@@ -99,4 +121,4 @@ def replay_table(path: str | Path, pruner: str = "pareto", order_seed: int | Non
         raise UserInputError(f"bench table {str(path)!r} does not exist")
     table = Table.read(path)
     result = replay_pruning(table, default_pruner_settings(pruner), order_seed)
-    return {"table": str(path), "steps": table.steps, **result.to_dict()}
+    return TableReplay(str(path), table.steps, result)

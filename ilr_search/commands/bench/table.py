@@ -4,6 +4,7 @@ Pareto front (the way NAS-Bench-style tabular benchmarks work)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import random
@@ -32,6 +33,21 @@ def feasible_maps(n_layers: int, max_reuse: int, max_layer_runs: int) -> list[li
     return [list(m) for m in itertools.product(range(1, max_reuse + 1), repeat=n_layers) if sum(m) <= max_layer_runs]
 
 
+@dataclass(frozen=True)
+class BuiltTable:
+    """`ilr-search bench build`: the table written (where, its rows), the feasible maps of the space, the seconds
+    this run took and the study the table's maps were trained in. to_json is its --json."""
+
+    out: str
+    maps: int
+    feasible_maps: int
+    build_seconds_this_run: float
+    study: str
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
 def build_table(
     space_path: str | Path,
     out: str | Path,
@@ -42,7 +58,7 @@ def build_table(
     steps: int | None = None,
     sample: int | None = None,
     seed: int = 0,
-) -> dict[str, Any]:
+) -> BuiltTable:
     """Train every feasible map of the space (or a seeded sample of `sample` maps, the baseline always among
     them) as a brute-force study, so the build resumes, and write the table. Block recurrence K is added as
     a `blockK` row where the space's families include it and the budget allows it."""
@@ -137,15 +153,13 @@ def build_table(
         _atomic_write(path, lambda p: frame.to_parquet(p, index=False))
     else:
         _atomic_write(path, lambda p: frame.to_csv(p, index=False))
-    return {
-        "out": str(path),
-        "maps": len(frame),
-        "feasible_maps": len(
-            feasible_maps(plan.model.n_layers, space.search.max_reuse, plan.budget.max_layer_runs(plan.model))
-        ),
-        "build_seconds_this_run": seconds,
-        "study": name,
-    }
+    return BuiltTable(
+        str(path),
+        len(frame),
+        len(feasible_maps(plan.model.n_layers, space.search.max_reuse, plan.budget.max_layer_runs(plan.model))),
+        seconds,
+        name,
+    )
 
 
 @dataclass(frozen=True)
