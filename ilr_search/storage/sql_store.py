@@ -426,32 +426,12 @@ class SQLStore(Store):
             )
 
     @_retry_locked
-    def finish_race_run(
-        self,
-        job: RaceRunJob,
-        worker: str,
-        state: str,
-        val_loss: float | None,
-        val_ppl: float | None,
-        val_bpb: float | None,
-        curve: list[tuple[int, float]],
-        seconds: float,
-        reason: str,
-    ) -> bool:
+    def _finish_race_run(self, job: RaceRunJob, worker: str, result: dict[str, Any]) -> bool:
         with self.engine.begin() as conn:
             done = conn.execute(
                 self.runs.update()
                 .where(self._race_run_where(job), self.runs.c.worker == worker)
-                .values(
-                    state=state,
-                    heartbeat=time.time(),
-                    val_loss=val_loss,
-                    val_ppl=val_ppl,
-                    val_bpb=val_bpb,
-                    curve=json.dumps([list(p) for p in curve]),
-                    seconds=seconds,
-                    reason=reason,
-                )
+                .values(heartbeat=time.time(), **result)
             )
             return done.rowcount == 1
 
