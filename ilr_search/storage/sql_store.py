@@ -60,28 +60,24 @@ claims_table = sa.Table(
     sa.Column("trial_number", sa.Integer, nullable=False),
 )
 
-curves_table = sa.Table(
-    "ilr_curves",
-    metadata,
-    sa.Column("study", sa.String(512), primary_key=True),
-    sa.Column("trial_number", sa.Integer, primary_key=True),
-    sa.Column("step", sa.Integer, primary_key=True),
-    sa.Column("map_key", sa.String(256), nullable=False),
-    sa.Column("flops_ratio", sa.Float, nullable=False),
-    sa.Column("val_loss", sa.Float, nullable=False),
-    sa.Column("tokens", sa.BigInteger, nullable=False),
-)
 
-train_curves_table = sa.Table(
-    "ilr_train_curves",
-    metadata,
-    sa.Column("study", sa.String(512), primary_key=True),
-    sa.Column("trial_number", sa.Integer, primary_key=True),
-    sa.Column("step", sa.Integer, primary_key=True),
-    sa.Column("map_key", sa.String(256), nullable=False),
-    sa.Column("loss", sa.Float, nullable=False),
-    sa.Column("tokens", sa.BigInteger, nullable=False),
-)
+def _curve_table(name: str, *values: str) -> sa.Table:
+    """A curve of every trial: a row per (study, trial, step), with the trial's map, the float columns `values`
+    and the training tokens seen at the step."""
+    return sa.Table(
+        name,
+        metadata,
+        sa.Column("study", sa.String(512), primary_key=True),
+        sa.Column("trial_number", sa.Integer, primary_key=True),
+        sa.Column("step", sa.Integer, primary_key=True),
+        sa.Column("map_key", sa.String(256), nullable=False),
+        *(sa.Column(v, sa.Float, nullable=False) for v in values),
+        sa.Column("tokens", sa.BigInteger, nullable=False),
+    )
+
+
+curves_table = _curve_table("ilr_curves", "flops_ratio", "val_loss")
+train_curves_table = _curve_table("ilr_train_curves", "loss")
 
 pruning_table = sa.Table(
     "ilr_pruning",
