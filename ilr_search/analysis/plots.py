@@ -336,6 +336,8 @@ def _decided_panel(fig: go.Figure, race: RaceReport, legend: str) -> None:
     baseline = next((p for p in points if p.kind == "baseline"), None)
     if baseline is not None and x_range:
         low, high = baseline.interval or (baseline.val_ppl, baseline.val_ppl)
+        # the baseline's interval band and its mean line: in the baseline's legend group, with no entry or hover
+        band_and_line: dict[str, Any] = dict(hoverinfo="skip", showlegend=False, legend=legend, legendgroup="baseline")
         fig.add_trace(
             go.Scatter(
                 x=[x_range[0], x_range[1], x_range[1], x_range[0], x_range[0]],
@@ -344,10 +346,7 @@ def _decided_panel(fig: go.Figure, race: RaceReport, legend: str) -> None:
                 fill="toself",
                 fillcolor=BAND_COLOUR,
                 line=dict(width=0, color=BAND_COLOUR),
-                hoverinfo="skip",
-                showlegend=False,
-                legend=legend,
-                legendgroup="baseline",
+                **band_and_line,
             ),
             row=1,
             col=1,
@@ -357,11 +356,8 @@ def _decided_panel(fig: go.Figure, race: RaceReport, legend: str) -> None:
                 x=x_range,
                 y=[baseline.val_ppl] * 2,
                 mode="lines",
-                hoverinfo="skip",
-                showlegend=False,
                 line=dict(color=BASELINE_COLOUR, width=1.5, dash="dash"),
-                legend=legend,
-                legendgroup="baseline",
+                **band_and_line,
             ),
             row=1,
             col=1,

@@ -25,33 +25,21 @@ from ilr_search.analysis.race_core import (
     RaceJob,
     RaceSettings,
     RaceState,
-    Results,
-    base_results,
     benjamini_hochberg,
-    choose_contenders,
-    collect,
-    race_compute,
     race_lengths,
-    reported_best,
 )
 
+# What callers take from here: the policy's entry point and the types they pass it or read from it (the rest of
+# the machinery is in race_core.py, fixed_race.py and adaptive_race.py).
 __all__ = [
     "Evaluation",
     "FrontPoint",
     "RaceJob",
     "RaceSettings",
     "RaceState",
-    "Results",
-    "adaptive_race_state",
-    "base_results",
     "benjamini_hochberg",
-    "choose_contenders",
-    "collect",
-    "fixed_race_state",
-    "race_compute",
     "race_lengths",
     "race_state",
-    "reported_best",
 ]
 
 

@@ -258,6 +258,11 @@ KnobSettings = Annotated[
 ]
 
 
+def map_option(help: str) -> Any:
+    """The option --map (its parameter is map_: map is a builtin), with the command's own help."""
+    return typer.Option("--map", help=help)
+
+
 # ----------------------------------------------------------------------------------------------------
 
 
@@ -314,12 +319,9 @@ def train(
     ] = None,
     map_: Annotated[
         str | None,
-        typer.Option(
-            "--map",
-            help=(
-                "With --from-study: the map, as the study names it (2,1,1,1, 2,1,1,1|injection=add, block:1-2:2 or "
-                "block2). \\[default: the front's map of lowest perplexity]"
-            ),
+        map_option(
+            "With --from-study: the map, as the study names it (2,1,1,1, 2,1,1,1|injection=add, block:1-2:2 or "
+            "block2). \\[default: the front's map of lowest perplexity]"
         ),
     ] = None,
     save: Annotated[Path | None, typer.Option(help="Write the trained model to this folder, in --format.")] = None,
@@ -995,13 +997,10 @@ def export_model(
     ] = None,
     map_: Annotated[
         str | None,
-        typer.Option(
-            "--map",
-            help=(
-                "The map the checkpoint unrolls: 2,2,1,1, block:1-2:2 or block2 (no knobs); 1,1,1,1 writes each "
-                "distinct layer once. \\[default: the study's decided best map, as recipe chooses it; for --model the "
-                "map it was trained with]"
-            ),
+        map_option(
+            "The map the checkpoint unrolls: 2,2,1,1, block:1-2:2 or block2 (no knobs); 1,1,1,1 writes each "
+            "distinct layer once. \\[default: the study's decided best map, as recipe chooses it; for --model the "
+            "map it was trained with]"
         ),
     ] = None,
     family: Annotated[
@@ -1034,12 +1033,9 @@ def recipe(
     storage: Storage = None,
     map_: Annotated[
         str | None,
-        typer.Option(
-            "--map",
-            help=(
-                "A map the study trained (2,1,1,1, 2,1,1,1|injection=add, block:1-2:2 or block2). \\[default: the "
-                "front's map of lowest perplexity]"
-            ),
+        map_option(
+            "A map the study trained (2,1,1,1, 2,1,1,1|injection=add, block:1-2:2 or block2). \\[default: the "
+            "front's map of lowest perplexity]"
         ),
     ] = None,
     out: Annotated[

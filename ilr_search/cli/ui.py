@@ -18,21 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from ilr_search.commands.events import (
-    Event,
-    Message,
-    ReferenceFinished,
-    ReferenceStarted,
-    RunFinished,
-    RunReporter,
-    RunsStarted,
-    Step,
-    StudyStarted,
-    TrialFinished,
-    TrialStarted,
-    format_knobs,
-    format_reuse_map,
-)
+from ilr_search.commands import events
 
 if TYPE_CHECKING:
     from ilr_search.commands.api import FlopsReport
@@ -337,7 +323,7 @@ class EtaColumn(TimeRemainingColumn):
         return Text(f"{hours}:{minutes:02d}:{secs:02d}", style="progress.remaining")
 
 
-class ConsoleReporter(RunReporter):
+class ConsoleReporter(events.RunReporter):
     """A run's events on stderr (search/progress.py), for a run in this process or in worker processes alike: the
     study's row (its trials, then its reference runs, then its race, with an ETA from the times it measured), a
     training row a process (the run's own, or one per worker: what it trains, its steps and loss), and a line per
@@ -373,12 +359,12 @@ class ConsoleReporter(RunReporter):
         self.progress.__exit__(*exc)
 
     @functools.singledispatchmethod
-    def on(self, event: Event) -> None:
+    def on(self, event: events.Event) -> None:
         """Draw one event: each event type has its own method below, registered by its annotation (a test checks
         that every event of search/progress.py has one)."""
         raise TypeError(f"no renderer for {type(event).__name__}")
 
-    def print(self, event: Event, text: str) -> None:
+    def print(self, event: events.Event, text: str) -> None:
         release_notes()
         if self.enabled:
             self.progress.console.print(("" if event.worker is None else f"worker {event.worker}: ") + text)
@@ -394,7 +380,7 @@ class ConsoleReporter(RunReporter):
             self.progress.update(task, completed=0, total=steps, info=label)
 
     @on.register
-    def _study_started(self, event: StudyStarted) -> None:
+    def _study_started(self, event: events.StudyStarted) -> None:
         if self.study_task is not None:  # the workers' studies: the first one says it
             return
         self.print(
@@ -408,7 +394,7 @@ class ConsoleReporter(RunReporter):
         self.n_trials, self.finished_at_start, self.finished = event.n_trials, event.finished, event.finished
 
     @on.register
-    def _trial_started(self, event: TrialStarted) -> None:
+    def _trial_started(self, event: events.TrialStarted) -> None:
         label = f"trial {event.number} map {_fmt(event.reuse_map)}" + (f" with {event.knobs}" if event.knobs else "")
         if event.worker is None:
             self.print(
@@ -419,7 +405,7 @@ class ConsoleReporter(RunReporter):
         self._row(event.worker, label, event.steps)
 
     @on.register
-    def _reference_started(self, event: ReferenceStarted) -> None:
+    def _reference_started(self, event: events.ReferenceStarted) -> None:
         """The study row counts the reference runs after the trials (its timer runs on)."""
         if self.study_task is not None and event.worker is None:
             self.progress.update(
@@ -432,7 +418,7 @@ class ConsoleReporter(RunReporter):
         self._row(event.worker, f"reference {event.name}", event.steps)
 
     @on.register
-    def _reference_finished(self, event: ReferenceFinished) -> None:
+    def _reference_finished(self, event: events.ReferenceFinished) -> None:
         if self.study_task is not None and self.references is not None and event.worker is None:
             last = self.references[0] + 1 == self.references[1]
             self.progress.update(
@@ -440,7 +426,7 @@ class ConsoleReporter(RunReporter):
             )
 
     @on.register
-    def _runs_started(self, event: RunsStarted) -> None:
+    def _runs_started(self, event: events.RunsStarted) -> None:
         """Race (or audit) runs: the study row becomes the race's (runs stored so far; how many it will take is the
         race's to decide), and the training row the runs'."""
         if self.runs_done is None:
@@ -462,7 +448,7 @@ class ConsoleReporter(RunReporter):
         )
 
     @on.register
-    def _run_finished(self, event: RunFinished) -> None:
+    def _run_finished(self, event: events.RunFinished) -> None:
         self.runs_done = (self.runs_done or 0) + 1
         if self.study_task is not None and event.kind == "race":
             self.progress.update(self.study_task, info=f"race runs stored: {self.runs_done}")
@@ -475,7 +461,7 @@ class ConsoleReporter(RunReporter):
         )
 
     @on.register
-    def _step(self, event: Step) -> None:
+    def _step(self, event: events.Step) -> None:
         task = self.rows.get(event.worker)
         if task is not None:
             info = self.progress.tasks[task].fields["info"].split(" loss ")[0]
@@ -490,12 +476,12 @@ class ConsoleReporter(RunReporter):
             self.progress.update(self.study_task, eta=self.eta.seconds_left(time.monotonic(), done, fraction, left))
 
     @on.register
-    def _trial_finished(self, event: TrialFinished) -> None:
+    def _trial_finished(self, event: events.TrialFinished) -> None:
         t, front = event.trial, event.front
         self.finished = event.finished
         if self.study_task is not None and self.runs_done is None:
             self.progress.update(self.study_task, completed=event.finished)
-        knobs = format_knobs(t.knobs) if t.knobs else ""
+        knobs = events.format_knobs(t.knobs) if t.knobs else ""
         reuse_map = list(t.reuse_map) if t.reuse_map is not None else None
         self.print(
             event,
@@ -520,7 +506,7 @@ class ConsoleReporter(RunReporter):
         self.progress.console.print(table)
 
     @on.register
-    def _message(self, event: Message) -> None:
+    def _message(self, event: events.Message) -> None:
         self.print(event, event.text)
 
 
@@ -1008,7 +994,7 @@ def print_plan(report: DryRunReport) -> None:
         rows["layout"] = estimate.layout
         for p in estimate.probes:
             rows[f"probe {p.label}"] = (
-                f"map {format_reuse_map(p.reuse_map)}: {_milliseconds(p.seconds_per_step)}/step, "
+                f"map {events.format_reuse_map(p.reuse_map)}: {_milliseconds(p.seconds_per_step)}/step, "
                 f"{_milliseconds(p.seconds_per_eval)}/evaluation"
             )
         rows["per trial"] = _duration(estimate.trial_seconds)

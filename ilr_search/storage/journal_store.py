@@ -199,30 +199,8 @@ class JournalStore(Store):
     def beat_race_run(self, job: RaceRunJob, worker: str) -> None:
         self._race_run_update(job, worker, heartbeat=time.time())
 
-    def finish_race_run(
-        self,
-        job: RaceRunJob,
-        worker: str,
-        state: str,
-        val_loss: float | None,
-        val_ppl: float | None,
-        val_bpb: float | None,
-        curve: list[tuple[int, float]],
-        seconds: float,
-        reason: str,
-    ) -> bool:
-        return self._race_run_update(
-            job,
-            worker,
-            state=state,
-            heartbeat=time.time(),
-            val_loss=val_loss,
-            val_ppl=val_ppl,
-            val_bpb=val_bpb,
-            curve=json.dumps([list(p) for p in curve]),
-            seconds=seconds,
-            reason=reason,
-        )
+    def _finish_race_run(self, job: RaceRunJob, worker: str, result: dict[str, Any]) -> bool:
+        return self._race_run_update(job, worker, heartbeat=time.time(), **result)
 
     def race_runs(self) -> list[RaceRun]:
         with self._locked() as records:

@@ -60,28 +60,24 @@ claims_table = sa.Table(
     sa.Column("trial_number", sa.Integer, nullable=False),
 )
 
-curves_table = sa.Table(
-    "ilr_curves",
-    metadata,
-    sa.Column("study", sa.String(512), primary_key=True),
-    sa.Column("trial_number", sa.Integer, primary_key=True),
-    sa.Column("step", sa.Integer, primary_key=True),
-    sa.Column("map_key", sa.String(256), nullable=False),
-    sa.Column("flops_ratio", sa.Float, nullable=False),
-    sa.Column("val_loss", sa.Float, nullable=False),
-    sa.Column("tokens", sa.BigInteger, nullable=False),
-)
 
-train_curves_table = sa.Table(
-    "ilr_train_curves",
-    metadata,
-    sa.Column("study", sa.String(512), primary_key=True),
-    sa.Column("trial_number", sa.Integer, primary_key=True),
-    sa.Column("step", sa.Integer, primary_key=True),
-    sa.Column("map_key", sa.String(256), nullable=False),
-    sa.Column("loss", sa.Float, nullable=False),
-    sa.Column("tokens", sa.BigInteger, nullable=False),
-)
+def _curve_table(name: str, *values: str) -> sa.Table:
+    """A curve of every trial: a row per (study, trial, step), with the trial's map, the float columns `values`
+    and the training tokens seen at the step."""
+    return sa.Table(
+        name,
+        metadata,
+        sa.Column("study", sa.String(512), primary_key=True),
+        sa.Column("trial_number", sa.Integer, primary_key=True),
+        sa.Column("step", sa.Integer, primary_key=True),
+        sa.Column("map_key", sa.String(256), nullable=False),
+        *(sa.Column(v, sa.Float, nullable=False) for v in values),
+        sa.Column("tokens", sa.BigInteger, nullable=False),
+    )
+
+
+curves_table = _curve_table("ilr_curves", "flops_ratio", "val_loss")
+train_curves_table = _curve_table("ilr_train_curves", "loss")
 
 pruning_table = sa.Table(
     "ilr_pruning",
@@ -426,32 +422,12 @@ class SQLStore(Store):
             )
 
     @_retry_locked
-    def finish_race_run(
-        self,
-        job: RaceRunJob,
-        worker: str,
-        state: str,
-        val_loss: float | None,
-        val_ppl: float | None,
-        val_bpb: float | None,
-        curve: list[tuple[int, float]],
-        seconds: float,
-        reason: str,
-    ) -> bool:
+    def _finish_race_run(self, job: RaceRunJob, worker: str, result: dict[str, Any]) -> bool:
         with self.engine.begin() as conn:
             done = conn.execute(
                 self.runs.update()
                 .where(self._race_run_where(job), self.runs.c.worker == worker)
-                .values(
-                    state=state,
-                    heartbeat=time.time(),
-                    val_loss=val_loss,
-                    val_ppl=val_ppl,
-                    val_bpb=val_bpb,
-                    curve=json.dumps([list(p) for p in curve]),
-                    seconds=seconds,
-                    reason=reason,
-                )
+                .values(heartbeat=time.time(), **result)
             )
             return done.rowcount == 1
 

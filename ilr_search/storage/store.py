@@ -187,7 +187,6 @@ class Store(ABC):
     def beat_race_run(self, job: RaceRunJob, worker: str) -> None:
         """Renew the heartbeat of `job` if `worker` holds it."""
 
-    @abstractmethod
     def finish_race_run(
         self,
         job: RaceRunJob,
@@ -201,6 +200,21 @@ class Store(ABC):
         reason: str,
     ) -> bool:
         """Store the result if `worker` still holds the job; False if another worker took it over."""
+        result = {
+            "state": state,
+            "val_loss": val_loss,
+            "val_ppl": val_ppl,
+            "val_bpb": val_bpb,
+            "curve": json.dumps([list(p) for p in curve]),
+            "seconds": seconds,
+            "reason": reason,
+        }
+        return self._finish_race_run(job, worker, result)
+
+    @abstractmethod
+    def _finish_race_run(self, job: RaceRunJob, worker: str, result: dict[str, Any]) -> bool:
+        """Write `result` (stored field -> value, the curve as JSON text) and a fresh heartbeat on `job`'s row if
+        `worker` holds it; False if another worker took it over."""
 
     @abstractmethod
     def race_runs(self) -> list[RaceRun]:
