@@ -209,15 +209,21 @@ def _race_worker_main(
 def race_in_workers(request: RunRequest, workers: int, threads: int = 1) -> RaceRunner:
     """A race runner that trains the race in `workers` processes of `threads` torch threads each (on a CPU, one
     process a core trains faster than one process on every core), sharing each wave through the race's claims;
-    whatever they leave (a killed worker's run) is trained by the calling process afterwards."""
+    whatever they leave (a killed worker's run) is trained by the calling process afterwards. A race with nothing
+    to train (off, done, or only runs that exist) starts no process."""
 
     def runner(
         plan: Any, study: Any, store: Any, data: Any, reporter: RunReporter, folder: Path, fuse: int, max_steps: int
     ) -> None:
-        asked = dataclasses.replace(request, study_name=plan.name, enqueue_maps=())
-        codes, interrupted = run_processes(_race_worker_main, asked, workers, threads, reporter, "race worker", "run")
-        if interrupted:
-            raise KeyboardInterrupt
+        from ilr_search.search.race import open_race_jobs
+
+        if open_race_jobs(study, store, max_steps)[0]:
+            asked = dataclasses.replace(request, study_name=plan.name, enqueue_maps=())
+            codes, interrupted = run_processes(
+                _race_worker_main, asked, workers, threads, reporter, "race worker", "run"
+            )
+            if interrupted:
+                raise KeyboardInterrupt
         run_race(plan, study, store, data, reporter, folder, fuse, max_steps)  # what a dead worker left
 
     return runner

@@ -553,6 +553,20 @@ RaceRunner = Callable[[StudyPlan, optuna.Study, Store, TokenData, RunReporter, P
 folder, fuse, max_steps)."""
 
 
+def open_race_jobs(
+    study: optuna.Study, store: Store, max_steps: int | None
+) -> tuple[list[RaceJob], RaceSettings, RaceState]:
+    """The runs the racing policy asks for now that the storage does not hold yet (none where the race is done or
+    off), with the race's settings and state, read from the study as it stands."""
+    trials = trial_records(study.get_trials(deepcopy=False))
+    settings, results, state = study_race(trials, study.user_attrs, store.race_runs(), max_steps)
+    have = {(r.map_key, r.steps, r.seed) for r in results}
+    open_jobs = [j for j in state.next_jobs if (j.map_key, j.steps, j.seed) not in have]
+    if state.done or not settings.races:  # (a race that is off trains nothing, not even an untrained baseline)
+        open_jobs = []
+    return open_jobs, settings, state
+
+
 def run_race(
     plan: StudyPlan,
     study: optuna.Study,
@@ -578,13 +592,10 @@ def run_race(
     def claim() -> list[ClaimedRun] | None:
         """The next group the policy asks for: up to this worker's share of `fuse` runs of one length and model."""
         nonlocal state
-        trials = trial_records(study.get_trials(deepcopy=False))
-        settings, results, state = study_race(trials, study.user_attrs, store.race_runs(), max_steps)
-        have = {(r.map_key, r.steps, r.seed) for r in results}
-        open_jobs = [j for j in state.next_jobs if (j.map_key, j.steps, j.seed) not in have]
-        if state.done or not open_jobs or not settings.races:
-            return None  # (a race that is off trains nothing, not even a baseline that no trial trained)
-        by_key = trained_by_map(trials)
+        open_jobs, settings, state = open_race_jobs(study, store, max_steps)
+        if not open_jobs:
+            return None
+        by_key = trained_by_map(trial_records(study.get_trials(deepcopy=False)))
         limit = max(1, min(fuse, -(-len(open_jobs) // max(1, workers))))
         claimed: list[ClaimedRun] = []
         held = False
