@@ -20,9 +20,7 @@ NO_PRUNING = ("--pruner", "none")
 
 @pytest.mark.slow
 def test_fuse_auto_in_the_space_probes_says_what_it_chose_and_the_run_trains_that_way(cli, tmp_path):
-    # a narrow model, two validation windows: the choice and the run's trials need no size
-    space = write_space(tmp_path / "auto.toml", search=NO_REFERENCES | {"fuse": "auto"},
-                        model={"d_model": 16, "seq_len": 32}, train={"eval_windows": 2})
+    space = write_space(tmp_path / "auto.toml", search=NO_REFERENCES | {"fuse": "auto"})
     proc = cli(*run_args(space, tmp_path / "auto.db", "auto", *NO_PRUNING, n_trials=6), check=True)
     lines = [line for line in proc.stderr.splitlines() if line.startswith("fuse auto:")]
     assert len(lines) == 1, proc.stderr

@@ -29,7 +29,10 @@ def with_result(trials) -> list:
 
 @pytest.fixture
 def space(tmp_path) -> Path:
-    return write_space(tmp_path / "tiny.toml", search=NO_REFERENCES)
+    """The tiny space without reference runs, of a narrow model with two validation windows: fusion's guarantees
+    need no size."""
+    return write_space(tmp_path / "tiny.toml", search=NO_REFERENCES, model={"d_model": 16, "seq_len": 32},
+                       train={"eval_windows": 2})
 
 
 @pytest.mark.slow
