@@ -29,7 +29,10 @@ def with_result(trials) -> list:
 
 @pytest.fixture
 def space(tmp_path) -> Path:
-    return write_space(tmp_path / "tiny.toml", search=NO_REFERENCES)
+    """The tiny space without reference runs, of a narrow model with two validation windows: fusion's guarantees
+    need no size."""
+    return write_space(tmp_path / "tiny.toml", search=NO_REFERENCES, model={"d_model": 16, "seq_len": 32},
+                       train={"eval_windows": 2})
 
 
 @pytest.mark.slow
@@ -93,11 +96,13 @@ def test_ctrl_c_in_a_fused_group_fails_its_trials_queues_them_again_and_a_resume
 
 @pytest.mark.slow
 @pytest.mark.parametrize("value", ["0", "abc", "-2"])
-def test_bad_fuse_exits_2_with_one_error_line_and_changes_nothing(cli, tmp_path, space, value):
-    db = tmp_path / "fused.db"
-    cli(*run_args(space, db, "fused", n_trials=2), check=True)
+def test_bad_fuse_exits_2_with_one_error_line_and_changes_nothing(cli, tmp_path, space, raced_study, value):
+    # an existing study: a copy of the session's raced study, resumed with its own command and a bad --fuse
+    db = raced_study.copy_to(tmp_path / "existing")
     before = hashlib.sha256(db.read_bytes()).hexdigest()
-    assert_one_line_error(cli(*run_args(space, db, "fused", "--fuse", value, n_trials=3)))
+    proc = cli(*run_args(raced_study.space, db, raced_study.study, "--target", "2x", "--fuse", value))
+    assert_one_line_error(proc)
+    assert "--fuse must be" in proc.stderr
     assert hashlib.sha256(db.read_bytes()).hexdigest() == before
     fresh = tmp_path / "fresh.db"
     assert_one_line_error(cli(*run_args(space, fresh, "fused", "--fuse", value, n_trials=3)))
@@ -108,7 +113,9 @@ def test_bad_fuse_exits_2_with_one_error_line_and_changes_nothing(cli, tmp_path,
 def test_reference_runs_trained_fused_equal_those_trained_one_at_a_time(cli, tmp_path):
     """The baseline's extra seeds and the second seed, trained as one fused group with --fuse 3, give the
     single runs' validation curves (the fused trainer's tolerance); the trials are the same fixed maps."""
-    space = write_space(tmp_path / "refs.toml", search={"families": ["ilr"]})
+    # a narrow model, two validation windows: the equality compared needs no size
+    space = write_space(tmp_path / "refs.toml", search={"families": ["ilr"]}, model={"d_model": 16, "seq_len": 32},
+                        train={"eval_windows": 2})
     references = {}
     for fuse in ("1", "3"):
         db = tmp_path / f"refs{fuse}.db"
