@@ -82,19 +82,6 @@ def _build_raced_study(root: Path, token_cache: Path) -> None:
     (root / "summary.json").write_text(proc.stdout, encoding="utf-8")
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items) -> None:
-    """The tests of a module that share one of its module-scoped fixtures (mostly a trained study) form one xdist
-    group, which `--dist loadgroup` (pyproject.toml) sends to one worker: the fixture is built once, not once on
-    each worker that happens to get one of its tests. Runs before xdist reads the groups."""
-    for item in items:
-        defs = getattr(item, "_fixtureinfo", None)
-        if defs is None:
-            continue
-        if any(d and d[-1].scope == "module" for d in (defs.name2fixturedefs.get(n) for n in item.fixturenames)):
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
-
-
 @pytest.fixture(scope="session")
 def raced_study(tmp_path_factory, token_cache, worker_id) -> RacedStudy:
     """One real study of the tiny space, 3 trials of 24 steps (no pruning), raced at --target 2x (48 steps) on 3
