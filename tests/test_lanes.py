@@ -113,15 +113,30 @@ def test_a_failure_in_one_lane_is_raised_and_ends_the_other(data):
 
 
 def test_ctrl_c_ends_every_lane_before_it_is_raised(data):
+    """A real SIGINT to the main thread while the lanes train. The callback that sends it waits until the handler
+    has run (a hang net of 120 s, not a bound), so the lanes cannot end on their own first on a busy machine."""
+    handled = threading.Event()
+
+    def on_sigint(signum, frame):
+        handled.set()
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+
     def interrupt_at_job_0(i):
         def on_eval(point) -> bool:
             if point.step == TRAIN.eval_steps[0]:  # Ctrl-C, as the terminal sends it: to the main thread
                 signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+                assert handled.wait(120)
             return False
 
         return on_eval if i == 0 else None
 
     assert threading.current_thread() is threading.main_thread()
-    with pytest.raises(KeyboardInterrupt):
-        train_jobs(jobs(interrupt_at_job_0), data, fuse=4, lanes=2)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            train_jobs(jobs(interrupt_at_job_0), data, fuse=4, lanes=2)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert handled.is_set()
     assert not lanes_alive()
