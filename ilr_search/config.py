@@ -223,6 +223,7 @@ class SearchConfig:
     race_policy: RacePolicy = "adaptive"  # adaptive_race.py, or fixed_race.py (race_seeds at doubled lengths)
     max_seeds: int = 8  # adaptive: the most seeds a contender gets at the target (its first screens, the rest test)
     race_screen: int = 12  # adaptive: the most maps screened at the target at the first seed
+    look_every: int = 2  # adaptive: test seeds added a wave after the first test, where the sequential test looks
     equal_compute: EqualCompute = "depth"  # "depth": race a plain model as deep as the best contender runs; "off"
     max_race_steps: int = 0  # a cap on the steps the race trains (0: none); how a run goes, not what the study is
     fuse: int | Literal["auto"] = (
@@ -262,6 +263,7 @@ SIZE_MAXIMA: dict[tuple[str, str], int | float] = {
     ("search", "max_seeds"): 1000,
     ("search", "race_contenders"): 1000,
     ("search", "race_screen"): 1000,
+    ("search", "look_every"): 1000,
     ("search", "max_race_steps"): 10**15,
     ("search", "fuse"): 1024,
     ("search", "noise_seeds"): 1000,
@@ -285,7 +287,8 @@ SPACE_SCHEMA_VERSION = 1
 # contenders (the race's first settings, commit 16303f0), by the fixed race with no equal-compute reference (a study
 # made before the adaptive race existed keeps the race it was made with). Every study has stored its dtype (since the
 # first search, commit ef78507); a missing one reads as fp32, as the audit read it, never as "auto". A study made
-# before the WSD schedule existed ran cosine with its warmup a fraction of its steps. Pinned here and not read from
+# before the WSD schedule existed ran cosine with its warmup a fraction of its steps. A study that stored no look_every
+# tested after every seed. Pinned here and not read from
 # the dataclasses' defaults: a later default must not change what an old study meant. Keys absent from this table that
 # a section lacks take the dataclass's default (a study stores what changes its results, not e.g. the device).
 STORED_OMITTED_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -301,6 +304,7 @@ STORED_OMITTED_DEFAULTS: dict[str, dict[str, Any]] = {
         "max_seeds": 3,
         "race_screen": 3,
         "equal_compute": "off",
+        "look_every": 1,
     },
 }
 

@@ -318,6 +318,10 @@ def validate_space(space: SpaceConfig) -> None:
             f"(one seed screens, the rest test), got {s.max_seeds}",
         ),
         (
+            s.look_every >= 1,
+            f"look_every (test seeds added a wave, where the race's test looks) must be at least 1, got {s.look_every}",
+        ),
+        (
             s.max_race_steps >= 0,
             f"--max-race-steps must be 0 (no cap) or a positive number of steps, got {s.max_race_steps}",
         ),

@@ -173,3 +173,17 @@ def test_the_same_evaluations_in_any_order_give_the_same_decision():
     shuffled = list(evaluations)
     random.Random(1).shuffle(shuffled)
     assert race_state(shuffled, SETTINGS, BASE) == state
+
+
+def test_after_the_first_test_each_wave_adds_look_every_seeds():
+    """With look_every 2 an open comparison gets two seeds a wave after its first test (where its test looks next),
+    the pool's last one alone; with 1, one a wave."""
+    loss = noisy({"2,1,1,1": 0.0, "1,2,1,1": 0.0}, sd=0.02, seed=3)
+    for every, sizes in ((1, {1}), (2, {2, 1})):
+        settings = RaceSettings(100, 400, seeds=tuple(range(8)), race_contenders=3, race_screen=8, look_every=every)
+        waves, evaluations, state = run(loss, [BASE, "2,1,1,1", "1,2,1,1"], settings)
+        test_waves = [w for w in waves if w and all(steps == 400 and seed > 2 for _, steps, seed in w)]
+        added = {len({seed for key, _, seed in w if key == key0}) for w in test_waves for key0 in {w[-1][0]}}
+        assert test_waves and added <= sizes and max(added) == max(sizes)
+        assert state.done
+

@@ -105,3 +105,24 @@ def test_detectable_gap_is_found_at_the_asked_power():
     boundary = spending_boundaries(ALPHA, FIRST, MAX_N)[n - FIRST]
     assert detectable_gap(sd, n, ALPHA, boundary=boundary) > gap  # the sequential boundary is stricter
     assert detectable_gap(sd, 1, ALPHA) is None and detectable_gap(0.0, n, ALPHA) is None
+
+
+def test_looks_every_second_seed_keep_the_level_and_find_more_gaps_with_few_seeds():
+    """A design that looks at the first look, every second seed after it and the last: at its level on null paths,
+    and with 4 test seeds (a 5-seed pool) it finds a gap of 2 paired sd more often than one that looks after every
+    seed, whose look at 3 seeds spends alpha at a t of 5.7 (2 degrees of freedom) that a real gap seldom reaches."""
+    from ilr_search.analysis.sequential import look_schedule
+
+    assert look_schedule(2, 4, 2) == (2, 4) and look_schedule(2, 11, 2) == (2, 4, 6, 8, 10, 11)
+    assert look_schedule(2, 11, 1) == tuple(range(2, 12)) and look_schedule(3, 3, 2) == (3,)
+    every, second = SequentialTest(ALPHA, 2, 4), SequentialTest(ALPHA, 2, 4, every=2)
+    assert second.boundary(4) < every.boundary(4)  # less alpha spent before the last look
+    assert second.boundary(3) == second.boundary(2)  # no look at 3: the boundary of the last look before it
+    paths = null_paths(SIMULATIONS)
+    wide = SequentialTest(ALPHA, FIRST, MAX_N, every=2)
+    assert sum(wide.crossed_at(p) is not None for p in paths) <= binomial_ceiling(SIMULATIONS, ALPHA)
+    assert {wide.crossed_at(p) for p in paths} <= {None, *wide.looks}  # it claims only where it looks
+    shifted = [[x - 2.0 for x in p[:4]] for p in paths]  # the map better by 2 sd: its loss lower
+    found_every = sum(every.crossed_at(p) is not None for p in shifted)
+    found_second = sum(second.crossed_at(p) is not None for p in shifted)
+    assert found_second > found_every

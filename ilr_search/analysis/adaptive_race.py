@@ -14,9 +14,10 @@ A pure policy over the study's evaluations (race_core.py has the types; racing.r
    pruners.py, applied to lengths).
 3. Contenders. The race_contenders screened maps nearest the target's front (the baseline among them).
 4. Seeds at the target. Seed seeds[0] chose the contenders, so their comparisons with the baseline are tested on
-   seeds[1:] only: the choice cannot bias the test. Each contender gets race_seeds - 1 of them, then one more a
-   wave while its comparison is open. After every wave each comparison is tested by a sequential paired t test
-   (sequential.py) that keeps its level however often it looks, with the family's level split over the
+   seeds[1:] only: the choice cannot bias the test. Each contender gets race_seeds - 1 of them, then `look_every`
+   more a wave (up to the pool's last) while its comparison is open. After every wave each comparison is tested by a
+   sequential paired t test (sequential.py) that keeps its level at its looks (the first, every look_every seeds
+   after it, the pool's last), with the family's level split over the
    contenders by a weighted Holm step-down (valid for group-sequential tests too: Maurer and Bretz 2013): the
    screen's best gets the share `lead_share`, the rest split what is left, and a claim passes its share on. The
    weights come from seeds[0], which the tests never see. A
@@ -65,7 +66,14 @@ from ilr_search.analysis.race_core import (
     race_compute,
 )
 from ilr_search.analysis.results import DEEP_PREFIX, deep_key, is_deep_key, key_reuse_map
-from ilr_search.analysis.sequential import SequentialTest, TestKind, detectable_gap, t_statistic
+from ilr_search.analysis.sequential import (
+    SequentialTest,
+    TestKind,
+    detectable_gap,
+    look_schedule,
+    next_look,
+    t_statistic,
+)
 from ilr_search.analysis.stats import decision_level, paired_comparison, rank_agreement, seed_interval
 
 DETECTION_POWER = 0.8
@@ -96,6 +104,7 @@ def holm_claims(
     first_look: int,
     max_n: int,
     kind: TestKind,
+    every: int = 1,
 ) -> tuple[dict[str, tuple[float, int]], dict[str, float]]:
     """The weighted Holm step-down over sequential tests: each comparison not yet claimed is tested at its share of
     the family level, alpha * weight / (the weights still unclaimed); a claim passes its share on to the rest.
@@ -106,7 +115,10 @@ def holm_claims(
     while remaining:
         total = math.fsum(weights[k] for k in remaining)
         levels = {k: alpha * weights[k] / total for k in remaining}
-        crossed = {k: SequentialTest(levels[k], first_look, max_n, kind).crossed_at(list(paths[k])) for k in remaining}
+        crossed = {
+            k: SequentialTest(levels[k], first_look, max_n, kind, every=every).crossed_at(list(paths[k]))
+            for k in remaining
+        }
         new = {k: n for k, n in crossed.items() if n is not None}
         if not new:
             return claimed, levels
@@ -239,7 +251,15 @@ def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSetting
     ranked = sorted(family, key=lambda k: (screen_losses[k], k))
     weights = holm_weights(ranked, settings.lead_share)
     claims, open_levels = (
-        holm_claims({k: d for k, (_, d) in paths.items()}, weights, alpha, first_look, len(pool), settings.test)
+        holm_claims(
+            {k: d for k, (_, d) in paths.items()},
+            weights,
+            alpha,
+            first_look,
+            len(pool),
+            settings.test,
+            settings.look_every,
+        )
         if testable and family
         else ({}, {})
     )
@@ -272,7 +292,11 @@ def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSetting
         if settings.equal_compute and best is not None
         else None
     )
-    jobs = _seed_wave(comparisons, results, baseline_key, target, pool, first_look) if testable else []
+    jobs = (
+        _seed_wave(comparisons, results, baseline_key, target, pool, first_look, settings.look_every)
+        if testable
+        else []
+    )
     stopped = ""
     reserve = _deep_jobs(deep, best, results, target, jobs)
     if jobs and not fits(jobs, sum(j.steps for j in reserve)):
@@ -361,7 +385,7 @@ def _compare(
     c = paired_comparison({s: mine[s] for s in seeds}, {s: base[s] for s in seeds}, settings.confidence)
     t = t_statistic(diffs)
     level, decided_at = claims.get(key, (open_level, None))
-    test = SequentialTest(level, first_look, max_n, settings.test)
+    test = SequentialTest(level, first_look, max_n, settings.test, every=settings.look_every)
     boundary = test.boundary(len(seeds)) if settings.test == "spending" and len(seeds) >= first_look else None
     flops = results.flops[key]
     common: dict[str, Any] = dict(
@@ -454,18 +478,24 @@ def _seed_wave(
     target: int,
     pool: Sequence[int],
     first_look: int,
+    every: int = 1,
 ) -> list[RaceJob]:
-    """The next wave: every open contender's first first_look test seeds at once, then one more seed each;
-    the baseline gets every seed of the wave it lacks. Jobs best mean first, the baseline first of all."""
+    """The next wave: every open contender's first first_look test seeds at once, then the seeds up to its test's
+    next look (`every` more); the baseline gets every seed of the wave it lacks. Jobs best mean first, the baseline
+    first of all."""
     open_keys = sorted(
         (k for k, c in comparisons.items() if c.status == "open"), key=lambda k: (_mean(results, k, target), k)
     )
+    looks = look_schedule(first_look, len(pool), every)
     wanted: dict[str, list[int]] = {}
     for k in open_keys:
         have = results.losses.get(k, {}).get(target, {})
         missing = [s for s in pool if s not in have]
         trained = len(pool) - len(missing)
-        wanted[k] = [s for s in missing if pool.index(s) < first_look] if trained < first_look else missing[:1]
+        step = (next_look(looks, trained) or len(pool)) - trained
+        wanted[k] = (
+            [s for s in missing if pool.index(s) < first_look] if trained < first_look else missing[: max(1, step)]
+        )
     seeds = sorted({s for v in wanted.values() for s in v}, key=pool.index)
     have_base = results.losses.get(baseline_key, {}).get(target, {})
     jobs = [RaceJob(baseline_key, target, s) for s in seeds if s not in have_base]
@@ -534,7 +564,9 @@ def _detectable(
     n = max(n for n, _ in usable)
     level = max(c.level for c in comparisons)
     boundary = (
-        SequentialTest(level, first_look, max_n, settings.test).boundary(n) if settings.test == "spending" else None
+        SequentialTest(level, first_look, max_n, settings.test, every=settings.look_every).boundary(n)
+        if settings.test == "spending"
+        else None
     )
     nats = detectable_gap(sd, n, level, DETECTION_POWER, boundary=boundary)
     if nats is None:

@@ -45,7 +45,8 @@ class RaceSettings:
 
     adaptive: seeds is the pool, in order (its length: the most seeds a comparison gets at the target); seeds[0]
     screens up to race_screen maps at the target, and race_contenders of them (the baseline among them) are then
-    raced on seeds[1:], starting with race_seeds - 1 of them, one more a wave while a comparison is open.
+    raced on seeds[1:], starting with race_seeds - 1 of them, look_every more a wave while a comparison is open
+    (the sequential test looks there).
     max_steps caps the steps the race trains (None: no cap); futility: a contender stops once its paired t
     test says it is worse than the baseline at this one-sided level; calibration: screened maps before the base
     length may eliminate (and the screen's waves); min_agreement: the Spearman between base and target results
@@ -66,6 +67,9 @@ class RaceSettings:
     min_agreement: float = 0.8
     test: TestKind = "spending"
     lead_share: float = 0.8  # of the family's level, for the screen's best contender (adaptive_race.holm_weights)
+    look_every: int = (
+        1  # adaptive: seeds between the sequential test's looks after its first (sequential.look_schedule)
+    )
     equal_compute: bool = False
     layer_param_share: float = 0.0  # one layer's parameters over the plain model's (a deeper model's size); 0: unknown
     # frozen: maps applied to pretrained weights and only evaluated (base and target 0 steps); a seed s is chunk s

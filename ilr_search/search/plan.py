@@ -150,14 +150,23 @@ RESULT_TRAIN_FIELDS = (
 LR_SCHEDULE_FIELDS = ("lr_schedule", "warmup_steps", "cooldown_frac")
 
 
-RACE_FIELDS = ("target", "race_seeds", "race_contenders", "race_policy", "max_seeds", "race_screen", "equal_compute")
+RACE_FIELDS = (
+    "target",
+    "race_seeds",
+    "race_contenders",
+    "race_policy",
+    "max_seeds",
+    "race_screen",
+    "equal_compute",
+    "look_every",
+)
 
 
 # The race's policy and the adaptive race's own settings: stored with a study, but not part of what names it or of
 # what a resume must match. A study made before they existed resumes under its old name with the race it was made
 # with (the fixed race: STORED_OMITTED_DEFAULTS), while a new study of the same space is made with today's; a
 # flag that asks a stored study for another of these is refused (adopt_stored_race).
-ADOPTED_RACE_FIELDS = ("race_policy", "max_seeds", "race_screen", "equal_compute")
+ADOPTED_RACE_FIELDS = ("race_policy", "max_seeds", "race_screen", "equal_compute", "look_every")
 
 
 SCHEMA_KEY = "schema_version"  # in the stored configuration, but not part of what the study is (its name, resumes)

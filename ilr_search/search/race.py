@@ -89,6 +89,7 @@ def race_settings(config: Mapping[str, Any], max_steps: int | None = None) -> Ra
         race,
         race_seeds=search.race_seeds,
         race_screen=search.race_screen,
+        look_every=search.look_every,
         equal_compute=search.equal_compute == "depth" and not frozen,
         layer_param_share=share,
         frozen=frozen,

@@ -71,6 +71,7 @@ ADAPTIVE_REPLAY = RaceSettings(
     race_contenders=SearchConfig().race_contenders,
     race_seeds=SearchConfig().race_seeds,
     race_screen=SearchConfig().race_screen,
+    look_every=SearchConfig().look_every,
 )
 
 
