@@ -26,9 +26,13 @@ from ilr_search.commands.bench.power import parse_deltas, power_report
 from ilr_search.commands.bench.truth import TruthTable
 
 SETTINGS = {"adaptive": race_template("race"), "fixed-3-seeds": race_template("race-fixed"),
-            "adaptive-evalue": race_template("race", test="evalue")}
+            "adaptive-evalue": race_template("race", test="evalue"),
+            "adaptive-screen-6": race_template("race", race_screen=6),
+            "adaptive-screen-4": race_template("race", race_screen=4),
+            "adaptive-every-seed": race_template("race", look_every=1)}
 SEEDS = {"fixed-3-seeds": 3}
-COLORS = {"adaptive": "#1f77b4", "fixed-3-seeds": "#d62728", "adaptive-evalue": "#2ca02c"}
+COLORS = {"adaptive": "#1f77b4", "fixed-3-seeds": "#d62728", "adaptive-evalue": "#2ca02c",
+          "adaptive-screen-6": "#9467bd", "adaptive-screen-4": "#8c564b", "adaptive-every-seed": "#ff7f0e"}
 
 
 def figure(reports: dict[str, dict], out: Path) -> None:
@@ -133,7 +137,7 @@ def main() -> None:
             for r in report["rows"]:
                 print(f"{name} {r['setting']:14} gap {r['delta_sd']:4g} sd {'crossing' if r['crossing'] else '        '}"
                       f" power {'-' if r['power'] is None else format(r['power'], '.2f')} any {r['any_claim']:.2f} "
-                      f"false {r['false_claims']:.2f} regret<=1sd {r['regret_within_1sd']} "
+                      f"false {r['false_claims']:.2f} raced {r.get('raced')} regret<=1sd {r['regret_within_1sd']} "
                       f"compute {r['mean_compute_steps']:.0f}", flush=True)
             print(f"wrote {out}")
     if args.figure:

@@ -45,6 +45,9 @@ class PowerRow:
     mean_compute_steps: float
     regret_within_1sd: float | None
     by_map: dict[str, float]  # planted map -> its power
+    # share of replays whose planted map was raced on test seeds (a contender past the screen; None at Δ = 0): a
+    # replay that misses the planted map misses it at the screen where this is below the power's complement
+    raced: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -68,6 +71,7 @@ class PowerSetting:
             "max_steps": race.max_steps,
             "futility": race.futility,
             "test": race.test,
+            "look_every": race.look_every,
             "confidence": race.confidence,
         }
 
@@ -136,7 +140,7 @@ def power_row(
     best map at the target (truth.planted)."""
     sd = table.seed_sd(table.lengths[-1])
     delta = delta_sd * sd
-    replays, hits, any_claims, false, regrets = 0, 0, 0, 0, []
+    replays, hits, any_claims, false, raced, regrets = 0, 0, 0, 0, 0, []
     compute: list[int] = []
     by_map: dict[str, float] = {}
     plants = [None] if delta_sd == 0 else list(maps)
@@ -154,6 +158,10 @@ def power_row(
             if key is not None and key in claimed:
                 hits += 1
                 mine += 1
+            if key is not None and any(
+                k == key and steps == variant.lengths[-1] and seed != r.seeds[0] for k, steps, seed in r.trained
+            ):
+                raced += 1
             if r.regret_sd is not None:
                 regrets.append(r.regret_sd)
         if key is not None:
@@ -170,6 +178,7 @@ def power_row(
         statistics.fmean(compute),
         sum(r <= 1 for r in regrets) / len(regrets) if regrets else None,
         by_map,
+        raced / replays if delta_sd else None,
     )
 
 
