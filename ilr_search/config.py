@@ -223,7 +223,9 @@ class SearchConfig:
     race_policy: RacePolicy = "adaptive"  # adaptive_race.py, or fixed_race.py (race_seeds at doubled lengths)
     max_seeds: int = 8  # adaptive: the most seeds a contender gets at the target (its first screens, the rest test)
     race_screen: int = 12  # adaptive: the most maps screened at the target at the first seed
-    look_every: int = 2  # adaptive: test seeds added a wave after the first test, where the sequential test looks
+    # adaptive: test seeds added a wave after the first test, where the sequential test looks; 0: automatic, 2 where
+    # the pool has at most 4 test seeds (max_seeds 5 or less), else 1 (analysis/sequential.looks_apart)
+    look_every: int = 0
     equal_compute: EqualCompute = "depth"  # "depth": race a plain model as deep as the best contender runs; "off"
     max_race_steps: int = 0  # a cap on the steps the race trains (0: none); how a run goes, not what the study is
     fuse: int | Literal["auto"] = (

@@ -318,8 +318,9 @@ def validate_space(space: SpaceConfig) -> None:
             f"(one seed screens, the rest test), got {s.max_seeds}",
         ),
         (
-            s.look_every >= 1,
-            f"look_every (test seeds added a wave, where the race's test looks) must be at least 1, got {s.look_every}",
+            s.look_every >= 0,
+            f"look_every (test seeds added a wave, where the race's test looks; 0: automatic) must be 0 or more, "
+            f"got {s.look_every}",
         ),
         (
             s.max_race_steps >= 0,

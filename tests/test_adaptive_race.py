@@ -187,3 +187,17 @@ def test_after_the_first_test_each_wave_adds_look_every_seeds():
         assert test_waves and added <= sizes and max(added) == max(sizes)
         assert state.done
 
+
+
+def test_automatic_looks_are_every_second_seed_only_where_test_seeds_are_few():
+    """look_every 0 (the default): a pool of 4 test seeds gets its last two in one wave, a pool of 7 one a wave."""
+    from ilr_search.analysis.sequential import looks_apart
+
+    assert [looks_apart(0, n) for n in (2, 4, 5, 7, 11)] == [2, 2, 1, 1, 1] and looks_apart(3, 4) == 3
+    loss = noisy({"2,1,1,1": 0.0, "1,2,1,1": 0.0}, sd=0.02, seed=3)
+    for pool, added in ((5, {2}), (8, {1})):
+        settings = RaceSettings(100, 400, seeds=tuple(range(pool)), race_contenders=3, race_screen=8)
+        waves, _, state = run(loss, [BASE, "2,1,1,1", "1,2,1,1"], settings)
+        later = [w for w in waves if w and all(steps == 400 and seed > 2 for _, steps, seed in w)]
+        assert state.done and later
+        assert {len({seed for key, _, seed in w if key == BASE}) for w in later[:1]} == added

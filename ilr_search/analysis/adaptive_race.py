@@ -15,7 +15,8 @@ A pure policy over the study's evaluations (race_core.py has the types; racing.r
 3. Contenders. The race_contenders screened maps nearest the target's front (the baseline among them).
 4. Seeds at the target. Seed seeds[0] chose the contenders, so their comparisons with the baseline are tested on
    seeds[1:] only: the choice cannot bias the test. Each contender gets race_seeds - 1 of them, then `look_every`
-   more a wave (up to the pool's last) while its comparison is open. After every wave each comparison is tested by a
+   more a wave (up to the pool's last; 0: two where the pool has at most 4 test seeds, else one: looks_apart) while
+   its comparison is open. After every wave each comparison is tested by a
    sequential paired t test (sequential.py) that keeps its level at its looks (the first, every look_every seeds
    after it, the pool's last), with the family's level split over the
    contenders by a weighted Holm step-down (valid for group-sequential tests too: Maurer and Bretz 2013): the
@@ -71,6 +72,7 @@ from ilr_search.analysis.sequential import (
     TestKind,
     detectable_gap,
     look_schedule,
+    looks_apart,
     next_look,
     t_statistic,
 )
@@ -246,6 +248,7 @@ def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSetting
     first_look = max(2, settings.race_seeds - 1)
     family = [k for k in contenders if k != baseline_key]
     alpha = decision_level(settings.confidence)
+    every = looks_apart(settings.look_every, len(pool))
     testable = len(pool) >= first_look
     paths = {k: _diffs(results, k, baseline_key, target, pool) for k in family}
     ranked = sorted(family, key=lambda k: (screen_losses[k], k))
@@ -258,7 +261,7 @@ def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSetting
             first_look,
             len(pool),
             settings.test,
-            settings.look_every,
+            every,
         )
         if testable and family
         else ({}, {})
@@ -292,11 +295,7 @@ def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSetting
         if settings.equal_compute and best is not None
         else None
     )
-    jobs = (
-        _seed_wave(comparisons, results, baseline_key, target, pool, first_look, settings.look_every)
-        if testable
-        else []
-    )
+    jobs = _seed_wave(comparisons, results, baseline_key, target, pool, first_look, every) if testable else []
     stopped = ""
     reserve = _deep_jobs(deep, best, results, target, jobs)
     if jobs and not fits(jobs, sum(j.steps for j in reserve)):
@@ -385,7 +384,7 @@ def _compare(
     c = paired_comparison({s: mine[s] for s in seeds}, {s: base[s] for s in seeds}, settings.confidence)
     t = t_statistic(diffs)
     level, decided_at = claims.get(key, (open_level, None))
-    test = SequentialTest(level, first_look, max_n, settings.test, every=settings.look_every)
+    test = SequentialTest(level, first_look, max_n, settings.test, every=looks_apart(settings.look_every, max_n))
     boundary = test.boundary(len(seeds)) if settings.test == "spending" and len(seeds) >= first_look else None
     flops = results.flops[key]
     common: dict[str, Any] = dict(
@@ -564,7 +563,9 @@ def _detectable(
     n = max(n for n, _ in usable)
     level = max(c.level for c in comparisons)
     boundary = (
-        SequentialTest(level, first_look, max_n, settings.test, every=settings.look_every).boundary(n)
+        SequentialTest(level, first_look, max_n, settings.test, every=looks_apart(settings.look_every, max_n)).boundary(
+            n
+        )
         if settings.test == "spending"
         else None
     )

@@ -67,9 +67,7 @@ class RaceSettings:
     min_agreement: float = 0.8
     test: TestKind = "spending"
     lead_share: float = 0.8  # of the family's level, for the screen's best contender (adaptive_race.holm_weights)
-    look_every: int = (
-        1  # adaptive: seeds between the sequential test's looks after its first (sequential.look_schedule)
-    )
+    look_every: int = 0  # adaptive: seeds between the test's looks after its first; 0: automatic (looks_apart)
     equal_compute: bool = False
     layer_param_share: float = 0.0  # one layer's parameters over the plain model's (a deeper model's size); 0: unknown
     # frozen: maps applied to pretrained weights and only evaluated (base and target 0 steps); a seed s is chunk s

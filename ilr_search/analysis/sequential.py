@@ -27,7 +27,8 @@ share of alpha at a t boundary far out in the heavy tail of a t with 1 or 2 degr
 seldom reaches it: with 4 test seeds and looks at 2, 3 and 4 the look at 3 needs t >= 5.7 and leaves the last 2.99
 (a fixed-sample test needs 2.63), while looks at 2 and 4 leave it 2.71. Simulated on normal paired differences
 (not on any truth table): at a gap of 2 paired sd, power 0.81 -> 0.85 with 4 test seeds, 0.64 -> 0.66 at 1 sd with
-7; expected seeds 3-8% more where the race stops early."""
+7; expected seeds 3-8% more where the race stops early. The race looks every second seed where its pool has at most
+FEW_TEST_SEEDS test seeds (looks_apart), and after every seed in a larger pool, where the gain is small."""
 
 from __future__ import annotations
 
@@ -51,6 +52,17 @@ def obrien_fleming_spent(alpha: float, share: float) -> float:
     if share <= 0:
         return 0.0
     return float(2 - 2 * norm.cdf(norm.ppf(1 - alpha / 2) / math.sqrt(min(1.0, share))))
+
+
+FEW_TEST_SEEDS = 4  # a pool of at most this many test seeds: its looks are every second seed (look_every 0)
+
+
+def looks_apart(look_every: int, max_n: int) -> int:
+    """The seeds between a test's looks: `look_every` where it is 1 or more; 0 (automatic): 2 where the test has at
+    most FEW_TEST_SEEDS differences, else 1. Simulated on normal differences (not on the truth tables): looks every
+    second seed raise the power at a 2-sd gap from 0.81 to 0.85 with 4 test seeds, and at 1 sd from 0.64 to 0.66 with
+    7, where they cost 3-8% more seeds."""
+    return look_every if look_every >= 1 else (2 if max_n <= FEW_TEST_SEEDS else 1)
 
 
 def look_schedule(first_look: int, max_n: int, every: int = 1) -> tuple[int, ...]:
