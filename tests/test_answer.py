@@ -90,5 +90,6 @@ def test_the_replicate_unit_is_data_and_signs_are_words():
                       comparisons=(comparison("2,1,1,1", -0.01, "better", 3),))
     line = race_answer(state, SETTINGS, BASE, 10.0, unit="window chunk").line
     assert line.endswith(", 4 window chunks at 400 steps") and "seed" not in line
-    assert side(0.0312) == "better by 0.03 ppl" and side(-0.5) == "worse by 0.50 ppl" and side(0.001) == "level with"
+    assert side(0.0312, "X") == "better by 0.03 ppl than X" and side(-0.5, "X") == "worse by 0.50 ppl than X"
+    assert side(0.001, "the plain model") == "level with the plain model"  # no "than" after "level with"
     assert unraced_answer("the race is off", 32).line.startswith("no map beat the plain model by a test at 32 steps")

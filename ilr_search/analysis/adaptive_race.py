@@ -655,7 +655,7 @@ def _verdict(
             assert c.mean_diff is not None  # a claimed map was tested
             interval = interval_words(base_ppl, c.interval, settings.confidence)
             claims.append(
-                f"{k} {side(ppl_gain(base_ppl, c.mean_diff))} than the baseline ({interval}, p={c.p_value:.3g}, "
+                f"{k} {side(ppl_gain(base_ppl, c.mean_diff), 'the baseline')} ({interval}, p={c.p_value:.3g}, "
                 f"{words.count(c.n, test=True)})"
             )
         text = (
@@ -682,7 +682,7 @@ def _verdict(
     if comparisons and not better and ranked:
         c = min(ranked, key=lambda c: (c.mean_diff, c.map_key))
         assert c.mean_diff is not None  # ranked holds only the comparisons with a mean difference
-        how = f"closest {c.map_key}: {side(ppl_gain(base_ppl, c.mean_diff))} than the baseline"
+        how = f"closest {c.map_key}: {side(ppl_gain(base_ppl, c.mean_diff), 'the baseline')}"
         need = paired_comparison(*_pair(results, c, baseline_key, target), settings.confidence).seeds_needed()
         if c.sd_diff is None:
             parts.append(f"{how} at {words.count(1)}")
@@ -696,7 +696,7 @@ def _verdict(
         interval = interval_words(d.deep_ppl, d.interval, settings.confidence)
         share = f", {equal.params_ratio:.2f}x the parameters" if equal.params_ratio else ""
         parts.append(
-            f"{equal.map} {side(-d.ppl_diff)} than {equal.deep_key}, a plain {equal.layers}-layer model "
+            f"{equal.map} {side(-d.ppl_diff, equal.deep_key)}, a plain {equal.layers}-layer model "
             f"of the same compute{share}" + (f" ({interval})" if interval else "") + f", {len(d.seeds)} seeds"
         )
     spent = (

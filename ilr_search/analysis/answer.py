@@ -67,11 +67,12 @@ def count(n: int, unit: str) -> str:
     return f"{n} {unit}{'' if n == 1 else 's'}"
 
 
-def side(gain: float, digits: int = 2) -> str:
-    """A perplexity difference in words: a positive `gain` (lower ppl) is `better by`, a negative one `worse by`."""
+def side(gain: float, other: str, digits: int = 2) -> str:
+    """A perplexity difference against `other` in words: a positive `gain` (lower ppl) is `better by X ppl than
+    other`, a negative one `worse by X ppl than other`, one that rounds to 0 `level with other`."""
     if round(abs(gain), digits) == 0:
-        return "level with"
-    return f"{'better' if gain > 0 else 'worse'} by {abs(gain):.{digits}f} ppl"
+        return f"level with {other}"
+    return f"{'better' if gain > 0 else 'worse'} by {abs(gain):.{digits}f} ppl than {other}"
 
 
 def ppl_gain(base_ppl: float, loss_diff: float) -> float:
@@ -195,7 +196,7 @@ def _closest(
     diff, c = min(rest, key=lambda p: (p[0], p[1].map_key))
     interval = interval_words(baseline_ppl, c.interval, confidence)
     return [
-        f"closest contender: {_map(c.map_key)} {side(ppl_gain(baseline_ppl, diff))} than {PLAIN}"
+        f"closest contender: {_map(c.map_key)} {side(ppl_gain(baseline_ppl, diff), PLAIN)}"
         + (f" ({interval})" if interval else "")
         + f" over {count(c.n, 'test ' + unit)}; status: {c.status}"
     ]
@@ -208,7 +209,7 @@ def _equal_compute(equal: EqualCompute | None, confidence: float, unit: str) -> 
     params = f", {equal.params_ratio:.2f}x the parameters" if equal.params_ratio else ""
     interval = interval_words(d.deep_ppl, d.interval, confidence)
     return [
-        f"equal compute: {_map(equal.map)} {side(-d.ppl_diff)} than a plain {equal.layers}-layer model "
+        f"equal compute: {_map(equal.map)} {side(-d.ppl_diff, f'a plain {equal.layers}-layer model')} "
         f"of the same compute ({equal.deep_key}{params}"
         + (f"; {interval}" if interval else "")
         + f") over {count(len(d.seeds), unit)}"
