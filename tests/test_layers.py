@@ -10,7 +10,7 @@ from conftest import ROOT
 PACKAGE = ROOT / "ilr_search"
 
 LAYERS = {  # a top-level module or folder of the package -> its layer; higher imports lower (or its own layer)
-    "config": 0, "errors": 0, "records": 0, "knobs": 0, "space": 0, "folders": 0,  # settings, errors and records
+    "config": 0, "errors": 0, "interrupts": 0, "records": 0, "knobs": 0, "space": 0, "folders": 0,  # settings, errors and records
     "training": 1, "data": 1, "storage": 1, "analysis": 1,
     "search": 2,
     "commands": 3,  # the use cases under the CLI
@@ -115,7 +115,9 @@ def test_circle_finder_finds_a_circle():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-CLI_MAY_IMPORT = ("ilr_search.commands", "ilr_search.config", "ilr_search.errors", "ilr_search.cli")
+CLI_MAY_IMPORT = (
+    "ilr_search.commands", "ilr_search.config", "ilr_search.errors", "ilr_search.interrupts", "ilr_search.cli"
+)
 
 
 def test_the_cli_imports_only_the_commands_settings_errors_and_itself():

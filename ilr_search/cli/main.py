@@ -17,6 +17,7 @@ import typer
 
 from ilr_search.cli import ui
 from ilr_search.errors import UserInputError
+from ilr_search.interrupts import recorded
 
 try:  # typer >= 0.2x vendors click (Python >= 3.11); older typer uses click itself
     from typer._click import exceptions as click_exceptions
@@ -430,7 +431,8 @@ def main() -> None:
     command = typer.main.get_command(app)
     hide_flag_metavars(command)
     try:
-        code = command.main(standalone_mode=False)
+        with recorded():
+            code = command.main(standalone_mode=False)
     except click_exceptions.NoArgsIsHelpError as e:  # `ilr-search` alone prints the help
         print(e.ctx.get_help() if e.ctx else str(e))
         code = 0

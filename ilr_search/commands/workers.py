@@ -27,6 +27,7 @@ import optuna
 from ilr_search.commands.autofuse import check_memory
 from ilr_search.commands.layout import process_threads
 from ilr_search.errors import UserInputError
+from ilr_search.interrupts import recorded
 from ilr_search.search.progress import Event, Message, RunReporter
 from ilr_search.search.race import RaceRunner, race_checkpoints, run_race
 from ilr_search.search.run import RunRequest, disk_full_is_reported, prepare_study, run_study
@@ -79,7 +80,8 @@ def worker_process(
         torch.set_num_threads(threads)
     reporter = QueueReporter(events, worker)
     try:
-        code = work(reporter)
+        with recorded():
+            code = work(reporter)
     except KeyboardInterrupt:
         raise SystemExit(130) from None
     except UserInputError as e:

@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from ilr_search.config import ModelConfig, TrainConfig
 from ilr_search.data.tokens import TokenData, counted_targets
 from ilr_search.errors import UserInputError
+from ilr_search.interrupts import raise_if_interrupted
 from ilr_search.records import TrainLossPoint
 from ilr_search.training.checkpoint import load_checkpoint, save_checkpoint
 from ilr_search.training.device import compiled_once
@@ -635,6 +636,7 @@ def _train_group(
         unread.append(step_loss)
         checkpointing = cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps
         if step % SYNC_EVERY == 0 or step in eval_steps or checkpointing or step == cfg.steps:
+            raise_if_interrupted()
             first = step - len(unread) + 1
             window = host_values(torch.stack(unread))  # the window's one host sync: (steps, members)
             unread.clear()

@@ -16,6 +16,7 @@ import torch
 
 from ilr_search.config import ModelConfig, TrainConfig
 from ilr_search.data.tokens import TokenData, counted_targets
+from ilr_search.interrupts import raise_if_interrupted
 from ilr_search.records import EvalPoint, TrainLossPoint
 from ilr_search.training.device import autocast_for, resolve_compile, resolve_device, resolve_dtype
 from ilr_search.training.model import GLOBAL_RNG, ILRTransformer
@@ -268,6 +269,7 @@ def train_proxy(
         )
         stable_due = step == stable_step
         if step % SYNC_EVERY == 0 or step in eval_steps or checkpoint_due or stable_due or step == cfg.steps:
+            raise_if_interrupted()
             first = step - len(unread) + 1
             window = host_values(torch.stack(unread))  # the window's one host sync
             for s, value in enumerate(window, start=first):
