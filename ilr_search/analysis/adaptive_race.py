@@ -366,6 +366,11 @@ def _by_seed(losses: Mapping[int, float]) -> list[float]:
     return [losses[s] for s in sorted(losses)]
 
 
+def _sequential(settings: RaceSettings, level: float, first_look: int, max_n: int) -> SequentialTest:
+    """The race's sequential test of one comparison held to `level`, over a pool of max_n test seeds."""
+    return SequentialTest(level, first_look, max_n, settings.test, every=looks_apart(settings.look_every, max_n))
+
+
 def _compare(
     key: str,
     results: Results,
@@ -384,7 +389,7 @@ def _compare(
     c = paired_comparison({s: mine[s] for s in seeds}, {s: base[s] for s in seeds}, settings.confidence)
     t = t_statistic(diffs)
     level, decided_at = claims.get(key, (open_level, None))
-    test = SequentialTest(level, first_look, max_n, settings.test, every=looks_apart(settings.look_every, max_n))
+    test = _sequential(settings, level, first_look, max_n)
     boundary = test.boundary(len(seeds)) if settings.test == "spending" and len(seeds) >= first_look else None
     flops = results.flops[key]
     common: dict[str, Any] = dict(
@@ -562,13 +567,7 @@ def _detectable(
     sd = math.sqrt(math.fsum((n - 1) * s**2 for n, s in usable) / dof)
     n = max(n for n, _ in usable)
     level = max(c.level for c in comparisons)
-    boundary = (
-        SequentialTest(level, first_look, max_n, settings.test, every=looks_apart(settings.look_every, max_n)).boundary(
-            n
-        )
-        if settings.test == "spending"
-        else None
-    )
+    boundary = _sequential(settings, level, first_look, max_n).boundary(n) if settings.test == "spending" else None
     nats = detectable_gap(sd, n, level, DETECTION_POWER, boundary=boundary)
     if nats is None:
         return None
