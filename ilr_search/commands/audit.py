@@ -38,6 +38,7 @@ from ilr_search.search.race import (
     new_worker,
     race_checkpoints,
     run_checkpoint,
+    runs_changed,
     train_claimed,
 )
 from ilr_search.search.run import check_fuse, disk_full_is_reported
@@ -254,7 +255,13 @@ def _run_audit(
         train_claimed(store, runs, worker, data, reporter, kind="audit")
         trained_here += len(runs)
 
-    claim_train_wait(claim, train, reporter, "the remaining audit runs are being trained by other workers; waiting")
+    claim_train_wait(
+        claim,
+        train,
+        reporter,
+        "the remaining audit runs are being trained by other workers; waiting",
+        runs_changed(store),
+    )
     for folder in (checkpoints, checkpoints.parent):
         try:
             folder.rmdir()

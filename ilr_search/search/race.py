@@ -526,17 +526,38 @@ def new_worker() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
+WAIT_POLL_SECONDS = 0.2  # how often a waiting worker looks whether another worker's runs have changed
+
+
+def runs_changed(store: Store) -> Callable[[], object]:
+    """A look at the study's race runs that changes when a run is claimed, finished or given up (not on a
+    heartbeat): what a waiting worker watches (one read of the runs)."""
+    return lambda: tuple((r.job, r.worker, r.state) for r in store.race_runs())
+
+
+def wait_for_change(look: Callable[[], object], seconds: float) -> None:
+    """Sleep until `look()` gives another answer than at the start (looked at every WAIT_POLL_SECONDS), or for
+    `seconds` at most."""
+    seen = look()
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        time.sleep(min(WAIT_POLL_SECONDS, left))
+        if look() != seen:
+            return
+
+
 def claim_train_wait(
     claim: Callable[[], Sequence[ClaimedRun] | None],
     train: Callable[[Sequence[ClaimedRun]], None],
     reporter: RunReporter,
     waiting: str,
+    look: Callable[[], object],
 ) -> None:
     """The loop of the race and of the audit: `claim` claims the next group of runs (None: nothing is left that
     this worker can train; empty: what is left is held by live workers), `train` trains a claimed group and stores
     its results, and `claim` is asked again after each group (the results may change what is left). While the
-    rest is held by other workers, it waits for them (or for them to go stale, when their runs can be claimed),
-    saying `waiting` once a wait."""
+    rest is held by other workers, it waits until `look` (runs_changed) says that a run was finished or given up,
+    or at most a heartbeat interval (held runs go stale and can be claimed), saying `waiting` once a wait."""
     waiting_said = False
     while (claimed := claim()) is not None:
         if claimed:
@@ -546,7 +567,7 @@ def claim_train_wait(
         if not waiting_said:
             reporter.on(Message(waiting))
             waiting_said = True
-        time.sleep(min(2.0, heartbeat_interval()))
+        wait_for_change(look, min(2.0, heartbeat_interval()))
 
 
 RaceRunner = Callable[[StudyPlan, optuna.Study, Store, TokenData, RunReporter, Path, int, int], object]
@@ -566,6 +587,34 @@ def open_race_jobs(
     if state.done or not settings.races:  # (a race that is off trains nothing, not even an untrained baseline)
         open_jobs = []
     return open_jobs, settings, state
+
+
+def held_runs(rows: Sequence[RaceRun], worker: str) -> set[RaceRunJob]:
+    """The runs that other live workers train (their heartbeat within the grace period)."""
+    now = time.time()
+    return {r.job for r in rows if r.state == "running" and r.worker != worker and now - r.heartbeat <= grace_period()}
+
+
+def fused_groups(runs: Sequence[ClaimedRun], limit: int) -> list[list[ClaimedRun]]:
+    """`runs`, in the policy's order, as the groups that train together: from the first run not yet in a group, the
+    later runs of its length and model up to `limit` runs, ending at the first run of another length; a model that
+    cannot be fused trains alone. The groups depend only on the runs, so that two workers that look at the same
+    runs at the same moment form the same groups, and a run's group (which sets its rounding) never depends on which
+    worker claims first."""
+    left = list(runs)
+    groups: list[list[ClaimedRun]] = []
+    while left:
+        first = left.pop(0)
+        group = [first]
+        if fusable(first.model):
+            for run in list(left):
+                if len(group) >= limit or run.train_cfg.steps != first.train_cfg.steps:
+                    break
+                if run.model == first.model:
+                    group.append(run)
+                    left.remove(run)
+        groups.append(group)
+    return groups
 
 
 def run_race(
@@ -597,37 +646,34 @@ def run_race(
         if not open_jobs:
             return None
         by_key = trained_by_map(trial_records(study.get_trials(deepcopy=False)))
-        limit = max(1, min(fuse, -(-len(open_jobs) // max(1, workers))))
-        claimed: list[ClaimedRun] = []
-        held = False
-        for job in open_jobs:
-            if claimed and (len(claimed) >= limit or job.steps != claimed[0].train_cfg.steps):
-                break
-            run = planned_run(plan, job, by_key, train, settings.base_steps, checkpoint_folder)
-            if run is None:
-                continue  # no trial of this study trained the map: nothing says how to build it
-            if claimed and (run.model != claimed[0].model or not fusable(run.model)):
-                continue  # another model: a later group trains it
-            if not store.claim_race_run(run.job, worker, run.flops_ratio, job.steps, stale_after=grace_period()):
-                held = True
-                continue
-            claimed.append(run)
-            if not fusable(run.model):
-                break
-        if not claimed and not held:  # only runs of maps no trial trained: this worker cannot train them
+        runs = [
+            run
+            for job in open_jobs
+            if (run := planned_run(plan, job, by_key, train, settings.base_steps, checkpoint_folder)) is not None
+        ]
+        if not runs:  # only runs of maps no trial trained: nothing says how to build them
             reporter.on(
                 Message(
                     f"race: cannot train {', '.join(j.map_key for j in open_jobs)} (no trial of the study trained it)"
                 )
             )
             return None
-        return claimed
+        limit = max(1, min(fuse, -(-len(open_jobs) // max(1, workers))))
+        held = held_runs(store.race_runs(), worker)
+        for group in fused_groups([r for r in runs if r.job not in held], limit):
+            if claim_run(group[0]):  # else another worker that saw the same runs took this group
+                return [group[0], *(r for r in group[1:] if claim_run(r))]
+        return []
+
+    def claim_run(run: ClaimedRun) -> bool:
+        return store.claim_race_run(run.job, worker, run.flops_ratio, run.train_cfg.steps, stale_after=grace_period())
 
     claim_train_wait(
         claim,
         lambda runs: train_claimed(store, runs, worker, data, reporter),
         reporter,
         "the race's remaining runs are being trained by other workers; waiting",
+        runs_changed(store),
     )
     try:
         checkpoint_folder.rmdir()
