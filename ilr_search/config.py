@@ -40,6 +40,9 @@ class ModelConfig:
     max_reuse: int = 1  # repeats of one layer that the knobs' tables cover
     # a layer that runs r times: off, each pass's residual branches scaled by 1/r, or its parameters' lr by 1/r
     repeat_scale: RepeatScale = "off"
+    # every pass of a repeated layer or block after its first adds its attention and MLP branches times `damping`
+    # (1: the plain repeat); the first pass is the plain layer
+    damping: float = 1.0
     # Architecture options of pretrained checkpoints (training/pretrained.py reads them from config.json); each
     # off by default, the project's own model.
     n_kv_heads: int = 0  # key/value heads (grouped-query attention); 0: n_heads
@@ -54,6 +57,8 @@ class ModelConfig:
             raise ValueError(f"unknown injection {self.injection!r}; use one of {', '.join(INJECTIONS)}")
         if self.repeat_scale not in REPEAT_SCALES:
             raise ValueError(f"unknown repeat_scale {self.repeat_scale!r}; use one of {', '.join(REPEAT_SCALES)}")
+        if not 0 < self.damping <= 1:
+            raise ValueError(f"damping must be in (0, 1], got {self.damping}")
         if self.init_depth < 0:
             raise ValueError(f"init_depth must be 0 (n_layers) or positive, got {self.init_depth}")
         if self.pe not in POSITIONAL_ENCODINGS:
@@ -96,6 +101,7 @@ KNOB_FIELD_DEFAULTS = {
     "init_depth": 0,
     "max_reuse": 1,
     "repeat_scale": "off",
+    "damping": 1.0,
 }
 
 # The pretrained-architecture fields at their defaults (the project's own model, random init): stored with a study
@@ -215,6 +221,7 @@ class SearchConfig:
     noise_seeds: int = 2
     enqueue_paper_maps: bool = True
     knobs: tuple[str, ...] = ()  # recurrence knobs searched with the map (knobs.py), each a categorical dimension
+    damping_choices: tuple[float, ...] = (1.0, 0.5, 0.25, 0.1)  # the values of a searched damping knob (1: plain)
     target: float = 4.0  # the race's training length, a multiple of the proxy's steps (1: no longer training)
     race_seeds: int = 3  # adaptive: seeds each contender has at the target at its first test; fixed: at every length
     race_contenders: int = (
@@ -307,6 +314,7 @@ STORED_OMITTED_DEFAULTS: dict[str, dict[str, Any]] = {
         "race_screen": 3,
         "equal_compute": "off",
         "look_every": 1,
+        "damping_choices": (1.0, 0.5, 0.25, 0.1),
     },
 }
 

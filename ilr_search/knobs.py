@@ -12,17 +12,28 @@ from typing import Any
 
 from ilr_search.config import INJECTIONS, REPEAT_SCALES, ModelConfig
 
-KnobValue = str | bool
+KnobValue = str | bool | float
 
-# name -> choices; the first choice is "off", the model as the paper ran it
+# name -> choices; the first choice is "off", the model as the paper ran it. damping's are the grid a search
+# samples; any a in (0, 1] can be set by hand (`|damping=0.3`, `train --knobs damping=0.3`).
 KNOB_CHOICES: dict[str, tuple[KnobValue, ...]] = {
     "injection": INJECTIONS,
     "iteration_encoding": (False, True),
     "iteration_norms": (False, True),
     "depth_init": (False, True),
     "repeat_scale": REPEAT_SCALES,
+    "damping": (1.0, 0.5, 0.25, 0.1),
 }
 KNOBS = tuple(KNOB_CHOICES)
+CONTINUOUS_KNOBS = ("damping",)  # knobs that take any value in (0, 1], not only their choices
+
+
+def knob_choices(name: str, damping_choices: Sequence[float] = ()) -> tuple[KnobValue, ...]:
+    """The choices a search samples for knob `name`: KNOB_CHOICES', or for damping the study's
+    `damping_choices` where given ([search] damping_choices)."""
+    if name == "damping" and damping_choices:
+        return tuple(float(a) for a in damping_choices)
+    return KNOB_CHOICES[name]
 
 
 def check_knobs(names: Sequence[str]) -> None:
@@ -41,6 +52,7 @@ def knobs_of(cfg: ModelConfig) -> dict[str, KnobValue]:
         "iteration_norms": cfg.iteration_norms,
         "depth_init": cfg.init_depth > 0,
         "repeat_scale": cfg.repeat_scale,
+        "damping": cfg.damping,
     }
 
 
@@ -49,12 +61,21 @@ def with_knobs(cfg: ModelConfig, knobs: Mapping[str, KnobValue], init_depth: int
     runs (a study passes the deepest schedule its budget pays for, the same for every map)."""
     check_knobs(list(knobs))
     for name, value in knobs.items():
-        if value not in KNOB_CHOICES[name]:
-            raise ValueError(f"knob {name} has no setting {value!r}; use one of {list(KNOB_CHOICES[name])}")
+        check_knob_value(name, value)
     fields: dict[str, Any] = {k: v for k, v in knobs.items() if k != "depth_init"}
     if "depth_init" in knobs:
         fields["init_depth"] = init_depth if knobs["depth_init"] else 0
     return dataclasses.replace(cfg, **fields)
+
+
+def check_knob_value(name: str, value: KnobValue) -> None:
+    """A ValueError unless `value` is a setting of knob `name`: one of its choices, or for a continuous knob any
+    number in (0, 1]."""
+    if name in CONTINUOUS_KNOBS:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+            raise ValueError(f"knob {name} takes a number in (0, 1], got {value!r}")
+    elif value not in KNOB_CHOICES[name]:
+        raise ValueError(f"knob {name} has no setting {value!r}; use one of {list(KNOB_CHOICES[name])}")
 
 
 def parse_knob_settings(text: str) -> dict[str, KnobValue]:
@@ -65,6 +86,9 @@ def parse_knob_settings(text: str) -> dict[str, KnobValue]:
         name, _, value = part.partition("=")
         check_knobs([name])
         choices = KNOB_CHOICES[name]
+        if name in CONTINUOUS_KNOBS:
+            settings[name] = _number(name, value or "")
+            continue
         if not value:
             settings[name] = choices[1]
         elif value in ("off", "none", "false"):
@@ -81,6 +105,18 @@ def parse_knob_settings(text: str) -> dict[str, KnobValue]:
     return settings
 
 
+def _number(name: str, text: str) -> float:
+    """A continuous knob's setting from its text (`damping=0.5`; `off` is 1, the plain repeat)."""
+    if text in ("off", "none", "false"):
+        return 1.0
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"knob {name} takes a number in (0, 1] (e.g. {name}=0.5), got {text!r}") from None
+    check_knob_value(name, value)
+    return value
+
+
 def config_key(map_key: str, knobs: Mapping[str, KnobValue]) -> str:
     """What a study dedupes, claims and compares on: the map, plus the knobs that are not off."""
     described = format_knobs(knobs)
@@ -95,6 +131,7 @@ def knob_params(cfg: ModelConfig) -> dict[str, int]:
         "iteration_norms": cfg.n_layers * (cfg.max_reuse - 1) * 2 * cfg.d_model if cfg.iteration_norms else 0,
         "depth_init": 0,
         "repeat_scale": 0,
+        "damping": 0,
     }
 
 
@@ -104,5 +141,6 @@ def format_knobs(knobs: Mapping[str, KnobValue]) -> str:
     for name in KNOBS:
         value = knobs.get(name, KNOB_CHOICES[name][0])
         if value != KNOB_CHOICES[name][0]:
-            parts.append(name if value is True else f"{name}={value}")
+            text = f"{value:g}" if isinstance(value, float) else str(value)
+            parts.append(name if value is True else f"{name}={text}")
     return ",".join(parts)

@@ -78,6 +78,7 @@ _MODEL_KEYS = {
     "iteration_norms": "iteration_norms",
     "init_depth": "init_depth",
     "repeat_scale": "repeat_scale",
+    "damping": "damping",
 }
 _SECTIONS = {
     "model": ("model", _MODEL_KEYS),
@@ -272,6 +273,10 @@ def validate_space(space: SpaceConfig) -> None:
         (
             "blocks" not in s.families or s.sampler != "grid",
             "the grid sampler searches per-layer counts only; use another sampler with families 'blocks'",
+        ),
+        (
+            bool(s.damping_choices) and 1.0 in s.damping_choices and all(0 < a <= 1 for a in s.damping_choices),
+            f"damping_choices must lie in (0, 1] and include 1 (no damping), got {list(s.damping_choices)}",
         ),
         (s.n_trials >= 1, f"n-trials must be at least 1, got {s.n_trials}"),
         (s.sampler in SAMPLERS, f"unknown sampler {s.sampler!r}; use one of {', '.join(SAMPLERS)}"),

@@ -26,6 +26,8 @@ KNOB_CONFIGS = {
     "repeat_scale=lr": {"repeat_scale": "lr"},  # the forward pass is the plain one; the lr is tested below
     "all+residual": {"injection": "gated", "iteration_encoding": True, "iteration_norms": True, "init_depth": 12,
                      "repeat_scale": "residual"},
+    "damping=0.5": {"damping": 0.5},
+    "damping=0.25+residual": {"damping": 0.25, "repeat_scale": "residual"},
 }
 SCHEDULE = reuse_map_schedule([3, 1, 2])  # [0, 0, 0, 1, 2, 2]
 
@@ -64,6 +66,9 @@ def reference_logits(model: ILRTransformer, idx: torch.Tensor, schedule: list[in
         # repeat_scale residual: a layer that runs r times in the schedule adds each pass's branches times 1 / r
         branch = 1.0 / schedule.count(layer_index) if cfg.repeat_scale == "residual" else 1.0
         k = runs.get(layer_index, 0)
+        # damping: every pass after the layer's first adds its branches times a
+        if k >= 1:
+            branch *= cfg.damping
         runs[layer_index] = k + 1
         layer = model.layers[layer_index]
         if k >= 1 and cfg.injection == "add":
@@ -180,7 +185,7 @@ def test_knob_settings_round_trip_through_the_config():
     cfg = with_knobs(tiny(), {"injection": "add", "depth_init": True, "iteration_norms": False}, init_depth=9)
     assert (cfg.injection, cfg.init_depth, cfg.iteration_norms) == ("add", 9, False)
     assert knobs_of(cfg) == {"injection": "add", "iteration_encoding": False, "iteration_norms": False,
-                             "depth_init": True, "repeat_scale": "off"}
+                             "depth_init": True, "repeat_scale": "off", "damping": 1.0}
     assert format_knobs(knobs_of(cfg)) == "injection=add,depth_init"
     assert format_knobs(knobs_of(tiny())) == ""
     with pytest.raises(ValueError, match="unknown knob"):
@@ -191,10 +196,11 @@ def test_knob_settings_round_trip_through_the_config():
 
 
 def test_repeat_scale_residual_scales_each_repeated_layers_branches_by_its_run_count():
-    assert branch_scales(tiny(repeat_scale="residual"), SCHEDULE) == {0: 1 / 3, 1: None, 2: 0.5}
-    assert branch_scales(tiny(repeat_scale="residual"), block_schedule(3, 2)) == {0: 0.5, 1: 0.5, 2: 0.5}
+    # per position of [0, 0, 0, 1, 2, 2]
+    assert branch_scales(tiny(repeat_scale="residual"), SCHEDULE) == [1 / 3, 1 / 3, 1 / 3, None, 0.5, 0.5]
+    assert branch_scales(tiny(repeat_scale="residual"), block_schedule(3, 2)) == [0.5] * 6
     for setting in ("off", "lr"):
-        assert branch_scales(tiny(repeat_scale=setting), SCHEDULE) == {0: None, 1: None, 2: None}
+        assert branch_scales(tiny(repeat_scale=setting), SCHEDULE) == [None] * 6
     # one layer by hand: x (a residual stream) plus half of each branch, against the layer's plain branches
     torch.manual_seed(0)
     layer = ILRTransformer(tiny()).layers[0]
@@ -251,3 +257,42 @@ def test_repeat_scale_lr_puts_each_repeated_layers_parameters_at_lr_over_r():
     step = {n: (p.detach() - before[n]).abs().median().item() for n, p in model.named_parameters()}
     for layer, r in ((0, 3), (1, 1), (2, 2)):
         assert step[f"layers.{layer}.attn.qkv.weight"] == pytest.approx(cfg.lr / r, rel=0.05), layer
+
+
+# --- damping: every pass after a layer's first adds its branches times a ---
+
+
+def test_damping_scales_the_passes_after_each_layers_first():
+    assert branch_scales(tiny(damping=0.5), SCHEDULE) == [None, 0.5, 0.5, None, None, 0.5]
+    assert branch_scales(tiny(damping=0.5), block_schedule(3, 2)) == [None, None, None, 0.5, 0.5, 0.5]
+    assert branch_scales(tiny(damping=0.5), [0, 1, 2]) == [None, None, None]
+    assert branch_scales(tiny(damping=0.5, repeat_scale="residual"), [0, 0, 1, 2]) == [0.5, 0.25, None, None]
+
+
+def test_damping_one_is_the_plain_repeat_bit_for_bit():
+    torch.manual_seed(0)
+    plain = ILRTransformer(tiny()).eval()
+    damped = ILRTransformer(tiny(damping=1.0)).eval()
+    damped.load_state_dict(plain.state_dict())
+    idx = torch.randint(0, 64, (2, 8))
+    for schedule in (SCHEDULE, block_schedule(3, 2), [0, 1, 2]):
+        assert torch.equal(plain(idx, schedule), damped(idx, schedule))
+    half = ILRTransformer(tiny(damping=0.5)).eval()
+    half.load_state_dict(plain.state_dict())
+    assert torch.equal(plain(idx, [0, 1, 2]), half(idx, [0, 1, 2]))  # no repeat, nothing damped
+    assert not torch.allclose(plain(idx, SCHEDULE), half(idx, SCHEDULE))
+
+
+def test_damping_is_a_knob_that_takes_any_value_in_zero_one():
+    from ilr_search.knobs import config_key, parse_knob_settings
+
+    assert parse_knob_settings("damping=0.3") == {"damping": 0.3}
+    assert parse_knob_settings("damping=off") == {"damping": 1.0}
+    assert config_key("block:1-2:2", {"damping": 0.25}) == "block:1-2:2|damping=0.25"
+    assert config_key("2,1,1", {"damping": 1.0}) == "2,1,1"
+    for bad in ("damping=0", "damping=1.5", "damping=x", "damping"):
+        with pytest.raises(ValueError, match="damping"):
+            parse_knob_settings(bad)
+    with pytest.raises(ValueError, match="damping"):
+        ModelConfig(damping=0.0)
+    assert forward_flops_per_token(tiny(damping=0.5), SCHEDULE) == forward_flops_per_token(tiny(), SCHEDULE)

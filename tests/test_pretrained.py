@@ -161,13 +161,33 @@ def test_a_model_unlike_its_checkpoint_is_refused(saved):
 
 @pytest.mark.parametrize("change,words", [
     ({"injection": "add"}, "injection"), ({"iteration_encoding": True, "max_reuse": 2}, "iteration_encoding"),
-    ({"repeat_scale": "residual"}, "repeat_scale"), ({"pe": "nope"}, "rope"), ({"qkv_bias": True}, "qwen2"),
+    ({"pe": "nope"}, "rope"), ({"qkv_bias": True}, "qwen2"),
 ])
 def test_export_refuses_what_transformers_cannot_run(tmp_path, change, words):
     model = ILRTransformer(ModelConfig(n_layers=2, d_model=32, n_heads=4, seq_len=SEQ, **change))
     with pytest.raises(CheckpointError, match=words) as e:
         export_checkpoint(model, [0, 1], tmp_path / "out")
     assert "\n" not in str(e.value) and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("knobs", [{"damping": 0.5}, {"damping": 0.25, "repeat_scale": "residual"},
+                                   {"repeat_scale": "residual"}])
+def test_damped_repeats_export_as_scaled_o_proj_and_down_proj_copies(tmp_path, knobs):
+    """Damping (and repeat_scale residual) are branch factors: the unrolled copies' o_proj and down_proj carry them,
+    so a standard checkpoint with no custom code gives the model's logits; the first pass of each layer is unscaled."""
+    cfg = ModelConfig(n_layers=3, d_model=32, n_heads=4, seq_len=SEQ, **knobs)
+    model = build_model(cfg, seed=7).eval()
+    schedule = [0, 1, 2, 1, 2, 1, 2]  # block:1-2:3
+    out = export_checkpoint(model, schedule, tmp_path / "damped")
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    x = tokens(256, seed=6)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x, schedule), hf_logits(hf_model, x), atol=1e-4, rtol=1e-4)
+    weights = hf_model.state_dict()
+    layer1 = model.layers[1].attn.proj.weight.detach()
+    assert torch.equal(weights["model.layers.1.self_attn.o_proj.weight"], layer1 * (1 / 3 if "repeat_scale" in knobs else 1))
+    if "repeat_scale" not in knobs:
+        assert torch.allclose(weights["model.layers.3.self_attn.o_proj.weight"], layer1 * knobs["damping"])
 
 
 def test_a_model_with_q_k_norms_exports_only_as_qwen3(tmp_path):

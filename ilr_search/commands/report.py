@@ -90,7 +90,12 @@ def layer_view(trials: list[TrialRecord], front: Sequence[FrontRow]) -> LayerVie
         knobs = sorted({k for t in evaluated for k in t.knobs})
         shadow = optuna.create_study()
         dist = optuna.distributions.IntDistribution(1, max(2, top))
-        knob_dists = {k: optuna.distributions.CategoricalDistribution(KNOB_CHOICES[k]) for k in knobs}
+        knob_dists = {  # over the settings the trials had (a damping grid is the study's own)
+            k: optuna.distributions.CategoricalDistribution(
+                sorted({t.knobs[k] for t in evaluated if k in t.knobs} | {KNOB_CHOICES[k][0]}, key=str)
+            )
+            for k in knobs
+        }
         for t in evaluated:
             shadow.add_trial(
                 optuna.trial.create_trial(

@@ -18,7 +18,7 @@ import optuna
 
 from ilr_search.config import TRIAL_FAMILIES
 from ilr_search.errors import UserInputError
-from ilr_search.knobs import KNOB_CHOICES, KnobValue, parse_knob_settings
+from ilr_search.knobs import KNOB_CHOICES, KnobValue, knob_choices, parse_knob_settings
 from ilr_search.training.schedule import (
     BlockMap,
     Map,
@@ -50,10 +50,14 @@ def repair_to_budget(reuse_map: list[int], max_layer_runs: int) -> list[int]:
     return [1 + e for e in kept]
 
 
-def propose_knobs(trial: optuna.Trial, names: tuple[str, ...]) -> dict[str, KnobValue]:
-    """The trial's setting of each searched knob: a categorical dimension named after the knob."""
-    # each setting is one of the knob's choices (KnobValue)
-    return {name: cast(KnobValue, trial.suggest_categorical(name, KNOB_CHOICES[name])) for name in names}
+def propose_knobs(
+    trial: optuna.Trial, names: tuple[str, ...], damping_choices: Sequence[float] = ()
+) -> dict[str, KnobValue]:
+    """The trial's setting of each searched knob: a categorical dimension named after the knob, over its choices
+    (knobs.knob_choices: for damping, the study's damping_choices)."""
+    return {
+        name: cast(KnobValue, trial.suggest_categorical(name, knob_choices(name, damping_choices))) for name in names
+    }
 
 
 def knobs_off(names: tuple[str, ...]) -> dict[str, KnobValue]:

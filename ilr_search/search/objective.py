@@ -179,7 +179,7 @@ class SearchRun:
             trial, self.n_layers, search.max_reuse, self.plan.budget.max_layer_runs(self.plan.model), search.families
         )
         reuse_map, schedule = list(chosen.counts), chosen.schedule()
-        knobs = propose_knobs(trial, search.knobs)
+        knobs = propose_knobs(trial, search.knobs, search.damping_choices)
         key = config_key(chosen.key, knobs)  # the knobs add no FLOPs: repair keys on the map
         model = self.plan.trial_model(knobs)
         ratio = flops_ratio(model, schedule)

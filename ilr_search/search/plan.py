@@ -186,6 +186,9 @@ def study_config(space: SpaceConfig, model: ModelConfig, budget: Budget, dtype: 
     search: dict[str, Any] = {k: full["search"][k] for k in ("max_reuse", "families", "objective")}
     if space.search.knobs:
         search |= {"knobs": full["search"]["knobs"], "init_depth": budget.max_layer_runs(model)}
+    damping = full["search"]["damping_choices"]
+    if "damping" in space.search.knobs and tuple(damping) != omitted_search["damping_choices"]:
+        search["damping_choices"] = damping
     search |= {k: full["search"][k] for k in RACE_FIELDS if full["search"][k] != omitted_search[k]}
     init = full["model"].get("init")
     return {

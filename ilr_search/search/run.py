@@ -394,6 +394,7 @@ def _run_study(
         space.search.max_reuse,
         plan.budget.max_layer_runs(plan.model),
         space.search.families,
+        space.search.damping_choices,
     )
     n_trials = prepared.n_trials
     if prepared.n_trials_raised_from is not None:

@@ -11,7 +11,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from ilr_search.config import SAMPLERS, Sampler, SamplerOption, SamplerSettings
 from ilr_search.errors import UserInputError
-from ilr_search.knobs import KNOB_CHOICES
+from ilr_search.knobs import knob_choices
 from ilr_search.search.maps import (
     BLOCK_END,
     BLOCK_PARAMS,
@@ -175,17 +175,22 @@ def build_sampler(
     max_reuse: int | None = None,
     max_layer_runs: int | None = None,
     families: tuple[str, ...] = ("ilr",),
+    damping_choices: Sequence[float] = (),
 ) -> optuna.samplers.BaseSampler:
     """The study's sampler; given the space's max_reuse and the budget's max_layer_runs, wrapped so that it
     proposes maps (of the study's `families`) within the budget only (BudgetRepairSampler)."""
-    base = _base_sampler(settings, n_layers, worker_offset, knobs)
+    base = _base_sampler(settings, n_layers, worker_offset, knobs, damping_choices)
     if max_reuse is None or max_layer_runs is None:
         return base
     return BudgetRepairSampler(base, n_layers, max_reuse, max_layer_runs, knobs, families)
 
 
 def _base_sampler(
-    settings: SamplerSettings, n_layers: int, worker_offset: int, knobs: tuple[str, ...]
+    settings: SamplerSettings,
+    n_layers: int,
+    worker_offset: int,
+    knobs: tuple[str, ...],
+    damping_choices: Sequence[float] = (),
 ) -> optuna.samplers.BaseSampler:
     s: dict[str, Any] = dict(settings.options)  # the sampler's own keyword arguments
     # Each worker (and each resume) draws from its own stream; the first worker of a study is reproducible.
@@ -200,6 +205,8 @@ def _base_sampler(
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "grid":
-        grid = {f"r{i}": list(s["values"]) for i in range(n_layers)} | {k: list(KNOB_CHOICES[k]) for k in knobs}
+        grid = {f"r{i}": list(s["values"]) for i in range(n_layers)} | {
+            k: list(knob_choices(k, damping_choices)) for k in knobs
+        }
         return optuna.samplers.GridSampler(grid, seed=seed)
     raise UserInputError(f"unknown sampler {name!r}")

@@ -21,8 +21,8 @@ batches of `data.train_batch` with its seed, its own evaluations, divergence (it
 go on), stop (its on_eval callback), checkpoint (checkpoint.py's format, one file per member: a member can
 resume alone with `train_proxy`), and a TrainResult of the same meaning. The recurrence knobs that add
 parameters or ops (injection, iteration_encoding, iteration_norms) are refused; init_depth only changes the
-initial weights, which come from build_model, and is supported. repeat_scale "residual" is supported (a
-[member] factor on the branches at each schedule position); "lr" is refused (its per-layer lrs would need per-row
+initial weights, which come from build_model, and is supported. repeat_scale "residual" and damping are supported
+(a [member] factor on the branches at each schedule position); "lr" is refused (its per-layer lrs would need per-row
 lrs in the stacked tensors' one AdamW). So are the options of pretrained architectures (grouped-query attention,
 an explicit head_dim, an untied head, q/k/v biases, q/k norms) and a checkpoint's weights (`init`): such a model
 trains one map at a time (jobs.groups, `--fuse auto`).
@@ -86,7 +86,7 @@ class FusionUnsupported(UserInputError):
 
 def check_fusable(model_cfg: ModelConfig) -> None:
     """Refuse the knobs that add parameters or ops to the forward pass (init_depth only sets initial weights,
-    repeat_scale "residual" is a branch factor the group applies), repeat_scale "lr", and the pretrained
+    repeat_scale "residual" and damping are branch factors the group applies), repeat_scale "lr", and the pretrained
     architectures' options and a checkpoint's weights (the group stacks the project's own model)."""
     unsupported = [
         name
@@ -375,21 +375,19 @@ class FusedGroup:
         self.running: list[int] = []
         self.rows: list[Tensor] = []
         self.active_masks: list[Tensor] = []
-        # repeat_scale "residual": (running, 1, 1, 1) factors, None where no member scales. Compiled, a position
-        # with no scale gets ones (y * 1.0 is y exactly), so that no map's schedule picks another graph.
+        # repeat_scale "residual" and damping: (running, 1, 1, 1) factors, None where no member scales. Compiled, a
+        # position with no scale gets ones (y * 1.0 is y exactly), so that no map's schedule picks another graph.
         self.branch_scales: list[Tensor | None] = []
         member_scales = [branch_scales(self.model_cfg, m.schedule) for m in self.members]
-        scaled = self.compiled and self.model_cfg.repeat_scale == "residual"
+        scaled = self.compiled and (self.model_cfg.repeat_scale == "residual" or self.model_cfg.damping != 1.0)
         for s in range(longest):
             running = sum(1 for m in self.members if len(m.schedule) > s)
             if self.length_masking == "where":
                 running = len(self.members)  # every member computes; the mask keeps the short ones' activations
             rows = [k * L + (m.schedule[s] if len(m.schedule) > s else 0) for k, m in enumerate(self.members[:running])]
             self.running.append(running)
-            scales = [
-                member_scales[k][m.schedule[s]] if len(m.schedule) > s else None
-                for k, m in enumerate(self.members[:running])
-            ]
+            members = enumerate(self.members[:running])
+            scales = [member_scales[k][s] if len(m.schedule) > s else None for k, m in members]
             self.branch_scales.append(
                 None
                 if all(f is None for f in scales) and not scaled

@@ -15,7 +15,11 @@ run in the schedule (k = 0, 1, ...; in [0, 0, 1] layer 0 runs with k = 0, then k
   untouched by every setting):
   "residual": each of its passes adds its attention and MLP branches scaled by 1/r;
   "lr": its parameters (matrices and norm gains) train at lr / r (`parameter_lr_scales`; train.py's optimizer
-  puts them in param groups of their own; AdamW's decoupled weight decay, lr * wd, shrinks with them).
+  puts them in param groups of their own; AdamW's decoupled weight decay, lr * wd, shrinks with them);
+- damping a in (0, 1]: every pass with k >= 1 (a repeat of a layer, or of a block's layers, after its first) adds
+  its attention and MLP branches scaled by a; k = 0 is the plain layer, and a = 1 is the plain repeat.
+"residual" and damping are one mechanism: a factor on both residual branches at each position of the schedule
+(`branch_scales`), which an exported checkpoint carries as scaled copies of o_proj and down_proj.
 Additions and gains are elementwise: the knobs add no matmul FLOPs.
 
 Why repeat_scale. A repeated layer's shared weights W get the sum of their gradients over the r passes, and a
@@ -235,9 +239,9 @@ class ILRTransformer(nn.Module):
         alibi = alibi_bias(self.cfg.n_heads, T, idx.device) if self.cfg.pe == "alibi" else None
         schedule = range(self.cfg.n_layers) if schedule is None else schedule
         scales = branch_scales(self.cfg, schedule)
-        for layer_index, repeat in zip(schedule, repeat_indices(schedule), strict=True):
+        for layer_index, repeat, scale in zip(schedule, repeat_indices(schedule), scales, strict=True):
             x = self._before_run(x, embedded, layer_index, repeat)
-            x = self.layers[layer_index](x, rope, alibi, self._norm_gains(layer_index, repeat), scales[layer_index])
+            x = self.layers[layer_index](x, rope, alibi, self._norm_gains(layer_index, repeat), scale)
         return self.norm(x)
 
     def parameter_lr_scales(self, schedule: Sequence[int]) -> dict[str, float]:
@@ -315,11 +319,15 @@ def repeat_indices(schedule: Sequence[int]) -> list[int]:
     return indices
 
 
-def branch_scales(cfg: ModelConfig, schedule: Sequence[int]) -> dict[int, float | None]:
-    """Per layer index, the factor on its residual branches: 1 / r for a layer that runs r > 1 times under
-    repeat_scale "residual"; None (branches added as they are) otherwise."""
+def branch_scales(cfg: ModelConfig, schedule: Sequence[int]) -> list[float | None]:
+    """Per position of the schedule, the factor on that pass's residual branches: 1 / r for every pass of a layer
+    that runs r > 1 times under repeat_scale "residual", times `damping` for a pass after the layer's first; None
+    (branches added as they are) where the factor is 1."""
     runs = Counter(schedule)
-    return {
-        layer: 1.0 / runs[layer] if cfg.repeat_scale == "residual" and runs[layer] > 1 else None
-        for layer in range(cfg.n_layers)
-    }
+    scales: list[float | None] = []
+    for layer, repeat in zip(schedule, repeat_indices(schedule), strict=True):
+        scale = 1.0 / runs[layer] if cfg.repeat_scale == "residual" and runs[layer] > 1 else 1.0
+        if repeat >= 1:
+            scale *= cfg.damping
+        scales.append(None if scale == 1.0 else scale)
+    return scales

@@ -351,13 +351,12 @@ def check_exportable(cfg: ModelConfig, family: str) -> None:
     """Refuse (one line) a model that transformers' `family` cannot express."""
     if family not in SUPPORTED_FAMILIES:
         raise CheckpointError(f"cannot write family {family!r}; supported: {', '.join(SUPPORTED_FAMILIES)}")
-    knobs = [
+    knobs = [  # (damping and repeat_scale are branch factors, written as scaled o_proj and down_proj copies)
         name
         for name, on in (
             ("injection", cfg.injection != "none"),
             ("iteration_encoding", cfg.iteration_encoding),
             ("iteration_norms", cfg.iteration_norms),
-            (f"repeat_scale={cfg.repeat_scale}", cfg.repeat_scale != "off"),
         )
         if on
     ]
@@ -409,10 +408,14 @@ def hf_config(cfg: ModelConfig, family: str, n_layers: int) -> Any:
 
 def hf_state_dict(model: ILRTransformer, schedule: Sequence[int], family: str) -> dict[str, torch.Tensor]:
     """The model's weights under transformers' names, fp32 on the CPU, its schedule unrolled: position p of the
-    schedule is transformers' layer p."""
+    schedule is transformers' layer p. A position whose branches are scaled (damping, repeat_scale "residual":
+    model.branch_scales) has its o_proj and down_proj scaled by that factor: the same residual additions."""
     import torch
 
+    from ilr_search.training.model import branch_scales
+
     cfg, hs = model.cfg, model.cfg.head_size
+    scales = branch_scales(cfg, schedule)
     ours = {name: t.detach().to("cpu", torch.float32) for name, t in model.state_dict().items()}
     q_dim, kv_dim = cfg.n_heads * hs, cfg.kv_heads * hs
     out = {
@@ -422,6 +425,7 @@ def hf_state_dict(model: ILRTransformer, schedule: Sequence[int], family: str) -
     }
     for position, layer in enumerate(schedule):
         hf, src = f"model.layers.{position}.", f"layers.{layer}."
+        scale = 1.0 if scales[position] is None else scales[position]
         kinds = ("weight", "bias") if cfg.qkv_bias or family == "qwen2" else ("weight",)
         for kind in kinds:
             qkv = ours.get(f"{src}attn.qkv.{kind}")
@@ -433,7 +437,7 @@ def hf_state_dict(model: ILRTransformer, schedule: Sequence[int], family: str) -
                 f"{hf}self_attn.k_proj.{kind}": pairs_to_halves(k, hs),
                 f"{hf}self_attn.v_proj.{kind}": v,
             }
-        out[f"{hf}self_attn.o_proj.weight"] = ours[f"{src}attn.proj.weight"]
+        out[f"{hf}self_attn.o_proj.weight"] = ours[f"{src}attn.proj.weight"] * scale
         if cfg.qk_norm:
             for p in "qk":
                 out[f"{hf}self_attn.{p}_norm.weight"] = pairs_to_halves(ours[f"{src}attn.{p}_norm.weight"], hs)
@@ -441,7 +445,7 @@ def hf_state_dict(model: ILRTransformer, schedule: Sequence[int], family: str) -
         out |= {
             f"{hf}mlp.gate_proj.weight": gate,
             f"{hf}mlp.up_proj.weight": up,
-            f"{hf}mlp.down_proj.weight": ours[f"{src}mlp.down.weight"],
+            f"{hf}mlp.down_proj.weight": ours[f"{src}mlp.down.weight"] * scale,
             f"{hf}input_layernorm.weight": ours[f"{src}attn_norm.weight"],
             f"{hf}post_attention_layernorm.weight": ours[f"{src}mlp_norm.weight"],
         }
