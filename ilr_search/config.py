@@ -121,9 +121,13 @@ SAMPLERS: tuple[Sampler, ...] = get_args(Sampler)
 PrunerName = Literal["pareto", "pareto-eager", "median", "none"]
 PRUNERS: tuple[PrunerName, ...] = get_args(PrunerName)
 # pareto: validation perplexity against FLOPs; ppl: perplexity alone (the budget only a constraint); answer: the
-# perplexity of the answer tokens of prompt/answer rows (DataConfig.answer_column) against FLOPs.
-Objective = Literal["pareto", "ppl", "answer"]
+# perplexity of the answer tokens of prompt/answer rows (DataConfig.answer_column) against FLOPs. Task items, scored
+# one at a time by a frozen study (data/items.py), against FLOPs: choice (the correct choice's log-likelihood the
+# highest), exact (greedy decoding matches the answer), lm-eval (an lm-evaluation-harness task's 0/1 metric per
+# document, DataConfig.task; `--objective lm-eval:TASK`).
+Objective = Literal["pareto", "ppl", "answer", "choice", "exact", "lm-eval"]
 OBJECTIVES: tuple[Objective, ...] = get_args(Objective)
+ITEM_OBJECTIVES: tuple[Objective, ...] = ("choice", "exact", "lm-eval")  # scored per item, 0 or 1, frozen only
 # The map families of a study: ilr (per-layer reuse counts, the sampler's), block (block recurrence blockK, the whole
 # stack run K times, trained as reference runs) and blocks (one contiguous block run R times, block:I-J:R, the
 # sampler's; off by default).
@@ -148,6 +152,11 @@ class DataConfig:
     tokenizer: str = "byte"
     text_column: str = "text"  # the text of a document; with answer_column, the prompt of a prompt/answer row
     answer_column: str = ""  # "": documents of text; else rows of prompt and answer, whose loss is on the answer only
+    choices_column: str = ""  # objective choice: the column of each item's choices (answer_column: the correct one)
+    stop: str = "\n"  # objective exact: greedy decoding stops at this text
+    max_new_tokens: int = 16  # objective exact: ... or after this many tokens
+    task: str = ""  # objective lm-eval: the task's name (lm-eval's registry, or a YAML under tasks_path)
+    tasks_path: str = ""  # objective lm-eval: a folder of local task YAMLs
     val_fraction: float = 0.05
     max_train_tokens: int = 0  # 0: the whole training split; else a cap (e.g. for epochs over a fixed sample)
 
@@ -302,7 +311,14 @@ SPACE_SCHEMA_VERSION = 1
 # a section lacks take the dataclass's default (a study stores what changes its results, not e.g. the device).
 STORED_OMITTED_DEFAULTS: dict[str, dict[str, Any]] = {
     "model": KNOB_FIELD_DEFAULTS | ARCHITECTURE_FIELD_DEFAULTS,
-    "data": {"answer_column": ""},
+    "data": {
+        "answer_column": "",
+        "choices_column": "",
+        "stop": "\n",
+        "max_new_tokens": 16,
+        "task": "",
+        "tasks_path": "",
+    },
     "train": {"dtype": "fp32", "lr_schedule": "cosine", "warmup_steps": 0, "cooldown_frac": 0.2},
     "search": {
         "knobs": (),

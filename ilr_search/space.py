@@ -24,6 +24,7 @@ from ilr_search.config import (
     DTYPES,
     EQUAL_COMPUTE,
     FAMILIES,
+    ITEM_OBJECTIVES,
     LR_SCHEDULES,
     OBJECTIVES,
     PRUNERS,
@@ -236,12 +237,38 @@ def check_sizes(space: SpaceConfig) -> None:
 
 def check_search_objective(space: SpaceConfig) -> None:
     """A search's objective and its data agree: answer rows (an answer column) are searched by the answer
-    objective, and only they are, so that a study's objective always names what its perplexities are of."""
-    if space.data.answer_column and space.search.objective != "answer":
+    objective or scored as task items (choice, exact), and only they are, so that a study's objective always names
+    what its scores are of; task items are scored by a frozen search of a pretrained model."""
+    d, objective = space.data, space.search.objective
+    if d.answer_column and objective not in ("answer", "choice", "exact"):
         raise SpaceError(
-            f"--answer-column makes the loss the answer tokens'; search it with --objective answer "
-            f"(not {space.search.objective})"
+            f"--answer-column makes the loss the answer tokens'; search it with --objective answer, or score task "
+            f"items with --objective choice or exact (not {objective})"
         )
+    if objective in ITEM_OBJECTIVES:
+        if space.train.steps != 0 or not space.model.init:
+            raise SpaceError(
+                f"--objective {objective} scores task items on a pretrained model's weights as they are: add --init "
+                "MODEL and --train-steps 0"
+            )
+        if objective == "lm-eval":
+            if not d.task:
+                raise SpaceError(
+                    "--objective lm-eval:TASK needs the task's name after the colon, e.g. lm-eval:arc_easy"
+                )
+            return
+        if d.corpus == "stdlib" or not d.answer_column:
+            raise SpaceError(
+                f"--objective {objective} scores task items: give --data FILE (.jsonl, .json, .csv or .parquet, or "
+                "hf:NAME of a cached dataset) with --text-column (the prompt) and --answer-column"
+            )
+        if objective == "choice" and not d.choices_column:
+            raise SpaceError(
+                "--objective choice needs --choices-column NAME (each item's list of choices; --answer-column holds "
+                "the correct one, as its index or its text)"
+            )
+    if d.choices_column and objective != "choice":
+        raise SpaceError(f"--choices-column is read by --objective choice only (not {objective})")
 
 
 def validate_space(space: SpaceConfig) -> None:
@@ -340,6 +367,7 @@ def validate_space(space: SpaceConfig) -> None:
             f'[search] enqueue must be a list of strings like "3,2,2,1", got {list(s.enqueue)}',
         ),
         (0 < space.data.val_fraction < 1, f"val_fraction must be in (0, 1), got {space.data.val_fraction}"),
+        (space.data.max_new_tokens >= 1, f"max_new_tokens must be at least 1, got {space.data.max_new_tokens}"),
         (
             s.objective != "answer" or bool(space.data.answer_column),
             "--objective answer needs --answer-column NAME (the answer column of the prompt/answer rows of --data)",

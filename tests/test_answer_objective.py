@@ -204,7 +204,8 @@ TINY = Path(__file__).resolve().parent / "spaces" / "tiny.toml"
 def test_frozen_window_chunks_of_answer_rows_are_disjoint_and_count_answers_alone(data):
     """A frozen evaluation (steps 0) deals the validation rows into disjoint chunks; each window counts its row's
     answer alone, and a chunk's loss is the mean over those answer tokens, as evaluate's over the same windows."""
-    from ilr_search.training.frozen import window_losses
+    from ilr_search.config import TrainConfig
+    from ilr_search.training.frozen import chunk_scores
 
     n = 8
     begins, ends = data.val.answer_spans()
@@ -215,9 +216,10 @@ def test_frozen_window_chunks_of_answer_rows_are_disjoint_and_count_answers_alon
     model_cfg = tiny_model()
     model = build_model(model_cfg, seed=0).eval()
     schedule = list(range(model_cfg.n_layers))
-    losses = window_losses(model, schedule, data, 0, n)
+    losses, = chunk_scores(model_cfg, schedule, data,
+                           TrainConfig(steps=0, eval_windows=n, batch_size=8, device="cpu", dtype="fp32"), [0])
     answer_lengths = [int(e - b) for b, e in zip(first.begins, first.ends)]
-    assert list(losses.tokens_per_window) == answer_lengths
+    assert list(losses.counts) == answer_lengths
     nats = 0.0
     with torch.no_grad():
         for x, y in data.window_batches(first, SEQ_LEN, n):

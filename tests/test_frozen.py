@@ -111,19 +111,18 @@ def test_per_window_losses_pair_maps_by_window(checkpoint, token_cache):
 
     from ilr_search.config import DataConfig, TrainConfig
     from ilr_search.data.tokens import load_tokens
-    from ilr_search.training.frozen import chunk_window_losses
+    from ilr_search.training.frozen import chunk_scores
     from ilr_search.training.schedule import reuse_map_schedule
-    from ilr_search.training.train import build_model
 
-    model = build_model(open_checkpoint(str(checkpoint), seq_len=64).config, 0)
+    model_cfg = open_checkpoint(str(checkpoint), seq_len=64).config
     data = load_tokens(DataConfig(tokenizer="byte"), seq_len=64)
     cfg = TrainConfig(steps=0, eval_windows=16, device="cpu", dtype="fp32")
-    plain, = chunk_window_losses(model, [0, 1, 2, 3], data, cfg, [1])
-    recurrent, = chunk_window_losses(model, reuse_map_schedule(TRAINED_MAP), data, cfg, [1])
-    assert plain.starts == recurrent.starts and len(plain.losses) == 16
-    assert plain.val_loss == pytest.approx(sum(plain.losses) / 16)
-    better = sum(r < p for r, p in zip(recurrent.losses, plain.losses))
-    assert better >= 12, (recurrent.losses, plain.losses)
+    plain, = chunk_scores(model_cfg, [0, 1, 2, 3], data, cfg, [1])
+    recurrent, = chunk_scores(model_cfg, reuse_map_schedule(TRAINED_MAP), data, cfg, [1])
+    assert plain.units == recurrent.units and len(plain.scores) == 16
+    assert plain.val_loss == pytest.approx(sum(plain.scores) / 16)
+    better = sum(r < p for r, p in zip(recurrent.scores, plain.scores))
+    assert better >= 12, (recurrent.scores, plain.scores)
 
 
 def no_database(tmp_path: Path) -> bool:

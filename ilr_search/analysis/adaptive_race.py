@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeGuard
 
 from ilr_search.analysis.answer import interval_words, ppl_gain, side
@@ -69,7 +69,6 @@ from ilr_search.analysis.race_core import (
 from ilr_search.analysis.results import DEEP_PREFIX, deep_key, is_deep_key, key_reuse_map
 from ilr_search.analysis.sequential import (
     SequentialTest,
-    TestKind,
     detectable_gap,
     look_schedule,
     looks_apart,
@@ -77,6 +76,7 @@ from ilr_search.analysis.sequential import (
     t_statistic,
 )
 from ilr_search.analysis.stats import decision_level, paired_comparison, rank_agreement, seed_interval
+from ilr_search.analysis.unit_pairs import UnitPairs, UnitTest, unit_detectable_gap, unit_pairs
 
 DETECTION_POWER = 0.8
 
@@ -99,29 +99,35 @@ def _diffs(
     return seeds, [mine[s] - base[s] for s in seeds]
 
 
+def by_unit(
+    results: Results, key: str, baseline_key: str, steps: int, seeds: Sequence[int], settings: RaceSettings
+) -> UnitPairs | None:
+    """A frozen comparison's unit pairs (unit_pairs.py) over its common seeds (chunks), where every one of them kept
+    both maps' per-unit scores; None otherwise (a trained race, or runs stored without their scores: paired by
+    seed)."""
+    if not settings.frozen or not seeds:
+        return None
+    mine = {s: results.units(key, steps, s) for s in seeds}
+    base = {s: results.units(baseline_key, steps, s) for s in seeds}
+    pairs = unit_pairs(mine, base, seeds, settings.binary)
+    return pairs if pairs.chunks == tuple(seeds) else None
+
+
 def holm_claims(
-    paths: Mapping[str, Sequence[float]],
-    weights: Mapping[str, float],
-    alpha: float,
-    first_look: int,
-    max_n: int,
-    kind: TestKind,
-    every: int = 1,
+    keys: Sequence[str], weights: Mapping[str, float], alpha: float, crossed: Callable[[str, float], int | None]
 ) -> tuple[dict[str, tuple[float, int]], dict[str, float]]:
     """The weighted Holm step-down over sequential tests: each comparison not yet claimed is tested at its share of
     the family level, alpha * weight / (the weights still unclaimed); a claim passes its share on to the rest.
-    Returns the claims {key: (level, look at the claim)} and the levels the rest are held to."""
-    remaining = sorted(paths)
+    `crossed(key, level)`: the look at which key's test at `level` claims (None: it does not). Returns the claims
+    {key: (level, look at the claim)} and the levels the rest are held to."""
+    remaining = sorted(keys)
     claimed: dict[str, tuple[float, int]] = {}
     levels: dict[str, float] = {}
     while remaining:
         total = math.fsum(weights[k] for k in remaining)
         levels = {k: alpha * weights[k] / total for k in remaining}
-        crossed = {
-            k: SequentialTest(levels[k], first_look, max_n, kind, every=every).crossed_at(list(paths[k]))
-            for k in remaining
-        }
-        new = {k: n for k, n in crossed.items() if n is not None}
+        found = {k: crossed(k, levels[k]) for k in remaining}
+        new = {k: n for k, n in found.items() if n is not None}
         if not new:
             return claimed, levels
         claimed |= {k: (levels[k], n) for k, n in new.items()}
@@ -251,21 +257,17 @@ def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSetting
     every = looks_apart(settings.look_every, len(pool))
     testable = len(pool) >= first_look
     paths = {k: _diffs(results, k, baseline_key, target, pool) for k in family}
+    units = {k: by_unit(results, k, baseline_key, target, paths[k][0], settings) for k in family}
     ranked = sorted(family, key=lambda k: (screen_losses[k], k))
     weights = holm_weights(ranked, settings.lead_share)
-    claims, open_levels = (
-        holm_claims(
-            {k: d for k, (_, d) in paths.items()},
-            weights,
-            alpha,
-            first_look,
-            len(pool),
-            settings.test,
-            every,
-        )
-        if testable and family
-        else ({}, {})
-    )
+
+    def crossed(key: str, level: float) -> int | None:
+        pairs = units[key]
+        if pairs is not None:
+            return UnitTest(level, first_look, len(pool), every).crossed_at(pairs)
+        return SequentialTest(level, first_look, len(pool), settings.test, every=every).crossed_at(paths[key][1])
+
+    claims, open_levels = holm_claims(family, weights, alpha, crossed) if testable and family else ({}, {})
     comparisons: dict[str, Comparison] = {}
     for k in family:
         seeds, diffs = paths[k]
@@ -281,6 +283,7 @@ def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSetting
             open_levels.get(k, alpha * weights[k]),
             first_look,
             len(pool),
+            units[k],
         )
     _stop_dominated(comparisons, results, target, settings, first_look)
     for k, c in comparisons.items():
@@ -316,7 +319,7 @@ def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSetting
     alive = sorted((k for k in contenders if k not in eliminated), key=lambda k: (_mean(results, k, target), k))
     front = _front(alive, results, target, settings.confidence, tuple(claims))
     better = tuple(sorted(claims, key=lambda k: (comparisons[k].mean_diff or 0.0, k)))
-    gap = _detectable(list(comparisons.values()), results, baseline_key, target, settings, first_look, len(pool))
+    gap = _detectable(list(comparisons.values()), results, baseline_key, target, settings, first_look, len(pool), units)
     equal = _equal_compute(deep, best, results, target, settings, baseline_key)
     verdict = _verdict(
         comparisons, better, results, baseline_key, target, settings, done, gap, equal, compute, stopped, contenders
@@ -383,45 +386,75 @@ def _compare(
     open_level: float,
     first_look: int,
     max_n: int,
+    pairs: UnitPairs | None = None,
 ) -> Comparison:
     mine, base = results.at(key, target), results.at(baseline_key, target)
     words = settings.words
-    c = paired_comparison({s: mine[s] for s in seeds}, {s: base[s] for s in seeds}, settings.confidence)
-    t = t_statistic(diffs)
     level, decided_at = claims.get(key, (open_level, None))
-    test = _sequential(settings, level, first_look, max_n)
-    boundary = test.boundary(len(seeds)) if settings.test == "spending" and len(seeds) >= first_look else None
     flops = results.flops[key]
-    common: dict[str, Any] = dict(
-        map_key=key,
-        flops_ratio=flops,
-        seeds=tuple(seeds),
-        mean_diff=c.mean_diff if seeds else None,
-        sd_diff=c.sd_diff,
-        interval=c.interval,
-        p_value=c.p_value,
-        t=t,
-        level=level,
-        boundary=boundary,
-    )
+    common: dict[str, Any]
+    if pairs is not None:  # frozen, paired by unit over the chunks
+        t = pairs.statistic()
+        boundary = UnitTest(level, first_look, max_n, looks_apart(settings.look_every, max_n)).boundary(pairs)
+        common = dict(
+            map_key=key,
+            flops_ratio=flops,
+            seeds=tuple(seeds),
+            mean_diff=pairs.mean(),
+            sd_diff=pairs.sd(),
+            interval=pairs.interval(settings.confidence),
+            p_value=pairs.p_value(),
+            t=t,
+            level=level,
+            boundary=boundary if len(seeds) >= first_look else None,
+            units=pairs.n,
+        )
+        dof = max(1, pairs.n - 1)
+    else:
+        c = paired_comparison({s: mine[s] for s in seeds}, {s: base[s] for s in seeds}, settings.confidence)
+        t = t_statistic(diffs)
+        test = _sequential(settings, level, first_look, max_n)
+        boundary = test.boundary(len(seeds)) if settings.test == "spending" and len(seeds) >= first_look else None
+        common = dict(
+            map_key=key,
+            flops_ratio=flops,
+            seeds=tuple(seeds),
+            mean_diff=c.mean_diff if seeds else None,
+            sd_diff=c.sd_diff,
+            interval=c.interval,
+            p_value=c.p_value,
+            t=t,
+            level=level,
+            boundary=boundary,
+        )
+        dof = len(seeds) - 1
+    mean_diff = common["mean_diff"]
+    unit_words = f" ({pairs.n} {words.paired}s paired)" if pairs is not None else ""
     if decided_at is not None:
+        test_name = (
+            "a sequential paired t test"
+            if pairs is None
+            else "an exact sequential sign test paired by item"
+            if pairs.binary
+            else f"a sequential t test paired by {words.paired}"
+        )
         return Comparison(
             **common,
             status="better",
             decided_at=decided_at,
-            why=f"better than the baseline {words.at(target)}: a sequential paired t test at level "
+            why=f"better than the baseline {words.at(target)}: {test_name} at level "
             f"{level:.3g} claimed it after {words.count(decided_at)}",
         )
     if t is not None and len(seeds) >= first_look:
         from scipy.stats import t as student
 
-        if t < -float(student.ppf(1 - settings.futility, len(seeds) - 1)):
-            bound = float(student.ppf(1 - settings.futility, len(seeds) - 1))
+        bound = float(student.ppf(1 - settings.futility, dof))
+        if t < -bound:
             return Comparison(
                 **common,
                 status=CANNOT_WIN,
                 why=f"stopped: cannot win against the baseline {words.at(target)}: its loss is "
-                f"{c.mean_diff:.4f} above the baseline's on average over {words.count(len(seeds))}, "
+                f"{mean_diff:.4f} above the baseline's on average over {words.count(len(seeds))}{unit_words}, "
                 f"{-t:.2f} standard errors past even, more than the {bound:.2f} at which a "
                 f"later claim becomes unlikely (futility level {settings.futility:g})",
             )
@@ -433,21 +466,7 @@ def _compare(
 
 
 def _with(c: Comparison, status: str, why: str) -> Comparison:
-    return Comparison(
-        c.map_key,
-        c.flops_ratio,
-        c.seeds,
-        c.mean_diff,
-        c.sd_diff,
-        c.interval,
-        c.p_value,
-        c.t,
-        c.level,
-        c.boundary,
-        status,
-        c.decided_at,
-        why,
-    )
+    return dataclasses.replace(c, status=status, why=why)
 
 
 def _stop_dominated(
@@ -455,6 +474,7 @@ def _stop_dominated(
 ) -> None:
     """An open contender that a contender of no more FLOPs beats by a paired test over their common test seeds
     gets no more seeds (it cannot be on the front)."""
+    alpha = decision_level(settings.confidence)
     for k, c in list(comparisons.items()):
         if c.status != "open":
             continue
@@ -463,14 +483,20 @@ def _stop_dominated(
             if o == k or results.flops[o] > results.flops[k] or comparisons[o].status in ("diverged",):
                 continue
             theirs = {s: v for s, v in results.at(o, target).items() if s in settings.seeds[1:]}
-            test = paired_comparison(theirs, mine, settings.confidence)
-            if test.n >= first_look and test.a_better:
+            common = sorted(set(mine) & set(theirs), key=settings.seeds.index)
+            pairs = by_unit(results, o, k, target, common, settings) if c.units else None
+            if pairs is not None:
+                n, mean_diff, p = len(pairs.chunks), pairs.mean(), pairs.p_value()
+            else:
+                test = paired_comparison(theirs, mine, settings.confidence)
+                n, mean_diff, p = test.n, test.mean_diff, test.p_value
+            if n >= first_look and p < alpha and mean_diff is not None:
                 comparisons[k] = _with(
                     c,
                     "dominated",
                     f"{o} better than {k} {settings.words.at(target)}: loss difference "
-                    f"{test.mean_diff:+.4f} over {settings.words.count(test.n)}, one-sided paired "
-                    f"t p={test.p_value:.3g} < {test.alpha:.3g}",
+                    f"{mean_diff:+.4f} over {settings.words.count(n)}, one-sided paired "
+                    f"{'test' if pairs is not None else 't'} p={p:.3g} < {alpha:.3g}",
                 )
                 break
 
@@ -556,23 +582,39 @@ def _detectable(
     settings: RaceSettings,
     first_look: int,
     max_n: int,
+    units: Mapping[str, UnitPairs | None] | None = None,
 ) -> DetectableGap | None:
-    """The smallest gap the race would have found with 80% power: a contender held to the screen's best's level
-    (the largest share of the family's), at the most test seeds any comparison reached, with the race's paired sd
-    (pooled over its comparisons), against the sequential boundary there."""
+    """The smallest gap the race would have found with 80% power, at the level of the screen's best (the largest
+    share of the family's). Paired by seed: at the most test seeds any comparison reached, with the race's paired sd
+    (pooled over its comparisons), against the sequential boundary there. Paired by unit (a frozen race): from the
+    unit differences of the comparison nearest the baseline (the smallest mean difference), whose spread is the
+    one a map that could win would have, at the chunks it reached (a map far behind has a spread of its own)."""
+    level = max((c.level for c in comparisons), default=0.0)
+    base = _mean(results, baseline_key, target)
+    paired = [(c, pairs) for c in comparisons if (pairs := (units or {}).get(c.map_key)) is not None and c.n >= 1]
+    if paired:
+        c, pairs = min(
+            paired, key=lambda cp: (cp[0].mean_diff if cp[0].mean_diff is not None else math.inf, cp[0].map_key)
+        )
+        test = UnitTest(level, first_look, max_n, looks_apart(settings.look_every, max_n))
+        gap = unit_detectable_gap(pairs, test, DETECTION_POWER)
+        sd = pairs.sd()
+        if gap is None or sd is None:
+            return None
+        ppl = math.exp(base) - math.exp(base - gap) if settings.judged == "ppl" else 0.0
+        return DetectableGap(gap, ppl, DETECTION_POWER, len(pairs.chunks), sd, level, pairs.n, settings.judged)
     usable = [(c.n, d) for c in comparisons if c.n >= 2 and (d := c.sd_diff) is not None and d > 0]  # (n, paired sd)
     if not usable:
         return None
     dof = sum(n - 1 for n, _ in usable)
     sd = math.sqrt(math.fsum((n - 1) * s**2 for n, s in usable) / dof)
     n = max(n for n, _ in usable)
-    level = max(c.level for c in comparisons)
     boundary = _sequential(settings, level, first_look, max_n).boundary(n) if settings.test == "spending" else None
     nats = detectable_gap(sd, n, level, DETECTION_POWER, boundary=boundary)
     if nats is None:
         return None
-    base = _mean(results, baseline_key, target)
-    return DetectableGap(nats, math.exp(base) - math.exp(base - nats), DETECTION_POWER, n, sd, level)
+    ppl = math.exp(base) - math.exp(base - nats)
+    return DetectableGap(nats, ppl, DETECTION_POWER, n, sd, level, judged=settings.judged)
 
 
 def _equal_compute(
@@ -636,7 +678,7 @@ def _verdict(
 ) -> str:
     """The race's verdict in a few clauses. Every difference is the one the answer gives (answer.ppl_gain: the
     paired mean loss difference over the test seeds, as ppl at the baseline's mean), said in words."""
-    words = settings.words
+    words, measure = settings.words, settings.measure
     prefix = "" if done else f"(race open {words.at(target)}) "
     pct = round(settings.confidence * 100)
     base_ppl = math.exp(_mean(results, baseline_key, target))
@@ -652,14 +694,15 @@ def _verdict(
         for k in better:
             c = comparisons[k]
             assert c.mean_diff is not None  # a claimed map was tested
-            interval = interval_words(base_ppl, c.interval, settings.confidence)
+            interval = interval_words(base_ppl, c.interval, settings.confidence, measure)
             claims.append(
-                f"{k} {side(ppl_gain(base_ppl, c.mean_diff), 'the baseline')} ({interval}, p={c.p_value:.3g}, "
-                f"{words.count(c.n, test=True)})"
+                f"{k} {side(measure.gain(base_ppl, c.mean_diff), 'the baseline', measure)} ({interval}, "
+                f"p={c.p_value:.3g}, {words.count(c.n, test=True)})"
             )
+        paired = f", paired by {words.paired}" if any(c.units for c in comparisons.values()) else ""
         text = (
             f"{prefix}recurrence beats the baseline {words.at(target)} ({pct}% confidence, sequential paired tests "
-            f"on {words.plural} after the screen's, Holm over {len(comparisons)} map(s)): " + "; ".join(claims)
+            f"on {words.plural} after the screen's{paired}, Holm over {len(comparisons)} map(s)): " + "; ".join(claims)
         )
     else:
         counts = sorted({c.n for c in comparisons.values()})
@@ -673,17 +716,20 @@ def _verdict(
             f"({pct}% confidence)"
         )
     if gap is not None:
+        paired = f", {gap.units} {words.paired}s paired" if gap.units else ""
         parts.append(
-            f"gaps of {gap.ppl:.2f} ppl or more would have been seen with {round(100 * gap.power)}% power "
-            f"({words.count(gap.seeds, test=True)})"
+            f"gaps of {measure.amount(gap.amount)} or more would have been seen with {round(100 * gap.power)}% power "
+            f"({words.count(gap.seeds, test=True)}{paired})"
         )
     ranked = [c for c in comparisons.values() if c.map_key not in better and c.mean_diff is not None]
     if comparisons and not better and ranked:
         c = min(ranked, key=lambda c: (c.mean_diff, c.map_key))
         assert c.mean_diff is not None  # ranked holds only the comparisons with a mean difference
-        how = f"closest {c.map_key}: {side(ppl_gain(base_ppl, c.mean_diff), 'the baseline')}"
+        how = f"closest {c.map_key}: {side(measure.gain(base_ppl, c.mean_diff), 'the baseline', measure)}"
         need = paired_comparison(*_pair(results, c, baseline_key, target), settings.confidence).seeds_needed()
-        if c.sd_diff is None:
+        if c.units:
+            parts.append(how)
+        elif c.sd_diff is None:
             parts.append(f"{how} at {words.count(1)}")
         elif need is None:
             parts.append(f"{how}; more than 1000 {words.plural} would be needed to tell them apart")

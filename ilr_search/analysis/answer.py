@@ -14,9 +14,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ilr_search.analysis.fidelity import AGREE_SPEARMAN, PARTLY_SPEARMAN
-from ilr_search.analysis.race_core import Comparison, EqualCompute, FrontPoint, RaceSettings, RaceState
+from ilr_search.analysis.race_core import Comparison, EqualCompute, FrontPoint, Measure, RaceSettings, RaceState
 
 PLAIN = "the plain model"  # the all-ones map: every layer run once, no recurrence
+PPL = Measure("ppl")
 
 
 @dataclass(frozen=True)
@@ -67,31 +68,32 @@ def count(n: int, unit: str) -> str:
     return f"{n} {unit}{'' if n == 1 else 's'}"
 
 
-def side(gain: float, other: str, digits: int = 2) -> str:
-    """A perplexity difference against `other` in words: a positive `gain` (lower ppl) is `better by X ppl than
-    other`, a negative one `worse by X ppl than other`, one that rounds to 0 `level with other`."""
-    if round(abs(gain), digits) == 0:
+def side(gain: float, other: str, measure: Measure = PPL) -> str:
+    """A difference against `other` in words: a positive `gain` (lower ppl, lower answer loss, higher accuracy) is
+    `better by X ppl than other`, a negative one `worse by X ppl than other`, one that rounds to 0 `level with
+    other` (X in the measure's unit: ppl, nats of answer loss, accuracy points)."""
+    if round(abs(gain), measure.digits()) == 0:
         return f"level with {other}"
-    return f"{'better' if gain > 0 else 'worse'} by {abs(gain):.{digits}f} ppl than {other}"
+    return f"{'better' if gain > 0 else 'worse'} by {measure.amount(abs(gain))} than {other}"
 
 
 def ppl_gain(base_ppl: float, loss_diff: float) -> float:
     """The ppl a map gains over the plain model, from the mean paired loss difference (map minus plain)."""
-    return base_ppl * (1.0 - math.exp(loss_diff))
+    return PPL.gain(base_ppl, loss_diff)
 
 
-def interval_words(base_ppl: float, interval: Sequence[float] | None, confidence: float) -> str:
+def interval_words(base_ppl: float, interval: Sequence[float] | None, confidence: float, measure: Measure = PPL) -> str:
     """`90% interval 0.03 to 0.13` (both better), or `90% interval from 0.05 worse to 0.01 better`."""
     if not interval or None in interval:
         return ""
     # the loss's high end is the least gain
-    low, high = ppl_gain(base_ppl, interval[1]), ppl_gain(base_ppl, interval[0])
-    pct = round(confidence * 100)
+    low, high = measure.gain(base_ppl, interval[1]), measure.gain(base_ppl, interval[0])
+    pct, d = round(confidence * 100), measure.digits()
     if low > 0:
-        return f"{pct}% interval {low:.2f} to {high:.2f}"
+        return f"{pct}% interval {low:.{d}f} to {high:.{d}f}"
     if high < 0:
-        return f"{pct}% interval {abs(high):.2f} to {abs(low):.2f} worse"
-    return f"{pct}% interval from {abs(low):.2f} worse to {high:.2f} better"
+        return f"{pct}% interval {abs(high):.{d}f} to {abs(low):.{d}f} worse"
+    return f"{pct}% interval from {abs(low):.{d}f} worse to {high:.{d}f} better"
 
 
 def _map(key: str) -> str:
@@ -135,7 +137,7 @@ def race_answer(
     else:
         gap = state.detectable_gap
         seen = (
-            f"a gap of {gap.ppl:.2f} ppl or more would have been seen ({round(100 * gap.power)}% power)"
+            f"{gap.text()} or more would have been seen ({round(100 * gap.power)}% power)"
             if gap
             else f"too few {unit}s to say what gap would have been seen"
         )
@@ -143,12 +145,14 @@ def race_answer(
             seen = "no recurrent map reached the race"
         line = f"no map beat {PLAIN} {at}; {seen}"
     if baseline_ppl is not None:
-        details += _closest(comparisons, claimed, baseline_ppl, settings.confidence, unit)
+        details += _closest(comparisons, claimed, baseline_ppl, settings.confidence, unit, settings.measure)
     details += _equal_compute(state.equal_compute, settings.confidence, unit)
     details += _replicates(state, comparisons, baseline_key, unit, settings.words.at(state.level_steps))
     if settings.frozen:
+        what = "task items" if settings.items else "held-out windows"
         details.append(
-            "frozen: no step trained; every result is the pretrained weights evaluated on a chunk of held-out windows"
+            f"frozen: no step trained; every result is the pretrained weights evaluated on a chunk of {what}, "
+            f"the race's comparisons paired by {settings.words.paired}"
         )
     else:
         details.append(
@@ -172,15 +176,16 @@ def _claim(
 ) -> str:
     point, base = _point(state.front, key), _point(state.front, baseline_key)
     n = len(point.seeds) if point is not None else comparison.n if comparison else 0
+    measure = settings.measure
     if comparison is not None and comparison.mean_diff is not None and baseline_ppl is not None:
-        gain = ppl_gain(baseline_ppl, comparison.mean_diff)
-        interval = interval_words(baseline_ppl, comparison.interval, settings.confidence)
-    elif point is not None and base is not None:
+        gain = measure.gain(baseline_ppl, comparison.mean_diff)
+        interval = interval_words(baseline_ppl, comparison.interval, settings.confidence, measure)
+    elif point is not None and base is not None and measure.kind == "ppl":
         gain, interval = base.val_ppl - point.val_ppl, ""
     else:
         gain, interval = math.nan, ""
     how = (
-        f"{abs(gain):.2f} ppl {'better' if gain >= 0 else 'worse'} than {PLAIN}"
+        f"{measure.amount(abs(gain))} {'better' if gain >= 0 else 'worse'} than {PLAIN}"
         if math.isfinite(gain)
         else f"better than {PLAIN}"
     )
@@ -188,17 +193,23 @@ def _claim(
 
 
 def _closest(
-    comparisons: Mapping[str, Comparison], answered: str | None, baseline_ppl: float, confidence: float, unit: str
+    comparisons: Mapping[str, Comparison],
+    answered: str | None,
+    baseline_ppl: float,
+    confidence: float,
+    unit: str,
+    measure: Measure = PPL,
 ) -> list[str]:
     rest = [(d, c) for k, c in comparisons.items() if k != answered and (d := c.mean_diff) is not None]
     if not rest:
         return []
     diff, c = min(rest, key=lambda p: (p[0], p[1].map_key))
-    interval = interval_words(baseline_ppl, c.interval, confidence)
+    interval = interval_words(baseline_ppl, c.interval, confidence, measure)
+    paired = f", {c.units} paired" if c.units else ""
     return [
-        f"closest contender: {_map(c.map_key)} {side(ppl_gain(baseline_ppl, diff), PLAIN)}"
+        f"closest contender: {_map(c.map_key)} {side(measure.gain(baseline_ppl, diff), PLAIN, measure)}"
         + (f" ({interval})" if interval else "")
-        + f" over {count(c.n, 'test ' + unit)}; status: {c.status}"
+        + f" over {count(c.n, 'test ' + unit)}{paired}; status: {c.status}"
     ]
 
 

@@ -8,7 +8,7 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from ilr_search.analysis.pareto import non_dominated_ranks
 from ilr_search.analysis.sequential import TestKind
@@ -17,13 +17,50 @@ from ilr_search.config import RacePolicy, races
 
 @dataclass(frozen=True)
 class Evaluation:
-    """One trained result: map `map_key` trained for `steps` steps at `seed`; val_loss None when it diverged."""
+    """One trained result: map `map_key` trained for `steps` steps at `seed`; val_loss None when it diverged. A
+    frozen run's `scores`: one loss a unit (window or item) of its chunk, in unit order, paired by unit with every
+    other map's run on that chunk (empty where not kept: trained runs, and the trials')."""
 
     map_key: str
     flops_ratio: float
     steps: int
     seed: int
     val_loss: float | None
+    scores: tuple[float, ...] = ()
+
+
+Judged = Literal["ppl", "answer", "accuracy"]  # what a race judges: perplexity, answer loss, accuracy on items
+
+
+@dataclass(frozen=True)
+class Measure:
+    """How a race's loss differences are said: as perplexity at the baseline's (`ppl`: held-out text), as nats of
+    answer loss (`answer`), or as accuracy points (`accuracy`: a loss of 0 or 1 an item, its mean the error rate)."""
+
+    kind: Judged = "ppl"
+
+    @property
+    def name(self) -> str:
+        return {"ppl": "perplexity", "answer": "answer loss", "accuracy": "accuracy"}[self.kind]
+
+    def gain(self, base_ppl: float, loss_diff: float) -> float:
+        """What a map gains over the baseline (positive: better) from the mean paired loss difference (map minus
+        baseline): ppl at the baseline's perplexity `base_ppl`, nats, or accuracy points."""
+        if self.kind == "ppl":
+            return base_ppl * (1.0 - math.exp(loss_diff))
+        return -loss_diff * (100.0 if self.kind == "accuracy" else 1.0)
+
+    def amount(self, value: float) -> str:
+        """`0.12 ppl`, `0.012 nats of answer loss`, `3.1 accuracy points`."""
+        if self.kind == "ppl":
+            return f"{value:.2f} ppl"
+        if self.kind == "answer":
+            return f"{value:.3f} nats of answer loss"
+        return f"{value:.1f} accuracy points"
+
+    def digits(self) -> int:
+        """The digits an amount is rounded to (a gain that rounds to 0 is level)."""
+        return {"ppl": 2, "answer": 3, "accuracy": 1}[self.kind]
 
 
 @dataclass(frozen=True)
@@ -71,12 +108,23 @@ class RaceSettings:
     equal_compute: bool = False
     layer_param_share: float = 0.0  # one layer's parameters over the plain model's (a deeper model's size); 0: unknown
     # frozen: maps applied to pretrained weights and only evaluated (base and target 0 steps); a seed s is chunk s
-    # of the held-out windows (training/frozen.py), and the race's words say so (RaceWords)
+    # of the held-out windows or of the task items (training/frozen.py), and the race's words say so (RaceWords)
     frozen: bool = False
+    judged: Judged = "ppl"  # what the losses are (Measure); accuracy: 0/1 a unit, tested by the exact sign test
+    items: bool = False  # frozen: the chunks hold task items (else held-out windows)
 
     @property
     def words(self) -> RaceWords:
-        return RaceWords(self.frozen)
+        return RaceWords(self.frozen, self.items)
+
+    @property
+    def measure(self) -> Measure:
+        return Measure(self.judged)
+
+    @property
+    def binary(self) -> bool:
+        """Each unit's score is 0 or 1 (an item right or wrong)."""
+        return self.judged == "accuracy"
 
     @property
     def races(self) -> bool:
@@ -88,17 +136,28 @@ class RaceSettings:
 @dataclass(frozen=True)
 class RaceWords:
     """How a race's texts name its lengths and seeds: "at 2000 steps" and "4 seeds", or for a frozen race (no
-    training: a seed is a chunk of held-out windows) "on held-out windows" and "4 window chunks"."""
+    training: a seed is a chunk of held-out windows, or of task items) "on held-out windows" and "4 window chunks"
+    ("on held-out items", "4 item chunks")."""
 
     frozen: bool = False
+    items: bool = False
 
     def at(self, steps: int) -> str:
-        return "on held-out windows" if self.frozen else f"at {steps} steps"
+        if self.frozen:
+            return "on held-out items" if self.items else "on held-out windows"
+        return f"at {steps} steps"
 
     @property
     def unit(self) -> str:
-        """One replicate of a map, in the singular: a training seed, or a chunk of held-out windows."""
-        return "window chunk" if self.frozen else "seed"
+        """One replicate of a map, in the singular: a training seed, or a chunk of held-out windows or items."""
+        if self.frozen:
+            return "item chunk" if self.items else "window chunk"
+        return "seed"
+
+    @property
+    def paired(self) -> str:
+        """What a frozen race's differences are paired by: "window" or "item"."""
+        return "item" if self.items else "window"
 
     def count(self, n: int, test: bool = False) -> str:
         """`n` seeds (or window chunks); `test`: of the race's test ones."""
@@ -160,6 +219,7 @@ class Comparison:
     status: str
     decided_at: int | None = None  # test seeds at the claim
     why: str = ""
+    units: int = 0  # a frozen comparison paired by unit: the windows or items over its chunks (0: by seed)
 
     @property
     def n(self) -> int:
@@ -180,6 +240,7 @@ class Comparison:
             "status": self.status,
             "decided_at": self.decided_at,
             "why": self.why,
+            "units": self.units,
         }
 
 
@@ -203,6 +264,7 @@ class StoredResult:
     val_ppl: float | None
     val_bpb: float | None
     source: str
+    scores: tuple[float, ...] = ()  # a frozen race run's per-unit scores (Evaluation.scores)
 
     @property
     def is_run(self) -> bool:
@@ -215,10 +277,13 @@ class StoredResult:
         return self.source.startswith(TRIAL_SOURCE)
 
     def evaluation(self) -> Evaluation:
-        return Evaluation(self.map_key, self.flops_ratio, self.steps, self.seed, self.val_loss)
+        return Evaluation(self.map_key, self.flops_ratio, self.steps, self.seed, self.val_loss, self.scores)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Its JSON form, without the per-unit scores (the race's tests read them; `export` writes them)."""
+        d = dataclasses.asdict(self)
+        del d["scores"]
+        return d
 
 
 @dataclass(frozen=True)
@@ -291,8 +356,10 @@ class Screen:
 
 @dataclass(frozen=True)
 class DetectableGap:
-    """The smallest gap the race's test would have found with `power` (in nats of loss, and in perplexity below the
-    baseline's), at `seeds` test seeds with the paired sd `sd_diff`, at the test's `level`."""
+    """The smallest gap the race's test would have found with `power` (in the loss's unit, `nats`: nats, or for
+    accuracy a share of items; and in perplexity below the baseline's, `ppl`, where perplexity is judged), at
+    `seeds` test seeds (chunks) with the paired sd `sd_diff` (of the seeds, or of the `units` paired within them),
+    at the test's `level`. `amount`: the gap as the answer says it (Measure.gain)."""
 
     nats: float
     ppl: float
@@ -300,9 +367,20 @@ class DetectableGap:
     seeds: int
     sd_diff: float
     level: float
+    units: int = 0  # units (windows or items) the differences were paired by; 0: paired by seed or chunk
+    judged: Judged = "ppl"
+
+    @property
+    def amount(self) -> float:
+        """The gap in the measure's unit: ppl, nats of answer loss, or accuracy points."""
+        return self.ppl if self.judged == "ppl" else Measure(self.judged).gain(0.0, -self.nats)
+
+    def text(self) -> str:
+        """`a gap of 0.14 ppl` (or `... nats of answer loss`, `... accuracy points`)."""
+        return f"a gap of {Measure(self.judged).amount(self.amount)}"
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return dataclasses.asdict(self) | {"amount": self.amount}
 
 
 @dataclass(frozen=True)
@@ -389,10 +467,16 @@ def race_lengths(settings: RaceSettings) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class Results:
-    """The evaluations by map: flops, and {steps: {seed: val_loss}} (None where the run diverged)."""
+    """The evaluations by map: flops, {steps: {seed: val_loss}} (None where the run diverged), and the frozen
+    runs' per-unit scores {steps: {seed: scores}} where kept."""
 
     flops: dict[str, float]
     losses: dict[str, dict[int, dict[int, float | None]]]
+    scores: dict[str, dict[int, dict[int, tuple[float, ...]]]] = field(default_factory=dict)
+
+    def units(self, key: str, steps: int, seed: int) -> tuple[float, ...]:
+        """A map's per-unit scores on one chunk (empty where not kept)."""
+        return self.scores.get(key, {}).get(steps, {}).get(seed, ())
 
     def at(self, key: str, steps: int) -> dict[int, float]:
         """A map's finite losses at one length, by seed."""
@@ -407,10 +491,13 @@ class Results:
 def collect(evaluations: Sequence[Evaluation]) -> Results:
     flops: dict[str, float] = {}
     losses: dict[str, dict[int, dict[int, float | None]]] = {}
+    scores: dict[str, dict[int, dict[int, tuple[float, ...]]]] = {}
     for e in evaluations:
         flops[e.map_key] = e.flops_ratio
         losses.setdefault(e.map_key, {}).setdefault(e.steps, {})[e.seed] = e.val_loss
-    return Results(flops, losses)
+        if e.scores:
+            scores.setdefault(e.map_key, {}).setdefault(e.steps, {})[e.seed] = e.scores
+    return Results(flops, losses, scores)
 
 
 def choose_contenders(

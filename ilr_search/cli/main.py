@@ -77,6 +77,8 @@ class SpaceOptions:
     data: str | None = None  # the training options: None in flops, which has none of them
     text_column: str | None = None
     answer_column: str | None = None
+    choices_column: str | None = None
+    tasks_path: str | None = None
     steps: int | None = None
     batch_size: int | None = None
     lr: float | None = None
@@ -100,6 +102,8 @@ class SpaceOptions:
                 "tokenizer": self.tokenizer,
                 "text_column": self.text_column,
                 "answer_column": self.answer_column,
+                "choices_column": self.choices_column,
+                "tasks_path": self.tasks_path,
             },
             "train": {
                 "steps": self.steps,
@@ -152,6 +156,19 @@ def _training_option_signature(
                 "\\[default: none, the whole text]"
             )
         ),
+    ] = None,
+    choices_column: Annotated[
+        str | None,
+        typer.Option(
+            help=(
+                "--objective choice: the column of each item's choices (a list; in CSV a JSON list), the correct one "
+                "in --answer-column as its index or its text."
+            )
+        ),
+    ] = None,
+    tasks_path: Annotated[
+        str | None,
+        typer.Option(help="--objective lm-eval:TASK: a folder of local lm-eval task YAMLs (their data_files local)."),
     ] = None,
     steps: Annotated[int | None, typer.Option(help="Proxy training steps.")] = None,
     batch_size: Annotated[int | None, typer.Option(help="Sequences per step.")] = None,
@@ -508,8 +525,11 @@ def run(
         str | None,
         typer.Option(
             help=(
-                "pareto (perplexity and FLOPs), ppl (budget as a constraint only) or answer (the answer tokens' "
-                "perplexity and FLOPs; needs --answer-column)."
+                "pareto (perplexity and FLOPs), ppl (budget as a constraint only), answer (the answer tokens' "
+                "perplexity and FLOPs; needs --answer-column), or task items scored frozen (--init, --train-steps 0), "
+                "each right or wrong: choice (the correct choice's summed log-likelihood the highest, lm-eval's acc; "
+                "--choices-column), exact (greedy decoding to a newline matches the answer after normalising case and "
+                "spaces), lm-eval:TASK (an lm-evaluation-harness task's 0/1 metric per document; extra .[eval])."
             )
         ),
     ] = None,

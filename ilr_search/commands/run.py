@@ -69,9 +69,10 @@ def run_request(options: RunOptions) -> tuple[RunRequest, int | str]:
     """The study `options` ask for, and the fused group size asked for (a number or "auto"); bad input raises a
     UserInputError before anything is opened."""
     searched = None if options.knobs is None else [k.strip() for k in options.knobs.split(",") if k.strip()]
+    objective, task = parse_objective(options.objective)
     race = {"race_policy": options.race_policy, "max_seeds": options.max_seeds, "equal_compute": options.equal_compute}
     search = {
-        "objective": options.objective,
+        "objective": objective,
         "knobs": searched,
         "target": None if options.target is None else parse_target(options.target),
         "race_seeds": options.race_seeds,
@@ -82,6 +83,8 @@ def run_request(options: RunOptions) -> tuple[RunRequest, int | str]:
         raise UserInputError(f"--workers must be 1 to {WORKERS_MAX:,}, got {options.workers}")
     asked_fuse = None if options.fuse is None else parse_fuse(options.fuse)
     overrides = {**options.overrides, "search": {**options.overrides.get("search", {}), **search}}
+    if task is not None:
+        overrides["data"] = {**options.overrides.get("data", {}), "task": task}
     if options.train_steps is not None:
         given = options.overrides.get("train", {}).get("steps")
         if given is not None and given != options.train_steps:
@@ -112,6 +115,16 @@ def run_request(options: RunOptions) -> tuple[RunRequest, int | str]:
             )
         return request, 1
     return request, asked_fuse if asked_fuse is not None else space.search.fuse
+
+
+def parse_objective(text: str | None) -> tuple[str | None, str | None]:
+    """`--objective` as (objective, lm-eval task): `lm-eval:TASK` names its task; the others none."""
+    if text is None or not text.startswith("lm-eval"):
+        return text, None
+    objective, _, task = text.partition(":")
+    if objective != "lm-eval" or not task.strip():
+        raise UserInputError(f"--objective {text!r}: an lm-eval task is written lm-eval:TASK, e.g. lm-eval:arc_easy")
+    return objective, task.strip()
 
 
 @dataclass(frozen=True)

@@ -26,12 +26,22 @@ class Tokenizer:
     def encode_batch(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray | None]]:
         raise NotImplementedError
 
+    def encode(self, text: str) -> list[int]:
+        """One text's token ids."""
+        return [int(i) for i in self.encode_batch([text])[0][0]]
+
+    def decode(self, ids: list[int]) -> str:
+        raise NotImplementedError
+
 
 class ByteTokenizer(Tokenizer):
     spec, vocab_size = "byte", 256
 
     def encode_batch(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray | None]]:
         return [(np.frombuffer(t.encode("utf-8"), dtype=np.uint8).astype(np.uint16), None) for t in texts]
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
 
 
 class HFTokenizer(Tokenizer):
@@ -47,6 +57,9 @@ class HFTokenizer(Tokenizer):
             ids = np.asarray(enc.ids, dtype=np.uint32)
             out.append((ids, _bytes_per_token(text, enc.offsets)))
         return out
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self._tok.decode(ids, skip_special_tokens=False))
 
 
 def _bytes_per_token(text: str, offsets: list[tuple[int, int]]) -> np.ndarray:

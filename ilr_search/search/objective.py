@@ -16,7 +16,7 @@ from optuna.trial import FrozenTrial, TrialState
 from ilr_search.analysis.results import finite_or_none, has_result
 from ilr_search.analysis.trials import TrialAttr, TrialRecord, trial_records
 from ilr_search.config import ModelConfig, TrainConfig
-from ilr_search.data.tokens import TokenData
+from ilr_search.data.items import EvalData
 from ilr_search.knobs import KnobValue, config_key, format_knobs
 from ilr_search.search.maps import propose_knobs, propose_trial_map
 from ilr_search.search.plan import StudyPlan, safe_name
@@ -131,7 +131,7 @@ class SearchRun:
     spec: StorageSpec
     study: optuna.Study
     store: Store
-    data: TokenData
+    data: EvalData
     reporter: RunReporter
     n_trials: int  # finished trials the study goes to
     checkpoint_root: Path

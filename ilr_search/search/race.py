@@ -45,8 +45,8 @@ from ilr_search.analysis.results import (
     trained_trials,
 )
 from ilr_search.analysis.trials import Trial, TrialRecord, trial_records
-from ilr_search.config import ModelConfig, SpaceConfig, TrainConfig, factor_key, race_target_steps
-from ilr_search.data.tokens import TokenData
+from ilr_search.config import ITEM_OBJECTIVES, ModelConfig, SpaceConfig, TrainConfig, factor_key, race_target_steps
+from ilr_search.data.items import EvalData
 from ilr_search.knobs import config_key
 from ilr_search.search.plan import CONFIG_ATTR, LR_SCHEDULE_FIELDS, StudyPlan, safe_name
 from ilr_search.search.progress import Message, RunFinished, RunKind, RunReporter, RunsStarted, step_callback
@@ -69,6 +69,7 @@ def race_settings(config: Mapping[str, Any], max_steps: int | None = None) -> Ra
     space = SpaceConfig.from_dict(config)
     base_steps, seed, search = space.train.steps, space.train.seed, space.search
     fixed = search.race_policy == "fixed"
+    items = search.objective in ITEM_OBJECTIVES
     race = RaceSettings(
         base_steps,
         race_target_steps(search.target, base_steps),
@@ -76,6 +77,8 @@ def race_settings(config: Mapping[str, Any], max_steps: int | None = None) -> Ra
         race_contenders=search.race_contenders,
         policy="fixed" if fixed else "adaptive",
         max_steps=max_steps or None,
+        judged="accuracy" if items else "answer" if search.objective == "answer" else "ppl",
+        items=items,
     )
     if fixed:
         return race
@@ -169,6 +172,7 @@ def stored_results(
                     r.val_ppl if loss is not None else None,
                     r.val_bpb,
                     f"{RUN_SOURCE}{r.job.factor}x",
+                    r.scores if loss is not None else (),
                 )
             )
     unique: dict[tuple[str, int, int], StoredResult] = {}
@@ -468,7 +472,7 @@ def train_claimed(
     store: Store,
     runs: Sequence[ClaimedRun],
     worker: str,
-    data: TokenData,
+    data: EvalData,
     reporter: RunReporter,
     kind: RunKind = "race",
 ) -> None:
@@ -511,6 +515,7 @@ def train_claimed(
             [(p.step, p.val_loss) for p in result.curve],
             result.train_seconds,
             result.reason,
+            result.scores,
         )
         r.checkpoint.unlink(missing_ok=True)
         reporter.on(RunFinished(r.job.map_key, r.train_cfg.steps, r.job.seed, finite_or_none(result.val_ppl), kind))
@@ -570,7 +575,7 @@ def claim_train_wait(
         wait_for_change(look, min(2.0, heartbeat_interval()))
 
 
-RaceRunner = Callable[[StudyPlan, optuna.Study, Store, TokenData, RunReporter, Path, int, int], object]
+RaceRunner = Callable[[StudyPlan, optuna.Study, Store, EvalData, RunReporter, Path, int, int], object]
 """What trains a study's race: run_race's first eight arguments (plan, study, store, data, reporter, checkpoint
 folder, fuse, max_steps)."""
 
@@ -621,7 +626,7 @@ def run_race(
     plan: StudyPlan,
     study: optuna.Study,
     store: Store,
-    data: TokenData,
+    data: EvalData,
     reporter: RunReporter,
     checkpoint_folder: Path,
     fuse: int = 1,

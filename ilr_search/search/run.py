@@ -26,8 +26,8 @@ from ilr_search.analysis.results import (
     study_front,
 )
 from ilr_search.analysis.trials import record_of, trial_records
-from ilr_search.config import SIZE_MAXIMA, SpaceConfig, StudySettings
-from ilr_search.data.tokens import TokenData, load_space_tokens
+from ilr_search.config import ITEM_OBJECTIVES, SIZE_MAXIMA, SpaceConfig, StudySettings
+from ilr_search.data.items import EvalData, eval_chunks, load_space_data
 from ilr_search.errors import StorageFullError, UserInputError
 from ilr_search.folders import check_can_create
 from ilr_search.knobs import KnobValue, config_key
@@ -157,7 +157,7 @@ class PreparedStudy:
     plan: StudyPlan
     study: optuna.Study
     settings: StudySettings
-    data: TokenData
+    data: EvalData
     n_trials: int = 0  # finished trials to reach: --n-trials, or more where the enqueued maps need them
     n_trials_raised_from: int | None = None  # --n-trials, where the enqueued maps raised it
 
@@ -214,18 +214,23 @@ def frozen_space(space: SpaceConfig, request: RunRequest) -> SpaceConfig:
     return dataclasses.replace(space, search=dataclasses.replace(space.search, pruner="none", equal_compute="off"))
 
 
-def check_window_chunks(space: SpaceConfig, data: TokenData) -> None:
+def check_window_chunks(space: SpaceConfig, data: EvalData) -> None:
     """A frozen study evaluates window chunk s for seed s: the trials chunk train.seed, the reference runs and the
     race the chunks after it, up to the race's pool of max_seeds; refused up front where the validation split
     holds fewer."""
     t, s = space.train, space.search
     needed = t.seed + max(s.max_seeds, s.race_seeds, s.noise_seeds + 1)
-    have = data.window_chunks(t.eval_windows, space.model.seq_len)
+    have = eval_chunks(data, t.eval_windows, space.model.seq_len)
     if have < needed:
+        what = (
+            f"items, and {space.data.corpus} holds {have}; use more items"
+            if space.search.objective in ITEM_OBJECTIVES
+            else f"held-out windows of {space.model.seq_len + 1} tokens, and the validation split holds {have}; "
+            "use more text, a larger val_fraction"
+        )
         raise UserInputError(
-            f"a frozen search evaluates up to {needed} chunks of {t.eval_windows} disjoint held-out "
-            f"windows of {space.model.seq_len + 1} tokens, and the validation split holds {have}; "
-            "use more text, a larger val_fraction, fewer eval_windows or a smaller --max-seeds"
+            f"a frozen search evaluates up to {needed} chunks of {t.eval_windows} disjoint {what}, fewer "
+            "eval_windows or a smaller --max-seeds"
         )
 
 
@@ -261,7 +266,7 @@ def prepare_study(request: RunRequest) -> PreparedStudy:
         check_no_orphan_records(spec, plan.name, existing)
     first = first_trials(plan, stored, request.trials_wanted, enqueue_texts(request, space))
 
-    data = load_space_tokens(space)
+    data = load_space_data(space)
     if space.train.steps == 0:
         check_window_chunks(space, data)
     storage_obj = existing or open_storage(spec)

@@ -9,6 +9,7 @@ on them.
 - ilr_pruning: why each pruned trial was pruned;
 - ilr_fronts: the Pareto front each time a trial completes, keyed by how many completed trials it is
   computed from (its history; the largest key is the current front);
+- ilr_run_scores: a frozen race run's score of each window or item of its chunk;
 - ilr_race_runs: the race runs, every run beyond the trials and references (the race's longer or extra-seed
   runs, and the audit's longer retrainings, `ilr-search audit`, which the race reads as its own): one row per
   (factor, seed, map), claimed by the worker that trains it, with its heartbeat, result and learning curve.
@@ -124,6 +125,19 @@ race_runs_table = sa.Table(
     sa.Column("curve", sa.Text, nullable=True),  # JSON [[step, val_loss], ...]
     sa.Column("seconds", sa.Float, nullable=True),
     sa.Column("reason", sa.Text, nullable=True),
+)
+
+# A frozen run's per-unit scores (what the race pairs by item), one row a race run that has them; added after
+# ilr_race_runs, as a table of its own so that an older database gains it on its next opening for writing with no
+# change to its rows, and reads without it as runs with no scores.
+run_scores_table = sa.Table(
+    "ilr_run_scores",
+    metadata,
+    sa.Column("study", sa.String(512), primary_key=True),
+    sa.Column("factor", sa.String(32), primary_key=True),
+    sa.Column("seed", sa.Integer, primary_key=True),
+    sa.Column("map_key", sa.String(256), primary_key=True),
+    sa.Column("scores", sa.Text, nullable=False),  # JSON [score, ...] in unit order
 )
 
 LEGACY_RACE_RUNS = "ilr_audit"  # the race runs' table in schema version 1
@@ -423,12 +437,29 @@ class SQLStore(Store):
 
     @_retry_locked
     def _finish_race_run(self, job: RaceRunJob, worker: str, result: dict[str, Any]) -> bool:
+        row = dict(result)
+        scores = row.pop("scores", None)
         with self.engine.begin() as conn:
             done = conn.execute(
                 self.runs.update()
                 .where(self._race_run_where(job), self.runs.c.worker == worker)
-                .values(heartbeat=time.time(), **result)
+                .values(heartbeat=time.time(), **row)
             )
+            if done.rowcount == 1 and scores is not None:
+                where = run_scores_table.c
+                conn.execute(
+                    run_scores_table.delete().where(
+                        where.study == self.study,
+                        where.factor == job.factor,
+                        where.seed == job.seed,
+                        where.map_key == job.map_key,
+                    )
+                )
+                conn.execute(
+                    run_scores_table.insert().values(
+                        study=self.study, factor=job.factor, seed=job.seed, map_key=job.map_key, scores=scores
+                    )
+                )
             return done.rowcount == 1
 
     @_retry_locked
@@ -445,7 +476,13 @@ class SQLStore(Store):
                 .mappings()
                 .all()
             )
-        return [RaceRun.from_record(dict(r)) for r in rows]
+            scores = {}
+            if run_scores_table.name in self.tables:
+                found = conn.execute(sa.select(run_scores_table).where(run_scores_table.c.study == self.study)).all()
+                scores = {(r.factor, r.seed, r.map_key): r.scores for r in found}
+        return [
+            RaceRun.from_record(dict(r) | {"scores": scores.get((r["factor"], r["seed"], r["map_key"]))}) for r in rows
+        ]
 
 
 @_retry_locked

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,10 +43,12 @@ class RaceRun:
     curve: tuple[tuple[int, float], ...] = ()
     seconds: float | None = None
     reason: str | None = None
+    # a frozen run's score of each unit of its chunk (window or item), in unit order: what the race pairs by item
+    scores: tuple[float, ...] = ()
 
     @classmethod
     def from_record(cls, r: Mapping[str, Any]) -> RaceRun:
-        """The row from a stored record (a table row's mapping or a journal line): curve as JSON text."""
+        """The row from a stored record (a table row's mapping or a journal line): curve and scores as JSON text."""
         return cls(
             RaceRunJob(r["factor"], int(r["seed"]), r["map_key"]),
             r["worker"],
@@ -60,6 +62,7 @@ class RaceRun:
             tuple((int(s), float(v)) for s, v in json.loads(r.get("curve") or "[]")),
             r.get("seconds"),
             r.get("reason"),
+            tuple(float(v) for v in json.loads(r.get("scores") or "[]")),
         )
 
 
@@ -198,8 +201,10 @@ class Store(ABC):
         curve: list[tuple[int, float]],
         seconds: float,
         reason: str,
+        scores: Sequence[float] = (),
     ) -> bool:
-        """Store the result if `worker` still holds the job; False if another worker took it over."""
+        """Store the result (a frozen run's: with its units' `scores`) if `worker` still holds the job; False if
+        another worker took it over."""
         result = {
             "state": state,
             "val_loss": val_loss,
@@ -208,6 +213,7 @@ class Store(ABC):
             "curve": json.dumps([list(p) for p in curve]),
             "seconds": seconds,
             "reason": reason,
+            "scores": json.dumps([float(v) for v in scores]) if scores else None,
         }
         return self._finish_race_run(job, worker, result)
 

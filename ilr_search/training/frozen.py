@@ -1,42 +1,63 @@
-"""Frozen evaluation: a reuse map applied to a model's weights as they are (a pretrained checkpoint's), trained
-for no step and only evaluated. The noise of a frozen result is which text was evaluated, not a seed: a run at
-seed s evaluates chunk s of the held-out windows (TokenData.window_chunk), so that the race's seeds become disjoint
-window chunks and its paired differences are paired by chunk (docs/race.md, "Frozen search")."""
+"""Frozen evaluation: a map applied to a pretrained model's weights as they are, trained for no step and only
+scored. The noise of a frozen result is which text (or which items) was scored, not a seed: a run at seed s scores
+chunk s, of held-out windows (TokenData.window_chunk) or of task items (ItemSet.chunk), so that the race's seeds
+become disjoint chunks and its paired differences are paired by window or item (docs/race.md, "Frozen search").
+
+A score is a loss, one a unit: a window's (or an answer row's) mean loss per counted token, or for items 0 where
+the item is right and 1 where it is wrong (`choice`, `exact`: data/items.py).
+
+One `FrozenEvaluator` a process serves every map of a study: the model is built once, its weights stored in the
+evaluation dtype (bf16 where the device computes it natively: `frozen_dtype`), and per chunk the plain model's
+residual stream after each layer is kept (within a memory bound), so that a map whose schedule begins as the plain
+model's (a block I-J after layer J, an ILR map before its first repeated layer) starts there: its numbers are those
+of the full forward pass exactly, since the same operations run on the same batches.
+"""
 
 from __future__ import annotations
 
 import math
+import os
+import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
+import numpy as np
 import torch
 
-from ilr_search.config import TrainConfig
-from ilr_search.data.tokens import TokenData, counted_targets
+from ilr_search.config import ModelConfig, TrainConfig
+from ilr_search.data.items import EvalData, ItemTask
+from ilr_search.data.tokens import IGNORE_INDEX, TokenData, counted_targets
 from ilr_search.records import EvalPoint
-from ilr_search.training.device import autocast_for, resolve_dtype
+from ilr_search.training.device import resolve_device
 from ilr_search.training.loss import linear_cross_entropy
-from ilr_search.training.model import ILRTransformer
+from ilr_search.training.model import ILRTransformer, branch_scales
+
+CACHE_SHARE = 0.25  # of the machine's memory (a GPU's, where the model is on one) the shared prefixes may hold
 
 
 @dataclass(frozen=True)
-class WindowLosses:
-    """A model's losses on one chunk of held-out windows: `losses[i]` is the mean loss (nats) over the
-    `tokens_per_window[i]` targets the window starting at `starts[i]` counts (seq_len; with answers, its answer's
-    tokens); `nats` their sum over every counted target, `bytes` the UTF-8 bytes those targets cover."""
+class ChunkScores:
+    """A map's scores on one chunk: `units` (window starts, or item rows) and one score each (a loss: see the
+    module docstring), `binary` where each is 0 or 1; for windows, the targets each counts (`counts`), `nats`
+    summed over all of them (`tokens`) and the UTF-8 `bytes` they cover (bytes 0 for items)."""
 
     chunk: int
-    starts: tuple[int, ...]
-    losses: tuple[float, ...]
-    tokens_per_window: tuple[int, ...]
+    units: tuple[int, ...]
+    scores: tuple[float, ...]
+    binary: bool
     nats: float
-    bytes: int
+    tokens: int
+    bytes: int = 0
+    seconds: float = 0.0
+    counts: tuple[int, ...] = ()
 
     @property
     def val_loss(self) -> float:
-        """The chunk's loss: the mean per counted target (with windows of equal length, the mean over windows)."""
-        return self.nats / max(1, sum(self.tokens_per_window))
+        """The chunk's loss: nats per counted target for windows, the mean score for items (the error rate)."""
+        if self.binary:
+            return math.fsum(self.scores) / max(1, len(self.scores))
+        return self.nats / max(1, self.tokens)
 
     @property
     def val_ppl(self) -> float:
@@ -44,82 +65,315 @@ class WindowLosses:
 
     @property
     def val_bpb(self) -> float:
-        return self.nats / math.log(2) / self.bytes
+        return self.nats / math.log(2) / self.bytes if self.bytes else math.nan
+
+    @property
+    def point(self) -> EvalPoint:
+        """The run's one evaluation point (step 0)."""
+        return EvalPoint(0, 0, self.val_loss, self.val_ppl, self.val_bpb)
 
 
-@torch.no_grad()
-def window_losses(
-    model: ILRTransformer,
-    schedule: Sequence[int],
-    data: TokenData,
-    chunk: int,
-    n_windows: int,
-    batch_size: int = 8,
-    compute_dtype: torch.dtype = torch.float32,
-) -> WindowLosses:
-    """The loss of `model` running `schedule` on each window of chunk `chunk` (n_windows windows of the model's
-    seq_len), one value a window, on the model's device."""
-    seq_len = model.cfg.seq_len
-    device = next(model.parameters()).device
-    windows = data.window_chunk(chunk, n_windows, seq_len)
-    was_training = model.training
-    model.eval()
-    sums: list[torch.Tensor] = []
-    counted: list[int] = []
-    for x_np, y_np in data.window_batches(windows, seq_len, batch_size):
-        counted += [counted_targets(row) for row in y_np]
-        x, y = torch.from_numpy(x_np).to(device), torch.from_numpy(y_np).to(device)
-        with autocast_for(device, compute_dtype):
-            hidden = model.hidden(x, schedule)  # the layers run on the whole batch
-            for row in range(x.shape[0]):  # the head one window at a time: its own summed loss
-                sums.append(
-                    linear_cross_entropy(
-                        hidden[row : row + 1],
-                        model.head_weight,
-                        y[row : row + 1],
-                        compute_dtype,
-                        "sum",
-                        ignore_index=data.ignore_index,
-                    )
-                )
-    model.train(was_training)
-    nats = torch.stack(sums).double().cpu().tolist()  # the chunk's one host sync
-    return WindowLosses(
-        chunk,
-        tuple(int(s) for s in windows.starts),
-        tuple(n / max(1, c) for n, c in zip(nats, counted, strict=True)),
-        tuple(counted),
-        math.fsum(nats),
-        data.val.bytes_between(windows.begins, windows.ends),
-    )
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX-BF16)."""
+    capabilities = getattr(torch.cpu, "get_capabilities", None)
+    if capabilities is not None:
+        found = capabilities()
+        return bool(found.get("avx512_bf16") or found.get("amx_bf16"))
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def frozen_dtype(dtype: str, device: torch.device) -> str:
+    """A frozen evaluation's dtype: `auto` is bf16 where the device computes it natively (CUDA with bf16, a CPU with
+    AVX512-BF16 or AMX), else fp32; an explicit fp32 or bf16 is kept."""
+    if dtype != "auto":
+        return dtype
+    if device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    return "bf16" if device.type == "cpu" and cpu_has_bf16() else "fp32"
+
+
+def cache_bound(device: torch.device) -> int:
+    """The bytes the shared prefixes may hold: CACHE_SHARE of the device's memory."""
+    if device.type == "cuda":
+        return int(CACHE_SHARE * torch.cuda.get_device_properties(device).total_memory)
+    try:
+        return int(CACHE_SHARE * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 1 << 30
+
+
+def shared_prefix(schedule: Sequence[int], scales: Sequence[float | None]) -> int:
+    """How many of the schedule's first positions the plain model runs too: positions p with layer p, unscaled."""
+    p = 0
+    while p < len(schedule) and schedule[p] == p and scales[p] is None:
+        p += 1
+    return p
+
+
+@dataclass
+class Batch:
+    """One batch of a chunk: inputs (B, T), targets (B, T) with IGNORE_INDEX where not counted, and the plain
+    model's residual stream after its first p layers at states[p] (states[0] unset: the layers start from the
+    embedding), as far as it is kept."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    states: list[torch.Tensor] = field(default_factory=list)
+
+
+class FrozenEvaluator:
+    """Scores maps of one pretrained model on chunks of `data` (see the module docstring). `model`: built with the
+    checkpoint's weights, knobs off; its weights are cast to `dtype`."""
+
+    def __init__(self, model: ILRTransformer, data: EvalData, dtype: str, batch_size: int, cache_bytes: int) -> None:
+        self.dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
+        self.model = model.to(self.dtype).eval()
+        self.device = next(model.parameters()).device
+        self.data, self.batch_size, self.cache_bytes = data, batch_size, cache_bytes
+        self.cached_bytes = 0
+        self._batches: dict[tuple[int, int], list[Batch]] = {}
+        self.lock = threading.Lock()  # one evaluation at a time (lanes may share a process's evaluator)
+
+    @property
+    def n_layers(self) -> int:
+        return self.model.cfg.n_layers
+
+    @torch.no_grad()
+    def evaluate(
+        self, cfg: ModelConfig, schedule: Sequence[int], chunk: int, n: int, share: bool = True
+    ) -> ChunkScores:
+        """The scores of the model running `schedule` with `cfg`'s branch factors (damping, repeat_scale) on chunk
+        `chunk` of `n` units; `share`: start from the plain model's kept states where the schedule allows."""
+        with self.lock:
+            t0 = time.perf_counter()
+            schedule = list(schedule)
+            scales = branch_scales(cfg, schedule)
+            start = shared_prefix(schedule, scales) if share else 0
+            if isinstance(self.data, ItemTask):
+                scores = self._items(self.data, schedule, scales, start, chunk, n)
+            else:
+                scores = self._windows(self.data, schedule, scales, start, chunk, n)
+            return replace(scores, seconds=time.perf_counter() - t0)
+
+    def _hidden(self, batch: Batch, schedule: list[int], scales: list[float | None], start: int) -> torch.Tensor:
+        """The final hidden states of `schedule` on `batch`, from the plain model's state after `start` layers."""
+        if start == 0:
+            return self.model.hidden(batch.x, schedule, scales)
+        return self.model.hidden(batch.x, schedule, scales, start=start, state=self._plain_state(batch, start))
+
+    def _plain_state(self, batch: Batch, p: int) -> torch.Tensor:
+        """The plain model's residual stream after its first p layers on `batch`: kept ones, the rest computed from
+        the deepest kept one and kept while the bound allows."""
+        plain = list(range(self.n_layers))
+        have = len(batch.states) - 1  # states[0] is a placeholder: the layers start from the embedding
+        if have >= p:
+            return batch.states[p]
+        new: list[torch.Tensor] = []
+        from_state = batch.states[have] if have >= 1 else None
+        stop = plain[:p]  # the first p positions: the rest of the schedule is not run
+        self.model.hidden(batch.x, stop, [None] * p, start=max(0, have), state=from_state, states=new)
+        if not batch.states:
+            batch.states.append(torch.empty(0))
+        for state in new:
+            size = state.numel() * state.element_size()
+            if self.cached_bytes + size > self.cache_bytes:
+                return new[-1]  # past the bound: computed, not kept
+            batch.states.append(state)
+            self.cached_bytes += size
+        return batch.states[p]
+
+    def _chunk_batches(self, chunk: int, n: int, make: Callable[[], list[Batch]]) -> list[Batch]:
+        key = (chunk, n)
+        if key not in self._batches:
+            self._batches[key] = make()
+        return self._batches[key]
+
+    # --- held-out windows (and answer rows) ---
+
+    def _windows(
+        self, data: TokenData, schedule: list[int], scales: list[float | None], start: int, chunk: int, n: int
+    ) -> ChunkScores:
+        seq_len = self.model.cfg.seq_len
+        windows = data.window_chunk(chunk, n, seq_len)
+
+        def make() -> list[Batch]:
+            return [
+                Batch(torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device))
+                for x, y in data.window_batches(windows, seq_len, self.batch_size)
+            ]
+
+        sums: list[torch.Tensor] = []
+        counted: list[int] = []
+        for batch in self._chunk_batches(chunk, n, make):
+            counted += [counted_targets(row) for row in batch.y.cpu().numpy()]
+            hidden = self._hidden(batch, schedule, scales, start)
+            sums += self._row_nats(hidden, batch.y, data.ignore_index)
+        nats = torch.stack(sums).double().cpu().tolist()  # the chunk's one host sync
+        return ChunkScores(
+            chunk,
+            tuple(int(s) for s in windows.starts),
+            tuple(v / max(1, c) for v, c in zip(nats, counted, strict=True)),
+            False,
+            math.fsum(nats),
+            sum(counted),
+            data.val.bytes_between(windows.begins, windows.ends),
+            counts=tuple(counted),
+        )
+
+    def _row_nats(self, hidden: torch.Tensor, y: torch.Tensor, ignore_index: int | None) -> list[torch.Tensor]:
+        """Each row's summed loss over its counted targets (the head one row at a time: its logits only)."""
+        return [
+            linear_cross_entropy(
+                hidden[row : row + 1],
+                self.model.head_weight,
+                y[row : row + 1],
+                self.dtype,
+                "sum",
+                ignore_index=ignore_index,
+            )
+            for row in range(hidden.shape[0])
+        ]
+
+    # --- task items ---
+
+    def _items(
+        self, task: ItemTask, schedule: list[int], scales: list[float | None], start: int, chunk: int, n: int
+    ) -> ChunkScores:
+        rows = task.items.chunk(chunk, n)
+        if task.kind == "choice":
+            wrong = self._choice(task, rows, schedule, scales, start, chunk, n)
+        else:
+            wrong = self._exact(task, rows, schedule, scales)
+        scores = tuple(float(w) for w in wrong)
+        return ChunkScores(chunk, rows, scores, True, 0.0, 0)
+
+    def _choice(
+        self,
+        task: ItemTask,
+        rows: Sequence[int],
+        schedule: list[int],
+        scales: list[float | None],
+        start: int,
+        chunk: int,
+        n: int,
+    ) -> list[bool]:
+        """Per item, whether its correct choice lacks the highest summed log-likelihood (lm-eval's `acc`)."""
+        seq_len = self.model.cfg.seq_len
+        owners: list[int] = []  # the item (its position in `rows`) of each (item, choice) sequence
+        sequences = []
+        for i, row in enumerate(rows):
+            for continuation in task.choice_sequences(row, seq_len):
+                owners.append(i)
+                sequences.append(continuation)
+
+        def make() -> list[Batch]:
+            batches = []
+            for b in range(0, len(sequences), self.batch_size):
+                part = sequences[b : b + self.batch_size]
+                width = max(len(s.ids) - 1 for s in part)
+                x = np.zeros((len(part), width), dtype=np.int64)
+                y = np.full((len(part), width), IGNORE_INDEX, dtype=np.int64)
+                for r, s in enumerate(part):
+                    ids = np.asarray(s.ids, dtype=np.int64)
+                    x[r, : len(ids) - 1] = ids[:-1]
+                    y[r, len(ids) - 1 - s.counted : len(ids) - 1] = ids[len(ids) - s.counted :]
+                batches.append(Batch(torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)))
+            return batches
+
+        nats: list[torch.Tensor] = []
+        for batch in self._chunk_batches(chunk, n, make):
+            nats += self._row_nats(self._hidden(batch, schedule, scales, start), batch.y, IGNORE_INDEX)
+        values = torch.stack(nats).double().cpu().tolist()
+        best: dict[int, tuple[float, int]] = {}
+        choice_of: dict[int, int] = {}
+        for owner, value in zip(owners, values, strict=True):
+            k = choice_of.get(owner, 0)
+            choice_of[owner] = k + 1
+            if owner not in best or value < best[owner][0]:  # the lowest loss is the highest log-likelihood
+                best[owner] = (value, k)
+        return [best[i][1] != task.items.items[row].correct for i, row in enumerate(rows)]
+
+    def _exact(
+        self, task: ItemTask, rows: Sequence[int], schedule: list[int], scales: list[float | None]
+    ) -> list[bool]:
+        """Per item, whether greedy decoding after its prompt, up to the stop string, misses its answer."""
+        seq_len = self.model.cfg.seq_len
+        wrong = []
+        for b in range(0, len(rows), self.batch_size):
+            part = list(rows[b : b + self.batch_size])
+            prompts = [list(task.prompt_ids(row, seq_len)) for row in part]
+            generated: list[list[int]] = [[] for _ in part]
+            done = [False] * len(part)
+            for _ in range(task.max_new_tokens):
+                live = [i for i in range(len(part)) if not done[i]]
+                if not live:
+                    break
+                seqs = [prompts[i] + generated[i] for i in live]
+                width = max(len(s) for s in seqs)
+                x = torch.zeros((len(seqs), width), dtype=torch.long)
+                for r, s in enumerate(seqs):
+                    x[r, : len(s)] = torch.tensor(s)
+                hidden = self.model.hidden(x.to(self.device), schedule, scales)
+                last = hidden[torch.arange(len(seqs)), torch.tensor([len(s) - 1 for s in seqs])]
+                nxt = (last.float() @ self.model.head_weight.float().t()).argmax(-1).tolist()
+                for i, token in zip(live, nxt, strict=True):
+                    generated[i].append(int(token))
+                    text = task.tokenizer.decode(generated[i])
+                    if task.stop and task.stop in text or len(prompts[i]) + len(generated[i]) >= seq_len:
+                        done[i] = True
+            for i, row in enumerate(part):
+                text = task.tokenizer.decode(generated[i])
+                if task.stop:
+                    text = text.split(task.stop, 1)[0]
+                wrong.append(not task.correct(row, text))
+        return wrong
+
+
+_evaluators: dict[tuple[object, ...], FrozenEvaluator] = {}
+_evaluators_lock = threading.Lock()
+
+
+def frozen_evaluator(model_cfg: ModelConfig, data: EvalData, cfg: TrainConfig) -> FrozenEvaluator:
+    """The process's evaluator of `model_cfg`'s checkpoint (its knobs off: damping and repeat_scale are factors of
+    each evaluation) on `data`, in cfg's device, dtype and batch size: built on first use."""
+    from ilr_search.training.train import build_model
+
+    device = resolve_device(cfg.device)
+    dtype = frozen_dtype(cfg.dtype, device)
+    plain = replace(model_cfg, damping=1.0, repeat_scale="off")
+    key = (plain, id(data), str(device), dtype, cfg.batch_size)
+    with _evaluators_lock:
+        if key not in _evaluators:
+            _evaluators.clear()  # one model a process: a new study's evaluator replaces the last one's
+            model = build_model(plain, 0).to(device)
+            _evaluators[key] = FrozenEvaluator(model, data, dtype, cfg.batch_size, cache_bound(device))
+        return _evaluators[key]
 
 
 def evaluate_frozen(
-    model: ILRTransformer,
+    model_cfg: ModelConfig,
     schedule: Sequence[int],
-    data: TokenData,
+    data: EvalData,
     cfg: TrainConfig,
     on_eval: Callable[[EvalPoint], bool] | None = None,
-) -> tuple[WindowLosses, EvalPoint, float]:
-    """A run of no step: `model` (its weights as built) evaluated on chunk cfg.seed of cfg.eval_windows held-out
-    windows. Returns the window losses, the run's one evaluation point (step 0; `on_eval` sees it) and the
-    seconds it took."""
-    dtype = resolve_dtype(cfg.dtype, next(model.parameters()).device)
-    compute_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
-    t0 = time.perf_counter()
-    windows = window_losses(model, schedule, data, cfg.seed, cfg.eval_windows, cfg.batch_size, compute_dtype)
-    point = EvalPoint(0, 0, windows.val_loss, windows.val_ppl, windows.val_bpb)
+) -> ChunkScores:
+    """A run of no step: `model_cfg`'s checkpoint running `schedule` scored on chunk cfg.seed of cfg.eval_windows
+    units (windows or items); `on_eval` sees its one evaluation point (step 0)."""
+    scores = frozen_evaluator(model_cfg, data, cfg).evaluate(model_cfg, schedule, cfg.seed, cfg.eval_windows)
     if on_eval is not None:
-        on_eval(point)  # nothing to stop: the run is this one evaluation
-    return windows, point, time.perf_counter() - t0
+        on_eval(scores.point)  # nothing to stop: the run is this one evaluation
+    return scores
 
 
-def chunk_window_losses(
-    model: ILRTransformer, schedule: Sequence[int], data: TokenData, cfg: TrainConfig, chunks: Sequence[int]
-) -> list[WindowLosses]:
-    """Each chunk's window losses of `model` (train.build_model builds it as a run does: its init's weights where
-    it has one) running `schedule`, in cfg's windows a chunk and dtype: for reports and for checking the
-    window-paired test."""
-    dtype = resolve_dtype(cfg.dtype, next(model.parameters()).device)
-    compute_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
-    return [window_losses(model, schedule, data, c, cfg.eval_windows, cfg.batch_size, compute_dtype) for c in chunks]
+def chunk_scores(
+    model_cfg: ModelConfig, schedule: Sequence[int], data: EvalData, cfg: TrainConfig, chunks: Sequence[int]
+) -> list[ChunkScores]:
+    """Each chunk's scores of `model_cfg`'s checkpoint running `schedule` (for reports and for checking the paired
+    tests)."""
+    evaluator = frozen_evaluator(model_cfg, data, cfg)
+    return [evaluator.evaluate(model_cfg, schedule, c, cfg.eval_windows) for c in chunks]

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from ilr_search.config import ModelConfig, TrainConfig
 
 if TYPE_CHECKING:  # torch is loaded only to train: grouping jobs (and reading a race) loads none
-    from ilr_search.data.tokens import TokenData
+    from ilr_search.data.items import EvalData
     from ilr_search.records import EvalPoint
     from ilr_search.training.train import OnEval, OnStep, TrainResult
 
@@ -141,7 +141,7 @@ class EvalOrder:
 
 
 def _train_group(
-    jobs: Sequence[Job], members: Sequence[int], data: TokenData, on_step: OnStep | None
+    jobs: Sequence[Job], members: Sequence[int], data: EvalData, on_step: OnStep | None
 ) -> list[TrainResult]:
     """One group of jobs trained together (fused when it has several); results in `members` order."""
     from ilr_search.training.train import train_proxy
@@ -159,8 +159,10 @@ def _train_group(
                 checkpoint_path=first.checkpoint,
             )
         ]
+    from ilr_search.data.tokens import TokenData
     from ilr_search.training.fused import train_fused
 
+    assert isinstance(data, TokenData)  # frozen runs (of task items too) are never fused: groups()
     return train_fused(
         first.model,
         [jobs[i].schedule for i in members],
@@ -174,7 +176,7 @@ def _train_group(
 
 
 def train_jobs(
-    jobs: Sequence[Job], data: TokenData, fuse: int = 1, on_step: OnStep | None = None, lanes: int = 1
+    jobs: Sequence[Job], data: EvalData, fuse: int = 1, on_step: OnStep | None = None, lanes: int = 1
 ) -> list[TrainResult]:
     """Train every job (see the module docstring); one TrainResult a job, in their order. `on_step` sees the steps
     of each group's training (of its first member; in lanes, of the first lane's groups)."""
@@ -190,7 +192,7 @@ def train_jobs(
 
 
 def _train_in_lanes(
-    jobs: Sequence[Job], units: list[list[int]], data: TokenData, on_step: OnStep | None, lanes: int
+    jobs: Sequence[Job], units: list[list[int]], data: EvalData, on_step: OnStep | None, lanes: int
 ) -> dict[int, TrainResult]:
     """Train the units in `lanes` threads, unit u in lane u % lanes, each lane its units in order. A failure in one
     lane stops the others at their next training window and is raised here; Ctrl-C (which reaches this thread)

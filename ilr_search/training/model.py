@@ -225,9 +225,20 @@ class ILRTransformer(nn.Module):
         for layer in self.layers:
             layer.compile(**kwargs)
 
-    def hidden(self, idx: torch.Tensor, schedule: Sequence[int] | None = None) -> torch.Tensor:
+    def hidden(
+        self,
+        idx: torch.Tensor,
+        schedule: Sequence[int] | None = None,
+        scales: Sequence[float | None] | None = None,
+        start: int = 0,
+        state: torch.Tensor | None = None,
+        states: list[torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         """Final normalised hidden states (B, T, d_model) for token ids (B, T), running the layers in `schedule`
-        order."""
+        order, each position's residual branches times its factor in `scales` (branch_scales of the model's config
+        where not given). `state` (with `start` > 0): the residual stream after the schedule's first `start`
+        positions, computed elsewhere (frozen.py's shared prefix); the layers run from position `start` on.
+        `states`, where given, receives the residual stream after each position that runs."""
         B, T = idx.shape
         if T > self.cfg.seq_len:
             raise ValueError(f"sequence of {T} tokens is longer than seq_len {self.cfg.seq_len}")
@@ -237,11 +248,18 @@ class ILRTransformer(nn.Module):
         embedded = x
         rope = rope_tables(T, self.cfg.head_size, self.cfg.rope_base, idx.device) if self.cfg.pe == "rope" else None
         alibi = alibi_bias(self.cfg.n_heads, T, idx.device) if self.cfg.pe == "alibi" else None
-        schedule = range(self.cfg.n_layers) if schedule is None else schedule
-        scales = branch_scales(self.cfg, schedule)
-        for layer_index, repeat, scale in zip(schedule, repeat_indices(schedule), scales, strict=True):
+        schedule = list(range(self.cfg.n_layers)) if schedule is None else list(schedule)
+        scales = branch_scales(self.cfg, schedule) if scales is None else scales
+        if state is not None:
+            x = state
+        positions = zip(schedule, repeat_indices(schedule), scales, strict=True)
+        for position, (layer_index, repeat, scale) in enumerate(positions):
+            if position < start:
+                continue
             x = self._before_run(x, embedded, layer_index, repeat)
             x = self.layers[layer_index](x, rope, alibi, self._norm_gains(layer_index, repeat), scale)
+            if states is not None:
+                states.append(x)
         return self.norm(x)
 
     def parameter_lr_scales(self, schedule: Sequence[int]) -> dict[str, float]:

@@ -9,7 +9,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -20,6 +20,9 @@ from ilr_search.interrupts import raise_if_interrupted
 from ilr_search.records import EvalPoint, TrainLossPoint
 from ilr_search.training.device import autocast_for, resolve_compile, resolve_device, resolve_dtype
 from ilr_search.training.model import GLOBAL_RNG, ILRTransformer
+
+if TYPE_CHECKING:
+    from ilr_search.data.items import EvalData
 
 
 @dataclass
@@ -43,6 +46,8 @@ class TrainResult:
     dtype: str = "fp32"
     resumed_from_step: int = 0
     batch_digest: int = 0  # CRC32 over every training batch seen: equal digests, equal data (common random numbers)
+    # a frozen run's score of each unit of its chunk (window or item, frozen.ChunkScores), in unit order
+    scores: tuple[float, ...] = ()
 
     def curve_dicts(self) -> list[dict[str, Any]]:
         return [{"step": p.step, "tokens": p.tokens, "val_loss": p.val_loss} for p in self.curve]
@@ -189,7 +194,7 @@ def host_values(t: torch.Tensor) -> list[Any]:
 def train_proxy(
     model_cfg: ModelConfig,
     schedule: Sequence[int],
-    data: TokenData,
+    data: EvalData,
     cfg: TrainConfig,
     on_eval: OnEval | None = None,
     on_step: OnStep | None = None,
@@ -208,14 +213,18 @@ def train_proxy(
     learning rates and batches as this run's own would have, so the result is the straight run's."""
     from ilr_search.training.checkpoint import continue_checkpoint, load_checkpoint, save_checkpoint
 
+    if cfg.steps == 0:  # frozen: no step, one evaluation of chunk cfg.seed (frozen.py)
+        result = frozen_result(model_cfg, list(schedule), data, cfg, on_eval)
+        if on_trained is not None:
+            on_trained(build_model(model_cfg, cfg.seed).to(resolve_device(cfg.device)))
+        return result
+    assert isinstance(data, TokenData)  # task items are scored frozen only (space.check_search_objective)
     data.check_window(model_cfg.seq_len)
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
     schedule = list(schedule)
     model = build_model(model_cfg, cfg.seed).to(device)
     params = model.num_params()
-    if cfg.steps == 0:  # frozen: no step, one evaluation on the held-out windows of chunk cfg.seed (frozen.py)
-        return frozen_result(model, schedule, data, cfg, params, str(device), dtype, on_eval, on_trained)
     if resolve_compile(cfg.compile, device):
         model.compile_layers()
     optimizer = build_optimizer(model, cfg, device, schedule)
@@ -323,40 +332,34 @@ def train_proxy(
 
 
 def frozen_result(
-    model: ILRTransformer,
-    schedule: list[int],
-    data: TokenData,
-    cfg: TrainConfig,
-    params: int,
-    device: str,
-    dtype: str,
-    on_eval: OnEval | None,
-    on_trained: Callable[[ILRTransformer], None] | None,
+    model_cfg: ModelConfig, schedule: list[int], data: EvalData, cfg: TrainConfig, on_eval: OnEval | None
 ) -> TrainResult:
-    """The result of a run of no step: the model as built, evaluated on window chunk cfg.seed; diverged where its
-    loss is not finite."""
-    from ilr_search.training.frozen import evaluate_frozen
+    """The result of a run of no step: the checkpoint running `schedule`, scored on chunk cfg.seed (frozen.py);
+    diverged where its loss is not finite."""
+    from ilr_search.training.flops import param_count
+    from ilr_search.training.frozen import evaluate_frozen, frozen_dtype
 
-    windows, point, seconds = evaluate_frozen(model, schedule, data, cfg, on_eval)
+    scores = evaluate_frozen(model_cfg, schedule, data, cfg, on_eval)
+    point = scores.point
     finite = math.isfinite(point.val_loss)
-    if on_trained is not None:
-        on_trained(model)
+    device = resolve_device(cfg.device)
     return TrainResult(
         schedule=schedule,
-        params=params,
+        params=param_count(model_cfg),
         steps=0,
-        tokens=0,
+        tokens=scores.tokens,
         val_loss=point.val_loss,
         val_ppl=point.val_ppl,
         val_bpb=point.val_bpb,
-        train_seconds=seconds,
-        tokens_per_second=0.0,
+        train_seconds=scores.seconds,
+        tokens_per_second=scores.tokens / scores.seconds if scores.seconds > 0 else 0.0,
         status="ok" if finite else "diverged",
         curve=[point] if finite else [],
-        reason="" if finite else f"validation loss became {point.val_loss:.4g} on window chunk {cfg.seed}",
-        eval_seconds=seconds,
-        device=device,
-        dtype=dtype,
+        reason="" if finite else f"validation loss became {point.val_loss:.4g} on chunk {cfg.seed}",
+        eval_seconds=scores.seconds,
+        device=str(device),
+        dtype=frozen_dtype(cfg.dtype, device),
+        scores=scores.scores,
     )
 
 
