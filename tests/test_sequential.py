@@ -18,6 +18,11 @@ ALPHA, FIRST, MAX_N = 0.05, 2, 11  # the default race's design: seeds 1..11 of a
 SIMULATIONS = 1000
 
 
+def spending(paths):
+    """holm_claims' crossing rule: each path's group-sequential paired t test (the race's "spending") at a level."""
+    return lambda key, level: SequentialTest(level, FIRST, MAX_N, "spending").crossed_at(paths[key])
+
+
 def null_paths(n: int, seed: int = 20261201) -> list[list[float]]:
     rng = random.Random(seed)
     return [[rng.gauss(0.0, 1.0) for _ in range(MAX_N)] for _ in range(n)]
@@ -67,7 +72,7 @@ def test_holm_over_two_contenders_sharing_the_baseline_keeps_the_family_level():
     for _ in range(SIMULATIONS):
         base = [rng.gauss(0, 1) for _ in range(MAX_N)]
         paths = {k: [rng.gauss(0, 1) - b for b in base] for k in ("a", "b")}
-        claims, _ = holm_claims(paths, weights, ALPHA, FIRST, MAX_N, "spending")
+        claims, _ = holm_claims(list(paths), weights, ALPHA, spending(paths))
         claimed += bool(claims)
     assert claimed / SIMULATIONS <= ALPHA
 
@@ -82,9 +87,9 @@ def test_holm_passes_a_claims_share_on():
     sd = math.sqrt(sum((x - mean) ** 2 for x in noise) / (MAX_N - 1))
     modest = [-0.5 + (x - mean) / sd * 0.5 * math.sqrt(MAX_N) / 2.5 for x in noise]  # t = 2.5 over all 11
     assert t_statistic(modest) == pytest.approx(2.5)
-    alone, _ = holm_claims({"b": modest}, {"b": 1.0}, 0.2 * ALPHA, FIRST, MAX_N, "spending")
+    alone, _ = holm_claims(["b"], {"b": 1.0}, 0.2 * ALPHA, spending({"b": modest}))
     assert not alone  # at its own share of the level it is not claimed...
-    claims, levels = holm_claims({"a": sure, "b": modest}, weights, ALPHA, FIRST, MAX_N, "spending")
+    claims, levels = holm_claims(["a", "b"], weights, ALPHA, spending({"a": sure, "b": modest}))
     assert claims["a"][0] == pytest.approx(0.8 * ALPHA)
     assert claims["b"][0] == pytest.approx(ALPHA) and levels == {}  # ...but once a's share comes to it
 

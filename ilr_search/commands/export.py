@@ -123,7 +123,7 @@ def export_study_model(
 ) -> ExportedModel:
     """`export-model --study NAME`: a frozen study's pretrained model (its checkpoint's weights, evaluated as they
     are) under `map_text` (default: the study's decided best map), as a standard checkpoint in `out`."""
-    from ilr_search.training.train import build_model
+    from ilr_search.training.build import build_model
 
     out = Path(out)
     view = load_study_settings(study_name, storage)

@@ -29,6 +29,7 @@ from ilr_search.config import ModelConfig, TrainConfig
 from ilr_search.data.items import EvalData, ItemTask
 from ilr_search.data.tokens import IGNORE_INDEX, TokenData, counted_targets
 from ilr_search.records import EvalPoint
+from ilr_search.training.build import build_model
 from ilr_search.training.device import resolve_device
 from ilr_search.training.loss import linear_cross_entropy
 from ilr_search.training.model import ILRTransformer, branch_scales
@@ -341,8 +342,6 @@ _evaluators_lock = threading.Lock()
 def frozen_evaluator(model_cfg: ModelConfig, data: EvalData, cfg: TrainConfig) -> FrozenEvaluator:
     """The process's evaluator of `model_cfg`'s checkpoint (its knobs off: damping and repeat_scale are factors of
     each evaluation) on `data`, in cfg's device, dtype and batch size: built on first use."""
-    from ilr_search.training.train import build_model
-
     device = resolve_device(cfg.device)
     dtype = frozen_dtype(cfg.dtype, device)
     plain = replace(model_cfg, damping=1.0, repeat_scale="off")

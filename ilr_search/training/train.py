@@ -18,8 +18,9 @@ from ilr_search.config import ModelConfig, TrainConfig
 from ilr_search.data.tokens import TokenData, counted_targets
 from ilr_search.interrupts import raise_if_interrupted
 from ilr_search.records import EvalPoint, TrainLossPoint
+from ilr_search.training.build import build_model
 from ilr_search.training.device import autocast_for, resolve_compile, resolve_device, resolve_dtype
-from ilr_search.training.model import GLOBAL_RNG, ILRTransformer
+from ilr_search.training.model import ILRTransformer
 
 if TYPE_CHECKING:
     from ilr_search.data.items import EvalData
@@ -122,20 +123,6 @@ def adamw(
         return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=device.type in ("cuda", "cpu"))
     except (RuntimeError, TypeError):  # fused AdamW is not available for this device
         return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95))
-
-
-def build_model(model_cfg: ModelConfig, seed: int) -> ILRTransformer:
-    """The same seed gives the same initial weights, whatever schedule is trained later; with model_cfg.init
-    set, the checkpoint's weights (pretrained.py; the recurrence knobs' parameters keep their initial values). The
-    seeding and the initialisation hold model.GLOBAL_RNG: other threads' builds cannot draw in between."""
-    with GLOBAL_RNG:
-        torch.manual_seed(seed)
-        model = ILRTransformer(model_cfg)
-    if model_cfg.init:
-        from ilr_search.training.pretrained import load_initial_weights
-
-        load_initial_weights(model)
-    return model
 
 
 @torch.no_grad()
