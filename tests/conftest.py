@@ -101,6 +101,33 @@ def raced_study(tmp_path_factory, token_cache, worker_id) -> RacedStudy:
     return RacedStudy(root, root / "race.toml", root / "db" / "raced.db", "raced", summary)
 
 
+TRAINED_MAP = [2, 2, 1, 1]  # the map recurrent_checkpoint was trained with
+PRETRAIN_STEPS = 300
+
+
+@pytest.fixture(scope="session")
+def recurrent_checkpoint(tmp_path_factory, token_cache) -> Path:
+    """A tiny pretrained checkpoint with a known answer: the in-package model (4 layers, d_model 32, byte tokens)
+    trained with map 2,2,1,1 on the embedded corpus (seed 0), its four distinct layers exported as a plain 4-layer
+    Llama (schedule 0,1,2,3) with the byte tokenizer. Run as it is (1,1,1,1) it skips the second passes it learned
+    with, so a frozen search of it has 2,2,1,1 (or a map as good) to find."""
+    from ilr_search.config import DataConfig, ModelConfig, TrainConfig
+    from ilr_search.data.tokens import load_tokens
+    from ilr_search.training.pretrained import export_checkpoint
+    from ilr_search.training.schedule import reuse_map_schedule
+    from ilr_search.training.train import train_proxy
+
+    data = load_tokens(DataConfig(), seq_len=64)
+    model_cfg = ModelConfig(vocab_size=256, n_layers=4, d_model=32, n_heads=2, seq_len=64)
+    trained = []
+    result = train_proxy(model_cfg, reuse_map_schedule(TRAINED_MAP), data,
+                         TrainConfig(steps=PRETRAIN_STEPS, batch_size=8, lr=1e-2, eval_fractions=(1.0,),
+                                     eval_windows=16, seed=0, device="cpu", dtype="fp32", checkpoint_every=0),
+                         on_trained=trained.append)
+    assert result.status == "ok", result.reason
+    return export_checkpoint(trained[0], [0, 1, 2, 3], tmp_path_factory.mktemp("pretrained") / "tiny-llama")
+
+
 @pytest.fixture(scope="session")
 def token_cache(tmp_path_factory) -> Path:
     """One token cache for the whole session (the embedded corpus is tokenized once)."""

@@ -14,36 +14,15 @@ from pathlib import Path
 import pytest
 from conftest import assert_one_line_error, write_space
 
-TRAINED_MAP = [2, 2, 1, 1]
-PRETRAIN_STEPS = 300
+from conftest import TRAINED_MAP
 FROZEN = {"noise_seeds": 0, "families": ["ilr"], "max_reuse": 2, "n_trials": 4, "race_seeds": 3, "max_seeds": 6,
           "race_contenders": 2, "enqueue_paper_maps": False}
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    """A tiny pretrained checkpoint: the in-package model trained with map 2,2,1,1 (seed 0, byte tokens), its four
-    distinct layers exported as a plain 4-layer Llama (schedule 0,1,2,3) with the byte tokenizer."""
-    import os
-
-    from ilr_search.training.pretrained import export_checkpoint
-
-    from ilr_search.config import DataConfig, ModelConfig, TrainConfig
-    from ilr_search.data.tokens import load_tokens
-    from ilr_search.training.schedule import reuse_map_schedule
-    from ilr_search.training.train import train_proxy
-
-    cache = tmp_path_factory.mktemp("frozen-cache")
-    os.environ.setdefault("ILR_SEARCH_CACHE", str(cache))
-    data = load_tokens(DataConfig(), seq_len=64)
-    model_cfg = ModelConfig(vocab_size=256, n_layers=4, d_model=32, n_heads=2, seq_len=64)
-    trained = []
-    result = train_proxy(model_cfg, reuse_map_schedule(TRAINED_MAP), data,
-                         TrainConfig(steps=PRETRAIN_STEPS, batch_size=8, lr=1e-2, eval_fractions=(1.0,),
-                                     eval_windows=16, seed=0, device="cpu", dtype="fp32", checkpoint_every=0),
-                         on_trained=trained.append)
-    assert result.status == "ok", result.reason
-    return export_checkpoint(trained[0], [0, 1, 2, 3], tmp_path_factory.mktemp("pretrained") / "tiny-llama")
+def checkpoint(recurrent_checkpoint) -> Path:
+    """The tiny pretrained checkpoint trained with 2,2,1,1 (conftest.recurrent_checkpoint)."""
+    return recurrent_checkpoint
 
 
 def frozen_run(cli, tmp_path: Path, checkpoint: Path, *extra: str):

@@ -89,6 +89,7 @@ def interval_words(base_ppl: float, interval: Sequence[float] | None, confidence
     # the loss's high end is the least gain
     low, high = measure.gain(base_ppl, interval[1]), measure.gain(base_ppl, interval[0])
     pct, d = round(confidence * 100), measure.digits()
+    low, high = low + 0.0, high + 0.0  # no "-0.0"
     if low > 0:
         return f"{pct}% interval {low:.{d}f} to {high:.{d}f}"
     if high < 0:

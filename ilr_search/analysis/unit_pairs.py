@@ -242,15 +242,19 @@ def unit_detectable_gap(pairs: UnitPairs, test: UnitTest, power: float) -> float
     test at the chunks `pairs` reached finds with probability `power`, given their spread: for losses the noncentral
     t at the look's boundary (sequential.detectable_gap); for 0/1 scores the normal approximation of McNemar's z,
     (boundary + z_power) sqrt(discordant share / n)."""
-    bound = test.boundary(pairs)
-    if bound is None or not math.isfinite(bound) or pairs.n < 2:
+    if pairs.n < 2 or test.alpha < MIN_LEVEL:
         return None
     if not pairs.binary:
-        sd = pairs.sd()
-        return detectable_gap(sd, pairs.n, test.alpha, power, boundary=bound) if sd else None
+        bound, sd = test.boundary(pairs), pairs.sd()
+        if bound is None or not math.isfinite(bound) or not sd:
+            return None
+        return detectable_gap(sd, pairs.n, test.alpha, power, boundary=bound)
     from scipy.stats import norm
 
-    share = sum(pairs.discordant()) / pairs.n
-    if share <= 0:
-        share = 1.0 / pairs.n  # no discordant item yet: at least one in n
+    reached = [look for look in test.looks if look <= len(pairs.chunks)]
+    if not reached:
+        return None
+    # the z boundary the exact boundary approximates (the exact one is undefined with no discordant item yet)
+    bound = z_boundaries(round(test.alpha, 12), test.first_look, test.max_n, test.every)[test.looks.index(reached[-1])]
+    share = max(sum(pairs.discordant()), 1) / pairs.n  # at least one discordant item in n
     return (bound + float(norm.ppf(power))) * math.sqrt(share / pairs.n)
