@@ -11,3 +11,7 @@ class StorageFullError(UserInputError):
 
 class DataError(UserInputError):
     """A corpus or tokenizer that cannot be used."""
+
+
+class CheckpointError(UserInputError):
+    """A checkpoint that cannot be read, or a model that cannot be written as one."""

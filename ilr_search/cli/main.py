@@ -260,7 +260,8 @@ Init = Annotated[
     typer.Option(
         help=(
             "Start from a pretrained checkpoint: a folder as transformers' save_pretrained writes it (config.json, "
-            "safetensors, tokenizer.json) or hf:NAME. The model takes its architecture and weights, the data its "
+            "safetensors, tokenizer.json), a GGUF file (or a folder holding one; converted once, dequantized to "
+            "float32) or hf:NAME. The model takes its architecture and weights, the data its "
             "tokenizer; the shape flags and --tokenizer go without it."
         )
     ),
@@ -301,6 +302,7 @@ def flops(
     from ilr_search.commands.api import flops_report
 
     check_init_flags(opts, init)
+    hold_init_note(init)
     emit(flops_report(opts.space, opts.overrides(), reuse_map, block, knobs, init), json_out, ui.print_flops)
 
 
@@ -312,6 +314,15 @@ def check_init_flags(opts: SpaceOptions, init: str | None) -> None:
     given = [name for name in INIT_REFUSES if init is not None and getattr(opts, name) is not None]
     if given:
         fail(f"--init takes the checkpoint's architecture and tokenizer; drop --{given[0].replace('_', '-')}")
+
+
+def hold_init_note(init: str | None) -> None:
+    """--init's note about its checkpoint (a quantized GGUF file), said once, when the command goes ahead."""
+    from ilr_search.commands.api import init_note
+
+    note = init_note(init)
+    if note:
+        ui.hold_note(note)
 
 
 @app.command()
@@ -371,6 +382,7 @@ def train(
     from ilr_search.commands.api import train_report
 
     check_init_flags(opts, init)
+    hold_init_note(init)
     with ui.step_progress(enabled=True) as on_step:
         report = train_report(
             opts.space,
@@ -665,6 +677,7 @@ def run(
     from ilr_search.commands.run import RunOptions, run_request, run_search
 
     check_init_flags(opts, init)
+    hold_init_note(init)
     request, fuse_asked = run_request(
         RunOptions(
             opts.space,

@@ -39,8 +39,8 @@ def schedule_model(space: SpaceConfig, schedule: Sequence[int], knobs: str | Non
 
 
 def with_init(space: SpaceConfig, init: str | None) -> SpaceConfig:
-    """`--init PATH|hf:NAME`: the space with the checkpoint's model (its architecture, and its weights to start
-    from; the space's seq_len and recurrence knobs kept) and its data tokenized by the checkpoint's tokenizer."""
+    """`--init PATH|FILE.gguf|hf:NAME`: the space with the checkpoint's model (its architecture, and its weights to
+    start from; the space's seq_len and recurrence knobs kept) and its data tokenized by the checkpoint's tokenizer."""
     if not init:
         return space
     from ilr_search.training.pretrained import CheckpointError, open_checkpoint
@@ -54,6 +54,18 @@ def with_init(space: SpaceConfig, init: str | None) -> SpaceConfig:
         model=dataclasses.replace(checkpoint.config, **knobs),
         data=dataclasses.replace(space.data, tokenizer=f"file:{checkpoint.tokenizer_file.resolve()}"),
     )
+
+
+def init_note(init: str | None) -> str | None:
+    """What a command given `--init` says once about its checkpoint: that a quantized GGUF file's weights are
+    dequantized, the quantized model and not the original (None for any other checkpoint). A GGUF file is read,
+    and converted the first time, here."""
+    if not init:
+        return None
+    from ilr_search.training.gguf import dequantization_note, open_gguf
+
+    gguf = open_gguf(init)
+    return None if gguf is None else dequantization_note(gguf)
 
 
 @dataclass(frozen=True)

@@ -204,11 +204,14 @@ def study_config(space: SpaceConfig, model: ModelConfig, budget: Budget, dtype: 
 
 
 def checkpoint_identity(source: str) -> dict[str, str]:
-    """What a study of a pretrained model knows its checkpoint by: its source and the SHA-256 of its config.json
-    (and of its tokenizer.json where it has one), so that a resume with another checkpoint is refused."""
+    """What a study of a pretrained model knows its checkpoint by, so that a resume with another checkpoint is
+    refused: its source and the SHA-256 of its config.json (and of its tokenizer.json where it has one); for a GGUF
+    file, of the file itself (the folder converted from it is derived: its bytes depend on the converter)."""
     from ilr_search.training.pretrained import open_checkpoint
 
     checkpoint = open_checkpoint(source)
+    if checkpoint.gguf is not None:
+        return {"source": source, "gguf_sha256": checkpoint.gguf.sha256}
     identity = {
         "source": source,
         "config_sha256": hashlib.sha256((checkpoint.path / "config.json").read_bytes()).hexdigest(),

@@ -15,8 +15,11 @@ by frequency i, the model rotates its (even, odd) pairs (2i, 2i + 1); q and k ro
 gains) are permuted within each head on import so that pair i holds what half-pair i held, and back on export.
 The attention scores q.k are the same, since q and k are permuted alike; v and the output projection are not.
 
+A GGUF file (or a folder holding one) is a checkpoint too: training/gguf.py converts it once into a folder of this
+format in the cache, which resolve_source returns.
+
 Reading a checkpoint needs json, safetensors and tokenizers (base dependencies); writing one needs transformers,
-imported only there (the `hf` extra).
+imported only there (the `hf` extra); a GGUF file needs the `gguf` extra.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ilr_search.config import ModelConfig
-from ilr_search.errors import UserInputError
+from ilr_search.errors import CheckpointError
+from ilr_search.training.gguf import GGUFSource, open_gguf
 
 if TYPE_CHECKING:
     import torch
@@ -72,37 +76,37 @@ ARCHITECTURE_FIELDS = (
 )
 
 
-class CheckpointError(UserInputError):
-    """A checkpoint that cannot be read, or a model that cannot be written as one."""
-
-
 @dataclass(frozen=True)
 class Checkpoint:
-    """An opened checkpoint: where it came from (`source`: a folder or hf:NAME), the folder it is in, its
-    transformers model_type, the ModelConfig it gives (init=source), and its tokenizer.json where it has one."""
+    """An opened checkpoint: where it came from (`source`: a folder, a GGUF file or hf:NAME), the folder it is in
+    (a GGUF file's: its conversion in the cache), its transformers model_type, the ModelConfig it gives
+    (init=source), its tokenizer.json where it has one, and the GGUF file it was converted from (None for a folder)."""
 
     source: str
     path: Path
     family: str
     config: ModelConfig
     tokenizer_file: Path | None
+    gguf: GGUFSource | None = None
 
 
 def open_checkpoint(source: str, seq_len: int | None = None) -> Checkpoint:
-    """The checkpoint at `source`, a folder as save_pretrained writes it or hf:NAME (downloaded through
-    huggingface_hub), from its config.json alone; the model's seq_len is `seq_len`, else the checkpoint's
-    max_position_embeddings up to DEFAULT_SEQ_LEN. Raises CheckpointError (one line) for what the model cannot run."""
-    path = resolve_source(source)
+    """The checkpoint at `source`, a folder as save_pretrained writes it, a GGUF file (or a folder holding one) or
+    hf:NAME (downloaded through huggingface_hub), from its config.json alone; the model's seq_len is `seq_len`, else
+    the checkpoint's max_position_embeddings up to DEFAULT_SEQ_LEN. Raises CheckpointError (one line) for what the
+    model cannot run."""
+    gguf = open_gguf(source)
+    path = gguf.folder if gguf is not None else resolve_source(source)
     if not path.is_dir():
         raise CheckpointError(
             f"checkpoint {source}: no such folder; give a folder as transformers' save_pretrained "
-            "writes it (config.json, model.safetensors) or hf:NAME"
+            "writes it (config.json, model.safetensors), a GGUF file or hf:NAME"
         )
     config_file = path / "config.json"
     if not config_file.is_file():
         raise CheckpointError(
-            f"checkpoint {source}: the folder has no config.json; give a folder as transformers' "
-            "save_pretrained writes it (config.json, model.safetensors)"
+            f"checkpoint {source}: the folder has no config.json (nor a .gguf file); give a folder as "
+            "transformers' save_pretrained writes it (config.json, model.safetensors) or a GGUF file"
         )
     try:
         raw = json.loads(config_file.read_text(encoding="utf-8"))
@@ -116,14 +120,21 @@ def open_checkpoint(source: str, seq_len: int | None = None) -> Checkpoint:
     weight_files(path, source)  # refuses a folder without weights now, not when the weights are read
     config = model_config(raw, family, source, seq_len)
     tokenizer = path / "tokenizer.json"
-    return Checkpoint(source, path, family, config, tokenizer if tokenizer.is_file() else None)
+    return Checkpoint(source, path, family, config, tokenizer if tokenizer.is_file() else None, gguf)
+
+
+def resolve_source(source: str) -> Path:
+    """The local folder of a checkpoint source: hf:NAME downloaded (or found in the cache), a GGUF file's (or a
+    folder's one GGUF file's) conversion in the cache (training/gguf.py), else the path."""
+    if source.startswith("hf:"):
+        return hub_snapshot(source)
+    gguf = open_gguf(source)
+    return gguf.folder if gguf is not None else Path(source).expanduser()
 
 
 @functools.cache
-def resolve_source(source: str) -> Path:
-    """The local folder of a checkpoint source: hf:NAME downloaded (or found in the cache), else the path."""
-    if not source.startswith("hf:"):
-        return Path(source).expanduser()
+def hub_snapshot(source: str) -> Path:
+    """The local folder of hf:NAME, downloaded through huggingface_hub or found in its cache."""
     name = source[3:]
     try:
         from huggingface_hub import snapshot_download
@@ -285,10 +296,15 @@ def load_weights(checkpoint: Checkpoint) -> dict[str, torch.Tensor]:
     return weights
 
 
-@functools.cache
 def cached_weights(source: str) -> dict[str, torch.Tensor]:
-    """load_weights of `source`, read once per process (a search builds many models from one checkpoint; the
-    tensors are copied into each model, never changed). The weights do not depend on seq_len."""
+    """load_weights of `source`, read once per process and checkpoint folder (a search builds many models from one
+    checkpoint; the tensors are copied into each model, never changed; a GGUF file rewritten in place is another
+    folder). The weights do not depend on seq_len."""
+    return folder_weights(source, resolve_source(source))
+
+
+@functools.cache
+def folder_weights(source: str, folder: Path) -> dict[str, torch.Tensor]:
     return load_weights(open_checkpoint(source, seq_len=1))
 
 
