@@ -32,12 +32,12 @@ TASK = "toy_choice"
 
 
 def items() -> list[dict]:
-    """12 sums, each with 4 two-digit choices, the right one at a different place from item to item."""
+    """12 sums of one digit or two, each with 4 choices of one digit or two (so that the summed and the
+    length-normalised rules differ), the right one at a different place from item to item."""
     rows = []
     for i in range(12):
-        a, b = 3 + i % 7, 7 + (i * 5) % 3
-        wrong = [a + b + 1, a + b + 3, a + b - 2]
-        choices = [str(c) for c in wrong]
+        a, b = 1 + i % 5, 2 + (i * 7) % 9
+        choices = [str(c) for c in (a + b + 1, a + b + 2, a + b - 1)]
         choices.insert(i % 4, str(a + b))
         rows.append({"question": f"{a}+{b}=", "choices": choices, "label": i % 4})
     return rows
@@ -75,7 +75,7 @@ def setup(tmp_path_factory):
     tasks = root / "tasks"
     write_task(tasks, data, cache=root / "datasets-cache")
     model = build_model(ModelConfig(n_layers=4, d_model=32, n_heads=4, seq_len=64), seed=3).eval()
-    torch.manual_seed(5)  # a draw under which the model gets half of the items right
+    torch.manual_seed(11)  # a draw under which the model gets some items right, and the two rules differ
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.1 * torch.randn_like(p))
@@ -121,12 +121,17 @@ def test_two_chunks_score_as_the_whole(setup, all_scores):
     assert first.scores + second.scores == all_scores.scores
 
 
+def argmax(values: list[float]) -> int:
+    return max(range(len(values)), key=values.__getitem__)  # the first of equal values, as numpy's
+
+
 def test_acc_is_the_argmax_of_the_summed_choice_log_likelihoods(setup, all_scores):
     """lm-eval's multiple-choice acc, computed here on the unrolled transformers model: the choice whose
-    continuation ' CHOICE' has the highest summed log-probability given the context (not length-normalised)."""
+    continuation ' CHOICE' has the highest summed log-probability given the context, not divided by the choice's
+    length (that is acc_norm)."""
     model, _, _ = setup
     hf_model = unrolled_hf_model(model, SCHEDULE, "llama")
-    expected = []
+    summed, normalised = [], []
     for row in items():
         ctx = context(row).encode()
         lls = []
@@ -136,9 +141,12 @@ def test_acc_is_the_argmax_of_the_summed_choice_log_likelihoods(setup, all_score
                 logp = torch.log_softmax(hf_model(input_ids=ids[:, :-1]).logits[0], dim=-1)
             targets = ids[0, len(ctx):]
             lls.append(logp[len(ctx) - 1:, :].gather(1, targets[:, None]).sum().item())
-        expected.append(1.0 if max(range(len(lls)), key=lls.__getitem__) == row["label"] else 0.0)
-    assert all_scores.scores == tuple(expected)
-    assert 0 < sum(expected) < 12  # the model gets some right and some wrong: agreement says something
+        per_char = [ll / len(choice) for ll, choice in zip(lls, row["choices"], strict=True)]
+        summed.append(1.0 if argmax(lls) == row["label"] else 0.0)
+        normalised.append(1.0 if argmax(per_char) == row["label"] else 0.0)
+    assert all_scores.scores == tuple(summed)
+    assert 0 < sum(summed) < 12  # the model gets some right and some wrong: agreement says something
+    assert tuple(normalised) != tuple(summed)  # and the check tells the two rules apart
 
 
 def test_the_unrolled_model_gives_the_schedules_logits(setup):
@@ -236,6 +244,13 @@ def test_documents_outside_the_task_are_one_line(setup):
     with pytest.raises(TaskError) as e:
         scores(setup, [3, 12])
     assert_one_line(e, "no document 12", "0..11")
+
+
+def test_without_lm_eval_the_error_says_how_to_install_it(setup, monkeypatch):
+    monkeypatch.setitem(sys.modules, "lm_eval", None)  # what `import lm_eval` finds where it is not installed
+    with pytest.raises(TaskError) as e:
+        check_task(TASK, setup[2])
+    assert_one_line(e, "lm-eval tasks need lm-eval; pip install 'ilr-search[eval]'")
 
 
 def test_no_documents_score_nothing(setup):

@@ -114,6 +114,7 @@ def lm_eval_scores(
     running `schedule`, written as transformers' `family` in memory, with the tokenizer that AutoTokenizer reads
     from `tokenizer_dir` (the checkpoint's folder), on the model's device."""
     lm_eval = lm_eval_module()
+    tasks_path = None if tasks_path is None else Path(tasks_path)
     info, task_obj = load_task(task, tasks_path)
     ids = tuple(int(i) for i in doc_ids)
     outside = [i for i in ids if not 0 <= i < info.n_docs]
@@ -162,8 +163,9 @@ def load_task(task: str, tasks_path: Path | None) -> tuple[TaskInfo, Any]:
     lm_eval_module()
     from ilr_search.data.corpora import quiet_datasets
 
+    tasks_path = None if tasks_path is None else Path(tasks_path)
     if tasks_path is not None:
-        check_task_files(Path(tasks_path))
+        check_task_files(tasks_path)
     manager = task_manager(tasks_path)
     where = f"the folder {tasks_path}" if tasks_path is not None else "lm-eval's registry"
     if task in manager.all_groups or task in manager.all_tags:
