@@ -13,6 +13,7 @@ import torch
 from conftest import ROOT
 
 from ilr_search.config import ModelConfig
+from ilr_search.data.tokenizers import byte_tokenizer_model
 from ilr_search.training.train import build_model
 
 pytest.importorskip("lm_eval")
@@ -147,6 +148,37 @@ def test_acc_is_the_argmax_of_the_summed_choice_log_likelihoods(setup, all_score
     assert all_scores.scores == tuple(summed)
     assert 0 < sum(summed) < 12  # the model gets some right and some wrong: agreement says something
     assert tuple(normalised) != tuple(summed)  # and the check tells the two rules apart
+
+
+GENERATE = {"output_type": "generate_until", "doc_to_choice": None, "doc_to_target": "{{answer}}",
+            "generation_kwargs": {"until": ["\n"], "max_gen_toks": 3, "do_sample": False},
+            "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True}]}
+
+
+def test_a_generation_task_scores_greedy_answers_by_exact_match(setup, tmp_path):
+    """exact_match of lm-eval's greedy generation (3 tokens, up to a newline) against answers that are the
+    unrolled model's own greedy continuations (generated here with transformers) on even documents, and never on
+    odd ones. Generating needs an end-of-sequence token: byte 0 is given that role in a tokenizer of its own."""
+    model, _, _ = setup
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=byte_tokenizer_model(), eos_token=chr(256))
+    tokenizer.save_pretrained(tmp_path / "tokenizer")  # chr(256): byte 0's byte-level symbol
+    hf_model = unrolled_hf_model(model, SCHEDULE, "llama")
+    rows = []
+    for i, row in enumerate(items()):
+        ids = torch.tensor([list(context(row).encode())])
+        new = hf_model.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=0)[0, ids.shape[1]:]
+        answer = tokenizer.decode(new.tolist(), skip_special_tokens=True).split("\n")[0]
+        rows.append({"question": row["question"], "answer": answer if i % 2 == 0 else answer + "!"})
+    data = tmp_path / "answers.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    write_task(tmp_path / "tasks", data, name="toy_generate", cache=tmp_path / "cache", **GENERATE)
+    assert check_task("toy_generate", tmp_path / "tasks") == TaskInfo("toy_generate", 12, "exact_match", True, True)
+    result = lm_eval_scores(model, SCHEDULE, tmp_path / "tokenizer", "llama", "toy_generate", tmp_path / "tasks",
+                            range(12))
+    assert result.scores == tuple(1.0 if i % 2 == 0 else 0.0 for i in range(12))
+    with pytest.raises(TaskError) as e:  # the byte tokenizer of the checkpoint has no end-of-sequence token
+        lm_eval_scores(model, SCHEDULE, setup[1], "llama", "toy_generate", tmp_path / "tasks", [0])
+    assert_one_line(e, "end-of-sequence token")
 
 
 def test_the_unrolled_model_gives_the_schedules_logits(setup):

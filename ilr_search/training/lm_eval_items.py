@@ -21,7 +21,7 @@ prompt can depend on the other documents scored with it.
 
 A local task folder is data, not code: its YAML files (and those they include, outside lm-eval's own tasks) may
 not name Python (`!function`) nor metrics that lm-eval would fetch from the hub (`hf_evaluate`, or a name lm-eval
-does not register). lm-eval renders a task's Jinja templates itself.
+does not register). Its Jinja templates (doc_to_text, ...) are rendered by lm-eval and not checked here.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ INSTALL = "pip install 'ilr-search[eval]'"
 PER_ITEM_OUTPUT_TYPES = ("multiple_choice", "loglikelihood", "generate_until")
 # The metrics lm-eval scores 0 or 1 per item (multiple choice and single-answer loglikelihood, generation matches).
 BINARY_METRICS = frozenset({"acc", "acc_norm", "acc_bytes", "acc_mutual_info", "exact_match"})
-# What HFLM logs at WARNING each time it wraps a model object: true, expected, and said here once instead.
+# What HFLM logs at WARNING each time it wraps a model object (that it ignores its loading arguments): expected
+# here, where every candidate is such an object, so dropped.
 HFLM_OBJECT_WARNINGS = (
     "`pretrained` model kwarg is not of type `str`",
     "Passed an already-initialized model through `pretrained`",
@@ -123,6 +124,11 @@ def lm_eval_scores(
     if not ids:  # lm-eval reads no samples as all the documents
         return TaskScores(info.name, info.metric, info.binary, info.higher_is_better, (), ())
     tokenizer = load_tokenizer(tokenizer_dir, model.cfg.vocab_size)
+    if task_obj.OUTPUT_TYPE == "generate_until" and tokenizer.eos_token_id is None:  # HFLM stops generating on it
+        raise TaskError(
+            f"lm-eval task {task} generates text, which needs a tokenizer with an end-of-sequence token; "
+            f"the tokenizer in {tokenizer_dir} has none"
+        )
     hf_model: Any = unrolled_hf_model(model, schedule, family)
     hf_model.to(model.embed.weight.device)
     quiet_hflm_logs()
