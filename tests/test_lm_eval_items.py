@@ -67,9 +67,9 @@ def write_task(folder, data_file, name: str = TASK, cache=None, **fields) -> Non
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    """(model, checkpoint folder with the byte tokenizer, tasks folder): a 4-layer model whose random weights are
-    scaled up so that its choices differ clearly in log-likelihood."""
+def tiny(tmp_path_factory):
+    """(model, checkpoint folder with the byte tokenizer, tasks folder): a 4-layer model whose initial weights get
+    noise of std 0.1 (every one, norm gains too), so that its choices differ clearly in log-likelihood."""
     root = tmp_path_factory.mktemp("lm-eval")
     data = root / "items.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in items()), encoding="utf-8")
@@ -84,18 +84,18 @@ def setup(tmp_path_factory):
     return model, checkpoint, tasks
 
 
-def scores(setup, doc_ids, **kwargs):
-    model, checkpoint, tasks = setup
+def scores(tiny, doc_ids, **kwargs):
+    model, checkpoint, tasks = tiny
     return lm_eval_scores(model, SCHEDULE, checkpoint, "llama", TASK, tasks, doc_ids, **kwargs)
 
 
 @pytest.fixture(scope="module")
-def all_scores(setup):
-    return scores(setup, range(12))
+def all_scores(tiny):
+    return scores(tiny, range(12))
 
 
-def test_a_local_task_is_found_with_its_documents_and_metric(setup):
-    assert check_task(TASK, setup[2]) == TaskInfo(TASK, 12, "acc", binary=True, higher_is_better=True)
+def test_a_local_task_is_found_with_its_documents_and_metric(tiny):
+    assert check_task(TASK, tiny[2]) == TaskInfo(TASK, 12, "acc", binary=True, higher_is_better=True)
 
 
 def test_each_requested_document_gets_one_score_of_0_or_1(all_scores):
@@ -105,20 +105,20 @@ def test_each_requested_document_gets_one_score_of_0_or_1(all_scores):
     assert set(result.scores) <= {0.0, 1.0}
 
 
-def test_scores_follow_the_order_of_the_ids_asked(setup, all_scores):
+def test_scores_follow_the_order_of_the_ids_asked(tiny, all_scores):
     """Ids out of order, and one asked twice, each get their own document's score."""
     ids = [11, 4, 0, 4, 7]
-    result = scores(setup, ids, batch_size=2)
+    result = scores(tiny, ids, batch_size=2)
     assert result.doc_ids == tuple(ids)
     assert result.scores == tuple(all_scores.scores[i] for i in ids)
 
 
-def test_the_same_documents_give_the_same_scores(setup, all_scores):
-    assert scores(setup, range(12)) == all_scores
+def test_the_same_documents_give_the_same_scores(tiny, all_scores):
+    assert scores(tiny, range(12)) == all_scores
 
 
-def test_two_chunks_score_as_the_whole(setup, all_scores):
-    first, second = scores(setup, range(6)), scores(setup, range(6, 12))
+def test_two_chunks_score_as_the_whole(tiny, all_scores):
+    first, second = scores(tiny, range(6)), scores(tiny, range(6, 12))
     assert first.scores + second.scores == all_scores.scores
 
 
@@ -126,11 +126,11 @@ def argmax(values: list[float]) -> int:
     return max(range(len(values)), key=values.__getitem__)  # the first of equal values, as numpy's
 
 
-def test_acc_is_the_argmax_of_the_summed_choice_log_likelihoods(setup, all_scores):
+def test_acc_is_the_argmax_of_the_summed_choice_log_likelihoods(tiny, all_scores):
     """lm-eval's multiple-choice acc, computed here on the unrolled transformers model: the choice whose
     continuation ' CHOICE' has the highest summed log-probability given the context, not divided by the choice's
     length (that is acc_norm)."""
-    model, _, _ = setup
+    model, _, _ = tiny
     hf_model = unrolled_hf_model(model, SCHEDULE, "llama")
     summed, normalised = [], []
     for row in items():
@@ -155,11 +155,11 @@ GENERATE = {"output_type": "generate_until", "doc_to_choice": None, "doc_to_targ
             "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True}]}
 
 
-def test_a_generation_task_scores_greedy_answers_by_exact_match(setup, tmp_path):
+def test_a_generation_task_scores_greedy_answers_by_exact_match(tiny, tmp_path):
     """exact_match of lm-eval's greedy generation (3 tokens, up to a newline) against answers that are the
     unrolled model's own greedy continuations (generated here with transformers) on even documents, and never on
     odd ones. Generating needs an end-of-sequence token: byte 0 is given that role in a tokenizer of its own."""
-    model, _, _ = setup
+    model, _, _ = tiny
     tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=byte_tokenizer_model(), eos_token=chr(256))
     tokenizer.save_pretrained(tmp_path / "tokenizer")  # chr(256): byte 0's byte-level symbol
     hf_model = unrolled_hf_model(model, SCHEDULE, "llama")
@@ -177,12 +177,12 @@ def test_a_generation_task_scores_greedy_answers_by_exact_match(setup, tmp_path)
                             range(12))
     assert result.scores == tuple(1.0 if i % 2 == 0 else 0.0 for i in range(12))
     with pytest.raises(TaskError) as e:  # the byte tokenizer of the checkpoint has no end-of-sequence token
-        lm_eval_scores(model, SCHEDULE, setup[1], "llama", "toy_generate", tmp_path / "tasks", [0])
+        lm_eval_scores(model, SCHEDULE, tiny[1], "llama", "toy_generate", tmp_path / "tasks", [0])
     assert_one_line(e, "end-of-sequence token")
 
 
-def test_the_unrolled_model_gives_the_schedules_logits(setup):
-    model, _, _ = setup
+def test_the_unrolled_model_gives_the_schedules_logits(tiny):
+    model, _, _ = tiny
     hf_model = unrolled_hf_model(model, SCHEDULE, "llama")
     assert hf_model.config.num_hidden_layers == 5 and not hf_model.training
     assert next(hf_model.parameters()).dtype == torch.float32
@@ -193,13 +193,13 @@ def test_the_unrolled_model_gives_the_schedules_logits(setup):
         assert not torch.allclose(logits, model(x), atol=1e-3)  # the repeat changes the model
 
 
-def test_scoring_prints_nothing_on_stdout_and_writes_nothing(setup, tmp_path, monkeypatch, capfd):
-    _, checkpoint, tasks = setup
+def test_scoring_prints_nothing_on_stdout_and_writes_nothing(tiny, tmp_path, monkeypatch, capfd):
+    _, checkpoint, tasks = tiny
     before = sorted(p.relative_to(tasks.parent) for p in tasks.parent.rglob("*") if "datasets-cache" not in p.parts)
     work = tmp_path / "project"
     work.mkdir()
     monkeypatch.chdir(work)
-    result = scores(setup, [2, 9])
+    result = scores(tiny, [2, 9])
     assert len(result.scores) == 2
     assert capfd.readouterr().out == ""
     assert list(work.iterdir()) == []
@@ -214,9 +214,9 @@ def assert_one_line(e: pytest.ExceptionInfo, *words: str) -> None:
         assert word in message, message
 
 
-def test_an_unknown_local_task_is_one_line(setup):
+def test_an_unknown_local_task_is_one_line(tiny):
     with pytest.raises(TaskError) as e:
-        check_task("toy_choise", setup[2])
+        check_task("toy_choise", tiny[2])
     assert_one_line(e, "unknown lm-eval task 'toy_choise'", "did you mean toy_choice")
 
 
@@ -233,7 +233,7 @@ def test_a_missing_tasks_folder_is_one_line(tmp_path):
     assert_one_line(e, "no such folder")
 
 
-def test_a_task_that_cannot_be_scored_per_item_is_one_line(setup, tmp_path):
+def test_a_task_that_cannot_be_scored_per_item_is_one_line(tmp_path):
     data = tmp_path / "items.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in items()), encoding="utf-8")
     write_task(tmp_path / "tasks", data, name="rolling", cache=tmp_path / "cache", output_type="loglikelihood_rolling",
@@ -272,21 +272,21 @@ def test_a_local_task_that_names_code_is_refused_before_it_is_loaded(tmp_path, c
     assert not (tmp_path / "ran").exists()
 
 
-def test_documents_outside_the_task_are_one_line(setup):
+def test_documents_outside_the_task_are_one_line(tiny):
     with pytest.raises(TaskError) as e:
-        scores(setup, [3, 12])
+        scores(tiny, [3, 12])
     assert_one_line(e, "no document 12", "0..11")
 
 
-def test_without_lm_eval_the_error_says_how_to_install_it(setup, monkeypatch):
+def test_without_lm_eval_the_error_says_how_to_install_it(tiny, monkeypatch):
     monkeypatch.setitem(sys.modules, "lm_eval", None)  # what `import lm_eval` finds where it is not installed
     with pytest.raises(TaskError) as e:
-        check_task(TASK, setup[2])
+        check_task(TASK, tiny[2])
     assert_one_line(e, "lm-eval tasks need lm-eval; pip install 'ilr-search[eval]'")
 
 
-def test_no_documents_score_nothing(setup):
-    result = scores(setup, [])
+def test_no_documents_score_nothing(tiny):
+    result = scores(tiny, [])
     assert (result.doc_ids, result.scores, result.metric) == ((), (), "acc")
 
 
