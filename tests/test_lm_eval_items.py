@@ -14,7 +14,7 @@ from conftest import ROOT
 
 from ilr_search.config import ModelConfig
 from ilr_search.data.tokenizers import byte_tokenizer_model
-from ilr_search.training.train import build_model
+from ilr_search.training.build import build_model
 
 pytest.importorskip("lm_eval")
 transformers = pytest.importorskip("transformers")
