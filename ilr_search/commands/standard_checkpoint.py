@@ -23,6 +23,7 @@ from ilr_search.training.pretrained import (
     TOKENIZER_FILES,
     CheckpointError,
     check_exportable,
+    check_schedule,
     export_checkpoint,
     export_tokenizer,
     hf_config,
@@ -110,8 +111,7 @@ def save_tokenizer(folder: Path, tokenizer: Path | None) -> None:
 def check_checkpoint(cfg: ModelConfig, schedule: Sequence[int], family: str, tokenizer: Path | None) -> None:
     """What export_checkpoint would refuse, refused before any work or any folder is made."""
     check_exportable(cfg, family)
-    if not schedule or any(not 0 <= i < cfg.n_layers for i in schedule):
-        raise CheckpointError(f"cannot write schedule {list(schedule)}: it must run layers 0..{cfg.n_layers - 1}")
+    check_schedule(cfg, schedule)
     export_tokenizer(cfg, tokenizer)
     hf_config(cfg, family, len(schedule))
 

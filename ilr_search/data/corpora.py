@@ -87,7 +87,7 @@ def local_documents(path: Path, text_column: str, answer_column: str = "") -> It
     files = _local_files(path)
     if all(f.stat().st_size == 0 for f in files):
         raise DataError(f"{str(path)!r} holds no text (empty file); give a non-empty file or folder")
-    _quiet_datasets()
+    quiet_datasets()
     for builder in sorted({LOCAL_BUILDERS[f.suffix] for f in files}):
         group = [str(f) for f in files if LOCAL_BUILDERS[f.suffix] == builder]
         kwargs: dict[str, Any] = {"keep_linebreaks": True} if builder == "text" else {}
@@ -123,7 +123,7 @@ def local_documents(path: Path, text_column: str, answer_column: str = "") -> It
             yield Document(f"{builder}:end", "".join(buffer))
 
 
-def _quiet_datasets() -> None:
+def quiet_datasets() -> None:
     """Progress bars and logs of `datasets` would break the one-line error and --json contracts."""
     import datasets
 
@@ -136,7 +136,7 @@ def hub_documents(spec: str, text_column: str, answer_column: str = "") -> Itera
     are read as the caller consumes."""
     import datasets
 
-    _quiet_datasets()
+    quiet_datasets()
 
     name, _, config = spec[3:].partition(":")
     try:

@@ -5,9 +5,9 @@ transformers' names and layouts to ILRTransformer's, and back.
   cannot run in one line;
 - load_weights reads its safetensors into ILRTransformer's state_dict names (build_model in train.py loads them
   when ModelConfig.init names the checkpoint; initial_weights reads them once per process);
-- export_checkpoint writes a model as a standard checkpoint that transformers' AutoModelForCausalLM loads with no
-  custom code, its schedule unrolled (a layer that runs r times is written r times), with a tokenizer that
-  AutoTokenizer loads.
+- unrolled_hf_model builds a model as transformers' model of its family in memory, its schedule unrolled (a layer
+  that runs r times is r layers); export_checkpoint writes that model as a standard checkpoint that
+  AutoModelForCausalLM loads with no custom code, with a tokenizer that AutoTokenizer loads.
 
 The layouts differ in three places. transformers keeps q, k and v (and gate and up) as separate matrices; the
 model concatenates them (attn.qkv, mlp.gate_up). And RoPE: transformers rotates each head's halves (i, i + h/2)
@@ -38,6 +38,7 @@ from ilr_search.training.gguf import GGUFSource, open_gguf
 
 if TYPE_CHECKING:
     import torch
+    from transformers import PreTrainedModel
 
     from ilr_search.training.model import ILRTransformer
 
@@ -468,6 +469,28 @@ def hf_state_dict(model: ILRTransformer, schedule: Sequence[int], family: str) -
     return {name: t.contiguous().clone() for name, t in out.items()}
 
 
+def check_schedule(cfg: ModelConfig, schedule: Sequence[int]) -> None:
+    """Refuse (one line) a schedule that is empty or runs a layer the model does not have."""
+    if not schedule or any(not 0 <= i < cfg.n_layers for i in schedule):
+        raise CheckpointError(f"cannot write schedule {list(schedule)}: it must run layers 0..{cfg.n_layers - 1}")
+
+
+def unrolled_hf_model(model: ILRTransformer, schedule: Sequence[int], family: str) -> PreTrainedModel:
+    """`model` running `schedule` as transformers' model of `family` in memory, fp32 on the CPU, in eval mode: its
+    schedule unrolled (num_hidden_layers = len(schedule); position p of the schedule is layer p). Raises
+    CheckpointError (one line) for what the family cannot express."""
+    import torch
+
+    check_exportable(model.cfg, family)
+    check_schedule(model.cfg, schedule)
+    transformers = transformers_module()
+    config = hf_config(model.cfg, family, len(schedule))
+    with torch.device("cpu"):
+        hf_model = getattr(transformers, FAMILY_CLASSES[family][1])(config).to(torch.float32)
+    hf_model.load_state_dict(hf_state_dict(model, schedule, family), strict=True)
+    return hf_model.eval()
+
+
 def export_checkpoint(
     model: ILRTransformer,
     schedule: Sequence[int],
@@ -476,22 +499,11 @@ def export_checkpoint(
     tokenizer_dir_or_file: Path | None = None,
 ) -> Path:
     """Write `model` running `schedule` as a standard transformers checkpoint of `family` in `out_dir` (created):
-    config.json and model.safetensors through the family's classes (num_hidden_layers = len(schedule)), and a
-    tokenizer: a folder's tokenizer files copied (an imported checkpoint's), a tokenizer.json file wrapped for
-    AutoTokenizer (bpe:N's trained one), or None: the project's byte tokenizer. Returns out_dir."""
-    import torch
-
-    check_exportable(model.cfg, family)
-    schedule = list(schedule)
-    bad = [i for i in schedule if not 0 <= i < model.cfg.n_layers]
-    if not schedule or bad:
-        raise CheckpointError(f"cannot write schedule {schedule}: it must run layers 0..{model.cfg.n_layers - 1}")
+    config.json and model.safetensors of unrolled_hf_model, and a tokenizer: a folder's tokenizer files copied (an
+    imported checkpoint's), a tokenizer.json file wrapped for AutoTokenizer (bpe:N's trained one), or None: the
+    project's byte tokenizer. Returns out_dir."""
     tokenizer = export_tokenizer(model.cfg, tokenizer_dir_or_file)
-    transformers = transformers_module()
-    config = hf_config(model.cfg, family, len(schedule))
-    with torch.device("cpu"):
-        hf_model = getattr(transformers, FAMILY_CLASSES[family][1])(config).to(torch.float32)
-    hf_model.load_state_dict(hf_state_dict(model, schedule, family), strict=True)
+    hf_model = unrolled_hf_model(model, schedule, family)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     hf_model.save_pretrained(out_dir)
@@ -499,7 +511,7 @@ def export_checkpoint(
         for file in tokenizer:
             shutil.copyfile(file, out_dir / file.name)
     else:
-        transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer).save_pretrained(out_dir)
+        transformers_module().PreTrainedTokenizerFast(tokenizer_object=tokenizer).save_pretrained(out_dir)
     return out_dir
 
 
