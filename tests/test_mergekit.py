@@ -140,8 +140,8 @@ def hf_logits(folder: Path, x: torch.Tensor) -> torch.Tensor:
 
 
 def project_logits(checkpoint: Path, schedule, damping: float, x: torch.Tensor) -> torch.Tensor:
+    from ilr_search.training.build import build_model
     from ilr_search.training.pretrained import open_checkpoint
-    from ilr_search.training.train import build_model
 
     cfg = dataclasses.replace(open_checkpoint(str(checkpoint), seq_len=64).config, damping=damping)
     with torch.no_grad():
