@@ -655,8 +655,10 @@ def run(
             help=(
                 'Your maps, trained first after the baseline, in order, space-separated: "3,2,2,1 4,2,1,1", with knobs '
                 "as --knobs of train takes them (2,1,1,1|injection=add), block maps block:I-J:R (where the study "
-                "searches blocks), or blockK (trained as a reference run; a trial where blocks are searched). "
-                "Over-budget maps are repaired to the budget. \\[default: the space's enqueue list]"
+                "searches blocks), blockK (trained as a reference run; a trial where blocks are searched), or a "
+                "mergekit passthrough config FILE.yml of the checkpoint (the map its slices stack, a scale on "
+                "o_proj/down_proj read as damping). Over-budget maps are repaired to the budget. \\[default: the "
+                "space's enqueue list]"
             )
         ),
     ] = None,
@@ -1010,7 +1012,10 @@ def export_model(
     out: Annotated[
         Path,
         typer.Option(
-            help="A new or empty folder for the checkpoint (config.json, model.safetensors, tokenizer files)."
+            help=(
+                "A new or empty folder for the checkpoint (config.json, model.safetensors, tokenizer files); with "
+                "--format mergekit a new FILE.yml."
+            )
         ),
     ],
     study: Annotated[
@@ -1033,31 +1038,59 @@ def export_model(
     map_: Annotated[
         str | None,
         map_option(
-            "The map the checkpoint unrolls: 2,2,1,1, block:1-2:2 or block2 (no knobs); 1,1,1,1 writes each "
-            "distinct layer once. \\[default: the study's decided best map, as recipe chooses it; for --model the "
-            "map it was trained with]"
+            "The map the checkpoint unrolls: 2,2,1,1, block:1-2:2 or block2 (with --study also damping, e.g. "
+            "block:1-2:2|damping=0.5); 1,1,1,1 writes each distinct layer once. \\[default: the study's decided "
+            "best map, as recipe chooses it; for --model the map it was trained with]"
         ),
     ] = None,
     family: Annotated[
         str | None,
         typer.Option(help="llama, mistral, qwen2 or qwen3. \\[default: the imported checkpoint's family, else llama]"),
     ] = None,
+    export_format: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help=(
+                "hf (a standard transformers checkpoint) or mergekit (with --study: the passthrough config that "
+                "builds it from the study's checkpoint with mergekit-yaml, damping as o_proj/down_proj scales)."
+            ),
+        ),
+    ] = "hf",
     json_out: Json = False,
 ) -> None:
-    """Write a standard transformers checkpoint of a model under a map, its repeated layers unrolled, with its tokenizer."""  # noqa: E501 -- typer lists the command by this paragraph, its line breaks kept
-    from ilr_search.commands.export import export_saved_model, export_study_model
+    """Write a standard transformers checkpoint of a model under a map, its repeated layers unrolled, with its tokenizer (or a mergekit config that builds it)."""  # noqa: E501 -- typer lists the command by this paragraph, its line breaks kept
+    from ilr_search.commands.export import (
+        check_export_format,
+        export_saved_model,
+        export_study_mergekit,
+        export_study_model,
+    )
 
     if (study is None) == (model is None):
         fail("give --study NAME (a frozen study's model) or --model DIR (a model train --save wrote), one of them")
+    check_export_format(export_format)
     if model is not None:
         if storage is not None:
             fail("--storage goes with --study")
+        if export_format == "mergekit":
+            fail(
+                "--format mergekit goes with --study (a frozen study of a checkpoint, whose slices the config "
+                "stacks); export a --model DIR with --format hf"
+            )
         report = export_saved_model(model, out, map_, family)
     else:
         assert study is not None  # exactly one of --study and --model
-        report = export_study_model(
-            study, out, storage, map_, family, on_choice=lambda why: ui.hold_note(f"study {study}: {why}")
-        )
+
+        def noted(why: str) -> None:
+            ui.hold_note(f"study {study}: {why}")
+
+        if export_format == "mergekit":
+            if family is not None:
+                fail("--family goes with --format hf: a mergekit config takes the checkpoint's own family")
+            report = export_study_mergekit(study, out, storage, map_, on_choice=noted)
+        else:
+            report = export_study_model(study, out, storage, map_, family, on_choice=noted)
     emit(report, json_out, ui.print_export_model)
 
 

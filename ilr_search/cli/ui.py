@@ -743,11 +743,18 @@ def print_export(report: ExportedTable) -> None:
 
 
 def print_export_model(report: ExportedModel) -> None:
+    what = (
+        f"a mergekit passthrough config of {report.layers} layers"
+        if report.format == "mergekit"
+        else f"a {report.family} checkpoint of {report.layers} layers"
+    )
     out.print(
-        f"wrote a {report.family} checkpoint of {report.layers} layers ({report.source}, map "
-        f"{report.map}, schedule {','.join(map(str, report.schedule))}) to {report.out}",
+        f"wrote {what} ({report.source}, map {report.map}, schedule {','.join(map(str, report.schedule))}) to "
+        f"{report.out}",
         markup=False,
     )
+    if report.format == "mergekit":
+        out.print(f"build it with: mergekit-yaml {report.out} OUT_DIR", markup=False)
 
 
 def print_trials(report: StudyReport) -> None:

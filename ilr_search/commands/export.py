@@ -6,7 +6,12 @@ runs r times is written r times; standard_checkpoint.py writes it):
   retrofit) keeps no trained weights, and is refused with the command that makes them
   (`train --from-study NAME --map MAP --save DIR --format hf`);
 - `--model DIR [--map MAP]`: a model `train --save DIR` wrote (native), under any map of its layers, e.g. the 4
-  distinct layers of a model trained with 2,2,1,1 as a plain 4-layer model with `--map 1,1,1,1`.
+  distinct layers of a model trained with 2,2,1,1 as a plain 4-layer model with `--map 1,1,1,1`;
+- `--study NAME [--map MAP] --format mergekit --out FILE.yml`: instead of the checkpoint, the mergekit passthrough
+  config that builds it from the study's source checkpoint (training/mergekit.py writes it), its damping as scales.
+
+A frozen study's map may carry the knobs that are branch factors (damping, repeat_scale residual): the checkpoint
+has them as scaled o_proj and down_proj copies, the mergekit config as scales.
 
 Every check runs before anything is written.
 """
@@ -25,6 +30,7 @@ from ilr_search.commands.recipe import (
     SAVED_FORMAT,
     WEIGHTS_FILE,
     MapChoice,
+    StudySettingsView,
     choose_map,
     load_study_settings,
     load_trained,
@@ -34,6 +40,7 @@ from ilr_search.commands.recipe import (
 from ilr_search.commands.standard_checkpoint import check_checkpoint, check_out_dir, default_family, write_checkpoint
 from ilr_search.config import DataConfig, ModelConfig
 from ilr_search.errors import UserInputError
+from ilr_search.knobs import KNOB_CHOICES
 from ilr_search.training.pretrained import (
     SUPPORTED_FAMILIES,
     TOKENIZER_FILES,
@@ -42,10 +49,23 @@ from ilr_search.training.pretrained import (
     resolve_source,
 )
 
+EXPORT_FORMATS = ("hf", "mergekit")
+MERGEKIT_SUFFIXES = (".yml", ".yaml")
+SCALE_KNOBS = ("damping", "repeat_scale")  # the knobs a mergekit config carries, as tensor scales
 
-def parse_export_map(map_text: str, n_layers: int) -> MapChoice:
-    """A `--map` of export-model: a reuse map, a block map (block:I-J:R) or blockK, without knobs (a standard
-    checkpoint has none)."""
+
+def check_export_format(export_format: str) -> str:
+    if export_format not in EXPORT_FORMATS:
+        raise UserInputError(
+            f"unknown --format {export_format!r}; use hf (a standard transformers checkpoint in the folder --out) "
+            "or mergekit (a passthrough config of a frozen study's checkpoint, --out FILE.yml)"
+        )
+    return export_format
+
+
+def parse_export_map(map_text: str, n_layers: int, knobs: bool = False) -> MapChoice:
+    """A `--map` of export-model: a reuse map, a block map (block:I-J:R) or blockK, without knobs unless `knobs`
+    (a frozen study's map, whose knobs the study's model config takes)."""
     counts = map_text.strip().partition("|")[0]
     if not counts.startswith("block") and len(counts.split(",")) != n_layers:
         raise CheckpointError(
@@ -54,7 +74,7 @@ def parse_export_map(map_text: str, n_layers: int) -> MapChoice:
             "writes each once)"
         )
     choice = parse_map_choice(map_text, n_layers)
-    if choice.knobs:
+    if choice.knobs and not knobs:
         raise CheckpointError(
             f"--map {map_text!r}: knobs have no equivalent in a standard checkpoint; give the map alone"
         )
@@ -126,22 +146,8 @@ def export_study_model(
     from ilr_search.training.build import build_model
 
     out = Path(out)
-    view = load_study_settings(study_name, storage)
-    if map_text is not None:
-        parse_export_map(map_text, view.space.model.n_layers)
-    choice, why = choose_map(view, map_text, trained_only=False)
-    if choice.knobs:  # the study's best map, searched with knobs
-        raise CheckpointError(
-            f"map {choice.key}: knobs have no equivalent in a standard checkpoint; give --map with a map alone"
-        )
-    init, steps = view.space.model.init, view.space.train.steps
-    if not init or steps != 0:
-        how = f"retrofit from {init} ({steps} steps a map)" if init else "from scratch"
-        raise UserInputError(
-            f"study {study_name!r} trained its maps {how} and keeps no trained weights; train the "
-            f"map and save it as a checkpoint: ilr-search train --from-study {study_name} --map "
-            f"'{choice.key}' --save DIR --format hf"
-        )
+    view, choice, why = frozen_study_map(study_name, storage, map_text)
+    init = view.space.model.init
     checkpoint = open_checkpoint(init)
     raw = json.loads((checkpoint.path / "config.json").read_text(encoding="utf-8"))
     positions = int(raw.get("max_position_embeddings") or checkpoint.config.seq_len)  # the checkpoint's, kept
@@ -157,16 +163,102 @@ def export_study_model(
     return ExportedModel(out, family, choice.key, tuple(choice.schedule), f"study {study_name}")
 
 
+def frozen_study_map(
+    study_name: str, storage: str | None, map_text: str | None, export_format: str = "hf"
+) -> tuple[StudySettingsView, MapChoice, str]:
+    """A frozen study's settings, the map `map_text` names (default: its decided best) and the line saying which;
+    a study that trained its maps (from scratch or retrofit) kept no trained weights, and is refused with the
+    command that makes them (for a mergekit config: that it has no checkpoint holding them to take slices of)."""
+    view = load_study_settings(study_name, storage)
+    if map_text is not None:
+        parse_export_map(map_text, view.space.model.n_layers, knobs=True)
+    choice, why = choose_map(view, map_text, trained_only=False)
+    init, steps = view.space.model.init, view.space.train.steps
+    if not init or steps != 0:
+        how = f"retrofit from {init} ({steps} steps a map)" if init else "from scratch"
+        why_not = (
+            "keeps no trained weights"
+            if export_format == "hf"
+            else "has no checkpoint of them for a mergekit config to take slices of"
+            if not init
+            else f"a mergekit config of {init} would not hold the weights its maps were trained to"
+        )
+        raise UserInputError(
+            f"study {study_name!r} trained its maps {how} and {why_not}; train the map and save it as a "
+            f"checkpoint: ilr-search train --from-study {study_name} --map '{choice.key}' --save DIR --format hf"
+        )
+    return view, choice, why
+
+
+def check_mergekit_out(out: Path) -> Path:
+    """A new .yml or .yaml file that can be written."""
+    from ilr_search.commands.report import check_out_path
+
+    path = check_out_path(out, MERGEKIT_SUFFIXES)
+    if path.exists():
+        raise UserInputError(f"--out {str(path)!r} exists; give a new file for the mergekit config")
+    return path
+
+
+def mergekit_model(init: str) -> str:
+    """A study's checkpoint as a mergekit config names it: hf:NAME as NAME, a folder as its absolute path."""
+    if init.startswith("hf:"):
+        return init[3:]
+    folder = Path(init).expanduser().resolve()
+    if not folder.is_dir():
+        raise CheckpointError(
+            f"checkpoint {init}: no such folder; the mergekit config would take its slices from a checkpoint "
+            "that is not there"
+        )
+    return str(folder)
+
+
+def export_study_mergekit(
+    study_name: str,
+    out: str | Path,
+    storage: str | None = None,
+    map_text: str | None = None,
+    on_choice: Callable[[str], None] | None = None,
+) -> ExportedModel:
+    """`export-model --study NAME --format mergekit`: the mergekit passthrough config that builds a frozen study's
+    checkpoint under `map_text` (default: the study's decided best map), written to the new file `out`."""
+    from ilr_search.commands.report import _atomic_write
+    from ilr_search.training.mergekit import passthrough_yaml
+    from ilr_search.training.schedule import map_of_schedule
+
+    out = check_mergekit_out(Path(out))
+    view, choice, why = frozen_study_map(study_name, storage, map_text, "mergekit")
+    others = sorted(
+        name for name in choice.knobs if name not in SCALE_KNOBS and choice.knobs[name] != KNOB_CHOICES[name][0]
+    )
+    if others:
+        raise UserInputError(
+            f"map {choice.key}: the knob(s) {', '.join(others)} have no place in a mergekit passthrough config, "
+            "which stacks and scales a checkpoint's tensors (damping and repeat_scale residual are scales)"
+        )
+    n_layers = view.space.model.n_layers
+    cfg = view.model(choice.knobs)
+    chosen = map_of_schedule(choice.schedule, n_layers)
+    assert chosen is not None  # a map's (or blockK's: block:0-(L-1):K) schedule
+    text = passthrough_yaml(chosen, cfg.damping, mergekit_model(cfg.init), n_layers, repeat_scale=cfg.repeat_scale)
+    if on_choice is not None:
+        on_choice(why)
+    _atomic_write(out, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    return ExportedModel(out, None, choice.key, tuple(choice.schedule), f"study {study_name}", "mergekit")
+
+
 @dataclass(frozen=True)
 class ExportedModel:
-    """A standard checkpoint `export-model` wrote: where, its family, the map (its key) and schedule it runs, and
-    where its weights came from. to_json is `export-model --json`."""
+    """What `export-model` wrote: where, the family of a checkpoint (None for a mergekit config), the map (its key)
+    and schedule it runs, where its weights came from, and its format (hf or mergekit). to_json is
+    `export-model --json`."""
 
     out: Path
-    family: str
+    family: str | None
     map: str
     schedule: tuple[int, ...]
     source: str
+    format: str = "hf"
 
     @property
     def layers(self) -> int:
@@ -180,4 +272,5 @@ class ExportedModel:
             "schedule": list(self.schedule),
             "layers": self.layers,
             "source": self.source,
+            "format": self.format,
         }

@@ -12,6 +12,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import cast
 
 import optuna
@@ -19,6 +20,7 @@ import optuna
 from ilr_search.config import TRIAL_FAMILIES
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import KNOB_CHOICES, KnobValue, knob_choices, parse_knob_settings
+from ilr_search.training.mergekit import is_config_path, read_passthrough
 from ilr_search.training.schedule import (
     BlockMap,
     Map,
@@ -189,13 +191,17 @@ def parse_enqueued(
     families: Sequence[str] = ("ilr", "block"),
 ) -> EnqueuedMap:
     """One entry of an enqueue list: `3,2,2,1`, `2,1,1,1|injection=add` (knobs as `train --knobs` takes them),
-    `block:1-2:2` (where the study searches blocks) or `block2`. An over-budget map is repaired to the budget; a
-    malformed one (wrong length, a count below 1 or above max_reuse, a knob the study does not search, a block
-    the budget cannot pay for, a map of a family the study does not search) is refused. Where the study
-    searches blocks, `blockK` is the block map block:0-(L-1):K, a trial (not a reference run: one schedule is
-    trained once)."""
+    `block:1-2:2` (where the study searches blocks), `block2`, or a mergekit passthrough config (a path ending .yml
+    or .yaml, read by training.mergekit.read_passthrough into its map key with knobs, e.g.
+    block:16-27:2|damping=0.5). An over-budget map is repaired to the budget; a malformed one (wrong length, a
+    count below 1 or above max_reuse, a knob the study does not search, a block the budget cannot pay for, a map of
+    a family the study does not search) is refused. Where the study searches blocks, `blockK` is the block map
+    block:0-(L-1):K, a trial (not a reference run: one schedule is trained once)."""
     entry = text.strip()
     where = f"enqueued map {entry!r}"
+    if is_config_path(entry):  # a mergekit passthrough config: the map (and damping) its slices build
+        entry = read_passthrough(Path(entry), n_layers).key
+        where = f"enqueued mergekit config {text.strip()!r} ({entry})"
     kinds = trial_families(families)
     block = BLOCK_ENTRY.fullmatch(entry)
     if block:

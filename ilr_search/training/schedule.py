@@ -171,6 +171,26 @@ def map_of_key(map_key: str, n_layers: int) -> Map:
     return parse_map(map_key.split("|", 1)[0], n_layers)
 
 
+def map_of_schedule(schedule: Sequence[int], n_layers: int) -> Map | None:
+    """The map whose schedule this is (canonical, as parse_map gives it): a reuse map's (each layer's runs in a
+    row, in order) or one block's ([0..I-1] + [I..J] * R + [J+1..L-1]); None for a schedule that is neither."""
+    counts = [0] * n_layers
+    for layer in schedule:
+        if not 0 <= layer < n_layers:
+            return None
+        counts[layer] += 1
+    if min(counts, default=0) < 1:
+        return None
+    as_counts = ReuseMap(tuple(counts))
+    if as_counts.schedule() == list(schedule):
+        return as_counts
+    repeated = [i for i, r in enumerate(counts) if r > 1]
+    if not repeated:  # every layer once, out of order
+        return None
+    block = BlockMap(repeated[0], repeated[-1], counts[repeated[0]], n_layers)
+    return block.canonical() if block.schedule() == list(schedule) else None
+
+
 def key_schedule(map_key: str, n_layers: int) -> list[int]:
     """The schedule of a study's map key."""
     return map_of_key(map_key, n_layers).schedule()
