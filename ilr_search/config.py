@@ -243,6 +243,7 @@ class SearchConfig:
     # the pool has at most 4 test seeds (max_seeds 5 or less), else 1 (analysis/sequential.looks_apart)
     look_every: int = 0
     equal_compute: EqualCompute = "depth"  # "depth": race a plain model as deep as the best contender runs; "off"
+    judge: bool = False  # `ilr-search judge`: given candidates raced both ways against the plain model, no search
     max_race_steps: int = 0  # a cap on the steps the race trains (0: none); how a run goes, not what the study is
     fuse: int | Literal["auto"] = (
         4  # maps trained at once in one fused group (fused.py), or "auto" (commands/autofuse.py);
@@ -331,6 +332,7 @@ STORED_OMITTED_DEFAULTS: dict[str, dict[str, Any]] = {
         "equal_compute": "off",
         "look_every": 1,
         "damping_choices": (1.0, 0.5, 0.25, 0.1),
+        "judge": False,
     },
 }
 

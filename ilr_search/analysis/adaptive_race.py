@@ -264,7 +264,7 @@ def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSetting
     def crossed(key: str, level: float) -> int | None:
         pairs = units[key]
         if pairs is not None:
-            return UnitTest(level, first_look, len(pool), every).crossed_at(pairs)
+            return UnitTest(level, first_look, len(pool), every).crossed_at(pairs.shifted(settings.margin))
         return SequentialTest(level, first_look, len(pool), settings.test, every=every).crossed_at(paths[key][1])
 
     claims, open_levels = holm_claims(family, weights, alpha, crossed) if testable and family else ({}, {})
@@ -285,7 +285,8 @@ def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSetting
             len(pool),
             units[k],
         )
-    _stop_dominated(comparisons, results, target, settings, first_look)
+    if not settings.two_sided:  # a judge judges each candidate against the baseline alone
+        _stop_dominated(comparisons, results, target, settings, first_look)
     for k, c in comparisons.items():
         diverged = [s for s in results.diverged_at(k, target) if s in pool]
         if diverged:
@@ -395,7 +396,8 @@ def _compare(
     common: dict[str, Any]
     if pairs is not None:  # frozen, paired by unit over the chunks
         t = pairs.statistic()
-        boundary = UnitTest(level, first_look, max_n, looks_apart(settings.look_every, max_n)).boundary(pairs)
+        test = UnitTest(level, first_look, max_n, looks_apart(settings.look_every, max_n))
+        boundary = test.boundary(pairs)
         common = dict(
             map_key=key,
             flops_ratio=flops,
@@ -408,13 +410,25 @@ def _compare(
             level=level,
             boundary=boundary if len(seeds) >= first_look else None,
             units=pairs.n,
+            detectable=_plus(unit_detectable_gap(pairs, test, DETECTION_POWER), settings.margin),
         )
         dof = max(1, pairs.n - 1)
+        if settings.two_sided and decided_at is None:
+            worse_at = test.crossed_at(pairs.reversed().shifted(settings.margin))
+            if worse_at is not None:
+                return Comparison(
+                    **common,
+                    status="worse",
+                    decided_at=worse_at,
+                    why=f"worse than the baseline {words.at(target)}: the sequential test paired by {words.paired} "
+                    f"at level {level:.3g}, run the other way, claimed the baseline better after "
+                    f"{words.count(worse_at)} ({pairs.n} {words.paired}s paired)",
+                )
     else:
         c = paired_comparison({s: mine[s] for s in seeds}, {s: base[s] for s in seeds}, settings.confidence)
         t = t_statistic(diffs)
-        test = _sequential(settings, level, first_look, max_n)
-        boundary = test.boundary(len(seeds)) if settings.test == "spending" and len(seeds) >= first_look else None
+        by_seed = _sequential(settings, level, first_look, max_n)
+        boundary = by_seed.boundary(len(seeds)) if settings.test == "spending" and len(seeds) >= first_look else None
         common = dict(
             map_key=key,
             flops_ratio=flops,
@@ -445,7 +459,17 @@ def _compare(
             why=f"better than the baseline {words.at(target)}: {test_name} at level "
             f"{level:.3g} claimed it after {words.count(decided_at)}",
         )
-    if t is not None and len(seeds) >= first_look:
+    if settings.two_sided and pairs is None and len(seeds) >= first_look:
+        worse_at = _sequential(settings, level, first_look, max_n).crossed_at([-d for d in diffs])
+        if worse_at is not None:
+            return Comparison(
+                **common,
+                status="worse",
+                decided_at=worse_at,
+                why=f"worse than the baseline {words.at(target)}: the sequential paired t test at level {level:.3g}, "
+                f"run the other way, claimed the baseline better after {words.count(worse_at)}",
+            )
+    if t is not None and len(seeds) >= first_look and not settings.two_sided:
         from scipy.stats import t as student
 
         bound = float(student.ppf(1 - settings.futility, dof))
@@ -574,6 +598,11 @@ def _front(
     )
 
 
+def _plus(gap: float | None, margin: float) -> float | None:
+    """A detectable gap where claims need the difference beyond `margin` (RaceSettings.margin)."""
+    return None if gap is None else gap + margin
+
+
 def _detectable(
     comparisons: Sequence[Comparison],
     results: Results,
@@ -597,7 +626,7 @@ def _detectable(
             paired, key=lambda cp: (cp[0].mean_diff if cp[0].mean_diff is not None else math.inf, cp[0].map_key)
         )
         test = UnitTest(level, first_look, max_n, looks_apart(settings.look_every, max_n))
-        gap = unit_detectable_gap(pairs, test, DETECTION_POWER)
+        gap = _plus(unit_detectable_gap(pairs, test, DETECTION_POWER), settings.margin)
         sd = pairs.sd()
         if gap is None or sd is None:
             return None

@@ -246,3 +246,54 @@ def unraced_answer(why: str, steps: int) -> Answer:
     """The answer of a study whose race trained nothing (`why`: the race is off, or the study was not made by
     ilr-search): no map was shown better than the plain model by a test."""
     return Answer(f"no map beat {PLAIN} by a test at {steps} steps: {why}", (), True)
+
+
+def judge_answer(state: RaceState, settings: RaceSettings, model: str, baseline_ppl: float | None) -> Answer:
+    """The answer of `ilr-search judge`: a line a candidate, the best first. `C is better than MODEL by X (90%
+    interval ...)` or `C is worse than MODEL by X (...)` where the sequential test claimed it one way or the other,
+    else `C is not distinguishable from MODEL: a gap of X or more would have been seen (80% power)`; while the race
+    is open, `no decision yet`."""
+    measure, words, pct = settings.measure, settings.words, round(settings.confidence * 100)
+    base = baseline_ppl if baseline_ppl is not None else math.nan
+    comparisons = sorted(state.comparisons, key=lambda c: (math.inf if c.mean_diff is None else c.mean_diff, c.map_key))
+    lines = []
+    for c in comparisons:
+        interval = interval_words(base, c.interval, settings.confidence, measure)
+        over = f"{count(c.n, 'test ' + words.unit)}" + (f", {c.units} {words.paired}s paired" if c.units else "")
+        gain = measure.gain(base, c.mean_diff) if c.mean_diff is not None else math.nan
+        if c.status in ("better", "worse"):
+            lines.append(
+                f"{_map(c.map_key)} is {c.status} than {model} by {measure.amount(abs(gain))}"
+                + (f" ({interval})" if interval else "")
+                + f", {over} {words.at(state.level_steps)}"
+            )
+            continue
+        gap = c.detectable
+        seen = (
+            f"a gap of {measure.amount(measure.gain(base, -gap))} or more would have been seen (80% power)"
+            if gap is not None
+            else f"too few {words.plural} to say what gap would have been seen"
+        )
+        measured = f"; measured {side(gain, model, measure)}" if math.isfinite(gain) else ""
+        lines.append(
+            f"{_map(c.map_key)} is not distinguishable from {model}: {seen}{measured}"
+            + (f" ({interval})" if interval else "")
+            + f", {over}"
+        )
+    if not lines:
+        lines.append(f"no candidate other than {model} itself was judged")
+    if not state.done:
+        open_maps = sum(c.status == "open" for c in comparisons)
+        line = (
+            f"no decision yet: {open_maps} of {len(comparisons)} candidates still open {words.at(state.level_steps)}, "
+            f"{count(len(state.next_jobs), 'run')} to evaluate next; run the same command again to go on"
+        )
+        return Answer(line, tuple(lines), False)
+    details = [
+        *lines[1:],
+        f"{pct}% intervals; each candidate tested both ways by a sequential test paired by {words.paired}, "
+        f"at its share of the family's level (Holm), on {words.plural} 1 and after (chunk 0 ordered the candidates)",
+    ]
+    if state.stopped:
+        details.append(f"stopped because {state.stopped}")
+    return Answer(lines[0], tuple(details), True)

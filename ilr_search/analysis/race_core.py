@@ -53,9 +53,9 @@ class Measure:
     def amount(self, value: float) -> str:
         """`0.12 ppl`, `0.012 nats of answer loss`, `3.1 accuracy points`."""
         if self.kind == "ppl":
-            return f"{value:.2f} ppl"
+            return f"{value:.2f} ppl" if abs(value) >= 0.01 or value == 0 else f"{value:.2g} ppl"
         if self.kind == "answer":
-            return f"{value:.3f} nats of answer loss"
+            return f"{value:.3f} nats of answer loss" if abs(value) >= 0.001 or value == 0 else f"{value:.2g} nats"
         return f"{value:.1f} accuracy points"
 
     def digits(self) -> int:
@@ -112,6 +112,12 @@ class RaceSettings:
     frozen: bool = False
     judged: Judged = "ppl"  # what the losses are (Measure); accuracy: 0/1 a unit, tested by the exact sign test
     items: bool = False  # frozen: the chunks hold task items (else held-out windows)
+    # judge (`ilr-search judge`): each comparison is also tested the other way, and decided "worse" when the
+    # baseline is claimed better (instead of the futility rule)
+    two_sided: bool = False
+    # paired by unit: a claim needs the mean difference beyond this (nats of loss), so that a map equal to the
+    # baseline but for float rounding is never claimed either way
+    margin: float = 0.0
 
     @property
     def words(self) -> RaceWords:
@@ -190,12 +196,13 @@ COMPARISON_STATUSES = {  # a comparison's status -> what it means (docs/concepts
     CANNOT_WIN: "stopped by the futility rule: it trails the baseline so far that a later claim is unlikely "
     "(not a test that it is worse)",
     "dominated": "a contender of no more FLOPs beat it by a paired test",
+    "worse": "claimed worse than the baseline by the sequential paired test run the other way (judge)",
     "diverged": "a run of it diverged at the target",
     "open": "still raced: more seeds to come",
     "undecided": "the pool's seeds are spent without a decision",
     "capped": "the compute cap stopped it before a decision",
 }
-DECIDED_AGAINST = (CANNOT_WIN, "dominated", "diverged")  # statuses that end a comparison without a claim
+DECIDED_AGAINST = (CANNOT_WIN, "dominated", "diverged", "worse")  # statuses that end a comparison without a claim
 
 
 @dataclass(frozen=True)
@@ -220,6 +227,8 @@ class Comparison:
     decided_at: int | None = None  # test seeds at the claim
     why: str = ""
     units: int = 0  # a frozen comparison paired by unit: the windows or items over its chunks (0: by seed)
+    # paired by unit: the smallest gap (in the loss's unit) its test at its chunks finds with 80% power
+    detectable: float | None = None
 
     @property
     def n(self) -> int:
@@ -241,6 +250,7 @@ class Comparison:
             "decided_at": self.decided_at,
             "why": self.why,
             "units": self.units,
+            "detectable": self.detectable,
         }
 
 

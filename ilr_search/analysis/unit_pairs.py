@@ -42,6 +42,17 @@ class UnitPairs:
     diffs: tuple[tuple[float, ...], ...]
     binary: bool
 
+    def shifted(self, delta: float) -> UnitPairs:
+        """The pairs with every difference plus `delta`: a test of "a is better by more than delta" (losses only;
+        0/1 differences are left as they are)."""
+        if self.binary or not delta:
+            return self
+        return UnitPairs(self.chunks, tuple(tuple(d + delta for d in chunk) for chunk in self.diffs), False)
+
+    def reversed(self) -> UnitPairs:
+        """b against a."""
+        return UnitPairs(self.chunks, tuple(tuple(-d for d in chunk) for chunk in self.diffs), self.binary)
+
     def upto(self, k: int) -> list[float]:
         """The differences of the first k chunks."""
         return [d for chunk in self.diffs[:k] for d in chunk]

@@ -726,6 +726,93 @@ def run(
         raise typer.Exit(130)
 
 
+@app.command()
+@user_errors
+@with_space_options
+def judge(
+    opts: SpaceOptions,
+    init: Annotated[
+        str,
+        typer.Option(
+            help=(
+                "The model judged: a folder as save_pretrained writes it, a GGUF file (or a folder holding one) or "
+                "hf:NAME; evaluated frozen, as it is."
+            )
+        ),
+    ],
+    candidate: Annotated[
+        list[str],
+        typer.Option(
+            help=(
+                "A candidate, repeatable: a reuse map (2,1,1,1), a block map (block:16-27:2), either with "
+                "|damping=A, or a mergekit passthrough YAML that stacks slices of the one model (a scale on "
+                "o_proj/down_proj read as damping)."
+            )
+        ),
+    ],
+    objective: Annotated[
+        str | None,
+        typer.Option(
+            help=(
+                "What is judged: pareto (held-out text's loss, the default), answer (--answer-column), choice, exact "
+                "or lm-eval:TASK (task items, each right or wrong). As run --objective."
+            )
+        ),
+    ] = None,
+    budget: Annotated[
+        str | None,
+        typer.Option(
+            help=r"A FLOPs budget the candidates must fit (1.5x), else refused. \[default: the costliest candidate's]"
+        ),
+    ] = None,
+    chunks: Annotated[
+        int | None,
+        typer.Option(
+            help=(
+                "Chunks evaluated at most: chunk 0 orders the candidates, the rest test them, until each comparison "
+                r"is decided. \[default: 16, or as many as the data holds]"
+            )
+        ),
+    ] = None,
+    chunk_size: Annotated[
+        int | None,
+        typer.Option(
+            help=(
+                r"Windows or items a chunk. \[default: the space's eval_windows, fewer where the items would "
+                "otherwise make fewer than --chunks chunks]"
+            )
+        ),
+    ] = None,
+    study: StudyName = None,
+    storage: Storage = None,
+    json_out: Json = False,
+) -> None:
+    """Is a candidate (a map, a block, a mergekit config) better than the model it was made from? No search: raced
+    against the model on held-out windows or items, paired, until decided; the same command resumes."""
+    from ilr_search.commands.judge import JudgeOptions, judge_request
+    from ilr_search.commands.run import run_search
+
+    check_init_flags(opts, init)
+    hold_init_note(init)
+    request, candidates = judge_request(
+        JudgeOptions(
+            init, tuple(candidate), opts.space, opts.overrides(), objective, budget, study, storage, chunks, chunk_size
+        )
+    )
+    for c in candidates:
+        ui.hold_note(c.line())
+    summary = run_search(
+        request,
+        1,
+        None,
+        lambda: ui.ConsoleReporter(enabled=True),
+        note=lambda text: ui.err.print(text, soft_wrap=True, markup=False, highlight=False),
+    )
+    emit(summary, json_out, ui.print_judge)
+    if summary.interrupted:
+        raise typer.Exit(130)
+
+
 def tracked_reporter(track: str | None, storage: str | None, open_uri: bool = True) -> Callable[[Any], Any]:
     """`run --track`: the reporter wrapped so that finished trials also go to the tracker (checked first)."""
     if track is None:

@@ -696,6 +696,25 @@ def print_run(report: StudyReport) -> None:
         )
     _fidelity_lines(report.fidelity)
     print_race(report)
+    print_phases(report)
+    if report.interrupted:
+        out.print("interrupted: finished trials are saved; run the same command again to resume")
+    for line in report.answer.details:
+        out.print(f"  - {line}", markup=False, highlight=False)
+    print_answer(report, details=False)
+
+
+def print_judge(report: StudyReport) -> None:
+    """`judge`: the answer (a line a candidate) first, then the race against the model and the phases."""
+    print_answer(report, details=True)
+    print_race(report)
+    print_phases(report)
+    if report.interrupted:
+        out.print("interrupted: finished evaluations are saved; run the same command again to resume")
+
+
+def print_phases(report: StudyReport) -> None:
+    """Where the run's time went, phase by phase."""
     if report.phases:
         rows_table(
             "phases (cpu%: of one core)",
@@ -713,11 +732,6 @@ def print_run(report: StudyReport) -> None:
             ["phase", "wall_seconds", "tokens", "tokens_per_second", "cpu_seconds", "cpu_percent"],
             {"wall_seconds": "wall s", "tokens_per_second": "tokens/s", "cpu_seconds": "cpu s", "cpu_percent": "cpu%"},
         )
-    if report.interrupted:
-        out.print("interrupted: finished trials are saved; run the same command again to resume")
-    for line in report.answer.details:
-        out.print(f"  - {line}", markup=False, highlight=False)
-    print_answer(report, details=False)
 
 
 def print_studies(listing: StudyListing) -> None:

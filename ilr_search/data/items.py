@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from ilr_search.config import SpaceConfig
-from ilr_search.data.tokens import TokenData, load_space_tokens
 from ilr_search.errors import DataError
 
 if TYPE_CHECKING:
@@ -73,8 +72,13 @@ class ItemSet:
                 f"{self.source} holds {len(self.items)} items: {have} chunk(s) of {n}; chunk {chunk} was asked "
                 "for: use more items, fewer a chunk (eval_windows) or fewer chunks (--max-seeds)"
             )
-        order = np.random.default_rng(ITEM_ORDER_SEED).permutation(len(self.items))
-        return tuple(int(i) for i in np.sort(order[chunk * n : (chunk + 1) * n]))
+        return deal(len(self.items), chunk, n)
+
+
+def deal(count: int, chunk: int, n: int) -> tuple[int, ...]:
+    """Chunk `chunk` of `n` of `count` units (items, documents) in the one fixed shuffled order, in unit order."""
+    order = np.random.default_rng(ITEM_ORDER_SEED).permutation(count)
+    return tuple(int(i) for i in np.sort(order[chunk * n : (chunk + 1) * n]))
 
 
 @dataclass(frozen=True)
@@ -272,11 +276,8 @@ def normalise(text: str) -> str:
     return " ".join(text.split()).casefold().rstrip(".").strip()
 
 
-EvalData = TokenData | ItemTask  # what a run scores: a corpus's tokens (held-out windows), or task items
-
-
 def load_task_items(space: SpaceConfig) -> ItemTask:
-    """The task items of a `choice` or `exact` study: its --data file's rows, tokenized by the model's tokenizer."""
+    """The task items of a `choice` or `exact` study: its --data file's rows, and the model's tokenizer."""
     from ilr_search.data.tokenizers import build_tokenizer, parse_tokenizer_spec
 
     d, objective = space.data, space.search.objective
@@ -287,15 +288,3 @@ def load_task_items(space: SpaceConfig) -> ItemTask:
     items = load_items(d.corpus, ItemColumns(d.text_column, d.answer_column, d.choices_column))
     tokenizer = build_tokenizer(d.tokenizer, [], Path("."))
     return ItemTask(objective, items, tokenizer, d.stop, d.max_new_tokens)
-
-
-def load_space_data(space: SpaceConfig) -> EvalData:
-    """What a space's runs score: its task items (objective choice or exact), else its corpus's tokens."""
-    if space.search.objective in ITEM_KINDS:
-        return load_task_items(space)
-    return load_space_tokens(space)
-
-
-def eval_chunks(data: EvalData, n: int, seq_len: int) -> int:
-    """How many disjoint chunks of `n` units (held-out windows, or items) `data` holds."""
-    return data.items.chunks(n) if isinstance(data, ItemTask) else data.window_chunks(n, seq_len)

@@ -16,7 +16,6 @@ from optuna.trial import FrozenTrial, TrialState
 from ilr_search.analysis.results import finite_or_none, has_result
 from ilr_search.analysis.trials import TrialAttr, TrialRecord, trial_records
 from ilr_search.config import ModelConfig, TrainConfig
-from ilr_search.data.items import EvalData
 from ilr_search.knobs import KnobValue, config_key, format_knobs
 from ilr_search.search.maps import propose_knobs, propose_trial_map
 from ilr_search.search.plan import StudyPlan, safe_name
@@ -35,6 +34,7 @@ from ilr_search.storage import (
     trial_id,
 )
 from ilr_search.training.flops import flops_ratio, param_count
+from ilr_search.training.frozen import EvalData
 from ilr_search.training.jobs import Job, train_jobs
 from ilr_search.training.schedule import reuse_map_schedule
 from ilr_search.training.train import EvalPoint, TrainResult

@@ -159,6 +159,7 @@ RACE_FIELDS = (
     "race_screen",
     "equal_compute",
     "look_every",
+    "judge",
 )
 
 

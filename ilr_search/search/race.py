@@ -26,7 +26,7 @@ from typing import Any, cast
 import optuna
 from optuna.trial import TrialState
 
-from ilr_search.analysis.answer import Answer, Trust, race_answer, unraced_answer
+from ilr_search.analysis.answer import Answer, Trust, judge_answer, race_answer, unraced_answer
 from ilr_search.analysis.race_core import REFERENCE_SOURCE, RUN_SOURCE, TRIAL_SOURCE, EqualCompute, StoredResult
 from ilr_search.analysis.race_report import DecidedBest, RaceReport
 from ilr_search.analysis.racing import FrontPoint, RaceJob, RaceSettings, RaceState, race_state
@@ -46,17 +46,21 @@ from ilr_search.analysis.results import (
 )
 from ilr_search.analysis.trials import Trial, TrialRecord, trial_records
 from ilr_search.config import ITEM_OBJECTIVES, ModelConfig, SpaceConfig, TrainConfig, factor_key, race_target_steps
-from ilr_search.data.items import EvalData
 from ilr_search.knobs import config_key
 from ilr_search.search.plan import CONFIG_ATTR, LR_SCHEDULE_FIELDS, StudyPlan, safe_name
 from ilr_search.search.progress import Message, RunFinished, RunKind, RunReporter, RunsStarted, step_callback
 from ilr_search.storage import Heartbeat, RaceRun, RaceRunJob, Store, grace_period, heartbeat_interval
 from ilr_search.training.flops import baseline_flops_per_token, flops_ratio, forward_flops_per_token, param_count
+from ilr_search.training.frozen import EvalData
 from ilr_search.training.jobs import fusable
 from ilr_search.training.schedule import format_reuse_map, map_of_key, reuse_map_schedule
 
 FINAL_STATES = ("complete", "failed")  # of a race run; failed: the run diverged, it is not trained again
 
+
+# A frozen comparison paired by window needs its mean loss difference beyond this to be claimed: far below any gap
+# worth a claim (0.01% of perplexity), far above the float rounding of two paths to the same numbers.
+CLAIM_MARGIN_NATS = 1e-4
 
 RACE_CAP_ATTR = "ilr:max_race_steps"  # the compute cap the study's last run raced under (0: none)
 
@@ -79,6 +83,8 @@ def race_settings(config: Mapping[str, Any], max_steps: int | None = None) -> Ra
         max_steps=max_steps or None,
         judged="accuracy" if items else "answer" if search.objective == "answer" else "ppl",
         items=items,
+        two_sided=search.judge,
+        margin=CLAIM_MARGIN_NATS if base_steps == 0 and not items else 0.0,
     )
     if fixed:
         return race
@@ -332,7 +338,15 @@ def study_answer(
         and settings.target_steps > settings.base_steps
         else None
     )
+    if settings.two_sided:
+        return judge_answer(state, settings, judged_model(study_attrs[CONFIG_ATTR]), baseline_ppl)
     return race_answer(state, settings, baseline, baseline_ppl, replicate_unit(settings), trust)
+
+
+def judged_model(config: Mapping[str, Any]) -> str:
+    """The model a judge study judges, as its answer names it: its checkpoint's file or folder name."""
+    source = str(config.get("init", {}).get("source") or SpaceConfig.from_dict(config).model.init or "the model")
+    return source[3:] if source.startswith("hf:") else Path(source).name
 
 
 def decided_points(trials: Sequence[Trial], settings: RaceSettings, state: RaceState) -> tuple[FrontPoint, ...]:

@@ -27,7 +27,6 @@ from ilr_search.analysis.results import (
 )
 from ilr_search.analysis.trials import record_of, trial_records
 from ilr_search.config import ITEM_OBJECTIVES, SIZE_MAXIMA, SpaceConfig, StudySettings
-from ilr_search.data.items import EvalData, eval_chunks, load_space_data
 from ilr_search.errors import StorageFullError, UserInputError
 from ilr_search.folders import check_can_create
 from ilr_search.knobs import KnobValue, config_key
@@ -80,6 +79,7 @@ from ilr_search.storage import (
     study_storage,
 )
 from ilr_search.training.flops import flops_ratio
+from ilr_search.training.frozen import EvalData, eval_chunks, load_space_data
 from ilr_search.training.jobs import Job, groups, train_jobs
 from ilr_search.training.schedule import BlockMap, block_schedule, format_reuse_map, map_of_key
 
@@ -222,8 +222,9 @@ def check_window_chunks(space: SpaceConfig, data: EvalData) -> None:
     needed = t.seed + max(s.max_seeds, s.race_seeds, s.noise_seeds + 1)
     have = eval_chunks(data, t.eval_windows, space.model.seq_len)
     if have < needed:
+        source = f"lm-eval task {space.data.task}" if space.search.objective == "lm-eval" else space.data.corpus
         what = (
-            f"items, and {space.data.corpus} holds {have}; use more items"
+            f"items, and {source} holds {have}; use more items"
             if space.search.objective in ITEM_OBJECTIVES
             else f"held-out windows of {space.model.seq_len + 1} tokens, and the validation split holds {have}; "
             "use more text, a larger val_fraction"

@@ -25,15 +25,17 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from ilr_search.config import ModelConfig, TrainConfig
-from ilr_search.data.items import EvalData, ItemTask
-from ilr_search.data.tokens import IGNORE_INDEX, TokenData, counted_targets
+from ilr_search.config import ITEM_OBJECTIVES, ModelConfig, SpaceConfig, TrainConfig
+from ilr_search.data.items import ItemTask, load_task_items
+from ilr_search.data.tokens import IGNORE_INDEX, TokenData, counted_targets, load_space_tokens
 from ilr_search.records import EvalPoint
 from ilr_search.training.build import build_model
 from ilr_search.training.device import resolve_device
+from ilr_search.training.lm_eval_items import LmEvalTask, lm_eval_scores, lm_eval_task
 from ilr_search.training.loss import linear_cross_entropy
 from ilr_search.training.model import ILRTransformer, branch_scales
 
+EvalData = TokenData | ItemTask | LmEvalTask  # what a run scores: held-out windows, task items, an lm-eval task
 CACHE_SHARE = 0.25  # of the machine's memory (a GPU's, where the model is on one) the shared prefixes may hold
 
 
@@ -155,7 +157,9 @@ class FrozenEvaluator:
             schedule = list(schedule)
             scales = branch_scales(cfg, schedule)
             start = shared_prefix(schedule, scales) if share else 0
-            if isinstance(self.data, ItemTask):
+            if isinstance(self.data, LmEvalTask):
+                scores = self._lm_eval(self.data, schedule, scales, chunk, n)
+            elif isinstance(self.data, ItemTask):
                 scores = self._items(self.data, schedule, scales, start, chunk, n)
             else:
                 scores = self._windows(self.data, schedule, scales, start, chunk, n)
@@ -239,6 +243,28 @@ class FrozenEvaluator:
             )
             for row in range(hidden.shape[0])
         ]
+
+    # --- an lm-eval task ---
+
+    def _lm_eval(
+        self, task: LmEvalTask, schedule: list[int], scales: list[float | None], chunk: int, n: int
+    ) -> ChunkScores:
+        """The documents of chunk `chunk` scored by lm-eval on the schedule unrolled into transformers' model
+        (training/lm_eval_items.py); a score is a loss: 1 - the metric where higher is better."""
+        docs = task.chunk(chunk, n)
+        scored = lm_eval_scores(
+            self.model,
+            schedule,
+            task.tokenizer_dir,
+            task.family,
+            task.info.name,
+            task.tasks_path,
+            docs,
+            self.batch_size,
+            scales,
+        )
+        losses = tuple(1.0 - v if scored.higher_is_better else float(v) for v in scored.scores)
+        return ChunkScores(chunk, docs, losses, True, 0.0, 0)
 
     # --- task items ---
 
@@ -376,3 +402,23 @@ def chunk_scores(
     tests)."""
     evaluator = frozen_evaluator(model_cfg, data, cfg)
     return [evaluator.evaluate(model_cfg, schedule, c, cfg.eval_windows) for c in chunks]
+
+
+def load_space_data(space: SpaceConfig) -> EvalData:
+    """What a space's runs score: its task items (objective choice or exact), its lm-eval task (lm-eval), else its
+    corpus's tokens."""
+    objective = space.search.objective
+    if objective == "lm-eval":
+        return lm_eval_task(space.data.task, space.data.tasks_path, space.model.init)
+    if objective in ITEM_OBJECTIVES:
+        return load_task_items(space)
+    return load_space_tokens(space)
+
+
+def eval_chunks(data: EvalData, n: int, seq_len: int) -> int:
+    """How many disjoint chunks of `n` units (held-out windows, items, documents) `data` holds."""
+    if isinstance(data, ItemTask):
+        return data.items.chunks(n)
+    if isinstance(data, LmEvalTask):
+        return data.chunks(n)
+    return data.window_chunks(n, seq_len)

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 from ilr_search.config import ModelConfig, TrainConfig
 
 if TYPE_CHECKING:  # torch is loaded only to train: grouping jobs (and reading a race) loads none
-    from ilr_search.data.items import EvalData
     from ilr_search.records import EvalPoint
+    from ilr_search.training.frozen import EvalData
     from ilr_search.training.train import OnEval, OnStep, TrainResult
 
 

@@ -26,9 +26,12 @@ does not register). Its Jinja templates (doc_to_text, ...) are rendered by lm-ev
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import logging
+import os
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,11 +97,71 @@ def lm_eval_module() -> Any:
     return lm_eval
 
 
+@contextlib.contextmanager
+def stderr_dropped() -> Iterator[None]:
+    """The process's standard error (file descriptor 2, where subprocesses and C code write too) sent to the null
+    device for the duration: what lm-eval prints there is not the command's to show. Errors still raise."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def check_task(task: str, tasks_path: Path | None) -> TaskInfo:
     """The lm-eval task `task`: from lm-eval's registry, or with `tasks_path` from that folder of task YAML files;
     its data loaded (from the datasets cache or a local file). Raises TaskError (one line) for a task that is
     unknown, a group, not loadable (offline and not cached, a missing data file), or not scorable per item."""
     return load_task(task, tasks_path)[0]
+
+
+@dataclass(frozen=True)
+class LmEvalTask:
+    """An lm-eval task a frozen study scores (`--objective lm-eval:TASK`): the task (its 0/1 metric per document),
+    its local task folder, and the checkpoint's tokenizer folder and transformers family that its candidates are
+    unrolled into. Its documents are dealt into chunks as items are (data/items.deal)."""
+
+    info: TaskInfo
+    tasks_path: Path | None
+    tokenizer_dir: Path
+    family: str
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        return {"task": self.info.name, "metric": self.info.metric, "documents": self.info.n_docs}
+
+    def chunks(self, n: int) -> int:
+        return self.info.n_docs // n if n > 0 else 0
+
+    def chunk(self, chunk: int, n: int) -> tuple[int, ...]:
+        from ilr_search.data.items import deal
+
+        if not 0 <= chunk < self.chunks(n):
+            raise TaskError(
+                f"lm-eval task {self.info.name} has {self.info.n_docs} documents: {self.chunks(n)} chunk(s) of {n}; "
+                f"chunk {chunk} was asked for: use fewer a chunk (eval_windows) or fewer chunks (--max-seeds)"
+            )
+        return deal(self.info.n_docs, chunk, n)
+
+
+def lm_eval_task(task: str, tasks_path: str, init: str) -> LmEvalTask:
+    """The LmEvalTask of `--objective lm-eval:TASK` on the checkpoint `init`; one error line for a task whose
+    metric is not 0 or 1 per document (the race's paired test of items)."""
+    from ilr_search.training.pretrained import open_checkpoint, resolve_source
+
+    path = Path(tasks_path) if tasks_path else None
+    info = check_task(task, path)
+    if not info.binary:
+        raise TaskError(
+            f"lm-eval task {info.name} scores each document by {info.metric}, not 0 or 1; --objective lm-eval "
+            "races tasks scored right or wrong per document (acc, exact_match)"
+        )
+    return LmEvalTask(info, path, resolve_source(init), open_checkpoint(init, seq_len=1).family)
 
 
 def lm_eval_scores(
@@ -110,10 +173,12 @@ def lm_eval_scores(
     tasks_path: Path | None,
     doc_ids: Sequence[int],
     batch_size: int = 8,
+    scales: Sequence[float | None] | None = None,
 ) -> TaskScores:
     """The scores of documents `doc_ids` (a repeated id gets its document's score again) of `task` for `model`
-    running `schedule`, written as transformers' `family` in memory, with the tokenizer that AutoTokenizer reads
-    from `tokenizer_dir` (the checkpoint's folder), on the model's device."""
+    running `schedule` (each position's branches times `scales`, model.branch_scales of the model's config where not
+    given), written as transformers' `family` in memory, with the tokenizer that AutoTokenizer reads from
+    `tokenizer_dir` (the checkpoint's folder), on the model's device."""
     lm_eval = lm_eval_module()
     tasks_path = None if tasks_path is None else Path(tasks_path)
     info, task_obj = load_task(task, tasks_path)
@@ -129,7 +194,7 @@ def lm_eval_scores(
             f"lm-eval task {task} generates text, which needs a tokenizer with an end-of-sequence token; "
             f"the tokenizer in {tokenizer_dir} has none"
         )
-    hf_model: Any = unrolled_hf_model(model, schedule, family)
+    hf_model: Any = unrolled_hf_model(model, schedule, family, scales)
     hf_model.to(model.embed.weight.device)
     quiet_hflm_logs()
     lm = quiet_lm_class()(
@@ -140,19 +205,20 @@ def lm_eval_scores(
         prefix_token_id=0 if tokenizer.bos_token_id is None and tokenizer.eos_token_id is None else None,
     )
     wanted = sorted(set(ids))  # lm-eval labels its samples by their position in this list, in document order
-    results = lm_eval.simple_evaluate(
-        model=lm,
-        tasks=[task_obj],
-        task_manager=task_manager(tasks_path),
-        samples={info.name: wanted},
-        log_samples=True,
-        bootstrap_iters=0,
-        cache_requests=False,
-        write_out=False,
-        random_seed=None,
-        numpy_random_seed=None,
-        torch_random_seed=None,
-    )
+    with stderr_dropped():  # its request-building progress bar and `git describe`'s complaint outside a repository
+        results = lm_eval.simple_evaluate(
+            model=lm,
+            tasks=[task_obj],
+            task_manager=task_manager(tasks_path),
+            samples={info.name: wanted},
+            log_samples=True,
+            bootstrap_iters=0,
+            cache_requests=False,
+            write_out=False,
+            random_seed=None,
+            numpy_random_seed=None,
+            torch_random_seed=None,
+        )
     samples = results["samples"][info.name]
     first_filter = samples[0]["filter"]
     by_doc = {int(s["doc_id"]): float(s[info.metric]) for s in samples if s["filter"] == first_filter}

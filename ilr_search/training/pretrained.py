@@ -423,16 +423,19 @@ def hf_config(cfg: ModelConfig, family: str, n_layers: int) -> Any:
         raise CheckpointError(f"cannot write a {family} checkpoint of this model: {reason}") from None
 
 
-def hf_state_dict(model: ILRTransformer, schedule: Sequence[int], family: str) -> dict[str, torch.Tensor]:
+def hf_state_dict(
+    model: ILRTransformer, schedule: Sequence[int], family: str, scales: Sequence[float | None] | None = None
+) -> dict[str, torch.Tensor]:
     """The model's weights under transformers' names, fp32 on the CPU, its schedule unrolled: position p of the
     schedule is transformers' layer p. A position whose branches are scaled (damping, repeat_scale "residual":
-    model.branch_scales) has its o_proj and down_proj scaled by that factor: the same residual additions."""
+    `scales`, model.branch_scales of the model's config where not given) has its o_proj and down_proj scaled by
+    that factor: the same residual additions."""
     import torch
 
     from ilr_search.training.model import branch_scales
 
     cfg, hs = model.cfg, model.cfg.head_size
-    scales = branch_scales(cfg, schedule)
+    scales = branch_scales(cfg, schedule) if scales is None else scales
     ours = {name: t.detach().to("cpu", torch.float32) for name, t in model.state_dict().items()}
     q_dim, kv_dim = cfg.n_heads * hs, cfg.kv_heads * hs
     out = {
@@ -475,7 +478,9 @@ def check_schedule(cfg: ModelConfig, schedule: Sequence[int]) -> None:
         raise CheckpointError(f"cannot write schedule {list(schedule)}: it must run layers 0..{cfg.n_layers - 1}")
 
 
-def unrolled_hf_model(model: ILRTransformer, schedule: Sequence[int], family: str) -> PreTrainedModel:
+def unrolled_hf_model(
+    model: ILRTransformer, schedule: Sequence[int], family: str, scales: Sequence[float | None] | None = None
+) -> PreTrainedModel:
     """`model` running `schedule` as transformers' model of `family` in memory, fp32 on the CPU, in eval mode: its
     schedule unrolled (num_hidden_layers = len(schedule); position p of the schedule is layer p). Raises
     CheckpointError (one line) for what the family cannot express."""
@@ -487,7 +492,7 @@ def unrolled_hf_model(model: ILRTransformer, schedule: Sequence[int], family: st
     config = hf_config(model.cfg, family, len(schedule))
     with torch.device("cpu"):
         hf_model = getattr(transformers, FAMILY_CLASSES[family][1])(config).to(torch.float32)
-    hf_model.load_state_dict(hf_state_dict(model, schedule, family), strict=True)
+    hf_model.load_state_dict(hf_state_dict(model, schedule, family, scales), strict=True)
     return hf_model.eval()
 
 

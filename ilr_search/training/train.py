@@ -23,7 +23,7 @@ from ilr_search.training.device import autocast_for, resolve_compile, resolve_de
 from ilr_search.training.model import ILRTransformer
 
 if TYPE_CHECKING:
-    from ilr_search.data.items import EvalData
+    from ilr_search.training.frozen import EvalData
 
 
 @dataclass
