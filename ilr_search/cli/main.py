@@ -799,8 +799,9 @@ def judge(
             init, tuple(candidate), opts.space, opts.overrides(), objective, budget, study, storage, chunks, chunk_size
         )
     )
+    baseline = ",".join("1" * request.space.model.n_layers)
     for c in candidates:
-        ui.hold_note(c.line())
+        ui.hold_note(c.line(baseline))
     summary = run_search(
         request,
         1,

@@ -57,12 +57,11 @@ class Candidate:
     key: str
     flops_ratio: float
 
-    def line(self) -> str:
-        return (
-            f"candidate {self.text}"
-            + (f" reads as {self.key}" if self.key != self.text else "")
-            + (f" ({self.flops_ratio:.3f}x the plain model's FLOPs)")
-        )
+    def line(self, baseline: str) -> str:
+        if self.key == baseline:
+            return f"candidate {self.text} runs every layer once: it is the model itself, judged against nothing"
+        reads = f" reads as {self.key}" if self.key != self.text else ""
+        return f"candidate {self.text}{reads} ({self.flops_ratio:.3f}x the plain model's FLOPs)"
 
 
 def judge_request(options: JudgeOptions) -> tuple[RunRequest, list[Candidate]]:
