@@ -1,0 +1,121 @@
+"""`ilr-search judge`: candidates raced against the model they were made from, no search. On the checkpoint trained
+with 2,2,1,1, that map is claimed better; the model itself and a block damped to 1e-7 (the model but for float
+rounding) are never claimed either way; a mergekit config is read into its map; the study resumes and is read by
+the other commands; bad candidates are one error line."""
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+from conftest import assert_one_line_error, write_space
+
+PER_CHUNK = 8
+
+
+def judge(cli, tmp_path: Path, checkpoint: Path, *candidates: str, extra: tuple[str, ...] = ()):
+    space = write_space(tmp_path / "judge.toml", train={"eval_windows": PER_CHUNK})
+    db = tmp_path / "judge.db"
+    args = ["judge", "--space", str(space), "--init", str(checkpoint), "--storage", f"sqlite:///{db}", "--chunks",
+            "8", "--json", *extra]
+    for c in candidates:
+        args += ["--candidate", c]
+    return cli(*args), db
+
+
+def race_runs(db: Path) -> int:
+    with sqlite3.connect(db) as conn:
+        return conn.execute("select count(*) from ilr_race_runs where state = 'complete'").fetchone()[0]
+
+
+@pytest.fixture(scope="module")
+def judged(recurrent_checkpoint, tmp_path_factory, token_cache):
+    """One judge of four candidates on the 2,2,1,1 checkpoint, kept for the tests that read it."""
+    from conftest import run_cli
+
+    root = tmp_path_factory.mktemp("judged")
+    layer_scan = root / "layer-scan.yml"  # layer-scan's shape: slices [0, 3] + [1, 4] of the one model
+    layer_scan.write_text("merge_method: passthrough\nslices:\n"
+                          f"  - sources:\n      - model: {recurrent_checkpoint}\n        layer_range: [0, 3]\n"
+                          f"  - sources:\n      - model: {recurrent_checkpoint}\n        layer_range: [1, 4]\n",
+                          encoding="utf-8")
+    space = write_space(root / "judge.toml", train={"eval_windows": PER_CHUNK})
+    args = ["judge", "--space", str(space), "--init", str(recurrent_checkpoint), "--storage",
+            f"sqlite:///{root / 'judge.db'}", "--chunks", "8", "--json"]
+    for c in ("2,2,1,1", "1,1,1,1", "block:1-2:2|damping=1e-7", str(layer_scan)):
+        args += ["--candidate", c]
+    proc = run_cli(args, root, {"ILR_SEARCH_CACHE": str(token_cache)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return root, args, proc
+
+
+def test_judge_claims_the_map_the_checkpoint_was_trained_with_and_nothing_it_cannot_tell(judged):
+    root, _, proc = judged
+    summary = json.loads(proc.stdout)
+    by_map = {c["map"]: c for c in summary["race"]["comparisons"]}
+    assert set(by_map) == {"2,2,1,1", "block:1-2:2|damping=1e-07", "block:1-2:2"}, by_map
+    assert by_map["2,2,1,1"]["status"] == "better"
+    # the model but for float rounding: never claimed either way, however many windows are paired
+    rounding = by_map["block:1-2:2|damping=1e-07"]
+    assert rounding["status"] not in ("better", "worse") and rounding["units"] >= 3 * PER_CHUNK, rounding
+    assert abs(rounding["mean_diff"]) < 1e-4
+    answer = summary["answer"]
+    assert answer.startswith("2,2,1,1 is better than tiny-llama by ") and "90% interval" in answer, answer
+    details = summary["answer_details"]
+    assert any(line.startswith("block:1-2:2 with damping=1e-07 is not distinguishable from tiny-llama: a gap of")
+               for line in details), details
+    # the model itself is said to be so, and judged against nothing
+    assert "1,1,1,1 runs every layer once: it is the model itself" in proc.stderr
+    assert "layer-scan.yml reads as block:1-2:2" in proc.stderr
+    for word in ("seed", "training", "0 steps", "proxy"):
+        assert word not in " ".join([answer, *details]), word
+
+
+def test_the_same_judge_command_resumes_with_nothing_to_evaluate(judged, token_cache):
+    from conftest import run_cli
+
+    root, args, first = judged
+    before = race_runs(root / "judge.db")
+    again = run_cli(args, root, {"ILR_SEARCH_CACHE": str(token_cache)})
+    assert again.returncode == 0, again.stderr
+    assert race_runs(root / "judge.db") == before
+    assert json.loads(again.stdout)["answer"] == json.loads(first.stdout)["answer"]
+
+
+def test_a_judged_study_is_read_by_trials_pareto_and_studies(judged, token_cache):
+    from conftest import run_cli
+
+    root, _, proc = judged
+    study = json.loads(proc.stdout)["study"]
+    answer = json.loads(proc.stdout)["answer"]
+    storage = f"sqlite:///{root / 'judge.db'}"
+    for command in ("trials", "pareto"):
+        shown = run_cli([command, "--study", study, "--storage", storage], root, {"ILR_SEARCH_CACHE": str(token_cache)})
+        assert shown.returncode == 0, shown.stderr
+        assert shown.stdout.splitlines()[0] == answer
+    listed = run_cli(["studies", "--storage", storage, "--json"], root, {"ILR_SEARCH_CACHE": str(token_cache)})
+    assert json.loads(listed.stdout)["studies"][0]["study"] == study
+
+
+@pytest.mark.parametrize("config,words", [
+    ("merge_method: slerp\nslices:\n  - sources:\n      - model: M\n        layer_range: [0, 4]\n", "slerp"),
+    ("merge_method: passthrough\nslices:\n  - sources:\n      - model: A\n        layer_range: [0, 3]\n"
+     "  - sources:\n      - model: B\n        layer_range: [1, 4]\n", "model"),
+])
+def test_a_yaml_that_is_no_passthrough_of_one_model_is_one_error_line(cli, tmp_path, recurrent_checkpoint, config,
+                                                                       words):
+    yml = tmp_path / "merge.yml"
+    yml.write_text(config, encoding="utf-8")
+    proc, db = judge(cli, tmp_path, recurrent_checkpoint, str(yml))
+    assert_one_line_error(proc)
+    assert words in proc.stderr and not db.exists()
+
+
+@pytest.mark.parametrize("extra,words", [
+    (("--budget", "1.2x"), "over --budget"),
+    (("--chunks", "2"), "--chunks"),
+])
+def test_bad_judge_requests_are_one_error_line(cli, tmp_path, recurrent_checkpoint, extra, words):
+    proc, db = judge(cli, tmp_path, recurrent_checkpoint, "2,2,1,1", extra=extra)
+    assert_one_line_error(proc)
+    assert words in proc.stderr and not db.exists()
