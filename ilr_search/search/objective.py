@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -34,10 +34,12 @@ from ilr_search.storage import (
     trial_id,
 )
 from ilr_search.training.flops import flops_ratio, param_count
-from ilr_search.training.frozen import EvalData
 from ilr_search.training.jobs import Job, train_jobs
 from ilr_search.training.schedule import reuse_map_schedule
 from ilr_search.training.train import EvalPoint, TrainResult
+
+if TYPE_CHECKING:  # torch is loaded only to train or evaluate: reading a race loads none
+    from ilr_search.training.frozen import EvalData
 
 HEARTBEAT_ATTR = "ilr:heartbeat"
 

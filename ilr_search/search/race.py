@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import optuna
 from optuna.trial import TrialState
@@ -51,9 +51,11 @@ from ilr_search.search.plan import CONFIG_ATTR, LR_SCHEDULE_FIELDS, StudyPlan, s
 from ilr_search.search.progress import Message, RunFinished, RunKind, RunReporter, RunsStarted, step_callback
 from ilr_search.storage import Heartbeat, RaceRun, RaceRunJob, Store, grace_period, heartbeat_interval
 from ilr_search.training.flops import baseline_flops_per_token, flops_ratio, forward_flops_per_token, param_count
-from ilr_search.training.frozen import EvalData
 from ilr_search.training.jobs import fusable
 from ilr_search.training.schedule import format_reuse_map, map_of_key, reuse_map_schedule
+
+if TYPE_CHECKING:  # torch is loaded only to train or evaluate: reading a race loads none
+    from ilr_search.training.frozen import EvalData
 
 FINAL_STATES = ("complete", "failed")  # of a race run; failed: the run diverged, it is not trained again
 
@@ -589,7 +591,7 @@ def claim_train_wait(
         wait_for_change(look, min(2.0, heartbeat_interval()))
 
 
-RaceRunner = Callable[[StudyPlan, optuna.Study, Store, EvalData, RunReporter, Path, int, int], object]
+RaceRunner = Callable[[StudyPlan, optuna.Study, Store, "EvalData", RunReporter, Path, int, int], object]
 """What trains a study's race: run_race's first eight arguments (plan, study, store, data, reporter, checkpoint
 folder, fuse, max_steps)."""
 
