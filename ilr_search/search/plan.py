@@ -28,7 +28,7 @@ from ilr_search.errors import UserInputError
 from ilr_search.knobs import KnobValue, with_knobs
 from ilr_search.search.pruners import pruner_settings
 from ilr_search.storage import StorageSpec
-from ilr_search.training.device import resolve_device, resolve_dtype
+from ilr_search.training.device import frozen_dtype, resolve_device, resolve_dtype
 from ilr_search.training.flops import Budget, parse_budget
 
 CONFIG_ATTR = "ilr:config"
@@ -297,7 +297,10 @@ def plan_study(space: SpaceConfig, budget_text: str, study_name: str | None) -> 
     model = model_config(space)
     budget = parse_budget(budget_text, model)
     device = resolve_device(space.train.device)
-    dtype = resolve_dtype(space.train.dtype, device)
+    # a frozen study evaluates only: bf16 where the device computes it natively (device.frozen_dtype)
+    dtype = (
+        frozen_dtype(space.train.dtype, device) if space.train.steps == 0 else resolve_dtype(space.train.dtype, device)
+    )
     config = study_config(space, model, budget, dtype)
     return StudyPlan(space, model, budget, dtype, config, study_name or derive_study_name(config))
 

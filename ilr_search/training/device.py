@@ -42,6 +42,35 @@ def resolve_dtype(dtype: Dtype, device: torch.device) -> Dtype:
     return "fp32"
 
 
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX-BF16)."""
+    import torch
+
+    capabilities = getattr(torch.cpu, "get_capabilities", None)
+    if capabilities is not None:
+        found = capabilities()
+        return bool(found.get("avx512_bf16") or found.get("amx_bf16"))
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def frozen_dtype(dtype: Dtype, device: torch.device) -> Dtype:
+    """A frozen evaluation's dtype: `auto` is bf16 where the device computes it natively (CUDA with bf16, a CPU with
+    AVX512-BF16 or AMX), else fp32; an explicit fp32 or bf16 is kept. Its weights are stored in it (frozen.py), not
+    autocast per operation; benchmarks/frozen_speed.py measures what it changes."""
+    import torch
+
+    if dtype != "auto":
+        return dtype
+    if device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    return "bf16" if device.type == "cpu" and cpu_has_bf16() else "fp32"
+
+
 def resolve_compile(compile_layers: bool | None, device: torch.device) -> bool:
     """None (auto): compile on CUDA, where it pays back within a proxy run; not on CPU, where it does not."""
     return device.type == "cuda" if compile_layers is None else compile_layers

@@ -30,7 +30,7 @@ from ilr_search.data.items import ItemTask, load_task_items
 from ilr_search.data.tokens import IGNORE_INDEX, TokenData, counted_targets, load_space_tokens
 from ilr_search.records import EvalPoint
 from ilr_search.training.build import build_model
-from ilr_search.training.device import resolve_device
+from ilr_search.training.device import frozen_dtype, resolve_device
 from ilr_search.training.lm_eval_items import LmEvalTask, lm_eval_scores, lm_eval_task
 from ilr_search.training.loss import linear_cross_entropy
 from ilr_search.training.model import ILRTransformer, branch_scales
@@ -74,30 +74,6 @@ class ChunkScores:
     def point(self) -> EvalPoint:
         """The run's one evaluation point (step 0)."""
         return EvalPoint(0, 0, self.val_loss, self.val_ppl, self.val_bpb)
-
-
-def cpu_has_bf16() -> bool:
-    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX-BF16)."""
-    capabilities = getattr(torch.cpu, "get_capabilities", None)
-    if capabilities is not None:
-        found = capabilities()
-        return bool(found.get("avx512_bf16") or found.get("amx_bf16"))
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            flags = f.read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def frozen_dtype(dtype: str, device: torch.device) -> str:
-    """A frozen evaluation's dtype: `auto` is bf16 where the device computes it natively (CUDA with bf16, a CPU with
-    AVX512-BF16 or AMX), else fp32; an explicit fp32 or bf16 is kept."""
-    if dtype != "auto":
-        return dtype
-    if device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
-    return "bf16" if device.type == "cpu" and cpu_has_bf16() else "fp32"
 
 
 def cache_bound(device: torch.device) -> int:

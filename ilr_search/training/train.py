@@ -323,8 +323,9 @@ def frozen_result(
 ) -> TrainResult:
     """The result of a run of no step: the checkpoint running `schedule`, scored on chunk cfg.seed (frozen.py);
     diverged where its loss is not finite."""
+    from ilr_search.training.device import frozen_dtype
     from ilr_search.training.flops import param_count
-    from ilr_search.training.frozen import evaluate_frozen, frozen_dtype
+    from ilr_search.training.frozen import evaluate_frozen
 
     scores = evaluate_frozen(model_cfg, schedule, data, cfg, on_eval)
     point = scores.point
