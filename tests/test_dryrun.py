@@ -89,3 +89,26 @@ def test_the_dry_run_of_a_partly_done_study_plans_what_is_left_from_a_positive_p
     text = cli("run", *args, "--n-trials", "4", "--dry-run", check=True).stdout
     assert " 0.0 ms" not in text and "race time" not in text and text.count("estimated time left") == 1
     assert db.read_bytes() == before
+
+
+def test_the_frozen_dry_run_plans_evaluations_and_times_them(cli, tmp_path, recurrent_checkpoint):
+    """A frozen study's dry run: maps to evaluate, chunks of eval_windows, the race in evaluations (no step), and a
+    time range from a probe of the checkpoint's evaluation; nothing is written."""
+    from conftest import write_space
+
+    space = write_space(tmp_path / "frozen.toml", search={"n_trials": 3, "race_seeds": 3, "max_seeds": 5},
+                        train={"eval_windows": 8})
+    db = tmp_path / "frozen.db"
+    proc = cli("run", "--space", str(space), "--init", str(recurrent_checkpoint), "--train-steps", "0", "--budget",
+               "1.5x", "--storage", f"sqlite:///{db}", "--dry-run", "--json")
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)
+    assert plan["race"]["frozen"] and plan["race"]["steps_max"] == 0 and plan["chunk_size"] == 8
+    assert plan["trials_to_train"] == 3 and plan["references"] == []
+    assert 0 < plan["race"]["runs_min"] <= plan["race"]["runs_max"]
+    assert 0 < plan["estimated_seconds"] <= plan["estimated_seconds_max"]
+    assert not db.exists() and not (tmp_path / "studies").exists()
+    shown = cli("run", "--space", str(space), "--init", str(recurrent_checkpoint), "--train-steps", "0", "--budget",
+                "1.5x", "--storage", f"sqlite:///{db}", "--dry-run")
+    assert shown.returncode == 0 and "maps to evaluate" in shown.stdout and "test chunks" in shown.stdout
+    assert "seed" not in shown.stdout and "trials to train" not in shown.stdout

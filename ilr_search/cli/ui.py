@@ -973,8 +973,11 @@ def print_plan(report: DryRunReport) -> None:
     if report.finished:
         rows["left"] = cast(str, report.left)
     data, train = report.data, report.train
+    frozen = train.steps == 0
     rows |= {
-        "trials to train": f"{report.trials_to_train} (of {report.n_trials} wanted)",
+        (
+            "maps to evaluate" if frozen else "trials to train"
+        ): f"{report.trials_to_train} (of {report.n_trials} wanted)",
         "references": ", ".join(report.references_to_train) or "none",
         "sampler": report.sampler,
         "pruner": report.pruner
@@ -989,12 +992,28 @@ def print_plan(report: DryRunReport) -> None:
         "train": f"{train.steps} steps, batch {train.batch_size}, lr {train.lr:g}, "
         f"{train.device} {train.dtype}, evaluations at {train.eval_steps}",
     }
+    if frozen:
+        del rows["train"], rows["references"]
+        rows["evaluate"] = (
+            f"frozen: no step trained; each map scores a chunk of {report.chunk_size} held-out windows or items, "
+            f"batch {train.batch_size}, {train.device} {train.dtype}"
+        )
     if report.knobs:
         rows["knobs"] = ", ".join(report.knobs)
     race, shape = report.race, report.race.shape
     left = " left" if resume else ""
     if race.decided:
-        rows["race"] = f"{race.policy} at {race.target_steps} steps: decided ({race.steps_trained} steps trained)"
+        rows["race"] = (
+            "decided"
+            if race.frozen
+            else f"{race.policy} at {race.target_steps} steps: decided ({race.steps_trained} steps trained)"
+        )
+    elif race.frozen and isinstance(shape, AdaptiveRace):
+        rows["race"] = (
+            f"frozen: {shape.screen} maps ranked on chunk 0 (the trials'), {shape.contenders} contenders (the plain "
+            f"model among them) evaluated on {shape.first_test_seeds} to {shape.max_seeds - 1} test chunks, paired: "
+            f"{race.runs_min} to {race.runs_max} evaluations{left}"
+        )
     elif isinstance(shape, AdaptiveRace):
         rows["race"] = (
             f"adaptive at {race.target_steps} steps: {shape.screen} maps screened at seed 0, "
@@ -1014,11 +1033,12 @@ def print_plan(report: DryRunReport) -> None:
     if estimate is not None:
         rows["layout"] = estimate.layout
         for p in estimate.probes:
-            rows[f"probe {p.label}"] = (
-                f"map {events.format_reuse_map(p.reuse_map)}: {_milliseconds(p.seconds_per_step)}/step, "
+            rows[f"probe {p.label}"] = f"map {events.format_reuse_map(p.reuse_map)}: " + (
                 f"{_milliseconds(p.seconds_per_eval)}/evaluation"
+                if frozen
+                else f"{_milliseconds(p.seconds_per_step)}/step, {_milliseconds(p.seconds_per_eval)}/evaluation"
             )
-        rows["per trial"] = _duration(estimate.trial_seconds)
+        rows["per map" if frozen else "per trial"] = _duration(estimate.trial_seconds)
         low, high = estimate.seconds, estimate.seconds_max
         span = _duration(low) if _duration(low) == _duration(high) else f"{_duration(low)} to {_duration(high)}"
         rows["estimated time" + left] = f"{span} ({estimate.note})"

@@ -169,6 +169,7 @@ class RacePlan:
     cap: int | None = None
     steps_trained: int | None = None  # with decided: what the stored race has trained
     decided: bool | None = None
+    frozen: bool = False  # runs are evaluations of a chunk each (no step)
 
     def to_dict(self) -> dict[str, Any]:
         report: dict[str, Any] = {"policy": self.policy, "target_steps": self.target_steps}
@@ -184,7 +185,7 @@ class RacePlan:
             report["cap"] = self.cap
         if self.steps_trained is not None:
             report |= {"steps_trained": self.steps_trained, "decided": self.decided}
-        return report
+        return report | ({"frozen": True} if self.frozen else {})
 
 
 @dataclass(frozen=True)
@@ -283,6 +284,7 @@ class DryRunReport:
     workers: int
     race: RacePlan
     estimate: Estimate | None = None
+    chunk_size: int = 0  # a frozen study's windows or items a chunk (its eval_windows)
 
     def to_json(self) -> dict[str, Any]:
         report: dict[str, Any] = {
@@ -311,6 +313,8 @@ class DryRunReport:
             "workers": self.workers,
             "race": self.race.to_dict(),
         }
+        if self.train.steps == 0:
+            report["chunk_size"] = self.chunk_size
         return report | (self.estimate.to_dict() if self.estimate is not None else {})
 
 
@@ -354,7 +358,10 @@ def dry_run_report(
     estimated = None
     if probe and left:
         layout = resolve_layout(plan, fuse, workers, n_trials).layout
-        estimated = estimate(space, plan, costly, refs, trials_to_train, done_refs, layout, race)
+        if space.train.steps == 0:
+            estimated = frozen_estimate(space, plan, costly, trials_to_train, layout, race)
+        else:
+            estimated = estimate(space, plan, costly, refs, trials_to_train, done_refs, layout, race)
     return DryRunReport(
         study=plan.name,
         resume=study is not None,
@@ -399,6 +406,7 @@ def dry_run_report(
         workers=workers or 1,
         race=race,
         estimate=estimated,
+        chunk_size=space.train.eval_windows,
     )
 
 
@@ -418,6 +426,15 @@ def race_left(
     if trials_to_train == 0 and state.done:
         return dataclasses.replace(
             race, runs_min=0, runs_max=0, steps_min=0, steps_max=0, steps_trained=trained, decided=True
+        )
+    if race.frozen:  # runs are evaluations: what is left is counted in runs
+        done = sum(1 for r in results if r.is_run)
+        return dataclasses.replace(
+            race,
+            runs_min=max(0, race.runs_min - done),
+            runs_max=max(len(state.next_jobs), race.runs_max - done),
+            steps_trained=0,
+            decided=False,
         )
     target = race.target_steps
     steps_min = max(0, race.steps_min - trained)
@@ -442,6 +459,20 @@ def race_plan(plan: StudyPlan, n_trials: int) -> RacePlan:
     target = race_target_steps(search.target, base)
     if not races(base, target, search.race_seeds):
         return RacePlan("off", target, 0, 0, 0, 0)
+    if base == 0:  # frozen: the trials' chunk 0 screens; the contenders and the plain model evaluate test chunks
+        screened = min(search.race_screen, n_trials)
+        contenders = min(search.race_contenders, screened)  # the plain model among them
+        first, most = search.race_seeds - 1, search.max_seeds - 1
+        return RacePlan(
+            "adaptive",
+            0,
+            runs_min=contenders * first,
+            runs_max=contenders * most,
+            steps_min=0,
+            steps_max=0,
+            shape=AdaptiveRace(screened, contenders, first, search.max_seeds, "off"),
+            frozen=True,
+        )
     if search.race_policy == "fixed":
         lengths = [base * 2**i for i in range(64) if base * 2**i < target] + [target]
         per_map = sum(lengths) * search.race_seeds - base
@@ -541,4 +572,62 @@ def estimate(
         "start-up, storage writes, tokenizing an uncached corpus, layer compilation and a "
         "changing machine load are not counted"
         + (f"; {groups} workers are assumed to share the device without slowing each other" if groups > 1 else ""),
+    )
+
+
+def frozen_estimate(
+    space: SpaceConfig, plan: StudyPlan, costly: list[int], trials_to_evaluate: int, layout: Layout, race: RacePlan
+) -> Estimate:
+    """A frozen study's time left: an evaluation of the plain model and of the costliest map (each one chunk of
+    eval_windows windows of random tokens, the checkpoint's weights in the study's dtype, on the run's threads),
+    timed after one untimed, and a line through them by layer runs for an average map (half-way); the trials
+    evaluate chunk 0, the race its least and most runs, on the race's processes."""
+    import torch
+
+    from ilr_search.training.frozen import FrozenEvaluator
+
+    model_cfg = plan.model
+    threads = layout.threads if layout.threads is not None else process_threads(space, layout.groups)
+    data = random_tokens(model_cfg.vocab_size, model_cfg.seq_len)
+    n = min(space.train.eval_windows, data.window_chunks(1, model_cfg.seq_len))
+    cfg = dataclasses.replace(space.train, dtype=plan.dtype)
+    device = resolve_device(cfg.device)
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        from ilr_search.training.build import build_model
+
+        evaluator = FrozenEvaluator(build_model(model_cfg, 0).to(device), data, plan.dtype, cfg.batch_size, 0)
+        timings = []
+        for label, counts in (("baseline", [1] * model_cfg.n_layers), ("costliest", costly)):
+            schedule = reuse_map_schedule(counts)
+            evaluator.evaluate(model_cfg, schedule, 0, n, share=False)  # untimed: memory, kernels
+            t0 = time.perf_counter()
+            evaluator.evaluate(model_cfg, schedule, 0, n, share=False)
+            seconds = (time.perf_counter() - t0) * space.train.eval_windows / n
+            timings.append(Probe(label, counts, len(schedule), 1, threads, 0.0, seconds, []))
+    finally:
+        torch.set_num_threads(before)
+    baseline, costliest = timings
+    mid = (baseline.seconds_per_eval + costliest.seconds_per_eval) / 2
+    racers = max(layout.groups, race_processes(space, layout.groups))
+    race_min, race_max = race.runs_min * mid / racers, race.runs_max * mid / racers
+    trials = trials_to_evaluate * mid
+    return Estimate(
+        (baseline, costliest),
+        (
+            flops_ratio(model_cfg, reuse_map_schedule(baseline.reuse_map)),
+            flops_ratio(model_cfg, reuse_map_schedule(costliest.reuse_map)),
+        ),
+        describe(Layout(layout.groups, 1, threads, 1)),
+        mid,
+        0.0,
+        (race_min, race_max),
+        trials + race_min,
+        trials + race_max,
+        f"from one timed evaluation of {space.train.eval_windows} windows after an untimed one, of the plain model "
+        "and of the costliest map, each a full forward pass (a map that begins as the plain model starts later "
+        "in a run: shorter); an average map half-way between them; loading the checkpoint and its data, and "
+        "storage writes, are not counted",
     )

@@ -191,9 +191,9 @@ def planned_space(request: RunRequest) -> tuple[SpaceConfig, StudyPlan]:
 
 def frozen_space(space: SpaceConfig, request: RunRequest) -> SpaceConfig:
     """A frozen study's space (train.steps 0: each map applied to the pretrained weights and only evaluated, a seed
-    being a chunk of held-out windows): no pruning, since a trial is one evaluation and there is no early
-    perplexity to stop at, and no equal-compute reference, since a deeper plain model of the checkpoint does not
-    exist. A flag that asks for either is refused; other spaces are returned as they are."""
+    being a chunk of held-out windows or items): no pruning, since a trial is one evaluation and there is no early
+    perplexity to stop at, no equal-compute reference, since a deeper plain model of the checkpoint does not
+    exist, and no reference runs. A flag that asks for either is refused; other spaces are returned as they are."""
     if space.train.steps != 0:
         return space
     if not space.model.init:
@@ -211,7 +211,9 @@ def frozen_space(space: SpaceConfig, request: RunRequest) -> SpaceConfig:
             "--equal-compute depth needs training: a frozen search (--train-steps 0) has no deeper "
             "plain model of the checkpoint to compare with; drop --equal-compute"
         )
-    return dataclasses.replace(space, search=dataclasses.replace(space.search, pruner="none", equal_compute="off"))
+    # no reference runs either: the race scores the plain model on every chunk it tests on, paired
+    search = dataclasses.replace(space.search, pruner="none", equal_compute="off", noise_seeds=0)
+    return dataclasses.replace(space, search=search)
 
 
 def check_window_chunks(space: SpaceConfig, data: EvalData) -> None:
