@@ -298,8 +298,9 @@ def validate_space(space: SpaceConfig) -> None:
             f"families must include 'ilr' or 'blocks' (or both) and may add 'block', got {list(s.families)}",
         ),
         (
-            "blocks" not in s.families or s.sampler != "grid",
-            "the grid sampler searches per-layer counts only; use another sampler with families 'blocks'",
+            s.sampler != "grid" or not {"ilr", "blocks"} <= set(s.families),
+            "the grid sampler scans per-layer counts (families 'ilr') or every feasible block (families "
+            "'blocks'), not both at once",
         ),
         (
             bool(s.damping_choices) and 1.0 in s.damping_choices and all(0 < a <= 1 for a in s.damping_choices),

@@ -24,7 +24,14 @@ from ilr_search.search.maps import repair_to_budget
 from ilr_search.search.plan import StudyPlan, adopt_stored_dtype, adopt_stored_race, check_resume, stored_study
 from ilr_search.search.pruners import pruner_settings
 from ilr_search.search.race import study_race
-from ilr_search.search.run import ReferenceRun, RunRequest, checked_request, reference_runs
+from ilr_search.search.run import (
+    ReferenceRun,
+    RunRequest,
+    checked_request,
+    enqueue_texts,
+    first_trials,
+    reference_runs,
+)
 from ilr_search.search.samplers import sampler_settings
 from ilr_search.storage import StorageSpec, open_storage, open_store
 from ilr_search.training.device import resolve_compile, resolve_device
@@ -339,7 +346,7 @@ def dry_run_report(
     study = stored_study(existing, plan.name)
     trials = study.get_trials(deepcopy=False) if study is not None else []
     finished = sum(has_result(t) for t in trials)
-    n_trials = request.trials_wanted
+    n_trials = first_trials(plan, study, request.trials_wanted, enqueue_texts(request, space)).n_trials
     trials_to_train = max(0, n_trials - finished)
     refs = reference_runs(plan, trials)
     names = [r.name for r in refs] + (

@@ -94,6 +94,18 @@ def repair_block(start: int, end: int, repeats: int, n_layers: int, max_layer_ru
     return BlockMap(start, start + min(length, extra) - 1, 2, n_layers)
 
 
+def feasible_blocks(n_layers: int, max_reuse: int, max_layer_runs: int) -> list[BlockMap]:
+    """Every block a study of blocks can evaluate: layers start..end (a single layer too) run 2..max_reuse times,
+    within the budget's layer runs, by repeats, then start, then end (the grid sampler's scan, in its order)."""
+    return [
+        BlockMap(start, end, repeats, n_layers)
+        for repeats in range(2, max_reuse + 1)
+        for start in range(n_layers)
+        for end in range(start, n_layers)
+        if n_layers + (end - start + 1) * (repeats - 1) <= max_layer_runs
+    ]
+
+
 def block_params(block: BlockMap) -> dict[str, int]:
     return {BLOCK_START: block.start, BLOCK_END: block.end, BLOCK_REPEATS: block.repeats}
 
@@ -129,10 +141,14 @@ def family_params(family: str, families: Sequence[str]) -> dict[str, str]:
 
 
 def seed_params(
-    n_layers: int, max_reuse: int, max_layer_runs: int, families: Sequence[str]
+    n_layers: int, max_reuse: int, max_layer_runs: int, families: Sequence[str], scan: bool = False
 ) -> list[dict[str, int | str | KnobValue]]:
     """The parameters of a study's first maps, baseline first: seed_maps where the study searches ilr, else the
-    baseline as a block run once (no prior on where to loop)."""
+    baseline as a block run once (no prior on where to loop); `scan` (the grid sampler over blocks): then every
+    feasible block (feasible_blocks)."""
+    if scan:
+        baseline = BlockMap(0, n_layers - 1, 1, n_layers)
+        return [{**block_params(b)} for b in [baseline, *feasible_blocks(n_layers, max_reuse, max_layer_runs)]]
     if "ilr" in trial_families(families):
         return [
             {**map_params(m), **family_params("ilr", families)} for m in seed_maps(n_layers, max_reuse, max_layer_runs)

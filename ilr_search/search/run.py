@@ -357,9 +357,13 @@ def first_trials(plan: StudyPlan, study: optuna.Study | None, n_trials: int, enq
     search, n = plan.space.search, plan.model.n_layers
     max_runs = plan.budget.max_layer_runs(plan.model)
     asked = enqueued_maps(plan, enqueue)
+    scan = search.sampler == "grid" and "ilr" not in search.families  # every feasible block, once
     seeds = (
-        [{**p, **knobs_off(search.knobs)} for p in seed_params(n, search.max_reuse, max_runs, search.families)]
-        if search.enqueue_paper_maps
+        [
+            {**p, **knobs_off(search.knobs)}
+            for p in seed_params(n, search.max_reuse, max_runs, search.families, scan=scan)
+        ]
+        if search.enqueue_paper_maps or scan
         else []
     )  # with every searched knob off: the paper's model
     trials = study.get_trials(deepcopy=False) if study is not None else []
@@ -371,8 +375,10 @@ def first_trials(plan: StudyPlan, study: optuna.Study | None, n_trials: int, enq
         if params not in known and params not in required:
             required.append(params)
     counted = sum(has_result(t) or t.state in (TrialState.WAITING, TrialState.RUNNING) for t in trials)
-    n_trials = max(n_trials, counted + len(required))
     fill = [p for p in seeds[1:] if p not in known and p not in required]
+    if scan:  # the scan is the study: every block it has not evaluated yet, whatever n_trials asked
+        return FirstTrials(required + fill, sorted({a.block for a in asked if a.block}), counted + len(required + fill))
+    n_trials = max(n_trials, counted + len(required))
     return FirstTrials(
         required + fill[: n_trials - counted - len(required)], sorted({a.block for a in asked if a.block}), n_trials
     )
@@ -405,7 +411,9 @@ def _run_study(
         space.search.damping_choices,
     )
     n_trials = prepared.n_trials
-    if prepared.n_trials_raised_from is not None:
+    if space.search.sampler == "grid" and "ilr" not in space.search.families:
+        reporter.on(Message(f"grid: every feasible block evaluated once, {n_trials - 1} of them and the plain model"))
+    elif prepared.n_trials_raised_from is not None:
         reporter.on(
             Message(
                 f"--n-trials {prepared.n_trials_raised_from} raised to {n_trials}: the enqueued maps "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +20,7 @@ from ilr_search.search.maps import (
     BLOCK_START,
     FAMILY_PARAM,
     block_params,
+    feasible_blocks,
     map_params,
     repair_block,
     repair_to_budget,
@@ -75,7 +77,7 @@ class BudgetRepairSampler(optuna.samplers.BaseSampler):
         families: tuple[str, ...] = ("ilr",),
     ) -> None:
         self.base, self.knobs = base, knobs
-        self.n_layers, self.max_layer_runs = n_layers, max_layer_runs
+        self.n_layers, self.max_layer_runs, self.max_reuse = n_layers, max_layer_runs, max_reuse
         self.families = trial_families(families)
         self.counts_space = (
             {f"r{i}": IntDistribution(1, max_reuse) for i in range(n_layers)} if "ilr" in self.families else {}
@@ -125,7 +127,20 @@ class BudgetRepairSampler(optuna.samplers.BaseSampler):
             # at the budget's edge; GP ignores pruned trials and proposes them again): the counts are drawn
             # again by the sampler's independent sampling (cheap, no model refit), the rest kept.
             params = self._repaired(study, trial, {k: v for k, v in params.items() if k not in self.map_space})
+        if params in tried and self.block_space and (not self.family_space or params[FAMILY_PARAM] == "blocks"):
+            params = self._untried_block(params, tried, trial.number)
         return params
+
+    def _untried_block(self, params: dict[str, Any], tried: list[dict[str, Any]], number: int) -> dict[str, Any]:
+        """`params` moved to a feasible block no trial has tried (drawn with the trial's number as the seed), where
+        one is left: blocks are few enough to list, so a proposal never repeats an evaluated block while others
+        remain."""
+        left = [
+            b
+            for b in feasible_blocks(self.n_layers, self.max_reuse, self.max_layer_runs)
+            if params | block_params(b) not in tried
+        ]
+        return params | block_params(random.Random(number).choice(left)) if left else params
 
     def _repaired(self, study: optuna.Study, trial: FrozenTrial, params: dict[str, Any]) -> dict[str, Any]:
         """`params` with every map parameter the base sampler did not give drawn independently, and the map
@@ -179,7 +194,8 @@ def build_sampler(
 ) -> optuna.samplers.BaseSampler:
     """The study's sampler; given the space's max_reuse and the budget's max_layer_runs, wrapped so that it
     proposes maps (of the study's `families`) within the budget only (BudgetRepairSampler)."""
-    base = _base_sampler(settings, n_layers, worker_offset, knobs, damping_choices)
+    blocks_only = trial_families(families) == ("blocks",)
+    base = _base_sampler(settings, n_layers, worker_offset, knobs, damping_choices, blocks_only)
     if max_reuse is None or max_layer_runs is None:
         return base
     return BudgetRepairSampler(base, n_layers, max_reuse, max_layer_runs, knobs, families)
@@ -191,6 +207,7 @@ def _base_sampler(
     worker_offset: int,
     knobs: tuple[str, ...],
     damping_choices: Sequence[float] = (),
+    blocks_only: bool = False,
 ) -> optuna.samplers.BaseSampler:
     s: dict[str, Any] = dict(settings.options)  # the sampler's own keyword arguments
     # Each worker (and each resume) draws from its own stream; the first worker of a study is reproducible.
@@ -203,6 +220,8 @@ def _base_sampler(
     if name == "gp":
         return optuna.samplers.GPSampler(seed=seed, **s)
     if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "grid" and blocks_only:  # a scan: every feasible block is enqueued (run.first_trials); none sampled
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "grid":
         grid = {f"r{i}": list(s["values"]) for i in range(n_layers)} | {

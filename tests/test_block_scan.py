@@ -1,0 +1,42 @@
+"""Blocks searched frozen: the grid sampler evaluates every feasible block once, and TPE never proposes an evaluated
+block while others remain (search/maps.feasible_blocks, samplers.BudgetRepairSampler)."""
+
+import json
+import sqlite3
+
+import pytest
+from conftest import write_space
+
+from ilr_search.search.maps import feasible_blocks
+
+
+def test_feasible_blocks_are_every_block_within_the_budget():
+    blocks = feasible_blocks(4, 3, 6)  # 4 layers, 2 extra layer runs: 2 repeats of 1 or 2 layers, 3 of 1 layer
+    assert len(blocks) == 4 + 3 + 4 and len(set(blocks)) == len(blocks)
+    assert all(b.layer_runs <= 6 and b.repeats >= 2 for b in blocks)
+    assert feasible_blocks(30, 2, 30 + 12)[0].key == "block:0-0:2" and len(feasible_blocks(30, 2, 42)) == sum(
+        31 - length for length in range(1, 13))
+
+
+def evaluated_keys(db) -> list[str]:
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("select value_json from trial_user_attributes where key = 'map_key'").fetchall()
+    return [json.loads(v) for (v,) in rows]
+
+
+@pytest.mark.parametrize("sampler,trials", [("grid", None), ("tpe", 12)])
+def test_every_block_is_evaluated_once(cli, tmp_path, recurrent_checkpoint, sampler, trials):
+    space = write_space(tmp_path / "scan.toml", search={"families": ["blocks"], "max_reuse": 3, "sampler": sampler,
+                                                       "n_trials": trials or 5, "race_seeds": 1, "target": 1.0},
+                        train={"eval_windows": 4})
+    db = tmp_path / "scan.db"
+    proc = cli("run", "--space", str(space), "--init", str(recurrent_checkpoint), "--train-steps", "0", "--budget",
+               "1.5x", "--storage", f"sqlite:///{db}", "--json")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    expected = {b.canonical().key for b in feasible_blocks(4, 3, 6)} | {"1,1,1,1"}
+    keys = evaluated_keys(db)
+    assert sorted(keys) == sorted(expected), (keys, expected)  # each once: no trial reused another's map
+    assert summary["n_trials"] == len(expected)
+    if sampler == "grid":
+        assert "every feasible block evaluated once, 11 of them" in proc.stderr
