@@ -245,9 +245,10 @@ def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSetting
     contenders = choose_contenders(screen_losses, results.flops, baseline_key, settings.race_contenders)
     for k in screen_losses:
         if k not in contenders:
+            nearest = "the front on it" if settings.frozen else "the target's front"
             eliminated[k] = (
                 f"screened {words.at(target)} ({words.one(first)}, loss {screen_losses[k]:.4f}): not among the "
-                f"{settings.race_contenders} maps nearest the target's front"
+                f"{settings.race_contenders} maps nearest {nearest}"
             )
     # 4. seeds at the target, tested on seeds[1:]
     pool = settings.seeds[1:]

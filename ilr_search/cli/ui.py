@@ -173,6 +173,9 @@ def column_cells(column: str, values: list[Any]) -> list[str]:
     if column == "flops_ratio":
         return [f"{v:.2f}x" if isinstance(v, (int, float)) and math.isfinite(v) else _fmt(v) for v in values]
     if column.endswith(("ppl", "bpb")) and all(v is None or isinstance(v, (int, float)) for v in values):
+        finite = [abs(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v) and v]
+        if finite and max(finite) / min(finite) > 100:  # across decades: each value its own 4 significant digits
+            return [_fmt(float(v)) if isinstance(v, (int, float)) else _fmt(v) for v in values]
         decimals = significant_decimals(values)
         return [fixed(v, decimals) for v in values]
     return [_fmt(v) for v in values]
@@ -350,6 +353,7 @@ class ConsoleReporter(events.RunReporter):
         self.references: tuple[int, int] | None = None  # (index, count) of the reference run training
         self.runs_done: int | None = None  # race (or audit) runs stored, once the race started
         self.printed_front: list[Any] | None = None  # the trials of the front last printed
+        self.words = Words()  # the study's words, from its StudyStarted
 
     def __enter__(self) -> ConsoleReporter:
         self.progress.__enter__()
@@ -381,27 +385,27 @@ class ConsoleReporter(events.RunReporter):
 
     @on.register
     def _study_started(self, event: events.StudyStarted) -> None:
+        self.words = Words(event.unit, event.judged)
         if self.study_task is not None:  # the workers' studies: the first one says it
             return
         self.print(
             dataclasses.replace(event, worker=None),
-            f"study {event.study}: {event.finished} of {event.n_trials} trials finished",
+            f"study {event.study}: {event.finished} of {event.n_trials} "
+            f"{'maps evaluated' if event.frozen else 'trials finished'}",
         )
         self.study_task = self.progress.add_task(
-            "study", total=event.n_trials, completed=event.finished, info="trials", eta=None
+            "study", total=event.n_trials, completed=event.finished, info="maps" if event.frozen else "trials", eta=None
         )
         self.eta = StudyEta(time.monotonic())
         self.n_trials, self.finished_at_start, self.finished = event.n_trials, event.finished, event.finished
 
     @on.register
     def _trial_started(self, event: events.TrialStarted) -> None:
-        label = f"trial {event.number} map {_fmt(event.reuse_map)}" + (f" with {event.knobs}" if event.knobs else "")
+        shown = (event.map or _fmt(event.reuse_map)) + (f" with {event.knobs}" if event.knobs else "")
+        label = f"trial {event.number} map {shown}"
         if event.worker is None:
-            self.print(
-                event,
-                f"trial {event.number}: training map {_fmt(event.reuse_map)}"
-                + (f" with {event.knobs}" if event.knobs else ""),
-            )
+            doing = f"evaluating map {shown} on {self.words.unit} 0" if self.words.frozen else f"training map {shown}"
+            self.print(event, f"trial {event.number}: {doing}")
         self._row(event.worker, label, event.steps)
 
     @on.register
@@ -435,7 +439,7 @@ class ConsoleReporter(events.RunReporter):
                 self.progress.update(
                     self.study_task, description="race", total=None, completed=0, info="race runs stored: 0", eta=None
                 )
-        runs = "; ".join(f"map {key} {run_where(steps, seed)}" for key, steps, seed in event.runs)
+        runs = "; ".join(f"map {key} {run_where(steps, seed, self.words)}" for key, steps, seed in event.runs)
         self.print(
             event,
             f"{event.kind} run{'s' if len(event.runs) > 1 else ''}: {runs}"
@@ -443,9 +447,7 @@ class ConsoleReporter(events.RunReporter):
         )
         key, steps, seed = event.runs[0]
         more = f" and {len(event.runs) - 1} more" if len(event.runs) > 1 else ""
-        self._row(
-            event.worker, f"{event.kind} run map {key} {'window chunk' if steps == 0 else 'seed'} {seed}{more}", steps
-        )
+        self._row(event.worker, f"{event.kind} run map {key} {self.words.unit} {seed}{more}", steps)
 
     @on.register
     def _run_finished(self, event: events.RunFinished) -> None:
@@ -456,8 +458,8 @@ class ConsoleReporter(events.RunReporter):
             self.progress.update(self.study_task, advance=1)
         self.print(
             event,
-            f"{event.kind} run done: map {event.map_key} {run_where(event.steps, event.seed)}: "
-            f"ppl {_fmt(event.val_ppl)}",
+            f"{event.kind} run done: map {event.map_key} {run_where(event.steps, event.seed, self.words)}: "
+            f"{self.words.score(event.val_ppl)}",
         )
 
     @on.register
@@ -483,16 +485,19 @@ class ConsoleReporter(events.RunReporter):
             self.progress.update(self.study_task, completed=event.finished)
         knobs = events.format_knobs(t.knobs) if t.knobs else ""
         reuse_map = list(t.reuse_map) if t.reuse_map is not None else None
+        shown = t.map_key.split("|", 1)[0] if t.map_key else _fmt(reuse_map)
         self.print(
             event,
-            f"trial {t.number} {t.state.name.lower()}: map {_fmt(reuse_map)}"
+            f"trial {t.number} {t.state.name.lower()}: map {shown}"
             + (f" with {knobs}" if knobs else "")
             + f", {_fmt(t.flops_ratio)}x, "
-            f"ppl {_fmt(t.val_ppl)}"
+            f"{self.words.score(t.val_ppl)}"
             + (f" (reused trial {t.reused_from})" if t.reused_from is not None else "")
             + (f" ({t.reason})" if t.state.name != "COMPLETE" and t.reason else ""),
         )
         front_trials = [p.trial for p in front]
+        if self.words.frozen:  # chunk 0 ranks the maps for the race: its front decides nothing
+            return
         if not self.enabled or not front or front_trials == self.printed_front:  # printed only when it changed
             return
         self.printed_front = front_trials
@@ -512,9 +517,53 @@ class ConsoleReporter(events.RunReporter):
 
 # The front as run and pareto print it: each point at its length, with its seeds and interval (trial numbers,
 # bpb and parameters are in --json); seven columns fit 80 characters.
-def run_where(steps: int, seed: int) -> str:
-    """Where a race run is: "at 2000 steps, seed 3", or for a frozen study's (no step) "on window chunk 3"."""
-    return f"on window chunk {seed}" if steps == 0 else f"at {steps} steps, seed {seed}"
+def run_where(steps: int, seed: int, words: Words | None = None) -> str:
+    """Where a race run is: "at 2000 steps, seed 3", or for a frozen study's (no step) "on window chunk 3" (or
+    "on item chunk 3")."""
+    return f"on {(words or Words('window chunk')).unit} {seed}" if steps == 0 else f"at {steps} steps, seed {seed}"
+
+
+@dataclass(frozen=True)
+class Words:
+    """What a study's output calls its replicate (`unit`: seed, window chunk, item chunk) and its score (`judged`:
+    perplexity, answer loss, accuracy on items: race_core.Measure)."""
+
+    unit: str = "seed"
+    judged: str = "ppl"
+
+    @property
+    def frozen(self) -> bool:
+        return self.unit != "seed"
+
+    def value(self, val_ppl: float | None) -> float | None:
+        """A result's score in its measure: ppl, the answer loss (nats), or the accuracy (%, from the error rate
+        that val_ppl is the exponential of)."""
+        if val_ppl is None or val_ppl <= 0:
+            return None
+        if self.judged == "accuracy":
+            return 100.0 * (1.0 - math.log(val_ppl))
+        return math.log(val_ppl) if self.judged == "answer" else val_ppl
+
+    @property
+    def column(self) -> str:
+        return {"ppl": "ppl", "answer": "answer loss", "accuracy": "accuracy %"}[self.judged]
+
+    def score(self, val_ppl: float | None) -> str:
+        """`ppl 12.34`, `answer loss 0.8123`, `accuracy 41.7%`."""
+        value = self.value(val_ppl)
+        if value is None:
+            return f"{self.column.split(' %')[0]} -"
+        if self.judged == "accuracy":
+            return f"accuracy {value:.1f}%"
+        return f"{self.column} {_fmt(value)}"
+
+
+def study_words(report: StudyReport) -> Words:
+    """The words of a study's report (its race's settings; a study with no race: seeds and perplexity)."""
+    race = report.race
+    if race is None:
+        return Words()
+    return Words(race.settings.words.unit, race.settings.judged)
 
 
 RACE_FRONT_COLUMNS = ["reuse_map", "flops_ratio", "steps", "seeds", "val_ppl", "interval", "confirmed"]
@@ -530,17 +579,25 @@ FROZEN_COMPARISON_COLUMNS = ["window_chunks" if c == "seeds" else c for c in COM
 CONFIRMED_WORDS = ("yes", "no", "reference")  # the front's `confirmed` column: claimed better, not, the baseline
 
 
-def race_front_rows(front: list[FrontRow]) -> list[dict[str, Any]]:
-    """Front points as a table's rows (cells by column name): the interval as low-high (with the perplexities'
-    decimals), confirmed as a word of CONFIRMED_WORDS."""
+def race_front_rows(front: list[FrontRow], words: Words | None = None) -> list[dict[str, Any]]:
+    """Front points as a table's rows (cells by column name): the score in the study's measure (`words`: ppl where
+    not given), the interval as low-high (with the scores' decimals; an accuracy's from high to low), confirmed as a
+    word of CONFIRMED_WORDS."""
+    words = words or Words()
     yes, no, baseline = CONFIRMED_WORDS
-    decimals = significant_decimals([p.val_ppl for p in front])
+    decimals = significant_decimals([words.value(p.val_ppl) for p in front])
+
+    def interval(p: FrontRow) -> str:
+        if p.interval[0] is None or p.interval[1] is None:
+            return "-"
+        low, high = sorted(v for v in (words.value(p.interval[0]), words.value(p.interval[1])) if v is not None)
+        return f"{fixed(low, decimals)}-{fixed(high, decimals)}"
+
     return [
         p.to_dict()
         | {
-            "interval": f"{fixed(p.interval[0], decimals)}-{fixed(p.interval[1], decimals)}"
-            if p.interval[0] is not None
-            else "-",
+            "val_ppl": words.value(p.val_ppl),
+            "interval": interval(p),
             "confirmed": baseline if p.is_baseline else yes if p.confirmed else no,
         }
         for p in front
@@ -569,19 +626,23 @@ def print_race(report: StudyReport) -> None:
     for r in runs:
         by_map.setdefault(r.map_key, []).append(r)
     decimals = significant_decimals([r.val_ppl for r in runs])
-    if runs and settings.frozen:  # no step trained: a seed is a chunk of held-out windows
+    words = study_words(report)
+    if runs and settings.frozen:  # no step trained: a seed is a chunk of held-out windows or items
+        scores = [words.value(r.val_ppl) for r in runs]
+        places = significant_decimals(scores)
         rows_table(
-            f"race evaluations on held-out windows (frozen; window chunk {settings.seeds[0]} scored the "
+            f"race evaluations {settings.words.at(0)} (frozen; {words.unit} {settings.seeds[0]} scored the "
             "trials, the rest test)",
             [
                 {
-                    "reuse_map": k,
-                    "window_chunks": ",".join(str(r.seed) for r in v),
-                    "ppl": " ".join(fixed(r.val_ppl, decimals) for r in v),
+                    "map": k,
+                    "chunks": ",".join(str(r.seed) for r in v),
+                    "score": " ".join(fixed(words.value(r.val_ppl), places) for r in v),
                 }
                 for k, v in sorted(by_map.items())
             ],
-            ["reuse_map", "window_chunks", "ppl"],
+            ["map", "chunks", "score"],
+            {"chunks": f"{words.unit}s", "score": words.column},
         )
     elif runs and settings.policy == "adaptive":
         rows_table(
@@ -621,11 +682,14 @@ def print_race(report: StudyReport) -> None:
         ]
         diff = "loss_diff: the map's loss minus the baseline's, below 0 is better"
         if settings.frozen:
+            what = "error rate (1 - accuracy)" if settings.binary else "loss"
+            paired = f"paired by {settings.words.paired}"
             rows_table(
-                f"against the baseline on held-out windows (test window chunks; {diff})",
-                rows,
+                f"against the baseline {settings.words.at(0)} (test {words.unit}s, {paired}; loss_diff: the map's "
+                f"{what} minus the baseline's, below 0 is better)",
+                [r | {"reuse_map": r["reuse_map"]} for r in rows],
                 FROZEN_COMPARISON_COLUMNS,
-                {"window_chunks": "test window chunks"},
+                {"window_chunks": f"test {words.unit}s", "reuse_map": "map"},
                 droppable=["level", "p"],
             )
         else:
@@ -656,13 +720,16 @@ def is_frozen(report: StudyReport) -> bool:
 
 
 def print_front(report: StudyReport, front: list[FrontRow]) -> None:
-    """The decided front as run and pareto print it (a frozen study's without its steps, its seeds window chunks)."""
+    """The decided front as run and pareto print it (a frozen study's without its steps, its maps as a study writes
+    them, its seeds chunks and its scores in its measure)."""
     if is_frozen(report):
+        words = study_words(report)
+        rows = race_front_rows(front, words)
         rows_table(
             f"Pareto front of {report.study}",
-            race_front_rows(front),
+            [r | {"reuse_map": r["map"]} for r in rows],
             FROZEN_FRONT_COLUMNS,
-            FROZEN_FRONT_HEADERS,
+            FROZEN_FRONT_HEADERS | {"seeds": f"{words.unit}s", "reuse_map": "map", "val_ppl": words.column},
             RACE_FRONT_DROPPED,
         )
     else:
@@ -683,9 +750,10 @@ def print_run(report: StudyReport) -> None:
         out.print(f"reference {name}: {_fmt(ref.flops_ratio)}x, ppl {_fmt(ref.val_ppl)}")
     everything = report.steps_trained + report.reference_steps + report.race_steps
     if is_frozen(report):
+        assert report.race is not None  # a frozen study's report has its race
         out.print(
-            f"{report.n_complete} complete, {report.n_failed} failed; frozen: no step trained, every result the "
-            f"pretrained weights evaluated on a chunk of held-out windows; storage {report.storage}"
+            f"{report.n_complete} evaluated, {report.n_failed} failed; frozen: no step trained, every result the "
+            f"pretrained weights evaluated {report.race.settings.words.at(0)}; storage {report.storage}"
         )
     else:
         out.print(
@@ -694,7 +762,7 @@ def print_run(report: StudyReport) -> None:
             f"saved by pruning), {report.reference_steps} in the reference runs, "
             f"{report.race_steps} in the race; storage {report.storage}"
         )
-    _fidelity_lines(report.fidelity)
+    _fidelity_lines(None if is_frozen(report) else report.fidelity)  # frozen: no proxy whose fidelity to judge
     print_race(report)
     print_phases(report)
     if report.interrupted:
@@ -777,7 +845,17 @@ def print_trials(report: StudyReport) -> None:
     listing = report.listing
     if listing is not None:
         rows = [r.to_dict() for r in listing.rows]  # a table's cells by column name
-        rows_table(f"trials of {report.study}", rows, TRIAL_COLUMNS, droppable=TRIAL_COLUMNS_DROPPED)
+        if is_frozen(report):
+            words = study_words(report)
+            rows_table(
+                f"maps evaluated in {report.study} (on {words.unit} 0)",
+                [r | {"reuse_map": r.get("map") or r["reuse_map"], "val_ppl": words.value(r["val_ppl"])} for r in rows],
+                [c for c in TRIAL_COLUMNS if c not in ("steps", "pruned_at_step")],
+                {"reuse_map": "map", "val_ppl": words.column},
+                droppable=["val_bpb", "state"],
+            )
+        else:
+            rows_table(f"trials of {report.study}", rows, TRIAL_COLUMNS, droppable=TRIAL_COLUMNS_DROPPED)
         if listing.references:
             rows_table(
                 "reference runs (trained outside the sampler's view)",
@@ -785,7 +863,7 @@ def print_trials(report: StudyReport) -> None:
                 ["reference", "reuse_map", "knobs", "flops_ratio", "val_ppl", "val_bpb", "seed", "status"],
                 droppable=["val_bpb", "seed", "status"],
             )
-    _fidelity_lines(report.fidelity)
+    _fidelity_lines(None if is_frozen(report) else report.fidelity)
     print_race(report)
 
 

@@ -337,7 +337,11 @@ class SearchRun:
         stores the curve and asks the pruner)."""
         steps = self.plan.space.train.steps
         key, ratio = proposal.key, proposal.ratio
-        self.reporter.on(TrialStarted(trial.number, proposal.reuse_map, steps, format_knobs(proposal.knobs)))
+        self.reporter.on(
+            TrialStarted(
+                trial.number, proposal.reuse_map, steps, format_knobs(proposal.knobs), map=key.split("|", 1)[0]
+            )
+        )
         decisions: list[PruningDecision] = []  # the pruner's decision, once it prunes
 
         def on_eval(point: EvalPoint) -> bool:

@@ -1,5 +1,5 @@
-"""Where a run's time went: the wall time, tokens trained and CPU time of each of its phases (`run --json`'s
-`phases`, and a small table at the end of `run`).
+"""Where a run's time went: the wall time, tokens trained (a frozen run's: evaluated) and CPU time of each of its
+phases (`run --json`'s `phases`, and a small table at the end of `run`).
 
 The meter watches the run's events as the run's own process sees them (a worker's are relayed to it): a phase
 begins when its first run starts, and lasts until another phase's run starts or the run ends. Several worker
@@ -106,7 +106,10 @@ class PhaseMeter(RunReporter):
         if isinstance(event, TrialStarted):
             self.enter("trials")
         elif isinstance(event, TrialFinished):
-            self.add("trials", event.trial.steps)
+            t = event.trial
+            if t.steps == 0 and t.tokens_per_second and t.train_seconds and not t.is_reuse:  # frozen: evaluated
+                self.tokens["trials"] = self.tokens.get("trials", 0) + round(t.tokens_per_second * t.train_seconds)
+            self.add("trials", t.steps)
         elif isinstance(event, ReferenceStarted):
             self.enter("references")
             self.reference_steps[(event.worker, event.name)] = event.steps
@@ -116,7 +119,10 @@ class PhaseMeter(RunReporter):
             key, _, seed = event.runs[0]
             self.enter(self.race_phase(key, seed))
         elif isinstance(event, RunFinished) and event.kind == "race":
-            self.add(self.race_phase(event.map_key, event.seed), event.steps)
+            phase = self.race_phase(event.map_key, event.seed)
+            self.add(phase, event.steps)
+            if event.steps == 0:  # frozen: the tokens it evaluated
+                self.tokens[phase] = self.tokens.get(phase, 0) + event.tokens
         self.inner.on(event)
 
     def add(self, phase: Phase, steps: int) -> None:

@@ -22,10 +22,19 @@ RunKind = Literal["race", "audit"]
 
 @dataclass(frozen=True)
 class StudyStarted:
+    """A study's run begins: `unit` is what its replicate is called ("seed"; a frozen study's "window chunk" or
+    "item chunk"), `judged` what its losses are ("ppl", "answer", "accuracy": race_core.Measure)."""
+
     study: str
     n_trials: int  # finished trials the study goes to
     finished: int
     worker: int | None = None
+    unit: str = "seed"
+    judged: str = "ppl"
+
+    @property
+    def frozen(self) -> bool:
+        return self.unit != "seed"
 
 
 @dataclass(frozen=True)
@@ -35,6 +44,7 @@ class TrialStarted:
     steps: int
     knobs: str = ""
     worker: int | None = None
+    map: str = ""  # the map as a study writes it (a block map's block:I-J:R); "": the reuse map's counts
 
 
 @dataclass(frozen=True)
@@ -84,7 +94,7 @@ class RunsStarted:
 
 @dataclass(frozen=True)
 class RunFinished:
-    """One race or audit run stored: its result (val_ppl None where it diverged)."""
+    """One race or audit run stored: its result (val_ppl None where it diverged); a frozen run's `tokens` evaluated."""
 
     map_key: str
     steps: int
@@ -92,6 +102,7 @@ class RunFinished:
     val_ppl: float | None
     kind: RunKind = "race"
     worker: int | None = None
+    tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -123,8 +134,3 @@ class RunReporter:
 def step_callback(reporter: RunReporter) -> Callable[[int, int, float], None]:
     """The trainer's on_step (step, steps, loss) as Step events."""
     return lambda step, steps, loss: reporter.on(Step(step, steps, loss))
-
-
-def group_step_callbacks(reporter: RunReporter, members: int) -> list[Callable[[int, int, float], None] | None]:
-    """A fused group's on_step callbacks: progress is its first member's."""
-    return [step_callback(reporter)] + [None] * (members - 1)

@@ -534,7 +534,11 @@ def train_claimed(
             result.scores,
         )
         r.checkpoint.unlink(missing_ok=True)
-        reporter.on(RunFinished(r.job.map_key, r.train_cfg.steps, r.job.seed, finite_or_none(result.val_ppl), kind))
+        reporter.on(
+            RunFinished(
+                r.job.map_key, r.train_cfg.steps, r.job.seed, finite_or_none(result.val_ppl), kind, tokens=result.tokens
+            )
+        )
 
 
 def finished_jobs(store: Store) -> set[RaceRunJob]:

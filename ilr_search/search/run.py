@@ -64,7 +64,7 @@ from ilr_search.search.progress import (
     step_callback,
 )
 from ilr_search.search.pruners import build_pruner, pruner_settings
-from ilr_search.search.race import RaceRunner, race_checkpoints, run_race
+from ilr_search.search.race import RaceRunner, race_checkpoints, race_settings, run_race
 from ilr_search.search.samplers import build_sampler, sampler_settings
 from ilr_search.search.studies import StudyReport, study_report
 from ilr_search.space import check_search_objective, validate_space
@@ -433,7 +433,9 @@ def _run_study(
         lanes=request.layout.trials.lanes if request.layout is not None else 1,
     )
     finished = _n_finished(study)
-    reporter.on(StudyStarted(plan.name, n_trials, finished))
+    settings_of_race = race_settings(plan.config)
+    words = settings_of_race.words
+    reporter.on(StudyStarted(plan.name, n_trials, finished, unit=words.unit, judged=settings_of_race.judged))
     interrupted = False
     if finished < n_trials:
 
