@@ -60,6 +60,15 @@ def test_every_table_header_is_in_the_glossary():
     assert not missing, f"not defined in docs/concepts.md's glossary: {missing}"
 
 
+def test_every_frozen_unit_and_score_column_is_in_the_glossary():
+    """The headers a frozen study's tables take from its words (ui.Words): its chunks and its score column."""
+    text = glossary()
+    words = [*(f"{u}s" for u in ui.FROZEN_UNITS), *(f"test {u}s" for u in ui.FROZEN_UNITS), *ui.SCORE_COLUMNS,
+             "map", "chunks", "score"]
+    missing = [w for w in words if f"`{w}`" not in text]
+    assert not missing, f"not defined in docs/concepts.md's glossary: {missing}"
+
+
 def test_every_status_word_is_in_the_glossary():
     words = [*COMPARISON_STATUSES, *ui.CONFIRMED_WORDS, *DECIDED_WORDS,
              *(s.name for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING,

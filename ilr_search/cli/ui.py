@@ -291,6 +291,7 @@ def step_progress(enabled: bool = True, total: int | None = None, description: s
 
 FRONT_COLUMNS = ["trial", "reuse_map", "flops_ratio", "val_ppl", "val_bpb"]
 TRIAL_COLUMNS = ["trial", "state", "reuse_map", "flops_ratio", "val_ppl", "val_bpb", "steps", "pruned_at_step"]
+FROZEN_TRIAL_COLUMNS = ["trial", "state", "reuse_map", "flops_ratio", "val_ppl", "val_bpb"]  # evaluated: no step
 TRIAL_COLUMNS_DROPPED = ["pruned_at_step", "val_bpb", "steps", "state"]  # on a narrow console, first dropped first
 
 
@@ -521,6 +522,10 @@ def run_where(steps: int, seed: int, words: Words | None = None) -> str:
     """Where a race run is: "at 2000 steps, seed 3", or for a frozen study's (no step) "on window chunk 3" (or
     "on item chunk 3")."""
     return f"on {(words or Words('window chunk')).unit} {seed}" if steps == 0 else f"at {steps} steps, seed {seed}"
+
+
+FROZEN_UNITS = ("window chunk", "item chunk")  # a frozen study's replicates (RaceWords.unit)
+SCORE_COLUMNS = ("ppl", "answer loss", "accuracy %")  # the score column of a study, by what it judges
 
 
 @dataclass(frozen=True)
@@ -850,7 +855,7 @@ def print_trials(report: StudyReport) -> None:
             rows_table(
                 f"maps evaluated in {report.study} (on {words.unit} 0)",
                 [r | {"reuse_map": r.get("map") or r["reuse_map"], "val_ppl": words.value(r["val_ppl"])} for r in rows],
-                [c for c in TRIAL_COLUMNS if c not in ("steps", "pruned_at_step")],
+                FROZEN_TRIAL_COLUMNS,
                 {"reuse_map": "map", "val_ppl": words.column},
                 droppable=["val_bpb", "state"],
             )
@@ -885,7 +890,7 @@ def print_pareto(report: StudyReport) -> None:
                 [{"layer": k, "importance": f"{v:.2f}"} for k, v in view.layers.importance.items()],
                 ["layer", "importance"],
             )
-    _fidelity_lines(report.fidelity)
+    _fidelity_lines(None if is_frozen(report) else report.fidelity)
     print_race(report)
     if view is not None and view.out:
         out.print(f"wrote {view.out}")
