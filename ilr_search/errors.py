@@ -15,3 +15,10 @@ class DataError(UserInputError):
 
 class CheckpointError(UserInputError):
     """A checkpoint that cannot be read, or a model that cannot be written as one."""
+
+
+def first_line(e: BaseException, most: int = 200) -> str:
+    """What an error line shows of an exception from a library: its message's first line (at most `most`
+    characters), or its type's name where it has no message."""
+    text = str(e).strip()
+    return text.splitlines()[0][:most] if text else type(e).__name__

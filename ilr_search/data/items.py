@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from ilr_search.config import SpaceConfig
-from ilr_search.errors import DataError
+from ilr_search.errors import DataError, first_line
 
 if TYPE_CHECKING:
     from ilr_search.data.tokenizers import Tokenizer
@@ -135,7 +135,7 @@ def _rows(source: str) -> list[dict[str, Any]]:
         else:
             frame = pd.read_json(path, lines=suffix == ".jsonl", dtype=False)
     except Exception as e:  # pandas raises many types for malformed files
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        reason = first_line(e)
         raise DataError(f"cannot read item file {source!r}: {reason[:160]}") from None
     return [{str(k): v for k, v in row.items()} for row in frame.to_dict(orient="records")]
 
@@ -151,7 +151,7 @@ def _cached_split(source: str) -> list[dict[str, Any]]:
     try:
         loaded = datasets.load_dataset(name, config or None, download_mode="reuse_cache_if_exists")
     except Exception as e:
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        reason = first_line(e)
         raise DataError(
             f"cannot read {source} from the local datasets cache ({reason[:120]}): download it first "
             "(datasets.load_dataset with network access) or give a local file"

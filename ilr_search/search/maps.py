@@ -19,14 +19,14 @@ import optuna
 
 from ilr_search.config import TRIAL_FAMILIES
 from ilr_search.errors import UserInputError
-from ilr_search.knobs import KNOB_CHOICES, KnobValue, knob_choices, parse_knob_settings
+from ilr_search.knobs import KNOB_CHOICES, KnobValue, knob_choices
 from ilr_search.training.mergekit import is_config_path, read_passthrough
 from ilr_search.training.schedule import (
     BlockMap,
     Map,
     ReuseMap,
     check_max_reuse,
-    parse_map,
+    parse_keyed_map,
 )
 
 FAMILY_PARAM = "family"  # the trial's family, a parameter only where the study searches both ilr and blocks
@@ -229,12 +229,7 @@ def parse_enqueued(
         if "blocks" not in kinds:
             return EnqueuedMap(entry, block=k)
         entry = BlockMap(0, n_layers - 1, k, n_layers).key
-    map_text, _, knob_text = entry.partition("|")
-    try:
-        chosen = parse_map(map_text, n_layers)
-        knobs = parse_knob_settings(knob_text) if knob_text.strip() else {}
-    except ValueError as e:  # ScheduleError is a UserInputError; knob errors are ValueErrors
-        raise UserInputError(f"{where}: {e}") from None
+    chosen, knobs = parse_keyed_map(entry, n_layers, where)
     check_max_reuse(chosen.counts, max_reuse, where)
     if isinstance(chosen, ReuseMap) and "ilr" not in kinds:
         as_block = one_block(chosen)

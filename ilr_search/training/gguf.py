@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ilr_search.errors import CheckpointError
+from ilr_search.errors import CheckpointError, first_line
 from ilr_search.folders import check_can_create
 
 SUFFIX = ".gguf"
@@ -163,8 +163,9 @@ def file_sha256(file: Path) -> str:
 
 
 def one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    return f"{type(e).__name__}: {text[:160]}" if text else type(e).__name__
+    """The exception's type and the first line of its message."""
+    text = first_line(e, 160)
+    return f"{type(e).__name__}: {text}" if text != type(e).__name__ else text
 
 
 def convert(gguf: GGUFSource, root: Path, source: str) -> None:

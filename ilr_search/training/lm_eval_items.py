@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from ilr_search.errors import UserInputError
+from ilr_search.errors import UserInputError, first_line
 from ilr_search.training.pretrained import CheckpointError, unrolled_hf_model
 
 if TYPE_CHECKING:
@@ -420,8 +420,3 @@ class DropHflmObjectWarnings(logging.Filter):
 def quiet_hflm_logs() -> None:
     """Drop HFLM_OBJECT_WARNINGS from lm-eval's HFLM logger (once per process); its other records pass."""
     logging.getLogger("lm_eval.models.huggingface").addFilter(DropHflmObjectWarnings())
-
-
-def first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0][:200] if text else type(e).__name__

@@ -29,8 +29,8 @@ from typing import Any
 
 from ilr_search.config import ModelConfig
 from ilr_search.errors import UserInputError
-from ilr_search.knobs import KnobValue, config_key, parse_knob_settings
-from ilr_search.training.schedule import BlockMap, Map, map_of_schedule, parse_map
+from ilr_search.knobs import KnobValue, config_key
+from ilr_search.training.schedule import BlockMap, Map, map_of_schedule, parse_keyed_map
 
 CONFIG_SUFFIXES = (".yml", ".yaml")
 METHOD = "passthrough"
@@ -104,12 +104,7 @@ def candidate_key(candidate: str | Path, n_layers: int) -> str:
     text = str(candidate).strip()
     if is_config_path(text):
         return read_passthrough(Path(text), n_layers).key
-    map_text, _, knob_text = text.partition("|")
-    try:
-        chosen = parse_map(map_text, n_layers)
-        knobs = parse_knob_settings(knob_text) if knob_text.strip() else {}
-    except ValueError as e:  # ScheduleError is a UserInputError; knob errors are ValueErrors
-        raise UserInputError(f"candidate {text!r}: {e}") from None
+    chosen, knobs = parse_keyed_map(text, n_layers, f"candidate {text!r}")
     return config_key(chosen.key, knobs)
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ilr_search.config import ModelConfig
-from ilr_search.errors import CheckpointError
+from ilr_search.errors import CheckpointError, first_line
 from ilr_search.training.gguf import GGUFSource, open_gguf
 
 if TYPE_CHECKING:
@@ -149,7 +149,7 @@ def hub_snapshot(source: str) -> Path:
             "pip install 'ilr-search[hf]' or give a local folder"
         ) from None
     except Exception as e:
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        reason = first_line(e)
         raise CheckpointError(
             f"cannot fetch {source}: {type(e).__name__}: {reason[:160]} (offline?); download it "
             "first or give a local folder"
@@ -419,7 +419,7 @@ def hf_config(cfg: ModelConfig, family: str, n_layers: int) -> Any:
             **FAMILY_SETTINGS[family],
         )
     except (TypeError, ValueError) as e:  # transformers' own checks of the config
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        reason = first_line(e)
         raise CheckpointError(f"cannot write a {family} checkpoint of this model: {reason}") from None
 
 
