@@ -900,8 +900,6 @@ def print_blocks(view: BlockView) -> None:
     """`pareto --view blocks`: the answer and its details, then the block grid, a table per repeat count (and knob
     setting): a row per first layer I, a column per last layer J, each block's loss difference to the plain model
     (3 significant figures) and its mark (analysis/blocks.py MARKS), then a line of what the numbers and marks are."""
-    from ilr_search.analysis.blocks import MARKS_LINE
-
     report, grid = view.report, view.grid
     print_answer(report)
     words = grid.settings.words
@@ -928,7 +926,7 @@ def print_blocks(view: BlockView) -> None:
     out.print(
         f"each cell: block:I-J:R's loss minus the plain model's ({grid.baseline}{plain}) in {grid.unit}, below 0 "
         f"better: the race's paired mean over its test {words.plural} where it raced the block, else {where}; "
-        f"{MARKS_LINE}",
+        f"{view.marks}",
         soft_wrap=True,
         markup=False,
         highlight=False,

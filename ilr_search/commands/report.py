@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import optuna
 
-from ilr_search.analysis.blocks import BlockGrid, block_grid, block_place
+from ilr_search.analysis.blocks import MARKS_LINE, BlockGrid, block_grid, block_place
 from ilr_search.analysis.fidelity import mark_ties, noise_band
 from ilr_search.analysis.plots import PlottedTrial, pareto_figure, write_figure_html
 from ilr_search.analysis.race_report import RaceReport
@@ -187,6 +187,11 @@ class BlockView:
 
     report: StudyReport
     grid: BlockGrid
+
+    @property
+    def marks(self) -> str:
+        """What the marks of the grid's cells mean."""
+        return MARKS_LINE
 
     def to_json(self) -> dict[str, Any]:
         return self.report.to_json() | {"blocks": self.grid.to_dict()}
