@@ -18,8 +18,8 @@ from pathlib import Path
 import optuna
 import plotly.graph_objects as go
 import pytest
-
 from conftest import assert_one_line_error, run_cli, write_space
+
 from ilr_search.analysis.answer import Answer
 from ilr_search.analysis.blocks import (
     MARKS,
@@ -125,7 +125,7 @@ def test_the_figure_draws_the_grid_first_with_the_decisions_marked(block_study, 
     assert all(any(f"(R = {r})" in t for t in titles[: len(repeats)]) for r in repeats), titles
     limit = fig.layout.coloraxis.cmax
     assert fig.layout.coloraxis.cmin == -limit and limit == pytest.approx(grid["colour_limit"])
-    for heatmap, r in zip(heatmaps, repeats):
+    for heatmap, r in zip(heatmaps, repeats, strict=True):
         drawn = {(i, j): z for i, row in enumerate(heatmap.z) for j, z in enumerate(row) if z is not None}
         cells = {(c["start"], c["end"]): c for c in grid["cells"] if c["repeats"] == r}
         assert set(drawn) == set(cells)  # no cell for the plain model, none below the diagonal
@@ -141,7 +141,7 @@ def test_the_figure_draws_the_grid_first_with_the_decisions_marked(block_study, 
     decisions = {"claimed": {"better"}, "against": {"cannot win", "dominated", "worse", "diverged"}}
     marked = {}
     for t in marks:
-        for x, y, h in zip(t.x, t.y, t.hovertext):
+        for x, y, h in zip(t.x, t.y, t.hovertext, strict=True):
             marked[re.match(r"<b>([^<]+)</b>", h).group(1)] = t.legendgroup
             assert abs(x - round(x) - 0.3) < 1e-9 and abs(y - round(y) + 0.3) < 1e-9  # in the cell's corner
     for cell in grid["cells"]:
@@ -163,28 +163,31 @@ def test_a_frozen_block_studys_figure_leaves_out_what_means_nothing_frozen(block
                    "fidelity", "0 steps", "0x", "seed"):
         assert absent not in text, absent
     assert "on held-out windows" in text and "window chunk 0" in text
+    legends = " ".join(t.name for t in fig.data if t.name)
+    for word in (r"seed", r"training", r"\b0x\b", r"proxy", r"\b0 steps"):  # test_frozen_words.py's
+        assert not re.search(word, text + legends), word
     assert not any(isinstance(t, go.Bar) for t in fig.data)  # under 10 block trials: no block importances
     hovers = " ".join(h for t in fig.data if isinstance(t, go.Scatter) and t.hovertext for h in t.hovertext)
     assert "map block:" in hovers  # a block's trial names its block, not its counts
 
 
 def test_the_terminal_grid_agrees_with_the_figure(block_study, cli):
-    root, url, _ = block_study
+    root, url, summary = block_study
     grid = json.loads(blocks_view(cli, root, url, "--json").stdout)["blocks"]
     proc = blocks_view(cli, root, url)
     assert proc.returncode == 0, proc.stderr
     text = proc.stdout
-    assert text.startswith("use 2,1,1,1:")  # the answer first
+    assert text.splitlines()[0] == summary["answer"] and text.startswith("use ")  # the answer first
     tables = re.split(r"^R = (\d+): ", text, flags=re.M)[1:]
     assert sorted(int(r) for r in tables[::2]) == sorted({c["repeats"] for c in grid["cells"]})
-    for r, table in zip(tables[::2], tables[1::2]):
+    for r, table in zip(tables[::2], tables[1::2], strict=True):
         rows = [line for line in table.splitlines() if line.startswith("│")]
         header = next(line for line in table.splitlines() if "I \\ J" in line)
         ends = [int(e) for e in re.findall(r"\d+", header)]
         printed = {}
         for line in rows:
             parts = [p.strip() for p in line.strip("│").split("│")]
-            for end, value in zip(ends, parts[1:]):
+            for end, value in zip(ends, parts[1:], strict=True):
                 if value:
                     printed[(int(parts[0]), end)] = value
         cells = {(c["start"], c["end"]): c for c in grid["cells"] if c["repeats"] == int(r)}
@@ -196,6 +199,8 @@ def test_the_terminal_grid_agrees_with_the_figure(block_study, cli):
             assert printed[place] == f"{c['diff']:+.3g}{mark}", (place, printed[place], c)
     assert "below 0 better" in text and "* claimed better" in text and "x decided against" in text
     assert "~ raced, undecided" in text
+    for word in (r"seed", r"training", r"\b0x\b", r"proxy", r"\b0 steps"):  # test_frozen_words.py's
+        assert not re.search(word, text), word
 
 
 def test_a_study_without_blocks_is_one_error_line(cli, tmp_path, recurrent_checkpoint):

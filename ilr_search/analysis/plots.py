@@ -152,6 +152,12 @@ def _hover_text(
     )
 
 
+def _short_map(key: str) -> str:
+    """A map key as a legend names it: itself, or for the all-ones map of a deep model (a long list of ones), `(all
+    ones)`."""
+    return "(all ones)" if len(key) > 20 and is_baseline_key(key) else key
+
+
 def _num(x: Any) -> str:
     return "-" if x is None else f"{x:.4g}"
 
@@ -403,7 +409,7 @@ def _decided_panel(fig: go.Figure, race: RaceReport, row: int, legend: str) -> N
                 x=[at_x[baseline.map_key]],
                 y=[baseline.val_ppl],
                 mode="markers",
-                name=_wrapped(f"baseline {baseline.map_key} (the reference): mean, {pct}% interval"),
+                name=_wrapped(f"baseline {_short_map(baseline.map_key)} (the reference): mean, {pct}% interval"),
                 legend=legend,
                 legendgroup="baseline",
                 error_y=errors([baseline], BASELINE_COLOUR),
@@ -525,12 +531,12 @@ def pareto_figure(
     base_steps = race.settings.base_steps if race is not None else None
     panels: list[Panel] = []
     block_panels = blocks.panels() if blocks is not None else []
-    for i in range(0, len(block_panels), 2):  # two panels a row; a lone one takes the row
+    for i in range(0, len(block_panels), 2):  # two panels a row (the last may be alone); the only one takes the row
         pair = block_panels[i : i + 2]
         panels.append(
             Panel(
                 f"blocks{i // 2}",
-                [{}, {}] if len(pair) == 2 else [{"colspan": 2}, None],
+                [{}, {}] if len(pair) == 2 else [{"colspan": 2}, None] if len(block_panels) == 1 else [{}, None],
                 [block_title(panel, blocks) for panel in pair if blocks is not None],
                 BLOCKS_PX,
             )
@@ -629,9 +635,7 @@ def pareto_figure(
         _decided_panel(fig, race, row_of["decided"], named["decided"])
     x_range = spread_range([cast(float, t.flops_ratio) for t in plotted])
     span = (x_range[1] - x_range[0]) if x_range else 1.0
-    screen = race.settings.words.one(race.settings.seeds[0]) if frozen and race else ""
-    y_title = f"perplexity on {screen}" if screen else "validation perplexity"
-    _proxy_panel(fig, complete, front, noise, x_range, span, row_of["proxy"], named["proxy"], y_title)
+    _proxy_panel(fig, complete, front, noise, x_range, span, row_of["proxy"], named["proxy"], frozen)
     if apart:
         _apart_strip(fig, apart, span, x_range, row_of["apart"], row_of["proxy"], named["proxy"])
     if "layers" in row_of and layer_view:
@@ -803,6 +807,7 @@ def _blocks_panels(fig: go.Figure, grid: BlockGrid, panels: list[BlockPanel], fi
             showgrid=False,
             zeroline=False,
             constrain="domain",
+            constraintoward="left",
             row=row,
             col=col,
             **ticks,
@@ -854,9 +859,10 @@ def _proxy_panel(
     span: float,
     row: int,
     legend: str,
-    y_title: str = "validation perplexity",
+    frozen: bool = False,
 ) -> None:
-    """The complete proxy trials by final perplexity, the proxy's front, the all-ones baseline, the noise band."""
+    """The complete proxy trials by final perplexity, the proxy's front, the all-ones baseline, the noise band (a
+    frozen study's: the trials on the screening chunk, their front)."""
     at_x: dict[int | None, float] = dict(  # trial -> x; a front point without a trial keeps its ratio
         zip(
             (t.trial for t in complete),
@@ -886,7 +892,7 @@ def _proxy_panel(
                 y=[p.val_ppl for p in front],
                 mode="lines+markers",
                 line_shape="hv",
-                name="proxy Pareto front",
+                name="Pareto front of the screen" if frozen else "proxy Pareto front",
                 legend=legend,
                 line=dict(color="black", width=1.5),
                 marker=dict(size=12, color="rgba(0,0,0,0)", line=dict(width=2, color="black")),
@@ -943,7 +949,7 @@ def _proxy_panel(
             col=1,
         )
     fig.update_xaxes(title_text="FLOP ratio (forward compute / all-ones map)", range=x_range, row=row, col=1)
-    ppl_axis(fig, y_values, y_title, row)
+    ppl_axis(fig, y_values, "perplexity on the screening chunk" if frozen else "validation perplexity", row)
 
 
 def _layers_panel(fig: go.Figure, layer_view: LayerView, row: int, legend: str) -> None:
