@@ -9,7 +9,12 @@ one that has), and every colour is a CSS colour."""
 
 from __future__ import annotations
 
+import base64
+import gzip
+import html
+import json
 import math
+import re
 import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -20,7 +25,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ilr_search.analysis.answer import Answer
+from ilr_search.analysis.blocks import BlockCell, BlockGrid, BlockPanel
 from ilr_search.analysis.fidelity import AuditReport, Fidelity, NoiseBand
+from ilr_search.analysis.map_key import map_text
 from ilr_search.analysis.race_report import RaceReport
 from ilr_search.analysis.results import (
     FrontRow,
@@ -80,6 +87,7 @@ class PlottedTrial:
     reason: str | None = None
     reused_from: int | None = None
     curve: tuple[tuple[int, float], ...] = ()
+    map: str | None = None  # the map as its key writes it (a block map's block:I-J:R), where the trial has a key
 
     @classmethod
     def of(cls, record: TrialRecord, curve: Mapping[int, float]) -> PlottedTrial:
@@ -97,6 +105,7 @@ class PlottedTrial:
             record.reason,
             record.reused_from,
             tuple(sorted(curve.items())) if not record.is_reuse else (),
+            map_text(record.map_key) if record.map_key else None,
         )
 
 
@@ -116,6 +125,7 @@ def _hover(rows: list[PlottedTrial]) -> list[str]:
                 r.plot_ppl,
                 r.val_bpb,
                 extra,
+                r.map,
             )
         )
     return text
@@ -130,13 +140,22 @@ def _hover_text(
     ppl: float | None,
     bpb: float | None,
     extra: str = "",
+    map_name: str | None = None,
 ) -> str:
-    """A trial's (or a front point's) hover text: its trial, state, map, knobs, FLOPs, perplexity and bpb."""
+    """A trial's (or a front point's) hover text: its trial, state, map (`map_name`, as its key writes it, where
+    given; else its counts), knobs, FLOPs, perplexity and bpb."""
     knobs_line = f"<br>knobs {knobs}" if knobs else ""
+    shown = map_name or ",".join(map(str, reuse_map or []))
     return (
-        f"trial {trial} ({state.lower()})<br>map {','.join(map(str, reuse_map or []))}{knobs_line}"
+        f"trial {trial} ({state.lower()})<br>map {shown}{knobs_line}"
         f"<br>FLOP ratio {flops_ratio:.3f}<br>ppl {_num(ppl)}<br>bpb {_num(bpb)}" + extra
     )
+
+
+def _short_map(key: str) -> str:
+    """A map key as a legend names it: itself, or for the all-ones map of a deep model (a long list of ones), `(all
+    ones)`."""
+    return "(all ones)" if len(key) > 20 and is_baseline_key(key) else key
 
 
 def _num(x: Any) -> str:
@@ -146,6 +165,26 @@ def _num(x: Any) -> str:
 def _wrapped(text: str, width: int = LEGEND_CHARS) -> str:
     """Text broken into lines of at most `width` characters (plotly does not wrap: <br> does)."""
     return "<br>".join(textwrap.wrap(text, width, break_long_words=False)) or text
+
+
+LOG_SPAN = 10.0  # a perplexity axis whose largest value is more than this many times its smallest is logarithmic
+
+
+def log_axis(values: Sequence[float | None]) -> bool:
+    """Whether perplexities `values` span decades (max / min > LOG_SPAN): a linear axis would flatten all but the
+    largest to its floor."""
+    finite = [v for v in values if v is not None and math.isfinite(v) and v > 0]
+    return bool(finite) and max(finite) / min(finite) > LOG_SPAN
+
+
+def ppl_axis(fig: go.Figure, values: Sequence[float | None], title: str, row: int) -> None:
+    """Row `row`'s perplexity axis, fitted to `values`: logarithmic where they span decades (log_axis), else
+    linear."""
+    if log_axis(values):
+        logs = [math.log10(v) for v in values if v is not None and math.isfinite(v) and v > 0]
+        fig.update_yaxes(type="log", title_text=f"{title} (log scale)", range=fitted_range(logs), row=row, col=1)
+    else:
+        fig.update_yaxes(title_text=title, range=fitted_range(list(values)), tickformat=".4g", row=row, col=1)
 
 
 def spread_x(points: list[tuple[float, float]], span: float, step_share: float = 0.012) -> list[float]:
@@ -162,12 +201,12 @@ def spread_x(points: list[tuple[float, float]], span: float, step_share: float =
     return spread
 
 
-def fitted_range(values: list[float], pad: float = 0.08) -> list[float] | None:
+def fitted_range(values: Sequence[float | None], pad: float = 0.08) -> list[float] | None:
     """An axis range around `values` with `pad` of their span (or of their size, for one value) either side."""
-    values = [v for v in values if v is not None and math.isfinite(v)]
-    if not values:
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if not finite:
         return None
-    lo, hi = min(values), max(values)
+    lo, hi = min(finite), max(finite)
     margin = (hi - lo) * pad or abs(hi) * 0.02 or 1.0
     return [lo - margin, hi + margin]
 
@@ -282,11 +321,13 @@ RACED_STYLE: dict[str, tuple[str, dict[str, Any]]] = {  # kind -> legend entry a
 }
 
 
-def _decided_panel(fig: go.Figure, race: RaceReport, legend: str) -> None:
-    """Row 1: the raced maps at the decided length against their FLOP ratio, with error bars from the race's
+def _decided_panel(fig: go.Figure, race: RaceReport, row: int, legend: str) -> None:
+    """Row `row`: the raced maps at the decided length against their FLOP ratio, with error bars from the race's
     intervals; the decided front as a step line; the baseline as the reference (its star, a dashed line at its
-    mean and a band over its interval across the panel); the equal-compute plain model. One y-axis."""
+    mean and a band over its interval across the panel); the equal-compute plain model. One y-axis, logarithmic
+    where the perplexities span decades (log_axis)."""
     points = raced_points(race)
+    words = race.settings.words
     pct = round(race.settings.confidence * 100)
     x_range = spread_range([p.flops_ratio for p in points], pad=0.08)
     span = (x_range[1] - x_range[0]) if x_range else 1.0
@@ -295,10 +336,11 @@ def _decided_panel(fig: go.Figure, race: RaceReport, legend: str) -> None:
     )
 
     def hover(p: RacedPoint) -> str:
-        iv = f" [{p.interval[0]:.4g}, {p.interval[1]:.4g}]" if p.interval else " (one seed: no interval)"
+        iv = f" [{p.interval[0]:.4g}, {p.interval[1]:.4g}]" if p.interval else f" (one {words.unit}: no interval)"
         trial = f" (trial {p.trial})" if p.trial is not None else ""
+        where = "" if words.frozen else f"{p.steps} steps, "
         return (
-            f"map {p.map_key}{trial}<br>FLOP ratio {p.flops_ratio:.3f}<br>{p.steps} steps, seeds "
+            f"map {p.map_key}{trial}<br>FLOP ratio {p.flops_ratio:.3f}<br>{where}{words.plural} "
             f"{','.join(map(str, p.seeds))}<br>ppl {p.val_ppl:.4g}{iv}"
         )
 
@@ -330,7 +372,7 @@ def _decided_panel(fig: go.Figure, race: RaceReport, legend: str) -> None:
                 legend=legend,
                 hoverinfo="skip",
             ),
-            row=1,
+            row=row,
             col=1,
         )
     baseline = next((p for p in points if p.kind == "baseline"), None)
@@ -348,7 +390,7 @@ def _decided_panel(fig: go.Figure, race: RaceReport, legend: str) -> None:
                 line=dict(width=0, color=BAND_COLOUR),
                 **band_and_line,
             ),
-            row=1,
+            row=row,
             col=1,
         )
         fig.add_trace(
@@ -359,7 +401,7 @@ def _decided_panel(fig: go.Figure, race: RaceReport, legend: str) -> None:
                 line=dict(color=BASELINE_COLOUR, width=1.5, dash="dash"),
                 **band_and_line,
             ),
-            row=1,
+            row=row,
             col=1,
         )
         fig.add_trace(
@@ -367,7 +409,7 @@ def _decided_panel(fig: go.Figure, race: RaceReport, legend: str) -> None:
                 x=[at_x[baseline.map_key]],
                 y=[baseline.val_ppl],
                 mode="markers",
-                name=_wrapped(f"baseline {baseline.map_key} (the reference): mean, {pct}% interval"),
+                name=_wrapped(f"baseline {_short_map(baseline.map_key)} (the reference): mean, {pct}% interval"),
                 legend=legend,
                 legendgroup="baseline",
                 error_y=errors([baseline], BASELINE_COLOUR),
@@ -375,11 +417,13 @@ def _decided_panel(fig: go.Figure, race: RaceReport, legend: str) -> None:
                 hovertext=[hover(baseline)],
                 hoverinfo="text",
             ),
-            row=1,
+            row=row,
             col=1,
         )
     for kind, (name, marker) in RACED_STYLE.items():
         group = [p for p in points if p.kind == kind]
+        if kind == "screened" and words.frozen:
+            name = f"screened on one {words.unit} (no interval)"
         if group:
             fig.add_trace(
                 go.Scatter(
@@ -393,7 +437,7 @@ def _decided_panel(fig: go.Figure, race: RaceReport, legend: str) -> None:
                     hovertext=[hover(p) for p in group],
                     hoverinfo="text",
                 ),
-                row=1,
+                row=row,
                 col=1,
             )
     equal = race.equal_compute
@@ -414,14 +458,12 @@ def _decided_panel(fig: go.Figure, race: RaceReport, legend: str) -> None:
                 hovertext=[hover(deep)],
                 hoverinfo="text",
             ),
-            row=1,
+            row=row,
             col=1,
         )
     ys = [v for p in points for v in (p.val_ppl, *(p.interval or ()))]
-    fig.update_xaxes(title_text="FLOP ratio (forward compute / all-ones map)", range=x_range, row=1, col=1)
-    fig.update_yaxes(
-        title_text=f"perplexity at {decided_steps(race)} steps", range=fitted_range(ys), tickformat=".4g", row=1, col=1
-    )
+    fig.update_xaxes(title_text="FLOP ratio (forward compute / all-ones map)", range=x_range, row=row, col=1)
+    ppl_axis(fig, ys, f"perplexity {words.at(decided_steps(race))}", row)
 
 
 def verdict_title(study: str, answer: Answer | None, verdict: str = "") -> str:
@@ -463,43 +505,62 @@ def pareto_figure(
     fidelity: Fidelity | None = None,
     race: RaceReport | None = None,
     answer: Answer | None = None,
+    blocks: BlockGrid | None = None,
 ) -> go.Figure:
     """The study's figure, titled with the study's answer and the race's verdict (`race`: the study's race,
-    None where it has none). On top, where the study was raced, the raced maps at the decided length (_decided_panel);
-    then the proxy trials: complete ones by final perplexity against FLOP ratio (points at one ratio spread side
-    by side, hover for the map), the proxy's front as a step line, the all-ones baseline and its seed-to-seed
-    noise band, and pruned and failed trials in a strip below at their pruning step (their perplexity there is no
-    final one: it stays off the perplexity axis, which fits the complete trials); the layer view of the decided
-    front (`layer_view`), the proxies' learning curves, and a fidelity panel (rung agreement, proxy vs audit,
-    the verdict)."""
+    None where it has none). On top, for a study that searches block maps (`blocks`: its grid), the (start, end)
+    grid of the blocks, a panel per repeat count (_blocks_panels); then, where the study was raced, the raced maps at
+    the decided length (_decided_panel); then the proxy trials: complete ones by final perplexity against FLOP ratio
+    (points at one ratio spread side by side, hover for the map), the proxy's front as a step line, the all-ones
+    baseline and its seed-to-seed noise band, and pruned and failed trials in a strip below at their pruning step
+    (their perplexity there is no final one: it stays off the perplexity axis, which fits the complete trials); the
+    layer view of the decided front (`layer_view`: its reuse counts, where it has maps, and the importances), the
+    proxies' learning curves, and a fidelity panel (rung agreement, proxy vs audit, the verdict). A frozen study
+    (its maps evaluated on pretrained weights, no step trained) has no learning curves and no fidelity panel: both
+    are about training."""
+    frozen = race is not None and race.settings.frozen
+    if frozen:
+        fidelity = None
     audit = fidelity.audits[-1] if fidelity is not None and fidelity.audits else None
     raced = is_raced(race)
     plotted = [t for t in trials if t.flops_ratio is not None]
     complete = [t for t in plotted if t.state == "COMPLETE" and t.plot_ppl is not None]
     apart = [t for t in plotted if t not in complete]  # pruned, failed (diverged), or with no perplexity
-    curved = [t for t in plotted if t.curve]
+    curved = [t for t in plotted if t.curve] if not frozen else []
     decided = list(race.front) if raced and race else front
     base_steps = race.settings.base_steps if race is not None else None
-    at = f" at {base_steps} steps" if base_steps else ""
     panels: list[Panel] = []
+    block_panels = blocks.panels() if blocks is not None else []
+    for i in range(0, len(block_panels), 2):  # two panels a row (the last may be alone); the only one takes the row
+        pair = block_panels[i : i + 2]
+        panels.append(
+            Panel(
+                f"blocks{i // 2}",
+                [{}, {}] if len(pair) == 2 else [{"colspan": 2}, None] if len(block_panels) == 1 else [{}, None],
+                [block_title(panel, blocks) for panel in pair if blocks is not None],
+                BLOCKS_PX,
+            )
+        )
     if raced and race:
         pct = round(race.settings.confidence * 100)
+        steps = decided_steps(race)
         panels.append(
             Panel(
                 "decided",
                 [{"colspan": 2}, None],
-                [f"raced maps at {decided_steps(race)} steps: mean perplexity over seeds, {pct}% intervals"],
+                [
+                    f"raced maps {race.settings.words.at(steps)}: mean perplexity over "
+                    f"{race.settings.words.plural}, {pct}% intervals"
+                ],
                 TOP_PX,
             )
         )
-    panels.append(
-        Panel(
-            "proxy",
-            [{"colspan": 2}, None],
-            [f"proxy trials{at} (one seed each): perplexity vs compute"],
-            PROXY_PX if raced else TOP_PX,
-        )
-    )
+    if frozen and race is not None:
+        proxy_title = f"trials on {race.settings.words.one(race.settings.seeds[0])} (the screen): perplexity vs compute"
+    else:
+        at = f" at {base_steps} steps" if base_steps else ""
+        proxy_title = f"proxy trials{at} (one seed each): perplexity vs compute"
+    panels.append(Panel("proxy", [{"colspan": 2}, None], [proxy_title], PROXY_PX if raced or blocks else TOP_PX))
     if apart:
         panels.append(
             Panel(
@@ -509,7 +570,7 @@ def pareto_figure(
                 30 + STRIP_ROW_PX * len({_apart_label(t) for t in apart}),
             )
         )
-    if layer_view:
+    if layer_view and layer_view.front_maps:
         where = f"front's reuse counts, {decided_steps(race)} steps" if raced and race else "front's reuse counts"
         panels.append(
             Panel(
@@ -518,6 +579,10 @@ def pareto_figure(
                 [where, "layer importance (proxy trials)"],
                 max(200, 70 + 30 * len(layer_view.front_maps)),
             )
+        )
+    elif layer_view and layer_view.importance:  # a block study's: the importance of each block parameter alone
+        panels.append(
+            Panel("layers", [{"colspan": 2}, None], ["importance for perplexity (PED-ANOVA over the trials)"], 240)
         )
     if curved:
         panels.append(
@@ -542,8 +607,13 @@ def pareto_figure(
         )
     legends = iter(["legend", "legend2", "legend3", "legend4", "legend5", "legend6"])
     named: dict[str, str] = {}
-    for i, panel in enumerate(panels):  # the strip shares the proxy panel's legend
-        legend = named["proxy"] if panel.kind == "apart" else next(legends)
+    for i, panel in enumerate(panels):  # the strip shares the proxy panel's legend, the block rows the first's
+        if panel.kind == "apart":
+            legend = named["proxy"]
+        elif panel.kind.startswith("blocks") and panel.kind != "blocks0":
+            legend = named["blocks0"]
+        else:
+            legend = next(legends)
         named[panel.kind] = legend
         panels[i] = Panel(panel.kind, panel.spec, panel.titles, panel.px, legend)
     rows = len(panels)
@@ -554,19 +624,21 @@ def pareto_figure(
         specs=[p.spec for p in panels],
         row_heights=[p.px / sum(q.px for q in panels) for p in panels],
         vertical_spacing=GAP_PX / plot_px,
-        horizontal_spacing=0.14,
+        horizontal_spacing=0.14 if not blocks else 0.08,
         subplot_titles=[t for p in panels for t in p.titles],
     )
     fig.update_annotations(font_size=13)  # the panels' titles
     row_of = {p.kind: i + 1 for i, p in enumerate(panels)}
+    if blocks is not None and block_panels:
+        _blocks_panels(fig, blocks, block_panels, row_of["blocks0"], named["blocks0"])
     if raced and race:
-        _decided_panel(fig, race, named["decided"])
+        _decided_panel(fig, race, row_of["decided"], named["decided"])
     x_range = spread_range([cast(float, t.flops_ratio) for t in plotted])
     span = (x_range[1] - x_range[0]) if x_range else 1.0
-    _proxy_panel(fig, complete, front, noise, x_range, span, row_of["proxy"], named["proxy"])
+    _proxy_panel(fig, complete, front, noise, x_range, span, row_of["proxy"], named["proxy"], frozen)
     if apart:
         _apart_strip(fig, apart, span, x_range, row_of["apart"], row_of["proxy"], named["proxy"])
-    if layer_view:
+    if "layers" in row_of and layer_view:
         _layers_panel(fig, layer_view, row_of["layers"], named["layers"])
     if curved:
         _curves_panel(fig, curved, {p.trial for p in decided if p.trial is not None}, row_of["curves"], named["curves"])
@@ -576,24 +648,26 @@ def pareto_figure(
         bottom = 90 + LINE_PX * lines
     title = verdict_title(study, answer, race.verdict if race is not None else "")
     top = 34 + LINE_PX * (title.count("<br>") + 1) + 46
-    for panel in panels:  # each legend at the right of its panel, from its top down
-        if panel.kind != "apart":
-            domain = fig.get_subplot(row_of[panel.kind], 1).yaxis.domain
-            fig.update_layout(
-                {
-                    panel.legend: dict(
-                        x=1.02,
-                        xanchor="left",
-                        y=domain[1],
-                        yanchor="top",
-                        xref="paper",
-                        yref="paper",
-                        font=dict(size=11),
-                        tracegroupgap=2,
-                        bgcolor="rgba(255,255,255,0.9)",
-                    )
-                }
-            )
+    for panel in panels:  # each legend at the right of its panel, from its top down (the blocks': under the scale)
+        if panel.kind == "apart" or (panel.kind.startswith("blocks") and panel.kind != "blocks0"):
+            continue
+        domain = fig.get_subplot(row_of[panel.kind], 1).yaxis.domain
+        at_top = panel.kind != "blocks0"
+        fig.update_layout(
+            {
+                panel.legend: dict(
+                    x=1.02,
+                    xanchor="left",
+                    y=domain[1] if at_top else domain[0],
+                    yanchor="top" if at_top else "bottom",
+                    xref="paper",
+                    yref="paper",
+                    font=dict(size=11),
+                    tracegroupgap=2,
+                    bgcolor="rgba(255,255,255,0.9)",
+                )
+            }
+        )
     fig.update_layout(
         template="plotly_white",
         autosize=True,
@@ -614,6 +688,168 @@ def pareto_figure(
     return fig
 
 
+# ----------------------------------------------------------------------------------------------------
+# The block grid: a panel per repeat count, start layer down, end layer across.
+
+BLOCKS_PX = 470  # a row of block panels
+# ColorBrewer's RdBu, blue (a lower loss than the plain model's) through near-white (level) to red (a higher one)
+DIVERGING = ["#2166ac", "#4393c3", "#92c5de", "#d1e5f0", "#f7f7f7", "#fddbc7", "#f4a582", "#d6604d", "#b2182b"]
+MARK_STYLE: dict[str, tuple[str, dict[str, Any]]] = {  # a cell's decision -> legend entry and marker
+    "claimed": (
+        "claimed better than the plain model (paired test)",
+        dict(symbol="star", color="#111111", line=dict(width=1, color="white")),
+    ),
+    "against": (
+        "decided against: cannot win, dominated, worse or diverged",
+        dict(symbol="x", color="#111111", line=dict(width=1, color="white")),
+    ),
+    "undecided": (
+        "raced, undecided (open, or its chunks spent)",
+        dict(symbol="circle-open", color="#111111", line=dict(width=2, color="#111111")),
+    ),
+}
+CELL_TEXT_LAYERS = 12  # grids of up to this many layers print each cell's difference in it
+
+
+def block_title(panel: BlockPanel, grid: BlockGrid) -> str:
+    """A block panel's title: its repeat count (and knobs) and what its colour is."""
+    runs = {2: "twice"}.get(panel.repeats, f"{panel.repeats} times")
+    knobs = f", {panel.knobs}" if panel.knobs else ""
+    what = "held-out loss" if grid.settings.frozen else "loss"
+    return f"blocks run {runs} (R = {panel.repeats}{knobs}): {what} minus the plain model's"
+
+
+def block_hover(cell: BlockCell, grid: BlockGrid) -> str:
+    """A cell's hover text: its block, FLOPs, the difference (and as perplexity at the plain model's), the race's
+    interval, status and chunks where it was raced, else the chunk it was screened on."""
+    words, unit = grid.settings.words, grid.unit
+    layers = f"layer {cell.start}" if cell.start == cell.end else f"layers {cell.start} to {cell.end}"
+    lines = [f"<b>{cell.map_key}</b> ({layers} run {cell.repeats} times)", f"FLOP ratio {cell.flops_ratio:.3f}"]
+    if cell.diff is None:
+        lines.append("no loss: it diverged")
+    else:
+        ppl = grid.ppl_diff(cell.diff)
+        at = f" (ppl {ppl:+.3g} at the plain model's {grid.plain_ppl:.4g})" if ppl is not None else ""
+        lines.append(f"loss minus the plain model's: {cell.diff:+.4g} {unit}{at}")
+    if cell.interval is not None:
+        pct = round(grid.settings.confidence * 100)
+        lines.append(f"{pct}% interval {cell.interval[0]:+.4g} to {cell.interval[1]:+.4g} {unit}")
+    if cell.source == "raced":
+        paired = f", {cell.units} {words.paired}s paired" if cell.units else ""
+        lines.append(f"{cell.status}: raced on {words.count(len(cell.chunks), test=True)}{paired}")
+    else:
+        lines.append(f"{cell.status}: {words.one(cell.chunks[0])} only (the screen)")
+    return "<br>".join(lines)
+
+
+def _blocks_panels(fig: go.Figure, grid: BlockGrid, panels: list[BlockPanel], first_row: int, legend: str) -> None:
+    """The block grid's panels, two a row from `first_row`: each block's cell coloured by its difference to the plain
+    model on one diverging scale centred on 0 (shared by the panels; clipped at BlockGrid.colour_limit, so that a
+    catastrophe saturates: the hover has the true value), with the race's decision marked in the cell's corner."""
+    n = grid.n_layers
+    limit = grid.colour_limit()
+    clipped = any(c.diff is not None and abs(c.diff) > limit for c in grid.cells)
+    marker_size = max(6, min(12, round(240 / n)))
+    shown: set[str] = set()
+    for k, panel in enumerate(panels):
+        row, col = first_row + k // 2, k % 2 + 1
+        z: list[list[float | None]] = [[None] * n for _ in range(n)]
+        hover = [[""] * n for _ in range(n)]
+        text = [[""] * n for _ in range(n)]
+        for c in panel.cells:
+            z[c.start][c.end] = c.diff
+            hover[c.start][c.end] = block_hover(c, grid)
+            text[c.start][c.end] = f"{c.diff:+.2g}" if c.diff is not None else "diverged"
+        small = n <= CELL_TEXT_LAYERS
+        fig.add_trace(
+            go.Heatmap(
+                z=z,
+                x=list(range(n)),
+                y=list(range(n)),
+                coloraxis="coloraxis",
+                hovertext=hover,
+                hoverinfo="text",
+                hoverongaps=False,
+                xgap=1,
+                ygap=1,
+                showlegend=False,
+                **(dict(text=text, texttemplate="%{text}", textfont=dict(size=11)) if small else {}),
+            ),
+            row=row,
+            col=col,
+        )
+        for decision, (name, style) in MARK_STYLE.items():
+            cells = [c for c in panel.cells if c.decision == decision]
+            if not cells:
+                continue
+            fig.add_trace(
+                go.Scatter(  # in the cell's top right corner, clear of its number
+                    x=[c.end + 0.3 for c in cells],
+                    y=[c.start - 0.3 for c in cells],
+                    mode="markers",
+                    name=_wrapped(name),
+                    legend=legend,
+                    legendgroup=decision,
+                    showlegend=decision not in shown,
+                    marker=dict(size=marker_size, **style),
+                    hovertext=[block_hover(c, grid) for c in cells],
+                    hoverinfo="text",
+                ),
+                row=row,
+                col=col,
+            )
+            shown.add(decision)
+        ticks = dict(dtick=1) if n <= 16 else dict(dtick=2 if n <= 32 else 4)
+        axis = fig.get_subplot(row, col)
+        fig.update_xaxes(
+            title_text="J: the block's last layer",
+            range=[-0.5, n - 0.5],
+            showgrid=False,
+            zeroline=False,
+            constrain="domain",
+            constraintoward="left",
+            row=row,
+            col=col,
+            **ticks,
+        )
+        fig.update_yaxes(
+            title_text="I: its first layer",
+            range=[n - 0.5, -0.5],  # layer 0 at the top: the blocks lie above the diagonal
+            showgrid=False,
+            zeroline=False,
+            scaleanchor=axis.xaxis.plotly_name.replace("axis", ""),
+            constrain="domain",
+            row=row,
+            col=col,
+            **ticks,
+        )
+    top = fig.get_subplot(first_row, 1).yaxis.domain[1]
+    scale = [-limit, -limit / 2, 0.0, limit / 2, limit]
+    labels = [f"{v:+.2g}" if v else "0" for v in scale]
+    if clipped:  # the ends stand for everything beyond them
+        labels[0], labels[-1] = f"≤ {scale[0]:+.2g}", f"≥ {scale[-1]:+.2g}"
+    fig.update_layout(
+        coloraxis=dict(
+            colorscale=[[i / (len(DIVERGING) - 1), c] for i, c in enumerate(DIVERGING)],
+            cmin=-limit,
+            cmax=limit,
+            colorbar=dict(
+                title=dict(text=f"block minus<br>plain model<br>({grid.unit})<br> ", side="top", font=dict(size=11)),
+                x=1.02,
+                xanchor="left",
+                y=top,
+                yanchor="top",
+                len=BLOCKS_PX * 0.5,
+                lenmode="pixels",
+                thickness=14,
+                tickvals=scale,
+                ticktext=labels,
+                tickfont=dict(size=10),
+            ),
+        )
+    )
+
+
 def _proxy_panel(
     fig: go.Figure,
     complete: list[PlottedTrial],
@@ -623,8 +859,10 @@ def _proxy_panel(
     span: float,
     row: int,
     legend: str,
+    frozen: bool = False,
 ) -> None:
-    """The complete proxy trials by final perplexity, the proxy's front, the all-ones baseline, the noise band."""
+    """The complete proxy trials by final perplexity, the proxy's front, the all-ones baseline, the noise band (a
+    frozen study's: the trials on the screening chunk, their front)."""
     at_x: dict[int | None, float] = dict(  # trial -> x; a front point without a trial keeps its ratio
         zip(
             (t.trial for t in complete),
@@ -654,12 +892,22 @@ def _proxy_panel(
                 y=[p.val_ppl for p in front],
                 mode="lines+markers",
                 line_shape="hv",
-                name="proxy Pareto front",
+                name="Pareto front of the screen" if frozen else "proxy Pareto front",
                 legend=legend,
                 line=dict(color="black", width=1.5),
                 marker=dict(size=12, color="rgba(0,0,0,0)", line=dict(width=2, color="black")),
                 hovertext=[
-                    _hover_text(p.trial, "COMPLETE", p.reuse_map, p.knobs, p.flops_ratio, p.val_ppl, p.val_bpb)
+                    _hover_text(
+                        p.trial,
+                        "COMPLETE",
+                        p.reuse_map,
+                        p.knobs,
+                        p.flops_ratio,
+                        p.val_ppl,
+                        p.val_bpb,
+                        "",
+                        p.map or None,
+                    )
                     for p in front
                 ],
                 hoverinfo="text",
@@ -701,12 +949,26 @@ def _proxy_panel(
             col=1,
         )
     fig.update_xaxes(title_text="FLOP ratio (forward compute / all-ones map)", range=x_range, row=row, col=1)
-    fig.update_yaxes(title_text="validation perplexity", range=fitted_range(y_values), tickformat=".4g", row=row, col=1)
+    ppl_axis(fig, y_values, "perplexity on the screening chunk" if frozen else "validation perplexity", row)
 
 
 def _layers_panel(fig: go.Figure, layer_view: LayerView, row: int, legend: str) -> None:
-    """The reuse counts of the decided front's maps (a heatmap, one row a map) and each layer's importance."""
+    """The reuse counts of the decided front's maps (a heatmap, one row a map) and each layer's importance; a view
+    without maps (a block study's) has its importances alone, across the row."""
     maps = layer_view.front_maps
+    if not maps:
+        fig.add_trace(
+            go.Bar(
+                x=list(layer_view.importance),
+                y=list(layer_view.importance.values()),
+                name="importance (PED-ANOVA)",
+                legend=legend,
+                marker_color="#2ca02c",
+            ),
+            row=row,
+            col=1,
+        )
+        return
     counts = [list(m.reuse_map or ()) for m in maps]
 
     def label(m: FrontRow) -> str:
@@ -980,13 +1242,76 @@ def _fidelity_panel(fig: go.Figure, fidelity: Fidelity, audit: AuditReport | Non
     return len(lines)
 
 
-def write_figure_html(fig: go.Figure, path: str | Path, static: bool = False) -> None:
-    """The figure as one self-contained page (plotly.js embedded, nothing fetched) at the page's width.
-    `static`: for a screenshot, without plotly's toolbar (the mode bar)."""
+# plotly.js's cartesian bundle (scatter, bar and heatmap traces: all the figure draws), as the npm registry's
+# plotly.js-cartesian-dist-min ships it, gzipped; its LICENSE beside it. A page embeds it where plotly.py draws for
+# the same plotly.js version, else the full bundle plotly.py ships (gzipped as the page is written).
+PLOTLY_BUNDLE = Path(__file__).with_name("plotlyjs") / "plotly-cartesian.min.js.gz"
+PLOTLY_BUNDLE_VERSION = "4.1.1"
+PLOTLY_BUNDLE_SHA256 = "79542150855a52c567260e3137095dbe2b744e6d702a5cabe67da246942fba7a"  # of the .js unzipped
+
+# The page: the figure's JSON, plotly.js gzipped in base64, and a script that unzips it with the browser's own
+# DecompressionStream (nothing is fetched) and draws the figure at the page's width.
+PAGE = """<!DOCTYPE html>
+<html>
+<head><meta charset="utf-8"><title>{title}</title></head>
+<body style="margin:0">
+<div id="figure" style="width:100%;height:{height}px"><noscript>the figure needs JavaScript</noscript></div>
+<script type="application/json" id="figure-json">{figure}</script>
+<script type="text/plain" id="plotly-js-gzip-base64">{plotly}</script>
+<script>
+(async function () {{
+  var box = document.getElementById("figure");
+  try {{
+    var packed = atob(document.getElementById("plotly-js-gzip-base64").textContent.trim());
+    var bytes = new Uint8Array(packed.length);
+    for (var i = 0; i < packed.length; i++) bytes[i] = packed.charCodeAt(i);
+    var unzipped = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"));
+    var library = document.createElement("script");
+    library.text = await new Response(unzipped).text();
+    document.head.appendChild(library);
+    var figure = JSON.parse(document.getElementById("figure-json").textContent);
+    Plotly.newPlot(box, figure.data, figure.layout, {config});
+  }} catch (e) {{
+    box.textContent = "this page draws its figure with plotly.js, embedded gzipped: it needs a browser with " +
+      "DecompressionStream (Chrome 80, Firefox 113, Safari 16.4 or later) (" + e + ")";
+  }}
+}})();
+</script>
+</body>
+</html>
+"""
+
+
+def plotly_gzip() -> bytes:
+    """plotly.js, gzipped: the cartesian bundle beside this module where plotly.py draws for its version, else the
+    full bundle plotly.py ships."""
+    from plotly.offline import get_plotlyjs, get_plotlyjs_version
+
+    if get_plotlyjs_version() == PLOTLY_BUNDLE_VERSION and PLOTLY_BUNDLE.exists():
+        return PLOTLY_BUNDLE.read_bytes()
+    return gzip.compress(get_plotlyjs().encode("utf-8"), 9, mtime=0)
+
+
+def figure_page(fig: go.Figure, static: bool = False) -> str:
+    """The figure as one self-contained HTML page (PAGE: plotly.js embedded once, gzipped; nothing fetched) at the
+    page's width. `static`: for a screenshot, without plotly's toolbar (the mode bar)."""
+    import plotly.io as pio
+
     config: dict[str, Any] = {"responsive": True} | ({"displayModeBar": False} if static else {})
-    fig.write_html(
-        path, include_plotlyjs=True, full_html=True, include_mathjax=False, default_width="100%", config=config
+    figure = pio.to_json(fig, validate=False).replace("</", "<\\/")  # no "</script>" inside the script
+    title = html.escape(re.sub(r"<[^>]+>", " ", str(fig.layout.title.text or "figure")).split("  ")[0].strip())
+    return PAGE.format(
+        title=title,
+        height=int(fig.layout.height or 600),
+        figure=figure,
+        plotly=base64.b64encode(plotly_gzip()).decode("ascii"),
+        config=json.dumps(config),
     )
+
+
+def write_figure_html(fig: go.Figure, path: str | Path, static: bool = False) -> None:
+    """Write figure_page(fig, static) to `path`."""
+    Path(path).write_text(figure_page(fig, static), encoding="utf-8")
 
 
 def plot_ppl(val_ppl: float | None, curve: Mapping[int, float] | None) -> float | None:

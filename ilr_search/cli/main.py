@@ -867,15 +867,22 @@ def pareto(
         Path | None, typer.Option(help="Write .html (interactive, offline), .png/.svg (kaleido), .csv or .json.")
     ] = None,
     view: Annotated[
-        str, typer.Option(help="front, or layers: which layers the front's maps recur and their importance.")
+        str,
+        typer.Option(
+            help="front; layers: which layers the front's maps recur and their importance; or blocks: a block "
+            "search's (start, end) grid of loss differences to the plain model, one grid per repeat count."
+        ),
     ] = "front",
     json_out: Json = False,
 ) -> None:
     """The Pareto front of perplexity vs compute: a table, and a figure or table file with --out."""
-    from ilr_search.commands.report import pareto_report
+    from ilr_search.commands.report import pareto_blocks, pareto_report
 
-    if view not in ("front", "layers"):
-        fail(f"unknown --view {view!r}; use front or layers")
+    if view not in ("front", "layers", "blocks"):
+        fail(f"unknown --view {view!r}; use front, layers or blocks")
+    if view == "blocks":
+        emit(pareto_blocks(study_or_default(study, storage), storage, out), json_out, ui.print_blocks)
+        return
     emit(pareto_report(study_or_default(study, storage), storage, out, view), json_out, ui.print_pareto)
 
 

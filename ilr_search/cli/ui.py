@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from ilr_search.commands.dryrun import DryRunReport
     from ilr_search.commands.export import ExportedModel
     from ilr_search.commands.recipe import TrainReport
-    from ilr_search.commands.report import ExportedTable
+    from ilr_search.commands.report import BlockView, ExportedTable
     from ilr_search.commands.studies import Fidelity, FrontRow, StudyListing, StudyReport
 
 
@@ -894,6 +894,45 @@ def print_pareto(report: StudyReport) -> None:
     print_race(report)
     if view is not None and view.out:
         out.print(f"wrote {view.out}")
+
+
+def print_blocks(view: BlockView) -> None:
+    """`pareto --view blocks`: the answer and its details, then the block grid, a table per repeat count (and knob
+    setting): a row per first layer I, a column per last layer J, each block's loss difference to the plain model
+    (3 significant figures) and its mark (analysis/blocks.py MARKS), then a line of what the numbers and marks are."""
+    report, grid = view.report, view.grid
+    print_answer(report)
+    words = grid.settings.words
+    where = f"{words.one(grid.screen_chunk)}'s" if grid.settings.frozen else "the proxy trial's"
+    for panel in grid.panels():
+        ends = sorted({c.end for c in panel.cells})
+        table = Table(title=f"{panel.title}: blocks I..J run {panel.repeats} times", title_justify="left")
+        table.add_column("I \\ J", justify="right")
+        for end in ends:
+            table.add_column(str(end), justify="right", no_wrap=True)
+        for start in sorted({c.start for c in panel.cells}):
+            cells = [panel.cell(start, end) for end in ends]
+            table.add_row(
+                str(start),
+                *(
+                    ""
+                    if c is None
+                    else f"{'diverged' if c.diff is None else f'{c.diff:+.3g}'}{c.mark if c.mark.strip() else ' '}"
+                    for c in cells
+                ),
+            )
+        out.print(table)
+    plain = f", ppl {grid.plain_ppl:.4g}" if grid.plain_ppl is not None and grid.settings.judged == "ppl" else ""
+    out.print(
+        f"each cell: block:I-J:R's loss minus the plain model's ({grid.baseline}{plain}) in {grid.unit}, below 0 "
+        f"better: the race's paired mean over its test {words.plural} where it raced the block, else {where}; "
+        f"{view.marks}",
+        soft_wrap=True,
+        markup=False,
+        highlight=False,
+    )
+    if report.front_view is not None and report.front_view.out:
+        out.print(f"wrote {report.front_view.out}")
 
 
 def recurred_layers(front: Sequence[FrontRow]) -> str:

@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING, Any, cast
 
 import optuna
 
+from ilr_search.analysis.blocks import MARKS_LINE, BlockGrid, block_grid, block_place
 from ilr_search.analysis.fidelity import mark_ties, noise_band
 from ilr_search.analysis.plots import PlottedTrial, pareto_figure, write_figure_html
+from ilr_search.analysis.race_report import RaceReport
 from ilr_search.analysis.results import (
     CurveRow,
     Curves,
@@ -31,6 +33,7 @@ from ilr_search.analysis.results import (
     study_front,
 )
 from ilr_search.analysis.trials import TrialRecord, trained_results, trial_records
+from ilr_search.config import SpaceConfig
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import KNOB_CHOICES, format_knobs
 from ilr_search.search.plan import CONFIG_ATTR
@@ -87,32 +90,111 @@ def layer_view(trials: list[TrialRecord], front: Sequence[FrontRow]) -> LayerVie
         n_layers = len(front[0].reuse_map or ())
         maps = {t.number: cast(tuple[int, ...], t.reuse_map) for t in evaluated}  # trained results have their maps
         top = max(max(maps[t.number]) for t in evaluated)
-        knobs = sorted({k for t in evaluated for k in t.knobs})
-        shadow = optuna.create_study()
         dist = optuna.distributions.IntDistribution(1, max(2, top))
-        knob_dists = {  # over the settings the trials had (a damping grid is the study's own)
-            k: optuna.distributions.CategoricalDistribution(
-                sorted({t.knobs[k] for t in evaluated if k in t.knobs} | {KNOB_CHOICES[k][0]}, key=str)
-            )
-            for k in knobs
-        }
-        for t in evaluated:
-            shadow.add_trial(
-                optuna.trial.create_trial(
-                    params={f"layer {i}": r for i, r in enumerate(maps[t.number])}
-                    | {f"knob {k}": t.knobs[k] for k in knobs},
-                    distributions={f"layer {i}": dist for i in range(n_layers)}
-                    | {f"knob {k}": d for k, d in knob_dists.items()},
-                    value=t.val_ppl,
-                )
-            )
-        try:
-            raw = optuna.importance.get_param_importances(shadow)
-            names = [f"layer {i}" for i in range(n_layers)] + [f"knob {k}" for k in knobs]
-            importance = {name: raw.get(name, 0.0) for name in names}
-        except (ValueError, RuntimeError):  # e.g. every trial has the same map: nothing to attribute
-            importance = {}
+        importance = _importances(
+            evaluated,
+            {t.number: {f"layer {i}": r for i, r in enumerate(maps[t.number])} for t in evaluated},
+            {f"layer {i}": dist for i in range(n_layers)},
+        )
     return LayerView(tuple(front), importance)
+
+
+BLOCK_IMPORTANCE_TRIALS = 10  # block results a study needs before its block parameters' importances are drawn
+
+
+def block_importance(trials: list[TrialRecord], n_layers: int) -> dict[str, float]:
+    """The importance for perplexity of a block's first layer, last layer and repeat count (and of each searched
+    knob), from Optuna's evaluator over the trained block maps (the plain model and maps that are no single block
+    left out); empty under BLOCK_IMPORTANCE_TRIALS of them."""
+    places = {t.number: block_place(cast(str, t.map_key), n_layers) for t in trained_results(trials)}
+    evaluated = [t for t in trained_results(trials) if places[t.number] is not None]
+    if len(evaluated) < BLOCK_IMPORTANCE_TRIALS:
+        return {}
+    layer = optuna.distributions.IntDistribution(0, n_layers - 1)
+    top = max(cast(Any, places[t.number]).repeats for t in evaluated)
+    params = {
+        t.number: {"block start": p.start, "block end": p.end, "block repeats": p.repeats}
+        for t in evaluated
+        if (p := places[t.number]) is not None
+    }
+    return _importances(
+        evaluated,
+        params,
+        {
+            "block start": layer,
+            "block end": layer,
+            "block repeats": optuna.distributions.IntDistribution(2, max(3, top)),
+        },
+    )
+
+
+def _importances(
+    evaluated: list[TrialRecord],
+    params: Mapping[int, Mapping[str, Any]],
+    distributions: Mapping[str, optuna.distributions.BaseDistribution],
+) -> dict[str, float]:
+    """Each parameter's importance for perplexity (and each searched knob's), from Optuna's evaluator over a
+    study of the `evaluated` trials with `params` (by trial number) in `distributions`; empty where nothing can be
+    attributed."""
+    knobs = sorted({k for t in evaluated for k in t.knobs})
+    knob_dists = {  # over the settings the trials had (a damping grid is the study's own)
+        k: optuna.distributions.CategoricalDistribution(
+            sorted({t.knobs[k] for t in evaluated if k in t.knobs} | {KNOB_CHOICES[k][0]}, key=str)
+        )
+        for k in knobs
+    }
+    shadow = optuna.create_study()
+    for t in evaluated:
+        shadow.add_trial(
+            optuna.trial.create_trial(
+                params=dict(params[t.number]) | {f"knob {k}": t.knobs[k] for k in knobs},
+                distributions=dict(distributions) | {f"knob {k}": d for k, d in knob_dists.items()},
+                value=t.val_ppl,
+            )
+        )
+    try:
+        raw = optuna.importance.get_param_importances(shadow)
+    except (ValueError, RuntimeError):  # e.g. every trial has the same map: nothing to attribute
+        return {}
+    return {name: raw.get(name, 0.0) for name in [*distributions, *(f"knob {k}" for k in knobs)]}
+
+
+def searches_blocks(study_attrs: Mapping[str, Any]) -> bool:
+    """Whether the study's trials propose block maps ([search] families has "blocks")."""
+    config = study_attrs.get(CONFIG_ATTR)
+    return config is not None and "blocks" in SpaceConfig.from_dict(config).search.families
+
+
+def searches_only_blocks(study_attrs: Mapping[str, Any]) -> bool:
+    """Whether block maps are the only maps the study's trials propose (no per-layer counts: no ilr family)."""
+    return searches_blocks(study_attrs) and "ilr" not in SpaceConfig.from_dict(study_attrs[CONFIG_ATTR]).search.families
+
+
+def study_block_grid(study_attrs: Mapping[str, Any], race: RaceReport | None) -> BlockGrid | None:
+    """The block grid (analysis/blocks.py) of a study that searches block maps, from its race's results and
+    comparisons; None for a study that does not (or has no race: one not made by ilr-search)."""
+    if race is None or not searches_blocks(study_attrs):
+        return None
+    n_layers = SpaceConfig.from_dict(study_attrs[CONFIG_ATTR]).model.n_layers
+    baseline = ",".join(["1"] * n_layers)
+    return block_grid(race.results, race.state.comparisons, n_layers, baseline, race.settings)
+
+
+@dataclass(frozen=True)
+class BlockView:
+    """`pareto --view blocks`: the study's pareto report and its block grid. to_json: the report's, with the grid
+    under `blocks`."""
+
+    report: StudyReport
+    grid: BlockGrid
+
+    @property
+    def marks(self) -> str:
+        """What the marks of the grid's cells mean."""
+        return MARKS_LINE
+
+    def to_json(self) -> dict[str, Any]:
+        return self.report.to_json() | {"blocks": self.grid.to_dict()}
 
 
 def _plotted_trials(study: optuna.Study, curves: Curves) -> list[PlottedTrial]:
@@ -129,10 +211,27 @@ def pareto_report(
     if path is not None and path.suffix.lower() in (".png", ".svg"):
         check_image_export()
     drawn = path is not None and path.suffix.lower() in (".html", ".png", ".svg")
-    report, figure = _pareto(study_name, storage, "layers" if drawn else view, path)
+    report, figure, _ = _pareto(study_name, storage, "layers" if drawn else view, path)
     if path is not None:
         _write_front(path, report, figure)
     return report
+
+
+def pareto_blocks(study_name: str, storage: str | None = None, out: str | Path | None = None) -> BlockView:
+    """`pareto --view blocks`: the pareto report (the figure or table written to `out` as pareto_report does) and
+    the study's block grid; a study that searches no block maps is refused."""
+    path = check_out_path(out, FRONT_FORMATS) if out is not None else None
+    if path is not None and path.suffix.lower() in (".png", ".svg"):
+        check_image_export()
+    report, figure, grid = _pareto(study_name, storage, "layers", path)
+    if grid is None:
+        raise UserInputError(
+            f"study {study_name!r} searches no block maps ([search] families has no 'blocks'): --view blocks "
+            "draws the grid of a block search; use --view front or layers"
+        )
+    if path is not None:
+        _write_front(path, report, figure)
+    return BlockView(report, grid)
 
 
 def front_figure(study_name: str, storage: str | None = None) -> go.Figure:
@@ -142,9 +241,9 @@ def front_figure(study_name: str, storage: str | None = None) -> go.Figure:
 
 def _pareto(
     study_name: str, storage: str | None, view: str, out: Path | None = None
-) -> tuple[StudyReport, Callable[[], go.Figure]]:
-    """The pareto report (with the layer view where `view` is "layers", and the file `out` it is written to) and
-    what draws its figure."""
+) -> tuple[StudyReport, Callable[[], go.Figure], BlockGrid | None]:
+    """The pareto report (with the layer view where `view` is "layers", and the file `out` it is written to), what
+    draws its figure, and the block grid of a study that searches block maps (else None)."""
     spec = parse_storage(storage, read_only=True)
     study = open_study(spec, study_name)
     store = open_store(spec, study_name, read_only=True, storage=study_storage(study))
@@ -167,11 +266,19 @@ def _pareto(
         ),
     )
 
+    grid = study_block_grid(study.user_attrs, report.race)
+
     def figure() -> go.Figure:
         rows = _plotted_trials(study, curves_by_trial(store.curve_points()))
-        return pareto_figure(study_name, rows, front, noise, layers, report.fidelity, report.race, report.answer)
+        drawn_layers = layers
+        if grid is not None and searches_only_blocks(study.user_attrs):  # no per-layer counts: block parameters
+            importance = block_importance(trials, grid.n_layers)
+            drawn_layers = LayerView((), importance) if importance else None
+        return pareto_figure(
+            study_name, rows, front, noise, drawn_layers, report.fidelity, report.race, report.answer, grid
+        )
 
-    return report, figure
+    return report, figure, grid
 
 
 def check_image_export() -> None:
