@@ -479,8 +479,7 @@ def console_main() -> None:
 
     Every result is committed to the storage before a command returns, and the exit handlers (log flushing,
     child processes) still run. What is skipped is freeing torch's and pandas' module graphs one object at a
-    time, which took 1.1 s on a quiet 2-core machine and 3-4.5 s on a loaded one, after the work (and after
-    Ctrl-C's bookkeeping) was done (measured with timestamps at SIGINT, at the end of `main` and at exit).
+    time, seconds of work after the command's own is done (benchmarks/reports/reliability_cpu-2core_2026-12-01.md).
     """
     try:
         main()

@@ -5,8 +5,8 @@ processes, threads), and runs the study: its trials, reference runs and race.
 How the run uses the machine (its layout: commands/layout.py) is chosen from the cores the run may use, never from
 the machine's load: threads and fusion change the float rounding of training, so a layout read from a lagging load
 average would give another study from the same command. On a CPU of C usable cores:
-- the trials and reference runs train in one process of C threads (fused groups of the space's K): 127 s for the
-  default run's on this project's 2-core machine, against 154 s in two one-thread worker processes;
+- the trials and reference runs train in one process of C threads (fused groups of the space's K; faster than C
+  one-thread worker processes: benchmarks/reports/default-run_cpu-2core_2026-12-02.md);
 - the race trains in C one-thread worker processes (commands/workers.race_in_workers), which share every wave of it.
 `--workers N` runs N worker processes for everything instead. The layout is stored with the study, and a resume
 reuses it unless `--fuse` or `--workers` asks for another (then one line says that results may differ in their

@@ -18,7 +18,6 @@ from typing import Any
 # CLI's renderer imports progress.py). Optuna's log level is the CLI's to set (commands/logs.py), not an import's.
 _EXPORTS = {
     "CONFIG_ATTR": "plan",
-    "FIDELITY_ATTR": "plan",
     "SAMPLER_ATTR": "plan",
     "StudyPlan": "plan",
     "plan_study": "plan",

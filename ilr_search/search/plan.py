@@ -37,9 +37,6 @@ CONFIG_ATTR = "ilr:config"
 SAMPLER_ATTR = "ilr:sampler"
 
 
-FIDELITY_ATTR = "ilr:fidelity"  # the fidelity a study kept before it was read from the curves each time (not written)
-
-
 ENQUEUED_BLOCKS_ATTR = "ilr:enqueued_blocks"  # block K asked for with --enqueue blockK: trained as reference runs
 
 

@@ -52,7 +52,7 @@ from ilr_search.search.progress import Message, RunFinished, RunKind, RunReporte
 from ilr_search.storage import Heartbeat, RaceRun, RaceRunJob, Store, grace_period, heartbeat_interval
 from ilr_search.training.flops import baseline_flops_per_token, flops_ratio, forward_flops_per_token, param_count
 from ilr_search.training.jobs import fusable
-from ilr_search.training.schedule import format_reuse_map, map_of_key, reuse_map_schedule
+from ilr_search.training.schedule import ReuseMap, format_reuse_map, map_of_key, reuse_map_schedule
 
 if TYPE_CHECKING:  # torch is loaded only to train or evaluate: reading a race loads none
     from ilr_search.training.frozen import EvalData
@@ -199,7 +199,7 @@ def study_race(
     config = study_attrs[CONFIG_ATTR]
     settings = race_settings(config, max_steps if max_steps is not None else study_attrs.get(RACE_CAP_ATTR))
     results = stored_results(trials, study_attrs, rows)
-    baseline = format_reuse_map([1] * int(config["model"]["n_layers"]))
+    baseline = ReuseMap.baseline(int(config["model"]["n_layers"])).key
     raced = {r.map_key for r in results if r.is_trial} | {baseline}
     evaluations = [r.evaluation() for r in results if r.map_key in raced or is_deep_key(r.map_key)]
     return settings, results, race_state(evaluations, settings, baseline)
@@ -328,7 +328,7 @@ def study_answer(
             f"the race is off (one {replicate_unit(settings)} at the proxy's length, no test)", settings.base_steps
         )
     steps = state.level_steps or settings.target_steps
-    baseline = format_reuse_map([1] * int(study_attrs[CONFIG_ATTR]["model"]["n_layers"]))
+    baseline = ReuseMap.baseline(int(study_attrs[CONFIG_ATTR]["model"]["n_layers"])).key
     losses = [r.val_loss for r in results if r.map_key == baseline and r.steps == steps and r.val_loss is not None]
     baseline_ppl = math.exp(math.fsum(losses) / len(losses)) if losses else None
     agreement = state.screen.agreement if state.screen is not None else None

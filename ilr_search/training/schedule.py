@@ -202,11 +202,6 @@ def map_of_schedule(schedule: Sequence[int], n_layers: int) -> Map | None:
     return block.canonical() if block.schedule() == list(schedule) else None
 
 
-def key_schedule(map_key: str, n_layers: int) -> list[int]:
-    """The schedule of a study's map key."""
-    return map_of_key(map_key, n_layers).schedule()
-
-
 def parse_reuse_map(text: str, n_layers: int) -> list[int]:
     """`"4,2,1,1"` -> [4, 2, 1, 1], checked against the number of layers."""
     return list(ReuseMap.parse(text, n_layers).counts)
@@ -248,10 +243,6 @@ def block_schedule(n_layers: int, k: int) -> list[int]:
     if k < 1:
         raise ScheduleError(f"--block must be a positive integer, got {k}")
     return list(range(n_layers)) * k
-
-
-def baseline_map(n_layers: int) -> list[int]:
-    return list(ReuseMap.baseline(n_layers).counts)
 
 
 def resolve_schedule(
