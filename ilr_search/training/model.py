@@ -39,7 +39,7 @@ import math
 import threading
 from collections import Counter
 from collections.abc import Sequence
-from typing import cast
+from typing import Any, cast
 
 import torch
 import torch.nn as nn
@@ -75,6 +75,10 @@ class Attention(nn.Module):
         return self.proj(attend(q, k, v, rope, alibi))
 
 
+# scaled_dot_product_attention's grouped-query attention without copying k and v (torch 2.5 and later)
+SDPA_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
+
+
 def attend(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -90,13 +94,16 @@ def attend(
     if rope is not None:
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
     n_heads, kv_heads = q.shape[1], k.shape[1]
-    if kv_heads != n_heads:
+    grouped: dict[str, Any] = {}
+    if kv_heads != n_heads and SDPA_GQA:  # each key/value head serves its query heads in place
+        grouped = {"enable_gqa": True}
+    elif kv_heads != n_heads:
         k = k.repeat_interleave(n_heads // kv_heads, dim=1)
         v = v.repeat_interleave(n_heads // kv_heads, dim=1)
     if alibi is None:
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, **grouped)
     else:  # the ALiBi bias already holds the causal mask (-inf above the diagonal)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=alibi.to(q.dtype))
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=alibi.to(q.dtype), **grouped)
     N, _, T, head_size = y.shape
     return y.transpose(1, 2).reshape(N, T, n_heads * head_size)
 
