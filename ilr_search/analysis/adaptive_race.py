@@ -725,9 +725,9 @@ def _verdict(
             c = comparisons[k]
             assert c.mean_diff is not None  # a claimed map was tested
             interval = interval_words(base_ppl, c.interval, settings.confidence, measure)
+            gained = side(measure.gain(base_ppl, c.mean_diff), "the baseline", measure)
             claims.append(
-                f"{k} {side(measure.gain(base_ppl, c.mean_diff), 'the baseline', measure)} ({interval}, "
-                f"p={c.p_value:.3g}, {words.count(c.n, test=True)})"
+                f"{settings.shown(k)} {gained} ({interval}, p={c.p_value:.3g}, {words.count(c.n, test=True)})"
             )
         paired = f", paired by {words.paired}" if any(c.units for c in comparisons.values()) else ""
         text = (
@@ -755,7 +755,9 @@ def _verdict(
     if comparisons and not better and ranked:
         c = min(ranked, key=lambda c: (c.mean_diff, c.map_key))
         assert c.mean_diff is not None  # ranked holds only the comparisons with a mean difference
-        how = f"closest {c.map_key}: {side(measure.gain(base_ppl, c.mean_diff), 'the baseline', measure)}"
+        how = (
+            f"closest {settings.shown(c.map_key)}: {side(measure.gain(base_ppl, c.mean_diff), 'the baseline', measure)}"
+        )
         need = paired_comparison(*_pair(results, c, baseline_key, target), settings.confidence).seeds_needed()
         if c.units:
             parts.append(how)

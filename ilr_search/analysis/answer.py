@@ -146,9 +146,9 @@ def race_answer(
             seen = "no recurrent map reached the race"
         line = f"no map beat {PLAIN} {at}; {seen}"
     if baseline_ppl is not None:
-        details += _closest(comparisons, claimed, baseline_ppl, settings.confidence, unit, settings.measure)
+        details += _closest(comparisons, claimed, baseline_ppl, settings, unit)
     details += _equal_compute(state.equal_compute, settings.confidence, unit)
-    details += _replicates(state, comparisons, baseline_key, unit, settings.words.at(state.level_steps))
+    details += _replicates(state, comparisons, baseline_key, unit, settings.words.at(state.level_steps), settings)
     if settings.frozen:
         what = "task items" if settings.items else "held-out windows"
         details.append(
@@ -190,25 +190,23 @@ def _claim(
         if math.isfinite(gain)
         else f"better than {PLAIN}"
     )
-    return f"use {_map(key)}: {how}" + (f" ({interval})" if interval else "") + f", {count(n, unit)} {at}"
+    return (
+        f"use {_map(settings.shown(key))}: {how}" + (f" ({interval})" if interval else "") + f", {count(n, unit)} {at}"
+    )
 
 
 def _closest(
-    comparisons: Mapping[str, Comparison],
-    answered: str | None,
-    baseline_ppl: float,
-    confidence: float,
-    unit: str,
-    measure: Measure = PPL,
+    comparisons: Mapping[str, Comparison], answered: str | None, baseline_ppl: float, settings: RaceSettings, unit: str
 ) -> list[str]:
     rest = [(d, c) for k, c in comparisons.items() if k != answered and (d := c.mean_diff) is not None]
     if not rest:
         return []
+    measure = settings.measure
     diff, c = min(rest, key=lambda p: (p[0], p[1].map_key))
-    interval = interval_words(baseline_ppl, c.interval, confidence, measure)
+    interval = interval_words(baseline_ppl, c.interval, settings.confidence, measure)
     paired = f", {c.units} paired" if c.units else ""
     return [
-        f"closest contender: {_map(c.map_key)} {side(measure.gain(baseline_ppl, diff), PLAIN, measure)}"
+        f"closest contender: {_map(settings.shown(c.map_key))} {side(measure.gain(baseline_ppl, diff), PLAIN, measure)}"
         + (f" ({interval})" if interval else "")
         + f" over {count(c.n, 'test ' + unit)}{paired}; status: {c.status}"
     ]
@@ -229,13 +227,18 @@ def _equal_compute(equal: EqualCompute | None, confidence: float, unit: str) -> 
 
 
 def _replicates(
-    state: RaceState, comparisons: Mapping[str, Comparison], baseline_key: str, unit: str, at: str
+    state: RaceState,
+    comparisons: Mapping[str, Comparison],
+    baseline_key: str,
+    unit: str,
+    at: str,
+    settings: RaceSettings | None = None,
 ) -> list[str]:
     """Each front map's replicates at its length (`at`: "at 2000 steps"), as the front and the race tables count
     them (the screening one included), with the test ones the comparison used."""
     parts = []
     for p in state.front:
-        name = PLAIN if p.map_key == baseline_key else _map(p.map_key)
+        name = PLAIN if p.map_key == baseline_key else _map(settings.shown(p.map_key) if settings else p.map_key)
         c = comparisons.get(p.map_key)
         tested = f" ({c.n} of them tested against {PLAIN})" if c is not None else ""
         parts.append(f"{name} {count(len(p.seeds), unit)}{tested}")
@@ -263,7 +266,7 @@ def judge_answer(state: RaceState, settings: RaceSettings, model: str, baseline_
         gain = measure.gain(base, c.mean_diff) if c.mean_diff is not None else math.nan
         if c.status in ("better", "worse"):
             lines.append(
-                f"{_map(c.map_key)} is {c.status} than {model} by {measure.amount(abs(gain))}"
+                f"{_map(settings.shown(c.map_key))} is {c.status} than {model} by {measure.amount(abs(gain))}"
                 + (f" ({interval})" if interval else "")
                 + f", {over} {words.at(state.level_steps)}"
             )
@@ -276,7 +279,7 @@ def judge_answer(state: RaceState, settings: RaceSettings, model: str, baseline_
         )
         measured = f"; measured {side(gain, model, measure)}" if math.isfinite(gain) else ""
         lines.append(
-            f"{_map(c.map_key)} is not distinguishable from {model}: {seen}{measured}"
+            f"{_map(settings.shown(c.map_key))} is not distinguishable from {model}: {seen}{measured}"
             + (f" ({interval})" if interval else "")
             + f", {over}"
         )

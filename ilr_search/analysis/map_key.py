@@ -20,6 +20,20 @@ def map_text(map_key: str) -> str:
     return map_key.partition(KNOB_SEPARATOR)[0]
 
 
+def as_block(map_key: str) -> str:
+    """A key as a study of blocks writes it: a reuse map that repeats one layer only (`1,1,2,1`, the canonical key
+    of the block of that layer) as that block (`block:2-2:2`), its knobs kept; any other key as it is."""
+    text, _, knobs = map_key.partition(KNOB_SEPARATOR)
+    if is_block_text(text):
+        return map_key
+    counts = [int(c) for c in text.split(",")]
+    repeated = [i for i, c in enumerate(counts) if c > 1]
+    if len(repeated) != 1:
+        return map_key
+    i = repeated[0]
+    return key_text(f"block:{i}-{i}:{counts[i]}", knobs)
+
+
 def key_text(map_text: str, knobs: str | None = None) -> str:
     """The key of a map's text (`2,1,1,1`, `block:1-2:2`) and its knob text (None or '': every knob off)."""
     return f"{map_text}{KNOB_SEPARATOR}{knobs}" if knobs else map_text

@@ -386,7 +386,7 @@ class ConsoleReporter(events.RunReporter):
 
     @on.register
     def _study_started(self, event: events.StudyStarted) -> None:
-        self.words = Words(event.unit, event.judged)
+        self.words = Words(event.unit, event.judged, event.blocks)
         if self.study_task is not None:  # the workers' studies: the first one says it
             return
         self.print(
@@ -402,7 +402,7 @@ class ConsoleReporter(events.RunReporter):
 
     @on.register
     def _trial_started(self, event: events.TrialStarted) -> None:
-        shown = (event.map or _fmt(event.reuse_map)) + (f" with {event.knobs}" if event.knobs else "")
+        shown = self.words.shown(event.map or _fmt(event.reuse_map)) + (f" with {event.knobs}" if event.knobs else "")
         label = f"trial {event.number} map {shown}"
         if event.worker is None:
             doing = f"evaluating map {shown} on {self.words.unit} 0" if self.words.frozen else f"training map {shown}"
@@ -440,7 +440,9 @@ class ConsoleReporter(events.RunReporter):
                 self.progress.update(
                     self.study_task, description="race", total=None, completed=0, info="race runs stored: 0", eta=None
                 )
-        runs = "; ".join(f"map {key} {run_where(steps, seed, self.words)}" for key, steps, seed in event.runs)
+        runs = "; ".join(
+            f"map {self.words.shown(key)} {run_where(steps, seed, self.words)}" for key, steps, seed in event.runs
+        )
         self.print(
             event,
             f"{event.kind} run{'s' if len(event.runs) > 1 else ''}: {runs}"
@@ -448,7 +450,7 @@ class ConsoleReporter(events.RunReporter):
         )
         key, steps, seed = event.runs[0]
         more = f" and {len(event.runs) - 1} more" if len(event.runs) > 1 else ""
-        self._row(event.worker, f"{event.kind} run map {key} {self.words.unit} {seed}{more}", steps)
+        self._row(event.worker, f"{event.kind} run map {self.words.shown(key)} {self.words.unit} {seed}{more}", steps)
 
     @on.register
     def _run_finished(self, event: events.RunFinished) -> None:
@@ -459,7 +461,8 @@ class ConsoleReporter(events.RunReporter):
             self.progress.update(self.study_task, advance=1)
         self.print(
             event,
-            f"{event.kind} run done: map {event.map_key} {run_where(event.steps, event.seed, self.words)}: "
+            f"{event.kind} run done: map {self.words.shown(event.map_key)} "
+            f"{run_where(event.steps, event.seed, self.words)}: "
             f"{self.words.score(event.val_ppl)}",
         )
 
@@ -486,7 +489,7 @@ class ConsoleReporter(events.RunReporter):
             self.progress.update(self.study_task, completed=event.finished)
         knobs = events.format_knobs(t.knobs) if t.knobs else ""
         reuse_map = list(t.reuse_map) if t.reuse_map is not None else None
-        shown = t.map_key.split("|", 1)[0] if t.map_key else _fmt(reuse_map)
+        shown = self.words.shown(t.map_key.split("|", 1)[0]) if t.map_key else _fmt(reuse_map)
         self.print(
             event,
             f"trial {t.number} {t.state.name.lower()}: map {shown}"
@@ -535,10 +538,15 @@ class Words:
 
     unit: str = "seed"
     judged: str = "ppl"
+    blocks: bool = False
 
     @property
     def frozen(self) -> bool:
         return self.unit != "seed"
+
+    def shown(self, map_key: str) -> str:
+        """A map key as the study writes it (a one-layer block as block:I-I:R in a study of blocks)."""
+        return events.as_block(map_key) if self.blocks else map_key
 
     def value(self, val_ppl: float | None) -> float | None:
         """A result's score in its measure: ppl, the answer loss (nats), or the accuracy (%, from the error rate
@@ -568,7 +576,7 @@ def study_words(report: StudyReport) -> Words:
     race = report.race
     if race is None:
         return Words()
-    return Words(race.settings.words.unit, race.settings.judged)
+    return Words(race.settings.words.unit, race.settings.judged, race.settings.blocks)
 
 
 RACE_FRONT_COLUMNS = ["reuse_map", "flops_ratio", "steps", "seeds", "val_ppl", "interval", "confirmed"]
@@ -640,7 +648,7 @@ def print_race(report: StudyReport) -> None:
             "trials, the rest test)",
             [
                 {
-                    "map": k,
+                    "map": words.shown(k),
                     "chunks": ",".join(str(r.seed) for r in v),
                     "score": " ".join(fixed(words.value(r.val_ppl), places) for r in v),
                 }
@@ -692,7 +700,7 @@ def print_race(report: StudyReport) -> None:
             rows_table(
                 f"against the baseline {settings.words.at(0)} (test {words.unit}s, {paired}; loss_diff: the map's "
                 f"{what} minus the baseline's, below 0 is better)",
-                [r | {"reuse_map": r["reuse_map"]} for r in rows],
+                [r | {"reuse_map": words.shown(str(r["reuse_map"]))} for r in rows],
                 FROZEN_COMPARISON_COLUMNS,
                 {"window_chunks": f"test {words.unit}s", "reuse_map": "map"},
                 droppable=["level", "p"],
@@ -732,7 +740,7 @@ def print_front(report: StudyReport, front: list[FrontRow]) -> None:
         rows = race_front_rows(front, words)
         rows_table(
             f"Pareto front of {report.study}",
-            [r | {"reuse_map": r["map"]} for r in rows],
+            [r | {"reuse_map": words.shown(r["map"])} for r in rows],
             FROZEN_FRONT_COLUMNS,
             FROZEN_FRONT_HEADERS | {"seeds": f"{words.unit}s", "reuse_map": "map", "val_ppl": words.column},
             RACE_FRONT_DROPPED,
@@ -854,7 +862,10 @@ def print_trials(report: StudyReport) -> None:
             words = study_words(report)
             rows_table(
                 f"maps evaluated in {report.study} (on {words.unit} 0)",
-                [r | {"reuse_map": r.get("map") or r["reuse_map"], "val_ppl": words.value(r["val_ppl"])} for r in rows],
+                [
+                    r | {"reuse_map": words.shown(r.get("map") or r["reuse_map"]), "val_ppl": words.value(r["val_ppl"])}
+                    for r in rows
+                ],
                 FROZEN_TRIAL_COLUMNS,
                 {"reuse_map": "map", "val_ppl": words.column},
                 droppable=["val_bpb", "state"],

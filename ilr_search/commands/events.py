@@ -1,6 +1,8 @@
 """What the CLI's renderer (cli/ui.py) needs to draw a run: its event stream (search/progress.py) and how a
-reuse map is written (training/schedule.py). The CLI imports only from commands/, so these come through here."""
+map is written (training/schedule.py, analysis/map_key.py). The CLI imports only from commands/, so these come
+through here."""
 
+from ilr_search.analysis.map_key import as_block
 from ilr_search.knobs import format_knobs
 from ilr_search.search.progress import (
     Event,
@@ -18,6 +20,7 @@ from ilr_search.search.progress import (
 from ilr_search.training.schedule import format_reuse_map
 
 __all__ = [
+    "as_block",
     "Event",
     "Message",
     "ReferenceFinished",

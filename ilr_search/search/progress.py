@@ -31,6 +31,7 @@ class StudyStarted:
     worker: int | None = None
     unit: str = "seed"
     judged: str = "ppl"
+    blocks: bool = False  # the study searches blocks only (its maps written block:I-J:R)
 
     @property
     def frozen(self) -> bool:

@@ -86,6 +86,7 @@ def race_settings(config: Mapping[str, Any], max_steps: int | None = None) -> Ra
         judged="accuracy" if items else "answer" if search.objective == "answer" else "ppl",
         items=items,
         two_sided=search.judge,
+        blocks="ilr" not in search.families,
         margin=CLAIM_MARGIN_NATS if base_steps == 0 and not items else 0.0,
     )
     if fixed:

@@ -435,7 +435,16 @@ def _run_study(
     finished = _n_finished(study)
     settings_of_race = race_settings(plan.config)
     words = settings_of_race.words
-    reporter.on(StudyStarted(plan.name, n_trials, finished, unit=words.unit, judged=settings_of_race.judged))
+    reporter.on(
+        StudyStarted(
+            plan.name,
+            n_trials,
+            finished,
+            unit=words.unit,
+            judged=settings_of_race.judged,
+            blocks=settings_of_race.blocks,
+        )
+    )
     interrupted = False
     if finished < n_trials:
 
