@@ -10,9 +10,9 @@ machine, in one run of this script.
   blocks (the scores equal to the last bit, checked), and "today's" cost of a candidate as the frozen search paid it
   before (fp32, the model built again for each candidate, no prefix kept). The ratio of the two is the goal's
   ("at least 3x today's tokens/s").
-- dtype: the same frozen block study (every block that fits 1.1x, each screened on chunk 0 and the nearest raced)
-  run in fp32 and in bf16: each candidate's chunk-0 loss in both (the largest absolute difference), the Spearman of
-  the two rankings, and whether the decided answer is the same.
+- dtype: the same frozen block study (a spread of layer-scan's blocks and of two-layer blocks, each screened on
+  chunk 0 and the nearest raced) run in fp32 and in bf16: each candidate's chunk-0 loss in both (the largest
+  absolute difference), the Spearman of the two rankings, and whether the decided answer is the same.
 - scan: every block that fits 1.25x (max_reuse 4), screened on chunk 0 and the study decided (`--sampler grid`), its
   wall time against the goal of 15 minutes, and its figure.
 
@@ -53,6 +53,12 @@ def best_seconds(run, repeats: int) -> float:
         run()
         times.append(time.perf_counter() - t0)
     return min(times)
+
+
+def block_key(schedule: list[int]) -> str:
+    """The block map of a layer-scan schedule [0..j-1] + [i..L-1]: block:i-(j-1):2."""
+    j = next(p for p in range(1, len(schedule)) if schedule[p] <= schedule[p - 1])
+    return f"block:{schedule[j]}-{schedule[j - 1]}:2"
 
 
 def layer_scan_blocks(n_layers: int) -> list[list[int]]:
@@ -166,9 +172,11 @@ def raced(summary: dict) -> dict[str, str]:
 def dtype_part(gguf: str, work: Path, quick: bool) -> dict:
     from scipy.stats import spearmanr
 
-    search = {"families": ["blocks"], "sampler": "grid", "max_reuse": 2 if quick else 4, "race_seeds": 3,
-              "max_seeds": 8}
-    budget = "1.05x" if quick else "1.1x"
+    spread = [block_key(s) for s in layer_scan_blocks(30)[:: 21 if quick else 5]]  # 21 blocks of 4 to 30 layers
+    spread += [f"block:{i}-{i + 1}:2" for i in range(0, 30, 10 if quick else 4)]  # and of two layers
+    search = {"families": ["blocks"], "sampler": "random", "max_reuse": 2, "race_seeds": 3, "max_seeds": 8,
+              "n_trials": len(spread) + 1, "enqueue": spread}
+    budget = "2x"
     runs = {d: run_study(gguf, work / f"dtype-{d}", budget, search, 8 if quick else 16, d) for d in ("fp32", "bf16")}
     fp32, bf16 = (trial_losses(runs[d]["summary"]) for d in ("fp32", "bf16"))
     keys = sorted(set(fp32) & set(bf16))
