@@ -185,3 +185,34 @@ def test_without_the_gguf_package_one_line_says_what_to_install(cli, tmp_path, f
     file.write_bytes(files["tied"][0].read_bytes())
     monkeypatch.setitem(sys.modules, "gguf", None)  # `import gguf` fails, as where it is not installed
     refused(cli, tmp_path, str(file), "needs gguf", "pip install 'ilr-search[gguf]'")
+
+
+def test_a_gguf_studys_mergekit_config_names_its_converted_folder_and_mergekit_builds_it(cli, tmp_path, files):
+    """mergekit reads no GGUF: the config of a GGUF study takes its slices from the transformers folder the file was
+    converted into, and the model mergekit builds from it gives the unrolled map's logits."""
+    import yaml
+    from mergekit.config import MergeConfiguration
+    from mergekit.merge import run_merge
+    from mergekit.options import MergeOptions
+
+    file, _ = files["tied"]
+    space = write_space(tmp_path / "frozen.toml", search={**FROZEN, "families": ["ilr", "blocks"]},
+                        train={"eval_windows": 4})
+    db = f"sqlite:///{tmp_path / 'gguf.db'}"
+    cli("run", "--space", str(space), "--init", str(file), "--train-steps", "0", "--budget", "1.5x", "--study", "g",
+        "--storage", db, "--enqueue", "block:0-1:2", check=True)
+    out = tmp_path / "block.yml"
+    cli("export-model", "--study", "g", "--storage", db, "--map", "block:0-1:2", "--format", "mergekit", "--out",
+        str(out), check=True)
+    config = yaml.safe_load(out.read_text(encoding="utf-8"))
+    folder = Path(config["slices"][0]["sources"][0]["model"])
+    assert folder.is_dir() and (folder / "config.json").is_file() and folder.name.startswith("gguf-")
+    merged = tmp_path / "merged"
+    run_merge(MergeConfiguration.model_validate(config), str(merged),
+              MergeOptions(copy_tokenizer=True, quiet=True, write_model_card=False))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(merged).eval()
+    cfg = open_checkpoint(str(file), seq_len=SEQ).config
+    x = tokens(cfg.vocab_size)
+    with torch.no_grad():
+        unrolled = build_model(cfg, 0).eval()(x, [0, 1, 0, 1])  # block:0-1:2 on the file's 2 layers
+    torch.testing.assert_close(logits(hf, x, hf=True), unrolled, atol=1e-4, rtol=1e-4)

@@ -201,10 +201,15 @@ def check_mergekit_out(out: Path) -> Path:
 
 
 def mergekit_model(init: str) -> str:
-    """A study's checkpoint as a mergekit config names it: hf:NAME as NAME, a folder as its absolute path."""
+    """A study's checkpoint as a mergekit config names it: hf:NAME as NAME, a folder as its absolute path, a GGUF file
+    (which mergekit does not read) as the transformers folder it was converted into (training/gguf.py, in the
+    cache)."""
+    from ilr_search.training.gguf import gguf_file
+    from ilr_search.training.pretrained import resolve_source
+
     if init.startswith("hf:"):
         return init[3:]
-    folder = Path(init).expanduser().resolve()
+    folder = (resolve_source(init) if gguf_file(init) is not None else Path(init).expanduser()).resolve()
     if not folder.is_dir():
         raise CheckpointError(
             f"checkpoint {init}: no such folder; the mergekit config would take its slices from a checkpoint "
