@@ -149,7 +149,7 @@ def chunking(space: SpaceConfig, chunks: int | None, size: int | None) -> tuple[
     units = eval_chunks(data, 1, space.model.seq_len)
     if size is None:
         size = max(MIN_CHUNK, min(space.train.eval_windows, units // wanted))
-    have = units // size
+    have = units // size - space.train.seed  # the chunks from the first (`--seed`, chunk 0 where not given) on
     if have < CHUNKS_AT_LEAST:
         raise UserInputError(
             f"the data holds {units} windows or items: {have} chunk(s) of {size}, and a judge needs "
