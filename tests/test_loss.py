@@ -121,3 +121,20 @@ def test_cuda_training_syncs_once_per_window_bf16_compiled(token_cache):
     short, long = SYNC_EVERY, 4 * SYNC_EVERY
     extra = _cuda_syncs(tokens, long) - _cuda_syncs(tokens, short)
     assert extra <= (long - short) // SYNC_EVERY, f"{extra} synchronising calls for {long - short} more steps"
+
+
+def test_without_grad_mode_the_head_computes_no_gradients():
+    """Evaluation (torch.no_grad) of a head whose weight is a Parameter: only the forward matmul's FLOPs, not the two
+    matmuls of its gradients (the Function sees its inputs' requires_grad, not the grad mode)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    n, d, vocab = 64, 32, 1000
+    h = torch.randn(n, d)
+    w = torch.nn.Parameter(torch.randn(vocab, d))
+    y = torch.randint(0, vocab, (n,))
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        linear_cross_entropy(h, w, y, reduction="sum")
+    assert counter.get_total_flops() == 2 * n * d * vocab
+    with FlopCounterMode(display=False) as counter:
+        linear_cross_entropy(h, w, y, reduction="sum")
+    assert counter.get_total_flops() == 3 * 2 * n * d * vocab  # with grad mode: forward and both gradients

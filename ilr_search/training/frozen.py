@@ -111,7 +111,7 @@ class FrozenEvaluator:
 
     def __init__(self, model: ILRTransformer, data: EvalData, dtype: str, batch_size: int, cache_bytes: int) -> None:
         self.dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
-        self.model = model.to(self.dtype).eval()
+        self.model = model.to(self.dtype).eval().requires_grad_(False)
         self.device = next(model.parameters()).device
         self.data, self.batch_size, self.cache_bytes = data, batch_size, cache_bytes
         self.cached_bytes = 0

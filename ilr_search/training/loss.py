@@ -125,6 +125,8 @@ def linear_cross_entropy(
         raise ValueError(f"reduction must be mean or sum, got {reduction!r}")
     h = hidden.reshape(-1, hidden.shape[-1])
     y = targets.reshape(-1)
+    if not torch.is_grad_enabled():  # (the Function sees its inputs' requires_grad, not the grad mode)
+        h, weight = h.detach(), weight.detach()
     if ignore_index is None:
         chunk_fn = compiled_chunk_loss() if compiled else _chunk_loss
     else:
