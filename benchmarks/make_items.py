@@ -13,11 +13,13 @@ SHA-256.
 The sets (one JSON object a line; `prompt`, `answer`, `choices` are the columns `--text-column prompt
 --answer-column answer --choices-column choices` name):
 
-- arithmetic-{select,judge}.jsonl: "23+58=" -> "81" after two solved examples of the same operation, one
-  a line ("4+7=11\\n35+12=47\\n23+58="). Sums and differences of two-digit numbers, products of a two-digit and a
-  one-digit number; `answer` is the result as text, so `--objective exact` (greedy decoding to the newline) scores
-  it as it is; `choices` are the result and three distractors of the same number of digits where there are such
-  (the result +-1, +-2, +-10, a swap of two digits), in a shuffled order, for `--objective choice`.
+- arithmetic-{select,judge}.jsonl: "23+58=" -> "81" after three solved examples of the same kind, one a line
+  ("14+27=41\\n35+12=47\\n61+20=81\\n23+58="). A third of the items at each level: one-digit operands (level 1;
+  a difference: a one-digit subtrahend and result), a two-digit and a one-digit one (2), two two-digit ones (3; a
+  product's second factor has one digit), cycling through +, - and * (a difference is never negative). `answer` is
+  the result as text, so `--objective exact` (greedy decoding to the newline) scores it as it is; `choices` are the
+  result and three distractors of the same number of digits where there are such (the result +-1, +-2, +-10, a
+  swap of its last two digits), in a shuffled order, for `--objective choice`.
 - code-{select,judge}.jsonl: a line of the standard library's Python code, cut after its first third to two thirds
   (at a space or a punctuation mark), with the two lines before it: `prompt` is those lines and the line's start,
   `choices` its true continuation and the continuations of three other lines of other files, cut the same way and
@@ -67,16 +69,18 @@ Row = dict[str, Any]
 # --- arithmetic ---
 
 
-def _arithmetic_case(rng: random.Random, op: str) -> tuple[int, int, int]:
-    if op == "+":
-        a, b = rng.randint(10, 99), rng.randint(10, 99)
-        return a, b, a + b
+def _arithmetic_case(rng: random.Random, level: int, op: str) -> tuple[int, int, int]:
+    """Operands of `level` and the result: 1, one digit each (a difference: one-digit subtrahend and result);
+    2, two digits and one; 3, two digits each, except a product, whose second factor has one. A difference is
+    never negative."""
+    if level == 1 and op == "-":
+        b, c = rng.randint(1, 9), rng.randint(0, 9)
+        return b + c, b, c
+    a = rng.randint(1, 9) if level == 1 else rng.randint(10, 99)
+    b = rng.randint(10, 99) if level == 3 and op != "*" else rng.randint(1 if op != "*" else 2, 9)
     if op == "-":
-        a, b = rng.randint(20, 99), rng.randint(10, 99)
         a, b = max(a, b), min(a, b)
-        return a, b, a - b
-    a, b = rng.randint(12, 99), rng.randint(2, 9)
-    return a, b, a * b
+    return a, b, {"+": a + b, "-": a - b, "*": a * b}[op]
 
 
 def _distractors(rng: random.Random, answer: int, k: int = 3) -> list[str]:
@@ -95,23 +99,26 @@ def _distractors(rng: random.Random, answer: int, k: int = 3) -> list[str]:
 
 
 def arithmetic_rows(n: int, seed: int) -> list[Row]:
+    """`n` items cycling through the three levels and three operations, each after three solved examples of its
+    level and operation, no question twice."""
     rng = random.Random(seed)
     rows: list[Row] = []
     seen: set[str] = set()
-    ops = ["+", "-", "*"]
-    symbol = {"+": "+", "-": "-", "*": "*"}
-    while len(rows) < n:
-        op = ops[len(rows) % 3]
-        shots = [_arithmetic_case(rng, op) for _ in range(2)]
-        a, b, answer = _arithmetic_case(rng, op)
-        question = f"{a}{symbol[op]}{b}="
-        if question in seen:
+    kinds = [(level, op) for level in (1, 2, 3) for op in "+-*"]
+    for _ in range(100 * n):
+        if len(rows) == n:
+            break
+        level, op = kinds[len(rows) % len(kinds)]
+        shots = [_arithmetic_case(rng, level, op) for _ in range(3)]
+        a, b, answer = _arithmetic_case(rng, level, op)
+        question = f"{a}{op}{b}="
+        if question in seen or any(f"{x}{op}{y}=" == question for x, y, _ in shots):
             continue
         seen.add(question)
-        prompt = "".join(f"{x}{symbol[op]}{y}={z}\n" for x, y, z in shots) + question
+        prompt = "".join(f"{x}{op}{y}={z}\n" for x, y, z in shots) + question
         choices = [str(answer), *_distractors(rng, answer)]
         rng.shuffle(choices)
-        rows.append({"prompt": prompt, "answer": str(answer), "choices": choices, "op": op})
+        rows.append({"prompt": prompt, "answer": str(answer), "choices": choices, "level": level, "op": op})
     return rows
 
 
