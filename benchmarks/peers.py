@@ -230,6 +230,7 @@ def layer_scan_scan(
         "wall_seconds": wall,
         "scan_seconds": results["scan_time_seconds"],
         "configs_scanned": results["configs_scanned"],
+        "total_layers": results["total_layers"],
         "baseline_score": results["baseline_score"],
         "baseline_uncertainty": results["baseline_uncertainty"],
         "top1": {k: top[k] for k in ("i", "j", "block_size", "score", "delta", "uncertainty", "accuracy", "log_odds")},
@@ -499,7 +500,8 @@ def main() -> None:
 
     from ilr_search.training.mergekit import candidate_key
 
-    key = candidate_key(scan["yaml_path"], 30)
+    n_layers = scan["total_layers"]
+    key = candidate_key(scan["yaml_path"], n_layers)
     report["candidate"] = {"yaml": scan["yaml_path"], "reads_as": key}
 
     items = args.items.resolve()
@@ -547,7 +549,7 @@ def main() -> None:
     report["heldout_measures"] = measures(scored, answers)
     from ilr_search.training.schedule import ReuseMap
 
-    baseline_key = ReuseMap.baseline(30).key
+    baseline_key = ReuseMap.baseline(n_layers).key
     report["agreement"] = {
         "base": agreement(per_item.get(baseline_key, {}), scored["base"]["items"]),
         "block": agreement(per_item.get(key, {}), scored["block"]["items"]),
