@@ -73,11 +73,22 @@ def frozen_cfg() -> TrainConfig:
     return TrainConfig(steps=0, eval_windows=PER_CHUNK, batch_size=8, device="cpu", dtype="fp32")
 
 
-def test_choice_scores_are_lm_evals_rule_on_the_transformers_model(recurrent_checkpoint, model, unrolled, tmp_path):
+def write_digit_items(path: Path, n: int = 96) -> Path:
+    """Items whose choices are one token each (the digits, byte tokens): read once, scored at the prompt's end."""
+    lines = code_lines(n, seed=5)
+    rows = [{"prompt": line[:20], "choices": list("0123456789"), "answer": i % 10} for i, line in enumerate(lines)]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("write", [write_choice_items, write_digit_items])
+def test_choice_scores_are_lm_evals_rule_on_the_transformers_model(recurrent_checkpoint, model, unrolled, tmp_path,
+                                                                   write):
     """An item is right when its correct choice has the highest summed log-likelihood after the prompt (not
-    length-normalised): computed here choice by choice with transformers, for two schedules, item by item."""
+    length-normalised): computed here choice by choice with transformers, for two schedules, item by item; choices of
+    one token each (the digits) are read once, at the prompt's end, with the same result."""
     cfg, _ = model
-    items = load_items(str(write_choice_items(tmp_path / "items.jsonl")), ItemColumns("prompt", "answer", "choices"))
+    items = load_items(str(write(tmp_path / "items.jsonl")), ItemColumns("prompt", "answer", "choices"))
     task = ItemTask("choice", items, tokenizer(recurrent_checkpoint))
     for name, schedule in (("plain", [0, 1, 2, 3]), ("recurrent", RECURRENT)):
         scores = chunk_scores(cfg, schedule, task, frozen_cfg(), [0, 1])

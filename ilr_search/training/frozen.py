@@ -103,6 +103,9 @@ class Batch:
     x: torch.Tensor
     y: torch.Tensor
     states: list[torch.Tensor] = field(default_factory=list)
+    # multiple choice: a row whose choices are one token each after one context is read once, its choices' tokens
+    # scored at its last position: (position, tokens) for such a row, None for a row whose counted targets are in y
+    picks: list[tuple[int, tuple[int, ...]] | None] = field(default_factory=list)
 
 
 class FrozenEvaluator:
@@ -207,18 +210,19 @@ class FrozenEvaluator:
         )
 
     def _row_nats(self, hidden: torch.Tensor, y: torch.Tensor, ignore_index: int | None) -> list[torch.Tensor]:
-        """Each row's summed loss over its counted targets (the head one row at a time: its logits only)."""
-        return [
-            linear_cross_entropy(
-                hidden[row : row + 1],
-                self.model.head_weight,
-                y[row : row + 1],
-                self.dtype,
-                "sum",
-                ignore_index=ignore_index,
+        """Each row's summed loss over its counted targets (the head one row at a time, at its counted positions
+        only: a row that counts few targets, an answer's or a choice's, makes only their logits)."""
+        head = self.model.head_weight
+        out = []
+        for row in range(hidden.shape[0]):
+            h, t = hidden[row], y[row]
+            if ignore_index is not None:
+                counted = t != ignore_index
+                h, t = h[counted], t[counted]
+            out.append(
+                linear_cross_entropy(h, head, t, self.dtype, "sum") if len(t) else torch.zeros((), device=h.device)
             )
-            for row in range(hidden.shape[0])
-        ]
+        return out
 
     # --- an lm-eval task ---
 
@@ -265,41 +269,60 @@ class FrozenEvaluator:
         chunk: int,
         n: int,
     ) -> list[bool]:
-        """Per item, whether its correct choice lacks the highest summed log-likelihood (lm-eval's `acc`)."""
+        """Per item, whether its correct choice lacks the highest summed log-likelihood (lm-eval's `acc`). An item
+        whose choices are one token each after the same context is read once, its choices scored at its context's
+        last position (the same log-likelihoods as one sequence a choice); the others one sequence a choice."""
         seq_len = self.model.cfg.seq_len
-        owners: list[int] = []  # the item (its position in `rows`) of each (item, choice) sequence
-        sequences = []
+        owners: list[int] = []  # the item (its position in `rows`) of each sequence
+        sequences: list[tuple[tuple[int, ...], int, tuple[int, ...] | None]] = []  # (ids, counted, picked tokens)
         for i, row in enumerate(rows):
-            for continuation in task.choice_sequences(row, seq_len):
+            choices = task.choice_sequences(row, seq_len)
+            contexts = {c.ids[:-1] for c in choices}
+            if all(c.counted == 1 for c in choices) and len(contexts) == 1 and len(choices[0].ids) > 1:
                 owners.append(i)
-                sequences.append(continuation)
+                sequences.append((choices[0].ids, 1, tuple(c.ids[-1] for c in choices)))
+                continue
+            for c in choices:
+                owners.append(i)
+                sequences.append((c.ids, c.counted, None))
 
         def make() -> list[Batch]:
             batches = []
             for b in range(0, len(sequences), self.batch_size):
                 part = sequences[b : b + self.batch_size]
-                width = max(len(s.ids) - 1 for s in part)
+                width = max(len(ids) - 1 for ids, _, _ in part)
                 x = np.zeros((len(part), width), dtype=np.int64)
                 y = np.full((len(part), width), IGNORE_INDEX, dtype=np.int64)
-                for r, s in enumerate(part):
-                    ids = np.asarray(s.ids, dtype=np.int64)
-                    x[r, : len(ids) - 1] = ids[:-1]
-                    y[r, len(ids) - 1 - s.counted : len(ids) - 1] = ids[len(ids) - s.counted :]
-                batches.append(Batch(torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)))
+                picks: list[tuple[int, tuple[int, ...]] | None] = []
+                for r, (ids, counted, picked) in enumerate(part):
+                    row_ids = np.asarray(ids, dtype=np.int64)
+                    x[r, : len(row_ids) - 1] = row_ids[:-1]
+                    if picked is None:
+                        y[r, len(row_ids) - 1 - counted : len(row_ids) - 1] = row_ids[len(row_ids) - counted :]
+                    picks.append(None if picked is None else (len(row_ids) - 2, picked))
+                batches.append(
+                    Batch(torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device), picks=picks)
+                )
             return batches
 
-        nats: list[torch.Tensor] = []
+        values: list[list[float]] = []  # each sequence's losses: one a choice it scores
+        head = self.model.head_weight
         for batch in self._chunk_batches(chunk, n, make):
-            nats += self._row_nats(self._hidden(batch, schedule, scales, start), batch.y, IGNORE_INDEX)
-        values = torch.stack(nats).double().cpu().tolist()
-        best: dict[int, tuple[float, int]] = {}
-        choice_of: dict[int, int] = {}
-        for owner, value in zip(owners, values, strict=True):
-            k = choice_of.get(owner, 0)
-            choice_of[owner] = k + 1
-            if owner not in best or value < best[owner][0]:  # the lowest loss is the highest log-likelihood
-                best[owner] = (value, k)
-        return [best[i][1] != task.items.items[row].correct for i, row in enumerate(rows)]
+            hidden = self._hidden(batch, schedule, scales, start)
+            nats = self._row_nats(hidden, batch.y, IGNORE_INDEX)
+            for r, pick in enumerate(batch.picks):
+                if pick is None:
+                    values.append([float(nats[r])])
+                    continue
+                position, tokens = pick
+                log_probs = torch.log_softmax(hidden[r, position].float() @ head.float().t(), dim=-1)
+                values.append([-float(log_probs[t]) for t in tokens])
+        scored: dict[int, list[float]] = {}
+        for owner, losses in zip(owners, values, strict=True):
+            scored.setdefault(owner, []).extend(losses)
+        # the lowest loss is the highest log-likelihood; a tie goes to the first choice, as with argmax
+        best = {i: min(range(len(v)), key=v.__getitem__) for i, v in scored.items()}
+        return [best[i] != task.items.items[row].correct for i, row in enumerate(rows)]
 
     def _exact(
         self, task: ItemTask, rows: Sequence[int], schedule: list[int], scales: list[float | None]
