@@ -96,3 +96,29 @@ def test_z_boundaries_are_obrien_fleming_at_the_last_look():
     bounds = z_boundaries(ALPHA, FIRST, CHUNKS)
     assert len(bounds) == CHUNKS - FIRST + 1 and bounds[0] > bounds[-1]
     assert 1.6 < bounds[-1] < 2.0 and math.isfinite(bounds[-1])  # near z_0.95 = 1.645, a little above it
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_the_interval_excludes_zero_exactly_where_the_test_claims(binary):
+    """The comparison's interval is the sequential test's repeated confidence interval: at the last look, below 0
+    where the test claims a is better there, above 0 where the test run the other way claims, and across 0 else."""
+    rng = np.random.default_rng(5)
+    test = UnitTest(ALPHA, FIRST, CHUNKS)
+    seen = {"better": 0, "worse": 0, "neither": 0}
+    for shift in np.linspace(-0.25, 0.25, 41):
+        for _ in range(5):
+            if binary:
+                pairs = binary_pairs(rng, 0.5, 0.5 + shift)
+            else:
+                pairs = UnitPairs(tuple(range(CHUNKS)),
+                                  tuple(map(tuple, rng.standard_normal((CHUNKS, ITEMS)) * 0.3 + shift / 2)), False)
+            claimed = test.boundary(pairs) is not None and pairs.statistic() >= test.boundary(pairs)
+            other = test.boundary(pairs.reversed()) is not None and -pairs.statistic() >= test.boundary(pairs.reversed())
+            interval = test.interval(pairs)
+            if interval is None:
+                assert not claimed and not other
+                continue
+            low, high = interval
+            assert (high <= 0) == claimed and (low >= 0) == other, (shift, interval, claimed, other)
+            seen["better" if claimed else "worse" if other else "neither"] += 1
+    assert all(count > 0 for count in seen.values()), seen

@@ -405,7 +405,7 @@ def _compare(
             seeds=tuple(seeds),
             mean_diff=pairs.mean(),
             sd_diff=pairs.sd(),
-            interval=pairs.interval(settings.confidence),
+            interval=test.interval(pairs),  # the sequential test's own: it cannot contradict its decision
             p_value=pairs.p_value(),
             t=t,
             level=level,

@@ -247,6 +247,24 @@ class UnitTest:
         at = self._at(pairs)
         return at[-1][2] if at else None
 
+    def interval(self, pairs: UnitPairs) -> tuple[float, float] | None:
+        """The repeated confidence interval of the mean difference at the last look the pairs reached: the mean plus
+        and minus the boundary (as a statistic) times its standard error (for 0/1 scores McNemar's,
+        sqrt(discordant) / n). It excludes 0 exactly where the test, or the same test the other way, claims; run at
+        level alpha each way its coverage is at least 1 - 2 alpha. None before the first look, or where no count of
+        the discordant items could claim yet."""
+        bound, mean = self.boundary(pairs), pairs.mean()
+        if bound is None or mean is None or not math.isfinite(bound):
+            return None
+        if pairs.binary:
+            half = bound * math.sqrt(sum(pairs.discordant())) / pairs.n
+        else:
+            sd = pairs.sd()
+            if sd is None:
+                return None
+            half = bound * sd / math.sqrt(pairs.n)
+        return mean - half, mean + half
+
 
 def unit_detectable_gap(pairs: UnitPairs, test: UnitTest, power: float) -> float | None:
     """The smallest true mean difference (in the score's unit: nats, or a share of items for 0/1 scores) that the
