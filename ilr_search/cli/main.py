@@ -175,7 +175,15 @@ def _training_option_signature(
     lr: Annotated[float | None, typer.Option(help="Peak learning rate.")] = None,
     seed: Annotated[int | None, typer.Option(help="Seed of data order and initialisation.")] = None,
     device: Annotated[str | None, typer.Option(help="auto|cpu|cuda|mps.")] = None,
-    dtype: Annotated[str | None, typer.Option(help="auto|fp32|bf16 (bf16 = autocast).")] = None,
+    dtype: Annotated[
+        str | None,
+        typer.Option(
+            help=(
+                "auto|fp32|bf16: training in bf16 autocasts; a frozen evaluation stores its weights in bf16 (auto: "
+                "where the device computes bf16 natively)."
+            )
+        ),
+    ] = None,
     compile: Annotated[
         bool | None, typer.Option("--compile/--no-compile", help="Compile each decoder layer. \\[default: auto]")
     ] = None,
@@ -207,6 +215,36 @@ def _with_options(options: Mapping[str, inspect.Parameter]) -> Callable[[Callabl
 
 with_space_options = _with_options(_SHARED)  # the model's and the training's options
 with_model_options = _with_options(_MODEL_OPTIONS)  # the model's only
+
+
+def _judge_option_signature(
+    space: Annotated[
+        Path | None,
+        typer.Option(help="Search-space TOML or preset whose \\[data] and \\[train] settings the judge reads."),
+    ] = None,
+    seq_len: Annotated[int | None, typer.Option(help="Tokens a held-out window (and an item at most) holds.")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Windows or items evaluated at once.")] = None,
+    seed: Annotated[
+        int | None, typer.Option(help=r"The first chunk evaluated (chunk 0 orders the candidates). \[default: 0]")
+    ] = None,
+    device: Annotated[str | None, typer.Option(help="auto|cpu|cuda|mps.")] = None,
+    dtype: Annotated[
+        str | None,
+        typer.Option(help="auto|fp32|bf16: the weights' dtype (auto: bf16 where the device computes it natively)."),
+    ] = None,
+) -> None: ...
+
+
+# judge's options: what it evaluates and how (no shape flag: the checkpoint sets the model; no training flag)
+_JUDGE = {
+    **inspect.signature(_judge_option_signature).parameters,
+    **{
+        name: p
+        for name, p in inspect.signature(_training_option_signature).parameters.items()
+        if name in ("data", "text_column", "answer_column", "choices_column", "tasks_path")
+    },
+}
+with_judge_options = _with_options(_JUDGE)
 
 
 def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -727,7 +765,7 @@ def run(
 
 @app.command()
 @user_errors
-@with_space_options
+@with_judge_options
 def judge(
     opts: SpaceOptions,
     init: Annotated[

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,7 +83,8 @@ def judge_request(options: JudgeOptions) -> tuple[RunRequest, list[Candidate]]:
     candidates = [_candidate(text, model) for text in options.candidates]
     baseline = ReuseMap.baseline(model.n_layers).key
     keys = [k for k in dict.fromkeys(c.key for c in candidates) if k != baseline]  # the model itself: no trial
-    budget = options.budget or f"{max([1.0, *(c.flops_ratio for c in candidates)]) + 1e-9:.12g}x"
+    costliest = max([1.0, *(c.flops_ratio for c in candidates)])
+    budget = options.budget or f"{math.ceil(costliest * 1000) / 1000:.3f}x"  # the costliest candidate's, rounded up
     allowed = parse_budget(budget, model)
     over = [c for c in candidates if not allowed.allows(c.flops_ratio)]
     if over:

@@ -698,7 +698,8 @@ def run_race(
         claim,
         lambda runs: train_claimed(store, runs, worker, data, reporter),
         reporter,
-        "the race's remaining runs are being trained by other workers; waiting",
+        f"the race's remaining runs are being {'evaluated' if train.steps == 0 else 'trained'} by other workers; "
+        "waiting",
         runs_changed(store),
     )
     try:

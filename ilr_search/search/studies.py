@@ -377,6 +377,9 @@ def list_studies(storage: str | None = None) -> StudyListing:
         store = open_store(spec, summary.study_name, read_only=True, storage=st)
         race = race_report(trials, study.user_attrs, store.race_runs()) if config else None
         best = race.best if race is not None else None
+        if race is not None and race.settings.judged != "ppl":  # its losses are no log-perplexities: its answer says
+            ppls = []
+            best = dataclasses.replace(best, val_ppl=None) if best is not None else None
         rows.append(
             StudySummary(
                 study=summary.study_name,
