@@ -21,7 +21,10 @@ reads transformers folders only.
    and, read back from the study's stored race runs, each item's right or wrong (paired by item). Then the same
    command again without --json, which resumes the stored study (evaluating nothing) and prints the answer as a
    user sees it.
-3. layer-scan's own scorer on the same items (benchmarks/layer_scan_score.py in its venv, over the items' custom
+3. ilr-search on the same blocks (unless --no-ilr-scan): a frozen study of exactly the blocks layer-scan scored,
+   each screened on chunk 0 of held-out windows of the embedded corpus (16 windows of 128 tokens) and the nearest
+   raced on the chunks after it until the study is decided, timed as a command beside layer-scan's wall time.
+4. layer-scan's own scorer on the same items (benchmarks/layer_scan_score.py in its venv, over the items' custom
    probe file digits-judge.probe.json): the plain model and its top-1, per item: layer-scan's score (the expected
    digit), its argmax digit, right or wrong. Reported: the mean expected digit (what layer-scan ranks by), the
    mean distance of the expected digit from the correct one, accuracy, each as a paired difference with its 90%
@@ -239,6 +242,7 @@ def layer_scan_scan(
         ],
         "yaml_path": str(yml),
         "yaml": yml.read_text(),
+        "configs": [{"i": r["i"], "j": r["j"]} for r in results["all_results"]],  # every block it scored
     }
 
 
@@ -442,6 +446,48 @@ def write_subset(items: Path, probe: Path, n: int, work: Path) -> tuple[Path, Pa
     return sub_items, sub_probe
 
 
+SCAN_SEQ, SCAN_WINDOWS = 128, 16  # ilr-search's scan: chunks of 16 held-out windows of 128 tokens (2,048 tokens)
+
+
+def ilr_scan(gguf: Path, scan: dict[str, Any], work: Path, env: dict[str, str], smoke: bool) -> dict[str, Any]:
+    """ilr-search on the same blocks as layer-scan's scan (the blocks it scored, each i..j-1 run twice), in this run:
+    a frozen study of exactly those blocks (enqueued), each screened on chunk 0 of held-out windows of the embedded
+    corpus and the nearest raced on the chunks after it until the study is decided, timed as a command (start-up,
+    the model's loading and the race's worker processes included)."""
+    blocks = [f"block:{c['i']}-{c['j'] - 1}:2" for c in scan["configs"]]
+    folder = work / ("ilr-scan-smoke" if smoke else "ilr-scan")
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    space = folder / "space.toml"
+    space.write_text(
+        "\n".join([
+            "[model]", f"seq_len = {SCAN_SEQ}", "", "[train]", f"eval_windows = {SCAN_WINDOWS}", "batch_size = 16", "",
+            "[search]", 'families = ["blocks"]', 'sampler = "random"', "max_reuse = 2", f"n_trials = {len(blocks) + 1}",
+            f"enqueue = {json.dumps(blocks)}", "race_seeds = 3", "max_seeds = 8",
+        ]) + "\n",
+        encoding="utf-8",
+    )
+    cmd = [sys.executable, "-m", "ilr_search", "run", "--space", str(space), "--init", str(gguf), "--train-steps", "0",
+           "--budget", "2x", "--storage", f"sqlite:///{folder / 'study.db'}", "--json"]
+    seconds, out = run(cmd, env, folder / "run.log", cwd=folder)
+    summary = json.loads(out)
+    return {
+        "command": shlex.join(cmd),
+        "blocks": len(blocks),
+        "maps_evaluated": summary["n_trials"],
+        "wall_seconds": seconds,
+        "layer_scan_wall_seconds": scan["wall_seconds"],
+        "ratio": seconds / scan["wall_seconds"] if scan["wall_seconds"] else None,
+        "answer": summary["answer"],
+        "answer_details": summary["answer_details"],
+        "comparisons": summary["race"]["comparisons"],
+        "phases": summary.get("phases"),
+        "tokens_a_candidate": SCAN_SEQ * SCAN_WINDOWS,
+        "study": summary["study"],
+        "storage": str(folder / "study.db"),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="3 blocks and 40 items: proves the pipeline, decides nothing")
@@ -452,6 +498,7 @@ def main() -> None:
     ap.add_argument("--n-items", type=int, help=f"use the first N items [default: all; {SMOKE_ITEMS} with --smoke]")
     ap.add_argument("--judge-dtype", default="auto", choices=["auto", "fp32", "bf16"], help="judge's --dtype")
     ap.add_argument("--reuse-scan", action="store_true", help="read WORK/layer-scan's stored scan, scan nothing")
+    ap.add_argument("--no-ilr-scan", action="store_true", help="skip ilr-search's scan of layer-scan's blocks")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
 
@@ -501,6 +548,14 @@ def main() -> None:
     from ilr_search.training.mergekit import candidate_key
 
     n_layers = scan["total_layers"]
+    if not args.no_ilr_scan:
+        report["ilr_scan"] = ilr_scan(gguf, scan, work, env, args.smoke)
+        report["commands"]["ilr_scan"] = report["ilr_scan"]["command"]
+        log(
+            f"ilr-search: {report['ilr_scan']['blocks']} blocks screened and decided in "
+            f"{report['ilr_scan']['wall_seconds']:.0f} s (layer-scan: {scan['wall_seconds']:.0f} s): "
+            f"{report['ilr_scan']['answer']}"
+        )
     key = candidate_key(scan["yaml_path"], n_layers)
     report["candidate"] = {"yaml": scan["yaml_path"], "reads_as": key}
 
