@@ -40,3 +40,13 @@ def test_every_block_is_evaluated_once(cli, tmp_path, recurrent_checkpoint, samp
     assert summary["n_trials"] == len(expected)
     if sampler == "grid":
         assert "every feasible block evaluated once, 11 of them" in proc.stderr
+
+
+def test_the_blocks_scan_preset_scans_a_checkpoint(cli, tmp_path, recurrent_checkpoint):
+    db = tmp_path / "preset.db"
+    proc = cli("run", "--space", "blocks-scan", "--init", str(recurrent_checkpoint), "--train-steps", "0", "--budget",
+               "1.25x", "--storage", f"sqlite:///{db}", "--json")
+    assert proc.returncode == 0, proc.stderr
+    expected = {b.canonical().key for b in feasible_blocks(4, 4, 5)} | {"1,1,1,1"}
+    assert sorted(evaluated_keys(db)) == sorted(expected)
+    assert "every feasible block evaluated once, 4 of them" in proc.stderr
