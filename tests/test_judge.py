@@ -119,3 +119,22 @@ def test_bad_judge_requests_are_one_error_line(cli, tmp_path, recurrent_checkpoi
     proc, db = judge(cli, tmp_path, recurrent_checkpoint, "2,2,1,1", extra=extra)
     assert_one_line_error(proc)
     assert words in proc.stderr and not db.exists()
+
+
+def test_the_export_carries_each_chunks_scores_by_unit(judged, token_cache):
+    """Each frozen race run's per-window scores leave with the export, in the order the race paired them: their
+    mean is the run's loss, and runs of one chunk are paired unit by unit."""
+    import pandas as pd
+    from conftest import run_cli
+
+    root, _, proc = judged
+    out = root / "runs.csv"
+    exported = run_cli(["export", "--study", json.loads(proc.stdout)["study"], "--storage",
+                        f"sqlite:///{root / 'judge.db'}", "--out", str(out)], root, {"ILR_SEARCH_CACHE": str(token_cache)})
+    assert exported.returncode == 0, exported.stderr
+    runs = pd.read_csv(out).query("state == 'RACE_RUN' and run_state == 'complete'")
+    assert len(runs) >= 2
+    for _, run in runs.iterrows():
+        scores = json.loads(run["unit_scores"])
+        assert len(scores) == PER_CHUNK
+        assert abs(sum(scores) / len(scores) - run["val_loss"]) < 1e-6

@@ -138,6 +138,7 @@ class RaceRunRow:
             "val_bpb": r.val_bpb,
             "seconds": r.seconds,
             "reason": r.reason,
+            "unit_scores": list(r.scores) or None,
             "curves": {
                 "val": [{"step": step, "tokens": tokens, "loss": loss} for step, tokens, loss in self.val_curve],
                 "train": [],

@@ -400,8 +400,9 @@ def export_trials(
 ) -> ExportedTable:
     """One row per trial (map, state, objectives, parameters, steps, seed, pruning rung, durations), per reference
     run, and per race run (state RACE_RUN: map, factor, steps, seed, result and `run_state`, every one stored,
-    whatever its state) as CSV or parquet, integer columns as integers; with `curves_out`, the learning curves
-    too, as a long table (curve_rows: a race run's points named by map, seed and run_steps)."""
+    whatever its state; a frozen run's score of each window or item of its chunk, in the order the race paired
+    them, as the JSON list `unit_scores`) as CSV or parquet, integer columns as integers; with `curves_out`, the
+    learning curves too, as a long table (curve_rows: a race run's points named by map, seed and run_steps)."""
     path = check_out_path(out, EXPORT_FORMATS)
     curves_path = check_out_path(curves_out, EXPORT_FORMATS) if curves_out is not None else None
     spec = parse_storage(storage, read_only=True)
@@ -479,6 +480,7 @@ def export_trials(
                 "seed": run.job.seed,
                 "factor": run.job.factor,
                 "reason": run.reason,
+                "unit_scores": json.dumps(list(run.scores)) if run.scores else None,
             }
         )
     frame = integer_frame(records)
