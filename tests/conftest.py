@@ -34,8 +34,13 @@ def write_space(path: Path, base: Path = TINY_SPACE, **sections: dict) -> Path:
     raw = tomllib.loads(base.read_text(encoding="utf-8"))
     for section, values in sections.items():
         raw.setdefault(section, {}).update(values)
-    path.write_text("".join(f"[{section}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items()) + "\n"
-                            for section, values in raw.items()), encoding="utf-8")
+    path.write_text(
+        "".join(
+            f"[{section}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items()) + "\n"
+            for section, values in raw.items()
+        ),
+        encoding="utf-8",
+    )
     return path
 
 
@@ -53,6 +58,7 @@ RACE_STEPS = 24  # the tiny space's proxy length; the race trains at twice that 
 class RacedStudy:
     """A finished raced study: its space file, its SQLite file (alone in its folder), study name and `run --json`
     summary. Tests only read it; one that writes (resumes, kills, makes read-only) works on `copy_to`."""
+
     root: Path
     space: Path
     db: Path
@@ -120,10 +126,23 @@ def recurrent_checkpoint(tmp_path_factory, token_cache) -> Path:
     data = load_tokens(DataConfig(), seq_len=64)
     model_cfg = ModelConfig(vocab_size=256, n_layers=4, d_model=32, n_heads=2, seq_len=64)
     trained = []
-    result = train_proxy(model_cfg, reuse_map_schedule(TRAINED_MAP), data,
-                         TrainConfig(steps=PRETRAIN_STEPS, batch_size=8, lr=1e-2, eval_fractions=(1.0,),
-                                     eval_windows=16, seed=0, device="cpu", dtype="fp32", checkpoint_every=0),
-                         on_trained=trained.append)
+    result = train_proxy(
+        model_cfg,
+        reuse_map_schedule(TRAINED_MAP),
+        data,
+        TrainConfig(
+            steps=PRETRAIN_STEPS,
+            batch_size=8,
+            lr=1e-2,
+            eval_fractions=(1.0,),
+            eval_windows=16,
+            seed=0,
+            device="cpu",
+            dtype="fp32",
+            checkpoint_every=0,
+        ),
+        on_trained=trained.append,
+    )
     assert result.status == "ok", result.reason
     return export_checkpoint(trained[0], [0, 1, 2, 3], tmp_path_factory.mktemp("pretrained") / "tiny-llama")
 
@@ -139,6 +158,7 @@ def token_cache(tmp_path_factory) -> Path:
 @dataclass
 class Finished:
     """What a command left: its arguments, exit code and captured output (as subprocess.CompletedProcess has)."""
+
     args: list[str]
     returncode: int
     stdout: str
@@ -172,8 +192,9 @@ def cli(token_cache, tmp_path):
     cache); `check`: fail unless it exits 0. Tests that need a separate process (signals, kills, concurrency, the
     console script itself) use `console`."""
 
-    def run(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float | None = None,
-            check: bool = False) -> Finished:
+    def run(
+        *args: str, cwd: Path | None = None, env: dict | None = None, timeout: float | None = None, check: bool = False
+    ) -> Finished:
         proc = run_cli(list(args), cwd or tmp_path, {"ILR_SEARCH_CACHE": str(token_cache), **(env or {})})
         if check and proc.returncode != 0:
             raise AssertionError(f"ilr-search {' '.join(args)} exited {proc.returncode}:\n{proc.stderr}")
@@ -186,13 +207,21 @@ def cli(token_cache, tmp_path):
 def console(token_cache, tmp_path):
     """Run the real `ilr-search` console entry point in a subprocess; returns CompletedProcess."""
 
-    def run(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float | None = None,
-            check: bool = False):
+    def run(
+        *args: str, cwd: Path | None = None, env: dict | None = None, timeout: float | None = None, check: bool = False
+    ):
         from helpers import HANG_SECONDS
 
         full_env = {**os.environ, "ILR_SEARCH_CACHE": str(token_cache), **(env or {})}
-        proc = subprocess.run([sys.executable, "-m", "ilr_search", *args], cwd=cwd or tmp_path, env=full_env,
-                              capture_output=True, text=True, timeout=timeout or HANG_SECONDS, check=False)
+        proc = subprocess.run(
+            [sys.executable, "-m", "ilr_search", *args],
+            cwd=cwd or tmp_path,
+            env=full_env,
+            capture_output=True,
+            text=True,
+            timeout=timeout or HANG_SECONDS,
+            check=False,
+        )
         if check and proc.returncode != 0:
             raise AssertionError(f"ilr-search {' '.join(args)} exited {proc.returncode}:\n{proc.stderr}")
         return proc
@@ -207,8 +236,14 @@ def assert_one_line_error(proc) -> None:
     assert "Traceback" not in proc.stderr
 
 
-def write_truth(path, gaps: dict[str, tuple[float, float]], seeds: int = 4, drop: tuple = (),
-                lengths: tuple[int, ...] = (100, 200, 400), base_gaps: dict[str, float] | None = None) -> None:
+def write_truth(
+    path,
+    gaps: dict[str, tuple[float, float]],
+    seeds: int = 4,
+    drop: tuple = (),
+    lengths: tuple[int, ...] = (100, 200, 400),
+    base_gaps: dict[str, float] | None = None,
+) -> None:
     """A truth table (benchmarks/truth.py's schema): map -> (gap to the baseline at the target, seed sd); the gap
     grows in proportion to the steps (or is base_gaps[map] at the base length where given); `drop`: (map, steps,
     seed) left out."""
@@ -224,13 +259,32 @@ def write_truth(path, gaps: dict[str, tuple[float, float]], seeds: int = 4, drop
             for seed in range(seeds):
                 if (key, steps, seed) in drop:
                     continue
-                offset = base_gaps[key] if base_gaps and key in base_gaps and steps == lengths[0] else gap * steps / lengths[-1]
+                offset = (
+                    base_gaps[key]
+                    if base_gaps and key in base_gaps and steps == lengths[0]
+                    else gap * steps / lengths[-1]
+                )
                 loss = 2.0 - 0.1 * math.log2(steps / lengths[0]) + offset + rng.gauss(0, sd)
-                rows.append({"map_key": key, "flops_ratio": 1.0 + (sum(map(int, key.split(","))) - 4) / 4,
-                             "steps": steps, "factor": steps // lengths[0], "seed": seed, "val_loss": loss,
-                             "val_ppl": math.exp(loss), "status": "ok",
-                             "curve": json.dumps([[steps // 8, loss + 0.6], [steps // 4, loss + 0.4],
-                                                  [steps // 2, loss + 0.2], [steps, loss]])})
+                rows.append(
+                    {
+                        "map_key": key,
+                        "flops_ratio": 1.0 + (sum(map(int, key.split(","))) - 4) / 4,
+                        "steps": steps,
+                        "factor": steps // lengths[0],
+                        "seed": seed,
+                        "val_loss": loss,
+                        "val_ppl": math.exp(loss),
+                        "status": "ok",
+                        "curve": json.dumps(
+                            [
+                                [steps // 8, loss + 0.6],
+                                [steps // 4, loss + 0.4],
+                                [steps // 2, loss + 0.2],
+                                [steps, loss],
+                            ]
+                        ),
+                    }
+                )
     frame = pd.DataFrame(rows)
     frame["meta"] = json.dumps({"baseline": "1,1,1,1"})
     frame.to_parquet(path, index=False)

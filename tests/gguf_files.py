@@ -25,8 +25,12 @@ def bpe_tokenizer(vocab_size: int = 300):
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[END],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[END],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tokenizer.train_from_iterator(TEXT, trainer)
     import json
 
@@ -41,9 +45,17 @@ def llama_model(vocab_size: int, seed: int, tie: bool):
     import transformers
 
     config = transformers.LlamaConfig(
-        vocab_size=vocab_size, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=POSITIONS,
-        rms_norm_eps=RMS_EPS, rope_theta=ROPE_BASE, tie_word_embeddings=tie)
+        vocab_size=vocab_size,
+        hidden_size=HIDDEN,
+        intermediate_size=FFN,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        max_position_embeddings=POSITIONS,
+        rms_norm_eps=RMS_EPS,
+        rope_theta=ROPE_BASE,
+        tie_word_embeddings=tie,
+    )
     torch.manual_seed(seed)
     model = transformers.LlamaForCausalLM(config).float().eval()
     with torch.no_grad():
@@ -55,12 +67,16 @@ def llama_model(vocab_size: int, seed: int, tie: bool):
 def permute(weights: np.ndarray, heads: int) -> np.ndarray:
     """llama.cpp's permutation of q or k rows (convert_hf_to_gguf.py's LlamaModel.permute): each head's halves
     (i, i + h/2) to pairs (2i, 2i + 1)."""
-    return weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:]).swapaxes(1, 2).reshape(
-        weights.shape)
+    return (
+        weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
 
 
-def write_llama_gguf(path: Path, seed: int = 0, tie: bool = True, quantized: dict[str, str] | None = None,
-                     architecture: str = "llama"):
+def write_llama_gguf(
+    path: Path, seed: int = 0, tie: bool = True, quantized: dict[str, str] | None = None, architecture: str = "llama"
+):
     """Write a tiny Llama as a GGUF file at `path`; returns the transformers model it holds. `quantized`: GGUF
     tensor name -> a quantized type (e.g. {"blk.0.ffn_up.weight": "Q8_0"}), those tensors written in it through
     gguf's quants module, the rest in F32. `architecture`: the general.architecture written (the tensors and keys

@@ -27,8 +27,16 @@ def storage_url(storage: Path | str) -> str:
     return f"sqlite:///{storage}" if isinstance(storage, Path) else storage
 
 
-def run_args(space: Path | str | None, storage: Path | str, study: str, *extra: str, budget: str | None = "1.5x",
-             n_trials: int | None = None, steps: int | None = None, json_out: bool = True) -> list[str]:
+def run_args(
+    space: Path | str | None,
+    storage: Path | str,
+    study: str,
+    *extra: str,
+    budget: str | None = "1.5x",
+    n_trials: int | None = None,
+    steps: int | None = None,
+    json_out: bool = True,
+) -> list[str]:
     """`ilr-search run` arguments: the space file (None: none given), the storage (a path is a SQLite file), the
     study's name, the budget (None: none given), --n-trials and --steps where given, --json, then `extra`."""
     args = ["run"]
@@ -79,8 +87,9 @@ def race_rows(db: Path, timeout: float = 30) -> list[dict]:
             return []
 
 
-def wait_until(happened: Callable[[], bool], what: str, proc: subprocess.Popen | None = None,
-               interval: float = 0.05) -> None:
+def wait_until(
+    happened: Callable[[], bool], what: str, proc: subprocess.Popen | None = None, interval: float = 0.05
+) -> None:
     """Return once `happened()` is true (an exception in it counts as not yet). Fail at once if `proc` ends first;
     fail after HANG_SECONDS only to turn a hang into a failure. `interval` only paces the polling."""
     deadline = time.monotonic() + HANG_SECONDS
@@ -159,6 +168,7 @@ print(json.dumps({"loaded": loaded, "optuna_verbosity": optuna.logging.get_verbo
 @dataclass(frozen=True)
 class Imported:
     """What a command imported (of optuna and torch), and Optuna's verbosity once it returned."""
+
     loaded: tuple[str, ...]
     optuna_verbosity: int
 
@@ -166,9 +176,15 @@ class Imported:
 def imported_by(args: Sequence[str], cwd: Path, env: dict[str, str] | None = None) -> Imported:
     """Run `ilr-search ARGS` in a fresh interpreter (exit code 0 required) and say what it imported."""
     root = Path(__file__).resolve().parent.parent
-    proc = subprocess.run([sys.executable, "-c", _MAIN_THEN_IMPORTED, *args], cwd=cwd, capture_output=True,
-                          text=True, env={**(env or os.environ), "PYTHONPATH": str(root)}, check=False,
-                          timeout=HANG_SECONDS)
+    proc = subprocess.run(
+        [sys.executable, "-c", _MAIN_THEN_IMPORTED, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**(env or os.environ), "PYTHONPATH": str(root)},
+        check=False,
+        timeout=HANG_SECONDS,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stderr.strip().splitlines()[-1])
     return Imported(tuple(report["loaded"]), report["optuna_verbosity"])

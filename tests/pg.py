@@ -30,11 +30,26 @@ def start_cluster() -> tuple[str, callable]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     data = os.path.join(root, "data")
-    subprocess.run(_as_postgres([f"{pgbin}/initdb", "-D", data, "-A", "trust", "-U", "postgres"]), check=True,
-                   capture_output=True)
-    subprocess.run(_as_postgres([f"{pgbin}/pg_ctl", "-D", data, "-l", os.path.join(root, "log"), "-w", "-o",
-                                 f"-c listen_addresses=127.0.0.1 -p {port} -k {root} -c max_connections=200 -c fsync=off",
-                                 "start"]), check=True, capture_output=True)
+    subprocess.run(
+        _as_postgres([f"{pgbin}/initdb", "-D", data, "-A", "trust", "-U", "postgres"]), check=True, capture_output=True
+    )
+    subprocess.run(
+        _as_postgres(
+            [
+                f"{pgbin}/pg_ctl",
+                "-D",
+                data,
+                "-l",
+                os.path.join(root, "log"),
+                "-w",
+                "-o",
+                f"-c listen_addresses=127.0.0.1 -p {port} -k {root} -c max_connections=200 -c fsync=off",
+                "start",
+            ]
+        ),
+        check=True,
+        capture_output=True,
+    )
 
     def stop() -> None:
         subprocess.run(_as_postgres([f"{pgbin}/pg_ctl", "-D", data, "-m", "immediate", "stop"]), capture_output=True)

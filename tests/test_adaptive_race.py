@@ -21,19 +21,26 @@ def flops_of(key: str) -> float:
     return 1.0 + (sum(int(x) for x in key.split(",")) - 4) / 4 if not key.startswith("deep") else int(key[4:]) / 4
 
 
-def run(loss: Loss, maps: list[str], settings: RaceSettings = SETTINGS, max_rounds: int = 100
-        ) -> tuple[list[list[tuple[str, int, int]]], list[Evaluation], RaceState]:
+def run(
+    loss: Loss, maps: list[str], settings: RaceSettings = SETTINGS, max_rounds: int = 100
+) -> tuple[list[list[tuple[str, int, int]]], list[Evaluation], RaceState]:
     """Every map's base result at seeds[0], then the policy's waves answered by `loss` until it is done."""
-    evaluations = [Evaluation(k, flops_of(k), settings.base_steps, settings.seeds[0],
-                              loss(k, settings.base_steps, settings.seeds[0])) for k in maps]
+    evaluations = [
+        Evaluation(
+            k, flops_of(k), settings.base_steps, settings.seeds[0], loss(k, settings.base_steps, settings.seeds[0])
+        )
+        for k in maps
+    ]
     waves = []
     for _ in range(max_rounds):
         state = race_state(evaluations, settings, BASE)
         if state.done:
             return waves, evaluations, state
         waves.append([(j.map_key, j.steps, j.seed) for j in state.next_jobs])
-        evaluations += [Evaluation(j.map_key, flops_of(j.map_key), j.steps, j.seed, loss(j.map_key, j.steps, j.seed))
-                        for j in state.next_jobs]
+        evaluations += [
+            Evaluation(j.map_key, flops_of(j.map_key), j.steps, j.seed, loss(j.map_key, j.steps, j.seed))
+            for j in state.next_jobs
+        ]
     raise AssertionError("the race did not finish")
 
 
@@ -79,19 +86,22 @@ def test_a_large_gap_is_claimed_early_and_a_map_that_cannot_win_stops_early():
         f"{low:.2f} to {high:.2f}, p={c.p_value:.3g}, {c.n} test seeds); "
         f"gaps of {state.detectable_gap.ppl:.2f} ppl or more would have been seen with 80% power "
         f"({state.detectable_gap.seeds} test seeds); the race trained {state.compute_steps} steps; it stopped "
-        f"because every comparison decided")
+        f"because every comparison decided"
+    )
 
 
 def test_nothing_distinguishable_says_the_gap_it_would_have_seen():
-    waves, evaluations, state = run(noisy({"2,1,1,1": 0.0, "1,2,1,1": 0.0}, sd=0.02, seed=3),
-                                    [BASE, "2,1,1,1", "1,2,1,1"])
+    waves, evaluations, state = run(
+        noisy({"2,1,1,1": 0.0, "1,2,1,1": 0.0}, sd=0.02, seed=3), [BASE, "2,1,1,1", "1,2,1,1"]
+    )
     assert state.done and state.confirmed_better == () and state.best == BASE
     gap = state.detectable_gap
     assert gap is not None and gap.nats > 0 and gap.ppl > 0 and gap.power == 0.8
     assert state.verdict.startswith("nothing here is distinguishable from the baseline at 400 steps with ")
     assert "test seeds (90% confidence); gaps of " in state.verdict
-    assert (f"gaps of {gap.ppl:.2f} ppl or more would have been seen with 80% power "
-            f"({gap.seeds} test seeds)") in state.verdict
+    assert (
+        f"gaps of {gap.ppl:.2f} ppl or more would have been seen with 80% power ({gap.seeds} test seeds)"
+    ) in state.verdict
     assert "closest " in state.verdict and "would show" in state.verdict and "beats" in state.verdict
     assert "better by" in state.verdict or "worse by" in state.verdict or "level with" in state.verdict
     assert state.verdict.endswith(f"the race trained {state.compute_steps} steps; it stopped because {state.stopped}")
@@ -108,8 +118,11 @@ def test_a_crossing_map_is_taken_to_the_target_and_claimed():
     """2,2,1,1 is the worst map at the base length and the best at the target (the other maps cross too, so the
     screen does not show the lengths ranking alike): it is screened, raced and claimed, never eliminated before."""
     maps = [BASE, "2,1,1,1", "1,2,1,1", "1,1,2,1", "2,2,1,1"]
-    loss = noisy({"2,1,1,1": 0.1, "1,2,1,1": 0.05, "1,1,2,1": 0.08, "2,2,1,1": -0.3}, sd=0.01,
-                 base_gaps={"2,1,1,1": -0.05, "1,2,1,1": -0.03, "1,1,2,1": 0.02, "2,2,1,1": 0.2})
+    loss = noisy(
+        {"2,1,1,1": 0.1, "1,2,1,1": 0.05, "1,1,2,1": 0.08, "2,2,1,1": -0.3},
+        sd=0.01,
+        base_gaps={"2,1,1,1": -0.05, "1,2,1,1": -0.03, "1,1,2,1": 0.02, "2,2,1,1": 0.2},
+    )
     waves, evaluations, state = run(loss, maps)
     assert "2,2,1,1" not in state.eliminated and "2,2,1,1" in state.confirmed_better
     assert len(seeds_of(evaluations, "2,2,1,1")) >= SETTINGS.race_seeds
@@ -146,10 +159,12 @@ def test_the_compute_cap_stops_the_race_and_the_verdict_says_so():
 
 
 def test_the_equal_compute_reference_trains_at_the_best_contenders_seeds():
-    settings = RaceSettings(100, 400, seeds=tuple(range(6)), race_contenders=3, race_screen=8, equal_compute=True,
-                            layer_param_share=0.2)
-    waves, evaluations, state = run(noisy({"2,1,1,1": -0.3, "2,2,1,1": 0.2, "deep5": -0.1}, sd=0.01),
-                                    [BASE, "2,1,1,1", "2,2,1,1"], settings)
+    settings = RaceSettings(
+        100, 400, seeds=tuple(range(6)), race_contenders=3, race_screen=8, equal_compute=True, layer_param_share=0.2
+    )
+    waves, evaluations, state = run(
+        noisy({"2,1,1,1": -0.3, "2,2,1,1": 0.2, "deep5": -0.1}, sd=0.01), [BASE, "2,1,1,1", "2,2,1,1"], settings
+    )
     deep = [w for w in waves if any(k == "deep5" for k, _, _ in w)]
     assert len(deep) == 1 and all(k == "deep5" for k, _, _ in deep[0])  # one wave, after the contenders decided
     assert seeds_of(evaluations, "deep5") == seeds_of(evaluations, "2,1,1,1")
@@ -159,17 +174,25 @@ def test_the_equal_compute_reference_trains_at_the_best_contenders_seeds():
     d = equal.map_minus_deep
     assert d.mean_diff == pytest.approx(-0.2, abs=0.03)
     assert d.ppl_diff == pytest.approx(d.deep_ppl * (math.exp(d.mean_diff) - 1))  # paired, as ppl
-    assert (f"2,1,1,1 better by {-d.ppl_diff:.2f} ppl than deep5, a plain 5-layer model of the same compute, "
-            "1.20x the parameters (90% interval ") in state.verdict
+    assert (
+        f"2,1,1,1 better by {-d.ppl_diff:.2f} ppl than deep5, a plain 5-layer model of the same compute, "
+        "1.20x the parameters (90% interval "
+    ) in state.verdict
     details = race_answer(state, settings, BASE, 10.0).details  # the answer's list says the same, in the same words
-    assert any(line.startswith(f"equal compute: 2,1,1,1 better by {-d.ppl_diff:.2f} ppl than a plain 5-layer model "
-                               "of the same compute (deep5, 1.20x the parameters; 90% interval ") for line in details)
+    assert any(
+        line.startswith(
+            f"equal compute: 2,1,1,1 better by {-d.ppl_diff:.2f} ppl than a plain 5-layer model "
+            "of the same compute (deep5, 1.20x the parameters; 90% interval "
+        )
+        for line in details
+    )
     assert "deep5" not in {c.map_key for c in state.comparisons}  # a reference, not a contender
 
 
 def test_the_same_evaluations_in_any_order_give_the_same_decision():
-    waves, evaluations, state = run(noisy({"2,1,1,1": -0.02, "1,2,1,1": 0.01}, sd=0.02, seed=9),
-                                    [BASE, "2,1,1,1", "1,2,1,1"])
+    waves, evaluations, state = run(
+        noisy({"2,1,1,1": -0.02, "1,2,1,1": 0.01}, sd=0.02, seed=9), [BASE, "2,1,1,1", "1,2,1,1"]
+    )
     shuffled = list(evaluations)
     random.Random(1).shuffle(shuffled)
     assert race_state(shuffled, SETTINGS, BASE) == state
@@ -186,7 +209,6 @@ def test_after_the_first_test_each_wave_adds_look_every_seeds():
         added = {len({seed for key, _, seed in w if key == key0}) for w in test_waves for key0 in {w[-1][0]}}
         assert test_waves and added <= sizes and max(added) == max(sizes)
         assert state.done
-
 
 
 def test_automatic_looks_are_every_second_seed_only_where_test_seeds_are_few():

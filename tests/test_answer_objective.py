@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import NO_REFERENCES, assert_one_line_error, write_space
+
 from ilr_search.config import DataConfig, ModelConfig, TrainConfig
 from ilr_search.data.corpora import split_documents
 from ilr_search.data.tokens import IGNORE_INDEX, ROW_END, load_tokens
@@ -54,8 +54,16 @@ def tiny_model() -> ModelConfig:
 
 
 def tiny_train(**kw) -> TrainConfig:
-    base = TrainConfig(steps=50, batch_size=8, lr=3e-3, eval_fractions=(0.02, 1.0), eval_windows=16,
-                       dtype="fp32", device="cpu", checkpoint_every=0)
+    base = TrainConfig(
+        steps=50,
+        batch_size=8,
+        lr=3e-3,
+        eval_fractions=(0.02, 1.0),
+        eval_windows=16,
+        dtype="fp32",
+        device="cpu",
+        checkpoint_every=0,
+    )
     return replace(base, **kw)
 
 
@@ -66,11 +74,14 @@ def test_the_mask_marks_exactly_the_answer_tokens_and_rows_are_split_whole(data,
         tokens = np.asarray(split.tokens)
         mask = np.asarray(split.answer_mask)
         assert bytes(tokens.astype(np.uint8)).decode() == "".join(d.text + d.answer + ROW_END for d in docs)
-        expected = np.concatenate([np.r_[np.zeros(len(d.text), np.uint8), np.ones(len(d.answer), np.uint8), 0]
-                                   for d in docs])
+        expected = np.concatenate(
+            [np.r_[np.zeros(len(d.text), np.uint8), np.ones(len(d.answer), np.uint8), 0] for d in docs]
+        )
         assert np.array_equal(mask, expected)
         begins, ends = split.answer_spans()
-        assert [bytes(tokens[b:e].astype(np.uint8)).decode() for b, e in zip(begins, ends)] == [d.answer for d in docs]
+        assert [bytes(tokens[b:e].astype(np.uint8)).decode() for b, e in zip(begins, ends, strict=True)] == [
+            d.answer for d in docs
+        ]
     # a masked and an unmasked cache of the same file never mix
     plain = load_tokens(replace(data_cfg, text_column="answer", answer_column=""), root=data.path.parent)
     assert plain.path != data.path and plain.train.answer_mask is None and plain.ignore_index is None
@@ -78,7 +89,7 @@ def test_the_mask_marks_exactly_the_answer_tokens_and_rows_are_split_whole(data,
 
 def test_training_batches_count_answer_targets_only(data):
     x, y = data.train_batch(3, 4, SEQ_LEN, seed=0)
-    for row_x, row_y in zip(x, y):
+    for row_x, row_y in zip(x, y, strict=True):
         counted = row_y != IGNORE_INDEX
         assert counted.any() and not counted.all()
         assert all(chr(t).isdigit() for t in row_y[counted])  # answers are digits; '+', '=' and row ends never count
@@ -90,8 +101,8 @@ def test_validation_windows_end_at_an_answer_and_count_it_alone(data):
     begins, ends = data.val.answer_spans()
     assert len(windows.starts) == min(16, len(ends))
     assert set(windows.ends) <= set(ends)
-    for (x, y), s in zip(data.val_batches(16, SEQ_LEN, 16), [windows.starts]):
-        for row_y, start, end in zip(y, s, windows.ends):
+    for (_x, y), s in zip(data.val_batches(16, SEQ_LEN, 16), [windows.starts], strict=True):
+        for row_y, start, end in zip(y, s, windows.ends, strict=True):
             assert start + SEQ_LEN >= end - 1  # the window ends at (or after) its answer's last token
             counted = np.flatnonzero(row_y != IGNORE_INDEX) + start + 1
             answer = np.arange(begins[list(ends).index(end)], end)
@@ -113,7 +124,7 @@ def test_the_answer_loss_equals_cross_entropy_over_the_answer_positions(data):
     with torch.no_grad():
         for end in ends[rows]:
             start = max(0, end - 1 - SEQ_LEN)
-            window = torch.from_numpy(tokens[start:start + SEQ_LEN + 1])
+            window = torch.from_numpy(tokens[start : start + SEQ_LEN + 1])
             logits = model(window[None, :-1], list(range(model_cfg.n_layers)))[0]
             targets = np.arange(start + 1, start + SEQ_LEN + 1)
             last = [p for p in range(end - 1, start, -1) if mask[p]]
@@ -121,7 +132,7 @@ def test_the_answer_loss_equals_cross_entropy_over_the_answer_positions(data):
             positions = torch.tensor([p - start - 1 for p in last_run])
             nats += F.cross_entropy(logits[positions], window[1:][positions], reduction="sum").item()
             counted += len(positions)
-            assert all(targets[p] == q for p, q in zip(positions.tolist(), last_run))
+            assert all(targets[p] == q for p, q in zip(positions.tolist(), last_run, strict=True))
     assert loss == pytest.approx(nats / counted, rel=1e-5)
     assert ppl == pytest.approx(math.exp(nats / counted), rel=1e-5)
     assert bpb == pytest.approx(nats / math.log(2) / counted, rel=1e-5)  # byte tokenizer: a byte a token
@@ -137,10 +148,12 @@ def test_ignored_targets_count_for_nothing_in_the_loss_and_its_gradients():
     for reduction in ("mean", "sum"):
         ours = linear_cross_entropy(h, w, y, reduction=reduction, ignore_index=IGNORE_INDEX)
         g_ours = torch.autograd.grad(ours, (h, w))
-        ref = F.cross_entropy((h @ w.t()).reshape(-1, 11), y.reshape(-1), ignore_index=IGNORE_INDEX, reduction=reduction)
+        ref = F.cross_entropy(
+            (h @ w.t()).reshape(-1, 11), y.reshape(-1), ignore_index=IGNORE_INDEX, reduction=reduction
+        )
         g_ref = torch.autograd.grad(ref, (h, w))
         assert ours.item() == pytest.approx(ref.item(), rel=1e-5)
-        for a, b in zip(g_ours, g_ref):
+        for a, b in zip(g_ours, g_ref, strict=True):
             assert torch.allclose(a, b, atol=1e-6)
     none = torch.full((2, 5), IGNORE_INDEX)
     empty = linear_cross_entropy(h, w, none, ignore_index=IGNORE_INDEX)  # no answer token: 0, not 0/0
@@ -162,10 +175,34 @@ def test_training_on_the_answer_loss_lowers_it_and_the_fused_trainer_agrees(data
 
 def test_run_with_the_answer_objective_reports_answer_losses(cli, rows, tmp_path):
     space = write_space(tmp_path / "space.toml", search=NO_REFERENCES)
-    common = ["--space", str(space), "--data", str(rows), "--text-column", "prompt", "--answer-column", "answer",
-              "--seq-len", str(SEQ_LEN), "--steps", "10"]
-    proc = cli("run", *common, "--objective", "answer", "--budget", "1.5x", "--n-trials", "3", "--target", "1x",
-               "--json", check=True)
+    common = [
+        "--space",
+        str(space),
+        "--data",
+        str(rows),
+        "--text-column",
+        "prompt",
+        "--answer-column",
+        "answer",
+        "--seq-len",
+        str(SEQ_LEN),
+        "--steps",
+        "10",
+    ]
+    proc = cli(
+        "run",
+        *common,
+        "--objective",
+        "answer",
+        "--budget",
+        "1.5x",
+        "--n-trials",
+        "3",
+        "--target",
+        "1x",
+        "--json",
+        check=True,
+    )
     report = json.loads(proc.stdout)
     assert "-answer-" in report["study"]
     trials = json.loads(cli("trials", "--study", report["study"], "--json", check=True).stdout)["trials"]
@@ -178,13 +215,25 @@ def test_run_with_the_answer_objective_reports_answer_losses(cli, rows, tmp_path
     assert baseline["val_ppl"] == pytest.approx(trained["val_ppl"], rel=1e-6)
 
 
-@pytest.mark.parametrize("args", [
-    ["--objective", "answer", "--data", "{rows}", "--text-column", "prompt"],  # no --answer-column
-    ["--objective", "answer", "--answer-column", "nope", "--data", "{rows}", "--text-column", "prompt"],  # no such column
-    ["--objective", "answer", "--answer-column", "answer"],  # the embedded corpus: no rows
-    ["--answer-column", "answer", "--data", "{rows}", "--text-column", "prompt"],  # answers searched as pareto
-    ["--objective", "answer", "--answer-column", "answer", "--data", "{text}"],  # a .txt file has no columns
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--objective", "answer", "--data", "{rows}", "--text-column", "prompt"],  # no --answer-column
+        [
+            "--objective",
+            "answer",
+            "--answer-column",
+            "nope",
+            "--data",
+            "{rows}",
+            "--text-column",
+            "prompt",
+        ],  # no such column
+        ["--objective", "answer", "--answer-column", "answer"],  # the embedded corpus: no rows
+        ["--answer-column", "answer", "--data", "{rows}", "--text-column", "prompt"],  # answers searched as pareto
+        ["--objective", "answer", "--answer-column", "answer", "--data", "{text}"],  # a .txt file has no columns
+    ],
+)
 def test_bad_answer_inputs_exit_2_with_one_line_and_write_nothing(cli, rows, tmp_path, args):
     text = tmp_path / "plain.txt"
     text.write_text("12+7=19\n" * 50)
@@ -192,8 +241,18 @@ def test_bad_answer_inputs_exit_2_with_one_line_and_write_nothing(cli, rows, tmp
     work.mkdir()
     cache = tmp_path / "cache"
     args = [a.format(rows=rows, text=text) for a in args]
-    proc = cli("run", "--space", str(TINY), "--budget", "1.5x", "--n-trials", "1", *args, cwd=work,
-               env={"ILR_SEARCH_CACHE": str(cache)})
+    proc = cli(
+        "run",
+        "--space",
+        str(TINY),
+        "--budget",
+        "1.5x",
+        "--n-trials",
+        "1",
+        *args,
+        cwd=work,
+        env={"ILR_SEARCH_CACHE": str(cache)},
+    )
     assert_one_line_error(proc)
     assert not any(work.iterdir()) and not cache.exists()
 
@@ -216,13 +275,19 @@ def test_frozen_window_chunks_of_answer_rows_are_disjoint_and_count_answers_alon
     model_cfg = tiny_model()
     model = build_model(model_cfg, seed=0).eval()
     schedule = list(range(model_cfg.n_layers))
-    losses, = chunk_scores(model_cfg, schedule, data,
-                           TrainConfig(steps=0, eval_windows=n, batch_size=8, device="cpu", dtype="fp32"), [0])
-    answer_lengths = [int(e - b) for b, e in zip(first.begins, first.ends)]
+    (losses,) = chunk_scores(
+        model_cfg, schedule, data, TrainConfig(steps=0, eval_windows=n, batch_size=8, device="cpu", dtype="fp32"), [0]
+    )
+    answer_lengths = [int(e - b) for b, e in zip(first.begins, first.ends, strict=True)]
     assert list(losses.counts) == answer_lengths
     nats = 0.0
     with torch.no_grad():
         for x, y in data.window_batches(first, SEQ_LEN, n):
-            nats += linear_cross_entropy(model.hidden(torch.from_numpy(x), schedule), model.head_weight,
-                                         torch.from_numpy(y), reduction="sum", ignore_index=IGNORE_INDEX).item()
+            nats += linear_cross_entropy(
+                model.hidden(torch.from_numpy(x), schedule),
+                model.head_weight,
+                torch.from_numpy(y),
+                reduction="sum",
+                ignore_index=IGNORE_INDEX,
+            ).item()
     assert losses.val_loss == pytest.approx(nats / sum(answer_lengths), rel=1e-6)

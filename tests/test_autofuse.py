@@ -8,12 +8,12 @@ from collections import Counter
 
 import optuna
 import pytest
-
 from conftest import NO_REFERENCES, assert_one_line_error, write_space
 from helpers import run_args
+
+from ilr_search.commands.autofuse import parse_fuse
 from ilr_search.errors import UserInputError
 from ilr_search.space import SpaceError, load_space
-from ilr_search.commands.autofuse import parse_fuse
 
 NO_PRUNING = ("--pruner", "none")
 
@@ -50,7 +50,10 @@ def test_a_fuse_that_does_not_fit_in_memory_is_refused_with_one_line_and_nothing
     assert "--fuse 1024" in proc.stderr and "GiB" in proc.stderr
     assert not fresh.exists()
     db = tmp_path / "kept.db"
-    cli(*run_args(write_space(tmp_path / "small.toml", search=NO_REFERENCES), db, "auto", *NO_PRUNING, n_trials=1), check=True)
+    cli(
+        *run_args(write_space(tmp_path / "small.toml", search=NO_REFERENCES), db, "auto", *NO_PRUNING, n_trials=1),
+        check=True,
+    )
     before = hashlib.sha256(db.read_bytes()).hexdigest()
     assert_one_line_error(cli(*run_args(space, db, "other", *NO_PRUNING, "--fuse", "1024", n_trials=2)))
     assert hashlib.sha256(db.read_bytes()).hexdigest() == before

@@ -12,7 +12,8 @@ def test_hypervolume_hand_computed():
     assert hypervolume_2d([(4, 1), (1, 4)], (3, 3)) == 0  # outside the reference point
     assert hypervolume_2d([], (3, 3)) == 0
     assert hypervolume_2d([(0.5, 2.0), (1.0, 1.0), (2.0, 0.5)], (3, 3)) == pytest.approx(
-        (1.0 - 0.5) * 1.0 + (2.0 - 1.0) * 2.0 + (3.0 - 2.0) * 2.5)
+        (1.0 - 0.5) * 1.0 + (2.0 - 1.0) * 2.0 + (3.0 - 2.0) * 2.5
+    )
 
 
 def test_feasible_maps():
@@ -59,12 +60,26 @@ def test_table_holds_every_map_with_its_curve(tiny_table):
 @pytest.mark.slow
 @pytest.mark.parametrize("sampler", ["random", "tpe", "nsga2"])
 def test_replay_is_deterministic_for_a_seed(tiny_table, sampler):
-    a = replay(tiny_table, sampler, seed=3, n_trials=8, pruning=True,
-               settings=PrunerSettings(warmup=2, calibration_maps=3), rung_fractions=(0.25, 0.5))
-    b = replay(tiny_table, sampler, seed=3, n_trials=8, pruning=True,
-               settings=PrunerSettings(warmup=2, calibration_maps=3), rung_fractions=(0.25, 0.5))
+    a = replay(
+        tiny_table,
+        sampler,
+        seed=3,
+        n_trials=8,
+        pruning=True,
+        settings=PrunerSettings(warmup=2, calibration_maps=3),
+        rung_fractions=(0.25, 0.5),
+    )
+    b = replay(
+        tiny_table,
+        sampler,
+        seed=3,
+        n_trials=8,
+        pruning=True,
+        settings=PrunerSettings(warmup=2, calibration_maps=3),
+        rung_fractions=(0.25, 0.5),
+    )
     assert a.steps == b.steps and a.hv_fraction == b.hv_fraction
     assert 0 < a.hv_fraction[-1] <= 1.0 + 1e-12
-    assert all(x <= y for x, y in zip(a.steps, a.steps[1:]))
+    assert all(x <= y for x, y in zip(a.steps, a.steps[1:], strict=True))
     full = replay(tiny_table, "random", seed=0, n_trials=40, pruning=False)
     assert full.hv_fraction[-1] == pytest.approx(1.0)  # every map found: the exhaustive front

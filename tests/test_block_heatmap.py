@@ -44,8 +44,16 @@ from ilr_search.analysis.race_report import RaceReport
 from ilr_search.analysis.results import FrontRow
 
 PLAIN = "1,1,1,1"
-BLOCKS = {"noise_seeds": 0, "families": ["blocks"], "max_reuse": 3, "n_trials": 10, "race_seeds": 3, "max_seeds": 5,
-          "race_contenders": 3, "enqueue_paper_maps": False}
+BLOCKS = {
+    "noise_seeds": 0,
+    "families": ["blocks"],
+    "max_reuse": 3,
+    "n_trials": 10,
+    "race_seeds": 3,
+    "max_seeds": 5,
+    "race_contenders": 3,
+    "enqueue_paper_maps": False,
+}
 MAX_PAGE_BYTES = 1_500_000  # a 30-layer block study's page
 
 
@@ -57,9 +65,28 @@ def block_study(tmp_path_factory, token_cache, recurrent_checkpoint):
     root = tmp_path_factory.mktemp("block-heatmap")
     space = write_space(root / "space.toml", search=BLOCKS, train={"eval_windows": 16})
     url = f"sqlite:///{root / 'blocks.db'}"
-    proc = run_cli(["run", "--space", str(space), "--init", str(recurrent_checkpoint), "--train-steps", "0",
-                    "--budget", "2x", "--enqueue", "2,1,1,1", "--study", "bh", "--storage", url, "--json"], root,
-                   {"ILR_SEARCH_CACHE": str(token_cache)})
+    proc = run_cli(
+        [
+            "run",
+            "--space",
+            str(space),
+            "--init",
+            str(recurrent_checkpoint),
+            "--train-steps",
+            "0",
+            "--budget",
+            "2x",
+            "--enqueue",
+            "2,1,1,1",
+            "--study",
+            "bh",
+            "--storage",
+            url,
+            "--json",
+        ],
+        root,
+        {"ILR_SEARCH_CACHE": str(token_cache)},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return root, url, json.loads(proc.stdout)
 
@@ -82,7 +109,8 @@ def test_the_cells_are_the_stored_results(block_study, cli):
     compared = {c["map"]: c for c in race["comparisons"]}
     cells = {c["map"]: c for c in grid["cells"]}
     expected = {k for k in chunk0 if k != PLAIN and block_place(k, 4) is not None} | {
-        k for k in compared if block_place(k, 4) is not None}
+        k for k in compared if block_place(k, 4) is not None
+    }
     assert set(cells) == expected and len(cells) >= 4
     assert grid["plain"] == PLAIN and grid["plain_loss"] == chunk0[PLAIN] and grid["screen_chunk"] == 0
     for key, cell in cells.items():
@@ -145,8 +173,10 @@ def test_the_figure_draws_the_grid_first_with_the_decisions_marked(block_study, 
             marked[re.match(r"<b>([^<]+)</b>", h).group(1)] = t.legendgroup
             assert abs(x - round(x) - 0.3) < 1e-9 and abs(y - round(y) + 0.3) < 1e-9  # in the cell's corner
     for cell in grid["cells"]:
-        want = next((d for d, statuses in decisions.items() if cell["status"] in statuses),
-                    "undecided" if cell["source"] == RACED else None)
+        want = next(
+            (d for d, statuses in decisions.items() if cell["status"] in statuses),
+            "undecided" if cell["source"] == RACED else None,
+        )
         assert marked.get(cell["map"]) == want, (cell, marked)
     assert "claimed" in marked.values()
     names = {t.name for t in fig.data if t.name}
@@ -159,8 +189,16 @@ def test_a_frozen_block_studys_figure_leaves_out_what_means_nothing_frozen(block
     _, url, _ = block_study
     fig = front_figure("bh", url)
     text = " ".join(a.text or "" for a in fig.layout.annotations)
-    for absent in ("validation loss against step", "reuse counts", "layer importance", "rung agreement",
-                   "fidelity", "0 steps", "0x", "seed"):
+    for absent in (
+        "validation loss against step",
+        "reuse counts",
+        "layer importance",
+        "rung agreement",
+        "fidelity",
+        "0 steps",
+        "0x",
+        "seed",
+    ):
         assert absent not in text, absent
     assert "on held-out windows" in text and "window chunk 0" in text
     legends = " ".join(t.name for t in fig.data if t.name)
@@ -204,11 +242,28 @@ def test_the_terminal_grid_agrees_with_the_figure(block_study, cli):
 
 
 def test_a_study_without_blocks_is_one_error_line(cli, tmp_path, recurrent_checkpoint):
-    space = write_space(tmp_path / "ilr.toml", search={**BLOCKS, "families": ["ilr"], "n_trials": 2, "race_seeds": 1},
-                        train={"eval_windows": 8})
+    space = write_space(
+        tmp_path / "ilr.toml",
+        search={**BLOCKS, "families": ["ilr"], "n_trials": 2, "race_seeds": 1},
+        train={"eval_windows": 8},
+    )
     url = f"sqlite:///{tmp_path / 'ilr.db'}"
-    proc = cli("run", "--space", str(space), "--init", str(recurrent_checkpoint), "--train-steps", "0", "--budget",
-               "1.5x", "--study", "plain", "--storage", url, "--json")
+    proc = cli(
+        "run",
+        "--space",
+        str(space),
+        "--init",
+        str(recurrent_checkpoint),
+        "--train-steps",
+        "0",
+        "--budget",
+        "1.5x",
+        "--study",
+        "plain",
+        "--storage",
+        url,
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     out = tmp_path / "front.html"
     for extra in ([], ["--json"], ["--out", str(out)]):
@@ -226,12 +281,20 @@ def test_knobs_make_panels_of_their_own_and_the_colour_is_clipped_at_a_catastrop
     def result(key, seed, loss, ratio=1.5):
         return StoredResult(key, ratio, 0, seed, "constant", loss, math.exp(loss) if loss else None, None, "trial 0")
 
-    losses = {"block:0-1:2": 2.9, "block:0-1:2|damping=0.5": 2.95, "block:1-2:2": 3.02, "block:2-3:2": 12.0,
-              "1,3,1,1": 3.1, "block:1-2:3": 3.05, "2,2,1,1": 2.8}  # 2,2,1,1 is no single block
+    losses = {
+        "block:0-1:2": 2.9,
+        "block:0-1:2|damping=0.5": 2.95,
+        "block:1-2:2": 3.02,
+        "block:2-3:2": 12.0,
+        "1,3,1,1": 3.1,
+        "block:1-2:3": 3.05,
+        "2,2,1,1": 2.8,
+    }  # 2,2,1,1 is no single block
     results = [result(PLAIN, s, 3.0, 1.0) for s in (0, 1, 2)] + [result(k, 0, v) for k, v in losses.items()]
     results.append(result("block:0-2:2", 0, None))  # diverged
-    comparison = Comparison("block:0-1:2", 1.5, (1, 2), -0.08, 0.01, (-0.1, -0.06), 0.001, -8.0, 0.05, 2.0,
-                            "better", units=32)
+    comparison = Comparison(
+        "block:0-1:2", 1.5, (1, 2), -0.08, 0.01, (-0.1, -0.06), 0.001, -8.0, 0.05, 2.0, "better", units=32
+    )
     grid = block_grid(results, [comparison], 4, PLAIN, settings)
     assert [p.title for p in grid.panels()] == ["R = 2", "R = 3", "R = 2, damping=0.5"]
     cells = {c.map_key: c for c in grid.cells}
@@ -244,8 +307,9 @@ def test_knobs_make_panels_of_their_own_and_the_colour_is_clipped_at_a_catastrop
     assert cells["block:2-3:2"].diff == pytest.approx(9.0) and limit < 1.0  # the catastrophe saturates
     assert limit >= max(abs(c.diff) for c in grid.cells if c.diff is not None and abs(c.diff) < 0.2)
     assert grid.ppl_diff(-0.08) == pytest.approx(math.exp(3.0) * (math.exp(-0.08) - 1))
-    assert block_place(PLAIN, 4) is None and block_place("block:1-2:2|damping=0.5", 4) == BlockPlace(1, 2, 2,
-                                                                                                     "damping=0.5")
+    assert block_place(PLAIN, 4) is None and block_place("block:1-2:2|damping=0.5", 4) == BlockPlace(
+        1, 2, 2, "damping=0.5"
+    )
 
 
 def _trial(n, ppl, ratio=1.2):
@@ -278,21 +342,41 @@ def synthetic_block_report(n_layers=30):
         loss = 2.3 + 0.002 * (j - i) + (9.0 if j == n_layers - 1 and i > 20 else 0.0) - 0.01 * (i == 10)
         ratio = 1 + (j - i + 1) * (int(key[-1]) - 1) / n_layers
         results.append(StoredResult(key, ratio, 0, 0, "constant", loss, math.exp(loss), None, f"trial {n}"))
-        trials.append(PlottedTrial(n, "COMPLETE", (1,) * n_layers, None, ratio, math.exp(loss), 3.3, math.exp(loss),
-                                   map=key))
+        trials.append(
+            PlottedTrial(n, "COMPLETE", (1,) * n_layers, None, ratio, math.exp(loss), 3.3, math.exp(loss), map=key)
+        )
     raced = sorted(keys, key=lambda k: next(r.val_loss for r in results if r.map_key == k))[:12]
-    comparisons, front = [], [FrontRow(None, (1,) * n_layers, plain, None, 1.0, 10.0, None, None, 0, (0, 1, 2, 3, 4),
-                                       (9.6, 10.4), is_baseline=True)]
+    comparisons, front = (
+        [],
+        [
+            FrontRow(
+                None,
+                (1,) * n_layers,
+                plain,
+                None,
+                1.0,
+                10.0,
+                None,
+                None,
+                0,
+                (0, 1, 2, 3, 4),
+                (9.6, 10.4),
+                is_baseline=True,
+            )
+        ],
+    )
     for k, key in enumerate(raced):
         ratio = next(r.flops_ratio for r in results if r.map_key == key)
         for s in range(1, 5):
             results.append(StoredResult(key, ratio, 0, s, "constant", 2.29, 9.9, None, "run 0x"))
         status = ("better", "cannot win", "open", "dominated")[k % 4]
-        comparisons.append(Comparison(key, ratio, (1, 2, 3, 4), -0.01, 0.01, (-0.02, 0.0), 0.04, -2.0, 0.05, 2.0,
-                                      status, units=128))
+        comparisons.append(
+            Comparison(key, ratio, (1, 2, 3, 4), -0.01, 0.01, (-0.02, 0.0), 0.04, -2.0, 0.05, 2.0, status, units=128)
+        )
         if status == "better":
-            front.append(FrontRow(None, None, key, None, ratio, 9.9, None, None, 0, (0, 1, 2, 3, 4), (9.7, 10.1),
-                                  confirmed=True))
+            front.append(
+                FrontRow(None, None, key, None, ratio, 9.9, None, None, 0, (0, 1, 2, 3, 4), (9.7, 10.1), confirmed=True)
+            )
     state = RaceState(alive=(), comparisons=tuple(comparisons), verdict="recurrence beats the baseline", done=True)
     race = RaceReport(settings, tuple(results), state, tuple(front), None, None, Answer("use block:10-13:2"))
     return trials, race, block_grid(results, comparisons, n_layers, plain, settings)
@@ -309,8 +393,10 @@ def test_a_30_layer_block_studys_page_is_offline_and_small():
     assert not re.search(r"<script[^>]+src=", page) and "https://cdn" not in page  # nothing fetched
     packed = re.search(r'id="plotly-js-gzip-base64">([^<]+)<', page).group(1)
     library = gzip.decompress(base64.b64decode(packed))
-    assert hashlib.sha256(library).hexdigest() == PLOTLY_BUNDLE_SHA256 and f"v{PLOTLY_BUNDLE_VERSION}" in library[
-        :200].decode()
+    assert (
+        hashlib.sha256(library).hexdigest() == PLOTLY_BUNDLE_SHA256
+        and f"v{PLOTLY_BUNDLE_VERSION}" in library[:200].decode()
+    )
     figure = json.loads(re.search(r'id="figure-json">(.+?)</script>', page, re.S).group(1))
     assert figure["data"][0]["type"] == "heatmap" and figure["layout"]["coloraxis"]["cmax"] < 9.0  # clipped
     assert '"responsive": true' in page
@@ -336,10 +422,26 @@ def test_headless_chromium_draws_the_page_offline(block_study, tmp_path):
     page = tmp_path / "blocks.html"
     page.write_text(figure_page(front_figure("bh", url)), encoding="utf-8")
     with tempfile.TemporaryDirectory() as profile:
-        proc = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                               "--no-first-run", "--disable-background-networking", "--disable-component-update",
-                               "--disable-sync", f"--user-data-dir={profile}", "--virtual-time-budget=5000",
-                               "--dump-dom", Path(page).as_uri()], capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [
+                CHROMIUM,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                f"--user-data-dir={profile}",
+                "--virtual-time-budget=5000",
+                "--dump-dom",
+                Path(page).as_uri(),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     dom = proc.stdout
     assert "js-plotly-plot" in dom and "heatmaplayer" in dom, proc.stderr[-2000:]
     drawn = dom.split('id="figure"')[1].split('id="figure-json"')[0]  # the figure's box, as the page left it

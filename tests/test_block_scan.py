@@ -15,7 +15,8 @@ def test_feasible_blocks_are_every_block_within_the_budget():
     assert len(blocks) == 4 + 3 + 4 and len(set(blocks)) == len(blocks)
     assert all(b.layer_runs <= 6 and b.repeats >= 2 for b in blocks)
     assert feasible_blocks(30, 2, 30 + 12)[0].key == "block:0-0:2" and len(feasible_blocks(30, 2, 42)) == sum(
-        31 - length for length in range(1, 13))
+        31 - length for length in range(1, 13)
+    )
 
 
 def evaluated_keys(db) -> list[str]:
@@ -26,12 +27,33 @@ def evaluated_keys(db) -> list[str]:
 
 @pytest.mark.parametrize("sampler,trials", [("grid", None), ("tpe", 12)])
 def test_every_block_is_evaluated_once(cli, tmp_path, recurrent_checkpoint, sampler, trials):
-    space = write_space(tmp_path / "scan.toml", search={"families": ["blocks"], "max_reuse": 3, "sampler": sampler,
-                                                       "n_trials": trials or 5, "race_seeds": 1, "target": 1.0},
-                        train={"eval_windows": 4})
+    space = write_space(
+        tmp_path / "scan.toml",
+        search={
+            "families": ["blocks"],
+            "max_reuse": 3,
+            "sampler": sampler,
+            "n_trials": trials or 5,
+            "race_seeds": 1,
+            "target": 1.0,
+        },
+        train={"eval_windows": 4},
+    )
     db = tmp_path / "scan.db"
-    proc = cli("run", "--space", str(space), "--init", str(recurrent_checkpoint), "--train-steps", "0", "--budget",
-               "1.5x", "--storage", f"sqlite:///{db}", "--json")
+    proc = cli(
+        "run",
+        "--space",
+        str(space),
+        "--init",
+        str(recurrent_checkpoint),
+        "--train-steps",
+        "0",
+        "--budget",
+        "1.5x",
+        "--storage",
+        f"sqlite:///{db}",
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
     expected = {b.canonical().key for b in feasible_blocks(4, 3, 6)} | {"1,1,1,1"}
@@ -44,8 +66,20 @@ def test_every_block_is_evaluated_once(cli, tmp_path, recurrent_checkpoint, samp
 
 def test_the_blocks_scan_preset_scans_a_checkpoint(cli, tmp_path, recurrent_checkpoint):
     db = tmp_path / "preset.db"
-    proc = cli("run", "--space", "blocks-scan", "--init", str(recurrent_checkpoint), "--train-steps", "0", "--budget",
-               "1.25x", "--storage", f"sqlite:///{db}", "--json")
+    proc = cli(
+        "run",
+        "--space",
+        "blocks-scan",
+        "--init",
+        str(recurrent_checkpoint),
+        "--train-steps",
+        "0",
+        "--budget",
+        "1.25x",
+        "--storage",
+        f"sqlite:///{db}",
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     expected = {b.canonical().key for b in feasible_blocks(4, 4, 5)} | {"1,1,1,1"}
     assert sorted(evaluated_keys(db)) == sorted(expected)

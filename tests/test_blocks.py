@@ -5,8 +5,8 @@ import json
 
 import optuna
 import pytest
-
 from conftest import assert_one_line_error, run_cli, write_space
+
 from ilr_search.search.maps import BLOCK_PARAMS, parse_enqueued, repair_block
 from ilr_search.training.schedule import BlockMap, ReuseMap, ScheduleError, map_of_key, parse_map
 
@@ -49,10 +49,16 @@ def test_enqueued_block_maps_follow_the_families():
     assert entry.repaired_from == (3, 3, 3, 3)
     both = parse_enqueued("2,1,1,1", 4, 3, 8, (), ("ilr", "blocks"))
     assert both.params(())["family"] == "ilr"
-    assert parse_enqueued("block2", 4, 3, 8, (), ("blocks",)).params(()) == \
-        {"block_start": 0, "block_end": 3, "block_repeats": 2}  # a trial, not a reference run
-    assert parse_enqueued("1,3,1,1", 4, 3, 8, (), ("blocks",)).params(()) == \
-        {"block_start": 1, "block_end": 1, "block_repeats": 3}
+    assert parse_enqueued("block2", 4, 3, 8, (), ("blocks",)).params(()) == {
+        "block_start": 0,
+        "block_end": 3,
+        "block_repeats": 2,
+    }  # a trial, not a reference run
+    assert parse_enqueued("1,3,1,1", 4, 3, 8, (), ("blocks",)).params(()) == {
+        "block_start": 1,
+        "block_end": 1,
+        "block_repeats": 3,
+    }
     with pytest.raises(Exception, match="block maps only"):
         parse_enqueued("2,2,1,1", 4, 3, 8, (), ("blocks",))
     with pytest.raises(Exception, match="families includes 'blocks'"):
@@ -82,8 +88,24 @@ def blocks_study(tmp_path_factory, token_cache):
     root = tmp_path_factory.mktemp("blocks")
     space = write_space(root / "space.toml", search={"noise_seeds": 0, "families": ["blocks"]})
     db = root / "b.db"
-    args = ["run", "--space", str(space), "--budget", "2x", "--steps", "8", "--n-trials", "4", "--study", "b",
-            "--storage", f"sqlite:///{db}", "--json", "--enqueue", "block:1-2:2"]
+    args = [
+        "run",
+        "--space",
+        str(space),
+        "--budget",
+        "2x",
+        "--steps",
+        "8",
+        "--n-trials",
+        "4",
+        "--study",
+        "b",
+        "--storage",
+        f"sqlite:///{db}",
+        "--json",
+        "--enqueue",
+        "block:1-2:2",
+    ]
     proc = run_cli(args, root, {"ILR_SEARCH_CACHE": str(token_cache)})
     assert proc.returncode == 0, proc.stderr
     return root, db

@@ -3,10 +3,9 @@ from dataclasses import replace
 import pytest
 import torch
 
+from ilr_search.config import DataConfig, ModelConfig, TrainConfig
 from ilr_search.data.tokens import load_tokens
-from ilr_search.config import ModelConfig
 from ilr_search.training.schedule import reuse_map_schedule
-from ilr_search.config import DataConfig, TrainConfig
 from ilr_search.training.train import train_proxy
 
 
@@ -37,6 +36,6 @@ def test_a_retried_run_resumes_from_its_checkpoint_and_ends_the_same(token_cache
     assert resumed.resumed_from_step == 20 and resumed.steps == 30
     assert resumed.val_loss == pytest.approx(uninterrupted.val_loss, rel=1e-6, abs=1e-6)
     assert [p.step for p in resumed.curve] == [p.step for p in uninterrupted.curve]
-    for a, b in zip(resumed.curve, uninterrupted.curve):
+    for a, b in zip(resumed.curve, uninterrupted.curve, strict=True):
         assert a.val_loss == pytest.approx(b.val_loss, rel=1e-6, abs=1e-6)
     assert not list(path.parent.glob(".*tmp*"))  # atomic writes leave no temporary files

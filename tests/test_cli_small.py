@@ -13,10 +13,9 @@ import sys
 from importlib import metadata
 
 import pytest
-from rich.console import Console
-
 from conftest import NO_REFERENCES, TINY_SPACE, assert_one_line_error, run_cli, write_space
 from helpers import BAD_ENQUEUES, HANG_SECONDS, Imported, imported_by, run_args
+from rich.console import Console
 
 
 @pytest.mark.parametrize("command", [[], ["run", "--budget", "2x"], ["train"], ["recipe"], ["bench", "build"]])
@@ -40,16 +39,42 @@ def test_tables_at_80_columns_keep_maps_and_study_names_whole(monkeypatch):
     maps = [[4, 2, 1, 1, 1, 1, 1, 1], [1, 3, 2, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1, 1]]
     names = ["ilr-L8-d32-rope-stdlib-byte-1.5x-838912f6", "ilr-L8-d32-rope-stdlib-bpe1024-2x-12345678"]
     knobs = {"injection": "add", "iteration_norms": True}
-    rows = [TrialRow(TrialRecord(i, TrialState.COMPLETE, reuse_map=tuple(m), knobs=knobs if i else {},
-                                 flops_ratio=1.476, val_ppl=5.8234, val_bpb=1.234, steps=1000), (), ())
-            for i, m in enumerate(maps)]
-    answer = Answer("use 4,2,1,1,1,1,1,1: 0.08 ppl better than the plain model (90% interval 0.03 to 0.13), 6 seeds "
-                    "at 2000 steps", ("closest contender: 1,3,2,1,1,1,1,1 better by 0.02 ppl than the plain model",))
-    ui.print_trials(StudyReport(study=names[0], storage="sqlite:///s.db", trials=(), references={}, race=None,
-                                fidelity=Fidelity((), None, None, None, (), ""), answer=answer,
-                                listing=TrialListing(tuple(rows), (), ())))
-    ui.print_studies(StudyListing(tuple(StudySummary(n, 18, 13, "1.5x", 8, None, 5.812, None, answer.line)
-                                        for n in names)))
+    rows = [
+        TrialRow(
+            TrialRecord(
+                i,
+                TrialState.COMPLETE,
+                reuse_map=tuple(m),
+                knobs=knobs if i else {},
+                flops_ratio=1.476,
+                val_ppl=5.8234,
+                val_bpb=1.234,
+                steps=1000,
+            ),
+            (),
+            (),
+        )
+        for i, m in enumerate(maps)
+    ]
+    answer = Answer(
+        "use 4,2,1,1,1,1,1,1: 0.08 ppl better than the plain model (90% interval 0.03 to 0.13), 6 seeds at 2000 steps",
+        ("closest contender: 1,3,2,1,1,1,1,1 better by 0.02 ppl than the plain model",),
+    )
+    ui.print_trials(
+        StudyReport(
+            study=names[0],
+            storage="sqlite:///s.db",
+            trials=(),
+            references={},
+            race=None,
+            fidelity=Fidelity((), None, None, None, (), ""),
+            answer=answer,
+            listing=TrialListing(tuple(rows), (), ()),
+        )
+    )
+    ui.print_studies(
+        StudyListing(tuple(StudySummary(n, 18, 13, "1.5x", 8, None, 5.812, None, answer.line) for n in names))
+    )
     text = console.export_text()
     lines = text.splitlines()
     assert max(len(line) for line in lines) <= 80
@@ -79,23 +104,35 @@ def test_a_bad_space_file_is_still_named(cli, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("args", [["train", "--steps", "-1"], ["run", "--budget", "0.5x"],
-                                  ["audit", "--factor", "0"], ["bench", "build", "--space", "bench-small", "--out", "x.txt"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["train", "--steps", "-1"],
+        ["run", "--budget", "0.5x"],
+        ["audit", "--factor", "0"],
+        ["bench", "build", "--space", "bench-small", "--out", "x.txt"],
+    ],
+)
 def test_no_blank_line_before_an_error(cli, tmp_path, args):
     proc = cli(*args, "--storage", f"sqlite:///{tmp_path / 'r.db'}") if args[0] in ("run", "audit") else cli(*args)
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: "), repr(proc.stderr)
 
 
-@pytest.mark.parametrize("args, loaded, verbosity", [
-    (["--help"], (), 20),  # help loads neither Optuna nor torch (20: Optuna's default)
-    (["run", "--help"], (), 20),
-    (["studies", "--storage", "sqlite:///none.db"], ("optuna",), 40),  # a command: errors only
-])
+@pytest.mark.parametrize(
+    "args, loaded, verbosity",
+    [
+        (["--help"], (), 20),  # help loads neither Optuna nor torch (20: Optuna's default)
+        (["run", "--help"], (), 20),
+        (["studies", "--storage", "sqlite:///none.db"], ("optuna",), 40),  # a command: errors only
+    ],
+)
 def test_help_loads_no_optuna_and_a_command_quiets_it(tmp_path, args, loaded, verbosity):
     import optuna
 
-    optuna.create_study(study_name="s", storage=f"sqlite:///{tmp_path / 'none.db'}")  # studies reads a storage that exists
+    optuna.create_study(
+        study_name="s", storage=f"sqlite:///{tmp_path / 'none.db'}"
+    )  # studies reads a storage that exists
     assert imported_by(args, tmp_path) == Imported(loaded, verbosity)
 
 
@@ -165,13 +202,19 @@ def test_flops_and_train_refuse_counts_above_max_reuse_as_run_does(cli, tmp_path
 
 
 BAD_RUN_INPUTS = [["--enqueue", text] for _, text in sorted(BAD_ENQUEUES.items())] + [
-    ["--enqueue", "2,1,1,1 5,1,1,1"], ["--budget", "1.5"], ["--n-trials", "0"], ["--knobs", "wings"]]
+    ["--enqueue", "2,1,1,1 5,1,1,1"],
+    ["--budget", "1.5"],
+    ["--n-trials", "0"],
+    ["--knobs", "wings"],
+]
 
 
 @pytest.mark.parametrize("bad", BAD_RUN_INPUTS, ids=" ".join)
 def test_run_and_its_dry_run_refuse_the_same_input(cli, tmp_path, bad):
     space = write_space(tmp_path / "space.toml", search=NO_REFERENCES)
-    args = run_args(space, tmp_path / "r.db", "q", *bad, budget="2x", steps=8, n_trials=2)  # a later --budget or --n-trials wins over run_args'
+    args = run_args(
+        space, tmp_path / "r.db", "q", *bad, budget="2x", steps=8, n_trials=2
+    )  # a later --budget or --n-trials wins over run_args'
     refused = [cli(*args), cli(*args, "--dry-run")]
     for proc in refused:
         assert_one_line_error(proc)
@@ -179,15 +222,38 @@ def test_run_and_its_dry_run_refuse_the_same_input(cli, tmp_path, bad):
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == ["space.toml"]
 
 
-TRAINING_FLAGS = ["--steps", "--batch-size", "--lr", "--seed", "--device", "--dtype", "--compile", "--data",
-                  "--text-column"]
+TRAINING_FLAGS = [
+    "--steps",
+    "--batch-size",
+    "--lr",
+    "--seed",
+    "--device",
+    "--dtype",
+    "--compile",
+    "--data",
+    "--text-column",
+]
 
 
 def test_flops_takes_the_model_options_only(cli):
     flops = cli("flops", "--help", check=True).stdout
     assert not [flag for flag in TRAINING_FLAGS if flag in flops]
-    assert all(flag in flops for flag in ("--space", "--layers", "--d-model", "--heads", "--seq-len", "--mlp-ratio",
-                                          "--pe", "--tokenizer", "--reuse-map", "--block", "--knobs"))
+    assert all(
+        flag in flops
+        for flag in (
+            "--space",
+            "--layers",
+            "--d-model",
+            "--heads",
+            "--seq-len",
+            "--mlp-ratio",
+            "--pe",
+            "--tokenizer",
+            "--reuse-map",
+            "--block",
+            "--knobs",
+        )
+    )
     train = cli("train", "--help", check=True).stdout
     assert all(flag in train for flag in TRAINING_FLAGS + ["--layers", "--tokenizer"])
     assert_one_line_error(cli("flops", "--steps", "10"))
@@ -234,8 +300,16 @@ def test_studies_of_a_missing_storage_is_an_error_and_creates_nothing(cli, tmp_p
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("args", [["pareto", "--out", "front.docx"], ["export", "--out", "trials.xlsx"],
-                                  ["audit", "--factor", "0"], ["recipe", "--out", "recipe.docx"]], ids=" ".join)
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["pareto", "--out", "front.docx"],
+        ["export", "--out", "trials.xlsx"],
+        ["audit", "--factor", "0"],
+        ["recipe", "--out", "recipe.docx"],
+    ],
+    ids=" ".join,
+)
 def test_the_default_study_is_not_announced_before_an_error(cli, tmp_path, args):
     import optuna
 
@@ -263,8 +337,14 @@ def in_terminal(args: list[str], columns: int, cwd, env: dict) -> str:
 
     main, secondary = pty.openpty()
     fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
-    proc = subprocess.Popen([sys.executable, "-m", "ilr_search", *args], stdin=subprocess.DEVNULL, stdout=secondary,
-                            stderr=subprocess.PIPE, cwd=cwd, env={**env, "COLUMNS": str(columns), "LINES": "50"})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ilr_search", *args],
+        stdin=subprocess.DEVNULL,
+        stdout=secondary,
+        stderr=subprocess.PIPE,
+        cwd=cwd,
+        env={**env, "COLUMNS": str(columns), "LINES": "50"},
+    )
     os.close(secondary)
     chunks = []
     while True:
@@ -288,8 +368,26 @@ def eight_layer_study(tmp_path_factory, token_cache):
     space = write_space(root / "space.toml", search=NO_REFERENCES)
     db = root / "s.db"
     env = {**os.environ, "ILR_SEARCH_CACHE": str(token_cache)}
-    proc = run_cli(["run", "--space", str(space), "--layers", "8", "--budget", "1.5x", "--steps", "4", "--n-trials", "3",
-                    "--storage", f"sqlite:///{db}", "--json"], root, {"ILR_SEARCH_CACHE": str(token_cache)})
+    proc = run_cli(
+        [
+            "run",
+            "--space",
+            str(space),
+            "--layers",
+            "8",
+            "--budget",
+            "1.5x",
+            "--steps",
+            "4",
+            "--n-trials",
+            "3",
+            "--storage",
+            f"sqlite:///{db}",
+            "--json",
+        ],
+        root,
+        {"ILR_SEARCH_CACHE": str(token_cache)},
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads(proc.stdout)
     trials = json.loads(run_cli(["trials", "--storage", f"sqlite:///{db}", "--json"], root).stdout)["trials"]
@@ -300,8 +398,10 @@ def eight_layer_study(tmp_path_factory, token_cache):
 def test_tables_in_a_terminal_keep_the_study_name_and_maps_whole(eight_layer_study, columns):
     root, db, env, study, maps = eight_layer_study
     assert len(study) >= 36 and all(len(m) == 15 for m in maps)
-    texts = {command: in_terminal([command, "--storage", f"sqlite:///{db}"], columns, root, env)
-             for command in ("studies", "trials", "pareto")}
+    texts = {
+        command: in_terminal([command, "--storage", f"sqlite:///{db}"], columns, root, env)
+        for command in ("studies", "trials", "pareto")
+    }
     for command, text in texts.items():
         lines = text.splitlines()
         assert max(len(line) for line in lines if line[:1] in "┏┃┡│└") <= columns, text  # (a verdict line soft-wraps)

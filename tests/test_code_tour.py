@@ -10,9 +10,9 @@ FOLDER_LINE = re.compile(r"^(ilr_search/|  (\w+)/)\s")
 def tour() -> dict[str, set[str]]:
     """Folder (relative to ilr_search/, '' for the package itself) -> the module names its lines name."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    block = text[text.index("## Layout"):]
-    block = block[block.index("```") + 3:]
-    block = block[:block.index("```")]
+    block = text[text.index("## Layout") :]
+    block = block[block.index("```") + 3 :]
+    block = block[: block.index("```")]
     named: dict[str, set[str]] = {}
     folder = None
     for line in block.splitlines():

@@ -27,22 +27,28 @@ def fixture_config() -> dict:
 def test_a_space_round_trips_through_to_dict_with_its_schema_version():
     import json
 
-    from ilr_search.config import SPACE_SCHEMA_VERSION
-    from ilr_search.space import load_space
     from conftest import TINY_SPACE
 
-    for space in (SpaceConfig(), load_space(TINY_SPACE, {"search": {"knobs": ["injection"], "enqueue": ["2,1,1,1"]},
-                                                         "model": {"injection": "gated"}})):
+    from ilr_search.config import SPACE_SCHEMA_VERSION
+    from ilr_search.space import load_space
+
+    for space in (
+        SpaceConfig(),
+        load_space(
+            TINY_SPACE, {"search": {"knobs": ["injection"], "enqueue": ["2,1,1,1"]}, "model": {"injection": "gated"}}
+        ),
+    ):
         stored = json.loads(json.dumps(space.to_dict()))  # as a study stores it: JSON, tuples become lists
         assert stored["schema_version"] == SPACE_SCHEMA_VERSION
         assert SpaceConfig.from_dict(stored) == space
 
 
 def test_an_unversioned_stored_config_reads_as_version_0_with_the_settings_it_ran_with():
+    from conftest import ROOT
+
     from ilr_search.config import ModelConfig
     from ilr_search.search.plan import StoredConfig
     from ilr_search.space import load_space
-    from conftest import ROOT
 
     stored = fixture_config()
     assert "schema_version" not in stored and "knobs" not in stored["search"] and "target" not in stored["search"]
@@ -71,10 +77,11 @@ def test_a_newer_schema_version_is_refused():
 
 
 def test_a_new_study_stores_the_version_and_an_old_one_keeps_its_derived_name():
+    from conftest import ROOT
+
     from ilr_search.config import SPACE_SCHEMA_VERSION
     from ilr_search.search.plan import StoredConfig, config_differences, derive_study_name, plan_study, study_identity
     from ilr_search.space import load_space
-    from conftest import ROOT
 
     plan = plan_study(load_space(ROOT / "tests" / "fixtures" / "space-eeb668a.toml"), "1.5x", None)
     stored = fixture_config()
@@ -88,10 +95,11 @@ def test_a_new_study_stores_the_version_and_an_old_one_keeps_its_derived_name():
 
 
 def test_the_architecture_options_are_stored_only_when_set_and_read_back():
+    from conftest import TINY_SPACE
+
     from ilr_search.config import ARCHITECTURE_FIELD_DEFAULTS, ModelConfig
     from ilr_search.search.plan import StoredConfig, plan_study
     from ilr_search.space import load_space
-    from conftest import TINY_SPACE
 
     plain = plan_study(load_space(TINY_SPACE), "1.5x", None)
     assert not set(ARCHITECTURE_FIELD_DEFAULTS) & set(plain.config["model"])
@@ -111,7 +119,11 @@ def test_the_architecture_options_are_checked():
     cfg = ModelConfig(d_model=32, n_heads=4, n_kv_heads=2, head_dim=6)
     assert (cfg.kv_heads, cfg.head_size) == (2, 6) and (ModelConfig().kv_heads, ModelConfig().head_size) == (4, 8)
     assert ModelConfig(d_model=30, n_heads=4, head_dim=8).head_size == 8  # an explicit head size need not divide
-    for bad, words in (({"n_kv_heads": 3}, "not divisible by key/value heads"), ({"head_dim": 5}, "even head size"),
-                       ({"n_kv_heads": -1}, "n_kv_heads"), ({"d_model": 30}, "not divisible by heads")):
+    for bad, words in (
+        ({"n_kv_heads": 3}, "not divisible by key/value heads"),
+        ({"head_dim": 5}, "even head size"),
+        ({"n_kv_heads": -1}, "n_kv_heads"),
+        ({"d_model": 30}, "not divisible by heads"),
+    ):
         with pytest.raises(ValueError, match=words):
             ModelConfig(**{"d_model": 32, "n_heads": 4, **bad})

@@ -6,7 +6,6 @@ import sqlite3
 
 import pandas as pd
 import pytest
-
 from conftest import NO_REFERENCES, write_space
 from helpers import run_args
 
@@ -14,8 +13,11 @@ from helpers import run_args
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["sqlite", "journal"])
 def test_every_trained_trial_has_a_training_loss_curve(tmp_path, cli, kind):
-    space = write_space(tmp_path / "space.toml", search={**NO_REFERENCES, "enqueue_paper_maps": False},
-                        train={"eval_fractions": [0.5, 1.0]})
+    space = write_space(
+        tmp_path / "space.toml",
+        search={**NO_REFERENCES, "enqueue_paper_maps": False},
+        train={"eval_fractions": [0.5, 1.0]},
+    )
     storage = f"sqlite:///{tmp_path / 'c.db'}" if kind == "sqlite" else f"journal:{tmp_path / 'c.journal'}"
     cli(*run_args(space, storage, "c", budget="2x", steps=8, n_trials=2), check=True)
     listed = json.loads(cli("trials", "--study", "c", "--storage", storage, "--json", check=True).stdout)["trials"]
@@ -38,11 +40,23 @@ def test_a_database_made_before_training_curves_still_reads_and_resumes(tmp_path
     listed = json.loads(cli("trials", "--study", "c", "--storage", storage, "--json", check=True).stdout)["trials"]
     assert listed[0]["curves"]["train"] == [] and listed[0]["curves"]["val"]
     curves = tmp_path / "curves.csv"
-    cli("export", "--study", "c", "--storage", storage, "--out", str(tmp_path / "t.csv"), "--curves", str(curves),
-        check=True)
+    cli(
+        "export",
+        "--study",
+        "c",
+        "--storage",
+        storage,
+        "--out",
+        str(tmp_path / "t.csv"),
+        "--curves",
+        str(curves),
+        check=True,
+    )
     assert set(pd.read_csv(curves)["kind"]) == {"val"}
     with sqlite3.connect(db) as conn:  # reading created nothing
         assert not conn.execute("SELECT name FROM sqlite_master WHERE name = 'ilr_train_curves'").fetchall()
-    cli(*run_args(space, storage, "c", budget="2x", steps=8, n_trials=2), check=True)  # a resume adds the table, and the new trial's curve
+    cli(
+        *run_args(space, storage, "c", budget="2x", steps=8, n_trials=2), check=True
+    )  # a resume adds the table, and the new trial's curve
     listed = json.loads(cli("trials", "--study", "c", "--storage", storage, "--json", check=True).stdout)["trials"]
     assert listed[0]["curves"]["train"] == [] and listed[1]["curves"]["train"]

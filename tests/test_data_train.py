@@ -4,17 +4,28 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-
 from conftest import assert_one_line_error
+
+from ilr_search.config import DataConfig, ModelConfig, TrainConfig
 from ilr_search.data.tokens import load_tokens
-from ilr_search.config import ModelConfig
 from ilr_search.training.schedule import reuse_map_schedule
-from ilr_search.config import DataConfig, TrainConfig
 from ilr_search.training.train import train_proxy
 
 TINY = ["--layers", "2", "--d-model", "32", "--heads", "2", "--seq-len", "64", "--batch-size", "8", "--dtype", "fp32"]
-TRAIN_KEYS = {"reuse_map", "params", "flops_ratio", "steps", "tokens", "val_loss", "val_ppl", "val_bpb",
-              "train_seconds", "tokens_per_second", "status", "curve"}
+TRAIN_KEYS = {
+    "reuse_map",
+    "params",
+    "flops_ratio",
+    "steps",
+    "tokens",
+    "val_loss",
+    "val_ppl",
+    "val_bpb",
+    "train_seconds",
+    "tokens_per_second",
+    "status",
+    "curve",
+}
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +68,7 @@ def test_same_seed_same_losses_and_maps_see_the_same_batches(stdlib_tokens):
 def test_validation_windows_are_fixed(stdlib_tokens):
     first = list(stdlib_tokens.val_batches(8, 64, 4))
     second = list(stdlib_tokens.val_batches(8, 64, 4))
-    assert all((x1 == x2).all() for (x1, _), (x2, _) in zip(first, second))
+    assert all((x1 == x2).all() for (x1, _), (x2, _) in zip(first, second, strict=True))
     assert stdlib_tokens.val_bytes(8, 64) == 8 * 64  # byte tokens cover one byte each
 
 
@@ -101,6 +112,7 @@ def write_text(path, text):
 @pytest.mark.parametrize("suffix", ["txt", "jsonl", "csv", "parquet"])
 def test_local_formats(tmp_path, suffix):
     import pandas as pd
+
     rows = [f"document {i}: " + "the quick brown fox jumps over the lazy dog. " * 5 for i in range(200)]
     path = tmp_path / f"corpus.{suffix}"
     if suffix == "txt":
@@ -118,16 +130,22 @@ def test_local_formats(tmp_path, suffix):
 
 
 def test_diverging_run_reports_status_without_raising(stdlib_tokens):
-    result = train_proxy(tiny_model(), reuse_map_schedule([1, 1]), stdlib_tokens,
-                         tiny_train(lr=1e6, grad_clip=1e9, steps=30))
+    result = train_proxy(
+        tiny_model(), reuse_map_schedule([1, 1]), stdlib_tokens, tiny_train(lr=1e6, grad_clip=1e9, steps=30)
+    )
     assert result.status == "diverged" and result.reason and result.val_ppl != result.val_ppl  # NaN
 
 
 @pytest.mark.slow
 def test_eval_callback_stops_the_run(stdlib_tokens):
     seen = []
-    result = train_proxy(tiny_model(), reuse_map_schedule([1, 1]), stdlib_tokens, tiny_train(),
-                         on_eval=lambda p: seen.append(p.step) or p.step >= 3)
+    result = train_proxy(
+        tiny_model(),
+        reuse_map_schedule([1, 1]),
+        stdlib_tokens,
+        tiny_train(),
+        on_eval=lambda p: seen.append(p.step) or p.step >= 3,
+    )
     assert result.status == "stopped" and result.steps == 3 and seen == [2, 3]
 
 

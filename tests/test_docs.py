@@ -1,6 +1,7 @@
 """The documentation stays true to the repository: every relative link in README.md, docs/ and benchmarks/reports/
 resolves to a file inside the repository (and a #heading to a heading of it), every data file a report names exists,
-and docs/cli.md is what the typer app generates today. Reads text and runs one `--help`-sized command; trains nothing."""
+and docs/cli.md is what the typer app generates today. Reads text and runs one `--help`-sized command; trains
+nothing."""
 
 import os
 import re
@@ -9,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
 
 # The one command that regenerates the CLI reference (docs/README.md shows it; run it from the repository root).
@@ -89,9 +89,12 @@ def test_the_link_check_catches_what_it_is_for(tmp_path):
     (root / "docs").mkdir(parents=True)
     (root / "docs" / "other.md").write_text("# Other page\n", encoding="utf-8")
     page = root / "docs" / "page.md"
-    page.write_text("# A heading\n\n[up](../../outside.md) `../../shared/contract.md` [gone](nope.md)\n"
-                    "[here](#a-heading) [there](other.md#other-page) [elsewhere](other.md#elsewhere)\n"
-                    "`[code](not-a-link.md)`\n\n```\n[fenced](not-a-link-either.md)\n```\n", encoding="utf-8")
+    page.write_text(
+        "# A heading\n\n[up](../../outside.md) `../../shared/contract.md` [gone](nope.md)\n"
+        "[here](#a-heading) [there](other.md#other-page) [elsewhere](other.md#elsewhere)\n"
+        "`[code](not-a-link.md)`\n\n```\n[fenced](not-a-link-either.md)\n```\n",
+        encoding="utf-8",
+    )
     problems = broken_links(page, root)
     assert len(problems) == 4, problems
     assert "outside the repository" in problems[0] and "no such file" in problems[1]
@@ -119,12 +122,17 @@ def test_the_cli_reference_matches_the_app(tmp_path):
     out = tmp_path / "cli.md"
     command = REGENERATE_CLI.removeprefix("PYTHONPATH=. ").replace("python", sys.executable, 1)
     command = command.replace("docs/cli.md", str(out))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "COLUMNS": "80", "TERMINAL_WIDTH": "80"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "COLUMNS": "80",
+        "TERMINAL_WIDTH": "80",
+    }
     proc = subprocess.run(command.split(" "), cwd=ROOT, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert out.read_text(encoding="utf-8") == (ROOT / "docs" / "cli.md").read_text(encoding="utf-8"), (
-        f"docs/cli.md is out of date with the CLI; regenerate it from the repository root: {REGENERATE_CLI}")
+        f"docs/cli.md is out of date with the CLI; regenerate it from the repository root: {REGENERATE_CLI}"
+    )
 
 
 def test_the_regeneration_command_is_documented():
@@ -133,10 +141,11 @@ def test_the_regeneration_command_is_documented():
 
 def python_example(page: Path, section: str) -> str:
     text = page.read_text(encoding="utf-8")
-    return re.search(r"```python\n(.*?)```", text[text.index(section):], re.S).group(1)
+    return re.search(r"```python\n(.*?)```", text[text.index(section) :], re.S).group(1)
 
 
 def test_the_python_api_page_shows_the_tested_example():
     """docs/python-api.md repeats the README's example, which tests/test_python_api.py runs: the two stay one."""
-    assert python_example(ROOT / "docs" / "python-api.md", "# The Python API") == \
-        python_example(ROOT / "README.md", "## Python API"), "docs/python-api.md's example differs from the README's"
+    assert python_example(ROOT / "docs" / "python-api.md", "# The Python API") == python_example(
+        ROOT / "README.md", "## Python API"
+    ), "docs/python-api.md's example differs from the README's"

@@ -5,7 +5,6 @@ import json
 
 import optuna
 import pytest
-
 from conftest import NO_REFERENCES, assert_one_line_error, run_cli, write_space
 
 
@@ -17,8 +16,20 @@ def _files(folder):
 def test_dry_run_plans_and_estimates_without_writing(cli, tmp_path, token_cache):
     space = write_space(tmp_path / "space.toml", train={"eval_fractions": [0.5, 1.0]})
     before_cache, before_here = _files(token_cache), _files(tmp_path)
-    proc = cli("run", "--space", str(space), "--budget", "2x", "--n-trials", "5", "--storage",
-               f"sqlite:///{tmp_path / 'r.db'}", "--dry-run", "--json", check=True)
+    proc = cli(
+        "run",
+        "--space",
+        str(space),
+        "--budget",
+        "2x",
+        "--n-trials",
+        "5",
+        "--storage",
+        f"sqlite:///{tmp_path / 'r.db'}",
+        "--dry-run",
+        "--json",
+        check=True,
+    )
     plan = json.loads(proc.stdout)
     assert plan["dry_run"] and not plan["resume"] and not plan["storage_exists"]
     assert plan["n_trials"] == 5 and plan["trials_to_train"] == 5
@@ -36,13 +47,15 @@ def test_dry_run_does_not_create_a_study_in_an_existing_storage(cli, tmp_path):
     optuna.create_study(study_name="other", storage=url)
     space = write_space(tmp_path / "space.toml", search=NO_REFERENCES)
     size = (tmp_path / "r.db").stat().st_size
-    proc = cli("run", "--space", str(space), "--budget", "2x", "--storage", url, "--study", "planned", "--dry-run",
-               check=True)
+    proc = cli(
+        "run", "--space", str(space), "--budget", "2x", "--storage", url, "--study", "planned", "--dry-run", check=True
+    )
     assert "planned (new)" in proc.stdout and "estimated time" in proc.stdout
     assert [s.study_name for s in optuna.get_all_study_summaries(url)] == ["other"]
     assert (tmp_path / "r.db").stat().st_size == size
-    assert_one_line_error(cli("run", "--space", str(space), "--budget", "2x", "--storage", url, "--study", "other",
-                              "--dry-run"))  # not an ilr-search study: refused as `run` refuses it
+    assert_one_line_error(
+        cli("run", "--space", str(space), "--budget", "2x", "--storage", url, "--study", "other", "--dry-run")
+    )  # not an ilr-search study: refused as `run` refuses it
 
 
 FINISHED_ARGS = ["--budget", "2x", "--steps", "8", "--target", "2x", "--equal-compute", "off", "--max-seeds", "3"]
@@ -96,11 +109,25 @@ def test_the_frozen_dry_run_plans_evaluations_and_times_them(cli, tmp_path, recu
     time range from a probe of the checkpoint's evaluation; nothing is written."""
     from conftest import write_space
 
-    space = write_space(tmp_path / "frozen.toml", search={"n_trials": 3, "race_seeds": 3, "max_seeds": 5},
-                        train={"eval_windows": 8})
+    space = write_space(
+        tmp_path / "frozen.toml", search={"n_trials": 3, "race_seeds": 3, "max_seeds": 5}, train={"eval_windows": 8}
+    )
     db = tmp_path / "frozen.db"
-    proc = cli("run", "--space", str(space), "--init", str(recurrent_checkpoint), "--train-steps", "0", "--budget",
-               "1.5x", "--storage", f"sqlite:///{db}", "--dry-run", "--json")
+    proc = cli(
+        "run",
+        "--space",
+        str(space),
+        "--init",
+        str(recurrent_checkpoint),
+        "--train-steps",
+        "0",
+        "--budget",
+        "1.5x",
+        "--storage",
+        f"sqlite:///{db}",
+        "--dry-run",
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout)
     assert plan["race"]["frozen"] and plan["race"]["steps_max"] == 0 and plan["chunk_size"] == 8
@@ -108,7 +135,19 @@ def test_the_frozen_dry_run_plans_evaluations_and_times_them(cli, tmp_path, recu
     assert 0 < plan["race"]["runs_min"] <= plan["race"]["runs_max"]
     assert 0 < plan["estimated_seconds"] <= plan["estimated_seconds_max"]
     assert not db.exists() and not (tmp_path / "studies").exists()
-    shown = cli("run", "--space", str(space), "--init", str(recurrent_checkpoint), "--train-steps", "0", "--budget",
-                "1.5x", "--storage", f"sqlite:///{db}", "--dry-run")
+    shown = cli(
+        "run",
+        "--space",
+        str(space),
+        "--init",
+        str(recurrent_checkpoint),
+        "--train-steps",
+        "0",
+        "--budget",
+        "1.5x",
+        "--storage",
+        f"sqlite:///{db}",
+        "--dry-run",
+    )
     assert shown.returncode == 0 and "maps to evaluate" in shown.stdout and "test chunks" in shown.stdout
     assert "seed" not in shown.stdout and "trials to train" not in shown.stdout

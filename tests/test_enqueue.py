@@ -7,13 +7,13 @@ from pathlib import Path
 import optuna
 import pandas as pd
 import pytest
-
 from conftest import NO_REFERENCES, assert_one_line_error, run_cli, write_space
 from helpers import BAD_ENQUEUES, run_args
 
-SMALL = {"budget": "2x", "steps": 8}  # 2x: 8 layer runs of 8 steps
 from ilr_search.search.maps import parse_enqueued, repair_to_budget
 from ilr_search.search.samplers import BudgetRepairSampler
+
+SMALL = {"budget": "2x", "steps": 8}  # 2x: 8 layer runs of 8 steps
 
 MAP_PARAMS = ("r0", "r1", "r2", "r3")
 
@@ -28,8 +28,11 @@ def enqueued_study(tmp_path_factory, token_cache):
     root = tmp_path_factory.mktemp("enqueue")
     space = write_space(root / "space.toml", search={"noise_seeds": 0, "families": ["ilr"]})
     db = root / "q.db"
-    proc = run_cli(run_args(space, db, "q", "--enqueue", "3,3,3,1 1,2,1,2 block2", **SMALL, n_trials=4), root,
-                   {"ILR_SEARCH_CACHE": str(token_cache)})
+    proc = run_cli(
+        run_args(space, db, "q", "--enqueue", "3,3,3,1 1,2,1,2 block2", **SMALL, n_trials=4),
+        root,
+        {"ILR_SEARCH_CACHE": str(token_cache)},
+    )
     assert proc.returncode == 0, proc.stderr
     return root, space, db, json.loads(proc.stdout)
 
@@ -71,7 +74,9 @@ def test_a_resume_with_other_enqueued_maps_adds_them(enqueued_study, cli):
     root, space, db, _ = enqueued_study
     copy = root / "resume.db"
     copy.write_bytes(db.read_bytes())
-    cli(*run_args(space, copy, "q", "--enqueue", "3,3,3,1 1,1,2,2", **SMALL, n_trials=6), check=True)  # 3,3,3,1 is there: not again
+    cli(
+        *run_args(space, copy, "q", "--enqueue", "3,3,3,1 1,1,2,2", **SMALL, n_trials=6), check=True
+    )  # 3,3,3,1 is there: not again
     trials = trials_of(copy)
     assert len(trials) == 6 and trials[4].user_attrs["reuse_map"] == [1, 1, 2, 2]
     assert not any(t.state == optuna.trial.TrialState.WAITING for t in trials)
@@ -103,34 +108,63 @@ def test_bad_enqueued_maps_change_nothing(tmp_path, cli, case):
 
 @pytest.mark.slow
 def test_the_space_toml_enqueues_maps_and_knob_settings(tmp_path, cli):
-    space = write_space(tmp_path / "space.toml", search={**NO_REFERENCES, "knobs": ["injection"],
-                                                         "enqueue": ["1,1,2,2|injection=gated", "1,1,2,2"]})
+    space = write_space(
+        tmp_path / "space.toml",
+        search={**NO_REFERENCES, "knobs": ["injection"], "enqueue": ["1,1,2,2|injection=gated", "1,1,2,2"]},
+    )
     db = tmp_path / "toml.db"
     cli(*run_args(space, db, "q", **SMALL, n_trials=3), check=True)
     trials = trials_of(db)
     assert [t.params for t in trials[:3]] == [
         {"r0": 1, "r1": 1, "r2": 1, "r3": 1, "injection": "none"},
         {"r0": 1, "r1": 1, "r2": 2, "r3": 2, "injection": "gated"},
-        {"r0": 1, "r1": 1, "r2": 2, "r3": 2, "injection": "none"}]
+        {"r0": 1, "r1": 1, "r2": 2, "r3": 2, "injection": "none"},
+    ]
     assert trials[1].user_attrs["knobs"] == {"injection": "gated"}
 
 
 def test_parse_enqueued_reads_maps_knobs_and_blocks():
     entry = parse_enqueued("4,4,1,1|injection", 4, 4, 6, ("injection", "iteration_norms"))
     assert entry.reuse_map == tuple(repair_to_budget([4, 4, 1, 1], 6)) and entry.repaired_from == (4, 4, 1, 1)
-    assert entry.params(("injection", "iteration_norms")) == {"r0": 2, "r1": 2, "r2": 1, "r3": 1,
-                                                               "injection": "add", "iteration_norms": False}
+    assert entry.params(("injection", "iteration_norms")) == {
+        "r0": 2,
+        "r1": 2,
+        "r2": 1,
+        "r3": 1,
+        "injection": "add",
+        "iteration_norms": False,
+    }
     assert parse_enqueued("block2", 4, 4, 8, ()).block == 2
 
 
 @pytest.mark.slow
 def test_every_trained_trial_stores_the_map_it_trained(tmp_path, cli):
     """Sampled trials too (past the enqueued ones, over budget proposals included): r0..r3 are the trained map."""
-    space = write_space(tmp_path / "space.toml", search={**NO_REFERENCES, "max_reuse": 3},
-                        train={"eval_fractions": [1.0]})
+    space = write_space(
+        tmp_path / "space.toml", search={**NO_REFERENCES, "max_reuse": 3}, train={"eval_fractions": [1.0]}
+    )
     db = tmp_path / "truth.db"
-    cli("run", "--space", str(space), "--budget", "1.5x", "--steps", "4", "--n-trials", "9", "--study", "q",
-        "--storage", f"sqlite:///{db}", "--sampler", "random", "--pruner", "none", "--json", check=True)
+    cli(
+        "run",
+        "--space",
+        str(space),
+        "--budget",
+        "1.5x",
+        "--steps",
+        "4",
+        "--n-trials",
+        "9",
+        "--study",
+        "q",
+        "--storage",
+        f"sqlite:///{db}",
+        "--sampler",
+        "random",
+        "--pruner",
+        "none",
+        "--json",
+        check=True,
+    )
     trials = trials_of(db)
     sampled = [t for t in trials if "fixed_params" not in t.system_attrs]
     assert len(sampled) >= 4
@@ -164,8 +198,9 @@ def test_a_proposal_of_a_tried_map_is_drawn_again():
     short study does not spend its trials on reuses (15 maps fit 6 layer runs of 4 layers)."""
     from ilr_search.search.samplers import build_sampler, sampler_settings
 
-    study = optuna.create_study(sampler=build_sampler(sampler_settings("random", 0, 4), 4, max_reuse=4,
-                                                      max_layer_runs=6))
+    study = optuna.create_study(
+        sampler=build_sampler(sampler_settings("random", 0, 4), 4, max_reuse=4, max_layer_runs=6)
+    )
     study.optimize(lambda trial: float(sum(trial.suggest_int(k, 1, 4) for k in MAP_PARAMS)), n_trials=6)
     maps = [tuple(t.params[k] for k in MAP_PARAMS) for t in study.trials]
     assert len(set(maps)) == 6 and all(sum(m) <= 6 for m in maps)

@@ -8,7 +8,6 @@ import sqlite3
 
 import pytest
 import torch
-
 from conftest import ROOT, TINY_SPACE, assert_one_line_error
 
 transformers = pytest.importorskip("transformers")
@@ -52,8 +51,9 @@ def native(tmp_path_factory, token_cache):
 
 def test_export_model_writes_the_distinct_layers_as_a_plain_model(native, cli, tmp_path):
     out = tmp_path / "plain"
-    report = json.loads(cli("export-model", "--model", str(native), "--map", "1,1,1,1", "--out", str(out), "--json",
-                            check=True).stdout)
+    report = json.loads(
+        cli("export-model", "--model", str(native), "--map", "1,1,1,1", "--out", str(out), "--json", check=True).stdout
+    )
     assert report["schedule"] == [0, 1, 2, 3] and report["family"] == "llama" and report["layers"] == 4
     x = tokens()
     check_checkpoint(out, project_logits(native, [0, 1, 2, 3], x), x, layers=4)
@@ -72,8 +72,11 @@ def test_export_model_unrolls_the_trained_schedule_by_default(native, cli, tmp_p
 
 def test_a_block_map_is_unrolled(native, cli, tmp_path):
     out = tmp_path / "block"
-    report = json.loads(cli("export-model", "--model", str(native), "--map", "block:1-2:2", "--out", str(out),
-                            "--json", check=True).stdout)
+    report = json.loads(
+        cli(
+            "export-model", "--model", str(native), "--map", "block:1-2:2", "--out", str(out), "--json", check=True
+        ).stdout
+    )
     assert report["schedule"] == [0, 1, 2, 1, 2, 3]
     x = tokens()
     check_checkpoint(out, project_logits(native, [0, 1, 2, 1, 2, 3], x), x, layers=6)
@@ -82,8 +85,23 @@ def test_a_block_map_is_unrolled(native, cli, tmp_path):
 def test_train_format_hf_writes_the_trained_model_unrolled(native, cli, tmp_path):
     """Training is deterministic on the CPU: the same command saved natively (the module's model) and as hf."""
     out = tmp_path / "hf"
-    report = json.loads(cli("train", "--space", TINY, "--reuse-map", TRAINED_MAP, "--steps", "20", "--save", str(out),
-                            "--format", "hf", "--json", check=True).stdout)
+    report = json.loads(
+        cli(
+            "train",
+            "--space",
+            TINY,
+            "--reuse-map",
+            TRAINED_MAP,
+            "--steps",
+            "20",
+            "--save",
+            str(out),
+            "--format",
+            "hf",
+            "--json",
+            check=True,
+        ).stdout
+    )
     assert report["saved"] == str(out) and report["status"] == "ok"
     saved = json.loads((native / "config.json").read_text())
     assert report["val_loss"] == pytest.approx(saved["result"]["val_loss"], abs=1e-6)
@@ -97,8 +115,21 @@ def test_a_bpe_tokenizer_goes_with_the_model(cli, tmp_path):
 
     text = tmp_path / "small.txt"
     text.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(300)))
-    common = ["train", "--space", TINY, "--reuse-map", "1,1,1,1", "--steps", "2", "--batch-size", "2",
-              "--data", str(text), "--tokenizer", "bpe:300"]
+    common = [
+        "train",
+        "--space",
+        TINY,
+        "--reuse-map",
+        "1,1,1,1",
+        "--steps",
+        "2",
+        "--batch-size",
+        "2",
+        "--data",
+        str(text),
+        "--tokenizer",
+        "bpe:300",
+    ]
     cli(*common, "--save", str(tmp_path / "hf"), "--format", "hf", check=True)
     cli(*common, "--save", str(tmp_path / "native"), check=True)
     native_tokenizer = Tokenizer.from_file(str(tmp_path / "native" / "tokenizer.json"))
@@ -115,16 +146,37 @@ def test_a_model_trained_from_a_checkpoint_is_written_in_its_family(cli, tmp_pat
     """--init of a Qwen3 checkpoint (q/k norms): --format hf writes Qwen3, with the checkpoint's tokenizer files."""
     from ilr_search.data.tokenizers import byte_tokenizer_model
 
-    config = transformers.Qwen3Config(vocab_size=260, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                                      max_position_embeddings=64, tie_word_embeddings=True)
+    config = transformers.Qwen3Config(
+        vocab_size=260,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "qwen")
     byte_tokenizer_model().save(str(tmp_path / "qwen" / "tokenizer.json"))
     text = tmp_path / "small.txt"
     text.write_text("".join(f"line {i}: the quick brown fox.\n" for i in range(300)))
-    common = ["train", "--init", str(tmp_path / "qwen"), "--reuse-map", "1,2", "--seq-len", "32", "--steps", "3",
-              "--batch-size", "2", "--data", str(text)]
+    common = [
+        "train",
+        "--init",
+        str(tmp_path / "qwen"),
+        "--reuse-map",
+        "1,2",
+        "--seq-len",
+        "32",
+        "--steps",
+        "3",
+        "--batch-size",
+        "2",
+        "--data",
+        str(text),
+    ]
     cli(*common, "--save", str(tmp_path / "hf"), "--format", "hf", check=True)
     cli(*common, "--save", str(tmp_path / "native"), check=True)
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["model_type"] == "qwen3"
@@ -151,10 +203,18 @@ def scratch_study(tmp_path):
     return f"sqlite:///{tmp_path / 'old.db'}"
 
 
-def test_a_study_that_trained_its_maps_is_refused_with_the_command_that_makes_the_weights(scratch_study, cli,
-                                                                                           tmp_path):
-    proc = cli("export-model", "--study", "before-typed-records", "--storage", scratch_study, "--map", "2,1,1,1",
-               "--out", str(tmp_path / "out"))
+def test_a_study_that_trained_its_maps_is_refused_with_the_command_that_makes_the_weights(scratch_study, cli, tmp_path):
+    proc = cli(
+        "export-model",
+        "--study",
+        "before-typed-records",
+        "--storage",
+        scratch_study,
+        "--map",
+        "2,1,1,1",
+        "--out",
+        str(tmp_path / "out"),
+    )
     assert_one_line_error(proc)
     assert "from scratch" in proc.stderr and "train --from-study before-typed-records --map '2,1,1,1'" in proc.stderr
     assert "--format hf" in proc.stderr and not (tmp_path / "out").exists()
@@ -176,8 +236,7 @@ BAD_EXPORTS = {
 
 
 @pytest.mark.parametrize("case", BAD_EXPORTS)
-def test_bad_export_input_is_one_error_line_and_writes_nothing(case, native, nope_model, scratch_study, cli,
-                                                               tmp_path):
+def test_bad_export_input_is_one_error_line_and_writes_nothing(case, native, nope_model, scratch_study, cli, tmp_path):
     tmp = tmp_path / "empty"
     tmp.mkdir()
     args = [a.format(native=native, nope=nope_model, storage=scratch_study, tmp=tmp) for a in BAD_EXPORTS[case]]
@@ -223,22 +282,26 @@ def frozen_study(tmp_path_factory, token_cache):
     """A frozen study (run --init --train-steps 0, no race) of a tiny Llama checkpoint of random weights."""
     from conftest import write_space
 
+    from ilr_search.commands.api import with_init
     from ilr_search.config import ModelConfig
     from ilr_search.search.run import RunRequest, run_study
     from ilr_search.space import load_space
     from ilr_search.training.model import ILRTransformer
     from ilr_search.training.pretrained import export_checkpoint
-    from ilr_search.commands.api import with_init
 
     root = tmp_path_factory.mktemp("frozen-export")
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=256, n_layers=4, d_model=32, n_heads=2, seq_len=64)
     checkpoint = export_checkpoint(ILRTransformer(cfg), [0, 1, 2, 3], root / "tiny-llama")
-    space = write_space(root / "space.toml", search={"noise_seeds": 0, "families": ["ilr"], "n_trials": 3},
-                        train={"steps": 0, "eval_windows": 8})
+    space = write_space(
+        root / "space.toml",
+        search={"noise_seeds": 0, "families": ["ilr"], "n_trials": 3},
+        train={"steps": 0, "eval_windows": 8},
+    )
     url = f"sqlite:///{root / 'frozen.db'}"
-    summary = run_study(RunRequest(with_init(load_space(space), str(checkpoint)), "1.5x", "frozen", url,
-                                   checkpoint_dir=root / "ck"))
+    summary = run_study(
+        RunRequest(with_init(load_space(space), str(checkpoint)), "1.5x", "frozen", url, checkpoint_dir=root / "ck")
+    )
     return checkpoint, url, summary
 
 
@@ -253,8 +316,21 @@ def test_a_frozen_study_exports_its_checkpoint_under_a_map(frozen_study, cli, tm
     report = json.loads(proc.stdout)
     assert "lowest perplexity" in proc.stderr and report["family"] == "llama"
     out = tmp_path / "2111"
-    report = json.loads(cli("export-model", "--study", "frozen", "--storage", url, "--map", "2,1,1,1", "--out",
-                            str(out), "--json", check=True).stdout)
+    report = json.loads(
+        cli(
+            "export-model",
+            "--study",
+            "frozen",
+            "--storage",
+            url,
+            "--map",
+            "2,1,1,1",
+            "--out",
+            str(out),
+            "--json",
+            check=True,
+        ).stdout
+    )
     assert report["schedule"] == [0, 0, 1, 2, 3]
     model = build_model(open_checkpoint(str(checkpoint), seq_len=64).config, seed=1).eval()
     x = tokens()

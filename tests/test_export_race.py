@@ -12,9 +12,9 @@ import sys
 
 import pandas as pd
 import pytest
-
 from conftest import RACE_STEPS, ROOT
 from helpers import HANG_SECONDS, env_for
+
 FIXTURES = ROOT / "tests" / "fixtures"
 OLD_STUDY = "before-typed-records"  # the study of tests/fixtures/study-eeb668a.sql (schema version 1)
 
@@ -30,7 +30,10 @@ def stored_runs(db, study: str) -> dict[tuple[str, int, int], dict]:
 
 def same(a, b) -> bool:
     """Equal values, None and NaN (a missing value read back from a table) alike."""
-    missing = lambda x: x is None or (isinstance(x, float) and math.isnan(x)) or x is pd.NA
+
+    def missing(x) -> bool:
+        return x is None or (isinstance(x, float) and math.isnan(x)) or x is pd.NA
+
     if missing(a) or missing(b):
         return missing(a) and missing(b)
     return a == b if isinstance(a, str) or isinstance(b, str) else a == pytest.approx(b)
@@ -48,8 +51,21 @@ def raced(raced_study):
 def test_export_holds_every_race_run_with_integer_columns(raced, cli, tmp_path):
     _, db, runs = raced
     out, curves_out, csv_out = tmp_path / "t.parquet", tmp_path / "c.parquet", tmp_path / "t.csv"
-    report = json.loads(cli("export", "--study", "raced", "--storage", f"sqlite:///{db}", "--out", str(out), "--curves",
-                            str(curves_out), "--json", check=True).stdout)
+    report = json.loads(
+        cli(
+            "export",
+            "--study",
+            "raced",
+            "--storage",
+            f"sqlite:///{db}",
+            "--out",
+            str(out),
+            "--curves",
+            str(curves_out),
+            "--json",
+            check=True,
+        ).stdout
+    )
     assert report["race_runs"] == len(runs)
     frame = pd.read_parquet(out)
     race = frame[frame["state"] == "RACE_RUN"]
@@ -57,8 +73,13 @@ def test_export_holds_every_race_run_with_integer_columns(raced, cli, tmp_path):
     for row in race.to_dict("records"):
         stored = runs[(row["map_key"], row["steps"], row["seed"])]
         assert row["run_state"] == stored["state"] and str(row["factor"]) == stored["factor"]
-        for column, db_column in (("val_loss", "val_loss"), ("val_ppl", "val_ppl"), ("val_bpb", "val_bpb"),
-                                  ("flops_ratio", "flops_ratio"), ("train_seconds", "seconds")):
+        for column, db_column in (
+            ("val_loss", "val_loss"),
+            ("val_ppl", "val_ppl"),
+            ("val_bpb", "val_bpb"),
+            ("flops_ratio", "flops_ratio"),
+            ("train_seconds", "seconds"),
+        ):
             assert same(row[column], stored[db_column]), (column, row[column], stored[db_column])
         key_map = row["map_key"].split("|")[0]
         assert same(row["reuse_map"], None) if key_map.startswith("deep") else row["reuse_map"] == key_map
@@ -87,8 +108,9 @@ def test_export_holds_every_race_run_with_integer_columns(raced, cli, tmp_path):
         rows = list(csv.DictReader(f))
     first = next(r for r in rows if r["trial"] == "0")
     assert first["params"].isdigit() and first["steps"].isdigit() and first["seed"].isdigit()
-    assert all(r["trial"] == "" and r["steps"].isdigit() and r["seed"].isdigit()
-               for r in rows if r["state"] == "RACE_RUN")
+    assert all(
+        r["trial"] == "" and r["steps"].isdigit() and r["seed"].isdigit() for r in rows if r["state"] == "RACE_RUN"
+    )
     assert sum(r["state"] == "RACE_RUN" for r in rows) == len(runs)
 
 
@@ -100,19 +122,41 @@ def test_trials_json_lists_every_race_run(raced, cli):
     assert listed.keys() == runs.keys() and len(report["race_runs"]) == len(runs)
     for key, r in listed.items():
         stored = runs[key]
-        assert (r["state"], r["factor"], r["val_loss"], r["val_ppl"], r["flops_ratio"]) == \
-            (stored["state"], stored["factor"], stored["val_loss"], stored["val_ppl"], stored["flops_ratio"])
+        assert (r["state"], r["factor"], r["val_loss"], r["val_ppl"], r["flops_ratio"]) == (
+            stored["state"],
+            stored["factor"],
+            stored["val_loss"],
+            stored["val_ppl"],
+            stored["flops_ratio"],
+        )
         assert [[p["step"], p["loss"]] for p in r["curves"]["val"]] == json.loads(stored["curve"] or "[]")
         assert r["curves"]["train"] == [] and all(isinstance(p["tokens"], int) for p in r["curves"]["val"])
-    finished = {(r["map_key"], r["steps"], r["seed"]) for r in report["race"]["results"] if r["source"].startswith("run ")}
+    finished = {
+        (r["map_key"], r["steps"], r["seed"]) for r in report["race"]["results"] if r["source"].startswith("run ")
+    }
     assert finished <= listed.keys()  # every race run the verdict rests on is listed
 
 
 # ---------------------------------------------------------------------------------------------------------
 # The race runs of a schema-version-1 database (table ilr_audit)
 
-OLD_RUN = ("before-typed-records", "4", 1, "2,1,1,1", "w", 1.0, "complete", 1.2272727272727273, 96, 3.9, 49.4, 5.6,
-           "[[48, 4.2], [96, 3.9]]", 2.5, "ok")
+OLD_RUN = (
+    "before-typed-records",
+    "4",
+    1,
+    "2,1,1,1",
+    "w",
+    1.0,
+    "complete",
+    1.2272727272727273,
+    96,
+    3.9,
+    49.4,
+    5.6,
+    "[[48, 4.2], [96, 3.9]]",
+    2.5,
+    "ok",
+)
 
 
 @pytest.fixture
@@ -142,8 +186,9 @@ def schema_version(path) -> int:
 
 def test_an_old_database_read_only_lists_its_race_runs_under_the_old_name(old_db, cli):
     report = json.loads(cli("trials", "--storage", f"sqlite:///{old_db}", "--json", check=True).stdout)
-    assert [(r["map_key"], r["steps"], r["seed"], r["state"], r["val_ppl"]) for r in report["race_runs"]] == \
-        [("2,1,1,1", 96, 1, "complete", 49.4)]
+    assert [(r["map_key"], r["steps"], r["seed"], r["state"], r["val_ppl"]) for r in report["race_runs"]] == [
+        ("2,1,1,1", 96, 1, "complete", 49.4)
+    ]
     assert "ilr_audit" in tables(old_db) and "ilr_race_runs" not in tables(old_db)  # reading migrates nothing
     assert schema_version(old_db) == 1
 
@@ -169,9 +214,16 @@ def test_two_processes_opening_an_old_database_at_once_rename_its_table_once(old
     to rename it; once it is free, one renames it and the other, looking again under the lock, finds it done."""
     lock = sqlite3.connect(old_db, isolation_level=None)
     lock.execute("BEGIN IMMEDIATE")
-    procs = [subprocess.Popen([sys.executable, "-c", OPEN_FOR_WRITING, f"sqlite:///{old_db}", OLD_STUDY],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_for(token_cache))
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", OPEN_FOR_WRITING, f"sqlite:///{old_db}", OLD_STUDY],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env_for(token_cache),
+        )
+        for _ in range(2)
+    ]
     said = [p.stdout.readline().strip() for p in procs]  # both waiting for the lock, neither has renamed
     lock.execute("ROLLBACK")
     lock.close()
@@ -201,9 +253,24 @@ def test_a_journal_side_file_reads_race_runs_written_before_the_rename(tmp_path)
     """A journal study's records written under the old kind ("audit") read as race runs, and update as such."""
     from ilr_search.storage import JournalStore, RaceRunJob
 
-    names = ("study", "factor", "seed", "map_key", "worker", "heartbeat", "state", "flops_ratio", "steps", "val_loss",
-             "val_ppl", "val_bpb", "curve", "seconds", "reason")
-    old = dict(zip(names, OLD_RUN)) | {"kind": "audit", "state": "running", "worker": "dead"}
+    names = (
+        "study",
+        "factor",
+        "seed",
+        "map_key",
+        "worker",
+        "heartbeat",
+        "state",
+        "flops_ratio",
+        "steps",
+        "val_loss",
+        "val_ppl",
+        "val_bpb",
+        "curve",
+        "seconds",
+        "reason",
+    )
+    old = dict(zip(names, OLD_RUN, strict=True)) | {"kind": "audit", "state": "running", "worker": "dead"}
     (tmp_path / "j.log.ilr").write_text(json.dumps(old) + "\n", encoding="utf-8")
     store = JournalStore(str(tmp_path / "j.log"), OLD_STUDY)
     job = RaceRunJob("4", 1, "2,1,1,1")

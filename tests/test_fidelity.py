@@ -9,21 +9,19 @@ import sqlite3
 import optuna
 import pandas as pd
 import pytest
-
 from conftest import ROOT
-from ilr_search.commands.audit import check_settings, run_audit
-from ilr_search.config import AuditSettings, factor_key
-from ilr_search.commands.bench import Table, TableRow, replay_pruning
-from ilr_search.errors import UserInputError
+
 from ilr_search.analysis.fidelity import audit_report, rung_agreements
 from ilr_search.analysis.results import study_front
-from ilr_search.search.pruners import calibrate_rung, pareto_decision, decision_at_rung
-from ilr_search.config import PrunerSettings
-from ilr_search.space import load_space
-from ilr_search.storage import open_store, parse_storage
-from ilr_search.storage import RaceRunJob, RaceRun, CurvePoint, JournalStore, SQLStore
+from ilr_search.commands.audit import check_settings, run_audit
+from ilr_search.commands.bench import Table, TableRow, replay_pruning
+from ilr_search.config import AuditSettings, PrunerSettings, factor_key
+from ilr_search.errors import UserInputError
+from ilr_search.search.pruners import calibrate_rung, decision_at_rung, pareto_decision
 from ilr_search.search.run import RunRequest, run_study
 from ilr_search.search.studies import trials_report
+from ilr_search.space import load_space
+from ilr_search.storage import CurvePoint, JournalStore, RaceRun, RaceRunJob, SQLStore, open_store, parse_storage
 
 SPACE = ROOT / "tests" / "spaces" / "tiny.toml"
 
@@ -34,6 +32,7 @@ def digest(path) -> str:
 
 # ----------------------------------------------------------------------------------------------------
 # Rung agreement and calibration on hand-made curves
+
 
 def test_rung_agreement_on_hand_made_curves():
     curves = {  # rung 10 runs backwards, rung 20 agrees, rung 30 has one swap
@@ -65,12 +64,19 @@ def test_calibration_margin_is_the_largest_overturned_lead():
 # ----------------------------------------------------------------------------------------------------
 # The calibrated rule keeps a map whose curve crosses the others late
 
+
 def crossing_table() -> Table:
     """Eight maps with four evaluations of a 160-step proxy. The recurrent maps (dearer) start slower and end
     ahead; `late` is the slowest starter and the best map at the end; `bad` is bad throughout."""
+
     def row(key, ratio, losses):
-        return TableRow(key, tuple(int(x) for x in key.split(",")), ratio, math.exp(losses[-1]),
-                        dict(zip((20, 40, 80, 160), losses)))
+        return TableRow(
+            key,
+            tuple(int(x) for x in key.split(",")),
+            ratio,
+            math.exp(losses[-1]),
+            dict(zip((20, 40, 80, 160), losses, strict=True)),
+        )
 
     rows = [
         row("1,1,1,1", 1.00, [3.00, 2.50, 2.20, 2.00]),
@@ -88,19 +94,24 @@ def crossing_table() -> Table:
 def test_the_calibrated_rule_keeps_a_late_crossing_map_the_eager_rule_prunes():
     table = crossing_table()
     assert table.front_keys()[-1] == "3,3,1,1"
-    eager = replay_pruning(table, PrunerSettings(name="pareto-eager", eta=3, epsilon=0.0, warmup=3),
-                           rung_fractions=(0.125, 0.25, 0.5))
+    eager = replay_pruning(
+        table, PrunerSettings(name="pareto-eager", eta=3, epsilon=0.0, warmup=3), rung_fractions=(0.125, 0.25, 0.5)
+    )
     assert "3,3,1,1" in eager.front_maps_lost  # the old rule discards the map the search exists to find
-    safe = replay_pruning(table, PrunerSettings(name="pareto", eta=3, epsilon=0.0, calibration_maps=3,
-                                                min_spearman=0.6), rung_fractions=(0.125, 0.25, 0.5))
+    safe = replay_pruning(
+        table,
+        PrunerSettings(name="pareto", eta=3, epsilon=0.0, calibration_maps=3, min_spearman=0.6),
+        rung_fractions=(0.125, 0.25, 0.5),
+    )
     assert safe.front_maps_lost == []
     assert "3,3,1,1" not in [p.reuse_map for p in safe.pruned]
 
 
 def test_the_calibrated_rule_prunes_where_the_rung_predicts_the_end():
     # the rung agrees with the end over the calibration maps; a map far behind a cheaper one is pruned there
-    points = [CurvePoint(i, s, loss + 0.1 * i, 1.0 + 0.1 * i, f"m{i}") for i in range(4)
-              for s, loss in ((10, 2.0), (20, 1.5))]
+    points = [
+        CurvePoint(i, s, loss + 0.1 * i, 1.0 + 0.1 * i, f"m{i}") for i in range(4) for s, loss in ((10, 2.0), (20, 1.5))
+    ]
     settings = PrunerSettings(name="pareto", rungs=(10,), eta=3, epsilon=0.0, calibration_maps=4, min_spearman=0.6)
     far = CurvePoint(9, 10, 4.0, 2.0, "far")
     decision = decision_at_rung(far, points + [far], 20, settings)
@@ -110,17 +121,35 @@ def test_the_calibrated_rule_prunes_where_the_rung_predicts_the_end():
     few = PrunerSettings(name="pareto", rungs=(10,), calibration_maps=5)
     assert "calibrating" in decision_at_rung(far, points + [far], 20, few).reason
     # a rung that ranks backwards never prunes
-    backwards = [CurvePoint(i, s, loss - 0.1 * i if s == 10 else loss + 0.1 * i, 1.0, f"m{i}") for i in range(4)
-                 for s, loss in ((10, 2.0), (20, 1.5))]
+    backwards = [
+        CurvePoint(i, s, loss - 0.1 * i if s == 10 else loss + 0.1 * i, 1.0, f"m{i}")
+        for i in range(4)
+        for s, loss in ((10, 2.0), (20, 1.5))
+    ]
     kept = decision_at_rung(far, backwards + [far], 20, settings)
     assert kept.keep and "does not predict" in kept.reason
 
 
 def test_replay_reads_a_partial_table_with_a_block_row(tmp_path):
-    rows = [{"reuse_map": r.map_key, "flops_ratio": r.flops_ratio, "val_ppl": r.val_ppl,
-             "curve": json.dumps(sorted(r.curve.items())), "steps": 160} for r in crossing_table().rows]
-    rows.append({"reuse_map": "block2", "flops_ratio": 2.0, "val_ppl": math.exp(1.97),
-                 "curve": json.dumps([[20, 3.5], [40, 2.9], [80, 2.4], [160, 1.97]]), "steps": 160})
+    rows = [
+        {
+            "reuse_map": r.map_key,
+            "flops_ratio": r.flops_ratio,
+            "val_ppl": r.val_ppl,
+            "curve": json.dumps(sorted(r.curve.items())),
+            "steps": 160,
+        }
+        for r in crossing_table().rows
+    ]
+    rows.append(
+        {
+            "reuse_map": "block2",
+            "flops_ratio": 2.0,
+            "val_ppl": math.exp(1.97),
+            "curve": json.dumps([[20, 3.5], [40, 2.9], [80, 2.4], [160, 1.97]]),
+            "steps": 160,
+        }
+    )
     path = tmp_path / "partial.csv"
     pd.DataFrame(rows).to_csv(path, index=False)  # no meta column: steps and rungs come from the rows
     table = Table.read(path)
@@ -142,14 +171,17 @@ def test_eager_rule_is_unchanged():
 # ----------------------------------------------------------------------------------------------------
 # The audit
 
+
 @pytest.fixture(scope="module")
 def small_study(tmp_path_factory, token_cache):
     root = tmp_path_factory.mktemp("audit")
     db = root / "a.db"
-    space = load_space(SPACE, {"search": {"noise_seeds": 0, "families": ["ilr"], "prune_calibration_maps": 3},
-                               "train": {"steps": 16}})
-    summary = run_study(RunRequest(space, "2x", "aud", f"sqlite:///{db}", n_trials=6, sampler="random",
-                                   checkpoint_dir=root / "ck")).to_json()
+    space = load_space(
+        SPACE, {"search": {"noise_seeds": 0, "families": ["ilr"], "prune_calibration_maps": 3}, "train": {"steps": 16}}
+    )
+    summary = run_study(
+        RunRequest(space, "2x", "aud", f"sqlite:///{db}", n_trials=6, sampler="random", checkpoint_dir=root / "ck")
+    ).to_json()
     assert summary["pruner"] == "pareto"  # the calibrated default, live
     return root, db, summary
 
@@ -169,13 +201,16 @@ def test_run_summary_and_trials_carry_fidelity(small_study):
     assert trials_report("aud", f"sqlite:///{db}").to_json()["fidelity"]["rungs"] == fidelity["rungs"]
 
 
-@pytest.mark.parametrize("settings, message", [
-    (AuditSettings(factor=0.5), "--factor"),
-    (AuditSettings(factor=float("nan")), "--factor"),
-    (AuditSettings(seeds=0), "--seeds"),
-    (AuditSettings(maps="top:0"), "--maps"),
-    (AuditSettings(maps="best"), "--maps"),
-])
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (AuditSettings(factor=0.5), "--factor"),
+        (AuditSettings(factor=float("nan")), "--factor"),
+        (AuditSettings(seeds=0), "--seeds"),
+        (AuditSettings(maps="top:0"), "--maps"),
+        (AuditSettings(maps="best"), "--maps"),
+    ],
+)
 def test_bad_audit_settings_are_refused_before_anything_opens(settings, message):
     with pytest.raises(UserInputError, match=message):
         check_settings(settings)
@@ -222,6 +257,7 @@ def test_audit_stores_runs_resumes_and_reports(small_study, tmp_path):
 def test_audit_claims_are_exclusive_and_dead_workers_are_taken_over(kind, tmp_path):
     if kind == "sqlite":
         import sqlalchemy as sa
+
         store = SQLStore(sa.create_engine(f"sqlite:///{tmp_path / 'c.db'}"), "s")
     else:
         store = JournalStore(str(tmp_path / "j.log"), "s")
@@ -246,21 +282,35 @@ def test_audit_report_precision_recall_and_pruned_maps(small_study):
     study = optuna.load_study(study_name="aud", storage=f"sqlite:///{db}")
     trials = study.get_trials()
     from ilr_search.storage import RaceRun
-    keys = [t.user_attrs["map_key"] for t in trials if t.state == optuna.trial.TrialState.COMPLETE
-            and "reused_from" not in t.user_attrs]
+
+    keys = [
+        t.user_attrs["map_key"]
+        for t in trials
+        if t.state == optuna.trial.TrialState.COMPLETE and "reused_from" not in t.user_attrs
+    ]
     ratio = {t.user_attrs["map_key"]: t.user_attrs["flops_ratio"] for t in trials}
     # the audit reverses the proxy's order exactly
     proxy = {t.user_attrs["map_key"]: t.user_attrs["val_ppl"] for t in trials if t.user_attrs.get("val_ppl")}
     ordered = sorted(keys, key=lambda k: proxy[k])
-    rows = [RaceRun(RaceRunJob("4", 0, k), "w", 0.0, "complete", ratio[k], 64, 1.0, 10.0 + i, 1.0)
-            for i, k in enumerate(reversed(ordered))]
+    rows = [
+        RaceRun(RaceRunJob("4", 0, k), "w", 0.0, "complete", ratio[k], 64, 1.0, 10.0 + i, 1.0)
+        for i, k in enumerate(reversed(ordered))
+    ]
     report = audit_report(trials, rows, "4")
     assert report.n_maps == len(keys) and report.spearman == pytest.approx(-1.0)
     assert report.finding.startswith("proxy too short")
     # the fronts by hand: a map is on the audit's front when no map at no more FLOPs has a lower 4x perplexity
     audit_ppl = {k: 10.0 + i for i, k in enumerate(reversed(ordered))}
-    audit_front = {k for k in keys if not any(audit_ppl[j] <= audit_ppl[k] and ratio[j] <= ratio[k]
-                                              and (audit_ppl[j], ratio[j]) != (audit_ppl[k], ratio[k]) for j in keys)}
+    audit_front = {
+        k
+        for k in keys
+        if not any(
+            audit_ppl[j] <= audit_ppl[k]
+            and ratio[j] <= ratio[k]
+            and (audit_ppl[j], ratio[j]) != (audit_ppl[k], ratio[k])
+            for j in keys
+        )
+    }
     numbers = {t.number: t.user_attrs["map_key"] for t in trials}
     proxy_front = {numbers[p.trial] for p in study_front(trials)}
     hits = len(proxy_front & audit_front)
@@ -278,14 +328,22 @@ def test_an_audit_whose_runs_do_not_separate_the_maps_does_not_judge_the_proxy(s
     root, db, _ = small_study
     trials = optuna.load_study(study_name="aud", storage=f"sqlite:///{db}").get_trials()
     from ilr_search.storage import RaceRun
-    proxy = {t.user_attrs["map_key"]: t.user_attrs["val_ppl"] for t in trials
-             if t.state == optuna.trial.TrialState.COMPLETE and "reused_from" not in t.user_attrs}
+
+    proxy = {
+        t.user_attrs["map_key"]: t.user_attrs["val_ppl"]
+        for t in trials
+        if t.state == optuna.trial.TrialState.COMPLETE and "reused_from" not in t.user_attrs
+    }
     ratio = {t.user_attrs["map_key"]: t.user_attrs["flops_ratio"] for t in trials}
     ordered = sorted(proxy, key=lambda k: proxy[k])
     gap, spread = (1.0, 0.01) if separated else (0.01, 1.0)
-    rows = [RaceRun(RaceRunJob("4", seed, k), "w", 0.0, "complete", ratio[k], 64, 1.0,
-                     10.0 + gap * i + spread * (seed - 1), 1.0)
-            for i, k in enumerate(reversed(ordered)) for seed in range(3)]
+    rows = [
+        RaceRun(
+            RaceRunJob("4", seed, k), "w", 0.0, "complete", ratio[k], 64, 1.0, 10.0 + gap * i + spread * (seed - 1), 1.0
+        )
+        for i, k in enumerate(reversed(ordered))
+        for seed in range(3)
+    ]
     report = audit_report(trials, rows, "4")
     assert report.maps_with_seeds == len(proxy) >= 3 and report.spearman == pytest.approx(-1.0)
     if separated:
@@ -307,12 +365,15 @@ def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("args", [
-    ["--study", "aud", "--factor", "0.5"],
-    ["--study", "nope"],
-    ["--study", "aud", "--maps", "top:x"],
-    ["--study", "aud", "--seeds", "0"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--study", "aud", "--factor", "0.5"],
+        ["--study", "nope"],
+        ["--study", "aud", "--maps", "top:x"],
+        ["--study", "aud", "--seeds", "0"],
+    ],
+)
 def test_audit_cli_bad_input_is_one_error_line(small_study, monkeypatch, capsys, args):
     root, db, _ = small_study
     before = digest(db)
@@ -334,8 +395,17 @@ def test_reading_commands_without_study_use_the_only_one(small_study, monkeypatc
 
 
 def test_bench_replay_cli(monkeypatch, capsys, tmp_path):
-    code, out, err = run_cli(monkeypatch, capsys, "bench", "replay", "--table",
-                             str(ROOT / "benchmarks" / "data" / "bench-small.parquet"), "--seed", "1", "--json")
+    code, out, err = run_cli(
+        monkeypatch,
+        capsys,
+        "bench",
+        "replay",
+        "--table",
+        str(ROOT / "benchmarks" / "data" / "bench-small.parquet"),
+        "--seed",
+        "1",
+        "--json",
+    )
     report = json.loads(out)
     assert code == 0 and report["n_rows"] == 50 and report["rule"] == "pareto" and report["front_maps_lost"] == []
     assert report["steps_trained"] + report["steps_saved"] == 50 * 240
@@ -354,10 +424,21 @@ def test_audit_says_a_map_beats_the_baseline_only_beyond_the_seed_noise(small_st
     baseline = next(t for t in complete if set(t.user_attrs["reuse_map"]) == {1})
     recurrent = next(t for t in complete if set(t.user_attrs["reuse_map"]) != {1})
     rows = []
-    for seed, (b, r) in enumerate(zip((1.10, 1.11, 1.09), recurrent_losses)):
+    for seed, (b, r) in enumerate(zip((1.10, 1.11, 1.09), recurrent_losses, strict=True)):
         for t, loss in ((baseline, b), (recurrent, r)):
-            rows.append(RaceRun(RaceRunJob("4", seed, t.user_attrs["map_key"]), "w", 0.0, "complete",
-                                 t.user_attrs["flops_ratio"], 64, loss, math.exp(loss), 1.0))
+            rows.append(
+                RaceRun(
+                    RaceRunJob("4", seed, t.user_attrs["map_key"]),
+                    "w",
+                    0.0,
+                    "complete",
+                    t.user_attrs["flops_ratio"],
+                    64,
+                    loss,
+                    math.exp(loss),
+                    1.0,
+                )
+            )
     report = audit_report(trials, rows, "4")
     assert report.best_vs_baseline_seeds == 3 and report.best_beats_baseline is beats
     assert ("beats the baseline" in report.finding) is beats
@@ -378,11 +459,14 @@ def test_audit_fused_gives_the_runs_one_at_a_time_gives(small_study, tmp_path):
         shutil.copy(db, copy)
         report = run_audit("aud", f"sqlite:///{copy}", settings, checkpoint_dir=tmp_path / f"ck{fuse}", fuse=fuse)
         assert report.trained_by_this_worker == 6
-        rows[fuse] = {r.job: r for r in open_store(parse_storage(f"sqlite:///{copy}"), "aud").race_runs()
-                      if r.job.factor == factor_key(settings.factor)}
+        rows[fuse] = {
+            r.job: r
+            for r in open_store(parse_storage(f"sqlite:///{copy}"), "aud").race_runs()
+            if r.job.factor == factor_key(settings.factor)
+        }
     assert set(rows[1]) == set(rows[3]) and len(rows[1]) == 6
     for job, single in rows[1].items():
         fused = rows[3][job]
         assert fused.state == single.state == "complete"
         assert [s for s, _ in fused.curve] == [s for s, _ in single.curve]
-        assert all(abs(a - b) <= 1e-4 for (_, a), (_, b) in zip(fused.curve, single.curve)), job
+        assert all(abs(a - b) <= 1e-4 for (_, a), (_, b) in zip(fused.curve, single.curve, strict=True)), job

@@ -10,18 +10,29 @@ from ilr_search.analysis.results import FrontRow
 
 
 def _row(trial, state, reuse_map, ratio, ppl, pruned_at=None):
-    return PlottedTrial(trial, state, tuple(reuse_map), None, ratio, ppl if state == "COMPLETE" else None, None, ppl,
-                        pruned_at)
+    return PlottedTrial(
+        trial, state, tuple(reuse_map), None, ratio, ppl if state == "COMPLETE" else None, None, ppl, pruned_at
+    )
 
 
 def _rows():
-    same_ratio = [[2, 1, 1, 1, 2, 1, 1, 1], [1, 2, 1, 1, 1, 2, 1, 1], [1, 1, 2, 2, 1, 1, 1, 1], [3, 1, 1, 1, 1, 1, 1, 1],
-                  [1, 3, 1, 1, 1, 1, 1, 1], [1, 1, 3, 1, 1, 1, 1, 1], [1, 1, 1, 3, 1, 1, 1, 1], [1, 1, 1, 1, 3, 1, 1, 1]]
+    same_ratio = [
+        [2, 1, 1, 1, 2, 1, 1, 1],
+        [1, 2, 1, 1, 1, 2, 1, 1],
+        [1, 1, 2, 2, 1, 1, 1, 1],
+        [3, 1, 1, 1, 1, 1, 1, 1],
+        [1, 3, 1, 1, 1, 1, 1, 1],
+        [1, 1, 3, 1, 1, 1, 1, 1],
+        [1, 1, 1, 3, 1, 1, 1, 1],
+        [1, 1, 1, 1, 3, 1, 1, 1],
+    ]
     rows = [_row(0, "COMPLETE", [1] * 8, 1.0, 6.1)]
     rows += [_row(1 + i, "COMPLETE", m, 1.476, 5.8 + 0.05 * i) for i, m in enumerate(same_ratio)]
-    rows += [_row(9, "PRUNED", [4, 1, 1, 1, 1, 1, 1, 1], 1.476, 14.9, 125),
-             _row(10, "PRUNED", [1, 4, 1, 1, 1, 1, 1, 1], 1.476, 15.1, 125),
-             _row(11, "FAIL", [1, 1, 4, 1, 1, 1, 1, 1], 1.3, None)]
+    rows += [
+        _row(9, "PRUNED", [4, 1, 1, 1, 1, 1, 1, 1], 1.476, 14.9, 125),
+        _row(10, "PRUNED", [1, 4, 1, 1, 1, 1, 1, 1], 1.476, 15.1, 125),
+        _row(11, "FAIL", [1, 1, 4, 1, 1, 1, 1, 1], 1.3, None),
+    ]
     return rows
 
 
@@ -45,7 +56,7 @@ def test_pruned_trials_are_apart_and_the_axis_fits_the_complete_ones():
 def test_points_at_one_flop_ratio_are_spread_with_the_map_in_the_hover():
     fig = pareto_figure("s", _rows(), [], None)
     complete = _trace(fig, "complete")
-    at_ratio = [x for x, h in zip(complete.x, complete.hovertext) if "FLOP ratio 1.476" in h]
+    at_ratio = [x for x, h in zip(complete.x, complete.hovertext, strict=True) if "FLOP ratio 1.476" in h]
     assert len(at_ratio) == 8 == len(set(at_ratio))
     assert all(abs(x - 1.476) < 0.05 for x in at_ratio)
     assert any("map 3,1,1,1,1,1,1,1" in h for h in complete.hovertext)
@@ -63,17 +74,32 @@ def test_labels_of_close_points_take_places_that_do_not_overlap():
     labels = ["2,1,1,1", "2,2,1,1", "3,2,1,1", "2,2,2,2", "2,3,1,1"]
     places = label_positions(points, labels, [55.0, 58.0], [17.1, 17.7])
     assert len(set(places[:2])) == 2 and len(set(places[2:4])) == 2  # close neighbours are labelled apart
-    assert all(p in ("top center", "bottom center", "middle right", "middle left", "top right", "bottom left",
-                     "top left", "bottom right") for p in places)
+    assert all(
+        p
+        in (
+            "top center",
+            "bottom center",
+            "middle right",
+            "middle left",
+            "top right",
+            "bottom left",
+            "top left",
+            "bottom right",
+        )
+        for p in places
+    )
 
 
 def test_a_curves_panel_draws_each_trained_trials_curve_with_the_front_in_colour():
     rows = [  # curves that cross: the first trial starts ahead and ends behind
-        dataclasses.replace(r, curve=((10, 3.0 + 0.01 * r.trial), (20, 2.5 - 0.01 * r.trial)) if r.state != "FAIL" else ())
+        dataclasses.replace(
+            r, curve=((10, 3.0 + 0.01 * r.trial), (20, 2.5 - 0.01 * r.trial)) if r.state != "FAIL" else ()
+        )
         for r in _rows()
     ]
     front = [FrontRow(0, (1,) * 8, "1,1,1,1,1,1,1,1", None, 1.0, 6.1, None, None)]
     fig = pareto_figure("s", rows, front, None)
+
     def curve_lines(figure):
         return [t for t in figure.data if t.hovertext and ": loss " in str(t.hovertext[0])]
 

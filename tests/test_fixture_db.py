@@ -12,8 +12,8 @@ import sqlite3
 
 import optuna
 import pytest
-
 from conftest import ROOT
+
 from ilr_search.analysis.trials import TrialAttr, trained_results, trial_records
 
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -45,8 +45,21 @@ def test_an_old_study_lists_and_reports(old_study, cli):
 @pytest.mark.slow
 def test_an_old_study_resumes_with_the_same_command(old_study, cli):
     folder, storage = old_study
-    proc = cli("run", "--space", str(folder / "space.toml"), "--budget", "1.5x", "--study", STUDY, "--storage",
-                   storage, "--n-trials", "4", "--json", cwd=folder)
+    proc = cli(
+        "run",
+        "--space",
+        str(folder / "space.toml"),
+        "--budget",
+        "1.5x",
+        "--study",
+        STUDY,
+        "--storage",
+        storage,
+        "--n-trials",
+        "4",
+        "--json",
+        cwd=folder,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads(proc.stdout)
     assert summary["study"] == STUDY and summary["n_complete"] + summary["n_pruned"] == 4
@@ -62,10 +75,25 @@ def test_an_old_studys_trials_read_as_records(old_study):
     assert all(set(t.user_attrs) <= names for t in trials)
     records = trial_records(trials)
     assert [r.number for r in trained_results(records)] == [t.number for t in trials] and len(records) == 3
-    for t, r in zip(trials, records):
+    for t, r in zip(trials, records, strict=True):
         a = t.user_attrs
-        assert (r.map_key, list(r.reuse_map), r.flops_ratio, r.param_count) == \
-            (a["map_key"], a["reuse_map"], a["flops_ratio"], a["params"])
-        assert (r.val_loss, r.val_ppl, r.val_bpb, r.steps, r.status) == \
-            (a["val_loss"], a["val_ppl"], a["val_bpb"], a["steps"], a["status"])
-        assert (dict(r.knobs), r.proposed_map, r.reused_from, r.pruned_at_step, r.steps_saved) == ({}, None, None, None, 0)
+        assert (r.map_key, list(r.reuse_map), r.flops_ratio, r.param_count) == (
+            a["map_key"],
+            a["reuse_map"],
+            a["flops_ratio"],
+            a["params"],
+        )
+        assert (r.val_loss, r.val_ppl, r.val_bpb, r.steps, r.status) == (
+            a["val_loss"],
+            a["val_ppl"],
+            a["val_bpb"],
+            a["steps"],
+            a["status"],
+        )
+        assert (dict(r.knobs), r.proposed_map, r.reused_from, r.pruned_at_step, r.steps_saved) == (
+            {},
+            None,
+            None,
+            None,
+            0,
+        )

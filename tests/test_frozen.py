@@ -12,11 +12,18 @@ import math
 from pathlib import Path
 
 import pytest
-from conftest import assert_one_line_error, write_space
+from conftest import TRAINED_MAP, assert_one_line_error, write_space
 
-from conftest import TRAINED_MAP
-FROZEN = {"noise_seeds": 0, "families": ["ilr"], "max_reuse": 2, "n_trials": 4, "race_seeds": 3, "max_seeds": 6,
-          "race_contenders": 2, "enqueue_paper_maps": False}
+FROZEN = {
+    "noise_seeds": 0,
+    "families": ["ilr"],
+    "max_reuse": 2,
+    "n_trials": 4,
+    "race_seeds": 3,
+    "max_seeds": 6,
+    "race_contenders": 2,
+    "enqueue_paper_maps": False,
+}
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +35,23 @@ def checkpoint(recurrent_checkpoint) -> Path:
 def frozen_run(cli, tmp_path: Path, checkpoint: Path, *extra: str):
     space = write_space(tmp_path / "frozen.toml", search=FROZEN, train={"eval_windows": 16})
     db = tmp_path / "frozen.db"
-    proc = cli("run", "--space", str(space), "--init", str(checkpoint), "--train-steps", "0", "--budget", "1.5x",
-               "--enqueue", "2,2,1,1", "--storage", f"sqlite:///{db}", "--json", *extra)
+    proc = cli(
+        "run",
+        "--space",
+        str(space),
+        "--init",
+        str(checkpoint),
+        "--train-steps",
+        "0",
+        "--budget",
+        "1.5x",
+        "--enqueue",
+        "2,2,1,1",
+        "--storage",
+        f"sqlite:///{db}",
+        "--json",
+        *extra,
+    )
     return proc, db
 
 
@@ -50,8 +72,14 @@ def test_a_frozen_search_finds_the_map_the_checkpoint_was_trained_with(cli, tmp_
         return math.fsum(results[(key, s)] for s in chunks) / len(chunks)
 
     # the race's best claim is 2,2,1,1 or a map at least as good on the same window chunks
-    best = min((c["map"] for c in race["comparisons"] if c["status"] == "better"
-                and all((c["map"], s) in results for s in chunks)), key=mean_loss)
+    best = min(
+        (
+            c["map"]
+            for c in race["comparisons"]
+            if c["status"] == "better" and all((c["map"], s) in results for s in chunks)
+        ),
+        key=mean_loss,
+    )
     assert best == "2,2,1,1" or mean_loss(best) <= mean_loss("2,2,1,1")
     # the race's words are windows, and nothing says "0 steps"
     verdict = summary["verdict"]
@@ -79,28 +107,40 @@ def test_a_resume_with_another_checkpoint_is_refused(cli, tmp_path, checkpoint):
     assert proc.returncode == 0, proc.stderr
     other = tmp_path / "other"
     shutil.copytree(checkpoint, other)
-    proc = cli("run", "--space", str(tmp_path / "frozen.toml"), "--init", str(other), "--train-steps", "0",
-               "--budget", "1.5x", "--study", "frozen-resume", "--storage", f"sqlite:///{db}")
+    proc = cli(
+        "run",
+        "--space",
+        str(tmp_path / "frozen.toml"),
+        "--init",
+        str(other),
+        "--train-steps",
+        "0",
+        "--budget",
+        "1.5x",
+        "--study",
+        "frozen-resume",
+        "--storage",
+        f"sqlite:///{db}",
+    )
     assert_one_line_error(proc)
     assert "init" in proc.stderr
 
 
 def test_per_window_losses_pair_maps_by_window(checkpoint, token_cache):
-    from ilr_search.training.pretrained import open_checkpoint
-
     from ilr_search.config import DataConfig, TrainConfig
     from ilr_search.data.tokens import load_tokens
     from ilr_search.training.frozen import chunk_scores
+    from ilr_search.training.pretrained import open_checkpoint
     from ilr_search.training.schedule import reuse_map_schedule
 
     model_cfg = open_checkpoint(str(checkpoint), seq_len=64).config
     data = load_tokens(DataConfig(tokenizer="byte"), seq_len=64)
     cfg = TrainConfig(steps=0, eval_windows=16, device="cpu", dtype="fp32")
-    plain, = chunk_scores(model_cfg, [0, 1, 2, 3], data, cfg, [1])
-    recurrent, = chunk_scores(model_cfg, reuse_map_schedule(TRAINED_MAP), data, cfg, [1])
+    (plain,) = chunk_scores(model_cfg, [0, 1, 2, 3], data, cfg, [1])
+    (recurrent,) = chunk_scores(model_cfg, reuse_map_schedule(TRAINED_MAP), data, cfg, [1])
     assert plain.units == recurrent.units and len(plain.scores) == 16
     assert plain.val_loss == pytest.approx(sum(plain.scores) / 16)
-    better = sum(r < p for r, p in zip(recurrent.scores, plain.scores))
+    better = sum(r < p for r, p in zip(recurrent.scores, plain.scores, strict=True))
     assert better >= 12, (recurrent.scores, plain.scores)
 
 
@@ -109,22 +149,52 @@ def no_database(tmp_path: Path) -> bool:
 
 
 def test_frozen_without_a_checkpoint_is_refused(cli, tmp_path):
-    proc = cli("run", "--space", "tests/spaces/tiny.toml", "--train-steps", "0", "--budget", "1.5x",
-               "--storage", f"sqlite:///{tmp_path / 'x.db'}", cwd=Path(__file__).resolve().parent.parent)
+    proc = cli(
+        "run",
+        "--space",
+        "tests/spaces/tiny.toml",
+        "--train-steps",
+        "0",
+        "--budget",
+        "1.5x",
+        "--storage",
+        f"sqlite:///{tmp_path / 'x.db'}",
+        cwd=Path(__file__).resolve().parent.parent,
+    )
     assert_one_line_error(proc)
     assert "--init" in proc.stderr and not (tmp_path / "x.db").exists()
 
 
 def test_shape_flags_beside_init_are_refused(cli, tmp_path, checkpoint):
-    proc = cli("run", "--init", str(checkpoint), "--layers", "4", "--train-steps", "0", "--budget", "1.5x",
-               "--storage", f"sqlite:///{tmp_path / 'x.db'}")
+    proc = cli(
+        "run",
+        "--init",
+        str(checkpoint),
+        "--layers",
+        "4",
+        "--train-steps",
+        "0",
+        "--budget",
+        "1.5x",
+        "--storage",
+        f"sqlite:///{tmp_path / 'x.db'}",
+    )
     assert_one_line_error(proc)
     assert "--layers" in proc.stderr and no_database(tmp_path)
 
 
 def test_a_missing_checkpoint_folder_is_refused(cli, tmp_path):
-    proc = cli("run", "--init", str(tmp_path / "nowhere"), "--train-steps", "0", "--budget", "1.5x",
-               "--storage", f"sqlite:///{tmp_path / 'x.db'}")
+    proc = cli(
+        "run",
+        "--init",
+        str(tmp_path / "nowhere"),
+        "--train-steps",
+        "0",
+        "--budget",
+        "1.5x",
+        "--storage",
+        f"sqlite:///{tmp_path / 'x.db'}",
+    )
     assert_one_line_error(proc)
     assert "nowhere" in proc.stderr and no_database(tmp_path)
 
@@ -141,8 +211,16 @@ def test_retrofit_continues_training_from_the_checkpoint(checkpoint, token_cache
     model = open_checkpoint(str(checkpoint), seq_len=64).config
     data = load_tokens(DataConfig(tokenizer=f"file:{checkpoint / 'tokenizer.json'}"), seq_len=64)
     schedule = reuse_map_schedule(TRAINED_MAP)
-    base = TrainConfig(steps=0, eval_windows=16, batch_size=8, lr=1e-4, eval_fractions=(1.0,), device="cpu",
-                       dtype="fp32", checkpoint_every=0)
+    base = TrainConfig(
+        steps=0,
+        eval_windows=16,
+        batch_size=8,
+        lr=1e-4,
+        eval_fractions=(1.0,),
+        device="cpu",
+        dtype="fp32",
+        checkpoint_every=0,
+    )
     frozen = train_proxy(model, schedule, data, base)
     retrofit = train_proxy(model, schedule, data, dataclasses.replace(base, steps=4))
     assert frozen.steps == 0 and retrofit.steps == 4 and retrofit.status == "ok"

@@ -16,8 +16,17 @@ RACES = 1000
 WINDOWS = 16  # windows a chunk: a chunk's loss is the mean of its windows'
 MAX_CHUNKS = 8  # chunk 0 scores the trials (the screen), chunks 1..7 test
 BASELINE, CONTENDER = "1,1,1,1", "2,2,1,1"
-SETTINGS = RaceSettings(0, 0, tuple(range(MAX_CHUNKS)), race_contenders=2, policy="adaptive", race_seeds=3,
-                        race_screen=12, equal_compute=False, frozen=True)
+SETTINGS = RaceSettings(
+    0,
+    0,
+    tuple(range(MAX_CHUNKS)),
+    race_contenders=2,
+    policy="adaptive",
+    race_seeds=3,
+    race_screen=12,
+    equal_compute=False,
+    frozen=True,
+)
 
 
 def null_race(rng: np.random.Generator) -> tuple[bool, int]:
@@ -34,8 +43,10 @@ def null_race(rng: np.random.Generator) -> tuple[bool, int]:
         state = race_state(have, SETTINGS, BASELINE)
         if state.done:
             break
-        have += [Evaluation(j.map_key, flops[j.map_key], j.steps, j.seed, float(losses[j.map_key][j.seed]))
-                 for j in state.next_jobs]
+        have += [
+            Evaluation(j.map_key, flops[j.map_key], j.steps, j.seed, float(losses[j.map_key][j.seed]))
+            for j in state.next_jobs
+        ]
     assert state.done
     return CONTENDER in state.confirmed_better, max(e.seed for e in have)
 
@@ -53,10 +64,15 @@ def test_the_window_paired_race_keeps_its_level_on_null_data():
 def test_a_frozen_verdict_speaks_of_windows_not_steps():
     rng = np.random.default_rng(0)
     text = rng.gamma(4.0, 0.5, size=(MAX_CHUNKS, WINDOWS)) + 1.0
-    losses = {BASELINE: text.mean(axis=1), CONTENDER: (text - 0.2).mean(axis=1)
-              + 0.01 * rng.standard_normal(MAX_CHUNKS)}  # a clear gap
-    have = [Evaluation(k, 1.0 if k == BASELINE else 1.5, 0, s, float(losses[k][s])) for k in losses
-            for s in range(MAX_CHUNKS)]
+    losses = {
+        BASELINE: text.mean(axis=1),
+        CONTENDER: (text - 0.2).mean(axis=1) + 0.01 * rng.standard_normal(MAX_CHUNKS),
+    }  # a clear gap
+    have = [
+        Evaluation(k, 1.0 if k == BASELINE else 1.5, 0, s, float(losses[k][s]))
+        for k in losses
+        for s in range(MAX_CHUNKS)
+    ]
     state = race_state(have, SETTINGS, BASELINE)
     assert state.done and state.confirmed_better == (CONTENDER,)
     assert "window chunk" in state.verdict and "on held-out windows" in state.verdict

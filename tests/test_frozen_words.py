@@ -7,18 +7,31 @@ import math
 import re
 
 import numpy as np
-import pytest
 from conftest import write_space
 
 FORBIDDEN = (r"seed", r"training", r"\b0x\b", r"proxy", r"\b0 steps")  # 1.00x is a FLOPs ratio, not a length
 
 
 def test_a_frozen_runs_output_has_no_training_words(cli, tmp_path, recurrent_checkpoint):
-    space = write_space(tmp_path / "words.toml", search={"families": ["blocks"], "max_reuse": 2, "sampler": "grid",
-                                                        "race_seeds": 3, "max_seeds": 5}, train={"eval_windows": 8})
+    space = write_space(
+        tmp_path / "words.toml",
+        search={"families": ["blocks"], "max_reuse": 2, "sampler": "grid", "race_seeds": 3, "max_seeds": 5},
+        train={"eval_windows": 8},
+    )
     db = tmp_path / "words.db"
-    run = cli("run", "--space", str(space), "--init", str(recurrent_checkpoint), "--train-steps", "0", "--budget",
-              "1.5x", "--storage", f"sqlite:///{db}")
+    run = cli(
+        "run",
+        "--space",
+        str(space),
+        "--init",
+        str(recurrent_checkpoint),
+        "--train-steps",
+        "0",
+        "--budget",
+        "1.5x",
+        "--storage",
+        f"sqlite:///{db}",
+    )
     assert run.returncode == 0, run.stderr
     study = json.loads(cli("studies", "--storage", f"sqlite:///{db}", "--json").stdout)["studies"][0]["study"]
     shown = [run.stdout, run.stderr]
@@ -39,12 +52,13 @@ def test_the_paired_detectable_gap_is_about_what_the_test_detects(recurrent_chec
     """Plant a known difference in real paired window differences (a damped block against the plain model on the
     tiny checkpoint, shifted to a true mean of the stated gap): the sequential test finds it about 80% of the time
     when chunks are drawn at random, as the stated detectable gap (at 80% power) says; at a third of it, rarely."""
+    import dataclasses
+
     from ilr_search.analysis.unit_pairs import UnitPairs, UnitTest, unit_detectable_gap
     from ilr_search.config import DataConfig, TrainConfig
     from ilr_search.data.tokens import load_tokens
     from ilr_search.training.frozen import chunk_scores
     from ilr_search.training.pretrained import open_checkpoint
-    import dataclasses
 
     cfg = open_checkpoint(str(recurrent_checkpoint), seq_len=64).config
     damped = dataclasses.replace(cfg, damping=0.5)
@@ -53,7 +67,9 @@ def test_the_paired_detectable_gap_is_about_what_the_test_detects(recurrent_chec
     train = TrainConfig(steps=0, eval_windows=8, device="cpu", dtype="fp32")
     plain = chunk_scores(cfg, [0, 1, 2, 3], data, train, chunks)
     block = chunk_scores(damped, [0, 1, 2, 1, 2, 3], data, train, chunks)
-    diffs = np.array([np.subtract(b.scores, p.scores) for b, p in zip(block, plain)])  # 24 chunks x 8 windows
+    diffs = np.array(
+        [np.subtract(b.scores, p.scores) for b, p in zip(block, plain, strict=True)]
+    )  # 24 chunks x 8 windows
     centred = diffs - diffs.mean()  # the real paired spread, with no true difference
     test = UnitTest(0.05, 2, 6)
     observed = UnitPairs(tuple(range(6)), tuple(map(tuple, centred[:6])), False)

@@ -27,24 +27,37 @@ def tiny_model(pe: str = "rope", n_layers: int = 3) -> ModelConfig:
 
 
 def tiny_train(**kw) -> TrainConfig:
-    base = TrainConfig(steps=30, batch_size=4, lr=3e-3, eval_fractions=(0.25, 0.5, 1.0), eval_windows=8,
-                       dtype="fp32", device="cpu", checkpoint_every=0)
+    base = TrainConfig(
+        steps=30,
+        batch_size=4,
+        lr=3e-3,
+        eval_fractions=(0.25, 0.5, 1.0),
+        eval_windows=8,
+        dtype="fp32",
+        device="cpu",
+        checkpoint_every=0,
+    )
     return replace(base, **kw)
 
 
 def assert_same_run(fused: TrainResult, single: TrainResult, resumed_from: int = 0) -> None:
     """The same run; `resumed_from`: `fused` resumed at that step (its batch digest covers only the steps after)."""
-    assert (fused.status, fused.steps, fused.tokens, fused.params, fused.resumed_from_step) == \
-        (single.status, single.steps, single.tokens, single.params, resumed_from)
+    assert (fused.status, fused.steps, fused.tokens, fused.params, fused.resumed_from_step) == (
+        single.status,
+        single.steps,
+        single.tokens,
+        single.params,
+        resumed_from,
+    )
     if not resumed_from:
         assert fused.batch_digest == single.batch_digest != 0
     assert fused.reason.split(" became ")[0] == single.reason.split(" became ")[0]
     assert [p.step for p in fused.curve] == [p.step for p in single.curve]
     if not resumed_from:  # the training loss's window means (a resumed run's start later, at other reads)
         assert [p.step for p in fused.train_curve] == [p.step for p in single.train_curve]
-        for a, b in zip(fused.train_curve, single.train_curve):
+        for a, b in zip(fused.train_curve, single.train_curve, strict=True):
             assert a.loss == pytest.approx(b.loss, abs=TOLERANCE)
-    for a, b in zip(fused.curve, single.curve):
+    for a, b in zip(fused.curve, single.curve, strict=True):
         assert a.val_loss == pytest.approx(b.val_loss, abs=TOLERANCE)
         assert a.val_bpb == pytest.approx(b.val_bpb, abs=2 * TOLERANCE)  # bits: nats / ln 2
     if single.status == "diverged":
@@ -68,7 +81,7 @@ def test_fused_members_equal_their_single_runs(data, pe):
     model_cfg, cfg = tiny_model(pe), tiny_train()
     fused = train_fused(model_cfg, SCHEDULES, data, cfg, seeds=SEEDS)
     assert len(fused) == len(SCHEDULES)
-    for schedule, seed, result in zip(SCHEDULES, SEEDS, fused):
+    for schedule, seed, result in zip(SCHEDULES, SEEDS, fused, strict=True):
         assert result.schedule == schedule
         assert_same_run(result, train_proxy(model_cfg, schedule, data, replace(cfg, seed=seed)))
     assert fused[0].curve[-1].val_loss != fused[1].curve[-1].val_loss  # the members really differ
@@ -79,7 +92,7 @@ def test_where_masking_equals_prefix_masking(data):
     model_cfg, cfg = tiny_model(), tiny_train(steps=12)
     prefix = train_fused(model_cfg, SCHEDULES, data, cfg, seeds=SEEDS, length_masking="prefix")
     where = train_fused(model_cfg, SCHEDULES, data, cfg, seeds=SEEDS, length_masking="where")
-    for a, b in zip(prefix, where):
+    for a, b in zip(prefix, where, strict=True):
         assert_same_run(a, b)
 
 
@@ -105,7 +118,7 @@ def test_a_diverged_and_a_pruned_member_leave_and_the_others_go_on_as_alone(data
     state = torch.load(paths[0], weights_only=True)
     state["model"]["embed.weight"] *= 1e3
     torch.save(state, paths[0])
-    for k, path in enumerate(paths):  # the same starting points for the single runs
+    for path in paths:  # the same starting points for the single runs
         path.with_suffix(".single").write_bytes(path.read_bytes())
 
     def callbacks(record: list):
@@ -115,15 +128,25 @@ def test_a_diverged_and_a_pruned_member_leave_and_the_others_go_on_as_alone(data
 
     fused_steps: list = []
     on_eval, on_step = callbacks(fused_steps)
-    fused = train_fused(model_cfg, schedules, data, cfg, on_eval=on_eval, on_step=on_step, checkpoint_paths=paths,
-                        seeds=seeds)
+    fused = train_fused(
+        model_cfg, schedules, data, cfg, on_eval=on_eval, on_step=on_step, checkpoint_paths=paths, seeds=seeds
+    )
     single_steps: list = []
     on_eval, on_step = callbacks(single_steps)
-    singles = [train_proxy(model_cfg, s, data, replace(cfg, seed=seed), on_eval=e, on_step=o,
-                           checkpoint_path=path.with_suffix(".single"))
-               for s, seed, e, o, path in zip(schedules, seeds, on_eval, on_step, paths)]
+    singles = [
+        train_proxy(
+            model_cfg,
+            s,
+            data,
+            replace(cfg, seed=seed),
+            on_eval=e,
+            on_step=o,
+            checkpoint_path=path.with_suffix(".single"),
+        )
+        for s, seed, e, o, path in zip(schedules, seeds, on_eval, on_step, paths, strict=True)
+    ]
     assert [r.status for r in singles] == ["diverged", "ok", "stopped", "ok"]  # the scenario holds
-    for a, b in zip(fused, singles):
+    for a, b in zip(fused, singles, strict=True):
         assert_same_run(a, b, resumed_from=10)
     assert sorted(fused_steps) == sorted(single_steps)  # each member's on_step saw its own steps and losses
     assert fused[0].steps == 10 and fused[2].steps == second_eval and fused[1].steps == fused[3].steps == cfg.steps
@@ -135,8 +158,10 @@ def test_one_fused_adamw_equals_one_adamw_per_member(data):
     model_cfg, cfg = tiny_model(), tiny_train(grad_clip=0.05, weight_decay=0.1, lr=1e-2)
     device = torch.device("cpu")
     seeds = [0, 1, 2]
-    members = [Member(k, s, seed, None, None, None, load_member(model_cfg, cfg, seed, None, device))
-               for k, (s, seed) in enumerate(zip(SCHEDULES, seeds))]
+    members = [
+        Member(k, s, seed, None, None, None, load_member(model_cfg, cfg, seed, None, device))
+        for k, (s, seed) in enumerate(zip(SCHEDULES, seeds, strict=True))
+    ]
     group = FusedGroup(model_cfg, cfg, members, device, torch.float32, False)
     models = [build_model(model_cfg, seed) for seed in seeds]
     optimizers = [build_optimizer(m, cfg, device) for m in models]
@@ -145,8 +170,9 @@ def test_one_fused_adamw_equals_one_adamw_per_member(data):
         for p in group.params.values():
             p.grad = torch.randn(p.shape, generator=generator)  # big enough that clipping acts
         for k, model in enumerate(models):
-            member_grads = group.layout.unstack({key: p.grad.clone() for key, p in group.params.items()},
-                                                group.members.index(members[k]))
+            member_grads = group.layout.unstack(
+                {key: p.grad.clone() for key, p in group.params.items()}, group.members.index(members[k])
+            )
             for name, p in model.named_parameters():
                 p.grad = member_grads[name].clone()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -154,8 +180,9 @@ def test_one_fused_adamw_equals_one_adamw_per_member(data):
         group.clip_gradients()
         group.optimizer.step()
     for k, model in enumerate(models):
-        fused_weights = group.layout.unstack({key: p.detach() for key, p in group.params.items()},
-                                             group.members.index(members[k]))
+        fused_weights = group.layout.unstack(
+            {key: p.detach() for key, p in group.params.items()}, group.members.index(members[k])
+        )
         assert set(fused_weights) == {name for name, _ in model.named_parameters()}
         for name, p in model.named_parameters():
             torch.testing.assert_close(fused_weights[name], p.detach(), rtol=1e-5, atol=1e-6)
@@ -174,11 +201,12 @@ def test_a_killed_group_resumes_from_its_checkpoints_with_the_same_results(data,
         return False
 
     with pytest.raises(Killed):
-        train_fused(model_cfg, SCHEDULES, data, cfg, on_eval=[kill_at_15, None, None], checkpoint_paths=paths,
-                    seeds=SEEDS)
+        train_fused(
+            model_cfg, SCHEDULES, data, cfg, on_eval=[kill_at_15, None, None], checkpoint_paths=paths, seeds=SEEDS
+        )
     assert all(torch.load(p, weights_only=True)["step"] == 10 for p in paths)
     resumed = train_fused(model_cfg, SCHEDULES, data, cfg, checkpoint_paths=paths, seeds=SEEDS)
-    for a, b in zip(resumed, uninterrupted):
+    for a, b in zip(resumed, uninterrupted, strict=True):
         assert_same_run(a, b, resumed_from=10)
     # A member resumes alone, with train_proxy, from its own checkpoint (the files were rewritten at step 20).
     alone = train_proxy(model_cfg, SCHEDULES[1], data, replace(cfg, seed=SEEDS[1]), checkpoint_path=paths[1])
@@ -199,18 +227,26 @@ def test_members_resuming_from_different_steps_train_apart_and_match(data, tmp_p
         return False
 
     with pytest.raises(Killed):  # member 0 alone, killed after its checkpoint at step 10
-        train_fused(model_cfg, schedules[:1], data, cfg, on_eval=[kill_at_15], checkpoint_paths=paths[:1],
-                    seeds=seeds[:1])
+        train_fused(
+            model_cfg, schedules[:1], data, cfg, on_eval=[kill_at_15], checkpoint_paths=paths[:1], seeds=seeds[:1]
+        )
     results = train_fused(model_cfg, schedules, data, cfg, checkpoint_paths=paths, seeds=seeds)
     assert [r.resumed_from_step for r in results] == [10, 0]
-    for i, (schedule, seed, result) in enumerate(zip(schedules, seeds, results)):
+    for i, (schedule, seed, result) in enumerate(zip(schedules, seeds, results, strict=True)):
         # checkpointed like the member (a checkpoint is also a read of the training loss), from scratch
         single = train_proxy(model_cfg, schedule, data, replace(cfg, seed=seed), checkpoint_path=tmp_path / f"s{i}.pt")
         assert_same_run(result, single, resumed_from=result.resumed_from_step)
 
 
-@pytest.mark.parametrize("knob", [{"injection": "add"}, {"iteration_encoding": True, "max_reuse": 3},
-                                  {"iteration_norms": True, "max_reuse": 3}, {"repeat_scale": "lr"}])
+@pytest.mark.parametrize(
+    "knob",
+    [
+        {"injection": "add"},
+        {"iteration_encoding": True, "max_reuse": 3},
+        {"iteration_norms": True, "max_reuse": 3},
+        {"repeat_scale": "lr"},
+    ],
+)
 def test_knobs_that_change_the_forward_pass_are_refused(data, knob):
     with pytest.raises(FusionUnsupported, match="does not support"):
         train_fused(replace(tiny_model(), **knob), SCHEDULES, data, tiny_train(steps=2))
@@ -223,7 +259,7 @@ def test_repeat_scale_residual_members_equal_their_single_runs(data, masking):
     model_cfg, cfg = replace(tiny_model(), repeat_scale="residual"), tiny_train()
     fused = train_fused(model_cfg, SCHEDULES, data, cfg, seeds=SEEDS, length_masking=masking)
     off = train_fused(tiny_model(), SCHEDULES, data, cfg, seeds=SEEDS, length_masking=masking)
-    for schedule, seed, result, plain in zip(SCHEDULES, SEEDS, fused, off):
+    for schedule, seed, result, plain in zip(SCHEDULES, SEEDS, fused, off, strict=True):
         assert_same_run(result, train_proxy(model_cfg, schedule, data, replace(cfg, seed=seed)))
         assert (result.val_loss == plain.val_loss) is (schedule == [0, 1, 2])  # only the repeats are scaled
 
@@ -231,7 +267,7 @@ def test_repeat_scale_residual_members_equal_their_single_runs(data, masking):
 def test_init_depth_is_supported_through_build_model(data):
     model_cfg, cfg = replace(tiny_model(), init_depth=6), tiny_train(steps=8, eval_fractions=(1.0,))
     fused = train_fused(model_cfg, SCHEDULES[1:], data, cfg, seeds=SEEDS[1:])
-    for schedule, seed, result in zip(SCHEDULES[1:], SEEDS[1:], fused):
+    for schedule, seed, result in zip(SCHEDULES[1:], SEEDS[1:], fused, strict=True):
         assert_same_run(result, train_proxy(model_cfg, schedule, data, replace(cfg, seed=seed)))
 
 
@@ -240,9 +276,10 @@ def test_a_group_whose_members_all_stop_at_one_evaluation_ends_there(data):
     with each member stopped there, as each would alone (the default run met this)."""
     model_cfg, cfg = tiny_model(), tiny_train()
     stop_at = cfg.eval_steps[0]
-    fused = train_fused(model_cfg, SCHEDULES, data, cfg, seeds=SEEDS,
-                        on_eval=[lambda p: p.step >= stop_at] * len(SCHEDULES))
-    for schedule, seed, result in zip(SCHEDULES, SEEDS, fused):
+    fused = train_fused(
+        model_cfg, SCHEDULES, data, cfg, seeds=SEEDS, on_eval=[lambda p: p.step >= stop_at] * len(SCHEDULES)
+    )
+    for schedule, seed, result in zip(SCHEDULES, SEEDS, fused, strict=True):
         single = train_proxy(model_cfg, schedule, data, replace(cfg, seed=seed), on_eval=lambda p: p.step >= stop_at)
         assert result.status == single.status == "stopped" and result.steps == stop_at
         assert_same_run(result, single)

@@ -49,13 +49,23 @@ def fresh_compiles(monkeypatch):
 
 
 def tiny_model(repeat_scale: str = "off") -> ModelConfig:
-    return ModelConfig(vocab_size=256, n_layers=4, d_model=16, n_heads=2, seq_len=32, pe="rope",
-                       repeat_scale=repeat_scale)
+    return ModelConfig(
+        vocab_size=256, n_layers=4, d_model=16, n_heads=2, seq_len=32, pe="rope", repeat_scale=repeat_scale
+    )
 
 
 def tiny_train(device: str, compile_layers: bool) -> TrainConfig:
-    return TrainConfig(steps=4, batch_size=4, lr=3e-3, eval_fractions=(0.5, 1.0), eval_windows=4, dtype="fp32",
-                       device=device, checkpoint_every=0, compile=compile_layers)
+    return TrainConfig(
+        steps=4,
+        batch_size=4,
+        lr=3e-3,
+        eval_fractions=(0.5, 1.0),
+        eval_windows=4,
+        dtype="fp32",
+        device=device,
+        checkpoint_every=0,
+        compile=compile_layers,
+    )
 
 
 def test_the_compile_backend_is_inductor_unless_the_environment_names_another(monkeypatch):
@@ -73,8 +83,9 @@ SECOND_GROUP = [reuse_map_schedule([1, 2, 1, 1]), reuse_map_schedule([1, 1, 1, 2
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("repeat_scale", ["off", "residual"])
-def test_a_second_fused_group_of_other_maps_compiles_nothing_and_matches_uncompiled(data, fresh_compiles, device,
-                                                                                    repeat_scale):
+def test_a_second_fused_group_of_other_maps_compiles_nothing_and_matches_uncompiled(
+    data, fresh_compiles, device, repeat_scale
+):
     graphs = fresh_compiles(device)
     model_cfg = tiny_model(repeat_scale)
     compiled_cfg, plain_cfg = tiny_train(device, True), tiny_train(device, False)
@@ -86,10 +97,10 @@ def test_a_second_fused_group_of_other_maps_compiles_nothing_and_matches_uncompi
     assert graphs() == 4  # other maps, a new FusedGroup: every graph reused
     plain = train_fused(model_cfg, FIRST_GROUP + SECOND_GROUP, data, plain_cfg)
     assert graphs() == 4  # uncompiled: nothing traced
-    for compiled_result, plain_result in zip(first + second, plain):
+    for compiled_result, plain_result in zip(first + second, plain, strict=True):
         assert compiled_result.status == plain_result.status == "ok"
         assert [p.step for p in compiled_result.curve] == [p.step for p in plain_result.curve]
-        for a, b in zip(compiled_result.curve, plain_result.curve):
+        for a, b in zip(compiled_result.curve, plain_result.curve, strict=True):
             assert a.val_loss == pytest.approx(b.val_loss, abs=TOLERANCE)
     assert first[0].val_loss != first[1].val_loss  # the maps really differ
 

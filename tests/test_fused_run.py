@@ -7,10 +7,10 @@ from pathlib import Path
 
 import optuna
 import pytest
-from optuna.trial import TrialState
-
 from conftest import NO_REFERENCES, assert_one_line_error, write_space
 from helpers import run_args
+from optuna.trial import TrialState
+
 from ilr_search.search.progress import Event, RunReporter, Step
 
 
@@ -19,8 +19,9 @@ def trials_of(db: Path) -> list[optuna.trial.FrozenTrial]:
 
 
 def trained_maps(trials) -> Counter:
-    return Counter(t.user_attrs["map_key"] for t in trials
-                   if t.state.is_finished() and t.user_attrs.get("steps", 0) > 0)
+    return Counter(
+        t.user_attrs["map_key"] for t in trials if t.state.is_finished() and t.user_attrs.get("steps", 0) > 0
+    )
 
 
 def with_result(trials) -> list:
@@ -31,8 +32,9 @@ def with_result(trials) -> list:
 def space(tmp_path) -> Path:
     """The tiny space without reference runs, of a narrow model with two validation windows: fusion's guarantees
     need no size."""
-    return write_space(tmp_path / "tiny.toml", search=NO_REFERENCES, model={"d_model": 16, "seq_len": 32},
-                       train={"eval_windows": 2})
+    return write_space(
+        tmp_path / "tiny.toml", search=NO_REFERENCES, model={"d_model": 16, "seq_len": 32}, train={"eval_windows": 2}
+    )
 
 
 @pytest.mark.slow
@@ -44,8 +46,11 @@ def test_run_fuse_4_finishes_with_the_right_count_no_map_twice_and_resumes(cli, 
     assert not [t for t in trials if t.state == TrialState.RUNNING]
     trained = trained_maps(trials)
     assert trained and max(trained.values()) == 1, trained
-    assert all(t.user_attrs.get("steps") == 24 for t in with_result(trials) if "reused_from" not in t.user_attrs
-               and t.state == TrialState.COMPLETE)  # fused members trained to the end
+    assert all(
+        t.user_attrs.get("steps") == 24
+        for t in with_result(trials)
+        if "reused_from" not in t.user_attrs and t.state == TrialState.COMPLETE
+    )  # fused members trained to the end
     # resuming to 11 (not a multiple of 4) adds exactly three trials, still no map trained twice
     more = json.loads(cli(*run_args(space, db, "fused", "--fuse", "4", n_trials=11), check=True).stdout)
     trials = trials_of(db)
@@ -68,13 +73,16 @@ class CtrlCAtStep(RunReporter):
 
 @pytest.mark.slow
 def test_ctrl_c_in_a_fused_group_fails_its_trials_queues_them_again_and_a_resume_finishes(
-        token_cache, tmp_path, space, monkeypatch):
+    token_cache, tmp_path, space, monkeypatch
+):
     from ilr_search.search.run import RunRequest, run_study
     from ilr_search.space import load_space
 
     monkeypatch.chdir(tmp_path)
     storage = f"sqlite:///{tmp_path / 'fused.db'}"
-    summary = run_study(RunRequest(load_space(space), "1.5x", "fused", storage, n_trials=6, fuse=4), CtrlCAtStep(15)).to_json()
+    summary = run_study(
+        RunRequest(load_space(space), "1.5x", "fused", storage, n_trials=6, fuse=4), CtrlCAtStep(15)
+    ).to_json()
     assert summary["interrupted"]
     trials = trials_of(tmp_path / "fused.db")
     interrupted = [t for t in trials if t.user_attrs.get("reason") == "interrupted (Ctrl-C)"]
@@ -90,8 +98,9 @@ def test_ctrl_c_in_a_fused_group_fails_its_trials_queues_them_again_and_a_resume
     trials = trials_of(tmp_path / "fused.db")
     assert len(with_result(trials)) == 6
     assert max(trained_maps(trials).values()) == 1
-    assert {t.user_attrs.get("resumed_from_step") for t in with_result(trials)
-            if t.user_attrs.get("retry_of") in retries} == {10}
+    assert {
+        t.user_attrs.get("resumed_from_step") for t in with_result(trials) if t.user_attrs.get("retry_of") in retries
+    } == {10}
 
 
 @pytest.mark.slow
@@ -114,20 +123,39 @@ def test_reference_runs_trained_fused_equal_those_trained_one_at_a_time(cli, tmp
     """The baseline's extra seeds and the second seed, trained as one fused group with --fuse 3, give the
     single runs' validation curves (the fused trainer's tolerance); the trials are the same fixed maps."""
     # a narrow model, two validation windows: the equality compared needs no size
-    space = write_space(tmp_path / "refs.toml", search={"families": ["ilr"]}, model={"d_model": 16, "seq_len": 32},
-                        train={"eval_windows": 2})
+    space = write_space(
+        tmp_path / "refs.toml",
+        search={"families": ["ilr"]},
+        model={"d_model": 16, "seq_len": 32},
+        train={"eval_windows": 2},
+    )
     references = {}
     for fuse in ("1", "3"):
         db = tmp_path / f"refs{fuse}.db"
-        proc = cli(*run_args(space, db, "fused", "--fuse", fuse, "--pruner", "none", "--enqueue", "2,1,1,1 1,2,1,1", n_trials=3),
-                   check=True)
+        proc = cli(
+            *run_args(
+                space, db, "fused", "--fuse", fuse, "--pruner", "none", "--enqueue", "2,1,1,1 1,2,1,1", n_trials=3
+            ),
+            check=True,
+        )
         assert ("(fused, 3 at once)" in proc.stderr) == (fuse == "3"), proc.stderr
         attrs = optuna.load_study(study_name="fused", storage=f"sqlite:///{db}").user_attrs
         references[fuse] = {k: v for k, v in attrs.items() if k.startswith("ilr:reference:")}
-    assert set(references["1"]) == set(references["3"]) == {
-        f"ilr:reference:{name}" for name in ("baseline_seed1", "baseline_seed2", "second_seed")}
+    assert (
+        set(references["1"])
+        == set(references["3"])
+        == {f"ilr:reference:{name}" for name in ("baseline_seed1", "baseline_seed2", "second_seed")}
+    )
     for name, single in references["1"].items():
         fused = references["3"][name]
-        assert (fused["schedule"], fused["seed"], fused["steps"]) == (single["schedule"], single["seed"], single["steps"])
+        assert (fused["schedule"], fused["seed"], fused["steps"]) == (
+            single["schedule"],
+            single["seed"],
+            single["steps"],
+        )
         assert [s for s, _ in fused["curve"]] == [s for s, _ in single["curve"]]
-        assert all(abs(a - b) <= 1e-4 for (_, a), (_, b) in zip(fused["curve"], single["curve"])), (name, fused, single)
+        assert all(abs(a - b) <= 1e-4 for (_, a), (_, b) in zip(fused["curve"], single["curve"], strict=True)), (
+            name,
+            fused,
+            single,
+        )

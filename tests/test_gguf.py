@@ -41,7 +41,8 @@ def files(tmp_path_factory):
 
 def transformers_reading(file: Path):
     return transformers.AutoModelForCausalLM.from_pretrained(
-        str(file.parent), gguf_file=str(file), dtype=torch.float32, local_files_only=True).eval()
+        str(file.parent), gguf_file=str(file), dtype=torch.float32, local_files_only=True
+    ).eval()
 
 
 def logits(model, x: torch.Tensor, hf: bool = False) -> torch.Tensor:
@@ -98,7 +99,9 @@ def test_a_folder_holding_one_gguf_file_is_that_file(files, token_cache):
 def test_the_study_knows_the_file_by_its_digest(files, token_cache):
     file, _ = files["untied"]
     assert checkpoint_identity(str(file)) == {
-        "source": str(file), "gguf_sha256": hashlib.sha256(file.read_bytes()).hexdigest()}
+        "source": str(file),
+        "gguf_sha256": hashlib.sha256(file.read_bytes()).hexdigest(),
+    }
 
 
 def test_flops_json_of_a_gguf_file(cli, files):
@@ -114,12 +117,20 @@ def test_a_quantized_file_is_said_to_be_the_quantized_model_once(cli, files):
     proc = cli("flops", "--init", str(file), "--json", check=True)
     assert json.loads(proc.stdout)["schedule"] == [0, 1]  # stdout: one JSON object
     notes = [line for line in proc.stderr.splitlines() if line.startswith("note:")]
-    assert notes == [f"note: {file.name} holds Q8_0 weights, dequantized to float32: this is the quantized model, "
-                     "not the original"], proc.stderr
+    assert notes == [
+        f"note: {file.name} holds Q8_0 weights, dequantized to float32: this is the quantized model, not the original"
+    ], proc.stderr
 
 
-FROZEN = {"noise_seeds": 0, "families": ["ilr"], "max_reuse": 2, "n_trials": 1, "race_seeds": 2, "max_seeds": 3,
-          "enqueue_paper_maps": False}
+FROZEN = {
+    "noise_seeds": 0,
+    "families": ["ilr"],
+    "max_reuse": 2,
+    "n_trials": 1,
+    "race_seeds": 2,
+    "max_seeds": 3,
+    "enqueue_paper_maps": False,
+}
 
 
 def test_a_frozen_study_of_a_gguf_file_refuses_another_file_at_the_same_path(cli, tmp_path):
@@ -128,8 +139,21 @@ def test_a_frozen_study_of_a_gguf_file_refuses_another_file_at_the_same_path(cli
     file = tmp_path / "model.gguf"
     write_llama_gguf(file, seed=5, quantized={"blk.0.ffn_down.weight": "Q8_0"})
     space = write_space(tmp_path / "frozen.toml", search=FROZEN, train={"eval_windows": 4})
-    args = ["run", "--space", str(space), "--init", str(file), "--train-steps", "0", "--budget", "1.5x",
-            "--study", "gguf", "--storage", f"sqlite:///{tmp_path / 'gguf.db'}"]
+    args = [
+        "run",
+        "--space",
+        str(space),
+        "--init",
+        str(file),
+        "--train-steps",
+        "0",
+        "--budget",
+        "1.5x",
+        "--study",
+        "gguf",
+        "--storage",
+        f"sqlite:///{tmp_path / 'gguf.db'}",
+    ]
     proc = cli(*args, "--json", check=True)
     assert sum(line.startswith("note: model.gguf holds Q8_0 weights") for line in proc.stderr.splitlines()) == 1
     assert json.loads(proc.stdout)["study"] == "gguf"
@@ -196,20 +220,52 @@ def test_a_gguf_studys_mergekit_config_names_its_converted_folder_and_mergekit_b
     from mergekit.options import MergeOptions
 
     file, _ = files["tied"]
-    space = write_space(tmp_path / "frozen.toml", search={**FROZEN, "families": ["ilr", "blocks"]},
-                        train={"eval_windows": 4})
+    space = write_space(
+        tmp_path / "frozen.toml", search={**FROZEN, "families": ["ilr", "blocks"]}, train={"eval_windows": 4}
+    )
     db = f"sqlite:///{tmp_path / 'gguf.db'}"
-    cli("run", "--space", str(space), "--init", str(file), "--train-steps", "0", "--budget", "1.5x", "--study", "g",
-        "--storage", db, "--enqueue", "block:0-1:2", check=True)
+    cli(
+        "run",
+        "--space",
+        str(space),
+        "--init",
+        str(file),
+        "--train-steps",
+        "0",
+        "--budget",
+        "1.5x",
+        "--study",
+        "g",
+        "--storage",
+        db,
+        "--enqueue",
+        "block:0-1:2",
+        check=True,
+    )
     out = tmp_path / "block.yml"
-    cli("export-model", "--study", "g", "--storage", db, "--map", "block:0-1:2", "--format", "mergekit", "--out",
-        str(out), check=True)
+    cli(
+        "export-model",
+        "--study",
+        "g",
+        "--storage",
+        db,
+        "--map",
+        "block:0-1:2",
+        "--format",
+        "mergekit",
+        "--out",
+        str(out),
+        check=True,
+    )
     config = yaml.safe_load(out.read_text(encoding="utf-8"))
     folder = Path(config["slices"][0]["sources"][0]["model"])
     assert folder.is_dir() and (folder / "config.json").is_file() and folder.name.startswith("gguf-")
     merged = tmp_path / "merged"
-    run_merge(MergeConfiguration.model_validate(config), str(merged),
-              MergeOptions(copy_tokenizer=True, quiet=True, write_model_card=False))
+    run_merge(
+        MergeConfiguration.model_validate(config),
+        str(merged),
+        MergeOptions(copy_tokenizer=True, quiet=True, write_model_card=False),
+    )
     hf = transformers.AutoModelForCausalLM.from_pretrained(merged).eval()
     cfg = open_checkpoint(str(file), seq_len=SEQ).config
     x = tokens(cfg.vocab_size)

@@ -4,9 +4,9 @@ cli/ui.py), so a new word or column without a definition fails here."""
 
 import ast
 
+from conftest import ROOT
 from optuna.trial import TrialState
 
-from conftest import ROOT
 from ilr_search.analysis.race_core import COMPARISON_STATUSES
 from ilr_search.cli import ui
 from ilr_search.search.studies import DECIDED_WORDS
@@ -14,7 +14,7 @@ from ilr_search.search.studies import DECIDED_WORDS
 
 def glossary() -> str:
     text = (ROOT / "docs" / "concepts.md").read_text(encoding="utf-8")
-    return text[text.index("## Glossary"):]
+    return text[text.index("## Glossary") :]
 
 
 def _strings(node: ast.AST) -> list[str] | None:
@@ -33,8 +33,11 @@ def _headers(node: ast.AST | None) -> dict[str, str]:
     if isinstance(node, ast.Name):
         return dict(getattr(ui, node.id))
     if isinstance(node, ast.Dict):
-        return {k.value: v.value for k, v in zip(node.keys, node.values)
-                if isinstance(k, ast.Constant) and isinstance(v, ast.Constant)}
+        return {
+            k.value: v.value
+            for k, v in zip(node.keys, node.values, strict=True)
+            if isinstance(k, ast.Constant) and isinstance(v, ast.Constant)
+        }
     return {}
 
 
@@ -63,19 +66,40 @@ def test_every_table_header_is_in_the_glossary():
 def test_every_frozen_unit_and_score_column_is_in_the_glossary():
     """The headers a frozen study's tables take from its words (ui.Words): its chunks and its score column."""
     text = glossary()
-    words = [*(f"{u}s" for u in ui.FROZEN_UNITS), *(f"test {u}s" for u in ui.FROZEN_UNITS), *ui.SCORE_COLUMNS,
-             "map", "chunks", "score"]
+    words = [
+        *(f"{u}s" for u in ui.FROZEN_UNITS),
+        *(f"test {u}s" for u in ui.FROZEN_UNITS),
+        *ui.SCORE_COLUMNS,
+        "map",
+        "chunks",
+        "score",
+    ]
     missing = [w for w in words if f"`{w}`" not in text]
     assert not missing, f"not defined in docs/concepts.md's glossary: {missing}"
 
 
 def test_every_status_word_is_in_the_glossary():
-    words = [*COMPARISON_STATUSES, *ui.CONFIRMED_WORDS, *DECIDED_WORDS,
-             *(s.name for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING,
-                                TrialState.WAITING)),
-             "use", "no map beat", "no decision yet", "better by", "worse by", "trust", "eliminated"]
+    words = [
+        *COMPARISON_STATUSES,
+        *ui.CONFIRMED_WORDS,
+        *DECIDED_WORDS,
+        *(
+            s.name
+            for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING, TrialState.WAITING)
+        ),
+        "use",
+        "no map beat",
+        "no decision yet",
+        "better by",
+        "worse by",
+        "trust",
+        "eliminated",
+    ]
     text = glossary()
     missing = [w for w in words if f"`{w}`" not in text]
     assert not missing, f"not defined in docs/concepts.md's glossary: {missing}"
-    # a futility stop is `cannot win`, not a claim that a map is worse; `worse` is a claim, by the test run the other way
-    assert "not a test" in COMPARISON_STATUSES["cannot win"] and COMPARISON_STATUSES["worse"].startswith("claimed worse")
+    # a futility stop is `cannot win`, not a claim that a map is worse; `worse` is a claim, by the test run the other
+    # way
+    assert "not a test" in COMPARISON_STATUSES["cannot win"] and COMPARISON_STATUSES["worse"].startswith(
+        "claimed worse"
+    )

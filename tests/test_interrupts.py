@@ -18,8 +18,16 @@ from ilr_search.interrupts import raise_if_interrupted, recorded
 from ilr_search.training.jobs import Job, train_jobs
 
 MODEL = ModelConfig(vocab_size=256, n_layers=2, d_model=16, n_heads=2, seq_len=32)
-TRAIN = TrainConfig(steps=64, batch_size=4, lr=1e-2, eval_fractions=(1.0,), eval_windows=4, dtype="fp32",
-                    device="cpu", checkpoint_every=0)
+TRAIN = TrainConfig(
+    steps=64,
+    batch_size=4,
+    lr=1e-2,
+    eval_fractions=(1.0,),
+    eval_windows=4,
+    dtype="fp32",
+    device="cpu",
+    checkpoint_every=0,
+)
 
 
 @pytest.fixture(scope="module")

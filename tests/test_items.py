@@ -16,9 +16,9 @@ from ilr_search.config import TrainConfig
 from ilr_search.data.corpora import stdlib_documents
 from ilr_search.data.items import ItemColumns, ItemTask, load_items
 from ilr_search.data.tokenizers import build_tokenizer
+from ilr_search.training.build import build_model
 from ilr_search.training.frozen import chunk_scores
 from ilr_search.training.pretrained import export_checkpoint, open_checkpoint
-from ilr_search.training.build import build_model
 
 SEQ = 64
 PER_CHUNK = 16
@@ -27,8 +27,12 @@ RECURRENT = [0, 0, 1, 1, 2, 3]  # 2,2,1,1
 
 def code_lines(n: int, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
-    lines = [line.strip() for _, text in stdlib_documents()[:300] for line in text.splitlines()
-             if len(line.strip()) >= 40 and not line.strip().startswith("#")]
+    lines = [
+        line.strip()
+        for _, text in stdlib_documents()[:300]
+        for line in text.splitlines()
+        if len(line.strip()) >= 40 and not line.strip().startswith("#")
+    ]
     rng.shuffle(lines)
     return lines[:n]
 
@@ -59,8 +63,9 @@ def unrolled(recurrent_checkpoint, model, tmp_path_factory):
     _, ilr = model
     out = {}
     for name, schedule in (("plain", [0, 1, 2, 3]), ("recurrent", RECURRENT)):
-        folder = export_checkpoint(ilr, schedule, tmp_path_factory.mktemp("unrolled") / name,
-                                   tokenizer_dir_or_file=recurrent_checkpoint)
+        folder = export_checkpoint(
+            ilr, schedule, tmp_path_factory.mktemp("unrolled") / name, tokenizer_dir_or_file=recurrent_checkpoint
+        )
         out[name] = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
     return out
 
@@ -82,8 +87,9 @@ def write_digit_items(path: Path, n: int = 96) -> Path:
 
 
 @pytest.mark.parametrize("write", [write_choice_items, write_digit_items])
-def test_choice_scores_are_lm_evals_rule_on_the_transformers_model(recurrent_checkpoint, model, unrolled, tmp_path,
-                                                                   write):
+def test_choice_scores_are_lm_evals_rule_on_the_transformers_model(
+    recurrent_checkpoint, model, unrolled, tmp_path, write
+):
     """An item is right when its correct choice has the highest summed log-likelihood after the prompt (not
     length-normalised): computed here choice by choice with transformers, for two schedules, item by item; choices of
     one token each (the digits) are read once, at the prompt's end, with the same result."""
@@ -94,7 +100,7 @@ def test_choice_scores_are_lm_evals_rule_on_the_transformers_model(recurrent_che
         scores = chunk_scores(cfg, schedule, task, frozen_cfg(), [0, 1])
         for chunk in scores:
             assert chunk.binary and len(chunk.units) == PER_CHUNK and set(chunk.scores) <= {0.0, 1.0}
-            for row, wrong in zip(chunk.units, chunk.scores):
+            for row, wrong in zip(chunk.units, chunk.scores, strict=True):
                 item = items.items[row]
                 prompt = list(item.prompt.encode())
                 sums = []
@@ -102,8 +108,8 @@ def test_choice_scores_are_lm_evals_rule_on_the_transformers_model(recurrent_che
                     ids = torch.tensor([prompt + list(choice.encode())])
                     with torch.no_grad():
                         logp = torch.log_softmax(unrolled[name](input_ids=ids[:, :-1]).logits.float(), -1)
-                    targets = ids[0, len(prompt):]
-                    sums.append(logp[0, len(prompt) - 1:].gather(1, targets[:, None]).sum().item())
+                    targets = ids[0, len(prompt) :]
+                    sums.append(logp[0, len(prompt) - 1 :].gather(1, targets[:, None]).sum().item())
                 assert wrong == float(max(range(len(sums)), key=sums.__getitem__) != item.correct), (name, row, sums)
 
 
@@ -116,26 +122,32 @@ def test_exact_decoding_is_transformers_greedy_decoding(recurrent_checkpoint, mo
     for line in lines:
         ids = torch.tensor([list(line[:24].encode())])
         with torch.no_grad():
-            new = unrolled["plain"].generate(ids, max_new_tokens=4, do_sample=False)[0, ids.shape[1]:]
+            new = unrolled["plain"].generate(ids, max_new_tokens=4, do_sample=False)[0, ids.shape[1] :]
         rows.append({"q": line[:24], "a": bytes(new.tolist()).decode("utf-8", errors="replace")})
     path = tmp_path / "exact.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows), encoding="utf-8")
-    task = ItemTask("exact", load_items(str(path), ItemColumns("q", "a")), tokenizer(recurrent_checkpoint),
-                    stop="", max_new_tokens=4)
+    task = ItemTask(
+        "exact",
+        load_items(str(path), ItemColumns("q", "a")),
+        tokenizer(recurrent_checkpoint),
+        stop="",
+        max_new_tokens=4,
+    )
     plain = chunk_scores(cfg, [0, 1, 2, 3], task, frozen_cfg(), [0, 1])
     assert all(s == 0.0 for c in plain for s in c.scores), [c.scores for c in plain]
     recurrent = chunk_scores(cfg, RECURRENT, task, frozen_cfg(), [0, 1])
     for chunk in recurrent:
-        for row, wrong in zip(chunk.units, chunk.scores):
+        for row, wrong in zip(chunk.units, chunk.scores, strict=True):
             ids = torch.tensor([list(rows[row]["q"].encode())])
             with torch.no_grad():
-                new = unrolled["recurrent"].generate(ids, max_new_tokens=4, do_sample=False)[0, ids.shape[1]:]
+                new = unrolled["recurrent"].generate(ids, max_new_tokens=4, do_sample=False)[0, ids.shape[1] :]
             own = bytes(new.tolist()).decode("utf-8", errors="replace")
             assert wrong == float(own.strip().casefold() != rows[row]["a"].strip().casefold())
 
 
-def test_the_shared_prefix_gives_the_full_forward_passs_scores_exactly(recurrent_checkpoint, model, token_cache,
-                                                                       tmp_path):
+def test_the_shared_prefix_gives_the_full_forward_passs_scores_exactly(
+    recurrent_checkpoint, model, token_cache, tmp_path
+):
     """A map that begins as the plain model (block:2-3:2 after layer 3; 1,1,2,1 before its third layer) starts from
     the plain model's kept states: the same operations on the same batches, so the same numbers to the last bit."""
     from ilr_search.config import DataConfig
@@ -144,8 +156,11 @@ def test_the_shared_prefix_gives_the_full_forward_passs_scores_exactly(recurrent
 
     cfg, _ = model
     windows = load_tokens(DataConfig(tokenizer=f"file:{recurrent_checkpoint / 'tokenizer.json'}"), seq_len=SEQ)
-    items = ItemTask("choice", load_items(str(write_choice_items(tmp_path / "items.jsonl")),
-                                          ItemColumns("prompt", "answer", "choices")), tokenizer(recurrent_checkpoint))
+    items = ItemTask(
+        "choice",
+        load_items(str(write_choice_items(tmp_path / "items.jsonl")), ItemColumns("prompt", "answer", "choices")),
+        tokenizer(recurrent_checkpoint),
+    )
     for data in (windows, items):
         evaluator = frozen_evaluator(cfg, data, frozen_cfg())
         evaluator.evaluate(cfg, [0, 1, 2, 3], 1, PER_CHUNK)  # the plain model keeps its states
@@ -170,22 +185,56 @@ def test_bf16_scores_differ_from_fp32_within_a_stated_tolerance(recurrent_checkp
     bf16_cfg = dataclasses.replace(frozen_cfg(), dtype="bf16")
     bf16 = {tuple(s): chunk_scores(cfg, s, data, bf16_cfg, [1])[0] for s in ([0, 1, 2, 3], RECURRENT)}
     for key in fp32:
-        assert max(abs(a - b) for a, b in zip(fp32[key].scores, bf16[key].scores)) < 0.05
+        assert max(abs(a - b) for a, b in zip(fp32[key].scores, bf16[key].scores, strict=True)) < 0.05
         assert abs(fp32[key].val_loss - bf16[key].val_loss) < 0.01
     assert (fp32[(0, 1, 2, 3)].val_loss > fp32[tuple(RECURRENT)].val_loss) == (
-        bf16[(0, 1, 2, 3)].val_loss > bf16[tuple(RECURRENT)].val_loss)
+        bf16[(0, 1, 2, 3)].val_loss > bf16[tuple(RECURRENT)].val_loss
+    )
 
 
 def choice_run(cli, tmp_path: Path, checkpoint: Path, items: Path, *extra: str):
-    space = write_space(tmp_path / "items.toml", search={"noise_seeds": 0, "families": ["ilr"], "max_reuse": 2,
-                                                        "n_trials": 2, "race_seeds": 3, "max_seeds": 5,
-                                                        "race_contenders": 3, "enqueue_paper_maps": False},
-                        train={"eval_windows": PER_CHUNK})
+    space = write_space(
+        tmp_path / "items.toml",
+        search={
+            "noise_seeds": 0,
+            "families": ["ilr"],
+            "max_reuse": 2,
+            "n_trials": 2,
+            "race_seeds": 3,
+            "max_seeds": 5,
+            "race_contenders": 3,
+            "enqueue_paper_maps": False,
+        },
+        train={"eval_windows": PER_CHUNK},
+    )
     db = tmp_path / "items.db"
-    return cli("run", "--space", str(space), "--init", str(checkpoint), "--train-steps", "0", "--budget", "1.5x",
-               "--objective", "choice", "--data", str(items), "--text-column", "prompt", "--answer-column", "answer",
-               "--choices-column", "choices", "--enqueue", "2,2,1,1", "--storage", f"sqlite:///{db}", "--json",
-               *extra), db
+    return cli(
+        "run",
+        "--space",
+        str(space),
+        "--init",
+        str(checkpoint),
+        "--train-steps",
+        "0",
+        "--budget",
+        "1.5x",
+        "--objective",
+        "choice",
+        "--data",
+        str(items),
+        "--text-column",
+        "prompt",
+        "--answer-column",
+        "answer",
+        "--choices-column",
+        "choices",
+        "--enqueue",
+        "2,2,1,1",
+        "--storage",
+        f"sqlite:///{db}",
+        "--json",
+        *extra,
+    ), db
 
 
 def test_a_frozen_choice_study_races_by_item_and_says_accuracy(cli, tmp_path, recurrent_checkpoint):
@@ -210,27 +259,64 @@ def test_a_frozen_choice_study_races_by_item_and_says_accuracy(cli, tmp_path, re
     assert stored and all(len(s) == PER_CHUNK and set(s) <= {0.0, 1.0} for s in stored)
 
 
-@pytest.mark.parametrize("change,words", [
-    ({"--choices-column": "options"}, "no column 'options'"),
-    ({"--answer-column": "label"}, "no column 'label'"),
-])
+@pytest.mark.parametrize(
+    "change,words",
+    [
+        ({"--choices-column": "options"}, "no column 'options'"),
+        ({"--answer-column": "label"}, "no column 'label'"),
+    ],
+)
 def test_an_item_file_without_the_named_columns_is_one_error_line(cli, tmp_path, recurrent_checkpoint, change, words):
     items = write_choice_items(tmp_path / "items.jsonl", n=96)
-    space = write_space(tmp_path / "items.toml", search={"noise_seeds": 0, "families": ["ilr"], "n_trials": 2},
-                        train={"eval_windows": PER_CHUNK})
+    space = write_space(
+        tmp_path / "items.toml",
+        search={"noise_seeds": 0, "families": ["ilr"], "n_trials": 2},
+        train={"eval_windows": PER_CHUNK},
+    )
     args = {"--text-column": "prompt", "--answer-column": "answer", "--choices-column": "choices", **change}
     db = tmp_path / "bad.db"
-    proc = cli("run", "--space", str(space), "--init", str(recurrent_checkpoint), "--train-steps", "0", "--budget",
-               "1.5x", "--objective", "choice", "--data", str(items), *[x for kv in args.items() for x in kv],
-               "--storage", f"sqlite:///{db}")
+    proc = cli(
+        "run",
+        "--space",
+        str(space),
+        "--init",
+        str(recurrent_checkpoint),
+        "--train-steps",
+        "0",
+        "--budget",
+        "1.5x",
+        "--objective",
+        "choice",
+        "--data",
+        str(items),
+        *[x for kv in args.items() for x in kv],
+        "--storage",
+        f"sqlite:///{db}",
+    )
     assert_one_line_error(proc)
     assert words in proc.stderr and not db.exists()
 
 
 def test_task_items_need_a_frozen_pretrained_model(cli, tmp_path):
     items = write_choice_items(tmp_path / "items.jsonl", n=32)
-    proc = cli("run", "--space", str(write_space(tmp_path / "s.toml")), "--budget", "1.5x", "--objective", "choice",
-               "--data", str(items), "--text-column", "prompt", "--answer-column", "answer", "--choices-column",
-               "choices", "--storage", f"sqlite:///{tmp_path / 'x.db'}")
+    proc = cli(
+        "run",
+        "--space",
+        str(write_space(tmp_path / "s.toml")),
+        "--budget",
+        "1.5x",
+        "--objective",
+        "choice",
+        "--data",
+        str(items),
+        "--text-column",
+        "prompt",
+        "--answer-column",
+        "answer",
+        "--choices-column",
+        "choices",
+        "--storage",
+        f"sqlite:///{tmp_path / 'x.db'}",
+    )
     assert_one_line_error(proc)
     assert "--init" in proc.stderr and not (tmp_path / "x.db").exists()

@@ -16,8 +16,19 @@ PER_CHUNK = 8
 def judge(cli, tmp_path: Path, checkpoint: Path, *candidates: str, extra: tuple[str, ...] = ()):
     space = write_space(tmp_path / "judge.toml", train={"eval_windows": PER_CHUNK})
     db = tmp_path / "judge.db"
-    args = ["judge", "--space", str(space), "--init", str(checkpoint), "--storage", f"sqlite:///{db}", "--chunks",
-            "8", "--json", *extra]
+    args = [
+        "judge",
+        "--space",
+        str(space),
+        "--init",
+        str(checkpoint),
+        "--storage",
+        f"sqlite:///{db}",
+        "--chunks",
+        "8",
+        "--json",
+        *extra,
+    ]
     for c in candidates:
         args += ["--candidate", c]
     return cli(*args), db
@@ -35,13 +46,25 @@ def judged(recurrent_checkpoint, tmp_path_factory, token_cache):
 
     root = tmp_path_factory.mktemp("judged")
     layer_scan = root / "layer-scan.yml"  # layer-scan's shape: slices [0, 3] + [1, 4] of the one model
-    layer_scan.write_text("merge_method: passthrough\nslices:\n"
-                          f"  - sources:\n      - model: {recurrent_checkpoint}\n        layer_range: [0, 3]\n"
-                          f"  - sources:\n      - model: {recurrent_checkpoint}\n        layer_range: [1, 4]\n",
-                          encoding="utf-8")
+    layer_scan.write_text(
+        "merge_method: passthrough\nslices:\n"
+        f"  - sources:\n      - model: {recurrent_checkpoint}\n        layer_range: [0, 3]\n"
+        f"  - sources:\n      - model: {recurrent_checkpoint}\n        layer_range: [1, 4]\n",
+        encoding="utf-8",
+    )
     space = write_space(root / "judge.toml", train={"eval_windows": PER_CHUNK})
-    args = ["judge", "--space", str(space), "--init", str(recurrent_checkpoint), "--storage",
-            f"sqlite:///{root / 'judge.db'}", "--chunks", "8", "--json"]
+    args = [
+        "judge",
+        "--space",
+        str(space),
+        "--init",
+        str(recurrent_checkpoint),
+        "--storage",
+        f"sqlite:///{root / 'judge.db'}",
+        "--chunks",
+        "8",
+        "--json",
+    ]
     for c in ("2,2,1,1", "1,1,1,1", "block:1-2:2|damping=1e-7", str(layer_scan)):
         args += ["--candidate", c]
     proc = run_cli(args, root, {"ILR_SEARCH_CACHE": str(token_cache)})
@@ -62,8 +85,10 @@ def test_judge_claims_the_map_the_checkpoint_was_trained_with_and_nothing_it_can
     answer = summary["answer"]
     assert answer.startswith("2,2,1,1 is better than tiny-llama by ") and "90% interval" in answer, answer
     details = summary["answer_details"]
-    assert any(line.startswith("block:1-2:2 with damping=1e-07 is not distinguishable from tiny-llama: a gap of")
-               for line in details), details
+    assert any(
+        line.startswith("block:1-2:2 with damping=1e-07 is not distinguishable from tiny-llama: a gap of")
+        for line in details
+    ), details
     # the model itself is said to be so, and judged against nothing
     assert "1,1,1,1 runs every layer once: it is the model itself" in proc.stderr
     assert "layer-scan.yml reads as block:1-2:2" in proc.stderr
@@ -97,13 +122,20 @@ def test_a_judged_study_is_read_by_trials_pareto_and_studies(judged, token_cache
     assert json.loads(listed.stdout)["studies"][0]["study"] == study
 
 
-@pytest.mark.parametrize("config,words", [
-    ("merge_method: slerp\nslices:\n  - sources:\n      - model: M\n        layer_range: [0, 4]\n", "slerp"),
-    ("merge_method: passthrough\nslices:\n  - sources:\n      - model: A\n        layer_range: [0, 3]\n"
-     "  - sources:\n      - model: B\n        layer_range: [1, 4]\n", "model"),
-])
-def test_a_yaml_that_is_no_passthrough_of_one_model_is_one_error_line(cli, tmp_path, recurrent_checkpoint, config,
-                                                                       words):
+@pytest.mark.parametrize(
+    "config,words",
+    [
+        ("merge_method: slerp\nslices:\n  - sources:\n      - model: M\n        layer_range: [0, 4]\n", "slerp"),
+        (
+            "merge_method: passthrough\nslices:\n  - sources:\n      - model: A\n        layer_range: [0, 3]\n"
+            "  - sources:\n      - model: B\n        layer_range: [1, 4]\n",
+            "model",
+        ),
+    ],
+)
+def test_a_yaml_that_is_no_passthrough_of_one_model_is_one_error_line(
+    cli, tmp_path, recurrent_checkpoint, config, words
+):
     yml = tmp_path / "merge.yml"
     yml.write_text(config, encoding="utf-8")
     proc, db = judge(cli, tmp_path, recurrent_checkpoint, str(yml))
@@ -111,10 +143,13 @@ def test_a_yaml_that_is_no_passthrough_of_one_model_is_one_error_line(cli, tmp_p
     assert words in proc.stderr and not db.exists()
 
 
-@pytest.mark.parametrize("extra,words", [
-    (("--budget", "1.2x"), "over --budget"),
-    (("--chunks", "2"), "--chunks"),
-])
+@pytest.mark.parametrize(
+    "extra,words",
+    [
+        (("--budget", "1.2x"), "over --budget"),
+        (("--chunks", "2"), "--chunks"),
+    ],
+)
 def test_bad_judge_requests_are_one_error_line(cli, tmp_path, recurrent_checkpoint, extra, words):
     proc, db = judge(cli, tmp_path, recurrent_checkpoint, "2,2,1,1", extra=extra)
     assert_one_line_error(proc)
@@ -129,8 +164,19 @@ def test_the_export_carries_each_chunks_scores_by_unit(judged, token_cache):
 
     root, _, proc = judged
     out = root / "runs.csv"
-    exported = run_cli(["export", "--study", json.loads(proc.stdout)["study"], "--storage",
-                        f"sqlite:///{root / 'judge.db'}", "--out", str(out)], root, {"ILR_SEARCH_CACHE": str(token_cache)})
+    exported = run_cli(
+        [
+            "export",
+            "--study",
+            json.loads(proc.stdout)["study"],
+            "--storage",
+            f"sqlite:///{root / 'judge.db'}",
+            "--out",
+            str(out),
+        ],
+        root,
+        {"ILR_SEARCH_CACHE": str(token_cache)},
+    )
     assert exported.returncode == 0, exported.stderr
     runs = pd.read_csv(out).query("state == 'RACE_RUN' and run_state == 'complete'")
     assert len(runs) >= 2

@@ -6,13 +6,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ilr_search.training.flops import count_flops, forward_flops_per_token
-from ilr_search.knobs import format_knobs, knobs_of, with_knobs
-from ilr_search.training.flops import param_count
-from ilr_search.training.model import ILRTransformer, branch_scales, repeat_indices
 from ilr_search.config import ModelConfig, TrainConfig
-from ilr_search.training.train import build_optimizer, set_lr, weight_decays
+from ilr_search.knobs import format_knobs, knobs_of, with_knobs
+from ilr_search.training.flops import count_flops, forward_flops_per_token, param_count
+from ilr_search.training.model import ILRTransformer, branch_scales, repeat_indices
 from ilr_search.training.schedule import block_schedule, reuse_map_schedule
+from ilr_search.training.train import build_optimizer, set_lr, weight_decays
 
 ENCODINGS = ["nope", "rope", "learned", "alibi"]
 KNOB_CONFIGS = {
@@ -24,8 +23,13 @@ KNOB_CONFIGS = {
     "all": {"injection": "gated", "iteration_encoding": True, "iteration_norms": True, "init_depth": 12},
     "repeat_scale=residual": {"repeat_scale": "residual"},
     "repeat_scale=lr": {"repeat_scale": "lr"},  # the forward pass is the plain one; the lr is tested below
-    "all+residual": {"injection": "gated", "iteration_encoding": True, "iteration_norms": True, "init_depth": 12,
-                     "repeat_scale": "residual"},
+    "all+residual": {
+        "injection": "gated",
+        "iteration_encoding": True,
+        "iteration_norms": True,
+        "init_depth": 12,
+        "repeat_scale": "residual",
+    },
     "damping=0.5": {"damping": 0.5},
     "damping=0.25+residual": {"damping": 0.25, "repeat_scale": "residual"},
 }
@@ -56,9 +60,11 @@ def reference_logits(model: ILRTransformer, idx: torch.Tensor, schedule: list[in
     rope, alibi = None, None
     if cfg.pe == "rope":
         from ilr_search.training.model import rope_tables
+
         rope = rope_tables(T, cfg.head_size, cfg.rope_base, idx.device)
     if cfg.pe == "alibi":
         from ilr_search.training.model import alibi_bias
+
         alibi = alibi_bias(cfg.n_heads, T, idx.device)
     x = e
     runs: dict[int, int] = {}
@@ -112,7 +118,7 @@ def test_knobs_at_their_initial_values_are_the_plain_model():
     torch.manual_seed(0)
     plain = ILRTransformer(tiny()).eval()
     knobbed = ILRTransformer(tiny(injection="gated", iteration_encoding=True, iteration_norms=True)).eval()
-    missing, unexpected = knobbed.load_state_dict(plain.state_dict(), strict=False)
+    missing, unexpected = knobbed.load_state_dict(plain.state_dict(), strict=True)
     assert sorted(missing) == ["injection_gates", "iteration_embed", "iteration_norm_gains"] and not unexpected
     idx = torch.randint(0, 64, (2, 8))
     torch.testing.assert_close(knobbed(idx, SCHEDULE), plain(idx, SCHEDULE))
@@ -128,10 +134,13 @@ def test_gradients_reach_the_knob_parameters(knob):
     model = ILRTransformer(tiny(**KNOB_CONFIGS[knob]))
     idx = torch.randint(0, 64, (2, 8))
     model.loss(idx, idx.roll(-1, 1), SCHEDULE).backward()
-    grads = {name: p.grad for name, p in model.named_parameters()
-             if name in ("injection_gates", "iteration_embed", "iteration_norm_gains")}
+    grads = {
+        name: p.grad
+        for name, p in model.named_parameters()
+        if name in ("injection_gates", "iteration_embed", "iteration_norm_gains")
+    }
     assert len(grads) == 1
-    (name, grad), = grads.items()
+    ((name, grad),) = grads.items()
     assert grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0, name
     if name == "injection_gates":  # layer 1 runs once in [3, 1, 2]: its gate is never used
         assert grad[0] != 0 and grad[1] == 0 and grad[2] != 0
@@ -166,10 +175,17 @@ def test_parameters_grow_only_by_each_knobs_own():
 def test_depth_aware_init_scales_the_residual_projections():
     def proj_std(init_depth: int) -> float:
         torch.manual_seed(0)
-        m = ILRTransformer(ModelConfig(vocab_size=64, n_layers=2, d_model=128, n_heads=2, seq_len=8,
-                                       init_depth=init_depth))
-        return torch.cat([m.layers[i].attn.proj.weight.flatten() for i in range(2)]
-                         + [m.layers[i].mlp.down.weight.flatten() for i in range(2)]).std().item()
+        m = ILRTransformer(
+            ModelConfig(vocab_size=64, n_layers=2, d_model=128, n_heads=2, seq_len=8, init_depth=init_depth)
+        )
+        return (
+            torch.cat(
+                [m.layers[i].attn.proj.weight.flatten() for i in range(2)]
+                + [m.layers[i].mlp.down.weight.flatten() for i in range(2)]
+            )
+            .std()
+            .item()
+        )
 
     assert proj_std(0) == pytest.approx(0.02 / math.sqrt(2 * 2), rel=0.03)
     assert proj_std(8) == pytest.approx(0.02 / math.sqrt(2 * 8), rel=0.03)
@@ -184,8 +200,14 @@ def test_a_schedule_deeper_than_the_tables_is_refused():
 def test_knob_settings_round_trip_through_the_config():
     cfg = with_knobs(tiny(), {"injection": "add", "depth_init": True, "iteration_norms": False}, init_depth=9)
     assert (cfg.injection, cfg.init_depth, cfg.iteration_norms) == ("add", 9, False)
-    assert knobs_of(cfg) == {"injection": "add", "iteration_encoding": False, "iteration_norms": False,
-                             "depth_init": True, "repeat_scale": "off", "damping": 1.0}
+    assert knobs_of(cfg) == {
+        "injection": "add",
+        "iteration_encoding": False,
+        "iteration_norms": False,
+        "depth_init": True,
+        "repeat_scale": "off",
+        "damping": 1.0,
+    }
     assert format_knobs(knobs_of(cfg)) == "injection=add,depth_init"
     assert format_knobs(knobs_of(tiny())) == ""
     with pytest.raises(ValueError, match="unknown knob"):
@@ -220,8 +242,16 @@ def test_repeat_scale_leaves_the_baseline_bit_for_bit_and_changes_a_recurrent_ma
     from ilr_search.training.train import train_proxy
 
     data = load_tokens(DataConfig(), root=token_cache)
-    cfg = TrainConfig(steps=12, batch_size=4, lr=3e-3, eval_fractions=(0.5, 1.0), eval_windows=4, dtype="fp32",
-                      device="cpu", checkpoint_every=0)
+    cfg = TrainConfig(
+        steps=12,
+        batch_size=4,
+        lr=3e-3,
+        eval_fractions=(0.5, 1.0),
+        eval_windows=4,
+        dtype="fp32",
+        device="cpu",
+        checkpoint_every=0,
+    )
     model_cfg = ModelConfig(vocab_size=256, n_layers=3, d_model=16, n_heads=2, seq_len=32)
     for schedule, same in (([0, 1, 2], True), (SCHEDULE, False)):
         off = train_proxy(model_cfg, schedule, data, cfg)
@@ -244,8 +274,10 @@ def test_repeat_scale_lr_puts_each_repeated_layers_parameters_at_lr_over_r():
         assert decay_of[id(p)] == (cfg.weight_decay if weight_decays(name, p) else 0.0), name
     assert len(lr_of) == len(list(model.parameters()))
     # off (or no schedule): the two groups the optimizer always had, at the schedule's lr
-    for plain in (build_optimizer(ILRTransformer(tiny()), cfg, torch.device("cpu"), SCHEDULE),
-                  build_optimizer(model, cfg, torch.device("cpu"))):
+    for plain in (
+        build_optimizer(ILRTransformer(tiny()), cfg, torch.device("cpu"), SCHEDULE),
+        build_optimizer(model, cfg, torch.device("cpu")),
+    ):
         set_lr(plain, 1, cfg)
         assert [g["weight_decay"] for g in plain.param_groups] == [cfg.weight_decay, 0.0]
         assert all("lr_scale" not in g and g["lr"] == cfg.lr for g in plain.param_groups)

@@ -17,8 +17,16 @@ from ilr_search.data.tokens import load_tokens
 from ilr_search.training.jobs import Job, lane_units, train_jobs
 
 MODEL = ModelConfig(vocab_size=256, n_layers=3, d_model=16, n_heads=2, seq_len=32)
-TRAIN = TrainConfig(steps=40, batch_size=4, lr=1e-2, eval_fractions=(0.25, 0.5, 1.0), eval_windows=8, dtype="fp32",
-                    device="cpu", checkpoint_every=0)
+TRAIN = TrainConfig(
+    steps=40,
+    batch_size=4,
+    lr=1e-2,
+    eval_fractions=(0.25, 0.5, 1.0),
+    eval_windows=8,
+    dtype="fp32",
+    device="cpu",
+    checkpoint_every=0,
+)
 SCHEDULES = [[0, 1, 2], [0, 0, 1, 2], [0, 1, 1, 2, 2], [0, 0, 1, 1, 2]]
 
 
@@ -83,7 +91,9 @@ def test_each_callback_sees_the_points_it_would_see_one_group_after_another(data
         return seen
 
     in_lanes = seen_by_callbacks(lambda js: train_jobs(js, data, fuse=4, lanes=2))
-    one_after_another = seen_by_callbacks(lambda js: [train_jobs(js[:2], data, fuse=2), train_jobs(js[2:], data, fuse=2)])
+    one_after_another = seen_by_callbacks(
+        lambda js: [train_jobs(js[:2], data, fuse=2), train_jobs(js[2:], data, fuse=2)]
+    )
     assert in_lanes == one_after_another
     assert sorted(in_lanes) == sorted((i, s) for i in range(4) for s in TRAIN.eval_steps)
     assert in_lanes[(2, TRAIN.eval_steps[0])] == [0, 1] and in_lanes[(0, TRAIN.eval_steps[0])] == [1]

@@ -10,11 +10,21 @@ from conftest import ROOT
 PACKAGE = ROOT / "ilr_search"
 
 LAYERS = {  # a top-level module or folder of the package -> its layer; higher imports lower (or its own layer)
-    "config": 0, "errors": 0, "interrupts": 0, "records": 0, "knobs": 0, "space": 0, "folders": 0,  # settings, errors and records
-    "training": 1, "data": 1, "storage": 1, "analysis": 1,
+    "config": 0,
+    "errors": 0,
+    "interrupts": 0,
+    "records": 0,
+    "knobs": 0,
+    "space": 0,
+    "folders": 0,  # settings, errors and records
+    "training": 1,
+    "data": 1,
+    "storage": 1,
+    "analysis": 1,
     "search": 2,
     "commands": 3,  # the use cases under the CLI
-    "cli": 4, "__main__": 4,
+    "cli": 4,
+    "__main__": 4,
 }
 
 
@@ -97,8 +107,12 @@ def test_no_import_circles():
 
 
 def test_imports_point_down_the_layers_only():
-    upward = [(m, d) for m, deps in import_graph().items() for d in deps
-              if not m.endswith("__init__") and layer_of(d) > layer_of(m)]
+    upward = [
+        (m, d)
+        for m, deps in import_graph().items()
+        for d in deps
+        if not m.endswith("__init__") and layer_of(d) > layer_of(m)
+    ]
     assert upward == []
 
 
@@ -107,8 +121,9 @@ def test_only_the_settings_layer_sits_at_the_top_of_the_package():
     commands/, cli/), so the layout shows the layers."""
     top = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__", "__main__"}
     assert top == {name for name, layer in LAYERS.items() if layer == 0}
-    assert {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()} == \
-        {name for name, layer in LAYERS.items() if layer > 0 and name != "__main__"}
+    assert {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()} == {
+        name for name, layer in LAYERS.items() if layer > 0 and name != "__main__"
+    }
 
 
 def test_circle_finder_finds_a_circle():
@@ -116,7 +131,11 @@ def test_circle_finder_finds_a_circle():
 
 
 CLI_MAY_IMPORT = (
-    "ilr_search.commands", "ilr_search.config", "ilr_search.errors", "ilr_search.interrupts", "ilr_search.cli"
+    "ilr_search.commands",
+    "ilr_search.config",
+    "ilr_search.errors",
+    "ilr_search.interrupts",
+    "ilr_search.cli",
 )
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import optuna
 import pytest
-
 from conftest import NO_REFERENCES, write_space
 from helpers import run_args
+
 from ilr_search.commands.layout import process_threads, race_processes, trial_lanes, usable_cores
 from ilr_search.commands.run import RunOptions, choose_layout, run_request
 from ilr_search.search.plan import LAYOUT_ATTR, PhaseLayout, StudyLayout, stored_layout, stored_layouts
@@ -45,7 +45,9 @@ def test_the_layout_follows_the_usable_cores_and_omp_num_threads(tmp_path, monke
     four = layout_at(BUSY, monkeypatch, None)  # the default space: K = 4, trained in four one-thread lanes
     assert four == StudyLayout(PhaseLayout(1, 1, 4, lanes=4), PhaseLayout(4, 1, 4))
     assert layout_at(BUSY, monkeypatch, None, workers=2) == StudyLayout(PhaseLayout(2, 2, 4), PhaseLayout(2, 2, 4))
-    assert layout_at(BUSY, monkeypatch, None, fuse="2").trials == PhaseLayout(1, 2, 2, lanes=2)  # lanes: at most K; threads: the cores over
+    assert layout_at(BUSY, monkeypatch, None, fuse="2").trials == PhaseLayout(
+        1, 2, 2, lanes=2
+    )  # lanes: at most K; threads: the cores over
     assert layout_at(BUSY, monkeypatch, None, fuse="1").trials == PhaseLayout(1, 4, 1)  # nothing to share out
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     assert layout_at(BUSY, monkeypatch, None, workers=1).trials == PhaseLayout(1, 1, 4, lanes=4)
@@ -69,27 +71,48 @@ def race_runs(db: Path) -> list[tuple]:
     from ilr_search.storage import open_store, parse_storage
 
     store = open_store(parse_storage(f"sqlite:///{db}"), "layout", read_only=True)
-    return sorted((r.job.map_key, r.job.seed, r.steps, r.state, r.val_loss, r.val_ppl, r.curve)
-                  for r in store.race_runs())
+    return sorted(
+        (r.job.map_key, r.job.seed, r.steps, r.state, r.val_loss, r.val_ppl, r.curve) for r in store.race_runs()
+    )
 
 
 def trial_values(db: Path) -> list[tuple]:
     study = optuna.load_study(study_name="layout", storage=f"sqlite:///{db}")
-    return [(t.number, t.state, t.params, t.values, t.user_attrs.get("val_ppl"), t.user_attrs.get("steps"))
-            for t in study.trials]
+    return [
+        (t.number, t.state, t.params, t.values, t.user_attrs.get("val_ppl"), t.user_attrs.get("steps"))
+        for t in study.trials
+    ]
 
 
 @pytest.mark.slow
 def test_a_busy_spell_before_a_run_changes_none_of_its_numbers(cli, tmp_path, monkeypatch):
     batch, seq = 8, 32  # a narrow model, few validation windows: the numbers compared need no size
-    space = write_space(tmp_path / "tiny.toml", search=NO_REFERENCES, model={"d_model": 16, "seq_len": seq},
-                        train={"steps": 12, "batch_size": batch, "eval_windows": 2})
-    race = ("--target", "2x", "--race-policy", "adaptive", "--race-seeds", "2", "--max-seeds", "3",
-            "--equal-compute", "off", "--fuse", "2")  # K = 2: on several cores the trials train in lanes
+    space = write_space(
+        tmp_path / "tiny.toml",
+        search=NO_REFERENCES,
+        model={"d_model": 16, "seq_len": seq},
+        train={"steps": 12, "batch_size": batch, "eval_windows": 2},
+    )
+    race = (
+        "--target",
+        "2x",
+        "--race-policy",
+        "adaptive",
+        "--race-seeds",
+        "2",
+        "--max-seeds",
+        "3",
+        "--equal-compute",
+        "off",
+        "--fuse",
+        "2",
+    )  # K = 2: on several cores the trials train in lanes
     summaries = {}
     for name, load in (("busy", BUSY), ("quiet", QUIET)):
         monkeypatch.setattr(os, "getloadavg", lambda load=load: load)
-        summaries[name] = json.loads(cli(*run_args(space, tmp_path / f"{name}.db", "layout", *race, n_trials=3), check=True).stdout)
+        summaries[name] = json.loads(
+            cli(*run_args(space, tmp_path / f"{name}.db", "layout", *race, n_trials=3), check=True).stdout
+        )
     assert summaries["busy"]["layout"] == summaries["quiet"]["layout"]
     assert summaries["quiet"]["layout"]["trials"]["lanes"] == min(usable_cores(), 2)
     assert trial_values(tmp_path / "busy.db") == trial_values(tmp_path / "quiet.db")

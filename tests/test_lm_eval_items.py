@@ -140,8 +140,8 @@ def test_acc_is_the_argmax_of_the_summed_choice_log_likelihoods(tiny, all_scores
             ids = torch.tensor([list(ctx + f" {choice}".encode())])
             with torch.no_grad():
                 logp = torch.log_softmax(hf_model(input_ids=ids[:, :-1]).logits[0], dim=-1)
-            targets = ids[0, len(ctx):]
-            lls.append(logp[len(ctx) - 1:, :].gather(1, targets[:, None]).sum().item())
+            targets = ids[0, len(ctx) :]
+            lls.append(logp[len(ctx) - 1 :, :].gather(1, targets[:, None]).sum().item())
         per_char = [ll / len(choice) for ll, choice in zip(lls, row["choices"], strict=True)]
         summed.append(1.0 if argmax(lls) == row["label"] else 0.0)
         normalised.append(1.0 if argmax(per_char) == row["label"] else 0.0)
@@ -150,9 +150,13 @@ def test_acc_is_the_argmax_of_the_summed_choice_log_likelihoods(tiny, all_scores
     assert tuple(normalised) != tuple(summed)  # and the check tells the two rules apart
 
 
-GENERATE = {"output_type": "generate_until", "doc_to_choice": None, "doc_to_target": "{{answer}}",
-            "generation_kwargs": {"until": ["\n"], "max_gen_toks": 3, "do_sample": False},
-            "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True}]}
+GENERATE = {
+    "output_type": "generate_until",
+    "doc_to_choice": None,
+    "doc_to_target": "{{answer}}",
+    "generation_kwargs": {"until": ["\n"], "max_gen_toks": 3, "do_sample": False},
+    "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True}],
+}
 
 
 def test_a_generation_task_scores_greedy_answers_by_exact_match(tiny, tmp_path):
@@ -166,15 +170,16 @@ def test_a_generation_task_scores_greedy_answers_by_exact_match(tiny, tmp_path):
     rows = []
     for i, row in enumerate(items()):
         ids = torch.tensor([list(context(row).encode())])
-        new = hf_model.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=0)[0, ids.shape[1]:]
+        new = hf_model.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=0)[0, ids.shape[1] :]
         answer = tokenizer.decode(new.tolist(), skip_special_tokens=True).split("\n")[0]
         rows.append({"question": row["question"], "answer": answer if i % 2 == 0 else answer + "!"})
     data = tmp_path / "answers.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
     write_task(tmp_path / "tasks", data, name="toy_generate", cache=tmp_path / "cache", **GENERATE)
     assert check_task("toy_generate", tmp_path / "tasks") == TaskInfo("toy_generate", 12, "exact_match", True, True)
-    result = lm_eval_scores(model, SCHEDULE, tmp_path / "tokenizer", "llama", "toy_generate", tmp_path / "tasks",
-                            range(12))
+    result = lm_eval_scores(
+        model, SCHEDULE, tmp_path / "tokenizer", "llama", "toy_generate", tmp_path / "tasks", range(12)
+    )
     assert result.scores == tuple(1.0 if i % 2 == 0 else 0.0 for i in range(12))
     with pytest.raises(TaskError) as e:  # the byte tokenizer of the checkpoint has no end-of-sequence token
         lm_eval_scores(model, SCHEDULE, tiny[1], "llama", "toy_generate", tmp_path / "tasks", [0])
@@ -236,8 +241,15 @@ def test_a_missing_tasks_folder_is_one_line(tmp_path):
 def test_a_task_that_cannot_be_scored_per_item_is_one_line(tmp_path):
     data = tmp_path / "items.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in items()), encoding="utf-8")
-    write_task(tmp_path / "tasks", data, name="rolling", cache=tmp_path / "cache", output_type="loglikelihood_rolling",
-               doc_to_target="{{question}}", metric_list=[{"metric": "word_perplexity"}])
+    write_task(
+        tmp_path / "tasks",
+        data,
+        name="rolling",
+        cache=tmp_path / "cache",
+        output_type="loglikelihood_rolling",
+        doc_to_target="{{question}}",
+        metric_list=[{"metric": "word_perplexity"}],
+    )
     with pytest.raises(TaskError) as e:
         check_task("rolling", tmp_path / "tasks")
     assert_one_line(e, "loglikelihood_rolling cannot be scored per item")
@@ -311,8 +323,9 @@ def test_registry_tasks_offline_uncached_or_unknown_are_one_line(tmp_path):
     work.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
     env |= {"HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-c", REGISTRY_CHECKS], cwd=work, env=env, capture_output=True,
-                          text=True, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", REGISTRY_CHECKS], cwd=work, env=env, capture_output=True, text=True, check=False
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     messages = json.loads(proc.stdout.strip().splitlines()[-1])
     offline, unknown = messages["hellaswag"], messages["hellaswagg"]

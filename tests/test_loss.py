@@ -5,13 +5,12 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ilr_search.training import loss as loss_module
+from ilr_search.config import DataConfig, ModelConfig, TrainConfig
 from ilr_search.data.tokens import load_tokens
+from ilr_search.training import loss as loss_module
 from ilr_search.training.loss import linear_cross_entropy
 from ilr_search.training.model import ILRTransformer
-from ilr_search.config import ModelConfig
 from ilr_search.training.schedule import reuse_map_schedule
-from ilr_search.config import DataConfig, TrainConfig
 from ilr_search.training.train import SYNC_EVERY, train_proxy
 
 
@@ -35,8 +34,10 @@ def test_fused_loss_and_gradients_equal_cross_entropy(monkeypatch, dtype, rtol, 
     h0, w0 = torch.randn(n, d, device=device), torch.randn(vocab, d, device=device) * 0.2
     y = torch.randint(0, vocab, (n,), device=device)
     results = []
-    for fn in (lambda h, w: _reference(h, w, y, dtype, reduction),
-               lambda h, w: linear_cross_entropy(h, w, y, dtype, reduction, compiled=compiled)):
+    for fn in (
+        lambda h, w: _reference(h, w, y, dtype, reduction),
+        lambda h, w: linear_cross_entropy(h, w, y, dtype, reduction, compiled=compiled),
+    ):
         h, w = h0.clone().requires_grad_(), w0.clone().requires_grad_()
         out = fn(h, w)
         (out * 1.7).backward()  # an upstream gradient other than 1 must be carried through
@@ -73,7 +74,8 @@ class CountScalarReads(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is torch.ops.aten._local_scalar_dense.default or (
-                func is torch.ops.aten._to_copy.default and kwargs.get("device") == torch.device("cpu")):
+            func is torch.ops.aten._to_copy.default and kwargs.get("device") == torch.device("cpu")
+        ):
             self.reads += 1
         return func(*args, **kwargs)
 

@@ -59,9 +59,17 @@ def checkpoint(tmp_path_factory) -> Path:
     from ilr_search.data.tokenizers import byte_tokenizer_model
 
     folder = tmp_path_factory.mktemp("mergekit-source") / "tiny-llama"
-    config = transformers.LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64,
-                                      num_hidden_layers=N_LAYERS, num_attention_heads=2, num_key_value_heads=2,
-                                      max_position_embeddings=64, tie_word_embeddings=True, initializer_range=0.1)
+    config = transformers.LlamaConfig(
+        vocab_size=256,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=N_LAYERS,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        initializer_range=0.1,
+    )
     torch.manual_seed(0)
     transformers.LlamaForCausalLM(config).save_pretrained(folder)
     byte_tokenizer_model().save(str(folder / "tokenizer.json"))
@@ -69,16 +77,29 @@ def checkpoint(tmp_path_factory) -> Path:
 
 
 def frozen_args(space: Path, checkpoint: Path, storage: str, *extra: str) -> list[str]:
-    return ["run", "--space", str(space), "--init", str(checkpoint), "--train-steps", "0", "--budget", "2x",
-            "--storage", storage, *extra]
+    return [
+        "run",
+        "--space",
+        str(space),
+        "--init",
+        str(checkpoint),
+        "--train-steps",
+        "0",
+        "--budget",
+        "2x",
+        "--storage",
+        storage,
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
 def space(tmp_path_factory) -> Path:
-    return write_space(tmp_path_factory.mktemp("mergekit-space") / "space.toml",
-                       search={"noise_seeds": 0, "families": ["ilr", "blocks"], "n_trials": 2,
-                               "enqueue_paper_maps": False},
-                       train={"eval_windows": 8})
+    return write_space(
+        tmp_path_factory.mktemp("mergekit-space") / "space.toml",
+        search={"noise_seeds": 0, "families": ["ilr", "blocks"], "n_trials": 2, "enqueue_paper_maps": False},
+        train={"eval_windows": 8},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -88,8 +109,11 @@ def study(tmp_path_factory, token_cache, checkpoint, space):
     config = root / "damped.yml"
     config.write_text(DAMPED_BLOCK.format(model=checkpoint), encoding="utf-8")
     url = f"sqlite:///{root / 'study.db'}"
-    proc = run_cli(frozen_args(space, checkpoint, url, "--knobs", "damping", "--enqueue", str(config), "--study",
-                               STUDY, "--json"), root, {"ILR_SEARCH_CACHE": str(token_cache)})
+    proc = run_cli(
+        frozen_args(space, checkpoint, url, "--knobs", "damping", "--enqueue", str(config), "--study", STUDY, "--json"),
+        root,
+        {"ILR_SEARCH_CACHE": str(token_cache)},
+    )
     assert proc.returncode == 0, proc.stderr
     return url, json.loads(proc.stdout)
 
@@ -128,8 +152,11 @@ def merged_logits(config_text: str, out: Path, x: torch.Tensor) -> torch.Tensor:
     from mergekit.merge import run_merge
     from mergekit.options import MergeOptions
 
-    run_merge(MergeConfiguration.model_validate(yaml.safe_load(config_text)), str(out),
-              MergeOptions(copy_tokenizer=True, quiet=True, write_model_card=False))
+    run_merge(
+        MergeConfiguration.model_validate(yaml.safe_load(config_text)),
+        str(out),
+        MergeOptions(copy_tokenizer=True, quiet=True, write_model_card=False),
+    )
     return hf_logits(out, x)
 
 
@@ -148,13 +175,17 @@ def project_logits(checkpoint: Path, schedule, damping: float, x: torch.Tensor) 
         return build_model(cfg, seed=0).eval()(x, list(schedule))
 
 
-@pytest.mark.parametrize("map_key,damping,ranges", [
-    ("block:2-4:2|damping=0.5", 0.5, [[0, 5], [2, 5], [5, 6]]),
-    ("block:2-4:2", 1.0, [[0, 5], [2, 6]]),  # layer-scan's two slices
-    ("2,1,1,3,1,1|damping=0.25", 0.25, [[0, 1], [0, 1], [1, 4], [3, 4], [3, 4], [4, 6]]),
-])
-def test_mergekit_builds_the_exported_config_into_the_hf_exports_model(map_key, damping, ranges, study, checkpoint,
-                                                                       cli, tmp_path):
+@pytest.mark.parametrize(
+    "map_key,damping,ranges",
+    [
+        ("block:2-4:2|damping=0.5", 0.5, [[0, 5], [2, 5], [5, 6]]),
+        ("block:2-4:2", 1.0, [[0, 5], [2, 6]]),  # layer-scan's two slices
+        ("2,1,1,3,1,1|damping=0.25", 0.25, [[0, 1], [0, 1], [1, 4], [3, 4], [3, 4], [4, 6]]),
+    ],
+)
+def test_mergekit_builds_the_exported_config_into_the_hf_exports_model(
+    map_key, damping, ranges, study, checkpoint, cli, tmp_path
+):
     pytest.importorskip("mergekit")
     import yaml
 
@@ -162,8 +193,23 @@ def test_mergekit_builds_the_exported_config_into_the_hf_exports_model(map_key, 
 
     url, _ = study
     config = tmp_path / "model.yml"
-    report = json.loads(cli("export-model", "--study", STUDY, "--storage", url, "--map", map_key, "--format",
-                            "mergekit", "--out", str(config), "--json", check=True).stdout)
+    report = json.loads(
+        cli(
+            "export-model",
+            "--study",
+            STUDY,
+            "--storage",
+            url,
+            "--map",
+            map_key,
+            "--format",
+            "mergekit",
+            "--out",
+            str(config),
+            "--json",
+            check=True,
+        ).stdout
+    )
     assert report["format"] == "mergekit" and report["map"] == map_key and report["family"] is None
     text = config.read_text(encoding="utf-8")
     assert text.startswith("# written by ilr-search") and map_key in text.splitlines()[0]
@@ -172,8 +218,7 @@ def test_mergekit_builds_the_exported_config_into_the_hf_exports_model(map_key, 
     assert {s["sources"][0]["model"] for s in doc["slices"]} == {str(checkpoint.resolve())}
     read = read_passthrough(config, N_LAYERS)
     assert read.key == map_key and tuple(report["schedule"]) == read.schedule
-    cli("export-model", "--study", STUDY, "--storage", url, "--map", map_key, "--out", str(tmp_path / "hf"),
-        check=True)
+    cli("export-model", "--study", STUDY, "--storage", url, "--map", map_key, "--out", str(tmp_path / "hf"), check=True)
     x = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(1))
     merged = merged_logits(text, tmp_path / "merged", x)
     assert transformers.AutoConfig.from_pretrained(tmp_path / "merged").num_hidden_layers == len(read.schedule)
@@ -195,8 +240,9 @@ def test_a_written_config_reads_back_as_its_map_and_knobs(map_text, damping, rep
     from ilr_search.training.schedule import parse_map
 
     chosen = parse_map(map_text, N_LAYERS)
-    path = write(tmp_path / "m.yml", passthrough_yaml(chosen, damping, "some/model", N_LAYERS,
-                                                      repeat_scale=repeat_scale))
+    path = write(
+        tmp_path / "m.yml", passthrough_yaml(chosen, damping, "some/model", N_LAYERS, repeat_scale=repeat_scale)
+    )
     read = read_passthrough(path, N_LAYERS)
     assert (read.map, read.damping, read.repeat_scale) == (chosen, damping, repeat_scale)
     assert read.schedule == tuple(chosen.schedule()) and read.model == "some/model"
@@ -239,34 +285,75 @@ def slices(*parts: str) -> str:
 
 BAD_CONFIGS = {  # name: (config text, a phrase of its error line)
     "another merge method": (DAMPED_BLOCK.replace("passthrough", "slerp"), "'slerp'"),
-    "two models": (slices(ONE_SOURCE.format(model="{model}", range="[0, 5]"),
-                          ONE_SOURCE.format(model="/other/model", range="[2, 6]")), "2 models"),
+    "two models": (
+        slices(
+            ONE_SOURCE.format(model="{model}", range="[0, 5]"), ONE_SOURCE.format(model="/other/model", range="[2, 6]")
+        ),
+        "2 models",
+    ),
     "whole models": ("merge_method: passthrough\nmodels:\n  - model: {model}\n", "models:"),
-    "two sources in a slice": (slices("  - sources:\n      - model: {model}\n        layer_range: [0, 6]\n"
-                                      "      - model: {model}\n        layer_range: [0, 6]\n"), "2 sources"),
-    "a scale on q_proj": (slices(ONE_SOURCE.format(model="{model}", range="[0, 5]"),
-                                 SCALED.format(model="{model}", range="[2, 6]",
-                                               scale="[{{filter: q_proj, value: 0.5}}, {{value: 1.0}}]")), "q_proj"),
-    "a scale on every tensor": (slices(ONE_SOURCE.format(model="{model}", range="[0, 5]"),
-                                       SCALED.format(model="{model}", range="[2, 6]", scale="0.5")), "every tensor"),
-    "a gradient": (slices(ONE_SOURCE.format(model="{model}", range="[0, 5]"),
-                          SCALED.format(model="{model}", range="[2, 6]", scale="[0.5, 1.0]")), "gradient"),
+    "two sources in a slice": (
+        slices(
+            "  - sources:\n      - model: {model}\n        layer_range: [0, 6]\n"
+            "      - model: {model}\n        layer_range: [0, 6]\n"
+        ),
+        "2 sources",
+    ),
+    "a scale on q_proj": (
+        slices(
+            ONE_SOURCE.format(model="{model}", range="[0, 5]"),
+            SCALED.format(model="{model}", range="[2, 6]", scale="[{{filter: q_proj, value: 0.5}}, {{value: 1.0}}]"),
+        ),
+        "q_proj",
+    ),
+    "a scale on every tensor": (
+        slices(
+            ONE_SOURCE.format(model="{model}", range="[0, 5]"),
+            SCALED.format(model="{model}", range="[2, 6]", scale="0.5"),
+        ),
+        "every tensor",
+    ),
+    "a gradient": (
+        slices(
+            ONE_SOURCE.format(model="{model}", range="[0, 5]"),
+            SCALED.format(model="{model}", range="[2, 6]", scale="[0.5, 1.0]"),
+        ),
+        "gradient",
+    ),
     "a python tag": ("!!python/object/apply:os.system ['touch {model}/hacked']\n", "python/object"),
-    "no map's schedule": (slices(ONE_SOURCE.format(model="{model}", range="[0, 5]"),
-                                 ONE_SOURCE.format(model="{model}", range="[1, 3]"),
-                                 ONE_SOURCE.format(model="{model}", range="[4, 6]")), "neither a reuse map"),
+    "no map's schedule": (
+        slices(
+            ONE_SOURCE.format(model="{model}", range="[0, 5]"),
+            ONE_SOURCE.format(model="{model}", range="[1, 3]"),
+            ONE_SOURCE.format(model="{model}", range="[4, 6]"),
+        ),
+        "neither a reuse map",
+    ),
     "a layer missing": (slices(ONE_SOURCE.format(model="{model}", range="[0, 4]")), "never runs layer(s) 4, 5"),
     "a range outside the model": (slices(ONE_SOURCE.format(model="{model}", range="[0, 7]")), "outside"),
     "a reversed range": (slices(ONE_SOURCE.format(model="{model}", range="[6, 0]")), "reversed"),
-    "an empty range": (slices(ONE_SOURCE.format(model="{model}", range="[0, 6]"),
-                              ONE_SOURCE.format(model="{model}", range="[3, 3]")), "empty"),
-    "the first pass scaled": (slices(SCALED.format(model="{model}", range="[0, 5]",
-                                                   scale="[{{filter: o_proj, value: 0.5}}, "
-                                                         "{{filter: down_proj, value: 0.5}}]"),
-                                     ONE_SOURCE.format(model="{model}", range="[2, 6]")), "first pass"),
-    "o_proj alone scaled": (slices(ONE_SOURCE.format(model="{model}", range="[0, 5]"),
-                                   SCALED.format(model="{model}", range="[2, 6]",
-                                                 scale="[{{filter: o_proj, value: 0.5}}]")), "down_proj by 1"),
+    "an empty range": (
+        slices(ONE_SOURCE.format(model="{model}", range="[0, 6]"), ONE_SOURCE.format(model="{model}", range="[3, 3]")),
+        "empty",
+    ),
+    "the first pass scaled": (
+        slices(
+            SCALED.format(
+                model="{model}",
+                range="[0, 5]",
+                scale="[{{filter: o_proj, value: 0.5}}, {{filter: down_proj, value: 0.5}}]",
+            ),
+            ONE_SOURCE.format(model="{model}", range="[2, 6]"),
+        ),
+        "first pass",
+    ),
+    "o_proj alone scaled": (
+        slices(
+            ONE_SOURCE.format(model="{model}", range="[0, 5]"),
+            SCALED.format(model="{model}", range="[2, 6]", scale="[{{filter: o_proj, value: 0.5}}]"),
+        ),
+        "down_proj by 1",
+    ),
     "not a mapping": ("- merge_method\n- passthrough\n", "not a mergekit config"),
     "not YAML": ("merge_method: [passthrough\n", "not YAML"),
 }
@@ -304,10 +391,14 @@ def scratch_study(tmp_path):
 
 
 BAD_EXPORTS = {  # name: (arguments, a phrase of the error line)
-    "a study trained from scratch": (["--study", "before-typed-records", "--storage", "{scratch}", "--map",
-                                      "2,1,1,1"], "from scratch"),
-    "a knob that is no scale": (["--study", STUDY, "--storage", "{url}", "--map", "block:2-4:2|injection=add"],
-                                "injection"),
+    "a study trained from scratch": (
+        ["--study", "before-typed-records", "--storage", "{scratch}", "--map", "2,1,1,1"],
+        "from scratch",
+    ),
+    "a knob that is no scale": (
+        ["--study", STUDY, "--storage", "{url}", "--map", "block:2-4:2|injection=add"],
+        "injection",
+    ),
     "repeat_scale lr": (["--study", STUDY, "--storage", "{url}", "--map", "block:2-4:2|repeat_scale=lr"], "'lr'"),
     "--model": (["--model", "{tmp}/none"], "goes with --study"),
     "--family": (["--study", STUDY, "--storage", "{url}", "--family", "qwen2"], "--family"),
@@ -320,8 +411,14 @@ def test_a_bad_mergekit_export_is_one_error_line_and_writes_nothing(case, study,
     args, phrase = BAD_EXPORTS[case]
     before = sorted(p.name for p in tmp_path.iterdir())
     out = tmp_path / "model.yml"
-    proc = cli("export-model", *[a.format(url=url, scratch=scratch_study, tmp=tmp_path) for a in args], "--format",
-               "mergekit", "--out", str(out))
+    proc = cli(
+        "export-model",
+        *[a.format(url=url, scratch=scratch_study, tmp=tmp_path) for a in args],
+        "--format",
+        "mergekit",
+        "--out",
+        str(out),
+    )
     assert_one_line_error(proc)
     assert phrase in proc.stderr, proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == before
@@ -331,10 +428,22 @@ def test_a_bad_mergekit_export_is_one_error_line_and_writes_nothing(case, study,
 def test_the_mergekit_out_is_a_new_yaml_file(out, phrase, study, cli, tmp_path):
     url, _ = study
     taken = write(tmp_path / "taken.yml", "keep\n")
-    proc = cli("export-model", "--study", STUDY, "--storage", url, "--map", "block:2-4:2", "--format", "mergekit",
-               "--out", str(tmp_path / out))
+    proc = cli(
+        "export-model",
+        "--study",
+        STUDY,
+        "--storage",
+        url,
+        "--map",
+        "block:2-4:2",
+        "--format",
+        "mergekit",
+        "--out",
+        str(tmp_path / out),
+    )
     assert_one_line_error(proc)
     assert phrase in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken.yml"] and taken.read_text() == "keep\n"
-    assert_one_line_error(cli("export-model", "--study", STUDY, "--storage", url, "--format", "onnx", "--out",
-                              str(tmp_path / "x.yml")))
+    assert_one_line_error(
+        cli("export-model", "--study", STUDY, "--storage", url, "--format", "onnx", "--out", str(tmp_path / "x.yml"))
+    )

@@ -1,12 +1,18 @@
 import pytest
 import torch
+from conftest import assert_one_line_error
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from conftest import assert_one_line_error
-from ilr_search.training.flops import BudgetError, count_flops, flops_ratio, forward_flops_per_token, parse_budget
-from ilr_search.training.flops import param_count
-from ilr_search.training.model import ILRTransformer
 from ilr_search.config import ModelConfig
+from ilr_search.training.flops import (
+    BudgetError,
+    count_flops,
+    flops_ratio,
+    forward_flops_per_token,
+    param_count,
+    parse_budget,
+)
+from ilr_search.training.model import ILRTransformer
 from ilr_search.training.schedule import ScheduleError, block_schedule, parse_reuse_map, reuse_map_schedule
 
 ENCODINGS = ["nope", "rope", "learned", "alibi"]
@@ -41,9 +47,15 @@ def test_analytic_flops_match_flop_counter(pe):
 
 
 # The options of pretrained architectures (training/pretrained.py), alone and together.
-ARCHITECTURE_OPTIONS = [{"n_kv_heads": 2}, {"n_kv_heads": 1}, {"head_dim": 12}, {"tie_embeddings": False},
-                        {"qkv_bias": True}, {"qk_norm": True},
-                        {"n_kv_heads": 2, "head_dim": 6, "tie_embeddings": False, "qkv_bias": True, "qk_norm": True}]
+ARCHITECTURE_OPTIONS = [
+    {"n_kv_heads": 2},
+    {"n_kv_heads": 1},
+    {"head_dim": 12},
+    {"tie_embeddings": False},
+    {"qkv_bias": True},
+    {"qk_norm": True},
+    {"n_kv_heads": 2, "head_dim": 6, "tie_embeddings": False, "qkv_bias": True, "qk_norm": True},
+]
 
 
 @pytest.mark.parametrize("kw", ARCHITECTURE_OPTIONS)
@@ -63,16 +75,27 @@ def test_the_architecture_options_change_the_count_as_their_shapes_say():
     base = tiny("rope")
     D, L, V = 32, 4, 256
     assert param_count(tiny("rope", tie_embeddings=False)) == param_count(base) + V * D
-    assert forward_flops_per_token(tiny("rope", tie_embeddings=False), range(L)) == forward_flops_per_token(base, range(L))
+    assert forward_flops_per_token(tiny("rope", tie_embeddings=False), range(L)) == forward_flops_per_token(
+        base, range(L)
+    )
     assert param_count(tiny("rope", qk_norm=True)) == param_count(base) + L * 2 * 8
     assert param_count(tiny("rope", qkv_bias=True)) == param_count(base) + L * 3 * D
     assert param_count(tiny("rope", n_kv_heads=2)) == param_count(base) - L * 2 * D * (D // 2)
     assert param_count(tiny("rope", head_dim=8)) == param_count(base)  # 4 heads of 8 = d_model: the default
 
 
-@pytest.mark.parametrize("kw", [{}, {"mlp_ratio": 2.5}, {"injection": "gated", "max_reuse": 3},
-                                {"injection": "add"}, {"iteration_encoding": True, "max_reuse": 4},
-                                {"iteration_norms": True, "max_reuse": 3}, {"iteration_norms": True, "max_reuse": 1}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"mlp_ratio": 2.5},
+        {"injection": "gated", "max_reuse": 3},
+        {"injection": "add"},
+        {"iteration_encoding": True, "max_reuse": 4},
+        {"iteration_norms": True, "max_reuse": 3},
+        {"iteration_norms": True, "max_reuse": 1},
+    ],
+)
 @pytest.mark.parametrize("pe", ENCODINGS)
 def test_parameter_count_equals_the_built_models(pe, kw):
     cfg = tiny(pe, **kw)
@@ -96,6 +119,7 @@ def test_reuse_map_equals_running_the_layer_by_hand(pe):
         if model.pos_embed is not None:
             h = h + model.pos_embed(torch.arange(cfg.seq_len))
         from ilr_search.training.model import alibi_bias, rope_tables
+
         rope = rope_tables(cfg.seq_len, cfg.head_size, cfg.rope_base, x.device) if pe == "rope" else None
         alibi = alibi_bias(cfg.n_heads, cfg.seq_len, x.device) if pe == "alibi" else None
         plain = h
@@ -104,7 +128,10 @@ def test_reuse_map_equals_running_the_layer_by_hand(pe):
         twice = model.layers[0](model.layers[0](h, rope, alibi), rope, alibi)
         for layer in model.layers[1:]:
             twice = layer(twice, rope, alibi)
-        head = lambda z: torch.nn.functional.linear(model.norm(z), model.embed.weight)
+
+        def head(z):
+            return torch.nn.functional.linear(model.norm(z), model.embed.weight)
+
         torch.testing.assert_close(model(x, [0, 0, 1, 2, 3]), head(twice))
         torch.testing.assert_close(model(x, reuse_map_schedule([1, 1, 1, 1])), head(plain))
         torch.testing.assert_close(model(x), head(plain))
@@ -124,6 +151,7 @@ def test_gradients_reach_every_parameter(pe):
 
 def test_alibi_bias_is_causal():
     from ilr_search.training.model import alibi_bias
+
     bias = alibi_bias(4, 5, torch.device("cpu"))
     assert torch.isinf(bias[:, 0, 1:]).all() and torch.isfinite(bias[:, 4]).all()
     assert (bias[:, 3, 3] == 0).all() and (bias[:, 3, 0] < bias[:, 3, 2]).all()
@@ -159,7 +187,9 @@ def test_bad_budgets(text):
         parse_budget(text, tiny("rope"))
 
 
-@pytest.mark.parametrize("text,layers", [("0,1,1,1", 4), ("1,1", 4), ("1.5,1,1,1", 4), ("a,b", 2), ("", 1), ("-1,2", 2)])
+@pytest.mark.parametrize(
+    "text,layers", [("0,1,1,1", 4), ("1,1", 4), ("1.5,1,1,1", 4), ("a,b", 2), ("", 1), ("-1,2", 2)]
+)
 def test_bad_maps(text, layers):
     with pytest.raises(ScheduleError):
         parse_reuse_map(text, layers)
@@ -172,26 +202,37 @@ def test_good_map():
 @pytest.mark.slow
 def test_flops_cli_contract(console, cli):
     import json
+
     proc = console("flops", "--layers", "4", "--reuse-map", "2,1,1,1", "--json", check=True)
     report = json.loads(proc.stdout)
-    assert set(report) >= {"reuse_map", "schedule", "params", "flops_per_token", "baseline_flops_per_token",
-                           "flops_ratio", "train_flops"}
+    assert set(report) >= {
+        "reuse_map",
+        "schedule",
+        "params",
+        "flops_per_token",
+        "baseline_flops_per_token",
+        "flops_ratio",
+        "train_flops",
+    }
     assert report["schedule"] == [0, 0, 1, 2, 3] and report["flops_ratio"] > 1
     block = json.loads(cli("flops", "--layers", "4", "--block", "2", "--json", check=True).stdout)
     assert block["schedule"] == [0, 1, 2, 3, 0, 1, 2, 3] and block["params"] == report["params"]
 
 
-@pytest.mark.parametrize("args", [
-    ["--reuse-map", "0,1,1,1", "--layers", "4"],
-    ["--reuse-map", "1,1", "--layers", "4"],
-    ["--reuse-map", "1.5,1,1,1", "--layers", "4"],
-    ["--layers", "abc"],
-    ["--block", "0"],
-    ["--reuse-map", "1,1,1,1", "--block", "2", "--layers", "4"],
-    ["--pe", "sinusoid"],
-    ["--space", "nowhere.toml"],
-    ["--tokenizer", "wordpiece"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--reuse-map", "0,1,1,1", "--layers", "4"],
+        ["--reuse-map", "1,1", "--layers", "4"],
+        ["--reuse-map", "1.5,1,1,1", "--layers", "4"],
+        ["--layers", "abc"],
+        ["--block", "0"],
+        ["--reuse-map", "1,1,1,1", "--block", "2", "--layers", "4"],
+        ["--pe", "sinusoid"],
+        ["--space", "nowhere.toml"],
+        ["--tokenizer", "wordpiece"],
+    ],
+)
 def test_flops_cli_bad_input(cli, args):
     assert_one_line_error(cli("flops", *args))
 

@@ -113,6 +113,11 @@ def test_no_private_optuna_name_outside_the_shim():
     from conftest import ROOT
 
     pattern = re.compile(r"optuna\.(storages\.)?_|\._storage\b|\._trial_id|\._study_id")
-    found = [f"{p.relative_to(ROOT)}:{n}" for p in (ROOT / "ilr_search").rglob("*.py") if p.name != "optuna_compat.py"
-             for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]
+    found = [
+        f"{p.relative_to(ROOT)}:{n}"
+        for p in (ROOT / "ilr_search").rglob("*.py")
+        if p.name != "optuna_compat.py"
+        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if pattern.search(line)
+    ]
     assert found == []

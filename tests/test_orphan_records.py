@@ -7,9 +7,9 @@ import json
 
 import optuna
 import pytest
-
 from conftest import NO_REFERENCES, assert_one_line_error, write_space
 from helpers import run_args
+
 from ilr_search.storage import open_store, parse_storage
 
 
@@ -37,18 +37,30 @@ def test_a_new_study_over_an_earlier_ones_records_is_refused_with_the_fix(cli, t
     assert digest(kept) == before and (kind == "sqlite" or not (tmp_path / "s.log").exists())
     if kind == "journal":  # the fix the line gives works
         kept.unlink()
-        assert json.loads(cli(*run_args(space, storage, "s", "--pruner", "none", budget="2x", n_trials=2), check=True).stdout)["n_trials"] == 2
+        assert (
+            json.loads(
+                cli(*run_args(space, storage, "s", "--pruner", "none", budget="2x", n_trials=2), check=True).stdout
+            )["n_trials"]
+            == 2
+        )
 
 
 @pytest.mark.slow
 def test_a_claim_held_by_a_trial_that_trained_another_map_is_taken_over(cli, console, tmp_path):
     space = write_space(tmp_path / "s.toml", search=NO_REFERENCES, train={"steps": 8})
     storage = f"sqlite:///{tmp_path / 's.db'}"
-    cli(*run_args(space, storage, "s", "--pruner", "none", budget="2x", n_trials=1), check=True)  # trial 0: the baseline
+    cli(
+        *run_args(space, storage, "s", "--pruner", "none", budget="2x", n_trials=1), check=True
+    )  # trial 0: the baseline
     assert open_store(parse_storage(storage), "s").claim("2,1,1,1", 0) == 0  # held by trial 0, which trained 1,1,1,1
     # in a subprocess with a timeout: a run that waited on that claim would never end
-    proc = console(*run_args(space, storage, "s", "--pruner", "none", budget="2x", n_trials=2), "--enqueue", "2,1,1,1", check=True)
+    proc = console(
+        *run_args(space, storage, "s", "--pruner", "none", budget="2x", n_trials=2), "--enqueue", "2,1,1,1", check=True
+    )
     assert json.loads(proc.stdout)["n_trials"] == 2
-    trained = [t.user_attrs["map_key"] for t in optuna.load_study(study_name="s", storage=storage).trials
-               if t.state == optuna.trial.TrialState.COMPLETE]
+    trained = [
+        t.user_attrs["map_key"]
+        for t in optuna.load_study(study_name="s", storage=storage).trials
+        if t.state == optuna.trial.TrialState.COMPLETE
+    ]
     assert trained == ["1,1,1,1", "2,1,1,1"]

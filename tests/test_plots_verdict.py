@@ -9,7 +9,6 @@ import math
 import re
 
 import pytest
-
 from conftest import RACE_STEPS as STEPS
 
 CSS_COLOUR = re.compile(r"^(#[0-9a-fA-F]{3}|#[0-9a-fA-F]{6}|rgba?\([\d.\s,]+\)|[a-z]+)$")
@@ -49,7 +48,7 @@ def test_the_top_panel_holds_only_the_raced_maps_at_the_target_on_one_axis_title
     assert top
     seen = set()
     for trace in top:
-        for y, hover in zip(trace.y, trace.hovertext):
+        for y, hover in zip(trace.y, trace.hovertext, strict=True):
             key = _key(hover)
             mean, seeds = means[key]  # a map with results at the target, drawn at its mean there, over those seeds
             assert y == pytest.approx(mean, rel=1e-9) and f"{steps} steps, seeds {','.join(map(str, seeds))}" in hover
@@ -116,14 +115,19 @@ def test_the_heatmap_view_layers_and_the_recipe_read_the_decided_front(raced, cl
     decided = report["pareto"]
     heatmap = next(t for t in fig.data if t.type == "heatmap")
     assert [list(z) for z in heatmap.z] == [p["reuse_map"] for p in decided]
-    assert all(f"ppl {p['val_ppl']:.5g}" in label for p, label in zip(decided, heatmap.y))  # the race's mean
-    layers = json.loads(cli("pareto", "--study", "raced", "--storage", url, "--view", "layers", "--json",
-                            check=True).stdout)["layers"]
+    assert all(
+        f"ppl {p['val_ppl']:.5g}" in label for p, label in zip(decided, heatmap.y, strict=True)
+    )  # the race's mean
+    layers = json.loads(
+        cli("pareto", "--study", "raced", "--storage", url, "--view", "layers", "--json", check=True).stdout
+    )["layers"]
     assert layers["front_maps"] == decided  # at the race's length, with its seeds and intervals
     proc = cli("recipe", "--study", "raced", "--storage", url, "--json", check=True)
     best = min(decided, key=lambda p: (p["val_ppl"], p["flops_ratio"]))
     assert json.loads(proc.stdout)["reuse_map"] == best["reuse_map"]
-    assert f"on the race's front at {report['target_steps']} steps" in proc.stderr and "lowest perplexity" in proc.stderr
+    assert (
+        f"on the race's front at {report['target_steps']} steps" in proc.stderr and "lowest perplexity" in proc.stderr
+    )
 
 
 @pytest.mark.slow
@@ -152,12 +156,15 @@ def test_the_figures_title_puts_the_trust_line_between_the_answer_and_the_verdic
     from ilr_search.analysis.plots import verdict_title
 
     trust = Trust(spearman=-0.19, maps=8, proxy_steps=500, target_steps=2000)
-    answer = Answer("no map beat the plain model at 2000 steps; a gap of 0.14 ppl or more would have been seen",
-                    trust=trust)
+    answer = Answer(
+        "no map beat the plain model at 2000 steps; a gap of 0.14 ppl or more would have been seen", trust=trust
+    )
     lines = verdict_title("s", answer, "nothing here is distinguishable; the race trained 46000 steps").split("<br>")
     text = [re.sub(r"<[^>]+>", "", line) for line in lines]
-    trust_at = next(i for i, line in enumerate(text) if line.startswith("trust: the 500-step search ranked maps unlike"))
+    trust_at = next(
+        i for i, line in enumerate(text) if line.startswith("trust: the 500-step search ranked maps unlike")
+    )
     assert text[0].startswith("s: no map beat") and lines[trust_at].startswith("<i>")
     assert trust_at < text.index("nothing here is distinguishable;")
-    assert "weak guide" in " ".join(text[trust_at:text.index("nothing here is distinguishable;")])
+    assert "weak guide" in " ".join(text[trust_at : text.index("nothing here is distinguishable;")])
     assert "trust" not in verdict_title("s", Answer("no map beat the plain model"), "v")  # none measured: none shown

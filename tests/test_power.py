@@ -55,23 +55,63 @@ def test_a_large_planted_gap_is_claimed_and_nothing_is_claimed_at_zero(table_pat
 
 
 def test_bench_power_cli_json(cli, table_path):
-    proc = cli("bench", "power", "--table", str(table_path), "--deltas", "0,4", "--crossing", "", "--orders", "2",
-               "--maps", "2,1,1,1", "--policy", "race", "--json")
+    proc = cli(
+        "bench",
+        "power",
+        "--table",
+        str(table_path),
+        "--deltas",
+        "0,4",
+        "--crossing",
+        "",
+        "--orders",
+        "2",
+        "--maps",
+        "2,1,1,1",
+        "--policy",
+        "race",
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert [(r["setting"], r["delta_sd"]) for r in report["rows"]] == [("adaptive", 0.0), ("adaptive", 4.0)]
     assert report["planted_maps"] == ["2,1,1,1"]
     assert math.isclose(report["rows"][1]["delta_nats"], 4 * report["seed_sd_at_target"])
-    text = cli("bench", "power", "--table", str(table_path), "--deltas", "4", "--crossing", "", "--orders", "1",
-               "--policy", "race").stdout
+    text = cli(
+        "bench",
+        "power",
+        "--table",
+        str(table_path),
+        "--deltas",
+        "4",
+        "--crossing",
+        "",
+        "--orders",
+        "1",
+        "--policy",
+        "race",
+    ).stdout
     assert "power over" in text and "A/A" in text
 
 
-@pytest.mark.parametrize("args", [["--deltas", "-1"], ["--deltas", "x"], ["--crossing", "1,nan"], ["--orders", "0"],
-                                  ["--policy", "fast"], ["--maps", "9,9,9,9"], ["--maps", BASE],
-                                  ["--fixed-seeds", "1"], ["--fixed-seeds", "99"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--deltas", "-1"],
+        ["--deltas", "x"],
+        ["--crossing", "1,nan"],
+        ["--orders", "0"],
+        ["--policy", "fast"],
+        ["--maps", "9,9,9,9"],
+        ["--maps", BASE],
+        ["--fixed-seeds", "1"],
+        ["--fixed-seeds", "99"],
+    ],
+)
 def test_bench_power_bad_input_is_one_error_line_and_changes_nothing(cli, table_path, args):
     before = table_path.read_bytes()
     proc = cli("bench", "power", "--table", str(table_path), *args)
     assert_one_line_error(proc)
-    assert table_path.read_bytes() == before and sorted(p.name for p in table_path.parent.iterdir()) == ["truth.parquet"]
+    assert table_path.read_bytes() == before and sorted(p.name for p in table_path.parent.iterdir()) == [
+        "truth.parquet"
+    ]

@@ -18,8 +18,16 @@ from ilr_search.training.train import build_model
 transformers = pytest.importorskip("transformers")
 
 SEQ = 16
-COMMON = {"vocab_size": 300, "hidden_size": 32, "intermediate_size": 80, "num_hidden_layers": 2,
-          "num_attention_heads": 4, "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "rope_theta": 5000.0}
+COMMON = {
+    "vocab_size": 300,
+    "hidden_size": 32,
+    "intermediate_size": 80,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "max_position_embeddings": 64,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 5000.0,
+}
 # name: (family, the config's own settings, the ModelConfig fields it must give)
 CASES = {
     "llama": ("llama", {"tie_word_embeddings": True}, {"tie_embeddings": True}),
@@ -27,8 +35,11 @@ CASES = {
     "llama-gqa": ("llama", {"num_key_value_heads": 1, "tie_word_embeddings": True}, {"n_kv_heads": 1}),
     "mistral": ("mistral", {"num_key_value_heads": 2, "sliding_window": None}, {"n_kv_heads": 2}),
     "qwen2": ("qwen2", {"num_key_value_heads": 2, "tie_word_embeddings": True}, {"qkv_bias": True}),
-    "qwen3": ("qwen3", {"num_key_value_heads": 2, "head_dim": 12, "tie_word_embeddings": False},
-              {"qk_norm": True, "head_dim": 12, "n_kv_heads": 2}),
+    "qwen3": (
+        "qwen3",
+        {"num_key_value_heads": 2, "head_dim": 12, "tie_word_embeddings": False},
+        {"qk_norm": True, "head_dim": 12, "n_kv_heads": 2},
+    ),
 }
 CONFIG_CLASSES = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config"}
 
@@ -159,10 +170,15 @@ def test_a_model_unlike_its_checkpoint_is_refused(saved):
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("change,words", [
-    ({"injection": "add"}, "injection"), ({"iteration_encoding": True, "max_reuse": 2}, "iteration_encoding"),
-    ({"pe": "nope"}, "rope"), ({"qkv_bias": True}, "qwen2"),
-])
+@pytest.mark.parametrize(
+    "change,words",
+    [
+        ({"injection": "add"}, "injection"),
+        ({"iteration_encoding": True, "max_reuse": 2}, "iteration_encoding"),
+        ({"pe": "nope"}, "rope"),
+        ({"qkv_bias": True}, "qwen2"),
+    ],
+)
 def test_export_refuses_what_transformers_cannot_run(tmp_path, change, words):
     model = ILRTransformer(ModelConfig(n_layers=2, d_model=32, n_heads=4, seq_len=SEQ, **change))
     with pytest.raises(CheckpointError, match=words) as e:
@@ -170,8 +186,9 @@ def test_export_refuses_what_transformers_cannot_run(tmp_path, change, words):
     assert "\n" not in str(e.value) and not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("knobs", [{"damping": 0.5}, {"damping": 0.25, "repeat_scale": "residual"},
-                                   {"repeat_scale": "residual"}])
+@pytest.mark.parametrize(
+    "knobs", [{"damping": 0.5}, {"damping": 0.25, "repeat_scale": "residual"}, {"repeat_scale": "residual"}]
+)
 def test_damped_repeats_export_as_scaled_o_proj_and_down_proj_copies(tmp_path, knobs):
     """Damping (and repeat_scale residual) are branch factors: the unrolled copies' o_proj and down_proj carry them,
     so a standard checkpoint with no custom code gives the model's logits; the first pass of each layer is unscaled."""
@@ -185,7 +202,9 @@ def test_damped_repeats_export_as_scaled_o_proj_and_down_proj_copies(tmp_path, k
         torch.testing.assert_close(model(x, schedule), hf_logits(hf_model, x), atol=1e-4, rtol=1e-4)
     weights = hf_model.state_dict()
     layer1 = model.layers[1].attn.proj.weight.detach()
-    assert torch.equal(weights["model.layers.1.self_attn.o_proj.weight"], layer1 * (1 / 3 if "repeat_scale" in knobs else 1))
+    assert torch.equal(
+        weights["model.layers.1.self_attn.o_proj.weight"], layer1 * (1 / 3 if "repeat_scale" in knobs else 1)
+    )
     if "repeat_scale" not in knobs:
         assert torch.allclose(weights["model.layers.3.self_attn.o_proj.weight"], layer1 * knobs["damping"])
 
@@ -209,20 +228,26 @@ def weightless(folder, **changes):
     return folder
 
 
-@pytest.mark.parametrize("make,words", [
-    (lambda p: p / "nowhere", "no such folder"),
-    (lambda p: (p / "empty").mkdir() or p / "empty", "no config.json"),
-    (lambda p: write_config(p / "gpt2", model_type="gpt2", n_embd=32), "model_type 'gpt2' is not supported"),
-    (lambda p: write_config(p / "mixtral", model_type="mixtral", **COMMON), "model_type 'mixtral'"),
-    (lambda p: write_config(p / "moe", model_type="qwen3_moe", **COMMON), "model_type 'qwen3_moe'"),
-    (lambda p: write_config(p / "noweights", model_type="llama", **COMMON), "no weights"),
-    (lambda p: weightless(p / "scaled", rope_scaling={"rope_type": "llama3", "factor": 8.0}), "rope scaling 'llama3'"),
-    (lambda p: weightless(p / "scaled5", rope_parameters={"rope_type": "yarn", "rope_theta": 1e4}), "'yarn'"),
-    (lambda p: weightless(p / "gelu", hidden_act="gelu"), "hidden_act 'gelu'"),
-    (lambda p: weightless(p / "mlpbias", mlp_bias=True), "mlp_bias"),
-    (lambda p: weightless(p / "obias", attention_bias=True), "attention_bias"),
-    (lambda p: weightless(p / "window", model_type="mistral", sliding_window=8), "sliding_window 8"),
-])
+@pytest.mark.parametrize(
+    "make,words",
+    [
+        (lambda p: p / "nowhere", "no such folder"),
+        (lambda p: (p / "empty").mkdir() or p / "empty", "no config.json"),
+        (lambda p: write_config(p / "gpt2", model_type="gpt2", n_embd=32), "model_type 'gpt2' is not supported"),
+        (lambda p: write_config(p / "mixtral", model_type="mixtral", **COMMON), "model_type 'mixtral'"),
+        (lambda p: write_config(p / "moe", model_type="qwen3_moe", **COMMON), "model_type 'qwen3_moe'"),
+        (lambda p: write_config(p / "noweights", model_type="llama", **COMMON), "no weights"),
+        (
+            lambda p: weightless(p / "scaled", rope_scaling={"rope_type": "llama3", "factor": 8.0}),
+            "rope scaling 'llama3'",
+        ),
+        (lambda p: weightless(p / "scaled5", rope_parameters={"rope_type": "yarn", "rope_theta": 1e4}), "'yarn'"),
+        (lambda p: weightless(p / "gelu", hidden_act="gelu"), "hidden_act 'gelu'"),
+        (lambda p: weightless(p / "mlpbias", mlp_bias=True), "mlp_bias"),
+        (lambda p: weightless(p / "obias", attention_bias=True), "attention_bias"),
+        (lambda p: weightless(p / "window", model_type="mistral", sliding_window=8), "sliding_window 8"),
+    ],
+)
 def test_bad_checkpoints_are_one_line_errors(tmp_path, make, words):
     folder = make(tmp_path)
     with pytest.raises(CheckpointError, match=words) as e:
@@ -246,8 +271,14 @@ def test_a_model_with_an_option_trains_one_map_at_a_time():
     from ilr_search.training.jobs import Job, groups
 
     base = ModelConfig(n_layers=2, d_model=32, n_heads=4, seq_len=SEQ)
-    for change in ({"n_kv_heads": 2}, {"head_dim": 4}, {"tie_embeddings": False}, {"qkv_bias": True},
-                   {"qk_norm": True}, {"init": "somewhere"}):
+    for change in (
+        {"n_kv_heads": 2},
+        {"head_dim": 4},
+        {"tie_embeddings": False},
+        {"qkv_bias": True},
+        {"qk_norm": True},
+        {"init": "somewhere"},
+    ):
         cfg = dataclasses.replace(base, **change)
         with pytest.raises(FusionUnsupported, match=next(iter(change))):
             check_fusable(cfg)
@@ -263,12 +294,30 @@ def test_flops_and_train_start_from_a_checkpoint(saved, cli, tmp_path):
     folder = str(saved["llama-gqa"][0])
     text = tmp_path / "small.txt"
     text.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(400)))
-    report = json.loads(cli("flops", "--init", folder, "--reuse-map", "2,1", "--seq-len", "32", "--json",
-                            check=True).stdout)
+    report = json.loads(
+        cli("flops", "--init", folder, "--reuse-map", "2,1", "--seq-len", "32", "--json", check=True).stdout
+    )
     assert report["schedule"] == [0, 0, 1]
     assert report["params"] == param_count(open_checkpoint(folder, seq_len=32).config)
-    trained = json.loads(cli("train", "--init", folder, "--reuse-map", "2,1", "--seq-len", "32", "--steps", "2",
-                             "--batch-size", "2", "--data", str(text), "--json", check=True).stdout)
+    trained = json.loads(
+        cli(
+            "train",
+            "--init",
+            folder,
+            "--reuse-map",
+            "2,1",
+            "--seq-len",
+            "32",
+            "--steps",
+            "2",
+            "--batch-size",
+            "2",
+            "--data",
+            str(text),
+            "--json",
+            check=True,
+        ).stdout
+    )
     assert trained["params"] == report["params"] and trained["status"] == "ok"
 
 

@@ -38,7 +38,7 @@ def test_ties_are_kept_or_pruned_together():
     tied = [pt(0, 3.0, 1.5), pt(1, 3.0, 1.5)]
     good = [pt(2, 2.0, 1.0), pt(3, 2.1, 1.0), pt(4, 2.2, 1.0), pt(5, 2.3, 1.0)]
     decisions = [pareto_decision(me, tied + good, ETA, EPS, WARMUP) for me in tied]
-    assert decisions[0].keep == decisions[1].keep == False
+    assert not decisions[0].keep and not decisions[1].keep
     # a point tied with a front point is not dominated by it and stays
     front_tie = [pt(0, 2.0, 1.0), pt(1, 2.0, 1.0), pt(2, 3.0, 2.0), pt(3, 3.1, 2.0)]
     assert pareto_decision(front_tie[1], front_tie, ETA, EPS, WARMUP).keep
@@ -62,6 +62,7 @@ def test_same_map_counts_once():
 @pytest.mark.parametrize("kind", ["sql", "journal"])
 def test_two_workers_deciding_on_the_same_data_decide_the_same(tmp_path, kind):
     import sqlalchemy as sa
+
     if kind == "sql":
         url = f"sqlite:///{tmp_path / 'p.db'}"
         a, b = SQLStore(sa.create_engine(url), "s"), SQLStore(sa.create_engine(url), "s")
@@ -70,8 +71,11 @@ def test_two_workers_deciding_on_the_same_data_decide_the_same(tmp_path, kind):
     rng = random.Random(0)
     for trial in range(12):
         a.add_curve_point(CurvePoint(trial, 10, rng.uniform(2, 3), rng.choice([1.0, 1.25, 1.5]), f"m{trial}"), 100)
-    other_study = SQLStore(sa.create_engine(f"sqlite:///{tmp_path / 'p.db'}"), "other") if kind == "sql" else \
-        JournalStore(str(tmp_path / "j.log"), "other")
+    other_study = (
+        SQLStore(sa.create_engine(f"sqlite:///{tmp_path / 'p.db'}"), "other")
+        if kind == "sql"
+        else JournalStore(str(tmp_path / "j.log"), "other")
+    )
     other_study.add_curve_point(CurvePoint(0, 10, 0.1, 0.1, "x"), 1)  # another study's data does not leak in
     points_a, points_b = a.curve_points(step=10), b.curve_points(step=10)
     assert points_a == points_b and len(points_a) == 12
@@ -82,8 +86,7 @@ def test_two_workers_deciding_on_the_same_data_decide_the_same(tmp_path, kind):
 
 
 def brute_force_front(points):
-    return [i for i, p in enumerate(points)
-            if not any(q[0] <= p[0] and q[1] <= p[1] and q != p for q in points)]
+    return [i for i, p in enumerate(points) if not any(q[0] <= p[0] and q[1] <= p[1] and q != p for q in points)]
 
 
 def test_front_equals_brute_force_on_random_points():
@@ -99,8 +102,9 @@ def test_front_equals_brute_force_on_random_points():
 
 def test_a_retried_map_with_another_loss_at_the_rung_is_judged_on_its_own_loss():
     # the dead predecessor reached the rung with another loss (nondeterministic GPU runs, another machine)
-    from ilr_search.search.pruners import decision_at_rung
     from ilr_search.config import PrunerSettings
+    from ilr_search.search.pruners import decision_at_rung
+
     peers = [pt(i, 2.0 + 0.01 * i, 1.0) for i in range(5)] + [CurvePoint(7, 10, 2.5, 1.5, "retried")]
     me = CurvePoint(8, 10, 2.6, 1.5, "retried")
     assert not pareto_decision(me, peers + [me], ETA, EPS, WARMUP).keep  # no StopIteration

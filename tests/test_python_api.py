@@ -7,14 +7,13 @@ import sys
 
 import optuna
 import pytest
-
 from conftest import ROOT, TINY_SPACE
 from helpers import HANG_SECONDS
 
 
 def readme_example() -> str:
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text[text.index("## Python API"):]
+    section = text[text.index("## Python API") :]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
@@ -24,7 +23,9 @@ def test_the_readme_python_api_example_runs(tmp_path, monkeypatch, token_cache, 
     space_call = 'load_space("default", {"model": {"layers": 4}})'
     assert space_call in code and "n_trials=8" in code  # what is replaced below is still in the example
     # the tiny space (24 steps), no reference runs, and fewer trials: the same calls, quickly
-    code = code.replace(space_call, f'load_space({str(TINY_SPACE)!r}, {{"search": {{"noise_seeds": 0, "families": ["ilr"]}}}})')
+    code = code.replace(
+        space_call, f'load_space({str(TINY_SPACE)!r}, {{"search": {{"noise_seeds": 0, "families": ["ilr"]}}}})'
+    )
     code = code.replace("n_trials=8", "n_trials=3")
     monkeypatch.chdir(tmp_path)  # mine.db and the checkpoints go under the test's folder
     namespace: dict = {}
@@ -56,7 +57,8 @@ def test_importing_the_library_leaves_optunas_logging_alone():
     """A program using the Python API keeps its own Optuna log level: no module of the package (the API, the
     search, the CLI's modules) sets it on import; only a CLI command does, as it starts. A fresh process, so that
     what other tests imported or set does not count."""
-    proc = subprocess.run([sys.executable, "-c", IMPORT_EVERY_MODULE], cwd=ROOT, capture_output=True, text=True,
-                          timeout=HANG_SECONDS)
+    proc = subprocess.run(
+        [sys.executable, "-c", IMPORT_EVERY_MODULE], cwd=ROOT, capture_output=True, text=True, timeout=HANG_SECONDS
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert int(proc.stdout.split()[-1]) == optuna.logging.WARNING

@@ -14,7 +14,9 @@ DEEPER = ModelConfig(n_layers=12)
 
 def run(name: str, seed: int, steps: int = 100, model: ModelConfig = PLAIN) -> ClaimedRun:
     job = RaceRunJob("2", seed, name)
-    return ClaimedRun(job, [1] * model.n_layers, model, TrainConfig(steps=steps, seed=seed), Path(f"{name}-{seed}.pt"), 0)
+    return ClaimedRun(
+        job, [1] * model.n_layers, model, TrainConfig(steps=steps, seed=seed), Path(f"{name}-{seed}.pt"), 0
+    )
 
 
 def names(groups: list[list[ClaimedRun]]) -> list[list[str]]:
@@ -22,8 +24,15 @@ def names(groups: list[list[ClaimedRun]]) -> list[list[str]]:
 
 
 def test_groups_take_runs_of_one_length_and_model_in_order_up_to_the_limit():
-    runs = [run("a", 1), run("deep", 1, model=DEEPER), run("b", 1), run("c", 1), run("deep", 2, model=DEEPER),
-            run("a", 2, steps=200), run("b", 2)]
+    runs = [
+        run("a", 1),
+        run("deep", 1, model=DEEPER),
+        run("b", 1),
+        run("c", 1),
+        run("deep", 2, model=DEEPER),
+        run("a", 2, steps=200),
+        run("b", 2),
+    ]
     assert names(fused_groups(runs, 2)) == [["a@1", "b@1"], ["deep@1", "deep@2"], ["c@1"], ["a@2"], ["b@2"]]
     assert names(fused_groups(runs, 3)) == [["a@1", "b@1", "c@1"], ["deep@1", "deep@2"], ["a@2"], ["b@2"]]
     assert names(fused_groups(runs, 1)) == [[f"{r.job.map_key}@{r.job.seed}"] for r in runs]

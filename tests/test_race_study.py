@@ -12,10 +12,20 @@ import subprocess
 import sys
 
 import pytest
+from conftest import RACE, assert_one_line_error, run_cli, write_space
+from conftest import RACE_STEPS as STEPS
+from helpers import (
+    alive,
+    digest,
+    env_for,
+    race_rows,
+    run_args,
+    sigint_as_in_a_terminal,
+    signal_all,
+    spawned_children,
+    wait_until,
+)
 
-from conftest import RACE, RACE_STEPS as STEPS, assert_one_line_error, run_cli, write_space
-from helpers import (alive, digest, env_for, race_rows, run_args, sigint_as_in_a_terminal, signal_all,
-                     spawned_children, wait_until)
 from ilr_search.config import SearchConfig
 from ilr_search.search.plan import plan_study
 from ilr_search.space import load_space
@@ -68,7 +78,9 @@ def test_front_points_carry_length_seeds_interval_and_confirmation(raced, cli, t
     assert trials["race"]["results"] == summary["race"]["results"]
     text = cli("pareto", "--study", "raced", "--storage", f"sqlite:///{db}", check=True).stdout
     first = text.splitlines()[0]
-    assert first.startswith(("use ", "no map beat")) and "at 48 steps" in first  # the answer first, at the race's length
+    assert (
+        first.startswith(("use ", "no map beat")) and "at 48 steps" in first
+    )  # the answer first, at the race's length
     figure = tmp_path / "front.html"
     cli("pareto", "--study", "raced", "--storage", f"sqlite:///{db}", "--out", str(figure), check=True)
     assert "decided front" in figure.read_text(encoding="utf-8")  # the race's front, on top (test_plots_verdict.py)
@@ -97,8 +109,14 @@ def test_kill_9_during_the_race_then_the_same_command_resumes_training_nothing_t
     args = run_args(space, db, "killed", "--target", "2x", "--steps", "40", "--d-model", "16", "--seq-len", "32")
     cmd = [sys.executable, "-m", "ilr_search", *args]
     env = env_for(token_cache, ILR_SEARCH_HEARTBEAT_SECONDS="1")
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            preexec_fn=sigint_as_in_a_terminal)  # its workers stop on SIGINT once it is killed
+    proc = subprocess.Popen(
+        cmd,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=sigint_as_in_a_terminal,
+    )  # its workers stop on SIGINT once it is killed
     in_flight: dict = {}  # the race runs in training when the kill lands, by (map, steps, seed)
     workers: list[int] = []  # the race's worker processes (spawned by the run), told apart by their command line
 
@@ -147,18 +165,29 @@ def test_kill_9_during_the_race_then_the_same_command_resumes_training_nothing_t
     assert all(after[k]["state"] == "complete" and after[k]["worker"] != before[k]["worker"] for k in killed)
     assert all(r["state"] == "complete" for r in after.values())
     summary = json.loads(resumed.stdout)
-    assert {(r["map_key"], r["steps"], r["seed"]) for r in summary["race"]["results"]
-            if r["source"].startswith("run ")} == set(after)
+    assert {
+        (r["map_key"], r["steps"], r["seed"]) for r in summary["race"]["results"] if r["source"].startswith("run ")
+    } == set(after)
     assert not list((tmp_path / "studies" / "checkpoints").rglob("*.pt"))
 
 
-BAD_RACES = {"below 1x": ["--target", "0.5x"], "not a multiple": ["--target", "abc"], "zero": ["--target", "0"],
-             "negative": ["--target", "-2x"], "nan": ["--target", "nanx"], "no seed": ["--race-seeds", "0"],
-             "another target on resume": ["--target", "3x"],
-             "max seeds below 3": ["--max-seeds", "2"], "max seeds below race seeds": ["--max-seeds", "4", "--race-seeds", "5"],
-             "max seeds not a number": ["--max-seeds", "many"], "negative cap": ["--max-race-steps", "-1"],
-             "unknown policy": ["--race-policy", "best"], "unknown equal compute": ["--equal-compute", "width"],
-             "another race on resume": ["--race-policy", "fixed"], "other max seeds on resume": ["--max-seeds", "6"]}
+BAD_RACES = {
+    "below 1x": ["--target", "0.5x"],
+    "not a multiple": ["--target", "abc"],
+    "zero": ["--target", "0"],
+    "negative": ["--target", "-2x"],
+    "nan": ["--target", "nanx"],
+    "no seed": ["--race-seeds", "0"],
+    "another target on resume": ["--target", "3x"],
+    "max seeds below 3": ["--max-seeds", "2"],
+    "max seeds below race seeds": ["--max-seeds", "4", "--race-seeds", "5"],
+    "max seeds not a number": ["--max-seeds", "many"],
+    "negative cap": ["--max-race-steps", "-1"],
+    "unknown policy": ["--race-policy", "best"],
+    "unknown equal compute": ["--equal-compute", "width"],
+    "another race on resume": ["--race-policy", "fixed"],
+    "other max seeds on resume": ["--max-seeds", "6"],
+}
 ON_RESUME = ("another target on resume", "another race on resume", "other max seeds on resume")
 
 
@@ -186,8 +215,11 @@ def test_bad_race_input_exits_2_with_one_line_and_changes_nothing(raced, raced_s
 
 
 def test_target_is_stored_only_when_not_the_default(tmp_path):
-    default = load_space(write_space(tmp_path / "d.toml", search={"target": SearchConfig().target,
-                                                                   "race_seeds": SearchConfig().race_seeds}))
+    default = load_space(
+        write_space(
+            tmp_path / "d.toml", search={"target": SearchConfig().target, "race_seeds": SearchConfig().race_seeds}
+        )
+    )
     longer = load_space(write_space(tmp_path / "l.toml", search={"target": 2.0}))
     assert "target" not in plan_study(default, "1.5x", None).config["search"]
     assert "race_seeds" not in plan_study(default, "1.5x", None).config["search"]
@@ -198,15 +230,20 @@ def test_target_is_stored_only_when_not_the_default(tmp_path):
 @pytest.mark.slow
 def test_two_workers_race_one_study_without_training_a_run_twice(tmp_path, cli):
     # a narrow model, two validation windows: sharing the race's runs needs no size
-    space = write_space(tmp_path / "race.toml", search=RACE, model={"d_model": 16, "seq_len": 32},
-                        train={"eval_windows": 2})
+    space = write_space(
+        tmp_path / "race.toml", search=RACE, model={"d_model": 16, "seq_len": 32}, train={"eval_windows": 2}
+    )
     db = tmp_path / "w.db"
     proc = cli(*run_args(space, db, "two", "--target", "2x", "--workers", "2", "--steps", "16"))
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
     # every worker says which run it trains: each (map, steps, seed) is said once, by one worker
-    said = [run.removeprefix("map ") for line in proc.stderr.splitlines() if re.search(r"race runs?: map ", line)
-            for run in line.split(": ", 2)[-1].split(" (fused")[0].split("; ")]
+    said = [
+        run.removeprefix("map ")
+        for line in proc.stderr.splitlines()
+        if re.search(r"race runs?: map ", line)
+        for run in line.split(": ", 2)[-1].split(" (fused")[0].split("; ")
+    ]
     stored = race_rows(db)
     assert said and len(said) == len(set(said)) == len(stored)
     assert {f"{r['map_key']} at {r['steps']} steps, seed {r['seed']}" for r in stored} == set(said)
@@ -217,22 +254,43 @@ def test_two_workers_race_one_study_without_training_a_run_twice(tmp_path, cli):
 def test_fused_study_and_race_give_the_results_of_one_run_at_a_time(tmp_path, cli):
     """Fusion changes no result: the same maps (enqueued, so the sampler does not choose them), trained one at a
     time and then with --fuse 4, give the same trial and race losses (fp32 on CPU, common random numbers)."""
-    space = write_space(tmp_path / "f.toml", search={**RACE, "n_trials": 4}, model={"d_model": 16, "seq_len": 32},
-                        train={"steps": 12, "eval_windows": 2})
+    space = write_space(
+        tmp_path / "f.toml",
+        search={**RACE, "n_trials": 4},
+        model={"d_model": 16, "seq_len": 32},
+        train={"steps": 12, "eval_windows": 2},
+    )
     losses = []
     for fuse in ("1", "4"):
         db = tmp_path / f"fuse{fuse}.db"
-        proc = cli(*run_args(space, db, "fused", "--target", "2x", "--pruner", "none",
-                             "--enqueue", "2,1,1,1 1,2,1,1 2,1,2,1", "--fuse", fuse))
+        proc = cli(
+            *run_args(
+                space,
+                db,
+                "fused",
+                "--target",
+                "2x",
+                "--pruner",
+                "none",
+                "--enqueue",
+                "2,1,1,1 1,2,1,1 2,1,2,1",
+                "--fuse",
+                fuse,
+            )
+        )
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert ("(fused, " in proc.stderr) == (fuse == "4")  # the race trained groups fused, or one at a time
         summary = json.loads(proc.stdout)
         rows = {(r["map_key"], r["factor"], r["seed"]): r["val_loss"] for r in race_rows(db)}
         assert rows and all(v is not None for v in rows.values())
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-            trials = dict(conn.execute("SELECT a.value_json, b.value_json FROM trial_user_attributes a JOIN "
-                                       "trial_user_attributes b ON a.trial_id = b.trial_id WHERE a.key = 'map_key' "
-                                       "AND b.key = 'val_loss'").fetchall())
+            trials = dict(
+                conn.execute(
+                    "SELECT a.value_json, b.value_json FROM trial_user_attributes a JOIN "
+                    "trial_user_attributes b ON a.trial_id = b.trial_id WHERE a.key = 'map_key' "
+                    "AND b.key = 'val_loss'"
+                ).fetchall()
+            )
             train_points = conn.execute("SELECT count(*) FROM ilr_train_curves").fetchone()[0]
         assert train_points > 0  # fused trials keep their training-loss curves too
         losses.append((trials, rows, summary["verdict"], train_points))
@@ -244,5 +302,7 @@ def test_fused_study_and_race_give_the_results_of_one_run_at_a_time(tmp_path, cl
     assert all(abs(rows1[k] - rows4[k]) < 1e-4 for k in rows1), (rows1, rows4)
     # the same verdict; its figures (printed to 4 decimals) from losses that agree within 1e-4 may differ in the last
     assert NUMBER.sub("#", verdict1) == NUMBER.sub("#", verdict4), (verdict1, verdict4)
-    assert all(math.isclose(float(a), float(b), abs_tol=1e-3, rel_tol=1e-3)
-               for a, b in zip(NUMBER.findall(verdict1), NUMBER.findall(verdict4))), (verdict1, verdict4)
+    assert all(
+        math.isclose(float(a), float(b), abs_tol=1e-3, rel_tol=1e-3)
+        for a, b in zip(NUMBER.findall(verdict1), NUMBER.findall(verdict4), strict=True)
+    ), (verdict1, verdict4)

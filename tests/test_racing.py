@@ -10,16 +10,17 @@ import pytest
 from conftest import ROOT, assert_one_line_error, write_truth
 from scipy import stats as sps
 
-from ilr_search.commands.bench import TruthTable, replay_policy, replay_race
-from ilr_search.commands.bench.policy import race_template
 from ilr_search.analysis.racing import Evaluation, RaceJob, RaceSettings, race_lengths, race_state
 from ilr_search.analysis.stats import paired_comparison, seed_interval
+from ilr_search.commands.bench import TruthTable, replay_policy, replay_race
+from ilr_search.commands.bench.policy import race_template
 
 BASE = "1,1,1,1"
 
 
 # ----------------------------------------------------------------------------------------------------
 # Statistics
+
 
 def test_paired_comparison_matches_a_hand_computation_and_ttest_rel():
     a = {0: 1.00, 1: 1.10, 2: 0.95, 7: 3.0}  # seed 7 has no partner: left out
@@ -77,19 +78,24 @@ def test_seeds_needed_clears_the_interval_at_that_many_seeds():
 Loss = Callable[[str, int, int], float | None]
 
 
-def run_race(loss: Loss, flops: dict[str, float], settings: RaceSettings,
-             max_rounds: int = 100) -> tuple[list[list[RaceJob]], list[Evaluation], object]:
+def run_race(
+    loss: Loss, flops: dict[str, float], settings: RaceSettings, max_rounds: int = 100
+) -> tuple[list[list[RaceJob]], list[Evaluation], object]:
     """Every map's base result at the first seed, then the policy's waves answered by `loss` until done."""
-    evaluations = [Evaluation(k, f, settings.base_steps, settings.seeds[0], loss(k, settings.base_steps, settings.seeds[0]))
-                   for k, f in flops.items()]
+    evaluations = [
+        Evaluation(k, f, settings.base_steps, settings.seeds[0], loss(k, settings.base_steps, settings.seeds[0]))
+        for k, f in flops.items()
+    ]
     waves = []
     for _ in range(max_rounds):
         state = race_state(evaluations, settings, BASE)
         if state.done:
             return waves, evaluations, state
         waves.append(list(state.next_jobs))
-        evaluations += [Evaluation(j.map_key, flops[j.map_key], j.steps, j.seed, loss(j.map_key, j.steps, j.seed))
-                        for j in state.next_jobs]
+        evaluations += [
+            Evaluation(j.map_key, flops[j.map_key], j.steps, j.seed, loss(j.map_key, j.steps, j.seed))
+            for j in state.next_jobs
+        ]
     raise AssertionError("the race did not finish")
 
 
@@ -114,7 +120,9 @@ def test_a_map_dominated_at_two_seeds_is_eliminated_and_a_tied_one_kept():
 
     settings = RaceSettings(100, 400, policy="fixed", seeds=(0, 1, 2))
     waves, evaluations, state = run_race(loss, flops, settings)
-    assert "3,1,1,1" in state.eliminated and state.eliminated["3,1,1,1"].startswith(f"{BASE} better than 3,1,1,1 at 100")
+    assert "3,1,1,1" in state.eliminated and state.eliminated["3,1,1,1"].startswith(
+        f"{BASE} better than 3,1,1,1 at 100"
+    )
     assert "seeds 0,1" in state.eliminated["3,1,1,1"]  # decided at two seeds: its third seed was never trained
     assert not any(e.map_key == "3,1,1,1" and (e.seed == 2 or e.steps > 100) for e in evaluations)
     assert "2,1,1,1" in state.alive and BASE in state.alive
@@ -126,7 +134,9 @@ def test_promotion_in_order_seeds_before_length_and_lengths_in_order():
     flops = {BASE: 1.0, "2,1,1,1": 1.25, "1,2,1,1": 1.25, "1,1,2,1": 1.25}
     rng = random.Random(3)
     table = {(k, s, seed): 2.0 + rng.gauss(0, 0.05) for k in flops for s in (100, 200, 400) for seed in (0, 1, 2)}
-    waves, evaluations, state = run_race(lambda k, s, seed: table[(k, s, seed)], flops, RaceSettings(100, 400, policy="fixed"))
+    waves, evaluations, state = run_race(
+        lambda k, s, seed: table[(k, s, seed)], flops, RaceSettings(100, 400, policy="fixed")
+    )
     order = [(j.steps, j.seed) for wave in waves for j in wave]
     assert order == sorted(order)  # lengths in order, and within a length seeds in order
     for wave in waves:
@@ -198,7 +208,9 @@ def test_nothing_distinguishable_gives_the_seeds_that_would_decide():
     waves, evaluations, state = hand_race(gap=-0.01, spread=0.05)
     assert state.done and state.confirmed_better == () and "2,2,1,1" in state.alive
     assert state.verdict.startswith("nothing here is distinguishable from the baseline at 400 steps with 3 seeds")
-    target = {k: {e.seed: e.val_loss for e in evaluations if e.map_key == k and e.steps == 400} for k in (BASE, "2,2,1,1")}
+    target = {
+        k: {e.seed: e.val_loss for e in evaluations if e.map_key == k and e.steps == 400} for k in (BASE, "2,2,1,1")
+    }
     need = paired_comparison(target["2,2,1,1"], target[BASE], 0.9).seeds_needed()
     assert need is not None and f"{need} seeds at 400 steps" in state.verdict
     assert not any(p.confirmed for p in state.front if p.map_key != BASE)
@@ -215,8 +227,14 @@ def test_one_seed_claims_nothing():
 # ----------------------------------------------------------------------------------------------------
 # The replay over a truth table
 
-GAPS = {BASE: (0.0, 0.002), "2,1,1,1": (-0.3, 0.01), "1,2,1,1": (0.2, 0.01), "1,1,2,1": (0.25, 0.02),
-        "2,2,1,1": (0.3, 0.01), "1,1,1,2": (0.02, 0.05)}
+GAPS = {
+    BASE: (0.0, 0.002),
+    "2,1,1,1": (-0.3, 0.01),
+    "1,2,1,1": (0.2, 0.01),
+    "1,1,2,1": (0.25, 0.02),
+    "2,2,1,1": (0.3, 0.01),
+    "1,1,1,2": (0.02, 0.05),
+}
 
 
 def test_race_replay_over_a_hand_made_truth_table(tmp_path):
@@ -228,7 +246,9 @@ def test_race_replay_over_a_hand_made_truth_table(tmp_path):
     assert report["table_better_than_baseline"] == ["2,1,1,1"] and report["table_decided_better"] == ["2,1,1,1"]
     assert report["decided_claimed_share"] == 1.0
     assert report["maps_claimed"] == 4 and report["false_claims"] == 0  # the one real win, in every order
-    assert all(r["claimed"] == ["2,1,1,1"] and r["best"] == "2,1,1,1" and r["regret_sd"] == 0 for r in report["replays"])
+    assert all(
+        r["claimed"] == ["2,1,1,1"] and r["best"] == "2,1,1,1" and r["regret_sd"] == 0 for r in report["replays"]
+    )
     assert 0 < report["mean_compute_steps"] < report["exhaustive_steps"]
     assert report["intervals"] > 0 and report["interval_coverage"] is not None
     assert len({tuple(r["seeds"]) for r in report["replays"]}) > 1  # the orders draw different seeds
@@ -246,9 +266,16 @@ def test_race_replay_stops_at_a_job_the_table_cannot_answer(tmp_path):
     assert 0 < replay.compute_steps < sum(steps for (_, steps, _) in table.losses)
 
 
-@pytest.mark.parametrize("args", [["--policy", "fast"], ["--policy", "race", "--orders", "0"],
-                                  ["--policy", "race", "--confidence", "1.5"], ["--policy", "race", "--race-seeds", "3"],
-                                  ["--policy", "race", "--max-contenders", "0"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--policy", "fast"],
+        ["--policy", "race", "--orders", "0"],
+        ["--policy", "race", "--confidence", "1.5"],
+        ["--policy", "race", "--race-seeds", "3"],
+        ["--policy", "race", "--max-contenders", "0"],
+    ],
+)
 def test_replay_policy_bad_input_is_one_error_line(cli, tmp_path, args):
     path = tmp_path / "truth.parquet"
     write_truth(path, GAPS, seeds=2)
@@ -271,8 +298,15 @@ def test_replay_policy_cli_json(cli, tmp_path):
 def test_the_committed_truth_table_meets_the_issue_goals(cli):
     """The race over benchmarks/data/truth-truth-small.parquet in 10 orders: at most 10% of its claims false in
     the table's seed mean, and the reported best within one seed sd of the table's best in every order."""
-    proc = cli("bench", "replay", "--table", str(ROOT / "benchmarks" / "data" / "truth-truth-small.parquet"),
-               "--policy", "race", "--json")
+    proc = cli(
+        "bench",
+        "replay",
+        "--table",
+        str(ROOT / "benchmarks" / "data" / "truth-truth-small.parquet"),
+        "--policy",
+        "race",
+        "--json",
+    )
     report = json.loads(proc.stdout)
     assert proc.returncode == 0 and report["orders"] == 10 and report["maps"] >= 12
     assert report["false_claim_share"] <= 0.1

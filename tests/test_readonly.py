@@ -15,7 +15,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import assert_one_line_error
 
 pytestmark = pytest.mark.slow
@@ -76,11 +75,14 @@ def inspect_all(cli, url: str, out: Path) -> dict[str, object]:
     without --study (the storage's only study)."""
     out.mkdir()
     results: dict[str, object] = {}
-    for name, args in {"studies": ["studies"], "trials": ["trials", "--study", "raced"], "trials-default": ["trials"],
-                       "pareto": ["pareto", "--study", "raced", "--out", str(out / "front.csv")],
-                       "export": ["export", "--study", "raced", "--out", str(out / "trials.csv"),
-                                  "--curves", str(out / "curves.csv")],
-                       "recipe": ["recipe", "--study", "raced"]}.items():
+    for name, args in {
+        "studies": ["studies"],
+        "trials": ["trials", "--study", "raced"],
+        "trials-default": ["trials"],
+        "pareto": ["pareto", "--study", "raced", "--out", str(out / "front.csv")],
+        "export": ["export", "--study", "raced", "--out", str(out / "trials.csv"), "--curves", str(out / "curves.csv")],
+        "recipe": ["recipe", "--study", "raced"],
+    }.items():
         proc = cli(*args, "--storage", url, "--json")
         assert proc.returncode == 0, (name, proc.stderr)
         report = json.loads(proc.stdout)
@@ -124,7 +126,9 @@ def test_a_wal_database_in_a_read_only_folder_is_read_immutable(raced, cli, immu
     assert conn.execute("PRAGMA journal_mode=WAL").fetchone() == ("wal",)
     conn.close()  # the last connection: the -wal and -shm files go
     assert sorted(os.listdir(folder)) == ["w.db"]
-    expected = json.loads(cli("trials", "--study", "raced", "--storage", f"sqlite:///{db}", "--json", check=True).stdout)
+    expected = json.loads(
+        cli("trials", "--study", "raced", "--storage", f"sqlite:///{db}", "--json", check=True).stdout
+    )
     before = digest(wal)
     immutable(wal, folder)
 
@@ -138,16 +142,39 @@ def test_run_refuses_a_read_only_database(raced, cli, immutable, tmp_path):
     space, db = raced
     before = digest(db)
     immutable(db)
-    proc = cli("run", "--space", str(space), "--budget", "1.5x", "--study", "raced", "--storage",
-               f"sqlite:///{db}", "--n-trials", "4")
+    proc = cli(
+        "run",
+        "--space",
+        str(space),
+        "--budget",
+        "1.5x",
+        "--study",
+        "raced",
+        "--storage",
+        f"sqlite:///{db}",
+        "--n-trials",
+        "4",
+    )
     assert_one_line_error(proc)
     assert "not writable" in proc.stderr
     assert digest(db) == before
 
 
 def run_tiny(cli, space: Path, cwd: Path, *storage: str, env: dict | None = None):
-    return cli("run", "--space", str(space), "--budget", "1.5x", "--study", "new", "--n-trials", "1",
-               *storage, cwd=cwd, env=env)
+    return cli(
+        "run",
+        "--space",
+        str(space),
+        "--budget",
+        "1.5x",
+        "--study",
+        "new",
+        "--n-trials",
+        "1",
+        *storage,
+        cwd=cwd,
+        env=env,
+    )
 
 
 def test_run_in_a_read_only_working_folder_is_one_error_line(raced, cli, immutable, tmp_path):
@@ -174,8 +201,9 @@ def test_run_with_a_read_only_token_cache_is_one_error_line(raced, cli, immutabl
     cache.mkdir()
     immutable(cache)
     for root in (cache, cache / "below"):  # the cache folder itself, or one to be made in it
-        proc = run_tiny(cli, space, tmp_path, "--storage", f"sqlite:///{tmp_path / 'n.db'}",
-                        env={"ILR_SEARCH_CACHE": str(root)})
+        proc = run_tiny(
+            cli, space, tmp_path, "--storage", f"sqlite:///{tmp_path / 'n.db'}", env={"ILR_SEARCH_CACHE": str(root)}
+        )
         assert_one_line_error(proc)
         assert "token cache" in proc.stderr and "ILR_SEARCH_CACHE" in proc.stderr
         assert not (tmp_path / "n.db").exists() and os.listdir(cache) == []

@@ -7,7 +7,6 @@ import sys
 import optuna
 import pytest
 import torch
-
 from conftest import NO_REFERENCES, assert_one_line_error, write_space
 
 if sys.version_info >= (3, 11):
@@ -25,7 +24,9 @@ def small_study(tmp_path_factory, token_cache):
     root = tmp_path_factory.mktemp("recipe")
     space = load_space(write_space(root / "space.toml", search=NO_REFERENCES))
     url = f"sqlite:///{root / 'r.db'}"
-    summary = run_study(RunRequest(space, "2x", "rec", url, n_trials=4, pruner="none", checkpoint_dir=root / "ck")).to_json()
+    summary = run_study(
+        RunRequest(space, "2x", "rec", url, n_trials=4, pruner="none", checkpoint_dir=root / "ck")
+    ).to_json()
     return root, url, summary
 
 
@@ -40,21 +41,27 @@ def test_recipe_names_the_best_front_map_and_the_study_settings(small_study, cli
     stored = study.user_attrs["ilr:config"]
     assert recipe["reuse_map"] == best["reuse_map"]
     assert recipe["schedule"] == [i for i, r in enumerate(best["reuse_map"]) for _ in range(r)]
-    assert recipe["model"]["n_layers"] == stored["model"]["n_layers"] and recipe["model"]["d_model"] == stored["model"]["d_model"]
+    assert (
+        recipe["model"]["n_layers"] == stored["model"]["n_layers"]
+        and recipe["model"]["d_model"] == stored["model"]["d_model"]
+    )
     assert recipe["data"] == stored["data"]
-    assert {k: recipe["train"][k] for k in ("steps", "lr", "batch_size", "seed")} == \
-        {k: stored["train"][k] for k in ("steps", "lr", "batch_size", "seed")}
+    assert {k: recipe["train"][k] for k in ("steps", "lr", "batch_size", "seed")} == {
+        k: stored["train"][k] for k in ("steps", "lr", "batch_size", "seed")
+    }
     assert recipe["measured"]["proxy"]["val_ppl"] == pytest.approx(best["val_ppl"])
     assert recipe["flops_ratio"] == pytest.approx(best["flops_ratio"])
 
-    as_json = json.loads(cli("recipe", "--study", "rec", "--storage", url, "--map", recipe["map"], "--json",
-                             check=True).stdout)
+    as_json = json.loads(
+        cli("recipe", "--study", "rec", "--storage", url, "--map", recipe["map"], "--json", check=True).stdout
+    )
     assert as_json["reuse_map"] == recipe["reuse_map"] and as_json["measured"]["prediction"] is None
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("args", [["--study", "nope"], ["--map", "9,9"], ["--map", "x"], ["--map", "block7"],
-                                  ["--out", "r.yaml"]])
+@pytest.mark.parametrize(
+    "args", [["--study", "nope"], ["--map", "9,9"], ["--map", "x"], ["--map", "block7"], ["--out", "r.yaml"]]
+)
 def test_recipe_bad_input_is_one_error_line(small_study, cli, tmp_path, args):
     _, url, _ = small_study
     if "--study" not in args:
@@ -67,8 +74,11 @@ def test_recipe_bad_input_is_one_error_line(small_study, cli, tmp_path, args):
 @pytest.mark.slow
 def test_a_map_the_study_did_not_train_has_no_recipe(small_study, cli):
     _, url, _ = small_study
-    trained = {",".join(map(str, t.user_attrs["reuse_map"]))
-               for t in optuna.load_study(study_name="rec", storage=url).trials if t.user_attrs.get("reuse_map")}
+    trained = {
+        ",".join(map(str, t.user_attrs["reuse_map"]))
+        for t in optuna.load_study(study_name="rec", storage=url).trials
+        if t.user_attrs.get("reuse_map")
+    }
     untrained = next(m for m in ("1,1,1,2", "1,1,2,1", "1,2,1,1", "2,1,1,1", "1,1,1,3") if m not in trained)
     assert_one_line_error(cli("recipe", "--study", "rec", "--storage", url, "--map", untrained))
 
@@ -76,15 +86,28 @@ def test_a_map_the_study_did_not_train_has_no_recipe(small_study, cli):
 @pytest.mark.slow
 def test_train_from_study_saves_a_model_that_loads_back_to_the_same_loss(small_study, cli, tmp_path):
     from ilr_search.commands.api import load_trained
-    from ilr_search.data.tokens import load_space_tokens
     from ilr_search.commands.recipe import read_trained_config
     from ilr_search.config import SpaceConfig
+    from ilr_search.data.tokens import load_space_tokens
     from ilr_search.training.train import evaluate
 
     _, url, _ = small_study
     recipe = json.loads(cli("recipe", "--study", "rec", "--storage", url, "--json", check=True).stdout)
-    proc = cli("train", "--from-study", "rec", "--storage", url, "--map", recipe["map"], "--steps", "12",
-               "--save", str(tmp_path / "model"), "--json", check=True)
+    proc = cli(
+        "train",
+        "--from-study",
+        "rec",
+        "--storage",
+        url,
+        "--map",
+        recipe["map"],
+        "--steps",
+        "12",
+        "--save",
+        str(tmp_path / "model"),
+        "--json",
+        check=True,
+    )
     report = json.loads(proc.stdout)
     assert report["reuse_map"] == recipe["reuse_map"] and report["steps"] == 12
     assert (tmp_path / "model" / "model.safetensors").exists()
@@ -113,8 +136,23 @@ def test_a_map_with_knobs_trains_saves_and_loads_with_its_knob_parameters(small_
     from ilr_search.commands.api import load_trained
 
     _, url, _ = small_study
-    report = json.loads(cli("train", "--from-study", "rec", "--storage", url, "--map", "2,1,1,1|injection=gated",
-                            "--steps", "4", "--save", str(tmp_path / "m"), "--json", check=True).stdout)
+    report = json.loads(
+        cli(
+            "train",
+            "--from-study",
+            "rec",
+            "--storage",
+            url,
+            "--map",
+            "2,1,1,1|injection=gated",
+            "--steps",
+            "4",
+            "--save",
+            str(tmp_path / "m"),
+            "--json",
+            check=True,
+        ).stdout
+    )
     assert report["knobs"] == "injection=gated" and report["map"] == "2,1,1,1|injection=gated"
     model, schedule = load_trained(tmp_path / "m")
     assert model.cfg.injection == "gated" and model.injection_gates is not None and schedule == [0, 0, 1, 2, 3]

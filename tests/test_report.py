@@ -7,9 +7,9 @@ import sys
 import optuna
 import pandas as pd
 import pytest
-
 from conftest import NO_REFERENCES, ROOT, assert_one_line_error, run_cli, write_space
 from helpers import HANG_SECONDS, imported_by, run_args
+
 from ilr_search.analysis.results import study_front
 
 SPACE = str(ROOT / "tests" / "spaces" / "tiny.toml")
@@ -21,16 +21,29 @@ def pruned_study(tmp_path_factory, token_cache):
     default is tested in test_fidelity.py), plus one failed (diverged) trial."""
     root = tmp_path_factory.mktemp("report")
     db = root / "r.db"
-    proc = run_cli(run_args(SPACE, db, "rep", "--sampler", "random", "--pruner", "pareto-eager", budget="2x",
-                            n_trials=10), root, {"ILR_SEARCH_CACHE": str(token_cache)})
+    proc = run_cli(
+        run_args(SPACE, db, "rep", "--sampler", "random", "--pruner", "pareto-eager", budget="2x", n_trials=10),
+        root,
+        {"ILR_SEARCH_CACHE": str(token_cache)},
+    )
     assert proc.returncode == 0, proc.stderr
     study = optuna.load_study(study_name="rep", storage=f"sqlite:///{db}")
     dist = optuna.distributions.IntDistribution(1, 3)
-    study.add_trial(optuna.trial.create_trial(
-        state=optuna.trial.TrialState.FAIL, params={f"r{i}": 3 for i in range(4)},
-        distributions={f"r{i}": dist for i in range(4)},
-        user_attrs={"reuse_map": [3, 3, 1, 1], "map_key": "3,3,1,1", "flops_ratio": 1.9, "status": "diverged",
-                    "reason": "training loss became nan at step 3", "steps": 3}))
+    study.add_trial(
+        optuna.trial.create_trial(
+            state=optuna.trial.TrialState.FAIL,
+            params={f"r{i}": 3 for i in range(4)},
+            distributions={f"r{i}": dist for i in range(4)},
+            user_attrs={
+                "reuse_map": [3, 3, 1, 1],
+                "map_key": "3,3,1,1",
+                "flops_ratio": 1.9,
+                "status": "diverged",
+                "reason": "training loss became nan at step 3",
+                "steps": 3,
+            },
+        )
+    )
     return root, db, json.loads(proc.stdout)
 
 
@@ -52,9 +65,27 @@ def test_pruning_trains_fewer_steps_than_the_same_study_without(pruned_study, cl
     _, _, pruned = pruned_study
     # the same study without pruning; its reference runs (not counted in steps_trained) are left out
     space = str(write_space(tmp_path / "plain.toml", search=NO_REFERENCES))
-    plain = json.loads(cli("run", "--space", space, "--budget", "2x", "--study", "rep", "--storage",
-                           f"sqlite:///{tmp_path / 'plain.db'}", "--n-trials", "10", "--sampler", "random",
-                           "--pruner", "none", "--json", check=True).stdout)
+    plain = json.loads(
+        cli(
+            "run",
+            "--space",
+            space,
+            "--budget",
+            "2x",
+            "--study",
+            "rep",
+            "--storage",
+            f"sqlite:///{tmp_path / 'plain.db'}",
+            "--n-trials",
+            "10",
+            "--sampler",
+            "random",
+            "--pruner",
+            "none",
+            "--json",
+            check=True,
+        ).stdout
+    )
     assert plain["n_pruned"] == 0 and plain["steps_saved_by_pruning"] == 0
     assert pruned["steps_trained"] < plain["steps_trained"]
 
@@ -63,10 +94,15 @@ def test_pruning_trains_fewer_steps_than_the_same_study_without(pruned_study, cl
 def test_stored_front_equals_brute_force_on_the_real_study(pruned_study, cli):
     _, db, _ = pruned_study
     study = optuna.load_study(study_name="rep", storage=f"sqlite:///{db}")
-    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE and "reused_from" not in t.user_attrs]
+    complete = [
+        t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE and "reused_from" not in t.user_attrs
+    ]
     points = [(t.user_attrs["val_ppl"], t.user_attrs["flops_ratio"]) for t in complete]
-    brute = {complete[i].number for i, p in enumerate(points)
-             if not any(q[0] <= p[0] and q[1] <= p[1] and q != p for q in points)}
+    brute = {
+        complete[i].number
+        for i, p in enumerate(points)
+        if not any(q[0] <= p[0] and q[1] <= p[1] and q != p for q in points)
+    }
     assert {p.trial for p in study_front(study.trials)} == brute
     with sqlite3.connect(db) as conn:
         last = conn.execute("SELECT MAX(n_complete) FROM ilr_fronts").fetchone()[0]
@@ -104,12 +140,17 @@ def test_export_round_trips_through_pandas(pruned_study, cli, tmp_path, suffix):
     frame = pd.read_csv(out) if suffix == "csv" else pd.read_parquet(out)
     study = optuna.load_study(study_name="rep", storage=f"sqlite:///{db}")
     references = frame[frame["state"] == "REFERENCE"]
-    assert sorted(references["reference"]) == sorted(k.removeprefix("ilr:reference:") for k in study.user_attrs
-                                                      if k.startswith("ilr:reference:")) != []
+    assert (
+        sorted(references["reference"])
+        == sorted(k.removeprefix("ilr:reference:") for k in study.user_attrs if k.startswith("ilr:reference:"))
+        != []
+    )
     frame = frame[frame["state"] != "REFERENCE"]
     assert len(frame) == len(study.trials)
     assert set(frame["state"]) >= {"COMPLETE", "PRUNED", "FAIL"}
-    assert {"reuse_map", "flops_ratio", "val_ppl", "steps", "pruned_at_step", "duration_seconds", "param_r0"} <= set(frame.columns)
+    assert {"reuse_map", "flops_ratio", "val_ppl", "steps", "pruned_at_step", "duration_seconds", "param_r0"} <= set(
+        frame.columns
+    )
     first = frame.iloc[0]
     assert first["reuse_map"] == "1,1,1,1" and first["val_ppl"] == pytest.approx(study.trials[0].user_attrs["val_ppl"])
 
@@ -119,13 +160,26 @@ def test_export_round_trips_through_pandas(pruned_study, cli, tmp_path, suffix):
 def test_export_curves_is_a_long_table_of_validation_and_training_loss(pruned_study, cli, tmp_path, suffix):
     _, db, _ = pruned_study
     out = tmp_path / f"curves.{suffix}"
-    cli("export", "--study", "rep", "--storage", f"sqlite:///{db}", "--out", str(tmp_path / "t.csv"),
-        "--curves", str(out), check=True)
+    cli(
+        "export",
+        "--study",
+        "rep",
+        "--storage",
+        f"sqlite:///{db}",
+        "--out",
+        str(tmp_path / "t.csv"),
+        "--curves",
+        str(out),
+        check=True,
+    )
     curves = pd.read_csv(out) if suffix == "csv" else pd.read_parquet(out)
     assert list(curves.columns) == ["trial", "reference", "map", "kind", "step", "tokens", "loss", "seed", "run_steps"]
     study = optuna.load_study(study_name="rep", storage=f"sqlite:///{db}")
-    trained = [t for t in study.trials if t.user_attrs.get("steps") and "reused_from" not in t.user_attrs
-               and t.state != optuna.trial.TrialState.FAIL]  # (the fixture's added FAIL trial has no curve)
+    trained = [
+        t
+        for t in study.trials
+        if t.user_attrs.get("steps") and "reused_from" not in t.user_attrs and t.state != optuna.trial.TrialState.FAIL
+    ]  # (the fixture's added FAIL trial has no curve)
     assert trained
     for t in trained:
         mine = curves[curves["trial"] == t.number]
@@ -135,7 +189,7 @@ def test_export_curves_is_a_long_table_of_validation_and_training_loss(pruned_st
         assert train["step"].max() == t.user_attrs["steps"]  # the last window ends where training stopped
         assert (train["tokens"] == train["step"] * 8 * 64).all() and (val["tokens"] == val["step"] * 8 * 64).all()
         # the validation points are Optuna's intermediate values too (optuna-dashboard plots them)
-        assert dict(zip(val["step"], val["loss"])) == pytest.approx(t.intermediate_values)
+        assert dict(zip(val["step"], val["loss"], strict=True)) == pytest.approx(t.intermediate_values)
     refs = curves[curves["trial"].isna()]
     assert set(refs["kind"]) == {"val"} and set(refs["reference"]) >= {"baseline_seed1"}
 
@@ -170,9 +224,19 @@ def test_optuna_still_opens_the_database(pruned_study):
     root, db, _ = pruned_study
     study = optuna.load_study(study_name="rep", storage=f"sqlite:///{db}")
     assert len(study.trials) >= 11
-    proc = subprocess.run([sys.executable, "-c", "import sys; from optuna.cli import main; sys.exit(main())",
-                           "studies", "--storage", f"sqlite:///{db}"],
-                          capture_output=True, text=True, timeout=HANG_SECONDS)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from optuna.cli import main; sys.exit(main())",
+            "studies",
+            "--storage",
+            f"sqlite:///{db}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=HANG_SECONDS,
+    )
     assert proc.returncode == 0 and "rep" in proc.stdout, proc.stderr
 
 

@@ -4,7 +4,13 @@ baseline, its depth of compute and its execution schedule, and it refuses what a
 import pytest
 
 from ilr_search.errors import UserInputError
-from ilr_search.training.schedule import ReuseMap, format_reuse_map, parse_reuse_map, resolve_schedule, reuse_map_schedule
+from ilr_search.training.schedule import (
+    ReuseMap,
+    format_reuse_map,
+    parse_reuse_map,
+    resolve_schedule,
+    reuse_map_schedule,
+)
 
 
 def test_parse_format_and_key_round_trip():
@@ -23,11 +29,14 @@ def test_baseline_depth_and_schedule():
     assert resolve_schedule(3, "2,1,3") == ([2, 1, 3], [0, 0, 1, 2, 2, 2], None)
 
 
-@pytest.mark.parametrize("text, layers, message", [
-    ("2,1", 3, "has 2 entries but the model has 3 layers"),
-    ("2,0,1", 3, "count below 1"),
-    ("2,x,1", 3, "must be comma-separated integers"),
-])
+@pytest.mark.parametrize(
+    "text, layers, message",
+    [
+        ("2,1", 3, "has 2 entries but the model has 3 layers"),
+        ("2,0,1", 3, "count below 1"),
+        ("2,x,1", 3, "must be comma-separated integers"),
+    ],
+)
 def test_a_map_the_model_cannot_run_is_refused(text, layers, message):
     with pytest.raises(UserInputError, match=message):
         ReuseMap.parse(text, layers)

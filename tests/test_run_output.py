@@ -3,8 +3,8 @@ measured trial times, and its report ending with the phase table and the answer.
 
 import optuna
 import pytest
-
 from conftest import write_space
+
 from ilr_search.analysis.results import has_result, study_front
 from ilr_search.cli.ui import StudyEta
 
@@ -13,8 +13,24 @@ from ilr_search.cli.ui import StudyEta
 def test_the_front_is_printed_only_when_it_changed_and_references_have_their_own_label(tmp_path, cli):
     space = write_space(tmp_path / "space.toml", search={"noise_seeds": 1, "families": ["ilr"]})
     db = tmp_path / "out.db"
-    proc = cli("run", "--space", str(space), "--budget", "2x", "--steps", "8", "--n-trials", "6", "--study", "o",
-               "--storage", f"sqlite:///{db}", "--sampler", "random", check=True)
+    proc = cli(
+        "run",
+        "--space",
+        str(space),
+        "--budget",
+        "2x",
+        "--steps",
+        "8",
+        "--n-trials",
+        "6",
+        "--study",
+        "o",
+        "--storage",
+        f"sqlite:///{db}",
+        "--sampler",
+        "random",
+        check=True,
+    )
     study = optuna.load_study(study_name="o", storage=f"sqlite:///{db}")
     trials = study.trials
     n_references = sum(k.startswith("ilr:reference:") for k in study.user_attrs)

@@ -11,8 +11,13 @@ from scipy.stats import nct
 from scipy.stats import t as student
 
 from ilr_search.analysis.adaptive_race import holm_claims, holm_weights
-from ilr_search.analysis.sequential import (SequentialTest, detectable_gap, obrien_fleming_spent, spending_boundaries,
-                                            t_statistic)
+from ilr_search.analysis.sequential import (
+    SequentialTest,
+    detectable_gap,
+    obrien_fleming_spent,
+    spending_boundaries,
+    t_statistic,
+)
 
 ALPHA, FIRST, MAX_N = 0.05, 2, 11  # the default race's design: seeds 1..11 of a 12-seed pool, first look at 2
 SIMULATIONS = 1000
@@ -38,7 +43,7 @@ def test_obrien_fleming_spending_spends_alpha_by_the_last_seed_and_little_early(
 def test_boundaries_are_deterministic_and_stricter_than_the_fixed_test():
     bounds = spending_boundaries(ALPHA, FIRST, MAX_N)
     assert bounds == spending_boundaries(ALPHA, FIRST, MAX_N) and len(bounds) == MAX_N - FIRST + 1
-    for n, c in zip(range(FIRST, MAX_N + 1), bounds):
+    for n, c in zip(range(FIRST, MAX_N + 1), bounds, strict=True):
         assert c > student.ppf(1 - ALPHA, n - 1)  # every look is stricter than a fixed test at that n
     assert bounds[-1] < bounds[len(bounds) // 2]  # and the boundary falls as seeds accrue
 
@@ -57,8 +62,9 @@ def test_one_sequential_comparison_is_at_its_level_on_null_data_and_repeated_t_t
     paths = null_paths(SIMULATIONS)
     test = SequentialTest(ALPHA, FIRST, MAX_N)
     claims = sum(test.crossed_at(p) is not None for p in paths)
-    naive = sum(any(t_statistic(p[:n]) >= student.ppf(1 - ALPHA, n - 1) for n in range(FIRST, MAX_N + 1))
-                for p in paths)
+    naive = sum(
+        any(t_statistic(p[:n]) >= student.ppf(1 - ALPHA, n - 1) for n in range(FIRST, MAX_N + 1)) for p in paths
+    )
     assert claims <= binomial_ceiling(SIMULATIONS, ALPHA)
     assert naive > binomial_ceiling(SIMULATIONS, 2 * ALPHA)  # the failure the sequential test exists for
 

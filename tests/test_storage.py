@@ -3,14 +3,14 @@
 import optuna
 import pytest
 import sqlalchemy as sa
-
 from conftest import NO_REFERENCES, TINY_SPACE
+
 from ilr_search.commands.audit import AuditSettings, run_audit
 from ilr_search.commands.report import export_trials, pareto_report
+from ilr_search.search import RunRequest, run_study
 from ilr_search.space import load_space
 from ilr_search.storage import JournalStore, SQLStore, open_storage, open_store, parse_storage
 from ilr_search.storage.optuna_storage import rdb_engine
-from ilr_search.search import RunRequest, run_study
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -61,7 +61,9 @@ def test_run_audit_and_reports_open_no_engine_beside_optunas(tmp_path, token_cac
     monkeypatch.setattr(SQLStore, "__init__", recording_store_init)
     url = f"sqlite:///{tmp_path / 'w.db'}"
     space = load_space(TINY_SPACE, {"search": NO_REFERENCES, "train": {"steps": 8}})
-    run_study(RunRequest(space, "2x", "w", url, n_trials=2, sampler="random", pruner="none", checkpoint_dir=tmp_path / "ck"))
+    run_study(
+        RunRequest(space, "2x", "w", url, n_trials=2, sampler="random", pruner="none", checkpoint_dir=tmp_path / "ck")
+    )
     run_audit("w", url, AuditSettings(factor=1.0, maps="top:1"), checkpoint_dir=tmp_path / "ck")
     pareto_report("w", url)
     export_trials("w", url, tmp_path / "t.csv")
@@ -80,9 +82,12 @@ def test_pruning_records_and_fronts_read_back_as_records_on_both_stores(url, tmp
     optuna.create_study(study_name="s", storage=open_storage(spec))
     store = open_store(spec, "s")
     store.record_pruning(4, 12, 2.5, 1.25, [0, 2], "dominated at step 12")
-    front = [{"trial": 0, "reuse_map": [1, 1], "flops_ratio": 1.0, "val_ppl": 20.0, "val_bpb": 4.0, "params": 10},
-             {"trial": 3, "reuse_map": [2, 1], "flops_ratio": 1.4, "val_ppl": 19.0, "val_bpb": 3.9, "params": 10}]
+    front = [
+        {"trial": 0, "reuse_map": [1, 1], "flops_ratio": 1.0, "val_ppl": 20.0, "val_bpb": 4.0, "params": 10},
+        {"trial": 3, "reuse_map": [2, 1], "flops_ratio": 1.4, "val_ppl": 19.0, "val_bpb": 3.9, "params": 10},
+    ]
     store.save_front(5, front)
     assert store.pruning_records() == {4: PruningRecord(12, 2.5, 1.25, (0, 2), "dominated at step 12")}
-    assert store.front_history() == {5: [StoredFrontPoint(0, (1, 1), 1.0, 20.0, 4.0, 10),
-                                         StoredFrontPoint(3, (2, 1), 1.4, 19.0, 3.9, 10)]}
+    assert store.front_history() == {
+        5: [StoredFrontPoint(0, (1, 1), 1.0, 20.0, 4.0, 10), StoredFrontPoint(3, (2, 1), 1.4, 19.0, 3.9, 10)]
+    }

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import optuna
 import pytest
-
 from conftest import ROOT, assert_one_line_error, run_cli
 from helpers import HANG_SECONDS, digest, run_args, wait_until
-from ilr_search.training.flops import parse_budget
+
 from ilr_search.config import ModelConfig
 from ilr_search.search.maps import repair_to_budget, seed_maps
+from ilr_search.training.flops import parse_budget
 
 # tests/spaces/cli.toml: the default space's settings at test size, without reference runs
 CLI_SPACE = ROOT / "tests" / "spaces" / "cli.toml"
@@ -40,14 +40,45 @@ def tiny_study(tmp_path_factory, token_cache):
 def test_run_end_to_end_and_resume_to_more_trials(tiny_study, cli):
     root, db, summary = tiny_study
     assert summary["n_complete"] + summary["n_pruned"] == 6 and summary["n_failed"] == 0
-    assert set(summary) >= {"study", "storage", "n_trials", "n_complete", "n_pruned", "n_failed", "steps_trained",
-                            "steps_saved_by_pruning", "pareto"}
-    assert summary["pareto"] and all(set(p) == {"trial", "reuse_map", "flops_ratio", "val_ppl", "val_bpb", "steps",
-                                                "seeds", "interval", "confirmed", "reference"} for p in summary["pareto"])
+    assert set(summary) >= {
+        "study",
+        "storage",
+        "n_trials",
+        "n_complete",
+        "n_pruned",
+        "n_failed",
+        "steps_trained",
+        "steps_saved_by_pruning",
+        "pareto",
+    }
+    assert summary["pareto"] and all(
+        set(p)
+        == {
+            "trial",
+            "reuse_map",
+            "flops_ratio",
+            "val_ppl",
+            "val_bpb",
+            "steps",
+            "seeds",
+            "interval",
+            "confirmed",
+            "reference",
+        }
+        for p in summary["pareto"]
+    )
     listed = json.loads(cli("trials", "--study", "tiny", "--storage", f"sqlite:///{db}", "--json", check=True).stdout)
     assert len(listed["trials"]) == 6
-    assert set(listed["trials"][0]) >= {"trial", "state", "reuse_map", "flops_ratio", "val_ppl", "val_bpb", "steps",
-                                        "pruned_at_step"}
+    assert set(listed["trials"][0]) >= {
+        "trial",
+        "state",
+        "reuse_map",
+        "flops_ratio",
+        "val_ppl",
+        "val_bpb",
+        "steps",
+        "pruned_at_step",
+    }
     # the all-ones baseline and front-loaded maps come first
     assert listed["trials"][0]["reuse_map"] == [1, 1, 1, 1] and listed["trials"][1]["reuse_map"] == [2, 1, 1, 1]
     studies = json.loads(cli("studies", "--storage", f"sqlite:///{db}", "--json", check=True).stdout)["studies"]
@@ -71,6 +102,7 @@ def test_each_fact_is_stored_once_and_a_trial_commits_in_few_transactions(tiny_s
     _, db, _ = tiny_study
     from ilr_search.analysis.results import curves_by_trial
     from ilr_search.storage import open_store, parse_storage
+
     trials = load(db, "tiny").trials
     curves = curves_by_trial(open_store(parse_storage(f"sqlite:///{db}"), "tiny", read_only=True).curve_points())
     assert not any("curve" in t.user_attrs for t in trials)
@@ -84,6 +116,7 @@ def test_a_trial_writes_its_attributes_in_two_transactions(tmp_path, token_cache
     """The proposal's attributes and the result's are one transaction each (an fsync each on SQLite), not one
     per attribute (14 per trial before)."""
     import sqlalchemy as sa
+
     from ilr_search.search import RunRequest, run_study
     from ilr_search.space import load_space
 
@@ -100,9 +133,10 @@ def test_a_trial_writes_its_attributes_in_two_transactions(tmp_path, token_cache
         if count:
             per_transaction.append(count)
 
-    space = load_space(ROOT / "tests" / "spaces" / "tiny.toml", {"search": {"noise_seeds": 0, "families": ["ilr"],
-                                                                            "enqueue_paper_maps": False},
-                                                                 "train": {"steps": 8}})
+    space = load_space(
+        ROOT / "tests" / "spaces" / "tiny.toml",
+        {"search": {"noise_seeds": 0, "families": ["ilr"], "enqueue_paper_maps": False}, "train": {"steps": 8}},
+    )
     sa.event.listen(sa.engine.Engine, "before_cursor_execute", on_execute)
     sa.event.listen(sa.engine.Engine, "commit", on_commit)
     try:
@@ -124,10 +158,12 @@ def test_no_completed_trial_is_over_budget(tiny_study):
     with sqlite3.connect(db) as conn:
         rows = conn.execute(
             "SELECT t.number, a.value_json FROM trials t JOIN trial_user_attributes a ON a.trial_id = t.trial_id "
-            "WHERE a.key = 'reuse_map' AND t.state = 'COMPLETE'").fetchall()
+            "WHERE a.key = 'reuse_map' AND t.state = 'COMPLETE'"
+        ).fetchall()
     assert len(rows) >= 6
     from ilr_search.training.flops import flops_ratio
     from ilr_search.training.schedule import reuse_map_schedule
+
     for number, value in rows:
         assert budget.allows(flops_ratio(cfg, reuse_map_schedule(json.loads(value)))), (number, value)
 
@@ -138,7 +174,7 @@ def test_repair_keeps_maps_within_budget_and_their_shape():
     assert repair_to_budget([4, 1, 3, 2], 6) == [2, 1, 2, 1]
     for m in ([4, 4, 4, 4], [1, 4, 1, 4], [3, 3, 1, 1]):
         repaired = repair_to_budget(m, 6)
-        assert sum(repaired) == 6 and all(1 <= r <= x for r, x in zip(repaired, m))
+        assert sum(repaired) == 6 and all(1 <= r <= x for r, x in zip(repaired, m, strict=True))
     assert seed_maps(4, 4, 6)[0] == [1, 1, 1, 1] and all(sum(m) <= 6 for m in seed_maps(4, 4, 6))
 
 
@@ -149,10 +185,16 @@ def test_kill_9_loses_no_trial_and_the_killed_one_is_retried(tmp_path, token_cac
     # 200 steps (of a narrow model) with a checkpoint every 50 (cli.toml): the kill lands inside the second or third
     # trial of four, past a checkpoint, so that a trial is still to train after it; the resume trains the killed
     # trial's retry from that checkpoint
-    args = run_args(CLI_SPACE, db, "killed", *TINY, "--d-model", "16", "--seq-len", "32", "--pruner", "none",
-                    steps=200, n_trials=4)
-    proc = subprocess.Popen([sys.executable, "-m", "ilr_search", *args], cwd=tmp_path, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    args = run_args(
+        CLI_SPACE, db, "killed", *TINY, "--d-model", "16", "--seq-len", "32", "--pruner", "none", steps=200, n_trials=4
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ilr_search", *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
     def past_a_checkpoint() -> bool:  # a trial past its first checkpoint, after one or two finished
         trials = load(db, "killed").trials
@@ -205,11 +247,21 @@ def test_two_processes_share_a_study_without_training_a_map_twice(tmp_path, toke
     storage = f"sqlite:///{tmp_path / 'w.db'}" if storage_kind == "sqlite" else f"journal:{tmp_path / 'w.log'}"
     env = {**os.environ, "ILR_SEARCH_CACHE": str(token_cache)}
     args = run_args(CLI_SPACE, storage, "pair", *TINY, "--sampler", "random", steps=30, n_trials=10)
-    procs = [subprocess.Popen([sys.executable, "-m", "ilr_search", *args], cwd=tmp_path, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "ilr_search", *args],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=HANG_SECONDS) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
     from ilr_search.storage import open_storage, parse_storage
+
     study = optuna.load_study(study_name="pair", storage=open_storage(parse_storage(storage), heartbeat=False))
     trials = study.trials
     finished = [t for t in trials if t.state.is_finished()]
@@ -287,9 +339,11 @@ def test_trials_for_unknown_study(tiny_study, cli, tmp_path):
 
 def test_storage_password_is_never_printed(cli):
     for url in ("postgresql://user:hunter2@127.0.0.1:9/db", "mysql://user:hunter2@127.0.0.1:9/db"):
-        for args in (["studies", "--storage", url], ["trials", "--study", "x", "--storage", url],
-                     ["run", "--space", str(CLI_SPACE), *TINY, "--budget", "1.5x", "--steps", "2", "--storage",
-                      url]):
+        for args in (
+            ["studies", "--storage", url],
+            ["trials", "--study", "x", "--storage", url],
+            ["run", "--space", str(CLI_SPACE), *TINY, "--budget", "1.5x", "--steps", "2", "--storage", url],
+        ):
             proc = cli(*args)
             assert proc.returncode == 2
             assert "hunter2" not in proc.stdout + proc.stderr

@@ -5,7 +5,6 @@ import importlib.util
 import json
 
 import pytest
-
 from conftest import assert_one_line_error, write_space
 
 
@@ -17,8 +16,25 @@ def test_tensorboard_event_files_hold_each_trials_curve(cli, tmp_path):
 
     space = write_space(tmp_path / "space.toml", search={"noise_seeds": 1, "families": ["ilr"]})
     url = f"sqlite:///{tmp_path / 'r.db'}"
-    proc = cli("run", "--space", str(space), "--budget", "2x", "--n-trials", "3", "--study", "tb", "--storage", url,
-               "--pruner", "none", "--track", f"tensorboard:{tmp_path / 'tb'}", "--json", check=True)
+    proc = cli(
+        "run",
+        "--space",
+        str(space),
+        "--budget",
+        "2x",
+        "--n-trials",
+        "3",
+        "--study",
+        "tb",
+        "--storage",
+        url,
+        "--pruner",
+        "none",
+        "--track",
+        f"tensorboard:{tmp_path / 'tb'}",
+        "--json",
+        check=True,
+    )
     summary = json.loads(proc.stdout)
     curves = {}
     for p in open_store(parse_storage(url), "tb", read_only=True).curve_points():
@@ -40,16 +56,34 @@ def test_tensorboard_event_files_hold_each_trials_curve(cli, tmp_path):
 
 @pytest.mark.parametrize("track", ["wandb:x", "tensorboard", "mlflow:"])
 def test_bad_track_is_one_error_line_and_writes_nothing(cli, tmp_path, track):
-    proc = cli("run", "--space", str(write_space(tmp_path / "space.toml")), "--budget", "2x", "--storage",
-               f"sqlite:///{tmp_path / 'r.db'}", "--track", track)
+    proc = cli(
+        "run",
+        "--space",
+        str(write_space(tmp_path / "space.toml")),
+        "--budget",
+        "2x",
+        "--storage",
+        f"sqlite:///{tmp_path / 'r.db'}",
+        "--track",
+        track,
+    )
     assert_one_line_error(proc)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["space.toml"]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("mlflow") is not None, reason="mlflow is installed")
 def test_mlflow_without_the_package_says_so(cli, tmp_path):
-    proc = cli("run", "--space", str(write_space(tmp_path / "space.toml")), "--budget", "2x", "--storage",
-               f"sqlite:///{tmp_path / 'r.db'}", "--track", f"mlflow:file:{tmp_path / 'mlruns'}")
+    proc = cli(
+        "run",
+        "--space",
+        str(write_space(tmp_path / "space.toml")),
+        "--budget",
+        "2x",
+        "--storage",
+        f"sqlite:///{tmp_path / 'r.db'}",
+        "--track",
+        f"mlflow:file:{tmp_path / 'mlruns'}",
+    )
     assert_one_line_error(proc)
     assert "mlflow" in proc.stderr and not (tmp_path / "r.db").exists()
 
@@ -61,8 +95,24 @@ def test_mlflow_runs_hold_each_trials_curve(cli, tmp_path):
 
     space = write_space(tmp_path / "space.toml", search={"noise_seeds": 0, "families": ["ilr"]})
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    cli("run", "--space", str(space), "--budget", "2x", "--n-trials", "2", "--study", "ml", "--storage",
-        f"sqlite:///{tmp_path / 'r.db'}", "--pruner", "none", "--track", f"mlflow:{uri}", check=True)
+    cli(
+        "run",
+        "--space",
+        str(space),
+        "--budget",
+        "2x",
+        "--n-trials",
+        "2",
+        "--study",
+        "ml",
+        "--storage",
+        f"sqlite:///{tmp_path / 'r.db'}",
+        "--pruner",
+        "none",
+        "--track",
+        f"mlflow:{uri}",
+        check=True,
+    )
     client = MlflowClient(tracking_uri=uri)
     runs = client.search_runs([client.get_experiment_by_name("ml").experiment_id])
     assert sorted(r.info.run_name for r in runs) == ["trial-0000", "trial-0001"]

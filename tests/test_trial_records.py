@@ -5,10 +5,10 @@ import dataclasses
 
 import optuna
 import pytest
+from conftest import NO_REFERENCES, TINY_SPACE
 from optuna.distributions import IntDistribution
 from optuna.trial import TrialState, create_trial
 
-from conftest import NO_REFERENCES, TINY_SPACE
 from ilr_search.analysis.results import has_result, study_front, trained_by_map, trained_trials
 from ilr_search.analysis.trials import TrialAttr, TrialRecord, trained_results, trial_record, trial_records
 
@@ -36,8 +36,10 @@ def objective_trials(tmp_path_factory, token_cache):
 
     folder = tmp_path_factory.mktemp("records")
     storage = f"sqlite:///{folder / 'r.db'}"
-    space = load_space(TINY_SPACE, {"search": {**NO_REFERENCES, "enqueue_paper_maps": False, "knobs": ["injection"]},
-                                    "train": {"steps": 8}})
+    space = load_space(
+        TINY_SPACE,
+        {"search": {**NO_REFERENCES, "enqueue_paper_maps": False, "knobs": ["injection"]}, "train": {"steps": 8}},
+    )
     run = dict(pruner="none", race=False, checkpoint_dir=folder / "checkpoints")
     run_study(RunRequest(space, "2x", "records", storage, n_trials=3, **run))
     study = optuna.load_study(study_name="records", storage=storage)
@@ -67,8 +69,12 @@ def test_a_reused_result_is_read_as_one_and_filtered_out(objective_trials):
     records = trial_records(objective_trials)
     first, reuse = records[0], records[3]
     assert reuse.reused_from == first.number and reuse.is_reuse and reuse.steps == 0
-    assert (reuse.map_key, reuse.val_ppl, reuse.val_loss, reuse.status) == \
-        (first.map_key, first.val_ppl, first.val_loss, first.status)
+    assert (reuse.map_key, reuse.val_ppl, reuse.val_loss, reuse.status) == (
+        first.map_key,
+        first.val_ppl,
+        first.val_loss,
+        first.status,
+    )
     assert reuse.has_result and not reuse.trained_its_map and not reuse.is_trained_result
     assert [r.number for r in trained_results(records)] == [0, 1, 2]
     assert trained_by_map(records)[first.map_key].number == first.number
@@ -78,9 +84,13 @@ def test_a_reused_result_is_read_as_one_and_filtered_out(objective_trials):
 def made(number: int, state: TrialState, **attrs) -> optuna.trial.FrozenTrial:
     """A hand-made trial of map 2,1,1,1 (unless `attrs` says otherwise), numbered `number`."""
     values = {"value": attrs.get("val_ppl") or 1.0} if state == TrialState.COMPLETE else {}
-    t = create_trial(state=state, params={"r0": 2}, distributions={"r0": IntDistribution(1, 3)},
-                     user_attrs={"map_key": "2,1,1,1", "reuse_map": [2, 1, 1, 1], "flops_ratio": 1.2} | attrs,
-                     **values)
+    t = create_trial(
+        state=state,
+        params={"r0": 2},
+        distributions={"r0": IntDistribution(1, 3)},
+        user_attrs={"map_key": "2,1,1,1", "reuse_map": [2, 1, 1, 1], "flops_ratio": 1.2} | attrs,
+        **values,
+    )
     t.number = number
     return t
 
@@ -99,8 +109,12 @@ def test_the_filters_on_hand_made_trials():
     assert [t.number for t in trained_results(trials)] == [0, 6]
     assert [t.number for t in trials if has_result(t)] == [0, 1, 2, 3, 5, 6]
     assert [t.number for t in trained_trials(trials)] == [0, 2, 3, 5, 6]
-    assert {k: r.number for k, r in trained_by_map(trials).items()} == \
-        {"2,1,1,1": 0, "3,1,1,1": 2, "3,3,1,1": 3, "1,1,1,2": 5}
+    assert {k: r.number for k, r in trained_by_map(trials).items()} == {
+        "2,1,1,1": 0,
+        "3,1,1,1": 2,
+        "3,3,1,1": 3,
+        "1,1,1,2": 5,
+    }
     assert trained_results(trial_records(trials)) == trained_results(trials)  # records pass through
 
 

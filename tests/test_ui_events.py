@@ -6,8 +6,8 @@ import dataclasses
 import typing
 
 import pytest
-
 from conftest import ROOT
+
 from ilr_search.cli.ui import ConsoleReporter
 from ilr_search.search import progress
 
@@ -15,8 +15,11 @@ from ilr_search.search import progress
 def event_classes() -> list[type]:
     """The dataclasses defined in search/progress.py (read from its source: a new one counts at once)."""
     tree = ast.parse((ROOT / "ilr_search" / "search" / "progress.py").read_text(encoding="utf-8"))
-    names = [node.name for node in tree.body if isinstance(node, ast.ClassDef)
-             and any("dataclass" in ast.unparse(d) for d in node.decorator_list)]
+    names = [
+        node.name
+        for node in tree.body
+        if isinstance(node, ast.ClassDef) and any("dataclass" in ast.unparse(d) for d in node.decorator_list)
+    ]
     return [getattr(progress, name) for name in names]
 
 

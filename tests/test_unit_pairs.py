@@ -10,8 +10,14 @@ import pytest
 from scipy.stats import binom
 
 from ilr_search.analysis.sequential import obrien_fleming_spent
-from ilr_search.analysis.unit_pairs import (UnitPairs, UnitTest, sign_boundaries, unit_detectable_gap, unit_pairs,
-                                            z_boundaries)
+from ilr_search.analysis.unit_pairs import (
+    UnitPairs,
+    UnitTest,
+    sign_boundaries,
+    unit_detectable_gap,
+    unit_pairs,
+    z_boundaries,
+)
 
 ALPHA, FIRST, CHUNKS, ITEMS = 0.05, 2, 7, 32  # the default frozen race: 7 test chunks, first look after 2
 SIMULATIONS = 1000
@@ -55,7 +61,7 @@ def test_the_sign_boundaries_spend_exactly_what_the_brute_force_walk_spends():
     bounds = sign_boundaries(0.2, looks, 4, discordant)
     claimed = 0.0
     for signs in itertools.product((0, 1), repeat=discordant[-1]):
-        for bound, m in zip(bounds, discordant):
+        for bound, m in zip(bounds, discordant, strict=True):
             if bound is not None and sum(signs[:m]) >= bound:
                 claimed += 0.5 ** discordant[-1]
                 break
@@ -110,10 +116,15 @@ def test_the_interval_excludes_zero_exactly_where_the_test_claims(binary):
             if binary:
                 pairs = binary_pairs(rng, 0.5, 0.5 + shift)
             else:
-                pairs = UnitPairs(tuple(range(CHUNKS)),
-                                  tuple(map(tuple, rng.standard_normal((CHUNKS, ITEMS)) * 0.3 + shift / 2)), False)
+                pairs = UnitPairs(
+                    tuple(range(CHUNKS)),
+                    tuple(map(tuple, rng.standard_normal((CHUNKS, ITEMS)) * 0.3 + shift / 2)),
+                    False,
+                )
             claimed = test.boundary(pairs) is not None and pairs.statistic() >= test.boundary(pairs)
-            other = test.boundary(pairs.reversed()) is not None and -pairs.statistic() >= test.boundary(pairs.reversed())
+            other = test.boundary(pairs.reversed()) is not None and -pairs.statistic() >= test.boundary(
+                pairs.reversed()
+            )
             interval = test.interval(pairs)
             if interval is None:
                 assert not claimed and not other

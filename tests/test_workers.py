@@ -6,20 +6,46 @@ from collections import Counter
 
 import optuna
 import pytest
-
 from conftest import ROOT, assert_one_line_error
 from helpers import HANG_SECONDS
-from ilr_search.config import ModelConfig
-from ilr_search.commands.autofuse import proxy_memory_bytes
 
-TINY = ["--space", str(ROOT / "tests" / "spaces" / "tiny.toml"), "--layers", "3", "--d-model", "16",
-        "--seq-len", "32", "--steps", "16"]
+from ilr_search.commands.autofuse import proxy_memory_bytes
+from ilr_search.config import ModelConfig
+
+TINY = [
+    "--space",
+    str(ROOT / "tests" / "spaces" / "tiny.toml"),
+    "--layers",
+    "3",
+    "--d-model",
+    "16",
+    "--seq-len",
+    "32",
+    "--steps",
+    "16",
+]
 
 
 @pytest.mark.slow
 def test_two_workers_finish_the_study_with_no_map_trained_twice(cli, tmp_path):
-    proc = cli("run", *TINY, "--budget", "2x", "--n-trials", "7", "--workers", "2", "--pruner", "none",
-               "--storage", "sqlite:///w.db", "--study", "w", "--json", check=True)
+    proc = cli(
+        "run",
+        *TINY,
+        "--budget",
+        "2x",
+        "--n-trials",
+        "7",
+        "--workers",
+        "2",
+        "--pruner",
+        "none",
+        "--storage",
+        "sqlite:///w.db",
+        "--study",
+        "w",
+        "--json",
+        check=True,
+    )
     summary = json.loads(proc.stdout)
     assert [w["exit_code"] for w in summary["workers"]] == [0, 0]
     study = optuna.load_study(study_name="w", storage=f"sqlite:///{tmp_path / 'w.db'}")
@@ -72,10 +98,17 @@ def test_every_event_crosses_a_process_queue_with_its_worker_and_reaches_the_par
 
     row = TrialRecord(1, TrialState.COMPLETE, reuse_map=(2, 1, 1), map_key="2,1,1", flops_ratio=1.3, val_ppl=9.5)
     front = [FrontRow(1, (2, 1, 1), "2,1,1", None, 1.3, 9.5, None, None)]
-    kinds = [progress.StudyStarted("s", 7, 2), progress.TrialStarted(4, [2, 1, 1], 16, "injection=add"),
-             progress.Step(5, 16, 2.25), progress.TrialFinished(row, front, 3), progress.ReferenceStarted("block2", 0, 2, 16),
-             progress.ReferenceFinished("block2"), progress.RunsStarted((("2,1,1", 32, 1), ("1,1,1", 32, 1))),
-             progress.RunFinished("2,1,1", 32, 1, 9.1), progress.Message("hello")]
+    kinds = [
+        progress.StudyStarted("s", 7, 2),
+        progress.TrialStarted(4, [2, 1, 1], 16, "injection=add"),
+        progress.Step(5, 16, 2.25),
+        progress.TrialFinished(row, front, 3),
+        progress.ReferenceStarted("block2", 0, 2, 16),
+        progress.ReferenceFinished("block2"),
+        progress.RunsStarted((("2,1,1", 32, 1), ("1,1,1", 32, 1))),
+        progress.RunFinished("2,1,1", 32, 1, 9.1),
+        progress.Message("hello"),
+    ]
     assert {type(e) for e in kinds} == set(typing.get_args(progress.Event))  # every kind of event
     for event in kinds:
         sent.on(event)
@@ -86,7 +119,10 @@ def test_every_event_crosses_a_process_queue_with_its_worker_and_reaches_the_par
             reporter.on(event)
     printed = capsys.readouterr().err
     assert "worker 3: trial 1 complete: map 2,1,1" in printed and "worker 3: hello" in printed
-    assert "worker 3: race runs: map 2,1,1 at 32 steps, seed 1; map 1,1,1 at 32 steps, seed 1 (fused, 2 at once)" in printed
+    assert (
+        "worker 3: race runs: map 2,1,1 at 32 steps, seed 1; map 1,1,1 at 32 steps, seed 1 (fused, 2 at once)"
+        in printed
+    )
     assert "worker 3: race run done: map 2,1,1 at 32 steps, seed 1: ppl 9.1" in printed
     assert "trial 4" not in printed.split("race runs")[1]  # a race run is never labelled as a trial
 
@@ -105,12 +141,22 @@ def test_a_trial_asked_after_its_predecessors_make_n_trials_trains_nothing(tmp_p
     from ilr_search.storage import open_store
 
     monkeypatch.chdir(tmp_path)
-    space = load_space(str(ROOT / "tests" / "spaces" / "tiny.toml"), {"search": {"noise_seeds": 0, "families": ["ilr"]}})
+    space = load_space(
+        str(ROOT / "tests" / "spaces" / "tiny.toml"), {"search": {"noise_seeds": 0, "families": ["ilr"]}}
+    )
     request = RunRequest(space, "2x", study_name="s", storage="sqlite:///s.db", n_trials=2, race=False)
     assert run_study(request).to_json()["n_trials"] == 2
     prepared = prepare_study(request)
-    run = SearchRun(prepared.plan, prepared.spec, prepared.study, open_store(prepared.spec, prepared.plan.name),
-                    prepared.data, RunReporter(), prepared.n_trials, tmp_path / "checkpoints")
+    run = SearchRun(
+        prepared.plan,
+        prepared.spec,
+        prepared.study,
+        open_store(prepared.spec, prepared.plan.name),
+        prepared.data,
+        RunReporter(),
+        prepared.n_trials,
+        tmp_path / "checkpoints",
+    )
     prepared.study.optimize(run.objective, n_trials=1, catch=(SurplusTrial,))
     late = prepared.study.get_trials(deepcopy=False)[-1]
     assert late.state == optuna.trial.TrialState.FAIL and late.user_attrs[TrialAttr.SURPLUS] is True
@@ -121,8 +167,26 @@ def test_a_trial_asked_after_its_predecessors_make_n_trials_trains_nothing(tmp_p
 
 @pytest.mark.slow
 def test_two_workers_each_fusing_their_own_group_train_no_map_twice(cli, tmp_path):
-    proc = cli("run", *TINY, "--budget", "2x", "--n-trials", "9", "--workers", "2", "--fuse", "3", "--pruner", "none",
-               "--storage", "sqlite:///wf.db", "--study", "wf", "--json", check=True)
+    proc = cli(
+        "run",
+        *TINY,
+        "--budget",
+        "2x",
+        "--n-trials",
+        "9",
+        "--workers",
+        "2",
+        "--fuse",
+        "3",
+        "--pruner",
+        "none",
+        "--storage",
+        "sqlite:///wf.db",
+        "--study",
+        "wf",
+        "--json",
+        check=True,
+    )
     summary = json.loads(proc.stdout)
     assert [w["exit_code"] for w in summary["workers"]] == [0, 0]
     trials = optuna.load_study(study_name="wf", storage=f"sqlite:///{tmp_path / 'wf.db'}").get_trials(deepcopy=False)

@@ -6,14 +6,13 @@ from dataclasses import replace
 
 import pytest
 import torch
+from conftest import TINY_SPACE
 
 from ilr_search.config import DataConfig, ModelConfig, TrainConfig
 from ilr_search.data.tokens import load_tokens
-from ilr_search.training.schedule import reuse_map_schedule
 from ilr_search.space import SpaceError, load_space
+from ilr_search.training.schedule import reuse_map_schedule
 from ilr_search.training.train import lr_at, train_proxy
-
-from conftest import TINY_SPACE
 
 
 def cosine_reference(step: int, cfg: TrainConfig) -> float:
@@ -62,8 +61,19 @@ def test_a_space_refuses_a_bad_schedule():
 
 def tiny():
     model = ModelConfig(vocab_size=256, n_layers=2, d_model=32, n_heads=2, seq_len=64)
-    train = TrainConfig(steps=40, batch_size=4, eval_windows=4, dtype="fp32", device="cpu", checkpoint_every=0,
-                        lr=3e-3, lr_schedule="wsd", cooldown_frac=0.25, warmup_steps=4, eval_fractions=(1.0,))
+    train = TrainConfig(
+        steps=40,
+        batch_size=4,
+        eval_windows=4,
+        dtype="fp32",
+        device="cpu",
+        checkpoint_every=0,
+        lr=3e-3,
+        lr_schedule="wsd",
+        cooldown_frac=0.25,
+        warmup_steps=4,
+        eval_fractions=(1.0,),
+    )
     return model, train, reuse_map_schedule([2, 1])
 
 
@@ -82,7 +92,7 @@ def test_a_continued_run_ends_where_the_straight_run_of_its_length_ends(token_ca
     assert continued.resumed_from_step == 15 and continued.steps == 40
     assert continued.val_loss == pytest.approx(straight.val_loss, rel=1e-5, abs=1e-6)
     assert continued.val_loss != pytest.approx(short.val_loss, rel=1e-3)  # the continuation trained on
-    for (name, a), (_, b) in zip(kept[0].state_dict().items(), kept[1].state_dict().items()):
+    for (name, a), (_, b) in zip(kept[0].state_dict().items(), kept[1].state_dict().items(), strict=True):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=name)
 
 
@@ -112,8 +122,11 @@ def test_a_study_stores_the_schedule_only_where_it_is_not_cosine(tmp_path):
 
     wsd_space = load_space(TINY_SPACE, {"train": {"lr_schedule": "wsd", "warmup_steps": 3, "cooldown_frac": 0.3}})
     wsd = plan_study(wsd_space, "2x", None)
-    assert {k: wsd.config["train"][k] for k in ("lr_schedule", "warmup_steps", "cooldown_frac")} == \
-        {"lr_schedule": "wsd", "warmup_steps": 3, "cooldown_frac": 0.3}
+    assert {k: wsd.config["train"][k] for k in ("lr_schedule", "warmup_steps", "cooldown_frac")} == {
+        "lr_schedule": "wsd",
+        "warmup_steps": 3,
+        "cooldown_frac": 0.3,
+    }
     assert wsd.name != cosine.name
     assert lr_schedule(wsd.config) == "wsd(warmup 3 steps, 1-sqrt cooldown 0.3, floor 0.1)"
 

@@ -29,13 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import optuna
+from helpers import HANG_SECONDS
 from optuna.trial import TrialState
 
-from helpers import HANG_SECONDS
 from ilr_search.analysis.results import has_result, study_front
+from ilr_search.search.run import RunRequest, prepare_study
 from ilr_search.space import load_space
 from ilr_search.storage import open_storage, open_store, parse_storage
-from ilr_search.search.run import RunRequest, prepare_study
 
 HEARTBEAT_SECONDS = 1
 BUDGET = "2x"
@@ -83,15 +83,38 @@ class ChaosResult:
 
 
 class Chaos:
-    def __init__(self, storage: str, workdir: Path, space_path: Path, token_cache: Path, n_trials: int = 8,
-                 steps: int = 40) -> None:
+    def __init__(
+        self, storage: str, workdir: Path, space_path: Path, token_cache: Path, n_trials: int = 8, steps: int = 40
+    ) -> None:
         self.storage, self.workdir, self.n_trials = storage, workdir, n_trials
         self.gate = workdir / "gate"
         self.gate.mkdir(parents=True, exist_ok=True)
-        self.args = ["run", "--space", str(space_path), "--budget", BUDGET, "--study", "chaos", "--storage", storage,
-                     "--n-trials", str(n_trials), "--steps", str(steps), "--sampler", "random", "--pruner", "none"]
-        self.env = {**os.environ, "ILR_SEARCH_CACHE": str(token_cache), "ILR_CHAOS_GATE": str(self.gate),
-                    "ILR_SEARCH_HEARTBEAT_SECONDS": str(HEARTBEAT_SECONDS), "OMP_NUM_THREADS": "1"}
+        self.args = [
+            "run",
+            "--space",
+            str(space_path),
+            "--budget",
+            BUDGET,
+            "--study",
+            "chaos",
+            "--storage",
+            storage,
+            "--n-trials",
+            str(n_trials),
+            "--steps",
+            str(steps),
+            "--sampler",
+            "random",
+            "--pruner",
+            "none",
+        ]
+        self.env = {
+            **os.environ,
+            "ILR_SEARCH_CACHE": str(token_cache),
+            "ILR_CHAOS_GATE": str(self.gate),
+            "ILR_SEARCH_HEARTBEAT_SECONDS": str(HEARTBEAT_SECONDS),
+            "OMP_NUM_THREADS": "1",
+        }
         self.space = load_space(space_path, {"train": {"steps": steps}})
         self.events: queue.Queue[tuple[str, str]] = queue.Queue()
         self.workers: list[Worker] = []
@@ -105,14 +128,21 @@ class Chaos:
     # --- the pieces
     def prepare(self) -> None:
         """The study, made here, with A three times then B twice at the head of its queue."""
-        prepared = prepare_study(RunRequest(self.space, BUDGET, "chaos", self.storage, self.n_trials, sampler="random",
-                                            pruner="none"))
+        prepared = prepare_study(
+            RunRequest(self.space, BUDGET, "chaos", self.storage, self.n_trials, sampler="random", pruner="none")
+        )
         for params in (MAP_A, MAP_A, MAP_A, MAP_B, MAP_B):
             prepared.study.enqueue_trial(params, skip_if_exists=False)
 
     def start(self) -> Worker:
-        proc = subprocess.Popen([sys.executable, "-c", GATED_WORKER, *self.args], cwd=self.workdir, env=self.env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", GATED_WORKER, *self.args],
+            cwd=self.workdir,
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         worker = Worker(f"w{len(self.workers)}", proc)
         self.workers.append(worker)
 
@@ -157,8 +187,10 @@ class Chaos:
         return optuna.load_study(study_name="chaos", storage=open_storage(parse_storage(self.storage), heartbeat=False))
 
     def tails(self) -> str:
-        return "\n".join(f"--- {w.name} (killed {w.killed or '-'}, rc {w.proc.poll()})\n" + "".join(w.lines[-15:])
-                         for w in self.workers)
+        return "\n".join(
+            f"--- {w.name} (killed {w.killed or '-'}, rc {w.proc.poll()})\n" + "".join(w.lines[-15:])
+            for w in self.workers
+        )
 
     # --- the scenario
     def run(self, timeout: float = HANG_SECONDS) -> ChaosResult:
@@ -196,16 +228,24 @@ class Chaos:
     def result(self, seconds: float) -> ChaosResult:
         study = self.load()
         trials = {t.number: t for t in study.get_trials(deepcopy=False)}
-        lost = [n for n, (state, values) in self.snapshots.items()
-                if trials[n].state.name != state or (tuple(trials[n].values) if trials[n].values else None) != values]
-        trained = Counter(t.user_attrs["map_key"] for t in trials.values()  # trained to the end, not reused
-                          if t.state == TrialState.COMPLETE and t.user_attrs.get("steps", 0) > 0
-                          and "reused_from" not in t.user_attrs)
+        lost = [
+            n
+            for n, (state, values) in self.snapshots.items()
+            if trials[n].state.name != state or (tuple(trials[n].values) if trials[n].values else None) != values
+        ]
+        trained = Counter(
+            t.user_attrs["map_key"]
+            for t in trials.values()  # trained to the end, not reused
+            if t.state == TrialState.COMPLETE and t.user_attrs.get("steps", 0) > 0 and "reused_from" not in t.user_attrs
+        )
         history = open_store(parse_storage(self.storage), "chaos", read_only=True).front_history()
         stored = [p.trial for p in history[max(history)]] if history else []
         return ChaosResult(
-            crashed_survivors=[f"{w.name}: rc {w.proc.returncode}\n{''.join(w.lines[-20:])}" for w in self.workers
-                               if not w.killed and w.proc.returncode != 0],
+            crashed_survivors=[
+                f"{w.name}: rc {w.proc.returncode}\n{''.join(w.lines[-20:])}"
+                for w in self.workers
+                if not w.killed and w.proc.returncode != 0
+            ],
             lost_trials=lost,
             trained_twice={k: v for k, v in trained.items() if v > 1},
             left_running=[t.number for t in trials.values() if t.state == TrialState.RUNNING],

@@ -10,14 +10,14 @@ from collections import Counter
 
 import optuna
 import pytest
-from optuna.trial import TrialState
-
 from conftest import NO_REFERENCES, run_cli, write_space
 from helpers import HANG_SECONDS, sigint_as_in_a_terminal, wait_until
-from ilr_search.space import load_space
-from ilr_search.storage import open_storage, open_store, parse_storage
+from optuna.trial import TrialState
+
 from ilr_search.analysis.results import has_result, study_front
 from ilr_search.search.run import RunRequest, run_study
+from ilr_search.space import load_space
+from ilr_search.storage import open_storage, open_store, parse_storage
 
 HEARTBEAT_SECONDS = 1
 
@@ -30,19 +30,49 @@ def space(tmp_path_factory):
 
 
 def run_cmd(space, storage, study, n_trials, *extra, steps=24):
-    return [sys.executable, "-m", "ilr_search", "run", "--space", space, "--budget", "1.5x", "--study", study,
-            "--storage", storage, "--n-trials", str(n_trials), "--steps", str(steps), "--json", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "ilr_search",
+        "run",
+        "--space",
+        space,
+        "--budget",
+        "1.5x",
+        "--study",
+        study,
+        "--storage",
+        storage,
+        "--n-trials",
+        str(n_trials),
+        "--steps",
+        str(steps),
+        "--json",
+        *extra,
+    ]
 
 
 def env_for(token_cache, **extra):
-    return {**os.environ, "ILR_SEARCH_CACHE": str(token_cache),
-            "ILR_SEARCH_HEARTBEAT_SECONDS": str(HEARTBEAT_SECONDS), **extra}
+    return {
+        **os.environ,
+        "ILR_SEARCH_CACHE": str(token_cache),
+        "ILR_SEARCH_HEARTBEAT_SECONDS": str(HEARTBEAT_SECONDS),
+        **extra,
+    }
 
 
 def setup_run(space, storage, study, n_trials, tmp_path, token_cache):
     """The run that makes the study a fault then meets, in this process (the faulty run is a real subprocess)."""
-    summary = run_study(RunRequest(load_space(space), "1.5x", study, storage, n_trials=n_trials,
-                                   checkpoint_dir=tmp_path / "studies" / "checkpoints")).to_json()
+    summary = run_study(
+        RunRequest(
+            load_space(space),
+            "1.5x",
+            study,
+            storage,
+            n_trials=n_trials,
+            checkpoint_dir=tmp_path / "studies" / "checkpoints",
+        )
+    ).to_json()
     assert summary["n_complete"] + summary["n_pruned"] == n_trials
 
 
@@ -58,8 +88,11 @@ def check_accounted(storage, study_name):
     assert not [t.number for t in trials if t.state == TrialState.RUNNING]
     failed = [t for t in trials if t.state == TrialState.FAIL and not has_result(t)]
     for f in failed:
-        retries = [t for t in trials if t.system_attrs.get("failed_trial") == f.number
-                   or t.user_attrs.get("retry_of") == f.number]
+        retries = [
+            t
+            for t in trials
+            if t.system_attrs.get("failed_trial") == f.number or t.user_attrs.get("retry_of") == f.number
+        ]
         assert retries, f"failed trial {f.number} was not retried"
     trained = Counter(t.user_attrs["map_key"] for t in trials if has_result(t) and t.user_attrs.get("steps", 0) > 0)
     assert trained and max(trained.values()) == 1, trained
@@ -77,14 +110,29 @@ def test_locked_sqlite_waits_with_a_message_then_proceeds(tmp_path, token_cache,
     storage = f"sqlite:///{db}"
     env = env_for(token_cache)
     setup_run(space, storage, "lock", 2, tmp_path, token_cache)
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import sqlite3, sys\n"
-        f"c = sqlite3.connect({str(db)!r}, isolation_level=None)\n"
-        "c.execute('BEGIN EXCLUSIVE'); print('locked', flush=True); sys.stdin.readline(); c.execute('ROLLBACK')")],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sqlite3, sys\n"
+                f"c = sqlite3.connect({str(db)!r}, isolation_level=None)\n"
+                "c.execute('BEGIN EXCLUSIVE'); print('locked', flush=True); sys.stdin.readline(); c.execute('ROLLBACK')"
+            ),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert holder.stdout.readline().strip() == "locked"
-    proc = subprocess.Popen(run_cmd(space, storage, "lock", 3), cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        run_cmd(space, storage, "lock", 3),
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     said = []
     try:
         for line in proc.stderr:  # the lock is held until the run says it waits for it
@@ -105,8 +153,14 @@ def test_locked_sqlite_waits_with_a_message_then_proceeds(tmp_path, token_cache,
 @pytest.mark.slow
 def test_diverging_proxy_fails_with_its_reason_and_the_study_goes_on(tmp_path, token_cache, space):
     storage = f"sqlite:///{tmp_path / 'div.db'}"
-    proc = subprocess.run(run_cmd(space, storage, "div", 3, "--lr", "10"), cwd=tmp_path, env=env_for(token_cache),
-                          capture_output=True, text=True, timeout=HANG_SECONDS)
+    proc = subprocess.run(
+        run_cmd(space, storage, "div", 3, "--lr", "10"),
+        cwd=tmp_path,
+        env=env_for(token_cache),
+        capture_output=True,
+        text=True,
+        timeout=HANG_SECONDS,
+    )
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
     trials = load(storage, "div").trials
@@ -136,8 +190,15 @@ def test_ctrl_c_stops_within_a_step_with_trials_recorded(tmp_path, token_cache, 
         seen[:] = points
         return sum(t.state == TrialState.COMPLETE for t in trials) >= 1 and bool(points)
 
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=sigint_as_in_a_terminal)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=sigint_as_in_a_terminal,
+    )
     try:
         wait_until(training_second_trial, "a finished trial and a running one past its first evaluation", proc)
         proc.send_signal(signal.SIGINT)
@@ -151,11 +212,17 @@ def test_ctrl_c_stops_within_a_step_with_trials_recorded(tmp_path, token_cache, 
     assert not [t for t in trials if t.state == TrialState.RUNNING]
     interrupted = [t for t in trials if t.state == TrialState.FAIL]
     assert len(interrupted) == 1 and "interrupted" in interrupted[0].user_attrs.get("reason", "")
-    reached = max(p.step for p in open_store(parse_storage(storage), "int").curve_points()
-                  if p.trial_number == interrupted[0].number)
+    reached = max(
+        p.step
+        for p in open_store(parse_storage(storage), "int").curve_points()
+        if p.trial_number == interrupted[0].number
+    )
     assert reached < steps and reached <= evals[evals.index(max(seen)) + 1], (seen, reached, evals)
-    resumed = run_cli(cmd[3:], tmp_path, {"ILR_SEARCH_CACHE": str(token_cache),
-                                          "ILR_SEARCH_HEARTBEAT_SECONDS": str(HEARTBEAT_SECONDS)})
+    resumed = run_cli(
+        cmd[3:],
+        tmp_path,
+        {"ILR_SEARCH_CACHE": str(token_cache), "ILR_SEARCH_HEARTBEAT_SECONDS": str(HEARTBEAT_SECONDS)},
+    )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     check_accounted(storage, "int")
     assert sum(t.state == TrialState.COMPLETE for t in load(storage, "int").trials) == 3

@@ -8,14 +8,16 @@ import threading
 import optuna
 import pytest
 import sqlalchemy as sa
+from helpers import HANG_SECONDS, wait_until
 from optuna.trial import TrialState
 
-from helpers import HANG_SECONDS, wait_until
 from ilr_search.storage import open_storage, open_store, parse_storage
 from ilr_search.storage.sql_store import fronts_table
 
-FRONT = [{"trial": 0, "reuse_map": [1, 1], "flops_ratio": 1.0, "val_ppl": 20.0, "val_bpb": 4.0, "params": 10},
-         {"trial": 3, "reuse_map": [2, 1], "flops_ratio": 1.4, "val_ppl": 19.0, "val_bpb": 3.9, "params": 10}]
+FRONT = [
+    {"trial": 0, "reuse_map": [1, 1], "flops_ratio": 1.0, "val_ppl": 20.0, "val_bpb": 4.0, "params": 10},
+    {"trial": 3, "reuse_map": [2, 1], "flops_ratio": 1.4, "val_ppl": 19.0, "val_bpb": 3.9, "params": 10},
+]
 
 
 def test_two_workers_saving_the_same_front_at_once_on_postgres(postgres_url):
@@ -28,10 +30,23 @@ def test_two_workers_saving_the_same_front_at_once_on_postgres(postgres_url):
     with engine_a.connect() as conn_a:
         tx = conn_a.begin()
         conn_a.execute(fronts_table.delete().where(fronts_table.c.study == "s", fronts_table.c.n_complete == 5))
-        conn_a.execute(fronts_table.insert(), [
-            {"study": "s", "n_complete": 5, "position": i, "trial_number": p["trial"],
-             "reuse_map": ",".join(map(str, p["reuse_map"])), "flops_ratio": p["flops_ratio"],
-             "val_ppl": p["val_ppl"], "val_bpb": p["val_bpb"], "params": p["params"]} for i, p in enumerate(FRONT)])
+        conn_a.execute(
+            fronts_table.insert(),
+            [
+                {
+                    "study": "s",
+                    "n_complete": 5,
+                    "position": i,
+                    "trial_number": p["trial"],
+                    "reuse_map": ",".join(map(str, p["reuse_map"])),
+                    "flops_ratio": p["flops_ratio"],
+                    "val_ppl": p["val_ppl"],
+                    "val_bpb": p["val_bpb"],
+                    "params": p["params"],
+                }
+                for i, p in enumerate(FRONT)
+            ],
+        )
 
         def save_b() -> None:
             try:
@@ -44,8 +59,10 @@ def test_two_workers_saving_the_same_front_at_once_on_postgres(postgres_url):
         # the event: B's session waits on a lock (A's uncommitted rows), seen by the server: the race is on
         watching = sa.create_engine(spec.url, isolation_level="AUTOCOMMIT")
         with watching.connect() as watcher:
-            wait_until(lambda: watcher.execute(sa.text("SELECT count(*) FROM pg_locks WHERE NOT granted")).scalar() > 0,
-                       "worker B waiting on worker A's rows")
+            wait_until(
+                lambda: watcher.execute(sa.text("SELECT count(*) FROM pg_locks WHERE NOT granted")).scalar() > 0,
+                "worker B waiting on worker A's rows",
+            )
         watching.dispose()
         assert b.is_alive()
         tx.commit()
@@ -80,8 +97,10 @@ def test_processes_popping_queued_trials_from_sqlite_never_share_one(tmp_path):
     study = optuna.create_study(study_name="s", storage=open_storage(parse_storage(url), heartbeat=False))
     for x in range(60):
         study.enqueue_trial({"x": x})
-    workers = [subprocess.Popen([sys.executable, "-c", POP_ALL, url], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    workers = [
+        subprocess.Popen([sys.executable, "-c", POP_ALL, url], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for _ in range(4)
+    ]
     for w in workers:  # every worker has imported and opened the study before any starts popping
         assert w.stdout.readline().strip() == "ready"
     for w in workers:
@@ -102,12 +121,22 @@ def test_a_journal_writer_killed_holding_the_lock_leaves_it_free(tmp_path):
 
     journal = str(tmp_path / "j.log")
     optuna.create_study(study_name="s", storage=open_storage(parse_storage(f"journal:{journal}")))
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time\n"
-        "from ilr_search.storage.optuna_storage import JournalFlock\n"
-        f"assert JournalFlock({journal!r}).acquire()\n"
-        "print('locked', flush=True)\n"
-        "sys.stdin.readline()\n")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys, time\n"
+                "from ilr_search.storage.optuna_storage import JournalFlock\n"
+                f"assert JournalFlock({journal!r}).acquire()\n"
+                "print('locked', flush=True)\n"
+                "sys.stdin.readline()\n"
+            ),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         assert not JournalFlock(journal).acquire(blocking=False)  # held by the other process

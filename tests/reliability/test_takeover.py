@@ -5,14 +5,14 @@ import time
 
 import optuna
 import pytest
+from conftest import ROOT
 from optuna.trial import TrialState
 
-from conftest import ROOT
-from ilr_search.space import load_space
-from ilr_search.storage import grace_period, heartbeat_interval, open_storage, parse_storage
 from ilr_search.search.objective import HEARTBEAT_ATTR, sweep_stale_journal_trials
 from ilr_search.search.progress import Event, RunReporter, Step
 from ilr_search.search.run import RunRequest, run_study
+from ilr_search.space import load_space
+from ilr_search.storage import grace_period, heartbeat_interval, open_storage, parse_storage
 
 SPACE = ROOT / "tests" / "spaces" / "tiny.toml"
 
@@ -57,11 +57,16 @@ class FailMyTrialAt(RunReporter):
 @pytest.mark.parametrize("kind", ["sqlite", "journal"])
 def test_a_worker_whose_trial_is_failed_under_it_keeps_the_result_and_goes_on(kind, tmp_path, token_cache):
     storage = f"sqlite:///{tmp_path / 's.db'}" if kind == "sqlite" else f"journal:{tmp_path / 's.log'}"
-    space = load_space(SPACE, {"search": {"noise_seeds": 0, "families": ["ilr"], "enqueue_paper_maps": False},
-                               "train": {"steps": 12}})
+    space = load_space(
+        SPACE, {"search": {"noise_seeds": 0, "families": ["ilr"], "enqueue_paper_maps": False}, "train": {"steps": 12}}
+    )
     reporter = FailMyTrialAt("t", storage, at_step=6)
-    summary = run_study(RunRequest(space, "2x", "t", storage, n_trials=3, sampler="random", pruner="none",
-                                   checkpoint_dir=tmp_path / "ck"), reporter).to_json()
+    summary = run_study(
+        RunRequest(
+            space, "2x", "t", storage, n_trials=3, sampler="random", pruner="none", checkpoint_dir=tmp_path / "ck"
+        ),
+        reporter,
+    ).to_json()
     assert reporter.done and not summary["interrupted"]
     study = optuna.load_study(study_name="t", storage=open_storage(parse_storage(storage), heartbeat=False))
     trials = study.get_trials()
@@ -70,11 +75,18 @@ def test_a_worker_whose_trial_is_failed_under_it_keeps_the_result_and_goes_on(ki
     assert recovered.state == TrialState.COMPLETE and recovered.user_attrs["steps"] == 12
     assert sorted(recovered.intermediate_values) == [3, 6, 12]  # its validation curve, for optuna-dashboard too
     # the recovered trial counts towards the target, so its retry may still wait: one more trial runs it
-    run_study(RunRequest(space, "2x", "t", storage, n_trials=4, sampler="random", pruner="none", checkpoint_dir=tmp_path / "ck"))
+    run_study(
+        RunRequest(
+            space, "2x", "t", storage, n_trials=4, sampler="random", pruner="none", checkpoint_dir=tmp_path / "ck"
+        )
+    )
     trials = study.get_trials()
     retry = [t for t in trials if t.system_attrs.get("failed_trial") == failed.number]
     assert retry and retry[0].state == TrialState.COMPLETE and retry[0].user_attrs["reused_from"] == recovered.number
-    trained = [t.user_attrs["map_key"] for t in trials if t.user_attrs.get("steps", 0) > 0 and t.state.is_finished()
-               and t.state != TrialState.FAIL]
+    trained = [
+        t.user_attrs["map_key"]
+        for t in trials
+        if t.user_attrs.get("steps", 0) > 0 and t.state.is_finished() and t.state != TrialState.FAIL
+    ]
     assert len(trained) == len(set(trained))  # the map was not trained again
     assert not [t for t in trials if t.state == TrialState.RUNNING]
