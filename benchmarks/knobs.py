@@ -56,7 +56,7 @@ def configurations(reuse_map: list[int]) -> list[tuple[str, list[int], dict]]:
 
 def run_proxy_study(args: argparse.Namespace, seed: int) -> None:
     """One seed's study: the configurations enqueued, then run to completion (resumes if it exists)."""
-    from ilr_search.search.run import RunRequest, prepare_study, run_study
+    from ilr_search.search.run import RunRequest, prepare_study, run_in_process
 
     space = load_space(args.space, overrides(seed))
     reuse_map = parse_reuse_map(args.map, space.model.n_layers)
@@ -67,7 +67,7 @@ def run_proxy_study(args: argparse.Namespace, seed: int) -> None:
     if not prepared.study.trials:
         for _, m, knobs in configs:
             prepared.study.enqueue_trial({f"r{i}": r for i, r in enumerate(m)} | knobs)
-    run_study(request)
+    run_in_process(request)
 
 
 def main() -> None:

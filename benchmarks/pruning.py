@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ilr_search.space import load_space
 from ilr_search.search.studies import list_trials
-from ilr_search.search.run import RunRequest, run_study
+from ilr_search.search.run import RunRequest, run_in_process
 
 
 def main() -> None:
@@ -43,11 +43,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         storage = f"sqlite:///{Path(tmp) / 'bench.db'}"
         t0 = time.perf_counter()
-        plain = run_study(RunRequest(space, args.budget, "unpruned", storage, args.n_trials, sampler="random",
+        plain = run_in_process(RunRequest(space, args.budget, "unpruned", storage, args.n_trials, sampler="random",
                                      pruner="none", race=False)).to_json()  # the pruning's cost and losses only, not the race after it
         t1 = time.perf_counter()
         maps = [t["proposed_map"] or t["reuse_map"] for t in list_trials("unpruned", storage) if t["reuse_map"]]
-        pruned = run_study(RunRequest(space, args.budget, "pruned", storage, args.n_trials, sampler="random",
+        pruned = run_in_process(RunRequest(space, args.budget, "pruned", storage, args.n_trials, sampler="random",
                                       pruner=args.pruner, enqueue_maps=tuple(map(tuple, maps)), race=False)).to_json()
         t2 = time.perf_counter()
         pruned_trials = list_trials("pruned", storage)

@@ -17,9 +17,9 @@ TRAINED_MAP = "2,2,1,1"
 
 
 def project_logits(folder, schedule, x: torch.Tensor) -> torch.Tensor:
-    from ilr_search.commands.api import load_trained
+    from ilr_search.training.model import ILRTransformer
 
-    model, _ = load_trained(folder)
+    model, _ = ILRTransformer.load(folder)
     with torch.no_grad():
         return model(x, schedule)
 
@@ -284,7 +284,7 @@ def frozen_study(tmp_path_factory, token_cache):
 
     from ilr_search.commands.api import with_init
     from ilr_search.config import ModelConfig
-    from ilr_search.search.run import RunRequest, run_study
+    from ilr_search.search.run import RunRequest, run_in_process
     from ilr_search.space import load_space
     from ilr_search.training.model import ILRTransformer
     from ilr_search.training.pretrained import export_checkpoint
@@ -299,7 +299,7 @@ def frozen_study(tmp_path_factory, token_cache):
         train={"steps": 0, "eval_windows": 8},
     )
     url = f"sqlite:///{root / 'frozen.db'}"
-    summary = run_study(
+    summary = run_in_process(
         RunRequest(with_init(load_space(space), str(checkpoint)), "1.5x", "frozen", url, checkpoint_dir=root / "ck")
     )
     return checkpoint, url, summary

@@ -18,7 +18,7 @@ from ilr_search.commands.bench import Table, TableRow, replay_pruning
 from ilr_search.config import AuditSettings, PrunerSettings, factor_key
 from ilr_search.errors import UserInputError
 from ilr_search.search.pruners import calibrate_rung, decision_at_rung, pareto_decision
-from ilr_search.search.run import RunRequest, run_study
+from ilr_search.search.run import RunRequest, run_in_process
 from ilr_search.search.studies import trials_report
 from ilr_search.space import load_space
 from ilr_search.storage import CurvePoint, JournalStore, RaceRun, RaceRunJob, SQLStore, open_store, parse_storage
@@ -179,7 +179,7 @@ def small_study(tmp_path_factory, token_cache):
     space = load_space(
         SPACE, {"search": {"noise_seeds": 0, "families": ["ilr"], "prune_calibration_maps": 3}, "train": {"steps": 16}}
     )
-    summary = run_study(
+    summary = run_in_process(
         RunRequest(space, "2x", "aud", f"sqlite:///{db}", n_trials=6, sampler="random", checkpoint_dir=root / "ck")
     ).to_json()
     assert summary["pruner"] == "pareto"  # the calibrated default, live

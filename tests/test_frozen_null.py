@@ -1,9 +1,9 @@
 """The frozen race's window-paired sequential test on simulated null data: 1,000 null races, each run through the
-race's own decision code (racing.race_state, as search/race.py calls it, with a frozen study's settings) from its
-screen to its verdict, with per-window loss differences of mean 0 drawn heavy-tailed (Student t, 3 degrees of
-freedom) like real per-window losses. The race may claim the contender better than the baseline in at most
-alpha of them, plus binomial slack of two standard errors (sqrt(alpha (1 - alpha) / 1000) each). No training: pure
-analysis calls, a fixed numpy seed."""
+race's own decision code (racing.race_state, as search/race_results.py calls it, with a frozen study's settings)
+from its screen to its verdict, with per-window loss differences of mean 0 drawn heavy-tailed (Student t, 3 degrees of
+freedom) like real per-window losses. The race may claim the contender better than the baseline in at most alpha of
+them, plus binomial slack of two standard errors (sqrt(alpha (1 - alpha) / 1000) each). No training: pure analysis
+calls, a fixed numpy seed."""
 
 import math
 

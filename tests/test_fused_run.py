@@ -75,12 +75,12 @@ class CtrlCAtStep(RunReporter):
 def test_ctrl_c_in_a_fused_group_fails_its_trials_queues_them_again_and_a_resume_finishes(
     token_cache, tmp_path, space, monkeypatch
 ):
-    from ilr_search.search.run import RunRequest, run_study
+    from ilr_search.search.run import RunRequest, run_in_process
     from ilr_search.space import load_space
 
     monkeypatch.chdir(tmp_path)
     storage = f"sqlite:///{tmp_path / 'fused.db'}"
-    summary = run_study(
+    summary = run_in_process(
         RunRequest(load_space(space), "1.5x", "fused", storage, n_trials=6, fuse=4), CtrlCAtStep(15)
     ).to_json()
     assert summary["interrupted"]
@@ -93,7 +93,7 @@ def test_ctrl_c_in_a_fused_group_fails_its_trials_queues_them_again_and_a_resume
     # checkpoints at step 10 survive the interruption; the resume trains the queued maps from them
     assert len(list((tmp_path / "studies" / "checkpoints").glob("**/*.pt"))) == len(interrupted)
 
-    resumed = run_study(RunRequest(load_space(space), "1.5x", "fused", storage, n_trials=6, fuse=4)).to_json()
+    resumed = run_in_process(RunRequest(load_space(space), "1.5x", "fused", storage, n_trials=6, fuse=4)).to_json()
     assert not resumed["interrupted"]
     trials = trials_of(tmp_path / "fused.db")
     assert len(with_result(trials)) == 6

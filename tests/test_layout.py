@@ -20,8 +20,7 @@ QUIET = (0.0, 0.0, 0.0)
 
 def layout_at(load: tuple[float, float, float], monkeypatch, space: Path | None, **flags) -> StudyLayout:
     monkeypatch.setattr(os, "getloadavg", lambda: load)
-    request, fuse = run_request(RunOptions(space=space, **flags))
-    return choose_layout(request, fuse, flags.get("workers")).layout
+    return choose_layout(run_request(RunOptions(space=space, **flags))).layout
 
 
 @pytest.mark.parametrize("space", [None, "tiny"], ids=["default-space", "tiny-space"])
@@ -30,11 +29,11 @@ def test_the_layout_is_the_same_at_any_load_average(tmp_path, monkeypatch, space
     path = None if space is None else write_space(tmp_path / "tiny.toml")
     quiet = layout_at(QUIET, monkeypatch, path)
     assert layout_at(BUSY, monkeypatch, path) == quiet
-    space_cfg = run_request(RunOptions(space=path))[0].space
+    space_cfg = run_request(RunOptions(space=path)).space
     lanes = trial_lanes(space_cfg, 1, space_cfg.search.fuse)
     assert quiet.trials == PhaseLayout(1, process_threads(space_cfg, lanes), space_cfg.search.fuse, lanes)
     assert lanes == (min(usable_cores(), space_cfg.search.fuse) if space_cfg.search.fuse > 1 else 1)
-    assert quiet.race.processes == race_processes(run_request(RunOptions(space=path))[0].space, 1)
+    assert quiet.race.processes == race_processes(run_request(RunOptions(space=path)).space, 1)
     assert quiet.race.processes == (usable_cores() if usable_cores() > 1 else 1)
 
 

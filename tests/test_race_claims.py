@@ -5,21 +5,21 @@ import time
 from pathlib import Path
 
 from ilr_search.config import ModelConfig, TrainConfig
-from ilr_search.search.race import ClaimedRun, fused_groups, held_runs, wait_for_change
+from ilr_search.search.race import RaceRunPlan, fused_groups, held_runs, wait_for_change
 from ilr_search.storage import RaceRun, RaceRunJob, grace_period
 
 PLAIN = ModelConfig()
 DEEPER = ModelConfig(n_layers=12)
 
 
-def run(name: str, seed: int, steps: int = 100, model: ModelConfig = PLAIN) -> ClaimedRun:
+def run(name: str, seed: int, steps: int = 100, model: ModelConfig = PLAIN) -> RaceRunPlan:
     job = RaceRunJob("2", seed, name)
-    return ClaimedRun(
+    return RaceRunPlan(
         job, [1] * model.n_layers, model, TrainConfig(steps=steps, seed=seed), Path(f"{name}-{seed}.pt"), 0
     )
 
 
-def names(groups: list[list[ClaimedRun]]) -> list[list[str]]:
+def names(groups: list[list[RaceRunPlan]]) -> list[list[str]]:
     return [[f"{r.job.map_key}@{r.job.seed}" for r in g] for g in groups]
 
 

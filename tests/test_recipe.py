@@ -1,5 +1,5 @@
 """The winner, to full scale: `recipe` writes a study's map with its settings, `train --from-study --save` trains it
-with the study's settings and saves it, and `load_trained` gives back a model that evaluates to the same loss."""
+with the study's settings and saves it, and `ILRTransformer.load` gives back a model that evaluates to the same loss."""
 
 import json
 import sys
@@ -18,13 +18,13 @@ else:  # pragma: no cover
 @pytest.fixture(scope="module")
 def small_study(tmp_path_factory, token_cache):
     """A real 4-trial study of the tiny space (no references: the recipe reads only trials)."""
-    from ilr_search.search.run import RunRequest, run_study
+    from ilr_search.search.run import RunRequest, run_in_process
     from ilr_search.space import load_space
 
     root = tmp_path_factory.mktemp("recipe")
     space = load_space(write_space(root / "space.toml", search=NO_REFERENCES))
     url = f"sqlite:///{root / 'r.db'}"
-    summary = run_study(
+    summary = run_in_process(
         RunRequest(space, "2x", "rec", url, n_trials=4, pruner="none", checkpoint_dir=root / "ck")
     ).to_json()
     return root, url, summary
@@ -85,10 +85,9 @@ def test_a_map_the_study_did_not_train_has_no_recipe(small_study, cli):
 
 @pytest.mark.slow
 def test_train_from_study_saves_a_model_that_loads_back_to_the_same_loss(small_study, cli, tmp_path):
-    from ilr_search.commands.api import load_trained
-    from ilr_search.commands.recipe import read_trained_config
     from ilr_search.config import SpaceConfig
     from ilr_search.data.tokens import load_space_tokens
+    from ilr_search.training.model import ILRTransformer, read_saved
     from ilr_search.training.train import evaluate
 
     _, url, _ = small_study
@@ -112,9 +111,9 @@ def test_train_from_study_saves_a_model_that_loads_back_to_the_same_loss(small_s
     assert report["reuse_map"] == recipe["reuse_map"] and report["steps"] == 12
     assert (tmp_path / "model" / "model.safetensors").exists()
 
-    model, schedule = load_trained(tmp_path / "model")
+    model, schedule = ILRTransformer.load(tmp_path / "model")
     assert schedule == recipe["schedule"]
-    files = read_trained_config(tmp_path / "model")
+    files = read_saved(tmp_path / "model")
     assert files.train.lr == recipe["train"]["lr"] and files.model.d_model == recipe["model"]["d_model"]
     data = load_space_tokens(SpaceConfig(model=files.model, data=files.data, train=files.train))
     val_loss, _, _ = evaluate(model, schedule, data, files.train, torch.device("cpu"), torch.float32)
@@ -133,7 +132,7 @@ def test_train_from_study_refuses_other_settings_before_training(small_study, cl
 
 @pytest.mark.slow
 def test_a_map_with_knobs_trains_saves_and_loads_with_its_knob_parameters(small_study, cli, tmp_path):
-    from ilr_search.commands.api import load_trained
+    from ilr_search.training.model import ILRTransformer
 
     _, url, _ = small_study
     report = json.loads(
@@ -154,6 +153,6 @@ def test_a_map_with_knobs_trains_saves_and_loads_with_its_knob_parameters(small_
         ).stdout
     )
     assert report["knobs"] == "injection=gated" and report["map"] == "2,1,1,1|injection=gated"
-    model, schedule = load_trained(tmp_path / "m")
+    model, schedule = ILRTransformer.load(tmp_path / "m")
     assert model.cfg.injection == "gated" and model.injection_gates is not None and schedule == [0, 0, 1, 2, 3]
     assert report["params"] == model.num_params()

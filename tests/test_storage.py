@@ -7,7 +7,7 @@ from conftest import NO_REFERENCES, TINY_SPACE
 
 from ilr_search.commands.audit import AuditSettings, run_audit
 from ilr_search.commands.report import export_trials, pareto_report
-from ilr_search.search import RunRequest, run_study
+from ilr_search.search import RunRequest, run_in_process
 from ilr_search.space import load_space
 from ilr_search.storage import JournalStore, SQLStore, open_storage, open_store, parse_storage
 from ilr_search.storage.optuna_storage import rdb_engine
@@ -61,7 +61,7 @@ def test_run_audit_and_reports_open_no_engine_beside_optunas(tmp_path, token_cac
     monkeypatch.setattr(SQLStore, "__init__", recording_store_init)
     url = f"sqlite:///{tmp_path / 'w.db'}"
     space = load_space(TINY_SPACE, {"search": NO_REFERENCES, "train": {"steps": 8}})
-    run_study(
+    run_in_process(
         RunRequest(space, "2x", "w", url, n_trials=2, sampler="random", pruner="none", checkpoint_dir=tmp_path / "ck")
     )
     run_audit("w", url, AuditSettings(factor=1.0, maps="top:1"), checkpoint_dir=tmp_path / "ck")

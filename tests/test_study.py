@@ -13,7 +13,7 @@ from conftest import ROOT, assert_one_line_error, run_cli
 from helpers import HANG_SECONDS, digest, run_args, wait_until
 
 from ilr_search.config import ModelConfig
-from ilr_search.search.maps import repair_to_budget, seed_maps
+from ilr_search.search.maps import first_maps, repair_to_budget
 from ilr_search.training.flops import parse_budget
 
 # tests/spaces/cli.toml: the default space's settings at test size, without reference runs
@@ -117,7 +117,7 @@ def test_a_trial_writes_its_attributes_in_two_transactions(tmp_path, token_cache
     per attribute (14 per trial before)."""
     import sqlalchemy as sa
 
-    from ilr_search.search import RunRequest, run_study
+    from ilr_search.search import RunRequest, run_in_process
     from ilr_search.space import load_space
 
     per_transaction: list[int] = []  # user-attribute writes of each committed transaction
@@ -140,7 +140,7 @@ def test_a_trial_writes_its_attributes_in_two_transactions(tmp_path, token_cache
     sa.event.listen(sa.engine.Engine, "before_cursor_execute", on_execute)
     sa.event.listen(sa.engine.Engine, "commit", on_commit)
     try:
-        run_study(RunRequest(space, "2x", "tx", f"sqlite:///{tmp_path / 'tx.db'}", n_trials=3, pruner="none"))
+        run_in_process(RunRequest(space, "2x", "tx", f"sqlite:///{tmp_path / 'tx.db'}", n_trials=3, pruner="none"))
     finally:
         sa.event.remove(sa.engine.Engine, "before_cursor_execute", on_execute)
         sa.event.remove(sa.engine.Engine, "commit", on_commit)
@@ -175,7 +175,7 @@ def test_repair_keeps_maps_within_budget_and_their_shape():
     for m in ([4, 4, 4, 4], [1, 4, 1, 4], [3, 3, 1, 1]):
         repaired = repair_to_budget(m, 6)
         assert sum(repaired) == 6 and all(1 <= r <= x for r, x in zip(repaired, m, strict=True))
-    assert seed_maps(4, 4, 6)[0] == [1, 1, 1, 1] and all(sum(m) <= 6 for m in seed_maps(4, 4, 6))
+    assert first_maps(4, 4, 6)[0] == [1, 1, 1, 1] and all(sum(m) <= 6 for m in first_maps(4, 4, 6))
 
 
 @pytest.mark.slow

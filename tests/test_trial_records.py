@@ -31,7 +31,7 @@ def test_every_attribute_has_its_field():
 def objective_trials(tmp_path_factory, token_cache):
     """A real study of today's objective with a searched knob (3 trained trials), resumed with trial 0's
     parameters queued again, so that its fourth trial reuses trial 0's result."""
-    from ilr_search.search import RunRequest, run_study
+    from ilr_search.search import RunRequest, run_in_process
     from ilr_search.space import load_space
 
     folder = tmp_path_factory.mktemp("records")
@@ -41,10 +41,10 @@ def objective_trials(tmp_path_factory, token_cache):
         {"search": {**NO_REFERENCES, "enqueue_paper_maps": False, "knobs": ["injection"]}, "train": {"steps": 8}},
     )
     run = dict(pruner="none", race=False, checkpoint_dir=folder / "checkpoints")
-    run_study(RunRequest(space, "2x", "records", storage, n_trials=3, **run))
+    run_in_process(RunRequest(space, "2x", "records", storage, n_trials=3, **run))
     study = optuna.load_study(study_name="records", storage=storage)
     study.enqueue_trial(study.trials[0].params)
-    run_study(RunRequest(space, "2x", "records", storage, n_trials=4, **run))
+    run_in_process(RunRequest(space, "2x", "records", storage, n_trials=4, **run))
     return optuna.load_study(study_name="records", storage=storage).trials
 
 

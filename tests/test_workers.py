@@ -133,7 +133,7 @@ def test_a_trial_asked_after_its_predecessors_make_n_trials_trains_nothing(tmp_p
     of the two finds the trials before it already make the target, trains nothing, and is left out of the
     count. Here the second ask is made by hand, once the study has reached its target."""
     from ilr_search.analysis.trials import TrialAttr
-    from ilr_search.search import RunRequest, run_study
+    from ilr_search.search import RunRequest, run_in_process
     from ilr_search.search.objective import SearchRun, SurplusTrial
     from ilr_search.search.progress import RunReporter
     from ilr_search.search.run import prepare_study
@@ -145,7 +145,7 @@ def test_a_trial_asked_after_its_predecessors_make_n_trials_trains_nothing(tmp_p
         str(ROOT / "tests" / "spaces" / "tiny.toml"), {"search": {"noise_seeds": 0, "families": ["ilr"]}}
     )
     request = RunRequest(space, "2x", study_name="s", storage="sqlite:///s.db", n_trials=2, race=False)
-    assert run_study(request).to_json()["n_trials"] == 2
+    assert run_in_process(request).to_json()["n_trials"] == 2
     prepared = prepare_study(request)
     run = SearchRun(
         prepared.plan,
@@ -161,7 +161,7 @@ def test_a_trial_asked_after_its_predecessors_make_n_trials_trains_nothing(tmp_p
     late = prepared.study.get_trials(deepcopy=False)[-1]
     assert late.state == optuna.trial.TrialState.FAIL and late.user_attrs[TrialAttr.SURPLUS] is True
     assert late.params == {} and "map_key" not in late.user_attrs  # no map was proposed, claimed or trained
-    again = run_study(request).to_json()
+    again = run_in_process(request).to_json()
     assert again["n_trials"] == 2 and again["n_failed"] == 0
 
 

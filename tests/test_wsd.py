@@ -114,7 +114,7 @@ def test_a_study_stores_the_schedule_only_where_it_is_not_cosine(tmp_path):
 
     from ilr_search.commands.audit import stored_space
     from ilr_search.search.plan import CONFIG_ATTR, plan_study
-    from ilr_search.search.race import lr_schedule
+    from ilr_search.search.race_results import lr_schedule
 
     cosine = plan_study(load_space(TINY_SPACE), "2x", None)
     assert not {"lr_schedule", "warmup_steps", "cooldown_frac"} & set(cosine.config["train"])  # names unchanged

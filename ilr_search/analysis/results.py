@@ -216,7 +216,7 @@ def has_result(t: Trial) -> bool:
 @dataclass(frozen=True)
 class FrontRow:
     """A point of a Pareto front as the reports show it: its trial (None for a map no trial trained), map, knobs
-    (as text), FLOPs, perplexity, bits per byte and parameter count. A point of the race's front (search/race.py
+    (as text), FLOPs, perplexity, bits per byte and parameter count. A point of the race's front (search/race_results.py
     front_rows) adds where it stands: its length `steps`, its `seeds`, the [low, high] perplexity `interval`
     ([None, None] where the race has none), whether it is `confirmed` better than the cheaper points, and
     `is_baseline` (the reference the others are judged against; the JSON key `reference`). `within_noise_of`

@@ -397,10 +397,9 @@ def train(
         typer.Option(
             "--format",
             help=(
-                "With --save: native (model.safetensors, config.json and the tokenizer; "
-                "ilr_search.commands.api.load_trained reads them, export-model --model re-exports them) or hf (a "
-                "standard transformers checkpoint of the imported family, else llama, its schedule unrolled, with the "
-                "tokenizer)."
+                "With --save: native (model.safetensors, config.json and the tokenizer; ILRTransformer.load "
+                "reads them, export-model --model re-exports them) or hf (a standard transformers checkpoint of "
+                "the imported family, else llama, its schedule unrolled, with the tokenizer)."
             ),
         ),
     ] = "native",
@@ -713,11 +712,11 @@ def run(
     json_out: Json = False,
 ) -> None:
     """Search reuse maps under a FLOP budget; running it again resumes the study."""
-    from ilr_search.commands.run import RunOptions, run_request, run_search
+    from ilr_search.commands.run import RunOptions, run_request, run_study
 
     check_init_flags(opts, init)
     hold_init_note(init)
-    request, fuse_asked = run_request(
+    request = run_request(
         RunOptions(
             opts.space,
             opts.overrides(),
@@ -747,16 +746,13 @@ def run(
     if dry_run:
         from ilr_search.commands.dryrun import dry_run_report
 
-        emit(dry_run_report(request, workers, fuse=fuse_asked), json_out, ui.print_plan)
+        emit(dry_run_report(request), json_out, ui.print_plan)
         return
     tracked = tracked_reporter(track, storage)
-    summary = run_search(
+    summary = run_study(
         request,
-        fuse_asked,
-        workers,
-        lambda: tracked(ui.ConsoleReporter(enabled=True)),
+        shown_by=lambda: tracked(ui.ConsoleReporter(enabled=True)),
         note=lambda text: ui.err.print(text, soft_wrap=True, markup=False, highlight=False),
-        fuse_asked=fuse is not None,
     )
     emit(summary, json_out, ui.print_run)
     if summary.interrupted:
@@ -827,7 +823,7 @@ def judge(
     """Is a candidate (a map, a block, a mergekit config) better than the model it was made from? No search: raced
     against the model on held-out windows or items, paired, until decided; the same command resumes."""
     from ilr_search.commands.judge import JudgeOptions, judge_request
-    from ilr_search.commands.run import run_search
+    from ilr_search.commands.run import run_study
 
     check_init_flags(opts, init)
     hold_init_note(init)
@@ -839,11 +835,9 @@ def judge(
     baseline = ",".join("1" * request.space.model.n_layers)
     for c in candidates:
         ui.hold_note(c.line(baseline))
-    summary = run_search(
+    summary = run_study(
         request,
-        1,
-        None,
-        lambda: ui.ConsoleReporter(enabled=True),
+        shown_by=lambda: ui.ConsoleReporter(enabled=True),
         note=lambda text: ui.err.print(text, soft_wrap=True, markup=False, highlight=False),
     )
     emit(summary, json_out, ui.print_judge)

@@ -16,7 +16,7 @@ from ilr_search.errors import UserInputError
 from ilr_search.knobs import format_knobs, knob_params, knobs_of, parse_knob_settings, with_knobs
 from ilr_search.space import load_space
 from ilr_search.training.flops import FlopsCount, describe, param_count
-from ilr_search.training.model import ILRTransformer, repeat_indices
+from ilr_search.training.model import repeat_indices
 from ilr_search.training.schedule import is_block_text, parse_map, resolve_schedule
 from ilr_search.training.train import OnStep
 
@@ -121,7 +121,7 @@ def train_report(
 ) -> TrainReport:
     """`ilr-search train`: train one proxy for a reuse map (or block recurrence) on the configured data; with
     `save`, write the trained model there: natively (`model.safetensors`, `config.json` and the tokenizer;
-    `load_trained` reads them), or with save_format hf as a standard transformers checkpoint, its schedule
+    `ILRTransformer.load` reads them), or with save_format hf as a standard transformers checkpoint, its schedule
     unrolled. `init`: start from a checkpoint's model and weights, on data its tokenizer tokenizes (with_init)."""
     from ilr_search.commands.recipe import MapChoice, check_save, train_and_save, train_report_of
 
@@ -143,11 +143,3 @@ def train_report(
     )
     result = train_and_save(cfg, choice, data, cfg_space, on_step, save_dir, save_format=save_format)
     return train_report_of(cfg, counts, result, block, knobs_of(cfg), save_dir)
-
-
-def load_trained(folder: str | Path, device: str = "cpu") -> tuple[ILRTransformer, list[int]]:
-    """A model saved by `ilr-search train --save DIR`: the ILRTransformer with its trained weights (eval mode)
-    and the schedule it was trained with."""
-    from ilr_search.commands.recipe import load_trained as load
-
-    return load(folder, device)

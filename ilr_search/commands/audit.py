@@ -31,7 +31,7 @@ from ilr_search.knobs import with_knobs
 from ilr_search.search.plan import CONFIG_ATTR, StoredConfig, safe_name, stored_config
 from ilr_search.search.progress import RunReporter, StudyStarted
 from ilr_search.search.race import (
-    ClaimedRun,
+    RaceRunPlan,
     claim_train_wait,
     finished_jobs,
     longer_train_config,
@@ -239,14 +239,14 @@ def _run_audit(
     data: TokenData | None = None
     trained_here = 0
 
-    def claim() -> list[ClaimedRun] | None:
+    def claim() -> list[RaceRunPlan] | None:
         done = finished_jobs(store)
         pending = [(job, t) for job, t in jobs if job not in done]
         if not pending:
             return None
         return _claim_group(store, pending, worker, space, steps, checkpoints, init_depth, fuse)
 
-    def train(runs: Sequence[ClaimedRun]) -> None:
+    def train(runs: Sequence[RaceRunPlan]) -> None:
         nonlocal data, trained_here
         if data is None:
             data = load_space_tokens(space)
@@ -291,10 +291,10 @@ def _claim_group(
     checkpoints: Path,
     init_depth: int,
     fuse: int,
-) -> list[ClaimedRun]:
+) -> list[RaceRunPlan]:
     """Claim up to `fuse` pending runs of one model (one, where the model cannot be fused), the first ones
     of `pending` that it can; runs held by other workers are passed over (none claimed: all are held)."""
-    claimed: list[ClaimedRun] = []
+    claimed: list[RaceRunPlan] = []
     for job, t in pending:
         model = with_knobs(model_config(space), dict(t.knobs), init_depth)
         if claimed and (len(claimed) >= fuse or model != claimed[0].model or not fusable(model)):
@@ -303,7 +303,7 @@ def _claim_group(
         if not store.claim_race_run(job, worker, t.flops_ratio, steps, stale_after=grace_period()):
             continue
         claimed.append(
-            ClaimedRun(
+            RaceRunPlan(
                 job,
                 list(t.reuse_map),
                 model,

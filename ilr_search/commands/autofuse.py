@@ -17,7 +17,7 @@ import os
 import queue
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from ilr_search.commands.layout import process_threads, trial_lanes, usable_cores
 from ilr_search.config import SIZE_MAXIMA, Dtype, ModelConfig, SpaceConfig
@@ -58,7 +58,7 @@ class FuseChoice:
     probed: tuple[ProbedLayout, ...] = ()
 
 
-def parse_fuse(text: str | int) -> int | str:
+def parse_fuse(text: str | int) -> int | Literal["auto"]:
     """`--fuse 4` or `--fuse auto` (also a space's `fuse`): a positive number of maps, or "auto"."""
     if isinstance(text, str) and text.strip().lower() == "auto":
         return "auto"

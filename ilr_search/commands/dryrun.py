@@ -23,7 +23,7 @@ from ilr_search.data.tokens import TokenData, cache_key, cache_root, random_toke
 from ilr_search.search.maps import repair_to_budget
 from ilr_search.search.plan import StudyPlan, adopt_stored_dtype, adopt_stored_race, check_resume, stored_study
 from ilr_search.search.pruners import pruner_settings
-from ilr_search.search.race import study_race
+from ilr_search.search.race_results import study_race
 from ilr_search.search.run import (
     ReferenceRun,
     RunRequest,
@@ -330,18 +330,16 @@ def costliest_map(n_layers: int, max_reuse: int, max_layer_runs: int) -> list[in
     return repair_to_budget([max_reuse] * n_layers, max_layer_runs)
 
 
-def dry_run_report(
-    request: RunRequest, workers: int | None = None, probe: bool = True, fuse: int | str = 1
-) -> DryRunReport:
+def dry_run_report(request: RunRequest, probe: bool = True) -> DryRunReport:
     """The `run --dry-run` report: what `request` would do, what is left of it where the study exists (nothing, in
     words, when it is finished), and how long that would take without pruning or a map trained twice, on the layout
-    `fuse` and `workers` give (--fuse and --workers, as `run` chooses it). Bad input raises as `run` would; nothing
-    is written."""
+    the request's fuse and workers give (as `run` chooses it). Bad input raises as `run` would; nothing is
+    written."""
     spec, space, plan = checked_request(request)
     existing = open_storage(spec, heartbeat=False) if spec.exists() else None
     if existing is not None and space.train.dtype == "auto":
         plan = adopt_stored_dtype(existing, plan)
-    plan = adopt_stored_race(existing, plan, dict(request.asked_race))
+    plan = adopt_stored_race(existing, plan, request.asked_race)
     check_resume(existing, spec, plan, request.pruner)
     study = stored_study(existing, plan.name)
     trials = study.get_trials(deepcopy=False) if study is not None else []
@@ -364,7 +362,7 @@ def dry_run_report(
     cache = cache_root() / f"tokens-{cache_key(space.data, space.data.max_train_tokens)}"
     estimated = None
     if probe and left:
-        layout = resolve_layout(plan, fuse, workers, n_trials).layout
+        layout = resolve_layout(plan, request.asked_fuse, request.workers, n_trials).layout
         if space.train.steps == 0:
             estimated = frozen_estimate(space, plan, costly, trials_to_train, layout, race)
         else:
@@ -410,7 +408,7 @@ def dry_run_report(
             resolve_compile(space.train.compile, device),
         ),
         knobs=list(space.search.knobs),
-        workers=workers or 1,
+        workers=request.workers or 1,
         race=race,
         estimate=estimated,
         chunk_size=space.train.eval_windows,

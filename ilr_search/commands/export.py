@@ -26,21 +26,17 @@ from pathlib import Path
 from typing import Any
 
 from ilr_search.commands.recipe import (
-    CONFIG_FILE,
-    SAVED_FORMAT,
-    WEIGHTS_FILE,
     MapChoice,
     StudySettingsView,
     choose_map,
     load_study_settings,
-    load_trained,
     parse_map_choice,
-    read_trained_config,
 )
 from ilr_search.commands.standard_checkpoint import check_checkpoint, check_out_dir, default_family, write_checkpoint
 from ilr_search.config import DataConfig, ModelConfig
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import KNOB_CHOICES
+from ilr_search.training.model import CONFIG_FILE, SAVED_FORMAT, WEIGHTS_FILE, ILRTransformer, read_saved
 from ilr_search.training.pretrained import (
     SUPPORTED_FAMILIES,
     TOKENIZER_FILES,
@@ -104,7 +100,7 @@ def export_saved_model(
             f"--model {str(folder)!r} holds no model ilr-search train --save wrote ({WEIGHTS_FILE} "
             f"and {CONFIG_FILE} in the native format); save one with train --save DIR"
         )
-    files = read_trained_config(folder)
+    files = read_saved(folder)
     cfg = files.model
     if map_text is None:
         saved = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
@@ -116,7 +112,7 @@ def export_saved_model(
     tokenizer = saved_tokenizer(folder, files.data)
     check_out_dir(out)
     check_checkpoint(cfg, schedule, family, tokenizer)
-    model, _ = load_trained(folder)
+    model, _ = ILRTransformer.load(folder)
     write_checkpoint(model, schedule, out, family, tokenizer)
     return ExportedModel(out, family, key, tuple(schedule), f"model {folder}")
 

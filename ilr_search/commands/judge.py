@@ -73,7 +73,7 @@ def judge_request(options: JudgeOptions) -> tuple[RunRequest, list[Candidate]]:
             "judge needs at least one --candidate: a map (2,1,1,1), a block (block:16-27:2, with "
             "|damping=0.5), or a mergekit passthrough YAML"
         )
-    base_request, _ = run_request(
+    base_request = run_request(
         RunOptions(
             options.space, options.overrides, "1x", objective=options.objective, train_steps=0, init=options.init
         )
@@ -128,7 +128,6 @@ def judge_request(options: JudgeOptions) -> tuple[RunRequest, list[Candidate]]:
         storage=options.storage,
         sampler=None,
         pruner=None,
-        asked_race=(),
     )
     return request, candidates
 

@@ -1,7 +1,7 @@
 """The winner, to full scale: one map of a study with everything needed to train it elsewhere (`recipe`), the
 same map trained again with the study's stored settings (`train --from-study`), and a trained model saved as
 safetensors with a config JSON and its tokenizer (`train --save`; `--format hf`: a standard transformers
-checkpoint, standard_checkpoint.py) and loaded back (`load_trained`)."""
+checkpoint, standard_checkpoint.py; the native format is ILRTransformer.save / .load, training/model.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any, cast
 
 import optuna
-import torch
 
 from ilr_search.analysis.map_key import map_text as key_map_text
 from ilr_search.analysis.race_core import RaceWords
@@ -35,7 +34,7 @@ from ilr_search.data.tokens import load_space_tokens
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import KnobValue, config_key, format_knobs, parse_knob_settings, with_knobs
 from ilr_search.search.plan import stored_config
-from ilr_search.search.race import decided_front, race_report
+from ilr_search.search.race_results import decided_front, race_report
 from ilr_search.search.studies import open_study
 from ilr_search.space import SpaceError, check_sizes
 from ilr_search.storage import open_store, parse_storage, study_storage
@@ -46,7 +45,6 @@ from ilr_search.training.schedule import BlockMap, Map, block_schedule, format_r
 from ilr_search.training.train import OnStep, TrainResult, train_proxy
 
 RECIPE_FORMATS = (".toml", ".json")
-SAVED_FORMAT = "ilr-search trained model, version 1"
 # What `model` means, for another codebase (model.py is the reference; its docstring details the knobs).
 ARCHITECTURE = (
     "LLaMA-style pre-norm decoder without biases: token embedding (plus learned positions if pe = "
@@ -56,8 +54,6 @@ ARCHITECTURE = (
     "reuse_map[i] times in a row; blockK runs the stack K times). Init: normal(0.02), residual "
     "projections (attn proj, MLP down) normal(0.02 / sqrt(2 * (init_depth or n_layers))), norm gains 1."
 )
-WEIGHTS_FILE = "model.safetensors"
-CONFIG_FILE = "config.json"
 
 
 @dataclass(frozen=True)
@@ -457,51 +453,6 @@ def check_save_dir(save: Path) -> Path:
     return save
 
 
-def save_trained(folder: Path, model: ILRTransformer, schedule: list[int], description: dict[str, Any]) -> None:
-    """`model.safetensors` (the weights) and `config.json` (model config, schedule and what `description` adds:
-    map, knobs, training settings, result) in `folder`."""
-    from safetensors.torch import save_model
-
-    folder.mkdir(parents=True, exist_ok=True)
-    save_model(model, str(folder / WEIGHTS_FILE))
-    config = {"format": SAVED_FORMAT, "model": _plain(dataclasses.asdict(model.cfg)), "schedule": list(schedule)}
-    (folder / CONFIG_FILE).write_text(json.dumps(config | description, indent=2) + "\n", encoding="utf-8")
-
-
-@dataclass(frozen=True)
-class TrainedModelFiles:
-    """What `load_trained` reads: the model config, schedule and train settings of a saved model."""
-
-    model: ModelConfig
-    schedule: list[int]
-    train: TrainConfig | None
-    data: DataConfig | None
-
-
-def read_trained_config(folder: str | Path) -> TrainedModelFiles:
-    path = Path(folder) / CONFIG_FILE
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserInputError(
-            f"{str(folder)!r} holds no {CONFIG_FILE}; save a model with ilr-search train --save"
-        ) from None
-    train = config.get("train")
-    train_cfg = TrainConfig(**(train | {"eval_fractions": tuple(train["eval_fractions"])})) if train else None
-    data = DataConfig(**config["data"]) if config.get("data") else None
-    return TrainedModelFiles(ModelConfig(**config["model"]), list(config["schedule"]), train_cfg, data)
-
-
-def load_trained(folder: str | Path, device: str | torch.device = "cpu") -> tuple[ILRTransformer, list[int]]:
-    """The model `train --save DIR` saved, with its weights, in eval mode, and the schedule it was trained with."""
-    from safetensors.torch import load_model
-
-    files = read_trained_config(folder)
-    model = ILRTransformer(files.model)
-    load_model(model, str(Path(folder) / WEIGHTS_FILE), device=str(device))
-    return model.to(device).eval(), files.schedule
-
-
 def train_from_study(
     study_name: str,
     storage: str | None,
@@ -567,7 +518,7 @@ def train_and_save(
     extra: dict[str, Any] | None = None,
     save_format: str = "native",
 ) -> TrainResult:
-    """Train the map; with `save`, write the trained model there: natively (save_trained, with a copy of its
+    """Train the map; with `save`, write the trained model there: natively (ILRTransformer.save, with a copy of its
     tokenizer), or with save_format hf as a standard transformers checkpoint of its schedule unrolled."""
     tokenizer = data_tokenizer(model_cfg, space.data, data.path) if save is not None else None
     family = default_family(model_cfg) if save_format == "hf" else None
@@ -585,9 +536,8 @@ def train_and_save(
     if save is not None and family is not None:
         write_checkpoint(kept[0].to("cpu"), choice.schedule, save, family, tokenizer)
     elif save is not None:
-        save_trained(
+        kept[0].to("cpu").save(
             save,
-            kept[0].to("cpu"),
             choice.schedule,
             (extra or {})
             | {

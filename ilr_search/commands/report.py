@@ -37,7 +37,7 @@ from ilr_search.config import SpaceConfig
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import KNOB_CHOICES, format_knobs
 from ilr_search.search.plan import CONFIG_ATTR
-from ilr_search.search.race import decided_front
+from ilr_search.search.race_results import decided_front
 from ilr_search.search.studies import FrontView, StudyReport, open_study, study_report
 from ilr_search.storage import open_store, parse_storage, study_storage
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,11 +26,11 @@ from typing import Any
 from ilr_search.commands.api import with_init
 from ilr_search.commands.autofuse import Layout, parse_fuse
 from ilr_search.commands.layout import process_threads, race_processes, usable_cores
-from ilr_search.config import WORKERS_MAX, SpaceConfig
+from ilr_search.config import SpaceConfig
 from ilr_search.errors import UserInputError
 from ilr_search.search.maps import split_enqueue_text
 from ilr_search.search.phases import PhaseMeter
-from ilr_search.search.plan import ADOPTED_RACE_FIELDS, PhaseLayout, StudyLayout
+from ilr_search.search.plan import PhaseLayout, StudyLayout
 from ilr_search.search.progress import Event, Message, RunReporter, StudyStarted
 from ilr_search.search.run import RunRequest
 from ilr_search.search.studies import StudyReport
@@ -65,12 +65,10 @@ class RunOptions:
     init: str | None = None  # a pretrained checkpoint (a folder or hf:NAME): the model's shape, weights and tokenizer
 
 
-def run_request(options: RunOptions) -> tuple[RunRequest, int | str]:
-    """The study `options` ask for, and the fused group size asked for (a number or "auto"); bad input raises a
-    UserInputError before anything is opened."""
+def run_request(options: RunOptions) -> RunRequest:
+    """The study `options` ask for; bad input raises a UserInputError before anything is opened."""
     searched = None if options.knobs is None else [k.strip() for k in options.knobs.split(",") if k.strip()]
     objective, task = parse_objective(options.objective)
-    race = {"race_policy": options.race_policy, "max_seeds": options.max_seeds, "equal_compute": options.equal_compute}
     search = {
         "objective": objective,
         "knobs": searched,
@@ -78,10 +76,7 @@ def run_request(options: RunOptions) -> tuple[RunRequest, int | str]:
         "race_seeds": options.race_seeds,
         "max_race_steps": options.max_race_steps,
         "enqueue": None if options.enqueue is None else split_enqueue_text(options.enqueue),
-    } | race
-    if options.workers is not None and not 1 <= options.workers <= WORKERS_MAX:
-        raise UserInputError(f"--workers must be 1 to {WORKERS_MAX:,}, got {options.workers}")
-    asked_fuse = None if options.fuse is None else parse_fuse(options.fuse)
+    }
     overrides = {**options.overrides, "search": {**options.overrides.get("search", {}), **search}}
     if task is not None:
         overrides["data"] = {**options.overrides.get("data", {}), "task": task}
@@ -95,9 +90,8 @@ def run_request(options: RunOptions) -> tuple[RunRequest, int | str]:
                 f"got {options.train_steps}"
             )
         overrides["train"] = {**options.overrides.get("train", {}), "steps": options.train_steps}
-    space = with_init(load_space(options.space, overrides), options.init)
-    request = RunRequest(
-        space,
+    return RunRequest(
+        with_init(load_space(options.space, overrides), options.init),
         options.budget,
         options.study,
         options.storage,
@@ -105,16 +99,12 @@ def run_request(options: RunOptions) -> tuple[RunRequest, int | str]:
         timeout=options.timeout,
         sampler=options.sampler,
         pruner=options.pruner,
-        asked_race=tuple((k, v) for k, v in race.items() if v is not None and k in ADOPTED_RACE_FIELDS),
+        fuse=None if options.fuse is None else parse_fuse(options.fuse),
+        workers=options.workers,
+        race_policy=options.race_policy,
+        max_seeds=options.max_seeds,
+        equal_compute=options.equal_compute,
     )
-    if space.model.init:  # the fused trainer stacks the project's own model: a checkpoint's trains one at a time
-        if asked_fuse not in (None, 1, "auto"):
-            raise UserInputError(
-                f"--fuse {asked_fuse}: the fused trainer cannot train a pretrained model (--init); "
-                "its maps train one at a time (--fuse 1)"
-            )
-        return request, 1
-    return request, asked_fuse if asked_fuse is not None else space.search.fuse
 
 
 def parse_objective(text: str | None) -> tuple[str | None, str | None]:
@@ -160,18 +150,19 @@ def stored_study_layout(request: RunRequest, name: str) -> StudyLayout | None:
     return None if study is None else stored_layout(study.user_attrs)
 
 
-def choose_layout(request: RunRequest, fuse: int | str, workers: int | None, asked: bool = False) -> LayoutChoice:
-    """The run's layout: a resumed study's stored one unless `asked` (--fuse or --workers given); else from
-    `fuse` and `workers` (checked against memory, or probed for auto) and the usable cores."""
+def choose_layout(request: RunRequest) -> LayoutChoice:
+    """The run's layout: a resumed study's stored one unless the request asks for a fused group size or workers;
+    else from those (checked against memory, or probed for auto; the space's fuse where not asked, 1 for a
+    pretrained model) and the usable cores. Bad input raises first (search/run.checked_request)."""
     from ilr_search.commands.autofuse import check_memory, resolve_layout
     from ilr_search.search.run import checked_request
 
     _, _, plan = checked_request(request)
     stored = stored_study_layout(request, plan.name)
-    if stored is not None and not asked:
+    if stored is not None and request.fuse is None and request.workers is None:
         check_memory(plan, stored.trials.processes, stored.trials.fuse)
         return LayoutChoice(stored, line=f"layout: {stored.describe()} (the study's stored layout)")
-    choice = resolve_layout(plan, fuse, workers, request.trials_wanted)
+    choice = resolve_layout(plan, request.asked_fuse, request.workers, request.trials_wanted)
     layout = machine_layout(choice.layout, plan.space)
     if stored is not None and layout != stored:
         line = (
@@ -197,31 +188,31 @@ class NoteAtStart(RunReporter):
             self.note = None
 
 
-def run_search(
+def run_study(
     request: RunRequest,
-    fuse: int | str,
-    workers: int | None,
-    reporter_for: Callable[[], AbstractContextManager[RunReporter]],
+    reporter: RunReporter | None = None,
+    *,
+    shown_by: Callable[[], AbstractContextManager[RunReporter]] | None = None,
     note: Callable[[str], None] = lambda text: None,
-    fuse_asked: bool = False,
 ) -> StudyReport:
-    """Run (or resume) the study: the layout (choose_layout: `fuse_asked` says --fuse was given; `note` is told
-    how it was chosen), stored with the study, then the trials, references and race in this process or in
-    workers. `reporter_for` gives the reporter that shows the run's events. The report carries the layout and
-    the phases (wall time, tokens and CPU time of each)."""
-    choice = choose_layout(request, fuse, workers, asked=fuse_asked or workers is not None)
+    """Run (or resume) the study `request` asks for, as `ilr-search run` does (the CLI calls this, so the Python
+    API gives the CLI's study): the layout (choose_layout; `note` is told how --fuse auto chose it), stored with the
+    study, then the trials, reference runs and race in this process or in workers. `reporter` is told the run's
+    events; `shown_by` instead gives a reporter to enter once the layout is chosen (the CLI's console). The report
+    carries the layout and the phases (wall time, tokens and CPU time of each)."""
+    choice = choose_layout(request)
     if choice.reason:
         note(choice.reason)
     layout = choice.layout
-    request = dataclasses.replace(request, fuse=layout.trials.fuse, layout=layout)
-    with reporter_for() as shown:
+    request = dataclasses.replace(request, layout=layout)
+    with (shown_by or (lambda: nullcontext(reporter or RunReporter())))() as shown:
         meter = PhaseMeter(NoteAtStart(shown, choice.line), request.space)
         if layout.trials.processes != 1:
             from ilr_search.commands.workers import run_workers
 
             summary = run_workers(request, layout.trials.processes, meter, threads=layout.trials.threads)
         else:
-            from ilr_search.search.run import run_study
+            from ilr_search.search.run import run_in_process
 
             if layout.trials.threads is not None:
                 import torch
@@ -232,5 +223,5 @@ def run_search(
                 from ilr_search.commands.workers import race_in_workers
 
                 runner = race_in_workers(request, layout.race.processes, threads=layout.race.threads or 1)
-            summary = run_study(request, meter, race_runner=runner)
+            summary = run_in_process(request, meter, race_runner=runner)
     return dataclasses.replace(summary, layout=layout, phases=tuple(meter.finish()))

@@ -30,7 +30,7 @@ from ilr_search.errors import UserInputError
 from ilr_search.interrupts import recorded
 from ilr_search.search.progress import Event, Message, RunReporter
 from ilr_search.search.race import RaceRunner, race_checkpoints, run_race
-from ilr_search.search.run import RunRequest, disk_full_is_reported, prepare_study, run_study
+from ilr_search.search.run import RunRequest, disk_full_is_reported, prepare_study, run_in_process
 from ilr_search.search.studies import StudyReport
 from ilr_search.training.device import resolve_device
 
@@ -140,7 +140,7 @@ def _worker_main(
     race = partial(run_race, workers=workers)  # each wave of the race shared out among the workers
 
     def work(reporter: RunReporter) -> int:
-        summary = run_study(request, reporter, reference_share=(worker, workers), race_runner=race)
+        summary = run_in_process(request, reporter, reference_share=(worker, workers), race_runner=race)
         return 130 if summary.interrupted else 0
 
     # on a CPU the usable cores are shared out, not oversubscribed
@@ -149,7 +149,7 @@ def _worker_main(
 
 
 def run_workers(request: RunRequest, workers: int, reporter: Any, threads: int | None = None) -> StudyReport:
-    """Run the study `request` asks for with `workers` processes, each training up to request.fuse maps at once
+    """Run the study `request` asks for with `workers` processes, each training up to request.trials_fuse maps at once
     in its own fused groups, with `threads` torch threads on a CPU (None: the usable cores shared out evenly);
     returns the study's report (with per-worker exit codes)."""
     if workers < 1:
@@ -157,7 +157,7 @@ def run_workers(request: RunRequest, workers: int, reporter: Any, threads: int |
     with disk_full_is_reported():
         prepared = prepare_study(request)
     plan = prepared.plan
-    check_memory(plan, workers, request.fuse)
+    check_memory(plan, workers, request.trials_fuse)
     if workers > 1 and resolve_device(plan.space.train.device).type == "cuda":
         reporter.on(
             Message(
@@ -174,7 +174,7 @@ def run_workers(request: RunRequest, workers: int, reporter: Any, threads: int |
 
         summary = dataclasses.replace(summarize_stored(request.storage, plan.name), interrupted=True)
     else:  # what a dead worker left undone, and the references still missing (the best map may have changed)
-        summary = run_study(request, reporter)
+        summary = run_in_process(request, reporter)
     return dataclasses.replace(summary, workers=tuple(enumerate(codes)))
 
 
@@ -199,7 +199,7 @@ def _race_worker_main(
                 prepared.data,
                 reporter,
                 folder,
-                request.fuse,
+                request.trials_fuse,
                 plan.space.search.max_race_steps,
                 workers=workers,
             )

@@ -6,7 +6,8 @@ study (configuration, trials, curves, fronts) lives in a storage it resumes from
 - plan.py: what a study is (configuration, name) and the checks on resume;
 - objective.py: one trial (claim, reuse or wait, train, record), heartbeats and stale-trial sweeps;
 - run.py: a study run to its target, with its reference runs; progress.py: what it reports;
-- race.py: then its contenders at more seeds and longer, as the racing policy (racing.py) decides;
+- race.py: then its contenders at more seeds and longer, as the racing policy (racing.py) decides; race_results.py:
+  the race as stored (its state, report, answer and decided front);
 - studies.py: stored studies read back.
 """
 
@@ -25,7 +26,7 @@ _EXPORTS = {
     "PreparedStudy": "run",
     "RunRequest": "run",
     "prepare_study": "run",
-    "run_study": "run",
+    "run_in_process": "run",
     "default_study": "studies",
     "list_studies": "studies",
     "list_trials": "studies",

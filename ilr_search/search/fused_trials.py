@@ -81,7 +81,7 @@ class FusedSearchRun(SearchRun):
                 training = [(g, g.training) for g in group if g.training is not None]
                 for member, _ in training:  # how the trial was trained: in a group of this many maps
                     member.trial.set_user_attr(TrialAttr.FUSED_GROUP, len(training))
-                results = self._train_group([t for _, t in training])
+                results = self._train_trainings([t for _, t in training])
                 for (member, t), result in zip(training, results, strict=True):
                     self._tell(member, partial(self.finish_training, member.trial, t, result), report)
                 for member in group:  # proposed a map the group trained: its result now exists
@@ -99,7 +99,7 @@ class FusedSearchRun(SearchRun):
                 return self._train(member.trial, member.proposal)
         return self._reuse(member.trial, earlier)
 
-    def _train_group(self, trainings: list[Training]) -> list[TrainResult]:
+    def _train_trainings(self, trainings: list[Training]) -> list[TrainResult]:
         """Train the trainings fused, one group per model (searched knobs change it); a model the fused trainer
         does not support trains its maps one at a time, as the objective does."""
         return train_jobs(

@@ -140,10 +140,10 @@ def family_params(family: str, families: Sequence[str]) -> dict[str, str]:
     return {FAMILY_PARAM: family} if len(trial_families(families)) > 1 else {}
 
 
-def seed_params(
+def first_params(
     n_layers: int, max_reuse: int, max_layer_runs: int, families: Sequence[str], scan: bool = False
 ) -> list[dict[str, int | str | KnobValue]]:
-    """The parameters of a study's first maps, baseline first: seed_maps where the study searches ilr, else the
+    """The parameters of a study's first maps, baseline first: first_maps where the study searches ilr, else the
     baseline as a block run once (no prior on where to loop); `scan` (the grid sampler over blocks): then every
     feasible block (feasible_blocks)."""
     if scan:
@@ -151,12 +151,12 @@ def seed_params(
         return [{**block_params(b)} for b in [baseline, *feasible_blocks(n_layers, max_reuse, max_layer_runs)]]
     if "ilr" in trial_families(families):
         return [
-            {**map_params(m), **family_params("ilr", families)} for m in seed_maps(n_layers, max_reuse, max_layer_runs)
+            {**map_params(m), **family_params("ilr", families)} for m in first_maps(n_layers, max_reuse, max_layer_runs)
         ]
     return [{**block_params(BlockMap(0, n_layers - 1, 1, n_layers)), **family_params("blocks", families)}]
 
 
-def seed_maps(n_layers: int, max_reuse: int, max_layer_runs: int) -> list[list[int]]:
+def first_maps(n_layers: int, max_reuse: int, max_layer_runs: int) -> list[list[int]]:
     """The all-ones baseline and front-loaded maps in the spirit of the paper's findings ([4,2,1,1], [3,2,2,1]
     and [2,1,1,1] were its best small-model maps), repaired to the budget, without duplicates."""
     ones = [1] * n_layers

@@ -26,12 +26,12 @@ from ilr_search.analysis.results import (
     study_front,
 )
 from ilr_search.analysis.trials import record_of, trial_records
-from ilr_search.config import ITEM_OBJECTIVES, SIZE_MAXIMA, SpaceConfig, StudySettings
+from ilr_search.config import ITEM_OBJECTIVES, SIZE_MAXIMA, WORKERS_MAX, SpaceConfig, StudySettings
 from ilr_search.errors import StorageFullError, UserInputError
 from ilr_search.folders import check_can_create
 from ilr_search.knobs import KnobValue, config_key
 from ilr_search.search.fused_trials import FusedSearchRun
-from ilr_search.search.maps import EnqueuedMap, knobs_off, parse_enqueued, seed_params
+from ilr_search.search.maps import EnqueuedMap, first_params, knobs_off, parse_enqueued
 from ilr_search.search.objective import (
     SearchRun,
     SurplusTrial,
@@ -64,7 +64,8 @@ from ilr_search.search.progress import (
     step_callback,
 )
 from ilr_search.search.pruners import build_pruner, pruner_settings
-from ilr_search.search.race import RaceRunner, race_checkpoints, race_settings, run_race
+from ilr_search.search.race import RaceRunner, race_checkpoints, run_race
+from ilr_search.search.race_results import race_settings
 from ilr_search.search.samplers import build_sampler, sampler_settings
 from ilr_search.search.studies import StudyReport, study_report
 from ilr_search.space import check_search_objective, validate_space
@@ -86,8 +87,9 @@ from ilr_search.training.schedule import BlockMap, block_schedule, format_reuse_
 
 @dataclass(frozen=True)
 class RunRequest:
-    """The study a run asks for, and how to run it: what `run` (the CLI and the Python API), its worker
-    processes and `run --dry-run` share. Settings left None take the space's (and on resume the study's)."""
+    """The study a run asks for, and how to run it: what `run` (the CLI and the Python API, both through
+    commands/run.run_study), its worker processes and `run --dry-run` share. Settings left None take the space's
+    (and on resume the study's)."""
 
     space: SpaceConfig
     budget: str  # forward compute per token: "1.5x", "150%" of the all-ones map, or FLOPs like "4.2e6"
@@ -100,11 +102,18 @@ class RunRequest:
     enqueue_maps: tuple[tuple[int, ...], ...] = ()  # tried first after the baseline (over-budget maps repaired)
     checkpoint_dir: str | Path | None = None  # trial checkpoints go under it; None: studies/checkpoints
     race: bool = True  # race the contenders after the trials (False: not, e.g. a benchmark table)
-    fuse: int = 1  # K > 1: ask for up to K trials at a time and train their maps fused (search/fused_trials.py)
-    # the race settings this run's flags ask for ({field: value}, plan.ADOPTED_RACE_FIELDS): a resumed study keeps its
-    # own, and refuses a flag that asks for another
-    asked_race: tuple[tuple[str, Any], ...] = ()
-    # how this run uses the machine (processes, threads, fused group size), stored with the study; None: not stored
+    # Maps trained at once in one fused group (search/fused_trials.py), a number or "auto" (a short probe chooses),
+    # and worker processes; None: a resumed study's stored layout, else the space's fuse (1 for a pretrained
+    # model) in one process. Asking for either on a resume changes the layout (commands/run.choose_layout).
+    fuse: int | Literal["auto"] | None = None
+    workers: int | None = None
+    # Race settings a resumed study keeps as it was made (plan.ADOPTED_RACE_FIELDS); None: the space's, or on
+    # resume the study's. One that differs from a resumed study's is refused.
+    race_policy: str | None = None
+    max_seeds: int | None = None
+    equal_compute: str | None = None
+    # How the run uses the machine (processes, threads, fused group size), chosen by commands/run.run_study from
+    # fuse and workers and stored with the study; None (the engine run directly): one process, `fuse` maps at once
     layout: StudyLayout | None = None
 
     def check(self) -> None:
@@ -116,7 +125,36 @@ class RunRequest:
             )
         if self.timeout is not None and self.timeout <= 0:
             raise UserInputError(f"--timeout must be a positive number of seconds, got {self.timeout}")
-        check_fuse(self.fuse)
+        if self.fuse is not None and self.fuse != "auto":
+            check_fuse(self.fuse)
+        if self.workers is not None and not 1 <= self.workers <= WORKERS_MAX:
+            raise UserInputError(f"--workers must be 1 to {WORKERS_MAX:,}, got {self.workers}")
+        if self.space.model.init and self.fuse not in (None, 1, "auto"):
+            raise UserInputError(
+                f"--fuse {self.fuse}: the fused trainer cannot train a pretrained model (--init); "
+                "its maps train one at a time (--fuse 1)"
+            )
+
+    @property
+    def asked_race(self) -> dict[str, Any]:
+        """The race settings this request asks for ({field: value}, the ones given)."""
+        asked = {"race_policy": self.race_policy, "max_seeds": self.max_seeds, "equal_compute": self.equal_compute}
+        return {k: v for k, v in asked.items() if v is not None}
+
+    @property
+    def asked_fuse(self) -> int | Literal["auto"]:
+        """The fused group size a new layout is chosen from: `fuse`, else the space's; 1 for a pretrained model,
+        since the fused trainer stacks the project's own model."""
+        if self.space.model.init:
+            return 1
+        return self.fuse if self.fuse is not None else self.space.search.fuse
+
+    @property
+    def trials_fuse(self) -> int:
+        """The fused group size the trials train at: the chosen layout's, else `fuse` where a number, else 1."""
+        if self.layout is not None:
+            return self.layout.trials.fuse
+        return self.fuse if isinstance(self.fuse, int) else 1
 
     @property
     def checkpoints(self) -> Path:
@@ -129,23 +167,23 @@ class RunRequest:
         return self.n_trials or self.space.search.n_trials
 
 
-def run_study(
+def run_in_process(
     request: RunRequest,
     reporter: RunReporter | None = None,
     reference_share: tuple[int, int] = (0, 1),
     race_runner: RaceRunner | None = None,
 ) -> StudyReport:
-    """Run (or resume) the study `request` asks for until it has its finished trials, then race its contenders
-    at more seeds and up to the race's target length (race.py; unless request.race is False); returns the study's report
-    (StudyReport: its answer, race, trials; `.to_json()` is what `run --json` prints). With `reference_share`
-    (k, n), worker k of n trains its share of the reference runs.
-    `race_runner`: what trains the race, run_race's signature (run_race in this process where None; the
-    commands layer spreads it over worker processes).
+    """The study's engine in this process, under commands/run.run_study (which chooses the layout) and each worker
+    process: run (or resume) the study `request` asks for until it has its finished trials, then race its
+    contenders at more seeds and up to the race's target length (race.py; unless request.race is False); returns
+    the study's report (StudyReport). With `reference_share` (k, n), worker k of n trains its share of the
+    reference runs. `race_runner`: what trains the race, run_race's signature (run_race in this process where None;
+    commands/workers spreads it over worker processes).
 
     A full disk ends the run with a StorageFullError; finished trials stay in the storage.
     """
     with disk_full_is_reported():
-        return _run_study(request, reporter or RunReporter(), reference_share, race_runner)
+        return _run_in_process(request, reporter or RunReporter(), reference_share, race_runner)
 
 
 @dataclass
@@ -180,8 +218,8 @@ def planned_space(request: RunRequest) -> tuple[SpaceConfig, StudyPlan]:
     """The space with the request's sampler and pruner, checked, and the study it makes, its maps asked for
     checked too (nothing is opened)."""
     chosen: dict[str, Any] = {k: v for k, v in (("sampler", request.sampler), ("pruner", request.pruner)) if v}
-    search = dataclasses.replace(request.space.search, **chosen)
-    space = frozen_space(dataclasses.replace(request.space, search=search), request)
+    search = dataclasses.replace(request.space.search, **chosen, **request.asked_race)
+    space = evaluation_only_space(dataclasses.replace(request.space, search=search), request)
     validate_space(space)
     check_search_objective(space)
     plan = plan_study(space, request.budget, request.study_name)
@@ -189,7 +227,7 @@ def planned_space(request: RunRequest) -> tuple[SpaceConfig, StudyPlan]:
     return space, plan
 
 
-def frozen_space(space: SpaceConfig, request: RunRequest) -> SpaceConfig:
+def evaluation_only_space(space: SpaceConfig, request: RunRequest) -> SpaceConfig:
     """A frozen study's space (train.steps 0: each map applied to the pretrained weights and only evaluated, a seed
     being a chunk of held-out windows or items): no pruning, since a trial is one evaluation and there is no early
     perplexity to stop at, no equal-compute reference, since a deeper plain model of the checkpoint does not
@@ -206,7 +244,7 @@ def frozen_space(space: SpaceConfig, request: RunRequest) -> SpaceConfig:
             f"--pruner {request.pruner} cannot prune a frozen search (--train-steps 0): each trial "
             "is one evaluation, with no early perplexity to prune on; drop --pruner"
         )
-    if dict(request.asked_race).get("equal_compute") == "depth":
+    if request.equal_compute == "depth":
         raise UserInputError(
             "--equal-compute depth needs training: a frozen search (--train-steps 0) has no deeper "
             "plain model of the checkpoint to compare with; drop --equal-compute"
@@ -262,7 +300,7 @@ def prepare_study(request: RunRequest) -> PreparedStudy:
     existing = open_storage(spec) if spec.exists() else None  # the one storage handle of this worker
     if space.train.dtype == "auto":
         plan = adopt_stored_dtype(existing, plan)
-    plan = adopt_stored_race(existing, plan, dict(request.asked_race))
+    plan = adopt_stored_race(existing, plan, request.asked_race)
     stored_settings = check_resume(existing, spec, plan, request.pruner)
     stored = stored_study(existing, plan.name)
     if stored is None:
@@ -361,7 +399,7 @@ def first_trials(plan: StudyPlan, study: optuna.Study | None, n_trials: int, enq
     seeds = (
         [
             {**p, **knobs_off(search.knobs)}
-            for p in seed_params(n, search.max_reuse, max_runs, search.families, scan=scan)
+            for p in first_params(n, search.max_reuse, max_runs, search.families, scan=scan)
         ]
         if search.enqueue_paper_maps or scan
         else []
@@ -384,10 +422,10 @@ def first_trials(plan: StudyPlan, study: optuna.Study | None, n_trials: int, enq
     )
 
 
-def _run_study(
+def _run_in_process(
     request: RunRequest, reporter: RunReporter, reference_share: tuple[int, int], race_runner: RaceRunner | None
 ) -> StudyReport:
-    timeout, fuse = request.timeout, request.fuse
+    timeout, fuse = request.timeout, request.trials_fuse
     prepared = prepare_study(request)
     space, spec, plan, study, settings, data = (
         prepared.space,

@@ -32,7 +32,7 @@ from ilr_search.config import StudySettings
 from ilr_search.errors import UserInputError
 from ilr_search.search.phases import PhaseRecord
 from ilr_search.search.plan import SAMPLER_ATTR, StudyLayout, stored_config, stored_layouts
-from ilr_search.search.race import RACE_POINT_FIELDS, foreign_answer, race_report
+from ilr_search.search.race_results import RACE_POINT_FIELDS, foreign_answer, race_report
 from ilr_search.storage import StorageSpec, Store, open_storage, open_store, parse_storage, study_id, study_storage
 
 FRONT_FIELDS = ("trial", "reuse_map", "flops_ratio", "val_ppl", "val_bpb")  # of a front point in `run --json`

@@ -572,14 +572,14 @@ def train_fused(
     results: list[TrainResult | None] = [None] * K
     for start_step in sorted({m.state.start_step for m in members}):
         group = [m for m in members if m.state.start_step == start_step]
-        for m, result in zip(group, _train_group(model_cfg, group, data, cfg, device, length_masking), strict=True):
+        for m, result in zip(group, _train_lockstep(model_cfg, group, data, cfg, device, length_masking), strict=True):
             results[m.position] = result
     done = [r for r in results if r is not None]
     assert len(done) == K  # every member trains in the group of its start step
     return done
 
 
-def _train_group(
+def _train_lockstep(
     model_cfg: ModelConfig,
     members: list[Member],
     data: TokenData,

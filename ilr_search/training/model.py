@@ -35,17 +35,22 @@ layer share their weights and their branches are correlated, so their sum and th
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import threading
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ilr_search.config import ModelConfig
+from ilr_search.config import DataConfig, ModelConfig, TrainConfig
+from ilr_search.errors import UserInputError
 from ilr_search.training.device import compile_backend
 from ilr_search.training.loss import linear_cross_entropy
 
@@ -332,6 +337,58 @@ class ILRTransformer(nn.Module):
         return linear_cross_entropy(
             self.hidden(idx, schedule), self.head_weight, targets, compute_dtype, reduction, compiled, ignore_index
         )
+
+    def save(self, folder: str | Path, schedule: Sequence[int], description: dict[str, Any] | None = None) -> None:
+        """The model in `folder`, as `train --save` writes it: `model.safetensors` (the weights) and `config.json`
+        (the model config, the schedule it runs, and what `description` adds: map, knobs, training settings,
+        result). `load` reads it back; `export-model --model` re-exports it."""
+        from safetensors.torch import save_model
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        save_model(self, str(folder / WEIGHTS_FILE))
+        config = {"format": SAVED_FORMAT, "model": dataclasses.asdict(self.cfg), "schedule": list(schedule)}
+        (folder / CONFIG_FILE).write_text(json.dumps(config | (description or {}), indent=2) + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, folder: str | Path, device: str | torch.device = "cpu") -> tuple[ILRTransformer, list[int]]:
+        """The model `save` wrote in `folder`, with its weights, in eval mode, and the schedule it runs."""
+        from safetensors.torch import load_model
+
+        saved = read_saved(folder)
+        model = cls(saved.model)
+        load_model(model, str(Path(folder) / WEIGHTS_FILE), device=str(device))
+        return model.to(device).eval(), saved.schedule
+
+
+SAVED_FORMAT = "ilr-search trained model, version 1"
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+
+
+@dataclass(frozen=True)
+class SavedModel:
+    """What a saved model's config.json holds: the model config and schedule, and the settings it trained with."""
+
+    model: ModelConfig
+    schedule: list[int]
+    train: TrainConfig | None
+    data: DataConfig | None
+
+
+def read_saved(folder: str | Path) -> SavedModel:
+    """The config.json of a model `ILRTransformer.save` wrote; a folder without one is a UserInputError."""
+    path = Path(folder) / CONFIG_FILE
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserInputError(
+            f"{str(folder)!r} holds no {CONFIG_FILE}; save a model with ilr-search train --save"
+        ) from None
+    train = config.get("train")
+    train_cfg = TrainConfig(**(train | {"eval_fractions": tuple(train["eval_fractions"])})) if train else None
+    data = DataConfig(**config["data"]) if config.get("data") else None
+    return SavedModel(ModelConfig(**config["model"]), list(config["schedule"]), train_cfg, data)
 
 
 def repeat_indices(schedule: Sequence[int]) -> list[int]:

@@ -15,7 +15,7 @@ from helpers import HANG_SECONDS, sigint_as_in_a_terminal, wait_until
 from optuna.trial import TrialState
 
 from ilr_search.analysis.results import has_result, study_front
-from ilr_search.search.run import RunRequest, run_study
+from ilr_search.search.run import RunRequest, run_in_process
 from ilr_search.space import load_space
 from ilr_search.storage import open_storage, open_store, parse_storage
 
@@ -63,7 +63,7 @@ def env_for(token_cache, **extra):
 
 def setup_run(space, storage, study, n_trials, tmp_path, token_cache):
     """The run that makes the study a fault then meets, in this process (the faulty run is a real subprocess)."""
-    summary = run_study(
+    summary = run_in_process(
         RunRequest(
             load_space(space),
             "1.5x",

@@ -10,7 +10,7 @@ from optuna.trial import TrialState
 
 from ilr_search.search.objective import HEARTBEAT_ATTR, sweep_stale_journal_trials
 from ilr_search.search.progress import Event, RunReporter, Step
-from ilr_search.search.run import RunRequest, run_study
+from ilr_search.search.run import RunRequest, run_in_process
 from ilr_search.space import load_space
 from ilr_search.storage import grace_period, heartbeat_interval, open_storage, parse_storage
 
@@ -61,7 +61,7 @@ def test_a_worker_whose_trial_is_failed_under_it_keeps_the_result_and_goes_on(ki
         SPACE, {"search": {"noise_seeds": 0, "families": ["ilr"], "enqueue_paper_maps": False}, "train": {"steps": 12}}
     )
     reporter = FailMyTrialAt("t", storage, at_step=6)
-    summary = run_study(
+    summary = run_in_process(
         RunRequest(
             space, "2x", "t", storage, n_trials=3, sampler="random", pruner="none", checkpoint_dir=tmp_path / "ck"
         ),
@@ -75,7 +75,7 @@ def test_a_worker_whose_trial_is_failed_under_it_keeps_the_result_and_goes_on(ki
     assert recovered.state == TrialState.COMPLETE and recovered.user_attrs["steps"] == 12
     assert sorted(recovered.intermediate_values) == [3, 6, 12]  # its validation curve, for optuna-dashboard too
     # the recovered trial counts towards the target, so its retry may still wait: one more trial runs it
-    run_study(
+    run_in_process(
         RunRequest(
             space, "2x", "t", storage, n_trials=4, sampler="random", pruner="none", checkpoint_dir=tmp_path / "ck"
         )

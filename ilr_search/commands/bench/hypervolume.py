@@ -16,7 +16,7 @@ import optuna
 
 from ilr_search.commands.bench.table import Table
 from ilr_search.config import PrunerSettings
-from ilr_search.search.maps import propose_map, seed_maps
+from ilr_search.search.maps import first_maps, propose_map
 from ilr_search.search.pruners import decision_at_rung
 from ilr_search.search.samplers import build_sampler, sampler_settings
 from ilr_search.storage import CurvePoint
@@ -71,7 +71,7 @@ def replay(
             sampler_cfg, table.n_layers, max_reuse=table.max_reuse, max_layer_runs=table.max_layer_runs
         ),
     )
-    for m in seed_maps(table.n_layers, table.max_reuse, table.max_layer_runs):
+    for m in first_maps(table.n_layers, table.max_reuse, table.max_layer_runs):
         study.enqueue_trial({f"r{i}": r for i, r in enumerate(m)}, skip_if_exists=True)
     reference = table.reference_point()
     entries = table.entries

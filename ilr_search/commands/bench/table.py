@@ -22,7 +22,7 @@ from ilr_search.config import SIZE_MAXIMA
 from ilr_search.errors import UserInputError
 from ilr_search.search.plan import plan_study
 from ilr_search.search.progress import RunReporter
-from ilr_search.search.run import RunRequest, run_study
+from ilr_search.search.run import RunRequest, run_in_process
 from ilr_search.search.studies import open_study
 from ilr_search.space import load_space
 from ilr_search.storage import open_store, parse_storage, study_storage
@@ -87,7 +87,7 @@ def build_table(
         + (f"-sample{sample}-seed{seed}" if sample else "")
     )
     started = time.perf_counter()
-    run_study(
+    run_in_process(
         RunRequest(
             space,
             budget,

@@ -1,0 +1,78 @@
+"""One entry path: the Python API (commands/run.run_study, as README shows it) and `ilr-search run` give the same
+study from one space: the same layout, trials, curves, reference runs and race, to the last digit. The space fuses
+its maps (K = 2) and races, the two settings where the API once trained another study than the CLI."""
+
+import json
+import math
+from pathlib import Path
+
+from conftest import run_cli, write_space
+
+from ilr_search.commands.run import RunRequest, run_study
+from ilr_search.search.studies import open_study
+from ilr_search.space import load_space
+from ilr_search.storage import open_store, parse_storage, study_storage
+
+TIMINGS = ("seconds", "datetime", "heartbeat", "worker", "started", "elapsed")  # how long, when and who, not what
+
+
+def untimed(value):
+    """`value` without the fields that record when, how long and by whom: the study as numbers and maps."""
+    if isinstance(value, dict):
+        return {k: untimed(v) for k, v in value.items() if not any(t in k for t in TIMINGS)}
+    if isinstance(value, list | tuple):
+        return [untimed(v) for v in value]
+    if isinstance(value, float) and math.isnan(value):
+        return "nan"
+    return value
+
+
+def stored(db: Path, name: str) -> dict:
+    spec = parse_storage(f"sqlite:///{db}", read_only=True)
+    study = open_study(spec, name)
+    store = open_store(spec, name, read_only=True, storage=study_storage(study))
+    trials = [
+        {"number": t.number, "state": t.state.name, "params": t.params, "values": t.values, "attrs": t.user_attrs}
+        for t in study.get_trials(deepcopy=False)
+    ]
+    race = sorted(
+        (r.job.map_key, r.job.factor, r.job.seed, r.state, r.steps, r.val_loss, r.curve) for r in store.race_runs()
+    )
+    curves = sorted((p.trial_number, p.step, p.val_loss, p.map_key) for p in store.curve_points())
+    return untimed({"attrs": study.user_attrs, "trials": trials, "race": race, "curves": curves})
+
+
+def test_the_api_and_the_cli_store_the_same_study(tmp_path, token_cache, monkeypatch):
+    space = write_space(
+        tmp_path / "space.toml",
+        search={"fuse": 2, "n_trials": 4, "noise_seeds": 1, "target": 2.0, "race_seeds": 2, "max_seeds": 3},
+    )
+    (tmp_path / "cli").mkdir()
+    (tmp_path / "api").mkdir()
+    cli_db, api_db = tmp_path / "cli" / "study.db", tmp_path / "api" / "study.db"
+    proc = run_cli(
+        [
+            "run",
+            "--space",
+            str(space),
+            "--budget",
+            "2x",
+            "--study",
+            "same",
+            "--storage",
+            f"sqlite:///{cli_db}",
+            "--json",
+        ],
+        tmp_path / "cli",
+        {"ILR_SEARCH_CACHE": str(token_cache)},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    monkeypatch.chdir(tmp_path / "api")  # its checkpoints under its own folder, as the CLI's under its own
+    report = run_study(RunRequest(load_space(str(space)), "2x", study_name="same", storage=f"sqlite:///{api_db}"))
+
+    cli_study, api_study = stored(cli_db, "same"), stored(api_db, "same")
+    assert cli_study["race"], "the space races: the comparison covers the race"
+    assert any(t["state"] == "COMPLETE" for t in api_study["trials"])
+    assert api_study == cli_study
+    assert report.answer.line == json.loads(proc.stdout)["answer"]
