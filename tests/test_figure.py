@@ -5,7 +5,7 @@ a width that follows the page."""
 import dataclasses
 
 from ilr_search.analysis.fidelity import NoiseBand
-from ilr_search.analysis.plots import PlottedTrial, label_positions, pareto_figure
+from ilr_search.analysis.plots import PlottedTrial, label_positions, pareto_figure, spread_range, spread_x
 from ilr_search.analysis.results import FrontRow
 
 
@@ -62,6 +62,20 @@ def test_points_at_one_flop_ratio_are_spread_with_the_map_in_the_hover():
     assert any("map 3,1,1,1,1,1,1,1" in h for h in complete.hovertext)
     pruned = _trace(fig, "pruned")
     assert len(set(pruned.x)) == 2  # the two pruned at the same ratio and step
+
+
+def test_a_large_group_at_one_ratio_keeps_nearer_its_ratio_than_any_other():
+    """30 blocks of one layer at 1.027x beside 29 of two at 1.053x (a block scan): spread side by side, but none drawn
+    at a FLOP ratio nearer another group's, and none below the plain model's 1.0x."""
+    points = [(1.0, 10.0)] + [(1.027, 10.0 + k) for k in range(30)] + [(1.053, 10.0 + k) for k in range(29)]
+    xs = [x for x, _ in points]
+    axis = spread_range(xs)
+    spread = spread_x(points, axis[1] - axis[0])
+    for (x, _), drawn in zip(points, spread, strict=True):
+        nearest = min({1.0, 1.027, 1.053}, key=lambda r: abs(r - drawn))
+        assert nearest == x, (x, drawn)
+    assert min(spread) == 1.0 and len(set(spread)) == len(spread)
+    assert axis[0] < 1.0 < 1.053 < axis[1]
 
 
 def test_the_figure_takes_its_page_width():

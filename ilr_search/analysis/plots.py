@@ -189,16 +189,31 @@ def ppl_axis(fig: go.Figure, values: Sequence[float | None], title: str, row: in
 
 def spread_x(points: list[tuple[float, float]], span: float, step_share: float = 0.012) -> list[float]:
     """x positions that spread points sharing one FLOP ratio side by side (in order of their y), centred on
-    the ratio, `step_share` of the axis span apart: eight maps at 1.476x are eight points, not one."""
+    the ratio, `step_share` of the axis span apart: eight maps at 1.476x are eight points, not one. A group keeps
+    within 0.8 of the gap to the nearest other ratio (its points closer together where it must), so no point is
+    drawn nearer another ratio than its own."""
     groups: dict[float, list[int]] = {}
     for i, (x, _) in enumerate(points):
         groups.setdefault(round(x, 6), []).append(i)
+    steps = _group_steps({x: len(m) for x, m in groups.items()}, step_share * span)
     spread = [x for x, _ in points]
-    for members in groups.values():
+    for x, members in groups.items():
         members.sort(key=lambda i: points[i][1])
         for k, i in enumerate(members):
-            spread[i] = points[i][0] + (k - (len(members) - 1) / 2) * step_share * span
+            spread[i] = points[i][0] + (k - (len(members) - 1) / 2) * steps[x]
     return spread
+
+
+def _group_steps(sizes: dict[float, int], step: float) -> dict[float, float]:
+    """The spacing of each group of points at one ratio (spread_x): `step`, or less where the group's width would
+    pass 0.8 of the gap to the nearest other ratio."""
+    ratios = sorted(sizes)
+    steps = {}
+    for k, x in enumerate(ratios):
+        neighbours = ratios[max(0, k - 1) : k] + ratios[k + 1 : k + 2]
+        room = 0.8 * min(abs(x - n) for n in neighbours) if neighbours else math.inf
+        steps[x] = min(step, room / (sizes[x] - 1)) if sizes[x] > 1 else 0.0
+    return steps
 
 
 def fitted_range(values: Sequence[float | None], pad: float = 0.08) -> list[float] | None:
@@ -212,15 +227,19 @@ def fitted_range(values: Sequence[float | None], pad: float = 0.08) -> list[floa
 
 
 def spread_range(xs: list[float], pad: float = 0.05, step_share: float = 0.012) -> list[float] | None:
-    """fitted_range of `xs`, widened by the room that spread_x takes for the largest group at one ratio."""
+    """fitted_range of `xs`, widened by the room that spread_x takes for the groups at the ends."""
     fitted = fitted_range(xs, pad)
     if fitted is None:
         return None
     counts: dict[float, int] = {}
     for x in xs:
         counts[round(x, 6)] = counts.get(round(x, 6), 0) + 1
-    extra = (max(counts.values()) - 1) / 2 * step_share * (fitted[1] - fitted[0]) * 1.5
-    return [fitted[0] - extra, fitted[1] + extra]
+    steps = _group_steps(counts, step_share * (fitted[1] - fitted[0]))
+    lo, hi = min(counts), max(counts)
+    return [
+        fitted[0] - (counts[lo] - 1) / 2 * steps[lo] * 1.5,
+        fitted[1] + (counts[hi] - 1) / 2 * steps[hi] * 1.5,
+    ]
 
 
 # ----------------------------------------------------------------------------------------------------
