@@ -118,7 +118,7 @@ def test_knobs_at_their_initial_values_are_the_plain_model():
     torch.manual_seed(0)
     plain = ILRTransformer(tiny()).eval()
     knobbed = ILRTransformer(tiny(injection="gated", iteration_encoding=True, iteration_norms=True)).eval()
-    missing, unexpected = knobbed.load_state_dict(plain.state_dict(), strict=True)
+    missing, unexpected = knobbed.load_state_dict(plain.state_dict(), strict=False)
     assert sorted(missing) == ["injection_gates", "iteration_embed", "iteration_norm_gains"] and not unexpected
     idx = torch.randint(0, 64, (2, 8))
     torch.testing.assert_close(knobbed(idx, SCHEDULE), plain(idx, SCHEDULE))
