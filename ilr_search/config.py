@@ -128,6 +128,14 @@ PRUNERS: tuple[PrunerName, ...] = get_args(PrunerName)
 Objective = Literal["pareto", "ppl", "answer", "choice", "exact", "lm-eval"]
 OBJECTIVES: tuple[Objective, ...] = get_args(Objective)
 ITEM_OBJECTIVES: tuple[Objective, ...] = ("choice", "exact", "lm-eval")  # scored per item, 0 or 1, frozen only
+
+
+def scored_by_item(objective: str, train_steps: int) -> bool:
+    """Whether a study's runs are scored one task item at a time: the item objectives, and `answer` in a frozen
+    study (each row's answer-token loss after its prompt; a trained study scores answer rows as held-out text)."""
+    return objective in ITEM_OBJECTIVES or (objective == "answer" and train_steps == 0)
+
+
 # The map families of a study: ilr (per-layer reuse counts, the sampler's), block (block recurrence blockK, the whole
 # stack run K times, trained as reference runs) and blocks (one contiguous block run R times, block:I-J:R, the
 # sampler's; off by default).

@@ -145,6 +145,60 @@ def test_exact_decoding_is_transformers_greedy_decoding(recurrent_checkpoint, mo
             assert wrong == float(own.strip().casefold() != rows[row]["a"].strip().casefold())
 
 
+def write_answer_items(path: Path, n: int = 96) -> Path:
+    """Prompt/answer rows: a line's first 24 characters and its next 12, a few hundred bytes in all (fewer than one
+    held-out window of the text)."""
+    rows = [{"prompt": line[:24], "answer": line[24:36]} for line in code_lines(n, seed=7)]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
+    return path
+
+
+def test_answer_scores_are_each_items_answer_loss_on_the_transformers_model(
+    recurrent_checkpoint, model, unrolled, tmp_path
+):
+    """A frozen `answer` item's score is the mean loss of its answer's tokens after its prompt: computed here item by
+    item with transformers, for two schedules; the chunk's loss is its nats over its tokens."""
+    cfg, _ = model
+    items = load_items(str(write_answer_items(tmp_path / "answers.jsonl")), ItemColumns("prompt", "answer"))
+    task = ItemTask("answer", items, tokenizer(recurrent_checkpoint))
+    for name, schedule in (("plain", [0, 1, 2, 3]), ("recurrent", RECURRENT)):
+        for chunk in chunk_scores(cfg, schedule, task, frozen_cfg(), [0, 1]):
+            assert not chunk.binary and len(chunk.units) == PER_CHUNK
+            assert chunk.tokens == sum(chunk.counts) >= 12 * PER_CHUNK
+            for row, loss, counted in zip(chunk.units, chunk.scores, chunk.counts, strict=True):
+                item = items.items[row]
+                context = item.prompt.rstrip()  # as lm-eval pairs them: the prompt's end spaces begin the answer
+                prompt, answer = list(context.encode()), list((item.prompt[len(context) :] + item.answer).encode())
+                assert counted == len(answer)
+                ids = torch.tensor([prompt + answer])
+                with torch.no_grad():
+                    logits = unrolled[name](input_ids=ids[:, :-1]).logits.float()
+                own = torch.nn.functional.cross_entropy(logits[0, len(prompt) - 1 :], ids[0, len(prompt) :])
+                assert loss == pytest.approx(own.item(), abs=1e-4), (name, row)
+            assert chunk.val_loss == pytest.approx(chunk.nats / chunk.tokens)
+
+
+def test_a_frozen_answer_study_races_by_item_and_says_answer_loss(cli, tmp_path, recurrent_checkpoint):
+    """Answer rows far fewer than one held-out window of text are scored item by item: the race pairs by item and
+    says "answer loss" and "item chunk", never perplexity or windows."""
+    items = write_answer_items(tmp_path / "answers.jsonl")
+    proc, db = choice_run(cli, tmp_path, recurrent_checkpoint, items, objective="answer")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    by_map = {c["map"]: c for c in summary["race"]["comparisons"]}
+    assert "2,2,1,1" in by_map, by_map
+    for comparison in by_map.values():
+        assert comparison["units"] == PER_CHUNK * len(comparison["seeds"]) and set(comparison["seeds"]) <= {1, 2, 3, 4}
+    words = " ".join([summary["answer"], *summary["answer_details"], summary["verdict"]])
+    assert "answer loss" in words and "item chunk" in words, words
+    for wrong in ("ppl", "perplexity", "seed", "window", "accuracy"):
+        assert wrong not in words, (wrong, words)
+    with sqlite3.connect(db) as conn:
+        stored = [json.loads(s) for (s,) in conn.execute("select scores from ilr_run_scores")]
+    assert stored and all(len(s) == PER_CHUNK for s in stored)
+    assert any(v not in (0.0, 1.0) for s in stored for v in s)  # losses in nats, not 0/1
+
+
 def test_the_shared_prefix_gives_the_full_forward_passs_scores_exactly(
     recurrent_checkpoint, model, token_cache, tmp_path
 ):
@@ -192,7 +246,7 @@ def test_bf16_scores_differ_from_fp32_within_a_stated_tolerance(recurrent_checkp
     )
 
 
-def choice_run(cli, tmp_path: Path, checkpoint: Path, items: Path, *extra: str):
+def choice_run(cli, tmp_path: Path, checkpoint: Path, items: Path, *extra: str, objective: str = "choice"):
     space = write_space(
         tmp_path / "items.toml",
         search={
@@ -219,15 +273,14 @@ def choice_run(cli, tmp_path: Path, checkpoint: Path, items: Path, *extra: str):
         "--budget",
         "1.5x",
         "--objective",
-        "choice",
+        objective,
         "--data",
         str(items),
         "--text-column",
         "prompt",
         "--answer-column",
         "answer",
-        "--choices-column",
-        "choices",
+        *(["--choices-column", "choices"] if objective == "choice" else []),
         "--enqueue",
         "2,2,1,1",
         "--storage",

@@ -208,8 +208,8 @@ def _correct_index(answer: Any, choices: Sequence[str], row: int, source: str) -
     return index
 
 
-ItemKind = Literal["choice", "exact"]
-ITEM_KINDS: tuple[ItemKind, ...] = ("choice", "exact")
+ItemKind = Literal["answer", "choice", "exact"]
+ITEM_KINDS: tuple[ItemKind, ...] = ("answer", "choice", "exact")
 
 
 @dataclass(frozen=True)
@@ -223,10 +223,11 @@ class Continuation:
 
 @dataclass(frozen=True)
 class ItemTask:
-    """Items and how they are scored, with the model's tokenizer: `choice` (the correct choice must have the highest
-    summed log-likelihood of its tokens after the prompt: lm-eval's multiple-choice `acc`, not length-normalised) or
-    `exact` (greedy decoding after the prompt up to `stop` or `max_new_tokens` tokens, compared with the answer
-    after `normalise`). A score is a loss: 0 where the item is right, 1 where it is wrong."""
+    """Items and how they are scored, with the model's tokenizer: `answer` (the mean loss of the answer's tokens
+    after the prompt, in nats), `choice` (the correct choice must have the highest summed log-likelihood of its
+    tokens after the prompt: lm-eval's multiple-choice `acc`, not length-normalised) or `exact` (greedy decoding
+    after the prompt up to `stop` or `max_new_tokens` tokens, compared with the answer after `normalise`). A score
+    is a loss: for `choice` and `exact` 0 where the item is right, 1 where it is wrong."""
 
     kind: ItemKind
     items: ItemSet
@@ -243,6 +244,11 @@ class ItemTask:
         """Item `row`'s prompt followed by each of its choices, left-truncated to seq_len + 1 tokens."""
         item = self.items.items[row]
         return [self._pair(item.prompt, choice, seq_len) for choice in item.choices]
+
+    def answer_sequence(self, row: int, seq_len: int) -> Continuation:
+        """Item `row`'s prompt followed by its answer, left-truncated to seq_len + 1 tokens."""
+        item = self.items.items[row]
+        return self._pair(item.prompt, item.answer, seq_len)
 
     def prompt_ids(self, row: int, seq_len: int) -> tuple[int, ...]:
         """Item `row`'s prompt, leaving room for `max_new_tokens` within seq_len (left-truncated)."""
@@ -277,11 +283,12 @@ def normalise(text: str) -> str:
 
 
 def load_task_items(space: SpaceConfig) -> ItemTask:
-    """The task items of a `choice` or `exact` study: its --data file's rows, and the model's tokenizer."""
+    """The task items of an `answer` (frozen), `choice` or `exact` study: its --data file's rows, and the model's
+    tokenizer."""
     from ilr_search.data.tokenizers import build_tokenizer, parse_tokenizer_spec
 
     d, objective = space.data, space.search.objective
-    if objective not in ITEM_KINDS:
+    if objective not in ITEM_KINDS or (objective == "answer" and space.train.steps != 0):
         raise ValueError(f"objective {objective!r} scores no task items of a file")
     if parse_tokenizer_spec(d.tokenizer).kind == "bpe":
         raise DataError(f"task items are tokenized by the model's own tokenizer, not a trained {d.tokenizer}")

@@ -14,7 +14,7 @@ from typing import Any, cast
 from optuna.trial import TrialState
 
 from ilr_search.analysis.answer import Answer, Trust, judge_answer, race_answer, unraced_answer
-from ilr_search.analysis.race_core import REFERENCE_SOURCE, RUN_SOURCE, TRIAL_SOURCE, EqualCompute, StoredResult
+from ilr_search.analysis.race_core import REFERENCE_SOURCE, RUN_SOURCE, TRIAL_SOURCE, EqualCompute, Judged, StoredResult
 from ilr_search.analysis.race_report import DecidedBest, RaceReport
 from ilr_search.analysis.racing import FrontPoint, RaceJob, RaceSettings, RaceState, race_state
 from ilr_search.analysis.results import (
@@ -31,7 +31,15 @@ from ilr_search.analysis.results import (
     trained_trials,
 )
 from ilr_search.analysis.trials import Trial, trial_records
-from ilr_search.config import ITEM_OBJECTIVES, ModelConfig, SpaceConfig, TrainConfig, factor_key, race_target_steps
+from ilr_search.config import (
+    ITEM_OBJECTIVES,
+    ModelConfig,
+    SpaceConfig,
+    TrainConfig,
+    factor_key,
+    race_target_steps,
+    scored_by_item,
+)
 from ilr_search.knobs import config_key
 from ilr_search.search.plan import CONFIG_ATTR, LR_SCHEDULE_FIELDS
 from ilr_search.storage import RaceRun, RaceRunJob
@@ -56,7 +64,10 @@ def race_settings(config: Mapping[str, Any], max_steps: int | None = None) -> Ra
     space = SpaceConfig.from_dict(config)
     base_steps, seed, search = space.train.steps, space.train.seed, space.search
     fixed = search.race_policy == "fixed"
-    items = search.objective in ITEM_OBJECTIVES
+    items = scored_by_item(search.objective, base_steps)
+    judged: Judged = (
+        "accuracy" if search.objective in ITEM_OBJECTIVES else "answer" if search.objective == "answer" else "ppl"
+    )
     race = RaceSettings(
         base_steps,
         race_target_steps(search.target, base_steps),
@@ -64,11 +75,11 @@ def race_settings(config: Mapping[str, Any], max_steps: int | None = None) -> Ra
         race_contenders=search.race_contenders,
         policy="fixed" if fixed else "adaptive",
         max_steps=max_steps or None,
-        judged="accuracy" if items else "answer" if search.objective == "answer" else "ppl",
+        judged=judged,
         items=items,
         two_sided=search.judge,
         blocks="ilr" not in search.families,
-        margin=CLAIM_MARGIN_NATS if base_steps == 0 and not items else 0.0,
+        margin=CLAIM_MARGIN_NATS if base_steps == 0 and search.objective not in ITEM_OBJECTIVES else 0.0,
     )
     if fixed:
         return race

@@ -26,7 +26,7 @@ from ilr_search.analysis.results import (
     study_front,
 )
 from ilr_search.analysis.trials import record_of, trial_records
-from ilr_search.config import ITEM_OBJECTIVES, SIZE_MAXIMA, WORKERS_MAX, SpaceConfig, StudySettings
+from ilr_search.config import SIZE_MAXIMA, WORKERS_MAX, SpaceConfig, StudySettings, scored_by_item
 from ilr_search.errors import StorageFullError, UserInputError
 from ilr_search.folders import check_can_create
 from ilr_search.knobs import KnobValue, config_key
@@ -265,7 +265,7 @@ def check_window_chunks(space: SpaceConfig, data: EvalData) -> None:
         source = f"lm-eval task {space.data.task}" if space.search.objective == "lm-eval" else space.data.corpus
         what = (
             f"items, and {source} holds {have}; use more items"
-            if space.search.objective in ITEM_OBJECTIVES
+            if scored_by_item(space.search.objective, t.steps)
             else f"held-out windows of {space.model.seq_len + 1} tokens, and the validation split holds {have}; "
             "use more text, a larger val_fraction"
         )

@@ -3,8 +3,8 @@ scored. The noise of a frozen result is which text (or which items) was scored, 
 chunk s, of held-out windows (TokenData.window_chunk) or of task items (ItemSet.chunk), so that the race's seeds
 become disjoint chunks and its paired differences are paired by window or item (docs/race.md, "Frozen search").
 
-A score is a loss, one a unit: a window's (or an answer row's) mean loss per counted token, or for items 0 where
-the item is right and 1 where it is wrong (`choice`, `exact`: data/items.py).
+A score is a loss, one a unit: a window's mean loss per counted token, an item's answer tokens' mean loss after
+its prompt (`answer`), or 0 where the item is right and 1 where it is wrong (`choice`, `exact`: data/items.py).
 
 One `FrozenEvaluator` a process serves every map of a study: the model is built once, its weights stored in the
 evaluation dtype (bf16 where the device computes it natively: `frozen_dtype`), and per chunk the plain model's
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from ilr_search.config import ITEM_OBJECTIVES, ModelConfig, SpaceConfig, TrainConfig
+from ilr_search.config import ModelConfig, SpaceConfig, TrainConfig, scored_by_item
 from ilr_search.data.items import ItemTask, load_task_items
 from ilr_search.data.tokens import IGNORE_INDEX, TokenData, counted_targets, load_space_tokens
 from ilr_search.records import EvalPoint
@@ -36,6 +36,7 @@ from ilr_search.training.loss import linear_cross_entropy
 from ilr_search.training.model import ILRTransformer, branch_scales
 
 EvalData = TokenData | ItemTask | LmEvalTask  # what a run scores: held-out windows, task items, an lm-eval task
+ScoredSequence = tuple[tuple[int, ...], int, tuple[int, ...] | None]  # a scored sequence: (ids, counted, picked tokens)
 CACHE_SHARE = 0.25  # of the machine's memory (a GPU's, where the model is on one) the shared prefixes may hold
 
 
@@ -177,7 +178,7 @@ class FrozenEvaluator:
             self._batches[key] = make()
         return self._batches[key]
 
-    # --- held-out windows (and answer rows) ---
+    # --- held-out windows ---
 
     def _windows(
         self, data: TokenData, schedule: list[int], scales: list[float | None], start: int, chunk: int, n: int
@@ -252,12 +253,56 @@ class FrozenEvaluator:
         self, task: ItemTask, schedule: list[int], scales: list[float | None], start: int, chunk: int, n: int
     ) -> ChunkScores:
         rows = task.items.chunk(chunk, n)
+        if task.kind == "answer":
+            return self._answer(task, rows, schedule, scales, start, chunk, n)
         if task.kind == "choice":
             wrong = self._choice(task, rows, schedule, scales, start, chunk, n)
         else:
             wrong = self._exact(task, rows, schedule, scales)
         scores = tuple(float(w) for w in wrong)
         return ChunkScores(chunk, rows, scores, True, 0.0, 0)
+
+    def _sequence_batches(
+        self, sequences: Sequence[tuple[tuple[int, ...], int, tuple[int, ...] | None]]
+    ) -> list[Batch]:
+        """Batches of (ids, counted, picked) sequences, right-padded: a sequence's last `counted` tokens are its
+        targets, or with `picked` tokens none are, and those tokens are scored at its last position."""
+        batches = []
+        for b in range(0, len(sequences), self.batch_size):
+            part = sequences[b : b + self.batch_size]
+            width = max(len(ids) - 1 for ids, _, _ in part)
+            x = np.zeros((len(part), width), dtype=np.int64)
+            y = np.full((len(part), width), IGNORE_INDEX, dtype=np.int64)
+            picks: list[tuple[int, tuple[int, ...]] | None] = []
+            for r, (ids, counted, picked) in enumerate(part):
+                row_ids = np.asarray(ids, dtype=np.int64)
+                x[r, : len(row_ids) - 1] = row_ids[:-1]
+                if picked is None:
+                    y[r, len(row_ids) - 1 - counted : len(row_ids) - 1] = row_ids[len(row_ids) - counted :]
+                picks.append(None if picked is None else (len(row_ids) - 2, picked))
+            batches.append(Batch(torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device), picks=picks))
+        return batches
+
+    def _answer(
+        self,
+        task: ItemTask,
+        rows: Sequence[int],
+        schedule: list[int],
+        scales: list[float | None],
+        start: int,
+        chunk: int,
+        n: int,
+    ) -> ChunkScores:
+        """Per item, the mean loss of its answer's tokens after its prompt (nats a token)."""
+        seq_len = self.model.cfg.seq_len
+        sequences = [(c.ids, c.counted, None) for c in (task.answer_sequence(row, seq_len) for row in rows)]
+        sums: list[torch.Tensor] = []
+        for batch in self._chunk_batches(chunk, n, lambda: self._sequence_batches(sequences)):
+            sums += self._row_nats(self._hidden(batch, schedule, scales, start), batch.y, IGNORE_INDEX)
+        nats = torch.stack(sums).double().cpu().tolist()  # the chunk's one host sync
+        counts = tuple(counted for _, counted, _ in sequences)
+        losses = tuple(v / max(1, c) for v, c in zip(nats, counts, strict=True))
+        return ChunkScores(chunk, tuple(rows), losses, False, math.fsum(nats), sum(counts), counts=counts)
 
     def _choice(
         self,
@@ -274,7 +319,7 @@ class FrozenEvaluator:
         last position (the same log-likelihoods as one sequence a choice); the others one sequence a choice."""
         seq_len = self.model.cfg.seq_len
         owners: list[int] = []  # the item (its position in `rows`) of each sequence
-        sequences: list[tuple[tuple[int, ...], int, tuple[int, ...] | None]] = []  # (ids, counted, picked tokens)
+        sequences: list[ScoredSequence] = []
         for i, row in enumerate(rows):
             choices = task.choice_sequences(row, seq_len)
             contexts = {c.ids[:-1] for c in choices}
@@ -286,28 +331,9 @@ class FrozenEvaluator:
                 owners.append(i)
                 sequences.append((c.ids, c.counted, None))
 
-        def make() -> list[Batch]:
-            batches = []
-            for b in range(0, len(sequences), self.batch_size):
-                part = sequences[b : b + self.batch_size]
-                width = max(len(ids) - 1 for ids, _, _ in part)
-                x = np.zeros((len(part), width), dtype=np.int64)
-                y = np.full((len(part), width), IGNORE_INDEX, dtype=np.int64)
-                picks: list[tuple[int, tuple[int, ...]] | None] = []
-                for r, (ids, counted, picked) in enumerate(part):
-                    row_ids = np.asarray(ids, dtype=np.int64)
-                    x[r, : len(row_ids) - 1] = row_ids[:-1]
-                    if picked is None:
-                        y[r, len(row_ids) - 1 - counted : len(row_ids) - 1] = row_ids[len(row_ids) - counted :]
-                    picks.append(None if picked is None else (len(row_ids) - 2, picked))
-                batches.append(
-                    Batch(torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device), picks=picks)
-                )
-            return batches
-
         values: list[list[float]] = []  # each sequence's losses: one a choice it scores
         head = self.model.head_weight
-        for batch in self._chunk_batches(chunk, n, make):
+        for batch in self._chunk_batches(chunk, n, lambda: self._sequence_batches(sequences)):
             hidden = self._hidden(batch, schedule, scales, start)
             nats = self._row_nats(hidden, batch.y, IGNORE_INDEX)
             for r, pick in enumerate(batch.picks):
@@ -404,12 +430,12 @@ def chunk_scores(
 
 
 def load_space_data(space: SpaceConfig) -> EvalData:
-    """What a space's runs score: its task items (objective choice or exact), its lm-eval task (lm-eval), else its
-    corpus's tokens."""
+    """What a space's runs score: its task items (objective choice or exact, or answer frozen), its lm-eval task
+    (lm-eval), else its corpus's tokens."""
     objective = space.search.objective
     if objective == "lm-eval":
         return lm_eval_task(space.data.task, space.data.tasks_path, space.model.init)
-    if objective in ITEM_OBJECTIVES:
+    if scored_by_item(objective, space.train.steps):
         return load_task_items(space)
     return load_space_tokens(space)
 
