@@ -714,7 +714,7 @@ def print_race(report: StudyReport) -> None:
                 droppable=["level", "p"],
             )
     for key, why in race.state.eliminated.items():
-        out.print(f"eliminated {key}: {why}", soft_wrap=True)
+        out.print(f"eliminated {words.shown(key)}: {why}", soft_wrap=True)
     equal = race.equal_compute
     if equal and equal.val_ppl is not None:
         out.print(

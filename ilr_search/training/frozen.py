@@ -95,6 +95,18 @@ def shared_prefix(schedule: Sequence[int], scales: Sequence[float | None]) -> in
     return p
 
 
+@dataclass(frozen=True)
+class MapRun:
+    """One evaluation: a schedule with its branch factors (model.branch_scales), the positions it shares with the
+    plain model (`start`: shared_prefix, 0 where not shared), on chunk `chunk` of `n` units."""
+
+    schedule: list[int]
+    scales: list[float | None]
+    start: int
+    chunk: int
+    n: int
+
+
 @dataclass
 class Batch:
     """One batch of a chunk: inputs (B, T), targets (B, T) with IGNORE_INDEX where not counted, and the plain
@@ -136,20 +148,22 @@ class FrozenEvaluator:
             t0 = time.perf_counter()
             schedule = list(schedule)
             scales = branch_scales(cfg, schedule)
-            start = shared_prefix(schedule, scales) if share else 0
+            run = MapRun(schedule, scales, shared_prefix(schedule, scales) if share else 0, chunk, n)
             if isinstance(self.data, LmEvalTask):
-                scores = self._lm_eval(self.data, schedule, scales, chunk, n)
+                scores = self._lm_eval(self.data, run)
             elif isinstance(self.data, ItemTask):
-                scores = self._items(self.data, schedule, scales, start, chunk, n)
+                scores = self._items(self.data, run)
             else:
-                scores = self._windows(self.data, schedule, scales, start, chunk, n)
+                scores = self._windows(self.data, run)
             return replace(scores, seconds=time.perf_counter() - t0)
 
-    def _hidden(self, batch: Batch, schedule: list[int], scales: list[float | None], start: int) -> torch.Tensor:
-        """The final hidden states of `schedule` on `batch`, from the plain model's state after `start` layers."""
-        if start == 0:
-            return self.model.hidden(batch.x, schedule, scales)
-        return self.model.hidden(batch.x, schedule, scales, start=start, state=self._plain_state(batch, start))
+    def _hidden(self, batch: Batch, run: MapRun) -> torch.Tensor:
+        """The final hidden states of the run's schedule on `batch`, from the plain model's state after its shared
+        prefix."""
+        if run.start == 0:
+            return self.model.hidden(batch.x, run.schedule, run.scales)
+        state = self._plain_state(batch, run.start)
+        return self.model.hidden(batch.x, run.schedule, run.scales, start=run.start, state=state)
 
     def _plain_state(self, batch: Batch, p: int) -> torch.Tensor:
         """The plain model's residual stream after its first p layers on `batch`: kept ones, the rest computed from
@@ -172,19 +186,17 @@ class FrozenEvaluator:
             self.cached_bytes += size
         return batch.states[p]
 
-    def _chunk_batches(self, chunk: int, n: int, make: Callable[[], list[Batch]]) -> list[Batch]:
-        key = (chunk, n)
+    def _chunk_batches(self, run: MapRun, make: Callable[[], list[Batch]]) -> list[Batch]:
+        key = (run.chunk, run.n)
         if key not in self._batches:
             self._batches[key] = make()
         return self._batches[key]
 
     # --- held-out windows ---
 
-    def _windows(
-        self, data: TokenData, schedule: list[int], scales: list[float | None], start: int, chunk: int, n: int
-    ) -> ChunkScores:
+    def _windows(self, data: TokenData, run: MapRun) -> ChunkScores:
         seq_len = self.model.cfg.seq_len
-        windows = data.window_chunk(chunk, n, seq_len)
+        windows = data.window_chunk(run.chunk, run.n, seq_len)
 
         def make() -> list[Batch]:
             return [
@@ -194,13 +206,13 @@ class FrozenEvaluator:
 
         sums: list[torch.Tensor] = []
         counted: list[int] = []
-        for batch in self._chunk_batches(chunk, n, make):
+        for batch in self._chunk_batches(run, make):
             counted += [counted_targets(row) for row in batch.y.cpu().numpy()]
-            hidden = self._hidden(batch, schedule, scales, start)
+            hidden = self._hidden(batch, run)
             sums += self._row_nats(hidden, batch.y, data.ignore_index)
         nats = torch.stack(sums).double().cpu().tolist()  # the chunk's one host sync
         return ChunkScores(
-            chunk,
+            run.chunk,
             tuple(int(s) for s in windows.starts),
             tuple(v / max(1, c) for v, c in zip(nats, counted, strict=True)),
             False,
@@ -227,40 +239,36 @@ class FrozenEvaluator:
 
     # --- an lm-eval task ---
 
-    def _lm_eval(
-        self, task: LmEvalTask, schedule: list[int], scales: list[float | None], chunk: int, n: int
-    ) -> ChunkScores:
+    def _lm_eval(self, task: LmEvalTask, run: MapRun) -> ChunkScores:
         """The documents of chunk `chunk` scored by lm-eval on the schedule unrolled into transformers' model
         (training/lm_eval_items.py); a score is a loss: 1 - the metric where higher is better."""
-        docs = task.chunk(chunk, n)
+        docs = task.chunk(run.chunk, run.n)
         scored = lm_eval_scores(
             self.model,
-            schedule,
+            run.schedule,
             task.tokenizer_dir,
             task.family,
             task.info.name,
             task.tasks_path,
             docs,
             self.batch_size,
-            scales,
+            run.scales,
         )
         losses = tuple(1.0 - v if scored.higher_is_better else float(v) for v in scored.scores)
-        return ChunkScores(chunk, docs, losses, True, 0.0, 0)
+        return ChunkScores(run.chunk, docs, losses, True, 0.0, 0)
 
     # --- task items ---
 
-    def _items(
-        self, task: ItemTask, schedule: list[int], scales: list[float | None], start: int, chunk: int, n: int
-    ) -> ChunkScores:
-        rows = task.items.chunk(chunk, n)
+    def _items(self, task: ItemTask, run: MapRun) -> ChunkScores:
+        rows = task.items.chunk(run.chunk, run.n)
         if task.kind == "answer":
-            return self._answer(task, rows, schedule, scales, start, chunk, n)
+            return self._answer(task, rows, run)
         if task.kind == "choice":
-            wrong = self._choice(task, rows, schedule, scales, start, chunk, n)
+            wrong = self._choice(task, rows, run)
         else:
-            wrong = self._exact(task, rows, schedule, scales)
+            wrong = self._exact(task, rows, run)
         scores = tuple(float(w) for w in wrong)
-        return ChunkScores(chunk, rows, scores, True, 0.0, 0)
+        return ChunkScores(run.chunk, rows, scores, True, 0.0, 0)
 
     def _sequence_batches(
         self, sequences: Sequence[tuple[tuple[int, ...], int, tuple[int, ...] | None]]
@@ -283,37 +291,19 @@ class FrozenEvaluator:
             batches.append(Batch(torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device), picks=picks))
         return batches
 
-    def _answer(
-        self,
-        task: ItemTask,
-        rows: Sequence[int],
-        schedule: list[int],
-        scales: list[float | None],
-        start: int,
-        chunk: int,
-        n: int,
-    ) -> ChunkScores:
+    def _answer(self, task: ItemTask, rows: Sequence[int], run: MapRun) -> ChunkScores:
         """Per item, the mean loss of its answer's tokens after its prompt (nats a token)."""
         seq_len = self.model.cfg.seq_len
         sequences = [(c.ids, c.counted, None) for c in (task.answer_sequence(row, seq_len) for row in rows)]
         sums: list[torch.Tensor] = []
-        for batch in self._chunk_batches(chunk, n, lambda: self._sequence_batches(sequences)):
-            sums += self._row_nats(self._hidden(batch, schedule, scales, start), batch.y, IGNORE_INDEX)
+        for batch in self._chunk_batches(run, lambda: self._sequence_batches(sequences)):
+            sums += self._row_nats(self._hidden(batch, run), batch.y, IGNORE_INDEX)
         nats = torch.stack(sums).double().cpu().tolist()  # the chunk's one host sync
         counts = tuple(counted for _, counted, _ in sequences)
         losses = tuple(v / max(1, c) for v, c in zip(nats, counts, strict=True))
-        return ChunkScores(chunk, tuple(rows), losses, False, math.fsum(nats), sum(counts), counts=counts)
+        return ChunkScores(run.chunk, tuple(rows), losses, False, math.fsum(nats), sum(counts), counts=counts)
 
-    def _choice(
-        self,
-        task: ItemTask,
-        rows: Sequence[int],
-        schedule: list[int],
-        scales: list[float | None],
-        start: int,
-        chunk: int,
-        n: int,
-    ) -> list[bool]:
+    def _choice(self, task: ItemTask, rows: Sequence[int], run: MapRun) -> list[bool]:
         """Per item, whether its correct choice lacks the highest summed log-likelihood (lm-eval's `acc`). An item
         whose choices are one token each after the same context is read once, its choices scored at its context's
         last position (the same log-likelihoods as one sequence a choice); the others one sequence a choice."""
@@ -333,8 +323,8 @@ class FrozenEvaluator:
 
         values: list[list[float]] = []  # each sequence's losses: one a choice it scores
         head = self.model.head_weight
-        for batch in self._chunk_batches(chunk, n, lambda: self._sequence_batches(sequences)):
-            hidden = self._hidden(batch, schedule, scales, start)
+        for batch in self._chunk_batches(run, lambda: self._sequence_batches(sequences)):
+            hidden = self._hidden(batch, run)
             nats = self._row_nats(hidden, batch.y, IGNORE_INDEX)
             for r, pick in enumerate(batch.picks):
                 if pick is None:
@@ -350,9 +340,7 @@ class FrozenEvaluator:
         best = {i: min(range(len(v)), key=v.__getitem__) for i, v in scored.items()}
         return [best[i] != task.items.items[row].correct for i, row in enumerate(rows)]
 
-    def _exact(
-        self, task: ItemTask, rows: Sequence[int], schedule: list[int], scales: list[float | None]
-    ) -> list[bool]:
+    def _exact(self, task: ItemTask, rows: Sequence[int], run: MapRun) -> list[bool]:
         """Per item, whether greedy decoding after its prompt, up to the stop string, misses its answer."""
         seq_len = self.model.cfg.seq_len
         wrong = []
@@ -370,7 +358,7 @@ class FrozenEvaluator:
                 x = torch.zeros((len(seqs), width), dtype=torch.long)
                 for r, s in enumerate(seqs):
                     x[r, : len(s)] = torch.tensor(s)
-                hidden = self.model.hidden(x.to(self.device), schedule, scales)
+                hidden = self.model.hidden(x.to(self.device), run.schedule, run.scales)
                 last = hidden[torch.arange(len(seqs)), torch.tensor([len(s) - 1 for s in seqs])]
                 nxt = (last.float() @ self.model.head_weight.float().t()).argmax(-1).tolist()
                 for i, token in zip(live, nxt, strict=True):
