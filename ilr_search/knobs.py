@@ -26,6 +26,9 @@ KNOB_CHOICES: dict[str, tuple[KnobValue, ...]] = {
 }
 KNOBS = tuple(KNOB_CHOICES)
 CONTINUOUS_KNOBS = ("damping",)  # knobs that take any value in (0, 1], not only their choices
+# knobs that are factors on the passes of a repeated layer only (model.branch_scales): a schedule that repeats no
+# layer is the same model with them or without
+REPEAT_FACTORS = ("damping", "repeat_scale")
 
 
 def knob_choices(name: str, damping_choices: Sequence[float] = ()) -> tuple[KnobValue, ...]:
@@ -115,6 +118,14 @@ def _number(name: str, text: str) -> float:
         raise ValueError(f"knob {name} takes a number in (0, 1] (e.g. {name}=0.5), got {text!r}") from None
     check_knob_value(name, value)
     return value
+
+
+def acting_knobs(knobs: Mapping[str, KnobValue], schedule: Sequence[int]) -> dict[str, KnobValue]:
+    """The knobs that act on `schedule`: all of them, less the REPEAT_FACTORS where it repeats no layer (so that
+    the plain map with damping is the plain map: one key, one evaluation)."""
+    if len(set(schedule)) < len(schedule):
+        return dict(knobs)
+    return {name: value for name, value in knobs.items() if name not in REPEAT_FACTORS}
 
 
 def config_key(map_key: str, knobs: Mapping[str, KnobValue]) -> str:

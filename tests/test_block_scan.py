@@ -7,6 +7,7 @@ import sqlite3
 import pytest
 from conftest import write_space
 
+from ilr_search.analysis.map_key import as_block
 from ilr_search.search.maps import feasible_blocks
 
 
@@ -84,3 +85,45 @@ def test_the_blocks_scan_preset_scans_a_checkpoint(cli, tmp_path, recurrent_chec
     expected = {b.canonical().key for b in feasible_blocks(4, 4, 5)} | {"1,1,1,1"}
     assert sorted(evaluated_keys(db)) == sorted(expected)
     assert "every feasible block evaluated once, 4 of them" in proc.stderr
+
+
+def test_damping_on_the_plain_map_is_the_plain_map(cli, tmp_path, recurrent_checkpoint):
+    """damping acts on repeated passes only: the plain map asked for with it, or proposed with it, is the plain
+    map's one evaluation, never a map of its own that the race would spend chunks on."""
+    space = write_space(
+        tmp_path / "damped.toml",
+        search={"families": ["blocks"], "max_reuse": 2, "sampler": "random", "n_trials": 12, "race_seeds": 1},
+        train={"eval_windows": 4},
+    )
+    db = tmp_path / "damped.db"
+    proc = cli(
+        "run",
+        "--space",
+        str(space),
+        "--init",
+        str(recurrent_checkpoint),
+        "--train-steps",
+        "0",
+        "--budget",
+        "1.5x",
+        "--knobs",
+        "damping",
+        "--enqueue",
+        "1,1,1,1|damping=0.5",
+        "--enqueue",
+        "block:1-2:2|damping=0.5",
+        "--storage",
+        f"sqlite:///{db}",
+        "--json",
+    )
+    assert proc.returncode == 0, proc.stderr
+    keys = evaluated_keys(db)
+    assert "block:1-2:2|damping=0.5" in keys and keys.count("1,1,1,1") >= 2, keys
+    assert not [k for k in keys if k.startswith("1,1,1,1|")], keys
+    # a study of blocks prints a one-layer block as block:I-I:R in every table of `trials`, never as counts
+    listed = cli("trials", "--storage", f"sqlite:///{db}")
+    assert listed.returncode == 0, listed.stderr
+    one_layer = {k.split("|")[0] for k in keys if as_block(k) != k}
+    assert one_layer, keys
+    for key in one_layer:
+        assert as_block(key) in listed.stdout and key not in listed.stdout, (key, listed.stdout)

@@ -65,7 +65,7 @@ def judged(recurrent_checkpoint, tmp_path_factory, token_cache):
         "8",
         "--json",
     ]
-    for c in ("2,2,1,1", "1,1,1,1", "block:1-2:2|damping=1e-7", str(layer_scan)):
+    for c in ("2,2,1,1", "1,1,1,1|damping=0.5", "block:1-2:2|damping=1e-7", str(layer_scan)):
         args += ["--candidate", c]
     proc = run_cli(args, root, {"ILR_SEARCH_CACHE": str(token_cache)})
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -89,8 +89,9 @@ def test_judge_claims_the_map_the_checkpoint_was_trained_with_and_nothing_it_can
         line.startswith("block:1-2:2 with damping=1e-07 is not distinguishable from tiny-llama: a gap of")
         for line in details
     ), details
-    # the model itself is said to be so, and judged against nothing
-    assert "1,1,1,1 runs every layer once: it is the model itself" in proc.stderr
+    # the model itself (damping acts on repeated passes only: the plain map with it is the plain map) is said to be
+    # so, and judged against nothing
+    assert "1,1,1,1|damping=0.5 runs every layer once: it is the model itself" in proc.stderr
     assert "layer-scan.yml reads as block:1-2:2" in proc.stderr
     for word in ("seed", "training", "0 steps", "proxy"):
         assert word not in " ".join([answer, *details]), word

@@ -7,10 +7,10 @@ import torch
 import torch.nn.functional as F
 
 from ilr_search.config import ModelConfig, TrainConfig
-from ilr_search.knobs import format_knobs, knobs_of, with_knobs
+from ilr_search.knobs import acting_knobs, format_knobs, knobs_of, with_knobs
 from ilr_search.training.flops import count_flops, forward_flops_per_token, param_count
 from ilr_search.training.model import ILRTransformer, branch_scales, repeat_indices
-from ilr_search.training.schedule import block_schedule, reuse_map_schedule
+from ilr_search.training.schedule import block_schedule, parse_keyed_map, reuse_map_schedule
 from ilr_search.training.train import build_optimizer, set_lr, weight_decays
 
 ENCODINGS = ["nope", "rope", "learned", "alibi"]
@@ -328,3 +328,15 @@ def test_damping_is_a_knob_that_takes_any_value_in_zero_one():
     with pytest.raises(ValueError, match="damping"):
         ModelConfig(damping=0.0)
     assert forward_flops_per_token(tiny(damping=0.5), SCHEDULE) == forward_flops_per_token(tiny(), SCHEDULE)
+
+
+def test_a_repeat_factor_on_a_map_that_repeats_no_layer_is_dropped():
+    """damping and repeat_scale act on the passes of a repeated layer only: on a map that repeats none they are
+    dropped, so that the plain map with damping is the plain map (one key, one evaluation); other knobs stay."""
+    assert acting_knobs({"damping": 0.5, "repeat_scale": "residual", "injection": "add"}, [0, 1, 2]) == {
+        "injection": "add"
+    }
+    assert acting_knobs({"damping": 0.5}, [0, 0, 1, 2]) == {"damping": 0.5}
+    assert parse_keyed_map("1,1,1|damping=0.1", 3, "here")[1] == {}
+    assert parse_keyed_map("2,1,1|damping=0.1", 3, "here")[1] == {"damping": 0.1}
+    assert parse_keyed_map("block:1-2:2|damping=0.5", 3, "here")[1] == {"damping": 0.5}

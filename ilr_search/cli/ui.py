@@ -700,7 +700,7 @@ def print_race(report: StudyReport) -> None:
             rows_table(
                 f"against the baseline {settings.words.at(0)} (test {words.unit}s, {paired}; loss_diff: the map's "
                 f"{what} minus the baseline's, below 0 is better)",
-                [r | {"reuse_map": words.shown(str(r["reuse_map"]))} for r in rows],
+                [r | {"map": words.shown(str(r.get("map") or r["reuse_map"]))} for r in rows],
                 FROZEN_COMPARISON_COLUMNS,
                 {"window_chunks": f"test {words.unit}s", "reuse_map": "map"},
                 droppable=["level", "p"],
@@ -740,7 +740,7 @@ def print_front(report: StudyReport, front: list[FrontRow]) -> None:
         rows = race_front_rows(front, words)
         rows_table(
             f"Pareto front of {report.study}",
-            [r | {"reuse_map": words.shown(r["map"])} for r in rows],
+            [r | {"map": words.shown(r["map"])} for r in rows],
             FROZEN_FRONT_COLUMNS,
             FROZEN_FRONT_HEADERS | {"seeds": f"{words.unit}s", "reuse_map": "map", "val_ppl": words.column},
             RACE_FRONT_DROPPED,
@@ -863,7 +863,7 @@ def print_trials(report: StudyReport) -> None:
             rows_table(
                 f"maps evaluated in {report.study} (on {words.unit} 0)",
                 [
-                    r | {"reuse_map": words.shown(r.get("map") or r["reuse_map"]), "val_ppl": words.value(r["val_ppl"])}
+                    r | {"map": words.shown(r.get("map") or r["reuse_map"]), "val_ppl": words.value(r["val_ppl"])}
                     for r in rows
                 ],
                 FROZEN_TRIAL_COLUMNS,

@@ -16,7 +16,7 @@ from optuna.trial import FrozenTrial, TrialState
 from ilr_search.analysis.results import finite_or_none, has_result
 from ilr_search.analysis.trials import TrialAttr, TrialRecord, trial_records
 from ilr_search.config import ModelConfig, TrainConfig
-from ilr_search.knobs import KnobValue, config_key, format_knobs
+from ilr_search.knobs import KnobValue, acting_knobs, config_key, format_knobs
 from ilr_search.search.maps import propose_knobs, propose_trial_map
 from ilr_search.search.plan import StudyPlan, safe_name
 from ilr_search.search.progress import Message, RunReporter, TrialStarted, step_callback
@@ -181,7 +181,7 @@ class SearchRun:
             trial, self.n_layers, search.max_reuse, self.plan.budget.max_layer_runs(self.plan.model), search.families
         )
         reuse_map, schedule = list(chosen.counts), chosen.schedule()
-        knobs = propose_knobs(trial, search.knobs, search.damping_choices)
+        knobs = acting_knobs(propose_knobs(trial, search.knobs, search.damping_choices), schedule)
         key = config_key(chosen.key, knobs)  # the knobs add no FLOPs: repair keys on the map
         model = self.plan.trial_model(knobs)
         ratio = flops_ratio(model, schedule)

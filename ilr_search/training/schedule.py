@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ilr_search.errors import UserInputError
-from ilr_search.knobs import KnobValue, parse_knob_settings
+from ilr_search.knobs import KnobValue, acting_knobs, parse_knob_settings
 
 
 class ScheduleError(UserInputError):
@@ -169,12 +169,15 @@ def parse_map(text: str, n_layers: int) -> Map:
 
 def parse_keyed_map(text: str, n_layers: int, where: str) -> tuple[Map, dict[str, KnobValue]]:
     """A map with its knob settings as a person writes it (`block:16-27:2|damping=0.5`, `2,1,1,1`): the map
-    (parse_map) and the knobs (knobs.parse_knob_settings); one error line naming `where` for either's fault."""
+    (parse_map) and the knobs that act on it (knobs.parse_knob_settings, acting_knobs); one error line naming `where`
+    for either's fault."""
     map_text, _, knob_text = text.partition("|")
     try:
-        return parse_map(map_text, n_layers), parse_knob_settings(knob_text) if knob_text.strip() else {}
+        chosen = parse_map(map_text, n_layers)
+        knobs = parse_knob_settings(knob_text) if knob_text.strip() else {}
     except ValueError as e:  # ScheduleError is a UserInputError; knob errors are ValueErrors
         raise ScheduleError(f"{where}: {e}") from None
+    return chosen, acting_knobs(knobs, chosen.schedule())
 
 
 def map_of_key(map_key: str, n_layers: int) -> Map:
