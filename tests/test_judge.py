@@ -185,3 +185,18 @@ def test_the_export_carries_each_chunks_scores_by_unit(judged, token_cache):
         scores = json.loads(run["unit_scores"])
         assert len(scores) == PER_CHUNK
         assert abs(sum(scores) / len(scores) - run["val_loss"]) < 1e-6
+
+
+def test_a_judge_writes_a_map_that_repeats_one_layer_as_that_layers_block():
+    """A judge's candidates on a deep model are blocks: a one-layer block given as block:15-15:3 (whose key is the
+    reuse map 1,...,3,...) is written back as the block, as a study of blocks writes it; a study of ILR maps keeps
+    the counts."""
+    from ilr_search.config import SpaceConfig
+    from ilr_search.search.race_results import race_settings
+
+    config = SpaceConfig().to_dict()
+    assert race_settings(config).shown("1,2,1,1,1,1,1,1") == "1,2,1,1,1,1,1,1"
+    config["search"]["judge"] = True
+    judged = race_settings(config)
+    assert judged.shown("1,2,1,1,1,1,1,1|damping=0.1") == "block:1-1:2|damping=0.1"
+    assert judged.shown("2,2,1,1,1,1,1,1") == "2,2,1,1,1,1,1,1"  # two layers repeated: a reuse map, no block

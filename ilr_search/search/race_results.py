@@ -78,7 +78,9 @@ def race_settings(config: Mapping[str, Any], max_steps: int | None = None) -> Ra
         judged=judged,
         items=items,
         two_sided=search.judge,
-        blocks="ilr" not in search.families,
+        # a study of blocks, and a judge (whose candidates on a deep model are blocks), write a map that repeats one
+        # layer as the block of that layer, block:I-I:R
+        blocks="ilr" not in search.families or search.judge,
         margin=CLAIM_MARGIN_NATS if base_steps == 0 and search.objective not in ITEM_OBJECTIVES else 0.0,
     )
     if fixed:
