@@ -24,6 +24,24 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 TINY_SPACE = ROOT / "tests" / "spaces" / "tiny.toml"
 
 
+def frozen_run_args(space: str | Path, init: str | Path, budget: str, storage: str) -> list[str]:
+    """A frozen study's command line up to its own flags: `run --space S --init MODEL --train-steps 0 --budget B
+    --storage URL`."""
+    return [
+        "run",
+        "--space",
+        str(space),
+        "--init",
+        str(init),
+        "--train-steps",
+        "0",
+        "--budget",
+        budget,
+        "--storage",
+        storage,
+    ]
+
+
 def write_space(path: Path, base: Path = TINY_SPACE, **sections: dict) -> Path:
     """A copy of a test space with keys replaced, e.g. write_space(p, search={"noise_seeds": 0}); returns path."""
     if sys.version_info >= (3, 11):

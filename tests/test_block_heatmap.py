@@ -18,7 +18,7 @@ from pathlib import Path
 import optuna
 import plotly.graph_objects as go
 import pytest
-from conftest import assert_one_line_error, run_cli, write_space
+from conftest import assert_one_line_error, frozen_run_args, run_cli, write_space
 
 from ilr_search.analysis.answer import Answer
 from ilr_search.analysis.blocks import (
@@ -67,21 +67,11 @@ def block_study(tmp_path_factory, token_cache, recurrent_checkpoint):
     url = f"sqlite:///{root / 'blocks.db'}"
     proc = run_cli(
         [
-            "run",
-            "--space",
-            str(space),
-            "--init",
-            str(recurrent_checkpoint),
-            "--train-steps",
-            "0",
-            "--budget",
-            "2x",
+            *frozen_run_args(space, recurrent_checkpoint, "2x", url),
             "--enqueue",
             "2,1,1,1",
             "--study",
             "bh",
-            "--storage",
-            url,
             "--json",
         ],
         root,
@@ -249,19 +239,9 @@ def test_a_study_without_blocks_is_one_error_line(cli, tmp_path, recurrent_check
     )
     url = f"sqlite:///{tmp_path / 'ilr.db'}"
     proc = cli(
-        "run",
-        "--space",
-        str(space),
-        "--init",
-        str(recurrent_checkpoint),
-        "--train-steps",
-        "0",
-        "--budget",
-        "1.5x",
+        *frozen_run_args(space, recurrent_checkpoint, "1.5x", url),
         "--study",
         "plain",
-        "--storage",
-        url,
         "--json",
     )
     assert proc.returncode == 0, proc.stderr

@@ -5,7 +5,7 @@ import json
 import sqlite3
 
 import pytest
-from conftest import write_space
+from conftest import frozen_run_args, write_space
 
 from ilr_search.analysis.map_key import as_block
 from ilr_search.search.maps import feasible_blocks
@@ -42,17 +42,7 @@ def test_every_block_is_evaluated_once(cli, tmp_path, recurrent_checkpoint, samp
     )
     db = tmp_path / "scan.db"
     proc = cli(
-        "run",
-        "--space",
-        str(space),
-        "--init",
-        str(recurrent_checkpoint),
-        "--train-steps",
-        "0",
-        "--budget",
-        "1.5x",
-        "--storage",
-        f"sqlite:///{db}",
+        *frozen_run_args(space, recurrent_checkpoint, "1.5x", f"sqlite:///{db}"),
         "--json",
     )
     assert proc.returncode == 0, proc.stderr
@@ -68,17 +58,7 @@ def test_every_block_is_evaluated_once(cli, tmp_path, recurrent_checkpoint, samp
 def test_the_blocks_scan_preset_scans_a_checkpoint(cli, tmp_path, recurrent_checkpoint):
     db = tmp_path / "preset.db"
     proc = cli(
-        "run",
-        "--space",
-        "blocks-scan",
-        "--init",
-        str(recurrent_checkpoint),
-        "--train-steps",
-        "0",
-        "--budget",
-        "1.25x",
-        "--storage",
-        f"sqlite:///{db}",
+        *frozen_run_args("blocks-scan", recurrent_checkpoint, "1.25x", f"sqlite:///{db}"),
         "--json",
     )
     assert proc.returncode == 0, proc.stderr
@@ -97,23 +77,13 @@ def test_damping_on_the_plain_map_is_the_plain_map(cli, tmp_path, recurrent_chec
     )
     db = tmp_path / "damped.db"
     proc = cli(
-        "run",
-        "--space",
-        str(space),
-        "--init",
-        str(recurrent_checkpoint),
-        "--train-steps",
-        "0",
-        "--budget",
-        "1.5x",
+        *frozen_run_args(space, recurrent_checkpoint, "1.5x", f"sqlite:///{db}"),
         "--knobs",
         "damping",
         "--enqueue",
         "1,1,1,1|damping=0.5",
         "--enqueue",
         "block:1-2:2|damping=0.5",
-        "--storage",
-        f"sqlite:///{db}",
         "--json",
     )
     assert proc.returncode == 0, proc.stderr

@@ -5,7 +5,7 @@ import json
 
 import optuna
 import pytest
-from conftest import NO_REFERENCES, assert_one_line_error, run_cli, write_space
+from conftest import NO_REFERENCES, assert_one_line_error, frozen_run_args, run_cli, write_space
 
 
 def _files(folder):
@@ -114,17 +114,7 @@ def test_the_frozen_dry_run_plans_evaluations_and_times_them(cli, tmp_path, recu
     )
     db = tmp_path / "frozen.db"
     proc = cli(
-        "run",
-        "--space",
-        str(space),
-        "--init",
-        str(recurrent_checkpoint),
-        "--train-steps",
-        "0",
-        "--budget",
-        "1.5x",
-        "--storage",
-        f"sqlite:///{db}",
+        *frozen_run_args(space, recurrent_checkpoint, "1.5x", f"sqlite:///{db}"),
         "--dry-run",
         "--json",
     )
@@ -136,17 +126,7 @@ def test_the_frozen_dry_run_plans_evaluations_and_times_them(cli, tmp_path, recu
     assert 0 < plan["estimated_seconds"] <= plan["estimated_seconds_max"]
     assert not db.exists() and not (tmp_path / "studies").exists()
     shown = cli(
-        "run",
-        "--space",
-        str(space),
-        "--init",
-        str(recurrent_checkpoint),
-        "--train-steps",
-        "0",
-        "--budget",
-        "1.5x",
-        "--storage",
-        f"sqlite:///{db}",
+        *frozen_run_args(space, recurrent_checkpoint, "1.5x", f"sqlite:///{db}"),
         "--dry-run",
     )
     assert shown.returncode == 0 and "maps to evaluate" in shown.stdout and "test chunks" in shown.stdout

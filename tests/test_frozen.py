@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 
 import pytest
-from conftest import TRAINED_MAP, assert_one_line_error, write_space
+from conftest import TRAINED_MAP, assert_one_line_error, frozen_run_args, write_space
 
 FROZEN = {
     "noise_seeds": 0,
@@ -36,19 +36,9 @@ def frozen_run(cli, tmp_path: Path, checkpoint: Path, *extra: str):
     space = write_space(tmp_path / "frozen.toml", search=FROZEN, train={"eval_windows": 16})
     db = tmp_path / "frozen.db"
     proc = cli(
-        "run",
-        "--space",
-        str(space),
-        "--init",
-        str(checkpoint),
-        "--train-steps",
-        "0",
-        "--budget",
-        "1.5x",
+        *frozen_run_args(space, checkpoint, "1.5x", f"sqlite:///{db}"),
         "--enqueue",
         "2,2,1,1",
-        "--storage",
-        f"sqlite:///{db}",
         "--json",
         *extra,
     )
@@ -108,19 +98,9 @@ def test_a_resume_with_another_checkpoint_is_refused(cli, tmp_path, checkpoint):
     other = tmp_path / "other"
     shutil.copytree(checkpoint, other)
     proc = cli(
-        "run",
-        "--space",
-        str(tmp_path / "frozen.toml"),
-        "--init",
-        str(other),
-        "--train-steps",
-        "0",
-        "--budget",
-        "1.5x",
+        *frozen_run_args(tmp_path / "frozen.toml", other, "1.5x", f"sqlite:///{db}"),
         "--study",
         "frozen-resume",
-        "--storage",
-        f"sqlite:///{db}",
     )
     assert_one_line_error(proc)
     assert "init" in proc.stderr

@@ -7,7 +7,7 @@ import math
 import re
 
 import numpy as np
-from conftest import write_space
+from conftest import frozen_run_args, write_space
 
 FORBIDDEN = (r"seed", r"training", r"\b0x\b", r"proxy", r"\b0 steps")  # 1.00x is a FLOPs ratio, not a length
 
@@ -20,17 +20,7 @@ def test_a_frozen_runs_output_has_no_training_words(cli, tmp_path, recurrent_che
     )
     db = tmp_path / "words.db"
     run = cli(
-        "run",
-        "--space",
-        str(space),
-        "--init",
-        str(recurrent_checkpoint),
-        "--train-steps",
-        "0",
-        "--budget",
-        "1.5x",
-        "--storage",
-        f"sqlite:///{db}",
+        *frozen_run_args(space, recurrent_checkpoint, "1.5x", f"sqlite:///{db}"),
     )
     assert run.returncode == 0, run.stderr
     study = json.loads(cli("studies", "--storage", f"sqlite:///{db}", "--json").stdout)["studies"][0]["study"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_one_line_error, write_space
+from conftest import assert_one_line_error, frozen_run_args, write_space
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("gguf")
@@ -140,19 +140,9 @@ def test_a_frozen_study_of_a_gguf_file_refuses_another_file_at_the_same_path(cli
     write_llama_gguf(file, seed=5, quantized={"blk.0.ffn_down.weight": "Q8_0"})
     space = write_space(tmp_path / "frozen.toml", search=FROZEN, train={"eval_windows": 4})
     args = [
-        "run",
-        "--space",
-        str(space),
-        "--init",
-        str(file),
-        "--train-steps",
-        "0",
-        "--budget",
-        "1.5x",
+        *frozen_run_args(space, file, "1.5x", f"sqlite:///{tmp_path / 'gguf.db'}"),
         "--study",
         "gguf",
-        "--storage",
-        f"sqlite:///{tmp_path / 'gguf.db'}",
     ]
     proc = cli(*args, "--json", check=True)
     assert sum(line.startswith("note: model.gguf holds Q8_0 weights") for line in proc.stderr.splitlines()) == 1
@@ -225,19 +215,9 @@ def test_a_gguf_studys_mergekit_config_names_its_converted_folder_and_mergekit_b
     )
     db = f"sqlite:///{tmp_path / 'gguf.db'}"
     cli(
-        "run",
-        "--space",
-        str(space),
-        "--init",
-        str(file),
-        "--train-steps",
-        "0",
-        "--budget",
-        "1.5x",
+        *frozen_run_args(space, file, "1.5x", db),
         "--study",
         "g",
-        "--storage",
-        db,
         "--enqueue",
         "block:0-1:2",
         check=True,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from conftest import assert_one_line_error, write_space
+from conftest import assert_one_line_error, frozen_run_args, write_space
 
 from ilr_search.config import TrainConfig
 from ilr_search.data.corpora import stdlib_documents
@@ -263,15 +263,7 @@ def choice_run(cli, tmp_path: Path, checkpoint: Path, items: Path, *extra: str, 
     )
     db = tmp_path / "items.db"
     return cli(
-        "run",
-        "--space",
-        str(space),
-        "--init",
-        str(checkpoint),
-        "--train-steps",
-        "0",
-        "--budget",
-        "1.5x",
+        *frozen_run_args(space, checkpoint, "1.5x", f"sqlite:///{db}"),
         "--objective",
         objective,
         "--data",
@@ -283,8 +275,6 @@ def choice_run(cli, tmp_path: Path, checkpoint: Path, items: Path, *extra: str, 
         *(["--choices-column", "choices"] if objective == "choice" else []),
         "--enqueue",
         "2,2,1,1",
-        "--storage",
-        f"sqlite:///{db}",
         "--json",
         *extra,
     ), db
@@ -329,22 +319,12 @@ def test_an_item_file_without_the_named_columns_is_one_error_line(cli, tmp_path,
     args = {"--text-column": "prompt", "--answer-column": "answer", "--choices-column": "choices", **change}
     db = tmp_path / "bad.db"
     proc = cli(
-        "run",
-        "--space",
-        str(space),
-        "--init",
-        str(recurrent_checkpoint),
-        "--train-steps",
-        "0",
-        "--budget",
-        "1.5x",
+        *frozen_run_args(space, recurrent_checkpoint, "1.5x", f"sqlite:///{db}"),
         "--objective",
         "choice",
         "--data",
         str(items),
         *[x for kv in args.items() for x in kv],
-        "--storage",
-        f"sqlite:///{db}",
     )
     assert_one_line_error(proc)
     assert words in proc.stderr and not db.exists()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, assert_one_line_error, run_cli, write_space
+from conftest import ROOT, assert_one_line_error, frozen_run_args, run_cli, write_space
 
 transformers = pytest.importorskip("transformers")
 
@@ -78,17 +78,7 @@ def checkpoint(tmp_path_factory) -> Path:
 
 def frozen_args(space: Path, checkpoint: Path, storage: str, *extra: str) -> list[str]:
     return [
-        "run",
-        "--space",
-        str(space),
-        "--init",
-        str(checkpoint),
-        "--train-steps",
-        "0",
-        "--budget",
-        "2x",
-        "--storage",
-        storage,
+        *frozen_run_args(space, checkpoint, "2x", storage),
         *extra,
     ]
 
