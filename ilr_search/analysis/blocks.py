@@ -223,41 +223,15 @@ def block_grid(
         if place is None:
             continue
         c = compared.get(key)
+        measured: tuple[float, float | None, tuple[float, float] | None, str, str, tuple[int, ...], int]
         if c is not None and c.mean_diff is not None:
-            cells.append(
-                BlockCell(
-                    place.start,
-                    place.end,
-                    place.repeats,
-                    place.knobs,
-                    key,
-                    c.flops_ratio,
-                    c.mean_diff,
-                    c.interval,
-                    c.status,
-                    RACED,
-                    c.seeds,
-                    c.units,
-                )
-            )
-            continue
-        r = screened.get(key)
-        loss = r.val_loss if r is not None else None
-        diff = loss - plain_loss if loss is not None and plain_loss is not None else None
-        status = c.status if c is not None else NOT_RACED if loss is not None else "diverged"
-        cells.append(
-            BlockCell(
-                place.start,
-                place.end,
-                place.repeats,
-                place.knobs,
-                key,
-                flops.get(key, c.flops_ratio if c is not None else math.nan),
-                diff,
-                None,
-                status,
-                SCREEN if settings.frozen else PROXY,
-                (chunk,),
-            )
-        )
+            measured = (c.flops_ratio, c.mean_diff, c.interval, c.status, RACED, c.seeds, c.units)
+        else:
+            r = screened.get(key)
+            loss = r.val_loss if r is not None else None
+            diff = loss - plain_loss if loss is not None and plain_loss is not None else None
+            status = c.status if c is not None else NOT_RACED if loss is not None else "diverged"
+            flops_ratio = flops.get(key, c.flops_ratio if c is not None else math.nan)
+            measured = (flops_ratio, diff, None, status, SCREEN if settings.frozen else PROXY, (chunk,), 0)
+        cells.append(BlockCell(place.start, place.end, place.repeats, place.knobs, key, *measured))
     return BlockGrid(n_layers, baseline, plain_loss, plain_ppl, settings, tuple(cells))

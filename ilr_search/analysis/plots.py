@@ -363,15 +363,32 @@ def _decided_panel(fig: go.Figure, race: RaceReport, row: int, legend: str) -> N
             f"{','.join(map(str, p.seeds))}<br>ppl {p.val_ppl:.4g}{iv}"
         )
 
-    def errors(group: list[RacedPoint], colour: str) -> dict[str, Any]:
-        return dict(
+    def add_markers(group: list[RacedPoint], name: str, marker: dict[str, Any], **group_args: Any) -> None:
+        """The points of `group` as markers with error bars over their intervals, in one legend entry."""
+        error_y = dict(
             type="data",
             symmetric=False,
-            color=colour,
+            color=marker["color"],
             thickness=1.5,
             width=5,
             array=[p.interval[1] - p.val_ppl if p.interval else 0 for p in group],
             arrayminus=[p.val_ppl - p.interval[0] if p.interval else 0 for p in group],
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=[at_x[p.map_key] for p in group],
+                y=[p.val_ppl for p in group],
+                mode="markers",
+                name=_wrapped(name),
+                legend=legend,
+                marker=marker,
+                error_y=error_y,
+                hovertext=[hover(p) for p in group],
+                hoverinfo="text",
+                **group_args,
+            ),
+            row=row,
+            col=1,
         )
 
     on_front = [
@@ -423,62 +440,26 @@ def _decided_panel(fig: go.Figure, race: RaceReport, row: int, legend: str) -> N
             row=row,
             col=1,
         )
-        fig.add_trace(
-            go.Scatter(
-                x=[at_x[baseline.map_key]],
-                y=[baseline.val_ppl],
-                mode="markers",
-                name=_wrapped(f"baseline {_short_map(baseline.map_key)} (the reference): mean, {pct}% interval"),
-                legend=legend,
-                legendgroup="baseline",
-                error_y=errors([baseline], BASELINE_COLOUR),
-                marker=dict(symbol="star", size=17, color=BASELINE_COLOUR, line=dict(width=1, color="black")),
-                hovertext=[hover(baseline)],
-                hoverinfo="text",
-            ),
-            row=row,
-            col=1,
+        add_markers(
+            [baseline],
+            f"baseline {_short_map(baseline.map_key)} (the reference): mean, {pct}% interval",
+            dict(symbol="star", size=17, color=BASELINE_COLOUR, line=dict(width=1, color="black")),
+            legendgroup="baseline",
         )
     for kind, (name, marker) in RACED_STYLE.items():
         group = [p for p in points if p.kind == kind]
         if kind == "screened" and words.frozen:
             name = f"screened on one {words.unit} (no interval)"
         if group:
-            fig.add_trace(
-                go.Scatter(
-                    x=[at_x[p.map_key] for p in group],
-                    y=[p.val_ppl for p in group],
-                    mode="markers",
-                    name=_wrapped(name),
-                    legend=legend,
-                    marker=marker,
-                    error_y=errors(group, marker["color"]),
-                    hovertext=[hover(p) for p in group],
-                    hoverinfo="text",
-                ),
-                row=row,
-                col=1,
-            )
+            add_markers(group, name, marker)
     equal = race.equal_compute
     deep = next((p for p in points if p.kind == "deep"), None)
     if deep is not None:
-        fig.add_trace(
-            go.Scatter(
-                x=[at_x[deep.map_key]],
-                y=[deep.val_ppl],
-                mode="markers",
-                legend=legend,
-                name=_wrapped(
-                    f"{deep.map_key}: a plain {equal.layers if equal else '?'}-layer model of "
-                    f"{equal.map if equal else 'the best map'}'s FLOPs"
-                ),
-                error_y=errors([deep], DEEP_COLOUR),
-                marker=dict(symbol="diamond", size=13, color=DEEP_COLOUR, line=dict(width=1, color="black")),
-                hovertext=[hover(deep)],
-                hoverinfo="text",
-            ),
-            row=row,
-            col=1,
+        add_markers(
+            [deep],
+            f"{deep.map_key}: a plain {equal.layers if equal else '?'}-layer model of "
+            f"{equal.map if equal else 'the best map'}'s FLOPs",
+            dict(symbol="diamond", size=13, color=DEEP_COLOUR, line=dict(width=1, color="black")),
         )
     ys = [v for p in points for v in (p.val_ppl, *(p.interval or ()))]
     fig.update_xaxes(title_text="FLOP ratio (forward compute / all-ones map)", range=x_range, row=row, col=1)
