@@ -10,9 +10,9 @@ import torch
 
 from ilr_search.config import DataConfig, ModelConfig, TrainConfig
 from ilr_search.data.tokens import load_tokens
-from ilr_search.training.fused import FusedGroup, FusionUnsupported, Member, load_member, train_fused
+from ilr_search.training.fused import FusedGroup, FusionUnsupported, load_member, train_fused
 from ilr_search.training.schedule import block_schedule, reuse_map_schedule
-from ilr_search.training.train import TrainResult, build_model, build_optimizer, train_proxy
+from ilr_search.training.train import Member, TrainResult, build_model, build_optimizer, train_proxy
 
 TOLERANCE = 1e-4
 
@@ -158,11 +158,9 @@ def test_one_fused_adamw_equals_one_adamw_per_member(data):
     model_cfg, cfg = tiny_model(), tiny_train(grad_clip=0.05, weight_decay=0.1, lr=1e-2)
     device = torch.device("cpu")
     seeds = [0, 1, 2]
-    members = [
-        Member(k, s, seed, None, None, None, load_member(model_cfg, cfg, seed, None, device))
-        for k, (s, seed) in enumerate(zip(SCHEDULES, seeds, strict=True))
-    ]
-    group = FusedGroup(model_cfg, cfg, members, device, torch.float32, False)
+    members = [Member(list(s), seed) for s, seed in zip(SCHEDULES, seeds, strict=True)]
+    states = [load_member(model_cfg, cfg, m, device) for m in members]
+    group = FusedGroup(model_cfg, cfg, members, states, device, torch.float32, False)
     models = [build_model(model_cfg, seed) for seed in seeds]
     optimizers = [build_optimizer(m, cfg, device) for m in models]
     generator = torch.Generator().manual_seed(0)

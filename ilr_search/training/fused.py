@@ -16,14 +16,17 @@ runs all of them at once (HFTA, Wang et al., MLSys 2021):
 - gradients are clipped per member, and one AdamW steps the stacked tensors: AdamW is elementwise, so this is
   K AdamWs, one per member.
 
-Each member keeps the semantics of `train_proxy`: the initial weights of `build_model(model_cfg, seed)`, the
-batches of `data.train_batch` with its seed, its own evaluations, divergence (it leaves the group, the others
-go on), stop (its on_eval callback), checkpoint (checkpoint.py's format, one file per member: a member can
-resume alone with `train_proxy`), and a TrainResult of the same meaning. The recurrence knobs that add
-parameters or ops (injection, iteration_encoding, iteration_norms) are refused; init_depth only changes the
-initial weights, which come from build_model, and is supported. repeat_scale "residual" and damping are supported
-(a [member] factor on the branches at each schedule position); "lr" is refused (its per-layer lrs would need per-row
-lrs in the stacked tensors' one AdamW). So are the options of pretrained architectures (grouped-query attention,
+The group trains through train.train_members, the one training loop, which train_proxy runs with a group of one:
+each member has the initial weights of `build_model(model_cfg, seed)`, the batches of `data.train_batch` with its
+seed, its own evaluations, divergence (it leaves the group, the others go on), stop (its on_eval callback),
+checkpoint (checkpoint.py's format, one file per member: a member can resume alone with `train_proxy`), and a
+TrainResult of the same meaning.
+
+check_fusable is the one place that refuses what the group does not implement: the recurrence knobs that add
+parameters or ops (injection, iteration_encoding, iteration_norms); init_depth only changes the initial weights,
+which come from build_model, and is supported. repeat_scale "residual" and damping are supported (a [member]
+factor on the branches at each schedule position); "lr" is refused (its per-layer lrs would need per-row lrs in
+the stacked tensors' one AdamW). So are the options of pretrained architectures (grouped-query attention,
 an explicit head_dim, an untied head, q/k/v biases, q/k norms) and a checkpoint's weights (`init`): such a model
 trains one map at a time (jobs.groups, `--fuse auto`).
 """
@@ -32,28 +35,22 @@ from __future__ import annotations
 
 import math
 import re
-import time
-import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ilr_search.config import ModelConfig, TrainConfig
 from ilr_search.data.tokens import TokenData, counted_targets
 from ilr_search.errors import UserInputError
-from ilr_search.interrupts import raise_if_interrupted
-from ilr_search.records import TrainLossPoint
 from ilr_search.training.checkpoint import load_checkpoint, save_checkpoint
 from ilr_search.training.device import compiled_once
 from ilr_search.training.loss import linear_cross_entropy
 from ilr_search.training.model import ILRTransformer, alibi_bias, attend, branch_scales, rope_tables
 from ilr_search.training.train import (
-    SYNC_EVERY,
-    EvalPoint,
+    Member,
     OnEval,
     OnStep,
     TrainResult,
@@ -61,15 +58,12 @@ from ilr_search.training.train import (
     autocast_for,
     build_model,
     build_optimizer,
-    divergence_threshold,
     host_values,
-    proxy_result,
     resolve_compile,
     resolve_device,
     resolve_dtype,
     set_lr,
-    training_divergence,
-    validation_divergence,
+    train_members,
     validation_metrics,
     weight_decays,
 )
@@ -268,24 +262,22 @@ class StackedLayout:
 
 @dataclass
 class MemberState:
-    """A member's weights and AdamW state by parameter name, and where its run starts."""
+    """A member's weights and AdamW state by parameter name, as its run starts."""
 
     weights: dict[str, Tensor]
     moments: dict[str, dict[str, Tensor]]  # AdamW state name (exp_avg, exp_avg_sq) -> by parameter name
     optimizer_step: Tensor | None  # AdamW's step count (None before the first step)
-    start_step: int
-    curve: list[EvalPoint]
 
 
-def load_member(
-    model_cfg: ModelConfig, cfg: TrainConfig, seed: int, path: Path | None, device: torch.device
-) -> MemberState:
-    """build_model's initial weights for `seed`, or the member's checkpoint where one exists."""
-    model = build_model(model_cfg, seed).to(device)
+def load_member(model_cfg: ModelConfig, cfg: TrainConfig, member: Member, device: torch.device) -> MemberState:
+    """build_model's initial weights for the member's seed, or its checkpoint where one exists (which sets the
+    member's start_step and curve)."""
+    model = build_model(model_cfg, member.seed).to(device)
+    path = member.checkpoint_path
     if path is None or not path.exists():
-        return MemberState({n: p.detach() for n, p in model.named_parameters()}, {}, None, 0, [])
+        return MemberState({n: p.detach() for n, p in model.named_parameters()}, {}, None)
     optimizer = build_optimizer(model, cfg, device)
-    start_step, curve = load_checkpoint(path, model, optimizer)
+    member.start_step, member.curve = load_checkpoint(path, model, optimizer)
     moments: dict[str, dict[str, Tensor]] = {}
     optimizer_step = None
     for name, p in model.named_parameters():
@@ -294,29 +286,7 @@ def load_member(
                 optimizer_step = value
             else:
                 moments.setdefault(key, {})[name] = value
-    return MemberState({n: p.detach() for n, p in model.named_parameters()}, moments, optimizer_step, start_step, curve)
-
-
-@dataclass
-class Member:
-    """One proxy of the group: its schedule, data seed, callbacks, checkpoint, and what its run has done so far."""
-
-    position: int  # in the caller's lists
-    schedule: list[int]
-    seed: int
-    on_eval: OnEval | None
-    on_step: OnStep | None
-    checkpoint_path: Path | None
-    state: MemberState
-    curve: list[EvalPoint] = field(default_factory=list)
-    train_curve: list[TrainLossPoint] = field(default_factory=list)  # window means, as train_proxy keeps them
-    digest: int = 0
-    data_seconds: float = 0.0
-    eval_seconds: float = 0.0
-    status: str = "ok"
-    reason: str = ""
-    end_step: int = 0
-    seconds: float = 0.0
+    return MemberState({n: p.detach() for n, p in model.named_parameters()}, moments, optimizer_step)
 
 
 class FusedGroup:
@@ -327,11 +297,13 @@ class FusedGroup:
         model_cfg: ModelConfig,
         cfg: TrainConfig,
         members: list[Member],
+        states: list[MemberState],
         device: torch.device,
         compute_dtype: torch.dtype,
         compiled: bool,
         length_masking: str = "prefix",
     ) -> None:
+        """`states`: each member's starting weights and AdamW state (load_member), in `members` order."""
         self.model_cfg, self.cfg, self.device = model_cfg, cfg, device
         # compiled: the layers through compiled_fused_layer, the head through loss.compiled_chunk_loss
         self.compute_dtype, self.compiled = compute_dtype, compiled
@@ -339,19 +311,20 @@ class FusedGroup:
         self.template = ILRTransformer(model_cfg).to(device)  # shapes and names, and the checkpoint writer
         self.template_optimizer = build_optimizer(self.template, cfg, device)
         self.layout = StackedLayout(self.template)
-        self.members = sorted(members, key=lambda m: -len(m.schedule))
-        stacked = self.layout.stack([m.state.weights for m in self.members])
+        order = sorted(range(len(members)), key=lambda k: -len(members[k].schedule))
+        self.members = [members[k] for k in order]
+        sorted_states = [states[k] for k in order]
+        stacked = self.layout.stack([state.weights for state in sorted_states])
         self.params = {key: torch.nn.Parameter(t.detach().clone()) for key, t in stacked.items()}
         self.optimizer = self._adamw()
-        if self.members[0].state.optimizer_step is not None:  # resumed: the members' AdamW states, stacked
-            for moment in self.members[0].state.moments:
-                moments = self.layout.stack([m.state.moments[moment] for m in self.members])
+        first = sorted_states[0]
+        if first.optimizer_step is not None:  # resumed: the members' AdamW states, stacked
+            for moment in first.moments:
+                moments = self.layout.stack([state.moments[moment] for state in sorted_states])
                 for key, p in self.params.items():
                     self.optimizer.state[p][moment] = moments[key].clone()
             for p in self.params.values():
-                self.optimizer.state[p]["step"] = self.members[0].state.optimizer_step.clone()
-        for m in self.members:
-            m.state = replace(m.state, weights={}, moments={})  # the stacked copies are the live ones
+                self.optimizer.state[p]["step"] = first.optimizer_step.clone()
         T = model_cfg.seq_len
         self.rope = rope_tables(T, model_cfg.head_size, model_cfg.rope_base, device) if model_cfg.pe == "rope" else None
         # cos + i sin of each position's angles, shaped to broadcast over (sequences, T, q/k, heads, pairs). None
@@ -501,7 +474,7 @@ class FusedGroup:
                 total_nats += self.losses(x.expand(K, *x.shape), y.expand(K, *y.shape), "sum", data.ignore_index)
         return [validation_metrics(nats, total_tokens, data, self.cfg, seq_len) for nats in host_values(total_nats)]
 
-    def save(self, member: Member, step: int) -> None:
+    def save(self, member: Member, path: Path, step: int) -> None:
         """Member's checkpoint in checkpoint.py's format, as train_proxy writes it (its model and AdamW alone)."""
         k = self.members.index(member)
         weights = self.layout.unstack({key: p.detach() for key, p in self.params.items()}, k)
@@ -519,8 +492,7 @@ class FusedGroup:
                     moment: values[name].clone() for moment, values in moments.items()
                 }
         set_lr(self.template_optimizer, step, self.cfg)
-        assert member.checkpoint_path is not None  # saved only for members with a checkpoint path
-        save_checkpoint(member.checkpoint_path, self.template, self.template_optimizer, step, member.curve)
+        save_checkpoint(path, self.template, self.template_optimizer, step, member.curve)
 
 
 def train_fused(
@@ -535,8 +507,9 @@ def train_fused(
     length_masking: str = "prefix",
 ) -> list[TrainResult]:
     """Train each schedule as `train_proxy(model_cfg, schedule, data, replace(cfg, seed=seed), on_eval, on_step,
-    checkpoint_path)` would, all in lockstep; one TrainResult per schedule, in order. Never raises for a
-    diverging member. Members resuming from checkpoints of different steps train as separate fused groups."""
+    checkpoint_path)` would, all in lockstep (train_members with a FusedGroup); one TrainResult per schedule, in
+    order. Never raises for a diverging member. Members resuming from checkpoints of different steps train as
+    separate fused groups."""
     K = len(schedules)
     if K == 0:
         return []
@@ -557,141 +530,26 @@ def train_fused(
             raise ValueError(f"{name} has {len(values)} entries for {K} schedules")
     data.check_window(model_cfg.seq_len)
     device = resolve_device(cfg.device)
-    members = [
-        Member(
-            k,
-            list(schedules[k]),
-            seeds[k],
-            on_eval[k],
-            on_step[k],
-            checkpoint_paths[k],
-            load_member(model_cfg, replace(cfg, seed=seeds[k]), seeds[k], checkpoint_paths[k], device),
-        )
-        for k in range(K)
-    ]
-    results: list[TrainResult | None] = [None] * K
-    for start_step in sorted({m.state.start_step for m in members}):
-        group = [m for m in members if m.state.start_step == start_step]
-        for m, result in zip(group, _train_lockstep(model_cfg, group, data, cfg, device, length_masking), strict=True):
-            results[m.position] = result
-    done = [r for r in results if r is not None]
-    assert len(done) == K  # every member trains in the group of its start step
-    return done
-
-
-def _train_lockstep(
-    model_cfg: ModelConfig,
-    members: list[Member],
-    data: TokenData,
-    cfg: TrainConfig,
-    device: torch.device,
-    length_masking: str,
-) -> list[TrainResult]:
-    """train_proxy's loop for members that all start at the same step; results in `members` order."""
     dtype = resolve_dtype(cfg.dtype, device)
     compute_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
-    group = FusedGroup(
-        model_cfg, cfg, members, device, compute_dtype, resolve_compile(cfg.compile, device), length_masking
-    )
-    params = group.template.num_params()
-    tokens_per_step = cfg.batch_size * cfg.grad_accum * model_cfg.seq_len
-    eval_steps = set(cfg.eval_steps)
-    diverged_above = divergence_threshold(model_cfg.vocab_size)
-    start_step = members[0].state.start_step
-    for m in members:
-        m.curve = list(m.state.curve)
-    unread: list[Tensor] = []  # (members,) training losses of the steps since the last host read
-    t0 = time.perf_counter()
-
-    def leave(m: Member, status: str, reason: str, step: int) -> None:
-        m.status, m.reason, m.end_step, m.seconds = status, reason, step, time.perf_counter() - t0
-
-    step = start_step
-    for step in range(start_step + 1, cfg.steps + 1):
-        active = group.members
-        set_lr(group.optimizer, step, cfg)
-        step_loss = torch.zeros(len(active), dtype=torch.float32, device=device)
-        for micro in range(cfg.grad_accum):
-            xs, ys = [], []
-            for m in active:
-                td = time.perf_counter()
-                x_np, y_np = data.train_batch(
-                    (step - 1) * cfg.grad_accum + micro, cfg.batch_size, model_cfg.seq_len, m.seed
-                )
-                m.digest = zlib.crc32(np.ascontiguousarray(x_np), m.digest)  # type: ignore[arg-type]  # an ndarray is a buffer (numpy's stubs say so from Python 3.12)
-                xs.append(x_np)
-                ys.append(y_np)
-                m.data_seconds += time.perf_counter() - td
-            x = torch.from_numpy(np.stack(xs)).to(device, non_blocking=True)
-            y = torch.from_numpy(np.stack(ys)).to(device, non_blocking=True)
-            with autocast_for(device, compute_dtype):
-                losses = group.losses(x, y, "mean", data.ignore_index)
-            (losses.sum() / cfg.grad_accum).backward()  # each member's loss reaches only its own rows
-            step_loss += losses.detach() / cfg.grad_accum
-        group.clip_gradients()
-        group.optimizer.step()
-        group.optimizer.zero_grad(set_to_none=True)
-        unread.append(step_loss)
-        checkpointing = cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps
-        if step % SYNC_EVERY == 0 or step in eval_steps or checkpointing or step == cfg.steps:
-            raise_if_interrupted()
-            first = step - len(unread) + 1
-            window = host_values(torch.stack(unread))  # the window's one host sync: (steps, members)
-            unread.clear()
-            for k, m in enumerate(active):
-                for s, row in enumerate(window, start=first):
-                    value = row[k]
-                    if not math.isfinite(value) or value > diverged_above:
-                        leave(m, "diverged", training_divergence(value, s, model_cfg.vocab_size), s)
-                        break
-                    if m.on_step is not None:
-                        m.on_step(s, cfg.steps, value)
-                else:
-                    m.train_curve.append(
-                        TrainLossPoint(step, step * tokens_per_step, sum(row[k] for row in window) / len(window))
-                    )
-            if any(m.status != "ok" for m in active):
-                group.keep([m for m in active if m.status == "ok"])
-        if step in eval_steps and group.members:
-            te = time.perf_counter()
-            metrics = group.evaluate(data)
-            eval_time = time.perf_counter() - te
-            for m, (val_loss, val_ppl, val_bpb) in zip(group.members, metrics, strict=True):
-                m.eval_seconds += eval_time
-                if not math.isfinite(val_loss) or val_loss > diverged_above:
-                    leave(m, "diverged", validation_divergence(val_loss, step), step)
-                    continue
-                point = EvalPoint(step, step * tokens_per_step, val_loss, val_ppl, val_bpb)
-                m.curve.append(point)
-                if m.on_eval is not None and m.on_eval(point):
-                    leave(m, "stopped", f"stopped at step {step} by the evaluation callback", step)
-            if any(m.status != "ok" for m in group.members):
-                group.keep([m for m in group.members if m.status == "ok"])
-        if checkpointing:
-            for m in group.members:
-                if m.checkpoint_path is not None:
-                    group.save(m, step)
-        if not group.members:
-            break
-    for m in group.members:  # ran to the end
-        leave(m, "ok", "", step)
-    return [
-        proxy_result(
-            m.schedule,
-            params,
-            m.status,
-            m.reason,
-            m.end_step,
-            start_step,
-            m.curve,
-            tokens_per_step,
-            m.seconds,
-            m.data_seconds,
-            m.eval_seconds,
-            str(device),
-            dtype,
-            m.digest,
-            m.train_curve,
+    compiled = resolve_compile(cfg.compile, device)
+    members = [Member(list(schedules[k]), seeds[k], on_eval[k], on_step[k], checkpoint_paths[k]) for k in range(K)]
+    states = [load_member(model_cfg, replace(cfg, seed=m.seed), m, device) for m in members]
+    for start_step in sorted({m.start_step for m in members}):
+        group = [k for k in range(K) if members[k].start_step == start_step]
+        fused = FusedGroup(
+            model_cfg,
+            cfg,
+            [members[k] for k in group],
+            [states[k] for k in group],
+            device,
+            compute_dtype,
+            compiled,
+            length_masking,
         )
-        for m in members
-    ]
+        for k in group:
+            states[k] = MemberState({}, {}, None)  # the group's stacked copies are the live ones
+        train_members(fused, model_cfg, data, cfg)
+    params = fused.template.num_params()
+    tokens_per_step = cfg.batch_size * cfg.grad_accum * model_cfg.seq_len
+    return [m.result(params, tokens_per_step, device, dtype) for m in members]

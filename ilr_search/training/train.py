@@ -1,5 +1,9 @@
-"""The proxy trainer: trains one schedule for a few hundred steps and reports validation loss,
-perplexity and bits per byte at the evaluation steps."""
+"""The proxy trainer: trains schedules for a few hundred steps and reports validation loss, perplexity and bits
+per byte at the evaluation steps.
+
+train_members is the one training loop. It steps a MemberGroup: SingleModel (one ILRTransformer, every knob and
+any init; train_proxy) or fused.FusedGroup (K stacked members; fused.train_fused, which refuses what it does not
+implement in one place, fused.check_fusable)."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -24,6 +28,8 @@ from ilr_search.training.model import ILRTransformer
 
 if TYPE_CHECKING:
     from ilr_search.training.frozen import EvalData
+
+Tensor = torch.Tensor
 
 
 @dataclass
@@ -178,6 +184,224 @@ def host_values(t: torch.Tensor) -> list[Any]:
     return t.to("cpu", copy=True).tolist()
 
 
+@dataclass(eq=False)
+class Member:
+    """One run of a training group: its schedule, data seed, callbacks and checkpoints, and what it has done so
+    far (`start_step` and `curve` come from the checkpoint it resumes from)."""
+
+    schedule: list[int]
+    seed: int
+    on_eval: OnEval | None = None
+    on_step: OnStep | None = None
+    checkpoint_path: Path | None = None
+    stable_checkpoint: Path | None = None  # wsd: where the state at cooldown_start is saved
+    start_step: int = 0
+    curve: list[EvalPoint] = field(default_factory=list)
+    train_curve: list[TrainLossPoint] = field(default_factory=list)  # window means of the training loss
+    digest: int = 0
+    data_seconds: float = 0.0
+    eval_seconds: float = 0.0
+    status: str = "ok"
+    reason: str = ""
+    end_step: int = 0
+    seconds: float = 0.0
+
+    def result(self, params: int, tokens_per_step: int, device: torch.device, dtype: str) -> TrainResult:
+        """The run's result from where it ended: end_step is its last step, or the step at which it diverged
+        (whose optimizer step does not count)."""
+        diverged = self.status == "diverged"
+        steps_run = self.end_step - 1 if diverged else self.end_step
+        last = self.curve[-1] if self.curve and not diverged else EvalPoint(0, 0, math.nan, math.nan, math.nan)
+        trained_tokens = (steps_run - self.start_step) * tokens_per_step
+        return TrainResult(
+            schedule=self.schedule,
+            params=params,
+            steps=steps_run,
+            tokens=steps_run * tokens_per_step,
+            val_loss=last.val_loss,
+            val_ppl=last.val_ppl,
+            val_bpb=last.val_bpb,
+            train_seconds=self.seconds,
+            tokens_per_second=trained_tokens / self.seconds if self.seconds > 0 else 0.0,
+            status=self.status,
+            curve=self.curve,
+            train_curve=list(self.train_curve),
+            reason=self.reason,
+            data_seconds=self.data_seconds,
+            eval_seconds=self.eval_seconds,
+            device=str(device),
+            dtype=dtype,
+            resumed_from_step=self.start_step,
+            batch_digest=self.digest,
+        )
+
+
+class MemberGroup(Protocol):
+    """The models train_members steps together: one (SingleModel, below) or K stacked (fused.FusedGroup)."""
+
+    members: list[Member]  # the members still training, in the group's order
+    compute_dtype: torch.dtype
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer: ...
+
+    def losses(
+        self, tokens: torch.Tensor, targets: torch.Tensor, reduction: str, ignore_index: int | None
+    ) -> torch.Tensor:
+        """Each member's loss (members,) on its tokens and targets (members, B, T)."""
+        ...
+
+    def clip_gradients(self) -> None: ...
+
+    def evaluate(self, data: TokenData) -> list[tuple[float, float, float]]:
+        """(val_loss, val_ppl, val_bpb) per member over the fixed validation windows."""
+        ...
+
+    def keep(self, kept: list[Member]) -> None:
+        """Go on with `kept` alone (the others diverged or stopped)."""
+        ...
+
+    def save(self, member: Member, path: Path, step: int) -> None:
+        """The member's checkpoint (checkpoint.py's format, its model and AdamW alone) at `path`."""
+        ...
+
+
+class SingleModel:
+    """A group of one: the ILRTransformer itself, with its own AdamW; every knob and any `init` train here."""
+
+    def __init__(
+        self,
+        model: ILRTransformer,
+        member: Member,
+        optimizer: torch.optim.Optimizer,
+        cfg: TrainConfig,
+        device: torch.device,
+        compute_dtype: torch.dtype,
+        compiled: bool,
+    ) -> None:
+        self.model, self.members, self.optimizer, self.cfg, self.device = model, [member], optimizer, cfg, device
+        self.compute_dtype, self.compiled = compute_dtype, compiled
+
+    def losses(
+        self, tokens: torch.Tensor, targets: torch.Tensor, reduction: str, ignore_index: int | None
+    ) -> torch.Tensor:
+        (member,) = self.members
+        loss = self.model.loss(
+            tokens[0], targets[0], member.schedule, self.compute_dtype, reduction, self.compiled, ignore_index
+        )
+        return loss.unsqueeze(0)
+
+    def clip_gradients(self) -> None:
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+
+    def evaluate(self, data: TokenData) -> list[tuple[float, float, float]]:
+        (member,) = self.members
+        return [evaluate(self.model, member.schedule, data, self.cfg, self.device, self.compute_dtype, self.compiled)]
+
+    def keep(self, kept: list[Member]) -> None:
+        self.members = kept
+
+    def save(self, member: Member, path: Path, step: int) -> None:
+        from ilr_search.training.checkpoint import save_checkpoint
+
+        save_checkpoint(path, self.model, self.optimizer, step, member.curve)
+
+
+def train_members(group: MemberGroup, model_cfg: ModelConfig, data: TokenData, cfg: TrainConfig) -> None:
+    """The training loop, for a group of any size whose members all start at one step: each member trains on the
+    batches of data.train_batch with its own seed, is evaluated at cfg.eval_steps, leaves the group when it
+    diverges or its on_eval stops it (the others go on), and checkpoints on its own. Each member ends with its
+    status, reason, end_step (its last step, or the one it diverged at) and seconds set."""
+    device = resolve_device(cfg.device)
+    tokens_per_step = cfg.batch_size * cfg.grad_accum * model_cfg.seq_len
+    eval_steps = set(cfg.eval_steps)
+    diverged_above = divergence_threshold(model_cfg.vocab_size)
+    start_step = group.members[0].start_step
+    stable_step = cfg.cooldown_start if cfg.lr_schedule == "wsd" else None
+    unread: list[torch.Tensor] = []  # (members,) training losses of the steps since the last host read
+    t0 = time.perf_counter()
+
+    def leave(m: Member, status: str, reason: str, step: int) -> None:
+        m.status, m.reason, m.end_step, m.seconds = status, reason, step, time.perf_counter() - t0
+
+    step = start_step
+    for step in range(start_step + 1, cfg.steps + 1):
+        active = group.members
+        set_lr(group.optimizer, step, cfg)
+        step_loss = torch.zeros(len(active), dtype=torch.float32, device=device)
+        for micro in range(cfg.grad_accum):
+            xs, ys = [], []
+            for m in active:
+                td = time.perf_counter()
+                x_np, y_np = data.train_batch(
+                    (step - 1) * cfg.grad_accum + micro, cfg.batch_size, model_cfg.seq_len, m.seed
+                )
+                m.digest = zlib.crc32(np.ascontiguousarray(x_np), m.digest)  # type: ignore[arg-type]  # an ndarray is a buffer (numpy's stubs say so from Python 3.12)
+                xs.append(x_np)
+                ys.append(y_np)
+                m.data_seconds += time.perf_counter() - td
+            x = torch.from_numpy(np.stack(xs)).to(device, non_blocking=True)
+            y = torch.from_numpy(np.stack(ys)).to(device, non_blocking=True)
+            with autocast_for(device, group.compute_dtype):
+                losses = group.losses(x, y, "mean", data.ignore_index)
+            (losses.sum() / cfg.grad_accum).backward()  # each member's loss reaches only its own parameters
+            step_loss += losses.detach() / cfg.grad_accum
+        group.clip_gradients()
+        group.optimizer.step()
+        group.optimizer.zero_grad(set_to_none=True)
+        unread.append(step_loss)
+        checkpoint_due = (
+            bool(cfg.checkpoint_every)
+            and step % cfg.checkpoint_every == 0
+            and step < cfg.steps
+            and any(m.checkpoint_path is not None for m in active)
+        )
+        stable_due = step == stable_step and any(m.stable_checkpoint is not None for m in active)
+        if step % SYNC_EVERY == 0 or step in eval_steps or checkpoint_due or stable_due or step == cfg.steps:
+            raise_if_interrupted()
+            first = step - len(unread) + 1
+            window = host_values(torch.stack(unread))  # the window's one host sync: (steps, members)
+            unread.clear()
+            for k, m in enumerate(active):
+                for s, row in enumerate(window, start=first):
+                    value = row[k]
+                    if not math.isfinite(value) or value > diverged_above:
+                        leave(m, "diverged", training_divergence(value, s, model_cfg.vocab_size), s)
+                        break
+                    if m.on_step is not None:
+                        m.on_step(s, cfg.steps, value)
+                else:
+                    m.train_curve.append(
+                        TrainLossPoint(step, step * tokens_per_step, sum(row[k] for row in window) / len(window))
+                    )
+            if any(m.status != "ok" for m in active):
+                group.keep([m for m in active if m.status == "ok"])
+        if step in eval_steps and group.members:
+            te = time.perf_counter()
+            metrics = group.evaluate(data)
+            eval_time = time.perf_counter() - te
+            for m, (val_loss, val_ppl, val_bpb) in zip(group.members, metrics, strict=True):
+                m.eval_seconds += eval_time
+                if not math.isfinite(val_loss) or val_loss > diverged_above:
+                    leave(m, "diverged", validation_divergence(val_loss, step), step)
+                    continue
+                point = EvalPoint(step, step * tokens_per_step, val_loss, val_ppl, val_bpb)
+                m.curve.append(point)
+                if m.on_eval is not None and m.on_eval(point):
+                    leave(m, "stopped", f"stopped at step {step} by the evaluation callback", step)
+            if any(m.status != "ok" for m in group.members):
+                group.keep([m for m in group.members if m.status == "ok"])
+        for m in group.members:
+            if checkpoint_due and m.checkpoint_path is not None:
+                group.save(m, m.checkpoint_path, step)
+            if stable_due and m.stable_checkpoint is not None:
+                group.save(m, m.stable_checkpoint, step)
+        if not group.members:
+            break
+    for m in group.members:  # ran to the end
+        leave(m, "ok", "", step)
+
+
 def train_proxy(
     model_cfg: ModelConfig,
     schedule: Sequence[int],
@@ -190,15 +414,15 @@ def train_proxy(
     start_from: Path | None = None,
     stable_checkpoint: Path | None = None,
 ) -> TrainResult:
-    """Train `schedule` for cfg.steps steps; never raises for a diverging run (status `diverged`).
-    `on_trained` receives the trained model at the end (`train --save` keeps it).
+    """Train `schedule` for cfg.steps steps (train_members with a group of one); never raises for a diverging
+    run (status `diverged`). `on_trained` receives the trained model at the end (`train --save` keeps it).
 
     WSD continuation (cfg.lr_schedule "wsd"): `stable_checkpoint` is where the run saves its state at
     cooldown_start, before its cooldown; `start_from` is such a checkpoint of a shorter run of the same map, seed
     and warmup, which this run continues instead of starting from scratch (read, never written; a trial
     checkpoint at `checkpoint_path`, being later, is preferred). The steps up to the checkpoint saw the same
     learning rates and batches as this run's own would have, so the result is the straight run's."""
-    from ilr_search.training.checkpoint import continue_checkpoint, load_checkpoint, save_checkpoint
+    from ilr_search.training.checkpoint import continue_checkpoint, load_checkpoint
 
     if cfg.steps == 0:  # frozen: no step, one evaluation of chunk cfg.seed (frozen.py)
         result = frozen_result(model_cfg, list(schedule), data, cfg, on_eval)
@@ -209,113 +433,29 @@ def train_proxy(
     data.check_window(model_cfg.seq_len)
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
-    schedule = list(schedule)
     model = build_model(model_cfg, cfg.seed).to(device)
-    params = model.num_params()
-    if resolve_compile(cfg.compile, device):
+    compiled = resolve_compile(cfg.compile, device)
+    if compiled:
         model.compile_layers()
     optimizer = build_optimizer(model, cfg, device, schedule)
-    compute_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
-    compiled_loss = resolve_compile(cfg.compile, device)
-    tokens_per_step = cfg.batch_size * cfg.grad_accum * model_cfg.seq_len
-    eval_steps = set(cfg.eval_steps)
-    diverged_above = divergence_threshold(model_cfg.vocab_size)
-
-    start_step = 0
-    curve: list[EvalPoint] = []
+    member = Member(
+        list(schedule),
+        cfg.seed,
+        on_eval,
+        on_step,
+        checkpoint_path,
+        stable_checkpoint if cfg.lr_schedule == "wsd" else None,
+    )
     if checkpoint_path is not None and checkpoint_path.exists():
-        start_step, curve = load_checkpoint(checkpoint_path, model, optimizer)
+        member.start_step, member.curve = load_checkpoint(checkpoint_path, model, optimizer)
     elif start_from is not None:
-        start_step, curve = continue_checkpoint(start_from, model, optimizer, cfg.lr, cfg.cooldown_start)
-    stable_step = cfg.cooldown_start if stable_checkpoint is not None and cfg.lr_schedule == "wsd" else None
-
-    status, reason = "ok", ""
-    digest = 0
-    data_seconds = eval_seconds = 0.0
-    step = start_step
-    unread: list[torch.Tensor] = []  # training losses of the steps since the last host read
-    train_curve: list[TrainLossPoint] = []
-    t0 = time.perf_counter()
+        member.start_step, member.curve = continue_checkpoint(start_from, model, optimizer, cfg.lr, cfg.cooldown_start)
+    compute_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
     model.train()
-    for step in range(start_step + 1, cfg.steps + 1):
-        set_lr(optimizer, step, cfg)
-        step_loss = torch.zeros((), dtype=torch.float32, device=device)
-        for micro in range(cfg.grad_accum):
-            td = time.perf_counter()
-            x_np, y_np = data.train_batch(
-                (step - 1) * cfg.grad_accum + micro, cfg.batch_size, model_cfg.seq_len, cfg.seed
-            )
-            digest = zlib.crc32(np.ascontiguousarray(x_np), digest)  # type: ignore[arg-type]  # an ndarray is a buffer (numpy's stubs say so from Python 3.12)
-            x = torch.from_numpy(x_np).to(device, non_blocking=True)
-            y = torch.from_numpy(y_np).to(device, non_blocking=True)
-            data_seconds += time.perf_counter() - td
-            with autocast_for(device, compute_dtype):
-                loss = model.loss(x, y, schedule, compute_dtype, compiled=compiled_loss, ignore_index=data.ignore_index)
-            (loss / cfg.grad_accum).backward()
-            step_loss += loss.detach() / cfg.grad_accum
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        unread.append(step_loss)
-        checkpoint_due = (
-            checkpoint_path is not None
-            and cfg.checkpoint_every
-            and step % cfg.checkpoint_every == 0
-            and step < cfg.steps
-        )
-        stable_due = step == stable_step
-        if step % SYNC_EVERY == 0 or step in eval_steps or checkpoint_due or stable_due or step == cfg.steps:
-            raise_if_interrupted()
-            first = step - len(unread) + 1
-            window = host_values(torch.stack(unread))  # the window's one host sync
-            for s, value in enumerate(window, start=first):
-                if not math.isfinite(value) or value > diverged_above:
-                    status, reason = "diverged", training_divergence(value, s, model_cfg.vocab_size)
-                    step = s
-                    break
-                if on_step is not None:
-                    on_step(s, cfg.steps, value)
-            else:
-                train_curve.append(TrainLossPoint(step, step * tokens_per_step, sum(window) / len(window)))
-            unread.clear()
-            if status == "diverged":
-                break
-        if step in eval_steps:
-            te = time.perf_counter()
-            val_loss, val_ppl, val_bpb = evaluate(model, schedule, data, cfg, device, compute_dtype, compiled_loss)
-            eval_seconds += time.perf_counter() - te
-            if not math.isfinite(val_loss) or val_loss > diverged_above:
-                status, reason = "diverged", validation_divergence(val_loss, step)
-                break
-            point = EvalPoint(step, step * tokens_per_step, val_loss, val_ppl, val_bpb)
-            curve.append(point)
-            if on_eval is not None and on_eval(point):
-                status, reason = "stopped", f"stopped at step {step} by the evaluation callback"
-                break
-        if checkpoint_due and checkpoint_path is not None:  # due only with a path
-            save_checkpoint(checkpoint_path, model, optimizer, step, curve)
-        if stable_due and stable_checkpoint is not None:  # due only with a path
-            save_checkpoint(stable_checkpoint, model, optimizer, step, curve)
-    seconds = time.perf_counter() - t0
+    train_members(SingleModel(model, member, optimizer, cfg, device, compute_dtype, compiled), model_cfg, data, cfg)
     if on_trained is not None:
         on_trained(model)
-    return proxy_result(
-        schedule,
-        params,
-        status,
-        reason,
-        step,
-        start_step,
-        curve,
-        tokens_per_step,
-        seconds,
-        data_seconds,
-        eval_seconds,
-        str(device),
-        dtype,
-        digest,
-        train_curve,
-    )
+    return member.result(model.num_params(), cfg.batch_size * cfg.grad_accum * model_cfg.seq_len, device, dtype)
 
 
 def frozen_result(
@@ -362,48 +502,3 @@ def training_divergence(value: float, step: int, vocab_size: int) -> str:
 
 def validation_divergence(val_loss: float, step: int) -> str:
     return f"validation loss became {val_loss:.4g} at step {step}"
-
-
-def proxy_result(
-    schedule: list[int],
-    params: int,
-    status: str,
-    reason: str,
-    step: int,
-    start_step: int,
-    curve: list[EvalPoint],
-    tokens_per_step: int,
-    seconds: float,
-    data_seconds: float,
-    eval_seconds: float,
-    device: str,
-    dtype: str,
-    digest: int,
-    train_curve: list[TrainLossPoint] | None = None,
-) -> TrainResult:
-    """A proxy's result from where its run ended: `step` is the last step run, or the step at which it diverged
-    (whose optimizer step does not count)."""
-    steps_run = step if status != "diverged" else step - 1
-    last = curve[-1] if curve else EvalPoint(0, 0, math.nan, math.nan, math.nan)
-    trained_tokens = (steps_run - start_step) * tokens_per_step
-    return TrainResult(
-        schedule=schedule,
-        params=params,
-        steps=steps_run,
-        tokens=steps_run * tokens_per_step,
-        val_loss=last.val_loss if status != "diverged" else math.nan,
-        val_ppl=last.val_ppl if status != "diverged" else math.nan,
-        val_bpb=last.val_bpb if status != "diverged" else math.nan,
-        train_seconds=seconds,
-        tokens_per_second=trained_tokens / seconds if seconds > 0 else 0.0,
-        status=status,
-        curve=curve,
-        train_curve=list(train_curve or []),
-        reason=reason,
-        data_seconds=data_seconds,
-        eval_seconds=eval_seconds,
-        device=device,
-        dtype=dtype,
-        resumed_from_step=start_step,
-        batch_digest=digest,
-    )
