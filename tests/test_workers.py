@@ -134,9 +134,9 @@ def test_a_trial_asked_after_its_predecessors_make_n_trials_trains_nothing(tmp_p
     count. Here the second ask is made by hand, once the study has reached its target."""
     from ilr_search.analysis.trials import TrialAttr
     from ilr_search.search import RunRequest, run_in_process
-    from ilr_search.search.objective import SearchRun, SurplusTrial
     from ilr_search.search.progress import RunReporter
     from ilr_search.search.run import prepare_study
+    from ilr_search.search.trial_groups import SearchRun
     from ilr_search.space import load_space
     from ilr_search.storage import open_store
 
@@ -157,7 +157,7 @@ def test_a_trial_asked_after_its_predecessors_make_n_trials_trains_nothing(tmp_p
         prepared.n_trials,
         tmp_path / "checkpoints",
     )
-    prepared.study.optimize(run.objective, n_trials=1, catch=(SurplusTrial,))
+    run.run_group(1, lambda study, trial: None)
     late = prepared.study.get_trials(deepcopy=False)[-1]
     assert late.state == optuna.trial.TrialState.FAIL and late.user_attrs[TrialAttr.SURPLUS] is True
     assert late.params == {} and "map_key" not in late.user_attrs  # no map was proposed, claimed or trained

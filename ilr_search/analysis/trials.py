@@ -1,4 +1,4 @@
-"""A trial as ilr-search stores it: the names of the user attributes the objective (search/objective.py) writes
+"""A trial as ilr-search stores it: the names of the user attributes search/trial_groups.py writes
 on a trial, shared by that writer and this reader, and TrialRecord, every one of them read once from Optuna's
 FrozenTrial. A study stored by an earlier version lacks some attributes: they read as None (or their stated
 default)."""
@@ -38,13 +38,13 @@ class TrialAttr:
     TOKENS_PER_SECOND: Final = "tokens_per_second"
     PRUNED_AT_STEP: Final = "pruned_at_step"
     STEPS_SAVED: Final = "steps_saved"  # by pruning
-    FUSED_GROUP: Final = "fused_group"  # trained in lockstep with this many maps (search/fused_trials.py)
+    FUSED_GROUP: Final = "fused_group"  # trained in lockstep with this many maps (search/trial_groups.py)
     # where a result came from
     REUSED_FROM: Final = "reused_from"  # the trial whose result this one reused (it trained nothing)
     RECOVERED_FROM: Final = "recovered_from"  # the trial failed under its worker whose result this one keeps
     RETRY_OF: Final = "retry_of"  # the interrupted trial this queued one retries
     # a trial asked while the trials before it already made the study's target (two workers counted at the same
-    # moment): it trains nothing and ends FAIL with this mark (search/objective.py refuse_surplus)
+    # moment): it trains nothing and ends FAIL with this mark (search/trial_groups.py refuse_surplus)
     SURPLUS: Final = "surplus"
 
 

@@ -30,15 +30,7 @@ from ilr_search.config import SIZE_MAXIMA, WORKERS_MAX, SpaceConfig, StudySettin
 from ilr_search.errors import StorageFullError, UserInputError
 from ilr_search.folders import check_can_create
 from ilr_search.knobs import KnobValue, config_key
-from ilr_search.search.fused_trials import FusedSearchRun
 from ilr_search.search.maps import EnqueuedMap, first_params, knobs_off, parse_enqueued
-from ilr_search.search.objective import (
-    SearchRun,
-    SurplusTrial,
-    TrialDiverged,
-    TrialTakenOver,
-    sweep_stale_journal_trials,
-)
 from ilr_search.search.plan import (
     CONFIG_ATTR,
     ENQUEUED_BLOCKS_ATTR,
@@ -68,6 +60,7 @@ from ilr_search.search.race import RaceRunner, race_checkpoints, run_race
 from ilr_search.search.race_results import race_settings
 from ilr_search.search.samplers import build_sampler, sampler_settings
 from ilr_search.search.studies import StudyReport, study_report
+from ilr_search.search.trial_groups import SearchRun, TrialTakenOver, sweep_stale_journal_trials
 from ilr_search.space import check_search_objective, validate_space
 from ilr_search.storage import (
     JournalStore,
@@ -102,7 +95,7 @@ class RunRequest:
     enqueue_maps: tuple[tuple[int, ...], ...] = ()  # tried first after the baseline (over-budget maps repaired)
     checkpoint_dir: str | Path | None = None  # trial checkpoints go under it; None: studies/checkpoints
     race: bool = True  # race the contenders after the trials (False: not, e.g. a benchmark table)
-    # Maps trained at once in one fused group (search/fused_trials.py), a number or "auto" (a short probe chooses),
+    # Maps trained at once in one fused group (search/trial_groups.py), a number or "auto" (a short probe chooses),
     # and worker processes; None: a resumed study's stored layout, else the space's fuse (1 for a pretrained
     # model) in one process. Asking for either on a resume changes the layout (commands/run.choose_layout).
     fuse: int | Literal["auto"] | None = None
@@ -458,7 +451,7 @@ def _run_in_process(
                 "need trials of their own"
             )
         )
-    run = FusedSearchRun(
+    run = SearchRun(
         plan,
         spec,
         study,
@@ -493,10 +486,6 @@ def _run_in_process(
             reporter.on(TrialFinished(record_of(ft), front, n_done))
             return n_done
 
-        def after_trial(st: optuna.Study, ft: FrozenTrial) -> None:
-            if report_trial(st, ft) >= n_trials:  # other workers count too
-                st.stop()
-
         started, told = time.monotonic(), False
         while not interrupted:
             seen = run.taken_over
@@ -516,18 +505,7 @@ def _run_in_process(
                 run.sweep_stale()
                 continue
             try:
-                if fuse > 1:
-                    run.run_group(min(fuse, n_trials - finished - running), report_trial)
-                else:
-                    study.optimize(
-                        run.objective,
-                        n_trials=1,
-                        timeout=left,
-                        catch=(TrialDiverged, SurplusTrial),
-                        callbacks=[after_trial],
-                        gc_after_trial=False,
-                        show_progress_bar=False,
-                    )
+                run.run_group(min(fuse, n_trials - finished - running), report_trial)
             except KeyboardInterrupt:
                 interrupted = True
             except (TrialTakenOver, ValueError):

@@ -8,9 +8,9 @@ import pytest
 from conftest import ROOT
 from optuna.trial import TrialState
 
-from ilr_search.search.objective import HEARTBEAT_ATTR, sweep_stale_journal_trials
 from ilr_search.search.progress import Event, RunReporter, Step
 from ilr_search.search.run import RunRequest, run_in_process
+from ilr_search.search.trial_groups import HEARTBEAT_ATTR, sweep_stale_journal_trials
 from ilr_search.space import load_space
 from ilr_search.storage import grace_period, heartbeat_interval, open_storage, parse_storage
 

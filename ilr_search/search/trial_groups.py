@@ -1,12 +1,23 @@
-"""The objective: one trial proposes a map, claims it (or reuses or waits for its result), trains it as a proxy
-under the pruner, and records the result; journal heartbeats and stale-trial sweeps keep workers honest."""
+"""A worker's trials, in ask/tell groups (`run --fuse K`; a group of one at K = 1): the worker asks Optuna for up
+to K trials at once; each proposes a map, claims it (or reuses or waits for its result); the claimed maps train
+together (one fused group where the model allows, training/jobs.py) under the pruner; each result is recorded and
+told. Journal heartbeats and stale-trial sweeps keep workers honest.
+
+The guarantees of one trial hold per trial in a group: a map already finished is reused, one claimed by another
+live worker is waited for, and one proposed twice within the group is trained once (the second trial reuses
+the first's result); each trial beats while it runs (journal heartbeats, or Optuna's RDB heartbeat thread),
+is pruned by its own evaluations, checkpoints on its own, and on Ctrl-C is failed and queued again. The
+sampler sees the group's trials as running (the constant liar of the samplers that use it)."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from collections.abc import Callable, Collection
+from contextlib import ExitStack
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +40,7 @@ from ilr_search.storage import (
     TrainCurvePoint,
     grace_period,
     heartbeat_interval,
+    heartbeat_thread,
     set_trial_user_attrs,
     study_storage,
     trial_id,
@@ -127,6 +139,17 @@ class Training:
         return Job(self.model, self.schedule, self.train_cfg, self.on_eval, self.checkpoint)
 
 
+TrialReport = Callable[[optuna.Study, FrozenTrial], object]  # called with each trial once it is told
+
+
+@dataclass
+class GroupTrial:
+    trial: optuna.Trial
+    proposal: Proposal
+    training: Training | None = None  # None: the trial reuses a result (a finished trial's, or the group's)
+    told: bool = False
+
+
 @dataclass
 class SearchRun:
     plan: StudyPlan
@@ -144,20 +167,6 @@ class SearchRun:
     @property
     def n_layers(self) -> int:
         return self.plan.model.n_layers
-
-    def objective(self, trial: optuna.Trial) -> float | tuple[float, float]:
-        if self.spec.kind != "journal":  # RDB: Optuna's own heartbeat thread covers the trial
-            return self._objective(trial)
-        with journal_heartbeat(self.study, trial_id(trial)):
-            sweep_stale_journal_trials(self.study, spare=trial_id(trial))
-            return self._objective(trial)
-
-    def _objective(self, trial: optuna.Trial) -> float | tuple[float, float]:
-        self.refuse_surplus(trial)
-        proposal = self.propose(trial)
-        if proposal.earlier is not None:
-            return self._reuse(trial, proposal.earlier)
-        return self._train(trial, proposal)
 
     def refuse_surplus(self, trial: optuna.Trial) -> None:
         """Workers count the study's trials and then ask for one, two steps another worker can fall between: a
@@ -323,15 +332,6 @@ class SearchRun:
     def _values(self, val_ppl: float, ratio: float) -> float | tuple[float, float]:
         return val_ppl if self.plan.space.search.objective == "ppl" else (val_ppl, ratio)
 
-    def _train(self, trial: optuna.Trial, proposal: Proposal) -> float | tuple[float, float]:
-        training = self.start_training(trial, proposal)
-        try:
-            (result,) = train_jobs([training.job], self.data, on_step=step_callback(self.reporter))
-        except KeyboardInterrupt:
-            self.interrupted(trial)
-            raise
-        return self.finish_training(trial, training, result)
-
     def start_training(self, trial: optuna.Trial, proposal: Proposal) -> Training:
         """What training a claimed proposal needs: its model, schedule, config, checkpoint and on_eval (which
         stores the curve and asks the pruner)."""
@@ -425,3 +425,104 @@ class SearchRun:
 
     def _record(self, trial: optuna.Trial, result: TrainResult, decision: PruningDecision | None) -> None:
         set_trial_user_attrs(trial, self._result_attrs(result, decision))
+
+    def run_group(self, n: int, report: TrialReport) -> None:
+        """The one way trials run: ask for up to `n` trials, train the claimed maps together, tell every trial;
+        re-raises Ctrl-C after failing the group's unfinished trials and queuing their maps again. A trial asked
+        once the trials before it make the study's n_trials (other workers asked at the same time) ends the
+        asking (refuse_surplus). On RDB storage, trials of dead workers are failed (and queued again) first, as
+        Optuna's study.optimize does before each trial."""
+        group: list[GroupTrial] = []
+        if self.spec.kind != "journal":
+            self.sweep_stale()
+        with ExitStack() as beats:
+            try:
+                for _ in range(n):
+                    with warnings.catch_warnings():  # Optuna warns that its heartbeat expects optimize(): it runs here
+                        warnings.filterwarnings("ignore", message="Heartbeat of storage")
+                        trial = self.study.ask()
+                    try:
+                        self.refuse_surplus(trial)
+                    except SurplusTrial:
+                        self.study.tell(trial, state=TrialState.FAIL)
+                        break
+                    if self.spec.kind == "journal":
+                        beats.enter_context(journal_heartbeat(self.study, trial_id(trial)))
+                        sweep_stale_journal_trials(self.study, spare=trial_id(trial))
+                    else:
+                        beats.enter_context(heartbeat_thread(trial_id(trial), study_storage(self.study)))
+                    member = GroupTrial(trial, Proposal([], {}, "", 0.0, None))
+                    group.append(member)
+                    in_hand = {g.proposal.key for g in group if g.training is not None}
+                    member.proposal = self.propose(trial, in_hand)
+                    if member.proposal.earlier is not None:
+                        self._tell(member, partial(self._reuse, member.trial, member.proposal.earlier), report)
+                    elif not member.proposal.behind_own:
+                        member.training = self.start_training(trial, member.proposal)
+                training = [(g, g.training) for g in group if g.training is not None]
+                for member, _ in training:  # how the trial was trained: in a group of this many maps
+                    member.trial.set_user_attr(TrialAttr.FUSED_GROUP, len(training))
+                results = self._train_trainings([t for _, t in training])
+                for (member, t), result in zip(training, results, strict=True):
+                    self._tell(member, partial(self.finish_training, member.trial, t, result), report)
+                for member in group:  # proposed a map the group trained: its result now exists
+                    if not member.told:
+                        self._tell(member, partial(self._reuse_own, member), report)
+            except BaseException as e:
+                self._abandon(group, interrupted=isinstance(e, KeyboardInterrupt))
+                raise
+
+    def _reuse_own(self, member: GroupTrial) -> float | tuple[float, float]:
+        earlier = self._result_for(member.proposal.key, member.trial.number)
+        if earlier is None:  # the group's trial of this map left no result (taken over without one): train it
+            earlier = self._claim_or_wait(member.proposal.key, member.trial.number)
+            if earlier is None:
+                member.training = self.start_training(member.trial, member.proposal)
+                (result,) = self._train_trainings([member.training])
+                return self.finish_training(member.trial, member.training, result)
+        return self._reuse(member.trial, earlier)
+
+    def _train_trainings(self, trainings: list[Training]) -> list[TrainResult]:
+        """Train the trainings fused, one group per model (searched knobs change it); a model the fused trainer
+        does not support trains its maps one at a time, as the objective does."""
+        return train_jobs(
+            [t.job for t in trainings],
+            self.data,
+            fuse=max(1, len(trainings)),
+            on_step=step_callback(self.reporter),
+            lanes=self.lanes,
+        )
+
+    def _tell(
+        self, member: GroupTrial, outcome: Callable[[], float | tuple[float, float]], report: TrialReport
+    ) -> None:
+        """Tell Optuna how a trial ended, as study.optimize would for an objective's value or exception; an
+        exception of another kind (Ctrl-C included) leaves the trial untold, for _abandon."""
+        state: TrialState | None
+        values: float | tuple[float, float] | None
+        try:
+            values = outcome()
+        except optuna.TrialPruned:
+            state, values = TrialState.PRUNED, None
+        except TrialDiverged:
+            state, values = TrialState.FAIL, None
+        except TrialTakenOver:
+            member.told = True
+            return  # failed under this worker by another's sweep: its result was kept as a recovered trial
+        else:
+            state = None
+        member.told = True
+        # skip_if_finished: a trial failed under this worker after its outcome was read is left as it is, and the
+        # rest of the group is still told
+        report(self.study, self.study.tell(member.trial, values, state=state, skip_if_finished=True))
+
+    def _abandon(self, group: list[GroupTrial], interrupted: bool) -> None:
+        """Fail the group's untold trials (as Optuna fails a trial whose objective raised); on Ctrl-C the maps
+        being trained are queued again."""
+        for member in group:
+            if member.told:
+                continue
+            member.told = True
+            if interrupted and member.training is not None:
+                self.interrupted(member.trial)
+            self.study.tell(member.trial, state=TrialState.FAIL, skip_if_finished=True)
