@@ -133,6 +133,7 @@ class Training:
     checkpoint: Path | None
     on_eval: Callable[[EvalPoint], bool]
     decisions: list[PruningDecision]
+    group_size: int = 1  # the maps it trains with in one group, itself included
 
     @property
     def job(self) -> Job:
@@ -268,13 +269,13 @@ class SearchRun:
         self.taken_over += 1
         return TrialTakenOver(f"trial {trial.number} was failed by another worker's stale-trial sweep")
 
-    def _recover(
-        self, trial: optuna.Trial, result: TrainResult, decision: PruningDecision | None, key: str, ratio: float
-    ) -> None:
+    def _recover(self, trial: optuna.Trial, training: Training, result: TrainResult) -> None:
         """Keep the result of a trial failed under this worker: a new finished trial with the same map, marked
         `recovered_from`, which takes the map's claim so that the queued retry reuses it instead of training."""
+        key, ratio = training.proposal.key, training.proposal.ratio
+        decision = training.decisions[0] if training.decisions else None
         attrs = dict(study_storage(self.study).get_trial(trial_id(trial)).user_attrs)
-        attrs |= self._result_attrs(result, decision) | {TrialAttr.RECOVERED_FROM: trial.number}
+        attrs |= self._result_attrs(result, decision, training.group_size) | {TrialAttr.RECOVERED_FROM: trial.number}
         values: list[float] | None = None
         if result.status == "diverged":
             state = TrialState.FAIL
@@ -392,12 +393,12 @@ class SearchRun:
         ):  # resumed from a dead predecessor's checkpoint: its early points go under this trial
             self._store_curve(trial.number, result, key, ratio)
         if self._failed_under_me(trial):
-            self._recover(trial, result, decision, key, ratio)
+            self._recover(trial, training, result)
             if checkpoint is not None:
                 checkpoint.unlink(missing_ok=True)
             raise self._taken_over(trial)
         self._store_train_curve(trial.number, result, key)
-        self._record(trial, result, decision)
+        self._record(trial, result, decision, training.group_size)
         if checkpoint is not None:  # the trial is over, whatever its outcome
             checkpoint.unlink(missing_ok=True)
         if result.status == "diverged":
@@ -406,8 +407,9 @@ class SearchRun:
             raise optuna.TrialPruned(decision.reason)
         return self._values(result.val_ppl, ratio)
 
-    def _result_attrs(self, result: TrainResult, decision: PruningDecision | None) -> dict[str, Any]:
+    def _result_attrs(self, result: TrainResult, decision: PruningDecision | None, group_size: int) -> dict[str, Any]:
         attrs = {
+            TrialAttr.FUSED_GROUP: group_size,
             TrialAttr.STATUS: "pruned" if decision is not None else result.status,
             TrialAttr.REASON: decision.reason if decision is not None else result.reason,
             TrialAttr.STEPS: result.steps - result.resumed_from_step,
@@ -423,8 +425,10 @@ class SearchRun:
             attrs[TrialAttr.STEPS_SAVED] = self.plan.space.train.steps - decision.step
         return attrs
 
-    def _record(self, trial: optuna.Trial, result: TrainResult, decision: PruningDecision | None) -> None:
-        set_trial_user_attrs(trial, self._result_attrs(result, decision))
+    def _record(
+        self, trial: optuna.Trial, result: TrainResult, decision: PruningDecision | None, group_size: int
+    ) -> None:
+        set_trial_user_attrs(trial, self._result_attrs(result, decision, group_size))
 
     def run_group(self, n: int, report: TrialReport) -> None:
         """The one way trials run: ask for up to `n` trials, train the claimed maps together, tell every trial;
@@ -460,8 +464,8 @@ class SearchRun:
                     elif not member.proposal.behind_own:
                         member.training = self.start_training(trial, member.proposal)
                 training = [(g, g.training) for g in group if g.training is not None]
-                for member, _ in training:  # how the trial was trained: in a group of this many maps
-                    member.trial.set_user_attr(TrialAttr.FUSED_GROUP, len(training))
+                for _, t in training:  # how the trial was trained: in a group of this many maps
+                    t.group_size = len(training)
                 results = self._train_trainings([t for _, t in training])
                 for (member, t), result in zip(training, results, strict=True):
                     self._tell(member, partial(self.finish_training, member.trial, t, result), report)
