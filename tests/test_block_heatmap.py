@@ -382,6 +382,22 @@ def test_a_30_layer_block_studys_page_is_offline_and_small():
     assert '"responsive": true' in page
 
 
+def test_a_point_with_no_interval_has_no_error_bar_and_a_raced_one_has_its_interval():
+    trials, race, grid = synthetic_block_report()
+    fig = pareto_figure("smol", trials, [], None, race=race, answer=race.answer, blocks=grid)
+    decided = [t for t in fig.data if isinstance(t, go.Scatter) and t.mode == "markers" and t.hovertext]
+    screened = [t for t in decided if t.name.replace("<br>", " ").startswith("screened")]
+    assert screened and all("no interval" in h for t in screened for h in t.hovertext)
+    assert all(t.error_y.array is None for t in screened)  # no zero-length bar through the circle
+    with_bars = [t for t in decided if t.error_y.array is not None]
+    assert with_bars
+    for t in with_bars:
+        for hover, up, down in zip(t.hovertext, t.error_y.array, t.error_y.arrayminus, strict=True):
+            assert (up is None) == (down is None) == ("no interval" in hover)
+            if up is not None:
+                assert up >= 0 and down >= 0
+
+
 def test_the_vendored_plotly_bundle_is_the_one_plotly_draws_for():
     from plotly.offline import get_plotlyjs_version
 

@@ -364,16 +364,19 @@ def _decided_panel(fig: go.Figure, race: RaceReport, row: int, legend: str) -> N
         )
 
     def add_markers(group: list[RacedPoint], name: str, marker: dict[str, Any], **group_args: Any) -> None:
-        """The points of `group` as markers with error bars over their intervals, in one legend entry."""
-        error_y = dict(
-            type="data",
-            symmetric=False,
-            color=marker["color"],
-            thickness=1.5,
-            width=5,
-            array=[p.interval[1] - p.val_ppl if p.interval else 0 for p in group],
-            arrayminus=[p.val_ppl - p.interval[0] if p.interval else 0 for p in group],
-        )
+        """The points of `group` as markers with error bars over their intervals, in one legend entry; a point
+        with no interval (one seed or chunk) has no bar (None, which plotly.js leaves undrawn)."""
+        error_y = None
+        if any(p.interval for p in group):
+            error_y = dict(
+                type="data",
+                symmetric=False,
+                color=marker["color"],
+                thickness=1.5,
+                width=5,
+                array=[p.interval[1] - p.val_ppl if p.interval else None for p in group],
+                arrayminus=[p.val_ppl - p.interval[0] if p.interval else None for p in group],
+            )
         fig.add_trace(
             go.Scatter(
                 x=[at_x[p.map_key] for p in group],
