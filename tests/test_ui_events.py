@@ -50,3 +50,20 @@ def test_an_object_that_is_no_event_is_refused():
 
     with pytest.raises(TypeError, match="no renderer for Unknown"):
         ConsoleReporter(enabled=False).on(Unknown())  # type: ignore[arg-type]
+
+
+def test_a_study_of_blocks_names_its_plain_model_so_and_a_study_of_maps_by_its_counts(capsys):
+    plain = ",".join(["1"] * 30)
+    with ConsoleReporter(enabled=True) as reporter:
+        reporter.on(progress.StudyStarted("b", 3, 0, unit="window chunk", blocks=True))
+        reporter.on(progress.TrialStarted(0, [1] * 30, 0))
+        reporter.on(progress.TrialStarted(1, [1] * 30, 0, map="block:3-5:2"))
+        reporter.on(progress.RunFinished(plain, 0, 1, 12.5))
+    err = capsys.readouterr().err
+    assert "trial 0: evaluating the plain model on window chunk 0" in err
+    assert "trial 1: evaluating map block:3-5:2 on window chunk 0" in err
+    assert "race run done: the plain model" in err and plain not in err
+    with ConsoleReporter(enabled=True) as reporter:
+        reporter.on(progress.StudyStarted("m", 3, 0))
+        reporter.on(progress.TrialStarted(0, [1, 1, 1, 1], 32))
+    assert "trial 0: training map 1,1,1,1" in capsys.readouterr().err

@@ -20,6 +20,7 @@ from typing import Any, cast
 
 from optuna.trial import TrialState
 
+from ilr_search.analysis.map_key import is_baseline_key
 from ilr_search.analysis.pareto import non_dominated
 from ilr_search.analysis.results import (
     REFERENCE_PREFIX,
@@ -28,7 +29,6 @@ from ilr_search.analysis.results import (
     as_list,
     is_all_ones_key,
     is_baseline,
-    is_baseline_key,
     is_deep_key,
     map_text,
     study_front,

@@ -34,6 +34,11 @@ def as_block(map_key: str) -> str:
     return key_text(f"block:{i}-{i}:{counts[i]}", knobs)
 
 
+def is_baseline_key(map_key: str) -> bool:
+    """The paper's baseline: the all-ones map with every knob off."""
+    return not is_block_text(map_key) and MapKey.parse(map_key).is_baseline
+
+
 def key_text(map_text: str, knobs: str | None = None) -> str:
     """The key of a map's text (`2,1,1,1`, `block:1-2:2`) and its knob text (None or '': every knob off)."""
     return f"{map_text}{KNOB_SEPARATOR}{knobs}" if knobs else map_text

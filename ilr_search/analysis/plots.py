@@ -27,14 +27,13 @@ from plotly.subplots import make_subplots
 from ilr_search.analysis.answer import Answer
 from ilr_search.analysis.blocks import BlockCell, BlockGrid, BlockPanel
 from ilr_search.analysis.fidelity import AuditReport, Fidelity, NoiseBand
-from ilr_search.analysis.map_key import map_text
+from ilr_search.analysis.map_key import is_baseline_key, map_text
 from ilr_search.analysis.race_report import RaceReport
 from ilr_search.analysis.results import (
     FrontRow,
     LayerView,
     as_list,
     is_baseline,
-    is_baseline_key,
     is_deep_key,
     knobs_text,
 )

@@ -431,10 +431,5 @@ def is_all_ones_key(map_key: str) -> bool:
     return not is_block_text(map_key) and is_baseline(key_reuse_map(map_key))
 
 
-def is_baseline_key(map_key: str) -> bool:
-    """The paper's baseline: the all-ones map with every knob off."""
-    return not is_block_text(map_key) and MapKey.parse(map_key).is_baseline
-
-
 def finite_or_none(x: float) -> float | None:
     return x if isinstance(x, (int, float)) and math.isfinite(x) else None

@@ -402,10 +402,10 @@ class ConsoleReporter(events.RunReporter):
 
     @on.register
     def _trial_started(self, event: events.TrialStarted) -> None:
-        shown = self.words.shown(event.map or _fmt(event.reuse_map)) + (f" with {event.knobs}" if event.knobs else "")
-        label = f"trial {event.number} map {shown}"
+        named = self.words.named(event.map or _fmt(event.reuse_map)) + (f" with {event.knobs}" if event.knobs else "")
+        label = f"trial {event.number} {named}"
         if event.worker is None:
-            doing = f"evaluating map {shown} on {self.words.unit} 0" if self.words.frozen else f"training map {shown}"
+            doing = f"evaluating {named} on {self.words.unit} 0" if self.words.frozen else f"training {named}"
             self.print(event, f"trial {event.number}: {doing}")
         self._row(event.worker, label, event.steps)
 
@@ -441,7 +441,7 @@ class ConsoleReporter(events.RunReporter):
                     self.study_task, description="race", total=None, completed=0, info="race runs stored: 0", eta=None
                 )
         runs = "; ".join(
-            f"map {self.words.shown(key)} {run_where(steps, seed, self.words)}" for key, steps, seed in event.runs
+            f"{self.words.named(key)} {run_where(steps, seed, self.words)}" for key, steps, seed in event.runs
         )
         self.print(
             event,
@@ -450,7 +450,7 @@ class ConsoleReporter(events.RunReporter):
         )
         key, steps, seed = event.runs[0]
         more = f" and {len(event.runs) - 1} more" if len(event.runs) > 1 else ""
-        self._row(event.worker, f"{event.kind} run map {self.words.shown(key)} {self.words.unit} {seed}{more}", steps)
+        self._row(event.worker, f"{event.kind} run {self.words.named(key)} {self.words.unit} {seed}{more}", steps)
 
     @on.register
     def _run_finished(self, event: events.RunFinished) -> None:
@@ -461,7 +461,7 @@ class ConsoleReporter(events.RunReporter):
             self.progress.update(self.study_task, advance=1)
         self.print(
             event,
-            f"{event.kind} run done: map {self.words.shown(event.map_key)} "
+            f"{event.kind} run done: {self.words.named(event.map_key)} "
             f"{run_where(event.steps, event.seed, self.words)}: "
             f"{self.words.score(event.val_ppl)}",
         )
@@ -489,10 +489,10 @@ class ConsoleReporter(events.RunReporter):
             self.progress.update(self.study_task, completed=event.finished)
         knobs = events.format_knobs(t.knobs) if t.knobs else ""
         reuse_map = list(t.reuse_map) if t.reuse_map is not None else None
-        shown = self.words.shown(t.map_key.split("|", 1)[0]) if t.map_key else _fmt(reuse_map)
+        named = self.words.named(t.map_key.split("|", 1)[0]) if t.map_key else f"map {_fmt(reuse_map)}"
         self.print(
             event,
-            f"trial {t.number} {t.state.name.lower()}: map {shown}"
+            f"trial {t.number} {t.state.name.lower()}: {named}"
             + (f" with {knobs}" if knobs else "")
             + f", {_fmt(t.flops_ratio)}x, "
             f"{self.words.score(t.val_ppl)}"
@@ -547,6 +547,13 @@ class Words:
     def shown(self, map_key: str) -> str:
         """A map key as the study writes it (a one-layer block as block:I-I:R in a study of blocks)."""
         return events.as_block(map_key) if self.blocks else map_key
+
+    def named(self, map_key: str) -> str:
+        """A map as a line of output names it: `map KEY`, or in a study of blocks, whose plain model is no block,
+        `the plain model` (not its L ones)."""
+        if self.blocks and events.is_baseline_key(map_key):
+            return "the plain model"
+        return f"map {self.shown(map_key)}"
 
     def value(self, val_ppl: float | None) -> float | None:
         """A result's score in its measure: ppl, the answer loss (nats), or the accuracy (%, from the error rate

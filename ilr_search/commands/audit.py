@@ -21,7 +21,8 @@ import optuna
 from optuna.trial import TrialState
 
 from ilr_search.analysis.fidelity import AuditReport, audit_report
-from ilr_search.analysis.results import Curves, curves_by_trial, is_baseline_key, study_front, trained_trials
+from ilr_search.analysis.map_key import is_baseline_key
+from ilr_search.analysis.results import Curves, curves_by_trial, study_front, trained_trials
 from ilr_search.analysis.trials import Trial, TrialRecord, trained_results, trial_records
 from ilr_search.config import SIZE_MAXIMA, AuditSettings, SpaceConfig, factor_key
 from ilr_search.data.tokenizers import check_vocab, model_config

@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING
 
 import optuna
 
+from ilr_search.analysis.map_key import is_baseline_key
 from ilr_search.analysis.racing import RaceJob, RaceSettings, RaceState
 from ilr_search.analysis.results import (
     finite_or_none,
-    is_baseline_key,
     is_deep_key,
     trained_by_map,
 )

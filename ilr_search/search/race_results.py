@@ -14,6 +14,7 @@ from typing import Any, cast
 from optuna.trial import TrialState
 
 from ilr_search.analysis.answer import Answer, Trust, judge_answer, race_answer, unraced_answer
+from ilr_search.analysis.map_key import is_baseline_key
 from ilr_search.analysis.race_core import REFERENCE_SOURCE, RUN_SOURCE, TRIAL_SOURCE, EqualCompute, Judged, StoredResult
 from ilr_search.analysis.race_report import DecidedBest, RaceReport
 from ilr_search.analysis.racing import FrontPoint, RaceJob, RaceSettings, RaceState, race_state
@@ -21,7 +22,6 @@ from ilr_search.analysis.results import (
     DEEP_PREFIX,
     REFERENCE_PREFIX,
     FrontRow,
-    is_baseline_key,
     is_deep_key,
     key_reuse_map,
     knobs_text,
