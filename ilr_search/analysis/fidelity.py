@@ -23,7 +23,6 @@ from optuna.trial import TrialState
 from ilr_search.analysis.map_key import is_baseline_key
 from ilr_search.analysis.pareto import non_dominated
 from ilr_search.analysis.results import (
-    REFERENCE_PREFIX,
     Curves,
     FrontRow,
     as_list,
@@ -31,6 +30,7 @@ from ilr_search.analysis.results import (
     is_baseline,
     is_deep_key,
     map_text,
+    stored_references,
     study_front,
     trained_by_map,
     trained_trials,
@@ -116,9 +116,9 @@ def noise_band(trials: Sequence[Trial], study_attrs: Mapping[str, Any]) -> Noise
         if r.val_ppl is not None and r.map_key is not None and is_baseline_key(r.map_key)  # trained: both set
     ][:1]
     ppls += [
-        v["val_ppl"]
-        for k, v in sorted(study_attrs.items())
-        if k.startswith(f"{REFERENCE_PREFIX}baseline_seed") and v.get("val_ppl") is not None
+        ref.val_ppl
+        for name, ref in sorted(stored_references(study_attrs).items())
+        if name.startswith("baseline_seed") and ref.val_ppl is not None
     ]
     return NoiseBand(tuple(ppls)) if len(ppls) >= 2 else None
 
@@ -428,9 +428,9 @@ def study_fidelity(
     best = best_recurrent(trials)
     second = None
     if best is not None:
-        ref = study_attrs.get(f"{REFERENCE_PREFIX}second_seed")
-        if ref and ref.get("reuse_map") == as_list(best.reuse_map):
-            second = SecondSeed(best.reuse_map, (best.val_ppl, ref.get("val_ppl")), ref.get("seed"))
+        ref = stored_references(study_attrs).get("second_seed")
+        if ref is not None and ref.reuse_map is not None and list(ref.reuse_map) == as_list(best.reuse_map):
+            second = SecondSeed(best.reuse_map, (best.val_ppl, ref.val_ppl), ref.seed)
     front = study_front(trials)
     baseline_only = bool(front) and all(is_baseline(as_list(p.reuse_map)) for p in front)
     latest = audits[-1] if audits else None

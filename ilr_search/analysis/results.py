@@ -372,9 +372,14 @@ class StoredReference:
 
 def references(study: optuna.Study) -> dict[str, StoredReference]:
     """The study's reference runs by name, in the order the study stores them."""
+    return stored_references(study.user_attrs)
+
+
+def stored_references(study_attrs: Mapping[str, Any]) -> dict[str, StoredReference]:
+    """The reference runs in a study's attributes by name, in their stored order: the one reader of them."""
     return {
         k[len(REFERENCE_PREFIX) :]: StoredReference.of(k[len(REFERENCE_PREFIX) :], v)
-        for k, v in study.user_attrs.items()
+        for k, v in study_attrs.items()
         if k.startswith(REFERENCE_PREFIX)
     }
 

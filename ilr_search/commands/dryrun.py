@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ilr_search.analysis.results import REFERENCE_PREFIX, has_result
+from ilr_search.analysis.results import has_result, stored_references
 from ilr_search.analysis.trials import trial_records
 from ilr_search.commands.autofuse import Layout, describe, resolve_layout
 from ilr_search.commands.layout import process_threads, race_processes
@@ -350,7 +350,8 @@ def dry_run_report(request: RunRequest, probe: bool = True) -> DryRunReport:
     names = [r.name for r in refs] + (
         ["second_seed"] if space.search.second_seed_reference and not any(r.name == "second_seed" for r in refs) else []
     )  # the best recurrent map at a second seed, once known
-    done_refs = [n for n in names if study is not None and f"{REFERENCE_PREFIX}{n}" in study.user_attrs]
+    stored = stored_references(study.user_attrs) if study is not None else {}
+    done_refs = [n for n in names if n in stored]
     race = race_plan(plan, n_trials)
     if study is not None and race.runs_max:
         race = race_left(race, spec, existing, study, plan, trials_to_train)

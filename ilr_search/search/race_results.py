@@ -20,12 +20,12 @@ from ilr_search.analysis.race_report import DecidedBest, RaceReport
 from ilr_search.analysis.racing import FrontPoint, RaceJob, RaceSettings, RaceState, race_state
 from ilr_search.analysis.results import (
     DEEP_PREFIX,
-    REFERENCE_PREFIX,
     FrontRow,
     is_deep_key,
     key_reuse_map,
     knobs_text,
     map_text,
+    stored_references,
     study_front,
     trained_by_map,
     trained_trials,
@@ -143,22 +143,22 @@ def stored_results(
                 f"{TRIAL_SOURCE}{t.number}",
             )
         )
-    for name, ref in sorted(study_attrs.items()):
-        if not name.startswith(REFERENCE_PREFIX) or not ref.get("reuse_map"):  # block recurrence is no reuse map
+    for name, ref in sorted(stored_references(study_attrs).items()):
+        if not ref.reuse_map:  # block recurrence is no reuse map
             continue
-        ppl = ref.get("val_ppl")
-        key = config_key(ref.get("map") or format_reuse_map(ref["reuse_map"]), ref.get("knobs", {}))
+        assert ref.flops_ratio is not None and ref.seed is not None  # train_references stores both
+        key = config_key(ref.block_map or format_reuse_map(list(ref.reuse_map)), dict(ref.knobs))
         found.append(
             StoredResult(
                 key,
-                float(ref["flops_ratio"]),
+                float(ref.flops_ratio),
                 base_steps,
-                int(ref["seed"]),
+                int(ref.seed),
                 schedule,
-                math.log(ppl) if ppl else None,
-                ppl,
-                ref.get("val_bpb"),
-                f"{REFERENCE_SOURCE}{name[len(REFERENCE_PREFIX) :]}",
+                math.log(ref.val_ppl) if ref.val_ppl else None,
+                ref.val_ppl,
+                ref.val_bpb,
+                f"{REFERENCE_SOURCE}{name}",
             )
         )
     for r in rows:

@@ -23,6 +23,7 @@ from ilr_search.analysis.results import (
     as_list,
     finite_or_none,
     has_result,
+    stored_references,
     study_front,
 )
 from ilr_search.analysis.trials import record_of, trial_records
@@ -642,11 +643,12 @@ def train_references(run: SearchRun, share: tuple[int, int] = (0, 1), fuse: int 
     plan, study = run.plan, run.study
     k, n = share
     refs = reference_runs(plan, study.get_trials(deepcopy=False), study.user_attrs.get(ENQUEUED_BLOCKS_ATTR, ()))
+    done_before = stored_references(study.user_attrs)
     missing = []
     for index, ref in enumerate(refs):
-        stored = study.user_attrs.get(f"{REFERENCE_PREFIX}{ref.name}")
+        stored = done_before.get(ref.name)
         if index % n == k and not (
-            stored is not None and stored.get("schedule") == ref.schedule and stored.get("knobs", {}) == ref.knobs
+            stored is not None and stored.schedule == tuple(ref.schedule) and dict(stored.knobs) == ref.knobs
         ):
             missing.append(ref)
     jobs = [
