@@ -281,3 +281,33 @@ def test_a_group_whose_members_all_stop_at_one_evaluation_ends_there(data):
         single = train_proxy(model_cfg, schedule, data, replace(cfg, seed=seed), on_eval=lambda p: p.step >= stop_at)
         assert result.status == single.status == "stopped" and result.steps == stop_at
         assert_same_run(result, single)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"n_kv_heads": 1, "qkv_bias": True, "qk_norm": True},  # grouped-query attention, biases, q/k norms
+        {"head_dim": 4, "pe": "alibi"},
+    ],
+    ids=["plain", "gqa-bias-qknorm", "head_dim-alibi"],
+)
+def test_one_decoder_layer_gives_each_member_what_the_single_model_gives(options):
+    """model.decoder_layer is the one layer: a member's output in a group of three (batched kernels) equals its own
+    model's DecoderLayer (m = 1, the plain kernels), for every architecture option the layer has."""
+    from ilr_search.training.model import LAYER_WEIGHTS, alibi_bias, decoder_layer, rope_tables
+
+    cfg = replace(tiny_model(pe=options.pop("pe", "rope")), **options)
+    layers = [build_model(cfg, seed).layers[0] for seed in range(3)]
+    x = torch.randn(3, 2, cfg.seq_len, cfg.d_model, generator=torch.Generator().manual_seed(0))
+    rope = rope_tables(cfg.seq_len, cfg.head_size, cfg.rope_base, x.device) if cfg.pe == "rope" else None
+    alibi = alibi_bias(cfg.n_heads, cfg.seq_len, x.device) if cfg.pe == "alibi" else None
+    named = [dict(layer.named_parameters()) for layer in layers]
+    weights = tuple(torch.stack([p[name] for p in named]) if name in named[0] else None for name in LAYER_WEIGHTS)
+    assert all((w is None) == (name not in named[0]) for w, name in zip(weights, LAYER_WEIGHTS, strict=True))
+    scale = torch.tensor([1.0, 0.5, 0.25]).view(3, 1, 1, 1)
+    with torch.no_grad():
+        together = decoder_layer(x, weights, rope, None, alibi, scale, cfg.n_heads, cfg.kv_heads, cfg.norm_eps)
+        for k, layer in enumerate(layers):
+            alone = layer(x[k], rope, alibi, branch_scale=float(scale[k]) if k else None)
+            torch.testing.assert_close(together[k], alone, rtol=1e-5, atol=1e-6)

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from ilr_search.config import ModelConfig, TrainConfig
 from ilr_search.knobs import acting_knobs, format_knobs, knobs_of, with_knobs
 from ilr_search.training.flops import count_flops, forward_flops_per_token, param_count
-from ilr_search.training.model import ILRTransformer, branch_scales, repeat_indices
+from ilr_search.training.model import ILRTransformer, attend, branch_scales, repeat_indices
 from ilr_search.training.schedule import block_schedule, parse_keyed_map, reuse_map_schedule
 from ilr_search.training.train import build_optimizer, set_lr, weight_decays
 
@@ -50,8 +50,25 @@ def randomize_knobs(model: ILRTransformer) -> None:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.5 + (1.0 if name == "iteration_norm_gains" else 0.0))
 
 
+def attention_by_hand(layer, h: torch.Tensor, rope, alibi) -> torch.Tensor:
+    """A layer's attention on normed h (B, T, D), from its parameters (the heads split as nn.Linear writes them)."""
+    B, T, _ = h.shape
+    a = layer.attn
+    q, k, v = F.linear(h, a.qkv.weight, a.qkv.bias).split((a.q_dim, a.kv_dim, a.kv_dim), dim=-1)
+    head_size = a.q_dim // layer.n_heads
+    q = q.view(B, T, layer.n_heads, head_size).transpose(1, 2)
+    k = k.view(B, T, -1, head_size).transpose(1, 2)
+    v = v.view(B, T, -1, head_size).transpose(1, 2)
+    return F.linear(attend(q, k, v, rope, alibi), a.proj.weight)
+
+
+def mlp_by_hand(layer, h: torch.Tensor) -> torch.Tensor:
+    gate, up = F.linear(h, layer.mlp.gate_up.weight).chunk(2, dim=-1)
+    return F.linear(F.silu(gate) * up, layer.mlp.down.weight)
+
+
 def reference_logits(model: ILRTransformer, idx: torch.Tensor, schedule: list[int]) -> torch.Tensor:
-    """The knobs written out by hand from their description, with the layers' parts called one by one."""
+    """The knobs written out by hand from their description, with the layers' parts computed one by one."""
     cfg = model.cfg
     T = idx.shape[1]
     e = model.embed.weight[idx]
@@ -90,8 +107,8 @@ def reference_logits(model: ILRTransformer, idx: torch.Tensor, schedule: list[in
         def rms(v: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
             return v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + cfg.norm_eps) * g
 
-        x = x + branch * layer.attn(rms(x, g_attn), rope, alibi)
-        x = x + branch * layer.mlp(rms(x, g_mlp))
+        x = x + branch * attention_by_hand(layer, rms(x, g_attn), rope, alibi)
+        x = x + branch * mlp_by_hand(layer, rms(x, g_mlp))
     return F.linear(model.norm(x), model.embed.weight)
 
 
@@ -227,9 +244,9 @@ def test_repeat_scale_residual_scales_each_repeated_layers_branches_by_its_run_c
     torch.manual_seed(0)
     layer = ILRTransformer(tiny()).layers[0]
     x = torch.randn(2, 8, 16)
-    attn = layer.attn(layer.attn_norm(x), None, None)
+    attn = attention_by_hand(layer, layer.attn_norm(x), None, None)
     half = x + 0.5 * attn
-    torch.testing.assert_close(layer(x, branch_scale=0.5), half + 0.5 * layer.mlp(layer.mlp_norm(half)))
+    torch.testing.assert_close(layer(x, branch_scale=0.5), half + 0.5 * mlp_by_hand(layer, layer.mlp_norm(half)))
     assert torch.equal(layer(x), layer(x, branch_scale=None))
 
 

@@ -48,7 +48,14 @@ from ilr_search.errors import UserInputError
 from ilr_search.training.checkpoint import load_checkpoint, save_checkpoint
 from ilr_search.training.device import compiled_once
 from ilr_search.training.loss import linear_cross_entropy
-from ilr_search.training.model import ILRTransformer, alibi_bias, attend, branch_scales, rope_tables
+from ilr_search.training.model import (
+    LAYER_WEIGHTS,
+    ILRTransformer,
+    alibi_bias,
+    branch_scales,
+    decoder_layer,
+    rope_tables,
+)
 from ilr_search.training.train import (
     Member,
     OnEval,
@@ -116,71 +123,17 @@ def check_fusable(model_cfg: ModelConfig) -> None:
         )
 
 
-# The per-layer parameters fused_layer takes, in its order (names as in DecoderLayer).
-FUSED_LAYER_WEIGHTS = (
-    "attn_norm.weight",
-    "attn.qkv.weight",
-    "attn.proj.weight",
-    "mlp_norm.weight",
-    "mlp.gate_up.weight",
-    "mlp.down.weight",
-)
-
-
-def fused_layer(
-    x: Tensor,
-    weights: tuple[Tensor, ...],
-    rope: tuple[Tensor, Tensor] | None,
-    rope_rotation: Tensor | None,
-    alibi: Tensor | None,
-    branch_scale: Tensor | None,
-    n_heads: int,
-    eps: float,
-) -> Tensor:
-    """DecoderLayer.forward for m members at once (its attention: model.attend over the m x B sequences): x
-    (m, B, T, D); `weights`, each member's layer parameters (m, *shape) in FUSED_LAYER_WEIGHTS order;
-    rope_tables' (cos, sin) or None; `rope_rotation`, the same angles as cos + i sin (T, 1, 1, pairs), or None
-    for apply_rope's real arithmetic; the ALiBi bias or None; each member's factor on its residual branches
-    (m, 1, 1, 1) or None (added as they are).
-
-    A pure function of tensors and two constants (n_heads, eps), so that compiled_fused_layer's one graph per
-    shape serves every map and every group of the process."""
-
-    def branch(y: Tensor) -> Tensor:
-        return y if branch_scale is None else y * branch_scale
-
-    attn_norm, qkv_weight, proj_weight, mlp_norm, gate_up_weight, down_weight = weights
-    m, B, T, D = x.shape
-    h = F.rms_norm(x, (D,), eps=eps) * attn_norm[:, None, None, :]
-    qkv = torch.bmm(h.reshape(m, B * T, D), qkv_weight.transpose(1, 2))
-    qkv = qkv.view(m * B, T, 3, n_heads, D // n_heads)
-    if rope_rotation is not None and qkv.dtype == torch.float32:
-        # apply_rope's rotation of each (even, odd) pair as one complex product, q and k together: one
-        # kernel forward and one backward instead of seven each for q and for k.
-        pairs = torch.view_as_complex(qkv[:, :, :2].unflatten(-1, (-1, 2)))
-        qk = torch.view_as_real(pairs * rope_rotation).flatten(-2)
-        q, k, v = qk[:, :, 0].transpose(1, 2), qk[:, :, 1].transpose(1, 2), qkv[:, :, 2].transpose(1, 2)
-        rope = None  # applied here
-    else:
-        q, k, v = qkv.permute(2, 0, 3, 1, 4)
-    y = attend(q, k, v, rope, alibi).reshape(m, B * T, D)  # the m x B sequences in one call
-    x = x + branch(torch.bmm(y, proj_weight.transpose(1, 2)).view(m, B, T, D))
-    h = F.rms_norm(x, (D,), eps=eps) * mlp_norm[:, None, None, :]
-    gate, up = torch.bmm(h.reshape(m, B * T, D), gate_up_weight.transpose(1, 2)).chunk(2, -1)
-    return x + branch(torch.bmm(F.silu(gate) * up, down_weight.transpose(1, 2)).view(m, B, T, D))
-
-
-# Dynamo's cache entries per code object before it gives up compiling and runs fused_layer eagerly: one entry
+# Dynamo's cache entries per code object before it gives up compiling and runs decoder_layer eagerly: one entry
 # per shape (members running at a position, 1..K; a shorter last validation batch), grad mode and autocast
 # dtype, so K = 16 in training and evaluation alone needs 32 (torch's default limit is 8).
 FUSED_LAYER_RECOMPILE_LIMIT = 128
 
 
-def compiled_fused_layer() -> Callable[..., Tensor]:
-    """fused_layer compiled once per process (device.compiled_once), with static shapes: every group, of any
-    maps, reuses the graph of each shape it has seen (a schedule's layer indices and its members' running counts
-    stay on the Python side, outside the graph)."""
-    return compiled_once(fused_layer, FUSED_LAYER_RECOMPILE_LIMIT)
+def compiled_layer() -> Callable[..., Tensor]:
+    """model.decoder_layer compiled once per process (device.compiled_once), with static shapes: every group, of
+    any maps, reuses the graph of each shape it has seen (a schedule's layer indices and its members' running
+    counts stay on the Python side, outside the graph)."""
+    return compiled_once(decoder_layer, FUSED_LAYER_RECOMPILE_LIMIT)
 
 
 @dataclass(frozen=True)
@@ -305,7 +258,7 @@ class FusedGroup:
     ) -> None:
         """`states`: each member's starting weights and AdamW state (load_member), in `members` order."""
         self.model_cfg, self.cfg, self.device = model_cfg, cfg, device
-        # compiled: the layers through compiled_fused_layer, the head through loss.compiled_chunk_loss
+        # compiled: the layers through compiled_layer, the head through loss.compiled_chunk_loss
         self.compute_dtype, self.compiled = compute_dtype, compiled
         self.length_masking = length_masking  # prefix (members sorted by length) or where (all at every position)
         self.template = ILRTransformer(model_cfg).to(device)  # shapes and names, and the checkpoint writer
@@ -332,7 +285,7 @@ class FusedGroup:
         self.rope_rotation = (
             torch.complex(*self.rope).view(T, 1, 1, -1) if self.rope is not None and not compiled else None
         )
-        self.layer_fn = compiled_fused_layer() if compiled else fused_layer
+        self.layer_fn = compiled_layer() if compiled else decoder_layer
         self.alibi = alibi_bias(model_cfg.n_heads, T, device) if model_cfg.pe == "alibi" else None
         self._index_schedules()
 
@@ -391,18 +344,15 @@ class FusedGroup:
     # --- the forward pass ---
 
     def _layer(self, x: Tensor, gathered: dict[str, Tensor], branch_scale: Tensor | None) -> Tensor:
-        """DecoderLayer.forward for m members at once: x (m, B, T, D), gathered flat layer rows {key: (m, P)},
+        """model.decoder_layer for m members at once: x (m, B, T, D), gathered flat layer rows {key: (m, P)},
         each member's factor on its residual branches (m, 1, 1, 1) or None (added as they are)."""
-        weights = tuple(self.layout.layer_view(gathered, rest) for rest in FUSED_LAYER_WEIGHTS)
+        weights = tuple(
+            self.layout.layer_view(gathered, rest) if rest in self.layout.layer_slots else None
+            for rest in LAYER_WEIGHTS
+        )
+        cfg = self.model_cfg
         return self.layer_fn(
-            x,
-            weights,
-            self.rope,
-            self.rope_rotation,
-            self.alibi,
-            branch_scale,
-            self.model_cfg.n_heads,
-            self.model_cfg.norm_eps,
+            x, weights, self.rope, self.rope_rotation, self.alibi, branch_scale, cfg.n_heads, cfg.kv_heads, cfg.norm_eps
         )
 
     def hidden(self, tokens: Tensor) -> Tensor:

@@ -2,7 +2,9 @@
 
 The schedule is a list of layer indices. The plain model runs [0, 1, ..., L-1]; intra-layer recurrence
 with reuse map [2, 1, 1, 1] runs [0, 0, 1, 2, 3]; block recurrence K=2 runs [0, 1, 2, 3, 0, 1, 2, 3].
-The parameters depend only on the architecture, never on the schedule.
+The parameters depend only on the architecture, never on the schedule. decoder_layer is the one decoder layer: it
+runs m members at once, each with its own weights; DecoderLayer runs it with m = 1, the fused trainer (fused.py) with
+the K members of a group.
 
 Recurrence knobs (all off by default) make a repeated layer behave differently at each pass. A layer's k-th
 run in the schedule (k = 0, 1, ...; in [0, 0, 1] layer 0 runs with k = 0, then k = 1) gets, before it runs:
@@ -56,28 +58,17 @@ from ilr_search.training.loss import linear_cross_entropy
 
 
 class Attention(nn.Module):
-    """Causal self-attention: n_heads query heads of head_size, sharing kv_heads key/value heads (grouped-query
-    attention where fewer), optional q/k/v biases and per-head RMSNorm of q and k before RoPE."""
+    """Causal self-attention's parameters: n_heads query heads of head_size sharing kv_heads key/value heads
+    (grouped-query attention where fewer), optional q/k/v biases and per-head RMSNorms of q and k (applied before
+    RoPE). decoder_layer runs them."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.n_heads, self.kv_heads, self.head_size = cfg.n_heads, cfg.kv_heads, cfg.head_size
         self.q_dim, self.kv_dim = cfg.n_heads * cfg.head_size, cfg.kv_heads * cfg.head_size
         self.qkv = nn.Linear(cfg.d_model, self.q_dim + 2 * self.kv_dim, bias=cfg.qkv_bias)
         self.proj = nn.Linear(self.q_dim, cfg.d_model, bias=False)
         self.q_norm = nn.RMSNorm(cfg.head_size, eps=cfg.norm_eps) if cfg.qk_norm else nn.Identity()
         self.k_norm = nn.RMSNorm(cfg.head_size, eps=cfg.norm_eps) if cfg.qk_norm else nn.Identity()
-
-    def forward(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None, alibi: torch.Tensor | None
-    ) -> torch.Tensor:
-        B, T, _ = x.shape
-        q, k, v = self.qkv(x).split((self.q_dim, self.kv_dim, self.kv_dim), dim=-1)
-        q = q.view(B, T, self.n_heads, self.head_size).transpose(1, 2)  # (B, heads, T, head_size)
-        k = k.view(B, T, self.kv_heads, self.head_size).transpose(1, 2)
-        v = v.view(B, T, self.kv_heads, self.head_size).transpose(1, 2)
-        q, k = self.q_norm(q), self.k_norm(k)
-        return self.proj(attend(q, k, v, rope, alibi))
 
 
 # scaled_dot_product_attention's grouped-query attention without copying k and v (torch 2.5 and later)
@@ -94,8 +85,7 @@ def attend(
     """Causal attention of queries q (N, n_heads, T, head_size) over keys and values k, v (N, kv_heads, T,
     head_size): RoPE on q and k where `rope` (rope_tables' cos, sin) is given, each key/value head serving
     n_heads / kv_heads query heads, then the ALiBi bias (which holds the causal mask) or the causal mask. Returns
-    (N, T, n_heads * head_size), the heads side by side. Attention.forward calls it with N its batch, the fused
-    trainer (fused_layer) with N members x batch."""
+    (N, T, n_heads * head_size), the heads side by side. decoder_layer calls it with N members x batch."""
     if rope is not None:
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
     n_heads, kv_heads = q.shape[1], k.shape[1]
@@ -114,19 +104,104 @@ def attend(
 
 
 class SwiGLU(nn.Module):
+    """The MLP's parameters: down(silu(gate) * up), gate and up from one matrix (decoder_layer runs them)."""
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.gate_up = nn.Linear(cfg.d_model, 2 * cfg.mlp_hidden, bias=False)
         self.down = nn.Linear(cfg.mlp_hidden, cfg.d_model, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(x).chunk(2, dim=-1)
-        return self.down(F.silu(gate) * up)
+
+# The per-layer parameters decoder_layer takes, in its order (names as in DecoderLayer); a model without q/k/v
+# biases or q/k norms has None in their places.
+LAYER_WEIGHTS = (
+    "attn_norm.weight",
+    "attn.qkv.weight",
+    "attn.qkv.bias",
+    "attn.q_norm.weight",
+    "attn.k_norm.weight",
+    "attn.proj.weight",
+    "mlp_norm.weight",
+    "mlp.gate_up.weight",
+    "mlp.down.weight",
+)
+
+
+def decoder_layer(
+    x: torch.Tensor,
+    weights: tuple[torch.Tensor | None, ...],
+    rope: tuple[torch.Tensor, torch.Tensor] | None,
+    rope_rotation: torch.Tensor | None,
+    alibi: torch.Tensor | None,
+    branch_scale: torch.Tensor | float | None,
+    n_heads: int,
+    kv_heads: int,
+    eps: float,
+) -> torch.Tensor:
+    """The decoder layer, for m members at once (m = 1: one model; fused.py: m stacked members, each with its own
+    weights): x (m, B, T, D) -> x + a * attn(norm(x)), then + a * mlp(norm(x)), where a is `branch_scale` (a float,
+    one factor (m, 1, 1, 1) per member, or None: 1).
+
+    `weights`: each member's parameters (m, *shape) in LAYER_WEIGHTS order; rope_tables' (cos, sin) or None;
+    `rope_rotation`, the same angles as cos + i sin (T, 1, 1, pairs), or None for apply_rope's real arithmetic;
+    the ALiBi bias or None. A pure function of tensors and three constants, so that one compiled graph per shape
+    serves every map and every group of a process (fused.compiled_layer)."""
+
+    def branch(y: torch.Tensor) -> torch.Tensor:
+        return y if branch_scale is None else y * branch_scale
+
+    # One member takes the plain kernels (nn.Linear's and nn.RMSNorm's, as fast as they are); several, batched ones.
+    def linear(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:  # each member's h (m, N, in) times its w^T
+        return F.linear(h[0], w[0])[None] if m == 1 else torch.bmm(h, w.transpose(1, 2))
+
+    def norm(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:  # RMSNorm of h (m, B, T, D) with gains w (m, D)
+        D = h.shape[-1]
+        return F.rms_norm(h, (D,), w[0], eps) if m == 1 else F.rms_norm(h, (D,), eps=eps) * w[:, None, None, :]
+
+    def head_norm(t: torch.Tensor, w: torch.Tensor | None) -> torch.Tensor:  # per-head RMSNorm (q_norm, k_norm)
+        if w is None:
+            return t
+        heads, head_size = t.shape[1], t.shape[-1]
+        normed = F.rms_norm(t, (head_size,), eps=eps).view(m, B, heads, T, head_size) * w[:, None, None, None, :]
+        return normed.view(m * B, heads, T, head_size)
+
+    attn_norm, qkv_w, qkv_b, q_norm, k_norm, proj_w, mlp_norm, gate_up_w, down_w = weights
+    assert attn_norm is not None and qkv_w is not None and proj_w is not None  # the layer's own parameters
+    assert mlp_norm is not None and gate_up_w is not None and down_w is not None
+    m, B, T, D = x.shape
+    head_size = qkv_w.shape[1] // (n_heads + 2 * kv_heads)
+    h = norm(x, attn_norm)
+    qkv = linear(h.reshape(m, B * T, D), qkv_w)
+    if qkv_b is not None:
+        qkv = qkv + qkv_b[:, None, :]
+    if kv_heads == n_heads:
+        qkv = qkv.view(m * B, T, 3, n_heads, head_size)
+        if rope_rotation is not None and q_norm is None and qkv.dtype == torch.float32:
+            # apply_rope's rotation of each (even, odd) pair as one complex product, q and k together: one
+            # kernel forward and one backward instead of seven each for q and for k.
+            pairs = torch.view_as_complex(qkv[:, :, :2].unflatten(-1, (-1, 2)))
+            qk = torch.view_as_real(pairs * rope_rotation).flatten(-2)
+            q, k, v = qk[:, :, 0].transpose(1, 2), qk[:, :, 1].transpose(1, 2), qkv[:, :, 2].transpose(1, 2)
+            rope = None  # applied here
+        else:
+            q, k, v = qkv.permute(2, 0, 3, 1, 4)
+    else:
+        q_dim, kv_dim = n_heads * head_size, kv_heads * head_size
+        q, k, v = (
+            t.reshape(m * B, T, -1, head_size).transpose(1, 2) for t in qkv.split((q_dim, kv_dim, kv_dim), dim=-1)
+        )
+    q, k = head_norm(q, q_norm), head_norm(k, k_norm)
+    y = attend(q, k, v, rope, alibi)  # the m x B sequences in one call
+    x = x + branch(linear(y.reshape(m, B * T, -1), proj_w).view(m, B, T, D))
+    h = norm(x, mlp_norm)
+    gate, up = linear(h.reshape(m, B * T, D), gate_up_w).chunk(2, -1)
+    return x + branch(linear(F.silu(gate) * up, down_w).view(m, B, T, D))
 
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
+        self.n_heads, self.kv_heads, self.eps = cfg.n_heads, cfg.kv_heads, cfg.norm_eps
         self.attn_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.attn = Attention(cfg)
         self.mlp_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
@@ -140,18 +215,24 @@ class DecoderLayer(nn.Module):
         norm_gains: tuple[torch.Tensor, torch.Tensor] | None = None,
         branch_scale: float | None = None,
     ) -> torch.Tensor:
-        # norm_gains: this repeat's (attention, MLP) RMSNorm gains, passed in as tensors so that a compiled
-        # layer serves every repeat without recompiling. branch_scale: both residual branches are multiplied by
-        # it (repeat_scale "residual"); None adds them as they are.
-        def branch(y: torch.Tensor) -> torch.Tensor:
-            return y if branch_scale is None else y * branch_scale
-
-        if norm_gains is None:
-            x = x + branch(self.attn(self.attn_norm(x), rope, alibi))
-            return x + branch(self.mlp(self.mlp_norm(x)))
-        eps = self.attn_norm.eps
-        x = x + branch(self.attn(F.rms_norm(x, x.shape[-1:], norm_gains[0], eps), rope, alibi))
-        return x + branch(self.mlp(F.rms_norm(x, x.shape[-1:], norm_gains[1], eps)))
+        """decoder_layer for this one layer: x (B, T, D). norm_gains: this repeat's (attention, MLP) RMSNorm gains
+        instead of the layer's, passed in as tensors so that a compiled layer serves every repeat without
+        recompiling. branch_scale: both residual branches are multiplied by it; None adds them as they are."""
+        attn_gain, mlp_gain = norm_gains or (self.attn_norm.weight, self.mlp_norm.weight)
+        q_norm, k_norm = self.attn.q_norm, self.attn.k_norm
+        weights = (
+            attn_gain,
+            self.attn.qkv.weight,
+            self.attn.qkv.bias,
+            q_norm.weight if isinstance(q_norm, nn.RMSNorm) else None,
+            k_norm.weight if isinstance(k_norm, nn.RMSNorm) else None,
+            self.attn.proj.weight,
+            mlp_gain,
+            self.mlp.gate_up.weight,
+            self.mlp.down.weight,
+        )
+        one = tuple(None if w is None else w[None] for w in weights)  # a member axis of one
+        return decoder_layer(x[None], one, rope, None, alibi, branch_scale, self.n_heads, self.kv_heads, self.eps)[0]
 
 
 def rope_tables(T: int, head_size: int, base: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
