@@ -311,3 +311,20 @@ def test_one_decoder_layer_gives_each_member_what_the_single_model_gives(options
         for k, layer in enumerate(layers):
             alone = layer(x[k], rope, alibi, branch_scale=float(scale[k]) if k else None)
             torch.testing.assert_close(together[k], alone, rtol=1e-5, atol=1e-6)
+
+
+def test_a_run_gives_the_same_numbers_alone_or_in_any_group_where_its_study_fuses(data):
+    """With K > 1 every fusable run trains through the fused trainer, a group of one included, and a member's
+    numbers do not depend on the members beside it: the race's workers, which claim runs by timing, store the same
+    results whichever runs each one took. Exact equality, in fp32 on this CPU."""
+    from ilr_search.training.jobs import Job, train_jobs
+
+    model_cfg, cfg = tiny_model(), tiny_train(steps=24)
+    jobs = [Job(model_cfg, list(s), replace(cfg, seed=seed)) for s, seed in zip(SCHEDULES[:3], (1, 2, 3), strict=True)]
+    together = train_jobs(jobs, data, fuse=3)
+    for k, job in enumerate(jobs):
+        (alone,) = train_jobs([job], data, fuse=2)
+        assert alone.val_loss == together[k].val_loss and alone.curve == together[k].curve
+        assert alone.train_curve == together[k].train_curve
+    (pair_member, _) = train_jobs([jobs[0], jobs[2]], data, fuse=2)
+    assert pair_member.curve == together[0].curve

@@ -253,7 +253,7 @@ def _run_audit(
             data = load_space_tokens(space)
         for run in runs:
             check_vocab(run.model, data.vocab_size)
-        train_claimed(store, runs, worker, data, reporter, kind="audit")
+        train_claimed(store, runs, worker, data, reporter, kind="audit", fuse=fuse)
         trained_here += len(runs)
 
     claim_train_wait(

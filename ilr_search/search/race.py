@@ -143,6 +143,7 @@ def train_claimed(
     data: EvalData,
     reporter: RunReporter,
     kind: RunKind = "race",
+    fuse: int = 1,
 ) -> None:
     """Train claimed race or audit runs (of one model and length: one fused group where it can be, each at its own
     seed) under one heartbeat for all, and store each result (complete, or failed where it diverged); Ctrl-C frees
@@ -166,7 +167,7 @@ def train_claimed(
 
     try:
         with Heartbeat(beat):
-            results = train_jobs(jobs, data, fuse=len(runs), on_step=step_callback(reporter))
+            results = train_jobs(jobs, data, fuse=max(fuse, len(runs)), on_step=step_callback(reporter))
     except KeyboardInterrupt:
         for r in runs:
             store.finish_race_run(r.job, worker, "interrupted", None, None, None, [], 0.0, "interrupted (Ctrl-C)")
@@ -347,7 +348,7 @@ def run_race(
 
     claim_train_wait(
         claim,
-        lambda runs: train_claimed(store, runs, worker, data, reporter),
+        lambda runs: train_claimed(store, runs, worker, data, reporter, fuse=fuse),
         reporter,
         f"the race's remaining runs are being {'evaluated' if train.steps == 0 else 'trained'} by other workers; "
         "waiting",

@@ -463,6 +463,7 @@ def _run_in_process(
         request.checkpoints / safe_name(plan.name),
         pruner=build_pruner(settings.pruner, store, space.train.steps),
         lanes=request.layout.trials.lanes if request.layout is not None else 1,
+        fuse=fuse,
     )
     finished = _n_finished(study)
     settings_of_race = race_settings(plan.config)

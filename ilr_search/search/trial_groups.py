@@ -163,6 +163,7 @@ class SearchRun:
     checkpoint_root: Path
     pruner: Pruner | None = None
     lanes: int = 1  # threads that train a group's maps side by side (training/jobs.py)
+    fuse: int = 1  # the study's K: with K > 1 every fusable map trains through the fused trainer (jobs.py)
     taken_over: int = 0  # trials failed under this worker by another's sweep
 
     @property
@@ -492,7 +493,7 @@ class SearchRun:
         return train_jobs(
             [t.job for t in trainings],
             self.data,
-            fuse=max(1, len(trainings)),
+            fuse=max(self.fuse, len(trainings)),
             on_step=step_callback(self.reporter),
             lanes=self.lanes,
         )

@@ -141,13 +141,16 @@ class EvalOrder:
 
 
 def _train_group(
-    jobs: Sequence[Job], members: Sequence[int], data: EvalData, on_step: OnStep | None
+    jobs: Sequence[Job], members: Sequence[int], data: EvalData, on_step: OnStep | None, fuse: int
 ) -> list[TrainResult]:
-    """One group of jobs trained together (fused when it has several); results in `members` order."""
+    """One group of jobs trained together; results in `members` order. Where the caller fuses (`fuse` > 1) and the
+    model can be, the group trains through the fused trainer even when it is one job: a fused member's numbers do
+    not depend on the members beside it, so that a run gives the same numbers in any group it lands in (the race's
+    workers claim runs by timing)."""
     from ilr_search.training.train import train_proxy
 
     first = jobs[members[0]]
-    if len(members) == 1:
+    if len(members) == 1 and not (fuse > 1 and fusable(first.model) and first.train_cfg.steps > 0):
         return [
             train_proxy(
                 first.model,
@@ -183,16 +186,16 @@ def train_jobs(
     job_groups = groups(jobs, fuse)
     units = lane_units(job_groups, lanes)
     if lanes > 1 and len(units) > 1:
-        results = _train_in_lanes(jobs, units, data, on_step, lanes)
+        results = _train_in_lanes(jobs, units, data, on_step, lanes, fuse)
     else:
         results = {}
         for members in job_groups:
-            results.update(zip(members, _train_group(jobs, members, data, on_step), strict=True))
+            results.update(zip(members, _train_group(jobs, members, data, on_step, fuse), strict=True))
     return [results[i] for i in range(len(jobs))]
 
 
 def _train_in_lanes(
-    jobs: Sequence[Job], units: list[list[int]], data: EvalData, on_step: OnStep | None, lanes: int
+    jobs: Sequence[Job], units: list[list[int]], data: EvalData, on_step: OnStep | None, lanes: int, fuse: int
 ) -> dict[int, TrainResult]:
     """Train the units in `lanes` threads, unit u in lane u % lanes, each lane its units in order. A failure in one
     lane stops the others at their next training window and is raised here; Ctrl-C (which reaches this thread)
@@ -218,7 +221,7 @@ def _train_in_lanes(
         try:
             for members in units[k::lanes]:
                 try:
-                    results.update(zip(members, _train_group(ordered, members, data, lane_step(k)), strict=True))
+                    results.update(zip(members, _train_group(ordered, members, data, lane_step(k), fuse), strict=True))
                 except LanesStopped:
                     return
                 except BaseException as e:  # raised again in the calling thread
