@@ -4,13 +4,15 @@ Python turns SIGINT into a KeyboardInterrupt raised wherever the main thread is 
 finalizer or a weakref callback (a garbage collection during training runs SQLAlchemy's), the interpreter prints
 "Exception ignored" and drops it, and the run trains on as if nothing happened. Inside `recorded()`, SIGINT raises
 KeyboardInterrupt as Python's own handler does and is also recorded, and the training loops raise it again at their
-next window of steps (`raise_if_interrupted`), in whichever thread trains.
+next window of steps (`raise_if_interrupted`), in whichever thread trains. A recorded KeyboardInterrupt that Python
+drops is not printed either (no traceback on Ctrl-C); every other dropped exception goes to the hook that was there.
 """
 
 from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from types import FrameType
@@ -34,9 +36,17 @@ def recorded() -> Iterator[None]:
         return
     _interrupted.clear()
     previous = signal.signal(signal.SIGINT, _on_sigint)
+    previous_hook = sys.unraisablehook
+
+    def unraisable(dropped: sys.UnraisableHookArgs) -> None:
+        if not (isinstance(dropped.exc_value, KeyboardInterrupt) and _interrupted.is_set()):
+            previous_hook(dropped)
+
+    sys.unraisablehook = unraisable
     try:
         yield
     finally:
+        sys.unraisablehook = previous_hook
         signal.signal(signal.SIGINT, previous)
         _interrupted.clear()
 
