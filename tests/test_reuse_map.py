@@ -7,7 +7,6 @@ from ilr_search.errors import UserInputError
 from ilr_search.training.schedule import (
     ReuseMap,
     format_reuse_map,
-    parse_reuse_map,
     resolve_schedule,
     reuse_map_schedule,
 )
@@ -17,7 +16,7 @@ def test_parse_format_and_key_round_trip():
     m = ReuseMap.parse(" 4, 2,1,1", 4)
     assert m.counts == (4, 2, 1, 1) and str(m) == m.key == "4,2,1,1"
     assert ReuseMap.parse(m.key, 4) == m
-    assert parse_reuse_map("4,2,1,1", 4) == [4, 2, 1, 1] and format_reuse_map([4, 2, 1, 1]) == m.key
+    assert ReuseMap.parse("4,2,1,1", 4).counts == (4, 2, 1, 1) and format_reuse_map([4, 2, 1, 1]) == m.key
 
 
 def test_baseline_depth_and_schedule():

@@ -39,7 +39,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 TestKind = Literal["spending", "evalue"]
-TEST_KINDS: tuple[TestKind, ...] = ("spending", "evalue")
 BOUNDARY_PATHS = 200_000
 BOUNDARY_SEED = 20261201
 MIN_LEVEL = 1e-9  # a comparison held to a smaller level (a fixed sequence's later ones) cannot claim

@@ -62,10 +62,6 @@ class UnitPairs:
         """Units paired."""
         return sum(len(c) for c in self.diffs)
 
-    @property
-    def units_per_chunk(self) -> int:
-        return len(self.diffs[0]) if self.diffs else 0
-
     def mean(self, k: int | None = None) -> float | None:
         d = self.upto(len(self.chunks) if k is None else k)
         return math.fsum(d) / len(d) if d else None

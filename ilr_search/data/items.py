@@ -112,10 +112,6 @@ def load_items(source: str, columns: ItemColumns) -> ItemSet:
     return ItemSet(source, items, digest)
 
 
-def is_item_file(path: str) -> bool:
-    return Path(path).suffix.lower() in ITEM_SUFFIXES
-
-
 def _rows(source: str) -> list[dict[str, Any]]:
     if source.startswith("hf:"):
         return _cached_split(source)

@@ -205,11 +205,6 @@ def map_of_schedule(schedule: Sequence[int], n_layers: int) -> Map | None:
     return block.canonical() if block.schedule() == list(schedule) else None
 
 
-def parse_reuse_map(text: str, n_layers: int) -> list[int]:
-    """`"4,2,1,1"` -> [4, 2, 1, 1], checked against the number of layers."""
-    return list(ReuseMap.parse(text, n_layers).counts)
-
-
 def check_reuse_map(reuse_map: Sequence[int], n_layers: int) -> None:
     if len(reuse_map) != n_layers:
         raise ScheduleError(
