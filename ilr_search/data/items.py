@@ -231,11 +231,6 @@ class ItemTask:
     stop: str = "\n"
     max_new_tokens: int = 16
 
-    @property
-    def identity(self) -> dict[str, Any]:
-        """What a study knows its items by."""
-        return {"kind": self.kind, "source": self.items.source, "items_sha256": self.items.digest}
-
     def choice_sequences(self, row: int, seq_len: int) -> list[Continuation]:
         """Item `row`'s prompt followed by each of its choices, left-truncated to seq_len + 1 tokens."""
         item = self.items.items[row]

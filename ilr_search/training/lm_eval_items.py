@@ -131,10 +131,6 @@ class LmEvalTask:
     tokenizer_dir: Path
     family: str
 
-    @property
-    def identity(self) -> dict[str, Any]:
-        return {"task": self.info.name, "metric": self.info.metric, "documents": self.info.n_docs}
-
     def chunks(self, n: int) -> int:
         return self.info.n_docs // n if n > 0 else 0
 
