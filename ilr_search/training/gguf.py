@@ -102,9 +102,9 @@ def _open(file: Path, size: int, mtime_ns: int, inode: int, root: Path, source: 
     converted before is known by its digest alone: its header is read back from the folder's INFO_FILE."""
     digest = file_sha256(file)
     folder = root / f"gguf-{digest[:20]}"
-    converted = read_info(folder, digest)
+    converted = read_converted(file, digest, folder)
     if converted is not None:
-        return GGUFSource(file, digest, converted["architecture"], tuple(converted["tensor_types"].items()), folder)
+        return converted
     missing = [name for name in PACKAGES if not importable(name)]
     if missing:
         raise CheckpointError(f"checkpoint {source}: reading a GGUF file needs {' and '.join(missing)}; {INSTALL}")
@@ -119,13 +119,16 @@ def _open(file: Path, size: int, mtime_ns: int, inode: int, root: Path, source: 
     return gguf
 
 
-def read_info(folder: Path, digest: str) -> dict[str, Any] | None:
-    """A converted folder's INFO_FILE, where the folder is complete and was converted from the file of `digest`."""
+def read_converted(file: Path, digest: str, folder: Path) -> GGUFSource | None:
+    """`file` as its converted folder's INFO_FILE describes it, where the folder is complete and was converted from
+    the file of `digest`."""
     try:
         info = json.loads((folder / INFO_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return info if isinstance(info, dict) and info.get("sha256") == digest else None
+    if not isinstance(info, dict) or info.get("sha256") != digest:
+        return None
+    return GGUFSource(file, digest, info["architecture"], tuple(info["tensor_types"].items()), folder)
 
 
 def importable(name: str) -> bool:
@@ -185,7 +188,7 @@ def convert(gguf: GGUFSource, root: Path, source: str) -> None:
         try:
             os.rename(tmp, gguf.folder)  # atomic: a reader sees the whole folder or none of it
         except OSError:
-            if read_info(gguf.folder, gguf.sha256) is None:  # not another process that finished first
+            if read_converted(gguf.file, gguf.sha256, gguf.folder) is None:  # not another process that finished first
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
