@@ -4,7 +4,6 @@ search settings; command-line flags override any of them."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
 import sys
@@ -138,7 +137,7 @@ def build_space(raw: Mapping[str, Any], source: str = "") -> SpaceConfig:
             )
         kwargs = {keys[k]: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
         section_class: type = type(getattr(defaults, attr))
-        hints = field_types(section_class)
+        hints = typing.get_type_hints(section_class)  # config.py writes them as strings
         for key, value in values.items():
             hint = hints[keys[key]]
             if not has_type(kwargs[keys[key]], hint):
@@ -151,12 +150,6 @@ def build_space(raw: Mapping[str, Any], source: str = "") -> SpaceConfig:
     space = SpaceConfig(source=source, **parts)
     validate_space(space)
     return space
-
-
-@functools.cache
-def field_types(cls: type) -> dict[str, Any]:
-    """The field types of a config dataclass, resolved (config.py writes them as strings)."""
-    return typing.get_type_hints(cls)
 
 
 _TYPE_WORDS = {

@@ -1,7 +1,7 @@
 """What a study's race says and what it rests on, as one typed record: the race's settings, every stored result
 with its fidelity, the policy's state (comparisons, verdict, detectable gap), the equal-compute comparison, the
 decided front and the answer. search/race.py builds it; the CLI, the figure (plots.py) and the reports read it;
-`race_json` is its one JSON form (the `race` object of `run --json`, `pareto --json` and `trials --json`)."""
+`to_json` is its one JSON form (the `race` object of `run --json`, `pareto --json` and `trials --json`)."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ class RaceReport:
         """The maps a trial trained to a result (the maps the race may raise to contenders)."""
         return frozenset(r.map_key for r in self.results if r.is_trial)
 
-    def race_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         """The `race` object of the JSON reports."""
         s, state = self.settings, self.state
         frozen = {"frozen": True} if s.frozen else {}  # only a frozen study's race says so

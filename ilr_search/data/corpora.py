@@ -10,7 +10,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from ilr_search.config import DataConfig
 from ilr_search.errors import DataError
@@ -156,20 +156,37 @@ def hub_documents(spec: str, text_column: str, answer_column: str = "") -> Itera
         ) from None
 
 
-def corpus_identity(cfg: DataConfig) -> dict[str, Any]:
+class _Corpus(TypedDict):
+    corpus: str
+
+
+class CorpusIdentity(_Corpus, total=False):
+    """The corpus a token cache holds (its key's and its meta.json's "corpus"): the embedded corpus by the
+    Python that ships it, a hub dataset by name, local files by path, size and modification time."""
+
+    python: str
+    root: str
+    text_column: str
+    files: list[tuple[str, int, int]]
+    answer_column: str
+
+
+def corpus_identity(cfg: DataConfig) -> CorpusIdentity:
     """What the cache key depends on: the corpus itself, not just its name."""
     if cfg.corpus == "stdlib":
         return {"corpus": "stdlib", "python": sys.version.split()[0], "root": sysconfig.get_path("stdlib")}
-    # The answer column only where there is one: the keys of the caches of plain text stay what they were.
-    answer = {"answer_column": cfg.answer_column} if cfg.answer_column else {}
+    identity: CorpusIdentity
     if cfg.corpus.startswith("hf:"):
-        return {"corpus": cfg.corpus, "text_column": cfg.text_column} | answer
-    files = _local_files(Path(cfg.corpus))
-    return {
-        "corpus": str(Path(cfg.corpus).resolve()),
-        "text_column": cfg.text_column,
-        "files": [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files],
-    } | answer
+        identity = {"corpus": cfg.corpus, "text_column": cfg.text_column}
+    else:
+        identity = {
+            "corpus": str(Path(cfg.corpus).resolve()),
+            "text_column": cfg.text_column,
+            "files": [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in _local_files(Path(cfg.corpus))],
+        }
+    if cfg.answer_column:  # only where there is one: the keys of the caches of plain text stay what they were
+        identity["answer_column"] = cfg.answer_column
+    return identity
 
 
 def documents(cfg: DataConfig) -> Iterator[Document]:

@@ -156,7 +156,7 @@ class StudyReport:
         race_parts = {
             "detectable_gap": race.detectable_gap.to_dict() if race and race.detectable_gap else None,
             "equal_compute": race.equal_compute.to_dict() if race and race.equal_compute else None,
-            "race": race.race_json() if race else None,
+            "race": race.to_json() if race else None,
         }
         if self.listing is not None:
             return {
