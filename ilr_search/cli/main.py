@@ -1186,37 +1186,11 @@ def export_model(
     json_out: Json = False,
 ) -> None:
     """Write a standard transformers checkpoint of a model under a map, its repeated layers unrolled, with its tokenizer (or a mergekit config that builds it)."""  # noqa: E501 -- typer lists the command by this paragraph, its line breaks kept
-    from ilr_search.commands.export import (
-        check_export_format,
-        export_saved_model,
-        export_study_mergekit,
-        export_study_model,
+    from ilr_search.commands.export import export_checkpoint
+
+    report = export_checkpoint(
+        out, study, storage, model, map_, family, export_format, lambda why: ui.hold_note(f"study {study}: {why}")
     )
-
-    if (study is None) == (model is None):
-        fail("give --study NAME (a frozen study's model) or --model DIR (a model train --save wrote), one of them")
-    check_export_format(export_format)
-    if model is not None:
-        if storage is not None:
-            fail("--storage goes with --study")
-        if export_format == "mergekit":
-            fail(
-                "--format mergekit goes with --study (a frozen study of a checkpoint, whose slices the config "
-                "stacks); export a --model DIR with --format hf"
-            )
-        report = export_saved_model(model, out, map_, family)
-    else:
-        assert study is not None  # exactly one of --study and --model
-
-        def noted(why: str) -> None:
-            ui.hold_note(f"study {study}: {why}")
-
-        if export_format == "mergekit":
-            if family is not None:
-                fail("--family goes with --format hf: a mergekit config takes the checkpoint's own family")
-            report = export_study_mergekit(study, out, storage, map_, on_choice=noted)
-        else:
-            report = export_study_model(study, out, storage, map_, family, on_choice=noted)
     emit(report, json_out, ui.print_export_model)
 
 

@@ -32,7 +32,13 @@ from ilr_search.commands.recipe import (
     load_study_settings,
     parse_map_choice,
 )
-from ilr_search.commands.standard_checkpoint import check_checkpoint, check_out_dir, default_family, write_checkpoint
+from ilr_search.commands.standard_checkpoint import (
+    check_checkpoint,
+    check_format,
+    check_out_dir,
+    default_family,
+    write_checkpoint,
+)
 from ilr_search.config import DataConfig, ModelConfig
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import KNOB_CHOICES
@@ -45,18 +51,46 @@ from ilr_search.training.pretrained import (
     resolve_source,
 )
 
-EXPORT_FORMATS = ("hf", "mergekit")
+EXPORT_FORMATS = {
+    "hf": "a standard transformers checkpoint in the folder --out",
+    "mergekit": "a passthrough config of a frozen study's checkpoint, --out FILE.yml",
+}
 MERGEKIT_SUFFIXES = (".yml", ".yaml")
 SCALE_KNOBS = ("damping", "repeat_scale")  # the knobs a mergekit config carries, as tensor scales
 
 
-def check_export_format(export_format: str) -> str:
-    if export_format not in EXPORT_FORMATS:
+def export_checkpoint(
+    out: Path,
+    study: str | None,
+    storage: str | None,
+    model: Path | None,
+    map_text: str | None,
+    family: str | None,
+    export_format: str,
+    on_choice: Callable[[str], None],
+) -> ExportedModel:
+    """`ilr-search export-model`: a frozen study's checkpoint (`study`) or a model train --save wrote (`model`),
+    one of them, exported under a map in `export_format`; the flags that do not go together are refused first."""
+    if (study is None) == (model is None):
         raise UserInputError(
-            f"unknown --format {export_format!r}; use hf (a standard transformers checkpoint in the folder --out) "
-            "or mergekit (a passthrough config of a frozen study's checkpoint, --out FILE.yml)"
+            "give --study NAME (a frozen study's model) or --model DIR (a model train --save wrote), one of them"
         )
-    return export_format
+    check_format(export_format, EXPORT_FORMATS)
+    if model is not None:
+        if storage is not None:
+            raise UserInputError("--storage goes with --study")
+        if export_format == "mergekit":
+            raise UserInputError(
+                "--format mergekit goes with --study (a frozen study of a checkpoint, whose slices the config "
+                "stacks); export a --model DIR with --format hf"
+            )
+        return export_saved_model(model, out, map_text, family)
+    assert study is not None  # exactly one of study and model
+    if export_format == "mergekit":
+        if family is not None:
+            raise UserInputError("--family goes with --format hf: a mergekit config takes the checkpoint's own family")
+        return export_study_mergekit(study, out, storage, map_text, on_choice=on_choice)
+    return export_study_model(study, out, storage, map_text, family, on_choice=on_choice)
 
 
 def parse_export_map(map_text: str, n_layers: int, knobs: bool = False) -> MapChoice:

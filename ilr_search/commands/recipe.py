@@ -20,9 +20,10 @@ from ilr_search.analysis.race_core import RaceWords
 from ilr_search.analysis.results import finite_or_none, references, trained_by_map
 from ilr_search.analysis.trials import TrialRecord, trial_records
 from ilr_search.commands.standard_checkpoint import (
+    SAVE_FORMATS,
     check_checkpoint,
+    check_format,
     check_out_dir,
-    check_save_format,
     data_tokenizer,
     default_family,
     save_tokenizer,
@@ -501,7 +502,7 @@ def train_from_study(
 def check_save(model_cfg: ModelConfig, schedule: Sequence[int], save: Path, save_format: str) -> None:
     """`--save DIR --format F`, checked before any work: a folder that can be written, and for hf a model that a
     standard checkpoint can hold (its tokenizer checked once the data is read)."""
-    if check_save_format(save_format) == "native":
+    if check_format(save_format, SAVE_FORMATS) == "native":
         check_save_dir(save)
         return
     check_out_dir(save, "--save")

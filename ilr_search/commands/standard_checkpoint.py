@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,17 +34,16 @@ from ilr_search.training.pretrained import (
 if TYPE_CHECKING:
     from ilr_search.training.model import ILRTransformer
 
-SAVE_FORMATS = ("native", "hf")
+SAVE_FORMATS = {"native": "safetensors and the model's config JSON", "hf": "a standard transformers checkpoint"}
 DEFAULT_FAMILY = "llama"
 
 
-def check_save_format(save_format: str) -> str:
-    if save_format not in SAVE_FORMATS:
-        raise UserInputError(
-            f"unknown --format {save_format!r}; use native (safetensors and the model's config "
-            "JSON) or hf (a standard transformers checkpoint)"
-        )
-    return save_format
+def check_format(given: str, formats: Mapping[str, str]) -> str:
+    """`--format given`, one of `formats` (a format -> what it writes); else refused, saying what each writes."""
+    if given not in formats:
+        uses = " or ".join(f"{name} ({what})" for name, what in formats.items())
+        raise UserInputError(f"unknown --format {given!r}; use {uses}")
+    return given
 
 
 def default_family(cfg: ModelConfig) -> str:
