@@ -2,6 +2,7 @@
 every command and option."""
 
 import atexit
+import dataclasses
 import functools
 import inspect
 import json
@@ -86,6 +87,10 @@ class SpaceOptions:
     device: str | None = None
     dtype: str | None = None
     compile: bool | None = None
+
+    def given(self) -> tuple[str, ...]:
+        """The names of the options given, in declaration order."""
+        return tuple(f.name for f in dataclasses.fields(self) if getattr(self, f.name) is not None)
 
     def overrides(self) -> dict[str, dict[str, Any]]:
         return {
@@ -339,19 +344,16 @@ def flops(
     train_flops counts the space's proxy training (its steps and batch size)."""
     from ilr_search.commands.api import flops_report
 
-    check_init_flags(opts, init)
-    hold_init_note(init)
+    check_init(opts, init)
     emit(flops_report(opts.space, opts.overrides(), reuse_map, block, knobs, init), json_out, ui.print_flops)
 
 
-INIT_REFUSES = ("layers", "d_model", "heads", "mlp_ratio", "pe", "tokenizer")  # what --init's checkpoint sets
+def check_init(opts: SpaceOptions, init: str | None) -> None:
+    """The options --init refuses (commands.api.check_init_flags), then its note held."""
+    from ilr_search.commands.api import check_init_flags
 
-
-def check_init_flags(opts: SpaceOptions, init: str | None) -> None:
-    """--init takes the checkpoint's architecture and tokenizer: the flags that set them are refused beside it."""
-    given = [name for name in INIT_REFUSES if init is not None and getattr(opts, name) is not None]
-    if given:
-        fail(f"--init takes the checkpoint's architecture and tokenizer; drop --{given[0].replace('_', '-')}")
+    check_init_flags(opts.given(), init)
+    hold_init_note(init)
 
 
 def hold_init_note(init: str | None) -> None:
@@ -407,75 +409,26 @@ def train(
     json_out: Json = False,
 ) -> None:
     """Train one proxy model for a reuse map (or --block K) and report its validation perplexity."""
-    if from_study is not None and init is not None:
-        fail("--init and --from-study both set the model; give one")
-    if save is None and save_format != "native":
-        fail("--format goes with --save DIR")
-    if from_study is not None:
-        train_study_map(opts, reuse_map, block, knobs, from_study, storage, map_, save, json_out, save_format)
-        return
-    if map_ is not None or storage is not None:
-        fail("--map and --storage go with --from-study; without it give --reuse-map (and --knobs)")
-    from ilr_search.commands.api import train_report
+    from ilr_search.commands.api import TrainOptions, train_command
 
-    check_init_flags(opts, init)
+    options = TrainOptions(
+        opts.space,
+        opts.overrides(),
+        opts.given(),
+        reuse_map,
+        block,
+        knobs,
+        from_study,
+        storage,
+        map_,
+        save,
+        save_format,
+        init,
+    )
+    options.check()
     hold_init_note(init)
     with ui.step_progress(enabled=True) as on_step:
-        report = train_report(
-            opts.space,
-            opts.overrides(),
-            reuse_map,
-            block,
-            on_step=on_step,
-            knobs=knobs,
-            save=save,
-            init=init,
-            save_format=save_format,
-        )
-    emit(report, json_out, ui.print_train)
-    if save is not None and not json_out:
-        ui.out.print(f"saved the model to {save}")
-
-
-FROM_STUDY_FLAGS = ("steps", "seed", "device", "dtype", "compile")  # what --from-study lets a flag change
-
-
-def train_study_map(
-    opts: SpaceOptions,
-    reuse_map: str | None,
-    block: int | None,
-    knobs: str | None,
-    study: str,
-    storage: str | None,
-    map_text: str | None,
-    save: Path | None,
-    json_out: bool,
-    save_format: str,
-) -> None:
-    """`train --from-study`: the study's settings, with only FROM_STUDY_FLAGS changeable."""
-    from ilr_search.commands.recipe import train_from_study
-
-    given = [name for name in _SHARED if getattr(opts, name) is not None and name not in FROM_STUDY_FLAGS]
-    if reuse_map is not None or block is not None or knobs is not None:
-        given.insert(0, "reuse_map/block/knobs (use --map)")
-    if given:
-        fail(
-            f"--from-study takes the study's settings; drop --{given[0].replace('_', '-')} "
-            f"(only --map, {', '.join('--' + f for f in FROM_STUDY_FLAGS)}, --save and --format may be given with it)"
-        )
-    overrides = {"seed": opts.seed, "device": opts.device, "dtype": opts.dtype, "compile": opts.compile}
-    with ui.step_progress(enabled=True) as on_step:
-        report = train_from_study(
-            study,
-            storage,
-            map_text,
-            opts.steps,
-            overrides,
-            on_step,
-            save,
-            on_choice=lambda why: ui.hold_note(f"study {study}: {why}"),
-            save_format=save_format,
-        )
+        report = train_command(options, on_step, lambda why: ui.hold_note(f"study {from_study}: {why}"))
     emit(report, json_out, ui.print_train)
     if save is not None and not json_out:
         ui.out.print(f"saved the model to {save}")
@@ -714,8 +667,7 @@ def run(
     """Search reuse maps under a FLOP budget; running it again resumes the study."""
     from ilr_search.commands.run import RunOptions, run_request, run_study
 
-    check_init_flags(opts, init)
-    hold_init_note(init)
+    check_init(opts, init)
     request = run_request(
         RunOptions(
             opts.space,
@@ -825,8 +777,7 @@ def judge(
     from ilr_search.commands.judge import JudgeOptions, judge_request
     from ilr_search.commands.run import run_study
 
-    check_init_flags(opts, init)
-    hold_init_note(init)
+    check_init(opts, init)
     request, candidates = judge_request(
         JudgeOptions(
             init, tuple(candidate), opts.space, opts.overrides(), objective, budget, study, storage, chunks, chunk_size
