@@ -17,7 +17,7 @@ from ilr_search.knobs import format_knobs, knob_params, knobs_of, parse_knob_set
 from ilr_search.space import load_space
 from ilr_search.training.flops import FlopsCount, describe, param_count
 from ilr_search.training.model import repeat_indices
-from ilr_search.training.schedule import is_block_text, parse_map, resolve_schedule
+from ilr_search.training.schedule import Map, is_block_text, parse_map, resolve_schedule
 from ilr_search.training.train import OnStep
 
 if TYPE_CHECKING:
@@ -188,16 +188,41 @@ def flops_report(
     """`ilr-search flops`: FLOPs per token of a reuse map (or block recurrence) and its ratio to the all-ones map;
     `params` counts the knobs' own parameters too (`knob_params` says how many each adds). `init`: the model of
     a checkpoint (with_init)."""
+    m = map_model(space, overrides, reuse_map, block, knobs, init)
+    count = describe(m.cfg, m.counts, m.schedule, m.space.train.tokens(m.cfg.seq_len), param_count(m.cfg), m.block)
+    block_map = m.block_map.key if m.block_map is not None else None
+    return FlopsReport(count, block_map, format_knobs(knobs_of(m.cfg)), knob_params(m.cfg))
+
+
+@dataclass(frozen=True)
+class MapModel:
+    """The model a command runs a map on: the space (with --init's checkpoint), the map's per-layer counts,
+    schedule and block count (resolve_schedule), the map as parsed where it is written as a block map, and the
+    space's model for the schedule with the knob settings on (schedule_model)."""
+
+    space: SpaceConfig
+    counts: list[int]
+    schedule: list[int]
+    block: int | None
+    block_map: Map | None
+    cfg: ModelConfig
+
+
+def map_model(
+    space: str | Path | None,
+    overrides: Overrides | None,
+    reuse_map: str | Sequence[int] | None,
+    block: int | None,
+    knobs: str | None,
+    init: str | None,
+) -> MapModel:
+    """`flops`' and `train`'s model for a map, resolved before any data work."""
     cfg_space = with_init(load_space(space, overrides), init)
-    counts, schedule, block = resolve_schedule(cfg_space.model.n_layers, reuse_map, block, cfg_space.search.max_reuse)
+    n_layers = cfg_space.model.n_layers
+    counts, schedule, block = resolve_schedule(n_layers, reuse_map, block, cfg_space.search.max_reuse)
     cfg = schedule_model(cfg_space, schedule, knobs)
-    count = describe(cfg, counts, schedule, cfg_space.train.tokens(cfg.seq_len), param_count(cfg), block)
-    block_map = (
-        parse_map(reuse_map, cfg_space.model.n_layers).key
-        if isinstance(reuse_map, str) and is_block_text(reuse_map)
-        else None
-    )
-    return FlopsReport(count, block_map, format_knobs(knobs_of(cfg)), knob_params(cfg))
+    written = parse_map(reuse_map, n_layers) if isinstance(reuse_map, str) and is_block_text(reuse_map) else None
+    return MapModel(cfg_space, counts, schedule, block, written, cfg)
 
 
 def train_report(
@@ -217,21 +242,17 @@ def train_report(
     unrolled. `init`: start from a checkpoint's model and weights, on data its tokenizer tokenizes (with_init)."""
     from ilr_search.commands.recipe import MapChoice, check_save, train_and_save, train_report_of
 
-    cfg_space = with_init(load_space(space, overrides), init)
-    counts, schedule, block = resolve_schedule(
-        cfg_space.model.n_layers, reuse_map, block, cfg_space.search.max_reuse
-    )  # before any data work
-    cfg = schedule_model(cfg_space, schedule, knobs)
+    m = map_model(space, overrides, reuse_map, block, knobs, init)
     save_dir = Path(save) if save is not None else None
     if save_dir is not None:
-        check_save(cfg, schedule, save_dir, save_format)
-    data = load_space_tokens(cfg_space)
-    check_vocab(cfg, data.vocab_size)
+        check_save(m.cfg, m.schedule, save_dir, save_format)
+    data = load_space_tokens(m.space)
+    check_vocab(m.cfg, data.vocab_size)
     settings = parse_knob_settings(knobs or "")
     choice = (
-        MapChoice.of(parse_map(reuse_map, cfg_space.model.n_layers), settings)
-        if isinstance(reuse_map, str) and is_block_text(reuse_map)
-        else MapChoice(counts, schedule, settings, block)
+        MapChoice.of(m.block_map, settings)
+        if m.block_map is not None
+        else MapChoice(m.counts, m.schedule, settings, m.block)
     )
-    result = train_and_save(cfg, choice, data, cfg_space, on_step, save_dir, save_format=save_format)
-    return train_report_of(cfg, counts, result, block, knobs_of(cfg), save_dir)
+    result = train_and_save(m.cfg, choice, data, m.space, on_step, save_dir, save_format=save_format)
+    return train_report_of(m.cfg, m.counts, result, m.block, knobs_of(m.cfg), save_dir)
