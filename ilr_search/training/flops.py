@@ -48,7 +48,7 @@ def baseline_flops_per_token(cfg: ModelConfig) -> float:
 
 def param_count(cfg: ModelConfig) -> int:
     """ILRTransformer(cfg).num_params() (model.py), from its shapes without building the model or loading torch (the
-    schedule never changes it). Building it, even on the meta device, cost a process 1.1 s the first time
+    schedule never changes it): building the model, even on the meta device, would load torch
     (tests/test_model_flops.py checks the two agree)."""
     D, H = cfg.d_model, cfg.mlp_hidden
     q, kv = cfg.n_heads * cfg.head_size, cfg.kv_heads * cfg.head_size  # query and key/value widths
