@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import optuna
 
@@ -220,6 +220,7 @@ def default_map(view: StudySettingsView, trials: list[TrialRecord]) -> tuple[Map
 class TrialProxy:
     """The trial that trained the map: its number, state, steps, perplexity, bits per byte and pruning step."""
 
+    kind: Literal["trial"] = field(default="trial", init=False)  # first: the recipe names the proxy's kind first
     trial: int
     state: str
     steps: int | None
@@ -227,21 +228,16 @@ class TrialProxy:
     val_bpb: float | None
     pruned_at_step: int | None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": "trial"} | dataclasses.asdict(self)
-
 
 @dataclass(frozen=True)
 class ReferenceProxy:
     """The block-recurrence reference run of the map (None throughout where the study has none)."""
 
+    kind: Literal["reference"] = field(default="reference", init=False)
     steps: int | None
     val_ppl: float | None
     val_bpb: float | None
     status: str | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": "reference"} | dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -277,7 +273,7 @@ class MeasuredResults:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "proxy": self.proxy.to_dict() if self.proxy is not None else None,
+            "proxy": dataclasses.asdict(self.proxy) if self.proxy is not None else None,
             "race_runs": [dataclasses.asdict(r) for r in self.race_runs],
             "second_seed": dataclasses.asdict(self.second_seed) if self.second_seed is not None else None,
             "prediction": None,
