@@ -469,7 +469,7 @@ def console_main() -> None:
 
     Every result is committed to the storage before a command returns, and the exit handlers (log flushing,
     child processes) still run. What is skipped is freeing torch's and pandas' module graphs one object at a
-    time, seconds of work after the command's own is done (benchmarks/reports/reliability_cpu-2core_2026-12-01.md).
+    time after the command's own work is done (benchmarks/reports/reliability_cpu-2core_2026-12-01.md times it).
     """
     try:
         main()
