@@ -15,6 +15,7 @@ from typing import Any
 
 from ilr_search.analysis.map_key import MapKey
 from ilr_search.analysis.race_core import DECIDED_AGAINST, Comparison, RaceSettings, StoredResult
+from ilr_search.records import record_json
 from ilr_search.training.schedule import BlockMap, ReuseMap
 
 CLAIMED = "better"  # the comparison status of a block claimed better than the plain model
@@ -92,20 +93,7 @@ class BlockCell:
         return MARKS[self.decision]
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "start": self.start,
-            "end": self.end,
-            "repeats": self.repeats,
-            "knobs": self.knobs or None,
-            "map": self.map_key,
-            "flops_ratio": self.flops_ratio,
-            "diff": self.diff,
-            "interval": list(self.interval) if self.interval is not None else None,
-            "status": self.status,
-            "source": self.source,
-            "chunks": list(self.chunks),
-            "units": self.units,
-        }
+        return record_json(self, names={"map_key": "map"}, knobs=self.knobs or None)
 
 
 @dataclass(frozen=True)

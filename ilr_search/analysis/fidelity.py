@@ -38,6 +38,7 @@ from ilr_search.analysis.results import (
 from ilr_search.analysis.stats import groups_differ, paired_comparison, rank_agreement
 from ilr_search.analysis.trials import Trial, trained_results, trial_records
 from ilr_search.knobs import KnobValue
+from ilr_search.records import record_json
 from ilr_search.storage import RaceRun
 
 AGREE_SPEARMAN = 0.8  # "the proxy ranks as longer training does"
@@ -148,15 +149,7 @@ class BestRecurrent:
     on_front: bool
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "trial": self.trial,
-            "reuse_map": as_list(self.reuse_map),
-            "map": self.map,
-            "val_ppl": self.val_ppl,
-            "flops_ratio": self.flops_ratio,
-            "knobs": dict(self.knobs),
-            "on_front": self.on_front,
-        }
+        return record_json(self)
 
 
 def best_recurrent(trials: Sequence[Trial]) -> BestRecurrent | None:
@@ -402,14 +395,7 @@ class Fidelity:
     verdict: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "rungs": [asdict(r) for r in self.rungs],
-            "noise": self.noise.to_dict() if self.noise is not None else None,
-            "best_recurrent": self.best_recurrent.to_dict() if self.best_recurrent is not None else None,
-            "second_seed": self.second_seed.to_dict() if self.second_seed is not None else None,
-            "audits": [a.to_dict() for a in self.audits],
-            "verdict": self.verdict,
-        }
+        return record_json(self)
 
 
 def study_fidelity(

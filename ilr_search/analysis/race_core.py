@@ -13,6 +13,7 @@ from typing import Any, Literal
 from ilr_search.analysis.pareto import non_dominated_ranks
 from ilr_search.analysis.sequential import TestKind
 from ilr_search.config import RacePolicy, races
+from ilr_search.records import record_json
 
 
 @dataclass(frozen=True)
@@ -242,23 +243,11 @@ class Comparison:
         return len(self.seeds)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "map": self.map_key,
-            "flops_ratio": self.flops_ratio,
-            "seeds": list(self.seeds),
-            "mean_diff": self.mean_diff,
-            "sd_diff": self.sd_diff,
-            "interval": list(self.interval) if self.interval else None,
-            "p_value": self.p_value,
-            "t": self.t,
-            "level": self.level,
-            "boundary": self.boundary if self.boundary is None or math.isfinite(self.boundary) else None,
-            "status": self.status,
-            "decided_at": self.decided_at,
-            "why": self.why,
-            "units": self.units,
-            "detectable": self.detectable,
-        }
+        return record_json(
+            self,
+            names={"map_key": "map"},
+            boundary=self.boundary if self.boundary is None or math.isfinite(self.boundary) else None,
+        )
 
 
 RUN_SOURCE = "run "  # a stored result's source when it is a race run (the race's or the audit's): "run 2x"
@@ -359,16 +348,7 @@ class Screen:
     capped: tuple[str, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "maps": list(self.maps),
-            "screened": list(self.screened),
-            "agreement": self.agreement.to_dict(),
-            "base_losses": dict(self.base_losses),
-            "target_losses": dict(self.target_losses),
-        }
-        if self.capped is not None:
-            out["capped"] = list(self.capped)
-        return out
+        return record_json(self, omit=() if self.capped is not None else ("capped",))
 
 
 @dataclass(frozen=True)
@@ -416,15 +396,7 @@ class DeepDiff:
     ppl_diff: float
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "seeds": list(self.seeds),
-            "mean_diff": self.mean_diff,
-            "sd_diff": self.sd_diff,
-            "interval": list(self.interval) if self.interval else None,
-            "p_value": self.p_value,
-            "reference_ppl": self.deep_ppl,
-            "ppl_diff": self.ppl_diff,
-        }
+        return record_json(self, names={"deep_ppl": "reference_ppl"})
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from ilr_search.data.tokenizers import check_vocab, model_config
 from ilr_search.data.tokens import TokenData, load_space_tokens
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import with_knobs
+from ilr_search.records import record_json
 from ilr_search.search.plan import CONFIG_ATTR, StoredConfig, safe_name, stored_config
 from ilr_search.search.progress import RunReporter, StudyStarted
 from ilr_search.search.race import (
@@ -159,16 +160,8 @@ class StudyAudit:
     report: AuditReport
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "study": self.study,
-            "factor": self.factor,
-            "steps": self.steps,
-            "proxy_steps": self.proxy_steps,
-            "maps_spec": self.maps_spec,
-            "seeds": self.seeds,
-            "runs": self.runs,
-            "trained_by_this_worker": self.trained_by_this_worker,
-            **{k: v for k, v in self.report.to_dict().items() if k not in ("factor", "steps")},
+        return record_json(self, omit=("report",)) | {
+            k: v for k, v in self.report.to_dict().items() if k not in ("factor", "steps")
         }
 
 

@@ -20,6 +20,7 @@ from ilr_search.commands.autofuse import Layout, describe, resolve_layout
 from ilr_search.commands.layout import process_threads, race_processes
 from ilr_search.config import Dtype, ModelConfig, SpaceConfig, TrainConfig, race_target_steps, races
 from ilr_search.data.tokens import TokenData, cache_key, cache_root, random_tokens
+from ilr_search.records import record_json
 from ilr_search.search.maps import repair_to_budget
 from ilr_search.search.plan import StudyPlan, adopt_stored_dtype, adopt_stored_race, check_resume, stored_study
 from ilr_search.search.pruners import pruner_settings
@@ -294,32 +295,7 @@ class DryRunReport:
     chunk_size: int = 0  # a frozen study's windows or items a chunk (its eval_windows)
 
     def to_json(self) -> dict[str, Any]:
-        report: dict[str, Any] = {
-            "dry_run": True,
-            "study": self.study,
-            "resume": self.resume,
-            "finished": self.finished,
-            "left": self.left,
-            "n_trials": self.n_trials,
-            "finished_trials": self.finished_trials,
-            "trials_to_train": self.trials_to_train,
-            "references": list(self.references),
-            "references_to_train": list(self.references_to_train),
-            "sampler": self.sampler,
-            "pruner": self.pruner,
-            "pruning_rungs": list(self.pruning_rungs),
-            "objective": self.objective,
-            "budget": dataclasses.asdict(self.budget),
-            "storage": self.storage,
-            "storage_exists": self.storage_exists,
-            "space": self.space,
-            "model": dataclasses.asdict(self.model),
-            "data": dataclasses.asdict(self.data),
-            "train": dataclasses.asdict(self.train),
-            "knobs": list(self.knobs),
-            "workers": self.workers,
-            "race": self.race.to_dict(),
-        }
+        report = {"dry_run": True} | record_json(self, omit=("estimate", "chunk_size"))
         if self.train.steps == 0:
             report["chunk_size"] = self.chunk_size
         return report | (self.estimate.to_dict() if self.estimate is not None else {})

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ilr_search.config import ModelConfig
 from ilr_search.errors import UserInputError
+from ilr_search.records import record_json
 
 if TYPE_CHECKING:
     import torch
@@ -164,18 +165,7 @@ class FlopsCount:
     block: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        report: dict[str, Any] = {
-            "reuse_map": list(self.reuse_map),
-            "schedule": list(self.schedule),
-            "params": self.params,
-            "flops_per_token": self.flops_per_token,
-            "baseline_flops_per_token": self.baseline_flops_per_token,
-            "flops_ratio": self.flops_ratio,
-            "train_flops": self.train_flops,
-        }
-        if self.block is not None:
-            report["block"] = self.block
-        return report
+        return record_json(self, omit=() if self.block is not None else ("block",))
 
 
 def describe(

@@ -26,6 +26,7 @@ from ilr_search.analysis.racing import RaceSettings
 from ilr_search.commands.bench.policy import REPLAY_RACES, race_template, replay_race
 from ilr_search.commands.bench.truth import TruthTable, null_table, planted
 from ilr_search.errors import UserInputError
+from ilr_search.records import record_json
 
 DEFAULT_DELTAS = (0.0, 0.5, 1.0, 2.0, 3.0, 4.0)
 
@@ -97,21 +98,7 @@ class PowerReport:
     rows: tuple[PowerRow, ...]
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "table": self.table,
-            "maps": self.maps,
-            "planted_maps": list(self.planted_maps),
-            "baseline": self.baseline,
-            "base_steps": self.base_steps,
-            "target_steps": self.target_steps,
-            "table_seeds": list(self.table_seeds),
-            "seed_sd_at_target": self.seed_sd_at_target,
-            "orders": self.orders,
-            "against": self.against,
-            "settings": {name: setting.to_dict() for name, setting in self.settings.items()},
-            "policies": list(self.policies),
-            "rows": [r.to_dict() for r in self.rows],
-        }
+        return record_json(self)
 
 
 def _truly_better(table: TruthTable) -> set[str]:
