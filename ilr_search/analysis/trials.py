@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, TypedDict, cast
 
 from optuna.trial import FrozenTrial, TrialState
 
@@ -46,6 +46,24 @@ class TrialAttr:
     # a trial asked while the trials before it already made the study's target (two workers counted at the same
     # moment): it trains nothing and ends FAIL with this mark (search/trial_groups.py refuse_surplus)
     SURPLUS: Final = "surplus"
+
+
+class TrialResultAttrs(TypedDict, total=False):
+    """A trial's result as written to its user attributes when it ends (TrialAttr's names)."""
+
+    status: str | None
+    reason: str | None
+    steps: int
+    resumed_from_step: int
+    val_loss: float | None
+    val_ppl: float | None
+    val_bpb: float | None
+    train_seconds: float
+    tokens_per_second: float
+    pruned_at_step: int | None
+    steps_saved: int
+    fused_group: int
+    reused_from: int
 
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
@@ -126,9 +144,9 @@ class TrialRecord:
             return None
         return (self.datetime_complete - self.datetime_start).total_seconds()
 
-    def reused_result(self) -> dict[str, Any]:
+    def reused_result(self) -> TrialResultAttrs:
         """The attributes a trial that reuses this one's result copies (those this trial has)."""
-        values = {
+        values: TrialResultAttrs = {
             TrialAttr.VAL_LOSS: self.val_loss,
             TrialAttr.VAL_PPL: self.val_ppl,
             TrialAttr.VAL_BPB: self.val_bpb,
@@ -136,7 +154,7 @@ class TrialRecord:
             TrialAttr.REASON: self.reason,
             TrialAttr.PRUNED_AT_STEP: self.pruned_at_step,
         }
-        return {k: v for k, v in values.items() if v is not None}
+        return cast(TrialResultAttrs, {k: v for k, v in values.items() if v is not None})
 
 
 def _ints(value: Any) -> tuple[int, ...] | None:

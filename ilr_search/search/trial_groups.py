@@ -25,7 +25,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from ilr_search.analysis.results import finite_or_none, has_result
-from ilr_search.analysis.trials import TrialAttr, TrialRecord, trial_records
+from ilr_search.analysis.trials import TrialAttr, TrialRecord, TrialResultAttrs, trial_records
 from ilr_search.config import ModelConfig, TrainConfig
 from ilr_search.knobs import KnobValue, acting_knobs, config_key, format_knobs
 from ilr_search.search.maps import propose_knobs, propose_trial_map
@@ -408,8 +408,8 @@ class SearchRun:
             raise optuna.TrialPruned(decision.reason)
         return self._values(result.val_ppl, ratio)
 
-    def _result_attrs(self, result: TrainResult, decision: PruningDecision | None, group_size: int) -> dict[str, Any]:
-        attrs = {
+    def _result_attrs(self, result: TrainResult, decision: PruningDecision | None, group_size: int) -> TrialResultAttrs:
+        attrs: TrialResultAttrs = {
             TrialAttr.FUSED_GROUP: group_size,
             TrialAttr.STATUS: "pruned" if decision is not None else result.status,
             TrialAttr.REASON: decision.reason if decision is not None else result.reason,
