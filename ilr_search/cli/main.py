@@ -12,13 +12,16 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from ilr_search.cli import ui
 from ilr_search.errors import UserInputError
 from ilr_search.interrupts import recorded
+
+if TYPE_CHECKING:
+    from ilr_search.commands.run import RunRequest
 
 try:  # typer >= 0.2x vendors click (Python >= 3.11); older typer uses click itself
     from typer._click import exceptions as click_exceptions
@@ -665,7 +668,7 @@ def run(
     json_out: Json = False,
 ) -> None:
     """Search reuse maps under a FLOP budget; running it again resumes the study."""
-    from ilr_search.commands.run import RunOptions, run_request, run_study
+    from ilr_search.commands.run import RunOptions, run_request
 
     check_init(opts, init)
     request = run_request(
@@ -701,14 +704,7 @@ def run(
         emit(dry_run_report(request), json_out, ui.print_plan)
         return
     tracked = tracked_reporter(track, storage)
-    summary = run_study(
-        request,
-        shown_by=lambda: tracked(ui.ConsoleReporter(enabled=True)),
-        note=lambda text: ui.err.print(text, soft_wrap=True, markup=False, highlight=False),
-    )
-    emit(summary, json_out, ui.print_run)
-    if summary.interrupted:
-        raise typer.Exit(130)
+    run_and_show(request, lambda: tracked(ui.ConsoleReporter(enabled=True)), json_out, ui.print_run)
 
 
 @app.command()
@@ -775,7 +771,6 @@ def judge(
     """Is a candidate (a map, a block, a mergekit config) better than the model it was made from? No search: raced
     against the model on held-out windows or items, paired, until decided; the same command resumes."""
     from ilr_search.commands.judge import JudgeOptions, judge_request
-    from ilr_search.commands.run import run_study
 
     check_init(opts, init)
     request, candidates = judge_request(
@@ -786,12 +781,20 @@ def judge(
     baseline = ",".join("1" * request.space.model.n_layers)
     for c in candidates:
         ui.hold_note(c.line(baseline))
+    run_and_show(request, lambda: ui.ConsoleReporter(enabled=True), json_out, ui.print_judge)
+
+
+def run_and_show(
+    request: "RunRequest", shown_by: Callable[[], Any], json_out: bool, render: Callable[[Any], None]
+) -> None:
+    """Run the study of `request` (`run` or `judge`), its progress shown by the reporter `shown_by` makes and its
+    notes on stderr; print the result; an interrupted run exits with 130."""
+    from ilr_search.commands.run import run_study
+
     summary = run_study(
-        request,
-        shown_by=lambda: ui.ConsoleReporter(enabled=True),
-        note=lambda text: ui.err.print(text, soft_wrap=True, markup=False, highlight=False),
+        request, shown_by=shown_by, note=lambda text: ui.err.print(text, soft_wrap=True, markup=False, highlight=False)
     )
-    emit(summary, json_out, ui.print_judge)
+    emit(summary, json_out, render)
     if summary.interrupted:
         raise typer.Exit(130)
 
