@@ -77,25 +77,26 @@ def cli(*args: str) -> tuple[dict[str, Any], float, list[str]]:
 
 def frozen_tokens_per_second(checkpoint: Path, schedule: list[int], seq_len: int, windows: int = 128,
                              repeats: int = 3) -> dict[str, Any]:
-    """The search's frozen evaluation (window_losses: one window at a time, fp32) of an imported checkpoint on
-    `windows` held-out windows of the embedded corpus, one thread; the best of `repeats` timings."""
+    """The search's frozen evaluation (FrozenEvaluator, fp32, the space's batch size, no shared prefix) of an imported
+    checkpoint on `windows` held-out windows of the embedded corpus, one thread; the best of `repeats` timings."""
     import torch
 
     from ilr_search.commands.api import with_init
     from ilr_search.data.tokens import load_space_tokens
     from ilr_search.space import load_space
-    from ilr_search.training.frozen import window_losses
+    from ilr_search.training.frozen import FrozenEvaluator
     from ilr_search.training.train import build_model
 
     torch.set_num_threads(1)
     space = with_init(load_space(None, {"model": {"seq_len": seq_len}}), str(checkpoint))
     data = load_space_tokens(space)
-    model = build_model(space.model, seed=0).eval()
-    window_losses(model, schedule, data, 0, 8)  # warm-up
+    model = build_model(space.model, seed=0)
+    evaluator = FrozenEvaluator(model, data, "fp32", space.train.batch_size, cache_bytes=0)
+    evaluator.evaluate(space.model, schedule, 0, 8, share=False)  # warm-up
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
-        window_losses(model, schedule, data, 0, windows)
+        evaluator.evaluate(space.model, schedule, 1, windows, share=False)
         best = min(best, time.perf_counter() - t0)
     tokens = windows * seq_len
     return {"checkpoint": str(checkpoint), "schedule": schedule, "seq_len": seq_len, "windows": windows,
