@@ -35,26 +35,27 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from ilr_search.config import ModelConfig, TrainConfig
 from ilr_search.data.tokens import TokenData, counted_targets
 from ilr_search.errors import UserInputError
 from ilr_search.training.checkpoint import load_checkpoint, save_checkpoint
-from ilr_search.training.device import compiled_once
 from ilr_search.training.loss import linear_cross_entropy
 from ilr_search.training.model import (
     LAYER_WEIGHTS,
     ILRTransformer,
-    alibi_bias,
-    branch_scales,
+    MemberParams,
+    Position,
+    compiled_layer,
     decoder_layer,
-    rope_tables,
+    members_hidden,
+    position_tables,
+    schedule_positions,
 )
 from ilr_search.training.train import (
     Member,
@@ -121,19 +122,6 @@ def check_fusable(model_cfg: ModelConfig) -> None:
             f"the fused trainer does not support the model option(s) {', '.join(options)}; "
             "train these maps one at a time (--fuse 1)"
         )
-
-
-# Dynamo's cache entries per code object before it gives up compiling and runs decoder_layer eagerly: one entry
-# per shape (members running at a position, 1..K; a shorter last validation batch), grad mode and autocast
-# dtype, so K = 16 in training and evaluation alone needs 32 (torch's default limit is 8).
-FUSED_LAYER_RECOMPILE_LIMIT = 128
-
-
-def compiled_layer() -> Callable[..., Tensor]:
-    """model.decoder_layer compiled once per process (device.compiled_once), with static shapes: every group, of
-    any maps, reuses the graph of each shape it has seen (a schedule's layer indices and its members' running
-    counts stay on the Python side, outside the graph)."""
-    return compiled_once(decoder_layer, FUSED_LAYER_RECOMPILE_LIMIT)
 
 
 @dataclass(frozen=True)
@@ -278,15 +266,9 @@ class FusedGroup:
                     self.optimizer.state[p][moment] = moments[key].clone()
             for p in self.params.values():
                 self.optimizer.state[p]["step"] = first.optimizer_step.clone()
-        T = model_cfg.seq_len
-        self.rope = rope_tables(T, model_cfg.head_size, model_cfg.rope_base, device) if model_cfg.pe == "rope" else None
-        # cos + i sin of each position's angles, shaped to broadcast over (sequences, T, q/k, heads, pairs). None
-        # when compiled: apply_rope's real arithmetic, which the compiler fuses, and no complex dtype in the graph.
-        self.rope_rotation = (
-            torch.complex(*self.rope).view(T, 1, 1, -1) if self.rope is not None and not compiled else None
-        )
+        # uncompiled, RoPE as one complex rotation; compiled, apply_rope's real arithmetic, which the compiler fuses
+        self.tables = position_tables(model_cfg, model_cfg.seq_len, device, rotation=not compiled)
         self.layer_fn = compiled_layer() if compiled else decoder_layer
-        self.alibi = alibi_bias(model_cfg.n_heads, T, device) if model_cfg.pe == "alibi" else None
         self._index_schedules()
 
     def _adamw(self) -> torch.optim.AdamW:
@@ -295,35 +277,16 @@ class FusedGroup:
         return adamw(decay, no_decay, self.cfg, self.device)
 
     def _index_schedules(self) -> None:
-        """Per schedule position: how many members run it (a prefix) and their rows in the flat [K * L, P] view."""
+        """The members' schedule positions (model.schedule_positions) and their layer rows in the flat [K * L, P]
+        view of the per-layer parameters."""
         L = self.model_cfg.n_layers
-        longest = len(self.members[0].schedule)
-        self.running: list[int] = []
-        self.rows: list[Tensor] = []
-        self.active_masks: list[Tensor] = []
-        # repeat_scale "residual" and damping: (running, 1, 1, 1) factors, None where no member scales. Compiled, a
-        # position with no scale gets ones (y * 1.0 is y exactly), so that no map's schedule picks another graph.
-        self.branch_scales: list[Tensor | None] = []
-        member_scales = [branch_scales(self.model_cfg, m.schedule) for m in self.members]
-        scaled = self.compiled and (self.model_cfg.repeat_scale == "residual" or self.model_cfg.damping != 1.0)
-        for s in range(longest):
-            running = sum(1 for m in self.members if len(m.schedule) > s)
-            if self.length_masking == "where":
-                running = len(self.members)  # every member computes; the mask keeps the short ones' activations
-            rows = [k * L + (m.schedule[s] if len(m.schedule) > s else 0) for k, m in enumerate(self.members[:running])]
-            self.running.append(running)
-            members = enumerate(self.members[:running])
-            scales = [member_scales[k][s] if len(m.schedule) > s else None for k, m in members]
-            self.branch_scales.append(
-                None
-                if all(f is None for f in scales) and not scaled
-                else torch.tensor([1.0 if f is None else f for f in scales], device=self.device).view(-1, 1, 1, 1)
-            )
-            self.rows.append(torch.tensor(rows, dtype=torch.long, device=self.device))
-            self.active_masks.append(
-                torch.tensor([len(m.schedule) > s for m in self.members], device=self.device).view(-1, 1, 1, 1)
-            )
-        self.all_rows = torch.cat(self.rows)
+        schedules = [m.schedule for m in self.members]
+        self.positions = schedule_positions(
+            self.model_cfg, schedules, device=self.device, compiled=self.compiled, masking=self.length_masking
+        )
+        self.running = [len(position.layers) for position in self.positions]
+        rows = [k * L + layer for position in self.positions for k, layer in enumerate(position.layers)]
+        self.all_rows = torch.tensor(rows, dtype=torch.long, device=self.device)
 
     def keep(self, kept: list[Member]) -> None:
         """Drop the members not in `kept` (diverged or stopped): their rows leave every stacked tensor and AdamW.
@@ -343,27 +306,10 @@ class FusedGroup:
 
     # --- the forward pass ---
 
-    def _layer(self, x: Tensor, gathered: dict[str, Tensor], branch_scale: Tensor | None) -> Tensor:
-        """model.decoder_layer for m members at once: x (m, B, T, D), gathered flat layer rows {key: (m, P)},
-        each member's factor on its residual branches (m, 1, 1, 1) or None (added as they are)."""
-        weights = tuple(
-            self.layout.layer_view(gathered, rest) if rest in self.layout.layer_slots else None
-            for rest in LAYER_WEIGHTS
-        )
-        cfg = self.model_cfg
-        return self.layer_fn(
-            x, weights, self.rope, self.rope_rotation, self.alibi, branch_scale, cfg.n_heads, cfg.kv_heads, cfg.norm_eps
-        )
-
     def hidden(self, tokens: Tensor) -> Tensor:
-        """Final normalised hidden states (K, B, T, D) of every member for token ids (K, B, T)."""
-        K, B, T = tokens.shape
-        V, D = self.model_cfg.vocab_size, self.model_cfg.d_model
-        embed = self.params["embed.weight"]
-        offsets = torch.arange(K, device=tokens.device).view(K, 1, 1) * V
-        x = F.embedding(tokens + offsets, embed.reshape(K * V, D))
-        if "pos_embed.weight" in self.params:
-            x = x + self.params["pos_embed.weight"][:, None, :T]
+        """Final normalised hidden states (K, B, T, D) of every member for token ids (K, B, T): model.members_hidden
+        over the stacked parameters."""
+        K = len(self.members)
         # Every position's layer rows in one index_select per flat tensor, then split by position: backward is one
         # cat and one index_add into the parameter's gradient (a gather per position would zero-fill a
         # parameter-sized gradient at each position).
@@ -374,17 +320,23 @@ class FusedGroup:
             .split(self.running)
             for key in self.layout.layer_keys
         }
-        for s, (running, active, scale) in enumerate(
-            zip(self.running, self.active_masks, self.branch_scales, strict=True)
-        ):
+
+        def layer(s: int, position: Position) -> tuple[Tensor | None, ...]:
             gathered = {key: rows[s] for key, rows in per_position.items()}
-            if self.length_masking == "where":
-                x = torch.where(active, self._layer(x, gathered, scale), x)
-            elif running == K:
-                x = self._layer(x, gathered, scale)
-            else:
-                x = torch.cat((self._layer(x[:running], gathered, scale), x[running:]))
-        return F.rms_norm(x, (D,), eps=self.model_cfg.norm_eps) * self.params["norm.weight"][:, None, None, :]
+            slots = self.layout.layer_slots
+            return tuple(self.layout.layer_view(gathered, rest) if rest in slots else None for rest in LAYER_WEIGHTS)
+
+        p = self.params
+        params = MemberParams(
+            p["embed.weight"],
+            p["norm.weight"],
+            layer,
+            p.get("pos_embed.weight"),
+            p.get("injection_gates"),
+            p.get("iteration_embed"),
+            p.get("iteration_norm_gains"),
+        )
+        return members_hidden(self.model_cfg, tokens, params, self.positions, self.tables, self.layer_fn)
 
     def losses(self, tokens: Tensor, targets: Tensor, reduction: str, ignore_index: int | None = None) -> Tensor:
         """Each member's cross-entropy (K,), through the fused, chunked head with its own tied embedding; targets
