@@ -49,7 +49,6 @@ from ilr_search.training.loss import linear_cross_entropy
 from ilr_search.training.model import (
     LAYER_WEIGHTS,
     ILRTransformer,
-    MemberParams,
     Position,
     compiled_layer,
     decoder_layer,
@@ -326,17 +325,8 @@ class FusedGroup:
             slots = self.layout.layer_slots
             return tuple(self.layout.layer_view(gathered, rest) if rest in slots else None for rest in LAYER_WEIGHTS)
 
-        p = self.params
-        params = MemberParams(
-            p["embed.weight"],
-            p["norm.weight"],
-            layer,
-            p.get("pos_embed.weight"),
-            p.get("injection_gates"),
-            p.get("iteration_embed"),
-            p.get("iteration_norm_gains"),
-        )
-        return members_hidden(self.model_cfg, tokens, params, self.positions, self.tables, self.layer_fn)
+        args = (self.params, layer, self.positions, self.tables, self.layer_fn)
+        return members_hidden(self.model_cfg, tokens, *args)
 
     def losses(self, tokens: Tensor, targets: Tensor, reduction: str, ignore_index: int | None = None) -> Tensor:
         """Each member's cross-entropy (K,), through the fused, chunked head with its own tied embedding; targets

@@ -2,9 +2,11 @@
 
 The schedule is a list of layer indices. The plain model runs [0, 1, ..., L-1]; intra-layer recurrence
 with reuse map [2, 1, 1, 1] runs [0, 0, 1, 2, 3]; block recurrence K=2 runs [0, 1, 2, 3, 0, 1, 2, 3].
-The parameters depend only on the architecture, never on the schedule. decoder_layer is the one decoder layer: it
-runs m members at once, each with its own weights; DecoderLayer runs it with m = 1, the fused trainer (fused.py) with
-the K members of a group.
+The parameters depend only on the architecture, never on the schedule. The model is member-batched: m members of
+one architecture, each with its own weights and schedule, run at once. decoder_layer is the one decoder layer,
+members_hidden the one forward pass, schedule_positions the recurrence (which layer each member runs at each
+position, its repeat index, its branch factor) and before_run the knobs below. ILRTransformer runs them with m = 1,
+the fused trainer (fused.py) with the K members of a group.
 
 Recurrence knobs (all off by default) make a repeated layer behave differently at each pass. A layer's k-th
 run in the schedule (k = 0, 1, ...; in [0, 0, 1] layer 0 runs with k = 0, then k = 1) gets, before it runs:
@@ -42,7 +44,7 @@ import json
 import math
 import threading
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -151,7 +153,7 @@ def decoder_layer(
     `weights`: each member's parameters (m, *shape) in LAYER_WEIGHTS order; rope_tables' (cos, sin) or None;
     `rope_rotation`, the same angles as cos + i sin (T, 1, 1, pairs), or None for apply_rope's real arithmetic;
     the ALiBi bias or None. A pure function of tensors and three constants, so that one compiled graph per shape
-    serves every map and every group of a process (fused.compiled_layer)."""
+    serves every map and every group of a process (compiled_layer)."""
 
     def branch(y: torch.Tensor) -> torch.Tensor:
         return y if branch_scale is None else y * branch_scale
@@ -331,41 +333,21 @@ def schedule_positions(
     return positions
 
 
-@dataclass(frozen=True)
-class PositionTables:
-    """What the layers need of the token positions: rope_tables' (cos, sin), the same angles as cos + i sin shaped
-    for decoder_layer's complex rotation (None: apply_rope's real arithmetic), the ALiBi bias; None where the
-    model has none."""
-
-    rope: tuple[torch.Tensor, torch.Tensor] | None
-    rope_rotation: torch.Tensor | None
-    alibi: torch.Tensor | None
+# What the layers need of the token positions (position_tables): rope_tables' (cos, sin), the same angles as
+# cos + i sin for decoder_layer's complex rotation (None: apply_rope's real arithmetic), the ALiBi bias; None where
+# the model has none.
+PositionTables = tuple[tuple[torch.Tensor, torch.Tensor] | None, torch.Tensor | None, torch.Tensor | None]
 
 
 def position_tables(cfg: ModelConfig, T: int, device: torch.device, rotation: bool = False) -> PositionTables:
     """The tables for T token positions; `rotation`: with the complex rotation (decoder_layer's, uncompiled)."""
     rope = rope_tables(T, cfg.head_size, cfg.rope_base, device) if cfg.pe == "rope" else None
-    return PositionTables(
-        rope,
-        torch.complex(*rope).view(T, 1, 1, -1) if rope is not None and rotation else None,
-        alibi_bias(cfg.n_heads, T, device) if cfg.pe == "alibi" else None,
-    )
+    rope_rotation = torch.complex(*rope).view(T, 1, 1, -1) if rope is not None and rotation else None
+    return rope, rope_rotation, alibi_bias(cfg.n_heads, T, device) if cfg.pe == "alibi" else None
 
 
-@dataclass(frozen=True)
-class MemberParams:
-    """m members' parameters as members_hidden reads them, each with a leading member axis: the embedding
-    (m, vocab, d_model), final norm gains (m, d_model), and, None where the model has none, the learned positions
-    (m, seq_len, d_model) and the knobs' parameters (m, then ILRTransformer's shapes). `layer(s, position)`: the
-    weights of the members that run schedule position s, (running, *shape) in LAYER_WEIGHTS order."""
-
-    embed: torch.Tensor
-    norm: torch.Tensor
-    layer: Callable[[int, Position], tuple[torch.Tensor | None, ...]]
-    pos_embed: torch.Tensor | None = None
-    injection_gates: torch.Tensor | None = None
-    iteration_embed: torch.Tensor | None = None
-    iteration_norm_gains: torch.Tensor | None = None
+# The weights of the members that run a schedule position (s, position), (running, *shape) in LAYER_WEIGHTS order
+LayerWeights = Callable[[int, Position], tuple[torch.Tensor | None, ...]]
 
 
 def member_entries(t: torch.Tensor, *indices: Sequence[int]) -> torch.Tensor:
@@ -381,7 +363,7 @@ def before_run(
     x: torch.Tensor,
     embedded: torch.Tensor,
     weights: tuple[torch.Tensor | None, ...],
-    params: MemberParams,
+    params: Mapping[str, torch.Tensor],
     position: Position,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor | None, ...]]:
     """The recurrence knobs (module docstring) before the running members' layers at `position`: their stream x
@@ -392,16 +374,15 @@ def before_run(
     if cfg.injection != "none" and any(again):
         e = embedded[:m]
         if cfg.injection == "gated":
-            assert params.injection_gates is not None  # made for the gated injection
-            e = member_entries(params.injection_gates, position.layers).view(m, 1, 1, 1) * e
+            e = member_entries(params["injection_gates"], position.layers).view(m, 1, 1, 1) * e
         if not all(again):
             e = e * torch.tensor(again, dtype=e.dtype, device=e.device).view(m, 1, 1, 1)
         x = x + e
-    if params.iteration_embed is not None:
-        x = x + member_entries(params.iteration_embed, position.repeats)[:, None, None, :]
-    if params.iteration_norm_gains is not None and any(again):
+    if "iteration_embed" in params:
+        x = x + member_entries(params["iteration_embed"], position.repeats)[:, None, None, :]
+    if "iteration_norm_gains" in params and any(again):
         previous = [max(repeat - 1, 0) for repeat in position.repeats]
-        gains = member_entries(params.iteration_norm_gains, position.layers, previous)  # (m, 2, D)
+        gains = member_entries(params["iteration_norm_gains"], position.layers, previous)  # (m, 2, D)
         attn_gain, mlp_gain = gains[:, 0], gains[:, 1]
         if not all(again):  # a member's first run of its layer keeps the layer's own gains
             mask = torch.tensor(again, device=x.device).view(m, 1)
@@ -415,7 +396,8 @@ def before_run(
 def members_hidden(
     cfg: ModelConfig,
     tokens: torch.Tensor,
-    params: MemberParams,
+    params: Mapping[str, torch.Tensor],
+    layer: LayerWeights,
     positions: Sequence[Position],
     tables: PositionTables,
     layer_fn: Callable[..., torch.Tensor] = decoder_layer,
@@ -425,18 +407,21 @@ def members_hidden(
 ) -> torch.Tensor:
     """The forward pass: final normalised hidden states (m, B, T, d_model) of m members for their token ids
     (m, B, T). The embedding, then at each schedule position (schedule_positions) the knobs (before_run) and the
-    layer of each member that runs it, then the final norm. `state` (with `start` > 0): the residual stream after
+    layer of each member that runs it, then the final norm.
+
+    `params`: the members' parameters outside the layers, by ILRTransformer's names, each with a leading member
+    axis; `layer`: their layers' weights at each position. `state` (with `start` > 0): the residual stream after
     the first `start` positions, computed elsewhere (frozen.py's shared prefix); the layers run from position
     `start` on. `states`, where given, receives the residual stream after each position that runs."""
     m, B, T = tokens.shape
     if T > cfg.seq_len:
         raise ValueError(f"sequence of {T} tokens is longer than seq_len {cfg.seq_len}")
-    V, D = params.embed.shape[1:]
+    V, D = params["embed.weight"].shape[1:]
     if m > 1:  # member k's ids index its own rows of the members' embeddings, side by side
         tokens = tokens + torch.arange(m, device=tokens.device).view(m, 1, 1) * V
-    x = F.embedding(tokens, params.embed.reshape(m * V, D))
-    if params.pos_embed is not None:
-        x = x + params.pos_embed[:, None, :T]
+    x = F.embedding(tokens, params["embed.weight"].reshape(m * V, D))
+    if "pos_embed.weight" in params:
+        x = x + params["pos_embed.weight"][:, None, :T]
     embedded = x
     # The stream starts as a view of the embedding: the embedding's gradient is then the first layer's (summed in
     # the view) plus the injections', one rounding whatever the number of the layer's uses.
@@ -445,20 +430,8 @@ def members_hidden(
         if s < start:
             continue
         running = len(position.layers)
-        h, weights = before_run(
-            cfg, x[:running] if running < m else x, embedded, params.layer(s, position), params, position
-        )
-        h = layer_fn(
-            h,
-            weights,
-            tables.rope,
-            tables.rope_rotation,
-            tables.alibi,
-            position.scale,
-            cfg.n_heads,
-            cfg.kv_heads,
-            cfg.norm_eps,
-        )
+        h, weights = before_run(cfg, x[:running] if running < m else x, embedded, layer(s, position), params, position)
+        h = layer_fn(h, weights, *tables, position.scale, cfg.n_heads, cfg.kv_heads, cfg.norm_eps)
         if position.active is not None:
             x = torch.where(position.active, h, x)
         elif running < m:
@@ -467,7 +440,7 @@ def members_hidden(
             x = h
         if states is not None:
             states.append(x)
-    return member_rms_norm(x, params.norm, cfg.norm_eps)
+    return member_rms_norm(x, params["norm.weight"], cfg.norm_eps)
 
 
 # Dynamo's cache entries per code object before it gives up compiling and runs decoder_layer eagerly: one entry
@@ -542,24 +515,16 @@ class ILRTransformer(nn.Module):
         reuses the graphs."""
         self.layer_fn = torch.compile(model_layer, backend=compile_backend())
 
-    def member_params(self) -> MemberParams:
-        """The model's parameters as members_hidden reads them, with a member axis of one (views)."""
+    def member_params(self) -> dict[str, torch.Tensor]:
+        """The parameters outside the layers, as members_hidden reads them: a member axis of one (views)."""
+        named = {"embed.weight": self.embed.weight, "norm.weight": self.norm.weight}
+        if self.pos_embed is not None:
+            named["pos_embed.weight"] = self.pos_embed.weight
+        return {name: p[None] for name, p in (named | dict(self.named_parameters(recurse=False))).items()}
 
-        def one(p: torch.Tensor | None) -> torch.Tensor | None:
-            return None if p is None else p[None]
-
-        def layer(s: int, position: Position) -> tuple[torch.Tensor | None, ...]:
-            return cast(DecoderLayer, self.layers[position.layers[0]]).weights()
-
-        return MemberParams(
-            self.embed.weight[None],
-            self.norm.weight[None],
-            layer,
-            one(None if self.pos_embed is None else self.pos_embed.weight),
-            one(self.injection_gates),
-            one(self.iteration_embed),
-            one(self.iteration_norm_gains),
-        )
+    def layer_weights(self, s: int, position: Position) -> tuple[torch.Tensor | None, ...]:
+        """members_hidden's LayerWeights: the weights of the layer that runs schedule position s."""
+        return cast(DecoderLayer, self.layers[position.layers[0]]).weights()
 
     def hidden(
         self,
@@ -579,7 +544,8 @@ class ILRTransformer(nn.Module):
         tables = position_tables(self.cfg, idx.shape[1], idx.device)
         kept: list[torch.Tensor] | None = None if states is None else []
         args = (start, None if state is None else state[None], kept)
-        h = members_hidden(self.cfg, idx[None], self.member_params(), positions, tables, self.layer_fn, *args)
+        params = self.member_params()
+        h = members_hidden(self.cfg, idx[None], params, self.layer_weights, positions, tables, self.layer_fn, *args)
         if states is not None and kept is not None:
             states.extend(x[0] for x in kept)
         return h[0]
