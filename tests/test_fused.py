@@ -236,18 +236,32 @@ def test_members_resuming_from_different_steps_train_apart_and_match(data, tmp_p
         assert_same_run(result, single, resumed_from=result.resumed_from_step)
 
 
+def test_per_layer_learning_rates_are_refused(data):
+    with pytest.raises(FusionUnsupported, match="does not support the recurrence knob repeat_scale=lr"):
+        train_fused(replace(tiny_model(), repeat_scale="lr"), SCHEDULES, data, tiny_train(steps=2))
+
+
 @pytest.mark.parametrize(
     "knob",
     [
         {"injection": "add"},
+        {"injection": "gated"},
         {"iteration_encoding": True, "max_reuse": 3},
         {"iteration_norms": True, "max_reuse": 3},
-        {"repeat_scale": "lr"},
     ],
+    ids=["injection-add", "injection-gated", "iteration_encoding", "iteration_norms"],
 )
-def test_knobs_that_change_the_forward_pass_are_refused(data, knob):
-    with pytest.raises(FusionUnsupported, match="does not support"):
-        train_fused(replace(tiny_model(), **knob), SCHEDULES, data, tiny_train(steps=2))
+@pytest.mark.parametrize("masking", ["prefix", "where"])
+def test_knobs_that_add_parameters_or_ops_train_fused_as_alone(data, knob, masking):
+    """The knobs run in model.before_run for every member: at the second position one member repeats its layer
+    and two run theirs for the first time, so each knob acts on some members and not on others."""
+    model_cfg, cfg = replace(tiny_model(), **knob), tiny_train()
+    fused = train_fused(model_cfg, SCHEDULES, data, cfg, seeds=SEEDS, length_masking=masking)
+    off = train_fused(tiny_model(), SCHEDULES, data, cfg, seeds=SEEDS, length_masking=masking)
+    for schedule, seed, result, plain in zip(SCHEDULES, SEEDS, fused, off, strict=True):
+        assert_same_run(result, train_proxy(model_cfg, schedule, data, replace(cfg, seed=seed)))
+        if schedule != [0, 1, 2]:  # the knob acts on repeats (iteration_encoding on every pass)
+            assert result.val_loss != plain.val_loss
 
 
 @pytest.mark.parametrize("masking", ["prefix", "where"])

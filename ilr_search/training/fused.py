@@ -22,13 +22,13 @@ seed, its own evaluations, divergence (it leaves the group, the others go on), s
 checkpoint (checkpoint.py's format, one file per member: a member can resume alone with `train_proxy`), and a
 TrainResult of the same meaning.
 
-check_fusable is the one place that refuses what the group does not implement: the recurrence knobs that add
-parameters or ops (injection, iteration_encoding, iteration_norms); init_depth only changes the initial weights,
-which come from build_model, and is supported. repeat_scale "residual" and damping are supported (a [member]
-factor on the branches at each schedule position); "lr" is refused (its per-layer lrs would need per-row lrs in
-the stacked tensors' one AdamW). So are the options of pretrained architectures (grouped-query attention,
-an explicit head_dim, an untied head, q/k/v biases, q/k norms) and a checkpoint's weights (`init`): such a model
-trains one map at a time (jobs.groups, `--fuse auto`).
+check_fusable is the one place that refuses what the group does not implement. The forward pass is model.py's
+(members_hidden), so the recurrence knobs train fused: injection, iteration_encoding and iteration_norms (their
+parameters stacked like the others), repeat_scale "residual" and damping (a [member] factor on the branches at each
+schedule position); init_depth only changes the initial weights, which come from build_model. repeat_scale "lr" is
+refused (its per-layer lrs would need per-row lrs in the stacked tensors' one AdamW). So are the options of
+pretrained architectures (grouped-query attention, an explicit head_dim, an untied head, q/k/v biases, q/k norms)
+and a checkpoint's weights (`init`): such a model trains one map at a time (jobs.groups, `--fuse auto`).
 """
 
 from __future__ import annotations
@@ -86,22 +86,11 @@ class FusionUnsupported(UserInputError):
 
 
 def check_fusable(model_cfg: ModelConfig) -> None:
-    """Refuse the knobs that add parameters or ops to the forward pass (init_depth only sets initial weights,
-    repeat_scale "residual" and damping are branch factors the group applies), repeat_scale "lr", and the pretrained
-    architectures' options and a checkpoint's weights (the group stacks the project's own model)."""
-    unsupported = [
-        name
-        for name, on in (
-            ("injection", model_cfg.injection != "none"),
-            ("iteration_encoding", model_cfg.iteration_encoding),
-            ("iteration_norms", model_cfg.iteration_norms),
-            ("repeat_scale=lr", model_cfg.repeat_scale == "lr"),
-        )
-        if on
-    ]
-    if unsupported:
+    """Refuse repeat_scale "lr" (per-layer learning rates), and the pretrained architectures' options and a
+    checkpoint's weights (the group stacks the project's own model); every other knob trains fused."""
+    if model_cfg.repeat_scale == "lr":
         raise FusionUnsupported(
-            f"the fused trainer does not support the recurrence knob(s) {', '.join(unsupported)}; "
+            "the fused trainer does not support the recurrence knob repeat_scale=lr; "
             "train these maps one at a time (--fuse 1)"
         )
     options = [
