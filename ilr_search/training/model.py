@@ -275,12 +275,14 @@ class Position:
     len(layers) members run it, member k its layer layers[k] for the (repeats[k] + 1)-th time, the residual branches
     times `scale` (a float for one member, (running, 1, 1, 1) factors for several; None: 1). Under "where" masking,
     `active` (members, 1, 1, 1) marks the members whose schedule reaches the position: every member runs it, and
-    the others keep their stream."""
+    the others keep their stream. `index` (a fused group's): (member, layer, repeat) of each running member as a
+    (3, running) tensor on its device, for the knobs' lookups; None: Python indices."""
 
     layers: list[int]
     repeats: list[int]
     scale: torch.Tensor | float | None
     active: torch.Tensor | None = None
+    index: torch.Tensor | None = None
 
 
 def schedule_positions(
@@ -322,14 +324,11 @@ def schedule_positions(
             scale = None
         else:
             scale = torch.tensor([1.0 if f is None else f for f in factors], device=device).view(-1, 1, 1, 1)
-        positions.append(
-            Position(
-                [schedules[k][s] if reached[k] else 0 for k in members],
-                [repeats[k][s] if reached[k] else 0 for k in members],
-                scale,
-                torch.tensor(reached, device=device).view(-1, 1, 1, 1) if masking == "where" else None,
-            )
-        )
+        layers = [schedules[k][s] if reached[k] else 0 for k in members]
+        counts = [repeats[k][s] if reached[k] else 0 for k in members]
+        active = torch.tensor(reached, device=device).view(-1, 1, 1, 1) if masking == "where" else None
+        index = None if device is None else torch.tensor([list(members), layers, counts], device=device)
+        positions.append(Position(layers, counts, scale, active, index))
     return positions
 
 
@@ -350,14 +349,6 @@ def position_tables(cfg: ModelConfig, T: int, device: torch.device, rotation: bo
 LayerWeights = Callable[[int, Position], tuple[torch.Tensor | None, ...]]
 
 
-def member_entries(t: torch.Tensor, *indices: Sequence[int]) -> torch.Tensor:
-    """t[k, indices[0][k], indices[1][k], ...] for each member k: (m, *rest)."""
-    if len(indices[0]) == 1:
-        return t[(0,) + tuple(i[0] for i in indices)][None]
-    members = torch.arange(len(indices[0]), device=t.device)
-    return t[(members,) + tuple(torch.tensor(i, device=t.device) for i in indices)]
-
-
 def before_run(
     cfg: ModelConfig,
     x: torch.Tensor,
@@ -371,21 +362,29 @@ def before_run(
     repeat's norm gains."""
     m = x.shape[0]
     again = [repeat >= 1 for repeat in position.repeats]
+    # each member's index, layer and repeat index: Python ints for one member, else (running,) tensors
+    index: Any = (0, position.layers[0], position.repeats[0]) if position.index is None else position.index
+    member, layer, repeat = index
+    previous = max(repeat - 1, 0) if position.index is None else (repeat - 1).clamp(min=0)
+
+    def entries(t: torch.Tensor, *indices: Any) -> torch.Tensor:  # each member's t[member, *indices]: (m, ...)
+        found = t[(member,) + indices]
+        return found if position.index is not None else found[None]
+
     if cfg.injection != "none" and any(again):
         e = embedded[:m]
         if cfg.injection == "gated":
-            e = member_entries(params["injection_gates"], position.layers).view(m, 1, 1, 1) * e
+            e = entries(params["injection_gates"], layer).view(m, 1, 1, 1) * e
         if not all(again):
-            e = e * torch.tensor(again, dtype=e.dtype, device=e.device).view(m, 1, 1, 1)
+            e = e * (repeat >= 1).to(e.dtype).view(m, 1, 1, 1)
         x = x + e
     if "iteration_embed" in params:
-        x = x + member_entries(params["iteration_embed"], position.repeats)[:, None, None, :]
+        x = x + entries(params["iteration_embed"], repeat)[:, None, None, :]
     if "iteration_norm_gains" in params and any(again):
-        previous = [max(repeat - 1, 0) for repeat in position.repeats]
-        gains = member_entries(params["iteration_norm_gains"], position.layers, previous)  # (m, 2, D)
+        gains = entries(params["iteration_norm_gains"], layer, previous)  # (m, 2, D)
         attn_gain, mlp_gain = gains[:, 0], gains[:, 1]
         if not all(again):  # a member's first run of its layer keeps the layer's own gains
-            mask = torch.tensor(again, device=x.device).view(m, 1)
+            mask = (repeat >= 1).view(m, 1)
             own_attn, own_mlp = weights[0], weights[6]
             assert own_attn is not None and own_mlp is not None  # every layer has its two norms
             attn_gain, mlp_gain = torch.where(mask, attn_gain, own_attn), torch.where(mask, mlp_gain, own_mlp)
