@@ -237,7 +237,7 @@ def test_members_resuming_from_different_steps_train_apart_and_match(data, tmp_p
 
 
 def test_per_layer_learning_rates_are_refused(data):
-    with pytest.raises(FusionUnsupported, match="does not support the recurrence knob repeat_scale=lr"):
+    with pytest.raises(FusionUnsupported, match="does not support repeat_scale=lr"):
         train_fused(replace(tiny_model(), repeat_scale="lr"), SCHEDULES, data, tiny_train(steps=2))
 
 
@@ -262,6 +262,23 @@ def test_knobs_that_add_parameters_or_ops_train_fused_as_alone(data, knob, maski
         assert_same_run(result, train_proxy(model_cfg, schedule, data, replace(cfg, seed=seed)))
         if schedule != [0, 1, 2]:  # the knob acts on repeats (iteration_encoding on every pass)
             assert result.val_loss != plain.val_loss
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"n_kv_heads": 1, "qkv_bias": True, "qk_norm": True, "tie_embeddings": False},
+        {"n_heads": 4, "n_kv_heads": 2, "head_dim": 8, "pe": "alibi"},
+    ],
+    ids=["gqa-bias-qknorm-untied", "head_dim-alibi"],
+)
+def test_architecture_options_train_fused_as_alone(data, options):
+    """Grouped-query attention, q/k/v biases, q/k norms, an explicit head_dim (decoder_layer's) and an untied head
+    (stacked like the embedding): each member equals its single run."""
+    model_cfg, cfg = replace(tiny_model(), **options), tiny_train()
+    fused = train_fused(model_cfg, SCHEDULES, data, cfg, seeds=SEEDS)
+    for schedule, seed, result in zip(SCHEDULES, SEEDS, fused, strict=True):
+        assert_same_run(result, train_proxy(model_cfg, schedule, data, replace(cfg, seed=seed)))
 
 
 @pytest.mark.parametrize("masking", ["prefix", "where"])

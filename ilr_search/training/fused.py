@@ -12,7 +12,8 @@ runs all of them at once (HFTA, Wang et al., MLSys 2021):
   position are a prefix of the member axis: a shorter schedule passes its activations through unchanged at the
   extra positions and costs nothing there (prefix masking: benchmarks/fused.py measures it against masking
   with `torch.where`, which computes every member at every position);
-- each member's loss goes through the fused, chunked LM head of loss.py, with its own tied embedding;
+- each member's loss goes through the fused, chunked LM head of loss.py, with its own head (its embedding where
+  tied);
 - gradients are clipped per member, and one AdamW steps the stacked tensors: AdamW is elementwise, so this is
   K AdamWs, one per member.
 
@@ -23,12 +24,13 @@ checkpoint (checkpoint.py's format, one file per member: a member can resume alo
 TrainResult of the same meaning.
 
 check_fusable is the one place that refuses what the group does not implement. The forward pass is model.py's
-(members_hidden), so the recurrence knobs train fused: injection, iteration_encoding and iteration_norms (their
-parameters stacked like the others), repeat_scale "residual" and damping (a [member] factor on the branches at each
-schedule position); init_depth only changes the initial weights, which come from build_model. repeat_scale "lr" is
-refused (its per-layer lrs would need per-row lrs in the stacked tensors' one AdamW). So are the options of
-pretrained architectures (grouped-query attention, an explicit head_dim, an untied head, q/k/v biases, q/k norms)
-and a checkpoint's weights (`init`): such a model trains one map at a time (jobs.groups, `--fuse auto`).
+(members_hidden, decoder_layer), so the recurrence knobs and the pretrained architectures' options train fused:
+injection, iteration_encoding, iteration_norms, an untied head (their parameters stacked like the others),
+repeat_scale "residual" and damping (a [member] factor on the branches at each schedule position), grouped-query
+attention, an explicit head_dim, q/k/v biases and q/k norms (decoder_layer's); init_depth only changes the initial
+weights, which come from build_model. repeat_scale "lr" is refused (its per-layer lrs would need per-row lrs in the
+stacked tensors' one AdamW), and so is a checkpoint's weights (`init`): such a model trains one map at a time
+(jobs.groups, `--fuse auto`).
 """
 
 from __future__ import annotations
@@ -86,29 +88,14 @@ class FusionUnsupported(UserInputError):
 
 
 def check_fusable(model_cfg: ModelConfig) -> None:
-    """Refuse repeat_scale "lr" (per-layer learning rates), and the pretrained architectures' options and a
-    checkpoint's weights (the group stacks the project's own model); every other knob trains fused."""
-    if model_cfg.repeat_scale == "lr":
-        raise FusionUnsupported(
-            "the fused trainer does not support the recurrence knob repeat_scale=lr; "
-            "train these maps one at a time (--fuse 1)"
-        )
-    options = [
-        name
-        for name, on in (
-            ("n_kv_heads", model_cfg.kv_heads != model_cfg.n_heads),
-            ("head_dim", model_cfg.head_size * model_cfg.n_heads != model_cfg.d_model),
-            ("tie_embeddings=false", not model_cfg.tie_embeddings),
-            ("qkv_bias", model_cfg.qkv_bias),
-            ("qk_norm", model_cfg.qk_norm),
-            ("init", bool(model_cfg.init)),
-        )
-        if on
+    """Refuse repeat_scale "lr" (per-layer learning rates) and a checkpoint's weights (`init`); every other knob and
+    architecture option trains fused."""
+    refused = [
+        name for name, on in (("repeat_scale=lr", model_cfg.repeat_scale == "lr"), ("init", bool(model_cfg.init))) if on
     ]
-    if options:
+    if refused:
         raise FusionUnsupported(
-            f"the fused trainer does not support the model option(s) {', '.join(options)}; "
-            "train these maps one at a time (--fuse 1)"
+            f"the fused trainer does not support {', '.join(refused)}; train these maps one at a time (--fuse 1)"
         )
 
 
@@ -318,14 +305,14 @@ class FusedGroup:
         return members_hidden(self.model_cfg, tokens, *args)
 
     def losses(self, tokens: Tensor, targets: Tensor, reduction: str, ignore_index: int | None = None) -> Tensor:
-        """Each member's cross-entropy (K,), through the fused, chunked head with its own tied embedding; targets
-        equal to `ignore_index` count for nothing."""
+        """Each member's cross-entropy (K,), through the fused, chunked head with its own head matrix; targets equal
+        to `ignore_index` count for nothing."""
         h = self.hidden(tokens)
-        embed = self.params["embed.weight"]
+        head = self.params.get("lm_head", self.params["embed.weight"])  # each member's head: its embedding where tied
         return torch.stack(
             [
                 linear_cross_entropy(
-                    h[k], embed[k], targets[k], self.compute_dtype, reduction, self.compiled, ignore_index
+                    h[k], head[k], targets[k], self.compute_dtype, reduction, self.compiled, ignore_index
                 )
                 for k in range(len(self.members))
             ]
