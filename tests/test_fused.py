@@ -359,3 +359,22 @@ def test_a_run_gives_the_same_numbers_alone_or_in_any_group_where_its_study_fuse
         assert alone.train_curve == together[k].train_curve
     (pair_member, _) = train_jobs([jobs[0], jobs[2]], data, fuse=2)
     assert pair_member.curve == together[0].curve
+
+
+def test_schedule_positions_give_each_running_member_its_layer_repeat_and_branch_factor():
+    """model.schedule_positions is the recurrence, for the model (one member) and the fused group alike."""
+    from ilr_search.training.model import schedule_positions
+
+    cfg, cpu = replace(tiny_model(), damping=0.5), torch.device("cpu")
+    positions = schedule_positions(cfg, [[0, 0, 1, 2], [0, 1, 2]], device=cpu)
+    assert [p.layers for p in positions] == [[0, 0], [0, 1], [1, 2], [2]]  # the shorter member stops running
+    assert [p.repeats for p in positions] == [[0, 0], [1, 0], [0, 0], [0]]
+    assert positions[0].scale is None and positions[1].scale.flatten().tolist() == [0.5, 1.0]
+    assert positions[1].index.tolist() == [[0, 1], [0, 1], [1, 0]]  # (member, layer, repeat) of each running one
+    where = schedule_positions(cfg, [[0, 0, 1, 2], [0, 1, 2]], device=cpu, masking="where")
+    assert where[3].layers == [2, 0] and where[3].active.flatten().tolist() == [True, False]
+    assert [p.scale for p in schedule_positions(cfg, [[0, 0, 1, 2]])] == [None, 0.5, None, None]  # Python floats
+    with pytest.raises(ValueError, match="longest first"):
+        schedule_positions(cfg, [[0, 1, 2], [0, 0, 1, 2]])
+    with pytest.raises(ValueError, match="more than max_reuse 2"):
+        schedule_positions(replace(cfg, iteration_encoding=True, max_reuse=2), [[0, 0, 0, 1, 2]])
