@@ -236,18 +236,49 @@ def test_members_resuming_from_different_steps_train_apart_and_match(data, tmp_p
         assert_same_run(result, single, resumed_from=result.resumed_from_step)
 
 
+def test_per_layer_learning_rates_are_refused(data):
+    with pytest.raises(FusionUnsupported, match="does not support repeat_scale=lr"):
+        train_fused(replace(tiny_model(), repeat_scale="lr"), SCHEDULES, data, tiny_train(steps=2))
+
+
 @pytest.mark.parametrize(
     "knob",
     [
         {"injection": "add"},
+        {"injection": "gated"},
         {"iteration_encoding": True, "max_reuse": 3},
         {"iteration_norms": True, "max_reuse": 3},
-        {"repeat_scale": "lr"},
     ],
+    ids=["injection-add", "injection-gated", "iteration_encoding", "iteration_norms"],
 )
-def test_knobs_that_change_the_forward_pass_are_refused(data, knob):
-    with pytest.raises(FusionUnsupported, match="does not support"):
-        train_fused(replace(tiny_model(), **knob), SCHEDULES, data, tiny_train(steps=2))
+@pytest.mark.parametrize("masking", ["prefix", "where"])
+def test_knobs_that_add_parameters_or_ops_train_fused_as_alone(data, knob, masking):
+    """The knobs run in model.before_run for every member: at the second position one member repeats its layer
+    and two run theirs for the first time, so each knob acts on some members and not on others."""
+    model_cfg, cfg = replace(tiny_model(), **knob), tiny_train()
+    fused = train_fused(model_cfg, SCHEDULES, data, cfg, seeds=SEEDS, length_masking=masking)
+    off = train_fused(tiny_model(), SCHEDULES, data, cfg, seeds=SEEDS, length_masking=masking)
+    for schedule, seed, result, plain in zip(SCHEDULES, SEEDS, fused, off, strict=True):
+        assert_same_run(result, train_proxy(model_cfg, schedule, data, replace(cfg, seed=seed)))
+        if schedule != [0, 1, 2]:  # the knob acts on repeats (iteration_encoding on every pass)
+            assert result.val_loss != plain.val_loss
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"n_kv_heads": 1, "qkv_bias": True, "qk_norm": True, "tie_embeddings": False},
+        {"n_heads": 4, "n_kv_heads": 2, "head_dim": 8, "pe": "alibi"},
+    ],
+    ids=["gqa-bias-qknorm-untied", "head_dim-alibi"],
+)
+def test_architecture_options_train_fused_as_alone(data, options):
+    """Grouped-query attention, q/k/v biases, q/k norms, an explicit head_dim (decoder_layer's) and an untied head
+    (stacked like the embedding): each member equals its single run."""
+    model_cfg, cfg = replace(tiny_model(), **options), tiny_train()
+    fused = train_fused(model_cfg, SCHEDULES, data, cfg, seeds=SEEDS)
+    for schedule, seed, result in zip(SCHEDULES, SEEDS, fused, strict=True):
+        assert_same_run(result, train_proxy(model_cfg, schedule, data, replace(cfg, seed=seed)))
 
 
 @pytest.mark.parametrize("masking", ["prefix", "where"])
@@ -328,3 +359,22 @@ def test_a_run_gives_the_same_numbers_alone_or_in_any_group_where_its_study_fuse
         assert alone.train_curve == together[k].train_curve
     (pair_member, _) = train_jobs([jobs[0], jobs[2]], data, fuse=2)
     assert pair_member.curve == together[0].curve
+
+
+def test_schedule_positions_give_each_running_member_its_layer_repeat_and_branch_factor():
+    """model.schedule_positions is the recurrence, for the model (one member) and the fused group alike."""
+    from ilr_search.training.model import schedule_positions
+
+    cfg, cpu = replace(tiny_model(), damping=0.5), torch.device("cpu")
+    positions = schedule_positions(cfg, [[0, 0, 1, 2], [0, 1, 2]], device=cpu)
+    assert [p.layers for p in positions] == [[0, 0], [0, 1], [1, 2], [2]]  # the shorter member stops running
+    assert [p.repeats for p in positions] == [[0, 0], [1, 0], [0, 0], [0]]
+    assert positions[0].scale is None and positions[1].scale.flatten().tolist() == [0.5, 1.0]
+    assert positions[1].index.tolist() == [[0, 1], [0, 1], [1, 0]]  # (member, layer, repeat) of each running one
+    where = schedule_positions(cfg, [[0, 0, 1, 2], [0, 1, 2]], device=cpu, masking="where")
+    assert where[3].layers == [2, 0] and where[3].active.flatten().tolist() == [True, False]
+    assert [p.scale for p in schedule_positions(cfg, [[0, 0, 1, 2]])] == [None, 0.5, None, None]  # Python floats
+    with pytest.raises(ValueError, match="longest first"):
+        schedule_positions(cfg, [[0, 1, 2], [0, 0, 1, 2]])
+    with pytest.raises(ValueError, match="more than max_reuse 2"):
+        schedule_positions(replace(cfg, iteration_encoding=True, max_reuse=2), [[0, 0, 0, 1, 2]])

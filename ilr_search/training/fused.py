@@ -12,7 +12,8 @@ runs all of them at once (HFTA, Wang et al., MLSys 2021):
   position are a prefix of the member axis: a shorter schedule passes its activations through unchanged at the
   extra positions and costs nothing there (prefix masking: benchmarks/fused.py measures it against masking
   with `torch.where`, which computes every member at every position);
-- each member's loss goes through the fused, chunked LM head of loss.py, with its own tied embedding;
+- each member's loss goes through the fused, chunked LM head of loss.py, with its own head (its embedding where
+  tied);
 - gradients are clipped per member, and one AdamW steps the stacked tensors: AdamW is elementwise, so this is
   K AdamWs, one per member.
 
@@ -22,39 +23,40 @@ seed, its own evaluations, divergence (it leaves the group, the others go on), s
 checkpoint (checkpoint.py's format, one file per member: a member can resume alone with `train_proxy`), and a
 TrainResult of the same meaning.
 
-check_fusable is the one place that refuses what the group does not implement: the recurrence knobs that add
-parameters or ops (injection, iteration_encoding, iteration_norms); init_depth only changes the initial weights,
-which come from build_model, and is supported. repeat_scale "residual" and damping are supported (a [member]
-factor on the branches at each schedule position); "lr" is refused (its per-layer lrs would need per-row lrs in
-the stacked tensors' one AdamW). So are the options of pretrained architectures (grouped-query attention,
-an explicit head_dim, an untied head, q/k/v biases, q/k norms) and a checkpoint's weights (`init`): such a model
-trains one map at a time (jobs.groups, `--fuse auto`).
+check_fusable is the one place that refuses what the group does not implement. The forward pass is model.py's
+(members_hidden, decoder_layer), so the recurrence knobs and the pretrained architectures' options train fused:
+injection, iteration_encoding, iteration_norms, an untied head (their parameters stacked like the others),
+repeat_scale "residual" and damping (a [member] factor on the branches at each schedule position), grouped-query
+attention, an explicit head_dim, q/k/v biases and q/k norms (decoder_layer's); init_depth only changes the initial
+weights, which come from build_model. repeat_scale "lr" is refused (its per-layer lrs would need per-row lrs in the
+stacked tensors' one AdamW), and so is a checkpoint's weights (`init`): such a model trains one map at a time
+(jobs.groups, `--fuse auto`).
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from ilr_search.config import ModelConfig, TrainConfig
 from ilr_search.data.tokens import TokenData, counted_targets
 from ilr_search.errors import UserInputError
 from ilr_search.training.checkpoint import load_checkpoint, save_checkpoint
-from ilr_search.training.device import compiled_once
 from ilr_search.training.loss import linear_cross_entropy
 from ilr_search.training.model import (
     LAYER_WEIGHTS,
     ILRTransformer,
-    alibi_bias,
-    branch_scales,
+    Position,
+    compiled_layer,
     decoder_layer,
-    rope_tables,
+    members_hidden,
+    position_tables,
+    schedule_positions,
 )
 from ilr_search.training.train import (
     Member,
@@ -86,54 +88,15 @@ class FusionUnsupported(UserInputError):
 
 
 def check_fusable(model_cfg: ModelConfig) -> None:
-    """Refuse the knobs that add parameters or ops to the forward pass (init_depth only sets initial weights,
-    repeat_scale "residual" and damping are branch factors the group applies), repeat_scale "lr", and the pretrained
-    architectures' options and a checkpoint's weights (the group stacks the project's own model)."""
-    unsupported = [
-        name
-        for name, on in (
-            ("injection", model_cfg.injection != "none"),
-            ("iteration_encoding", model_cfg.iteration_encoding),
-            ("iteration_norms", model_cfg.iteration_norms),
-            ("repeat_scale=lr", model_cfg.repeat_scale == "lr"),
-        )
-        if on
+    """Refuse repeat_scale "lr" (per-layer learning rates) and a checkpoint's weights (`init`); every other knob and
+    architecture option trains fused."""
+    refused = [
+        name for name, on in (("repeat_scale=lr", model_cfg.repeat_scale == "lr"), ("init", bool(model_cfg.init))) if on
     ]
-    if unsupported:
+    if refused:
         raise FusionUnsupported(
-            f"the fused trainer does not support the recurrence knob(s) {', '.join(unsupported)}; "
-            "train these maps one at a time (--fuse 1)"
+            f"the fused trainer does not support {', '.join(refused)}; train these maps one at a time (--fuse 1)"
         )
-    options = [
-        name
-        for name, on in (
-            ("n_kv_heads", model_cfg.kv_heads != model_cfg.n_heads),
-            ("head_dim", model_cfg.head_size * model_cfg.n_heads != model_cfg.d_model),
-            ("tie_embeddings=false", not model_cfg.tie_embeddings),
-            ("qkv_bias", model_cfg.qkv_bias),
-            ("qk_norm", model_cfg.qk_norm),
-            ("init", bool(model_cfg.init)),
-        )
-        if on
-    ]
-    if options:
-        raise FusionUnsupported(
-            f"the fused trainer does not support the model option(s) {', '.join(options)}; "
-            "train these maps one at a time (--fuse 1)"
-        )
-
-
-# Dynamo's cache entries per code object before it gives up compiling and runs decoder_layer eagerly: one entry
-# per shape (members running at a position, 1..K; a shorter last validation batch), grad mode and autocast
-# dtype, so K = 16 in training and evaluation alone needs 32 (torch's default limit is 8).
-FUSED_LAYER_RECOMPILE_LIMIT = 128
-
-
-def compiled_layer() -> Callable[..., Tensor]:
-    """model.decoder_layer compiled once per process (device.compiled_once), with static shapes: every group, of
-    any maps, reuses the graph of each shape it has seen (a schedule's layer indices and its members' running
-    counts stay on the Python side, outside the graph)."""
-    return compiled_once(decoder_layer, FUSED_LAYER_RECOMPILE_LIMIT)
 
 
 @dataclass(frozen=True)
@@ -278,15 +241,9 @@ class FusedGroup:
                     self.optimizer.state[p][moment] = moments[key].clone()
             for p in self.params.values():
                 self.optimizer.state[p]["step"] = first.optimizer_step.clone()
-        T = model_cfg.seq_len
-        self.rope = rope_tables(T, model_cfg.head_size, model_cfg.rope_base, device) if model_cfg.pe == "rope" else None
-        # cos + i sin of each position's angles, shaped to broadcast over (sequences, T, q/k, heads, pairs). None
-        # when compiled: apply_rope's real arithmetic, which the compiler fuses, and no complex dtype in the graph.
-        self.rope_rotation = (
-            torch.complex(*self.rope).view(T, 1, 1, -1) if self.rope is not None and not compiled else None
-        )
+        # uncompiled, RoPE as one complex rotation; compiled, apply_rope's real arithmetic, which the compiler fuses
+        self.tables = position_tables(model_cfg, model_cfg.seq_len, device, rotation=not compiled)
         self.layer_fn = compiled_layer() if compiled else decoder_layer
-        self.alibi = alibi_bias(model_cfg.n_heads, T, device) if model_cfg.pe == "alibi" else None
         self._index_schedules()
 
     def _adamw(self) -> torch.optim.AdamW:
@@ -295,35 +252,16 @@ class FusedGroup:
         return adamw(decay, no_decay, self.cfg, self.device)
 
     def _index_schedules(self) -> None:
-        """Per schedule position: how many members run it (a prefix) and their rows in the flat [K * L, P] view."""
+        """The members' schedule positions (model.schedule_positions) and their layer rows in the flat [K * L, P]
+        view of the per-layer parameters."""
         L = self.model_cfg.n_layers
-        longest = len(self.members[0].schedule)
-        self.running: list[int] = []
-        self.rows: list[Tensor] = []
-        self.active_masks: list[Tensor] = []
-        # repeat_scale "residual" and damping: (running, 1, 1, 1) factors, None where no member scales. Compiled, a
-        # position with no scale gets ones (y * 1.0 is y exactly), so that no map's schedule picks another graph.
-        self.branch_scales: list[Tensor | None] = []
-        member_scales = [branch_scales(self.model_cfg, m.schedule) for m in self.members]
-        scaled = self.compiled and (self.model_cfg.repeat_scale == "residual" or self.model_cfg.damping != 1.0)
-        for s in range(longest):
-            running = sum(1 for m in self.members if len(m.schedule) > s)
-            if self.length_masking == "where":
-                running = len(self.members)  # every member computes; the mask keeps the short ones' activations
-            rows = [k * L + (m.schedule[s] if len(m.schedule) > s else 0) for k, m in enumerate(self.members[:running])]
-            self.running.append(running)
-            members = enumerate(self.members[:running])
-            scales = [member_scales[k][s] if len(m.schedule) > s else None for k, m in members]
-            self.branch_scales.append(
-                None
-                if all(f is None for f in scales) and not scaled
-                else torch.tensor([1.0 if f is None else f for f in scales], device=self.device).view(-1, 1, 1, 1)
-            )
-            self.rows.append(torch.tensor(rows, dtype=torch.long, device=self.device))
-            self.active_masks.append(
-                torch.tensor([len(m.schedule) > s for m in self.members], device=self.device).view(-1, 1, 1, 1)
-            )
-        self.all_rows = torch.cat(self.rows)
+        schedules = [m.schedule for m in self.members]
+        self.positions = schedule_positions(
+            self.model_cfg, schedules, device=self.device, compiled=self.compiled, masking=self.length_masking
+        )
+        self.running = [len(position.layers) for position in self.positions]
+        rows = [k * L + layer for position in self.positions for k, layer in enumerate(position.layers)]
+        self.all_rows = torch.tensor(rows, dtype=torch.long, device=self.device)
 
     def keep(self, kept: list[Member]) -> None:
         """Drop the members not in `kept` (diverged or stopped): their rows leave every stacked tensor and AdamW.
@@ -343,27 +281,10 @@ class FusedGroup:
 
     # --- the forward pass ---
 
-    def _layer(self, x: Tensor, gathered: dict[str, Tensor], branch_scale: Tensor | None) -> Tensor:
-        """model.decoder_layer for m members at once: x (m, B, T, D), gathered flat layer rows {key: (m, P)},
-        each member's factor on its residual branches (m, 1, 1, 1) or None (added as they are)."""
-        weights = tuple(
-            self.layout.layer_view(gathered, rest) if rest in self.layout.layer_slots else None
-            for rest in LAYER_WEIGHTS
-        )
-        cfg = self.model_cfg
-        return self.layer_fn(
-            x, weights, self.rope, self.rope_rotation, self.alibi, branch_scale, cfg.n_heads, cfg.kv_heads, cfg.norm_eps
-        )
-
     def hidden(self, tokens: Tensor) -> Tensor:
-        """Final normalised hidden states (K, B, T, D) of every member for token ids (K, B, T)."""
-        K, B, T = tokens.shape
-        V, D = self.model_cfg.vocab_size, self.model_cfg.d_model
-        embed = self.params["embed.weight"]
-        offsets = torch.arange(K, device=tokens.device).view(K, 1, 1) * V
-        x = F.embedding(tokens + offsets, embed.reshape(K * V, D))
-        if "pos_embed.weight" in self.params:
-            x = x + self.params["pos_embed.weight"][:, None, :T]
+        """Final normalised hidden states (K, B, T, D) of every member for token ids (K, B, T): model.members_hidden
+        over the stacked parameters."""
+        K = len(self.members)
         # Every position's layer rows in one index_select per flat tensor, then split by position: backward is one
         # cat and one index_add into the parameter's gradient (a gather per position would zero-fill a
         # parameter-sized gradient at each position).
@@ -374,27 +295,24 @@ class FusedGroup:
             .split(self.running)
             for key in self.layout.layer_keys
         }
-        for s, (running, active, scale) in enumerate(
-            zip(self.running, self.active_masks, self.branch_scales, strict=True)
-        ):
+
+        def layer(s: int, position: Position) -> tuple[Tensor | None, ...]:
             gathered = {key: rows[s] for key, rows in per_position.items()}
-            if self.length_masking == "where":
-                x = torch.where(active, self._layer(x, gathered, scale), x)
-            elif running == K:
-                x = self._layer(x, gathered, scale)
-            else:
-                x = torch.cat((self._layer(x[:running], gathered, scale), x[running:]))
-        return F.rms_norm(x, (D,), eps=self.model_cfg.norm_eps) * self.params["norm.weight"][:, None, None, :]
+            slots = self.layout.layer_slots
+            return tuple(self.layout.layer_view(gathered, rest) if rest in slots else None for rest in LAYER_WEIGHTS)
+
+        args = (self.params, layer, self.positions, self.tables, self.layer_fn)
+        return members_hidden(self.model_cfg, tokens, *args)
 
     def losses(self, tokens: Tensor, targets: Tensor, reduction: str, ignore_index: int | None = None) -> Tensor:
-        """Each member's cross-entropy (K,), through the fused, chunked head with its own tied embedding; targets
-        equal to `ignore_index` count for nothing."""
+        """Each member's cross-entropy (K,), through the fused, chunked head with its own head matrix; targets equal
+        to `ignore_index` count for nothing."""
         h = self.hidden(tokens)
-        embed = self.params["embed.weight"]
+        head = self.params.get("lm_head", self.params["embed.weight"])  # each member's head: its embedding where tied
         return torch.stack(
             [
                 linear_cross_entropy(
-                    h[k], embed[k], targets[k], self.compute_dtype, reduction, self.compiled, ignore_index
+                    h[k], head[k], targets[k], self.compute_dtype, reduction, self.compiled, ignore_index
                 )
                 for k in range(len(self.members))
             ]

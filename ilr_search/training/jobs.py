@@ -42,7 +42,7 @@ class Job:
 
 
 def fusable(model: ModelConfig) -> bool:
-    """Whether the fused trainer supports this model (some recurrence knobs add parameters or ops it does not)."""
+    """Whether the fused trainer supports this model (fused.check_fusable)."""
     from ilr_search.training.fused import FusionUnsupported, check_fusable
 
     try:

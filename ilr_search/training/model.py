@@ -2,9 +2,11 @@
 
 The schedule is a list of layer indices. The plain model runs [0, 1, ..., L-1]; intra-layer recurrence
 with reuse map [2, 1, 1, 1] runs [0, 0, 1, 2, 3]; block recurrence K=2 runs [0, 1, 2, 3, 0, 1, 2, 3].
-The parameters depend only on the architecture, never on the schedule. decoder_layer is the one decoder layer: it
-runs m members at once, each with its own weights; DecoderLayer runs it with m = 1, the fused trainer (fused.py) with
-the K members of a group.
+The parameters depend only on the architecture, never on the schedule. The model is member-batched: m members of
+one architecture, each with its own weights and schedule, run at once. decoder_layer is the one decoder layer,
+members_hidden the one forward pass, schedule_positions the recurrence (which layer each member runs at each
+position, its repeat index, its branch factor) and before_run the knobs below. ILRTransformer runs them with m = 1,
+the fused trainer (fused.py) with the K members of a group.
 
 Recurrence knobs (all off by default) make a repeated layer behave differently at each pass. A layer's k-th
 run in the schedule (k = 0, 1, ...; in [0, 0, 1] layer 0 runs with k = 0, then k = 1) gets, before it runs:
@@ -42,7 +44,7 @@ import json
 import math
 import threading
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -53,7 +55,7 @@ import torch.nn.functional as F
 
 from ilr_search.config import DataConfig, ModelConfig, TrainConfig
 from ilr_search.errors import UserInputError
-from ilr_search.training.device import compile_backend
+from ilr_search.training.device import compile_backend, compiled_once
 from ilr_search.training.loss import linear_cross_entropy
 
 
@@ -127,6 +129,12 @@ LAYER_WEIGHTS = (
 )
 
 
+def member_rms_norm(h: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of each member's h (m, B, T, D) with its gains w (m, D): nn.RMSNorm's kernel for one member."""
+    D = h.shape[-1]
+    return F.rms_norm(h, (D,), w[0], eps) if h.shape[0] == 1 else F.rms_norm(h, (D,), eps=eps) * w[:, None, None, :]
+
+
 def decoder_layer(
     x: torch.Tensor,
     weights: tuple[torch.Tensor | None, ...],
@@ -145,18 +153,14 @@ def decoder_layer(
     `weights`: each member's parameters (m, *shape) in LAYER_WEIGHTS order; rope_tables' (cos, sin) or None;
     `rope_rotation`, the same angles as cos + i sin (T, 1, 1, pairs), or None for apply_rope's real arithmetic;
     the ALiBi bias or None. A pure function of tensors and three constants, so that one compiled graph per shape
-    serves every map and every group of a process (fused.compiled_layer)."""
+    serves every map and every group of a process (compiled_layer)."""
 
     def branch(y: torch.Tensor) -> torch.Tensor:
         return y if branch_scale is None else y * branch_scale
 
-    # One member takes the plain kernels (nn.Linear's and nn.RMSNorm's, as fast as they are); several, batched ones.
+    # One member takes the plain kernels (nn.Linear's, as fast as they are); several, batched ones.
     def linear(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:  # each member's h (m, N, in) times its w^T
         return F.linear(h[0], w[0])[None] if m == 1 else torch.bmm(h, w.transpose(1, 2))
-
-    def norm(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:  # RMSNorm of h (m, B, T, D) with gains w (m, D)
-        D = h.shape[-1]
-        return F.rms_norm(h, (D,), w[0], eps) if m == 1 else F.rms_norm(h, (D,), eps=eps) * w[:, None, None, :]
 
     def head_norm(t: torch.Tensor, w: torch.Tensor | None) -> torch.Tensor:  # per-head RMSNorm (q_norm, k_norm)
         if w is None:
@@ -170,7 +174,7 @@ def decoder_layer(
     assert mlp_norm is not None and gate_up_w is not None and down_w is not None
     m, B, T, D = x.shape
     head_size = qkv_w.shape[1] // (n_heads + 2 * kv_heads)
-    h = norm(x, attn_norm)
+    h = member_rms_norm(x, attn_norm, eps)
     qkv = linear(h.reshape(m, B * T, D), qkv_w)
     if qkv_b is not None:
         qkv = qkv + qkv_b[:, None, :]
@@ -193,7 +197,7 @@ def decoder_layer(
     q, k = head_norm(q, q_norm), head_norm(k, k_norm)
     y = attend(q, k, v, rope, alibi)  # the m x B sequences in one call
     x = x + branch(linear(y.reshape(m, B * T, -1), proj_w).view(m, B, T, D))
-    h = norm(x, mlp_norm)
+    h = member_rms_norm(x, mlp_norm, eps)
     gate, up = linear(h.reshape(m, B * T, D), gate_up_w).chunk(2, -1)
     return x + branch(linear(F.silu(gate) * up, down_w).view(m, B, T, D))
 
@@ -207,32 +211,32 @@ class DecoderLayer(nn.Module):
         self.mlp_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.mlp = SwiGLU(cfg)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-        alibi: torch.Tensor | None = None,
-        norm_gains: tuple[torch.Tensor, torch.Tensor] | None = None,
-        branch_scale: float | None = None,
-    ) -> torch.Tensor:
-        """decoder_layer for this one layer: x (B, T, D). norm_gains: this repeat's (attention, MLP) RMSNorm gains
-        instead of the layer's, passed in as tensors so that a compiled layer serves every repeat without
-        recompiling. branch_scale: both residual branches are multiplied by it; None adds them as they are."""
-        attn_gain, mlp_gain = norm_gains or (self.attn_norm.weight, self.mlp_norm.weight)
+    def weights(self) -> tuple[torch.Tensor | None, ...]:
+        """The layer's parameters in LAYER_WEIGHTS order, each with a member axis of one (views)."""
         q_norm, k_norm = self.attn.q_norm, self.attn.k_norm
         weights = (
-            attn_gain,
+            self.attn_norm.weight,
             self.attn.qkv.weight,
             self.attn.qkv.bias,
             q_norm.weight if isinstance(q_norm, nn.RMSNorm) else None,
             k_norm.weight if isinstance(k_norm, nn.RMSNorm) else None,
             self.attn.proj.weight,
-            mlp_gain,
+            self.mlp_norm.weight,
             self.mlp.gate_up.weight,
             self.mlp.down.weight,
         )
-        one = tuple(None if w is None else w[None] for w in weights)  # a member axis of one
-        return decoder_layer(x[None], one, rope, None, alibi, branch_scale, self.n_heads, self.kv_heads, self.eps)[0]
+        return tuple(None if w is None else w[None] for w in weights)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        alibi: torch.Tensor | None = None,
+        branch_scale: float | None = None,
+    ) -> torch.Tensor:
+        """decoder_layer for this one layer: x (B, T, D); both residual branches times `branch_scale` (None: 1)."""
+        args = (rope, None, alibi, branch_scale, self.n_heads, self.kv_heads, self.eps)
+        return decoder_layer(x[None], self.weights(), *args)[0]
 
 
 def rope_tables(T: int, head_size: int, base: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -265,6 +269,199 @@ def alibi_bias(n_heads: int, T: int, device: torch.device) -> torch.Tensor:
     return bias.masked_fill(distance > 0, float("-inf"))  # (heads, T, T)
 
 
+@dataclass(frozen=True)
+class Position:
+    """One position of the members' schedules (members in order of schedule length, longest first): the first
+    len(layers) members run it, member k its layer layers[k] for the (repeats[k] + 1)-th time, the residual branches
+    times `scale` (a float for one member, (running, 1, 1, 1) factors for several; None: 1). Under "where" masking,
+    `active` (members, 1, 1, 1) marks the members whose schedule reaches the position: every member runs it, and
+    the others keep their stream. `index` (a fused group's): (member, layer, repeat) of each running member as a
+    (3, running) tensor on its device, for the knobs' lookups; None: Python indices."""
+
+    layers: list[int]
+    repeats: list[int]
+    scale: torch.Tensor | float | None
+    active: torch.Tensor | None = None
+    index: torch.Tensor | None = None
+
+
+def schedule_positions(
+    cfg: ModelConfig,
+    schedules: Sequence[Sequence[int]],
+    scales: Sequence[Sequence[float | None]] | None = None,
+    device: torch.device | None = None,
+    compiled: bool = False,
+    masking: str = "prefix",
+) -> list[Position]:
+    """The recurrence: what runs at each position of the members' `schedules` (longest first), each member's
+    residual branches times its factors in `scales` (branch_scales of `cfg` where not given).
+
+    With no `device` (one member) a factor is a Python float. On a `device` (a fused group) the factors are
+    tensors, None where no member's branches are scaled; `compiled`, ones there too if `cfg` scales any pass, so
+    that every schedule takes the same graphs. `masking` "where": every member runs every position (a member past
+    its schedule's end runs layer 0, its result discarded); "prefix": the members whose schedule reaches it."""
+    if any(len(a) < len(b) for a, b in zip(schedules, schedules[1:], strict=False)):
+        raise ValueError("members must be ordered by schedule length, longest first")
+    scales = [branch_scales(cfg, s) for s in schedules] if scales is None else scales
+    repeats = [repeat_indices(s) for s in schedules]
+    for schedule, counts in zip(schedules, repeats, strict=True):
+        for layer_index, repeat in zip(schedule, counts, strict=True):
+            if repeat >= cfg.max_reuse and (cfg.iteration_encoding or cfg.iteration_norms):
+                raise ValueError(
+                    f"layer {layer_index} runs {repeat + 1} times, more than max_reuse {cfg.max_reuse} "
+                    "that the iteration knobs cover"
+                )
+    always_scaled = compiled and (cfg.repeat_scale == "residual" or cfg.damping != 1.0)
+    positions = []
+    for s in range(len(schedules[0]) if schedules else 0):
+        reached = [len(schedule) > s for schedule in schedules]
+        members = range(len(schedules) if masking == "where" else sum(reached))
+        factors = [scales[k][s] if reached[k] else None for k in members]
+        scale: torch.Tensor | float | None
+        if device is None:
+            (scale,) = factors
+        elif all(f is None for f in factors) and not always_scaled:
+            scale = None
+        else:
+            scale = torch.tensor([1.0 if f is None else f for f in factors], device=device).view(-1, 1, 1, 1)
+        layers = [schedules[k][s] if reached[k] else 0 for k in members]
+        counts = [repeats[k][s] if reached[k] else 0 for k in members]
+        active = torch.tensor(reached, device=device).view(-1, 1, 1, 1) if masking == "where" else None
+        index = None if device is None else torch.tensor([list(members), layers, counts], device=device)
+        positions.append(Position(layers, counts, scale, active, index))
+    return positions
+
+
+# What the layers need of the token positions (position_tables): rope_tables' (cos, sin), the same angles as
+# cos + i sin for decoder_layer's complex rotation (None: apply_rope's real arithmetic), the ALiBi bias; None where
+# the model has none.
+PositionTables = tuple[tuple[torch.Tensor, torch.Tensor] | None, torch.Tensor | None, torch.Tensor | None]
+
+
+def position_tables(cfg: ModelConfig, T: int, device: torch.device, rotation: bool = False) -> PositionTables:
+    """The tables for T token positions; `rotation`: with the complex rotation (decoder_layer's, uncompiled)."""
+    rope = rope_tables(T, cfg.head_size, cfg.rope_base, device) if cfg.pe == "rope" else None
+    rope_rotation = torch.complex(*rope).view(T, 1, 1, -1) if rope is not None and rotation else None
+    return rope, rope_rotation, alibi_bias(cfg.n_heads, T, device) if cfg.pe == "alibi" else None
+
+
+# The weights of the members that run a schedule position (s, position), (running, *shape) in LAYER_WEIGHTS order
+LayerWeights = Callable[[int, Position], tuple[torch.Tensor | None, ...]]
+
+
+def before_run(
+    cfg: ModelConfig,
+    x: torch.Tensor,
+    embedded: torch.Tensor,
+    weights: tuple[torch.Tensor | None, ...],
+    params: Mapping[str, torch.Tensor],
+    position: Position,
+) -> tuple[torch.Tensor, tuple[torch.Tensor | None, ...]]:
+    """The recurrence knobs (module docstring) before the running members' layers at `position`: their stream x
+    (running, B, T, D) with the injection and the iteration encoding added, and their layer weights with the
+    repeat's norm gains."""
+    m = x.shape[0]
+    again = [repeat >= 1 for repeat in position.repeats]
+    # each member's index, layer and repeat index: Python ints for one member, else (running,) tensors
+    index: Any = (0, position.layers[0], position.repeats[0]) if position.index is None else position.index
+    member, layer, repeat = index
+    previous = max(repeat - 1, 0) if position.index is None else (repeat - 1).clamp(min=0)
+
+    def entries(t: torch.Tensor, *indices: Any) -> torch.Tensor:  # each member's t[member, *indices]: (m, ...)
+        found = t[(member,) + indices]
+        return found if position.index is not None else found[None]
+
+    if cfg.injection != "none" and any(again):
+        e = embedded[:m]
+        if cfg.injection == "gated":
+            e = entries(params["injection_gates"], layer).view(m, 1, 1, 1) * e
+        if not all(again):
+            e = e * (repeat >= 1).to(e.dtype).view(m, 1, 1, 1)
+        x = x + e
+    if "iteration_embed" in params:
+        x = x + entries(params["iteration_embed"], repeat)[:, None, None, :]
+    if "iteration_norm_gains" in params and any(again):
+        gains = entries(params["iteration_norm_gains"], layer, previous)  # (m, 2, D)
+        attn_gain, mlp_gain = gains[:, 0], gains[:, 1]
+        if not all(again):  # a member's first run of its layer keeps the layer's own gains
+            mask = (repeat >= 1).view(m, 1)
+            own_attn, own_mlp = weights[0], weights[6]
+            assert own_attn is not None and own_mlp is not None  # every layer has its two norms
+            attn_gain, mlp_gain = torch.where(mask, attn_gain, own_attn), torch.where(mask, mlp_gain, own_mlp)
+        weights = (attn_gain, *weights[1:6], mlp_gain, *weights[7:])
+    return x, weights
+
+
+def members_hidden(
+    cfg: ModelConfig,
+    tokens: torch.Tensor,
+    params: Mapping[str, torch.Tensor],
+    layer: LayerWeights,
+    positions: Sequence[Position],
+    tables: PositionTables,
+    layer_fn: Callable[..., torch.Tensor] = decoder_layer,
+    start: int = 0,
+    state: torch.Tensor | None = None,
+    states: list[torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """The forward pass: final normalised hidden states (m, B, T, d_model) of m members for their token ids
+    (m, B, T). The embedding, then at each schedule position (schedule_positions) the knobs (before_run) and the
+    layer of each member that runs it, then the final norm.
+
+    `params`: the members' parameters outside the layers, by ILRTransformer's names, each with a leading member
+    axis; `layer`: their layers' weights at each position. `state` (with `start` > 0): the residual stream after
+    the first `start` positions, computed elsewhere (frozen.py's shared prefix); the layers run from position
+    `start` on. `states`, where given, receives the residual stream after each position that runs."""
+    m, B, T = tokens.shape
+    if T > cfg.seq_len:
+        raise ValueError(f"sequence of {T} tokens is longer than seq_len {cfg.seq_len}")
+    V, D = params["embed.weight"].shape[1:]
+    if m > 1:  # member k's ids index its own rows of the members' embeddings, side by side
+        tokens = tokens + torch.arange(m, device=tokens.device).view(m, 1, 1) * V
+    x = F.embedding(tokens, params["embed.weight"].reshape(m * V, D))
+    if "pos_embed.weight" in params:
+        x = x + params["pos_embed.weight"][:, None, :T]
+    embedded = x
+    # The stream starts as a view of the embedding: the embedding's gradient is then the first layer's (summed in
+    # the view) plus the injections', one rounding whatever the number of the layer's uses.
+    x = embedded.view_as(embedded) if state is None else state
+    for s, position in enumerate(positions):
+        if s < start:
+            continue
+        running = len(position.layers)
+        h, weights = before_run(cfg, x[:running] if running < m else x, embedded, layer(s, position), params, position)
+        h = layer_fn(h, weights, *tables, position.scale, cfg.n_heads, cfg.kv_heads, cfg.norm_eps)
+        if position.active is not None:
+            x = torch.where(position.active, h, x)
+        elif running < m:
+            x = torch.cat((h, x[running:]))
+        else:
+            x = h
+        if states is not None:
+            states.append(x)
+    return member_rms_norm(x, params["norm.weight"], cfg.norm_eps)
+
+
+# Dynamo's cache entries per code object before it gives up compiling and runs decoder_layer eagerly: one entry
+# per shape (members running at a position, 1..K; a shorter last validation batch), grad mode and autocast
+# dtype, so K = 16 in training and evaluation alone needs 32 (torch's default limit is 8).
+LAYER_RECOMPILE_LIMIT = 128
+
+
+def model_layer(*args: Any) -> torch.Tensor:
+    """decoder_layer under a code object of its own, which ILRTransformer.compile_layers compiles: a model's branch
+    factors are Python floats, which dynamo compiles as constants and, at a second value, as symbolic floats
+    (automatic dynamic shapes); its graphs stay apart from the fused groups' static ones (compiled_layer)."""
+    return decoder_layer(*args)
+
+
+def compiled_layer() -> Callable[..., torch.Tensor]:
+    """decoder_layer compiled once per process (device.compiled_once), with static shapes: every fused group, of any
+    maps, reuses the graph of each shape it has seen (a schedule's layer indices and its
+    members' running counts stay on the Python side, outside the graph)."""
+    return compiled_once(decoder_layer, LAYER_RECOMPILE_LIMIT)
+
+
 # Building a model draws its initial weights from torch's one global generator. Lanes (training/jobs.py) build
 # models in several threads: a seeded build (train.build_model) holds this lock from the seeding to its last
 # weight, and every other build waits for it, so no thread draws from a generator that another has seeded.
@@ -294,6 +491,7 @@ class ILRTransformer(nn.Module):
         )
         # the LM head: the embedding (tied), or a matrix of its own
         self.lm_head = None if cfg.tie_embeddings else nn.Parameter(torch.empty(cfg.vocab_size, cfg.d_model))
+        self.layer_fn: Callable[..., torch.Tensor] = decoder_layer  # compile_layers: compiled_layer
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -311,12 +509,21 @@ class ILRTransformer(nn.Module):
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def compile_layers(self, **kwargs) -> None:
-        """Compile each decoder layer, not the whole model: any schedule then reuses the compiled layers. The
-        backend is device.compile_backend's unless `backend` is given."""
-        kwargs.setdefault("backend", compile_backend())
-        for layer in self.layers:
-            layer.compile(**kwargs)
+    def compile_layers(self) -> None:
+        """Run the layers compiled (model_layer through torch.compile and device.compile_backend): any schedule
+        reuses the graphs."""
+        self.layer_fn = torch.compile(model_layer, backend=compile_backend())
+
+    def member_params(self) -> dict[str, torch.Tensor]:
+        """The parameters outside the layers, as members_hidden reads them: a member axis of one (views)."""
+        named = {"embed.weight": self.embed.weight, "norm.weight": self.norm.weight}
+        if self.pos_embed is not None:
+            named["pos_embed.weight"] = self.pos_embed.weight
+        return {name: p[None] for name, p in (named | dict(self.named_parameters(recurse=False))).items()}
+
+    def layer_weights(self, s: int, position: Position) -> tuple[torch.Tensor | None, ...]:
+        """members_hidden's LayerWeights: the weights of the layer that runs schedule position s."""
+        return cast(DecoderLayer, self.layers[position.layers[0]]).weights()
 
     def hidden(
         self,
@@ -327,33 +534,20 @@ class ILRTransformer(nn.Module):
         state: torch.Tensor | None = None,
         states: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """Final normalised hidden states (B, T, d_model) for token ids (B, T), running the layers in `schedule`
-        order, each position's residual branches times its factor in `scales` (branch_scales of the model's config
-        where not given). `state` (with `start` > 0): the residual stream after the schedule's first `start`
-        positions, computed elsewhere (frozen.py's shared prefix); the layers run from position `start` on.
-        `states`, where given, receives the residual stream after each position that runs."""
-        B, T = idx.shape
-        if T > self.cfg.seq_len:
-            raise ValueError(f"sequence of {T} tokens is longer than seq_len {self.cfg.seq_len}")
-        x = self.embed(idx)
-        if self.pos_embed is not None:
-            x = x + self.pos_embed(torch.arange(T, device=idx.device))
-        embedded = x
-        rope = rope_tables(T, self.cfg.head_size, self.cfg.rope_base, idx.device) if self.cfg.pe == "rope" else None
-        alibi = alibi_bias(self.cfg.n_heads, T, idx.device) if self.cfg.pe == "alibi" else None
+        """members_hidden of this one model: final normalised hidden states (B, T, d_model) for token ids (B, T),
+        running the layers in `schedule` order, each position's residual branches times its factor in `scales`
+        (branch_scales of the model's config where not given); `start`, `state` and `states` as there, without
+        the member axis."""
         schedule = list(range(self.cfg.n_layers)) if schedule is None else list(schedule)
-        scales = branch_scales(self.cfg, schedule) if scales is None else scales
-        if state is not None:
-            x = state
-        positions = zip(schedule, repeat_indices(schedule), scales, strict=True)
-        for position, (layer_index, repeat, scale) in enumerate(positions):
-            if position < start:
-                continue
-            x = self._before_run(x, embedded, layer_index, repeat)
-            x = self.layers[layer_index](x, rope, alibi, self._norm_gains(layer_index, repeat), scale)
-            if states is not None:
-                states.append(x)
-        return self.norm(x)
+        positions = schedule_positions(self.cfg, [schedule], None if scales is None else [scales])
+        tables = position_tables(self.cfg, idx.shape[1], idx.device)
+        kept: list[torch.Tensor] | None = None if states is None else []
+        args = (start, None if state is None else state[None], kept)
+        params = self.member_params()
+        h = members_hidden(self.cfg, idx[None], params, self.layer_weights, positions, tables, self.layer_fn, *args)
+        if states is not None and kept is not None:
+            states.extend(x[0] for x in kept)
+        return h[0]
 
     def parameter_lr_scales(self, schedule: Sequence[int]) -> dict[str, float]:
         """repeat_scale "lr": {parameter name: 1 / r} for every parameter of a layer that runs r > 1 times in
@@ -367,32 +561,6 @@ class ILRTransformer(nn.Module):
             if r > 1
             for name, _ in self.layers[layer].named_parameters()
         }
-
-    def _before_run(self, x: torch.Tensor, embedded: torch.Tensor, layer_index: int, repeat: int) -> torch.Tensor:
-        cfg = self.cfg
-        if repeat >= cfg.max_reuse and (cfg.iteration_encoding or cfg.iteration_norms):
-            raise ValueError(
-                f"layer {layer_index} runs {repeat + 1} times, more than max_reuse {cfg.max_reuse} "
-                "that the iteration knobs cover"
-            )
-        if repeat >= 1 and cfg.injection == "add":
-            x = x + embedded
-        elif repeat >= 1 and cfg.injection == "gated":
-            assert self.injection_gates is not None  # made for the gated injection
-            x = x + self.injection_gates[layer_index] * embedded
-        if self.iteration_embed is not None:
-            x = x + self.iteration_embed[repeat]
-        return x
-
-    def _norm_gains(self, layer_index: int, repeat: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        if not self.cfg.iteration_norms:
-            return None
-        if repeat == 0:
-            layer = cast(DecoderLayer, self.layers[layer_index])
-            return layer.attn_norm.weight, layer.mlp_norm.weight
-        assert self.iteration_norm_gains is not None  # made with the iteration norms wherever a layer repeats
-        gains = self.iteration_norm_gains[layer_index, repeat - 1]
-        return gains[0], gains[1]
 
     @property
     def head_weight(self) -> torch.Tensor:
