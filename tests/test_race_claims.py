@@ -39,8 +39,8 @@ def test_groups_take_runs_of_one_length_and_model_in_order_up_to_the_limit():
 
 
 def test_a_model_the_fused_trainer_cannot_take_trains_alone():
-    gated = ModelConfig(injection="gated", max_reuse=2)
-    runs = [run("g", 1, model=gated), run("g", 2, model=gated), run("a", 1)]
+    lr_scaled = ModelConfig(repeat_scale="lr")  # check_fusable refuses it
+    runs = [run("g", 1, model=lr_scaled), run("g", 2, model=lr_scaled), run("a", 1)]
     assert names(fused_groups(runs, 4)) == [["g@1"], ["g@2"], ["a@1"]]
 
 
