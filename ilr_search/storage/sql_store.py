@@ -1,5 +1,6 @@
-"""The project's tables in the study's SQL database, beside Optuna's (which are never altered), and `SQLStore`
-on them.
+"""The project's tables in the study's SQL database, beside Optuna's, and `SQLStore` on them. Optuna's tables are
+never altered, except that migrating a database stored before schema version 3 moves its reference runs out of
+Optuna's study attributes.
 
 - ilr_schema: the schema version;
 - ilr_map_claims: which trial trains which reuse map;
@@ -9,12 +10,13 @@ on them.
 - ilr_pruning: why each pruned trial was pruned;
 - ilr_fronts: the Pareto front each time a trial completes, keyed by how many completed trials it is
   computed from (its history; the largest key is the current front);
-- ilr_run_scores: a frozen race run's score of each window or item of its chunk;
-- ilr_race_runs: the race runs, every run beyond the trials and references (the race's longer or extra-seed
-  runs, and the audit's longer retrainings, `ilr-search audit`, which the race reads as its own): one row per
-  (factor, seed, map), claimed by the worker that trains it, with its heartbeat, result and learning curve.
-  Schema version 1 called it ilr_audit: opening an older database for writing renames it (migrate_schema),
-  and a read-only opening reads the old name.
+- ilr_runs: every run beyond the trials (RunRecord), one row per (kind, name). Kind "race": the race's longer or
+  extra-seed runs and the audit's longer retrainings (`ilr-search audit`, which the race reads as its own), one
+  per (factor, seed, map), claimed by the worker that trains it, with its heartbeat, result, learning curve and
+  a frozen run's per-unit scores. Kind "reference": the reference runs, written once each finishes.
+  Before schema version 3 the race runs had tables of their own (ilr_audit, then ilr_race_runs with
+  ilr_run_scores) and the reference runs were study attributes: opening such a database for writing moves them
+  (migrate_schema), and a read-only opening reads them where they are.
 
 Created on first use; every write is one short transaction, safe with several writers.
 """
@@ -31,18 +33,20 @@ from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
 from ilr_search.errors import UserInputError
 from ilr_search.storage.store import (
+    REFERENCE_PREFIX,
     CurvePoint,
     PruningRecord,
-    RaceRun,
     RaceRunJob,
+    RunRecord,
     Store,
     StoredFrontPoint,
     TrainCurvePoint,
+    attr_references,
 )
 
 log = logging.getLogger("ilr_search")
 
-SCHEMA_VERSION = 2  # 2: ilr_audit renamed ilr_race_runs
+SCHEMA_VERSION = 3  # 2: ilr_audit renamed ilr_race_runs; 3: race and reference runs in ilr_runs
 
 metadata = sa.MetaData()
 
@@ -107,42 +111,75 @@ fronts_table = sa.Table(
 )
 
 
-race_runs_table = sa.Table(
-    "ilr_race_runs",
+def _run_columns() -> list[sa.Column]:
+    """A run's job (factor, seed, map), holder, heartbeat and result: the columns of the race runs' table of every
+    schema version."""
+    return [
+        sa.Column("factor", sa.String(32), nullable=False),
+        sa.Column("seed", sa.Integer, nullable=False),
+        sa.Column("map_key", sa.String(256), nullable=False),
+        sa.Column("worker", sa.String(64), nullable=False),
+        sa.Column("heartbeat", sa.Float, nullable=False),
+        sa.Column("state", sa.String(16), nullable=False),  # running | complete | failed (diverged) | interrupted
+        sa.Column("flops_ratio", sa.Float, nullable=False),
+        sa.Column("steps", sa.Integer, nullable=False),
+        sa.Column("val_loss", sa.Float, nullable=True),
+        sa.Column("val_ppl", sa.Float, nullable=True),
+        sa.Column("val_bpb", sa.Float, nullable=True),
+        sa.Column("curve", sa.Text, nullable=True),  # JSON [[step, val_loss], ...]
+        sa.Column("seconds", sa.Float, nullable=True),
+        sa.Column("reason", sa.Text, nullable=True),
+    ]
+
+
+runs_table = sa.Table(
+    "ilr_runs",
     metadata,
     sa.Column("study", sa.String(512), primary_key=True),
-    sa.Column("factor", sa.String(32), primary_key=True),
-    sa.Column("seed", sa.Integer, primary_key=True),
-    sa.Column("map_key", sa.String(256), primary_key=True),
-    sa.Column("worker", sa.String(64), nullable=False),
-    sa.Column("heartbeat", sa.Float, nullable=False),
-    sa.Column("state", sa.String(16), nullable=False),  # running | complete | failed (diverged) | interrupted
-    sa.Column("flops_ratio", sa.Float, nullable=False),
-    sa.Column("steps", sa.Integer, nullable=False),
-    sa.Column("val_loss", sa.Float, nullable=True),
-    sa.Column("val_ppl", sa.Float, nullable=True),
-    sa.Column("val_bpb", sa.Float, nullable=True),
-    sa.Column("curve", sa.Text, nullable=True),  # JSON [[step, val_loss], ...]
-    sa.Column("seconds", sa.Float, nullable=True),
-    sa.Column("reason", sa.Text, nullable=True),
+    sa.Column("kind", sa.String(16), primary_key=True),  # race | reference
+    sa.Column("name", sa.String(512), primary_key=True),  # a reference's name; a race run's job (race_run_name)
+    sa.Column("position", sa.Integer, nullable=True),  # a reference's place in the order first stored
+    *_run_columns(),
+    sa.Column("scores", sa.Text, nullable=True),  # JSON [score, ...] in unit order (a frozen run's)
+    sa.Column("schedule", sa.Text, nullable=True),  # JSON (a reference's, as its other fields below)
+    sa.Column("reuse_map", sa.Text, nullable=True),  # JSON
+    sa.Column("knobs", sa.Text, nullable=True),  # JSON
+    sa.Column("block_map", sa.String(256), nullable=True),
+    sa.Column("status", sa.String(16), nullable=True),
 )
 
-# A frozen run's per-unit scores (what the race pairs by item), one row a race run that has them; added after
-# ilr_race_runs, as a table of its own so that an older database gains it on its next opening for writing with no
-# change to its rows, and reads without it as runs with no scores.
-run_scores_table = sa.Table(
+# Before schema version 3: the race runs in a table of their own (ilr_audit in version 1, ilr_race_runs in 2), a
+# frozen run's scores beside them, and the reference runs in study attributes. Read where such a database is opened
+# read-only; opening it for writing moves them into ilr_runs (migrate_schema).
+legacy_metadata = sa.MetaData()
+LEGACY_RACE_RUNS = ("ilr_audit", "ilr_race_runs")  # oldest first
+legacy_race_runs_tables = {
+    name: sa.Table(name, legacy_metadata, sa.Column("study", sa.String(512)), *_run_columns())
+    for name in LEGACY_RACE_RUNS
+}
+legacy_scores_table = sa.Table(
     "ilr_run_scores",
-    metadata,
+    legacy_metadata,
     sa.Column("study", sa.String(512), primary_key=True),
     sa.Column("factor", sa.String(32), primary_key=True),
     sa.Column("seed", sa.Integer, primary_key=True),
     sa.Column("map_key", sa.String(256), primary_key=True),
-    sa.Column("scores", sa.Text, nullable=False),  # JSON [score, ...] in unit order
+    sa.Column("scores", sa.Text, nullable=False),
+)
+# Optuna's tables of studies and their attributes, as far as the migration reads them.
+optuna_studies = sa.table("studies", sa.column("study_id"), sa.column("study_name"))
+optuna_study_attrs = sa.table(
+    "study_user_attributes",
+    sa.column("study_user_attribute_id"),
+    sa.column("study_id"),
+    sa.column("key"),
+    sa.column("value_json"),
 )
 
-LEGACY_RACE_RUNS = "ilr_audit"  # the race runs' table in schema version 1
-# The same columns under the old name, for reading a version-1 database opened read-only (never created).
-legacy_race_runs_table = race_runs_table.to_metadata(sa.MetaData(), name=LEGACY_RACE_RUNS)
+
+def race_run_name(job: RaceRunJob) -> str:
+    """A race run's name in ilr_runs: its factor, seed and map."""
+    return f"{job.factor}:{job.seed}:{job.map_key}"
 
 
 LOCK_WAIT_S = 120.0  # total wait for another SQLite writer, the busy timeout of each attempt included
@@ -178,9 +215,12 @@ class SQLStore(Store):
         else:
             ensure_schema(engine)
             self.tables = set(metadata.tables)
-        # A version-1 database read without migrating keeps its race runs under the old name.
-        legacy = race_runs_table.name not in self.tables and LEGACY_RACE_RUNS in self.tables
-        self.runs = legacy_race_runs_table if legacy else race_runs_table
+        # A database of schema version 1 or 2 read without migrating keeps its race runs in their old table.
+        self.legacy_runs = None
+        if runs_table.name not in self.tables:
+            self.legacy_runs = next(
+                (legacy_race_runs_tables[n] for n in reversed(LEGACY_RACE_RUNS) if n in self.tables), None
+            )
 
     @_retry_locked
     def claim(self, map_key: str, trial_number: int) -> int:
@@ -236,7 +276,8 @@ class SQLStore(Store):
     def holds_records(self) -> bool:
         tables = [
             t
-            for t in (claims_table, curves_table, train_curves_table, pruning_table, fronts_table, self.runs)
+            for t in (claims_table, curves_table, train_curves_table, pruning_table, fronts_table, runs_table)
+            + ((self.legacy_runs,) if self.legacy_runs is not None else ())
             if t.name in self.tables
         ]
         with self.engine.connect() as conn:
@@ -385,8 +426,8 @@ class SQLStore(Store):
         return history
 
     def _race_run_where(self, job: RaceRunJob) -> Any:
-        t = self.runs.c
-        return sa.and_(t.study == self.study, t.factor == job.factor, t.seed == job.seed, t.map_key == job.map_key)
+        t = runs_table.c
+        return sa.and_(t.study == self.study, t.kind == "race", t.name == race_run_name(job))
 
     @_retry_locked
     def claim_race_run(self, job: RaceRunJob, worker: str, flops_ratio: float, steps: int, stale_after: float) -> bool:
@@ -394,8 +435,10 @@ class SQLStore(Store):
         try:
             with self.engine.begin() as conn:
                 conn.execute(
-                    self.runs.insert().values(
+                    runs_table.insert().values(
                         study=self.study,
+                        kind="race",
+                        name=race_run_name(job),
                         factor=job.factor,
                         seed=job.seed,
                         map_key=job.map_key,
@@ -410,17 +453,17 @@ class SQLStore(Store):
         except IntegrityError:
             pass
         with self.engine.begin() as conn:
-            row = conn.execute(sa.select(self.runs).where(self._race_run_where(job))).mappings().one()
+            row = conn.execute(sa.select(runs_table).where(self._race_run_where(job))).mappings().one()
             if row["state"] in ("complete", "failed") or (
                 row["state"] == "running" and row["worker"] != worker and now - row["heartbeat"] <= stale_after
             ):
                 return False
             moved = conn.execute(
-                self.runs.update()
+                runs_table.update()
                 .where(
                     self._race_run_where(job),
-                    self.runs.c.worker == row["worker"],
-                    self.runs.c.heartbeat == row["heartbeat"],
+                    runs_table.c.worker == row["worker"],
+                    runs_table.c.heartbeat == row["heartbeat"],
                 )
                 .values(worker=worker, heartbeat=now, state="running", steps=steps, flops_ratio=flops_ratio)
             )
@@ -430,88 +473,170 @@ class SQLStore(Store):
     def beat_race_run(self, job: RaceRunJob, worker: str) -> None:
         with self.engine.begin() as conn:
             conn.execute(
-                self.runs.update()
-                .where(self._race_run_where(job), self.runs.c.worker == worker, self.runs.c.state == "running")
+                runs_table.update()
+                .where(self._race_run_where(job), runs_table.c.worker == worker, runs_table.c.state == "running")
                 .values(heartbeat=time.time())
             )
 
     @_retry_locked
     def _finish_race_run(self, job: RaceRunJob, worker: str, result: dict[str, Any]) -> bool:
-        row = dict(result)
-        scores = row.pop("scores", None)
         with self.engine.begin() as conn:
             done = conn.execute(
-                self.runs.update()
-                .where(self._race_run_where(job), self.runs.c.worker == worker)
-                .values(heartbeat=time.time(), **row)
+                runs_table.update()
+                .where(self._race_run_where(job), runs_table.c.worker == worker)
+                .values(heartbeat=time.time(), **result)
             )
-            if done.rowcount == 1 and scores is not None:
-                where = run_scores_table.c
-                conn.execute(
-                    run_scores_table.delete().where(
-                        where.study == self.study,
-                        where.factor == job.factor,
-                        where.seed == job.seed,
-                        where.map_key == job.map_key,
-                    )
-                )
-                conn.execute(
-                    run_scores_table.insert().values(
-                        study=self.study, factor=job.factor, seed=job.seed, map_key=job.map_key, scores=scores
-                    )
-                )
             return done.rowcount == 1
 
     @_retry_locked
-    def race_runs(self) -> list[RaceRun]:
-        if self.runs.name not in self.tables:
+    def race_runs(self) -> list[RunRecord]:
+        if self.legacy_runs is not None:
+            return self._legacy_race_runs(self.legacy_runs)
+        if runs_table.name not in self.tables:
             return []
+        t = runs_table.c
         with self.engine.connect() as conn:
             rows = (
                 conn.execute(
-                    sa.select(self.runs)
-                    .where(self.runs.c.study == self.study)
-                    .order_by(self.runs.c.factor, self.runs.c.seed, self.runs.c.map_key)
+                    sa.select(runs_table)
+                    .where(t.study == self.study, t.kind == "race")
+                    .order_by(t.factor, t.seed, t.map_key)
                 )
                 .mappings()
                 .all()
             )
-            scores = {}
-            if run_scores_table.name in self.tables:
-                found = conn.execute(sa.select(run_scores_table).where(run_scores_table.c.study == self.study)).all()
-                scores = {(r.factor, r.seed, r.map_key): r.scores for r in found}
-        return [
-            RaceRun.from_record(dict(r) | {"scores": scores.get((r["factor"], r["seed"], r["map_key"]))}) for r in rows
-        ]
+        return [RunRecord.from_record(dict(r)) for r in rows]
+
+    def _legacy_race_runs(self, table: sa.Table) -> list[RunRecord]:
+        """The race runs of a database of schema version 1 or 2, with their scores where it has them."""
+        with self.engine.connect() as conn:
+            return [RunRecord.from_record(r) for r in _legacy_race_rows(conn, table, self.tables, self.study)]
+
+    @_retry_locked
+    def save_reference(self, run: RunRecord) -> None:
+        t = runs_table.c
+        where = sa.and_(t.study == self.study, t.kind == "reference", t.name == run.name)
+        try:
+            with self.engine.begin() as conn:
+                position = conn.execute(sa.select(t.position).where(where)).scalar()
+                if position is None:
+                    last = conn.execute(
+                        sa.select(sa.func.max(t.position)).where(t.study == self.study, t.kind == "reference")
+                    ).scalar()
+                    position = 0 if last is None else last + 1
+                conn.execute(runs_table.delete().where(where))
+                conn.execute(
+                    runs_table.insert().values(study=self.study, kind="reference", position=position, **run.to_record())
+                )
+        except IntegrityError:
+            # Another worker stored this reference between our delete and insert (PostgreSQL, read committed): a
+            # reference is one map at one seed, so its run is ours: done.
+            pass
+
+    @_retry_locked
+    def reference_runs(self) -> list[RunRecord]:
+        if runs_table.name not in self.tables:
+            return []  # a database before schema version 3 keeps them in study attributes (stored_references)
+        t = runs_table.c
+        with self.engine.connect() as conn:
+            rows = (
+                conn.execute(
+                    sa.select(runs_table)
+                    .where(t.study == self.study, t.kind == "reference")
+                    .order_by(t.position, t.name)
+                )
+                .mappings()
+                .all()
+            )
+        return [RunRecord.from_record(dict(r), "reference") for r in rows]
+
+
+def _legacy_race_rows(
+    conn: sa.Connection, table: sa.Table, tables: set[str], study: str | None = None
+) -> list[dict[str, Any]]:
+    """The rows of a race runs' table before schema version 3 (of `study`, or of every study), each with its
+    scores (JSON text, None where it has none)."""
+    query = sa.select(table).order_by(table.c.study, table.c.factor, table.c.seed, table.c.map_key)
+    rows = conn.execute(query if study is None else query.where(table.c.study == study)).mappings().all()
+    scores = {}
+    if legacy_scores_table.name in tables:
+        found = conn.execute(sa.select(legacy_scores_table)).all()
+        scores = {(r.study, r.factor, r.seed, r.map_key): r.scores for r in found}
+    return [dict(r) | {"scores": scores.get((r["study"], r["factor"], r["seed"], r["map_key"]))} for r in rows]
+
+
+def _migrate_rows(conn: sa.Connection, tables: set[str]) -> None:
+    """Move the race runs of the old tables (the newer one winning where both hold a run) and the reference runs
+    of the study attributes (in their stored order) into ilr_runs, then drop the old tables and attributes."""
+    runs: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for name in LEGACY_RACE_RUNS:
+        if name in tables:
+            for r in _legacy_race_rows(conn, legacy_race_runs_tables[name], tables):
+                job = RaceRunJob(r["factor"], r["seed"], r["map_key"])
+                runs[(r["study"], "race", race_run_name(job))] = r | {"kind": "race", "name": race_run_name(job)}
+    if optuna_study_attrs.name in tables and optuna_studies.name in tables:
+        a, s = optuna_study_attrs.c, optuna_studies.c
+        attrs = conn.execute(
+            sa.select(s.study_name, a.key, a.value_json, a.study_user_attribute_id)
+            .join_from(optuna_study_attrs, optuna_studies, a.study_id == s.study_id)
+            .where(a.key.startswith(REFERENCE_PREFIX, autoescape=True))
+            .order_by(a.study_user_attribute_id)
+        ).all()
+        positions: dict[str, int] = {}
+        for study, key, value, _ in attrs:
+            run = attr_references({key: json.loads(value)})[key[len(REFERENCE_PREFIX) :]]
+            position = positions[study] = positions.get(study, -1) + 1
+            runs[(study, "reference", run.name)] = {
+                "study": study,
+                "kind": "reference",
+                "position": position,
+            } | run.to_record()
+        conn.execute(
+            optuna_study_attrs.delete().where(
+                a.study_user_attribute_id.in_([row.study_user_attribute_id for row in attrs])
+            )
+        )
+    t = runs_table.c
+    stored = {tuple(r) for r in conn.execute(sa.select(t.study, t.kind, t.name)).all()}
+    # every row with every column (one insert of many rows writes the columns of the first)
+    new = [{c: r.get(c) for c in t.keys()} for r in runs.values() if (r["study"], r["kind"], r["name"]) not in stored]
+    if new:
+        conn.execute(runs_table.insert(), new)
+    for name in (*LEGACY_RACE_RUNS, legacy_scores_table.name):
+        if name in tables:
+            conn.exec_driver_sql(f"DROP TABLE {name}")
 
 
 @_retry_locked
 def migrate_schema(engine: sa.Engine) -> None:
-    """Bring a version-1 database to version 2: its ilr_audit table becomes ilr_race_runs, rows kept. One
-    transaction looks and renames: on SQLite it holds the write lock from the start (BEGIN IMMEDIATE), so of two
-    processes opening one old database at once the first renames and the second finds it renamed; on a server
-    the rename is transactional DDL and the loser's look after the winner's commit finds it done. A database
-    already migrated (or new) is left as it is."""
-    if LEGACY_RACE_RUNS not in sa.inspect(engine).get_table_names():
-        return  # nothing to rename: no lock taken
+    """Bring a database of schema version 1 or 2 to version 3: its race runs (ilr_audit or ilr_race_runs, with
+    ilr_run_scores) and its reference runs (study attributes ilr:reference:NAME) become rows of ilr_runs. One
+    transaction looks and moves: on SQLite it holds the write lock from the start (BEGIN IMMEDIATE), on PostgreSQL
+    it locks ilr_schema first, so of two processes opening one old database at once the first moves and the
+    second finds it moved. A database already migrated (or new) is left as it is."""
+    found = set(sa.inspect(engine).get_table_names())
+    if not set(LEGACY_RACE_RUNS) & found:
+        return  # nothing to move: no lock taken
     try:
         with engine.begin() as conn:
             if conn.dialect.name == "sqlite":
                 conn.exec_driver_sql("BEGIN IMMEDIATE")  # the write lock before the look (pysqlite begins lazily)
+            elif conn.dialect.name == "postgresql" and schema_table.name in found:
+                conn.exec_driver_sql(f"LOCK TABLE {schema_table.name} IN EXCLUSIVE MODE")
             tables = set(sa.inspect(conn).get_table_names())
-            if LEGACY_RACE_RUNS not in tables or race_runs_table.name in tables:
-                return  # renamed by another process meanwhile (or a newer table beside a stray old one: keep both)
-            conn.exec_driver_sql(f"ALTER TABLE {LEGACY_RACE_RUNS} RENAME TO {race_runs_table.name}")
-            if schema_table.name in tables:
-                conn.execute(
-                    schema_table.update().where(schema_table.c.id == 1, schema_table.c.version < 2).values(version=2)
-                )
+            if not set(LEGACY_RACE_RUNS) & tables:
+                return  # moved by another process meanwhile
+            runs_table.create(conn, checkfirst=True)
+            _migrate_rows(conn, tables)
+            conn.execute(
+                schema_table.update().where(schema_table.c.id == 1, schema_table.c.version < 3).values(version=3)
+            )
     except (ProgrammingError, OperationalError):
-        # A server: another process renamed it while this one waited for its lock (its look came first).
-        if race_runs_table.name in sa.inspect(engine).get_table_names():
+        # A server: another process moved them while this one waited for its lock (its look came first).
+        if not set(LEGACY_RACE_RUNS) & set(sa.inspect(engine).get_table_names()):
             return
         raise
-    log.info("storage: table %s renamed %s (schema version 2)", LEGACY_RACE_RUNS, race_runs_table.name)
+    log.info("storage: race and reference runs moved to table %s (schema version 3)", runs_table.name)
 
 
 def ensure_schema(engine: sa.Engine) -> None:
@@ -537,7 +662,7 @@ def ensure_schema(engine: sa.Engine) -> None:
                 conn.execute(schema_table.insert().values(id=1, version=SCHEMA_VERSION))
             except IntegrityError:  # another process created it first
                 pass
-        elif version < SCHEMA_VERSION:  # a version-1 database that had no ilr_audit to rename
+        elif version < SCHEMA_VERSION:  # an older database that had no race runs' table to move
             conn.execute(schema_table.update().where(schema_table.c.id == 1).values(version=SCHEMA_VERSION))
         elif version > SCHEMA_VERSION:
             raise UserInputError(
