@@ -28,7 +28,7 @@ def open_store(
 
 
 def study_references(spec: StorageSpec, study: optuna.Study) -> dict[str, RunRecord]:
-    """The reference runs of `study` (open on `spec`) by name, in the order first stored (stored_references),
-    read through a read-only store."""
+    """The reference runs of `study` (open on `spec`) by name (stored_references), read through a read-only
+    store."""
     store = open_store(spec, study.study_name, read_only=True, storage=study_storage(study))
     return stored_references(store.reference_runs(), study.user_attrs)

@@ -138,7 +138,6 @@ runs_table = sa.Table(
     sa.Column("study", sa.String(512), primary_key=True),
     sa.Column("kind", sa.String(16), primary_key=True),  # race | reference
     sa.Column("name", sa.String(512), primary_key=True),  # a reference's name; a race run's job (race_run_name)
-    sa.Column("position", sa.Integer, nullable=True),  # a reference's place in the order first stored
     *_run_columns(),
     sa.Column("scores", sa.Text, nullable=True),  # JSON [score, ...] in unit order (a frozen run's)
     sa.Column("schedule", sa.Text, nullable=True),  # JSON (a reference's, as its other fields below)
@@ -518,16 +517,8 @@ class SQLStore(Store):
         where = sa.and_(t.study == self.study, t.kind == "reference", t.name == run.name)
         try:
             with self.engine.begin() as conn:
-                position = conn.execute(sa.select(t.position).where(where)).scalar()
-                if position is None:
-                    last = conn.execute(
-                        sa.select(sa.func.max(t.position)).where(t.study == self.study, t.kind == "reference")
-                    ).scalar()
-                    position = 0 if last is None else last + 1
                 conn.execute(runs_table.delete().where(where))
-                conn.execute(
-                    runs_table.insert().values(study=self.study, kind="reference", position=position, **run.to_record())
-                )
+                conn.execute(runs_table.insert().values(study=self.study, kind="reference", **run.to_record()))
         except IntegrityError:
             # Another worker stored this reference between our delete and insert (PostgreSQL, read committed): a
             # reference is one map at one seed, so its run is ours: done.
@@ -540,11 +531,7 @@ class SQLStore(Store):
         t = runs_table.c
         with self.engine.connect() as conn:
             rows = (
-                conn.execute(
-                    sa.select(runs_table)
-                    .where(t.study == self.study, t.kind == "reference")
-                    .order_by(t.position, t.name)
-                )
+                conn.execute(sa.select(runs_table).where(t.study == self.study, t.kind == "reference").order_by(t.name))
                 .mappings()
                 .all()
             )
@@ -567,7 +554,7 @@ def _legacy_race_rows(
 
 def _migrate_rows(conn: sa.Connection, tables: set[str]) -> None:
     """Move the race runs of the old tables (the newer one winning where both hold a run) and the reference runs
-    of the study attributes (in their stored order) into ilr_runs, then drop the old tables and attributes."""
+    of the study attributes into ilr_runs, then drop the old tables and attributes."""
     runs: dict[tuple[str, str, str], dict[str, Any]] = {}
     for name in LEGACY_RACE_RUNS:
         if name in tables:
@@ -580,17 +567,10 @@ def _migrate_rows(conn: sa.Connection, tables: set[str]) -> None:
             sa.select(s.study_name, a.key, a.value_json, a.study_user_attribute_id)
             .join_from(optuna_study_attrs, optuna_studies, a.study_id == s.study_id)
             .where(a.key.startswith(REFERENCE_PREFIX, autoescape=True))
-            .order_by(a.study_user_attribute_id)
         ).all()
-        positions: dict[str, int] = {}
         for study, key, value, _ in attrs:
             run = attr_references({key: json.loads(value)})[key[len(REFERENCE_PREFIX) :]]
-            position = positions[study] = positions.get(study, -1) + 1
-            runs[(study, "reference", run.name)] = {
-                "study": study,
-                "kind": "reference",
-                "position": position,
-            } | run.to_record()
+            runs[(study, "reference", run.name)] = {"study": study, "kind": "reference"} | run.to_record()
         conn.execute(
             optuna_study_attrs.delete().where(
                 a.study_user_attribute_id.in_([row.study_user_attribute_id for row in attrs])

@@ -375,12 +375,12 @@ class Store(ABC):
 
     @abstractmethod
     def save_reference(self, run: RunRecord) -> None:
-        """Store a finished reference run (kind "reference") in one write, replacing an earlier run of its name
-        (which keeps its place in reference_runs' order)."""
+        """Store a finished reference run (kind "reference") in one write, replacing an earlier run of its name."""
 
     @abstractmethod
     def reference_runs(self) -> list[RunRecord]:
-        """The study's stored reference runs, in the order their names were first stored."""
+        """The study's stored reference runs: by name in a database (as Optuna read the study attributes of a
+        SQLite one), in the order first stored on a journal (as Optuna's journal keeps them)."""
 
     def runs(self) -> list[RunRecord]:
         """Every stored run of the study beyond its trials: the race runs (race_runs), then the reference runs
@@ -389,10 +389,10 @@ class Store(ABC):
 
 
 def stored_references(runs: Iterable[RunRecord], study_attrs: Mapping[str, Any]) -> dict[str, RunRecord]:
-    """The study's reference runs by name, in the order first stored: the one reader of them. `runs`: the store's
-    (Store.runs or Store.reference_runs; the race's are passed over). Those in the study's attributes
-    (attr_references: a study stored before schema 3, on a journal or opened read-only) come first, a stored run
-    replacing one of its name there."""
+    """The study's reference runs by name, in the store's order (Store.reference_runs): the one reader of them.
+    `runs`: the store's (Store.runs or Store.reference_runs; the race's are passed over). Those in the study's
+    attributes (attr_references: a study stored before schema 3, on a journal or opened read-only) come first, a
+    stored run replacing one of its name there."""
     references = attr_references(study_attrs)
     for run in runs:
         if run.kind == "reference":
