@@ -252,7 +252,8 @@ class FrontRow:
         """A point the race took past the proxy: at more than one seed, or at another length than `base_steps`."""
         return bool(self.seeds) and (len(self.seeds) > 1 or self.steps != base_steps)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, fields: Sequence[str] | None = None) -> dict[str, Any]:
+        """Its JSON form: every field it has, or only `fields`, in that order."""
         row: dict[str, Any] = {
             "trial": self.trial,
             "reuse_map": as_list(self.reuse_map),
@@ -273,7 +274,7 @@ class FrontRow:
             }
         if self.within_noise_of is not None:
             row["within_noise_of"] = list(self.within_noise_of)
-        return row
+        return row if fields is None else {k: row[k] for k in fields}
 
 
 @dataclass(frozen=True)

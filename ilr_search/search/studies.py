@@ -149,9 +149,6 @@ class StudyReport:
     def reference_steps(self) -> int:
         return sum(int(r.steps or 0) for r in self.references.values())
 
-    def _references_json(self) -> dict[str, Any]:
-        return {name: r.to_dict() for name, r in self.references.items()}
-
     def to_json(self) -> dict[str, Any]:
         """What `trials --json` (with a listing), `pareto --json` (with a front view) or `run --json` prints."""
         race = self.race
@@ -185,13 +182,13 @@ class StudyReport:
             return (
                 {
                     "study": self.study,
-                    "pareto": [_fields(p.to_dict(), (*PARETO_FIELDS, *RACE_POINT_FIELDS)) for p in view.front],
-                    "proxy_pareto": [_fields(p.to_dict(), PARETO_FIELDS) for p in view.proxy_front],
+                    "pareto": [p.to_dict((*PARETO_FIELDS, *RACE_POINT_FIELDS)) for p in view.front],
+                    "proxy_pareto": [p.to_dict(PARETO_FIELDS) for p in view.proxy_front],
                     **common,
                     **race_parts,
                     "noise": view.noise.to_dict() if view.noise is not None else None,
                     "front_history": dict(view.front_history),
-                    "references": self._references_json(),
+                    "references": {name: r.to_dict() for name, r in self.references.items()},
                     "fidelity": self.fidelity.to_dict(),
                 }
                 | ({"layers": view.layers.to_dict()} if view.layers is not None else {})
@@ -208,11 +205,17 @@ class StudyReport:
             "steps_saved_by_pruning": self.steps_saved_by_pruning,
             "reference_steps": self.reference_steps,
             "race_steps": self.race_steps,
-            "pareto": [_front_item(p, (*FRONT_FIELDS, *RACE_POINT_FIELDS)) for p in self.front],
-            "proxy_pareto": [_front_item(p, FRONT_FIELDS) for p in self.proxy_front],
+            # a front point of `run --json`: its fields, and its knobs where any is on
+            "pareto": [
+                p.to_dict((*FRONT_FIELDS, *RACE_POINT_FIELDS)) | ({"knobs": p.knobs} if p.knobs else {})
+                for p in self.front
+            ],
+            "proxy_pareto": [
+                p.to_dict(FRONT_FIELDS) | ({"knobs": p.knobs} if p.knobs else {}) for p in self.proxy_front
+            ],
             **common,
             **race_parts,
-            "references": self._references_json(),
+            "references": {name: r.to_dict() for name, r in self.references.items()},
             "fidelity": self.fidelity.to_dict(),
             "interrupted": self.interrupted,
             "sampler": self.settings.sampler.to_dict() if self.settings else None,
@@ -225,15 +228,6 @@ class StudyReport:
         if self.phases is not None:
             report["phases"] = [p.to_dict() for p in self.phases]
         return report
-
-
-def _fields(point: Mapping[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
-    return {k: point[k] for k in fields}
-
-
-def _front_item(point: FrontRow, fields: tuple[str, ...]) -> dict[str, Any]:
-    """A front point of `run --json`: its fields, and its knobs where any is on."""
-    return _fields(point.to_dict(), fields) | ({"knobs": point.knobs} if point.knobs else {})
 
 
 def study_report(study: optuna.Study, spec: StorageSpec, store: Store) -> StudyReport:

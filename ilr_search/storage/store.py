@@ -2,10 +2,12 @@
 
 A store keeps, per study: map claims (which trial trains which reuse map, so that concurrent workers never train
 one map twice), learning curves (every evaluation of every trial, which the pruner compares, and the training
-loss as window means), why each pruned trial was pruned, the Pareto front each time a trial completes, and the
-race runs: every run beyond the trials and references, the race's longer or extra-seed runs and the audit's
-longer retrainings of chosen maps (the race reads the audit's runs as its own).
-`SQLStore` keeps them in tables of the study's SQL database, `JournalStore` in a file beside a journal.
+loss as window means), why each pruned trial was pruned, the Pareto front each time a trial completes, and every
+run beyond the trials as one RunRecord: the race runs (the race's longer or extra-seed runs and the audit's
+longer retrainings of chosen maps; the race reads the audit's runs as its own) and the reference runs.
+`SQLStore` keeps them in tables of the study's SQL database, `JournalStore` in a file beside a journal;
+stored_references is the one reader of the reference runs, those a study stored in its attributes before
+schema 3 included.
 """
 
 from __future__ import annotations
@@ -100,17 +102,6 @@ class RunRecord:
             r.get("status"),
         )
 
-    def reference_fields(self) -> dict[str, Any]:
-        """A reference run's own stored fields (beside the job and the result), as from_record reads them."""
-        return {
-            "name": self.name,
-            "schedule": json.dumps(list(self.schedule)) if self.schedule is not None else None,
-            "reuse_map": json.dumps(list(self.reuse_map)) if self.reuse_map is not None else None,
-            "knobs": json.dumps(dict(self.knobs)) if self.knobs else None,
-            "block_map": self.block_map,
-            "status": self.status,
-        }
-
     def to_record(self) -> dict[str, Any]:
         """The run as stored (from_record's input): every field, the tuples as JSON text."""
         return {
@@ -129,7 +120,14 @@ class RunRecord:
             "seconds": self.seconds,
             "reason": self.reason,
             "scores": json.dumps(list(self.scores)) if self.scores else None,
-        } | self.reference_fields()
+            # a reference's own fields
+            "name": self.name,
+            "schedule": json.dumps(list(self.schedule)) if self.schedule is not None else None,
+            "reuse_map": json.dumps(list(self.reuse_map)) if self.reuse_map is not None else None,
+            "knobs": json.dumps(dict(self.knobs)) if self.knobs else None,
+            "block_map": self.block_map,
+            "status": self.status,
+        }
 
     def to_dict(self) -> dict[str, Any]:
         """A reference run as the `references` of the JSON reports show it (the form a study stored it in before
