@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -249,27 +250,39 @@ class SQLStore(Store):
             )
             return moved.rowcount == 1
 
+    def _replace(self, table: sa.Table, where: Any, rows: list[dict[str, Any]]) -> None:
+        """In one transaction: delete the study's rows of `table` that `where` picks and insert `rows` (each with
+        the study's name added) in their place."""
+        with self.engine.begin() as conn:
+            conn.execute(table.delete().where(table.c.study == self.study, where))
+            if rows:
+                conn.execute(table.insert(), [{"study": self.study, **r} for r in rows])
+
+    def _rows(self, table: sa.Table, *where: Any, order: Sequence[Any] = ()) -> Sequence[sa.Row]:
+        """The study's rows of `table` that `where` picks, ordered by `order`; none where the table is not there
+        (a read-only opening of a database made before it)."""
+        if table.name not in self.tables:
+            return []
+        with self.engine.connect() as conn:
+            return conn.execute(sa.select(table).where(table.c.study == self.study, *where).order_by(*order)).all()
+
     @_retry_locked
     def add_curve_point(self, point: CurvePoint, tokens: int) -> None:
-        with self.engine.begin() as conn:
-            conn.execute(
-                curves_table.delete().where(
-                    curves_table.c.study == self.study,
-                    curves_table.c.trial_number == point.trial_number,
-                    curves_table.c.step == point.step,
-                )
-            )
-            conn.execute(
-                curves_table.insert().values(
-                    study=self.study,
-                    trial_number=point.trial_number,
-                    step=point.step,
-                    map_key=point.map_key,
-                    flops_ratio=point.flops_ratio,
-                    val_loss=point.val_loss,
-                    tokens=tokens,
-                )
-            )
+        c = curves_table.c
+        self._replace(
+            curves_table,
+            sa.and_(c.trial_number == point.trial_number, c.step == point.step),
+            [
+                {
+                    "trial_number": point.trial_number,
+                    "step": point.step,
+                    "map_key": point.map_key,
+                    "flops_ratio": point.flops_ratio,
+                    "val_loss": point.val_loss,
+                    "tokens": tokens,
+                }
+            ],
+        )
 
     @_retry_locked
     def holds_records(self) -> bool:
@@ -287,114 +300,88 @@ class SQLStore(Store):
 
     @_retry_locked
     def curve_points(self, step: int | None = None) -> list[CurvePoint]:
-        if curves_table.name not in self.tables:
-            return []
-        query = sa.select(curves_table).where(curves_table.c.study == self.study)
-        if step is not None:
-            query = query.where(curves_table.c.step == step)
-        with self.engine.connect() as conn:
-            rows = conn.execute(query.order_by(curves_table.c.trial_number, curves_table.c.step)).all()
+        c = curves_table.c
+        at_step = () if step is None else (c.step == step,)
+        rows = self._rows(curves_table, *at_step, order=(c.trial_number, c.step))
         return [CurvePoint(r.trial_number, r.step, r.val_loss, r.flops_ratio, r.map_key, r.tokens) for r in rows]
 
     @_retry_locked
     def add_train_curve(self, points: list[TrainCurvePoint]) -> None:
         if not points:
             return
-        with self.engine.begin() as conn:
-            for trial_number in {p.trial_number for p in points}:
-                conn.execute(
-                    train_curves_table.delete().where(
-                        train_curves_table.c.study == self.study,
-                        train_curves_table.c.trial_number == trial_number,
-                        train_curves_table.c.step.in_([p.step for p in points if p.trial_number == trial_number]),
-                    )
-                )
-            conn.execute(
-                train_curves_table.insert(),
-                [
-                    {
-                        "study": self.study,
-                        "trial_number": p.trial_number,
-                        "step": p.step,
-                        "map_key": p.map_key,
-                        "loss": p.loss,
-                        "tokens": p.tokens,
-                    }
-                    for p in points
-                ],
-            )
+        c = train_curves_table.c
+        steps: dict[int, list[int]] = {}
+        for p in points:
+            steps.setdefault(p.trial_number, []).append(p.step)
+        self._replace(
+            train_curves_table,
+            sa.or_(*(sa.and_(c.trial_number == n, c.step.in_(at)) for n, at in steps.items())),
+            [
+                {
+                    "trial_number": p.trial_number,
+                    "step": p.step,
+                    "map_key": p.map_key,
+                    "loss": p.loss,
+                    "tokens": p.tokens,
+                }
+                for p in points
+            ],
+        )
 
     @_retry_locked
     def train_curve_points(self) -> list[TrainCurvePoint]:
-        if train_curves_table.name not in self.tables:
-            return []
-        query = sa.select(train_curves_table).where(train_curves_table.c.study == self.study)
-        with self.engine.connect() as conn:
-            rows = conn.execute(query.order_by(train_curves_table.c.trial_number, train_curves_table.c.step)).all()
+        c = train_curves_table.c
+        rows = self._rows(train_curves_table, order=(c.trial_number, c.step))
         return [TrainCurvePoint(r.trial_number, r.step, r.tokens, r.loss, r.map_key) for r in rows]
 
     @_retry_locked
     def record_pruning(
         self, trial_number: int, step: int, val_loss: float, flops_ratio: float, dominated_by: list[int], reason: str
     ) -> None:
-        with self.engine.begin() as conn:
-            conn.execute(
-                pruning_table.delete().where(
-                    pruning_table.c.study == self.study, pruning_table.c.trial_number == trial_number
-                )
-            )
-            conn.execute(
-                pruning_table.insert().values(
-                    study=self.study,
-                    trial_number=trial_number,
-                    step=step,
-                    val_loss=val_loss,
-                    flops_ratio=flops_ratio,
-                    dominated_by=json.dumps(dominated_by),
-                    reason=reason,
-                )
-            )
+        self._replace(
+            pruning_table,
+            pruning_table.c.trial_number == trial_number,
+            [
+                {
+                    "trial_number": trial_number,
+                    "step": step,
+                    "val_loss": val_loss,
+                    "flops_ratio": flops_ratio,
+                    "dominated_by": json.dumps(dominated_by),
+                    "reason": reason,
+                }
+            ],
+        )
 
     @_retry_locked
     def pruning_records(self) -> dict[int, PruningRecord]:
-        if pruning_table.name not in self.tables:
-            return {}
-        with self.engine.connect() as conn:
-            rows = conn.execute(sa.select(pruning_table).where(pruning_table.c.study == self.study)).all()
         return {
             r.trial_number: PruningRecord(
                 r.step, r.val_loss, r.flops_ratio, tuple(json.loads(r.dominated_by)), r.reason
             )
-            for r in rows
+            for r in self._rows(pruning_table)
         }
 
     @_retry_locked
     def save_front(self, n_complete: int, front: list[dict[str, Any]]) -> None:
         try:
-            with self.engine.begin() as conn:
-                conn.execute(
-                    fronts_table.delete().where(
-                        fronts_table.c.study == self.study, fronts_table.c.n_complete == n_complete
-                    )
-                )
-                if front:
-                    conn.execute(
-                        fronts_table.insert(),
-                        [
-                            {
-                                "study": self.study,
-                                "n_complete": n_complete,
-                                "position": i,
-                                "trial_number": p["trial"],
-                                "reuse_map": ",".join(map(str, p["reuse_map"])),
-                                "flops_ratio": p["flops_ratio"],
-                                "val_ppl": p["val_ppl"],
-                                "val_bpb": p.get("val_bpb"),
-                                "params": p.get("params"),
-                            }
-                            for i, p in enumerate(front)
-                        ],
-                    )
+            self._replace(
+                fronts_table,
+                fronts_table.c.n_complete == n_complete,
+                [
+                    {
+                        "n_complete": n_complete,
+                        "position": i,
+                        "trial_number": p["trial"],
+                        "reuse_map": ",".join(map(str, p["reuse_map"])),
+                        "flops_ratio": p["flops_ratio"],
+                        "val_ppl": p["val_ppl"],
+                        "val_bpb": p.get("val_bpb"),
+                        "params": p.get("params"),
+                    }
+                    for i, p in enumerate(front)
+                ],
+            )
         except IntegrityError:
             # Another worker saved this count's front between our delete and insert (PostgreSQL, read
             # committed). The same count is the same set of complete trials, so its front is ours: done.
@@ -402,16 +389,8 @@ class SQLStore(Store):
 
     @_retry_locked
     def front_history(self) -> dict[int, list[StoredFrontPoint]]:
-        if fronts_table.name not in self.tables:
-            return {}
-        with self.engine.connect() as conn:
-            rows = conn.execute(
-                sa.select(fronts_table)
-                .where(fronts_table.c.study == self.study)
-                .order_by(fronts_table.c.n_complete, fronts_table.c.position)
-            ).all()
         history: dict[int, list[StoredFrontPoint]] = {}
-        for r in rows:
+        for r in self._rows(fronts_table, order=(fronts_table.c.n_complete, fronts_table.c.position)):
             history.setdefault(r.n_complete, []).append(
                 StoredFrontPoint(
                     r.trial_number,
@@ -491,20 +470,9 @@ class SQLStore(Store):
     def race_runs(self) -> list[RunRecord]:
         if self.legacy_runs is not None:
             return self._legacy_race_runs(self.legacy_runs)
-        if runs_table.name not in self.tables:
-            return []
         t = runs_table.c
-        with self.engine.connect() as conn:
-            rows = (
-                conn.execute(
-                    sa.select(runs_table)
-                    .where(t.study == self.study, t.kind == "race")
-                    .order_by(t.factor, t.seed, t.map_key)
-                )
-                .mappings()
-                .all()
-            )
-        return [RunRecord.from_record(dict(r)) for r in rows]
+        rows = self._rows(runs_table, t.kind == "race", order=(t.factor, t.seed, t.map_key))
+        return [RunRecord.from_record(dict(r._mapping)) for r in rows]
 
     def _legacy_race_runs(self, table: sa.Table) -> list[RunRecord]:
         """The race runs of a database of schema version 1 or 2, with their scores where it has them."""
@@ -514,11 +482,12 @@ class SQLStore(Store):
     @_retry_locked
     def save_reference(self, run: RunRecord) -> None:
         t = runs_table.c
-        where = sa.and_(t.study == self.study, t.kind == "reference", t.name == run.name)
         try:
-            with self.engine.begin() as conn:
-                conn.execute(runs_table.delete().where(where))
-                conn.execute(runs_table.insert().values(study=self.study, kind="reference", **run.to_record()))
+            self._replace(
+                runs_table,
+                sa.and_(t.kind == "reference", t.name == run.name),
+                [{"kind": "reference", **run.to_record()}],
+            )
         except IntegrityError:
             # Another worker stored this reference between our delete and insert (PostgreSQL, read committed): a
             # reference is one map at one seed, so its run is ours: done.
@@ -526,16 +495,10 @@ class SQLStore(Store):
 
     @_retry_locked
     def reference_runs(self) -> list[RunRecord]:
-        if runs_table.name not in self.tables:
-            return []  # a database before schema version 3 keeps them in study attributes (stored_references)
+        # a database before schema version 3 has no ilr_runs: its references are study attributes (stored_references)
         t = runs_table.c
-        with self.engine.connect() as conn:
-            rows = (
-                conn.execute(sa.select(runs_table).where(t.study == self.study, t.kind == "reference").order_by(t.name))
-                .mappings()
-                .all()
-            )
-        return [RunRecord.from_record(dict(r), "reference") for r in rows]
+        rows = self._rows(runs_table, t.kind == "reference", order=(t.name,))
+        return [RunRecord.from_record(dict(r._mapping), "reference") for r in rows]
 
 
 def _legacy_race_rows(
