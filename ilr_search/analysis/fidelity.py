@@ -108,7 +108,7 @@ class NoiseBand:
 
 def noise_band(trials: Sequence[Trial], references: Mapping[str, RunRecord]) -> NoiseBand | None:
     """Seed-to-seed spread of the baseline's perplexity: the trial of the all-ones map (the study's seed) and the
-    baseline references trained at extra seeds."""
+    baseline references trained at extra seeds (of `references`, the study's by name: stored_references)."""
     ppls: list[float] = [
         r.val_ppl
         for r in trained_results(trials)

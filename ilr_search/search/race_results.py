@@ -39,11 +39,10 @@ from ilr_search.config import (
     race_target_steps,
     scored_by_item,
 )
-from ilr_search.knobs import config_key
 from ilr_search.search.plan import CONFIG_ATTR, LR_SCHEDULE_FIELDS
 from ilr_search.storage import RaceRunJob, RunRecord, stored_references
 from ilr_search.training.flops import param_count
-from ilr_search.training.schedule import ReuseMap, format_reuse_map
+from ilr_search.training.schedule import ReuseMap
 
 FINAL_STATES = ("complete", "failed")  # of a race run; failed: the run diverged, it is not trained again
 
@@ -145,13 +144,12 @@ def stored_results(
     for name, ref in sorted(stored_references(rows, study_attrs).items()):
         if not ref.reuse_map:  # block recurrence is no reuse map
             continue
-        key = config_key(ref.block_map or format_reuse_map(list(ref.reuse_map)), dict(ref.knobs))
         found.append(
             StoredResult(
-                key,
-                float(ref.flops_ratio),
+                ref.job.map_key,  # its map with its knobs (reference_run)
+                ref.flops_ratio,
                 base_steps,
-                int(ref.seed),
+                ref.seed,
                 schedule,
                 ref.val_loss,
                 ref.val_ppl,
