@@ -75,16 +75,25 @@ def digest(path: Path) -> str:
 
 
 def race_rows(db: Path, timeout: float = 30) -> list[dict]:
-    """The race runs stored in a SQLite file (table ilr_race_runs), read with plain sqlite3; none before the table
-    is made."""
+    """The race runs stored in a SQLite file (table ilr_runs, kind race), read with plain sqlite3; none before the
+    table is made."""
     if not db.exists():
         return []
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=timeout) as conn:
         conn.row_factory = sqlite3.Row
         try:
-            return [dict(r) for r in conn.execute("SELECT * FROM ilr_race_runs")]
+            return [dict(r) for r in conn.execute("SELECT * FROM ilr_runs WHERE kind = 'race'")]
         except sqlite3.OperationalError:  # not created yet, or locked past the timeout
             return []
+
+
+def stored_reference_dicts(storage: str, study: str) -> dict[str, dict]:
+    """The reference runs of a stored study by name, each in the form of the `references` of the JSON reports."""
+    from ilr_search.search.studies import open_study
+    from ilr_search.storage import parse_storage, study_references
+
+    spec = parse_storage(storage, read_only=True)
+    return {name: run.to_dict() for name, run in study_references(spec, open_study(spec, study)).items()}
 
 
 def wait_until(

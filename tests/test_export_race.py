@@ -1,7 +1,8 @@
 """Race runs in the exports (issues 29 and 30): `export` writes a row per stored race run beside the trials and
 references (and its curve with --curves), `trials --json` lists them under `race_runs`, integer columns come out
-as integers; the race runs' table, once called ilr_audit, is renamed ilr_race_runs when an older database is next
-opened for writing (once, even by two processes at once), and read under its old name until then."""
+as integers. The race runs' table of an older database (ilr_audit in schema version 1, ilr_race_runs in 2) and its
+reference runs (study attributes) become rows of ilr_runs when it is next opened for writing (once, even by two
+processes at once), and read where they are until then."""
 
 import csv
 import json
@@ -23,7 +24,7 @@ def stored_runs(db, study: str) -> dict[tuple[str, int, int], dict]:
     """The study's race runs as the database holds them, by (map, steps, seed), read with plain sqlite3."""
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
         conn.row_factory = sqlite3.Row
-        rows = [dict(r) for r in conn.execute("SELECT * FROM ilr_race_runs WHERE study = ?", (study,))]
+        rows = [dict(r) for r in conn.execute("SELECT * FROM ilr_runs WHERE study = ? AND kind = 'race'", (study,))]
     conn.close()
     return {(r["map_key"], r["steps"], r["seed"]): r for r in rows}
 
@@ -184,13 +185,17 @@ def schema_version(path) -> int:
     return version
 
 
-def test_an_old_database_read_only_lists_its_race_runs_under_the_old_name(old_db, cli):
+OLD_REFERENCES = ["baseline_seed1", "baseline_seed2", "second_seed"]  # the fixture's, as study attributes
+
+
+def test_an_old_database_read_only_lists_its_race_and_reference_runs_where_they_are(old_db, cli):
     report = json.loads(cli("trials", "--storage", f"sqlite:///{old_db}", "--json", check=True).stdout)
     assert [(r["map_key"], r["steps"], r["seed"], r["state"], r["val_ppl"]) for r in report["race_runs"]] == [
         ("2,1,1,1", 96, 1, "complete", 49.4)
     ]
-    assert "ilr_audit" in tables(old_db) and "ilr_race_runs" not in tables(old_db)  # reading migrates nothing
-    assert schema_version(old_db) == 1
+    assert [r["reference"] for r in report["references"]] == OLD_REFERENCES
+    assert "ilr_audit" in tables(old_db) and "ilr_runs" not in tables(old_db)  # reading migrates nothing
+    assert schema_version(old_db) == 1 and reference_attrs(old_db) == OLD_REFERENCES
 
 
 # Opens the store for writing (what migrates), saying "locking" as it asks for the write lock to migrate.
@@ -205,13 +210,14 @@ def said(conn, cursor, statement, *args):
 
 sa.event.listen(sa.engine.Engine, "before_cursor_execute", said)
 store = open_store(parse_storage(sys.argv[1]), sys.argv[2])
-print(json.dumps([[r.job.map_key, r.steps, r.job.seed] for r in store.race_runs()]))
+races = [[r.job.map_key, r.steps, r.job.seed] for r in store.race_runs()]
+print(json.dumps([races, [r.name for r in store.reference_runs()]]))
 """
 
 
-def test_two_processes_opening_an_old_database_at_once_rename_its_table_once(old_db, token_cache):
+def test_two_processes_opening_an_old_database_at_once_migrate_it_once(old_db, token_cache):
     """While the test holds the database's write lock, both processes find the old table and ask for the lock
-    to rename it; once it is free, one renames it and the other, looking again under the lock, finds it done."""
+    to migrate it; once it is free, one migrates it and the other, looking again under the lock, finds it done."""
     lock = sqlite3.connect(old_db, isolation_level=None)
     lock.execute("BEGIN IMMEDIATE")
     procs = [
@@ -224,15 +230,31 @@ def test_two_processes_opening_an_old_database_at_once_rename_its_table_once(old
         )
         for _ in range(2)
     ]
-    said = [p.stdout.readline().strip() for p in procs]  # both waiting for the lock, neither has renamed
+    said = [p.stdout.readline().strip() for p in procs]  # both waiting for the lock, neither has migrated
     lock.execute("ROLLBACK")
     lock.close()
     outputs = [p.communicate(timeout=HANG_SECONDS) for p in procs]
     assert said == ["locking", "locking"], [err[-2000:] for _, err in outputs]
     assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outputs]
-    assert all(json.loads(out.strip().splitlines()[-1]) == [["2,1,1,1", 96, 1]] for out, _ in outputs)
-    assert "ilr_race_runs" in tables(old_db) and "ilr_audit" not in tables(old_db)
-    assert schema_version(old_db) == 2
+    assert all(json.loads(out.strip().splitlines()[-1]) == [[["2,1,1,1", 96, 1]], OLD_REFERENCES] for out, _ in outputs)
+    assert "ilr_runs" in tables(old_db) and not tables(old_db) & {"ilr_audit", "ilr_race_runs", "ilr_run_scores"}
+    assert schema_version(old_db) == 3 and reference_attrs(old_db) == []
+    with sqlite3.connect(old_db) as conn:
+        kinds = conn.execute("SELECT kind, count(*) FROM ilr_runs GROUP BY kind ORDER BY kind").fetchall()
+    conn.close()
+    assert kinds == [("race", 1), ("reference", len(OLD_REFERENCES))]  # moved once
+
+
+def reference_attrs(path) -> list[str]:
+    """The names of the reference runs kept in the database's study attributes (before schema version 3)."""
+    with sqlite3.connect(path) as conn:
+        keys = [k for (k,) in conn.execute("SELECT key FROM study_user_attributes ORDER BY study_user_attribute_id")]
+    conn.close()
+    return [k.removeprefix("ilr:reference:") for k in keys if k.startswith("ilr:reference:")]
+
+
+RUN_COLUMNS = "study, factor, seed, map_key, worker, heartbeat, state, flops_ratio, steps, val_loss, val_ppl, val_bpb, "
+RUN_COLUMNS += "curve, seconds, reason"
 
 
 def test_the_migration_keeps_every_column_and_runs_once(old_db):
@@ -241,12 +263,61 @@ def test_the_migration_keeps_every_column_and_runs_once(old_db):
     spec = parse_storage(f"sqlite:///{old_db}")
     first = open_store(spec, OLD_STUDY).race_runs()
     with sqlite3.connect(old_db) as conn:
-        migrated = conn.execute("SELECT * FROM ilr_race_runs").fetchall()
+        migrated = conn.execute(f"SELECT {RUN_COLUMNS} FROM ilr_runs WHERE kind = 'race'").fetchall()
     conn.close()
     assert migrated == [OLD_RUN]
     again = open_store(spec, OLD_STUDY).race_runs()  # already migrated: nothing changes
     assert again == first and len(first) == 1 and first[0].curve == ((48, 4.2), (96, 3.9))
-    assert tables(old_db) >= {"ilr_race_runs"} and "ilr_audit" not in tables(old_db) and schema_version(old_db) == 2
+    assert "ilr_runs" in tables(old_db) and "ilr_audit" not in tables(old_db) and schema_version(old_db) == 3
+
+
+def test_the_migration_moves_the_reference_runs_and_they_read_the_same(old_db, cli):
+    """The reference runs of the study attributes become rows of ilr_runs: every report shows them as before (the
+    `references` of `pareto --json` and `studies`' answer included), and the attributes are gone."""
+    from ilr_search.search.studies import open_study
+    from ilr_search.storage import open_store, parse_storage, study_references
+
+    storage = f"sqlite:///{old_db}"
+    before = {
+        command: json.loads(cli(command, "--storage", storage, "--json", check=True).stdout)
+        for command in ("trials", "pareto", "studies")
+    }
+    read_only = parse_storage(storage, read_only=True)
+    refs_before = study_references(read_only, open_study(read_only, OLD_STUDY))
+    assert list(refs_before) == OLD_REFERENCES and reference_attrs(old_db) == OLD_REFERENCES
+    store = open_store(parse_storage(storage), OLD_STUDY)  # for writing: migrates
+    assert [r.name for r in store.reference_runs()] == OLD_REFERENCES and reference_attrs(old_db) == []
+    assert study_references(read_only, open_study(read_only, OLD_STUDY)) == refs_before
+    after = {
+        command: json.loads(cli(command, "--storage", storage, "--json", check=True).stdout)
+        for command in ("trials", "pareto", "studies")
+    }
+    assert after == before and before["pareto"]["references"]
+    open_store(parse_storage(storage), OLD_STUDY)  # again: nothing to move
+    assert [r.name for r in store.reference_runs()] == OLD_REFERENCES
+
+
+def test_a_schema_2_database_moves_its_race_runs_with_their_scores(old_db):
+    """A database of schema version 2 (ilr_race_runs, with a frozen run's scores in ilr_run_scores) migrates to
+    rows of ilr_runs with the scores on them."""
+    from ilr_search.storage import open_store, parse_storage
+
+    with sqlite3.connect(old_db) as conn:
+        conn.execute("ALTER TABLE ilr_audit RENAME TO ilr_race_runs")
+        conn.execute(
+            "CREATE TABLE ilr_run_scores (study VARCHAR(512) NOT NULL, factor VARCHAR(32) NOT NULL, "
+            "seed INTEGER NOT NULL, map_key VARCHAR(256) NOT NULL, scores TEXT NOT NULL, "
+            "PRIMARY KEY (study, factor, seed, map_key))"
+        )
+        conn.execute("INSERT INTO ilr_run_scores VALUES (?, ?, ?, ?, ?)", (*OLD_RUN[:4], "[0.5, 1.5]"))
+        conn.execute("UPDATE ilr_schema SET version = 2")
+    conn.close()
+    spec = parse_storage(f"sqlite:///{old_db}")
+    read_only = open_store(parse_storage(f"sqlite:///{old_db}", read_only=True), OLD_STUDY, read_only=True)
+    before = read_only.race_runs()
+    assert [r.scores for r in before] == [(0.5, 1.5)]
+    assert open_store(spec, OLD_STUDY).race_runs() == before
+    assert not tables(old_db) & {"ilr_race_runs", "ilr_run_scores"} and schema_version(old_db) == 3
 
 
 def test_a_journal_side_file_reads_race_runs_written_before_the_rename(tmp_path):

@@ -21,7 +21,7 @@ from ilr_search.search.pruners import calibrate_rung, decision_at_rung, pareto_d
 from ilr_search.search.run import RunRequest, run_in_process
 from ilr_search.search.studies import trials_report
 from ilr_search.space import load_space
-from ilr_search.storage import CurvePoint, JournalStore, RaceRun, RaceRunJob, SQLStore, open_store, parse_storage
+from ilr_search.storage import CurvePoint, JournalStore, RaceRunJob, RunRecord, SQLStore, open_store, parse_storage
 
 SPACE = ROOT / "tests" / "spaces" / "tiny.toml"
 
@@ -281,7 +281,7 @@ def test_audit_report_precision_recall_and_pruned_maps(small_study):
     root, db, _ = small_study
     study = optuna.load_study(study_name="aud", storage=f"sqlite:///{db}")
     trials = study.get_trials()
-    from ilr_search.storage import RaceRun
+    from ilr_search.storage import RunRecord
 
     keys = [
         t.user_attrs["map_key"]
@@ -293,7 +293,7 @@ def test_audit_report_precision_recall_and_pruned_maps(small_study):
     proxy = {t.user_attrs["map_key"]: t.user_attrs["val_ppl"] for t in trials if t.user_attrs.get("val_ppl")}
     ordered = sorted(keys, key=lambda k: proxy[k])
     rows = [
-        RaceRun(RaceRunJob("4", 0, k), "w", 0.0, "complete", ratio[k], 64, 1.0, 10.0 + i, 1.0)
+        RunRecord(RaceRunJob("4", 0, k), "w", 0.0, "complete", ratio[k], 64, 1.0, 10.0 + i, 1.0)
         for i, k in enumerate(reversed(ordered))
     ]
     report = audit_report(trials, rows, "4")
@@ -327,7 +327,7 @@ def test_an_audit_whose_runs_do_not_separate_the_maps_does_not_judge_the_proxy(s
     map's seeds spread far wider than the gaps between maps (the 4x ranking is noise: the proxy is not judged)."""
     root, db, _ = small_study
     trials = optuna.load_study(study_name="aud", storage=f"sqlite:///{db}").get_trials()
-    from ilr_search.storage import RaceRun
+    from ilr_search.storage import RunRecord
 
     proxy = {
         t.user_attrs["map_key"]: t.user_attrs["val_ppl"]
@@ -338,7 +338,7 @@ def test_an_audit_whose_runs_do_not_separate_the_maps_does_not_judge_the_proxy(s
     ordered = sorted(proxy, key=lambda k: proxy[k])
     gap, spread = (1.0, 0.01) if separated else (0.01, 1.0)
     rows = [
-        RaceRun(
+        RunRecord(
             RaceRunJob("4", seed, k), "w", 0.0, "complete", ratio[k], 64, 1.0, 10.0 + gap * i + spread * (seed - 1), 1.0
         )
         for i, k in enumerate(reversed(ordered))
@@ -427,7 +427,7 @@ def test_audit_says_a_map_beats_the_baseline_only_beyond_the_seed_noise(small_st
     for seed, (b, r) in enumerate(zip((1.10, 1.11, 1.09), recurrent_losses, strict=True)):
         for t, loss in ((baseline, b), (recurrent, r)):
             rows.append(
-                RaceRun(
+                RunRecord(
                     RaceRunJob("4", seed, t.user_attrs["map_key"]),
                     "w",
                     0.0,

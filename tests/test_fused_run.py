@@ -8,7 +8,7 @@ from pathlib import Path
 import optuna
 import pytest
 from conftest import NO_REFERENCES, assert_one_line_error, write_space
-from helpers import run_args
+from helpers import run_args, stored_reference_dicts
 from optuna.trial import TrialState
 
 from ilr_search.search.progress import Event, RunReporter, Step
@@ -139,13 +139,8 @@ def test_reference_runs_trained_fused_equal_those_trained_one_at_a_time(cli, tmp
             check=True,
         )
         assert ("(fused, 3 at once)" in proc.stderr) == (fuse == "3"), proc.stderr
-        attrs = optuna.load_study(study_name="fused", storage=f"sqlite:///{db}").user_attrs
-        references[fuse] = {k: v for k, v in attrs.items() if k.startswith("ilr:reference:")}
-    assert (
-        set(references["1"])
-        == set(references["3"])
-        == {f"ilr:reference:{name}" for name in ("baseline_seed1", "baseline_seed2", "second_seed")}
-    )
+        references[fuse] = stored_reference_dicts(f"sqlite:///{db}", "fused")
+    assert set(references["1"]) == set(references["3"]) == {"baseline_seed1", "baseline_seed2", "second_seed"}
     for name, single in references["1"].items():
         fused = references["3"][name]
         assert (fused["schedule"], fused["seed"], fused["steps"]) == (

@@ -36,7 +36,7 @@ def judge(cli, tmp_path: Path, checkpoint: Path, *candidates: str, extra: tuple[
 
 def race_runs(db: Path) -> int:
     with sqlite3.connect(db) as conn:
-        return conn.execute("select count(*) from ilr_race_runs where state = 'complete'").fetchone()[0]
+        return conn.execute("select count(*) from ilr_runs where kind = 'race' and state = 'complete'").fetchone()[0]
 
 
 @pytest.fixture(scope="module")

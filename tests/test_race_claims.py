@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ilr_search.config import ModelConfig, TrainConfig
 from ilr_search.search.race import RaceRunPlan, fused_groups, held_runs, wait_for_change
-from ilr_search.storage import RaceRun, RaceRunJob, grace_period
+from ilr_search.storage import RaceRunJob, RunRecord, grace_period
 
 PLAIN = ModelConfig()
 DEEPER = ModelConfig(n_layers=12)
@@ -47,10 +47,10 @@ def test_a_model_the_fused_trainer_cannot_take_trains_alone():
 def test_only_live_runs_of_other_workers_are_held():
     now = time.time()
     rows = [
-        RaceRun(RaceRunJob("2", 1, "mine"), "me", now, "running", 1.0, 100),
-        RaceRun(RaceRunJob("2", 1, "theirs"), "other", now, "running", 1.0, 100),
-        RaceRun(RaceRunJob("2", 1, "dead"), "other", now - grace_period() - 5, "running", 1.0, 100),
-        RaceRun(RaceRunJob("2", 1, "done"), "other", now, "complete", 1.0, 100),
+        RunRecord(RaceRunJob("2", 1, "mine"), "me", now, "running", 1.0, 100),
+        RunRecord(RaceRunJob("2", 1, "theirs"), "other", now, "running", 1.0, 100),
+        RunRecord(RaceRunJob("2", 1, "dead"), "other", now - grace_period() - 5, "running", 1.0, 100),
+        RunRecord(RaceRunJob("2", 1, "done"), "other", now, "complete", 1.0, 100),
     ]
     assert held_runs(rows, "me") == {RaceRunJob("2", 1, "theirs")}
 

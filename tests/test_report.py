@@ -8,7 +8,7 @@ import optuna
 import pandas as pd
 import pytest
 from conftest import NO_REFERENCES, ROOT, assert_one_line_error, run_cli, write_space
-from helpers import HANG_SECONDS, imported_by, run_args
+from helpers import HANG_SECONDS, imported_by, run_args, stored_reference_dicts
 
 from ilr_search.analysis.results import study_front
 
@@ -140,11 +140,7 @@ def test_export_round_trips_through_pandas(pruned_study, cli, tmp_path, suffix):
     frame = pd.read_csv(out) if suffix == "csv" else pd.read_parquet(out)
     study = optuna.load_study(study_name="rep", storage=f"sqlite:///{db}")
     references = frame[frame["state"] == "REFERENCE"]
-    assert (
-        sorted(references["reference"])
-        == sorted(k.removeprefix("ilr:reference:") for k in study.user_attrs if k.startswith("ilr:reference:"))
-        != []
-    )
+    assert sorted(references["reference"]) == sorted(stored_reference_dicts(f"sqlite:///{db}", "rep")) != []
     frame = frame[frame["state"] != "REFERENCE"]
     assert len(frame) == len(study.trials)
     assert set(frame["state"]) >= {"COMPLETE", "PRUNED", "FAIL"}

@@ -4,6 +4,7 @@ measured trial times, and its report ending with the phase table and the answer.
 import optuna
 import pytest
 from conftest import write_space
+from helpers import stored_reference_dicts
 
 from ilr_search.analysis.results import has_result, study_front
 from ilr_search.cli.ui import StudyEta
@@ -33,7 +34,7 @@ def test_the_front_is_printed_only_when_it_changed_and_references_have_their_own
     )
     study = optuna.load_study(study_name="o", storage=f"sqlite:///{db}")
     trials = study.trials
-    n_references = sum(k.startswith("ilr:reference:") for k in study.user_attrs)
+    n_references = len(stored_reference_dicts(f"sqlite:///{db}", "o"))
     fronts, changes = [], 0
     for n in range(1, len(trials) + 1):  # the front after each finished trial, as the run saw it
         if not has_result(trials[n - 1]):

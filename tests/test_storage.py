@@ -1,5 +1,7 @@
 """One database handle per process: the project's store shares the engine of the Optuna storage opened there."""
 
+import threading
+
 import optuna
 import pytest
 import sqlalchemy as sa
@@ -9,7 +11,18 @@ from ilr_search.commands.audit import AuditSettings, run_audit
 from ilr_search.commands.report import export_trials, pareto_report
 from ilr_search.search import RunRequest, run_in_process
 from ilr_search.space import load_space
-from ilr_search.storage import JournalStore, SQLStore, open_storage, open_store, parse_storage
+from ilr_search.storage import (
+    JournalStore,
+    RaceRunJob,
+    RunRecord,
+    SQLStore,
+    open_storage,
+    open_store,
+    parse_storage,
+    reference_run,
+    stored_references,
+    study_references,
+)
 from ilr_search.storage.optuna_storage import rdb_engine
 
 
@@ -91,3 +104,121 @@ def test_pruning_records_and_fronts_read_back_as_records_on_both_stores(url, tmp
     assert store.front_history() == {
         5: [StoredFrontPoint(0, (1, 1), 1.0, 20.0, 4.0, 10), StoredFrontPoint(3, (2, 1), 1.4, 19.0, 3.9, 10)]
     }
+
+
+def reference(name: str, val_ppl: float, seed: int = 1) -> RunRecord:
+    return reference_run(name, [0, 0, 1], seed, 1.5, [2, 1], {}, None, val_ppl, 4.0, "ok", 24, [(12, 4.5), (24, 4.2)])
+
+
+@pytest.fixture(params=["sqlite", "postgres", "journal"])
+def store_url(request, tmp_path):
+    if request.param == "journal":
+        return f"journal:{tmp_path / 'j.log'}"
+    return f"sqlite:///{tmp_path / 's.db'}" if request.param == "sqlite" else request.getfixturevalue("postgres_url")
+
+
+def test_a_reference_run_is_one_typed_row_replaced_by_name(store_url):
+    """A database reads its references by name (as Optuna read a SQLite study's attributes), a journal in the
+    order first stored (as Optuna's journal keeps them)."""
+    store = open_store(parse_storage(store_url), "s")
+    store.claim_race_run(RaceRunJob("2", 0, "2,1"), "w", 1.5, 48, stale_after=60.0)
+    store.save_reference(reference("second_seed", 60.0))
+    store.save_reference(reference("baseline_seed1", 50.0))
+    store.save_reference(reference("second_seed", 58.0, seed=2))  # the best map changed: trained again
+    refs = {r.name: r for r in store.reference_runs()}
+    in_order = ["second_seed", "baseline_seed1"] if store_url.startswith("journal:") else sorted(refs)
+    assert list(refs) == in_order and [(r.val_ppl, r.seed) for r in refs.values()] == [
+        (58.0, 2) if name == "second_seed" else (50.0, 1) for name in in_order
+    ]
+    assert refs["second_seed"] == reference("second_seed", 58.0, seed=2)  # read back as written, field for field
+    assert refs["second_seed"].to_dict() == {
+        "schedule": [0, 0, 1],
+        "seed": 2,
+        "flops_ratio": 1.5,
+        "reuse_map": [2, 1],
+        "val_ppl": 58.0,
+        "val_bpb": 4.0,
+        "status": "ok",
+        "steps": 24,
+        "curve": [[12, 4.5], [24, 4.2]],
+    }
+    assert [r.kind for r in store.race_runs()] == ["race"] and [r.kind for r in store.runs()] == ["race"] + [
+        "reference"
+    ] * 2
+    other = open_store(parse_storage(store_url), "t")
+    assert other.reference_runs() == []  # another study's
+
+
+def test_stored_references_read_a_studys_attributes_under_its_stored_runs():
+    """A study stored before schema 3 (a journal's, or a database read before migrating) keeps its references in
+    its attributes: they read as runs, a stored run of the same name replacing one."""
+    old = reference("baseline_seed1", 50.0).to_dict()
+    attrs = {"ilr:config": {}, "ilr:reference:second_seed": old, "ilr:reference:baseline_seed1": old}
+    stored = reference("second_seed", 58.0)
+    refs = stored_references([stored], attrs)
+    assert list(refs) == ["second_seed", "baseline_seed1"] and refs["second_seed"] == stored
+    assert refs["baseline_seed1"].to_dict() == old and refs["baseline_seed1"].kind == "reference"
+
+
+def old_database(url: str) -> dict[str, dict]:
+    """A database as schema version 2 left it: study s with two reference runs in its attributes, a race run in
+    ilr_race_runs (with no ilr_runs table); returns the reference dicts."""
+    from ilr_search.storage.sql_store import legacy_race_runs_tables, schema_table
+
+    study = optuna.create_study(study_name="s", storage=open_storage(parse_storage(url), heartbeat=False))
+    old = {"baseline_seed1": reference("baseline_seed1", 50.0).to_dict()}
+    old["second_seed"] = reference("second_seed", 58.0, seed=2).to_dict() | {"knobs": {"injection": "add"}}
+    for name, value in old.items():
+        study.set_user_attr(f"ilr:reference:{name}", value)
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        table = legacy_race_runs_tables["ilr_race_runs"]
+        table.create(conn)
+        schema_table.to_metadata(sa.MetaData()).create(conn)
+        conn.execute(sa.text("INSERT INTO ilr_schema (id, version) VALUES (1, 2)"))
+        conn.execute(
+            table.insert().values(
+                study="s", factor="2", seed=0, map_key="2,1", worker="w", heartbeat=1.0, state="complete",
+                flops_ratio=1.5, steps=48, val_loss=3.0, val_ppl=20.1, val_bpb=3.5, curve="[[48, 3.0]]",
+            )
+        )  # fmt: skip
+    engine.dispose()
+    return old
+
+
+def test_two_processes_opening_an_older_database_at_once_move_its_runs_once(sql_url):
+    """Opening a database of schema version 2 for writing moves its race runs and reference attributes into
+    ilr_runs, once, even with two openers at once; the references read the same before and after."""
+    old = old_database(sql_url)
+    read_only = parse_storage(sql_url, read_only=True)
+    study = optuna.load_study(study_name="s", storage=open_storage(read_only, heartbeat=False))
+    before = study_references(read_only, study)
+    assert {name: r.to_dict() for name, r in before.items()} == old  # read where they are, nothing written
+    ready = threading.Barrier(2)
+    opened: list[list[RunRecord]] = []
+
+    def open_for_writing() -> None:
+        ready.wait()
+        opened.append(open_store(parse_storage(sql_url), "s").runs())  # its own engine: as another process
+
+    threads = [threading.Thread(target=open_for_writing) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(opened) == 2 and opened[0] == opened[1]
+    assert [(r.kind, r.name or r.job.map_key) for r in opened[0]] == [
+        ("race", "2,1"),
+        ("reference", "baseline_seed1"),
+        ("reference", "second_seed"),
+    ]
+    study = optuna.load_study(study_name="s", storage=open_storage(read_only, heartbeat=False))
+    assert not any(k.startswith("ilr:reference:") for k in study.user_attrs)  # moved, not copied
+    assert study_references(read_only, study) == before
+    engine = sa.create_engine(sql_url)
+    names = set(sa.inspect(engine).get_table_names())
+    with engine.connect() as conn:
+        version = conn.execute(sa.text("SELECT version FROM ilr_schema")).scalar_one()
+        count = conn.execute(sa.text("SELECT count(*) FROM ilr_runs")).scalar_one()
+    engine.dispose()
+    assert "ilr_race_runs" not in names and version == 3 and count == 3

@@ -30,7 +30,6 @@ from ilr_search.analysis.results import (
     is_baseline,
     is_deep_key,
     map_text,
-    stored_references,
     study_front,
     trained_by_map,
     trained_trials,
@@ -39,7 +38,7 @@ from ilr_search.analysis.stats import groups_differ, paired_comparison, rank_agr
 from ilr_search.analysis.trials import Trial, trained_results, trial_records
 from ilr_search.knobs import KnobValue
 from ilr_search.records import record_json
-from ilr_search.storage import RaceRun
+from ilr_search.storage import RunRecord
 
 AGREE_SPEARMAN = 0.8  # "the proxy ranks as longer training does"
 PARTLY_SPEARMAN = 0.5
@@ -108,9 +107,9 @@ class NoiseBand:
         }
 
 
-def noise_band(trials: Sequence[Trial], study_attrs: Mapping[str, Any]) -> NoiseBand | None:
+def noise_band(trials: Sequence[Trial], references: Mapping[str, RunRecord]) -> NoiseBand | None:
     """Seed-to-seed spread of the baseline's perplexity: the trial of the all-ones map (the study's seed) and the
-    baseline references trained at extra seeds."""
+    baseline references trained at extra seeds (of `references`, the study's by name: stored_references)."""
     ppls: list[float] = [
         r.val_ppl
         for r in trained_results(trials)
@@ -118,7 +117,7 @@ def noise_band(trials: Sequence[Trial], study_attrs: Mapping[str, Any]) -> Noise
     ][:1]
     ppls += [
         ref.val_ppl
-        for name, ref in sorted(stored_references(study_attrs).items())
+        for name, ref in sorted(references.items())
         if name.startswith("baseline_seed") and ref.val_ppl is not None
     ]
     return NoiseBand(tuple(ppls)) if len(ppls) >= 2 else None
@@ -237,10 +236,10 @@ AUDIT_CONFIDENCE = 0.9  # of the paired test behind "beats the baseline" (the ra
 SEPARATE_P = 1 - AUDIT_CONFIDENCE  # the ANOVA's p below which the audited maps differ beyond their seed noise
 
 
-def audit_report(trials: Sequence[Trial], rows: Sequence[RaceRun], factor: str) -> AuditReport | None:
+def audit_report(trials: Sequence[Trial], rows: Sequence[RunRecord], factor: str) -> AuditReport | None:
     """The audit at `factor` from its stored rows (complete ones; the race's equal-compute models are no maps of
     the study, and are left out) and the study's trials; None before any audited map is complete."""
-    done: dict[str, list[RaceRun]] = {}
+    done: dict[str, list[RunRecord]] = {}
     for r in rows:
         if (
             r.job.factor == factor
@@ -319,7 +318,7 @@ def audit_report(trials: Sequence[Trial], rows: Sequence[RaceRun], factor: str) 
     return AuditReport(**{**asdict(report), "maps": report.maps, "finding": audit_finding(report)})
 
 
-def audit_reports(trials: Sequence[Trial], rows: Sequence[RaceRun]) -> list[AuditReport]:
+def audit_reports(trials: Sequence[Trial], rows: Sequence[RunRecord]) -> list[AuditReport]:
     """One report per audited factor, in increasing factor."""
     rows = [r for r in rows if not is_deep_key(r.job.map_key)]
     factors = sorted({r.job.factor for r in rows}, key=float)
@@ -402,7 +401,7 @@ def study_fidelity(
     study_name: str,
     trials: Sequence[Trial],
     curves: Curves,
-    study_attrs: Mapping[str, Any],
+    references: Mapping[str, RunRecord],
     final_step: int,
     audits: Sequence[AuditReport] = (),
 ) -> Fidelity:
@@ -410,11 +409,11 @@ def study_fidelity(
     proxy agrees with longer training (fidelity_agreement; the JSON key `verdict`)."""
     trials = trial_records(trials)
     rungs = rung_agreements(map_curves(trials, curves), final_step)
-    noise = noise_band(trials, study_attrs)
+    noise = noise_band(trials, references)
     best = best_recurrent(trials)
     second = None
     if best is not None:
-        ref = stored_references(study_attrs).get("second_seed")
+        ref = references.get("second_seed")
         if ref is not None and ref.reuse_map is not None and list(ref.reuse_map) == as_list(best.reuse_map):
             second = SecondSeed(best.reuse_map, (best.val_ppl, ref.val_ppl), ref.seed)
     front = study_front(trials)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, cast
 
 import optuna
@@ -14,11 +14,9 @@ from ilr_search.analysis.map_key import MapKey, key_text, map_text
 from ilr_search.analysis.pareto import pareto_front
 from ilr_search.analysis.trials import Trial, TrialRecord, record_of, trained_results, trial_records
 from ilr_search.config import SpaceConfig
-from ilr_search.knobs import KnobValue, format_knobs
-from ilr_search.storage import CurvePoint, RaceRun, Store, TrainCurvePoint
+from ilr_search.knobs import format_knobs
+from ilr_search.storage import CurvePoint, RunRecord, Store, TrainCurvePoint, stored_references
 from ilr_search.training.schedule import ReuseMap, is_block_text
-
-REFERENCE_PREFIX = "ilr:reference:"
 
 
 def as_list(ints: tuple[int, ...] | None) -> list[int] | None:
@@ -83,7 +81,7 @@ def curve_rows(study: optuna.Study, store: Store) -> list[CurveRow]:
     for number in sorted(by_trial):
         rows += by_trial[number]
     per_step = tokens_per_step(study.user_attrs)
-    for ref in reference_rows(study):
+    for ref in reference_rows(store, study.user_attrs):
         label = ",".join(map(str, ref.reuse_map)) if ref.reuse_map else ref.name
         rows += [CurveRow(None, ref.name, label, "val", step, step * per_step, loss) for step, loss in ref.curve]
     for row in race_run_rows(store.race_runs(), study.user_attrs):
@@ -108,12 +106,12 @@ def tokens_per_step(study_attrs: Mapping[str, Any]) -> int:
 @dataclass(frozen=True)
 class RaceRunRow:
     """A stored race run (the race's and the audit's runs beyond the trials, whatever their state) as `trials`
-    lists it: the run (storage RaceRun: its job, state, FLOPs, result, curve), its map parsed (`key`; None for an
+    lists it: the run (storage RunRecord: its job, state, FLOPs, result, curve), its map parsed (`key`; None for an
     equal-compute deepR, which is no map of the study's model), and the training tokens a step of it sees.
     to_dict is its row of `trials --json`, with its curves in the trials' shape (validation points; the race
     stores no training curve, so `train` is empty)."""
 
-    run: RaceRun
+    run: RunRecord
     key: MapKey | None
     tokens_per_step: int
 
@@ -146,14 +144,16 @@ class RaceRunRow:
         }
 
 
-def race_run_rows(runs: Sequence[RaceRun], study_attrs: Mapping[str, Any]) -> list[RaceRunRow]:
-    """Every stored race run as a row of a listing (RaceRunRow), in the store's order."""
+def race_run_rows(runs: Sequence[RunRecord], study_attrs: Mapping[str, Any]) -> list[RaceRunRow]:
+    """Every stored race run (of `runs`, the store's: its reference runs passed over) as a row of a listing
+    (RaceRunRow), in the store's order."""
     per_step = tokens_per_step(study_attrs)
     config = study_attrs.get("ilr:config")  # search/plan.py's CONFIG_ATTR
     n_layers = int(config["model"]["n_layers"]) if config else None
     return [
         RaceRunRow(r, None if is_deep_key(r.job.map_key) else MapKey.parse(r.job.map_key, n_layers), per_step)
         for r in runs
+        if r.kind == "race"
     ]
 
 
@@ -252,7 +252,8 @@ class FrontRow:
         """A point the race took past the proxy: at more than one seed, or at another length than `base_steps`."""
         return bool(self.seeds) and (len(self.seeds) > 1 or self.steps != base_steps)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, fields: Sequence[str] | None = None) -> dict[str, Any]:
+        """Its JSON form: every field it has, or only `fields`, in that order."""
         row: dict[str, Any] = {
             "trial": self.trial,
             "reuse_map": as_list(self.reuse_map),
@@ -273,7 +274,7 @@ class FrontRow:
             }
         if self.within_noise_of is not None:
             row["within_noise_of"] = list(self.within_noise_of)
-        return row
+        return row if fields is None else {k: row[k] for k in fields}
 
 
 @dataclass(frozen=True)
@@ -308,80 +309,28 @@ def study_front(trials: Sequence[Trial]) -> list[FrontRow]:
 
 
 @dataclass(frozen=True)
-class StoredReference:
-    """A reference run as the study stored it (search/run.py train_references, the user attribute
-    ilr:reference:NAME): the baseline at an extra seed (baseline_seedN), the best recurrent map at a second seed
-    (second_seed) or block recurrence (blockK). Trained outside the sampler's view, it has no trial number.
-    `reuse_map` is None for block recurrence; `block_map` is a block map's key (stored as `map`); `curve` is its
-    (step, validation loss) points. to_dict is its stored form, key for key (the `references` of the JSON
-    reports); row is its row in a listing (`trials`)."""
+class ReferenceRow:
+    """A reference run as `trials` lists it; to_dict is its row, marked `reference` (its name) with the state
+    REFERENCE."""
 
-    name: str
-    schedule: tuple[int, ...] | None
-    seed: int | None
-    flops_ratio: float | None
-    reuse_map: tuple[int, ...] | None
-    knobs: Mapping[str, KnobValue]
-    block_map: str | None
-    val_ppl: float | None
-    val_bpb: float | None
-    status: str | None
-    steps: int
-    curve: tuple[tuple[int, float], ...]
-    stored: Mapping[str, Any] = field(repr=False, compare=False)
-
-    @classmethod
-    def of(cls, name: str, stored: Mapping[str, Any]) -> StoredReference:
-        schedule, reuse_map = stored.get("schedule"), stored.get("reuse_map")
-        return cls(
-            name,
-            tuple(schedule) if schedule is not None else None,
-            stored.get("seed"),
-            stored.get("flops_ratio"),
-            tuple(reuse_map) if reuse_map is not None else None,
-            dict(stored.get("knobs") or {}),
-            stored.get("map"),
-            stored.get("val_ppl"),
-            stored.get("val_bpb"),
-            stored.get("status"),
-            stored.get("steps", 0),
-            tuple((int(step), float(loss)) for step, loss in stored.get("curve", [])),
-            stored,
-        )
+    run: RunRecord
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.stored)
-
-    def row(self) -> dict[str, Any]:
-        """The run as a row of a listing, marked `reference` (its name) with the state REFERENCE."""
+        ref = self.run
         return {
             "trial": None,
-            "reference": self.name,
+            "reference": ref.name,
             "state": "REFERENCE",
-            "reuse_map": self.stored.get("reuse_map"),
-            "knobs": format_knobs(self.knobs) if self.knobs else None,
-            "flops_ratio": self.flops_ratio,
-            "val_ppl": self.val_ppl,
-            "val_bpb": self.val_bpb,
-            "steps": self.steps,
-            "seed": self.seed,
-            "status": self.status,
-            "schedule": self.stored.get("schedule"),
-        } | ({"map": self.block_map} if self.block_map else {})
-
-
-def references(study: optuna.Study) -> dict[str, StoredReference]:
-    """The study's reference runs by name, in the order the study stores them."""
-    return stored_references(study.user_attrs)
-
-
-def stored_references(study_attrs: Mapping[str, Any]) -> dict[str, StoredReference]:
-    """The reference runs in a study's attributes by name, in their stored order: the one reader of them."""
-    return {
-        k[len(REFERENCE_PREFIX) :]: StoredReference.of(k[len(REFERENCE_PREFIX) :], v)
-        for k, v in study_attrs.items()
-        if k.startswith(REFERENCE_PREFIX)
-    }
+            "reuse_map": as_list(ref.reuse_map),
+            "knobs": format_knobs(ref.knobs) if ref.knobs else None,
+            "flops_ratio": ref.flops_ratio,
+            "val_ppl": ref.val_ppl,
+            "val_bpb": ref.val_bpb,
+            "steps": ref.steps,
+            "seed": ref.seed,
+            "status": ref.status,
+            "schedule": as_list(ref.schedule),
+        } | ({"map": ref.block_map} if ref.block_map else {})
 
 
 def listed_trials(trials: Sequence[Trial]) -> list[TrialRecord]:
@@ -390,9 +339,9 @@ def listed_trials(trials: Sequence[Trial]) -> list[TrialRecord]:
     return [r for r in trial_records(trials) if r.state != TrialState.WAITING and not r.surplus]
 
 
-def reference_rows(study: optuna.Study) -> list[StoredReference]:
+def reference_rows(store: Store, study_attrs: Mapping[str, Any]) -> list[RunRecord]:
     """The study's reference runs in a listing's order (by name)."""
-    return [ref for _, ref in sorted(references(study).items())]
+    return [ref for _, ref in sorted(stored_references(store.reference_runs(), study_attrs).items())]
 
 
 def trained_trials(trials: Sequence[Trial]) -> list[TrialRecord]:

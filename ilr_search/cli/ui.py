@@ -882,7 +882,7 @@ def print_trials(report: StudyReport) -> None:
         if listing.references:
             rows_table(
                 "reference runs (trained outside the sampler's view)",
-                [r.row() for r in listing.references],
+                [r.to_dict() for r in listing.references],
                 ["reference", "reuse_map", "knobs", "flops_ratio", "val_ppl", "val_bpb", "seed", "status"],
                 droppable=["val_bpb", "seed", "status"],
             )

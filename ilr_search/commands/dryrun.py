@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ilr_search.analysis.results import has_result, stored_references
+from ilr_search.analysis.results import has_result
 from ilr_search.analysis.trials import trial_records
 from ilr_search.commands.autofuse import Layout, describe, resolve_layout
 from ilr_search.commands.layout import process_threads, race_processes
@@ -34,7 +34,7 @@ from ilr_search.search.run import (
     reference_runs,
 )
 from ilr_search.search.samplers import sampler_settings
-from ilr_search.storage import StorageSpec, open_storage, open_store
+from ilr_search.storage import StorageSpec, open_storage, open_store, study_references
 from ilr_search.training.device import resolve_compile, resolve_device
 from ilr_search.training.flops import flops_ratio
 from ilr_search.training.jobs import fusable
@@ -326,7 +326,7 @@ def dry_run_report(request: RunRequest, probe: bool = True) -> DryRunReport:
     names = [r.name for r in refs] + (
         ["second_seed"] if space.search.second_seed_reference and not any(r.name == "second_seed" for r in refs) else []
     )  # the best recurrent map at a second seed, once known
-    stored = stored_references(study.user_attrs) if study is not None else {}
+    stored = study_references(spec, study) if study is not None else {}
     done_refs = [n for n in names if n in stored]
     race = race_plan(plan, n_trials)
     if study is not None and race.runs_max:
@@ -401,7 +401,7 @@ def race_left(
     _, results, state = study_race(
         trial_records(study.get_trials(deepcopy=False)),
         study.user_attrs,
-        store.race_runs(),
+        store.runs(),
         plan.space.search.max_race_steps,
     )
     trained = sum(r.steps for r in results if r.is_run)

@@ -17,7 +17,7 @@ import optuna
 
 from ilr_search.analysis.map_key import map_text as key_map_text
 from ilr_search.analysis.race_core import RaceWords
-from ilr_search.analysis.results import finite_or_none, references, trained_by_map
+from ilr_search.analysis.results import finite_or_none, trained_by_map
 from ilr_search.analysis.trials import TrialRecord, trial_records
 from ilr_search.commands.standard_checkpoint import (
     SAVE_FORMATS,
@@ -38,7 +38,7 @@ from ilr_search.search.plan import stored_config
 from ilr_search.search.race_results import decided_front, race_report
 from ilr_search.search.studies import open_study
 from ilr_search.space import SpaceError, check_sizes
-from ilr_search.storage import open_store, parse_storage, study_storage
+from ilr_search.storage import open_store, parse_storage, study_references, study_storage
 from ilr_search.training.flops import flops_ratio, param_count
 from ilr_search.training.model import ILRTransformer
 from ilr_search.training.pretrained import check_exportable
@@ -153,12 +153,13 @@ def choose_map(view: StudySettingsView, map_text: str | None, trained_only: bool
     choice = parse_map_choice(map_text, n_layers)
     if not trained_only:
         return choice, f"map {choice.key}"
-    if choice.block and f"block{choice.block}" not in references(view.study):
+    references = study_references(parse_storage(view.storage, read_only=True), view.study) if choice.block else {}
+    if choice.block and f"block{choice.block}" not in references:
         whole = BlockMap(0, n_layers - 1, choice.block, n_layers)  # a study searching blocks trains blockK as this
         if whole.key in trained_by_map(list(trials)):
             choice = MapChoice.of(whole)
     if choice.block:
-        if f"block{choice.block}" not in references(view.study):
+        if f"block{choice.block}" not in references:
             raise UserInputError(
                 f"--map {map_text!r}: study {view.study.study_name!r} has no block{choice.block} "
                 "reference run; give a map it trained (ilr-search trials lists them)"
@@ -194,7 +195,7 @@ def default_map(view: StudySettingsView, trials: list[TrialRecord]) -> tuple[Map
         storage=study_storage(view.study),
     )
     attrs = view.study.user_attrs
-    race = race_report(trials, attrs, store.race_runs())
+    race = race_report(trials, attrs, store.runs())
     front = decided_front(trials, race)
     if not front:
         raise UserInputError(f"study {view.study.study_name!r} has no complete trial yet; give --map or run it first")
@@ -285,7 +286,7 @@ def measured_results(view: StudySettingsView, storage: str | None, choice: MapCh
     longer or extra-seed runs), the second-seed reference where it is that map, and a prediction (none:
     ilr-search makes no extrapolation yet)."""
     study = view.study
-    refs = references(study)
+    refs = study_references(parse_storage(storage, read_only=True), study)
     proxy: TrialProxy | ReferenceProxy | None = None
     if choice.block:
         ref = refs.get(f"block{choice.block}")

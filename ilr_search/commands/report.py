@@ -249,7 +249,7 @@ def _pareto(
     store = open_store(spec, study_name, read_only=True, storage=study_storage(study))
     report = study_report(study, spec, store)
     trials = trial_records(study.get_trials(deepcopy=False))
-    noise = noise_band(trials, study.user_attrs)
+    noise = noise_band(trials, report.references)
     front = mark_ties(study_front(trials), noise)
     race_front = mark_ties(report.front, noise)  # each point at its longest raced length
     decided = race_front if report.race is not None else decided_front(trials, None)  # with its noise ties
@@ -442,7 +442,9 @@ def export_trials(
         }
         record |= {f"param_{k}": v for k, v in sorted(t.params.items())}
         records.append(record)
-    for ref in reference_rows(study):  # marked by their name in `reference`, state REFERENCE, no trial number
+    for ref in reference_rows(
+        store, study.user_attrs
+    ):  # marked by their name in `reference`, state REFERENCE, no trial number
         records.append(
             {
                 "trial": None,

@@ -19,8 +19,8 @@ from ilr_search.search.progress import Event, RunReporter, StudyStarted, TrialFi
 from ilr_search.training.schedule import format_reuse_map
 
 if TYPE_CHECKING:
-    from ilr_search.analysis.results import StoredReference
     from ilr_search.analysis.trials import TrialRecord
+    from ilr_search.storage import RunRecord
 
 TRACKERS = ("tensorboard", "mlflow")
 
@@ -174,7 +174,7 @@ class TrackingReporter(RunReporter):
         self.study: str | None = None
         self.tracker: Tracker | None = None
         self.store: Any = None
-        self.references_before: dict[str, StoredReference] = {}
+        self.references_before: dict[str, RunRecord] = {}
 
     def __enter__(self) -> TrackingReporter:
         self.inner.__enter__()
@@ -231,16 +231,15 @@ class TrackingReporter(RunReporter):
             self.store = open_store(parse_storage(self.storage), self.study or "", read_only=True)
         return self.store
 
-    def _references(self) -> dict[str, StoredReference]:
-        from ilr_search.analysis.results import references
+    def _references(self) -> dict[str, RunRecord]:
         from ilr_search.search.studies import open_study
-        from ilr_search.storage import parse_storage
+        from ilr_search.storage import parse_storage, study_references
 
         spec = parse_storage(self.storage)
         if not spec.exists() or self.study is None:
             return {}
         try:
-            return references(open_study(spec, self.study))
+            return study_references(spec, open_study(spec, self.study))
         except UserInputError:  # not created yet
             return {}
 

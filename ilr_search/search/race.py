@@ -41,7 +41,7 @@ from ilr_search.search.race_results import (
     race_run_job,
     study_race,
 )
-from ilr_search.storage import Heartbeat, RaceRun, RaceRunJob, Store, grace_period, heartbeat_interval
+from ilr_search.storage import Heartbeat, RaceRunJob, RunRecord, Store, grace_period, heartbeat_interval
 from ilr_search.training.flops import baseline_flops_per_token, flops_ratio, forward_flops_per_token
 from ilr_search.training.jobs import fusable
 from ilr_search.training.schedule import map_of_key, reuse_map_schedule
@@ -259,7 +259,7 @@ def open_race_jobs(
     """The runs the racing policy asks for now that the storage does not hold yet (none where the race is done or
     off), with the race's settings and state, read from the study as it stands."""
     trials = trial_records(study.get_trials(deepcopy=False))
-    settings, results, state = study_race(trials, study.user_attrs, store.race_runs(), max_steps)
+    settings, results, state = study_race(trials, study.user_attrs, store.runs(), max_steps)
     have = {(r.map_key, r.steps, r.seed) for r in results}
     open_jobs = [j for j in state.next_jobs if (j.map_key, j.steps, j.seed) not in have]
     if state.done or not settings.races:  # (a race that is off trains nothing, not even an untrained baseline)
@@ -267,7 +267,7 @@ def open_race_jobs(
     return open_jobs, settings, state
 
 
-def held_runs(rows: Sequence[RaceRun], worker: str) -> set[RaceRunJob]:
+def held_runs(rows: Sequence[RunRecord], worker: str) -> set[RaceRunJob]:
     """The runs that other live workers train (their heartbeat within the grace period)."""
     now = time.time()
     return {r.job for r in rows if r.state == "running" and r.worker != worker and now - r.heartbeat <= grace_period()}

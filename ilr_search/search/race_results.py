@@ -25,7 +25,6 @@ from ilr_search.analysis.results import (
     key_reuse_map,
     knobs_text,
     map_text,
-    stored_references,
     study_front,
     trained_by_map,
     trained_trials,
@@ -40,11 +39,10 @@ from ilr_search.config import (
     race_target_steps,
     scored_by_item,
 )
-from ilr_search.knobs import config_key
 from ilr_search.search.plan import CONFIG_ATTR, LR_SCHEDULE_FIELDS
-from ilr_search.storage import RaceRun, RaceRunJob
+from ilr_search.storage import RaceRunJob, RunRecord, stored_references
 from ilr_search.training.flops import param_count
-from ilr_search.training.schedule import ReuseMap, format_reuse_map
+from ilr_search.training.schedule import ReuseMap
 
 FINAL_STATES = ("complete", "failed")  # of a race run; failed: the run diverged, it is not trained again
 
@@ -115,12 +113,12 @@ def race_run_job(job: RaceJob, base_steps: int) -> RaceRunJob:
 
 
 def stored_results(
-    trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows: Sequence[RaceRun]
+    trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows: Sequence[RunRecord]
 ) -> list[StoredResult]:
     """Every finished result of the study, one per (map, steps, seed): the trials' at the proxy's length
     (complete or diverged; a pruned trial has no result at a length the race knows), the reference runs of
     reuse maps, and the finished race runs; the first source of a (map, steps, seed) wins, in that
-    order."""
+    order. `rows`: the store's runs (Store.runs)."""
     config = study_attrs[CONFIG_ATTR]
     base_steps, base_seed = int(config["train"]["steps"]), int(config["train"]["seed"])
     schedule = lr_schedule(config)
@@ -143,26 +141,24 @@ def stored_results(
                 f"{TRIAL_SOURCE}{t.number}",
             )
         )
-    for name, ref in sorted(stored_references(study_attrs).items()):
+    for name, ref in sorted(stored_references(rows, study_attrs).items()):
         if not ref.reuse_map:  # block recurrence is no reuse map
             continue
-        assert ref.flops_ratio is not None and ref.seed is not None  # train_references stores both
-        key = config_key(ref.block_map or format_reuse_map(list(ref.reuse_map)), dict(ref.knobs))
         found.append(
             StoredResult(
-                key,
-                float(ref.flops_ratio),
+                ref.job.map_key,  # its map with its knobs (reference_run)
+                ref.flops_ratio,
                 base_steps,
-                int(ref.seed),
+                ref.seed,
                 schedule,
-                math.log(ref.val_ppl) if ref.val_ppl else None,
+                ref.val_loss,
                 ref.val_ppl,
                 ref.val_bpb,
                 f"{REFERENCE_SOURCE}{name}",
             )
         )
     for r in rows:
-        if r.state in FINAL_STATES:
+        if r.kind == "race" and r.state in FINAL_STATES:
             loss = r.val_loss if r.state == "complete" else None
             found.append(
                 StoredResult(
@@ -185,7 +181,7 @@ def stored_results(
 
 
 def study_race(
-    trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows: Sequence[RaceRun], max_steps: int | None = None
+    trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows: Sequence[RunRecord], max_steps: int | None = None
 ) -> tuple[RaceSettings, list[StoredResult], RaceState]:
     """The race's settings, the study's results, and the policy's decision on them. The policy sees the maps
     a trial trained to the proxy's length (and the baseline), and the equal-compute models (deepR): a pruned
@@ -278,7 +274,9 @@ def front_rows(
     return rows
 
 
-def race_report(trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows: Sequence[RaceRun]) -> RaceReport | None:
+def race_report(
+    trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows: Sequence[RunRecord]
+) -> RaceReport | None:
     """What `run`, `pareto`, `trials` and `studies` report of the race (analysis/race_report.py): its settings, every
     stored result, the policy's state, the decided front, the equal-compute comparison and the answer; None for a
     study not made by ilr-search (it has no race)."""

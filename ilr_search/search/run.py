@@ -18,12 +18,10 @@ from optuna.trial import FrozenTrial, TrialState
 
 from ilr_search.analysis.fidelity import best_recurrent
 from ilr_search.analysis.results import (
-    REFERENCE_PREFIX,
     FrontRow,
     as_list,
     finite_or_none,
     has_result,
-    stored_references,
     study_front,
 )
 from ilr_search.analysis.trials import record_of, trial_records
@@ -71,6 +69,8 @@ from ilr_search.storage import (
     open_storage,
     open_store,
     parse_storage,
+    reference_run,
+    stored_references,
     study_storage,
 )
 from ilr_search.training.flops import flops_ratio
@@ -636,7 +636,7 @@ def reference_runs(
 
 
 def train_references(run: SearchRun, share: tuple[int, int] = (0, 1), fuse: int = 1) -> None:
-    """Train the missing reference runs once per study and store them in the study's attributes (the second
+    """Train the missing reference runs once per study and store each in the store as it finishes (the second
     seed is trained again when the best recurrent map changed). With `share` (k, n), worker k of n trains
     the k-th, (k+n)-th, ... of them; whoever runs `run` last trains what is still missing. `fuse` K > 1: up
     to K of them of one model train fused, each at its own seed (the same results as one at a time); the run's
@@ -644,7 +644,7 @@ def train_references(run: SearchRun, share: tuple[int, int] = (0, 1), fuse: int 
     plan, study = run.plan, run.study
     k, n = share
     refs = reference_runs(plan, study.get_trials(deepcopy=False), study.user_attrs.get(ENQUEUED_BLOCKS_ATTR, ()))
-    done_before = stored_references(study.user_attrs)
+    done_before = stored_references(run.store.reference_runs(), study.user_attrs)
     missing = []
     for index, ref in enumerate(refs):
         stored = done_before.get(ref.name)
@@ -683,20 +683,20 @@ def train_references(run: SearchRun, share: tuple[int, int] = (0, 1), fuse: int 
         )
         for i, result in zip(members, results, strict=True):
             ref, model = missing[i], jobs[i].model
-            study.set_user_attr(
-                f"{REFERENCE_PREFIX}{ref.name}",
-                {
-                    "schedule": ref.schedule,
-                    "seed": ref.seed,
-                    "flops_ratio": flops_ratio(model, ref.schedule),
-                    "reuse_map": ref.reuse_map,
-                    "val_ppl": finite_or_none(result.val_ppl),
-                    "val_bpb": finite_or_none(result.val_bpb),
-                    "status": result.status,
-                    "steps": result.steps,
-                    "curve": [[p.step, p.val_loss] for p in result.curve],
-                }
-                | ({"knobs": ref.knobs} if ref.knobs else {})
-                | ({"map": ref.block_map} if ref.block_map else {}),
+            run.store.save_reference(
+                reference_run(
+                    ref.name,
+                    ref.schedule,
+                    ref.seed,
+                    flops_ratio(model, ref.schedule),
+                    ref.reuse_map,
+                    ref.knobs,
+                    ref.block_map,
+                    finite_or_none(result.val_ppl),
+                    finite_or_none(result.val_bpb),
+                    result.status,
+                    result.steps,
+                    [(p.step, p.val_loss) for p in result.curve],
+                )
             )
             run.reporter.on(ReferenceFinished(ref.name))

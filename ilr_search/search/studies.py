@@ -17,13 +17,12 @@ from ilr_search.analysis.results import (
     FrontRow,
     LayerView,
     RaceRunRow,
-    StoredReference,
+    ReferenceRow,
     TrialRow,
     curves_by_trial,
     listed_trials,
     race_run_rows,
     reference_rows,
-    references,
     study_front,
     trial_rows,
 )
@@ -33,7 +32,17 @@ from ilr_search.errors import UserInputError
 from ilr_search.search.phases import PhaseRecord
 from ilr_search.search.plan import SAMPLER_ATTR, StudyLayout, stored_config, stored_layouts
 from ilr_search.search.race_results import RACE_POINT_FIELDS, foreign_answer, race_report
-from ilr_search.storage import StorageSpec, Store, open_storage, open_store, parse_storage, study_id, study_storage
+from ilr_search.storage import (
+    RunRecord,
+    StorageSpec,
+    Store,
+    open_storage,
+    open_store,
+    parse_storage,
+    stored_references,
+    study_id,
+    study_storage,
+)
 
 FRONT_FIELDS = ("trial", "reuse_map", "flops_ratio", "val_ppl", "val_bpb")  # of a front point in `run --json`
 PARETO_FIELDS = ("trial", "reuse_map", "map", "knobs", "flops_ratio", "val_ppl", "val_bpb", "params", "within_noise_of")
@@ -47,7 +56,7 @@ class TrialListing:
     had when it began (plan.stored_layouts)."""
 
     rows: tuple[TrialRow, ...]
-    references: tuple[StoredReference, ...]
+    references: tuple[ReferenceRow, ...]
     race_runs: tuple[RaceRunRow, ...]
     layouts: tuple[tuple[StudyLayout, int], ...] = ()
 
@@ -77,7 +86,7 @@ class StudyReport:
     study: str
     storage: str  # its URL, the password masked
     trials: tuple[TrialRecord, ...]
-    references: Mapping[str, StoredReference]  # name -> the stored reference run
+    references: Mapping[str, RunRecord]  # name -> the stored reference run (kind reference)
     race: RaceReport | None
     fidelity: Fidelity
     answer: Answer
@@ -140,9 +149,6 @@ class StudyReport:
     def reference_steps(self) -> int:
         return sum(int(r.steps or 0) for r in self.references.values())
 
-    def _references_json(self) -> dict[str, Any]:
-        return {name: r.to_dict() for name, r in self.references.items()}
-
     def to_json(self) -> dict[str, Any]:
         """What `trials --json` (with a listing), `pareto --json` (with a front view) or `run --json` prints."""
         race = self.race
@@ -162,7 +168,7 @@ class StudyReport:
             return {
                 "study": self.study,
                 "trials": [r.to_dict() for r in self.listing.rows],
-                "references": [r.row() for r in self.listing.references],
+                "references": [r.to_dict() for r in self.listing.references],
                 "race_runs": [r.to_dict() for r in self.listing.race_runs],
                 "fidelity": self.fidelity.to_dict(),
                 "race": race_parts["race"],
@@ -176,13 +182,13 @@ class StudyReport:
             return (
                 {
                     "study": self.study,
-                    "pareto": [_fields(p.to_dict(), (*PARETO_FIELDS, *RACE_POINT_FIELDS)) for p in view.front],
-                    "proxy_pareto": [_fields(p.to_dict(), PARETO_FIELDS) for p in view.proxy_front],
+                    "pareto": [p.to_dict((*PARETO_FIELDS, *RACE_POINT_FIELDS)) for p in view.front],
+                    "proxy_pareto": [p.to_dict(PARETO_FIELDS) for p in view.proxy_front],
                     **common,
                     **race_parts,
                     "noise": view.noise.to_dict() if view.noise is not None else None,
                     "front_history": dict(view.front_history),
-                    "references": self._references_json(),
+                    "references": {name: r.to_dict() for name, r in self.references.items()},
                     "fidelity": self.fidelity.to_dict(),
                 }
                 | ({"layers": view.layers.to_dict()} if view.layers is not None else {})
@@ -199,11 +205,17 @@ class StudyReport:
             "steps_saved_by_pruning": self.steps_saved_by_pruning,
             "reference_steps": self.reference_steps,
             "race_steps": self.race_steps,
-            "pareto": [_front_item(p, (*FRONT_FIELDS, *RACE_POINT_FIELDS)) for p in self.front],
-            "proxy_pareto": [_front_item(p, FRONT_FIELDS) for p in self.proxy_front],
+            # a front point of `run --json`: its fields, and its knobs where any is on
+            "pareto": [
+                p.to_dict((*FRONT_FIELDS, *RACE_POINT_FIELDS)) | ({"knobs": p.knobs} if p.knobs else {})
+                for p in self.front
+            ],
+            "proxy_pareto": [
+                p.to_dict(FRONT_FIELDS) | ({"knobs": p.knobs} if p.knobs else {}) for p in self.proxy_front
+            ],
             **common,
             **race_parts,
-            "references": self._references_json(),
+            "references": {name: r.to_dict() for name, r in self.references.items()},
             "fidelity": self.fidelity.to_dict(),
             "interrupted": self.interrupted,
             "sampler": self.settings.sampler.to_dict() if self.settings else None,
@@ -218,25 +230,17 @@ class StudyReport:
         return report
 
 
-def _fields(point: Mapping[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
-    return {k: point[k] for k in fields}
-
-
-def _front_item(point: FrontRow, fields: tuple[str, ...]) -> dict[str, Any]:
-    """A front point of `run --json`: its fields, and its knobs where any is on."""
-    return _fields(point.to_dict(), fields) | ({"knobs": point.knobs} if point.knobs else {})
-
-
 def study_report(study: optuna.Study, spec: StorageSpec, store: Store) -> StudyReport:
     """The study's report (StudyReport): what every command that shows a study reads, built here only."""
     records = trial_records(study.get_trials(deepcopy=False))
-    race = race_report(records, study.user_attrs, store.race_runs())
+    runs = store.runs()
+    race = race_report(records, study.user_attrs, runs)
     stored = study.user_attrs.get(SAMPLER_ATTR)
     return StudyReport(
         study=study.study_name,
         storage=spec.masked,
         trials=tuple(listed_trials(records)),
-        references=references(study),
+        references=stored_references(runs, study.user_attrs),
         race=race,
         fidelity=fidelity_of(study, store, records),
         answer=race.answer if race is not None else foreign_answer(records),
@@ -261,7 +265,7 @@ def fidelity_of(study: optuna.Study, store: Store, trials: Sequence[Trial] | Non
         study.study_name,
         trials,
         curves_by_trial(store.curve_points()),
-        study.user_attrs,
+        stored_references(store.reference_runs(), study.user_attrs),
         final_step,
         audit_reports(trials, store.race_runs()),
     )
@@ -375,7 +379,7 @@ def list_studies(storage: str | None = None) -> StudyListing:
         trials = listed_trials(study.get_trials(deepcopy=False))
         ppls = [t.val_ppl for t in trained_results(trials) if t.val_ppl is not None]
         store = open_store(spec, summary.study_name, read_only=True, storage=st)
-        race = race_report(trials, study.user_attrs, store.race_runs()) if config else None
+        race = race_report(trials, study.user_attrs, store.runs()) if config else None
         best = race.best if race is not None else None
         if race is not None and race.settings.judged != "ppl":  # its losses are no log-perplexities: its answer says
             ppls = []
@@ -412,7 +416,7 @@ def trials_report(study_name: str, storage: str | None = None) -> StudyReport:
 
     listing = TrialListing(
         tuple(trial_rows(list(report.trials), store.curve_points(), store.train_curve_points())),
-        tuple(reference_rows(study)),
+        tuple(ReferenceRow(r) for r in reference_rows(store, study.user_attrs)),
         tuple(race_run_rows(store.race_runs(), study.user_attrs)),
         tuple(stored_layouts(study.user_attrs)),
     )

@@ -4,24 +4,37 @@
 - optuna_storage: Optuna's storage for a spec (journal, SQLite with an atomic pop, or a server): open_storage;
   a trial's attributes written in one transaction: set_trial_user_attrs;
 - heartbeat: how often running work beats and when silence means it died: Heartbeat;
-- store: the project's own records beside Optuna's trials (claims, curves, pruning, fronts, race runs): Store;
+- store: the project's own records beside Optuna's trials (claims, curves, pruning, fronts, and the race and
+  reference runs as RunRecord): Store;
 - sql_store, journal_store: the Store in the study's SQL database, or in a file beside a journal;
 - optuna_compat: the one door to Optuna's private names (a study's storage, trial ids, heartbeats...);
-- opening: the Store of a spec, on the engine of the Optuna storage open there: open_store.
+- opening: the Store of a spec, on the engine of the Optuna storage open there: open_store; a study's
+  reference runs read through it: study_references.
 """
 
 from ilr_search.storage.heartbeat import Heartbeat, grace_period, heartbeat_interval
 from ilr_search.storage.journal_store import JournalStore
-from ilr_search.storage.opening import open_store
+from ilr_search.storage.opening import open_store, study_references
 from ilr_search.storage.optuna_compat import heartbeat_thread, study_id, study_storage, trial_id
 from ilr_search.storage.optuna_storage import open_storage, set_trial_user_attrs
 from ilr_search.storage.sql_store import SQLStore
-from ilr_search.storage.store import CurvePoint, RaceRun, RaceRunJob, Store, TrainCurvePoint
+from ilr_search.storage.store import (
+    CurvePoint,
+    RaceRunJob,
+    RunRecord,
+    Store,
+    TrainCurvePoint,
+    reference_run,
+    stored_references,
+)
 from ilr_search.storage.urls import StorageSpec, parse_storage
 
 __all__ = [
     "RaceRunJob",
-    "RaceRun",
+    "RunRecord",
+    "reference_run",
+    "stored_references",
+    "study_references",
     "CurvePoint",
     "Heartbeat",
     "JournalStore",

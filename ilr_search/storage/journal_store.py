@@ -1,5 +1,6 @@
 """`JournalStore`: the project's records of a study on journal storage (no SQL database), as JSON lines in a
-file beside the journal, serialised by an flock."""
+file beside the journal, serialised by an flock. A journal study stored before schema 3 keeps its reference runs
+in its study attributes too (a journal forgets nothing): stored_references reads them there."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from typing import Any
 from ilr_search.storage.store import (
     CurvePoint,
     PruningRecord,
-    RaceRun,
     RaceRunJob,
+    RunRecord,
     Store,
     StoredFrontPoint,
     TrainCurvePoint,
@@ -202,7 +203,16 @@ class JournalStore(Store):
     def _finish_race_run(self, job: RaceRunJob, worker: str, result: dict[str, Any]) -> bool:
         return self._race_run_update(job, worker, heartbeat=time.time(), **result)
 
-    def race_runs(self) -> list[RaceRun]:
+    def race_runs(self) -> list[RunRecord]:
         with self._locked() as records:
             latest = self._race_runs_latest(records)
-        return [RaceRun.from_record(r) for _, r in sorted(latest.items())]
+        return [RunRecord.from_record(r) for _, r in sorted(latest.items())]
+
+    def save_reference(self, run: RunRecord) -> None:
+        with self._locked():
+            self._append({**run.to_record(), "kind": "reference"})
+
+    def reference_runs(self) -> list[RunRecord]:
+        with self._locked() as records:
+            latest = {r["name"]: r for r in self._mine(records, "reference")}  # a name keeps its first place
+        return [RunRecord.from_record(r, "reference") for r in latest.values()]

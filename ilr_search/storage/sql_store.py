@@ -1,5 +1,6 @@
-"""The project's tables in the study's SQL database, beside Optuna's (which are never altered), and `SQLStore`
-on them.
+"""The project's tables in the study's SQL database, beside Optuna's, and `SQLStore` on them. Optuna's tables are
+never altered, except that migrating a database stored before schema version 3 moves its reference runs out of
+Optuna's study attributes.
 
 - ilr_schema: the schema version;
 - ilr_map_claims: which trial trains which reuse map;
@@ -9,12 +10,13 @@ on them.
 - ilr_pruning: why each pruned trial was pruned;
 - ilr_fronts: the Pareto front each time a trial completes, keyed by how many completed trials it is
   computed from (its history; the largest key is the current front);
-- ilr_run_scores: a frozen race run's score of each window or item of its chunk;
-- ilr_race_runs: the race runs, every run beyond the trials and references (the race's longer or extra-seed
-  runs, and the audit's longer retrainings, `ilr-search audit`, which the race reads as its own): one row per
-  (factor, seed, map), claimed by the worker that trains it, with its heartbeat, result and learning curve.
-  Schema version 1 called it ilr_audit: opening an older database for writing renames it (migrate_schema),
-  and a read-only opening reads the old name.
+- ilr_runs: every run beyond the trials (RunRecord), one row per (kind, name). Kind "race": the race's longer or
+  extra-seed runs and the audit's longer retrainings (`ilr-search audit`, which the race reads as its own), one
+  per (factor, seed, map), claimed by the worker that trains it, with its heartbeat, result, learning curve and
+  a frozen run's per-unit scores. Kind "reference": the reference runs, written once each finishes.
+  Before schema version 3 the race runs had tables of their own (ilr_audit, then ilr_race_runs with
+  ilr_run_scores) and the reference runs were study attributes: opening such a database for writing moves them
+  (migrate_schema), and a read-only opening reads them where they are.
 
 Created on first use; every write is one short transaction, safe with several writers.
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -31,18 +34,20 @@ from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
 from ilr_search.errors import UserInputError
 from ilr_search.storage.store import (
+    REFERENCE_PREFIX,
     CurvePoint,
     PruningRecord,
-    RaceRun,
     RaceRunJob,
+    RunRecord,
     Store,
     StoredFrontPoint,
     TrainCurvePoint,
+    attr_references,
 )
 
 log = logging.getLogger("ilr_search")
 
-SCHEMA_VERSION = 2  # 2: ilr_audit renamed ilr_race_runs
+SCHEMA_VERSION = 3  # 2: ilr_audit renamed ilr_race_runs; 3: race and reference runs in ilr_runs
 
 metadata = sa.MetaData()
 
@@ -107,42 +112,74 @@ fronts_table = sa.Table(
 )
 
 
-race_runs_table = sa.Table(
-    "ilr_race_runs",
+def _run_columns() -> list[sa.Column]:
+    """A run's job (factor, seed, map), holder, heartbeat and result: the columns of the race runs' table of every
+    schema version."""
+    return [
+        sa.Column("factor", sa.String(32), nullable=False),
+        sa.Column("seed", sa.Integer, nullable=False),
+        sa.Column("map_key", sa.String(256), nullable=False),
+        sa.Column("worker", sa.String(64), nullable=False),
+        sa.Column("heartbeat", sa.Float, nullable=False),
+        sa.Column("state", sa.String(16), nullable=False),  # running | complete | failed (diverged) | interrupted
+        sa.Column("flops_ratio", sa.Float, nullable=False),
+        sa.Column("steps", sa.Integer, nullable=False),
+        sa.Column("val_loss", sa.Float, nullable=True),
+        sa.Column("val_ppl", sa.Float, nullable=True),
+        sa.Column("val_bpb", sa.Float, nullable=True),
+        sa.Column("curve", sa.Text, nullable=True),  # JSON [[step, val_loss], ...]
+        sa.Column("seconds", sa.Float, nullable=True),
+        sa.Column("reason", sa.Text, nullable=True),
+    ]
+
+
+runs_table = sa.Table(
+    "ilr_runs",
     metadata,
     sa.Column("study", sa.String(512), primary_key=True),
-    sa.Column("factor", sa.String(32), primary_key=True),
-    sa.Column("seed", sa.Integer, primary_key=True),
-    sa.Column("map_key", sa.String(256), primary_key=True),
-    sa.Column("worker", sa.String(64), nullable=False),
-    sa.Column("heartbeat", sa.Float, nullable=False),
-    sa.Column("state", sa.String(16), nullable=False),  # running | complete | failed (diverged) | interrupted
-    sa.Column("flops_ratio", sa.Float, nullable=False),
-    sa.Column("steps", sa.Integer, nullable=False),
-    sa.Column("val_loss", sa.Float, nullable=True),
-    sa.Column("val_ppl", sa.Float, nullable=True),
-    sa.Column("val_bpb", sa.Float, nullable=True),
-    sa.Column("curve", sa.Text, nullable=True),  # JSON [[step, val_loss], ...]
-    sa.Column("seconds", sa.Float, nullable=True),
-    sa.Column("reason", sa.Text, nullable=True),
+    sa.Column("kind", sa.String(16), primary_key=True),  # race | reference
+    sa.Column("name", sa.String(512), primary_key=True),  # a reference's name; a race run's job (race_run_name)
+    *_run_columns(),
+    sa.Column("scores", sa.Text, nullable=True),  # JSON [score, ...] in unit order (a frozen run's)
+    sa.Column("schedule", sa.Text, nullable=True),  # JSON (a reference's, as its other fields below)
+    sa.Column("reuse_map", sa.Text, nullable=True),  # JSON
+    sa.Column("knobs", sa.Text, nullable=True),  # JSON
+    sa.Column("block_map", sa.String(256), nullable=True),
+    sa.Column("status", sa.String(16), nullable=True),
 )
 
-# A frozen run's per-unit scores (what the race pairs by item), one row a race run that has them; added after
-# ilr_race_runs, as a table of its own so that an older database gains it on its next opening for writing with no
-# change to its rows, and reads without it as runs with no scores.
-run_scores_table = sa.Table(
+# Before schema version 3: the race runs in a table of their own (ilr_audit in version 1, ilr_race_runs in 2), a
+# frozen run's scores beside them, and the reference runs in study attributes. Read where such a database is opened
+# read-only; opening it for writing moves them into ilr_runs (migrate_schema).
+legacy_metadata = sa.MetaData()
+LEGACY_RACE_RUNS = ("ilr_audit", "ilr_race_runs")  # oldest first
+legacy_race_runs_tables = {
+    name: sa.Table(name, legacy_metadata, sa.Column("study", sa.String(512)), *_run_columns())
+    for name in LEGACY_RACE_RUNS
+}
+legacy_scores_table = sa.Table(
     "ilr_run_scores",
-    metadata,
+    legacy_metadata,
     sa.Column("study", sa.String(512), primary_key=True),
     sa.Column("factor", sa.String(32), primary_key=True),
     sa.Column("seed", sa.Integer, primary_key=True),
     sa.Column("map_key", sa.String(256), primary_key=True),
-    sa.Column("scores", sa.Text, nullable=False),  # JSON [score, ...] in unit order
+    sa.Column("scores", sa.Text, nullable=False),
+)
+# Optuna's tables of studies and their attributes, as far as the migration reads them.
+optuna_studies = sa.table("studies", sa.column("study_id"), sa.column("study_name"))
+optuna_study_attrs = sa.table(
+    "study_user_attributes",
+    sa.column("study_user_attribute_id"),
+    sa.column("study_id"),
+    sa.column("key"),
+    sa.column("value_json"),
 )
 
-LEGACY_RACE_RUNS = "ilr_audit"  # the race runs' table in schema version 1
-# The same columns under the old name, for reading a version-1 database opened read-only (never created).
-legacy_race_runs_table = race_runs_table.to_metadata(sa.MetaData(), name=LEGACY_RACE_RUNS)
+
+def race_run_name(job: RaceRunJob) -> str:
+    """A race run's name in ilr_runs: its factor, seed and map."""
+    return f"{job.factor}:{job.seed}:{job.map_key}"
 
 
 LOCK_WAIT_S = 120.0  # total wait for another SQLite writer, the busy timeout of each attempt included
@@ -178,9 +215,12 @@ class SQLStore(Store):
         else:
             ensure_schema(engine)
             self.tables = set(metadata.tables)
-        # A version-1 database read without migrating keeps its race runs under the old name.
-        legacy = race_runs_table.name not in self.tables and LEGACY_RACE_RUNS in self.tables
-        self.runs = legacy_race_runs_table if legacy else race_runs_table
+        # A database of schema version 1 or 2 read without migrating keeps its race runs in their old table.
+        self.legacy_runs = None
+        if runs_table.name not in self.tables:
+            self.legacy_runs = next(
+                (legacy_race_runs_tables[n] for n in reversed(LEGACY_RACE_RUNS) if n in self.tables), None
+            )
 
     @_retry_locked
     def claim(self, map_key: str, trial_number: int) -> int:
@@ -210,33 +250,46 @@ class SQLStore(Store):
             )
             return moved.rowcount == 1
 
+    def _replace(self, table: sa.Table, where: Any, rows: list[dict[str, Any]]) -> None:
+        """In one transaction: delete the study's rows of `table` that `where` picks and insert `rows` (each with
+        the study's name added) in their place."""
+        with self.engine.begin() as conn:
+            conn.execute(table.delete().where(table.c.study == self.study, where))
+            if rows:
+                conn.execute(table.insert(), [{"study": self.study, **r} for r in rows])
+
+    def _rows(self, table: sa.Table, *where: Any, order: Sequence[Any] = ()) -> Sequence[sa.Row]:
+        """The study's rows of `table` that `where` picks, ordered by `order`; none where the table is not there
+        (a read-only opening of a database made before it)."""
+        if table.name not in self.tables:
+            return []
+        with self.engine.connect() as conn:
+            return conn.execute(sa.select(table).where(table.c.study == self.study, *where).order_by(*order)).all()
+
     @_retry_locked
     def add_curve_point(self, point: CurvePoint, tokens: int) -> None:
-        with self.engine.begin() as conn:
-            conn.execute(
-                curves_table.delete().where(
-                    curves_table.c.study == self.study,
-                    curves_table.c.trial_number == point.trial_number,
-                    curves_table.c.step == point.step,
-                )
-            )
-            conn.execute(
-                curves_table.insert().values(
-                    study=self.study,
-                    trial_number=point.trial_number,
-                    step=point.step,
-                    map_key=point.map_key,
-                    flops_ratio=point.flops_ratio,
-                    val_loss=point.val_loss,
-                    tokens=tokens,
-                )
-            )
+        c = curves_table.c
+        self._replace(
+            curves_table,
+            sa.and_(c.trial_number == point.trial_number, c.step == point.step),
+            [
+                {
+                    "trial_number": point.trial_number,
+                    "step": point.step,
+                    "map_key": point.map_key,
+                    "flops_ratio": point.flops_ratio,
+                    "val_loss": point.val_loss,
+                    "tokens": tokens,
+                }
+            ],
+        )
 
     @_retry_locked
     def holds_records(self) -> bool:
         tables = [
             t
-            for t in (claims_table, curves_table, train_curves_table, pruning_table, fronts_table, self.runs)
+            for t in (claims_table, curves_table, train_curves_table, pruning_table, fronts_table, runs_table)
+            + ((self.legacy_runs,) if self.legacy_runs is not None else ())
             if t.name in self.tables
         ]
         with self.engine.connect() as conn:
@@ -247,114 +300,88 @@ class SQLStore(Store):
 
     @_retry_locked
     def curve_points(self, step: int | None = None) -> list[CurvePoint]:
-        if curves_table.name not in self.tables:
-            return []
-        query = sa.select(curves_table).where(curves_table.c.study == self.study)
-        if step is not None:
-            query = query.where(curves_table.c.step == step)
-        with self.engine.connect() as conn:
-            rows = conn.execute(query.order_by(curves_table.c.trial_number, curves_table.c.step)).all()
+        c = curves_table.c
+        at_step = () if step is None else (c.step == step,)
+        rows = self._rows(curves_table, *at_step, order=(c.trial_number, c.step))
         return [CurvePoint(r.trial_number, r.step, r.val_loss, r.flops_ratio, r.map_key, r.tokens) for r in rows]
 
     @_retry_locked
     def add_train_curve(self, points: list[TrainCurvePoint]) -> None:
         if not points:
             return
-        with self.engine.begin() as conn:
-            for trial_number in {p.trial_number for p in points}:
-                conn.execute(
-                    train_curves_table.delete().where(
-                        train_curves_table.c.study == self.study,
-                        train_curves_table.c.trial_number == trial_number,
-                        train_curves_table.c.step.in_([p.step for p in points if p.trial_number == trial_number]),
-                    )
-                )
-            conn.execute(
-                train_curves_table.insert(),
-                [
-                    {
-                        "study": self.study,
-                        "trial_number": p.trial_number,
-                        "step": p.step,
-                        "map_key": p.map_key,
-                        "loss": p.loss,
-                        "tokens": p.tokens,
-                    }
-                    for p in points
-                ],
-            )
+        c = train_curves_table.c
+        steps: dict[int, list[int]] = {}
+        for p in points:
+            steps.setdefault(p.trial_number, []).append(p.step)
+        self._replace(
+            train_curves_table,
+            sa.or_(*(sa.and_(c.trial_number == n, c.step.in_(at)) for n, at in steps.items())),
+            [
+                {
+                    "trial_number": p.trial_number,
+                    "step": p.step,
+                    "map_key": p.map_key,
+                    "loss": p.loss,
+                    "tokens": p.tokens,
+                }
+                for p in points
+            ],
+        )
 
     @_retry_locked
     def train_curve_points(self) -> list[TrainCurvePoint]:
-        if train_curves_table.name not in self.tables:
-            return []
-        query = sa.select(train_curves_table).where(train_curves_table.c.study == self.study)
-        with self.engine.connect() as conn:
-            rows = conn.execute(query.order_by(train_curves_table.c.trial_number, train_curves_table.c.step)).all()
+        c = train_curves_table.c
+        rows = self._rows(train_curves_table, order=(c.trial_number, c.step))
         return [TrainCurvePoint(r.trial_number, r.step, r.tokens, r.loss, r.map_key) for r in rows]
 
     @_retry_locked
     def record_pruning(
         self, trial_number: int, step: int, val_loss: float, flops_ratio: float, dominated_by: list[int], reason: str
     ) -> None:
-        with self.engine.begin() as conn:
-            conn.execute(
-                pruning_table.delete().where(
-                    pruning_table.c.study == self.study, pruning_table.c.trial_number == trial_number
-                )
-            )
-            conn.execute(
-                pruning_table.insert().values(
-                    study=self.study,
-                    trial_number=trial_number,
-                    step=step,
-                    val_loss=val_loss,
-                    flops_ratio=flops_ratio,
-                    dominated_by=json.dumps(dominated_by),
-                    reason=reason,
-                )
-            )
+        self._replace(
+            pruning_table,
+            pruning_table.c.trial_number == trial_number,
+            [
+                {
+                    "trial_number": trial_number,
+                    "step": step,
+                    "val_loss": val_loss,
+                    "flops_ratio": flops_ratio,
+                    "dominated_by": json.dumps(dominated_by),
+                    "reason": reason,
+                }
+            ],
+        )
 
     @_retry_locked
     def pruning_records(self) -> dict[int, PruningRecord]:
-        if pruning_table.name not in self.tables:
-            return {}
-        with self.engine.connect() as conn:
-            rows = conn.execute(sa.select(pruning_table).where(pruning_table.c.study == self.study)).all()
         return {
             r.trial_number: PruningRecord(
                 r.step, r.val_loss, r.flops_ratio, tuple(json.loads(r.dominated_by)), r.reason
             )
-            for r in rows
+            for r in self._rows(pruning_table)
         }
 
     @_retry_locked
     def save_front(self, n_complete: int, front: list[dict[str, Any]]) -> None:
         try:
-            with self.engine.begin() as conn:
-                conn.execute(
-                    fronts_table.delete().where(
-                        fronts_table.c.study == self.study, fronts_table.c.n_complete == n_complete
-                    )
-                )
-                if front:
-                    conn.execute(
-                        fronts_table.insert(),
-                        [
-                            {
-                                "study": self.study,
-                                "n_complete": n_complete,
-                                "position": i,
-                                "trial_number": p["trial"],
-                                "reuse_map": ",".join(map(str, p["reuse_map"])),
-                                "flops_ratio": p["flops_ratio"],
-                                "val_ppl": p["val_ppl"],
-                                "val_bpb": p.get("val_bpb"),
-                                "params": p.get("params"),
-                            }
-                            for i, p in enumerate(front)
-                        ],
-                    )
+            self._replace(
+                fronts_table,
+                fronts_table.c.n_complete == n_complete,
+                [
+                    {
+                        "n_complete": n_complete,
+                        "position": i,
+                        "trial_number": p["trial"],
+                        "reuse_map": ",".join(map(str, p["reuse_map"])),
+                        "flops_ratio": p["flops_ratio"],
+                        "val_ppl": p["val_ppl"],
+                        "val_bpb": p.get("val_bpb"),
+                        "params": p.get("params"),
+                    }
+                    for i, p in enumerate(front)
+                ],
+            )
         except IntegrityError:
             # Another worker saved this count's front between our delete and insert (PostgreSQL, read
             # committed). The same count is the same set of complete trials, so its front is ours: done.
@@ -362,16 +389,8 @@ class SQLStore(Store):
 
     @_retry_locked
     def front_history(self) -> dict[int, list[StoredFrontPoint]]:
-        if fronts_table.name not in self.tables:
-            return {}
-        with self.engine.connect() as conn:
-            rows = conn.execute(
-                sa.select(fronts_table)
-                .where(fronts_table.c.study == self.study)
-                .order_by(fronts_table.c.n_complete, fronts_table.c.position)
-            ).all()
         history: dict[int, list[StoredFrontPoint]] = {}
-        for r in rows:
+        for r in self._rows(fronts_table, order=(fronts_table.c.n_complete, fronts_table.c.position)):
             history.setdefault(r.n_complete, []).append(
                 StoredFrontPoint(
                     r.trial_number,
@@ -385,8 +404,8 @@ class SQLStore(Store):
         return history
 
     def _race_run_where(self, job: RaceRunJob) -> Any:
-        t = self.runs.c
-        return sa.and_(t.study == self.study, t.factor == job.factor, t.seed == job.seed, t.map_key == job.map_key)
+        t = runs_table.c
+        return sa.and_(t.study == self.study, t.kind == "race", t.name == race_run_name(job))
 
     @_retry_locked
     def claim_race_run(self, job: RaceRunJob, worker: str, flops_ratio: float, steps: int, stale_after: float) -> bool:
@@ -394,8 +413,10 @@ class SQLStore(Store):
         try:
             with self.engine.begin() as conn:
                 conn.execute(
-                    self.runs.insert().values(
+                    runs_table.insert().values(
                         study=self.study,
+                        kind="race",
+                        name=race_run_name(job),
                         factor=job.factor,
                         seed=job.seed,
                         map_key=job.map_key,
@@ -410,17 +431,17 @@ class SQLStore(Store):
         except IntegrityError:
             pass
         with self.engine.begin() as conn:
-            row = conn.execute(sa.select(self.runs).where(self._race_run_where(job))).mappings().one()
+            row = conn.execute(sa.select(runs_table).where(self._race_run_where(job))).mappings().one()
             if row["state"] in ("complete", "failed") or (
                 row["state"] == "running" and row["worker"] != worker and now - row["heartbeat"] <= stale_after
             ):
                 return False
             moved = conn.execute(
-                self.runs.update()
+                runs_table.update()
                 .where(
                     self._race_run_where(job),
-                    self.runs.c.worker == row["worker"],
-                    self.runs.c.heartbeat == row["heartbeat"],
+                    runs_table.c.worker == row["worker"],
+                    runs_table.c.heartbeat == row["heartbeat"],
                 )
                 .values(worker=worker, heartbeat=now, state="running", steps=steps, flops_ratio=flops_ratio)
             )
@@ -430,88 +451,135 @@ class SQLStore(Store):
     def beat_race_run(self, job: RaceRunJob, worker: str) -> None:
         with self.engine.begin() as conn:
             conn.execute(
-                self.runs.update()
-                .where(self._race_run_where(job), self.runs.c.worker == worker, self.runs.c.state == "running")
+                runs_table.update()
+                .where(self._race_run_where(job), runs_table.c.worker == worker, runs_table.c.state == "running")
                 .values(heartbeat=time.time())
             )
 
     @_retry_locked
     def _finish_race_run(self, job: RaceRunJob, worker: str, result: dict[str, Any]) -> bool:
-        row = dict(result)
-        scores = row.pop("scores", None)
         with self.engine.begin() as conn:
             done = conn.execute(
-                self.runs.update()
-                .where(self._race_run_where(job), self.runs.c.worker == worker)
-                .values(heartbeat=time.time(), **row)
+                runs_table.update()
+                .where(self._race_run_where(job), runs_table.c.worker == worker)
+                .values(heartbeat=time.time(), **result)
             )
-            if done.rowcount == 1 and scores is not None:
-                where = run_scores_table.c
-                conn.execute(
-                    run_scores_table.delete().where(
-                        where.study == self.study,
-                        where.factor == job.factor,
-                        where.seed == job.seed,
-                        where.map_key == job.map_key,
-                    )
-                )
-                conn.execute(
-                    run_scores_table.insert().values(
-                        study=self.study, factor=job.factor, seed=job.seed, map_key=job.map_key, scores=scores
-                    )
-                )
             return done.rowcount == 1
 
     @_retry_locked
-    def race_runs(self) -> list[RaceRun]:
-        if self.runs.name not in self.tables:
-            return []
+    def race_runs(self) -> list[RunRecord]:
+        if self.legacy_runs is not None:
+            return self._legacy_race_runs(self.legacy_runs)
+        t = runs_table.c
+        rows = self._rows(runs_table, t.kind == "race", order=(t.factor, t.seed, t.map_key))
+        return [RunRecord.from_record(dict(r._mapping)) for r in rows]
+
+    def _legacy_race_runs(self, table: sa.Table) -> list[RunRecord]:
+        """The race runs of a database of schema version 1 or 2, with their scores where it has them."""
         with self.engine.connect() as conn:
-            rows = (
-                conn.execute(
-                    sa.select(self.runs)
-                    .where(self.runs.c.study == self.study)
-                    .order_by(self.runs.c.factor, self.runs.c.seed, self.runs.c.map_key)
-                )
-                .mappings()
-                .all()
+            return [RunRecord.from_record(r) for r in _legacy_race_rows(conn, table, self.tables, self.study)]
+
+    @_retry_locked
+    def save_reference(self, run: RunRecord) -> None:
+        t = runs_table.c
+        try:
+            self._replace(
+                runs_table,
+                sa.and_(t.kind == "reference", t.name == run.name),
+                [{"kind": "reference", **run.to_record()}],
             )
-            scores = {}
-            if run_scores_table.name in self.tables:
-                found = conn.execute(sa.select(run_scores_table).where(run_scores_table.c.study == self.study)).all()
-                scores = {(r.factor, r.seed, r.map_key): r.scores for r in found}
-        return [
-            RaceRun.from_record(dict(r) | {"scores": scores.get((r["factor"], r["seed"], r["map_key"]))}) for r in rows
-        ]
+        except IntegrityError:
+            # Another worker stored this reference between our delete and insert (PostgreSQL, read committed): a
+            # reference is one map at one seed, so its run is ours: done.
+            pass
+
+    @_retry_locked
+    def reference_runs(self) -> list[RunRecord]:
+        # a database before schema version 3 has no ilr_runs: its references are study attributes (stored_references)
+        t = runs_table.c
+        rows = self._rows(runs_table, t.kind == "reference", order=(t.name,))
+        return [RunRecord.from_record(dict(r._mapping), "reference") for r in rows]
+
+
+def _legacy_race_rows(
+    conn: sa.Connection, table: sa.Table, tables: set[str], study: str | None = None
+) -> list[dict[str, Any]]:
+    """The rows of a race runs' table before schema version 3 (of `study`, or of every study), each with its
+    scores (JSON text, None where it has none)."""
+    query = sa.select(table).order_by(table.c.study, table.c.factor, table.c.seed, table.c.map_key)
+    rows = conn.execute(query if study is None else query.where(table.c.study == study)).mappings().all()
+    scores = {}
+    if legacy_scores_table.name in tables:
+        found = conn.execute(sa.select(legacy_scores_table)).all()
+        scores = {(r.study, r.factor, r.seed, r.map_key): r.scores for r in found}
+    return [dict(r) | {"scores": scores.get((r["study"], r["factor"], r["seed"], r["map_key"]))} for r in rows]
+
+
+def _migrate_rows(conn: sa.Connection, tables: set[str]) -> None:
+    """Move the race runs of the old tables (the newer one winning where both hold a run) and the reference runs
+    of the study attributes into ilr_runs, then drop the old tables and attributes."""
+    runs: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for name in LEGACY_RACE_RUNS:
+        if name in tables:
+            for r in _legacy_race_rows(conn, legacy_race_runs_tables[name], tables):
+                job = RaceRunJob(r["factor"], r["seed"], r["map_key"])
+                runs[(r["study"], "race", race_run_name(job))] = r | {"kind": "race", "name": race_run_name(job)}
+    if optuna_study_attrs.name in tables and optuna_studies.name in tables:
+        a, s = optuna_study_attrs.c, optuna_studies.c
+        attrs = conn.execute(
+            sa.select(s.study_name, a.key, a.value_json, a.study_user_attribute_id)
+            .join_from(optuna_study_attrs, optuna_studies, a.study_id == s.study_id)
+            .where(a.key.startswith(REFERENCE_PREFIX, autoescape=True))
+        ).all()
+        for study, key, value, _ in attrs:
+            run = attr_references({key: json.loads(value)})[key[len(REFERENCE_PREFIX) :]]
+            runs[(study, "reference", run.name)] = {"study": study, "kind": "reference"} | run.to_record()
+        conn.execute(
+            optuna_study_attrs.delete().where(
+                a.study_user_attribute_id.in_([row.study_user_attribute_id for row in attrs])
+            )
+        )
+    t = runs_table.c
+    stored = {tuple(r) for r in conn.execute(sa.select(t.study, t.kind, t.name)).all()}
+    # every row with every column (one insert of many rows writes the columns of the first)
+    new = [{c: r.get(c) for c in t.keys()} for r in runs.values() if (r["study"], r["kind"], r["name"]) not in stored]
+    if new:
+        conn.execute(runs_table.insert(), new)
+    for name in (*LEGACY_RACE_RUNS, legacy_scores_table.name):
+        if name in tables:
+            conn.exec_driver_sql(f"DROP TABLE {name}")
 
 
 @_retry_locked
 def migrate_schema(engine: sa.Engine) -> None:
-    """Bring a version-1 database to version 2: its ilr_audit table becomes ilr_race_runs, rows kept. One
-    transaction looks and renames: on SQLite it holds the write lock from the start (BEGIN IMMEDIATE), so of two
-    processes opening one old database at once the first renames and the second finds it renamed; on a server
-    the rename is transactional DDL and the loser's look after the winner's commit finds it done. A database
-    already migrated (or new) is left as it is."""
-    if LEGACY_RACE_RUNS not in sa.inspect(engine).get_table_names():
-        return  # nothing to rename: no lock taken
+    """Bring a database of schema version 1 or 2 to version 3: its race runs (ilr_audit or ilr_race_runs, with
+    ilr_run_scores) and its reference runs (study attributes ilr:reference:NAME) become rows of ilr_runs. One
+    transaction looks and moves: on SQLite it holds the write lock from the start (BEGIN IMMEDIATE), on PostgreSQL
+    it locks ilr_schema first, so of two processes opening one old database at once the first moves and the
+    second finds it moved. A database already migrated (or new) is left as it is."""
+    found = set(sa.inspect(engine).get_table_names())
+    if not set(LEGACY_RACE_RUNS) & found:
+        return  # nothing to move: no lock taken
     try:
         with engine.begin() as conn:
             if conn.dialect.name == "sqlite":
                 conn.exec_driver_sql("BEGIN IMMEDIATE")  # the write lock before the look (pysqlite begins lazily)
+            elif conn.dialect.name == "postgresql" and schema_table.name in found:
+                conn.exec_driver_sql(f"LOCK TABLE {schema_table.name} IN EXCLUSIVE MODE")
             tables = set(sa.inspect(conn).get_table_names())
-            if LEGACY_RACE_RUNS not in tables or race_runs_table.name in tables:
-                return  # renamed by another process meanwhile (or a newer table beside a stray old one: keep both)
-            conn.exec_driver_sql(f"ALTER TABLE {LEGACY_RACE_RUNS} RENAME TO {race_runs_table.name}")
-            if schema_table.name in tables:
-                conn.execute(
-                    schema_table.update().where(schema_table.c.id == 1, schema_table.c.version < 2).values(version=2)
-                )
+            if not set(LEGACY_RACE_RUNS) & tables:
+                return  # moved by another process meanwhile
+            runs_table.create(conn, checkfirst=True)
+            _migrate_rows(conn, tables)
+            conn.execute(
+                schema_table.update().where(schema_table.c.id == 1, schema_table.c.version < 3).values(version=3)
+            )
     except (ProgrammingError, OperationalError):
-        # A server: another process renamed it while this one waited for its lock (its look came first).
-        if race_runs_table.name in sa.inspect(engine).get_table_names():
+        # A server: another process moved them while this one waited for its lock (its look came first).
+        if not set(LEGACY_RACE_RUNS) & set(sa.inspect(engine).get_table_names()):
             return
         raise
-    log.info("storage: table %s renamed %s (schema version 2)", LEGACY_RACE_RUNS, race_runs_table.name)
+    log.info("storage: race and reference runs moved to table %s (schema version 3)", runs_table.name)
 
 
 def ensure_schema(engine: sa.Engine) -> None:
@@ -537,7 +605,7 @@ def ensure_schema(engine: sa.Engine) -> None:
                 conn.execute(schema_table.insert().values(id=1, version=SCHEMA_VERSION))
             except IntegrityError:  # another process created it first
                 pass
-        elif version < SCHEMA_VERSION:  # a version-1 database that had no ilr_audit to rename
+        elif version < SCHEMA_VERSION:  # an older database that had no race runs' table to move
             conn.execute(schema_table.update().where(schema_table.c.id == 1).values(version=SCHEMA_VERSION))
         elif version > SCHEMA_VERSION:
             raise UserInputError(

@@ -2,20 +2,25 @@
 
 A store keeps, per study: map claims (which trial trains which reuse map, so that concurrent workers never train
 one map twice), learning curves (every evaluation of every trial, which the pruner compares, and the training
-loss as window means), why each pruned trial was pruned, the Pareto front each time a trial completes, and the
-race runs: every run beyond the trials and references, the race's longer or extra-seed runs and the audit's
-longer retrainings of chosen maps (the race reads the audit's runs as its own).
-`SQLStore` keeps them in tables of the study's SQL database, `JournalStore` in a file beside a journal.
+loss as window means), why each pruned trial was pruned, the Pareto front each time a trial completes, and every
+run beyond the trials as one RunRecord: the race runs (the race's longer or extra-seed runs and the audit's
+longer retrainings of chosen maps; the race reads the audit's runs as its own) and the reference runs.
+`SQLStore` keeps them in tables of the study's SQL database, `JournalStore` in a file beside a journal;
+stored_references is the one reader of the reference runs, those a study stored in its attributes before
+schema 3 included.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ilr_search.knobs import KnobValue, config_key
 
 
 @dataclass(frozen=True)
@@ -27,9 +32,18 @@ class RaceRunJob:
     map_key: str
 
 
+RunKind = Literal["race", "reference"]
+
+REFERENCE_PREFIX = "ilr:reference:"  # the study attribute of a reference run in a study stored before schema 3
+
+
 @dataclass(frozen=True)
-class RaceRun:
-    """The stored state of one race run: who trains it, its heartbeat and, once finished, its result."""
+class RunRecord:
+    """One stored run of the study beyond its Optuna trials: who trains it, its heartbeat and, once finished, its
+    result. `kind` "race": a run of the race or of the audit, at `job.factor` x the proxy's steps (the race reads
+    the audit's runs as its own). `kind` "reference": a reference run (search/run.py train_references), at the
+    proxy's steps, named `name` (baseline_seedN, second_seed, blockK), with its `schedule`, `reuse_map` (None for
+    block recurrence), `knobs`, `block_map` (a block map's key) and the trainer's `status` (ok | diverged)."""
 
     job: RaceRunJob
     worker: str
@@ -45,10 +59,26 @@ class RaceRun:
     reason: str | None = None
     # a frozen run's score of each unit of its chunk (window or item), in unit order: what the race pairs by item
     scores: tuple[float, ...] = ()
+    kind: RunKind = "race"
+    name: str = ""  # a reference's name; empty for a race run (its job names it)
+    schedule: tuple[int, ...] | None = None
+    reuse_map: tuple[int, ...] | None = None
+    knobs: Mapping[str, KnobValue] = field(default_factory=dict)
+    block_map: str | None = None
+    status: str | None = None
+
+    @property
+    def seed(self) -> int:
+        return self.job.seed
 
     @classmethod
-    def from_record(cls, r: Mapping[str, Any]) -> RaceRun:
-        """The row from a stored record (a table row's mapping or a journal line): curve and scores as JSON text."""
+    def from_record(cls, r: Mapping[str, Any], kind: RunKind = "race") -> RunRecord:
+        """The run from a stored record (a table row's mapping or a journal line): curve, scores, schedule, reuse
+        map and knobs as JSON text."""
+
+        def ints(text: str | None) -> tuple[int, ...] | None:
+            return tuple(int(x) for x in json.loads(text)) if text is not None else None
+
         return cls(
             RaceRunJob(r["factor"], int(r["seed"]), r["map_key"]),
             r["worker"],
@@ -63,7 +93,122 @@ class RaceRun:
             r.get("seconds"),
             r.get("reason"),
             tuple(float(v) for v in json.loads(r.get("scores") or "[]")),
+            kind,
+            r["name"] if kind == "reference" else "",
+            ints(r.get("schedule")),
+            ints(r.get("reuse_map")),
+            json.loads(r.get("knobs") or "{}"),
+            r.get("block_map"),
+            r.get("status"),
         )
+
+    def to_record(self) -> dict[str, Any]:
+        """The run as stored (from_record's input): every field, the tuples as JSON text."""
+        return {
+            "factor": self.job.factor,
+            "seed": self.job.seed,
+            "map_key": self.job.map_key,
+            "worker": self.worker,
+            "heartbeat": self.heartbeat,
+            "state": self.state,
+            "flops_ratio": self.flops_ratio,
+            "steps": self.steps,
+            "val_loss": self.val_loss,
+            "val_ppl": self.val_ppl,
+            "val_bpb": self.val_bpb,
+            "curve": json.dumps([list(p) for p in self.curve]),
+            "seconds": self.seconds,
+            "reason": self.reason,
+            "scores": json.dumps(list(self.scores)) if self.scores else None,
+            # a reference's own fields
+            "name": self.name,
+            "schedule": json.dumps(list(self.schedule)) if self.schedule is not None else None,
+            "reuse_map": json.dumps(list(self.reuse_map)) if self.reuse_map is not None else None,
+            "knobs": json.dumps(dict(self.knobs)) if self.knobs else None,
+            "block_map": self.block_map,
+            "status": self.status,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """A reference run as the `references` of the JSON reports show it (the form a study stored it in before
+        schema 3, key for key): knobs only where set, `map` only for a block map."""
+        return (
+            {
+                "schedule": list(self.schedule) if self.schedule is not None else None,
+                "seed": self.job.seed,
+                "flops_ratio": self.flops_ratio,
+                "reuse_map": list(self.reuse_map) if self.reuse_map is not None else None,
+                "val_ppl": self.val_ppl,
+                "val_bpb": self.val_bpb,
+                "status": self.status,
+                "steps": self.steps,
+                "curve": [[step, loss] for step, loss in self.curve],
+            }
+            | ({"knobs": dict(self.knobs)} if self.knobs else {})
+            | ({"map": self.block_map} if self.block_map else {})
+        )
+
+
+def reference_run(
+    name: str,
+    schedule: Sequence[int],
+    seed: int,
+    flops_ratio: float,
+    reuse_map: Sequence[int] | None,
+    knobs: Mapping[str, KnobValue],
+    block_map: str | None,
+    val_ppl: float | None,
+    val_bpb: float | None,
+    status: str | None,
+    steps: int,
+    curve: Sequence[tuple[int, float]],
+) -> RunRecord:
+    """A finished reference run as the store keeps it: its job is its map (with its knobs) at its seed and the
+    proxy's length (factor 1; a block recurrence's map is empty: it has no reuse map), complete where it trained
+    to a result; its loss is that of its perplexity (what the race reads)."""
+    map_text = block_map or ",".join(map(str, reuse_map or ()))
+    return RunRecord(
+        RaceRunJob("1", seed, config_key(map_text, knobs) if map_text else ""),
+        "",
+        0.0,  # no worker holds a finished reference
+        "complete" if status == "ok" else "failed",
+        flops_ratio,
+        steps,
+        math.log(val_ppl) if val_ppl else None,
+        val_ppl,
+        val_bpb,
+        tuple((int(s), float(v)) for s, v in curve),
+        kind="reference",
+        name=name,
+        schedule=tuple(schedule),
+        reuse_map=tuple(reuse_map) if reuse_map is not None else None,
+        knobs=dict(knobs),
+        block_map=block_map,
+        status=status,
+    )
+
+
+def attr_references(study_attrs: Mapping[str, Any]) -> dict[str, RunRecord]:
+    """The reference runs a study stored before schema 3, as study attributes ilr:reference:NAME, by name in
+    their stored order."""
+    return {
+        k[len(REFERENCE_PREFIX) :]: reference_run(
+            k[len(REFERENCE_PREFIX) :],
+            v["schedule"],
+            int(v["seed"]),
+            float(v["flops_ratio"]),
+            v.get("reuse_map"),
+            v.get("knobs") or {},
+            v.get("map"),
+            v.get("val_ppl"),
+            v.get("val_bpb"),
+            v.get("status"),
+            int(v.get("steps", 0)),
+            v.get("curve", []),
+        )
+        for k, v in study_attrs.items()
+        if k.startswith(REFERENCE_PREFIX)
+    }
 
 
 @dataclass(frozen=True)
@@ -223,5 +368,31 @@ class Store(ABC):
         `worker` holds it; False if another worker took it over."""
 
     @abstractmethod
-    def race_runs(self) -> list[RaceRun]:
+    def race_runs(self) -> list[RunRecord]:
         """The latest row of every race run of the study, by factor, seed and map."""
+
+    @abstractmethod
+    def save_reference(self, run: RunRecord) -> None:
+        """Store a finished reference run (kind "reference") in one write, replacing an earlier run of its name."""
+
+    @abstractmethod
+    def reference_runs(self) -> list[RunRecord]:
+        """The study's stored reference runs: by name in a database (as Optuna read the study attributes of a
+        SQLite one), in the order first stored on a journal (as Optuna's journal keeps them)."""
+
+    def runs(self) -> list[RunRecord]:
+        """Every stored run of the study beyond its trials: the race runs (race_runs), then the reference runs
+        (reference_runs)."""
+        return self.race_runs() + self.reference_runs()
+
+
+def stored_references(runs: Iterable[RunRecord], study_attrs: Mapping[str, Any]) -> dict[str, RunRecord]:
+    """The study's reference runs by name, in the store's order (Store.reference_runs): the one reader of them.
+    `runs`: the store's (Store.runs or Store.reference_runs; the race's are passed over). Those in the study's
+    attributes (attr_references: a study stored before schema 3, on a journal or opened read-only) come first, a
+    stored run replacing one of its name there."""
+    references = attr_references(study_attrs)
+    for run in runs:
+        if run.kind == "reference":
+            references[run.name] = run
+    return references

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from ilr_search.analysis.pareto import non_dominated
-from ilr_search.analysis.results import curves_by_trial, references
+from ilr_search.analysis.results import curves_by_trial
 from ilr_search.analysis.trials import trained_results
 from ilr_search.commands.report import _atomic_write, check_out_path
 from ilr_search.config import SIZE_MAXIMA
@@ -25,7 +25,7 @@ from ilr_search.search.progress import RunReporter
 from ilr_search.search.run import RunRequest, run_in_process
 from ilr_search.search.studies import open_study
 from ilr_search.space import load_space
-from ilr_search.storage import open_store, parse_storage, study_storage
+from ilr_search.storage import open_store, parse_storage, stored_references, study_storage
 
 
 def feasible_maps(n_layers: int, max_reuse: int, max_layer_runs: int) -> list[list[int]]:
@@ -119,7 +119,7 @@ def build_table(
                 "train_seconds": t.train_seconds,
             }
         )
-    for key, ref in sorted(references(study).items()):
+    for key, ref in sorted(stored_references(store.reference_runs(), study.user_attrs).items()):
         if key.startswith("block") and ref.val_ppl is not None and ref.curve:
             rows.append(
                 {
