@@ -30,9 +30,9 @@ def test_tables_at_80_columns_keep_maps_and_study_names_whole(monkeypatch):
     from ilr_search.analysis.answer import Answer
     from ilr_search.analysis.fidelity import Fidelity
     from ilr_search.analysis.results import TrialRow
-    from ilr_search.analysis.trials import TrialRecord
     from ilr_search.cli import ui
     from ilr_search.search.studies import StudyListing, StudyReport, StudySummary, TrialListing
+    from ilr_search.storage.trials import TrialRecord
 
     console = Console(width=80, file=io.StringIO(), record=True)
     monkeypatch.setattr(ui, "out", console)

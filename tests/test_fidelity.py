@@ -22,6 +22,7 @@ from ilr_search.search.run import RunRequest, run_in_process
 from ilr_search.search.studies import trials_report
 from ilr_search.space import load_space
 from ilr_search.storage import CurvePoint, JournalStore, RaceRunJob, RunRecord, SQLStore, open_store, parse_storage
+from ilr_search.storage.trials import study_trials
 
 SPACE = ROOT / "tests" / "spaces" / "tiny.toml"
 
@@ -281,6 +282,7 @@ def test_audit_report_precision_recall_and_pruned_maps(small_study):
     root, db, _ = small_study
     study = optuna.load_study(study_name="aud", storage=f"sqlite:///{db}")
     trials = study.get_trials()
+    records = study_trials(study)
     from ilr_search.storage import RunRecord
 
     keys = [
@@ -296,7 +298,7 @@ def test_audit_report_precision_recall_and_pruned_maps(small_study):
         RunRecord(RaceRunJob("4", 0, k), "w", 0.0, "complete", ratio[k], 64, 1.0, 10.0 + i, 1.0)
         for i, k in enumerate(reversed(ordered))
     ]
-    report = audit_report(trials, rows, "4")
+    report = audit_report(records, rows, "4")
     assert report.n_maps == len(keys) and report.spearman == pytest.approx(-1.0)
     assert report.finding.startswith("proxy too short")
     # the fronts by hand: a map is on the audit's front when no map at no more FLOPs has a lower 4x perplexity
@@ -312,7 +314,7 @@ def test_audit_report_precision_recall_and_pruned_maps(small_study):
         )
     }
     numbers = {t.number: t.user_attrs["map_key"] for t in trials}
-    proxy_front = {numbers[p.trial] for p in study_front(trials)}
+    proxy_front = {numbers[p.trial] for p in study_front(records)}
     hits = len(proxy_front & audit_front)
     assert audit_front and proxy_front
     assert report.front_recall == pytest.approx(hits / len(audit_front))
@@ -326,7 +328,8 @@ def test_an_audit_whose_runs_do_not_separate_the_maps_does_not_judge_the_proxy(s
     """Three seeds per map at 4x, in the proxy's reverse order: far apart (the proxy is judged too short), or each
     map's seeds spread far wider than the gaps between maps (the 4x ranking is noise: the proxy is not judged)."""
     root, db, _ = small_study
-    trials = optuna.load_study(study_name="aud", storage=f"sqlite:///{db}").get_trials()
+    study = optuna.load_study(study_name="aud", storage=f"sqlite:///{db}")
+    trials = study.get_trials()
     from ilr_search.storage import RunRecord
 
     proxy = {
@@ -344,7 +347,7 @@ def test_an_audit_whose_runs_do_not_separate_the_maps_does_not_judge_the_proxy(s
         for i, k in enumerate(reversed(ordered))
         for seed in range(3)
     ]
-    report = audit_report(trials, rows, "4")
+    report = audit_report(study_trials(study), rows, "4")
     assert report.maps_with_seeds == len(proxy) >= 3 and report.spearman == pytest.approx(-1.0)
     if separated:
         assert report.maps_differ_p < 0.01 and report.finding.startswith("proxy too short")
@@ -419,7 +422,8 @@ def test_audit_says_a_map_beats_the_baseline_only_beyond_the_seed_noise(small_st
     """The audit's verdict on recurrence rests on a paired test over seeds, not on the means alone: a map whose
     mean is lower but whose seeds scatter across the baseline's is reported as within the noise."""
     root, db, _ = small_study
-    trials = optuna.load_study(study_name="aud", storage=f"sqlite:///{db}").get_trials()
+    study = optuna.load_study(study_name="aud", storage=f"sqlite:///{db}")
+    trials = study.get_trials()
     complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE and "reused_from" not in t.user_attrs]
     baseline = next(t for t in complete if set(t.user_attrs["reuse_map"]) == {1})
     recurrent = next(t for t in complete if set(t.user_attrs["reuse_map"]) != {1})
@@ -439,7 +443,7 @@ def test_audit_says_a_map_beats_the_baseline_only_beyond_the_seed_noise(small_st
                     1.0,
                 )
             )
-    report = audit_report(trials, rows, "4")
+    report = audit_report(study_trials(study), rows, "4")
     assert report.best_vs_baseline_seeds == 3 and report.best_beats_baseline is beats
     assert ("beats the baseline" in report.finding) is beats
     assert ("not beyond the seed noise" in report.finding) is not beats

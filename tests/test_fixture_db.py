@@ -14,7 +14,7 @@ import optuna
 import pytest
 from conftest import ROOT
 
-from ilr_search.analysis.trials import TrialAttr, trained_results, trial_records
+from ilr_search.storage.trials import TrialAttr, study_trials, trained_results
 
 FIXTURES = ROOT / "tests" / "fixtures"
 STUDY = "before-typed-records"
@@ -70,10 +70,11 @@ def test_an_old_studys_trials_read_as_records(old_study):
     """Every attribute the old study's trials carry is one the record reads; those written only by later
     versions (or only for some trials) read as their defaults."""
     _, storage = old_study
-    trials = optuna.load_study(study_name=STUDY, storage=storage).trials
+    study = optuna.load_study(study_name=STUDY, storage=storage)
+    trials = study.trials
     names = {v for k, v in vars(TrialAttr).items() if k.isupper()}
     assert all(set(t.user_attrs) <= names for t in trials)
-    records = trial_records(trials)
+    records = study_trials(study)
     assert [r.number for r in trained_results(records)] == [t.number for t in trials] and len(records) == 3
     for t, r in zip(trials, records, strict=True):
         a = t.user_attrs

@@ -11,6 +11,7 @@ from conftest import NO_REFERENCES, ROOT, assert_one_line_error, run_cli, write_
 from helpers import HANG_SECONDS, imported_by, run_args, stored_reference_dicts
 
 from ilr_search.analysis.results import study_front
+from ilr_search.storage.trials import study_trials
 
 SPACE = str(ROOT / "tests" / "spaces" / "tiny.toml")
 
@@ -103,7 +104,7 @@ def test_stored_front_equals_brute_force_on_the_real_study(pruned_study, cli):
         for i, p in enumerate(points)
         if not any(q[0] <= p[0] and q[1] <= p[1] and q != p for q in points)
     }
-    assert {p.trial for p in study_front(study.trials)} == brute
+    assert {p.trial for p in study_front(study_trials(study))} == brute
     with sqlite3.connect(db) as conn:
         last = conn.execute("SELECT MAX(n_complete) FROM ilr_fronts").fetchone()[0]
         stored = {r[0] for r in conn.execute("SELECT trial_number FROM ilr_fronts WHERE n_complete = ?", (last,))}

@@ -10,7 +10,7 @@ from optuna.distributions import IntDistribution
 from optuna.trial import TrialState, create_trial
 
 from ilr_search.analysis.results import has_result, study_front, trained_by_map, trained_trials
-from ilr_search.analysis.trials import TrialAttr, TrialRecord, trained_results, trial_record, trial_records
+from ilr_search.storage.trials import TrialAttr, TrialRecord, study_trials, trained_results, trial_record
 
 # The record's field for each attribute the objective writes (the field is named as the attribute but for the
 # parameter count, since `params` is Optuna's own field).
@@ -28,7 +28,7 @@ def test_every_attribute_has_its_field():
 
 
 @pytest.fixture(scope="module")
-def objective_trials(tmp_path_factory, token_cache):
+def objective_study(tmp_path_factory, token_cache):
     """A real study of today's objective with a searched knob (3 trained trials), resumed with trial 0's
     parameters queued again, so that its fourth trial reuses trial 0's result."""
     from ilr_search.search import RunRequest, run_in_process
@@ -45,28 +45,29 @@ def objective_trials(tmp_path_factory, token_cache):
     study = optuna.load_study(study_name="records", storage=storage)
     study.enqueue_trial(study.trials[0].params)
     run_in_process(RunRequest(space, "2x", "records", storage, n_trials=4, **run))
-    return optuna.load_study(study_name="records", storage=storage).trials
+    return optuna.load_study(study_name="records", storage=storage)
 
 
 @pytest.mark.slow
-def test_a_record_reads_every_attribute_the_objective_writes(objective_trials):
-    trials = objective_trials
+def test_a_record_reads_every_attribute_the_objective_writes(objective_study):
+    trials = objective_study.trials
     assert len(trials) == 4 and all(t.state == TrialState.COMPLETE for t in trials)
-    for t in trials:
+    records = study_trials(objective_study)
+    assert records == [trial_record(t) for t in trials]  # the study's records, in its trials' order
+    for t, r in zip(trials, records, strict=True):
         assert set(t.user_attrs) <= attribute_names(), set(t.user_attrs) - attribute_names()  # none goes unread
-        r = trial_record(t)
         assert (r.number, r.state, r.params, r.values) == (t.number, t.state, t.params, t.values)
         for name, value in t.user_attrs.items():
             assert getattr(r, FIELD[name]) == (tuple(value) if name in SEQUENCES else value), name
         assert r.seconds == (t.datetime_complete - t.datetime_start).total_seconds()
-    trained = [trial_record(t) for t in trials[:3]]
+    trained = records[:3]
     assert all(r.knobs and "injection" in r.knobs for r in trained)  # the searched knob is stored with each map
     assert all(r.steps == 8 and r.status == "ok" and r.val_ppl > 1 and r.is_trained_result for r in trained)
 
 
 @pytest.mark.slow
-def test_a_reused_result_is_read_as_one_and_filtered_out(objective_trials):
-    records = trial_records(objective_trials)
+def test_a_reused_result_is_read_as_one_and_filtered_out(objective_study):
+    records = study_trials(objective_study)
     first, reuse = records[0], records[3]
     assert reuse.reused_from == first.number and reuse.is_reuse and reuse.steps == 0
     assert (reuse.map_key, reuse.val_ppl, reuse.val_loss, reuse.status) == (
@@ -78,7 +79,7 @@ def test_a_reused_result_is_read_as_one_and_filtered_out(objective_trials):
     assert reuse.has_result and not reuse.trained_its_map and not reuse.is_trained_result
     assert [r.number for r in trained_results(records)] == [0, 1, 2]
     assert trained_by_map(records)[first.map_key].number == first.number
-    assert sorted(p.trial for p in study_front(records)) == sorted(p.trial for p in study_front(objective_trials))
+    assert {p.trial for p in study_front(records)} <= {0, 1, 2} and study_front(records)  # trained results only
 
 
 def made(number: int, state: TrialState, **attrs) -> optuna.trial.FrozenTrial:
@@ -96,7 +97,7 @@ def made(number: int, state: TrialState, **attrs) -> optuna.trial.FrozenTrial:
 
 
 def test_the_filters_on_hand_made_trials():
-    trials = [
+    frozen = [
         made(0, TrialState.COMPLETE, val_ppl=50.0),  # trained, complete: the only trained result
         made(1, TrialState.COMPLETE, val_ppl=50.0, reused_from=0),  # a reuse
         made(2, TrialState.PRUNED, val_ppl=70.0, map_key="3,1,1,1", pruned_at_step=6),
@@ -106,6 +107,7 @@ def test_the_filters_on_hand_made_trials():
         made(6, TrialState.COMPLETE, val_ppl=49.0),  # map 2,1,1,1 trained a second time (a recovered trial)
         made(7, TrialState.RUNNING, map_key="1,1,2,1"),
     ]
+    trials = [trial_record(t) for t in frozen]
     assert [t.number for t in trained_results(trials)] == [0, 6]
     assert [t.number for t in trials if has_result(t)] == [0, 1, 2, 3, 5, 6]
     assert [t.number for t in trained_trials(trials)] == [0, 2, 3, 5, 6]
@@ -115,7 +117,9 @@ def test_the_filters_on_hand_made_trials():
         "3,3,1,1": 3,
         "1,1,1,2": 5,
     }
-    assert trained_results(trial_records(trials)) == trained_results(trials)  # records pass through
+    study = optuna.create_study()
+    study.add_trials(frozen)
+    assert study_trials(study) == trials  # a study's trials read through the storage as the same records
 
 
 def test_a_trial_without_attributes_reads_as_defaults():
@@ -123,4 +127,4 @@ def test_a_trial_without_attributes_reads_as_defaults():
     r = trial_record(bare)
     assert (r.reuse_map, r.map_key, r.flops_ratio, r.val_ppl, r.reused_from, r.pruned_at_step) == (None,) * 6
     assert (r.steps, r.steps_saved, dict(r.knobs)) == (0, 0, {})
-    assert not r.trained_its_map and not r.is_trained_result and study_front([bare]) == []
+    assert not r.trained_its_map and not r.is_trained_result and study_front([r]) == []

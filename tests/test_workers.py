@@ -94,7 +94,7 @@ def test_every_event_crosses_a_process_queue_with_its_worker_and_reaches_the_par
     from optuna.trial import TrialState
 
     from ilr_search.analysis.results import FrontRow
-    from ilr_search.analysis.trials import TrialRecord
+    from ilr_search.storage.trials import TrialRecord
 
     row = TrialRecord(1, TrialState.COMPLETE, reuse_map=(2, 1, 1), map_key="2,1,1", flops_ratio=1.3, val_ppl=9.5)
     front = [FrontRow(1, (2, 1, 1), "2,1,1", None, 1.3, 9.5, None, None)]
@@ -132,13 +132,13 @@ def test_a_trial_asked_after_its_predecessors_make_n_trials_trains_nothing(tmp_p
     """Two workers can count the study below its target at the same moment and both ask for a trial: the later
     of the two finds the trials before it already make the target, trains nothing, and is left out of the
     count. Here the second ask is made by hand, once the study has reached its target."""
-    from ilr_search.analysis.trials import TrialAttr
     from ilr_search.search import RunRequest, run_in_process
     from ilr_search.search.progress import RunReporter
     from ilr_search.search.run import prepare_study
     from ilr_search.search.trial_groups import SearchRun
     from ilr_search.space import load_space
     from ilr_search.storage import open_store
+    from ilr_search.storage.trials import TrialAttr
 
     monkeypatch.chdir(tmp_path)
     space = load_space(

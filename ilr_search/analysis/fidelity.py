@@ -35,10 +35,10 @@ from ilr_search.analysis.results import (
     trained_trials,
 )
 from ilr_search.analysis.stats import groups_differ, paired_comparison, rank_agreement
-from ilr_search.analysis.trials import Trial, trained_results, trial_records
 from ilr_search.knobs import KnobValue
 from ilr_search.records import record_json
 from ilr_search.storage import RunRecord
+from ilr_search.storage.trials import TrialRecord, trained_results
 
 AGREE_SPEARMAN = 0.8  # "the proxy ranks as longer training does"
 PARTLY_SPEARMAN = 0.5
@@ -66,11 +66,11 @@ def rung_agreements(curves: Mapping[str, Mapping[int, float]], final_step: int) 
     return out
 
 
-def map_curves(trials: Sequence[Trial], curves: Curves) -> dict[str, dict[int, float]]:
+def map_curves(trials: Sequence[TrialRecord], curves: Curves) -> dict[str, dict[int, float]]:
     """map -> {step: val_loss} of the complete trials that trained their map."""
     return {
         r.map_key: dict(curves.get(r.number, {}))
-        for r in trained_trials(list(trials))
+        for r in trained_trials(trials)
         if r.state == TrialState.COMPLETE and r.map_key is not None  # a trained trial has its key
     }
 
@@ -107,7 +107,7 @@ class NoiseBand:
         }
 
 
-def noise_band(trials: Sequence[Trial], references: Mapping[str, RunRecord]) -> NoiseBand | None:
+def noise_band(trials: Sequence[TrialRecord], references: Mapping[str, RunRecord]) -> NoiseBand | None:
     """Seed-to-seed spread of the baseline's perplexity: the trial of the all-ones map (the study's seed) and the
     baseline references trained at extra seeds (of `references`, the study's by name: stored_references)."""
     ppls: list[float] = [
@@ -151,13 +151,12 @@ class BestRecurrent:
         return record_json(self)
 
 
-def best_recurrent(trials: Sequence[Trial]) -> BestRecurrent | None:
+def best_recurrent(trials: Sequence[TrialRecord]) -> BestRecurrent | None:
     """The best non-baseline map: on the front if the front has one, else the best complete one."""
-    records = trial_records(trials)
-    candidates = [r for r in trained_results(records) if not is_baseline(as_list(r.reuse_map))]
+    candidates = [r for r in trained_results(trials) if not is_baseline(as_list(r.reuse_map))]
     if not candidates:
         return None
-    front = {p.trial for p in study_front(records)}
+    front = {p.trial for p in study_front(trials)}
     on_front = [r for r in candidates if r.number in front]
     best = min(on_front or candidates, key=lambda r: cast(float, r.val_ppl))  # a trained result has its perplexity
     return BestRecurrent(
@@ -236,7 +235,7 @@ AUDIT_CONFIDENCE = 0.9  # of the paired test behind "beats the baseline" (the ra
 SEPARATE_P = 1 - AUDIT_CONFIDENCE  # the ANOVA's p below which the audited maps differ beyond their seed noise
 
 
-def audit_report(trials: Sequence[Trial], rows: Sequence[RunRecord], factor: str) -> AuditReport | None:
+def audit_report(trials: Sequence[TrialRecord], rows: Sequence[RunRecord], factor: str) -> AuditReport | None:
     """The audit at `factor` from its stored rows (complete ones; the race's equal-compute models are no maps of
     the study, and are left out) and the study's trials; None before any audited map is complete."""
     done: dict[str, list[RunRecord]] = {}
@@ -250,10 +249,9 @@ def audit_report(trials: Sequence[Trial], rows: Sequence[RunRecord], factor: str
             done.setdefault(r.job.map_key, []).append(r)
     if not done:
         return None
-    records = trial_records(trials)
-    by_map = trained_by_map(records)
-    numbers = {r.number: r for r in records}
-    proxy_front = {numbers[cast(int, p.trial)].map_key for p in study_front(records)}  # a proxy point's trial
+    by_map = trained_by_map(trials)
+    numbers = {r.number: r for r in trials}
+    proxy_front = {numbers[cast(int, p.trial)].map_key for p in study_front(trials)}  # a proxy point's trial
     keys = sorted(done)
     ppls = {k: [r.val_ppl for r in done[k] if r.val_ppl is not None] for k in keys}  # done: each has a perplexity
     audit_ppl = {k: statistics.fmean(ppls[k]) for k in keys}
@@ -318,7 +316,7 @@ def audit_report(trials: Sequence[Trial], rows: Sequence[RunRecord], factor: str
     return AuditReport(**{**asdict(report), "maps": report.maps, "finding": audit_finding(report)})
 
 
-def audit_reports(trials: Sequence[Trial], rows: Sequence[RunRecord]) -> list[AuditReport]:
+def audit_reports(trials: Sequence[TrialRecord], rows: Sequence[RunRecord]) -> list[AuditReport]:
     """One report per audited factor, in increasing factor."""
     rows = [r for r in rows if not is_deep_key(r.job.map_key)]
     factors = sorted({r.job.factor for r in rows}, key=float)
@@ -399,7 +397,7 @@ class Fidelity:
 
 def study_fidelity(
     study_name: str,
-    trials: Sequence[Trial],
+    trials: Sequence[TrialRecord],
     curves: Curves,
     references: Mapping[str, RunRecord],
     final_step: int,
@@ -407,7 +405,6 @@ def study_fidelity(
 ) -> Fidelity:
     """Rung agreement, noise, the second seed of the best recurrent map, the audits, and one line of how far the
     proxy agrees with longer training (fidelity_agreement; the JSON key `verdict`)."""
-    trials = trial_records(trials)
     rungs = rung_agreements(map_curves(trials, curves), final_step)
     noise = noise_band(trials, references)
     best = best_recurrent(trials)

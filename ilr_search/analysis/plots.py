@@ -38,7 +38,7 @@ from ilr_search.analysis.results import (
     knobs_text,
 )
 from ilr_search.analysis.stats import seed_interval
-from ilr_search.analysis.trials import TrialRecord
+from ilr_search.storage.trials import TrialRecord
 
 STATE_STYLE = {
     "COMPLETE": dict(symbol="circle", color="#1f77b4"),

@@ -12,10 +12,10 @@ from optuna.trial import TrialState
 
 from ilr_search.analysis.map_key import MapKey, key_text, map_text
 from ilr_search.analysis.pareto import pareto_front
-from ilr_search.analysis.trials import Trial, TrialRecord, record_of, trained_results, trial_records
 from ilr_search.config import SpaceConfig
 from ilr_search.knobs import format_knobs
 from ilr_search.storage import CurvePoint, RunRecord, Store, TrainCurvePoint, stored_references
+from ilr_search.storage.trials import TrialRecord, trained_results
 from ilr_search.training.schedule import ReuseMap, is_block_text
 
 
@@ -39,9 +39,8 @@ def curves_by_trial(points: Iterable[CurvePoint]) -> Curves:
     return curves
 
 
-def curve_of(t: Trial, curves: Curves) -> dict[int, float]:
+def curve_of(r: TrialRecord, curves: Curves) -> dict[int, float]:
     """A trial's learning curve; a trial that reused another's result has that trial's curve."""
-    r = record_of(t)
     return curves.get(r.number) or (curves.get(r.reused_from, {}) if r.reused_from is not None else {})
 
 
@@ -194,7 +193,7 @@ class TrialRow:
         }
 
 
-def trial_rows(trials: Sequence[Trial], val: list[CurvePoint], train: list[TrainCurvePoint]) -> list[TrialRow]:
+def trial_rows(trials: Sequence[TrialRecord], val: list[CurvePoint], train: list[TrainCurvePoint]) -> list[TrialRow]:
     """Each trial with its curves (TrialRow), in the trials' order."""
     own: dict[int, tuple[list[LossPoint], list[LossPoint]]] = {}
     for p in val:
@@ -202,15 +201,15 @@ def trial_rows(trials: Sequence[Trial], val: list[CurvePoint], train: list[Train
     for q in train:
         own.setdefault(q.trial_number, ([], []))[1].append((q.step, q.tokens, q.loss))
     rows = []
-    for r in trial_records(trials):
+    for r in trials:
         found = own.get(r.number) or (own.get(r.reused_from) if r.reused_from is not None else None) or ([], [])
         rows.append(TrialRow(r, tuple(found[0]), tuple(found[1])))
     return rows
 
 
-def has_result(t: Trial) -> bool:
+def has_result(t: TrialRecord) -> bool:
     """A trial whose map was evaluated to the end, pruned, or diverged: its result stands for its map."""
-    return record_of(t).has_result
+    return t.has_result
 
 
 @dataclass(frozen=True)
@@ -290,7 +289,7 @@ class LayerView:
         return {"front_maps": [p.to_dict() for p in self.front_maps], "importance": dict(self.importance)}
 
 
-def study_front(trials: Sequence[Trial]) -> list[FrontRow]:
+def study_front(trials: Sequence[TrialRecord]) -> list[FrontRow]:
     """The Pareto front (perplexity, FLOPs) of the trials that trained their map to a result, cheapest first."""
     rows = [
         FrontRow(
@@ -333,10 +332,10 @@ class ReferenceRow:
         } | ({"map": ref.block_map} if ref.block_map else {})
 
 
-def listed_trials(trials: Sequence[Trial]) -> list[TrialRecord]:
+def listed_trials(trials: Sequence[TrialRecord]) -> list[TrialRecord]:
     """The trials a listing shows and counts: not the WAITING ones (a queued retry is not yet a trial), and not
     the surplus ones (asked past the target, never trained)."""
-    return [r for r in trial_records(trials) if r.state != TrialState.WAITING and not r.surplus]
+    return [r for r in trials if r.state != TrialState.WAITING and not r.surplus]
 
 
 def reference_rows(store: Store, study_attrs: Mapping[str, Any]) -> list[RunRecord]:
@@ -344,12 +343,12 @@ def reference_rows(store: Store, study_attrs: Mapping[str, Any]) -> list[RunReco
     return [ref for _, ref in sorted(stored_references(store.reference_runs(), study_attrs).items())]
 
 
-def trained_trials(trials: Sequence[Trial]) -> list[TrialRecord]:
+def trained_trials(trials: Sequence[TrialRecord]) -> list[TrialRecord]:
     """The trials that trained their map (complete, pruned or diverged), not those that reused a result."""
-    return [r for r in trial_records(trials) if r.trained_its_map]
+    return [r for r in trials if r.trained_its_map]
 
 
-def trained_by_map(trials: Sequence[Trial]) -> dict[str, TrialRecord]:
+def trained_by_map(trials: Sequence[TrialRecord]) -> dict[str, TrialRecord]:
     """Map key -> the trial that trained it (the first one, where two did)."""
     by_map: dict[str, TrialRecord] = {}
     for r in sorted(trained_trials(trials), key=lambda r: r.number):

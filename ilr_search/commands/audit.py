@@ -23,7 +23,6 @@ from optuna.trial import TrialState
 from ilr_search.analysis.fidelity import AuditReport, audit_report
 from ilr_search.analysis.map_key import is_baseline_key
 from ilr_search.analysis.results import Curves, curves_by_trial, study_front, trained_trials
-from ilr_search.analysis.trials import Trial, TrialRecord, trained_results, trial_records
 from ilr_search.config import SIZE_MAXIMA, AuditSettings, SpaceConfig, factor_key
 from ilr_search.data.tokenizers import check_vocab, model_config
 from ilr_search.data.tokens import TokenData, load_space_tokens
@@ -53,6 +52,7 @@ from ilr_search.storage import (
     parse_storage,
     study_storage,
 )
+from ilr_search.storage.trials import TrialRecord, study_trials, trained_results
 from ilr_search.training.jobs import fusable
 
 AUTO_MAPS = 8  # the default selection aims at this many maps with a complete proxy result
@@ -80,17 +80,16 @@ def check_settings(settings: AuditSettings) -> tuple[str, int]:
     raise UserInputError(f"unknown --maps {settings.maps!r}; use auto, front, top:K (e.g. top:5) or all")
 
 
-def select_maps(trials: Sequence[Trial], curves: Curves, kind: str, k: int, seed: int) -> list[TrialRecord]:
+def select_maps(trials: Sequence[TrialRecord], curves: Curves, kind: str, k: int, seed: int) -> list[TrialRecord]:
     """The trials whose maps the audit retrains, in a fixed order (the same study gives the same choice).
 
     - auto: the proxy front, the baseline, the best pruned maps near the front (smallest lead of a no-dearer
       map at their pruning rung), and random complete maps until AUTO_MAPS maps have a complete proxy result;
     - front: the proxy front; top:K: the K best complete maps by proxy perplexity; all: every trained map.
     """
-    records = trial_records(trials)
-    trained = trained_trials(records)
-    complete = sorted(trained_results(records), key=lambda t: (t.val_ppl, t.number))
-    front_numbers = [p.trial for p in study_front(records) if p.trial is not None]  # a proxy point is a trial's
+    trained = trained_trials(trials)
+    complete = sorted(trained_results(trials), key=lambda t: (t.val_ppl, t.number))
+    front_numbers = [p.trial for p in study_front(trials) if p.trial is not None]  # a proxy point is a trial's
     by_number = {t.number: t for t in trained}
     if kind == "all":
         return sorted(trained, key=lambda t: t.number)
@@ -194,7 +193,7 @@ def _run_audit(
     study = open_study(spec, study_name)
     if CONFIG_ATTR not in study.user_attrs:
         raise UserInputError(f"study {study_name!r} was not made by ilr-search; nothing to audit")
-    trials = trial_records(study.get_trials(deepcopy=False))
+    trials = study_trials(study)
     if not any(t.state == TrialState.COMPLETE for t in trials):
         raise UserInputError(
             f"study {study_name!r} has no complete trial yet; run it first (ilr-search run ... --study {study_name})"

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from ilr_search.analysis.results import has_result
-from ilr_search.analysis.trials import trial_records
 from ilr_search.commands.autofuse import Layout, describe, resolve_layout
 from ilr_search.commands.layout import process_threads, race_processes
 from ilr_search.config import Dtype, ModelConfig, SpaceConfig, TrainConfig, race_target_steps, races
@@ -35,6 +34,7 @@ from ilr_search.search.run import (
 )
 from ilr_search.search.samplers import sampler_settings
 from ilr_search.storage import StorageSpec, open_storage, open_store, study_references
+from ilr_search.storage.trials import study_trials
 from ilr_search.training.device import resolve_compile, resolve_device
 from ilr_search.training.flops import flops_ratio
 from ilr_search.training.jobs import fusable
@@ -318,7 +318,7 @@ def dry_run_report(request: RunRequest, probe: bool = True) -> DryRunReport:
     plan = adopt_stored_race(existing, plan, request.asked_race)
     check_resume(existing, spec, plan, request.pruner)
     study = stored_study(existing, plan.name)
-    trials = study.get_trials(deepcopy=False) if study is not None else []
+    trials = study_trials(study) if study is not None else []
     finished = sum(has_result(t) for t in trials)
     n_trials = first_trials(plan, study, request.trials_wanted, enqueue_texts(request, space)).n_trials
     trials_to_train = max(0, n_trials - finished)
@@ -399,7 +399,7 @@ def race_left(
     policy has decided (under this run's compute cap), else its runs and steps less those trained."""
     store = open_store(spec, plan.name, read_only=True, storage=storage)
     _, results, state = study_race(
-        trial_records(study.get_trials(deepcopy=False)),
+        study_trials(study),
         study.user_attrs,
         store.runs(),
         plan.space.search.max_race_steps,

@@ -18,7 +18,6 @@ import optuna
 from ilr_search.analysis.map_key import map_text as key_map_text
 from ilr_search.analysis.race_core import RaceWords
 from ilr_search.analysis.results import finite_or_none, trained_by_map
-from ilr_search.analysis.trials import TrialRecord, trial_records
 from ilr_search.commands.standard_checkpoint import (
     SAVE_FORMATS,
     check_checkpoint,
@@ -39,6 +38,7 @@ from ilr_search.search.race_results import decided_front, race_report
 from ilr_search.search.studies import open_study
 from ilr_search.space import SpaceError, check_sizes
 from ilr_search.storage import open_store, parse_storage, study_references, study_storage
+from ilr_search.storage.trials import TrialRecord, study_trials
 from ilr_search.training.flops import flops_ratio, param_count
 from ilr_search.training.model import ILRTransformer
 from ilr_search.training.pretrained import check_exportable
@@ -146,7 +146,7 @@ def load_study_settings(study_name: str, storage: str | None) -> StudySettingsVi
 def choose_map(view: StudySettingsView, map_text: str | None, trained_only: bool) -> tuple[MapChoice, str]:
     """The map `--map` names (default: the front's complete map of lowest perplexity) and a line saying which.
     `trained_only`: the map must have a result in the study (a trial, or a block reference)."""
-    trials = trial_records(view.study.get_trials(deepcopy=False))
+    trials = study_trials(view.study)
     n_layers = view.space.model.n_layers
     if map_text is None:
         return default_map(view, trials)
@@ -296,7 +296,7 @@ def measured_results(view: StudySettingsView, storage: str | None, choice: MapCh
             else ReferenceProxy(None, None, None, None)
         )
     else:
-        t = trained_by_map(study.get_trials(deepcopy=False)).get(choice.key)
+        t = trained_by_map(study_trials(study)).get(choice.key)
         if t is not None:
             proxy = TrialProxy(t.number, t.state.name, t.steps, t.val_ppl, t.val_bpb, t.pruned_at_step)
     store = open_store(

@@ -32,7 +32,6 @@ from ilr_search.analysis.results import (
     reference_rows,
     study_front,
 )
-from ilr_search.analysis.trials import TrialRecord, trained_results, trial_records
 from ilr_search.config import SpaceConfig
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import KNOB_CHOICES, format_knobs
@@ -40,6 +39,7 @@ from ilr_search.search.plan import CONFIG_ATTR
 from ilr_search.search.race_results import decided_front
 from ilr_search.search.studies import FrontView, StudyReport, open_study, study_report
 from ilr_search.storage import open_store, parse_storage, study_storage
+from ilr_search.storage.trials import TrialRecord, study_trials, trained_results
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -198,7 +198,7 @@ class BlockView:
 
 
 def _plotted_trials(study: optuna.Study, curves: Curves) -> list[PlottedTrial]:
-    return [PlottedTrial.of(t, curve_of(t, curves)) for t in trial_records(study.get_trials(deepcopy=False))]
+    return [PlottedTrial.of(t, curve_of(t, curves)) for t in study_trials(study)]
 
 
 def pareto_report(
@@ -248,7 +248,7 @@ def _pareto(
     study = open_study(spec, study_name)
     store = open_store(spec, study_name, read_only=True, storage=study_storage(study))
     report = study_report(study, spec, store)
-    trials = trial_records(study.get_trials(deepcopy=False))
+    trials = study_trials(study)
     noise = noise_band(trials, report.references)
     front = mark_ties(study_front(trials), noise)
     race_front = mark_ties(report.front, noise)  # each point at its longest raced length
@@ -412,7 +412,7 @@ def export_trials(
     config = study.user_attrs.get(CONFIG_ATTR)
     seed = int(config["train"]["seed"]) if config is not None else None  # every trial trains at the space's seed
     records = []
-    for t in listed_trials(study.get_trials(deepcopy=False)):
+    for t in listed_trials(study_trials(study)):
         record = {
             "trial": t.number,
             "reference": None,

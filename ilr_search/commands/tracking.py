@@ -19,8 +19,8 @@ from ilr_search.search.progress import Event, RunReporter, StudyStarted, TrialFi
 from ilr_search.training.schedule import format_reuse_map
 
 if TYPE_CHECKING:
-    from ilr_search.analysis.trials import TrialRecord
     from ilr_search.storage import RunRecord
+    from ilr_search.storage.trials import TrialRecord
 
 TRACKERS = ("tensorboard", "mlflow")
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:  # the CLI draws these events without importing optuna
     from ilr_search.analysis.results import FrontRow
-    from ilr_search.analysis.trials import TrialRecord
+    from ilr_search.storage.trials import TrialRecord
 
 # Which command trains a race run: the study's race (`run`), or `audit`; the progress lines name it ("audit run: ...").
 RunKind = Literal["race", "audit"]

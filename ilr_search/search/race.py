@@ -30,7 +30,6 @@ from ilr_search.analysis.results import (
     is_deep_key,
     trained_by_map,
 )
-from ilr_search.analysis.trials import TrialRecord, trial_records
 from ilr_search.config import ModelConfig, TrainConfig
 from ilr_search.search.plan import StudyPlan, safe_name
 from ilr_search.search.progress import Message, RunFinished, RunKind, RunReporter, RunsStarted, step_callback
@@ -42,6 +41,7 @@ from ilr_search.search.race_results import (
     study_race,
 )
 from ilr_search.storage import Heartbeat, RaceRunJob, RunRecord, Store, grace_period, heartbeat_interval
+from ilr_search.storage.trials import TrialRecord, study_trials
 from ilr_search.training.flops import baseline_flops_per_token, flops_ratio, forward_flops_per_token
 from ilr_search.training.jobs import fusable
 from ilr_search.training.schedule import map_of_key, reuse_map_schedule
@@ -258,7 +258,7 @@ def open_race_jobs(
 ) -> tuple[list[RaceJob], RaceSettings, RaceState]:
     """The runs the racing policy asks for now that the storage does not hold yet (none where the race is done or
     off), with the race's settings and state, read from the study as it stands."""
-    trials = trial_records(study.get_trials(deepcopy=False))
+    trials = study_trials(study)
     settings, results, state = study_race(trials, study.user_attrs, store.runs(), max_steps)
     have = {(r.map_key, r.steps, r.seed) for r in results}
     open_jobs = [j for j in state.next_jobs if (j.map_key, j.steps, j.seed) not in have]
@@ -323,7 +323,7 @@ def run_race(
         open_jobs, settings, state = open_race_jobs(study, store, max_steps)
         if not open_jobs:
             return None
-        by_key = trained_by_map(trial_records(study.get_trials(deepcopy=False)))
+        by_key = trained_by_map(study_trials(study))
         runs = [
             run
             for job in open_jobs

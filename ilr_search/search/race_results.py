@@ -29,7 +29,6 @@ from ilr_search.analysis.results import (
     trained_by_map,
     trained_trials,
 )
-from ilr_search.analysis.trials import Trial, trial_records
 from ilr_search.config import (
     ITEM_OBJECTIVES,
     ModelConfig,
@@ -41,6 +40,7 @@ from ilr_search.config import (
 )
 from ilr_search.search.plan import CONFIG_ATTR, LR_SCHEDULE_FIELDS
 from ilr_search.storage import RaceRunJob, RunRecord, stored_references
+from ilr_search.storage.trials import TrialRecord
 from ilr_search.training.flops import param_count
 from ilr_search.training.schedule import ReuseMap
 
@@ -113,7 +113,7 @@ def race_run_job(job: RaceJob, base_steps: int) -> RaceRunJob:
 
 
 def stored_results(
-    trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows: Sequence[RunRecord]
+    trials: Sequence[TrialRecord], study_attrs: Mapping[str, Any], rows: Sequence[RunRecord]
 ) -> list[StoredResult]:
     """Every finished result of the study, one per (map, steps, seed): the trials' at the proxy's length
     (complete or diverged; a pruned trial has no result at a length the race knows), the reference runs of
@@ -181,7 +181,10 @@ def stored_results(
 
 
 def study_race(
-    trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows: Sequence[RunRecord], max_steps: int | None = None
+    trials: Sequence[TrialRecord],
+    study_attrs: Mapping[str, Any],
+    rows: Sequence[RunRecord],
+    max_steps: int | None = None,
 ) -> tuple[RaceSettings, list[StoredResult], RaceState]:
     """The race's settings, the study's results, and the policy's decision on them. The policy sees the maps
     a trial trained to the proxy's length (and the baseline), and the equal-compute models (deepR): a pruned
@@ -220,11 +223,10 @@ RACE_POINT_FIELDS = (
 )  # what a race front point adds to a proxy one
 
 
-def proxy_points(trials: Sequence[Trial], settings: RaceSettings) -> tuple[FrontPoint, ...]:
+def proxy_points(trials: Sequence[TrialRecord], settings: RaceSettings) -> tuple[FrontPoint, ...]:
     """The proxy's front (study_front) as front points: the proxy's length, the space's seed, no interval, not
     confirmed."""
-    records = trial_records(trials)
-    keys = {r.number: r.map_key for r in records if r.map_key is not None}  # the front's trials all have theirs
+    keys = {r.number: r.map_key for r in trials if r.map_key is not None}  # the front's trials all have theirs
     return tuple(
         FrontPoint(
             keys[cast(int, p.trial)],  # a proxy front point is a trial's
@@ -235,12 +237,12 @@ def proxy_points(trials: Sequence[Trial], settings: RaceSettings) -> tuple[Front
             (0.0, math.inf),
             False,
         )
-        for p in study_front(records)
+        for p in study_front(trials)
     )
 
 
 def front_rows(
-    points: Sequence[FrontPoint], trials: Sequence[Trial], results: Sequence[StoredResult]
+    points: Sequence[FrontPoint], trials: Sequence[TrialRecord], results: Sequence[StoredResult]
 ) -> list[FrontRow]:
     """Front points as the reports show them (the `pareto` items of `run --json` and `pareto --json`): each point's
     trial, map, knobs and FLOPs, its mean perplexity over its seeds at its length, the interval, and whether it is
@@ -275,14 +277,13 @@ def front_rows(
 
 
 def race_report(
-    trials: Sequence[Trial], study_attrs: Mapping[str, Any], rows: Sequence[RunRecord]
+    trials: Sequence[TrialRecord], study_attrs: Mapping[str, Any], rows: Sequence[RunRecord]
 ) -> RaceReport | None:
     """What `run`, `pareto`, `trials` and `studies` report of the race (analysis/race_report.py): its settings, every
     stored result, the policy's state, the decided front, the equal-compute comparison and the answer; None for a
     study not made by ilr-search (it has no race)."""
     if CONFIG_ATTR not in study_attrs:
         return None
-    trials = trial_records(trials)
     settings, results, state = study_race(trials, study_attrs, rows)
     points = decided_points(trials, settings, state)
     equal = equal_compute_report(state.equal_compute, SpaceConfig.from_dict(study_attrs[CONFIG_ATTR]).model)
@@ -298,9 +299,9 @@ def race_report(
     )
 
 
-def foreign_answer(trials: Sequence[Trial]) -> Answer:
+def foreign_answer(trials: Sequence[TrialRecord]) -> Answer:
     """The answer of a study not made by ilr-search: it has no race."""
-    steps = max((t.steps for t in trial_records(trials)), default=0)
+    steps = max((t.steps for t in trials), default=0)
     return unraced_answer("the study was not made by ilr-search (no race)", steps)
 
 
@@ -344,18 +345,18 @@ def judged_model(config: Mapping[str, Any]) -> str:
     return source[3:] if source.startswith("hf:") else Path(source).name
 
 
-def decided_points(trials: Sequence[Trial], settings: RaceSettings, state: RaceState) -> tuple[FrontPoint, ...]:
+def decided_points(trials: Sequence[TrialRecord], settings: RaceSettings, state: RaceState) -> tuple[FrontPoint, ...]:
     """The front the study decided: the race's (each point at its raced length, with its seeds and interval)
     where the study races and the race has a front; the proxy's otherwise (the race off, or before it has its
     contenders: base results missing)."""
     return state.front if settings.races and state.front else proxy_points(trials, settings)
 
 
-def decided_front(trials: Sequence[Trial], race: RaceReport | None) -> list[FrontRow]:
+def decided_front(trials: Sequence[TrialRecord], race: RaceReport | None) -> list[FrontRow]:
     """The decided front as rows: the race's (decided_points); for a study not made by ilr-search, which has no
     race, the proxy's front (study_front). What the figure's layer heatmap, `pareto --view layers` and the default
     map of `recipe` and `train --from-study` read."""
-    return list(race.front) if race is not None else study_front(trial_records(trials))
+    return list(race.front) if race is not None else study_front(trials)
 
 
 def decided_best(state: RaceState, rows: Sequence[FrontRow]) -> DecidedBest | None:

@@ -24,7 +24,6 @@ from ilr_search.analysis.results import (
     has_result,
     study_front,
 )
-from ilr_search.analysis.trials import record_of, trial_records
 from ilr_search.config import SIZE_MAXIMA, WORKERS_MAX, SpaceConfig, StudySettings, scored_by_item
 from ilr_search.errors import StorageFullError, UserInputError
 from ilr_search.folders import check_can_create
@@ -73,6 +72,7 @@ from ilr_search.storage import (
     stored_references,
     study_storage,
 )
+from ilr_search.storage.trials import TrialRecord, study_trials, trial_record
 from ilr_search.training.flops import flops_ratio
 from ilr_search.training.frozen import EvalData, eval_chunks, load_space_data
 from ilr_search.training.jobs import Job, groups, train_jobs
@@ -398,9 +398,11 @@ def first_trials(plan: StudyPlan, study: optuna.Study | None, n_trials: int, enq
         if search.enqueue_paper_maps or scan
         else []
     )  # with every searched knob off: the paper's model
-    trials = study.get_trials(deepcopy=False) if study is not None else []
+    trials = study_trials(study) if study is not None else []
+    waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,)) if study is not None else []
     known = [t.params for t in trials if t.state != TrialState.FAIL or has_result(t)] + [
-        t.system_attrs.get("fixed_params", {}) for t in trials if t.state == TrialState.WAITING
+        t.system_attrs.get("fixed_params", {})
+        for t in waiting  # an enqueued trial's parameters
     ]
     required: list[dict[str, Any]] = []
     for params in seeds[:1] + [a.params(search.knobs) for a in asked if a.block is None]:
@@ -482,17 +484,17 @@ def _run_in_process(
     if finished < n_trials:
 
         def report_trial(st: optuna.Study, ft: FrozenTrial) -> int:
-            trials = st.get_trials(deepcopy=False)
+            trials = study_trials(st)
             front = save_current_front(store, trials)
             n_done = sum(has_result(t) for t in trials)
-            reporter.on(TrialFinished(record_of(ft), front, n_done))
+            reporter.on(TrialFinished(trial_record(ft), front, n_done))
             return n_done
 
         started, told = time.monotonic(), False
         while not interrupted:
             seen = run.taken_over
             left = None if timeout is None else timeout - (time.monotonic() - started)
-            trials = study.get_trials(deepcopy=False)
+            trials = study_trials(study)
             finished = sum(has_result(t) for t in trials)
             running = sum(t.state == TrialState.RUNNING for t in trials)
             if (left is not None and left <= 0) or finished >= n_trials:
@@ -531,7 +533,7 @@ def _run_in_process(
                 )
             except KeyboardInterrupt:  # the run in training was freed for the next attempt; finished ones stay
                 interrupted = True
-    save_current_front(store, study.get_trials(deepcopy=False))
+    save_current_front(store, study_trials(study))
     for folder in (run.checkpoint_root, *run.checkpoint_root.parents[:2]):  # checkpoints go when their trials end
         try:
             folder.rmdir()
@@ -575,10 +577,10 @@ def disk_full_is_reported() -> Iterator[None]:
 def _n_finished(study: optuna.Study) -> int:
     """Trials that produced a result for their map: complete, pruned, or diverged (a study of diverging
     proxies still ends)."""
-    return sum(has_result(t) for t in study.get_trials(deepcopy=False))
+    return sum(has_result(t) for t in study_trials(study))
 
 
-def save_current_front(store: Store, trials: list[FrozenTrial]) -> list[FrontRow]:
+def save_current_front(store: Store, trials: Sequence[TrialRecord]) -> list[FrontRow]:
     front = study_front(trials)
     store.save_front(sum(t.state == TrialState.COMPLETE for t in trials), [p.to_dict() for p in front])
     return front
@@ -599,7 +601,7 @@ class ReferenceRun:
 
 
 def reference_runs(
-    plan: StudyPlan, trials: list[FrozenTrial], enqueued_blocks: Sequence[int] = ()
+    plan: StudyPlan, trials: Sequence[TrialRecord], enqueued_blocks: Sequence[int] = ()
 ) -> list[ReferenceRun]:
     """The study's reference runs, trained outside the sampler's view: the baseline at extra seeds (its
     seed-to-seed noise band), the best recurrent map (with its knobs) at a second seed (is its place real?),
@@ -612,7 +614,7 @@ def reference_runs(
     ]
     best = best_recurrent(trials) if plan.space.search.second_seed_reference else None
     if best is not None:
-        best_map = map_of_key({r.number: r for r in trial_records(trials)}[best.trial].map_key or "", n)
+        best_map = map_of_key({r.number: r for r in trials}[best.trial].map_key or "", n)
         runs.append(
             ReferenceRun(
                 "second_seed",
@@ -643,7 +645,7 @@ def train_references(run: SearchRun, share: tuple[int, int] = (0, 1), fuse: int 
     lanes train them side by side."""
     plan, study = run.plan, run.study
     k, n = share
-    refs = reference_runs(plan, study.get_trials(deepcopy=False), study.user_attrs.get(ENQUEUED_BLOCKS_ATTR, ()))
+    refs = reference_runs(plan, study_trials(study), study.user_attrs.get(ENQUEUED_BLOCKS_ATTR, ()))
     done_before = stored_references(run.store.reference_runs(), study.user_attrs)
     missing = []
     for index, ref in enumerate(refs):

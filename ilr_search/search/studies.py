@@ -26,7 +26,6 @@ from ilr_search.analysis.results import (
     study_front,
     trial_rows,
 )
-from ilr_search.analysis.trials import FINISHED, Trial, TrialRecord, trained_results, trial_records
 from ilr_search.config import StudySettings
 from ilr_search.errors import UserInputError
 from ilr_search.search.phases import PhaseRecord
@@ -43,6 +42,7 @@ from ilr_search.storage import (
     study_id,
     study_storage,
 )
+from ilr_search.storage.trials import FINISHED, TrialRecord, study_trials, trained_results
 
 FRONT_FIELDS = ("trial", "reuse_map", "flops_ratio", "val_ppl", "val_bpb")  # of a front point in `run --json`
 PARETO_FIELDS = ("trial", "reuse_map", "map", "knobs", "flops_ratio", "val_ppl", "val_bpb", "params", "within_noise_of")
@@ -232,7 +232,7 @@ class StudyReport:
 
 def study_report(study: optuna.Study, spec: StorageSpec, store: Store) -> StudyReport:
     """The study's report (StudyReport): what every command that shows a study reads, built here only."""
-    records = trial_records(study.get_trials(deepcopy=False))
+    records = study_trials(study)
     runs = store.runs()
     race = race_report(records, study.user_attrs, runs)
     stored = study.user_attrs.get(SAMPLER_ATTR)
@@ -255,10 +255,10 @@ def summarize_stored(storage: str | None, study_name: str) -> StudyReport:
     return study_report(study, spec, open_store(spec, study_name, storage=study_storage(study)))
 
 
-def fidelity_of(study: optuna.Study, store: Store, trials: Sequence[Trial] | None = None) -> Fidelity:
+def fidelity_of(study: optuna.Study, store: Store, trials: Sequence[TrialRecord] | None = None) -> Fidelity:
     """The study's fidelity (rung agreement, noise, second seed, audits, and one line of how far they agree) from
     its trials and rows."""
-    trials = trial_records(study.get_trials(deepcopy=False) if trials is None else trials)
+    trials = study_trials(study) if trials is None else trials
     config = stored_config(study.user_attrs)
     final_step = config.space.train.steps if config is not None else 0
     return study_fidelity(
@@ -376,7 +376,7 @@ def list_studies(storage: str | None = None) -> StudyListing:
     for summary in optuna.get_all_study_summaries(st, include_best_trial=False):
         study = optuna.load_study(study_name=summary.study_name, storage=st)
         config = stored_config(study.user_attrs)
-        trials = listed_trials(study.get_trials(deepcopy=False))
+        trials = listed_trials(study_trials(study))
         ppls = [t.val_ppl for t in trained_results(trials) if t.val_ppl is not None]
         store = open_store(spec, summary.study_name, read_only=True, storage=st)
         race = race_report(trials, study.user_attrs, store.runs()) if config else None

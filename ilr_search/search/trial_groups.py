@@ -25,7 +25,6 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from ilr_search.analysis.results import finite_or_none, has_result
-from ilr_search.analysis.trials import TrialAttr, TrialRecord, TrialResultAttrs, trial_records
 from ilr_search.config import ModelConfig, TrainConfig
 from ilr_search.knobs import KnobValue, acting_knobs, config_key, format_knobs
 from ilr_search.search.maps import propose_knobs, propose_trial_map
@@ -45,6 +44,7 @@ from ilr_search.storage import (
     study_storage,
     trial_id,
 )
+from ilr_search.storage.trials import TrialAttr, TrialRecord, TrialResultAttrs, study_trials
 from ilr_search.training.flops import flops_ratio, param_count
 from ilr_search.training.jobs import Job, train_jobs
 from ilr_search.training.schedule import reuse_map_schedule
@@ -176,7 +176,7 @@ class SearchRun:
         numbers are given in order by the storage, so of two trials asked at once exactly the later one stops."""
         ahead = sum(
             t.number < trial.number and (has_result(t) or t.state == TrialState.RUNNING)
-            for t in self.study.get_trials(deepcopy=False)
+            for t in study_trials(self.study)
         )
         if ahead >= self.n_trials:
             set_trial_user_attrs(trial, {TrialAttr.SURPLUS: True})
@@ -219,11 +219,7 @@ class SearchRun:
     def _result_for(self, key: str, exclude: int) -> TrialRecord | None:
         """The first trial other than `exclude` that trained map `key` to a result."""
         return next(
-            (
-                r
-                for r in trial_records(self.study.get_trials(deepcopy=False))
-                if r.number != exclude and r.map_key == key and r.trained_its_map
-            ),
+            (r for r in study_trials(self.study) if r.number != exclude and r.map_key == key and r.trained_its_map),
             None,
         )
 
@@ -234,7 +230,7 @@ class SearchRun:
             holder = self.store.claim(key, number)
             if holder == number:
                 return None
-            held = self._trial_by_number(holder)
+            held = next((r for r in study_trials(self.study) if r.number == holder), None)
             ended = held is None or held.state.is_finished()
             if ended or (held is not None and has_result(held)):  # held is None only where ended
                 result = self._result_for(key, number)
@@ -296,9 +292,7 @@ class SearchRun:
                 intermediate_values={p.step: p.val_loss for p in result.curve},
             )
         )
-        recovered = max(
-            r.number for r in trial_records(self.study.get_trials(deepcopy=False)) if r.recovered_from == trial.number
-        )
+        recovered = max(r.number for r in study_trials(self.study) if r.recovered_from == trial.number)
         self._store_curve(recovered, result, key, ratio)
         self._store_train_curve(recovered, result, key)
         self.store.take_over(key, trial.number, recovered)

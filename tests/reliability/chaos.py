@@ -36,6 +36,7 @@ from ilr_search.analysis.results import has_result, study_front
 from ilr_search.search.run import RunRequest, prepare_study
 from ilr_search.space import load_space
 from ilr_search.storage import open_storage, open_store, parse_storage
+from ilr_search.storage.trials import study_trials
 
 HEARTBEAT_SECONDS = 1
 BUDGET = "2x"
@@ -228,6 +229,7 @@ class Chaos:
     def result(self, seconds: float) -> ChaosResult:
         study = self.load()
         trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+        records = study_trials(study)
         lost = [
             n
             for n, (state, values) in self.snapshots.items()
@@ -249,9 +251,9 @@ class Chaos:
             lost_trials=lost,
             trained_twice={k: v for k, v in trained.items() if v > 1},
             left_running=[t.number for t in trials.values() if t.state == TrialState.RUNNING],
-            front_mismatch=stored != [p.trial for p in study_front(list(trials.values()))],
+            front_mismatch=stored != [p.trial for p in study_front(records)],
             kills=[f"{w.name}:{w.killed}" for w in self.workers if w.killed],
-            n_finished=sum(has_result(t) for t in trials.values()),
+            n_finished=sum(has_result(r) for r in records),
             seconds=seconds,
             marks=self.marks,
         )

@@ -18,6 +18,7 @@ from ilr_search.analysis.results import has_result, study_front
 from ilr_search.search.run import RunRequest, run_in_process
 from ilr_search.space import load_space
 from ilr_search.storage import open_storage, open_store, parse_storage
+from ilr_search.storage.trials import study_trials
 
 HEARTBEAT_SECONDS = 1
 
@@ -85,8 +86,9 @@ def check_accounted(storage, study_name):
     stored front equals the front recomputed from the trials."""
     study = load(storage, study_name)
     trials = study.trials
+    records = study_trials(study)
     assert not [t.number for t in trials if t.state == TrialState.RUNNING]
-    failed = [t for t in trials if t.state == TrialState.FAIL and not has_result(t)]
+    failed = [r for r in records if r.state == TrialState.FAIL and not has_result(r)]
     for f in failed:
         retries = [
             t
@@ -94,11 +96,11 @@ def check_accounted(storage, study_name):
             if t.system_attrs.get("failed_trial") == f.number or t.user_attrs.get("retry_of") == f.number
         ]
         assert retries, f"failed trial {f.number} was not retried"
-    trained = Counter(t.user_attrs["map_key"] for t in trials if has_result(t) and t.user_attrs.get("steps", 0) > 0)
+    trained = Counter(r.map_key for r in records if has_result(r) and r.steps > 0)
     assert trained and max(trained.values()) == 1, trained
     history = open_store(parse_storage(storage), study_name).front_history()
     stored = history[max(history)]
-    assert [p.trial for p in stored] == [p.trial for p in study_front(trials)]
+    assert [p.trial for p in stored] == [p.trial for p in study_front(records)]
     return study
 
 

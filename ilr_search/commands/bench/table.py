@@ -16,7 +16,6 @@ from typing import Any, cast
 
 from ilr_search.analysis.pareto import non_dominated
 from ilr_search.analysis.results import curves_by_trial
-from ilr_search.analysis.trials import trained_results
 from ilr_search.commands.report import _atomic_write, check_out_path
 from ilr_search.config import SIZE_MAXIMA
 from ilr_search.errors import UserInputError
@@ -26,6 +25,7 @@ from ilr_search.search.run import RunRequest, run_in_process
 from ilr_search.search.studies import open_study
 from ilr_search.space import load_space
 from ilr_search.storage import open_store, parse_storage, stored_references, study_storage
+from ilr_search.storage.trials import study_trials, trained_results
 
 
 def feasible_maps(n_layers: int, max_reuse: int, max_layer_runs: int) -> list[list[int]]:
@@ -106,7 +106,7 @@ def build_table(
     study = open_study(parse_storage(storage), name)
     store = open_store(parse_storage(storage), name, read_only=True, storage=study_storage(study))
     curves = curves_by_trial(store.curve_points())
-    for t in trained_results(study.get_trials(deepcopy=False)):
+    for t in trained_results(study_trials(study)):
         rows.append(
             {
                 "reuse_map": ",".join(map(str, cast(tuple[int, ...], t.reuse_map))),  # a trained result's map

@@ -1,7 +1,8 @@
 """A trial as ilr-search stores it: the names of the user attributes search/trial_groups.py writes
 on a trial, shared by that writer and this reader, and TrialRecord, every one of them read once from Optuna's
-FrozenTrial. A study stored by an earlier version lacks some attributes: they read as None (or their stated
-default)."""
+FrozenTrial. study_trials reads a study's trials into records: every reader of results goes through it (or,
+holding one FrozenTrial that Optuna handed over, through trial_record). A study stored by an earlier version lacks
+some attributes: they read as None (or their stated default)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final, TypedDict, cast
 
+import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from ilr_search.knobs import KnobValue
@@ -201,18 +203,11 @@ def trial_record(t: FrozenTrial) -> TrialRecord:
     )
 
 
-Trial = TrialRecord | FrozenTrial  # a stored trial, read into its record or not yet
+def study_trials(study: optuna.Study) -> list[TrialRecord]:
+    """The records of a study's trials, in their order."""
+    return [trial_record(t) for t in study.get_trials(deepcopy=False)]
 
 
-def record_of(t: Trial) -> TrialRecord:
-    return t if isinstance(t, TrialRecord) else trial_record(t)
-
-
-def trial_records(trials: Iterable[Trial]) -> list[TrialRecord]:
-    """The records of stored trials, in their order (records already read pass through)."""
-    return [record_of(t) for t in trials]
-
-
-def trained_results(trials: Iterable[Trial]) -> list[TrialRecord]:
+def trained_results(trials: Iterable[TrialRecord]) -> list[TrialRecord]:
     """The complete trials that trained their map and have a perplexity (TrialRecord.is_trained_result)."""
-    return [r for r in trial_records(trials) if r.is_trained_result]
+    return [r for r in trials if r.is_trained_result]
