@@ -7,8 +7,8 @@
 - store: the project's own records beside Optuna's trials (claims, curves, pruning, fronts, and the race and
   reference runs as RunRecord): Store;
 - sql_store, journal_store: the Store in the study's SQL database, or in a file beside a journal;
-- trials: a study's trials read from Optuna once, into TrialRecord (the attributes the objective writes, typed):
-  study_trials;
+- trials: the names of the attributes the objective writes on a trial, and a study's trials read from Optuna
+  once, into TrialRecord: study_trials (which trials count as trained results: trained_results);
 - optuna_compat: the one door to Optuna's private names (a study's storage, trial ids, heartbeats...);
 - opening: the Store of a spec, on the engine of the Optuna storage open there: open_store; a study's
   reference runs read through it: study_references.
