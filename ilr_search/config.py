@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any, Literal, TypeVar, get_args
 
 PositionalEncoding = Literal["nope", "rope", "learned", "alibi"]
 POSITIONAL_ENCODINGS: tuple[PositionalEncoding, ...] = get_args(PositionalEncoding)
@@ -345,7 +345,10 @@ STORED_OMITTED_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
-def without_omitted_defaults(section: str, values: Mapping[str, Any]) -> dict[str, Any]:
+V = TypeVar("V")
+
+
+def without_omitted_defaults(section: str, values: Mapping[str, V]) -> dict[str, V]:
     """A section's values (SpaceConfig.to_dict's) without the keys at their STORED_OMITTED_DEFAULTS value: what a
     study stores of that section."""
     omitted = STORED_OMITTED_DEFAULTS.get(section, {})

@@ -44,7 +44,6 @@ from typing import Any, TypeGuard
 
 from ilr_search.analysis.answer import interval_words, ppl_gain, side
 from ilr_search.analysis.map_key import MapKey
-from ilr_search.analysis.pareto import non_dominated
 from ilr_search.analysis.race_core import (
     CANNOT_WIN,
     DECIDED_AGAINST,
@@ -62,8 +61,10 @@ from ilr_search.analysis.race_core import (
     Screen,
     ScreenAgreement,
     base_results,
+    by_seed,
     choose_contenders,
     collect,
+    loss_front,
     race_compute,
 )
 from ilr_search.analysis.results import DEEP_PREFIX, deep_key, is_deep_key, key_reuse_map
@@ -366,11 +367,6 @@ def _mean(results: Results, key: str, steps: int) -> float:
     return math.fsum(losses.values()) / len(losses) if losses else math.inf
 
 
-def _by_seed(losses: Mapping[int, float]) -> list[float]:
-    """A map's losses in seed order (sums in a fixed order: the same decision whatever order results came in)."""
-    return [losses[s] for s in sorted(losses)]
-
-
 def _sequential(settings: RaceSettings, level: float, first_look: int, max_n: int) -> SequentialTest:
     """The race's sequential test of one comparison held to `level`, over a pool of max_n test seeds."""
     return SequentialTest(level, first_look, max_n, settings.test, every=looks_apart(settings.look_every, max_n))
@@ -428,8 +424,8 @@ def _compare(
     else:
         c = paired_comparison({s: mine[s] for s in seeds}, {s: base[s] for s in seeds}, settings.confidence)
         t = t_statistic(diffs)
-        by_seed = _sequential(settings, level, first_look, max_n)
-        boundary = by_seed.boundary(len(seeds)) if settings.test == "spending" and len(seeds) >= first_look else None
+        seed_test = _sequential(settings, level, first_look, max_n)
+        boundary = seed_test.boundary(len(seeds)) if settings.test == "spending" and len(seeds) >= first_look else None
         common = dict(
             map_key=key,
             flops_ratio=flops,
@@ -581,22 +577,8 @@ def _front(
 ) -> tuple[FrontPoint, ...]:
     """The non-dominated contenders at the target by (mean loss, FLOPs), cheapest first; confirmed: claimed better
     than the baseline by the sequential test (the baseline is the reference, never confirmed)."""
-    keys = [k for k in alive if results.at(k, steps)]
-    intervals = {k: seed_interval(_by_seed(results.at(k, steps)), confidence) for k in keys}
-    idx = non_dominated([(intervals[k].mean_loss, results.flops[k]) for k in keys])
-    on_front = sorted((keys[i] for i in idx), key=lambda k: (results.flops[k], intervals[k].mean_loss, k))
-    return tuple(
-        FrontPoint(
-            map_key=k,
-            flops_ratio=results.flops[k],
-            steps=steps,
-            seeds=tuple(sorted(results.at(k, steps))),
-            val_ppl=intervals[k].val_ppl,
-            interval=intervals[k].interval_ppl or (0.0, math.inf),
-            confirmed=k in claimed,
-        )
-        for k in on_front
-    )
+    front = loss_front(alive, results, steps, confidence)
+    return tuple(dataclasses.replace(p, confirmed=p.map_key in claimed) for p in front)
 
 
 def _plus(gap: float | None, margin: float) -> float | None:
@@ -656,7 +638,7 @@ def _equal_compute(
     mine, theirs = results.at(best, target), results.at(deep, target)
     layers = int(deep[len(DEEP_PREFIX) :])
     share = settings.layer_param_share
-    iv = seed_interval(_by_seed(theirs), settings.confidence) if theirs else None
+    iv = seed_interval(by_seed(theirs), settings.confidence) if theirs else None
     c = paired_comparison(mine, theirs, settings.confidence)
     if not c.n or c.mean_diff is None:
         diff = None

@@ -10,11 +10,11 @@ are Benjamini-Hochberg adjusted, so that the share of false ones among them stay
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from typing import cast
 
-from ilr_search.analysis.pareto import non_dominated
 from ilr_search.analysis.race_core import (
     DetectableGap,
     Evaluation,
@@ -26,11 +26,12 @@ from ilr_search.analysis.race_core import (
     base_results,
     benjamini_hochberg,
     choose_contenders,
+    loss_front,
     race_compute,
     race_lengths,
     reported_best,
 )
-from ilr_search.analysis.stats import PairedComparison, decision_level, paired_comparison, seed_interval
+from ilr_search.analysis.stats import PairedComparison, decision_level, paired_comparison
 
 
 def fixed_race_state(evaluations: Sequence[Evaluation], settings: RaceSettings, baseline_key: str) -> RaceState:
@@ -179,32 +180,17 @@ def _front(alive: Sequence[str], results: Results, steps: int, confidence: float
     """The non-dominated alive maps at `steps` by (mean loss, flops), cheapest first; confirmed: a paired test
     shows it better than every cheaper front point, the p-values of all the front's tests adjusted together
     (Benjamini-Hochberg); the cheapest point is confirmed when it has >= 2 seeds."""
-    keys = [k for k in alive if results.at(k, steps)]
-    intervals = {k: seed_interval(list(results.at(k, steps).values()), confidence) for k in keys}
-    idx = non_dominated([(intervals[k].mean_loss, results.flops[k]) for k in keys])
-    on_front = sorted((keys[i] for i in idx), key=lambda k: (results.flops[k], intervals[k].mean_loss, k))
+    front = loss_front(alive, results, steps, confidence)
+    on_front = [p.map_key for p in front]
     pairs = [(k, c) for i, k in enumerate(on_front) for c in on_front[:i]]
     tests = [paired_comparison(results.at(k, steps), results.at(c, steps), confidence) for k, c in pairs]
     adjusted = dict(zip(pairs, benjamini_hochberg([t.p_value for t in tests]), strict=True))
-    enough = {pair: t.n >= 2 for pair, t in zip(pairs, tests, strict=True)}
-    points = []
-    for i, k in enumerate(on_front):
-        iv = intervals[k]
-        confirmed = iv.n >= 2 and all(
-            enough[(k, c)] and adjusted[(k, c)] < decision_level(confidence) for c in on_front[:i]
-        )
-        points.append(
-            FrontPoint(
-                map_key=k,
-                flops_ratio=results.flops[k],
-                steps=steps,
-                seeds=tuple(sorted(results.at(k, steps))),
-                val_ppl=iv.val_ppl,
-                interval=iv.interval_ppl or (0.0, math.inf),
-                confirmed=confirmed,
-            )
-        )
-    return tuple(points)
+    level = decision_level(confidence)
+    shown = {pair: t.n >= 2 and adjusted[pair] < level for pair, t in zip(pairs, tests, strict=True)}
+    return tuple(
+        dataclasses.replace(p, confirmed=len(p.seeds) >= 2 and all(shown[(p.map_key, c)] for c in on_front[:i]))
+        for i, p in enumerate(front)
+    )
 
 
 def _report(

@@ -497,6 +497,11 @@ class Panel:
     px: int
     legend: str = "legend"
 
+    @classmethod
+    def wide(cls, kind: str, title: str, px: int) -> Panel:
+        """A panel that takes the whole row, under one title."""
+        return cls(kind, [{"colspan": 2}, None], [title], px)
+
 
 def pareto_figure(
     study: str,
@@ -547,13 +552,10 @@ def pareto_figure(
         pct = round(race.settings.confidence * 100)
         steps = decided_steps(race)
         panels.append(
-            Panel(
+            Panel.wide(
                 "decided",
-                [{"colspan": 2}, None],
-                [
-                    f"raced maps {race.settings.words.at(steps)}: mean perplexity over "
-                    f"{race.settings.words.plural}, {pct}% intervals"
-                ],
+                f"raced maps {race.settings.words.at(steps)}: mean perplexity over "
+                f"{race.settings.words.plural}, {pct}% intervals",
                 TOP_PX,
             )
         )
@@ -562,13 +564,12 @@ def pareto_figure(
     else:
         at = f" at {base_steps} steps" if base_steps else ""
         proxy_title = f"proxy trials{at} (one seed each): perplexity vs compute"
-    panels.append(Panel("proxy", [{"colspan": 2}, None], [proxy_title], PROXY_PX if raced or blocks else TOP_PX))
+    panels.append(Panel.wide("proxy", proxy_title, PROXY_PX if raced or blocks else TOP_PX))
     if apart:
         panels.append(
-            Panel(
+            Panel.wide(
                 "apart",
-                [{"colspan": 2}, None],
-                ["pruned and failed trials (at the step they stopped; not a final perplexity)"],
+                "pruned and failed trials (at the step they stopped; not a final perplexity)",
                 30 + STRIP_ROW_PX * len({_apart_label(t) for t in apart}),
             )
         )
@@ -583,17 +584,10 @@ def pareto_figure(
             )
         )
     elif layer_view and layer_view.importance:  # a block study's: the importance of each block parameter alone
-        panels.append(
-            Panel("layers", [{"colspan": 2}, None], ["importance for perplexity (PED-ANOVA over the trials)"], 240)
-        )
+        panels.append(Panel.wide("layers", "importance for perplexity (PED-ANOVA over the trials)", 240))
     if curved:
         panels.append(
-            Panel(
-                "curves",
-                [{"colspan": 2}, None],
-                ["validation loss against step (the decided front's maps in colour)"],
-                CURVES_PX,
-            )
+            Panel.wide("curves", "validation loss against step (the decided front's maps in colour)", CURVES_PX)
         )
     if fidelity:
         panels.append(
@@ -958,41 +952,29 @@ def _layers_panel(fig: go.Figure, layer_view: LayerView, row: int, legend: str) 
     """The reuse counts of the decided front's maps (a heatmap, one row a map) and each layer's importance; a view
     without maps (a block study's) has its importances alone, across the row."""
     maps = layer_view.front_maps
-    if not maps:
+    if maps:  # (the panel is drawn only where there are maps or importances)
+        counts = [list(m.reuse_map or ()) for m in maps]
+
+        def label(m: FrontRow) -> str:
+            who = f"trial {m.trial}" if m.trial is not None else ",".join(map(str, m.reuse_map or ()))
+            knobs = f"<br>{m.knobs}" if m.knobs else ""
+            return f"{who}{knobs}<br>{m.flops_ratio:.2f}x, ppl {m.val_ppl:.5g}"
+
         fig.add_trace(
-            go.Bar(
-                x=list(layer_view.importance),
-                y=list(layer_view.importance.values()),
-                name="importance (PED-ANOVA)",
-                legend=legend,
-                marker_color="#2ca02c",
+            go.Heatmap(
+                z=counts,
+                x=[f"layer {i}" for i in range(len(counts[0]))],
+                y=[label(m) for m in maps],
+                colorscale="Blues",
+                zmin=1,
+                zmax=max([2] + [max(c) for c in counts]),
+                showscale=False,
+                texttemplate="%{z}",
+                hovertemplate="%{y}<br>%{x}: %{z} runs<extra></extra>",
             ),
             row=row,
             col=1,
         )
-        return
-    counts = [list(m.reuse_map or ()) for m in maps]
-
-    def label(m: FrontRow) -> str:
-        who = f"trial {m.trial}" if m.trial is not None else ",".join(map(str, m.reuse_map or ()))
-        knobs = f"<br>{m.knobs}" if m.knobs else ""
-        return f"{who}{knobs}<br>{m.flops_ratio:.2f}x, ppl {m.val_ppl:.5g}"
-
-    fig.add_trace(
-        go.Heatmap(
-            z=counts,
-            x=[f"layer {i}" for i in range(len(counts[0]))] if maps else [],
-            y=[label(m) for m in maps],
-            colorscale="Blues",
-            zmin=1,
-            zmax=max([2] + [max(c) for c in counts]),
-            showscale=False,
-            texttemplate="%{z}",
-            hovertemplate="%{y}<br>%{x}: %{z} runs<extra></extra>",
-        ),
-        row=row,
-        col=1,
-    )
     importance = layer_view.importance
     if importance:
         fig.add_trace(
@@ -1004,7 +986,7 @@ def _layers_panel(fig: go.Figure, layer_view: LayerView, row: int, legend: str) 
                 marker_color="#2ca02c",
             ),
             row=row,
-            col=2,
+            col=2 if maps else 1,
         )
 
 

@@ -10,8 +10,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ilr_search.analysis.pareto import non_dominated_ranks
+from ilr_search.analysis.pareto import non_dominated, non_dominated_ranks
 from ilr_search.analysis.sequential import TestKind
+from ilr_search.analysis.stats import seed_interval
 from ilr_search.config import RacePolicy, races
 from ilr_search.records import record_json
 
@@ -487,6 +488,32 @@ def collect(evaluations: Sequence[Evaluation]) -> Results:
         if e.scores:
             scores.setdefault(e.map_key, {}).setdefault(e.steps, {})[e.seed] = e.scores
     return Results(flops, losses, scores)
+
+
+def by_seed(losses: Mapping[int, float]) -> list[float]:
+    """A map's losses in seed order (sums in a fixed order: the same decision whatever order results came in)."""
+    return [losses[s] for s in sorted(losses)]
+
+
+def loss_front(alive: Sequence[str], results: Results, steps: int, confidence: float) -> list[FrontPoint]:
+    """The non-dominated maps of `alive` at `steps` by (mean loss, FLOPs), cheapest first, each with the t interval of
+    its seeds' losses (by_seed); none confirmed yet (each race confirms its points its own way)."""
+    keys = [k for k in alive if results.at(k, steps)]
+    intervals = {k: seed_interval(by_seed(results.at(k, steps)), confidence) for k in keys}
+    idx = non_dominated([(intervals[k].mean_loss, results.flops[k]) for k in keys])
+    on_front = sorted((keys[i] for i in idx), key=lambda k: (results.flops[k], intervals[k].mean_loss, k))
+    return [
+        FrontPoint(
+            map_key=k,
+            flops_ratio=results.flops[k],
+            steps=steps,
+            seeds=tuple(sorted(results.at(k, steps))),
+            val_ppl=intervals[k].val_ppl,
+            interval=intervals[k].interval_ppl or (0.0, math.inf),
+            confirmed=False,
+        )
+        for k in on_front
+    ]
 
 
 def choose_contenders(

@@ -33,6 +33,10 @@ FAMILY_PARAM = "family"  # the trial's family, a parameter only where the study 
 BLOCK_START, BLOCK_END, BLOCK_REPEATS = "block_start", "block_end", "block_repeats"
 BLOCK_PARAMS = (BLOCK_START, BLOCK_END, BLOCK_REPEATS)
 
+# A trial's parameters as Optuna stores them: the counts and a block's indices (int), the family (str) and the
+# searched knobs (KnobValue).
+TrialParams = dict[str, int | str | KnobValue]
+
 
 def repair_to_budget(reuse_map: list[int], max_layer_runs: int) -> list[int]:
     """The map scaled into the budget, keeping its shape: the extra iterations (r - 1) are scaled down in
@@ -142,7 +146,7 @@ def family_params(family: str, families: Sequence[str]) -> dict[str, str]:
 
 def first_params(
     n_layers: int, max_reuse: int, max_layer_runs: int, families: Sequence[str], scan: bool = False
-) -> list[dict[str, int | str | KnobValue]]:
+) -> list[TrialParams]:
     """The parameters of a study's first maps, baseline first: first_maps where the study searches ilr, else the
     baseline as a block run once (no prior on where to loop); `scan` (the grid sampler over blocks): then every
     feasible block (feasible_blocks)."""

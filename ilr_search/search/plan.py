@@ -328,7 +328,7 @@ def adopt_stored_dtype(storage: optuna.storages.BaseStorage | None, plan: StudyP
 
 
 def adopt_stored_race(
-    storage: optuna.storages.BaseStorage | None, plan: StudyPlan, asked: Mapping[str, Any] | None = None
+    storage: optuna.storages.BaseStorage | None, plan: StudyPlan, asked: Mapping[str, str | int] | None = None
 ) -> StudyPlan:
     """A stored study's race settings (ADOPTED_RACE_FIELDS) for this run: a study made with the fixed race is
     resumed with it. `asked`: the settings this run's flags ask for; one that differs from the study's is refused."""

@@ -130,7 +130,7 @@ class RunRequest:
             )
 
     @property
-    def asked_race(self) -> dict[str, Any]:
+    def asked_race(self) -> dict[str, str | int]:
         """The race settings this request asks for ({field: value}, the ones given)."""
         asked = {"race_policy": self.race_policy, "max_seeds": self.max_seeds, "equal_compute": self.equal_compute}
         return {k: v for k, v in asked.items() if v is not None}
@@ -211,8 +211,9 @@ def checked_request(request: RunRequest) -> tuple[StorageSpec, SpaceConfig, Stud
 def planned_space(request: RunRequest) -> tuple[SpaceConfig, StudyPlan]:
     """The space with the request's sampler and pruner, checked, and the study it makes, its maps asked for
     checked too (nothing is opened)."""
+    # the flags given, as typed (validate_space checks their values in the space they make)
     chosen: dict[str, Any] = {k: v for k, v in (("sampler", request.sampler), ("pruner", request.pruner)) if v}
-    search = dataclasses.replace(request.space.search, **chosen, **request.asked_race)
+    search = dataclasses.replace(request.space.search, **chosen | request.asked_race)
     space = evaluation_only_space(dataclasses.replace(request.space, search=search), request)
     validate_space(space)
     check_search_objective(space)

@@ -19,6 +19,7 @@ from ilr_search.search.maps import (
     BLOCK_REPEATS,
     BLOCK_START,
     FAMILY_PARAM,
+    TrialParams,
     block_params,
     feasible_blocks,
     map_params,
@@ -110,7 +111,7 @@ class BudgetRepairSampler(optuna.samplers.BaseSampler):
 
     def sample_relative(
         self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
-    ) -> dict[str, Any]:
+    ) -> TrialParams:
         own = self._base_space.pop(trial_id(trial), {})
         params = self._repaired(study, trial, dict(self.base.sample_relative(study, trial, own)) if own else {})
         if set(self.knobs) - set(params):  # knobs sampled later: whether the proposal was tried is not known yet
@@ -131,7 +132,7 @@ class BudgetRepairSampler(optuna.samplers.BaseSampler):
             params = self._untried_block(params, tried, trial.number)
         return params
 
-    def _untried_block(self, params: dict[str, Any], tried: list[dict[str, Any]], number: int) -> dict[str, Any]:
+    def _untried_block(self, params: TrialParams, tried: list[TrialParams], number: int) -> TrialParams:
         """`params` moved to a feasible block no trial has tried (drawn with the trial's number as the seed), where
         one is left: blocks are few enough to list, so a proposal never repeats an evaluated block while others
         remain."""
@@ -142,7 +143,7 @@ class BudgetRepairSampler(optuna.samplers.BaseSampler):
         ]
         return params | block_params(random.Random(number).choice(left)) if left else params
 
-    def _repaired(self, study: optuna.Study, trial: FrozenTrial, params: dict[str, Any]) -> dict[str, Any]:
+    def _repaired(self, study: optuna.Study, trial: FrozenTrial, params: TrialParams) -> TrialParams:
         """`params` with every map parameter the base sampler did not give drawn independently, and the map
         repaired to the budget (only the trial's family's parameters are kept)."""
         for name, distribution in self.family_space.items():
@@ -158,7 +159,7 @@ class BudgetRepairSampler(optuna.samplers.BaseSampler):
         proposed = [int(params[f"r{i}"]) for i in range(self.n_layers)]
         return params | map_params(repair_to_budget(proposed, self.max_layer_runs))
 
-    def _repaired_block(self, study: optuna.Study, trial: FrozenTrial, params: dict[str, Any]) -> dict[str, Any]:
+    def _repaired_block(self, study: optuna.Study, trial: FrozenTrial, params: TrialParams) -> TrialParams:
         params = {k: v for k, v in params.items() if k not in self.counts_space}
         if BLOCK_START not in params and BLOCK_END not in params:  # a fresh block: uniform over start <= end
             a = int(self.base.sample_independent(study, trial, BLOCK_START, self.block_space[BLOCK_START]))

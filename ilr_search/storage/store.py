@@ -34,6 +34,8 @@ class RaceRunJob:
 
 RunKind = Literal["race", "reference"]
 
+ColumnValue = str | int | float | None  # a value of a stored run's field (RunRecord.to_record)
+
 REFERENCE_PREFIX = "ilr:reference:"  # the study attribute of a reference run in a study stored before schema 3
 
 
@@ -102,7 +104,7 @@ class RunRecord:
             r.get("status"),
         )
 
-    def to_record(self) -> dict[str, Any]:
+    def to_record(self) -> dict[str, ColumnValue]:
         """The run as stored (from_record's input): every field, the tuples as JSON text."""
         return {
             "factor": self.job.factor,

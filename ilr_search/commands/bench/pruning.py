@@ -14,6 +14,7 @@ from ilr_search.commands.bench.hypervolume import _feed_curve
 from ilr_search.commands.bench.table import Table
 from ilr_search.config import PRUNERS, PrunerSettings
 from ilr_search.errors import UserInputError
+from ilr_search.search.pruners import pruner_settings
 from ilr_search.space import load_space
 from ilr_search.storage import CurvePoint
 
@@ -89,15 +90,8 @@ def default_pruner_settings(pruner: str) -> PrunerSettings:
     """A pruning rule with the default space's settings (what a default study prunes with)."""
     if pruner not in PRUNERS:
         raise ValueError(f"unknown pruner {pruner!r}; use one of {', '.join(PRUNERS)}")
-    search = load_space().search
-    return PrunerSettings(
-        name=pruner,
-        eta=search.prune_eta,
-        epsilon=search.prune_epsilon,
-        warmup=search.prune_warmup,
-        calibration_maps=search.prune_calibration_maps,
-        min_spearman=search.prune_min_spearman,
-    )
+    space = load_space()
+    return pruner_settings(dataclasses.replace(space, search=dataclasses.replace(space.search, pruner=pruner)))
 
 
 @dataclass(frozen=True)
