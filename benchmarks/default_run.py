@@ -4,9 +4,11 @@ or with both cores kept busy, and what it concluded.
     python benchmarks/default_run.py [--hogs 0] [--out benchmarks/data/default-run-quiet-2026-12-01.json]
         [--keep FOLDER] [-- extra run flags]
     python benchmarks/default_run.py --fresh-venv [--hogs 0] [--keep FOLDER] [--dry-run] [--out ...]
+    python benchmarks/default_run.py --compare A.json B.json
 
 --hogs N starts N `python3 -c 'while 1: pass'` processes beside the run (2 on this 2-core machine: both cores busy)
-and stops them after it; the run starts after the hogs have run --settle seconds (60), untimed. --keep copies the run's study database (studies/ilr-search.db) into FOLDER. The JSON keeps the wall time, the verdict, the detectable gap, the equal-compute
+and stops them after it; --compare says whether two records hold the same study (every field but the date, machine,
+load and wall time), field by field. The run starts after the hogs have run --settle seconds (60), untimed. --keep copies the run's study database (studies/ilr-search.db) into FOLDER. The JSON keeps the wall time, the verdict, the detectable gap, the equal-compute
 reference, the race's compute, every race run, the machine and the load before and after.
 
 --fresh-venv times what a newcomer does: it clones this repository's HEAD (git clone) into a temporary folder, makes
@@ -54,8 +56,11 @@ def main() -> None:
     ap.add_argument("--fresh-venv", action="store_true",
                     help="clone HEAD, make a fresh venv, and time README's Quickstart command as written, install included")
     ap.add_argument("--dry-run", action="store_true", help="with --fresh-venv: print the plan, run and write nothing")
+    ap.add_argument("--compare", nargs=2, metavar=("A", "B"), help="two records: the same study, field by field?")
     ap.add_argument("extra", nargs="*")
     args = ap.parse_args()
+    if args.compare:
+        raise SystemExit(compare_records(*(Path(p) for p in args.compare)))
     if args.fresh_venv:
         fresh_venv_run(Path(args.out) if args.out else None, args.dry_run, args.hogs, args.settle,
                        Path(args.keep) if args.keep else None)
@@ -95,6 +100,27 @@ def main() -> None:
     out.write_text(json.dumps(record, indent=1) + "\n")
     print(f"{seconds:.0f} s; {summary['verdict']}")
     print(f"wrote {out}")
+
+
+# What a record says of the run rather than of the study it made
+RUN_FIELDS = {"command", "date", "machine", "hogs", "settle_seconds", "load_before", "load_after", "wall_seconds"}
+
+
+def compare_records(a: Path, b: Path) -> int:
+    """Print each study field of two records as equal or not (a race run by its map, steps and seed); 1 if any differ."""
+    first, second = (json.loads(p.read_text()) for p in (a, b))
+    differ = 0
+    for key in sorted((set(first) | set(second)) - RUN_FIELDS):
+        x, y = first.get(key), second.get(key)
+        if key == "race_runs":
+            runs = [{(r["map_key"], r["steps"], r["seed"]): r for r in rs or []} for rs in (x, y)]
+            same = [k for k in runs[0] if runs[1].get(k) == runs[0][k]]
+            print(f"race_runs: {len(same)} of {len(runs[0])} (and {len(runs[1])}) equal to the last bit")
+            differ += len(same) != len(runs[0]) or len(runs[0]) != len(runs[1])
+        else:
+            print(f"{key}: {'equal' if x == y else f'DIFFERS: {x!r} against {y!r}'}")
+            differ += x != y
+    return int(differ > 0)
 
 
 def readme_run_command(readme: Path = ROOT / "README.md") -> str:
