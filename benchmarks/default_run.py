@@ -8,8 +8,10 @@ or with both cores kept busy, and what it concluded.
 
 --hogs N starts N `python3 -c 'while 1: pass'` processes beside the run (2 on this 2-core machine: both cores busy)
 and stops them after it; --compare says whether two records hold the same study (every field but the date, machine,
-load and wall time), field by field. The run starts after the hogs have run --settle seconds (60), untimed. --keep copies the run's study database (studies/ilr-search.db) into FOLDER. The JSON keeps the wall time, the verdict, the detectable gap, the equal-compute
-reference, the race's compute, every race run, the machine and the load before and after.
+load and wall time), field by field. The run starts after the hogs have run --settle seconds (60), untimed.
+--keep copies the run's study database (studies/ilr-search.db) into FOLDER. The JSON keeps the wall time, the
+verdict, the detectable gap, the equal-compute reference, the race's compute, every race run, the machine and the
+load before and after.
 
 --fresh-venv times what a newcomer does: it clones this repository's HEAD (git clone) into a temporary folder, makes
 a fresh virtual environment there, and runs README's Quickstart command exactly as written (the code block after
@@ -107,7 +109,8 @@ RUN_FIELDS = {"command", "date", "machine", "hogs", "settle_seconds", "load_befo
 
 
 def compare_records(a: Path, b: Path) -> int:
-    """Print each study field of two records as equal or not (a race run by its map, steps and seed); 1 if any differ."""
+    """Print each study field of two records as equal or not (a race run by its map, steps and seed); 1 if any
+    differ."""
     first, second = (json.loads(p.read_text()) for p in (a, b))
     differ = 0
     for key in sorted((set(first) | set(second)) - RUN_FIELDS):
