@@ -20,6 +20,10 @@ Injection = Literal["none", "add", "gated"]
 INJECTIONS: tuple[Injection, ...] = get_args(Injection)
 RepeatScale = Literal["off", "residual", "lr"]
 REPEAT_SCALES: tuple[RepeatScale, ...] = get_args(RepeatScale)
+# a layer's part in a map (training/schedule.py): "" the whole layer, "a" attention repeated, "m" MLP repeated
+LAYER_PARTS = ("", "a", "m")
+# the parts a search proposes ([search] parts, --parts), each a layer part: both "", attn "a", mlp "m"
+MAP_PARTS = {"both": "", "attn": "a", "mlp": "m"}
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,13 @@ class ModelConfig:
     # every pass of a repeated layer or block after its first adds its attention and MLP branches times `damping`
     # (1: the plain repeat); the first pass is the plain layer
     damping: float = 1.0
+    # Which branch a layer's repeated passes run, per layer (training/schedule.py's map grammar): "" the whole
+    # layer, "a" its attention in every pass and its MLP in the last only (`3a`), "m" its attention in the first pass
+    # only and its MLP in every pass (`3m`); () every layer whole. A layer run once is whole whatever its entry.
+    parts: tuple[str, ...] = ()
+    # each pass k >= 1 of a repeated branch adds its own low-rank delta B_k A_k (rank adapter_rank, B starting at 0)
+    # to each of the branch's matrices; 0: none
+    adapter_rank: int = 0
     # Architecture options of pretrained checkpoints (training/pretrained.py reads them from config.json); each
     # off by default, the project's own model.
     n_kv_heads: int = 0  # key/value heads (grouped-query attention); 0: n_heads
@@ -59,6 +70,11 @@ class ModelConfig:
             raise ValueError(f"unknown repeat_scale {self.repeat_scale!r}; use one of {', '.join(REPEAT_SCALES)}")
         if not 0 < self.damping <= 1:
             raise ValueError(f"damping must be in (0, 1], got {self.damping}")
+        object.__setattr__(self, "parts", tuple(self.parts))  # a list from JSON: hashable, as the groups key on it
+        if any(p not in LAYER_PARTS for p in self.parts) or len(self.parts) not in (0, self.n_layers):
+            raise ValueError(f"parts must be {self.n_layers} entries of {LAYER_PARTS}, got {self.parts}")
+        if self.adapter_rank < 0 or self.adapter_rank > self.d_model:
+            raise ValueError(f"adapter_rank must be in 0..d_model ({self.d_model}), got {self.adapter_rank}")
         if self.init_depth < 0:
             raise ValueError(f"init_depth must be 0 (n_layers) or positive, got {self.init_depth}")
         if self.pe not in POSITIONAL_ENCODINGS:
@@ -92,6 +108,19 @@ class ModelConfig:
     def mlp_hidden(self) -> int:
         return int(round(self.mlp_ratio * self.d_model))
 
+    @property
+    def adapter_shapes(self) -> dict[str, tuple[int, int]]:
+        """Each matrix a pass's adapter adapts (model.ADAPTED order) with its (in, out) features: its adapter's A is
+        (adapter_rank, in), its B (out, adapter_rank)."""
+        d, f = self.d_model, self.mlp_hidden
+        q, kv = self.n_heads * self.head_size, self.kv_heads * self.head_size
+        return {"qkv": (d, q + 2 * kv), "proj": (q, d), "gate_up": (d, 2 * f), "down": (f, d)}
+
+    @property
+    def adapter_params_per_pass(self) -> int:
+        """The parameters of one pass's adapters on a whole layer (every adapted matrix's A and B)."""
+        return sum(self.adapter_rank * (n_in + n_out) for n_in, n_out in self.adapter_shapes.values())
+
 
 # The knob fields at their "off" values (today's model); max_reuse only sizes the knobs' tables.
 KNOB_FIELD_DEFAULTS = {
@@ -102,6 +131,8 @@ KNOB_FIELD_DEFAULTS = {
     "max_reuse": 1,
     "repeat_scale": "off",
     "damping": 1.0,
+    "parts": [],  # as to_dict writes it (a list)
+    "adapter_rank": 0,
 }
 
 # The pretrained-architecture fields at their defaults (the project's own model, random init): stored with a study
@@ -238,6 +269,8 @@ class SearchConfig:
     noise_seeds: int = 2
     enqueue_paper_maps: bool = True
     knobs: tuple[str, ...] = ()  # recurrence knobs searched with the map (knobs.py), each a categorical dimension
+    # which part of a repeated layer (or block) the search proposes: both (the whole layer), attn, mlp (MAP_PARTS)
+    parts: tuple[str, ...] = ("both",)
     damping_choices: tuple[float, ...] = (1.0, 0.5, 0.25, 0.1)  # the values of a searched damping knob (1: plain)
     target: float = 4.0  # the race's training length, a multiple of the proxy's steps (1: no longer training)
     race_seeds: int = 3  # adaptive: seeds each contender has at the target at its first test; fixed: at every length
@@ -331,6 +364,7 @@ STORED_OMITTED_DEFAULTS: dict[str, dict[str, Any]] = {
     "train": {"dtype": "fp32", "lr_schedule": "cosine", "warmup_steps": 0, "cooldown_frac": 0.2},
     "search": {
         "knobs": (),
+        "parts": ("both",),
         "target": 4.0,
         "race_seeds": 3,
         "race_contenders": 3,

@@ -23,12 +23,16 @@ KNOB_CHOICES: dict[str, tuple[KnobValue, ...]] = {
     "depth_init": (False, True),
     "repeat_scale": REPEAT_SCALES,
     "damping": (1.0, 0.5, 0.25, 0.1),
+    "adapters": (0, 4, 8, 16),  # the rank of each repeated pass's low-rank adapters (ModelConfig.adapter_rank)
 }
 KNOBS = tuple(KNOB_CHOICES)
 CONTINUOUS_KNOBS = ("damping",)  # knobs that take any value in (0, 1], not only their choices
-# knobs that are factors on the passes of a repeated layer only (model.branch_scales): a schedule that repeats no
-# layer is the same model with them or without
-REPEAT_FACTORS = ("damping", "repeat_scale")
+RANK_KNOBS = ("adapters",)  # knobs that take any whole number >= 0 (a rank), not only their choices
+# knobs that act on the passes of a repeated layer only (model.branch_scales, the adapters): a schedule that repeats
+# no layer is the same model with them or without
+REPEAT_FACTORS = ("damping", "repeat_scale", "adapters")
+# knobs whose model field has another name
+KNOB_FIELDS = {"adapters": "adapter_rank"}
 
 
 def knob_choices(name: str, damping_choices: Sequence[float] = ()) -> tuple[KnobValue, ...]:
@@ -56,6 +60,7 @@ def knobs_of(cfg: ModelConfig) -> dict[str, KnobValue]:
         "depth_init": cfg.init_depth > 0,
         "repeat_scale": cfg.repeat_scale,
         "damping": cfg.damping,
+        "adapters": cfg.adapter_rank,
     }
 
 
@@ -65,7 +70,7 @@ def with_knobs(cfg: ModelConfig, knobs: Mapping[str, KnobValue], init_depth: int
     check_knobs(list(knobs))
     for name, value in knobs.items():
         check_knob_value(name, value)
-    fields: dict[str, Any] = {k: v for k, v in knobs.items() if k != "depth_init"}
+    fields: dict[str, Any] = {KNOB_FIELDS.get(k, k): v for k, v in knobs.items() if k != "depth_init"}
     if "depth_init" in knobs:
         fields["init_depth"] = init_depth if knobs["depth_init"] else 0
     return dataclasses.replace(cfg, **fields)
@@ -77,6 +82,9 @@ def check_knob_value(name: str, value: KnobValue) -> None:
     if name in CONTINUOUS_KNOBS:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
             raise ValueError(f"knob {name} takes a number in (0, 1], got {value!r}")
+    elif name in RANK_KNOBS:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"knob {name} takes a whole number >= 0 (a rank; 0: off), got {value!r}")
     elif value not in KNOB_CHOICES[name]:
         raise ValueError(f"knob {name} has no setting {value!r}; use one of {list(KNOB_CHOICES[name])}")
 
@@ -91,6 +99,11 @@ def parse_knob_settings(text: str) -> dict[str, KnobValue]:
         choices = KNOB_CHOICES[name]
         if name in CONTINUOUS_KNOBS:
             settings[name] = _number(name, value or "")
+            continue
+        if name in RANK_KNOBS and value not in ("", "off", "none", "false"):
+            if not value.isdigit():
+                raise ValueError(f"knob {name} takes a rank, a whole number >= 0 (e.g. {name}=8), got {value!r}")
+            settings[name] = int(value)
             continue
         if not value:
             settings[name] = choices[1]
@@ -143,6 +156,7 @@ def knob_params(cfg: ModelConfig) -> dict[str, int]:
         "depth_init": 0,
         "repeat_scale": 0,
         "damping": 0,
+        "adapters": cfg.n_layers * (cfg.max_reuse - 1) * cfg.adapter_params_per_pass,
     }
 
 

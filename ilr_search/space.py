@@ -25,6 +25,7 @@ from ilr_search.config import (
     FAMILIES,
     ITEM_OBJECTIVES,
     LR_SCHEDULES,
+    MAP_PARTS,
     OBJECTIVES,
     PRUNERS,
     RACE_POLICIES,
@@ -379,3 +380,13 @@ def validate_space(space: SpaceConfig) -> None:
         check_knobs(s.knobs)
     except ValueError as e:
         raise SpaceError(f"[search] knobs: {e}") from None
+    unknown_parts = [p for p in s.parts if p not in MAP_PARTS]
+    if unknown_parts or not s.parts or len(set(s.parts)) != len(s.parts):
+        raise SpaceError(
+            f"[search] parts {list(s.parts)}: give one or more of {', '.join(MAP_PARTS)}, each once (--parts both,attn)"
+        )
+    if len(s.parts) > 1 and not {"ilr", "blocks"} & set(s.families):
+        raise SpaceError(
+            f"[search] parts {list(s.parts)}: the families {list(s.families)} have no part to search; parts are "
+            "searched for per-layer maps (ilr) and block maps (blocks)"
+        )

@@ -33,7 +33,7 @@ def test_baseline_depth_and_schedule():
     [
         ("2,1", 3, "has 2 entries but the model has 3 layers"),
         ("2,0,1", 3, "count below 1"),
-        ("2,x,1", 3, "must be comma-separated integers"),
+        ("2,x,1", 3, "must be one entry per layer, comma-separated, each R"),
     ],
 )
 def test_a_map_the_model_cannot_run_is_refused(text, layers, message):

@@ -563,7 +563,18 @@ def run(
         typer.Option(
             help=(
                 "Recurrence knobs searched with the map, comma-separated: injection, iteration_encoding, "
-                "iteration_norms, depth_init, repeat_scale. \\[default: from the space, none in the presets]"
+                "iteration_norms, depth_init, repeat_scale, damping, adapters. \\[default: from the space, none in the "
+                "presets]"
+            )
+        ),
+    ] = None,
+    parts: Annotated[
+        str | None,
+        typer.Option(
+            help=(
+                "Which part of a repeated layer or block the search proposes, comma-separated: both (the whole layer, "
+                "R), attn (its attention repeated, Ra), mlp (its MLP repeated, Rm). \\[default: from the space, both "
+                "in default.toml]"
             )
         ),
     ] = None,
@@ -695,6 +706,7 @@ def run(
             enqueue,
             train_steps=train_steps,
             init=init,
+            parts=parts,
         )
     )
     tracked_reporter(track, storage, open_uri=False)  # a bad --track is refused before the probe

@@ -857,6 +857,12 @@ def print_export_model(report: ExportedModel) -> None:
     )
     if report.format == "mergekit":
         out.print(f"build it with: mergekit-yaml {report.out} OUT_DIR", markup=False)
+    if report.parts and report.format == "hf":
+        out.print(
+            "its one-branch passes are whole layers with the other branch's output projection zero: the exported "
+            "model still computes that branch (its FLOPs) at every such pass",
+            markup=False,
+        )
 
 
 def print_trials(report: StudyReport) -> None:

@@ -15,9 +15,9 @@ from ilr_search.data.tokens import load_space_tokens
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import format_knobs, knob_params, knobs_of, parse_knob_settings, with_knobs
 from ilr_search.space import load_space
-from ilr_search.training.flops import FlopsCount, describe, param_count
+from ilr_search.training.flops import FlopsCount, describe, map_param_count
 from ilr_search.training.model import repeat_indices
-from ilr_search.training.schedule import Map, is_block_text, parse_map, resolve_schedule
+from ilr_search.training.schedule import BlockMap, Map, parse_map, resolve_schedule
 from ilr_search.training.train import OnStep
 
 if TYPE_CHECKING:
@@ -189,7 +189,9 @@ def flops_report(
     `params` counts the knobs' own parameters too (`knob_params` says how many each adds). `init`: the model of
     a checkpoint (with_init)."""
     m = map_model(space, overrides, reuse_map, block, knobs, init)
-    count = describe(m.cfg, m.counts, m.schedule, m.space.train.tokens(m.cfg.seq_len), param_count(m.cfg), m.block)
+    count = describe(
+        m.cfg, m.counts, m.schedule, m.space.train.tokens(m.cfg.seq_len), map_param_count(m.cfg, m.schedule), m.block
+    )
     block_map = m.block_map.key if m.block_map is not None else None
     return FlopsReport(count, block_map, format_knobs(knobs_of(m.cfg)), knob_params(m.cfg))
 
@@ -221,8 +223,9 @@ def map_model(
     n_layers = cfg_space.model.n_layers
     counts, schedule, block = resolve_schedule(n_layers, reuse_map, block, cfg_space.search.max_reuse)
     cfg = schedule_model(cfg_space, schedule, knobs)
-    written = parse_map(reuse_map, n_layers) if isinstance(reuse_map, str) and is_block_text(reuse_map) else None
-    return MapModel(cfg_space, counts, schedule, block, written, cfg)
+    chosen = parse_map(reuse_map, n_layers) if isinstance(reuse_map, str) else None
+    written = chosen if chosen is not None and (isinstance(chosen, BlockMap) or chosen.parts) else None
+    return MapModel(cfg_space, counts, schedule, block, written, cfg if chosen is None else chosen.configure(cfg))
 
 
 def train_report(

@@ -142,13 +142,15 @@ def export_saved_model(
     else:
         choice = parse_export_map(map_text, cfg.n_layers)
         schedule, key = choice.schedule, choice.key
+        cfg = dataclasses.replace(cfg, parts=choice.parts)
     family = check_family(family, cfg)
     tokenizer = saved_tokenizer(folder, files.data)
     check_out_dir(out)
     check_checkpoint(cfg, schedule, family, tokenizer)
     model, _ = ILRTransformer.load(folder)
+    model.cfg = cfg  # the map's parts, where --map names another
     write_checkpoint(model, schedule, out, family, tokenizer)
-    return ExportedModel(out, family, key, tuple(schedule), f"model {folder}")
+    return ExportedModel(out, family, key, tuple(schedule), f"model {folder}", parts=cfg.parts)
 
 
 def saved_tokenizer(folder: Path, data: DataConfig | None) -> Path | None:
@@ -181,7 +183,7 @@ def export_study_model(
     checkpoint = open_checkpoint(init)
     raw = json.loads((checkpoint.path / "config.json").read_text(encoding="utf-8"))
     positions = int(raw.get("max_position_embeddings") or checkpoint.config.seq_len)  # the checkpoint's, kept
-    cfg = dataclasses.replace(view.model(choice.knobs), seq_len=positions)
+    cfg = dataclasses.replace(view.model(choice.knobs, choice.parts), seq_len=positions)
     family = check_family(family or checkpoint.family, cfg)
     tokenizer = resolve_source(init)
     check_out_dir(out)
@@ -190,7 +192,7 @@ def export_study_model(
         on_choice(why)
     model = build_model(cfg, seed=0).eval()
     write_checkpoint(model, choice.schedule, out, family, tokenizer)
-    return ExportedModel(out, family, choice.key, tuple(choice.schedule), f"study {study_name}")
+    return ExportedModel(out, family, choice.key, tuple(choice.schedule), f"study {study_name}", parts=cfg.parts)
 
 
 def frozen_study_map(
@@ -259,7 +261,7 @@ def export_study_mergekit(
     checkpoint under `map_text` (default: the study's decided best map), written to the new file `out`."""
     from ilr_search.commands.report import _atomic_write
     from ilr_search.training.mergekit import passthrough_yaml
-    from ilr_search.training.schedule import map_of_schedule
+    from ilr_search.training.schedule import map_of_key, map_of_schedule
 
     out = check_mergekit_out(Path(out))
     view, choice, why = frozen_study_map(study_name, storage, map_text, "mergekit")
@@ -269,11 +271,12 @@ def export_study_mergekit(
     if others:
         raise UserInputError(
             f"map {choice.key}: the knob(s) {', '.join(others)} have no place in a mergekit passthrough config, "
-            "which stacks and scales a checkpoint's tensors (damping and repeat_scale residual are scales)"
+            "which stacks and scales a checkpoint's tensors (damping and repeat_scale residual are scales); "
+            "export it with --format hf, which merges adapters into each pass's copy"
         )
     n_layers = view.space.model.n_layers
-    cfg = view.model(choice.knobs)
-    chosen = map_of_schedule(choice.schedule, n_layers)
+    cfg = view.model(choice.knobs, choice.parts)
+    chosen = map_of_schedule(choice.schedule, n_layers) if choice.block else map_of_key(choice.key, n_layers)
     assert chosen is not None  # a map's (or blockK's: block:0-(L-1):K) schedule
     text = passthrough_yaml(chosen, cfg.damping, mergekit_model(cfg.init), n_layers, repeat_scale=cfg.repeat_scale)
     if on_choice is not None:
@@ -294,6 +297,7 @@ class ExportedModel:
     schedule: tuple[int, ...]
     source: str
     format: str = "hf"
+    parts: tuple[str, ...] = ()  # the map's parts (ModelConfig.parts): one-branch passes
 
     @property
     def layers(self) -> int:
@@ -308,4 +312,4 @@ class ExportedModel:
             "layers": self.layers,
             "source": self.source,
             "format": self.format,
-        }
+        } | ({"zeroed_branches_cost_flops": True} if self.parts else {})

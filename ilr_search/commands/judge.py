@@ -168,7 +168,7 @@ def _candidate(text: str, model: Any) -> Candidate:
     return Candidate(
         text if not is_config_path(text) else Path(text).name,
         key,
-        flops_ratio(with_knobs(model, knobs, 0), chosen.schedule()),
+        flops_ratio(chosen.configure(with_knobs(model, knobs, 0)), chosen.schedule()),
     )
 
 

@@ -39,7 +39,7 @@ from ilr_search.search.studies import open_study
 from ilr_search.space import SpaceError, check_sizes
 from ilr_search.storage import open_store, parse_storage, study_references, study_storage
 from ilr_search.storage.trials import TrialRecord, study_trials
-from ilr_search.training.flops import flops_ratio, param_count
+from ilr_search.training.flops import flops_ratio, map_param_count
 from ilr_search.training.model import ILRTransformer
 from ilr_search.training.pretrained import check_exportable
 from ilr_search.training.schedule import BlockMap, Map, block_schedule, format_reuse_map, is_block_text, parse_map
@@ -66,7 +66,8 @@ class MapChoice:
     schedule: list[int]
     knobs: dict[str, KnobValue] = field(default_factory=dict)
     block: int | None = None
-    block_map: str | None = None  # a block map's key, block:I-J:R
+    block_map: str | None = None  # the map's key where its counts do not give it: a block map's, or one with parts
+    parts: tuple[str, ...] = ()  # which branch each layer repeats (Map.parts)
 
     @property
     def key(self) -> str:
@@ -82,7 +83,8 @@ class MapChoice:
             chosen.schedule(),
             dict(knobs or {}),
             None,
-            chosen.key if isinstance(chosen, BlockMap) else None,
+            chosen.key if isinstance(chosen, BlockMap) or chosen.parts else None,
+            chosen.parts,
         )
 
 
@@ -124,9 +126,9 @@ class StudySettingsView:
     budget: StoredBudget
     storage: str | None = None  # the storage URL the study was opened from (its race runs are read there)
 
-    def model(self, knobs: dict[str, KnobValue]) -> ModelConfig:
-        """The study's model with these knob settings (as its trials and audit build it)."""
-        return with_knobs(model_config(self.space), knobs, self.init_depth)
+    def model(self, knobs: dict[str, KnobValue], parts: tuple[str, ...] = ()) -> ModelConfig:
+        """The study's model with these knob settings and a map's parts (as its trials and audit build it)."""
+        return dataclasses.replace(with_knobs(model_config(self.space), knobs, self.init_depth), parts=parts)
 
 
 def load_study_settings(study_name: str, storage: str | None) -> StudySettingsView:
@@ -397,12 +399,12 @@ def study_recipe(
     choice, why = choose_map(view, map_text, trained_only=True)
     if on_choice is not None:
         on_choice(why)
-    model = view.model(choice.knobs)
+    model = view.model(choice.knobs, choice.parts)
     return Recipe(
         study_name,
         choice,
         flops_ratio(model, choice.schedule),
-        param_count(model),
+        map_param_count(model, choice.schedule),
         view.budget,
         model,
         view.space.data,
@@ -470,7 +472,7 @@ def train_from_study(
     choice, why = choose_map(view, map_text, trained_only=False)
     if steps is not None and steps < 1:
         raise UserInputError(f"--steps must be at least 1, got {steps}")
-    model_cfg = view.model(choice.knobs)
+    model_cfg = view.model(choice.knobs, choice.parts)
     train_steps = steps or view.space.train.steps
     if train_steps < 1:  # a frozen study's maps were never trained: --steps says how long
         raise UserInputError(

@@ -63,6 +63,7 @@ class RunOptions:
     enqueue: str | None = None
     train_steps: int | None = None  # the proxy's steps under another name; 0: frozen (only with a pretrained model)
     init: str | None = None  # a pretrained checkpoint (a folder or hf:NAME): the model's shape, weights and tokenizer
+    parts: str | None = None  # which parts of a repeated layer the search proposes: both,attn,mlp
 
 
 def run_request(options: RunOptions) -> RunRequest:
@@ -72,6 +73,7 @@ def run_request(options: RunOptions) -> RunRequest:
     search = {
         "objective": objective,
         "knobs": searched,
+        "parts": None if options.parts is None else [p.strip() for p in options.parts.split(",") if p.strip()],
         "target": None if options.target is None else parse_target(options.target),
         "race_seeds": options.race_seeds,
         "max_race_steps": options.max_race_steps,

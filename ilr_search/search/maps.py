@@ -8,6 +8,7 @@ training.schedule.parse_map (a block of one layer is keyed as its reuse map)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Sequence
@@ -17,7 +18,7 @@ from typing import cast
 
 import optuna
 
-from ilr_search.config import TRIAL_FAMILIES
+from ilr_search.config import MAP_PARTS, TRIAL_FAMILIES
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import KNOB_CHOICES, KnobValue, knob_choices
 from ilr_search.training.mergekit import is_config_path, read_passthrough
@@ -32,6 +33,9 @@ from ilr_search.training.schedule import (
 FAMILY_PARAM = "family"  # the trial's family, a parameter only where the study searches both ilr and blocks
 BLOCK_START, BLOCK_END, BLOCK_REPEATS = "block_start", "block_end", "block_repeats"
 BLOCK_PARAMS = (BLOCK_START, BLOCK_END, BLOCK_REPEATS)
+# the part of each layer (p0..p{L-1}) and of a block (block_part), parameters only where a study searches parts
+BLOCK_PART = "block_part"
+PART_NAMES = {letter: name for name, letter in MAP_PARTS.items()}  # "" -> both, "a" -> attn, "m" -> mlp
 
 # A trial's parameters as Optuna stores them: the counts and a block's indices (int), the family (str) and the
 # searched knobs (KnobValue).
@@ -68,6 +72,18 @@ def propose_knobs(
 
 def knobs_off(names: tuple[str, ...]) -> dict[str, KnobValue]:
     return {name: KNOB_CHOICES[name][0] for name in names}
+
+
+def part_param(layer: int) -> str:
+    return f"p{layer}"
+
+
+def propose_parts(trial: optuna.Trial, n_layers: int, parts: Sequence[str]) -> tuple[str, ...]:
+    """Each layer's part (ModelConfig.parts letters), a categorical dimension p{l} over the study's parts beside the
+    counts; () where the study searches one part (no parameter: a study of whole layers proposes as before)."""
+    if len(parts) < 2:
+        return ()
+    return tuple(MAP_PARTS[str(trial.suggest_categorical(part_param(i), tuple(parts)))] for i in range(n_layers))
 
 
 def propose_map(trial: optuna.Trial, n_layers: int, max_reuse: int, max_layer_runs: int) -> tuple[list[int], list[int]]:
@@ -110,8 +126,10 @@ def feasible_blocks(n_layers: int, max_reuse: int, max_layer_runs: int) -> list[
     ]
 
 
-def block_params(block: BlockMap) -> dict[str, int]:
-    return {BLOCK_START: block.start, BLOCK_END: block.end, BLOCK_REPEATS: block.repeats}
+def block_params(block: BlockMap, parts: Sequence[str] = ()) -> TrialParams:
+    """A block's trial parameters; with the study's `parts` (two or more), its part too."""
+    params: TrialParams = {BLOCK_START: block.start, BLOCK_END: block.end, BLOCK_REPEATS: block.repeats}
+    return params | ({BLOCK_PART: PART_NAMES[block.part]} if len(parts) > 1 else {})
 
 
 def propose_block(trial: optuna.Trial, n_layers: int, max_reuse: int, max_layer_runs: int) -> tuple[BlockMap, BlockMap]:
@@ -126,38 +144,56 @@ def propose_block(trial: optuna.Trial, n_layers: int, max_reuse: int, max_layer_
 
 
 def propose_trial_map(
-    trial: optuna.Trial, n_layers: int, max_reuse: int, max_layer_runs: int, families: Sequence[str]
+    trial: optuna.Trial,
+    n_layers: int,
+    max_reuse: int,
+    max_layer_runs: int,
+    families: Sequence[str],
+    parts: Sequence[str] = ("both",),
 ) -> tuple[Map, tuple[int, ...] | None]:
     """The map a trial trains (canonical: parse_map's form) and, where the budget repaired the sampler's proposal,
-    the proposal's per-layer counts. A study searching ilr alone proposes exactly as propose_map."""
+    the proposal's per-layer counts. A study searching ilr alone proposes exactly as propose_map; with `parts` (two
+    or more), each repeated layer's (or the block's) part beside its count. The budget repair counts a one-branch
+    pass as a whole layer run: the map it keeps costs no more than the budget."""
     kinds = trial_families(families)
     family = trial.suggest_categorical(FAMILY_PARAM, kinds) if len(kinds) > 1 else kinds[0]
     if family == "ilr":
         proposed, reuse_map = propose_map(trial, n_layers, max_reuse, max_layer_runs)
-        return ReuseMap(tuple(reuse_map)), (tuple(proposed) if proposed != reuse_map else None)
+        chosen = ReuseMap(tuple(reuse_map), propose_parts(trial, n_layers, parts))
+        return chosen, (tuple(proposed) if proposed != reuse_map else None)
     asked, block = propose_block(trial, n_layers, max_reuse, max_layer_runs)
-    return block.canonical(), (asked.counts if asked != block else None)
+    part = MAP_PARTS[str(trial.suggest_categorical(BLOCK_PART, tuple(parts)))] if len(parts) > 1 else ""
+    return dataclasses.replace(block, part=part).canonical(), (asked.counts if asked != block else None)
 
 
-def family_params(family: str, families: Sequence[str]) -> dict[str, str]:
+def family_params(family: str, families: Sequence[str]) -> TrialParams:
     """The `family` parameter of a trial of `family`, where the study searches more than one."""
     return {FAMILY_PARAM: family} if len(trial_families(families)) > 1 else {}
 
 
 def first_params(
-    n_layers: int, max_reuse: int, max_layer_runs: int, families: Sequence[str], scan: bool = False
+    n_layers: int,
+    max_reuse: int,
+    max_layer_runs: int,
+    families: Sequence[str],
+    scan: bool = False,
+    parts: Sequence[str] = ("both",),
 ) -> list[TrialParams]:
     """The parameters of a study's first maps, baseline first: first_maps where the study searches ilr, else the
     baseline as a block run once (no prior on where to loop); `scan` (the grid sampler over blocks): then every
-    feasible block (feasible_blocks)."""
+    feasible block (feasible_blocks), in each of the study's `parts`. The first maps repeat whole layers."""
     if scan:
         baseline = BlockMap(0, n_layers - 1, 1, n_layers)
-        return [{**block_params(b)} for b in [baseline, *feasible_blocks(n_layers, max_reuse, max_layer_runs)]]
+        blocks = feasible_blocks(n_layers, max_reuse, max_layer_runs)
+        parted = [dataclasses.replace(b, part=MAP_PARTS[p]) for p in parts for b in blocks]
+        return [{**block_params(b, parts)} for b in [baseline, *parted]]
     if "ilr" in trial_families(families):
         return [
-            {**map_params(m), **family_params("ilr", families)} for m in first_maps(n_layers, max_reuse, max_layer_runs)
+            {**map_params(m, (), parts), **family_params("ilr", families)}
+            for m in first_maps(n_layers, max_reuse, max_layer_runs)
         ]
-    return [{**block_params(BlockMap(0, n_layers - 1, 1, n_layers)), **family_params("blocks", families)}]
+    baseline = BlockMap(0, n_layers - 1, 1, n_layers)
+    return [{**block_params(baseline, parts), **family_params("blocks", families)}]
 
 
 def first_maps(n_layers: int, max_reuse: int, max_layer_runs: int) -> list[list[int]]:
@@ -186,17 +222,22 @@ class EnqueuedMap:
     knobs: dict[str, KnobValue] = field(default_factory=dict)
     block: int | None = None
     repaired_from: tuple[int, ...] | None = None  # the map as written, where it was over budget
-    map_params: dict[str, int | str] = field(default_factory=dict)  # the map's trial parameters (family included)
+    map_params: TrialParams = field(default_factory=dict)  # the map's trial parameters (family included)
 
     def params(self, searched_knobs: Sequence[str]) -> dict[str, int | str | KnobValue]:
-        """The trial's parameters: the map's (one count per layer, or the block), and every searched knob (off
-        unless set)."""
+        """The trial's parameters: the map's (one count per layer, or the block; parts where searched), and every
+        searched knob (off unless set)."""
         own = self.map_params or map_params(self.reuse_map)
         return own | knobs_off(tuple(searched_knobs)) | self.knobs
 
 
-def map_params(reuse_map: Sequence[int]) -> dict[str, int]:
-    return {f"r{i}": int(r) for i, r in enumerate(reuse_map)}
+def map_params(reuse_map: Sequence[int], parts: Sequence[str] = (), searched: Sequence[str] = ("both",)) -> TrialParams:
+    """A reuse map's trial parameters: r{l} per layer, and where the study searches parts (`searched`, two or
+    more), p{l} per layer (a part's name, `both` where the layer is whole)."""
+    params: TrialParams = {f"r{i}": int(r) for i, r in enumerate(reuse_map)}
+    if len(searched) > 1:
+        params |= {part_param(i): PART_NAMES[parts[i] if parts else ""] for i in range(len(reuse_map))}
+    return params
 
 
 BLOCK_ENTRY = re.compile(r"block(\d+)")
@@ -209,6 +250,7 @@ def parse_enqueued(
     max_layer_runs: int,
     searched_knobs: Sequence[str],
     families: Sequence[str] = ("ilr", "block"),
+    parts: Sequence[str] = ("both",),
 ) -> EnqueuedMap:
     """One entry of an enqueue list: `3,2,2,1`, `2,1,1,1|injection=add` (knobs as `train --knobs` takes them),
     `block:1-2:2` (where the study searches blocks), `block2`, or a mergekit passthrough config (a path ending .yml
@@ -248,6 +290,12 @@ def parse_enqueued(
             f"{where}: block maps are searched only where [search] families includes 'blocks' "
             f"(this study's: {list(families)})"
         )
+    unsearched_parts = sorted({PART_NAMES[p] for p in chosen.parts if p} - set(parts))
+    if unsearched_parts:
+        raise UserInputError(
+            f"{where}: part(s) {', '.join(unsearched_parts)} are not searched by this study (searched: "
+            f"{', '.join(parts)}); add them to --parts or [search] parts"
+        )
     unsearched = sorted(set(knobs) - set(searched_knobs))
     if unsearched:
         searched = ", ".join(searched_knobs) or "none"
@@ -256,14 +304,16 @@ def parse_enqueued(
             f"{searched}); add them to --knobs or [search] knobs"
         )
     if isinstance(chosen, BlockMap):
-        fitted = repair_block(chosen.start, chosen.end, chosen.repeats, n_layers, max_layer_runs)
+        fitted = dataclasses.replace(
+            repair_block(chosen.start, chosen.end, chosen.repeats, n_layers, max_layer_runs), part=chosen.part
+        )
         return EnqueuedMap(
             entry,
             fitted.counts,
             knobs,
             None,
             None if fitted == chosen else chosen.counts,
-            block_params(fitted) | family_params("blocks", families),
+            block_params(fitted, parts) | family_params("blocks", families),
         )
     reuse_map = list(chosen.counts)
     repaired = repair_to_budget(reuse_map, max_layer_runs)
@@ -273,7 +323,7 @@ def parse_enqueued(
         knobs,
         None,
         None if repaired == reuse_map else tuple(reuse_map),
-        map_params(repaired) | family_params("ilr", families),
+        map_params(repaired, chosen.parts, parts) | family_params("ilr", families),
     )
 
 

@@ -123,8 +123,9 @@ class StudyPlan:
         """The depth knob's init depth: the deepest schedule the budget pays for, the same for every map."""
         return self.budget.max_layer_runs(self.model)
 
-    def trial_model(self, knobs: dict[str, KnobValue]) -> ModelConfig:
-        return with_knobs(self.model, knobs, self.init_depth)
+    def trial_model(self, knobs: dict[str, KnobValue], parts: tuple[str, ...] = ()) -> ModelConfig:
+        """The study's model with a map's knob settings and its parts (ModelConfig.parts; Map.parts)."""
+        return dataclasses.replace(with_knobs(self.model, knobs, self.init_depth), parts=parts)
 
 
 RESULT_TRAIN_FIELDS = (
@@ -188,6 +189,8 @@ def study_config(space: SpaceConfig, model: ModelConfig, budget: Budget, dtype: 
     if "damping" in space.search.knobs and tuple(damping) != omitted_search["damping_choices"]:
         search["damping_choices"] = damping
     search |= {k: full["search"][k] for k in RACE_FIELDS if full["search"][k] != omitted_search[k]}
+    if tuple(space.search.parts) != omitted_search["parts"]:
+        search["parts"] = full["search"]["parts"]
     init = full["model"].get("init")
     return {
         SCHEMA_KEY: SPACE_SCHEMA_VERSION,

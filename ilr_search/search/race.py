@@ -121,7 +121,7 @@ def race_run_plan(
             return None
         chosen = map_of_key(job.map_key, plan.model.n_layers)
         reuse_map, schedule = list(chosen.counts), chosen.schedule()
-        model = plan.trial_model(dict(trial.knobs) if trial is not None else {})
+        model = plan.trial_model(dict(trial.knobs) if trial is not None else {}, chosen.parts)
         ratio = flops_ratio(model, schedule)
         number = trial.number if trial is not None else 0
     return RaceRunPlan(

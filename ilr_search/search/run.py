@@ -76,7 +76,7 @@ from ilr_search.storage.trials import TrialRecord, study_trials, trial_record
 from ilr_search.training.flops import flops_ratio
 from ilr_search.training.frozen import EvalData, eval_chunks, load_space_data
 from ilr_search.training.jobs import Job, groups, train_jobs
-from ilr_search.training.schedule import BlockMap, block_schedule, format_reuse_map, map_of_key
+from ilr_search.training.schedule import BlockMap, ReuseMap, block_schedule, format_reuse_map, map_of_key
 
 
 @dataclass(frozen=True)
@@ -282,7 +282,9 @@ def enqueued_maps(plan: StudyPlan, enqueue: list[str]) -> list[EnqueuedMap]:
     search = plan.space.search
     max_runs = plan.budget.max_layer_runs(plan.model)
     return [
-        parse_enqueued(text, plan.model.n_layers, search.max_reuse, max_runs, search.knobs, search.families)
+        parse_enqueued(
+            text, plan.model.n_layers, search.max_reuse, max_runs, search.knobs, search.families, search.parts
+        )
         for text in enqueue
     ]
 
@@ -394,7 +396,7 @@ def first_trials(plan: StudyPlan, study: optuna.Study | None, n_trials: int, enq
     seeds = (
         [
             {**p, **knobs_off(search.knobs)}
-            for p in first_params(n, search.max_reuse, max_runs, search.families, scan=scan)
+            for p in first_params(n, search.max_reuse, max_runs, search.families, scan=scan, parts=search.parts)
         ]
         if search.enqueue_paper_maps or scan
         else []
@@ -594,11 +596,12 @@ class ReferenceRun:
     seed: int
     reuse_map: list[int] | None  # None: block recurrence
     knobs: dict[str, KnobValue] = dataclasses.field(default_factory=dict)  # the searched knobs' settings
-    block_map: str | None = None  # a block map's key (block:I-J:R), whose schedule its counts do not give
+    block_map: str | None = None  # the map's key where its counts do not give it: a block map's, or one with parts
+    parts: tuple[str, ...] = ()  # which branch each layer repeats (Map.parts)
 
     @property
     def map_text(self) -> str:
-        return self.block_map or format_reuse_map(self.reuse_map or [])
+        return self.block_map or ReuseMap(tuple(self.reuse_map or []), self.parts).key
 
 
 def reference_runs(
@@ -623,7 +626,8 @@ def reference_runs(
                 seed + 1,
                 as_list(best.reuse_map),
                 dict(best.knobs),
-                best_map.key if isinstance(best_map, BlockMap) else None,
+                best_map.key if isinstance(best_map, BlockMap) or best_map.parts else None,
+                best_map.parts,
             )
         )
     blocks = set(enqueued_blocks)
@@ -657,7 +661,7 @@ def train_references(run: SearchRun, share: tuple[int, int] = (0, 1), fuse: int 
             missing.append(ref)
     jobs = [
         Job(
-            plan.trial_model(ref.knobs),
+            plan.trial_model(ref.knobs, ref.parts),
             ref.schedule,
             dataclasses.replace(plan.space.train, dtype=plan.dtype, seed=ref.seed),
         )

@@ -45,7 +45,7 @@ from ilr_search.storage import (
     trial_id,
 )
 from ilr_search.storage.trials import TrialAttr, TrialRecord, TrialResultAttrs, study_trials
-from ilr_search.training.flops import flops_ratio, param_count
+from ilr_search.training.flops import flops_ratio, map_param_count
 from ilr_search.training.jobs import Job, train_jobs
 from ilr_search.training.schedule import reuse_map_schedule
 from ilr_search.training.train import EvalPoint, TrainResult
@@ -120,6 +120,7 @@ class Proposal:
     schedule: list[int] = dataclasses.field(
         default_factory=list
     )  # the map's layer order (a block's is not its counts')
+    parts: tuple[str, ...] = ()  # which branch each layer repeats (Map.parts)
 
 
 @dataclass
@@ -189,19 +190,24 @@ class SearchRun:
         neither claimed nor waited for (it would wait on this worker), but returned `behind_own`."""
         search = self.plan.space.search
         chosen, proposed = propose_trial_map(
-            trial, self.n_layers, search.max_reuse, self.plan.budget.max_layer_runs(self.plan.model), search.families
+            trial,
+            self.n_layers,
+            search.max_reuse,
+            self.plan.budget.max_layer_runs(self.plan.model),
+            search.families,
+            search.parts,
         )
         reuse_map, schedule = list(chosen.counts), chosen.schedule()
         knobs = acting_knobs(propose_knobs(trial, search.knobs, search.damping_choices), schedule)
         key = config_key(chosen.key, knobs)  # the knobs add no FLOPs: repair keys on the map
-        model = self.plan.trial_model(knobs)
+        model = self.plan.trial_model(knobs, chosen.parts)
         ratio = flops_ratio(model, schedule)
         assert self.plan.budget.allows(ratio), (chosen.key, ratio)
         attrs: dict[str, Any] = {
             TrialAttr.REUSE_MAP: reuse_map,
             TrialAttr.MAP_KEY: key,
             TrialAttr.FLOPS_RATIO: ratio,
-            TrialAttr.PARAMS: param_count(model),
+            TrialAttr.PARAMS: map_param_count(model, schedule),
         }
         if knobs:
             attrs[TrialAttr.KNOBS] = knobs
@@ -211,10 +217,10 @@ class SearchRun:
 
         earlier = self._result_for(key, trial.number)
         if earlier is None and key in in_hand:
-            return Proposal(reuse_map, knobs, key, ratio, None, behind_own=True, schedule=schedule)
+            return Proposal(reuse_map, knobs, key, ratio, None, behind_own=True, schedule=schedule, parts=chosen.parts)
         if earlier is None:
             earlier = self._claim_or_wait(key, trial.number)
-        return Proposal(reuse_map, knobs, key, ratio, earlier, schedule=schedule)
+        return Proposal(reuse_map, knobs, key, ratio, earlier, schedule=schedule, parts=chosen.parts)
 
     def _result_for(self, key: str, exclude: int) -> TrialRecord | None:
         """The first trial other than `exclude` that trained map `key` to a result."""
@@ -364,7 +370,7 @@ class SearchRun:
         train_cfg = dataclasses.replace(self.plan.space.train, dtype=self.plan.dtype)
         return Training(
             proposal,
-            self.plan.trial_model(proposal.knobs),
+            self.plan.trial_model(proposal.knobs, proposal.parts),
             proposal.schedule or reuse_map_schedule(proposal.reuse_map),
             train_cfg,
             checkpoint,

@@ -24,14 +24,27 @@ class BudgetError(UserInputError):
     """A budget that cannot be parsed or cannot be met."""
 
 
-def layer_flops_per_token(cfg: ModelConfig) -> float:
-    """Biases and the q/k norms are elementwise: not counted."""
+def branch_flops_per_token(cfg: ModelConfig) -> tuple[int, int]:
+    """(attention, MLP) FLOPs per token of one pass of a layer's branch. Biases and the q/k norms are elementwise:
+    not counted."""
     d, f, T = cfg.d_model, cfg.mlp_hidden, cfg.seq_len
     q, kv = cfg.n_heads * cfg.head_size, cfg.kv_heads * cfg.head_size  # query and key/value widths
     projections = 2 * d * (q + 2 * kv) + 2 * q * d  # qkv and output projection
     attention = 2 * 2 * T * q  # q k^T and (scores) v, per token, all query heads together
     mlp = 2 * d * 2 * f + 2 * f * d  # SwiGLU: gate and up, then down
-    return float(projections + attention + mlp)
+    return projections + attention, mlp
+
+
+def layer_flops_per_token(cfg: ModelConfig) -> float:
+    """One pass of a whole layer."""
+    return float(sum(branch_flops_per_token(cfg)))
+
+
+def adapter_flops_per_token(cfg: ModelConfig) -> tuple[int, int]:
+    """(attention's, MLP's) FLOPs per token of one pass's adapters (ModelConfig.adapter_rank): h A^T, then B, for
+    each adapted matrix (model.adapter_shapes)."""
+    each = {name: 2 * cfg.adapter_rank * (n_in + n_out) for name, (n_in, n_out) in cfg.adapter_shapes.items()}
+    return each["qkv"] + each["proj"], each["gate_up"] + each["down"]
 
 
 def head_flops_per_token(cfg: ModelConfig) -> float:
@@ -39,8 +52,18 @@ def head_flops_per_token(cfg: ModelConfig) -> float:
 
 
 def forward_flops_per_token(cfg: ModelConfig, schedule: Sequence[int]) -> float:
-    """Forward FLOPs per token of a sequence of cfg.seq_len tokens, LM head included."""
-    return len(schedule) * layer_flops_per_token(cfg) + head_flops_per_token(cfg)
+    """Forward FLOPs per token of a sequence of cfg.seq_len tokens, LM head included: the branches each position
+    runs (ModelConfig.parts), and the adapters of a branch's passes after its first."""
+    if not cfg.parts and not cfg.adapter_rank:
+        return len(schedule) * layer_flops_per_token(cfg) + head_flops_per_token(cfg)
+    from ilr_search.training.model import branch_passes
+
+    branches, adapters = branch_flops_per_token(cfg), adapter_flops_per_token(cfg)
+    total = 0
+    for passes in branch_passes(cfg, schedule):
+        for k, branch, adapter in zip(passes, branches, adapters, strict=True):
+            total += 0 if k is None else branch + (adapter if k >= 1 else 0)
+    return float(total) + head_flops_per_token(cfg)
 
 
 def baseline_flops_per_token(cfg: ModelConfig) -> float:
@@ -62,7 +85,25 @@ def param_count(cfg: ModelConfig) -> int:
     count += cfg.n_layers if cfg.injection == "gated" else 0
     count += cfg.max_reuse * D if cfg.iteration_encoding else 0
     count += cfg.n_layers * (cfg.max_reuse - 1) * 2 * D if cfg.iteration_norms and cfg.max_reuse > 1 else 0
-    return count
+    return count + cfg.n_layers * (cfg.max_reuse - 1) * cfg.adapter_params_per_pass
+
+
+def map_param_count(cfg: ModelConfig, schedule: Sequence[int]) -> int:
+    """The parameters a map uses: the model's, less the adapters of passes its schedule never runs (the model holds
+    max_reuse - 1 passes' adapters for every layer; an exported checkpoint merges the used ones into its copies)."""
+    if not cfg.adapter_rank:
+        return param_count(cfg)
+    from ilr_search.training.model import branch_passes
+
+    attn_each, mlp_each = (
+        sum(cfg.adapter_rank * (n_in + n_out) for name, (n_in, n_out) in cfg.adapter_shapes.items() if name in names)
+        for names in (("qkv", "proj"), ("gate_up", "down"))
+    )
+    used = sum(
+        (attn_each if attn is not None and attn >= 1 else 0) + (mlp_each if mlp is not None and mlp >= 1 else 0)
+        for attn, mlp in branch_passes(cfg, schedule)
+    )
+    return param_count(cfg) - cfg.n_layers * (cfg.max_reuse - 1) * cfg.adapter_params_per_pass + used
 
 
 def flops_ratio(cfg: ModelConfig, schedule: Sequence[int]) -> float:

@@ -33,7 +33,7 @@ from ilr_search.training.build import build_model
 from ilr_search.training.device import frozen_dtype, resolve_device
 from ilr_search.training.lm_eval_items import LmEvalTask, lm_eval_scores, lm_eval_task
 from ilr_search.training.loss import linear_cross_entropy
-from ilr_search.training.model import ILRTransformer, branch_scales
+from ilr_search.training.model import BranchScale, ILRTransformer, branch_scales
 
 EvalData = TokenData | ItemTask | LmEvalTask  # what a run scores: held-out windows, task items, an lm-eval task
 ScoredSequence = tuple[tuple[int, ...], int, tuple[int, ...] | None]  # a scored sequence: (ids, counted, picked tokens)
@@ -87,7 +87,7 @@ def cache_bound(device: torch.device) -> int:
         return 1 << 30
 
 
-def shared_prefix(schedule: Sequence[int], scales: Sequence[float | None]) -> int:
+def shared_prefix(schedule: Sequence[int], scales: Sequence[BranchScale]) -> int:
     """How many of the schedule's first positions the plain model runs too: positions p with layer p, unscaled."""
     p = 0
     while p < len(schedule) and schedule[p] == p and scales[p] is None:
@@ -101,7 +101,7 @@ class MapRun:
     plain model (`start`: shared_prefix, 0 where not shared), on chunk `chunk` of `n` units."""
 
     schedule: list[int]
-    scales: list[float | None]
+    scales: list[BranchScale]
     start: int
     chunk: int
     n: int
@@ -379,11 +379,12 @@ _evaluators_lock = threading.Lock()
 
 
 def frozen_evaluator(model_cfg: ModelConfig, data: EvalData, cfg: TrainConfig) -> FrozenEvaluator:
-    """The process's evaluator of `model_cfg`'s checkpoint (its knobs off: damping and repeat_scale are factors of
-    each evaluation) on `data`, in cfg's device, dtype and batch size: built on first use."""
+    """The process's evaluator of `model_cfg`'s checkpoint (its knobs off: damping, repeat_scale and the map's parts
+    are factors of each evaluation; adapters untrained are zero, the plain repeat) on `data`, in cfg's device, dtype
+    and batch size: built on first use."""
     device = resolve_device(cfg.device)
     dtype = frozen_dtype(cfg.dtype, device)
-    plain = replace(model_cfg, damping=1.0, repeat_scale="off")
+    plain = replace(model_cfg, damping=1.0, repeat_scale="off", parts=(), adapter_rank=0)
     key = (plain, id(data), str(device), dtype, cfg.batch_size)
     with _evaluators_lock:
         if key not in _evaluators:

@@ -88,11 +88,14 @@ class FusionUnsupported(UserInputError):
 
 
 def check_fusable(model_cfg: ModelConfig) -> None:
-    """Refuse repeat_scale "lr" (per-layer learning rates) and a checkpoint's weights (`init`); every other knob and
-    architecture option trains fused."""
-    refused = [
-        name for name, on in (("repeat_scale=lr", model_cfg.repeat_scale == "lr"), ("init", bool(model_cfg.init))) if on
-    ]
+    """Refuse repeat_scale "lr" (per-layer learning rates), a checkpoint's weights (`init`) and per-pass adapters
+    (each member's pass picks its own adapter); every other knob and architecture option trains fused."""
+    asked = (
+        ("repeat_scale=lr", model_cfg.repeat_scale == "lr"),
+        ("init", bool(model_cfg.init)),
+        ("adapters", model_cfg.adapter_rank > 0),
+    )
+    refused = [name for name, on in asked if on]
     if refused:
         raise FusionUnsupported(
             f"the fused trainer does not support {', '.join(refused)}; train these maps one at a time (--fuse 1)"

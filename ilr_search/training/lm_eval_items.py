@@ -43,7 +43,7 @@ from ilr_search.errors import UserInputError, first_line
 from ilr_search.training.pretrained import CheckpointError, unrolled_hf_model
 
 if TYPE_CHECKING:
-    from ilr_search.training.model import ILRTransformer
+    from ilr_search.training.model import BranchScale, ILRTransformer
 
 INSTALL = "pip install 'ilr-search[eval]'"
 # lm-eval's output types whose items each get a number averaged into the task's score.
@@ -169,7 +169,7 @@ def lm_eval_scores(
     tasks_path: Path | None,
     doc_ids: Sequence[int],
     batch_size: int = 8,
-    scales: Sequence[float | None] | None = None,
+    scales: Sequence[BranchScale] | None = None,
 ) -> TaskScores:
     """The scores of documents `doc_ids` (a repeated id gets its document's score again) of `task` for `model`
     running `schedule` (each position's branches times `scales`, model.branch_scales of the model's config where not

@@ -20,6 +20,7 @@ checked; anything else is one MergekitError line.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -30,13 +31,14 @@ from typing import Any
 from ilr_search.config import ModelConfig
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import KnobValue, config_key
-from ilr_search.training.schedule import BlockMap, Map, map_of_schedule, parse_keyed_map
+from ilr_search.training.schedule import BlockMap, Map, ReuseMap, map_of_schedule, parse_keyed_map
 
 CONFIG_SUFFIXES = (".yml", ".yaml")
 METHOD = "passthrough"
 # The tensors of one layer as mergekit names them for the supported families (llama, mistral, qwen2's biases,
 # qwen3's q/k norms), after `model.layers.N.`; the first two end the attention and MLP branches.
 BRANCH_OUTPUTS = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
+BRANCH_NAMES = ("o_proj", "down_proj")
 LAYER_TENSORS = (
     *BRANCH_OUTPUTS,
     "input_layernorm.weight",
@@ -193,8 +195,73 @@ def parse_passthrough(text: str, n_layers: int, where: str = "mergekit config") 
             f"{where}: the slices build the schedule {stacked}, which is neither a reuse map (each layer's runs in "
             "a row) nor one block run R times ([0..I-1] + [I..J]*R + [J+1..L-1])"
         )
-    damping, repeat_scale = read_damping(pass_factors(slices), schedule, where)
+    pairs = pass_factors(slices)
+    chosen = with_read_parts(chosen, [(o != 0.0, d != 0.0) for o, d in pairs], schedule, where)
+    if chosen.parts:  # the factors of the branches that run, each at its own pass index (model.branch_passes)
+        from ilr_search.training.model import branch_passes
+
+        passes = branch_passes(ModelConfig(n_layers=n_layers, parts=chosen.parts), schedule)
+        kept = [
+            (f, k)
+            for pair, ks in zip(pairs, passes, strict=True)
+            for f, k in zip(pair, ks, strict=True)
+            if k is not None
+        ]
+        damping = read_part_damping(kept, where)
+        return PassthroughMap(chosen, damping, model, tuple(schedule))
+    unequal = next(((p, o, d) for p, (o, d) in enumerate(pairs) if o != d), None)
+    if unequal is not None:
+        p, o, d = unequal
+        raise MergekitError(
+            f"{where}: layer {schedule[p]}'s o_proj is scaled by {o:g} and its down_proj by {d:g}; damping scales "
+            "both branches of a pass alike (a scale of 0 on one of them makes a one-branch pass)"
+        )
+    damping, repeat_scale = read_damping([o for o, _ in pairs], schedule, where)
     return PassthroughMap(chosen, damping, model, tuple(schedule), repeat_scale)
+
+
+def with_read_parts(chosen: Map, running: Sequence[tuple[bool, bool]], schedule: Sequence[int], where: str) -> Map:
+    """`chosen` with the parts its one-branch passes (a branch scaled by 0: `running` False) make: each layer's
+    passes must be part_passes' of "a" or "m" (one part for a whole block); unchanged where every pass is whole."""
+    from ilr_search.training.schedule import part_passes
+
+    if all(a and m for a, m in running):
+        return chosen
+    by_layer: dict[int, list[tuple[bool, bool]]] = {}
+    for layer, on in zip(schedule, running, strict=True):
+        by_layer.setdefault(layer, []).append(on)
+    parts = []
+    for layer in range(len(chosen.counts)):
+        seen = by_layer[layer]
+        found = [
+            p for p in ("", "a", "m") if [(a is not None, m is not None) for a, m in part_passes(p, len(seen))] == seen
+        ]
+        if not found:
+            ran = " ".join("both" if a and m else "attn" if a else "mlp" for a, m in seen)
+            raise MergekitError(
+                f"{where}: layer {layer}'s passes run {ran}; a one-branch layer repeats its attention with the "
+                "MLP in its last pass (Ra) or its MLP after one attention (Rm)"
+            )
+        parts.append(found[0])
+    if isinstance(chosen, BlockMap):
+        inside = set(parts[chosen.start : chosen.end + 1])
+        if len(inside) > 1:
+            raise MergekitError(f"{where}: the block's layers repeat different parts; a block map has one part")
+        return dataclasses.replace(chosen, part=inside.pop())
+    return ReuseMap(chosen.counts, tuple(parts))
+
+
+def read_part_damping(kept: Sequence[tuple[float, int]], where: str) -> float:
+    """The damping of a map with one-branch passes: its branches' first passes plain, their later ones one factor."""
+    if any(f != 1.0 for f, k in kept if k == 0):
+        raise MergekitError(
+            f"{where}: a branch's first pass is scaled; with one-branch passes ilr-search reads a scale on the passes "
+            "after a branch's first as damping"
+        )
+    later = sorted({f for f, k in kept if k >= 1})
+    if len(later) > 1:
+        raise MergekitError(f"{where}: the repeated passes are scaled unequally; damping is one factor")
+    return checked_damping(later[0] if later else 1.0, where)
 
 
 def yaml_problem(error: Exception) -> str:
@@ -264,9 +331,9 @@ def layer_range(value: Any, at: str, n_layers: int) -> tuple[int, int]:
     return start, end
 
 
-def pass_factors(slices: Sequence[_Slice]) -> list[float]:
-    """Each position's scale on o_proj and down_proj (1 where none), where nothing else is scaled."""
-    factors: list[float] = []
+def pass_factors(slices: Sequence[_Slice]) -> list[tuple[float, float]]:
+    """Each position's scales on o_proj and down_proj (1 where none), where nothing else is scaled."""
+    factors: list[tuple[float, float]] = []
     for s in slices:
         for layer in range(s.start, s.end):
             scales = {name: resolve_scale(s, f"model.layers.{layer}.{name}") for name in LAYER_TENSORS}
@@ -284,12 +351,11 @@ def pass_factors(slices: Sequence[_Slice]) -> list[float]:
                 said = ", ".join(f"{name} by {v:g}" for name, v in others.items())
                 raise MergekitError(f"{s.where}: the scale multiplies {said} of layer {layer}; {DAMPING_ONLY}")
             o_proj, down_proj = (scales[name] for name in BRANCH_OUTPUTS)
-            if o_proj != down_proj:
+            if o_proj == down_proj == 0.0:
                 raise MergekitError(
-                    f"{s.where}: layer {layer}'s o_proj is scaled by {o_proj:g} and its down_proj by "
-                    f"{down_proj:g}; damping scales both branches of a pass alike"
+                    f"{s.where}: layer {layer}'s o_proj and down_proj are both scaled by 0: a pass of nothing"
                 )
-            factors.append(o_proj)
+            factors.append((o_proj, down_proj))
     for s, names, which in ((slices[0], FIRST_SLICE_TENSORS, "first"), (slices[-1], LAST_SLICE_TENSORS, "last")):
         for name in names:
             value = resolve_scale(s, name)
@@ -421,16 +487,16 @@ def passthrough_yaml(
             f"repeat_scale {repeat_scale!r} has no place in a passthrough config, which scales tensors: it writes "
             f"repeat_scale {' or '.join(WRITTEN_REPEAT_SCALES)}"
         )
-    try:
-        cfg = ModelConfig(n_layers=n_layers, damping=damping, repeat_scale=repeat_scale)  # type: ignore[arg-type]
-    except ValueError as e:
-        raise MergekitError(f"cannot write a mergekit config: {e}") from None
     chosen = chosen.checked(n_layers)
     if isinstance(chosen, BlockMap):
         chosen = chosen.canonical()
+    try:
+        cfg = ModelConfig(n_layers=n_layers, damping=damping, repeat_scale=repeat_scale, parts=chosen.parts)  # type: ignore[arg-type]
+    except ValueError as e:
+        raise MergekitError(f"cannot write a mergekit config: {e}") from None
     schedule = chosen.schedule()
-    factors = [1.0 if f is None else f for f in branch_scales(cfg, schedule)]
-    runs: list[list[Any]] = []  # [start, end, factor]
+    factors = [f if isinstance(f, tuple) else (f or 1.0, f or 1.0) for f in branch_scales(cfg, schedule)]
+    runs: list[list[Any]] = []  # [start, end, (o_proj's factor, down_proj's)]
     for layer, factor in zip(schedule, factors, strict=True):
         if runs and runs[-1][1] == layer and runs[-1][2] == factor:
             runs[-1][1] = layer + 1
@@ -439,14 +505,11 @@ def passthrough_yaml(
     slices = []
     for start, end, factor in runs:
         source: dict[str, Any] = {"model": model_ref, "layer_range": [start, end]}
-        if factor != 1.0:
-            source["parameters"] = {
-                "scale": [
-                    {"filter": "o_proj", "value": factor},
-                    {"filter": "down_proj", "value": factor},
-                    {"value": 1.0},
-                ]
-            }
+        if factor != (1.0, 1.0):
+            conditions = [
+                {"filter": name, "value": f} for name, f in zip(BRANCH_NAMES, factor, strict=True) if f != 1.0
+            ]
+            source["parameters"] = {"scale": [*conditions, {"value": 1.0}]}
         slices.append({"sources": [source]})
     knobs: dict[str, KnobValue] = {"repeat_scale": repeat_scale, "damping": float(damping)}
     key = config_key(chosen.key, knobs)

@@ -127,6 +127,9 @@ LAYER_WEIGHTS = (
     "mlp.gate_up.weight",
     "mlp.down.weight",
 )
+# The matrices that take a pass's low-rank adapter (ModelConfig.adapter_rank), in order; after LAYER_WEIGHTS,
+# decoder_layer's weights hold each one's (A, B) of the pass, or None where the pass has none.
+ADAPTED = ("qkv", "proj", "gate_up", "down")
 
 
 def member_rms_norm(h: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -141,26 +144,77 @@ def decoder_layer(
     rope: tuple[torch.Tensor, torch.Tensor] | None,
     rope_rotation: torch.Tensor | None,
     alibi: torch.Tensor | None,
-    branch_scale: torch.Tensor | float | None,
+    branch_scale: torch.Tensor | float | tuple[torch.Tensor | float, torch.Tensor | float] | None,
     n_heads: int,
     kv_heads: int,
     eps: float,
 ) -> torch.Tensor:
     """The decoder layer, for m members at once (m = 1: one model; fused.py: m stacked members, each with its own
-    weights): x (m, B, T, D) -> x + a * attn(norm(x)), then + a * mlp(norm(x)), where a is `branch_scale` (a float,
-    one factor (m, 1, 1, 1) per member, or None: 1).
+    weights): x (m, B, T, D) -> x + a * attn(norm(x)), then + f * mlp(norm(x)), where a and f are `branch_scale`
+    (a float, one factor (m, 1, 1, 1) per member, or None: 1; a pair where the two branches differ). A branch whose
+    factor is the float 0.0 does not run (a one-branch pass: ModelConfig.parts).
 
     `weights`: each member's parameters (m, *shape) in LAYER_WEIGHTS order; rope_tables' (cos, sin) or None;
     `rope_rotation`, the same angles as cos + i sin (T, 1, 1, pairs), or None for apply_rope's real arithmetic;
     the ALiBi bias or None. A pure function of tensors and three constants, so that one compiled graph per shape
     serves every map and every group of a process (compiled_layer)."""
 
-    def branch(y: torch.Tensor) -> torch.Tensor:
-        return y if branch_scale is None else y * branch_scale
+    attn_scale, mlp_scale = branch_scale if isinstance(branch_scale, tuple) else (branch_scale, branch_scale)
 
-    # One member takes the plain kernels (nn.Linear's, as fast as they are); several, batched ones.
-    def linear(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:  # each member's h (m, N, in) times its w^T
-        return F.linear(h[0], w[0])[None] if m == 1 else torch.bmm(h, w.transpose(1, 2))
+    def branch(y: torch.Tensor, scale: torch.Tensor | float | None) -> torch.Tensor:
+        return y if scale is None else y * scale
+
+    mlp_norm, gate_up_w, down_w = weights[6:9]
+    assert mlp_norm is not None and gate_up_w is not None and down_w is not None  # the layer's own parameters
+    gate_up_ab, down_ab = adapter_pairs(weights, 2), adapter_pairs(weights, 3)
+    m, B, T, D = x.shape
+    if not isinstance(attn_scale, float) or attn_scale != 0.0:
+        x = x + branch(attention_branch(x, weights, rope, rope_rotation, alibi, n_heads, kv_heads, eps), attn_scale)
+    if isinstance(mlp_scale, float) and mlp_scale == 0.0:
+        return x
+    h = member_rms_norm(x, mlp_norm, eps)
+    gate, up = member_linear(h.reshape(m, B * T, D), gate_up_w, gate_up_ab).chunk(2, -1)
+    return x + branch(member_linear(F.silu(gate) * up, down_w, down_ab).view(m, B, T, D), mlp_scale)
+
+
+def member_linear(
+    h: torch.Tensor, w: torch.Tensor, adapter: tuple[torch.Tensor, torch.Tensor] | None = None
+) -> torch.Tensor:
+    """Each member's h (m, N, in) times its w^T (m, out, in), plus the low-rank h A^T B^T of `adapter` (A (m, rank,
+    in), B (m, out, rank)) where given: one member takes the plain kernel (nn.Linear's, as fast as it is); several,
+    a batched one."""
+    if h.shape[0] == 1:
+        y = F.linear(h[0], w[0])[None]
+    else:
+        y = torch.bmm(h, w.transpose(1, 2))
+    if adapter is not None:
+        a, b = adapter
+        y = y + member_linear(member_linear(h, a), b)
+    return y
+
+
+def adapter_pairs(weights: tuple[torch.Tensor | None, ...], i: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The (A, B) of adapted matrix ADAPTED[i] in a layer's weights, or None where the pass has none."""
+    a_at = len(LAYER_WEIGHTS) + 2 * i
+    if len(weights) <= a_at or weights[a_at] is None:
+        return None
+    a, b = weights[a_at], weights[a_at + 1]
+    assert a is not None and b is not None
+    return a, b
+
+
+def attention_branch(
+    x: torch.Tensor,
+    weights: tuple[torch.Tensor | None, ...],
+    rope: tuple[torch.Tensor, torch.Tensor] | None,
+    rope_rotation: torch.Tensor | None,
+    alibi: torch.Tensor | None,
+    n_heads: int,
+    kv_heads: int,
+    eps: float,
+) -> torch.Tensor:
+    """decoder_layer's attention branch, attn(norm(x)) (m, B, T, D), before its factor."""
+    linear = member_linear
 
     def head_norm(t: torch.Tensor, w: torch.Tensor | None) -> torch.Tensor:  # per-head RMSNorm (q_norm, k_norm)
         if w is None:
@@ -169,13 +223,12 @@ def decoder_layer(
         normed = F.rms_norm(t, (head_size,), eps=eps).view(m, B, heads, T, head_size) * w[:, None, None, None, :]
         return normed.view(m * B, heads, T, head_size)
 
-    attn_norm, qkv_w, qkv_b, q_norm, k_norm, proj_w, mlp_norm, gate_up_w, down_w = weights
+    attn_norm, qkv_w, qkv_b, q_norm, k_norm, proj_w = weights[:6]
     assert attn_norm is not None and qkv_w is not None and proj_w is not None  # the layer's own parameters
-    assert mlp_norm is not None and gate_up_w is not None and down_w is not None
     m, B, T, D = x.shape
     head_size = qkv_w.shape[1] // (n_heads + 2 * kv_heads)
     h = member_rms_norm(x, attn_norm, eps)
-    qkv = linear(h.reshape(m, B * T, D), qkv_w)
+    qkv = linear(h.reshape(m, B * T, D), qkv_w, adapter_pairs(weights, 0))
     if qkv_b is not None:
         qkv = qkv + qkv_b[:, None, :]
     if kv_heads == n_heads:
@@ -196,10 +249,7 @@ def decoder_layer(
         )
     q, k = head_norm(q, q_norm), head_norm(k, k_norm)
     y = attend(q, k, v, rope, alibi)  # the m x B sequences in one call
-    x = x + branch(linear(y.reshape(m, B * T, -1), proj_w).view(m, B, T, D))
-    h = member_rms_norm(x, mlp_norm, eps)
-    gate, up = linear(h.reshape(m, B * T, D), gate_up_w).chunk(2, -1)
-    return x + branch(linear(F.silu(gate) * up, down_w).view(m, B, T, D))
+    return linear(y.reshape(m, B * T, -1), proj_w, adapter_pairs(weights, 1)).view(m, B, T, D)
 
 
 class DecoderLayer(nn.Module):
@@ -210,9 +260,24 @@ class DecoderLayer(nn.Module):
         self.attn = Attention(cfg)
         self.mlp_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.mlp = SwiGLU(cfg)
+        # each pass k >= 1 of a branch (up to max_reuse - 1) has its own A (rank, in) and B (out, rank) per matrix
+        passes, rank = cfg.max_reuse - 1, cfg.adapter_rank
+        self.adapters = (
+            nn.ParameterDict(
+                {
+                    f"{name}_{ab}": nn.Parameter(torch.empty(passes, *((rank, n_in) if ab == "a" else (n_out, rank))))
+                    for name, (n_in, n_out) in cfg.adapter_shapes.items()
+                    for ab in "ab"
+                }
+            )
+            if rank and passes
+            else None
+        )
 
-    def weights(self) -> tuple[torch.Tensor | None, ...]:
-        """The layer's parameters in LAYER_WEIGHTS order, each with a member axis of one (views)."""
+    def weights(self, attn_pass: int = 0, mlp_pass: int = 0) -> tuple[torch.Tensor | None, ...]:
+        """The layer's parameters in LAYER_WEIGHTS order, each with a member axis of one (views), then the (A, B)
+        adapters (ADAPTED) of the attention branch's pass `attn_pass` and the MLP's `mlp_pass` where a pass >= 1
+        has them."""
         q_norm, k_norm = self.attn.q_norm, self.attn.k_norm
         weights = (
             self.attn_norm.weight,
@@ -225,6 +290,10 @@ class DecoderLayer(nn.Module):
             self.mlp.gate_up.weight,
             self.mlp.down.weight,
         )
+        if self.adapters is not None and (attn_pass or mlp_pass):
+            for name, k in zip(ADAPTED, (attn_pass, attn_pass, mlp_pass, mlp_pass), strict=True):
+                a, b = self.adapters[f"{name}_a"], self.adapters[f"{name}_b"]
+                weights += (a[k - 1], b[k - 1]) if k else (None, None)
         return tuple(None if w is None else w[None] for w in weights)
 
     def forward(
@@ -269,6 +338,13 @@ def alibi_bias(n_heads: int, T: int, device: torch.device) -> torch.Tensor:
     return bias.masked_fill(distance > 0, float("-inf"))  # (heads, T, T)
 
 
+# The factors on one position's residual branches: one for both (None: 1), or (attention, MLP) where they differ; a
+# factor of 0.0 is a branch that does not run (a one-branch pass of ModelConfig.parts).
+BranchScale = float | tuple[float, float] | None
+# A position's factors as decoder_layer takes them: a member's BranchScale, or per-member tensors (running, 1, 1, 1)
+PositionScale = torch.Tensor | float | tuple[torch.Tensor, torch.Tensor] | tuple[float, float] | None
+
+
 @dataclass(frozen=True)
 class Position:
     """One position of the members' schedules (members in order of schedule length, longest first): the first
@@ -280,7 +356,7 @@ class Position:
 
     layers: list[int]
     repeats: list[int]
-    scale: torch.Tensor | float | None
+    scale: PositionScale
     active: torch.Tensor | None = None
     index: torch.Tensor | None = None
 
@@ -288,7 +364,7 @@ class Position:
 def schedule_positions(
     cfg: ModelConfig,
     schedules: Sequence[Sequence[int]],
-    scales: Sequence[Sequence[float | None]] | None = None,
+    scales: Sequence[Sequence[BranchScale]] | None = None,
     device: torch.device | None = None,
     compiled: bool = False,
     masking: str = "prefix",
@@ -317,11 +393,15 @@ def schedule_positions(
         reached = [len(schedule) > s for schedule in schedules]
         members = range(len(schedules) if masking == "where" else sum(reached))
         factors = [scales[k][s] if reached[k] else None for k in members]
-        scale: torch.Tensor | float | None
+        scale: PositionScale
         if device is None:
             (scale,) = factors
         elif all(f is None for f in factors) and not always_scaled:
             scale = None
+        elif any(isinstance(f, tuple) for f in factors):  # one-branch passes: a factor per branch, 0 where off
+            pairs = [f if isinstance(f, tuple) else (1.0 if f is None else f,) * 2 for f in factors]
+            attn, mlp = (torch.tensor(list(c), device=device).view(-1, 1, 1, 1) for c in zip(*pairs, strict=True))
+            scale = (attn, mlp)
         else:
             scale = torch.tensor([1.0 if f is None else f for f in factors], device=device).view(-1, 1, 1, 1)
         layers = [schedules[k][s] if reached[k] else 0 for k in members]
@@ -496,7 +576,10 @@ class ILRTransformer(nn.Module):
 
     def reset_parameters(self) -> None:
         residual_std = 0.02 / math.sqrt(2 * (self.cfg.init_depth or self.cfg.n_layers))
+        adapters = {name: p for name, p in self.named_parameters() if ".adapters." in name}
         for name, p in self.named_parameters():
+            if name in adapters:
+                continue
             if name == "injection_gates" or name == "iteration_embed" or name.endswith(".bias"):
                 nn.init.zeros_(p)
             elif name == "iteration_norm_gains" or p.dim() == 1:
@@ -505,6 +588,9 @@ class ILRTransformer(nn.Module):
                 nn.init.normal_(p, std=residual_std)
             else:
                 nn.init.normal_(p, std=0.02)
+        # after every other weight, so that a model with adapters starts where the same seed's model without them does
+        for name, p in adapters.items():
+            nn.init.zeros_(p) if name.endswith("_b") else nn.init.normal_(p, std=0.02)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -523,13 +609,17 @@ class ILRTransformer(nn.Module):
 
     def layer_weights(self, s: int, position: Position) -> tuple[torch.Tensor | None, ...]:
         """members_hidden's LayerWeights: the weights of the layer that runs schedule position s."""
-        return cast(DecoderLayer, self.layers[position.layers[0]]).weights()
+        from ilr_search.training.schedule import branch_pass
+
+        layer, repeat = position.layers[0], position.repeats[0]
+        passes = branch_pass(self.cfg.parts[layer], repeat) if self.cfg.parts else (repeat, repeat)
+        return cast(DecoderLayer, self.layers[layer]).weights(*passes)
 
     def hidden(
         self,
         idx: torch.Tensor,
         schedule: Sequence[int] | None = None,
-        scales: Sequence[float | None] | None = None,
+        scales: Sequence[BranchScale] | None = None,
         start: int = 0,
         state: torch.Tensor | None = None,
         states: list[torch.Tensor] | None = None,
@@ -650,15 +740,37 @@ def repeat_indices(schedule: Sequence[int]) -> list[int]:
     return indices
 
 
-def branch_scales(cfg: ModelConfig, schedule: Sequence[int]) -> list[float | None]:
-    """Per position of the schedule, the factor on that pass's residual branches: 1 / r for every pass of a layer
-    that runs r > 1 times under repeat_scale "residual", times `damping` for a pass after the layer's first; None
-    (branches added as they are) where the factor is 1."""
+def branch_passes(cfg: ModelConfig, schedule: Sequence[int]) -> list[tuple[int | None, int | None]]:
+    """Per position of the schedule, each branch's (attention's, MLP's) pass index: how many times that branch of
+    the layer ran before (None: it does not run here), by the layer's part (ModelConfig.parts,
+    schedule.part_passes)."""
+    from ilr_search.training.schedule import part_passes
+
     runs = Counter(schedule)
-    scales: list[float | None] = []
-    for layer, repeat in zip(schedule, repeat_indices(schedule), strict=True):
-        scale = 1.0 / runs[layer] if cfg.repeat_scale == "residual" and runs[layer] > 1 else 1.0
-        if repeat >= 1:
-            scale *= cfg.damping
-        scales.append(None if scale == 1.0 else scale)
+    parts = cfg.parts or ("",) * cfg.n_layers
+    return [
+        part_passes(parts[layer], runs[layer])[k] for layer, k in zip(schedule, repeat_indices(schedule), strict=True)
+    ]
+
+
+def branch_scales(cfg: ModelConfig, schedule: Sequence[int]) -> list[BranchScale]:
+    """Per position of the schedule, the factors on that pass's residual branches: 1 / r for every pass of a
+    branch that runs r > 1 times under repeat_scale "residual", times `damping` for a pass after the branch's
+    first; 0.0 for a branch that does not run (ModelConfig.parts); None (branches added as they are) where both
+    factors are 1."""
+    runs = Counter(schedule)
+    parts = cfg.parts or ("",) * cfg.n_layers
+
+    def factor(layer: int, repeat: int | None, branch_runs: int) -> float:
+        if repeat is None:
+            return 0.0
+        scale = 1.0 / branch_runs if cfg.repeat_scale == "residual" and branch_runs > 1 else 1.0
+        return scale * cfg.damping if repeat >= 1 else scale
+
+    scales: list[BranchScale] = []
+    for layer, (attn, mlp) in zip(schedule, branch_passes(cfg, schedule), strict=True):
+        r = runs[layer]
+        a = factor(layer, attn, 1 if parts[layer] == "m" else r)
+        f = factor(layer, mlp, 1 if parts[layer] == "a" else r)
+        scales.append((a, f) if a != f else None if a == 1.0 else a)
     return scales

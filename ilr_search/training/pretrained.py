@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel
 
-    from ilr_search.training.model import ILRTransformer
+    from ilr_search.training.model import BranchScale, ILRTransformer
 
 SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 SUPPORTED_TEXT = "llama, mistral, qwen2, qwen3 (SmolLM is llama)"
@@ -329,7 +329,7 @@ def load_initial_weights(model: ILRTransformer) -> None:
     cfg = model.cfg
     check_architecture(cfg, open_checkpoint(cfg.init, cfg.seq_len))
     result = model.load_state_dict(cached_weights(cfg.init), strict=False)
-    missing = [name for name in result.missing_keys if name not in KNOB_PARAMETERS]
+    missing = [name for name in result.missing_keys if name not in KNOB_PARAMETERS and ".adapters." not in name]
     if missing or result.unexpected_keys:
         raise CheckpointError(
             f"checkpoint {cfg.init}: its weights do not fit the model (missing "
@@ -424,19 +424,29 @@ def hf_config(cfg: ModelConfig, family: str, n_layers: int) -> Any:
 
 
 def hf_state_dict(
-    model: ILRTransformer, schedule: Sequence[int], family: str, scales: Sequence[float | None] | None = None
+    model: ILRTransformer, schedule: Sequence[int], family: str, scales: Sequence[BranchScale] | None = None
 ) -> dict[str, torch.Tensor]:
     """The model's weights under transformers' names, fp32 on the CPU, its schedule unrolled: position p of the
     schedule is transformers' layer p. A position whose branches are scaled (damping, repeat_scale "residual":
     `scales`, model.branch_scales of the model's config where not given) has its o_proj and down_proj scaled by
-    that factor: the same residual additions."""
+    that factor: the same residual additions; a branch that does not run (a one-branch pass) has its projection
+    zero. A pass k >= 1 of a branch with adapters (ModelConfig.adapter_rank) has W + B_k A_k in its copy."""
     import torch
 
-    from ilr_search.training.model import branch_scales
+    from ilr_search.training.model import ADAPTED, branch_passes, branch_scales
 
     cfg, hs = model.cfg, model.cfg.head_size
     scales = branch_scales(cfg, schedule) if scales is None else scales
     ours = {name: t.detach().to("cpu", torch.float32) for name, t in model.state_dict().items()}
+    passes = branch_passes(cfg, schedule)
+
+    def weight(layer: int, name: str, matrix: str, k: int | None) -> torch.Tensor:  # W, with pass k's adapter merged
+        w = ours[f"layers.{layer}.{name}.weight"]
+        if not cfg.adapter_rank or not k:
+            return w
+        a, b = ours[f"layers.{layer}.adapters.{matrix}_a"][k - 1], ours[f"layers.{layer}.adapters.{matrix}_b"][k - 1]
+        return w + b @ a
+
     q_dim, kv_dim = cfg.n_heads * hs, cfg.kv_heads * hs
     out = {
         "model.embed_tokens.weight": ours["embed.weight"],
@@ -445,10 +455,14 @@ def hf_state_dict(
     }
     for position, layer in enumerate(schedule):
         hf, src = f"model.layers.{position}.", f"layers.{layer}."
-        scale = 1.0 if scales[position] is None else scales[position]
+        factor = scales[position]
+        attn_scale, mlp_scale = factor if isinstance(factor, tuple) else (factor or 1.0, factor or 1.0)
+        attn_k, mlp_k = passes[position]
         kinds = ("weight", "bias") if cfg.qkv_bias or family == "qwen2" else ("weight",)
         for kind in kinds:
-            qkv = ours.get(f"{src}attn.qkv.{kind}")
+            qkv = (
+                weight(layer, "attn.qkv", ADAPTED[0], attn_k) if kind == "weight" else ours.get(f"{src}attn.qkv.{kind}")
+            )
             if qkv is None:  # qwen2 always has q/k/v biases: a model without them has zeros
                 qkv = torch.zeros(q_dim + 2 * kv_dim)
             q, k, v = qkv.split((q_dim, kv_dim, kv_dim))
@@ -457,15 +471,15 @@ def hf_state_dict(
                 f"{hf}self_attn.k_proj.{kind}": pairs_to_halves(k, hs),
                 f"{hf}self_attn.v_proj.{kind}": v,
             }
-        out[f"{hf}self_attn.o_proj.weight"] = ours[f"{src}attn.proj.weight"] * scale
+        out[f"{hf}self_attn.o_proj.weight"] = weight(layer, "attn.proj", ADAPTED[1], attn_k) * attn_scale
         if cfg.qk_norm:
             for p in "qk":
                 out[f"{hf}self_attn.{p}_norm.weight"] = pairs_to_halves(ours[f"{src}attn.{p}_norm.weight"], hs)
-        gate, up = ours[f"{src}mlp.gate_up.weight"].chunk(2)
+        gate, up = weight(layer, "mlp.gate_up", ADAPTED[2], mlp_k).chunk(2)
         out |= {
             f"{hf}mlp.gate_proj.weight": gate,
             f"{hf}mlp.up_proj.weight": up,
-            f"{hf}mlp.down_proj.weight": ours[f"{src}mlp.down.weight"] * scale,
+            f"{hf}mlp.down_proj.weight": weight(layer, "mlp.down", ADAPTED[3], mlp_k) * mlp_scale,
             f"{hf}input_layernorm.weight": ours[f"{src}attn_norm.weight"],
             f"{hf}post_attention_layernorm.weight": ours[f"{src}mlp_norm.weight"],
         }
@@ -479,7 +493,7 @@ def check_schedule(cfg: ModelConfig, schedule: Sequence[int]) -> None:
 
 
 def unrolled_hf_model(
-    model: ILRTransformer, schedule: Sequence[int], family: str, scales: Sequence[float | None] | None = None
+    model: ILRTransformer, schedule: Sequence[int], family: str, scales: Sequence[BranchScale] | None = None
 ) -> PreTrainedModel:
     """`model` running `schedule` as transformers' model of `family` in memory, fp32 on the CPU, in eval mode: its
     schedule unrolled (num_hidden_layers = len(schedule); position p of the schedule is layer p). Raises

@@ -4,10 +4,12 @@ plain lists of counts, as most of the package still passes them."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ilr_search.config import ModelConfig
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import KnobValue, acting_knobs, parse_knob_settings
 
@@ -16,24 +18,64 @@ class ScheduleError(UserInputError):
     """A reuse map or block count that cannot be run."""
 
 
+# One entry of a reuse map: R (the whole layer R times), Ra (its attention R times, then its MLP once) or Rm (its
+# attention once, then its MLP R times).
+ENTRY_TEXT = re.compile(r"(\d+)([am]?)")
+PLAIN_TEXT = "plain"  # the plain model (every layer once), as a person may write it
+
+
+def branch_pass(part: str, repeat: int) -> tuple[int, int]:
+    """The pass index of each branch (attention's, MLP's) at a layer's pass `repeat`, where it runs: a whole layer's
+    branches both take the layer's; a one-branch layer's other branch runs once (index 0)."""
+    return (repeat if part != "m" else 0, repeat if part != "a" else 0)
+
+
+def part_passes(part: str, repeats: int) -> list[tuple[int | None, int | None]]:
+    """Each of a layer's `repeats` passes: the pass index (branch_pass) of each branch (attention, MLP) that runs,
+    None for one that does not. "" both every pass; "a" attention every pass, the MLP in the last only (3a: attn,
+    attn, attn then MLP); "m" attention in the first pass only, the MLP every pass (3m: attn then MLP, MLP, MLP).
+    The one rule of per-layer entries and blocks."""
+    out: list[tuple[int | None, int | None]] = []
+    for k in range(repeats):
+        attn, mlp = branch_pass(part, k)
+        out.append((attn if part != "m" or k == 0 else None, mlp if part != "a" or k == repeats - 1 else None))
+    return out
+
+
+def layer_parts(counts: Sequence[int], parts: Sequence[str]) -> tuple[str, ...]:
+    """The parts as a model config holds them (ModelConfig.parts): a layer run once is whole, and a map with no
+    one-branch layer has none: ()."""
+    kept = tuple(p if r > 1 else "" for r, p in zip(counts, parts, strict=False))
+    return kept if any(kept) else ()
+
+
 @dataclass(frozen=True)
 class ReuseMap:
-    """How many times in a row each layer runs: `4,2,1,1`. Its text form is also its key in a study (the map key of
-    a trial with every knob off); the baseline runs every layer once."""
+    """How many times in a row each layer runs, and which of its branches repeat: `4,2,1,1`, `1,3a,1,2m`. Its text
+    form is also its key in a study (the map key of a trial with every knob off); the baseline runs every layer
+    once. `parts` (per layer, "" / "a" / "m"; () where every layer is whole) says which branch a repeated layer's
+    passes run (part_passes); `1a`, `1m` and `1` are the same plain layer."""
 
     counts: tuple[int, ...]
+    parts: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "parts", layer_parts(self.counts, self.parts))
 
     @classmethod
     def parse(cls, text: str, n_layers: int) -> ReuseMap:
-        """`"4,2,1,1"`, checked against the number of layers (and every count at least 1)."""
-        parts = [p.strip() for p in str(text).split(",")]
-        try:
-            counts = tuple(int(p) for p in parts)
-        except ValueError:
+        """`"4,2,1,1"` or `"1,3a,1,2m"` (or `plain`), checked against the number of layers (and every count at
+        least 1)."""
+        if str(text).strip() == PLAIN_TEXT:
+            return cls.baseline(n_layers)
+        entries = [ENTRY_TEXT.fullmatch(p.strip()) for p in str(text).split(",")]
+        if any(e is None for e in entries):
             raise ScheduleError(
-                f"reuse map {text!r} must be comma-separated integers, one per layer, e.g. 2,1,1,1"
-            ) from None
-        return cls(counts).checked(n_layers)
+                f"reuse map {text!r} must be one entry per layer, comma-separated, each R (the layer R times), Ra "
+                "(its attention R times, then its MLP) or Rm (its attention, then its MLP R times), e.g. 2,1,3a,1"
+            )
+        matched = [e for e in entries if e is not None]
+        return cls(tuple(int(e.group(1)) for e in matched), tuple(e.group(2) for e in matched)).checked(n_layers)
 
     @classmethod
     def baseline(cls, n_layers: int) -> ReuseMap:
@@ -48,7 +90,8 @@ class ReuseMap:
 
     @property
     def key(self) -> str:
-        return ",".join(str(r) for r in self.counts)
+        parts = self.parts or ("",) * len(self.counts)
+        return ",".join(f"{r}{p}" for r, p in zip(self.counts, parts, strict=True))
 
     def __str__(self) -> str:
         return self.key
@@ -59,30 +102,37 @@ class ReuseMap:
 
     @property
     def layer_runs(self) -> int:
-        """The layers the map runs in one forward pass (its depth of compute)."""
+        """The layers the map runs in one forward pass (its depth of compute; a one-branch pass counts as one)."""
         return sum(self.counts)
 
     def schedule(self) -> list[int]:
         """Layer l runs counts[l] times in a row: 2,1,1 -> [0, 0, 1, 2]."""
         return [layer for layer, count in enumerate(self.counts) for _ in range(count)]
 
+    def configure(self, cfg: ModelConfig) -> ModelConfig:
+        """`cfg` running this map's parts (ModelConfig.parts): the schedule gives the order, the config the branches."""
+        return cfg if cfg.parts == self.parts else dataclasses.replace(cfg, parts=self.parts)
+
 
 BLOCK_PREFIX = "block:"
-BLOCK_TEXT = re.compile(r"block:(\d+)-(\d+):(\d+)")
+BLOCK_TEXT = re.compile(r"block:(\d+)-(\d+):(\d+)([am]?)")
 
 
 @dataclass(frozen=True)
 class BlockMap:
     """One contiguous block of layers run `repeats` times as a block, every other layer once: `block:1-2:2` on 4
     layers runs [0, 1, 2, 1, 2, 3]. Layers are counted from 0, `start` and `end` both inclusive. Its text form is
-    its key in a study. A block of one layer, or one run once, has the same schedule as a reuse map
-    (`block:2-2:3` = `1,1,3,1`, `block:1-2:1` = the baseline): `canonical()` (and `parse_map`) gives that reuse
-    map instead, so that one schedule has one key."""
+    its key in a study. `part` "a" or "m" (`block:1-2:3a`) runs the block's layers by part_passes as a layer of
+    that part would: with "a", every pass but the last runs each layer's attention only; with "m", every pass but
+    the first runs each layer's MLP only. A block of one layer, or one run once, has the same schedule as a reuse
+    map (`block:2-2:3a` = `1,1,3a,1`, `block:1-2:1` = the baseline): `canonical()` (and `parse_map`) gives that
+    reuse map instead, so that one schedule has one key."""
 
     start: int
     end: int
     repeats: int
     n_layers: int
+    part: str = ""
 
     @classmethod
     def parse(cls, text: str, n_layers: int) -> BlockMap:
@@ -93,8 +143,8 @@ class BlockMap:
                 f"block map {text!r} must be block:I-J:R (layers I..J, counted from 0, run R times "
                 "as a block), e.g. block:1-2:2"
             )
-        start, end, repeats = (int(g) for g in match.groups())
-        return cls(start, end, repeats, n_layers).checked(n_layers)
+        start, end, repeats = (int(g) for g in match.groups()[:3])
+        return cls(start, end, repeats, n_layers, match.group(4)).checked(n_layers)
 
     def checked(self, n_layers: int, max_reuse: int | None = None) -> BlockMap:
         """This block, if a model of `n_layers` layers can run it (and no layer runs more than `max_reuse` times)."""
@@ -116,12 +166,12 @@ class BlockMap:
     def canonical(self) -> ReuseMap | BlockMap:
         """The reuse map of the same schedule where there is one (a block of one layer, or run once); else self."""
         if self.start == self.end or self.repeats == 1:
-            return ReuseMap(self.counts)
+            return ReuseMap(self.counts, self.parts)
         return self
 
     @property
     def key(self) -> str:
-        return f"{BLOCK_PREFIX}{self.start}-{self.end}:{self.repeats}"
+        return f"{BLOCK_PREFIX}{self.start}-{self.end}:{self.repeats}{self.part if self.repeats > 1 else ''}"
 
     def __str__(self) -> str:
         return self.key
@@ -137,12 +187,22 @@ class BlockMap:
         return tuple(self.repeats if self.start <= i <= self.end else 1 for i in range(self.n_layers))
 
     @property
+    def parts(self) -> tuple[str, ...]:
+        """Each layer's part, as ModelConfig.parts holds them."""
+        in_block = [self.start <= i <= self.end for i in range(self.n_layers)]
+        return layer_parts(self.counts, [self.part if inside else "" for inside in in_block])
+
+    @property
     def is_baseline(self) -> bool:
         return self.repeats == 1
 
     @property
     def layer_runs(self) -> int:
         return self.n_layers + self.length * (self.repeats - 1)
+
+    def configure(self, cfg: ModelConfig) -> ModelConfig:
+        """`cfg` running this block's parts (ModelConfig.parts)."""
+        return cfg if cfg.parts == self.parts else dataclasses.replace(cfg, parts=self.parts)
 
     def schedule(self) -> list[int]:
         """[0..I-1] + [I..J] * R + [J+1..L-1]."""

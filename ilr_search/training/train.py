@@ -464,7 +464,7 @@ def frozen_result(
     """The result of a run of no step: the checkpoint running `schedule`, scored on chunk cfg.seed (frozen.py);
     diverged where its loss is not finite."""
     from ilr_search.training.device import frozen_dtype
-    from ilr_search.training.flops import param_count
+    from ilr_search.training.flops import map_param_count
     from ilr_search.training.frozen import evaluate_frozen
 
     scores = evaluate_frozen(model_cfg, schedule, data, cfg, on_eval)
@@ -473,7 +473,7 @@ def frozen_result(
     device = resolve_device(cfg.device)
     return TrainResult(
         schedule=schedule,
-        params=param_count(model_cfg),
+        params=map_param_count(model_cfg, schedule),
         steps=0,
         tokens=scores.tokens,
         val_loss=point.val_loss,
