@@ -40,6 +40,7 @@ from ilr_search.config import (
 )
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import check_knobs
+from ilr_search.time_budget import parse_duration
 
 PRESETS = Path(__file__).resolve().parent / "search_spaces"  # shipped in the package (search_spaces/ links here)
 DEFAULT_SPACE = PRESETS / "default.toml"
@@ -379,3 +380,8 @@ def validate_space(space: SpaceConfig) -> None:
         check_knobs(s.knobs)
     except ValueError as e:
         raise SpaceError(f"[search] knobs: {e}") from None
+    if s.time_budget is not None:
+        try:
+            parse_duration(s.time_budget, "time_budget")
+        except UserInputError as e:
+            raise SpaceError(f"[search] {e}", "search", str(e)) from None
