@@ -384,4 +384,4 @@ def validate_space(space: SpaceConfig) -> None:
         try:
             parse_duration(s.time_budget, "time_budget")
         except UserInputError as e:
-            raise SpaceError(f"[search] {e}", "search", str(e)) from None
+            raise SpaceError(f"[search] of {space.source or 'space'}: {e}", "search", str(e)) from None

@@ -54,7 +54,8 @@ def parse_duration(text: str | float | int, what: str = "--time-budget") -> floa
 
 
 def format_duration(seconds: float) -> str:
-    """`15m`, `1h30m`, `1m30s`, `45s`, `0.5s`: a duration as a person writes it (to the second above one)."""
+    """`15m`, `1h 30m`, `1m 30s`, `45s`, `0.5s`: a duration as a person writes it (to the second above one);
+    parse_duration reads it back."""
     if seconds < 1:
         return f"{seconds:.2g}s"
     left = round(seconds)
@@ -63,7 +64,7 @@ def format_duration(seconds: float) -> str:
         count, left = divmod(left, size)
         if count:
             parts.append(f"{count}{unit}")
-    return "".join(parts)
+    return " ".join(parts)
 
 
 @dataclass(frozen=True)
