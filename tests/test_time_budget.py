@@ -208,3 +208,28 @@ def test_no_run_is_trained_twice_across_the_stop(stopped_and_resumed):
     trials = stored_trials(db, "budgeted")
     assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 3
     assert resumed["n_trials"] == resumed["n_complete"] == 3
+
+
+@pytest.mark.slow
+def test_worker_processes_are_given_the_deadline_and_start_nothing_once_it_is_spent(tmp_path, token_cache):
+    """`--workers 2`: each spawned worker receives the invocation's deadline and reads its own clock against it. A
+    deadline already spent (its end at the clock's zero, whatever the real time) lets no worker, nor the parent's
+    last pass, start a trial: exit codes 0, nothing trained, the answer undecided."""
+    from ilr_search.commands.run import RunRequest, run_study
+    from ilr_search.space import load_space
+    from ilr_search.time_budget import Deadline
+
+    space = load_space(write_space(tmp_path / "s.toml", search={**SEARCH, "time_budget": "15m"}))
+    request = RunRequest(
+        space,
+        "1.5x",
+        "workers",
+        storage_url(tmp_path / "w.db"),
+        workers=2,
+        checkpoint_dir=tmp_path / "checkpoints",
+        deadline=Deadline(15 * MINUTE, 0.0),
+    )
+    report = run_study(request)
+    assert report.workers is not None and [code for _, code in report.workers] == [0, 0]
+    assert report.out_of_time and report.n_trials == 0 and not report.interrupted
+    assert report.answer.line == f"{STOPPED} (15m) ran out after 0 of 3 trials; the race has not started{CONTINUES}"
