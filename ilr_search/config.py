@@ -292,6 +292,9 @@ class SearchConfig:
     # how a study runs, not what it is: never stored
     # maps trained first, after the baseline, in this order: "3,2,2,1", "2,1,1,1|injection=add" or "block2"
     enqueue: tuple[str, ...] = ()
+    # a wall-clock budget for one invocation of `run` ("15m", "1.5h", or seconds; time_budget.py): no new run starts
+    # once it is spent. How a run goes, not what the study is: never stored
+    time_budget: str | float | None = None
 
     @property
     def second_seed_reference(self) -> bool:

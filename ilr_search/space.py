@@ -41,6 +41,7 @@ from ilr_search.config import (
 )
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import check_knobs
+from ilr_search.time_budget import parse_duration
 
 PRESETS = Path(__file__).resolve().parent / "search_spaces"  # shipped in the package (search_spaces/ links here)
 DEFAULT_SPACE = PRESETS / "default.toml"
@@ -390,3 +391,8 @@ def validate_space(space: SpaceConfig) -> None:
             f"[search] parts {list(s.parts)}: the families {list(s.families)} have no part to search; parts are "
             "searched for per-layer maps (ilr) and block maps (blocks)"
         )
+    if s.time_budget is not None:
+        try:
+            parse_duration(s.time_budget, "time_budget")
+        except UserInputError as e:
+            raise SpaceError(f"[search] of {space.source or 'space'}: {e}", "search", str(e)) from None

@@ -17,6 +17,7 @@ LAYERS = {  # a top-level module or folder of the package -> its layer; higher i
     "knobs": 0,
     "space": 0,
     "folders": 0,  # settings, errors and records
+    "time_budget": 0,  # run --time-budget: the duration text and the one clock a deadline reads
     "training": 1,
     "data": 1,
     "storage": 1,

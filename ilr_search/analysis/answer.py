@@ -300,3 +300,50 @@ def judge_answer(state: RaceState, settings: RaceSettings, model: str, baseline_
     if state.stopped:
         details.append(f"stopped because {state.stopped}")
     return Answer(lines[0], tuple(details), True)
+
+
+def out_of_time_answer(
+    answer: Answer, budget: str, before_race: str, state: RaceState | None, settings: RaceSettings | None
+) -> Answer:
+    """The answer of a run its time budget (`budget`, in words: `15m`) stopped before the study decided, the race's
+    own numbers said as they stand: `no decision yet: the time budget (15m) ran out; undecided after 3 test seeds at
+    2000 steps (2 of 2 comparisons with the plain model still open); a gap of 0.14 ppl or more would have been seen
+    by now (80% power); the same command continues`. `before_race`: how far the trials and reference runs got where
+    the budget ran out before the race (`after 3 of 8 trials`), else empty. The answer's details follow, after a
+    line that says what the budget stopped."""
+    parts = [f"no decision yet: the time budget ({budget}) ran out" + (f" {before_race}" if before_race else "")]
+    if before_race or state is None or settings is None:
+        parts.append("the race has not started")
+    else:
+        words = settings.words
+        at = words.at(state.level_steps or settings.target_steps)
+        tested = [c for c in state.comparisons if c.n]
+        gap = state.detectable_gap
+        if not tested:
+            parts.append(
+                f"the race has not reached its tests yet ({count(len(state.next_jobs), 'run')} to train next {at})"
+            )
+        else:
+            n = gap.seeds if gap is not None else max(c.n for c in tested)
+            open_ = sum(c.status == "open" for c in state.comparisons)
+            if open_:
+                parts.append(
+                    f"undecided after {words.count(n, test=True)} {at} ({open_} of {len(state.comparisons)} "
+                    f"comparisons with {PLAIN} still open)"
+                )
+            else:
+                parts.append(
+                    f"every comparison with {PLAIN} decided after {words.count(n, test=True)} {at}, the "
+                    "equal-compute reference not yet"
+                )
+            parts.append(
+                f"{gap.text()} or more would have been seen by now ({round(100 * gap.power)}% power)"
+                if gap is not None
+                else f"too few test {words.plural} yet to say what gap would have been seen"
+            )
+    parts.append("the same command continues")
+    stopped = (
+        f"time budget {budget}: spent; no new run started after it and the runs in flight finished; the same "
+        "command (with another budget or none) goes on from here, training nothing twice"
+    )
+    return Answer("; ".join(parts), (stopped, *answer.details), False, answer.trust)

@@ -515,6 +515,17 @@ def run(
         int | None, typer.Option(help="Finished trials the study should reach in total. \\[default: from the space]")
     ] = None,
     timeout: Annotated[float | None, typer.Option(help="Stop starting new trials after this many seconds.")] = None,
+    time_budget: Annotated[
+        str | None,
+        typer.Option(
+            help=(
+                "A wall-clock budget for this invocation of the whole study (trials, reference runs, race): 15m, "
+                "90s, 1h, 1.5h or seconds. No new run starts once it is spent (runs in flight finish); the run ends "
+                "undecided with exit 0 and the same command continues. Never stored with the study. \\[default: "
+                "the space's time_budget, else none]"
+            )
+        ),
+    ] = None,
     sampler: Annotated[str | None, typer.Option(help="auto|tpe|nsga2|gp|random|grid. \\[default: auto]")] = None,
     pruner: Annotated[
         str | None,
@@ -707,6 +718,7 @@ def run(
             train_steps=train_steps,
             init=init,
             parts=parts,
+            time_budget=time_budget,
         )
     )
     tracked_reporter(track, storage, open_uri=False)  # a bad --track is refused before the probe

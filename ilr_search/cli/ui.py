@@ -1188,6 +1188,8 @@ def print_plan(report: DryRunReport) -> None:
         low, high = estimate.seconds, estimate.seconds_max
         span = _duration(low) if _duration(low) == _duration(high) else f"{_duration(low)} to {_duration(high)}"
         rows["estimated time" + left] = f"{span} ({estimate.note})"
+    if report.time_budget is not None:
+        rows["time budget"] = f"{report.time_budget.text}: {report.time_budget.line}"
     key_value_table("dry run: nothing was written", rows)
 
 

@@ -35,6 +35,7 @@ from ilr_search.search.run import (
 from ilr_search.search.samplers import sampler_settings
 from ilr_search.storage import StorageSpec, open_storage, open_store, study_references
 from ilr_search.storage.trials import study_trials
+from ilr_search.time_budget import format_duration
 from ilr_search.training.device import resolve_compile, resolve_device
 from ilr_search.training.flops import flops_ratio
 from ilr_search.training.jobs import fusable
@@ -263,6 +264,40 @@ class Estimate:
 
 
 @dataclass(frozen=True)
+class PlanTimeBudget:
+    """The run's time budget (`--time-budget`, `[search] time_budget`) against the estimate: its seconds and words,
+    and whether the estimate fits in it (`fits`: "yes" where even the most does, "maybe" where only the least
+    does, "no" where not even the least does; None where nothing was estimated), said in `line`."""
+
+    seconds: float
+    text: str
+    fits: str | None
+    line: str
+
+
+def plan_time_budget(seconds: float, estimate: Estimate | None, finished: bool) -> PlanTimeBudget:
+    """How the estimate (None: not probed, or nothing left) stands against a budget of `seconds`."""
+    text = format_duration(seconds)
+    if estimate is None:
+        line = "nothing is left to train" if finished else "not compared: no estimate was made"
+        return PlanTimeBudget(seconds, text, None, line)
+    low, high = estimate.seconds, estimate.seconds_max
+    span = (
+        format_duration(low)
+        if format_duration(low) == format_duration(high)
+        else (f"{format_duration(low)} to {format_duration(high)}")
+    )
+    stops = "the run stops when it is spent, undecided, and the same command continues"
+    if high <= seconds:
+        return PlanTimeBudget(seconds, text, "yes", f"the estimate ({span}) fits within it")
+    if low <= seconds:
+        return PlanTimeBudget(
+            seconds, text, "maybe", f"the estimate ({span}) may exceed it: where the race needs its most runs, {stops}"
+        )
+    return PlanTimeBudget(seconds, text, "no", f"the estimate ({span}) exceeds it: {stops}")
+
+
+@dataclass(frozen=True)
 class DryRunReport:
     """`run --dry-run`: the study and what is left of it (`left`: FINISHED in words once nothing is), its trials
     and references, sampler, pruner, objective, budget, storage, space, model, data, training settings, knobs,
@@ -293,11 +328,13 @@ class DryRunReport:
     race: RacePlan
     estimate: Estimate | None = None
     chunk_size: int = 0  # a frozen study's windows or items a chunk (its eval_windows)
+    time_budget: PlanTimeBudget | None = None  # the run's wall-clock budget against the estimate (None: none)
 
     def to_json(self) -> dict[str, Any]:
-        report = {"dry_run": True} | record_json(self, omit=("estimate", "chunk_size"))
+        report = {"dry_run": True} | record_json(self, omit=("estimate", "chunk_size", "time_budget"))
         if self.train.steps == 0:
             report["chunk_size"] = self.chunk_size
+        report["time_budget"] = record_json(self.time_budget) if self.time_budget is not None else None
         return report | (self.estimate.to_dict() if self.estimate is not None else {})
 
 
@@ -389,6 +426,7 @@ def dry_run_report(request: RunRequest, probe: bool = True) -> DryRunReport:
         race=race,
         estimate=estimated,
         chunk_size=space.train.eval_windows,
+        time_budget=None if request.time_budget is None else plan_time_budget(request.time_budget, estimated, not left),
     )
 
 

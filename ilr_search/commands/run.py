@@ -35,6 +35,7 @@ from ilr_search.search.progress import Event, Message, RunReporter, StudyStarted
 from ilr_search.search.run import RunRequest
 from ilr_search.search.studies import StudyReport
 from ilr_search.space import load_space, parse_target
+from ilr_search.time_budget import parse_duration
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,7 @@ class RunOptions:
     train_steps: int | None = None  # the proxy's steps under another name; 0: frozen (only with a pretrained model)
     init: str | None = None  # a pretrained checkpoint (a folder or hf:NAME): the model's shape, weights and tokenizer
     parts: str | None = None  # which parts of a repeated layer the search proposes: both,attn,mlp
+    time_budget: str | None = None  # this invocation's wall-clock budget (15m, 1.5h, seconds): over the space's
 
 
 def run_request(options: RunOptions) -> RunRequest:
@@ -78,6 +80,7 @@ def run_request(options: RunOptions) -> RunRequest:
         "race_seeds": options.race_seeds,
         "max_race_steps": options.max_race_steps,
         "enqueue": None if options.enqueue is None else split_enqueue_text(options.enqueue),
+        "time_budget": None if options.time_budget is None else parse_duration(options.time_budget),
     }
     overrides = {**options.overrides, "search": {**options.overrides.get("search", {}), **search}}
     if task is not None:
@@ -202,6 +205,7 @@ def run_study(
     study, then the trials, reference runs and race in this process or in workers. `reporter` is told the run's
     events; `shown_by` instead gives a reporter to enter once the layout is chosen (the CLI's console). The report
     carries the layout and the phases (wall time, tokens and CPU time of each)."""
+    request = request.started()  # the time budget counts from here: the layout's probe and the tokens too
     choice = choose_layout(request)
     if choice.reason:
         note(choice.reason)

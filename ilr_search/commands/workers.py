@@ -29,7 +29,7 @@ from ilr_search.commands.layout import process_threads
 from ilr_search.errors import UserInputError
 from ilr_search.interrupts import recorded
 from ilr_search.search.progress import Event, Message, RunReporter
-from ilr_search.search.race import RaceRunner, race_checkpoints, run_race
+from ilr_search.search.race import MayStart, RaceRunner, race_checkpoints, run_race
 from ilr_search.search.run import RunRequest, disk_full_is_reported, prepare_study, run_in_process
 from ilr_search.search.studies import StudyReport
 from ilr_search.training.device import resolve_device
@@ -192,6 +192,7 @@ def _race_worker_main(
             plan, study = prepared.plan, prepared.study
             store = open_store(prepared.spec, plan.name, storage=study_storage(study))
             folder = race_checkpoints(request.checkpoints / safe_name(plan.name))
+            deadline = request.deadline  # the invocation's time budget, read against this process's clock
             run_race(
                 plan,
                 study,
@@ -201,6 +202,7 @@ def _race_worker_main(
                 folder,
                 request.trials_fuse,
                 plan.space.search.max_race_steps,
+                None if deadline is None else lambda: not deadline.spent(),
                 workers=workers,
             )
         return 0
@@ -215,18 +217,26 @@ def race_in_workers(request: RunRequest, workers: int, threads: int = 1) -> Race
     to train (off, done, or only runs that exist) starts no process."""
 
     def runner(
-        plan: Any, study: Any, store: Any, data: Any, reporter: RunReporter, folder: Path, fuse: int, max_steps: int
+        plan: Any,
+        study: Any,
+        store: Any,
+        data: Any,
+        reporter: RunReporter,
+        folder: Path,
+        fuse: int,
+        max_steps: int,
+        may_start: MayStart | None = None,
     ) -> None:
         from ilr_search.search.race import open_race_jobs
 
-        if open_race_jobs(study, store, max_steps)[0]:
+        if open_race_jobs(study, store, max_steps)[0] and (may_start is None or may_start()):
             asked = dataclasses.replace(request, study_name=plan.name, enqueue_maps=())
             codes, interrupted = run_processes(
                 _race_worker_main, asked, workers, threads, reporter, "race worker", "run"
             )
             if interrupted:
                 raise KeyboardInterrupt
-        run_race(plan, study, store, data, reporter, folder, fuse, max_steps)  # what a dead worker left
+        run_race(plan, study, store, data, reporter, folder, fuse, max_steps, may_start)  # what a dead worker left
 
     return runner
 

@@ -248,9 +248,14 @@ def claim_train_wait(
         wait_for_change(look, min(2.0, heartbeat_interval()))
 
 
-RaceRunner = Callable[[StudyPlan, optuna.Study, Store, "EvalData", RunReporter, Path, int, int], object]
-"""What trains a study's race: run_race's first eight arguments (plan, study, store, data, reporter, checkpoint
-folder, fuse, max_steps)."""
+MayStart = Callable[[], bool]
+"""Asked before each new group of runs: False once the invocation's time budget is spent (no new run starts)."""
+
+RaceRunner = Callable[
+    [StudyPlan, optuna.Study, Store, "EvalData", RunReporter, Path, int, int, "MayStart | None"], object
+]
+"""What trains a study's race: run_race's first nine arguments (plan, study, store, data, reporter, checkpoint
+folder, fuse, max_steps, may_start)."""
 
 
 def open_race_jobs(
@@ -304,13 +309,16 @@ def run_race(
     checkpoint_folder: Path,
     fuse: int = 1,
     max_steps: int | None = None,
+    may_start: MayStart | None = None,
     workers: int = 1,
 ) -> RaceState:
     """Train what the racing policy asks for, reading every result again after each run (or each fused group
     of up to `fuse` runs of one length and model), until it is done (or asks only for runs that exist); runs
     held by live workers are waited for. `max_steps`: the compute cap this run races under (stored with the study,
-    so that reports read the race as this run left it; None: the study's last). `workers`: race workers sharing
-    the runs, each taking at most its share of a wave."""
+    so that reports read the race as this run left it; None: the study's last). `may_start`: asked before a group
+    is claimed while the policy asks for runs; once it says no (the time budget is spent), the race stops there,
+    undecided, and the same command goes on. `workers`: race workers sharing the runs, each taking at most its
+    share of a wave."""
     worker = new_worker()
     train = dataclasses.replace(plan.space.train, dtype=plan.dtype)
     if max_steps is not None and study.user_attrs.get(RACE_CAP_ATTR) != max_steps:
@@ -321,7 +329,7 @@ def run_race(
         """The next group the policy asks for: up to this worker's share of `fuse` runs of one length and model."""
         nonlocal state
         open_jobs, settings, state = open_race_jobs(study, store, max_steps)
-        if not open_jobs:
+        if not open_jobs or (may_start is not None and not may_start()):
             return None
         by_key = trained_by_map(study_trials(study))
         runs = [

@@ -16,6 +16,7 @@ import optuna
 import sqlalchemy as sa
 from optuna.trial import FrozenTrial, TrialState
 
+from ilr_search.analysis.answer import out_of_time_answer
 from ilr_search.analysis.fidelity import best_recurrent
 from ilr_search.analysis.results import (
     FrontRow,
@@ -54,7 +55,7 @@ from ilr_search.search.progress import (
     step_callback,
 )
 from ilr_search.search.pruners import build_pruner, pruner_settings
-from ilr_search.search.race import RaceRunner, race_checkpoints, run_race
+from ilr_search.search.race import MayStart, RaceRunner, race_checkpoints, run_race
 from ilr_search.search.race_results import race_settings
 from ilr_search.search.samplers import build_sampler, sampler_settings
 from ilr_search.search.studies import StudyReport, study_report
@@ -73,6 +74,7 @@ from ilr_search.storage import (
     study_storage,
 )
 from ilr_search.storage.trials import TrialRecord, study_trials, trial_record
+from ilr_search.time_budget import Deadline, parse_duration
 from ilr_search.training.flops import flops_ratio
 from ilr_search.training.frozen import EvalData, eval_chunks, load_space_data
 from ilr_search.training.jobs import Job, groups, train_jobs
@@ -109,6 +111,22 @@ class RunRequest:
     # How the run uses the machine (processes, threads, fused group size), chosen by commands/run.run_study from
     # fuse and workers and stored with the study; None (the engine run directly): one process, `fuse` maps at once
     layout: StudyLayout | None = None
+    # The invocation's time budget under way (started from the space's time_budget: `started`), handed to its worker
+    # processes as it is; None: no budget, or not started yet
+    deadline: Deadline | None = None
+
+    @property
+    def time_budget(self) -> float | None:
+        """The invocation's wall-clock budget in seconds (`run --time-budget`, `[search] time_budget`); None: none."""
+        given = self.space.search.time_budget
+        return None if given is None else parse_duration(given, "time_budget")
+
+    def started(self) -> RunRequest:
+        """The request with its time budget counting from now (as it is where it has none, or one under way)."""
+        seconds = self.time_budget
+        if seconds is None or self.deadline is not None:
+            return self
+        return dataclasses.replace(self, deadline=Deadline.start(seconds))
 
     def check(self) -> None:
         """Bad numbers raise a UserInputError, before anything is opened."""
@@ -421,10 +439,38 @@ def first_trials(plan: StudyPlan, study: optuna.Study | None, n_trials: int, enq
     )
 
 
+BudgetPhase = Literal["trials", "references", "race"]  # where a time budget stopped a run
+
+
+@dataclass
+class StartGate:
+    """Whether a new run may start under the invocation's time budget (`run --time-budget`): asked once before each
+    group of trials, of reference runs and of race runs, and only where there is one to start. Once the budget is
+    spent it says no for good, says so once, and keeps the phase it stopped (`stopped_in`); runs in flight finish."""
+
+    deadline: Deadline | None
+    reporter: RunReporter
+    stopped_in: BudgetPhase | None = None
+
+    def __call__(self, phase: BudgetPhase) -> bool:
+        if self.deadline is None:
+            return True
+        if self.stopped_in is None and self.deadline.spent():
+            self.stopped_in = phase
+            self.reporter.on(
+                Message(
+                    f"the time budget ({self.deadline.text}) is spent: no new run starts; the same command continues"
+                )
+            )
+        return self.stopped_in is None
+
+
 def _run_in_process(
     request: RunRequest, reporter: RunReporter, reference_share: tuple[int, int], race_runner: RaceRunner | None
 ) -> StudyReport:
+    request = request.started()  # run directly (the Python API's engine): the budget counts from here
     timeout, fuse = request.timeout, request.trials_fuse
+    gate = StartGate(request.deadline, reporter)
     prepared = prepare_study(request)
     space, spec, plan, study, settings, data = (
         prepared.space,
@@ -511,6 +557,8 @@ def _run_in_process(
                 time.sleep(min(2.0, heartbeat_interval()))
                 run.sweep_stale()
                 continue
+            if not gate("trials"):
+                break
             try:
                 run.run_group(min(fuse, n_trials - finished - running), report_trial)
             except KeyboardInterrupt:
@@ -521,8 +569,8 @@ def _run_in_process(
                 if run.taken_over == seen:
                     raise
     if not interrupted and _n_finished(study) >= n_trials:
-        train_references(run, reference_share, fuse)
-        if request.race:  # contenders at more seeds and longer, until the racing policy has decided (race.py)
+        train_references(run, reference_share, fuse, lambda: gate("references"))
+        if request.race and gate.stopped_in is None:  # contenders at more seeds and longer, until decided (race.py)
             try:
                 (race_runner or run_race)(
                     plan,
@@ -533,6 +581,7 @@ def _run_in_process(
                     race_checkpoints(run.checkpoint_root),
                     fuse,
                     plan.space.search.max_race_steps,
+                    lambda: gate("race"),
                 )
             except KeyboardInterrupt:  # the run in training was freed for the next attempt; finished ones stay
                 interrupted = True
@@ -542,7 +591,34 @@ def _run_in_process(
             folder.rmdir()
         except OSError:  # not empty (a trial of another worker), or not there
             break
-    return dataclasses.replace(study_report(study, spec, store), interrupted=interrupted, settings=settings)
+    report = dataclasses.replace(
+        study_report(study, spec, store), interrupted=interrupted, settings=settings, time_budget=request.time_budget
+    )
+    if gate.stopped_in is None or interrupted:
+        return report
+    return out_of_time(report, gate, n_trials)
+
+
+def out_of_time(report: StudyReport, gate: StartGate, n_trials: int) -> StudyReport:
+    """The report of a run whose time budget stopped it (gate.stopped_in: the phase it stopped in): the answer says
+    what was decided and what was not, with the gap the race could have seen by now, and that the same command
+    continues."""
+    assert gate.deadline is not None and gate.stopped_in is not None
+    race = report.race
+    if gate.stopped_in == "trials":
+        done = f"after {sum(has_result(t) for t in report.trials)} of {n_trials} trials"
+    elif gate.stopped_in == "references":
+        done = f"after the {n_trials} trials, before the reference runs were all trained"
+    else:
+        done = ""
+    answer = out_of_time_answer(
+        report.answer,
+        gate.deadline.text,
+        done,
+        race.state if race is not None else None,
+        race.settings if race is not None else None,
+    )
+    return dataclasses.replace(report, answer=answer, out_of_time=True)
 
 
 def check_fuse(fuse: int) -> None:
@@ -642,12 +718,15 @@ def reference_runs(
     return runs
 
 
-def train_references(run: SearchRun, share: tuple[int, int] = (0, 1), fuse: int = 1) -> None:
+def train_references(
+    run: SearchRun, share: tuple[int, int] = (0, 1), fuse: int = 1, may_start: MayStart | None = None
+) -> None:
     """Train the missing reference runs once per study and store each in the store as it finishes (the second
     seed is trained again when the best recurrent map changed). With `share` (k, n), worker k of n trains
     the k-th, (k+n)-th, ... of them; whoever runs `run` last trains what is still missing. `fuse` K > 1: up
     to K of them of one model train fused, each at its own seed (the same results as one at a time); the run's
-    lanes train them side by side."""
+    lanes train them side by side. `may_start` is asked before each group: once it says no (the time budget is
+    spent), the rest are left to the next run."""
     plan, study = run.plan, run.study
     k, n = share
     refs = reference_runs(plan, study_trials(study), study.user_attrs.get(ENQUEUED_BLOCKS_ATTR, ()))
@@ -673,6 +752,8 @@ def train_references(run: SearchRun, share: tuple[int, int] = (0, 1), fuse: int 
     # in lanes, all at once (the lanes share them out); else one group after another
     batches = [[i for members in job_groups for i in members]] if run.lanes > 1 and jobs else job_groups
     for members in batches:
+        if may_start is not None and not may_start():
+            return
         for i in members:
             ref = missing[i]
             run.reporter.on(ReferenceStarted(ref.name, done, len(missing), plan.space.train.steps))

@@ -92,6 +92,8 @@ class StudyReport:
     answer: Answer
     settings: StudySettings | None = None
     interrupted: bool = False
+    time_budget: float | None = None  # the run's wall-clock budget in seconds (`run --time-budget`; None: none)
+    out_of_time: bool = False  # the budget stopped the run before the study decided; the same command continues
     workers: tuple[tuple[int, int | None], ...] | None = None  # (worker, exit code) of a run with --workers
     layout: StudyLayout | None = None  # how the run that made this report used the machine (`run` only)
     phases: tuple[PhaseRecord, ...] | None = None  # where that run's time went, phase by phase (`run` only)
@@ -218,6 +220,8 @@ class StudyReport:
             "references": {name: r.to_dict() for name, r in self.references.items()},
             "fidelity": self.fidelity.to_dict(),
             "interrupted": self.interrupted,
+            "time_budget_seconds": self.time_budget,
+            "out_of_time": self.out_of_time,
             "sampler": self.settings.sampler.to_dict() if self.settings else None,
             "pruner": self.settings.pruner.name if self.settings else None,
         }
