@@ -20,6 +20,8 @@ Injection = Literal["none", "add", "gated"]
 INJECTIONS: tuple[Injection, ...] = get_args(Injection)
 RepeatScale = Literal["off", "residual", "lr"]
 REPEAT_SCALES: tuple[RepeatScale, ...] = get_args(RepeatScale)
+Retrofit = Literal["adapters", "all"]
+RETROFITS: tuple[Retrofit, ...] = get_args(Retrofit)
 # a layer's part in a map (training/schedule.py): "" the whole layer, "a" attention repeated, "m" MLP repeated
 LAYER_PARTS = ("", "a", "m")
 # the parts a search proposes ([search] parts, --parts), each a layer part: both "", attn "a", mlp "m"
@@ -220,6 +222,9 @@ class TrainConfig:
     dtype: Dtype = "auto"
     compile: bool | None = None  # None: auto (compile on CUDA only)
     checkpoint_every: int = 50  # steps between trial checkpoints; 0: none
+    # a retrofit (a pretrained model's continued training) of a map with adapters: train the adapters alone, the
+    # model's weights as they were (as relaxed recursion and Think-at-Hard do), or every weight ("all")
+    retrofit: Retrofit = "adapters"
 
     @property
     def eval_steps(self) -> list[int]:
@@ -364,7 +369,13 @@ STORED_OMITTED_DEFAULTS: dict[str, dict[str, Any]] = {
         "task": "",
         "tasks_path": "",
     },
-    "train": {"dtype": "fp32", "lr_schedule": "cosine", "warmup_steps": 0, "cooldown_frac": 0.2},
+    "train": {
+        "dtype": "fp32",
+        "lr_schedule": "cosine",
+        "warmup_steps": 0,
+        "cooldown_frac": 0.2,
+        "retrofit": "adapters",
+    },
     "search": {
         "knobs": (),
         "parts": ("both",),

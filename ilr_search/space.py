@@ -29,6 +29,7 @@ from ilr_search.config import (
     OBJECTIVES,
     PRUNERS,
     RACE_POLICIES,
+    RETROFITS,
     SAMPLERS,
     SIZE_MAXIMA,
     TRIAL_FAMILIES,
@@ -277,6 +278,7 @@ def validate_space(space: SpaceConfig) -> None:
         (0 <= t.warmup_frac < 1, f"warmup_frac must be in [0, 1), got {t.warmup_frac}"),
         (t.warmup_steps >= 0, f"warmup_steps must be 0 (warmup_frac) or positive, got {t.warmup_steps}"),
         (t.lr_schedule in LR_SCHEDULES, f"unknown lr_schedule {t.lr_schedule!r}; use one of {', '.join(LR_SCHEDULES)}"),
+        (t.retrofit in RETROFITS, f"unknown retrofit {t.retrofit!r}; use one of {', '.join(RETROFITS)}"),
         (0 < t.cooldown_frac < 1, f"cooldown_frac must be in (0, 1), got {t.cooldown_frac}"),
         (
             t.lr_schedule != "wsd" or t.warmup_length <= t.cooldown_start,
@@ -385,11 +387,6 @@ def validate_space(space: SpaceConfig) -> None:
     if unknown_parts or not s.parts or len(set(s.parts)) != len(s.parts):
         raise SpaceError(
             f"[search] parts {list(s.parts)}: give one or more of {', '.join(MAP_PARTS)}, each once (--parts both,attn)"
-        )
-    if len(s.parts) > 1 and not {"ilr", "blocks"} & set(s.families):
-        raise SpaceError(
-            f"[search] parts {list(s.parts)}: the families {list(s.families)} have no part to search; parts are "
-            "searched for per-layer maps (ilr) and block maps (blocks)"
         )
     if s.time_budget is not None:
         try:

@@ -156,11 +156,11 @@ def hf_logits(folder: Path, x: torch.Tensor) -> torch.Tensor:
         return model(input_ids=x, use_cache=False).logits
 
 
-def project_logits(checkpoint: Path, schedule, damping: float, x: torch.Tensor) -> torch.Tensor:
+def project_logits(checkpoint: Path, schedule, damping: float, x: torch.Tensor, parts=()) -> torch.Tensor:
     from ilr_search.training.build import build_model
     from ilr_search.training.pretrained import open_checkpoint
 
-    cfg = dataclasses.replace(open_checkpoint(str(checkpoint), seq_len=64).config, damping=damping)
+    cfg = dataclasses.replace(open_checkpoint(str(checkpoint), seq_len=64).config, damping=damping, parts=parts)
     with torch.no_grad():
         return build_model(cfg, seed=0).eval()(x, list(schedule))
 
@@ -171,6 +171,9 @@ def project_logits(checkpoint: Path, schedule, damping: float, x: torch.Tensor) 
         ("block:2-4:2|damping=0.5", 0.5, [[0, 5], [2, 5], [5, 6]]),
         ("block:2-4:2", 1.0, [[0, 5], [2, 6]]),  # layer-scan's two slices
         ("2,1,1,3,1,1|damping=0.25", 0.25, [[0, 1], [0, 1], [1, 4], [3, 4], [3, 4], [4, 6]]),
+        # one-branch passes: the other branch's projection scaled by 0
+        ("1,3a,1,2m,1,1", 1.0, [[0, 1], [1, 2], [1, 2], [1, 4], [3, 4], [4, 6]]),
+        ("block:2-4:2a|damping=0.5", 0.5, [[0, 2], [2, 5], [2, 5], [5, 6]]),
     ],
 )
 def test_mergekit_builds_the_exported_config_into_the_hf_exports_model(
@@ -213,13 +216,27 @@ def test_mergekit_builds_the_exported_config_into_the_hf_exports_model(
     merged = merged_logits(text, tmp_path / "merged", x)
     assert transformers.AutoConfig.from_pretrained(tmp_path / "merged").num_hidden_layers == len(read.schedule)
     assert (merged - hf_logits(tmp_path / "hf", x)).abs().max().item() < 1e-4
-    assert (merged - project_logits(checkpoint, read.schedule, damping, x)).abs().max().item() < 1e-4
+    assert (merged - project_logits(checkpoint, read.schedule, damping, x, read.map.parts)).abs().max().item() < 1e-4
     if damping != 1.0:  # the scales matter: the same schedule undamped is another model
-        assert (merged - project_logits(checkpoint, read.schedule, 1.0, x)).abs().max().item() > 1e-3
+        assert (merged - project_logits(checkpoint, read.schedule, 1.0, x, read.map.parts)).abs().max().item() > 1e-3
+    if read.map.parts:  # the zero scales matter: the same schedule with whole layers is another model
+        assert (merged - project_logits(checkpoint, read.schedule, damping, x)).abs().max().item() > 1e-3
     assert transformers.AutoTokenizer.from_pretrained(tmp_path / "merged")("hi")["input_ids"][-2:] == [104, 105]
 
 
 ROUND_TRIP_MAPS = ["2,1,1,1,1,1", "1,3,1,2,1,1", "block:2-4:2", "block:0-5:3", "block:4-5:2", "block:3-3:3"]
+PARTS_ROUND_TRIP_MAPS = ["1,3a,1,2m,1,1", "2m,1,1,1,1,3a", "block:2-4:2a", "block:0-5:3m", "block:3-3:3a"]
+
+
+@pytest.mark.parametrize("damping", [1.0, 0.5])
+@pytest.mark.parametrize("map_text", PARTS_ROUND_TRIP_MAPS)
+def test_a_written_config_with_one_branch_passes_reads_back_as_its_map(map_text, damping, tmp_path):
+    from ilr_search.training.mergekit import passthrough_yaml, read_passthrough
+    from ilr_search.training.schedule import parse_map
+
+    chosen = parse_map(map_text, N_LAYERS)
+    read = read_passthrough(write(tmp_path / "m.yml", passthrough_yaml(chosen, damping, "m", N_LAYERS)), N_LAYERS)
+    assert (read.map, read.damping) == (chosen, damping) and read.schedule == tuple(chosen.schedule())
 
 
 @pytest.mark.parametrize("repeat_scale", ["off", "residual"])
@@ -390,6 +407,7 @@ BAD_EXPORTS = {  # name: (arguments, a phrase of the error line)
         "injection",
     ),
     "repeat_scale lr": (["--study", STUDY, "--storage", "{url}", "--map", "block:2-4:2|repeat_scale=lr"], "'lr'"),
+    "adapters": (["--study", STUDY, "--storage", "{url}", "--map", "block:2-4:2|adapters=4"], "--format hf"),
     "--model": (["--model", "{tmp}/none"], "goes with --study"),
     "--family": (["--study", STUDY, "--storage", "{url}", "--family", "qwen2"], "--family"),
 }

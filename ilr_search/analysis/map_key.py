@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ilr_search.training.schedule import Map, ReuseMap, is_block_text, map_of_key
+from ilr_search.training.schedule import BlockMap, Map, ReuseMap, is_block_text, map_of_key
 
 KNOB_SEPARATOR = "|"
 
@@ -26,12 +26,12 @@ def as_block(map_key: str) -> str:
     text, _, knobs = map_key.partition(KNOB_SEPARATOR)
     if is_block_text(text):
         return map_key
-    counts = [int(c) for c in text.split(",")]
-    repeated = [i for i, c in enumerate(counts) if c > 1]
+    chosen = MapKey.parse(map_key).map
+    repeated = [i for i, c in enumerate(chosen.counts) if c > 1]
     if len(repeated) != 1:
         return map_key
-    i = repeated[0]
-    return key_text(f"block:{i}-{i}:{counts[i]}", knobs)
+    i, n = repeated[0], len(chosen.counts)
+    return key_text(BlockMap(i, i, chosen.counts[i], n, chosen.parts[i] if chosen.parts else "").key, knobs)
 
 
 def is_baseline_key(map_key: str) -> bool:

@@ -35,7 +35,10 @@ def schedule_model(space: SpaceConfig, schedule: Sequence[int], knobs: str | Non
         raise UserInputError(f"--knobs: {e}") from None
     cfg = model_config(space)
     cfg = dataclasses.replace(cfg, max_reuse=max([cfg.max_reuse] + [k + 1 for k in repeat_indices(schedule)]))
-    return with_knobs(cfg, settings, init_depth=len(schedule))
+    try:
+        return with_knobs(cfg, settings, init_depth=len(schedule))
+    except ValueError as e:  # a setting the model cannot take (an adapter rank above d_model)
+        raise UserInputError(f"--knobs: {e}") from None
 
 
 def with_init(space: SpaceConfig, init: str | None) -> SpaceConfig:

@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from ilr_search.commands.run import RunOptions, run_request
-from ilr_search.config import SpaceConfig
+from ilr_search.config import MAP_PARTS, SpaceConfig
 from ilr_search.data.tokenizers import model_config
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import parse_knob_settings
+from ilr_search.search.maps import PART_NAMES
 from ilr_search.search.plan import safe_name
 from ilr_search.search.run import RunRequest
 from ilr_search.training.flops import flops_ratio, parse_budget
@@ -96,13 +97,16 @@ def judge_request(options: JudgeOptions) -> tuple[RunRequest, list[Candidate]]:
     damping = sorted(
         {float(parse_knob_settings(k.partition("|")[2]).get("damping", 1.0)) for k in keys} | {1.0}, reverse=True
     )
+    maps = [map_of_key(k, model.n_layers) for k in keys]
+    parts = sorted({PART_NAMES[p] for m in maps for p in m.parts} | {"both"}, key=list(MAP_PARTS).index)
     size, chunks = chunking(space, options.chunks, options.chunk_size)
     contenders = len(keys) + 1
     search = dataclasses.replace(
         space.search,
         judge=True,
         families=("ilr", "blocks"),
-        max_reuse=max([space.search.max_reuse, *(max(map_of_key(k, model.n_layers).counts) for k in keys)]),
+        max_reuse=max([space.search.max_reuse, *(max(m.counts) for m in maps)]),
+        parts=tuple(parts),
         n_trials=contenders,
         enqueue=(baseline, *keys),
         enqueue_paper_maps=False,

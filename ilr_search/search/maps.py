@@ -21,6 +21,7 @@ import optuna
 from ilr_search.config import MAP_PARTS, TRIAL_FAMILIES
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import KNOB_CHOICES, KnobValue, knob_choices
+from ilr_search.training.flops import PassCosts
 from ilr_search.training.mergekit import is_config_path, read_passthrough
 from ilr_search.training.schedule import (
     BlockMap,
@@ -58,6 +59,37 @@ def repair_to_budget(reuse_map: list[int], max_layer_runs: int) -> list[int]:
     for i in order[:leftover]:
         kept[i] += 1
     return [1 + e for e in kept]
+
+
+def repair_with_costs(reuse_map: Sequence[int], parts: Sequence[str], costs: PassCosts) -> list[int]:
+    """repair_to_budget for a map whose extra passes cost what their part costs (a one-branch pass less than a
+    layer; adapters more): the extra passes scaled down in proportion to what the budget pays for, then one more to
+    each layer in order of its remainder (ties: the larger request, then the earlier layer) while the map fits."""
+    if costs.fits(reuse_map, parts):
+        return list(reuse_map)
+    extras = [r - 1 for r in reuse_map]
+    units = [costs.part[parts[i] if parts else ""] for i in range(len(extras))]
+    allowed = max(0.0, costs.runs - costs.n_layers)
+    scaled = [e * allowed / sum(e * u for e, u in zip(extras, units, strict=True)) for e in extras]
+    kept = [math.floor(x) for x in scaled]
+    for i in sorted(range(len(extras)), key=lambda i: (-(scaled[i] - kept[i]), -extras[i], i)):
+        grown = [k + (j == i) for j, k in enumerate(kept)]
+        if kept[i] < extras[i] and costs.fits([1 + k for k in grown], parts):
+            kept = grown
+    return [1 + k for k in kept]
+
+
+def fit_map(chosen: Map, costs: PassCosts) -> Map:
+    """`chosen` repaired into the budget by what its passes cost (repair_with_costs, repair_block); itself where it
+    fits."""
+    if costs.fits(chosen.counts, chosen.parts):
+        return chosen
+    if isinstance(chosen, BlockMap):
+        fitted = repair_block(
+            chosen.start, chosen.end, chosen.repeats, costs.n_layers, 0, costs.part[chosen.part], costs.runs
+        )
+        return dataclasses.replace(fitted, part=chosen.part).canonical()
+    return ReuseMap(tuple(repair_with_costs(chosen.counts, chosen.parts, costs)), chosen.parts)
 
 
 def propose_knobs(
@@ -99,12 +131,22 @@ def trial_families(families: Sequence[str]) -> tuple[str, ...]:
     return tuple(f for f in TRIAL_FAMILIES if f in families)
 
 
-def repair_block(start: int, end: int, repeats: int, n_layers: int, max_layer_runs: int) -> BlockMap:
+def repair_block(
+    start: int,
+    end: int,
+    repeats: int,
+    n_layers: int,
+    max_layer_runs: int,
+    cost: float = 1.0,
+    runs: float | None = None,
+) -> BlockMap:
     """The block (layers start..end, in either order, run `repeats` times) made to fit the budget: fewer repeats
     first (down to 2), then a shorter block (from its end, down to one layer); where not even one layer run twice
-    fits, the baseline. A block run once is the baseline, written block:0-(L-1):1. Idempotent."""
+    fits, the baseline. A block run once is the baseline, written block:0-(L-1):1. Idempotent. With `runs` (the
+    budget in layer runs, a fraction), each extra pass of a layer costs `cost` layer runs (a one-branch pass)."""
     start, end = min(start, end), max(start, end)
-    extra = max_layer_runs - n_layers  # the layer runs the budget pays for beyond the baseline's
+    # the extra passes of one layer the budget pays for beyond the baseline's
+    extra = max_layer_runs - n_layers if runs is None else int(math.floor((runs - n_layers) / cost * (1 + 1e-9)))
     if repeats <= 1 or extra < 1:
         return BlockMap(0, n_layers - 1, 1, n_layers)
     length = end - start + 1
@@ -114,15 +156,22 @@ def repair_block(start: int, end: int, repeats: int, n_layers: int, max_layer_ru
     return BlockMap(start, start + min(length, extra) - 1, 2, n_layers)
 
 
-def feasible_blocks(n_layers: int, max_reuse: int, max_layer_runs: int) -> list[BlockMap]:
+def feasible_blocks(
+    n_layers: int, max_reuse: int, max_layer_runs: int, part: str = "", costs: PassCosts | None = None
+) -> list[BlockMap]:
     """Every block a study of blocks can evaluate: layers start..end (a single layer too) run 2..max_reuse times,
-    within the budget's layer runs, by repeats, then start, then end (the grid sampler's scan, in its order)."""
+    within the budget's layer runs, by repeats, then start, then end (the grid sampler's scan, in its order); with
+    `part` and the budget's `costs`, blocks of that part, each extra pass at its part's cost."""
     return [
-        BlockMap(start, end, repeats, n_layers)
+        BlockMap(start, end, repeats, n_layers, part)
         for repeats in range(2, max_reuse + 1)
         for start in range(n_layers)
         for end in range(start, n_layers)
-        if n_layers + (end - start + 1) * (repeats - 1) <= max_layer_runs
+        if (
+            n_layers + (end - start + 1) * (repeats - 1) <= max_layer_runs
+            if costs is None
+            else costs.fits(BlockMap(start, end, repeats, n_layers).counts, (part,) * n_layers)
+        )
     ]
 
 
@@ -150,19 +199,30 @@ def propose_trial_map(
     max_layer_runs: int,
     families: Sequence[str],
     parts: Sequence[str] = ("both",),
+    costs: PassCosts | None = None,
 ) -> tuple[Map, tuple[int, ...] | None]:
     """The map a trial trains (canonical: parse_map's form) and, where the budget repaired the sampler's proposal,
     the proposal's per-layer counts. A study searching ilr alone proposes exactly as propose_map; with `parts` (two
-    or more), each repeated layer's (or the block's) part beside its count. The budget repair counts a one-branch
-    pass as a whole layer run: the map it keeps costs no more than the budget."""
+    or more), each repeated layer's (or the block's) part beside its count, repaired into the budget by what its
+    passes cost (`costs`, the budget's pass_costs)."""
     kinds = trial_families(families)
     family = trial.suggest_categorical(FAMILY_PARAM, kinds) if len(kinds) > 1 else kinds[0]
-    if family == "ilr":
+    if family == "ilr" and (len(parts) < 2 or costs is None):
         proposed, reuse_map = propose_map(trial, n_layers, max_reuse, max_layer_runs)
-        chosen = ReuseMap(tuple(reuse_map), propose_parts(trial, n_layers, parts))
-        return chosen, (tuple(proposed) if proposed != reuse_map else None)
+        return ReuseMap(tuple(reuse_map)), (tuple(proposed) if proposed != reuse_map else None)
+    if family == "ilr":
+        assert costs is not None
+        proposed = [trial.suggest_int(f"r{i}", 1, max_reuse) for i in range(n_layers)]
+        chosen_parts = propose_parts(trial, n_layers, parts)
+        trial.set_constraint("budget", float(costs.spent(proposed, chosen_parts) - costs.runs))
+        reuse_map = repair_with_costs(proposed, chosen_parts, costs)
+        return ReuseMap(tuple(reuse_map), chosen_parts), (tuple(proposed) if proposed != reuse_map else None)
     asked, block = propose_block(trial, n_layers, max_reuse, max_layer_runs)
     part = MAP_PARTS[str(trial.suggest_categorical(BLOCK_PART, tuple(parts)))] if len(parts) > 1 else ""
+    if part and costs is not None:  # the block repaired by what its part's passes cost
+        asked = dataclasses.replace(asked, part=part)
+        fitted = fit_map(asked, costs)
+        return fitted, (asked.counts if fitted != asked else None)
     return dataclasses.replace(block, part=part).canonical(), (asked.counts if asked != block else None)
 
 
@@ -178,14 +238,18 @@ def first_params(
     families: Sequence[str],
     scan: bool = False,
     parts: Sequence[str] = ("both",),
+    costs: PassCosts | None = None,
 ) -> list[TrialParams]:
     """The parameters of a study's first maps, baseline first: first_maps where the study searches ilr, else the
     baseline as a block run once (no prior on where to loop); `scan` (the grid sampler over blocks): then every
     feasible block (feasible_blocks), in each of the study's `parts`. The first maps repeat whole layers."""
     if scan:
         baseline = BlockMap(0, n_layers - 1, 1, n_layers)
-        blocks = feasible_blocks(n_layers, max_reuse, max_layer_runs)
-        parted = [dataclasses.replace(b, part=MAP_PARTS[p]) for p in parts for b in blocks]
+        parted = [
+            b
+            for p in parts
+            for b in feasible_blocks(n_layers, max_reuse, max_layer_runs, MAP_PARTS[p], costs if MAP_PARTS[p] else None)
+        ]
         return [{**block_params(b, parts)} for b in [baseline, *parted]]
     if "ilr" in trial_families(families):
         return [
@@ -241,6 +305,7 @@ def map_params(reuse_map: Sequence[int], parts: Sequence[str] = (), searched: Se
 
 
 BLOCK_ENTRY = re.compile(r"block(\d+)")
+PARTED_BLOCK_ENTRY = re.compile(r"block\d+[am]")  # blockK with a part, which whole-stack recurrence has none of
 
 
 def parse_enqueued(
@@ -251,6 +316,7 @@ def parse_enqueued(
     searched_knobs: Sequence[str],
     families: Sequence[str] = ("ilr", "block"),
     parts: Sequence[str] = ("both",),
+    costs: PassCosts | None = None,
 ) -> EnqueuedMap:
     """One entry of an enqueue list: `3,2,2,1`, `2,1,1,1|injection=add` (knobs as `train --knobs` takes them),
     `block:1-2:2` (where the study searches blocks), `block2`, or a mergekit passthrough config (a path ending .yml
@@ -265,6 +331,11 @@ def parse_enqueued(
         entry = read_passthrough(Path(entry), n_layers).key
         where = f"enqueued mergekit config {text.strip()!r} ({entry})"
     kinds = trial_families(families)
+    if PARTED_BLOCK_ENTRY.fullmatch(entry):
+        raise UserInputError(
+            f"{where}: block recurrence blockK runs whole layers and has no part; write a block map with one, "
+            f"block:0-{n_layers - 1}:{entry[5:]} (where the study searches blocks)"
+        )
     block = BLOCK_ENTRY.fullmatch(entry)
     if block:
         k = int(block.group(1))
@@ -304,9 +375,12 @@ def parse_enqueued(
             f"{searched}); add them to --knobs or [search] knobs"
         )
     if isinstance(chosen, BlockMap):
-        fitted = dataclasses.replace(
-            repair_block(chosen.start, chosen.end, chosen.repeats, n_layers, max_layer_runs), part=chosen.part
-        )
+        start, end, repeats = chosen.start, chosen.end, chosen.repeats
+        if chosen.part and costs is not None:  # each extra pass at its part's cost
+            fitted = repair_block(start, end, repeats, n_layers, max_layer_runs, costs.part[chosen.part], costs.runs)
+        else:
+            fitted = repair_block(start, end, repeats, n_layers, max_layer_runs)
+        fitted = dataclasses.replace(fitted, part=chosen.part)
         return EnqueuedMap(
             entry,
             fitted.counts,
@@ -316,7 +390,10 @@ def parse_enqueued(
             block_params(fitted, parts) | family_params("blocks", families),
         )
     reuse_map = list(chosen.counts)
-    repaired = repair_to_budget(reuse_map, max_layer_runs)
+    if chosen.parts and costs is not None:  # each extra pass at its part's cost
+        repaired = repair_with_costs(reuse_map, chosen.parts, costs)
+    else:
+        repaired = repair_to_budget(reuse_map, max_layer_runs)
     return EnqueuedMap(
         entry,
         tuple(repaired),

@@ -146,6 +146,8 @@ RESULT_TRAIN_FIELDS = (
 # The schedule's fields beyond cosine's, stored only where they are not the defaults: a study made before wsd
 # existed keeps its configuration (and its derived name).
 LR_SCHEDULE_FIELDS = ("lr_schedule", "warmup_steps", "cooldown_frac")
+# the training fields a study stores only where they are not STORED_OMITTED_DEFAULTS' (the schedule's, the retrofit's)
+OPTIONAL_TRAIN_FIELDS = (*LR_SCHEDULE_FIELDS, "retrofit")
 
 
 RACE_FIELDS = (
@@ -198,7 +200,7 @@ def study_config(space: SpaceConfig, model: ModelConfig, budget: Budget, dtype: 
         "model": stored_model,
         "data": stored_data,
         "train": {k: full["train"][k] for k in (*RESULT_TRAIN_FIELDS, "dtype")}
-        | {k: full["train"][k] for k in LR_SCHEDULE_FIELDS if full["train"][k] != omitted_train[k]},
+        | {k: full["train"][k] for k in OPTIONAL_TRAIN_FIELDS if full["train"][k] != omitted_train[k]},
         "budget": {"text": budget.text, "ratio": round(budget.ratio, 9)},
         "search": search,
     }

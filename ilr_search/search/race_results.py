@@ -38,7 +38,7 @@ from ilr_search.config import (
     race_target_steps,
     scored_by_item,
 )
-from ilr_search.search.plan import CONFIG_ATTR, LR_SCHEDULE_FIELDS
+from ilr_search.search.plan import CONFIG_ATTR, OPTIONAL_TRAIN_FIELDS
 from ilr_search.storage import RaceRunJob, RunRecord, stored_references
 from ilr_search.storage.trials import TrialRecord
 from ilr_search.training.flops import param_count
@@ -104,7 +104,7 @@ def lr_schedule(config: Mapping[str, Any]) -> str:
     """The learning-rate schedule every run of the study is trained with (train.lr_at), over its own length."""
     train = config["train"]
     return TrainConfig(
-        **{k: train[k] for k in (*LR_SCHEDULE_FIELDS, "warmup_frac", "min_lr_frac") if k in train}
+        **{k: train[k] for k in (*OPTIONAL_TRAIN_FIELDS, "warmup_frac", "min_lr_frac") if k in train}
     ).lr_schedule_text()
 
 

@@ -301,7 +301,14 @@ def enqueued_maps(plan: StudyPlan, enqueue: list[str]) -> list[EnqueuedMap]:
     max_runs = plan.budget.max_layer_runs(plan.model)
     return [
         parse_enqueued(
-            text, plan.model.n_layers, search.max_reuse, max_runs, search.knobs, search.families, search.parts
+            text,
+            plan.model.n_layers,
+            search.max_reuse,
+            max_runs,
+            search.knobs,
+            search.families,
+            search.parts,
+            plan.budget.pass_costs(plan.model),
         )
         for text in enqueue
     ]
@@ -414,7 +421,9 @@ def first_trials(plan: StudyPlan, study: optuna.Study | None, n_trials: int, enq
     seeds = (
         [
             {**p, **knobs_off(search.knobs)}
-            for p in first_params(n, search.max_reuse, max_runs, search.families, scan=scan, parts=search.parts)
+            for p in first_params(
+                n, search.max_reuse, max_runs, search.families, scan, search.parts, plan.budget.pass_costs(plan.model)
+            )
         ]
         if search.enqueue_paper_maps or scan
         else []

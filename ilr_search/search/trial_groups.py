@@ -27,7 +27,7 @@ from optuna.trial import FrozenTrial, TrialState
 from ilr_search.analysis.results import finite_or_none, has_result
 from ilr_search.config import ModelConfig, TrainConfig
 from ilr_search.knobs import KnobValue, acting_knobs, config_key, format_knobs
-from ilr_search.search.maps import propose_knobs, propose_trial_map
+from ilr_search.search.maps import fit_map, propose_knobs, propose_trial_map
 from ilr_search.search.plan import StudyPlan, safe_name
 from ilr_search.search.progress import Message, RunReporter, TrialStarted, step_callback
 from ilr_search.search.pruners import Pruner, PruningDecision
@@ -196,11 +196,16 @@ class SearchRun:
             self.plan.budget.max_layer_runs(self.plan.model),
             search.families,
             search.parts,
+            self.plan.budget.pass_costs(self.plan.model),
         )
-        reuse_map, schedule = list(chosen.counts), chosen.schedule()
-        knobs = acting_knobs(propose_knobs(trial, search.knobs, search.damping_choices), schedule)
-        key = config_key(chosen.key, knobs)  # the knobs add no FLOPs: repair keys on the map
+        knobs = acting_knobs(propose_knobs(trial, search.knobs, search.damping_choices), chosen.schedule())
         model = self.plan.trial_model(knobs, chosen.parts)
+        if model.adapter_rank:  # adapters add FLOPs to every extra pass: the map repaired by what its passes cost
+            chosen = fit_map(chosen, self.plan.budget.pass_costs(model))
+            knobs = acting_knobs(knobs, chosen.schedule())
+            model = self.plan.trial_model(knobs, chosen.parts)
+        reuse_map, schedule = list(chosen.counts), chosen.schedule()
+        key = config_key(chosen.key, knobs)
         ratio = flops_ratio(model, schedule)
         assert self.plan.budget.allows(ratio), (chosen.key, ratio)
         attrs: dict[str, Any] = {

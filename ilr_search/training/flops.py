@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -129,8 +129,38 @@ class Budget:
 
     def max_layer_runs(self, cfg: ModelConfig) -> int:
         """The largest schedule length (total layer runs) the budget pays for."""
-        spare = self.flops_per_token - head_flops_per_token(cfg)
-        return int(math.floor(spare / layer_flops_per_token(cfg) * (1 + 1e-9)))
+        return int(math.floor(self.layer_runs(cfg) * (1 + 1e-9)))
+
+    def layer_runs(self, cfg: ModelConfig) -> float:
+        """The whole layer runs the budget pays for, as a fraction (a one-branch pass costs less than one)."""
+        return (self.flops_per_token - head_flops_per_token(cfg)) / layer_flops_per_token(cfg)
+
+    def pass_costs(self, cfg: ModelConfig) -> PassCosts:
+        """What a map may spend beyond the plain model, in whole layer runs, and what each part's extra pass costs."""
+        layer = layer_flops_per_token(cfg)
+        adapters = adapter_flops_per_token(cfg)
+        attn, mlp = (b + a for b, a in zip(branch_flops_per_token(cfg), adapters, strict=True))
+        return PassCosts(
+            self.layer_runs(cfg), cfg.n_layers, {"": (attn + mlp) / layer, "a": attn / layer, "m": mlp / layer}
+        )
+
+
+@dataclass(frozen=True)
+class PassCosts:
+    """A budget in whole layer runs (`runs`, a fraction) for a model of `n_layers`, and the cost of one extra pass of
+    each part (ModelConfig.parts: "" a whole layer, "a" its attention, "m" its MLP; with adapters, theirs too), in
+    whole layer runs: what the search's budget repair spends (search/maps.py)."""
+
+    runs: float
+    n_layers: int
+    part: Mapping[str, float]
+
+    def spent(self, counts: Sequence[int], parts: Sequence[str]) -> float:
+        """The layer runs of a map of these counts and parts (() for whole layers)."""
+        return self.n_layers + sum((r - 1) * self.part[parts[i] if parts else ""] for i, r in enumerate(counts))
+
+    def fits(self, counts: Sequence[int], parts: Sequence[str]) -> bool:
+        return self.spent(counts, parts) <= self.runs * (1 + 1e-9)
 
 
 _RATIO = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([xX%])\s*$")

@@ -93,9 +93,14 @@ def build_optimizer(
     model: ILRTransformer, cfg: TrainConfig, device: torch.device, schedule: Sequence[int] | None = None
 ) -> torch.optim.AdamW:
     """The model's AdamW; with repeat_scale "lr" and a `schedule`, the parameters of its repeated layers go into
-    groups of their own at a fraction of the lr (ILRTransformer.parameter_lr_scales)."""
+    groups of their own at a fraction of the lr (ILRTransformer.parameter_lr_scales). A pretrained model with
+    adapters trains them alone (cfg.retrofit "adapters"): every other weight is frozen."""
     lr_scales = model.parameter_lr_scales(schedule) if schedule is not None else {}
     named = list(model.named_parameters())
+    if model.cfg.init and model.cfg.adapter_rank and cfg.retrofit == "adapters":  # the pretrained weights kept
+        for name, p in named:
+            p.requires_grad_(".adapters." in name)
+        named = [(name, p) for name, p in named if p.requires_grad]
     decay = [p for name, p in named if weight_decays(name, p) and name not in lr_scales]
     no_decay = [p for name, p in named if not weight_decays(name, p) and name not in lr_scales]
     scaled = [
