@@ -52,7 +52,7 @@ def test_an_object_that_is_no_event_is_refused():
         ConsoleReporter(enabled=False).on(Unknown())  # type: ignore[arg-type]
 
 
-def test_a_study_of_blocks_names_its_plain_model_so_and_a_study_of_maps_by_its_counts(capsys):
+def test_the_plain_model_is_named_so_in_a_study_of_blocks_and_of_maps(capsys):
     plain = ",".join(["1"] * 30)
     with ConsoleReporter(enabled=True) as reporter:
         reporter.on(progress.StudyStarted("b", 3, 0, unit="window chunk", blocks=True))
@@ -66,4 +66,7 @@ def test_a_study_of_blocks_names_its_plain_model_so_and_a_study_of_maps_by_its_c
     with ConsoleReporter(enabled=True) as reporter:
         reporter.on(progress.StudyStarted("m", 3, 0))
         reporter.on(progress.TrialStarted(0, [1, 1, 1, 1], 32))
-    assert "trial 0: training map 1,1,1,1" in capsys.readouterr().err
+        reporter.on(progress.TrialStarted(1, [1, 3, 1, 1], 32, map="1,3a,1,1"))
+    err = capsys.readouterr().err
+    assert "trial 0: training the plain model" in err and "1,1,1,1" not in err
+    assert "trial 1: training map 1,3a,1,1" in err

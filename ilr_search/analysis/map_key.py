@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ilr_search.training.schedule import BlockMap, Map, ReuseMap, is_block_text, map_of_key
+from ilr_search.training.schedule import PLAIN_TEXT, BlockMap, Map, ReuseMap, is_block_text, map_of_key
 
 KNOB_SEPARATOR = "|"
 
@@ -32,6 +32,11 @@ def as_block(map_key: str) -> str:
         return map_key
     i, n = repeated[0], len(chosen.counts)
     return key_text(BlockMap(i, i, chosen.counts[i], n, chosen.parts[i] if chosen.parts else "").key, knobs)
+
+
+def shown_key(map_key: str) -> str:
+    """A map key as output shows it: `plain` for the plain model (not its L ones), any other key as it is."""
+    return PLAIN_TEXT if is_baseline_key(map_key) else map_key
 
 
 def is_baseline_key(map_key: str) -> bool:

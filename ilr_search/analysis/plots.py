@@ -27,7 +27,7 @@ from plotly.subplots import make_subplots
 from ilr_search.analysis.answer import Answer
 from ilr_search.analysis.blocks import BlockCell, BlockGrid, BlockPanel
 from ilr_search.analysis.fidelity import AuditReport, Fidelity, NoiseBand
-from ilr_search.analysis.map_key import is_baseline_key, map_text
+from ilr_search.analysis.map_key import is_baseline_key, map_text, shown_key
 from ilr_search.analysis.race_report import RaceReport
 from ilr_search.analysis.results import (
     FrontRow,
@@ -152,9 +152,8 @@ def _hover_text(
 
 
 def _short_map(key: str) -> str:
-    """A map key as a legend names it: itself, or for the all-ones map of a deep model (a long list of ones), `(all
-    ones)`."""
-    return "(all ones)" if len(key) > 20 and is_baseline_key(key) else key
+    """A map key as a legend names it: itself, or `plain` for the plain model."""
+    return shown_key(key)
 
 
 def _num(x: Any) -> str:

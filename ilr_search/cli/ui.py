@@ -545,13 +545,13 @@ class Words:
         return self.unit != "seed"
 
     def shown(self, map_key: str) -> str:
-        """A map key as the study writes it (a one-layer block as block:I-I:R in a study of blocks)."""
-        return events.as_block(map_key) if self.blocks else map_key
+        """A map key as output shows it: `plain` for the plain model, a one-layer block as block:I-I:R in a study of
+        blocks, any other as the study writes it."""
+        return events.shown_key(events.as_block(map_key) if self.blocks else map_key)
 
     def named(self, map_key: str) -> str:
-        """A map as a line of output names it: `map KEY`, or in a study of blocks, whose plain model is no block,
-        `the plain model` (not its L ones)."""
-        if self.blocks and events.is_baseline_key(map_key):
+        """A map as a line of output names it: `map KEY`, or `the plain model` (not its L ones)."""
+        if events.is_baseline_key(map_key):
             return "the plain model"
         return f"map {self.shown(map_key)}"
 
@@ -948,7 +948,8 @@ def print_blocks(view: BlockView) -> None:
         out.print(table)
     plain = f", ppl {grid.plain_ppl:.4g}" if grid.plain_ppl is not None and grid.settings.judged == "ppl" else ""
     out.print(
-        f"each cell: block:I-J:R's loss minus the plain model's ({grid.baseline}{plain}) in {grid.unit}, below 0 "
+        f"each cell: block:I-J:R's loss minus the plain model's ({events.shown_key(grid.baseline)}{plain}) in "
+        f"{grid.unit}, below 0 "
         f"better: the race's paired mean over its test {words.plural} where it raced the block, else {where}; "
         f"{view.marks}",
         soft_wrap=True,
@@ -1146,6 +1147,8 @@ def print_plan(report: DryRunReport) -> None:
         )
     if report.knobs:
         rows["knobs"] = ", ".join(report.knobs)
+    if len(report.parts) > 1:
+        rows["parts"] = ", ".join(report.parts) + " (each repeated layer or block: whole, attention or MLP)"
     race, shape = report.race, report.race.shape
     left = " left" if resume else ""
     if race.decided:

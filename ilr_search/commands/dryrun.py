@@ -328,6 +328,7 @@ class DryRunReport:
     race: RacePlan
     estimate: Estimate | None = None
     chunk_size: int = 0  # a frozen study's windows or items a chunk (its eval_windows)
+    parts: list[str] = dataclasses.field(default_factory=lambda: ["both"])  # the parts of a layer searched
     time_budget: PlanTimeBudget | None = None  # the run's wall-clock budget against the estimate (None: none)
 
     def to_json(self) -> dict[str, Any]:
@@ -422,6 +423,7 @@ def dry_run_report(request: RunRequest, probe: bool = True) -> DryRunReport:
             resolve_compile(space.train.compile, device),
         ),
         knobs=list(space.search.knobs),
+        parts=list(space.search.parts),
         workers=request.workers or 1,
         race=race,
         estimate=estimated,

@@ -2,7 +2,7 @@
 map is written (training/schedule.py, analysis/map_key.py). The CLI imports only from commands/, so these come
 through here."""
 
-from ilr_search.analysis.map_key import as_block, is_baseline_key
+from ilr_search.analysis.map_key import as_block, is_baseline_key, shown_key
 from ilr_search.knobs import format_knobs
 from ilr_search.search.progress import (
     Event,
@@ -22,6 +22,7 @@ from ilr_search.training.schedule import format_reuse_map
 __all__ = [
     "as_block",
     "is_baseline_key",
+    "shown_key",
     "Event",
     "Message",
     "ReferenceFinished",
