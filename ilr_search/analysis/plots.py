@@ -87,6 +87,7 @@ class PlottedTrial:
     reused_from: int | None = None
     curve: tuple[tuple[int, float], ...] = ()
     map: str | None = None  # the map as its key writes it (a block map's block:I-J:R), where the trial has a key
+    params: int | None = None  # the parameters its map uses (adapters included)
 
     @classmethod
     def of(cls, record: TrialRecord, curve: Mapping[int, float]) -> PlottedTrial:
@@ -105,6 +106,7 @@ class PlottedTrial:
             record.reused_from,
             tuple(sorted(curve.items())) if not record.is_reuse else (),
             map_text(record.map_key) if record.map_key else None,
+            record.param_count,
         )
 
 
@@ -125,6 +127,7 @@ def _hover(rows: list[PlottedTrial]) -> list[str]:
                 r.val_bpb,
                 extra,
                 r.map,
+                r.params,
             )
         )
     return text
@@ -140,14 +143,16 @@ def _hover_text(
     bpb: float | None,
     extra: str = "",
     map_name: str | None = None,
+    params: int | None = None,
 ) -> str:
     """A trial's (or a front point's) hover text: its trial, state, map (`map_name`, as its key writes it, where
-    given; else its counts), knobs, FLOPs, perplexity and bpb."""
+    given; else its counts), knobs, FLOPs, parameters, perplexity and bpb."""
     knobs_line = f"<br>knobs {knobs}" if knobs else ""
     shown = map_name or ",".join(map(str, reuse_map or []))
+    params_text = f" · {params:,} params" if params is not None else ""
     return (
         f"trial {trial} ({state.lower()})<br>map {shown}{knobs_line}"
-        f"<br>FLOP ratio {flops_ratio:.3f}<br>ppl {_num(ppl)}<br>bpb {_num(bpb)}" + extra
+        f"<br>FLOP ratio {flops_ratio:.3f}{params_text}<br>ppl {_num(ppl)}<br>bpb {_num(bpb)}" + extra
     )
 
 
@@ -902,6 +907,7 @@ def _proxy_panel(
                         p.val_bpb,
                         "",
                         p.map or None,
+                        p.params,
                     )
                     for p in front
                 ],

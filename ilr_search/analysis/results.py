@@ -178,6 +178,7 @@ class TrialRow:
             "map": map_text(r.map_key) if r.map_key else None,
             "knobs": knobs_text(r),
             "flops_ratio": r.flops_ratio,
+            "params": r.param_count,
             "val_ppl": r.val_ppl,
             "val_bpb": r.val_bpb,
             "steps": r.steps,
