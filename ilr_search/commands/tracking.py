@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ilr_search.analysis.map_key import map_text
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import format_knobs
 from ilr_search.search.progress import Event, RunReporter, StudyStarted, TrialFinished
@@ -75,6 +76,7 @@ class TrialLog:
     steps: int
     pruned_at_step: int | None
     curve: list[tuple[int, float]] = field(default_factory=list)  # (step, validation loss)
+    map: str = ""  # the map as its key writes it (parts, a block), where its counts do not say it
 
     def final_values(self) -> dict[str, float]:
         values = {
@@ -87,7 +89,7 @@ class TrialLog:
 
     def params(self) -> dict[str, str | int]:
         p: dict[str, str | int] = {
-            "map": format_reuse_map(self.reuse_map) if self.reuse_map else "-",
+            "map": self.map or (format_reuse_map(self.reuse_map) if self.reuse_map else "-"),
             "knobs": self.knobs or "none",
             "state": self.state,
         }
@@ -221,6 +223,7 @@ class TrackingReporter(RunReporter):
                 t.steps,
                 t.pruned_at_step,
                 curve,
+                map_text(t.map_key) if t.map_key else "",
             )
         )
 
@@ -262,5 +265,6 @@ class TrackingReporter(RunReporter):
                     int(ref.steps or 0),
                     None,
                     list(ref.curve),
+                    ref.block_map or "",
                 )
             )
