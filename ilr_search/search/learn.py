@@ -14,16 +14,17 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ilr_search.config import SpaceConfig, scored_by_item
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import config_key
 from ilr_search.search.plan import StudyPlan
 from ilr_search.storage.trials import TrialRecord
-from ilr_search.training.frozen import EvalData
-from ilr_search.training.learned import KEEP_AT, learn_gates
 from ilr_search.training.schedule import ReuseMap
+
+if TYPE_CHECKING:  # torch loads only where a map is learned: `studies` and `--help` read reports without it
+    from ilr_search.training.frozen import EvalData
 
 LEARNED_ATTR = "learned_schedule"  # the study's user attribute holding learned_schedule's record
 
@@ -49,6 +50,8 @@ def check_learnable(space: SpaceConfig) -> None:
 def learned_schedule(plan: StudyPlan, data: EvalData, stored: Mapping[str, Any]) -> dict[str, Any]:
     """The study's learned map and how it was learned: the one stored with it, else learned now (module docstring).
     `map` is the map with its knobs as `--enqueue` takes it."""
+    from ilr_search.training.learned import KEEP_AT, learn_gates
+
     if LEARNED_ATTR in stored:
         return dict(stored[LEARNED_ATTR])
     search = plan.space.search

@@ -133,7 +133,8 @@ class RunRequest:
 
     def check(self) -> None:
         """Bad numbers raise a UserInputError, before anything is opened."""
-        if self.n_trials is not None and not int(not self.learn) <= self.n_trials <= SIZE_MAXIMA["search", "n_trials"]:
+        fewest = 0 if self.learn else 1  # --learn --n-trials 0: the learned map and the plain model alone
+        if self.n_trials is not None and not fewest <= self.n_trials <= SIZE_MAXIMA["search", "n_trials"]:
             raise UserInputError(
                 f"--n-trials must be a positive number of trials (0 with --learn: the learned map alone), at most "
                 f"{SIZE_MAXIMA['search', 'n_trials']:,}, got {self.n_trials}"
