@@ -687,6 +687,18 @@ def run(
             )
         ),
     ] = None,
+    learn: Annotated[
+        bool,
+        typer.Option(
+            "--learn",
+            help=(
+                "Also learn a map: one model trained at the widest schedule (every layer max_reuse times) with a gate "
+                "on each extra pass, held within the budget; the passes whose gate ends >= 0.5 are the map, trained "
+                "and raced as a trial. With --n-trials 0: the learned map and the plain model alone. Frozen (--init "
+                "--train-steps 0): only the gates learn, on the select windows."
+            ),
+        ),
+    ] = False,
     json_out: Json = False,
 ) -> None:
     """Search reuse maps under a FLOP budget; running it again resumes the study."""
@@ -719,6 +731,7 @@ def run(
             init=init,
             parts=parts,
             time_budget=time_budget,
+            learn=learn,
         )
     )
     tracked_reporter(track, storage, open_uri=False)  # a bad --track is refused before the probe

@@ -783,6 +783,7 @@ def print_run(report: StudyReport) -> None:
             f"{report.race_steps} in the race; storage {report.storage}"
         )
     _fidelity_lines(None if is_frozen(report) else report.fidelity)  # frozen: no proxy whose fidelity to judge
+    print_learned(report)
     print_race(report)
     print_phases(report)
     if report.interrupted:
@@ -790,6 +791,28 @@ def print_run(report: StudyReport) -> None:
     for line in report.answer.details:
         out.print(f"  - {line}", markup=False, highlight=False)
     print_answer(report, details=False)
+
+
+def print_learned(report: StudyReport) -> None:
+    """`run --learn`: the learned gates, a row a layer and a column a pass, then the map and what learning cost."""
+    learned = report.learned
+    if learned is None:
+        return
+    passes = max((len(row) for row in learned["gates"]), default=0)
+    rows_table(
+        f"learned gates (a pass is kept where its gate is >= {learned['kept_at']:g})",
+        [{"layer": i} | {f"pass {k + 1}": g for k, g in enumerate(row)} for i, row in enumerate(learned["gates"])],
+        ["layer", *(f"pass {k + 1}" for k in range(passes))],
+    )
+    trial = f", trial {learned['trial']}" if learned.get("trial") is not None else ""
+    out.print(
+        f"learned map {learned['map']}{trial}: {learned['steps']} steps in {learned['seconds']:.1f} s"
+        f"{' (frozen: the gates alone)' if learned['frozen'] else ''}; expected FLOPs "
+        f"{learned['expected_flops_ratio']:.3f}x of the budget's {learned['budget_ratio']:.3f}x, multiplier "
+        f"{learned['multiplier']:.3g}",
+        markup=False,
+        highlight=False,
+    )
 
 
 def print_judge(report: StudyReport) -> None:
@@ -893,6 +916,7 @@ def print_trials(report: StudyReport) -> None:
                 droppable=["val_bpb", "seed", "status"],
             )
     _fidelity_lines(None if is_frozen(report) else report.fidelity)
+    print_learned(report)
     print_race(report)
 
 

@@ -66,6 +66,7 @@ class RunOptions:
     init: str | None = None  # a pretrained checkpoint (a folder or hf:NAME): the model's shape, weights and tokenizer
     parts: str | None = None  # which parts of a repeated layer the search proposes: both,attn,mlp
     time_budget: str | None = None  # this invocation's wall-clock budget (15m, 1.5h, seconds): over the space's
+    learn: bool = False  # a map learned by gates on one model at the widest schedule, enqueued (search/learn.py)
 
 
 def run_request(options: RunOptions) -> RunRequest:
@@ -109,6 +110,7 @@ def run_request(options: RunOptions) -> RunRequest:
         race_policy=options.race_policy,
         max_seeds=options.max_seeds,
         equal_compute=options.equal_compute,
+        learn=options.learn,
     )
 
 

@@ -29,6 +29,7 @@ from ilr_search.config import SIZE_MAXIMA, WORKERS_MAX, SpaceConfig, StudySettin
 from ilr_search.errors import StorageFullError, UserInputError
 from ilr_search.folders import check_can_create
 from ilr_search.knobs import KnobValue, config_key
+from ilr_search.search.learn import LEARNED_ATTR, check_learnable, learned_line, learned_schedule
 from ilr_search.search.maps import EnqueuedMap, first_params, knobs_off, parse_enqueued
 from ilr_search.search.plan import (
     CONFIG_ATTR,
@@ -114,6 +115,8 @@ class RunRequest:
     # The invocation's time budget under way (started from the space's time_budget: `started`), handed to its worker
     # processes as it is; None: no budget, or not started yet
     deadline: Deadline | None = None
+    # `run --learn`: a map learned by one gated model at the widest schedule, enqueued as a trial (search/learn.py)
+    learn: bool = False
 
     @property
     def time_budget(self) -> float | None:
@@ -130,9 +133,10 @@ class RunRequest:
 
     def check(self) -> None:
         """Bad numbers raise a UserInputError, before anything is opened."""
-        if self.n_trials is not None and not 0 < self.n_trials <= SIZE_MAXIMA["search", "n_trials"]:
+        fewest = 0 if self.learn else 1  # --learn --n-trials 0: the learned map and the plain model alone
+        if self.n_trials is not None and not fewest <= self.n_trials <= SIZE_MAXIMA["search", "n_trials"]:
             raise UserInputError(
-                f"--n-trials must be a positive number of trials, at most "
+                f"--n-trials must be a positive number of trials (0 with --learn: the learned map alone), at most "
                 f"{SIZE_MAXIMA['search', 'n_trials']:,}, got {self.n_trials}"
             )
         if self.timeout is not None and self.timeout <= 0:
@@ -176,7 +180,7 @@ class RunRequest:
     @property
     def trials_wanted(self) -> int:
         """The finished trials asked for: n_trials, or the space's."""
-        return self.n_trials or self.space.search.n_trials
+        return self.n_trials if self.n_trials is not None else self.space.search.n_trials
 
 
 def run_in_process(
@@ -235,6 +239,8 @@ def planned_space(request: RunRequest) -> tuple[SpaceConfig, StudyPlan]:
     space = evaluation_only_space(dataclasses.replace(request.space, search=search), request)
     validate_space(space)
     check_search_objective(space)
+    if request.learn:
+        check_learnable(space)
     plan = plan_study(space, request.budget, request.study_name)
     enqueued_maps(plan, enqueue_texts(request, space))
     return space, plan
@@ -327,11 +333,12 @@ def prepare_study(request: RunRequest) -> PreparedStudy:
     stored = stored_study(existing, plan.name)
     if stored is None:
         check_no_orphan_records(spec, plan.name, existing)
-    first = first_trials(plan, stored, request.trials_wanted, enqueue_texts(request, space))
-
     data = load_space_data(space)
     if space.train.steps == 0:
         check_window_chunks(space, data)
+    learned = learned_schedule(plan, data, stored.user_attrs if stored else {}) if request.learn else None
+    enqueue = enqueue_texts(request, space) + ([learned["map"]] if learned else [])
+    first = first_trials(plan, stored, request.trials_wanted, enqueue)
     storage_obj = existing or open_storage(spec)
     directions: list[Literal["minimize"]] = (
         ["minimize"] if space.search.objective == "ppl" else ["minimize", "minimize"]
@@ -359,6 +366,8 @@ def prepare_study(request: RunRequest) -> PreparedStudy:
         optuna.storages.fail_stale_trials(study)
     if SAMPLER_ATTR not in study.user_attrs:  # first: a worker that sees the configuration sees these too
         study.set_user_attr(SAMPLER_ATTR, settings.to_dict())
+    if learned is not None and LEARNED_ATTR not in study.user_attrs:
+        study.set_user_attr(LEARNED_ATTR, learned)
     if CONFIG_ATTR not in study.user_attrs:
         study.set_user_attr(CONFIG_ATTR, canonical_config(plan.config))
         study.set_metric_names(["val_ppl"] if len(directions) == 1 else ["val_ppl", "flops_ratio"])
@@ -373,9 +382,8 @@ def prepare_study(request: RunRequest) -> PreparedStudy:
         study.enqueue_trial(params, skip_if_exists=True)
     open_store(spec, plan.name, storage=storage_obj)  # the project's tables too, before any worker races to create them
     asked = request.trials_wanted
-    return PreparedStudy(
-        space, spec, plan, study, settings, data, first.n_trials, asked if first.n_trials > asked else None
-    )
+    raised = first.n_trials > asked and not (request.learn and asked == 0)
+    return PreparedStudy(space, spec, plan, study, settings, data, first.n_trials, asked if raised else None)
 
 
 def check_no_orphan_records(spec: StorageSpec, name: str, storage: optuna.storages.BaseStorage | None) -> None:
@@ -538,6 +546,8 @@ def _run_in_process(
             blocks=settings_of_race.blocks,
         )
     )
+    if request.learn and LEARNED_ATTR in study.user_attrs:
+        reporter.on(Message(learned_line(study.user_attrs[LEARNED_ATTR])))
     interrupted = False
     if finished < n_trials:
 

@@ -28,6 +28,7 @@ from ilr_search.analysis.results import (
 )
 from ilr_search.config import StudySettings
 from ilr_search.errors import UserInputError
+from ilr_search.search.learn import learned_record
 from ilr_search.search.phases import PhaseRecord
 from ilr_search.search.plan import SAMPLER_ATTR, StudyLayout, stored_config, stored_layouts
 from ilr_search.search.race_results import RACE_POINT_FIELDS, foreign_answer, race_report
@@ -99,6 +100,8 @@ class StudyReport:
     phases: tuple[PhaseRecord, ...] | None = None  # where that run's time went, phase by phase (`run` only)
     listing: TrialListing | None = None
     front_view: FrontView | None = None
+    # `run --learn`: the learned map, its gates per layer and pass, what learning cost, and its trial (search/learn.py)
+    learned: Mapping[str, Any] | None = None
 
     @property
     def verdict(self) -> str:
@@ -160,7 +163,7 @@ class StudyReport:
             "answer_details": list(self.answer.details),
             "trust": self.answer.trust.text() if self.answer.trust is not None else None,
             "target_steps": self.target_steps,
-        }
+        } | ({"learned": dict(self.learned)} if self.learned is not None else {})
         race_parts = {
             "detectable_gap": race.detectable_gap.to_dict() if race and race.detectable_gap else None,
             "equal_compute": race.equal_compute.to_dict() if race and race.equal_compute else None,
@@ -249,6 +252,7 @@ def study_report(study: optuna.Study, spec: StorageSpec, store: Store) -> StudyR
         fidelity=fidelity_of(study, store, records),
         answer=race.answer if race is not None else foreign_answer(records),
         settings=StudySettings.from_dict(stored) if stored else None,
+        learned=learned_record(study.user_attrs, records),
     )
 
 

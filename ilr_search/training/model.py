@@ -364,7 +364,7 @@ class Position:
 def schedule_positions(
     cfg: ModelConfig,
     schedules: Sequence[Sequence[int]],
-    scales: Sequence[Sequence[BranchScale]] | None = None,
+    scales: Sequence[Sequence[PositionScale]] | None = None,
     device: torch.device | None = None,
     compiled: bool = False,
     masking: str = "prefix",
@@ -619,15 +619,15 @@ class ILRTransformer(nn.Module):
         self,
         idx: torch.Tensor,
         schedule: Sequence[int] | None = None,
-        scales: Sequence[BranchScale] | None = None,
+        scales: Sequence[PositionScale] | None = None,
         start: int = 0,
         state: torch.Tensor | None = None,
         states: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """members_hidden of this one model: final normalised hidden states (B, T, d_model) for token ids (B, T),
         running the layers in `schedule` order, each position's residual branches times its factor in `scales`
-        (branch_scales of the model's config where not given); `start`, `state` and `states` as there, without
-        the member axis."""
+        (branch_scales of the model's config where not given; a 0-dim tensor is a factor too: learned.py's gates);
+        `start`, `state` and `states` as there, without the member axis."""
         schedule = list(range(self.cfg.n_layers)) if schedule is None else list(schedule)
         positions = schedule_positions(self.cfg, [schedule], None if scales is None else [scales])
         tables = position_tables(self.cfg, idx.shape[1], idx.device)
