@@ -7,7 +7,7 @@ searches (`[search] knobs`, `--knobs`), and each becomes a categorical dimension
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ilr_search.config import INJECTIONS, REPEAT_SCALES, ModelConfig
@@ -139,6 +139,18 @@ def acting_knobs(knobs: Mapping[str, KnobValue], schedule: Sequence[int]) -> dic
     if len(set(schedule)) < len(schedule):
         return dict(knobs)
     return {name: value for name, value in knobs.items() if name not in REPEAT_FACTORS}
+
+
+def affordable_knobs(
+    knobs: Mapping[str, KnobValue], fits: Callable[[dict[str, KnobValue]], bool]
+) -> dict[str, KnobValue]:
+    """`knobs` with the adapters' rank lowered through its choices to the largest that `fits` (the budget, given the
+    trial's map; 0: none). The map is repaired to the budget before its knobs are drawn, and adapters are the one
+    knob whose matmuls cost FLOPs, so a rank the budget does not pay for on that map acts as the largest it does."""
+    fitted = dict(knobs)
+    while fitted.get("adapters") and not fits(fitted):
+        fitted["adapters"] = max(r for r in KNOB_CHOICES["adapters"] if int(r) < int(fitted["adapters"]))
+    return fitted
 
 
 def config_key(map_key: str, knobs: Mapping[str, KnobValue]) -> str:

@@ -358,3 +358,25 @@ def test_a_repeat_factor_on_a_map_that_repeats_no_layer_is_dropped():
     assert parse_keyed_map("1,1,1|damping=0.1", 3, "here")[1] == {}
     assert parse_keyed_map("2,1,1|damping=0.1", 3, "here")[1] == {"damping": 0.1}
     assert parse_keyed_map("block:1-2:2|damping=0.5", 3, "here")[1] == {"damping": 0.5}
+
+
+def test_an_adapter_rank_the_budget_does_not_pay_for_acts_as_the_largest_it_does():
+    # The map is repaired to the budget before its knobs are drawn, and the adapters' matmuls cost FLOPs: 2,2,1,1 is
+    # at the edge of 1.5x on a 4-layer d32 model, where rank 16 took 1.68x and stopped a `--knobs adapters` study
+    # (an assertion in trial_groups.propose). The rank is lowered through its choices to one that fits.
+    from ilr_search.knobs import affordable_knobs
+    from ilr_search.training.flops import flops_ratio, parse_budget
+
+    cfg = ModelConfig(n_layers=4, d_model=32, n_heads=2, seq_len=64, vocab_size=256, max_reuse=3)
+    budget = parse_budget("1.5x", cfg)
+
+    def fits(schedule):
+        return lambda knobs: budget.allows(flops_ratio(with_knobs(cfg, knobs, 6), schedule))
+
+    edge, inside = reuse_map_schedule([2, 2, 1, 1]), reuse_map_schedule([2, 1, 1, 1])
+    assert not fits(edge)({"adapters": 16}) and fits(edge)({"adapters": 0})
+    fitted = affordable_knobs({"adapters": 16, "damping": 0.5}, fits(edge))
+    assert fitted["damping"] == 0.5 and fitted["adapters"] in (0, 4, 8) and fits(edge)(fitted)
+    assert all(not fits(edge)({"adapters": r}) for r in (4, 8, 16) if r > fitted["adapters"])
+    assert affordable_knobs({"adapters": 16}, fits(inside)) == {"adapters": 16}  # in budget: unchanged
+    assert affordable_knobs({"injection": "add"}, fits(edge)) == {"injection": "add"}  # no adapters: untouched

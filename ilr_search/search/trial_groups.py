@@ -26,7 +26,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from ilr_search.analysis.results import finite_or_none, has_result
 from ilr_search.config import ModelConfig, TrainConfig
-from ilr_search.knobs import KnobValue, acting_knobs, config_key, format_knobs
+from ilr_search.knobs import KnobValue, acting_knobs, affordable_knobs, config_key, format_knobs
 from ilr_search.search.maps import propose_knobs, propose_trial_map
 from ilr_search.search.plan import StudyPlan, safe_name
 from ilr_search.search.progress import Message, RunReporter, TrialStarted, step_callback
@@ -199,7 +199,10 @@ class SearchRun:
         )
         reuse_map, schedule = list(chosen.counts), chosen.schedule()
         knobs = acting_knobs(propose_knobs(trial, search.knobs, search.damping_choices), schedule)
-        key = config_key(chosen.key, knobs)  # the knobs add no FLOPs: repair keys on the map
+        knobs = affordable_knobs(  # repair keys on the map; of the knobs, only the adapters cost FLOPs
+            knobs, lambda k: self.plan.budget.allows(flops_ratio(self.plan.trial_model(k, chosen.parts), schedule))
+        )
+        key = config_key(chosen.key, knobs)
         model = self.plan.trial_model(knobs, chosen.parts)
         ratio = flops_ratio(model, schedule)
         assert self.plan.budget.allows(ratio), (chosen.key, ratio)
