@@ -26,12 +26,12 @@ def as_block(map_key: str) -> str:
     text, _, knobs = map_key.partition(KNOB_SEPARATOR)
     if is_block_text(text):
         return map_key
-    counts = [int(c) for c in text.split(",")]
-    repeated = [i for i, c in enumerate(counts) if c > 1]
+    entries = text.split(",")  # a count, with its part where it repeats one branch (`3a`, `2m`)
+    repeated = [i for i, c in enumerate(entries) if int(c.rstrip("am")) > 1]
     if len(repeated) != 1:
         return map_key
     i = repeated[0]
-    return key_text(f"block:{i}-{i}:{counts[i]}", knobs)
+    return key_text(f"block:{i}-{i}:{entries[i]}", knobs)
 
 
 def is_baseline_key(map_key: str) -> bool:
