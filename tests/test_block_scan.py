@@ -97,3 +97,14 @@ def test_damping_on_the_plain_map_is_the_plain_map(cli, tmp_path, recurrent_chec
     assert one_layer, keys
     for key in one_layer:
         assert as_block(key) in listed.stdout and key not in listed.stdout, (key, listed.stdout)
+
+
+def test_a_one_layer_block_that_repeats_one_branch_is_written_as_that_block():
+    # A frozen block search with --parts both,attn,mlp stopped on `block:I-I:Rm`: its canonical key is a reuse map
+    # (`1,1,4m,1`), and as_block read every entry as a whole number (ValueError: '4m').
+    from ilr_search.training.schedule import map_of_key
+
+    assert as_block("1,1,4m,1") == "block:2-2:4m"
+    assert as_block("1,3a,1,1|adapters=8") == "block:1-1:3a|adapters=8"
+    assert as_block("2a,2a,1,1") == "2a,2a,1,1"  # two layers repeated: no one block
+    assert map_of_key(as_block("1,1,4m,1"), 4).key == "1,1,4m,1"
