@@ -121,3 +121,28 @@ def test_no_private_optuna_name_outside_the_shim():
         if pattern.search(line)
     ]
     assert found == []
+
+
+def test_a_two_objective_tpe_study_proposes_after_pruned_trials_with_intermediate_values():
+    """Optuna 5.1's TPE ordered pruned trials by `study.direction`, which a two-objective study has not: with two
+    pruned trials that carry intermediate values (what a search stores for the dashboard), its next proposal raised
+    RuntimeError (`run --space truth-nope --budget 1.5x` stopped at trial 8). The shim orders them by the first
+    objective's direction."""
+    assert optuna.samplers._tpe.sampler._get_pruned_trial_score is compat._pruned_trial_score
+    study = optuna.create_study(
+        directions=["minimize", "minimize"], sampler=optuna.samplers.TPESampler(n_startup_trials=2, seed=0)
+    )
+    for i, state in enumerate([TrialState.COMPLETE, TrialState.COMPLETE, TrialState.PRUNED, TrialState.PRUNED]):
+        trial = study.ask()
+        trial.suggest_int("r0", 1, 4)
+        # as a search stores them (Trial.report refuses a multi-objective trial)
+        compat.study_storage(study).set_trial_intermediate_value(compat.trial_id(trial), 10 + i, 3.0 - i * 0.1)
+        if state == TrialState.COMPLETE:
+            study.tell(trial, [3.0 - i, 1.0 + i])
+        else:
+            study.tell(trial, state=TrialState.PRUNED)
+    trial = study.ask()  # TPE's model now orders the two pruned trials
+    assert 1 <= trial.suggest_int("r0", 1, 4) <= 4
+    # the deepest first, then the lower loss: the order Optuna gives a single-objective study
+    pruned = study.get_trials(states=(TrialState.PRUNED,))
+    assert sorted(pruned, key=lambda t: compat._pruned_trial_score(t, study))[0].number == 3

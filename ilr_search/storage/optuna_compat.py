@@ -2,7 +2,8 @@
 
 ilr-search needs a few things Optuna keeps private: a study's storage and a trial's storage id (for heartbeats,
 stale-trial sweeps and reading a trial back by id), the RDB storage under Optuna's cache, the trials table (for
-SQLite's atomic pop of a queued trial) and writing several user attributes in one transaction. Every use of a
+SQLite's atomic pop of a queued trial) and writing several user attributes in one transaction; and it patches one
+function of TPE's, which cannot order the pruned trials of a multi-objective study (_pruned_trial_score). Every use of a
 private Optuna name is here and nowhere else, each one has a test (tests/test_optuna_compat.py), so an Optuna
 upgrade that breaks one fails a test named after it. Optuna's semantic versioning does not cover these names, so
 the version is checked at import.
@@ -10,6 +11,7 @@ the version is checked at import.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -28,10 +30,12 @@ if int(optuna.__version__.split(".")[0]) != TESTED_MAJOR:
         f"<{TESTED_MAJOR + 1}'"
     )
 
+from optuna.samplers._tpe import sampler as _tpe_sampler  # noqa: E402
 from optuna.storages._cached_storage import _CachedStorage  # noqa: E402
 from optuna.storages._heartbeat import get_heartbeat_thread  # noqa: E402
 from optuna.storages._rdb import models as _rdb_models  # noqa: E402
 from optuna.storages._rdb.storage import _create_scoped_session  # noqa: E402
+from optuna.study import StudyDirection  # noqa: E402
 
 # Heartbeats, stale-trial sweeps and metric names are marked experimental; ilr-search uses them on purpose (every
 # module that calls them imports the storage package, and so this one).
@@ -87,3 +91,20 @@ def heartbeat_thread(trial_id_: int, storage: BaseStorage) -> Any:
     """Optuna's own heartbeat for a running trial on an RDB storage with heartbeats (what `optimize` runs for one
     trial), as a context manager: for trials asked with `ask` and trained outside `optimize` (a fused group)."""
     return get_heartbeat_thread(trial_id_, storage)
+
+
+def _pruned_trial_score(trial: FrozenTrial, study: optuna.Study) -> tuple[float, float]:
+    """TPE's order of pruned trials (the deepest first, then the best last intermediate value), for a study of any
+    number of objectives: Optuna 5.1's reads `study.direction`, which a multi-objective study has not, and so
+    stopped every two-objective TPE study once two of its trials had been pruned with intermediate values (what
+    ilr-search stores for the dashboard). The intermediate values are validation losses, taken in the first
+    objective's direction (ilr-search's is perplexity, minimised)."""
+    if not trial.intermediate_values:
+        return 1, 0.0
+    step, value = max(trial.intermediate_values.items())
+    if math.isnan(value):
+        return -step, float("inf")
+    return -step, value if study.directions[0] == StudyDirection.MINIMIZE else -value
+
+
+_tpe_sampler._get_pruned_trial_score = _pruned_trial_score  # noqa: SLF001 -- the one patch of Optuna (above)
