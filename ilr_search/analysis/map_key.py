@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ilr_search.training.schedule import PLAIN_TEXT, BlockMap, Map, ReuseMap, is_block_text, map_of_key
+from ilr_search.training.schedule import PLAIN_TEXT, BlockMap, Map, ReuseMap, ScheduleError, is_block_text, map_of_key
 
 KNOB_SEPARATOR = "|"
 
@@ -26,7 +26,10 @@ def as_block(map_key: str) -> str:
     text, _, knobs = map_key.partition(KNOB_SEPARATOR)
     if is_block_text(text):
         return map_key
-    chosen = MapKey.parse(map_key).map
+    try:
+        chosen = MapKey.parse(map_key).map
+    except ScheduleError:  # no reuse map (the race's deepN, blockK): shown as it is
+        return map_key
     repeated = [i for i, c in enumerate(chosen.counts) if c > 1]
     if len(repeated) != 1:
         return map_key
@@ -40,8 +43,14 @@ def shown_key(map_key: str) -> str:
 
 
 def is_baseline_key(map_key: str) -> bool:
-    """The paper's baseline: the all-ones map with every knob off."""
-    return not is_block_text(map_key) and MapKey.parse(map_key).is_baseline
+    """The paper's baseline: the all-ones map with every knob off. A key that is no map (the race's equal-compute
+    `deepN`, block recurrence `blockK`) is not it."""
+    if is_block_text(map_key):
+        return False
+    try:
+        return MapKey.parse(map_key).is_baseline
+    except ScheduleError:
+        return False
 
 
 def key_text(map_text: str, knobs: str | None = None) -> str:
