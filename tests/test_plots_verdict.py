@@ -62,7 +62,7 @@ def test_the_top_panel_holds_only_the_raced_maps_at_the_target_on_one_axis_title
         low, high = p["interval"]
         assert trace.error_y.array[i] == pytest.approx(high - p["val_ppl"])
         assert trace.error_y.arrayminus[i] == pytest.approx(p["val_ppl"] - low)
-    assert any(t.name.replace("<br>", " ").startswith("baseline 1,1,1,1 (the reference)") for t in top)
+    assert any(t.name.replace("<br>", " ").startswith("the plain model (the reference)") for t in top)
     layout = fig.layout.to_plotly_json()
     axes = [k for k in layout if k.startswith("yaxis")]
     assert len(axes) > 1 and not any(layout[k].get("overlaying") for k in axes)  # none laid over another

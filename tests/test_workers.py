@@ -120,7 +120,7 @@ def test_every_event_crosses_a_process_queue_with_its_worker_and_reaches_the_par
     printed = capsys.readouterr().err
     assert "worker 3: trial 1 complete: map 2,1,1" in printed and "worker 3: hello" in printed
     assert (
-        "worker 3: race runs: map 2,1,1 at 32 steps, seed 1; map 1,1,1 at 32 steps, seed 1 (fused, 2 at once)"
+        "worker 3: race runs: map 2,1,1 at 32 steps, seed 1; the plain model at 32 steps, seed 1 (fused, 2 at once)"
         in printed
     )
     assert "worker 3: race run done: map 2,1,1 at 32 steps, seed 1: ppl 9.1" in printed

@@ -448,7 +448,7 @@ def _decided_panel(fig: go.Figure, race: RaceReport, row: int, legend: str) -> N
         )
         add_markers(
             [baseline],
-            f"baseline {_short_map(baseline.map_key)} (the reference): mean, {pct}% interval",
+            f"the plain model (the reference): mean, {pct}% interval",
             dict(symbol="star", size=17, color=BASELINE_COLOUR, line=dict(width=1, color="black")),
             legendgroup="baseline",
         )
