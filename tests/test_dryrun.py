@@ -1,6 +1,7 @@
 """`run --dry-run`: the plan and a probed time estimate, and nothing written (no storage, no study, no tokens); on
 a finished study nothing left, on a partly done one what is left, from a probe of positive step times."""
 
+import dataclasses
 import json
 
 import optuna
@@ -131,3 +132,22 @@ def test_the_frozen_dry_run_plans_evaluations_and_times_them(cli, tmp_path, recu
     )
     assert shown.returncode == 0 and "maps to evaluate" in shown.stdout and "test chunks" in shown.stdout
     assert "seed" not in shown.stdout and "trials to train" not in shown.stdout
+
+
+def test_the_race_estimate_prices_each_run_at_its_own_depth():
+    """The most: every recurrent run and the equal-compute model at the budget's most layer runs, the baseline at
+    its own; the least: the first test seeds at an average map; a race left half done costs half."""
+    from ilr_search.commands.dryrun import AdaptiveRace, RacePlan, race_seconds
+
+    shape = AdaptiveRace(screen=4, contenders=3, first_test_seeds=2, max_seeds=5, equal_compute="depth")
+    least_runs, most_runs = 4 + 3 * 2 + 3, 4 + 3 * 4 + 5
+    race = RacePlan("adaptive", 100, least_runs, most_runs, least_runs * 100, most_runs * 100, shape)
+    seconds = race_seconds(race, lambda layer_runs: layer_runs, plain=8, mid=10, most=12)
+    assert seconds == (8 + 3 * 10 + 2 * (8 + 2 * 10) + 3 * 10, 8 + 3 * 12 + 4 * (8 + 2 * 12) + 5 * 12)
+    half = dataclasses.replace(race, steps_min=race.steps_min // 2, steps_max=race.steps_max // 2)
+    assert race_seconds(half, lambda layer_runs: layer_runs, 8, 10, 12) == pytest.approx(
+        (seconds[0] * (least_runs * 50) / (least_runs * 100), seconds[1] * (most_runs * 50) / (most_runs * 100))
+    )
+    off = dataclasses.replace(shape, equal_compute="off")
+    no_deep = race_seconds(dataclasses.replace(race, shape=off), lambda r: r, 8, 10, 12)
+    assert no_deep[1] < seconds[1]

@@ -10,7 +10,7 @@ import dataclasses
 import math
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -530,6 +530,41 @@ def race_plan(plan: StudyPlan, n_trials: int) -> RacePlan:
     )
 
 
+def race_seconds(
+    race: RacePlan, run_seconds: Callable[[float], float], plain: float, mid: float, most: float
+) -> tuple[float, float]:
+    """The race's (least, most) seconds on one worker, each run at its own cost (`run_seconds` of a target-length
+    run of so many layer runs). An adaptive race's least: the screen and the contenders' first test seeds at an
+    average map's cost (`mid` layer runs), the baseline's at `plain`, the equal-compute model at `mid`; its most:
+    every recurrent run, and the equal-compute model as deep as the best contender, at the budget's most (`most`);
+    both scaled to the steps `race` has (race_left's are what is left; the compute cap). A fixed race: every run at
+    `mid`."""
+    shape = race.shape
+    if not isinstance(shape, AdaptiveRace) or not race.target_steps:
+        runs = (race.steps_min / race.target_steps, race.steps_max / race.target_steps) if race.target_steps else (0, 0)
+        return runs[0] * run_seconds(mid), runs[1] * run_seconds(mid)
+    deep = 1 if shape.equal_compute == "depth" else 0
+    recurrent, tests = shape.contenders - 1, shape.max_seeds - 1
+    least_runs = shape.screen + shape.contenders * shape.first_test_seeds + deep * (shape.first_test_seeds + 1)
+    most_runs = shape.screen + shape.contenders * tests + deep * shape.max_seeds
+    least = (
+        run_seconds(plain)
+        + (shape.screen - 1) * run_seconds(mid)
+        + shape.first_test_seeds * (run_seconds(plain) + recurrent * run_seconds(mid))
+        + deep * (shape.first_test_seeds + 1) * run_seconds(mid)
+    )
+    most_seconds = (
+        run_seconds(plain)
+        + (shape.screen - 1) * run_seconds(most)
+        + tests * (run_seconds(plain) + recurrent * run_seconds(most))
+        + deep * shape.max_seeds * run_seconds(most)
+    )
+    return (
+        least * race.steps_min / (least_runs * race.target_steps),
+        most_seconds * race.steps_max / (most_runs * race.target_steps),
+    )
+
+
 def estimate(
     space: SpaceConfig,
     plan: StudyPlan,
@@ -561,6 +596,11 @@ def estimate(
 
     groups = layout.groups
     mid_runs = (baseline.layer_runs + costliest.layer_runs) / 2
+    costly_runs = float(costliest.layer_runs)
+
+    def target_run(layer_runs: float) -> float:
+        return proxy_seconds(layer_runs) * race.target_steps / space.train.steps
+
     trial_seconds = proxy_seconds(mid_runs)
     ref_seconds = sum(
         proxy_seconds(mid_runs if r.name == "second_seed" else len(r.schedule)) for r in refs if r.name not in done_refs
@@ -571,10 +611,12 @@ def estimate(
         and not any(r.name == "second_seed" for r in refs)
     ):
         ref_seconds += proxy_seconds(mid_runs)
-    run_seconds = proxy_seconds(mid_runs) * race.target_steps / space.train.steps if race.runs_max else 0.0
     racers = max(groups, race_processes(space, groups))
-    race_min = race.steps_min / race.target_steps * run_seconds / racers if race.runs_max else 0.0
-    race_max = race.steps_max / race.target_steps * run_seconds / racers if race.runs_max else 0.0
+    race_min, race_max = (
+        (seconds / racers for seconds in race_seconds(race, target_run, baseline.layer_runs, mid_runs, costly_runs))
+        if race.runs_max
+        else (0.0, 0.0)
+    )
     total = (trials_to_train * trial_seconds + ref_seconds) / (groups * layout.lanes)
     return Estimate(
         (baseline, costliest),
@@ -590,8 +632,9 @@ def estimate(
         total + race_max,
         f"from the median of {PROBE_TIMED} timed steps after {PROBE_WARMUP} untimed ones, "
         "trained as the run trains them; no pruning and no repeated map assumed (both shorten "
-        "a run); an average trial is taken half-way between the baseline and the costliest map; "
-        "start-up, storage writes, tokenizing an uncached corpus, layer compilation and a "
+        "a run); an average trial is taken half-way between the baseline and the costliest map; the race's most "
+        "prices every recurrent run and the equal-compute model at the costliest map's depth; start-up, storage "
+        "writes, tokenizing an uncached corpus, layer compilation and a "
         "changing machine load are not counted"
         + (f"; {groups} workers are assumed to share the device without slowing each other" if groups > 1 else ""),
     )
