@@ -30,11 +30,12 @@ SETTINGS = {"adaptive": race_template("race"), "fixed-3-seeds": race_template("r
             "adaptive-screen-6": race_template("race", race_screen=6),
             "adaptive-screen-4": race_template("race", race_screen=4),
             "adaptive-every-seed": race_template("race", look_every=1),
-            "adaptive-every-second-seed": race_template("race", look_every=2)}
+            "adaptive-every-second-seed": race_template("race", look_every=2),
+            "adaptive-2-contenders": race_template("race", race_contenders=2)}
 SEEDS = {"fixed-3-seeds": 3}
 COLORS = {"adaptive": "#1f77b4", "fixed-3-seeds": "#d62728", "adaptive-evalue": "#2ca02c",
           "adaptive-screen-6": "#9467bd", "adaptive-screen-4": "#8c564b", "adaptive-every-seed": "#ff7f0e",
-          "adaptive-every-second-seed": "#17becf"}
+          "adaptive-every-second-seed": "#17becf", "adaptive-2-contenders": "#e377c2"}
 
 
 def figure(reports: dict[str, dict], out: Path) -> None:
