@@ -105,6 +105,11 @@ def test_learn_with_no_other_trial_trains_and_races_the_learned_map(cli, tmp_pat
     )
     url = f"sqlite:///{tmp_path / 's.db'}"
     args = ("run", "--space", str(space), "--budget", "1.5x", "--storage", url, "--study", "learned", "--learn")
+    # the dry run counts the learning run (the widest schedule: 4 layers x max_reuse 3) and the learned map's trial
+    plan = json.loads(cli(*args, "--n-trials", "0", "--dry-run", "--json", check=True).stdout)
+    assert plan["learn"] == {"layer_runs": 12, "steps": 24, "frozen": False, "learned": False}
+    assert plan["trials_to_train"] == 2 and plan["estimated_learn_seconds"] > 0
+    assert not (tmp_path / "s.db").exists()
     proc = cli(*args, "--n-trials", "0", "--json", check=True)
     report = json.loads(proc.stdout)
     learned = report["learned"]
@@ -123,3 +128,5 @@ def test_learn_with_no_other_trial_trains_and_races_the_learned_map(cli, tmp_pat
     text = cli(*args, "--n-trials", "0", check=True).stdout
     assert "learned gates" in text and f"learned map {learned['map']}" in text
     assert "learned gates" in cli("trials", "--study", "learned", "--storage", url, check=True).stdout
+    plan = json.loads(cli(*args, "--n-trials", "0", "--dry-run", "--json", check=True).stdout)
+    assert plan["learn"]["learned"] and plan["trials_to_train"] == 0

@@ -1202,6 +1202,20 @@ def print_plan(report: DryRunReport) -> None:
         )
     else:
         rows["race"] = "off"
+    if report.learn is not None:
+        learn = report.learn
+        rows["learn"] = (
+            "learned already (the study holds its map)"
+            if learn.learned
+            else f"one gated model at the widest schedule ({learn.layer_runs} layer runs), {learn.steps} steps"
+            + (" (the gates alone: weights fixed)" if learn.frozen else "")
+            + (
+                f", {_duration(report.estimate.learn_seconds)}"
+                if report.estimate and report.estimate.learn_seconds
+                else ""
+            )
+            + "; its map is then trained as a trial"
+        )
     estimate = report.estimate
     if estimate is not None:
         rows["layout"] = estimate.layout

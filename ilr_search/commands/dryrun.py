@@ -248,6 +248,7 @@ class Estimate:
     seconds: float
     seconds_max: float
     note: str
+    learn_seconds: float = 0.0  # `run --learn`'s learning run, in seconds and in both totals
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -260,6 +261,7 @@ class Estimate:
             "estimated_seconds": self.seconds,
             "estimated_seconds_max": self.seconds_max,
             "estimate_note": self.note,
+            "estimated_learn_seconds": self.learn_seconds,
         }
 
 
@@ -298,6 +300,18 @@ def plan_time_budget(seconds: float, estimate: Estimate | None, finished: bool) 
 
 
 @dataclass(frozen=True)
+class PlanLearn:
+    """`run --learn`'s learning run: one gated model at the widest schedule (`layer_runs`: every layer max_reuse
+    times) for `steps` steps (a frozen study's gate steps: its weights fixed); `learned`: the study holds its learned
+    map already, so nothing is learned again."""
+
+    layer_runs: int
+    steps: int
+    frozen: bool
+    learned: bool
+
+
+@dataclass(frozen=True)
 class DryRunReport:
     """`run --dry-run`: the study and what is left of it (`left`: FINISHED in words once nothing is), its trials
     and references, sampler, pruner, objective, budget, storage, space, model, data, training settings, knobs,
@@ -330,9 +344,11 @@ class DryRunReport:
     chunk_size: int = 0  # a frozen study's windows or items a chunk (its eval_windows)
     parts: list[str] = dataclasses.field(default_factory=lambda: ["both"])  # the parts of a layer searched
     time_budget: PlanTimeBudget | None = None  # the run's wall-clock budget against the estimate (None: none)
+    learn: PlanLearn | None = None  # `run --learn`'s learning run (None: no --learn)
 
     def to_json(self) -> dict[str, Any]:
-        report = {"dry_run": True} | record_json(self, omit=("estimate", "chunk_size", "time_budget"))
+        report = {"dry_run": True} | record_json(self, omit=("estimate", "chunk_size", "time_budget", "learn"))
+        report["learn"] = record_json(self.learn) if self.learn is not None else None
         if self.train.steps == 0:
             report["chunk_size"] = self.chunk_size
         report["time_budget"] = record_json(self.time_budget) if self.time_budget is not None else None
@@ -360,6 +376,16 @@ def dry_run_report(request: RunRequest, probe: bool = True) -> DryRunReport:
     finished = sum(has_result(t) for t in trials)
     n_trials = first_trials(plan, study, request.trials_wanted, enqueue_texts(request, space)).n_trials
     trials_to_train = max(0, n_trials - finished)
+    learn = None
+    if request.learn:
+        from ilr_search.search.learn import LEARNED_ATTR
+        from ilr_search.training.learned import FROZEN_STEPS
+
+        learned = study is not None and LEARNED_ATTR in study.user_attrs
+        steps = space.train.steps or FROZEN_STEPS
+        learn = PlanLearn(plan.model.n_layers * space.search.max_reuse, steps, space.train.steps == 0, learned)
+        if not learned and request.trials_wanted == 0:  # --n-trials 0: the learned map beside the plain model
+            n_trials, trials_to_train = n_trials + 1, trials_to_train + 1
     refs = reference_runs(plan, trials)
     names = [r.name for r in refs] + (
         ["second_seed"] if space.search.second_seed_reference and not any(r.name == "second_seed" for r in refs) else []
@@ -369,7 +395,12 @@ def dry_run_report(request: RunRequest, probe: bool = True) -> DryRunReport:
     race = race_plan(plan, n_trials)
     if study is not None and race.runs_max:
         race = race_left(race, spec, existing, study, plan, trials_to_train)
-    left = trials_to_train > 0 or len(done_refs) < len(names) or race.runs_max > 0
+    left = (
+        trials_to_train > 0
+        or len(done_refs) < len(names)
+        or race.runs_max > 0
+        or (learn is not None and not learn.learned)
+    )
     max_runs = plan.budget.max_layer_runs(plan.model)
     n_layers = plan.model.n_layers
     costly = costliest_map(n_layers, space.search.max_reuse, max_runs)
@@ -381,7 +412,7 @@ def dry_run_report(request: RunRequest, probe: bool = True) -> DryRunReport:
         if space.train.steps == 0:
             estimated = frozen_estimate(space, plan, costly, trials_to_train, layout, race)
         else:
-            estimated = estimate(space, plan, costly, refs, trials_to_train, done_refs, layout, race)
+            estimated = estimate(space, plan, costly, refs, trials_to_train, done_refs, layout, race, learn)
     return DryRunReport(
         study=plan.name,
         resume=study is not None,
@@ -429,6 +460,7 @@ def dry_run_report(request: RunRequest, probe: bool = True) -> DryRunReport:
         estimate=estimated,
         chunk_size=space.train.eval_windows,
         time_budget=None if request.time_budget is None else plan_time_budget(request.time_budget, estimated, not left),
+        learn=learn,
     )
 
 
@@ -574,6 +606,7 @@ def estimate(
     done_refs: list[str],
     layout: Layout,
     race: RacePlan,
+    learn: PlanLearn | None = None,
 ) -> Estimate:
     """The time left, as one range: time per map as a line through the probed cheapest and costliest schedules
     (per layer run, each probed as the run trains it: `layout`'s fused group size and threads), applied to an
@@ -618,6 +651,13 @@ def estimate(
         else (0.0, 0.0)
     )
     total = (trials_to_train * trial_seconds + ref_seconds) / (groups * layout.lanes)
+    # one gated model at the widest schedule, alone, before the trials (its layer runs beyond the probes': a line)
+    learn_seconds = (
+        proxy_seconds(learn.layer_runs) * learn.steps / space.train.steps
+        if learn is not None and not learn.learned
+        else 0.0
+    )
+    total += learn_seconds
     return Estimate(
         (baseline, costliest),
         (
@@ -637,6 +677,7 @@ def estimate(
         "writes, tokenizing an uncached corpus, layer compilation and a "
         "changing machine load are not counted"
         + (f"; {groups} workers are assumed to share the device without slowing each other" if groups > 1 else ""),
+        learn_seconds,
     )
 
 
