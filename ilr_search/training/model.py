@@ -26,6 +26,16 @@ run in the schedule (k = 0, 1, ...; in [0, 0, 1] layer 0 runs with k = 0, then k
 (`branch_scales`), which an exported checkpoint carries as scaled copies of o_proj and down_proj.
 Additions and gains are elementwise: the knobs add no matmul FLOPs.
 
+capacity C in (0, 1] (Mixture-of-Recursions' expert-choice routing; 1: off, no routers): each routed position of the
+schedule (routed_positions: a pass k >= 1 that runs no branch for the first time) runs only the tokens its router,
+a d_model vector w per layer and pass, chooses; the others keep their stream. z = rmsnorm(x) . w on the stream x
+before the pass, g = sigmoid(z) multiplies the chosen tokens' branches (times any branch factor), and the chosen
+tokens, in position order, run decoder_layer as a sub-sequence at their own RoPE positions (routed_pass). Training
+chooses the top ceil(C T) tokens of each sequence by z and adds ROUTER_AUX_WEIGHT times the BCE of z against that
+choice to the loss; evaluation is causal: a token takes the pass iff z > 0 and fewer than ceil(C T) of its
+sequence's earlier tokens took it, one sequence at a time, its realised counts kept (RouteCounts) for the realised
+FLOPs. ALiBi and the fused trainer are refused with it.
+
 Why repeat_scale. A repeated layer's shared weights W get the sum of their gradients over the r passes, and a
 change of W moves the output through all r passes: with one learning rate for every map, a layer run r times
 moves the function about r times as fast as a layer run once. Scaling its gradient alone would change nothing
