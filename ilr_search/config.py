@@ -56,6 +56,9 @@ class ModelConfig:
     # each pass k >= 1 of a repeated branch adds its own low-rank delta B_k A_k (rank adapter_rank, B starting at 0)
     # to each of the branch's matrices; 0: none
     adapter_rank: int = 0
+    # Mixture-of-Recursions-style per-token depth (model.py's docstring): a fraction C in (0, 1] of each sequence's
+    # tokens, chosen by a router per layer and pass, takes each pass k >= 1 of a repeated layer; 1: every token
+    capacity: float = 1.0
     # Architecture options of pretrained checkpoints (training/pretrained.py reads them from config.json); each
     # off by default, the project's own model.
     n_kv_heads: int = 0  # key/value heads (grouped-query attention); 0: n_heads
@@ -77,6 +80,13 @@ class ModelConfig:
             raise ValueError(f"parts must be {self.n_layers} entries of {LAYER_PARTS}, got {self.parts}")
         if self.adapter_rank < 0 or self.adapter_rank > self.d_model:
             raise ValueError(f"adapter_rank must be in 0..d_model ({self.d_model}), got {self.adapter_rank}")
+        if not 0 < self.capacity <= 1:
+            raise ValueError(f"capacity must be in (0, 1], got {self.capacity}")
+        if self.capacity < 1 and self.pe == "alibi":
+            raise ValueError(
+                "capacity below 1 runs a routed pass on a sub-sequence of tokens, whose ALiBi distances this model "
+                "does not gather; use rope, nope or learned positions"
+            )
         if self.init_depth < 0:
             raise ValueError(f"init_depth must be 0 (n_layers) or positive, got {self.init_depth}")
         if self.pe not in POSITIONAL_ENCODINGS:
@@ -123,6 +133,11 @@ class ModelConfig:
         """The parameters of one pass's adapters on a whole layer (every adapted matrix's A and B)."""
         return sum(self.adapter_rank * (n_in + n_out) for n_in, n_out in self.adapter_shapes.values())
 
+    @property
+    def router_params(self) -> int:
+        """The routers' parameters (capacity below 1): a d_model vector per layer and pass k >= 1."""
+        return self.n_layers * (self.max_reuse - 1) * self.d_model if self.capacity < 1 else 0
+
 
 # The knob fields at their "off" values (today's model); max_reuse only sizes the knobs' tables.
 KNOB_FIELD_DEFAULTS = {
@@ -135,6 +150,7 @@ KNOB_FIELD_DEFAULTS = {
     "damping": 1.0,
     "parts": [],  # as to_dict writes it (a list)
     "adapter_rank": 0,
+    "capacity": 1.0,
 }
 
 # The pretrained-architecture fields at their defaults (the project's own model, random init): stored with a study

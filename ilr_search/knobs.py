@@ -24,13 +24,14 @@ KNOB_CHOICES: dict[str, tuple[KnobValue, ...]] = {
     "repeat_scale": REPEAT_SCALES,
     "damping": (1.0, 0.5, 0.25, 0.1),
     "adapters": (0, 4, 8, 16),  # the rank of each repeated pass's low-rank adapters (ModelConfig.adapter_rank)
+    "capacity": (1.0, 0.75, 0.5, 0.25),  # the fraction of tokens each repeated pass runs (ModelConfig.capacity)
 }
 KNOBS = tuple(KNOB_CHOICES)
-CONTINUOUS_KNOBS = ("damping",)  # knobs that take any value in (0, 1], not only their choices
+CONTINUOUS_KNOBS = ("damping", "capacity")  # knobs that take any value in (0, 1], not only their choices
 RANK_KNOBS = ("adapters",)  # knobs that take any whole number >= 0 (a rank), not only their choices
-# knobs that act on the passes of a repeated layer only (model.branch_scales, the adapters): a schedule that repeats
-# no layer is the same model with them or without
-REPEAT_FACTORS = ("damping", "repeat_scale", "adapters")
+# knobs that act on the passes of a repeated layer only (model.branch_scales, the adapters, the routers): a schedule
+# that repeats no layer is the same model with them or without
+REPEAT_FACTORS = ("damping", "repeat_scale", "adapters", "capacity")
 # knobs whose model field has another name
 KNOB_FIELDS = {"adapters": "adapter_rank"}
 
@@ -61,6 +62,7 @@ def knobs_of(cfg: ModelConfig) -> dict[str, KnobValue]:
         "repeat_scale": cfg.repeat_scale,
         "damping": cfg.damping,
         "adapters": cfg.adapter_rank,
+        "capacity": cfg.capacity,
     }
 
 
@@ -122,7 +124,8 @@ def parse_knob_settings(text: str) -> dict[str, KnobValue]:
 
 
 def _number(name: str, text: str) -> float:
-    """A continuous knob's setting from its text (`damping=0.5`; `off` is 1, the plain repeat)."""
+    """A continuous knob's setting from its text (`damping=0.5`, `capacity=0.5`; `off` is 1: the plain repeat, every
+    token)."""
     if text in ("off", "none", "false"):
         return 1.0
     try:
@@ -157,6 +160,7 @@ def knob_params(cfg: ModelConfig) -> dict[str, int]:
         "repeat_scale": 0,
         "damping": 0,
         "adapters": cfg.n_layers * (cfg.max_reuse - 1) * cfg.adapter_params_per_pass,
+        "capacity": cfg.router_params,
     }
 
 

@@ -364,6 +364,11 @@ def validate_space(space: SpaceConfig) -> None:
             isinstance(s.enqueue, tuple) and all(isinstance(e, str) for e in s.enqueue),
             f'[search] enqueue must be a list of strings like "3,2,2,1", got {list(s.enqueue)}',
         ),
+        (
+            not (t.steps == 0 and space.model.init and ("capacity" in s.knobs or space.model.capacity < 1)),
+            "capacity routes tokens by routers that a frozen run (--train-steps 0) would leave untrained; train "
+            "the maps (--train-steps N) or search without capacity",
+        ),
         (0 < space.data.val_fraction < 1, f"val_fraction must be in (0, 1), got {space.data.val_fraction}"),
         (space.data.max_new_tokens >= 1, f"max_new_tokens must be at least 1, got {space.data.max_new_tokens}"),
         (

@@ -225,6 +225,7 @@ def test_knob_settings_round_trip_through_the_config():
         "repeat_scale": "off",
         "damping": 1.0,
         "adapters": 0,
+        "capacity": 1.0,
     }
     assert format_knobs(knobs_of(cfg)) == "injection=add,depth_init"
     assert format_knobs(knobs_of(tiny())) == ""

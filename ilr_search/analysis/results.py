@@ -171,12 +171,19 @@ class TrialRow:
 
     def to_dict(self) -> dict[str, Any]:
         r = self.record
+        # capacity below 1: each routed pass's realised fraction ("LAYER:REPEAT") and realised FLOPs, beside C
+        routed = (
+            {"route_fractions": r.route_fractions, "realised_flops_ratio": r.realised_flops_ratio}
+            if r.route_fractions is not None
+            else {}
+        )
         return {
             "trial": r.number,
             "state": r.state.name,
             "reuse_map": as_list(r.reuse_map),
             "map": map_text(r.map_key) if r.map_key else None,
             "knobs": knobs_text(r),
+            **routed,
             "flops_ratio": r.flops_ratio,
             "params": r.param_count,
             "val_ppl": r.val_ppl,

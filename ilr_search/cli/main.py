@@ -317,7 +317,8 @@ KnobSettings = Annotated[
     typer.Option(
         help=(
             "Recurrence knobs on: injection[=add|gated], iteration_encoding, iteration_norms, depth_init (init for the "
-            "schedule's depth), repeat_scale[=residual|lr]; comma-separated."
+            "schedule's depth), repeat_scale[=residual|lr], damping=A, adapters=RANK, capacity=C (the fraction of "
+            "tokens each repeated pass runs, in (0, 1]); comma-separated."
         )
     ),
 ]
@@ -574,8 +575,8 @@ def run(
         typer.Option(
             help=(
                 "Recurrence knobs searched with the map, comma-separated: injection, iteration_encoding, "
-                "iteration_norms, depth_init, repeat_scale, damping, adapters. \\[default: from the space, none in the "
-                "presets]"
+                "iteration_norms, depth_init, repeat_scale, damping, adapters, capacity. \\[default: from the space, "
+                "none in the presets]"
             )
         ),
     ] = None,

@@ -108,7 +108,15 @@ def save_tokenizer(folder: Path, tokenizer: Path | None) -> None:
 
 
 def check_checkpoint(cfg: ModelConfig, schedule: Sequence[int], family: str, tokenizer: Path | None) -> None:
-    """What export_checkpoint would refuse, refused before any work or any folder is made."""
+    """What export_checkpoint would refuse, refused before any work or any folder is made: among them a routed map
+    (capacity below 1 with a routed pass), whose passes run the tokens its routers choose."""
+    from ilr_search.training.model import routed_positions
+
+    if any(routed_positions(cfg, schedule)):
+        raise UserInputError(
+            f"a routed model (capacity={cfg.capacity:g}) is not a standard checkpoint: its repeated passes run the "
+            "tokens its routers choose; train --save DIR keeps it natively"
+        )
     check_exportable(cfg, family)
     check_schedule(cfg, schedule)
     export_tokenizer(cfg, tokenizer)

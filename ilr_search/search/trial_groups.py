@@ -426,6 +426,10 @@ class SearchRun:
             TrialAttr.TRAIN_SECONDS: result.train_seconds,
             TrialAttr.TOKENS_PER_SECOND: result.tokens_per_second,
         }
+        if result.route_fractions:
+            attrs[TrialAttr.ROUTE_FRACTIONS] = result.route_fractions
+        if result.realised_flops_ratio is not None:
+            attrs[TrialAttr.REALISED_FLOPS_RATIO] = result.realised_flops_ratio
         if decision is not None:
             attrs[TrialAttr.PRUNED_AT_STEP] = decision.step
             attrs[TrialAttr.STEPS_SAVED] = self.plan.space.train.steps - decision.step

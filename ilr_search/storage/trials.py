@@ -41,6 +41,9 @@ class TrialAttr:
     PRUNED_AT_STEP: Final = "pruned_at_step"
     STEPS_SAVED: Final = "steps_saved"  # by pruning
     FUSED_GROUP: Final = "fused_group"  # trained in lockstep with this many maps (search/trial_groups.py)
+    # capacity below 1 (train.routed_result): each routed pass's realised fraction, the realised FLOPs ratio
+    ROUTE_FRACTIONS: Final = "route_fractions"
+    REALISED_FLOPS_RATIO: Final = "realised_flops_ratio"
     # where a result came from
     REUSED_FROM: Final = "reused_from"  # the trial whose result this one reused (it trained nothing)
     RECOVERED_FROM: Final = "recovered_from"  # the trial failed under its worker whose result this one keeps
@@ -66,6 +69,8 @@ class TrialResultAttrs(TypedDict, total=False):
     steps_saved: int
     fused_group: int
     reused_from: int
+    route_fractions: dict[str, float]
+    realised_flops_ratio: float
 
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
@@ -99,6 +104,8 @@ class TrialRecord:
     pruned_at_step: int | None = None
     steps_saved: int = 0
     fused_group: int | None = None
+    route_fractions: dict[str, float] | None = None
+    realised_flops_ratio: float | None = None
     reused_from: int | None = None
     recovered_from: int | None = None
     retry_of: int | None = None
@@ -196,6 +203,8 @@ def trial_record(t: FrozenTrial) -> TrialRecord:
         pruned_at_step=_number(a.get(TrialAttr.PRUNED_AT_STEP), int),
         steps_saved=int(a.get(TrialAttr.STEPS_SAVED) or 0),
         fused_group=_number(a.get(TrialAttr.FUSED_GROUP), int),
+        route_fractions=a.get(TrialAttr.ROUTE_FRACTIONS),
+        realised_flops_ratio=_number(a.get(TrialAttr.REALISED_FLOPS_RATIO), float),
         reused_from=_number(a.get(TrialAttr.REUSED_FROM), int),
         recovered_from=_number(a.get(TrialAttr.RECOVERED_FROM), int),
         retry_of=_number(a.get(TrialAttr.RETRY_OF), int),

@@ -51,9 +51,24 @@ def head_flops_per_token(cfg: ModelConfig) -> float:
     return float(2 * cfg.d_model * cfg.vocab_size)
 
 
-def forward_flops_per_token(cfg: ModelConfig, schedule: Sequence[int]) -> float:
+def attention_score_flops_per_token(cfg: ModelConfig) -> int:
+    """The part of a pass's attention branch that grows with the sequence: q k^T and (scores) v at cfg.seq_len."""
+    return 2 * 2 * cfg.seq_len * cfg.n_heads * cfg.head_size
+
+
+def forward_flops_per_token(
+    cfg: ModelConfig,
+    schedule: Sequence[int],
+    realised: Mapping[tuple[int, int], tuple[float, float]] | None = None,
+) -> float:
     """Forward FLOPs per token of a sequence of cfg.seq_len tokens, LM head included: the branches each position
-    runs (ModelConfig.parts), and the adapters of a branch's passes after its first."""
+    runs (ModelConfig.parts), the adapters of a branch's passes after its first, and with capacity C below 1 the
+    routed passes (model.routed_positions): each costs C times its projections and MLP, C^2
+    times its attention scores (C T tokens attend over C T) and its router's 2 d_model on every token. That is the
+    nominal cost (the budget's); `realised` gives each routed pass's measured factors instead ((layer, repeat) ->
+    (fraction, attention factor), model.RouteCounts.factors)."""
+    if cfg.capacity < 1:
+        return routed_flops_per_token(cfg, schedule, realised or {})
     if not cfg.parts and not cfg.adapter_rank:
         return len(schedule) * layer_flops_per_token(cfg) + head_flops_per_token(cfg)
     from ilr_search.training.model import branch_passes
@@ -64,6 +79,31 @@ def forward_flops_per_token(cfg: ModelConfig, schedule: Sequence[int]) -> float:
         for k, branch, adapter in zip(passes, branches, adapters, strict=True):
             total += 0 if k is None else branch + (adapter if k >= 1 else 0)
     return float(total) + head_flops_per_token(cfg)
+
+
+def routed_flops_per_token(
+    cfg: ModelConfig, schedule: Sequence[int], realised: Mapping[tuple[int, int], tuple[float, float]]
+) -> float:
+    """forward_flops_per_token of a model with capacity below 1."""
+    from ilr_search.training.model import branch_passes, repeat_indices, routed_positions
+
+    branches, adapters = branch_flops_per_token(cfg), adapter_flops_per_token(cfg)
+    scores, router = attention_score_flops_per_token(cfg), 2 * cfg.d_model
+    total = 0.0
+    routed = routed_positions(cfg, schedule)
+    for s, (layer, repeat, passes) in enumerate(
+        zip(schedule, repeat_indices(schedule), branch_passes(cfg, schedule), strict=True)
+    ):
+        linear = sum(
+            b + (a if k >= 1 else 0) for k, b, a in zip(passes, branches, adapters, strict=True) if k is not None
+        )
+        score = scores if passes[0] is not None else 0
+        if not routed[s]:
+            total += linear
+            continue
+        fraction, square = realised.get((layer, repeat), (cfg.capacity, cfg.capacity**2))
+        total += fraction * (linear - score) + square * score + router
+    return total + head_flops_per_token(cfg)
 
 
 def baseline_flops_per_token(cfg: ModelConfig) -> float:
@@ -85,15 +125,19 @@ def param_count(cfg: ModelConfig) -> int:
     count += cfg.n_layers if cfg.injection == "gated" else 0
     count += cfg.max_reuse * D if cfg.iteration_encoding else 0
     count += cfg.n_layers * (cfg.max_reuse - 1) * 2 * D if cfg.iteration_norms and cfg.max_reuse > 1 else 0
-    return count + cfg.n_layers * (cfg.max_reuse - 1) * cfg.adapter_params_per_pass
+    return count + cfg.n_layers * (cfg.max_reuse - 1) * cfg.adapter_params_per_pass + cfg.router_params
 
 
 def map_param_count(cfg: ModelConfig, schedule: Sequence[int]) -> int:
-    """The parameters a map uses: the model's, less the adapters of passes its schedule never runs (the model holds
-    max_reuse - 1 passes' adapters for every layer; an exported checkpoint merges the used ones into its copies)."""
+    """The parameters a map uses: the model's, less the adapters and routers of passes its schedule never runs (the
+    model holds max_reuse - 1 passes' adapters and routers for every layer; an exported checkpoint merges the used
+    adapters into its copies)."""
+    from ilr_search.training.model import branch_passes, routed_positions
+
+    routers = sum(cfg.d_model for routed in routed_positions(cfg, schedule) if routed) if cfg.router_params else 0
+    count = param_count(cfg) - cfg.router_params + routers
     if not cfg.adapter_rank:
-        return param_count(cfg)
-    from ilr_search.training.model import branch_passes
+        return count
 
     attn_each, mlp_each = (
         sum(cfg.adapter_rank * (n_in + n_out) for name, (n_in, n_out) in cfg.adapter_shapes.items() if name in names)
@@ -103,7 +147,7 @@ def map_param_count(cfg: ModelConfig, schedule: Sequence[int]) -> int:
         (attn_each if attn is not None and attn >= 1 else 0) + (mlp_each if mlp is not None and mlp >= 1 else 0)
         for attn, mlp in branch_passes(cfg, schedule)
     )
-    return param_count(cfg) - cfg.n_layers * (cfg.max_reuse - 1) * cfg.adapter_params_per_pass + used
+    return count - cfg.n_layers * (cfg.max_reuse - 1) * cfg.adapter_params_per_pass + used
 
 
 def flops_ratio(cfg: ModelConfig, schedule: Sequence[int]) -> float:
@@ -140,6 +184,11 @@ class Budget:
         layer = layer_flops_per_token(cfg)
         adapters = adapter_flops_per_token(cfg)
         attn, mlp = (b + a for b, a in zip(branch_flops_per_token(cfg), adapters, strict=True))
+        if cfg.capacity < 1:  # a routed pass (forward_flops_per_token): the router, C of the rest, C^2 of the scores
+            c, score, router = cfg.capacity, attention_score_flops_per_token(cfg), 2 * cfg.d_model
+            routed_attn, routed_mlp = c * (attn - score) + c * c * score, c * mlp
+            costs = {"": routed_attn + routed_mlp + router, "a": routed_attn + router, "m": routed_mlp + router}
+            return PassCosts(self.layer_runs(cfg), cfg.n_layers, {part: cost / layer for part, cost in costs.items()})
         return PassCosts(
             self.layer_runs(cfg), cfg.n_layers, {"": (attn + mlp) / layer, "a": attn / layer, "m": mlp / layer}
         )

@@ -88,12 +88,14 @@ class FusionUnsupported(UserInputError):
 
 
 def check_fusable(model_cfg: ModelConfig) -> None:
-    """Refuse repeat_scale "lr" (per-layer learning rates), a checkpoint's weights (`init`) and per-pass adapters
-    (each member's pass picks its own adapter); every other knob and architecture option trains fused."""
+    """Refuse repeat_scale "lr" (per-layer learning rates), a checkpoint's weights (`init`), per-pass adapters
+    (each member's pass picks its own adapter) and capacity below 1 (each member's routers choose its own tokens:
+    model.routed_pass runs one member); every other knob and architecture option trains fused."""
     asked = (
         ("repeat_scale=lr", model_cfg.repeat_scale == "lr"),
         ("init", bool(model_cfg.init)),
         ("adapters", model_cfg.adapter_rank > 0),
+        ("capacity", model_cfg.capacity < 1),
     )
     refused = [name for name, on in asked if on]
     if refused:

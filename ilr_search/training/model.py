@@ -26,6 +26,16 @@ run in the schedule (k = 0, 1, ...; in [0, 0, 1] layer 0 runs with k = 0, then k
 (`branch_scales`), which an exported checkpoint carries as scaled copies of o_proj and down_proj.
 Additions and gains are elementwise: the knobs add no matmul FLOPs.
 
+capacity C in (0, 1] (Mixture-of-Recursions' expert-choice routing; 1: off, no routers): each routed position of the
+schedule (routed_positions: a pass k >= 1 that runs no branch for the first time) runs only the tokens its router,
+a d_model vector w per layer and pass, chooses; the others keep their stream. z = rmsnorm(x) . w on the stream x
+before the pass, g = sigmoid(z) multiplies the chosen tokens' branches (times any branch factor), and the chosen
+tokens, in position order, run decoder_layer as a sub-sequence at their own RoPE positions (routed_pass). Training
+chooses the top ceil(C T) tokens of each sequence by z and adds ROUTER_AUX_WEIGHT times the BCE of z against that
+choice to the loss; evaluation is causal: a token takes the pass iff z > 0 and fewer than ceil(C T) of its
+sequence's earlier tokens took it, one sequence at a time, its realised counts kept (RouteCounts) for the realised
+FLOPs. ALiBi and the fused trainer are refused with it.
+
 Why repeat_scale. A repeated layer's shared weights W get the sum of their gradients over the r passes, and a
 change of W moves the output through all r passes: with one learning rate for every map, a layer run r times
 moves the function about r times as fast as a layer run once. Scaling its gradient alone would change nothing
@@ -45,7 +55,7 @@ import math
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -382,10 +392,10 @@ def schedule_positions(
     repeats = [repeat_indices(s) for s in schedules]
     for schedule, counts in zip(schedules, repeats, strict=True):
         for layer_index, repeat in zip(schedule, counts, strict=True):
-            if repeat >= cfg.max_reuse and (cfg.iteration_encoding or cfg.iteration_norms):
+            if repeat >= cfg.max_reuse and (cfg.iteration_encoding or cfg.iteration_norms or cfg.capacity < 1):
                 raise ValueError(
                     f"layer {layer_index} runs {repeat + 1} times, more than max_reuse {cfg.max_reuse} "
-                    "that the iteration knobs cover"
+                    "that the iteration knobs and routers cover"
                 )
     always_scaled = compiled and (cfg.repeat_scale == "residual" or cfg.damping != 1.0)
     positions = []
@@ -472,6 +482,133 @@ def before_run(
     return x, weights
 
 
+# The weight of the routers' auxiliary loss (Routing.aux) in the training loss: BCE of each routed pass's logits
+# against its top-k selection, which teaches the causal decision z > 0 that evaluation takes.
+ROUTER_AUX_WEIGHT = 0.1
+
+
+@dataclass
+class RouteCounts:
+    """What evaluation's routed passes ran, per (layer, repeat index): tokens that took the pass, the sum over
+    sequences of their count squared (the attention's cost), and tokens seen."""
+
+    taken: dict[tuple[int, int], int] = field(default_factory=dict)
+    squares: dict[tuple[int, int], int] = field(default_factory=dict)
+    seen: dict[tuple[int, int], int] = field(default_factory=dict)
+
+    def add(self, key: tuple[int, int], counts: Sequence[int], T: int) -> None:
+        self.taken[key] = self.taken.get(key, 0) + sum(counts)
+        self.squares[key] = self.squares.get(key, 0) + sum(n * n for n in counts)
+        self.seen[key] = self.seen.get(key, 0) + T * len(counts)
+
+    def clear(self) -> None:
+        self.taken.clear()
+        self.squares.clear()
+        self.seen.clear()
+
+    def fractions(self) -> dict[tuple[int, int], float]:
+        """The realised fraction of tokens that took each routed pass."""
+        return {key: self.taken[key] / self.seen[key] for key in sorted(self.seen) if self.seen[key]}
+
+    def factors(self, seq_len: int) -> dict[tuple[int, int], tuple[float, float]]:
+        """Per routed pass, the factors on its per-token cost at seq_len (flops.forward_flops_per_token's
+        `realised`): on the projections and MLP the fraction taken, on the attention scores sum(n^2) / (seq_len
+        * tokens seen), exact where the sequences were seq_len long."""
+        return {
+            key: (self.taken[key] / self.seen[key], self.squares[key] / (seq_len * self.seen[key]))
+            for key in sorted(self.seen)
+            if self.seen[key]
+        }
+
+
+@dataclass
+class Routing:
+    """How one forward pass routes (ILRTransformer.routing): `training` picks expert choice, else the causal
+    decision, at `positions`; `hold`, g = 1 and every router says yes (the capacity alone chooses: a check of the
+    routed step); `aux` receives the training's auxiliary losses, `counts` evaluation's realised counts."""
+
+    capacity: float
+    training: bool
+    positions: frozenset[int]  # the schedule positions it routes (routed_positions)
+    hold: bool = False
+    aux: list[torch.Tensor] = field(default_factory=list)
+    counts: RouteCounts | None = None
+
+
+def gated_scale(
+    scale: PositionScale, gate: torch.Tensor
+) -> torch.Tensor | float | tuple[torch.Tensor | float, torch.Tensor | float]:
+    """A position's branch factors times the per-token gate (1, B, k, 1); a branch that does not run (0.0) stays
+    off."""
+    if isinstance(scale, tuple):
+        attn, mlp = (f if isinstance(f, float) and f == 0.0 else gate * f for f in scale)
+        return attn, mlp
+    return gate if scale is None else gate * scale
+
+
+def gathered_tables(tables: PositionTables, idx: torch.Tensor) -> PositionTables:
+    """The position tables of the tokens at positions idx (B, k), per sequence: RoPE's rows of their positions
+    (B, 1, k, pairs), broadcasting over the heads. ALiBi is refused with capacity (ModelConfig)."""
+    rope, rotation, alibi = tables
+    assert alibi is None  # ModelConfig refuses capacity with ALiBi
+    rope = None if rope is None else (rope[0][idx][:, None], rope[1][idx][:, None])
+    rotation = None if rotation is None else rotation.squeeze(1).squeeze(1)[idx][:, :, None, None]
+    return rope, rotation, None
+
+
+def routed_pass(
+    cfg: ModelConfig,
+    x: torch.Tensor,
+    h: torch.Tensor,
+    weights: tuple[torch.Tensor | None, ...],
+    tables: PositionTables,
+    layer_fn: Callable[..., torch.Tensor],
+    position: Position,
+    routers: torch.Tensor,
+    routing: Routing,
+) -> torch.Tensor:
+    """One routed pass (capacity C below 1) of one member: x (1, B, T, D) the stream before it, h the stream with
+    the knobs added (before_run). The router of (layer, repeat) is a vector w: z = rmsnorm(x) . w (no gain), gate g
+    = sigmoid(z). The chosen tokens, in position order, run decoder_layer as a sub-sequence at their own positions
+    (causal by position, as the order is kept), each branch times g; the others keep x.
+
+    Training: the top ceil(C T) tokens of each sequence by z (expert choice), and the auxiliary BCE of z against
+    that choice into routing.aux. Evaluation: causal, token by token: a token takes the pass iff z > 0 and fewer
+    than ceil(C T) tokens of its sequence before it took it, so at most a fraction C do; one sequence at a time,
+    so that FLOPs are the realised ones, counted into routing.counts."""
+    layer, repeat = position.layers[0], position.repeats[0]
+    _, B, T, D = x.shape
+    w = routers[layer, repeat - 1]
+    z = F.linear(F.rms_norm(x[0], (D,), eps=cfg.norm_eps), w[None])[..., 0]  # (B, T)
+    gate = torch.ones_like(z) if routing.hold else torch.sigmoid(z)
+    cap = math.ceil(routing.capacity * T)
+    args = (cfg.n_heads, cfg.kv_heads, cfg.norm_eps)
+    if routing.training:
+        idx = (torch.zeros_like(z) if routing.hold else z).topk(cap, dim=1).indices.sort(dim=1).values  # (B, k)
+        chosen = torch.zeros_like(z).scatter(1, idx, 1.0)
+        routing.aux.append(F.binary_cross_entropy_with_logits(z, chosen))
+        rows = idx[..., None].expand(-1, -1, D)
+        sub = h[0].gather(1, rows)[None]
+        scale = gated_scale(position.scale, gate.gather(1, idx)[None, :, :, None])
+        out = layer_fn(sub, weights, *gathered_tables(tables, idx), scale, *args)
+        return x[0].scatter(1, rows, out[0])[None]
+    yes = torch.ones_like(z, dtype=torch.bool) if routing.hold else z > 0
+    before = yes.cumsum(1) - yes.long()  # how many before each token said yes
+    admitted = yes & (before < cap)
+    counts = admitted.sum(1).tolist()
+    if routing.counts is not None:
+        routing.counts.add((layer, repeat), counts, T)
+    x = x.clone()
+    for b, n in enumerate(counts):
+        if not n:
+            continue
+        idx = admitted[b].nonzero()[:, 0][None]  # (1, n)
+        scale = gated_scale(position.scale, gate[b, idx[0]].view(1, 1, n, 1))
+        out = layer_fn(h[:, b : b + 1, idx[0]], weights, *gathered_tables(tables, idx), scale, *args)
+        x[0, b, idx[0]] = out[0, 0]
+    return x
+
+
 def members_hidden(
     cfg: ModelConfig,
     tokens: torch.Tensor,
@@ -483,6 +620,7 @@ def members_hidden(
     start: int = 0,
     state: torch.Tensor | None = None,
     states: list[torch.Tensor] | None = None,
+    routing: Routing | None = None,
 ) -> torch.Tensor:
     """The forward pass: final normalised hidden states (m, B, T, d_model) of m members for their token ids
     (m, B, T). The embedding, then at each schedule position (schedule_positions) the knobs (before_run) and the
@@ -491,7 +629,8 @@ def members_hidden(
     `params`: the members' parameters outside the layers, by ILRTransformer's names, each with a leading member
     axis; `layer`: their layers' weights at each position. `state` (with `start` > 0): the residual stream after
     the first `start` positions, computed elsewhere (frozen.py's shared prefix); the layers run from position
-    `start` on. `states`, where given, receives the residual stream after each position that runs."""
+    `start` on. `states`, where given, receives the residual stream after each position that runs. `routing` (one
+    member, capacity below 1): its positions are routed passes (routed_pass)."""
     m, B, T = tokens.shape
     if T > cfg.seq_len:
         raise ValueError(f"sequence of {T} tokens is longer than seq_len {cfg.seq_len}")
@@ -510,6 +649,11 @@ def members_hidden(
             continue
         running = len(position.layers)
         h, weights = before_run(cfg, x[:running] if running < m else x, embedded, layer(s, position), params, position)
+        if routing is not None and s in routing.positions:  # one member: the tokens its routers choose
+            x = routed_pass(cfg, x, h, weights, tables, layer_fn, position, params["routers"][0], routing)
+            if states is not None:
+                states.append(x)
+            continue
         h = layer_fn(h, weights, *tables, position.scale, cfg.n_heads, cfg.kv_heads, cfg.norm_eps)
         if position.active is not None:
             x = torch.where(position.active, h, x)
@@ -571,6 +715,12 @@ class ILRTransformer(nn.Module):
         )
         # the LM head: the embedding (tied), or a matrix of its own
         self.lm_head = None if cfg.tie_embeddings else nn.Parameter(torch.empty(cfg.vocab_size, cfg.d_model))
+        # capacity below 1: a router per layer and pass k >= 1 (routed_pass), and evaluation's realised counts
+        self.routers = (
+            nn.Parameter(torch.empty(cfg.n_layers, cfg.max_reuse - 1, cfg.d_model)) if cfg.router_params else None
+        )
+        self.route_counts = RouteCounts()
+        self.hold_routers = False  # Routing.hold: g = 1 and every router says yes
         self.layer_fn: Callable[..., torch.Tensor] = decoder_layer  # compile_layers: compiled_layer
         self.reset_parameters()
 
@@ -578,7 +728,7 @@ class ILRTransformer(nn.Module):
         residual_std = 0.02 / math.sqrt(2 * (self.cfg.init_depth or self.cfg.n_layers))
         adapters = {name: p for name, p in self.named_parameters() if ".adapters." in name}
         for name, p in self.named_parameters():
-            if name in adapters:
+            if name in adapters or name == "routers":
                 continue
             if name == "injection_gates" or name == "iteration_embed" or name.endswith(".bias"):
                 nn.init.zeros_(p)
@@ -591,6 +741,18 @@ class ILRTransformer(nn.Module):
         # after every other weight, so that a model with adapters starts where the same seed's model without them does
         for name, p in adapters.items():
             nn.init.zeros_(p) if name.endswith("_b") else nn.init.normal_(p, std=0.02)
+        if self.routers is not None:  # last: the other weights are the same seed's model's without routers
+            nn.init.normal_(self.routers, std=0.02)
+
+    def routing(self, schedule: Sequence[int] | None) -> Routing | None:
+        """How this model's forward pass of `schedule` (None: the plain one) routes now (training or evaluation
+        mode); None without routers."""
+        if self.routers is None:
+            return None
+        routed = routed_positions(self.cfg, list(range(self.cfg.n_layers)) if schedule is None else schedule)
+        positions = frozenset(s for s, r in enumerate(routed) if r)
+        counts = None if self.training else self.route_counts
+        return Routing(self.cfg.capacity, self.training, positions, self.hold_routers, counts=counts)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -623,18 +785,23 @@ class ILRTransformer(nn.Module):
         start: int = 0,
         state: torch.Tensor | None = None,
         states: list[torch.Tensor] | None = None,
+        routing: Routing | None = None,
     ) -> torch.Tensor:
         """members_hidden of this one model: final normalised hidden states (B, T, d_model) for token ids (B, T),
         running the layers in `schedule` order, each position's residual branches times its factor in `scales`
         (branch_scales of the model's config where not given; a 0-dim tensor is a factor too: learned.py's gates);
-        `start`, `state` and `states` as there, without the member axis."""
+        `start`, `state` and `states` as there, without the member axis; `routing` (self.routing(schedule) where not
+        given) where the model has routers."""
         schedule = list(range(self.cfg.n_layers)) if schedule is None else list(schedule)
         positions = schedule_positions(self.cfg, [schedule], None if scales is None else [scales])
         tables = position_tables(self.cfg, idx.shape[1], idx.device)
         kept: list[torch.Tensor] | None = None if states is None else []
         args = (start, None if state is None else state[None], kept)
         params = self.member_params()
-        h = members_hidden(self.cfg, idx[None], params, self.layer_weights, positions, tables, self.layer_fn, *args)
+        routing = self.routing(schedule) if routing is None else routing
+        h = members_hidden(
+            self.cfg, idx[None], params, self.layer_weights, positions, tables, self.layer_fn, *args, routing
+        )
         if states is not None and kept is not None:
             states.extend(x[0] for x in kept)
         return h[0]
@@ -672,10 +839,21 @@ class ILRTransformer(nn.Module):
         ignore_index: int | None = None,
     ) -> torch.Tensor:
         """Cross-entropy of next-token `targets` (B, T), through the fused, chunked head (see loss.py); targets
-        equal to `ignore_index` count for nothing."""
-        return linear_cross_entropy(
-            self.hidden(idx, schedule), self.head_weight, targets, compute_dtype, reduction, compiled, ignore_index
+        equal to `ignore_index` count for nothing. A routed model in training with reduction "mean" adds
+        ROUTER_AUX_WEIGHT times the mean of its routers' auxiliary losses (Routing.aux)."""
+        routing = self.routing(schedule)
+        loss = linear_cross_entropy(
+            self.hidden(idx, schedule, routing=routing),
+            self.head_weight,
+            targets,
+            compute_dtype,
+            reduction,
+            compiled,
+            ignore_index,
         )
+        if routing is not None and routing.aux and reduction == "mean":
+            loss = loss + ROUTER_AUX_WEIGHT * torch.stack(routing.aux).mean()
+        return loss
 
     def save(self, folder: str | Path, schedule: Sequence[int], description: dict[str, Any] | None = None) -> None:
         """The model in `folder`, as `train --save` writes it: `model.safetensors` (the weights) and `config.json`
@@ -751,6 +929,16 @@ def branch_passes(cfg: ModelConfig, schedule: Sequence[int]) -> list[tuple[int |
     return [
         part_passes(parts[layer], runs[layer])[k] for layer, k in zip(schedule, repeat_indices(schedule), strict=True)
     ]
+
+
+def routed_positions(cfg: ModelConfig, schedule: Sequence[int]) -> list[bool]:
+    """Per position of the schedule, whether its routers choose the tokens that run it (capacity below 1): a position
+    none of whose branches runs for the first time there. A repeat index >= 1 of a whole layer; of a layer repeating
+    one branch (ModelConfig.parts), the other branch's single pass is a first one, so that position runs every
+    token (the attention's last pass with the MLP in `3a`)."""
+    if cfg.capacity == 1:
+        return [False] * len(schedule)
+    return [all(k is None or k >= 1 for k in passes) for passes in branch_passes(cfg, schedule)]
 
 
 def branch_scales(cfg: ModelConfig, schedule: Sequence[int]) -> list[BranchScale]:

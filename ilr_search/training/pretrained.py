@@ -58,7 +58,7 @@ TOKENIZER_FILES = (
 )
 DEFAULT_SEQ_LEN = 2048  # the longest seq_len a checkpoint gets when none is asked for
 # Parameters of the recurrence knobs, which a checkpoint lacks: they keep their initial values (the plain model).
-KNOB_PARAMETERS = ("injection_gates", "iteration_embed", "iteration_norm_gains")
+KNOB_PARAMETERS = ("injection_gates", "iteration_embed", "iteration_norm_gains", "routers")
 # The fields that fix a model's shape and numerics: a model loading a checkpoint must have the checkpoint's.
 ARCHITECTURE_FIELDS = (
     "vocab_size",

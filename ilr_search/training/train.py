@@ -7,6 +7,7 @@ implement in one place, fused.check_fusable)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import zlib
@@ -20,6 +21,7 @@ import torch
 
 from ilr_search.config import ModelConfig, TrainConfig
 from ilr_search.data.tokens import TokenData, counted_targets
+from ilr_search.errors import UserInputError
 from ilr_search.interrupts import raise_if_interrupted
 from ilr_search.records import EvalPoint, TrainLossPoint
 from ilr_search.training.build import build_model
@@ -55,6 +57,10 @@ class TrainResult:
     batch_digest: int = 0  # CRC32 over every training batch seen: equal digests, equal data (common random numbers)
     # a frozen run's score of each unit of its chunk (window or item, frozen.ChunkScores), in unit order
     scores: tuple[float, ...] = ()
+    # capacity below 1, at the last evaluation: the fraction of tokens that took each routed pass ("LAYER:REPEAT",
+    # e.g. "0:1" for layer 0's second pass) and the realised forward FLOPs over the plain model's (routed_result)
+    route_fractions: dict[str, float] | None = None
+    realised_flops_ratio: float | None = None
 
     def curve_dicts(self) -> list[dict[str, Any]]:
         return [{"step": p.step, "tokens": p.tokens, "val_loss": p.val_loss} for p in self.curve]
@@ -94,12 +100,13 @@ def build_optimizer(
 ) -> torch.optim.AdamW:
     """The model's AdamW; with repeat_scale "lr" and a `schedule`, the parameters of its repeated layers go into
     groups of their own at a fraction of the lr (ILRTransformer.parameter_lr_scales). A pretrained model with
-    adapters trains them alone (cfg.retrofit "adapters"): every other weight is frozen."""
+    adapters trains them alone (cfg.retrofit "adapters"), and its routers where it has them: every other weight is
+    frozen."""
     lr_scales = model.parameter_lr_scales(schedule) if schedule is not None else {}
     named = list(model.named_parameters())
     if model.cfg.init and model.cfg.adapter_rank and cfg.retrofit == "adapters":  # the pretrained weights kept
         for name, p in named:
-            p.requires_grad_(".adapters." in name)
+            p.requires_grad_(".adapters." in name or name == "routers")
         named = [(name, p) for name, p in named if p.requires_grad]
     decay = [p for name, p in named if weight_decays(name, p) and name not in lr_scales]
     no_decay = [p for name, p in named if not weight_decays(name, p) and name not in lr_scales]
@@ -147,8 +154,10 @@ def evaluate(
     compiled: bool = False,
 ) -> tuple[float, float, float]:
     """(val_loss, val_ppl, val_bpb) over the fixed validation windows' counted targets (with answers, the answer
-    tokens); one host sync at the end."""
+    tokens); one host sync at the end. A routed model's realised counts (ILRTransformer.route_counts) are this
+    evaluation's."""
     model.eval()
+    model.route_counts.clear()
     seq_len = model.cfg.seq_len
     total_nats, total_tokens = torch.zeros((), dtype=torch.float64, device=device), 0
     for x_np, y_np in data.val_batches(cfg.eval_windows, seq_len, cfg.batch_size):
@@ -430,6 +439,11 @@ def train_proxy(
     from ilr_search.training.checkpoint import continue_checkpoint, load_checkpoint
 
     if cfg.steps == 0:  # frozen: no step, one evaluation of chunk cfg.seed (frozen.py)
+        if model_cfg.capacity < 1:
+            raise UserInputError(
+                "capacity routes tokens by routers that a frozen run (0 training steps) would leave untrained; "
+                "train the map (--train-steps N) or run it without capacity"
+            )
         result = frozen_result(model_cfg, list(schedule), data, cfg, on_eval)
         if on_trained is not None:
             on_trained(build_model(model_cfg, cfg.seed).to(resolve_device(cfg.device)))
@@ -460,7 +474,24 @@ def train_proxy(
     train_members(SingleModel(model, member, optimizer, cfg, device, compute_dtype, compiled), model_cfg, data, cfg)
     if on_trained is not None:
         on_trained(model)
-    return member.result(model.num_params(), cfg.batch_size * cfg.grad_accum * model_cfg.seq_len, device, dtype)
+    result = member.result(model.num_params(), cfg.batch_size * cfg.grad_accum * model_cfg.seq_len, device, dtype)
+    return routed_result(result, model) if model.routers is not None else result
+
+
+def routed_result(result: TrainResult, model: ILRTransformer) -> TrainResult:
+    """`result` with what a routed model's last evaluation ran (model.route_counts): the realised fraction of each
+    routed pass and the realised FLOPs ratio (flops.forward_flops_per_token with the counts' factors)."""
+    from ilr_search.training.flops import baseline_flops_per_token, forward_flops_per_token
+
+    counts, cfg = model.route_counts, model.cfg
+    if not counts.seen:
+        return result
+    realised = forward_flops_per_token(cfg, result.schedule, counts.factors(cfg.seq_len))
+    return dataclasses.replace(
+        result,
+        route_fractions={f"{layer}:{repeat}": f for (layer, repeat), f in counts.fractions().items()},
+        realised_flops_ratio=realised / baseline_flops_per_token(cfg),
+    )
 
 
 def frozen_result(
