@@ -245,6 +245,9 @@ def proxy_part(label: str, work: Path, run: Runner, layers: int | None, time_bud
             "trials": slim(trials["trials"], TRIAL_KEYS),
             "race_runs": slim(trials.get("race_runs") or [], RUN_KEYS),
             "references": trials.get("references"),
+            "phases": j.get("phases"),
+            "layout": j.get("layout"),
+            "time_budget_seconds": j.get("time_budget_seconds"),
         }
 
     out["search"] = study(search, s_trials) | {"decided_best": best}
@@ -288,6 +291,19 @@ def proxy_part(label: str, work: Path, run: Runner, layers: int | None, time_bud
     c["ratio_find_seconds"] = c["learn"]["find_seconds"] / max(c["search"]["trials_seconds"], 1e-9)
     c["ratio_find_flops"] = c["learn"]["find_flops"] / max(c["search"]["trial_flops"], 1e-9)
     c["ratio_command_seconds"] = learn["seconds"] / max(search["seconds"], 1e-9)
+
+    def phase_wall(j: dict, name: str) -> float:
+        return sum(p["wall_seconds"] for p in j.get("phases") or [] if p["phase"] == name)
+
+    # wall clock (the run's own phases): the search's trials phase; the gates (learned before any trial) plus the
+    # learned study's trials phase (its one trial, and the baseline's where it trains it)
+    c["search"]["trials_phase_wall_s"] = phase_wall(search["json"], "trials")
+    c["learn"]["trials_phase_wall_s"] = phase_wall(learn["json"], "trials")
+    c["learn"]["find_wall_s"] = learned["seconds"] + c["learn"]["trials_phase_wall_s"]
+    c["ratio_find_wall_to_search_trials_wall"] = c["learn"]["find_wall_s"] / max(
+        c["search"]["trials_phase_wall_s"], 1e-9
+    )
+    c["ratio_find_wall_to_search_command"] = c["learn"]["find_wall_s"] / max(search["seconds"], 1e-9)
 
     target = (search["json"].get("race") or {}).get("target_steps") or search["json"].get("target_steps")
     lmap = learned["map"]
