@@ -393,7 +393,7 @@ def proxy_part(
     return out
 
 
-def smollm2_part(work: Path, run: Runner, gguf: str, max_reuse: int, time_budget: str | None) -> dict:
+def smollm2_part(work: Path, run: Runner, gguf: str, max_reuse: int, time_budget: str | None, more: str | None) -> dict:
     space = write_space(work / "space.toml", "default", SMOLLM2_SPACE, {"search": {"max_reuse": max_reuse}})
     db = f"sqlite:///{work / 'studies.db'}"
     tb = ["--time-budget", time_budget] if time_budget else []
@@ -417,7 +417,15 @@ def smollm2_part(work: Path, run: Runner, gguf: str, max_reuse: int, time_budget
         *tb,
     ]
     learn = run("learn", args)
-    trials = run("learn-trials", ["trials", "--study", "smollm2-learn", "--storage", db])["json"]
+    first = None
+    if more:  # the same command again (the gates are stored with the study: not learned twice), another time budget
+        base = args[: len(args) - len(tb)]
+        again = run("learn-more", [*base, "--time-budget", more])
+        first = {"command": learn["command"], "seconds": learn["seconds"], "answer": learn["json"]["answer"]}
+        learn = {"command": again["command"], "seconds": learn["seconds"] + again["seconds"], "json": again["json"]}
+    trials = run("learn-trials" + ("-more" if more else ""), ["trials", "--study", "smollm2-learn", "--storage", db])[
+        "json"
+    ]
     j = learn["json"]
     return {
         "gguf": gguf,
@@ -432,6 +440,8 @@ def smollm2_part(work: Path, run: Runner, gguf: str, max_reuse: int, time_budget
         "detectable_gap": j.get("detectable_gap"),
         "race": j.get("race"),
         "learned": j.get("learned"),
+        "first": first,
+        "phases": j.get("phases"),
         "out_of_time": j.get("out_of_time"),
         "trials": slim(trials["trials"], TRIAL_KEYS),
         "race_runs": slim(trials.get("race_runs") or [], RUN_KEYS),
@@ -446,7 +456,9 @@ def main() -> None:
     )
     ap.add_argument("--time-budget", default=None, help="each study's --time-budget (default: none)")
     ap.add_argument(
-        "--more", default=None, help="default/truth-nope: run the search's command once more with this time budget"
+        "--more",
+        default=None,
+        help="run the search's (smollm2: the learned study's) command once more with this time budget",
     )
     ap.add_argument("--gguf", default=GGUF)
     ap.add_argument("--max-reuse", type=int, default=2, help="smollm2: passes a layer may run (the widest schedule)")
@@ -493,7 +505,7 @@ def main() -> None:
     }
     t0 = time.perf_counter()
     if args.part == "smollm2":
-        report["smollm2"] = smollm2_part(work, run, args.gguf, args.max_reuse, args.time_budget)
+        report["smollm2"] = smollm2_part(work, run, args.gguf, args.max_reuse, args.time_budget, args.more)
     else:
         report[args.part] = proxy_part(args.part, work, run, args.layers, args.time_budget, args.more)
     report["seconds_this_invocation"] = time.perf_counter() - t0
