@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +41,25 @@ def frozen_run_args(space: str | Path, init: str | Path, budget: str, storage: s
         "--storage",
         storage,
     ]
+
+
+@contextlib.contextmanager
+def one_core() -> Iterator[None]:
+    """Runs inside it see one usable core (os.sched_getaffinity, what commands/layout.py reads), as on a one-core
+    machine: a run races in its own process and starts no race worker processes, each of which imports torch and
+    loads the study again (about 10 CPU-seconds a raced study here). For studies that a test reads for something
+    else than how a run uses the machine (test_layout.py, test_workers.py and the kill and Ctrl-C tests keep the
+    machine's cores)."""
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(os, "sched_getaffinity", lambda pid: {0})
+        yield
+
+
+@pytest.fixture
+def one_usable_core():
+    """one_core for the whole test."""
+    with one_core():
+        yield
 
 
 def write_space(path: Path, base: Path = TINY_SPACE, **sections: dict) -> Path:
@@ -101,26 +121,35 @@ def _build_raced_study(root: Path, token_cache: Path) -> None:
     space = write_space(root / "race.toml", search={**RACE, "pruner": "none"})  # every trial complete
     (root / "db").mkdir()
     args = run_args(space, root / "db" / "raced.db", "raced", "--target", "2x")
-    proc = run_cli(args, root, {"ILR_SEARCH_CACHE": str(token_cache)})
+    with one_core():
+        proc = run_cli(args, root, {"ILR_SEARCH_CACHE": str(token_cache)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     (root / "summary.json").write_text(proc.stdout, encoding="utf-8")
+
+
+def built_once(tmp_path_factory, worker_id: str, name: str, build: Callable[[Path], None]) -> Path:
+    """The folder `name`, filled by build(folder) once for the whole test run: under xdist once for all workers
+    (the first to come builds it, under a file lock; the others wait for it and read it), as a session fixture
+    alone would build it once on every worker. Tests only read what it holds; one that writes works on a copy."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base if worker_id == "master" else base.parent  # the folder all xdist workers share
+    root = shared / name
+    with FileLock(str(shared / f"{name}.lock")):
+        if not (root / ".built").exists():
+            shutil.rmtree(root, ignore_errors=True)  # a build that failed part way
+            root.mkdir()
+            build(root)
+            (root / ".built").touch()
+    return root
 
 
 @pytest.fixture(scope="session")
 def raced_study(tmp_path_factory, token_cache, worker_id) -> RacedStudy:
     """One real study of the tiny space, 3 trials of 24 steps (no pruning), raced at --target 2x (48 steps) on 3
-    seeds and up to 4: built once for the whole session, under xdist once for all workers (the first to come
-    builds it, under a file lock, the others wait for it and read it)."""
-    from filelock import FileLock
-
-    base = tmp_path_factory.getbasetemp()
-    shared = base if worker_id == "master" else base.parent  # the folder all xdist workers share
-    root = shared / "raced-study"
-    with FileLock(str(shared / "raced-study.lock")):
-        if not (root / "summary.json").exists():
-            shutil.rmtree(root, ignore_errors=True)  # a build that failed part way
-            root.mkdir()
-            _build_raced_study(root, token_cache)
+    seeds and up to 4: built once for the whole test run (built_once)."""
+    root = built_once(tmp_path_factory, worker_id, "raced-study", lambda r: _build_raced_study(r, token_cache))
     summary = json.loads((root / "summary.json").read_text(encoding="utf-8"))
     return RacedStudy(root, root / "race.toml", root / "db" / "raced.db", "raced", summary)
 
@@ -130,11 +159,16 @@ PRETRAIN_STEPS = 300
 
 
 @pytest.fixture(scope="session")
-def recurrent_checkpoint(tmp_path_factory, token_cache) -> Path:
+def recurrent_checkpoint(tmp_path_factory, token_cache, worker_id) -> Path:
     """A tiny pretrained checkpoint with a known answer: the in-package model (4 layers, d_model 32, byte tokens)
     trained with map 2,2,1,1 on the embedded corpus (seed 0), its four distinct layers exported as a plain 4-layer
     Llama (schedule 0,1,2,3) with the byte tokenizer. Run as it is (1,1,1,1) it skips the second passes it learned
-    with, so a frozen search of it has 2,2,1,1 (or a map as good) to find."""
+    with, so a frozen search of it has 2,2,1,1 (or a map as good) to find. Trained once for the whole test run
+    (built_once): nine modules read it."""
+    return built_once(tmp_path_factory, worker_id, "recurrent-checkpoint", _train_recurrent_checkpoint) / "tiny-llama"
+
+
+def _train_recurrent_checkpoint(root: Path) -> None:
     from ilr_search.config import DataConfig, ModelConfig, TrainConfig
     from ilr_search.data.tokens import load_tokens
     from ilr_search.training.pretrained import export_checkpoint
@@ -162,7 +196,7 @@ def recurrent_checkpoint(tmp_path_factory, token_cache) -> Path:
         on_trained=trained.append,
     )
     assert result.status == "ok", result.reason
-    return export_checkpoint(trained[0], [0, 1, 2, 3], tmp_path_factory.mktemp("pretrained") / "tiny-llama")
+    export_checkpoint(trained[0], [0, 1, 2, 3], root / "tiny-llama")
 
 
 @pytest.fixture(scope="session")

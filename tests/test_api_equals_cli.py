@@ -60,9 +60,12 @@ def stored(db: Path, name: str) -> dict:
 
 
 def test_the_api_and_the_cli_store_the_same_study(tmp_path, token_cache, monkeypatch):
+    # a narrow model, 12-step proxies and two validation windows: the comparison is to the last digit at any size
     space = write_space(
         tmp_path / "space.toml",
         search={"fuse": 2, "n_trials": 4, "noise_seeds": 1, "target": 2.0, "race_seeds": 2, "max_seeds": 3},
+        model={"d_model": 16, "seq_len": 32},
+        train={"steps": 12, "eval_windows": 2},
     )
     (tmp_path / "cli").mkdir()
     (tmp_path / "api").mkdir()

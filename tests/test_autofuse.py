@@ -20,7 +20,13 @@ NO_PRUNING = ("--pruner", "none")
 
 @pytest.mark.slow
 def test_fuse_auto_in_the_space_probes_says_what_it_chose_and_the_run_trains_that_way(cli, tmp_path):
-    space = write_space(tmp_path / "auto.toml", search=NO_REFERENCES | {"fuse": "auto"})
+    # a narrow model, 12-step proxies, two validation windows: the probe and the run's grouping need no size
+    space = write_space(
+        tmp_path / "auto.toml",
+        search=NO_REFERENCES | {"fuse": "auto"},
+        model={"d_model": 16, "seq_len": 32},
+        train={"steps": 12, "eval_windows": 2},
+    )
     proc = cli(*run_args(space, tmp_path / "auto.db", "auto", *NO_PRUNING, n_trials=6), check=True)
     lines = [line for line in proc.stderr.splitlines() if line.startswith("fuse auto:")]
     assert len(lines) == 1, proc.stderr

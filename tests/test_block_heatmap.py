@@ -18,7 +18,7 @@ from pathlib import Path
 import optuna
 import plotly.graph_objects as go
 import pytest
-from conftest import assert_one_line_error, frozen_run_args, run_cli, write_space
+from conftest import assert_one_line_error, frozen_run_args, one_core, run_cli, write_space
 
 from ilr_search.analysis.answer import Answer
 from ilr_search.analysis.blocks import (
@@ -65,18 +65,19 @@ def block_study(tmp_path_factory, token_cache, recurrent_checkpoint):
     root = tmp_path_factory.mktemp("block-heatmap")
     space = write_space(root / "space.toml", search=BLOCKS, train={"eval_windows": 16})
     url = f"sqlite:///{root / 'blocks.db'}"
-    proc = run_cli(
-        [
-            *frozen_run_args(space, recurrent_checkpoint, "2x", url),
-            "--enqueue",
-            "2,1,1,1",
-            "--study",
-            "bh",
-            "--json",
-        ],
-        root,
-        {"ILR_SEARCH_CACHE": str(token_cache)},
-    )
+    with one_core():  # raced in this process (conftest.one_core)
+        proc = run_cli(
+            [
+                *frozen_run_args(space, recurrent_checkpoint, "2x", url),
+                "--enqueue",
+                "2,1,1,1",
+                "--study",
+                "bh",
+                "--json",
+            ],
+            root,
+            {"ILR_SEARCH_CACHE": str(token_cache)},
+        )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return root, url, json.loads(proc.stdout)
 

@@ -10,6 +10,9 @@ from conftest import frozen_run_args, write_space
 from ilr_search.analysis.map_key import as_block
 from ilr_search.search.maps import feasible_blocks
 
+# frozen and trained studies that race, as on one core: no race worker processes (conftest.one_core)
+pytestmark = pytest.mark.usefixtures("one_usable_core")
+
 
 def test_feasible_blocks_are_every_block_within_the_budget():
     blocks = feasible_blocks(4, 3, 6)  # 4 layers, 2 extra layer runs: 2 repeats of 1 or 2 layers, 3 of 1 layer

@@ -6,7 +6,7 @@ import json
 
 import optuna
 import pytest
-from conftest import NO_REFERENCES, assert_one_line_error, frozen_run_args, run_cli, write_space
+from conftest import NO_REFERENCES, assert_one_line_error, frozen_run_args, one_core, run_cli, write_space
 
 
 def _files(folder):
@@ -69,7 +69,8 @@ def finished_study(tmp_path_factory, token_cache):
     space = write_space(root / "space.toml", search=NO_REFERENCES)
     db = root / "s.db"
     args = ["--space", str(space), *FINISHED_ARGS, "--storage", f"sqlite:///{db}"]
-    proc = run_cli(["run", *args, "--n-trials", "3", "--json"], root, {"ILR_SEARCH_CACHE": str(token_cache)})
+    with one_core():  # raced in this process (conftest.one_core)
+        proc = run_cli(["run", *args, "--n-trials", "3", "--json"], root, {"ILR_SEARCH_CACHE": str(token_cache)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout)["race"]["done"]
     return db, args

@@ -12,7 +12,7 @@ import sqlite3
 
 import optuna
 import pytest
-from conftest import ROOT
+from conftest import ROOT, one_core
 
 from ilr_search.storage.trials import TrialAttr, study_trials, trained_results
 
@@ -45,21 +45,22 @@ def test_an_old_study_lists_and_reports(old_study, cli):
 @pytest.mark.slow
 def test_an_old_study_resumes_with_the_same_command(old_study, cli):
     folder, storage = old_study
-    proc = cli(
-        "run",
-        "--space",
-        str(folder / "space.toml"),
-        "--budget",
-        "1.5x",
-        "--study",
-        STUDY,
-        "--storage",
-        storage,
-        "--n-trials",
-        "4",
-        "--json",
-        cwd=folder,
-    )
+    with one_core():  # raced on resume in this process (conftest.one_core)
+        proc = cli(
+            "run",
+            "--space",
+            str(folder / "space.toml"),
+            "--budget",
+            "1.5x",
+            "--study",
+            STUDY,
+            "--storage",
+            storage,
+            "--n-trials",
+            "4",
+            "--json",
+            cwd=folder,
+        )
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads(proc.stdout)
     assert summary["study"] == STUDY and summary["n_complete"] + summary["n_pruned"] == 4

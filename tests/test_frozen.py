@@ -14,6 +14,9 @@ from pathlib import Path
 import pytest
 from conftest import TRAINED_MAP, assert_one_line_error, frozen_run_args, write_space
 
+# frozen and trained studies that race, as on one core: no race worker processes (conftest.one_core)
+pytestmark = pytest.mark.usefixtures("one_usable_core")
+
 FROZEN = {
     "noise_seeds": 0,
     "families": ["ilr"],

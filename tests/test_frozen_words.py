@@ -7,7 +7,11 @@ import math
 import re
 
 import numpy as np
+import pytest
 from conftest import frozen_run_args, write_space
+
+# frozen and trained studies that race, as on one core: no race worker processes (conftest.one_core)
+pytestmark = pytest.mark.usefixtures("one_usable_core")
 
 FORBIDDEN = (r"seed", r"training", r"\b0x\b", r"proxy", r"\b0 steps")  # 1.00x is a FLOPs ratio, not a length
 

@@ -133,7 +133,7 @@ FROZEN = {
 }
 
 
-def test_a_frozen_study_of_a_gguf_file_refuses_another_file_at_the_same_path(cli, tmp_path):
+def test_a_frozen_study_of_a_gguf_file_refuses_another_file_at_the_same_path(cli, tmp_path, one_usable_core):
     """The study records the file's digest: the same path holding another file is another checkpoint. A
     quantized file's note is said once in the run's output."""
     file = tmp_path / "model.gguf"
@@ -201,7 +201,9 @@ def test_without_the_gguf_package_one_line_says_what_to_install(cli, tmp_path, f
     refused(cli, tmp_path, str(file), "needs gguf", "pip install 'ilr-search[gguf]'")
 
 
-def test_a_gguf_studys_mergekit_config_names_its_converted_folder_and_mergekit_builds_it(cli, tmp_path, files):
+def test_a_gguf_studys_mergekit_config_names_its_converted_folder_and_mergekit_builds_it(
+    cli, tmp_path, files, one_usable_core
+):
     """mergekit reads no GGUF: the config of a GGUF study takes its slices from the transformers folder the file was
     converted into, and the model mergekit builds from it gives the unrolled map's logits."""
     import yaml

@@ -20,6 +20,9 @@ from ilr_search.training.build import build_model
 from ilr_search.training.frozen import chunk_scores
 from ilr_search.training.pretrained import export_checkpoint, open_checkpoint
 
+# frozen and trained studies that race, as on one core: no race worker processes (conftest.one_core)
+pytestmark = pytest.mark.usefixtures("one_usable_core")
+
 SEQ = 64
 PER_CHUNK = 16
 RECURRENT = [0, 0, 1, 1, 2, 3]  # 2,2,1,1

@@ -21,6 +21,9 @@ from ilr_search.training.build import build_model
 from ilr_search.training.frozen import load_space_data
 from ilr_search.training.learned import LearnedGates, gated_loss, learn_gates, widest_schedule
 
+# frozen and trained studies that race, as on one core: no race worker processes (conftest.one_core)
+pytestmark = pytest.mark.usefixtures("one_usable_core")
+
 
 def test_open_gates_are_the_widest_map_and_shut_gates_the_plain_model():
     cfg = ModelConfig(vocab_size=256, n_layers=4, d_model=32, n_heads=2, seq_len=64, max_reuse=3)

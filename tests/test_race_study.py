@@ -251,9 +251,10 @@ def test_two_workers_race_one_study_without_training_a_run_twice(tmp_path, cli):
 
 
 @pytest.mark.slow
-def test_fused_study_and_race_give_the_results_of_one_run_at_a_time(tmp_path, cli):
+def test_fused_study_and_race_give_the_results_of_one_run_at_a_time(tmp_path, cli, one_usable_core):
     """Fusion changes no result: the same maps (enqueued, so the sampler does not choose them), trained one at a
-    time and then with --fuse 4, give the same trial and race losses (fp32 on CPU, common random numbers)."""
+    time and then with --fuse 4, give the same trial and race losses (fp32 on CPU, common random numbers). Raced in
+    the run's own process (conftest.one_core): fused there as in race workers."""
     space = write_space(
         tmp_path / "f.toml",
         search={**RACE, "n_trials": 4},

@@ -250,7 +250,9 @@ def parts_checkpoint(tmp_path_factory, token_cache) -> Path:
 
 
 @pytest.mark.slow
-def test_a_frozen_search_claims_the_sub_module_map_a_checkpoint_was_trained_with(cli, tmp_path, parts_checkpoint):
+def test_a_frozen_search_claims_the_sub_module_map_a_checkpoint_was_trained_with(
+    cli, tmp_path, parts_checkpoint, one_usable_core
+):
     search = {
         "noise_seeds": 0,
         "families": ["ilr"],
