@@ -176,6 +176,11 @@ def test_train_save_keeps_the_routers_and_export_model_refuses_the_routed_map(cl
     x = tokens(B=2, T=32)
     assert torch.equal(model.loss(x, x, schedule), again.loss(x, x, schedule))
 
+    report = json.loads(cli("train", *args, "--json", check=True).stdout)  # train shows the realised FLOPs too
+    c = 0.5
+    assert report["route_fractions"] and all(0 <= f <= c for f in report["route_fractions"].values()), report
+    assert 1.0 <= report["realised_flops_ratio"] <= report["flops_ratio"] + 1e-9, report
+
     proc = cli("export-model", "--model", str(saved), "--out", str(out))
     assert_one_line_error(proc)
     assert "routed model" in proc.stderr and "train --save" in proc.stderr
