@@ -1,6 +1,6 @@
 """Routed maps against fixed maps of the same realised FLOPs, raced (issue 55 item 4, second bullet).
 
-    python benchmarks/routed_vs_fixed.py [--resume] [--quick] [--out FILE] [--work DIR] [--time-budget 30m]
+    python benchmarks/routed_vs_fixed.py [--resume] [--extra-seeds] [--quick] [--out FILE] [--work DIR] [--time-budget 30m]
 
 On truth-nope (4 layers, NoPE: recurrence is known to win there at its target, 600 steps), for each routed map in
 ROUTED (`capacity=0.5`: each pass k >= 1 runs only the tokens its router chooses):
@@ -16,9 +16,11 @@ ROUTED (`capacity=0.5`: each pass k >= 1 runs only the tokens its router chooses
    them at the target on held-out seeds with the project's race (sequential paired tests against the plain model,
    Holm over the contenders, dominance by a contender of no more FLOPs), under `--time-budget` (the same command,
    this script with `--resume`, continues an undecided race);
-4. afterwards, descriptive only: the paired loss differences routed - fixed on the race's test seeds (the race tests
+4. afterwards, descriptive only: the paired loss differences routed - fixed on the seeds both ran (the race tests
    each map against the plain model, not against each other), and each race run's wall seconds from the study's
-   table ilr_race_runs.
+   table ilr_runs; with --extra-seeds, each routed map is first trained (`train --seed S`, which is the race's run
+   at seed S: the pilot at seed 0 equals the race's screen run) at the race's seeds its futility stop left out, so
+   that routed and fixed pair on every seed, with the realised FLOPs of each of those runs.
 
 The run's answer, verdict and race are stored as `run --json` prints them; trials --json (route fractions and
 realised FLOPs of the routed trials at the proxy's 150 steps) and the race runs beside them. --resume reuses what
@@ -39,6 +41,7 @@ import sys
 import time
 import tomllib
 from datetime import datetime, timezone
+from concurrent.futures import ThreadPoolExecutor
 from itertools import product
 from pathlib import Path
 
@@ -110,12 +113,12 @@ def fixed_match(space: str, routed: str, realised: float, log: Path) -> dict:
 
 
 def race_run_table(db: Path) -> list[dict]:
-    """Every row of the study's table ilr_race_runs (seconds, seed, steps, loss, map), as stored."""
+    """Every row of the study's table ilr_runs (seconds, seed, steps, loss, map), as stored."""
     con = sqlite3.connect(db)
     con.row_factory = sqlite3.Row
     try:
         tables = [r[0] for r in con.execute("select name from sqlite_master where type = 'table'")]
-        table = next((t for t in ("ilr_race_runs", "ilr_runs") if t in tables), None)
+        table = "ilr_runs" if "ilr_runs" in tables else None
         if table is None:
             return []
         rows = [dict(r) for r in con.execute(f"select * from {table}")]
@@ -157,6 +160,9 @@ def main() -> None:
     ap.add_argument("--resume", action="store_true", help="reuse the data file's pilots and resume the race study")
     ap.add_argument("--quick", action="store_true", help="a check of the script: 40-step pilots, a 3m race")
     ap.add_argument("--time-budget", default="30m", help="the race study's --time-budget")
+    ap.add_argument("--extra-seeds", action="store_true",
+                    help="after the race, train each routed map at the race's seeds it did not reach (train --seed), "
+                         "to pair it with its fixed map on every seed (descriptive)")
     ap.add_argument("--max-seeds", type=int, default=5, help="the race's max_seeds (5: 4 test seeds, looks at 2 and 4)")
     a = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -225,7 +231,32 @@ def main() -> None:
                           "detectable_gap": run.get("detectable_gap"), "trials": trials.get("trials"),
                           "race_runs": runs}
     steps = target_steps // 2 if a.quick else target_steps
-    data["routed_minus_fixed"] = {r: paired(runs, r, fixed[r]["map"], steps) for r in ROUTED}
+    data["routed_minus_fixed_race_seeds"] = {r: paired(runs, r, fixed[r]["map"], steps) for r in ROUTED}
+    if a.extra_seeds:
+        extra = data.setdefault("extra_runs", {})
+        pool = sorted({int(r["seed"]) for r in runs if r.get("steps") == steps and r.get("val_loss") is not None})
+        todo = [(m, s) for m in ROUTED for s in pool
+                if f"{m}@{s}" not in extra
+                and not any(r.get("map_key") == m and int(r["seed"]) == s and r.get("val_loss") is not None
+                            and r.get("steps") == steps for r in runs)]
+
+        def train_at(job: tuple[str, int]) -> tuple[str, dict]:
+            m, seed = job
+            counts, _, knobs = m.partition("|")
+            report, seconds, command = cli(["train", "--space", SPACE, "--reuse-map", counts, "--knobs", knobs,
+                                            "--steps", str(steps), "--seed", str(seed)], log)
+            keep = ("val_loss", "val_ppl", "flops_ratio", "realised_flops_ratio", "route_fractions", "train_seconds",
+                    "eval_seconds")
+            return f"{m}@{seed}", {"command": command, "wall_seconds": seconds, "map_key": m, "seed": seed,
+                                   "steps": steps, **{k: report.get(k) for k in keep}}
+
+        with ThreadPoolExecutor(max_workers=2) as pool_:  # two processes, as the race's two workers
+            for key, row in pool_.map(train_at, todo):
+                extra[key] = row
+                save()
+        every = runs + [dict(r) for r in extra.values()]
+        data["routed_minus_fixed_all_seeds"] = {r: paired(every, r, fixed[r]["map"], steps) for r in ROUTED}
+        data["plain_minus_routed_all_seeds"] = {r: paired(every, BASELINE, r, steps) for r in ROUTED}
     data["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     save()
     print(run.get("answer"), file=sys.stderr)
