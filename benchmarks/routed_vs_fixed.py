@@ -1,6 +1,7 @@
 """Routed maps against fixed maps of the same realised FLOPs, raced (issue 55 item 4, second bullet).
 
-    python benchmarks/routed_vs_fixed.py [--resume] [--extra-seeds] [--quick] [--out FILE] [--work DIR] [--time-budget 30m]
+    python benchmarks/routed_vs_fixed.py [--resume] [--extra-seeds] [--quick] [--out FILE] [--work DIR]
+                                         [--time-budget 30m]
 
 On truth-nope (4 layers, NoPE: recurrence is known to win there at its target, 600 steps), for each routed map in
 ROUTED (`capacity=0.5`: each pass k >= 1 runs only the tokens its router chooses):
@@ -39,11 +40,12 @@ import statistics
 import subprocess
 import sys
 import time
-import tomllib
-from datetime import datetime, timezone
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
 from itertools import product
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 PRESETS = ROOT / "ilr_search" / "search_spaces"
