@@ -1,7 +1,7 @@
 """Routed maps against fixed maps of the same realised FLOPs, raced (issue 55 item 4, second bullet).
 
     python benchmarks/routed_vs_fixed.py [--resume] [--extra-seeds] [--quick] [--out FILE] [--work DIR]
-                                         [--time-budget 30m]
+                                         [--time-budget 30m] [--routed "MAP|capacity=C ..."] [--study NAME]
 
 On truth-nope (4 layers, NoPE: recurrence is known to win there at its target, 600 steps), for each routed map in
 ROUTED (`capacity=0.5`: each pass k >= 1 runs only the tokens its router chooses):
@@ -108,7 +108,8 @@ def fixed_match(space: str, routed: str, realised: float, log: Path) -> dict:
         text = ",".join(map(str, m))
         f = flops_of(space, text, log)
         candidates.append((abs(f["flops_ratio"] - realised), max(m), text, f))
-    candidates.sort(key=lambda c: (round(c[0], 9), c[1]))
+    # ties: the most even spread, then the passes on the earliest layers (2,1,1,1 before 1,2,1,1), as routed maps do
+    candidates.sort(key=lambda c: (round(c[0], 9), c[1], [-int(x) for x in c[2].split(",")]))
     gap, _, text, f = candidates[0]
     return {"map": text, **f, "gap_to_realised": gap,
             "candidates": {c[2]: c[3]["flops_ratio"] for c in candidates}}
@@ -166,7 +167,10 @@ def main() -> None:
                     help="after the race, train each routed map at the race's seeds it did not reach (train --seed), "
                          "to pair it with its fixed map on every seed (descriptive)")
     ap.add_argument("--max-seeds", type=int, default=5, help="the race's max_seeds (5: 4 test seeds, looks at 2 and 4)")
+    ap.add_argument("--routed", default=" ".join(ROUTED), help="the routed maps, space-separated (default: ROUTED)")
+    ap.add_argument("--study", default="routed-vs-fixed", help="the race study's name (in --work/race.db)")
     a = ap.parse_args()
+    routed_maps = a.routed.split()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     a.work.mkdir(parents=True, exist_ok=True)
     log = a.work / "stderr.log"
@@ -185,7 +189,7 @@ def main() -> None:
     data.setdefault("started", datetime.now(timezone.utc).isoformat(timespec="seconds"))
     data.setdefault("load_at_start", os.getloadavg())
     pilots = data.setdefault("pilots", {})
-    for routed in ROUTED:
+    for routed in routed_maps:
         if routed in pilots:
             continue
         counts, _, knobs = routed.partition("|")
@@ -198,21 +202,21 @@ def main() -> None:
         save()
         print(f"pilot {routed}: realised {report.get('realised_flops_ratio')} ({seconds:.0f} s)", file=sys.stderr)
     fixed = data.setdefault("fixed", {})
-    for routed in ROUTED:
+    for routed in routed_maps:
         if routed not in fixed:
             fixed[routed] = fixed_match(SPACE, routed, pilots[routed]["realised_flops_ratio"], log)
             save()
         print(f"{routed}: realised {pilots[routed]['realised_flops_ratio']:.4f} -> fixed {fixed[routed]['map']} "
               f"({fixed[routed]['flops_ratio']:.4f})", file=sys.stderr)
     maps = [BASELINE]
-    for routed in ROUTED:
+    for routed in routed_maps:
         maps += [routed, fixed[routed]["map"]]
     maps = list(dict.fromkeys(maps))
     data["flops"] = {m: flops_of(SPACE, m, log) for m in maps}
     save()
 
     db = a.work / "race.db"
-    study = "routed-vs-fixed"
+    study = a.study
     space = write_space(
         a.work / "race.toml", SPACE,
         {"search": {"knobs": ["capacity"], "n_trials": len(maps), "enqueue_paper_maps": False, "noise_seeds": 0,
@@ -233,11 +237,11 @@ def main() -> None:
                           "detectable_gap": run.get("detectable_gap"), "trials": trials.get("trials"),
                           "race_runs": runs}
     steps = target_steps // 2 if a.quick else target_steps
-    data["routed_minus_fixed_race_seeds"] = {r: paired(runs, r, fixed[r]["map"], steps) for r in ROUTED}
+    data["routed_minus_fixed_race_seeds"] = {r: paired(runs, r, fixed[r]["map"], steps) for r in routed_maps}
     if a.extra_seeds:
         extra = data.setdefault("extra_runs", {})
         pool = sorted({int(r["seed"]) for r in runs if r.get("steps") == steps and r.get("val_loss") is not None})
-        todo = [(m, s) for m in ROUTED for s in pool
+        todo = [(m, s) for m in routed_maps for s in pool
                 if f"{m}@{s}" not in extra
                 and not any(r.get("map_key") == m and int(r["seed"]) == s and r.get("val_loss") is not None
                             and r.get("steps") == steps for r in runs)]
@@ -257,8 +261,8 @@ def main() -> None:
                 extra[key] = row
                 save()
         every = runs + [dict(r) for r in extra.values()]
-        data["routed_minus_fixed_all_seeds"] = {r: paired(every, r, fixed[r]["map"], steps) for r in ROUTED}
-        data["plain_minus_routed_all_seeds"] = {r: paired(every, BASELINE, r, steps) for r in ROUTED}
+        data["routed_minus_fixed_all_seeds"] = {r: paired(every, r, fixed[r]["map"], steps) for r in routed_maps}
+        data["plain_minus_routed_all_seeds"] = {r: paired(every, BASELINE, r, steps) for r in routed_maps}
     data["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     save()
     print(run.get("answer"), file=sys.stderr)
