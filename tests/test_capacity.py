@@ -176,6 +176,11 @@ def test_train_save_keeps_the_routers_and_export_model_refuses_the_routed_map(cl
     x = tokens(B=2, T=32)
     assert torch.equal(model.loss(x, x, schedule), again.loss(x, x, schedule))
 
+    report = json.loads(cli("train", *args, "--json", check=True).stdout)  # train shows the realised FLOPs too
+    c = 0.5
+    assert report["route_fractions"] and all(0 <= f <= c for f in report["route_fractions"].values()), report
+    assert 1.0 <= report["realised_flops_ratio"] <= report["flops_ratio"] + 1e-9, report
+
     proc = cli("export-model", "--model", str(saved), "--out", str(out))
     assert_one_line_error(proc)
     assert "routed model" in proc.stderr and "train --save" in proc.stderr
@@ -251,3 +256,34 @@ def test_the_routers_learn_to_route_the_tokens_that_need_the_second_pass():
     rates = train_and_measure(seed=0, steps=300)
     assert rates.topk["B"] > rates.topk["A"] + 0.15 and rates.topk["marker"] < 0.1, rates
     assert rates.positive["B"] > rates.positive["A"] + 0.15, rates
+
+
+def test_an_enqueued_routed_map_within_budget_is_not_repaired_as_if_its_passes_were_whole():
+    """3,3,1,1|capacity=0.5 costs 1.38x at these sizes (a whole-pass 3,3,1,1 1.83x): at 1.5x it fits, and both the
+    enqueue's repair and the trial's (propose) keep it; before, each paid a routed pass a whole layer and trained
+    2,2,1,1|capacity=0.5 (benchmarks/routed_vs_fixed.py met it). Over budget, it is repaired at its own costs."""
+    from ilr_search.search.maps import parse_enqueued
+    from ilr_search.training.flops import parse_budget
+
+    cfg = ModelConfig(vocab_size=256, n_layers=4, d_model=16, n_heads=2, seq_len=32, max_reuse=4)
+    budget = parse_budget("1.5x", cfg)
+
+    def costs_for(knobs):
+        return budget.pass_costs(dataclasses.replace(cfg, capacity=float(knobs.get("capacity", 1.0))))
+
+    args = (4, 4, budget.max_layer_runs(cfg), ("capacity",), ("ilr",), ("both",), budget.pass_costs(cfg))
+    assert parse_enqueued("3,3,1,1|capacity=0.5", *args, costs_for=costs_for).reuse_map == (3, 3, 1, 1)
+    assert parse_enqueued("3,3,1,1", *args, costs_for=costs_for).reuse_map == (2, 2, 1, 1)  # whole passes: repaired
+    over = parse_enqueued("4,4,4,1|capacity=0.5", *args, costs_for=costs_for).reuse_map
+    assert over != (4, 4, 4, 1) and costs_for({"capacity": 0.5}).fits(over, ())
+
+
+@pytest.mark.slow  # about 15 s on one core: a study's own work
+def test_a_study_trains_an_enqueued_routed_map_within_budget_as_asked(cli, tmp_path):
+    db = tmp_path / "cap.db"
+    args = run_args(SPACE, db, "cap", *SMALL, "--knobs", "capacity", "--enqueue", "3,3,1,1|capacity=0.5", steps=4)
+    cli(*args, "--n-trials", "2", "--pruner", "none", check=True)
+    rows = json.loads(cli("trials", "--study", "cap", "--storage", f"sqlite:///{db}", "--json", check=True).stdout)
+    routed = [r for r in rows["trials"] if r["knobs"] and "capacity" in r["knobs"]]
+    assert [r["map"] for r in routed] == ["3,3,1,1"], rows["trials"]
+    assert 1.37 < routed[0]["flops_ratio"] < 1.5, routed

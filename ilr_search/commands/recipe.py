@@ -601,6 +601,8 @@ class TrainReport:
         if self.block is not None:
             report["block"] = self.block
         report["knobs"] = self.knobs
+        if result.route_fractions is not None:  # a routed map: what its last evaluation ran, beside the nominal ratio
+            report |= {"route_fractions": result.route_fractions, "realised_flops_ratio": result.realised_flops_ratio}
         if self.study is not None:
             report |= {"study": self.study, "map": self.map}
         return report | {"saved": self.saved}

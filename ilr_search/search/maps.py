@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
@@ -200,14 +200,16 @@ def propose_trial_map(
     families: Sequence[str],
     parts: Sequence[str] = ("both",),
     costs: PassCosts | None = None,
+    by_costs: bool = False,
 ) -> tuple[Map, tuple[int, ...] | None]:
     """The map a trial trains (canonical: parse_map's form) and, where the budget repaired the sampler's proposal,
     the proposal's per-layer counts. A study searching ilr alone proposes exactly as propose_map; with `parts` (two
-    or more), each repeated layer's (or the block's) part beside its count, repaired into the budget by what its
-    passes cost (`costs`, the budget's pass_costs)."""
+    or more), or `by_costs` (a routed trial, whose passes cost less than a layer), each repeated layer's (or the
+    block's) part beside its count, repaired into the budget by what its passes cost (`costs`, the budget's
+    pass_costs)."""
     kinds = trial_families(families)
     family = trial.suggest_categorical(FAMILY_PARAM, kinds) if len(kinds) > 1 else kinds[0]
-    if family == "ilr" and (len(parts) < 2 or costs is None):
+    if family == "ilr" and (costs is None or (len(parts) < 2 and not by_costs)):
         proposed, reuse_map = propose_map(trial, n_layers, max_reuse, max_layer_runs)
         return ReuseMap(tuple(reuse_map)), (tuple(proposed) if proposed != reuse_map else None)
     if family == "ilr":
@@ -317,12 +319,14 @@ def parse_enqueued(
     families: Sequence[str] = ("ilr", "block"),
     parts: Sequence[str] = ("both",),
     costs: PassCosts | None = None,
+    costs_for: Callable[[Mapping[str, KnobValue]], PassCosts] | None = None,
 ) -> EnqueuedMap:
     """One entry of an enqueue list: `3,2,2,1`, `2,1,1,1|injection=add` (knobs as `train --knobs` takes them),
     `block:1-2:2` (where the study searches blocks), `block2`, or a mergekit passthrough config (a path ending .yml
     or .yaml, read by training.mergekit.read_passthrough into its map key with knobs, e.g.
-    block:16-27:2|damping=0.5). An over-budget map is repaired to the budget; a malformed one (wrong length, a
-    count below 1 or above max_reuse, a knob the study does not search, a block the budget cannot pay for, a map of
+    block:16-27:2|damping=0.5). An over-budget map is repaired to the budget (a routed one, `capacity` below 1, by
+    what its passes cost at its capacity: `costs_for` its knobs); a malformed one (wrong length, a count below 1 or
+    above max_reuse, a knob the study does not search, a block the budget cannot pay for, a map of
     a family the study does not search) is refused. Where the study searches blocks, `blockK` is the block map
     block:0-(L-1):K, a trial (not a reference run: one schedule is trained once)."""
     entry = text.strip()
@@ -390,7 +394,10 @@ def parse_enqueued(
             block_params(fitted, parts) | family_params("blocks", families),
         )
     reuse_map = list(chosen.counts)
-    if chosen.parts and costs is not None:  # each extra pass at its part's cost
+    routed = costs_for is not None and float(knobs.get("capacity", 1.0)) < 1
+    if routed and costs_for is not None:  # a routed pass costs about C of a layer: repaired at its own costs
+        costs = costs_for(knobs)
+    if (chosen.parts or routed) and costs is not None:  # each extra pass at its part's cost
         repaired = repair_with_costs(reuse_map, chosen.parts, costs)
     else:
         repaired = repair_to_budget(reuse_map, max_layer_runs)

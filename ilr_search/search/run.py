@@ -315,6 +315,7 @@ def enqueued_maps(plan: StudyPlan, enqueue: list[str]) -> list[EnqueuedMap]:
             search.families,
             search.parts,
             plan.budget.pass_costs(plan.model),
+            lambda knobs: plan.budget.pass_costs(plan.trial_model(dict(knobs))),
         )
         for text in enqueue
     ]

@@ -19,14 +19,14 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from ilr_search.analysis.results import finite_or_none, has_result
 from ilr_search.config import ModelConfig, TrainConfig
-from ilr_search.knobs import KnobValue, acting_knobs, config_key, format_knobs
+from ilr_search.knobs import KnobValue, acting_knobs, config_key, format_knobs, knob_choices
 from ilr_search.search.maps import fit_map, propose_knobs, propose_trial_map
 from ilr_search.search.plan import StudyPlan, safe_name
 from ilr_search.search.progress import Message, RunReporter, TrialStarted, step_callback
@@ -189,6 +189,12 @@ class SearchRun:
         `in_hand`: map keys this worker has claimed and is about to train; a trial proposing one of them is
         neither claimed nor waited for (it would wait on this worker), but returned `behind_own`."""
         search = self.plan.space.search
+        costs, routed = self.plan.budget.pass_costs(self.plan.model), False
+        if "capacity" in search.knobs:  # a routed pass costs about C of a layer: the map repaired at its capacity
+            capacity = float(cast(float, trial.suggest_categorical("capacity", knob_choices("capacity"))))
+            routed = capacity < 1
+            if routed:
+                costs = self.plan.budget.pass_costs(self.plan.trial_model({"capacity": capacity}))
         chosen, proposed = propose_trial_map(
             trial,
             self.n_layers,
@@ -196,7 +202,8 @@ class SearchRun:
             self.plan.budget.max_layer_runs(self.plan.model),
             search.families,
             search.parts,
-            self.plan.budget.pass_costs(self.plan.model),
+            costs,
+            by_costs=routed,
         )
         knobs = acting_knobs(propose_knobs(trial, search.knobs, search.damping_choices), chosen.schedule())
         model = self.plan.trial_model(knobs, chosen.parts)
