@@ -1,8 +1,9 @@
 """`run --learn` (issue 55): gates on every extra pass of one model at the widest schedule, ordered sigmoids held
-within the budget by a Lagrange multiplier, the map read off them trained and raced as a trial. Real models, no
-mocks: the gates' two ends are the widest map and the plain model exactly; frozen on the checkpoint trained with
-2,2,1,1 they read off 2,2,1,1; the multiplier holds the expected FLOPs within a budget that binds; bad input is one
-error line; and a run with no other trial stores the learned map as a trial and answers about it."""
+within the budget by a projection whose target falls from the widest schedule's FLOPs, the map read off them
+trained and raced as a trial. Real models, no mocks: the gates' two ends are the widest map and the plain model
+exactly; frozen on the checkpoint trained with 2,2,1,1 they read off 2,2,1,1; the projection holds the expected FLOPs
+within a budget that binds; bad input is one error line; and a run with no other trial stores the learned map as a
+trial and answers about it."""
 
 from __future__ import annotations
 
@@ -61,10 +62,10 @@ def test_frozen_gates_read_off_the_map_the_checkpoint_was_trained_with(recurrent
     assert learned.expected_ratio <= learned.budget_ratio
 
 
-def test_the_multiplier_holds_the_expected_flops_within_a_budget_that_binds(recurrent_checkpoint):
-    # 1.25x pays for one extra pass; the checkpoint's loss wants two: the multiplier has to act
+def test_the_projection_holds_the_expected_flops_within_a_budget_that_binds(recurrent_checkpoint):
+    # 1.25x pays for one extra pass; the checkpoint's loss wants two: the budget has to act
     learned, max_runs = frozen_gates(recurrent_checkpoint, "1.25x")
-    assert learned.multiplier > 0
+    assert learned.shift > 0
     assert learned.expected_ratio <= learned.budget_ratio, learned
     assert sum(learned.counts(max_runs)) <= max_runs
 

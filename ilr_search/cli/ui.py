@@ -808,8 +808,8 @@ def print_learned(report: StudyReport) -> None:
     out.print(
         f"learned map {learned['map']}{trial}: {learned['steps']} steps in {learned['seconds']:.1f} s"
         f"{' (frozen: the gates alone)' if learned['frozen'] else ''}; expected FLOPs "
-        f"{learned['expected_flops_ratio']:.3f}x of the budget's {learned['budget_ratio']:.3f}x, multiplier "
-        f"{learned['multiplier']:.3g}",
+        f"{learned['expected_flops_ratio']:.3f}x of the budget's {learned['budget_ratio']:.3f}x, the budget's "
+        f"logit shift {learned['shift']:.3g}",
         markup=False,
         highlight=False,
     )

@@ -71,7 +71,7 @@ def learned_schedule(plan: StudyPlan, data: EvalData, stored: Mapping[str, Any])
         "damping": damping,
         "expected_flops_ratio": learned.expected_ratio,
         "budget_ratio": learned.budget_ratio,
-        "multiplier": learned.multiplier,
+        "shift": learned.shift,
         "steps": learned.steps,
         "seconds": learned.seconds,
         "frozen": learned.frozen,
@@ -94,5 +94,5 @@ def learned_line(learned: Mapping[str, Any]) -> str:
     return (
         f"learned map {learned['map']}: one model at the widest schedule, {how}, {learned['steps']} steps in "
         f"{learned['seconds']:.1f} s; expected FLOPs {learned['expected_flops_ratio']:.3f}x (budget "
-        f"{learned['budget_ratio']:.3f}x), multiplier {learned['multiplier']:.3g}"
+        f"{learned['budget_ratio']:.3f}x), the budget's logit shift {learned['shift']:.3g}"
     )

@@ -7,10 +7,15 @@ The gates are ordered: pass k's effective gate is the product sigmoid(theta[l, 1
 pass k + 1 is open only where pass k is, and one pass is never split across two half-open gates. A gate is a factor
 on both residual branches of its pass, passed to the one forward pass as its branch factor (a 0-dim tensor, as
 damping's float is; model.decoder_layer): a gate of exactly 1 is the widest map, of exactly 0 on every repeat the
-plain model. The expected forward FLOPs count each pass at its gate (flops.py's layer cost); a Lagrange multiplier,
-raised by dual ascent at a slow step while they exceed the budget and lowered while they do not, adds
-multiplier x (expected - budget) to the loss only while they exceed it, so a schedule cheaper than the budget can
-win.
+plain model. The expected forward FLOPs count each pass at its gate (flops.py's layer cost). The budget is held by a
+projection: after each gate step, where the expected FLOPs exceed the step's target, every gate logit is shifted
+down by one common amount (found by bisection) until they meet it; where they are under it nothing acts, so a
+schedule cheaper than the budget can win. The target starts at the widest schedule's expected FLOPs and falls
+linearly to the budget over the first ANNEAL_SHARE of the steps: the gates start open and the weights learn to use
+the passes before the budget closes the ones the loss values least. (Held at the budget from the first step, or
+by a Lagrange multiplier, every gate starts half-open and the loss closes them all on a proxy trained from scratch:
+benchmarks/learned_gate_projection.py, reports/learned-schedule_cpu-2core_2026-12-06.md.) `shift` is the total
+shift the budget imposed (0: it never bound).
 
 The read-off rule (LearnedGates.counts): a pass is kept where its effective gate is >= 0.5 (by the ordering, the
 kept passes of a layer are its first ones); a map over the budget drops its kept passes of the lowest gates until it
@@ -41,7 +46,7 @@ if TYPE_CHECKING:
 
 GATE_START = 3.0  # each pass's own sigmoid starts at 0.95: the widest schedule, nearly open
 GATE_LR = 0.1  # the gates' Adam step (constant: the weights' schedule would freeze them as it decays)
-DUAL_STEP = 0.01  # the multiplier's step per unit of expected FLOPs ratio over the budget, per training step
+ANNEAL_SHARE = 0.8  # the share of the steps over which the budget's target falls from the widest schedule's FLOPs
 FROZEN_STEPS = 200  # gate steps of a frozen study (cfg.steps is 0 there)
 KEEP_AT = 0.5  # the read-off rule: a pass is kept where its effective gate is at least this
 
@@ -86,12 +91,12 @@ def expected_ratio(cfg: ModelConfig, gates: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True)
 class LearnedGates:
     """What learning gave: each layer's effective gates of passes 1..max_reuse-1, the final expected FLOPs ratio
-    and multiplier, and what it cost (steps, seconds)."""
+    and the total logit shift the budget imposed, and what it cost (steps, seconds)."""
 
     gates: tuple[tuple[float, ...], ...]
     expected_ratio: float
     budget_ratio: float
-    multiplier: float
+    shift: float
     steps: int
     seconds: float
     frozen: bool
@@ -110,6 +115,23 @@ class LearnedGates:
     def kept_gates(self, counts: tuple[int, ...]) -> list[float]:
         """The effective gates of the passes a map of `counts` keeps."""
         return [g for row, r in zip(self.gates, counts, strict=True) for g in row[: r - 1]]
+
+
+def project_to(cfg: ModelConfig, logits: torch.Tensor, target: float) -> float:
+    """Shift every gate logit down by one amount (bisection, to 1e-6) so that the expected FLOPs ratio is at most
+    `target`, in place; the shift (0 where they are within it already)."""
+    with torch.no_grad():
+        if float(expected_ratio(cfg, effective_gates(logits))) <= target:
+            return 0.0
+        low, high = 0.0, 64.0
+        while high - low > 1e-6:
+            mid = (low + high) / 2
+            if float(expected_ratio(cfg, effective_gates(logits - mid))) > target:
+                low = mid
+            else:
+                high = mid
+        logits -= high
+        return high
 
 
 def learn_gates(
@@ -134,8 +156,12 @@ def learn_gates(
         steps, optimizer = FROZEN_STEPS, None
     else:
         steps, optimizer = cfg.steps, build_optimizer(model, cfg, device)
-    multiplier = torch.zeros((), device=device)
-    over = torch.zeros((), device=device)
+    widest = float(expected_ratio(model_cfg, effective_gates(logits.detach())))
+
+    def target(step: int) -> float:  # the budget's target after `step` steps
+        return widest + (budget_ratio - widest) * min(1.0, step / max(1.0, ANNEAL_SHARE * steps))
+
+    shift = 0.0
     for step in range(1, steps + 1):
         if optimizer is not None:
             set_lr(optimizer, step, cfg)
@@ -146,15 +172,14 @@ def learn_gates(
             gates = effective_gates(logits)
             with autocast_for(device, compute_dtype):
                 loss = gated_loss(model, x, y, gates, compute_dtype, data.ignore_index)
-            over = expected_ratio(model_cfg, gates) - budget_ratio
-            (loss + multiplier * over.clamp(min=0)).div(1 if frozen else cfg.grad_accum).backward()
+            loss.div(1 if frozen else cfg.grad_accum).backward()
         if optimizer is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         gate_optimizer.step()
         gate_optimizer.zero_grad(set_to_none=True)
-        multiplier = (multiplier + DUAL_STEP * over.detach()).clamp(min=0)
+        shift += project_to(model_cfg, logits, target(step))
     with torch.no_grad():
         final = effective_gates(logits)
         ratio = float(expected_ratio(model_cfg, final))
@@ -162,7 +187,7 @@ def learn_gates(
         tuple(tuple(round(float(g), 6) for g in row) for row in final.cpu()),
         ratio,
         budget_ratio,
-        float(multiplier),
+        shift,
         steps,
         time.perf_counter() - t0,
         frozen,
