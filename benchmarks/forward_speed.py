@@ -18,6 +18,7 @@ frozen run. The JSON also holds each dtype's window losses' sum, so that runs at
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import platform
@@ -37,6 +38,25 @@ def folder_of(gguf: str) -> Path:
     from ilr_search.training.pretrained import resolve_source
 
     return resolve_source(gguf)
+
+
+def before_pass(run_and_batches, dtype: str):
+    """--before-too: the same evaluator run as main's 754bbb3 ran it, in this process (ILRTransformer.hidden without
+    the rotation tables: apply_rope in attend; the head's tensors fresh each row), for an A/B that one machine's
+    load cannot tilt."""
+    evaluator, run, batches = run_and_batches
+
+    def before():
+        layer_fn, head = evaluator.model.layer_fn, evaluator._head
+        from ilr_search.training.model import model_layer
+
+        evaluator.model.layer_fn, evaluator._head = model_layer, None  # not decoder_layer: no rotation tables
+        try:
+            return run()
+        finally:
+            evaluator.model.layer_fn, evaluator._head = layer_fn, head
+
+    return before
 
 
 def ilr_pass(source: str, folder: Path, dtype: str, windows: int):
@@ -63,8 +83,9 @@ def ilr_pass(source: str, folder: Path, dtype: str, windows: int):
         def run():
             return evaluator.evaluate(cfg, plain, 0, windows, share=False).scores
 
-    except ImportError:  # before the evaluator: fp32 weights, bf16 under autocast
-        from ilr_search.training.frozen import window_losses
+        run.evaluator = evaluator  # type: ignore[attr-defined]
+    except ImportError:  # before the evaluator: fp32 weights, bf16 under autocast (an older commit's name)
+        window_losses = getattr(importlib.import_module("ilr_search.training.frozen"), "window_losses")  # noqa: B009
 
         compute = torch.bfloat16 if dtype == "bf16" else torch.float32
         model.eval()
@@ -84,6 +105,7 @@ def main() -> None:
     ap.add_argument("--windows", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--before-too", action="store_true", help="also main 754bbb3's path in this process (A/B)")
     args = ap.parse_args()
     import torch
     import transformers
@@ -107,8 +129,10 @@ def main() -> None:
                     model(input_ids=x, use_cache=False)
 
         runs[f"ilr_{dtype}"], runs[f"hf_{dtype}"] = ilr, hf_run
+        if args.before_too:
+            runs[f"before_{dtype}"] = before_pass((ilr.evaluator, ilr, batches), dtype)
     names = list(runs)
-    losses = {name: [float(v) for v in runs[name]()] for name in names if name.startswith("ilr")}  # untimed first
+    losses = {name: [float(v) for v in runs[name]()] for name in names if not name.startswith("hf")}  # untimed
     for name in names:
         if name.startswith("hf"):
             runs[name]()
@@ -131,6 +155,11 @@ def main() -> None:
         }
 
     ratios, cpu_ratios = ratios_of(seconds), ratios_of(cpu_seconds)
+    before_over_now = {
+        dtype: [b / i for i, b in zip(seconds[f"ilr_{dtype}"], seconds[f"before_{dtype}"], strict=True)]
+        for dtype in ("fp32", "bf16")
+        if f"before_{dtype}" in seconds
+    }
     result = {
         "label": args.label,
         "code": str(Path(ilr_search.__file__).resolve().parent.parent),
@@ -157,6 +186,8 @@ def main() -> None:
         "tokens_per_second_median": {name: tokens / statistics.median(s) for name, s in seconds.items()},
         "ratio_per_round": ratios,
         "ratio_median": {dtype: statistics.median(v) for dtype, v in ratios.items()},
+        "before_over_now_per_round": before_over_now,
+        "before_over_now_median": {dtype: statistics.median(v) for dtype, v in before_over_now.items()},
         "cpu_seconds": cpu_seconds,
         "cpu_ratio_per_round": cpu_ratios,
         "cpu_ratio_median": {dtype: statistics.median(v) for dtype, v in cpu_ratios.items()},
@@ -171,6 +202,10 @@ def main() -> None:
             f"{tps[f'hf_{dtype}']:.0f}, ratio {result['ratio_median'][dtype]:.3f} (median of "
             f"{', '.join(f'{v:.2f}' for v in ratios[dtype])}); by CPU time "
             f"{result['cpu_ratio_median'][dtype]:.3f}"
+        )
+    for dtype, v in before_over_now.items():
+        print(
+            f"{dtype}: main's path / this one {statistics.median(v):.3f} (median of {', '.join(f'{x:.2f}' for x in v)})"
         )
     print(f"load {min(loads):.1f} to {max(loads):.1f}; wrote {args.out}")
 
