@@ -140,3 +140,18 @@ def test_without_grad_mode_the_head_computes_no_gradients():
     with FlopCounterMode(display=False) as counter:
         linear_cross_entropy(h, w, y, reduction="sum")
     assert counter.get_total_flops() == 3 * 2 * n * d * vocab  # with grad mode: forward and both gradients
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_head_buffers_give_the_same_losses_to_the_bit(dtype):
+    """The frozen evaluator's reused logits (HeadBuffers): the same kernels into kept tensors, the same losses,
+    whatever the rows' sizes in turn (a buffer grows, a smaller chunk takes its front)."""
+    torch.manual_seed(2)
+    vocab, d = 517, 48
+    w = (torch.randn(vocab, d) * 0.2).to(dtype)
+    buffers = loss_module.HeadBuffers()
+    with torch.no_grad():
+        for n in (64, 200, 7, 200):
+            h, y = torch.randn(n, d).to(dtype), torch.randint(0, vocab, (n,))
+            plain = linear_cross_entropy(h, w, y, dtype, "sum")
+            assert torch.equal(linear_cross_entropy(h, w, y, dtype, "sum", buffers=buffers), plain)

@@ -32,7 +32,7 @@ from ilr_search.records import EvalPoint
 from ilr_search.training.build import build_model
 from ilr_search.training.device import frozen_dtype, resolve_device
 from ilr_search.training.lm_eval_items import LmEvalTask, lm_eval_scores, lm_eval_task
-from ilr_search.training.loss import linear_cross_entropy
+from ilr_search.training.loss import HeadBuffers, linear_cross_entropy
 from ilr_search.training.model import BranchScale, ILRTransformer, branch_scales
 
 EvalData = TokenData | ItemTask | LmEvalTask  # what a run scores: held-out windows, task items, an lm-eval task
@@ -132,6 +132,7 @@ class FrozenEvaluator:
         self.data, self.batch_size, self.cache_bytes = data, batch_size, cache_bytes
         self.cached_bytes = 0
         self._batches: dict[tuple[int, int], list[Batch]] = {}
+        self._head = HeadBuffers()  # the head's logits, one row at a time (under self.lock)
         self.lock = threading.Lock()  # one evaluation at a time (lanes may share a process's evaluator)
 
     @property
@@ -233,7 +234,9 @@ class FrozenEvaluator:
                 counted = t != ignore_index
                 h, t = h[counted], t[counted]
             out.append(
-                linear_cross_entropy(h, head, t, self.dtype, "sum") if len(t) else torch.zeros((), device=h.device)
+                linear_cross_entropy(h, head, t, self.dtype, "sum", buffers=self._head)
+                if len(t)
+                else torch.zeros((), device=h.device)
             )
         return out
 

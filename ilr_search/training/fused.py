@@ -246,8 +246,11 @@ class FusedGroup:
                     self.optimizer.state[p][moment] = moments[key].clone()
             for p in self.params.values():
                 self.optimizer.state[p]["step"] = first.optimizer_step.clone()
-        # uncompiled, RoPE as one complex rotation; compiled, apply_rope's real arithmetic, which the compiler fuses
-        self.tables = position_tables(model_cfg, model_cfg.seq_len, device, rotation=not compiled)
+        # uncompiled, RoPE as one complex rotation (multi-head fp32; else rotate_pairs); compiled, apply_rope's real
+        # arithmetic, which the compiler fuses
+        self.tables = position_tables(
+            model_cfg, model_cfg.seq_len, device, rotation=not compiled, complex_rotation=not compiled
+        )
         self.layer_fn = compiled_layer() if compiled else decoder_layer
         self._index_schedules()
 

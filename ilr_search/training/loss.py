@@ -49,6 +49,33 @@ def _weighted_chunk_loss(
     return loss, d_logits @ w, d_logits.t() @ h
 
 
+class HeadBuffers:
+    """Memory that a caller's no-grad heads reuse (the frozen evaluator's, one row of windows at a time): a chunk's
+    logits, their fp32 copy and their log-softmax written into the same tensors call after call, by the same kernels
+    as `_chunk_loss`'s (the same numbers). On the CPU a fresh tensor of a chunk's size is fresh pages, which the kernel
+    zeroes at first touch: for SmolLM2's vocab, three 25-50 MB tensors a row of 256 tokens."""
+
+    def __init__(self) -> None:
+        self._tensors: dict[str, Tensor] = {}
+
+    def get(self, name: str, shape: tuple[int, int], like: Tensor, dtype: torch.dtype) -> Tensor:
+        n = shape[0] * shape[1]
+        t = self._tensors.get(name)
+        if t is None or t.numel() < n or t.dtype != dtype or t.device != like.device:
+            t = self._tensors[name] = torch.empty(n, dtype=dtype, device=like.device)
+        return t[:n].view(shape)
+
+
+def _chunk_loss_into(h: Tensor, w: Tensor, y: Tensor, buffers: HeadBuffers) -> Tensor:
+    """`_chunk_loss`'s summed loss without a gradient, its tensors in `buffers`."""
+    shape = (h.shape[0], w.shape[0])
+    logits = torch.mm(h, w.t(), out=buffers.get("logits", shape, h, h.dtype))
+    if logits.dtype != torch.float32:
+        logits = buffers.get("fp32", shape, h, torch.float32).copy_(logits)
+    log_probs = torch.log_softmax(logits, dim=-1, out=buffers.get("log_probs", shape, h, torch.float32))
+    return -log_probs.gather(1, y[:, None]).sum()
+
+
 def compiled_chunk_loss() -> ChunkFn:
     """`_chunk_loss` compiled once per process (device.compiled_once): on CUDA the softmax, its fp32 upcast and
     the one-hot subtraction fuse into the kernels around the two matmuls."""
@@ -66,6 +93,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         reduction: str,
         chunk_fn: ChunkFn,
         ignore_index: int | None,
+        buffers: HeadBuffers | None,
     ) -> Tensor:
         need_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
         weight: Tensor | None = None
@@ -82,7 +110,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
         with torch.autocast(h.device.type, enabled=False):
             for start in range(0, n, chunk):
                 part = slice(start, min(n, start + chunk))
-                if weight is None:
+                if weight is None and buffers is not None and not need_grad:
+                    loss, g_h, g_w = _chunk_loss_into(hc[part], wc, y[part], buffers), None, None
+                elif weight is None:
                     loss, g_h, g_w = chunk_fn(hc[part], wc, y[part], need_grad)
                 else:
                     loss, g_h, g_w = chunk_fn(hc[part], wc, y[part], weight[part], need_grad)
@@ -105,7 +135,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_h, grad_w = ctx.saved_tensors
         g = grad_out * ctx.scale
         h_dtype, w_dtype = ctx.dtypes
-        return (grad_h * g.to(grad_h.dtype)).to(h_dtype), (grad_w * g).to(w_dtype), None, None, None, None, None
+        return (grad_h * g.to(grad_h.dtype)).to(h_dtype), (grad_w * g).to(w_dtype), None, None, None, None, None, None
 
 
 def linear_cross_entropy(
@@ -116,11 +146,13 @@ def linear_cross_entropy(
     reduction: str = "mean",
     compiled: bool = False,
     ignore_index: int | None = None,
+    buffers: HeadBuffers | None = None,
 ) -> Tensor:
     """cross_entropy(hidden @ weight.T, targets) for hidden (..., d), weight (vocab, d), targets (...): the
     logits are made in `compute_dtype` (default: hidden's dtype), the loss is accumulated in fp32.
     With `ignore_index`, targets equal to it count for nothing (F.cross_entropy's ignore_index): the mean is over
-    the others, and is 0 where there are none."""
+    the others, and is 0 where there are none. `buffers`: where a loss without a gradient (and without
+    `ignore_index`) makes its chunks' tensors, uncompiled (HeadBuffers)."""
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction must be mean or sum, got {reduction!r}")
     h = hidden.reshape(-1, hidden.shape[-1])
@@ -131,4 +163,7 @@ def linear_cross_entropy(
         chunk_fn = compiled_chunk_loss() if compiled else _chunk_loss
     else:
         chunk_fn = compiled_once(_weighted_chunk_loss) if compiled else _weighted_chunk_loss
-    return _LinearCrossEntropy.apply(h, weight, y, compute_dtype or hidden.dtype, reduction, chunk_fn, ignore_index)
+    if compiled:
+        buffers = None
+    dtype = compute_dtype or hidden.dtype
+    return _LinearCrossEntropy.apply(h, weight, y, dtype, reduction, chunk_fn, ignore_index, buffers)

@@ -152,7 +152,7 @@ def decoder_layer(
     x: torch.Tensor,
     weights: tuple[torch.Tensor | None, ...],
     rope: tuple[torch.Tensor, torch.Tensor] | None,
-    rope_rotation: torch.Tensor | None,
+    rope_rotation: RopeRotation | None,
     alibi: torch.Tensor | None,
     branch_scale: torch.Tensor | float | tuple[torch.Tensor | float, torch.Tensor | float] | None,
     n_heads: int,
@@ -165,7 +165,7 @@ def decoder_layer(
     factor is the float 0.0 does not run (a one-branch pass: ModelConfig.parts).
 
     `weights`: each member's parameters (m, *shape) in LAYER_WEIGHTS order; rope_tables' (cos, sin) or None;
-    `rope_rotation`, the same angles as cos + i sin (T, 1, 1, pairs), or None for apply_rope's real arithmetic;
+    `rope_rotation`, the same angles as rotation tables (RopeRotation), or None for apply_rope's real arithmetic;
     the ALiBi bias or None. A pure function of tensors and three constants, so that one compiled graph per shape
     serves every map and every group of a process (compiled_layer)."""
 
@@ -217,7 +217,7 @@ def attention_branch(
     x: torch.Tensor,
     weights: tuple[torch.Tensor | None, ...],
     rope: tuple[torch.Tensor, torch.Tensor] | None,
-    rope_rotation: torch.Tensor | None,
+    rope_rotation: RopeRotation | None,
     alibi: torch.Tensor | None,
     n_heads: int,
     kv_heads: int,
@@ -241,19 +241,23 @@ def attention_branch(
     qkv = linear(h.reshape(m, B * T, D), qkv_w, adapter_pairs(weights, 0))
     if qkv_b is not None:
         qkv = qkv + qkv_b[:, None, :]
-    if kv_heads == n_heads:
-        qkv = qkv.view(m * B, T, 3, n_heads, head_size)
-        if rope_rotation is not None and q_norm is None and qkv.dtype == torch.float32:
-            # apply_rope's rotation of each (even, odd) pair as one complex product, q and k together: one
-            # kernel forward and one backward instead of seven each for q and for k.
+    q_dim, kv_dim = n_heads * head_size, kv_heads * head_size
+    if rope_rotation is not None and q_norm is None and k_norm is None:
+        cos2, sin2, rotation = rope_rotation
+        if rotation is not None and kv_heads == n_heads and qkv.dtype == torch.float32:
+            # the fused groups' rotation of each (even, odd) pair as one complex product, q and k together
+            qkv = qkv.view(m * B, T, 3, n_heads, head_size)
             pairs = torch.view_as_complex(qkv[:, :, :2].unflatten(-1, (-1, 2)))
-            qk = torch.view_as_real(pairs * rope_rotation).flatten(-2)
+            qk = torch.view_as_real(pairs * rotation).flatten(-2)
             q, k, v = qk[:, :, 0].transpose(1, 2), qk[:, :, 1].transpose(1, 2), qkv[:, :, 2].transpose(1, 2)
-            rope = None  # applied here
-        else:
-            q, k, v = qkv.permute(2, 0, 3, 1, 4)
+        else:  # apply_rope's arithmetic on q and k together, where the matmul wrote them (rotate_pairs)
+            qk = rotate_pairs(qkv[..., : q_dim + kv_dim].reshape(m * B, T, n_heads + kv_heads, head_size), cos2, sin2)
+            q, k = qk[:, :, :n_heads].transpose(1, 2), qk[:, :, n_heads:].transpose(1, 2)
+            v = qkv[..., q_dim + kv_dim :].reshape(m * B, T, kv_heads, head_size).transpose(1, 2)
+        rope = None  # applied here
+    elif kv_heads == n_heads:
+        q, k, v = qkv.view(m * B, T, 3, n_heads, head_size).permute(2, 0, 3, 1, 4)
     else:
-        q_dim, kv_dim = n_heads * head_size, kv_heads * head_size
         q, k, v = (
             t.reshape(m * B, T, -1, head_size).transpose(1, 2) for t in qkv.split((q_dim, kv_dim, kv_dim), dim=-1)
         )
@@ -329,6 +333,31 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     x1, x2 = x.float()[..., 0::2], x.float()[..., 1::2]
     rotated = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
     return rotated.to(x.dtype)
+
+
+def rotate_pairs(x: torch.Tensor, cos2: torch.Tensor, sin2: torch.Tensor) -> torch.Tensor:
+    """apply_rope of x (..., T, heads, head_size) in x's layout, from rope_rotation's (cos2, sin2) (T, 1, head_size):
+    x cos2 + (x with each pair swapped) sin2 in fp32, in x's dtype. Each part has apply_rope's value to the bit: the
+    even one x1 cos + x2 (-sin) = x1 cos - x2 sin (a negated product is exact, and so is adding it), the odd one
+    x2 cos + x1 sin = x1 sin + x2 cos. Four elementwise passes over q and k together instead of seven each over q and
+    over k (and a stack), and the result keeps x's (T, heads) order."""
+    xf = x.float()
+    swapped = xf.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+    return (xf * cos2 + swapped * sin2).to(x.dtype)
+
+
+# rope_rotation: (cos2, sin2), each (T, 1, head_size), the cosine of each pair's angle at both its places and the sine
+# negated at the even place (rotate_pairs), and the complex form cos + i sin (T, 1, 1, pairs) where the fused groups
+# rotate with it (else None).
+RopeRotation = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
+
+
+def rope_rotation(rope: tuple[torch.Tensor, torch.Tensor], complex_rotation: bool) -> RopeRotation:
+    cos, sin = rope
+    T = cos.shape[0]
+    cos2 = cos.repeat_interleave(2, dim=-1).view(T, 1, -1)
+    sin2 = torch.stack((-sin, sin), dim=-1).flatten(-2).view(T, 1, -1)
+    return cos2, sin2, torch.complex(cos, sin).view(T, 1, 1, -1) if complex_rotation else None
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:
@@ -423,16 +452,19 @@ def schedule_positions(
 
 
 # What the layers need of the token positions (position_tables): rope_tables' (cos, sin), the same angles as
-# cos + i sin for decoder_layer's complex rotation (None: apply_rope's real arithmetic), the ALiBi bias; None where
-# the model has none.
-PositionTables = tuple[tuple[torch.Tensor, torch.Tensor] | None, torch.Tensor | None, torch.Tensor | None]
+# decoder_layer's rotation tables (RopeRotation; None: apply_rope's real arithmetic), the ALiBi bias; None where the
+# model has none.
+PositionTables = tuple[tuple[torch.Tensor, torch.Tensor] | None, RopeRotation | None, torch.Tensor | None]
 
 
-def position_tables(cfg: ModelConfig, T: int, device: torch.device, rotation: bool = False) -> PositionTables:
-    """The tables for T token positions; `rotation`: with the complex rotation (decoder_layer's, uncompiled)."""
+def position_tables(
+    cfg: ModelConfig, T: int, device: torch.device, rotation: bool = False, complex_rotation: bool = False
+) -> PositionTables:
+    """The tables for T token positions; `rotation`: with decoder_layer's rotation tables (uncompiled);
+    `complex_rotation`: with the complex form too (the fused groups')."""
     rope = rope_tables(T, cfg.head_size, cfg.rope_base, device) if cfg.pe == "rope" else None
-    rope_rotation = torch.complex(*rope).view(T, 1, 1, -1) if rope is not None and rotation else None
-    return rope, rope_rotation, alibi_bias(cfg.n_heads, T, device) if cfg.pe == "alibi" else None
+    rotation_tables = rope_rotation(rope, complex_rotation) if rope is not None and rotation else None
+    return rope, rotation_tables, alibi_bias(cfg.n_heads, T, device) if cfg.pe == "alibi" else None
 
 
 # The weights of the members that run a schedule position (s, position), (running, *shape) in LAYER_WEIGHTS order
@@ -794,7 +826,8 @@ class ILRTransformer(nn.Module):
         given) where the model has routers."""
         schedule = list(range(self.cfg.n_layers)) if schedule is None else list(schedule)
         positions = schedule_positions(self.cfg, [schedule], None if scales is None else [scales])
-        tables = position_tables(self.cfg, idx.shape[1], idx.device)
+        # uncompiled, RoPE by rotate_pairs; compiled (compile_layers), apply_rope's real arithmetic, which dynamo fuses
+        tables = position_tables(self.cfg, idx.shape[1], idx.device, rotation=self.layer_fn is decoder_layer)
         kept: list[torch.Tensor] | None = None if states is None else []
         args = (start, None if state is None else state[None], kept)
         params = self.member_params()
