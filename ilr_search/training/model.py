@@ -580,11 +580,15 @@ def gated_scale(
 
 def gathered_tables(tables: PositionTables, idx: torch.Tensor) -> PositionTables:
     """The position tables of the tokens at positions idx (B, k), per sequence: RoPE's rows of their positions
-    (B, 1, k, pairs), broadcasting over the heads. ALiBi is refused with capacity (ModelConfig)."""
+    (B, 1, k, pairs) and the rotation tables' rows, broadcasting over the heads. ALiBi is refused with capacity
+    (ModelConfig)."""
     rope, rotation, alibi = tables
     assert alibi is None  # ModelConfig refuses capacity with ALiBi
     rope = None if rope is None else (rope[0][idx][:, None], rope[1][idx][:, None])
-    rotation = None if rotation is None else rotation.squeeze(1).squeeze(1)[idx][:, :, None, None]
+    if rotation is not None:  # rope_rotation's (cos2, sin2) rows (B, k, 1, head_size); the complex form's likewise
+        cos2, sin2, complex_form = rotation
+        gathered = None if complex_form is None else complex_form.squeeze(1).squeeze(1)[idx][:, :, None, None]
+        rotation = (cos2[idx], sin2[idx], gathered)
     return rope, rotation, None
 
 
