@@ -1,7 +1,8 @@
 """One member's forward pass against transformers', side by side in one process: SmolLM2-135M (a GGUF, or the
 transformers folder it converts to) scoring one chunk of held-out windows (32 windows of 256 tokens, batches of 8)
 through the frozen evaluator, fp32 and bf16, beside transformers' LlamaForCausalLM forward of the same batches (the
-same weights, logits and no loss; use_cache off). Issue 57, item 5.
+same weights, logits and no loss; use_cache off), and beside that forward with `labels` (its own fp32 cross-entropy:
+what a user scoring perplexity with transformers runs; the evaluator computes the same loss). Issue 57, item 5.
 
     python benchmarks/forward_speed.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf --label HEAD --out A.json
     python benchmarks/forward_speed.py --folder studies/.cache/gguf-... --label 3e1ded7 --out B.json  # older commits
@@ -128,7 +129,12 @@ def main() -> None:
                 for x in batches:
                     model(input_ids=x, use_cache=False)
 
-        runs[f"ilr_{dtype}"], runs[f"hf_{dtype}"] = ilr, hf_run
+        def hf_loss_run(model=hf, batches=batches):
+            with torch.no_grad():
+                for x in batches:
+                    model(input_ids=x, labels=x, use_cache=False)
+
+        runs[f"ilr_{dtype}"], runs[f"hf_{dtype}"], runs[f"hfloss_{dtype}"] = ilr, hf_run, hf_loss_run
         if args.before_too:
             runs[f"before_{dtype}"] = before_pass((ilr.evaluator, ilr, batches), dtype)
     names = list(runs)
@@ -148,13 +154,14 @@ def main() -> None:
             cpu_seconds[name].append(time.process_time() - c0)
     loads.append(os.getloadavg()[0])
 
-    def ratios_of(times: dict[str, list[float]]) -> dict[str, list[float]]:
+    def ratios_of(times: dict[str, list[float]], against: str = "hf") -> dict[str, list[float]]:
         return {
-            dtype: [h / i for i, h in zip(times[f"ilr_{dtype}"], times[f"hf_{dtype}"], strict=True)]
+            dtype: [h / i for i, h in zip(times[f"ilr_{dtype}"], times[f"{against}_{dtype}"], strict=True)]
             for dtype in ("fp32", "bf16")
         }
 
     ratios, cpu_ratios = ratios_of(seconds), ratios_of(cpu_seconds)
+    loss_ratios = ratios_of(seconds, "hfloss")
     before_over_now = {
         dtype: [b / i for i, b in zip(seconds[f"ilr_{dtype}"], seconds[f"before_{dtype}"], strict=True)]
         for dtype in ("fp32", "bf16")
@@ -186,6 +193,8 @@ def main() -> None:
         "tokens_per_second_median": {name: tokens / statistics.median(s) for name, s in seconds.items()},
         "ratio_per_round": ratios,
         "ratio_median": {dtype: statistics.median(v) for dtype, v in ratios.items()},
+        "ratio_with_loss_per_round": loss_ratios,
+        "ratio_with_loss_median": {dtype: statistics.median(v) for dtype, v in loss_ratios.items()},
         "before_over_now_per_round": before_over_now,
         "before_over_now_median": {dtype: statistics.median(v) for dtype, v in before_over_now.items()},
         "cpu_seconds": cpu_seconds,
@@ -201,7 +210,8 @@ def main() -> None:
             f"{args.label} {dtype}: ilr-search {tps[f'ilr_{dtype}']:.0f} tokens/s, transformers "
             f"{tps[f'hf_{dtype}']:.0f}, ratio {result['ratio_median'][dtype]:.3f} (median of "
             f"{', '.join(f'{v:.2f}' for v in ratios[dtype])}); by CPU time "
-            f"{result['cpu_ratio_median'][dtype]:.3f}"
+            f"{result['cpu_ratio_median'][dtype]:.3f}; against transformers' forward with its loss (labels) "
+            f"{result['ratio_with_loss_median'][dtype]:.3f}"
         )
     for dtype, v in before_over_now.items():
         print(
