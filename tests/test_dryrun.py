@@ -3,6 +3,7 @@ a finished study nothing left, on a partly done one what is left, from a probe o
 
 import dataclasses
 import json
+import os
 
 import optuna
 import pytest
@@ -99,7 +100,8 @@ def test_the_dry_run_of_a_partly_done_study_plans_what_is_left_from_a_positive_p
     assert not plan["race"]["decided"] and plan["race"]["steps_trained"] > 0
     for probe in plan["probe"]:
         assert probe["seconds_per_step"] > 0 and probe["seconds_per_eval"] > 0
-        assert len(probe["step_seconds"]) == 7 and all(s > 0 for s in probe["step_seconds"])
+        assert 1 <= probe["side_by_side"] <= max(1, len(os.sched_getaffinity(0)))  # the run's lanes, as it trains
+        assert len(probe["step_seconds"]) == 7 * probe["side_by_side"] and all(s > 0 for s in probe["step_seconds"])
     assert 0 < plan["estimated_seconds"] <= plan["estimated_seconds_max"]
     text = cli("run", *args, "--n-trials", "4", "--dry-run", check=True).stdout
     assert " 0.0 ms" not in text and "race time" not in text and text.count("estimated time left") == 1

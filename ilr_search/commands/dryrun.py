@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from typing import Any
 
 from ilr_search.analysis.results import has_result
 from ilr_search.commands.autofuse import Layout, describe, resolve_layout
-from ilr_search.commands.layout import process_threads, race_processes
+from ilr_search.commands.layout import on_cpu, process_threads, race_processes, usable_cores
 from ilr_search.config import Dtype, ModelConfig, SpaceConfig, TrainConfig, race_target_steps, races
 from ilr_search.data.tokens import TokenData, cache_key, cache_root, random_tokens
 from ilr_search.records import record_json
@@ -59,7 +60,8 @@ class Probe:
     threads: int | None  # None: torch's default
     seconds_per_step: float  # the median fused step over `fuse`: what one map's step costs the run
     seconds_per_eval: float  # one map's evaluation of the space's eval_windows
-    step_seconds: list[float]  # the timed steps of the whole group, in order
+    step_seconds: list[float]  # the timed steps of the whole group, in order (of each group side by side, in turn)
+    side_by_side: int = 1  # groups trained at once while timed (the run's lanes and workers on a CPU)
 
 
 def timed_steps(
@@ -113,22 +115,42 @@ def probe_schedule(
     data: TokenData,
     fuse: int = 1,
     threads: int | None = None,
+    side_by_side: int = 1,
 ) -> Probe:
     """Time `reuse_map` trained `fuse` at a time on `threads` torch threads (uncompiled), this process's threads
-    set back after."""
+    set back after; with `side_by_side` > 1 that many such groups train at once in threads of this process, as a
+    run's lanes and workers share the machine (its cores' caches and memory, and this process's interpreter), and
+    every group's steps are timed."""
     import torch
 
     schedule = reuse_map_schedule(reuse_map)
+    train = dataclasses.replace(space.train, dtype=dtype)
     before = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
+    timed: list[tuple[list[float], list[float], int]] = []
+    failures: list[BaseException] = []
+
+    def group() -> None:
+        try:
+            timed.append(timed_steps(model, [schedule] * fuse, data, train))
+        except BaseException as e:  # raised again below
+            failures.append(e)
+
     try:
-        steps, evals, windows = timed_steps(
-            model, [schedule] * fuse, data, dataclasses.replace(space.train, dtype=dtype)
-        )
+        others = [threading.Thread(target=group, daemon=True) for _ in range(side_by_side - 1)]
+        for t in others:
+            t.start()
+        group()
+        for t in others:
+            t.join()
     finally:
         torch.set_num_threads(before)
-    per_window = statistics.median(evals) / max(1, windows)
+    if failures:
+        raise failures[0]
+    steps = [s for lane_steps, _, _ in timed for s in lane_steps]
+    evals = [e for _, lane_evals, _ in timed for e in lane_evals]
+    per_window = statistics.median(evals) / max(1, timed[0][2])
     return Probe(
         label,
         reuse_map,
@@ -138,6 +160,7 @@ def probe_schedule(
         statistics.median(steps) / fuse,
         per_window * space.train.eval_windows / fuse,
         steps,
+        side_by_side,
     )
 
 
@@ -617,8 +640,18 @@ def estimate(
     threads = layout.threads if layout.threads is not None else process_threads(space, layout.groups)
     lane_fuse = -(-fuse // layout.lanes)  # each lane trains its share of a group, side by side
     data = random_tokens(plan.model.vocab_size, plan.model.seq_len)
-    baseline = probe_schedule(space, plan.model, [1] * n_layers, "baseline", plan.dtype, data, lane_fuse, threads)
-    costliest = probe_schedule(space, plan.model, costly, "costliest", plan.dtype, data, lane_fuse, threads)
+    # on a CPU the run's lanes (or its race's processes) train side by side: the probes too
+    side = (
+        min(usable_cores(), max(layout.groups * layout.lanes, race_processes(space, layout.groups)))
+        if on_cpu(space)
+        else 1
+    )
+    baseline = probe_schedule(
+        space, plan.model, [1] * n_layers, "baseline", plan.dtype, data, lane_fuse, threads, max(1, side)
+    )
+    costliest = probe_schedule(
+        space, plan.model, costly, "costliest", plan.dtype, data, lane_fuse, threads, max(1, side)
+    )
     span = max(1, costliest.layer_runs - baseline.layer_runs)
 
     def proxy_seconds(layer_runs: float) -> float:
@@ -671,12 +704,18 @@ def estimate(
         total + race_min,
         total + race_max,
         f"from the median of {PROBE_TIMED} timed steps after {PROBE_WARMUP} untimed ones, "
-        "trained as the run trains them; no pruning and no repeated map assumed (both shorten "
+        "trained as the run trains them"
+        + (f" ({side} groups side by side, as its lanes and workers share the CPU)" if side > 1 else "")
+        + "; no pruning and no repeated map assumed (both shorten "
         "a run); an average trial is taken half-way between the baseline and the costliest map; the race's most "
         "prices every recurrent run and the equal-compute model at the costliest map's depth; start-up, storage "
         "writes, tokenizing an uncached corpus, layer compilation and a "
         "changing machine load are not counted"
-        + (f"; {groups} workers are assumed to share the device without slowing each other" if groups > 1 else ""),
+        + (
+            f"; {groups} workers are assumed to share the device without slowing each other"
+            if groups > 1 and side == 1
+            else ""
+        ),
         learn_seconds,
     )
 
