@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args
 
 PositionalEncoding = Literal["nope", "rope", "learned", "alibi"]
@@ -409,6 +410,22 @@ STORED_OMITTED_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+def setting(
+    default: Any = None,
+    help: str = "",
+    *,
+    flag: str | None = None,
+    key: tuple[str, str] | None = None,
+    required: bool = False,
+) -> Any:
+    """A field of a command's settings (commands/api.SpaceOptions, commands/run.RunOptions, ...) that is also its
+    option: the field's name, type and `default` are the option's (`--` + the name with dashes, or `flag`: typer's
+    declaration such as "--compile/--no-compile"), `help` its help; `key`: the space's (section, TOML key) the value
+    overrides; `required`: the command line must give it (the Python API takes `default`). cli/main.py builds every
+    command's options from these fields."""
+    return field(default=default, metadata={"help": help, "flag": flag, "key": key, "required": required})
+
+
 V = TypeVar("V")
 
 
@@ -568,3 +585,247 @@ class StudySettings:
             PrunerSettings.from_dict(pruner),
             pruner_before_calibration="min_spearman" not in pruner,
         )
+
+
+# ----------------------------------------------------------------------------------------------------
+# The commands' settings: each field is an option of the command line (cli/main.py builds them) and a keyword of the
+# Python API alike, declared once here with setting().
+
+Overrides = Mapping[str, Mapping[str, Any]]
+
+STORAGE_HELP = (
+    "Optuna storage URL (sqlite, postgresql, mysql) or journal:PATH. \\[default: sqlite:///studies/ilr-search.db]"
+)
+INIT_HELP = (
+    "Start from a pretrained checkpoint: a folder as transformers' save_pretrained writes it (config.json, "
+    "safetensors, tokenizer.json), a GGUF file (or a folder holding one; converted once, dequantized to "
+    "float32) or hf:NAME. The model takes its architecture and weights, the data its "
+    "tokenizer; the shape flags and --tokenizer go without it."
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelOptions:
+    """The space a command reads and the flags over its model: `flops`' options (what its FLOPs depend on). A flag
+    left None takes the space's value; `space_keys` sets any other key of the space ({section: {key: value}}, under
+    the flags)."""
+
+    space: str | Path | None = setting(
+        help=(
+            "Search-space TOML, or a preset by name (default, paper-small, paper-large, bench-small, "
+            "bench-crossing). \\[default: default]"
+        )
+    )
+    layers: int | None = setting(
+        help="Number of distinct layers L. \\[default: from the space]", key=("model", "layers")
+    )
+    d_model: int | None = setting(help="Model width.", key=("model", "d_model"))
+    heads: int | None = setting(help="Attention heads.", key=("model", "heads"))
+    seq_len: int | None = setting(help="Context length of the proxy.", key=("model", "seq_len"))
+    mlp_ratio: float | None = setting(help="SwiGLU width as a multiple of d_model.", key=("model", "mlp_ratio"))
+    pe: str | None = setting(help="Positional encoding: nope|rope|learned|alibi.", key=("model", "pe"))
+    tokenizer: str | None = setting(
+        help="byte, bpe:N, hf:NAME or file:PATH (a tokenizer.json); sets the model's vocabulary.",
+        key=("data", "tokenizer"),
+    )
+    space_keys: Overrides = dataclasses.field(default_factory=dict)
+
+    def given(self) -> tuple[str, ...]:
+        """The names of the space's flags given, in declaration order."""
+        return tuple(f.name for f in _space_flags(self) if getattr(self, f.name) is not None)
+
+    def overrides(self) -> dict[str, dict[str, Any]]:
+        """What the space is read with (load_space): `space_keys`, and over them the flags given."""
+        merged = {section: dict(values) for section, values in self.space_keys.items()}
+        for f in _space_flags(self):
+            section, key = f.metadata["key"]
+            if getattr(self, f.name) is not None:
+                merged.setdefault(section, {})[key] = getattr(self, f.name)
+        return merged
+
+
+def _space_flags(options: ModelOptions) -> list[dataclasses.Field[Any]]:
+    return [f for f in dataclasses.fields(options) if f.metadata.get("key")]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpaceOptions(ModelOptions):
+    """`train`'s and `run`'s space flags: the model's (ModelOptions), the data's and the training's."""
+
+    data: str | None = setting(
+        help="stdlib (embedded), a local file/folder, or hf:NAME[:CONFIG].", key=("data", "corpus")
+    )
+    text_column: str | None = setting(
+        help="Text column of .jsonl/.parquet/.csv data (with --answer-column: the prompt column).",
+        key=("data", "text_column"),
+    )
+    answer_column: str | None = setting(
+        help=(
+            "Answer column of prompt/answer rows: the loss and validation metrics are on the answer tokens only. "
+            "\\[default: none, the whole text]"
+        ),
+        key=("data", "answer_column"),
+    )
+    choices_column: str | None = setting(
+        help=(
+            "--objective choice: the column of each item's choices (a list; in CSV a JSON list), the correct one "
+            "in --answer-column as its index or its text."
+        ),
+        key=("data", "choices_column"),
+    )
+    tasks_path: str | None = setting(
+        help="--objective lm-eval:TASK: a folder of local lm-eval task YAMLs (their data_files local).",
+        key=("data", "tasks_path"),
+    )
+    steps: int | None = setting(help="Proxy training steps.", key=("train", "steps"))
+    batch_size: int | None = setting(help="Sequences per step.", key=("train", "batch_size"))
+    lr: float | None = setting(help="Peak learning rate.", key=("train", "lr"))
+    seed: int | None = setting(help="Seed of data order and initialisation.", key=("train", "seed"))
+    device: str | None = setting(help="auto|cpu|cuda|mps.", key=("train", "device"))
+    dtype: str | None = setting(
+        help=(
+            "auto|fp32|bf16: training in bf16 autocasts; a frozen evaluation stores its weights in bf16 (auto: "
+            "where the device computes bf16 natively)."
+        ),
+        key=("train", "dtype"),
+    )
+    compile: bool | None = setting(
+        help="Compile each decoder layer. \\[default: auto]", flag="--compile/--no-compile", key=("train", "compile")
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOptions(SpaceOptions):
+    """`ilr-search run`'s settings, the command line's and the Python API's (run_request makes the study's request of
+    them): the space's flags (SpaceOptions) and the run's. A setting left None takes the space's (and on resume the
+    study's)."""
+
+    budget: str = setting(
+        "1.5x",
+        "Forward compute per token: 1.5x or 150% of the all-ones map, or FLOPs like 4.2e6.",
+        required=True,
+    )
+    study: str | None = setting(
+        help="Study name; the same name resumes. \\[default: derived from the configuration]", flag="--study"
+    )
+    storage: str | None = setting(help=STORAGE_HELP)
+    n_trials: int | None = setting(help="Finished trials the study should reach in total. \\[default: from the space]")
+    timeout: float | None = setting(help="Stop starting new trials after this many seconds.")
+    time_budget: str | None = setting(
+        help=(
+            "A wall-clock budget for this invocation of the whole study (trials, reference runs, race): 15m, "
+            "90s, 1h, 1.5h or seconds. No new run starts once it is spent (runs in flight finish); the run ends "
+            "undecided with exit 0 and the same command continues. Never stored with the study. \\[default: "
+            "the space's time_budget, else none]"
+        )
+    )
+    sampler: str | None = setting(help="auto|tpe|nsga2|gp|random|grid. \\[default: auto]")
+    pruner: str | None = setting(
+        help=(
+            "pareto (calibrated: prunes only at rungs that predict the final ranking) | pareto-eager (the "
+            "uncalibrated rule) | median | none. \\[default: pareto]"
+        )
+    )
+    objective: str | None = setting(
+        help=(
+            "pareto (perplexity and FLOPs), ppl (budget as a constraint only), answer (the answer tokens' "
+            "perplexity and FLOPs; needs --answer-column), or task items scored frozen (--init, --train-steps 0), "
+            "each right or wrong: choice (the correct choice's summed log-likelihood the highest, lm-eval's acc; "
+            "--choices-column), exact (greedy decoding to a newline matches the answer after normalising case and "
+            "spaces), lm-eval:TASK (an lm-evaluation-harness task's 0/1 metric per document; extra .[eval])."
+        )
+    )
+    workers: int | None = setting(
+        help=(
+            "Worker processes on this machine, sharing the study and the device (its trials, reference runs and "
+            "race); on a CPU one thread each. \\[default: from the space: one a CPU core in default.toml, else 1, "
+            "or as --fuse auto chooses]"
+        )
+    )
+    fuse: str | None = setting(
+        help=(
+            "Maps trained at once in one fused group (K proxies in lockstep in one process); 1: one at a time; "
+            "auto: K (and on a CPU, workers against threads) from memory and a short probe. A resume reuses the "
+            "study's stored layout unless --fuse or --workers is given. \\[default: from the space, 4 in "
+            "default.toml]"
+        )
+    )
+    knobs: str | None = setting(
+        help=(
+            "Recurrence knobs searched with the map, comma-separated: injection, iteration_encoding, "
+            "iteration_norms, depth_init, repeat_scale, damping, adapters, capacity. \\[default: from the space, "
+            "none in the presets]"
+        )
+    )
+    parts: str | None = setting(
+        help=(
+            "Which part of a repeated layer or block the search proposes, comma-separated: both (the whole layer, "
+            "R), attn (its attention repeated, Ra), mlp (its MLP repeated, Rm). \\[default: from the space, both "
+            "in default.toml]"
+        )
+    )
+    target: str | None = setting(
+        help=(
+            "The length the verdict is about, a multiple of the proxy's steps: contenders are screened and raced "
+            "there (1x: seeds only). \\[default: from the space, 4x]"
+        )
+    )
+    race_seeds: int | None = setting(
+        help=(
+            "Seeds each contender has at the target at its first test (adaptive race: the first screens, the rest "
+            "test; fixed race: seeds at every length). --target 1x --race-seeds 1: no race. \\[default: from the "
+            "space, 3]"
+        )
+    )
+    max_seeds: int | None = setting(
+        help=(
+            "Adaptive race: the most seeds a contender gets at the target; seeds are added while its comparison "
+            "with the baseline is open. \\[default: from the space, 8]"
+        )
+    )
+    max_race_steps: int | None = setting(
+        help=(
+            "A cap on the steps the race trains (0: none); a resume with a larger cap goes on. \\[default: from "
+            "the space, 0]"
+        )
+    )
+    race_policy: str | None = setting(
+        help=(
+            "adaptive (judged at the target, seeds until decided) or fixed (race-seeds at doubled lengths, as "
+            "studies made before it). \\[default: from the space, adaptive]"
+        )
+    )
+    equal_compute: str | None = setting(
+        help=(
+            "depth: also race a plain model as deep as the best contender runs (the same compute, more "
+            "parameters); off. \\[default: from the space, depth]"
+        )
+    )
+    enqueue: str | None = setting(
+        help=(
+            'Your maps, trained first after the baseline, in order, space-separated: "3,2,2,1 4,2,1,1", with knobs '
+            "as --knobs of train takes them (2,1,1,1|injection=add), block maps block:I-J:R (where the study "
+            "searches blocks), blockK (trained as a reference run; a trial where blocks are searched), or a "
+            "mergekit passthrough config FILE.yml of the checkpoint (the map its slices stack, a scale on "
+            "o_proj/down_proj read as damping). Over-budget maps are repaired to the budget. \\[default: the "
+            "space's enqueue list]"
+        )
+    )
+    init: str | None = setting(help=INIT_HELP)
+    train_steps: int | None = setting(
+        help=(
+            "Steps each map trains (--steps under the name a pretrained model's search uses): with --init, 0 "
+            "evaluates each map on the checkpoint's weights as they are (frozen, the race pairs maps by held-out "
+            "window chunk), N continues training them (retrofit). \\[default: from the space]"
+        )
+    )
+    learn: bool = setting(
+        False,
+        (
+            "Also learn a map: one model trained at the widest schedule (every layer max_reuse times) with a gate "
+            "on each extra pass, held within the budget; the passes whose gate ends >= 0.5 are the map, trained "
+            "and raced as a trial. With --n-trials 0: the learned map and the plain model alone. Frozen (--init "
+            "--train-steps 0): only the gates learn, on the select windows."
+        ),
+        flag="--learn",
+    )

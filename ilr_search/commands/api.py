@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ilr_search.config import KNOB_FIELD_DEFAULTS, ModelConfig, SpaceConfig
+from ilr_search.config import KNOB_FIELD_DEFAULTS, ModelConfig, Overrides, SpaceConfig
 from ilr_search.data.tokenizers import check_vocab, model_config
 from ilr_search.data.tokens import load_space_tokens
 from ilr_search.errors import UserInputError
@@ -22,8 +22,6 @@ from ilr_search.training.train import OnStep
 
 if TYPE_CHECKING:
     from ilr_search.commands.recipe import TrainReport
-
-Overrides = Mapping[str, Mapping[str, Any]]
 
 
 def schedule_model(space: SpaceConfig, schedule: Sequence[int], knobs: str | None) -> ModelConfig:
@@ -93,7 +91,7 @@ class TrainOptions:
     (`reuse_map`, `block`, `knobs`; with `from_study`, `map_text` as the study names it), where the model starts
     (`init`) and where it is saved."""
 
-    space: Path | None
+    space: str | Path | None
     overrides: Overrides
     given: tuple[str, ...]
     reuse_map: str | None = None

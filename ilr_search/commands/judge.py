@@ -76,7 +76,12 @@ def judge_request(options: JudgeOptions) -> tuple[RunRequest, list[Candidate]]:
         )
     base_request = run_request(
         RunOptions(
-            options.space, options.overrides, "1x", objective=options.objective, train_steps=0, init=options.init
+            space=options.space,
+            space_keys=options.overrides,
+            budget="1x",
+            objective=options.objective,
+            train_steps=0,
+            init=options.init,
         )
     )
     space = base_request.space
