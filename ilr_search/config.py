@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args
 
+from ilr_search.errors import UserInputError
+
 PositionalEncoding = Literal["nope", "rope", "learned", "alibi"]
 POSITIONAL_ENCODINGS: tuple[PositionalEncoding, ...] = get_args(PositionalEncoding)
 Injection = Literal["none", "add", "gated"]
@@ -631,7 +633,7 @@ class ModelOptions:
     space_keys: Overrides = dataclasses.field(default_factory=dict)
 
     def given(self) -> tuple[str, ...]:
-        """The names of the space's flags given, in declaration order."""
+        """The names of the space's flags given, in declaration order (check_init_flags reads them)."""
         return tuple(f.name for f in _space_flags(self) if getattr(self, f.name) is not None)
 
     def overrides(self) -> dict[str, dict[str, Any]]:
@@ -692,6 +694,104 @@ class SpaceOptions(ModelOptions):
     compile: bool | None = setting(
         help="Compile each decoder layer. \\[default: auto]", flag="--compile/--no-compile", key=("train", "compile")
     )
+
+
+REUSE_MAP_HELP = (
+    "One positive count per layer, e.g. 4,2,1,1, or a block map block:I-J:R (layers I..J, from 0, run R times "
+    "as a block)."
+)
+KNOB_SETTINGS_HELP = (
+    "Recurrence knobs on: injection[=add|gated], iteration_encoding, iteration_norms, depth_init (init for the "
+    "schedule's depth), repeat_scale[=residual|lr], damping=A, adapters=RANK, capacity=C (the fraction of "
+    "tokens each repeated pass runs, in (0, 1]); comma-separated."
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MapOptions:
+    """The map a command runs (`flops`, `train`): a reuse map or block map, or block recurrence, with knob settings,
+    on the space's model or a checkpoint's (`init`)."""
+
+    reuse_map: str | None = setting(help=REUSE_MAP_HELP)
+    block: int | None = setting(help="Block recurrence: the whole stack run K times.")
+    knobs: str | None = setting(help=KNOB_SETTINGS_HELP)
+    init: str | None = setting(help=INIT_HELP)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FlopsOptions(MapOptions, ModelOptions):
+    """`ilr-search flops`'s settings: the map and the space's model."""
+
+
+INIT_REFUSES = ("layers", "d_model", "heads", "mlp_ratio", "pe", "tokenizer")  # what --init's checkpoint sets
+FROM_STUDY_FLAGS = ("steps", "seed", "device", "dtype", "compile")  # what --from-study lets a flag change
+
+
+def check_init_flags(given: tuple[str, ...], init: str | None) -> None:
+    """--init takes the checkpoint's architecture and tokenizer: the options that set them (of the space options
+    `given`) are refused beside it."""
+    refused = [name for name in INIT_REFUSES if init is not None and name in given]
+    if refused:
+        raise UserInputError(f"--init takes the checkpoint's architecture and tokenizer; drop --{_flag(refused[0])}")
+
+
+def _flag(option: str) -> str:
+    return option.replace("_", "-")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainOptions(MapOptions, SpaceOptions):
+    """`ilr-search train`'s settings: the map (MapOptions; with `from_study`, `map_text` as the study names it) on
+    the space's flags (SpaceOptions), where the model starts (`init`) and where it is saved."""
+
+    from_study: str | None = setting(
+        help=(
+            "Train with this study's stored model, data and training settings (--steps, --seed, --device, --dtype "
+            "and --compile may change them)."
+        ),
+        flag="--from-study",
+    )
+    storage: str | None = setting(help="Storage of --from-study. \\[default: sqlite:///studies/ilr-search.db]")
+    map_text: str | None = setting(
+        help=(
+            "With --from-study: the map, as the study names it (2,1,1,1, 2,1,1,1|injection=add, block:1-2:2 or "
+            "block2). \\[default: the front's map of lowest perplexity]"
+        ),
+        flag="--map",
+    )
+    save: Path | None = setting(help="Write the trained model to this folder, in --format.")
+    save_format: str = setting(
+        "native",
+        (
+            "With --save: native (model.safetensors, config.json and the tokenizer; ILRTransformer.load "
+            "reads them, export-model --model re-exports them) or hf (a standard transformers checkpoint of "
+            "the imported family, else llama, its schedule unrolled, with the tokenizer)."
+        ),
+        flag="--format",
+    )
+
+    def check(self) -> None:
+        """The options that do not go together are refused: --from-study takes the study's settings (only
+        FROM_STUDY_FLAGS may change them), --init the checkpoint's."""
+        if self.from_study is not None and self.init is not None:
+            raise UserInputError("--init and --from-study both set the model; give one")
+        if self.save is None and self.save_format != "native":
+            raise UserInputError("--format goes with --save DIR")
+        if self.from_study is None:
+            if self.map_text is not None or self.storage is not None:
+                raise UserInputError(
+                    "--map and --storage go with --from-study; without it give --reuse-map (and --knobs)"
+                )
+            check_init_flags(self.given(), self.init)
+            return
+        given = [name for name in self.given() if name not in FROM_STUDY_FLAGS]
+        if self.reuse_map is not None or self.block is not None or self.knobs is not None:
+            given.insert(0, "reuse_map/block/knobs (use --map)")
+        if given:
+            raise UserInputError(
+                f"--from-study takes the study's settings; drop --{_flag(given[0])} (only --map, "
+                f"{', '.join('--' + f for f in FROM_STUDY_FLAGS)}, --save and --format may be given with it)"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)

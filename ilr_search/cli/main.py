@@ -17,7 +17,15 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ilr_search.cli import ui
-from ilr_search.config import INIT_HELP, STORAGE_HELP, ModelOptions, RunOptions, SpaceOptions
+from ilr_search.config import (
+    STORAGE_HELP,
+    FlopsOptions,
+    ModelOptions,
+    RunOptions,
+    SpaceOptions,
+    TrainOptions,
+    check_init_flags,
+)
 from ilr_search.errors import UserInputError
 from ilr_search.interrupts import recorded
 
@@ -74,12 +82,11 @@ def option_parameters(
 ) -> list[inspect.Parameter]:
     """The command-line options of a settings dataclass (config.setting fields; `names`: only those), as typer reads
     them from a signature: each its field's name, type, default and help (`helps` may say a field's help in the words
-    of another command). The dataclass's own fields come before those it inherits."""
+    of another command). The command's own settings come before the space's (SHARED)."""
     hints = typing.get_type_hints(settings)
-    own = settings.__dict__.get("__annotations__", {})
     fields = [f for f in dataclasses.fields(settings) if "help" in f.metadata and (names is None or f.name in names)]
     parameters = []
-    for f in sorted(fields, key=lambda f: f.name not in own):
+    for f in sorted(fields, key=lambda f: f.name in SHARED):
         hint = hints[f.name]
         if Path in typing.get_args(hint):  # a path the Python API may also give as text
             hint = Path | None
@@ -91,13 +98,14 @@ def option_parameters(
 
 
 KEYWORD = inspect.Parameter.KEYWORD_ONLY
+SHARED = {f.name for f in dataclasses.fields(SpaceOptions)}  # the space's options, listed after a command's own
 
 
 def with_settings(
     settings: type, names: Iterable[str] | None = None, helps: Mapping[str, str] | None = None
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """A decorator giving `command` the options of the dataclass `settings` (option_parameters) around its own
-    parameters (the dataclass's own fields first, then the command's, then those the dataclass inherits); it
+    parameters (the settings' own first, then the command's, then the space's); it
     receives them together as `opts`, one `settings` (the fields it has no option for at their defaults)."""
     parameters = option_parameters(settings, names, helps)
 
@@ -110,17 +118,14 @@ def with_settings(
             return command(opts=settings(**given), **kwargs)
 
         # inspect.signature (and so typer) reads __signature__, which typeshed does not declare on a function
-        declared = settings.__dict__.get("__annotations__", {})  # the settings' own, before the command's flags
-        first = [p for p in parameters if p.name in declared]
-        rest = [p for p in parameters if p.name not in declared]
+        first = [p for p in parameters if p.name not in SHARED]
+        rest = [p for p in parameters if p.name in SHARED]
         wrapper.__signature__ = inspect.Signature(first + own + rest)  # type: ignore[attr-defined]
         return wrapper
 
     return decorate
 
 
-with_space_options = with_settings(SpaceOptions)  # the model's and the training's options
-with_model_options = with_settings(ModelOptions)  # the model's only
 # judge's options: what it evaluates and how (no shape flag: the checkpoint sets the model; no training flag)
 with_judge_options = with_settings(
     SpaceOptions,
@@ -182,28 +187,7 @@ def emit(obj: Any, as_json: bool, render: Callable[[Any], None]) -> None:
         render(obj)
 
 
-ReuseMap = Annotated[
-    str | None,
-    typer.Option(
-        help=(
-            "One positive count per layer, e.g. 4,2,1,1, or a block map block:I-J:R (layers I..J, from 0, run R times "
-            "as a block)."
-        )
-    ),
-]
-Block = Annotated[int | None, typer.Option(help="Block recurrence: the whole stack run K times.")]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
-Init = Annotated[str | None, typer.Option(help=INIT_HELP)]
-KnobSettings = Annotated[
-    str | None,
-    typer.Option(
-        help=(
-            "Recurrence knobs on: injection[=add|gated], iteration_encoding, iteration_norms, depth_init (init for the "
-            "schedule's depth), repeat_scale[=residual|lr], damping=A, adapters=RANK, capacity=C (the fraction of "
-            "tokens each repeated pass runs, in (0, 1]); comma-separated."
-        )
-    ),
-]
 
 
 def map_option(help: str) -> Any:
@@ -216,28 +200,20 @@ def map_option(help: str) -> Any:
 
 @app.command()
 @user_errors
-@with_model_options
-def flops(
-    opts: SpaceOptions,
-    reuse_map: ReuseMap = None,
-    block: Block = None,
-    knobs: KnobSettings = None,
-    init: Init = None,
-    json_out: Json = False,
-) -> None:
+@with_settings(FlopsOptions)
+def flops(opts: FlopsOptions, json_out: Json = False) -> None:
     """Analytic forward FLOPs per token of a reuse map, and its ratio to the all-ones map.
 
     train_flops counts the space's proxy training (its steps and batch size)."""
     from ilr_search.commands.api import flops_report
 
-    check_init(opts, init)
-    emit(flops_report(opts.space, opts.overrides(), reuse_map, block, knobs, init), json_out, ui.print_flops)
+    check_init(opts, opts.init)
+    report = flops_report(opts.space, opts.overrides(), opts.reuse_map, opts.block, opts.knobs, opts.init)
+    emit(report, json_out, ui.print_flops)
 
 
-def check_init(opts: SpaceOptions, init: str | None) -> None:
-    """The options --init refuses (commands.api.check_init_flags), then its note held."""
-    from ilr_search.commands.api import check_init_flags
-
+def check_init(opts: ModelOptions, init: str | None) -> None:
+    """The options --init refuses (config.check_init_flags), then its note held."""
     check_init_flags(opts.given(), init)
     hold_init_note(init)
 
@@ -253,71 +229,18 @@ def hold_init_note(init: str | None) -> None:
 
 @app.command()
 @user_errors
-@with_space_options
-def train(
-    opts: SpaceOptions,
-    reuse_map: ReuseMap = None,
-    block: Block = None,
-    knobs: KnobSettings = None,
-    from_study: Annotated[
-        str | None,
-        typer.Option(
-            "--from-study",
-            help=(
-                "Train with this study's stored model, data and training settings (--steps, --seed, --device, --dtype "
-                "and --compile may change them)."
-            ),
-        ),
-    ] = None,
-    storage: Annotated[
-        str | None, typer.Option(help="Storage of --from-study. \\[default: sqlite:///studies/ilr-search.db]")
-    ] = None,
-    map_: Annotated[
-        str | None,
-        map_option(
-            "With --from-study: the map, as the study names it (2,1,1,1, 2,1,1,1|injection=add, block:1-2:2 or "
-            "block2). \\[default: the front's map of lowest perplexity]"
-        ),
-    ] = None,
-    save: Annotated[Path | None, typer.Option(help="Write the trained model to this folder, in --format.")] = None,
-    save_format: Annotated[
-        str,
-        typer.Option(
-            "--format",
-            help=(
-                "With --save: native (model.safetensors, config.json and the tokenizer; ILRTransformer.load "
-                "reads them, export-model --model re-exports them) or hf (a standard transformers checkpoint of "
-                "the imported family, else llama, its schedule unrolled, with the tokenizer)."
-            ),
-        ),
-    ] = "native",
-    init: Init = None,
-    json_out: Json = False,
-) -> None:
+@with_settings(TrainOptions)
+def train(opts: TrainOptions, json_out: Json = False) -> None:
     """Train one proxy model for a reuse map (or --block K) and report its validation perplexity."""
-    from ilr_search.commands.api import TrainOptions, train_command
+    from ilr_search.commands.api import train_command
 
-    options = TrainOptions(
-        opts.space,
-        opts.overrides(),
-        opts.given(),
-        reuse_map,
-        block,
-        knobs,
-        from_study,
-        storage,
-        map_,
-        save,
-        save_format,
-        init,
-    )
-    options.check()
-    hold_init_note(init)
+    opts.check()
+    hold_init_note(opts.init)
     with ui.step_progress(enabled=True) as on_step:
-        report = train_command(options, on_step, lambda why: ui.hold_note(f"study {from_study}: {why}"))
+        report = train_command(opts, on_step, lambda why: ui.hold_note(f"study {opts.from_study}: {why}"))
     emit(report, json_out, ui.print_train)
-    if save is not None and not json_out:
-        ui.out.print(f"saved the model to {save}")
+    if opts.save is not None and not json_out:
+        ui.out.print(f"saved the model to {opts.save}")
 
 
 def hide_flag_metavars(command: Any) -> None:
