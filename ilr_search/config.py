@@ -520,9 +520,13 @@ class PrunerSettings:
 
 @dataclass(frozen=True)
 class AuditSettings:
-    factor: float = 4.0
-    maps: str = "auto"  # auto | front | top:K | all
-    seeds: int = 1
+    """What `ilr-search audit` retrains (its options; commands/audit.check_settings checks them)."""
+
+    factor: float = setting(4.0, "Retrain at this many times the proxy's steps (at least 1).")
+    maps: str = setting(
+        "auto", "auto (front, baseline, best pruned near the front, random trained maps), front, top:K or all."
+    )
+    seeds: int = setting(1, "Seeds per map (the study's seed first).")
 
 
 def factor_key(factor: float) -> str:
@@ -929,3 +933,68 @@ class RunOptions(SpaceOptions):
         ),
         flag="--learn",
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class JudgeOptions(SpaceOptions):
+    """`ilr-search judge`'s settings: the model, the candidates as given, the run's flags (None: not given) and the
+    space's data and evaluation flags (SpaceOptions; JUDGE_SPACE_OPTIONS names those the command line offers)."""
+
+    init: str = setting(
+        dataclasses.MISSING,
+        (
+            "The model judged: a folder as save_pretrained writes it, a GGUF file (or a folder holding one) or "
+            "hf:NAME; evaluated frozen, as it is."
+        ),
+    )
+    candidates: tuple[str, ...] = setting(
+        dataclasses.MISSING,
+        (
+            "A candidate, repeatable: a reuse map (2,1,1,1), a block map (block:16-27:2), either with "
+            "|damping=A, or a mergekit passthrough YAML that stacks slices of the one model (a scale on "
+            "o_proj/down_proj read as damping)."
+        ),
+        flag="--candidate",
+    )
+    objective: str | None = setting(
+        help=(
+            "What is judged: pareto (held-out text's loss, the default), answer (--answer-column), choice, exact "
+            "or lm-eval:TASK (task items, each right or wrong). As run --objective."
+        )
+    )
+    budget: str | None = setting(
+        help="A FLOPs budget the candidates must fit (1.5x), else refused. \\[default: the costliest candidate's]"
+    )
+    chunks: int | None = setting(
+        help=(
+            "Chunks evaluated at most: chunk 0 orders the candidates, the rest test them, until each comparison "
+            "is decided. \\[default: 16, or as many as the data holds]"
+        )
+    )
+    chunk_size: int | None = setting(
+        help=(
+            "Windows or items a chunk. \\[default: the space's eval_windows, fewer where the items would "
+            "otherwise make fewer than --chunks chunks]"
+        )
+    )
+    study: str | None = setting(
+        help="Study name; the same name resumes. \\[default: derived from the configuration]", flag="--study"
+    )
+    storage: str | None = setting(help=STORAGE_HELP)
+
+
+# judge's space options, in its own words: what it evaluates and how (no shape flag: the checkpoint sets the model;
+# no training flag)
+JUDGE_SPACE_OPTIONS = {
+    "space": "Search-space TOML or preset whose \\[data] and \\[train] settings the judge reads.",
+    "seq_len": "Tokens a held-out window (and an item at most) holds.",
+    "batch_size": "Windows or items evaluated at once.",
+    "seed": "The first chunk evaluated (chunk 0 orders the candidates). \\[default: 0]",
+    "device": "auto|cpu|cuda|mps.",
+    "dtype": "auto|fp32|bf16: the weights' dtype (auto: bf16 where the device computes it natively).",
+    "data": "",
+    "text_column": "",
+    "answer_column": "",
+    "choices_column": "",
+    "tasks_path": "",
+}

@@ -18,8 +18,11 @@ import typer
 
 from ilr_search.cli import ui
 from ilr_search.config import (
+    JUDGE_SPACE_OPTIONS,
     STORAGE_HELP,
+    AuditSettings,
     FlopsOptions,
+    JudgeOptions,
     ModelOptions,
     RunOptions,
     SpaceOptions,
@@ -90,14 +93,24 @@ def option_parameters(
         hint = hints[f.name]
         if Path in typing.get_args(hint):  # a path the Python API may also give as text
             hint = Path | None
+        if typing.get_origin(hint) is tuple:  # a repeatable option
+            hint = list[typing.get_args(hint)[0]]  # type: ignore[misc]  # a type built at run time
         flag = f.metadata["flag"]
-        option = typer.Option(*([flag] if flag else []), help=(helps or {}).get(f.name, f.metadata["help"]))
-        default = inspect.Parameter.empty if f.metadata["required"] else f.default
+        option = typer.Option(*([flag] if flag else []), help=(helps or {}).get(f.name) or f.metadata["help"])
+        required = f.metadata["required"] or f.default is dataclasses.MISSING
+        default = inspect.Parameter.empty if required else f.default
         parameters.append(inspect.Parameter(f.name, KEYWORD, default=default, annotation=Annotated[hint, option]))
     return parameters
 
 
 KEYWORD = inspect.Parameter.KEYWORD_ONLY
+
+
+def as_setting(value: Any) -> Any:
+    """An option's value as its settings field holds it: a repeatable option's list as a tuple."""
+    return tuple(value) if isinstance(value, list) else value
+
+
 SHARED = {f.name for f in dataclasses.fields(SpaceOptions)}  # the space's options, listed after a command's own
 
 
@@ -114,7 +127,7 @@ def with_settings(
 
         @functools.wraps(command)
         def wrapper(**kwargs: Any) -> Any:
-            given = {p.name: kwargs.pop(p.name) for p in parameters}
+            given = {p.name: as_setting(kwargs.pop(p.name)) for p in parameters}
             return command(opts=settings(**given), **kwargs)
 
         # inspect.signature (and so typer) reads __signature__, which typeshed does not declare on a function
@@ -126,29 +139,11 @@ def with_settings(
     return decorate
 
 
-# judge's options: what it evaluates and how (no shape flag: the checkpoint sets the model; no training flag)
+# judge's options: its own, and the space's it reads in its own words
 with_judge_options = with_settings(
-    SpaceOptions,
-    (
-        "space",
-        "seq_len",
-        "batch_size",
-        "seed",
-        "device",
-        "dtype",
-        "data",
-        "text_column",
-        "answer_column",
-        "choices_column",
-        "tasks_path",
-    ),
-    {
-        "space": "Search-space TOML or preset whose \\[data] and \\[train] settings the judge reads.",
-        "seq_len": "Tokens a held-out window (and an item at most) holds.",
-        "batch_size": "Windows or items evaluated at once.",
-        "seed": r"The first chunk evaluated (chunk 0 orders the candidates). \[default: 0]",
-        "dtype": "auto|fp32|bf16: the weights' dtype (auto: bf16 where the device computes it natively).",
-    },
+    JudgeOptions,
+    [*(f.name for f in dataclasses.fields(JudgeOptions) if f.name not in SHARED), *JUDGE_SPACE_OPTIONS],
+    JUDGE_SPACE_OPTIONS,
 )
 
 
@@ -346,74 +341,13 @@ def run(
 @app.command()
 @user_errors
 @with_judge_options
-def judge(
-    opts: SpaceOptions,
-    init: Annotated[
-        str,
-        typer.Option(
-            help=(
-                "The model judged: a folder as save_pretrained writes it, a GGUF file (or a folder holding one) or "
-                "hf:NAME; evaluated frozen, as it is."
-            )
-        ),
-    ],
-    candidate: Annotated[
-        list[str],
-        typer.Option(
-            help=(
-                "A candidate, repeatable: a reuse map (2,1,1,1), a block map (block:16-27:2), either with "
-                "|damping=A, or a mergekit passthrough YAML that stacks slices of the one model (a scale on "
-                "o_proj/down_proj read as damping)."
-            )
-        ),
-    ],
-    objective: Annotated[
-        str | None,
-        typer.Option(
-            help=(
-                "What is judged: pareto (held-out text's loss, the default), answer (--answer-column), choice, exact "
-                "or lm-eval:TASK (task items, each right or wrong). As run --objective."
-            )
-        ),
-    ] = None,
-    budget: Annotated[
-        str | None,
-        typer.Option(
-            help=r"A FLOPs budget the candidates must fit (1.5x), else refused. \[default: the costliest candidate's]"
-        ),
-    ] = None,
-    chunks: Annotated[
-        int | None,
-        typer.Option(
-            help=(
-                "Chunks evaluated at most: chunk 0 orders the candidates, the rest test them, until each comparison "
-                r"is decided. \[default: 16, or as many as the data holds]"
-            )
-        ),
-    ] = None,
-    chunk_size: Annotated[
-        int | None,
-        typer.Option(
-            help=(
-                r"Windows or items a chunk. \[default: the space's eval_windows, fewer where the items would "
-                "otherwise make fewer than --chunks chunks]"
-            )
-        ),
-    ] = None,
-    study: StudyName = None,
-    storage: Storage = None,
-    json_out: Json = False,
-) -> None:
+def judge(opts: JudgeOptions, json_out: Json = False) -> None:
     """Is a candidate (a map, a block, a mergekit config) better than the model it was made from? No search: raced
     against the model on held-out windows or items, paired, until decided; the same command resumes."""
-    from ilr_search.commands.judge import JudgeOptions, judge_request
+    from ilr_search.commands.judge import judge_request
 
-    check_init(opts, init)
-    request, candidates = judge_request(
-        JudgeOptions(
-            init, tuple(candidate), opts.space, opts.overrides(), objective, budget, study, storage, chunks, chunk_size
-        )
-    )
+    check_init(opts, opts.init)
+    request, candidates = judge_request(opts)
     baseline = ",".join("1" * request.space.model.n_layers)
     for c in candidates:
         ui.hold_note(c.line(baseline))
@@ -532,17 +466,11 @@ def export(
 
 @app.command()
 @user_errors
+@with_settings(AuditSettings)
 def audit(
+    opts: AuditSettings,
     study: ReadStudy = None,
     storage: Storage = None,
-    factor: Annotated[float, typer.Option(help="Retrain at this many times the proxy's steps (at least 1).")] = 4.0,
-    maps: Annotated[
-        str,
-        typer.Option(
-            help="auto (front, baseline, best pruned near the front, random trained maps), front, top:K or all."
-        ),
-    ] = "auto",
-    seeds: Annotated[int, typer.Option(help="Seeds per map (the study's seed first).")] = 1,
     fuse: Annotated[
         str,
         typer.Option(help="Runs of one model trained at once in one fused group (the same results); 1: one at a time."),
@@ -552,15 +480,12 @@ def audit(
     """Retrain chosen maps of a study FACTOR times longer and say how far the proxy's ranking holds (resumable)."""
     from ilr_search.commands.audit import run_audit
     from ilr_search.commands.autofuse import parse_fuse
-    from ilr_search.config import AuditSettings
 
     k = parse_fuse(fuse)
     if k == "auto":
         raise UserInputError("audit --fuse takes a number of runs (auto is run's); e.g. --fuse 4")
     with ui.ConsoleReporter(enabled=True) as reporter:
-        report = run_audit(
-            study_or_default(study, storage), storage, AuditSettings(factor, maps, seeds), reporter, fuse=int(k)
-        )
+        report = run_audit(study_or_default(study, storage), storage, opts, reporter, fuse=int(k))
     emit(report, json_out, ui.print_audit)
 
 
