@@ -823,11 +823,11 @@ class RunOptions(SpaceOptions):
             "the space's time_budget, else none]"
         )
     )
-    sampler: str | None = setting(help="auto|tpe|nsga2|gp|random|grid. \\[default: auto]")
+    sampler: str | None = setting(help=f"auto|tpe|nsga2|gp|random|grid. \\[default: {SearchConfig.sampler}]")
     pruner: str | None = setting(
         help=(
             "pareto (calibrated: prunes only at rungs that predict the final ranking) | pareto-eager (the "
-            "uncalibrated rule) | median | none. \\[default: pareto]"
+            f"uncalibrated rule) | median | none. \\[default: {SearchConfig.pruner}]"
         )
     )
     objective: str | None = setting(
@@ -850,8 +850,8 @@ class RunOptions(SpaceOptions):
         help=(
             "Maps trained at once in one fused group (K proxies in lockstep in one process); 1: one at a time; "
             "auto: K (and on a CPU, workers against threads) from memory and a short probe. A resume reuses the "
-            "study's stored layout unless --fuse or --workers is given. \\[default: from the space, 4 in "
-            "default.toml]"
+            "study's stored layout unless --fuse or --workers is given. \\[default: from the space, "
+            f"{SearchConfig.fuse} in default.toml]"
         )
     )
     knobs: str | None = setting(
@@ -864,45 +864,46 @@ class RunOptions(SpaceOptions):
     parts: str | None = setting(
         help=(
             "Which part of a repeated layer or block the search proposes, comma-separated: both (the whole layer, "
-            "R), attn (its attention repeated, Ra), mlp (its MLP repeated, Rm). \\[default: from the space, both "
+            f"R), attn (its attention repeated, Ra), mlp (its MLP repeated, Rm). \\[default: from the space, "
+            f"{','.join(SearchConfig.parts)} "
             "in default.toml]"
         )
     )
     target: str | None = setting(
         help=(
             "The length the verdict is about, a multiple of the proxy's steps: contenders are screened and raced "
-            "there (1x: seeds only). \\[default: from the space, 4x]"
+            f"there (1x: seeds only). \\[default: from the space, {SearchConfig.target:g}x]"
         )
     )
     race_seeds: int | None = setting(
         help=(
             "Seeds each contender has at the target at its first test (adaptive race: the first screens, the rest "
             "test; fixed race: seeds at every length). --target 1x --race-seeds 1: no race. \\[default: from the "
-            "space, 3]"
+            f"space, {SearchConfig.race_seeds}]"
         )
     )
     max_seeds: int | None = setting(
         help=(
             "Adaptive race: the most seeds a contender gets at the target; seeds are added while its comparison "
-            "with the baseline is open. \\[default: from the space, 8]"
+            f"with the baseline is open. \\[default: from the space, {SearchConfig.max_seeds}]"
         )
     )
     max_race_steps: int | None = setting(
         help=(
             "A cap on the steps the race trains (0: none); a resume with a larger cap goes on. \\[default: from "
-            "the space, 0]"
+            f"the space, {SearchConfig.max_race_steps}]"
         )
     )
     race_policy: str | None = setting(
         help=(
             "adaptive (judged at the target, seeds until decided) or fixed (race-seeds at doubled lengths, as "
-            "studies made before it). \\[default: from the space, adaptive]"
+            f"studies made before it). \\[default: from the space, {SearchConfig.race_policy}]"
         )
     )
     equal_compute: str | None = setting(
         help=(
             "depth: also race a plain model as deep as the best contender runs (the same compute, more "
-            "parameters); off. \\[default: from the space, depth]"
+            f"parameters); off. \\[default: from the space, {SearchConfig.equal_compute}]"
         )
     )
     enqueue: str | None = setting(
