@@ -25,6 +25,7 @@ from ilr_search.config import (
     JudgeOptions,
     ModelOptions,
     RunOptions,
+    SearchConfig,
     SpaceOptions,
     TrainOptions,
     check_init_flags,
@@ -574,7 +575,7 @@ def bench_replay(
         typer.Option(
             help=(
                 "With --policy race or race-fixed: maps raced beyond their first result, the baseline among them. "
-                "\\[default: 3 for race (a default study), 6 for race-fixed]"
+                f"\\[default: {SearchConfig.race_contenders} for race (a default study), 6 for race-fixed]"
             )
         ),
     ] = None,
