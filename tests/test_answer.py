@@ -16,7 +16,7 @@ from ilr_search.analysis.race_core import (
 )
 
 BASE = "1,1,1,1"
-SETTINGS = RaceSettings(100, 400, seeds=tuple(range(6)))
+SETTINGS = RaceSettings(100, 400, seeds=tuple(range(6)), race_contenders=6)
 GAP = DetectableGap(nats=0.02, ppl=0.21, power=0.8, seeds=5, sd_diff=0.01, level=0.05)
 SIGNED = re.compile(r"(?<![\w.])[+-]\d")  # a number with a bare sign
 

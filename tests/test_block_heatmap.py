@@ -257,7 +257,7 @@ def test_a_study_without_blocks_is_one_error_line(cli, tmp_path, recurrent_check
 
 
 def test_knobs_make_panels_of_their_own_and_the_colour_is_clipped_at_a_catastrophe():
-    settings = RaceSettings(0, 0, seeds=(0, 1, 2), frozen=True)
+    settings = RaceSettings(0, 0, seeds=(0, 1, 2), race_contenders=6, frozen=True)
 
     def result(key, seed, loss, ratio=1.5):
         return StoredResult(key, ratio, 0, seed, "constant", loss, math.exp(loss) if loss else None, None, "trial 0")
@@ -312,7 +312,7 @@ def synthetic_block_report(n_layers=30):
     in steps of 2 run twice (layer-scan's scan), some run 3 times, on chunk 0; the 12 best raced on chunks 1-4; the
     plain model; a catastrophe or two."""
     plain = ",".join(["1"] * n_layers)
-    settings = RaceSettings(0, 0, seeds=(0, 1, 2, 3, 4), frozen=True)
+    settings = RaceSettings(0, 0, seeds=(0, 1, 2, 3, 4), race_contenders=6, frozen=True)
     keys = [f"block:{i}-{j}:2" for i in range(0, n_layers, 2) for j in range(i + 3, n_layers, 2)][:105]
     keys += [f"block:{i}-{i + 1}:3" for i in range(0, n_layers - 1, 3)]
     results, trials = [], []

@@ -55,7 +55,7 @@ def test_an_unversioned_stored_config_reads_as_version_0_with_the_settings_it_ra
     config = StoredConfig.from_dict(stored)
     made_from = load_space(ROOT / "tests" / "fixtures" / "space-eeb668a.toml")
     space = config.space
-    assert config.schema_version == 0 and config.init_depth == 0 and config.budget_text == "1.5x"
+    assert config.schema_version == 0 and config.init_depth == 0 and config.budget.text == "1.5x"
     assert space.data == made_from.data
     # the knobs off (the model of that commit), max_reuse as stored (the model's tables cover the search's)
     assert space.model == ModelConfig(**{**dataclasses.asdict(made_from.model), "max_reuse": 3})

@@ -118,7 +118,7 @@ def test_a_map_dominated_at_two_seeds_is_eliminated_and_a_tied_one_kept():
             return 2.0 + (0.05 if seed % 2 else -0.05)  # the baseline's mean, with a large alternating spread
         return 2.0 + noise[seed] * 0.1
 
-    settings = RaceSettings(100, 400, policy="fixed", seeds=(0, 1, 2))
+    settings = RaceSettings(100, 400, policy="fixed", seeds=(0, 1, 2), race_contenders=6)
     waves, evaluations, state = run_race(loss, flops, settings)
     assert "3,1,1,1" in state.eliminated and state.eliminated["3,1,1,1"].startswith(
         f"{BASE} better than 3,1,1,1 at 100"
@@ -135,7 +135,7 @@ def test_promotion_in_order_seeds_before_length_and_lengths_in_order():
     rng = random.Random(3)
     table = {(k, s, seed): 2.0 + rng.gauss(0, 0.05) for k in flops for s in (100, 200, 400) for seed in (0, 1, 2)}
     waves, evaluations, state = run_race(
-        lambda k, s, seed: table[(k, s, seed)], flops, RaceSettings(100, 400, policy="fixed")
+        lambda k, s, seed: table[(k, s, seed)], flops, RaceSettings(100, 400, policy="fixed", race_contenders=6)
     )
     order = [(j.steps, j.seed) for wave in waves for j in wave]
     assert order == sorted(order)  # lengths in order, and within a length seeds in order
@@ -167,7 +167,7 @@ def test_contenders_are_the_base_front_capped_with_the_baseline_always():
 
 
 def test_missing_base_results_come_first_and_a_diverged_map_is_eliminated():
-    settings = RaceSettings(100, 400, policy="fixed")
+    settings = RaceSettings(100, 400, policy="fixed", race_contenders=6)
     state = race_state([Evaluation("2,1,1,1", 1.25, 200, 1, 2.0)], settings, BASE)
     assert set(state.next_jobs) == {RaceJob(BASE, 100, 0), RaceJob("2,1,1,1", 100, 0)} and not state.done
     state = race_state([Evaluation(BASE, 1.0, 100, 0, 2.0), Evaluation("2,1,1,1", 1.25, 100, 0, None)], settings, BASE)
@@ -184,7 +184,7 @@ def hand_race(gap: float, spread: float, n_seeds: int = 3) -> object:
         base = 2.0 - 0.1 * math.log2(steps / 100)
         return base + (gap + offsets[seed] if key != BASE else 0.001 * seed)
 
-    return run_race(loss, flops, RaceSettings(100, 400, policy="fixed", seeds=tuple(range(n_seeds))))
+    return run_race(loss, flops, RaceSettings(100, 400, policy="fixed", seeds=tuple(range(n_seeds)), race_contenders=6))
 
 
 def test_front_confirmed_and_verdict_when_a_map_beats_the_baseline():

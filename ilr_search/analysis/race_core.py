@@ -13,7 +13,7 @@ from typing import Any, Literal
 from ilr_search.analysis.pareto import non_dominated, non_dominated_ranks
 from ilr_search.analysis.sequential import TestKind
 from ilr_search.analysis.stats import seed_interval
-from ilr_search.config import RacePolicy, races
+from ilr_search.config import RacePolicy, SearchConfig, races
 from ilr_search.records import record_json
 
 
@@ -96,7 +96,7 @@ class RaceSettings:
     target_steps: int
     seeds: tuple[int, ...] = (0, 1, 2)
     confidence: float = 0.9
-    race_contenders: int = 6
+    race_contenders: int = SearchConfig.race_contenders
     policy: RacePolicy = "adaptive"
     race_seeds: int = 3
     race_screen: int = 12

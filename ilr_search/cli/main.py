@@ -9,14 +9,27 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+import typing
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from ilr_search.cli import ui
+from ilr_search.config import (
+    JUDGE_SPACE_OPTIONS,
+    STORAGE_HELP,
+    AuditSettings,
+    FlopsOptions,
+    JudgeOptions,
+    ModelOptions,
+    RunOptions,
+    SearchConfig,
+    SpaceOptions,
+    TrainOptions,
+    check_init_flags,
+)
 from ilr_search.errors import UserInputError
 from ilr_search.interrupts import recorded
 
@@ -68,191 +81,71 @@ def application(
 # model's (its shape and vocabulary: what its FLOPs depend on), train and run the training's too.
 
 
-@dataclass
-class SpaceOptions:
-    space: Path | None = None
-    layers: int | None = None
-    d_model: int | None = None
-    heads: int | None = None
-    seq_len: int | None = None
-    mlp_ratio: float | None = None
-    pe: str | None = None
-    tokenizer: str | None = None
-    data: str | None = None  # the training options: None in flops, which has none of them
-    text_column: str | None = None
-    answer_column: str | None = None
-    choices_column: str | None = None
-    tasks_path: str | None = None
-    steps: int | None = None
-    batch_size: int | None = None
-    lr: float | None = None
-    seed: int | None = None
-    device: str | None = None
-    dtype: str | None = None
-    compile: bool | None = None
-
-    def given(self) -> tuple[str, ...]:
-        """The names of the options given, in declaration order."""
-        return tuple(f.name for f in dataclasses.fields(self) if getattr(self, f.name) is not None)
-
-    def overrides(self) -> dict[str, dict[str, Any]]:
-        return {
-            "model": {
-                "layers": self.layers,
-                "d_model": self.d_model,
-                "heads": self.heads,
-                "seq_len": self.seq_len,
-                "mlp_ratio": self.mlp_ratio,
-                "pe": self.pe,
-            },
-            "data": {
-                "corpus": self.data,
-                "tokenizer": self.tokenizer,
-                "text_column": self.text_column,
-                "answer_column": self.answer_column,
-                "choices_column": self.choices_column,
-                "tasks_path": self.tasks_path,
-            },
-            "train": {
-                "steps": self.steps,
-                "batch_size": self.batch_size,
-                "lr": self.lr,
-                "seed": self.seed,
-                "device": self.device,
-                "dtype": self.dtype,
-                "compile": self.compile,
-            },
-        }
+def option_parameters(
+    settings: type, names: Iterable[str] | None = None, helps: Mapping[str, str] | None = None
+) -> list[inspect.Parameter]:
+    """The command-line options of a settings dataclass (config.setting fields; `names`: only those), as typer reads
+    them from a signature: each its field's name, type, default and help (`helps` may say a field's help in the words
+    of another command). The command's own settings come before the space's (SHARED)."""
+    hints = typing.get_type_hints(settings)
+    fields = [f for f in dataclasses.fields(settings) if "help" in f.metadata and (names is None or f.name in names)]
+    parameters = []
+    for f in sorted(fields, key=lambda f: f.name in SHARED):
+        hint = hints[f.name]
+        if Path in typing.get_args(hint):  # a path the Python API may also give as text
+            hint = Path | None
+        if typing.get_origin(hint) is tuple:  # a repeatable option
+            hint = list[typing.get_args(hint)[0]]  # type: ignore[misc]  # a type built at run time
+        flag = f.metadata["flag"]
+        option = typer.Option(*([flag] if flag else []), help=(helps or {}).get(f.name) or f.metadata["help"])
+        required = f.metadata["required"] or f.default is dataclasses.MISSING
+        default = inspect.Parameter.empty if required else f.default
+        parameters.append(inspect.Parameter(f.name, KEYWORD, default=default, annotation=Annotated[hint, option]))
+    return parameters
 
 
-def _model_option_signature(
-    space: Annotated[
-        Path | None,
-        typer.Option(
-            help=(
-                "Search-space TOML, or a preset by name (default, paper-small, paper-large, bench-small, "
-                "bench-crossing). \\[default: default]"
-            )
-        ),
-    ] = None,
-    layers: Annotated[int | None, typer.Option(help="Number of distinct layers L. \\[default: from the space]")] = None,
-    d_model: Annotated[int | None, typer.Option(help="Model width.")] = None,
-    heads: Annotated[int | None, typer.Option(help="Attention heads.")] = None,
-    seq_len: Annotated[int | None, typer.Option(help="Context length of the proxy.")] = None,
-    mlp_ratio: Annotated[float | None, typer.Option(help="SwiGLU width as a multiple of d_model.")] = None,
-    pe: Annotated[str | None, typer.Option(help="Positional encoding: nope|rope|learned|alibi.")] = None,
-    tokenizer: Annotated[
-        str | None,
-        typer.Option(help="byte, bpe:N, hf:NAME or file:PATH (a tokenizer.json); sets the model's vocabulary."),
-    ] = None,
-) -> None: ...
+KEYWORD = inspect.Parameter.KEYWORD_ONLY
 
 
-def _training_option_signature(
-    data: Annotated[
-        str | None, typer.Option(help="stdlib (embedded), a local file/folder, or hf:NAME[:CONFIG].")
-    ] = None,
-    text_column: Annotated[
-        str | None,
-        typer.Option(help="Text column of .jsonl/.parquet/.csv data (with --answer-column: the prompt column)."),
-    ] = None,
-    answer_column: Annotated[
-        str | None,
-        typer.Option(
-            help=(
-                "Answer column of prompt/answer rows: the loss and validation metrics are on the answer tokens only. "
-                "\\[default: none, the whole text]"
-            )
-        ),
-    ] = None,
-    choices_column: Annotated[
-        str | None,
-        typer.Option(
-            help=(
-                "--objective choice: the column of each item's choices (a list; in CSV a JSON list), the correct one "
-                "in --answer-column as its index or its text."
-            )
-        ),
-    ] = None,
-    tasks_path: Annotated[
-        str | None,
-        typer.Option(help="--objective lm-eval:TASK: a folder of local lm-eval task YAMLs (their data_files local)."),
-    ] = None,
-    steps: Annotated[int | None, typer.Option(help="Proxy training steps.")] = None,
-    batch_size: Annotated[int | None, typer.Option(help="Sequences per step.")] = None,
-    lr: Annotated[float | None, typer.Option(help="Peak learning rate.")] = None,
-    seed: Annotated[int | None, typer.Option(help="Seed of data order and initialisation.")] = None,
-    device: Annotated[str | None, typer.Option(help="auto|cpu|cuda|mps.")] = None,
-    dtype: Annotated[
-        str | None,
-        typer.Option(
-            help=(
-                "auto|fp32|bf16: training in bf16 autocasts; a frozen evaluation stores its weights in bf16 (auto: "
-                "where the device computes bf16 natively)."
-            )
-        ),
-    ] = None,
-    compile: Annotated[
-        bool | None, typer.Option("--compile/--no-compile", help="Compile each decoder layer. \\[default: auto]")
-    ] = None,
-) -> None: ...
+def as_setting(value: Any) -> Any:
+    """An option's value as its settings field holds it: a repeatable option's list as a tuple."""
+    return tuple(value) if isinstance(value, list) else value
 
 
-_MODEL_OPTIONS = inspect.signature(_model_option_signature).parameters
-_SHARED = {**_MODEL_OPTIONS, **inspect.signature(_training_option_signature).parameters}  # train's and run's
+SHARED = {f.name for f in dataclasses.fields(SpaceOptions)}  # the space's options, listed after a command's own
 
 
-def _with_options(options: Mapping[str, inspect.Parameter]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """A decorator giving `command` the `options`; it receives them together as `opts: SpaceOptions` (the
-    options it lacks None)."""
+def with_settings(
+    settings: type, names: Iterable[str] | None = None, helps: Mapping[str, str] | None = None
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A decorator giving `command` the options of the dataclass `settings` (option_parameters) around its own
+    parameters (the settings' own first, then the command's, then the space's); it
+    receives them together as `opts`, one `settings` (the fields it has no option for at their defaults)."""
+    parameters = option_parameters(settings, names, helps)
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
-        own = [p for name, p in inspect.signature(command).parameters.items() if name != "opts"]
+        own = [p.replace(kind=KEYWORD) for name, p in inspect.signature(command).parameters.items() if name != "opts"]
 
         @functools.wraps(command)
         def wrapper(**kwargs: Any) -> Any:
-            shared = {name: kwargs.pop(name) for name in options}
-            return command(opts=SpaceOptions(**shared), **kwargs)
+            given = {p.name: as_setting(kwargs.pop(p.name)) for p in parameters}
+            return command(opts=settings(**given), **kwargs)
 
         # inspect.signature (and so typer) reads __signature__, which typeshed does not declare on a function
-        wrapper.__signature__ = inspect.Signature(own + list(options.values()))  # type: ignore[attr-defined]
+        first = [p for p in parameters if p.name not in SHARED]
+        rest = [p for p in parameters if p.name in SHARED]
+        wrapper.__signature__ = inspect.Signature(first + own + rest)  # type: ignore[attr-defined]
         return wrapper
 
     return decorate
 
 
-with_space_options = _with_options(_SHARED)  # the model's and the training's options
-with_model_options = _with_options(_MODEL_OPTIONS)  # the model's only
-
-
-def _judge_option_signature(
-    space: Annotated[
-        Path | None,
-        typer.Option(help="Search-space TOML or preset whose \\[data] and \\[train] settings the judge reads."),
-    ] = None,
-    seq_len: Annotated[int | None, typer.Option(help="Tokens a held-out window (and an item at most) holds.")] = None,
-    batch_size: Annotated[int | None, typer.Option(help="Windows or items evaluated at once.")] = None,
-    seed: Annotated[
-        int | None, typer.Option(help=r"The first chunk evaluated (chunk 0 orders the candidates). \[default: 0]")
-    ] = None,
-    device: Annotated[str | None, typer.Option(help="auto|cpu|cuda|mps.")] = None,
-    dtype: Annotated[
-        str | None,
-        typer.Option(help="auto|fp32|bf16: the weights' dtype (auto: bf16 where the device computes it natively)."),
-    ] = None,
-) -> None: ...
-
-
-# judge's options: what it evaluates and how (no shape flag: the checkpoint sets the model; no training flag)
-_JUDGE = {
-    **inspect.signature(_judge_option_signature).parameters,
-    **{
-        name: p
-        for name, p in inspect.signature(_training_option_signature).parameters.items()
-        if name in ("data", "text_column", "answer_column", "choices_column", "tasks_path")
-    },
-}
-with_judge_options = _with_options(_JUDGE)
+# judge's options: its own, and the space's it reads in its own words
+with_judge_options = with_settings(
+    JudgeOptions,
+    [*(f.name for f in dataclasses.fields(JudgeOptions) if f.name not in SHARED), *JUDGE_SPACE_OPTIONS],
+    JUDGE_SPACE_OPTIONS,
+)
 
 
 def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -290,38 +183,7 @@ def emit(obj: Any, as_json: bool, render: Callable[[Any], None]) -> None:
         render(obj)
 
 
-ReuseMap = Annotated[
-    str | None,
-    typer.Option(
-        help=(
-            "One positive count per layer, e.g. 4,2,1,1, or a block map block:I-J:R (layers I..J, from 0, run R times "
-            "as a block)."
-        )
-    ),
-]
-Block = Annotated[int | None, typer.Option(help="Block recurrence: the whole stack run K times.")]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
-Init = Annotated[
-    str | None,
-    typer.Option(
-        help=(
-            "Start from a pretrained checkpoint: a folder as transformers' save_pretrained writes it (config.json, "
-            "safetensors, tokenizer.json), a GGUF file (or a folder holding one; converted once, dequantized to "
-            "float32) or hf:NAME. The model takes its architecture and weights, the data its "
-            "tokenizer; the shape flags and --tokenizer go without it."
-        )
-    ),
-]
-KnobSettings = Annotated[
-    str | None,
-    typer.Option(
-        help=(
-            "Recurrence knobs on: injection[=add|gated], iteration_encoding, iteration_norms, depth_init (init for the "
-            "schedule's depth), repeat_scale[=residual|lr], damping=A, adapters=RANK, capacity=C (the fraction of "
-            "tokens each repeated pass runs, in (0, 1]); comma-separated."
-        )
-    ),
-]
 
 
 def map_option(help: str) -> Any:
@@ -334,28 +196,20 @@ def map_option(help: str) -> Any:
 
 @app.command()
 @user_errors
-@with_model_options
-def flops(
-    opts: SpaceOptions,
-    reuse_map: ReuseMap = None,
-    block: Block = None,
-    knobs: KnobSettings = None,
-    init: Init = None,
-    json_out: Json = False,
-) -> None:
+@with_settings(FlopsOptions)
+def flops(opts: FlopsOptions, json_out: Json = False) -> None:
     """Analytic forward FLOPs per token of a reuse map, and its ratio to the all-ones map.
 
     train_flops counts the space's proxy training (its steps and batch size)."""
     from ilr_search.commands.api import flops_report
 
-    check_init(opts, init)
-    emit(flops_report(opts.space, opts.overrides(), reuse_map, block, knobs, init), json_out, ui.print_flops)
+    check_init(opts, opts.init)
+    report = flops_report(opts.space, opts.overrides(), opts.reuse_map, opts.block, opts.knobs, opts.init)
+    emit(report, json_out, ui.print_flops)
 
 
-def check_init(opts: SpaceOptions, init: str | None) -> None:
-    """The options --init refuses (commands.api.check_init_flags), then its note held."""
-    from ilr_search.commands.api import check_init_flags
-
+def check_init(opts: ModelOptions, init: str | None) -> None:
+    """The options --init refuses (config.check_init_flags), then its note held."""
     check_init_flags(opts.given(), init)
     hold_init_note(init)
 
@@ -371,71 +225,18 @@ def hold_init_note(init: str | None) -> None:
 
 @app.command()
 @user_errors
-@with_space_options
-def train(
-    opts: SpaceOptions,
-    reuse_map: ReuseMap = None,
-    block: Block = None,
-    knobs: KnobSettings = None,
-    from_study: Annotated[
-        str | None,
-        typer.Option(
-            "--from-study",
-            help=(
-                "Train with this study's stored model, data and training settings (--steps, --seed, --device, --dtype "
-                "and --compile may change them)."
-            ),
-        ),
-    ] = None,
-    storage: Annotated[
-        str | None, typer.Option(help="Storage of --from-study. \\[default: sqlite:///studies/ilr-search.db]")
-    ] = None,
-    map_: Annotated[
-        str | None,
-        map_option(
-            "With --from-study: the map, as the study names it (2,1,1,1, 2,1,1,1|injection=add, block:1-2:2 or "
-            "block2). \\[default: the front's map of lowest perplexity]"
-        ),
-    ] = None,
-    save: Annotated[Path | None, typer.Option(help="Write the trained model to this folder, in --format.")] = None,
-    save_format: Annotated[
-        str,
-        typer.Option(
-            "--format",
-            help=(
-                "With --save: native (model.safetensors, config.json and the tokenizer; ILRTransformer.load "
-                "reads them, export-model --model re-exports them) or hf (a standard transformers checkpoint of "
-                "the imported family, else llama, its schedule unrolled, with the tokenizer)."
-            ),
-        ),
-    ] = "native",
-    init: Init = None,
-    json_out: Json = False,
-) -> None:
+@with_settings(TrainOptions)
+def train(opts: TrainOptions, json_out: Json = False) -> None:
     """Train one proxy model for a reuse map (or --block K) and report its validation perplexity."""
-    from ilr_search.commands.api import TrainOptions, train_command
+    from ilr_search.commands.api import train_command
 
-    options = TrainOptions(
-        opts.space,
-        opts.overrides(),
-        opts.given(),
-        reuse_map,
-        block,
-        knobs,
-        from_study,
-        storage,
-        map_,
-        save,
-        save_format,
-        init,
-    )
-    options.check()
-    hold_init_note(init)
+    opts.check()
+    hold_init_note(opts.init)
     with ui.step_progress(enabled=True) as on_step:
-        report = train_command(options, on_step, lambda why: ui.hold_note(f"study {from_study}: {why}"))
+        report = train_command(opts, on_step, lambda why: ui.hold_note(f"study {opts.from_study}: {why}"))
     emit(report, json_out, ui.print_train)
-    if save is not None and not json_out:
-        ui.out.print(f"saved the model to {save}")
+    if opts.save is not None and not json_out:
+        ui.out.print(f"saved the model to {opts.save}")
 
 
 def hide_flag_metavars(command: Any) -> None:
@@ -490,12 +291,7 @@ def console_main() -> None:
     os._exit(code)
 
 
-Storage = Annotated[
-    str | None,
-    typer.Option(
-        help="Optuna storage URL (sqlite, postgresql, mysql) or journal:PATH. \\[default: sqlite:///studies/ilr-search.db]"
-    ),
-]
+Storage = Annotated[str | None, typer.Option(help=STORAGE_HELP)]
 StudyName = Annotated[
     str | None,
     typer.Option("--study", help="Study name; the same name resumes. \\[default: derived from the configuration]"),
@@ -504,92 +300,9 @@ StudyName = Annotated[
 
 @app.command()
 @user_errors
-@with_space_options
+@with_settings(RunOptions)
 def run(
-    opts: SpaceOptions,
-    budget: Annotated[
-        str, typer.Option(help="Forward compute per token: 1.5x or 150% of the all-ones map, or FLOPs like 4.2e6.")
-    ],
-    study: StudyName = None,
-    storage: Storage = None,
-    n_trials: Annotated[
-        int | None, typer.Option(help="Finished trials the study should reach in total. \\[default: from the space]")
-    ] = None,
-    timeout: Annotated[float | None, typer.Option(help="Stop starting new trials after this many seconds.")] = None,
-    time_budget: Annotated[
-        str | None,
-        typer.Option(
-            help=(
-                "A wall-clock budget for this invocation of the whole study (trials, reference runs, race): 15m, "
-                "90s, 1h, 1.5h or seconds. No new run starts once it is spent (runs in flight finish); the run ends "
-                "undecided with exit 0 and the same command continues. Never stored with the study. \\[default: "
-                "the space's time_budget, else none]"
-            )
-        ),
-    ] = None,
-    sampler: Annotated[str | None, typer.Option(help="auto|tpe|nsga2|gp|random|grid. \\[default: auto]")] = None,
-    pruner: Annotated[
-        str | None,
-        typer.Option(
-            help=(
-                "pareto (calibrated: prunes only at rungs that predict the final ranking) | pareto-eager (the "
-                "uncalibrated rule) | median | none. \\[default: pareto]"
-            )
-        ),
-    ] = None,
-    objective: Annotated[
-        str | None,
-        typer.Option(
-            help=(
-                "pareto (perplexity and FLOPs), ppl (budget as a constraint only), answer (the answer tokens' "
-                "perplexity and FLOPs; needs --answer-column), or task items scored frozen (--init, --train-steps 0), "
-                "each right or wrong: choice (the correct choice's summed log-likelihood the highest, lm-eval's acc; "
-                "--choices-column), exact (greedy decoding to a newline matches the answer after normalising case and "
-                "spaces), lm-eval:TASK (an lm-evaluation-harness task's 0/1 metric per document; extra .[eval])."
-            )
-        ),
-    ] = None,
-    workers: Annotated[
-        int | None,
-        typer.Option(
-            help=(
-                "Worker processes on this machine, sharing the study and the device (its trials, reference runs and "
-                "race); on a CPU one thread each. \\[default: from the space: one a CPU core in default.toml, else 1, "
-                "or as --fuse auto chooses]"
-            )
-        ),
-    ] = None,
-    fuse: Annotated[
-        str | None,
-        typer.Option(
-            help=(
-                "Maps trained at once in one fused group (K proxies in lockstep in one process); 1: one at a time; "
-                "auto: K (and on a CPU, workers against threads) from memory and a short probe. A resume reuses the "
-                "study's stored layout unless --fuse or --workers is given. \\[default: from the space, 4 in "
-                "default.toml]"
-            )
-        ),
-    ] = None,
-    knobs: Annotated[
-        str | None,
-        typer.Option(
-            help=(
-                "Recurrence knobs searched with the map, comma-separated: injection, iteration_encoding, "
-                "iteration_norms, depth_init, repeat_scale, damping, adapters, capacity. \\[default: from the space, "
-                "none in the presets]"
-            )
-        ),
-    ] = None,
-    parts: Annotated[
-        str | None,
-        typer.Option(
-            help=(
-                "Which part of a repeated layer or block the search proposes, comma-separated: both (the whole layer, "
-                "R), attn (its attention repeated, Ra), mlp (its MLP repeated, Rm). \\[default: from the space, both "
-                "in default.toml]"
-            )
-        ),
-    ] = None,
+    opts: RunOptions,
     track: Annotated[
         str | None,
         typer.Option(
@@ -609,213 +322,33 @@ def run(
             ),
         ),
     ] = False,
-    target: Annotated[
-        str | None,
-        typer.Option(
-            help=(
-                "The length the verdict is about, a multiple of the proxy's steps: contenders are screened and raced "
-                "there (1x: seeds only). \\[default: from the space, 4x]"
-            )
-        ),
-    ] = None,
-    race_seeds: Annotated[
-        int | None,
-        typer.Option(
-            help=(
-                "Seeds each contender has at the target at its first test (adaptive race: the first screens, the rest "
-                "test; fixed race: seeds at every length). --target 1x --race-seeds 1: no race. \\[default: from the "
-                "space, 3]"
-            )
-        ),
-    ] = None,
-    max_seeds: Annotated[
-        int | None,
-        typer.Option(
-            help=(
-                "Adaptive race: the most seeds a contender gets at the target; seeds are added while its comparison "
-                "with the baseline is open. \\[default: from the space, 8]"
-            )
-        ),
-    ] = None,
-    max_race_steps: Annotated[
-        int | None,
-        typer.Option(
-            help=(
-                "A cap on the steps the race trains (0: none); a resume with a larger cap goes on. \\[default: from "
-                "the space, 0]"
-            )
-        ),
-    ] = None,
-    race_policy: Annotated[
-        str | None,
-        typer.Option(
-            help=(
-                "adaptive (judged at the target, seeds until decided) or fixed (race-seeds at doubled lengths, as "
-                "studies made before it). \\[default: from the space, adaptive]"
-            )
-        ),
-    ] = None,
-    equal_compute: Annotated[
-        str | None,
-        typer.Option(
-            help=(
-                "depth: also race a plain model as deep as the best contender runs (the same compute, more "
-                "parameters); off. \\[default: from the space, depth]"
-            )
-        ),
-    ] = None,
-    enqueue: Annotated[
-        str | None,
-        typer.Option(
-            help=(
-                'Your maps, trained first after the baseline, in order, space-separated: "3,2,2,1 4,2,1,1", with knobs '
-                "as --knobs of train takes them (2,1,1,1|injection=add), block maps block:I-J:R (where the study "
-                "searches blocks), blockK (trained as a reference run; a trial where blocks are searched), or a "
-                "mergekit passthrough config FILE.yml of the checkpoint (the map its slices stack, a scale on "
-                "o_proj/down_proj read as damping). Over-budget maps are repaired to the budget. \\[default: the "
-                "space's enqueue list]"
-            )
-        ),
-    ] = None,
-    init: Init = None,
-    train_steps: Annotated[
-        int | None,
-        typer.Option(
-            help=(
-                "Steps each map trains (--steps under the name a pretrained model's search uses): with --init, 0 "
-                "evaluates each map on the checkpoint's weights as they are (frozen, the race pairs maps by held-out "
-                "window chunk), N continues training them (retrofit). \\[default: from the space]"
-            )
-        ),
-    ] = None,
-    learn: Annotated[
-        bool,
-        typer.Option(
-            "--learn",
-            help=(
-                "Also learn a map: one model trained at the widest schedule (every layer max_reuse times) with a gate "
-                "on each extra pass, held within the budget; the passes whose gate ends >= 0.5 are the map, trained "
-                "and raced as a trial. With --n-trials 0: the learned map and the plain model alone. Frozen (--init "
-                "--train-steps 0): only the gates learn, on the select windows."
-            ),
-        ),
-    ] = False,
     json_out: Json = False,
 ) -> None:
     """Search reuse maps under a FLOP budget; running it again resumes the study."""
-    from ilr_search.commands.run import RunOptions, run_request
+    from ilr_search.commands.run import run_request
 
-    check_init(opts, init)
-    request = run_request(
-        RunOptions(
-            opts.space,
-            opts.overrides(),
-            budget,
-            study,
-            storage,
-            n_trials,
-            timeout,
-            sampler,
-            pruner,
-            objective,
-            workers,
-            fuse,
-            knobs,
-            target,
-            race_seeds,
-            max_seeds,
-            max_race_steps,
-            race_policy,
-            equal_compute,
-            enqueue,
-            train_steps=train_steps,
-            init=init,
-            parts=parts,
-            time_budget=time_budget,
-            learn=learn,
-        )
-    )
-    tracked_reporter(track, storage, open_uri=False)  # a bad --track is refused before the probe
+    request = run_request(opts)
+    hold_init_note(opts.init)
+    tracked_reporter(track, opts.storage, open_uri=False)  # a bad --track is refused before the probe
     if dry_run:
         from ilr_search.commands.dryrun import dry_run_report
 
         emit(dry_run_report(request), json_out, ui.print_plan)
         return
-    tracked = tracked_reporter(track, storage)
+    tracked = tracked_reporter(track, opts.storage)
     run_and_show(request, lambda: tracked(ui.ConsoleReporter(enabled=True)), json_out, ui.print_run)
 
 
 @app.command()
 @user_errors
 @with_judge_options
-def judge(
-    opts: SpaceOptions,
-    init: Annotated[
-        str,
-        typer.Option(
-            help=(
-                "The model judged: a folder as save_pretrained writes it, a GGUF file (or a folder holding one) or "
-                "hf:NAME; evaluated frozen, as it is."
-            )
-        ),
-    ],
-    candidate: Annotated[
-        list[str],
-        typer.Option(
-            help=(
-                "A candidate, repeatable: a reuse map (2,1,1,1), a block map (block:16-27:2), either with "
-                "|damping=A, or a mergekit passthrough YAML that stacks slices of the one model (a scale on "
-                "o_proj/down_proj read as damping)."
-            )
-        ),
-    ],
-    objective: Annotated[
-        str | None,
-        typer.Option(
-            help=(
-                "What is judged: pareto (held-out text's loss, the default), answer (--answer-column), choice, exact "
-                "or lm-eval:TASK (task items, each right or wrong). As run --objective."
-            )
-        ),
-    ] = None,
-    budget: Annotated[
-        str | None,
-        typer.Option(
-            help=r"A FLOPs budget the candidates must fit (1.5x), else refused. \[default: the costliest candidate's]"
-        ),
-    ] = None,
-    chunks: Annotated[
-        int | None,
-        typer.Option(
-            help=(
-                "Chunks evaluated at most: chunk 0 orders the candidates, the rest test them, until each comparison "
-                r"is decided. \[default: 16, or as many as the data holds]"
-            )
-        ),
-    ] = None,
-    chunk_size: Annotated[
-        int | None,
-        typer.Option(
-            help=(
-                r"Windows or items a chunk. \[default: the space's eval_windows, fewer where the items would "
-                "otherwise make fewer than --chunks chunks]"
-            )
-        ),
-    ] = None,
-    study: StudyName = None,
-    storage: Storage = None,
-    json_out: Json = False,
-) -> None:
+def judge(opts: JudgeOptions, json_out: Json = False) -> None:
     """Is a candidate (a map, a block, a mergekit config) better than the model it was made from? No search: raced
     against the model on held-out windows or items, paired, until decided; the same command resumes."""
-    from ilr_search.commands.judge import JudgeOptions, judge_request
+    from ilr_search.commands.judge import judge_request
 
-    check_init(opts, init)
-    request, candidates = judge_request(
-        JudgeOptions(
-            init, tuple(candidate), opts.space, opts.overrides(), objective, budget, study, storage, chunks, chunk_size
-        )
-    )
+    check_init(opts, opts.init)
+    request, candidates = judge_request(opts)
     baseline = ",".join("1" * request.space.model.n_layers)
     for c in candidates:
         ui.hold_note(c.line(baseline))
@@ -934,17 +467,11 @@ def export(
 
 @app.command()
 @user_errors
+@with_settings(AuditSettings)
 def audit(
+    opts: AuditSettings,
     study: ReadStudy = None,
     storage: Storage = None,
-    factor: Annotated[float, typer.Option(help="Retrain at this many times the proxy's steps (at least 1).")] = 4.0,
-    maps: Annotated[
-        str,
-        typer.Option(
-            help="auto (front, baseline, best pruned near the front, random trained maps), front, top:K or all."
-        ),
-    ] = "auto",
-    seeds: Annotated[int, typer.Option(help="Seeds per map (the study's seed first).")] = 1,
     fuse: Annotated[
         str,
         typer.Option(help="Runs of one model trained at once in one fused group (the same results); 1: one at a time."),
@@ -954,15 +481,12 @@ def audit(
     """Retrain chosen maps of a study FACTOR times longer and say how far the proxy's ranking holds (resumable)."""
     from ilr_search.commands.audit import run_audit
     from ilr_search.commands.autofuse import parse_fuse
-    from ilr_search.config import AuditSettings
 
     k = parse_fuse(fuse)
     if k == "auto":
         raise UserInputError("audit --fuse takes a number of runs (auto is run's); e.g. --fuse 4")
     with ui.ConsoleReporter(enabled=True) as reporter:
-        report = run_audit(
-            study_or_default(study, storage), storage, AuditSettings(factor, maps, seeds), reporter, fuse=int(k)
-        )
+        report = run_audit(study_or_default(study, storage), storage, opts, reporter, fuse=int(k))
     emit(report, json_out, ui.print_audit)
 
 
@@ -1051,7 +575,7 @@ def bench_replay(
         typer.Option(
             help=(
                 "With --policy race or race-fixed: maps raced beyond their first result, the baseline among them. "
-                "\\[default: 3 for race (a default study), 6 for race-fixed]"
+                f"\\[default: {SearchConfig.race_contenders} for race (a default study), 6 for race-fixed]"
             )
         ),
     ] = None,

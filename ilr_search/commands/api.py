@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ilr_search.config import KNOB_FIELD_DEFAULTS, ModelConfig, SpaceConfig
+from ilr_search.config import KNOB_FIELD_DEFAULTS, ModelConfig, Overrides, SpaceConfig, TrainOptions
 from ilr_search.data.tokenizers import check_vocab, model_config
 from ilr_search.data.tokens import load_space_tokens
 from ilr_search.errors import UserInputError
@@ -22,8 +22,6 @@ from ilr_search.training.train import OnStep
 
 if TYPE_CHECKING:
     from ilr_search.commands.recipe import TrainReport
-
-Overrides = Mapping[str, Mapping[str, Any]]
 
 
 def schedule_model(space: SpaceConfig, schedule: Sequence[int], knobs: str | None) -> ModelConfig:
@@ -71,65 +69,6 @@ def init_note(init: str | None) -> str | None:
     return None if gguf is None else dequantization_note(gguf)
 
 
-INIT_REFUSES = ("layers", "d_model", "heads", "mlp_ratio", "pe", "tokenizer")  # what --init's checkpoint sets
-FROM_STUDY_FLAGS = ("steps", "seed", "device", "dtype", "compile")  # what --from-study lets a flag change
-
-
-def check_init_flags(given: Sequence[str], init: str | None) -> None:
-    """--init takes the checkpoint's architecture and tokenizer: the options that set them (of the space options
-    `given`) are refused beside it."""
-    refused = [name for name in INIT_REFUSES if init is not None and name in given]
-    if refused:
-        raise UserInputError(f"--init takes the checkpoint's architecture and tokenizer; drop --{_flag(refused[0])}")
-
-
-def _flag(option: str) -> str:
-    return option.replace("_", "-")
-
-
-@dataclass(frozen=True)
-class TrainOptions:
-    """`ilr-search train`'s options: the space, its overrides and the names of the space options given, the map
-    (`reuse_map`, `block`, `knobs`; with `from_study`, `map_text` as the study names it), where the model starts
-    (`init`) and where it is saved."""
-
-    space: Path | None
-    overrides: Overrides
-    given: tuple[str, ...]
-    reuse_map: str | None = None
-    block: int | None = None
-    knobs: str | None = None
-    from_study: str | None = None
-    storage: str | None = None
-    map_text: str | None = None
-    save: Path | None = None
-    save_format: str = "native"
-    init: str | None = None
-
-    def check(self) -> None:
-        """The options that do not go together are refused: --from-study takes the study's settings (only
-        FROM_STUDY_FLAGS may change them), --init the checkpoint's."""
-        if self.from_study is not None and self.init is not None:
-            raise UserInputError("--init and --from-study both set the model; give one")
-        if self.save is None and self.save_format != "native":
-            raise UserInputError("--format goes with --save DIR")
-        if self.from_study is None:
-            if self.map_text is not None or self.storage is not None:
-                raise UserInputError(
-                    "--map and --storage go with --from-study; without it give --reuse-map (and --knobs)"
-                )
-            check_init_flags(self.given, self.init)
-            return
-        given = [name for name in self.given if name not in FROM_STUDY_FLAGS]
-        if self.reuse_map is not None or self.block is not None or self.knobs is not None:
-            given.insert(0, "reuse_map/block/knobs (use --map)")
-        if given:
-            raise UserInputError(
-                f"--from-study takes the study's settings; drop --{_flag(given[0])} (only --map, "
-                f"{', '.join('--' + f for f in FROM_STUDY_FLAGS)}, --save and --format may be given with it)"
-            )
-
-
 def train_command(
     options: TrainOptions, on_step: OnStep | None = None, on_choice: Callable[[str], None] | None = None
 ) -> TrainReport:
@@ -138,7 +77,7 @@ def train_command(
     if options.from_study is None:
         return train_report(
             options.space,
-            options.overrides,
+            options.overrides(),
             options.reuse_map,
             options.block,
             on_step=on_step,
@@ -149,7 +88,7 @@ def train_command(
         )
     from ilr_search.commands.recipe import train_from_study
 
-    train = options.overrides.get("train", {})
+    train = options.overrides().get("train", {})
     return train_from_study(
         options.from_study,
         options.storage,

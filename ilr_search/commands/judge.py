@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ilr_search.commands.run import RunOptions, run_request
-from ilr_search.config import MAP_PARTS, SpaceConfig
+from ilr_search.config import MAP_PARTS, JudgeOptions, SpaceConfig
 from ilr_search.data.tokenizers import model_config
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import parse_knob_settings
@@ -33,22 +33,6 @@ from ilr_search.training.schedule import ReuseMap, map_of_key
 CHUNKS_AT_MOST = 16  # the chunks a judge evaluates at most (each costs an evaluation of every candidate)
 CHUNKS_AT_LEAST = 4  # chunk 0 and three to test on: a sequential test's first look at two, one more after it
 MIN_CHUNK = 8  # the fewest windows or items a chunk has where judge chooses its size
-
-
-@dataclass(frozen=True)
-class JudgeOptions:
-    """What `judge` was asked: the model, the candidates as given, and the run's flags (None: not given)."""
-
-    init: str
-    candidates: tuple[str, ...]
-    space: str | Path | None = None
-    overrides: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
-    objective: str | None = None
-    budget: str | None = None
-    study: str | None = None
-    storage: str | None = None
-    chunks: int | None = None  # chunks evaluated at most (chunk 0 among them)
-    chunk_size: int | None = None  # windows or items a chunk
 
 
 @dataclass(frozen=True)
@@ -76,7 +60,12 @@ def judge_request(options: JudgeOptions) -> tuple[RunRequest, list[Candidate]]:
         )
     base_request = run_request(
         RunOptions(
-            options.space, options.overrides, "1x", objective=options.objective, train_steps=0, init=options.init
+            space=options.space,
+            space_keys=options.overrides(),
+            budget="1x",
+            objective=options.objective,
+            train_steps=0,
+            init=options.init,
         )
     )
     space = base_request.space

@@ -39,7 +39,7 @@ from ilr_search.search.studies import open_study
 from ilr_search.space import SpaceError, check_sizes
 from ilr_search.storage import open_store, parse_storage, study_references, study_storage
 from ilr_search.storage.trials import TrialRecord, study_trials
-from ilr_search.training.flops import flops_ratio, map_param_count
+from ilr_search.training.flops import Budget, flops_ratio, map_param_count
 from ilr_search.training.model import ILRTransformer
 from ilr_search.training.pretrained import check_exportable
 from ilr_search.training.schedule import BlockMap, Map, block_schedule, format_reuse_map, is_block_text, parse_map
@@ -109,21 +109,13 @@ def parse_map_choice(text: str, n_layers: int) -> MapChoice:
 
 
 @dataclass(frozen=True)
-class StoredBudget:
-    """A study's budget as it was given (`1.5x`) and its FLOPs ratio."""
-
-    text: str
-    ratio: float
-
-
-@dataclass(frozen=True)
 class StudySettingsView:
     """A stored study's configuration as the trainer takes it."""
 
     study: optuna.Study
     space: SpaceConfig  # model, data and train settings as stored (steps: the proxy's)
     init_depth: int  # the depth_init knob's depth (the deepest schedule the study's budget pays for)
-    budget: StoredBudget
+    budget: Budget
     storage: str | None = None  # the storage URL the study was opened from (its race runs are read there)
 
     def model(self, knobs: dict[str, KnobValue], parts: tuple[str, ...] = ()) -> ModelConfig:
@@ -140,9 +132,7 @@ def load_study_settings(study_name: str, storage: str | None) -> StudySettingsVi
     if config is None:
         raise UserInputError(f"study {study_name!r} was not made by ilr-search; it has no stored settings")
     space = stored_space(study, config.space.train.steps)
-    return StudySettingsView(
-        study, space, config.init_depth, StoredBudget(config.budget_text, config.budget_ratio), storage
-    )
+    return StudySettingsView(study, space, config.init_depth, config.budget, storage)
 
 
 def choose_map(view: StudySettingsView, map_text: str | None, trained_only: bool) -> tuple[MapChoice, str]:
@@ -340,7 +330,7 @@ class Recipe:
     choice: MapChoice
     flops_ratio: float
     params: int
-    budget: StoredBudget
+    budget: Budget
     model: ModelConfig
     data: DataConfig
     train: TrainConfig
@@ -361,7 +351,7 @@ class Recipe:
             "knobs": format_knobs(choice.knobs),
             "flops_ratio": self.flops_ratio,
             "params": self.params,
-            "budget": dataclasses.asdict(self.budget),
+            "budget": self.budget.to_dict(),
             "architecture": ARCHITECTURE,
             "model": _plain(dataclasses.asdict(self.model)),
             "data": without_omitted_defaults("data", _plain(dataclasses.asdict(self.data))),

@@ -17,16 +17,14 @@ numbers.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 from ilr_search.commands.api import with_init
 from ilr_search.commands.autofuse import Layout, parse_fuse
 from ilr_search.commands.layout import process_threads, race_processes, usable_cores
-from ilr_search.config import SpaceConfig
+from ilr_search.config import RunOptions, SpaceConfig, check_init_flags
 from ilr_search.errors import UserInputError
 from ilr_search.search.maps import split_enqueue_text
 from ilr_search.search.phases import PhaseMeter
@@ -38,41 +36,12 @@ from ilr_search.space import load_space, parse_target
 from ilr_search.time_budget import parse_duration
 
 
-@dataclass(frozen=True)
-class RunOptions:
-    """What `run` was asked beyond the space: the flags, as given (None: not given)."""
-
-    space: str | Path | None = None
-    overrides: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
-    budget: str = "1.5x"
-    study: str | None = None
-    storage: str | None = None
-    n_trials: int | None = None
-    timeout: float | None = None
-    sampler: str | None = None
-    pruner: str | None = None
-    objective: str | None = None
-    workers: int | None = None
-    fuse: str | None = None
-    knobs: str | None = None
-    target: str | None = None
-    race_seeds: int | None = None
-    max_seeds: int | None = None
-    max_race_steps: int | None = None
-    race_policy: str | None = None
-    equal_compute: str | None = None
-    enqueue: str | None = None
-    train_steps: int | None = None  # the proxy's steps under another name; 0: frozen (only with a pretrained model)
-    init: str | None = None  # a pretrained checkpoint (a folder or hf:NAME): the model's shape, weights and tokenizer
-    parts: str | None = None  # which parts of a repeated layer the search proposes: both,attn,mlp
-    time_budget: str | None = None  # this invocation's wall-clock budget (15m, 1.5h, seconds): over the space's
-    learn: bool = False  # a map learned by gates on one model at the widest schedule, enqueued (search/learn.py)
-
-
 def run_request(options: RunOptions) -> RunRequest:
     """The study `options` ask for; bad input raises a UserInputError before anything is opened."""
+    check_init_flags(options.given(), options.init)
     searched = None if options.knobs is None else [k.strip() for k in options.knobs.split(",") if k.strip()]
     objective, task = parse_objective(options.objective)
+    given = options.overrides()
     search = {
         "objective": objective,
         "knobs": searched,
@@ -83,19 +52,18 @@ def run_request(options: RunOptions) -> RunRequest:
         "enqueue": None if options.enqueue is None else split_enqueue_text(options.enqueue),
         "time_budget": None if options.time_budget is None else parse_duration(options.time_budget),
     }
-    overrides = {**options.overrides, "search": {**options.overrides.get("search", {}), **search}}
+    overrides = {**given, "search": {**given.get("search", {}), **search}}
     if task is not None:
-        overrides["data"] = {**options.overrides.get("data", {}), "task": task}
+        overrides["data"] = {**given.get("data", {}), "task": task}
     if options.train_steps is not None:
-        given = options.overrides.get("train", {}).get("steps")
-        if given is not None and given != options.train_steps:
-            raise UserInputError(f"--steps {given} and --train-steps {options.train_steps} disagree; give one")
+        if options.steps is not None and options.steps != options.train_steps:
+            raise UserInputError(f"--steps {options.steps} and --train-steps {options.train_steps} disagree; give one")
         if options.train_steps < 0:
             raise UserInputError(
                 f"--train-steps must be 0 (frozen: evaluate only) or a positive number of steps, "
                 f"got {options.train_steps}"
             )
-        overrides["train"] = {**options.overrides.get("train", {}), "steps": options.train_steps}
+        overrides["train"] = {**given.get("train", {}), "steps": options.train_steps}
     return RunRequest(
         with_init(load_space(options.space, overrides), options.init),
         options.budget,

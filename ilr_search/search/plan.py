@@ -201,7 +201,7 @@ def study_config(space: SpaceConfig, model: ModelConfig, budget: Budget, dtype: 
         "data": stored_data,
         "train": {k: full["train"][k] for k in (*RESULT_TRAIN_FIELDS, "dtype")}
         | {k: full["train"][k] for k in OPTIONAL_TRAIN_FIELDS if full["train"][k] != omitted_train[k]},
-        "budget": {"text": budget.text, "ratio": round(budget.ratio, 9)},
+        "budget": budget.to_dict(),
         "search": search,
     }
 
@@ -229,17 +229,16 @@ class StoredConfig:
     """A study's stored configuration (CONFIG_ATTR) read back, whatever its schema version."""
 
     space: SpaceConfig  # the study's space: its model with the tokenizer's vocabulary, train.dtype the study's
-    budget_text: str
-    budget_ratio: float
+    budget: Budget
     init_depth: int  # the depth_init knob's depth (the deepest schedule the budget pays for); 0: no knob searched
     schema_version: int
 
     @classmethod
     def from_dict(cls, stored: Mapping[str, Any]) -> StoredConfig:
+        space = SpaceConfig.from_dict(stored)
         return cls(
-            SpaceConfig.from_dict(stored),
-            str(stored["budget"]["text"]),
-            float(stored["budget"]["ratio"]),
+            space,
+            Budget.from_dict(stored["budget"], space.model),
             int(stored.get("search", {}).get("init_depth", 0)),
             int(stored.get(SCHEMA_KEY, 0)),
         )

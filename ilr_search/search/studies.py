@@ -397,7 +397,7 @@ def list_studies(storage: str | None = None) -> StudyListing:
                 study=summary.study_name,
                 n_trials=len(trials),
                 n_complete=sum(t.state == TrialState.COMPLETE for t in trials),
-                budget=config.budget_text if config else None,
+                budget=config.budget.text if config else None,
                 layers=config.space.model.n_layers if config else None,
                 best=best,
                 best_val_ppl=best.val_ppl if best else (min(ppls) if ppls else None),

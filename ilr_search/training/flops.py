@@ -171,6 +171,17 @@ class Budget:
     def allows(self, ratio: float) -> bool:
         return ratio <= self.ratio * (1 + 1e-9)
 
+    def to_dict(self) -> dict[str, str | float]:
+        """What a study stores of its budget (its configuration's `budget`, recipes' too): the text as given and the
+        ratio; from_dict reads it back."""
+        return {"text": self.text, "ratio": round(self.ratio, 9)}
+
+    @classmethod
+    def from_dict(cls, stored: Mapping[str, Any], cfg: ModelConfig) -> Budget:
+        """A stored budget (to_dict's) of a study of the model `cfg`."""
+        ratio = float(stored["ratio"])
+        return cls(str(stored["text"]), ratio, ratio * baseline_flops_per_token(cfg))
+
     def max_layer_runs(self, cfg: ModelConfig) -> int:
         """The largest schedule length (total layer runs) the budget pays for."""
         return int(math.floor(self.layer_runs(cfg) * (1 + 1e-9)))
