@@ -72,6 +72,11 @@ class Replicates:
         """What a frozen study's differences are paired by: "window" or "item"."""
         return "item" if self.items else "window"
 
+    @property
+    def chunk_of(self) -> str:
+        """What a frozen study's chunk holds: "held-out windows" or "task items"."""
+        return "task items" if self.items else "held-out windows"
+
     def at(self, steps: int) -> str:
         """Where a result stands: "at 2000 steps", or a frozen study's "on held-out windows" (or items)."""
         if self.frozen:
