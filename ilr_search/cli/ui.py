@@ -669,14 +669,13 @@ def print_race(report: StudyReport) -> None:
 def print_front(report: StudyReport, front: list[FrontRow]) -> None:
     """The decided front as run and pareto print it (a frozen study's without its steps, its maps as a study writes
     them, its seeds chunks and its scores in its measure)."""
-    words = study_words(report)
-    title, rows = f"Pareto front of {report.study}", race_front_rows(front, words)
-    if words.trains:
-        rows_table(title, rows, RACE_FRONT_COLUMNS, RACE_FRONT_HEADERS, RACE_FRONT_DROPPED)
+    words, title = study_words(report), f"Pareto front of {report.study}"
+    if words.trains:  # in perplexity, whatever it judged (a trained study's answer loss is its held-out text's)
+        rows_table(title, race_front_rows(front), RACE_FRONT_COLUMNS, RACE_FRONT_HEADERS, RACE_FRONT_DROPPED)
     else:
         rows_table(
             title,
-            [r | {"map": words.shown(r["map"])} for r in rows],
+            [r | {"map": words.shown(r["map"])} for r in race_front_rows(front, words)],
             FROZEN_FRONT_COLUMNS,
             FROZEN_FRONT_HEADERS | {"seeds": words.plural, "reuse_map": "map", "val_ppl": words.column},
             RACE_FRONT_DROPPED,
