@@ -28,7 +28,7 @@ from plotly.subplots import make_subplots
 from ilr_search.analysis.answer import Answer
 from ilr_search.analysis.blocks import BlockCell, BlockGrid, BlockPanel
 from ilr_search.analysis.fidelity import AuditReport, Fidelity, NoiseBand
-from ilr_search.analysis.map_key import is_baseline_key, map_text, shown_key
+from ilr_search.analysis.map_key import is_baseline_key, map_text
 from ilr_search.analysis.race_report import RaceReport
 from ilr_search.analysis.replicates import Replicates
 from ilr_search.analysis.results import (
@@ -156,11 +156,6 @@ def _hover_text(
         f"trial {trial} ({state.lower()})<br>map {shown}{knobs_line}"
         f"<br>FLOP ratio {flops_ratio:.3f}{params_text}<br>ppl {_num(ppl)}<br>bpb {_num(bpb)}" + extra
     )
-
-
-def _short_map(key: str) -> str:
-    """A map key as a legend names it: itself, or `plain` for the plain model."""
-    return shown_key(key)
 
 
 def _num(x: Any) -> str:
