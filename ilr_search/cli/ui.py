@@ -497,10 +497,8 @@ class ConsoleReporter(events.RunReporter):
             + (f" ({t.reason})" if t.state.name != "COMPLETE" and t.reason else ""),
         )
         front_trials = [p.trial for p in front]
-        # a frozen study's chunk 0 ranks the maps for the race: its front decides nothing
-        if (
-            not self.words.trains or not self.enabled or not front or front_trials == self.printed_front
-        ):  # printed only when it changed
+        live = self.words.trains  # a frozen study's chunk 0 ranks the maps for the race: its front decides nothing
+        if not live or not self.enabled or not front or front_trials == self.printed_front:  # only when it changed
             return
         self.printed_front = front_trials
         table = Table(title="current front", title_justify="left")
