@@ -8,6 +8,7 @@ from conftest import ROOT
 from optuna.trial import TrialState
 
 from ilr_search.analysis.race_core import COMPARISON_STATUSES
+from ilr_search.analysis.replicates import FROZEN_UNITS, SCORE_COLUMNS
 from ilr_search.cli import ui
 from ilr_search.search.studies import DECIDED_WORDS
 
@@ -64,12 +65,13 @@ def test_every_table_header_is_in_the_glossary():
 
 
 def test_every_frozen_unit_and_score_column_is_in_the_glossary():
-    """The headers a frozen study's tables take from its words (ui.Words): its chunks and its score column."""
+    """The headers a frozen study's tables take from its words (analysis/replicates.py): its chunks and its score
+    column."""
     text = glossary()
     words = [
-        *(f"{u}s" for u in ui.FROZEN_UNITS),
-        *(f"test {u}s" for u in ui.FROZEN_UNITS),
-        *ui.SCORE_COLUMNS,
+        *(f"{u}s" for u in FROZEN_UNITS),
+        *(f"test {u}s" for u in FROZEN_UNITS),
+        *SCORE_COLUMNS,
         "map",
         "chunks",
         "score",

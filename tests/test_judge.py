@@ -115,8 +115,11 @@ def test_a_judged_study_is_read_by_trials_pareto_and_studies(judged, token_cache
     study = json.loads(proc.stdout)["study"]
     answer = json.loads(proc.stdout)["answer"]
     storage = f"sqlite:///{root / 'judge.db'}"
-    for command in ("trials", "pareto"):
-        shown = run_cli([command, "--study", study, "--storage", storage], root, {"ILR_SEARCH_CACHE": str(token_cache)})
+    # the layers view weighs the knobs too: a candidate without damping has the default
+    for command in (["trials"], ["pareto"], ["pareto", "--view", "layers"]):
+        shown = run_cli(
+            [*command, "--study", study, "--storage", storage], root, {"ILR_SEARCH_CACHE": str(token_cache)}
+        )
         assert shown.returncode == 0, shown.stderr
         assert shown.stdout.splitlines()[0] == answer
     listed = run_cli(["studies", "--storage", storage, "--json"], root, {"ILR_SEARCH_CACHE": str(token_cache)})

@@ -2,9 +2,9 @@
 
 The line begins `use MAP` (a map the race claimed better than the plain model), `no map beat` (nothing was), or
 `no decision yet` (the race is open). It is built from the race's state alone (race_core.RaceState, its
-comparisons and front), with the replicate's unit passed in ("seed"; a frozen study's "window chunk"), so every
-wording is made from data here and nowhere else. Differences are said in words (`better by` / `worse by`),
-never by a bare sign.
+comparisons and front), in the words of its replicates (analysis/replicates.py: "seed" and "at 2000 steps"; a
+frozen study's "window chunk" and "on held-out windows"), so every wording is made from data here and nowhere
+else. Differences are said in words (`better by` / `worse by`), never by a bare sign.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from ilr_search.analysis.fidelity import AGREE_SPEARMAN, PARTLY_SPEARMAN
 from ilr_search.analysis.race_core import Comparison, EqualCompute, FrontPoint, Measure, RaceSettings, RaceState
+from ilr_search.analysis.replicates import Replicates
 
 PLAIN = "the plain model"  # the all-ones map: every layer run once, no recurrence
 PPL = Measure("ppl")
@@ -110,13 +111,15 @@ def race_answer(
     settings: RaceSettings,
     baseline_key: str,
     baseline_ppl: float | None,
-    unit: str = "seed",
+    unit: str | None = None,
     trust: Trust | None = None,
 ) -> Answer:
     """The answer of a race (see the module docstring). `baseline_ppl`: the plain model's mean perplexity at
-    the race's length (None before it has one); `unit`: what a replicate is called."""
+    the race's length (None before it has one); `unit`: what a replicate is called (the settings' where not given)."""
+    words = Replicates.of(settings)
+    unit = unit or words.unit
     steps = state.level_steps or settings.target_steps
-    at = settings.words.at(steps)  # "at 2000 steps", or a frozen study's "on held-out windows"
+    at = words.at(steps)  # "at 2000 steps", or a frozen study's "on held-out windows"
     comparisons = {c.map_key: c for c in state.comparisons}
     details: list[str] = []
     claimed = state.best if state.done and state.best in state.confirmed_better else None
@@ -148,17 +151,16 @@ def race_answer(
     if baseline_ppl is not None:
         details += _closest(comparisons, claimed, baseline_ppl, settings, unit)
     details += _equal_compute(state.equal_compute, settings.confidence, unit)
-    details += _replicates(state, comparisons, baseline_key, unit, settings.words.at(state.level_steps), settings)
-    if settings.frozen:
-        what = "task items" if settings.items else "held-out windows"
-        details.append(
-            f"frozen: no step trained; every result is the pretrained weights evaluated on a chunk of {what}, "
-            f"the race's comparisons paired by {settings.words.paired}"
-        )
-    else:
+    details += _replicates(state, comparisons, baseline_key, unit, words.at(state.level_steps), settings)
+    if words.trains:
         details.append(
             f"steps: {steps} a run at the target (the search's proxy trained {settings.base_steps}); the "
             f"race trained {state.compute_steps} in all"
+        )
+    else:
+        details.append(
+            f"frozen: no step trained; every result is the pretrained weights evaluated on a chunk of "
+            f"{words.chunk_of}, the race's comparisons paired by {words.paired}"
         )
     if state.done and state.stopped:
         details.append(f"stopped because {state.stopped}")
@@ -256,7 +258,7 @@ def judge_answer(state: RaceState, settings: RaceSettings, model: str, baseline_
     interval ...)` or `C is worse than MODEL by X (...)` where the sequential test claimed it one way or the other,
     else `C is not distinguishable from MODEL: a gap of X or more would have been seen (80% power)`; while the race
     is open, `no decision yet`."""
-    measure, words, pct = settings.measure, settings.words, round(settings.confidence * 100)
+    measure, words, pct = settings.measure, Replicates.of(settings), round(settings.confidence * 100)
     base = baseline_ppl if baseline_ppl is not None else math.nan
     comparisons = sorted(state.comparisons, key=lambda c: (math.inf if c.mean_diff is None else c.mean_diff, c.map_key))
     lines = []
@@ -315,7 +317,7 @@ def out_of_time_answer(
     if before_race or state is None or settings is None:
         parts.append("the race has not started")
     else:
-        words = settings.words
+        words = Replicates.of(settings)
         at = words.at(state.level_steps or settings.target_steps)
         tested = [c for c in state.comparisons if c.n]
         gap = state.detectable_gap

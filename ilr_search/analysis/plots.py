@@ -10,6 +10,7 @@ one that has), and every colour is a CSS colour."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import gzip
 import html
 import json
@@ -27,8 +28,9 @@ from plotly.subplots import make_subplots
 from ilr_search.analysis.answer import Answer
 from ilr_search.analysis.blocks import BlockCell, BlockGrid, BlockPanel
 from ilr_search.analysis.fidelity import AuditReport, Fidelity, NoiseBand
-from ilr_search.analysis.map_key import is_baseline_key, map_text, shown_key
+from ilr_search.analysis.map_key import is_baseline_key, map_text
 from ilr_search.analysis.race_report import RaceReport
+from ilr_search.analysis.replicates import Replicates
 from ilr_search.analysis.results import (
     FrontRow,
     LayerView,
@@ -154,11 +156,6 @@ def _hover_text(
         f"trial {trial} ({state.lower()})<br>map {shown}{knobs_line}"
         f"<br>FLOP ratio {flops_ratio:.3f}{params_text}<br>ppl {_num(ppl)}<br>bpb {_num(bpb)}" + extra
     )
-
-
-def _short_map(key: str) -> str:
-    """A map key as a legend names it: itself, or `plain` for the plain model."""
-    return shown_key(key)
 
 
 def _num(x: Any) -> str:
@@ -349,7 +346,7 @@ def _decided_panel(fig: go.Figure, race: RaceReport, row: int, legend: str) -> N
     mean and a band over its interval across the panel); the equal-compute plain model. One y-axis, logarithmic
     where the perplexities span decades (log_axis)."""
     points = raced_points(race)
-    words = race.settings.words
+    words = Replicates.of(race.settings)
     pct = round(race.settings.confidence * 100)
     x_range = spread_range([p.flops_ratio for p in points], pad=0.08)
     span = (x_range[1] - x_range[0]) if x_range else 1.0
@@ -360,7 +357,7 @@ def _decided_panel(fig: go.Figure, race: RaceReport, row: int, legend: str) -> N
     def hover(p: RacedPoint) -> str:
         iv = f" [{p.interval[0]:.4g}, {p.interval[1]:.4g}]" if p.interval else f" (one {words.unit}: no interval)"
         trial = f" (trial {p.trial})" if p.trial is not None else ""
-        where = "" if words.frozen else f"{p.steps} steps, "
+        where = f"{p.steps} steps, " if words.trains else ""
         return (
             f"map {p.map_key}{trial}<br>FLOP ratio {p.flops_ratio:.3f}<br>{where}{words.plural} "
             f"{','.join(map(str, p.seeds))}<br>ppl {p.val_ppl:.4g}{iv}"
@@ -454,7 +451,7 @@ def _decided_panel(fig: go.Figure, race: RaceReport, row: int, legend: str) -> N
         )
     for kind, (name, marker) in RACED_STYLE.items():
         group = [p for p in points if p.kind == kind]
-        if kind == "screened" and words.frozen:
+        if kind == "screened" and not words.trains:
             name = f"screened on one {words.unit} (no interval)"
         if group:
             add_markers(group, name, marker)
@@ -529,97 +526,30 @@ def pareto_figure(
     proxies' learning curves, and a fidelity panel (rung agreement, proxy vs audit, the verdict). A frozen study
     (its maps evaluated on pretrained weights, no step trained) has no learning curves and no fidelity panel: both
     are about training."""
-    frozen = race is not None and race.settings.frozen
-    if frozen:
+    words = Replicates.of(race.settings if race is not None else None)
+    if not words.trains:
         fidelity = None
     audit = fidelity.audits[-1] if fidelity is not None and fidelity.audits else None
-    raced = is_raced(race)
+    decided = race if race is not None and is_raced(race) else None
     plotted = [t for t in trials if t.flops_ratio is not None]
     complete = [t for t in plotted if t.state == "COMPLETE" and t.plot_ppl is not None]
     apart = [t for t in plotted if t not in complete]  # pruned, failed (diverged), or with no perplexity
-    curved = [t for t in plotted if t.curve] if not frozen else []
-    decided = list(race.front) if raced and race else front
-    base_steps = race.settings.base_steps if race is not None else None
-    panels: list[Panel] = []
+    curved = [t for t in plotted if t.curve] if words.trains else []
     block_panels = blocks.panels() if blocks is not None else []
-    for i in range(0, len(block_panels), 2):  # two panels a row (the last may be alone); the only one takes the row
-        pair = block_panels[i : i + 2]
-        panels.append(
-            Panel(
-                f"blocks{i // 2}",
-                [{}, {}] if len(pair) == 2 else [{"colspan": 2}, None] if len(block_panels) == 1 else [{}, None],
-                [block_title(panel, blocks) for panel in pair if blocks is not None],
-                BLOCKS_PX,
-            )
-        )
-    if raced and race:
-        pct = round(race.settings.confidence * 100)
-        steps = decided_steps(race)
-        panels.append(
-            Panel.wide(
-                "decided",
-                f"raced maps {race.settings.words.at(steps)}: mean perplexity over "
-                f"{race.settings.words.plural}, {pct}% intervals",
-                TOP_PX,
-            )
-        )
-    if frozen and race is not None:
-        proxy_title = f"trials on {race.settings.words.one(race.settings.seeds[0])} (the screen): perplexity vs compute"
-    else:
-        at = f" at {base_steps} steps" if base_steps else ""
-        proxy_title = f"proxy trials{at} (one seed each): perplexity vs compute"
-    panels.append(Panel.wide("proxy", proxy_title, PROXY_PX if raced or blocks else TOP_PX))
-    if apart:
-        panels.append(
-            Panel.wide(
-                "apart",
-                "pruned and failed trials (at the step they stopped; not a final perplexity)",
-                30 + STRIP_ROW_PX * len({_apart_label(t) for t in apart}),
-            )
-        )
-    if layer_view and layer_view.front_maps:
-        where = f"front's reuse counts, {decided_steps(race)} steps" if raced and race else "front's reuse counts"
-        panels.append(
-            Panel(
-                "layers",
-                [{}, {}],
-                [where, "layer importance (proxy trials)"],
-                max(200, 70 + 30 * len(layer_view.front_maps)),
-            )
-        )
-    elif layer_view and layer_view.importance:  # a block study's: the importance of each block parameter alone
-        panels.append(Panel.wide("layers", "importance for perplexity (PED-ANOVA over the trials)", 240))
-    if curved:
-        panels.append(
-            Panel.wide("curves", "validation loss against step (the decided front's maps in colour)", CURVES_PX)
-        )
-    if fidelity:
-        panels.append(
-            Panel(
-                "fidelity",
-                [{}, {}],
-                [
-                    "rung agreement (within the proxy)",
-                    f"proxy vs {audit.factor}x training" if audit else "not audited (ilr-search audit)",
-                ],
-                FIDELITY_PX,
-            )
-        )
-    legends = iter(["legend", "legend2", "legend3", "legend4", "legend5", "legend6"])
-    named: dict[str, str] = {}
-    for i, panel in enumerate(panels):  # the strip shares the proxy panel's legend, the block rows the first's
-        if panel.kind == "apart":
-            legend = named["proxy"]
-        elif panel.kind.startswith("blocks") and panel.kind != "blocks0":
-            legend = named["blocks0"]
-        else:
-            legend = next(legends)
-        named[panel.kind] = legend
-        panels[i] = Panel(panel.kind, panel.spec, panel.titles, panel.px, legend)
-    rows = len(panels)
-    plot_px = sum(p.px for p in panels) + GAP_PX * (rows - 1)
+    panels = _with_legends(
+        [
+            *_block_rows(blocks, block_panels),
+            *([_decided_row(decided)] if decided is not None else []),
+            _proxy_row(race, words, tall=decided is None and blocks is None),
+            *([_apart_row(apart)] if apart else []),
+            *_layers_rows(layer_view, decided),
+            *([Panel.wide("curves", CURVES_TITLE, CURVES_PX)] if curved else []),
+            *([_fidelity_row(audit)] if fidelity else []),
+        ]
+    )
+    plot_px = sum(p.px for p in panels) + GAP_PX * (len(panels) - 1)
     fig = make_subplots(
-        rows=rows,
+        rows=len(panels),
         cols=2,
         specs=[p.spec for p in panels],
         row_heights=[p.px / sum(q.px for q in panels) for p in panels],
@@ -629,26 +559,102 @@ def pareto_figure(
     )
     fig.update_annotations(font_size=13)  # the panels' titles
     row_of = {p.kind: i + 1 for i, p in enumerate(panels)}
+    legend = {p.kind: p.legend for p in panels}
     if blocks is not None and block_panels:
-        _blocks_panels(fig, blocks, block_panels, row_of["blocks0"], named["blocks0"])
-    if raced and race:
-        _decided_panel(fig, race, row_of["decided"], named["decided"])
+        _blocks_panels(fig, blocks, block_panels, row_of["blocks0"], legend["blocks0"])
+    if decided is not None:
+        _decided_panel(fig, decided, row_of["decided"], legend["decided"])
     x_range = spread_range([cast(float, t.flops_ratio) for t in plotted])
     span = (x_range[1] - x_range[0]) if x_range else 1.0
-    _proxy_panel(fig, complete, front, noise, x_range, span, row_of["proxy"], named["proxy"], frozen)
+    _proxy_panel(fig, complete, front, noise, x_range, span, row_of["proxy"], legend["proxy"], words)
     if apart:
-        _apart_strip(fig, apart, span, x_range, row_of["apart"], row_of["proxy"], named["proxy"])
+        _apart_strip(fig, apart, span, x_range, row_of["apart"], row_of["proxy"], legend["proxy"])
     if "layers" in row_of and layer_view:
-        _layers_panel(fig, layer_view, row_of["layers"], named["layers"])
+        _layers_panel(fig, layer_view, row_of["layers"], legend["layers"])
     if curved:
-        _curves_panel(fig, curved, {p.trial for p in decided if p.trial is not None}, row_of["curves"], named["curves"])
+        front_trials = {p.trial for p in (decided.front if decided is not None else front) if p.trial is not None}
+        _curves_panel(fig, curved, front_trials, row_of["curves"], legend["curves"])
     bottom = 60
     if fidelity:
-        lines = _fidelity_panel(fig, fidelity, audit, row_of["fidelity"], named["fidelity"])
-        bottom = 90 + LINE_PX * lines
-    title = verdict_title(study, answer, race.verdict if race is not None else "")
-    top = 34 + LINE_PX * (title.count("<br>") + 1) + 46
-    for panel in panels:  # each legend at the right of its panel, from its top down (the blocks': under the scale)
+        bottom = 90 + LINE_PX * _fidelity_panel(fig, fidelity, audit, row_of["fidelity"], legend["fidelity"])
+    _place_legends(fig, panels, row_of)
+    _title_and_size(fig, verdict_title(study, answer, race.verdict if race is not None else ""), plot_px, bottom)
+    return fig
+
+
+CURVES_TITLE = "validation loss against step (the decided front's maps in colour)"
+
+
+def _block_rows(blocks: BlockGrid | None, block_panels: list[BlockPanel]) -> list[Panel]:
+    """The block grid's rows: two panels a row (the last may be alone); the only one takes the row."""
+    rows = []
+    for i in range(0, len(block_panels), 2):
+        pair = block_panels[i : i + 2]
+        spec = [{}, {}] if len(pair) == 2 else [{"colspan": 2}, None] if len(block_panels) == 1 else [{}, None]
+        titles = [block_title(panel, blocks) for panel in pair if blocks is not None]
+        rows.append(Panel(f"blocks{i // 2}", spec, titles, BLOCKS_PX))
+    return rows
+
+
+def _decided_row(race: RaceReport) -> Panel:
+    words, pct = Replicates.of(race.settings), round(race.settings.confidence * 100)
+    title = f"raced maps {words.at(decided_steps(race))}: mean perplexity over {words.plural}, {pct}% intervals"
+    return Panel.wide("decided", title, TOP_PX)
+
+
+def _proxy_row(race: RaceReport | None, words: Replicates, tall: bool) -> Panel:
+    """The trials' row: the proxy's (at its length, a seed each), or a frozen study's screen (its first chunk);
+    `tall` where it is the figure's top panel."""
+    if race is not None and not words.trains:
+        title = f"trials on {words.one(race.settings.seeds[0])} (the screen): perplexity vs compute"
+    else:
+        at = f" at {race.settings.base_steps} steps" if race is not None and race.settings.base_steps else ""
+        title = f"proxy trials{at} (one seed each): perplexity vs compute"
+    return Panel.wide("proxy", title, TOP_PX if tall else PROXY_PX)
+
+
+def _apart_row(apart: list[PlottedTrial]) -> Panel:
+    return Panel.wide(
+        "apart",
+        "pruned and failed trials (at the step they stopped; not a final perplexity)",
+        30 + STRIP_ROW_PX * len({_apart_label(t) for t in apart}),
+    )
+
+
+def _layers_rows(layer_view: LayerView | None, decided: RaceReport | None) -> list[Panel]:
+    """The layer view's row: the front's reuse counts beside the importances, or a block study's importances."""
+    if layer_view and layer_view.front_maps:
+        where = "front's reuse counts" + (f", {decided_steps(decided)} steps" if decided is not None else "")
+        px = max(200, 70 + 30 * len(layer_view.front_maps))
+        return [Panel("layers", [{}, {}], [where, "layer importance (proxy trials)"], px)]
+    if layer_view and layer_view.importance:  # a block study's: the importance of each block parameter alone
+        return [Panel.wide("layers", "importance for perplexity (PED-ANOVA over the trials)", 240)]
+    return []
+
+
+def _fidelity_row(audit: AuditReport | None) -> Panel:
+    audited = f"proxy vs {audit.factor}x training" if audit else "not audited (ilr-search audit)"
+    return Panel("fidelity", [{}, {}], ["rung agreement (within the proxy)", audited], FIDELITY_PX)
+
+
+def _with_legends(panels: list[Panel]) -> list[Panel]:
+    """The panels, each with its legend: its own, but the strip's is the proxy panel's and the block rows' the
+    first block row's."""
+    legends = iter(["legend", "legend2", "legend3", "legend4", "legend5", "legend6"])
+    named: dict[str, str] = {}
+    for panel in panels:
+        if panel.kind == "apart":
+            named[panel.kind] = named["proxy"]
+        elif panel.kind.startswith("blocks") and panel.kind != "blocks0":
+            named[panel.kind] = named["blocks0"]
+        else:
+            named[panel.kind] = next(legends)
+    return [dataclasses.replace(p, legend=named[p.kind]) for p in panels]
+
+
+def _place_legends(fig: go.Figure, panels: list[Panel], row_of: dict[str, int]) -> None:
+    """Each legend at the right of its panel, from its top down (the blocks': under the colour scale)."""
+    for panel in panels:
         if panel.kind == "apart" or (panel.kind.startswith("blocks") and panel.kind != "blocks0"):
             continue
         domain = fig.get_subplot(row_of[panel.kind], 1).yaxis.domain
@@ -668,6 +674,12 @@ def pareto_figure(
                 )
             }
         )
+
+
+def _title_and_size(fig: go.Figure, title: str, plot_px: int, bottom: int) -> None:
+    """The figure's title at its top left, and its height: the panels' and the margins' (the title's lines on top,
+    the fidelity panel's lines below)."""
+    top = 34 + LINE_PX * (title.count("<br>") + 1) + 46
     fig.update_layout(
         template="plotly_white",
         autosize=True,
@@ -685,7 +697,6 @@ def pareto_figure(
         ),
         margin=dict(l=70, r=20, t=top, b=bottom),
     )
-    return fig
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -715,14 +726,14 @@ def block_title(panel: BlockPanel, grid: BlockGrid) -> str:
     """A block panel's title: its repeat count (and knobs) and what its colour is."""
     runs = {2: "twice"}.get(panel.repeats, f"{panel.repeats} times")
     knobs = f", {panel.knobs}" if panel.knobs else ""
-    what = "held-out loss" if grid.settings.frozen else "loss"
+    what = Replicates.of(grid.settings).held_out
     return f"blocks run {runs} (R = {panel.repeats}{knobs}): {what} minus the plain model's"
 
 
 def block_hover(cell: BlockCell, grid: BlockGrid) -> str:
     """A cell's hover text: its block, FLOPs, the difference (and as perplexity at the plain model's), the race's
     interval, status and chunks where it was raced, else the chunk it was screened on."""
-    words, unit = grid.settings.words, grid.unit
+    words, unit = Replicates.of(grid.settings), grid.unit
     layers = f"layer {cell.start}" if cell.start == cell.end else f"layers {cell.start} to {cell.end}"
     lines = [f"<b>{cell.map_key}</b> ({layers} run {cell.repeats} times)", f"FLOP ratio {cell.flops_ratio:.3f}"]
     if cell.diff is None:
@@ -859,7 +870,7 @@ def _proxy_panel(
     span: float,
     row: int,
     legend: str,
-    frozen: bool = False,
+    words: Replicates,
 ) -> None:
     """The complete proxy trials by final perplexity, the proxy's front, the all-ones baseline, the noise band (a
     frozen study's: the trials on the screening chunk, their front)."""
@@ -892,7 +903,7 @@ def _proxy_panel(
                 y=[p.val_ppl for p in front],
                 mode="lines+markers",
                 line_shape="hv",
-                name="Pareto front of the screen" if frozen else "proxy Pareto front",
+                name=words.screen,
                 legend=legend,
                 line=dict(color="black", width=1.5),
                 marker=dict(size=12, color="rgba(0,0,0,0)", line=dict(width=2, color="black")),
@@ -950,7 +961,7 @@ def _proxy_panel(
             col=1,
         )
     fig.update_xaxes(title_text="FLOP ratio (forward compute / all-ones map)", range=x_range, row=row, col=1)
-    ppl_axis(fig, y_values, "perplexity on the screening chunk" if frozen else "validation perplexity", row)
+    ppl_axis(fig, y_values, words.screen_axis, row)
 
 
 def _layers_panel(fig: go.Figure, layer_view: LayerView, row: int, legend: str) -> None:

@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ilr_search.commands import events
+from ilr_search.commands.events import Replicates
 
 if TYPE_CHECKING:
     from ilr_search.commands.api import FlopsReport
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from ilr_search.commands.export import ExportedModel
     from ilr_search.commands.recipe import TrainReport
     from ilr_search.commands.report import BlockView, ExportedTable
-    from ilr_search.commands.studies import Fidelity, FrontRow, StudyListing, StudyReport
+    from ilr_search.commands.studies import FrontRow, StudyListing, StudyReport
 
 
 def console(stderr: bool = False) -> Console:
@@ -354,7 +355,7 @@ class ConsoleReporter(events.RunReporter):
         self.references: tuple[int, int] | None = None  # (index, count) of the reference run training
         self.runs_done: int | None = None  # race (or audit) runs stored, once the race started
         self.printed_front: list[Any] | None = None  # the trials of the front last printed
-        self.words = Words()  # the study's words, from its StudyStarted
+        self.words = Replicates()  # the study's words, chosen at its StudyStarted
 
     def __enter__(self) -> ConsoleReporter:
         self.progress.__enter__()
@@ -386,16 +387,15 @@ class ConsoleReporter(events.RunReporter):
 
     @on.register
     def _study_started(self, event: events.StudyStarted) -> None:
-        self.words = Words(event.unit, event.judged, event.blocks)
+        self.words = Replicates.called(event.unit, event.judged, event.blocks)
         if self.study_task is not None:  # the workers' studies: the first one says it
             return
         self.print(
             dataclasses.replace(event, worker=None),
-            f"study {event.study}: {event.finished} of {event.n_trials} "
-            f"{'maps evaluated' if event.frozen else 'trials finished'}",
+            f"study {event.study}: {event.finished} of {event.n_trials} {self.words.finished}",
         )
         self.study_task = self.progress.add_task(
-            "study", total=event.n_trials, completed=event.finished, info="maps" if event.frozen else "trials", eta=None
+            "study", total=event.n_trials, completed=event.finished, info=self.words.maps, eta=None
         )
         self.eta = StudyEta(time.monotonic())
         self.n_trials, self.finished_at_start, self.finished = event.n_trials, event.finished, event.finished
@@ -405,8 +405,7 @@ class ConsoleReporter(events.RunReporter):
         named = self.words.named(event.map or _fmt(event.reuse_map)) + (f" with {event.knobs}" if event.knobs else "")
         label = f"trial {event.number} {named}"
         if event.worker is None:
-            doing = f"evaluating {named} on {self.words.unit} 0" if self.words.frozen else f"training {named}"
-            self.print(event, f"trial {event.number}: {doing}")
+            self.print(event, f"trial {event.number}: {self.words.doing(named)}")
         self._row(event.worker, label, event.steps)
 
     @on.register
@@ -440,9 +439,7 @@ class ConsoleReporter(events.RunReporter):
                 self.progress.update(
                     self.study_task, description="race", total=None, completed=0, info="race runs stored: 0", eta=None
                 )
-        runs = "; ".join(
-            f"{self.words.named(key)} {run_where(steps, seed, self.words)}" for key, steps, seed in event.runs
-        )
+        runs = "; ".join(f"{self.words.named(key)} {self.words.where(steps, seed)}" for key, steps, seed in event.runs)
         self.print(
             event,
             f"{event.kind} run{'s' if len(event.runs) > 1 else ''}: {runs}"
@@ -462,7 +459,7 @@ class ConsoleReporter(events.RunReporter):
         self.print(
             event,
             f"{event.kind} run done: {self.words.named(event.map_key)} "
-            f"{run_where(event.steps, event.seed, self.words)}: "
+            f"{self.words.where(event.steps, event.seed)}: "
             f"{self.words.score(event.val_ppl)}",
         )
 
@@ -500,9 +497,8 @@ class ConsoleReporter(events.RunReporter):
             + (f" ({t.reason})" if t.state.name != "COMPLETE" and t.reason else ""),
         )
         front_trials = [p.trial for p in front]
-        if self.words.frozen:  # chunk 0 ranks the maps for the race: its front decides nothing
-            return
-        if not self.enabled or not front or front_trials == self.printed_front:  # printed only when it changed
+        live = self.words.trains  # a frozen study's chunk 0 ranks the maps for the race: its front decides nothing
+        if not live or not self.enabled or not front or front_trials == self.printed_front:  # only when it changed
             return
         self.printed_front = front_trials
         table = Table(title="current front", title_justify="left")
@@ -519,73 +515,13 @@ class ConsoleReporter(events.RunReporter):
         self.print(event, event.text)
 
 
+def study_words(report: StudyReport) -> Replicates:
+    """The words of a study's report, chosen from its race's settings (a study with no race: seeds, perplexity)."""
+    return Replicates.of(report.race.settings if report.race is not None else None)
+
+
 # The front as run and pareto print it: each point at its length, with its seeds and interval (trial numbers,
 # bpb and parameters are in --json); seven columns fit 80 characters.
-def run_where(steps: int, seed: int, words: Words | None = None) -> str:
-    """Where a race run is: "at 2000 steps, seed 3", or for a frozen study's (no step) "on window chunk 3" (or
-    "on item chunk 3")."""
-    return f"on {(words or Words('window chunk')).unit} {seed}" if steps == 0 else f"at {steps} steps, seed {seed}"
-
-
-FROZEN_UNITS = ("window chunk", "item chunk")  # a frozen study's replicates (RaceWords.unit)
-SCORE_COLUMNS = ("ppl", "answer loss", "accuracy %")  # the score column of a study, by what it judges
-
-
-@dataclass(frozen=True)
-class Words:
-    """What a study's output calls its replicate (`unit`: seed, window chunk, item chunk) and its score (`judged`:
-    perplexity, answer loss, accuracy on items: race_core.Measure)."""
-
-    unit: str = "seed"
-    judged: str = "ppl"
-    blocks: bool = False
-
-    @property
-    def frozen(self) -> bool:
-        return self.unit != "seed"
-
-    def shown(self, map_key: str) -> str:
-        """A map key as output shows it: `plain` for the plain model, a one-layer block as block:I-I:R in a study of
-        blocks, any other as the study writes it."""
-        return events.shown_key(events.as_block(map_key) if self.blocks else map_key)
-
-    def named(self, map_key: str) -> str:
-        """A map as a line of output names it: `map KEY`, or `the plain model` (not its L ones)."""
-        if events.is_baseline_key(map_key):
-            return "the plain model"
-        return f"map {self.shown(map_key)}"
-
-    def value(self, val_ppl: float | None) -> float | None:
-        """A result's score in its measure: ppl, the answer loss (nats), or the accuracy (%, from the error rate
-        that val_ppl is the exponential of)."""
-        if val_ppl is None or val_ppl <= 0:
-            return None
-        if self.judged == "accuracy":
-            return 100.0 * (1.0 - math.log(val_ppl))
-        return math.log(val_ppl) if self.judged == "answer" else val_ppl
-
-    @property
-    def column(self) -> str:
-        return {"ppl": "ppl", "answer": "answer loss", "accuracy": "accuracy %"}[self.judged]
-
-    def score(self, val_ppl: float | None) -> str:
-        """`ppl 12.34`, `answer loss 0.8123`, `accuracy 41.7%`."""
-        value = self.value(val_ppl)
-        if value is None:
-            return f"{self.column.split(' %')[0]} -"
-        if self.judged == "accuracy":
-            return f"accuracy {value:.1f}%"
-        return f"{self.column} {_fmt(value)}"
-
-
-def study_words(report: StudyReport) -> Words:
-    """The words of a study's report (its race's settings; a study with no race: seeds and perplexity)."""
-    race = report.race
-    if race is None:
-        return Words()
-    return Words(race.settings.words.unit, race.settings.judged, race.settings.blocks)
-
-
 RACE_FRONT_COLUMNS = ["reuse_map", "flops_ratio", "steps", "seeds", "val_ppl", "interval", "confirmed"]
 RACE_FRONT_HEADERS = {"flops_ratio": "FLOPs", "val_ppl": "ppl", "interval": "90% interval"}
 RACE_FRONT_DROPPED = ["steps", "seeds", "interval"]  # on a narrow console, first dropped first
@@ -593,17 +529,16 @@ RACE_FRONT_DROPPED = ["steps", "seeds", "interval"]  # on a narrow console, firs
 FROZEN_FRONT_COLUMNS = [c for c in RACE_FRONT_COLUMNS if c != "steps"]
 FROZEN_FRONT_HEADERS = RACE_FRONT_HEADERS | {"seeds": "window chunks"}
 COMPARISON_COLUMNS = ["reuse_map", "seeds", "loss_diff", "interval", "p", "level", "status"]  # against the baseline
-FROZEN_COMPARISON_COLUMNS = ["window_chunks" if c == "seeds" else c for c in COMPARISON_COLUMNS]
 
 
 CONFIRMED_WORDS = ("yes", "no", "reference")  # the front's `confirmed` column: claimed better, not, the baseline
 
 
-def race_front_rows(front: list[FrontRow], words: Words | None = None) -> list[dict[str, Any]]:
+def race_front_rows(front: list[FrontRow], words: Replicates | None = None) -> list[dict[str, Any]]:
     """Front points as a table's rows (cells by column name): the score in the study's measure (`words`: ppl where
     not given), the interval as low-high (with the scores' decimals; an accuracy's from high to low), confirmed as a
     word of CONFIRMED_WORDS."""
-    words = words or Words()
+    words = words or Replicates()
     yes, no, baseline = CONFIRMED_WORDS
     decimals = significant_decimals([words.value(p.val_ppl) for p in front])
 
@@ -647,12 +582,10 @@ def print_race(report: StudyReport) -> None:
         by_map.setdefault(r.map_key, []).append(r)
     decimals = significant_decimals([r.val_ppl for r in runs])
     words = study_words(report)
-    if runs and settings.frozen:  # no step trained: a seed is a chunk of held-out windows or items
-        scores = [words.value(r.val_ppl) for r in runs]
-        places = significant_decimals(scores)
+    if runs and not words.trains:  # no step trained: a seed is a chunk of held-out windows or items
+        places = significant_decimals([words.value(r.val_ppl) for r in runs])
         rows_table(
-            f"race evaluations {settings.words.at(0)} (frozen; {words.unit} {settings.seeds[0]} scored the "
-            "trials, the rest test)",
+            f"race evaluations {words.at(0)} (frozen; {words.one(settings.seeds[0])} scored the trials, the rest test)",
             [
                 {
                     "map": words.shown(k),
@@ -662,7 +595,7 @@ def print_race(report: StudyReport) -> None:
                 for k, v in sorted(by_map.items())
             ],
             ["map", "chunks", "score"],
-            {"chunks": f"{words.unit}s", "score": words.column},
+            {"chunks": words.plural, "score": words.column},
         )
     elif runs and settings.policy == "adaptive":
         rows_table(
@@ -687,11 +620,11 @@ def print_race(report: StudyReport) -> None:
             droppable=["schedule", "source"],
         )
     if race.state.comparisons:
-        unit = "window_chunks" if settings.frozen else "seeds"
         rows = [
             {
                 "reuse_map": c.map_key,
-                unit: c.n,
+                "map": None if words.trains else words.shown(c.map_key),  # trained: as the study's key writes it
+                "seeds": c.n,
                 "loss_diff": c.mean_diff,
                 "interval": "-" if not c.interval else f"{c.interval[0]:+.4f} to {c.interval[1]:+.4f}",
                 "p": c.p_value,
@@ -700,24 +633,21 @@ def print_race(report: StudyReport) -> None:
             }
             for c in race.state.comparisons
         ]
-        diff = "loss_diff: the map's loss minus the baseline's, below 0 is better"
-        if settings.frozen:
-            what = "error rate (1 - accuracy)" if settings.binary else "loss"
-            paired = f"paired by {settings.words.paired}"
-            rows_table(
-                f"against the baseline {settings.words.at(0)} (test {words.unit}s, {paired}; loss_diff: the map's "
-                f"{what} minus the baseline's, below 0 is better)",
-                [r | {"map": words.shown(str(r.get("map") or r["reuse_map"]))} for r in rows],
-                FROZEN_COMPARISON_COLUMNS,
-                {"window_chunks": f"test {words.unit}s", "reuse_map": "map"},
-                droppable=["level", "p"],
-            )
-        else:
+        diff = f"loss_diff: the map's {words.loss} minus the baseline's, below 0 is better"
+        if words.trains:
             rows_table(
                 f"against the baseline at the target (test seeds; {diff})",
                 rows,
                 COMPARISON_COLUMNS,
                 {"seeds": "test seeds"},
+                droppable=["level", "p"],
+            )
+        else:
+            rows_table(
+                f"against the baseline {words.at(0)} (test {words.plural}, paired by {words.paired}; {diff})",
+                rows,
+                COMPARISON_COLUMNS,
+                {"seeds": f"test {words.plural}", "reuse_map": "map"},
                 droppable=["level", "p"],
             )
     for key, why in race.state.eliminated.items():
@@ -734,30 +664,18 @@ def print_race(report: StudyReport) -> None:
         out.print(f"trust: {report.answer.trust.text()}", soft_wrap=True)
 
 
-def is_frozen(report: StudyReport) -> bool:
-    """A frozen study's report (maps only evaluated on the pretrained weights: no step trained)."""
-    return report.race is not None and report.race.settings.frozen
-
-
 def print_front(report: StudyReport, front: list[FrontRow]) -> None:
     """The decided front as run and pareto print it (a frozen study's without its steps, its maps as a study writes
     them, its seeds chunks and its scores in its measure)."""
-    if is_frozen(report):
-        words = study_words(report)
-        rows = race_front_rows(front, words)
-        rows_table(
-            f"Pareto front of {report.study}",
-            [r | {"map": words.shown(r["map"])} for r in rows],
-            FROZEN_FRONT_COLUMNS,
-            FROZEN_FRONT_HEADERS | {"seeds": f"{words.unit}s", "reuse_map": "map", "val_ppl": words.column},
-            RACE_FRONT_DROPPED,
-        )
+    words, title = study_words(report), f"Pareto front of {report.study}"
+    if words.trains:  # in perplexity, whatever it judged (a trained study's answer loss is its held-out text's)
+        rows_table(title, race_front_rows(front), RACE_FRONT_COLUMNS, RACE_FRONT_HEADERS, RACE_FRONT_DROPPED)
     else:
         rows_table(
-            f"Pareto front of {report.study}",
-            race_front_rows(front),
-            RACE_FRONT_COLUMNS,
-            RACE_FRONT_HEADERS,
+            title,
+            [r | {"map": words.shown(r["map"])} for r in race_front_rows(front, words)],
+            FROZEN_FRONT_COLUMNS,
+            FROZEN_FRONT_HEADERS | {"seeds": words.plural, "reuse_map": "map", "val_ppl": words.column},
             RACE_FRONT_DROPPED,
         )
 
@@ -769,20 +687,20 @@ def print_run(report: StudyReport) -> None:
     for name, ref in report.references.items():
         out.print(f"reference {name}: {_fmt(ref.flops_ratio)}x, ppl {_fmt(ref.val_ppl)}")
     everything = report.steps_trained + report.reference_steps + report.race_steps
-    if is_frozen(report):
-        assert report.race is not None  # a frozen study's report has its race
-        out.print(
-            f"{report.n_complete} evaluated, {report.n_failed} failed; frozen: no step trained, every result the "
-            f"pretrained weights evaluated {report.race.settings.words.at(0)}; storage {report.storage}"
-        )
-    else:
+    words = study_words(report)
+    if words.trains:
         out.print(
             f"{report.n_complete} complete, {report.n_pruned} pruned, {report.n_failed} failed; "
             f"{everything} steps trained: {report.steps_trained} in the trials ({report.steps_saved_by_pruning} "
             f"saved by pruning), {report.reference_steps} in the reference runs, "
             f"{report.race_steps} in the race; storage {report.storage}"
         )
-    _fidelity_lines(None if is_frozen(report) else report.fidelity)  # frozen: no proxy whose fidelity to judge
+    else:
+        out.print(
+            f"{report.n_complete} evaluated, {report.n_failed} failed; frozen: no step trained, every result the "
+            f"pretrained weights evaluated {words.at(0)}; storage {report.storage}"
+        )
+    _fidelity_lines(report)
     print_learned(report)
     print_race(report)
     print_phases(report)
@@ -894,10 +812,10 @@ def print_trials(report: StudyReport) -> None:
     listing = report.listing
     if listing is not None:
         rows = [r.to_dict() for r in listing.rows]  # a table's cells by column name
-        if is_frozen(report):
-            words = study_words(report)
+        words = study_words(report)
+        if not words.trains:
             rows_table(
-                f"maps evaluated in {report.study} (on {words.unit} 0)",
+                f"maps evaluated in {report.study} (on {words.one(0)})",
                 [
                     r | {"map": words.shown(r.get("map") or r["reuse_map"]), "val_ppl": words.value(r["val_ppl"])}
                     for r in rows
@@ -915,7 +833,7 @@ def print_trials(report: StudyReport) -> None:
                 ["reference", "reuse_map", "knobs", "flops_ratio", "val_ppl", "val_bpb", "seed", "status"],
                 droppable=["val_bpb", "seed", "status"],
             )
-    _fidelity_lines(None if is_frozen(report) else report.fidelity)
+    _fidelity_lines(report)
     print_learned(report)
     print_race(report)
 
@@ -938,7 +856,7 @@ def print_pareto(report: StudyReport) -> None:
                 [{"layer": k, "importance": f"{v:.2f}"} for k, v in view.layers.importance.items()],
                 ["layer", "importance"],
             )
-    _fidelity_lines(None if is_frozen(report) else report.fidelity)
+    _fidelity_lines(report)
     print_race(report)
     if view is not None and view.out:
         out.print(f"wrote {view.out}")
@@ -950,8 +868,7 @@ def print_blocks(view: BlockView) -> None:
     (3 significant figures) and its mark (analysis/blocks.py MARKS), then a line of what the numbers and marks are."""
     report, grid = view.report, view.grid
     print_answer(report)
-    words = grid.settings.words
-    where = f"{words.one(grid.screen_chunk)}'s" if grid.settings.frozen else "the proxy trial's"
+    words = Replicates.of(grid.settings)
     for panel in grid.panels():
         ends = sorted({c.end for c in panel.cells})
         table = Table(title=f"{panel.title}: blocks I..J run {panel.repeats} times", title_justify="left")
@@ -973,9 +890,8 @@ def print_blocks(view: BlockView) -> None:
     plain = f", ppl {grid.plain_ppl:.4g}" if grid.plain_ppl is not None and grid.settings.judged == "ppl" else ""
     out.print(
         f"each cell: block:I-J:R's loss minus the plain model's ({events.shown_key(grid.baseline)}{plain}) in "
-        f"{grid.unit}, below 0 "
-        f"better: the race's paired mean over its test {words.plural} where it raced the block, else {where}; "
-        f"{view.marks}",
+        f"{grid.unit}, below 0 better: the race's paired mean over its test {words.plural} where it raced the block, "
+        f"else {words.screened(grid.screen_chunk)}; {view.marks}",
         soft_wrap=True,
         markup=False,
         highlight=False,
@@ -994,8 +910,10 @@ def recurred_layers(front: Sequence[FrontRow]) -> str:
     return f"the decided front recurs layer{'s' if len(names) > 1 else ''} {listed}"
 
 
-def _fidelity_lines(fidelity: Fidelity | None) -> None:
-    if fidelity is None:
+def _fidelity_lines(report: StudyReport) -> None:
+    """The proxy's fidelity to the final ranking (a study that trains: a frozen one has no proxy to judge)."""
+    fidelity = report.fidelity
+    if fidelity is None or not study_words(report).trains:
         return
     if fidelity.rungs:
         rows_table(
@@ -1144,11 +1062,9 @@ def print_plan(report: DryRunReport) -> None:
     if report.finished:
         rows["left"] = cast(str, report.left)
     data, train = report.data, report.train
-    frozen = train.steps == 0
+    words = Replicates(frozen=train.steps == 0)
     rows |= {
-        (
-            "maps to evaluate" if frozen else "trials to train"
-        ): f"{report.trials_to_train} (of {report.n_trials} wanted)",
+        f"{words.maps} to {words.verb}": f"{report.trials_to_train} (of {report.n_trials} wanted)",
         "references": ", ".join(report.references_to_train) or "none",
         "sampler": report.sampler,
         "pruner": report.pruner
@@ -1163,7 +1079,7 @@ def print_plan(report: DryRunReport) -> None:
         "train": f"{train.steps} steps, batch {train.batch_size}, lr {train.lr:g}, "
         f"{train.device} {train.dtype}, evaluations at {train.eval_steps}",
     }
-    if frozen:
+    if not words.trains:
         del rows["train"], rows["references"]
         rows["evaluate"] = (
             f"frozen: no step trained; each map scores a chunk of {report.chunk_size} held-out windows or items, "
@@ -1178,10 +1094,10 @@ def print_plan(report: DryRunReport) -> None:
     if race.decided:
         rows["race"] = (
             "decided"
-            if race.frozen
+            if not words.trains
             else f"{race.policy} at {race.target_steps} steps: decided ({race.steps_trained} steps trained)"
         )
-    elif race.frozen and isinstance(shape, AdaptiveRace):
+    elif not words.trains and isinstance(shape, AdaptiveRace):
         rows["race"] = (
             f"frozen: {shape.screen} maps ranked on chunk 0 (the trials'), {shape.contenders} contenders (the plain "
             f"model among them) evaluated on {shape.first_test_seeds} to {shape.max_seeds - 1} test chunks, paired: "
@@ -1220,12 +1136,11 @@ def print_plan(report: DryRunReport) -> None:
     if estimate is not None:
         rows["layout"] = estimate.layout
         for p in estimate.probes:
-            rows[f"probe {p.label}"] = f"map {events.format_reuse_map(p.reuse_map)}: " + (
-                f"{_milliseconds(p.seconds_per_eval)}/evaluation"
-                if frozen
-                else f"{_milliseconds(p.seconds_per_step)}/step, {_milliseconds(p.seconds_per_eval)}/evaluation"
+            per_step = f"{_milliseconds(p.seconds_per_step)}/step, " if words.trains else ""
+            rows[f"probe {p.label}"] = (
+                f"map {events.format_reuse_map(p.reuse_map)}: {per_step}{_milliseconds(p.seconds_per_eval)}/evaluation"
             )
-        rows["per map" if frozen else "per trial"] = _duration(estimate.trial_seconds)
+        rows[f"per {words.map}"] = _duration(estimate.trial_seconds)
         low, high = estimate.seconds, estimate.seconds_max
         span = _duration(low) if _duration(low) == _duration(high) else f"{_duration(low)} to {_duration(high)}"
         rows["estimated time" + left] = f"{span} ({estimate.note})"

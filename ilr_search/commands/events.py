@@ -2,7 +2,8 @@
 map is written (training/schedule.py, analysis/map_key.py). The CLI imports only from commands/, so these come
 through here."""
 
-from ilr_search.analysis.map_key import as_block, is_baseline_key, shown_key
+from ilr_search.analysis.map_key import shown_key
+from ilr_search.analysis.replicates import FROZEN_UNITS, SCORE_COLUMNS, Replicates
 from ilr_search.knobs import format_knobs
 from ilr_search.search.progress import (
     Event,
@@ -20,9 +21,10 @@ from ilr_search.search.progress import (
 from ilr_search.training.schedule import format_reuse_map
 
 __all__ = [
-    "as_block",
-    "is_baseline_key",
     "shown_key",
+    "FROZEN_UNITS",
+    "SCORE_COLUMNS",
+    "Replicates",
     "Event",
     "Message",
     "ReferenceFinished",

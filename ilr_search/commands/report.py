@@ -136,7 +136,7 @@ def _importances(
     """Each parameter's importance for perplexity (and each searched knob's), from Optuna's evaluator over a
     study of the `evaluated` trials with `params` (by trial number) in `distributions`; empty where nothing can be
     attributed."""
-    knobs = sorted({k for t in evaluated for k in t.knobs})
+    knobs = sorted({k for t in evaluated for k in t.knobs})  # a trial without a knob has its default (the first)
     knob_dists = {  # over the settings the trials had (a damping grid is the study's own)
         k: optuna.distributions.CategoricalDistribution(
             sorted({t.knobs[k] for t in evaluated if k in t.knobs} | {KNOB_CHOICES[k][0]}, key=str)
@@ -147,7 +147,7 @@ def _importances(
     for t in evaluated:
         shadow.add_trial(
             optuna.trial.create_trial(
-                params=dict(params[t.number]) | {f"knob {k}": t.knobs[k] for k in knobs},
+                params=dict(params[t.number]) | {f"knob {k}": t.knobs.get(k, KNOB_CHOICES[k][0]) for k in knobs},
                 distributions=dict(distributions) | {f"knob {k}": d for k, d in knob_dists.items()},
                 value=t.val_ppl,
             )
