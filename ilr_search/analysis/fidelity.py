@@ -20,16 +20,12 @@ from typing import Any, cast
 
 from optuna.trial import TrialState
 
-from ilr_search.analysis.map_key import is_baseline_key
 from ilr_search.analysis.pareto import non_dominated
 from ilr_search.analysis.results import (
     Curves,
     FrontRow,
     as_list,
-    is_all_ones_key,
     is_baseline,
-    is_deep_key,
-    map_text,
     study_front,
     trained_by_map,
     trained_trials,
@@ -39,6 +35,7 @@ from ilr_search.knobs import KnobValue
 from ilr_search.records import record_json
 from ilr_search.storage import RunRecord
 from ilr_search.storage.trials import TrialRecord, trained_results
+from ilr_search.training.schedule import Map, is_all_ones_key, is_baseline_key, map_text
 
 AGREE_SPEARMAN = 0.8  # "the proxy ranks as longer training does"
 PARTLY_SPEARMAN = 0.5
@@ -244,7 +241,7 @@ def audit_report(trials: Sequence[TrialRecord], rows: Sequence[RunRecord], facto
             r.job.factor == factor
             and r.state == "complete"
             and r.val_ppl is not None
-            and not is_deep_key(r.job.map_key)
+            and Map.form_of(r.job.map_key) != "deeper"
         ):
             done.setdefault(r.job.map_key, []).append(r)
     if not done:
@@ -318,7 +315,7 @@ def audit_report(trials: Sequence[TrialRecord], rows: Sequence[RunRecord], facto
 
 def audit_reports(trials: Sequence[TrialRecord], rows: Sequence[RunRecord]) -> list[AuditReport]:
     """One report per audited factor, in increasing factor."""
-    rows = [r for r in rows if not is_deep_key(r.job.map_key)]
+    rows = [r for r in rows if Map.form_of(r.job.map_key) != "deeper"]
     factors = sorted({r.job.factor for r in rows}, key=float)
     return [a for a in (audit_report(trials, rows, f) for f in factors) if a is not None]
 
