@@ -15,7 +15,7 @@ from ilr_search.config import SpaceConfig
 from ilr_search.knobs import format_knobs
 from ilr_search.storage import CurvePoint, RunRecord, Store, TrainCurvePoint, stored_references
 from ilr_search.storage.trials import TrialRecord, trained_results
-from ilr_search.training.schedule import Map, key_text, map_text
+from ilr_search.training.schedule import Map, format_reuse_map, key_text, map_text
 
 
 def as_list(ints: tuple[int, ...] | None) -> list[int] | None:
@@ -80,7 +80,7 @@ def curve_rows(study: optuna.Study, store: Store) -> list[CurveRow]:
         rows += by_trial[number]
     per_step = tokens_per_step(study.user_attrs)
     for ref in reference_rows(store, study.user_attrs):
-        label = ",".join(map(str, ref.reuse_map)) if ref.reuse_map else ref.name
+        label = format_reuse_map(ref.reuse_map) if ref.reuse_map else ref.name
         rows += [CurveRow(None, ref.name, label, "val", step, step * per_step, loss) for step, loss in ref.curve]
     for row in race_run_rows(store.race_runs(), study.user_attrs):
         run = row.run

@@ -26,7 +26,7 @@ from ilr_search.search.studies import open_study
 from ilr_search.space import load_space
 from ilr_search.storage import open_store, parse_storage, stored_references, study_storage
 from ilr_search.storage.trials import study_trials, trained_results
-from ilr_search.training.schedule import Map
+from ilr_search.training.schedule import Map, format_reuse_map
 
 
 def feasible_maps(n_layers: int, max_reuse: int, max_layer_runs: int) -> list[list[int]]:
@@ -110,7 +110,7 @@ def build_table(
     for t in trained_results(study_trials(study)):
         rows.append(
             {
-                "reuse_map": ",".join(map(str, cast(tuple[int, ...], t.reuse_map))),  # a trained result's map
+                "reuse_map": format_reuse_map(cast(tuple[int, ...], t.reuse_map)),  # a trained result's map
                 "flops_ratio": t.flops_ratio,
                 "val_ppl": t.val_ppl,
                 "val_bpb": t.val_bpb,
