@@ -361,9 +361,14 @@ class Map:
                 f"{self.text} is the race's deeper plain model ({len(self.counts)} layers, each once), no map of "
                 f"a model of {n_layers} layers"
             )
-        if self.form == "layers":
-            check_reuse_map(self.counts, n_layers)
-        elif n_layers != len(self.counts):
+        if self.form == "layers" and len(self.counts) != n_layers:
+            raise ScheduleError(
+                f"reuse map {self.text} has {len(self.counts)} entries but the model has {n_layers} layers; give one "
+                "count per layer or change --layers"
+            )
+        if self.form == "layers" and min(self.counts, default=1) < 1:
+            raise ScheduleError(f"reuse map {self.text} has a count below 1; every layer runs at least once")
+        if self.form != "layers" and n_layers != len(self.counts):
             raise ScheduleError(f"map {self.text} is for {len(self.counts)} layers but the model has {n_layers}")
         if max_reuse is not None:
             check_max_reuse(self.counts, max_reuse, f"{'block' if self.form == 'block' else 'reuse'} map {self.text}")
@@ -453,18 +458,6 @@ def map_of_schedule(schedule: Sequence[int], n_layers: int) -> Map | None:
         return None
     block = Map.of_block(repeated[0], repeated[-1], counts[repeated[0]], n_layers)
     return block.canonical() if block.schedule() == list(schedule) else None
-
-
-def check_reuse_map(reuse_map: Sequence[int], n_layers: int) -> None:
-    if len(reuse_map) != n_layers:
-        raise ScheduleError(
-            f"reuse map {format_reuse_map(reuse_map)} has {len(reuse_map)} entries but the model has "
-            f"{n_layers} layers; give one count per layer or change --layers"
-        )
-    if any(r < 1 for r in reuse_map):
-        raise ScheduleError(
-            f"reuse map {format_reuse_map(reuse_map)} has a count below 1; every layer runs at least once"
-        )
 
 
 def check_max_reuse(reuse_map: Sequence[int], max_reuse: int, where: str) -> None:
