@@ -57,10 +57,10 @@ def checkpoint(seed: int, steps: int, folder: Path) -> Path:
     from ilr_search.config import DataConfig, ModelConfig, TrainConfig
     from ilr_search.data.tokens import load_tokens
     from ilr_search.training.pretrained import export_checkpoint
-    from ilr_search.training.schedule import parse_map
+    from ilr_search.training.schedule import Map
     from ilr_search.training.train import train_proxy
 
-    chosen = parse_map(TRAINED, 4)
+    chosen = Map.parse(TRAINED, 4)
     cfg = chosen.configure(ModelConfig(vocab_size=256, n_layers=4, d_model=64, n_heads=4, seq_len=64))
     train = TrainConfig(
         steps=steps, batch_size=16, lr=3e-3, eval_fractions=(1.0,), eval_windows=32, seed=seed, device="cpu"

@@ -23,14 +23,14 @@ def scores(init: str) -> dict[str, list[list[float]]]:
     from ilr_search.commands.api import with_init
     from ilr_search.space import load_space
     from ilr_search.training.frozen import chunk_scores, load_space_data
-    from ilr_search.training.schedule import parse_map
+    from ilr_search.training.schedule import Map
 
     space = with_init(load_space("blocks-scan", {}), init)
     space = replace(space, train=replace(space.train, steps=0))
     data = load_space_data(space)
     out = {}
     for text in MAPS:
-        schedule = parse_map(text, space.model.n_layers).schedule()
+        schedule = Map.parse(text, space.model.n_layers).schedule()
         out[text] = [list(map(float, c.scores)) for c in chunk_scores(space.model, schedule, data, space.train, [0, 1])]
     return out
 

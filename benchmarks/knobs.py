@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from ilr_search.knobs import KNOB_CHOICES, KNOBS, config_key  # noqa: E402
-from ilr_search.training.schedule import ReuseMap, format_reuse_map  # noqa: E402
+from ilr_search.training.schedule import Map, format_reuse_map  # noqa: E402
 from ilr_search.space import load_space  # noqa: E402
 
 OFF = {name: KNOB_CHOICES[name][0] for name in KNOBS}
@@ -59,7 +59,7 @@ def run_proxy_study(args: argparse.Namespace, seed: int) -> None:
     from ilr_search.search.run import RunRequest, prepare_study, run_in_process
 
     space = load_space(args.space, overrides(seed))
-    reuse_map = list(ReuseMap.parse(args.map, space.model.n_layers).counts)
+    reuse_map = list(Map.parse(args.map, space.model.n_layers).counts)
     configs = configurations(reuse_map)
     name = f"{args.prefix}-seed{seed}"
     request = RunRequest(space, args.budget, name, args.storage, n_trials=len(configs), race=False)  # audited at 4x below
@@ -111,7 +111,7 @@ def main() -> None:
     import optuna
 
     space = load_space(args.space)
-    reuse_map = list(ReuseMap.parse(args.map, space.model.n_layers).counts)
+    reuse_map = list(Map.parse(args.map, space.model.n_layers).counts)
     proxy: dict[str, list[float]] = {}
     for seed in (0, 1):
         study = optuna.load_study(study_name=f"{args.prefix}-seed{seed}", storage=args.storage)

@@ -602,9 +602,9 @@ def main() -> None:
         name: [{k: x[k] for k in ("expected", "argmax", "correct")} for x in s["items"]] for name, s in scored.items()
     }
     report["heldout_measures"] = measures(scored, answers)
-    from ilr_search.training.schedule import ReuseMap
+    from ilr_search.training.schedule import Map
 
-    baseline_key = ReuseMap.baseline(n_layers).key
+    baseline_key = Map.baseline(n_layers).key
     report["agreement"] = {
         "base": agreement(per_item.get(baseline_key, {}), scored["base"]["items"]),
         "block": agreement(per_item.get(key, {}), scored["block"]["items"]),

@@ -7,8 +7,8 @@ import sqlite3
 import pytest
 from conftest import frozen_run_args, write_space
 
-from ilr_search.analysis.map_key import as_block
 from ilr_search.search.maps import feasible_blocks
+from ilr_search.training.schedule import as_block
 
 # frozen and trained studies that race, as on one core: no race worker processes (conftest.one_core)
 pytestmark = pytest.mark.usefixtures("one_usable_core")
@@ -105,9 +105,9 @@ def test_damping_on_the_plain_map_is_the_plain_map(cli, tmp_path, recurrent_chec
 def test_a_one_layer_block_that_repeats_one_branch_is_written_as_that_block():
     # A frozen block search with --parts both,attn,mlp stopped on `block:I-I:Rm`: its canonical key is a reuse map
     # (`1,1,4m,1`), and as_block read every entry as a whole number (ValueError: '4m').
-    from ilr_search.training.schedule import map_of_key
+    from ilr_search.training.schedule import Map
 
     assert as_block("1,1,4m,1") == "block:2-2:4m"
     assert as_block("1,3a,1,1|adapters=8") == "block:1-1:3a|adapters=8"
     assert as_block("2a,2a,1,1") == "2a,2a,1,1"  # two layers repeated: no one block
-    assert map_of_key(as_block("1,1,4m,1"), 4).key == "1,1,4m,1"
+    assert Map.parse(as_block("1,1,4m,1"), 4).key == "1,1,4m,1"

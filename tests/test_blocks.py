@@ -8,36 +8,36 @@ import pytest
 from conftest import assert_one_line_error, run_cli, write_space
 
 from ilr_search.search.maps import BLOCK_PARAMS, parse_enqueued, repair_block
-from ilr_search.training.schedule import BlockMap, ReuseMap, ScheduleError, map_of_key, parse_map
+from ilr_search.training.schedule import Map, ScheduleError
 
 
 def test_parse_format_schedule_and_key_round_trip():
-    block = parse_map("block:1-2:2", 4)
-    assert block == BlockMap(1, 2, 2, 4) and block.key == str(block) == "block:1-2:2"
+    block = Map.parse("block:1-2:2", 4)
+    assert block == Map.of_block(1, 2, 2, 4) and block.key == str(block) == "block:1-2:2"
     assert block.schedule() == [0, 1, 2, 1, 2, 3] and block.counts == (1, 2, 2, 1) and block.layer_runs == 6
     assert not block.is_baseline
-    assert parse_map(block.key, 4) == block and map_of_key("block:1-2:2|injection=add", 4) == block
-    assert parse_map("block:0-3:2", 4).schedule() == [0, 1, 2, 3, 0, 1, 2, 3]  # block2's schedule
+    assert Map.parse(block.key, 4) == block and Map.parse("block:1-2:2|injection=add", 4).with_knobs("") == block
+    assert Map.parse("block:0-3:2", 4).schedule() == [0, 1, 2, 3, 0, 1, 2, 3]  # block2's schedule
 
 
 def test_a_block_with_a_reuse_maps_schedule_is_that_reuse_map():
-    one_layer = parse_map("block:2-2:3", 4)
-    assert one_layer == ReuseMap((1, 1, 3, 1)) and one_layer.key == "1,1,3,1"
-    assert one_layer.schedule() == BlockMap(2, 2, 3, 4).schedule() == [0, 1, 2, 2, 2, 3]
-    assert parse_map("block:1-2:1", 4) == ReuseMap.baseline(4)
+    one_layer = Map.parse("block:2-2:3", 4)
+    assert one_layer == Map.of_counts((1, 1, 3, 1)) and one_layer.key == "1,1,3,1"
+    assert one_layer.schedule() == Map.of_block(2, 2, 3, 4).schedule() == [0, 1, 2, 2, 2, 3]
+    assert Map.parse("block:1-2:1", 4) == Map.baseline(4)
 
 
 @pytest.mark.parametrize("text", ["block:2-1:2", "block:1-4:2", "block:1-2:0", "block:1-2", "block:a-b:c"])
 def test_bad_block_maps_are_refused(text):
     with pytest.raises(ScheduleError):
-        parse_map(text, 4)
+        Map.parse(text, 4)
 
 
 def test_repair_shrinks_the_repeats_then_the_block():
-    assert repair_block(1, 2, 3, 4, 8) == BlockMap(1, 2, 3, 4)  # 4 + 2*2 = 8: fits
-    assert repair_block(2, 1, 3, 4, 7) == BlockMap(1, 2, 2, 4)  # either order; R 3 -> 2
-    assert repair_block(0, 3, 3, 4, 6) == BlockMap(0, 1, 2, 4)  # R 2 still over: the block shrinks
-    assert repair_block(0, 3, 2, 4, 4) == BlockMap(0, 3, 1, 4)  # nothing fits: the baseline
+    assert repair_block(1, 2, 3, 4, 8) == Map.of_block(1, 2, 3, 4)  # 4 + 2*2 = 8: fits
+    assert repair_block(2, 1, 3, 4, 7) == Map.of_block(1, 2, 2, 4)  # either order; R 3 -> 2
+    assert repair_block(0, 3, 3, 4, 6) == Map.of_block(0, 1, 2, 4)  # R 2 still over: the block shrinks
+    assert repair_block(0, 3, 2, 4, 4) == Map.of_block(0, 3, 1, 4)  # nothing fits: the baseline
     for args in [(1, 2, 3, 4, 7), (0, 3, 3, 4, 6), (3, 3, 2, 4, 6)]:
         fitted = repair_block(*args)
         assert repair_block(fitted.start, fitted.end, fitted.repeats, 4, args[-1]) == fitted  # idempotent
@@ -119,7 +119,7 @@ def test_a_blocks_study_proposes_blocks_within_budget_once_each(blocks_study, cl
     assert keys[:2] == ["1,1,1,1", "block:1-2:2"]  # the baseline, then the map asked for
     for t in trials:
         assert set(t.params) == set(BLOCK_PARAMS)  # only block parameters: no per-layer counts, no family
-        chosen = map_of_key(t.user_attrs["map_key"], 4)
+        chosen = Map.parse(t.user_attrs["map_key"], 4)
         assert chosen.layer_runs <= 8 and chosen.key == t.user_attrs["map_key"]
     trained = [t.user_attrs["map_key"] for t in trials if "reused_from" not in t.user_attrs]
     assert len(trained) == len(set(trained))  # no schedule trained twice

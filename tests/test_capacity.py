@@ -24,7 +24,7 @@ from ilr_search.training.flops import (
     param_count,
 )
 from ilr_search.training.model import ILRTransformer
-from ilr_search.training.schedule import parse_map
+from ilr_search.training.schedule import Map
 
 
 def tiny(**kw) -> ModelConfig:
@@ -50,7 +50,7 @@ def routed_model(cfg: ModelConfig, router_std: float = 1.0) -> ILRTransformer:
 @pytest.mark.parametrize("pe", ["rope", "nope", "learned"])
 @pytest.mark.parametrize("text", ["3,1,1,1", "1,3a,1,2m", "block:1-2:2"])
 def test_the_routed_step_with_gates_held_and_every_token_is_the_fixed_map_exactly(pe, text):
-    chosen = parse_map(text, 4)
+    chosen = Map.parse(text, 4)
     cfg = chosen.configure(tiny(pe=pe, capacity=0.5, damping=0.5, injection="add"))
     torch.manual_seed(0)
     routed = ILRTransformer(cfg)
@@ -102,7 +102,7 @@ def test_evaluation_is_causal_a_later_token_changes_no_earlier_decision_or_logit
     """The earlier tokens' routing decisions are equal exactly; their logits equal up to float rounding: a routed
     pass runs the chosen tokens as one sub-sequence, whose length (and so the kernels' blocking) counts the later
     tokens chosen too."""
-    chosen = parse_map(text, 4)
+    chosen = Map.parse(text, 4)
     model = routed_model(chosen.configure(tiny(capacity=0.5))).eval()
     x = tokens(B=4)
     later = x.clone()
@@ -126,7 +126,7 @@ def test_evaluation_is_causal_a_later_token_changes_no_earlier_decision_or_logit
 @pytest.mark.parametrize("capacity", [0.25, 0.5, 0.75])
 @pytest.mark.parametrize("text", ["3,1,1,1", "2,2,1,1", "1,3a,1,2m", "block:1-2:2"])
 def test_realised_fractions_stay_within_c_and_realised_flops_equal_the_flop_counter(text, capacity):
-    chosen = parse_map(text, 4)
+    chosen = Map.parse(text, 4)
     cfg = chosen.configure(tiny(capacity=capacity))
     model = routed_model(cfg).eval()
     x, schedule = tokens(B=4), chosen.schedule()

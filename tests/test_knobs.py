@@ -356,9 +356,9 @@ def test_a_repeat_factor_on_a_map_that_repeats_no_layer_is_dropped():
         "injection": "add"
     }
     assert acting_knobs({"damping": 0.5}, [0, 0, 1, 2]) == {"damping": 0.5}
-    assert parse_keyed_map("1,1,1|damping=0.1", 3, "here")[1] == {}
-    assert parse_keyed_map("2,1,1|damping=0.1", 3, "here")[1] == {"damping": 0.1}
-    assert parse_keyed_map("block:1-2:2|damping=0.5", 3, "here")[1] == {"damping": 0.5}
+    assert parse_keyed_map("1,1,1|damping=0.1", 3, "here").knob_settings == {}
+    assert parse_keyed_map("2,1,1|damping=0.1", 3, "here").knob_settings == {"damping": 0.1}
+    assert parse_keyed_map("block:1-2:2|damping=0.5", 3, "here").knob_settings == {"damping": 0.5}
 
 
 def test_a_map_whose_adapters_the_budget_does_not_pay_for_is_repaired_to_fit_at_that_rank():
@@ -367,11 +367,11 @@ def test_a_map_whose_adapters_the_budget_does_not_pay_for_is_repaired_to_fit_at_
     # by what its passes cost with the adapters on (search.maps.fit_map), keeping the rank the sampler drew.
     from ilr_search.search.maps import fit_map
     from ilr_search.training.flops import flops_ratio, parse_budget
-    from ilr_search.training.schedule import parse_map
+    from ilr_search.training.schedule import Map
 
     cfg = ModelConfig(n_layers=4, d_model=32, n_heads=2, seq_len=64, vocab_size=256, max_reuse=3)
     budget, ranked = parse_budget("1.5x", cfg), with_knobs(cfg, {"adapters": 16}, 6)
-    edge, inside = parse_map("2,2,1,1", 4), parse_map("2,1,1,1", 4)
+    edge, inside = Map.parse("2,2,1,1", 4), Map.parse("2,1,1,1", 4)
     assert not budget.allows(flops_ratio(ranked, edge.schedule()))
     fitted = fit_map(edge, budget.pass_costs(ranked))
     assert budget.allows(flops_ratio(ranked, fitted.schedule())) and fitted != edge and not fitted.is_baseline

@@ -115,10 +115,10 @@ def write(path: Path, text: str) -> Path:
 
 def test_layer_scans_config_reads_as_its_block(tmp_path):
     from ilr_search.training.mergekit import candidate_key, read_passthrough
-    from ilr_search.training.schedule import BlockMap
+    from ilr_search.training.schedule import Map
 
     read = read_passthrough(write(tmp_path / "scan.yml", LAYER_SCAN_30), 30)
-    assert read.map == BlockMap(16, 27, 2, 30) and read.key == "block:16-27:2"
+    assert read.map == Map.of_block(16, 27, 2, 30) and read.key == "block:16-27:2"
     assert read.damping == 1.0 and read.repeat_scale == "off" and read.model == "/path/or/hf-name"
     assert read.schedule == tuple(range(28)) + tuple(range(16, 30))
     small = LAYER_SCAN_30.replace("[0, 28]", "[0, 5]").replace("[16, 30]", "[2, 6]")
@@ -232,9 +232,9 @@ PARTS_ROUND_TRIP_MAPS = ["1,3a,1,2m,1,1", "2m,1,1,1,1,3a", "block:2-4:2a", "bloc
 @pytest.mark.parametrize("map_text", PARTS_ROUND_TRIP_MAPS)
 def test_a_written_config_with_one_branch_passes_reads_back_as_its_map(map_text, damping, tmp_path):
     from ilr_search.training.mergekit import passthrough_yaml, read_passthrough
-    from ilr_search.training.schedule import parse_map
+    from ilr_search.training.schedule import Map
 
-    chosen = parse_map(map_text, N_LAYERS)
+    chosen = Map.parse(map_text, N_LAYERS)
     read = read_passthrough(write(tmp_path / "m.yml", passthrough_yaml(chosen, damping, "m", N_LAYERS)), N_LAYERS)
     assert (read.map, read.damping) == (chosen, damping) and read.schedule == tuple(chosen.schedule())
 
@@ -244,9 +244,9 @@ def test_a_written_config_with_one_branch_passes_reads_back_as_its_map(map_text,
 @pytest.mark.parametrize("map_text", ROUND_TRIP_MAPS)
 def test_a_written_config_reads_back_as_its_map_and_knobs(map_text, damping, repeat_scale, tmp_path):
     from ilr_search.training.mergekit import passthrough_yaml, read_passthrough
-    from ilr_search.training.schedule import parse_map
+    from ilr_search.training.schedule import Map
 
-    chosen = parse_map(map_text, N_LAYERS)
+    chosen = Map.parse(map_text, N_LAYERS)
     path = write(
         tmp_path / "m.yml", passthrough_yaml(chosen, damping, "some/model", N_LAYERS, repeat_scale=repeat_scale)
     )
@@ -256,20 +256,20 @@ def test_a_written_config_reads_back_as_its_map_and_knobs(map_text, damping, rep
 
 
 def test_only_a_maps_schedule_has_a_map():
-    from ilr_search.training.schedule import BlockMap, ReuseMap, map_of_schedule
+    from ilr_search.training.schedule import Map, map_of_schedule
 
-    assert map_of_schedule([0, 0, 1, 2], 3) == ReuseMap((2, 1, 1))
-    assert map_of_schedule([0, 1, 2, 1, 2], 3) == BlockMap(1, 2, 2, 3)
-    assert map_of_schedule([0, 1, 1, 1, 2], 3) == ReuseMap((1, 3, 1))  # a block of one layer is its reuse map
+    assert map_of_schedule([0, 0, 1, 2], 3) == Map.of_counts((2, 1, 1))
+    assert map_of_schedule([0, 1, 2, 1, 2], 3) == Map.of_block(1, 2, 2, 3)
+    assert map_of_schedule([0, 1, 1, 1, 2], 3) == Map.of_counts((1, 3, 1))  # a block of one layer is its reuse map
     for schedule in ([1, 0], [0, 1], [0, 1, 2, 3], [0, 1, 0, 2, 1], [0, 1, 2, 1, 2, 1, 2, 0]):
         assert map_of_schedule(schedule, 3) is None, schedule
 
 
 def test_the_baseline_has_no_pass_to_damp(tmp_path):
     from ilr_search.training.mergekit import passthrough_yaml, read_passthrough
-    from ilr_search.training.schedule import ReuseMap
+    from ilr_search.training.schedule import Map
 
-    text = passthrough_yaml(ReuseMap.baseline(N_LAYERS), 0.5, "m", N_LAYERS, repeat_scale="residual")
+    text = passthrough_yaml(Map.baseline(N_LAYERS), 0.5, "m", N_LAYERS, repeat_scale="residual")
     read = read_passthrough(write(tmp_path / "b.yml", text), N_LAYERS)
     assert read.key == "1,1,1,1,1,1" and "scale:" not in text
 

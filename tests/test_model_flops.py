@@ -13,7 +13,7 @@ from ilr_search.training.flops import (
     parse_budget,
 )
 from ilr_search.training.model import ILRTransformer
-from ilr_search.training.schedule import ReuseMap, ScheduleError, block_schedule, reuse_map_schedule
+from ilr_search.training.schedule import Map, ScheduleError, block_schedule, reuse_map_schedule
 
 ENCODINGS = ["nope", "rope", "learned", "alibi"]
 SCHEDULES = {
@@ -192,11 +192,11 @@ def test_bad_budgets(text):
 )
 def test_bad_maps(text, layers):
     with pytest.raises(ScheduleError):
-        ReuseMap.parse(text, layers)
+        Map.parse(text, layers)
 
 
 def test_good_map():
-    assert ReuseMap.parse(" 4, 2,1,1", 4).counts == (4, 2, 1, 1)
+    assert Map.parse(" 4, 2,1,1", 4).counts == (4, 2, 1, 1)
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ from conftest import assert_one_line_error, frozen_run_args, write_space
 from ilr_search.config import DataConfig, ModelConfig, TrainConfig
 from ilr_search.training.flops import count_flops, forward_flops_per_token, map_param_count, param_count
 from ilr_search.training.model import ILRTransformer, decoder_layer, position_tables
-from ilr_search.training.schedule import BlockMap, ReuseMap, ScheduleError, parse_map
+from ilr_search.training.schedule import Map, ScheduleError
 
 
 def tiny(**kw) -> ModelConfig:
@@ -35,32 +35,32 @@ def tiny(**kw) -> ModelConfig:
     ],
 )
 def test_a_reuse_map_with_parts_round_trips(text, counts, parts, schedule):
-    chosen = parse_map(text, 4)
-    assert isinstance(chosen, ReuseMap) and (chosen.counts, chosen.parts, chosen.schedule()) == (
+    chosen = Map.parse(text, 4)
+    assert chosen.form == "layers" and (chosen.counts, chosen.parts, chosen.schedule()) == (
         counts,
         parts,
         schedule,
     )
-    assert parse_map(str(chosen), 4) == chosen
+    assert Map.parse(str(chosen), 4) == chosen
 
 
 def test_one_plain_layer_has_one_map_and_one_key():
-    assert parse_map("1a,1m,1,1", 4) == parse_map("1,1,1,1", 4) == ReuseMap.baseline(4)
-    assert str(parse_map("1a,2,1m,1", 4)) == "1,2,1,1"
+    assert Map.parse("1a,1m,1,1", 4) == Map.parse("1,1,1,1", 4) == Map.baseline(4)
+    assert str(Map.parse("1a,2,1m,1", 4)) == "1,2,1,1"
 
 
 def test_a_block_takes_a_part_and_a_one_layer_block_is_its_reuse_map():
-    block = parse_map("block:1-2:3a", 4)
-    assert isinstance(block, BlockMap) and str(block) == "block:1-2:3a" and block.parts == ("", "a", "a", "")
+    block = Map.parse("block:1-2:3a", 4)
+    assert block.is_block and str(block) == "block:1-2:3a" and block.parts == ("", "a", "a", "")
     assert block.schedule() == [0, 1, 2, 1, 2, 1, 2, 3]
-    assert parse_map("block:2-2:3m", 4) == parse_map("1,1,3m,1", 4)
-    assert parse_map("block:1-2:1a", 4) == ReuseMap.baseline(4)  # a block run once is the plain model
+    assert Map.parse("block:2-2:3m", 4) == Map.parse("1,1,3m,1", 4)
+    assert Map.parse("block:1-2:1a", 4) == Map.baseline(4)  # a block run once is the plain model
 
 
 @pytest.mark.parametrize("text", ["3x,1,1,1", "0a,1,1,1", "2b,1,1,1", "a,1,1,1", "block:1-2:2x", "1,1,1"])
 def test_bad_map_text_is_refused(text):
     with pytest.raises(ScheduleError):
-        parse_map(text, 4)
+        Map.parse(text, 4)
 
 
 def unrolled(model: ILRTransformer, x: torch.Tensor, passes: list[tuple[int, tuple[float, float] | None]]):
@@ -94,7 +94,7 @@ def unrolled(model: ILRTransformer, x: torch.Tensor, passes: list[tuple[int, tup
     ],
 )
 def test_one_branch_passes_run_the_branches_the_text_says(text, passes):
-    chosen = parse_map(text, 4)
+    chosen = Map.parse(text, 4)
     model = ILRTransformer(chosen.configure(tiny())).eval()
     x = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -111,7 +111,7 @@ KNOBS = [{}, {"adapter_rank": 4}, {"damping": 0.5}, {"injection": "add", "iterat
 @pytest.mark.parametrize("knobs", KNOBS, ids=["off", "adapters", "damping", "injection-norms"])
 def test_analytic_flops_equal_the_flop_counter_for_every_part(pe, knobs):
     for text in ("1,3a,1,2m", "2m,1,1,3a", "block:1-2:3a", "block:0-2:2m", "2,2,1,1", "1,1,1,1"):
-        chosen = parse_map(text, 4)
+        chosen = Map.parse(text, 4)
         cfg = chosen.configure(tiny(pe=pe, **knobs))
         model = ILRTransformer(cfg).eval()
         x = torch.randint(0, 64, (1, 16))
@@ -125,9 +125,9 @@ def test_a_one_branch_pass_costs_its_branch_and_adapters_count_their_matmuls_and
 
     plain = forward_flops_per_token(tiny(), [0, 1, 2, 3])
     attn, mlp = branch_flops_per_token(tiny())
-    two_a = parse_map("2a,1,1,1", 4)
+    two_a = Map.parse("2a,1,1,1", 4)
     assert forward_flops_per_token(two_a.configure(tiny()), two_a.schedule()) == plain + attn
-    two_m = parse_map("2m,1,1,1", 4)
+    two_m = Map.parse("2m,1,1,1", 4)
     assert forward_flops_per_token(two_m.configure(tiny()), two_m.schedule()) == plain + mlp
     ranked = dataclasses.replace(two_a.configure(tiny()), adapter_rank=4)
     d, q3, f = 32, 3 * 32, 128
@@ -139,7 +139,7 @@ def test_a_one_branch_pass_costs_its_branch_and_adapters_count_their_matmuls_and
 
 
 def test_adapters_at_zero_equal_the_plain_repeat_exactly_and_move_it_once_trained():
-    chosen = parse_map("1,3a,1,2m", 4)
+    chosen = Map.parse("1,3a,1,2m", 4)
     torch.manual_seed(3)
     adapted = ILRTransformer(dataclasses.replace(chosen.configure(tiny()), adapter_rank=4)).eval()
     torch.manual_seed(3)
@@ -160,7 +160,7 @@ def test_the_hf_export_equals_the_model_with_parts_and_merged_adapters(text):
     pytest.importorskip("transformers")
     from ilr_search.training.pretrained import unrolled_hf_model
 
-    chosen = parse_map(text, 4)
+    chosen = Map.parse(text, 4)
     cfg = dataclasses.replace(chosen.configure(tiny(max_reuse=3)), adapter_rank=4, damping=0.5)
     torch.manual_seed(0)
     model = ILRTransformer(cfg).eval()
@@ -238,7 +238,7 @@ def parts_checkpoint(tmp_path_factory, token_cache) -> Path:
     from ilr_search.training.pretrained import export_checkpoint
     from ilr_search.training.train import train_proxy
 
-    chosen = parse_map(TRAINED_PARTS_MAP, 4)
+    chosen = Map.parse(TRAINED_PARTS_MAP, 4)
     cfg = chosen.configure(ModelConfig(vocab_size=256, n_layers=4, d_model=32, n_heads=2, seq_len=64))
     trained: list[ILRTransformer] = []
     train = TrainConfig(steps=300, batch_size=8, lr=1e-2, eval_fractions=(1.0,), eval_windows=16, device="cpu")

@@ -43,7 +43,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeGuard
 
 from ilr_search.analysis.answer import interval_words, ppl_gain, side
-from ilr_search.analysis.map_key import MapKey
 from ilr_search.analysis.race_core import (
     CANNOT_WIN,
     DECIDED_AGAINST,
@@ -67,7 +66,6 @@ from ilr_search.analysis.race_core import (
     loss_front,
     race_compute,
 )
-from ilr_search.analysis.results import DEEP_PREFIX, deep_key, is_deep_key, key_reuse_map
 from ilr_search.analysis.sequential import (
     SequentialTest,
     detectable_gap,
@@ -78,6 +76,7 @@ from ilr_search.analysis.sequential import (
 )
 from ilr_search.analysis.stats import decision_level, paired_comparison, rank_agreement, seed_interval
 from ilr_search.analysis.unit_pairs import UnitPairs, UnitTest, unit_detectable_gap, unit_pairs
+from ilr_search.training.schedule import Map
 
 DETECTION_POWER = 0.8
 
@@ -85,7 +84,7 @@ DETECTION_POWER = 0.8
 def layer_runs(map_key: str, n_layers: int | None = None) -> int:
     """The layers a map's schedule runs (a reuse map's counts' sum); a key's knob part (after '|') is ignored. A
     block map's key needs the model's `n_layers`."""
-    return MapKey.parse(map_key, n_layers).map.layer_runs
+    return Map.parse(map_key, n_layers).layer_runs
 
 
 def _finite(value: float | None) -> TypeGuard[float]:
@@ -162,7 +161,7 @@ def screen_agreement(
 
 def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSettings, baseline_key: str) -> RaceState:
     """The adaptive race's decision from every evaluation (see the module docstring)."""
-    maps = [e for e in evaluations if not is_deep_key(e.map_key)]  # the equal-compute models are no contenders
+    maps = [e for e in evaluations if Map.form_of(e.map_key) != "deeper"]  # the equal-compute models are no contenders
     _, early, base_losses, eliminated = base_results(maps, settings, baseline_key)
     if early is not None:
         return early
@@ -297,7 +296,7 @@ def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSetting
             eliminated[k] = comparisons[k].why
     best = _best_recurrent(comparisons, results, target)
     deep = (
-        deep_key(layer_runs(best, len(key_reuse_map(baseline_key))))
+        Map.of_deeper(layer_runs(best, Map.parse(baseline_key).n_layers)).key
         if settings.equal_compute and best is not None
         else None
     )
@@ -636,7 +635,7 @@ def _equal_compute(
     if deep is None or best is None:
         return None
     mine, theirs = results.at(best, target), results.at(deep, target)
-    layers = int(deep[len(DEEP_PREFIX) :])
+    layers = Map.parse(deep).n_layers
     share = settings.layer_param_share
     iv = seed_interval(by_seed(theirs), settings.confidence) if theirs else None
     c = paired_comparison(mine, theirs, settings.confidence)
@@ -653,7 +652,7 @@ def _equal_compute(
         layers,
         best,
         results.flops.get(deep),
-        1 + (layers - len(baseline_key.split(","))) * share if share > 0 else None,
+        1 + (layers - Map.parse(baseline_key).n_layers) * share if share > 0 else None,
         target,
         tuple(sorted(theirs)),
         iv.val_ppl if iv is not None else None,

@@ -13,10 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ilr_search.analysis.map_key import MapKey
 from ilr_search.analysis.race_core import DECIDED_AGAINST, Comparison, RaceSettings, StoredResult
 from ilr_search.records import record_json
-from ilr_search.training.schedule import BlockMap, ReuseMap
+from ilr_search.training.schedule import Map
 
 CLAIMED = "better"  # the comparison status of a block claimed better than the plain model
 NOT_RACED = "not raced"  # the status of a cell the race did not compare: its screening result alone
@@ -45,16 +44,11 @@ class BlockPlace:
 def block_place(map_key: str, n_layers: int) -> BlockPlace | None:
     """The place of a map key that is one block run more than once (`block:I-J:R`, or a reuse map with one layer run
     R > 1 times, block I-I); None for the plain model and for reuse maps that are no single block."""
-    key = MapKey.parse(map_key, n_layers)
-    chosen = key.map
-    if isinstance(chosen, BlockMap):
-        return BlockPlace(chosen.start, chosen.end, chosen.repeats, key.knobs)
-    assert isinstance(chosen, ReuseMap)
-    recurred = [i for i, r in enumerate(chosen.counts) if r > 1]
-    if len(recurred) != 1:
+    chosen = Map.parse(map_key, n_layers)
+    block = chosen.one_block()
+    if block is None or block.repeats < 2:
         return None
-    layer = recurred[0]
-    return BlockPlace(layer, layer, chosen.counts[layer], key.knobs)
+    return BlockPlace(block.start, block.end, block.repeats, chosen.knobs)
 
 
 @dataclass(frozen=True)

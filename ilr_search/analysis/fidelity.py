@@ -20,16 +20,12 @@ from typing import Any, cast
 
 from optuna.trial import TrialState
 
-from ilr_search.analysis.map_key import is_baseline_key
 from ilr_search.analysis.pareto import non_dominated
 from ilr_search.analysis.results import (
     Curves,
     FrontRow,
     as_list,
-    is_all_ones_key,
     is_baseline,
-    is_deep_key,
-    map_text,
     study_front,
     trained_by_map,
     trained_trials,
@@ -39,6 +35,7 @@ from ilr_search.knobs import KnobValue
 from ilr_search.records import record_json
 from ilr_search.storage import RunRecord
 from ilr_search.storage.trials import TrialRecord, trained_results
+from ilr_search.training.schedule import Map, format_reuse_map, is_all_ones_key, is_baseline_key, map_text
 
 AGREE_SPEARMAN = 0.8  # "the proxy ranks as longer training does"
 PARTLY_SPEARMAN = 0.5
@@ -244,7 +241,7 @@ def audit_report(trials: Sequence[TrialRecord], rows: Sequence[RunRecord], facto
             r.job.factor == factor
             and r.state == "complete"
             and r.val_ppl is not None
-            and not is_deep_key(r.job.map_key)
+            and Map.form_of(r.job.map_key) != "deeper"
         ):
             done.setdefault(r.job.map_key, []).append(r)
     if not done:
@@ -318,7 +315,7 @@ def audit_report(trials: Sequence[TrialRecord], rows: Sequence[RunRecord], facto
 
 def audit_reports(trials: Sequence[TrialRecord], rows: Sequence[RunRecord]) -> list[AuditReport]:
     """One report per audited factor, in increasing factor."""
-    rows = [r for r in rows if not is_deep_key(r.job.map_key)]
+    rows = [r for r in rows if Map.form_of(r.job.map_key) != "deeper"]
     factors = sorted({r.job.factor for r in rows}, key=float)
     return [a for a in (audit_report(trials, rows, f) for f in factors) if a is not None]
 
@@ -448,12 +445,12 @@ def fidelity_agreement(
     if baseline_only and best is not None:
         parts.append(
             "no recurrent map beat the baseline at this proxy length "
-            f"(best {best.map or _map(best.reuse_map or ())}: "
+            f"(best {best.map or format_reuse_map(best.reuse_map or ())}: "
             f"ppl {best.val_ppl:.3f}); recurrent maps often overtake later"
         )
     if second is not None and None not in second.seed_ppls:
         a, b = second.seed_ppls
-        parts.append(f"{_map(second.reuse_map or ())} at two seeds: ppl {a:.3f} and {b:.3f}")
+        parts.append(f"{format_reuse_map(second.reuse_map or ())} at two seeds: ppl {a:.3f} and {b:.3f}")
     if noise:
         parts.append(f"baseline seed spread {noise.spread:.3f} ppl")
     parts.append(f"not audited: `ilr-search audit --study {study_name}` checks the ranking at 4x training")
@@ -469,7 +466,3 @@ def _fraction(f: float) -> str:
 
 def _signed(x: float | None) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:+.2f}"
-
-
-def _map(m: Sequence[int]) -> str:
-    return ",".join(map(str, m))

@@ -28,7 +28,6 @@ from plotly.subplots import make_subplots
 from ilr_search.analysis.answer import Answer
 from ilr_search.analysis.blocks import BlockCell, BlockGrid, BlockPanel
 from ilr_search.analysis.fidelity import AuditReport, Fidelity, NoiseBand
-from ilr_search.analysis.map_key import is_baseline_key, map_text
 from ilr_search.analysis.race_report import RaceReport
 from ilr_search.analysis.replicates import Replicates
 from ilr_search.analysis.results import (
@@ -36,11 +35,11 @@ from ilr_search.analysis.results import (
     LayerView,
     as_list,
     is_baseline,
-    is_deep_key,
     knobs_text,
 )
 from ilr_search.analysis.stats import seed_interval
 from ilr_search.storage.trials import TrialRecord
+from ilr_search.training.schedule import Map, is_baseline_key, map_text
 
 STATE_STYLE = {
     "COMPLETE": dict(symbol="circle", color="#1f77b4"),
@@ -288,7 +287,7 @@ def raced_points(race: RaceReport) -> list[RacedPoint]:
     flops: dict[str, float] = {}
 
     def counted(key: str) -> bool:
-        if is_deep_key(key):
+        if Map.form_of(key) == "deeper":
             return equal is not None and key == equal.deep_key
         return key in trial_maps or key in front or is_baseline_key(key)
 
@@ -300,7 +299,7 @@ def raced_points(race: RaceReport) -> list[RacedPoint]:
     for key, by_seed in losses.items():
         iv = seed_interval([by_seed[s] for s in sorted(by_seed)], race.settings.confidence)
         row = front.get(key)
-        if is_deep_key(key):
+        if Map.form_of(key) == "deeper":
             kind = "deep"
         elif is_baseline_key(key):
             kind = "baseline"

@@ -132,7 +132,7 @@ class RaceSettings:
 
     def shown(self, map_key: str) -> str:
         """A map key as the study's texts write it (as_block in a study of blocks)."""
-        from ilr_search.analysis.map_key import as_block
+        from ilr_search.training.schedule import as_block
 
         return as_block(map_key) if self.blocks else map_key
 

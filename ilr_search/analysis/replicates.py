@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from ilr_search.analysis.map_key import as_block, is_baseline_key, shown_key
+from ilr_search.training.schedule import as_block, is_baseline_key, shown_key
 
 Judged = Literal["ppl", "answer", "accuracy"]  # what a study judges: perplexity, answer loss, accuracy on items
 FROZEN_UNITS = ("window chunk", "item chunk")  # a frozen study's replicates

@@ -10,13 +10,12 @@ from typing import Any, cast
 import optuna
 from optuna.trial import TrialState
 
-from ilr_search.analysis.map_key import MapKey, key_text, map_text
 from ilr_search.analysis.pareto import pareto_front
 from ilr_search.config import SpaceConfig
 from ilr_search.knobs import format_knobs
 from ilr_search.storage import CurvePoint, RunRecord, Store, TrainCurvePoint, stored_references
 from ilr_search.storage.trials import TrialRecord, trained_results
-from ilr_search.training.schedule import ReuseMap, is_block_text
+from ilr_search.training.schedule import Map, format_reuse_map, key_text, map_text
 
 
 def as_list(ints: tuple[int, ...] | None) -> list[int] | None:
@@ -81,7 +80,7 @@ def curve_rows(study: optuna.Study, store: Store) -> list[CurveRow]:
         rows += by_trial[number]
     per_step = tokens_per_step(study.user_attrs)
     for ref in reference_rows(store, study.user_attrs):
-        label = ",".join(map(str, ref.reuse_map)) if ref.reuse_map else ref.name
+        label = format_reuse_map(ref.reuse_map) if ref.reuse_map else ref.name
         rows += [CurveRow(None, ref.name, label, "val", step, step * per_step, loss) for step, loss in ref.curve]
     for row in race_run_rows(store.race_runs(), study.user_attrs):
         run = row.run
@@ -111,7 +110,7 @@ class RaceRunRow:
     stores no training curve, so `train` is empty)."""
 
     run: RunRecord
-    key: MapKey | None
+    key: Map | None
     tokens_per_step: int
 
     @property
@@ -123,7 +122,7 @@ class RaceRunRow:
         r = self.run
         return {
             "map_key": r.job.map_key,
-            "reuse_map": list(self.key.map.counts) if self.key else None,
+            "reuse_map": list(self.key.counts) if self.key else None,
             "knobs": self.key.knobs or None if self.key else None,
             "factor": r.job.factor,
             "steps": r.steps,
@@ -149,11 +148,12 @@ def race_run_rows(runs: Sequence[RunRecord], study_attrs: Mapping[str, Any]) -> 
     per_step = tokens_per_step(study_attrs)
     config = study_attrs.get("ilr:config")  # search/plan.py's CONFIG_ATTR
     n_layers = int(config["model"]["n_layers"]) if config else None
-    return [
-        RaceRunRow(r, None if is_deep_key(r.job.map_key) else MapKey.parse(r.job.map_key, n_layers), per_step)
-        for r in runs
-        if r.kind == "race"
-    ]
+    rows = []
+    for r in runs:
+        if r.kind == "race":
+            parsed = Map.parse(r.job.map_key, n_layers)
+            rows.append(RaceRunRow(r, None if parsed.is_deeper else parsed, per_step))
+    return rows
 
 
 LossPoint = tuple[int, int, float]  # (step, tokens, loss) of a learning curve
@@ -248,7 +248,7 @@ class FrontRow:
     @property
     def key(self) -> str:
         """The point's map key: its map (or its reuse map's counts) with its knobs."""
-        return key_text(self.map or ReuseMap(tuple(self.reuse_map or ())).key, self.knobs)
+        return key_text(self.map or Map.of_counts(self.reuse_map or ()).text, self.knobs)
 
     @property
     def raced(self) -> bool:
@@ -367,29 +367,6 @@ def trained_by_map(trials: Sequence[TrialRecord]) -> dict[str, TrialRecord]:
 
 def is_baseline(reuse_map: list[int] | None) -> bool:
     return bool(reuse_map and all(r == 1 for r in reuse_map))
-
-
-def key_reuse_map(map_key: str, n_layers: int | None = None) -> list[int]:
-    """The per-layer counts of a trial's map key ("2,1,1,1", "2,1,1,1|injection=add" with knobs on, or a block
-    map "block:1-2:2", whose counts need the model's `n_layers`)."""
-    return list(MapKey.parse(map_key, n_layers).map.counts)
-
-
-DEEP_PREFIX = "deep"  # the race's equal-compute model: deepR, the study's model with R layers, each run once
-
-
-def deep_key(layer_runs: int) -> str:
-    return f"{DEEP_PREFIX}{layer_runs}"
-
-
-def is_deep_key(key: str) -> bool:
-    """An equal-compute model's key (deepR), not a reuse map of the study's model."""
-    return key.startswith(DEEP_PREFIX) and key[len(DEEP_PREFIX) :].isdigit()
-
-
-def is_all_ones_key(map_key: str) -> bool:
-    """The all-ones map, whatever its knobs (a canonical block map is never all ones)."""
-    return not is_block_text(map_key) and is_baseline(key_reuse_map(map_key))
 
 
 def finite_or_none(x: float) -> float | None:

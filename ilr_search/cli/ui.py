@@ -486,7 +486,7 @@ class ConsoleReporter(events.RunReporter):
             self.progress.update(self.study_task, completed=event.finished)
         knobs = events.format_knobs(t.knobs) if t.knobs else ""
         reuse_map = list(t.reuse_map) if t.reuse_map is not None else None
-        named = self.words.named(t.map_key.split("|", 1)[0]) if t.map_key else f"map {_fmt(reuse_map)}"
+        named = self.words.named(events.map_text(t.map_key)) if t.map_key else f"map {_fmt(reuse_map)}"
         self.print(
             event,
             f"trial {t.number} {t.state.name.lower()}: {named}"

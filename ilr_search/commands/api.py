@@ -17,7 +17,7 @@ from ilr_search.knobs import format_knobs, knob_params, knobs_of, parse_knob_set
 from ilr_search.space import load_space
 from ilr_search.training.flops import FlopsCount, describe, map_param_count
 from ilr_search.training.model import repeat_indices
-from ilr_search.training.schedule import BlockMap, Map, parse_map, resolve_schedule
+from ilr_search.training.schedule import Map, resolve_schedule
 from ilr_search.training.train import OnStep
 
 if TYPE_CHECKING:
@@ -165,8 +165,8 @@ def map_model(
     n_layers = cfg_space.model.n_layers
     counts, schedule, block = resolve_schedule(n_layers, reuse_map, block, cfg_space.search.max_reuse)
     cfg = schedule_model(cfg_space, schedule, knobs)
-    chosen = parse_map(reuse_map, n_layers) if isinstance(reuse_map, str) else None
-    written = chosen if chosen is not None and (isinstance(chosen, BlockMap) or chosen.parts) else None
+    chosen = Map.parse(reuse_map, n_layers) if isinstance(reuse_map, str) else None
+    written = chosen if chosen is not None and (chosen.is_block or chosen.parts) else None
     return MapModel(cfg_space, counts, schedule, block, written, cfg if chosen is None else chosen.configure(cfg))
 
 
@@ -185,7 +185,7 @@ def train_report(
     `save`, write the trained model there: natively (`model.safetensors`, `config.json` and the tokenizer;
     `ILRTransformer.load` reads them), or with save_format hf as a standard transformers checkpoint, its schedule
     unrolled. `init`: start from a checkpoint's model and weights, on data its tokenizer tokenizes (with_init)."""
-    from ilr_search.commands.recipe import MapChoice, check_save, train_and_save, train_report_of
+    from ilr_search.commands.recipe import check_save, train_and_save, train_report_of
 
     m = map_model(space, overrides, reuse_map, block, knobs, init)
     save_dir = Path(save) if save is not None else None
@@ -194,10 +194,7 @@ def train_report(
     data = load_space_tokens(m.space)
     check_vocab(m.cfg, data.vocab_size)
     settings = parse_knob_settings(knobs or "")
-    choice = (
-        MapChoice.of(m.block_map, settings)
-        if m.block_map is not None
-        else MapChoice(m.counts, m.schedule, settings, m.block)
-    )
+    written = m.block_map or (Map.of_stack(m.block, len(m.counts)) if m.block else Map.of_counts(m.counts))
+    choice = written.with_knobs(settings)
     result = train_and_save(m.cfg, choice, data, m.space, on_step, save_dir, save_format=save_format)
     return train_report_of(m.cfg, m.counts, result, m.block, knobs_of(m.cfg), save_dir)

@@ -21,7 +21,6 @@ import optuna
 from optuna.trial import TrialState
 
 from ilr_search.analysis.fidelity import AuditReport, audit_report
-from ilr_search.analysis.map_key import is_baseline_key
 from ilr_search.analysis.results import Curves, curves_by_trial, study_front, trained_trials
 from ilr_search.config import SIZE_MAXIMA, AuditSettings, SpaceConfig, factor_key
 from ilr_search.data.tokenizers import check_vocab, model_config
@@ -54,6 +53,7 @@ from ilr_search.storage import (
 )
 from ilr_search.storage.trials import TrialRecord, study_trials, trained_results
 from ilr_search.training.jobs import fusable
+from ilr_search.training.schedule import is_baseline_key
 
 AUTO_MAPS = 8  # the default selection aims at this many maps with a complete proxy result
 NEAR_FRONT_PRUNED = 2

@@ -1,8 +1,7 @@
 """What the CLI's renderer (cli/ui.py) needs to draw a run: its event stream (search/progress.py) and how a
-map is written (training/schedule.py, analysis/map_key.py). The CLI imports only from commands/, so these come
+map is written (training/schedule.py). The CLI imports only from commands/, so these come
 through here."""
 
-from ilr_search.analysis.map_key import shown_key
 from ilr_search.analysis.replicates import FROZEN_UNITS, SCORE_COLUMNS, Replicates
 from ilr_search.knobs import format_knobs
 from ilr_search.search.progress import (
@@ -18,7 +17,7 @@ from ilr_search.search.progress import (
     TrialFinished,
     TrialStarted,
 )
-from ilr_search.training.schedule import format_reuse_map
+from ilr_search.training.schedule import format_reuse_map, map_text, shown_key
 
 __all__ = [
     "shown_key",
@@ -38,4 +37,5 @@ __all__ = [
     "TrialStarted",
     "format_knobs",
     "format_reuse_map",
+    "map_text",
 ]

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from ilr_search.commands.recipe import (
-    MapChoice,
     StudySettingsView,
     choose_map,
     load_study_settings,
@@ -50,6 +49,7 @@ from ilr_search.training.pretrained import (
     open_checkpoint,
     resolve_source,
 )
+from ilr_search.training.schedule import Map, parsed_key
 
 EXPORT_FORMATS = {
     "hf": "a standard transformers checkpoint in the folder --out",
@@ -93,13 +93,13 @@ def export_checkpoint(
     return export_study_model(study, out, storage, map_text, family, on_choice=on_choice)
 
 
-def parse_export_map(map_text: str, n_layers: int, knobs: bool = False) -> MapChoice:
-    """A `--map` of export-model: a reuse map, a block map (block:I-J:R) or blockK, without knobs unless `knobs`
-    (a frozen study's map, whose knobs the study's model config takes)."""
-    counts = map_text.strip().partition("|")[0]
-    if not counts.startswith("block") and len(counts.split(",")) != n_layers:
+def parse_export_map(map_text: str, n_layers: int, knobs: bool = False) -> Map:
+    """A `--map` of export-model: a per-layer map, a block map (block:I-J:R) or blockK, without knobs unless
+    `knobs` (a frozen study's map, whose knobs the study's model config takes)."""
+    written = parsed_key(map_text)  # per-layer counts give their own number of layers
+    if written is not None and not written.is_deeper and written.n_layers != n_layers:
         raise CheckpointError(
-            f"--map {map_text!r} has {len(counts.split(','))} entries but the model has "
+            f"--map {map_text!r} has {written.n_layers} entries but the model has "
             f"{n_layers} distinct layers; give one count per layer ({','.join(['1'] * n_layers)} "
             "writes each once)"
         )
@@ -141,7 +141,7 @@ def export_saved_model(
         schedule, key = files.schedule, str(saved.get("map", "the trained schedule"))
     else:
         choice = parse_export_map(map_text, cfg.n_layers)
-        schedule, key = choice.schedule, choice.key
+        schedule, key = choice.schedule(), choice.key
         cfg = dataclasses.replace(cfg, parts=choice.parts)
     family = check_family(family, cfg)
     tokenizer = saved_tokenizer(folder, files.data)
@@ -183,21 +183,21 @@ def export_study_model(
     checkpoint = open_checkpoint(init)
     raw = json.loads((checkpoint.path / "config.json").read_text(encoding="utf-8"))
     positions = int(raw.get("max_position_embeddings") or checkpoint.config.seq_len)  # the checkpoint's, kept
-    cfg = dataclasses.replace(view.model(choice.knobs, choice.parts), seq_len=positions)
+    cfg = dataclasses.replace(view.model(choice.knob_settings, choice.parts), seq_len=positions)
     family = check_family(family or checkpoint.family, cfg)
     tokenizer = resolve_source(init)
     check_out_dir(out)
-    check_checkpoint(cfg, choice.schedule, family, tokenizer)
+    check_checkpoint(cfg, choice.schedule(), family, tokenizer)
     if on_choice is not None:
         on_choice(why)
     model = build_model(cfg, seed=0).eval()
-    write_checkpoint(model, choice.schedule, out, family, tokenizer)
-    return ExportedModel(out, family, choice.key, tuple(choice.schedule), f"study {study_name}", parts=cfg.parts)
+    write_checkpoint(model, choice.schedule(), out, family, tokenizer)
+    return ExportedModel(out, family, choice.key, tuple(choice.schedule()), f"study {study_name}", parts=cfg.parts)
 
 
 def frozen_study_map(
     study_name: str, storage: str | None, map_text: str | None, export_format: str = "hf"
-) -> tuple[StudySettingsView, MapChoice, str]:
+) -> tuple[StudySettingsView, Map, str]:
     """A frozen study's settings, the map `map_text` names (default: its decided best) and the line saying which;
     a study that trained its maps (from scratch or retrofit) kept no trained weights, and is refused with the
     command that makes them (for a mergekit config: that it has no checkpoint holding them to take slices of)."""
@@ -261,13 +261,11 @@ def export_study_mergekit(
     checkpoint under `map_text` (default: the study's decided best map), written to the new file `out`."""
     from ilr_search.commands.report import _atomic_write
     from ilr_search.training.mergekit import passthrough_yaml
-    from ilr_search.training.schedule import map_of_key, map_of_schedule
 
     out = check_mergekit_out(Path(out))
     view, choice, why = frozen_study_map(study_name, storage, map_text, "mergekit")
-    others = sorted(
-        name for name in choice.knobs if name not in SCALE_KNOBS and choice.knobs[name] != KNOB_CHOICES[name][0]
-    )
+    settings = choice.knob_settings
+    others = sorted(name for name in settings if name not in SCALE_KNOBS and settings[name] != KNOB_CHOICES[name][0])
     if others:
         raise UserInputError(
             f"map {choice.key}: the knob(s) {', '.join(others)} have no place in a mergekit passthrough config, "
@@ -275,14 +273,13 @@ def export_study_mergekit(
             "export it with --format hf, which merges adapters into each pass's copy"
         )
     n_layers = view.space.model.n_layers
-    cfg = view.model(choice.knobs, choice.parts)
-    chosen = map_of_schedule(choice.schedule, n_layers) if choice.block else map_of_key(choice.key, n_layers)
-    assert chosen is not None  # a map's (or blockK's: block:0-(L-1):K) schedule
+    cfg = view.model(settings, choice.parts)
+    chosen = Map.of_block(0, n_layers - 1, choice.repeats, n_layers) if choice.is_stack else choice  # blockK's block
     text = passthrough_yaml(chosen, cfg.damping, mergekit_model(cfg.init), n_layers, repeat_scale=cfg.repeat_scale)
     if on_choice is not None:
         on_choice(why)
     _atomic_write(out, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
-    return ExportedModel(out, None, choice.key, tuple(choice.schedule), f"study {study_name}", "mergekit")
+    return ExportedModel(out, None, choice.key, tuple(choice.schedule()), f"study {study_name}", "mergekit")
 
 
 @dataclass(frozen=True)

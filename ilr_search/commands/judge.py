@@ -22,13 +22,12 @@ from ilr_search.commands.run import RunOptions, run_request
 from ilr_search.config import MAP_PARTS, JudgeOptions, SpaceConfig
 from ilr_search.data.tokenizers import model_config
 from ilr_search.errors import UserInputError
-from ilr_search.knobs import parse_knob_settings
 from ilr_search.search.maps import PART_NAMES
 from ilr_search.search.plan import safe_name
 from ilr_search.search.run import RunRequest
 from ilr_search.training.flops import flops_ratio, parse_budget
 from ilr_search.training.mergekit import candidate_key, is_config_path
-from ilr_search.training.schedule import ReuseMap, map_of_key
+from ilr_search.training.schedule import Map
 
 CHUNKS_AT_MOST = 16  # the chunks a judge evaluates at most (each costs an evaluation of every candidate)
 CHUNKS_AT_LEAST = 4  # chunk 0 and three to test on: a sequential test's first look at two, one more after it
@@ -71,7 +70,7 @@ def judge_request(options: JudgeOptions) -> tuple[RunRequest, list[Candidate]]:
     space = base_request.space
     model = model_config(space)
     candidates = [_candidate(text, model) for text in options.candidates]
-    baseline = ReuseMap.baseline(model.n_layers).key
+    baseline = Map.baseline(model.n_layers).key
     keys = [k for k in dict.fromkeys(c.key for c in candidates) if k != baseline]  # the model itself: no trial
     costliest = max([1.0, *(c.flops_ratio for c in candidates)])
     budget = options.budget or f"{math.ceil(costliest * 1000) / 1000:.3f}x"  # the costliest candidate's, rounded up
@@ -82,11 +81,9 @@ def judge_request(options: JudgeOptions) -> tuple[RunRequest, list[Candidate]]:
             f"{over[0].text} costs {over[0].flops_ratio:.3f}x the plain model's FLOPs, over --budget {budget}; "
             "a judge evaluates its candidates as given: raise --budget or leave it out"
         )
-    knobs = sorted({name for k in keys for name in parse_knob_settings(k.partition("|")[2])})
-    damping = sorted(
-        {float(parse_knob_settings(k.partition("|")[2]).get("damping", 1.0)) for k in keys} | {1.0}, reverse=True
-    )
-    maps = [map_of_key(k, model.n_layers) for k in keys]
+    maps = [Map.parse(k, model.n_layers) for k in keys]
+    knobs = sorted({name for m in maps for name in m.knob_settings})
+    damping = sorted({float(m.knob_settings.get("damping", 1.0)) for m in maps} | {1.0}, reverse=True)
     parts = sorted({PART_NAMES[p] for m in maps for p in m.parts} | {"both"}, key=list(MAP_PARTS).index)
     size, chunks = chunking(space, options.chunks, options.chunk_size)
     contenders = len(keys) + 1
@@ -154,8 +151,8 @@ def chunking(space: SpaceConfig, chunks: int | None, size: int | None) -> tuple[
 
 def _candidate(text: str, model: Any) -> Candidate:
     key = candidate_key(text, model.n_layers)
-    chosen = map_of_key(key, model.n_layers)
-    knobs = parse_knob_settings(key.partition("|")[2])
+    chosen = Map.parse(key, model.n_layers)
+    knobs = chosen.knob_settings
     from ilr_search.knobs import with_knobs
 
     return Candidate(

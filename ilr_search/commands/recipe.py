@@ -15,7 +15,6 @@ from typing import Any, Literal, cast
 
 import optuna
 
-from ilr_search.analysis.map_key import map_text as key_map_text
 from ilr_search.analysis.race_core import RaceWords
 from ilr_search.analysis.results import finite_or_none, trained_by_map
 from ilr_search.commands.standard_checkpoint import (
@@ -32,7 +31,7 @@ from ilr_search.config import DataConfig, ModelConfig, SpaceConfig, TrainConfig,
 from ilr_search.data.tokenizers import check_vocab, model_config
 from ilr_search.data.tokens import load_space_tokens
 from ilr_search.errors import UserInputError
-from ilr_search.knobs import KnobValue, config_key, format_knobs, parse_knob_settings, with_knobs
+from ilr_search.knobs import KnobValue, format_knobs, with_knobs
 from ilr_search.search.plan import stored_config
 from ilr_search.search.race_results import decided_front, race_report
 from ilr_search.search.studies import open_study
@@ -42,7 +41,8 @@ from ilr_search.storage.trials import TrialRecord, study_trials
 from ilr_search.training.flops import Budget, flops_ratio, map_param_count
 from ilr_search.training.model import ILRTransformer
 from ilr_search.training.pretrained import check_exportable
-from ilr_search.training.schedule import BlockMap, Map, block_schedule, format_reuse_map, is_block_text, parse_map
+from ilr_search.training.schedule import Map
+from ilr_search.training.schedule import map_text as key_map_text
 from ilr_search.training.train import OnStep, TrainResult, train_proxy
 
 RECIPE_FORMATS = (".toml", ".json")
@@ -57,55 +57,14 @@ ARCHITECTURE = (
 )
 
 
-@dataclass(frozen=True)
-class MapChoice:
-    """A map as `--map` names it: a reuse map or a block map with its knob settings, or block recurrence K
-    (`blockK`)."""
-
-    reuse_map: list[int]  # per-layer counts (a block map's too)
-    schedule: list[int]
-    knobs: dict[str, KnobValue] = field(default_factory=dict)
-    block: int | None = None
-    block_map: str | None = None  # the map's key where its counts do not give it: a block map's, or one with parts
-    parts: tuple[str, ...] = ()  # which branch each layer repeats (Map.parts)
-
-    @property
-    def key(self) -> str:
-        """The study's key of the map (`2,1,1,1`, `2,1,1,1|injection=add`, `block:1-2:2`), or `blockK`."""
-        if self.block:
-            return f"block{self.block}"
-        return config_key(self.block_map or format_reuse_map(self.reuse_map), self.knobs)
-
-    @classmethod
-    def of(cls, chosen: Map, knobs: dict[str, KnobValue] | None = None) -> MapChoice:
-        return cls(
-            list(chosen.counts),
-            chosen.schedule(),
-            dict(knobs or {}),
-            None,
-            chosen.key if isinstance(chosen, BlockMap) or chosen.parts else None,
-            chosen.parts,
-        )
-
-
-def parse_map_choice(text: str, n_layers: int) -> MapChoice:
-    """`2,1,1,1`, `2,1,1,1|injection=add` (knobs as `train --knobs` takes them), `block:1-2:2` or `block2`."""
+def parse_map_choice(text: str, n_layers: int) -> Map:
+    """A map as `--map` names it (Map.parse: `2,1,1,1`, `2,1,1,1|injection=add` with knobs as `train --knobs`
+    takes them, `block:1-2:2` or `block2`), checked against the model; one error line naming the option."""
     text = text.strip()
-    if text.startswith("block") and not is_block_text(text):
-        try:
-            k = int(text[len("block") :])
-        except ValueError:
-            raise UserInputError(
-                f"--map {text!r}: block recurrence is blockK with K a whole number, e.g. block2"
-            ) from None
-        return MapChoice([k] * n_layers, block_schedule(n_layers, k), {}, k)
-    map_text, _, knob_text = text.partition("|")
-    chosen = parse_map(map_text, n_layers)
     try:
-        knobs = parse_knob_settings(knob_text)
+        return Map.parse(text, n_layers).checked(n_layers).normalised()
     except ValueError as e:
         raise UserInputError(f"--map {text!r}: {e}") from None
-    return MapChoice.of(chosen, knobs)
 
 
 @dataclass(frozen=True)
@@ -135,7 +94,7 @@ def load_study_settings(study_name: str, storage: str | None) -> StudySettingsVi
     return StudySettingsView(study, space, config.init_depth, config.budget, storage)
 
 
-def choose_map(view: StudySettingsView, map_text: str | None, trained_only: bool) -> tuple[MapChoice, str]:
+def choose_map(view: StudySettingsView, map_text: str | None, trained_only: bool) -> tuple[Map, str]:
     """The map `--map` names (default: the front's complete map of lowest perplexity) and a line saying which.
     `trained_only`: the map must have a result in the study (a trial, or a block reference)."""
     trials = study_trials(view.study)
@@ -145,26 +104,26 @@ def choose_map(view: StudySettingsView, map_text: str | None, trained_only: bool
     choice = parse_map_choice(map_text, n_layers)
     if not trained_only:
         return choice, f"map {choice.key}"
-    references = study_references(parse_storage(view.storage, read_only=True), view.study) if choice.block else {}
-    if choice.block and f"block{choice.block}" not in references:
-        whole = BlockMap(0, n_layers - 1, choice.block, n_layers)  # a study searching blocks trains blockK as this
+    references = study_references(parse_storage(view.storage, read_only=True), view.study) if choice.is_stack else {}
+    if choice.is_stack and choice.key not in references:
+        whole = Map.of_block(0, n_layers - 1, choice.repeats, n_layers)  # a study searching blocks trains blockK so
         if whole.key in trained_by_map(list(trials)):
-            choice = MapChoice.of(whole)
-    if choice.block:
-        if f"block{choice.block}" not in references:
+            choice = whole
+    if choice.is_stack:
+        if choice.key not in references:
             raise UserInputError(
-                f"--map {map_text!r}: study {view.study.study_name!r} has no block{choice.block} "
+                f"--map {map_text!r}: study {view.study.study_name!r} has no {choice.key} "
                 "reference run; give a map it trained (ilr-search trials lists them)"
             )
         return choice, f"map {choice.key} (reference run)"
     trained = trained_by_map(trials)
     if choice.key in trained:
         return choice, f"map {choice.key} (trial {trained[choice.key].number})"
-    if "|" not in map_text:  # a plain map names the one trained knob setting of that map
+    if not choice.knobs:  # a map without knobs names the one trained knob setting of that map
         same = [k for k in trained if key_map_text(k) == choice.key]
         if len(same) == 1:
             t = trained[same[0]]
-            choice = dataclasses.replace(choice, knobs=dict(t.knobs))
+            choice = choice.with_knobs(dict(t.knobs))
             return choice, f"map {choice.key} (trial {t.number})"
         if len(same) > 1:
             raise UserInputError(
@@ -177,7 +136,7 @@ def choose_map(view: StudySettingsView, map_text: str | None, trained_only: bool
     )
 
 
-def default_map(view: StudySettingsView, trials: list[TrialRecord]) -> tuple[MapChoice, str]:
+def default_map(view: StudySettingsView, trials: list[TrialRecord]) -> tuple[Map, str]:
     """The map of lowest perplexity on the study's decided front (decided_front: the race's, at its raced length,
     where the study was raced; the proxy's otherwise), with the line saying which and why."""
     store = open_store(
@@ -193,9 +152,7 @@ def default_map(view: StudySettingsView, trials: list[TrialRecord]) -> tuple[Map
         raise UserInputError(f"study {view.study.study_name!r} has no complete trial yet; give --map or run it first")
     best = min(front, key=lambda p: (p.val_ppl, p.flops_ratio))
     trial = {t.number: t for t in trials}.get(best.trial) if best.trial is not None else None  # None: the baseline
-    choice = MapChoice.of(
-        parse_map(best.map, view.space.model.n_layers), dict(trial.knobs) if trial is not None else {}
-    )
+    choice = Map.parse(best.map, view.space.model.n_layers).with_knobs(dict(trial.knobs) if trial is not None else {})
     words = race.settings.words if race is not None else RaceWords()
     where = (
         f"the race's front {words.at(cast(int, best.steps))} (mean of {words.count(len(best.seeds))})"
@@ -273,15 +230,15 @@ class MeasuredResults:
         }
 
 
-def measured_results(view: StudySettingsView, storage: str | None, choice: MapChoice) -> MeasuredResults:
+def measured_results(view: StudySettingsView, storage: str | None, choice: Map) -> MeasuredResults:
     """What the study measured for the map: its proxy result, its finished race runs (the race's and the audit's
     longer or extra-seed runs), the second-seed reference where it is that map, and a prediction (none:
     ilr-search makes no extrapolation yet)."""
     study = view.study
     refs = study_references(parse_storage(storage, read_only=True), study)
     proxy: TrialProxy | ReferenceProxy | None = None
-    if choice.block:
-        ref = refs.get(f"block{choice.block}")
+    if choice.is_stack:
+        ref = refs.get(choice.key)
         proxy = (
             ReferenceProxy(ref.steps, ref.val_ppl, ref.val_bpb, ref.status)
             if ref
@@ -303,9 +260,9 @@ def measured_results(view: StudySettingsView, storage: str | None, choice: MapCh
     second_seed = None
     if (
         second
-        and list(second.reuse_map or ()) == choice.reuse_map
-        and second.knobs == choice.knobs
-        and not choice.block
+        and list(second.reuse_map or ()) == list(choice.counts)
+        and second.knobs == choice.knob_settings
+        and not choice.is_stack
     ):
         second_seed = SecondSeedRun(second.seed, second.steps, second.val_ppl, second.val_bpb)
     return MeasuredResults(proxy, runs, second_seed)
@@ -327,7 +284,7 @@ class Recipe:
     and what the study measured. to_json is the recipe as written (`recipe --json`, the TOML without its Nones)."""
 
     study: str
-    choice: MapChoice
+    choice: Map
     flops_ratio: float
     params: int
     budget: Budget
@@ -345,10 +302,10 @@ class Recipe:
         return {
             "study": self.study,
             "map": choice.key,
-            "reuse_map": choice.reuse_map,
-            "block": choice.block,
-            "schedule": choice.schedule,
-            "knobs": format_knobs(choice.knobs),
+            "reuse_map": list(choice.counts),
+            "block": choice.stack_repeats,
+            "schedule": choice.schedule(),
+            "knobs": choice.knobs,
             "flops_ratio": self.flops_ratio,
             "params": self.params,
             "budget": self.budget.to_dict(),
@@ -389,12 +346,12 @@ def study_recipe(
     choice, why = choose_map(view, map_text, trained_only=True)
     if on_choice is not None:
         on_choice(why)
-    model = view.model(choice.knobs, choice.parts)
+    model = view.model(choice.knob_settings, choice.parts)
     return Recipe(
         study_name,
         choice,
-        flops_ratio(model, choice.schedule),
-        map_param_count(model, choice.schedule),
+        flops_ratio(model, choice.schedule()),
+        map_param_count(model, choice.schedule()),
         view.budget,
         model,
         view.space.data,
@@ -462,7 +419,7 @@ def train_from_study(
     choice, why = choose_map(view, map_text, trained_only=False)
     if steps is not None and steps < 1:
         raise UserInputError(f"--steps must be at least 1, got {steps}")
-    model_cfg = view.model(choice.knobs, choice.parts)
+    model_cfg = view.model(choice.knob_settings, choice.parts)
     train_steps = steps or view.space.train.steps
     if train_steps < 1:  # a frozen study's maps were never trained: --steps says how long
         raise UserInputError(
@@ -478,13 +435,13 @@ def train_from_study(
     except SpaceError as e:
         raise UserInputError(f"--steps {steps}: {e.detail}" if e.section == "train" else str(e)) from None
     if save is not None:
-        check_save(model_cfg, choice.schedule, save, save_format)
+        check_save(model_cfg, choice.schedule(), save, save_format)
     if on_choice is not None:
         on_choice(why)
     data = load_space_tokens(space)
     check_vocab(model_cfg, data.vocab_size)
     result = train_and_save(model_cfg, choice, data, space, on_step, save, {"study": study_name}, save_format)
-    report = train_report_of(model_cfg, choice.reuse_map, result, choice.block, choice.knobs, save)
+    report = train_report_of(model_cfg, choice.counts, result, choice.stack_repeats, choice.knob_settings, save)
     return dataclasses.replace(report, study=study_name, map=choice.key)
 
 
@@ -500,7 +457,7 @@ def check_save(model_cfg: ModelConfig, schedule: Sequence[int], save: Path, save
 
 def train_and_save(
     model_cfg: ModelConfig,
-    choice: MapChoice,
+    choice: Map,
     data: Any,
     space: SpaceConfig,
     on_step: OnStep | None,
@@ -513,28 +470,28 @@ def train_and_save(
     tokenizer = data_tokenizer(model_cfg, space.data, data.path) if save is not None else None
     family = default_family(model_cfg) if save_format == "hf" else None
     if save is not None and family is not None:
-        check_checkpoint(model_cfg, choice.schedule, family, tokenizer)
+        check_checkpoint(model_cfg, choice.schedule(), family, tokenizer)
     kept: list[ILRTransformer] = []
     result = train_proxy(
         model_cfg,
-        choice.schedule,
+        choice.schedule(),
         data,
         space.train,
         on_step=on_step,
         on_trained=kept.append if save is not None else None,
     )
     if save is not None and family is not None:
-        write_checkpoint(kept[0].to("cpu"), choice.schedule, save, family, tokenizer)
+        write_checkpoint(kept[0].to("cpu"), choice.schedule(), save, family, tokenizer)
     elif save is not None:
         kept[0].to("cpu").save(
             save,
-            choice.schedule,
+            choice.schedule(),
             (extra or {})
             | {
-                "map": choice.key,
-                "reuse_map": choice.reuse_map,
-                "block": choice.block,
-                "knobs": format_knobs(choice.knobs),
+                "map": choice.text if choice.is_stack else choice.key,  # blockK's name has no knobs
+                "reuse_map": list(choice.counts),
+                "block": choice.stack_repeats,
+                "knobs": choice.knobs,
                 "train": _plain(dataclasses.asdict(space.train)),
                 "data": _plain(dataclasses.asdict(space.data)),
                 "result": {

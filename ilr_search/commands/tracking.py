@@ -13,11 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ilr_search.analysis.map_key import map_text
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import format_knobs
 from ilr_search.search.progress import Event, RunReporter, StudyStarted, TrialFinished
-from ilr_search.training.schedule import format_reuse_map
+from ilr_search.training.schedule import format_reuse_map, map_text
 
 if TYPE_CHECKING:
     from ilr_search.storage import RunRecord

@@ -21,7 +21,7 @@ from ilr_search.errors import UserInputError
 from ilr_search.knobs import config_key
 from ilr_search.search.plan import StudyPlan
 from ilr_search.storage.trials import TrialRecord
-from ilr_search.training.schedule import ReuseMap
+from ilr_search.training.schedule import Map
 
 if TYPE_CHECKING:  # torch loads only where a map is learned: `studies` and `--help` read reports without it
     from ilr_search.training.frozen import EvalData
@@ -63,7 +63,7 @@ def learned_schedule(plan: StudyPlan, data: EvalData, stored: Mapping[str, Any])
     if "damping" in search.knobs and kept:
         mean = sum(kept) / len(kept)
         damping = min(search.damping_choices, key=lambda a: (abs(a - mean), -a))
-    text = ReuseMap(counts).key + (f"|damping={damping:g}" if damping is not None and damping != 1.0 else "")
+    text = Map.of_counts(counts).key + (f"|damping={damping:g}" if damping is not None and damping != 1.0 else "")
     return {
         "map": text,
         "gates": [list(row) for row in learned.gates],

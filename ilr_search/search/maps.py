@@ -4,11 +4,10 @@
 A trial's parameters: r0..r{L-1} (family ilr); block_start, block_end, block_repeats (family blocks: layers
 block_start..block_end, counted from 0, run block_repeats times as a block; block_repeats 1 is the baseline);
 and `family` (ilr | blocks) only where a study searches both. The map key of either goes through
-training.schedule.parse_map (a block of one layer is keyed as its reuse map)."""
+training.schedule.Map.parse (a block of one layer is keyed as its per-layer map)."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -23,13 +22,7 @@ from ilr_search.errors import UserInputError
 from ilr_search.knobs import KNOB_CHOICES, KnobValue, knob_choices
 from ilr_search.training.flops import PassCosts
 from ilr_search.training.mergekit import is_config_path, read_passthrough
-from ilr_search.training.schedule import (
-    BlockMap,
-    Map,
-    ReuseMap,
-    check_max_reuse,
-    parse_keyed_map,
-)
+from ilr_search.training.schedule import Map, check_max_reuse, key_text, parse_keyed_map
 
 FAMILY_PARAM = "family"  # the trial's family, a parameter only where the study searches both ilr and blocks
 BLOCK_START, BLOCK_END, BLOCK_REPEATS = "block_start", "block_end", "block_repeats"
@@ -84,12 +77,12 @@ def fit_map(chosen: Map, costs: PassCosts) -> Map:
     fits."""
     if costs.fits(chosen.counts, chosen.parts):
         return chosen
-    if isinstance(chosen, BlockMap):
+    if chosen.is_block:
         fitted = repair_block(
             chosen.start, chosen.end, chosen.repeats, costs.n_layers, 0, costs.part[chosen.part], costs.runs
         )
-        return dataclasses.replace(fitted, part=chosen.part).canonical()
-    return ReuseMap(tuple(repair_with_costs(chosen.counts, chosen.parts, costs)), chosen.parts)
+        return fitted.with_part(chosen.part).canonical()
+    return Map.of_counts(repair_with_costs(chosen.counts, chosen.parts, costs), chosen.parts)
 
 
 def propose_knobs(
@@ -139,7 +132,7 @@ def repair_block(
     max_layer_runs: int,
     cost: float = 1.0,
     runs: float | None = None,
-) -> BlockMap:
+) -> Map:
     """The block (layers start..end, in either order, run `repeats` times) made to fit the budget: fewer repeats
     first (down to 2), then a shorter block (from its end, down to one layer); where not even one layer run twice
     fits, the baseline. A block run once is the baseline, written block:0-(L-1):1. Idempotent. With `runs` (the
@@ -148,46 +141,46 @@ def repair_block(
     # the extra passes of one layer the budget pays for beyond the baseline's
     extra = max_layer_runs - n_layers if runs is None else int(math.floor((runs - n_layers) / cost * (1 + 1e-9)))
     if repeats <= 1 or extra < 1:
-        return BlockMap(0, n_layers - 1, 1, n_layers)
+        return Map.of_block(0, n_layers - 1, 1, n_layers)
     length = end - start + 1
     fitted = min(repeats, 1 + extra // length)
     if fitted >= 2:
-        return BlockMap(start, end, fitted, n_layers)
-    return BlockMap(start, start + min(length, extra) - 1, 2, n_layers)
+        return Map.of_block(start, end, fitted, n_layers)
+    return Map.of_block(start, start + min(length, extra) - 1, 2, n_layers)
 
 
 def feasible_blocks(
     n_layers: int, max_reuse: int, max_layer_runs: int, part: str = "", costs: PassCosts | None = None
-) -> list[BlockMap]:
+) -> list[Map]:
     """Every block a study of blocks can evaluate: layers start..end (a single layer too) run 2..max_reuse times,
     within the budget's layer runs, by repeats, then start, then end (the grid sampler's scan, in its order); with
     `part` and the budget's `costs`, blocks of that part, each extra pass at its part's cost."""
     return [
-        BlockMap(start, end, repeats, n_layers, part)
+        Map.of_block(start, end, repeats, n_layers, part)
         for repeats in range(2, max_reuse + 1)
         for start in range(n_layers)
         for end in range(start, n_layers)
         if (
             n_layers + (end - start + 1) * (repeats - 1) <= max_layer_runs
             if costs is None
-            else costs.fits(BlockMap(start, end, repeats, n_layers).counts, (part,) * n_layers)
+            else costs.fits(Map.of_block(start, end, repeats, n_layers).counts, (part,) * n_layers)
         )
     ]
 
 
-def block_params(block: BlockMap, parts: Sequence[str] = ()) -> TrialParams:
+def block_params(block: Map, parts: Sequence[str] = ()) -> TrialParams:
     """A block's trial parameters; with the study's `parts` (two or more), its part too."""
     params: TrialParams = {BLOCK_START: block.start, BLOCK_END: block.end, BLOCK_REPEATS: block.repeats}
     return params | ({BLOCK_PART: PART_NAMES[block.part]} if len(parts) > 1 else {})
 
 
-def propose_block(trial: optuna.Trial, n_layers: int, max_reuse: int, max_layer_runs: int) -> tuple[BlockMap, BlockMap]:
+def propose_block(trial: optuna.Trial, n_layers: int, max_reuse: int, max_layer_runs: int) -> tuple[Map, Map]:
     """(proposed, trained) blocks of a trial: the sampler's block (no prior on where it lies), and the same repaired
     to the budget (repair_block). The sampler is told how far over budget its proposal was, as for counts."""
     start = trial.suggest_int(BLOCK_START, 0, n_layers - 1)
     end = trial.suggest_int(BLOCK_END, 0, n_layers - 1)
     repeats = trial.suggest_int(BLOCK_REPEATS, 1, max_reuse)
-    proposed = BlockMap(min(start, end), max(start, end), repeats, n_layers)
+    proposed = Map.of_block(min(start, end), max(start, end), repeats, n_layers)
     trial.set_constraint("budget", float(proposed.layer_runs - max_layer_runs))
     return proposed, repair_block(start, end, repeats, n_layers, max_layer_runs)
 
@@ -202,7 +195,7 @@ def propose_trial_map(
     costs: PassCosts | None = None,
     by_costs: bool = False,
 ) -> tuple[Map, tuple[int, ...] | None]:
-    """The map a trial trains (canonical: parse_map's form) and, where the budget repaired the sampler's proposal,
+    """The map a trial trains (canonical: Map.parse's form) and, where the budget repaired the sampler's proposal,
     the proposal's per-layer counts. A study searching ilr alone proposes exactly as propose_map; with `parts` (two
     or more), or `by_costs` (a routed trial, whose passes cost less than a layer), each repeated layer's (or the
     block's) part beside its count, repaired into the budget by what its passes cost (`costs`, the budget's
@@ -211,21 +204,21 @@ def propose_trial_map(
     family = trial.suggest_categorical(FAMILY_PARAM, kinds) if len(kinds) > 1 else kinds[0]
     if family == "ilr" and (costs is None or (len(parts) < 2 and not by_costs)):
         proposed, reuse_map = propose_map(trial, n_layers, max_reuse, max_layer_runs)
-        return ReuseMap(tuple(reuse_map)), (tuple(proposed) if proposed != reuse_map else None)
+        return Map.of_counts(reuse_map), (tuple(proposed) if proposed != reuse_map else None)
     if family == "ilr":
         assert costs is not None
         proposed = [trial.suggest_int(f"r{i}", 1, max_reuse) for i in range(n_layers)]
         chosen_parts = propose_parts(trial, n_layers, parts)
         trial.set_constraint("budget", float(costs.spent(proposed, chosen_parts) - costs.runs))
         reuse_map = repair_with_costs(proposed, chosen_parts, costs)
-        return ReuseMap(tuple(reuse_map), chosen_parts), (tuple(proposed) if proposed != reuse_map else None)
+        return Map.of_counts(reuse_map, chosen_parts), (tuple(proposed) if proposed != reuse_map else None)
     asked, block = propose_block(trial, n_layers, max_reuse, max_layer_runs)
     part = MAP_PARTS[str(trial.suggest_categorical(BLOCK_PART, tuple(parts)))] if len(parts) > 1 else ""
     if part and costs is not None:  # the block repaired by what its part's passes cost
-        asked = dataclasses.replace(asked, part=part)
+        asked = asked.with_part(part)
         fitted = fit_map(asked, costs)
         return fitted, (asked.counts if fitted != asked else None)
-    return dataclasses.replace(block, part=part).canonical(), (asked.counts if asked != block else None)
+    return block.with_part(part).canonical(), (asked.counts if asked != block else None)
 
 
 def family_params(family: str, families: Sequence[str]) -> TrialParams:
@@ -246,7 +239,7 @@ def first_params(
     baseline as a block run once (no prior on where to loop); `scan` (the grid sampler over blocks): then every
     feasible block (feasible_blocks), in each of the study's `parts`. The first maps repeat whole layers."""
     if scan:
-        baseline = BlockMap(0, n_layers - 1, 1, n_layers)
+        baseline = Map.of_block(0, n_layers - 1, 1, n_layers)
         parted = [
             b
             for p in parts
@@ -258,7 +251,7 @@ def first_params(
             {**map_params(m, (), parts), **family_params("ilr", families)}
             for m in first_maps(n_layers, max_reuse, max_layer_runs)
         ]
-    baseline = BlockMap(0, n_layers - 1, 1, n_layers)
+    baseline = Map.of_block(0, n_layers - 1, 1, n_layers)
     return [{**block_params(baseline, parts), **family_params("blocks", families)}]
 
 
@@ -306,10 +299,6 @@ def map_params(reuse_map: Sequence[int], parts: Sequence[str] = (), searched: Se
     return params
 
 
-BLOCK_ENTRY = re.compile(r"block(\d+)")
-PARTED_BLOCK_ENTRY = re.compile(r"block\d+[am]")  # blockK with a part, which whole-stack recurrence has none of
-
-
 def parse_enqueued(
     text: str,
     n_layers: int,
@@ -335,32 +324,30 @@ def parse_enqueued(
         entry = read_passthrough(Path(entry), n_layers).key
         where = f"enqueued mergekit config {text.strip()!r} ({entry})"
     kinds = trial_families(families)
-    if PARTED_BLOCK_ENTRY.fullmatch(entry):
-        raise UserInputError(
-            f"{where}: block recurrence blockK runs whole layers and has no part; write a block map with one, "
-            f"block:0-{n_layers - 1}:{entry[5:]} (where the study searches blocks)"
-        )
-    block = BLOCK_ENTRY.fullmatch(entry)
-    if block:
-        k = int(block.group(1))
+    keyed = parse_keyed_map(entry, n_layers, where)
+    chosen, knobs = keyed.with_knobs(""), keyed.knob_settings
+    if chosen.is_stack:
+        k = chosen.repeats
         if k < 2:
             raise UserInputError(f"{where}: block recurrence needs K >= 2 (block1 is the baseline 1,...,1)")
         if n_layers * k > max_layer_runs:
             raise UserInputError(f"{where}: {n_layers * k} layer runs exceed the budget's {max_layer_runs}")
         if "blocks" not in kinds:
+            if knobs:
+                raise UserInputError(f"{where}: block recurrence blockK is a reference run, with every knob off")
             return EnqueuedMap(entry, block=k)
-        entry = BlockMap(0, n_layers - 1, k, n_layers).key
-    chosen, knobs = parse_keyed_map(entry, n_layers, where)
+        chosen = Map.of_block(0, n_layers - 1, k, n_layers)
+        entry = key_text(chosen.text, keyed.knobs)
     check_max_reuse(chosen.counts, max_reuse, where)
-    if isinstance(chosen, ReuseMap) and "ilr" not in kinds:
-        as_block = one_block(chosen)
+    if not chosen.is_block and "ilr" not in kinds:
+        as_block = chosen.one_block()
         if as_block is None:
             raise UserInputError(
                 f"{where}: this study searches block maps only ([search] families "
                 f"{list(families)}); write a block map block:I-J:R, or add 'ilr' to the families"
             )
         chosen = as_block
-    if isinstance(chosen, BlockMap) and "blocks" not in kinds:
+    if chosen.is_block and "blocks" not in kinds:
         raise UserInputError(
             f"{where}: block maps are searched only where [search] families includes 'blocks' "
             f"(this study's: {list(families)})"
@@ -378,13 +365,13 @@ def parse_enqueued(
             f"{where}: knob(s) {', '.join(unsearched)} are not searched by this study (searched: "
             f"{searched}); add them to --knobs or [search] knobs"
         )
-    if isinstance(chosen, BlockMap):
+    if chosen.is_block:
         start, end, repeats = chosen.start, chosen.end, chosen.repeats
         if chosen.part and costs is not None:  # each extra pass at its part's cost
             fitted = repair_block(start, end, repeats, n_layers, max_layer_runs, costs.part[chosen.part], costs.runs)
         else:
             fitted = repair_block(start, end, repeats, n_layers, max_layer_runs)
-        fitted = dataclasses.replace(fitted, part=chosen.part)
+        fitted = fitted.with_part(chosen.part)
         return EnqueuedMap(
             entry,
             fitted.counts,
@@ -409,18 +396,6 @@ def parse_enqueued(
         None if repaired == reuse_map else tuple(reuse_map),
         map_params(repaired, chosen.parts, parts) | family_params("ilr", families),
     )
-
-
-def one_block(reuse_map: ReuseMap) -> BlockMap | None:
-    """The block of the same schedule as a reuse map, where there is one: the baseline (a block run once) or a
-    map with one layer run more than once (a block of that layer)."""
-    n = len(reuse_map.counts)
-    repeated = [i for i, r in enumerate(reuse_map.counts) if r > 1]
-    if not repeated:
-        return BlockMap(0, n - 1, 1, n)
-    if len(repeated) == 1:
-        return BlockMap(repeated[0], repeated[0], reuse_map.counts[repeated[0]], n)
-    return None
 
 
 def split_enqueue_text(text: str) -> list[str]:

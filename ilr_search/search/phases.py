@@ -17,7 +17,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ilr_search.analysis.results import is_deep_key
 from ilr_search.config import SpaceConfig
 from ilr_search.search.progress import (
     Event,
@@ -29,6 +28,7 @@ from ilr_search.search.progress import (
     TrialFinished,
     TrialStarted,
 )
+from ilr_search.training.schedule import Map
 
 Phase = Literal["trials", "references", "screen", "race", "equal_compute"]
 PHASES: tuple[Phase, ...] = ("trials", "references", "screen", "race", "equal_compute")
@@ -98,7 +98,7 @@ class PhaseMeter(RunReporter):
         self.reference_steps: dict[tuple[int | None, str], int] = {}
 
     def race_phase(self, map_key: str, seed: int) -> Phase:
-        if is_deep_key(map_key):
+        if Map.form_of(map_key) == "deeper":
             return "equal_compute"
         return "screen" if seed == self.screen_seed else "race"
 

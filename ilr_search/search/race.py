@@ -23,11 +23,9 @@ from typing import TYPE_CHECKING
 
 import optuna
 
-from ilr_search.analysis.map_key import is_baseline_key
 from ilr_search.analysis.racing import RaceJob, RaceSettings, RaceState
 from ilr_search.analysis.results import (
     finite_or_none,
-    is_deep_key,
     trained_by_map,
 )
 from ilr_search.config import ModelConfig, TrainConfig
@@ -44,7 +42,7 @@ from ilr_search.storage import Heartbeat, RaceRunJob, RunRecord, Store, grace_pe
 from ilr_search.storage.trials import TrialRecord, study_trials
 from ilr_search.training.flops import baseline_flops_per_token, flops_ratio, forward_flops_per_token
 from ilr_search.training.jobs import fusable
-from ilr_search.training.schedule import map_of_key, reuse_map_schedule
+from ilr_search.training.schedule import Map, is_baseline_key, reuse_map_schedule
 
 if TYPE_CHECKING:  # torch is loaded only to train or evaluate: reading a race loads none
     from ilr_search.training.frozen import EvalData
@@ -110,7 +108,7 @@ def race_run_plan(
     (the study's model with R layers, every FLOP ratio against the study's own all-ones map); None for a map no
     trial of the study trained."""
     stored = race_run_job(job, base_steps)
-    if is_deep_key(job.map_key):
+    if Map.form_of(job.map_key) == "deeper":
         model = deep_model(plan.model, job.map_key)
         schedule = list(range(model.n_layers))
         ratio = forward_flops_per_token(model, schedule) / baseline_flops_per_token(plan.model)
@@ -119,7 +117,7 @@ def race_run_plan(
         trial = by_key.get(job.map_key)
         if trial is None and not is_baseline_key(job.map_key):
             return None
-        chosen = map_of_key(job.map_key, plan.model.n_layers)
+        chosen = Map.parse(job.map_key, plan.model.n_layers)
         reuse_map, schedule = list(chosen.counts), chosen.schedule()
         model = plan.trial_model(dict(trial.knobs) if trial is not None else {}, chosen.parts)
         ratio = flops_ratio(model, schedule)

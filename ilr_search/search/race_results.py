@@ -14,17 +14,12 @@ from typing import Any, cast
 from optuna.trial import TrialState
 
 from ilr_search.analysis.answer import Answer, Trust, judge_answer, race_answer, unraced_answer
-from ilr_search.analysis.map_key import is_baseline_key
 from ilr_search.analysis.race_core import REFERENCE_SOURCE, RUN_SOURCE, TRIAL_SOURCE, EqualCompute, Judged, StoredResult
 from ilr_search.analysis.race_report import DecidedBest, RaceReport
 from ilr_search.analysis.racing import FrontPoint, RaceJob, RaceSettings, RaceState, race_state
 from ilr_search.analysis.results import (
-    DEEP_PREFIX,
     FrontRow,
-    is_deep_key,
-    key_reuse_map,
     knobs_text,
-    map_text,
     study_front,
     trained_by_map,
     trained_trials,
@@ -42,7 +37,7 @@ from ilr_search.search.plan import CONFIG_ATTR, OPTIONAL_TRAIN_FIELDS
 from ilr_search.storage import RaceRunJob, RunRecord, stored_references
 from ilr_search.storage.trials import TrialRecord
 from ilr_search.training.flops import param_count
-from ilr_search.training.schedule import ReuseMap
+from ilr_search.training.schedule import Map, is_baseline_key, map_text
 
 FINAL_STATES = ("complete", "failed")  # of a race run; failed: the run diverged, it is not trained again
 
@@ -193,9 +188,9 @@ def study_race(
     config = study_attrs[CONFIG_ATTR]
     settings = race_settings(config, max_steps if max_steps is not None else study_attrs.get(RACE_CAP_ATTR))
     results = stored_results(trials, study_attrs, rows)
-    baseline = ReuseMap.baseline(int(config["model"]["n_layers"])).key
+    baseline = Map.baseline(int(config["model"]["n_layers"])).key
     raced = {r.map_key for r in results if r.is_trial} | {baseline}
-    evaluations = [r.evaluation() for r in results if r.map_key in raced or is_deep_key(r.map_key)]
+    evaluations = [r.evaluation() for r in results if r.map_key in raced or Map.form_of(r.map_key) == "deeper"]
     return settings, results, race_state(evaluations, settings, baseline)
 
 
@@ -205,7 +200,7 @@ def deep_model(model: ModelConfig, key: str) -> ModelConfig:
 
 
 def layer_runs_of_deep(key: str) -> int:
-    return int(key[len(DEEP_PREFIX) :])
+    return Map.parse(key).n_layers
 
 
 def json_interval(interval: tuple[float, float]) -> tuple[float | None, float | None]:
@@ -259,7 +254,7 @@ def front_rows(
         rows.append(
             FrontRow(
                 trial=t.number if t is not None else None,
-                reuse_map=t.reuse_map if t is not None else tuple(key_reuse_map(p.map_key)),
+                reuse_map=t.reuse_map if t is not None else Map.parse(p.map_key).counts,
                 map=map_text(p.map_key),
                 knobs=knobs_text(t) if t is not None else None,
                 flops_ratio=p.flops_ratio,
@@ -322,7 +317,7 @@ def study_answer(
             f"the race is off (one {replicate_unit(settings)} at the proxy's length, no test)", settings.base_steps
         )
     steps = state.level_steps or settings.target_steps
-    baseline = ReuseMap.baseline(int(study_attrs[CONFIG_ATTR]["model"]["n_layers"])).key
+    baseline = Map.baseline(int(study_attrs[CONFIG_ATTR]["model"]["n_layers"])).key
     losses = [r.val_loss for r in results if r.map_key == baseline and r.steps == steps and r.val_loss is not None]
     baseline_ppl = math.exp(math.fsum(losses) / len(losses)) if losses else None
     agreement = state.screen.agreement if state.screen is not None else None

@@ -79,7 +79,7 @@ from ilr_search.time_budget import Deadline, parse_duration
 from ilr_search.training.flops import flops_ratio
 from ilr_search.training.frozen import EvalData, eval_chunks, load_space_data
 from ilr_search.training.jobs import Job, groups, train_jobs
-from ilr_search.training.schedule import BlockMap, ReuseMap, block_schedule, format_reuse_map, map_of_key
+from ilr_search.training.schedule import Map, block_schedule, format_reuse_map
 
 
 @dataclass(frozen=True)
@@ -697,7 +697,7 @@ class ReferenceRun:
 
     @property
     def map_text(self) -> str:
-        return self.block_map or ReuseMap(tuple(self.reuse_map or []), self.parts).key
+        return self.block_map or Map.of_counts(self.reuse_map or [], self.parts).text
 
 
 def reference_runs(
@@ -714,7 +714,7 @@ def reference_runs(
     ]
     best = best_recurrent(trials) if plan.space.search.second_seed_reference else None
     if best is not None:
-        best_map = map_of_key({r.number: r for r in trials}[best.trial].map_key or "", n)
+        best_map = Map.parse({r.number: r for r in trials}[best.trial].map_key or "", n)
         runs.append(
             ReferenceRun(
                 "second_seed",
@@ -722,7 +722,7 @@ def reference_runs(
                 seed + 1,
                 as_list(best.reuse_map),
                 dict(best.knobs),
-                best_map.key if isinstance(best_map, BlockMap) or best_map.parts else None,
+                best_map.text if best_map.is_block or best_map.parts else None,
                 best_map.parts,
             )
         )
@@ -734,7 +734,7 @@ def reference_runs(
             for k in range(2, plan.space.search.max_reuse + 1)
             if plan.budget.allows(flops_ratio(plan.model, block_schedule(n, k)))
         }
-    runs += [ReferenceRun(f"block{k}", block_schedule(n, k), seed, None) for k in sorted(blocks)]
+    runs += [ReferenceRun(Map.of_stack(k, n).key, block_schedule(n, k), seed, None) for k in sorted(blocks)]
     return runs
 
 

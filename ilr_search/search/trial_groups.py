@@ -47,7 +47,7 @@ from ilr_search.storage import (
 from ilr_search.storage.trials import TrialAttr, TrialRecord, TrialResultAttrs, study_trials
 from ilr_search.training.flops import flops_ratio, map_param_count
 from ilr_search.training.jobs import Job, train_jobs
-from ilr_search.training.schedule import reuse_map_schedule
+from ilr_search.training.schedule import map_text, reuse_map_schedule
 from ilr_search.training.train import EvalPoint, TrainResult
 
 if TYPE_CHECKING:  # torch is loaded only to train or evaluate: reading a race loads none
@@ -352,9 +352,7 @@ class SearchRun:
         steps = self.plan.space.train.steps
         key, ratio = proposal.key, proposal.ratio
         self.reporter.on(
-            TrialStarted(
-                trial.number, proposal.reuse_map, steps, format_knobs(proposal.knobs), map=key.split("|", 1)[0]
-            )
+            TrialStarted(trial.number, proposal.reuse_map, steps, format_knobs(proposal.knobs), map=map_text(key))
         )
         decisions: list[PruningDecision] = []  # the pruner's decision, once it prunes
 

@@ -15,7 +15,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from ilr_search.knobs import KnobValue
-from ilr_search.training.schedule import map_of_key
+from ilr_search.training.schedule import Map
 
 
 class TrialAttr:
@@ -144,7 +144,7 @@ class TrialRecord:
         """The order its map runs the layers, from its map key (a block map's order is not its counts'); needs
         the map (a trial that proposed)."""
         assert self.map_key and self.reuse_map is not None, f"trial {self.number} has no map"
-        return map_of_key(self.map_key, len(self.reuse_map)).schedule()
+        return Map.parse(self.map_key, len(self.reuse_map)).schedule()
 
     @property
     def seconds(self) -> float | None:

@@ -7,7 +7,7 @@ or conditions `{filter: SUBSTRING, value: X}`, of which the first whose filter i
 no filter, or "*") wins, or a list of numbers (a gradient over the slice's layers). The embeddings take the first
 slice's settings, the final norm and the head the last slice's.
 
-Read here: the slices of one model stack a schedule, which must be a map's (schedule.map_of_schedule: a reuse
+Read here: the slices of one model stack a schedule, which must be a map's (schedule.map_of_schedule: a per-layer
 map's or one block's), and a scale on the two tensors that end a layer's residual branches, o_proj and down_proj,
 is the branch factor of that pass (model.branch_scales): damping a on every pass after a layer's first, or with
 repeat_scale "residual" 1/r on every pass of a layer run r times (times a after its first). No other tensor may be
@@ -20,7 +20,6 @@ checked; anything else is one MergekitError line.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -31,7 +30,7 @@ from typing import Any
 from ilr_search.config import ModelConfig
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import KnobValue, config_key
-from ilr_search.training.schedule import BlockMap, Map, ReuseMap, map_of_schedule, parse_keyed_map
+from ilr_search.training.schedule import Map, map_of_schedule, parse_keyed_map
 
 CONFIG_SUFFIXES = (".yml", ".yaml")
 METHOD = "passthrough"
@@ -69,7 +68,7 @@ class MergekitError(UserInputError):
 
 @dataclass(frozen=True)
 class PassthroughMap:
-    """A passthrough config read: the map its slices stack (canonical, as parse_map gives it), the damping its
+    """A passthrough config read: the map its slices stack (canonical, as Map.parse gives it), the damping its
     scales carry (1: none), the model its slices take (as the config names it), the schedule, and repeat_scale
     "residual" where every pass of a repeated layer is scaled by 1/r."""
 
@@ -92,7 +91,7 @@ class PassthroughMap:
     @property
     def key(self) -> str:
         """The map key with its knobs, as a study stores it: `block:16-27:2|damping=0.5`."""
-        return config_key(self.map.key, self.knobs)
+        return config_key(self.map.text, self.knobs)
 
 
 def is_config_path(text: str | Path) -> bool:
@@ -106,8 +105,7 @@ def candidate_key(candidate: str | Path, n_layers: int) -> str:
     text = str(candidate).strip()
     if is_config_path(text):
         return read_passthrough(Path(text), n_layers).key
-    chosen, knobs = parse_keyed_map(text, n_layers, f"candidate {text!r}")
-    return config_key(chosen.key, knobs)
+    return parse_keyed_map(text, n_layers, f"candidate {text!r}").key
 
 
 def read_passthrough(path: Path, n_layers: int) -> PassthroughMap:
@@ -243,12 +241,12 @@ def with_read_parts(chosen: Map, running: Sequence[tuple[bool, bool]], schedule:
                 "MLP in its last pass (Ra) or its MLP after one attention (Rm)"
             )
         parts.append(found[0])
-    if isinstance(chosen, BlockMap):
+    if chosen.is_block:
         inside = set(parts[chosen.start : chosen.end + 1])
         if len(inside) > 1:
             raise MergekitError(f"{where}: the block's layers repeat different parts; a block map has one part")
-        return dataclasses.replace(chosen, part=inside.pop())
-    return ReuseMap(chosen.counts, tuple(parts))
+        return chosen.with_part(inside.pop())
+    return Map.of_counts(chosen.counts, parts)
 
 
 def read_part_damping(kept: Sequence[tuple[float, int]], where: str) -> float:
@@ -487,9 +485,7 @@ def passthrough_yaml(
             f"repeat_scale {repeat_scale!r} has no place in a passthrough config, which scales tensors: it writes "
             f"repeat_scale {' or '.join(WRITTEN_REPEAT_SCALES)}"
         )
-    chosen = chosen.checked(n_layers)
-    if isinstance(chosen, BlockMap):
-        chosen = chosen.canonical()
+    chosen = chosen.checked(n_layers).canonical()
     try:
         cfg = ModelConfig(n_layers=n_layers, damping=damping, repeat_scale=repeat_scale, parts=chosen.parts)  # type: ignore[arg-type]
     except ValueError as e:
@@ -512,7 +508,7 @@ def passthrough_yaml(
             source["parameters"] = {"scale": [*conditions, {"value": 1.0}]}
         slices.append({"sources": [source]})
     knobs: dict[str, KnobValue] = {"repeat_scale": repeat_scale, "damping": float(damping)}
-    key = config_key(chosen.key, knobs)
+    key = config_key(chosen.text, knobs)
     header = (
         f"# written by ilr-search: map {key} of {n_layers} layers, unrolled to {len(schedule)}; "
         "build it with mergekit-yaml THIS_FILE OUT_DIR\n"

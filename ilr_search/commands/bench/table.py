@@ -26,6 +26,7 @@ from ilr_search.search.studies import open_study
 from ilr_search.space import load_space
 from ilr_search.storage import open_store, parse_storage, stored_references, study_storage
 from ilr_search.storage.trials import study_trials, trained_results
+from ilr_search.training.schedule import Map, format_reuse_map
 
 
 def feasible_maps(n_layers: int, max_reuse: int, max_layer_runs: int) -> list[list[int]]:
@@ -109,7 +110,7 @@ def build_table(
     for t in trained_results(study_trials(study)):
         rows.append(
             {
-                "reuse_map": ",".join(map(str, cast(tuple[int, ...], t.reuse_map))),  # a trained result's map
+                "reuse_map": format_reuse_map(cast(tuple[int, ...], t.reuse_map)),  # a trained result's map
                 "flops_ratio": t.flops_ratio,
                 "val_ppl": t.val_ppl,
                 "val_bpb": t.val_bpb,
@@ -120,7 +121,7 @@ def build_table(
             }
         )
     for key, ref in sorted(stored_references(store.reference_runs(), study.user_attrs).items()):
-        if key.startswith("block") and ref.val_ppl is not None and ref.curve:
+        if Map.form_of(key) == "stack" and ref.val_ppl is not None and ref.curve:
             rows.append(
                 {
                     "reuse_map": key,
@@ -210,7 +211,7 @@ class Table:
         rows = []
         for r in frame.to_dict("records"):
             key = str(r["reuse_map"]).strip()
-            reuse = None if key.startswith("block") else tuple(int(x) for x in key.split(","))
+            reuse = None if Map.form_of(key) == "stack" else Map.parse(key).counts
             rows.append(
                 TableRow(
                     key,

@@ -15,6 +15,7 @@ from typing import cast
 from ilr_search.analysis.racing import Evaluation
 from ilr_search.commands.bench.table import Table, TableRow
 from ilr_search.errors import UserInputError
+from ilr_search.training.schedule import Map
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class TruthTable:
             if "curve" in r and isinstance(r["curve"], str):
                 curves[key] = {int(st): float(v) for st, v in json.loads(r["curve"])}
         meta = json.loads(frame["meta"].iloc[0]) if "meta" in frame.columns else {}
-        maps = [tuple(int(x) for x in k.split(",")) for k in flops]
+        maps = [Map.parse(k).counts for k in flops]
         baseline = str(meta.get("baseline") or min(flops, key=lambda k: (flops[k], k)))
         return cls(baseline, flops, losses, curves, len(maps[0]), max(max(m) for m in maps))
 
@@ -105,7 +106,7 @@ class TruthTable:
         rows = tuple(
             TableRow(
                 k,
-                tuple(int(x) for x in k.split(",")),
+                Map.parse(k).counts,
                 self.flops[k],
                 math.exp(cast(float, self.losses[(k, steps, seed)])),  # a bench table's seed has every loss
                 self.curves.get((k, steps, seed), {}),
