@@ -348,7 +348,7 @@ def listed_trials(trials: Sequence[TrialRecord]) -> list[TrialRecord]:
 
 def reference_rows(store: Store, study_attrs: Mapping[str, Any]) -> list[RunRecord]:
     """The study's reference runs in a listing's order (by name)."""
-    return [ref for _, ref in sorted(stored_references(store.reference_runs(), study_attrs).items())]
+    return [ref for _, ref in sorted(stored_references(store.reference_runs()).items())]
 
 
 def trained_trials(trials: Sequence[TrialRecord]) -> list[TrialRecord]:

@@ -141,7 +141,7 @@ def stored_results(
                 f"{TRIAL_SOURCE}{t.number}",
             )
         )
-    for name, ref in sorted(stored_references(rows, study_attrs).items()):
+    for name, ref in sorted(stored_references(rows).items()):
         if not ref.reuse_map:  # block recurrence is no reuse map
             continue
         found.append(

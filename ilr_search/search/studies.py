@@ -247,7 +247,7 @@ def study_report(study: optuna.Study, spec: StorageSpec, store: Store) -> StudyR
         study=study.study_name,
         storage=spec.masked,
         trials=tuple(listed_trials(records)),
-        references=stored_references(runs, study.user_attrs),
+        references=stored_references(runs),
         race=race,
         fidelity=fidelity_of(study, store, records),
         answer=race.answer if race is not None else foreign_answer(records),
@@ -273,7 +273,7 @@ def fidelity_of(study: optuna.Study, store: Store, trials: Sequence[TrialRecord]
         study.study_name,
         trials,
         curves_by_trial(store.curve_points()),
-        stored_references(store.reference_runs(), study.user_attrs),
+        stored_references(store.reference_runs()),
         final_step,
         audit_reports(trials, store.race_runs()),
     )

@@ -1,6 +1,5 @@
 """`JournalStore`: the project's records of a study on journal storage (no SQL database), as JSON lines in a
-file beside the journal, serialised by an flock. A journal study stored before schema 3 keeps its reference runs
-in its study attributes too (a journal forgets nothing): stored_references reads them there."""
+file beside the journal, serialised by an flock."""
 
 from __future__ import annotations
 
@@ -160,8 +159,7 @@ class JournalStore(Store):
 
     def _race_runs_latest(self, records: list[dict[str, Any]]) -> dict[tuple[str, int, str], dict[str, Any]]:
         latest: dict[tuple[str, int, str], dict[str, Any]] = {}
-        # In file order, so the latest line wins; "audit": how files written before the rename call them.
-        for r in (r for r in records if r["study"] == self.study and r["kind"] in ("race_run", "audit")):
+        for r in self._mine(records, "race_run"):  # in file order, so the latest line wins
             latest[(r["factor"], r["seed"], r["map_key"])] = r
         return latest
 

@@ -5,9 +5,7 @@ one map twice), learning curves (every evaluation of every trial, which the prun
 loss as window means), why each pruned trial was pruned, the Pareto front each time a trial completes, and every
 run beyond the trials as one RunRecord: the race runs (the race's longer or extra-seed runs and the audit's
 longer retrainings of chosen maps; the race reads the audit's runs as its own) and the reference runs.
-`SQLStore` keeps them in tables of the study's SQL database, `JournalStore` in a file beside a journal;
-stored_references is the one reader of the reference runs, those a study stored in its attributes before
-schema 3 included.
+`SQLStore` keeps them in tables of the study's SQL database, `JournalStore` in a file beside a journal.
 """
 
 from __future__ import annotations
@@ -35,8 +33,6 @@ class RaceRunJob:
 RunKind = Literal["race", "reference"]
 
 ColumnValue = str | int | float | None  # a value of a stored run's field (RunRecord.to_record)
-
-REFERENCE_PREFIX = "ilr:reference:"  # the study attribute of a reference run in a study stored before schema 3
 
 
 @dataclass(frozen=True)
@@ -132,8 +128,8 @@ class RunRecord:
         }
 
     def to_dict(self) -> dict[str, Any]:
-        """A reference run as the `references` of the JSON reports show it (the form a study stored it in before
-        schema 3, key for key): knobs only where set, `map` only for a block map."""
+        """A reference run as the `references` of the JSON reports show it: knobs only where set, `map` only for a
+        block map."""
         return (
             {
                 "schedule": list(self.schedule) if self.schedule is not None else None,
@@ -188,29 +184,6 @@ def reference_run(
         block_map=block_map,
         status=status,
     )
-
-
-def attr_references(study_attrs: Mapping[str, Any]) -> dict[str, RunRecord]:
-    """The reference runs a study stored before schema 3, as study attributes ilr:reference:NAME, by name in
-    their stored order."""
-    return {
-        k[len(REFERENCE_PREFIX) :]: reference_run(
-            k[len(REFERENCE_PREFIX) :],
-            v["schedule"],
-            int(v["seed"]),
-            float(v["flops_ratio"]),
-            v.get("reuse_map"),
-            v.get("knobs") or {},
-            v.get("map"),
-            v.get("val_ppl"),
-            v.get("val_bpb"),
-            v.get("status"),
-            int(v.get("steps", 0)),
-            v.get("curve", []),
-        )
-        for k, v in study_attrs.items()
-        if k.startswith(REFERENCE_PREFIX)
-    }
 
 
 @dataclass(frozen=True)
@@ -388,13 +361,7 @@ class Store(ABC):
         return self.race_runs() + self.reference_runs()
 
 
-def stored_references(runs: Iterable[RunRecord], study_attrs: Mapping[str, Any]) -> dict[str, RunRecord]:
-    """The study's reference runs by name, in the store's order (Store.reference_runs): the one reader of them.
-    `runs`: the store's (Store.runs or Store.reference_runs; the race's are passed over). Those in the study's
-    attributes (attr_references: a study stored before schema 3, on a journal or opened read-only) come first, a
-    stored run replacing one of its name there."""
-    references = attr_references(study_attrs)
-    for run in runs:
-        if run.kind == "reference":
-            references[run.name] = run
-    return references
+def stored_references(runs: Iterable[RunRecord]) -> dict[str, RunRecord]:
+    """The reference runs of `runs` (Store.runs or Store.reference_runs; the race's are passed over) by name, in
+    the store's order."""
+    return {run.name: run for run in runs if run.kind == "reference"}
