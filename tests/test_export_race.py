@@ -327,7 +327,7 @@ def test_a_schema_2_database_moves_its_race_runs_with_their_scores(old_db):
 def test_a_journal_side_file_imports_race_runs_written_before_the_rename(tmp_path):
     """A journal study's records written under the old kind ("audit") are imported as race runs when its store is
     first opened, and update as such."""
-    from ilr_search.storage import RaceRunJob, open_store, parse_storage
+    from ilr_search.storage import RunJob, open_store, parse_storage
 
     names = (
         "study",
@@ -349,7 +349,7 @@ def test_a_journal_side_file_imports_race_runs_written_before_the_rename(tmp_pat
     old = dict(zip(names, OLD_RUN, strict=True)) | {"kind": "audit", "state": "running", "worker": "dead"}
     (tmp_path / "j.log.ilr").write_text(json.dumps(old) + "\n", encoding="utf-8")
     store = open_store(parse_storage(f"journal:{tmp_path / 'j.log'}"), OLD_STUDY)
-    job = RaceRunJob("4", 1, "2,1,1,1")
+    job = RunJob("4", 1, "2,1,1,1")
     assert [r.job for r in store.race_runs()] == [job] and store.race_runs()[0].state == "running"
     assert store.claim_race_run(job, "me", 1.2, 96, stale_after=0.0)  # the dead worker's run is taken over
     assert store.finish_race_run(job, "me", "complete", 3.8, 44.7, 5.5, [(96, 3.8)], 1.0, "ok")

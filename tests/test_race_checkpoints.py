@@ -2,9 +2,9 @@
 left in its `audit` folder is moved there when its run is trained, so the run resumes from it."""
 
 from ilr_search.search.race import adopt_old_checkpoint, race_checkpoints, run_checkpoint
-from ilr_search.storage import RaceRunJob
+from ilr_search.storage import RunJob
 
-JOB = RaceRunJob("2", 1, "2,1,1")
+JOB = RunJob("2", 1, "2,1,1")
 
 
 def test_a_checkpoint_in_the_old_audit_folder_moves_to_the_race_folder(tmp_path):
@@ -26,5 +26,5 @@ def test_a_checkpoint_in_the_race_folder_is_kept_and_other_old_ones_stay(tmp_pat
     old.write_bytes(b"old run")
     adopt_old_checkpoint(new)
     assert new.read_bytes() == b"new run" and old.read_bytes() == b"old run"
-    adopt_old_checkpoint(run_checkpoint(race_checkpoints(tmp_path / "study"), RaceRunJob("2", 2, "1,1,1")))
+    adopt_old_checkpoint(run_checkpoint(race_checkpoints(tmp_path / "study"), RunJob("2", 2, "1,1,1")))
     assert old.exists()  # nothing of another run's moved

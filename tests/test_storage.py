@@ -13,8 +13,8 @@ from ilr_search.search import RunRequest, run_in_process
 from ilr_search.space import load_space
 from ilr_search.storage import (
     JournalStore,
-    RaceRunJob,
-    RunRecord,
+    Run,
+    RunJob,
     SQLStore,
     open_storage,
     open_store,
@@ -106,7 +106,7 @@ def test_pruning_records_and_fronts_read_back_as_records_on_both_stores(url, tmp
     }
 
 
-def reference(name: str, val_ppl: float, seed: int = 1) -> RunRecord:
+def reference(name: str, val_ppl: float, seed: int = 1) -> Run:
     return reference_run(name, [0, 0, 1], seed, 1.5, [2, 1], {}, None, val_ppl, 4.0, "ok", 24, [(12, 4.5), (24, 4.2)])
 
 
@@ -121,7 +121,7 @@ def test_a_reference_run_is_one_typed_row_replaced_by_name(store_url):
     """A database reads its references by name (as Optuna read a SQLite study's attributes), a journal in the
     order first stored (as Optuna's journal keeps them)."""
     store = open_store(parse_storage(store_url), "s")
-    store.claim_race_run(RaceRunJob("2", 0, "2,1"), "w", 1.5, 48, stale_after=60.0)
+    store.claim_race_run(RunJob("2", 0, "2,1"), "w", 1.5, 48, stale_after=60.0)
     store.save_reference(reference("second_seed", 60.0))
     store.save_reference(reference("baseline_seed1", 50.0))
     store.save_reference(reference("second_seed", 58.0, seed=2))  # the best map changed: trained again
@@ -202,7 +202,7 @@ def test_two_processes_opening_an_older_database_at_once_move_its_runs_once(sql_
     old = old_database(sql_url)
     read_only = parse_storage(sql_url, read_only=True)
     ready = threading.Barrier(2)
-    opened: list[list[RunRecord]] = []
+    opened: list[list[Run]] = []
 
     def open_for_writing() -> None:
         ready.wait()

@@ -37,7 +37,7 @@ from ilr_search.analysis.results import (
 from ilr_search.analysis.stats import groups_differ, paired_comparison, rank_agreement
 from ilr_search.knobs import KnobValue
 from ilr_search.records import record_json
-from ilr_search.storage import RunRecord
+from ilr_search.storage import Run
 from ilr_search.storage.trials import TrialRecord, trained_results
 
 AGREE_SPEARMAN = 0.8  # "the proxy ranks as longer training does"
@@ -107,7 +107,7 @@ class NoiseBand:
         }
 
 
-def noise_band(trials: Sequence[TrialRecord], references: Mapping[str, RunRecord]) -> NoiseBand | None:
+def noise_band(trials: Sequence[TrialRecord], references: Mapping[str, Run]) -> NoiseBand | None:
     """Seed-to-seed spread of the baseline's perplexity: the trial of the all-ones map (the study's seed) and the
     baseline references trained at extra seeds (of `references`, the study's by name: stored_references)."""
     ppls: list[float] = [
@@ -235,10 +235,10 @@ AUDIT_CONFIDENCE = 0.9  # of the paired test behind "beats the baseline" (the ra
 SEPARATE_P = 1 - AUDIT_CONFIDENCE  # the ANOVA's p below which the audited maps differ beyond their seed noise
 
 
-def audit_report(trials: Sequence[TrialRecord], rows: Sequence[RunRecord], factor: str) -> AuditReport | None:
+def audit_report(trials: Sequence[TrialRecord], rows: Sequence[Run], factor: str) -> AuditReport | None:
     """The audit at `factor` from its stored rows (complete ones; the race's equal-compute models are no maps of
     the study, and are left out) and the study's trials; None before any audited map is complete."""
-    done: dict[str, list[RunRecord]] = {}
+    done: dict[str, list[Run]] = {}
     for r in rows:
         if (
             r.job.factor == factor
@@ -316,7 +316,7 @@ def audit_report(trials: Sequence[TrialRecord], rows: Sequence[RunRecord], facto
     return AuditReport(**{**asdict(report), "maps": report.maps, "finding": audit_finding(report)})
 
 
-def audit_reports(trials: Sequence[TrialRecord], rows: Sequence[RunRecord]) -> list[AuditReport]:
+def audit_reports(trials: Sequence[TrialRecord], rows: Sequence[Run]) -> list[AuditReport]:
     """One report per audited factor, in increasing factor."""
     rows = [r for r in rows if not is_deep_key(r.job.map_key)]
     factors = sorted({r.job.factor for r in rows}, key=float)
@@ -399,7 +399,7 @@ def study_fidelity(
     study_name: str,
     trials: Sequence[TrialRecord],
     curves: Curves,
-    references: Mapping[str, RunRecord],
+    references: Mapping[str, Run],
     final_step: int,
     audits: Sequence[AuditReport] = (),
 ) -> Fidelity:

@@ -34,13 +34,12 @@ from ilr_search.config import ModelConfig, TrainConfig
 from ilr_search.search.plan import StudyPlan, safe_name
 from ilr_search.search.progress import Message, RunFinished, RunKind, RunReporter, RunsStarted, step_callback
 from ilr_search.search.race_results import (
-    FINAL_STATES,
     RACE_CAP_ATTR,
     deep_model,
     race_run_job,
     study_race,
 )
-from ilr_search.storage import Heartbeat, RaceRunJob, RunRecord, Store, grace_period, heartbeat_interval
+from ilr_search.storage import Heartbeat, Run, RunJob, Store, grace_period, heartbeat_interval
 from ilr_search.storage.trials import TrialRecord, study_trials
 from ilr_search.training.flops import baseline_flops_per_token, flops_ratio, forward_flops_per_token
 from ilr_search.training.jobs import fusable
@@ -65,7 +64,7 @@ def race_checkpoints(study_folder: Path) -> Path:
     return study_folder / RACE_FOLDER
 
 
-def run_checkpoint(folder: Path, job: RaceRunJob) -> Path:
+def run_checkpoint(folder: Path, job: RunJob) -> Path:
     """Where a run keeps its checkpoint: the same file for the race and the audit, so either resumes the other's."""
     return folder / f"{job.factor}x-seed{job.seed}-{safe_name(job.map_key.replace(',', '-'))}.pt"
 
@@ -88,7 +87,7 @@ def adopt_old_checkpoint(checkpoint: Path) -> None:
 class RaceRunPlan:
     """A race run: what to train and where its result goes."""
 
-    job: RaceRunJob
+    job: RunJob
     reuse_map: list[int]
     model: ModelConfig
     train_cfg: TrainConfig
@@ -194,9 +193,9 @@ def train_claimed(
         )
 
 
-def finished_jobs(store: Store) -> set[RaceRunJob]:
+def finished_jobs(store: Store) -> set[RunJob]:
     """The race runs with a final result (complete, or failed: diverged), which no worker trains again."""
-    return {r.job for r in store.race_runs() if r.state in FINAL_STATES}
+    return {r.job for r in store.race_runs() if r.finished}
 
 
 def new_worker() -> str:
@@ -272,7 +271,7 @@ def open_race_jobs(
     return open_jobs, settings, state
 
 
-def held_runs(rows: Sequence[RunRecord], worker: str) -> set[RaceRunJob]:
+def held_runs(rows: Sequence[Run], worker: str) -> set[RunJob]:
     """The runs that other live workers train (their heartbeat within the grace period)."""
     now = time.time()
     return {r.job for r in rows if r.state == "running" and r.worker != worker and now - r.heartbeat <= grace_period()}

@@ -33,7 +33,7 @@ from ilr_search.search.phases import PhaseRecord
 from ilr_search.search.plan import SAMPLER_ATTR, StudyLayout, stored_config, stored_layouts
 from ilr_search.search.race_results import RACE_POINT_FIELDS, foreign_answer, race_report
 from ilr_search.storage import (
-    RunRecord,
+    Run,
     StorageSpec,
     Store,
     open_storage,
@@ -87,7 +87,7 @@ class StudyReport:
     study: str
     storage: str  # its URL, the password masked
     trials: tuple[TrialRecord, ...]
-    references: Mapping[str, RunRecord]  # name -> the stored reference run (kind reference)
+    references: Mapping[str, Run]  # name -> the stored reference run (kind reference)
     race: RaceReport | None
     fidelity: Fidelity
     answer: Answer

@@ -5,7 +5,7 @@
   a trial's attributes written in one transaction: set_trial_user_attrs;
 - heartbeat: how often running work beats and when silence means it died: Heartbeat;
 - store: the project's own records beside Optuna's trials (claims, curves, pruning, fronts, and the race and
-  reference runs as RunRecord): Store;
+  reference runs as Run): Store;
 - sql_store, journal_store: the Store in the study's SQL database, or in a file beside a journal;
 - trials: the names of the attributes the objective writes on a trial, and a study's trials read from Optuna
   once, into TrialRecord: study_trials (which trials count as trained results: trained_results);
@@ -22,8 +22,8 @@ from ilr_search.storage.optuna_storage import open_storage, set_trial_user_attrs
 from ilr_search.storage.sql_store import SQLStore
 from ilr_search.storage.store import (
     CurvePoint,
-    RaceRunJob,
-    RunRecord,
+    Run,
+    RunJob,
     Store,
     TrainCurvePoint,
     reference_run,
@@ -32,8 +32,8 @@ from ilr_search.storage.store import (
 from ilr_search.storage.urls import StorageSpec, parse_storage
 
 __all__ = [
-    "RaceRunJob",
-    "RunRecord",
+    "RunJob",
+    "Run",
     "reference_run",
     "stored_references",
     "study_references",

@@ -15,8 +15,8 @@ from typing import Any
 from ilr_search.storage.store import (
     CurvePoint,
     PruningRecord,
-    RaceRunJob,
-    RunRecord,
+    Run,
+    RunJob,
     Store,
     StoredFrontPoint,
     TrainCurvePoint,
@@ -163,7 +163,7 @@ class JournalStore(Store):
             latest[(r["factor"], r["seed"], r["map_key"])] = r
         return latest
 
-    def claim_race_run(self, job: RaceRunJob, worker: str, flops_ratio: float, steps: int, stale_after: float) -> bool:
+    def claim_race_run(self, job: RunJob, worker: str, flops_ratio: float, steps: int, stale_after: float) -> bool:
         now = time.time()
         with self._locked() as records:
             row = self._race_runs_latest(records).get((job.factor, job.seed, job.map_key))
@@ -187,7 +187,7 @@ class JournalStore(Store):
             )
             return True
 
-    def _race_run_update(self, job: RaceRunJob, worker: str, **values: Any) -> bool:
+    def _race_run_update(self, job: RunJob, worker: str, **values: Any) -> bool:
         with self._locked() as records:
             row = self._race_runs_latest(records).get((job.factor, job.seed, job.map_key))
             if row is None or row["worker"] != worker:
@@ -195,22 +195,22 @@ class JournalStore(Store):
             self._append(row | values)
             return True
 
-    def beat_race_run(self, job: RaceRunJob, worker: str) -> None:
+    def beat_race_run(self, job: RunJob, worker: str) -> None:
         self._race_run_update(job, worker, heartbeat=time.time())
 
-    def _finish_race_run(self, job: RaceRunJob, worker: str, result: dict[str, Any]) -> bool:
+    def _finish_race_run(self, job: RunJob, worker: str, result: dict[str, Any]) -> bool:
         return self._race_run_update(job, worker, heartbeat=time.time(), **result)
 
-    def race_runs(self) -> list[RunRecord]:
+    def race_runs(self) -> list[Run]:
         with self._locked() as records:
             latest = self._race_runs_latest(records)
-        return [RunRecord.from_record(r) for _, r in sorted(latest.items())]
+        return [Run.from_record(r) for _, r in sorted(latest.items())]
 
-    def save_reference(self, run: RunRecord) -> None:
+    def save_reference(self, run: Run) -> None:
         with self._locked():
             self._append({**run.to_record(), "kind": "reference"})
 
-    def reference_runs(self) -> list[RunRecord]:
+    def reference_runs(self) -> list[Run]:
         with self._locked() as records:
             latest = {r["name"]: r for r in self._mine(records, "reference")}  # a name keeps its first place
-        return [RunRecord.from_record(r, "reference") for r in latest.values()]
+        return [Run.from_record(r, "reference") for r in latest.values()]

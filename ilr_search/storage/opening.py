@@ -12,7 +12,7 @@ from ilr_search.storage.journal_store import JournalStore
 from ilr_search.storage.optuna_compat import study_storage
 from ilr_search.storage.optuna_storage import engine_kwargs, rdb_engine
 from ilr_search.storage.sql_store import SQLStore
-from ilr_search.storage.store import RunRecord, Store, stored_references
+from ilr_search.storage.store import Run, Store, stored_references
 from ilr_search.storage.study_import import import_database, import_journal, needs_import
 from ilr_search.storage.urls import StorageSpec
 
@@ -44,7 +44,7 @@ def open_store(
     return SQLStore(engine, study, read_only=read_only)
 
 
-def study_references(spec: StorageSpec, study: optuna.Study) -> dict[str, RunRecord]:
+def study_references(spec: StorageSpec, study: optuna.Study) -> dict[str, Run]:
     """The reference runs of `study` (open on `spec`) by name (stored_references), read through a read-only
     store."""
     store = open_store(spec, study.study_name, read_only=True, storage=study_storage(study))

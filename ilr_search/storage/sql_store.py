@@ -8,7 +8,7 @@
 - ilr_pruning: why each pruned trial was pruned;
 - ilr_fronts: the Pareto front each time a trial completes, keyed by how many completed trials it is
   computed from (its history; the largest key is the current front);
-- ilr_runs: every run beyond the trials (RunRecord), one row per (kind, name). Kind "race": the race's longer or
+- ilr_runs: every run beyond the trials (Run), one row per (kind, name). Kind "race": the race's longer or
   extra-seed runs and the audit's longer retrainings (`ilr-search audit`, which the race reads as its own), one
   per (factor, seed, map), claimed by the worker that trains it, with its heartbeat, result, learning curve and
   a frozen run's per-unit scores. Kind "reference": the reference runs, written once each finishes.
@@ -32,8 +32,8 @@ from ilr_search.errors import UserInputError
 from ilr_search.storage.store import (
     CurvePoint,
     PruningRecord,
-    RaceRunJob,
-    RunRecord,
+    Run,
+    RunJob,
     Store,
     StoredFrontPoint,
     TrainCurvePoint,
@@ -135,7 +135,7 @@ runs_table = sa.Table(
 )
 
 
-def race_run_name(job: RaceRunJob) -> str:
+def race_run_name(job: RunJob) -> str:
     """A race run's name in ilr_runs: its factor, seed and map."""
     return f"{job.factor}:{job.seed}:{job.map_key}"
 
@@ -354,12 +354,12 @@ class SQLStore(Store):
             )
         return history
 
-    def _race_run_where(self, job: RaceRunJob) -> Any:
+    def _race_run_where(self, job: RunJob) -> Any:
         t = runs_table.c
         return sa.and_(t.study == self.study, t.kind == "race", t.name == race_run_name(job))
 
     @retry_locked
-    def claim_race_run(self, job: RaceRunJob, worker: str, flops_ratio: float, steps: int, stale_after: float) -> bool:
+    def claim_race_run(self, job: RunJob, worker: str, flops_ratio: float, steps: int, stale_after: float) -> bool:
         now = time.time()
         try:
             with self.engine.begin() as conn:
@@ -399,7 +399,7 @@ class SQLStore(Store):
             return moved.rowcount == 1
 
     @retry_locked
-    def beat_race_run(self, job: RaceRunJob, worker: str) -> None:
+    def beat_race_run(self, job: RunJob, worker: str) -> None:
         with self.engine.begin() as conn:
             conn.execute(
                 runs_table.update()
@@ -408,7 +408,7 @@ class SQLStore(Store):
             )
 
     @retry_locked
-    def _finish_race_run(self, job: RaceRunJob, worker: str, result: dict[str, Any]) -> bool:
+    def _finish_race_run(self, job: RunJob, worker: str, result: dict[str, Any]) -> bool:
         with self.engine.begin() as conn:
             done = conn.execute(
                 runs_table.update()
@@ -418,13 +418,13 @@ class SQLStore(Store):
             return done.rowcount == 1
 
     @retry_locked
-    def race_runs(self) -> list[RunRecord]:
+    def race_runs(self) -> list[Run]:
         t = runs_table.c
         rows = self._rows(runs_table, t.kind == "race", order=(t.factor, t.seed, t.map_key))
-        return [RunRecord.from_record(dict(r._mapping)) for r in rows]
+        return [Run.from_record(dict(r._mapping)) for r in rows]
 
     @retry_locked
-    def save_reference(self, run: RunRecord) -> None:
+    def save_reference(self, run: Run) -> None:
         t = runs_table.c
         try:
             self._replace(
@@ -438,10 +438,10 @@ class SQLStore(Store):
             pass
 
     @retry_locked
-    def reference_runs(self) -> list[RunRecord]:
+    def reference_runs(self) -> list[Run]:
         t = runs_table.c
         rows = self._rows(runs_table, t.kind == "reference", order=(t.name,))
-        return [RunRecord.from_record(dict(r._mapping), "reference") for r in rows]
+        return [Run.from_record(dict(r._mapping), "reference") for r in rows]
 
 
 def ensure_schema(engine: sa.Engine) -> None:

@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from ilr_search.storage.sql_store import SCHEMA_VERSION, race_run_name, retry_locked, runs_table, schema_table
-from ilr_search.storage.store import RaceRunJob, RunRecord, reference_run
+from ilr_search.storage.store import Run, RunJob, reference_run
 
 log = logging.getLogger("ilr_search")
 
@@ -64,7 +64,7 @@ _optuna_study_attrs = sa.table(
 )
 
 
-def old_references(study_attrs: Mapping[str, Any]) -> dict[str, RunRecord]:
+def old_references(study_attrs: Mapping[str, Any]) -> dict[str, Run]:
     """The reference runs a study kept in its attributes ilr:reference:NAME, by name in their stored order."""
     return {
         k[len(OLD_REFERENCE_PREFIX) :]: reference_run(
@@ -108,7 +108,7 @@ def _import_rows(conn: sa.Connection, tables: set[str]) -> None:
     for name in OLD_RACE_RUNS:
         if name in tables:
             for r in _old_race_rows(conn, old_race_runs_tables[name], tables):
-                job = RaceRunJob(r["factor"], r["seed"], r["map_key"])
+                job = RunJob(r["factor"], r["seed"], r["map_key"])
                 runs[(r["study"], "race", race_run_name(job))] = r | {"kind": "race", "name": race_run_name(job)}
     if _optuna_study_attrs.name in tables and _optuna_studies.name in tables:
         a, s = _optuna_study_attrs.c, _optuna_studies.c
