@@ -201,16 +201,14 @@ class JournalStore(Store):
     def _finish_race_run(self, job: RunJob, worker: str, result: dict[str, Any]) -> bool:
         return self._race_run_update(job, worker, heartbeat=time.time(), **result)
 
-    def race_runs(self) -> list[Run]:
-        with self._locked() as records:
-            latest = self._race_runs_latest(records)
-        return [Run.from_record(r) for _, r in sorted(latest.items())]
-
     def save_reference(self, run: Run) -> None:
         with self._locked():
             self._append({**run.to_record(), "kind": "reference"})
 
-    def reference_runs(self) -> list[Run]:
+    def runs(self) -> list[Run]:
         with self._locked() as records:
-            latest = {r["name"]: r for r in self._mine(records, "reference")}  # a name keeps its first place
-        return [Run.from_record(r, "reference") for r in latest.values()]
+            race = self._race_runs_latest(records)
+            references = {r["name"]: r for r in self._mine(records, "reference")}  # a name keeps its first place
+        return [Run.from_record(r) for _, r in sorted(race.items())] + [
+            Run.from_record(r, "reference") for r in references.values()
+        ]

@@ -418,12 +418,6 @@ class SQLStore(Store):
             return done.rowcount == 1
 
     @retry_locked
-    def race_runs(self) -> list[Run]:
-        t = runs_table.c
-        rows = self._rows(runs_table, t.kind == "race", order=(t.factor, t.seed, t.map_key))
-        return [Run.from_record(dict(r._mapping)) for r in rows]
-
-    @retry_locked
     def save_reference(self, run: Run) -> None:
         t = runs_table.c
         try:
@@ -438,10 +432,11 @@ class SQLStore(Store):
             pass
 
     @retry_locked
-    def reference_runs(self) -> list[Run]:
+    def runs(self) -> list[Run]:
         t = runs_table.c
-        rows = self._rows(runs_table, t.kind == "reference", order=(t.name,))
-        return [Run.from_record(dict(r._mapping), "reference") for r in rows]
+        by_name = sa.case((t.kind == "reference", t.name), else_="")  # a reference by name, a race run by its job
+        rows = self._rows(runs_table, order=(t.kind, by_name, t.factor, t.seed, t.map_key))
+        return [Run.from_record(dict(r._mapping), r.kind) for r in rows]
 
 
 def ensure_schema(engine: sa.Engine) -> None:

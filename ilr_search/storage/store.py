@@ -367,22 +367,22 @@ class Store(ABC):
         `worker` holds it; False if another worker took it over."""
 
     @abstractmethod
-    def race_runs(self) -> list[Run]:
-        """The latest row of every race run of the study, by factor, seed and map."""
-
-    @abstractmethod
     def save_reference(self, run: Run) -> None:
         """Store a finished reference run (kind "reference") in one write, replacing an earlier run of its name."""
 
     @abstractmethod
-    def reference_runs(self) -> list[Run]:
-        """The study's stored reference runs: by name in a database (as Optuna read the study attributes of a
-        SQLite one), in the order first stored on a journal (as Optuna's journal keeps them)."""
-
     def runs(self) -> list[Run]:
-        """Every stored run of the study beyond its trials: the race runs (race_runs), then the reference runs
-        (reference_runs)."""
-        return self.race_runs() + self.reference_runs()
+        """Every stored run of the study beyond its trials, in one read: the race runs (the latest row of each), by
+        factor, seed and map, then the reference runs, by name in a database (as Optuna read the study attributes
+        of a SQLite one), in the order first stored on a journal (as Optuna's journal keeps them)."""
+
+    def race_runs(self) -> list[Run]:
+        """The race runs of `runs`."""
+        return [r for r in self.runs() if r.kind == "race"]
+
+    def reference_runs(self) -> list[Run]:
+        """The reference runs of `runs`."""
+        return [r for r in self.runs() if r.kind == "reference"]
 
 
 def stored_references(runs: Iterable[Run]) -> dict[str, Run]:

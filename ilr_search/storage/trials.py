@@ -2,7 +2,8 @@
 on a trial, shared by that writer and this reader, and TrialRecord, every one of them read once from Optuna's
 FrozenTrial. study_trials reads a study's trials into records: every reader of results goes through it (or,
 holding one FrozenTrial that Optuna handed over, through trial_record). A study stored by an earlier version lacks
-some attributes: they read as None (or their stated default)."""
+some attributes: they read as None (or their stated default). A trial's result reads as a Run of the study's
+ledger (TrialRecord.run), beside the store's runs (study_ledger)."""
 
 from __future__ import annotations
 
