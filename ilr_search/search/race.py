@@ -55,7 +55,6 @@ def longer_train_config(train: TrainConfig, steps: int, seed: int) -> TrainConfi
 
 
 RACE_FOLDER = "race"  # a study's race runs' checkpoints, in the study's checkpoint folder
-OLD_RACE_FOLDER = "audit"  # the same folder as studies run before it was named race have it
 
 
 def race_checkpoints(study_folder: Path) -> Path:
@@ -67,20 +66,6 @@ def race_checkpoints(study_folder: Path) -> Path:
 def run_checkpoint(folder: Path, job: RunJob) -> Path:
     """Where a run keeps its checkpoint: the same file for the race and the audit, so either resumes the other's."""
     return folder / f"{job.factor}x-seed{job.seed}-{safe_name(job.map_key.replace(',', '-'))}.pt"
-
-
-def adopt_old_checkpoint(checkpoint: Path) -> None:
-    """Move a run's checkpoint left in the old folder (OLD_RACE_FOLDER, beside RACE_FOLDER) to `checkpoint`, so that
-    a run of a study started before the rename resumes from it; nothing where there is none, or a newer one."""
-    old = checkpoint.parent.parent / OLD_RACE_FOLDER / checkpoint.name
-    if checkpoint.exists() or not old.exists():
-        return
-    checkpoint.parent.mkdir(parents=True, exist_ok=True)
-    old.replace(checkpoint)
-    try:
-        old.parent.rmdir()
-    except OSError:  # other runs' checkpoints are still there
-        pass
 
 
 @dataclass(frozen=True)
@@ -153,8 +138,6 @@ def train_claimed(
     )
 
     reporter.on(RunsStarted(tuple((r.job.map_key, r.train_cfg.steps, r.job.seed) for r in runs), kind))
-    for r in runs:
-        adopt_old_checkpoint(r.checkpoint)
     jobs = [
         Job(r.model, r.schedule or reuse_map_schedule(r.reuse_map), r.train_cfg, checkpoint=r.checkpoint) for r in runs
     ]
