@@ -1,8 +1,8 @@
 """Race runs in the exports (issues 29 and 30): `export` writes a row per stored race run beside the trials and
 references (and its curve with --curves), `trials --json` lists them under `race_runs`, integer columns come out
 as integers. The race runs' table of an older database (ilr_audit in schema version 1, ilr_race_runs in 2) and its
-reference runs (study attributes) become rows of ilr_runs when it is next opened for writing (once, even by two
-processes at once), and read where they are until then."""
+reference runs (study attributes) are imported as rows of ilr_runs when it is first opened, or by `ilr-search
+migrate` (once, even by two processes at once)."""
 
 import csv
 import json
@@ -188,14 +188,16 @@ def schema_version(path) -> int:
 OLD_REFERENCES = ["baseline_seed1", "baseline_seed2", "second_seed"]  # the fixture's, as study attributes
 
 
-def test_an_old_database_read_only_lists_its_race_and_reference_runs_where_they_are(old_db, cli):
+def test_an_old_database_is_imported_when_first_read_and_lists_its_race_and_reference_runs(old_db, cli):
+    assert "ilr_audit" in tables(old_db) and "ilr_runs" not in tables(old_db)
+    assert schema_version(old_db) == 1 and reference_attrs(old_db) == OLD_REFERENCES
     report = json.loads(cli("trials", "--storage", f"sqlite:///{old_db}", "--json", check=True).stdout)
     assert [(r["map_key"], r["steps"], r["seed"], r["state"], r["val_ppl"]) for r in report["race_runs"]] == [
         ("2,1,1,1", 96, 1, "complete", 49.4)
     ]
     assert [r["reference"] for r in report["references"]] == OLD_REFERENCES
-    assert "ilr_audit" in tables(old_db) and "ilr_runs" not in tables(old_db)  # reading migrates nothing
-    assert schema_version(old_db) == 1 and reference_attrs(old_db) == OLD_REFERENCES
+    assert "ilr_audit" not in tables(old_db) and "ilr_runs" in tables(old_db)  # reading imported it
+    assert schema_version(old_db) == 3 and reference_attrs(old_db) == []
 
 
 # Opens the store for writing (what migrates), saying "locking" as it asks for the write lock to migrate.
@@ -271,30 +273,33 @@ def test_the_migration_keeps_every_column_and_runs_once(old_db):
     assert "ilr_runs" in tables(old_db) and "ilr_audit" not in tables(old_db) and schema_version(old_db) == 3
 
 
-def test_the_migration_moves_the_reference_runs_and_they_read_the_same(old_db, cli):
-    """The reference runs of the study attributes become rows of ilr_runs: every report shows them as before (the
-    `references` of `pareto --json` and `studies`' answer included), and the attributes are gone."""
+def test_the_migration_moves_the_reference_runs_and_they_read_the_same(old_db, tmp_path, cli):
+    """The reference runs of the study attributes become rows of ilr_runs, and the attributes are gone: imported by
+    `ilr-search migrate` (once: a second call imports nothing) or on first opening, every report shows the same (the
+    `references` of `pareto --json` and `studies`' answer included)."""
     from ilr_search.search.studies import open_study
     from ilr_search.storage import open_store, parse_storage, study_references
 
+    first_opened = tmp_path / "first-opened.db"
+    first_opened.write_bytes(old_db.read_bytes())
     storage = f"sqlite:///{old_db}"
-    before = {
-        command: json.loads(cli(command, "--storage", storage, "--json", check=True).stdout)
-        for command in ("trials", "pareto", "studies")
-    }
+    migrated = json.loads(cli("migrate", "--storage", storage, "--json", check=True).stdout)
+    assert migrated == {"storage": storage, "studies": [OLD_STUDY], "imported": True}
+    assert json.loads(cli("migrate", "--storage", storage, "--json", check=True).stdout)["imported"] is False
     read_only = parse_storage(storage, read_only=True)
-    refs_before = study_references(read_only, open_study(read_only, OLD_STUDY))
-    assert list(refs_before) == OLD_REFERENCES and reference_attrs(old_db) == OLD_REFERENCES
-    store = open_store(parse_storage(storage), OLD_STUDY)  # for writing: migrates
-    assert [r.name for r in store.reference_runs()] == OLD_REFERENCES and reference_attrs(old_db) == []
-    assert study_references(read_only, open_study(read_only, OLD_STUDY)) == refs_before
-    after = {
-        command: json.loads(cli(command, "--storage", storage, "--json", check=True).stdout)
-        for command in ("trials", "pareto", "studies")
-    }
-    assert after == before and before["pareto"]["references"]
-    open_store(parse_storage(storage), OLD_STUDY)  # again: nothing to move
+    refs = study_references(read_only, open_study(read_only, OLD_STUDY))
+    assert list(refs) == OLD_REFERENCES and reference_attrs(old_db) == []
+    store = open_store(parse_storage(storage), OLD_STUDY)
     assert [r.name for r in store.reference_runs()] == OLD_REFERENCES
+    reports = {
+        path: {
+            command: json.loads(cli(command, "--storage", f"sqlite:///{path}", "--json", check=True).stdout)
+            for command in ("trials", "pareto", "studies")
+        }
+        for path in (old_db, first_opened)
+    }
+    assert reports[old_db] == reports[first_opened] and reports[old_db]["pareto"]["references"]
+    assert reference_attrs(first_opened) == [] and "ilr_audit" not in tables(first_opened)
 
 
 def test_a_schema_2_database_moves_its_race_runs_with_their_scores(old_db):
@@ -312,17 +317,17 @@ def test_a_schema_2_database_moves_its_race_runs_with_their_scores(old_db):
         conn.execute("INSERT INTO ilr_run_scores VALUES (?, ?, ?, ?, ?)", (*OLD_RUN[:4], "[0.5, 1.5]"))
         conn.execute("UPDATE ilr_schema SET version = 2")
     conn.close()
-    spec = parse_storage(f"sqlite:///{old_db}")
     read_only = open_store(parse_storage(f"sqlite:///{old_db}", read_only=True), OLD_STUDY, read_only=True)
-    before = read_only.race_runs()
-    assert [r.scores for r in before] == [(0.5, 1.5)]
-    assert open_store(spec, OLD_STUDY).race_runs() == before
+    imported = read_only.race_runs()
+    assert [r.scores for r in imported] == [(0.5, 1.5)]
+    assert open_store(parse_storage(f"sqlite:///{old_db}"), OLD_STUDY).race_runs() == imported
     assert not tables(old_db) & {"ilr_race_runs", "ilr_run_scores"} and schema_version(old_db) == 3
 
 
-def test_a_journal_side_file_reads_race_runs_written_before_the_rename(tmp_path):
-    """A journal study's records written under the old kind ("audit") read as race runs, and update as such."""
-    from ilr_search.storage import JournalStore, RaceRunJob
+def test_a_journal_side_file_imports_race_runs_written_before_the_rename(tmp_path):
+    """A journal study's records written under the old kind ("audit") are imported as race runs when its store is
+    first opened, and update as such."""
+    from ilr_search.storage import RunJob, open_store, parse_storage
 
     names = (
         "study",
@@ -343,12 +348,12 @@ def test_a_journal_side_file_reads_race_runs_written_before_the_rename(tmp_path)
     )
     old = dict(zip(names, OLD_RUN, strict=True)) | {"kind": "audit", "state": "running", "worker": "dead"}
     (tmp_path / "j.log.ilr").write_text(json.dumps(old) + "\n", encoding="utf-8")
-    store = JournalStore(str(tmp_path / "j.log"), OLD_STUDY)
-    job = RaceRunJob("4", 1, "2,1,1,1")
+    store = open_store(parse_storage(f"journal:{tmp_path / 'j.log'}"), OLD_STUDY)
+    job = RunJob("4", 1, "2,1,1,1")
     assert [r.job for r in store.race_runs()] == [job] and store.race_runs()[0].state == "running"
     assert store.claim_race_run(job, "me", 1.2, 96, stale_after=0.0)  # the dead worker's run is taken over
     assert store.finish_race_run(job, "me", "complete", 3.8, 44.7, 5.5, [(96, 3.8)], 1.0, "ok")
     (run,) = store.race_runs()
     assert (run.worker, run.state, run.val_ppl, run.curve) == ("me", "complete", 44.7, ((96, 3.8),))
     kinds = [json.loads(line)["kind"] for line in (tmp_path / "j.log.ilr").read_text(encoding="utf-8").splitlines()]
-    assert kinds[0] == "audit" and kinds[1] == "race_run"
+    assert kinds == ["race_run"] * 3

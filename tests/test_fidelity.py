@@ -21,7 +21,7 @@ from ilr_search.search.pruners import calibrate_rung, decision_at_rung, pareto_d
 from ilr_search.search.run import RunRequest, run_in_process
 from ilr_search.search.studies import trials_report
 from ilr_search.space import load_space
-from ilr_search.storage import CurvePoint, JournalStore, RaceRunJob, RunRecord, SQLStore, open_store, parse_storage
+from ilr_search.storage import CurvePoint, JournalStore, Run, RunJob, SQLStore, open_store, parse_storage
 from ilr_search.storage.trials import study_trials
 
 SPACE = ROOT / "tests" / "spaces" / "tiny.toml"
@@ -262,7 +262,7 @@ def test_audit_claims_are_exclusive_and_dead_workers_are_taken_over(kind, tmp_pa
         store = SQLStore(sa.create_engine(f"sqlite:///{tmp_path / 'c.db'}"), "s")
     else:
         store = JournalStore(str(tmp_path / "j.log"), "s")
-    job = RaceRunJob("4", 0, "2,1,1,1")
+    job = RunJob("4", 0, "2,1,1,1")
     assert store.claim_race_run(job, "w1", 1.2, 100, stale_after=60)
     assert not store.claim_race_run(job, "w2", 1.2, 100, stale_after=60)  # held by a live worker
     assert store.claim_race_run(job, "w2", 1.2, 100, stale_after=0)  # w1's heartbeat is stale: taken over
@@ -271,7 +271,7 @@ def test_audit_claims_are_exclusive_and_dead_workers_are_taken_over(kind, tmp_pa
     assert not store.claim_race_run(job, "w3", 1.2, 100, stale_after=0)  # complete: never trained again
     (row,) = store.race_runs()
     assert row.state == "complete" and row.worker == "w2" and row.curve == ((100, 1.0),)
-    other = RaceRunJob("4", 0, "1,1,1,1")
+    other = RunJob("4", 0, "1,1,1,1")
     assert store.claim_race_run(other, "w1", 1.0, 100, stale_after=60)
     store.finish_race_run(other, "w1", "interrupted", None, None, None, [], 0.0, "interrupted")
     assert store.claim_race_run(other, "w2", 1.0, 100, stale_after=60)  # interrupted: free at once
@@ -283,7 +283,7 @@ def test_audit_report_precision_recall_and_pruned_maps(small_study):
     study = optuna.load_study(study_name="aud", storage=f"sqlite:///{db}")
     trials = study.get_trials()
     records = study_trials(study)
-    from ilr_search.storage import RunRecord
+    from ilr_search.storage import Run
 
     keys = [
         t.user_attrs["map_key"]
@@ -295,7 +295,7 @@ def test_audit_report_precision_recall_and_pruned_maps(small_study):
     proxy = {t.user_attrs["map_key"]: t.user_attrs["val_ppl"] for t in trials if t.user_attrs.get("val_ppl")}
     ordered = sorted(keys, key=lambda k: proxy[k])
     rows = [
-        RunRecord(RaceRunJob("4", 0, k), "w", 0.0, "complete", ratio[k], 64, 1.0, 10.0 + i, 1.0)
+        Run("race", k, "4", 0, "complete", ratio[k], 64, "w", 0.0, 1.0, 10.0 + i, 1.0)
         for i, k in enumerate(reversed(ordered))
     ]
     report = audit_report(records, rows, "4")
@@ -330,7 +330,7 @@ def test_an_audit_whose_runs_do_not_separate_the_maps_does_not_judge_the_proxy(s
     root, db, _ = small_study
     study = optuna.load_study(study_name="aud", storage=f"sqlite:///{db}")
     trials = study.get_trials()
-    from ilr_search.storage import RunRecord
+    from ilr_search.storage import Run
 
     proxy = {
         t.user_attrs["map_key"]: t.user_attrs["val_ppl"]
@@ -341,9 +341,7 @@ def test_an_audit_whose_runs_do_not_separate_the_maps_does_not_judge_the_proxy(s
     ordered = sorted(proxy, key=lambda k: proxy[k])
     gap, spread = (1.0, 0.01) if separated else (0.01, 1.0)
     rows = [
-        RunRecord(
-            RaceRunJob("4", seed, k), "w", 0.0, "complete", ratio[k], 64, 1.0, 10.0 + gap * i + spread * (seed - 1), 1.0
-        )
+        Run("race", k, "4", seed, "complete", ratio[k], 64, "w", 0.0, 1.0, 10.0 + gap * i + spread * (seed - 1), 1.0)
         for i, k in enumerate(reversed(ordered))
         for seed in range(3)
     ]
@@ -431,13 +429,16 @@ def test_audit_says_a_map_beats_the_baseline_only_beyond_the_seed_noise(small_st
     for seed, (b, r) in enumerate(zip((1.10, 1.11, 1.09), recurrent_losses, strict=True)):
         for t, loss in ((baseline, b), (recurrent, r)):
             rows.append(
-                RunRecord(
-                    RaceRunJob("4", seed, t.user_attrs["map_key"]),
-                    "w",
-                    0.0,
+                Run(
+                    "race",
+                    t.user_attrs["map_key"],
+                    "4",
+                    seed,
                     "complete",
                     t.user_attrs["flops_ratio"],
                     64,
+                    "w",
+                    0.0,
                     loss,
                     math.exp(loss),
                     1.0,

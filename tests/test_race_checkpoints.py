@@ -1,30 +1,11 @@
-"""A study's race runs keep their checkpoints in its `race` folder; a checkpoint that a study run before the rename
-left in its `audit` folder is moved there when its run is trained, so the run resumes from it."""
+"""A study's race runs keep their checkpoints in its `race` folder, one file a run (factor, seed and map), which
+the race and the audit share so that either resumes the other's."""
 
-from ilr_search.search.race import adopt_old_checkpoint, race_checkpoints, run_checkpoint
-from ilr_search.storage import RaceRunJob
-
-JOB = RaceRunJob("2", 1, "2,1,1")
+from ilr_search.search.race import race_checkpoints, run_checkpoint
+from ilr_search.storage import RunJob
 
 
-def test_a_checkpoint_in_the_old_audit_folder_moves_to_the_race_folder(tmp_path):
-    new = run_checkpoint(race_checkpoints(tmp_path / "study"), JOB)
-    assert new.parent == tmp_path / "study" / "race"
-    old = tmp_path / "study" / "audit" / new.name
-    old.parent.mkdir(parents=True)
-    old.write_bytes(b"old run")
-    adopt_old_checkpoint(new)
-    assert new.read_bytes() == b"old run" and not old.parent.exists()  # the emptied old folder goes too
-
-
-def test_a_checkpoint_in_the_race_folder_is_kept_and_other_old_ones_stay(tmp_path):
-    new = run_checkpoint(race_checkpoints(tmp_path / "study"), JOB)
-    new.parent.mkdir(parents=True)
-    new.write_bytes(b"new run")
-    old = tmp_path / "study" / "audit" / new.name
-    old.parent.mkdir(parents=True)
-    old.write_bytes(b"old run")
-    adopt_old_checkpoint(new)
-    assert new.read_bytes() == b"new run" and old.read_bytes() == b"old run"
-    adopt_old_checkpoint(run_checkpoint(race_checkpoints(tmp_path / "study"), RaceRunJob("2", 2, "1,1,1")))
-    assert old.exists()  # nothing of another run's moved
+def test_a_race_runs_checkpoint_is_named_by_its_job_in_the_race_folder(tmp_path):
+    path = run_checkpoint(race_checkpoints(tmp_path / "study"), RunJob("2", 1, "2,1,1"))
+    assert path == tmp_path / "study" / "race" / "2x-seed1-2-1-1.pt"
+    assert run_checkpoint(race_checkpoints(tmp_path / "study"), RunJob("2", 2, "2,1,1")) != path

@@ -6,14 +6,14 @@ from pathlib import Path
 
 from ilr_search.config import ModelConfig, TrainConfig
 from ilr_search.search.race import RaceRunPlan, fused_groups, held_runs, wait_for_change
-from ilr_search.storage import RaceRunJob, RunRecord, grace_period
+from ilr_search.storage import Run, RunJob, grace_period
 
 PLAIN = ModelConfig()
 DEEPER = ModelConfig(n_layers=12)
 
 
 def run(name: str, seed: int, steps: int = 100, model: ModelConfig = PLAIN) -> RaceRunPlan:
-    job = RaceRunJob("2", seed, name)
+    job = RunJob("2", seed, name)
     return RaceRunPlan(
         job, [1] * model.n_layers, model, TrainConfig(steps=steps, seed=seed), Path(f"{name}-{seed}.pt"), 0
     )
@@ -47,12 +47,12 @@ def test_a_model_the_fused_trainer_cannot_take_trains_alone():
 def test_only_live_runs_of_other_workers_are_held():
     now = time.time()
     rows = [
-        RunRecord(RaceRunJob("2", 1, "mine"), "me", now, "running", 1.0, 100),
-        RunRecord(RaceRunJob("2", 1, "theirs"), "other", now, "running", 1.0, 100),
-        RunRecord(RaceRunJob("2", 1, "dead"), "other", now - grace_period() - 5, "running", 1.0, 100),
-        RunRecord(RaceRunJob("2", 1, "done"), "other", now, "complete", 1.0, 100),
+        Run("race", "mine", "2", 1, "running", 1.0, 100, "me", now),
+        Run("race", "theirs", "2", 1, "running", 1.0, 100, "other", now),
+        Run("race", "dead", "2", 1, "running", 1.0, 100, "other", now - grace_period() - 5),
+        Run("race", "done", "2", 1, "complete", 1.0, 100, "other", now),
     ]
-    assert held_runs(rows, "me") == {RaceRunJob("2", 1, "theirs")}
+    assert held_runs(rows, "me") == {RunJob("2", 1, "theirs")}
 
 
 def test_a_waiting_worker_wakes_at_the_first_look_that_differs():

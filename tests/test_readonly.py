@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import assert_one_line_error
+from conftest import ROOT, assert_one_line_error
 
 pytestmark = pytest.mark.slow
 
@@ -157,6 +157,21 @@ def test_run_refuses_a_read_only_database(raced, cli, immutable, tmp_path):
     )
     assert_one_line_error(proc)
     assert "not writable" in proc.stderr
+    assert digest(db) == before
+
+
+def test_an_old_study_that_cannot_be_written_is_refused_with_the_migrate_command(cli, immutable, tmp_path):
+    """A database stored before the ledger of runs is imported when first opened; a file this process cannot write
+    is refused with the command that imports it where it can be, in one line, its bytes unchanged."""
+    db = tmp_path / "old.db"
+    with sqlite3.connect(db) as conn:
+        conn.executescript((ROOT / "tests" / "fixtures" / "study-eeb668a.sql").read_text(encoding="utf-8"))
+    conn.close()
+    before = digest(db)
+    immutable(db)
+    proc = cli("trials", "--storage", f"sqlite:///{db}", "--json")
+    assert_one_line_error(proc)
+    assert "ilr-search migrate --storage" in proc.stderr
     assert digest(db) == before
 
 

@@ -13,8 +13,8 @@ from ilr_search.search import RunRequest, run_in_process
 from ilr_search.space import load_space
 from ilr_search.storage import (
     JournalStore,
-    RaceRunJob,
-    RunRecord,
+    Run,
+    RunJob,
     SQLStore,
     open_storage,
     open_store,
@@ -106,7 +106,7 @@ def test_pruning_records_and_fronts_read_back_as_records_on_both_stores(url, tmp
     }
 
 
-def reference(name: str, val_ppl: float, seed: int = 1) -> RunRecord:
+def reference(name: str, val_ppl: float, seed: int = 1) -> Run:
     return reference_run(name, [0, 0, 1], seed, 1.5, [2, 1], {}, None, val_ppl, 4.0, "ok", 24, [(12, 4.5), (24, 4.2)])
 
 
@@ -121,7 +121,7 @@ def test_a_reference_run_is_one_typed_row_replaced_by_name(store_url):
     """A database reads its references by name (as Optuna read a SQLite study's attributes), a journal in the
     order first stored (as Optuna's journal keeps them)."""
     store = open_store(parse_storage(store_url), "s")
-    store.claim_race_run(RaceRunJob("2", 0, "2,1"), "w", 1.5, 48, stale_after=60.0)
+    store.claim_race_run(RunJob("2", 0, "2,1"), "w", 1.5, 48, stale_after=60.0)
     store.save_reference(reference("second_seed", 60.0))
     store.save_reference(reference("baseline_seed1", 50.0))
     store.save_reference(reference("second_seed", 58.0, seed=2))  # the best map changed: trained again
@@ -149,21 +149,31 @@ def test_a_reference_run_is_one_typed_row_replaced_by_name(store_url):
     assert other.reference_runs() == []  # another study's
 
 
-def test_stored_references_read_a_studys_attributes_under_its_stored_runs():
-    """A study stored before schema 3 (a journal's, or a database read before migrating) keeps its references in
-    its attributes: they read as runs, a stored run of the same name replacing one."""
+def test_a_journal_study_imports_its_attribute_references_ahead_of_its_stored_runs(tmp_path):
+    """A journal study stored before the ledger keeps its references in its attributes: opening it imports them as
+    runs, ahead of the side file's, a stored run of the same name keeping the attribute's place and its own result;
+    a second opening imports nothing."""
+    spec = parse_storage(f"journal:{tmp_path / 'j.log'}")
+    storage = open_storage(spec, heartbeat=False)
+    study = optuna.create_study(study_name="s", storage=storage)
     old = reference("baseline_seed1", 50.0).to_dict()
-    attrs = {"ilr:config": {}, "ilr:reference:second_seed": old, "ilr:reference:baseline_seed1": old}
+    for name in ("second_seed", "baseline_seed1"):
+        study.set_user_attr(f"ilr:reference:{name}", old)
     stored = reference("second_seed", 58.0)
-    refs = stored_references([stored], attrs)
+    JournalStore(str(spec.path), "s").save_reference(stored)
+    refs = study_references(spec, study)
     assert list(refs) == ["second_seed", "baseline_seed1"] and refs["second_seed"] == stored
     assert refs["baseline_seed1"].to_dict() == old and refs["baseline_seed1"].kind == "reference"
+    assert stored_references(refs.values()) == refs
+    side_file = (tmp_path / "j.log.ilr").read_text(encoding="utf-8")
+    assert study_references(spec, study) == refs and (tmp_path / "j.log.ilr").read_text(encoding="utf-8") == side_file
 
 
 def old_database(url: str) -> dict[str, dict]:
     """A database as schema version 2 left it: study s with two reference runs in its attributes, a race run in
     ilr_race_runs (with no ilr_runs table); returns the reference dicts."""
-    from ilr_search.storage.sql_store import legacy_race_runs_tables, schema_table
+    from ilr_search.storage.sql_store import schema_table
+    from ilr_search.storage.study_import import old_race_runs_tables
 
     study = optuna.create_study(study_name="s", storage=open_storage(parse_storage(url), heartbeat=False))
     old = {"baseline_seed1": reference("baseline_seed1", 50.0).to_dict()}
@@ -172,7 +182,7 @@ def old_database(url: str) -> dict[str, dict]:
         study.set_user_attr(f"ilr:reference:{name}", value)
     engine = sa.create_engine(url)
     with engine.begin() as conn:
-        table = legacy_race_runs_tables["ilr_race_runs"]
+        table = old_race_runs_tables["ilr_race_runs"]
         table.create(conn)
         schema_table.to_metadata(sa.MetaData()).create(conn)
         conn.execute(sa.text("INSERT INTO ilr_schema (id, version) VALUES (1, 2)"))
@@ -187,15 +197,12 @@ def old_database(url: str) -> dict[str, dict]:
 
 
 def test_two_processes_opening_an_older_database_at_once_move_its_runs_once(sql_url):
-    """Opening a database of schema version 2 for writing moves its race runs and reference attributes into
-    ilr_runs, once, even with two openers at once; the references read the same before and after."""
+    """Opening a database of schema version 2 imports its race runs and reference attributes into ilr_runs, once,
+    even with two openers at once; the references read as they were stored."""
     old = old_database(sql_url)
     read_only = parse_storage(sql_url, read_only=True)
-    study = optuna.load_study(study_name="s", storage=open_storage(read_only, heartbeat=False))
-    before = study_references(read_only, study)
-    assert {name: r.to_dict() for name, r in before.items()} == old  # read where they are, nothing written
     ready = threading.Barrier(2)
-    opened: list[list[RunRecord]] = []
+    opened: list[list[Run]] = []
 
     def open_for_writing() -> None:
         ready.wait()
@@ -214,7 +221,7 @@ def test_two_processes_opening_an_older_database_at_once_move_its_runs_once(sql_
     ]
     study = optuna.load_study(study_name="s", storage=open_storage(read_only, heartbeat=False))
     assert not any(k.startswith("ilr:reference:") for k in study.user_attrs)  # moved, not copied
-    assert study_references(read_only, study) == before
+    assert {name: r.to_dict() for name, r in study_references(read_only, study).items()} == old
     engine = sa.create_engine(sql_url)
     names = set(sa.inspect(engine).get_table_names())
     with engine.connect() as conn:

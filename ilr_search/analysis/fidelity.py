@@ -33,7 +33,7 @@ from ilr_search.analysis.results import (
 from ilr_search.analysis.stats import groups_differ, paired_comparison, rank_agreement
 from ilr_search.knobs import KnobValue
 from ilr_search.records import record_json
-from ilr_search.storage import RunRecord
+from ilr_search.storage import Run
 from ilr_search.storage.trials import TrialRecord, trained_results
 from ilr_search.training.schedule import Map, format_reuse_map, is_all_ones_key, is_baseline_key, map_text
 
@@ -104,7 +104,7 @@ class NoiseBand:
         }
 
 
-def noise_band(trials: Sequence[TrialRecord], references: Mapping[str, RunRecord]) -> NoiseBand | None:
+def noise_band(trials: Sequence[TrialRecord], references: Mapping[str, Run]) -> NoiseBand | None:
     """Seed-to-seed spread of the baseline's perplexity: the trial of the all-ones map (the study's seed) and the
     baseline references trained at extra seeds (of `references`, the study's by name: stored_references)."""
     ppls: list[float] = [
@@ -232,10 +232,10 @@ AUDIT_CONFIDENCE = 0.9  # of the paired test behind "beats the baseline" (the ra
 SEPARATE_P = 1 - AUDIT_CONFIDENCE  # the ANOVA's p below which the audited maps differ beyond their seed noise
 
 
-def audit_report(trials: Sequence[TrialRecord], rows: Sequence[RunRecord], factor: str) -> AuditReport | None:
+def audit_report(trials: Sequence[TrialRecord], rows: Sequence[Run], factor: str) -> AuditReport | None:
     """The audit at `factor` from its stored rows (complete ones; the race's equal-compute models are no maps of
     the study, and are left out) and the study's trials; None before any audited map is complete."""
-    done: dict[str, list[RunRecord]] = {}
+    done: dict[str, list[Run]] = {}
     for r in rows:
         if (
             r.job.factor == factor
@@ -313,7 +313,7 @@ def audit_report(trials: Sequence[TrialRecord], rows: Sequence[RunRecord], facto
     return AuditReport(**{**asdict(report), "maps": report.maps, "finding": audit_finding(report)})
 
 
-def audit_reports(trials: Sequence[TrialRecord], rows: Sequence[RunRecord]) -> list[AuditReport]:
+def audit_reports(trials: Sequence[TrialRecord], rows: Sequence[Run]) -> list[AuditReport]:
     """One report per audited factor, in increasing factor."""
     rows = [r for r in rows if Map.form_of(r.job.map_key) != "deeper"]
     factors = sorted({r.job.factor for r in rows}, key=float)
@@ -396,7 +396,7 @@ def study_fidelity(
     study_name: str,
     trials: Sequence[TrialRecord],
     curves: Curves,
-    references: Mapping[str, RunRecord],
+    references: Mapping[str, Run],
     final_step: int,
     audits: Sequence[AuditReport] = (),
 ) -> Fidelity:

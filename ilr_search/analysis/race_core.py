@@ -15,6 +15,7 @@ from ilr_search.analysis.sequential import TestKind
 from ilr_search.analysis.stats import seed_interval
 from ilr_search.config import RacePolicy, SearchConfig, races
 from ilr_search.records import record_json
+from ilr_search.storage.store import Run
 
 
 @dataclass(frozen=True)
@@ -282,6 +283,30 @@ class StoredResult:
     def is_trial(self) -> bool:
         """A trial's result at the proxy's length."""
         return self.source.startswith(TRIAL_SOURCE)
+
+    @classmethod
+    def of_run(cls, run: Run, schedule: str) -> StoredResult:
+        """A finished run's result (Run.finished) under the learning-rate `schedule`: its losses where complete,
+        none where it diverged, and its source named by its kind (the trial's number, the reference's name, the
+        race run's factor)."""
+        loss = run.val_loss if run.state == "complete" else None
+        source = {
+            "trial": f"{TRIAL_SOURCE}{run.trial}",
+            "reference": f"{REFERENCE_SOURCE}{run.name}",
+            "race": f"{RUN_SOURCE}{run.factor}x",
+        }[run.kind]
+        return cls(
+            run.map_key,
+            run.flops_ratio,
+            run.steps,
+            run.replicate,
+            schedule,
+            loss,
+            run.val_ppl if loss is not None else None,
+            run.val_bpb if loss is not None else None,
+            source,
+            run.scores if loss is not None else (),
+        )
 
     def evaluation(self) -> Evaluation:
         return Evaluation(self.map_key, self.flops_ratio, self.steps, self.seed, self.val_loss, self.scores)

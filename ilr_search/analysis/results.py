@@ -13,7 +13,7 @@ from optuna.trial import TrialState
 from ilr_search.analysis.pareto import pareto_front
 from ilr_search.config import SpaceConfig
 from ilr_search.knobs import format_knobs
-from ilr_search.storage import CurvePoint, RunRecord, Store, TrainCurvePoint, stored_references
+from ilr_search.storage import CurvePoint, Run, Store, TrainCurvePoint, stored_references
 from ilr_search.storage.trials import TrialRecord, trained_results
 from ilr_search.training.schedule import Map, format_reuse_map, key_text, map_text
 
@@ -104,12 +104,12 @@ def tokens_per_step(study_attrs: Mapping[str, Any]) -> int:
 @dataclass(frozen=True)
 class RaceRunRow:
     """A stored race run (the race's and the audit's runs beyond the trials, whatever their state) as `trials`
-    lists it: the run (storage RunRecord: its job, state, FLOPs, result, curve), its map parsed (`key`; None for an
+    lists it: the run (storage Run: its job, state, FLOPs, result, curve), its map parsed (`key`; None for an
     equal-compute deepR, which is no map of the study's model), and the training tokens a step of it sees.
     to_dict is its row of `trials --json`, with its curves in the trials' shape (validation points; the race
     stores no training curve, so `train` is empty)."""
 
-    run: RunRecord
+    run: Run
     key: Map | None
     tokens_per_step: int
 
@@ -142,7 +142,7 @@ class RaceRunRow:
         }
 
 
-def race_run_rows(runs: Sequence[RunRecord], study_attrs: Mapping[str, Any]) -> list[RaceRunRow]:
+def race_run_rows(runs: Sequence[Run], study_attrs: Mapping[str, Any]) -> list[RaceRunRow]:
     """Every stored race run (of `runs`, the store's: its reference runs passed over) as a row of a listing
     (RaceRunRow), in the store's order."""
     per_step = tokens_per_step(study_attrs)
@@ -320,7 +320,7 @@ class ReferenceRow:
     """A reference run as `trials` lists it; to_dict is its row, marked `reference` (its name) with the state
     REFERENCE."""
 
-    run: RunRecord
+    run: Run
 
     def to_dict(self) -> dict[str, Any]:
         ref = self.run
@@ -346,9 +346,9 @@ def listed_trials(trials: Sequence[TrialRecord]) -> list[TrialRecord]:
     return [r for r in trials if r.state != TrialState.WAITING and not r.surplus]
 
 
-def reference_rows(store: Store, study_attrs: Mapping[str, Any]) -> list[RunRecord]:
+def reference_rows(store: Store, study_attrs: Mapping[str, Any]) -> list[Run]:
     """The study's reference runs in a listing's order (by name)."""
-    return [ref for _, ref in sorted(stored_references(store.reference_runs(), study_attrs).items())]
+    return [ref for _, ref in sorted(stored_references(store.reference_runs()).items())]
 
 
 def trained_trials(trials: Sequence[TrialRecord]) -> list[TrialRecord]:

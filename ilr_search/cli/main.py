@@ -742,3 +742,12 @@ def recipe(
         ui.out.print(f"wrote the recipe of map {report.map} of study {name} to {path}")
     else:
         sys.stdout.write(recipe_text(report.to_json(), ".toml"))
+
+
+@app.command()
+@user_errors
+def migrate(storage: Storage = None, json_out: Json = False) -> None:
+    """Import the studies of a storage stored by an older ilr-search (each is also imported when first opened)."""
+    from ilr_search.commands.migrate import migrate_storage
+
+    emit(migrate_storage(storage), json_out, lambda report: ui.out.print(report.text()))

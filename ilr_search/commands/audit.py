@@ -44,7 +44,7 @@ from ilr_search.search.race import (
 from ilr_search.search.run import check_fuse, disk_full_is_reported
 from ilr_search.search.studies import open_study
 from ilr_search.storage import (
-    RaceRunJob,
+    RunJob,
     Store,
     grace_period,
     open_store,
@@ -214,10 +214,10 @@ def _run_audit(
     if not chosen:
         raise UserInputError(f"--maps {settings.maps} selects no map of study {study_name!r}")
     factor = factor_key(settings.factor)
-    jobs: list[tuple[RaceRunJob, TrialRecord]] = []
+    jobs: list[tuple[RunJob, TrialRecord]] = []
     for t in chosen:
         assert t.map_key is not None  # select_maps chooses trials that trained their map
-        jobs += [(RaceRunJob(factor, base_seed + s, t.map_key), t) for s in range(settings.seeds)]
+        jobs += [(RunJob(factor, base_seed + s, t.map_key), t) for s in range(settings.seeds)]
 
     store = open_store(spec, study_name, storage=study_storage(study))
     worker = new_worker()
@@ -271,13 +271,13 @@ def _run_audit(
     )
 
 
-def _n_done(done: set[RaceRunJob], jobs: list[tuple[RaceRunJob, TrialRecord]]) -> int:
+def _n_done(done: set[RunJob], jobs: list[tuple[RunJob, TrialRecord]]) -> int:
     return sum(job in done for job, _ in jobs)
 
 
 def _claim_group(
     store: Store,
-    pending: list[tuple[RaceRunJob, TrialRecord]],
+    pending: list[tuple[RunJob, TrialRecord]],
     worker: str,
     space: SpaceConfig,
     steps: int,

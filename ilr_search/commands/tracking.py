@@ -19,7 +19,7 @@ from ilr_search.search.progress import Event, RunReporter, StudyStarted, TrialFi
 from ilr_search.training.schedule import format_reuse_map, map_text
 
 if TYPE_CHECKING:
-    from ilr_search.storage import RunRecord
+    from ilr_search.storage import Run
     from ilr_search.storage.trials import TrialRecord
 
 TRACKERS = ("tensorboard", "mlflow")
@@ -175,7 +175,7 @@ class TrackingReporter(RunReporter):
         self.study: str | None = None
         self.tracker: Tracker | None = None
         self.store: Any = None
-        self.references_before: dict[str, RunRecord] = {}
+        self.references_before: dict[str, Run] = {}
 
     def __enter__(self) -> TrackingReporter:
         self.inner.__enter__()
@@ -233,7 +233,7 @@ class TrackingReporter(RunReporter):
             self.store = open_store(parse_storage(self.storage), self.study or "", read_only=True)
         return self.store
 
-    def _references(self) -> dict[str, RunRecord]:
+    def _references(self) -> dict[str, Run]:
         from ilr_search.search.studies import open_study
         from ilr_search.storage import parse_storage, study_references
 

@@ -32,13 +32,12 @@ from ilr_search.config import ModelConfig, TrainConfig
 from ilr_search.search.plan import StudyPlan, safe_name
 from ilr_search.search.progress import Message, RunFinished, RunKind, RunReporter, RunsStarted, step_callback
 from ilr_search.search.race_results import (
-    FINAL_STATES,
     RACE_CAP_ATTR,
     deep_model,
     race_run_job,
     study_race,
 )
-from ilr_search.storage import Heartbeat, RaceRunJob, RunRecord, Store, grace_period, heartbeat_interval
+from ilr_search.storage import Heartbeat, Run, RunJob, Store, grace_period, heartbeat_interval
 from ilr_search.storage.trials import TrialRecord, study_trials
 from ilr_search.training.flops import baseline_flops_per_token, flops_ratio, forward_flops_per_token
 from ilr_search.training.jobs import fusable
@@ -54,7 +53,6 @@ def longer_train_config(train: TrainConfig, steps: int, seed: int) -> TrainConfi
 
 
 RACE_FOLDER = "race"  # a study's race runs' checkpoints, in the study's checkpoint folder
-OLD_RACE_FOLDER = "audit"  # the same folder as studies run before it was named race have it
 
 
 def race_checkpoints(study_folder: Path) -> Path:
@@ -63,30 +61,16 @@ def race_checkpoints(study_folder: Path) -> Path:
     return study_folder / RACE_FOLDER
 
 
-def run_checkpoint(folder: Path, job: RaceRunJob) -> Path:
+def run_checkpoint(folder: Path, job: RunJob) -> Path:
     """Where a run keeps its checkpoint: the same file for the race and the audit, so either resumes the other's."""
     return folder / f"{job.factor}x-seed{job.seed}-{safe_name(job.map_key.replace(',', '-'))}.pt"
-
-
-def adopt_old_checkpoint(checkpoint: Path) -> None:
-    """Move a run's checkpoint left in the old folder (OLD_RACE_FOLDER, beside RACE_FOLDER) to `checkpoint`, so that
-    a run of a study started before the rename resumes from it; nothing where there is none, or a newer one."""
-    old = checkpoint.parent.parent / OLD_RACE_FOLDER / checkpoint.name
-    if checkpoint.exists() or not old.exists():
-        return
-    checkpoint.parent.mkdir(parents=True, exist_ok=True)
-    old.replace(checkpoint)
-    try:
-        old.parent.rmdir()
-    except OSError:  # other runs' checkpoints are still there
-        pass
 
 
 @dataclass(frozen=True)
 class RaceRunPlan:
     """A race run: what to train and where its result goes."""
 
-    job: RaceRunJob
+    job: RunJob
     reuse_map: list[int]
     model: ModelConfig
     train_cfg: TrainConfig
@@ -152,8 +136,6 @@ def train_claimed(
     )
 
     reporter.on(RunsStarted(tuple((r.job.map_key, r.train_cfg.steps, r.job.seed) for r in runs), kind))
-    for r in runs:
-        adopt_old_checkpoint(r.checkpoint)
     jobs = [
         Job(r.model, r.schedule or reuse_map_schedule(r.reuse_map), r.train_cfg, checkpoint=r.checkpoint) for r in runs
     ]
@@ -192,9 +174,9 @@ def train_claimed(
         )
 
 
-def finished_jobs(store: Store) -> set[RaceRunJob]:
+def finished_jobs(store: Store) -> set[RunJob]:
     """The race runs with a final result (complete, or failed: diverged), which no worker trains again."""
-    return {r.job for r in store.race_runs() if r.state in FINAL_STATES}
+    return {r.job for r in store.race_runs() if r.finished}
 
 
 def new_worker() -> str:
@@ -270,7 +252,7 @@ def open_race_jobs(
     return open_jobs, settings, state
 
 
-def held_runs(rows: Sequence[RunRecord], worker: str) -> set[RaceRunJob]:
+def held_runs(rows: Sequence[Run], worker: str) -> set[RunJob]:
     """The runs that other live workers train (their heartbeat within the grace period)."""
     now = time.time()
     return {r.job for r in rows if r.state == "running" and r.worker != worker and now - r.heartbeat <= grace_period()}

@@ -11,10 +11,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from optuna.trial import TrialState
-
 from ilr_search.analysis.answer import Answer, Trust, judge_answer, race_answer, unraced_answer
-from ilr_search.analysis.race_core import REFERENCE_SOURCE, RUN_SOURCE, TRIAL_SOURCE, EqualCompute, Judged, StoredResult
+from ilr_search.analysis.race_core import EqualCompute, Judged, StoredResult
 from ilr_search.analysis.race_report import DecidedBest, RaceReport
 from ilr_search.analysis.racing import FrontPoint, RaceJob, RaceSettings, RaceState, race_state
 from ilr_search.analysis.results import (
@@ -22,7 +20,6 @@ from ilr_search.analysis.results import (
     knobs_text,
     study_front,
     trained_by_map,
-    trained_trials,
 )
 from ilr_search.config import (
     ITEM_OBJECTIVES,
@@ -34,13 +31,10 @@ from ilr_search.config import (
     scored_by_item,
 )
 from ilr_search.search.plan import CONFIG_ATTR, OPTIONAL_TRAIN_FIELDS
-from ilr_search.storage import RaceRunJob, RunRecord, stored_references
-from ilr_search.storage.trials import TrialRecord
+from ilr_search.storage import Run, RunJob
+from ilr_search.storage.trials import TrialRecord, study_ledger
 from ilr_search.training.flops import param_count
 from ilr_search.training.schedule import Map, is_baseline_key, map_text
-
-FINAL_STATES = ("complete", "failed")  # of a race run; failed: the run diverged, it is not trained again
-
 
 # A frozen comparison paired by window needs its mean loss difference beyond this to be claimed: far below any gap
 # worth a claim (0.01% of perplexity), far above the float rounding of two paths to the same numbers.
@@ -103,82 +97,30 @@ def lr_schedule(config: Mapping[str, Any]) -> str:
     ).lr_schedule_text()
 
 
-def race_run_job(job: RaceJob, base_steps: int) -> RaceRunJob:
-    return RaceRunJob(factor_key(job.steps / base_steps if base_steps else 0), job.seed, job.map_key)
+def race_run_job(job: RaceJob, base_steps: int) -> RunJob:
+    return RunJob(factor_key(job.steps / base_steps if base_steps else 0), job.seed, job.map_key)
 
 
 def stored_results(
-    trials: Sequence[TrialRecord], study_attrs: Mapping[str, Any], rows: Sequence[RunRecord]
+    trials: Sequence[TrialRecord], study_attrs: Mapping[str, Any], rows: Sequence[Run]
 ) -> list[StoredResult]:
-    """Every finished result of the study, one per (map, steps, seed): the trials' at the proxy's length
-    (complete or diverged; a pruned trial has no result at a length the race knows), the reference runs of
-    reuse maps, and the finished race runs; the first source of a (map, steps, seed) wins, in that
-    order. `rows`: the store's runs (Store.runs)."""
+    """Every finished result of the study's ledger (study_ledger), one per (map, steps, seed): the trials' at the
+    proxy's length (complete or diverged; a pruned trial has no result at a length the race knows), the reference
+    runs of reuse maps, and the race runs; the first run of a (map, steps, seed) wins, in that order. `rows`: the
+    store's runs (Store.runs)."""
     config = study_attrs[CONFIG_ATTR]
-    base_steps, base_seed = int(config["train"]["steps"]), int(config["train"]["seed"])
     schedule = lr_schedule(config)
-    found: list[StoredResult] = []
-    for t in sorted(trained_trials(list(trials)), key=lambda t: t.number):
-        if t.state == TrialState.PRUNED:
-            continue
-        loss = t.val_loss if t.state == TrialState.COMPLETE else None
-        assert t.map_key is not None and t.flops_ratio is not None  # a trial that trained its map has both
-        found.append(
-            StoredResult(
-                t.map_key,
-                t.flops_ratio,
-                base_steps,
-                base_seed,
-                schedule,
-                loss,
-                t.val_ppl if loss is not None else None,
-                t.val_bpb if loss is not None else None,
-                f"{TRIAL_SOURCE}{t.number}",
-            )
-        )
-    for name, ref in sorted(stored_references(rows, study_attrs).items()):
-        if not ref.reuse_map:  # block recurrence is no reuse map
-            continue
-        found.append(
-            StoredResult(
-                ref.job.map_key,  # its map with its knobs (reference_run)
-                ref.flops_ratio,
-                base_steps,
-                ref.seed,
-                schedule,
-                ref.val_loss,
-                ref.val_ppl,
-                ref.val_bpb,
-                f"{REFERENCE_SOURCE}{name}",
-            )
-        )
-    for r in rows:
-        if r.kind == "race" and r.state in FINAL_STATES:
-            loss = r.val_loss if r.state == "complete" else None
-            found.append(
-                StoredResult(
-                    r.job.map_key,
-                    r.flops_ratio,
-                    r.steps,
-                    r.job.seed,
-                    schedule,
-                    loss,
-                    r.val_ppl if loss is not None else None,
-                    r.val_bpb,
-                    f"{RUN_SOURCE}{r.job.factor}x",
-                    r.scores if loss is not None else (),
-                )
-            )
     unique: dict[tuple[str, int, int], StoredResult] = {}
-    for result in found:
-        unique.setdefault((result.map_key, result.steps, result.seed), result)
+    for run in study_ledger(trials, rows, int(config["train"]["steps"]), int(config["train"]["seed"])):
+        if run.finished and (run.kind != "reference" or run.reuse_map):  # block recurrence is no reuse map
+            unique.setdefault((run.map_key, run.steps, run.seed), StoredResult.of_run(run, schedule))
     return list(unique.values())
 
 
 def study_race(
     trials: Sequence[TrialRecord],
     study_attrs: Mapping[str, Any],
-    rows: Sequence[RunRecord],
+    rows: Sequence[Run],
     max_steps: int | None = None,
 ) -> tuple[RaceSettings, list[StoredResult], RaceState]:
     """The race's settings, the study's results, and the policy's decision on them. The policy sees the maps
@@ -272,7 +214,7 @@ def front_rows(
 
 
 def race_report(
-    trials: Sequence[TrialRecord], study_attrs: Mapping[str, Any], rows: Sequence[RunRecord]
+    trials: Sequence[TrialRecord], study_attrs: Mapping[str, Any], rows: Sequence[Run]
 ) -> RaceReport | None:
     """What `run`, `pareto`, `trials` and `studies` report of the race (analysis/race_report.py): its settings, every
     stored result, the policy's state, the decided front, the equal-compute comparison and the answer; None for a

@@ -750,7 +750,7 @@ def train_references(
     plan, study = run.plan, run.study
     k, n = share
     refs = reference_runs(plan, study_trials(study), study.user_attrs.get(ENQUEUED_BLOCKS_ATTR, ()))
-    done_before = stored_references(run.store.reference_runs(), study.user_attrs)
+    done_before = stored_references(run.store.reference_runs())
     missing = []
     for index, ref in enumerate(refs):
         stored = done_before.get(ref.name)

@@ -33,7 +33,7 @@ from ilr_search.search.phases import PhaseRecord
 from ilr_search.search.plan import SAMPLER_ATTR, StudyLayout, stored_config, stored_layouts
 from ilr_search.search.race_results import RACE_POINT_FIELDS, foreign_answer, race_report
 from ilr_search.storage import (
-    RunRecord,
+    Run,
     StorageSpec,
     Store,
     open_storage,
@@ -87,7 +87,7 @@ class StudyReport:
     study: str
     storage: str  # its URL, the password masked
     trials: tuple[TrialRecord, ...]
-    references: Mapping[str, RunRecord]  # name -> the stored reference run (kind reference)
+    references: Mapping[str, Run]  # name -> the stored reference run (kind reference)
     race: RaceReport | None
     fidelity: Fidelity
     answer: Answer
@@ -247,7 +247,7 @@ def study_report(study: optuna.Study, spec: StorageSpec, store: Store) -> StudyR
         study=study.study_name,
         storage=spec.masked,
         trials=tuple(listed_trials(records)),
-        references=stored_references(runs, study.user_attrs),
+        references=stored_references(runs),
         race=race,
         fidelity=fidelity_of(study, store, records),
         answer=race.answer if race is not None else foreign_answer(records),
@@ -273,7 +273,7 @@ def fidelity_of(study: optuna.Study, store: Store, trials: Sequence[TrialRecord]
         study.study_name,
         trials,
         curves_by_trial(store.curve_points()),
-        stored_references(store.reference_runs(), study.user_attrs),
+        stored_references(store.reference_runs()),
         final_step,
         audit_reports(trials, store.race_runs()),
     )

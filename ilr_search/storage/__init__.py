@@ -5,10 +5,12 @@
   a trial's attributes written in one transaction: set_trial_user_attrs;
 - heartbeat: how often running work beats and when silence means it died: Heartbeat;
 - store: the project's own records beside Optuna's trials (claims, curves, pruning, fronts, and the race and
-  reference runs as RunRecord): Store;
+  reference runs): Store; Run, the one record of a stored result of any kind (a trial's, a reference's, a race's);
 - sql_store, journal_store: the Store in the study's SQL database, or in a file beside a journal;
 - trials: the names of the attributes the objective writes on a trial, and a study's trials read from Optuna
-  once, into TrialRecord: study_trials (which trials count as trained results: trained_results);
+  once, into TrialRecord: study_trials (which trials count as trained results: trained_results); a study's runs
+  in one list, its trials' with the store's: study_ledger;
+- study_import: a study stored before the ledger of runs, imported once (open_store; `ilr-search migrate`);
 - optuna_compat: the one door to Optuna's private names (a study's storage, trial ids, heartbeats...);
 - opening: the Store of a spec, on the engine of the Optuna storage open there: open_store; a study's
   reference runs read through it: study_references.
@@ -22,8 +24,8 @@ from ilr_search.storage.optuna_storage import open_storage, set_trial_user_attrs
 from ilr_search.storage.sql_store import SQLStore
 from ilr_search.storage.store import (
     CurvePoint,
-    RaceRunJob,
-    RunRecord,
+    Run,
+    RunJob,
     Store,
     TrainCurvePoint,
     reference_run,
@@ -32,8 +34,8 @@ from ilr_search.storage.store import (
 from ilr_search.storage.urls import StorageSpec, parse_storage
 
 __all__ = [
-    "RaceRunJob",
-    "RunRecord",
+    "RunJob",
+    "Run",
     "reference_run",
     "stored_references",
     "study_references",

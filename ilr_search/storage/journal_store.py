@@ -1,6 +1,5 @@
 """`JournalStore`: the project's records of a study on journal storage (no SQL database), as JSON lines in a
-file beside the journal, serialised by an flock. A journal study stored before schema 3 keeps its reference runs
-in its study attributes too (a journal forgets nothing): stored_references reads them there."""
+file beside the journal, serialised by an flock."""
 
 from __future__ import annotations
 
@@ -16,8 +15,8 @@ from typing import Any
 from ilr_search.storage.store import (
     CurvePoint,
     PruningRecord,
-    RaceRunJob,
-    RunRecord,
+    Run,
+    RunJob,
     Store,
     StoredFrontPoint,
     TrainCurvePoint,
@@ -160,12 +159,11 @@ class JournalStore(Store):
 
     def _race_runs_latest(self, records: list[dict[str, Any]]) -> dict[tuple[str, int, str], dict[str, Any]]:
         latest: dict[tuple[str, int, str], dict[str, Any]] = {}
-        # In file order, so the latest line wins; "audit": how files written before the rename call them.
-        for r in (r for r in records if r["study"] == self.study and r["kind"] in ("race_run", "audit")):
+        for r in self._mine(records, "race_run"):  # in file order, so the latest line wins
             latest[(r["factor"], r["seed"], r["map_key"])] = r
         return latest
 
-    def claim_race_run(self, job: RaceRunJob, worker: str, flops_ratio: float, steps: int, stale_after: float) -> bool:
+    def claim_race_run(self, job: RunJob, worker: str, flops_ratio: float, steps: int, stale_after: float) -> bool:
         now = time.time()
         with self._locked() as records:
             row = self._race_runs_latest(records).get((job.factor, job.seed, job.map_key))
@@ -189,7 +187,7 @@ class JournalStore(Store):
             )
             return True
 
-    def _race_run_update(self, job: RaceRunJob, worker: str, **values: Any) -> bool:
+    def _race_run_update(self, job: RunJob, worker: str, **values: Any) -> bool:
         with self._locked() as records:
             row = self._race_runs_latest(records).get((job.factor, job.seed, job.map_key))
             if row is None or row["worker"] != worker:
@@ -197,22 +195,20 @@ class JournalStore(Store):
             self._append(row | values)
             return True
 
-    def beat_race_run(self, job: RaceRunJob, worker: str) -> None:
+    def beat_race_run(self, job: RunJob, worker: str) -> None:
         self._race_run_update(job, worker, heartbeat=time.time())
 
-    def _finish_race_run(self, job: RaceRunJob, worker: str, result: dict[str, Any]) -> bool:
+    def _finish_race_run(self, job: RunJob, worker: str, result: dict[str, Any]) -> bool:
         return self._race_run_update(job, worker, heartbeat=time.time(), **result)
 
-    def race_runs(self) -> list[RunRecord]:
-        with self._locked() as records:
-            latest = self._race_runs_latest(records)
-        return [RunRecord.from_record(r) for _, r in sorted(latest.items())]
-
-    def save_reference(self, run: RunRecord) -> None:
+    def save_reference(self, run: Run) -> None:
         with self._locked():
             self._append({**run.to_record(), "kind": "reference"})
 
-    def reference_runs(self) -> list[RunRecord]:
+    def runs(self) -> list[Run]:
         with self._locked() as records:
-            latest = {r["name"]: r for r in self._mine(records, "reference")}  # a name keeps its first place
-        return [RunRecord.from_record(r, "reference") for r in latest.values()]
+            race = self._race_runs_latest(records)
+            references = {r["name"]: r for r in self._mine(records, "reference")}  # a name keeps its first place
+        return [Run.from_record(r) for _, r in sorted(race.items())] + [
+            Run.from_record(r, "reference") for r in references.values()
+        ]

@@ -1,6 +1,4 @@
-"""The project's tables in the study's SQL database, beside Optuna's, and `SQLStore` on them. Optuna's tables are
-never altered, except that migrating a database stored before schema version 3 moves its reference runs out of
-Optuna's study attributes.
+"""The project's tables in the study's SQL database, beside Optuna's (never altered), and `SQLStore` on them.
 
 - ilr_schema: the schema version;
 - ilr_map_claims: which trial trains which reuse map;
@@ -10,13 +8,11 @@ Optuna's study attributes.
 - ilr_pruning: why each pruned trial was pruned;
 - ilr_fronts: the Pareto front each time a trial completes, keyed by how many completed trials it is
   computed from (its history; the largest key is the current front);
-- ilr_runs: every run beyond the trials (RunRecord), one row per (kind, name). Kind "race": the race's longer or
+- ilr_runs: every run beyond the trials (Run), one row per (kind, name). Kind "race": the race's longer or
   extra-seed runs and the audit's longer retrainings (`ilr-search audit`, which the race reads as its own), one
   per (factor, seed, map), claimed by the worker that trains it, with its heartbeat, result, learning curve and
   a frozen run's per-unit scores. Kind "reference": the reference runs, written once each finishes.
-  Before schema version 3 the race runs had tables of their own (ilr_audit, then ilr_race_runs with
-  ilr_run_scores) and the reference runs were study attributes: opening such a database for writing moves them
-  (migrate_schema), and a read-only opening reads them where they are.
+  A database stored before it (schema version 1 or 2) is imported once (study_import.py).
 
 Created on first use; every write is one short transaction, safe with several writers.
 """
@@ -34,15 +30,13 @@ from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
 from ilr_search.errors import UserInputError
 from ilr_search.storage.store import (
-    REFERENCE_PREFIX,
     CurvePoint,
     PruningRecord,
-    RaceRunJob,
-    RunRecord,
+    Run,
+    RunJob,
     Store,
     StoredFrontPoint,
     TrainCurvePoint,
-    attr_references,
 )
 
 log = logging.getLogger("ilr_search")
@@ -112,34 +106,26 @@ fronts_table = sa.Table(
 )
 
 
-def _run_columns() -> list[sa.Column]:
-    """A run's job (factor, seed, map), holder, heartbeat and result: the columns of the race runs' table of every
-    schema version."""
-    return [
-        sa.Column("factor", sa.String(32), nullable=False),
-        sa.Column("seed", sa.Integer, nullable=False),
-        sa.Column("map_key", sa.String(256), nullable=False),
-        sa.Column("worker", sa.String(64), nullable=False),
-        sa.Column("heartbeat", sa.Float, nullable=False),
-        sa.Column("state", sa.String(16), nullable=False),  # running | complete | failed (diverged) | interrupted
-        sa.Column("flops_ratio", sa.Float, nullable=False),
-        sa.Column("steps", sa.Integer, nullable=False),
-        sa.Column("val_loss", sa.Float, nullable=True),
-        sa.Column("val_ppl", sa.Float, nullable=True),
-        sa.Column("val_bpb", sa.Float, nullable=True),
-        sa.Column("curve", sa.Text, nullable=True),  # JSON [[step, val_loss], ...]
-        sa.Column("seconds", sa.Float, nullable=True),
-        sa.Column("reason", sa.Text, nullable=True),
-    ]
-
-
 runs_table = sa.Table(
     "ilr_runs",
     metadata,
     sa.Column("study", sa.String(512), primary_key=True),
     sa.Column("kind", sa.String(16), primary_key=True),  # race | reference
     sa.Column("name", sa.String(512), primary_key=True),  # a reference's name; a race run's job (race_run_name)
-    *_run_columns(),
+    sa.Column("factor", sa.String(32), nullable=False),
+    sa.Column("seed", sa.Integer, nullable=False),
+    sa.Column("map_key", sa.String(256), nullable=False),
+    sa.Column("worker", sa.String(64), nullable=False),
+    sa.Column("heartbeat", sa.Float, nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),  # running | complete | failed (diverged) | interrupted
+    sa.Column("flops_ratio", sa.Float, nullable=False),
+    sa.Column("steps", sa.Integer, nullable=False),
+    sa.Column("val_loss", sa.Float, nullable=True),
+    sa.Column("val_ppl", sa.Float, nullable=True),
+    sa.Column("val_bpb", sa.Float, nullable=True),
+    sa.Column("curve", sa.Text, nullable=True),  # JSON [[step, val_loss], ...]
+    sa.Column("seconds", sa.Float, nullable=True),
+    sa.Column("reason", sa.Text, nullable=True),
     sa.Column("scores", sa.Text, nullable=True),  # JSON [score, ...] in unit order (a frozen run's)
     sa.Column("schedule", sa.Text, nullable=True),  # JSON (a reference's, as its other fields below)
     sa.Column("reuse_map", sa.Text, nullable=True),  # JSON
@@ -148,36 +134,8 @@ runs_table = sa.Table(
     sa.Column("status", sa.String(16), nullable=True),
 )
 
-# Before schema version 3: the race runs in a table of their own (ilr_audit in version 1, ilr_race_runs in 2), a
-# frozen run's scores beside them, and the reference runs in study attributes. Read where such a database is opened
-# read-only; opening it for writing moves them into ilr_runs (migrate_schema).
-legacy_metadata = sa.MetaData()
-LEGACY_RACE_RUNS = ("ilr_audit", "ilr_race_runs")  # oldest first
-legacy_race_runs_tables = {
-    name: sa.Table(name, legacy_metadata, sa.Column("study", sa.String(512)), *_run_columns())
-    for name in LEGACY_RACE_RUNS
-}
-legacy_scores_table = sa.Table(
-    "ilr_run_scores",
-    legacy_metadata,
-    sa.Column("study", sa.String(512), primary_key=True),
-    sa.Column("factor", sa.String(32), primary_key=True),
-    sa.Column("seed", sa.Integer, primary_key=True),
-    sa.Column("map_key", sa.String(256), primary_key=True),
-    sa.Column("scores", sa.Text, nullable=False),
-)
-# Optuna's tables of studies and their attributes, as far as the migration reads them.
-optuna_studies = sa.table("studies", sa.column("study_id"), sa.column("study_name"))
-optuna_study_attrs = sa.table(
-    "study_user_attributes",
-    sa.column("study_user_attribute_id"),
-    sa.column("study_id"),
-    sa.column("key"),
-    sa.column("value_json"),
-)
 
-
-def race_run_name(job: RaceRunJob) -> str:
+def race_run_name(job: RunJob) -> str:
     """A race run's name in ilr_runs: its factor, seed and map."""
     return f"{job.factor}:{job.seed}:{job.map_key}"
 
@@ -185,7 +143,7 @@ def race_run_name(job: RaceRunJob) -> str:
 LOCK_WAIT_S = 120.0  # total wait for another SQLite writer, the busy timeout of each attempt included
 
 
-def _retry_locked(fn):
+def retry_locked(fn):
     """SQLite answers `database is locked` when another process held the write lock past the busy timeout:
     say so once on stderr and try again, for LOCK_WAIT_S in all (not 60 silent busy timeouts in a row)."""
 
@@ -215,14 +173,8 @@ class SQLStore(Store):
         else:
             ensure_schema(engine)
             self.tables = set(metadata.tables)
-        # A database of schema version 1 or 2 read without migrating keeps its race runs in their old table.
-        self.legacy_runs = None
-        if runs_table.name not in self.tables:
-            self.legacy_runs = next(
-                (legacy_race_runs_tables[n] for n in reversed(LEGACY_RACE_RUNS) if n in self.tables), None
-            )
 
-    @_retry_locked
+    @retry_locked
     def claim(self, map_key: str, trial_number: int) -> int:
         try:
             with self.engine.begin() as conn:
@@ -236,7 +188,7 @@ class SQLStore(Store):
                     )
                 ).scalar_one()
 
-    @_retry_locked
+    @retry_locked
     def take_over(self, map_key: str, old_holder: int, trial_number: int) -> bool:
         with self.engine.begin() as conn:
             moved = conn.execute(
@@ -266,7 +218,7 @@ class SQLStore(Store):
         with self.engine.connect() as conn:
             return conn.execute(sa.select(table).where(table.c.study == self.study, *where).order_by(*order)).all()
 
-    @_retry_locked
+    @retry_locked
     def add_curve_point(self, point: CurvePoint, tokens: int) -> None:
         c = curves_table.c
         self._replace(
@@ -284,12 +236,11 @@ class SQLStore(Store):
             ],
         )
 
-    @_retry_locked
+    @retry_locked
     def holds_records(self) -> bool:
         tables = [
             t
             for t in (claims_table, curves_table, train_curves_table, pruning_table, fronts_table, runs_table)
-            + ((self.legacy_runs,) if self.legacy_runs is not None else ())
             if t.name in self.tables
         ]
         with self.engine.connect() as conn:
@@ -298,14 +249,14 @@ class SQLStore(Store):
                 for t in tables
             )
 
-    @_retry_locked
+    @retry_locked
     def curve_points(self, step: int | None = None) -> list[CurvePoint]:
         c = curves_table.c
         at_step = () if step is None else (c.step == step,)
         rows = self._rows(curves_table, *at_step, order=(c.trial_number, c.step))
         return [CurvePoint(r.trial_number, r.step, r.val_loss, r.flops_ratio, r.map_key, r.tokens) for r in rows]
 
-    @_retry_locked
+    @retry_locked
     def add_train_curve(self, points: list[TrainCurvePoint]) -> None:
         if not points:
             return
@@ -328,13 +279,13 @@ class SQLStore(Store):
             ],
         )
 
-    @_retry_locked
+    @retry_locked
     def train_curve_points(self) -> list[TrainCurvePoint]:
         c = train_curves_table.c
         rows = self._rows(train_curves_table, order=(c.trial_number, c.step))
         return [TrainCurvePoint(r.trial_number, r.step, r.tokens, r.loss, r.map_key) for r in rows]
 
-    @_retry_locked
+    @retry_locked
     def record_pruning(
         self, trial_number: int, step: int, val_loss: float, flops_ratio: float, dominated_by: list[int], reason: str
     ) -> None:
@@ -353,7 +304,7 @@ class SQLStore(Store):
             ],
         )
 
-    @_retry_locked
+    @retry_locked
     def pruning_records(self) -> dict[int, PruningRecord]:
         return {
             r.trial_number: PruningRecord(
@@ -362,7 +313,7 @@ class SQLStore(Store):
             for r in self._rows(pruning_table)
         }
 
-    @_retry_locked
+    @retry_locked
     def save_front(self, n_complete: int, front: list[dict[str, Any]]) -> None:
         try:
             self._replace(
@@ -387,7 +338,7 @@ class SQLStore(Store):
             # committed). The same count is the same set of complete trials, so its front is ours: done.
             pass
 
-    @_retry_locked
+    @retry_locked
     def front_history(self) -> dict[int, list[StoredFrontPoint]]:
         history: dict[int, list[StoredFrontPoint]] = {}
         for r in self._rows(fronts_table, order=(fronts_table.c.n_complete, fronts_table.c.position)):
@@ -403,12 +354,12 @@ class SQLStore(Store):
             )
         return history
 
-    def _race_run_where(self, job: RaceRunJob) -> Any:
+    def _race_run_where(self, job: RunJob) -> Any:
         t = runs_table.c
         return sa.and_(t.study == self.study, t.kind == "race", t.name == race_run_name(job))
 
-    @_retry_locked
-    def claim_race_run(self, job: RaceRunJob, worker: str, flops_ratio: float, steps: int, stale_after: float) -> bool:
+    @retry_locked
+    def claim_race_run(self, job: RunJob, worker: str, flops_ratio: float, steps: int, stale_after: float) -> bool:
         now = time.time()
         try:
             with self.engine.begin() as conn:
@@ -447,8 +398,8 @@ class SQLStore(Store):
             )
             return moved.rowcount == 1
 
-    @_retry_locked
-    def beat_race_run(self, job: RaceRunJob, worker: str) -> None:
+    @retry_locked
+    def beat_race_run(self, job: RunJob, worker: str) -> None:
         with self.engine.begin() as conn:
             conn.execute(
                 runs_table.update()
@@ -456,8 +407,8 @@ class SQLStore(Store):
                 .values(heartbeat=time.time())
             )
 
-    @_retry_locked
-    def _finish_race_run(self, job: RaceRunJob, worker: str, result: dict[str, Any]) -> bool:
+    @retry_locked
+    def _finish_race_run(self, job: RunJob, worker: str, result: dict[str, Any]) -> bool:
         with self.engine.begin() as conn:
             done = conn.execute(
                 runs_table.update()
@@ -466,21 +417,8 @@ class SQLStore(Store):
             )
             return done.rowcount == 1
 
-    @_retry_locked
-    def race_runs(self) -> list[RunRecord]:
-        if self.legacy_runs is not None:
-            return self._legacy_race_runs(self.legacy_runs)
-        t = runs_table.c
-        rows = self._rows(runs_table, t.kind == "race", order=(t.factor, t.seed, t.map_key))
-        return [RunRecord.from_record(dict(r._mapping)) for r in rows]
-
-    def _legacy_race_runs(self, table: sa.Table) -> list[RunRecord]:
-        """The race runs of a database of schema version 1 or 2, with their scores where it has them."""
-        with self.engine.connect() as conn:
-            return [RunRecord.from_record(r) for r in _legacy_race_rows(conn, table, self.tables, self.study)]
-
-    @_retry_locked
-    def save_reference(self, run: RunRecord) -> None:
+    @retry_locked
+    def save_reference(self, run: Run) -> None:
         t = runs_table.c
         try:
             self._replace(
@@ -493,99 +431,16 @@ class SQLStore(Store):
             # reference is one map at one seed, so its run is ours: done.
             pass
 
-    @_retry_locked
-    def reference_runs(self) -> list[RunRecord]:
-        # a database before schema version 3 has no ilr_runs: its references are study attributes (stored_references)
+    @retry_locked
+    def runs(self) -> list[Run]:
         t = runs_table.c
-        rows = self._rows(runs_table, t.kind == "reference", order=(t.name,))
-        return [RunRecord.from_record(dict(r._mapping), "reference") for r in rows]
-
-
-def _legacy_race_rows(
-    conn: sa.Connection, table: sa.Table, tables: set[str], study: str | None = None
-) -> list[dict[str, Any]]:
-    """The rows of a race runs' table before schema version 3 (of `study`, or of every study), each with its
-    scores (JSON text, None where it has none)."""
-    query = sa.select(table).order_by(table.c.study, table.c.factor, table.c.seed, table.c.map_key)
-    rows = conn.execute(query if study is None else query.where(table.c.study == study)).mappings().all()
-    scores = {}
-    if legacy_scores_table.name in tables:
-        found = conn.execute(sa.select(legacy_scores_table)).all()
-        scores = {(r.study, r.factor, r.seed, r.map_key): r.scores for r in found}
-    return [dict(r) | {"scores": scores.get((r["study"], r["factor"], r["seed"], r["map_key"]))} for r in rows]
-
-
-def _migrate_rows(conn: sa.Connection, tables: set[str]) -> None:
-    """Move the race runs of the old tables (the newer one winning where both hold a run) and the reference runs
-    of the study attributes into ilr_runs, then drop the old tables and attributes."""
-    runs: dict[tuple[str, str, str], dict[str, Any]] = {}
-    for name in LEGACY_RACE_RUNS:
-        if name in tables:
-            for r in _legacy_race_rows(conn, legacy_race_runs_tables[name], tables):
-                job = RaceRunJob(r["factor"], r["seed"], r["map_key"])
-                runs[(r["study"], "race", race_run_name(job))] = r | {"kind": "race", "name": race_run_name(job)}
-    if optuna_study_attrs.name in tables and optuna_studies.name in tables:
-        a, s = optuna_study_attrs.c, optuna_studies.c
-        attrs = conn.execute(
-            sa.select(s.study_name, a.key, a.value_json, a.study_user_attribute_id)
-            .join_from(optuna_study_attrs, optuna_studies, a.study_id == s.study_id)
-            .where(a.key.startswith(REFERENCE_PREFIX, autoescape=True))
-        ).all()
-        for study, key, value, _ in attrs:
-            run = attr_references({key: json.loads(value)})[key[len(REFERENCE_PREFIX) :]]
-            runs[(study, "reference", run.name)] = {"study": study, "kind": "reference"} | run.to_record()
-        conn.execute(
-            optuna_study_attrs.delete().where(
-                a.study_user_attribute_id.in_([row.study_user_attribute_id for row in attrs])
-            )
-        )
-    t = runs_table.c
-    stored = {tuple(r) for r in conn.execute(sa.select(t.study, t.kind, t.name)).all()}
-    # every row with every column (one insert of many rows writes the columns of the first)
-    new = [{c: r.get(c) for c in t.keys()} for r in runs.values() if (r["study"], r["kind"], r["name"]) not in stored]
-    if new:
-        conn.execute(runs_table.insert(), new)
-    for name in (*LEGACY_RACE_RUNS, legacy_scores_table.name):
-        if name in tables:
-            conn.exec_driver_sql(f"DROP TABLE {name}")
-
-
-@_retry_locked
-def migrate_schema(engine: sa.Engine) -> None:
-    """Bring a database of schema version 1 or 2 to version 3: its race runs (ilr_audit or ilr_race_runs, with
-    ilr_run_scores) and its reference runs (study attributes ilr:reference:NAME) become rows of ilr_runs. One
-    transaction looks and moves: on SQLite it holds the write lock from the start (BEGIN IMMEDIATE), on PostgreSQL
-    it locks ilr_schema first, so of two processes opening one old database at once the first moves and the
-    second finds it moved. A database already migrated (or new) is left as it is."""
-    found = set(sa.inspect(engine).get_table_names())
-    if not set(LEGACY_RACE_RUNS) & found:
-        return  # nothing to move: no lock taken
-    try:
-        with engine.begin() as conn:
-            if conn.dialect.name == "sqlite":
-                conn.exec_driver_sql("BEGIN IMMEDIATE")  # the write lock before the look (pysqlite begins lazily)
-            elif conn.dialect.name == "postgresql" and schema_table.name in found:
-                conn.exec_driver_sql(f"LOCK TABLE {schema_table.name} IN EXCLUSIVE MODE")
-            tables = set(sa.inspect(conn).get_table_names())
-            if not set(LEGACY_RACE_RUNS) & tables:
-                return  # moved by another process meanwhile
-            runs_table.create(conn, checkfirst=True)
-            _migrate_rows(conn, tables)
-            conn.execute(
-                schema_table.update().where(schema_table.c.id == 1, schema_table.c.version < 3).values(version=3)
-            )
-    except (ProgrammingError, OperationalError):
-        # A server: another process moved them while this one waited for its lock (its look came first).
-        if not set(LEGACY_RACE_RUNS) & set(sa.inspect(engine).get_table_names()):
-            return
-        raise
-    log.info("storage: race and reference runs moved to table %s (schema version 3)", runs_table.name)
+        by_name = sa.case((t.kind == "reference", t.name), else_="")  # a reference by name, a race run by its job
+        rows = self._rows(runs_table, order=(t.kind, by_name, t.factor, t.seed, t.map_key))
+        return [Run.from_record(dict(r._mapping), r.kind) for r in rows]
 
 
 def ensure_schema(engine: sa.Engine) -> None:
-    """Migrate an older database (migrate_schema), create the project's tables if missing and check their
-    version; Optuna's tables are not touched."""
-    migrate_schema(engine)
+    """Create the project's tables if missing and check their version; Optuna's tables are not touched."""
     for attempt in range(10):
         try:
             metadata.create_all(engine, checkfirst=True)

@@ -3,11 +3,9 @@
 A store keeps, per study: map claims (which trial trains which reuse map, so that concurrent workers never train
 one map twice), learning curves (every evaluation of every trial, which the pruner compares, and the training
 loss as window means), why each pruned trial was pruned, the Pareto front each time a trial completes, and every
-run beyond the trials as one RunRecord: the race runs (the race's longer or extra-seed runs and the audit's
+run beyond the trials as one Run: the race runs (the race's longer or extra-seed runs and the audit's
 longer retrainings of chosen maps; the race reads the audit's runs as its own) and the reference runs.
-`SQLStore` keeps them in tables of the study's SQL database, `JournalStore` in a file beside a journal;
-stored_references is the one reader of the reference runs, those a study stored in its attributes before
-schema 3 included.
+`SQLStore` keeps them in tables of the study's SQL database, `JournalStore` in a file beside a journal.
 """
 
 from __future__ import annotations
@@ -24,45 +22,50 @@ from ilr_search.knobs import KnobValue, config_key
 
 
 @dataclass(frozen=True)
-class RaceRunJob:
-    """One race run: a map at `factor` x the proxy's steps and one seed (trained by the race or the audit)."""
+class RunJob:
+    """What a race or audit run is claimed by: its map at `factor` x the proxy's steps, at one replicate (a seed,
+    or in a frozen study a chunk of held-out units)."""
 
     factor: str  # as text, e.g. "4"
     seed: int
     map_key: str
 
 
-RunKind = Literal["race", "reference"]
+RunKind = Literal["trial", "reference", "race"]
 
-ColumnValue = str | int | float | None  # a value of a stored run's field (RunRecord.to_record)
-
-REFERENCE_PREFIX = "ilr:reference:"  # the study attribute of a reference run in a study stored before schema 3
+ColumnValue = str | int | float | None  # a value of a stored run's field (Run.to_record)
 
 
 @dataclass(frozen=True)
-class RunRecord:
-    """One stored run of the study beyond its Optuna trials: who trains it, its heartbeat and, once finished, its
-    result. `kind` "race": a run of the race or of the audit, at `job.factor` x the proxy's steps (the race reads
-    the audit's runs as its own). `kind` "reference": a reference run (search/run.py train_references), at the
-    proxy's steps, named `name` (baseline_seedN, second_seed, blockK), with its `schedule`, `reuse_map` (None for
-    block recurrence), `knobs`, `block_map` (a block map's key) and the trainer's `status` (ok | diverged)."""
+class Run:
+    """One run of the study's ledger: map `map_key` (with its knobs) trained `steps` steps (`factor` x the proxy's)
+    at `replicate` (a seed, or in a frozen study a chunk of held-out windows or items), with its FLOPs ratio, its
+    `state` (running | complete | failed: diverged | interrupted | pruned) and, once finished, its losses, curve
+    (step, validation loss), seconds, reason and a frozen run's score of each unit of its chunk, in unit order
+    (what the race pairs by unit). `kind`: "trial" (Optuna's trial number `trial`, read from its attributes:
+    trial_run), "reference" (named `name`: baseline_seedN, second_seed, blockK; with its `schedule`, `reuse_map`,
+    None for block recurrence, `knobs`, `block_map` and the trainer's `status`, ok | diverged) or "race" (the
+    race's or the audit's: the race reads the audit's runs as its own, claimed by `worker`, alive while its
+    `heartbeat` is fresh)."""
 
-    job: RaceRunJob
-    worker: str
-    heartbeat: float
-    state: str  # running | complete | failed (diverged) | interrupted
+    kind: RunKind
+    map_key: str
+    factor: str
+    replicate: int
+    state: str
     flops_ratio: float
     steps: int
+    worker: str = ""
+    heartbeat: float = 0.0
     val_loss: float | None = None
     val_ppl: float | None = None
     val_bpb: float | None = None
     curve: tuple[tuple[int, float], ...] = ()
     seconds: float | None = None
     reason: str | None = None
-    # a frozen run's score of each unit of its chunk (window or item), in unit order: what the race pairs by item
     scores: tuple[float, ...] = ()
-    kind: RunKind = "race"
-    name: str = ""  # a reference's name; empty for a race run (its job names it)
+    name: str = ""  # a reference's name
+    trial: int | None = None  # a trial's number
     schedule: tuple[int, ...] | None = None
     reuse_map: tuple[int, ...] | None = None
     knobs: Mapping[str, KnobValue] = field(default_factory=dict)
@@ -71,10 +74,21 @@ class RunRecord:
 
     @property
     def seed(self) -> int:
-        return self.job.seed
+        """Its replicate: a training seed, or a frozen study's chunk."""
+        return self.replicate
+
+    @property
+    def job(self) -> RunJob:
+        """What it is claimed by (a race run)."""
+        return RunJob(self.factor, self.replicate, self.map_key)
+
+    @property
+    def finished(self) -> bool:
+        """It has a final result: complete, or failed (diverged), which no worker trains again."""
+        return self.state in FINAL_STATES
 
     @classmethod
-    def from_record(cls, r: Mapping[str, Any], kind: RunKind = "race") -> RunRecord:
+    def from_record(cls, r: Mapping[str, Any], kind: RunKind = "race") -> Run:
         """The run from a stored record (a table row's mapping or a journal line): curve, scores, schedule, reuse
         map and knobs as JSON text."""
 
@@ -82,12 +96,15 @@ class RunRecord:
             return tuple(int(x) for x in json.loads(text)) if text is not None else None
 
         return cls(
-            RaceRunJob(r["factor"], int(r["seed"]), r["map_key"]),
-            r["worker"],
-            float(r["heartbeat"]),
+            kind,
+            r["map_key"],
+            r["factor"],
+            int(r["seed"]),
             r["state"],
             float(r["flops_ratio"]),
             int(r["steps"]),
+            r["worker"],
+            float(r["heartbeat"]),
             r.get("val_loss"),
             r.get("val_ppl"),
             r.get("val_bpb"),
@@ -95,8 +112,8 @@ class RunRecord:
             r.get("seconds"),
             r.get("reason"),
             tuple(float(v) for v in json.loads(r.get("scores") or "[]")),
-            kind,
             r["name"] if kind == "reference" else "",
+            None,
             ints(r.get("schedule")),
             ints(r.get("reuse_map")),
             json.loads(r.get("knobs") or "{}"),
@@ -107,9 +124,9 @@ class RunRecord:
     def to_record(self) -> dict[str, ColumnValue]:
         """The run as stored (from_record's input): every field, the tuples as JSON text."""
         return {
-            "factor": self.job.factor,
-            "seed": self.job.seed,
-            "map_key": self.job.map_key,
+            "factor": self.factor,
+            "seed": self.replicate,
+            "map_key": self.map_key,
             "worker": self.worker,
             "heartbeat": self.heartbeat,
             "state": self.state,
@@ -132,12 +149,12 @@ class RunRecord:
         }
 
     def to_dict(self) -> dict[str, Any]:
-        """A reference run as the `references` of the JSON reports show it (the form a study stored it in before
-        schema 3, key for key): knobs only where set, `map` only for a block map."""
+        """A reference run as the `references` of the JSON reports show it: knobs only where set, `map` only for a
+        block map."""
         return (
             {
                 "schedule": list(self.schedule) if self.schedule is not None else None,
-                "seed": self.job.seed,
+                "seed": self.replicate,
                 "flops_ratio": self.flops_ratio,
                 "reuse_map": list(self.reuse_map) if self.reuse_map is not None else None,
                 "val_ppl": self.val_ppl,
@@ -149,6 +166,9 @@ class RunRecord:
             | ({"knobs": dict(self.knobs)} if self.knobs else {})
             | ({"map": self.block_map} if self.block_map else {})
         )
+
+
+FINAL_STATES = ("complete", "failed")  # of a run; failed: it diverged, it is not trained again
 
 
 def reference_run(
@@ -164,23 +184,23 @@ def reference_run(
     status: str | None,
     steps: int,
     curve: Sequence[tuple[int, float]],
-) -> RunRecord:
-    """A finished reference run as the store keeps it: its job is its map (with its knobs) at its seed and the
-    proxy's length (factor 1; a block recurrence's map is empty: it has no reuse map), complete where it trained
-    to a result; its loss is that of its perplexity (what the race reads)."""
+) -> Run:
+    """A finished reference run as the store keeps it: its map (with its knobs) at its seed and the proxy's length
+    (factor 1; a block recurrence's map is empty: it has no reuse map), complete where it trained to a result; its
+    loss is that of its perplexity (what the race reads)."""
     map_text = block_map or ",".join(map(str, reuse_map or ()))
-    return RunRecord(
-        RaceRunJob("1", seed, config_key(map_text, knobs) if map_text else ""),
-        "",
-        0.0,  # no worker holds a finished reference
+    return Run(
+        "reference",
+        config_key(map_text, knobs) if map_text else "",
+        "1",
+        seed,
         "complete" if status == "ok" else "failed",
         flops_ratio,
         steps,
-        math.log(val_ppl) if val_ppl else None,
-        val_ppl,
-        val_bpb,
-        tuple((int(s), float(v)) for s, v in curve),
-        kind="reference",
+        val_loss=math.log(val_ppl) if val_ppl else None,
+        val_ppl=val_ppl,
+        val_bpb=val_bpb,
+        curve=tuple((int(s), float(v)) for s, v in curve),
         name=name,
         schedule=tuple(schedule),
         reuse_map=tuple(reuse_map) if reuse_map is not None else None,
@@ -188,29 +208,6 @@ def reference_run(
         block_map=block_map,
         status=status,
     )
-
-
-def attr_references(study_attrs: Mapping[str, Any]) -> dict[str, RunRecord]:
-    """The reference runs a study stored before schema 3, as study attributes ilr:reference:NAME, by name in
-    their stored order."""
-    return {
-        k[len(REFERENCE_PREFIX) :]: reference_run(
-            k[len(REFERENCE_PREFIX) :],
-            v["schedule"],
-            int(v["seed"]),
-            float(v["flops_ratio"]),
-            v.get("reuse_map"),
-            v.get("knobs") or {},
-            v.get("map"),
-            v.get("val_ppl"),
-            v.get("val_bpb"),
-            v.get("status"),
-            int(v.get("steps", 0)),
-            v.get("curve", []),
-        )
-        for k, v in study_attrs.items()
-        if k.startswith(REFERENCE_PREFIX)
-    }
 
 
 @dataclass(frozen=True)
@@ -328,18 +325,18 @@ class Store(ABC):
         """Number of completed trials -> the front computed from them."""
 
     @abstractmethod
-    def claim_race_run(self, job: RaceRunJob, worker: str, flops_ratio: float, steps: int, stale_after: float) -> bool:
+    def claim_race_run(self, job: RunJob, worker: str, flops_ratio: float, steps: int, stale_after: float) -> bool:
         """Claim `job` for `worker`: True if it was free, interrupted, or held by a worker whose heartbeat is
         older than `stale_after` seconds (a dead worker); False if finished (complete, or failed: diverged) or
         held by a live worker."""
 
     @abstractmethod
-    def beat_race_run(self, job: RaceRunJob, worker: str) -> None:
+    def beat_race_run(self, job: RunJob, worker: str) -> None:
         """Renew the heartbeat of `job` if `worker` holds it."""
 
     def finish_race_run(
         self,
-        job: RaceRunJob,
+        job: RunJob,
         worker: str,
         state: str,
         val_loss: float | None,
@@ -365,36 +362,30 @@ class Store(ABC):
         return self._finish_race_run(job, worker, result)
 
     @abstractmethod
-    def _finish_race_run(self, job: RaceRunJob, worker: str, result: dict[str, Any]) -> bool:
+    def _finish_race_run(self, job: RunJob, worker: str, result: dict[str, Any]) -> bool:
         """Write `result` (stored field -> value, the curve as JSON text) and a fresh heartbeat on `job`'s row if
         `worker` holds it; False if another worker took it over."""
 
     @abstractmethod
-    def race_runs(self) -> list[RunRecord]:
-        """The latest row of every race run of the study, by factor, seed and map."""
-
-    @abstractmethod
-    def save_reference(self, run: RunRecord) -> None:
+    def save_reference(self, run: Run) -> None:
         """Store a finished reference run (kind "reference") in one write, replacing an earlier run of its name."""
 
     @abstractmethod
-    def reference_runs(self) -> list[RunRecord]:
-        """The study's stored reference runs: by name in a database (as Optuna read the study attributes of a
-        SQLite one), in the order first stored on a journal (as Optuna's journal keeps them)."""
+    def runs(self) -> list[Run]:
+        """Every stored run of the study beyond its trials, in one read: the race runs (the latest row of each), by
+        factor, seed and map, then the reference runs, by name in a database (as Optuna read the study attributes
+        of a SQLite one), in the order first stored on a journal (as Optuna's journal keeps them)."""
 
-    def runs(self) -> list[RunRecord]:
-        """Every stored run of the study beyond its trials: the race runs (race_runs), then the reference runs
-        (reference_runs)."""
-        return self.race_runs() + self.reference_runs()
+    def race_runs(self) -> list[Run]:
+        """The race runs of `runs`."""
+        return [r for r in self.runs() if r.kind == "race"]
+
+    def reference_runs(self) -> list[Run]:
+        """The reference runs of `runs`."""
+        return [r for r in self.runs() if r.kind == "reference"]
 
 
-def stored_references(runs: Iterable[RunRecord], study_attrs: Mapping[str, Any]) -> dict[str, RunRecord]:
-    """The study's reference runs by name, in the store's order (Store.reference_runs): the one reader of them.
-    `runs`: the store's (Store.runs or Store.reference_runs; the race's are passed over). Those in the study's
-    attributes (attr_references: a study stored before schema 3, on a journal or opened read-only) come first, a
-    stored run replacing one of its name there."""
-    references = attr_references(study_attrs)
-    for run in runs:
-        if run.kind == "reference":
-            references[run.name] = run
-    return references
+def stored_references(runs: Iterable[Run]) -> dict[str, Run]:
+    """The reference runs of `runs` (Store.runs or Store.reference_runs; the race's are passed over) by name, in
+    the store's order."""
+    return {run.name: run for run in runs if run.kind == "reference"}

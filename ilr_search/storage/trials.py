@@ -2,7 +2,8 @@
 on a trial, shared by that writer and this reader, and TrialRecord, every one of them read once from Optuna's
 FrozenTrial. study_trials reads a study's trials into records: every reader of results goes through it (or,
 holding one FrozenTrial that Optuna handed over, through trial_record). A study stored by an earlier version lacks
-some attributes: they read as None (or their stated default)."""
+some attributes: they read as None (or their stated default). A trial's result reads as a Run of the study's
+ledger (TrialRecord.run), beside the store's runs (study_ledger)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from ilr_search.knobs import KnobValue
+from ilr_search.storage.store import Run
 from ilr_search.training.schedule import Map
 
 
@@ -153,6 +155,33 @@ class TrialRecord:
             return None
         return (self.datetime_complete - self.datetime_start).total_seconds()
 
+    def run(self, steps: int, seed: int) -> Run:
+        """Its result as a run of the study's ledger (kind "trial"): its map at the proxy's length `steps` and the
+        space's `seed`; complete, failed (diverged), pruned, or its Optuna state in lower case (running, waiting,
+        fail). Needs its map (a trial that proposed)."""
+        assert self.map_key is not None and self.flops_ratio is not None, f"trial {self.number} has no map"
+        state = self.state.name.lower()
+        if self.state == TrialState.FAIL and self.status == "diverged":
+            state = "failed"
+        complete = self.state == TrialState.COMPLETE
+        return Run(
+            "trial",
+            self.map_key,
+            "1",
+            seed,
+            state,
+            self.flops_ratio,
+            steps,
+            val_loss=self.val_loss if complete else None,
+            val_ppl=self.val_ppl if complete else None,
+            val_bpb=self.val_bpb if complete else None,
+            reason=self.reason,
+            trial=self.number,
+            reuse_map=self.reuse_map,
+            knobs=self.knobs,
+            status=self.status,
+        )
+
     def reused_result(self) -> TrialResultAttrs:
         """The attributes a trial that reuses this one's result copies (those this trial has)."""
         values: TrialResultAttrs = {
@@ -215,6 +244,19 @@ def trial_record(t: FrozenTrial) -> TrialRecord:
 def study_trials(study: optuna.Study) -> list[TrialRecord]:
     """The records of a study's trials, in their order."""
     return [trial_record(t) for t in study.get_trials(deepcopy=False)]
+
+
+def study_ledger(trials: Iterable[TrialRecord], stored: Iterable[Run], steps: int, seed: int) -> list[Run]:
+    """Every run of a study, one list: the runs of the trials that trained their map (TrialRecord.run, at the proxy's
+    length `steps` and the space's `seed`), by number; the stored reference runs, by name; the stored race runs.
+    `stored`: the store's runs (Store.runs)."""
+    trained = sorted((t for t in trials if t.trained_its_map), key=lambda t: t.number)
+    stored = list(stored)
+    return (
+        [t.run(steps, seed) for t in trained]
+        + sorted((r for r in stored if r.kind == "reference"), key=lambda r: r.name)
+        + [r for r in stored if r.kind == "race"]
+    )
 
 
 def trained_results(trials: Iterable[TrialRecord]) -> list[TrialRecord]:

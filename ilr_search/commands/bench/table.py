@@ -120,7 +120,7 @@ def build_table(
                 "train_seconds": t.train_seconds,
             }
         )
-    for key, ref in sorted(stored_references(store.reference_runs(), study.user_attrs).items()):
+    for key, ref in sorted(stored_references(store.reference_runs()).items()):
         if Map.form_of(key) == "stack" and ref.val_ppl is not None and ref.curve:
             rows.append(
                 {
