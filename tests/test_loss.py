@@ -142,16 +142,12 @@ def test_without_grad_mode_the_head_computes_no_gradients():
     assert counter.get_total_flops() == 3 * 2 * n * d * vocab  # with grad mode: forward and both gradients
 
 
-@pytest.mark.parametrize("slab_rows", [None, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_head_buffers_give_the_same_losses_to_the_bit(dtype, slab_rows, monkeypatch):
+def test_head_buffers_give_the_same_losses_to_the_bit(dtype):
     """The frozen evaluator's reused logits (HeadBuffers): the same kernels into kept tensors, the same losses,
-    whatever the rows' sizes in turn (a buffer grows, a smaller chunk takes its front), in one slab of rows or in
-    slabs of 3 (a shorter last one)."""
+    whatever the rows' sizes in turn (a buffer grows, a smaller chunk takes its front)."""
     torch.manual_seed(2)
     vocab, d = 517, 48
-    if slab_rows is not None:
-        monkeypatch.setattr(loss_module, "SLAB_ELEMENTS", slab_rows * vocab)
     w = (torch.randn(vocab, d) * 0.2).to(dtype)
     buffers = loss_module.HeadBuffers()
     with torch.no_grad():

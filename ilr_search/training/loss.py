@@ -66,27 +66,14 @@ class HeadBuffers:
         return t[:n].view(shape)
 
 
-SLAB_ELEMENTS = 1 << 18  # fp32 elements of one slab of rows (1 MiB): a slab's copy and log-softmax stay in cache
-
-
 def _chunk_loss_into(h: Tensor, w: Tensor, y: Tensor, buffers: HeadBuffers) -> Tensor:
-    """`_chunk_loss`'s summed loss without a gradient, its tensors in `buffers`. The logits come from one matmul;
-    their fp32 copy and log-softmax are made a slab of rows at a time in two small tensors that stay in cache (the
-    same kernels row by row, so the same numbers as over the whole chunk)."""
-    n, vocab = h.shape[0], w.shape[0]
-    logits = torch.mm(h, w.t(), out=buffers.get("logits", (n, vocab), h, h.dtype))
-    rows = max(1, SLAB_ELEMENTS // vocab)
-    picked = buffers.get("picked", (n, 1), h, torch.float32)
-    fp32 = buffers.get("fp32", (rows, vocab), h, torch.float32)
-    log_probs = buffers.get("log_probs", (rows, vocab), h, torch.float32)
-    for start in range(0, n, rows):
-        stop = min(n, start + rows)
-        slab = logits[start:stop]
-        if slab.dtype != torch.float32:
-            slab = fp32[: stop - start].copy_(slab)
-        out = torch.log_softmax(slab, dim=-1, out=log_probs[: stop - start])
-        torch.gather(out, 1, y[start:stop, None], out=picked[start:stop])
-    return -picked.sum()
+    """`_chunk_loss`'s summed loss without a gradient, its tensors in `buffers`."""
+    shape = (h.shape[0], w.shape[0])
+    logits = torch.mm(h, w.t(), out=buffers.get("logits", shape, h, h.dtype))
+    if logits.dtype != torch.float32:
+        logits = buffers.get("fp32", shape, h, torch.float32).copy_(logits)
+    log_probs = torch.log_softmax(logits, dim=-1, out=buffers.get("log_probs", shape, h, torch.float32))
+    return -log_probs.gather(1, y[:, None]).sum()
 
 
 def compiled_chunk_loss() -> ChunkFn:
