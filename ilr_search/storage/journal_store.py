@@ -3,6 +3,7 @@ file beside the journal, serialised by an flock."""
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import os
@@ -20,7 +21,37 @@ from ilr_search.storage.store import (
     Store,
     StoredFrontPoint,
     TrainCurvePoint,
+    claimed_race_run,
+    race_run_held,
 )
+
+
+@contextmanager
+def flocked(lock_path: str | Path) -> Iterator[None]:
+    """An exclusive flock on the file `lock_path` (created where missing) while the block runs; the kernel releases
+    it when its holder dies."""
+    with open(lock_path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The records of a JSON-lines file, in file order; none where it does not exist."""
+    if not path.exists():
+        return []
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def write_records(path: Path, records: list[dict[str, Any]], mode: str) -> None:
+    """Write `records` as JSON lines to `path`, opened in `mode` ("a" appends, "w" replaces), synced to disk."""
+    with open(path, mode, encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 class JournalStore(Store):
@@ -32,22 +63,11 @@ class JournalStore(Store):
 
     @contextmanager
     def _locked(self) -> Iterator[list[dict[str, Any]]]:
-        with open(str(self.path) + ".lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                records = []
-                if self.path.exists():
-                    with open(self.path, encoding="utf-8") as f:
-                        records = [json.loads(line) for line in f if line.strip()]
-                yield records
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+        with flocked(str(self.path) + ".lock"):
+            yield read_records(self.path)
 
     def _append(self, record: dict[str, Any]) -> None:
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps({"study": self.study, **record}) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        write_records(self.path, [{"study": self.study, **record}], "a")
 
     def _mine(self, records: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
         return [r for r in records if r["study"] == self.study and r["kind"] == kind]
@@ -82,17 +102,7 @@ class JournalStore(Store):
 
     def add_curve_point(self, point: CurvePoint, tokens: int) -> None:
         with self._locked():
-            self._append(
-                {
-                    "kind": "curve",
-                    "trial_number": point.trial_number,
-                    "step": point.step,
-                    "val_loss": point.val_loss,
-                    "flops_ratio": point.flops_ratio,
-                    "map_key": point.map_key,
-                    "tokens": tokens,
-                }
-            )
+            self._append({"kind": "curve", **dataclasses.asdict(point), "tokens": tokens})
 
     def curve_points(self, step: int | None = None) -> list[CurvePoint]:
         with self._locked() as records:
@@ -167,24 +177,9 @@ class JournalStore(Store):
         now = time.time()
         with self._locked() as records:
             row = self._race_runs_latest(records).get((job.factor, job.seed, job.map_key))
-            if row is not None and (
-                row["state"] in ("complete", "failed")
-                or (row["state"] == "running" and row["worker"] != worker and now - row["heartbeat"] <= stale_after)
-            ):
+            if row is not None and race_run_held(row, worker, now, stale_after):
                 return False
-            self._append(
-                {
-                    "kind": "race_run",
-                    "factor": job.factor,
-                    "seed": job.seed,
-                    "map_key": job.map_key,
-                    "worker": worker,
-                    "heartbeat": now,
-                    "state": "running",
-                    "flops_ratio": flops_ratio,
-                    "steps": steps,
-                }
-            )
+            self._append({"kind": "race_run", **claimed_race_run(job, worker, now, flops_ratio, steps)})
             return True
 
     def _race_run_update(self, job: RunJob, worker: str, **values: Any) -> bool:

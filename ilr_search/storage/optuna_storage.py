@@ -24,6 +24,7 @@ from optuna.trial import TrialState
 
 from ilr_search.errors import UserInputError
 from ilr_search.storage.heartbeat import grace_period, heartbeat_interval
+from ilr_search.storage.journal_store import flocked
 from ilr_search.storage.optuna_compat import (
     backend,
     remember_user_attrs,
@@ -223,12 +224,8 @@ def _creation_lock(spec: StorageSpec) -> Iterator[None]:
         yield
         return
     key = hashlib.sha256(str(spec.path.resolve()).encode()).hexdigest()[:16]
-    with open(Path(tempfile.gettempdir()) / f"ilr-search-{key}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with flocked(Path(tempfile.gettempdir()) / f"ilr-search-{key}.lock"):
+        yield
 
 
 def set_trial_user_attrs(trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:

@@ -19,6 +19,7 @@ Created on first use; every write is one short transaction, safe with several wr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -37,6 +38,8 @@ from ilr_search.storage.store import (
     Store,
     StoredFrontPoint,
     TrainCurvePoint,
+    claimed_race_run,
+    race_run_held,
 )
 
 log = logging.getLogger("ilr_search")
@@ -202,13 +205,18 @@ class SQLStore(Store):
             )
             return moved.rowcount == 1
 
-    def _replace(self, table: sa.Table, where: Any, rows: list[dict[str, Any]]) -> None:
+    def _replace(self, table: sa.Table, where: Any, rows: list[dict[str, Any]], raced_is_same: bool = False) -> None:
         """In one transaction: delete the study's rows of `table` that `where` picks and insert `rows` (each with
-        the study's name added) in their place."""
-        with self.engine.begin() as conn:
-            conn.execute(table.delete().where(table.c.study == self.study, where))
-            if rows:
-                conn.execute(table.insert(), [{"study": self.study, **r} for r in rows])
+        the study's name added) in their place. `raced_is_same`: where another worker inserted the same keys between
+        our delete and insert (PostgreSQL, read committed), its rows are the same as ours, so its insert stands."""
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(table.delete().where(table.c.study == self.study, where))
+                if rows:
+                    conn.execute(table.insert(), [{"study": self.study, **r} for r in rows])
+        except IntegrityError:
+            if not raced_is_same:
+                raise
 
     def _rows(self, table: sa.Table, *where: Any, order: Sequence[Any] = ()) -> Sequence[sa.Row]:
         """The study's rows of `table` that `where` picks, ordered by `order`; none where the table is not there
@@ -224,16 +232,7 @@ class SQLStore(Store):
         self._replace(
             curves_table,
             sa.and_(c.trial_number == point.trial_number, c.step == point.step),
-            [
-                {
-                    "trial_number": point.trial_number,
-                    "step": point.step,
-                    "map_key": point.map_key,
-                    "flops_ratio": point.flops_ratio,
-                    "val_loss": point.val_loss,
-                    "tokens": tokens,
-                }
-            ],
+            [dataclasses.asdict(point) | {"tokens": tokens}],
         )
 
     @retry_locked
@@ -315,28 +314,24 @@ class SQLStore(Store):
 
     @retry_locked
     def save_front(self, n_complete: int, front: list[dict[str, Any]]) -> None:
-        try:
-            self._replace(
-                fronts_table,
-                fronts_table.c.n_complete == n_complete,
-                [
-                    {
-                        "n_complete": n_complete,
-                        "position": i,
-                        "trial_number": p["trial"],
-                        "reuse_map": ",".join(map(str, p["reuse_map"])),
-                        "flops_ratio": p["flops_ratio"],
-                        "val_ppl": p["val_ppl"],
-                        "val_bpb": p.get("val_bpb"),
-                        "params": p.get("params"),
-                    }
-                    for i, p in enumerate(front)
-                ],
-            )
-        except IntegrityError:
-            # Another worker saved this count's front between our delete and insert (PostgreSQL, read
-            # committed). The same count is the same set of complete trials, so its front is ours: done.
-            pass
+        self._replace(
+            fronts_table,
+            fronts_table.c.n_complete == n_complete,
+            [
+                {
+                    "n_complete": n_complete,
+                    "position": i,
+                    "trial_number": p["trial"],
+                    "reuse_map": ",".join(map(str, p["reuse_map"])),
+                    "flops_ratio": p["flops_ratio"],
+                    "val_ppl": p["val_ppl"],
+                    "val_bpb": p.get("val_bpb"),
+                    "params": p.get("params"),
+                }
+                for i, p in enumerate(front)
+            ],
+            raced_is_same=True,  # the same count is the same set of complete trials, so the same front
+        )
 
     @retry_locked
     def front_history(self) -> dict[int, list[StoredFrontPoint]]:
@@ -368,14 +363,7 @@ class SQLStore(Store):
                         study=self.study,
                         kind="race",
                         name=race_run_name(job),
-                        factor=job.factor,
-                        seed=job.seed,
-                        map_key=job.map_key,
-                        worker=worker,
-                        heartbeat=now,
-                        state="running",
-                        flops_ratio=flops_ratio,
-                        steps=steps,
+                        **claimed_race_run(job, worker, now, flops_ratio, steps),
                     )
                 )
             return True
@@ -383,9 +371,7 @@ class SQLStore(Store):
             pass
         with self.engine.begin() as conn:
             row = conn.execute(sa.select(runs_table).where(self._race_run_where(job))).mappings().one()
-            if row["state"] in ("complete", "failed") or (
-                row["state"] == "running" and row["worker"] != worker and now - row["heartbeat"] <= stale_after
-            ):
+            if race_run_held(row, worker, now, stale_after):
                 return False
             moved = conn.execute(
                 runs_table.update()
@@ -420,16 +406,12 @@ class SQLStore(Store):
     @retry_locked
     def save_reference(self, run: Run) -> None:
         t = runs_table.c
-        try:
-            self._replace(
-                runs_table,
-                sa.and_(t.kind == "reference", t.name == run.name),
-                [{"kind": "reference", **run.to_record()}],
-            )
-        except IntegrityError:
-            # Another worker stored this reference between our delete and insert (PostgreSQL, read committed): a
-            # reference is one map at one seed, so its run is ours: done.
-            pass
+        self._replace(
+            runs_table,
+            sa.and_(t.kind == "reference", t.name == run.name),
+            [{"kind": "reference", **run.to_record()}],
+            raced_is_same=True,  # a reference is one map at one seed, so the same run
+        )
 
     @retry_locked
     def runs(self) -> list[Run]:

@@ -264,6 +264,28 @@ class StoredFrontPoint:
         return cls(r["trial"], tuple(r["reuse_map"]), r["flops_ratio"], r["val_ppl"], r.get("val_bpb"), r.get("params"))
 
 
+def claimed_race_run(job: RunJob, worker: str, now: float, flops_ratio: float, steps: int) -> dict[str, Any]:
+    """The stored fields of `job` (its factor, seed and map on) as `worker` claims it at time `now`: running."""
+    return {
+        "factor": job.factor,
+        "seed": job.seed,
+        "map_key": job.map_key,
+        "worker": worker,
+        "heartbeat": now,
+        "state": "running",
+        "flops_ratio": flops_ratio,
+        "steps": steps,
+    }
+
+
+def race_run_held(row: Mapping[Any, Any], worker: str, now: float, stale_after: float) -> bool:
+    """Whether `worker` may not claim a stored race run (Store.claim_race_run): it is finished (complete, or
+    failed: diverged), or running under another worker whose heartbeat is at most `stale_after` seconds old."""
+    return row["state"] in ("complete", "failed") or (
+        row["state"] == "running" and row["worker"] != worker and now - row["heartbeat"] <= stale_after
+    )
+
+
 class Store(ABC):
     """Claims, curves, pruning records, fronts and race runs of one study; every method is safe with
     several workers writing at once."""

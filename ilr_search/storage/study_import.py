@@ -10,7 +10,6 @@ open_store imports a study's storage when it first opens it (import_database, im
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
@@ -21,6 +20,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
+from ilr_search.storage.journal_store import flocked, read_records, write_records
 from ilr_search.storage.sql_store import SCHEMA_VERSION, race_run_name, retry_locked, runs_table, schema_table
 from ilr_search.storage.store import Run, RunJob, reference_run
 
@@ -176,29 +176,17 @@ def import_journal(side_file: Path, study: str, study_attrs: Mapping[str, Any]) 
     one, ahead of the file's lines (a reference stored since then keeps the attribute's place and its own result,
     as they read before). The journal keeps the attributes (it forgets nothing); once imported they are passed
     over. True if this call changed the file."""
-    with open(str(side_file) + ".lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            lines = []
-            if side_file.exists():
-                with open(side_file, encoding="utf-8") as f:
-                    lines = [json.loads(line) for line in f if line.strip()]
-            stored = {r["name"] for r in lines if r["study"] == study and r["kind"] == "reference"}
-            old = old_references(study_attrs)
-            imported = (
-                []
-                if set(old) <= stored
-                else [{"study": study, **r.to_record(), "kind": "reference"} for r in old.values()]
-            )
-            renamed = [r | {"kind": "race_run"} if r["kind"] == "audit" else r for r in lines]
-            if not imported and renamed == lines:
-                return False
-            part = side_file.with_name(side_file.name + ".import")
-            with open(part, "w", encoding="utf-8") as f:
-                f.writelines(json.dumps(r) + "\n" for r in imported + renamed)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(part, side_file)
-            return True
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with flocked(str(side_file) + ".lock"):
+        lines = read_records(side_file)
+        stored = {r["name"] for r in lines if r["study"] == study and r["kind"] == "reference"}
+        old = old_references(study_attrs)
+        imported = (
+            [] if set(old) <= stored else [{"study": study, **r.to_record(), "kind": "reference"} for r in old.values()]
+        )
+        renamed = [r | {"kind": "race_run"} if r["kind"] == "audit" else r for r in lines]
+        if not imported and renamed == lines:
+            return False
+        part = side_file.with_name(side_file.name + ".import")
+        write_records(part, imported + renamed, "w")
+        os.replace(part, side_file)
+        return True
