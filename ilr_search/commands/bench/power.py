@@ -199,8 +199,6 @@ def power_report(
         raise UserInputError(f"unknown --against {against!r}; use baseline or best")
     if orders < 1:
         raise UserInputError(f"--orders must be at least 1, got {orders}")
-    if not Path(path).is_file() and table is None:
-        raise UserInputError(f"truth table {str(path)!r} does not exist")
     table = table or TruthTable.read(path)
     if len(table.lengths) < 2:
         raise UserInputError(f"truth table {str(path)!r} has one length ({table.lengths[0]} steps); a race needs two")
@@ -252,8 +250,6 @@ def power_command(
     crossed = parse_deltas(crossing) if crossing.strip() else ()
     if fixed_seeds < 2:
         raise UserInputError(f"--fixed-seeds must be at least 2 (a paired test needs two), got {fixed_seeds}")
-    if not Path(path).is_file():
-        raise UserInputError(f"truth table {str(path)!r} does not exist")
     table = TruthTable.read(path)
     if fixed_seeds > len(table.seeds_at(table.lengths[-1])):
         raise UserInputError(

@@ -111,8 +111,6 @@ def replay_table(path: str | Path, pruner: str = "pareto", order_seed: int | Non
     """`ilr-search bench replay`: one pruning rule (with the default space's settings) over a table's rows."""
     if pruner not in ("pareto", "pareto-eager", "none"):
         raise UserInputError(f"unknown --pruner {pruner!r} for a replay; use pareto, pareto-eager or none")
-    if not Path(path).is_file():
-        raise UserInputError(f"bench table {str(path)!r} does not exist")
     table = Table.read(path)
     result = replay_pruning(table, default_pruner_settings(pruner), order_seed)
     return TableReplay(str(path), table.steps, result)

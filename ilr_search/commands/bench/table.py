@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from ilr_search.analysis.pareto import non_dominated
 from ilr_search.analysis.results import curves_by_trial
@@ -28,10 +28,33 @@ from ilr_search.storage import open_store, parse_storage, stored_references, stu
 from ilr_search.storage.trials import study_trials, trained_results
 from ilr_search.training.schedule import Map, format_reuse_map
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 
 def feasible_maps(n_layers: int, max_reuse: int, max_layer_runs: int) -> list[list[int]]:
     """Every reuse map with counts in 1..max_reuse whose schedule fits the budget."""
     return [list(m) for m in itertools.product(range(1, max_reuse + 1), repeat=n_layers) if sum(m) <= max_layer_runs]
+
+
+def read_frame(path: str | Path, what: str, columns: set[str], hint: str = "") -> pd.DataFrame:
+    """A table file (Parquet where its name ends in .parquet, else CSV) that has `columns` and at least one row; a
+    UserInputError where it is missing, unreadable or not such a table. `what` names it in the errors ("bench
+    table"), `hint` says where one comes from."""
+    import pandas as pd
+
+    if not Path(path).is_file():
+        raise UserInputError(f"{what} {str(path)!r} does not exist")
+    try:
+        frame = pd.read_parquet(path) if str(path).endswith(".parquet") else pd.read_csv(path)
+    except (OSError, ValueError) as e:
+        raise UserInputError(f"cannot read {what} {str(path)!r}: {e}") from None
+    missing = columns - set(frame.columns)
+    if missing or frame.empty:
+        raise UserInputError(
+            f"{str(path)!r} is not a {what}{hint}: " + (f"columns {sorted(missing)} missing" if missing else "no rows")
+        )
+    return frame
 
 
 @dataclass(frozen=True)
@@ -196,18 +219,7 @@ class Table:
 
     @classmethod
     def read(cls, path: str | Path) -> Table:
-        import pandas as pd
-
-        try:
-            frame = pd.read_parquet(path) if str(path).endswith(".parquet") else pd.read_csv(path)
-        except (OSError, ValueError) as e:
-            raise UserInputError(f"cannot read bench table {str(path)!r}: {e}") from None
-        missing = {"reuse_map", "flops_ratio", "val_ppl", "curve"} - set(frame.columns)
-        if missing or frame.empty:
-            raise UserInputError(
-                f"{str(path)!r} is not a bench table: "
-                + (f"columns {sorted(missing)} missing" if missing else "no rows")
-            )
+        frame = read_frame(path, "bench table", {"reuse_map", "flops_ratio", "val_ppl", "curve"})
         rows = []
         for r in frame.to_dict("records"):
             key = str(r["reuse_map"]).strip()

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import cast
 
 from ilr_search.analysis.racing import Evaluation
-from ilr_search.commands.bench.table import Table, TableRow
+from ilr_search.commands.bench.table import Table, TableRow, read_frame
 from ilr_search.errors import UserInputError
 from ilr_search.training.schedule import Map
 
@@ -32,20 +32,12 @@ class TruthTable:
 
     @classmethod
     def read(cls, path: str | Path) -> TruthTable:
-        import pandas as pd
-
-        if not Path(path).is_file():
-            raise UserInputError(f"truth table {str(path)!r} does not exist")
-        try:
-            frame = pd.read_parquet(path) if str(path).endswith(".parquet") else pd.read_csv(path)
-        except (OSError, ValueError) as e:
-            raise UserInputError(f"cannot read truth table {str(path)!r}: {e}") from None
-        missing = {"map_key", "flops_ratio", "steps", "seed", "val_loss"} - set(frame.columns)
-        if missing or frame.empty:
-            raise UserInputError(
-                f"{str(path)!r} is not a truth table (benchmarks/truth.py writes one): "
-                + (f"columns {sorted(missing)} missing" if missing else "no rows")
-            )
+        frame = read_frame(
+            path,
+            "truth table",
+            {"map_key", "flops_ratio", "steps", "seed", "val_loss"},
+            " (benchmarks/truth.py writes one)",
+        )
         flops, losses, curves = {}, {}, {}
         for r in frame.to_dict("records"):
             key = (str(r["map_key"]), int(r["steps"]), int(r["seed"]))
