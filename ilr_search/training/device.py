@@ -62,13 +62,9 @@ def frozen_dtype(dtype: Dtype, device: torch.device) -> Dtype:
     """A frozen evaluation's dtype: `auto` is bf16 where the device computes it natively (CUDA with bf16, a CPU with
     AVX512-BF16 or AMX), else fp32; an explicit fp32 or bf16 is kept. Its weights are stored in it (frozen.py), not
     autocast per operation; benchmarks/frozen_speed.py measures what it changes."""
-    import torch
-
-    if dtype != "auto":
-        return dtype
-    if device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
-    return "bf16" if device.type == "cpu" and cpu_has_bf16() else "fp32"
+    if dtype == "auto" and device.type == "cpu":
+        return "bf16" if cpu_has_bf16() else "fp32"
+    return resolve_dtype(dtype, device)
 
 
 def resolve_compile(compile_layers: bool | None, device: torch.device) -> bool:
