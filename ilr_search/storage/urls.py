@@ -89,10 +89,7 @@ def parse_storage(url: str | None, read_only: bool = False) -> StorageSpec:
             f"storage driver {parsed.drivername!r} is not supported; use sqlite, postgresql, mysql or journal:PATH"
         ) from None
     except ImportError as e:
-        raise UserInputError(
-            f"storage driver {parsed.drivername!r} needs a module that is not installed ({e.name}); "
-            f"{driver_hint(parsed.get_backend_name(), e.name)}"
-        ) from None
+        raise missing_driver(parsed.drivername, parsed.get_backend_name(), e.name) from None
     if dialect.name == "sqlite":
         if not parsed.database or parsed.database == ":memory:":
             raise UserInputError("an in-memory SQLite storage cannot be resumed; give a file: sqlite:///studies/x.db")
@@ -113,23 +110,22 @@ def parse_storage(url: str | None, read_only: bool = False) -> StorageSpec:
     try:
         dialect.import_dbapi() if hasattr(dialect, "import_dbapi") else None
     except ImportError as e:
-        raise UserInputError(
-            f"storage driver {parsed.drivername!r} needs a module that is not installed ({e.name}); "
-            f"{driver_hint(dialect.name, e.name)}"
-        ) from None
+        raise missing_driver(parsed.drivername, dialect.name, e.name) from None
     return StorageSpec(url, "rdb")
 
 
-def driver_hint(backend: str, module: str | None) -> str:
-    """How to install the missing driver `module` of a database: the package's extra for PostgreSQL, the
-    module's package for MySQL."""
+def missing_driver(driver: str, backend: str, module: str | None) -> UserInputError:
+    """The error of a storage `driver` whose module is not installed, with how to install it: the package's extra
+    for PostgreSQL, the module's package for MySQL."""
     if backend == "postgresql":
-        return "for PostgreSQL: pip install 'ilr-search[postgres]'"
-    if backend in ("mysql", "mariadb"):
-        if module == "pymysql":
-            return "for MySQL: pip install pymysql"
-        return "for MySQL: pip install mysqlclient, or pip install pymysql and give mysql+pymysql://USER@HOST/DB"
-    return f"install the Python driver SQLAlchemy uses for {backend}"
+        hint = "for PostgreSQL: pip install 'ilr-search[postgres]'"
+    elif backend in ("mysql", "mariadb") and module == "pymysql":
+        hint = "for MySQL: pip install pymysql"
+    elif backend in ("mysql", "mariadb"):
+        hint = "for MySQL: pip install mysqlclient, or pip install pymysql and give mysql+pymysql://USER@HOST/DB"
+    else:
+        hint = f"install the Python driver SQLAlchemy uses for {backend}"
+    return UserInputError(f"storage driver {driver!r} needs a module that is not installed ({module}); {hint}")
 
 
 def _prefer_installed_postgres_driver(url: str) -> str:
