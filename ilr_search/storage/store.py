@@ -265,7 +265,7 @@ class StoredFrontPoint:
 
 
 def claimed_race_run(job: RunJob, worker: str, now: float, flops_ratio: float, steps: int) -> dict[str, Any]:
-    """The stored fields of `job` (its factor, seed and map on) as `worker` claims it at time `now`: running."""
+    """The stored fields of a race run that `worker` claims at time `now`: `job`'s factor, seed and map, running."""
     return {
         "factor": job.factor,
         "seed": job.seed,
