@@ -55,7 +55,6 @@ from ilr_search.analysis.race_core import (
     RaceJob,
     RaceSettings,
     RaceState,
-    RaceWords,
     Results,
     Screen,
     ScreenAgreement,
@@ -66,6 +65,7 @@ from ilr_search.analysis.race_core import (
     loss_front,
     race_compute,
 )
+from ilr_search.analysis.replicates import Replicates
 from ilr_search.analysis.sequential import (
     SequentialTest,
     detectable_gap,
@@ -661,9 +661,7 @@ def _equal_compute(
     )
 
 
-def _why_done(
-    comparisons: Sequence[Comparison], testable: bool, first_look: int, max_n: int, words: RaceWords = RaceWords()
-) -> str:
+def _why_done(comparisons: Sequence[Comparison], testable: bool, first_look: int, max_n: int, words: Replicates) -> str:
     if not comparisons:
         return "no recurrent contender"
     if not testable:

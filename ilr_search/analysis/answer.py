@@ -111,13 +111,12 @@ def race_answer(
     settings: RaceSettings,
     baseline_key: str,
     baseline_ppl: float | None,
-    unit: str | None = None,
     trust: Trust | None = None,
 ) -> Answer:
     """The answer of a race (see the module docstring). `baseline_ppl`: the plain model's mean perplexity at
-    the race's length (None before it has one); `unit`: what a replicate is called (the settings' where not given)."""
+    the race's length (None before it has one)."""
     words = Replicates.of(settings)
-    unit = unit or words.unit
+    unit = words.unit
     steps = state.level_steps or settings.target_steps
     at = words.at(steps)  # "at 2000 steps", or a frozen study's "on held-out windows"
     comparisons = {c.map_key: c for c in state.comparisons}
