@@ -535,18 +535,7 @@ def _run_in_process(
         fuse=fuse,
     )
     finished = _n_finished(study)
-    settings_of_race = race_settings(plan.config)
-    words = settings_of_race.words
-    reporter.on(
-        StudyStarted(
-            plan.name,
-            n_trials,
-            finished,
-            unit=words.unit,
-            judged=settings_of_race.judged,
-            blocks=settings_of_race.blocks,
-        )
-    )
+    reporter.on(StudyStarted(plan.name, n_trials, finished, words=race_settings(plan.config).words))
     if request.learn and LEARNED_ATTR in study.user_attrs:
         reporter.on(Message(learned_line(study.user_attrs[LEARNED_ATTR])))
     interrupted = False
