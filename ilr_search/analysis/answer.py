@@ -192,7 +192,9 @@ def _claim(
         else f"better than {PLAIN}"
     )
     return (
-        f"use {_map(settings.shown(key))}: {how}" + (f" ({interval})" if interval else "") + f", {count(n, unit)} {at}"
+        f"use {_map(settings.words.shown(key))}: {how}"
+        + (f" ({interval})" if interval else "")
+        + f", {count(n, unit)} {at}"
     )
 
 
@@ -207,7 +209,8 @@ def _closest(
     interval = interval_words(baseline_ppl, c.interval, settings.confidence, measure)
     paired = f", {c.units} paired" if c.units else ""
     return [
-        f"closest contender: {_map(settings.shown(c.map_key))} {side(measure.gain(baseline_ppl, diff), PLAIN, measure)}"
+        f"closest contender: {_map(settings.words.shown(c.map_key))} "
+        f"{side(measure.gain(baseline_ppl, diff), PLAIN, measure)}"
         + (f" ({interval})" if interval else "")
         + f" over {count(c.n, 'test ' + unit)}{paired}; status: {c.status}"
     ]
@@ -239,7 +242,7 @@ def _replicates(
     them (the screening one included), with the test ones the comparison used."""
     parts = []
     for p in state.front:
-        name = PLAIN if p.map_key == baseline_key else _map(settings.shown(p.map_key) if settings else p.map_key)
+        name = PLAIN if p.map_key == baseline_key else _map(Replicates.of(settings).shown(p.map_key))
         c = comparisons.get(p.map_key)
         tested = f" ({c.n} of them tested against {PLAIN})" if c is not None else ""
         parts.append(f"{name} {count(len(p.seeds), unit)}{tested}")
@@ -267,7 +270,7 @@ def judge_answer(state: RaceState, settings: RaceSettings, model: str, baseline_
         gain = measure.gain(base, c.mean_diff) if c.mean_diff is not None else math.nan
         if c.status in ("better", "worse"):
             lines.append(
-                f"{_map(settings.shown(c.map_key))} is {c.status} than {model} by {measure.amount(abs(gain))}"
+                f"{_map(settings.words.shown(c.map_key))} is {c.status} than {model} by {measure.amount(abs(gain))}"
                 + (f" ({interval})" if interval else "")
                 + f", {over} {words.at(state.level_steps)}"
             )
@@ -280,7 +283,7 @@ def judge_answer(state: RaceState, settings: RaceSettings, model: str, baseline_
         )
         measured = f"; measured {side(gain, model, measure)}" if math.isfinite(gain) else ""
         lines.append(
-            f"{_map(settings.shown(c.map_key))} is not distinguishable from {model}: {seen}{measured}"
+            f"{_map(settings.words.shown(c.map_key))} is not distinguishable from {model}: {seen}{measured}"
             + (f" ({interval})" if interval else "")
             + f", {over}"
         )

@@ -116,7 +116,7 @@ class RaceSettings:
     # judge (`ilr-search judge`): each comparison is also tested the other way, and decided "worse" when the
     # baseline is claimed better (instead of the futility rule)
     two_sided: bool = False
-    blocks: bool = False  # the study searches blocks only: a one-layer block is written block:I-I:R (map_key.as_block)
+    blocks: bool = False  # the study searches blocks only: a one-layer block is written block:I-I:R (Replicates.shown)
     # paired by unit: a claim needs the mean difference beyond this (nats of loss), so that a map equal to the
     # baseline but for float rounding is never claimed either way
     margin: float = 0.0
@@ -128,12 +128,6 @@ class RaceSettings:
     @property
     def measure(self) -> Measure:
         return Measure(self.judged)
-
-    def shown(self, map_key: str) -> str:
-        """A map key as the study's texts write it (as_block in a study of blocks)."""
-        from ilr_search.training.schedule import as_block
-
-        return as_block(map_key) if self.blocks else map_key
 
     @property
     def binary(self) -> bool:
