@@ -935,6 +935,12 @@ class RunOptions(SpaceOptions):
         flag="--learn",
     )
 
+    @property
+    def asked_race(self) -> dict[str, str | int]:
+        """The race settings given ({field: value}), which a resumed study must not contradict."""
+        asked = {"race_policy": self.race_policy, "max_seeds": self.max_seeds, "equal_compute": self.equal_compute}
+        return {k: v for k, v in asked.items() if v is not None}
+
 
 @dataclass(frozen=True, kw_only=True)
 class JudgeOptions(SpaceOptions):

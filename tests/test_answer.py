@@ -1,6 +1,7 @@
 """The answer line and its details, from race states built by hand (no training): a claimed win, a null result,
 an open race, and a futility stop, which is never called `worse`."""
 
+import dataclasses
 import math
 import re
 
@@ -136,8 +137,8 @@ def test_the_replicate_unit_is_data_and_signs_are_words():
         front=(point(BASE, 10.0, 4), point("2,1,1,1", 9.9, 4, True)),
         comparisons=(comparison("2,1,1,1", -0.01, "better", 3),),
     )
-    line = race_answer(state, SETTINGS, BASE, 10.0, unit="window chunk").line
-    assert line.endswith(", 4 window chunks at 400 steps") and "seed" not in line
+    line = race_answer(state, dataclasses.replace(SETTINGS, frozen=True), BASE, 10.0).line
+    assert line.endswith(", 4 window chunks on held-out windows") and "seed" not in line
     assert side(0.0312, "X") == "better by 0.03 ppl than X" and side(-0.5, "X") == "worse by 0.50 ppl than X"
     assert side(0.001, "the plain model") == "level with the plain model"  # no "than" after "level with"
     assert unraced_answer("the race is off", 32).line.startswith("no map beat the plain model by a test at 32 steps")

@@ -198,8 +198,8 @@ def test_a_judge_writes_a_map_that_repeats_one_layer_as_that_layers_block():
     from ilr_search.search.race_results import race_settings
 
     config = SpaceConfig().to_dict()
-    assert race_settings(config).shown("1,2,1,1,1,1,1,1") == "1,2,1,1,1,1,1,1"
+    assert race_settings(config).words.shown("1,2,1,1,1,1,1,1") == "1,2,1,1,1,1,1,1"
     config["search"]["judge"] = True
     judged = race_settings(config)
-    assert judged.shown("1,2,1,1,1,1,1,1|damping=0.1") == "block:1-1:2|damping=0.1"
-    assert judged.shown("2,2,1,1,1,1,1,1") == "2,2,1,1,1,1,1,1"  # two layers repeated: a reuse map, no block
+    assert judged.words.shown("1,2,1,1,1,1,1,1|damping=0.1") == "block:1-1:2|damping=0.1"
+    assert judged.words.shown("2,2,1,1,1,1,1,1") == "2,2,1,1,1,1,1,1"  # two layers repeated: a reuse map, no block

@@ -8,6 +8,7 @@ import typing
 import pytest
 from conftest import ROOT
 
+from ilr_search.analysis.replicates import Replicates
 from ilr_search.cli.ui import ConsoleReporter
 from ilr_search.search import progress
 
@@ -55,7 +56,7 @@ def test_an_object_that_is_no_event_is_refused():
 def test_the_plain_model_is_named_so_in_a_study_of_blocks_and_of_maps(capsys):
     plain = ",".join(["1"] * 30)
     with ConsoleReporter(enabled=True) as reporter:
-        reporter.on(progress.StudyStarted("b", 3, 0, unit="window chunk", blocks=True))
+        reporter.on(progress.StudyStarted("b", 3, 0, words=Replicates(frozen=True, blocks=True)))
         reporter.on(progress.TrialStarted(0, [1] * 30, 0))
         reporter.on(progress.TrialStarted(1, [1] * 30, 0, map="block:3-5:2"))
         reporter.on(progress.RunFinished(plain, 0, 1, 12.5))

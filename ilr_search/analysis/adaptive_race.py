@@ -55,7 +55,6 @@ from ilr_search.analysis.race_core import (
     RaceJob,
     RaceSettings,
     RaceState,
-    RaceWords,
     Results,
     Screen,
     ScreenAgreement,
@@ -66,6 +65,7 @@ from ilr_search.analysis.race_core import (
     loss_front,
     race_compute,
 )
+from ilr_search.analysis.replicates import Replicates
 from ilr_search.analysis.sequential import (
     SequentialTest,
     detectable_gap,
@@ -661,9 +661,7 @@ def _equal_compute(
     )
 
 
-def _why_done(
-    comparisons: Sequence[Comparison], testable: bool, first_look: int, max_n: int, words: RaceWords = RaceWords()
-) -> str:
+def _why_done(comparisons: Sequence[Comparison], testable: bool, first_look: int, max_n: int, words: Replicates) -> str:
     if not comparisons:
         return "no recurrent contender"
     if not testable:
@@ -708,7 +706,7 @@ def _verdict(
             interval = interval_words(base_ppl, c.interval, settings.confidence, measure)
             gained = side(measure.gain(base_ppl, c.mean_diff), "the baseline", measure)
             claims.append(
-                f"{settings.shown(k)} {gained} ({interval}, p={c.p_value:.3g}, {words.count(c.n, test=True)})"
+                f"{settings.words.shown(k)} {gained} ({interval}, p={c.p_value:.3g}, {words.count(c.n, test=True)})"
             )
         paired = f", paired by {words.paired}" if any(c.units for c in comparisons.values()) else ""
         text = (
@@ -737,7 +735,8 @@ def _verdict(
         c = min(ranked, key=lambda c: (c.mean_diff, c.map_key))
         assert c.mean_diff is not None  # ranked holds only the comparisons with a mean difference
         how = (
-            f"closest {settings.shown(c.map_key)}: {side(measure.gain(base_ppl, c.mean_diff), 'the baseline', measure)}"
+            f"closest {settings.words.shown(c.map_key)}: "
+            f"{side(measure.gain(base_ppl, c.mean_diff), 'the baseline', measure)}"
         )
         need = paired_comparison(*_pair(results, c, baseline_key, target), settings.confidence).seeds_needed()
         if c.units:

@@ -111,13 +111,12 @@ def race_answer(
     settings: RaceSettings,
     baseline_key: str,
     baseline_ppl: float | None,
-    unit: str | None = None,
     trust: Trust | None = None,
 ) -> Answer:
     """The answer of a race (see the module docstring). `baseline_ppl`: the plain model's mean perplexity at
-    the race's length (None before it has one); `unit`: what a replicate is called (the settings' where not given)."""
+    the race's length (None before it has one)."""
     words = Replicates.of(settings)
-    unit = unit or words.unit
+    unit = words.unit
     steps = state.level_steps or settings.target_steps
     at = words.at(steps)  # "at 2000 steps", or a frozen study's "on held-out windows"
     comparisons = {c.map_key: c for c in state.comparisons}
@@ -193,7 +192,9 @@ def _claim(
         else f"better than {PLAIN}"
     )
     return (
-        f"use {_map(settings.shown(key))}: {how}" + (f" ({interval})" if interval else "") + f", {count(n, unit)} {at}"
+        f"use {_map(settings.words.shown(key))}: {how}"
+        + (f" ({interval})" if interval else "")
+        + f", {count(n, unit)} {at}"
     )
 
 
@@ -208,7 +209,8 @@ def _closest(
     interval = interval_words(baseline_ppl, c.interval, settings.confidence, measure)
     paired = f", {c.units} paired" if c.units else ""
     return [
-        f"closest contender: {_map(settings.shown(c.map_key))} {side(measure.gain(baseline_ppl, diff), PLAIN, measure)}"
+        f"closest contender: {_map(settings.words.shown(c.map_key))} "
+        f"{side(measure.gain(baseline_ppl, diff), PLAIN, measure)}"
         + (f" ({interval})" if interval else "")
         + f" over {count(c.n, 'test ' + unit)}{paired}; status: {c.status}"
     ]
@@ -240,7 +242,7 @@ def _replicates(
     them (the screening one included), with the test ones the comparison used."""
     parts = []
     for p in state.front:
-        name = PLAIN if p.map_key == baseline_key else _map(settings.shown(p.map_key) if settings else p.map_key)
+        name = PLAIN if p.map_key == baseline_key else _map(Replicates.of(settings).shown(p.map_key))
         c = comparisons.get(p.map_key)
         tested = f" ({c.n} of them tested against {PLAIN})" if c is not None else ""
         parts.append(f"{name} {count(len(p.seeds), unit)}{tested}")
@@ -268,7 +270,7 @@ def judge_answer(state: RaceState, settings: RaceSettings, model: str, baseline_
         gain = measure.gain(base, c.mean_diff) if c.mean_diff is not None else math.nan
         if c.status in ("better", "worse"):
             lines.append(
-                f"{_map(settings.shown(c.map_key))} is {c.status} than {model} by {measure.amount(abs(gain))}"
+                f"{_map(settings.words.shown(c.map_key))} is {c.status} than {model} by {measure.amount(abs(gain))}"
                 + (f" ({interval})" if interval else "")
                 + f", {over} {words.at(state.level_steps)}"
             )
@@ -281,7 +283,7 @@ def judge_answer(state: RaceState, settings: RaceSettings, model: str, baseline_
         )
         measured = f"; measured {side(gain, model, measure)}" if math.isfinite(gain) else ""
         lines.append(
-            f"{_map(settings.shown(c.map_key))} is not distinguishable from {model}: {seen}{measured}"
+            f"{_map(settings.words.shown(c.map_key))} is not distinguishable from {model}: {seen}{measured}"
             + (f" ({interval})" if interval else "")
             + f", {over}"
         )

@@ -8,9 +8,10 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from ilr_search.analysis.pareto import non_dominated, non_dominated_ranks
+from ilr_search.analysis.replicates import Judged, Replicates
 from ilr_search.analysis.sequential import TestKind
 from ilr_search.analysis.stats import seed_interval
 from ilr_search.config import RacePolicy, SearchConfig, races
@@ -30,9 +31,6 @@ class Evaluation:
     seed: int
     val_loss: float | None
     scores: tuple[float, ...] = ()
-
-
-Judged = Literal["ppl", "answer", "accuracy"]  # what a race judges: perplexity, answer loss, accuracy on items
 
 
 @dataclass(frozen=True)
@@ -111,31 +109,25 @@ class RaceSettings:
     equal_compute: bool = False
     layer_param_share: float = 0.0  # one layer's parameters over the plain model's (a deeper model's size); 0: unknown
     # frozen: maps applied to pretrained weights and only evaluated (base and target 0 steps); a seed s is chunk s
-    # of the held-out windows or of the task items (training/frozen.py), and the race's words say so (RaceWords)
+    # of the held-out windows or of the task items (training/frozen.py), and the race's words say so (Replicates)
     frozen: bool = False
     judged: Judged = "ppl"  # what the losses are (Measure); accuracy: 0/1 a unit, tested by the exact sign test
     items: bool = False  # frozen: the chunks hold task items (else held-out windows)
     # judge (`ilr-search judge`): each comparison is also tested the other way, and decided "worse" when the
     # baseline is claimed better (instead of the futility rule)
     two_sided: bool = False
-    blocks: bool = False  # the study searches blocks only: a one-layer block is written block:I-I:R (map_key.as_block)
+    blocks: bool = False  # the study searches blocks only: a one-layer block is written block:I-I:R (Replicates.shown)
     # paired by unit: a claim needs the mean difference beyond this (nats of loss), so that a map equal to the
     # baseline but for float rounding is never claimed either way
     margin: float = 0.0
 
     @property
-    def words(self) -> RaceWords:
-        return RaceWords(self.frozen, self.items)
+    def words(self) -> Replicates:
+        return Replicates.of(self)
 
     @property
     def measure(self) -> Measure:
         return Measure(self.judged)
-
-    def shown(self, map_key: str) -> str:
-        """A map key as the study's texts write it (as_block in a study of blocks)."""
-        from ilr_search.training.schedule import as_block
-
-        return as_block(map_key) if self.blocks else map_key
 
     @property
     def binary(self) -> bool:
@@ -147,44 +139,6 @@ class RaceSettings:
         """Whether the race trains anything (config.races; the fixed race races on every seed of `seeds`)."""
         seeds = self.race_seeds if self.policy == "adaptive" else len(self.seeds)
         return races(self.base_steps, self.target_steps, seeds)
-
-
-@dataclass(frozen=True)
-class RaceWords:
-    """How a race's texts name its lengths and seeds: "at 2000 steps" and "4 seeds", or for a frozen race (no
-    training: a seed is a chunk of held-out windows, or of task items) "on held-out windows" and "4 window chunks"
-    ("on held-out items", "4 item chunks")."""
-
-    frozen: bool = False
-    items: bool = False
-
-    def at(self, steps: int) -> str:
-        if self.frozen:
-            return "on held-out items" if self.items else "on held-out windows"
-        return f"at {steps} steps"
-
-    @property
-    def unit(self) -> str:
-        """One replicate of a map, in the singular: a training seed, or a chunk of held-out windows or items."""
-        if self.frozen:
-            return "item chunk" if self.items else "window chunk"
-        return "seed"
-
-    @property
-    def paired(self) -> str:
-        """What a frozen race's differences are paired by: "window" or "item"."""
-        return "item" if self.items else "window"
-
-    def count(self, n: int, test: bool = False) -> str:
-        """`n` seeds (or window chunks); `test`: of the race's test ones."""
-        return f"{n} {'test ' if test else ''}{self.unit}{'s' if n != 1 else ''}"
-
-    def one(self, seed: int) -> str:
-        return f"{self.unit} {seed}"
-
-    @property
-    def plural(self) -> str:
-        return f"{self.unit}s"
 
 
 @dataclass(frozen=True)

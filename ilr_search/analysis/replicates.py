@@ -48,12 +48,6 @@ class Replicates:
             return cls()
         return cls(settings.frozen, settings.items, settings.judged, settings.blocks)
 
-    @classmethod
-    def called(cls, unit: str, judged: str = "ppl", blocks: bool = False) -> Replicates:
-        """From the name of its replicate (`seed`, or one of FROZEN_UNITS), as a run's StudyStarted event says it."""
-        score: Judged = "answer" if judged == "answer" else "accuracy" if judged == "accuracy" else "ppl"
-        return cls(unit != "seed", unit == FROZEN_UNITS[1], score, blocks)
-
     # -- a replicate and a length -------------------------------------------------------------------------------
 
     @property

@@ -387,7 +387,7 @@ class ConsoleReporter(events.RunReporter):
 
     @on.register
     def _study_started(self, event: events.StudyStarted) -> None:
-        self.words = Replicates.called(event.unit, event.judged, event.blocks)
+        self.words = event.words
         if self.study_task is not None:  # the workers' studies: the first one says it
             return
         self.print(

@@ -15,7 +15,7 @@ from typing import Any, Literal, cast
 
 import optuna
 
-from ilr_search.analysis.race_core import RaceWords
+from ilr_search.analysis.replicates import Replicates
 from ilr_search.analysis.results import finite_or_none, trained_by_map
 from ilr_search.commands.standard_checkpoint import (
     SAVE_FORMATS,
@@ -153,7 +153,7 @@ def default_map(view: StudySettingsView, trials: list[TrialRecord]) -> tuple[Map
     best = min(front, key=lambda p: (p.val_ppl, p.flops_ratio))
     trial = {t.number: t for t in trials}.get(best.trial) if best.trial is not None else None  # None: the baseline
     choice = Map.parse(best.map, view.space.model.n_layers).with_knobs(dict(trial.knobs) if trial is not None else {})
-    words = race.settings.words if race is not None else RaceWords()
+    words = Replicates.of(race.settings if race is not None else None)
     where = (
         f"the race's front {words.at(cast(int, best.steps))} (mean of {words.count(len(best.seeds))})"
         if best.beyond_proxy(view.space.train.steps)

@@ -75,9 +75,7 @@ def run_request(options: RunOptions) -> RunRequest:
         pruner=options.pruner,
         fuse=None if options.fuse is None else parse_fuse(options.fuse),
         workers=options.workers,
-        race_policy=options.race_policy,
-        max_seeds=options.max_seeds,
-        equal_compute=options.equal_compute,
+        asked_race=options.asked_race,
         learn=options.learn,
     )
 

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from ilr_search.analysis.replicates import Replicates
+
 if TYPE_CHECKING:  # the CLI draws these events without importing optuna
     from ilr_search.analysis.results import FrontRow
     from ilr_search.storage.trials import TrialRecord
@@ -22,20 +24,14 @@ RunKind = Literal["race", "audit"]
 
 @dataclass(frozen=True)
 class StudyStarted:
-    """A study's run begins: `unit` is what its replicate is called ("seed"; a frozen study's "window chunk" or
-    "item chunk"), `judged` what its losses are ("ppl", "answer", "accuracy": race_core.Measure)."""
+    """A study's run begins: `words` says what its replicates are (seeds, or a frozen study's chunks of windows
+    or items), what it judges and how it writes its maps (analysis/replicates.py)."""
 
     study: str
     n_trials: int  # finished trials the study goes to
     finished: int
     worker: int | None = None
-    unit: str = "seed"
-    judged: str = "ppl"
-    blocks: bool = False  # the study searches blocks only (its maps written block:I-J:R)
-
-    @property
-    def frozen(self) -> bool:
-        return self.unit != "seed"
+    words: Replicates = Replicates()
 
 
 @dataclass(frozen=True)

@@ -242,12 +242,6 @@ def foreign_answer(trials: Sequence[TrialRecord]) -> Answer:
     return unraced_answer("the study was not made by ilr-search (no race)", steps)
 
 
-def replicate_unit(settings: RaceSettings) -> str:
-    """What one replicate of a map is called in the study's answer: a training seed, or in a frozen study (no
-    training) a chunk of held-out windows (RaceWords)."""
-    return settings.words.unit
-
-
 def study_answer(
     study_attrs: Mapping[str, Any], settings: RaceSettings, results: Sequence[StoredResult], state: RaceState
 ) -> Answer:
@@ -256,7 +250,7 @@ def study_answer(
     was tested."""
     if not settings.races:
         return unraced_answer(
-            f"the race is off (one {replicate_unit(settings)} at the proxy's length, no test)", settings.base_steps
+            f"the race is off (one {settings.words.unit} at the proxy's length, no test)", settings.base_steps
         )
     steps = state.level_steps or settings.target_steps
     baseline = Map.baseline(int(study_attrs[CONFIG_ATTR]["model"]["n_layers"])).key
@@ -273,7 +267,7 @@ def study_answer(
     )
     if settings.two_sided:
         return judge_answer(state, settings, judged_model(study_attrs[CONFIG_ATTR]), baseline_ppl)
-    return race_answer(state, settings, baseline, baseline_ppl, replicate_unit(settings), trust)
+    return race_answer(state, settings, baseline, baseline_ppl, trust)
 
 
 def judged_model(config: Mapping[str, Any]) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,11 +104,10 @@ class RunRequest:
     # model) in one process. Asking for either on a resume changes the layout (commands/run.choose_layout).
     fuse: int | Literal["auto"] | None = None
     workers: int | None = None
-    # Race settings a resumed study keeps as it was made (plan.ADOPTED_RACE_FIELDS); None: the space's, or on
-    # resume the study's. One that differs from a resumed study's is refused.
-    race_policy: str | None = None
-    max_seeds: int | None = None
-    equal_compute: str | None = None
+    # The race settings this request asks for ({field: value}: race_policy, max_seeds, equal_compute, the ones
+    # given), which a resumed study keeps as it was made (plan.ADOPTED_RACE_FIELDS); one not given takes the
+    # space's, or on resume the study's. One that differs from a resumed study's is refused.
+    asked_race: Mapping[str, str | int] = dataclasses.field(default_factory=dict)
     # How the run uses the machine (processes, threads, fused group size), chosen by commands/run.run_study from
     # fuse and workers and stored with the study; None (the engine run directly): one process, `fuse` maps at once
     layout: StudyLayout | None = None
@@ -150,12 +149,6 @@ class RunRequest:
                 f"--fuse {self.fuse}: the fused trainer cannot train a pretrained model (--init); "
                 "its maps train one at a time (--fuse 1)"
             )
-
-    @property
-    def asked_race(self) -> dict[str, str | int]:
-        """The race settings this request asks for ({field: value}, the ones given)."""
-        asked = {"race_policy": self.race_policy, "max_seeds": self.max_seeds, "equal_compute": self.equal_compute}
-        return {k: v for k, v in asked.items() if v is not None}
 
     @property
     def asked_fuse(self) -> int | Literal["auto"]:
@@ -235,7 +228,7 @@ def planned_space(request: RunRequest) -> tuple[SpaceConfig, StudyPlan]:
     checked too (nothing is opened)."""
     # the flags given, as typed (validate_space checks their values in the space they make)
     chosen: dict[str, Any] = {k: v for k, v in (("sampler", request.sampler), ("pruner", request.pruner)) if v}
-    search = dataclasses.replace(request.space.search, **chosen | request.asked_race)
+    search = dataclasses.replace(request.space.search, **{**chosen, **request.asked_race})
     space = evaluation_only_space(dataclasses.replace(request.space, search=search), request)
     validate_space(space)
     check_search_objective(space)
@@ -263,7 +256,7 @@ def evaluation_only_space(space: SpaceConfig, request: RunRequest) -> SpaceConfi
             f"--pruner {request.pruner} cannot prune a frozen search (--train-steps 0): each trial "
             "is one evaluation, with no early perplexity to prune on; drop --pruner"
         )
-    if request.equal_compute == "depth":
+    if request.asked_race.get("equal_compute") == "depth":
         raise UserInputError(
             "--equal-compute depth needs training: a frozen search (--train-steps 0) has no deeper "
             "plain model of the checkpoint to compare with; drop --equal-compute"
@@ -535,18 +528,7 @@ def _run_in_process(
         fuse=fuse,
     )
     finished = _n_finished(study)
-    settings_of_race = race_settings(plan.config)
-    words = settings_of_race.words
-    reporter.on(
-        StudyStarted(
-            plan.name,
-            n_trials,
-            finished,
-            unit=words.unit,
-            judged=settings_of_race.judged,
-            blocks=settings_of_race.blocks,
-        )
-    )
+    reporter.on(StudyStarted(plan.name, n_trials, finished, words=race_settings(plan.config).words))
     if request.learn and LEARNED_ATTR in study.user_attrs:
         reporter.on(Message(learned_line(study.user_attrs[LEARNED_ATTR])))
     interrupted = False
