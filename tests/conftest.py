@@ -154,6 +154,55 @@ def raced_study(tmp_path_factory, token_cache, worker_id) -> RacedStudy:
     return RacedStudy(root, root / "race.toml", root / "db" / "raced.db", "raced", summary)
 
 
+# The fused raced study's space: a narrow model, 12-step proxies and two validation windows (the numbers its tests
+# compare need no size); 4 trials fused two at a time (K = 2: on several cores they train in lanes), one baseline
+# seed of reference runs, raced at the target (2x) on 2 seeds and up to 3.
+FUSED_RACE = {
+    "search": {"fuse": 2, "n_trials": 4, "noise_seeds": 1, "target": 2.0, "race_seeds": 2, "max_seeds": 3},
+    "model": {"d_model": 16, "seq_len": 32},
+    "train": {"steps": 12, "eval_windows": 2},
+}
+FUSED_RACE_BUDGET = "2x"
+QUIET_LOAD = (0.0, 0.0, 0.0)  # the load average the fused raced study was run at
+
+
+@dataclass(frozen=True)
+class FusedRacedStudy:
+    """A finished study of the FUSED_RACE space, run by `run --space S --budget 2x --study fused --storage URL
+    --json` in `root / "cli"` on the machine's cores at a quiet load average (os.getloadavg QUIET_LOAD): its space,
+    SQLite file, study name and the command's stdout (`run --json`). Tests only read it."""
+
+    root: Path
+    space: Path
+    db: Path
+    study: str
+    summary: dict
+
+
+def _build_fused_raced_study(root: Path, token_cache: Path) -> None:
+    from helpers import run_args
+
+    space = write_space(root / "space.toml", **FUSED_RACE)
+    (root / "cli").mkdir()
+    args = run_args(space, root / "cli" / "study.db", "fused", budget=FUSED_RACE_BUDGET)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(os, "getloadavg", lambda: QUIET_LOAD)
+        proc = run_cli(args, root / "cli", {"ILR_SEARCH_CACHE": str(token_cache)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (root / "summary.json").write_text(proc.stdout, encoding="utf-8")
+
+
+@pytest.fixture(scope="session")
+def fused_raced_study(tmp_path_factory, token_cache, worker_id) -> FusedRacedStudy:
+    """One real study of the FUSED_RACE space, built once for the whole test run (built_once): the CLI's side of
+    test_api_equals_cli.py and the quiet run of test_layout.py's busy spell."""
+    root = built_once(
+        tmp_path_factory, worker_id, "fused-raced-study", lambda r: _build_fused_raced_study(r, token_cache)
+    )
+    summary = json.loads((root / "summary.json").read_text(encoding="utf-8"))
+    return FusedRacedStudy(root, root / "space.toml", root / "cli" / "study.db", "fused", summary)
+
+
 TRAINED_MAP = [2, 2, 1, 1]  # the map recurrent_checkpoint was trained with
 PRETRAIN_STEPS = 300
 
