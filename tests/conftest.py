@@ -249,9 +249,13 @@ def _train_recurrent_checkpoint(root: Path) -> None:
 
 
 @pytest.fixture(scope="session")
-def token_cache(tmp_path_factory) -> Path:
-    """One token cache for the whole session (the embedded corpus is tokenized once)."""
-    path = tmp_path_factory.mktemp("token-cache")
+def token_cache(tmp_path_factory, worker_id) -> Path:
+    """One token cache for the whole test run, under xdist shared by all workers (each corpus and tokenizer is
+    tokenized once, not once on every worker; data/tokens.py writes an entry atomically, so two workers that
+    tokenize the same one at once leave one whole entry)."""
+    base = tmp_path_factory.getbasetemp()
+    path = (base if worker_id == "master" else base.parent) / "token-cache"
+    path.mkdir(exist_ok=True)
     os.environ["ILR_SEARCH_CACHE"] = str(path)
     return path
 
