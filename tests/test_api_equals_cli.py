@@ -6,6 +6,7 @@ import math
 import os
 from pathlib import Path
 
+import pytest
 from conftest import FUSED_RACE_BUDGET, QUIET_LOAD
 
 from ilr_search.commands.run import RunRequest, run_study
@@ -59,6 +60,7 @@ def stored(db: Path, name: str) -> dict:
     return untimed({"attrs": study.user_attrs, "trials": trials, "race": race, "curves": curves})
 
 
+@pytest.mark.slow
 def test_the_api_and_the_cli_store_the_same_study(fused_raced_study, tmp_path, monkeypatch):
     # the CLI's study is the session's fused raced study (conftest.FUSED_RACE: fused K = 2, raced at 2x, a narrow
     # model, 12-step proxies and two validation windows: the comparison is to the last digit at any size), run at a
