@@ -3,15 +3,11 @@ study from one space: the same layout, trials, curves, reference runs and race, 
 its maps (K = 2) and races, the two settings where the API once trained another study than the CLI."""
 
 import math
-import os
 from pathlib import Path
 
 import pytest
-from conftest import FUSED_RACE_BUDGET, QUIET_LOAD
 
-from ilr_search.commands.run import RunRequest, run_study
 from ilr_search.search.studies import open_study
-from ilr_search.space import load_space
 from ilr_search.storage import open_store, parse_storage, study_storage
 
 TIMINGS = (
@@ -61,21 +57,13 @@ def stored(db: Path, name: str) -> dict:
 
 
 @pytest.mark.slow
-def test_the_api_and_the_cli_store_the_same_study(fused_raced_study, tmp_path, monkeypatch):
-    # the CLI's study is the session's fused raced study (conftest.FUSED_RACE: fused K = 2, raced at 2x, a narrow
-    # model, 12-step proxies and two validation windows: the comparison is to the last digit at any size), run at a
-    # quiet load average; the API runs the same space and budget here under the same load average
-    cli = fused_raced_study
-    monkeypatch.setattr(os, "getloadavg", lambda: QUIET_LOAD)
-    (tmp_path / "api").mkdir()
-    api_db = tmp_path / "api" / "study.db"
-    monkeypatch.chdir(tmp_path / "api")  # its checkpoints under its own folder, as the CLI's under its own
-    report = run_study(
-        RunRequest(load_space(str(cli.space)), FUSED_RACE_BUDGET, study_name=cli.study, storage=f"sqlite:///{api_db}")
-    )
-
-    cli_study, api_study = stored(cli.db, cli.study), stored(api_db, cli.study)
+def test_the_api_and_the_cli_store_the_same_study(fused_raced_study, fused_raced_study_by_api):
+    # the session's fused raced study (conftest.FUSED_RACE: fused K = 2, raced at 2x, a narrow model, 12-step
+    # proxies and two validation windows: the comparison is to the last digit at any size) as `run` made it at a
+    # quiet load average and as the API made it from the same space file and budget at a busy one
+    cli, api = fused_raced_study, fused_raced_study_by_api
+    cli_study, api_study = stored(cli.db, cli.study), stored(api.db, api.study)
     assert cli_study["race"], "the space races: the comparison covers the race"
     assert any(t["state"] == "COMPLETE" for t in api_study["trials"])
     assert not differences(cli_study, api_study), differences(cli_study, api_study)[:20]
-    assert report.answer.line == cli.summary["answer"]
+    assert api.answer == cli.summary["answer"]  # the API report's answer line, the line `run --json` gives

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import FUSED_RACE_BUDGET, NO_REFERENCES, QUIET_LOAD, write_space
+from conftest import BUSY_LOAD, NO_REFERENCES, QUIET_LOAD, write_space
 from helpers import run_args
 
 from ilr_search.commands.layout import process_threads, race_processes, trial_lanes, usable_cores
@@ -15,8 +15,8 @@ from ilr_search.commands.run import RunOptions, choose_layout, run_request
 from ilr_search.search.plan import LAYOUT_ATTR, PhaseLayout, StudyLayout, stored_layout, stored_layouts
 from ilr_search.space import load_space
 
-BUSY = (6.0, 6.0, 6.0)  # a load average well above any core count here
-QUIET = (0.0, 0.0, 0.0)
+BUSY = BUSY_LOAD  # a load average well above any core count here
+QUIET = QUIET_LOAD
 
 
 def layout_at(load: tuple[float, float, float], monkeypatch, space: Path | None, **flags) -> StudyLayout:
@@ -85,31 +85,27 @@ def trial_values(db: Path, study: str = "layout") -> list[tuple]:
 
 
 @pytest.mark.slow
-def test_a_busy_spell_before_a_run_changes_none_of_its_numbers(fused_raced_study, cli, tmp_path, monkeypatch):
-    # the quiet run is the session's fused raced study (conftest.FUSED_RACE: K = 2, so on several cores the trials
-    # train in lanes; raced at 2x; a narrow model, few validation windows: the numbers compared need no size), run
-    # at QUIET; the same command runs here at BUSY
-    quiet = fused_raced_study
-    assert QUIET_LOAD == QUIET
+def test_a_busy_spell_before_a_run_changes_none_of_its_numbers(fused_raced_study, fused_raced_study_by_api):
+    # the session's fused raced study (conftest.FUSED_RACE: K = 2, so on several cores the trials train in lanes;
+    # raced at 2x; a narrow model, few validation windows: the numbers compared need no size), run at QUIET (by
+    # `run`) and at BUSY (by the API, which test_api_equals_cli.py holds to the CLI's study)
+    quiet, busy = fused_raced_study, fused_raced_study_by_api
+    assert (quiet.load, busy.load) == (QUIET, BUSY)
     space = load_space(str(quiet.space))
     batch, seq = space.train.batch_size, space.model.seq_len
-    monkeypatch.setattr(os, "getloadavg", lambda: BUSY)
-    busy_db = tmp_path / "busy.db"
-    busy = cli(*run_args(quiet.space, busy_db, quiet.study, budget=FUSED_RACE_BUDGET), check=True)
-    summaries = {"busy": json.loads(busy.stdout), "quiet": quiet.summary}
-    dbs = {"busy": busy_db, "quiet": quiet.db}
+    summaries = {"busy": busy.summary, "quiet": quiet.summary}
     assert summaries["busy"]["layout"] == summaries["quiet"]["layout"]
     assert summaries["quiet"]["layout"]["trials"]["lanes"] == min(usable_cores(), 2)
-    assert trial_values(dbs["busy"], quiet.study) == trial_values(dbs["quiet"], quiet.study)
-    busy_runs = race_runs(dbs["busy"], quiet.study)
-    assert busy_runs and busy_runs == race_runs(dbs["quiet"], quiet.study)
+    assert trial_values(busy.db, busy.study) == trial_values(quiet.db, quiet.study)
+    busy_runs = race_runs(busy.db, busy.study)
+    assert busy_runs and busy_runs == race_runs(quiet.db, quiet.study)
     assert summaries["busy"]["verdict"] == summaries["quiet"]["verdict"]
     phases = summaries["quiet"]["phases"]
     assert [p["phase"] for p in phases][0] == "trials" and "screen" in [p["phase"] for p in phases]
     for p in phases:
         assert set(p) == {"phase", "wall_seconds", "tokens", "tokens_per_second", "cpu_seconds", "cpu_percent"}
         assert p["wall_seconds"] > 0 and p["cpu_seconds"] >= 0
-    trial_tokens = sum(t[5] or 0 for t in trial_values(dbs["quiet"], quiet.study)) * batch * seq
+    trial_tokens = sum(t[5] or 0 for t in trial_values(quiet.db, quiet.study)) * batch * seq
     assert phases[0]["tokens"] == trial_tokens
     references = [p["tokens"] for p in phases if p["phase"] == "references"]
     assert references == [summaries["quiet"]["reference_steps"] * batch * seq]
