@@ -154,6 +154,97 @@ def raced_study(tmp_path_factory, token_cache, worker_id) -> RacedStudy:
     return RacedStudy(root, root / "race.toml", root / "db" / "raced.db", "raced", summary)
 
 
+# The fused raced study's space: a narrow model, 12-step proxies and two validation windows (the numbers its tests
+# compare need no size); 4 trials fused two at a time (K = 2: on several cores they train in lanes), one baseline
+# seed of reference runs, raced at the target (2x) on 2 seeds and up to 3.
+FUSED_RACE = {
+    "search": {"fuse": 2, "n_trials": 4, "noise_seeds": 1, "target": 2.0, "race_seeds": 2, "max_seeds": 3},
+    "model": {"d_model": 16, "seq_len": 32},
+    "train": {"steps": 12, "eval_windows": 2},
+}
+FUSED_RACE_BUDGET = "2x"
+QUIET_LOAD = (0.0, 0.0, 0.0)  # the load average the CLI's fused raced study was run at
+BUSY_LOAD = (6.0, 6.0, 6.0)  # the API's: well above any core count here
+
+
+@dataclass(frozen=True)
+class FusedRacedStudy:
+    """A finished study "fused" of the FUSED_RACE space at budget 2x, on the machine's cores, under os.getloadavg
+    patched to `load`, in its own folder: its space file, SQLite file, the `run --json` summary (or the API
+    report's to_json(), as `run --json` prints it) and the answer line. Tests only read it."""
+
+    space: Path
+    db: Path
+    study: str
+    summary: dict
+    answer: str
+    load: tuple[float, float, float]
+
+
+def _fused_raced_study(root: Path, load: tuple[float, float, float]) -> FusedRacedStudy:
+    summary = json.loads((root / "summary.json").read_text(encoding="utf-8"))
+    answer = (root / "answer.txt").read_text(encoding="utf-8")
+    return FusedRacedStudy(root / "space.toml", root / "run" / "study.db", "fused", summary, answer, load)
+
+
+def _build_fused_raced_study_by_cli(root: Path, token_cache: Path) -> None:
+    from helpers import run_args
+
+    space = write_space(root / "space.toml", **FUSED_RACE)
+    (root / "run").mkdir()
+    args = run_args(space, root / "run" / "study.db", "fused", budget=FUSED_RACE_BUDGET)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(os, "getloadavg", lambda: QUIET_LOAD)
+        proc = run_cli(args, root / "run", {"ILR_SEARCH_CACHE": str(token_cache)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (root / "summary.json").write_text(proc.stdout, encoding="utf-8")
+    (root / "answer.txt").write_text(json.loads(proc.stdout)["answer"], encoding="utf-8")
+
+
+def _build_fused_raced_study_by_api(root: Path, space: Path) -> None:
+    from ilr_search.commands.run import RunRequest, run_study
+    from ilr_search.space import load_space
+
+    shutil.copyfile(space, root / "space.toml")
+    (root / "run").mkdir()
+    request = RunRequest(
+        load_space(str(root / "space.toml")),
+        FUSED_RACE_BUDGET,
+        study_name="fused",
+        storage=f"sqlite:///{root / 'run' / 'study.db'}",
+    )
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(os, "getloadavg", lambda: BUSY_LOAD)
+        m.chdir(root / "run")  # its checkpoints under its own folder, as the CLI's under its own
+        report = run_study(request)
+    (root / "summary.json").write_text(json.dumps(report.to_json(), default=float), encoding="utf-8")
+    (root / "answer.txt").write_text(report.answer.line, encoding="utf-8")
+
+
+@pytest.fixture(scope="session")
+def fused_raced_study(tmp_path_factory, token_cache, worker_id) -> FusedRacedStudy:
+    """The fused raced study as `ilr-search run --space S --budget 2x --study fused --storage URL --json` makes
+    it, at a quiet load average (QUIET_LOAD); built once for the whole test run (built_once)."""
+    root = built_once(
+        tmp_path_factory, worker_id, "fused-raced-cli", lambda r: _build_fused_raced_study_by_cli(r, token_cache)
+    )
+    return _fused_raced_study(root, QUIET_LOAD)
+
+
+@pytest.fixture(scope="session")
+def fused_raced_study_by_api(tmp_path_factory, token_cache, worker_id, fused_raced_study) -> FusedRacedStudy:
+    """The same study as the Python API makes it (commands/run.run_study, as README shows it), from the same space
+    file and budget, at a busy load average (BUSY_LOAD); built once for the whole test run (built_once).
+    test_api_equals_cli.py compares it with the CLI's, test_layout.py's busy spell its numbers with the quiet run's."""
+    root = built_once(
+        tmp_path_factory,
+        worker_id,
+        "fused-raced-api",
+        lambda r: _build_fused_raced_study_by_api(r, fused_raced_study.space),
+    )
+    return _fused_raced_study(root, BUSY_LOAD)
+
+
 TRAINED_MAP = [2, 2, 1, 1]  # the map recurrent_checkpoint was trained with
 PRETRAIN_STEPS = 300
 
@@ -200,9 +291,13 @@ def _train_recurrent_checkpoint(root: Path) -> None:
 
 
 @pytest.fixture(scope="session")
-def token_cache(tmp_path_factory) -> Path:
-    """One token cache for the whole session (the embedded corpus is tokenized once)."""
-    path = tmp_path_factory.mktemp("token-cache")
+def token_cache(tmp_path_factory, worker_id) -> Path:
+    """One token cache for the whole test run, under xdist shared by all workers (each corpus and tokenizer is
+    tokenized once, not once on every worker; data/tokens.py writes an entry atomically, so two workers that
+    tokenize the same one at once leave one whole entry)."""
+    base = tmp_path_factory.getbasetemp()
+    path = (base if worker_id == "master" else base.parent) / "token-cache"
+    path.mkdir(exist_ok=True)
     os.environ["ILR_SEARCH_CACHE"] = str(path)
     return path
 

@@ -2,15 +2,12 @@
 study from one space: the same layout, trials, curves, reference runs and race, to the last digit. The space fuses
 its maps (K = 2) and races, the two settings where the API once trained another study than the CLI."""
 
-import json
 import math
 from pathlib import Path
 
-from conftest import run_cli, write_space
+import pytest
 
-from ilr_search.commands.run import RunRequest, run_study
 from ilr_search.search.studies import open_study
-from ilr_search.space import load_space
 from ilr_search.storage import open_store, parse_storage, study_storage
 
 TIMINGS = (
@@ -59,40 +56,14 @@ def stored(db: Path, name: str) -> dict:
     return untimed({"attrs": study.user_attrs, "trials": trials, "race": race, "curves": curves})
 
 
-def test_the_api_and_the_cli_store_the_same_study(tmp_path, token_cache, monkeypatch):
-    # a narrow model, 12-step proxies and two validation windows: the comparison is to the last digit at any size
-    space = write_space(
-        tmp_path / "space.toml",
-        search={"fuse": 2, "n_trials": 4, "noise_seeds": 1, "target": 2.0, "race_seeds": 2, "max_seeds": 3},
-        model={"d_model": 16, "seq_len": 32},
-        train={"steps": 12, "eval_windows": 2},
-    )
-    (tmp_path / "cli").mkdir()
-    (tmp_path / "api").mkdir()
-    cli_db, api_db = tmp_path / "cli" / "study.db", tmp_path / "api" / "study.db"
-    proc = run_cli(
-        [
-            "run",
-            "--space",
-            str(space),
-            "--budget",
-            "2x",
-            "--study",
-            "same",
-            "--storage",
-            f"sqlite:///{cli_db}",
-            "--json",
-        ],
-        tmp_path / "cli",
-        {"ILR_SEARCH_CACHE": str(token_cache)},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-
-    monkeypatch.chdir(tmp_path / "api")  # its checkpoints under its own folder, as the CLI's under its own
-    report = run_study(RunRequest(load_space(str(space)), "2x", study_name="same", storage=f"sqlite:///{api_db}"))
-
-    cli_study, api_study = stored(cli_db, "same"), stored(api_db, "same")
+@pytest.mark.slow
+def test_the_api_and_the_cli_store_the_same_study(fused_raced_study, fused_raced_study_by_api):
+    # the session's fused raced study (conftest.FUSED_RACE: fused K = 2, raced at 2x, a narrow model, 12-step
+    # proxies and two validation windows: the comparison is to the last digit at any size) as `run` made it at a
+    # quiet load average and as the API made it from the same space file and budget at a busy one
+    cli, api = fused_raced_study, fused_raced_study_by_api
+    cli_study, api_study = stored(cli.db, cli.study), stored(api.db, api.study)
     assert cli_study["race"], "the space races: the comparison covers the race"
     assert any(t["state"] == "COMPLETE" for t in api_study["trials"])
     assert not differences(cli_study, api_study), differences(cli_study, api_study)[:20]
-    assert report.answer.line == json.loads(proc.stdout)["answer"]
+    assert api.answer == cli.summary["answer"]  # the API report's answer line, the line `run --json` gives

@@ -327,9 +327,28 @@ def test_a_mysql_storage_without_its_driver_names_a_mysql_driver(cli):
     assert "mysqlclient" in proc.stderr and "postgres" not in proc.stderr.lower()
 
 
-def in_terminal(args: list[str], columns: int, cwd, env: dict) -> str:
-    """What `python -m ilr_search ARGS` prints on stdout in a real pseudo-terminal `columns` wide (COLUMNS set and
-    the window size too); stderr goes to a pipe."""
+# Run in one `python` process: ilr_search's entry point on each argv in turn (a failed one ends the process with its
+# exit code), each command's output followed by a line of its own.
+COMMANDS_IN_TURN = """
+import json, sys
+from ilr_search.cli.main import main
+commands, end = json.loads(sys.argv[1]), sys.argv[2]
+for args in commands:
+    sys.argv = ["ilr-search", *args]
+    try:
+        main()
+    except SystemExit as e:
+        if e.code not in (0, None):
+            raise
+    print(end, flush=True)
+"""
+END_OF_COMMAND = "-- end of command --"
+
+
+def in_terminal(commands: list[list[str]], columns: int, cwd, env: dict) -> list[str]:
+    """What `ilr-search ARGS` prints on stdout for each of `commands` (argument lists), run one after another by
+    its entry point in one process in a real pseudo-terminal `columns` wide (COLUMNS set and the window size too);
+    stderr goes to a pipe."""
     import fcntl
     import pty
     import struct
@@ -338,7 +357,7 @@ def in_terminal(args: list[str], columns: int, cwd, env: dict) -> str:
     main, secondary = pty.openpty()
     fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ilr_search", *args],
+        [sys.executable, "-c", COMMANDS_IN_TURN, json.dumps(commands), END_OF_COMMAND],
         stdin=subprocess.DEVNULL,
         stdout=secondary,
         stderr=subprocess.PIPE,
@@ -358,7 +377,10 @@ def in_terminal(args: list[str], columns: int, cwd, env: dict) -> str:
     _, stderr = proc.communicate(timeout=HANG_SECONDS)
     os.close(main)
     assert proc.returncode == 0, stderr.decode()[-2000:]
-    return re.sub(r"\x1b\[[0-9;]*m", "", b"".join(chunks).decode().replace("\r\n", "\n"))  # no colours
+    text = re.sub(r"\x1b\[[0-9;]*m", "", b"".join(chunks).decode().replace("\r\n", "\n"))  # no colours
+    outputs = text.split(END_OF_COMMAND + "\n")
+    assert len(outputs) == len(commands) + 1 and outputs[-1] == "", text
+    return outputs[:-1]
 
 
 @pytest.fixture(scope="module")
@@ -398,10 +420,9 @@ def eight_layer_study(tmp_path_factory, token_cache):
 def test_tables_in_a_terminal_keep_the_study_name_and_maps_whole(eight_layer_study, columns):
     root, db, env, study, maps = eight_layer_study
     assert len(study) >= 36 and all(len(m) == 15 for m in maps)
-    texts = {
-        command: in_terminal([command, "--storage", f"sqlite:///{db}"], columns, root, env)
-        for command in ("studies", "trials", "pareto")
-    }
+    commands = ("studies", "trials", "pareto")
+    outputs = in_terminal([[command, "--storage", f"sqlite:///{db}"] for command in commands], columns, root, env)
+    texts = dict(zip(commands, outputs, strict=True))
     for command, text in texts.items():
         lines = text.splitlines()
         assert max(len(line) for line in lines if line[:1] in "┏┃┡│└") <= columns, text  # (a verdict line soft-wraps)

@@ -46,7 +46,9 @@ def test_dry_run_plans_and_estimates_without_writing(cli, tmp_path, token_cache)
 @pytest.mark.slow
 def test_dry_run_does_not_create_a_study_in_an_existing_storage(cli, tmp_path):
     url = f"sqlite:///{tmp_path / 'r.db'}"
-    optuna.create_study(study_name="other", storage=url)
+    # another program's study, with a trial: refused at once (with no trial, `run` first waits 10 s for the
+    # configuration that a worker which has just made the study may be about to store; search/plan.check_resume)
+    optuna.create_study(study_name="other", storage=url).add_trial(optuna.trial.create_trial(value=0.0))
     space = write_space(tmp_path / "space.toml", search=NO_REFERENCES)
     size = (tmp_path / "r.db").stat().st_size
     proc = cli(

@@ -48,6 +48,7 @@ def frozen_run(cli, tmp_path: Path, checkpoint: Path, *extra: str):
     return proc, db
 
 
+@pytest.mark.slow
 def test_a_frozen_search_finds_the_map_the_checkpoint_was_trained_with(cli, tmp_path, checkpoint):
     proc, _ = frozen_run(cli, tmp_path, checkpoint)
     assert proc.returncode == 0, proc.stderr
@@ -93,6 +94,7 @@ def test_a_frozen_search_finds_the_map_the_checkpoint_was_trained_with(cli, tmp_
         print(key, {s: round(v, 4) for (k, s), v in sorted(results.items()) if k == key})
 
 
+@pytest.mark.slow
 def test_a_resume_with_another_checkpoint_is_refused(cli, tmp_path, checkpoint):
     import shutil
 

@@ -16,6 +16,7 @@ pytestmark = pytest.mark.usefixtures("one_usable_core")
 FORBIDDEN = (r"seed", r"training", r"\b0x\b", r"proxy", r"\b0 steps")  # 1.00x is a FLOPs ratio, not a length
 
 
+@pytest.mark.slow
 def test_a_frozen_runs_output_has_no_training_words(cli, tmp_path, recurrent_checkpoint):
     space = write_space(
         tmp_path / "words.toml",

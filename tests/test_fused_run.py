@@ -122,12 +122,12 @@ def test_bad_fuse_exits_2_with_one_error_line_and_changes_nothing(cli, tmp_path,
 def test_reference_runs_trained_fused_equal_those_trained_one_at_a_time(cli, tmp_path):
     """The baseline's extra seeds and the second seed, trained as one fused group with --fuse 3, give the
     single runs' validation curves (the fused trainer's tolerance); the trials are the same fixed maps."""
-    # a narrow model, two validation windows: the equality compared needs no size
+    # a narrow model, 12-step proxies, two validation windows: the equality compared needs no size
     space = write_space(
         tmp_path / "refs.toml",
         search={"families": ["ilr"]},
         model={"d_model": 16, "seq_len": 32},
-        train={"eval_windows": 2},
+        train={"steps": 12, "eval_windows": 2},
     )
     references = {}
     for fuse in ("1", "3"):

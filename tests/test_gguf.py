@@ -133,6 +133,7 @@ FROZEN = {
 }
 
 
+@pytest.mark.slow
 def test_a_frozen_study_of_a_gguf_file_refuses_another_file_at_the_same_path(cli, tmp_path, one_usable_core):
     """The study records the file's digest: the same path holding another file is another checkpoint. A
     quantized file's note is said once in the run's output."""
@@ -201,6 +202,7 @@ def test_without_the_gguf_package_one_line_says_what_to_install(cli, tmp_path, f
     refused(cli, tmp_path, str(file), "needs gguf", "pip install 'ilr-search[gguf]'")
 
 
+@pytest.mark.slow
 def test_a_gguf_studys_mergekit_config_names_its_converted_folder_and_mergekit_builds_it(
     cli, tmp_path, files, one_usable_core
 ):

@@ -181,6 +181,7 @@ def test_answer_scores_are_each_items_answer_loss_on_the_transformers_model(
             assert chunk.val_loss == pytest.approx(chunk.nats / chunk.tokens)
 
 
+@pytest.mark.slow
 def test_a_frozen_answer_study_races_by_item_and_says_answer_loss(cli, tmp_path, recurrent_checkpoint):
     """Answer rows far fewer than one held-out window of text are scored item by item: the race pairs by item and
     says "answer loss" and "item chunk", never perplexity or windows."""
@@ -283,6 +284,7 @@ def choice_run(cli, tmp_path: Path, checkpoint: Path, items: Path, *extra: str, 
     ), db
 
 
+@pytest.mark.slow
 def test_a_frozen_choice_study_races_by_item_and_says_accuracy(cli, tmp_path, recurrent_checkpoint):
     items = write_choice_items(tmp_path / "items.jsonl", n=96)
     proc, db = choice_run(cli, tmp_path, recurrent_checkpoint, items)

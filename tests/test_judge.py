@@ -72,6 +72,7 @@ def judged(recurrent_checkpoint, tmp_path_factory, token_cache):
     return root, args, proc
 
 
+@pytest.mark.slow
 def test_judge_claims_the_map_the_checkpoint_was_trained_with_and_nothing_it_cannot_tell(judged):
     root, _, proc = judged
     summary = json.loads(proc.stdout)
@@ -97,6 +98,7 @@ def test_judge_claims_the_map_the_checkpoint_was_trained_with_and_nothing_it_can
         assert word not in " ".join([answer, *details]), word
 
 
+@pytest.mark.slow
 def test_the_same_judge_command_resumes_with_nothing_to_evaluate(judged, token_cache):
     from conftest import run_cli
 
@@ -108,6 +110,7 @@ def test_the_same_judge_command_resumes_with_nothing_to_evaluate(judged, token_c
     assert json.loads(again.stdout)["answer"] == json.loads(first.stdout)["answer"]
 
 
+@pytest.mark.slow
 def test_a_judged_study_is_read_by_trials_pareto_and_studies(judged, token_cache):
     from conftest import run_cli
 
@@ -160,6 +163,7 @@ def test_bad_judge_requests_are_one_error_line(cli, tmp_path, recurrent_checkpoi
     assert words in proc.stderr and not db.exists()
 
 
+@pytest.mark.slow
 def test_the_export_carries_each_chunks_scores_by_unit(judged, token_cache):
     """Each frozen race run's per-window scores leave with the export, in the order the race paired them: their
     mean is the run's loss, and runs of one chunk are paired unit by unit."""

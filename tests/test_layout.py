@@ -7,15 +7,16 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import NO_REFERENCES, write_space
+from conftest import BUSY_LOAD, NO_REFERENCES, QUIET_LOAD, write_space
 from helpers import run_args
 
 from ilr_search.commands.layout import process_threads, race_processes, trial_lanes, usable_cores
 from ilr_search.commands.run import RunOptions, choose_layout, run_request
 from ilr_search.search.plan import LAYOUT_ATTR, PhaseLayout, StudyLayout, stored_layout, stored_layouts
+from ilr_search.space import load_space
 
-BUSY = (6.0, 6.0, 6.0)  # a load average well above any core count here
-QUIET = (0.0, 0.0, 0.0)
+BUSY = BUSY_LOAD  # a load average well above any core count here
+QUIET = QUIET_LOAD
 
 
 def layout_at(load: tuple[float, float, float], monkeypatch, space: Path | None, **flags) -> StudyLayout:
@@ -66,66 +67,50 @@ def test_a_study_layout_round_trips_through_its_stored_form():
     assert layout.describe() == "trials 1 process x 2 lanes x 1 thread, K = 4; race 2 processes x 1 thread, K = 4"
 
 
-def race_runs(db: Path) -> list[tuple]:
+def race_runs(db: Path, study: str = "layout") -> list[tuple]:
     from ilr_search.storage import open_store, parse_storage
 
-    store = open_store(parse_storage(f"sqlite:///{db}"), "layout", read_only=True)
+    store = open_store(parse_storage(f"sqlite:///{db}"), study, read_only=True)
     return sorted(
         (r.job.map_key, r.job.seed, r.steps, r.state, r.val_loss, r.val_ppl, r.curve) for r in store.race_runs()
     )
 
 
-def trial_values(db: Path) -> list[tuple]:
-    study = optuna.load_study(study_name="layout", storage=f"sqlite:///{db}")
+def trial_values(db: Path, study: str = "layout") -> list[tuple]:
+    study_ = optuna.load_study(study_name=study, storage=f"sqlite:///{db}")
     return [
         (t.number, t.state, t.params, t.values, t.user_attrs.get("val_ppl"), t.user_attrs.get("steps"))
-        for t in study.trials
+        for t in study_.trials
     ]
 
 
 @pytest.mark.slow
-def test_a_busy_spell_before_a_run_changes_none_of_its_numbers(cli, tmp_path, monkeypatch):
-    batch, seq = 8, 32  # a narrow model, few validation windows: the numbers compared need no size
-    space = write_space(
-        tmp_path / "tiny.toml",
-        search=NO_REFERENCES,
-        model={"d_model": 16, "seq_len": seq},
-        train={"steps": 12, "batch_size": batch, "eval_windows": 2},
-    )
-    race = (
-        "--target",
-        "2x",
-        "--race-policy",
-        "adaptive",
-        "--race-seeds",
-        "2",
-        "--max-seeds",
-        "3",
-        "--equal-compute",
-        "off",
-        "--fuse",
-        "2",
-    )  # K = 2: on several cores the trials train in lanes
-    summaries = {}
-    for name, load in (("busy", BUSY), ("quiet", QUIET)):
-        monkeypatch.setattr(os, "getloadavg", lambda load=load: load)
-        summaries[name] = json.loads(
-            cli(*run_args(space, tmp_path / f"{name}.db", "layout", *race, n_trials=3), check=True).stdout
-        )
+def test_a_busy_spell_before_a_run_changes_none_of_its_numbers(fused_raced_study, fused_raced_study_by_api):
+    # the session's fused raced study (conftest.FUSED_RACE: K = 2, so on several cores the trials train in lanes;
+    # raced at 2x; a narrow model, few validation windows: the numbers compared need no size), run at QUIET (by
+    # `run`) and at BUSY (by the API, which test_api_equals_cli.py holds to the CLI's study)
+    quiet, busy = fused_raced_study, fused_raced_study_by_api
+    assert (quiet.load, busy.load) == (QUIET, BUSY)
+    space = load_space(str(quiet.space))
+    batch, seq = space.train.batch_size, space.model.seq_len
+    summaries = {"busy": busy.summary, "quiet": quiet.summary}
     assert summaries["busy"]["layout"] == summaries["quiet"]["layout"]
     assert summaries["quiet"]["layout"]["trials"]["lanes"] == min(usable_cores(), 2)
-    assert trial_values(tmp_path / "busy.db") == trial_values(tmp_path / "quiet.db")
-    busy_runs = race_runs(tmp_path / "busy.db")
-    assert busy_runs and busy_runs == race_runs(tmp_path / "quiet.db")
+    assert trial_values(busy.db, busy.study) == trial_values(quiet.db, quiet.study)
+    busy_runs = race_runs(busy.db, busy.study)
+    assert busy_runs and busy_runs == race_runs(quiet.db, quiet.study)
     assert summaries["busy"]["verdict"] == summaries["quiet"]["verdict"]
     phases = summaries["quiet"]["phases"]
     assert [p["phase"] for p in phases][0] == "trials" and "screen" in [p["phase"] for p in phases]
     for p in phases:
         assert set(p) == {"phase", "wall_seconds", "tokens", "tokens_per_second", "cpu_seconds", "cpu_percent"}
         assert p["wall_seconds"] > 0 and p["cpu_seconds"] >= 0
-    trial_tokens = sum(t[5] or 0 for t in trial_values(tmp_path / "quiet.db")) * batch * seq
+    trial_tokens = sum(t[5] or 0 for t in trial_values(quiet.db, quiet.study)) * batch * seq
     assert phases[0]["tokens"] == trial_tokens
-    assert sum(p["tokens"] for p in phases[1:]) == summaries["quiet"]["race_steps"] * batch * seq
+    references = [p["tokens"] for p in phases if p["phase"] == "references"]
+    assert references == [summaries["quiet"]["reference_steps"] * batch * seq]
+    race = sum(p["tokens"] for p in phases[1:] if p["phase"] != "references")
+    assert race == summaries["quiet"]["race_steps"] * batch * seq
 
 
 @pytest.mark.slow
