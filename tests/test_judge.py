@@ -127,6 +127,14 @@ def test_a_judged_study_is_read_by_trials_pareto_and_studies(judged, token_cache
         assert shown.stdout.splitlines()[0] == answer
     listed = run_cli(["studies", "--storage", storage, "--json"], root, {"ILR_SEARCH_CACHE": str(token_cache)})
     assert json.loads(listed.stdout)["studies"][0]["study"] == study
+    # a candidate whose knobs are all at their defaults has none, as the plain model has none (not an empty text)
+    rows = json.loads(
+        run_cli(
+            ["trials", "--study", study, "--storage", storage, "--json"], root, {"ILR_SEARCH_CACHE": str(token_cache)}
+        ).stdout
+    )["trials"]
+    assert {r["map"]: r["knobs"] for r in rows}["block:1-2:2"] is None
+    assert all(r["knobs"] != "" for r in rows)
 
 
 @pytest.mark.parametrize(

@@ -24,8 +24,9 @@ def as_list(ints: tuple[int, ...] | None) -> list[int] | None:
 
 
 def knobs_text(r: TrialRecord) -> str | None:
-    """A trial's knobs as rows show them (`injection=add`), None where none is set."""
-    return format_knobs(r.knobs) if r.knobs else None
+    """A trial's knobs as rows show them (`injection=add`), None where none is set or every one is at its
+    default (a judged candidate without the knob its rival sets)."""
+    return (format_knobs(r.knobs) if r.knobs else "") or None
 
 
 Curves = dict[int, dict[int, float]]  # trial number -> {step: val_loss}, from the store (the one place curves live)
