@@ -28,7 +28,9 @@ from helpers import (
 
 from ilr_search.config import SearchConfig
 from ilr_search.search.plan import plan_study
+from ilr_search.search.race import run_checkpoint
 from ilr_search.space import load_space
+from ilr_search.storage.store import RunJob
 
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
@@ -91,7 +93,14 @@ def test_rerunning_a_finished_race_trains_nothing(raced, raced_study, cli, tmp_p
     _, space, _, summary = raced
     root, db = tmp_path, raced_study.copy_to(tmp_path)  # the rerun opens it for writing
     before = race_rows(db)
+    # a finished run's checkpoint left behind (its worker stopped between storing the result and deleting the file)
+    # is swept by the next race over the study
+    run = RunJob(str(before[0]["factor"]), before[0]["seed"], before[0]["map_key"])
+    left = run_checkpoint(root / "studies" / "checkpoints" / "raced" / "race", run)
+    left.parent.mkdir(parents=True)
+    left.write_bytes(b"")
     again = json.loads(cli(*run_args(space, db, "raced", "--target", "2x"), cwd=root, check=True).stdout)
+    assert not left.exists() and not left.parent.exists()
     assert race_rows(db) == before
     assert again["race"]["results"] == summary["race"]["results"]
     assert again["answer"] == summary["answer"] and summary["answer"].startswith(("use ", "no map beat"))

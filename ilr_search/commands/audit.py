@@ -33,6 +33,7 @@ from ilr_search.search.progress import RunReporter, StudyStarted
 from ilr_search.search.race import (
     RaceRunPlan,
     claim_train_wait,
+    drop_finished_checkpoints,
     finished_jobs,
     longer_train_config,
     new_worker,
@@ -255,11 +256,11 @@ def _run_audit(
         "the remaining audit runs are being trained by other workers; waiting",
         runs_changed(store),
     )
-    for folder in (checkpoints, checkpoints.parent):
-        try:
-            folder.rmdir()
-        except OSError:
-            break
+    drop_finished_checkpoints(store, checkpoints)
+    try:
+        checkpoints.parent.rmdir()
+    except OSError:  # not empty, or not there
+        pass
     report = audit_report(trials, store.race_runs(), factor)
     if report is None:
         raise UserInputError(

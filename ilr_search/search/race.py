@@ -179,6 +179,18 @@ def finished_jobs(store: Store) -> set[RunJob]:
     return {r.job for r in store.race_runs() if r.finished}
 
 
+def drop_finished_checkpoints(store: Store, folder: Path) -> None:
+    """Delete the checkpoints of the runs that have a final result, and `folder` once it is empty. A run's own
+    worker deletes its checkpoint after storing the result; a worker stopped between the two leaves it behind, and
+    no later attempt trains that run again, so the end of the race or the audit sweeps it."""
+    for job in finished_jobs(store):
+        run_checkpoint(folder, job).unlink(missing_ok=True)
+    try:
+        folder.rmdir()
+    except OSError:  # not empty (another worker's run), or not there
+        pass
+
+
 def new_worker() -> str:
     """A name for this worker in the claims it holds: host, process and a random part."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -342,9 +354,6 @@ def run_race(
         "waiting",
         runs_changed(store),
     )
-    try:
-        checkpoint_folder.rmdir()
-    except OSError:  # not empty (another worker's run), or not there
-        pass
+    drop_finished_checkpoints(store, checkpoint_folder)
     assert state is not None  # claim ran at least once
     return state
