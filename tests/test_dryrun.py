@@ -156,3 +156,20 @@ def test_the_race_estimate_prices_each_run_at_its_own_depth():
     off = dataclasses.replace(shape, equal_compute="off")
     no_deep = race_seconds(dataclasses.replace(race, shape=off), lambda r: r, 8, 10, 12)
     assert no_deep[1] < seconds[1]
+
+
+def test_the_probed_line_never_prices_a_deeper_map_below_a_shallower_one():
+    from ilr_search.commands.dryrun import Probe, probed_seconds
+
+    def probe(layer_runs: int, step: float, evaluation: float) -> Probe:
+        return Probe("p", [1] * 8, layer_runs, 1, 1, step, evaluation, [step])
+
+    baseline = probe(8, 0.010, 0.5)
+    # probes in order: the line through them prices a deeper map higher, beyond the costliest too
+    costly = probe(16, 0.020, 1.0)
+    assert probed_seconds(baseline, costly, 12, 100, 4) == pytest.approx(100 * 0.015 + 4 * 0.75)
+    assert probed_seconds(baseline, costly, 24, 100, 4) == pytest.approx(100 * 0.030 + 4 * 1.5)
+    # the costliest probe timed below the baseline (a loaded machine): deeper maps cost the baseline's, not less
+    noisy = probe(16, 0.008, 0.4)
+    seconds = [probed_seconds(baseline, noisy, runs, 24, 4) for runs in (8, 12, 16, 32)]
+    assert seconds == [pytest.approx(24 * 0.010 + 4 * 0.5)] * 4

@@ -64,6 +64,16 @@ class Probe:
     side_by_side: int = 1  # groups trained at once while timed (the run's lanes and workers on a CPU)
 
 
+def probed_seconds(baseline: Probe, costliest: Probe, layer_runs: float, steps: int, evaluations: int) -> float:
+    """Seconds of a proxy run of `steps` steps and `evaluations` evaluations of a map of `layer_runs` layer runs:
+    a line through the two probes, never falling (a noisy costliest probe timed below the baseline would otherwise
+    price the maps beyond it, the learning run's, below zero)."""
+    at = (layer_runs - baseline.layer_runs) / max(1, costliest.layer_runs - baseline.layer_runs)
+    step = baseline.seconds_per_step + at * max(0.0, costliest.seconds_per_step - baseline.seconds_per_step)
+    evaluation = baseline.seconds_per_eval + at * max(0.0, costliest.seconds_per_eval - baseline.seconds_per_eval)
+    return steps * step + evaluations * evaluation
+
+
 def timed_steps(
     model: ModelConfig, schedules: Sequence[Sequence[int]], data: TokenData, train: TrainConfig
 ) -> tuple[list[float], list[float], int]:
@@ -652,13 +662,9 @@ def estimate(
     costliest = probe_schedule(
         space, plan.model, costly, "costliest", plan.dtype, data, lane_fuse, threads, max(1, side)
     )
-    span = max(1, costliest.layer_runs - baseline.layer_runs)
 
     def proxy_seconds(layer_runs: float) -> float:
-        at = (layer_runs - baseline.layer_runs) / span
-        step = baseline.seconds_per_step + at * (costliest.seconds_per_step - baseline.seconds_per_step)
-        evaluation = baseline.seconds_per_eval + at * (costliest.seconds_per_eval - baseline.seconds_per_eval)
-        return space.train.steps * step + len(space.train.eval_steps) * evaluation
+        return probed_seconds(baseline, costliest, layer_runs, space.train.steps, len(space.train.eval_steps))
 
     groups = layout.groups
     mid_runs = (baseline.layer_runs + costliest.layer_runs) / 2
