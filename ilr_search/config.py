@@ -419,12 +419,16 @@ def setting(
     flag: str | None = None,
     key: tuple[str, str] | None = None,
     required: bool = False,
+    space_default: str | bool = False,
 ) -> Any:
-    """A field of a command's settings (commands/api.SpaceOptions, commands/run.RunOptions, ...) that is also its
-    option: the field's name, type and `default` are the option's (`--` + the name with dashes, or `flag`: typer's
-    declaration such as "--compile/--no-compile"), `help` its help; `key`: the space's (section, TOML key) the value
-    overrides; `required`: the command line must give it (the Python API takes `default`). cli/main.py builds every
-    command's options from these fields."""
+    """A field of a command's settings (SpaceOptions, RunOptions, ...) that is also its option: the field's name,
+    type and `default` are the option's (`--` + the name with dashes, or `flag`: typer's declaration such as
+    "--compile/--no-compile"), `help` its help; `key`: the space's (section, TOML key) the value overrides;
+    `required`: the command line must give it (the Python API takes `default`); `space_default`: left None, the
+    space's value is taken, which the help says ("[default: from the space]", or with a text: "[default: from the
+    space, TEXT]"). cli/main.py builds every command's options from these fields."""
+    if space_default:
+        help += " \\[default: from the space" + (f", {space_default}" if isinstance(space_default, str) else "") + "]"
     return field(default=default, metadata={"help": help, "flag": flag, "key": key, "required": required})
 
 
@@ -622,9 +626,7 @@ class ModelOptions:
             "bench-crossing). \\[default: default]"
         )
     )
-    layers: int | None = setting(
-        help="Number of distinct layers L. \\[default: from the space]", key=("model", "layers")
-    )
+    layers: int | None = setting(help="Number of distinct layers L.", key=("model", "layers"), space_default=True)
     d_model: int | None = setting(help="Model width.", key=("model", "d_model"))
     heads: int | None = setting(help="Attention heads.", key=("model", "heads"))
     seq_len: int | None = setting(help="Context length of the proxy.", key=("model", "seq_len"))
@@ -813,7 +815,7 @@ class RunOptions(SpaceOptions):
         help="Study name; the same name resumes. \\[default: derived from the configuration]", flag="--study"
     )
     storage: str | None = setting(help=STORAGE_HELP)
-    n_trials: int | None = setting(help="Finished trials the study should reach in total. \\[default: from the space]")
+    n_trials: int | None = setting(help="Finished trials the study should reach in total.", space_default=True)
     timeout: float | None = setting(help="Stop starting new trials after this many seconds.")
     time_budget: str | None = setting(
         help=(
@@ -842,69 +844,70 @@ class RunOptions(SpaceOptions):
     workers: int | None = setting(
         help=(
             "Worker processes on this machine, sharing the study and the device (its trials, reference runs and "
-            "race); on a CPU one thread each. \\[default: from the space: one a CPU core in default.toml, else 1, "
-            "or as --fuse auto chooses]"
-        )
+            "race); on a CPU one thread each."
+        ),
+        space_default="one a CPU core in default.toml, else 1, or as --fuse auto chooses",
     )
     fuse: str | None = setting(
         help=(
             "Maps trained at once in one fused group (K proxies in lockstep in one process); 1: one at a time; "
             "auto: K (and on a CPU, workers against threads) from memory and a short probe. A resume reuses the "
-            "study's stored layout unless --fuse or --workers is given. \\[default: from the space, "
-            f"{SearchConfig.fuse} in default.toml]"
-        )
+            "study's stored layout unless --fuse or --workers is given."
+        ),
+        space_default=f"{SearchConfig.fuse} in default.toml",
     )
     knobs: str | None = setting(
         help=(
             "Recurrence knobs searched with the map, comma-separated: injection, iteration_encoding, "
-            "iteration_norms, depth_init, repeat_scale, damping, adapters, capacity. \\[default: from the space, "
-            "none in the presets]"
-        )
+            "iteration_norms, depth_init, repeat_scale, damping, adapters, capacity."
+        ),
+        space_default="none in the presets",
     )
     parts: str | None = setting(
         help=(
             "Which part of a repeated layer or block the search proposes, comma-separated: both (the whole layer, "
-            f"R), attn (its attention repeated, Ra), mlp (its MLP repeated, Rm). \\[default: from the space, "
-            f"{','.join(SearchConfig.parts)} "
-            "in default.toml]"
-        )
+            "R), attn (its attention repeated, Ra), mlp (its MLP repeated, Rm)."
+        ),
+        space_default=f"{','.join(SearchConfig.parts)} in default.toml",
     )
     target: str | None = setting(
         help=(
             "The length the verdict is about, a multiple of the proxy's steps: contenders are screened and raced "
-            f"there (1x: seeds only). \\[default: from the space, {SearchConfig.target:g}x]"
-        )
+            "there (1x: seeds only)."
+        ),
+        space_default=f"{SearchConfig.target:g}x",
     )
     race_seeds: int | None = setting(
         help=(
             "Seeds each contender has at the target at its first test (adaptive race: the first screens, the rest "
-            "test; fixed race: seeds at every length). --target 1x --race-seeds 1: no race. \\[default: from the "
-            f"space, {SearchConfig.race_seeds}]"
-        )
+            "test; fixed race: seeds at every length). --target 1x --race-seeds 1: no race."
+        ),
+        space_default=str(SearchConfig.race_seeds),
     )
     max_seeds: int | None = setting(
         help=(
             "Adaptive race: the most seeds a contender gets at the target; seeds are added while its comparison "
-            f"with the baseline is open. \\[default: from the space, {SearchConfig.max_seeds}]"
-        )
+            "with the baseline is open."
+        ),
+        space_default=str(SearchConfig.max_seeds),
     )
     max_race_steps: int | None = setting(
-        help=(
-            "A cap on the steps the race trains (0: none); a resume with a larger cap goes on. \\[default: from "
-            f"the space, {SearchConfig.max_race_steps}]"
-        )
+        help=("A cap on the steps the race trains (0: none); a resume with a larger cap goes on."),
+        space_default=str(SearchConfig.max_race_steps),
     )
     race_policy: str | None = setting(
         help=(
             "adaptive (judged at the target, seeds until decided) or fixed (race-seeds at doubled lengths, as "
-            f"studies made before it). \\[default: from the space, {SearchConfig.race_policy}]"
-        )
+            "studies made before it)."
+        ),
+        space_default=SearchConfig.race_policy,
     )
     equal_compute: str | None = setting(
         help=(
             "depth: also race a plain model as deep as the best contender runs (the same compute, more "
-            f"parameters); off. \\[default: from the space, {SearchConfig.equal_compute}]"
-        )
+            "parameters); off."
+        ),
+        space_default=SearchConfig.equal_compute,
     )
     enqueue: str | None = setting(
         help=(
@@ -921,8 +924,9 @@ class RunOptions(SpaceOptions):
         help=(
             "Steps each map trains (--steps under the name a pretrained model's search uses): with --init, 0 "
             "evaluates each map on the checkpoint's weights as they are (frozen, the race pairs maps by held-out "
-            "window chunk), N continues training them (retrofit). \\[default: from the space]"
-        )
+            "window chunk), N continues training them (retrofit)."
+        ),
+        space_default=True,
     )
     learn: bool = setting(
         False,
