@@ -4,7 +4,9 @@
 - ModelConfig: the decoder and its recurrence knobs (model.py says what each knob does);
 - DataConfig, TrainConfig, SearchConfig, and SpaceConfig holding the four: a search space (space.py reads
   them from TOML presets and flags);
-- PrunerSettings: how a study prunes, stored with it; AuditSettings: what `ilr-search audit` retrains.
+- PrunerSettings: how a study prunes, stored with it; AuditSettings: what `ilr-search audit` retrains;
+- the commands' settings (RunOptions, ParetoOptions, BenchPowerOptions, ...): each field, declared with setting(),
+  is an option of the command line (cli/main.py builds them) and a keyword of the Python API.
 """
 
 from __future__ import annotations
@@ -606,6 +608,7 @@ Overrides = Mapping[str, Mapping[str, Any]]
 STORAGE_HELP = (
     "Optuna storage URL (sqlite, postgresql, mysql) or journal:PATH. \\[default: sqlite:///studies/ilr-search.db]"
 )
+STUDY_NAME_HELP = "Study name; the same name resumes. \\[default: derived from the configuration]"
 INIT_HELP = (
     "Start from a pretrained checkpoint: a folder as transformers' save_pretrained writes it (config.json, "
     "safetensors, tokenizer.json), a GGUF file (or a folder holding one; converted once, dequantized to "
@@ -811,9 +814,7 @@ class RunOptions(SpaceOptions):
         "Forward compute per token: 1.5x or 150% of the all-ones map, or FLOPs like 4.2e6.",
         required=True,
     )
-    study: str | None = setting(
-        help="Study name; the same name resumes. \\[default: derived from the configuration]", flag="--study"
-    )
+    study: str | None = setting(help=STUDY_NAME_HELP)
     storage: str | None = setting(help=STORAGE_HELP)
     n_trials: int | None = setting(help="Finished trials the study should reach in total.", space_default=True)
     timeout: float | None = setting(help="Stop starting new trials after this many seconds.")
@@ -988,9 +989,7 @@ class JudgeOptions(SpaceOptions):
             "otherwise make fewer than --chunks chunks]"
         )
     )
-    study: str | None = setting(
-        help="Study name; the same name resumes. \\[default: derived from the configuration]", flag="--study"
-    )
+    study: str | None = setting(help=STUDY_NAME_HELP)
     storage: str | None = setting(help=STORAGE_HELP)
 
 
@@ -1009,3 +1008,207 @@ JUDGE_SPACE_OPTIONS = {
     "choices_column": "",
     "tasks_path": "",
 }
+
+
+# ----------------------------------------------------------------------------------------------------
+# The settings of the commands that read a stored study, and of the benchmarks' commands.
+
+
+@dataclass(frozen=True, kw_only=True)
+class StudyChoice:
+    """The stored study a command reads (`trials`, `pareto`, `export`, `recipe`, `audit`): its name (None: the
+    storage's only study, else its most recently active) in its storage (None: the default database)."""
+
+    study: str | None = setting(help="Study name. \\[default: the storage's only study, else its most recently active]")
+    storage: str | None = setting(help=STORAGE_HELP)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuditOptions(StudyChoice, AuditSettings):
+    """`ilr-search audit`'s settings: what it retrains (AuditSettings), of which study, and how many runs at once."""
+
+    fuse: str = setting(
+        "1", "Runs of one model trained at once in one fused group (the same results); 1: one at a time."
+    )
+
+
+ParetoView = Literal["front", "layers", "blocks"]
+PARETO_VIEWS: tuple[ParetoView, ...] = get_args(ParetoView)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParetoOptions(StudyChoice):
+    """`ilr-search pareto`'s settings: the study, the file it writes, and its view."""
+
+    out: Path | None = setting(help="Write .html (interactive, offline), .png/.svg (kaleido), .csv or .json.")
+    view: ParetoView = setting(
+        "front",
+        (
+            "front; layers: which layers the front's maps recur and their importance; or blocks: a block "
+            "search's (start, end) grid of loss differences to the plain model, one grid per repeat count."
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        if self.view not in PARETO_VIEWS:
+            raise UserInputError(f"unknown --view {self.view!r}; use front, layers or blocks")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExportOptions(StudyChoice):
+    """`ilr-search export`'s settings: the study and the tables it writes."""
+
+    out: Path = setting(dataclasses.MISSING, "trials.csv or trials.parquet")
+    curves: Path | None = setting(
+        help=(
+            "Also write the learning curves as a long table (trial, reference, map, kind val|train, step, tokens, "
+            "loss; a race run's seed, run_steps): curves.csv or curves.parquet."
+        )
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecipeOptions(StudyChoice):
+    """`ilr-search recipe`'s settings: the study, the map, and where the recipe goes."""
+
+    map_text: str | None = setting(
+        help=(
+            "A map the study trained (2,1,1,1, 2,1,1,1|injection=add, block:1-2:2 or block2). \\[default: the "
+            "front's map of lowest perplexity]"
+        ),
+        flag="--map",
+    )
+    out: Path | None = setting(help="Write the recipe to FILE.toml or FILE.json. \\[default: TOML on stdout]")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExportModelOptions:
+    """`ilr-search export-model`'s settings: where the checkpoint goes, the model (a frozen study's or a saved
+    one), its map, family and format."""
+
+    out: Path = setting(
+        dataclasses.MISSING,
+        (
+            "A new or empty folder for the checkpoint (config.json, model.safetensors, tokenizer files); with "
+            "--format mergekit a new FILE.yml."
+        ),
+    )
+    study: str | None = setting(
+        help=(
+            "A frozen study of a pretrained model (run --init ... --train-steps 0): its checkpoint's weights under "
+            "--map."
+        )
+    )
+    storage: str | None = setting(help="Storage of --study. \\[default: sqlite:///studies/ilr-search.db]")
+    model: Path | None = setting(help="Instead of --study: a folder train --save wrote (native), exported under --map.")
+    map_text: str | None = setting(
+        help=(
+            "The map the checkpoint unrolls: 2,2,1,1, block:1-2:2 or block2 (with --study also damping, e.g. "
+            "block:1-2:2|damping=0.5); 1,1,1,1 writes each distinct layer once. \\[default: the study's decided "
+            "best map, as recipe chooses it; for --model the map it was trained with]"
+        ),
+        flag="--map",
+    )
+    family: str | None = setting(
+        help="llama, mistral, qwen2 or qwen3. \\[default: the imported checkpoint's family, else llama]"
+    )
+    export_format: str = setting(
+        "hf",
+        (
+            "hf (a standard transformers checkpoint) or mergekit (with --study: the passthrough config that "
+            "builds it from the study's checkpoint with mergekit-yaml, damping as o_proj/down_proj scales)."
+        ),
+        flag="--format",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchBuildOptions:
+    """`ilr-search bench build`'s settings: the space whose feasible maps are trained, the table, and the study."""
+
+    space: Path = setting(dataclasses.MISSING, "A small search space, e.g. search_spaces/bench-small.toml.")
+    out: Path = setting(dataclasses.MISSING, "The table: bench.parquet (or .csv).")
+    budget: str = setting("2x", "FLOP budget the maps must fit.")
+    storage: str | None = setting(help=STORAGE_HELP)
+    study: str | None = setting(help=STUDY_NAME_HELP)
+    steps: int | None = setting(help="Proxy steps (a longer table of the same space). \\[default: the space's]")
+    sample: int | None = setting(
+        help="Train only this many maps (a seeded sample; the baseline always). \\[default: every feasible map]"
+    )
+    seed: int = setting(0, "Seed of the sample.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchReplayOptions:
+    """`ilr-search bench replay`'s settings: a pruning rule over a table, or (`policy`) a policy over a truth
+    table."""
+
+    table: Path = setting(
+        dataclasses.MISSING,
+        (
+            "A table in the bench format (bench build writes one; partial tables and blockK rows are fine), or "
+            "with --policy a truth table (benchmarks/truth.py)."
+        ),
+    )
+    pruner: str = setting(
+        "pareto", "pareto (calibrated, the default) or pareto-eager (the uncalibrated rule), or none."
+    )
+    seed: int | None = setting(
+        help="Shuffle the row order with this seed (with --policy: the first order). \\[default: table order]"
+    )
+    policy: str | None = setting(
+        help=(
+            "Replay a whole policy over a truth table instead: race (seeds and lengths, paired tests), today (one "
+            "seed at the base length, pruned) or none (one seed, no pruning)."
+        )
+    )
+    orders: int = setting(
+        10,
+        "With --policy: replays, each in its own order (seed order for race, row order and seed for today/none).",
+    )
+    race_seeds: int | None = setting(
+        help="With --policy race: seeds the race uses, drawn from the table's. \\[default: all the table's]"
+    )
+    confidence: float = setting(0.9, "With --policy race: confidence of the paired tests and intervals.")
+    max_contenders: int | None = setting(
+        help=(
+            "With --policy race or race-fixed: maps raced beyond their first result, the baseline among them. "
+            f"\\[default: {SearchConfig.race_contenders} for race (a default study), 6 for race-fixed]"
+        )
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchPowerOptions:
+    """`ilr-search bench power`'s settings: the truth table, the gaps planted, and the race replayed over them."""
+
+    table: Path = setting(
+        dataclasses.MISSING, "A truth table (benchmarks/truth.py builds them): maps at several lengths and seeds."
+    )
+    deltas: str = setting(
+        "0,0.5,1,2,3,4",
+        (
+            "Planted gaps in the table's seed sd at the target, comma-separated (0: the A/A table, every map at "
+            "the baseline's mean)."
+        ),
+    )
+    crossing: str = setting(
+        "2",
+        (
+            "Crossing gaps in seed sd (worse by the gap at the base length, better at the target), "
+            "comma-separated; empty: none."
+        ),
+    )
+    orders: int = setting(10, "Seed orders replayed per planted map.")
+    maps: str | None = setting(help="The maps planted, space-separated. \\[default: every recurrent map of the table]")
+    policy: str = setting(
+        "both", "race (the adaptive race of a default study), race-fixed (the fixed race at --fixed-seeds), or both."
+    )
+    fixed_seeds: int = setting(3, "Seeds of the fixed race, drawn from the table's.")
+    against: str = setting(
+        "baseline",
+        (
+            "baseline: the planted map beats the baseline by the gap; best: it beats the table's best map at the "
+            "target by the gap (for tables where recurrence already wins)."
+        ),
+    )

@@ -3,7 +3,7 @@ import itertools
 import pytest
 
 from ilr_search.commands.bench import Table, build_table, feasible_maps, hypervolume_2d, replay
-from ilr_search.config import PrunerSettings
+from ilr_search.config import BenchBuildOptions, PrunerSettings
 
 
 def test_hypervolume_hand_computed():
@@ -44,10 +44,11 @@ device = "cpu"
 max_reuse = 3
 """)
     out = root / "tiny.parquet"
-    report = build_table(space, out, "2x", storage=f"sqlite:///{root / 'b.db'}").to_json()
+    db = f"sqlite:///{root / 'b.db'}"
+    report = build_table(BenchBuildOptions(space=space, out=out, budget="2x", storage=db)).to_json()
     assert report["feasible_maps"] == len(feasible_maps(2, 3, 4))
     assert report["maps"] == report["feasible_maps"] + 1  # every feasible map, and block recurrence K=2
-    again = build_table(space, root / "again.parquet", "2x", storage=f"sqlite:///{root / 'b.db'}").to_json()
+    again = build_table(BenchBuildOptions(space=space, out=root / "again.parquet", budget="2x", storage=db)).to_json()
     assert again["maps"] == report["maps"]  # resumed: nothing new was trained
     return Table.read(out)
 

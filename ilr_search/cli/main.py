@@ -12,21 +12,27 @@ import sys
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 
 from ilr_search.cli import ui
 from ilr_search.config import (
     JUDGE_SPACE_OPTIONS,
-    STORAGE_HELP,
-    AuditSettings,
+    AuditOptions,
+    BenchBuildOptions,
+    BenchPowerOptions,
+    BenchReplayOptions,
+    ExportModelOptions,
+    ExportOptions,
     FlopsOptions,
     JudgeOptions,
     ModelOptions,
+    ParetoOptions,
+    RecipeOptions,
     RunOptions,
-    SearchConfig,
     SpaceOptions,
+    StudyChoice,
     TrainOptions,
     check_init_flags,
 )
@@ -77,8 +83,9 @@ def application(
 
 
 # ----------------------------------------------------------------------------------------------------
-# Options shared by flops, train and run: declared once, added to each command's signature. flops takes the
-# model's (its shape and vocabulary: what its FLOPs depend on), train and run the training's too.
+# A command's options: the fields of its settings dataclass (config.py, each declared once with setting()), added to
+# its signature. The space's options are shared: flops takes the model's (its shape and vocabulary: what its FLOPs
+# depend on), train and run the training's too.
 
 
 def option_parameters(
@@ -86,25 +93,31 @@ def option_parameters(
 ) -> list[inspect.Parameter]:
     """The command-line options of a settings dataclass (config.setting fields; `names`: only those), as typer reads
     them from a signature: each its field's name, type, default and help (`helps` may say a field's help in the words
-    of another command). The command's own settings come before the space's (SHARED)."""
+    of another command). The required options come first, the space's (SHARED) last."""
     hints = typing.get_type_hints(settings)
     fields = [f for f in dataclasses.fields(settings) if "help" in f.metadata and (names is None or f.name in names)]
     parameters = []
-    for f in sorted(fields, key=lambda f: f.name in SHARED):
+    for f in sorted(fields, key=lambda f: (f.name in space_options(settings), not is_required(f))):
         hint = hints[f.name]
         if Path in typing.get_args(hint):  # a path the Python API may also give as text
             hint = Path | None
+        if typing.get_origin(hint) is Literal:  # its values checked by the settings, in their own words
+            hint = str
         if typing.get_origin(hint) is tuple:  # a repeatable option
             hint = list[typing.get_args(hint)[0]]  # type: ignore[misc]  # a type built at run time
         flag = f.metadata["flag"]
         option = typer.Option(*([flag] if flag else []), help=(helps or {}).get(f.name) or f.metadata["help"])
-        required = f.metadata["required"] or f.default is dataclasses.MISSING
-        default = inspect.Parameter.empty if required else f.default
+        default = inspect.Parameter.empty if is_required(f) else f.default
         parameters.append(inspect.Parameter(f.name, KEYWORD, default=default, annotation=Annotated[hint, option]))
     return parameters
 
 
 KEYWORD = inspect.Parameter.KEYWORD_ONLY
+
+
+def is_required(f: "dataclasses.Field[Any]") -> bool:
+    """Whether the command line must give a setting: required, or with no default."""
+    return bool(f.metadata["required"]) or f.default is dataclasses.MISSING
 
 
 def as_setting(value: Any) -> Any:
@@ -113,6 +126,11 @@ def as_setting(value: Any) -> Any:
 
 
 SHARED = {f.name for f in dataclasses.fields(SpaceOptions)}  # the space's options, listed after a command's own
+
+
+def space_options(settings: type) -> set[str]:
+    """The options of `settings` that are the space's (SHARED): none where its settings are not the space's."""
+    return SHARED if issubclass(settings, ModelOptions) else set()
 
 
 def with_settings(
@@ -132,8 +150,9 @@ def with_settings(
             return command(opts=settings(**given), **kwargs)
 
         # inspect.signature (and so typer) reads __signature__, which typeshed does not declare on a function
-        first = [p for p in parameters if p.name not in SHARED]
-        rest = [p for p in parameters if p.name in SHARED]
+        shared = space_options(settings)
+        first = [p for p in parameters if p.name not in shared]
+        rest = [p for p in parameters if p.name in shared]
         wrapper.__signature__ = inspect.Signature(first + own + rest)  # type: ignore[attr-defined]
         return wrapper
 
@@ -184,11 +203,6 @@ def emit(obj: Any, as_json: bool, render: Callable[[Any], None]) -> None:
 
 
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
-
-
-def map_option(help: str) -> Any:
-    """The option --map (its parameter is map_: map is a builtin), with the command's own help."""
-    return typer.Option("--map", help=help)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -291,13 +305,6 @@ def console_main() -> None:
     os._exit(code)
 
 
-Storage = Annotated[str | None, typer.Option(help=STORAGE_HELP)]
-StudyName = Annotated[
-    str | None,
-    typer.Option("--study", help="Study name; the same name resumes. \\[default: derived from the configuration]"),
-]
-
-
 @app.command()
 @user_errors
 @with_settings(RunOptions)
@@ -380,113 +387,74 @@ def tracked_reporter(track: str | None, storage: str | None, open_uri: bool = Tr
     return lambda reporter: TrackingReporter(reporter, spec, storage)
 
 
-ReadStudy = Annotated[
-    str | None,
-    typer.Option("--study", help="Study name. \\[default: the storage's only study, else its most recently active]"),
-]
-
-
-def study_or_default(study: str | None, storage: str | None) -> str:
-    if study:
-        return study
+def study_or_default(opts: StudyChoice) -> str:
+    """The study asked for, else the storage's only or most recently active one (named in a note)."""
+    if opts.study:
+        return opts.study
     from ilr_search.commands.studies import default_study
 
-    name, why = default_study(storage)
+    name, why = default_study(opts.storage)
     ui.hold_note(f"study {name} ({why})")
     return name
 
 
 @app.command()
 @user_errors
-def studies(storage: Storage = None, json_out: Json = False) -> None:
+@with_settings(StudyChoice, ["storage"])
+def studies(opts: StudyChoice, json_out: Json = False) -> None:
     """List the studies in a storage."""
     from ilr_search.commands.studies import list_studies
 
-    emit(list_studies(storage), json_out, ui.print_studies)
+    emit(list_studies(opts.storage), json_out, ui.print_studies)
 
 
 @app.command()
 @user_errors
-def trials(study: ReadStudy = None, storage: Storage = None, json_out: Json = False) -> None:
+@with_settings(StudyChoice)
+def trials(opts: StudyChoice, json_out: Json = False) -> None:
     """List the trials of a study, and how far its proxy can be trusted."""
     from ilr_search.commands.studies import trials_report
 
-    emit(trials_report(study_or_default(study, storage), storage), json_out, ui.print_trials)
+    emit(trials_report(study_or_default(opts), opts.storage), json_out, ui.print_trials)
 
 
 @app.command()
 @user_errors
-def pareto(
-    study: ReadStudy = None,
-    storage: Storage = None,
-    out: Annotated[
-        Path | None, typer.Option(help="Write .html (interactive, offline), .png/.svg (kaleido), .csv or .json.")
-    ] = None,
-    view: Annotated[
-        str,
-        typer.Option(
-            help="front; layers: which layers the front's maps recur and their importance; or blocks: a block "
-            "search's (start, end) grid of loss differences to the plain model, one grid per repeat count."
-        ),
-    ] = "front",
-    json_out: Json = False,
-) -> None:
+@with_settings(ParetoOptions)
+def pareto(opts: ParetoOptions, json_out: Json = False) -> None:
     """The Pareto front of perplexity vs compute: a table, and a figure or table file with --out."""
     from ilr_search.commands.report import pareto_blocks, pareto_report
 
-    if view not in ("front", "layers", "blocks"):
-        fail(f"unknown --view {view!r}; use front, layers or blocks")
-    if view == "blocks":
-        emit(pareto_blocks(study_or_default(study, storage), storage, out), json_out, ui.print_blocks)
+    if opts.view == "blocks":
+        emit(pareto_blocks(study_or_default(opts), opts.storage, opts.out), json_out, ui.print_blocks)
         return
-    emit(pareto_report(study_or_default(study, storage), storage, out, view), json_out, ui.print_pareto)
+    emit(pareto_report(study_or_default(opts), opts.storage, opts.out, opts.view), json_out, ui.print_pareto)
 
 
 @app.command()
 @user_errors
-def export(
-    out: Annotated[Path, typer.Option(help="trials.csv or trials.parquet")],
-    study: ReadStudy = None,
-    storage: Storage = None,
-    curves: Annotated[
-        Path | None,
-        typer.Option(
-            help=(
-                "Also write the learning curves as a long table (trial, reference, map, kind val|train, step, tokens, "
-                "loss; a race run's seed, run_steps): curves.csv or curves.parquet."
-            )
-        ),
-    ] = None,
-    json_out: Json = False,
-) -> None:
+@with_settings(ExportOptions)
+def export(opts: ExportOptions, json_out: Json = False) -> None:
     """Write one row per trial (map, state, objectives, parameters, steps, pruning, durations), per reference run and per race run."""  # noqa: E501 -- typer lists the command by this paragraph, its line breaks kept
     from ilr_search.commands.report import export_trials
 
-    emit(export_trials(study_or_default(study, storage), storage, out, curves), json_out, ui.print_export)
+    report = export_trials(study_or_default(opts), opts.storage, opts.out, opts.curves)
+    emit(report, json_out, ui.print_export)
 
 
 @app.command()
 @user_errors
-@with_settings(AuditSettings)
-def audit(
-    opts: AuditSettings,
-    study: ReadStudy = None,
-    storage: Storage = None,
-    fuse: Annotated[
-        str,
-        typer.Option(help="Runs of one model trained at once in one fused group (the same results); 1: one at a time."),
-    ] = "1",
-    json_out: Json = False,
-) -> None:
+@with_settings(AuditOptions)
+def audit(opts: AuditOptions, json_out: Json = False) -> None:
     """Retrain chosen maps of a study FACTOR times longer and say how far the proxy's ranking holds (resumable)."""
     from ilr_search.commands.audit import run_audit
     from ilr_search.commands.autofuse import parse_fuse
 
-    k = parse_fuse(fuse)
+    k = parse_fuse(opts.fuse)
     if k == "auto":
         raise UserInputError("audit --fuse takes a number of runs (auto is run's); e.g. --fuse 4")
     with ui.ConsoleReporter(enabled=True) as reporter:
-        report = run_audit(study_or_default(study, storage), storage, opts, reporter, fuse=int(k))
+        report = run_audit(study_or_default(opts), opts.storage, opts, reporter, fuse=int(k))
     emit(report, json_out, ui.print_audit)
 
 
@@ -496,244 +464,68 @@ app.add_typer(bench_app, name="bench")
 
 @bench_app.command("build")
 @user_errors
-def bench_build(
-    space: Annotated[Path, typer.Option(help="A small search space, e.g. search_spaces/bench-small.toml.")],
-    out: Annotated[Path, typer.Option(help="The table: bench.parquet (or .csv).")],
-    budget: Annotated[str, typer.Option(help="FLOP budget the maps must fit.")] = "2x",
-    storage: Storage = None,
-    study: StudyName = None,
-    steps: Annotated[
-        int | None, typer.Option(help="Proxy steps (a longer table of the same space). \\[default: the space's]")
-    ] = None,
-    sample: Annotated[
-        int | None,
-        typer.Option(
-            help="Train only this many maps (a seeded sample; the baseline always). \\[default: every feasible map]"
-        ),
-    ] = None,
-    seed: Annotated[int, typer.Option(help="Seed of the sample.")] = 0,
-    json_out: Json = False,
-) -> None:
+@with_settings(BenchBuildOptions)
+def bench_build(opts: BenchBuildOptions, json_out: Json = False) -> None:
     """Train every feasible map of a small space and write the table (resumable: it is a study)."""
     from ilr_search.commands.bench import build_table
 
     with ui.ConsoleReporter(enabled=True) as reporter:
-        report = build_table(space, out, budget, storage, study, reporter, steps, sample, seed)
+        report = build_table(opts, reporter)
     emit(report, json_out, lambda r: ui.out.print(f"wrote {r.maps} maps to {r.out} (study {r.study})"))
 
 
 @bench_app.command("replay")
 @user_errors
-def bench_replay(
-    table: Annotated[
-        Path,
-        typer.Option(
-            help=(
-                "A table in the bench format (bench build writes one; partial tables and blockK rows are fine), or "
-                "with --policy a truth table (benchmarks/truth.py)."
-            )
-        ),
-    ],
-    pruner: Annotated[
-        str, typer.Option(help="pareto (calibrated, the default) or pareto-eager (the uncalibrated rule), or none.")
-    ] = "pareto",
-    seed: Annotated[
-        int | None,
-        typer.Option(
-            help="Shuffle the row order with this seed (with --policy: the first order). \\[default: table order]"
-        ),
-    ] = None,
-    policy: Annotated[
-        str | None,
-        typer.Option(
-            help=(
-                "Replay a whole policy over a truth table instead: race (seeds and lengths, paired tests), today (one "
-                "seed at the base length, pruned) or none (one seed, no pruning)."
-            )
-        ),
-    ] = None,
-    orders: Annotated[
-        int,
-        typer.Option(
-            help=(
-                "With --policy: replays, each in its own order (seed order for race, row order and seed for "
-                "today/none)."
-            )
-        ),
-    ] = 10,
-    race_seeds: Annotated[
-        int | None,
-        typer.Option(
-            help="With --policy race: seeds the race uses, drawn from the table's. \\[default: all the table's]"
-        ),
-    ] = None,
-    confidence: Annotated[
-        float, typer.Option(help="With --policy race: confidence of the paired tests and intervals.")
-    ] = 0.9,
-    max_contenders: Annotated[
-        int | None,
-        typer.Option(
-            help=(
-                "With --policy race or race-fixed: maps raced beyond their first result, the baseline among them. "
-                f"\\[default: {SearchConfig.race_contenders} for race (a default study), 6 for race-fixed]"
-            )
-        ),
-    ] = None,
-    json_out: Json = False,
-) -> None:
+@with_settings(BenchReplayOptions)
+def bench_replay(opts: BenchReplayOptions, json_out: Json = False) -> None:
     """Replay a pruning rule over a table's rows: the maps it prunes, the steps it saves, the front maps it loses
     (with --policy: a policy over a truth table: compute, claims against the table's seed means, regret, coverage)."""
-    if policy is not None:
+    if opts.policy is not None:
         from ilr_search.commands.bench import replay_policy
 
-        report = replay_policy(table, policy, orders, seed or 0, race_seeds, confidence, max_contenders)
+        report = replay_policy(
+            opts.table, opts.policy, opts.orders, opts.seed or 0, opts.race_seeds, opts.confidence, opts.max_contenders
+        )
         emit(report, json_out, ui.print_policy_replay)
         return
     from ilr_search.commands.bench import replay_table
 
-    emit(replay_table(table, pruner, seed), json_out, ui.print_pruning_replay)
+    emit(replay_table(opts.table, opts.pruner, opts.seed), json_out, ui.print_pruning_replay)
 
 
 @bench_app.command("power")
 @user_errors
-def bench_power(
-    table: Annotated[
-        Path, typer.Option(help="A truth table (benchmarks/truth.py builds them): maps at several lengths and seeds.")
-    ],
-    deltas: Annotated[
-        str,
-        typer.Option(
-            help=(
-                "Planted gaps in the table's seed sd at the target, comma-separated (0: the A/A table, every map at "
-                "the baseline's mean)."
-            )
-        ),
-    ] = "0,0.5,1,2,3,4",
-    crossing: Annotated[
-        str,
-        typer.Option(
-            help=(
-                "Crossing gaps in seed sd (worse by the gap at the base length, better at the target), "
-                "comma-separated; empty: none."
-            )
-        ),
-    ] = "2",
-    orders: Annotated[int, typer.Option(help="Seed orders replayed per planted map.")] = 10,
-    maps: Annotated[
-        str | None,
-        typer.Option(help="The maps planted, space-separated. \\[default: every recurrent map of the table]"),
-    ] = None,
-    policy: Annotated[
-        str,
-        typer.Option(
-            help="race (the adaptive race of a default study), race-fixed (the fixed race at --fixed-seeds), or both."
-        ),
-    ] = "both",
-    fixed_seeds: Annotated[int, typer.Option(help="Seeds of the fixed race, drawn from the table's.")] = 3,
-    against: Annotated[
-        str,
-        typer.Option(
-            help=(
-                "baseline: the planted map beats the baseline by the gap; best: it beats the table's best map at the "
-                "target by the gap (for tables where recurrence already wins)."
-            )
-        ),
-    ] = "baseline",
-    json_out: Json = False,
-) -> None:
+@with_settings(BenchPowerOptions)
+def bench_power(opts: BenchPowerOptions, json_out: Json = False) -> None:
     """The race's power, measured on itself: plant a gap in one map of a truth table, replay the race over many
     orders, count how often it claims that map (and any other), at every gap."""
     from ilr_search.commands.bench.power import power_command
 
-    emit(power_command(table, deltas, crossing, orders, maps, policy, fixed_seeds, against), json_out, ui.print_power)
+    emit(power_command(opts), json_out, ui.print_power)
 
 
 @app.command("export-model")
 @user_errors
-def export_model(
-    out: Annotated[
-        Path,
-        typer.Option(
-            help=(
-                "A new or empty folder for the checkpoint (config.json, model.safetensors, tokenizer files); with "
-                "--format mergekit a new FILE.yml."
-            )
-        ),
-    ],
-    study: Annotated[
-        str | None,
-        typer.Option(
-            "--study",
-            help=(
-                "A frozen study of a pretrained model (run --init ... --train-steps 0): its checkpoint's weights under "
-                "--map."
-            ),
-        ),
-    ] = None,
-    storage: Annotated[
-        str | None, typer.Option(help="Storage of --study. \\[default: sqlite:///studies/ilr-search.db]")
-    ] = None,
-    model: Annotated[
-        Path | None,
-        typer.Option(help="Instead of --study: a folder train --save wrote (native), exported under --map."),
-    ] = None,
-    map_: Annotated[
-        str | None,
-        map_option(
-            "The map the checkpoint unrolls: 2,2,1,1, block:1-2:2 or block2 (with --study also damping, e.g. "
-            "block:1-2:2|damping=0.5); 1,1,1,1 writes each distinct layer once. \\[default: the study's decided "
-            "best map, as recipe chooses it; for --model the map it was trained with]"
-        ),
-    ] = None,
-    family: Annotated[
-        str | None,
-        typer.Option(help="llama, mistral, qwen2 or qwen3. \\[default: the imported checkpoint's family, else llama]"),
-    ] = None,
-    export_format: Annotated[
-        str,
-        typer.Option(
-            "--format",
-            help=(
-                "hf (a standard transformers checkpoint) or mergekit (with --study: the passthrough config that "
-                "builds it from the study's checkpoint with mergekit-yaml, damping as o_proj/down_proj scales)."
-            ),
-        ),
-    ] = "hf",
-    json_out: Json = False,
-) -> None:
+@with_settings(ExportModelOptions)
+def export_model(opts: ExportModelOptions, json_out: Json = False) -> None:
     """Write a standard transformers checkpoint of a model under a map, its repeated layers unrolled, with its tokenizer (or a mergekit config that builds it)."""  # noqa: E501 -- typer lists the command by this paragraph, its line breaks kept
     from ilr_search.commands.export import export_checkpoint
 
-    report = export_checkpoint(
-        out, study, storage, model, map_, family, export_format, lambda why: ui.hold_note(f"study {study}: {why}")
-    )
+    report = export_checkpoint(opts, lambda why: ui.hold_note(f"study {opts.study}: {why}"))
     emit(report, json_out, ui.print_export_model)
 
 
 @app.command()
 @user_errors
-def recipe(
-    study: ReadStudy = None,
-    storage: Storage = None,
-    map_: Annotated[
-        str | None,
-        map_option(
-            "A map the study trained (2,1,1,1, 2,1,1,1|injection=add, block:1-2:2 or block2). \\[default: the "
-            "front's map of lowest perplexity]"
-        ),
-    ] = None,
-    out: Annotated[
-        Path | None, typer.Option(help="Write the recipe to FILE.toml or FILE.json. \\[default: TOML on stdout]")
-    ] = None,
-    json_out: Json = False,
-) -> None:
+@with_settings(RecipeOptions)
+def recipe(opts: RecipeOptions, json_out: Json = False) -> None:
     """Everything needed to train one map of a study elsewhere: model config, map, schedule, knobs, training and data settings, measured perplexities."""  # noqa: E501 -- typer lists the command by this paragraph, its line breaks kept
     from ilr_search.commands.recipe import RECIPE_FORMATS, recipe_text, study_recipe, write_recipe
     from ilr_search.commands.report import check_out_path
 
-    path = check_out_path(out, RECIPE_FORMATS) if out is not None else None
-    name = study_or_default(study, storage)
-    report = study_recipe(name, storage, map_, on_choice=lambda why: ui.hold_note(f"study {name}: {why}"))
+    path = check_out_path(opts.out, RECIPE_FORMATS) if opts.out is not None else None
+    name = study_or_default(opts)
+    report = study_recipe(name, opts.storage, opts.map_text, on_choice=lambda why: ui.hold_note(f"study {name}: {why}"))
     if path is not None:
         write_recipe(report, path)
     if json_out:
@@ -746,8 +538,9 @@ def recipe(
 
 @app.command()
 @user_errors
-def migrate(storage: Storage = None, json_out: Json = False) -> None:
+@with_settings(StudyChoice, ["storage"])
+def migrate(opts: StudyChoice, json_out: Json = False) -> None:
     """Import the studies of a storage stored by an older ilr-search (each is also imported when first opened)."""
     from ilr_search.commands.migrate import migrate_storage
 
-    emit(migrate_storage(storage), json_out, lambda report: ui.out.print(report.text()))
+    emit(migrate_storage(opts.storage), json_out, lambda report: ui.out.print(report.text()))

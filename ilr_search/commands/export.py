@@ -38,7 +38,7 @@ from ilr_search.commands.standard_checkpoint import (
     default_family,
     write_checkpoint,
 )
-from ilr_search.config import DataConfig, ModelConfig
+from ilr_search.config import DataConfig, ExportModelOptions, ModelConfig
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import KNOB_CHOICES
 from ilr_search.training.model import CONFIG_FILE, SAVED_FORMAT, WEIGHTS_FILE, ILRTransformer, read_saved
@@ -59,38 +59,29 @@ MERGEKIT_SUFFIXES = (".yml", ".yaml")
 SCALE_KNOBS = ("damping", "repeat_scale")  # the knobs a mergekit config carries, as tensor scales
 
 
-def export_checkpoint(
-    out: Path,
-    study: str | None,
-    storage: str | None,
-    model: Path | None,
-    map_text: str | None,
-    family: str | None,
-    export_format: str,
-    on_choice: Callable[[str], None],
-) -> ExportedModel:
+def export_checkpoint(opts: ExportModelOptions, on_choice: Callable[[str], None]) -> ExportedModel:
     """`ilr-search export-model`: a frozen study's checkpoint (`study`) or a model train --save wrote (`model`),
     one of them, exported under a map in `export_format`; the flags that do not go together are refused first."""
-    if (study is None) == (model is None):
+    if (opts.study is None) == (opts.model is None):
         raise UserInputError(
             "give --study NAME (a frozen study's model) or --model DIR (a model train --save wrote), one of them"
         )
-    check_format(export_format, EXPORT_FORMATS)
-    if model is not None:
-        if storage is not None:
+    check_format(opts.export_format, EXPORT_FORMATS)
+    if opts.model is not None:
+        if opts.storage is not None:
             raise UserInputError("--storage goes with --study")
-        if export_format == "mergekit":
+        if opts.export_format == "mergekit":
             raise UserInputError(
                 "--format mergekit goes with --study (a frozen study of a checkpoint, whose slices the config "
                 "stacks); export a --model DIR with --format hf"
             )
-        return export_saved_model(model, out, map_text, family)
-    assert study is not None  # exactly one of study and model
-    if export_format == "mergekit":
-        if family is not None:
+        return export_saved_model(opts.model, opts.out, opts.map_text, opts.family)
+    assert opts.study is not None  # exactly one of study and model
+    if opts.export_format == "mergekit":
+        if opts.family is not None:
             raise UserInputError("--family goes with --format hf: a mergekit config takes the checkpoint's own family")
-        return export_study_mergekit(study, out, storage, map_text, on_choice=on_choice)
-    return export_study_model(study, out, storage, map_text, family, on_choice=on_choice)
+        return export_study_mergekit(opts.study, opts.out, opts.storage, opts.map_text, on_choice=on_choice)
+    return export_study_model(opts.study, opts.out, opts.storage, opts.map_text, opts.family, on_choice=on_choice)
 
 
 def parse_export_map(map_text: str, n_layers: int, knobs: bool = False) -> Map:

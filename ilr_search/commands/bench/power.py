@@ -25,6 +25,7 @@ from typing import Any
 from ilr_search.analysis.racing import RaceSettings
 from ilr_search.commands.bench.policy import REPLAY_RACES, race_template, replay_race
 from ilr_search.commands.bench.truth import TruthTable, null_table, planted
+from ilr_search.config import BenchPowerOptions
 from ilr_search.errors import UserInputError
 from ilr_search.records import record_json
 
@@ -233,24 +234,16 @@ def power_report(
     )
 
 
-def power_command(
-    path: str | Path,
-    deltas: str,
-    crossing: str,
-    orders: int,
-    maps: str | None,
-    policy: str,
-    fixed_seeds: int,
-    against: str = "baseline",
-) -> PowerReport:
-    """`ilr-search bench power`: the flags checked (one error each, before any replay), then power_report."""
-    if policy not in (*REPLAY_RACES, "both"):
-        raise UserInputError(f"unknown --policy {policy!r}; use race, race-fixed or both")
-    constant = parse_deltas(deltas)
-    crossed = parse_deltas(crossing) if crossing.strip() else ()
+def power_command(opts: BenchPowerOptions) -> PowerReport:
+    """`ilr-search bench power`: its settings checked (one error each, before any replay), then power_report."""
+    if opts.policy not in (*REPLAY_RACES, "both"):
+        raise UserInputError(f"unknown --policy {opts.policy!r}; use race, race-fixed or both")
+    constant = parse_deltas(opts.deltas)
+    crossed = parse_deltas(opts.crossing) if opts.crossing.strip() else ()
+    fixed_seeds = opts.fixed_seeds
     if fixed_seeds < 2:
         raise UserInputError(f"--fixed-seeds must be at least 2 (a paired test needs two), got {fixed_seeds}")
-    table = TruthTable.read(path)
+    table = TruthTable.read(opts.table)
     if fixed_seeds > len(table.seeds_at(table.lengths[-1])):
         raise UserInputError(
             f"--fixed-seeds {fixed_seeds}: the table has {len(table.seeds_at(table.lengths[-1]))} "
@@ -260,15 +253,15 @@ def power_command(
         "race": {"adaptive": race_template("race")},
         "race-fixed": {f"fixed-{fixed_seeds}-seeds": race_template("race-fixed")},
     }
-    settings = names.get(policy) or {**names["race"], **names["race-fixed"]}
+    settings = names.get(opts.policy) or {**names["race"], **names["race-fixed"]}
     return power_report(
-        path,
+        opts.table,
         settings,
         constant,
         crossed,
-        orders,
-        maps.split() if maps else None,
+        opts.orders,
+        opts.maps.split() if opts.maps else None,
         {f"fixed-{fixed_seeds}-seeds": fixed_seeds},
         table,
-        against,
+        opts.against,
     )

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 from ilr_search.analysis.pareto import non_dominated
 from ilr_search.analysis.results import curves_by_trial
 from ilr_search.commands.report import _atomic_write, check_out_path
-from ilr_search.config import SIZE_MAXIMA
+from ilr_search.config import SIZE_MAXIMA, BenchBuildOptions
 from ilr_search.errors import UserInputError
 from ilr_search.search.plan import plan_study
 from ilr_search.search.progress import RunReporter
@@ -72,27 +72,17 @@ class BuiltTable:
         return dataclasses.asdict(self)
 
 
-def build_table(
-    space_path: str | Path,
-    out: str | Path,
-    budget: str = "2x",
-    storage: str | None = None,
-    study_name: str | None = None,
-    reporter: RunReporter | None = None,
-    steps: int | None = None,
-    sample: int | None = None,
-    seed: int = 0,
-) -> BuiltTable:
-    """Train every feasible map of the space (or a seeded sample of `sample` maps, the baseline always among
-    them) as a brute-force study, so the build resumes, and write the table. Block recurrence K is added as
-    a `blockK` row where the space's families include it and the budget allows it."""
-    path = check_out_path(out, (".parquet", ".csv"))
-    if sample is not None and sample < 1:
-        raise UserInputError(f"--sample must be at least 1 map, got {sample}")
+def build_table(opts: BenchBuildOptions, reporter: RunReporter | None = None) -> BuiltTable:
+    """`ilr-search bench build`: train every feasible map of the space (or a seeded sample of `sample` maps, the
+    baseline always among them) as a brute-force study, so the build resumes, and write the table. Block recurrence
+    K is added as a `blockK` row where the space's families include it and the budget allows it."""
+    path = check_out_path(opts.out, (".parquet", ".csv"))
+    if opts.sample is not None and opts.sample < 1:
+        raise UserInputError(f"--sample must be at least 1 map, got {opts.sample}")
     space = load_space(
-        space_path, {"search": {"enqueue_paper_maps": False, "noise_seeds": 0}, "train": {"steps": steps}}
+        opts.space, {"search": {"enqueue_paper_maps": False, "noise_seeds": 0}, "train": {"steps": opts.steps}}
     )
-    plan = plan_study(space, budget, None)
+    plan = plan_study(space, opts.budget, None)
     candidates = space.search.max_reuse**plan.model.n_layers
     if candidates > SIZE_MAXIMA["search", "n_trials"]:
         raise UserInputError(
@@ -101,22 +91,22 @@ def build_table(
             f"{SIZE_MAXIMA['search', 'n_trials']:,}; give a smaller space"
         )
     maps = feasible_maps(plan.model.n_layers, space.search.max_reuse, plan.budget.max_layer_runs(plan.model))
-    if sample is not None and sample < len(maps):
+    if opts.sample is not None and opts.sample < len(maps):
         baseline = [1] * plan.model.n_layers
         others = [m for m in maps if m != baseline]
-        maps = [baseline] + sorted(random.Random(seed).sample(others, sample - 1))
-    name = study_name or (
-        f"bench-{Path(space_path).stem}-{plan.budget.text}"
-        + (f"-{steps}steps" if steps else "")
-        + (f"-sample{sample}-seed{seed}" if sample else "")
+        maps = [baseline] + sorted(random.Random(opts.seed).sample(others, opts.sample - 1))
+    name = opts.study or (
+        f"bench-{Path(opts.space).stem}-{plan.budget.text}"
+        + (f"-{opts.steps}steps" if opts.steps else "")
+        + (f"-sample{opts.sample}-seed{opts.seed}" if opts.sample else "")
     )
     started = time.perf_counter()
     run_in_process(
         RunRequest(
             space,
-            budget,
+            opts.budget,
             name,
-            storage,
+            opts.storage,
             n_trials=len(maps),
             sampler="random",
             pruner="none",
@@ -127,8 +117,8 @@ def build_table(
     )  # the table: every map once, no race
     seconds = time.perf_counter() - started
     rows = []
-    study = open_study(parse_storage(storage), name)
-    store = open_store(parse_storage(storage), name, read_only=True, storage=study_storage(study))
+    study = open_study(parse_storage(opts.storage), name)
+    store = open_store(parse_storage(opts.storage), name, read_only=True, storage=study_storage(study))
     curves = curves_by_trial(store.curve_points())
     for t in trained_results(study_trials(study)):
         rows.append(
@@ -161,16 +151,16 @@ def build_table(
 
     frame = pd.DataFrame(rows).sort_values("reuse_map").reset_index(drop=True)
     meta = {
-        "space": str(space_path),
-        "budget": budget,
+        "space": str(opts.space),
+        "budget": opts.budget,
         "n_layers": plan.model.n_layers,
         "max_reuse": space.search.max_reuse,
         "max_layer_runs": plan.budget.max_layer_runs(plan.model),
         "steps": space.train.steps,
         "rungs": space.train.eval_steps[:-1],
         "study": name,
-        "sample": sample,
-        "sample_seed": seed if sample else None,
+        "sample": opts.sample,
+        "sample_seed": opts.seed if opts.sample else None,
     }
     frame["meta"] = json.dumps(meta)
     if path.suffix == ".parquet":
