@@ -426,9 +426,9 @@ def setting(
     """A field of a command's settings (SpaceOptions, RunOptions, ...) that is also its option: the field's name,
     type and `default` are the option's (`--` + the name with dashes, or `flag`: typer's declaration such as
     "--compile/--no-compile"), `help` its help; `key`: the space's (section, TOML key) the value overrides;
-    `required`: the command line must give it (the Python API takes `default`); `space_default`: left None, the
-    space's value is taken, which the help says ("[default: from the space]", or with a text: "[default: from the
-    space, TEXT]"). cli/main.py builds every command's options from these fields."""
+    `required`: the command line must give it (the Python API takes `default`); `space_default`: the setting left
+    None takes the space's value, and its help ends "[default: from the space]" (True) or "[default: from the space,
+    TEXT]". cli/main.py builds every command's options from these fields."""
     if space_default:
         help += " \\[default: from the space" + (f", {space_default}" if isinstance(space_default, str) else "") + "]"
     return field(default=default, metadata={"help": help, "flag": flag, "key": key, "required": required})
