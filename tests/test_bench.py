@@ -3,7 +3,8 @@ import itertools
 import pytest
 
 from ilr_search.commands.bench import Table, build_table, feasible_maps, hypervolume_2d, replay
-from ilr_search.config import BenchBuildOptions, PrunerSettings
+from ilr_search.config import PrunerSettings
+from ilr_search.options import BenchBuildOptions
 
 
 def test_hypervolume_hand_computed():

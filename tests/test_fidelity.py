@@ -15,8 +15,9 @@ from ilr_search.analysis.fidelity import audit_report, rung_agreements
 from ilr_search.analysis.results import study_front
 from ilr_search.commands.audit import check_settings, run_audit
 from ilr_search.commands.bench import Table, TableRow, replay_pruning
-from ilr_search.config import AuditSettings, PrunerSettings, factor_key
+from ilr_search.config import PrunerSettings, factor_key
 from ilr_search.errors import UserInputError
+from ilr_search.options import AuditSettings
 from ilr_search.search.pruners import calibrate_rung, decision_at_rung, pareto_decision
 from ilr_search.search.run import RunRequest, run_in_process
 from ilr_search.search.studies import trials_report

@@ -10,7 +10,7 @@ from conftest import ROOT, assert_one_line_error
 from helpers import run_args
 
 from ilr_search.commands.audit import run_audit
-from ilr_search.config import AuditSettings
+from ilr_search.options import AuditSettings
 
 SPACE = ROOT / "tests" / "spaces" / "cli.toml"
 SMALL = ["--layers", "3", "--d-model", "16", "--heads", "2", "--seq-len", "32", "--batch-size", "4", "--dtype", "fp32"]

@@ -11,6 +11,7 @@ PACKAGE = ROOT / "ilr_search"
 
 LAYERS = {  # a top-level module or folder of the package -> its layer; higher imports lower (or its own layer)
     "config": 0,
+    "options": 0,  # the commands' settings (each field an option)
     "errors": 0,
     "interrupts": 0,
     "records": 0,
@@ -134,6 +135,7 @@ def test_circle_finder_finds_a_circle():
 CLI_MAY_IMPORT = (
     "ilr_search.commands",
     "ilr_search.config",
+    "ilr_search.options",
     "ilr_search.errors",
     "ilr_search.interrupts",
     "ilr_search.cli",
@@ -142,8 +144,8 @@ CLI_MAY_IMPORT = (
 
 def test_the_cli_imports_only_the_commands_settings_errors_and_itself():
     """cli/ parses and renders: what it needs of the package (use cases, the events it draws, how a map is written)
-    comes through commands/, besides the settings (config) and errors. The package's own names (its __version__,
-    no module) are allowed too."""
+    comes through commands/, besides the settings (config, options) and errors. The package's own names (its
+    __version__, no module) are allowed too."""
     graph = import_graph()
     cli = {m: deps for m, deps in graph.items() if m == "ilr_search.cli" or m.startswith("ilr_search.cli.")}
     assert {"ilr_search.cli.main", "ilr_search.cli.ui"} <= set(cli)

@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import typer
 
 from ilr_search.cli import ui
-from ilr_search.config import (
+from ilr_search.errors import UserInputError
+from ilr_search.interrupts import recorded
+from ilr_search.options import (
     JUDGE_SPACE_OPTIONS,
     AuditOptions,
     BenchBuildOptions,
@@ -36,8 +38,6 @@ from ilr_search.config import (
     TrainOptions,
     check_init_flags,
 )
-from ilr_search.errors import UserInputError
-from ilr_search.interrupts import recorded
 
 if TYPE_CHECKING:
     from ilr_search.commands.run import RunRequest
@@ -83,7 +83,7 @@ def application(
 
 
 # ----------------------------------------------------------------------------------------------------
-# A command's options: the fields of its settings dataclass (config.py, each declared once with setting()), added to
+# A command's options: the fields of its settings dataclass (options.py, each declared once with setting()), added to
 # its signature. The space's options are shared: flops takes the model's (its shape and vocabulary: what its FLOPs
 # depend on), train and run the training's too.
 
@@ -91,7 +91,7 @@ def application(
 def option_parameters(
     settings: type, names: Iterable[str] | None = None, helps: Mapping[str, str] | None = None
 ) -> list[inspect.Parameter]:
-    """The command-line options of a settings dataclass (config.setting fields; `names`: only those), as typer reads
+    """The command-line options of a settings dataclass (options.setting fields; `names`: only those), as typer reads
     them from a signature: each its field's name, type, default and help (`helps` may say a field's help in the words
     of another command). The required options come first, the space's (SHARED) last."""
     hints = typing.get_type_hints(settings)

@@ -9,11 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ilr_search.config import KNOB_FIELD_DEFAULTS, ModelConfig, Overrides, SpaceConfig, TrainOptions
+from ilr_search.config import KNOB_FIELD_DEFAULTS, ModelConfig, SpaceConfig
 from ilr_search.data.tokenizers import check_vocab, model_config
 from ilr_search.data.tokens import load_space_tokens
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import format_knobs, knob_params, knobs_of, parse_knob_settings, with_knobs
+from ilr_search.options import Overrides, TrainOptions
 from ilr_search.space import load_space
 from ilr_search.training.flops import FlopsCount, describe, map_param_count
 from ilr_search.training.model import repeat_indices

@@ -22,11 +22,12 @@ from optuna.trial import TrialState
 
 from ilr_search.analysis.fidelity import AuditReport, audit_report
 from ilr_search.analysis.results import Curves, curves_by_trial, study_front, trained_trials
-from ilr_search.config import SIZE_MAXIMA, AuditSettings, SpaceConfig, factor_key
+from ilr_search.config import SIZE_MAXIMA, SpaceConfig, factor_key
 from ilr_search.data.tokenizers import check_vocab, model_config
 from ilr_search.data.tokens import TokenData, load_space_tokens
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import with_knobs
+from ilr_search.options import AuditSettings
 from ilr_search.records import record_json
 from ilr_search.search.plan import CONFIG_ATTR, StoredConfig, safe_name, stored_config
 from ilr_search.search.progress import RunReporter, StudyStarted

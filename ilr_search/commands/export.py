@@ -38,9 +38,10 @@ from ilr_search.commands.standard_checkpoint import (
     default_family,
     write_checkpoint,
 )
-from ilr_search.config import DataConfig, ExportModelOptions, ModelConfig
+from ilr_search.config import DataConfig, ModelConfig
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import KNOB_CHOICES
+from ilr_search.options import ExportModelOptions
 from ilr_search.training.model import CONFIG_FILE, SAVED_FORMAT, WEIGHTS_FILE, ILRTransformer, read_saved
 from ilr_search.training.pretrained import (
     SUPPORTED_FAMILIES,

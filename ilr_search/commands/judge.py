@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from ilr_search.commands.run import RunOptions, run_request
-from ilr_search.config import MAP_PARTS, JudgeOptions, SpaceConfig
+from ilr_search.config import MAP_PARTS, SpaceConfig
 from ilr_search.data.tokenizers import model_config
 from ilr_search.errors import UserInputError
+from ilr_search.options import JudgeOptions
 from ilr_search.search.maps import PART_NAMES
 from ilr_search.search.plan import safe_name
 from ilr_search.search.run import RunRequest

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from ilr_search.commands.api import with_init
 from ilr_search.commands.autofuse import Layout, parse_fuse
 from ilr_search.commands.layout import process_threads, race_processes, usable_cores
-from ilr_search.config import RunOptions, SpaceConfig, check_init_flags
+from ilr_search.config import SpaceConfig
 from ilr_search.errors import UserInputError
+from ilr_search.options import RunOptions, check_init_flags
 from ilr_search.search.maps import split_enqueue_text
 from ilr_search.search.phases import PhaseMeter
 from ilr_search.search.plan import PhaseLayout, StudyLayout

@@ -25,8 +25,8 @@ from typing import Any
 from ilr_search.analysis.racing import RaceSettings
 from ilr_search.commands.bench.policy import REPLAY_RACES, race_template, replay_race
 from ilr_search.commands.bench.truth import TruthTable, null_table, planted
-from ilr_search.config import BenchPowerOptions
 from ilr_search.errors import UserInputError
+from ilr_search.options import BenchPowerOptions
 from ilr_search.records import record_json
 
 DEFAULT_DELTAS = (0.0, 0.5, 1.0, 2.0, 3.0, 4.0)

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any, cast
 from ilr_search.analysis.pareto import non_dominated
 from ilr_search.analysis.results import curves_by_trial
 from ilr_search.commands.report import _atomic_write, check_out_path
-from ilr_search.config import SIZE_MAXIMA, BenchBuildOptions
+from ilr_search.config import SIZE_MAXIMA
 from ilr_search.errors import UserInputError
+from ilr_search.options import BenchBuildOptions
 from ilr_search.search.plan import plan_study
 from ilr_search.search.progress import RunReporter
 from ilr_search.search.run import RunRequest, run_in_process
