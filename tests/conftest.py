@@ -118,7 +118,9 @@ class RacedStudy:
 def _build_raced_study(root: Path, token_cache: Path) -> None:
     from helpers import run_args
 
-    space = write_space(root / "race.toml", search={**RACE, "pruner": "none"})  # every trial complete
+    # every trial complete; a narrow model: what the tests read of it (the race's runs, seeds, lengths, verdict and
+    # front) needs no size
+    space = write_space(root / "race.toml", search={**RACE, "pruner": "none"}, model={"d_model": 16, "seq_len": 32})
     (root / "db").mkdir()
     args = run_args(space, root / "db" / "raced.db", "raced", "--target", "2x")
     with one_core():
@@ -147,8 +149,8 @@ def built_once(tmp_path_factory, worker_id: str, name: str, build: Callable[[Pat
 
 @pytest.fixture(scope="session")
 def raced_study(tmp_path_factory, token_cache, worker_id) -> RacedStudy:
-    """One real study of the tiny space, 3 trials of 24 steps (no pruning), raced at --target 2x (48 steps) on 3
-    seeds and up to 4: built once for the whole test run (built_once)."""
+    """One real study of the tiny space (of a narrow model), 3 trials of 24 steps (no pruning), raced at --target 2x
+    (48 steps) on 3 seeds and up to 4: built once for the whole test run (built_once)."""
     root = built_once(tmp_path_factory, worker_id, "raced-study", lambda r: _build_raced_study(r, token_cache))
     summary = json.loads((root / "summary.json").read_text(encoding="utf-8"))
     return RacedStudy(root, root / "race.toml", root / "db" / "raced.db", "raced", summary)

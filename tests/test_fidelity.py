@@ -178,8 +178,13 @@ def test_eager_rule_is_unchanged():
 def small_study(tmp_path_factory, token_cache):
     root = tmp_path_factory.mktemp("audit")
     db = root / "a.db"
-    space = load_space(
-        SPACE, {"search": {"noise_seeds": 0, "families": ["ilr"], "prune_calibration_maps": 3}, "train": {"steps": 16}}
+    space = load_space(  # a narrow model: the fidelity and audit checks need no size
+        SPACE,
+        {
+            "search": {"noise_seeds": 0, "families": ["ilr"], "prune_calibration_maps": 3},
+            "train": {"steps": 16},
+            "model": {"d_model": 16, "seq_len": 32},
+        },
     )
     summary = run_in_process(
         RunRequest(space, "2x", "aud", f"sqlite:///{db}", n_trials=6, sampler="random", checkpoint_dir=root / "ck")

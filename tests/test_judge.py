@@ -8,7 +8,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from conftest import assert_one_line_error, write_space
+from conftest import assert_one_line_error, one_core, write_space
 
 PER_CHUNK = 8
 
@@ -67,7 +67,8 @@ def judged(recurrent_checkpoint, tmp_path_factory, token_cache):
     ]
     for c in ("2,2,1,1", "1,1,1,1|damping=0.5", "block:1-2:2|damping=1e-7", str(layer_scan)):
         args += ["--candidate", c]
-    proc = run_cli(args, root, {"ILR_SEARCH_CACHE": str(token_cache)})
+    with one_core():  # raced in this process: no race worker processes to start (conftest.one_core)
+        proc = run_cli(args, root, {"ILR_SEARCH_CACHE": str(token_cache)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return root, args, proc
 

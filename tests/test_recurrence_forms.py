@@ -294,7 +294,7 @@ def test_a_frozen_search_claims_the_sub_module_map_a_checkpoint_was_trained_with
 
 
 @pytest.mark.slow
-def test_an_a_a_judge_of_one_branch_candidates_claims_nothing(cli, tmp_path, recurrent_checkpoint):
+def test_an_a_a_judge_of_one_branch_candidates_claims_nothing(cli, tmp_path, recurrent_checkpoint, one_usable_core):
     """A one-branch pass damped to 1e-7 adds nothing but float rounding: `1,2a,1,1|damping=1e-7` runs layer 1's
     attention, a 1e-7 copy of it, then its MLP; `1,1,2m,1|damping=1e-7` layer 2 whole, then a 1e-7 MLP. Each is the
     model itself, so the judge must claim neither better nor worse, however many windows it pairs."""

@@ -7,13 +7,14 @@ import sys
 import optuna
 import pandas as pd
 import pytest
-from conftest import NO_REFERENCES, ROOT, assert_one_line_error, run_cli, write_space
+from conftest import NO_REFERENCES, assert_one_line_error, run_cli, write_space
 from helpers import HANG_SECONDS, imported_by, run_args, stored_reference_dicts
 
 from ilr_search.analysis.results import study_front
 from ilr_search.storage.trials import study_trials
 
-SPACE = str(ROOT / "tests" / "spaces" / "tiny.toml")
+SEQ = 32  # tokens a row (the batch is the tiny space's 8 rows)
+NARROW = {"d_model": 16, "seq_len": SEQ}  # the studies' model: what pruning saves and what is read back needs no size
 
 
 @pytest.fixture(scope="module")
@@ -22,8 +23,9 @@ def pruned_study(tmp_path_factory, token_cache):
     default is tested in test_fidelity.py), plus one failed (diverged) trial."""
     root = tmp_path_factory.mktemp("report")
     db = root / "r.db"
+    space = write_space(root / "tiny.toml", model=NARROW)  # the tiny space of a narrow model
     proc = run_cli(
-        run_args(SPACE, db, "rep", "--sampler", "random", "--pruner", "pareto-eager", budget="2x", n_trials=10),
+        run_args(space, db, "rep", "--sampler", "random", "--pruner", "pareto-eager", budget="2x", n_trials=10),
         root,
         {"ILR_SEARCH_CACHE": str(token_cache)},
     )
@@ -65,7 +67,7 @@ def test_study_has_pruned_trials_with_reasons(pruned_study, cli):
 def test_pruning_trains_fewer_steps_than_the_same_study_without(pruned_study, cli, tmp_path):
     _, _, pruned = pruned_study
     # the same study without pruning; its reference runs (not counted in steps_trained) are left out
-    space = str(write_space(tmp_path / "plain.toml", search=NO_REFERENCES))
+    space = str(write_space(tmp_path / "plain.toml", search=NO_REFERENCES, model=NARROW))
     plain = json.loads(
         cli(
             "run",
@@ -184,7 +186,7 @@ def test_export_curves_is_a_long_table_of_validation_and_training_loss(pruned_st
         assert set(mine["map"]) == {t.user_attrs["map_key"]}
         assert len(val) >= 1 and len(train) >= 1, t.number
         assert train["step"].max() == t.user_attrs["steps"]  # the last window ends where training stopped
-        assert (train["tokens"] == train["step"] * 8 * 64).all() and (val["tokens"] == val["step"] * 8 * 64).all()
+        assert (train["tokens"] == train["step"] * 8 * SEQ).all() and (val["tokens"] == val["step"] * 8 * SEQ).all()
         # the validation points are Optuna's intermediate values too (optuna-dashboard plots them)
         assert dict(zip(val["step"], val["loss"], strict=True)) == pytest.approx(t.intermediate_values)
     refs = curves[curves["trial"].isna()]

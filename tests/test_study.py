@@ -19,6 +19,8 @@ from ilr_search.training.flops import parse_budget
 # tests/spaces/cli.toml: the default space's settings at test size, without reference runs
 CLI_SPACE = ROOT / "tests" / "spaces" / "cli.toml"
 TINY = ["--layers", "4", "--d-model", "32", "--heads", "2", "--seq-len", "64", "--batch-size", "8", "--dtype", "fp32"]
+# tiny_study's model, narrower: what its tests read (counts, stored facts, budgets, refusals) needs no size
+NARROW = ["--layers", "4", "--d-model", "16", "--heads", "2", "--seq-len", "32", "--batch-size", "8", "--dtype", "fp32"]
 
 
 def load(db, name):
@@ -30,7 +32,7 @@ def tiny_study(tmp_path_factory, token_cache):
     """One real 6-trial study shared by the read-only tests below."""
     root = tmp_path_factory.mktemp("study")
     db = root / "s.db"
-    args = run_args(CLI_SPACE, db, "tiny", *TINY, steps=20, n_trials=6)
+    args = run_args(CLI_SPACE, db, "tiny", *NARROW, steps=20, n_trials=6)
     proc = run_cli(args, root, {"ILR_SEARCH_CACHE": str(token_cache)})
     assert proc.returncode == 0, proc.stderr
     return root, db, json.loads(proc.stdout)
@@ -87,11 +89,11 @@ def test_run_end_to_end_and_resume_to_more_trials(tiny_study, cli):
     # resuming to 9 adds exactly three finished trials to a copy of the study
     copy = root / "copy.db"
     copy.write_bytes(db.read_bytes())
-    more = json.loads(cli(*run_args(CLI_SPACE, copy, "tiny", *TINY, steps=20, n_trials=9), check=True).stdout)
+    more = json.loads(cli(*run_args(CLI_SPACE, copy, "tiny", *NARROW, steps=20, n_trials=9), check=True).stdout)
     finished = [t for t in load(copy, "tiny").trials if t.state.is_finished()]
     assert len(finished) == 9 and more["n_complete"] + more["n_pruned"] == 9
     # rerunning at the target trains nothing more
-    again = json.loads(cli(*run_args(CLI_SPACE, copy, "tiny", *TINY, steps=20, n_trials=9), check=True).stdout)
+    again = json.loads(cli(*run_args(CLI_SPACE, copy, "tiny", *NARROW, steps=20, n_trials=9), check=True).stdout)
     assert again["steps_trained"] == more["steps_trained"]
 
 
@@ -153,7 +155,7 @@ def test_a_trial_writes_its_attributes_in_two_transactions(tmp_path, token_cache
 @pytest.mark.slow
 def test_no_completed_trial_is_over_budget(tiny_study):
     _, db, _ = tiny_study
-    cfg = ModelConfig(n_layers=4, d_model=32, n_heads=2, seq_len=64)
+    cfg = ModelConfig(n_layers=4, d_model=16, n_heads=2, seq_len=32)  # tiny_study's model (NARROW)
     budget = parse_budget("1.5x", cfg)
     with sqlite3.connect(db) as conn:
         rows = conn.execute(
@@ -294,7 +296,7 @@ BAD_RUNS = {
 def test_bad_run_input_changes_nothing(tiny_study, cli, case):
     root, db, _ = tiny_study
     before = digest(db)
-    args = run_args(CLI_SPACE, db, "tiny", *TINY, steps=20, n_trials=6)
+    args = run_args(CLI_SPACE, db, "tiny", *NARROW, steps=20, n_trials=6)
     extra = BAD_RUNS[case]
     for i, a in enumerate(extra[::2]):  # replace an option already present, or add it
         if a in args:
