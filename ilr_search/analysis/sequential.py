@@ -211,8 +211,6 @@ def detectable_gap(
     """The smallest true gap (in the loss, nats) that a one-sided paired t test over n differences of sd `sd_diff`
     finds with probability `power` at level alpha (or against a given t `boundary`): the gap whose noncentral t
     reaches the boundary with that probability. None with fewer than 2 differences or no sd."""
-    from scipy.optimize import brentq
-    from scipy.stats import nct
     from scipy.stats import t as student
 
     if n < 2 or sd_diff is None or not math.isfinite(sd_diff) or sd_diff <= 0 or alpha < MIN_LEVEL:
@@ -221,6 +219,16 @@ def detectable_gap(
     c = boundary if boundary is not None else float(student.ppf(1 - alpha, dof))
     if not math.isfinite(c) or c > 1e4:
         return None
+    ncp = _noncentrality(c, dof, power)
+    return None if ncp is None else ncp * sd_diff / math.sqrt(n)
+
+
+@functools.lru_cache(maxsize=65536)
+def _noncentrality(c: float, dof: int, power: float) -> float | None:
+    """The noncentrality at which a noncentral t of `dof` degrees exceeds `c` with probability `power` (None past
+    1e5). It does not depend on the sd, so the race, which asks again after every run, finds each root once."""
+    from scipy.optimize import brentq
+    from scipy.stats import nct
 
     def shortfall(ncp: float) -> float:
         return float(nct.sf(c, dof, ncp)) - power
@@ -230,5 +238,4 @@ def detectable_gap(
         high *= 2
         if high > 1e5:
             return None
-    ncp = brentq(shortfall, 0.0, high, xtol=1e-9)
-    return ncp * sd_diff / math.sqrt(n)
+    return float(brentq(shortfall, 0.0, high, xtol=1e-9))
