@@ -158,6 +158,38 @@ def test_the_race_estimate_prices_each_run_at_its_own_depth():
     assert no_deep[1] < seconds[1]
 
 
+def test_a_race_wave_lasts_as_long_as_its_busiest_worker():
+    """The race's workers share a wave in fused groups of up to min(fuse, ceil(runs / workers)), each group to the
+    worker free first (search/race.run_race): three runs on two workers take two runs' time, twelve in groups of
+    four take eight (the third group alone)."""
+    from ilr_search.commands.dryrun import AdaptiveRace, RacePlan, race_seconds, race_waves, wave_seconds
+
+    assert wave_seconds([1.0] * 3, 2, 4) == 2
+    assert wave_seconds([1.0] * 3, 1, 4) == 3
+    assert wave_seconds([1.0] * 5, 2, 4) == 3
+    assert wave_seconds([1.0] * 8, 2, 4) == 4
+    assert wave_seconds([1.0] * 12, 2, 4) == 8
+    assert wave_seconds([8.0, 12.0, 12.0], 2, 1) == 20  # one run a group: the baseline's worker takes the third
+    shape = AdaptiveRace(screen=12, contenders=3, first_test_seeds=2, max_seeds=8, equal_compute="depth")
+    assert [len(w) for w in race_waves(shape, least=False)] == [5, 5, 2, 6, 3, 3, 3, 3, 3, 8]
+    assert [len(w) for w in race_waves(shape, least=True)] == [5, 5, 2, 6, 3]
+    assert [len(w) for w in race_waves(dataclasses.replace(shape, look_every=2), least=False)] == [
+        5,
+        5,
+        2,
+        6,
+        6,
+        6,
+        3,
+        8,
+    ]
+    runs = (12 + 6 + 3, 12 + 3 * 7 + 8)
+    race = RacePlan("adaptive", 100, *runs, runs[0] * 100, runs[1] * 100, shape)
+    one = race_seconds(race, lambda layer_runs: layer_runs, 8, 10, 12)
+    two = race_seconds(race, lambda layer_runs: layer_runs, 8, 10, 12, processes=2, fuse=4)
+    assert all(one_worker / 2 < two_workers < one_worker for one_worker, two_workers in zip(one, two, strict=True))
+
+
 def test_the_probed_line_never_prices_a_deeper_map_below_a_shallower_one():
     from ilr_search.commands.dryrun import Probe, probed_seconds
 

@@ -15,7 +15,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ilr_search.analysis.race_core import RaceSettings
 from ilr_search.analysis.results import has_result
+from ilr_search.analysis.sequential import looks_apart
 from ilr_search.commands.autofuse import Layout, describe, resolve_layout
 from ilr_search.commands.layout import on_cpu, process_threads, race_processes, usable_cores
 from ilr_search.config import Dtype, ModelConfig, SpaceConfig, TrainConfig, race_target_steps, races
@@ -183,6 +185,9 @@ class FixedRace:
     contenders: int
 
 
+SCREEN_WAVE = RaceSettings.calibration  # maps the adaptive race screens at a time (its calibration)
+
+
 @dataclass(frozen=True)
 class AdaptiveRace:
     """The adaptive race's shape: maps screened at seed 0, contenders tested on the first test seeds and, while
@@ -193,6 +198,7 @@ class AdaptiveRace:
     first_test_seeds: int
     max_seeds: int
     equal_compute: str
+    look_every: int = 1  # test seeds a wave after the first test (sequential.looks_apart)
 
 
 @dataclass(frozen=True)
@@ -590,40 +596,77 @@ def race_plan(plan: StudyPlan, n_trials: int) -> RacePlan:
         runs_max=steps_max // target,
         steps_min=steps_min,
         steps_max=steps_max,
-        shape=AdaptiveRace(screened, contenders, search.race_seeds - 1, search.max_seeds, search.equal_compute),
+        shape=AdaptiveRace(
+            screened,
+            contenders,
+            search.race_seeds - 1,
+            search.max_seeds,
+            search.equal_compute,
+            looks_apart(search.look_every, search.max_seeds - 1),
+        ),
         cap=cap,
     )
 
 
+def race_waves(shape: AdaptiveRace, least: bool) -> list[list[str]]:
+    """The adaptive race's waves in its least or most outcome, each a list of runs in the policy's order (the
+    baseline first): "plain" (the baseline), "map" (a recurrent contender) or "deep" (the equal-compute model). The
+    screen asks SCREEN_WAVE maps at a time (adaptive_race's calibration), the first test every contender's first
+    test seeds at once, each later wave `look_every` seeds more (the most: to the pool's last), and the
+    equal-compute model comes last, at the best contender's seeds."""
+    screen = ["plain"] + ["map"] * (shape.screen - 1)
+    waves = [screen[i : i + SCREEN_WAVE] for i in range(0, len(screen), SCREEN_WAVE)]
+    waves.append(["plain"] * shape.first_test_seeds + ["map"] * ((shape.contenders - 1) * shape.first_test_seeds))
+    seeds = shape.first_test_seeds + 1  # seed 0 screened
+    if not least:
+        while seeds < shape.max_seeds:
+            n = min(shape.look_every, shape.max_seeds - seeds)
+            waves.append(["plain"] * n + ["map"] * ((shape.contenders - 1) * n))
+            seeds += n
+    if shape.equal_compute == "depth":
+        waves.append(["deep"] * seeds)
+    return [w for w in waves if w]
+
+
+def wave_seconds(runs: Sequence[float], processes: int, fuse: int) -> float:
+    """A wave's wall seconds as the race's workers share it (search/race.run_race): groups of up to
+    min(fuse, ceil(runs / processes)) runs in order, each group to the worker free first; a group costs the sum of
+    its runs' seconds, each priced as a member of a probed fused group."""
+    limit = max(1, min(fuse, -(-len(runs) // max(1, processes))))
+    loads = [0.0] * max(1, processes)
+    for i in range(0, len(runs), limit):
+        loads[loads.index(min(loads))] += sum(runs[i : i + limit])
+    return max(loads)
+
+
 def race_seconds(
-    race: RacePlan, run_seconds: Callable[[float], float], plain: float, mid: float, most: float
+    race: RacePlan,
+    run_seconds: Callable[[float], float],
+    plain: float,
+    mid: float,
+    most: float,
+    processes: int = 1,
+    fuse: int = 1,
 ) -> tuple[float, float]:
-    """The race's (least, most) seconds on one worker, each run at its own cost (`run_seconds` of a target-length
-    run of so many layer runs). An adaptive race's least: the screen and the contenders' first test seeds at an
-    average map's cost (`mid` layer runs), the baseline's at `plain`, the equal-compute model at `mid`; its most:
-    every recurrent run, and the equal-compute model as deep as the best contender, at the budget's most (`most`);
-    both scaled to the steps `race` has (race_left's are what is left; the compute cap). A fixed race: every run at
-    `mid`."""
+    """The race's (least, most) wall seconds on `processes` race workers fusing up to `fuse` runs, each run at its
+    own cost (`run_seconds` of a target-length run of so many layer runs). An adaptive race's least: its least
+    waves (race_waves), recurrent runs and the equal-compute model at an average map's cost (`mid` layer runs), the
+    baseline at `plain`; its most: its most waves, every recurrent run and the equal-compute model as deep as the
+    best contender at the budget's most (`most`); a wave lasts as long as its busiest worker (wave_seconds); both
+    scaled to the steps `race` has (race_left's are what is left; the compute cap). A fixed race: every run at
+    `mid`, shared evenly."""
     shape = race.shape
     if not isinstance(shape, AdaptiveRace) or not race.target_steps:
         runs = (race.steps_min / race.target_steps, race.steps_max / race.target_steps) if race.target_steps else (0, 0)
-        return runs[0] * run_seconds(mid), runs[1] * run_seconds(mid)
-    deep = 1 if shape.equal_compute == "depth" else 0
-    recurrent, tests = shape.contenders - 1, shape.max_seeds - 1
-    least_runs = shape.screen + shape.contenders * shape.first_test_seeds + deep * (shape.first_test_seeds + 1)
-    most_runs = shape.screen + shape.contenders * tests + deep * shape.max_seeds
-    least = (
-        run_seconds(plain)
-        + (shape.screen - 1) * run_seconds(mid)
-        + shape.first_test_seeds * (run_seconds(plain) + recurrent * run_seconds(mid))
-        + deep * (shape.first_test_seeds + 1) * run_seconds(mid)
-    )
-    most_seconds = (
-        run_seconds(plain)
-        + (shape.screen - 1) * run_seconds(most)
-        + tests * (run_seconds(plain) + recurrent * run_seconds(most))
-        + deep * shape.max_seeds * run_seconds(most)
-    )
+        return runs[0] * run_seconds(mid) / processes, runs[1] * run_seconds(mid) / processes
+
+    def waves_seconds(least: bool, depth: float) -> tuple[float, int]:
+        price = {"plain": run_seconds(plain), "map": run_seconds(depth), "deep": run_seconds(depth)}
+        waves = race_waves(shape, least)
+        seconds = sum(wave_seconds([price[run] for run in wave], processes, fuse) for wave in waves)
+        return seconds, sum(len(wave) for wave in waves)
+
+    (least, least_runs), (most_seconds, most_runs) = waves_seconds(True, mid), waves_seconds(False, most)
     return (
         least * race.steps_min / (least_runs * race.target_steps),
         most_seconds * race.steps_max / (most_runs * race.target_steps),
@@ -685,7 +728,7 @@ def estimate(
         ref_seconds += proxy_seconds(mid_runs)
     racers = max(groups, race_processes(space, groups))
     race_min, race_max = (
-        (seconds / racers for seconds in race_seconds(race, target_run, baseline.layer_runs, mid_runs, costly_runs))
+        race_seconds(race, target_run, baseline.layer_runs, mid_runs, costly_runs, racers, fuse)
         if race.runs_max
         else (0.0, 0.0)
     )
@@ -714,7 +757,8 @@ def estimate(
         + (f" ({side} groups side by side, as its lanes and workers share the CPU)" if side > 1 else "")
         + "; no pruning and no repeated map assumed (both shorten "
         "a run); an average trial is taken half-way between the baseline and the costliest map; the race's most "
-        "prices every recurrent run and the equal-compute model at the costliest map's depth; start-up, storage "
+        "prices every recurrent run and the equal-compute model at the costliest map's depth, and each of its waves "
+        "as long as its busiest worker; start-up, storage "
         "writes, tokenizing an uncached corpus, layer compilation and a "
         "changing machine load are not counted"
         + (
