@@ -3,7 +3,7 @@ or with both cores kept busy, and what it concluded.
 
     python benchmarks/default_run.py [--hogs 0] [--out benchmarks/data/default-run-quiet-2026-12-01.json]
         [--keep FOLDER] [-- extra run flags]
-    python benchmarks/default_run.py --fresh-venv [--hogs 0] [--keep FOLDER] [--dry-run] [--out ...]
+    python benchmarks/default_run.py --fresh-venv [--hogs 0] [--keep FOLDER] [--dry-run] [--worst-case] [--out ...]
     python benchmarks/default_run.py --compare A.json B.json
 
 --hogs N starts N `python3 -c 'while 1: pass'` processes beside the run (2 on this 2-core machine: both cores busy)
@@ -23,6 +23,13 @@ getrusage of the children) and the peak memory (the largest resident set of one 
 benchmarks/data/default-run-fresh-venv-DATE.json (default-run-fresh-venv-loaded-DATE.json with --hogs). --hogs and --keep work as above: the hogs
 start --settle seconds before the clock, so the install meets a busy machine too. --dry-run prints what it would run
 and writes nothing.
+
+--worst-case (with --fresh-venv) forces the default study's most expensive outcome: README's command with
+`--space worst-case.toml`, the default space (written into the clone) with two changes: [model] damping = 1e-6
+(every repeated pass adds its branches times 1e-6, so each recurrent map is the plain model up to a perturbation
+that training's chaos grows to seed size: its race against the plain model is an A/A test, undecided to the pool's
+last seed but where its futility rule stops it) and [search] pruner = "none" (every trial completes, so the screen
+has its 12 maps). Record: default-run-worst-case-DATE.json.
 """
 
 from __future__ import annotations
@@ -58,6 +65,7 @@ def main() -> None:
     ap.add_argument("--fresh-venv", action="store_true",
                     help="clone HEAD, make a fresh venv, and time README's Quickstart command as written, install included")
     ap.add_argument("--dry-run", action="store_true", help="with --fresh-venv: print the plan, run and write nothing")
+    ap.add_argument("--worst-case", action="store_true", help="with --fresh-venv: the default space's worst case forced")
     ap.add_argument("--compare", nargs=2, metavar=("A", "B"), help="two records: the same study, field by field?")
     ap.add_argument("extra", nargs="*")
     args = ap.parse_args()
@@ -65,7 +73,7 @@ def main() -> None:
         raise SystemExit(compare_records(*(Path(p) for p in args.compare)))
     if args.fresh_venv:
         fresh_venv_run(Path(args.out) if args.out else None, args.dry_run, args.hogs, args.settle,
-                       Path(args.keep) if args.keep else None)
+                       Path(args.keep) if args.keep else None, args.worst_case)
         return
     out = Path(args.out or f"benchmarks/data/default-run-{'quiet' if not args.hogs else 'loaded'}-{time.strftime('%Y-%m-%d')}.json")
     with tempfile.TemporaryDirectory() as folder:
@@ -149,9 +157,24 @@ class FreshVenvPlan(TypedDict):
     cwd: str
 
 
-def fresh_venv_plan(folder: Path) -> FreshVenvPlan:
+WORST_CASE_SPACE = "worst-case.toml"  # --worst-case: written into the clone by write_worst_case_space
+
+
+def write_worst_case_space(repo: Path) -> Path:
+    """The default space with every recurrent map the plain model up to 1e-6 and no pruning (--worst-case)."""
+    text = (repo / "ilr_search" / "search_spaces" / "default.toml").read_text()
+    for old, new in (('pe = "rope"\n', 'pe = "rope"\ndamping = 1e-6\n'), ('pruner = "pareto"', 'pruner = "none"')):
+        if old not in text:
+            raise SystemExit(f"--worst-case: the default space has no {old.strip()!r} to change")
+        text = text.replace(old, new, 1)
+    path = repo / WORST_CASE_SPACE
+    path.write_text("# benchmarks/default_run.py --worst-case: the default space, its worst case forced\n" + text)
+    return path
+
+
+def fresh_venv_plan(folder: Path, worst_case: bool = False) -> FreshVenvPlan:
     """What --fresh-venv runs, in `folder`: the clone, the venv and the command (as a list for subprocess)."""
-    command = readme_run_command()
+    command = readme_run_command() + (f" --space {WORST_CASE_SPACE}" if worst_case else "")
     shell = ["bash", "-c", command]
     timed = [TIME, "-v", *shell] if Path(TIME).exists() else shell
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
@@ -182,17 +205,20 @@ def time_v_fields(stderr: str) -> dict[str, float]:
     return found
 
 
-def fresh_venv_run(out: Path | None, dry_run: bool, hogs: int = 0, settle: float = 60.0, keep: Path | None = None) -> None:
+def fresh_venv_run(out: Path | None, dry_run: bool, hogs: int = 0, settle: float = 60.0, keep: Path | None = None,
+                   worst_case: bool = False) -> None:
     """--fresh-venv: clone, venv, README's run command timed as a newcomer would run it; one JSON record."""
-    kind = "fresh-venv" if not hogs else "fresh-venv-loaded"
+    kind = ("fresh-venv" if not hogs else "fresh-venv-loaded") if not worst_case else "worst-case"
     out = out or ROOT / "benchmarks" / "data" / f"default-run-{kind}-{time.strftime('%Y-%m-%d')}.json"
     with tempfile.TemporaryDirectory(prefix="ilr-fresh-") as name:
         folder = Path(name)
-        plan = fresh_venv_plan(folder)
+        plan = fresh_venv_plan(folder, worst_case)
         if dry_run:
             print(json.dumps({**plan, "out": str(out)}, indent=1))
             return
         subprocess.run(plan["clone"], check=True)
+        if worst_case:
+            write_worst_case_space(folder / "repo")
         subprocess.run(plan["venv"], check=True)
         hog_procs = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(hogs)]
         try:
@@ -219,7 +245,8 @@ def fresh_venv_run(out: Path | None, dry_run: bool, hogs: int = 0, settle: float
     cpu = (timed["user"] + timed["system"] if "user" in timed and "system" in timed
            else after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
     peak_kib = timed.get("max_rss_kib", after.ru_maxrss)  # Linux: KiB
-    record = {"command": plan["command"], "commit": plan["commit"], "fresh_venv": True, "hogs": hogs,
+    record = {"command": plan["command"], "commit": plan["commit"], "fresh_venv": True, "worst_case": worst_case,
+              "hogs": hogs,
               "settle_seconds": settle if hogs else 0,
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores",
