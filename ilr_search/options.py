@@ -381,6 +381,21 @@ class RunOptions(SpaceOptions):
         ),
         flag="--learn",
     )
+    # how this invocation reports, not what the study is
+    track: str | None = setting(
+        help=(
+            "Log each trial (validation curve, map, knobs, final values) and the reference runs: tensorboard:DIR "
+            "or mlflow:URI (needs mlflow)."
+        )
+    )
+    dry_run: bool = setting(
+        False,
+        (
+            "Print the plan (study, trials, references, pruning rungs, storage, space) and a time estimate from a "
+            "short timed probe; write nothing."
+        ),
+        flag="--dry-run",
+    )
 
     @property
     def asked_race(self) -> dict[str, str | int]:

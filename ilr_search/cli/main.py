@@ -308,41 +308,19 @@ def console_main() -> None:
 @app.command()
 @user_errors
 @with_settings(RunOptions)
-def run(
-    opts: RunOptions,
-    track: Annotated[
-        str | None,
-        typer.Option(
-            help=(
-                "Log each trial (validation curve, map, knobs, final values) and the reference runs: tensorboard:DIR "
-                "or mlflow:URI (needs mlflow)."
-            )
-        ),
-    ] = None,
-    dry_run: Annotated[
-        bool,
-        typer.Option(
-            "--dry-run",
-            help=(
-                "Print the plan (study, trials, references, pruning rungs, storage, space) and a time estimate from a "
-                "short timed probe; write nothing."
-            ),
-        ),
-    ] = False,
-    json_out: Json = False,
-) -> None:
+def run(opts: RunOptions, json_out: Json = False) -> None:
     """Search reuse maps under a FLOP budget; running it again resumes the study."""
     from ilr_search.commands.run import run_request
 
     request = run_request(opts)
     hold_init_note(opts.init)
-    tracked_reporter(track, opts.storage, open_uri=False)  # a bad --track is refused before the probe
-    if dry_run:
+    tracked_reporter(opts.track, opts.storage, open_uri=False)  # a bad --track is refused before the probe
+    if opts.dry_run:
         from ilr_search.commands.dryrun import dry_run_report
 
         emit(dry_run_report(request), json_out, ui.print_plan)
         return
-    tracked = tracked_reporter(track, opts.storage)
+    tracked = tracked_reporter(opts.track, opts.storage)
     run_and_show(request, lambda: tracked(ui.ConsoleReporter(enabled=True)), json_out, ui.print_run)
 
 
