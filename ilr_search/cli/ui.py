@@ -136,20 +136,7 @@ def with_knobs_column(columns: list[str], rows: list[dict[str, Any]]) -> list[st
 
 
 KEPT_WHOLE = ("reuse_map", "study", "map_key", "best")  # never folded nor dropped, header included: what you copy
-LEFT_ALIGNED = (
-    "reuse_map",
-    "knobs",
-    "state",
-    "study",
-    "map_key",
-    "best",
-    "decided",
-    "status",
-    "confirmed",
-    "source",
-    "reference",
-    "schedule",
-)
+LEFT_ALIGNED = (*KEPT_WHOLE, "knobs", "state", "decided", "status", "confirmed", "source", "reference", "schedule")
 KNOB_FLOOR = 12  # a knob settings cell folds to lines this wide before a column is dropped
 
 
@@ -525,9 +512,7 @@ def study_words(report: StudyReport) -> Replicates:
 RACE_FRONT_COLUMNS = ["reuse_map", "flops_ratio", "steps", "seeds", "val_ppl", "interval", "confirmed"]
 RACE_FRONT_HEADERS = {"flops_ratio": "FLOPs", "val_ppl": "ppl", "interval": "90% interval"}
 RACE_FRONT_DROPPED = ["steps", "seeds", "interval"]  # on a narrow console, first dropped first
-# A frozen study's front: no step trained, and its replicates are chunks of held-out windows
-FROZEN_FRONT_COLUMNS = [c for c in RACE_FRONT_COLUMNS if c != "steps"]
-FROZEN_FRONT_HEADERS = RACE_FRONT_HEADERS | {"seeds": "window chunks"}
+FROZEN_FRONT_COLUMNS = [c for c in RACE_FRONT_COLUMNS if c != "steps"]  # a frozen study's front: no step trained
 COMPARISON_COLUMNS = ["reuse_map", "seeds", "loss_diff", "interval", "p", "level", "status"]  # against the baseline
 
 
@@ -675,7 +660,7 @@ def print_front(report: StudyReport, front: list[FrontRow]) -> None:
             title,
             [r | {"map": words.shown(r["map"])} for r in race_front_rows(front, words)],
             FROZEN_FRONT_COLUMNS,
-            FROZEN_FRONT_HEADERS | {"seeds": words.plural, "reuse_map": "map", "val_ppl": words.column},
+            RACE_FRONT_HEADERS | {"seeds": words.plural, "reuse_map": "map", "val_ppl": words.column},
             RACE_FRONT_DROPPED,
         )
 
@@ -750,16 +735,15 @@ def print_phases(report: StudyReport) -> None:
             [
                 {
                     "phase": p.phase,
-                    "wall_seconds": round(p.wall_seconds, 1),
+                    "wall s": round(p.wall_seconds, 1),
                     "tokens": p.tokens,
-                    "tokens_per_second": round(p.tokens_per_second),
-                    "cpu_seconds": round(p.cpu_seconds, 1),
-                    "cpu_percent": round(p.cpu_percent),
+                    "tokens/s": round(p.tokens_per_second),
+                    "cpu s": round(p.cpu_seconds, 1),
+                    "cpu%": round(p.cpu_percent),
                 }
                 for p in report.phases
             ],
-            ["phase", "wall_seconds", "tokens", "tokens_per_second", "cpu_seconds", "cpu_percent"],
-            {"wall_seconds": "wall s", "tokens_per_second": "tokens/s", "cpu_seconds": "cpu s", "cpu_percent": "cpu%"},
+            ["phase", "wall s", "tokens", "tokens/s", "cpu s", "cpu%"],
         )
 
 
@@ -928,17 +912,18 @@ def _fidelity_lines(report: StudyReport) -> None:
 
 
 def print_audit(audit: StudyAudit) -> None:
+    """`audit`: each audited map's proxy and audited perplexity, by the audit's; the rank agreement and the finding."""
     report = audit.report
     factor = f"{audit.factor:g}x"
-    rows = [
+    rows = [  # keyed by header, but for the columns whose key sets their format (the map, the FLOPs)
         {
             "reuse_map": m.reuse_map,
             "flops_ratio": m.flops_ratio,
             "proxy": m.proxy_state.lower(),
-            "proxy_ppl": m.proxy_ppl,
-            f"{factor}_ppl": m.audit_ppl,
-            "seeds": len(m.audit_ppls),
-            "seed_sd": statistics.stdev(m.audit_ppls) if len(m.audit_ppls) > 1 else None,
+            "proxy ppl": m.proxy_ppl,
+            f"{factor} ppl": m.audit_ppl,
+            "n": len(m.audit_ppls),
+            "sd": statistics.stdev(m.audit_ppls) if len(m.audit_ppls) > 1 else None,
             "front": ("proxy " if m.on_proxy_front else "") + (factor if m.on_audit_front else ""),
         }
         for m in sorted(report.maps, key=lambda m: m.audit_ppl)
@@ -946,15 +931,9 @@ def print_audit(audit: StudyAudit) -> None:
     rows_table(
         f"audit of {audit.study}: {audit.proxy_steps} -> {audit.steps} steps",
         rows,
-        ["reuse_map", "flops_ratio", "proxy", "proxy_ppl", f"{factor}_ppl", "seeds", "seed_sd", "front"],
-        {
-            "flops_ratio": "FLOPs",
-            "proxy_ppl": "proxy ppl",
-            f"{factor}_ppl": f"{factor} ppl",
-            "seeds": "n",
-            "seed_sd": "sd",
-        },
-        droppable=["seed_sd", "seeds", "proxy"],
+        ["reuse_map", "flops_ratio", "proxy", "proxy ppl", f"{factor} ppl", "n", "sd", "front"],
+        {"flops_ratio": "FLOPs"},
+        droppable=["sd", "n", "proxy"],
     )
     out.print(
         f"Spearman {_fmt(report.spearman)}, Kendall {_fmt(report.kendall)} over {report.n_maps} maps; "
