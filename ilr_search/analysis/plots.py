@@ -476,13 +476,15 @@ def verdict_title(study: str, answer: Answer | None, verdict: str = "") -> str:
 
 @dataclass(frozen=True)
 class Panel:
-    """One row of the figure: what it shows, its subplot spec and titles, its height in pixels and its legend."""
+    """One row of the figure: what it shows, its subplot spec and titles, its height in pixels and its legend (the
+    legend of panel `legend_of` where it shares that one's)."""
 
     kind: str
     spec: list[Any]
     titles: list[str]
     px: int
     legend: str = "legend"
+    legend_of: str | None = None
 
     @classmethod
     def wide(cls, kind: str, title: str, px: int) -> Panel:
@@ -577,7 +579,7 @@ def _block_rows(blocks: BlockGrid | None, block_panels: list[BlockPanel]) -> lis
         pair = block_panels[i : i + 2]
         spec = [{}, {}] if len(pair) == 2 else [{"colspan": 2}, None] if len(block_panels) == 1 else [{}, None]
         titles = [block_title(panel, blocks) for panel in pair if blocks is not None]
-        rows.append(Panel(f"blocks{i // 2}", spec, titles, BLOCKS_PX))
+        rows.append(Panel(f"blocks{i // 2}", spec, titles, BLOCKS_PX, legend_of="blocks0" if i else None))
     return rows
 
 
@@ -599,11 +601,10 @@ def _proxy_row(race: RaceReport | None, words: Replicates, tall: bool) -> Panel:
 
 
 def _apart_row(apart: list[PlottedTrial]) -> Panel:
-    return Panel.wide(
-        "apart",
-        "pruned and failed trials (at the step they stopped; not a final perplexity)",
-        30 + STRIP_ROW_PX * len({_apart_label(t) for t in apart}),
-    )
+    """The strip's row, a line per pruning step (and one for failed runs), in the proxy panel's legend."""
+    title = "pruned and failed trials (at the step they stopped; not a final perplexity)"
+    px = 30 + STRIP_ROW_PX * len({_apart_label(t) for t in apart})
+    return dataclasses.replace(Panel.wide("apart", title, px), legend_of="proxy")
 
 
 def _layers_rows(layer_view: LayerView | None, decided: RaceReport | None) -> list[Panel]:
@@ -623,24 +624,18 @@ def _fidelity_row(audit: AuditReport | None) -> Panel:
 
 
 def _with_legends(panels: list[Panel]) -> list[Panel]:
-    """The panels, each with its legend: its own, but the strip's is the proxy panel's and the block rows' the
-    first block row's."""
+    """The panels, each with its legend: its own, or the one of the panel it shares a legend with."""
     legends = iter(["legend", "legend2", "legend3", "legend4", "legend5", "legend6"])
     named: dict[str, str] = {}
     for panel in panels:
-        if panel.kind == "apart":
-            named[panel.kind] = named["proxy"]
-        elif panel.kind.startswith("blocks") and panel.kind != "blocks0":
-            named[panel.kind] = named["blocks0"]
-        else:
-            named[panel.kind] = next(legends)
+        named[panel.kind] = named[panel.legend_of] if panel.legend_of else next(legends)
     return [dataclasses.replace(p, legend=named[p.kind]) for p in panels]
 
 
 def _place_legends(fig: go.Figure, panels: list[Panel], place: dict[str, Place]) -> None:
     """Each legend at the right of its panel, from its top down (the blocks': under the colour scale)."""
     for panel in panels:
-        if panel.kind == "apart" or (panel.kind.startswith("blocks") and panel.kind != "blocks0"):
+        if panel.legend_of:  # drawn with that panel's
             continue
         domain = fig.get_subplot(place[panel.kind].row, 1).yaxis.domain
         at_top = panel.kind != "blocks0"
