@@ -48,23 +48,20 @@ class LazyProgress(Progress):
             super().stop()
 
 
+def bars(info: str, **options: Any) -> LazyProgress:
+    """Progress bars on stderr, each a line: what it does, its bar, done of total, `info` (a template of its task's
+    fields), the time it took and the time it has left (EtaColumn); `options` as Progress takes them."""
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn(info))
+    return LazyProgress(*columns, TimeElapsedColumn(), TextColumn("eta"), EtaColumn(), console=err, **options)
+
+
 @contextmanager
 def step_progress(enabled: bool = True, total: int | None = None, description: str = "train") -> Iterator[Any]:
     """A progress bar of training steps with the loss and an ETA; yields an on_step(step, loss) callback."""
     if not enabled:
         yield None
         return
-    progress = LazyProgress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]}"),
-        TimeElapsedColumn(),
-        TextColumn("eta"),
-        TimeRemainingColumn(),
-        console=err,
-        transient=True,
-    )
+    progress = bars("loss {task.fields[loss]}", transient=True)
     task = progress.add_task(description, total=total, loss="-")
 
     def on_step(step: int, steps: int, loss: float) -> None:
@@ -115,17 +112,7 @@ class ConsoleReporter(events.RunReporter):
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
-        self.progress = LazyProgress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(),
-            TextColumn("eta"),
-            EtaColumn(),
-            console=err,
-            disable=not enabled,
-        )
+        self.progress = bars("{task.fields[info]}", disable=not enabled)
         self.study_task = None
         self.rows: dict[int | None, Any] = {}  # worker -> its training row
         self.eta: StudyEta | None = None
