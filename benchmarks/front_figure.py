@@ -17,7 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from screenshot import screenshot  # noqa: E402
 
-from ilr_search.analysis.plots import write_figure_html  # noqa: E402
+from ilr_search.analysis.page import write_figure_html  # noqa: E402
 from ilr_search.commands.report import front_figure  # noqa: E402
 from ilr_search.commands.logs import quiet_optuna  # noqa: E402
 from ilr_search.commands.studies import default_study  # noqa: E402

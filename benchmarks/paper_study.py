@@ -16,7 +16,7 @@ import json
 
 from ilr_search.space import load_space
 from ilr_search.search.studies import list_trials
-from ilr_search.cli.ui import ConsoleReporter
+from ilr_search.cli.live import ConsoleReporter
 from ilr_search.commands.workers import run_workers
 from ilr_search.search.run import RunRequest
 

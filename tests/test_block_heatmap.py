@@ -30,15 +30,8 @@ from ilr_search.analysis.blocks import (
     block_grid,
     block_place,
 )
-from ilr_search.analysis.plots import (
-    PLOTLY_BUNDLE,
-    PLOTLY_BUNDLE_SHA256,
-    PLOTLY_BUNDLE_VERSION,
-    PlottedTrial,
-    figure_page,
-    log_axis,
-    pareto_figure,
-)
+from ilr_search.analysis.page import PLOTLY_BUNDLE, PLOTLY_BUNDLE_SHA256, PLOTLY_BUNDLE_VERSION, figure_page
+from ilr_search.analysis.plots import PlottedTrial, log_axis, pareto_figure
 from ilr_search.analysis.race_core import Comparison, RaceSettings, RaceState, StoredResult
 from ilr_search.analysis.race_report import RaceReport
 from ilr_search.analysis.results import FrontRow

@@ -7,7 +7,7 @@ from conftest import write_space
 from helpers import stored_reference_dicts
 
 from ilr_search.analysis.results import has_result, study_front
-from ilr_search.cli.ui import StudyEta
+from ilr_search.cli.live import StudyEta
 from ilr_search.storage.trials import study_trials
 
 

@@ -1,4 +1,4 @@
-"""Every event a run emits (search/progress.py) has a renderer in the CLI (cli/ui.py), dispatched by its type: a
+"""Every event a run emits (search/progress.py) has a renderer in the CLI (cli/live.py), dispatched by its type: a
 renamed or new event class without one fails here, not silently on screen."""
 
 import ast
@@ -9,7 +9,7 @@ import pytest
 from conftest import ROOT
 
 from ilr_search.analysis.replicates import Replicates
-from ilr_search.cli.ui import ConsoleReporter
+from ilr_search.cli.live import ConsoleReporter
 from ilr_search.search import progress
 
 
@@ -30,7 +30,7 @@ def test_every_event_class_is_an_event_and_has_a_renderer():
     assert set(classes) == set(typing.get_args(progress.Event)), "progress.Event must list every event class"
     registry = ConsoleReporter.__dict__["on"].dispatcher.registry
     missing = [c.__name__ for c in classes if c not in registry]
-    assert not missing, f"no renderer in cli/ui.py for {missing}"
+    assert not missing, f"no renderer in cli/live.py for {missing}"
 
 
 def test_each_event_is_drawn_by_its_own_renderer(capsys):

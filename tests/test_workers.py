@@ -85,7 +85,7 @@ def test_every_event_crosses_a_process_queue_with_its_worker_and_reaches_the_par
     import multiprocessing as mp
     import typing
 
-    from ilr_search.cli.ui import ConsoleReporter
+    from ilr_search.cli.live import ConsoleReporter
     from ilr_search.commands.workers import QueueReporter
     from ilr_search.search import progress
 

@@ -9,17 +9,11 @@ one that has), and every colour is a CSS colour."""
 
 from __future__ import annotations
 
-import base64
 import dataclasses
-import gzip
-import html
-import json
 import math
-import re
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, cast
 
 import plotly.graph_objects as go
@@ -112,48 +106,26 @@ class PlottedTrial:
 
 
 def _hover(rows: list[PlottedTrial]) -> list[str]:
-    text = []
-    for r in rows:
-        extra = f"<br>pruned at step {r.pruned_at_step} (ppl there)" if r.pruned_at_step else ""
-        extra += f"<br>{r.reason}" if r.state == "FAIL" and r.reason else ""
-        extra += f"<br>the result of trial {r.reused_from} (same map)" if r.reused_from is not None else ""
-        text.append(
-            _hover_text(
-                r.trial,
-                r.state,
-                r.reuse_map,
-                r.knobs,
-                cast(float, r.flops_ratio),  # a plotted trial has its FLOPs
-                r.plot_ppl,
-                r.val_bpb,
-                extra,
-                r.map,
-                r.params,
-            )
-        )
-    return text
+    """Each trial's hover text (_hover_text), with where it was pruned, why it failed and whose result it reused."""
+    return [
+        _hover_text(r, r.state, r.plot_ppl)
+        + (f"<br>pruned at step {r.pruned_at_step} (ppl there)" if r.pruned_at_step else "")
+        + (f"<br>{r.reason}" if r.state == "FAIL" and r.reason else "")
+        + (f"<br>the result of trial {r.reused_from} (same map)" if r.reused_from is not None else "")
+        for r in rows
+    ]
 
 
-def _hover_text(
-    trial: int | None,
-    state: str,
-    reuse_map: Sequence[int] | None,
-    knobs: str | None,
-    flops_ratio: float,
-    ppl: float | None,
-    bpb: float | None,
-    extra: str = "",
-    map_name: str | None = None,
-    params: int | None = None,
-) -> str:
-    """A trial's (or a front point's) hover text: its trial, state, map (`map_name`, as its key writes it, where
-    given; else its counts), knobs, FLOPs, parameters, perplexity and bpb."""
-    knobs_line = f"<br>knobs {knobs}" if knobs else ""
-    shown = map_name or ",".join(map(str, reuse_map or []))
-    params_text = f" · {params:,} params" if params is not None else ""
+def _hover_text(point: PlottedTrial | FrontRow, state: str, ppl: float | None) -> str:
+    """A trial's (or a front point's) hover text: its trial, `state`, map (as its key writes it, where it has one;
+    else its counts), knobs, FLOPs, parameters, perplexity `ppl` and bpb."""
+    knobs_line = f"<br>knobs {point.knobs}" if point.knobs else ""
+    shown = point.map or ",".join(map(str, point.reuse_map or []))
+    params_text = f" · {point.params:,} params" if point.params is not None else ""
+    flops_ratio = cast(float, point.flops_ratio)  # a plotted trial has its FLOPs
     return (
-        f"trial {trial} ({state.lower()})<br>map {shown}{knobs_line}"
-        f"<br>FLOP ratio {flops_ratio:.3f}{params_text}<br>ppl {_num(ppl)}<br>bpb {_num(bpb)}" + extra
+        f"trial {point.trial} ({state.lower()})<br>map {shown}{knobs_line}"
+        f"<br>FLOP ratio {flops_ratio:.3f}{params_text}<br>ppl {_num(ppl)}<br>bpb {_num(point.val_bpb)}"
     )
 
 
@@ -166,6 +138,34 @@ def _wrapped(text: str, width: int = LEGEND_CHARS) -> str:
     return "<br>".join(textwrap.wrap(text, width, break_long_words=False)) or text
 
 
+@dataclass(frozen=True)
+class Place:
+    """Where a panel draws: its figure, row and column, and the legend its traces are listed in."""
+
+    fig: go.Figure
+    row: int
+    legend: str = "legend"
+    col: int = 1
+
+    def draw(self, trace: Any) -> None:
+        """A made trace (a heatmap: listed in no legend) in this panel."""
+        self.fig.add_trace(trace, row=self.row, col=self.col)
+
+    def add(self, kind: Callable[..., Any], **props: Any) -> None:
+        """A trace of `kind` (go.Scatter, go.Bar) with `props`, listed in this panel's legend."""
+        self.draw(kind(legend=self.legend, **props))
+
+    def x_axis(self, **props: Any) -> None:
+        self.fig.update_xaxes(row=self.row, col=self.col, **props)
+
+    def y_axis(self, **props: Any) -> None:
+        self.fig.update_yaxes(row=self.row, col=self.col, **props)
+
+    def axis_name(self) -> str:
+        """Its x-axis as a trace or an axis refers to it ("x2" for "xaxis2")."""
+        return cast(str, self.fig.get_subplot(self.row, self.col).xaxis.plotly_name.replace("axis", ""))
+
+
 LOG_SPAN = 10.0  # a perplexity axis whose largest value is more than this many times its smallest is logarithmic
 
 
@@ -176,14 +176,13 @@ def log_axis(values: Sequence[float | None]) -> bool:
     return bool(finite) and max(finite) / min(finite) > LOG_SPAN
 
 
-def ppl_axis(fig: go.Figure, values: Sequence[float | None], title: str, row: int) -> None:
-    """Row `row`'s perplexity axis, fitted to `values`: logarithmic where they span decades (log_axis), else
-    linear."""
+def ppl_axis(place: Place, values: Sequence[float | None], title: str) -> None:
+    """A panel's perplexity axis, fitted to `values`: logarithmic where they span decades (log_axis), else linear."""
     if log_axis(values):
         logs = [math.log10(v) for v in values if v is not None and math.isfinite(v) and v > 0]
-        fig.update_yaxes(type="log", title_text=f"{title} (log scale)", range=fitted_range(logs), row=row, col=1)
+        place.y_axis(type="log", title_text=f"{title} (log scale)", range=fitted_range(logs))
     else:
-        fig.update_yaxes(title_text=title, range=fitted_range(list(values)), tickformat=".4g", row=row, col=1)
+        place.y_axis(title_text=title, range=fitted_range(list(values)), tickformat=".4g")
 
 
 def spread_x(points: list[tuple[float, float]], span: float, step_share: float = 0.012) -> list[float]:
@@ -339,11 +338,11 @@ RACED_STYLE: dict[str, tuple[str, dict[str, Any]]] = {  # kind -> legend entry a
 }
 
 
-def _decided_panel(fig: go.Figure, race: RaceReport, row: int, legend: str) -> None:
-    """Row `row`: the raced maps at the decided length against their FLOP ratio, with error bars from the race's
-    intervals; the decided front as a step line; the baseline as the reference (its star, a dashed line at its
-    mean and a band over its interval across the panel); the equal-compute plain model. One y-axis, logarithmic
-    where the perplexities span decades (log_axis)."""
+def _decided_panel(place: Place, race: RaceReport) -> None:
+    """The raced maps at the decided length against their FLOP ratio, with error bars from the race's intervals; the
+    decided front as a step line; the baseline as the reference (its star, a dashed line at its mean and a band over
+    its interval across the panel); the equal-compute plain model. One y-axis, logarithmic where the perplexities
+    span decades (log_axis)."""
     points = raced_points(race)
     words = Replicates.of(race.settings)
     pct = round(race.settings.confidence * 100)
@@ -376,72 +375,48 @@ def _decided_panel(fig: go.Figure, race: RaceReport, row: int, legend: str) -> N
                 array=[p.interval[1] - p.val_ppl if p.interval else None for p in group],
                 arrayminus=[p.val_ppl - p.interval[0] if p.interval else None for p in group],
             )
-        fig.add_trace(
-            go.Scatter(
-                x=[at_x[p.map_key] for p in group],
-                y=[p.val_ppl for p in group],
-                mode="markers",
-                name=_wrapped(name),
-                legend=legend,
-                marker=marker,
-                error_y=error_y,
-                hovertext=[hover(p) for p in group],
-                hoverinfo="text",
-                **group_args,
-            ),
-            row=row,
-            col=1,
+        place.add(
+            go.Scatter,
+            x=[at_x[p.map_key] for p in group],
+            y=[p.val_ppl for p in group],
+            mode="markers",
+            name=_wrapped(name),
+            marker=marker,
+            error_y=error_y,
+            hovertext=[hover(p) for p in group],
+            hoverinfo="text",
+            **group_args,
         )
 
-    on_front = [
-        p
-        for p in points
-        if p.kind in ("confirmed", "front", "baseline") and any(r.key == p.map_key for r in race.front)
-    ]
+    front_keys = {r.key for r in race.front}
+    on_front = [p for p in points if p.kind in ("confirmed", "front", "baseline") and p.map_key in front_keys]
     if len(on_front) > 1:
-        fig.add_trace(
-            go.Scatter(
-                x=[at_x[p.map_key] for p in on_front],
-                y=[p.val_ppl for p in on_front],
-                mode="lines",
-                line_shape="hv",
-                line=dict(color=FRONT_COLOUR, width=2),
-                name="decided front",
-                legend=legend,
-                hoverinfo="skip",
-            ),
-            row=row,
-            col=1,
+        place.add(
+            go.Scatter,
+            x=[at_x[p.map_key] for p in on_front],
+            y=[p.val_ppl for p in on_front],
+            mode="lines",
+            line_shape="hv",
+            line=dict(color=FRONT_COLOUR, width=2),
+            name="decided front",
+            hoverinfo="skip",
         )
     baseline = next((p for p in points if p.kind == "baseline"), None)
     if baseline is not None and x_range:
         low, high = baseline.interval or (baseline.val_ppl, baseline.val_ppl)
         # the baseline's interval band and its mean line: in the baseline's legend group, with no entry or hover
-        band_and_line: dict[str, Any] = dict(hoverinfo="skip", showlegend=False, legend=legend, legendgroup="baseline")
-        fig.add_trace(
-            go.Scatter(
-                x=[x_range[0], x_range[1], x_range[1], x_range[0], x_range[0]],
-                y=[low, low, high, high, low],
-                mode="lines",
-                fill="toself",
-                fillcolor=BAND_COLOUR,
-                line=dict(width=0, color=BAND_COLOUR),
-                **band_and_line,
-            ),
-            row=row,
-            col=1,
+        band_and_line: dict[str, Any] = dict(mode="lines", hoverinfo="skip", showlegend=False, legendgroup="baseline")
+        place.add(
+            go.Scatter,
+            x=[x_range[0], x_range[1], x_range[1], x_range[0], x_range[0]],
+            y=[low, low, high, high, low],
+            fill="toself",
+            fillcolor=BAND_COLOUR,
+            line=dict(width=0, color=BAND_COLOUR),
+            **band_and_line,
         )
-        fig.add_trace(
-            go.Scatter(
-                x=x_range,
-                y=[baseline.val_ppl] * 2,
-                mode="lines",
-                line=dict(color=BASELINE_COLOUR, width=1.5, dash="dash"),
-                **band_and_line,
-            ),
-            row=row,
-            col=1,
-        )
+        line = dict(color=BASELINE_COLOUR, width=1.5, dash="dash")
+        place.add(go.Scatter, x=x_range, y=[baseline.val_ppl] * 2, line=line, **band_and_line)
         add_markers(
             [baseline],
             f"the plain model (the reference): mean, {pct}% interval",
@@ -463,9 +438,15 @@ def _decided_panel(fig: go.Figure, race: RaceReport, row: int, legend: str) -> N
             f"{equal.map if equal else 'the best map'}'s FLOPs",
             dict(symbol="diamond", size=13, color=DEEP_COLOUR, line=dict(width=1, color="black")),
         )
-    ys = [v for p in points for v in (p.val_ppl, *(p.interval or ()))]
-    fig.update_xaxes(title_text="FLOP ratio (forward compute / all-ones map)", range=x_range, row=row, col=1)
-    ppl_axis(fig, ys, f"perplexity {words.at(decided_steps(race))}", row)
+    place.x_axis(title_text=FLOP_AXIS, range=x_range)
+    ppl_axis(
+        place,
+        [v for p in points for v in (p.val_ppl, *(p.interval or ()))],
+        f"perplexity {words.at(decided_steps(race))}",
+    )
+
+
+FLOP_AXIS = "FLOP ratio (forward compute / all-ones map)"
 
 
 def verdict_title(study: str, answer: Answer | None, verdict: str = "") -> str:
@@ -489,13 +470,15 @@ def verdict_title(study: str, answer: Answer | None, verdict: str = "") -> str:
 
 @dataclass(frozen=True)
 class Panel:
-    """One row of the figure: what it shows, its subplot spec and titles, its height in pixels and its legend."""
+    """One row of the figure: what it shows, its subplot spec and titles, its height in pixels and its legend (the
+    legend of panel `legend_of` where it shares that one's)."""
 
     kind: str
     spec: list[Any]
     titles: list[str]
     px: int
     legend: str = "legend"
+    legend_of: str | None = None
 
     @classmethod
     def wide(cls, kind: str, title: str, px: int) -> Panel:
@@ -557,26 +540,25 @@ def pareto_figure(
         subplot_titles=[t for p in panels for t in p.titles],
     )
     fig.update_annotations(font_size=13)  # the panels' titles
-    row_of = {p.kind: i + 1 for i, p in enumerate(panels)}
-    legend = {p.kind: p.legend for p in panels}
+    place = {p.kind: Place(fig, i + 1, p.legend) for i, p in enumerate(panels)}
     if blocks is not None and block_panels:
-        _blocks_panels(fig, blocks, block_panels, row_of["blocks0"], legend["blocks0"])
+        _blocks_panels(place["blocks0"], blocks, block_panels)
     if decided is not None:
-        _decided_panel(fig, decided, row_of["decided"], legend["decided"])
+        _decided_panel(place["decided"], decided)
     x_range = spread_range([cast(float, t.flops_ratio) for t in plotted])
     span = (x_range[1] - x_range[0]) if x_range else 1.0
-    _proxy_panel(fig, complete, front, noise, x_range, span, row_of["proxy"], legend["proxy"], words)
+    _proxy_panel(place["proxy"], complete, front, noise, x_range, span, words)
     if apart:
-        _apart_strip(fig, apart, span, x_range, row_of["apart"], row_of["proxy"], legend["proxy"])
-    if "layers" in row_of and layer_view:
-        _layers_panel(fig, layer_view, row_of["layers"], legend["layers"])
+        _apart_strip(place["apart"], apart, span, x_range, place["proxy"])
+    if "layers" in place and layer_view:
+        _layers_panel(place["layers"], layer_view)
     if curved:
         front_trials = {p.trial for p in (decided.front if decided is not None else front) if p.trial is not None}
-        _curves_panel(fig, curved, front_trials, row_of["curves"], legend["curves"])
+        _curves_panel(place["curves"], curved, front_trials)
     bottom = 60
     if fidelity:
-        bottom = 90 + LINE_PX * _fidelity_panel(fig, fidelity, audit, row_of["fidelity"], legend["fidelity"])
-    _place_legends(fig, panels, row_of)
+        bottom = 90 + LINE_PX * _fidelity_panel(place["fidelity"], fidelity, audit)
+    _place_legends(fig, panels, place)
     _title_and_size(fig, verdict_title(study, answer, race.verdict if race is not None else ""), plot_px, bottom)
     return fig
 
@@ -591,7 +573,7 @@ def _block_rows(blocks: BlockGrid | None, block_panels: list[BlockPanel]) -> lis
         pair = block_panels[i : i + 2]
         spec = [{}, {}] if len(pair) == 2 else [{"colspan": 2}, None] if len(block_panels) == 1 else [{}, None]
         titles = [block_title(panel, blocks) for panel in pair if blocks is not None]
-        rows.append(Panel(f"blocks{i // 2}", spec, titles, BLOCKS_PX))
+        rows.append(Panel(f"blocks{i // 2}", spec, titles, BLOCKS_PX, legend_of="blocks0" if i else None))
     return rows
 
 
@@ -613,11 +595,10 @@ def _proxy_row(race: RaceReport | None, words: Replicates, tall: bool) -> Panel:
 
 
 def _apart_row(apart: list[PlottedTrial]) -> Panel:
-    return Panel.wide(
-        "apart",
-        "pruned and failed trials (at the step they stopped; not a final perplexity)",
-        30 + STRIP_ROW_PX * len({_apart_label(t) for t in apart}),
-    )
+    """The strip's row, a line per pruning step (and one for failed runs), in the proxy panel's legend."""
+    title = "pruned and failed trials (at the step they stopped; not a final perplexity)"
+    px = 30 + STRIP_ROW_PX * len({_apart_label(t) for t in apart})
+    return dataclasses.replace(Panel.wide("apart", title, px), legend_of="proxy")
 
 
 def _layers_rows(layer_view: LayerView | None, decided: RaceReport | None) -> list[Panel]:
@@ -637,26 +618,20 @@ def _fidelity_row(audit: AuditReport | None) -> Panel:
 
 
 def _with_legends(panels: list[Panel]) -> list[Panel]:
-    """The panels, each with its legend: its own, but the strip's is the proxy panel's and the block rows' the
-    first block row's."""
+    """The panels, each with its legend: its own, or the one of the panel it shares a legend with."""
     legends = iter(["legend", "legend2", "legend3", "legend4", "legend5", "legend6"])
     named: dict[str, str] = {}
     for panel in panels:
-        if panel.kind == "apart":
-            named[panel.kind] = named["proxy"]
-        elif panel.kind.startswith("blocks") and panel.kind != "blocks0":
-            named[panel.kind] = named["blocks0"]
-        else:
-            named[panel.kind] = next(legends)
+        named[panel.kind] = named[panel.legend_of] if panel.legend_of else next(legends)
     return [dataclasses.replace(p, legend=named[p.kind]) for p in panels]
 
 
-def _place_legends(fig: go.Figure, panels: list[Panel], row_of: dict[str, int]) -> None:
+def _place_legends(fig: go.Figure, panels: list[Panel], place: dict[str, Place]) -> None:
     """Each legend at the right of its panel, from its top down (the blocks': under the colour scale)."""
     for panel in panels:
-        if panel.kind == "apart" or (panel.kind.startswith("blocks") and panel.kind != "blocks0"):
+        if panel.legend_of:  # drawn with that panel's
             continue
-        domain = fig.get_subplot(row_of[panel.kind], 1).yaxis.domain
+        domain = fig.get_subplot(place[panel.kind].row, 1).yaxis.domain
         at_top = panel.kind != "blocks0"
         fig.update_layout(
             {
@@ -752,17 +727,17 @@ def block_hover(cell: BlockCell, grid: BlockGrid) -> str:
     return "<br>".join(lines)
 
 
-def _blocks_panels(fig: go.Figure, grid: BlockGrid, panels: list[BlockPanel], first_row: int, legend: str) -> None:
-    """The block grid's panels, two a row from `first_row`: each block's cell coloured by its difference to the plain
+def _blocks_panels(first: Place, grid: BlockGrid, panels: list[BlockPanel]) -> None:
+    """The block grid's panels, two a row from `first`'s: each block's cell coloured by its difference to the plain
     model on one diverging scale centred on 0 (shared by the panels; clipped at BlockGrid.colour_limit, so that a
     catastrophe saturates: the hover has the true value), with the race's decision marked in the cell's corner."""
-    n = grid.n_layers
+    fig, n = first.fig, grid.n_layers
     limit = grid.colour_limit()
     clipped = any(c.diff is not None and abs(c.diff) > limit for c in grid.cells)
     marker_size = max(6, min(12, round(240 / n)))
     shown: set[str] = set()
     for k, panel in enumerate(panels):
-        row, col = first_row + k // 2, k % 2 + 1
+        place = dataclasses.replace(first, row=first.row + k // 2, col=k % 2 + 1)
         z: list[list[float | None]] = [[None] * n for _ in range(n)]
         hover = [[""] * n for _ in range(n)]
         text = [[""] * n for _ in range(n)]
@@ -771,7 +746,7 @@ def _blocks_panels(fig: go.Figure, grid: BlockGrid, panels: list[BlockPanel], fi
             hover[c.start][c.end] = block_hover(c, grid)
             text[c.start][c.end] = f"{c.diff:+.2g}" if c.diff is not None else "diverged"
         small = n <= CELL_TEXT_LAYERS
-        fig.add_trace(
+        place.draw(
             go.Heatmap(
                 z=z,
                 x=list(range(n)),
@@ -784,56 +759,35 @@ def _blocks_panels(fig: go.Figure, grid: BlockGrid, panels: list[BlockPanel], fi
                 ygap=1,
                 showlegend=False,
                 **(dict(text=text, texttemplate="%{text}", textfont=dict(size=11)) if small else {}),
-            ),
-            row=row,
-            col=col,
+            )
         )
         for decision, (name, style) in MARK_STYLE.items():
             cells = [c for c in panel.cells if c.decision == decision]
             if not cells:
                 continue
-            fig.add_trace(
-                go.Scatter(  # in the cell's top right corner, clear of its number
-                    x=[c.end + 0.3 for c in cells],
-                    y=[c.start - 0.3 for c in cells],
-                    mode="markers",
-                    name=_wrapped(name),
-                    legend=legend,
-                    legendgroup=decision,
-                    showlegend=decision not in shown,
-                    marker=dict(size=marker_size, **style),
-                    hovertext=[block_hover(c, grid) for c in cells],
-                    hoverinfo="text",
-                ),
-                row=row,
-                col=col,
+            place.add(
+                go.Scatter,  # in the cell's top right corner, clear of its number
+                x=[c.end + 0.3 for c in cells],
+                y=[c.start - 0.3 for c in cells],
+                mode="markers",
+                name=_wrapped(name),
+                legendgroup=decision,
+                showlegend=decision not in shown,
+                marker=dict(size=marker_size, **style),
+                hovertext=[block_hover(c, grid) for c in cells],
+                hoverinfo="text",
             )
             shown.add(decision)
+        plain: dict[str, Any] = dict(showgrid=False, zeroline=False)  # (the axes' settings keep this order)
         ticks = dict(dtick=1) if n <= 16 else dict(dtick=2 if n <= 32 else 4)
-        axis = fig.get_subplot(row, col)
-        fig.update_xaxes(
-            title_text="J: the block's last layer",
-            range=[-0.5, n - 0.5],
-            showgrid=False,
-            zeroline=False,
-            constrain="domain",
-            constraintoward="left",
-            row=row,
-            col=col,
-            **ticks,
+        x_title, x_range = "J: the block's last layer", [-0.5, n - 0.5]
+        place.x_axis(title_text=x_title, range=x_range, **plain, constrain="domain", constraintoward="left", **ticks)
+        y_range = [n - 0.5, -0.5]  # layer 0 at the top: the blocks lie above the diagonal
+        anchor = place.axis_name()
+        place.y_axis(
+            title_text="I: its first layer", range=y_range, **plain, scaleanchor=anchor, constrain="domain", **ticks
         )
-        fig.update_yaxes(
-            title_text="I: its first layer",
-            range=[n - 0.5, -0.5],  # layer 0 at the top: the blocks lie above the diagonal
-            showgrid=False,
-            zeroline=False,
-            scaleanchor=axis.xaxis.plotly_name.replace("axis", ""),
-            constrain="domain",
-            row=row,
-            col=col,
-            **ticks,
-        )
-    top = fig.get_subplot(first_row, 1).yaxis.domain[1]
+    top = fig.get_subplot(first.row, 1).yaxis.domain[1]
     scale = [-limit, -limit / 2, 0.0, limit / 2, limit]
     labels = [f"{v:+.2g}" if v else "0" for v in scale]
     if clipped:  # the ends stand for everything beyond them
@@ -861,14 +815,12 @@ def _blocks_panels(fig: go.Figure, grid: BlockGrid, panels: list[BlockPanel], fi
 
 
 def _proxy_panel(
-    fig: go.Figure,
+    place: Place,
     complete: list[PlottedTrial],
     front: list[FrontRow],
     noise: NoiseBand | None,
     x_range: list[float] | None,
     span: float,
-    row: int,
-    legend: str,
     words: Replicates,
 ) -> None:
     """The complete proxy trials by final perplexity, the proxy's front, the all-ones baseline, the noise band (a
@@ -881,89 +833,59 @@ def _proxy_panel(
         )
     )
     if complete:
-        fig.add_trace(
-            go.Scatter(
-                x=[at_x[t.trial] for t in complete],
-                y=[t.plot_ppl for t in complete],
-                mode="markers",
-                name=LEGEND["COMPLETE"],
-                legend=legend,
-                marker=dict(size=9, **STATE_STYLE["COMPLETE"]),
-                hovertext=_hover(complete),
-                hoverinfo="text",
-            ),
-            row=row,
-            col=1,
+        place.add(
+            go.Scatter,
+            x=[at_x[t.trial] for t in complete],
+            y=[t.plot_ppl for t in complete],
+            mode="markers",
+            name=LEGEND["COMPLETE"],
+            marker=dict(size=9, **STATE_STYLE["COMPLETE"]),
+            hovertext=_hover(complete),
+            hoverinfo="text",
         )
     if front:
-        fig.add_trace(
-            go.Scatter(
-                x=[at_x.get(p.trial, p.flops_ratio) for p in front],
-                y=[p.val_ppl for p in front],
-                mode="lines+markers",
-                line_shape="hv",
-                name=words.screen,
-                legend=legend,
-                line=dict(color="black", width=1.5),
-                marker=dict(size=12, color="rgba(0,0,0,0)", line=dict(width=2, color="black")),
-                hovertext=[
-                    _hover_text(
-                        p.trial,
-                        "COMPLETE",
-                        p.reuse_map,
-                        p.knobs,
-                        p.flops_ratio,
-                        p.val_ppl,
-                        p.val_bpb,
-                        "",
-                        p.map or None,
-                        p.params,
-                    )
-                    for p in front
-                ],
-                hoverinfo="text",
-            ),
-            row=row,
-            col=1,
+        place.add(
+            go.Scatter,
+            x=[at_x.get(p.trial, p.flops_ratio) for p in front],
+            y=[p.val_ppl for p in front],
+            mode="lines+markers",
+            line_shape="hv",
+            name=words.screen,
+            line=dict(color="black", width=1.5),
+            marker=dict(size=12, color="rgba(0,0,0,0)", line=dict(width=2, color="black")),
+            hovertext=[_hover_text(p, "COMPLETE", p.val_ppl) for p in front],
+            hoverinfo="text",
         )
     baseline = next((t for t in complete if is_baseline(as_list(t.reuse_map))), None)
     if baseline:
-        fig.add_trace(
-            go.Scatter(
-                x=[at_x[baseline.trial]],
-                y=[baseline.plot_ppl],
-                mode="markers",
-                name="all-ones baseline",
-                legend=legend,
-                marker=dict(symbol="star", size=16, color=BASELINE_COLOUR, line=dict(width=1, color="black")),
-                hoverinfo="skip",
-            ),
-            row=row,
-            col=1,
+        place.add(
+            go.Scatter,
+            x=[at_x[baseline.trial]],
+            y=[baseline.plot_ppl],
+            mode="markers",
+            name="all-ones baseline",
+            marker=dict(symbol="star", size=16, color=BASELINE_COLOUR, line=dict(width=1, color="black")),
+            hoverinfo="skip",
         )
     y_values = [cast(float, t.plot_ppl) for t in complete]
     if noise and noise.spread:
         lo, hi = noise.min_ppl, noise.max_ppl
         y_values += [lo, hi]
-        fig.add_hrect(y0=lo, y1=hi, fillcolor="#808080", opacity=0.15, line_width=0, row=row, col=1)
-        fig.add_trace(
-            go.Scatter(
-                x=[None],
-                y=[None],
-                mode="markers",
-                hoverinfo="skip",
-                legend=legend,  # the band's entry
-                name=_wrapped(f"baseline seed-to-seed spread ({noise.n_seeds} seeds)"),
-                marker=dict(symbol="square", size=14, color=NOISE_COLOUR),
-            ),
-            row=row,
-            col=1,
+        place.fig.add_hrect(y0=lo, y1=hi, fillcolor="#808080", opacity=0.15, line_width=0, row=place.row, col=1)
+        place.add(  # the band's legend entry
+            go.Scatter,
+            x=[None],
+            y=[None],
+            mode="markers",
+            hoverinfo="skip",
+            name=_wrapped(f"baseline seed-to-seed spread ({noise.n_seeds} seeds)"),
+            marker=dict(symbol="square", size=14, color=NOISE_COLOUR),
         )
-    fig.update_xaxes(title_text="FLOP ratio (forward compute / all-ones map)", range=x_range, row=row, col=1)
-    ppl_axis(fig, y_values, words.screen_axis, row)
+    place.x_axis(title_text=FLOP_AXIS, range=x_range)
+    ppl_axis(place, y_values, words.screen_axis)
 
 
-def _layers_panel(fig: go.Figure, layer_view: LayerView, row: int, legend: str) -> None:
+def _layers_panel(place: Place, layer_view: LayerView) -> None:
     """The reuse counts of the decided front's maps (a heatmap, one row a map) and each layer's importance; a view
     without maps (a block study's) has its importances alone, across the row."""
     maps = layer_view.front_maps
@@ -975,7 +897,7 @@ def _layers_panel(fig: go.Figure, layer_view: LayerView, row: int, legend: str) 
             knobs = f"<br>{m.knobs}" if m.knobs else ""
             return f"{who}{knobs}<br>{m.flops_ratio:.2f}x, ppl {m.val_ppl:.5g}"
 
-        fig.add_trace(
+        place.draw(
             go.Heatmap(
                 z=counts,
                 x=[f"layer {i}" for i in range(len(counts[0]))],
@@ -986,22 +908,16 @@ def _layers_panel(fig: go.Figure, layer_view: LayerView, row: int, legend: str) 
                 showscale=False,
                 texttemplate="%{z}",
                 hovertemplate="%{y}<br>%{x}: %{z} runs<extra></extra>",
-            ),
-            row=row,
-            col=1,
+            )
         )
     importance = layer_view.importance
     if importance:
-        fig.add_trace(
-            go.Bar(
-                x=list(importance),
-                y=list(importance.values()),
-                name="importance (PED-ANOVA)",
-                legend=legend,
-                marker_color="#2ca02c",
-            ),
-            row=row,
-            col=2 if maps else 1,
+        dataclasses.replace(place, col=2 if maps else 1).add(
+            go.Bar,
+            x=list(importance),
+            y=list(importance.values()),
+            name="importance (PED-ANOVA)",
+            marker_color="#2ca02c",
         )
 
 
@@ -1059,67 +975,45 @@ def _apart_label(t: PlottedTrial) -> str:
     return "failed" if t.state == "FAIL" else t.state.lower()
 
 
+APART_STYLE: dict[str | None, tuple[str, dict[str, Any]]] = {  # a trial in the strip, by state -> entry, marker
+    "PRUNED": ("pruned (at its pruning step)", dict(size=9, **STATE_STYLE["PRUNED"])),
+    "FAIL": ("failed", dict(size=9, **STATE_STYLE["FAIL"])),
+    None: ("no perplexity", dict(size=9, color="#808080")),  # any other state: drawn at its own ratio
+}
+
+
 def _apart_strip(
-    fig: go.Figure,
-    apart: list[PlottedTrial],
-    span: float,
-    x_range: list[float] | None,
-    row: int,
-    proxy_row: int,
-    legend: str,
+    place: Place, apart: list[PlottedTrial], span: float, x_range: list[float] | None, proxy: Place
 ) -> None:
-    """Pruned and failed trials in a strip under the proxy trials' plot (row `proxy_row`), one line per pruning
-    step (and one for failed runs), on the same FLOP-ratio axis; their perplexity where they stopped is in the
-    hover."""
+    """Pruned and failed trials in a strip under the proxy trials' plot (`proxy`), one line per pruning step (and one
+    for failed runs), on the same FLOP-ratio axis; their perplexity where they stopped is in the hover."""
     labels = sorted({_apart_label(t) for t in apart}, key=lambda s: (s == "failed", len(s), s))
     spread = spread_x(
         [(cast(float, t.flops_ratio), labels.index(_apart_label(t)) + (t.plot_ppl or 0) * 1e-9) for t in apart], span
     )
-    for state, style in STATE_STYLE.items():
-        members = [i for i, t in enumerate(apart) if t.state == state]
-        if not members or state == "COMPLETE":
-            continue
-        group = [apart[i] for i in members]
-        fig.add_trace(
-            go.Scatter(
-                x=[spread[i] for i in members],
+    for state, (name, marker) in APART_STYLE.items():
+        members = [i for i, t in enumerate(apart) if (t.state if t.state in APART_STYLE else None) == state]
+        if members:
+            group = [apart[i] for i in members]
+            place.add(
+                go.Scatter,
+                x=[spread[i] if state else apart[i].flops_ratio for i in members],
                 y=[_apart_label(t) for t in group],
                 mode="markers",
-                name={"PRUNED": "pruned (at its pruning step)", "FAIL": "failed"}[state],
-                legend=legend,
-                marker=dict(size=9, **style),
+                name=name,
+                marker=marker,
                 hovertext=_hover(group),
                 hoverinfo="text",
-            ),
-            row=row,
-            col=1,
-        )
-    others = [t for t in apart if t.state not in STATE_STYLE or t.state == "COMPLETE"]
-    if others:
-        fig.add_trace(
-            go.Scatter(
-                x=[t.flops_ratio for t in others],
-                y=[_apart_label(t) for t in others],
-                mode="markers",
-                name="no perplexity",
-                legend=legend,
-                marker=dict(size=9, color="#808080"),
-                hovertext=_hover(others),
-                hoverinfo="text",
-            ),
-            row=row,
-            col=1,
-        )
-    fig.update_yaxes(categoryorder="array", categoryarray=labels[::-1], row=row, col=1)
-    proxy_x = fig.get_subplot(proxy_row, 1).xaxis.plotly_name.replace("axis", "")  # "xaxis2" -> "x2"
-    fig.update_xaxes(range=x_range, matches=proxy_x, showticklabels=True, row=row, col=1)
+            )
+    place.y_axis(categoryorder="array", categoryarray=labels[::-1])
+    place.x_axis(range=x_range, matches=proxy.axis_name(), showticklabels=True)
 
 
 FRONT_COLOURS = ("#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
 OTHER_CURVE_COLOUR = "rgba(128,128,128,0.45)"
 
 
-def _curves_panel(fig: go.Figure, trials: list[PlottedTrial], front_trials: set[int], row: int, legend: str) -> None:
+def _curves_panel(place: Place, trials: list[PlottedTrial], front_trials: set[int]) -> None:
     """Each trained trial's validation curve (loss against step): the decided front's maps in colour, each with its
     legend entry, the others grey under one entry; pruned ones end at their pruning step; hover names the map."""
     on_front = sorted((t for t in trials if t.trial in front_trials), key=lambda t: t.trial)
@@ -1134,30 +1028,24 @@ def _curves_panel(fig: go.Figure, trials: list[PlottedTrial], front_trials: set[
             if front_map
             else dict(name="other trials", legendgroup="other-curves", showlegend=t is others[0])
         )
-        fig.add_trace(
-            go.Scatter(
-                x=list(steps),
-                y=list(losses),
-                mode="lines+markers",
-                legend=legend,
-                **entry,
-                line=dict(color=colour, width=3 if front_map else 1),
-                marker=dict(size=4, color=colour),
-                hovertext=[
-                    f"trial {t.trial}: map {label}<br>step {s}: loss {loss:.4g}"
-                    for s, loss in zip(steps, losses, strict=True)
-                ],
-                hoverinfo="text",
-            ),
-            row=row,
-            col=1,
+        place.add(
+            go.Scatter,
+            x=list(steps),
+            y=list(losses),
+            mode="lines+markers",
+            **entry,
+            line=dict(color=colour, width=3 if front_map else 1),
+            marker=dict(size=4, color=colour),
+            hovertext=[
+                f"trial {t.trial}: map {label}<br>step {s}: loss {loss:.4g}"
+                for s, loss in zip(steps, losses, strict=True)
+            ],
+            hoverinfo="text",
         )
     last = [loss for t in trials for _, loss in t.curve[-1:]]
-    fig.update_xaxes(title_text="step", row=row, col=1)
-    fig.update_yaxes(
+    place.x_axis(title_text="step")
+    place.y_axis(
         title_text="validation loss",
-        row=row,
-        col=1,
         range=fitted_range(last + [loss for t in on_front for _, loss in t.curve], pad=0.1),
     )
 
@@ -1165,7 +1053,7 @@ def _curves_panel(fig: go.Figure, trials: list[PlottedTrial], front_trials: set[
 AGREES = 0.6  # a rung's Spearman with the final ranking at which it is drawn as agreeing
 
 
-def _fidelity_panel(fig: go.Figure, fidelity: Fidelity, audit: AuditReport | None, row: int, legend: str) -> int:
+def _fidelity_panel(place: Place, fidelity: Fidelity, audit: AuditReport | None) -> int:
     """Spearman of each rung with the final ranking; the audit's proxy vs longer-training perplexity; the line of
     agreement under the figure. Returns that line's number of lines."""
     rungs = [r for r in fidelity.rungs if r.spearman is not None]
@@ -1175,57 +1063,45 @@ def _fidelity_panel(fig: go.Figure, fidelity: Fidelity, audit: AuditReport | Non
     ):
         group = [r for r in rungs if (cast(float, r.spearman) >= AGREES) == agrees]
         if group:
-            fig.add_trace(
-                go.Bar(
-                    x=[f"step {r.step} ({r.fraction:.3g})" for r in group],
-                    y=[r.spearman for r in group],
-                    name=name,
-                    legend=legend,
-                    marker_color=colour,
-                    hovertext=[f"{r.n_maps} complete maps; Kendall {_num(r.kendall)}" for r in group],
-                    hoverinfo="text+y",
-                ),
-                row=row,
-                col=1,
+            place.add(
+                go.Bar,
+                x=[f"step {r.step} ({r.fraction:.3g})" for r in group],
+                y=[r.spearman for r in group],
+                name=name,
+                marker_color=colour,
+                hovertext=[f"{r.n_maps} complete maps; Kendall {_num(r.kendall)}" for r in group],
+                hoverinfo="text+y",
             )
     if rungs:
-        fig.update_xaxes(
-            categoryorder="array",
-            categoryarray=[f"step {r.step} ({r.fraction:.3g})" for r in rungs],
-            row=row,
-            col=1,
-        )
-        fig.update_yaxes(range=[-1, 1], row=row, col=1)
+        place.x_axis(categoryorder="array", categoryarray=[f"step {r.step} ({r.fraction:.3g})" for r in rungs])
+        place.y_axis(range=[-1, 1])
     if audit:
         ranked = [(m, m.proxy_ppl) for m in audit.maps if m.proxy_ppl is not None]
+        audited = dataclasses.replace(place, col=2)
+        # room inside the axes for the labels (a label's half-width is about 4% of a small panel's width)
         x_range = fitted_range([proxy for _, proxy in ranked], pad=0.18)
         y_range = fitted_range([m.audit_ppl for m, _ in ranked], pad=0.25)
         positions = label_positions(
             [(proxy, m.audit_ppl) for m, proxy in ranked], [str(m.reuse_map) for m, _ in ranked], x_range, y_range
         )
-        fig.add_trace(
-            go.Scatter(
-                x=[proxy for _, proxy in ranked],
-                y=[m.audit_ppl for m, _ in ranked],
-                mode="markers+text",
-                text=[m.reuse_map for m, _ in ranked],
-                textposition=positions,
-                textfont=dict(size=9),
-                cliponaxis=True,
-                legend=legend,
-                name=_wrapped(f"audited map at {audit.factor}x steps (labelled with its map)"),
-                marker=dict(symbol="diamond", size=9, color=DEEP_COLOUR),
-                hovertext=[f"map {m.reuse_map}" for m, _ in ranked],
-                hoverinfo="text+x+y",
-            ),
-            row=row,
-            col=2,
+        audited.add(
+            go.Scatter,
+            x=[proxy for _, proxy in ranked],
+            y=[m.audit_ppl for m, _ in ranked],
+            mode="markers+text",
+            text=[m.reuse_map for m, _ in ranked],
+            textposition=positions,
+            textfont=dict(size=9),
+            cliponaxis=True,
+            name=_wrapped(f"audited map at {audit.factor}x steps (labelled with its map)"),
+            marker=dict(symbol="diamond", size=9, color=DEEP_COLOUR),
+            hovertext=[f"map {m.reuse_map}" for m, _ in ranked],
+            hoverinfo="text+x+y",
         )
-        # room inside the axes for the labels (a label's half-width is about 4% of a small panel's width)
-        fig.update_xaxes(title_text="proxy ppl", range=x_range, row=row, col=2)
-        fig.update_yaxes(title_text=f"{audit.factor}x ppl", range=y_range, row=row, col=2)
+        audited.x_axis(title_text="proxy ppl", range=x_range)
+        audited.y_axis(title_text=f"{audit.factor}x ppl", range=y_range)
     lines = textwrap.wrap(fidelity.verdict, 110)
-    fig.add_annotation(
+    place.fig.add_annotation(
         text="<b>fidelity</b>: " + "<br>".join(lines),
         xref="paper",
         yref="paper",
@@ -1239,78 +1115,6 @@ def _fidelity_panel(fig: go.Figure, fidelity: Fidelity, audit: AuditReport | Non
         font=dict(size=11),
     )
     return len(lines)
-
-
-# plotly.js's cartesian bundle (scatter, bar and heatmap traces: all the figure draws), as the npm registry's
-# plotly.js-cartesian-dist-min ships it, gzipped; its LICENSE beside it. A page embeds it where plotly.py draws for
-# the same plotly.js version, else the full bundle plotly.py ships (gzipped as the page is written).
-PLOTLY_BUNDLE = Path(__file__).with_name("plotlyjs") / "plotly-cartesian.min.js.gz"
-PLOTLY_BUNDLE_VERSION = "4.1.1"
-PLOTLY_BUNDLE_SHA256 = "79542150855a52c567260e3137095dbe2b744e6d702a5cabe67da246942fba7a"  # of the .js unzipped
-
-# The page: the figure's JSON, plotly.js gzipped in base64, and a script that unzips it with the browser's own
-# DecompressionStream (nothing is fetched) and draws the figure at the page's width.
-PAGE = """<!DOCTYPE html>
-<html>
-<head><meta charset="utf-8"><title>{title}</title></head>
-<body style="margin:0">
-<div id="figure" style="width:100%;height:{height}px"><noscript>the figure needs JavaScript</noscript></div>
-<script type="application/json" id="figure-json">{figure}</script>
-<script type="text/plain" id="plotly-js-gzip-base64">{plotly}</script>
-<script>
-(async function () {{
-  var box = document.getElementById("figure");
-  try {{
-    var packed = atob(document.getElementById("plotly-js-gzip-base64").textContent.trim());
-    var bytes = new Uint8Array(packed.length);
-    for (var i = 0; i < packed.length; i++) bytes[i] = packed.charCodeAt(i);
-    var unzipped = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"));
-    var library = document.createElement("script");
-    library.text = await new Response(unzipped).text();
-    document.head.appendChild(library);
-    var figure = JSON.parse(document.getElementById("figure-json").textContent);
-    Plotly.newPlot(box, figure.data, figure.layout, {config});
-  }} catch (e) {{
-    box.textContent = "this page draws its figure with plotly.js, embedded gzipped: it needs a browser with " +
-      "DecompressionStream (Chrome 80, Firefox 113, Safari 16.4 or later) (" + e + ")";
-  }}
-}})();
-</script>
-</body>
-</html>
-"""
-
-
-def plotly_gzip() -> bytes:
-    """plotly.js, gzipped: the cartesian bundle beside this module where plotly.py draws for its version, else the
-    full bundle plotly.py ships."""
-    from plotly.offline import get_plotlyjs, get_plotlyjs_version
-
-    if get_plotlyjs_version() == PLOTLY_BUNDLE_VERSION and PLOTLY_BUNDLE.exists():
-        return PLOTLY_BUNDLE.read_bytes()
-    return gzip.compress(get_plotlyjs().encode("utf-8"), 9, mtime=0)
-
-
-def figure_page(fig: go.Figure, static: bool = False) -> str:
-    """The figure as one self-contained HTML page (PAGE: plotly.js embedded once, gzipped; nothing fetched) at the
-    page's width. `static`: for a screenshot, without plotly's toolbar (the mode bar)."""
-    import plotly.io as pio
-
-    config: dict[str, Any] = {"responsive": True} | ({"displayModeBar": False} if static else {})
-    figure = pio.to_json(fig, validate=False).replace("</", "<\\/")  # no "</script>" inside the script
-    title = html.escape(re.sub(r"<[^>]+>", " ", str(fig.layout.title.text or "figure")).split("  ")[0].strip())
-    return PAGE.format(
-        title=title,
-        height=int(fig.layout.height or 600),
-        figure=figure,
-        plotly=base64.b64encode(plotly_gzip()).decode("ascii"),
-        config=json.dumps(config),
-    )
-
-
-def write_figure_html(fig: go.Figure, path: str | Path, static: bool = False) -> None:
-    """Write figure_page(fig, static) to `path`."""
-    Path(path).write_text(figure_page(fig, static), encoding="utf-8")
 
 
 def plot_ppl(val_ppl: float | None, curve: Mapping[int, float] | None) -> float | None:

@@ -1,1 +1,1 @@
-"""The `ilr-search` command line: main.py (the typer app) and ui.py (what is printed)."""
+"""The `ilr-search` command line: main.py (the typer app), ui.py (what is printed), live.py (progress meanwhile)."""

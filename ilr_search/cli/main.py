@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 
-from ilr_search.cli import ui
+from ilr_search.cli import live, ui
 from ilr_search.errors import UserInputError
 from ilr_search.interrupts import recorded
 from ilr_search.options import (
@@ -246,7 +246,7 @@ def train(opts: TrainOptions, json_out: Json = False) -> None:
 
     opts.check()
     hold_init_note(opts.init)
-    with ui.step_progress(enabled=True) as on_step:
+    with live.step_progress(enabled=True) as on_step:
         report = train_command(opts, on_step, lambda why: ui.hold_note(f"study {opts.from_study}: {why}"))
     emit(report, json_out, ui.print_train)
     if opts.save is not None and not json_out:
@@ -321,7 +321,7 @@ def run(opts: RunOptions, json_out: Json = False) -> None:
         emit(dry_run_report(request), json_out, ui.print_plan)
         return
     tracked = tracked_reporter(opts.track, opts.storage)
-    run_and_show(request, lambda: tracked(ui.ConsoleReporter(enabled=True)), json_out, ui.print_run)
+    run_and_show(request, lambda: tracked(live.ConsoleReporter(enabled=True)), json_out, ui.print_run)
 
 
 @app.command()
@@ -337,7 +337,7 @@ def judge(opts: JudgeOptions, json_out: Json = False) -> None:
     baseline = ",".join("1" * request.space.model.n_layers)
     for c in candidates:
         ui.hold_note(c.line(baseline))
-    run_and_show(request, lambda: ui.ConsoleReporter(enabled=True), json_out, ui.print_judge)
+    run_and_show(request, lambda: live.ConsoleReporter(enabled=True), json_out, ui.print_judge)
 
 
 def run_and_show(
@@ -431,7 +431,7 @@ def audit(opts: AuditOptions, json_out: Json = False) -> None:
     k = parse_fuse(opts.fuse)
     if k == "auto":
         raise UserInputError("audit --fuse takes a number of runs (auto is run's); e.g. --fuse 4")
-    with ui.ConsoleReporter(enabled=True) as reporter:
+    with live.ConsoleReporter(enabled=True) as reporter:
         report = run_audit(study_or_default(opts), opts.storage, opts, reporter, fuse=int(k))
     emit(report, json_out, ui.print_audit)
 
@@ -447,7 +447,7 @@ def bench_build(opts: BenchBuildOptions, json_out: Json = False) -> None:
     """Train every feasible map of a small space and write the table (resumable: it is a study)."""
     from ilr_search.commands.bench import build_table
 
-    with ui.ConsoleReporter(enabled=True) as reporter:
+    with live.ConsoleReporter(enabled=True) as reporter:
         report = build_table(opts, reporter)
     emit(report, json_out, lambda r: ui.out.print(f"wrote {r.maps} maps to {r.out} (study {r.study})"))
 

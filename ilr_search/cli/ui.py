@@ -1,22 +1,17 @@
-"""What people see: rich tables and progress bars, all on stderr except the tables they asked for."""
+"""What a command prints: its tables and lines on stdout (fitted to the console), its notes on stderr (held until it
+goes ahead). Its live progress is live.py's."""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import statistics
 import sys
-import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
-from rich.text import Text
 
 from ilr_search.commands import events
 from ilr_search.commands.events import Replicates
@@ -62,35 +57,9 @@ def release_notes() -> None:
         err.print(held_notes.pop(0), soft_wrap=True, markup=False, highlight=False)
 
 
-class LazyProgress(Progress):
-    """Progress bars that start drawing at their first task added or updated: a command that fails before any
-    work prints its `error:` line with no blank line before it (a started Progress leaves one on stop)."""
-
-    _wanted = False
-
-    def start(self) -> None:
-        self._wanted = True
-
-    def _draw(self) -> None:
-        if self._wanted and not self.live.is_started:
-            release_notes()
-            super().start()
-
-    def add_task(self, *args: Any, **kwargs: Any) -> Any:
-        self._draw()
-        return super().add_task(*args, **kwargs)
-
-    def update(self, *args: Any, **kwargs: Any) -> None:
-        self._draw()
-        super().update(*args, **kwargs)
-
-    def stop(self) -> None:
-        self._wanted = False
-        if self.live.is_started:
-            super().stop()
-
-
-def _fmt(x: Any, digits: int = 4) -> str:
+def fmt(x: Any, digits: int = 4) -> str:
+    """A value as a cell or a line writes it: None as -, a float to `digits` significant digits, a list joined by
+    commas."""
     if x is None:
         return "-"
     if isinstance(x, float):
@@ -105,7 +74,7 @@ def key_value_table(title: str, rows: dict[str, Any]) -> None:
     table.add_column("key", style="bold")
     table.add_column("value")
     for key, value in rows.items():
-        table.add_row(key, _fmt(value, 6))
+        table.add_row(key, fmt(value, 6))
     out.print(table)
 
 
@@ -118,7 +87,7 @@ def print_flops(report: FlopsReport) -> None:
 def print_train(report: TrainReport) -> None:
     """The `train --json` keys and values but the curve and schedule, then the validation curve."""
     rows = {k: v for k, v in report.to_json().items() if k not in ("curve", "schedule")}
-    key_value_table(f"proxy {_fmt(list(report.reuse_map))}", rows)
+    key_value_table(f"proxy {fmt(list(report.reuse_map))}", rows)
     curve = Table(title="validation curve")
     for col in ("step", "tokens", "val_loss"):
         curve.add_column(col, justify="right")
@@ -136,20 +105,7 @@ def with_knobs_column(columns: list[str], rows: list[dict[str, Any]]) -> list[st
 
 
 KEPT_WHOLE = ("reuse_map", "study", "map_key", "best")  # never folded nor dropped, header included: what you copy
-LEFT_ALIGNED = (
-    "reuse_map",
-    "knobs",
-    "state",
-    "study",
-    "map_key",
-    "best",
-    "decided",
-    "status",
-    "confirmed",
-    "source",
-    "reference",
-    "schedule",
-)
+LEFT_ALIGNED = (*KEPT_WHOLE, "knobs", "state", "decided", "status", "confirmed", "source", "reference", "schedule")
 KNOB_FLOOR = 12  # a knob settings cell folds to lines this wide before a column is dropped
 
 
@@ -164,22 +120,22 @@ def significant_decimals(values: list[Any], significant: int = 4) -> int:
 def fixed(value: Any, decimals: int) -> str:
     """A number with `decimals` decimals (None as -, inf and nan as Python writes them)."""
     if not isinstance(value, (int, float)) or isinstance(value, bool):
-        return _fmt(value)
+        return fmt(value)
     return f"{value:.{decimals}f}" if math.isfinite(value) else str(value)
 
 
 def column_cells(column: str, values: list[Any]) -> list[str]:
     """One column's cells: a FLOPs ratio with its x (1.50x); perplexities and bits per byte with one number of
-    decimals over the column (significant_decimals); the rest as _fmt writes them."""
+    decimals over the column (significant_decimals); the rest as fmt writes them."""
     if column == "flops_ratio":
-        return [f"{v:.2f}x" if isinstance(v, (int, float)) and math.isfinite(v) else _fmt(v) for v in values]
+        return [f"{v:.2f}x" if isinstance(v, (int, float)) and math.isfinite(v) else fmt(v) for v in values]
     if column.endswith(("ppl", "bpb")) and all(v is None or isinstance(v, (int, float)) for v in values):
         finite = [abs(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v) and v]
         if finite and max(finite) / min(finite) > 100:  # across decades: each value its own 4 significant digits
-            return [_fmt(float(v)) if isinstance(v, (int, float)) else _fmt(v) for v in values]
+            return [fmt(float(v)) if isinstance(v, (int, float)) else fmt(v) for v in values]
         decimals = significant_decimals(values)
         return [fixed(v, decimals) for v in values]
-    return [_fmt(v) for v in values]
+    return [fmt(v) for v in values]
 
 
 def fit_columns(
@@ -228,7 +184,7 @@ def fit_columns(
     return shown, [widths[i] for i in shown]
 
 
-def _cell(row: dict[str, Any], column: str) -> Any:
+def cell_value(row: dict[str, Any], column: str) -> Any:
     """A row's value in `column`; the reuse_map column shows the map as its key writes it (a block map's
     block:I-J:R, not its per-layer counts) where the row has one."""
     return row.get("map") or row.get(column) if column == "reuse_map" else row.get(column)
@@ -244,7 +200,7 @@ def rows_table(
     """A table of `rows` by `columns` (their keys), each headed by its key (underscores as spaces) or by
     `headers[key]`, fitted to the console (fit_columns: on a narrow one the `droppable` columns go first)."""
     columns = with_knobs_column(columns, rows)
-    by_column = [column_cells(c, [_cell(row, c) for row in rows]) for c in columns]
+    by_column = [column_cells(c, [cell_value(row, c) for row in rows]) for c in columns]
     cells = [list(row) for row in zip(*by_column, strict=True)] if rows else []
     heads = [(headers or {}).get(c, c.replace("_", " ")) for c in columns]
     shown, widths = fit_columns(columns, heads, cells, out.width, list(droppable or ()))
@@ -264,255 +220,10 @@ def rows_table(
     out.print(table)
 
 
-@contextmanager
-def step_progress(enabled: bool = True, total: int | None = None, description: str = "train") -> Iterator[Any]:
-    """A progress bar of training steps with the loss and an ETA; yields an on_step(step, loss) callback."""
-    if not enabled:
-        yield None
-        return
-    progress = LazyProgress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]}"),
-        TimeElapsedColumn(),
-        TextColumn("eta"),
-        TimeRemainingColumn(),
-        console=err,
-        transient=True,
-    )
-    task = progress.add_task(description, total=total, loss="-")
-
-    def on_step(step: int, steps: int, loss: float) -> None:
-        progress.update(task, completed=step, total=steps, loss=f"{loss:.3f}")
-
-    with progress:
-        yield on_step
-
-
-FRONT_COLUMNS = ["trial", "reuse_map", "flops_ratio", "val_ppl", "val_bpb"]
+FRONT_COLUMNS = ["trial", "reuse_map", "flops_ratio", "val_ppl", "val_bpb"]  # the current front (live.py)
 TRIAL_COLUMNS = ["trial", "state", "reuse_map", "flops_ratio", "val_ppl", "val_bpb", "steps", "pruned_at_step"]
 FROZEN_TRIAL_COLUMNS = ["trial", "state", "reuse_map", "flops_ratio", "val_ppl", "val_bpb"]  # evaluated: no step
 TRIAL_COLUMNS_DROPPED = ["pruned_at_step", "val_bpb", "steps", "state"]  # on a narrow console, first dropped first
-
-
-@dataclass
-class StudyEta:
-    """The time a run has left, from what it measured: from the first trial on (its progress counts before it
-    ends), each trial or reference run left costs the mean time of those this run did so far."""
-
-    started: float  # when the run began (a monotonic clock)
-
-    def seconds_left(self, now: float, runs_done: int, current_fraction: float, runs_left: int) -> float | None:
-        """Seconds left at `now`: `runs_done` trials (and reference runs) finished in this run, the one training
-        `current_fraction` through, `runs_left` still to finish (the one training included). None until some
-        work is measured."""
-        done = runs_done + current_fraction
-        if done <= 0:
-            return None
-        return max(0.0, (runs_left - current_fraction) * (now - self.started) / done)
-
-
-class EtaColumn(TimeRemainingColumn):
-    """Rich's remaining time, or the task's own estimate where it has one (the study row: from measured trial
-    times, which rich's 30-second speed window cannot give when a trial takes longer)."""
-
-    def render(self, task: Any) -> Text:
-        if "eta" not in task.fields:
-            return super().render(task)
-        seconds = task.fields["eta"]
-        if seconds is None:
-            return Text("-:--:--", style="progress.remaining")
-        minutes, secs = divmod(int(round(seconds)), 60)
-        hours, minutes = divmod(minutes, 60)
-        return Text(f"{hours}:{minutes:02d}:{secs:02d}", style="progress.remaining")
-
-
-class ConsoleReporter(events.RunReporter):
-    """A run's events on stderr (search/progress.py), for a run in this process or in worker processes alike: the
-    study's row (its trials, then its reference runs, then its race, with an ETA from the times it measured), a
-    training row a process (the run's own, or one per worker: what it trains, its steps and loss), and a line per
-    trial finished (the front after it, when it changed), per race run, per message; lines from a worker process
-    say which."""
-
-    def __init__(self, enabled: bool = True) -> None:
-        self.enabled = enabled
-        self.progress = LazyProgress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(),
-            TextColumn("eta"),
-            EtaColumn(),
-            console=err,
-            disable=not enabled,
-        )
-        self.study_task = None
-        self.rows: dict[int | None, Any] = {}  # worker -> its training row
-        self.eta: StudyEta | None = None
-        self.n_trials = self.finished_at_start = self.finished = 0
-        self.references: tuple[int, int] | None = None  # (index, count) of the reference run training
-        self.runs_done: int | None = None  # race (or audit) runs stored, once the race started
-        self.printed_front: list[Any] | None = None  # the trials of the front last printed
-        self.words = Replicates()  # the study's words, chosen at its StudyStarted
-
-    def __enter__(self) -> ConsoleReporter:
-        self.progress.__enter__()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.progress.__exit__(*exc)
-
-    @functools.singledispatchmethod
-    def on(self, event: events.Event) -> None:
-        """Draw one event: each event type has its own method below, registered by its annotation (a test checks
-        that every event of search/progress.py has one)."""
-        raise TypeError(f"no renderer for {type(event).__name__}")
-
-    def print(self, event: events.Event, text: str) -> None:
-        release_notes()
-        if self.enabled:
-            self.progress.console.print(("" if event.worker is None else f"worker {event.worker}: ") + text)
-
-    def _row(self, worker: int | None, label: str, steps: int) -> None:
-        """The process's training row, now training `label` for `steps` steps."""
-        task = self.rows.get(worker)
-        if task is None:
-            self.rows[worker] = self.progress.add_task(
-                "train" if worker is None else f"worker {worker}", total=steps, info=label
-            )
-        else:
-            self.progress.update(task, completed=0, total=steps, info=label)
-
-    @on.register
-    def _study_started(self, event: events.StudyStarted) -> None:
-        self.words = event.words
-        if self.study_task is not None:  # the workers' studies: the first one says it
-            return
-        self.print(
-            dataclasses.replace(event, worker=None),
-            f"study {event.study}: {event.finished} of {event.n_trials} {self.words.finished}",
-        )
-        self.study_task = self.progress.add_task(
-            "study", total=event.n_trials, completed=event.finished, info=self.words.maps, eta=None
-        )
-        self.eta = StudyEta(time.monotonic())
-        self.n_trials, self.finished_at_start, self.finished = event.n_trials, event.finished, event.finished
-
-    @on.register
-    def _trial_started(self, event: events.TrialStarted) -> None:
-        named = self.words.named(event.map or _fmt(event.reuse_map)) + (f" with {event.knobs}" if event.knobs else "")
-        label = f"trial {event.number} {named}"
-        if event.worker is None:
-            self.print(event, f"trial {event.number}: {self.words.doing(named)}")
-        self._row(event.worker, label, event.steps)
-
-    @on.register
-    def _reference_started(self, event: events.ReferenceStarted) -> None:
-        """The study row counts the reference runs after the trials (its timer runs on)."""
-        if self.study_task is not None and event.worker is None:
-            self.progress.update(
-                self.study_task,
-                total=self.n_trials + event.count,
-                completed=self.n_trials + event.index,
-                info="references",
-            )
-            self.references = (event.index, event.count)
-        self._row(event.worker, f"reference {event.name}", event.steps)
-
-    @on.register
-    def _reference_finished(self, event: events.ReferenceFinished) -> None:
-        if self.study_task is not None and self.references is not None and event.worker is None:
-            last = self.references[0] + 1 == self.references[1]
-            self.progress.update(
-                self.study_task, completed=self.n_trials + self.references[0] + 1, **({"eta": 0.0} if last else {})
-            )
-
-    @on.register
-    def _runs_started(self, event: events.RunsStarted) -> None:
-        """Race (or audit) runs: the study row becomes the race's (runs stored so far; how many it will take is the
-        race's to decide), and the training row the runs'."""
-        if self.runs_done is None:
-            self.runs_done = 0
-            if self.study_task is not None and event.kind == "race":
-                self.progress.update(
-                    self.study_task, description="race", total=None, completed=0, info="race runs stored: 0", eta=None
-                )
-        runs = "; ".join(f"{self.words.named(key)} {self.words.where(steps, seed)}" for key, steps, seed in event.runs)
-        self.print(
-            event,
-            f"{event.kind} run{'s' if len(event.runs) > 1 else ''}: {runs}"
-            + (f" (fused, {len(event.runs)} at once)" if len(event.runs) > 1 else ""),
-        )
-        key, steps, seed = event.runs[0]
-        more = f" and {len(event.runs) - 1} more" if len(event.runs) > 1 else ""
-        self._row(event.worker, f"{event.kind} run {self.words.named(key)} {self.words.unit} {seed}{more}", steps)
-
-    @on.register
-    def _run_finished(self, event: events.RunFinished) -> None:
-        self.runs_done = (self.runs_done or 0) + 1
-        if self.study_task is not None and event.kind == "race":
-            self.progress.update(self.study_task, info=f"race runs stored: {self.runs_done}")
-        elif self.study_task is not None:  # the audit: its row counts its runs
-            self.progress.update(self.study_task, advance=1)
-        self.print(
-            event,
-            f"{event.kind} run done: {self.words.named(event.map_key)} "
-            f"{self.words.where(event.steps, event.seed)}: "
-            f"{self.words.score(event.val_ppl)}",
-        )
-
-    @on.register
-    def _step(self, event: events.Step) -> None:
-        task = self.rows.get(event.worker)
-        if task is not None:
-            info = self.progress.tasks[task].fields["info"].split(" loss ")[0]
-            self.progress.update(task, completed=event.step, total=event.steps, info=f"{info} loss {event.loss:.3f}")
-        if self.study_task is not None and self.eta is not None and event.worker is None and self.runs_done is None:
-            trials_done = max(0, min(self.finished, self.n_trials) - self.finished_at_start)
-            if self.references is None:
-                done, left = trials_done, max(1, self.n_trials - self.finished)
-            else:
-                done, left = trials_done + self.references[0], self.references[1] - self.references[0]
-            fraction = event.step / event.steps if event.steps else 0.0
-            self.progress.update(self.study_task, eta=self.eta.seconds_left(time.monotonic(), done, fraction, left))
-
-    @on.register
-    def _trial_finished(self, event: events.TrialFinished) -> None:
-        t, front = event.trial, event.front
-        self.finished = event.finished
-        if self.study_task is not None and self.runs_done is None:
-            self.progress.update(self.study_task, completed=event.finished)
-        knobs = events.format_knobs(t.knobs) if t.knobs else ""
-        reuse_map = list(t.reuse_map) if t.reuse_map is not None else None
-        named = self.words.named(events.map_text(t.map_key)) if t.map_key else f"map {_fmt(reuse_map)}"
-        self.print(
-            event,
-            f"trial {t.number} {t.state.name.lower()}: {named}"
-            + (f" with {knobs}" if knobs else "")
-            + f", {_fmt(t.flops_ratio)}x, "
-            f"{self.words.score(t.val_ppl)}"
-            + (f" (reused trial {t.reused_from})" if t.reused_from is not None else "")
-            + (f" ({t.reason})" if t.state.name != "COMPLETE" and t.reason else ""),
-        )
-        front_trials = [p.trial for p in front]
-        live = self.words.trains  # a frozen study's chunk 0 ranks the maps for the race: its front decides nothing
-        if not live or not self.enabled or not front or front_trials == self.printed_front:  # only when it changed
-            return
-        self.printed_front = front_trials
-        table = Table(title="current front", title_justify="left")
-        rows = [p.to_dict() for p in front]  # a table's cells by column name
-        columns = with_knobs_column(FRONT_COLUMNS, rows)
-        for col in columns:
-            table.add_column(col)
-        for p in rows:
-            table.add_row(*(_fmt(_cell(p, c)) for c in columns))
-        self.progress.console.print(table)
-
-    @on.register
-    def _message(self, event: events.Message) -> None:
-        self.print(event, event.text)
 
 
 def study_words(report: StudyReport) -> Replicates:
@@ -525,9 +236,7 @@ def study_words(report: StudyReport) -> Replicates:
 RACE_FRONT_COLUMNS = ["reuse_map", "flops_ratio", "steps", "seeds", "val_ppl", "interval", "confirmed"]
 RACE_FRONT_HEADERS = {"flops_ratio": "FLOPs", "val_ppl": "ppl", "interval": "90% interval"}
 RACE_FRONT_DROPPED = ["steps", "seeds", "interval"]  # on a narrow console, first dropped first
-# A frozen study's front: no step trained, and its replicates are chunks of held-out windows
-FROZEN_FRONT_COLUMNS = [c for c in RACE_FRONT_COLUMNS if c != "steps"]
-FROZEN_FRONT_HEADERS = RACE_FRONT_HEADERS | {"seeds": "window chunks"}
+FROZEN_FRONT_COLUMNS = [c for c in RACE_FRONT_COLUMNS if c != "steps"]  # a frozen study's front: no step trained
 COMPARISON_COLUMNS = ["reuse_map", "seeds", "loss_diff", "interval", "p", "level", "status"]  # against the baseline
 
 
@@ -614,7 +323,7 @@ def print_race(report: StudyReport) -> None:
     elif runs:
         rows_table(
             f"race runs (proxy {settings.base_steps} steps, target {settings.target_steps}, seeds "
-            f"{_fmt(list(settings.seeds))})",
+            f"{fmt(list(settings.seeds))})",
             [dataclasses.asdict(r) for r in runs],
             ["map_key", "steps", "seed", "val_ppl", "schedule", "source"],
             droppable=["schedule", "source"],
@@ -656,8 +365,8 @@ def print_race(report: StudyReport) -> None:
     if equal and equal.val_ppl is not None:
         out.print(
             f"equal compute: {equal.deep_key} (a plain {equal.layers}-layer model, "
-            f"{_fmt(equal.flops_ratio)}x FLOPs, {equal.params} parameters, {equal.params_ratio:.2f}x "
-            f"the baseline's) ppl {_fmt(equal.val_ppl)} over seeds {_fmt(list(equal.seeds))}",
+            f"{fmt(equal.flops_ratio)}x FLOPs, {equal.params} parameters, {equal.params_ratio:.2f}x "
+            f"the baseline's) ppl {fmt(equal.val_ppl)} over seeds {fmt(list(equal.seeds))}",
             soft_wrap=True,
         )
     if report.answer.trust is not None:
@@ -675,7 +384,7 @@ def print_front(report: StudyReport, front: list[FrontRow]) -> None:
             title,
             [r | {"map": words.shown(r["map"])} for r in race_front_rows(front, words)],
             FROZEN_FRONT_COLUMNS,
-            FROZEN_FRONT_HEADERS | {"seeds": words.plural, "reuse_map": "map", "val_ppl": words.column},
+            RACE_FRONT_HEADERS | {"seeds": words.plural, "reuse_map": "map", "val_ppl": words.column},
             RACE_FRONT_DROPPED,
         )
 
@@ -685,7 +394,7 @@ def print_run(report: StudyReport) -> None:
     the last line."""
     print_front(report, list(report.front))
     for name, ref in report.references.items():
-        out.print(f"reference {name}: {_fmt(ref.flops_ratio)}x, ppl {_fmt(ref.val_ppl)}")
+        out.print(f"reference {name}: {fmt(ref.flops_ratio)}x, ppl {fmt(ref.val_ppl)}")
     everything = report.steps_trained + report.reference_steps + report.race_steps
     words = study_words(report)
     if words.trains:
@@ -750,16 +459,15 @@ def print_phases(report: StudyReport) -> None:
             [
                 {
                     "phase": p.phase,
-                    "wall_seconds": round(p.wall_seconds, 1),
+                    "wall s": round(p.wall_seconds, 1),
                     "tokens": p.tokens,
-                    "tokens_per_second": round(p.tokens_per_second),
-                    "cpu_seconds": round(p.cpu_seconds, 1),
-                    "cpu_percent": round(p.cpu_percent),
+                    "tokens/s": round(p.tokens_per_second),
+                    "cpu s": round(p.cpu_seconds, 1),
+                    "cpu%": round(p.cpu_percent),
                 }
                 for p in report.phases
             ],
-            ["phase", "wall_seconds", "tokens", "tokens_per_second", "cpu_seconds", "cpu_percent"],
-            {"wall_seconds": "wall s", "tokens_per_second": "tokens/s", "cpu_seconds": "cpu s", "cpu_percent": "cpu%"},
+            ["phase", "wall s", "tokens", "tokens/s", "cpu s", "cpu%"],
         )
 
 
@@ -928,17 +636,18 @@ def _fidelity_lines(report: StudyReport) -> None:
 
 
 def print_audit(audit: StudyAudit) -> None:
+    """`audit`: each audited map's proxy and audited perplexity, by the audit's; the rank agreement and the finding."""
     report = audit.report
     factor = f"{audit.factor:g}x"
-    rows = [
+    rows = [  # keyed by header, but for the columns whose key sets their format (the map, the FLOPs)
         {
             "reuse_map": m.reuse_map,
             "flops_ratio": m.flops_ratio,
             "proxy": m.proxy_state.lower(),
-            "proxy_ppl": m.proxy_ppl,
-            f"{factor}_ppl": m.audit_ppl,
-            "seeds": len(m.audit_ppls),
-            "seed_sd": statistics.stdev(m.audit_ppls) if len(m.audit_ppls) > 1 else None,
+            "proxy ppl": m.proxy_ppl,
+            f"{factor} ppl": m.audit_ppl,
+            "n": len(m.audit_ppls),
+            "sd": statistics.stdev(m.audit_ppls) if len(m.audit_ppls) > 1 else None,
             "front": ("proxy " if m.on_proxy_front else "") + (factor if m.on_audit_front else ""),
         }
         for m in sorted(report.maps, key=lambda m: m.audit_ppl)
@@ -946,19 +655,13 @@ def print_audit(audit: StudyAudit) -> None:
     rows_table(
         f"audit of {audit.study}: {audit.proxy_steps} -> {audit.steps} steps",
         rows,
-        ["reuse_map", "flops_ratio", "proxy", "proxy_ppl", f"{factor}_ppl", "seeds", "seed_sd", "front"],
-        {
-            "flops_ratio": "FLOPs",
-            "proxy_ppl": "proxy ppl",
-            f"{factor}_ppl": f"{factor} ppl",
-            "seeds": "n",
-            "seed_sd": "sd",
-        },
-        droppable=["seed_sd", "seeds", "proxy"],
+        ["reuse_map", "flops_ratio", "proxy", "proxy ppl", f"{factor} ppl", "n", "sd", "front"],
+        {"flops_ratio": "FLOPs"},
+        droppable=["sd", "n", "proxy"],
     )
     out.print(
-        f"Spearman {_fmt(report.spearman)}, Kendall {_fmt(report.kendall)} over {report.n_maps} maps; "
-        f"front precision {_fmt(report.front_precision)}, recall {_fmt(report.front_recall)}; pruned maps on the "
+        f"Spearman {fmt(report.spearman)}, Kendall {fmt(report.kendall)} over {report.n_maps} maps; "
+        f"front precision {fmt(report.front_precision)}, recall {fmt(report.front_recall)}; pruned maps on the "
         f"{audit.factor:g}x front: {', '.join(report.pruned_on_audited_front) or 'none'}"
     )
     out.print(f"finding: {report.finding}")
@@ -988,7 +691,7 @@ def print_policy_replay(report: PolicyReplays) -> None:
         f"mean compute {report.mean_compute_steps:.0f} steps (every table result: {report.exhaustive_steps}); "
         f"claims {report.maps_claimed}, false {report.false_claims} ({report.false_claim_share:.0%}); "
         f"regret within 1 seed sd in {'-' if within is None else format(within, '.0%')}"
-        f" of orders (mean {_fmt(report.mean_regret_sd)} sd); intervals holding the table mean: "
+        f" of orders (mean {fmt(report.mean_regret_sd)} sd); intervals holding the table mean: "
         + ("n/a" if coverage is None else f"{coverage:.0%} of {report.intervals}")
     )
     out.print(f"first order's verdict: {report.replays[0].verdict}")
@@ -1016,7 +719,7 @@ def print_power(report: PowerReport) -> None:
         for r in report.rows
     ]
     rows_table(
-        f"power over {report.table} ({report.maps} maps, seeds {_fmt(report.table_seeds)}, "
+        f"power over {report.table} ({report.maps} maps, seeds {fmt(report.table_seeds)}, "
         f"{report.base_steps} to {report.target_steps} steps, seed sd {report.seed_sd_at_target:.4f} "
         f"nats at the target, {report.orders} orders a planted map)",
         rows,

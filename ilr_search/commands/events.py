@@ -1,4 +1,4 @@
-"""What the CLI's renderer (cli/ui.py) needs to draw a run: its event stream (search/progress.py) and how a
+"""What the CLI's renderer (cli/live.py) needs to draw a run: its event stream (search/progress.py) and how a
 map is written (training/schedule.py). The CLI imports only from commands/, so these come
 through here."""
 

@@ -15,7 +15,8 @@ import optuna
 
 from ilr_search.analysis.blocks import MARKS_LINE, BlockGrid, block_grid, block_place
 from ilr_search.analysis.fidelity import mark_ties, noise_band
-from ilr_search.analysis.plots import PlottedTrial, pareto_figure, write_figure_html
+from ilr_search.analysis.page import write_figure_html
+from ilr_search.analysis.plots import PlottedTrial, pareto_figure
 from ilr_search.analysis.race_report import RaceReport
 from ilr_search.analysis.results import (
     CurveRow,

@@ -1,7 +1,7 @@
 """What a run tells its caller: one stream of events.
 
 A run calls `reporter.on(event)` for each thing that happens. The CLI's renderer draws bars and lines from them
-(cli/ui.py), a worker process sends each one to its parent, which hands it to its own reporter (commands/workers.py),
+(cli/live.py), a worker process sends each one to its parent, which hands it to its own reporter (commands/workers.py),
 and tracking logs the finished trials (commands/tracking.py). `worker` is the number of the worker process an event
 comes from, None in the run's own process.
 """
