@@ -40,9 +40,10 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeGuard
+from dataclasses import dataclass
+from typing import Any
 
-from ilr_search.analysis.answer import interval_words, ppl_gain, side
+from ilr_search.analysis.answer import interval_words, side
 from ilr_search.analysis.race_core import (
     CANNOT_WIN,
     DECIDED_AGAINST,
@@ -51,7 +52,7 @@ from ilr_search.analysis.race_core import (
     DetectableGap,
     EqualCompute,
     Evaluation,
-    FrontPoint,
+    Measure,
     RaceJob,
     RaceSettings,
     RaceState,
@@ -65,7 +66,6 @@ from ilr_search.analysis.race_core import (
     loss_front,
     race_compute,
 )
-from ilr_search.analysis.replicates import Replicates
 from ilr_search.analysis.sequential import (
     SequentialTest,
     detectable_gap,
@@ -79,38 +79,6 @@ from ilr_search.analysis.unit_pairs import UnitPairs, UnitTest, unit_detectable_
 from ilr_search.training.schedule import Map
 
 DETECTION_POWER = 0.8
-
-
-def layer_runs(map_key: str, n_layers: int | None = None) -> int:
-    """The layers a map's schedule runs (a reuse map's counts' sum); a key's knob part (after '|') is ignored. A
-    block map's key needs the model's `n_layers`."""
-    return Map.parse(map_key, n_layers).layer_runs
-
-
-def _finite(value: float | None) -> TypeGuard[float]:
-    return value is not None and math.isfinite(value)
-
-
-def _diffs(
-    results: Results, key: str, baseline_key: str, steps: int, pool: Sequence[int]
-) -> tuple[list[int], list[float]]:
-    mine, base = results.at(key, steps), results.at(baseline_key, steps)
-    seeds = [s for s in pool if s in mine and s in base]
-    return seeds, [mine[s] - base[s] for s in seeds]
-
-
-def by_unit(
-    results: Results, key: str, baseline_key: str, steps: int, seeds: Sequence[int], settings: RaceSettings
-) -> UnitPairs | None:
-    """A frozen comparison's unit pairs (unit_pairs.py) over its common seeds (chunks), where every one of them kept
-    both maps' per-unit scores; None otherwise (a trained race, or runs stored without their scores: paired by
-    seed)."""
-    if not settings.frozen or not seeds:
-        return None
-    mine = {s: results.units(key, steps, s) for s in seeds}
-    base = {s: results.units(baseline_key, steps, s) for s in seeds}
-    pairs = unit_pairs(mine, base, seeds, settings.binary)
-    return pairs if pairs.chunks == tuple(seeds) else None
 
 
 def holm_claims(
@@ -159,6 +127,100 @@ def screen_agreement(
     return ScreenAgreement(len(keys), rho, margin)
 
 
+@dataclass(frozen=True)
+class _Race:
+    """What every step of one adaptive race reads: the study's results, the settings, the baseline, the compute
+    trained so far, the maps eliminated so far (map -> why; the steps add theirs) and those never chosen for the
+    screen; with the target, the test seeds (the pool, seeds[1:]) and the sequential test's looks over them."""
+
+    results: Results
+    settings: RaceSettings
+    baseline_key: str
+    compute: int
+    eliminated: dict[str, str]
+    not_raced: tuple[str, ...]
+
+    @property
+    def target(self) -> int:
+        return self.settings.target_steps
+
+    @property
+    def pool(self) -> tuple[int, ...]:
+        return self.settings.seeds[1:]
+
+    @property
+    def first_look(self) -> int:
+        return max(2, self.settings.race_seeds - 1)
+
+    @property
+    def every(self) -> int:
+        return looks_apart(self.settings.look_every, len(self.pool))
+
+    @property
+    def cap_reached(self) -> str:
+        return f"the compute cap ({self.settings.max_steps} steps) was reached"
+
+    def fits(self, jobs: Sequence[RaceJob], reserve: int = 0) -> bool:
+        """Whether training `jobs` (and `reserve` steps more) keeps the race within its compute cap."""
+        cap = self.settings.max_steps
+        return cap is None or self.compute + sum(j.steps for j in jobs) + reserve <= cap
+
+    def at(self, key: str) -> dict[int, float]:
+        return self.results.at(key, self.target)
+
+    def tried(self, key: str) -> Mapping[int, float | None]:
+        """A map's results at the target by seed, the diverged ones (None) among them."""
+        return self.results.losses.get(key, {}).get(self.target, {})
+
+    def mean(self, key: str) -> float:
+        """A map's mean loss over its seeds at the target; inf where it has none."""
+        losses = self.at(key)
+        return math.fsum(losses.values()) / len(losses) if losses else math.inf
+
+    def sequential(self, level: float) -> SequentialTest:
+        """The sequential paired t test of one comparison held to `level`, over the pool's test seeds."""
+        return SequentialTest(level, self.first_look, len(self.pool), self.settings.test, every=self.every)
+
+    def unit_test(self, level: float) -> UnitTest:
+        """The sequential test of a comparison paired by unit (a frozen race's), held to `level`."""
+        return UnitTest(level, self.first_look, len(self.pool), self.every)
+
+    def unit_gap(self, pairs: UnitPairs, level: float) -> float | None:
+        """The gap the unit test at `level` finds with 80% power, beyond the claims' margin (RaceSettings.margin)."""
+        gap = unit_detectable_gap(pairs, self.unit_test(level), DETECTION_POWER)
+        return None if gap is None else gap + self.settings.margin
+
+    def diffs(self, key: str) -> tuple[list[int], list[float]]:
+        """The test seeds a map shares with the baseline at the target, in pool order, and its loss differences."""
+        mine, base = self.at(key), self.at(self.baseline_key)
+        seeds = [s for s in self.pool if s in mine and s in base]
+        return seeds, [mine[s] - base[s] for s in seeds]
+
+    def by_unit(self, key: str, other: str, seeds: Sequence[int]) -> UnitPairs | None:
+        """A frozen comparison's unit pairs (unit_pairs.py) of `key` against `other` over their common seeds
+        (chunks), where every one of them kept both maps' per-unit scores; None otherwise (a trained race, or runs
+        stored without their scores: paired by seed)."""
+        if not self.settings.frozen or not seeds:
+            return None
+        mine = {s: self.results.units(key, self.target, s) for s in seeds}
+        theirs = {s: self.results.units(other, self.target, s) for s in seeds}
+        pairs = unit_pairs(mine, theirs, seeds, self.settings.binary)
+        return pairs if pairs.chunks == tuple(seeds) else None
+
+    def state(self, **fields: Any) -> RaceState:
+        """The race's state at the target, with what every state of it carries (eliminations, compute)."""
+        return RaceState(
+            eliminated=self.eliminated,
+            not_raced=self.not_raced,
+            level_steps=self.target,
+            compute_steps=self.compute,
+            **fields,
+        )
+
+    def ended(self, verdict: str) -> RaceState:
+        return self.state(alive=(), done=True, verdict=verdict, stopped=verdict)
+
+
 def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSettings, baseline_key: str) -> RaceState:
     """The adaptive race's decision from every evaluation (see the module docstring)."""
     maps = [e for e in evaluations if Map.form_of(e.map_key) != "deeper"]  # the equal-compute models are no contenders
@@ -167,31 +229,20 @@ def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSetting
         return early
     results = collect(evaluations)
     target, first, words = settings.target_steps, settings.seeds[0], settings.words
-    compute = race_compute(evaluations, settings)
-    cap = settings.max_steps
-
-    def fits(jobs: Sequence[RaceJob], reserve: int = 0) -> bool:
-        return cap is None or compute + sum(j.steps for j in jobs) + reserve <= cap
-
     # 2. the screen at the target, at seeds[0]
     candidates = choose_contenders(base_losses, results.flops, baseline_key, settings.race_screen)
     not_raced = tuple(k for k in sorted(base_losses) if k not in candidates)
-    screened = [k for k in candidates if first in results.losses.get(k, {}).get(target, {})]
+    race = _Race(results, settings, baseline_key, race_compute(evaluations, settings), eliminated, not_raced)
+    screened = [k for k in candidates if first in race.tried(k)]
     screen_losses: dict[str, float] = {}
     for k in screened:
-        loss = results.losses[k][target][first]
-        if _finite(loss):
+        loss = race.tried(k)[first]
+        if loss is not None and math.isfinite(loss):
             screen_losses[k] = float(loss)
         else:
             eliminated[k] = f"diverged {words.at(target)}, {words.one(first)}"
     if baseline_key in screened and baseline_key not in screen_losses:
-        return _ended(
-            f"the baseline {baseline_key} diverged {words.at(target)}: nothing to race against",
-            eliminated,
-            not_raced,
-            compute,
-            target,
-        )
+        return race.ended(f"the baseline {baseline_key} diverged {words.at(target)}: nothing to race against")
     agreement = screen_agreement(list(screen_losses), base_losses, screen_losses)
     agree = (
         agreement.maps >= settings.calibration
@@ -226,20 +277,16 @@ def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSetting
     )
     if waiting:
         wave = [RaceJob(k, target, first) for k in waiting[: max(1, settings.calibration)]]
-        if fits(wave):
-            return RaceState(
+        if race.fits(wave):
+            return race.state(
                 alive=tuple(waiting),
-                eliminated=eliminated,
                 next_jobs=tuple(wave),
-                not_raced=not_raced,
-                level_steps=target,
-                compute_steps=compute,
                 screen=screen,
                 verdict=f"(race open {words.at(target)}) screening {len(waiting)} map(s) at {words.one(first)}",
             )
         screen = dataclasses.replace(screen, capped=tuple(waiting))
         for k in waiting:
-            eliminated[k] = f"not screened: the compute cap ({cap} steps) was reached"
+            eliminated[k] = f"not screened: {race.cap_reached}"
 
     # 3. contenders, from the screen
     contenders = choose_contenders(screen_losses, results.flops, baseline_key, settings.race_contenders)
@@ -251,93 +298,68 @@ def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSetting
                 f"{settings.race_contenders} maps nearest {nearest}"
             )
     # 4. seeds at the target, tested on seeds[1:]
-    pool = settings.seeds[1:]
-    first_look = max(2, settings.race_seeds - 1)
     family = [k for k in contenders if k != baseline_key]
     alpha = decision_level(settings.confidence)
-    every = looks_apart(settings.look_every, len(pool))
-    testable = len(pool) >= first_look
-    paths = {k: _diffs(results, k, baseline_key, target, pool) for k in family}
-    units = {k: by_unit(results, k, baseline_key, target, paths[k][0], settings) for k in family}
-    ranked = sorted(family, key=lambda k: (screen_losses[k], k))
-    weights = holm_weights(ranked, settings.lead_share)
+    testable = len(race.pool) >= race.first_look
+    paths = {k: race.diffs(k) for k in family}
+    units = {k: race.by_unit(k, baseline_key, paths[k][0]) for k in family}
+    weights = holm_weights(sorted(family, key=lambda k: (screen_losses[k], k)), settings.lead_share)
 
     def crossed(key: str, level: float) -> int | None:
         pairs = units[key]
         if pairs is not None:
-            return UnitTest(level, first_look, len(pool), every).crossed_at(pairs.shifted(settings.margin))
-        return SequentialTest(level, first_look, len(pool), settings.test, every=every).crossed_at(paths[key][1])
+            return race.unit_test(level).crossed_at(pairs.shifted(settings.margin))
+        return race.sequential(level).crossed_at(paths[key][1])
 
     claims, open_levels = holm_claims(family, weights, alpha, crossed) if testable and family else ({}, {})
-    comparisons: dict[str, Comparison] = {}
-    for k in family:
-        seeds, diffs = paths[k]
-        comparisons[k] = _compare(
-            k,
-            results,
-            baseline_key,
-            target,
-            seeds,
-            diffs,
-            settings,
-            claims,
-            open_levels.get(k, alpha * weights[k]),
-            first_look,
-            len(pool),
-            units[k],
-        )
+    comparisons = {
+        k: _compare(race, k, paths[k], claims.get(k, (open_levels.get(k, alpha * weights[k]), None)), units[k])
+        for k in family
+    }
     if not settings.two_sided:  # a judge judges each candidate against the baseline alone
-        _stop_dominated(comparisons, results, target, settings, first_look)
+        _stop_dominated(race, comparisons)
     for k, c in comparisons.items():
-        diverged = [s for s in results.diverged_at(k, target) if s in pool]
+        diverged = [s for s in results.diverged_at(k, target) if s in race.pool]
         if diverged:
             comparisons[k] = _with(c, "diverged", f"diverged {words.at(target)}, {words.one(diverged[0])}")
         if comparisons[k].status in DECIDED_AGAINST:
             eliminated[k] = comparisons[k].why
-    best = _best_recurrent(comparisons, results, target)
+    # 5. the equal-compute model of the best recurrent contender
+    best = _best_recurrent(race, comparisons)
     deep = (
-        Map.of_deeper(layer_runs(best, Map.parse(baseline_key).n_layers)).key
+        Map.of_deeper(Map.parse(best, Map.parse(baseline_key).n_layers).layer_runs).key
         if settings.equal_compute and best is not None
         else None
     )
-    jobs = _seed_wave(comparisons, results, baseline_key, target, pool, first_look, every) if testable else []
+    jobs = _seed_wave(race, comparisons) if testable else []
     stopped = ""
-    reserve = _deep_jobs(deep, best, results, target, jobs)
-    if jobs and not fits(jobs, sum(j.steps for j in reserve)):
-        stopped = f"the compute cap ({cap} steps) was reached"
+    if jobs and not race.fits(jobs, sum(j.steps for j in _deep_jobs(race, deep, best, jobs))):
+        stopped = race.cap_reached
         for k, c in comparisons.items():
             if c.status == "open":
                 comparisons[k] = _with(c, "capped", stopped)
         jobs = []
     if not jobs:
-        deep_jobs = _deep_jobs(deep, best, results, target, [])
-        if deep_jobs and fits(deep_jobs):
+        deep_jobs = _deep_jobs(race, deep, best, [])
+        if deep_jobs and race.fits(deep_jobs):
             jobs = deep_jobs
         elif deep_jobs:
-            stopped = stopped or f"the compute cap ({cap} steps) was reached"
+            stopped = stopped or race.cap_reached
     done = not jobs
     if done and not stopped:
-        stopped = _why_done(list(comparisons.values()), testable, first_look, len(pool), words)
-    alive = sorted((k for k in contenders if k not in eliminated), key=lambda k: (_mean(results, k, target), k))
-    front = _front(alive, results, target, settings.confidence, tuple(claims))
+        stopped = _why_done(race, list(comparisons.values()), testable)
+    alive = sorted((k for k in contenders if k not in eliminated), key=lambda k: (race.mean(k), k))
     better = tuple(sorted(claims, key=lambda k: (comparisons[k].mean_diff or 0.0, k)))
-    gap = _detectable(list(comparisons.values()), results, baseline_key, target, settings, first_look, len(pool), units)
-    equal = _equal_compute(deep, best, results, target, settings, baseline_key)
-    verdict = _verdict(
-        comparisons, better, results, baseline_key, target, settings, done, gap, equal, compute, stopped, contenders
-    )
-    return RaceState(
+    gap = _detectable(race, list(comparisons.values()), units)
+    equal = _equal_compute(race, deep, best)
+    return race.state(
         alive=tuple(alive),
-        eliminated=eliminated,
         next_jobs=tuple(jobs),
-        front=front,
-        verdict=verdict,
+        front=tuple(loss_front(alive, results, target, settings.confidence, confirmed=tuple(claims))),
+        verdict=_verdict(race, comparisons, better, contenders, done, gap, equal, stopped),
         done=done,
-        not_raced=not_raced,
-        level_steps=target,
         confirmed_better=better,
-        best=min(better, key=lambda k: (_mean(results, k, target), k)) if better else baseline_key,
-        compute_steps=compute,
+        best=min(better, key=lambda k: (race.mean(k), k)) if better else baseline_key,
         comparisons=tuple(comparisons.values()),
         screen=screen,
         equal_compute=equal,
@@ -346,200 +368,135 @@ def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSetting
     )
 
 
-def _ended(
-    verdict: str, eliminated: dict[str, str], not_raced: tuple[str, ...], compute: int, target: int
-) -> RaceState:
-    return RaceState(
-        alive=(),
-        eliminated=eliminated,
-        not_raced=not_raced,
-        level_steps=target,
-        done=True,
-        verdict=verdict,
-        compute_steps=compute,
-        stopped=verdict,
-    )
-
-
-def _mean(results: Results, key: str, steps: int) -> float:
-    losses = results.at(key, steps)
-    return math.fsum(losses.values()) / len(losses) if losses else math.inf
-
-
-def _sequential(settings: RaceSettings, level: float, first_look: int, max_n: int) -> SequentialTest:
-    """The race's sequential test of one comparison held to `level`, over a pool of max_n test seeds."""
-    return SequentialTest(level, first_look, max_n, settings.test, every=looks_apart(settings.look_every, max_n))
-
-
 def _compare(
-    key: str,
-    results: Results,
-    baseline_key: str,
-    target: int,
-    seeds: list[int],
-    diffs: list[float],
-    settings: RaceSettings,
-    claims: Mapping[str, tuple[float, int]],
-    open_level: float,
-    first_look: int,
-    max_n: int,
-    pairs: UnitPairs | None = None,
+    race: _Race, key: str, path: tuple[list[int], list[float]], claim: tuple[float, int | None], pairs: UnitPairs | None
 ) -> Comparison:
-    mine, base = results.at(key, target), results.at(baseline_key, target)
-    words = settings.words
-    level, decided_at = claims.get(key, (open_level, None))
-    flops = results.flops[key]
-    common: dict[str, Any]
+    """A contender's comparison with the baseline over its test seeds, held to its Holm `claim` (its level, and the
+    look at which its test claimed it better, None where it did not): paired by unit where `pairs` (a frozen race),
+    else by seed (`path`: the test seeds and the loss differences there). Its status: better (claimed), worse (a
+    judge's test run the other way claimed the baseline better), cannot win (the futility rule), undecided (the
+    pool is spent) or open."""
+    settings, words, at = race.settings, race.settings.words, race.settings.words.at(race.target)
+    (seeds, diffs), (level, decided_at) = path, claim
+    tested = len(seeds) >= race.first_look
+    judged_worse = settings.two_sided and decided_at is None
+    numbers: dict[str, Any] = dict(map_key=key, flops_ratio=race.results.flops[key], seeds=tuple(seeds), level=level)
     if pairs is not None:  # frozen, paired by unit over the chunks
-        t = pairs.statistic()
-        test = UnitTest(level, first_look, max_n, looks_apart(settings.look_every, max_n))
-        boundary = test.boundary(pairs)
-        common = dict(
-            map_key=key,
-            flops_ratio=flops,
-            seeds=tuple(seeds),
+        test = race.unit_test(level)
+        numbers |= dict(
             mean_diff=pairs.mean(),
             sd_diff=pairs.sd(),
             interval=test.interval(pairs),  # the sequential test's own: it cannot contradict its decision
             p_value=pairs.p_value(),
-            t=t,
-            level=level,
-            boundary=boundary if len(seeds) >= first_look else None,
+            t=pairs.statistic(),
+            boundary=test.boundary(pairs) if tested else None,
             units=pairs.n,
-            detectable=_plus(unit_detectable_gap(pairs, test, DETECTION_POWER), settings.margin),
+            detectable=race.unit_gap(pairs, level),
         )
         dof = max(1, pairs.n - 1)
-        if settings.two_sided and decided_at is None:
-            worse_at = test.crossed_at(pairs.reversed().shifted(settings.margin))
-            if worse_at is not None:
-                return Comparison(
-                    **common,
-                    status="worse",
-                    decided_at=worse_at,
-                    why=f"worse than the baseline {words.at(target)}: the sequential test paired by {words.paired} "
-                    f"at level {level:.3g}, run the other way, claimed the baseline better after "
-                    f"{words.count(worse_at)} ({pairs.n} {words.paired}s paired)",
-                )
+        worse_at = test.crossed_at(pairs.reversed().shifted(settings.margin)) if judged_worse else None
+        unit_words = f" ({pairs.n} {words.paired}s paired)"
+        worse_test = f"the sequential test paired by {words.paired}"
+        claim_test = (
+            "an exact sequential sign test paired by item"
+            if pairs.binary
+            else f"a sequential t test paired by {words.paired}"
+        )
     else:
+        mine, base = race.at(key), race.at(race.baseline_key)
         c = paired_comparison({s: mine[s] for s in seeds}, {s: base[s] for s in seeds}, settings.confidence)
-        t = t_statistic(diffs)
-        seed_test = _sequential(settings, level, first_look, max_n)
-        boundary = seed_test.boundary(len(seeds)) if settings.test == "spending" and len(seeds) >= first_look else None
-        common = dict(
-            map_key=key,
-            flops_ratio=flops,
-            seeds=tuple(seeds),
+        seed_test = race.sequential(level)
+        numbers |= dict(
             mean_diff=c.mean_diff if seeds else None,
             sd_diff=c.sd_diff,
             interval=c.interval,
             p_value=c.p_value,
-            t=t,
-            level=level,
-            boundary=boundary,
+            t=t_statistic(diffs),
+            boundary=seed_test.boundary(len(seeds)) if settings.test == "spending" and tested else None,
         )
         dof = len(seeds) - 1
-    mean_diff = common["mean_diff"]
-    unit_words = f" ({pairs.n} {words.paired}s paired)" if pairs is not None else ""
+        worse_at = seed_test.crossed_at([-d for d in diffs]) if judged_worse and tested else None
+        unit_words, worse_test, claim_test = "", "the sequential paired t test", "a sequential paired t test"
+    t, mean_diff = numbers["t"], numbers["mean_diff"]
+    futile = t is not None and tested and not settings.two_sided
+    bound = _futility_bound(settings.futility, dof) if futile else math.inf
+    status, why = "open", ""
     if decided_at is not None:
-        test_name = (
-            "a sequential paired t test"
-            if pairs is None
-            else "an exact sequential sign test paired by item"
-            if pairs.binary
-            else f"a sequential t test paired by {words.paired}"
+        status = "better"
+        why = (
+            f"better than the baseline {at}: {claim_test} at level {level:.3g} claimed it after "
+            f"{words.count(decided_at)}"
         )
-        return Comparison(
-            **common,
-            status="better",
-            decided_at=decided_at,
-            why=f"better than the baseline {words.at(target)}: {test_name} at level "
-            f"{level:.3g} claimed it after {words.count(decided_at)}",
+    elif worse_at is not None:
+        status, decided_at = "worse", worse_at
+        why = (
+            f"worse than the baseline {at}: {worse_test} at level {level:.3g}, run the other way, claimed the "
+            f"baseline better after {words.count(worse_at)}{unit_words}"
         )
-    if settings.two_sided and pairs is None and len(seeds) >= first_look:
-        worse_at = _sequential(settings, level, first_look, max_n).crossed_at([-d for d in diffs])
-        if worse_at is not None:
-            return Comparison(
-                **common,
-                status="worse",
-                decided_at=worse_at,
-                why=f"worse than the baseline {words.at(target)}: the sequential paired t test at level {level:.3g}, "
-                f"run the other way, claimed the baseline better after {words.count(worse_at)}",
-            )
-    if t is not None and len(seeds) >= first_look and not settings.two_sided:
-        from scipy.stats import t as student
+    elif futile and t < -bound:
+        status = CANNOT_WIN
+        why = (
+            f"stopped: cannot win against the baseline {at}: its loss is {mean_diff:.4f} above the baseline's on "
+            f"average over {words.count(len(seeds))}{unit_words}, {-t:.2f} standard errors past even, more than the "
+            f"{bound:.2f} at which a later claim becomes unlikely (futility level {settings.futility:g})"
+        )
+    elif len(seeds) >= len(race.pool):
+        status, why = "undecided", f"undecided after the pool's {words.count(len(race.pool), test=True)}"
+    return Comparison(**numbers, status=status, decided_at=decided_at, why=why)
 
-        bound = float(student.ppf(1 - settings.futility, dof))
-        if t < -bound:
-            return Comparison(
-                **common,
-                status=CANNOT_WIN,
-                why=f"stopped: cannot win against the baseline {words.at(target)}: its loss is "
-                f"{mean_diff:.4f} above the baseline's on average over {words.count(len(seeds))}{unit_words}, "
-                f"{-t:.2f} standard errors past even, more than the {bound:.2f} at which a "
-                f"later claim becomes unlikely (futility level {settings.futility:g})",
-            )
-    if len(seeds) >= max_n:
-        return Comparison(
-            **common, status="undecided", why=f"undecided after the pool's {words.count(max_n, test=True)}"
-        )
-    return Comparison(**common, status="open")
+
+def _futility_bound(futility: float, dof: int) -> float:
+    """The t past which a contender trails the baseline too far to win: the one-sided level `futility`'s."""
+    from scipy.stats import t as student
+
+    return float(student.ppf(1 - futility, dof))
 
 
 def _with(c: Comparison, status: str, why: str) -> Comparison:
     return dataclasses.replace(c, status=status, why=why)
 
 
-def _stop_dominated(
-    comparisons: dict[str, Comparison], results: Results, target: int, settings: RaceSettings, first_look: int
-) -> None:
+def _stop_dominated(race: _Race, comparisons: dict[str, Comparison]) -> None:
     """An open contender that a contender of no more FLOPs beats by a paired test over their common test seeds
     gets no more seeds (it cannot be on the front)."""
+    settings, flops = race.settings, race.results.flops
     alpha = decision_level(settings.confidence)
     for k, c in list(comparisons.items()):
         if c.status != "open":
             continue
-        mine = {s: v for s, v in results.at(k, target).items() if s in settings.seeds[1:]}
-        for o in sorted(comparisons, key=lambda x: (results.flops[x], x)):
-            if o == k or results.flops[o] > results.flops[k] or comparisons[o].status in ("diverged",):
+        mine = {s: v for s, v in race.at(k).items() if s in race.pool}
+        for o in sorted(comparisons, key=lambda x: (flops[x], x)):
+            if o == k or flops[o] > flops[k]:
                 continue
-            theirs = {s: v for s, v in results.at(o, target).items() if s in settings.seeds[1:]}
+            theirs = {s: v for s, v in race.at(o).items() if s in race.pool}
             common = sorted(set(mine) & set(theirs), key=settings.seeds.index)
-            pairs = by_unit(results, o, k, target, common, settings) if c.units else None
+            pairs = race.by_unit(o, k, common) if c.units else None
             if pairs is not None:
                 n, mean_diff, p = len(pairs.chunks), pairs.mean(), pairs.p_value()
             else:
                 test = paired_comparison(theirs, mine, settings.confidence)
                 n, mean_diff, p = test.n, test.mean_diff, test.p_value
-            if n >= first_look and p < alpha and mean_diff is not None:
+            if n >= race.first_look and p < alpha and mean_diff is not None:
                 comparisons[k] = _with(
                     c,
                     "dominated",
-                    f"{o} better than {k} {settings.words.at(target)}: loss difference "
+                    f"{o} better than {k} {settings.words.at(race.target)}: loss difference "
                     f"{mean_diff:+.4f} over {settings.words.count(n)}, one-sided paired "
                     f"{'test' if pairs is not None else 't'} p={p:.3g} < {alpha:.3g}",
                 )
                 break
 
 
-def _seed_wave(
-    comparisons: Mapping[str, Comparison],
-    results: Results,
-    baseline_key: str,
-    target: int,
-    pool: Sequence[int],
-    first_look: int,
-    every: int = 1,
-) -> list[RaceJob]:
+def _seed_wave(race: _Race, comparisons: Mapping[str, Comparison]) -> list[RaceJob]:
     """The next wave: every open contender's first first_look test seeds at once, then the seeds up to its test's
     next look (`every` more); the baseline gets every seed of the wave it lacks. Jobs best mean first, the baseline
     first of all."""
-    open_keys = sorted(
-        (k for k, c in comparisons.items() if c.status == "open"), key=lambda k: (_mean(results, k, target), k)
-    )
-    looks = look_schedule(first_look, len(pool), every)
+    pool, first_look, target = race.pool, race.first_look, race.target
+    open_keys = sorted((k for k, c in comparisons.items() if c.status == "open"), key=lambda k: (race.mean(k), k))
+    looks = look_schedule(first_look, len(pool), race.every)
     wanted: dict[str, list[int]] = {}
     for k in open_keys:
-        have = results.losses.get(k, {}).get(target, {})
+        have = race.tried(k)
         missing = [s for s in pool if s not in have]
         trained = len(pool) - len(missing)
         step = (next_look(looks, trained) or len(pool)) - trained
@@ -547,69 +504,43 @@ def _seed_wave(
             [s for s in missing if pool.index(s) < first_look] if trained < first_look else missing[: max(1, step)]
         )
     seeds = sorted({s for v in wanted.values() for s in v}, key=pool.index)
-    have_base = results.losses.get(baseline_key, {}).get(target, {})
-    jobs = [RaceJob(baseline_key, target, s) for s in seeds if s not in have_base]
+    jobs = [RaceJob(race.baseline_key, target, s) for s in seeds if s not in race.tried(race.baseline_key)]
     return jobs + [RaceJob(k, target, s) for k in open_keys for s in wanted[k]]
 
 
-def _best_recurrent(comparisons: Mapping[str, Comparison], results: Results, target: int) -> str | None:
+def _best_recurrent(race: _Race, comparisons: Mapping[str, Comparison]) -> str | None:
     """The recurrent contender with the lowest mean loss at the target (claims first)."""
-    keys = [k for k, c in comparisons.items() if c.status not in ("diverged",)]
+    keys = [k for k, c in comparisons.items() if c.status != "diverged"]
     if not keys:
         return None
-    return min(keys, key=lambda k: (comparisons[k].status != "better", _mean(results, k, target), k))
+    return min(keys, key=lambda k: (comparisons[k].status != "better", race.mean(k), k))
 
 
-def _deep_jobs(
-    deep: str | None, best: str | None, results: Results, target: int, wave: Sequence[RaceJob]
-) -> list[RaceJob]:
+def _deep_jobs(race: _Race, deep: str | None, best: str | None, wave: Sequence[RaceJob]) -> list[RaceJob]:
     """The equal-compute model's jobs: the best contender's target seeds (after `wave`) it lacks."""
     if deep is None or best is None:
         return []
-    seeds = set(results.losses.get(best, {}).get(target, {})) | {j.seed for j in wave if j.map_key == best}
-    have = results.losses.get(deep, {}).get(target, {})
-    return [RaceJob(deep, target, s) for s in sorted(seeds) if s not in have]
-
-
-def _front(
-    alive: Sequence[str], results: Results, steps: int, confidence: float, claimed: Sequence[str]
-) -> tuple[FrontPoint, ...]:
-    """The non-dominated contenders at the target by (mean loss, FLOPs), cheapest first; confirmed: claimed better
-    than the baseline by the sequential test (the baseline is the reference, never confirmed)."""
-    front = loss_front(alive, results, steps, confidence)
-    return tuple(dataclasses.replace(p, confirmed=p.map_key in claimed) for p in front)
-
-
-def _plus(gap: float | None, margin: float) -> float | None:
-    """A detectable gap where claims need the difference beyond `margin` (RaceSettings.margin)."""
-    return None if gap is None else gap + margin
+    seeds = set(race.tried(best)) | {j.seed for j in wave if j.map_key == best}
+    return [RaceJob(deep, race.target, s) for s in sorted(seeds) if s not in race.tried(deep)]
 
 
 def _detectable(
-    comparisons: Sequence[Comparison],
-    results: Results,
-    baseline_key: str,
-    target: int,
-    settings: RaceSettings,
-    first_look: int,
-    max_n: int,
-    units: Mapping[str, UnitPairs | None] | None = None,
+    race: _Race, comparisons: Sequence[Comparison], units: Mapping[str, UnitPairs | None]
 ) -> DetectableGap | None:
     """The smallest gap the race would have found with 80% power, at the level of the screen's best (the largest
     share of the family's). Paired by seed: at the most test seeds any comparison reached, with the race's paired sd
     (pooled over its comparisons), against the sequential boundary there. Paired by unit (a frozen race): from the
     unit differences of the comparison nearest the baseline (the smallest mean difference), whose spread is the
     one a map that could win would have, at the chunks it reached (a map far behind has a spread of its own)."""
+    settings = race.settings
     level = max((c.level for c in comparisons), default=0.0)
-    base = _mean(results, baseline_key, target)
-    paired = [(c, pairs) for c in comparisons if (pairs := (units or {}).get(c.map_key)) is not None and c.n >= 1]
+    base = race.mean(race.baseline_key)
+    paired = [(c, pairs) for c in comparisons if (pairs := units.get(c.map_key)) is not None and c.n >= 1]
     if paired:
         c, pairs = min(
             paired, key=lambda cp: (cp[0].mean_diff if cp[0].mean_diff is not None else math.inf, cp[0].map_key)
         )
-        test = UnitTest(level, first_look, max_n, looks_apart(settings.look_every, max_n))
-        gap = _plus(unit_detectable_gap(pairs, test, DETECTION_POWER), settings.margin)
-        sd = pairs.sd()
+        gap, sd = race.unit_gap(pairs, level), pairs.sd()
         if gap is None or sd is None:
             return None
         ppl = math.exp(base) - math.exp(base - gap) if settings.judged == "ppl" else 0.0
@@ -620,7 +551,7 @@ def _detectable(
     dof = sum(n - 1 for n, _ in usable)
     sd = math.sqrt(math.fsum((n - 1) * s**2 for n, s in usable) / dof)
     n = max(n for n, _ in usable)
-    boundary = _sequential(settings, level, first_look, max_n).boundary(n) if settings.test == "spending" else None
+    boundary = race.sequential(level).boundary(n) if settings.test == "spending" else None
     nats = detectable_gap(sd, n, level, DETECTION_POWER, boundary=boundary)
     if nats is None:
         return None
@@ -628,32 +559,29 @@ def _detectable(
     return DetectableGap(nats, ppl, DETECTION_POWER, n, sd, level, judged=settings.judged)
 
 
-def _equal_compute(
-    deep: str | None, best: str | None, results: Results, target: int, settings: RaceSettings, baseline_key: str
-) -> EqualCompute | None:
+def _equal_compute(race: _Race, deep: str | None, best: str | None) -> EqualCompute | None:
     """The best contender against the plain model of its compute, over their common target seeds."""
     if deep is None or best is None:
         return None
-    mine, theirs = results.at(best, target), results.at(deep, target)
+    mine, theirs = race.at(best), race.at(deep)
     layers = Map.parse(deep).n_layers
-    share = settings.layer_param_share
-    iv = seed_interval(by_seed(theirs), settings.confidence) if theirs else None
-    c = paired_comparison(mine, theirs, settings.confidence)
+    share = race.settings.layer_param_share
+    iv = seed_interval(by_seed(theirs), race.settings.confidence) if theirs else None
+    c = paired_comparison(mine, theirs, race.settings.confidence)
     if not c.n or c.mean_diff is None:
         diff = None
     else:
         # the paired difference as ppl at the deeper model's mean over the paired seeds, as the answer says it
         deep_ppl = math.exp(math.fsum(theirs[s] for s in c.seeds) / c.n)
-        diff = DeepDiff(
-            c.seeds, c.mean_diff, c.sd_diff, c.interval, c.p_value, deep_ppl, -ppl_gain(deep_ppl, c.mean_diff)
-        )
+        ppl_diff = -Measure().gain(deep_ppl, c.mean_diff)
+        diff = DeepDiff(c.seeds, c.mean_diff, c.sd_diff, c.interval, c.p_value, deep_ppl, ppl_diff)
     return EqualCompute(
         deep,
         layers,
         best,
-        results.flops.get(deep),
-        1 + (layers - Map.parse(baseline_key).n_layers) * share if share > 0 else None,
-        target,
+        race.results.flops.get(deep),
+        1 + (layers - Map.parse(race.baseline_key).n_layers) * share if share > 0 else None,
+        race.target,
         tuple(sorted(theirs)),
         iv.val_ppl if iv is not None else None,
         iv.interval_ppl if iv is not None else None,
@@ -661,36 +589,34 @@ def _equal_compute(
     )
 
 
-def _why_done(comparisons: Sequence[Comparison], testable: bool, first_look: int, max_n: int, words: Replicates) -> str:
+def _why_done(race: _Race, comparisons: Sequence[Comparison], testable: bool) -> str:
+    words, max_n = race.settings.words, len(race.pool)
     if not comparisons:
         return "no recurrent contender"
     if not testable:
-        return f"the pool has {words.count(max_n, test=True)}; a sequential test needs {first_look}"
+        return f"the pool has {words.count(max_n, test=True)}; a sequential test needs {race.first_look}"
     if all(c.status == "better" or c.status in DECIDED_AGAINST for c in comparisons):
         return "every comparison decided"
     return f"the pool's {words.count(max_n, test=True)} were spent"
 
 
 def _verdict(
+    race: _Race,
     comparisons: Mapping[str, Comparison],
     better: Sequence[str],
-    results: Results,
-    baseline_key: str,
-    target: int,
-    settings: RaceSettings,
+    contenders: Sequence[str],
     done: bool,
     gap: DetectableGap | None,
     equal: EqualCompute | None,
-    compute: int,
     stopped: str,
-    contenders: Sequence[str],
 ) -> str:
-    """The race's verdict in a few clauses. Every difference is the one the answer gives (answer.ppl_gain: the
-    paired mean loss difference over the test seeds, as ppl at the baseline's mean), said in words."""
+    """The race's verdict in a few clauses. Every difference is the one the answer gives (Measure.gain: the paired
+    mean loss difference over the test seeds, as ppl at the baseline's mean), said in words."""
+    settings, baseline_key, target = race.settings, race.baseline_key, race.target
     words, measure = settings.words, settings.measure
     prefix = "" if done else f"(race open {words.at(target)}) "
     pct = round(settings.confidence * 100)
-    base_ppl = math.exp(_mean(results, baseline_key, target))
+    base_ppl = math.exp(race.mean(baseline_key))
     parts = []
     if not comparisons:
         text = (
@@ -705,9 +631,7 @@ def _verdict(
             assert c.mean_diff is not None  # a claimed map was tested
             interval = interval_words(base_ppl, c.interval, settings.confidence, measure)
             gained = side(measure.gain(base_ppl, c.mean_diff), "the baseline", measure)
-            claims.append(
-                f"{settings.words.shown(k)} {gained} ({interval}, p={c.p_value:.3g}, {words.count(c.n, test=True)})"
-            )
+            claims.append(f"{words.shown(k)} {gained} ({interval}, p={c.p_value:.3g}, {words.count(c.n, test=True)})")
         paired = f", paired by {words.paired}" if any(c.units for c in comparisons.values()) else ""
         text = (
             f"{prefix}recurrence beats the baseline {words.at(target)} ({pct}% confidence, sequential paired tests "
@@ -734,11 +658,10 @@ def _verdict(
     if comparisons and not better and ranked:
         c = min(ranked, key=lambda c: (c.mean_diff, c.map_key))
         assert c.mean_diff is not None  # ranked holds only the comparisons with a mean difference
-        how = (
-            f"closest {settings.words.shown(c.map_key)}: "
-            f"{side(measure.gain(base_ppl, c.mean_diff), 'the baseline', measure)}"
-        )
-        need = paired_comparison(*_pair(results, c, baseline_key, target), settings.confidence).seeds_needed()
+        how = f"closest {words.shown(c.map_key)}: {side(measure.gain(base_ppl, c.mean_diff), 'the baseline', measure)}"
+        mine, base = race.at(c.map_key), race.at(baseline_key)
+        paired_seeds = ({s: mine[s] for s in c.seeds}, {s: base[s] for s in c.seeds})
+        need = paired_comparison(*paired_seeds, settings.confidence).seeds_needed()
         if c.units:
             parts.append(how)
         elif c.sd_diff is None:
@@ -756,25 +679,10 @@ def _verdict(
             f"{equal.map} {side(-d.ppl_diff, equal.deep_key)}, a plain {equal.layers}-layer model "
             f"of the same compute{share}" + (f" ({interval})" if interval else "") + f", {len(d.seeds)} seeds"
         )
-    spent = (
-        f"the race evaluated {words.count(len(_test_chunks(results, settings)))} beyond the screen's"
-        if settings.frozen
-        else f"the race trained {compute} steps"
-    )
+    if settings.frozen:
+        test_chunks = {s for k in race.results.losses for s in race.tried(k) if s in race.pool}
+        spent = f"the race evaluated {words.count(len(test_chunks))} beyond the screen's"
+    else:
+        spent = f"the race trained {race.compute} steps"
     parts.append(spent + (f"; it stopped because {stopped}" if stopped and done else ""))
     return text + "; " + "; ".join(parts)
-
-
-def _test_chunks(results: Results, settings: RaceSettings) -> set[int]:
-    """The test seeds (window chunks) any map has a result at, at the target."""
-    return {
-        seed
-        for by_steps in results.losses.values()
-        for seed in by_steps.get(settings.target_steps, {})
-        if seed in settings.seeds[1:]
-    }
-
-
-def _pair(results: Results, c: Comparison, baseline_key: str, target: int) -> tuple[dict[int, float], dict[int, float]]:
-    mine, base = results.at(c.map_key, target), results.at(baseline_key, target)
-    return {s: mine[s] for s in c.seeds}, {s: base[s] for s in c.seeds}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -474,9 +474,11 @@ def by_seed(losses: Mapping[int, float]) -> list[float]:
     return [losses[s] for s in sorted(losses)]
 
 
-def loss_front(alive: Sequence[str], results: Results, steps: int, confidence: float) -> list[FrontPoint]:
+def loss_front(
+    alive: Sequence[str], results: Results, steps: int, confidence: float, confirmed: Collection[str] = ()
+) -> list[FrontPoint]:
     """The non-dominated maps of `alive` at `steps` by (mean loss, FLOPs), cheapest first, each with the t interval of
-    its seeds' losses (by_seed); none confirmed yet (each race confirms its points its own way)."""
+    its seeds' losses (by_seed); confirmed: those in `confirmed` (each race confirms its points its own way)."""
     keys = [k for k in alive if results.at(k, steps)]
     intervals = {k: seed_interval(by_seed(results.at(k, steps)), confidence) for k in keys}
     idx = non_dominated([(intervals[k].mean_loss, results.flops[k]) for k in keys])
@@ -489,7 +491,7 @@ def loss_front(alive: Sequence[str], results: Results, steps: int, confidence: f
             seeds=tuple(sorted(results.at(k, steps))),
             val_ppl=intervals[k].val_ppl,
             interval=intervals[k].interval_ppl or (0.0, math.inf),
-            confirmed=False,
+            confirmed=k in confirmed,
         )
         for k in on_front
     ]
