@@ -173,9 +173,7 @@ class _Race:
         return self.results.losses.get(key, {}).get(self.target, {})
 
     def mean(self, key: str) -> float:
-        """A map's mean loss over its seeds at the target; inf where it has none."""
-        losses = self.at(key)
-        return math.fsum(losses.values()) / len(losses) if losses else math.inf
+        return self.results.mean(key, self.target)
 
     def sequential(self, level: float) -> SequentialTest:
         """The sequential paired t test of one comparison held to `level`, over the pool's test seeds."""

@@ -122,7 +122,7 @@ def _fixed_detectable_gap(
     nats = detectable_gap(c.sd_diff, c.n, decision_level(settings.confidence))
     if nats is None:
         return None
-    mean = _mean(results, baseline_key, steps)
+    mean = results.mean(baseline_key, steps)
     return DetectableGap(
         nats,
         math.exp(mean) - math.exp(mean - nats),
@@ -166,13 +166,7 @@ def _rank(keys: Sequence[str], results: Results, lengths: Sequence[int]) -> list
     """Best mean loss at the last of `lengths` first; maps with no result there by their mean at the length
     before, and so on; then by key."""
 
-    return sorted(keys, key=lambda k: (tuple(_mean(results, k, steps) for steps in reversed(lengths)), k))
-
-
-def _mean(results: Results, key: str, steps: int) -> float:
-    """The map's mean loss over its seeds at `steps`; inf where it has none."""
-    losses = results.at(key, steps)
-    return math.fsum(losses.values()) / len(losses) if losses else math.inf
+    return sorted(keys, key=lambda k: (tuple(results.mean(k, steps) for steps in reversed(lengths)), k))
 
 
 def _front(alive: Sequence[str], results: Results, steps: int, confidence: float) -> tuple[FrontPoint, ...]:
@@ -233,7 +227,7 @@ def _report(
     if better:
         parts = []
         for k in better:
-            ppl = math.exp(_mean(results, k, steps))
+            ppl = math.exp(results.mean(k, steps))
             c = comparisons[k]
             parts.append(
                 f"{k} {ppl:.4f} ppl vs {base_ppl:.4f} ({ppl - base_ppl:+.4f} ppl, "
@@ -257,7 +251,7 @@ def _report(
         return front, (), text
     best = min(ranked, key=lambda k: (comparisons[k].mean_diff, k))
     c = comparisons[best]
-    gap = math.exp(_mean(results, best, steps)) - base_ppl
+    gap = math.exp(results.mean(best, steps)) - base_ppl
     need = c.seeds_needed()
     if c.sd_diff is None:
         text += f"; closest {best} ({gap:+.4f} ppl at one seed): a second seed would give a spread"

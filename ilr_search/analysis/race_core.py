@@ -4,7 +4,6 @@ a front). The policies: fixed_race.py and adaptive_race.py; racing.py picks one.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,10 +38,6 @@ class Measure:
     answer loss (`answer`), or as accuracy points (`accuracy`: a loss of 0 or 1 an item, its mean the error rate)."""
 
     kind: Judged = "ppl"
-
-    @property
-    def name(self) -> str:
-        return {"ppl": "perplexity", "answer": "answer loss", "accuracy": "accuracy"}[self.kind]
 
     def gain(self, base_ppl: float, loss_diff: float) -> float:
         """What a map gains over the baseline (positive: better) from the mean paired loss difference (map minus
@@ -267,9 +262,7 @@ class StoredResult:
 
     def to_dict(self) -> dict[str, Any]:
         """Its JSON form, without the per-unit scores (the race's tests read them; `export` writes them)."""
-        d = dataclasses.asdict(self)
-        del d["scores"]
-        return d
+        return record_json(self, omit=("scores",))
 
 
 @dataclass(frozen=True)
@@ -311,7 +304,7 @@ class ScreenAgreement:
     margin: float
 
     def to_dict(self) -> dict[str, Any]:
-        return {"maps": self.maps, "spearman": self.spearman, "margin": self.margin}
+        return record_json(self)
 
 
 @dataclass(frozen=True)
@@ -357,7 +350,7 @@ class DetectableGap:
         return f"a gap of {Measure(self.judged).amount(self.amount)}"
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self) | {"amount": self.amount}
+        return record_json(self) | {"amount": self.amount}
 
 
 @dataclass(frozen=True)
@@ -402,22 +395,10 @@ class EqualCompute:
     baseline_params: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
-            "reference": self.deep_key,
-            "layers": self.layers,
-            "map": self.map,
-            "flops_ratio": self.flops_ratio,
-            "params_ratio": self.params_ratio,
-            "steps": self.steps,
-            "seeds": list(self.seeds),
-        }
-        if self.seeds:
-            d |= {"val_ppl": self.val_ppl, "interval": list(self.interval) if self.interval else None}
-        if self.map_minus_deep is not None:
-            d["map_minus_reference"] = self.map_minus_deep.to_dict()
-        if self.params is not None:
-            d |= {"params": self.params, "baseline_params": self.baseline_params}
-        return d
+        omit: tuple[str, ...] = () if self.seeds else ("val_ppl", "interval")  # no seed trained: no mean yet
+        omit += () if self.map_minus_deep is not None else ("map_minus_deep",)
+        omit += () if self.params is not None else ("params", "baseline_params")
+        return record_json(self, names={"deep_key": "reference", "map_minus_deep": "map_minus_reference"}, omit=omit)
 
 
 def race_lengths(settings: RaceSettings) -> tuple[int, ...]:
@@ -446,6 +427,11 @@ class Results:
     def units(self, key: str, steps: int, seed: int) -> tuple[float, ...]:
         """A map's per-unit scores on one chunk (empty where not kept)."""
         return self.scores.get(key, {}).get(steps, {}).get(seed, ())
+
+    def mean(self, key: str, steps: int) -> float:
+        """A map's mean loss over its seeds at `steps`; inf where it has none."""
+        losses = self.at(key, steps)
+        return math.fsum(losses.values()) / len(losses) if losses else math.inf
 
     def at(self, key: str, steps: int) -> dict[int, float]:
         """A map's finite losses at one length, by seed."""
