@@ -19,6 +19,8 @@ from ilr_search.analysis.replicates import Replicates
 
 PLAIN = "the plain model"  # the all-ones map: every layer run once, no recurrence
 PPL = Measure("ppl")
+# how far the proxy's order is trusted: the least Spearman of each wording, highest first (below: "unlike", "a weak")
+TRUST_WORDS = ((AGREE_SPEARMAN, "like", "a good"), (PARTLY_SPEARMAN, "only partly like", "a rough"))
 
 
 @dataclass(frozen=True)
@@ -32,16 +34,8 @@ class Trust:
     target_steps: int
 
     def text(self) -> str:
-        how = (
-            "like"
-            if self.spearman >= AGREE_SPEARMAN
-            else "only partly like"
-            if self.spearman >= PARTLY_SPEARMAN
-            else "unlike"
-        )
-        guide = (
-            "a good" if self.spearman >= AGREE_SPEARMAN else "a rough" if self.spearman >= PARTLY_SPEARMAN else "a weak"
-        )
+        words = (words for floor, *words in TRUST_WORDS if self.spearman >= floor)
+        how, guide = next(words, ("unlike", "a weak"))
         return (
             f"the {self.proxy_steps}-step search ranked maps {how} {self.target_steps}-step training (Spearman "
             f"{self.spearman:.2f} over {self.maps} maps): its order is {guide} guide"
@@ -78,11 +72,6 @@ def side(gain: float, other: str, measure: Measure = PPL) -> str:
     return f"{'better' if gain > 0 else 'worse'} by {measure.amount(abs(gain))} than {other}"
 
 
-def ppl_gain(base_ppl: float, loss_diff: float) -> float:
-    """The ppl a map gains over the plain model, from the mean paired loss difference (map minus plain)."""
-    return PPL.gain(base_ppl, loss_diff)
-
-
 def interval_words(base_ppl: float, interval: Sequence[float] | None, confidence: float, measure: Measure = PPL) -> str:
     """`90% interval 0.03 to 0.13` (both better), or `90% interval from 0.05 worse to 0.01 better`."""
     if not interval or None in interval:
@@ -102,6 +91,15 @@ def _map(key: str) -> str:
     return key.replace("|", " with ")
 
 
+def _named(settings: RaceSettings | None, key: str) -> str:
+    """A map as the answer names it: as its study shows it (Replicates.shown), its knobs `with` them."""
+    return _map(Replicates.of(settings).shown(key))
+
+
+def _bracketed(text: str, open_: str = " (", close: str = ")") -> str:
+    return f"{open_}{text}{close}" if text else ""
+
+
 def _point(front: Sequence[FrontPoint], key: str) -> FrontPoint | None:
     return next((p for p in front if p.map_key == key), None)
 
@@ -116,7 +114,6 @@ def race_answer(
     """The answer of a race (see the module docstring). `baseline_ppl`: the plain model's mean perplexity at
     the race's length (None before it has one)."""
     words = Replicates.of(settings)
-    unit = words.unit
     steps = state.level_steps or settings.target_steps
     at = words.at(steps)  # "at 2000 steps", or a frozen study's "on held-out windows"
     comparisons = {c.map_key: c for c in state.comparisons}
@@ -136,31 +133,28 @@ def race_answer(
             "run the same command again to go on"
         )
     elif claimed is not None:
-        line = _claim(state, settings, claimed, comparisons.get(claimed), baseline_key, baseline_ppl, unit, at)
+        line = _claim(state, settings, claimed, comparisons.get(claimed), baseline_key, baseline_ppl, at)
     else:
         gap = state.detectable_gap
         seen = (
             f"{gap.text()} or more would have been seen ({round(100 * gap.power)}% power)"
             if gap
-            else f"too few {unit}s to say what gap would have been seen"
+            else f"too few {words.plural} to say what gap would have been seen"
         )
         if not comparisons and state.front and all(p.map_key == baseline_key for p in state.front):
             seen = "no recurrent map reached the race"
         line = f"no map beat {PLAIN} {at}; {seen}"
     if baseline_ppl is not None:
-        details += _closest(comparisons, claimed, baseline_ppl, settings, unit)
-    details += _equal_compute(state.equal_compute, settings.confidence, unit)
-    details += _replicates(state, comparisons, baseline_key, unit, words.at(state.level_steps), settings)
-    if words.trains:
-        details.append(
-            f"steps: {steps} a run at the target (the search's proxy trained {settings.base_steps}); the "
-            f"race trained {state.compute_steps} in all"
-        )
-    else:
-        details.append(
-            f"frozen: no step trained; every result is the pretrained weights evaluated on a chunk of "
-            f"{words.chunk_of}, the race's comparisons paired by {words.paired}"
-        )
+        details += _closest(comparisons, claimed, baseline_ppl, settings)
+    details += _equal_compute(state.equal_compute, settings)
+    details += _replicates(state, comparisons, baseline_key, settings)
+    details.append(
+        f"steps: {steps} a run at the target (the search's proxy trained {settings.base_steps}); the "
+        f"race trained {state.compute_steps} in all"
+        if words.trains
+        else f"frozen: no step trained; every result is the pretrained weights evaluated on a chunk of "
+        f"{words.chunk_of}, the race's comparisons paired by {words.paired}"
+    )
     if state.done and state.stopped:
         details.append(f"stopped because {state.stopped}")
     return Answer(line, tuple(details), state.done, trust)
@@ -173,9 +167,9 @@ def _claim(
     comparison: Comparison | None,
     baseline_key: str,
     baseline_ppl: float | None,
-    unit: str,
     at: str,
 ) -> str:
+    """The line of a claim: `use MAP: X better than the plain model (90% interval ...), N seeds at 2000 steps`."""
     point, base = _point(state.front, key), _point(state.front, baseline_key)
     n = len(point.seeds) if point is not None else comparison.n if comparison else 0
     measure = settings.measure
@@ -191,15 +185,11 @@ def _claim(
         if math.isfinite(gain)
         else f"better than {PLAIN}"
     )
-    return (
-        f"use {_map(settings.words.shown(key))}: {how}"
-        + (f" ({interval})" if interval else "")
-        + f", {count(n, unit)} {at}"
-    )
+    return f"use {_named(settings, key)}: {how}{_bracketed(interval)}, {settings.words.count(n)} {at}"
 
 
 def _closest(
-    comparisons: Mapping[str, Comparison], answered: str | None, baseline_ppl: float, settings: RaceSettings, unit: str
+    comparisons: Mapping[str, Comparison], answered: str | None, baseline_ppl: float, settings: RaceSettings
 ) -> list[str]:
     rest = [(d, c) for k, c in comparisons.items() if k != answered and (d := c.mean_diff) is not None]
     if not rest:
@@ -209,44 +199,35 @@ def _closest(
     interval = interval_words(baseline_ppl, c.interval, settings.confidence, measure)
     paired = f", {c.units} paired" if c.units else ""
     return [
-        f"closest contender: {_map(settings.words.shown(c.map_key))} "
-        f"{side(measure.gain(baseline_ppl, diff), PLAIN, measure)}"
-        + (f" ({interval})" if interval else "")
-        + f" over {count(c.n, 'test ' + unit)}{paired}; status: {c.status}"
+        f"closest contender: {_named(settings, c.map_key)} {side(measure.gain(baseline_ppl, diff), PLAIN, measure)}"
+        f"{_bracketed(interval)} over {settings.words.count(c.n, test=True)}{paired}; status: {c.status}"
     ]
 
 
-def _equal_compute(equal: EqualCompute | None, confidence: float, unit: str) -> list[str]:
+def _equal_compute(equal: EqualCompute | None, settings: RaceSettings) -> list[str]:
     if equal is None or equal.map_minus_deep is None:
         return []
     d = equal.map_minus_deep
     params = f", {equal.params_ratio:.2f}x the parameters" if equal.params_ratio else ""
-    interval = interval_words(d.deep_ppl, d.interval, confidence)
+    interval = _bracketed(interval_words(d.deep_ppl, d.interval, settings.confidence), "; ", "")
     return [
         f"equal compute: {_map(equal.map)} {side(-d.ppl_diff, f'a plain {equal.layers}-layer model')} "
-        f"of the same compute ({equal.deep_key}{params}"
-        + (f"; {interval}" if interval else "")
-        + f") over {count(len(d.seeds), unit)}"
+        f"of the same compute ({equal.deep_key}{params}{interval}) over {settings.words.count(len(d.seeds))}"
     ]
 
 
 def _replicates(
-    state: RaceState,
-    comparisons: Mapping[str, Comparison],
-    baseline_key: str,
-    unit: str,
-    at: str,
-    settings: RaceSettings | None = None,
+    state: RaceState, comparisons: Mapping[str, Comparison], baseline_key: str, settings: RaceSettings
 ) -> list[str]:
-    """Each front map's replicates at its length (`at`: "at 2000 steps"), as the front and the race tables count
+    """Each front map's replicates at the race's length ("at 2000 steps"), as the front and the race tables count
     them (the screening one included), with the test ones the comparison used."""
-    parts = []
+    words, parts = settings.words, []
     for p in state.front:
-        name = PLAIN if p.map_key == baseline_key else _map(Replicates.of(settings).shown(p.map_key))
+        name = PLAIN if p.map_key == baseline_key else _named(settings, p.map_key)
         c = comparisons.get(p.map_key)
         tested = f" ({c.n} of them tested against {PLAIN})" if c is not None else ""
-        parts.append(f"{name} {count(len(p.seeds), unit)}{tested}")
-    return [f"{unit}s {at}: " + "; ".join(parts)] if parts else []
+        parts.append(f"{name} {words.count(len(p.seeds))}{tested}")
+    return [f"{words.plural} {words.at(state.level_steps)}: " + "; ".join(parts)] if parts else []
 
 
 def unraced_answer(why: str, steps: int) -> Answer:
@@ -266,13 +247,12 @@ def judge_answer(state: RaceState, settings: RaceSettings, model: str, baseline_
     lines = []
     for c in comparisons:
         interval = interval_words(base, c.interval, settings.confidence, measure)
-        over = f"{count(c.n, 'test ' + words.unit)}" + (f", {c.units} {words.paired}s paired" if c.units else "")
+        over = words.count(c.n, test=True) + (f", {c.units} {words.paired}s paired" if c.units else "")
         gain = measure.gain(base, c.mean_diff) if c.mean_diff is not None else math.nan
         if c.status in ("better", "worse"):
             lines.append(
-                f"{_map(settings.words.shown(c.map_key))} is {c.status} than {model} by {measure.amount(abs(gain))}"
-                + (f" ({interval})" if interval else "")
-                + f", {over} {words.at(state.level_steps)}"
+                f"{_named(settings, c.map_key)} is {c.status} than {model} by {measure.amount(abs(gain))}"
+                f"{_bracketed(interval)}, {over} {words.at(state.level_steps)}"
             )
             continue
         gap = c.detectable
@@ -283,9 +263,8 @@ def judge_answer(state: RaceState, settings: RaceSettings, model: str, baseline_
         )
         measured = f"; measured {side(gain, model, measure)}" if math.isfinite(gain) else ""
         lines.append(
-            f"{_map(settings.words.shown(c.map_key))} is not distinguishable from {model}: {seen}{measured}"
-            + (f" ({interval})" if interval else "")
-            + f", {over}"
+            f"{_named(settings, c.map_key)} is not distinguishable from {model}: {seen}{measured}"
+            f"{_bracketed(interval)}, {over}"
         )
     if not lines:
         lines.append(f"no candidate other than {model} itself was judged")
