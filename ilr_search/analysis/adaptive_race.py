@@ -119,12 +119,13 @@ def screen_agreement(
     largest base lead the target overturned (b led a at the base, a finished ahead at the target)."""
     keys = [k for k in screened if k in base_losses and k in target_losses]
     rho, _ = rank_agreement([base_losses[k] for k in keys], [target_losses[k] for k in keys])
-    margin = 0.0
-    for a in keys:
-        for b in keys:
-            if base_losses[b] < base_losses[a] and target_losses[a] < target_losses[b]:
-                margin = max(margin, base_losses[a] - base_losses[b])
-    return ScreenAgreement(len(keys), rho, margin)
+    overturned = [
+        base_losses[a] - base_losses[b]
+        for a in keys
+        for b in keys
+        if base_losses[b] < base_losses[a] and target_losses[a] < target_losses[b]
+    ]
+    return ScreenAgreement(len(keys), rho, max(overturned, default=0.0))
 
 
 @dataclass(frozen=True)
@@ -532,29 +533,27 @@ def _detectable(
     one a map that could win would have, at the chunks it reached (a map far behind has a spread of its own)."""
     settings = race.settings
     level = max((c.level for c in comparisons), default=0.0)
-    base = race.mean(race.baseline_key)
     paired = [(c, pairs) for c in comparisons if (pairs := units.get(c.map_key)) is not None and c.n >= 1]
+    sd: float | None
     if paired:
-        c, pairs = min(
+        _, pairs = min(
             paired, key=lambda cp: (cp[0].mean_diff if cp[0].mean_diff is not None else math.inf, cp[0].map_key)
         )
-        gap, sd = race.unit_gap(pairs, level), pairs.sd()
-        if gap is None or sd is None:
+        nats, sd, n, paired_units = race.unit_gap(pairs, level), pairs.sd(), len(pairs.chunks), pairs.n
+    else:
+        usable = [(c.n, d) for c in comparisons if c.n >= 2 and (d := c.sd_diff) is not None and d > 0]  # (n, sd)
+        if not usable:
             return None
-        ppl = math.exp(base) - math.exp(base - gap) if settings.judged == "ppl" else 0.0
-        return DetectableGap(gap, ppl, DETECTION_POWER, len(pairs.chunks), sd, level, pairs.n, settings.judged)
-    usable = [(c.n, d) for c in comparisons if c.n >= 2 and (d := c.sd_diff) is not None and d > 0]  # (n, paired sd)
-    if not usable:
+        dof = sum(n - 1 for n, _ in usable)
+        sd = math.sqrt(math.fsum((n - 1) * s**2 for n, s in usable) / dof)
+        n = max(n for n, _ in usable)
+        boundary = race.sequential(level).boundary(n) if settings.test == "spending" else None
+        nats, paired_units = detectable_gap(sd, n, level, DETECTION_POWER, boundary=boundary), 0
+    if nats is None or sd is None:
         return None
-    dof = sum(n - 1 for n, _ in usable)
-    sd = math.sqrt(math.fsum((n - 1) * s**2 for n, s in usable) / dof)
-    n = max(n for n, _ in usable)
-    boundary = race.sequential(level).boundary(n) if settings.test == "spending" else None
-    nats = detectable_gap(sd, n, level, DETECTION_POWER, boundary=boundary)
-    if nats is None:
-        return None
-    ppl = math.exp(base) - math.exp(base - nats)
-    return DetectableGap(nats, ppl, DETECTION_POWER, n, sd, level, judged=settings.judged)
+    base = race.mean(race.baseline_key)
+    ppl = math.exp(base) - math.exp(base - nats) if settings.judged == "ppl" or not paired else 0.0
+    return DetectableGap(nats, ppl, DETECTION_POWER, n, sd, level, paired_units, settings.judged)
 
 
 def _equal_compute(race: _Race, deep: str | None, best: str | None) -> EqualCompute | None:
