@@ -32,14 +32,6 @@ class Evaluation:
     scores: tuple[float, ...] = ()
 
 
-# a measure's digits, its unit, and the unit of an amount below them (said to 2 significant figures; "": none)
-MEASURE_UNITS: dict[Judged, tuple[int, str, str]] = {
-    "ppl": (2, "ppl", "ppl"),
-    "answer": (3, "nats of answer loss", "nats"),
-    "accuracy": (1, "accuracy points", ""),
-}
-
-
 @dataclass(frozen=True)
 class Measure:
     """How a race's loss differences are said: as perplexity at the baseline's (`ppl`: held-out text), as nats of
@@ -55,16 +47,16 @@ class Measure:
         return -loss_diff * (100.0 if self.kind == "accuracy" else 1.0)
 
     def amount(self, value: float) -> str:
-        """`0.12 ppl`, `0.012 nats of answer loss`, `3.1 accuracy points`; a ppl or nats amount too small for its
-        digits to two significant figures (`0.0042 ppl`, `0.00042 nats`)."""
-        digits, unit, small = MEASURE_UNITS[self.kind]
-        if small and not (abs(value) >= 10**-digits or value == 0):  # (nan too)
-            return f"{value:.2g} {small}"
-        return f"{value:.{digits}f} {unit}"
+        """`0.12 ppl`, `0.012 nats of answer loss`, `3.1 accuracy points`."""
+        if self.kind == "ppl":
+            return f"{value:.2f} ppl" if abs(value) >= 0.01 or value == 0 else f"{value:.2g} ppl"
+        if self.kind == "answer":
+            return f"{value:.3f} nats of answer loss" if abs(value) >= 0.001 or value == 0 else f"{value:.2g} nats"
+        return f"{value:.1f} accuracy points"
 
     def digits(self) -> int:
         """The digits an amount is rounded to (a gain that rounds to 0 is level)."""
-        return MEASURE_UNITS[self.kind][0]
+        return {"ppl": 2, "answer": 3, "accuracy": 1}[self.kind]
 
 
 @dataclass(frozen=True)
