@@ -267,13 +267,8 @@ def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSetting
             )
         else:
             waiting.append(k)
-    screen = Screen(
-        tuple(candidates),
-        tuple(sorted(screen_losses)),
-        agreement,
-        {k: base_losses[k] for k in candidates},
-        dict(screen_losses),
-    )
+    candidate_losses = {k: base_losses[k] for k in candidates}
+    screen = Screen(tuple(candidates), tuple(sorted(screen_losses)), agreement, candidate_losses, dict(screen_losses))
     if waiting:
         wave = [RaceJob(k, target, first) for k in waiting[: max(1, settings.calibration)]]
         if race.fits(wave):
@@ -572,18 +567,10 @@ def _equal_compute(race: _Race, deep: str | None, best: str | None) -> EqualComp
         deep_ppl = math.exp(math.fsum(theirs[s] for s in c.seeds) / c.n)
         ppl_diff = -Measure().gain(deep_ppl, c.mean_diff)
         diff = DeepDiff(c.seeds, c.mean_diff, c.sd_diff, c.interval, c.p_value, deep_ppl, ppl_diff)
-    return EqualCompute(
-        deep,
-        layers,
-        best,
-        race.results.flops.get(deep),
-        1 + (layers - Map.parse(race.baseline_key).n_layers) * share if share > 0 else None,
-        race.target,
-        tuple(sorted(theirs)),
-        iv.val_ppl if iv is not None else None,
-        iv.interval_ppl if iv is not None else None,
-        diff,
-    )
+    params_ratio = 1 + (layers - Map.parse(race.baseline_key).n_layers) * share if share > 0 else None
+    seeds, flops = tuple(sorted(theirs)), race.results.flops.get(deep)
+    val_ppl, interval = (iv.val_ppl, iv.interval_ppl) if iv is not None else (None, None)
+    return EqualCompute(deep, layers, best, flops, params_ratio, race.target, seeds, val_ppl, interval, diff)
 
 
 def _why_done(race: _Race, comparisons: Sequence[Comparison], testable: bool) -> str:

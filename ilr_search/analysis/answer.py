@@ -309,16 +309,13 @@ def out_of_time_answer(
         else:
             n = gap.seeds if gap is not None else max(c.n for c in tested)
             open_ = sum(c.status == "open" for c in state.comparisons)
-            if open_:
-                parts.append(
-                    f"undecided after {words.count(n, test=True)} {at} ({open_} of {len(state.comparisons)} "
-                    f"comparisons with {PLAIN} still open)"
-                )
-            else:
-                parts.append(
-                    f"every comparison with {PLAIN} decided after {words.count(n, test=True)} {at}, the "
-                    "equal-compute reference not yet"
-                )
+            parts.append(
+                f"undecided after {words.count(n, test=True)} {at} ({open_} of {len(state.comparisons)} "
+                f"comparisons with {PLAIN} still open)"
+                if open_
+                else f"every comparison with {PLAIN} decided after {words.count(n, test=True)} {at}, the "
+                "equal-compute reference not yet"
+            )
             parts.append(
                 f"{gap.text()} or more would have been seen by now ({round(100 * gap.power)}% power)"
                 if gap is not None
