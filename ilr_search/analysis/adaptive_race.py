@@ -312,12 +312,7 @@ def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSetting
     }
     if not settings.two_sided:  # a judge judges each candidate against the baseline alone
         _stop_dominated(race, comparisons)
-    for k, c in comparisons.items():
-        diverged = [s for s in results.diverged_at(k, target) if s in race.pool]
-        if diverged:
-            comparisons[k] = _with(c, "diverged", f"diverged {words.at(target)}, {words.one(diverged[0])}")
-        if comparisons[k].status in DECIDED_AGAINST:
-            eliminated[k] = comparisons[k].why
+    eliminated |= {k: c.why for k, c in comparisons.items() if c.status in DECIDED_AGAINST}
     # 5. the equal-compute model of the best recurrent contender
     best = _best_recurrent(race, comparisons)
     deep = (
@@ -331,7 +326,7 @@ def adaptive_race_state(evaluations: Sequence[Evaluation], settings: RaceSetting
         stopped = race.cap_reached
         for k, c in comparisons.items():
             if c.status == "open":
-                comparisons[k] = _with(c, "capped", stopped)
+                comparisons[k] = dataclasses.replace(c, status="capped", why=stopped)
         jobs = []
     if not jobs:
         deep_jobs = _deep_jobs(race, deep, best, [])
@@ -369,7 +364,7 @@ def _compare(
     look at which its test claimed it better, None where it did not): paired by unit where `pairs` (a frozen race),
     else by seed (`path`: the test seeds and the loss differences there). Its status: better (claimed), worse (a
     judge's test run the other way claimed the baseline better), cannot win (the futility rule), undecided (the
-    pool is spent) or open."""
+    pool is spent) or open; diverged, whatever the test said, where a run of it at a test seed diverged."""
     settings, words, at = race.settings, race.settings.words, race.settings.words.at(race.target)
     (seeds, diffs), (level, decided_at) = path, claim
     tested = len(seeds) >= race.first_look
@@ -436,6 +431,9 @@ def _compare(
         )
     elif len(seeds) >= len(race.pool):
         status, why = "undecided", f"undecided after the pool's {words.count(len(race.pool), test=True)}"
+    diverged = [s for s in race.results.diverged_at(key, race.target) if s in race.pool]
+    if diverged:  # a diverged run ends the comparison whatever its test said (the test's numbers are kept)
+        status, why = "diverged", f"diverged {at}, {words.one(diverged[0])}"
     return Comparison(**numbers, status=status, decided_at=decided_at, why=why)
 
 
@@ -444,10 +442,6 @@ def _futility_bound(futility: float, dof: int) -> float:
     from scipy.stats import t as student
 
     return float(student.ppf(1 - futility, dof))
-
-
-def _with(c: Comparison, status: str, why: str) -> Comparison:
-    return dataclasses.replace(c, status=status, why=why)
 
 
 def _stop_dominated(race: _Race, comparisons: dict[str, Comparison]) -> None:
@@ -471,13 +465,12 @@ def _stop_dominated(race: _Race, comparisons: dict[str, Comparison]) -> None:
                 test = paired_comparison(theirs, mine, settings.confidence)
                 n, mean_diff, p = test.n, test.mean_diff, test.p_value
             if n >= race.first_look and p < alpha and mean_diff is not None:
-                comparisons[k] = _with(
-                    c,
-                    "dominated",
-                    f"{o} better than {k} {settings.words.at(race.target)}: loss difference "
-                    f"{mean_diff:+.4f} over {settings.words.count(n)}, one-sided paired "
-                    f"{'test' if pairs is not None else 't'} p={p:.3g} < {alpha:.3g}",
+                why = (
+                    f"{o} better than {k} {settings.words.at(race.target)}: loss difference {mean_diff:+.4f} over "
+                    f"{settings.words.count(n)}, one-sided paired {'test' if pairs is not None else 't'} p={p:.3g} "
+                    f"< {alpha:.3g}"
                 )
+                comparisons[k] = dataclasses.replace(c, status="dominated", why=why)
                 break
 
 

@@ -105,11 +105,7 @@ def _point(front: Sequence[FrontPoint], key: str) -> FrontPoint | None:
 
 
 def race_answer(
-    state: RaceState,
-    settings: RaceSettings,
-    baseline_key: str,
-    baseline_ppl: float | None,
-    trust: Trust | None = None,
+    state: RaceState, settings: RaceSettings, baseline_key: str, baseline_ppl: float | None, trust: Trust | None = None
 ) -> Answer:
     """The answer of a race (see the module docstring). `baseline_ppl`: the plain model's mean perplexity at
     the race's length (None before it has one)."""
