@@ -111,11 +111,12 @@ def test_rerunning_a_finished_race_trains_nothing(raced, raced_study, cli, tmp_p
 
 @pytest.mark.slow
 def test_kill_9_during_the_race_then_the_same_command_resumes_training_nothing_twice(tmp_path, token_cache):
-    space = write_space(tmp_path / "race.toml", search=RACE)
+    # no equal-compute runs, two validation windows: what a kill leaves and a resume trains needs neither
+    space = write_space(tmp_path / "race.toml", search={**RACE, "equal_compute": "off"}, train={"eval_windows": 2})
     db = tmp_path / "k.db"
-    # 40-step proxies, 80-step runs at 2x (of a narrow model): the race trains several runs on each worker, and the
+    # 24-step proxies, 48-step runs at 2x (of a narrow model): the race trains several runs on each worker, and the
     # event below is seen with the run and its workers stopped, so the kill lands inside a race run at any speed
-    args = run_args(space, db, "killed", "--target", "2x", "--steps", "40", "--d-model", "16", "--seq-len", "32")
+    args = run_args(space, db, "killed", "--target", "2x", "--steps", "24", "--d-model", "16", "--seq-len", "32")
     cmd = [sys.executable, "-m", "ilr_search", *args]
     env = env_for(token_cache, ILR_SEARCH_HEARTBEAT_SECONDS="1")
     proc = subprocess.Popen(

@@ -177,10 +177,12 @@ def test_ctrl_c_stops_within_a_step_with_trials_recorded(tmp_path, token_cache, 
     the finished trial and the interrupted one, and exits. "At once" is judged in steps, not seconds (a loaded
     machine slows the run and this test alike): the interrupted trial reaches no evaluation past the one after
     the evaluation seen when the signal was sent, and not its end. The signal goes on an event (the second trial
-    past its first evaluation), with a third trial still to train, so that the run does not end first."""
+    past its first evaluation), seen again with the run stopped (SIGSTOP) and sent before it goes on, so that no
+    step runs between seeing it and the signal; a third trial is still to train, so that the run does not end
+    first. 100-step proxies of a narrow model: the step in flight is judged against evaluations 25 steps apart."""
     storage = f"sqlite:///{tmp_path / 'int.db'}"
     env = env_for(token_cache)
-    steps = 400
+    steps = 100
     cmd = run_cmd(space, storage, "int", 3, "--pruner", "none", "--d-model", "16", "--seq-len", "32", steps=steps)
     evals = [round(steps * f) for f in load_space(space).train.eval_fractions]
     seen: list[int] = []  # the running trial's evaluated steps when the signal goes
@@ -192,6 +194,20 @@ def test_ctrl_c_stops_within_a_step_with_trials_recorded(tmp_path, token_cache, 
         seen[:] = points
         return sum(t.state == TrialState.COMPLETE for t in trials) >= 1 and bool(points)
 
+    def interrupted_in_training() -> bool:
+        """The event, seen again with the run stopped; if it holds, SIGINT is sent before the run goes on."""
+        if not training_second_trial():
+            return False
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            still = training_second_trial()
+        except Exception:  # noqa: BLE001 - stopped holding the database's lock: let it go on, look again
+            still = False
+        if still:
+            proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGCONT)
+        return still
+
     proc = subprocess.Popen(
         cmd,
         cwd=tmp_path,
@@ -202,8 +218,7 @@ def test_ctrl_c_stops_within_a_step_with_trials_recorded(tmp_path, token_cache, 
         preexec_fn=sigint_as_in_a_terminal,
     )
     try:
-        wait_until(training_second_trial, "a finished trial and a running one past its first evaluation", proc)
-        proc.send_signal(signal.SIGINT)
+        wait_until(interrupted_in_training, "a finished trial and a running one past its first evaluation", proc)
         out, err = proc.communicate()
     finally:
         if proc.poll() is None:
