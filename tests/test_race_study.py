@@ -111,8 +111,11 @@ def test_rerunning_a_finished_race_trains_nothing(raced, raced_study, cli, tmp_p
 
 @pytest.mark.slow
 def test_kill_9_during_the_race_then_the_same_command_resumes_training_nothing_twice(tmp_path, token_cache):
-    # no equal-compute runs, two validation windows: what a kill leaves and a resume trains needs neither
-    space = write_space(tmp_path / "race.toml", search={**RACE, "equal_compute": "off"}, train={"eval_windows": 2})
+    # seeds up to 3, no equal-compute runs, two validation windows: what a kill leaves and a resume trains needs
+    # no more
+    space = write_space(
+        tmp_path / "race.toml", search={**RACE, "max_seeds": 3, "equal_compute": "off"}, train={"eval_windows": 2}
+    )
     db = tmp_path / "k.db"
     # 24-step proxies, 48-step runs at 2x (of a narrow model): the race trains several runs on each worker, and the
     # event below is seen with the run and its workers stopped, so the kill lands inside a race run at any speed
