@@ -187,12 +187,13 @@ def test_ctrl_c_stops_within_a_step_with_trials_recorded(tmp_path, token_cache, 
     evals = [round(steps * f) for f in load_space(space).train.eval_fractions]
     seen: list[int] = []  # the running trial's evaluated steps when the signal goes
 
-    def training_second_trial() -> bool:  # a trial is past its first evaluation, after one trial completed
+    def training_second_trial() -> bool:
+        """A trial past its first evaluation and short of its last (still training), after one trial completed."""
         trials = load(storage, "int").trials
         running = {t.number for t in trials if t.state == TrialState.RUNNING}
         points = [p.step for p in open_store(parse_storage(storage), "int").curve_points() if p.trial_number in running]
         seen[:] = points
-        return sum(t.state == TrialState.COMPLETE for t in trials) >= 1 and bool(points)
+        return sum(t.state == TrialState.COMPLETE for t in trials) >= 1 and bool(points) and max(points) < steps
 
     def interrupted_in_training() -> bool:
         """The event, seen again with the run stopped; if it holds, SIGINT is sent before the run goes on."""
