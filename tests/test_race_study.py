@@ -242,9 +242,12 @@ def test_target_is_stored_only_when_not_the_default(tmp_path):
 
 @pytest.mark.slow
 def test_two_workers_race_one_study_without_training_a_run_twice(tmp_path, cli):
-    # a narrow model, two validation windows: sharing the race's runs needs no size
+    # a narrow model, two validation windows, seeds up to 3: sharing the race's runs needs no more
     space = write_space(
-        tmp_path / "race.toml", search=RACE, model={"d_model": 16, "seq_len": 32}, train={"eval_windows": 2}
+        tmp_path / "race.toml",
+        search={**RACE, "max_seeds": 3},
+        model={"d_model": 16, "seq_len": 32},
+        train={"eval_windows": 2},
     )
     db = tmp_path / "w.db"
     proc = cli(*run_args(space, db, "two", "--target", "2x", "--workers", "2", "--steps", "16"))
