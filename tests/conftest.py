@@ -247,6 +247,11 @@ def fused_raced_study_by_api(tmp_path_factory, token_cache, worker_id, fused_rac
     return _fused_raced_study(root, BUSY_LOAD)
 
 
+# The data section of a frozen study whose checkpoint brings its own tokenizer.json (a test's own file): its first
+# ~500 KB of the embedded corpus (data/corpora.split_documents stops reading there), since such a study tokenizes
+# the corpus anew (about 10 CPU-seconds whole), for tests that read no number that depends on the text.
+SHORT_CORPUS = {"max_train_tokens": 25_000}
+
 TRAINED_MAP = [2, 2, 1, 1]  # the map recurrent_checkpoint was trained with
 PRETRAIN_STEPS = 300
 
@@ -290,6 +295,10 @@ def _train_recurrent_checkpoint(root: Path) -> None:
     )
     assert result.status == "ok", result.reason
     export_checkpoint(trained[0], [0, 1, 2, 3], root / "tiny-llama")
+    # A frozen run of it reads the corpus through its tokenizer.json (a token cache entry of its own, about 10
+    # CPU-seconds to make): made here, once for the whole test run under built_once's lock, rather than by the
+    # first such test on each xdist worker at the same time.
+    load_tokens(DataConfig(tokenizer=f"file:{(root / 'tiny-llama' / 'tokenizer.json').resolve()}"), seq_len=64)
 
 
 @pytest.fixture(scope="session")

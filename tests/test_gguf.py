@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_one_line_error, frozen_run_args, write_space
+from conftest import SHORT_CORPUS, assert_one_line_error, frozen_run_args, write_space
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("gguf")
@@ -139,7 +139,7 @@ def test_a_frozen_study_of_a_gguf_file_refuses_another_file_at_the_same_path(cli
     quantized file's note is said once in the run's output."""
     file = tmp_path / "model.gguf"
     write_llama_gguf(file, seed=5, quantized={"blk.0.ffn_down.weight": "Q8_0"})
-    space = write_space(tmp_path / "frozen.toml", search=FROZEN, train={"eval_windows": 4})
+    space = write_space(tmp_path / "frozen.toml", search=FROZEN, train={"eval_windows": 4}, data=SHORT_CORPUS)
     args = [
         *frozen_run_args(space, file, "1.5x", f"sqlite:///{tmp_path / 'gguf.db'}"),
         "--study",
@@ -215,7 +215,10 @@ def test_a_gguf_studys_mergekit_config_names_its_converted_folder_and_mergekit_b
 
     file, _ = files["tied"]
     space = write_space(
-        tmp_path / "frozen.toml", search={**FROZEN, "families": ["ilr", "blocks"]}, train={"eval_windows": 4}
+        tmp_path / "frozen.toml",
+        search={**FROZEN, "families": ["ilr", "blocks"]},
+        train={"eval_windows": 4},
+        data=SHORT_CORPUS,
     )
     db = f"sqlite:///{tmp_path / 'gguf.db'}"
     cli(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, assert_one_line_error, frozen_run_args, run_cli, write_space
+from conftest import ROOT, SHORT_CORPUS, assert_one_line_error, frozen_run_args, run_cli, write_space
 
 transformers = pytest.importorskip("transformers")
 
@@ -89,6 +89,7 @@ def space(tmp_path_factory) -> Path:
         tmp_path_factory.mktemp("mergekit-space") / "space.toml",
         search={"noise_seeds": 0, "families": ["ilr", "blocks"], "n_trials": 2, "enqueue_paper_maps": False},
         train={"eval_windows": 8},
+        data=SHORT_CORPUS,  # a model of random weights: its tests read maps, configs and logits
     )
 
 

@@ -18,14 +18,14 @@ def readme_example() -> str:
 
 
 @pytest.mark.slow
-def test_the_readme_python_api_example_runs(tmp_path, monkeypatch, token_cache, capsys):
+def test_the_readme_python_api_example_runs(tmp_path, monkeypatch, token_cache, capsys, one_usable_core):
     code = readme_example()
     space_call = 'load_space("default", {"model": {"layers": 4}})'
     assert space_call in code and "n_trials=8" in code  # what is replaced below is still in the example
-    # the tiny space (24 steps), no reference runs, and fewer trials: the same calls, quickly
-    code = code.replace(
-        space_call, f'load_space({str(TINY_SPACE)!r}, {{"search": {{"noise_seeds": 0, "families": ["ilr"]}}}})'
-    )
+    # the tiny space (24 steps) of a narrow model, no reference runs, and fewer trials, as on one core (no worker
+    # processes, conftest.one_core): the same calls, quickly
+    tiny = {"search": {"noise_seeds": 0, "families": ["ilr"]}, "model": {"d_model": 16, "seq_len": 32}}
+    code = code.replace(space_call, f"load_space({str(TINY_SPACE)!r}, {tiny!r})")
     code = code.replace("n_trials=8", "n_trials=3")
     monkeypatch.chdir(tmp_path)  # mine.db and the checkpoints go under the test's folder
     namespace: dict = {}

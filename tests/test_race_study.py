@@ -111,11 +111,15 @@ def test_rerunning_a_finished_race_trains_nothing(raced, raced_study, cli, tmp_p
 
 @pytest.mark.slow
 def test_kill_9_during_the_race_then_the_same_command_resumes_training_nothing_twice(tmp_path, token_cache):
-    space = write_space(tmp_path / "race.toml", search=RACE)
+    # seeds up to 3, no equal-compute runs, two validation windows: what a kill leaves and a resume trains needs
+    # no more
+    space = write_space(
+        tmp_path / "race.toml", search={**RACE, "max_seeds": 3, "equal_compute": "off"}, train={"eval_windows": 2}
+    )
     db = tmp_path / "k.db"
-    # 40-step proxies, 80-step runs at 2x (of a narrow model): the race trains several runs on each worker, and the
+    # 24-step proxies, 48-step runs at 2x (of a narrow model): the race trains several runs on each worker, and the
     # event below is seen with the run and its workers stopped, so the kill lands inside a race run at any speed
-    args = run_args(space, db, "killed", "--target", "2x", "--steps", "40", "--d-model", "16", "--seq-len", "32")
+    args = run_args(space, db, "killed", "--target", "2x", "--steps", "24", "--d-model", "16", "--seq-len", "32")
     cmd = [sys.executable, "-m", "ilr_search", *args]
     env = env_for(token_cache, ILR_SEARCH_HEARTBEAT_SECONDS="1")
     proc = subprocess.Popen(
@@ -238,9 +242,12 @@ def test_target_is_stored_only_when_not_the_default(tmp_path):
 
 @pytest.mark.slow
 def test_two_workers_race_one_study_without_training_a_run_twice(tmp_path, cli):
-    # a narrow model, two validation windows: sharing the race's runs needs no size
+    # a narrow model, two validation windows, seeds up to 3: sharing the race's runs needs no more
     space = write_space(
-        tmp_path / "race.toml", search=RACE, model={"d_model": 16, "seq_len": 32}, train={"eval_windows": 2}
+        tmp_path / "race.toml",
+        search={**RACE, "max_seeds": 3},
+        model={"d_model": 16, "seq_len": 32},
+        train={"eval_windows": 2},
     )
     db = tmp_path / "w.db"
     proc = cli(*run_args(space, db, "two", "--target", "2x", "--workers", "2", "--steps", "16"))

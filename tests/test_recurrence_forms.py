@@ -264,7 +264,11 @@ def test_a_frozen_search_claims_the_sub_module_map_a_checkpoint_was_trained_with
         "enqueue_paper_maps": False,
         "parts": ["both", "attn", "mlp"],
     }
-    space = write_space(tmp_path / "parts.toml", search=search, train={"eval_windows": 16})
+    # the first ~2 MB of the embedded corpus (its held-out part ~70,000 tokens: room for 6 chunks of 16 windows and
+    # more): the checkpoint's own tokenizer.json tokenizes what the study reads anew, about 10 CPU-seconds whole
+    space = write_space(
+        tmp_path / "parts.toml", search=search, train={"eval_windows": 16}, data={"max_train_tokens": 500_000}
+    )
     proc = cli(
         *frozen_run_args(space, parts_checkpoint, "1.5x", f"sqlite:///{tmp_path / 'parts.db'}"),
         "--enqueue",

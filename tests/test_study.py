@@ -184,11 +184,11 @@ def test_repair_keeps_maps_within_budget_and_their_shape():
 def test_kill_9_loses_no_trial_and_the_killed_one_is_retried(tmp_path, token_cache):
     db = tmp_path / "k.db"
     env = {**os.environ, "ILR_SEARCH_CACHE": str(token_cache), "ILR_SEARCH_HEARTBEAT_SECONDS": "1"}
-    # 200 steps (of a narrow model) with a checkpoint every 50 (cli.toml): the kill lands inside the second or third
-    # trial of four, past a checkpoint, so that a trial is still to train after it; the resume trains the killed
-    # trial's retry from that checkpoint
+    # 120 steps (of a narrow model) with a checkpoint every 50 (cli.toml): the kill lands inside the second or third
+    # trial of four, past a checkpoint (the event is seen again with the run stopped), so that a trial is still to
+    # train after it; the resume trains the killed trial's retry from that checkpoint
     args = run_args(
-        CLI_SPACE, db, "killed", *TINY, "--d-model", "16", "--seq-len", "32", "--pruner", "none", steps=200, n_trials=4
+        CLI_SPACE, db, "killed", *TINY, "--d-model", "16", "--seq-len", "32", "--pruner", "none", steps=120, n_trials=4
     )
     proc = subprocess.Popen(
         [sys.executable, "-m", "ilr_search", *args],

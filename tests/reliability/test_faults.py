@@ -177,20 +177,37 @@ def test_ctrl_c_stops_within_a_step_with_trials_recorded(tmp_path, token_cache, 
     the finished trial and the interrupted one, and exits. "At once" is judged in steps, not seconds (a loaded
     machine slows the run and this test alike): the interrupted trial reaches no evaluation past the one after
     the evaluation seen when the signal was sent, and not its end. The signal goes on an event (the second trial
-    past its first evaluation), with a third trial still to train, so that the run does not end first."""
+    past its first evaluation), seen again with the run stopped (SIGSTOP) and sent before it goes on, so that no
+    step runs between seeing it and the signal; a third trial is still to train, so that the run does not end
+    first. 100-step proxies of a narrow model: the step in flight is judged against evaluations 25 steps apart."""
     storage = f"sqlite:///{tmp_path / 'int.db'}"
     env = env_for(token_cache)
-    steps = 400
+    steps = 100
     cmd = run_cmd(space, storage, "int", 3, "--pruner", "none", "--d-model", "16", "--seq-len", "32", steps=steps)
     evals = [round(steps * f) for f in load_space(space).train.eval_fractions]
     seen: list[int] = []  # the running trial's evaluated steps when the signal goes
 
-    def training_second_trial() -> bool:  # a trial is past its first evaluation, after one trial completed
+    def training_second_trial() -> bool:
+        """A trial past its first evaluation and short of its last (still training), after one trial completed."""
         trials = load(storage, "int").trials
         running = {t.number for t in trials if t.state == TrialState.RUNNING}
         points = [p.step for p in open_store(parse_storage(storage), "int").curve_points() if p.trial_number in running]
         seen[:] = points
-        return sum(t.state == TrialState.COMPLETE for t in trials) >= 1 and bool(points)
+        return sum(t.state == TrialState.COMPLETE for t in trials) >= 1 and bool(points) and max(points) < steps
+
+    def interrupted_in_training() -> bool:
+        """The event, seen again with the run stopped; if it holds, SIGINT is sent before the run goes on."""
+        if not training_second_trial():
+            return False
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            still = training_second_trial()
+        except Exception:  # noqa: BLE001 - stopped holding the database's lock: let it go on, look again
+            still = False
+        if still:
+            proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGCONT)
+        return still
 
     proc = subprocess.Popen(
         cmd,
@@ -202,8 +219,7 @@ def test_ctrl_c_stops_within_a_step_with_trials_recorded(tmp_path, token_cache, 
         preexec_fn=sigint_as_in_a_terminal,
     )
     try:
-        wait_until(training_second_trial, "a finished trial and a running one past its first evaluation", proc)
-        proc.send_signal(signal.SIGINT)
+        wait_until(interrupted_in_training, "a finished trial and a running one past its first evaluation", proc)
         out, err = proc.communicate()
     finally:
         if proc.poll() is None:
