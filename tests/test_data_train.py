@@ -84,6 +84,24 @@ def test_second_load_reads_the_cache_without_tokenizing(tmp_path):
     assert (np.asarray(first.train.tokens) == np.asarray(second.train.tokens)).all()
 
 
+def test_a_tokenizer_file_is_cached_by_its_content_not_its_path(tmp_path):
+    """The same tokenizer.json in two folders reads one cache entry; a file of other bytes its own."""
+    from ilr_search.data.tokenizers import byte_tokenizer_model
+
+    corpus = str(write_text(tmp_path / "a.txt", "hello world\n" * 500))
+    paths = [tmp_path / folder / "tokenizer.json" for folder in ("one", "two")]
+    for path in paths:
+        path.parent.mkdir()
+        byte_tokenizer_model().save(str(path))
+    first, second = (
+        load_tokens(DataConfig(corpus=corpus, tokenizer=f"file:{p}"), root=tmp_path / "cache") for p in paths
+    )
+    assert first.built and not second.built and first.path == second.path
+    paths[1].write_text(json.dumps(json.loads(paths[1].read_text()), indent=2))  # other bytes: another file
+    other = load_tokens(DataConfig(corpus=corpus, tokenizer=f"file:{paths[1]}"), root=tmp_path / "cache")
+    assert other.built and other.path != first.path
+
+
 def test_stdlib_cache_is_shared_by_runs(stdlib_tokens, token_cache):
     again = load_tokens(DataConfig(), root=token_cache)
     assert not again.built and again.path == stdlib_tokens.path

@@ -224,7 +224,8 @@ def cache_key(cfg: DataConfig, max_tokens: int) -> str:
         "max_train_tokens": max_tokens,
     }
     parsed = parse_tokenizer_spec(cfg.tokenizer)
-    if parsed.kind == "file":  # a file's tokens are those of its content, not of its name
+    if parsed.kind == "file":  # a file's tokens are those of its content, not of its name or folder
+        identity["tokenizer"] = "file"
         identity["tokenizer_sha256"] = hashlib.sha256(parsed.path.read_bytes()).hexdigest()
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
 
