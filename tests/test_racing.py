@@ -172,6 +172,25 @@ def test_promotion_in_order_seeds_before_length_and_lengths_in_order():
     assert state.done
 
 
+def test_the_fixed_race_stops_at_the_compute_cap_and_says_so():
+    """`--max-race-steps` caps the fixed race too: no wave that would train beyond the cap starts, and the verdict
+    says why the race stopped; without the cap the same race trains on to the target."""
+    flops = {BASE: 1.0, "2,1,1,1": 1.25, "1,2,1,1": 1.25}
+    rng = random.Random(5)
+    table = {(k, s, seed): 2.0 + rng.gauss(0, 0.05) for k in flops for s in (100, 200, 400) for seed in (0, 1, 2)}
+
+    def loss(k: str, s: int, seed: int) -> float:
+        return table[(k, s, seed)]
+
+    free = run_race(loss, flops, RaceSettings(100, 400, policy="fixed", race_contenders=6))[2]
+    assert free.compute_steps > 1000 and not free.stopped
+    waves, evaluations, state = run_race(
+        loss, flops, RaceSettings(100, 400, policy="fixed", race_contenders=6, max_steps=1000)
+    )
+    assert state.done and state.compute_steps <= 1000 < free.compute_steps
+    assert state.stopped == "the compute cap (1000 steps) was reached" and state.stopped in state.verdict
+
+
 def test_contenders_are_the_base_front_capped_with_the_baseline_always():
     flops = {BASE: 1.0, "2,1,1,1": 1.25, "1,2,1,1": 1.25, "2,2,1,1": 1.5, "3,1,1,1": 1.5, "3,3,1,1": 2.0}
     base = {BASE: 2.3, "2,1,1,1": 2.0, "1,2,1,1": 2.1, "2,2,1,1": 1.9, "3,1,1,1": 2.2, "3,3,1,1": 1.95}

@@ -45,8 +45,8 @@ def fixed_race_state(evaluations: Sequence[Evaluation], settings: RaceSettings, 
        eliminate the maps a map at no more FLOPs beats (a run that diverges at a length is eliminated too).
        Once every survivor has all seeds at a length they are promoted to the next one (seeds before
        length, lengths in order, jobs listed best map first).
-    4. Done when the survivors have every seed at the target, or when the baseline alone survives (nothing
-       left can change the verdict).
+    4. Done when the survivors have every seed at the target, when the baseline alone survives (nothing left can
+       change the verdict), or when the next wave would train beyond the compute cap `max_steps`.
     """
     lengths = race_lengths(settings)
     results, early, base_losses, eliminated = base_results(evaluations, settings, baseline_key)
@@ -79,9 +79,15 @@ def fixed_race_state(evaluations: Sequence[Evaluation], settings: RaceSettings, 
             ]
             break
     alive = _rank(alive, results, lengths[: lengths.index(level) + 1])
+    compute = race_compute(evaluations, settings)
+    cap = settings.max_steps
+    stopped = ""
+    if jobs and cap is not None and compute + sum(j.steps for j in jobs) > cap:
+        jobs, stopped = [], f"the compute cap ({cap} steps) was reached"
     done = not jobs
     front, confirmed_better, verdict = _report(alive, results, settings, baseline_key, level, done, eliminated)
-    compute = race_compute(evaluations, settings)
+    if stopped:
+        verdict += f"; stopped: {stopped}"
     gap = _fixed_detectable_gap(alive, results, settings, baseline_key, level)
     if gap is not None and not confirmed_better:
         verdict += (
@@ -102,6 +108,7 @@ def fixed_race_state(evaluations: Sequence[Evaluation], settings: RaceSettings, 
         best=reported_best(front, alive),
         compute_steps=compute,
         detectable_gap=gap,
+        stopped=stopped,
     )
 
 
