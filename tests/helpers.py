@@ -115,6 +115,22 @@ def wait_until(
         time.sleep(interval)
 
 
+def signal_if_still(proc: subprocess.Popen, event: Callable[[], bool], sig: int) -> bool:
+    """Send `sig` once `event` holds, seen again with `proc` stopped (SIGSTOP) so that nothing in it changes between
+    seeing the event and the signal; `proc` then goes on (unless killed). Whether the signal was sent."""
+    if not event():
+        return False
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        still = event()
+    except Exception:  # noqa: BLE001 - stopped holding the database's lock: let it go on, look again
+        still = False
+    if still:
+        proc.send_signal(sig)
+    proc.send_signal(signal.SIGCONT)
+    return still
+
+
 def spawned_children(pid: int) -> list[int]:
     """The processes `pid` started with multiprocessing's spawn (its workers; not its resource tracker), read
     from /proc: each runs `python -c 'from multiprocessing.spawn import spawn_main...' --multiprocessing-fork`."""

@@ -10,7 +10,7 @@ from pathlib import Path
 import optuna
 import pytest
 from conftest import ROOT, assert_one_line_error, run_cli
-from helpers import HANG_SECONDS, digest, run_args, wait_until
+from helpers import HANG_SECONDS, digest, run_args, signal_if_still, wait_until
 
 from ilr_search.config import ModelConfig
 from ilr_search.search.maps import first_maps, repair_to_budget
@@ -205,21 +205,10 @@ def test_kill_9_loses_no_trial_and_the_killed_one_is_retried(tmp_path, token_cac
         checkpoints = list((tmp_path / "studies" / "checkpoints" / "killed").glob("*.pt"))
         return 1 <= len(complete) <= 2 and bool(running) and bool(checkpoints)
 
-    def killed_past_a_checkpoint() -> bool:
-        """The event, seen again with the run stopped (SIGSTOP), so that no trial can end between seeing it and
-        the kill."""
-        if not past_a_checkpoint():
-            return False
-        proc.send_signal(signal.SIGSTOP)
-        try:
-            still = past_a_checkpoint()
-        except Exception:  # noqa: BLE001 - stopped holding the database's lock: let it go on, look again
-            still = False
-        proc.send_signal(signal.SIGKILL if still else signal.SIGCONT)
-        return still
-
     try:
-        wait_until(killed_past_a_checkpoint, "a trial past its first checkpoint", proc)
+        wait_until(
+            lambda: signal_if_still(proc, past_a_checkpoint, signal.SIGKILL), "a trial past its first checkpoint", proc
+        )
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()

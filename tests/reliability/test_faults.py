@@ -11,7 +11,7 @@ from collections import Counter
 import optuna
 import pytest
 from conftest import NO_REFERENCES, run_cli, write_space
-from helpers import HANG_SECONDS, sigint_as_in_a_terminal, wait_until
+from helpers import HANG_SECONDS, sigint_as_in_a_terminal, signal_if_still, wait_until
 from optuna.trial import TrialState
 
 from ilr_search.analysis.results import has_result, study_front
@@ -195,20 +195,6 @@ def test_ctrl_c_stops_within_a_step_with_trials_recorded(tmp_path, token_cache, 
         seen[:] = points
         return sum(t.state == TrialState.COMPLETE for t in trials) >= 1 and bool(points) and max(points) < steps
 
-    def interrupted_in_training() -> bool:
-        """The event, seen again with the run stopped; if it holds, SIGINT is sent before the run goes on."""
-        if not training_second_trial():
-            return False
-        proc.send_signal(signal.SIGSTOP)
-        try:
-            still = training_second_trial()
-        except Exception:  # noqa: BLE001 - stopped holding the database's lock: let it go on, look again
-            still = False
-        if still:
-            proc.send_signal(signal.SIGINT)
-        proc.send_signal(signal.SIGCONT)
-        return still
-
     proc = subprocess.Popen(
         cmd,
         cwd=tmp_path,
@@ -219,7 +205,11 @@ def test_ctrl_c_stops_within_a_step_with_trials_recorded(tmp_path, token_cache, 
         preexec_fn=sigint_as_in_a_terminal,
     )
     try:
-        wait_until(interrupted_in_training, "a finished trial and a running one past its first evaluation", proc)
+        wait_until(
+            lambda: signal_if_still(proc, training_second_trial, signal.SIGINT),
+            "a finished trial and a running one past its first evaluation",
+            proc,
+        )
         out, err = proc.communicate()
     finally:
         if proc.poll() is None:
