@@ -290,18 +290,14 @@ class Estimate:
     learn_seconds: float = 0.0  # `run --learn`'s learning run, in seconds and in both totals
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "probe": [dataclasses.asdict(p) for p in self.probes],
-            "probe_flops_ratios": list(self.probe_flops_ratios),
-            "layout": self.layout,
-            "estimated_trial_seconds": self.trial_seconds,
-            "estimated_reference_seconds": self.reference_seconds,
-            "estimated_race_seconds": list(self.race_seconds),
-            "estimated_seconds": self.seconds,
-            "estimated_seconds_max": self.seconds_max,
-            "estimate_note": self.note,
-            "estimated_learn_seconds": self.learn_seconds,
-        }
+        return record_json(self, ESTIMATE_KEYS)
+
+
+# Estimate's fields under their --json keys (in field order)
+ESTIMATE_KEYS = {"probes": "probe", "note": "estimate_note"} | {
+    name: f"estimated_{name}"
+    for name in ("trial_seconds", "reference_seconds", "race_seconds", "seconds", "seconds_max", "learn_seconds")
+}
 
 
 @dataclass(frozen=True)
