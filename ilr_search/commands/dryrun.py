@@ -318,20 +318,15 @@ def plan_time_budget(seconds: float, estimate: Estimate | None, finished: bool) 
     if estimate is None:
         line = "nothing is left to train" if finished else "not compared: no estimate was made"
         return PlanTimeBudget(seconds, text, None, line)
-    low, high = estimate.seconds, estimate.seconds_max
-    span = (
-        format_duration(low)
-        if format_duration(low) == format_duration(high)
-        else (f"{format_duration(low)} to {format_duration(high)}")
-    )
+    span = " to ".join(dict.fromkeys(format_duration(s) for s in (estimate.seconds, estimate.seconds_max)))
     stops = "the run stops when it is spent, undecided, and the same command continues"
-    if high <= seconds:
-        return PlanTimeBudget(seconds, text, "yes", f"the estimate ({span}) fits within it")
-    if low <= seconds:
-        return PlanTimeBudget(
-            seconds, text, "maybe", f"the estimate ({span}) may exceed it: where the race needs its most runs, {stops}"
-        )
-    return PlanTimeBudget(seconds, text, "no", f"the estimate ({span}) exceeds it: {stops}")
+    fits = "yes" if estimate.seconds_max <= seconds else "maybe" if estimate.seconds <= seconds else "no"
+    line = {
+        "yes": f"the estimate ({span}) fits within it",
+        "maybe": f"the estimate ({span}) may exceed it: where the race needs its most runs, {stops}",
+        "no": f"the estimate ({span}) exceeds it: {stops}",
+    }[fits]
+    return PlanTimeBudget(seconds, text, fits, line)
 
 
 @dataclass(frozen=True)
@@ -426,16 +421,11 @@ def dry_run_report(request: RunRequest, probe: bool = True) -> DryRunReport:
         ["second_seed"] if space.search.second_seed_reference and not any(r.name == "second_seed" for r in refs) else []
     )  # the best recurrent map at a second seed, once known
     stored = study_references(spec, study) if study is not None else {}
-    done_refs = [n for n in names if n in stored]
+    refs_to_train = [n for n in names if n not in stored]
     race = race_plan(plan, n_trials)
     if study is not None and race.runs_max:
         race = race_left(race, spec, existing, study, plan, trials_to_train)
-    left = (
-        trials_to_train > 0
-        or len(done_refs) < len(names)
-        or race.runs_max > 0
-        or (learn is not None and not learn.learned)
-    )
+    left = trials_to_train > 0 or refs_to_train or race.runs_max > 0 or (learn is not None and not learn.learned)
     max_runs = plan.budget.max_layer_runs(plan.model)
     n_layers = plan.model.n_layers
     costly = costliest_map(n_layers, space.search.max_reuse, max_runs)
@@ -447,7 +437,7 @@ def dry_run_report(request: RunRequest, probe: bool = True) -> DryRunReport:
         if space.train.steps == 0:
             estimated = frozen_estimate(space, plan, costly, trials_to_train, layout, race)
         else:
-            estimated = estimate(space, plan, costly, refs, trials_to_train, done_refs, layout, race, learn)
+            estimated = estimate(space, plan, costly, refs, trials_to_train, refs_to_train, layout, race, learn)
     return DryRunReport(
         study=plan.name,
         resume=study is not None,
@@ -457,7 +447,7 @@ def dry_run_report(request: RunRequest, probe: bool = True) -> DryRunReport:
         finished_trials=finished,
         trials_to_train=trials_to_train,
         references=names,
-        references_to_train=[n for n in names if n not in done_refs],
+        references_to_train=refs_to_train,
         sampler=sampler_settings(space.search.sampler, space.train.seed, space.search.max_reuse).name,
         pruner=space.search.pruner,
         pruning_rungs=list(pruner_settings(space).rungs) if space.search.pruner != "none" else [],
@@ -675,7 +665,7 @@ def estimate(
     costly: list[int],
     refs: list[ReferenceRun],
     trials_to_train: int,
-    done_refs: list[str],
+    refs_to_train: list[str],
     layout: Layout,
     race: RacePlan,
     learn: PlanLearn | None = None,
@@ -695,11 +685,9 @@ def estimate(
         if on_cpu(space)
         else 1
     )
-    baseline = probe_schedule(
-        space, plan.model, [1] * n_layers, "baseline", plan.dtype, data, lane_fuse, threads, max(1, side)
-    )
-    costliest = probe_schedule(
-        space, plan.model, costly, "costliest", plan.dtype, data, lane_fuse, threads, max(1, side)
+    baseline, costliest = (
+        probe_schedule(space, plan.model, counts, label, plan.dtype, data, lane_fuse, threads, max(1, side))
+        for label, counts in (("baseline", [1] * n_layers), ("costliest", costly))
     )
 
     def proxy_seconds(layer_runs: float) -> float:
@@ -713,15 +701,8 @@ def estimate(
         return proxy_seconds(layer_runs) * race.target_steps / space.train.steps
 
     trial_seconds = proxy_seconds(mid_runs)
-    ref_seconds = sum(
-        proxy_seconds(mid_runs if r.name == "second_seed" else len(r.schedule)) for r in refs if r.name not in done_refs
-    )
-    if (
-        space.search.second_seed_reference
-        and "second_seed" not in done_refs
-        and not any(r.name == "second_seed" for r in refs)
-    ):
-        ref_seconds += proxy_seconds(mid_runs)
+    schedules = {r.name: r.schedule for r in refs}  # second_seed's map is known once the trials are: an average one
+    ref_seconds = sum(proxy_seconds(mid_runs if n == "second_seed" else len(schedules[n])) for n in refs_to_train)
     racers = max(groups, race_processes(space, groups))
     race_min, race_max = (
         race_seconds(race, target_run, baseline.layer_runs, mid_runs, costly_runs, racers, fuse)
