@@ -538,9 +538,9 @@ def race_plan(plan: StudyPlan, n_trials: int) -> RacePlan:
     target = race_target_steps(search.target, base)
     if not races(base, target, search.race_seeds):
         return RacePlan("off", target, 0, 0, 0, 0)
+    screened = min(search.race_screen, n_trials)  # the adaptive race's
+    contenders = min(search.race_contenders, screened)  # the plain model among them
     if base == 0:  # frozen: the trials' chunk 0 screens; the contenders and the plain model evaluate test chunks
-        screened = min(search.race_screen, n_trials)
-        contenders = min(search.race_contenders, screened)  # the plain model among them
         first, most = search.race_seeds - 1, search.max_seeds - 1
         return RacePlan(
             "adaptive",
@@ -566,8 +566,6 @@ def race_plan(plan: StudyPlan, n_trials: int) -> RacePlan:
             shape=FixedRace(search.race_seeds, lengths, search.race_contenders),
             cap=search.max_race_steps or None,
         )
-    screened = min(search.race_screen, n_trials)
-    contenders = min(search.race_contenders, screened)
     deep = 1 if search.equal_compute == "depth" else 0
     first = screened + contenders * (search.race_seeds - 1) + deep * search.race_seeds
     most = screened + contenders * (search.max_seeds - 1) + deep * search.max_seeds
@@ -732,12 +730,10 @@ def estimate(
         f"from the median of {PROBE_TIMED} timed steps after {PROBE_WARMUP} untimed ones, "
         "trained as the run trains them"
         + (f" ({side} groups side by side, as its lanes and workers share the CPU)" if side > 1 else "")
-        + "; no pruning and no repeated map assumed (both shorten "
-        "a run); an average trial is taken half-way between the baseline and the costliest map; the race's most "
-        "prices every recurrent run and the equal-compute model at the costliest map's depth, and each of its waves "
-        "as long as its busiest worker; start-up, storage "
-        "writes, tokenizing an uncached corpus, layer compilation and a "
-        "changing machine load are not counted"
+        + "; no pruning and no repeated map assumed (both shorten a run); an average trial is taken half-way between "
+        "the baseline and the costliest map; the race's most prices every recurrent run and the equal-compute model "
+        "at the costliest map's depth, and each of its waves as long as its busiest worker; start-up, storage writes, "
+        "tokenizing an uncached corpus, layer compilation and a changing machine load are not counted"
         + (
             f"; {groups} workers are assumed to share the device without slowing each other"
             if groups > 1 and side == 1

@@ -187,10 +187,10 @@ class ReferenceProxy:
     """The block-recurrence reference run of the map (None throughout where the study has none)."""
 
     kind: Literal["reference"] = field(default="reference", init=False)
-    steps: int | None
-    val_ppl: float | None
-    val_bpb: float | None
-    status: str | None
+    steps: int | None = None
+    val_ppl: float | None = None
+    val_bpb: float | None = None
+    status: str | None = None
 
 
 @dataclass(frozen=True)
@@ -236,11 +236,7 @@ def measured_results(view: StudySettingsView, choice: Map) -> MeasuredResults:
     proxy: TrialProxy | ReferenceProxy | None = None
     if choice.is_stack:
         ref = refs.get(choice.key)
-        proxy = (
-            ReferenceProxy(ref.steps, ref.val_ppl, ref.val_bpb, ref.status)
-            if ref
-            else ReferenceProxy(None, None, None, None)
-        )
+        proxy = ReferenceProxy(ref.steps, ref.val_ppl, ref.val_bpb, ref.status) if ref else ReferenceProxy()
     else:
         t = trained_by_map(study_trials(view.study)).get(choice.key)
         if t is not None:
