@@ -385,9 +385,12 @@ class DryRunReport:
         return report | (self.estimate.to_dict() if self.estimate is not None else {})
 
 
-def costliest_map(n_layers: int, max_reuse: int, max_layer_runs: int) -> list[int]:
-    """The deepest map the budget pays for (every layer at max_reuse, repaired to the budget)."""
-    return repair_to_budget([max_reuse] * n_layers, max_layer_runs)
+def probed_maps(space: SpaceConfig, plan: StudyPlan) -> tuple[tuple[str, list[int]], tuple[str, list[int]]]:
+    """The two maps the estimate probes, by label: the baseline, and the costliest, the deepest map the budget pays
+    for (every layer at max_reuse, repaired to the budget)."""
+    n_layers = plan.model.n_layers
+    costliest = repair_to_budget([space.search.max_reuse] * n_layers, plan.budget.max_layer_runs(plan.model))
+    return ("baseline", [1] * n_layers), ("costliest", costliest)
 
 
 def dry_run_report(request: RunRequest, probe: bool = True) -> DryRunReport:
@@ -425,19 +428,17 @@ def dry_run_report(request: RunRequest, probe: bool = True) -> DryRunReport:
     race = race_plan(plan, n_trials)
     if study is not None and race.runs_max:
         race = race_left(race, spec, existing, study, plan, trials_to_train)
-    left = trials_to_train > 0 or refs_to_train or race.runs_max > 0 or (learn is not None and not learn.learned)
-    max_runs = plan.budget.max_layer_runs(plan.model)
-    n_layers = plan.model.n_layers
-    costly = costliest_map(n_layers, space.search.max_reuse, max_runs)
+    left = trials_to_train > 0 or bool(refs_to_train) or race.runs_max > 0 or (learn is not None and not learn.learned)
+    model = plan.model
     device = resolve_device(space.train.device)
     cache = cache_root() / f"tokens-{cache_key(space.data, space.data.max_train_tokens)}"
     estimated = None
     if probe and left:
         layout = resolve_layout(plan, request.asked_fuse, request.workers, n_trials).layout
         if space.train.steps == 0:
-            estimated = frozen_estimate(space, plan, costly, trials_to_train, layout, race)
+            estimated = frozen_estimate(space, plan, trials_to_train, layout, race)
         else:
-            estimated = estimate(space, plan, costly, refs, trials_to_train, refs_to_train, layout, race, learn)
+            estimated = estimate(space, plan, refs, trials_to_train, refs_to_train, layout, race, learn)
     return DryRunReport(
         study=plan.name,
         resume=study is not None,
@@ -452,18 +453,11 @@ def dry_run_report(request: RunRequest, probe: bool = True) -> DryRunReport:
         pruner=space.search.pruner,
         pruning_rungs=list(pruner_settings(space).rungs) if space.search.pruner != "none" else [],
         objective=space.search.objective,
-        budget=PlanBudget(plan.budget.text, plan.budget.ratio, max_runs),
+        budget=PlanBudget(plan.budget.text, plan.budget.ratio, plan.budget.max_layer_runs(model)),
         storage=spec.masked,
         storage_exists=spec.exists(),
         space=space.source,
-        model=PlanModel(
-            n_layers,
-            plan.model.d_model,
-            plan.model.n_heads,
-            plan.model.seq_len,
-            plan.model.pe,
-            plan.model.vocab_size,
-        ),
+        model=PlanModel(model.n_layers, model.d_model, model.n_heads, model.seq_len, model.pe, model.vocab_size),
         data=PlanData(
             space.data.corpus,
             space.data.tokenizer,
@@ -660,7 +654,6 @@ def race_seconds(
 def estimate(
     space: SpaceConfig,
     plan: StudyPlan,
-    costly: list[int],
     refs: list[ReferenceRun],
     trials_to_train: int,
     refs_to_train: list[str],
@@ -672,7 +665,6 @@ def estimate(
     (per layer run, each probed as the run trains it: `layout`'s fused group size and threads), applied to an
     average sampled map (half-way), each reference, each evaluation and each race run; the range is the race's
     least and most runs (on a CPU of several cores the race's runs share them, one process a core)."""
-    n_layers = plan.model.n_layers
     fuse = layout.fuse if fusable(plan.model) else 1
     threads = layout.threads if layout.threads is not None else process_threads(space, layout.groups)
     lane_fuse = -(-fuse // layout.lanes)  # each lane trains its share of a group, side by side
@@ -685,7 +677,7 @@ def estimate(
     )
     baseline, costliest = (
         probe_schedule(space, plan.model, counts, label, plan.dtype, data, lane_fuse, threads, max(1, side))
-        for label, counts in (("baseline", [1] * n_layers), ("costliest", costly))
+        for label, counts in probed_maps(space, plan)
     )
 
     def proxy_seconds(layer_runs: float) -> float:
@@ -744,7 +736,7 @@ def estimate(
 
 
 def frozen_estimate(
-    space: SpaceConfig, plan: StudyPlan, costly: list[int], trials_to_evaluate: int, layout: Layout, race: RacePlan
+    space: SpaceConfig, plan: StudyPlan, trials_to_evaluate: int, layout: Layout, race: RacePlan
 ) -> Estimate:
     """A frozen study's time left: an evaluation of the plain model and of the costliest map (each one chunk of
     eval_windows windows of random tokens, the checkpoint's weights in the study's dtype, on the run's threads),
@@ -768,7 +760,7 @@ def frozen_estimate(
 
         evaluator = FrozenEvaluator(build_model(model_cfg, 0).to(device), data, plan.dtype, cfg.batch_size, 0)
         timings = []
-        for label, counts in (("baseline", [1] * model_cfg.n_layers), ("costliest", costly)):
+        for label, counts in probed_maps(space, plan):
             schedule = reuse_map_schedule(counts)
             evaluator.evaluate(model_cfg, schedule, 0, n, share=False)  # untimed: memory, kernels
             t0 = time.perf_counter()
