@@ -490,10 +490,7 @@ def race_left(
     policy has decided (under this run's compute cap), else its runs and steps less those trained."""
     store = open_store(spec, plan.name, read_only=True, storage=storage)
     _, results, state = study_race(
-        study_trials(study),
-        study.user_attrs,
-        store.runs(),
-        plan.space.search.max_race_steps,
+        study_trials(study), study.user_attrs, store.runs(), plan.space.search.max_race_steps
     )
     trained = sum(r.steps for r in results if r.is_run)
     if trials_to_train == 0 and state.done:

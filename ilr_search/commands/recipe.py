@@ -114,10 +114,11 @@ def choose_map(view: StudySettingsView, map_text: str | None, trained_only: bool
     choice = parse_map_choice(map_text, n_layers)
     if not trained_only:
         return choice, f"map {choice.key}"
+    trained = trained_by_map(trials)
     references = view.references() if choice.is_stack else {}
     if choice.is_stack and choice.key not in references:
         whole = Map.of_block(0, n_layers - 1, choice.repeats, n_layers)  # a study searching blocks trains blockK so
-        if whole.key in trained_by_map(list(trials)):
+        if whole.key in trained:
             choice = whole
     if choice.is_stack:
         if choice.key not in references:
@@ -126,7 +127,6 @@ def choose_map(view: StudySettingsView, map_text: str | None, trained_only: bool
                 "reference run; give a map it trained (ilr-search trials lists them)"
             )
         return choice, f"map {choice.key} (reference run)"
-    trained = trained_by_map(trials)
     if choice.key in trained:
         return choice, f"map {choice.key} (trial {trained[choice.key].number})"
     if not choice.knobs:  # a map without knobs names the one trained knob setting of that map
