@@ -429,8 +429,9 @@ def dry_run_report(request: RunRequest, probe: bool = True) -> DryRunReport:
     if study is not None and race.runs_max:
         race = race_left(race, spec, existing, study, plan, trials_to_train)
     left = trials_to_train > 0 or bool(refs_to_train) or race.runs_max > 0 or (learn is not None and not learn.learned)
-    model = plan.model
-    device = resolve_device(space.train.device)
+    model, train = plan.model, space.train
+    device = resolve_device(train.device)
+    compiled = resolve_compile(train.compile, device)
     cache = cache_root() / f"tokens-{cache_key(space.data, space.data.max_train_tokens)}"
     estimated = None
     if probe and left:
@@ -463,15 +464,7 @@ def dry_run_report(request: RunRequest, probe: bool = True) -> DryRunReport:
             space.data.tokenizer,
             (cache / "meta.json").exists() if not space.data.corpus.startswith("hf:") else None,
         ),
-        train=PlanTrain(
-            space.train.steps,
-            space.train.batch_size,
-            space.train.lr,
-            space.train.eval_steps,
-            str(device),
-            plan.dtype,
-            resolve_compile(space.train.compile, device),
-        ),
+        train=PlanTrain(train.steps, train.batch_size, train.lr, train.eval_steps, str(device), plan.dtype, compiled),
         knobs=list(space.search.knobs),
         parts=list(space.search.parts),
         workers=request.workers or 1,
