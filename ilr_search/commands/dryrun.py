@@ -6,12 +6,13 @@ values), no checkpoint."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import statistics
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,6 +119,20 @@ def timed_steps(
     )
 
 
+@contextlib.contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """Torch on `threads` threads (None: as it is) inside, this process's threads set back after."""
+    import torch
+
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def probe_schedule(
     space: SpaceConfig,
     model: ModelConfig,
@@ -133,13 +148,8 @@ def probe_schedule(
     set back after; with `side_by_side` > 1 that many such groups train at once in threads of this process, as a
     run's lanes and workers share the machine (its cores' caches and memory, and this process's interpreter), and
     every group's steps are timed."""
-    import torch
-
     schedule = reuse_map_schedule(reuse_map)
     train = dataclasses.replace(space.train, dtype=dtype)
-    before = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
     timed: list[tuple[list[float], list[float], int]] = []
     failures: list[BaseException] = []
 
@@ -149,15 +159,13 @@ def probe_schedule(
         except BaseException as e:  # raised again below
             failures.append(e)
 
-    try:
+    with torch_threads(threads):
         others = [threading.Thread(target=group, daemon=True) for _ in range(side_by_side - 1)]
         for t in others:
             t.start()
         group()
         for t in others:
             t.join()
-    finally:
-        torch.set_num_threads(before)
     if failures:
         raise failures[0]
     steps = [s for lane_steps, _, _ in timed for s in lane_steps]
@@ -732,8 +740,7 @@ def frozen_estimate(
     eval_windows windows of random tokens, the checkpoint's weights in the study's dtype, on the run's threads),
     timed after one untimed, and a line through them by layer runs for an average map (half-way); the trials
     evaluate chunk 0, the race its least and most runs, on the race's processes."""
-    import torch
-
+    from ilr_search.training.build import build_model
     from ilr_search.training.frozen import FrozenEvaluator
 
     model_cfg = plan.model
@@ -742,12 +749,7 @@ def frozen_estimate(
     n = min(space.train.eval_windows, data.window_chunks(1, model_cfg.seq_len))
     cfg = dataclasses.replace(space.train, dtype=plan.dtype)
     device = resolve_device(cfg.device)
-    before = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
-        from ilr_search.training.build import build_model
-
+    with torch_threads(threads):
         evaluator = FrozenEvaluator(build_model(model_cfg, 0).to(device), data, plan.dtype, cfg.batch_size, 0)
         timings = []
         for label, counts in probed_maps(space, plan):
@@ -757,8 +759,6 @@ def frozen_estimate(
             evaluator.evaluate(model_cfg, schedule, 0, n, share=False)
             seconds = (time.perf_counter() - t0) * space.train.eval_windows / n
             timings.append(Probe(label, counts, len(schedule), 1, threads, 0.0, seconds, []))
-    finally:
-        torch.set_num_threads(before)
     baseline, costliest = timings
     mid = (baseline.seconds_per_eval + costliest.seconds_per_eval) / 2
     racers = max(layout.groups, race_processes(space, layout.groups))
