@@ -434,9 +434,8 @@ def export_trials(
         }
         record |= {f"param_{k}": v for k, v in sorted(t.params.items())}
         records.append(record)
-    for ref in reference_rows(
-        store, study.user_attrs
-    ):  # marked by their name in `reference`, state REFERENCE, no trial number
+    references = reference_rows(store, study.user_attrs)
+    for ref in references:  # marked by their name in `reference`, state REFERENCE, no trial number
         records.append(
             {
                 "trial": None,
@@ -479,8 +478,7 @@ def export_trials(
         )
     frame = integer_frame(records)
     _write_table(path, frame)
-    n_references = sum(r["state"] == "REFERENCE" for r in records)
-    report = ExportedTable(study_name, path, len(frame), n_references, len(runs))
+    report = ExportedTable(study_name, path, len(frame), len(references), len(runs))
     if curves_path is not None:
         columns = [f.name for f in dataclasses.fields(CurveRow)]
         curves = integer_frame([dataclasses.asdict(r) for r in curve_rows(study, store)], columns)
