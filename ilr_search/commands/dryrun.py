@@ -6,12 +6,13 @@ values), no checkpoint."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import statistics
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,6 +119,20 @@ def timed_steps(
     )
 
 
+@contextlib.contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """Torch on `threads` threads (None: as it is) inside, this process's threads set back after."""
+    import torch
+
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def probe_schedule(
     space: SpaceConfig,
     model: ModelConfig,
@@ -133,13 +148,8 @@ def probe_schedule(
     set back after; with `side_by_side` > 1 that many such groups train at once in threads of this process, as a
     run's lanes and workers share the machine (its cores' caches and memory, and this process's interpreter), and
     every group's steps are timed."""
-    import torch
-
     schedule = reuse_map_schedule(reuse_map)
     train = dataclasses.replace(space.train, dtype=dtype)
-    before = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
     timed: list[tuple[list[float], list[float], int]] = []
     failures: list[BaseException] = []
 
@@ -149,15 +159,13 @@ def probe_schedule(
         except BaseException as e:  # raised again below
             failures.append(e)
 
-    try:
+    with torch_threads(threads):
         others = [threading.Thread(target=group, daemon=True) for _ in range(side_by_side - 1)]
         for t in others:
             t.start()
         group()
         for t in others:
             t.join()
-    finally:
-        torch.set_num_threads(before)
     if failures:
         raise failures[0]
     steps = [s for lane_steps, _, _ in timed for s in lane_steps]
@@ -290,18 +298,14 @@ class Estimate:
     learn_seconds: float = 0.0  # `run --learn`'s learning run, in seconds and in both totals
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "probe": [dataclasses.asdict(p) for p in self.probes],
-            "probe_flops_ratios": list(self.probe_flops_ratios),
-            "layout": self.layout,
-            "estimated_trial_seconds": self.trial_seconds,
-            "estimated_reference_seconds": self.reference_seconds,
-            "estimated_race_seconds": list(self.race_seconds),
-            "estimated_seconds": self.seconds,
-            "estimated_seconds_max": self.seconds_max,
-            "estimate_note": self.note,
-            "estimated_learn_seconds": self.learn_seconds,
-        }
+        return record_json(self, ESTIMATE_KEYS)
+
+
+# Estimate's fields under their --json keys (in field order)
+ESTIMATE_KEYS = {"probes": "probe", "note": "estimate_note"} | {
+    name: f"estimated_{name}"
+    for name in ("trial_seconds", "reference_seconds", "race_seconds", "seconds", "seconds_max", "learn_seconds")
+}
 
 
 @dataclass(frozen=True)
@@ -322,20 +326,15 @@ def plan_time_budget(seconds: float, estimate: Estimate | None, finished: bool) 
     if estimate is None:
         line = "nothing is left to train" if finished else "not compared: no estimate was made"
         return PlanTimeBudget(seconds, text, None, line)
-    low, high = estimate.seconds, estimate.seconds_max
-    span = (
-        format_duration(low)
-        if format_duration(low) == format_duration(high)
-        else (f"{format_duration(low)} to {format_duration(high)}")
-    )
+    span = " to ".join(dict.fromkeys(format_duration(s) for s in (estimate.seconds, estimate.seconds_max)))
     stops = "the run stops when it is spent, undecided, and the same command continues"
-    if high <= seconds:
-        return PlanTimeBudget(seconds, text, "yes", f"the estimate ({span}) fits within it")
-    if low <= seconds:
-        return PlanTimeBudget(
-            seconds, text, "maybe", f"the estimate ({span}) may exceed it: where the race needs its most runs, {stops}"
-        )
-    return PlanTimeBudget(seconds, text, "no", f"the estimate ({span}) exceeds it: {stops}")
+    fits = "yes" if estimate.seconds_max <= seconds else "maybe" if estimate.seconds <= seconds else "no"
+    line = {
+        "yes": f"the estimate ({span}) fits within it",
+        "maybe": f"the estimate ({span}) may exceed it: where the race needs its most runs, {stops}",
+        "no": f"the estimate ({span}) exceeds it: {stops}",
+    }[fits]
+    return PlanTimeBudget(seconds, text, fits, line)
 
 
 @dataclass(frozen=True)
@@ -394,9 +393,12 @@ class DryRunReport:
         return report | (self.estimate.to_dict() if self.estimate is not None else {})
 
 
-def costliest_map(n_layers: int, max_reuse: int, max_layer_runs: int) -> list[int]:
-    """The deepest map the budget pays for (every layer at max_reuse, repaired to the budget)."""
-    return repair_to_budget([max_reuse] * n_layers, max_layer_runs)
+def probed_maps(space: SpaceConfig, plan: StudyPlan) -> tuple[tuple[str, list[int]], tuple[str, list[int]]]:
+    """The two maps the estimate probes, by label: the baseline, and the costliest, the deepest map the budget pays
+    for (every layer at max_reuse, repaired to the budget)."""
+    n_layers = plan.model.n_layers
+    costliest = repair_to_budget([space.search.max_reuse] * n_layers, plan.budget.max_layer_runs(plan.model))
+    return ("baseline", [1] * n_layers), ("costliest", costliest)
 
 
 def dry_run_report(request: RunRequest, probe: bool = True) -> DryRunReport:
@@ -430,28 +432,22 @@ def dry_run_report(request: RunRequest, probe: bool = True) -> DryRunReport:
         ["second_seed"] if space.search.second_seed_reference and not any(r.name == "second_seed" for r in refs) else []
     )  # the best recurrent map at a second seed, once known
     stored = study_references(spec, study) if study is not None else {}
-    done_refs = [n for n in names if n in stored]
+    refs_to_train = [n for n in names if n not in stored]
     race = race_plan(plan, n_trials)
     if study is not None and race.runs_max:
         race = race_left(race, spec, existing, study, plan, trials_to_train)
-    left = (
-        trials_to_train > 0
-        or len(done_refs) < len(names)
-        or race.runs_max > 0
-        or (learn is not None and not learn.learned)
-    )
-    max_runs = plan.budget.max_layer_runs(plan.model)
-    n_layers = plan.model.n_layers
-    costly = costliest_map(n_layers, space.search.max_reuse, max_runs)
-    device = resolve_device(space.train.device)
+    left = trials_to_train > 0 or bool(refs_to_train) or race.runs_max > 0 or (learn is not None and not learn.learned)
+    model, train = plan.model, space.train
+    device = resolve_device(train.device)
+    compiled = resolve_compile(train.compile, device)
     cache = cache_root() / f"tokens-{cache_key(space.data, space.data.max_train_tokens)}"
     estimated = None
     if probe and left:
         layout = resolve_layout(plan, request.asked_fuse, request.workers, n_trials).layout
         if space.train.steps == 0:
-            estimated = frozen_estimate(space, plan, costly, trials_to_train, layout, race)
+            estimated = frozen_estimate(space, plan, trials_to_train, layout, race)
         else:
-            estimated = estimate(space, plan, costly, refs, trials_to_train, done_refs, layout, race, learn)
+            estimated = estimate(space, plan, refs, trials_to_train, refs_to_train, layout, race, learn)
     return DryRunReport(
         study=plan.name,
         resume=study is not None,
@@ -461,37 +457,22 @@ def dry_run_report(request: RunRequest, probe: bool = True) -> DryRunReport:
         finished_trials=finished,
         trials_to_train=trials_to_train,
         references=names,
-        references_to_train=[n for n in names if n not in done_refs],
+        references_to_train=refs_to_train,
         sampler=sampler_settings(space.search.sampler, space.train.seed, space.search.max_reuse).name,
         pruner=space.search.pruner,
         pruning_rungs=list(pruner_settings(space).rungs) if space.search.pruner != "none" else [],
         objective=space.search.objective,
-        budget=PlanBudget(plan.budget.text, plan.budget.ratio, max_runs),
+        budget=PlanBudget(plan.budget.text, plan.budget.ratio, plan.budget.max_layer_runs(model)),
         storage=spec.masked,
         storage_exists=spec.exists(),
         space=space.source,
-        model=PlanModel(
-            n_layers,
-            plan.model.d_model,
-            plan.model.n_heads,
-            plan.model.seq_len,
-            plan.model.pe,
-            plan.model.vocab_size,
-        ),
+        model=PlanModel(model.n_layers, model.d_model, model.n_heads, model.seq_len, model.pe, model.vocab_size),
         data=PlanData(
             space.data.corpus,
             space.data.tokenizer,
             (cache / "meta.json").exists() if not space.data.corpus.startswith("hf:") else None,
         ),
-        train=PlanTrain(
-            space.train.steps,
-            space.train.batch_size,
-            space.train.lr,
-            space.train.eval_steps,
-            str(device),
-            plan.dtype,
-            resolve_compile(space.train.compile, device),
-        ),
+        train=PlanTrain(train.steps, train.batch_size, train.lr, train.eval_steps, str(device), plan.dtype, compiled),
         knobs=list(space.search.knobs),
         parts=list(space.search.parts),
         workers=request.workers or 1,
@@ -510,10 +491,7 @@ def race_left(
     policy has decided (under this run's compute cap), else its runs and steps less those trained."""
     store = open_store(spec, plan.name, read_only=True, storage=storage)
     _, results, state = study_race(
-        study_trials(study),
-        study.user_attrs,
-        store.runs(),
-        plan.space.search.max_race_steps,
+        study_trials(study), study.user_attrs, store.runs(), plan.space.search.max_race_steps
     )
     trained = sum(r.steps for r in results if r.is_run)
     if trials_to_train == 0 and state.done:
@@ -552,9 +530,9 @@ def race_plan(plan: StudyPlan, n_trials: int) -> RacePlan:
     target = race_target_steps(search.target, base)
     if not races(base, target, search.race_seeds):
         return RacePlan("off", target, 0, 0, 0, 0)
+    screened = min(search.race_screen, n_trials)  # the adaptive race's
+    contenders = min(search.race_contenders, screened)  # the plain model among them
     if base == 0:  # frozen: the trials' chunk 0 screens; the contenders and the plain model evaluate test chunks
-        screened = min(search.race_screen, n_trials)
-        contenders = min(search.race_contenders, screened)  # the plain model among them
         first, most = search.race_seeds - 1, search.max_seeds - 1
         return RacePlan(
             "adaptive",
@@ -580,8 +558,6 @@ def race_plan(plan: StudyPlan, n_trials: int) -> RacePlan:
             shape=FixedRace(search.race_seeds, lengths, search.race_contenders),
             cap=search.max_race_steps or None,
         )
-    screened = min(search.race_screen, n_trials)
-    contenders = min(search.race_contenders, screened)
     deep = 1 if search.equal_compute == "depth" else 0
     first = screened + contenders * (search.race_seeds - 1) + deep * search.race_seeds
     most = screened + contenders * (search.max_seeds - 1) + deep * search.max_seeds
@@ -676,10 +652,9 @@ def race_seconds(
 def estimate(
     space: SpaceConfig,
     plan: StudyPlan,
-    costly: list[int],
     refs: list[ReferenceRun],
     trials_to_train: int,
-    done_refs: list[str],
+    refs_to_train: list[str],
     layout: Layout,
     race: RacePlan,
     learn: PlanLearn | None = None,
@@ -688,7 +663,6 @@ def estimate(
     (per layer run, each probed as the run trains it: `layout`'s fused group size and threads), applied to an
     average sampled map (half-way), each reference, each evaluation and each race run; the range is the race's
     least and most runs (on a CPU of several cores the race's runs share them, one process a core)."""
-    n_layers = plan.model.n_layers
     fuse = layout.fuse if fusable(plan.model) else 1
     threads = layout.threads if layout.threads is not None else process_threads(space, layout.groups)
     lane_fuse = -(-fuse // layout.lanes)  # each lane trains its share of a group, side by side
@@ -699,11 +673,9 @@ def estimate(
         if on_cpu(space)
         else 1
     )
-    baseline = probe_schedule(
-        space, plan.model, [1] * n_layers, "baseline", plan.dtype, data, lane_fuse, threads, max(1, side)
-    )
-    costliest = probe_schedule(
-        space, plan.model, costly, "costliest", plan.dtype, data, lane_fuse, threads, max(1, side)
+    baseline, costliest = (
+        probe_schedule(space, plan.model, counts, label, plan.dtype, data, lane_fuse, threads, max(1, side))
+        for label, counts in probed_maps(space, plan)
     )
 
     def proxy_seconds(layer_runs: float) -> float:
@@ -717,15 +689,8 @@ def estimate(
         return proxy_seconds(layer_runs) * race.target_steps / space.train.steps
 
     trial_seconds = proxy_seconds(mid_runs)
-    ref_seconds = sum(
-        proxy_seconds(mid_runs if r.name == "second_seed" else len(r.schedule)) for r in refs if r.name not in done_refs
-    )
-    if (
-        space.search.second_seed_reference
-        and "second_seed" not in done_refs
-        and not any(r.name == "second_seed" for r in refs)
-    ):
-        ref_seconds += proxy_seconds(mid_runs)
+    schedules = {r.name: r.schedule for r in refs}  # second_seed's map is known once the trials are: an average one
+    ref_seconds = sum(proxy_seconds(mid_runs if n == "second_seed" else len(schedules[n])) for n in refs_to_train)
     racers = max(groups, race_processes(space, groups))
     race_min, race_max = (
         race_seconds(race, target_run, baseline.layer_runs, mid_runs, costly_runs, racers, fuse)
@@ -755,12 +720,10 @@ def estimate(
         f"from the median of {PROBE_TIMED} timed steps after {PROBE_WARMUP} untimed ones, "
         "trained as the run trains them"
         + (f" ({side} groups side by side, as its lanes and workers share the CPU)" if side > 1 else "")
-        + "; no pruning and no repeated map assumed (both shorten "
-        "a run); an average trial is taken half-way between the baseline and the costliest map; the race's most "
-        "prices every recurrent run and the equal-compute model at the costliest map's depth, and each of its waves "
-        "as long as its busiest worker; start-up, storage "
-        "writes, tokenizing an uncached corpus, layer compilation and a "
-        "changing machine load are not counted"
+        + "; no pruning and no repeated map assumed (both shorten a run); an average trial is taken half-way between "
+        "the baseline and the costliest map; the race's most prices every recurrent run and the equal-compute model "
+        "at the costliest map's depth, and each of its waves as long as its busiest worker; start-up, storage writes, "
+        "tokenizing an uncached corpus, layer compilation and a changing machine load are not counted"
         + (
             f"; {groups} workers are assumed to share the device without slowing each other"
             if groups > 1 and side == 1
@@ -771,14 +734,13 @@ def estimate(
 
 
 def frozen_estimate(
-    space: SpaceConfig, plan: StudyPlan, costly: list[int], trials_to_evaluate: int, layout: Layout, race: RacePlan
+    space: SpaceConfig, plan: StudyPlan, trials_to_evaluate: int, layout: Layout, race: RacePlan
 ) -> Estimate:
     """A frozen study's time left: an evaluation of the plain model and of the costliest map (each one chunk of
     eval_windows windows of random tokens, the checkpoint's weights in the study's dtype, on the run's threads),
     timed after one untimed, and a line through them by layer runs for an average map (half-way); the trials
     evaluate chunk 0, the race its least and most runs, on the race's processes."""
-    import torch
-
+    from ilr_search.training.build import build_model
     from ilr_search.training.frozen import FrozenEvaluator
 
     model_cfg = plan.model
@@ -787,23 +749,16 @@ def frozen_estimate(
     n = min(space.train.eval_windows, data.window_chunks(1, model_cfg.seq_len))
     cfg = dataclasses.replace(space.train, dtype=plan.dtype)
     device = resolve_device(cfg.device)
-    before = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
-        from ilr_search.training.build import build_model
-
+    with torch_threads(threads):
         evaluator = FrozenEvaluator(build_model(model_cfg, 0).to(device), data, plan.dtype, cfg.batch_size, 0)
         timings = []
-        for label, counts in (("baseline", [1] * model_cfg.n_layers), ("costliest", costly)):
+        for label, counts in probed_maps(space, plan):
             schedule = reuse_map_schedule(counts)
             evaluator.evaluate(model_cfg, schedule, 0, n, share=False)  # untimed: memory, kernels
             t0 = time.perf_counter()
             evaluator.evaluate(model_cfg, schedule, 0, n, share=False)
             seconds = (time.perf_counter() - t0) * space.train.eval_windows / n
             timings.append(Probe(label, counts, len(schedule), 1, threads, 0.0, seconds, []))
-    finally:
-        torch.set_num_threads(before)
     baseline, costliest = timings
     mid = (baseline.seconds_per_eval + costliest.seconds_per_eval) / 2
     racers = max(layout.groups, race_processes(space, layout.groups))

@@ -32,11 +32,12 @@ from ilr_search.data.tokenizers import check_vocab, model_config
 from ilr_search.data.tokens import load_space_tokens
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import KnobValue, format_knobs, with_knobs
+from ilr_search.records import record_json
 from ilr_search.search.plan import stored_config
 from ilr_search.search.race_results import decided_front, race_report
 from ilr_search.search.studies import open_study
 from ilr_search.space import SpaceError, check_sizes
-from ilr_search.storage import open_store, parse_storage, study_references, study_storage
+from ilr_search.storage import Run, Store, open_store, parse_storage, study_references, study_storage
 from ilr_search.storage.trials import TrialRecord, study_trials
 from ilr_search.training.flops import Budget, flops_ratio, map_param_count
 from ilr_search.training.model import ILRTransformer
@@ -81,6 +82,15 @@ class StudySettingsView:
         """The study's model with these knob settings and a map's parts (as its trials and audit build it)."""
         return dataclasses.replace(with_knobs(model_config(self.space), knobs, self.init_depth), parts=parts)
 
+    def store(self) -> Store:
+        """The study's store (its race and audit runs), opened read-only."""
+        spec = parse_storage(self.storage, read_only=True)
+        return open_store(spec, self.study.study_name, read_only=True, storage=study_storage(self.study))
+
+    def references(self) -> dict[str, Run]:
+        """The study's reference runs by name."""
+        return study_references(parse_storage(self.storage, read_only=True), self.study)
+
 
 def load_study_settings(study_name: str, storage: str | None) -> StudySettingsView:
     """The stored settings of an ilr-search study; one-line errors for a missing or foreign study."""
@@ -104,10 +114,11 @@ def choose_map(view: StudySettingsView, map_text: str | None, trained_only: bool
     choice = parse_map_choice(map_text, n_layers)
     if not trained_only:
         return choice, f"map {choice.key}"
-    references = study_references(parse_storage(view.storage, read_only=True), view.study) if choice.is_stack else {}
+    trained = trained_by_map(trials)
+    references = view.references() if choice.is_stack else {}
     if choice.is_stack and choice.key not in references:
         whole = Map.of_block(0, n_layers - 1, choice.repeats, n_layers)  # a study searching blocks trains blockK so
-        if whole.key in trained_by_map(list(trials)):
+        if whole.key in trained:
             choice = whole
     if choice.is_stack:
         if choice.key not in references:
@@ -116,7 +127,6 @@ def choose_map(view: StudySettingsView, map_text: str | None, trained_only: bool
                 "reference run; give a map it trained (ilr-search trials lists them)"
             )
         return choice, f"map {choice.key} (reference run)"
-    trained = trained_by_map(trials)
     if choice.key in trained:
         return choice, f"map {choice.key} (trial {trained[choice.key].number})"
     if not choice.knobs:  # a map without knobs names the one trained knob setting of that map
@@ -139,14 +149,7 @@ def choose_map(view: StudySettingsView, map_text: str | None, trained_only: bool
 def default_map(view: StudySettingsView, trials: list[TrialRecord]) -> tuple[Map, str]:
     """The map of lowest perplexity on the study's decided front (decided_front: the race's, at its raced length,
     where the study was raced; the proxy's otherwise), with the line saying which and why."""
-    store = open_store(
-        parse_storage(view.storage, read_only=True),
-        view.study.study_name,
-        read_only=True,
-        storage=study_storage(view.study),
-    )
-    attrs = view.study.user_attrs
-    race = race_report(trials, attrs, store.runs())
+    race = race_report(trials, view.study.user_attrs, view.store().runs())
     front = decided_front(trials, race)
     if not front:
         raise UserInputError(f"study {view.study.study_name!r} has no complete trial yet; give --map or run it first")
@@ -184,10 +187,10 @@ class ReferenceProxy:
     """The block-recurrence reference run of the map (None throughout where the study has none)."""
 
     kind: Literal["reference"] = field(default="reference", init=False)
-    steps: int | None
-    val_ppl: float | None
-    val_bpb: float | None
-    status: str | None
+    steps: int | None = None
+    val_ppl: float | None = None
+    val_bpb: float | None = None
+    status: str | None = None
 
 
 @dataclass(frozen=True)
@@ -222,38 +225,25 @@ class MeasuredResults:
     second_seed: SecondSeedRun | None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "proxy": dataclasses.asdict(self.proxy) if self.proxy is not None else None,
-            "race_runs": [dataclasses.asdict(r) for r in self.race_runs],
-            "second_seed": dataclasses.asdict(self.second_seed) if self.second_seed is not None else None,
-            "prediction": None,
-        }
+        return record_json(self) | {"prediction": None}
 
 
-def measured_results(view: StudySettingsView, storage: str | None, choice: Map) -> MeasuredResults:
+def measured_results(view: StudySettingsView, choice: Map) -> MeasuredResults:
     """What the study measured for the map: its proxy result, its finished race runs (the race's and the audit's
     longer or extra-seed runs), the second-seed reference where it is that map, and a prediction (none:
     ilr-search makes no extrapolation yet)."""
-    study = view.study
-    refs = study_references(parse_storage(storage, read_only=True), study)
+    refs = view.references()
     proxy: TrialProxy | ReferenceProxy | None = None
     if choice.is_stack:
         ref = refs.get(choice.key)
-        proxy = (
-            ReferenceProxy(ref.steps, ref.val_ppl, ref.val_bpb, ref.status)
-            if ref
-            else ReferenceProxy(None, None, None, None)
-        )
+        proxy = ReferenceProxy(ref.steps, ref.val_ppl, ref.val_bpb, ref.status) if ref else ReferenceProxy()
     else:
-        t = trained_by_map(study_trials(study)).get(choice.key)
+        t = trained_by_map(study_trials(view.study)).get(choice.key)
         if t is not None:
             proxy = TrialProxy(t.number, t.state.name, t.steps, t.val_ppl, t.val_bpb, t.pruned_at_step)
-    store = open_store(
-        parse_storage(storage, read_only=True), study.study_name, read_only=True, storage=study_storage(study)
-    )
     runs = tuple(
         MeasuredRun(float(row.job.factor), row.job.seed, row.steps, row.state, row.val_ppl, row.val_bpb)
-        for row in store.race_runs()
+        for row in view.store().race_runs()
         if row.job.map_key == choice.key and row.state in ("complete", "failed")
     )
     second = refs.get("second_seed")
@@ -268,13 +258,21 @@ def measured_results(view: StudySettingsView, storage: str | None, choice: Map) 
     return MeasuredResults(proxy, runs, second_seed)
 
 
-def _plain(obj: Any) -> Any:
-    """Tuples as lists, for JSON and TOML."""
-    if isinstance(obj, dict):
-        return {k: _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
-    return obj
+# The training settings a recipe lists, as TrainConfig names them (then the tokens a step, optimizer and schedule)
+RECIPE_TRAIN = (
+    "steps",
+    "batch_size",
+    "grad_accum",
+    "lr",
+    "warmup_frac",
+    "min_lr_frac",
+    "weight_decay",
+    "grad_clip",
+    "eval_fractions",
+    "eval_windows",
+    "seed",
+    "dtype",
+)
 
 
 @dataclass(frozen=True)
@@ -299,6 +297,7 @@ class Recipe:
 
     def to_json(self) -> dict[str, Any]:
         choice, train = self.choice, self.train
+        settings = record_json(train)
         return {
             "study": self.study,
             "map": choice.key,
@@ -310,21 +309,10 @@ class Recipe:
             "params": self.params,
             "budget": self.budget.to_dict(),
             "architecture": ARCHITECTURE,
-            "model": _plain(dataclasses.asdict(self.model)),
-            "data": without_omitted_defaults("data", _plain(dataclasses.asdict(self.data))),
-            "train": {
-                "steps": train.steps,
-                "batch_size": train.batch_size,
-                "grad_accum": train.grad_accum,
-                "lr": train.lr,
-                "warmup_frac": train.warmup_frac,
-                "min_lr_frac": train.min_lr_frac,
-                "weight_decay": train.weight_decay,
-                "grad_clip": train.grad_clip,
-                "eval_fractions": list(train.eval_fractions),
-                "eval_windows": train.eval_windows,
-                "seed": train.seed,
-                "dtype": train.dtype,
+            "model": record_json(self.model),
+            "data": without_omitted_defaults("data", record_json(self.data)),
+            "train": {name: settings[name] for name in RECIPE_TRAIN}
+            | {
                 "tokens_per_step": train.tokens(self.model.seq_len) // train.steps,
                 "optimizer": "AdamW(betas=(0.9, 0.95)); weight decay on matrices only",
                 "lr_schedule": train.lr_schedule_text(),
@@ -356,7 +344,7 @@ def study_recipe(
         model,
         view.space.data,
         view.space.train,
-        measured_results(view, storage, choice),
+        measured_results(view, choice),
     )
 
 
@@ -492,20 +480,25 @@ def train_and_save(
                 "reuse_map": list(choice.counts),
                 "block": choice.stack_repeats,
                 "knobs": choice.knobs,
-                "train": _plain(dataclasses.asdict(space.train)),
-                "data": _plain(dataclasses.asdict(space.data)),
-                "result": {
-                    "status": result.status,
-                    "steps": result.steps,
-                    "tokens": result.tokens,
-                    "val_loss": finite_or_none(result.val_loss),
-                    "val_ppl": finite_or_none(result.val_ppl),
-                    "val_bpb": finite_or_none(result.val_bpb),
-                },
+                "train": record_json(space.train),
+                "data": record_json(space.data),
+                "result": result_json(result, ("status", "steps", "tokens", *RESULT_MEASURES)),
             },
         )
         save_tokenizer(save, tokenizer)
     return result
+
+
+RESULT_MEASURES = ("val_loss", "val_ppl", "val_bpb")  # a training result's measures (None where not finite)
+
+
+def result_json(result: TrainResult, names: Sequence[str]) -> dict[str, Any]:
+    """These fields of a training result, under their names, its measures (RESULT_MEASURES) None where not
+    finite."""
+    return {
+        name: finite_or_none(getattr(result, name)) if name in RESULT_MEASURES else getattr(result, name)
+        for name in names
+    }
 
 
 @dataclass(frozen=True)
@@ -525,26 +518,12 @@ class TrainReport:
 
     def to_json(self) -> dict[str, Any]:
         result = self.result
-        report: dict[str, Any] = {
-            "reuse_map": list(self.reuse_map),
-            "params": result.params,
-            "flops_ratio": self.flops_ratio,
-            "steps": result.steps,
-            "tokens": result.tokens,
-            "val_loss": finite_or_none(result.val_loss),
-            "val_ppl": finite_or_none(result.val_ppl),
-            "val_bpb": finite_or_none(result.val_bpb),
-            "train_seconds": result.train_seconds,
-            "tokens_per_second": result.tokens_per_second,
-            "status": result.status,
-            "curve": result.curve_dicts(),
-            "schedule": result.schedule,
-            "reason": result.reason,
-            "data_seconds": result.data_seconds,
-            "eval_seconds": result.eval_seconds,
-            "device": result.device,
-            "dtype": result.dtype,
-        }
+        report: dict[str, Any] = (
+            {"reuse_map": list(self.reuse_map), "params": result.params, "flops_ratio": self.flops_ratio}
+            | result_json(result, ("steps", "tokens", *RESULT_MEASURES, "train_seconds", "tokens_per_second", "status"))
+            | {"curve": result.curve_dicts()}
+            | result_json(result, ("schedule", "reason", "data_seconds", "eval_seconds", "device", "dtype"))
+        )
         if self.block is not None:
             report["block"] = self.block
         report["knobs"] = self.knobs

@@ -36,10 +36,11 @@ from ilr_search.analysis.results import (
 from ilr_search.config import SpaceConfig
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import KNOB_CHOICES, format_knobs
+from ilr_search.records import record_json
 from ilr_search.search.plan import CONFIG_ATTR
 from ilr_search.search.race_results import decided_front
 from ilr_search.search.studies import FrontView, StudyReport, open_study, study_report
-from ilr_search.storage import open_store, parse_storage, study_storage
+from ilr_search.storage import StorageSpec, Store, open_store, parse_storage, study_storage
 from ilr_search.storage.trials import TrialRecord, study_trials, trained_results
 
 if TYPE_CHECKING:
@@ -160,21 +161,16 @@ def _importances(
     return {name: raw.get(name, 0.0) for name in [*distributions, *(f"knob {k}" for k in knobs)]}
 
 
-def searches_blocks(study_attrs: Mapping[str, Any]) -> bool:
-    """Whether the study's trials propose block maps ([search] families has "blocks")."""
+def searched_families(study_attrs: Mapping[str, Any]) -> tuple[str, ...]:
+    """The map families the study's trials propose ([search] families; none for a study not made by ilr-search)."""
     config = study_attrs.get(CONFIG_ATTR)
-    return config is not None and "blocks" in SpaceConfig.from_dict(config).search.families
-
-
-def searches_only_blocks(study_attrs: Mapping[str, Any]) -> bool:
-    """Whether block maps are the only maps the study's trials propose (no per-layer counts: no ilr family)."""
-    return searches_blocks(study_attrs) and "ilr" not in SpaceConfig.from_dict(study_attrs[CONFIG_ATTR]).search.families
+    return tuple(SpaceConfig.from_dict(config).search.families) if config is not None else ()
 
 
 def study_block_grid(study_attrs: Mapping[str, Any], race: RaceReport | None) -> BlockGrid | None:
     """The block grid (analysis/blocks.py) of a study that searches block maps, from its race's results and
     comparisons; None for a study that does not (or has no race: one not made by ilr-search)."""
-    if race is None or not searches_blocks(study_attrs):
+    if race is None or "blocks" not in searched_families(study_attrs):
         return None
     n_layers = SpaceConfig.from_dict(study_attrs[CONFIG_ATTR]).model.n_layers
     baseline = ",".join(["1"] * n_layers)
@@ -208,9 +204,7 @@ def pareto_report(
     """The study's report with its front view (the race's front with noise ties, the proxy's, the stored
     fronts; the layer view where `view` is "layers"), optionally written as .html (interactive, offline),
     .png/.svg (kaleido), .csv or .json."""
-    path = check_out_path(out, FRONT_FORMATS) if out is not None else None
-    if path is not None and path.suffix.lower() in (".png", ".svg"):
-        check_image_export()
+    path = _front_path(out)
     drawn = path is not None and path.suffix.lower() in (".html", ".png", ".svg")
     report, figure, _ = _pareto(study_name, storage, "layers" if drawn else view, path)
     if path is not None:
@@ -221,9 +215,7 @@ def pareto_report(
 def pareto_blocks(study_name: str, storage: str | None = None, out: str | Path | None = None) -> BlockView:
     """`pareto --view blocks`: the pareto report (the figure or table written to `out` as pareto_report does) and
     the study's block grid; a study that searches no block maps is refused."""
-    path = check_out_path(out, FRONT_FORMATS) if out is not None else None
-    if path is not None and path.suffix.lower() in (".png", ".svg"):
-        check_image_export()
+    path = _front_path(out)
     report, figure, grid = _pareto(study_name, storage, "layers", path)
     if grid is None:
         raise UserInputError(
@@ -235,9 +227,24 @@ def pareto_blocks(study_name: str, storage: str | None = None, out: str | Path |
     return BlockView(report, grid)
 
 
+def _front_path(out: str | Path | None) -> Path | None:
+    """The file a pareto view writes (None: none), checked before any work (an image: kaleido and a browser)."""
+    path = check_out_path(out, FRONT_FORMATS) if out is not None else None
+    if path is not None and path.suffix.lower() in (".png", ".svg"):
+        check_image_export()
+    return path
+
+
 def front_figure(study_name: str, storage: str | None = None) -> go.Figure:
     """The figure `pareto --out FILE.html` (or .png, .svg) writes."""
     return _pareto(study_name, storage, "layers")[1]()
+
+
+def _opened(study_name: str, storage: str | None) -> tuple[StorageSpec, optuna.Study, Store]:
+    """The storage, the study and its store, opened read-only."""
+    spec = parse_storage(storage, read_only=True)
+    study = open_study(spec, study_name)
+    return spec, study, open_store(spec, study_name, read_only=True, storage=study_storage(study))
 
 
 def _pareto(
@@ -245,9 +252,7 @@ def _pareto(
 ) -> tuple[StudyReport, Callable[[], go.Figure], BlockGrid | None]:
     """The pareto report (with the layer view where `view` is "layers", and the file `out` it is written to), what
     draws its figure, and the block grid of a study that searches block maps (else None)."""
-    spec = parse_storage(storage, read_only=True)
-    study = open_study(spec, study_name)
-    store = open_store(spec, study_name, read_only=True, storage=study_storage(study))
+    spec, study, store = _opened(study_name, storage)
     report = study_report(study, spec, store)
     trials = study_trials(study)
     noise = noise_band(trials, report.references)
@@ -272,7 +277,7 @@ def _pareto(
     def figure() -> go.Figure:
         rows = _plotted_trials(study, curves_by_trial(store.curve_points()))
         drawn_layers = layers
-        if grid is not None and searches_only_blocks(study.user_attrs):  # no per-layer counts: block parameters
+        if grid is not None and "ilr" not in searched_families(study.user_attrs):  # block maps only: their parameters
             importance = block_importance(trials, grid.n_layers)
             drawn_layers = LayerView((), importance) if importance else None
         return pareto_figure(
@@ -312,18 +317,14 @@ def _write_front(path: Path, report: StudyReport, figure: Callable[[], go.Figure
     if suffix == ".csv":
         frame = integer_frame(report.to_json()["pareto"])  # trial and params as integers, not floats
         frame["reuse_map"] = frame["reuse_map"].map(lambda m: ",".join(map(str, m))) if len(frame) else []
-        _atomic_write(path, lambda p: frame.to_csv(p, index=False))
+        _write_table(path, frame)
         return
     if suffix == ".json":
         shown = report.to_json()
-        _atomic_write(
-            path,
-            lambda p: p.write_text(
-                json.dumps(
-                    {k: shown[k] for k in ("study", "pareto", "verdict", "answer", "target_steps", "noise")}, indent=1
-                )
-            ),
+        text = json.dumps(
+            {k: shown[k] for k in ("study", "pareto", "verdict", "answer", "target_steps", "noise")}, indent=1
         )
+        _atomic_write(path, lambda p: p.write_text(text))
         return
     fig = figure()
     if suffix == ".html":
@@ -384,16 +385,8 @@ class ExportedTable:
         return self.rows - self.references - self.race_runs
 
     def to_json(self) -> dict[str, Any]:
-        report: dict[str, Any] = {
-            "study": self.study,
-            "out": str(self.out),
-            "rows": self.rows,
-            "references": self.references,
-            "race_runs": self.race_runs,
-        }
-        if self.curves_out is not None:
-            report |= {"curves_out": str(self.curves_out), "curve_points": self.curve_points}
-        return report
+        omit = ("curves_out", "curve_points") if self.curves_out is None else ()
+        return record_json(self, omit=omit, out=str(self.out), curves_out=str(self.curves_out))
 
 
 def export_trials(
@@ -406,9 +399,7 @@ def export_trials(
     learning curves too, as a long table (curve_rows: a race run's points named by map, seed and run_steps)."""
     path = check_out_path(out, EXPORT_FORMATS)
     curves_path = check_out_path(curves_out, EXPORT_FORMATS) if curves_out is not None else None
-    spec = parse_storage(storage, read_only=True)
-    study = open_study(spec, study_name)
-    store = open_store(spec, study_name, read_only=True, storage=study_storage(study))
+    _, study, store = _opened(study_name, storage)
     pruning = store.pruning_records()
     config = study.user_attrs.get(CONFIG_ATTR)
     seed = int(config["train"]["seed"]) if config is not None else None  # every trial trains at the space's seed
@@ -443,9 +434,8 @@ def export_trials(
         }
         record |= {f"param_{k}": v for k, v in sorted(t.params.items())}
         records.append(record)
-    for ref in reference_rows(
-        store, study.user_attrs
-    ):  # marked by their name in `reference`, state REFERENCE, no trial number
+    references = reference_rows(store, study.user_attrs)
+    for ref in references:  # marked by their name in `reference`, state REFERENCE, no trial number
         records.append(
             {
                 "trial": None,
@@ -488,8 +478,7 @@ def export_trials(
         )
     frame = integer_frame(records)
     _write_table(path, frame)
-    n_references = sum(r["state"] == "REFERENCE" for r in records)
-    report = ExportedTable(study_name, path, len(frame), n_references, len(runs))
+    report = ExportedTable(study_name, path, len(frame), len(references), len(runs))
     if curves_path is not None:
         columns = [f.name for f in dataclasses.fields(CurveRow)]
         curves = integer_frame([dataclasses.asdict(r) for r in curve_rows(study, store)], columns)
