@@ -33,7 +33,7 @@ from ilr_search.data.tokens import load_space_tokens
 from ilr_search.errors import UserInputError
 from ilr_search.knobs import KnobValue, format_knobs, with_knobs
 from ilr_search.records import record_json
-from ilr_search.search.plan import stored_config
+from ilr_search.search.plan import RESULT_TRAIN_FIELDS, stored_config
 from ilr_search.search.race_results import decided_front, race_report
 from ilr_search.search.studies import open_study
 from ilr_search.space import SpaceError, check_sizes
@@ -258,21 +258,9 @@ def measured_results(view: StudySettingsView, choice: Map) -> MeasuredResults:
     return MeasuredResults(proxy, runs, second_seed)
 
 
-# The training settings a recipe lists, as TrainConfig names them (then the tokens a step, optimizer and schedule)
-RECIPE_TRAIN = (
-    "steps",
-    "batch_size",
-    "grad_accum",
-    "lr",
-    "warmup_frac",
-    "min_lr_frac",
-    "weight_decay",
-    "grad_clip",
-    "eval_fractions",
-    "eval_windows",
-    "seed",
-    "dtype",
-)
+# The training settings a recipe lists, as TrainConfig names them: those a study's results depend on (what it
+# stores of its training), and the dtype; then the tokens a step, optimizer and schedule
+RECIPE_TRAIN = (*RESULT_TRAIN_FIELDS, "dtype")
 
 
 @dataclass(frozen=True)
