@@ -863,7 +863,7 @@ def _proxy_panel(
             x=[at_x[baseline.trial]],
             y=[baseline.plot_ppl],
             mode="markers",
-            name="all-ones baseline",
+            name="the plain model",
             marker=dict(symbol="star", size=16, color=BASELINE_COLOUR, line=dict(width=1, color="black")),
             hoverinfo="skip",
         )
