@@ -131,6 +131,31 @@ def signal_if_still(proc: subprocess.Popen, event: Callable[[], bool], sig: int)
     return still
 
 
+def hold_the_first_until_the_other_works(
+    procs: Sequence[subprocess.Popen], worked: Callable[[int], bool], storage_free: Callable[[], bool]
+) -> None:
+    """Make two workers of one study both work, whatever their speeds: once one of `procs` has worked
+    (`worked(i)`) and the other not yet, stop the first (SIGSTOP) at a moment it holds no lock of the storage
+    (`storage_free()`, seen with it stopped) until the other works or ends, then let it go on (SIGCONT).
+    Without this a worker that starts late may find every trial taken: a test of sharing would share nothing."""
+    deadline = time.monotonic() + HANG_SECONDS
+    while time.monotonic() < deadline:
+        done = [worked(i) for i in range(len(procs))]
+        if all(done) or any(p.poll() is not None for p in procs):
+            return
+        if any(done):
+            first, other = (0, 1) if done[0] else (1, 0)
+            procs[first].send_signal(signal.SIGSTOP)
+            try:
+                if storage_free():
+                    wait_until(lambda: worked(other), "work from the second worker", procs[other])  # noqa: B023 - called here, at once
+                    return
+            finally:
+                procs[first].send_signal(signal.SIGCONT)
+        time.sleep(0.05)
+    pytest.fail(f"hung: the workers did not both work in {HANG_SECONDS:.0f} s")
+
+
 def spawned_children(pid: int) -> list[int]:
     """The processes `pid` started with multiprocessing's spawn (its workers; not its resource tracker), read
     from /proc: each runs `python -c 'from multiprocessing.spawn import spawn_main...' --multiprocessing-fork`."""

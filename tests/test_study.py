@@ -1,3 +1,4 @@
+import fcntl
 import json
 import os
 import signal
@@ -10,7 +11,7 @@ from pathlib import Path
 import optuna
 import pytest
 from conftest import ROOT, assert_one_line_error, run_cli
-from helpers import HANG_SECONDS, digest, run_args, signal_if_still, wait_until
+from helpers import HANG_SECONDS, digest, hold_the_first_until_the_other_works, run_args, signal_if_still, wait_until
 
 from ilr_search.config import ModelConfig
 from ilr_search.search.maps import first_maps, repair_to_budget
@@ -236,21 +237,48 @@ def test_kill_9_loses_no_trial_and_the_killed_one_is_retried(tmp_path, token_cac
 @pytest.mark.parametrize("storage_kind", ["sqlite", "journal"])
 def test_two_processes_share_a_study_without_training_a_map_twice(tmp_path, token_cache, storage_kind):
     storage = f"sqlite:///{tmp_path / 'w.db'}" if storage_kind == "sqlite" else f"journal:{tmp_path / 'w.log'}"
-    env = {**os.environ, "ILR_SEARCH_CACHE": str(token_cache)}
+    # heartbeats a minute apart: a worker held stopped below never looks dead, however slowly the other starts
+    env = {**os.environ, "ILR_SEARCH_CACHE": str(token_cache), "ILR_SEARCH_HEARTBEAT_SECONDS": "60"}
     args = run_args(CLI_SPACE, storage, "pair", *TINY, "--sampler", "random", steps=30, n_trials=10)
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "ilr_search", *args],
-            cwd=tmp_path,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(2)
-    ]
-    outs = [p.communicate(timeout=HANG_SECONDS) for p in procs]
-    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    errs = [tmp_path / f"worker{i}.err" for i in range(2)]
+    procs = []
+    for err in errs:
+        with err.open("w") as stderr:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "ilr_search", *args],
+                    cwd=tmp_path,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=stderr,
+                    text=True,
+                )
+            )
+
+    def storage_free() -> bool:
+        """No process holds the storage's write lock (nor, for SQLite, a read lock that would block a write)."""
+        if storage_kind == "journal":
+            with open(tmp_path / "w.log.flock", "a") as lock:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return False
+                fcntl.flock(lock, fcntl.LOCK_UN)
+                return True
+        db = sqlite3.connect(tmp_path / "w.db", timeout=0)
+        try:
+            db.execute("BEGIN EXCLUSIVE")
+            db.rollback()
+            return True
+        except sqlite3.OperationalError:
+            return False
+        finally:
+            db.close()
+
+    # both workers do work whatever their speeds: the first to train waits, stopped, for the other to train too
+    hold_the_first_until_the_other_works(procs, lambda i: "training map" in errs[i].read_text(), storage_free)
+    outs = [p.communicate(timeout=HANG_SECONDS)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err.read_text()[-2000:] for err in errs]
     from ilr_search.storage import open_storage, parse_storage
 
     study = optuna.load_study(study_name="pair", storage=open_storage(parse_storage(storage), heartbeat=False))
@@ -262,9 +290,8 @@ def test_two_processes_share_a_study_without_training_a_map_twice(tmp_path, toke
     trained = Counter(t.user_attrs["map_key"] for t in finished if t.user_attrs.get("steps", 0) > 0)
     assert trained and max(trained.values()) == 1, trained
     # both workers did work: each trained at least one map itself
-    summaries = [json.loads(o[0]) for o in outs]
-    assert all(s["study"] == "pair" for s in summaries)
-    assert all("training map" in err for _, err in outs), [err[-1000:] for _, err in outs]
+    assert all(json.loads(out)["study"] == "pair" for out in outs)
+    assert all("training map" in err.read_text() for err in errs), [err.read_text()[-1000:] for err in errs]
 
 
 BAD_RUNS = {
