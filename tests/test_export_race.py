@@ -197,7 +197,7 @@ def test_an_old_database_is_imported_when_first_read_and_lists_its_race_and_refe
     ]
     assert [r["reference"] for r in report["references"]] == OLD_REFERENCES
     assert "ilr_audit" not in tables(old_db) and "ilr_runs" in tables(old_db)  # reading imported it
-    assert schema_version(old_db) == 3 and reference_attrs(old_db) == []
+    assert schema_version(old_db) == 4 and reference_attrs(old_db) == []
 
 
 # Opens the store for writing (what migrates), saying "locking" as it asks for the write lock to migrate.
@@ -239,12 +239,13 @@ def test_two_processes_opening_an_old_database_at_once_migrate_it_once(old_db, t
     assert said == ["locking", "locking"], [err[-2000:] for _, err in outputs]
     assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outputs]
     assert all(json.loads(out.strip().splitlines()[-1]) == [[["2,1,1,1", 96, 1]], OLD_REFERENCES] for out, _ in outputs)
-    assert "ilr_runs" in tables(old_db) and not tables(old_db) & {"ilr_audit", "ilr_race_runs", "ilr_run_scores"}
-    assert schema_version(old_db) == 3 and reference_attrs(old_db) == []
+    old_tables = {"ilr_audit", "ilr_race_runs", "ilr_run_scores", "ilr_map_claims"}
+    assert "ilr_runs" in tables(old_db) and not tables(old_db) & old_tables
+    assert schema_version(old_db) == 4 and reference_attrs(old_db) == []
     with sqlite3.connect(old_db) as conn:
         kinds = conn.execute("SELECT kind, count(*) FROM ilr_runs GROUP BY kind ORDER BY kind").fetchall()
     conn.close()
-    assert kinds == [("race", 1), ("reference", len(OLD_REFERENCES))]  # moved once
+    assert kinds == [("race", 1), ("reference", len(OLD_REFERENCES)), ("worker", 1)]  # moved once (worker:0 too)
 
 
 def reference_attrs(path) -> list[str]:
@@ -270,7 +271,7 @@ def test_the_migration_keeps_every_column_and_runs_once(old_db):
     assert migrated == [OLD_RUN]
     again = open_store(spec, OLD_STUDY).race_runs()  # already migrated: nothing changes
     assert again == first and len(first) == 1 and first[0].curve == ((48, 4.2), (96, 3.9))
-    assert "ilr_runs" in tables(old_db) and "ilr_audit" not in tables(old_db) and schema_version(old_db) == 3
+    assert "ilr_runs" in tables(old_db) and "ilr_audit" not in tables(old_db) and schema_version(old_db) == 4
 
 
 def test_the_migration_moves_the_reference_runs_and_they_read_the_same(old_db, tmp_path, cli):
@@ -321,7 +322,7 @@ def test_a_schema_2_database_moves_its_race_runs_with_their_scores(old_db):
     imported = read_only.race_runs()
     assert [r.scores for r in imported] == [(0.5, 1.5)]
     assert open_store(parse_storage(f"sqlite:///{old_db}"), OLD_STUDY).race_runs() == imported
-    assert not tables(old_db) & {"ilr_race_runs", "ilr_run_scores"} and schema_version(old_db) == 3
+    assert not tables(old_db) & {"ilr_race_runs", "ilr_run_scores"} and schema_version(old_db) == 4
 
 
 def test_a_journal_side_file_imports_race_runs_written_before_the_rename(tmp_path):
@@ -351,8 +352,8 @@ def test_a_journal_side_file_imports_race_runs_written_before_the_rename(tmp_pat
     store = open_store(parse_storage(f"journal:{tmp_path / 'j.log'}"), OLD_STUDY)
     job = RunJob("4", 1, "2,1,1,1")
     assert [r.job for r in store.race_runs()] == [job] and store.race_runs()[0].state == "running"
-    assert store.claim_race_run(job, "me", 1.2, 96, stale_after=0.0)  # the dead worker's run is taken over
-    assert store.finish_race_run(job, "me", "complete", 3.8, 44.7, 5.5, [(96, 3.8)], 1.0, "ok")
+    assert store.claim_run("race", job, "me", 1.2, 96, stale_after=0.0)  # the dead worker's run is taken over
+    assert store.finish_run("race", job, "me", "complete", 3.8, 44.7, 5.5, [(96, 3.8)], 1.0, "ok")
     (run,) = store.race_runs()
     assert (run.worker, run.state, run.val_ppl, run.curve) == ("me", "complete", 44.7, ((96, 3.8),))
     kinds = [json.loads(line)["kind"] for line in (tmp_path / "j.log.ilr").read_text(encoding="utf-8").splitlines()]

@@ -269,18 +269,18 @@ def test_audit_claims_are_exclusive_and_dead_workers_are_taken_over(kind, tmp_pa
     else:
         store = JournalStore(str(tmp_path / "j.log"), "s")
     job = RunJob("4", 0, "2,1,1,1")
-    assert store.claim_race_run(job, "w1", 1.2, 100, stale_after=60)
-    assert not store.claim_race_run(job, "w2", 1.2, 100, stale_after=60)  # held by a live worker
-    assert store.claim_race_run(job, "w2", 1.2, 100, stale_after=0)  # w1's heartbeat is stale: taken over
-    assert not store.finish_race_run(job, "w1", "complete", 1.0, 2.7, 1.1, [(100, 1.0)], 1.0, "")  # w1 lost it
-    assert store.finish_race_run(job, "w2", "complete", 1.0, 2.7, 1.1, [(100, 1.0)], 1.0, "")
-    assert not store.claim_race_run(job, "w3", 1.2, 100, stale_after=0)  # complete: never trained again
+    assert store.claim_run("race", job, "w1", 1.2, 100, stale_after=60)
+    assert not store.claim_run("race", job, "w2", 1.2, 100, stale_after=60)  # held by a live worker
+    assert store.claim_run("race", job, "w2", 1.2, 100, stale_after=0)  # w1's heartbeat is stale: taken over
+    assert not store.finish_run("race", job, "w1", "complete", 1.0, 2.7, 1.1, [(100, 1.0)], 1.0, "")  # w1 lost it
+    assert store.finish_run("race", job, "w2", "complete", 1.0, 2.7, 1.1, [(100, 1.0)], 1.0, "")
+    assert not store.claim_run("race", job, "w3", 1.2, 100, stale_after=0)  # complete: never trained again
     (row,) = store.race_runs()
     assert row.state == "complete" and row.worker == "w2" and row.curve == ((100, 1.0),)
     other = RunJob("4", 0, "1,1,1,1")
-    assert store.claim_race_run(other, "w1", 1.0, 100, stale_after=60)
-    store.finish_race_run(other, "w1", "interrupted", None, None, None, [], 0.0, "interrupted")
-    assert store.claim_race_run(other, "w2", 1.0, 100, stale_after=60)  # interrupted: free at once
+    assert store.claim_run("race", other, "w1", 1.0, 100, stale_after=60)
+    store.finish_run("race", other, "w1", "interrupted", None, None, None, [], 0.0, "interrupted")
+    assert store.claim_run("race", other, "w2", 1.0, 100, stale_after=60)  # interrupted: free at once
 
 
 @pytest.mark.slow

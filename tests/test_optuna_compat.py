@@ -17,7 +17,7 @@ STORAGES = ["sqlite", "journal"]
 
 def make_study(tmp_path, kind: str) -> optuna.Study:
     url = f"sqlite:///{tmp_path / 'c.db'}" if kind == "sqlite" else f"journal:{tmp_path / 'c.log'}"
-    return optuna.create_study(study_name="c", storage=open_storage(parse_storage(url), heartbeat=False))
+    return optuna.create_study(study_name="c", storage=open_storage(parse_storage(url)))
 
 
 @pytest.mark.parametrize("kind", STORAGES)
@@ -92,19 +92,6 @@ def test_remembered_user_attrs_show_on_the_running_trial(tmp_path):
     compat.set_user_attrs_at_once(compat.study_storage(study), compat.trial_id(trial), {"k": 1})
     compat.remember_user_attrs(trial, {"k": 1})
     assert trial.user_attrs == {"k": 1}
-
-
-def test_heartbeat_thread_beats_for_an_asked_trial(tmp_path):
-    from ilr_search.storage import grace_period
-
-    study = optuna.create_study(study_name="h", storage=open_storage(parse_storage(f"sqlite:///{tmp_path / 'h.db'}")))
-    trial = study.ask()
-    storage = compat.study_storage(study)
-    with compat.heartbeat_thread(compat.trial_id(trial), storage):
-        assert compat.backend(storage).get_heartbeat_interval() is not None
-    assert grace_period() > 0
-    # a beat was recorded: the trial is not stale right after it
-    assert compat.trial_id(trial) not in compat.backend(storage)._get_stale_trial_ids(compat.study_id(study))
 
 
 def test_no_private_optuna_name_outside_the_shim():

@@ -10,7 +10,8 @@ import pytest
 from conftest import NO_REFERENCES, assert_one_line_error, write_space
 from helpers import run_args
 
-from ilr_search.storage import open_store, parse_storage
+from ilr_search.space import load_space
+from ilr_search.storage import RunJob, open_store, parse_storage
 
 
 def digest(path):
@@ -52,10 +53,15 @@ def test_a_claim_held_by_a_trial_that_trained_another_map_is_taken_over(cli, con
     cli(
         *run_args(space, storage, "s", "--pruner", "none", budget="2x", n_trials=1), check=True
     )  # trial 0: the baseline
-    assert open_store(parse_storage(storage), "s").claim("2,1,1,1", 0) == 0  # held by trial 0, which trained 1,1,1,1
+    job = RunJob("1", load_space(space).train.seed, "2,1,1,1")
+    assert open_store(parse_storage(storage), "s").claim_run("trial", job, "dead", 1.5, 8, 60.0)  # its worker dies
     # in a subprocess with a timeout: a run that waited on that claim would never end
     proc = console(
-        *run_args(space, storage, "s", "--pruner", "none", budget="2x", n_trials=2), "--enqueue", "2,1,1,1", check=True
+        *run_args(space, storage, "s", "--pruner", "none", budget="2x", n_trials=2),
+        "--enqueue",
+        "2,1,1,1",
+        env={"ILR_SEARCH_HEARTBEAT_SECONDS": "1"},
+        check=True,
     )
     assert json.loads(proc.stdout)["n_trials"] == 2
     trained = [

@@ -35,17 +35,19 @@ def sql_url(request, tmp_path):
 
 def test_the_store_shares_the_engine_of_the_optuna_storage(sql_url):
     spec = parse_storage(sql_url)
-    storage = open_storage(spec, heartbeat=False)
+    storage = open_storage(spec)
     study = optuna.create_study(study_name="s", storage=storage)
     for given in (storage, study._storage):  # as opened, and as a Study holds it (in Optuna's cache)
         store = open_store(spec, "s", storage=given)
         assert isinstance(store, SQLStore) and store.engine is storage.engine
-    assert store.claim("1,2", 0) == 0 and store.claim("1,2", 1) == 0  # the tables are made on the shared engine
+    assert (
+        store.register_worker("a") == 0 and store.register_worker("b") == 1
+    )  # the tables are made on the shared engine
     study.enqueue_trial({"x": 1.0})
     assert study.ask().number == 0  # and Optuna goes on using it
     assert open_store(spec, "s", read_only=True, storage=storage).engine is storage.engine
     own = open_store(spec, "s")  # a store opened alone makes its own engine
-    assert own.engine is not storage.engine and own.claim("1,2", 2) == 0
+    assert own.engine is not storage.engine and own.register_worker("c") == 2
 
 
 def test_a_journal_store_needs_no_engine(tmp_path):
@@ -82,7 +84,7 @@ def test_run_audit_and_reports_open_no_engine_beside_optunas(tmp_path, token_cac
     export_trials("w", url, tmp_path / "t.csv")
     assert len(store_engines) >= 5  # prepare + run, audit, pareto, export
     assert all(any(e is o for o in optuna_engines) for e in store_engines)
-    assert sa.inspect(store_engines[0]).has_table("ilr_map_claims")
+    assert sa.inspect(store_engines[0]).has_table("ilr_runs")
 
 
 @pytest.mark.parametrize("url", ["sqlite", "journal"])
@@ -121,7 +123,7 @@ def test_a_reference_run_is_one_typed_row_replaced_by_name(store_url):
     """A database reads its references by name (as Optuna read a SQLite study's attributes), a journal in the
     order first stored (as Optuna's journal keeps them)."""
     store = open_store(parse_storage(store_url), "s")
-    store.claim_race_run(RunJob("2", 0, "2,1"), "w", 1.5, 48, stale_after=60.0)
+    store.claim_run("race", RunJob("2", 0, "2,1"), "w", 1.5, 48, stale_after=60.0)
     store.save_reference(reference("second_seed", 60.0))
     store.save_reference(reference("baseline_seed1", 50.0))
     store.save_reference(reference("second_seed", 58.0, seed=2))  # the best map changed: trained again
@@ -154,7 +156,7 @@ def test_a_journal_study_imports_its_attribute_references_ahead_of_its_stored_ru
     runs, ahead of the side file's, a stored run of the same name keeping the attribute's place and its own result;
     a second opening imports nothing."""
     spec = parse_storage(f"journal:{tmp_path / 'j.log'}")
-    storage = open_storage(spec, heartbeat=False)
+    storage = open_storage(spec)
     study = optuna.create_study(study_name="s", storage=storage)
     old = reference("baseline_seed1", 50.0).to_dict()
     for name in ("second_seed", "baseline_seed1"):
@@ -175,7 +177,7 @@ def old_database(url: str) -> dict[str, dict]:
     from ilr_search.storage.sql_store import schema_table
     from ilr_search.storage.study_import import old_race_runs_tables
 
-    study = optuna.create_study(study_name="s", storage=open_storage(parse_storage(url), heartbeat=False))
+    study = optuna.create_study(study_name="s", storage=open_storage(parse_storage(url)))
     old = {"baseline_seed1": reference("baseline_seed1", 50.0).to_dict()}
     old["second_seed"] = reference("second_seed", 58.0, seed=2).to_dict() | {"knobs": {"injection": "add"}}
     for name, value in old.items():
@@ -219,7 +221,7 @@ def test_two_processes_opening_an_older_database_at_once_move_its_runs_once(sql_
         ("reference", "baseline_seed1"),
         ("reference", "second_seed"),
     ]
-    study = optuna.load_study(study_name="s", storage=open_storage(read_only, heartbeat=False))
+    study = optuna.load_study(study_name="s", storage=open_storage(read_only))
     assert not any(k.startswith("ilr:reference:") for k in study.user_attrs)  # moved, not copied
     assert {name: r.to_dict() for name, r in study_references(read_only, study).items()} == old
     engine = sa.create_engine(sql_url)
@@ -228,4 +230,4 @@ def test_two_processes_opening_an_older_database_at_once_move_its_runs_once(sql_
         version = conn.execute(sa.text("SELECT version FROM ilr_schema")).scalar_one()
         count = conn.execute(sa.text("SELECT count(*) FROM ilr_runs")).scalar_one()
     engine.dispose()
-    assert "ilr_race_runs" not in names and version == 3 and count == 3
+    assert {"ilr_race_runs", "ilr_map_claims"}.isdisjoint(names) and version == 4 and count == 3

@@ -281,7 +281,7 @@ def test_two_processes_share_a_study_without_training_a_map_twice(tmp_path, toke
     assert all(p.returncode == 0 for p in procs), [err.read_text()[-2000:] for err in errs]
     from ilr_search.storage import open_storage, parse_storage
 
-    study = optuna.load_study(study_name="pair", storage=open_storage(parse_storage(storage), heartbeat=False))
+    study = optuna.load_study(study_name="pair", storage=open_storage(parse_storage(storage)))
     trials = study.trials
     finished = [t for t in trials if t.state.is_finished()]
     # exactly the target: a trial asked once the trials before it reach it stops untrained (refuse_surplus)

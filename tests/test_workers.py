@@ -59,7 +59,7 @@ def test_two_workers_finish_the_study_with_no_map_trained_twice(cli, tmp_path):
     assert not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
     # both workers trained (each registered its own sampling stream), and each reference exists once
     with sqlite3.connect(tmp_path / "w.db") as db:
-        workers = db.execute("select count(*) from ilr_map_claims where map_key like 'worker:%'").fetchone()[0]
+        workers = db.execute("select count(*) from ilr_runs where kind = 'worker'").fetchone()[0]
     assert workers >= 3  # two workers and the parent's final pass
     assert {"baseline_seed1", "baseline_seed2", "second_seed"} <= set(summary["references"])
 
@@ -199,6 +199,6 @@ def test_two_workers_each_fusing_their_own_group_train_no_map_twice(cli, tmp_pat
     assert trained and max(trained.values()) == 1, trained
     assert max(t.user_attrs.get("fused_group", 1) for t in finished) > 1  # the workers trained groups fused
     with sqlite3.connect(tmp_path / "wf.db") as db:
-        workers = db.execute("select count(*) from ilr_map_claims where map_key like 'worker:%'").fetchone()[0]
+        workers = db.execute("select count(*) from ilr_runs where kind = 'worker'").fetchone()[0]
     assert workers >= 3  # two workers and the parent's final pass
     assert {"baseline_seed1", "baseline_seed2", "second_seed"} <= set(summary["references"])

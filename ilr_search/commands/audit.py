@@ -295,7 +295,7 @@ def _claim_group(
         if claimed and (len(claimed) >= fuse or model != claimed[0].model or not fusable(model)):
             return claimed
         assert t.reuse_map is not None and t.flops_ratio is not None  # the audit's trials trained their maps
-        if not store.claim_race_run(job, worker, t.flops_ratio, steps, stale_after=grace_period()):
+        if not store.claim_run("race", job, worker, t.flops_ratio, steps, stale_after=grace_period()):
             continue
         claimed.append(
             RaceRunPlan(

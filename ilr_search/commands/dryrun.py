@@ -407,7 +407,7 @@ def dry_run_report(request: RunRequest, probe: bool = True) -> DryRunReport:
     the request's fuse and workers give (as `run` chooses it). Bad input raises as `run` would; nothing is
     written."""
     spec, space, plan = checked_request(request)
-    existing = open_storage(spec, heartbeat=False) if spec.exists() else None
+    existing = open_storage(spec) if spec.exists() else None
     if existing is not None and space.train.dtype == "auto":
         plan = adopt_stored_dtype(existing, plan)
     plan = adopt_stored_race(existing, plan, request.asked_race)

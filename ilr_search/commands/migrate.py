@@ -1,5 +1,5 @@
-"""`ilr-search migrate`: import now every study of a storage stored before the ledger of runs (schema version 1 or
-2: storage/study_import.py), rather than when each is first opened."""
+"""`ilr-search migrate`: import now every study of a storage stored before the ledger of runs (schema version 1 to
+3: storage/study_import.py), rather than when each is first opened."""
 
 from __future__ import annotations
 
@@ -33,12 +33,12 @@ class MigrateReport:
 
 
 def migrate_storage(storage: str | None) -> MigrateReport:
-    """Import the old records of every study of `storage` (a database's race runs' tables and reference attributes;
-    a journal's side-file lines and reference attributes), once: a second call imports nothing."""
+    """Import the old records of every study of `storage` (a database's race runs' tables, map claims and reference
+    attributes; a journal's side-file lines and reference attributes), once: a second call imports nothing."""
     spec = parse_storage(storage)
     if not spec.exists():
         raise UserInputError(f"storage {spec.masked} does not exist; give the --storage of the studies to import")
-    st = open_storage(spec, heartbeat=False)
+    st = open_storage(spec)
     names = tuple(s.study_name for s in optuna.get_all_study_summaries(st, include_best_trial=False))
     if spec.kind != "journal":
         return MigrateReport(spec.masked, names, import_database(rdb_engine(st)))

@@ -4,8 +4,8 @@ study (configuration, trials, curves, fronts) lives in a storage it resumes from
 - maps.py: proposals repaired into the budget, and the first maps a study tries;
 - samplers.py and pruners.py: how maps are proposed, and how bad ones stop early (both stored with the study);
 - plan.py: what a study is (configuration, name) and the checks on resume;
-- trial_groups.py: a worker's trials, asked in groups of 1..K (claim, reuse or wait, train, record, tell),
-  heartbeats and stale-trial sweeps;
+- trial_groups.py: a worker's trials, asked in groups of 1..K (claim the map's run, reuse or wait, train, record,
+  tell), the worker's heartbeat and stale-trial sweeps;
 - run.py: a study run to its target, with its reference runs; progress.py: what it reports;
 - race.py: then its contenders at more seeds and longer, as the racing policy (racing.py) decides; race_results.py:
   the race as stored (its state, report, answer and decided front);

@@ -12,10 +12,7 @@ train one run twice.
 from __future__ import annotations
 
 import dataclasses
-import os
-import socket
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +34,7 @@ from ilr_search.search.race_results import (
     race_run_job,
     study_race,
 )
-from ilr_search.storage import Heartbeat, Run, RunJob, Store, grace_period, heartbeat_interval
+from ilr_search.storage import Heartbeat, Run, RunJob, Store, grace_period, heartbeat_interval, new_worker
 from ilr_search.storage.trials import TrialRecord, study_trials
 from ilr_search.training.flops import baseline_flops_per_token, flops_ratio, forward_flops_per_token
 from ilr_search.training.jobs import fusable
@@ -142,7 +139,7 @@ def train_claimed(
 
     def beat() -> bool:
         for r in runs:
-            store.beat_race_run(r.job, worker)
+            store.beat_run("race", r.job, worker)
         return True  # the runs beat until they are trained
 
     try:
@@ -150,11 +147,12 @@ def train_claimed(
             results = train_jobs(jobs, data, fuse=max(fuse, len(runs)), on_step=step_callback(reporter))
     except KeyboardInterrupt:
         for r in runs:
-            store.finish_race_run(r.job, worker, "interrupted", None, None, None, [], 0.0, "interrupted (Ctrl-C)")
+            store.finish_run("race", r.job, worker, "interrupted", None, None, None, [], 0.0, "interrupted (Ctrl-C)")
         raise
     for r, result in zip(runs, results, strict=True):
         state = "complete" if result.status == "ok" else "failed"
-        store.finish_race_run(
+        store.finish_run(
+            "race",
             r.job,
             worker,
             state,
@@ -189,11 +187,6 @@ def drop_finished_checkpoints(store: Store, folder: Path) -> None:
         folder.rmdir()
     except OSError:  # not empty (another worker's run), or not there
         pass
-
-
-def new_worker() -> str:
-    """A name for this worker in the claims it holds: host, process and a random part."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
 WAIT_POLL_SECONDS = 0.2  # how often a waiting worker looks whether another worker's runs have changed
@@ -344,7 +337,9 @@ def run_race(
         return []
 
     def claim_run(run: RaceRunPlan) -> bool:
-        return store.claim_race_run(run.job, worker, run.flops_ratio, run.train_cfg.steps, stale_after=grace_period())
+        return store.claim_run(
+            "race", run.job, worker, run.flops_ratio, run.train_cfg.steps, stale_after=grace_period()
+        )
 
     claim_train_wait(
         claim,

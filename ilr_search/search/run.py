@@ -60,13 +60,14 @@ from ilr_search.search.race import MayStart, RaceRunner, race_checkpoints, run_r
 from ilr_search.search.race_results import race_settings
 from ilr_search.search.samplers import build_sampler, sampler_settings
 from ilr_search.search.studies import StudyReport, study_report
-from ilr_search.search.trial_groups import SearchRun, TrialTakenOver, sweep_stale_journal_trials
+from ilr_search.search.trial_groups import SearchRun, TrialTakenOver, sweep_stale_trials
 from ilr_search.space import check_search_objective, validate_space
 from ilr_search.storage import (
     JournalStore,
     StorageSpec,
     Store,
     heartbeat_interval,
+    new_worker,
     open_storage,
     open_store,
     parse_storage,
@@ -354,10 +355,6 @@ def prepare_study(request: RunRequest) -> PreparedStudy:
         pruner=optuna_pruner,
         load_if_exists=True,
     )
-    if spec.kind == "journal":  # trials of killed workers: failed and queued again (RDB: Optuna's heartbeat)
-        sweep_stale_journal_trials(study)
-    else:
-        optuna.storages.fail_stale_trials(study)
     if SAMPLER_ATTR not in study.user_attrs:  # first: a worker that sees the configuration sees these too
         study.set_user_attr(SAMPLER_ATTR, settings.to_dict())
     if learned is not None and LEARNED_ATTR not in study.user_attrs:
@@ -374,7 +371,8 @@ def prepare_study(request: RunRequest) -> PreparedStudy:
         study.set_user_attr(ENQUEUED_BLOCKS_ATTR, blocks)
     for params in first.params:
         study.enqueue_trial(params, skip_if_exists=True)
-    open_store(spec, plan.name, storage=storage_obj)  # the project's tables too, before any worker races to create them
+    # the project's tables too, before any worker races to create them; killed workers' trials: failed and queued again
+    sweep_stale_trials(study, open_store(spec, plan.name, storage=storage_obj))
     asked = request.trials_wanted
     raised = first.n_trials > asked and not (request.learn and asked == 0)
     return PreparedStudy(space, spec, plan, study, settings, data, first.n_trials, asked if raised else None)
@@ -492,12 +490,14 @@ def _run_in_process(
         prepared.data,
     )
     store = open_store(spec, plan.name, storage=study_storage(study))
+    worker = new_worker()
+    worker_number = store.register_worker(worker)
     # Worker k of the study (k = 0 for the first run, 1 for a resume or a second process...) samples from
     # stream k of the study's seed: reproducible, and concurrent workers do not propose the same maps.
     study.sampler = build_sampler(
         settings.sampler,
         plan.model.n_layers,
-        store.register_worker(),
+        worker_number,
         space.search.knobs,
         space.search.max_reuse,
         plan.budget.max_layer_runs(plan.model),
@@ -526,6 +526,8 @@ def _run_in_process(
         pruner=build_pruner(settings.pruner, store, space.train.steps),
         lanes=request.layout.trials.lanes if request.layout is not None else 1,
         fuse=fuse,
+        worker=worker,
+        worker_number=worker_number,
     )
     finished = _n_finished(study)
     reporter.on(StudyStarted(plan.name, n_trials, finished, words=race_settings(plan.config).words))

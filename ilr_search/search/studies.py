@@ -283,7 +283,7 @@ def open_study(spec: StorageSpec, name: str) -> optuna.Study:
     """An existing study, read-only use; a one-line error if it is not there (nothing is created)."""
     if not spec.exists():
         raise UserInputError(f"no study {name!r}: storage {spec.masked} does not exist yet")
-    storage = open_storage(spec, heartbeat=False)
+    storage = open_storage(spec)
     try:
         return optuna.load_study(study_name=name, storage=storage)
     except KeyError:
@@ -306,7 +306,7 @@ def default_study(storage: str | None = None) -> tuple[str, str]:
     """(name, why) of the study a command without --study reads: the storage's only study, or else its most
     recently active one."""
     spec = existing_storage(storage)
-    st = open_storage(spec, heartbeat=False)
+    st = open_storage(spec)
     summaries = optuna.get_all_study_summaries(st, include_best_trial=False)
     if not summaries:
         raise UserInputError(f"storage {spec.masked} holds no study; run one first (ilr-search run --budget 1.5x)")
@@ -379,7 +379,7 @@ class StudyListing:
 
 def list_studies(storage: str | None = None) -> StudyListing:
     spec = existing_storage(storage)
-    st = open_storage(spec, heartbeat=False)
+    st = open_storage(spec)
     rows = []
     for summary in optuna.get_all_study_summaries(st, include_best_trial=False):
         study = optuna.load_study(study_name=summary.study_name, storage=st)

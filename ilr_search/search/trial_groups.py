@@ -1,21 +1,21 @@
 """A worker's trials, in ask/tell groups (`run --fuse K`; a group of one at K = 1): the worker asks Optuna for up
 to K trials at once; each proposes a map, claims it (or reuses or waits for its result); the claimed maps train
 together (one fused group where the model allows, training/jobs.py) under the pruner; each result is recorded and
-told. Journal heartbeats and stale-trial sweeps keep workers honest.
+told. A trial that trains a map claims the map's run (kind "trial") in the store, by the protocol of the race's
+runs; the worker's one heartbeat beats its registration and the runs it holds, and stale-trial sweeps fail (and
+queue again) the running trials of workers whose heartbeat went stale, on every storage.
 
-The guarantees of one trial hold per trial in a group: a map already finished is reused, one claimed by another
-live worker is waited for, and one proposed twice within the group is trained once (the second trial reuses
-the first's result); each trial beats while it runs (journal heartbeats, or Optuna's RDB heartbeat thread),
-is pruned by its own evaluations, checkpoints on its own, and on Ctrl-C is failed and queued again. The
-sampler sees the group's trials as running (the constant liar of the samplers that use it)."""
+The guarantees of one trial hold per trial in a group: a map already finished is reused, one whose run another
+live worker holds is waited for, and one proposed twice within the group is trained once (the second trial
+reuses the first's result); each trial is alive while its worker beats, is pruned by its own evaluations,
+checkpoints on its own, and on Ctrl-C is failed and queued again. The sampler sees the group's trials as
+running (the constant liar of the samplers that use it)."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
-import warnings
 from collections.abc import Callable, Collection
-from contextlib import ExitStack
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -34,17 +34,19 @@ from ilr_search.search.pruners import Pruner, PruningDecision
 from ilr_search.storage import (
     CurvePoint,
     Heartbeat,
+    RunJob,
     StorageSpec,
     Store,
     TrainCurvePoint,
     grace_period,
     heartbeat_interval,
-    heartbeat_thread,
+    new_worker,
     set_trial_user_attrs,
     study_storage,
     trial_id,
 )
-from ilr_search.storage.trials import TrialAttr, TrialRecord, TrialResultAttrs, study_trials
+from ilr_search.storage.store import worker_job
+from ilr_search.storage.trials import TrialAttr, TrialRecord, TrialResultAttrs, study_trials, trial_record
 from ilr_search.training.flops import flops_ratio, map_param_count
 from ilr_search.training.jobs import Job, train_jobs
 from ilr_search.training.schedule import map_text, reuse_map_schedule
@@ -53,41 +55,27 @@ from ilr_search.training.train import EvalPoint, TrainResult
 if TYPE_CHECKING:  # torch is loaded only to train or evaluate: reading a race loads none
     from ilr_search.training.frozen import EvalData
 
-HEARTBEAT_ATTR = "ilr:heartbeat"
+WORKER_ATTR = "ilr:worker"  # a running trial's system attribute: the worker that runs it (Store.register_worker)
 
 
 class TrialDiverged(Exception):
     """The proxy's loss became non-finite: the trial ends FAIL with its reason, the study goes on."""
 
 
-def journal_heartbeat(study: optuna.Study, trial_id: int) -> Heartbeat:
-    """Beats for a running trial on journal storage (RDB storages have Optuna's heartbeat thread) for the
-    trial's whole RUNNING life, claim waits included; ends once the trial is finished."""
-
-    def beat() -> bool:
-        try:
-            study_storage(study).set_trial_system_attr(trial_id, HEARTBEAT_ATTR, time.time())
-            return True
-        except optuna.exceptions.UpdateFinishedTrialError:
-            return False
-
-    return Heartbeat(beat)
-
-
-def last_beat(t: FrozenTrial) -> float:
-    """When a running trial last showed life: its own heartbeat or its start, whichever is later (a retry
-    inherits its dead predecessor's system attributes, heartbeat included, which must not count against it)."""
-    start = t.datetime_start.timestamp() if t.datetime_start else time.time()
-    return max(float(t.system_attrs.get(HEARTBEAT_ATTR) or 0.0), start)
-
-
-def sweep_stale_journal_trials(study: optuna.Study, spare: int | None = None) -> list[int]:
-    """Fail RUNNING trials whose last beat is older than the grace period and enqueue their retry; `spare` is
-    the calling worker's own trial, which it never fails."""
+def sweep_stale_trials(
+    study: optuna.Study, store: Store, worker: str | None = None, stale_after: float | None = None
+) -> list[int]:
+    """Fail the running trials whose worker's heartbeat (its registration's run) is older than `stale_after` seconds
+    (the grace period by default) and queue their retry; a trial's start counts as a beat (a retry inherits its dead
+    predecessor's system attributes, its worker included, until its own worker names itself). `worker`: the calling
+    worker, whose trials are never failed."""
     failed = []
-    now = time.time()
+    now, grace = time.time(), grace_period() if stale_after is None else stale_after
+    beats = store.worker_beats()
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if trial_id(t) == spare or now - last_beat(t) <= grace_period():
+        held_by = str(t.system_attrs.get(WORKER_ATTR, ""))
+        start = t.datetime_start.timestamp() if t.datetime_start else now
+        if (worker is not None and held_by == worker) or now - max(start, beats.get(held_by, 0.0)) <= grace:
             continue
         try:
             if study_storage(study).set_trial_state_values(trial_id(t), state=TrialState.FAIL):
@@ -104,7 +92,7 @@ class SurplusTrial(Exception):
 
 
 class TrialTakenOver(Exception):
-    """This worker's trial was failed under it (its heartbeat was judged stale) and retried elsewhere."""
+    """This worker's trial was failed under it (its worker's heartbeat was judged stale) and retried elsewhere."""
 
 
 @dataclass
@@ -166,6 +154,9 @@ class SearchRun:
     lanes: int = 1  # threads that train a group's maps side by side (training/jobs.py)
     fuse: int = 1  # the study's K: with K > 1 every fusable map trains through the fused trainer (jobs.py)
     taken_over: int = 0  # trials failed under this worker by another's sweep
+    worker: str = dataclasses.field(default_factory=new_worker)  # the name this worker claims runs under
+    worker_number: int | None = None  # its registration (Store.register_worker), beaten while its trials run
+    held: set[str] = dataclasses.field(default_factory=set)  # the maps whose trial runs this worker holds
 
     @property
     def n_layers(self) -> int:
@@ -231,7 +222,7 @@ class SearchRun:
         if earlier is None and key in in_hand:
             return Proposal(reuse_map, knobs, key, ratio, None, behind_own=True, schedule=schedule, parts=chosen.parts)
         if earlier is None:
-            earlier = self._claim_or_wait(key, trial.number)
+            earlier = self._claim_or_wait(key, trial.number, ratio)
         return Proposal(reuse_map, knobs, key, ratio, earlier, schedule=schedule, parts=chosen.parts)
 
     def _result_for(self, key: str, exclude: int) -> TrialRecord | None:
@@ -241,40 +232,51 @@ class SearchRun:
             None,
         )
 
-    def _claim_or_wait(self, key: str, number: int) -> TrialRecord | None:
-        """Claim the map for this trial; if another live trial trains it, wait for its result instead."""
+    def _run_job(self, key: str) -> RunJob:
+        """The job of the trial run of map `key`: the proxy's length (factor 1) at its seed."""
+        return RunJob("1", self.plan.space.train.seed, key)
+
+    def _claim_or_wait(self, key: str, number: int, ratio: float) -> TrialRecord | None:
+        """Claim the map's trial run for this trial (None); if another live worker holds it, wait for its result
+        (the trial that trained it)."""
         waited = False
-        while True:
-            holder = self.store.claim(key, number)
-            if holder == number:
+        while (result := self._result_for(key, number)) is None:
+            steps = self.plan.space.train.steps
+            if self.store.claim_run("trial", self._run_job(key), self.worker, ratio, steps, grace_period()):
+                self.held.add(key)
                 return None
-            held = next((r for r in study_trials(self.study) if r.number == holder), None)
-            ended = held is None or held.state.is_finished()
-            if ended or (held is not None and has_result(held)):  # held is None only where ended
-                result = self._result_for(key, number)
-                if result is not None:
-                    return result
-            if ended:  # the holder ended with no result for this map: it died or was interrupted
-                if self.store.take_over(key, holder, number):
-                    return None
-                continue
             if not waited:
-                self.reporter.on(Message(f"map {key} is being trained by trial {holder}; waiting for its result"))
+                self.reporter.on(Message(f"map {key} is being trained by another worker; waiting for its result"))
                 waited = True
             time.sleep(min(2.0, heartbeat_interval()))
-            mine = self._trial_by_number(number)
-            assert mine is not None  # this worker's own trial, running
-            self.sweep_stale(spare=trial_id(mine))
+            self.sweep_stale()
+        return result
 
-    def sweep_stale(self, spare: int | None = None) -> None:
-        """Fail (and queue again) the trials of dead workers; never the trial `spare` of this worker."""
-        if self.spec.kind == "journal":
-            sweep_stale_journal_trials(self.study, spare=spare)
-        else:
-            optuna.storages.fail_stale_trials(self.study)
+    def sweep_stale(self) -> None:
+        """Fail (and queue again) the trials of dead workers; never this worker's."""
+        sweep_stale_trials(self.study, self.store, worker=self.worker)
 
-    def _trial_by_number(self, number: int) -> FrozenTrial | None:
-        return next((t for t in self.study.get_trials(deepcopy=False) if t.number == number), None)
+    def _release(self, key: str, record: TrialRecord | None) -> None:
+        """End this worker's hold on map `key`'s trial run: with the result of `record` (the trial told with it, or
+        the recovered one), or free for another trial (interrupted) where the trial ended with no result."""
+        if key not in self.held:
+            return
+        self.held.discard(key)
+        job = self._run_job(key)
+        if record is None or not record.has_result:
+            self.store.finish_run("trial", job, self.worker, "interrupted", None, None, None, (), None, None)
+            return
+        run = record.run(self.plan.space.train.steps, job.seed)
+        result = (run.val_loss, run.val_ppl, run.val_bpb, (), record.train_seconds, run.reason)
+        self.store.finish_run("trial", job, self.worker, run.state, *result)
+
+    def _beat(self) -> bool:
+        """One heartbeat of this worker: its registration and the trial runs it holds."""
+        if self.worker_number is not None:
+            self.store.beat_run("worker", worker_job(self.worker_number), self.worker)
+        for key in list(self.held):
+            self.store.beat_run("trial", self._run_job(key), self.worker)
+        return True
 
     def _failed_under_me(self, trial: optuna.Trial) -> bool:
         """Another worker's sweep judged this trial stale and failed it (its retry is queued)."""
@@ -286,7 +288,7 @@ class SearchRun:
 
     def _recover(self, trial: optuna.Trial, training: Training, result: TrainResult) -> None:
         """Keep the result of a trial failed under this worker: a new finished trial with the same map, marked
-        `recovered_from`, which takes the map's claim so that the queued retry reuses it instead of training."""
+        `recovered_from`, whose result ends the map's run so that the queued retry reuses it instead of training."""
         key, ratio = training.proposal.key, training.proposal.ratio
         decision = training.decisions[0] if training.decisions else None
         attrs = dict(study_storage(self.study).get_trial(trial_id(trial)).user_attrs)
@@ -310,10 +312,11 @@ class SearchRun:
                 intermediate_values={p.step: p.val_loss for p in result.curve},
             )
         )
-        recovered = max(r.number for r in study_trials(self.study) if r.recovered_from == trial.number)
+        record = max((r for r in study_trials(self.study) if r.recovered_from == trial.number), key=lambda r: r.number)
+        recovered = record.number
         self._store_curve(recovered, result, key, ratio)
         self._store_train_curve(recovered, result, key)
-        self.store.take_over(key, trial.number, recovered)
+        self._release(key, record)
         self.reporter.on(
             Message(f"trial {trial.number} was failed under this worker; its result is kept as trial {recovered}")
         )
@@ -449,27 +452,20 @@ class SearchRun:
         """The one way trials run: ask for up to `n` trials, train the claimed maps together, tell every trial;
         re-raises Ctrl-C after failing the group's unfinished trials and queuing their maps again. A trial asked
         once the trials before it make the study's n_trials (other workers asked at the same time) ends the
-        asking (refuse_surplus). On RDB storage, trials of dead workers are failed (and queued again) first, as
-        Optuna's study.optimize does before each trial."""
+        asking (refuse_surplus). Trials of dead workers are failed (and queued again) first, as Optuna's
+        study.optimize does before each trial; the worker beats while the group runs."""
         group: list[GroupTrial] = []
-        if self.spec.kind != "journal":
-            self.sweep_stale()
-        with ExitStack() as beats:
+        self.sweep_stale()
+        with Heartbeat(self._beat):
             try:
                 for _ in range(n):
-                    with warnings.catch_warnings():  # Optuna warns that its heartbeat expects optimize(): it runs here
-                        warnings.filterwarnings("ignore", message="Heartbeat of storage")
-                        trial = self.study.ask()
+                    trial = self.study.ask()
+                    study_storage(self.study).set_trial_system_attr(trial_id(trial), WORKER_ATTR, self.worker)
                     try:
                         self.refuse_surplus(trial)
                     except SurplusTrial:
                         self.study.tell(trial, state=TrialState.FAIL)
                         break
-                    if self.spec.kind == "journal":
-                        beats.enter_context(journal_heartbeat(self.study, trial_id(trial)))
-                        sweep_stale_journal_trials(self.study, spare=trial_id(trial))
-                    else:
-                        beats.enter_context(heartbeat_thread(trial_id(trial), study_storage(self.study)))
                     member = GroupTrial(trial, Proposal([], {}, "", 0.0, None))
                     group.append(member)
                     in_hand = {g.proposal.key for g in group if g.training is not None}
@@ -494,7 +490,7 @@ class SearchRun:
     def _reuse_own(self, member: GroupTrial) -> float | tuple[float, float]:
         earlier = self._result_for(member.proposal.key, member.trial.number)
         if earlier is None:  # the group's trial of this map left no result (taken over without one): train it
-            earlier = self._claim_or_wait(member.proposal.key, member.trial.number)
+            earlier = self._claim_or_wait(member.proposal.key, member.trial.number, member.proposal.ratio)
             if earlier is None:
                 member.training = self.start_training(member.trial, member.proposal)
                 (result,) = self._train_trainings([member.training])
@@ -533,11 +529,14 @@ class SearchRun:
         member.told = True
         # skip_if_finished: a trial failed under this worker after its outcome was read is left as it is, and the
         # rest of the group is still told
-        report(self.study, self.study.tell(member.trial, values, state=state, skip_if_finished=True))
+        told = self.study.tell(member.trial, values, state=state, skip_if_finished=True)
+        if member.training is not None:  # its map's run ends with the result it was told (none: failed under it)
+            self._release(member.proposal.key, trial_record(told))
+        report(self.study, told)
 
     def _abandon(self, group: list[GroupTrial], interrupted: bool) -> None:
         """Fail the group's untold trials (as Optuna fails a trial whose objective raised); on Ctrl-C the maps
-        being trained are queued again."""
+        being trained are queued again; the maps' runs this worker still holds are freed."""
         for member in group:
             if member.told:
                 continue
@@ -545,3 +544,5 @@ class SearchRun:
             if interrupted and member.training is not None:
                 self.interrupted(member.trial)
             self.study.tell(member.trial, state=TrialState.FAIL, skip_if_finished=True)
+        for key in list(self.held):
+            self._release(key, None)

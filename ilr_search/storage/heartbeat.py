@@ -1,10 +1,12 @@
-"""Heartbeats: how often a running job says it is alive, how long silence means it is dead, and the thread
-that beats."""
+"""Heartbeats: how often a running job says it is alive, how long silence means it is dead, the thread that
+beats, and the name a worker holds its claims under."""
 
 from __future__ import annotations
 
 import os
+import socket
 import threading
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -44,3 +46,8 @@ class Heartbeat:
 
     def __exit__(self, *exc: Any) -> None:
         self._stop.set()
+
+
+def new_worker() -> str:
+    """A name for this worker in the claims it holds: host, process and a random part."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"

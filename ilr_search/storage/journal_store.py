@@ -1,5 +1,6 @@
 """`JournalStore`: the project's records of a study on journal storage (no SQL database), as JSON lines in a
-file beside the journal, serialised by an flock."""
+file beside the journal, serialised by an flock. A claimed run of kind K is a line of kind "K_run" (race_run,
+trial_run, worker_run), each change a new line: the latest line of a job stands."""
 
 from __future__ import annotations
 
@@ -18,12 +19,15 @@ from ilr_search.storage.store import (
     PruningRecord,
     Run,
     RunJob,
+    RunKind,
     Store,
     StoredFrontPoint,
     TrainCurvePoint,
-    claimed_race_run,
-    race_run_held,
+    claimed_run,
+    run_held,
 )
+
+CLAIMED_KINDS: tuple[RunKind, ...] = ("race", "trial", "worker")  # the runs claimed by a worker (claim_run)
 
 
 @contextmanager
@@ -72,33 +76,11 @@ class JournalStore(Store):
     def _mine(self, records: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
         return [r for r in records if r["study"] == self.study and r["kind"] == kind]
 
-    def _holder(self, records: list[dict[str, Any]], map_key: str) -> int | None:
-        holder = None
-        for r in self._mine(records, "claim"):
-            if r["map_key"] == map_key:
-                holder = r["trial_number"]
-        return holder
-
     def holds_records(self) -> bool:
         if not self.path.exists():
             return False
         with self._locked() as records:
             return any(r["study"] == self.study for r in records)
-
-    def claim(self, map_key: str, trial_number: int) -> int:
-        with self._locked() as records:
-            holder = self._holder(records, map_key)
-            if holder is None:
-                self._append({"kind": "claim", "map_key": map_key, "trial_number": trial_number})
-                return trial_number
-            return holder
-
-    def take_over(self, map_key: str, old_holder: int, trial_number: int) -> bool:
-        with self._locked() as records:
-            if self._holder(records, map_key) != old_holder:
-                return False
-            self._append({"kind": "claim", "map_key": map_key, "trial_number": trial_number})
-            return True
 
     def add_curve_point(self, point: CurvePoint, tokens: int) -> None:
         with self._locked():
@@ -167,34 +149,36 @@ class JournalStore(Store):
                 for r in self._mine(records, "front")
             }
 
-    def _race_runs_latest(self, records: list[dict[str, Any]]) -> dict[tuple[str, int, str], dict[str, Any]]:
+    def _runs_latest(self, records: list[dict[str, Any]], kind: RunKind) -> dict[tuple[str, int, str], dict[str, Any]]:
         latest: dict[tuple[str, int, str], dict[str, Any]] = {}
-        for r in self._mine(records, "race_run"):  # in file order, so the latest line wins
+        for r in self._mine(records, f"{kind}_run"):  # in file order, so the latest line wins
             latest[(r["factor"], r["seed"], r["map_key"])] = r
         return latest
 
-    def claim_race_run(self, job: RunJob, worker: str, flops_ratio: float, steps: int, stale_after: float) -> bool:
+    def claim_run(
+        self, kind: RunKind, job: RunJob, worker: str, flops_ratio: float, steps: int, stale_after: float
+    ) -> bool:
         now = time.time()
         with self._locked() as records:
-            row = self._race_runs_latest(records).get((job.factor, job.seed, job.map_key))
-            if row is not None and race_run_held(row, worker, now, stale_after):
+            row = self._runs_latest(records, kind).get((job.factor, job.seed, job.map_key))
+            if row is not None and run_held(row, worker, now, stale_after):
                 return False
-            self._append({"kind": "race_run", **claimed_race_run(job, worker, now, flops_ratio, steps)})
+            self._append({"kind": f"{kind}_run", **claimed_run(job, worker, now, flops_ratio, steps)})
             return True
 
-    def _race_run_update(self, job: RunJob, worker: str, **values: Any) -> bool:
+    def _run_update(self, kind: RunKind, job: RunJob, worker: str, running: bool, **values: Any) -> bool:
         with self._locked() as records:
-            row = self._race_runs_latest(records).get((job.factor, job.seed, job.map_key))
-            if row is None or row["worker"] != worker:
+            row = self._runs_latest(records, kind).get((job.factor, job.seed, job.map_key))
+            if row is None or row["worker"] != worker or running and row["state"] != "running":
                 return False
             self._append(row | values)
             return True
 
-    def beat_race_run(self, job: RunJob, worker: str) -> None:
-        self._race_run_update(job, worker, heartbeat=time.time())
+    def beat_run(self, kind: RunKind, job: RunJob, worker: str) -> None:
+        self._run_update(kind, job, worker, True, heartbeat=time.time())
 
-    def _finish_race_run(self, job: RunJob, worker: str, result: dict[str, Any]) -> bool:
-        return self._race_run_update(job, worker, heartbeat=time.time(), **result)
+    def _finish_run(self, kind: RunKind, job: RunJob, worker: str, result: dict[str, Any]) -> bool:
+        return self._run_update(kind, job, worker, False, heartbeat=time.time(), **result)
 
     def save_reference(self, run: Run) -> None:
         with self._locked():
@@ -202,8 +186,10 @@ class JournalStore(Store):
 
     def runs(self) -> list[Run]:
         with self._locked() as records:
-            race = self._race_runs_latest(records)
+            claimed = {kind: self._runs_latest(records, kind) for kind in CLAIMED_KINDS}
             references = {r["name"]: r for r in self._mine(records, "reference")}  # a name keeps its first place
-        return [Run.from_record(r) for _, r in sorted(race.items())] + [
-            Run.from_record(r, "reference") for r in references.values()
-        ]
+        return (
+            [Run.from_record(r) for _, r in sorted(claimed["race"].items())]
+            + [Run.from_record(r, "reference") for r in references.values()]
+            + [Run.from_record(r, kind) for kind in CLAIMED_KINDS[1:] for _, r in sorted(claimed[kind].items())]
+        )

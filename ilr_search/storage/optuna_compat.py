@@ -1,7 +1,7 @@
 """The one door to Optuna's private names.
 
-ilr-search needs a few things Optuna keeps private: a study's storage and a trial's storage id (for heartbeats,
-stale-trial sweeps and reading a trial back by id), the RDB storage under Optuna's cache, the trials table (for
+ilr-search needs a few things Optuna keeps private: a study's storage and a trial's storage id (for stale-trial
+sweeps and reading a trial back by id), the RDB storage under Optuna's cache, the trials table (for
 SQLite's atomic pop of a queued trial) and writing several user attributes in one transaction; and it patches one
 function of TPE's, which cannot order the pruned trials of a multi-objective study (_pruned_trial_score). Every use of a
 private Optuna name is here and nowhere else, each one has a test (tests/test_optuna_compat.py), so an Optuna
@@ -32,12 +32,11 @@ if int(optuna.__version__.split(".")[0]) != TESTED_MAJOR:
 
 from optuna.samplers._tpe import sampler as _tpe_sampler  # noqa: E402
 from optuna.storages._cached_storage import _CachedStorage  # noqa: E402
-from optuna.storages._heartbeat import get_heartbeat_thread  # noqa: E402
 from optuna.storages._rdb import models as _rdb_models  # noqa: E402
 from optuna.storages._rdb.storage import _create_scoped_session  # noqa: E402
 from optuna.study import StudyDirection  # noqa: E402
 
-# Heartbeats, stale-trial sweeps and metric names are marked experimental; ilr-search uses them on purpose (every
+# The retry of a stale trial and metric names are marked experimental; ilr-search uses them on purpose (every
 # module that calls them imports the storage package, and so this one).
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
@@ -85,12 +84,6 @@ def set_user_attrs_at_once(storage: BaseStorage, trial_id_: int, attrs: Mapping[
 def remember_user_attrs(trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
     """Make a running trial's `user_attrs` show attributes written around it (as Trial.set_user_attr does)."""
     trial._cached_frozen_trial.user_attrs.update(attrs)
-
-
-def heartbeat_thread(trial_id_: int, storage: BaseStorage) -> Any:
-    """Optuna's own heartbeat for a running trial on an RDB storage with heartbeats (what `optimize` runs for one
-    trial), as a context manager: for trials asked with `ask` and trained outside `optimize` (a fused group)."""
-    return get_heartbeat_thread(trial_id_, storage)
 
 
 def _pruned_trial_score(trial: FrozenTrial, study: optuna.Study) -> tuple[float, float]:

@@ -1,5 +1,6 @@
 """Opening Optuna's storage for a StorageSpec: a journal file, or an SQL database (SQLite with an atomic pop of
-queued trials) with Optuna's heartbeats; its creation is serialised and a locked SQLite file is waited for."""
+queued trials); its creation is serialised and a locked SQLite file is waited for. A running trial's liveness is
+not Optuna's: it is its worker's run in the project's store (trial_groups.py, sweep_stale_trials)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ import sqlalchemy as sa
 from optuna.trial import TrialState
 
 from ilr_search.errors import UserInputError
-from ilr_search.storage.heartbeat import grace_period, heartbeat_interval
 from ilr_search.storage.journal_store import flocked
 from ilr_search.storage.optuna_compat import (
     backend,
@@ -125,9 +125,9 @@ class JournalFlock:
             self._threads.release()
 
 
-def open_storage(spec: StorageSpec, heartbeat: bool = True) -> optuna.storages.BaseStorage:
-    """The Optuna storage; RDB storages get heartbeats that fail and retry a killed worker's trial. A read-only
-    SQLite file (spec.read_only) is only read: no heartbeats, no tables created, no lock file."""
+def open_storage(spec: StorageSpec) -> optuna.storages.BaseStorage:
+    """The Optuna storage. A read-only SQLite file (spec.read_only) is only read: no tables created, no lock
+    file."""
     if spec.read_only:
         return _open_read_only(spec)
     if spec.create_folder and spec.path is not None:
@@ -137,19 +137,12 @@ def open_storage(spec: StorageSpec, heartbeat: bool = True) -> optuna.storages.B
 
         path = str(spec.path)
         return optuna.storages.JournalStorage(JournalFileBackend(path, lock_obj=JournalFlock(path)))  # type: ignore[arg-type]  # duck-typed: Optuna's lock base class is private
-    kwargs: dict[str, Any] = {}
-    if heartbeat:
-        kwargs = {
-            "heartbeat_interval": heartbeat_interval(),
-            "grace_period": grace_period(),
-            "heartbeat_stale_trial_callback": optuna.storages.RetryHeartbeatStaleTrialCallback(),
-        }
     wait_while_locked(spec)
     for attempt in range(5):
         try:
             with _creation_lock(spec):
                 storage_class = SQLiteStorage if spec.kind == "sqlite" else optuna.storages.RDBStorage
-                return storage_class(spec.url, engine_kwargs=engine_kwargs(spec), **kwargs)
+                return storage_class(spec.url, engine_kwargs=engine_kwargs(spec))
         except (sa.exc.IntegrityError, sa.exc.ProgrammingError):
             # two workers created Optuna's tables at once (another machine, on a server): the tables exist now
             time.sleep(0.2 * (attempt + 1))

@@ -1,18 +1,19 @@
 """The project's tables in the study's SQL database, beside Optuna's (never altered), and `SQLStore` on them.
 
 - ilr_schema: the schema version;
-- ilr_map_claims: which trial trains which reuse map;
 - ilr_curves: every evaluation of every trial;
 - ilr_train_curves: every trial's training loss, as window means (added later: an older database gains it
   when it is next opened for writing, and reads without it as no training curves);
 - ilr_pruning: why each pruned trial was pruned;
 - ilr_fronts: the Pareto front each time a trial completes, keyed by how many completed trials it is
   computed from (its history; the largest key is the current front);
-- ilr_runs: every run beyond the trials (Run), one row per (kind, name). Kind "race": the race's longer or
-  extra-seed runs and the audit's longer retrainings (`ilr-search audit`, which the race reads as its own), one
-  per (factor, seed, map), claimed by the worker that trains it, with its heartbeat, result, learning curve and
-  a frozen run's per-unit scores. Kind "reference": the reference runs, written once each finishes.
-  A database stored before it (schema version 1 or 2) is imported once (study_import.py).
+- ilr_runs: every run (Run), one row per (kind, name). Kind "race": the race's longer or extra-seed runs and the
+  audit's longer retrainings (`ilr-search audit`, which the race reads as its own), one per (factor, seed, map),
+  claimed by the worker that trains it, with its heartbeat, result, learning curve and a frozen run's per-unit
+  scores. Kind "trial": a trial's map, claimed by the worker that trains it (the same protocol), with its
+  result once told. Kind "worker": a worker's registration, beaten while its trials run. Kind "reference": the
+  reference runs, written once each finishes.
+  A database stored before it (schema version 1 to 3) is imported once (study_import.py).
 
 Created on first use; every write is one short transaction, safe with several writers.
 """
@@ -35,16 +36,17 @@ from ilr_search.storage.store import (
     PruningRecord,
     Run,
     RunJob,
+    RunKind,
     Store,
     StoredFrontPoint,
     TrainCurvePoint,
-    claimed_race_run,
-    race_run_held,
+    claimed_run,
+    run_held,
 )
 
 log = logging.getLogger("ilr_search")
 
-SCHEMA_VERSION = 3  # 2: ilr_audit renamed ilr_race_runs; 3: race and reference runs in ilr_runs
+SCHEMA_VERSION = 4  # 2: ilr_audit renamed ilr_race_runs; 3: race and reference runs in ilr_runs; 4: claims too
 
 metadata = sa.MetaData()
 
@@ -53,14 +55,6 @@ schema_table = sa.Table(
     metadata,
     sa.Column("id", sa.Integer, primary_key=True),
     sa.Column("version", sa.Integer, nullable=False),
-)
-
-claims_table = sa.Table(
-    "ilr_map_claims",
-    metadata,
-    sa.Column("study", sa.String(512), primary_key=True),
-    sa.Column("map_key", sa.String(256), primary_key=True),
-    sa.Column("trial_number", sa.Integer, nullable=False),
 )
 
 
@@ -113,8 +107,8 @@ runs_table = sa.Table(
     "ilr_runs",
     metadata,
     sa.Column("study", sa.String(512), primary_key=True),
-    sa.Column("kind", sa.String(16), primary_key=True),  # race | reference
-    sa.Column("name", sa.String(512), primary_key=True),  # a reference's name; a race run's job (race_run_name)
+    sa.Column("kind", sa.String(16), primary_key=True),  # race | reference | trial | worker
+    sa.Column("name", sa.String(512), primary_key=True),  # a reference's name; a claimed run's job (run_name)
     sa.Column("factor", sa.String(32), nullable=False),
     sa.Column("seed", sa.Integer, nullable=False),
     sa.Column("map_key", sa.String(256), nullable=False),
@@ -138,8 +132,8 @@ runs_table = sa.Table(
 )
 
 
-def race_run_name(job: RunJob) -> str:
-    """A race run's name in ilr_runs: its factor, seed and map."""
+def run_name(job: RunJob) -> str:
+    """A claimed run's name in ilr_runs: its factor, seed and map."""
     return f"{job.factor}:{job.seed}:{job.map_key}"
 
 
@@ -177,34 +171,6 @@ class SQLStore(Store):
             ensure_schema(engine)
             self.tables = set(metadata.tables)
 
-    @retry_locked
-    def claim(self, map_key: str, trial_number: int) -> int:
-        try:
-            with self.engine.begin() as conn:
-                conn.execute(claims_table.insert().values(study=self.study, map_key=map_key, trial_number=trial_number))
-            return trial_number
-        except IntegrityError:
-            with self.engine.connect() as conn:
-                return conn.execute(
-                    sa.select(claims_table.c.trial_number).where(
-                        claims_table.c.study == self.study, claims_table.c.map_key == map_key
-                    )
-                ).scalar_one()
-
-    @retry_locked
-    def take_over(self, map_key: str, old_holder: int, trial_number: int) -> bool:
-        with self.engine.begin() as conn:
-            moved = conn.execute(
-                claims_table.update()
-                .where(
-                    claims_table.c.study == self.study,
-                    claims_table.c.map_key == map_key,
-                    claims_table.c.trial_number == old_holder,
-                )
-                .values(trial_number=trial_number)
-            )
-            return moved.rowcount == 1
-
     def _replace(self, table: sa.Table, where: Any, rows: list[dict[str, Any]], raced_is_same: bool = False) -> None:
         """In one transaction: delete the study's rows of `table` that `where` picks and insert `rows` (each with
         the study's name added) in their place. `raced_is_same`: where another worker inserted the same keys between
@@ -239,7 +205,7 @@ class SQLStore(Store):
     def holds_records(self) -> bool:
         tables = [
             t
-            for t in (claims_table, curves_table, train_curves_table, pruning_table, fronts_table, runs_table)
+            for t in (curves_table, train_curves_table, pruning_table, fronts_table, runs_table)
             if t.name in self.tables
         ]
         with self.engine.connect() as conn:
@@ -349,34 +315,36 @@ class SQLStore(Store):
             )
         return history
 
-    def _race_run_where(self, job: RunJob) -> Any:
+    def _run_where(self, kind: RunKind, job: RunJob) -> Any:
         t = runs_table.c
-        return sa.and_(t.study == self.study, t.kind == "race", t.name == race_run_name(job))
+        return sa.and_(t.study == self.study, t.kind == kind, t.name == run_name(job))
 
     @retry_locked
-    def claim_race_run(self, job: RunJob, worker: str, flops_ratio: float, steps: int, stale_after: float) -> bool:
+    def claim_run(
+        self, kind: RunKind, job: RunJob, worker: str, flops_ratio: float, steps: int, stale_after: float
+    ) -> bool:
         now = time.time()
         try:
             with self.engine.begin() as conn:
                 conn.execute(
                     runs_table.insert().values(
                         study=self.study,
-                        kind="race",
-                        name=race_run_name(job),
-                        **claimed_race_run(job, worker, now, flops_ratio, steps),
+                        kind=kind,
+                        name=run_name(job),
+                        **claimed_run(job, worker, now, flops_ratio, steps),
                     )
                 )
             return True
         except IntegrityError:
             pass
         with self.engine.begin() as conn:
-            row = conn.execute(sa.select(runs_table).where(self._race_run_where(job))).mappings().one()
-            if race_run_held(row, worker, now, stale_after):
+            row = conn.execute(sa.select(runs_table).where(self._run_where(kind, job))).mappings().one()
+            if run_held(row, worker, now, stale_after):
                 return False
             moved = conn.execute(
                 runs_table.update()
                 .where(
-                    self._race_run_where(job),
+                    self._run_where(kind, job),
                     runs_table.c.worker == row["worker"],
                     runs_table.c.heartbeat == row["heartbeat"],
                 )
@@ -385,20 +353,20 @@ class SQLStore(Store):
             return moved.rowcount == 1
 
     @retry_locked
-    def beat_race_run(self, job: RunJob, worker: str) -> None:
+    def beat_run(self, kind: RunKind, job: RunJob, worker: str) -> None:
         with self.engine.begin() as conn:
             conn.execute(
                 runs_table.update()
-                .where(self._race_run_where(job), runs_table.c.worker == worker, runs_table.c.state == "running")
+                .where(self._run_where(kind, job), runs_table.c.worker == worker, runs_table.c.state == "running")
                 .values(heartbeat=time.time())
             )
 
     @retry_locked
-    def _finish_race_run(self, job: RunJob, worker: str, result: dict[str, Any]) -> bool:
+    def _finish_run(self, kind: RunKind, job: RunJob, worker: str, result: dict[str, Any]) -> bool:
         with self.engine.begin() as conn:
             done = conn.execute(
                 runs_table.update()
-                .where(self._race_run_where(job), runs_table.c.worker == worker)
+                .where(self._run_where(kind, job), runs_table.c.worker == worker)
                 .values(heartbeat=time.time(), **result)
             )
             return done.rowcount == 1
@@ -416,7 +384,7 @@ class SQLStore(Store):
     @retry_locked
     def runs(self) -> list[Run]:
         t = runs_table.c
-        by_name = sa.case((t.kind == "reference", t.name), else_="")  # a reference by name, a race run by its job
+        by_name = sa.case((t.kind == "reference", t.name), else_="")  # a reference by name, a claimed run by its job
         rows = self._rows(runs_table, order=(t.kind, by_name, t.factor, t.seed, t.map_key))
         return [Run.from_record(dict(r._mapping), r.kind) for r in rows]
 
@@ -442,7 +410,7 @@ def ensure_schema(engine: sa.Engine) -> None:
                 conn.execute(schema_table.insert().values(id=1, version=SCHEMA_VERSION))
             except IntegrityError:  # another process created it first
                 pass
-        elif version < SCHEMA_VERSION:  # an older database that had no race runs' table to move
+        elif version < SCHEMA_VERSION:  # an older database that had nothing to import
             conn.execute(schema_table.update().where(schema_table.c.id == 1).values(version=SCHEMA_VERSION))
         elif version > SCHEMA_VERSION:
             raise UserInputError(

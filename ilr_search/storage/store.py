@@ -1,10 +1,12 @@
 """The project's own records of a study, beside Optuna's trials: the `Store` interface and its record types.
 
-A store keeps, per study: map claims (which trial trains which reuse map, so that concurrent workers never train
-one map twice), learning curves (every evaluation of every trial, which the pruner compares, and the training
-loss as window means), why each pruned trial was pruned, the Pareto front each time a trial completes, and every
-run beyond the trials as one Run: the race runs (the race's longer or extra-seed runs and the audit's
-longer retrainings of chosen maps; the race reads the audit's runs as its own) and the reference runs.
+A store keeps, per study: learning curves (every evaluation of every trial, which the pruner compares, and the
+training loss as window means), why each pruned trial was pruned, the Pareto front each time a trial completes,
+and its runs, each one Run: the race runs (the race's longer or extra-seed runs and the audit's longer
+retrainings of chosen maps; the race reads the audit's runs as its own), the reference runs, the trials' runs
+(a trial that trains a map claims its run, so that concurrent workers never train one map twice) and the
+workers' registrations. Race, trial and worker runs are claimed by one protocol (claim_run, beat_run,
+finish_run): one row per job, held by its worker while its heartbeat is fresh.
 `SQLStore` keeps them in tables of the study's SQL database, `JournalStore` in a file beside a journal.
 """
 
@@ -12,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import random
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,15 +24,16 @@ from ilr_search.knobs import KnobValue, config_key
 
 @dataclass(frozen=True)
 class RunJob:
-    """What a race or audit run is claimed by: its map at `factor` x the proxy's steps, at one replicate (a seed,
-    or in a frozen study a chunk of held-out units)."""
+    """What a run is claimed by: its map at `factor` x the proxy's steps, at one replicate (a seed, or in a frozen
+    study a chunk of held-out units). A trial's run is its map at factor 1 and the proxy's seed; a worker's
+    registration is worker_job(k)."""
 
     factor: str  # as text, e.g. "4"
     seed: int
     map_key: str
 
 
-RunKind = Literal["trial", "reference", "race"]
+RunKind = Literal["trial", "reference", "race", "worker"]
 
 ColumnValue = str | int | float | None  # a value of a stored run's field (Run.to_record)
 
@@ -42,11 +44,12 @@ class Run:
     at `replicate` (a seed, or in a frozen study a chunk of held-out windows or items), with its FLOPs ratio, its
     `state` (running | complete | failed: diverged | interrupted | pruned) and, once finished, its losses, curve
     (step, validation loss), seconds, reason and a frozen run's score of each unit of its chunk, in unit order
-    (what the race pairs by unit). `kind`: "trial" (Optuna's trial number `trial`, read from its attributes:
-    trial_run), "reference" (named `name`: baseline_seedN, second_seed, blockK; with its `schedule`, `reuse_map`,
-    None for block recurrence, `knobs`, `block_map` and the trainer's `status`, ok | diverged) or "race" (the
-    race's or the audit's: the race reads the audit's runs as its own, claimed by `worker`, alive while its
-    `heartbeat` is fresh)."""
+    (what the race pairs by unit). `kind`: "trial" (Optuna's trial number `trial` where read from its attributes:
+    TrialRecord.run; as stored, the claim of the map by the worker that trains it), "reference" (named `name`:
+    baseline_seedN, second_seed, blockK; with its `schedule`, `reuse_map`, None for block recurrence, `knobs`,
+    `block_map` and the trainer's `status`, ok | diverged), "race" (the race's or the audit's: the race reads the
+    audit's runs as its own) or "worker" (a worker's registration, its number the replicate, alive while its
+    trials run). A claimed run is held by `worker` while its `heartbeat` is fresh."""
 
     kind: RunKind
     map_key: str
@@ -79,7 +82,7 @@ class Run:
 
     @property
     def job(self) -> RunJob:
-        """What it is claimed by (a race run)."""
+        """What it is claimed by (a race, trial or worker run)."""
         return RunJob(self.factor, self.replicate, self.map_key)
 
     @property
@@ -169,6 +172,12 @@ class Run:
 
 
 FINAL_STATES = ("complete", "failed")  # of a run; failed: it diverged, it is not trained again
+ENDED_STATES = (*FINAL_STATES, "pruned")  # a claimed run in one of these is not trained again (pruned: a trial's)
+
+
+def worker_job(number: int) -> RunJob:
+    """The job of worker `number`'s registration (a run of kind "worker")."""
+    return RunJob("0", number, "worker")
 
 
 def reference_run(
@@ -264,8 +273,8 @@ class StoredFrontPoint:
         return cls(r["trial"], tuple(r["reuse_map"]), r["flops_ratio"], r["val_ppl"], r.get("val_bpb"), r.get("params"))
 
 
-def claimed_race_run(job: RunJob, worker: str, now: float, flops_ratio: float, steps: int) -> dict[str, Any]:
-    """The stored fields of a race run that `worker` claims at time `now`: `job`'s factor, seed and map, running."""
+def claimed_run(job: RunJob, worker: str, now: float, flops_ratio: float, steps: int) -> dict[str, Any]:
+    """The stored fields of a run that `worker` claims at time `now`: `job`'s factor, seed and map, running."""
     return {
         "factor": job.factor,
         "seed": job.seed,
@@ -278,37 +287,29 @@ def claimed_race_run(job: RunJob, worker: str, now: float, flops_ratio: float, s
     }
 
 
-def race_run_held(row: Mapping[Any, Any], worker: str, now: float, stale_after: float) -> bool:
-    """Whether `worker` may not claim a stored race run (Store.claim_race_run): it is finished (complete, or
-    failed: diverged), or running under another worker whose heartbeat is at most `stale_after` seconds old."""
-    return row["state"] in ("complete", "failed") or (
+def run_held(row: Mapping[Any, Any], worker: str, now: float, stale_after: float) -> bool:
+    """Whether `worker` may not claim a stored run (Store.claim_run): it ended (complete, failed: diverged, or a
+    trial's pruned), or it is running under another worker whose heartbeat is at most `stale_after` seconds old."""
+    return row["state"] in ENDED_STATES or (
         row["state"] == "running" and row["worker"] != worker and now - row["heartbeat"] <= stale_after
     )
 
 
 class Store(ABC):
-    """Claims, curves, pruning records, fronts and race runs of one study; every method is safe with
-    several workers writing at once."""
+    """Runs, curves, pruning records and fronts of one study; every method is safe with several workers writing
+    at once."""
 
-    @abstractmethod
-    def claim(self, map_key: str, trial_number: int) -> int:
-        """Claim `map_key` for `trial_number`; returns the trial that holds the claim (maybe another)."""
-
-    @abstractmethod
-    def take_over(self, map_key: str, old_holder: int, trial_number: int) -> bool:
-        """Move a claim from a trial that died to `trial_number`; True if this call moved it."""
-
-    def register_worker(self) -> int:
-        """A number no other worker of this study was given: the lowest unclaimed `worker:k` key."""
-        token = random.SystemRandom().getrandbits(30) + 1
+    def register_worker(self, worker: str) -> int:
+        """A number no other worker of this study was given: the lowest whose registration (worker_job) `worker`
+        claims; a registration is never claimed again, however old its heartbeat."""
         k = 0
-        while self.claim(f"worker:{k}", -token) != -token:
+        while not self.claim_run("worker", worker_job(k), worker, 0.0, 0, stale_after=math.inf):
             k += 1
         return k
 
     @abstractmethod
     def holds_records(self) -> bool:
-        """Whether anything (a claim, a curve point, a front, a race or audit run) is stored under this study's name."""
+        """Whether anything (a run, a curve point, a front) is stored under this study's name."""
 
     @abstractmethod
     def add_curve_point(self, point: CurvePoint, tokens: int) -> None:
@@ -347,29 +348,32 @@ class Store(ABC):
         """Number of completed trials -> the front computed from them."""
 
     @abstractmethod
-    def claim_race_run(self, job: RunJob, worker: str, flops_ratio: float, steps: int, stale_after: float) -> bool:
-        """Claim `job` for `worker`: True if it was free, interrupted, or held by a worker whose heartbeat is
-        older than `stale_after` seconds (a dead worker); False if finished (complete, or failed: diverged) or
-        held by a live worker."""
+    def claim_run(
+        self, kind: RunKind, job: RunJob, worker: str, flops_ratio: float, steps: int, stale_after: float
+    ) -> bool:
+        """Claim the run of `kind` and `job` for `worker`: True if it was free, interrupted, or held by a worker
+        whose heartbeat is older than `stale_after` seconds (a dead worker); False if it ended (complete, failed:
+        diverged, or pruned) or is held by a live worker."""
 
     @abstractmethod
-    def beat_race_run(self, job: RunJob, worker: str) -> None:
-        """Renew the heartbeat of `job` if `worker` holds it."""
+    def beat_run(self, kind: RunKind, job: RunJob, worker: str) -> None:
+        """Renew the heartbeat of the running run of `kind` and `job` if `worker` holds it."""
 
-    def finish_race_run(
+    def finish_run(
         self,
+        kind: RunKind,
         job: RunJob,
         worker: str,
         state: str,
         val_loss: float | None,
         val_ppl: float | None,
         val_bpb: float | None,
-        curve: list[tuple[int, float]],
-        seconds: float,
-        reason: str,
+        curve: Sequence[tuple[int, float]],
+        seconds: float | None,
+        reason: str | None,
         scores: Sequence[float] = (),
     ) -> bool:
-        """Store the result (a frozen run's: with its units' `scores`) if `worker` still holds the job; False if
+        """Store the result (a frozen run's: with its units' `scores`) if `worker` still holds the run; False if
         another worker took it over."""
         result = {
             "state": state,
@@ -381,11 +385,11 @@ class Store(ABC):
             "reason": reason,
             "scores": json.dumps([float(v) for v in scores]) if scores else None,
         }
-        return self._finish_race_run(job, worker, result)
+        return self._finish_run(kind, job, worker, result)
 
     @abstractmethod
-    def _finish_race_run(self, job: RunJob, worker: str, result: dict[str, Any]) -> bool:
-        """Write `result` (stored field -> value, the curve as JSON text) and a fresh heartbeat on `job`'s row if
+    def _finish_run(self, kind: RunKind, job: RunJob, worker: str, result: dict[str, Any]) -> bool:
+        """Write `result` (stored field -> value, the curve as JSON text) and a fresh heartbeat on the run's row if
         `worker` holds it; False if another worker took it over."""
 
     @abstractmethod
@@ -394,9 +398,10 @@ class Store(ABC):
 
     @abstractmethod
     def runs(self) -> list[Run]:
-        """Every stored run of the study beyond its trials, in one read: the race runs (the latest row of each), by
-        factor, seed and map, then the reference runs, by name in a database (as Optuna read the study attributes
-        of a SQLite one), in the order first stored on a journal (as Optuna's journal keeps them)."""
+        """Every stored run of the study, in one read: the race runs (the latest row of each), by factor, seed and
+        map, then the reference runs, by name in a database (as Optuna read the study attributes of a SQLite one),
+        in the order first stored on a journal (as Optuna's journal keeps them), then the trials' and the workers'
+        runs."""
 
     def race_runs(self) -> list[Run]:
         """The race runs of `runs`."""
@@ -405,6 +410,10 @@ class Store(ABC):
     def reference_runs(self) -> list[Run]:
         """The reference runs of `runs`."""
         return [r for r in self.runs() if r.kind == "reference"]
+
+    def worker_beats(self) -> dict[str, float]:
+        """The registered workers' last heartbeats, by worker name."""
+        return {r.worker: r.heartbeat for r in self.runs() if r.kind == "worker"}
 
 
 def stored_references(runs: Iterable[Run]) -> dict[str, Run]:

@@ -1,8 +1,12 @@
-"""The one-shot import of a study stored before the ledger of runs (ilr-search schema version 1 or 2): its race runs
+"""The one-shot import of a study stored before the ledger of runs (ilr-search schema version 1 to 3): its race runs
 in a table of their own (ilr_audit in version 1, ilr_race_runs in 2, a frozen run's scores in ilr_run_scores) and
 its reference runs in study attributes `ilr:reference:NAME` become runs of the ledger (ilr_runs), and the old tables
-and attributes are dropped. A journal's side file keeps the same runs as lines of kind "audit" and its study
-attributes: they become lines of kind "race_run" and "reference".
+and attributes are dropped. Its map claims (ilr_map_claims, up to version 3) were held by trials that have all
+ended (a study is not shared with workers of an older ilr-search), whose results Optuna keeps: they are dropped,
+but the workers' registrations among them (`worker:k`) become runs of kind "worker", so that a resumed study's
+next worker samples from a stream of its own. A journal's side file keeps the same runs as lines of kind "audit",
+claims as lines of kind "claim", and its study attributes: they become lines of kind "race_run", "worker_run" and
+"reference".
 
 open_store imports a study's storage when it first opens it (import_database, import_journal), and
 `ilr-search migrate` does so for every study of a storage; the stores themselves read only the ledger.
@@ -21,13 +25,15 @@ import sqlalchemy as sa
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from ilr_search.storage.journal_store import flocked, read_records, write_records
-from ilr_search.storage.sql_store import SCHEMA_VERSION, race_run_name, retry_locked, runs_table, schema_table
-from ilr_search.storage.store import Run, RunJob, reference_run
+from ilr_search.storage.sql_store import SCHEMA_VERSION, retry_locked, run_name, runs_table, schema_table
+from ilr_search.storage.store import Run, RunJob, claimed_run, reference_run, worker_job
 
 log = logging.getLogger("ilr_search")
 
 OLD_REFERENCE_PREFIX = "ilr:reference:"  # the study attribute of a reference run before the ledger
 OLD_RACE_RUNS = ("ilr_audit", "ilr_race_runs")  # the race runs' table of schema version 1, then 2 (oldest first)
+OLD_CLAIMS = "ilr_map_claims"  # the map claims and worker registrations of schema versions 1 to 3
+OLD_WORKER_PREFIX = "worker:"  # a worker's registration among the claims: worker:k
 # the columns of an old race runs' table (each as ilr_runs has it), after its study
 OLD_RUN_COLUMNS = (
     *("factor", "seed", "map_key", "worker", "heartbeat", "state", "flops_ratio", "steps"),
@@ -44,6 +50,13 @@ old_race_runs_tables = {
     )
     for name in OLD_RACE_RUNS
 }
+_old_claims_table = sa.Table(
+    OLD_CLAIMS,
+    _old_metadata,
+    sa.Column("study", sa.String(512)),
+    sa.Column("map_key", sa.String(256)),
+    sa.Column("trial_number", sa.Integer),
+)
 _old_scores_table = sa.Table(
     "ilr_run_scores",
     _old_metadata,
@@ -86,9 +99,19 @@ def old_references(study_attrs: Mapping[str, Any]) -> dict[str, Run]:
     }
 
 
+def old_worker(study: str, map_key: str) -> dict[str, Any] | None:
+    """The ledger's record of an old claim that registered a worker (`worker:k`): its run of kind "worker", ended
+    (its number is never given again); None for a claim of a map."""
+    if not map_key.startswith(OLD_WORKER_PREFIX):
+        return None
+    job = worker_job(int(map_key[len(OLD_WORKER_PREFIX) :]))
+    return {"study": study} | claimed_run(job, "imported", 0.0, 0.0, 0) | {"state": "complete"}
+
+
 def needs_import(engine: sa.Engine) -> bool:
-    """Whether the database holds an old race runs' table (what makes it a database before the ledger)."""
-    return bool(set(OLD_RACE_RUNS) & set(sa.inspect(engine).get_table_names()))
+    """Whether the database holds an old race runs' table or the old claims (what makes it a database before the
+    ledger)."""
+    return bool({*OLD_RACE_RUNS, OLD_CLAIMS} & set(sa.inspect(engine).get_table_names()))
 
 
 def _old_race_rows(conn: sa.Connection, table: sa.Table, tables: set[str]) -> list[dict[str, Any]]:
@@ -109,7 +132,12 @@ def _import_rows(conn: sa.Connection, tables: set[str]) -> None:
         if name in tables:
             for r in _old_race_rows(conn, old_race_runs_tables[name], tables):
                 job = RunJob(r["factor"], r["seed"], r["map_key"])
-                runs[(r["study"], "race", race_run_name(job))] = r | {"kind": "race", "name": race_run_name(job)}
+                runs[(r["study"], "race", run_name(job))] = r | {"kind": "race", "name": run_name(job)}
+    if OLD_CLAIMS in tables:
+        for study, map_key in conn.execute(sa.select(_old_claims_table.c.study, _old_claims_table.c.map_key)):
+            if (worker := old_worker(study, map_key)) is not None:
+                name = run_name(RunJob(worker["factor"], worker["seed"], worker["map_key"]))
+                runs[(study, "worker", name)] = worker | {"kind": "worker", "name": name}
     if _optuna_study_attrs.name in tables and _optuna_studies.name in tables:
         a, s = _optuna_study_attrs.c, _optuna_studies.c
         attrs = conn.execute(
@@ -131,14 +159,14 @@ def _import_rows(conn: sa.Connection, tables: set[str]) -> None:
     new = [{c: r.get(c) for c in t.keys()} for r in runs.values() if (r["study"], r["kind"], r["name"]) not in stored]
     if new:
         conn.execute(runs_table.insert(), new)
-    for name in (*OLD_RACE_RUNS, _old_scores_table.name):
+    for name in (*OLD_RACE_RUNS, _old_scores_table.name, OLD_CLAIMS):
         if name in tables:
             conn.exec_driver_sql(f"DROP TABLE {name}")
 
 
 @retry_locked
 def import_database(engine: sa.Engine) -> bool:
-    """Import a database stored before the ledger (schema version 1 or 2); True if this call imported it. One
+    """Import a database stored before the ledger (schema version 1 to 3); True if this call imported it. One
     transaction looks and moves: on SQLite it holds the write lock from the start (BEGIN IMMEDIATE), on PostgreSQL
     it locks ilr_schema first, so of two processes opening one old database at once the first imports and the
     second finds it imported. A database of the ledger (or a new one) is left as it is, and no lock is taken."""
@@ -152,7 +180,7 @@ def import_database(engine: sa.Engine) -> bool:
             elif conn.dialect.name == "postgresql" and schema_table.name in found:
                 conn.exec_driver_sql(f"LOCK TABLE {schema_table.name} IN EXCLUSIVE MODE")
             tables = set(sa.inspect(conn).get_table_names())
-            if not set(OLD_RACE_RUNS) & tables:
+            if not {*OLD_RACE_RUNS, OLD_CLAIMS} & tables:
                 return False  # imported by another process meanwhile
             runs_table.create(conn, checkfirst=True)
             _import_rows(conn, tables)
@@ -166,13 +194,14 @@ def import_database(engine: sa.Engine) -> bool:
         if not needs_import(engine):
             return False
         raise
-    log.info("storage: race and reference runs imported into table %s", runs_table.name)
+    log.info("storage: race and reference runs and worker registrations imported into table %s", runs_table.name)
     return True
 
 
 def import_journal(side_file: Path, study: str, study_attrs: Mapping[str, Any]) -> bool:
     """Import a journal study's old records into its side file (JournalStore's): lines of kind "audit" become
-    "race_run", and where a reference run of the study's attributes has no line of its name, each of them becomes
+    "race_run", lines of kind "claim" that registered a worker become "worker_run" (the other claims are dropped),
+    and where a reference run of the study's attributes has no line of its name, each of them becomes
     one, ahead of the file's lines (a reference stored since then keeps the attribute's place and its own result,
     as they read before). The journal keeps the attributes (it forgets nothing); once imported they are passed
     over. True if this call changed the file."""
@@ -183,10 +212,24 @@ def import_journal(side_file: Path, study: str, study_attrs: Mapping[str, Any]) 
         imported = (
             [] if set(old) <= stored else [{"study": study, **r.to_record(), "kind": "reference"} for r in old.values()]
         )
-        renamed = [r | {"kind": "race_run"} if r["kind"] == "audit" else r for r in lines]
+        renamed = [
+            _imported_line(r) for r in lines if r["kind"] != "claim" or r["map_key"].startswith(OLD_WORKER_PREFIX)
+        ]
         if not imported and renamed == lines:
             return False
         part = side_file.with_name(side_file.name + ".import")
         write_records(part, imported + renamed, "w")
         os.replace(part, side_file)
         return True
+
+
+def _imported_line(line: dict[str, Any]) -> dict[str, Any]:
+    """A side file's line as the ledger keeps it: an old race run's (kind "audit") as "race_run", a worker's
+    registration (a claim of `worker:k`) as "worker_run", any other as it was."""
+    if line["kind"] == "audit":
+        return line | {"kind": "race_run"}
+    if line["kind"] == "claim":
+        worker = old_worker(line["study"], line["map_key"])
+        assert worker is not None  # the other claims are dropped
+        return worker | {"kind": "worker_run"}
+    return line

@@ -185,7 +185,7 @@ class Chaos:
                 self.snapshots[t.number] = (t.state.name, tuple(t.values) if t.values else None)
 
     def load(self) -> optuna.Study:
-        return optuna.load_study(study_name="chaos", storage=open_storage(parse_storage(self.storage), heartbeat=False))
+        return optuna.load_study(study_name="chaos", storage=open_storage(parse_storage(self.storage)))
 
     def tails(self) -> str:
         return "\n".join(

@@ -78,7 +78,7 @@ def setup_run(space, storage, study, n_trials, tmp_path, token_cache):
 
 
 def load(storage, study):
-    return optuna.load_study(study_name=study, storage=open_storage(parse_storage(storage), heartbeat=False))
+    return optuna.load_study(study_name=study, storage=open_storage(parse_storage(storage)))
 
 
 def check_accounted(storage, study_name):

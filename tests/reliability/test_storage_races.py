@@ -78,7 +78,7 @@ import json, sys
 import optuna
 from ilr_search.storage import open_storage, parse_storage
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-study = optuna.load_study(study_name="s", storage=open_storage(parse_storage(sys.argv[1]), heartbeat=False))
+study = optuna.load_study(study_name="s", storage=open_storage(parse_storage(sys.argv[1])))
 print("ready", flush=True)
 sys.stdin.readline()  # start together
 popped = []
@@ -94,7 +94,7 @@ def test_processes_popping_queued_trials_from_sqlite_never_share_one(tmp_path):
     fix, 4 processes popping 60 queued trials popped 6-14 of them twice (3 runs of 3), and two workers trained
     one trial at once under one claim."""
     url = f"sqlite:///{tmp_path / 'q.db'}"
-    study = optuna.create_study(study_name="s", storage=open_storage(parse_storage(url), heartbeat=False))
+    study = optuna.create_study(study_name="s", storage=open_storage(parse_storage(url)))
     for x in range(60):
         study.enqueue_trial({"x": x})
     workers = [

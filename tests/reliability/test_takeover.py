@@ -10,9 +10,9 @@ from optuna.trial import TrialState
 
 from ilr_search.search.progress import Event, RunReporter, Step
 from ilr_search.search.run import RunRequest, run_in_process
-from ilr_search.search.trial_groups import HEARTBEAT_ATTR, sweep_stale_journal_trials
+from ilr_search.search.trial_groups import WORKER_ATTR, sweep_stale_trials
 from ilr_search.space import load_space
-from ilr_search.storage import grace_period, heartbeat_interval, open_storage, parse_storage
+from ilr_search.storage import grace_period, heartbeat_interval, open_storage, open_store, parse_storage
 
 SPACE = ROOT / "tests" / "spaces" / "tiny.toml"
 
@@ -24,14 +24,19 @@ def test_grace_period_is_several_intervals():
 def test_sweep_spares_fresh_retries_and_the_callers_own_trial(tmp_path):
     spec = parse_storage(f"journal:{tmp_path / 'j.log'}")
     study = optuna.create_study(study_name="s", storage=open_storage(spec), directions=["minimize"])
+    store = open_store(spec, "s", storage=study._storage)
+    store.register_worker("dead")  # beats once, now: stale a second later
+    time.sleep(1.1)
     retry = study.ask()
-    # a retry inherits its dead predecessor's system attributes, an old heartbeat included
-    study._storage.set_trial_system_attr(retry._trial_id, HEARTBEAT_ATTR, time.time() - 10 * grace_period())
-    assert sweep_stale_journal_trials(study) == []  # it started just now: not stale
+    # a retry inherits its dead predecessor's system attributes, its worker included
+    study._storage.set_trial_system_attr(retry._trial_id, WORKER_ATTR, "dead")
+    assert sweep_stale_trials(study, store, stale_after=1.0) == []  # it started just now: not stale
     assert study._storage.get_trial(retry._trial_id).state == TrialState.RUNNING
     mine = study.ask()
-    study._storage.set_trial_system_attr(mine._trial_id, HEARTBEAT_ATTR, 0.0)
-    assert sweep_stale_journal_trials(study, spare=mine._trial_id) == []
+    study._storage.set_trial_system_attr(mine._trial_id, WORKER_ATTR, "me")  # never beats
+    assert sweep_stale_trials(study, store, worker="me", stale_after=1.0) == []
+    time.sleep(1.1)  # both stale now: the caller's own trial is spared
+    assert sweep_stale_trials(study, store, worker="me", stale_after=1.0) == [retry.number]
 
 
 class FailMyTrialAt(RunReporter):
@@ -45,7 +50,7 @@ class FailMyTrialAt(RunReporter):
     def on(self, event: Event) -> None:
         if self.done or not isinstance(event, Step) or event.step != self.at_step:
             return
-        st = open_storage(parse_storage(self.storage), heartbeat=False)
+        st = open_storage(parse_storage(self.storage))
         study = optuna.load_study(study_name=self.study_name, storage=st)
         (running,) = study.get_trials(states=(TrialState.RUNNING,))
         st.set_trial_state_values(running._trial_id, state=TrialState.FAIL)
@@ -68,7 +73,7 @@ def test_a_worker_whose_trial_is_failed_under_it_keeps_the_result_and_goes_on(ki
         reporter,
     ).to_json()
     assert reporter.done and not summary["interrupted"]
-    study = optuna.load_study(study_name="t", storage=open_storage(parse_storage(storage), heartbeat=False))
+    study = optuna.load_study(study_name="t", storage=open_storage(parse_storage(storage)))
     trials = study.get_trials()
     (failed,) = [t for t in trials if t.state == TrialState.FAIL]
     (recovered,) = [t for t in trials if t.user_attrs.get("recovered_from") == failed.number]
