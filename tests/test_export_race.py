@@ -197,7 +197,25 @@ def test_an_old_database_is_imported_when_first_read_and_lists_its_race_and_refe
     ]
     assert [r["reference"] for r in report["references"]] == OLD_REFERENCES
     assert "ilr_audit" not in tables(old_db) and "ilr_runs" in tables(old_db)  # reading imported it
-    assert schema_version(old_db) == 4 and reference_attrs(old_db) == []
+    assert schema_version(old_db) == 5 and reference_attrs(old_db) == []
+
+
+def test_an_old_studys_trials_become_its_trial_runs_once(old_db):
+    """Its trials' results lived only in Optuna's attributes: on first open each told trial's result becomes its
+    map's run (kind trial) with the trial's number, and a second open changes nothing."""
+    import optuna
+
+    from ilr_search.storage import open_storage, open_store, parse_storage
+    from ilr_search.storage.trials import study_trials
+
+    spec = parse_storage(f"sqlite:///{old_db}")
+    first = [r for r in open_store(spec, OLD_STUDY).runs() if r.kind == "trial"]
+    trials = study_trials(optuna.load_study(study_name=OLD_STUDY, storage=open_storage(spec)))
+    trained = [t for t in trials if t.trained_its_map]
+    assert trained and sorted((r.trial, r.map_key, r.state, r.val_ppl, r.seconds) for r in first) == [
+        (t.number, t.map_key, "complete", t.val_ppl, t.train_seconds) for t in trained
+    ]
+    assert [r for r in open_store(spec, OLD_STUDY).runs() if r.kind == "trial"] == first
 
 
 # Opens the store for writing (what migrates), saying "locking" as it asks for the write lock to migrate.
@@ -241,11 +259,16 @@ def test_two_processes_opening_an_old_database_at_once_migrate_it_once(old_db, t
     assert all(json.loads(out.strip().splitlines()[-1]) == [[["2,1,1,1", 96, 1]], OLD_REFERENCES] for out, _ in outputs)
     old_tables = {"ilr_audit", "ilr_race_runs", "ilr_run_scores", "ilr_map_claims"}
     assert "ilr_runs" in tables(old_db) and not tables(old_db) & old_tables
-    assert schema_version(old_db) == 4 and reference_attrs(old_db) == []
+    assert schema_version(old_db) == 5 and reference_attrs(old_db) == []
     with sqlite3.connect(old_db) as conn:
         kinds = conn.execute("SELECT kind, count(*) FROM ilr_runs GROUP BY kind ORDER BY kind").fetchall()
     conn.close()
-    assert kinds == [("race", 1), ("reference", len(OLD_REFERENCES)), ("worker", 1)]  # moved once (worker:0 too)
+    assert kinds == [
+        ("race", 1),
+        ("reference", len(OLD_REFERENCES)),
+        ("trial", 3),
+        ("worker", 1),
+    ]  # moved once (worker:0 too; the trials: their results)
 
 
 def reference_attrs(path) -> list[str]:
@@ -271,7 +294,7 @@ def test_the_migration_keeps_every_column_and_runs_once(old_db):
     assert migrated == [OLD_RUN]
     again = open_store(spec, OLD_STUDY).race_runs()  # already migrated: nothing changes
     assert again == first and len(first) == 1 and first[0].curve == ((48, 4.2), (96, 3.9))
-    assert "ilr_runs" in tables(old_db) and "ilr_audit" not in tables(old_db) and schema_version(old_db) == 4
+    assert "ilr_runs" in tables(old_db) and "ilr_audit" not in tables(old_db) and schema_version(old_db) == 5
 
 
 def test_the_migration_moves_the_reference_runs_and_they_read_the_same(old_db, tmp_path, cli):
@@ -322,7 +345,7 @@ def test_a_schema_2_database_moves_its_race_runs_with_their_scores(old_db):
     imported = read_only.race_runs()
     assert [r.scores for r in imported] == [(0.5, 1.5)]
     assert open_store(parse_storage(f"sqlite:///{old_db}"), OLD_STUDY).race_runs() == imported
-    assert not tables(old_db) & {"ilr_race_runs", "ilr_run_scores"} and schema_version(old_db) == 4
+    assert not tables(old_db) & {"ilr_race_runs", "ilr_run_scores"} and schema_version(old_db) == 5
 
 
 def test_a_journal_side_file_imports_race_runs_written_before_the_rename(tmp_path):

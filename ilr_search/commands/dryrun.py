@@ -490,9 +490,7 @@ def race_left(
     """`race` (race_plan's) less what the study's race has stored: nothing once its trials are all done and the
     policy has decided (under this run's compute cap), else its runs and steps less those trained."""
     store = open_store(spec, plan.name, read_only=True, storage=storage)
-    _, results, state = study_race(
-        study_trials(study), study.user_attrs, store.runs(), plan.space.search.max_race_steps
-    )
+    _, results, state = study_race(study.user_attrs, store.runs(), plan.space.search.max_race_steps)
     trained = sum(r.steps for r in results if r.is_run)
     if trials_to_train == 0 and state.done:
         return dataclasses.replace(

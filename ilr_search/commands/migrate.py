@@ -1,5 +1,5 @@
 """`ilr-search migrate`: import now every study of a storage stored before the ledger of runs (schema version 1 to
-3: storage/study_import.py), rather than when each is first opened."""
+4: storage/study_import.py), rather than when each is first opened."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from ilr_search.errors import UserInputError
 from ilr_search.storage import JournalStore, open_storage, parse_storage
 from ilr_search.storage.optuna_storage import rdb_engine
 from ilr_search.storage.study_import import import_database, import_journal
+from ilr_search.storage.trials import trial_record
 
 
 @dataclass(frozen=True)
@@ -42,10 +43,11 @@ def migrate_storage(storage: str | None) -> MigrateReport:
     names = tuple(s.study_name for s in optuna.get_all_study_summaries(st, include_best_trial=False))
     if spec.kind != "journal":
         return MigrateReport(spec.masked, names, import_database(rdb_engine(st)))
-    changed = [
-        import_journal(
-            JournalStore(str(spec.path), name).path, name, st.get_study_user_attrs(st.get_study_id_from_name(name))
+    changed = []
+    for name in names:
+        study_id = st.get_study_id_from_name(name)
+        trials = [trial_record(t) for t in st.get_all_trials(study_id, deepcopy=False)]
+        changed.append(
+            import_journal(JournalStore(str(spec.path), name).path, name, st.get_study_user_attrs(study_id), trials)
         )
-        for name in names
-    ]
     return MigrateReport(spec.masked, names, any(changed))

@@ -28,11 +28,9 @@ from ilr_search.errors import UserInputError
 from ilr_search.knobs import KnobValue, with_knobs
 from ilr_search.search.pruners import pruner_settings
 from ilr_search.storage import StorageSpec
+from ilr_search.storage.trials import CONFIG_ATTR  # the study attribute of its stored configuration
 from ilr_search.training.device import frozen_dtype, resolve_device, resolve_dtype
 from ilr_search.training.flops import Budget, parse_budget
-
-CONFIG_ATTR = "ilr:config"
-
 
 SAMPLER_ATTR = "ilr:sampler"
 

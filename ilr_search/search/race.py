@@ -248,8 +248,7 @@ def open_race_jobs(
 ) -> tuple[list[RaceJob], RaceSettings, RaceState]:
     """The runs the racing policy asks for now that the storage does not hold yet (none where the race is done or
     off), with the race's settings and state, read from the study as it stands."""
-    trials = study_trials(study)
-    settings, results, state = study_race(trials, study.user_attrs, store.runs(), max_steps)
+    settings, results, state = study_race(study.user_attrs, store.runs(), max_steps)
     have = {(r.map_key, r.steps, r.seed) for r in results}
     open_jobs = [j for j in state.next_jobs if (j.map_key, j.steps, j.seed) not in have]
     if state.done or not settings.races:  # (a race that is off trains nothing, not even an untrained baseline)

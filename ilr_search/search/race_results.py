@@ -32,7 +32,8 @@ from ilr_search.config import (
 )
 from ilr_search.search.plan import CONFIG_ATTR, OPTIONAL_TRAIN_FIELDS
 from ilr_search.storage import Run, RunJob
-from ilr_search.storage.trials import TrialRecord, study_ledger
+from ilr_search.storage.store import study_ledger
+from ilr_search.storage.trials import TrialRecord
 from ilr_search.training.flops import param_count
 from ilr_search.training.schedule import Map, is_baseline_key, map_text
 
@@ -101,27 +102,21 @@ def race_run_job(job: RaceJob, base_steps: int) -> RunJob:
     return RunJob(factor_key(job.steps / base_steps if base_steps else 0), job.seed, job.map_key)
 
 
-def stored_results(
-    trials: Sequence[TrialRecord], study_attrs: Mapping[str, Any], rows: Sequence[Run]
-) -> list[StoredResult]:
+def stored_results(study_attrs: Mapping[str, Any], rows: Sequence[Run]) -> list[StoredResult]:
     """Every finished result of the study's ledger (study_ledger), one per (map, steps, seed): the trials' at the
     proxy's length (complete or diverged; a pruned trial has no result at a length the race knows), the reference
     runs of reuse maps, and the race runs; the first run of a (map, steps, seed) wins, in that order. `rows`: the
     store's runs (Store.runs)."""
-    config = study_attrs[CONFIG_ATTR]
-    schedule = lr_schedule(config)
+    schedule = lr_schedule(study_attrs[CONFIG_ATTR])
     unique: dict[tuple[str, int, int], StoredResult] = {}
-    for run in study_ledger(trials, rows, int(config["train"]["steps"]), int(config["train"]["seed"])):
+    for run in study_ledger(rows):
         if run.finished and (run.kind != "reference" or run.reuse_map):  # block recurrence is no reuse map
             unique.setdefault((run.map_key, run.steps, run.seed), StoredResult.of_run(run, schedule))
     return list(unique.values())
 
 
 def study_race(
-    trials: Sequence[TrialRecord],
-    study_attrs: Mapping[str, Any],
-    rows: Sequence[Run],
-    max_steps: int | None = None,
+    study_attrs: Mapping[str, Any], rows: Sequence[Run], max_steps: int | None = None
 ) -> tuple[RaceSettings, list[StoredResult], RaceState]:
     """The race's settings, the study's results, and the policy's decision on them. The policy sees the maps
     a trial trained to the proxy's length (and the baseline), and the equal-compute models (deepR): a pruned
@@ -129,7 +124,7 @@ def study_race(
     one. The compute cap: `max_steps`, or the one the study's last run raced under."""
     config = study_attrs[CONFIG_ATTR]
     settings = race_settings(config, max_steps if max_steps is not None else study_attrs.get(RACE_CAP_ATTR))
-    results = stored_results(trials, study_attrs, rows)
+    results = stored_results(study_attrs, rows)
     baseline = Map.baseline(int(config["model"]["n_layers"])).key
     raced = {r.map_key for r in results if r.is_trial} | {baseline}
     evaluations = [r.evaluation() for r in results if r.map_key in raced or Map.form_of(r.map_key) == "deeper"]
@@ -221,7 +216,7 @@ def race_report(
     study not made by ilr-search (it has no race)."""
     if CONFIG_ATTR not in study_attrs:
         return None
-    settings, results, state = study_race(trials, study_attrs, rows)
+    settings, results, state = study_race(study_attrs, rows)
     points = decided_points(trials, settings, state)
     equal = equal_compute_report(state.equal_compute, SpaceConfig.from_dict(study_attrs[CONFIG_ATTR]).model)
     front = front_rows(points, trials, results)

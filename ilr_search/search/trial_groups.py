@@ -267,8 +267,8 @@ class SearchRun:
             self.store.finish_run("trial", job, self.worker, "interrupted", None, None, None, (), None, None)
             return
         run = record.run(self.plan.space.train.steps, job.seed)
-        result = (run.val_loss, run.val_ppl, run.val_bpb, (), record.train_seconds, run.reason)
-        self.store.finish_run("trial", job, self.worker, run.state, *result)
+        result = (run.val_loss, run.val_ppl, run.val_bpb, (), run.seconds, run.reason)
+        self.store.finish_run("trial", job, self.worker, run.state, *result, trial=record.number)
 
     def _beat(self) -> bool:
         """One heartbeat of this worker: its registration and the trial runs it holds."""

@@ -5,11 +5,11 @@
   a trial's attributes written in one transaction: set_trial_user_attrs;
 - heartbeat: how often running work beats and when silence means it died: Heartbeat; a worker's name: new_worker;
 - store: the project's own records beside Optuna's trials (curves, pruning, fronts, and the runs: race, reference,
-  trial and worker, the claimed ones by one protocol): Store; Run, the one record of a stored run of any kind;
+  trial and worker, the claimed ones by one protocol): Store; Run, the one record of a stored run of any kind; the
+  study's results in one list: study_ledger;
 - sql_store, journal_store: the Store in the study's SQL database, or in a file beside a journal;
 - trials: the names of the attributes the objective writes on a trial, and a study's trials read from Optuna
-  once, into TrialRecord: study_trials (which trials count as trained results: trained_results); a study's runs
-  in one list, its trials' with the store's: study_ledger;
+  once, into TrialRecord: study_trials (which trials count as trained results: trained_results);
 - study_import: a study stored before the ledger of runs, imported once (open_store; `ilr-search migrate`);
 - optuna_compat: the one door to Optuna's private names (a study's storage, trial ids...);
 - opening: the Store of a spec, on the engine of the Optuna storage open there: open_store; a study's

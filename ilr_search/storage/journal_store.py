@@ -27,6 +27,7 @@ from ilr_search.storage.store import (
     run_held,
 )
 
+LEDGER_LINE = "ledger"  # the line saying a study's trials were imported into their runs (study_import.import_journal)
 CLAIMED_KINDS: tuple[RunKind, ...] = ("race", "trial", "worker")  # the runs claimed by a worker (claim_run)
 
 
@@ -80,7 +81,7 @@ class JournalStore(Store):
         if not self.path.exists():
             return False
         with self._locked() as records:
-            return any(r["study"] == self.study for r in records)
+            return any(r["study"] == self.study and r["kind"] != LEDGER_LINE for r in records)
 
     def add_curve_point(self, point: CurvePoint, tokens: int) -> None:
         with self._locked():

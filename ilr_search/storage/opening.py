@@ -14,6 +14,7 @@ from ilr_search.storage.optuna_storage import engine_kwargs, rdb_engine
 from ilr_search.storage.sql_store import SQLStore
 from ilr_search.storage.store import Run, Store, stored_references
 from ilr_search.storage.study_import import import_database, import_journal, needs_import
+from ilr_search.storage.trials import trial_record
 from ilr_search.storage.urls import StorageSpec
 
 
@@ -26,13 +27,16 @@ def open_store(
     store makes its own engine, with the same settings (and a journal study's attributes are not imported)."""
     if spec.kind == "journal":
         store = JournalStore(str(spec.path), study)
-        attrs = {}
+        attrs, trials = {}, []
         if storage is not None:
             try:
-                attrs = storage.get_study_user_attrs(storage.get_study_id_from_name(study))
+                study_id = storage.get_study_id_from_name(study)
             except KeyError:  # no such study yet
                 pass
-        import_journal(store.path, study, attrs)
+            else:
+                attrs = storage.get_study_user_attrs(study_id)
+                trials = [trial_record(t) for t in storage.get_all_trials(study_id, deepcopy=False)]
+        import_journal(store.path, study, attrs, trials)
         return store
     engine = rdb_engine(storage) if storage is not None else sa.create_engine(spec.url, **engine_kwargs(spec))
     if spec.read_only and needs_import(engine):

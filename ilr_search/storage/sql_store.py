@@ -11,9 +11,9 @@
   audit's longer retrainings (`ilr-search audit`, which the race reads as its own), one per (factor, seed, map),
   claimed by the worker that trains it, with its heartbeat, result, learning curve and a frozen run's per-unit
   scores. Kind "trial": a trial's map, claimed by the worker that trains it (the same protocol), with its
-  result once told. Kind "worker": a worker's registration, beaten while its trials run. Kind "reference": the
-  reference runs, written once each finishes.
-  A database stored before it (schema version 1 to 3) is imported once (study_import.py).
+  result and the trial's number once told. Kind "worker": a worker's registration, beaten while its trials run.
+  Kind "reference": the reference runs, written once each finishes.
+  A database stored before it (schema version 1 to 4) is imported once (study_import.py).
 
 Created on first use; every write is one short transaction, safe with several writers.
 """
@@ -46,7 +46,8 @@ from ilr_search.storage.store import (
 
 log = logging.getLogger("ilr_search")
 
-SCHEMA_VERSION = 4  # 2: ilr_audit renamed ilr_race_runs; 3: race and reference runs in ilr_runs; 4: claims too
+# 2: ilr_audit renamed ilr_race_runs; 3: race and reference runs in ilr_runs; 4: claims too; 5: trials' results too
+SCHEMA_VERSION = 5
 
 metadata = sa.MetaData()
 
@@ -124,6 +125,7 @@ runs_table = sa.Table(
     sa.Column("seconds", sa.Float, nullable=True),
     sa.Column("reason", sa.Text, nullable=True),
     sa.Column("scores", sa.Text, nullable=True),  # JSON [score, ...] in unit order (a frozen run's)
+    sa.Column("trial", sa.Integer, nullable=True),  # a trial run's: the trial told with its result
     sa.Column("schedule", sa.Text, nullable=True),  # JSON (a reference's, as its other fields below)
     sa.Column("reuse_map", sa.Text, nullable=True),  # JSON
     sa.Column("knobs", sa.Text, nullable=True),  # JSON

@@ -17,7 +17,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from ilr_search.knobs import KnobValue, config_key
 
@@ -44,8 +44,8 @@ class Run:
     at `replicate` (a seed, or in a frozen study a chunk of held-out windows or items), with its FLOPs ratio, its
     `state` (running | complete | failed: diverged | interrupted | pruned) and, once finished, its losses, curve
     (step, validation loss), seconds, reason and a frozen run's score of each unit of its chunk, in unit order
-    (what the race pairs by unit). `kind`: "trial" (Optuna's trial number `trial` where read from its attributes:
-    TrialRecord.run; as stored, the claim of the map by the worker that trains it), "reference" (named `name`:
+    (what the race pairs by unit). `kind`: "trial" (the map claimed by the worker that trains it for a trial; once
+    that trial is told, its result and Optuna's number of the trial, `trial`), "reference" (named `name`:
     baseline_seedN, second_seed, blockK; with its `schedule`, `reuse_map`, None for block recurrence, `knobs`,
     `block_map` and the trainer's `status`, ok | diverged), "race" (the race's or the audit's: the race reads the
     audit's runs as its own) or "worker" (a worker's registration, its number the replicate, alive while its
@@ -116,7 +116,7 @@ class Run:
             r.get("reason"),
             tuple(float(v) for v in json.loads(r.get("scores") or "[]")),
             r["name"] if kind == "reference" else "",
-            None,
+            r.get("trial"),
             ints(r.get("schedule")),
             ints(r.get("reuse_map")),
             json.loads(r.get("knobs") or "{}"),
@@ -142,6 +142,7 @@ class Run:
             "seconds": self.seconds,
             "reason": self.reason,
             "scores": json.dumps(list(self.scores)) if self.scores else None,
+            "trial": self.trial,
             # a reference's own fields
             "name": self.name,
             "schedule": json.dumps(list(self.schedule)) if self.schedule is not None else None,
@@ -372,9 +373,10 @@ class Store(ABC):
         seconds: float | None,
         reason: str | None,
         scores: Sequence[float] = (),
+        trial: int | None = None,
     ) -> bool:
-        """Store the result (a frozen run's: with its units' `scores`) if `worker` still holds the run; False if
-        another worker took it over."""
+        """Store the result (a frozen run's: with its units' `scores`; a trial run's: the number of the trial told
+        with it) if `worker` still holds the run; False if another worker took it over."""
         result = {
             "state": state,
             "val_loss": val_loss,
@@ -384,6 +386,7 @@ class Store(ABC):
             "seconds": seconds,
             "reason": reason,
             "scores": json.dumps([float(v) for v in scores]) if scores else None,
+            "trial": trial,
         }
         return self._finish_run(kind, job, worker, result)
 
@@ -414,6 +417,21 @@ class Store(ABC):
     def worker_beats(self) -> dict[str, float]:
         """The registered workers' last heartbeats, by worker name."""
         return {r.worker: r.heartbeat for r in self.runs() if r.kind == "worker"}
+
+
+def study_ledger(stored: Iterable[Run]) -> list[Run]:
+    """The results of a study's ledger, in one list: the trial runs told with a result (complete, pruned or
+    diverged), by trial number; the reference runs, by name; the race runs. `stored`: the store's runs
+    (Store.runs)."""
+    stored = list(stored)
+    return (
+        sorted(
+            (r for r in stored if r.kind == "trial" and r.trial is not None and r.state in ENDED_STATES),
+            key=lambda r: cast(int, r.trial),
+        )
+        + sorted((r for r in stored if r.kind == "reference"), key=lambda r: r.name)
+        + [r for r in stored if r.kind == "race"]
+    )
 
 
 def stored_references(runs: Iterable[Run]) -> dict[str, Run]:

@@ -17,16 +17,19 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from optuna.trial import TrialState
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
-from ilr_search.storage.journal_store import flocked, read_records, write_records
+from ilr_search.storage.journal_store import LEDGER_LINE, flocked, read_records, write_records
 from ilr_search.storage.sql_store import SCHEMA_VERSION, retry_locked, run_name, runs_table, schema_table
 from ilr_search.storage.store import Run, RunJob, claimed_run, reference_run, worker_job
+from ilr_search.storage.trials import CONFIG_ATTR, TrialRecord, attrs_record, trial_runs
 
 log = logging.getLogger("ilr_search")
 
@@ -75,6 +78,15 @@ _optuna_study_attrs = sa.table(
     sa.column("key"),
     sa.column("value_json"),
 )
+_optuna_trials = sa.table(
+    "trials", sa.column("trial_id"), sa.column("number"), sa.column("study_id"), sa.column("state")
+)
+_optuna_trial_attrs = sa.table(
+    "trial_user_attributes", sa.column("trial_id"), sa.column("key"), sa.column("value_json")
+)
+OPTUNA_TABLES = {"studies", "study_user_attributes", "trials", "trial_user_attributes"}
+TRIAL_RESULT = ("state", "val_loss", "val_ppl", "val_bpb", "seconds", "reason", "trial")  # what a told trial writes
+IMPORTED_WORKER = "imported"  # the worker of a run the import wrote
 
 
 def old_references(study_attrs: Mapping[str, Any]) -> dict[str, Run]:
@@ -108,10 +120,63 @@ def old_worker(study: str, map_key: str) -> dict[str, Any] | None:
     return {"study": study} | claimed_run(job, "imported", 0.0, 0.0, 0) | {"state": "complete"}
 
 
-def needs_import(engine: sa.Engine) -> bool:
-    """Whether the database holds an old race runs' table or the old claims (what makes it a database before the
-    ledger)."""
-    return bool({*OLD_RACE_RUNS, OLD_CLAIMS} & set(sa.inspect(engine).get_table_names()))
+def needs_import(engine: sa.Engine | sa.Connection) -> bool:
+    """Whether the database was stored before this ledger: it holds an old race runs' table or the old claims
+    (schema version 1 to 3), or its schema version is older than this one's (4: its trials' results are not in
+    their runs)."""
+    tables = set(sa.inspect(engine).get_table_names())
+    if {*OLD_RACE_RUNS, OLD_CLAIMS} & tables:
+        return True
+    if schema_table.name not in tables:
+        return False
+    with engine.connect() if isinstance(engine, sa.Engine) else nullcontext(engine) as conn:
+        version = conn.execute(sa.select(schema_table.c.version).where(schema_table.c.id == 1)).scalar()
+    return version is not None and version < SCHEMA_VERSION
+
+
+def _study_trial_runs(conn: sa.Connection, tables: set[str]) -> dict[str, list[Run]]:
+    """Of each study made by ilr-search (it has its stored configuration), the trial runs its trials hold
+    (trial_runs), read from Optuna's tables."""
+    if not OPTUNA_TABLES <= tables:
+        return {}
+    s, a, t, ta = _optuna_studies.c, _optuna_study_attrs.c, _optuna_trials.c, _optuna_trial_attrs.c
+    configs = {
+        name: json.loads(value)
+        for name, value in conn.execute(
+            sa.select(s.study_name, a.value_json)
+            .join_from(_optuna_study_attrs, _optuna_studies, a.study_id == s.study_id)
+            .where(a.key == CONFIG_ATTR)
+        )
+    }
+    trials: dict[tuple[str, int], tuple[Any, dict[str, Any]]] = {}
+    for name, number, state, key, value in conn.execute(
+        sa.select(s.study_name, t.number, t.state, ta.key, ta.value_json)
+        .join_from(_optuna_trials, _optuna_studies, t.study_id == s.study_id)
+        .outerjoin(_optuna_trial_attrs, ta.trial_id == t.trial_id)
+    ):
+        _, attrs = trials.setdefault((name, number), (state, {}))
+        if key is not None:
+            attrs[key] = json.loads(value)
+    records: dict[str, list[TrialRecord]] = {}
+    for (name, number), (state, attrs) in trials.items():
+        state = state if isinstance(state, TrialState) else TrialState[str(state)]
+        records.setdefault(name, []).append(attrs_record(number, state, attrs))
+    return {name: trial_runs(records.get(name, []), config) for name, config in configs.items()}
+
+
+def _import_trial_rows(conn: sa.Connection, tables: set[str]) -> None:
+    """Write each told trial's result to its map's trial run (the run it claimed, or a new one where the study was
+    stored before trials claimed runs), with the trial's number."""
+    t = runs_table.c
+    if "trial" not in {c["name"] for c in sa.inspect(conn).get_columns(runs_table.name)}:
+        conn.exec_driver_sql(f"ALTER TABLE {runs_table.name} ADD COLUMN trial INTEGER")
+    for study, runs in _study_trial_runs(conn, tables).items():
+        for run in runs:
+            record = run.to_record() | {"worker": IMPORTED_WORKER, "name": run_name(run.job)}
+            where = sa.and_(t.study == study, t.kind == "trial", t.name == record["name"])
+            if conn.execute(runs_table.update().where(where).values({k: record[k] for k in TRIAL_RESULT})).rowcount:
+                continue
+            conn.execute(runs_table.insert().values(study=study, kind="trial", **record))
 
 
 def _old_race_rows(conn: sa.Connection, table: sa.Table, tables: set[str]) -> list[dict[str, Any]]:
@@ -166,7 +231,7 @@ def _import_rows(conn: sa.Connection, tables: set[str]) -> None:
 
 @retry_locked
 def import_database(engine: sa.Engine) -> bool:
-    """Import a database stored before the ledger (schema version 1 to 3); True if this call imported it. One
+    """Import a database stored before the ledger (schema version 1 to 4); True if this call imported it. One
     transaction looks and moves: on SQLite it holds the write lock from the start (BEGIN IMMEDIATE), on PostgreSQL
     it locks ilr_schema first, so of two processes opening one old database at once the first imports and the
     second finds it imported. A database of the ledger (or a new one) is left as it is, and no lock is taken."""
@@ -179,11 +244,12 @@ def import_database(engine: sa.Engine) -> bool:
                 conn.exec_driver_sql("BEGIN IMMEDIATE")  # the write lock before the look (pysqlite begins lazily)
             elif conn.dialect.name == "postgresql" and schema_table.name in found:
                 conn.exec_driver_sql(f"LOCK TABLE {schema_table.name} IN EXCLUSIVE MODE")
-            tables = set(sa.inspect(conn).get_table_names())
-            if not {*OLD_RACE_RUNS, OLD_CLAIMS} & tables:
+            if not needs_import(conn):
                 return False  # imported by another process meanwhile
+            tables = set(sa.inspect(conn).get_table_names())
             runs_table.create(conn, checkfirst=True)
             _import_rows(conn, tables)
+            _import_trial_rows(conn, tables)
             conn.execute(
                 schema_table.update()
                 .where(schema_table.c.id == 1, schema_table.c.version < SCHEMA_VERSION)
@@ -194,17 +260,24 @@ def import_database(engine: sa.Engine) -> bool:
         if not needs_import(engine):
             return False
         raise
-    log.info("storage: race and reference runs and worker registrations imported into table %s", runs_table.name)
+    log.info(
+        "storage: trials' results, race and reference runs and worker registrations imported into table %s",
+        runs_table.name,
+    )
     return True
 
 
-def import_journal(side_file: Path, study: str, study_attrs: Mapping[str, Any]) -> bool:
+def import_journal(
+    side_file: Path, study: str, study_attrs: Mapping[str, Any], trials: Iterable[TrialRecord] = ()
+) -> bool:
     """Import a journal study's old records into its side file (JournalStore's): lines of kind "audit" become
     "race_run", lines of kind "claim" that registered a worker become "worker_run" (the other claims are dropped),
     and where a reference run of the study's attributes has no line of its name, each of them becomes
     one, ahead of the file's lines (a reference stored since then keeps the attribute's place and its own result,
     as they read before). The journal keeps the attributes (it forgets nothing); once imported they are passed
-    over. True if this call changed the file."""
+    over. A study made by ilr-search (it has its stored configuration) whose `trials` were not imported yet (no
+    line of kind "ledger") has each told trial's result written as its map's trial run (trial_runs), then that
+    line. True if this call changed the file."""
     with flocked(str(side_file) + ".lock"):
         lines = read_records(side_file)
         stored = {r["name"] for r in lines if r["study"] == study and r["kind"] == "reference"}
@@ -215,10 +288,16 @@ def import_journal(side_file: Path, study: str, study_attrs: Mapping[str, Any]) 
         renamed = [
             _imported_line(r) for r in lines if r["kind"] != "claim" or r["map_key"].startswith(OLD_WORKER_PREFIX)
         ]
-        if not imported and renamed == lines:
+        told = []
+        if CONFIG_ATTR in study_attrs and not any(r["study"] == study and r["kind"] == LEDGER_LINE for r in lines):
+            told = [
+                {"study": study, **run.to_record(), "kind": "trial_run", "worker": IMPORTED_WORKER}
+                for run in trial_runs(trials, study_attrs[CONFIG_ATTR])
+            ] + [{"study": study, "kind": LEDGER_LINE}]
+        if not imported and not told and renamed == lines:
             return False
         part = side_file.with_name(side_file.name + ".import")
-        write_records(part, imported + renamed, "w")
+        write_records(part, imported + renamed + told, "w")
         os.replace(part, side_file)
         return True
 

@@ -2,8 +2,8 @@
 on a trial, shared by that writer and this reader, and TrialRecord, every one of them read once from Optuna's
 FrozenTrial. study_trials reads a study's trials into records: every reader of results goes through it (or,
 holding one FrozenTrial that Optuna handed over, through trial_record). A study stored by an earlier version lacks
-some attributes: they read as None (or their stated default). A trial's result reads as a Run of the study's
-ledger (TrialRecord.run), beside the store's runs (study_ledger)."""
+some attributes: they read as None (or their stated default). A trial's result is written to the run of its map
+(TrialRecord.run), which the study's ledger reads (store.study_ledger)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from optuna.trial import FrozenTrial, TrialState
 from ilr_search.knobs import KnobValue
 from ilr_search.storage.store import Run
 from ilr_search.training.schedule import Map
+
+CONFIG_ATTR: Final = "ilr:config"  # the study attribute of its stored configuration (search/plan.py)
 
 
 class TrialAttr:
@@ -156,9 +158,9 @@ class TrialRecord:
         return (self.datetime_complete - self.datetime_start).total_seconds()
 
     def run(self, steps: int, seed: int) -> Run:
-        """Its result as a run of the study's ledger (kind "trial"): its map at the proxy's length `steps` and the
-        space's `seed`; complete, failed (diverged), pruned, or its Optuna state in lower case (running, waiting,
-        fail). Needs its map (a trial that proposed)."""
+        """Its result as the run of its map in the study's ledger (kind "trial"): its map at the proxy's length
+        `steps` and the space's `seed`; complete, failed (diverged), pruned, or its Optuna state in lower case
+        (running, waiting, fail); its losses where complete. Needs its map (a trial that proposed)."""
         assert self.map_key is not None and self.flops_ratio is not None, f"trial {self.number} has no map"
         state = self.state.name.lower()
         if self.state == TrialState.FAIL and self.status == "diverged":
@@ -175,11 +177,9 @@ class TrialRecord:
             val_loss=self.val_loss if complete else None,
             val_ppl=self.val_ppl if complete else None,
             val_bpb=self.val_bpb if complete else None,
+            seconds=self.train_seconds,
             reason=self.reason,
             trial=self.number,
-            reuse_map=self.reuse_map,
-            knobs=self.knobs,
-            status=self.status,
         )
 
     def reused_result(self) -> TrialResultAttrs:
@@ -206,14 +206,23 @@ def _number(value: Any, kind: type) -> Any:
 def trial_record(t: FrozenTrial) -> TrialRecord:
     """The record of a stored trial; attributes it lacks (a trial still proposing, or an older study) read as
     None, or as their default."""
-    a = t.user_attrs
-    return TrialRecord(
-        number=t.number,
-        state=t.state,
+    return attrs_record(
+        t.number,
+        t.state,
+        t.user_attrs,
         params=dict(t.params),
         values=list(t.values) if t.values else None,
         datetime_start=t.datetime_start,
         datetime_complete=t.datetime_complete,
+    )
+
+
+def attrs_record(number: int, state: TrialState, a: Mapping[str, Any], **optuna_fields: Any) -> TrialRecord:
+    """The record of trial `number` in `state` from its user attributes `a` (and Optuna's own `optuna_fields`)."""
+    return TrialRecord(
+        number=number,
+        state=state,
+        **optuna_fields,
         reuse_map=_ints(a.get(TrialAttr.REUSE_MAP)),
         map_key=a.get(TrialAttr.MAP_KEY),
         flops_ratio=_number(a.get(TrialAttr.FLOPS_RATIO), float),
@@ -246,19 +255,18 @@ def study_trials(study: optuna.Study) -> list[TrialRecord]:
     return [trial_record(t) for t in study.get_trials(deepcopy=False)]
 
 
-def study_ledger(trials: Iterable[TrialRecord], stored: Iterable[Run], steps: int, seed: int) -> list[Run]:
-    """Every run of a study, one list: the runs of the trials that trained their map (TrialRecord.run, at the proxy's
-    length `steps` and the space's `seed`), by number; the stored reference runs, by name; the stored race runs.
-    `stored`: the store's runs (Store.runs)."""
-    trained = sorted((t for t in trials if t.trained_its_map), key=lambda t: t.number)
-    stored = list(stored)
-    return (
-        [t.run(steps, seed) for t in trained]
-        + sorted((r for r in stored if r.kind == "reference"), key=lambda r: r.name)
-        + [r for r in stored if r.kind == "race"]
-    )
-
-
 def trained_results(trials: Iterable[TrialRecord]) -> list[TrialRecord]:
     """The complete trials that trained their map and have a perplexity (TrialRecord.is_trained_result)."""
     return [r for r in trials if r.is_trained_result]
+
+
+def trial_runs(trials: Iterable[TrialRecord], config: Mapping[str, Any]) -> list[Run]:
+    """The trial runs of a study's ledger as its trials hold them: of each map, the run of the first trial that
+    trained it to a result (TrialRecord.run at the proxy's length and the space's seed of the study's stored
+    `config`)."""
+    steps, seed = int(config["train"]["steps"]), int(config["train"]["seed"])
+    runs: dict[str, Run] = {}
+    for t in sorted(trials, key=lambda t: t.number):
+        if t.trained_its_map:
+            runs.setdefault(cast(str, t.map_key), t.run(steps, seed))
+    return list(runs.values())
