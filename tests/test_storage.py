@@ -231,3 +231,47 @@ def test_two_processes_opening_an_older_database_at_once_move_its_runs_once(sql_
         count = conn.execute(sa.text("SELECT count(*) FROM ilr_runs")).scalar_one()
     engine.dispose()
     assert {"ilr_race_runs", "ilr_map_claims"}.isdisjoint(names) and version == 5 and count == 3
+
+
+def _study_of_two_told_trials(storage: optuna.storages.BaseStorage) -> None:
+    """A study of ilr-search (its stored configuration: the proxy's 8 steps at seed 3) with two complete trials."""
+    study = optuna.create_study(study_name="s", storage=storage)
+    study.set_user_attr("ilr:config", {"train": {"steps": 8, "seed": 3}})
+    told = {"map_key": "2,1", "reuse_map": [2, 1], "flops_ratio": 1.5, "status": "ok", "val_loss": 4.0, "val_ppl": 54.6}
+    study.add_trial(optuna.trial.create_trial(value=54.6, user_attrs=told | {"train_seconds": 2.0}))
+    study.add_trial(optuna.trial.create_trial(value=60.0, user_attrs=told | {"map_key": "1,2", "reuse_map": [1, 2]}))
+
+
+def test_a_schema_4_database_writes_its_told_trials_on_their_runs_once(sql_url):
+    """A database of schema version 4 holds its trials' runs without their numbers, or no run where a trial was
+    told before runs were claimed: on first open each told trial's result is written on its map's run, with the
+    trial's number."""
+    storage = open_storage(parse_storage(sql_url))
+    _study_of_two_told_trials(storage)
+    store = open_store(parse_storage(sql_url), "s", storage=storage)
+    job = RunJob("1", 3, "2,1")
+    assert store.claim_run("trial", job, "w", 1.5, 8, 60.0)  # as version 4 claimed and finished it, no number
+    store.finish_run("trial", job, "w", "complete", 4.0, 54.6, None, (), 2.0, None)
+    with rdb_engine(storage).begin() as conn:
+        conn.execute(sa.text("ALTER TABLE ilr_runs DROP COLUMN trial"))
+        conn.execute(sa.text("UPDATE ilr_schema SET version = 4"))
+    expected = [(0, "2,1", "complete", 54.6, 2.0, "w"), (1, "1,2", "complete", 54.6, None, "imported")]
+    for _ in range(2):  # imported by the first opening, read as they are by the second
+        runs = open_store(parse_storage(sql_url), "s").runs()
+        assert [(r.trial, r.map_key, r.state, r.val_ppl, r.seconds, r.worker) for r in runs if r.kind == "trial"] == [
+            expected[1],
+            expected[0],
+        ]
+
+
+def test_a_journal_study_writes_its_told_trials_on_their_runs_once(tmp_path):
+    spec = parse_storage(f"journal:{tmp_path / 'j.log'}")
+    storage = open_storage(spec)
+    _study_of_two_told_trials(storage)
+    first = [r for r in open_store(spec, "s", storage=storage).runs() if r.kind == "trial"]
+    assert [(r.trial, r.map_key, r.steps, r.seed, r.state, r.val_ppl) for r in first] == [
+        (1, "1,2", 8, 3, "complete", 54.6),
+        (0, "2,1", 8, 3, "complete", 54.6),
+    ]
+    lines = (tmp_path / "j.log.ilr").read_text()
+    assert open_store(spec, "s", storage=storage).runs() == first and (tmp_path / "j.log.ilr").read_text() == lines
