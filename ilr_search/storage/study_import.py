@@ -1,4 +1,4 @@
-"""The one-shot import of a study stored before the ledger of runs (ilr-search schema version 1 to 3): its race runs
+"""The one-shot import of a study stored before the ledger of runs (ilr-search schema version 1 to 4): its race runs
 in a table of their own (ilr_audit in version 1, ilr_race_runs in 2, a frozen run's scores in ilr_run_scores) and
 its reference runs in study attributes `ilr:reference:NAME` become runs of the ledger (ilr_runs), and the old tables
 and attributes are dropped. Its map claims (ilr_map_claims, up to version 3) were held by trials that have all
@@ -6,7 +6,8 @@ ended (a study is not shared with workers of an older ilr-search), whose results
 but the workers' registrations among them (`worker:k`) become runs of kind "worker", so that a resumed study's
 next worker samples from a stream of its own. A journal's side file keeps the same runs as lines of kind "audit",
 claims as lines of kind "claim", and its study attributes: they become lines of kind "race_run", "worker_run" and
-"reference".
+"reference". A study's told trials (up to version 4 their results lived only in Optuna's attributes) have each
+its result and number written on its map's run of kind "trial".
 
 open_store imports a study's storage when it first opens it (import_database, import_journal), and
 `ilr-search migrate` does so for every study of a storage; the stores themselves read only the ledger.
