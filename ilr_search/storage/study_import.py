@@ -118,7 +118,7 @@ def old_worker(study: str, map_key: str) -> dict[str, Any] | None:
     if not map_key.startswith(OLD_WORKER_PREFIX):
         return None
     job = worker_job(int(map_key[len(OLD_WORKER_PREFIX) :]))
-    return {"study": study} | claimed_run(job, "imported", 0.0, 0.0, 0) | {"state": "complete"}
+    return {"study": study} | claimed_run(job, IMPORTED_WORKER, 0.0, 0.0, 0) | {"state": "complete"}
 
 
 def needs_import(engine: sa.Engine | sa.Connection) -> bool:
