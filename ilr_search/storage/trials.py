@@ -82,8 +82,7 @@ FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 
 @dataclass(frozen=True)
 class TrialRecord:
-    """One trial of a study: Optuna's own fields and the attributes the objective writes on it that ilr-search reads
-    back (TrialAttr names them all)."""
+    """One trial of a study: Optuna's own fields and every attribute the objective writes on it."""
 
     number: int
     state: TrialState
@@ -108,10 +107,12 @@ class TrialRecord:
     tokens_per_second: float | None = None
     pruned_at_step: int | None = None
     steps_saved: int = 0
+    fused_group: int | None = None
     route_fractions: dict[str, float] | None = None
     realised_flops_ratio: float | None = None
     reused_from: int | None = None
     recovered_from: int | None = None
+    retry_of: int | None = None
     surplus: bool = False
 
     @property
@@ -239,10 +240,12 @@ def attrs_record(number: int, state: TrialState, a: Mapping[str, Any], **optuna_
         tokens_per_second=_number(a.get(TrialAttr.TOKENS_PER_SECOND), float),
         pruned_at_step=_number(a.get(TrialAttr.PRUNED_AT_STEP), int),
         steps_saved=int(a.get(TrialAttr.STEPS_SAVED) or 0),
+        fused_group=_number(a.get(TrialAttr.FUSED_GROUP), int),
         route_fractions=a.get(TrialAttr.ROUTE_FRACTIONS),
         realised_flops_ratio=_number(a.get(TrialAttr.REALISED_FLOPS_RATIO), float),
         reused_from=_number(a.get(TrialAttr.REUSED_FROM), int),
         recovered_from=_number(a.get(TrialAttr.RECOVERED_FROM), int),
+        retry_of=_number(a.get(TrialAttr.RETRY_OF), int),
         surplus=bool(a.get(TrialAttr.SURPLUS, False)),
     )
 
