@@ -45,7 +45,9 @@ def test_an_old_study_lists_and_reports(old_study, cli):
 @pytest.mark.slow
 def test_an_old_study_resumes_with_the_same_command(old_study, cli):
     folder, storage = old_study
-    with one_core():  # raced on resume in this process (conftest.one_core)
+    # raced on resume in this process (conftest.one_core), at the old space's target (4x: 96-step runs) under a
+    # cap on the race's steps: the resume and the race's start are the point, not the length of a race to its end
+    with one_core():
         proc = cli(
             "run",
             "--space",
@@ -58,6 +60,8 @@ def test_an_old_study_resumes_with_the_same_command(old_study, cli):
             storage,
             "--n-trials",
             "4",
+            "--max-race-steps",
+            "500",
             "--json",
             cwd=folder,
         )
@@ -65,6 +69,7 @@ def test_an_old_study_resumes_with_the_same_command(old_study, cli):
     summary = json.loads(proc.stdout)
     assert summary["study"] == STUDY and summary["n_complete"] + summary["n_pruned"] == 4
     assert summary["target_steps"] == 4 * 24 and summary["verdict"]  # a study made before the race is raced on resume
+    assert 0 < summary["race_steps"] <= 500
 
 
 def test_an_old_studys_trials_read_as_records(old_study):
