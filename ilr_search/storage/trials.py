@@ -8,7 +8,7 @@ some attributes: they read as None (or their stated default). A trial's result i
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Final, TypedDict, cast
 
@@ -16,7 +16,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from ilr_search.knobs import KnobValue
-from ilr_search.storage.store import Run
+from ilr_search.storage.store import ENDED_STATES, Run
 from ilr_search.training.schedule import Map
 
 CONFIG_ATTR: Final = "ilr:config"  # the study attribute of its stored configuration (search/plan.py)
@@ -50,7 +50,6 @@ class TrialAttr:
     REALISED_FLOPS_RATIO: Final = "realised_flops_ratio"
     # where a result came from
     REUSED_FROM: Final = "reused_from"  # the trial whose result this one reused (it trained nothing)
-    RECOVERED_FROM: Final = "recovered_from"  # the trial failed under its worker whose result this one keeps
     RETRY_OF: Final = "retry_of"  # the interrupted trial this queued one retries
     # a trial asked while the trials before it already made the study's target (two workers counted at the same
     # moment): it trains nothing and ends FAIL with this mark (search/trial_groups.py refuse_surplus)
@@ -111,7 +110,6 @@ class TrialRecord:
     route_fractions: dict[str, float] | None = None
     realised_flops_ratio: float | None = None
     reused_from: int | None = None
-    recovered_from: int | None = None
     retry_of: int | None = None
     surplus: bool = False
 
@@ -244,7 +242,6 @@ def attrs_record(number: int, state: TrialState, a: Mapping[str, Any], **optuna_
         route_fractions=a.get(TrialAttr.ROUTE_FRACTIONS),
         realised_flops_ratio=_number(a.get(TrialAttr.REALISED_FLOPS_RATIO), float),
         reused_from=_number(a.get(TrialAttr.REUSED_FROM), int),
-        recovered_from=_number(a.get(TrialAttr.RECOVERED_FROM), int),
         retry_of=_number(a.get(TrialAttr.RETRY_OF), int),
         surplus=bool(a.get(TrialAttr.SURPLUS, False)),
     )
@@ -253,6 +250,36 @@ def attrs_record(number: int, state: TrialState, a: Mapping[str, Any], **optuna_
 def study_trials(study: optuna.Study) -> list[TrialRecord]:
     """The records of a study's trials, in their order."""
     return [trial_record(t) for t in study.get_trials(deepcopy=False)]
+
+
+RUN_STATES = {"complete": (TrialState.COMPLETE, "ok"), "pruned": (TrialState.PRUNED, "pruned")}
+
+
+def with_run_result(record: TrialRecord, run: Run) -> TrialRecord:
+    """The record of the trial that `run` (a finished trial run) names, with the run's result where Optuna holds
+    none: a trial failed under its worker (or not yet told) once its result was on its map's run."""
+    if record.has_result:
+        return record
+    state, status = RUN_STATES.get(run.state, (TrialState.FAIL, "diverged"))
+    complete = state == TrialState.COMPLETE
+    return replace(
+        record,
+        state=state,
+        status=status,
+        reason=run.reason,
+        steps=run.steps if complete else record.steps,
+        val_loss=run.val_loss,
+        val_ppl=run.val_ppl,
+        val_bpb=run.val_bpb,
+        train_seconds=run.seconds,
+    )
+
+
+def with_run_results(trials: Iterable[TrialRecord], runs: Iterable[Run]) -> list[TrialRecord]:
+    """A study's trial records, each trial that a finished trial run names (Run.trial) with its result read from
+    the run where Optuna holds none (with_run_result). `runs`: the store's runs (Store.runs)."""
+    named = {r.trial: r for r in runs if r.kind == "trial" and r.trial is not None and r.state in ENDED_STATES}
+    return [with_run_result(t, named[t.number]) if t.number in named else t for t in trials]
 
 
 def trained_results(trials: Iterable[TrialRecord]) -> list[TrialRecord]:
