@@ -151,5 +151,7 @@ def test_a_trial_failed_under_its_worker_has_the_result_its_maps_run_holds():
     assert as_pruned.state == TrialState.PRUNED and as_pruned.has_result and not as_pruned.is_trained_result
     (as_diverged,) = with_run_results([failed], [dataclasses.replace(pruned, state="failed")])
     assert as_diverged.status == "diverged" and as_diverged.has_result
+    told_later = trial_record(made(0, TrialState.RUNNING))  # its result on the run, the trial not yet told
+    assert with_run_results([told_later], [run])[0].is_trained_result
     running = dataclasses.replace(run, state="running")  # a run still held: no result to read
     assert with_run_results([failed], [running]) == [failed]
