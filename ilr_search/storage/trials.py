@@ -2,8 +2,9 @@
 on a trial, shared by that writer and this reader, and TrialRecord, every one of them read once from Optuna's
 FrozenTrial. study_trials reads a study's trials into records: every reader of results goes through it (or,
 holding one FrozenTrial that Optuna handed over, through trial_record). A study stored by an earlier version lacks
-some attributes: they read as None (or their stated default). A trial's result is written to the run of its map
-(TrialRecord.run), which the study's ledger reads (store.study_ledger)."""
+some attributes: they read as None (or their stated default). A trial that trains a map writes its result on the map's
+run, which the study's ledger reads (store.study_ledger); with_run_results reads it back onto a trial failed under
+its worker."""
 
 from __future__ import annotations
 
@@ -155,31 +156,6 @@ class TrialRecord:
             return None
         return (self.datetime_complete - self.datetime_start).total_seconds()
 
-    def run(self, steps: int, seed: int) -> Run:
-        """Its result as the run of its map in the study's ledger (kind "trial"): its map at the proxy's length
-        `steps` and the space's `seed`; complete, failed (diverged), pruned, or its Optuna state in lower case
-        (running, waiting, fail); its losses where complete. Needs its map (a trial that proposed)."""
-        assert self.map_key is not None and self.flops_ratio is not None, f"trial {self.number} has no map"
-        state = self.state.name.lower()
-        if self.state == TrialState.FAIL and self.status == "diverged":
-            state = "failed"
-        complete = self.state == TrialState.COMPLETE
-        return Run(
-            "trial",
-            self.map_key,
-            "1",
-            seed,
-            state,
-            self.flops_ratio,
-            steps,
-            val_loss=self.val_loss if complete else None,
-            val_ppl=self.val_ppl if complete else None,
-            val_bpb=self.val_bpb if complete else None,
-            seconds=self.train_seconds,
-            reason=self.reason,
-            trial=self.number,
-        )
-
     def reused_result(self) -> TrialResultAttrs:
         """The attributes a trial that reuses this one's result copies (those this trial has)."""
         values: TrialResultAttrs = {
@@ -285,15 +261,3 @@ def with_run_results(trials: Iterable[TrialRecord], runs: Iterable[Run]) -> list
 def trained_results(trials: Iterable[TrialRecord]) -> list[TrialRecord]:
     """The complete trials that trained their map and have a perplexity (TrialRecord.is_trained_result)."""
     return [r for r in trials if r.is_trained_result]
-
-
-def trial_runs(trials: Iterable[TrialRecord], config: Mapping[str, Any]) -> list[Run]:
-    """The trial runs of a study's ledger as its trials hold them: of each map, the run of the first trial that
-    trained it to a result (TrialRecord.run at the proxy's length and the space's seed of the study's stored
-    `config`)."""
-    steps, seed = int(config["train"]["steps"]), int(config["train"]["seed"])
-    runs: dict[str, Run] = {}
-    for t in sorted(trials, key=lambda t: t.number):
-        if t.trained_its_map:
-            runs.setdefault(cast(str, t.map_key), t.run(steps, seed))
-    return list(runs.values())
