@@ -10,7 +10,15 @@ from optuna.distributions import IntDistribution
 from optuna.trial import TrialState, create_trial
 
 from ilr_search.analysis.results import has_result, study_front, trained_by_map, trained_trials
-from ilr_search.storage.trials import TrialAttr, TrialRecord, study_trials, trained_results, trial_record
+from ilr_search.storage.store import Run
+from ilr_search.storage.trials import (
+    TrialAttr,
+    TrialRecord,
+    study_trials,
+    trained_results,
+    trial_record,
+    with_run_results,
+)
 
 # The record's field for each attribute the objective writes (the field is named as the attribute but for the
 # parameter count, since `params` is Optuna's own field).
@@ -104,7 +112,7 @@ def test_the_filters_on_hand_made_trials():
         made(3, TrialState.FAIL, status="diverged", map_key="3,3,1,1"),  # a result: the map diverges
         made(4, TrialState.FAIL, map_key="1,2,1,1"),  # interrupted: no result
         made(5, TrialState.COMPLETE, map_key="1,1,1,2", val_ppl=None),  # no perplexity
-        made(6, TrialState.COMPLETE, val_ppl=49.0),  # map 2,1,1,1 trained a second time (a recovered trial)
+        made(6, TrialState.COMPLETE, val_ppl=49.0),  # map 2,1,1,1 trained a second time
         made(7, TrialState.RUNNING, map_key="1,1,2,1"),
     ]
     trials = [trial_record(t) for t in frozen]
@@ -128,3 +136,22 @@ def test_a_trial_without_attributes_reads_as_defaults():
     assert (r.reuse_map, r.map_key, r.flops_ratio, r.val_ppl, r.reused_from, r.pruned_at_step) == (None,) * 6
     assert (r.steps, r.steps_saved, dict(r.knobs)) == (0, 0, {})
     assert not r.trained_its_map and not r.is_trained_result and study_front([r]) == []
+
+
+def test_a_trial_failed_under_its_worker_has_the_result_its_maps_run_holds():
+    failed = trial_record(made(0, TrialState.FAIL))  # failed by a sweep once its result was on its map's run
+    retry = trial_record(made(1, TrialState.COMPLETE, val_ppl=50.0, reused_from=0))
+    run = Run("trial", "2,1,1,1", "1", 0, "complete", 1.2, 12, val_loss=3.9, val_ppl=50.0, seconds=2.0, trial=0)
+    trials = with_run_results([failed, retry], [run])
+    assert trials[1] == retry and trials[0].is_trained_result and trials[0].state == TrialState.COMPLETE
+    assert (trials[0].val_ppl, trials[0].steps, trials[0].train_seconds) == (50.0, 12, 2.0)
+    assert [t.number for t in trained_results(trials)] == [0] and trained_by_map(trials)["2,1,1,1"].number == 0
+    pruned = dataclasses.replace(run, state="pruned", val_loss=None, val_ppl=None)
+    (as_pruned,) = with_run_results([failed], [pruned])
+    assert as_pruned.state == TrialState.PRUNED and as_pruned.has_result and not as_pruned.is_trained_result
+    (as_diverged,) = with_run_results([failed], [dataclasses.replace(pruned, state="failed")])
+    assert as_diverged.status == "diverged" and as_diverged.has_result
+    told_later = trial_record(made(0, TrialState.RUNNING))  # its result on the run, the trial not yet told
+    assert with_run_results([told_later], [run])[0].is_trained_result
+    running = dataclasses.replace(run, state="running")  # a run still held: no result to read
+    assert with_run_results([failed], [running]) == [failed]

@@ -53,7 +53,7 @@ from ilr_search.storage import (
     parse_storage,
     study_storage,
 )
-from ilr_search.storage.trials import TrialRecord, study_trials, trained_results
+from ilr_search.storage.trials import TrialRecord, study_trials, trained_results, with_run_results
 from ilr_search.training.jobs import fusable
 from ilr_search.training.schedule import is_baseline_key
 
@@ -211,8 +211,9 @@ def _run_audit(
     space = stored_space(study, steps)
     init_depth = config.init_depth  # for the depth_init knob
     base_seed = space.train.seed
-    curves = curves_by_trial(open_store(spec, study_name, read_only=True, storage=study_storage(study)).curve_points())
-    chosen = select_maps(trials, curves, kind, k, base_seed)
+    stored = open_store(spec, study_name, read_only=True, storage=study_storage(study))
+    curves = curves_by_trial(stored.curve_points())
+    chosen = select_maps(with_run_results(trials, stored.runs()), curves, kind, k, base_seed)
     if not chosen:
         raise UserInputError(f"--maps {settings.maps} selects no map of study {study_name!r}")
     factor = factor_key(settings.factor)

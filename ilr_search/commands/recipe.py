@@ -38,7 +38,7 @@ from ilr_search.search.race_results import decided_front, race_report
 from ilr_search.search.studies import open_study
 from ilr_search.space import SpaceError, check_sizes
 from ilr_search.storage import Run, Store, open_store, parse_storage, study_references, study_storage
-from ilr_search.storage.trials import TrialRecord, study_trials
+from ilr_search.storage.trials import TrialRecord, study_trials, with_run_results
 from ilr_search.training.flops import Budget, flops_ratio, map_param_count
 from ilr_search.training.model import ILRTransformer
 from ilr_search.training.pretrained import check_exportable
@@ -87,6 +87,10 @@ class StudySettingsView:
         spec = parse_storage(self.storage, read_only=True)
         return open_store(spec, self.study.study_name, read_only=True, storage=study_storage(self.study))
 
+    def trials(self) -> list[TrialRecord]:
+        """The study's trials, each with its result on its map's run where Optuna holds none (with_run_results)."""
+        return with_run_results(study_trials(self.study), self.store().runs())
+
     def references(self) -> dict[str, Run]:
         """The study's reference runs by name."""
         return study_references(parse_storage(self.storage, read_only=True), self.study)
@@ -107,7 +111,7 @@ def load_study_settings(study_name: str, storage: str | None) -> StudySettingsVi
 def choose_map(view: StudySettingsView, map_text: str | None, trained_only: bool) -> tuple[Map, str]:
     """The map `--map` names (default: the front's complete map of lowest perplexity) and a line saying which.
     `trained_only`: the map must have a result in the study (a trial, or a block reference)."""
-    trials = study_trials(view.study)
+    trials = view.trials()
     n_layers = view.space.model.n_layers
     if map_text is None:
         return default_map(view, trials)
@@ -238,7 +242,7 @@ def measured_results(view: StudySettingsView, choice: Map) -> MeasuredResults:
         ref = refs.get(choice.key)
         proxy = ReferenceProxy(ref.steps, ref.val_ppl, ref.val_bpb, ref.status) if ref else ReferenceProxy()
     else:
-        t = trained_by_map(study_trials(view.study)).get(choice.key)
+        t = trained_by_map(view.trials()).get(choice.key)
         if t is not None:
             proxy = TrialProxy(t.number, t.state.name, t.steps, t.val_ppl, t.val_bpb, t.pruned_at_step)
     runs = tuple(

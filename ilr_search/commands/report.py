@@ -41,7 +41,7 @@ from ilr_search.search.plan import CONFIG_ATTR
 from ilr_search.search.race_results import decided_front
 from ilr_search.search.studies import FrontView, StudyReport, open_study, study_report
 from ilr_search.storage import StorageSpec, Store, open_store, parse_storage, study_storage
-from ilr_search.storage.trials import TrialRecord, study_trials, trained_results
+from ilr_search.storage.trials import TrialRecord, study_trials, trained_results, with_run_results
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -254,7 +254,7 @@ def _pareto(
     draws its figure, and the block grid of a study that searches block maps (else None)."""
     spec, study, store = _opened(study_name, storage)
     report = study_report(study, spec, store)
-    trials = study_trials(study)
+    trials = with_run_results(study_trials(study), store.runs())
     noise = noise_band(trials, report.references)
     front = mark_ties(study_front(trials), noise)
     race_front = mark_ties(report.front, noise)  # each point at its longest raced length
@@ -404,7 +404,7 @@ def export_trials(
     config = study.user_attrs.get(CONFIG_ATTR)
     seed = int(config["train"]["seed"]) if config is not None else None  # every trial trains at the space's seed
     records = []
-    for t in listed_trials(study_trials(study)):
+    for t in listed_trials(with_run_results(study_trials(study), store.runs())):
         record = {
             "trial": t.number,
             "reference": None,

@@ -75,7 +75,7 @@ from ilr_search.storage import (
     stored_references,
     study_storage,
 )
-from ilr_search.storage.trials import TrialRecord, study_trials, trial_record
+from ilr_search.storage.trials import TrialRecord, study_trials, trial_record, with_run_results
 from ilr_search.time_budget import Deadline, parse_duration
 from ilr_search.training.flops import flops_ratio
 from ilr_search.training.frozen import EvalData, eval_chunks, load_space_data
@@ -568,8 +568,8 @@ def _run_in_process(
             except KeyboardInterrupt:
                 interrupted = True
             except (TrialTakenOver, ValueError):
-                # A trial failed under this worker (Optuna refuses to tell it): its result, if any, was kept
-                # as a recovered trial; this worker goes on with the study.
+                # A trial failed under this worker (Optuna refuses to tell it): its result, if any, is on its
+                # map's run, which the queued retry reuses; this worker goes on with the study.
                 if run.taken_over == seen:
                     raise
     if not interrupted and _n_finished(study) >= n_trials:
@@ -664,6 +664,8 @@ def _n_finished(study: optuna.Study) -> int:
 
 
 def save_current_front(store: Store, trials: Sequence[TrialRecord]) -> list[FrontRow]:
+    """The proxy front of `trials` (each with its result on its map's run where Optuna holds none), stored."""
+    trials = with_run_results(trials, store.runs())
     front = study_front(trials)
     store.save_front(sum(t.state == TrialState.COMPLETE for t in trials), [p.to_dict() for p in front])
     return front
@@ -733,7 +735,8 @@ def train_references(
     spent), the rest are left to the next run."""
     plan, study = run.plan, run.study
     k, n = share
-    refs = reference_runs(plan, study_trials(study), study.user_attrs.get(ENQUEUED_BLOCKS_ATTR, ()))
+    trials = with_run_results(study_trials(study), run.store.runs())
+    refs = reference_runs(plan, trials, study.user_attrs.get(ENQUEUED_BLOCKS_ATTR, ()))
     done_before = stored_references(run.store.reference_runs())
     missing = []
     for index, ref in enumerate(refs):

@@ -43,7 +43,7 @@ from ilr_search.storage import (
     study_id,
     study_storage,
 )
-from ilr_search.storage.trials import FINISHED, TrialRecord, study_trials, trained_results
+from ilr_search.storage.trials import FINISHED, TrialRecord, study_trials, trained_results, with_run_results
 
 FRONT_FIELDS = ("trial", "reuse_map", "flops_ratio", "val_ppl", "val_bpb")  # of a front point in `run --json`
 PARETO_FIELDS = ("trial", "reuse_map", "map", "knobs", "flops_ratio", "val_ppl", "val_bpb", "params", "within_noise_of")
@@ -239,8 +239,8 @@ class StudyReport:
 
 def study_report(study: optuna.Study, spec: StorageSpec, store: Store) -> StudyReport:
     """The study's report (StudyReport): what every command that shows a study reads, built here only."""
-    records = study_trials(study)
     runs = store.runs()
+    records = with_run_results(study_trials(study), runs)
     race = race_report(records, study.user_attrs, runs)
     stored = study.user_attrs.get(SAMPLER_ATTR)
     return StudyReport(
@@ -266,7 +266,7 @@ def summarize_stored(storage: str | None, study_name: str) -> StudyReport:
 def fidelity_of(study: optuna.Study, store: Store, trials: Sequence[TrialRecord] | None = None) -> Fidelity:
     """The study's fidelity (rung agreement, noise, second seed, audits, and one line of how far they agree) from
     its trials and rows."""
-    trials = study_trials(study) if trials is None else trials
+    trials = with_run_results(study_trials(study), store.runs()) if trials is None else trials
     config = stored_config(study.user_attrs)
     final_step = config.space.train.steps if config is not None else 0
     return study_fidelity(
@@ -384,10 +384,11 @@ def list_studies(storage: str | None = None) -> StudyListing:
     for summary in optuna.get_all_study_summaries(st, include_best_trial=False):
         study = optuna.load_study(study_name=summary.study_name, storage=st)
         config = stored_config(study.user_attrs)
-        trials = listed_trials(study_trials(study))
-        ppls = [t.val_ppl for t in trained_results(trials) if t.val_ppl is not None]
         store = open_store(spec, summary.study_name, read_only=True, storage=st)
-        race = race_report(trials, study.user_attrs, store.runs()) if config else None
+        runs = store.runs()
+        trials = listed_trials(with_run_results(study_trials(study), runs))
+        ppls = [t.val_ppl for t in trained_results(trials) if t.val_ppl is not None]
+        race = race_report(trials, study.user_attrs, runs) if config else None
         best = race.best if race is not None else None
         if race is not None and race.settings.judged != "ppl":  # its losses are no log-perplexities: its answer says
             ppls = []

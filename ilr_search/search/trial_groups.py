@@ -45,8 +45,8 @@ from ilr_search.storage import (
     study_storage,
     trial_id,
 )
-from ilr_search.storage.store import worker_job
-from ilr_search.storage.trials import TrialAttr, TrialRecord, TrialResultAttrs, study_trials, trial_record
+from ilr_search.storage.store import ENDED_STATES, worker_job
+from ilr_search.storage.trials import TrialAttr, TrialRecord, TrialResultAttrs, study_trials, with_run_result
 from ilr_search.training.flops import flops_ratio, map_param_count
 from ilr_search.training.jobs import Job, train_jobs
 from ilr_search.training.schedule import map_text, reuse_map_schedule
@@ -226,11 +226,20 @@ class SearchRun:
         return Proposal(reuse_map, knobs, key, ratio, earlier, schedule=schedule, parts=chosen.parts)
 
     def _result_for(self, key: str, exclude: int) -> TrialRecord | None:
-        """The first trial other than `exclude` that trained map `key` to a result."""
-        return next(
-            (r for r in study_trials(self.study) if r.number != exclude and r.map_key == key and r.trained_its_map),
+        """The trial other than `exclude` that trained map `key` to a result: the one its run names (Run.trial), its
+        result read from the run where Optuna holds none (failed under its worker, or not yet told)."""
+        job = self._run_job(key)
+        run = next(
+            (
+                r
+                for r in self.store.runs()
+                if r.kind == "trial" and r.job == job and r.state in ENDED_STATES and r.trial not in (None, exclude)
+            ),
             None,
         )
+        if run is None:
+            return None
+        return next(with_run_result(r, run) for r in study_trials(self.study) if r.number == run.trial)
 
     def _run_job(self, key: str) -> RunJob:
         """The job of the trial run of map `key`: the proxy's length (factor 1) at its seed."""
@@ -256,19 +265,23 @@ class SearchRun:
         """Fail (and queue again) the trials of dead workers; never this worker's."""
         sweep_stale_trials(self.study, self.store, worker=self.worker)
 
-    def _release(self, key: str, record: TrialRecord | None) -> None:
-        """End this worker's hold on map `key`'s trial run: with the result of `record` (the trial told with it, or
-        the recovered one), or free for another trial (interrupted) where the trial ended with no result."""
+    def _release(self, key: str, number: int | None = None, result: TrialResultAttrs | None = None) -> None:
+        """End this worker's hold on map `key`'s trial run: with trial `number`'s `result` (written before the trial
+        is told, so that a told trial always has its run finished), or free for another trial (interrupted)."""
         if key not in self.held:
             return
         self.held.discard(key)
         job = self._run_job(key)
-        if record is None or not record.has_result:
+        if result is None:
             self.store.finish_run("trial", job, self.worker, "interrupted", None, None, None, (), None, None)
             return
-        run = record.run(self.plan.space.train.steps, job.seed)
-        result = (run.val_loss, run.val_ppl, run.val_bpb, (), run.seconds, run.reason)
-        self.store.finish_run("trial", job, self.worker, run.state, *result, trial=record.number)
+        status = result.get(TrialAttr.STATUS)
+        state = {"diverged": "failed", "pruned": "pruned"}.get(str(status), "complete")
+        losses: tuple[float | None, float | None, float | None] = (None, None, None)
+        if state == "complete":
+            losses = (result.get(TrialAttr.VAL_LOSS), result.get(TrialAttr.VAL_PPL), result.get(TrialAttr.VAL_BPB))
+        seconds, reason = result.get(TrialAttr.TRAIN_SECONDS), result.get(TrialAttr.REASON)
+        self.store.finish_run("trial", job, self.worker, state, *losses, (), seconds, reason, trial=number)
 
     def _beat(self) -> bool:
         """One heartbeat of this worker: its registration and the trial runs it holds."""
@@ -285,41 +298,6 @@ class SearchRun:
     def _taken_over(self, trial: optuna.Trial) -> TrialTakenOver:
         self.taken_over += 1
         return TrialTakenOver(f"trial {trial.number} was failed by another worker's stale-trial sweep")
-
-    def _recover(self, trial: optuna.Trial, training: Training, result: TrainResult) -> None:
-        """Keep the result of a trial failed under this worker: a new finished trial with the same map, marked
-        `recovered_from`, whose result ends the map's run so that the queued retry reuses it instead of training."""
-        key, ratio = training.proposal.key, training.proposal.ratio
-        decision = training.decisions[0] if training.decisions else None
-        attrs = dict(study_storage(self.study).get_trial(trial_id(trial)).user_attrs)
-        attrs |= self._result_attrs(result, decision, training.group_size) | {TrialAttr.RECOVERED_FROM: trial.number}
-        values: list[float] | None = None
-        if result.status == "diverged":
-            state = TrialState.FAIL
-        elif decision is not None:
-            state = TrialState.PRUNED
-        else:
-            state = TrialState.COMPLETE
-            objective = self._values(result.val_ppl, ratio)
-            values = [objective] if isinstance(objective, float) else list(objective)
-        self.study.add_trial(
-            optuna.trial.create_trial(
-                state=state,
-                values=values,
-                params=trial.params,
-                distributions=trial.distributions,
-                user_attrs=attrs,
-                intermediate_values={p.step: p.val_loss for p in result.curve},
-            )
-        )
-        record = max((r for r in study_trials(self.study) if r.recovered_from == trial.number), key=lambda r: r.number)
-        recovered = record.number
-        self._store_curve(recovered, result, key, ratio)
-        self._store_train_curve(recovered, result, key)
-        self._release(key, record)
-        self.reporter.on(
-            Message(f"trial {trial.number} was failed under this worker; its result is kept as trial {recovered}")
-        )
 
     def _store_curve(self, number: int, result: TrainResult, key: str, ratio: float) -> None:
         """The points of `result`'s curve that the store does not hold for trial `number` (the curve lives there
@@ -366,7 +344,7 @@ class SearchRun:
             try:
                 study_storage(self.study).set_trial_intermediate_value(trial_id(trial), point.step, point.val_loss)
             except optuna.exceptions.UpdateFinishedTrialError:
-                pass  # failed under this worker by a stale-trial sweep: the recovered trial gets the curve
+                pass  # failed under this worker by a stale-trial sweep: the store keeps the curve
             if self.pruner is None:
                 return False
             decision = self.pruner.decide(trial, point.step, point.val_loss, ratio, key)
@@ -406,15 +384,17 @@ class SearchRun:
             result.resumed_from_step
         ):  # resumed from a dead predecessor's checkpoint: its early points go under this trial
             self._store_curve(trial.number, result, key, ratio)
-        if self._failed_under_me(trial):
-            self._recover(trial, training, result)
-            if checkpoint is not None:
-                checkpoint.unlink(missing_ok=True)
-            raise self._taken_over(trial)
         self._store_train_curve(trial.number, result, key)
-        self._record(trial, result, decision, training.group_size)
+        attrs = self._result_attrs(result, decision, training.group_size)
+        self._release(key, trial.number, attrs)  # the map's run holds the result before the trial is told
         if checkpoint is not None:  # the trial is over, whatever its outcome
             checkpoint.unlink(missing_ok=True)
+        try:  # failed under this worker (before or while its result is written): the result is on the run
+            if self._failed_under_me(trial):
+                raise optuna.exceptions.UpdateFinishedTrialError(f"trial {trial.number} is finished")
+            set_trial_user_attrs(trial, attrs)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            raise self._taken_over(trial) from None
         if result.status == "diverged":
             raise TrialDiverged(result.reason)
         if decision is not None:
@@ -442,11 +422,6 @@ class SearchRun:
             attrs[TrialAttr.PRUNED_AT_STEP] = decision.step
             attrs[TrialAttr.STEPS_SAVED] = self.plan.space.train.steps - decision.step
         return attrs
-
-    def _record(
-        self, trial: optuna.Trial, result: TrainResult, decision: PruningDecision | None, group_size: int
-    ) -> None:
-        set_trial_user_attrs(trial, self._result_attrs(result, decision, group_size))
 
     def run_group(self, n: int, report: TrialReport) -> None:
         """The one way trials run: ask for up to `n` trials, train the claimed maps together, tell every trial;
@@ -523,15 +498,13 @@ class SearchRun:
             state, values = TrialState.FAIL, None
         except TrialTakenOver:
             member.told = True
-            return  # failed under this worker by another's sweep: its result was kept as a recovered trial
+            return  # failed under this worker by another's sweep: its result, if any, is on its map's run
         else:
             state = None
         member.told = True
         # skip_if_finished: a trial failed under this worker after its outcome was read is left as it is, and the
         # rest of the group is still told
         told = self.study.tell(member.trial, values, state=state, skip_if_finished=True)
-        if member.training is not None:  # its map's run ends with the result it was told (none: failed under it)
-            self._release(member.proposal.key, trial_record(told))
         report(self.study, told)
 
     def _abandon(self, group: list[GroupTrial], interrupted: bool) -> None:
@@ -545,4 +518,4 @@ class SearchRun:
                 self.interrupted(member.trial)
             self.study.tell(member.trial, state=TrialState.FAIL, skip_if_finished=True)
         for key in list(self.held):
-            self._release(key, None)
+            self._release(key)

@@ -21,7 +21,7 @@ import os
 from collections.abc import Iterable, Mapping
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
 from optuna.trial import TrialState
@@ -30,7 +30,7 @@ from sqlalchemy.exc import OperationalError, ProgrammingError
 from ilr_search.storage.journal_store import LEDGER_LINE, flocked, read_records, write_records
 from ilr_search.storage.sql_store import SCHEMA_VERSION, retry_locked, run_name, runs_table, schema_table
 from ilr_search.storage.store import Run, RunJob, claimed_run, reference_run, worker_job
-from ilr_search.storage.trials import CONFIG_ATTR, TrialRecord, attrs_record, trial_runs
+from ilr_search.storage.trials import CONFIG_ATTR, TrialRecord, attrs_record
 
 log = logging.getLogger("ilr_search")
 
@@ -133,6 +133,42 @@ def needs_import(engine: sa.Engine | sa.Connection) -> bool:
     with engine.connect() if isinstance(engine, sa.Engine) else nullcontext(engine) as conn:
         version = conn.execute(sa.select(schema_table.c.version).where(schema_table.c.id == 1)).scalar()
     return version is not None and version < SCHEMA_VERSION
+
+
+def trial_run(t: TrialRecord, steps: int, seed: int) -> Run:
+    """Trial `t`'s result as the run of its map (kind "trial"): its map at the proxy's length `steps` and the
+    space's `seed`; complete, failed (diverged), pruned, or its Optuna state in lower case; its losses where
+    complete. Needs its map (a trial that proposed)."""
+    assert t.map_key is not None and t.flops_ratio is not None, f"trial {t.number} has no map"
+    state = "failed" if t.state == TrialState.FAIL and t.status == "diverged" else t.state.name.lower()
+    complete = t.state == TrialState.COMPLETE
+    return Run(
+        "trial",
+        t.map_key,
+        "1",
+        seed,
+        state,
+        t.flops_ratio,
+        steps,
+        val_loss=t.val_loss if complete else None,
+        val_ppl=t.val_ppl if complete else None,
+        val_bpb=t.val_bpb if complete else None,
+        seconds=t.train_seconds,
+        reason=t.reason,
+        trial=t.number,
+    )
+
+
+def trial_runs(trials: Iterable[TrialRecord], config: Mapping[str, Any]) -> list[Run]:
+    """The trial runs of a study stored before its trials wrote their results on their maps' runs: of each map, the
+    run of the first trial that trained it to a result (trial_run at the proxy's length and the space's seed of the
+    study's stored `config`)."""
+    steps, seed = int(config["train"]["steps"]), int(config["train"]["seed"])
+    runs: dict[str, Run] = {}
+    for t in sorted(trials, key=lambda t: t.number):
+        if t.trained_its_map:
+            runs.setdefault(cast(str, t.map_key), trial_run(t, steps, seed))
+    return list(runs.values())
 
 
 def _study_trial_runs(conn: sa.Connection, tables: set[str]) -> dict[str, list[Run]]:

@@ -2,13 +2,14 @@
 on a trial, shared by that writer and this reader, and TrialRecord, every one of them read once from Optuna's
 FrozenTrial. study_trials reads a study's trials into records: every reader of results goes through it (or,
 holding one FrozenTrial that Optuna handed over, through trial_record). A study stored by an earlier version lacks
-some attributes: they read as None (or their stated default). A trial's result is written to the run of its map
-(TrialRecord.run), which the study's ledger reads (store.study_ledger)."""
+some attributes: they read as None (or their stated default). A trial that trains a map writes its result on the map's
+run, which the study's ledger reads (store.study_ledger); with_run_results reads it back onto a trial failed under
+its worker."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Final, TypedDict, cast
 
@@ -16,7 +17,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from ilr_search.knobs import KnobValue
-from ilr_search.storage.store import Run
+from ilr_search.storage.store import ENDED_STATES, Run
 from ilr_search.training.schedule import Map
 
 CONFIG_ATTR: Final = "ilr:config"  # the study attribute of its stored configuration (search/plan.py)
@@ -50,7 +51,6 @@ class TrialAttr:
     REALISED_FLOPS_RATIO: Final = "realised_flops_ratio"
     # where a result came from
     REUSED_FROM: Final = "reused_from"  # the trial whose result this one reused (it trained nothing)
-    RECOVERED_FROM: Final = "recovered_from"  # the trial failed under its worker whose result this one keeps
     RETRY_OF: Final = "retry_of"  # the interrupted trial this queued one retries
     # a trial asked while the trials before it already made the study's target (two workers counted at the same
     # moment): it trains nothing and ends FAIL with this mark (search/trial_groups.py refuse_surplus)
@@ -111,7 +111,6 @@ class TrialRecord:
     route_fractions: dict[str, float] | None = None
     realised_flops_ratio: float | None = None
     reused_from: int | None = None
-    recovered_from: int | None = None
     retry_of: int | None = None
     surplus: bool = False
 
@@ -156,31 +155,6 @@ class TrialRecord:
         if self.datetime_start is None or self.datetime_complete is None:
             return None
         return (self.datetime_complete - self.datetime_start).total_seconds()
-
-    def run(self, steps: int, seed: int) -> Run:
-        """Its result as the run of its map in the study's ledger (kind "trial"): its map at the proxy's length
-        `steps` and the space's `seed`; complete, failed (diverged), pruned, or its Optuna state in lower case
-        (running, waiting, fail); its losses where complete. Needs its map (a trial that proposed)."""
-        assert self.map_key is not None and self.flops_ratio is not None, f"trial {self.number} has no map"
-        state = self.state.name.lower()
-        if self.state == TrialState.FAIL and self.status == "diverged":
-            state = "failed"
-        complete = self.state == TrialState.COMPLETE
-        return Run(
-            "trial",
-            self.map_key,
-            "1",
-            seed,
-            state,
-            self.flops_ratio,
-            steps,
-            val_loss=self.val_loss if complete else None,
-            val_ppl=self.val_ppl if complete else None,
-            val_bpb=self.val_bpb if complete else None,
-            seconds=self.train_seconds,
-            reason=self.reason,
-            trial=self.number,
-        )
 
     def reused_result(self) -> TrialResultAttrs:
         """The attributes a trial that reuses this one's result copies (those this trial has)."""
@@ -244,7 +218,6 @@ def attrs_record(number: int, state: TrialState, a: Mapping[str, Any], **optuna_
         route_fractions=a.get(TrialAttr.ROUTE_FRACTIONS),
         realised_flops_ratio=_number(a.get(TrialAttr.REALISED_FLOPS_RATIO), float),
         reused_from=_number(a.get(TrialAttr.REUSED_FROM), int),
-        recovered_from=_number(a.get(TrialAttr.RECOVERED_FROM), int),
         retry_of=_number(a.get(TrialAttr.RETRY_OF), int),
         surplus=bool(a.get(TrialAttr.SURPLUS, False)),
     )
@@ -255,18 +228,36 @@ def study_trials(study: optuna.Study) -> list[TrialRecord]:
     return [trial_record(t) for t in study.get_trials(deepcopy=False)]
 
 
+RUN_STATES = {"complete": (TrialState.COMPLETE, "ok"), "pruned": (TrialState.PRUNED, "pruned")}
+
+
+def with_run_result(record: TrialRecord, run: Run) -> TrialRecord:
+    """The record of the trial that `run` (a finished trial run) names, with the run's result where Optuna holds
+    none: a trial failed under its worker (or not yet told) once its result was on its map's run."""
+    if record.has_result:
+        return record
+    state, status = RUN_STATES.get(run.state, (TrialState.FAIL, "diverged"))
+    complete = state == TrialState.COMPLETE
+    return replace(
+        record,
+        state=state,
+        status=status,
+        reason=run.reason,
+        steps=run.steps if complete else record.steps,
+        val_loss=run.val_loss,
+        val_ppl=run.val_ppl,
+        val_bpb=run.val_bpb,
+        train_seconds=run.seconds,
+    )
+
+
+def with_run_results(trials: Iterable[TrialRecord], runs: Iterable[Run]) -> list[TrialRecord]:
+    """A study's trial records, each trial that a finished trial run names (Run.trial) with its result read from
+    the run where Optuna holds none (with_run_result). `runs`: the store's runs (Store.runs)."""
+    named = {r.trial: r for r in runs if r.kind == "trial" and r.trial is not None and r.state in ENDED_STATES}
+    return [with_run_result(t, named[t.number]) if t.number in named else t for t in trials]
+
+
 def trained_results(trials: Iterable[TrialRecord]) -> list[TrialRecord]:
     """The complete trials that trained their map and have a perplexity (TrialRecord.is_trained_result)."""
     return [r for r in trials if r.is_trained_result]
-
-
-def trial_runs(trials: Iterable[TrialRecord], config: Mapping[str, Any]) -> list[Run]:
-    """The trial runs of a study's ledger as its trials hold them: of each map, the run of the first trial that
-    trained it to a result (TrialRecord.run at the proxy's length and the space's seed of the study's stored
-    `config`)."""
-    steps, seed = int(config["train"]["steps"]), int(config["train"]["seed"])
-    runs: dict[str, Run] = {}
-    for t in sorted(trials, key=lambda t: t.number):
-        if t.trained_its_map:
-            runs.setdefault(cast(str, t.map_key), t.run(steps, seed))
-    return list(runs.values())

@@ -36,7 +36,7 @@ from ilr_search.analysis.results import has_result, study_front
 from ilr_search.search.run import RunRequest, prepare_study
 from ilr_search.space import load_space
 from ilr_search.storage import open_storage, open_store, parse_storage
-from ilr_search.storage.trials import study_trials
+from ilr_search.storage.trials import study_trials, with_run_results
 
 HEARTBEAT_SECONDS = 1
 BUDGET = "2x"
@@ -240,8 +240,10 @@ class Chaos:
             for t in trials.values()  # trained to the end, not reused
             if t.state == TrialState.COMPLETE and t.user_attrs.get("steps", 0) > 0 and "reused_from" not in t.user_attrs
         )
-        history = open_store(parse_storage(self.storage), "chaos", read_only=True).front_history()
+        store = open_store(parse_storage(self.storage), "chaos", read_only=True)
+        history = store.front_history()
         stored = [p.trial for p in history[max(history)]] if history else []
+        shown = with_run_results(records, store.runs())  # as the study shows them: results on their maps' runs
         return ChaosResult(
             crashed_survivors=[
                 f"{w.name}: rc {w.proc.returncode}\n{''.join(w.lines[-20:])}"
@@ -251,7 +253,7 @@ class Chaos:
             lost_trials=lost,
             trained_twice={k: v for k, v in trained.items() if v > 1},
             left_running=[t.number for t in trials.values() if t.state == TrialState.RUNNING],
-            front_mismatch=stored != [p.trial for p in study_front(records)],
+            front_mismatch=stored != [p.trial for p in study_front(shown)],
             kills=[f"{w.name}:{w.killed}" for w in self.workers if w.killed],
             n_finished=sum(has_result(r) for r in records),
             seconds=seconds,
