@@ -2,7 +2,9 @@
 transformers folder it converts to) scoring one chunk of held-out windows (32 windows of 256 tokens, batches of 8)
 through the frozen evaluator, fp32 and bf16, beside transformers' LlamaForCausalLM forward of the same batches (the
 same weights, logits and no loss; use_cache off), and beside that forward with `labels` (its own fp32 cross-entropy:
-what a user scoring perplexity with transformers runs; the evaluator computes the same loss). Issue 57, item 5.
+what a user scoring perplexity with transformers runs; the evaluator computes the same loss), and beside
+ilr-search's own forward to the logits (ILRTransformer.forward of the evaluator's model: the same work as
+transformers' logits-only forward). Issue 57, item 5.
 
     python benchmarks/forward_speed.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf --label HEAD --out A.json
     python benchmarks/forward_speed.py --folder studies/.cache/gguf-... --label 3e1ded7 --out B.json  # older commits
@@ -135,12 +137,21 @@ def main() -> None:
                     model(input_ids=x, labels=x, use_cache=False)
 
         runs[f"ilr_{dtype}"], runs[f"hf_{dtype}"], runs[f"hfloss_{dtype}"] = ilr, hf_run, hf_loss_run
+        if hasattr(ilr, "evaluator"):  # the same model's forward to the logits, as transformers' hf_run
+
+            def ilr_logits_run(model=ilr.evaluator.model, batches=batches):
+                with torch.inference_mode():
+                    for x in batches:
+                        model(x)
+
+            runs[f"ilrlogits_{dtype}"] = ilr_logits_run
         if args.before_too:
             runs[f"before_{dtype}"] = before_pass((ilr.evaluator, ilr, batches), dtype)
     names = list(runs)
-    losses = {name: [float(v) for v in runs[name]()] for name in names if not name.startswith("hf")}  # untimed
+    scored = [name for name in names if name.startswith(("ilr_", "before_"))]
+    losses = {name: [float(v) for v in runs[name]()] for name in scored}  # untimed
     for name in names:
-        if name.startswith("hf"):
+        if name not in scored:
             runs[name]()
     seconds: dict[str, list[float]] = {name: [] for name in names}
     cpu_seconds: dict[str, list[float]] = {name: [] for name in names}  # the process's CPU time (both threads)
@@ -162,6 +173,12 @@ def main() -> None:
 
     ratios, cpu_ratios = ratios_of(seconds), ratios_of(cpu_seconds)
     loss_ratios = ratios_of(seconds, "hfloss")
+    # ilr-search's forward to the logits against transformers' (the same work: no loss on either side)
+    logits_ratios = {
+        dtype: [h / i for i, h in zip(seconds[f"ilrlogits_{dtype}"], seconds[f"hf_{dtype}"], strict=True)]
+        for dtype in ("fp32", "bf16")
+        if f"ilrlogits_{dtype}" in seconds
+    }
     before_over_now = {
         dtype: [b / i for i, b in zip(seconds[f"ilr_{dtype}"], seconds[f"before_{dtype}"], strict=True)]
         for dtype in ("fp32", "bf16")
@@ -195,6 +212,8 @@ def main() -> None:
         "ratio_median": {dtype: statistics.median(v) for dtype, v in ratios.items()},
         "ratio_with_loss_per_round": loss_ratios,
         "ratio_with_loss_median": {dtype: statistics.median(v) for dtype, v in loss_ratios.items()},
+        "logits_ratio_per_round": logits_ratios,
+        "logits_ratio_median": {dtype: statistics.median(v) for dtype, v in logits_ratios.items()},
         "before_over_now_per_round": before_over_now,
         "before_over_now_median": {dtype: statistics.median(v) for dtype, v in before_over_now.items()},
         "cpu_seconds": cpu_seconds,
@@ -212,6 +231,11 @@ def main() -> None:
             f"{', '.join(f'{v:.2f}' for v in ratios[dtype])}); by CPU time "
             f"{result['cpu_ratio_median'][dtype]:.3f}; against transformers' forward with its loss (labels) "
             f"{result['ratio_with_loss_median'][dtype]:.3f}"
+        )
+    for dtype, v in logits_ratios.items():
+        print(
+            f"{dtype}, forward to the logits on both sides: ilr-search {tps[f'ilrlogits_{dtype}']:.0f} tokens/s, "
+            f"ratio {statistics.median(v):.3f} (median of {', '.join(f'{x:.2f}' for x in v)})"
         )
     for dtype, v in before_over_now.items():
         print(
