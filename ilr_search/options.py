@@ -253,7 +253,7 @@ class RunOptions(SpaceOptions):
 
     budget: str = setting(
         "1.5x",
-        "Forward compute per token: 1.5x or 150% of the all-ones map, or FLOPs like 4.2e6.",
+        "Forward compute per token: 1.5x or 150% of the plain model's, or FLOPs like 4.2e6.",
         required=True,
     )
     study: str | None = setting(help=STUDY_NAME_HELP)

@@ -149,7 +149,7 @@ def test_a_bare_small_budget_asks_for_its_x(text):
 
     with pytest.raises(BudgetError, match=f"did you mean {text}x\\?"):
         parse_budget(text, ModelConfig())
-    with pytest.raises(BudgetError, match="below the all-ones map"):  # FLOPs, too few for any model
+    with pytest.raises(BudgetError, match="below the plain model's"):  # FLOPs, too few for any model
         parse_budget("150", ModelConfig())
 
 

@@ -446,7 +446,7 @@ def _decided_panel(place: Place, race: RaceReport) -> None:
     )
 
 
-FLOP_AXIS = "FLOP ratio (forward compute / all-ones map)"
+FLOP_AXIS = "FLOP ratio (forward compute / the plain model's)"
 
 
 def verdict_title(study: str, answer: Answer | None, verdict: str = "") -> str:
@@ -501,8 +501,8 @@ def pareto_figure(
     None where it has none). On top, for a study that searches block maps (`blocks`: its grid), the (start, end)
     grid of the blocks, a panel per repeat count (_blocks_panels); then, where the study was raced, the raced maps at
     the decided length (_decided_panel); then the proxy trials: complete ones by final perplexity against FLOP ratio
-    (points at one ratio spread side by side, hover for the map), the proxy's front as a step line, the all-ones
-    baseline and its seed-to-seed noise band, and pruned and failed trials in a strip below at their pruning step
+    (points at one ratio spread side by side, hover for the map), the proxy's front as a step line, the plain model
+    (the baseline) and its seed-to-seed noise band, and pruned and failed trials in a strip below at their pruning step
     (their perplexity there is no final one: it stays off the perplexity axis, which fits the complete trials); the
     layer view of the decided front (`layer_view`: its reuse counts, where it has maps, and the importances), the
     proxies' learning curves, and a fidelity panel (rung agreement, proxy vs audit, the verdict). A frozen study
@@ -823,8 +823,8 @@ def _proxy_panel(
     span: float,
     words: Replicates,
 ) -> None:
-    """The complete proxy trials by final perplexity, the proxy's front, the all-ones baseline, the noise band (a
-    frozen study's: the trials on the screening chunk, their front)."""
+    """The complete proxy trials by final perplexity, the proxy's front, the plain model (the baseline), the noise
+    band (a frozen study's: the trials on the screening chunk, their front)."""
     at_x: dict[int | None, float] = dict(  # trial -> x; a front point without a trial keeps its ratio
         zip(
             (t.trial for t in complete),

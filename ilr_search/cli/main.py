@@ -212,7 +212,7 @@ Json = Annotated[bool, typer.Option("--json", help="Print one JSON object on std
 @user_errors
 @with_settings(FlopsOptions)
 def flops(opts: FlopsOptions, json_out: Json = False) -> None:
-    """Analytic forward FLOPs per token of a reuse map, and its ratio to the all-ones map.
+    """Analytic forward FLOPs per token of a reuse map, and its ratio to the plain model's.
 
     train_flops counts the space's proxy training (its steps and batch size)."""
     from ilr_search.commands.api import flops_report

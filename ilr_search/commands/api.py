@@ -128,7 +128,7 @@ def flops_report(
     knobs: str | None = None,
     init: str | None = None,
 ) -> FlopsReport:
-    """`ilr-search flops`: FLOPs per token of a reuse map (or block recurrence) and its ratio to the all-ones map;
+    """`ilr-search flops`: FLOPs per token of a reuse map (or block recurrence) and its ratio to the plain model's;
     `params` counts the knobs' own parameters too (`knob_params` says how many each adds). `init`: the model of
     a checkpoint (with_init)."""
     m = map_model(space, overrides, reuse_map, block, knobs, init)

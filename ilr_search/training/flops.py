@@ -151,7 +151,7 @@ def map_param_count(cfg: ModelConfig, schedule: Sequence[int]) -> int:
 
 
 def flops_ratio(cfg: ModelConfig, schedule: Sequence[int]) -> float:
-    """Forward compute of a schedule relative to the all-ones map."""
+    """Forward compute of a schedule relative to the plain model (every layer run once)."""
     return forward_flops_per_token(cfg, schedule) / baseline_flops_per_token(cfg)
 
 
@@ -162,7 +162,7 @@ def train_flops(cfg: ModelConfig, schedule: Sequence[int], tokens: int) -> float
 
 @dataclass(frozen=True)
 class Budget:
-    """A forward-compute budget, as a ratio to the all-ones map and as FLOPs per token."""
+    """A forward-compute budget, as a ratio to the plain model's and as FLOPs per token."""
 
     text: str
     ratio: float
@@ -231,7 +231,7 @@ RATIO_LIKE_BELOW = 100.0
 
 
 def parse_budget(text: str, cfg: ModelConfig) -> Budget:
-    """`1.5x`, `150%` (of the all-ones map) or an absolute forward FLOP count per token like `4.2e6`; a bare
+    """`1.5x`, `150%` (of the plain model's compute) or an absolute forward FLOP count per token like `4.2e6`; a bare
     number under RATIO_LIKE_BELOW (`1.5`) is refused as a ratio missing its `x`."""
     base = baseline_flops_per_token(cfg)
     raw = "" if text is None else str(text)
@@ -243,8 +243,8 @@ def parse_budget(text: str, cfg: ModelConfig) -> Budget:
         ratio = absolute / base
         if 0 < absolute < RATIO_LIKE_BELOW:
             raise BudgetError(
-                f"budget {raw!r} is a bare number, which means forward FLOPs per token (the all-ones "
-                f"map costs {base:.4g}); did you mean {raw.strip()}x? Write a ratio as 1.5x or 150%"
+                f"budget {raw!r} is a bare number, which means forward FLOPs per token (the plain "
+                f"model costs {base:.4g}); did you mean {raw.strip()}x? Write a ratio as 1.5x or 150%"
             )
     else:
         raise BudgetError(
@@ -254,7 +254,7 @@ def parse_budget(text: str, cfg: ModelConfig) -> Budget:
         raise BudgetError(f"budget {raw!r} must be a positive, finite amount of compute")
     if ratio < 1 - 1e-9:
         raise BudgetError(
-            f"budget {raw!r} ({absolute:.4g} FLOPs/token, {ratio:.3f}x) is below the all-ones map's "
+            f"budget {raw!r} ({absolute:.4g} FLOPs/token, {ratio:.3f}x) is below the plain model's "
             f"cost ({base:.4g} FLOPs/token, 1x); give at least 1x"
         )
     return Budget(text=raw.strip(), ratio=ratio, flops_per_token=absolute)
@@ -283,7 +283,7 @@ def count_flops(model: torch.nn.Module, *args: Any) -> int:
 @dataclass(frozen=True)
 class FlopsCount:
     """The compute of one schedule (describe): its reuse map and schedule, parameters, forward FLOPs per token
-    beside the all-ones map's and their ratio, the training FLOPs over the run's tokens, and the block recurrence
+    beside the plain model's and their ratio, the training FLOPs over the run's tokens, and the block recurrence
     K where it is one. to_dict is the core of `ilr-search flops --json`."""
 
     reuse_map: tuple[int, ...]
