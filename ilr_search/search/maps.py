@@ -365,12 +365,9 @@ def parse_enqueued(
             f"{where}: knob(s) {', '.join(unsearched)} are not searched by this study (searched: "
             f"{searched}); add them to --knobs or [search] knobs"
         )
-    if chosen.is_block:
-        start, end, repeats = chosen.start, chosen.end, chosen.repeats
-        if chosen.part and costs is not None:  # each extra pass at its part's cost
-            fitted = repair_block(start, end, repeats, n_layers, max_layer_runs, costs.part[chosen.part], costs.runs)
-        else:
-            fitted = repair_block(start, end, repeats, n_layers, max_layer_runs)
+    if chosen.is_block:  # a block of one part: each extra pass at its part's cost
+        cost, runs = (costs.part[chosen.part], costs.runs) if chosen.part and costs is not None else (1.0, None)
+        fitted = repair_block(chosen.start, chosen.end, chosen.repeats, n_layers, max_layer_runs, cost, runs)
         fitted = fitted.with_part(chosen.part)
         return EnqueuedMap(
             entry,
