@@ -516,7 +516,6 @@ def _run_in_process(
         )
     run = SearchRun(
         plan,
-        spec,
         study,
         store,
         data,

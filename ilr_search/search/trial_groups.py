@@ -35,7 +35,6 @@ from ilr_search.storage import (
     CurvePoint,
     Heartbeat,
     RunJob,
-    StorageSpec,
     Store,
     TrainCurvePoint,
     grace_period,
@@ -140,7 +139,6 @@ class GroupTrial:
 @dataclass
 class SearchRun:
     plan: StudyPlan
-    spec: StorageSpec
     study: optuna.Study
     store: Store
     data: EvalData
@@ -154,10 +152,6 @@ class SearchRun:
     worker: str = dataclasses.field(default_factory=new_worker)  # the name this worker claims runs under
     worker_number: int | None = None  # its registration (Store.register_worker), beaten while its trials run
     held: set[str] = dataclasses.field(default_factory=set)  # the maps whose trial runs this worker holds
-
-    @property
-    def n_layers(self) -> int:
-        return self.plan.model.n_layers
 
     def refuse_surplus(self, trial: optuna.Trial) -> None:
         """Workers count the study's trials and then ask for one, two steps another worker can fall between: a
@@ -185,7 +179,7 @@ class SearchRun:
                 costs = self.plan.budget.pass_costs(self.plan.trial_model({"capacity": capacity}))
         chosen, proposed = propose_trial_map(
             trial,
-            self.n_layers,
+            self.plan.model.n_layers,
             search.max_reuse,
             self.plan.budget.max_layer_runs(self.plan.model),
             search.families,
