@@ -149,7 +149,6 @@ def test_a_trial_asked_after_its_predecessors_make_n_trials_trains_nothing(tmp_p
     prepared = prepare_study(request)
     run = SearchRun(
         prepared.plan,
-        prepared.spec,
         prepared.study,
         open_store(prepared.spec, prepared.plan.name),
         prepared.data,

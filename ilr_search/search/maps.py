@@ -238,20 +238,19 @@ def first_params(
     """The parameters of a study's first maps, baseline first: first_maps where the study searches ilr, else the
     baseline as a block run once (no prior on where to loop); `scan` (the grid sampler over blocks): then every
     feasible block (feasible_blocks), in each of the study's `parts`. The first maps repeat whole layers."""
+    baseline = Map.of_block(0, n_layers - 1, 1, n_layers)
     if scan:
-        baseline = Map.of_block(0, n_layers - 1, 1, n_layers)
         parted = [
             b
             for p in parts
             for b in feasible_blocks(n_layers, max_reuse, max_layer_runs, MAP_PARTS[p], costs if MAP_PARTS[p] else None)
         ]
-        return [{**block_params(b, parts)} for b in [baseline, *parted]]
+        return [block_params(b, parts) for b in [baseline, *parted]]
     if "ilr" in trial_families(families):
         return [
             {**map_params(m, (), parts), **family_params("ilr", families)}
             for m in first_maps(n_layers, max_reuse, max_layer_runs)
         ]
-    baseline = Map.of_block(0, n_layers - 1, 1, n_layers)
     return [{**block_params(baseline, parts), **family_params("blocks", families)}]
 
 
@@ -286,8 +285,7 @@ class EnqueuedMap:
     def params(self, searched_knobs: Sequence[str]) -> dict[str, int | str | KnobValue]:
         """The trial's parameters: the map's (one count per layer, or the block; parts where searched), and every
         searched knob (off unless set)."""
-        own = self.map_params or map_params(self.reuse_map)
-        return own | knobs_off(tuple(searched_knobs)) | self.knobs
+        return self.map_params | knobs_off(tuple(searched_knobs)) | self.knobs
 
 
 def map_params(reuse_map: Sequence[int], parts: Sequence[str] = (), searched: Sequence[str] = ("both",)) -> TrialParams:
@@ -365,12 +363,9 @@ def parse_enqueued(
             f"{where}: knob(s) {', '.join(unsearched)} are not searched by this study (searched: "
             f"{searched}); add them to --knobs or [search] knobs"
         )
-    if chosen.is_block:
-        start, end, repeats = chosen.start, chosen.end, chosen.repeats
-        if chosen.part and costs is not None:  # each extra pass at its part's cost
-            fitted = repair_block(start, end, repeats, n_layers, max_layer_runs, costs.part[chosen.part], costs.runs)
-        else:
-            fitted = repair_block(start, end, repeats, n_layers, max_layer_runs)
+    if chosen.is_block:  # a block of one part: each extra pass at its part's cost
+        cost, runs = (costs.part[chosen.part], costs.runs) if chosen.part and costs is not None else (1.0, None)
+        fitted = repair_block(chosen.start, chosen.end, chosen.repeats, n_layers, max_layer_runs, cost, runs)
         fitted = fitted.with_part(chosen.part)
         return EnqueuedMap(
             entry,

@@ -28,7 +28,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import optuna
 
@@ -217,15 +217,10 @@ class PruningDecision:
     dominated_by: tuple[int, ...]
 
 
-class Pruner(Protocol):
-    def decide(
-        self, trial: optuna.Trial, step: int, val_loss: float, flops_ratio: float, map_key: str
-    ) -> PruningDecision | None:
-        """None to continue; else why the trial stops here."""
-
-
-class ParetoPruner:
-    """`pareto` and `pareto-eager`, deciding from the study's shared curve table."""
+class Pruner:
+    """The study's rule at each rung, deciding from the shared curve table (`pareto`, `pareto-eager`), or, for a
+    single-objective study (`median`), Optuna's MedianPruner through trial.report / should_prune; a pruning is
+    recorded in the store with its reason."""
 
     def __init__(self, store: Store, settings: PrunerSettings, final_step: int) -> None:
         self.store, self.settings, self.final_step = store, settings, final_step
@@ -233,43 +228,28 @@ class ParetoPruner:
     def decide(
         self, trial: optuna.Trial, step: int, val_loss: float, flops_ratio: float, map_key: str
     ) -> PruningDecision | None:
+        """None to continue; else why the trial stops here."""
         if step not in self.settings.rungs:
             return None
-        me = CurvePoint(trial.number, step, val_loss, flops_ratio, map_key)
-        decision = decision_at_rung(me, self.store.curve_points(), self.final_step, self.settings)
-        if decision.keep:
-            return None
+        if self.settings.name == "median":
+            trial.report(val_loss, step)
+            if not trial.should_prune():
+                return None
+            reason = f"pruned at step {step} by Optuna's MedianPruner: loss {val_loss:.4f} above the median"
+            decision = RungDecision(False, reason)
+        else:
+            me = CurvePoint(trial.number, step, val_loss, flops_ratio, map_key)
+            decision = decision_at_rung(me, self.store.curve_points(), self.final_step, self.settings)
+            if decision.keep:
+                return None
         self.store.record_pruning(
             trial.number, step, val_loss, flops_ratio, list(decision.dominated_by), decision.reason
         )
         return PruningDecision(step, decision.reason, decision.dominated_by)
 
 
-class MedianPruning:
-    """Single-objective studies: Optuna's MedianPruner decides through trial.report / should_prune."""
-
-    def __init__(self, store: Store, settings: PrunerSettings) -> None:
-        self.store, self.rungs = store, set(settings.rungs)
-
-    def decide(
-        self, trial: optuna.Trial, step: int, val_loss: float, flops_ratio: float, map_key: str
-    ) -> PruningDecision | None:
-        if step not in self.rungs:
-            return None
-        trial.report(val_loss, step)
-        if not trial.should_prune():
-            return None
-        reason = f"pruned at step {step} by Optuna's MedianPruner: loss {val_loss:.4f} above the median"
-        self.store.record_pruning(trial.number, step, val_loss, flops_ratio, [], reason)
-        return PruningDecision(step, reason, ())
-
-
 def build_pruner(settings: PrunerSettings, store: Store, final_step: int) -> Pruner | None:
-    if settings.name == "none":
-        return None
-    if settings.name == "median":
-        return MedianPruning(store, settings)
-    return ParetoPruner(store, settings, final_step)
+    return None if settings.name == "none" else Pruner(store, settings, final_step)
 
 
 def pruner_settings(space: SpaceConfig) -> PrunerSettings:

@@ -364,7 +364,7 @@ def prepare_study(request: RunRequest) -> PreparedStudy:
         study.set_metric_names(["val_ppl"] if len(directions) == 1 else ["val_ppl", "flops_ratio"])
     settings = StudySettings.from_dict(study.user_attrs[SAMPLER_ATTR])
     if request.layout is not None:
-        record_layout(study, request.layout, _n_finished(study))
+        record_layout(study, request.layout, n_finished(study_trials(study)))
 
     if first.blocks:  # block K asked for: trained with the reference runs (one list, however many resumes)
         blocks = sorted(set(study.user_attrs.get(ENQUEUED_BLOCKS_ATTR, [])) | set(first.blocks))
@@ -497,10 +497,10 @@ def _run_in_process(
     study.sampler = build_sampler(
         settings.sampler,
         plan.model.n_layers,
-        worker_number,
-        space.search.knobs,
         space.search.max_reuse,
         plan.budget.max_layer_runs(plan.model),
+        worker_number,
+        space.search.knobs,
         space.search.families,
         space.search.damping_choices,
     )
@@ -516,7 +516,6 @@ def _run_in_process(
         )
     run = SearchRun(
         plan,
-        spec,
         study,
         store,
         data,
@@ -529,50 +528,46 @@ def _run_in_process(
         worker=worker,
         worker_number=worker_number,
     )
-    finished = _n_finished(study)
-    reporter.on(StudyStarted(plan.name, n_trials, finished, words=race_settings(plan.config).words))
+    reporter.on(
+        StudyStarted(plan.name, n_trials, n_finished(study_trials(study)), words=race_settings(plan.config).words)
+    )
     if request.learn and LEARNED_ATTR in study.user_attrs:
         reporter.on(Message(learned_line(study.user_attrs[LEARNED_ATTR])))
-    interrupted = False
-    if finished < n_trials:
 
-        def report_trial(st: optuna.Study, ft: FrozenTrial) -> int:
-            trials = study_trials(st)
-            front = save_current_front(store, trials)
-            n_done = sum(has_result(t) for t in trials)
-            reporter.on(TrialFinished(trial_record(ft), front, n_done))
-            return n_done
+    def report_trial(st: optuna.Study, ft: FrozenTrial) -> None:
+        trials = study_trials(st)
+        reporter.on(TrialFinished(trial_record(ft), save_current_front(store, trials), n_finished(trials)))
 
-        started, told = time.monotonic(), False
-        while not interrupted:
-            seen = run.taken_over
-            left = None if timeout is None else timeout - (time.monotonic() - started)
-            trials = study_trials(study)
-            finished = sum(has_result(t) for t in trials)
-            running = sum(t.state == TrialState.RUNNING for t in trials)
-            if (left is not None and left <= 0) or finished >= n_trials:
-                break
-            if finished + running >= n_trials:
-                # Trials in flight (other workers', or a killed worker's until its heartbeat goes stale)
-                # would reach n_trials: wait for them rather than overshoot it; a failed one is retried.
-                if not told:
-                    reporter.on(Message(f"waiting for {running} running trial(s) to reach {n_trials}"))
-                    told = True
-                time.sleep(min(2.0, heartbeat_interval()))
-                run.sweep_stale()
-                continue
-            if not gate("trials"):
-                break
-            try:
-                run.run_group(min(fuse, n_trials - finished - running), report_trial)
-            except KeyboardInterrupt:
-                interrupted = True
-            except (TrialTakenOver, ValueError):
-                # A trial failed under this worker (Optuna refuses to tell it): its result, if any, is on its
-                # map's run, which the queued retry reuses; this worker goes on with the study.
-                if run.taken_over == seen:
-                    raise
-    if not interrupted and _n_finished(study) >= n_trials:
+    interrupted, told, started = False, False, time.monotonic()
+    while not interrupted:
+        seen = run.taken_over
+        left = None if timeout is None else timeout - (time.monotonic() - started)
+        trials = study_trials(study)
+        finished = n_finished(trials)
+        running = sum(t.state == TrialState.RUNNING for t in trials)
+        if (left is not None and left <= 0) or finished >= n_trials:
+            break
+        if finished + running >= n_trials:
+            # Trials in flight (other workers', or a killed worker's until its heartbeat goes stale)
+            # would reach n_trials: wait for them rather than overshoot it; a failed one is retried.
+            if not told:
+                reporter.on(Message(f"waiting for {running} running trial(s) to reach {n_trials}"))
+                told = True
+            time.sleep(min(2.0, heartbeat_interval()))
+            run.sweep_stale()
+            continue
+        if not gate("trials"):
+            break
+        try:
+            run.run_group(min(fuse, n_trials - finished - running), report_trial)
+        except KeyboardInterrupt:
+            interrupted = True
+        except (TrialTakenOver, ValueError):
+            # A trial failed under this worker (Optuna refuses to tell it): its result, if any, is on its
+            # map's run, which the queued retry reuses; this worker goes on with the study.
+            if run.taken_over == seen:
+                raise
+    if not interrupted and n_finished(study_trials(study)) >= n_trials:
         train_references(run, reference_share, fuse, lambda: gate("references"))
         if request.race and gate.stopped_in is None:  # contenders at more seeds and longer, until decided (race.py)
             try:
@@ -610,7 +605,7 @@ def out_of_time(report: StudyReport, gate: StartGate, n_trials: int) -> StudyRep
     assert gate.deadline is not None and gate.stopped_in is not None
     race = report.race
     if gate.stopped_in == "trials":
-        done = f"after {sum(has_result(t) for t in report.trials)} of {n_trials} trials"
+        done = f"after {n_finished(report.trials)} of {n_trials} trials"
     elif gate.stopped_in == "references":
         done = f"after the {n_trials} trials, before the reference runs were all trained"
     else:
@@ -657,10 +652,10 @@ def disk_full_is_reported() -> Iterator[None]:
         ) from None
 
 
-def _n_finished(study: optuna.Study) -> int:
+def n_finished(trials: Sequence[TrialRecord]) -> int:
     """Trials that produced a result for their map: complete, pruned, or diverged (a study of diverging
     proxies still ends)."""
-    return sum(has_result(t) for t in study_trials(study))
+    return sum(has_result(t) for t in trials)
 
 
 def save_current_front(store: Store, trials: Sequence[TrialRecord]) -> list[FrontRow]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import optuna
@@ -36,22 +36,19 @@ def sampler_settings(name: str, seed: int, max_reuse: int) -> SamplerSettings:
     if name not in SAMPLERS:
         raise ValueError(f"unknown sampler {name!r}; use one of {', '.join(SAMPLERS)}")
     resolved: Sampler = "tpe" if name == "auto" else name
-    options: dict[str, SamplerOption] = {}
-    if resolved == "tpe":
-        options = {
+    options: dict[str, dict[str, SamplerOption]] = {
+        "tpe": {
             "n_startup_trials": 8,
             "n_ei_candidates": 24,
             "multivariate": True,
             "group": False,
             "constant_liar": True,
-        }
-    elif resolved == "nsga2":
-        options = {"population_size": 8, "crossover_prob": 0.9, "swapping_prob": 0.5, "mutation_prob": None}
-    elif resolved == "gp":
-        options = {"n_startup_trials": 8, "deterministic_objective": False}
-    elif resolved == "grid":
-        options = {"values": tuple(range(1, max_reuse + 1))}
-    return SamplerSettings(resolved, name, seed, tuple(options.items()))
+        },
+        "nsga2": {"population_size": 8, "crossover_prob": 0.9, "swapping_prob": 0.5, "mutation_prob": None},
+        "gp": {"n_startup_trials": 8, "deterministic_objective": False},
+        "grid": {"values": tuple(range(1, max_reuse + 1))},
+    }
+    return SamplerSettings(resolved, name, seed, tuple(options.get(resolved, {}).items()))
 
 
 class BudgetRepairSampler(optuna.samplers.BaseSampler):
@@ -186,19 +183,17 @@ class BudgetRepairSampler(optuna.samplers.BaseSampler):
 def build_sampler(
     settings: SamplerSettings,
     n_layers: int,
+    max_reuse: int,
+    max_layer_runs: int,
     worker_offset: int = 0,
     knobs: tuple[str, ...] = (),
-    max_reuse: int | None = None,
-    max_layer_runs: int | None = None,
     families: tuple[str, ...] = ("ilr",),
     damping_choices: Sequence[float] = (),
 ) -> optuna.samplers.BaseSampler:
-    """The study's sampler; given the space's max_reuse and the budget's max_layer_runs, wrapped so that it
-    proposes maps (of the study's `families`) within the budget only (BudgetRepairSampler)."""
+    """The study's sampler, wrapped so that it proposes maps (of the study's `families`) within the budget only
+    (BudgetRepairSampler: the space's max_reuse, the budget's max_layer_runs)."""
     blocks_only = trial_families(families) == ("blocks",)
     base = _base_sampler(settings, n_layers, worker_offset, knobs, damping_choices, blocks_only)
-    if max_reuse is None or max_layer_runs is None:
-        return base
     return BudgetRepairSampler(base, n_layers, max_reuse, max_layer_runs, knobs, families)
 
 
@@ -214,19 +209,19 @@ def _base_sampler(
     # Each worker (and each resume) draws from its own stream; the first worker of a study is reproducible.
     seed = None if settings.seed is None else settings.seed * 1_000_003 + worker_offset
     name = settings.name
-    if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, **s)
-    if name == "nsga2":
-        return optuna.samplers.NSGAIISampler(seed=seed, **s)
-    if name == "gp":
-        return optuna.samplers.GPSampler(seed=seed, **s)
-    if name == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    if name == "grid" and blocks_only:  # a scan: every feasible block is enqueued (run.first_trials); none sampled
+    # grid over blocks is a scan: every feasible block is enqueued (run.first_trials); none sampled
+    if name == "random" or (name == "grid" and blocks_only):
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "grid":
         grid = {f"r{i}": list(s["values"]) for i in range(n_layers)} | {
             k: list(knob_choices(k, damping_choices)) for k in knobs
         }
         return optuna.samplers.GridSampler(grid, seed=seed)
-    raise UserInputError(f"unknown sampler {name!r}")
+    samplers: dict[str, Callable[..., optuna.samplers.BaseSampler]] = {
+        "tpe": optuna.samplers.TPESampler,
+        "nsga2": optuna.samplers.NSGAIISampler,
+        "gp": optuna.samplers.GPSampler,
+    }
+    if name not in samplers:
+        raise UserInputError(f"unknown sampler {name!r}")
+    return samplers[name](seed=seed, **s)

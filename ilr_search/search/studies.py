@@ -263,10 +263,9 @@ def summarize_stored(storage: str | None, study_name: str) -> StudyReport:
     return study_report(study, spec, open_store(spec, study_name, storage=study_storage(study)))
 
 
-def fidelity_of(study: optuna.Study, store: Store, trials: Sequence[TrialRecord] | None = None) -> Fidelity:
+def fidelity_of(study: optuna.Study, store: Store, trials: Sequence[TrialRecord]) -> Fidelity:
     """The study's fidelity (rung agreement, noise, second seed, audits, and one line of how far they agree) from
-    its trials and rows."""
-    trials = with_run_results(study_trials(study), store.runs()) if trials is None else trials
+    its trials (each with its result on its map's run) and rows."""
     config = stored_config(study.user_attrs)
     final_step = config.space.train.steps if config is not None else 0
     return study_fidelity(

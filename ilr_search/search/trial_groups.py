@@ -35,7 +35,6 @@ from ilr_search.storage import (
     CurvePoint,
     Heartbeat,
     RunJob,
-    StorageSpec,
     Store,
     TrainCurvePoint,
     grace_period,
@@ -49,7 +48,7 @@ from ilr_search.storage.store import ENDED_STATES, worker_job
 from ilr_search.storage.trials import TrialAttr, TrialRecord, TrialResultAttrs, study_trials, with_run_result
 from ilr_search.training.flops import flops_ratio, map_param_count
 from ilr_search.training.jobs import Job, train_jobs
-from ilr_search.training.schedule import map_text, reuse_map_schedule
+from ilr_search.training.schedule import map_text
 from ilr_search.training.train import EvalPoint, TrainResult
 
 if TYPE_CHECKING:  # torch is loaded only to train or evaluate: reading a race loads none
@@ -103,12 +102,10 @@ class Proposal:
     knobs: dict[str, KnobValue]
     key: str
     ratio: float
-    earlier: TrialRecord | None
-    behind_own: bool = False  # the map is one this worker is about to train: reuse its result afterwards
-    schedule: list[int] = dataclasses.field(
-        default_factory=list
-    )  # the map's layer order (a block's is not its counts')
+    schedule: list[int]  # the map's layer order (a block's is not its counts')
     parts: tuple[str, ...] = ()  # which branch each layer repeats (Map.parts)
+    earlier: TrialRecord | None = None
+    behind_own: bool = False  # the map is one this worker is about to train: reuse its result afterwards
 
 
 @dataclass
@@ -117,7 +114,6 @@ class Training:
 
     proposal: Proposal
     model: ModelConfig
-    schedule: list[int]
     train_cfg: TrainConfig
     checkpoint: Path | None
     on_eval: Callable[[EvalPoint], bool]
@@ -126,7 +122,7 @@ class Training:
 
     @property
     def job(self) -> Job:
-        return Job(self.model, self.schedule, self.train_cfg, self.on_eval, self.checkpoint)
+        return Job(self.model, self.proposal.schedule, self.train_cfg, self.on_eval, self.checkpoint)
 
 
 TrialReport = Callable[[optuna.Study, FrozenTrial], object]  # called with each trial once it is told
@@ -143,7 +139,6 @@ class GroupTrial:
 @dataclass
 class SearchRun:
     plan: StudyPlan
-    spec: StorageSpec
     study: optuna.Study
     store: Store
     data: EvalData
@@ -157,10 +152,6 @@ class SearchRun:
     worker: str = dataclasses.field(default_factory=new_worker)  # the name this worker claims runs under
     worker_number: int | None = None  # its registration (Store.register_worker), beaten while its trials run
     held: set[str] = dataclasses.field(default_factory=set)  # the maps whose trial runs this worker holds
-
-    @property
-    def n_layers(self) -> int:
-        return self.plan.model.n_layers
 
     def refuse_surplus(self, trial: optuna.Trial) -> None:
         """Workers count the study's trials and then ask for one, two steps another worker can fall between: a
@@ -188,7 +179,7 @@ class SearchRun:
                 costs = self.plan.budget.pass_costs(self.plan.trial_model({"capacity": capacity}))
         chosen, proposed = propose_trial_map(
             trial,
-            self.n_layers,
+            self.plan.model.n_layers,
             search.max_reuse,
             self.plan.budget.max_layer_runs(self.plan.model),
             search.families,
@@ -218,12 +209,12 @@ class SearchRun:
             attrs[TrialAttr.PROPOSED_MAP] = list(proposed)
         set_trial_user_attrs(trial, attrs)
 
-        earlier = self._result_for(key, trial.number)
-        if earlier is None and key in in_hand:
-            return Proposal(reuse_map, knobs, key, ratio, None, behind_own=True, schedule=schedule, parts=chosen.parts)
-        if earlier is None:
-            earlier = self._claim_or_wait(key, trial.number, ratio)
-        return Proposal(reuse_map, knobs, key, ratio, earlier, schedule=schedule, parts=chosen.parts)
+        proposal = Proposal(reuse_map, knobs, key, ratio, schedule, chosen.parts, self._result_for(key, trial.number))
+        if proposal.earlier is None and key in in_hand:
+            proposal.behind_own = True
+        elif proposal.earlier is None:
+            proposal.earlier = self._claim_or_wait(key, trial.number, ratio)
+        return proposal
 
     def _result_for(self, key: str, exclude: int) -> TrialRecord | None:
         """The trial other than `exclude` that trained map `key` to a result: the one its run names (Run.trial), its
@@ -362,7 +353,6 @@ class SearchRun:
         return Training(
             proposal,
             self.plan.trial_model(proposal.knobs, proposal.parts),
-            proposal.schedule or reuse_map_schedule(proposal.reuse_map),
             train_cfg,
             checkpoint,
             on_eval,
@@ -441,7 +431,7 @@ class SearchRun:
                     except SurplusTrial:
                         self.study.tell(trial, state=TrialState.FAIL)
                         break
-                    member = GroupTrial(trial, Proposal([], {}, "", 0.0, None))
+                    member = GroupTrial(trial, Proposal([], {}, "", 0.0, []))
                     group.append(member)
                     in_hand = {g.proposal.key for g in group if g.training is not None}
                     member.proposal = self.propose(trial, in_hand)
