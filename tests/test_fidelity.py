@@ -20,7 +20,7 @@ from ilr_search.errors import UserInputError
 from ilr_search.options import AuditSettings
 from ilr_search.search.pruners import calibrate_rung, decision_at_rung, pareto_decision
 from ilr_search.search.run import RunRequest, run_in_process
-from ilr_search.search.studies import trials_report
+from ilr_search.search.studies import list_trials, trials_report
 from ilr_search.space import load_space
 from ilr_search.storage import CurvePoint, JournalStore, Run, RunJob, SQLStore, open_store, parse_storage
 from ilr_search.storage.trials import study_trials
@@ -257,6 +257,7 @@ def test_audit_stores_runs_resumes_and_reports(small_study, tmp_path):
     assert again["maps"] == first["maps"] and again["verdict"] == first["verdict"]
     report = trials_report("aud", storage).to_json()
     assert report["fidelity"]["verdict"].startswith("audit: ")
+    assert list_trials("aud", storage) == report["trials"] != []  # the Python API's rows are `trials --json`'s
     assert not list((tmp_path / "ck").rglob("*.pt"))  # checkpoints go when their runs end
 
 

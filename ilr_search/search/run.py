@@ -90,7 +90,7 @@ class RunRequest:
     (and on resume the study's)."""
 
     space: SpaceConfig
-    budget: str  # forward compute per token: "1.5x", "150%" of the all-ones map, or FLOPs like "4.2e6"
+    budget: str  # forward compute per token: "1.5x", "150%" of the plain model's, or FLOPs like "4.2e6"
     study_name: str | None = None  # None: derived from the configuration (plan.derive_study_name)
     storage: str | None = None  # an Optuna storage URL or journal:PATH; None: sqlite:///studies/ilr-search.db
     n_trials: int | None = None  # finished trials the study reaches in total; None: the space's n_trials

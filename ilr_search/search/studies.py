@@ -408,10 +408,10 @@ def list_studies(storage: str | None = None) -> StudyListing:
     return StudyListing(tuple(rows))
 
 
-def list_trials(study_name: str, storage: str | None = None) -> list[TrialRow]:
-    """The study's trials, each with its curves (TrialRow)."""
+def list_trials(study_name: str, storage: str | None = None) -> list[dict[str, Any]]:
+    """The study's trials, each with its curves, as `trials --json` lists them (TrialRow.to_dict)."""
     listing = trials_report(study_name, storage).listing
-    return list(listing.rows) if listing is not None else []
+    return [row.to_dict() for row in listing.rows] if listing is not None else []
 
 
 def trials_report(study_name: str, storage: str | None = None) -> StudyReport:
