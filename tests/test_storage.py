@@ -12,6 +12,7 @@ from ilr_search.commands.report import export_trials, pareto_report
 from ilr_search.search import RunRequest, run_in_process
 from ilr_search.space import load_space
 from ilr_search.storage import (
+    CurvePoint,
     JournalStore,
     Run,
     RunJob,
@@ -275,3 +276,37 @@ def test_a_journal_study_writes_its_told_trials_on_their_runs_once(tmp_path):
     ]
     lines = (tmp_path / "j.log.ilr").read_text()
     assert open_store(spec, "s", storage=storage).runs() == first and (tmp_path / "j.log.ilr").read_text() == lines
+
+
+def test_a_journal_side_file_keeps_the_latest_line_of_each_run_not_every_heartbeat(tmp_path):
+    """Heartbeats append a run's line again; once the superseded lines number compact_after and half the file, the
+    file is rewritten with each run's latest line. Every reader (this store, another worker's, a fresh one) reads
+    the same runs as before, lines of other kinds stay, and the runs go on being beaten, finished and claimed."""
+    path = tmp_path / "j.log"
+    store, other = JournalStore(str(path), "s"), JournalStore(str(path), "s")
+    store.compact_after = other.compact_after = 20
+    race, worker = RunJob("4", 1, "2,1,1,1"), RunJob("1", 0, "w")
+    assert store.claim_run("race", race, "w1", 1.25, 100, stale_after=60)
+    assert store.claim_run("worker", worker, "w1", 0.0, 0, stale_after=60)
+    assert other.claim_run("race", RunJob("4", 2, "2,1,1,1"), "w2", 1.25, 100, stale_after=60)
+    store.save_reference(reference("plain", 20.0))
+    store.add_curve_point(CurvePoint(0, 12, 3.0, 1.0, "1,1,1,1"), 768)
+    most = 0
+    for _ in range(100):
+        store.beat_run("race", race, "w1")
+        store.beat_run("worker", worker, "w1")
+        other.beat_run("race", RunJob("4", 2, "2,1,1,1"), "w2")
+        most = max(most, len(path.with_name("j.log.ilr").read_text().splitlines()))
+    assert most <= 2 * 20 + 5 + 1  # without it: 305 lines
+    runs = store.runs()
+    assert runs == other.runs() == JournalStore(str(path), "s").runs()
+    assert [(r.kind, r.seed, r.worker, r.state) for r in runs] == [
+        ("race", 1, "w1", "running"),
+        ("race", 2, "w2", "running"),
+        ("reference", 1, "", "complete"),
+        ("worker", 0, "w1", "running"),
+    ]
+    assert not other.claim_run("race", race, "w2", 1.25, 100, stale_after=60)  # still held by w1's fresh beat
+    assert store.finish_run("race", race, "w1", "complete", 3.0, 20.1, 1.3, [(100, 3.0)], 5.0, "")
+    assert [r.state for r in store.runs() if r.kind == "race"] == ["complete", "running"]
+    assert store.curve_points() == other.curve_points() == [CurvePoint(0, 12, 3.0, 1.0, "1,1,1,1", 768)]

@@ -29,6 +29,11 @@ from ilr_search.storage.store import (
 
 LEDGER_LINE = "ledger"  # the line saying a study's trials were imported into their runs (study_import.import_journal)
 CLAIMED_KINDS: tuple[RunKind, ...] = ("race", "trial", "worker")  # the runs claimed by a worker (claim_run)
+# A claimed run's every change is a new line, its heartbeats too (every few seconds a worker, for as long as a study
+# runs), and every read parses the whole file. Once lines that a later line of the same run supersedes number
+# COMPACT_AFTER and half the file, the file is rewritten with the latest line of each run: its size follows its
+# records, not the hours its workers beat.
+COMPACT_AFTER = 1000
 
 
 @contextmanager
@@ -59,12 +64,34 @@ def write_records(path: Path, records: list[dict[str, Any]], mode: str) -> None:
         os.fsync(f.fileno())
 
 
+def superseded_lines(records: list[dict[str, Any]]) -> set[int]:
+    """The indices of the claimed-run lines (any study's) that a later line of the same run replaces."""
+    latest: dict[tuple[Any, ...], int] = {}
+    superseded: set[int] = set()
+    for i, r in enumerate(records):
+        if r.get("kind") in {f"{kind}_run" for kind in CLAIMED_KINDS}:
+            key = (r["study"], r["kind"], r["factor"], r["seed"], r["map_key"])
+            if key in latest:
+                superseded.add(latest[key])
+            latest[key] = i
+    return superseded
+
+
+def compact(path: Path, records: list[dict[str, Any]], superseded: set[int]) -> None:
+    """Replace the side file at `path` by `records` less the `superseded` lines, in their order: written beside it
+    and renamed over it, so that a crash leaves the old file or the new one whole. Called under the file's lock."""
+    fresh = path.with_name(path.name + ".compact")
+    write_records(fresh, [r for i, r in enumerate(records) if i not in superseded], "w")
+    os.replace(fresh, path)
+
+
 class JournalStore(Store):
     """For journal storage: a JSON-lines side file next to the journal, serialised by an flock."""
 
     def __init__(self, journal_path: str, study: str) -> None:
         self.path = Path(journal_path + ".ilr")
         self.study = study
+        self.compact_after = COMPACT_AFTER
 
     @contextmanager
     def _locked(self) -> Iterator[list[dict[str, Any]]]:
@@ -172,7 +199,11 @@ class JournalStore(Store):
             row = self._runs_latest(records, kind).get((job.factor, job.seed, job.map_key))
             if row is None or row["worker"] != worker or running and row["state"] != "running":
                 return False
-            self._append(row | values)
+            line = {"study": self.study, **row, **values}
+            write_records(self.path, [line], "a")
+            superseded = superseded_lines([*records, line])
+            if len(superseded) >= self.compact_after and 2 * len(superseded) >= len(records) + 1:
+                compact(self.path, [*records, line], superseded)
             return True
 
     def beat_run(self, kind: RunKind, job: RunJob, worker: str) -> None:
