@@ -55,7 +55,6 @@ class ProbedLayout:
 class FuseChoice:
     layout: Layout
     reason: str  # one line: what was chosen and why
-    probed: tuple[ProbedLayout, ...] = ()
 
 
 def parse_fuse(text: str | int) -> int | Literal["auto"]:
@@ -295,7 +294,7 @@ def choose_fuse(plan: StudyPlan, workers: int | None, n_trials: int) -> FuseChoi
         )
         + (f"; probed {others}" if others else "")
     )
-    return FuseChoice(chosen.layout, reason, tuple(probed))
+    return FuseChoice(chosen.layout, reason)
 
 
 def describe(layout: Layout) -> str:

@@ -205,11 +205,9 @@ class TrackingReporter(RunReporter):
     def _log_trial(self, t: TrialRecord) -> None:
         if self.tracker is None:
             return
-        curve = sorted((p.step, p.val_loss) for p in self._store().curve_points() if p.trial_number == t.number)
-        if not curve and t.reused_from is not None:
-            curve = sorted(
-                (p.step, p.val_loss) for p in self._store().curve_points() if p.trial_number == t.reused_from
-            )
+        from ilr_search.analysis.results import curve_of, curves_by_trial
+
+        curve = sorted(curve_of(t, curves_by_trial(self._store().curve_points())).items())
         self.tracker.log(
             TrialLog(
                 f"trial-{t.number:04d}",
