@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ilr_search.analysis.race_core import RaceSettings
+from ilr_search.analysis.race_core import RaceSettings, race_lengths
 from ilr_search.analysis.results import has_result
 from ilr_search.analysis.sequential import looks_apart
 from ilr_search.commands.autofuse import Layout, describe, resolve_layout
@@ -540,7 +540,7 @@ def race_plan(plan: StudyPlan, n_trials: int) -> RacePlan:
             frozen=True,
         )
     if search.race_policy == "fixed":
-        lengths = [base * 2**i for i in range(64) if base * 2**i < target] + [target]
+        lengths = list(race_lengths(RaceSettings(base, target)))  # doubled from the proxy's up to the target
         per_map = sum(lengths) * search.race_seeds - base
         most = search.race_contenders * per_map
         return RacePlan(
