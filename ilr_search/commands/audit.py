@@ -225,13 +225,9 @@ def _run_audit(
     store = open_store(spec, study_name, storage=study_storage(study))
     worker = new_worker()
     checkpoints = race_checkpoints(Path(checkpoint_dir or "studies/checkpoints") / safe_name(study_name))
-    reporter.on(
-        StudyStarted(
-            f"{study_name} audit at {factor}x ({steps} steps)",
-            len(jobs),
-            _n_done(finished_jobs(store), jobs),
-        )
-    )
+    done = finished_jobs(store)
+    title = f"{study_name} audit at {factor}x ({steps} steps)"
+    reporter.on(StudyStarted(title, len(jobs), sum(job in done for job, _ in jobs)))
     data: TokenData | None = None
     trained_here = 0
 
@@ -272,10 +268,6 @@ def _run_audit(
     return StudyAudit(
         study_name, settings.factor, steps, proxy_steps, settings.maps, settings.seeds, len(jobs), trained_here, report
     )
-
-
-def _n_done(done: set[RunJob], jobs: list[tuple[RunJob, TrialRecord]]) -> int:
-    return sum(job in done for job, _ in jobs)
 
 
 def _claim_group(

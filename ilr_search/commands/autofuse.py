@@ -55,7 +55,6 @@ class ProbedLayout:
 class FuseChoice:
     layout: Layout
     reason: str  # one line: what was chosen and why
-    probed: tuple[ProbedLayout, ...] = ()
 
 
 def parse_fuse(text: str | int) -> int | Literal["auto"]:
@@ -129,13 +128,13 @@ def max_fitting_fuse(plan: StudyPlan, groups: int) -> int:
 
 def check_memory(plan: StudyPlan, groups: int, fuse: int) -> None:
     """`groups` processes of `fuse` maps each must fit in the device's available memory, or one clear error."""
-    if fuse <= max_fitting_fuse(plan, groups):
+    fit = max_fitting_fuse(plan, groups)
+    if fuse <= fit:
         return
     free, total, what = available_memory(plan.space.train.device)
     one = memory_per_group_member(plan)
     context = process_overhead_bytes(plan)
     need = groups * (fuse * one + context)
-    fit = max_fitting_fuse(plan, groups)
     asked = (f"--workers {groups} " if groups > 1 else "") + f"--fuse {fuse}"
     if fit >= 1:
         advice = f"use --fuse {fit} or less"
@@ -295,7 +294,7 @@ def choose_fuse(plan: StudyPlan, workers: int | None, n_trials: int) -> FuseChoi
         )
         + (f"; probed {others}" if others else "")
     )
-    return FuseChoice(chosen.layout, reason, tuple(probed))
+    return FuseChoice(chosen.layout, reason)
 
 
 def describe(layout: Layout) -> str:

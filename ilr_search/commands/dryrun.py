@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ilr_search.analysis.race_core import RaceSettings
+from ilr_search.analysis.race_core import RaceSettings, race_lengths
 from ilr_search.analysis.results import has_result
 from ilr_search.analysis.sequential import looks_apart
 from ilr_search.commands.autofuse import Layout, describe, resolve_layout
@@ -378,18 +378,15 @@ class DryRunReport:
     knobs: list[str]
     workers: int
     race: RacePlan
-    estimate: Estimate | None = None
-    chunk_size: int = 0  # a frozen study's windows or items a chunk (its eval_windows)
     parts: list[str] = dataclasses.field(default_factory=lambda: ["both"])  # the parts of a layer searched
-    time_budget: PlanTimeBudget | None = None  # the run's wall-clock budget against the estimate (None: none)
     learn: PlanLearn | None = None  # `run --learn`'s learning run (None: no --learn)
+    chunk_size: int = 0  # a frozen study's windows or items a chunk (its eval_windows; listed for a frozen one)
+    time_budget: PlanTimeBudget | None = None  # the run's wall-clock budget against the estimate (None: none)
+    estimate: Estimate | None = None  # under its own keys (Estimate.to_dict), after the plan's
 
     def to_json(self) -> dict[str, Any]:
-        report = {"dry_run": True} | record_json(self, omit=("estimate", "chunk_size", "time_budget", "learn"))
-        report["learn"] = record_json(self.learn) if self.learn is not None else None
-        if self.train.steps == 0:
-            report["chunk_size"] = self.chunk_size
-        report["time_budget"] = record_json(self.time_budget) if self.time_budget is not None else None
+        omit = ("estimate",) if self.train.steps == 0 else ("estimate", "chunk_size")
+        report = {"dry_run": True} | record_json(self, omit=omit)
         return report | (self.estimate.to_dict() if self.estimate is not None else {})
 
 
@@ -543,7 +540,7 @@ def race_plan(plan: StudyPlan, n_trials: int) -> RacePlan:
             frozen=True,
         )
     if search.race_policy == "fixed":
-        lengths = [base * 2**i for i in range(64) if base * 2**i < target] + [target]
+        lengths = list(race_lengths(RaceSettings(base, target)))  # doubled from the proxy's up to the target
         per_map = sum(lengths) * search.race_seeds - base
         most = search.race_contenders * per_map
         return RacePlan(

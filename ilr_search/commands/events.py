@@ -2,7 +2,7 @@
 map is written (training/schedule.py). The CLI imports only from commands/, so these come
 through here."""
 
-from ilr_search.analysis.replicates import FROZEN_UNITS, SCORE_COLUMNS, Replicates
+from ilr_search.analysis.replicates import Replicates
 from ilr_search.knobs import format_knobs
 from ilr_search.search.progress import (
     Event,
@@ -21,8 +21,6 @@ from ilr_search.training.schedule import format_reuse_map, map_text, shown_key
 
 __all__ = [
     "shown_key",
-    "FROZEN_UNITS",
-    "SCORE_COLUMNS",
     "Replicates",
     "Event",
     "Message",

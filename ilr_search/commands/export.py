@@ -229,7 +229,6 @@ def mergekit_model(init: str) -> str:
     (which mergekit does not read) as the transformers folder it was converted into (training/gguf.py, in the
     cache)."""
     from ilr_search.training.gguf import gguf_file
-    from ilr_search.training.pretrained import resolve_source
 
     if init.startswith("hf:"):
         return init[3:]

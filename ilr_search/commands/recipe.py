@@ -9,9 +9,9 @@ import dataclasses
 import json
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 import optuna
 
@@ -37,7 +37,7 @@ from ilr_search.search.plan import RESULT_TRAIN_FIELDS, stored_config
 from ilr_search.search.race_results import decided_front, race_report
 from ilr_search.search.studies import open_study
 from ilr_search.space import SpaceError, check_sizes
-from ilr_search.storage import Run, Store, open_store, parse_storage, study_references, study_storage
+from ilr_search.storage import Run, Store, open_store, parse_storage, stored_references, study_storage
 from ilr_search.storage.trials import TrialRecord, study_trials, with_run_results
 from ilr_search.training.flops import Budget, flops_ratio, map_param_count
 from ilr_search.training.model import ILRTransformer
@@ -76,36 +76,33 @@ class StudySettingsView:
     space: SpaceConfig  # model, data and train settings as stored (steps: the proxy's)
     init_depth: int  # the depth_init knob's depth (the deepest schedule the study's budget pays for)
     budget: Budget
-    storage: str | None = None  # the storage URL the study was opened from (its race runs are read there)
+    store: Store  # the study's store (its race, audit and reference runs), opened read-only
 
     def model(self, knobs: dict[str, KnobValue], parts: tuple[str, ...] = ()) -> ModelConfig:
         """The study's model with these knob settings and a map's parts (as its trials and audit build it)."""
         return dataclasses.replace(with_knobs(model_config(self.space), knobs, self.init_depth), parts=parts)
 
-    def store(self) -> Store:
-        """The study's store (its race and audit runs), opened read-only."""
-        spec = parse_storage(self.storage, read_only=True)
-        return open_store(spec, self.study.study_name, read_only=True, storage=study_storage(self.study))
-
     def trials(self) -> list[TrialRecord]:
         """The study's trials, each with its result on its map's run where Optuna holds none (with_run_results)."""
-        return with_run_results(study_trials(self.study), self.store().runs())
+        return with_run_results(study_trials(self.study), self.store.runs())
 
     def references(self) -> dict[str, Run]:
         """The study's reference runs by name."""
-        return study_references(parse_storage(self.storage, read_only=True), self.study)
+        return stored_references(self.store.reference_runs())
 
 
 def load_study_settings(study_name: str, storage: str | None) -> StudySettingsView:
-    """The stored settings of an ilr-search study; one-line errors for a missing or foreign study."""
+    """The stored settings of an ilr-search study and its store; one-line errors for a missing or foreign study."""
     from ilr_search.commands.audit import stored_space
 
-    study = open_study(parse_storage(storage, read_only=True), study_name)
+    spec = parse_storage(storage, read_only=True)
+    study = open_study(spec, study_name)
     config = stored_config(study.user_attrs)
     if config is None:
         raise UserInputError(f"study {study_name!r} was not made by ilr-search; it has no stored settings")
     space = stored_space(study, config.space.train.steps)
-    return StudySettingsView(study, space, config.init_depth, config.budget, storage)
+    store = open_store(spec, study_name, read_only=True, storage=study_storage(study))
+    return StudySettingsView(study, space, config.init_depth, config.budget, store)
 
 
 def choose_map(view: StudySettingsView, map_text: str | None, trained_only: bool) -> tuple[Map, str]:
@@ -153,7 +150,7 @@ def choose_map(view: StudySettingsView, map_text: str | None, trained_only: bool
 def default_map(view: StudySettingsView, trials: list[TrialRecord]) -> tuple[Map, str]:
     """The map of lowest perplexity on the study's decided front (decided_front: the race's, at its raced length,
     where the study was raced; the proxy's otherwise), with the line saying which and why."""
-    race = race_report(trials, view.study.user_attrs, view.store().runs())
+    race = race_report(trials, view.study.user_attrs, view.store.runs())
     front = decided_front(trials, race)
     if not front:
         raise UserInputError(f"study {view.study.study_name!r} has no complete trial yet; give --map or run it first")
@@ -173,93 +170,42 @@ def default_map(view: StudySettingsView, trials: list[TrialRecord]) -> tuple[Map
     )
 
 
-@dataclass(frozen=True)
-class TrialProxy:
-    """The trial that trained the map: its number, state, steps, perplexity, bits per byte and pruning step."""
-
-    kind: Literal["trial"] = field(default="trial", init=False)  # first: the recipe names the proxy's kind first
-    trial: int
-    state: str
-    steps: int | None
-    val_ppl: float | None
-    val_bpb: float | None
-    pruned_at_step: int | None
+def picked(record: Any, names: Sequence[str]) -> dict[str, Any]:
+    """These fields of a stored record (a TrialRecord, a Run), under their names; None throughout for no record."""
+    return {name: getattr(record, name) if record is not None else None for name in names}
 
 
-@dataclass(frozen=True)
-class ReferenceProxy:
-    """The block-recurrence reference run of the map (None throughout where the study has none)."""
-
-    kind: Literal["reference"] = field(default="reference", init=False)
-    steps: int | None = None
-    val_ppl: float | None = None
-    val_bpb: float | None = None
-    status: str | None = None
+RUN_RESULT = ("steps", "val_ppl", "val_bpb")  # what a recipe lists of every measured run of its map
 
 
-@dataclass(frozen=True)
-class MeasuredRun:
-    """A finished race run (the race's or the audit's) of the map: its length factor, seed and result."""
-
-    factor: float
-    seed: int
-    steps: int
-    state: str
-    val_ppl: float | None
-    val_bpb: float | None
-
-
-@dataclass(frozen=True)
-class SecondSeedRun:
-    """The second-seed reference where it is the map."""
-
-    seed: int | None
-    steps: int
-    val_ppl: float | None
-    val_bpb: float | None
-
-
-@dataclass(frozen=True)
-class MeasuredResults:
-    """What the study measured for a map: its proxy result, finished race runs and second-seed reference. Its
-    `prediction` is None: ilr-search makes no extrapolation yet."""
-
-    proxy: TrialProxy | ReferenceProxy | None
-    race_runs: tuple[MeasuredRun, ...]
-    second_seed: SecondSeedRun | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return record_json(self) | {"prediction": None}
-
-
-def measured_results(view: StudySettingsView, choice: Map) -> MeasuredResults:
-    """What the study measured for the map: its proxy result, its finished race runs (the race's and the audit's
-    longer or extra-seed runs), the second-seed reference where it is that map, and a prediction (none:
-    ilr-search makes no extrapolation yet)."""
+def measured_results(view: StudySettingsView, choice: Map) -> dict[str, Any]:
+    """What the study measured for the map, as the recipe lists it: its proxy result (the trial that trained it,
+    or the block-recurrence reference run: None throughout where the study has none), its finished race runs (the
+    race's and the audit's longer or extra-seed runs), the second-seed reference where it is that map, and a
+    prediction (none: ilr-search makes no extrapolation yet)."""
     refs = view.references()
-    proxy: TrialProxy | ReferenceProxy | None = None
+    proxy: dict[str, Any] | None = None
     if choice.is_stack:
-        ref = refs.get(choice.key)
-        proxy = ReferenceProxy(ref.steps, ref.val_ppl, ref.val_bpb, ref.status) if ref else ReferenceProxy()
+        proxy = {"kind": "reference"} | picked(refs.get(choice.key), (*RUN_RESULT, "status"))
     else:
         t = trained_by_map(view.trials()).get(choice.key)
         if t is not None:
-            proxy = TrialProxy(t.number, t.state.name, t.steps, t.val_ppl, t.val_bpb, t.pruned_at_step)
-    runs = tuple(
-        MeasuredRun(float(row.job.factor), row.job.seed, row.steps, row.state, row.val_ppl, row.val_bpb)
-        for row in view.store().race_runs()
+            proxy = {"kind": "trial", "trial": t.number, "state": t.state.name}
+            proxy |= picked(t, (*RUN_RESULT, "pruned_at_step"))
+    runs = [
+        {"factor": float(row.job.factor), "seed": row.job.seed} | picked(row, ("steps", "state", *RUN_RESULT[1:]))
+        for row in view.store.race_runs()
         if row.job.map_key == choice.key and row.state in ("complete", "failed")
-    )
+    ]
     second = refs.get("second_seed")
-    second_seed = None
-    if (
+    is_second = (
         second
         and list(second.reuse_map or ()) == list(choice.counts)
         and second.knobs == choice.knob_settings
         and not choice.is_stack
-    ):
-        second_seed = SecondSeedRun(second.seed, second.steps, second.val_ppl, second.val_bpb)
-    return MeasuredResults(proxy, runs, second_seed)
+    )
+    second_seed = picked(second, ("seed", *RUN_RESULT)) if is_second else None
+    return {"proxy": proxy, "race_runs": runs, "second_seed": second_seed, "prediction": None}
 
 
 # The training settings a recipe lists, as TrainConfig names them: those a study's results depend on (what it
@@ -281,7 +227,7 @@ class Recipe:
     model: ModelConfig
     data: DataConfig
     train: TrainConfig
-    measured: MeasuredResults
+    measured: dict[str, Any]  # measured_results
 
     @property
     def map(self) -> str:
@@ -309,7 +255,7 @@ class Recipe:
                 "optimizer": "AdamW(betas=(0.9, 0.95)); weight decay on matrices only",
                 "lr_schedule": train.lr_schedule_text(),
             },
-            "measured": self.measured.to_dict(),
+            "measured": self.measured,
             "train_command": f"ilr-search train --from-study {self.study} --map '{choice.key}' --steps N --save DIR",
         }
 

@@ -206,24 +206,14 @@ def pareto_report(
     .png/.svg (kaleido), .csv or .json."""
     path = _front_path(out)
     drawn = path is not None and path.suffix.lower() in (".html", ".png", ".svg")
-    report, figure, _ = _pareto(study_name, storage, "layers" if drawn else view, path)
-    if path is not None:
-        _write_front(path, report, figure)
-    return report
+    return _pareto(study_name, storage, "layers" if drawn else view, path)[0]
 
 
 def pareto_blocks(study_name: str, storage: str | None = None, out: str | Path | None = None) -> BlockView:
     """`pareto --view blocks`: the pareto report (the figure or table written to `out` as pareto_report does) and
     the study's block grid; a study that searches no block maps is refused."""
-    path = _front_path(out)
-    report, figure, grid = _pareto(study_name, storage, "layers", path)
-    if grid is None:
-        raise UserInputError(
-            f"study {study_name!r} searches no block maps ([search] families has no 'blocks'): --view blocks "
-            "draws the grid of a block search; use --view front or layers"
-        )
-    if path is not None:
-        _write_front(path, report, figure)
+    report, _, grid = _pareto(study_name, storage, "blocks", _front_path(out))
+    assert grid is not None  # _pareto refuses a study without one
     return BlockView(report, grid)
 
 
@@ -250,8 +240,9 @@ def _opened(study_name: str, storage: str | None) -> tuple[StorageSpec, optuna.S
 def _pareto(
     study_name: str, storage: str | None, view: str, out: Path | None = None
 ) -> tuple[StudyReport, Callable[[], go.Figure], BlockGrid | None]:
-    """The pareto report (with the layer view where `view` is "layers", and the file `out` it is written to), what
-    draws its figure, and the block grid of a study that searches block maps (else None)."""
+    """The pareto report (with the layer view where `view` is "layers" or "blocks", and the file `out` it is written
+    to, once it is), what draws its figure, and the block grid of a study that searches block maps (else None; with
+    `view` "blocks" such a study is refused before anything is written)."""
     spec, study, store = _opened(study_name, storage)
     report = study_report(study, spec, store)
     trials = with_run_results(study_trials(study), store.runs())
@@ -259,7 +250,7 @@ def _pareto(
     front = mark_ties(study_front(trials), noise)
     race_front = mark_ties(report.front, noise)  # each point at its longest raced length
     decided = race_front if report.race is not None else decided_front(trials, None)  # with its noise ties
-    layers = layer_view(trials, decided) if view == "layers" else None
+    layers = layer_view(trials, decided) if view in ("layers", "blocks") else None
     report = dataclasses.replace(
         report,
         front_view=FrontView(
@@ -273,6 +264,11 @@ def _pareto(
     )
 
     grid = study_block_grid(study.user_attrs, report.race)
+    if grid is None and view == "blocks":
+        raise UserInputError(
+            f"study {study_name!r} searches no block maps ([search] families has no 'blocks'): --view blocks "
+            "draws the grid of a block search; use --view front or layers"
+        )
 
     def figure() -> go.Figure:
         rows = _plotted_trials(study, curves_by_trial(store.curve_points()))
@@ -284,6 +280,8 @@ def _pareto(
             study_name, rows, front, noise, drawn_layers, report.fidelity, report.race, report.answer, grid
         )
 
+    if out is not None:
+        _write_front(out, report, figure)
     return report, figure, grid
 
 

@@ -101,7 +101,6 @@ class TrialLog:
 
 class Tracker(Protocol):
     def log(self, entry: TrialLog) -> None: ...
-    def close(self) -> None: ...
 
 
 class TensorBoardTracker:
@@ -126,9 +125,6 @@ class TensorBoardTracker:
         finally:
             writer.close()
 
-    def close(self) -> None:
-        pass
-
 
 class MlflowTracker:
     """One MLflow experiment per study and one run per trial (params: map, r0.., knobs; metrics: val_loss by
@@ -151,9 +147,6 @@ class MlflowTracker:
             run.info.run_id, metrics=metrics, params=[Param(k, str(v)) for k, v in entry.params().items()]
         )
         self.client.set_terminated(run.info.run_id, "FINISHED" if entry.state == "COMPLETE" else "KILLED")
-
-    def close(self) -> None:
-        pass
 
 
 def open_tracker(spec: TrackSpec, study: str) -> Tracker:
@@ -185,7 +178,6 @@ class TrackingReporter(RunReporter):
         try:
             if self.tracker is not None:
                 self._log_references(self.tracker)
-                self.tracker.close()
         finally:
             self.inner.__exit__(*exc)
 
@@ -205,11 +197,9 @@ class TrackingReporter(RunReporter):
     def _log_trial(self, t: TrialRecord) -> None:
         if self.tracker is None:
             return
-        curve = sorted((p.step, p.val_loss) for p in self._store().curve_points() if p.trial_number == t.number)
-        if not curve and t.reused_from is not None:
-            curve = sorted(
-                (p.step, p.val_loss) for p in self._store().curve_points() if p.trial_number == t.reused_from
-            )
+        from ilr_search.analysis.results import curve_of, curves_by_trial
+
+        curve = sorted(curve_of(t, curves_by_trial(self._store().curve_points())).items())
         self.tracker.log(
             TrialLog(
                 f"trial-{t.number:04d}",
