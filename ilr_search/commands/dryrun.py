@@ -38,7 +38,7 @@ from ilr_search.search.run import (
 )
 from ilr_search.search.samplers import sampler_settings
 from ilr_search.storage import StorageSpec, open_storage, open_store, study_references
-from ilr_search.storage.trials import study_trials
+from ilr_search.storage.trials import told_trials
 from ilr_search.time_budget import format_duration
 from ilr_search.training.device import resolve_compile, resolve_device
 from ilr_search.training.flops import flops_ratio
@@ -413,7 +413,7 @@ def dry_run_report(request: RunRequest, probe: bool = True) -> DryRunReport:
     plan = adopt_stored_race(existing, plan, request.asked_race)
     check_resume(existing, spec, plan, request.pruner)
     study = stored_study(existing, plan.name)
-    trials = study_trials(study) if study is not None else []
+    trials = told_trials(study) if study is not None else []
     finished = sum(has_result(t) for t in trials)
     n_trials = first_trials(plan, study, request.trials_wanted, enqueue_texts(request, space)).n_trials
     trials_to_train = max(0, n_trials - finished)

@@ -75,7 +75,7 @@ from ilr_search.storage import (
     stored_references,
     study_storage,
 )
-from ilr_search.storage.trials import TrialRecord, study_trials, trial_record, with_run_results
+from ilr_search.storage.trials import TrialRecord, study_trials, told_trials, trial_record
 from ilr_search.time_budget import Deadline, parse_duration
 from ilr_search.training.flops import flops_ratio
 from ilr_search.training.frozen import EvalData, eval_chunks, load_space_data
@@ -428,7 +428,7 @@ def first_trials(plan: StudyPlan, study: optuna.Study | None, n_trials: int, enq
         if search.enqueue_paper_maps or scan
         else []
     )  # with every searched knob off: the paper's model
-    trials = study_trials(study) if study is not None else []
+    trials = told_trials(study) if study is not None else []
     waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,)) if study is not None else []
     known = [t.params for t in trials if t.state != TrialState.FAIL or has_result(t)] + [
         t.system_attrs.get("fixed_params", {})
@@ -537,8 +537,8 @@ def _run_in_process(
     if finished < n_trials:
 
         def report_trial(st: optuna.Study, ft: FrozenTrial) -> int:
-            trials = study_trials(st)
-            front = save_current_front(store, trials)
+            trials = told_trials(st)
+            front = save_current_front(store, study_trials(st, store.runs()))
             n_done = sum(has_result(t) for t in trials)
             reporter.on(TrialFinished(trial_record(ft), front, n_done))
             return n_done
@@ -547,7 +547,7 @@ def _run_in_process(
         while not interrupted:
             seen = run.taken_over
             left = None if timeout is None else timeout - (time.monotonic() - started)
-            trials = study_trials(study)
+            trials = told_trials(study)
             finished = sum(has_result(t) for t in trials)
             running = sum(t.state == TrialState.RUNNING for t in trials)
             if (left is not None and left <= 0) or finished >= n_trials:
@@ -589,7 +589,7 @@ def _run_in_process(
                 )
             except KeyboardInterrupt:  # the run in training was freed for the next attempt; finished ones stay
                 interrupted = True
-    save_current_front(store, study_trials(study))
+    save_current_front(store, study_trials(study, store.runs()))
     for folder in (run.checkpoint_root, *run.checkpoint_root.parents[:2]):  # checkpoints go when their trials end
         try:
             folder.rmdir()
@@ -660,12 +660,11 @@ def disk_full_is_reported() -> Iterator[None]:
 def _n_finished(study: optuna.Study) -> int:
     """Trials that produced a result for their map: complete, pruned, or diverged (a study of diverging
     proxies still ends)."""
-    return sum(has_result(t) for t in study_trials(study))
+    return sum(has_result(t) for t in told_trials(study))
 
 
 def save_current_front(store: Store, trials: Sequence[TrialRecord]) -> list[FrontRow]:
-    """The proxy front of `trials` (each with its result on its map's run where Optuna holds none), stored."""
-    trials = with_run_results(trials, store.runs())
+    """The proxy front of `trials` (study_trials: each with its result on its map's run), stored."""
     front = study_front(trials)
     store.save_front(sum(t.state == TrialState.COMPLETE for t in trials), [p.to_dict() for p in front])
     return front
@@ -735,7 +734,7 @@ def train_references(
     spent), the rest are left to the next run."""
     plan, study = run.plan, run.study
     k, n = share
-    trials = with_run_results(study_trials(study), run.store.runs())
+    trials = study_trials(study, run.store.runs())
     refs = reference_runs(plan, trials, study.user_attrs.get(ENQUEUED_BLOCKS_ATTR, ()))
     done_before = stored_references(run.store.reference_runs())
     missing = []

@@ -18,7 +18,7 @@ from ilr_search.analysis.results import has_result, study_front
 from ilr_search.search.run import RunRequest, run_in_process
 from ilr_search.space import load_space
 from ilr_search.storage import open_storage, open_store, parse_storage
-from ilr_search.storage.trials import study_trials
+from ilr_search.storage.trials import told_trials
 
 HEARTBEAT_SECONDS = 1
 
@@ -86,7 +86,7 @@ def check_accounted(storage, study_name):
     stored front equals the front recomputed from the trials."""
     study = load(storage, study_name)
     trials = study.trials
-    records = study_trials(study)
+    records = told_trials(study)
     assert not [t.number for t in trials if t.state == TrialState.RUNNING]
     failed = [r for r in records if r.state == TrialState.FAIL and not has_result(r)]
     for f in failed:

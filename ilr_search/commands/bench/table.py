@@ -121,7 +121,7 @@ def build_table(opts: BenchBuildOptions, reporter: RunReporter | None = None) ->
     study = open_study(parse_storage(opts.storage), name)
     store = open_store(parse_storage(opts.storage), name, read_only=True, storage=study_storage(study))
     curves = curves_by_trial(store.curve_points())
-    for t in trained_results(study_trials(study)):
+    for t in trained_results(study_trials(study, store.runs())):
         rows.append(
             {
                 "reuse_map": format_reuse_map(cast(tuple[int, ...], t.reuse_map)),  # a trained result's map
