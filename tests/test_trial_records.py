@@ -179,9 +179,11 @@ def test_a_trial_failed_under_its_worker_has_the_result_its_maps_run_holds():
 @pytest.mark.slow
 def test_the_readers_read_a_trial_failed_under_its_worker_with_its_runs_result(records_storage, tmp_path):
     """Trial 1 of a copy of the study is failed under its worker after its result was on its map's run: the
-    figure draws it as a complete trial and the audit reads its proxy result, as every report does."""
+    figure draws it as a complete trial, a bench table has its row and the audit reads its proxy result, as every
+    report does."""
     from ilr_search.analysis.plots import LEGEND
     from ilr_search.commands.audit import AuditSettings, run_audit
+    from ilr_search.commands.bench.table import table_rows
     from ilr_search.commands.report import front_figure
 
     db = tmp_path / "f.db"
@@ -200,6 +202,9 @@ def test_the_readers_read_a_trial_failed_under_its_worker_with_its_runs_result(r
     complete = next(t for t in front_figure("records", url).data if t.name == LEGEND["COMPLETE"])
     drawn = dict(zip([h.split(" ")[1] for h in complete.hovertext], complete.y, strict=True))
     assert drawn["1"] == run.val_ppl  # drawn among the complete trials, at its perplexity
+
+    (row,) = [r for r in table_rows("records", url, 8) if r["trial"] == 1]
+    assert (row["val_ppl"], row["train_seconds"]) == (run.val_ppl, run.seconds)
 
     audit = run_audit("records", url, AuditSettings(factor=2, seeds=1, maps="all"), checkpoint_dir=tmp_path / "ck")
     (audited,) = [m for m in audit.report.maps if m.reuse_map == told.map_key]
