@@ -11,7 +11,7 @@ from conftest import NO_REFERENCES, TINY_SPACE
 from optuna.distributions import IntDistribution
 from optuna.trial import TrialState, create_trial
 
-from ilr_search.analysis.results import has_result, study_front, trained_by_map, trained_trials
+from ilr_search.analysis.results import study_front, trained_by_map, trained_trials
 from ilr_search.storage import open_store, parse_storage
 from ilr_search.storage.store import Run
 from ilr_search.storage.trials import (
@@ -126,7 +126,7 @@ def test_the_filters_on_hand_made_trials():
     ]
     trials = [trial_record(t) for t in frozen]
     assert [t.number for t in trained_results(trials)] == [0, 6]
-    assert [t.number for t in trials if has_result(t)] == [0, 1, 2, 3, 5, 6]
+    assert [t.number for t in trials if t.has_result] == [0, 1, 2, 3, 5, 6]
     assert [t.number for t in trained_trials(trials)] == [0, 2, 3, 5, 6]
     assert {k: r.number for k, r in trained_by_map(trials).items()} == {
         "2,1,1,1": 0,

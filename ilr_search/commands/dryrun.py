@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from ilr_search.analysis.race_core import RaceSettings
-from ilr_search.analysis.results import has_result
 from ilr_search.analysis.sequential import looks_apart
 from ilr_search.commands.autofuse import Layout, describe, resolve_layout
 from ilr_search.commands.layout import on_cpu, process_threads, race_processes, usable_cores
@@ -414,7 +413,7 @@ def dry_run_report(request: RunRequest, probe: bool = True) -> DryRunReport:
     check_resume(existing, spec, plan, request.pruner)
     study = stored_study(existing, plan.name)
     trials = told_trials(study) if study is not None else []
-    finished = sum(has_result(t) for t in trials)
+    finished = sum(t.has_result for t in trials)
     n_trials = first_trials(plan, study, request.trials_wanted, enqueue_texts(request, space)).n_trials
     trials_to_train = max(0, n_trials - finished)
     learn = None

@@ -430,7 +430,7 @@ def export_trials(
         }
         record |= {f"param_{k}": v for k, v in sorted(t.params.items())}
         records.append(record)
-    references = reference_rows(store, study.user_attrs)
+    references = reference_rows(store)
     for ref in references:  # marked by their name in `reference`, state REFERENCE, no trial number
         records.append(
             {

@@ -18,13 +18,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from ilr_search.analysis.answer import out_of_time_answer
 from ilr_search.analysis.fidelity import best_recurrent
-from ilr_search.analysis.results import (
-    FrontRow,
-    as_list,
-    finite_or_none,
-    has_result,
-    study_front,
-)
+from ilr_search.analysis.results import FrontRow, as_list, finite_or_none, study_front
 from ilr_search.config import SIZE_MAXIMA, WORKERS_MAX, SpaceConfig, StudySettings, scored_by_item
 from ilr_search.errors import StorageFullError, UserInputError
 from ilr_search.folders import check_can_create
@@ -430,7 +424,7 @@ def first_trials(plan: StudyPlan, study: optuna.Study | None, n_trials: int, enq
     )  # with every searched knob off: the paper's model
     trials = told_trials(study) if study is not None else []
     waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,)) if study is not None else []
-    known = [t.params for t in trials if t.state != TrialState.FAIL or has_result(t)] + [
+    known = [t.params for t in trials if t.state != TrialState.FAIL or t.has_result] + [
         t.system_attrs.get("fixed_params", {})
         for t in waiting  # an enqueued trial's parameters
     ]
@@ -438,7 +432,7 @@ def first_trials(plan: StudyPlan, study: optuna.Study | None, n_trials: int, enq
     for params in seeds[:1] + [a.params(search.knobs) for a in asked if a.block is None]:
         if params not in known and params not in required:
             required.append(params)
-    counted = sum(has_result(t) or t.state in (TrialState.WAITING, TrialState.RUNNING) for t in trials)
+    counted = sum(t.has_result or t.state in (TrialState.WAITING, TrialState.RUNNING) for t in trials)
     fill = [p for p in seeds[1:] if p not in known and p not in required]
     if scan:  # the scan is the study: every block it has not evaluated yet, whatever n_trials asked
         return FirstTrials(required + fill, sorted({a.block for a in asked if a.block}), counted + len(required + fill))
@@ -539,7 +533,7 @@ def _run_in_process(
         def report_trial(st: optuna.Study, ft: FrozenTrial) -> int:
             trials = told_trials(st)
             front = save_current_front(store, study_trials(st, store.runs()))
-            n_done = sum(has_result(t) for t in trials)
+            n_done = sum(t.has_result for t in trials)
             reporter.on(TrialFinished(trial_record(ft), front, n_done))
             return n_done
 
@@ -548,7 +542,7 @@ def _run_in_process(
             seen = run.taken_over
             left = None if timeout is None else timeout - (time.monotonic() - started)
             trials = told_trials(study)
-            finished = sum(has_result(t) for t in trials)
+            finished = sum(t.has_result for t in trials)
             running = sum(t.state == TrialState.RUNNING for t in trials)
             if (left is not None and left <= 0) or finished >= n_trials:
                 break
@@ -610,7 +604,7 @@ def out_of_time(report: StudyReport, gate: StartGate, n_trials: int) -> StudyRep
     assert gate.deadline is not None and gate.stopped_in is not None
     race = report.race
     if gate.stopped_in == "trials":
-        done = f"after {sum(has_result(t) for t in report.trials)} of {n_trials} trials"
+        done = f"after {sum(t.has_result for t in report.trials)} of {n_trials} trials"
     elif gate.stopped_in == "references":
         done = f"after the {n_trials} trials, before the reference runs were all trained"
     else:
@@ -660,7 +654,7 @@ def disk_full_is_reported() -> Iterator[None]:
 def _n_finished(study: optuna.Study) -> int:
     """Trials that produced a result for their map: complete, pruned, or diverged (a study of diverging
     proxies still ends)."""
-    return sum(has_result(t) for t in told_trials(study))
+    return sum(t.has_result for t in told_trials(study))
 
 
 def save_current_front(store: Store, trials: Sequence[TrialRecord]) -> list[FrontRow]:

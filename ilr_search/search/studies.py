@@ -425,7 +425,7 @@ def trials_report(study_name: str, storage: str | None = None) -> StudyReport:
 
     listing = TrialListing(
         tuple(trial_rows(list(report.trials), store.curve_points(), store.train_curve_points())),
-        tuple(ReferenceRow(r) for r in reference_rows(store, study.user_attrs)),
+        tuple(ReferenceRow(r) for r in reference_rows(store)),
         tuple(race_run_rows(store.race_runs(), study.user_attrs)),
         tuple(stored_layouts(study.user_attrs)),
     )

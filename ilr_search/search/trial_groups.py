@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, cast
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from ilr_search.analysis.results import finite_or_none, has_result
+from ilr_search.analysis.results import finite_or_none
 from ilr_search.config import ModelConfig, TrainConfig
 from ilr_search.knobs import KnobValue, acting_knobs, config_key, format_knobs, knob_choices
 from ilr_search.search.maps import fit_map, propose_knobs, propose_trial_map
@@ -167,8 +167,7 @@ class SearchRun:
         trial whose predecessors already make the study's n_trials raises SurplusTrial before it proposes a map. Trial
         numbers are given in order by the storage, so of two trials asked at once exactly the later one stops."""
         ahead = sum(
-            t.number < trial.number and (has_result(t) or t.state == TrialState.RUNNING)
-            for t in told_trials(self.study)
+            t.number < trial.number and (t.has_result or t.state == TrialState.RUNNING) for t in told_trials(self.study)
         )
         if ahead >= self.n_trials:
             set_trial_user_attrs(trial, {TrialAttr.SURPLUS: True})

@@ -32,7 +32,7 @@ import optuna
 from helpers import HANG_SECONDS
 from optuna.trial import TrialState
 
-from ilr_search.analysis.results import has_result, study_front
+from ilr_search.analysis.results import study_front
 from ilr_search.search.run import RunRequest, prepare_study
 from ilr_search.space import load_space
 from ilr_search.storage import open_storage, open_store, parse_storage
@@ -255,7 +255,7 @@ class Chaos:
             left_running=[t.number for t in trials.values() if t.state == TrialState.RUNNING],
             front_mismatch=stored != [p.trial for p in study_front(shown)],
             kills=[f"{w.name}:{w.killed}" for w in self.workers if w.killed],
-            n_finished=sum(has_result(r) for r in records),
+            n_finished=sum(r.has_result for r in records),
             seconds=seconds,
             marks=self.marks,
         )
