@@ -490,13 +490,13 @@ def race_left(
     policy has decided (under this run's compute cap), else its runs and steps less those trained."""
     store = open_store(spec, plan.name, read_only=True, storage=storage)
     _, results, state = study_race(study.user_attrs, store.runs(), plan.space.search.max_race_steps)
-    trained = sum(r.steps for r in results if r.is_run)
+    trained = sum(r.steps for r in results if r.kind == "race")
     if trials_to_train == 0 and state.done:
         return dataclasses.replace(
             race, runs_min=0, runs_max=0, steps_min=0, steps_max=0, steps_trained=trained, decided=True
         )
     if race.frozen:  # runs are evaluations: what is left is counted in runs
-        done = sum(1 for r in results if r.is_run)
+        done = sum(1 for r in results if r.kind == "race")
         return dataclasses.replace(
             race,
             runs_min=max(0, race.runs_min - done),
