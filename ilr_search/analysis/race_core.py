@@ -201,11 +201,6 @@ class Comparison:
         )
 
 
-RUN_SOURCE = "run "  # a stored result's source when it is a race run (the race's or the audit's): "run 2x"
-TRIAL_SOURCE = "trial "  # ... a trial's at the proxy's length: "trial 3"
-REFERENCE_SOURCE = "reference "  # ... a reference run's: "reference baseline_seed1"
-
-
 def race_result(run: Run) -> Run:
     """A finished run (Run.finished) as the race reads it: its losses, perplexity, bits per byte and per-unit
     scores where it is complete, none where it diverged (val_loss None)."""
@@ -221,12 +216,12 @@ def run_evaluation(result: Run) -> Evaluation:
 
 def result_dict(result: Run, schedule: str) -> dict[str, Any]:
     """A stored result's (race_result) JSON form, trained under the learning-rate `schedule`, without its per-unit
-    scores (the race's tests read them; `export` writes them): `source` names the trial, reference or race run it
-    comes from (TRIAL_SOURCE, REFERENCE_SOURCE or RUN_SOURCE and its number, name or factor)."""
+    scores (the race's tests read them; `export` writes them): `source` names the trial at the proxy's length, the
+    reference run or the race run (the race's or the audit's) it comes from by its number, name or factor."""
     source = {
-        "trial": f"{TRIAL_SOURCE}{result.trial}",
-        "reference": f"{REFERENCE_SOURCE}{result.name}",
-        "race": f"{RUN_SOURCE}{result.factor}x",
+        "trial": f"trial {result.trial}",
+        "reference": f"reference {result.name}",
+        "race": f"run {result.factor}x",
     }[result.kind]
     return {
         "map_key": result.map_key,
