@@ -32,9 +32,10 @@ from ilr_search.analysis.blocks import (
 )
 from ilr_search.analysis.page import PLOTLY_BUNDLE, PLOTLY_BUNDLE_SHA256, PLOTLY_BUNDLE_VERSION, figure_page
 from ilr_search.analysis.plots import PlottedTrial, log_axis, pareto_figure
-from ilr_search.analysis.race_core import Comparison, RaceSettings, RaceState, StoredResult
+from ilr_search.analysis.race_core import Comparison, RaceSettings, RaceState, race_result
 from ilr_search.analysis.race_report import RaceReport
 from ilr_search.analysis.results import FrontRow
+from ilr_search.storage.store import Run
 
 PLAIN = "1,1,1,1"
 BLOCKS = {
@@ -253,7 +254,21 @@ def test_knobs_make_panels_of_their_own_and_the_colour_is_clipped_at_a_catastrop
     settings = RaceSettings(0, 0, seeds=(0, 1, 2), race_contenders=6, frozen=True)
 
     def result(key, seed, loss, ratio=1.5):
-        return StoredResult(key, ratio, 0, seed, "constant", loss, math.exp(loss) if loss else None, None, "trial 0")
+        state = "complete" if loss is not None else "failed"
+        return race_result(
+            Run(
+                "trial",
+                key,
+                "1",
+                seed,
+                state,
+                ratio,
+                0,
+                val_loss=loss,
+                val_ppl=math.exp(loss) if loss else None,
+                trial=0,
+            )
+        )
 
     losses = {
         "block:0-1:2": 2.9,
@@ -310,12 +325,12 @@ def synthetic_block_report(n_layers=30):
     keys += [f"block:{i}-{i + 1}:3" for i in range(0, n_layers - 1, 3)]
     results, trials = [], []
     for s in range(5):
-        results.append(StoredResult(plain, 1.0, 0, s, "constant", 2.3, 10.0, None, "run 0x"))
+        results.append(Run("race", plain, "0", s, "complete", 1.0, 0, val_loss=2.3, val_ppl=10.0))
     for n, key in enumerate(keys):
         i, j = (int(x) for x in key[6:].split(":")[0].split("-"))
         loss = 2.3 + 0.002 * (j - i) + (9.0 if j == n_layers - 1 and i > 20 else 0.0) - 0.01 * (i == 10)
         ratio = 1 + (j - i + 1) * (int(key[-1]) - 1) / n_layers
-        results.append(StoredResult(key, ratio, 0, 0, "constant", loss, math.exp(loss), None, f"trial {n}"))
+        results.append(Run("trial", key, "1", 0, "complete", ratio, 0, val_loss=loss, val_ppl=math.exp(loss), trial=n))
         trials.append(
             PlottedTrial(n, "COMPLETE", (1,) * n_layers, None, ratio, math.exp(loss), 3.3, math.exp(loss), map=key)
         )
@@ -342,7 +357,7 @@ def synthetic_block_report(n_layers=30):
     for k, key in enumerate(raced):
         ratio = next(r.flops_ratio for r in results if r.map_key == key)
         for s in range(1, 5):
-            results.append(StoredResult(key, ratio, 0, s, "constant", 2.29, 9.9, None, "run 0x"))
+            results.append(Run("race", key, "0", s, "complete", ratio, 0, val_loss=2.29, val_ppl=9.9))
         status = ("better", "cannot win", "open", "dominated")[k % 4]
         comparisons.append(
             Comparison(key, ratio, (1, 2, 3, 4), -0.01, 0.01, (-0.02, 0.0), 0.04, -2.0, 0.05, 2.0, status, units=128)
@@ -352,7 +367,9 @@ def synthetic_block_report(n_layers=30):
                 FrontRow(None, None, key, None, ratio, 9.9, None, None, 0, (0, 1, 2, 3, 4), (9.7, 10.1), confirmed=True)
             )
     state = RaceState(alive=(), comparisons=tuple(comparisons), verdict="recurrence beats the baseline", done=True)
-    race = RaceReport(settings, tuple(results), state, tuple(front), None, None, Answer("use block:10-13:2"))
+    race = RaceReport(
+        settings, tuple(results), state, tuple(front), None, None, Answer("use block:10-13:2"), "constant"
+    )
     return trials, race, block_grid(results, comparisons, n_layers, plain, settings)
 
 

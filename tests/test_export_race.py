@@ -206,11 +206,11 @@ def test_an_old_studys_trials_become_its_trial_runs_once(old_db):
     import optuna
 
     from ilr_search.storage import open_storage, open_store, parse_storage
-    from ilr_search.storage.trials import study_trials
+    from ilr_search.storage.trials import told_trials
 
     spec = parse_storage(f"sqlite:///{old_db}")
     first = [r for r in open_store(spec, OLD_STUDY).runs() if r.kind == "trial"]
-    trials = study_trials(optuna.load_study(study_name=OLD_STUDY, storage=open_storage(spec)))
+    trials = told_trials(optuna.load_study(study_name=OLD_STUDY, storage=open_storage(spec)))
     trained = [t for t in trials if t.trained_its_map]
     assert trained and sorted((r.trial, r.map_key, r.state, r.val_ppl, r.seconds) for r in first) == [
         (t.number, t.map_key, "complete", t.val_ppl, t.train_seconds) for t in trained

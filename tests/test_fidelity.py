@@ -23,7 +23,7 @@ from ilr_search.search.run import RunRequest, run_in_process
 from ilr_search.search.studies import list_trials, trials_report
 from ilr_search.space import load_space
 from ilr_search.storage import CurvePoint, JournalStore, Run, RunJob, SQLStore, open_store, parse_storage
-from ilr_search.storage.trials import study_trials
+from ilr_search.storage.trials import told_trials
 
 SPACE = ROOT / "tests" / "spaces" / "tiny.toml"
 
@@ -289,7 +289,7 @@ def test_audit_report_precision_recall_and_pruned_maps(small_study):
     root, db, _ = small_study
     study = optuna.load_study(study_name="aud", storage=f"sqlite:///{db}")
     trials = study.get_trials()
-    records = study_trials(study)
+    records = told_trials(study)
     from ilr_search.storage import Run
 
     keys = [
@@ -352,7 +352,7 @@ def test_an_audit_whose_runs_do_not_separate_the_maps_does_not_judge_the_proxy(s
         for i, k in enumerate(reversed(ordered))
         for seed in range(3)
     ]
-    report = audit_report(study_trials(study), rows, "4")
+    report = audit_report(told_trials(study), rows, "4")
     assert report.maps_with_seeds == len(proxy) >= 3 and report.spearman == pytest.approx(-1.0)
     if separated:
         assert report.maps_differ_p < 0.01 and report.finding.startswith("proxy too short")
@@ -451,7 +451,7 @@ def test_audit_says_a_map_beats_the_baseline_only_beyond_the_seed_noise(small_st
                     1.0,
                 )
             )
-    report = audit_report(study_trials(study), rows, "4")
+    report = audit_report(told_trials(study), rows, "4")
     assert report.best_vs_baseline_seeds == 3 and report.best_beats_baseline is beats
     assert ("beats the baseline" in report.finding) is beats
     assert ("not beyond the seed noise" in report.finding) is not beats

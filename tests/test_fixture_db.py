@@ -14,7 +14,7 @@ import optuna
 import pytest
 from conftest import ROOT, one_core
 
-from ilr_search.storage.trials import TrialAttr, study_trials, trained_results
+from ilr_search.storage.trials import TrialAttr, told_trials, trained_results
 
 FIXTURES = ROOT / "tests" / "fixtures"
 STUDY = "before-typed-records"
@@ -80,7 +80,7 @@ def test_an_old_studys_trials_read_as_records(old_study):
     trials = study.trials
     names = {v for k, v in vars(TrialAttr).items() if k.isupper()}
     assert all(set(t.user_attrs) <= names for t in trials)
-    records = study_trials(study)
+    records = told_trials(study)
     assert [r.number for r in trained_results(records)] == [t.number for t in trials] and len(records) == 3
     for t, r in zip(trials, records, strict=True):
         a = t.user_attrs

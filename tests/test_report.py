@@ -11,7 +11,7 @@ from conftest import NO_REFERENCES, assert_one_line_error, run_cli, write_space
 from helpers import HANG_SECONDS, imported_by, run_args, stored_reference_dicts
 
 from ilr_search.analysis.results import study_front
-from ilr_search.storage.trials import study_trials
+from ilr_search.storage.trials import told_trials
 
 SEQ = 32  # tokens a row (the batch is the tiny space's 8 rows)
 NARROW = {"d_model": 16, "seq_len": SEQ}  # the studies' model: what pruning saves and what is read back needs no size
@@ -106,7 +106,7 @@ def test_stored_front_equals_brute_force_on_the_real_study(pruned_study, cli):
         for i, p in enumerate(points)
         if not any(q[0] <= p[0] and q[1] <= p[1] and q != p for q in points)
     }
-    assert {p.trial for p in study_front(study_trials(study))} == brute
+    assert {p.trial for p in study_front(told_trials(study))} == brute
     with sqlite3.connect(db) as conn:
         last = conn.execute("SELECT MAX(n_complete) FROM ilr_fronts").fetchone()[0]
         stored = {r[0] for r in conn.execute("SELECT trial_number FROM ilr_fronts WHERE n_complete = ?", (last,))}

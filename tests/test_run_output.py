@@ -6,9 +6,9 @@ import pytest
 from conftest import write_space
 from helpers import stored_reference_dicts
 
-from ilr_search.analysis.results import has_result, study_front
+from ilr_search.analysis.results import study_front
 from ilr_search.cli.live import StudyEta
-from ilr_search.storage.trials import study_trials
+from ilr_search.storage.trials import told_trials
 
 
 @pytest.mark.slow
@@ -34,11 +34,11 @@ def test_the_front_is_printed_only_when_it_changed_and_references_have_their_own
         check=True,
     )
     study = optuna.load_study(study_name="o", storage=f"sqlite:///{db}")
-    trials = study_trials(study)
+    trials = told_trials(study)
     n_references = len(stored_reference_dicts(f"sqlite:///{db}", "o"))
     fronts, changes = [], 0
     for n in range(1, len(trials) + 1):  # the front after each finished trial, as the run saw it
-        if not has_result(trials[n - 1]):
+        if not trials[n - 1].has_result:
             continue
         front = [p.trial for p in study_front(trials[:n])]
         if front and front != (fronts[-1] if fronts else None):

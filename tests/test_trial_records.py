@@ -2,6 +2,8 @@
 choose the trials a front, a ranking or a table is made of."""
 
 import dataclasses
+import shutil
+import sqlite3
 
 import optuna
 import pytest
@@ -9,15 +11,16 @@ from conftest import NO_REFERENCES, TINY_SPACE
 from optuna.distributions import IntDistribution
 from optuna.trial import TrialState, create_trial
 
-from ilr_search.analysis.results import has_result, study_front, trained_by_map, trained_trials
+from ilr_search.analysis.results import study_front, trained_by_map, trained_trials
+from ilr_search.storage import open_store, parse_storage
 from ilr_search.storage.store import Run
 from ilr_search.storage.trials import (
     TrialAttr,
     TrialRecord,
     study_trials,
+    told_trials,
     trained_results,
     trial_record,
-    with_run_results,
 )
 
 # The record's field for each attribute the objective writes (the field is named as the attribute but for the
@@ -36,9 +39,9 @@ def test_every_attribute_has_its_field():
 
 
 @pytest.fixture(scope="module")
-def objective_study(tmp_path_factory, token_cache):
-    """A real study of today's objective with a searched knob (3 trained trials), resumed with trial 0's
-    parameters queued again, so that its fourth trial reuses trial 0's result."""
+def records_storage(tmp_path_factory, token_cache) -> str:
+    """The storage of a real study of today's objective with a searched knob (3 trained trials), resumed with
+    trial 0's parameters queued again, so that its fourth trial reuses trial 0's result."""
     from ilr_search.search import RunRequest, run_in_process
     from ilr_search.space import load_space
 
@@ -53,14 +56,20 @@ def objective_study(tmp_path_factory, token_cache):
     study = optuna.load_study(study_name="records", storage=storage)
     study.enqueue_trial(study.trials[0].params)
     run_in_process(RunRequest(space, "2x", "records", storage, n_trials=4, **run))
-    return optuna.load_study(study_name="records", storage=storage)
+    return storage
+
+
+@pytest.fixture(scope="module")
+def objective_study(records_storage):
+    """The study of records_storage."""
+    return optuna.load_study(study_name="records", storage=records_storage)
 
 
 @pytest.mark.slow
 def test_a_record_reads_every_attribute_the_objective_writes(objective_study):
     trials = objective_study.trials
     assert len(trials) == 4 and all(t.state == TrialState.COMPLETE for t in trials)
-    records = study_trials(objective_study)
+    records = told_trials(objective_study)
     assert records == [trial_record(t) for t in trials]  # the study's records, in its trials' order
     for t, r in zip(trials, records, strict=True):
         assert set(t.user_attrs) <= attribute_names(), set(t.user_attrs) - attribute_names()  # none goes unread
@@ -75,7 +84,7 @@ def test_a_record_reads_every_attribute_the_objective_writes(objective_study):
 
 @pytest.mark.slow
 def test_a_reused_result_is_read_as_one_and_filtered_out(objective_study):
-    records = study_trials(objective_study)
+    records = told_trials(objective_study)
     first, reuse = records[0], records[3]
     assert reuse.reused_from == first.number and reuse.is_reuse and reuse.steps == 0
     assert (reuse.map_key, reuse.val_ppl, reuse.val_loss, reuse.status) == (
@@ -117,7 +126,7 @@ def test_the_filters_on_hand_made_trials():
     ]
     trials = [trial_record(t) for t in frozen]
     assert [t.number for t in trained_results(trials)] == [0, 6]
-    assert [t.number for t in trials if has_result(t)] == [0, 1, 2, 3, 5, 6]
+    assert [t.number for t in trials if t.has_result] == [0, 1, 2, 3, 5, 6]
     assert [t.number for t in trained_trials(trials)] == [0, 2, 3, 5, 6]
     assert {k: r.number for k, r in trained_by_map(trials).items()} == {
         "2,1,1,1": 0,
@@ -127,7 +136,8 @@ def test_the_filters_on_hand_made_trials():
     }
     study = optuna.create_study()
     study.add_trials(frozen)
-    assert study_trials(study) == trials  # a study's trials read through the storage as the same records
+    assert told_trials(study) == trials  # a study's trials read through the storage as the same records
+    assert study_trials(study, []) == trials  # with no run holding a result, the same
 
 
 def test_a_trial_without_attributes_reads_as_defaults():
@@ -138,20 +148,64 @@ def test_a_trial_without_attributes_reads_as_defaults():
     assert not r.trained_its_map and not r.is_trained_result and study_front([r]) == []
 
 
+def study_of(*frozen: optuna.trial.FrozenTrial) -> optuna.Study:
+    """An in-memory study of the hand-made trials `frozen`, numbered in their order."""
+    study = optuna.create_study()
+    study.add_trials(frozen)
+    return study
+
+
 def test_a_trial_failed_under_its_worker_has_the_result_its_maps_run_holds():
-    failed = trial_record(made(0, TrialState.FAIL))  # failed by a sweep once its result was on its map's run
-    retry = trial_record(made(1, TrialState.COMPLETE, val_ppl=50.0, reused_from=0))
+    failed = made(0, TrialState.FAIL)  # failed by a sweep once its result was on its map's run
+    retry = made(1, TrialState.COMPLETE, val_ppl=50.0, reused_from=0)
     run = Run("trial", "2,1,1,1", "1", 0, "complete", 1.2, 12, val_loss=3.9, val_ppl=50.0, seconds=2.0, trial=0)
-    trials = with_run_results([failed, retry], [run])
-    assert trials[1] == retry and trials[0].is_trained_result and trials[0].state == TrialState.COMPLETE
+    study = study_of(failed, retry)
+    trials = study_trials(study, [run])
+    assert trials[1] == told_trials(study)[1] and trials[0].is_trained_result and trials[0].state == TrialState.COMPLETE
     assert (trials[0].val_ppl, trials[0].steps, trials[0].train_seconds) == (50.0, 12, 2.0)
     assert [t.number for t in trained_results(trials)] == [0] and trained_by_map(trials)["2,1,1,1"].number == 0
+    assert told_trials(study)[0].state == TrialState.FAIL  # as Optuna was told: what the search schedules by
     pruned = dataclasses.replace(run, state="pruned", val_loss=None, val_ppl=None)
-    (as_pruned,) = with_run_results([failed], [pruned])
+    (as_pruned,) = study_trials(study_of(failed), [pruned])
     assert as_pruned.state == TrialState.PRUNED and as_pruned.has_result and not as_pruned.is_trained_result
-    (as_diverged,) = with_run_results([failed], [dataclasses.replace(pruned, state="failed")])
+    (as_diverged,) = study_trials(study_of(failed), [dataclasses.replace(pruned, state="failed")])
     assert as_diverged.status == "diverged" and as_diverged.has_result
-    told_later = trial_record(made(0, TrialState.RUNNING))  # its result on the run, the trial not yet told
-    assert with_run_results([told_later], [run])[0].is_trained_result
+    told_later = made(0, TrialState.RUNNING)  # its result on the run, the trial not yet told
+    assert study_trials(study_of(told_later), [run])[0].is_trained_result
     running = dataclasses.replace(run, state="running")  # a run still held: no result to read
-    assert with_run_results([failed], [running]) == [failed]
+    assert study_trials(study_of(failed), [running]) == told_trials(study_of(failed))
+
+
+@pytest.mark.slow
+def test_the_readers_read_a_trial_failed_under_its_worker_with_its_runs_result(records_storage, tmp_path):
+    """Trial 1 of a copy of the study is failed under its worker after its result was on its map's run: the
+    figure draws it as a complete trial, a bench table has its row and the audit reads its proxy result, as every
+    report does."""
+    from ilr_search.analysis.plots import LEGEND
+    from ilr_search.commands.audit import AuditSettings, run_audit
+    from ilr_search.commands.bench.table import table_rows
+    from ilr_search.commands.report import front_figure
+
+    db = tmp_path / "f.db"
+    shutil.copy(records_storage.removeprefix("sqlite:///"), db)
+    url = f"sqlite:///{db}"
+    with sqlite3.connect(db) as conn:
+        (trial_id,) = conn.execute("SELECT trial_id FROM trials WHERE number = 1").fetchone()
+        conn.execute("UPDATE trials SET state = 'FAIL' WHERE trial_id = ?", (trial_id,))
+        conn.execute("DELETE FROM trial_values WHERE trial_id = ?", (trial_id,))
+    study = optuna.load_study(study_name="records", storage=url)
+    told = told_trials(study)[1]
+    assert told.state == TrialState.FAIL and not told.has_result  # as Optuna holds it
+    (run,) = [r for r in open_store(parse_storage(url), "records", read_only=True).runs() if r.trial == 1]
+    assert run.state == "complete" and run.val_ppl == told.val_ppl  # its result, on its map's run
+
+    complete = next(t for t in front_figure("records", url).data if t.name == LEGEND["COMPLETE"])
+    drawn = dict(zip([h.split(" ")[1] for h in complete.hovertext], complete.y, strict=True))
+    assert drawn["1"] == run.val_ppl  # drawn among the complete trials, at its perplexity
+
+    (row,) = [r for r in table_rows("records", url, 8) if r["trial"] == 1]
+    assert (row["val_ppl"], row["train_seconds"]) == (run.val_ppl, run.seconds)
+
+    audit = run_audit("records", url, AuditSettings(factor=2, seeds=1, maps="all"), checkpoint_dir=tmp_path / "ck")
+    (audited,) = [m for m in audit.report.maps if m.reuse_map == told.map_key]
+    assert (audited.proxy_state, audited.proxy_ppl) == ("COMPLETE", run.val_ppl)

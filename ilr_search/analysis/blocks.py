@@ -13,8 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ilr_search.analysis.race_core import DECIDED_AGAINST, Comparison, RaceSettings, StoredResult
+from ilr_search.analysis.race_core import DECIDED_AGAINST, Comparison, RaceSettings
 from ilr_search.records import record_json
+from ilr_search.storage.store import Run
 from ilr_search.training.schedule import Map
 
 CLAIMED = "better"  # the comparison status of a block claimed better than the plain model
@@ -178,7 +179,7 @@ class BlockGrid:
 
 
 def block_grid(
-    results: Sequence[StoredResult],
+    results: Sequence[Run],
     comparisons: Sequence[Comparison],
     n_layers: int,
     baseline: str,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ilr_search.analysis.pareto import non_dominated, non_dominated_ranks
@@ -201,68 +201,39 @@ class Comparison:
         )
 
 
-RUN_SOURCE = "run "  # a stored result's source when it is a race run (the race's or the audit's): "run 2x"
-TRIAL_SOURCE = "trial "  # ... a trial's at the proxy's length: "trial 3"
-REFERENCE_SOURCE = "reference "  # ... a reference run's: "reference baseline_seed1"
+def race_result(run: Run) -> Run:
+    """A finished run (Run.finished) as the race reads it: its losses, perplexity, bits per byte and per-unit
+    scores where it is complete, none where it diverged (val_loss None)."""
+    if run.state == "complete" and run.val_loss is not None:
+        return run
+    return replace(run, val_loss=None, val_ppl=None, val_bpb=None, scores=())
 
 
-@dataclass(frozen=True)
-class StoredResult:
-    """One stored result of a study with its fidelity: `map_key` trained for `steps` steps at `seed` under the
-    learning-rate `schedule`. val_loss None: it diverged. source: the trial, reference or run it comes from
-    (TRIAL_SOURCE, REFERENCE_SOURCE or RUN_SOURCE and its number, name or factor)."""
+def run_evaluation(result: Run) -> Evaluation:
+    """The evaluation a policy reads of a stored result (race_result)."""
+    return Evaluation(result.map_key, result.flops_ratio, result.steps, result.seed, result.val_loss, result.scores)
 
-    map_key: str
-    flops_ratio: float
-    steps: int
-    seed: int
-    schedule: str
-    val_loss: float | None
-    val_ppl: float | None
-    val_bpb: float | None
-    source: str
-    scores: tuple[float, ...] = ()  # a frozen race run's per-unit scores (Evaluation.scores)
 
-    @property
-    def is_run(self) -> bool:
-        """A race run (of the race or the audit, a row of ilr_race_runs), not a trial or a reference run."""
-        return self.source.startswith(RUN_SOURCE)
-
-    @property
-    def is_trial(self) -> bool:
-        """A trial's result at the proxy's length."""
-        return self.source.startswith(TRIAL_SOURCE)
-
-    @classmethod
-    def of_run(cls, run: Run, schedule: str) -> StoredResult:
-        """A finished run's result (Run.finished) under the learning-rate `schedule`: its losses where complete,
-        none where it diverged, and its source named by its kind (the trial's number, the reference's name, the
-        race run's factor)."""
-        loss = run.val_loss if run.state == "complete" else None
-        source = {
-            "trial": f"{TRIAL_SOURCE}{run.trial}",
-            "reference": f"{REFERENCE_SOURCE}{run.name}",
-            "race": f"{RUN_SOURCE}{run.factor}x",
-        }[run.kind]
-        return cls(
-            run.map_key,
-            run.flops_ratio,
-            run.steps,
-            run.replicate,
-            schedule,
-            loss,
-            run.val_ppl if loss is not None else None,
-            run.val_bpb if loss is not None else None,
-            source,
-            run.scores if loss is not None else (),
-        )
-
-    def evaluation(self) -> Evaluation:
-        return Evaluation(self.map_key, self.flops_ratio, self.steps, self.seed, self.val_loss, self.scores)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Its JSON form, without the per-unit scores (the race's tests read them; `export` writes them)."""
-        return record_json(self, omit=("scores",))
+def result_dict(result: Run, schedule: str) -> dict[str, Any]:
+    """A stored result's (race_result) JSON form, trained under the learning-rate `schedule`, without its per-unit
+    scores (the race's tests read them; `export` writes them): `source` names the trial at the proxy's length, the
+    reference run or the race run (the race's or the audit's) it comes from by its number, name or factor."""
+    source = {
+        "trial": f"trial {result.trial}",
+        "reference": f"reference {result.name}",
+        "race": f"run {result.factor}x",
+    }[result.kind]
+    return {
+        "map_key": result.map_key,
+        "flops_ratio": result.flops_ratio,
+        "steps": result.steps,
+        "seed": result.seed,
+        "schedule": schedule,
+        "val_loss": result.val_loss,
+        "val_ppl": result.val_ppl,
+        "val_bpb": result.val_bpb,
+        "source": source,
+    }
 
 
 @dataclass(frozen=True)

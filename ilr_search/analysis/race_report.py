@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ilr_search.analysis.answer import Answer
-from ilr_search.analysis.race_core import DetectableGap, EqualCompute, RaceSettings, RaceState, StoredResult
+from ilr_search.analysis.race_core import DetectableGap, EqualCompute, RaceSettings, RaceState, result_dict
 from ilr_search.analysis.results import FrontRow
+from ilr_search.storage.store import Run
 
 
 @dataclass(frozen=True)
@@ -29,19 +30,21 @@ class DecidedBest:
 
 @dataclass(frozen=True)
 class RaceReport:
-    """settings: the race's; results: every stored result of the study (trials, reference runs, race runs), one
-    per (map, steps, seed); state: the policy's decision on them; front: the decided front as its JSON items
-    (each point at its longest raced length, with seeds, interval and confirmation: race.front_rows); best: the
-    map the race reports (race.decided_best); equal_compute: the equal-compute comparison with parameter counts;
-    answer: the answer line and its details."""
+    """settings: the race's; results: every stored result of the study (trials, reference runs, race runs: each
+    race_core.race_result), one per (map, steps, seed); state: the policy's decision on them; front: the decided
+    front as its JSON items (each point at its longest raced length, with seeds, interval and confirmation:
+    race.front_rows); best: the map the race reports (race.decided_best); equal_compute: the equal-compute
+    comparison with parameter counts; answer: the answer line and its details; schedule: the learning-rate
+    schedule every run was trained with (race_results.lr_schedule)."""
 
     settings: RaceSettings
-    results: tuple[StoredResult, ...]
+    results: tuple[Run, ...]
     state: RaceState
     front: tuple[FrontRow, ...]
     best: DecidedBest | None
     equal_compute: EqualCompute | None
     answer: Answer
+    schedule: str
 
     @property
     def verdict(self) -> str:
@@ -58,16 +61,17 @@ class RaceReport:
     @property
     def steps_trained(self) -> int:
         """Steps of the race runs (the race's and the audit's), beyond the trials and reference runs."""
-        return sum(r.steps for r in self.results if r.is_run)
+        return sum(r.steps for r in self.runs)
 
     @property
-    def runs(self) -> tuple[StoredResult, ...]:
-        return tuple(r for r in self.results if r.is_run)
+    def runs(self) -> tuple[Run, ...]:
+        """The race runs (the race's and the audit's) of its results."""
+        return tuple(r for r in self.results if r.kind == "race")
 
     @property
     def trial_maps(self) -> frozenset[str]:
         """The maps a trial trained to a result (the maps the race may raise to contenders)."""
-        return frozenset(r.map_key for r in self.results if r.is_trial)
+        return frozenset(r.map_key for r in self.results if r.kind == "trial")
 
     def to_json(self) -> dict[str, Any]:
         """The `race` object of the JSON reports."""
@@ -90,5 +94,7 @@ class RaceReport:
             "screen": state.screen.to_dict() if state.screen is not None else {},
             "detectable_gap": state.detectable_gap.to_dict() if state.detectable_gap is not None else None,
             "equal_compute": self.equal_compute.to_dict() if self.equal_compute is not None else None,
-            "results": [r.to_dict() for r in sorted(self.results, key=lambda r: (r.map_key, r.steps, r.seed))],
+            "results": [
+                result_dict(r, self.schedule) for r in sorted(self.results, key=lambda r: (r.map_key, r.steps, r.seed))
+            ],
         }

@@ -80,7 +80,7 @@ def curve_rows(study: optuna.Study, store: Store) -> list[CurveRow]:
     for number in sorted(by_trial):
         rows += by_trial[number]
     per_step = tokens_per_step(study.user_attrs)
-    for ref in reference_rows(store, study.user_attrs):
+    for ref in reference_rows(store):
         label = format_reuse_map(ref.reuse_map) if ref.reuse_map else ref.name
         rows += [CurveRow(None, ref.name, label, "val", step, step * per_step, loss) for step, loss in ref.curve]
     for row in race_run_rows(store.race_runs(), study.user_attrs):
@@ -216,11 +216,6 @@ def trial_rows(trials: Sequence[TrialRecord], val: list[CurvePoint], train: list
     return rows
 
 
-def has_result(t: TrialRecord) -> bool:
-    """A trial whose map was evaluated to the end, pruned, or diverged: its result stands for its map."""
-    return t.has_result
-
-
 @dataclass(frozen=True)
 class FrontRow:
     """A point of a Pareto front as the reports show it: its trial (None for a map no trial trained), map, knobs
@@ -347,7 +342,7 @@ def listed_trials(trials: Sequence[TrialRecord]) -> list[TrialRecord]:
     return [r for r in trials if r.state != TrialState.WAITING and not r.surplus]
 
 
-def reference_rows(store: Store, study_attrs: Mapping[str, Any]) -> list[Run]:
+def reference_rows(store: Store) -> list[Run]:
     """The study's reference runs in a listing's order (by name)."""
     return [ref for _, ref in sorted(stored_references(store.reference_runs()).items())]
 

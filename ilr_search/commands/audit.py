@@ -53,7 +53,7 @@ from ilr_search.storage import (
     parse_storage,
     study_storage,
 )
-from ilr_search.storage.trials import TrialRecord, study_trials, trained_results, with_run_results
+from ilr_search.storage.trials import TrialRecord, study_trials, trained_results
 from ilr_search.training.jobs import fusable
 from ilr_search.training.schedule import is_baseline_key
 
@@ -195,7 +195,8 @@ def _run_audit(
     study = open_study(spec, study_name)
     if CONFIG_ATTR not in study.user_attrs:
         raise UserInputError(f"study {study_name!r} was not made by ilr-search; nothing to audit")
-    trials = study_trials(study)
+    stored = open_store(spec, study_name, read_only=True, storage=study_storage(study))
+    trials = study_trials(study, stored.runs())
     if not any(t.state == TrialState.COMPLETE for t in trials):
         raise UserInputError(
             f"study {study_name!r} has no complete trial yet; run it first (ilr-search run ... --study {study_name})"
@@ -211,9 +212,8 @@ def _run_audit(
     space = stored_space(study, steps)
     init_depth = config.init_depth  # for the depth_init knob
     base_seed = space.train.seed
-    stored = open_store(spec, study_name, read_only=True, storage=study_storage(study))
     curves = curves_by_trial(stored.curve_points())
-    chosen = select_maps(with_run_results(trials, stored.runs()), curves, kind, k, base_seed)
+    chosen = select_maps(trials, curves, kind, k, base_seed)
     if not chosen:
         raise UserInputError(f"--maps {settings.maps} selects no map of study {study_name!r}")
     factor = factor_key(settings.factor)

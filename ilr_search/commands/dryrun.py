@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from ilr_search.analysis.race_core import RaceSettings, race_lengths
-from ilr_search.analysis.results import has_result
 from ilr_search.analysis.sequential import looks_apart
 from ilr_search.commands.autofuse import Layout, describe, resolve_layout
 from ilr_search.commands.layout import on_cpu, process_threads, race_processes, usable_cores
@@ -38,7 +37,7 @@ from ilr_search.search.run import (
 )
 from ilr_search.search.samplers import sampler_settings
 from ilr_search.storage import StorageSpec, open_storage, open_store, study_references
-from ilr_search.storage.trials import study_trials
+from ilr_search.storage.trials import told_trials
 from ilr_search.time_budget import format_duration
 from ilr_search.training.device import resolve_compile, resolve_device
 from ilr_search.training.flops import flops_ratio
@@ -410,8 +409,8 @@ def dry_run_report(request: RunRequest, probe: bool = True) -> DryRunReport:
     plan = adopt_stored_race(existing, plan, request.asked_race)
     check_resume(existing, spec, plan, request.pruner)
     study = stored_study(existing, plan.name)
-    trials = study_trials(study) if study is not None else []
-    finished = sum(has_result(t) for t in trials)
+    trials = told_trials(study) if study is not None else []
+    finished = sum(t.has_result for t in trials)
     n_trials = first_trials(plan, study, request.trials_wanted, enqueue_texts(request, space)).n_trials
     trials_to_train = max(0, n_trials - finished)
     learn = None
@@ -488,13 +487,13 @@ def race_left(
     policy has decided (under this run's compute cap), else its runs and steps less those trained."""
     store = open_store(spec, plan.name, read_only=True, storage=storage)
     _, results, state = study_race(study.user_attrs, store.runs(), plan.space.search.max_race_steps)
-    trained = sum(r.steps for r in results if r.is_run)
+    trained = sum(r.steps for r in results if r.kind == "race")
     if trials_to_train == 0 and state.done:
         return dataclasses.replace(
             race, runs_min=0, runs_max=0, steps_min=0, steps_max=0, steps_trained=trained, decided=True
         )
     if race.frozen:  # runs are evaluations: what is left is counted in runs
-        done = sum(1 for r in results if r.is_run)
+        done = sum(1 for r in results if r.kind == "race")
         return dataclasses.replace(
             race,
             runs_min=max(0, race.runs_min - done),

@@ -38,7 +38,7 @@ from ilr_search.search.race_results import decided_front, race_report
 from ilr_search.search.studies import open_study
 from ilr_search.space import SpaceError, check_sizes
 from ilr_search.storage import Run, Store, open_store, parse_storage, stored_references, study_storage
-from ilr_search.storage.trials import TrialRecord, study_trials, with_run_results
+from ilr_search.storage.trials import TrialRecord, study_trials
 from ilr_search.training.flops import Budget, flops_ratio, map_param_count
 from ilr_search.training.model import ILRTransformer
 from ilr_search.training.pretrained import check_exportable
@@ -83,8 +83,8 @@ class StudySettingsView:
         return dataclasses.replace(with_knobs(model_config(self.space), knobs, self.init_depth), parts=parts)
 
     def trials(self) -> list[TrialRecord]:
-        """The study's trials, each with its result on its map's run where Optuna holds none (with_run_results)."""
-        return with_run_results(study_trials(self.study), self.store.runs())
+        """The study's trials, each with its result on its map's run where Optuna holds none (study_trials)."""
+        return study_trials(self.study, self.store.runs())
 
     def references(self) -> dict[str, Run]:
         """The study's reference runs by name."""

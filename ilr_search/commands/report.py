@@ -20,7 +20,6 @@ from ilr_search.analysis.plots import PlottedTrial, pareto_figure
 from ilr_search.analysis.race_report import RaceReport
 from ilr_search.analysis.results import (
     CurveRow,
-    Curves,
     FrontRow,
     LayerView,
     curve_of,
@@ -41,7 +40,7 @@ from ilr_search.search.plan import CONFIG_ATTR
 from ilr_search.search.race_results import decided_front
 from ilr_search.search.studies import FrontView, StudyReport, open_study, study_report
 from ilr_search.storage import StorageSpec, Store, open_store, parse_storage, study_storage
-from ilr_search.storage.trials import TrialRecord, study_trials, trained_results, with_run_results
+from ilr_search.storage.trials import TrialRecord, study_trials, trained_results
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -194,10 +193,6 @@ class BlockView:
         return self.report.to_json() | {"blocks": self.grid.to_dict()}
 
 
-def _plotted_trials(study: optuna.Study, curves: Curves) -> list[PlottedTrial]:
-    return [PlottedTrial.of(t, curve_of(t, curves)) for t in study_trials(study)]
-
-
 def pareto_report(
     study_name: str, storage: str | None = None, out: str | Path | None = None, view: str = "front"
 ) -> StudyReport:
@@ -245,7 +240,7 @@ def _pareto(
     `view` "blocks" such a study is refused before anything is written)."""
     spec, study, store = _opened(study_name, storage)
     report = study_report(study, spec, store)
-    trials = with_run_results(study_trials(study), store.runs())
+    trials = study_trials(study, store.runs())
     noise = noise_band(trials, report.references)
     front = mark_ties(study_front(trials), noise)
     race_front = mark_ties(report.front, noise)  # each point at its longest raced length
@@ -271,7 +266,8 @@ def _pareto(
         )
 
     def figure() -> go.Figure:
-        rows = _plotted_trials(study, curves_by_trial(store.curve_points()))
+        curves = curves_by_trial(store.curve_points())
+        rows = [PlottedTrial.of(t, curve_of(t, curves)) for t in trials]
         drawn_layers = layers
         if grid is not None and "ilr" not in searched_families(study.user_attrs):  # block maps only: their parameters
             importance = block_importance(trials, grid.n_layers)
@@ -402,7 +398,7 @@ def export_trials(
     config = study.user_attrs.get(CONFIG_ATTR)
     seed = int(config["train"]["seed"]) if config is not None else None  # every trial trains at the space's seed
     records = []
-    for t in listed_trials(with_run_results(study_trials(study), store.runs())):
+    for t in listed_trials(study_trials(study, store.runs())):
         record = {
             "trial": t.number,
             "reference": None,
@@ -432,7 +428,7 @@ def export_trials(
         }
         record |= {f"param_{k}": v for k, v in sorted(t.params.items())}
         records.append(record)
-    references = reference_rows(store, study.user_attrs)
+    references = reference_rows(store)
     for ref in references:  # marked by their name in `reference`, state REFERENCE, no trial number
         records.append(
             {

@@ -35,7 +35,7 @@ from ilr_search.search.race_results import (
     study_race,
 )
 from ilr_search.storage import Heartbeat, Run, RunJob, Store, grace_period, heartbeat_interval, new_worker
-from ilr_search.storage.trials import TrialRecord, study_trials, with_run_results
+from ilr_search.storage.trials import TrialRecord, study_trials
 from ilr_search.training.flops import baseline_flops_per_token, flops_ratio, forward_flops_per_token
 from ilr_search.training.jobs import fusable
 from ilr_search.training.schedule import Map, is_baseline_key, reuse_map_schedule
@@ -315,7 +315,7 @@ def run_race(
         open_jobs, settings, state = open_race_jobs(study, store, max_steps)
         if not open_jobs or (may_start is not None and not may_start()):
             return None
-        by_key = trained_by_map(with_run_results(study_trials(study), store.runs()))
+        by_key = trained_by_map(study_trials(study, store.runs()))
         runs = [
             run
             for job in open_jobs

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from ilr_search.analysis.answer import Answer, Trust, judge_answer, race_answer, unraced_answer
-from ilr_search.analysis.race_core import EqualCompute, Judged, StoredResult
+from ilr_search.analysis.race_core import EqualCompute, Judged, race_result, run_evaluation
 from ilr_search.analysis.race_report import DecidedBest, RaceReport
 from ilr_search.analysis.racing import FrontPoint, RaceJob, RaceSettings, RaceState, race_state
 from ilr_search.analysis.results import (
@@ -102,32 +102,31 @@ def race_run_job(job: RaceJob, base_steps: int) -> RunJob:
     return RunJob(factor_key(job.steps / base_steps if base_steps else 0), job.seed, job.map_key)
 
 
-def stored_results(study_attrs: Mapping[str, Any], rows: Sequence[Run]) -> list[StoredResult]:
-    """Every finished result of the study's ledger (study_ledger), one per (map, steps, seed): the trials' at the
-    proxy's length (complete or diverged; a pruned trial has no result at a length the race knows), the reference
-    runs of reuse maps, and the race runs; the first run of a (map, steps, seed) wins, in that order. `rows`: the
-    store's runs (Store.runs)."""
-    schedule = lr_schedule(study_attrs[CONFIG_ATTR])
-    unique: dict[tuple[str, int, int], StoredResult] = {}
+def stored_results(rows: Sequence[Run]) -> list[Run]:
+    """Every finished result of the study's ledger (study_ledger), one per (map, steps, seed), as the race reads it
+    (race_result): the trials' at the proxy's length (complete or diverged; a pruned trial has no result at a
+    length the race knows), the reference runs of reuse maps, and the race runs; the first run of a (map, steps,
+    seed) wins, in that order. `rows`: the store's runs (Store.runs)."""
+    unique: dict[tuple[str, int, int], Run] = {}
     for run in study_ledger(rows):
         if run.finished and (run.kind != "reference" or run.reuse_map):  # block recurrence is no reuse map
-            unique.setdefault((run.map_key, run.steps, run.seed), StoredResult.of_run(run, schedule))
+            unique.setdefault((run.map_key, run.steps, run.seed), race_result(run))
     return list(unique.values())
 
 
 def study_race(
     study_attrs: Mapping[str, Any], rows: Sequence[Run], max_steps: int | None = None
-) -> tuple[RaceSettings, list[StoredResult], RaceState]:
+) -> tuple[RaceSettings, list[Run], RaceState]:
     """The race's settings, the study's results, and the policy's decision on them. The policy sees the maps
     a trial trained to the proxy's length (and the baseline), and the equal-compute models (deepR): a pruned
     map that the audit retrained is no contender, and the race does not train it to the proxy's length to make it
     one. The compute cap: `max_steps`, or the one the study's last run raced under."""
     config = study_attrs[CONFIG_ATTR]
     settings = race_settings(config, max_steps if max_steps is not None else study_attrs.get(RACE_CAP_ATTR))
-    results = stored_results(study_attrs, rows)
+    results = stored_results(rows)
     baseline = Map.baseline(int(config["model"]["n_layers"])).key
-    raced = {r.map_key for r in results if r.is_trial} | {baseline}
-    evaluations = [r.evaluation() for r in results if r.map_key in raced or Map.form_of(r.map_key) == "deeper"]
+    raced = {r.map_key for r in results if r.kind == "trial"} | {baseline}
+    evaluations = [run_evaluation(r) for r in results if r.map_key in raced or Map.form_of(r.map_key) == "deeper"]
     return settings, results, race_state(evaluations, settings, baseline)
 
 
@@ -173,9 +172,7 @@ def proxy_points(trials: Sequence[TrialRecord], settings: RaceSettings) -> tuple
     )
 
 
-def front_rows(
-    points: Sequence[FrontPoint], trials: Sequence[TrialRecord], results: Sequence[StoredResult]
-) -> list[FrontRow]:
+def front_rows(points: Sequence[FrontPoint], trials: Sequence[TrialRecord], results: Sequence[Run]) -> list[FrontRow]:
     """Front points as the reports show them (the `pareto` items of `run --json` and `pareto --json`): each point's
     trial, map, knobs and FLOPs, its mean perplexity over its seeds at its length, the interval, and whether it is
     confirmed (better than the cheaper points; val_bpb: the mean over the same runs). The baseline is the point the
@@ -228,6 +225,7 @@ def race_report(
         decided_best(state, front),
         equal,
         study_answer(study_attrs, settings, results, state),
+        lr_schedule(study_attrs[CONFIG_ATTR]),
     )
 
 
@@ -238,7 +236,7 @@ def foreign_answer(trials: Sequence[TrialRecord]) -> Answer:
 
 
 def study_answer(
-    study_attrs: Mapping[str, Any], settings: RaceSettings, results: Sequence[StoredResult], state: RaceState
+    study_attrs: Mapping[str, Any], settings: RaceSettings, results: Sequence[Run], state: RaceState
 ) -> Answer:
     """The study's answer line and details (analysis/answer.py): the race's, with the plain model's mean perplexity
     at the race's length and the screen's proxy-to-target rank agreement; where the race trains nothing, that no map

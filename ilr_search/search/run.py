@@ -18,13 +18,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from ilr_search.analysis.answer import out_of_time_answer
 from ilr_search.analysis.fidelity import best_recurrent
-from ilr_search.analysis.results import (
-    FrontRow,
-    as_list,
-    finite_or_none,
-    has_result,
-    study_front,
-)
+from ilr_search.analysis.results import FrontRow, as_list, finite_or_none, study_front
 from ilr_search.config import SIZE_MAXIMA, WORKERS_MAX, SpaceConfig, StudySettings, scored_by_item
 from ilr_search.errors import StorageFullError, UserInputError
 from ilr_search.folders import check_can_create
@@ -75,7 +69,7 @@ from ilr_search.storage import (
     stored_references,
     study_storage,
 )
-from ilr_search.storage.trials import TrialRecord, study_trials, trial_record, with_run_results
+from ilr_search.storage.trials import TrialRecord, study_trials, told_trials, trial_record
 from ilr_search.time_budget import Deadline, parse_duration
 from ilr_search.training.flops import flops_ratio
 from ilr_search.training.frozen import EvalData, eval_chunks, load_space_data
@@ -364,7 +358,7 @@ def prepare_study(request: RunRequest) -> PreparedStudy:
         study.set_metric_names(["val_ppl"] if len(directions) == 1 else ["val_ppl", "flops_ratio"])
     settings = StudySettings.from_dict(study.user_attrs[SAMPLER_ATTR])
     if request.layout is not None:
-        record_layout(study, request.layout, n_finished(study_trials(study)))
+        record_layout(study, request.layout, n_finished(told_trials(study)))
 
     if first.blocks:  # block K asked for: trained with the reference runs (one list, however many resumes)
         blocks = sorted(set(study.user_attrs.get(ENQUEUED_BLOCKS_ATTR, [])) | set(first.blocks))
@@ -428,9 +422,9 @@ def first_trials(plan: StudyPlan, study: optuna.Study | None, n_trials: int, enq
         if search.enqueue_paper_maps or scan
         else []
     )  # with every searched knob off: the paper's model
-    trials = study_trials(study) if study is not None else []
+    trials = told_trials(study) if study is not None else []
     waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,)) if study is not None else []
-    known = [t.params for t in trials if t.state != TrialState.FAIL or has_result(t)] + [
+    known = [t.params for t in trials if t.state != TrialState.FAIL or t.has_result] + [
         t.system_attrs.get("fixed_params", {})
         for t in waiting  # an enqueued trial's parameters
     ]
@@ -438,7 +432,7 @@ def first_trials(plan: StudyPlan, study: optuna.Study | None, n_trials: int, enq
     for params in seeds[:1] + [a.params(search.knobs) for a in asked if a.block is None]:
         if params not in known and params not in required:
             required.append(params)
-    counted = sum(has_result(t) or t.state in (TrialState.WAITING, TrialState.RUNNING) for t in trials)
+    counted = sum(t.has_result or t.state in (TrialState.WAITING, TrialState.RUNNING) for t in trials)
     fill = [p for p in seeds[1:] if p not in known and p not in required]
     if scan:  # the scan is the study: every block it has not evaluated yet, whatever n_trials asked
         return FirstTrials(required + fill, sorted({a.block for a in asked if a.block}), counted + len(required + fill))
@@ -529,20 +523,20 @@ def _run_in_process(
         worker_number=worker_number,
     )
     reporter.on(
-        StudyStarted(plan.name, n_trials, n_finished(study_trials(study)), words=race_settings(plan.config).words)
+        StudyStarted(plan.name, n_trials, n_finished(told_trials(study)), words=race_settings(plan.config).words)
     )
     if request.learn and LEARNED_ATTR in study.user_attrs:
         reporter.on(Message(learned_line(study.user_attrs[LEARNED_ATTR])))
 
     def report_trial(st: optuna.Study, ft: FrozenTrial) -> None:
-        trials = study_trials(st)
-        reporter.on(TrialFinished(trial_record(ft), save_current_front(store, trials), n_finished(trials)))
+        front = save_current_front(store, study_trials(st, store.runs()))
+        reporter.on(TrialFinished(trial_record(ft), front, n_finished(told_trials(st))))
 
     interrupted, told, started = False, False, time.monotonic()
     while not interrupted:
         seen = run.taken_over
         left = None if timeout is None else timeout - (time.monotonic() - started)
-        trials = study_trials(study)
+        trials = told_trials(study)
         finished = n_finished(trials)
         running = sum(t.state == TrialState.RUNNING for t in trials)
         if (left is not None and left <= 0) or finished >= n_trials:
@@ -567,7 +561,7 @@ def _run_in_process(
             # map's run, which the queued retry reuses; this worker goes on with the study.
             if run.taken_over == seen:
                 raise
-    if not interrupted and n_finished(study_trials(study)) >= n_trials:
+    if not interrupted and n_finished(told_trials(study)) >= n_trials:
         train_references(run, reference_share, fuse, lambda: gate("references"))
         if request.race and gate.stopped_in is None:  # contenders at more seeds and longer, until decided (race.py)
             try:
@@ -584,7 +578,7 @@ def _run_in_process(
                 )
             except KeyboardInterrupt:  # the run in training was freed for the next attempt; finished ones stay
                 interrupted = True
-    save_current_front(store, study_trials(study))
+    save_current_front(store, study_trials(study, store.runs()))
     for folder in (run.checkpoint_root, *run.checkpoint_root.parents[:2]):  # checkpoints go when their trials end
         try:
             folder.rmdir()
@@ -655,12 +649,11 @@ def disk_full_is_reported() -> Iterator[None]:
 def n_finished(trials: Sequence[TrialRecord]) -> int:
     """Trials that produced a result for their map: complete, pruned, or diverged (a study of diverging
     proxies still ends)."""
-    return sum(has_result(t) for t in trials)
+    return sum(t.has_result for t in trials)
 
 
 def save_current_front(store: Store, trials: Sequence[TrialRecord]) -> list[FrontRow]:
-    """The proxy front of `trials` (each with its result on its map's run where Optuna holds none), stored."""
-    trials = with_run_results(trials, store.runs())
+    """The proxy front of `trials` (study_trials: each with its result on its map's run), stored."""
     front = study_front(trials)
     store.save_front(sum(t.state == TrialState.COMPLETE for t in trials), [p.to_dict() for p in front])
     return front
@@ -730,7 +723,7 @@ def train_references(
     spent), the rest are left to the next run."""
     plan, study = run.plan, run.study
     k, n = share
-    trials = with_run_results(study_trials(study), run.store.runs())
+    trials = study_trials(study, run.store.runs())
     refs = reference_runs(plan, trials, study.user_attrs.get(ENQUEUED_BLOCKS_ATTR, ()))
     done_before = stored_references(run.store.reference_runs())
     missing = []

@@ -43,7 +43,7 @@ from ilr_search.storage import (
     study_id,
     study_storage,
 )
-from ilr_search.storage.trials import FINISHED, TrialRecord, study_trials, trained_results, with_run_results
+from ilr_search.storage.trials import FINISHED, TrialRecord, study_trials, trained_results
 
 FRONT_FIELDS = ("trial", "reuse_map", "flops_ratio", "val_ppl", "val_bpb")  # of a front point in `run --json`
 PARETO_FIELDS = ("trial", "reuse_map", "map", "knobs", "flops_ratio", "val_ppl", "val_bpb", "params", "within_noise_of")
@@ -240,7 +240,7 @@ class StudyReport:
 def study_report(study: optuna.Study, spec: StorageSpec, store: Store) -> StudyReport:
     """The study's report (StudyReport): what every command that shows a study reads, built here only."""
     runs = store.runs()
-    records = with_run_results(study_trials(study), runs)
+    records = study_trials(study, runs)
     race = race_report(records, study.user_attrs, runs)
     stored = study.user_attrs.get(SAMPLER_ATTR)
     return StudyReport(
@@ -265,7 +265,7 @@ def summarize_stored(storage: str | None, study_name: str) -> StudyReport:
 
 def fidelity_of(study: optuna.Study, store: Store, trials: Sequence[TrialRecord]) -> Fidelity:
     """The study's fidelity (rung agreement, noise, second seed, audits, and one line of how far they agree) from
-    its trials (each with its result on its map's run) and rows."""
+    its trials (each with its result on its map's run: study_trials) and rows."""
     config = stored_config(study.user_attrs)
     final_step = config.space.train.steps if config is not None else 0
     return study_fidelity(
@@ -385,7 +385,7 @@ def list_studies(storage: str | None = None) -> StudyListing:
         config = stored_config(study.user_attrs)
         store = open_store(spec, summary.study_name, read_only=True, storage=st)
         runs = store.runs()
-        trials = listed_trials(with_run_results(study_trials(study), runs))
+        trials = listed_trials(study_trials(study, runs))
         ppls = [t.val_ppl for t in trained_results(trials) if t.val_ppl is not None]
         race = race_report(trials, study.user_attrs, runs) if config else None
         best = race.best if race is not None else None
@@ -424,7 +424,7 @@ def trials_report(study_name: str, storage: str | None = None) -> StudyReport:
 
     listing = TrialListing(
         tuple(trial_rows(list(report.trials), store.curve_points(), store.train_curve_points())),
-        tuple(ReferenceRow(r) for r in reference_rows(store, study.user_attrs)),
+        tuple(ReferenceRow(r) for r in reference_rows(store)),
         tuple(race_run_rows(store.race_runs(), study.user_attrs)),
         tuple(stored_layouts(study.user_attrs)),
     )

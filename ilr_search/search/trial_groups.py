@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, cast
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from ilr_search.analysis.results import finite_or_none, has_result
+from ilr_search.analysis.results import finite_or_none
 from ilr_search.config import ModelConfig, TrainConfig
 from ilr_search.knobs import KnobValue, acting_knobs, config_key, format_knobs, knob_choices
 from ilr_search.search.maps import fit_map, propose_knobs, propose_trial_map
@@ -45,7 +45,7 @@ from ilr_search.storage import (
     trial_id,
 )
 from ilr_search.storage.store import ENDED_STATES, worker_job
-from ilr_search.storage.trials import TrialAttr, TrialRecord, TrialResultAttrs, study_trials, with_run_result
+from ilr_search.storage.trials import TrialAttr, TrialRecord, TrialResultAttrs, study_trials, told_trials
 from ilr_search.training.flops import flops_ratio, map_param_count
 from ilr_search.training.jobs import Job, train_jobs
 from ilr_search.training.schedule import map_text
@@ -158,8 +158,7 @@ class SearchRun:
         trial whose predecessors already make the study's n_trials raises SurplusTrial before it proposes a map. Trial
         numbers are given in order by the storage, so of two trials asked at once exactly the later one stops."""
         ahead = sum(
-            t.number < trial.number and (has_result(t) or t.state == TrialState.RUNNING)
-            for t in study_trials(self.study)
+            t.number < trial.number and (t.has_result or t.state == TrialState.RUNNING) for t in told_trials(self.study)
         )
         if ahead >= self.n_trials:
             set_trial_user_attrs(trial, {TrialAttr.SURPLUS: True})
@@ -219,18 +218,18 @@ class SearchRun:
     def _result_for(self, key: str, exclude: int) -> TrialRecord | None:
         """The trial other than `exclude` that trained map `key` to a result: the one its run names (Run.trial), its
         result read from the run where Optuna holds none (failed under its worker, or not yet told)."""
-        job = self._run_job(key)
+        job, runs = self._run_job(key), self.store.runs()
         run = next(
             (
                 r
-                for r in self.store.runs()
+                for r in runs
                 if r.kind == "trial" and r.job == job and r.state in ENDED_STATES and r.trial not in (None, exclude)
             ),
             None,
         )
         if run is None:
             return None
-        return next(with_run_result(r, run) for r in study_trials(self.study) if r.number == run.trial)
+        return next(r for r in study_trials(self.study, runs) if r.number == run.trial)
 
     def _run_job(self, key: str) -> RunJob:
         """The job of the trial run of map `key`: the proxy's length (factor 1) at its seed."""

@@ -9,7 +9,8 @@
   study's results in one list: study_ledger;
 - sql_store, journal_store: the Store in the study's SQL database, or in a file beside a journal;
 - trials: the names of the attributes the objective writes on a trial, and a study's trials read from Optuna
-  once, into TrialRecord: study_trials (which trials count as trained results: trained_results);
+  once, into TrialRecord, each with the result on its map's run: study_trials (which trials count as trained
+  results: trained_results); in the states Optuna was told, as the search schedules them: told_trials;
 - study_import: a study stored before the ledger of runs, imported once (open_store; `ilr-search migrate`);
 - optuna_compat: the one door to Optuna's private names (a study's storage, trial ids...);
 - opening: the Store of a spec, on the engine of the Optuna storage open there: open_store; a study's

@@ -1,10 +1,11 @@
 """A trial as ilr-search stores it: the names of the user attributes search/trial_groups.py writes
 on a trial, shared by that writer and this reader, and TrialRecord, every one of them read once from Optuna's
-FrozenTrial. study_trials reads a study's trials into records: every reader of results goes through it (or,
-holding one FrozenTrial that Optuna handed over, through trial_record). A study stored by an earlier version lacks
-some attributes: they read as None (or their stated default). A trial that trains a map writes its result on the map's
-run, which the study's ledger reads (store.study_ledger); with_run_results reads it back onto a trial failed under
-its worker."""
+FrozenTrial. A trial that trains a map writes its result on the map's run, which the study's ledger reads
+(store.study_ledger): study_trials reads a study's trials into records, each with its result, the run's where
+Optuna holds none (a trial failed under its worker, or not yet told); every reader of results goes through it (or,
+holding one FrozenTrial that Optuna handed over, through trial_record). told_trials reads the trials in the states
+Optuna was told, what the search counts to schedule trials. A study stored by an earlier version lacks some
+attributes: they read as None (or their stated default)."""
 
 from __future__ import annotations
 
@@ -223,17 +224,27 @@ def attrs_record(number: int, state: TrialState, a: Mapping[str, Any], **optuna_
     )
 
 
-def study_trials(study: optuna.Study) -> list[TrialRecord]:
-    """The records of a study's trials, in their order."""
+def told_trials(study: optuna.Study) -> list[TrialRecord]:
+    """The records of a study's trials, in their order, in the states Optuna was told, without the results on
+    their maps' runs: what the search counts to schedule trials (how many are finished, in flight, surplus),
+    where the queued retry of a trial failed under its worker stands for that trial."""
     return [trial_record(t) for t in study.get_trials(deepcopy=False)]
+
+
+def study_trials(study: optuna.Study, runs: Iterable[Run]) -> list[TrialRecord]:
+    """The records of a study's trials, in their order, each with its result: where Optuna holds none (a trial
+    failed under its worker, or not yet told) once its result was on its map's run, the run's (_with_run_result).
+    `runs`: the store's runs (Store.runs), read once by the caller with whatever else it reads of them."""
+    named = {r.trial: r for r in runs if r.kind == "trial" and r.trial is not None and r.state in ENDED_STATES}
+    return [_with_run_result(t, named[t.number]) if t.number in named else t for t in told_trials(study)]
 
 
 RUN_STATES = {"complete": (TrialState.COMPLETE, "ok"), "pruned": (TrialState.PRUNED, "pruned")}
 
 
-def with_run_result(record: TrialRecord, run: Run) -> TrialRecord:
+def _with_run_result(record: TrialRecord, run: Run) -> TrialRecord:
     """The record of the trial that `run` (a finished trial run) names, with the run's result where Optuna holds
-    none: a trial failed under its worker (or not yet told) once its result was on its map's run."""
+    none."""
     if record.has_result:
         return record
     state, status = RUN_STATES.get(run.state, (TrialState.FAIL, "diverged"))
@@ -249,13 +260,6 @@ def with_run_result(record: TrialRecord, run: Run) -> TrialRecord:
         val_bpb=run.val_bpb,
         train_seconds=run.seconds,
     )
-
-
-def with_run_results(trials: Iterable[TrialRecord], runs: Iterable[Run]) -> list[TrialRecord]:
-    """A study's trial records, each trial that a finished trial run names (Run.trial) with its result read from
-    the run where Optuna holds none (with_run_result). `runs`: the store's runs (Store.runs)."""
-    named = {r.trial: r for r in runs if r.kind == "trial" and r.trial is not None and r.state in ENDED_STATES}
-    return [with_run_result(t, named[t.number]) if t.number in named else t for t in trials]
 
 
 def trained_results(trials: Iterable[TrialRecord]) -> list[TrialRecord]:

@@ -32,11 +32,11 @@ import optuna
 from helpers import HANG_SECONDS
 from optuna.trial import TrialState
 
-from ilr_search.analysis.results import has_result, study_front
+from ilr_search.analysis.results import study_front
 from ilr_search.search.run import RunRequest, prepare_study
 from ilr_search.space import load_space
 from ilr_search.storage import open_storage, open_store, parse_storage
-from ilr_search.storage.trials import study_trials, with_run_results
+from ilr_search.storage.trials import study_trials, told_trials
 
 HEARTBEAT_SECONDS = 1
 BUDGET = "2x"
@@ -229,7 +229,7 @@ class Chaos:
     def result(self, seconds: float) -> ChaosResult:
         study = self.load()
         trials = {t.number: t for t in study.get_trials(deepcopy=False)}
-        records = study_trials(study)
+        records = told_trials(study)
         lost = [
             n
             for n, (state, values) in self.snapshots.items()
@@ -243,7 +243,7 @@ class Chaos:
         store = open_store(parse_storage(self.storage), "chaos", read_only=True)
         history = store.front_history()
         stored = [p.trial for p in history[max(history)]] if history else []
-        shown = with_run_results(records, store.runs())  # as the study shows them: results on their maps' runs
+        shown = study_trials(study, store.runs())  # as the study shows them: results on their maps' runs
         return ChaosResult(
             crashed_survivors=[
                 f"{w.name}: rc {w.proc.returncode}\n{''.join(w.lines[-20:])}"
@@ -255,7 +255,7 @@ class Chaos:
             left_running=[t.number for t in trials.values() if t.state == TrialState.RUNNING],
             front_mismatch=stored != [p.trial for p in study_front(shown)],
             kills=[f"{w.name}:{w.killed}" for w in self.workers if w.killed],
-            n_finished=sum(has_result(r) for r in records),
+            n_finished=sum(r.has_result for r in records),
             seconds=seconds,
             marks=self.marks,
         )

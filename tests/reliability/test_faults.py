@@ -14,11 +14,11 @@ from conftest import NO_REFERENCES, run_cli, write_space
 from helpers import HANG_SECONDS, sigint_as_in_a_terminal, signal_if_still, wait_until
 from optuna.trial import TrialState
 
-from ilr_search.analysis.results import has_result, study_front
+from ilr_search.analysis.results import study_front
 from ilr_search.search.run import RunRequest, run_in_process
 from ilr_search.space import load_space
 from ilr_search.storage import open_storage, open_store, parse_storage
-from ilr_search.storage.trials import study_trials
+from ilr_search.storage.trials import told_trials
 
 HEARTBEAT_SECONDS = 1
 
@@ -86,9 +86,9 @@ def check_accounted(storage, study_name):
     stored front equals the front recomputed from the trials."""
     study = load(storage, study_name)
     trials = study.trials
-    records = study_trials(study)
+    records = told_trials(study)
     assert not [t.number for t in trials if t.state == TrialState.RUNNING]
-    failed = [r for r in records if r.state == TrialState.FAIL and not has_result(r)]
+    failed = [r for r in records if r.state == TrialState.FAIL and not r.has_result]
     for f in failed:
         retries = [
             t
@@ -96,7 +96,7 @@ def check_accounted(storage, study_name):
             if t.system_attrs.get("failed_trial") == f.number or t.user_attrs.get("retry_of") == f.number
         ]
         assert retries, f"failed trial {f.number} was not retried"
-    trained = Counter(r.map_key for r in records if has_result(r) and r.steps > 0)
+    trained = Counter(r.map_key for r in records if r.has_result and r.steps > 0)
     assert trained and max(trained.values()) == 1, trained
     history = open_store(parse_storage(storage), study_name).front_history()
     stored = history[max(history)]

@@ -73,6 +73,44 @@ class BuiltTable:
         return dataclasses.asdict(self)
 
 
+def table_rows(study_name: str, storage: str | None, steps: int) -> list[dict[str, Any]]:
+    """A bench table's rows from study `study_name` of `storage`, trained `steps` steps: each trained result (its
+    result on its map's run where Optuna holds none, study_trials) and each stack reference (blockK), with its
+    curve."""
+    rows: list[dict[str, Any]] = []
+    study = open_study(parse_storage(storage), study_name)
+    store = open_store(parse_storage(storage), study_name, read_only=True, storage=study_storage(study))
+    curves = curves_by_trial(store.curve_points())
+    for t in trained_results(study_trials(study, store.runs())):
+        rows.append(
+            {
+                "reuse_map": format_reuse_map(cast(tuple[int, ...], t.reuse_map)),  # a trained result's map
+                "flops_ratio": t.flops_ratio,
+                "val_ppl": t.val_ppl,
+                "val_bpb": t.val_bpb,
+                "curve": json.dumps(sorted(curves[t.number].items())),
+                "steps": steps,
+                "trial": t.number,
+                "train_seconds": t.train_seconds,
+            }
+        )
+    for key, ref in sorted(stored_references(store.reference_runs()).items()):
+        if Map.form_of(key) == "stack" and ref.val_ppl is not None and ref.curve:
+            rows.append(
+                {
+                    "reuse_map": key,
+                    "flops_ratio": ref.flops_ratio,
+                    "val_ppl": ref.val_ppl,
+                    "val_bpb": ref.val_bpb,
+                    "curve": json.dumps([list(point) for point in ref.curve]),
+                    "steps": steps,
+                    "trial": -1,
+                    "train_seconds": None,
+                }
+            )
+    return rows
+
+
 def build_table(opts: BenchBuildOptions, reporter: RunReporter | None = None) -> BuiltTable:
     """`ilr-search bench build`: train every feasible map of the space (or a seeded sample of `sample` maps, the
     baseline always among them) as a brute-force study, so the build resumes, and write the table. Block recurrence
@@ -117,37 +155,7 @@ def build_table(opts: BenchBuildOptions, reporter: RunReporter | None = None) ->
         reporter,
     )  # the table: every map once, no race
     seconds = time.perf_counter() - started
-    rows = []
-    study = open_study(parse_storage(opts.storage), name)
-    store = open_store(parse_storage(opts.storage), name, read_only=True, storage=study_storage(study))
-    curves = curves_by_trial(store.curve_points())
-    for t in trained_results(study_trials(study)):
-        rows.append(
-            {
-                "reuse_map": format_reuse_map(cast(tuple[int, ...], t.reuse_map)),  # a trained result's map
-                "flops_ratio": t.flops_ratio,
-                "val_ppl": t.val_ppl,
-                "val_bpb": t.val_bpb,
-                "curve": json.dumps(sorted(curves[t.number].items())),
-                "steps": space.train.steps,
-                "trial": t.number,
-                "train_seconds": t.train_seconds,
-            }
-        )
-    for key, ref in sorted(stored_references(store.reference_runs()).items()):
-        if Map.form_of(key) == "stack" and ref.val_ppl is not None and ref.curve:
-            rows.append(
-                {
-                    "reuse_map": key,
-                    "flops_ratio": ref.flops_ratio,
-                    "val_ppl": ref.val_ppl,
-                    "val_bpb": ref.val_bpb,
-                    "curve": json.dumps([list(point) for point in ref.curve]),
-                    "steps": space.train.steps,
-                    "trial": -1,
-                    "train_seconds": None,
-                }
-            )
+    rows = table_rows(name, opts.storage, space.train.steps)
     import pandas as pd
 
     frame = pd.DataFrame(rows).sort_values("reuse_map").reset_index(drop=True)
