@@ -223,3 +223,37 @@ def test_automatic_looks_are_every_second_seed_only_where_test_seeds_are_few():
         later = [w for w in waves if w and all(steps == 400 and seed > 2 for _, steps, seed in w)]
         assert state.done and later
         assert {len({seed for key, _, seed in w if key == BASE}) for w in later[:1]} == added
+
+
+def run_as_results_arrive(loss: Loss, maps: list[str], order: int) -> tuple[set[tuple[str, int, int]], RaceState]:
+    """The race as workers meet it: every run the policy asks for starts at once, and they finish one at a time
+    in an order drawn from `order`, the policy asked again after each; what was trained, and the final state."""
+    evaluations = [Evaluation(k, flops_of(k), 100, 0, loss(k, 100, 0)) for k in maps]
+    trained: set[tuple[str, int, int]] = set()
+    running: list[tuple[str, int, int]] = []
+    rng = random.Random(order)
+    while True:
+        state = race_state(evaluations, SETTINGS, BASE)
+        for j in state.next_jobs:
+            if (j.map_key, j.steps, j.seed) not in trained:
+                trained.add((j.map_key, j.steps, j.seed))
+                running.append((j.map_key, j.steps, j.seed))
+        if not running:
+            return trained, state
+        key, steps, seed = running.pop(rng.randrange(len(running)))
+        evaluations.append(Evaluation(key, flops_of(key), steps, seed, loss(key, steps, seed)))
+
+
+@pytest.mark.parametrize("gaps", [{"2,1,1,1": 0.0, "1,2,1,1": 0.01}, {"2,1,1,1": -0.015, "1,2,1,1": 0.004}])
+def test_the_order_runs_finish_in_changes_neither_what_is_trained_nor_the_decision(gaps):
+    """A contender's run that finishes before the baseline's at the same seed buys it no further seed: its
+    comparison looks only at seeds both have, so the race trains what the wave-by-wave replay trains (the one
+    bench power and the power figures measure) and decides the same, whatever the workers' timing."""
+    loss = noisy(gaps, sd=0.02, seed=5)
+    maps = [BASE, "2,1,1,1", "1,2,1,1"]
+    waves, _, replayed = run(loss, maps)
+    in_waves = {job for wave in waves for job in wave}
+    for order in range(12):
+        trained, state = run_as_results_arrive(loss, maps, order)
+        assert trained == in_waves, order
+        assert state == replayed

@@ -476,23 +476,26 @@ def _stop_dominated(race: _Race, comparisons: dict[str, Comparison]) -> None:
 
 def _seed_wave(race: _Race, comparisons: Mapping[str, Comparison]) -> list[RaceJob]:
     """The next wave: every open contender's first first_look test seeds at once, then the seeds up to its test's
-    next look (`every` more); the baseline gets every seed of the wave it lacks. Jobs best mean first, the baseline
-    first of all."""
+    next look (`every` more); the baseline gets every seed of the wave it lacks. A comparison counts the seeds that
+    both sides have (its test's), so a contender whose run finished before the baseline's at that seed waits for it
+    instead of buying the next: the race trains what the wave-by-wave replay trains, whatever the timing. Jobs best
+    mean first, the baseline first of all."""
     pool, first_look, target = race.pool, race.first_look, race.target
     open_keys = sorted((k for k, c in comparisons.items() if c.status == "open"), key=lambda k: (race.mean(k), k))
     looks = look_schedule(first_look, len(pool), race.every)
+    base = race.tried(race.baseline_key)
     wanted: dict[str, list[int]] = {}
     for k in open_keys:
         have = race.tried(k)
-        missing = [s for s in pool if s not in have]
-        trained = len(pool) - len(missing)
+        unpaired = [s for s in pool if s not in have or s not in base]
+        trained = len(pool) - len(unpaired)
         step = (next_look(looks, trained) or len(pool)) - trained
         wanted[k] = (
-            [s for s in missing if pool.index(s) < first_look] if trained < first_look else missing[: max(1, step)]
+            [s for s in unpaired if pool.index(s) < first_look] if trained < first_look else unpaired[: max(1, step)]
         )
     seeds = sorted({s for v in wanted.values() for s in v}, key=pool.index)
-    jobs = [RaceJob(race.baseline_key, target, s) for s in seeds if s not in race.tried(race.baseline_key)]
-    return jobs + [RaceJob(k, target, s) for k in open_keys for s in wanted[k]]
+    jobs = [RaceJob(race.baseline_key, target, s) for s in seeds if s not in base]
+    return jobs + [RaceJob(k, target, s) for k in open_keys for s in wanted[k] if s not in race.tried(k)]
 
 
 def _best_recurrent(race: _Race, comparisons: Mapping[str, Comparison]) -> str | None:
