@@ -257,3 +257,29 @@ def test_the_order_runs_finish_in_changes_neither_what_is_trained_nor_the_decisi
         trained, state = run_as_results_arrive(loss, maps, order)
         assert trained == in_waves, order
         assert state == replayed
+
+
+def test_a_comparison_at_its_look_waits_for_the_others_to_reach_theirs():
+    """The comparisons share the family's level (a claim passes its share on), so a contender whose wave is in (with
+    the baseline's) asks for nothing more until every open contender's is: nothing beyond the wave under way."""
+    loss = noisy({"2,1,1,1": 0.0, "1,2,1,1": 0.0}, sd=0.02, seed=3)
+    maps = [BASE, "2,1,1,1", "1,2,1,1"]
+    evaluations = [Evaluation(k, flops_of(k), 100, 0, loss(k, 100, 0)) for k in maps]
+    while True:  # answer whole waves until the tests are under way
+        state = race_state(evaluations, SETTINGS, BASE)
+        tested = {k: seeds_of(evaluations, k) - {0} for k in maps[1:]}
+        if all(len(s) >= 3 for s in tested.values()) or state.done:
+            break
+        evaluations += [
+            Evaluation(j.map_key, flops_of(j.map_key), j.steps, j.seed, loss(j.map_key, j.steps, j.seed))
+            for j in state.next_jobs
+        ]
+    assert not state.done
+    wave = state.next_jobs
+    ahead = [j for j in wave if j.map_key != "1,2,1,1"]  # the baseline's and one contender's runs finish first
+    assert ahead and len(ahead) < len(wave)
+    partial = evaluations + [
+        Evaluation(j.map_key, flops_of(j.map_key), j.steps, j.seed, loss(j.map_key, j.steps, j.seed)) for j in ahead
+    ]
+    later = race_state(partial, SETTINGS, BASE).next_jobs
+    assert {j.seed for j in later} <= {j.seed for j in wave}, later

@@ -478,20 +478,27 @@ def _seed_wave(race: _Race, comparisons: Mapping[str, Comparison]) -> list[RaceJ
     """The next wave: every open contender's first first_look test seeds at once, then the seeds up to its test's
     next look (`every` more); the baseline gets every seed of the wave it lacks. A comparison counts the seeds that
     both sides have (its test's), so a contender whose run finished before the baseline's at that seed waits for it
-    instead of buying the next: the race trains what the wave-by-wave replay trains, whatever the timing. Jobs best
+    instead of buying the next, and one at its look waits for every open one to reach theirs: the race trains what the wave-by-wave replay trains, whatever the timing. Jobs best
     mean first, the baseline first of all."""
     pool, first_look, target = race.pool, race.first_look, race.target
     open_keys = sorted((k for k, c in comparisons.items() if c.status == "open"), key=lambda k: (race.mean(k), k))
     looks = look_schedule(first_look, len(pool), race.every)
     base = race.tried(race.baseline_key)
+    unpaired = {k: [s for s in pool if s not in race.tried(k) or s not in base] for k in open_keys}
+    # the comparisons share the family's level (a claim passes its share on), so one that has reached its look
+    # waits until every open one has: each look sees the others' decisions at the same seeds, as in the replay
+    level = min((len(pool) - len(v) for v in unpaired.values()), default=0)
     wanted: dict[str, list[int]] = {}
     for k in open_keys:
-        have = race.tried(k)
-        unpaired = [s for s in pool if s not in have or s not in base]
-        trained = len(pool) - len(unpaired)
+        trained = len(pool) - len(unpaired[k])
+        if trained > level:
+            wanted[k] = []
+            continue
         step = (next_look(looks, trained) or len(pool)) - trained
         wanted[k] = (
-            [s for s in unpaired if pool.index(s) < first_look] if trained < first_look else unpaired[: max(1, step)]
+            [s for s in unpaired[k] if pool.index(s) < first_look]
+            if trained < first_look
+            else unpaired[k][: max(1, step)]
         )
     seeds = sorted({s for v in wanted.values() for s in v}, key=pool.index)
     jobs = [RaceJob(race.baseline_key, target, s) for s in seeds if s not in base]
