@@ -478,8 +478,8 @@ def _seed_wave(race: _Race, comparisons: Mapping[str, Comparison]) -> list[RaceJ
     """The next wave: every open contender's first first_look test seeds at once, then the seeds up to its test's
     next look (`every` more); the baseline gets every seed of the wave it lacks. A comparison counts the seeds that
     both sides have (its test's), so a contender whose run finished before the baseline's at that seed waits for it
-    instead of buying the next, and one at its look waits for every open one to reach theirs: the race trains what the wave-by-wave replay trains, whatever the timing. Jobs best
-    mean first, the baseline first of all."""
+    instead of buying the next, and one at its look waits for every open one to reach theirs: the race trains what
+    the wave-by-wave replay trains, whatever the timing. Jobs best mean first, the baseline first of all."""
     pool, first_look, target = race.pool, race.first_look, race.target
     open_keys = sorted((k for k, c in comparisons.items() if c.status == "open"), key=lambda k: (race.mean(k), k))
     looks = look_schedule(first_look, len(pool), race.every)
