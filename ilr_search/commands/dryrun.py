@@ -24,20 +24,19 @@ from ilr_search.config import Dtype, ModelConfig, SpaceConfig, TrainConfig, race
 from ilr_search.data.tokens import TokenData, cache_key, cache_root, random_tokens
 from ilr_search.records import record_json
 from ilr_search.search.maps import repair_to_budget
-from ilr_search.search.plan import StudyPlan, adopt_stored_dtype, adopt_stored_race, check_resume, stored_study
+from ilr_search.search.plan import StudyPlan
 from ilr_search.search.pruners import pruner_settings
 from ilr_search.search.race_results import study_race
 from ilr_search.search.run import (
+    OpenedStudy,
     ReferenceRun,
     RunRequest,
-    checked_request,
     enqueue_texts,
     first_trials,
+    open_request,
     reference_runs,
 )
 from ilr_search.search.samplers import sampler_settings
-from ilr_search.storage import StorageSpec, open_storage, open_store, study_references
-from ilr_search.storage.trials import told_trials
 from ilr_search.time_budget import format_duration
 from ilr_search.training.device import resolve_compile, resolve_device
 from ilr_search.training.flops import flops_ratio
@@ -402,16 +401,10 @@ def dry_run_report(request: RunRequest, probe: bool = True) -> DryRunReport:
     words, when it is finished), and how long that would take without pruning or a map trained twice, on the layout
     the request's fuse and workers give (as `run` chooses it). Bad input raises as `run` would; nothing is
     written."""
-    spec, space, plan = checked_request(request)
-    existing = open_storage(spec) if spec.exists() else None
-    if existing is not None and space.train.dtype == "auto":
-        plan = adopt_stored_dtype(existing, plan)
-    plan = adopt_stored_race(existing, plan, request.asked_race)
-    check_resume(existing, spec, plan, request.pruner)
-    study = stored_study(existing, plan.name)
-    trials = told_trials(study) if study is not None else []
-    finished = sum(t.has_result for t in trials)
-    n_trials = first_trials(plan, study, request.trials_wanted, enqueue_texts(request, space)).n_trials
+    opened = open_request(request)
+    spec, space, plan, study = opened.spec, opened.space, opened.plan, opened.study
+    finished = sum(t.has_result for t in opened.trials)
+    n_trials = first_trials(opened, request.trials_wanted, enqueue_texts(request, space)).n_trials
     trials_to_train = max(0, n_trials - finished)
     learn = None
     if request.learn:
@@ -423,15 +416,15 @@ def dry_run_report(request: RunRequest, probe: bool = True) -> DryRunReport:
         learn = PlanLearn(plan.model.n_layers * space.search.max_reuse, steps, space.train.steps == 0, learned)
         if not learned and request.trials_wanted == 0:  # --n-trials 0: the learned map beside the plain model
             n_trials, trials_to_train = n_trials + 1, trials_to_train + 1
-    refs = reference_runs(plan, trials)
+    refs = reference_runs(plan, opened.trials)
     names = [r.name for r in refs] + (
         ["second_seed"] if space.search.second_seed_reference and not any(r.name == "second_seed" for r in refs) else []
     )  # the best recurrent map at a second seed, once known
-    stored = study_references(spec, study) if study is not None else {}
+    stored = opened.stored_references()
     refs_to_train = [n for n in names if n not in stored]
     race = race_plan(plan, n_trials)
     if study is not None and race.runs_max:
-        race = race_left(race, spec, existing, study, plan, trials_to_train)
+        race = race_left(race, opened, trials_to_train)
     left = trials_to_train > 0 or bool(refs_to_train) or race.runs_max > 0 or (learn is not None and not learn.learned)
     model, train = plan.model, space.train
     device = resolve_device(train.device)
@@ -480,13 +473,12 @@ def dry_run_report(request: RunRequest, probe: bool = True) -> DryRunReport:
     )
 
 
-def race_left(
-    race: RacePlan, spec: StorageSpec, storage: Any, study: Any, plan: StudyPlan, trials_to_train: int
-) -> RacePlan:
-    """`race` (race_plan's) less what the study's race has stored: nothing once its trials are all done and the
-    policy has decided (under this run's compute cap), else its runs and steps less those trained."""
-    store = open_store(spec, plan.name, read_only=True, storage=storage)
-    _, results, state = study_race(study.user_attrs, store.runs(), plan.space.search.max_race_steps)
+def race_left(race: RacePlan, opened: OpenedStudy, trials_to_train: int) -> RacePlan:
+    """`race` (race_plan's) less what the stored study's race has stored: nothing once its trials are all done and
+    the policy has decided (under this run's compute cap), else its runs and steps less those trained."""
+    assert opened.study is not None
+    runs = opened.store(read_only=True).runs()
+    _, results, state = study_race(opened.study.user_attrs, runs, opened.plan.space.search.max_race_steps)
     trained = sum(r.steps for r in results if r.kind == "race")
     if trials_to_train == 0 and state.done:
         return dataclasses.replace(

@@ -314,10 +314,9 @@ def stored_study(storage: optuna.storages.BaseStorage | None, name: str) -> optu
         return None
 
 
-def adopt_stored_dtype(storage: optuna.storages.BaseStorage | None, plan: StudyPlan) -> StudyPlan:
+def adopt_stored_dtype(study: optuna.Study | None, plan: StudyPlan) -> StudyPlan:
     """`--dtype auto` resumes a study in the dtype it was made with (made on a GPU in bf16, resumed on a CPU).
-    `storage`: the storage already open, None where there is none yet."""
-    study = stored_study(storage, plan.name)
+    `study`: the stored study of that name (stored_study), None where there is none yet."""
     if study is None:
         return plan
     config = stored_config(study.user_attrs)
@@ -330,11 +329,11 @@ def adopt_stored_dtype(storage: optuna.storages.BaseStorage | None, plan: StudyP
 
 
 def adopt_stored_race(
-    storage: optuna.storages.BaseStorage | None, plan: StudyPlan, asked: Mapping[str, str | int] | None = None
+    study: optuna.Study | None, plan: StudyPlan, asked: Mapping[str, str | int] | None = None
 ) -> StudyPlan:
     """A stored study's race settings (ADOPTED_RACE_FIELDS) for this run: a study made with the fixed race is
-    resumed with it. `asked`: the settings this run's flags ask for; one that differs from the study's is refused."""
-    study = stored_study(storage, plan.name)
+    resumed with it (`study`: the stored study, None where there is none yet). `asked`: the settings this run's
+    flags ask for; one that differs from the study's is refused."""
     config = stored_config(study.user_attrs) if study is not None else None
     if config is None:
         return plan
@@ -374,11 +373,10 @@ def search_differences(settings: StudySettings, space: SpaceConfig, pruner_flag:
 
 
 def check_resume(
-    storage: optuna.storages.BaseStorage | None, spec: StorageSpec, plan: StudyPlan, pruner: str | None
+    study: optuna.Study | None, spec: StorageSpec, plan: StudyPlan, pruner: str | None
 ) -> StudySettings | None:
-    """The stored settings of an existing study of that name (None if new, or stored without them); refuses
-    incompatible resumes. `storage`: the storage already open on `spec`, None where there is none yet."""
-    study = stored_study(storage, plan.name)
+    """The stored settings of `study`, the stored study of that name in `spec` (None if new, or stored without
+    them); refuses incompatible resumes."""
     if study is None:
         return None
     stored = study.user_attrs.get(CONFIG_ATTR)

@@ -58,6 +58,7 @@ from ilr_search.search.trial_groups import SearchRun, TrialTakenOver, sweep_stal
 from ilr_search.space import check_search_objective, validate_space
 from ilr_search.storage import (
     JournalStore,
+    Run,
     StorageSpec,
     Store,
     heartbeat_interval,
@@ -218,6 +219,46 @@ def checked_request(request: RunRequest) -> tuple[StorageSpec, SpaceConfig, Stud
     return spec, space, plan
 
 
+@dataclass(frozen=True)
+class OpenedStudy:
+    """A request's study opened for resuming, nothing created: its checked input (checked_request), its storage
+    (None where there is none yet), its plan with what the stored study fixes adopted (the dtype under
+    `--dtype auto`, the race settings), the stored study (None: a new study) and its stored sampler and pruner
+    settings (None: new, or stored without them), and its told trials. `run` (prepare_study) and `run --dry-run`
+    start here."""
+
+    spec: StorageSpec
+    space: SpaceConfig
+    plan: StudyPlan
+    storage: optuna.storages.BaseStorage | None
+    study: optuna.Study | None
+    settings: StudySettings | None
+    trials: list[TrialRecord]  # told_trials: [] for a new study
+
+    def store(self, read_only: bool = False) -> Store:
+        """The study's store, on the storage already open (read_only: nothing is created)."""
+        return open_store(self.spec, self.plan.name, read_only=read_only, storage=self.storage)
+
+    def stored_references(self) -> dict[str, Run]:
+        """The stored study's reference runs by name (stored_references; none for a new study), read only."""
+        return stored_references(self.store(read_only=True).reference_runs()) if self.study is not None else {}
+
+
+def open_request(request: RunRequest) -> OpenedStudy:
+    """The study `request` asks for, opened for resuming (OpenedStudy): the input checked, the stored study loaded
+    once, its dtype and race adopted, and a resume with other settings refused (check_resume). Nothing is
+    written."""
+    spec, space, plan = checked_request(request)
+    storage = open_storage(spec) if spec.exists() else None  # the one storage handle of this process
+    study = stored_study(storage, plan.name)
+    if space.train.dtype == "auto":
+        plan = adopt_stored_dtype(study, plan)
+    plan = adopt_stored_race(study, plan, request.asked_race)
+    settings = check_resume(study, spec, plan, request.pruner)
+    trials = told_trials(study) if study is not None else []
+    return OpenedStudy(spec, space, plan, storage, study, settings, trials)
+
+
 def planned_space(request: RunRequest) -> tuple[SpaceConfig, StudyPlan]:
     """The space with the request's sampler and pruner, checked, and the study it makes, its maps asked for
     checked too (nothing is opened)."""
@@ -313,42 +354,43 @@ def prepare_study(request: RunRequest) -> PreparedStudy:
     """Everything `run` does before its first trial: check the input (nothing on disk changes when it is bad),
     tokenize (cached), create or load the study, store its settings and enqueue the first maps. Workers
     started after it find all of this in place."""
-    spec, space, plan = checked_request(request)
-    existing = open_storage(spec) if spec.exists() else None  # the one storage handle of this worker
-    if space.train.dtype == "auto":
-        plan = adopt_stored_dtype(existing, plan)
-    plan = adopt_stored_race(existing, plan, request.asked_race)
-    stored_settings = check_resume(existing, spec, plan, request.pruner)
-    stored = stored_study(existing, plan.name)
+    opened = open_request(request)
+    spec, space, plan, stored = opened.spec, opened.space, opened.plan, opened.study
     if stored is None:
-        check_no_orphan_records(spec, plan.name, existing)
+        check_no_orphan_records(spec, plan.name, opened.storage)
     data = load_space_data(space)
     if space.train.steps == 0:
         check_window_chunks(space, data)
     learned = learned_schedule(plan, data, stored.user_attrs if stored else {}) if request.learn else None
     enqueue = enqueue_texts(request, space) + ([learned["map"]] if learned else [])
-    first = first_trials(plan, stored, request.trials_wanted, enqueue)
-    storage_obj = existing or open_storage(spec)
+    first = first_trials(opened, request.trials_wanted, enqueue)
     directions: list[Literal["minimize"]] = (
         ["minimize"] if space.search.objective == "ppl" else ["minimize", "minimize"]
     )
-    settings = stored_settings or StudySettings(
+    settings = opened.settings or StudySettings(
         sampler_settings(space.search.sampler, space.train.seed, space.search.max_reuse), pruner_settings(space)
     )
     pruning = settings.pruner
+    optuna_sampler = optuna.samplers.RandomSampler()
     optuna_pruner = (
         optuna.pruners.MedianPruner(n_startup_trials=pruning.warmup, n_warmup_steps=0)
         if pruning.name == "median"
         else optuna.pruners.NopPruner()
     )
-    study = optuna.create_study(
-        study_name=plan.name,
-        storage=storage_obj,
-        directions=directions,
-        sampler=optuna.samplers.RandomSampler(),
-        pruner=optuna_pruner,
-        load_if_exists=True,
+    storage_obj = opened.storage or open_storage(spec)
+    study = (
+        stored
+        if stored is not None
+        else optuna.create_study(
+            study_name=plan.name,
+            storage=storage_obj,
+            directions=directions,
+            sampler=optuna_sampler,
+            pruner=optuna_pruner,
+            load_if_exists=True,  # another worker may have made it since
+        )
     )
+    study.sampler, study.pruner = optuna_sampler, optuna_pruner  # the stored study's too
     if SAMPLER_ATTR not in study.user_attrs:  # first: a worker that sees the configuration sees these too
         study.set_user_attr(SAMPLER_ATTR, settings.to_dict())
     if learned is not None and LEARNED_ATTR not in study.user_attrs:
@@ -403,11 +445,12 @@ class FirstTrials:
     n_trials: int
 
 
-def first_trials(plan: StudyPlan, study: optuna.Study | None, n_trials: int, enqueue: list[str]) -> FirstTrials:
+def first_trials(opened: OpenedStudy, n_trials: int, enqueue: list[str]) -> FirstTrials:
     """The first trials of a run: the baseline, then the maps asked for (`enqueue`, in their order, repaired to
     the budget), then the paper-inspired maps, each only where the study has no trial of it yet, and no more
     than the trials still missing to `n_trials` (so no trial is left WAITING after the run). Maps asked for that
     do not fit in `n_trials` raise it: a resume with other maps trains them, however many trials it had."""
+    plan, study, trials = opened.plan, opened.study, opened.trials
     search, n = plan.space.search, plan.model.n_layers
     max_runs = plan.budget.max_layer_runs(plan.model)
     asked = enqueued_maps(plan, enqueue)
@@ -422,7 +465,6 @@ def first_trials(plan: StudyPlan, study: optuna.Study | None, n_trials: int, enq
         if search.enqueue_paper_maps or scan
         else []
     )  # with every searched knob off: the paper's model
-    trials = told_trials(study) if study is not None else []
     waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,)) if study is not None else []
     known = [t.params for t in trials if t.state != TrialState.FAIL or t.has_result] + [
         t.system_attrs.get("fixed_params", {})
