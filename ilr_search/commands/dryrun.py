@@ -37,6 +37,7 @@ from ilr_search.search.run import (
     reference_runs,
 )
 from ilr_search.search.samplers import sampler_settings
+from ilr_search.storage import open_store, study_references
 from ilr_search.time_budget import format_duration
 from ilr_search.training.device import resolve_compile, resolve_device
 from ilr_search.training.flops import flops_ratio
@@ -420,11 +421,11 @@ def dry_run_report(request: RunRequest, probe: bool = True) -> DryRunReport:
     names = [r.name for r in refs] + (
         ["second_seed"] if space.search.second_seed_reference and not any(r.name == "second_seed" for r in refs) else []
     )  # the best recurrent map at a second seed, once known
-    stored = opened.stored_references()
+    stored = study_references(spec, study) if study is not None else {}
     refs_to_train = [n for n in names if n not in stored]
     race = race_plan(plan, n_trials)
     if study is not None and race.runs_max:
-        race = race_left(race, opened, trials_to_train)
+        race = race_left(race, opened, study, trials_to_train)
     left = trials_to_train > 0 or bool(refs_to_train) or race.runs_max > 0 or (learn is not None and not learn.learned)
     model, train = plan.model, space.train
     device = resolve_device(train.device)
@@ -473,12 +474,11 @@ def dry_run_report(request: RunRequest, probe: bool = True) -> DryRunReport:
     )
 
 
-def race_left(race: RacePlan, opened: OpenedStudy, trials_to_train: int) -> RacePlan:
+def race_left(race: RacePlan, opened: OpenedStudy, study: Any, trials_to_train: int) -> RacePlan:
     """`race` (race_plan's) less what the stored study's race has stored: nothing once its trials are all done and
     the policy has decided (under this run's compute cap), else its runs and steps less those trained."""
-    assert opened.study is not None
-    runs = opened.store(read_only=True).runs()
-    _, results, state = study_race(opened.study.user_attrs, runs, opened.plan.space.search.max_race_steps)
+    store = open_store(opened.spec, opened.plan.name, read_only=True, storage=opened.storage)
+    _, results, state = study_race(study.user_attrs, store.runs(), opened.plan.space.search.max_race_steps)
     trained = sum(r.steps for r in results if r.kind == "race")
     if trials_to_train == 0 and state.done:
         return dataclasses.replace(

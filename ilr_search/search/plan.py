@@ -164,7 +164,7 @@ RACE_FIELDS = (
 # The race's policy and the adaptive race's own settings: stored with a study, but not part of what names it or of
 # what a resume must match. A study made before they existed resumes under its old name with the race it was made
 # with (the fixed race: STORED_OMITTED_DEFAULTS), while a new study of the same space is made with today's; a
-# flag that asks a stored study for another of these is refused (adopt_stored_race).
+# flag that asks a stored study for another of these is refused (adopt_stored).
 ADOPTED_RACE_FIELDS = ("race_policy", "max_seeds", "race_screen", "equal_compute", "look_every")
 
 
@@ -314,26 +314,13 @@ def stored_study(storage: optuna.storages.BaseStorage | None, name: str) -> optu
         return None
 
 
-def adopt_stored_dtype(study: optuna.Study | None, plan: StudyPlan) -> StudyPlan:
-    """`--dtype auto` resumes a study in the dtype it was made with (made on a GPU in bf16, resumed on a CPU).
-    `study`: the stored study of that name (stored_study), None where there is none yet."""
-    if study is None:
-        return plan
-    config = stored_config(study.user_attrs)
-    if config is None or config.space.train.dtype == plan.dtype:
-        return plan
-    stored = config.space.train.dtype
-    return dataclasses.replace(
-        plan, dtype=stored, config=plan.config | {"train": plan.config["train"] | {"dtype": stored}}
-    )
-
-
-def adopt_stored_race(
-    study: optuna.Study | None, plan: StudyPlan, asked: Mapping[str, str | int] | None = None
+def adopt_stored(
+    study: optuna.Study | None, plan: StudyPlan, dtype_auto: bool, asked: Mapping[str, str | int] | None = None
 ) -> StudyPlan:
-    """A stored study's race settings (ADOPTED_RACE_FIELDS) for this run: a study made with the fixed race is
-    resumed with it (`study`: the stored study, None where there is none yet). `asked`: the settings this run's
-    flags ask for; one that differs from the study's is refused."""
+    """`plan` with what a stored study (`study`; None where there is none yet) keeps on a resume: its race settings
+    (ADOPTED_RACE_FIELDS; a study made with the fixed race is resumed with it) and, under `--dtype auto`
+    (`dtype_auto`), the dtype it was made with (made on a GPU in bf16, resumed on a CPU). `asked`: the race
+    settings this run's flags ask for; one that differs from the study's is refused."""
     config = stored_config(study.user_attrs) if study is not None else None
     if config is None:
         return plan
@@ -349,7 +336,10 @@ def adopt_stored_race(
             "these flags to resume it as it was made, or choose a new --study"
         )
     space = dataclasses.replace(plan.space, search=dataclasses.replace(plan.space.search, **stored))
-    return dataclasses.replace(plan, space=space, config=study_config(space, plan.model, plan.budget, plan.dtype))
+    dtype = config.space.train.dtype if dtype_auto else plan.dtype
+    return dataclasses.replace(
+        plan, space=space, dtype=dtype, config=study_config(space, plan.model, plan.budget, dtype)
+    )
 
 
 def search_differences(settings: StudySettings, space: SpaceConfig, pruner_flag: str | None) -> list[str]:

@@ -31,8 +31,7 @@ from ilr_search.search.plan import (
     SAMPLER_ATTR,
     StudyLayout,
     StudyPlan,
-    adopt_stored_dtype,
-    adopt_stored_race,
+    adopt_stored,
     canonical_config,
     check_resume,
     plan_study,
@@ -58,7 +57,6 @@ from ilr_search.search.trial_groups import SearchRun, TrialTakenOver, sweep_stal
 from ilr_search.space import check_search_objective, validate_space
 from ilr_search.storage import (
     JournalStore,
-    Run,
     StorageSpec,
     Store,
     heartbeat_interval,
@@ -235,14 +233,6 @@ class OpenedStudy:
     settings: StudySettings | None
     trials: list[TrialRecord]  # told_trials: [] for a new study
 
-    def store(self, read_only: bool = False) -> Store:
-        """The study's store, on the storage already open (read_only: nothing is created)."""
-        return open_store(self.spec, self.plan.name, read_only=read_only, storage=self.storage)
-
-    def stored_references(self) -> dict[str, Run]:
-        """The stored study's reference runs by name (stored_references; none for a new study), read only."""
-        return stored_references(self.store(read_only=True).reference_runs()) if self.study is not None else {}
-
 
 def open_request(request: RunRequest) -> OpenedStudy:
     """The study `request` asks for, opened for resuming (OpenedStudy): the input checked, the stored study loaded
@@ -251,9 +241,7 @@ def open_request(request: RunRequest) -> OpenedStudy:
     spec, space, plan = checked_request(request)
     storage = open_storage(spec) if spec.exists() else None  # the one storage handle of this process
     study = stored_study(storage, plan.name)
-    if space.train.dtype == "auto":
-        plan = adopt_stored_dtype(study, plan)
-    plan = adopt_stored_race(study, plan, request.asked_race)
+    plan = adopt_stored(study, plan, space.train.dtype == "auto", request.asked_race)
     settings = check_resume(study, spec, plan, request.pruner)
     trials = told_trials(study) if study is not None else []
     return OpenedStudy(spec, space, plan, storage, study, settings, trials)
