@@ -366,10 +366,8 @@ def prepare_study(request: RunRequest) -> PreparedStudy:
         else optuna.pruners.NopPruner()
     )
     storage_obj = opened.storage or open_storage(spec)
-    study = (
-        stored
-        if stored is not None
-        else optuna.create_study(
+    if stored is None:
+        study = optuna.create_study(
             study_name=plan.name,
             storage=storage_obj,
             directions=directions,
@@ -377,8 +375,9 @@ def prepare_study(request: RunRequest) -> PreparedStudy:
             pruner=optuna_pruner,
             load_if_exists=True,  # another worker may have made it since
         )
-    )
-    study.sampler, study.pruner = optuna_sampler, optuna_pruner  # the stored study's too
+    else:  # the stored study, with the sampler and pruner a new one is made with
+        study = stored
+        study.sampler, study.pruner = optuna_sampler, optuna_pruner
     if SAMPLER_ATTR not in study.user_attrs:  # first: a worker that sees the configuration sees these too
         study.set_user_attr(SAMPLER_ATTR, settings.to_dict())
     if learned is not None and LEARNED_ATTR not in study.user_attrs:
