@@ -93,6 +93,17 @@ def test_the_dry_run_of_a_finished_study_says_nothing_is_left(cli, finished_stud
 
 
 @pytest.mark.slow
+def test_the_dry_run_loads_the_stored_study_once(cli, finished_study, monkeypatch):
+    """The stored study is loaded once (search/run.open_request), for its dtype, race, resume check, trials,
+    references and race runs alike."""
+    db, args = finished_study
+    loaded, load_study = [], optuna.load_study
+    monkeypatch.setattr(optuna, "load_study", lambda **kw: loaded.append(kw["study_name"]) or load_study(**kw))
+    plan = json.loads(cli("run", *args, "--n-trials", "3", "--dry-run", "--json", check=True).stdout)
+    assert plan["resume"] and loaded == [plan["study"]]
+
+
+@pytest.mark.slow
 def test_the_dry_run_of_a_partly_done_study_plans_what_is_left_from_a_positive_probe(cli, finished_study):
     db, args = finished_study
     before = db.read_bytes()
