@@ -18,8 +18,9 @@ import time
 from pathlib import Path
 
 import plotly.graph_objects as go
+from replays.hypervolume import replay, summarize_replays
 
-from ilr_search.commands.bench import Table, replay, summarize_replays
+from ilr_search.commands.bench import Table
 from ilr_search.config import PrunerSettings
 from ilr_search.search.samplers import sampler_settings
 

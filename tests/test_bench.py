@@ -1,8 +1,9 @@
 import itertools
 
 import pytest
+from replays.hypervolume import hypervolume_2d, replay
 
-from ilr_search.commands.bench import Table, build_table, feasible_maps, hypervolume_2d, replay
+from ilr_search.commands.bench import Table, build_table, feasible_maps
 from ilr_search.config import PrunerSettings
 from ilr_search.options import BenchBuildOptions
 

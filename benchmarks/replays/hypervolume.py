@@ -14,10 +14,10 @@ from typing import Any
 
 import optuna
 
+from ilr_search.commands.bench.pruning import feed_curve
 from ilr_search.commands.bench.table import Table
 from ilr_search.config import PrunerSettings
 from ilr_search.search.maps import first_maps, propose_map
-from ilr_search.search.pruners import decision_at_rung
 from ilr_search.search.samplers import build_sampler, sampler_settings
 from ilr_search.storage import CurvePoint
 
@@ -91,7 +91,7 @@ def replay(
             if entry is None:
                 results[key] = ("fail", None)
             else:
-                pruned_at = _feed_curve(
+                pruned_at = feed_curve(
                     number,
                     ",".join(map(str, key)),
                     entry["flops_ratio"],
@@ -122,29 +122,6 @@ def replay(
         out.hv_fraction.append(hypervolume_2d(found, reference) / exhaustive if exhaustive > 0 else 1.0)
     out.steps_saved = steps_saved
     return out
-
-
-def _feed_curve(
-    number: int,
-    map_key: str,
-    ratio: float,
-    curve: dict[int, float],
-    final_step: int,
-    points: list[CurvePoint],
-    settings: PrunerSettings | None,
-) -> int | None:
-    """Feed a map's curve point by point, as a live trial records it, into `points`; the step where the rule
-    prunes it, or None if it runs to the end (or there is no rule)."""
-    for step in sorted(s for s in curve if s <= final_step):
-        me = CurvePoint(number, step, curve[step], ratio, map_key)
-        points.append(me)
-        if (
-            settings is not None
-            and step in settings.rungs
-            and not decision_at_rung(me, points, final_step, settings).keep
-        ):
-            return step
-    return None
 
 
 def _median_steps(group: list[ReplayResult], fraction: float, exhaustive: int) -> float | None:
