@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from ilr_search.analysis.pareto import non_dominated
-from ilr_search.analysis.racing import RaceSettings, benjamini_hochberg, race_state
+from ilr_search.analysis.race_core import benjamini_hochberg
+from ilr_search.analysis.racing import RaceSettings, race_state
 from ilr_search.analysis.stats import decision_level, paired_comparison
 from ilr_search.commands.bench.pruning import default_pruner_settings, replay_pruning
 from ilr_search.config import RACE_POLICIES, RacePolicy, SearchConfig

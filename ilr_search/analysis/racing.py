@@ -25,7 +25,6 @@ from ilr_search.analysis.race_core import (
     RaceJob,
     RaceSettings,
     RaceState,
-    benjamini_hochberg,
     race_lengths,
 )
 
@@ -37,7 +36,6 @@ __all__ = [
     "RaceJob",
     "RaceSettings",
     "RaceState",
-    "benjamini_hochberg",
     "race_lengths",
     "race_state",
 ]
