@@ -15,8 +15,8 @@ import statistics
 import time
 from pathlib import Path
 
-from ilr_search.commands.bench.policy import race_template, replay_race
-from ilr_search.commands.bench.truth import TruthTable
+from replays.policy import race_template, replay_race
+from replays.truth import TruthTable
 
 TABLES = ("benchmarks/data/truth-truth-nope.parquet", "benchmarks/data/truth-truth-small.parquet")
 

@@ -6,7 +6,7 @@ the ratio of their times.
     PYTHONPATH=/path/to/other/checkout python benchmarks/policy_speed.py --label OLD --out ...
     python benchmarks/policy_speed.py --compare A.json B.json
 
-Each table is replayed `--orders` times (`ilr-search bench replay --policy race`'s replay_policy, in this process);
+Each table is replayed `--orders` times (replays.policy.replay_policy with policy race, in this process);
 the time is the best of `--rounds` rounds (the policy is pure: every round decides the same).
 """
 
@@ -20,8 +20,9 @@ import time
 from datetime import date
 from pathlib import Path
 
+from replays.policy import replay_policy
+
 import ilr_search
-from ilr_search.commands.bench.policy import replay_policy
 
 TABLES = ("benchmarks/data/truth-truth-small.parquet", "benchmarks/data/truth-truth-nope.parquet")
 

@@ -6,7 +6,7 @@ crossing planted gaps, the A/A rate, compute; JSON per table and one figure.
         [--settings adaptive,fixed-3-seeds] [--name-suffix ""] [--table-seeds N] [--figure docs/power.png]
     python benchmarks/power.py --markdown benchmarks/data/power-*.json   # the reports' tables
 
-Each table is replayed by ilr_search.commands.bench.power.power_report (what `ilr-search bench power` runs) over
+Each table is replayed by replays.power.power_report (benchmarks/replays/power.py) over
 every recurrent map planted in turn and --orders seed orders each; the figure plots power against the planted gap
 (in the table's seed sd at the target), one panel a table, and is rendered by headless Chromium
 (benchmarks/screenshot.py). Writes benchmarks/data/power-<table>-<date>.json, and for a table whose best map is
@@ -21,9 +21,9 @@ import platform
 import time
 from pathlib import Path
 
-from ilr_search.commands.bench.policy import race_template
-from ilr_search.commands.bench.power import parse_deltas, power_report
-from ilr_search.commands.bench.truth import TruthTable
+from replays.policy import race_template
+from replays.power import parse_deltas, power_report
+from replays.truth import TruthTable
 
 SETTINGS = {"adaptive": race_template("race"), "fixed-3-seeds": race_template("race-fixed"),
             "adaptive-evalue": race_template("race", test="evalue"),
@@ -41,7 +41,6 @@ COLORS = {"adaptive": "#1f77b4", "fixed-3-seeds": "#d62728", "adaptive-evalue": 
 def figure(reports: dict[str, dict], out: Path) -> None:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
-
     from screenshot import screenshot
 
     names = list(reports)

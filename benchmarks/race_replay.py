@@ -7,7 +7,7 @@ over a truth table (benchmarks/truth.py), each replayed in 10 orders, and write 
 The adaptive race draws its seeds from all the table's (or --race-seeds of them); the fixed race from 3 of them
 (or --race-seeds), as a default study did before the adaptive race.
 
-Per policy (ilr_search.commands.bench.replay_policy): mean compute in training steps, maps claimed to beat the baseline at
+Per policy (replays.policy.replay_policy): mean compute in training steps, maps claimed to beat the baseline at
 the target and how many of them do not in the table's seed mean (the goal: at most 10%), the regret of the
 reported best in the table's pooled seed sd at the target (the goal: within one sd), and for the race the share
 of its front intervals (nominal `confidence`) that hold the table's seed mean (the goal: at least 80%). With
@@ -21,7 +21,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ilr_search.commands.bench import POLICIES, replay_policy
+from replays.policy import POLICIES, replay_policy
 
 SUMMARY_KEYS = ("mean_compute_steps", "exhaustive_steps", "maps_claimed", "false_claims", "false_claim_share",
                 "decided_claimed_share",

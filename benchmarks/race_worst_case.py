@@ -10,7 +10,7 @@ Two parts, one JSON (benchmarks/data/race-worst-case-DATE.json):
    counted in steps and in layer-run steps (a deep12 step costs 12/8 of a plain one), and in minutes at the
    training rate a measured default run achieved (layer-run steps a second over its whole wall time, start-up and
    evaluations included).
-2. What it decides. Each setting replayed over both truth tables (commands/bench/policy.replay_race, --orders seed
+2. What it decides. Each setting replayed over both truth tables (replays/policy.replay_race, --orders seed
    orders of a --pool seed pool) and judged at the table's longest length (4x, the default's target): maps claimed,
    claims wrong at 4x (a claimed map whose 12-seed mean at 4x is not below the baseline's), the regret of the
    reported best at 4x (in the table's seed sd there), and the race's compute. A race at 2x replays the table cut
@@ -29,8 +29,9 @@ import statistics
 import time
 from pathlib import Path
 
-from ilr_search.commands.bench.policy import _claims_and_regret, race_template, replay_race
-from ilr_search.commands.bench.truth import TruthTable
+from replays.policy import _claims_and_regret, race_template, replay_race
+from replays.truth import TruthTable
+
 from ilr_search.commands.dryrun import race_plan
 from ilr_search.config import SearchConfig
 from ilr_search.search.plan import plan_study

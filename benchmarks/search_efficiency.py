@@ -18,8 +18,9 @@ import time
 from pathlib import Path
 
 import plotly.graph_objects as go
+from replays.hypervolume import exhaustive_steps, replay, summarize_replays, table_entries, table_front
 
-from ilr_search.commands.bench import Table, replay, summarize_replays
+from ilr_search.commands.bench import Table
 from ilr_search.config import PrunerSettings
 from ilr_search.search.samplers import sampler_settings
 
@@ -54,14 +55,14 @@ def main() -> None:
         group = [r for r in results if r.sampler == sampler and r.pruning == pruning]
         grid = sorted({s for r in group for s in r.steps})
         median = [sorted(r.hv_at(s) for r in group)[len(group) // 2] for s in grid]
-        fig.add_trace(go.Scatter(x=[s / table.exhaustive_steps for s in grid], y=median, mode="lines",
+        fig.add_trace(go.Scatter(x=[s / exhaustive_steps(table) for s in grid], y=median, mode="lines",
                                  line_shape="hv", line_dash="dot" if not pruning else "solid",
                                  name=f"{sampler}{' (auto)' if sampler == auto else ''}"
                                       f"{' + pruning' if pruning else ''}"))
     fig.add_hline(y=0.95, line_dash="dash", line_color="gray", annotation_text="95%")
     fig.add_vline(x=0.25, line_dash="dash", line_color="gray", annotation_text="25% of exhaustive compute")
     fig.update_layout(template="plotly_white", width=900, height=520,
-                      title=f"Hypervolume vs compute: {len(table.entries)} maps, median of {args.seeds} seeds, "
+                      title=f"Hypervolume vs compute: {len(table_entries(table))} maps, median of {args.seeds} seeds, "
                             f"pruning rule {args.rule}",
                       xaxis_title="training steps / exhaustive steps", yaxis_title="hypervolume / exhaustive",
                       yaxis_range=[0, 1.02], xaxis_range=[0, 1.0])
@@ -74,7 +75,7 @@ def main() -> None:
     def pct(x):
         return "not reached" if x is None else f"{x:.0%}"
 
-    lines = [f"{len(table.entries)} maps in the table, exhaustive front of {len(table.front())} maps, "
+    lines = [f"{len(table_entries(table))} maps in the table, exhaustive front of {len(table_front(table))} maps, "
              f"{args.trials} trials per replay, {args.seeds} seeds, pruning rule {args.rule}, replayed in {seconds:.1f} s; "
              f"auto = {auto}",
              "", "| sampler | pruning | compute to 90% HV | compute to 95% HV | HV at 25% compute | final HV | steps saved | front maps pruned |",

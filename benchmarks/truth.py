@@ -1,5 +1,5 @@
 """Build a racing truth table: a sample of maps of a small space, each trained at 1x, 2x and 4x its base length at
-several seeds, so that `ilr-search bench replay --policy race` can answer any (map, steps, seed) job a race asks
+several seeds, so that a race replayed over it (replays/policy.py) can answer any (map, steps, seed) job a race asks
 for and score its verdicts against the table's seed means.
 
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/truth.py [--space truth-small] [--maps 12] [--seeds 3]

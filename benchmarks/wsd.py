@@ -108,10 +108,10 @@ def continued_steps(jobs: Sequence[Sequence[Any]], cooldown_frac: float) -> int:
 
 
 def race_savings(truth: Path, cooldown_frac: float, race_seeds: int) -> dict[str, Any]:
-    """The race replayed over the cosine truth table (bench.replay_policy, as benchmarks/race_replay.py does):
+    """The race replayed over the cosine truth table (replays.policy.replay_policy, as race_replay.py does):
     its steps as trained (cosine restarts) against the same jobs with WSD continuation. A what-if: with WSD
     results the race's verdicts, and so its jobs, could differ."""
-    from ilr_search.commands.bench import replay_policy
+    from replays.policy import replay_policy
 
     replays = replay_policy(truth, "race", 10, 0, race_seeds, CONFIDENCE).to_json()["replays"]
     cosine = [r["compute_steps"] for r in replays]

@@ -1,5 +1,5 @@
 """The commands' settings: each field, declared once here with setting(), is an option of the command line
-(cli/main.py builds them) and a keyword of the Python API alike (RunOptions, ParetoOptions, BenchPowerOptions,
+(cli/main.py builds them) and a keyword of the Python API alike (RunOptions, ParetoOptions, BenchBuildOptions,
 ...). The space they override (ModelConfig, SearchConfig, ...) is config.py's."""
 
 from __future__ import annotations
@@ -597,75 +597,13 @@ class BenchBuildOptions:
 
 @dataclass(frozen=True, kw_only=True)
 class BenchReplayOptions:
-    """`ilr-search bench replay`'s settings: a pruning rule over a table, or (`policy`) a policy over a truth
-    table."""
+    """`ilr-search bench replay`'s settings: a pruning rule over a table."""
 
     table: Path = setting(
         dataclasses.MISSING,
-        (
-            "A table in the bench format (bench build writes one; partial tables and blockK rows are fine), or "
-            "with --policy a truth table (benchmarks/truth.py)."
-        ),
+        "A table in the bench format (bench build writes one; partial tables and blockK rows are fine).",
     )
     pruner: str = setting(
         "pareto", "pareto (calibrated, the default) or pareto-eager (the uncalibrated rule), or none."
     )
-    seed: int | None = setting(
-        help="Shuffle the row order with this seed (with --policy: the first order). \\[default: table order]"
-    )
-    policy: str | None = setting(
-        help=(
-            "Replay a whole policy over a truth table instead: race (seeds and lengths, paired tests), today (one "
-            "seed at the base length, pruned) or none (one seed, no pruning)."
-        )
-    )
-    orders: int = setting(
-        10,
-        "With --policy: replays, each in its own order (seed order for race, row order and seed for today/none).",
-    )
-    race_seeds: int | None = setting(
-        help="With --policy race: seeds the race uses, drawn from the table's. \\[default: all the table's]"
-    )
-    confidence: float = setting(0.9, "With --policy race: confidence of the paired tests and intervals.")
-    max_contenders: int | None = setting(
-        help=(
-            "With --policy race or race-fixed: maps raced beyond their first result, the baseline among them. "
-            f"\\[default: {SearchConfig.race_contenders} for race (a default study), 6 for race-fixed]"
-        )
-    )
-
-
-@dataclass(frozen=True, kw_only=True)
-class BenchPowerOptions:
-    """`ilr-search bench power`'s settings: the truth table, the gaps planted, and the race replayed over them."""
-
-    table: Path = setting(
-        dataclasses.MISSING, "A truth table (benchmarks/truth.py builds them): maps at several lengths and seeds."
-    )
-    deltas: str = setting(
-        "0,0.5,1,2,3,4",
-        (
-            "Planted gaps in the table's seed sd at the target, comma-separated (0: the A/A table, every map at "
-            "the baseline's mean)."
-        ),
-    )
-    crossing: str = setting(
-        "2",
-        (
-            "Crossing gaps in seed sd (worse by the gap at the base length, better at the target), "
-            "comma-separated; empty: none."
-        ),
-    )
-    orders: int = setting(10, "Seed orders replayed per planted map.")
-    maps: str | None = setting(help="The maps planted, space-separated. \\[default: every recurrent map of the table]")
-    policy: str = setting(
-        "both", "race (the adaptive race of a default study), race-fixed (the fixed race at --fixed-seeds), or both."
-    )
-    fixed_seeds: int = setting(3, "Seeds of the fixed race, drawn from the table's.")
-    against: str = setting(
-        "baseline",
-        (
-            "baseline: the planted map beats the baseline by the gap; best: it beats the table's best map at the "
-            "target by the gap (for tables where recurrence already wins)."
-        ),
-    )
+    seed: int | None = setting(help="Shuffle the row order with this seed. \\[default: table order]")

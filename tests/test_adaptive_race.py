@@ -248,7 +248,7 @@ def run_as_results_arrive(loss: Loss, maps: list[str], order: int) -> tuple[set[
 def test_the_order_runs_finish_in_changes_neither_what_is_trained_nor_the_decision(gaps):
     """A contender's run that finishes before the baseline's at the same seed buys it no further seed: its
     comparison looks only at seeds both have, so the race trains what the wave-by-wave replay trains (the one
-    bench power and the power figures measure) and decides the same, whatever the workers' timing."""
+    benchmarks/power.py and the power figures measure) and decides the same, whatever the workers' timing."""
     loss = noisy(gaps, sd=0.02, seed=5)
     maps = [BASE, "2,1,1,1", "1,2,1,1"]
     waves, _, replayed = run(loss, maps)

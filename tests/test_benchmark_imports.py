@@ -1,5 +1,5 @@
-"""Every name a benchmark script imports from the package exists: a script left behind by a refactor fails here,
-not the day someone reruns it for a report."""
+"""Every name a benchmark script imports from the package (or from benchmarks/replays/, their shared replays) exists:
+a script left behind by a refactor fails here, not the day someone reruns it for a report."""
 
 import ast
 import importlib
@@ -11,9 +11,10 @@ SCRIPTS = sorted((ROOT / "benchmarks").glob("*.py"))
 
 
 def package_imports(path):
-    """(module, name) for each `from ilr_search... import name` in the script, at any depth."""
+    """(module, name) for each `from ilr_search... import name` (or `from replays... import name`) in the script, at
+    any depth."""
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("ilr_search"):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(("ilr_search", "replays")):
             for alias in node.names:
                 yield node.module, alias.name
 

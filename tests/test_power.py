@@ -1,15 +1,16 @@
-"""The race's power measured on itself (commands/bench/power.py): gaps planted in hand-made truth tables whose answer
-is known, the race replayed over them, and `bench power` on the command line."""
+"""The race's power measured on itself (benchmarks/replays/power.py): gaps planted in hand-made truth tables whose
+answer is known, the race replayed over them, and power_report's settings checked."""
 
 import json
 import math
 
 import pytest
-from conftest import assert_one_line_error, write_truth
+from conftest import write_truth
+from replays.policy import race_template
+from replays.power import parse_deltas, power_report
+from replays.truth import TruthTable, null_table, planted
 
-from ilr_search.commands.bench import TruthTable
-from ilr_search.commands.bench.power import power_report
-from ilr_search.commands.bench.truth import null_table, planted
+from ilr_search.errors import UserInputError
 
 BASE = "1,1,1,1"
 # no map beats the baseline: its recurrent maps are 0.05-0.2 nats worse at the target, seed sd 0.02
@@ -54,64 +55,42 @@ def test_a_large_planted_gap_is_claimed_and_nothing_is_claimed_at_zero(table_pat
     assert all(r["mean_compute_steps"] > 0 for r in report["rows"])
 
 
-def test_bench_power_cli_json(cli, table_path):
-    proc = cli(
-        "bench",
-        "power",
-        "--table",
-        str(table_path),
-        "--deltas",
-        "0,4",
-        "--crossing",
-        "",
-        "--orders",
-        "2",
-        "--maps",
-        "2,1,1,1",
-        "--policy",
-        "race",
-        "--json",
+def test_power_report_json(table_path):
+    report = json.loads(
+        json.dumps(
+            power_report(
+                table_path,
+                {"adaptive": race_template("race")},
+                parse_deltas("0,4"),
+                (),
+                orders=2,
+                maps=["2,1,1,1"],
+                n_seeds={},
+            ).to_json()
+        )
     )
-    assert proc.returncode == 0, proc.stderr
-    report = json.loads(proc.stdout)
     assert [(r["setting"], r["delta_sd"]) for r in report["rows"]] == [("adaptive", 0.0), ("adaptive", 4.0)]
     assert report["planted_maps"] == ["2,1,1,1"]
     assert math.isclose(report["rows"][1]["delta_nats"], 4 * report["seed_sd_at_target"])
-    text = cli(
-        "bench",
-        "power",
-        "--table",
-        str(table_path),
-        "--deltas",
-        "4",
-        "--crossing",
-        "",
-        "--orders",
-        "1",
-        "--policy",
-        "race",
-    ).stdout
-    assert "power over" in text and "A/A" in text
 
 
 @pytest.mark.parametrize(
-    "args",
+    "deltas, crossing, changes",
     [
-        ["--deltas", "-1"],
-        ["--deltas", "x"],
-        ["--crossing", "1,nan"],
-        ["--orders", "0"],
-        ["--policy", "fast"],
-        ["--maps", "9,9,9,9"],
-        ["--maps", BASE],
-        ["--fixed-seeds", "1"],
-        ["--fixed-seeds", "99"],
+        ("-1", "", {}),
+        ("x", "", {}),
+        ("0", "1,nan", {}),
+        ("0", "", {"orders": 0}),
+        ("0", "", {"maps": ["9,9,9,9"]}),
+        ("0", "", {"maps": [BASE]}),
+        ("0", "", {"against": "worst"}),
     ],
 )
-def test_bench_power_bad_input_is_one_error_line_and_changes_nothing(cli, table_path, args):
+def test_power_report_bad_input_is_one_error_line_and_changes_nothing(table_path, deltas, crossing, changes):
     before = table_path.read_bytes()
-    proc = cli("bench", "power", "--table", str(table_path), *args)
-    assert_one_line_error(proc)
+    with pytest.raises(UserInputError) as error:
+        power_report(table_path, None, parse_deltas(deltas), parse_deltas(crossing) if crossing else (), **changes)
+    assert len(str(error.value).splitlines()) == 1
     assert table_path.read_bytes() == before and sorted(p.name for p in table_path.parent.iterdir()) == [
         "truth.parquet"
     ]

@@ -1,5 +1,5 @@
 """The race: seed statistics (stats.py), the racing policy (racing.py) and its replay over a truth table
-(bench.py), on hand-made results whose answers are known."""
+(benchmarks/replays/policy.py), on hand-made results whose answers are known."""
 
 import json
 import math
@@ -7,13 +7,14 @@ import random
 from collections.abc import Callable
 
 import pytest
-from conftest import ROOT, assert_one_line_error, write_truth
+from conftest import ROOT, write_truth
+from replays.policy import race_template, replay_policy, replay_race
+from replays.truth import TruthTable
 from scipy import stats as sps
 
 from ilr_search.analysis.racing import Evaluation, RaceJob, RaceSettings, race_lengths, race_state
 from ilr_search.analysis.stats import paired_comparison, seed_interval
-from ilr_search.commands.bench import TruthTable, replay_policy, replay_race
-from ilr_search.commands.bench.policy import race_template
+from ilr_search.errors import UserInputError
 
 BASE = "1,1,1,1"
 
@@ -305,48 +306,39 @@ def test_race_replay_stops_at_a_job_the_table_cannot_answer(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "args",
+    "policy, changes",
     [
-        ["--policy", "fast"],
-        ["--policy", "race", "--orders", "0"],
-        ["--policy", "race", "--confidence", "1.5"],
-        ["--policy", "race", "--race-seeds", "3"],
-        ["--policy", "race", "--max-contenders", "0"],
+        ("fast", {}),
+        ("race", {"orders": 0}),
+        ("race", {"confidence": 1.5}),
+        ("race", {"n_seeds": 3}),
+        ("race", {"max_contenders": 0}),
     ],
 )
-def test_replay_policy_bad_input_is_one_error_line(cli, tmp_path, args):
+def test_replay_policy_bad_input_is_one_error_line(tmp_path, policy, changes):
     path = tmp_path / "truth.parquet"
     write_truth(path, GAPS, seeds=2)
     before = path.read_bytes()
-    proc = cli("bench", "replay", "--table", str(path), *args)
-    assert_one_line_error(proc)
+    with pytest.raises(UserInputError) as error:
+        replay_policy(path, policy, **changes)
+    assert len(str(error.value).splitlines()) == 1
     assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["truth.parquet"]
 
 
-def test_replay_policy_cli_json(cli, tmp_path):
+def test_replay_policy_json(tmp_path):
     path = tmp_path / "truth.parquet"
     write_truth(path, GAPS)
-    proc = cli("bench", "replay", "--table", str(path), "--policy", "race", "--orders", "2", "--json")
-    report = json.loads(proc.stdout)
-    assert proc.returncode == 0 and report["policy"] == "race" and len(report["replays"]) == 2
+    report = json.loads(json.dumps(replay_policy(path, "race", orders=2).to_json()))
+    assert report["policy"] == "race" and len(report["replays"]) == 2
     assert report["false_claim_share"] == 0.0
 
 
 @pytest.mark.slow
-def test_the_committed_truth_table_meets_the_issue_goals(cli):
+def test_the_committed_truth_table_meets_the_issue_goals():
     """The race over benchmarks/data/truth-truth-small.parquet in 10 orders: at most 10% of its claims false in
     the table's seed mean, and the reported best within one seed sd of the table's best in every order."""
-    proc = cli(
-        "bench",
-        "replay",
-        "--table",
-        str(ROOT / "benchmarks" / "data" / "truth-truth-small.parquet"),
-        "--policy",
-        "race",
-        "--json",
-    )
-    report = json.loads(proc.stdout)
-    assert proc.returncode == 0 and report["orders"] == 10 and report["maps"] >= 12
+    report = replay_policy(ROOT / "benchmarks" / "data" / "truth-truth-small.parquet", "race").to_json()
+    assert report["orders"] == 10 and report["maps"] >= 12
     assert report["false_claim_share"] <= 0.1
     assert report["regret_within_1sd_share"] == 1.0
     assert report["mean_compute_steps"] < report["exhaustive_steps"]

@@ -3,7 +3,8 @@
 Every evaluation of a map is one (map, steps, seed) result. A policy reads all of them and says which
 contenders are still open, which jobs to train next, which maps are eliminated and why, and what the front at
 the target length is, with intervals and whether each point is confirmed. It keeps no state of its own: the
-same evaluations give the same decision, so a resumed study, a second worker and `bench replay` agree.
+same evaluations give the same decision, so a resumed study, a second worker and a replay over a truth table
+(benchmarks/replays/policy.py) agree.
 
 Two policies (RaceSettings.policy):
 - "adaptive" (adaptive_race.py, the default): judged at the target, seeds added until each comparison with the
@@ -25,7 +26,6 @@ from ilr_search.analysis.race_core import (
     RaceJob,
     RaceSettings,
     RaceState,
-    benjamini_hochberg,
     race_lengths,
 )
 
@@ -37,7 +37,6 @@ __all__ = [
     "RaceJob",
     "RaceSettings",
     "RaceState",
-    "benjamini_hochberg",
     "race_lengths",
     "race_state",
 ]

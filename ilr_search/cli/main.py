@@ -23,7 +23,6 @@ from ilr_search.options import (
     JUDGE_SPACE_OPTIONS,
     AuditOptions,
     BenchBuildOptions,
-    BenchPowerOptions,
     BenchReplayOptions,
     ExportModelOptions,
     ExportOptions,
@@ -456,30 +455,10 @@ def bench_build(opts: BenchBuildOptions, json_out: Json = False) -> None:
 @user_errors
 @with_settings(BenchReplayOptions)
 def bench_replay(opts: BenchReplayOptions, json_out: Json = False) -> None:
-    """Replay a pruning rule over a table's rows: the maps it prunes, the steps it saves, the front maps it loses
-    (with --policy: a policy over a truth table: compute, claims against the table's seed means, regret, coverage)."""
-    if opts.policy is not None:
-        from ilr_search.commands.bench import replay_policy
-
-        report = replay_policy(
-            opts.table, opts.policy, opts.orders, opts.seed or 0, opts.race_seeds, opts.confidence, opts.max_contenders
-        )
-        emit(report, json_out, ui.print_policy_replay)
-        return
+    """Replay a pruning rule over a table's rows: the maps it prunes, the steps it saves, the front maps it loses."""
     from ilr_search.commands.bench import replay_table
 
     emit(replay_table(opts.table, opts.pruner, opts.seed), json_out, ui.print_pruning_replay)
-
-
-@bench_app.command("power")
-@user_errors
-@with_settings(BenchPowerOptions)
-def bench_power(opts: BenchPowerOptions, json_out: Json = False) -> None:
-    """The race's power, measured on itself: plant a gap in one map of a truth table, replay the race over many
-    orders, count how often it claims that map (and any other), at every gap."""
-    from ilr_search.commands.bench.power import power_command
-
-    emit(power_command(opts), json_out, ui.print_power)
 
 
 @app.command("export-model")

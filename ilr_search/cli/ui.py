@@ -19,8 +19,6 @@ from ilr_search.commands.events import Replicates
 if TYPE_CHECKING:
     from ilr_search.commands.api import FlopsReport
     from ilr_search.commands.audit import StudyAudit
-    from ilr_search.commands.bench.policy import PolicyReplays
-    from ilr_search.commands.bench.power import PowerReport
     from ilr_search.commands.bench.pruning import TableReplay
     from ilr_search.commands.dryrun import DryRunReport
     from ilr_search.commands.export import ExportedModel
@@ -665,70 +663,6 @@ def print_audit(audit: StudyAudit) -> None:
         f"{audit.factor:g}x front: {', '.join(report.pruned_on_audited_front) or 'none'}"
     )
     out.print(f"finding: {report.finding}")
-
-
-def print_policy_replay(report: PolicyReplays) -> None:
-    rows_table(
-        f"policy {report.policy} over {report.table} ({report.maps} maps, {report.base_steps} to "
-        f"{report.target_steps} steps, {report.orders} orders)",
-        [
-            {
-                "order": r.order_seed,
-                "seeds": ",".join(map(str, r.seeds)),
-                "compute": r.compute_steps,
-                "claimed": ", ".join(r.claimed) or "-",
-                "false": ", ".join(r.false_claims) or "-",
-                "best": r.best,
-                "regret_sd": r.regret_sd,
-            }
-            for r in report.replays
-        ],
-        ["order", "seeds", "compute", "claimed", "false", "best", "regret_sd"],
-    )
-    coverage = report.interval_coverage
-    within = report.regret_within_1sd_share
-    out.print(
-        f"mean compute {report.mean_compute_steps:.0f} steps (every table result: {report.exhaustive_steps}); "
-        f"claims {report.maps_claimed}, false {report.false_claims} ({report.false_claim_share:.0%}); "
-        f"regret within 1 seed sd in {'-' if within is None else format(within, '.0%')}"
-        f" of orders (mean {fmt(report.mean_regret_sd)} sd); intervals holding the table mean: "
-        + ("n/a" if coverage is None else f"{coverage:.0%} of {report.intervals}")
-    )
-    out.print(f"first order's verdict: {report.replays[0].verdict}")
-
-
-def print_power(report: PowerReport) -> None:
-    """`bench power`: per race setting and planted gap, the power, the replays claiming a map not truly better,
-    the A/A rate (any claim at a gap of 0) and the mean compute."""
-
-    def pct(x: float | None) -> str:
-        return "-" if x is None else f"{100 * x:.0f}%"
-
-    rows = [
-        {
-            "setting": r.setting,
-            "gap_sd": f"{r.delta_sd:g}",
-            "gap_nats": f"{r.delta_nats:.4f}",
-            "curve": "crossing" if r.crossing else "constant",
-            "replays": str(r.replays),
-            "power": pct(r.power),
-            "false_claims": pct(r.false_claims),
-            "any_claim": pct(r.any_claim),
-            "compute": f"{r.mean_compute_steps:.0f}",
-        }
-        for r in report.rows
-    ]
-    rows_table(
-        f"power over {report.table} ({report.maps} maps, seeds {fmt(report.table_seeds)}, "
-        f"{report.base_steps} to {report.target_steps} steps, seed sd {report.seed_sd_at_target:.4f} "
-        f"nats at the target, {report.orders} orders a planted map)",
-        rows,
-        ["setting", "gap_sd", "gap_nats", "curve", "replays", "power", "false_claims", "any_claim", "compute"],
-    )
-    out.print(
-        "power: share of replays claiming the planted map; false_claims: share claiming a map not truly better; "
-        "at gap 0 every map has the baseline's mean (A/A) and any_claim is the false-claim rate"
-    )
 
 
 def print_pruning_replay(report: TableReplay) -> None:

@@ -10,11 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ilr_search.commands.bench.hypervolume import _feed_curve
 from ilr_search.commands.bench.table import Table
 from ilr_search.config import PRUNERS, PrunerSettings
 from ilr_search.errors import UserInputError
-from ilr_search.search.pruners import pruner_settings
+from ilr_search.search.pruners import decision_at_rung, pruner_settings
 from ilr_search.space import load_space
 from ilr_search.storage import CurvePoint
 
@@ -66,7 +65,7 @@ def replay_pruning(
     points: list[CurvePoint] = []
     pruned, trained, saved = [], 0, 0
     for number, row in enumerate(rows):
-        step = _feed_curve(
+        step = feed_curve(
             number,
             row.map_key,
             row.flops_ratio,
@@ -84,6 +83,29 @@ def replay_pruning(
     front = table.front_keys()
     lost = [p.reuse_map for p in pruned if p.reuse_map in front]
     return PruningReplay(settings.name, order_seed, settings.rungs, len(rows), pruned, trained, saved, front, lost)
+
+
+def feed_curve(
+    number: int,
+    map_key: str,
+    ratio: float,
+    curve: dict[int, float],
+    final_step: int,
+    points: list[CurvePoint],
+    settings: PrunerSettings | None,
+) -> int | None:
+    """Feed a map's curve point by point, as a live trial records it, into `points`; the step where the rule
+    prunes it, or None if it runs to the end (or there is no rule)."""
+    for step in sorted(s for s in curve if s <= final_step):
+        me = CurvePoint(number, step, curve[step], ratio, map_key)
+        points.append(me)
+        if (
+            settings is not None
+            and step in settings.rungs
+            and not decision_at_rung(me, points, final_step, settings).keep
+        ):
+            return step
+    return None
 
 
 def default_pruner_settings(pruner: str) -> PrunerSettings:

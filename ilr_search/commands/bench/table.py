@@ -207,15 +207,6 @@ class Table:
     rungs: tuple[int, ...]
     rows: tuple[TableRow, ...]  # in table order
 
-    @property
-    def entries(self) -> dict[tuple[int, ...], dict[str, Any]]:
-        """Reuse-map rows by map: {"flops_ratio", "val_ppl", "curve"}."""
-        return {
-            r.reuse_map: {"flops_ratio": r.flops_ratio, "val_ppl": r.val_ppl, "curve": r.curve}
-            for r in self.rows
-            if r.reuse_map is not None
-        }
-
     @classmethod
     def read(cls, path: str | Path) -> Table:
         frame = read_frame(path, "bench table", {"reuse_map", "flops_ratio", "val_ppl", "curve"})
@@ -250,21 +241,8 @@ class Table:
     def points(self) -> list[tuple[float, float]]:
         return [(r.val_ppl, r.flops_ratio) for r in self.rows]
 
-    def reference_point(self) -> tuple[float, float]:
-        ppl = [p for p, _ in self.points()]
-        ratio = [r for _, r in self.points()]
-        return max(ppl) * 1.01, max(ratio) * 1.01
-
-    def front(self) -> list[tuple[int, ...]]:
-        """The reuse maps on the table's final front (a block row on it is left out)."""
-        return [m for i in non_dominated(self.points()) if (m := self.rows[i].reuse_map) is not None]
-
     def front_keys(self) -> list[str]:
         return [self.rows[i].map_key for i in non_dominated(self.points())]
 
     def rungs_at(self, fractions: Sequence[float]) -> tuple[int, ...]:
         return tuple(r for r in self.rungs if any(abs(r - f * self.steps) < 0.5 + 1e-9 for f in fractions))
-
-    @property
-    def exhaustive_steps(self) -> int:
-        return len(self.entries) * self.steps

@@ -1,4 +1,4 @@
-"""The race's power, measured on itself (`ilr-search bench power`): a truth table with a planted gap, the race
+"""The race's power, measured on itself (benchmarks/power.py runs it): a truth table with a planted gap, the race
 replayed over it in many orders, and how often it claims the planted map.
 
 For each gap Δ (in the table's pooled seed sd at the target, so that tables of different noise compare), each
@@ -23,11 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from ilr_search.analysis.racing import RaceSettings
-from ilr_search.commands.bench.policy import REPLAY_RACES, race_template, replay_race
-from ilr_search.commands.bench.truth import TruthTable, null_table, planted
 from ilr_search.errors import UserInputError
-from ilr_search.options import BenchPowerOptions
 from ilr_search.records import record_json
+from replays.policy import REPLAY_RACES, race_template, replay_race
+from replays.truth import TruthTable, null_table, planted
 
 DEFAULT_DELTAS = (0.0, 0.5, 1.0, 2.0, 3.0, 4.0)
 
@@ -80,9 +79,9 @@ class PowerSetting:
 
 @dataclass(frozen=True)
 class PowerReport:
-    """`ilr-search bench power`: the truth table (its maps, baseline, lengths, seeds at the target and their
+    """The race's power over a truth table: the truth table (its maps, baseline, lengths, seeds at the target and their
     pooled sd), the maps planted, the orders, what the gap is to, the race settings by name, the policies a
-    replay takes, and one row per setting and gap. to_json is `bench power --json`."""
+    replay takes, and one row per setting and gap. to_json is what benchmarks/power.py writes."""
 
     table: str
     maps: int
@@ -193,7 +192,7 @@ def power_report(
     table: TruthTable | None = None,
     against: str = "baseline",
 ) -> PowerReport:
-    """`ilr-search bench power`: power, false claims, the A/A rate and compute per gap for each race setting (by
+    """Power, false claims, the A/A rate and compute per gap for each race setting (by
     name; default: the adaptive race of a default study and the fixed 3-seed race), constant gaps `deltas` and
     crossing gaps `crossing`, in seed sd, planted against the baseline or the table's best map (`against`)."""
     if against not in ("baseline", "best"):
@@ -231,37 +230,4 @@ def power_report(
         {name: PowerSetting(race, n_seeds.get(name)) for name, race in settings.items()},
         sorted(REPLAY_RACES),
         tuple(rows),
-    )
-
-
-def power_command(opts: BenchPowerOptions) -> PowerReport:
-    """`ilr-search bench power`: its settings checked (one error each, before any replay), then power_report."""
-    if opts.policy not in (*REPLAY_RACES, "both"):
-        raise UserInputError(f"unknown --policy {opts.policy!r}; use race, race-fixed or both")
-    constant = parse_deltas(opts.deltas)
-    crossed = parse_deltas(opts.crossing) if opts.crossing.strip() else ()
-    fixed_seeds = opts.fixed_seeds
-    if fixed_seeds < 2:
-        raise UserInputError(f"--fixed-seeds must be at least 2 (a paired test needs two), got {fixed_seeds}")
-    table = TruthTable.read(opts.table)
-    if fixed_seeds > len(table.seeds_at(table.lengths[-1])):
-        raise UserInputError(
-            f"--fixed-seeds {fixed_seeds}: the table has {len(table.seeds_at(table.lengths[-1]))} "
-            f"seeds at its longest length"
-        )
-    names = {
-        "race": {"adaptive": race_template("race")},
-        "race-fixed": {f"fixed-{fixed_seeds}-seeds": race_template("race-fixed")},
-    }
-    settings = names.get(opts.policy) or {**names["race"], **names["race-fixed"]}
-    return power_report(
-        opts.table,
-        settings,
-        constant,
-        crossed,
-        opts.orders,
-        opts.maps.split() if opts.maps else None,
-        {f"fixed-{fixed_seeds}-seeds": fixed_seeds},
-        table,
-        opts.against,
     )

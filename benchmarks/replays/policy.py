@@ -1,6 +1,6 @@
-"""Replaying a whole policy over a truth table (`ilr-search bench replay --policy`): the race, or today's one-seed
-rule, with every job answered from the table, scored against the table's seed means: claims, false claims,
-regret of the reported best, interval coverage, compute."""
+"""Replaying a whole policy over a truth table (benchmarks/race_replay.py, policy_speed.py): the race, or today's
+one-seed rule, with every job answered from the table, scored against the table's seed means: claims, false
+claims, regret of the reported best, interval coverage, compute."""
 
 from __future__ import annotations
 
@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from ilr_search.analysis.pareto import non_dominated
-from ilr_search.analysis.racing import RaceSettings, benjamini_hochberg, race_state
+from ilr_search.analysis.race_core import benjamini_hochberg
+from ilr_search.analysis.racing import RaceSettings, race_state
 from ilr_search.analysis.stats import decision_level, paired_comparison
 from ilr_search.commands.bench.pruning import default_pruner_settings, replay_pruning
-from ilr_search.commands.bench.truth import TruthTable
 from ilr_search.config import RACE_POLICIES, RacePolicy, SearchConfig
 from ilr_search.errors import UserInputError
+from replays.truth import TruthTable
 
 
 @dataclass
@@ -58,7 +59,7 @@ def _claims_and_regret(
     return false, regret
 
 
-# the races a replay's --policy names, each for a racing policy: "race" (the adaptive race, a study's default) and
+# the races a replay's policy names, each for a racing policy: "race" (the adaptive race, a study's default) and
 # "race-fixed"
 REPLAY_RACES: dict[str, RacePolicy] = {("race" if p == "adaptive" else f"race-{p}"): p for p in RACE_POLICIES}
 POLICIES = (*REPLAY_RACES, "today", "none")
@@ -76,7 +77,7 @@ ADAPTIVE_REPLAY = RaceSettings(
 
 
 def race_template(policy: str = "race", **changes: Any) -> RaceSettings:
-    """The race settings a replay of `--policy` uses (base, target and seeds are the table's), with `changes`."""
+    """The race settings a replay of `policy` uses (base, target and seeds are the table's), with `changes`."""
     template = FIXED_REPLAY if REPLAY_RACES[policy] == "fixed" else ADAPTIVE_REPLAY
     return dataclasses.replace(template, **{k: v for k, v in changes.items() if v is not None})
 
@@ -197,10 +198,10 @@ def table_decided_better(table: TruthTable, target: int, confidence: float) -> l
 
 @dataclass(frozen=True)
 class PolicyReplays:
-    """`ilr-search bench replay --policy`: a policy replayed over a truth table in `orders` orders, beside what
-    the whole table shows (the maps whose seed mean beats the baseline's at the target, and those its own test
-    decides better), with the goals' figures over the replays: compute, claims and false claims, regret in seed
-    sd, coverage of the front's intervals; and every replay. to_json is its --json."""
+    """A policy replayed over a truth table in `orders` orders, beside what the whole table shows (the maps whose
+    seed mean beats the baseline's at the target, and those its own test decides better), with the goals' figures
+    over the replays: compute, claims and false claims, regret in seed sd, coverage of the front's intervals; and
+    every replay. to_json is what the scripts write."""
 
     table: str
     policy: str
@@ -243,9 +244,9 @@ def replay_policy(
     table: TruthTable | None = None,
     **race_changes: Any,
 ) -> PolicyReplays:
-    """`ilr-search bench replay --policy`: a policy replayed over a truth table in `orders` orders, with the
-    goals' figures: false confirmations (share of claimed maps that do not beat the baseline in the table's
-    seed mean at the target), regret of the reported best in seed sd, and the coverage of the front's intervals."""
+    """A policy replayed over a truth table in `orders` orders, with the goals' figures: false confirmations (share
+    of claimed maps that do not beat the baseline in the table's seed mean at the target), regret of the reported
+    best in seed sd, and the coverage of the front's intervals."""
     if policy not in POLICIES:
         raise UserInputError(f"unknown --policy {policy!r}; use {', '.join(POLICIES)}")
     if orders < 1:

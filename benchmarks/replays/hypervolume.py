@@ -14,12 +14,39 @@ from typing import Any
 
 import optuna
 
+from ilr_search.analysis.pareto import non_dominated
+from ilr_search.commands.bench.pruning import feed_curve
 from ilr_search.commands.bench.table import Table
 from ilr_search.config import PrunerSettings
 from ilr_search.search.maps import first_maps, propose_map
-from ilr_search.search.pruners import decision_at_rung
 from ilr_search.search.samplers import build_sampler, sampler_settings
 from ilr_search.storage import CurvePoint
+
+
+def table_entries(table: Table) -> dict[tuple[int, ...], dict[str, Any]]:
+    """A bench table's reuse-map rows by map: {"flops_ratio", "val_ppl", "curve"}."""
+    return {
+        r.reuse_map: {"flops_ratio": r.flops_ratio, "val_ppl": r.val_ppl, "curve": r.curve}
+        for r in table.rows
+        if r.reuse_map is not None
+    }
+
+
+def reference_point(table: Table) -> tuple[float, float]:
+    """The hypervolume's reference point: 1% beyond the table's worst perplexity and largest FLOPs ratio."""
+    ppl = [p for p, _ in table.points()]
+    ratio = [r for _, r in table.points()]
+    return max(ppl) * 1.01, max(ratio) * 1.01
+
+
+def table_front(table: Table) -> list[tuple[int, ...]]:
+    """The reuse maps on the table's final front (a block row on it is left out)."""
+    return [m for i in non_dominated(table.points()) if (m := table.rows[i].reuse_map) is not None]
+
+
+def exhaustive_steps(table: Table) -> int:
+    """The steps that training every reuse map of the table takes."""
+    return len(table_entries(table)) * table.steps
 
 
 def hypervolume_2d(points: Sequence[Sequence[float]], reference: Sequence[float]) -> float:
@@ -73,10 +100,10 @@ def replay(
     )
     for m in first_maps(table.n_layers, table.max_reuse, table.max_layer_runs):
         study.enqueue_trial({f"r{i}": r for i, r in enumerate(m)}, skip_if_exists=True)
-    reference = table.reference_point()
-    entries = table.entries
+    reference = reference_point(table)
+    entries = table_entries(table)
     exhaustive = hypervolume_2d([(e["val_ppl"], e["flops_ratio"]) for e in entries.values()], reference)
-    true_front = set(table.front())
+    true_front = set(table_front(table))
     results: dict[tuple[int, ...], tuple[str, tuple[float, float] | None]] = {}
     points: list[CurvePoint] = []
     steps_total = steps_saved = 0
@@ -91,7 +118,7 @@ def replay(
             if entry is None:
                 results[key] = ("fail", None)
             else:
-                pruned_at = _feed_curve(
+                pruned_at = feed_curve(
                     number,
                     ",".join(map(str, key)),
                     entry["flops_ratio"],
@@ -124,29 +151,6 @@ def replay(
     return out
 
 
-def _feed_curve(
-    number: int,
-    map_key: str,
-    ratio: float,
-    curve: dict[int, float],
-    final_step: int,
-    points: list[CurvePoint],
-    settings: PrunerSettings | None,
-) -> int | None:
-    """Feed a map's curve point by point, as a live trial records it, into `points`; the step where the rule
-    prunes it, or None if it runs to the end (or there is no rule)."""
-    for step in sorted(s for s in curve if s <= final_step):
-        me = CurvePoint(number, step, curve[step], ratio, map_key)
-        points.append(me)
-        if (
-            settings is not None
-            and step in settings.rungs
-            and not decision_at_rung(me, points, final_step, settings).keep
-        ):
-            return step
-    return None
-
-
 def _median_steps(group: list[ReplayResult], fraction: float, exhaustive: int) -> float | None:
     """Median over seeds of the compute to reach `fraction`, as a share of `exhaustive`; a seed that never does counts
     as infinite."""
@@ -163,7 +167,7 @@ def summarize_replays(table: Table, results: list[ReplayResult]) -> list[dict[st
         sorted(results, key=lambda r: (r.sampler, r.pruning)), key=lambda r: (r.sampler, r.pruning)
     ):
         group = list(grouped)
-        exhaustive = table.exhaustive_steps
+        exhaustive = exhaustive_steps(table)
         rows.append(
             {
                 "sampler": sampler,
