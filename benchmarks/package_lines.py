@@ -45,7 +45,7 @@ FEATURES: dict[str, tuple[str, ...]] = {
         "commands/judge.py",
     ),
     "mergekit passthrough configs (read and write)": ("training/mergekit.py",),
-    "task items and lm-eval tasks (--objective choice|exact|lm-eval)": ("data/items.py", "training/lm_eval_items.py"),
+    "task items and lm-eval tasks (--objective choice, exact or lm-eval)": ("data/items.py", "training/lm_eval_items.py"),
     "data: corpora, tokenizers, token cache": ("data/",),
     "search: Optuna study, samplers, pruning, plan, trial groups": (
         "search/__init__.py",
